@@ -1,0 +1,97 @@
+//! Reading inputs and test data for `run` and `check`, pinning input shapes from them, and writing outputs.
+
+use anyhow::{bail, Context, Result};
+use mlopt_ir::Tensor;
+use mlopt_onnx::{import_model, load_model, parse_input_shape, read_tensor_file, ImportOptions};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Format {
+    Npy,
+    Pb,
+}
+
+/// The model's graph inputs that are not initializers, in order.
+pub fn input_names(model: &Path) -> Result<Vec<String>> {
+    let m = load_model(model)?;
+    let g = m.graph.context("the model has no graph")?;
+    let inits: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    Ok(g.input.iter().filter(|v| !inits.contains(v.name.as_str())).map(|v| v.name.clone()).collect())
+}
+
+/// Imports `model`, pinning input shapes from `--input-shape` flags and from the given input tensors.
+pub fn import(model: &Path, flags: &[String], given: &HashMap<String, Tensor>) -> Result<mlopt_ir::Graph> {
+    let mut opts = ImportOptions::default();
+    for (name, t) in given {
+        opts.input_shapes.insert(name.clone(), t.shape().to_vec());
+    }
+    // `run` and `check` evaluate exactly these inputs, so the graph may be specialised to them.
+    opts.known_values = given.clone();
+    for f in flags {
+        let (name, dims) = parse_input_shape(f).map_err(anyhow::Error::msg)?;
+        if let Some(t) = given.get(&name) {
+            if t.shape() != dims.as_slice() {
+                bail!("--input-shape {f} contradicts the given input of shape {:?}", t.shape());
+            }
+        }
+        opts.input_shapes.insert(name, dims);
+    }
+    let m = load_model(model)?;
+    let stem = model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(import_model(&m, model.parent(), &stem, &opts)?)
+}
+
+/// `NAME=FILE` or positional `FILE` arguments.
+pub fn read_inputs(args: &[String], names: &[String]) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (i, a) in args.iter().enumerate() {
+        let (name, file) = match a.split_once('=') {
+            Some((n, f)) if names.iter().any(|x| x == n) => (n.to_string(), PathBuf::from(f)),
+            Some((n, _)) => bail!("--input {a}: the model has no input '{n}' (inputs: {})", names.join(", ")),
+            None => match names.get(i) {
+                Some(n) => (n.clone(), PathBuf::from(a)),
+                None => bail!("--input {a}: the model has only {} inputs", names.len()),
+            },
+        };
+        let t = read_tensor_file(&file).with_context(|| format!("reading input '{name}'"))?;
+        out.insert(name, t);
+    }
+    Ok(out)
+}
+
+fn numbered(dir: &Path, prefix: &str) -> Result<Vec<Tensor>> {
+    let mut v = vec![];
+    loop {
+        let p = dir.join(format!("{prefix}_{}.pb", v.len()));
+        if !p.exists() {
+            return Ok(v);
+        }
+        v.push(read_tensor_file(&p).with_context(|| format!("reading {}", p.display()))?);
+    }
+}
+
+/// `DIR/input_K.pb` bound to the model's inputs in order, and `DIR/output_K.pb`.
+pub fn read_test_dir(dir: &Path, names: &[String]) -> Result<(HashMap<String, Tensor>, Vec<Tensor>)> {
+    if !dir.is_dir() {
+        bail!("{}: no such test data folder", dir.display());
+    }
+    let inputs = numbered(dir, "input")?;
+    if inputs.len() > names.len() {
+        bail!("{} has {} inputs, the model takes {}", dir.display(), inputs.len(), names.len());
+    }
+    let inputs = names.iter().cloned().zip(inputs).collect();
+    Ok((inputs, numbered(dir, "output")?))
+}
+
+pub fn write_outputs(dir: &Path, outs: &[(String, Tensor)], format: Format) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, t) in outs {
+        let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+        match format {
+            Format::Npy => mlopt_onnx::write_npy(&dir.join(format!("{safe}.npy")), t)?,
+            Format::Pb => mlopt_onnx::write_pb(&dir.join(format!("{safe}.pb")), name, t)?,
+        }
+    }
+    Ok(())
+}

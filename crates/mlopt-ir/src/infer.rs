@@ -1,0 +1,513 @@
+//! Shape and dtype inference for every op: given input types, the output types or an error naming the
+//! offending input. The graph builder and the verifier both call `infer`, so a node's recorded types are
+//! always what its op computes.
+
+use crate::dtype::{broadcast_shapes, DType, TensorType};
+use crate::op::*;
+
+/// Why inference failed, and which input (by slot) it is about, if one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferError {
+    pub input: Option<usize>,
+    pub msg: String,
+}
+
+type R<T> = Result<T, InferError>;
+
+fn err<T>(input: Option<usize>, msg: impl Into<String>) -> R<T> {
+    Err(InferError { input, msg: msg.into() })
+}
+
+fn get<'a>(inputs: &[Option<&'a TensorType>], i: usize) -> R<&'a TensorType> {
+    match inputs.get(i).copied().flatten() {
+        Some(t) => Ok(t),
+        None => err(Some(i), "required input is missing"),
+    }
+}
+
+fn need_float(t: &TensorType, i: usize) -> R<()> {
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        err(Some(i), format!("expects a floating-point tensor, got {t}"))
+    }
+}
+
+fn same_dtype(a: &TensorType, b: &TensorType, i: usize) -> R<()> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        err(Some(i), format!("dtype {} differs from input 0's {}", b.dtype, a.dtype))
+    }
+}
+
+fn broadcast_all(tys: &[&TensorType]) -> R<Vec<usize>> {
+    let mut shape: Vec<usize> = vec![];
+    for (i, t) in tys.iter().enumerate() {
+        shape = match broadcast_shapes(&shape, &t.shape) {
+            Some(s) => s,
+            None => return err(Some(i), format!("shape {:?} does not broadcast with {:?}", t.shape, shape)),
+        };
+    }
+    Ok(shape)
+}
+
+/// Output size of one spatial axis of a convolution or pooling window (ONNX rule: with `ceil`, a last
+/// window that would start in the end padding is dropped).
+pub fn window_out(input: usize, kernel: usize, stride: usize, dilation: usize, pad_begin: usize, pad_end: usize, ceil: bool) -> Option<usize> {
+    let span = dilation * (kernel.max(1) - 1) + 1;
+    let padded = input + pad_begin + pad_end;
+    if padded < span || stride == 0 {
+        return None;
+    }
+    let num = padded - span;
+    let mut out = if ceil { num.div_ceil(stride) + 1 } else { num / stride + 1 };
+    if ceil && out > 1 && (out - 1) * stride >= input + pad_begin {
+        out -= 1;
+    }
+    Some(out)
+}
+
+/// Infers the output types of `op` applied to inputs of the given types (`None` for an omitted optional).
+pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
+    let (lo, hi) = op.arity();
+    if inputs.len() < lo || inputs.len() > hi {
+        return err(None, format!("takes {lo}..{} inputs, got {}", if hi == usize::MAX { "".into() } else { hi.to_string() }, inputs.len()));
+    }
+    for (i, t) in inputs.iter().enumerate() {
+        if t.is_none() && !op.input_optional(i) {
+            return err(Some(i), "required input is missing");
+        }
+    }
+    let x = || get(inputs, 0);
+    let one = |t: TensorType| Ok(vec![t]);
+    match op {
+        Op::Input | Op::Const(_) => err(None, "inputs and constants carry their own type"),
+        Op::Unary(u) => {
+            let x = x()?;
+            match u {
+                Unary::Not => {
+                    if x.dtype != DType::Bool {
+                        return err(Some(0), "not expects bool");
+                    }
+                }
+                Unary::Abs | Unary::Neg | Unary::Sign | Unary::Relu => {
+                    if x.dtype == DType::Bool {
+                        return err(Some(0), format!("{} does not take bool", op.name()));
+                    }
+                }
+                _ => need_float(x, 0)?,
+            }
+            let dtype = if matches!(u, Unary::IsNaN | Unary::IsInf { .. }) { DType::Bool } else { x.dtype };
+            one(TensorType::new(dtype, x.shape.clone()))
+        }
+        Op::Binary(b) => {
+            let (a, c) = (get(inputs, 0)?, get(inputs, 1)?);
+            if *b != Binary::Pow {
+                same_dtype(a, c, 1)?;
+            }
+            if b.is_logical() && a.dtype != DType::Bool {
+                return err(Some(0), format!("{} expects bool", op.name()));
+            }
+            if !b.is_logical() && !b.is_comparison() && a.dtype == DType::Bool {
+                return err(Some(0), format!("{} does not take bool", op.name()));
+            }
+            let shape = broadcast_all(&[a, c])?;
+            if *b == Binary::PRelu && shape != a.shape {
+                return err(Some(1), "slope must broadcast to the input's shape");
+            }
+            let dtype = if b.is_comparison() || b.is_logical() { DType::Bool } else { a.dtype };
+            one(TensorType::new(dtype, shape))
+        }
+        Op::Nary(_) => {
+            let tys: Vec<&TensorType> = (0..inputs.len()).map(|i| get(inputs, i)).collect::<R<_>>()?;
+            for (i, t) in tys.iter().enumerate() {
+                same_dtype(tys[0], t, i)?;
+            }
+            if tys[0].dtype == DType::Bool {
+                return err(Some(0), "does not take bool");
+            }
+            one(TensorType::new(tys[0].dtype, broadcast_all(&tys)?))
+        }
+        Op::Where => {
+            let (c, a, b) = (get(inputs, 0)?, get(inputs, 1)?, get(inputs, 2)?);
+            if c.dtype != DType::Bool {
+                return err(Some(0), "condition must be bool");
+            }
+            same_dtype(a, b, 2)?;
+            one(TensorType::new(a.dtype, broadcast_all(&[c, a, b])?))
+        }
+        Op::Clip => {
+            let x = x()?;
+            for i in 1..inputs.len() {
+                if let Some(t) = inputs[i] {
+                    same_dtype(x, t, i)?;
+                    if t.numel() != 1 {
+                        return err(Some(i), "min and max must be scalars");
+                    }
+                }
+            }
+            one(x.clone())
+        }
+        Op::Cast { to } => one(TensorType::new(*to, x()?.shape.clone())),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            let x = x()?;
+            need_float(x, 0)?;
+            if *axis >= x.rank() {
+                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+            }
+            one(x.clone())
+        }
+        Op::MatMul => infer_matmul(get(inputs, 0)?, get(inputs, 1)?),
+        Op::Gemm { trans_a, trans_b, .. } => {
+            let (a, b) = (get(inputs, 0)?, get(inputs, 1)?);
+            same_dtype(a, b, 1)?;
+            if a.rank() != 2 || b.rank() != 2 {
+                return err(Some(if a.rank() != 2 { 0 } else { 1 }), "gemm takes 2-D matrices");
+            }
+            let (m, k) = if *trans_a { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
+            let (k2, n) = if *trans_b { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            if k != k2 {
+                return err(Some(1), format!("inner dimensions differ: {k} vs {k2}"));
+            }
+            if let Some(Some(c)) = inputs.get(2) {
+                same_dtype(a, c, 2)?;
+                if broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
+                    return err(Some(2), format!("C of shape {:?} does not broadcast to [{m},{n}]", c.shape));
+                }
+            }
+            one(TensorType::new(a.dtype, vec![m, n]))
+        }
+        Op::Conv(c) => infer_conv(c, inputs, false),
+        Op::ConvTranspose(c) => infer_conv(c, inputs, true),
+        Op::BatchNorm { .. } | Op::InstanceNorm { .. } => {
+            let x = x()?;
+            need_float(x, 0)?;
+            if x.rank() < 2 {
+                return err(Some(0), "expects at least [N, C]");
+            }
+            for i in 1..inputs.len() {
+                let t = get(inputs, i)?;
+                if t.shape != [x.shape[1]] {
+                    return err(Some(i), format!("expected shape [{}], got {:?}", x.shape[1], t.shape));
+                }
+            }
+            one(x.clone())
+        }
+        Op::LayerNorm { axis, .. } => {
+            let x = x()?;
+            need_float(x, 0)?;
+            if *axis >= x.rank() {
+                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+            }
+            let norm = &x.shape[*axis..];
+            for i in 1..inputs.len() {
+                if let Some(t) = inputs[i] {
+                    if broadcast_shapes(&t.shape, norm).as_deref() != Some(norm) {
+                        return err(Some(i), format!("shape {:?} does not broadcast to {:?}", t.shape, norm));
+                    }
+                }
+            }
+            let mut stat = x.shape.clone();
+            for d in &mut stat[*axis..] {
+                *d = 1;
+            }
+            let stat = TensorType::new(DType::F32, stat);
+            Ok(vec![x.clone(), stat.clone(), stat])
+        }
+        Op::Lrn { .. } => {
+            let x = x()?;
+            need_float(x, 0)?;
+            if x.rank() < 3 {
+                return err(Some(0), "expects [N, C, ...]");
+            }
+            one(x.clone())
+        }
+        Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
+            let x = x()?;
+            let sp = x.rank().saturating_sub(2);
+            if x.rank() < 3 || p.kernel.len() != sp || p.strides.len() != sp || p.dilations.len() != sp || p.pads.len() != 2 * sp {
+                return err(Some(0), format!("pooling geometry does not match input {x}"));
+            }
+            let mut shape = x.shape[..2].to_vec();
+            for i in 0..sp {
+                let o = window_out(x.shape[i + 2], p.kernel[i], p.strides[i], p.dilations[i], p.pads[i], p.pads[i + sp], p.ceil_mode);
+                match o {
+                    Some(o) => shape.push(o),
+                    None => return err(Some(0), format!("window larger than padded input on axis {}", i + 2)),
+                }
+            }
+            one(TensorType::new(x.dtype, shape))
+        }
+        Op::GlobalAveragePool | Op::GlobalMaxPool => {
+            let x = x()?;
+            if x.rank() < 3 {
+                return err(Some(0), "expects [N, C, ...]");
+            }
+            let mut shape = x.shape.clone();
+            for d in &mut shape[2..] {
+                *d = 1;
+            }
+            one(TensorType::new(x.dtype, shape))
+        }
+        Op::Reduce { axes, keepdims, kind } => {
+            let x = x()?;
+            if x.dtype == DType::Bool {
+                return err(Some(0), "does not take bool");
+            }
+            if !matches!(kind, ReduceKind::Sum | ReduceKind::Max | ReduceKind::Min | ReduceKind::Prod | ReduceKind::SumSquare | ReduceKind::L1) {
+                need_float(x, 0)?;
+            }
+            if axes.iter().any(|a| *a >= x.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
+                return err(None, format!("axes {axes:?} must be sorted, unique and below rank {}", x.rank()));
+            }
+            one(TensorType::new(x.dtype, reduced_shape(&x.shape, axes, *keepdims)))
+        }
+        Op::Arg { axis, keepdims, .. } => {
+            let x = x()?;
+            if *axis >= x.rank() {
+                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+            }
+            one(TensorType::new(DType::I64, reduced_shape(&x.shape, &[*axis], *keepdims)))
+        }
+        Op::Reshape { shape } => {
+            let x = x()?;
+            if shape.iter().product::<usize>() != x.numel() {
+                return err(Some(0), format!("cannot reshape {x} to {shape:?}"));
+            }
+            one(TensorType::new(x.dtype, shape.clone()))
+        }
+        Op::Transpose { perm } => {
+            let x = x()?;
+            let mut seen = vec![false; x.rank()];
+            if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
+                return err(None, format!("perm {perm:?} is not a permutation of rank {}", x.rank()));
+            }
+            one(TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect::<Vec<_>>()))
+        }
+        Op::Concat { axis } => {
+            let x = x()?;
+            if *axis >= x.rank() {
+                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+            }
+            let mut shape = x.shape.clone();
+            shape[*axis] = 0;
+            for i in 0..inputs.len() {
+                let t = get(inputs, i)?;
+                same_dtype(x, t, i)?;
+                let ok = t.rank() == x.rank() && (0..x.rank()).all(|d| d == *axis || t.shape[d] == x.shape[d]);
+                if !ok {
+                    return err(Some(i), format!("shape {:?} does not match {:?} off axis {axis}", t.shape, x.shape));
+                }
+                shape[*axis] += t.shape[*axis];
+            }
+            one(TensorType::new(x.dtype, shape))
+        }
+        Op::Split { axis, sizes } => {
+            let x = x()?;
+            if *axis >= x.rank() || sizes.iter().sum::<usize>() != x.shape[*axis] {
+                return err(Some(0), format!("sizes {sizes:?} do not split axis {axis} of {x}"));
+            }
+            Ok(sizes
+                .iter()
+                .map(|&s| {
+                    let mut shape = x.shape.clone();
+                    shape[*axis] = s;
+                    TensorType::new(x.dtype, shape)
+                })
+                .collect())
+        }
+        Op::Slice { starts, steps, lens } => {
+            let x = x()?;
+            let r = x.rank();
+            if starts.len() != r || steps.len() != r || lens.len() != r {
+                return err(None, format!("slice attributes must have one entry per axis of {x}"));
+            }
+            for d in 0..r {
+                let last = starts[d] as i64 + steps[d] * (lens[d] as i64 - 1);
+                let ok = steps[d] != 0 && (lens[d] == 0 || (starts[d] < x.shape[d] && last >= 0 && (last as usize) < x.shape[d]));
+                if !ok {
+                    return err(None, format!("axis {d}: start {} step {} len {} leaves 0..{}", starts[d], steps[d], lens[d], x.shape[d]));
+                }
+            }
+            one(TensorType::new(x.dtype, lens.clone()))
+        }
+        Op::Gather { axis } => {
+            let (x, idx) = (x()?, get(inputs, 1)?);
+            if *axis >= x.rank() {
+                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+            }
+            if !matches!(idx.dtype, DType::I32 | DType::I64) {
+                return err(Some(1), "indices must be i32 or i64");
+            }
+            let mut shape = x.shape[..*axis].to_vec();
+            shape.extend_from_slice(&idx.shape);
+            shape.extend_from_slice(&x.shape[axis + 1..]);
+            one(TensorType::new(x.dtype, shape))
+        }
+        Op::GatherElements { axis } => {
+            let (x, idx) = (x()?, get(inputs, 1)?);
+            if *axis >= x.rank() || idx.rank() != x.rank() {
+                return err(Some(1), "indices must have the data's rank");
+            }
+            if !matches!(idx.dtype, DType::I32 | DType::I64) {
+                return err(Some(1), "indices must be i32 or i64");
+            }
+            one(TensorType::new(x.dtype, idx.shape.clone()))
+        }
+        Op::Expand { shape } => {
+            let x = x()?;
+            if broadcast_shapes(&x.shape, shape).as_deref() != Some(&shape[..]) {
+                return err(Some(0), format!("{x} does not broadcast to {shape:?}"));
+            }
+            one(TensorType::new(x.dtype, shape.clone()))
+        }
+        Op::Tile { repeats } => {
+            let x = x()?;
+            if repeats.len() != x.rank() {
+                return err(None, "repeats must have one entry per axis");
+            }
+            one(TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d * r).collect::<Vec<_>>()))
+        }
+        Op::Pad { pads, mode, .. } => {
+            let x = x()?;
+            let r = x.rank();
+            if pads.len() != 2 * r {
+                return err(None, "pads must have two entries per axis");
+            }
+            let mut shape = vec![];
+            for d in 0..r {
+                let n = x.shape[d] as i64 + pads[d] + pads[d + r];
+                if n < 0 {
+                    return err(None, format!("pads crop axis {d} below zero"));
+                }
+                if *mode != PadMode::Constant && x.shape[d] == 0 && n > 0 {
+                    return err(Some(0), format!("cannot {} pad an empty axis", op.name()));
+                }
+                shape.push(n as usize);
+            }
+            one(TensorType::new(x.dtype, shape))
+        }
+        Op::Resize(r) => {
+            let x = x()?;
+            if r.sizes.len() != x.rank() || r.scales.len() != x.rank() {
+                return err(None, "resize scales and sizes must have one entry per axis");
+            }
+            one(TensorType::new(x.dtype, r.sizes.clone()))
+        }
+        Op::DepthToSpace { blocksize: b, .. } => {
+            let x = x()?;
+            if x.rank() != 4 || *b == 0 || x.shape[1] % (b * b) != 0 {
+                return err(Some(0), format!("expects [N, C, H, W] with C divisible by {}", b * b));
+            }
+            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] / (b * b), x.shape[2] * b, x.shape[3] * b]))
+        }
+        Op::SpaceToDepth { blocksize: b } => {
+            let x = x()?;
+            if x.rank() != 4 || *b == 0 || x.shape[2] % b != 0 || x.shape[3] % b != 0 {
+                return err(Some(0), format!("expects [N, C, H, W] with H and W divisible by {b}"));
+            }
+            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] * b * b, x.shape[2] / b, x.shape[3] / b]))
+        }
+        Op::Trilu { .. } => {
+            let x = x()?;
+            if x.rank() < 2 {
+                return err(Some(0), "expects rank >= 2");
+            }
+            one(x.clone())
+        }
+    }
+}
+
+/// The shape after reducing `axes`, keeping them as 1s or dropping them.
+pub fn reduced_shape(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
+    let mut out = vec![];
+    for (d, &n) in shape.iter().enumerate() {
+        if axes.contains(&d) {
+            if keepdims {
+                out.push(1);
+            }
+        } else {
+            out.push(n);
+        }
+    }
+    out
+}
+
+fn infer_matmul(a: &TensorType, b: &TensorType) -> R<Vec<TensorType>> {
+    same_dtype(a, b, 1)?;
+    if a.rank() == 0 || b.rank() == 0 {
+        return err(Some(if a.rank() == 0 { 0 } else { 1 }), "matmul does not take scalars");
+    }
+    if a.dtype == DType::Bool {
+        return err(Some(0), "matmul does not take bool");
+    }
+    let ka = a.shape[a.rank() - 1];
+    let kb = if b.rank() == 1 { b.shape[0] } else { b.shape[b.rank() - 2] };
+    if ka != kb {
+        return err(Some(1), format!("inner dimensions differ: {} @ {}", a, b));
+    }
+    let ba = if a.rank() > 2 { &a.shape[..a.rank() - 2] } else { &[][..] };
+    let bb = if b.rank() > 2 { &b.shape[..b.rank() - 2] } else { &[][..] };
+    let Some(mut shape) = broadcast_shapes(ba, bb) else {
+        return err(Some(1), format!("batch dimensions of {a} and {b} do not broadcast"));
+    };
+    if a.rank() >= 2 {
+        shape.push(a.shape[a.rank() - 2]);
+    }
+    if b.rank() >= 2 {
+        shape.push(b.shape[b.rank() - 1]);
+    }
+    Ok(vec![TensorType::new(a.dtype, shape)])
+}
+
+fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) -> R<Vec<TensorType>> {
+    let (x, w) = (get(inputs, 0)?, get(inputs, 1)?);
+    need_float(x, 0)?;
+    same_dtype(x, w, 1)?;
+    let sp = x.rank().saturating_sub(2);
+    if x.rank() < 3 || w.rank() != x.rank() {
+        return err(Some(1), format!("weight {w} does not match input {x}"));
+    }
+    if c.strides.len() != sp || c.dilations.len() != sp || c.pads.len() != 2 * sp || c.group == 0 {
+        return err(None, format!("strides/dilations/pads do not match {sp} spatial axes"));
+    }
+    let g = c.group;
+    let out_ch = if transpose {
+        if w.shape[0] != x.shape[1] {
+            return err(Some(1), format!("weight has {} input channels, input has {}", w.shape[0], x.shape[1]));
+        }
+        w.shape[1] * g
+    } else {
+        if w.shape[1] * g != x.shape[1] || w.shape[0] % g != 0 {
+            return err(Some(1), format!("weight {w} does not fit {} input channels in {g} groups", x.shape[1]));
+        }
+        w.shape[0]
+    };
+    if let Some(Some(b)) = inputs.get(2) {
+        same_dtype(x, b, 2)?;
+        if b.shape != [out_ch] {
+            return err(Some(2), format!("bias must be [{out_ch}], got {:?}", b.shape));
+        }
+    }
+    let mut shape = vec![x.shape[0], out_ch];
+    for i in 0..sp {
+        let (k, s, d) = (w.shape[i + 2], c.strides[i], c.dilations[i]);
+        let (pb, pe) = (c.pads[i], c.pads[i + sp]);
+        let pad = pb + pe;
+        if transpose {
+            let op = c.output_padding.get(i).copied().unwrap_or(0);
+            let full = s * (x.shape[i + 2].max(1) - 1) + op + d * (k - 1) + 1;
+            if full < pad {
+                return err(None, format!("pads exceed the output on axis {}", i + 2));
+            }
+            shape.push(full - pad);
+        } else {
+            match window_out(x.shape[i + 2], k, s, d, pb, pe, false) {
+                Some(o) => shape.push(o),
+                None => return err(Some(1), format!("kernel larger than padded input on axis {}", i + 2)),
+            }
+        }
+    }
+    Ok(vec![TensorType::new(x.dtype, shape)])
+}

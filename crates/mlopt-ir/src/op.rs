@@ -1,0 +1,292 @@
+//! The closed set of graph operations, with typed, fully resolved attributes.
+//!
+//! Attributes are static: the importer resolves everything ONNX passes as "shape-like" inputs (Reshape's
+//! shape, Slice's starts/ends, Pad's pads, Resize's scales/sizes, reduction axes), negative axes, `auto_pad`
+//! and `noop_with_empty_axes`. ONNX ops that are only another op with different spelling become that op
+//! (Flatten/Squeeze/Unsqueeze -> `Reshape`, Upsample -> `Resize`, Sum/Mean/Max/Min -> `Nary`); the table in
+//! docs/onnx-ops.md lists every mapping.
+
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+use std::sync::Arc;
+
+/// Elementwise functions of one input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    Relu,
+    Sigmoid,
+    Tanh,
+    Erf,
+    Softplus,
+    Softsign,
+    Sqrt,
+    Reciprocal,
+    Exp,
+    Log,
+    Neg,
+    Abs,
+    Floor,
+    Ceil,
+    Round,
+    Sign,
+    Not,
+    HardSwish,
+    Mish,
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    IsNaN,
+    IsInf { detect_negative: bool, detect_positive: bool },
+    LeakyRelu { alpha: f32 },
+    Elu { alpha: f32 },
+    Celu { alpha: f32 },
+    Selu { alpha: f32, gamma: f32 },
+    HardSigmoid { alpha: f32, beta: f32 },
+    ThresholdedRelu { alpha: f32 },
+    Shrink { bias: f32, lambd: f32 },
+    /// `tanh: true` is the tanh approximation (ONNX `approximate="tanh"`).
+    Gelu { tanh: bool },
+}
+
+/// Elementwise functions of two broadcast inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    /// `fmod: false` takes the divisor's sign (Python `%`), `true` the dividend's (C `fmod`).
+    Mod { fmod: bool },
+    PRelu,
+    Equal,
+    Greater,
+    Less,
+    GreaterOrEqual,
+    LessOrEqual,
+    And,
+    Or,
+    Xor,
+}
+
+impl Binary {
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            Binary::Equal | Binary::Greater | Binary::Less | Binary::GreaterOrEqual | Binary::LessOrEqual
+        )
+    }
+    pub fn is_logical(self) -> bool {
+        matches!(self, Binary::And | Binary::Or | Binary::Xor)
+    }
+}
+
+/// Variadic elementwise ops over any number of broadcast inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nary {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    SumSquare,
+    LogSum,
+    LogSumExp,
+}
+
+/// Convolution geometry; `pads` holds all begins then all ends (ONNX order), `auto_pad` already resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvAttrs {
+    pub strides: Vec<usize>,
+    pub pads: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub group: usize,
+    /// ConvTranspose only: extra size added to one side of each output dimension.
+    pub output_padding: Vec<usize>,
+}
+
+/// Pooling window geometry; `pads` holds all begins then all ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolAttrs {
+    pub kernel: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub pads: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub ceil_mode: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResizeMode {
+    Nearest,
+    Linear,
+    Cubic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoordMode {
+    HalfPixel,
+    HalfPixelSymmetric,
+    PytorchHalfPixel,
+    AlignCorners,
+    Asymmetric,
+    TfCropAndResize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NearestMode {
+    RoundPreferFloor,
+    RoundPreferCeil,
+    Floor,
+    Ceil,
+}
+
+/// Resize with everything resolved: per-axis `scales` (used by the coordinate transform) and output `sizes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizeAttrs {
+    pub mode: ResizeMode,
+    pub coord: CoordMode,
+    pub nearest: NearestMode,
+    pub cubic_coeff_a: f32,
+    pub exclude_outside: bool,
+    pub extrapolation_value: f32,
+    pub antialias: bool,
+    pub scales: Vec<f32>,
+    pub sizes: Vec<usize>,
+    /// tf_crop_and_resize only: starts then ends, normalised coordinates, one pair per axis.
+    pub roi: Vec<f32>,
+}
+
+/// One graph operation. Inputs and outputs are positional, as in ONNX.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// A graph input; its name is the node's name.
+    Input,
+    /// A constant; its name (initializer name) is the node's name.
+    Const(Arc<Tensor>),
+    Unary(Unary),
+    Binary(Binary),
+    Nary(Nary),
+    /// `where cond, x, y`.
+    Where,
+    /// `clip x, min?, max?`.
+    Clip,
+    Cast { to: DType },
+    Softmax { axis: usize },
+    LogSoftmax { axis: usize },
+    MatMul,
+    /// `gemm a, b, c?` = alpha * op(a) op(b) + beta * c.
+    Gemm { alpha: f32, beta: f32, trans_a: bool, trans_b: bool },
+    /// `conv x, w, b?`.
+    Conv(ConvAttrs),
+    /// `conv_transpose x, w, b?`.
+    ConvTranspose(ConvAttrs),
+    /// `batch_norm x, scale, bias, mean, var` (inference form).
+    BatchNorm { epsilon: f32 },
+    /// `instance_norm x, scale, bias`.
+    InstanceNorm { epsilon: f32 },
+    /// `layer_norm x, scale, bias?` -> y, mean?, inv_std_dev?; normalises over axes `axis..`.
+    LayerNorm { axis: usize, epsilon: f32 },
+    Lrn { size: usize, alpha: f32, beta: f32, bias: f32 },
+    MaxPool(PoolAttrs),
+    AveragePool { pool: PoolAttrs, count_include_pad: bool },
+    GlobalAveragePool,
+    GlobalMaxPool,
+    /// Reduces `axes` (sorted, unique; may be empty = copy).
+    Reduce { kind: ReduceKind, axes: Vec<usize>, keepdims: bool },
+    /// ArgMax (`max: true`) or ArgMin; outputs i64.
+    Arg { max: bool, axis: usize, keepdims: bool, select_last_index: bool },
+    Reshape { shape: Vec<usize> },
+    Transpose { perm: Vec<usize> },
+    Concat { axis: usize },
+    Split { axis: usize, sizes: Vec<usize> },
+    /// Per axis of the input: first index, step (non-zero, may be negative) and number of elements taken.
+    Slice { starts: Vec<usize>, steps: Vec<i64>, lens: Vec<usize> },
+    /// `gather data, indices`.
+    Gather { axis: usize },
+    /// `gather_elements data, indices`.
+    GatherElements { axis: usize },
+    /// Broadcasts to `shape` (the resolved output shape).
+    Expand { shape: Vec<usize> },
+    Tile { repeats: Vec<usize> },
+    /// `pads` holds all begins then all ends; negative values crop.
+    Pad { pads: Vec<i64>, mode: PadMode, value: f64 },
+    Resize(ResizeAttrs),
+    DepthToSpace { blocksize: usize, crd: bool },
+    SpaceToDepth { blocksize: usize },
+    /// Upper (`upper: true`) or lower triangle of the last two axes, offset by diagonal `k`.
+    Trilu { upper: bool, k: i64 },
+}
+
+impl Op {
+    /// (fewest, most) inputs; `usize::MAX` for variadic ops.
+    pub fn arity(&self) -> (usize, usize) {
+        match self {
+            Op::Input | Op::Const(_) => (0, 0),
+            Op::Unary(_)
+            | Op::Cast { .. }
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::Lrn { .. }
+            | Op::MaxPool(_)
+            | Op::AveragePool { .. }
+            | Op::GlobalAveragePool
+            | Op::GlobalMaxPool
+            | Op::Reduce { .. }
+            | Op::Arg { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Split { .. }
+            | Op::Slice { .. }
+            | Op::Expand { .. }
+            | Op::Tile { .. }
+            | Op::Pad { .. }
+            | Op::Resize(_)
+            | Op::DepthToSpace { .. }
+            | Op::SpaceToDepth { .. }
+            | Op::Trilu { .. } => (1, 1),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } => (2, 2),
+            Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
+            Op::Where => (3, 3),
+            Op::Clip => (1, 3),
+            Op::Gemm { .. } | Op::Conv(_) | Op::ConvTranspose(_) => (2, 3),
+            Op::BatchNorm { .. } => (5, 5),
+            Op::InstanceNorm { .. } => (3, 3),
+            Op::LayerNorm { .. } => (2, 3),
+        }
+    }
+
+    /// Whether input `i` may be left out (`_` in the text format).
+    pub fn input_optional(&self, i: usize) -> bool {
+        match self {
+            Op::Clip => i >= 1,
+            Op::Gemm { .. } | Op::Conv(_) | Op::ConvTranspose(_) | Op::LayerNorm { .. } => i == 2,
+            _ => false,
+        }
+    }
+}

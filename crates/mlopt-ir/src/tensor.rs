@@ -1,0 +1,389 @@
+//! Tensors: an ndarray per element type behind one closed enum.
+//!
+//! The reference interpreter computes on these, constants in graphs hold them, and the ONNX crate reads and
+//! writes them. `Elem` ties each Rust element type to its `DType`; `dispatch!` runs one generic expression on
+//! whichever variant a tensor holds.
+
+use crate::dtype::{DType, TensorType};
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+use std::fmt;
+
+/// A dense tensor in standard (row-major) layout.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tensor {
+    F32(ArrayD<f32>),
+    F16(ArrayD<f16>),
+    BF16(ArrayD<bf16>),
+    F64(ArrayD<f64>),
+    I8(ArrayD<i8>),
+    U8(ArrayD<u8>),
+    I32(ArrayD<i32>),
+    I64(ArrayD<i64>),
+    Bool(ArrayD<bool>),
+}
+
+/// Runs `$body` with `$a` bound to the array inside `$t`, whatever its element type.
+#[macro_export]
+macro_rules! dispatch {
+    ($t:expr, $a:ident => $body:expr) => {
+        match $t {
+            $crate::Tensor::F32($a) => $body,
+            $crate::Tensor::F16($a) => $body,
+            $crate::Tensor::BF16($a) => $body,
+            $crate::Tensor::F64($a) => $body,
+            $crate::Tensor::I8($a) => $body,
+            $crate::Tensor::U8($a) => $body,
+            $crate::Tensor::I32($a) => $body,
+            $crate::Tensor::I64($a) => $body,
+            $crate::Tensor::Bool($a) => $body,
+        }
+    };
+}
+
+/// A Rust element type that a `Tensor` can hold.
+pub trait Elem: Copy + Default + PartialEq + PartialOrd + fmt::Debug + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    fn to_i64(self) -> i64;
+    fn from_i64(v: i64) -> Self;
+    fn wrap(a: ArrayD<Self>) -> Tensor;
+    fn view(t: &Tensor) -> Option<&ArrayD<Self>>;
+    fn write_le(self, out: &mut Vec<u8>);
+    fn read_le(b: &[u8]) -> Self;
+
+    /// Converts with ONNX `Cast` semantics: floats truncate toward zero into integers (saturating, NaN to
+    /// 0), integers wrap, anything non-zero (and NaN) is `true`.
+    fn cast_from<S: Elem>(v: S) -> Self {
+        if S::DTYPE.is_float() {
+            Self::from_f64(v.to_f64())
+        } else {
+            Self::from_i64(v.to_i64())
+        }
+    }
+}
+
+macro_rules! impl_elem_num {
+    ($t:ty, $variant:ident, $conv_f:expr, $conv_i:expr) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$variant;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                $conv_f(v)
+            }
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            fn from_i64(v: i64) -> Self {
+                $conv_i(v)
+            }
+            fn wrap(a: ArrayD<Self>) -> Tensor {
+                Tensor::$variant(a)
+            }
+            fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
+                match t {
+                    Tensor::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(b: &[u8]) -> Self {
+                let mut buf = [0u8; std::mem::size_of::<$t>()];
+                buf.copy_from_slice(&b[..std::mem::size_of::<$t>()]);
+                <$t>::from_le_bytes(buf)
+            }
+        }
+    };
+}
+
+impl_elem_num!(f32, F32, |v: f64| v as f32, |v: i64| v as f32);
+impl_elem_num!(f64, F64, |v: f64| v, |v: i64| v as f64);
+impl_elem_num!(i8, I8, |v: f64| v as i8, |v: i64| v as i8);
+impl_elem_num!(u8, U8, |v: f64| v as u8, |v: i64| v as u8);
+impl_elem_num!(i32, I32, |v: f64| v as i32, |v: i64| v as i32);
+impl_elem_num!(i64, I64, |v: f64| v as i64, |v: i64| v);
+
+macro_rules! impl_elem_half {
+    ($t:ty, $variant:ident) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$variant;
+            fn to_f64(self) -> f64 {
+                self.to_f64()
+            }
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f64(v)
+            }
+            fn to_i64(self) -> i64 {
+                self.to_f64() as i64
+            }
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f64(v as f64)
+            }
+            fn wrap(a: ArrayD<Self>) -> Tensor {
+                Tensor::$variant(a)
+            }
+            fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
+                match t {
+                    Tensor::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_bits().to_le_bytes());
+            }
+            fn read_le(b: &[u8]) -> Self {
+                <$t>::from_bits(u16::from_le_bytes([b[0], b[1]]))
+            }
+        }
+    };
+}
+
+impl_elem_half!(f16, F16);
+impl_elem_half!(bf16, BF16);
+
+impl Elem for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        if self {
+            1.0
+        } else {
+            0.0
+        }
+    }
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    fn from_i64(v: i64) -> Self {
+        v != 0
+    }
+    fn wrap(a: ArrayD<Self>) -> Tensor {
+        Tensor::Bool(a)
+    }
+    fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
+        match t {
+            Tensor::Bool(a) => Some(a),
+            _ => None,
+        }
+    }
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.push(self as u8);
+    }
+    fn read_le(b: &[u8]) -> Self {
+        b[0] != 0
+    }
+}
+
+/// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = $crate::half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = $crate::half::bf16;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+        }
+    };
+}
+
+fn standard<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
+    if a.is_standard_layout() {
+        a
+    } else {
+        a.as_standard_layout().into_owned()
+    }
+}
+
+impl Tensor {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tensor::F32(_) => DType::F32,
+            Tensor::F16(_) => DType::F16,
+            Tensor::BF16(_) => DType::BF16,
+            Tensor::F64(_) => DType::F64,
+            Tensor::I8(_) => DType::I8,
+            Tensor::U8(_) => DType::U8,
+            Tensor::I32(_) => DType::I32,
+            Tensor::I64(_) => DType::I64,
+            Tensor::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        dispatch!(self, a => a.shape())
+    }
+
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype(), self.shape())
+    }
+
+    pub fn numel(&self) -> usize {
+        dispatch!(self, a => a.len())
+    }
+
+    /// Wraps an array, forcing standard layout so that byte views and printing see row-major order.
+    pub fn from_array<T: Elem>(a: ArrayD<T>) -> Tensor {
+        T::wrap(standard(a))
+    }
+
+    /// Builds a tensor from row-major values; `None` when the value count does not match the shape.
+    pub fn from_vec<T: Elem>(shape: &[usize], v: Vec<T>) -> Option<Tensor> {
+        ArrayD::from_shape_vec(IxDyn(shape), v).ok().map(T::wrap)
+    }
+
+    pub fn scalar<T: Elem>(v: T) -> Tensor {
+        T::wrap(ArrayD::from_elem(IxDyn(&[]), v))
+    }
+
+    pub fn zeros(ty: &TensorType) -> Tensor {
+        with_dtype!(ty.dtype, T => T::wrap(ArrayD::from_elem(IxDyn(&ty.shape), T::default())))
+    }
+
+    /// A tensor of `ty` filled with `v` (converted with `Cast` semantics).
+    pub fn full(ty: &TensorType, v: f64) -> Tensor {
+        with_dtype!(ty.dtype, T => T::wrap(ArrayD::from_elem(IxDyn(&ty.shape), T::from_f64(v))))
+    }
+
+    /// A tensor of `shape` with every element equal to this tensor's first (exact for every dtype).
+    pub fn splat(&self, shape: &[usize]) -> Option<Tensor> {
+        dispatch!(self, a => a.iter().next().map(|&v| Tensor::from_array(ArrayD::from_elem(IxDyn(shape), v))))
+    }
+
+    /// The array, if this tensor holds element type `T`.
+    pub fn view<T: Elem>(&self) -> Option<&ArrayD<T>> {
+        T::view(self)
+    }
+
+    /// Converts to another element type with ONNX `Cast` semantics.
+    pub fn cast(&self, to: DType) -> Tensor {
+        if self.dtype() == to {
+            return self.clone();
+        }
+        dispatch!(self, a => with_dtype!(to, T => T::wrap(a.mapv(T::cast_from))))
+    }
+
+    /// All values converted to f64 (row-major).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        dispatch!(self, a => a.iter().map(|v| v.to_f64()).collect())
+    }
+
+    /// All values converted to i64 (row-major; floats truncate).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        dispatch!(self, a => a.iter().map(|v| v.to_i64()).collect())
+    }
+
+    /// Little-endian bytes of the values in row-major order (the layout of ONNX `raw_data` and `.npy`).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.numel() * self.dtype().size());
+        dispatch!(self, a => for v in a.iter() { v.write_le(&mut out) });
+        out
+    }
+
+    /// Reads row-major little-endian values; `None` when the byte count does not match the type.
+    pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
+        let size = ty.dtype.size();
+        if bytes.len() != ty.numel().checked_mul(size)? {
+            return None;
+        }
+        with_dtype!(ty.dtype, T => {
+            let v: Vec<T> = bytes.chunks_exact(size).map(T::read_le).collect();
+            Tensor::from_vec(&ty.shape, v)
+        })
+    }
+
+    /// Returns the same values with a new shape of equal element count.
+    pub fn reshape(&self, shape: &[usize]) -> Option<Tensor> {
+        dispatch!(self, a => {
+            let v: Vec<_> = a.iter().copied().collect();
+            Tensor::from_vec(shape, v)
+        })
+    }
+}
+
+impl fmt::Display for Tensor {
+    /// A short summary: type and the first few values.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} [", self.ty())?;
+        let n = self.numel();
+        dispatch!(self, a => {
+            for (i, v) in a.iter().take(8).enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{v:?}")?;
+            }
+        });
+        if n > 8 {
+            write!(f, ", ... ({n} values)")?;
+        }
+        f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_for_every_dtype() {
+        for d in DType::ALL {
+            let ty = TensorType::new(d, vec![2, 3]);
+            let t = Tensor::full(&ty, 1.0).cast(d);
+            let back = Tensor::from_le_bytes(&ty, &t.to_le_bytes());
+            assert_eq!(back, Some(t), "{d}");
+        }
+        assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![2]), &[0; 7]), None);
+    }
+
+    #[test]
+    fn cast_follows_onnx() {
+        let t = Tensor::from_vec(&[4], vec![-1.7f32, 2.9, f32::NAN, 300.0]).unwrap();
+        assert_eq!(t.cast(DType::I32).to_i64_vec(), vec![-1, 2, 0, 300]);
+        assert_eq!(
+            t.cast(DType::Bool),
+            Tensor::from_vec(&[4], vec![true, true, true, true]).unwrap()
+        );
+        let i = Tensor::from_vec(&[2], vec![257i64, -1]).unwrap();
+        assert_eq!(i.cast(DType::U8).to_i64_vec(), vec![1, 255]);
+    }
+}

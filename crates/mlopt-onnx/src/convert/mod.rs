@@ -1,0 +1,246 @@
+//! ONNX node -> IR ops. `NodeCx` gives a converter typed access to one node's inputs and attributes and
+//! adds IR nodes on its behalf; every attribute a converter does not read is reported as unsupported, so an
+//! attribute mlopt does not understand can never be silently ignored.
+//!
+//! Nodes whose inputs are all constants are evaluated right away by the reference interpreter (constant
+//! folding during import). Since shapes are static, this folds the shape subgraphs exporters emit
+//! (`Shape -> Gather -> Concat -> Reshape`, `ConstantOfShape`, `Range`, ...) before they reach the graph.
+
+mod elementwise;
+mod layout;
+mod nn;
+mod shape;
+
+use crate::error::{OnnxError, Result};
+use crate::proto::{attribute_type as at, AttributeProto, NodeProto};
+use crate::tensor_io::tensor_from_proto;
+use mlopt_ir::{infer::infer, interp::eval_op, Graph, Op, Tensor, TensorType, Value};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+/// State shared by all nodes of one import.
+pub(crate) struct Importer<'m> {
+    pub g: Graph,
+    pub vals: HashMap<String, Value>,
+    pub opset: i64,
+    pub base: Option<&'m Path>,
+    /// Values of graph inputs that may be used as constant operands (see `ImportOptions::known_values`).
+    pub known: &'m HashMap<String, Tensor>,
+}
+
+/// One node being converted.
+pub(crate) struct NodeCx<'a, 'm> {
+    pub imp: &'a mut Importer<'m>,
+    pub node: &'a NodeProto,
+    /// The node's name for messages: its ONNX name, else its first output's.
+    pub name: String,
+    attrs: HashMap<&'a str, &'a AttributeProto>,
+    used: HashSet<&'a str>,
+}
+
+impl<'a, 'm> NodeCx<'a, 'm> {
+    pub fn err(&self, msg: impl Into<String>) -> OnnxError {
+        OnnxError::Node { node: self.name.clone(), op: self.node.op_type.clone(), input: None, msg: msg.into() }
+    }
+
+    pub fn err_in(&self, i: usize, msg: impl Into<String>) -> OnnxError {
+        let input = self.node.input.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
+        OnnxError::Node { node: self.name.clone(), op: self.node.op_type.clone(), input: Some(input), msg: msg.into() }
+    }
+
+    pub fn opset(&self) -> i64 {
+        self.imp.opset
+    }
+
+    pub fn num_inputs(&self) -> usize {
+        self.node.input.len()
+    }
+
+    /// Output slots the model actually uses (trailing empty names dropped).
+    pub fn num_outputs(&self) -> usize {
+        self.node.output.iter().rposition(|o| !o.is_empty()).map_or(0, |i| i + 1)
+    }
+
+    /// Input `i`, or `None` when absent or given as the empty name.
+    pub fn input(&self, i: usize) -> Result<Option<Value>> {
+        match self.node.input.get(i).map(String::as_str) {
+            None | Some("") => Ok(None),
+            Some(name) => match self.imp.vals.get(name) {
+                Some(v) => Ok(Some(*v)),
+                None => Err(self.err_in(i, "is not produced by an earlier node, an initializer or a graph input")),
+            },
+        }
+    }
+
+    pub fn req(&self, i: usize) -> Result<Value> {
+        self.input(i)?.ok_or_else(|| self.err_in(i, "required input is missing"))
+    }
+
+    pub fn ty(&self, v: Value) -> &TensorType {
+        self.imp.g.value_type(v)
+    }
+
+    /// The value of input `i`, which must be a constant (after folding) when present.
+    pub fn konst(&self, i: usize) -> Result<Option<Arc<Tensor>>> {
+        match self.input(i)? {
+            None => Ok(None),
+            Some(v) => match self.imp.g.const_value(v) {
+                Some(t) => Ok(Some(t.clone())),
+                None if self.imp.g.node(v.node).op == Op::Input && self.imp.known.contains_key(&self.imp.g.node(v.node).name) => {
+                    Ok(self.imp.known.get(&self.imp.g.node(v.node).name).map(|t| Arc::new(t.clone())))
+                }
+                None => Err(self.err_in(i, "must be a constant (mlopt compiles static shapes; this input depends on data)")),
+            },
+        }
+    }
+
+    /// A constant integer input (shape, axes, pads, ...) as i64s.
+    pub fn konst_ints(&self, i: usize) -> Result<Option<Vec<i64>>> {
+        Ok(self.konst(i)?.map(|t| t.to_i64_vec()))
+    }
+
+    fn attr(&mut self, name: &'a str, kinds: &[i32]) -> Result<Option<&'a AttributeProto>> {
+        let Some(&a) = self.attrs.get(name) else { return Ok(None) };
+        self.used.insert(name);
+        if !a.ref_attr_name.is_empty() {
+            return Err(self.err(format!("attribute '{name}' refers to a function attribute; only graphs are supported")));
+        }
+        if a.r#type != at::UNDEFINED && !kinds.contains(&a.r#type) {
+            return Err(self.err(format!("attribute '{name}' has the wrong type ({})", a.r#type)));
+        }
+        Ok(Some(a))
+    }
+
+    pub fn int_opt(&mut self, name: &'a str) -> Result<Option<i64>> {
+        Ok(self.attr(name, &[at::INT])?.map(|a| a.i))
+    }
+    pub fn int(&mut self, name: &'a str, default: i64) -> Result<i64> {
+        Ok(self.int_opt(name)?.unwrap_or(default))
+    }
+    pub fn float_opt(&mut self, name: &'a str) -> Result<Option<f32>> {
+        Ok(self.attr(name, &[at::FLOAT])?.map(|a| a.f))
+    }
+    pub fn float(&mut self, name: &'a str, default: f32) -> Result<f32> {
+        Ok(self.float_opt(name)?.unwrap_or(default))
+    }
+    pub fn ints(&mut self, name: &'a str) -> Result<Option<Vec<i64>>> {
+        Ok(self.attr(name, &[at::INTS])?.map(|a| a.ints.clone()))
+    }
+    pub fn floats(&mut self, name: &'a str) -> Result<Option<Vec<f32>>> {
+        Ok(self.attr(name, &[at::FLOATS])?.map(|a| a.floats.clone()))
+    }
+    pub fn string(&mut self, name: &'a str, default: &str) -> Result<String> {
+        Ok(self.attr(name, &[at::STRING])?.map_or(default.to_string(), |a| String::from_utf8_lossy(&a.s).into_owned()))
+    }
+    pub fn tensor(&mut self, name: &'a str) -> Result<Option<Tensor>> {
+        match self.attr(name, &[at::TENSOR])? {
+            Some(a) => {
+                let t = a.t.as_ref().ok_or_else(|| self.err(format!("attribute '{name}' holds no tensor")))?;
+                Ok(Some(tensor_from_proto(t, self.imp.base)?))
+            }
+            None => Ok(None),
+        }
+    }
+    /// Marks an attribute as read when its only supported value is the default (checked by the caller).
+    pub fn has_attr(&self, name: &str) -> bool {
+        self.attrs.contains_key(name)
+    }
+
+    /// A non-negative integer list attribute, or `default` when absent.
+    pub fn usizes(&mut self, name: &'a str, default: Vec<usize>) -> Result<Vec<usize>> {
+        match self.ints(name)? {
+            None => Ok(default),
+            Some(v) => v.iter().map(|&x| usize::try_from(x).map_err(|_| self.err(format!("attribute '{name}' has a negative value {x}")))).collect(),
+        }
+    }
+
+    /// Adds an IR op. If every input present is a constant, the op is evaluated now and its outputs become
+    /// constants. Returns at most `n_out` outputs (all when `None`).
+    pub fn add(&mut self, op: Op, inputs: &[Option<Value>], n_out: Option<usize>) -> Result<Vec<Value>> {
+        let g = &mut self.imp.g;
+        let foldable = inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
+        if !foldable {
+            return Ok(g.add_node(op, self.name.clone(), inputs, n_out)?);
+        }
+        let tys: Vec<Option<&TensorType>> = inputs.iter().map(|v| v.map(|v| g.value_type(v))).collect();
+        let mut outs = infer(&op, &tys).map_err(|e| mlopt_ir::IrError::Infer {
+            node: self.name.clone(),
+            op: op.name(),
+            input: e.input,
+            msg: e.msg,
+        })?;
+        if let Some(n) = n_out {
+            outs.truncate(n.max(1));
+        }
+        let args: Vec<Option<Arc<Tensor>>> = inputs.iter().map(|v| v.and_then(|v| g.const_value(v).cloned())).collect();
+        let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
+        let vals = eval_op(&op, &refs, &outs).map_err(|msg| self.err(format!("folding {}: {msg}", op.name())))?;
+        Ok(vals.into_iter().map(|t| self.imp.g.add_const("", t)).collect())
+    }
+
+    pub fn add1(&mut self, op: Op, inputs: &[Value]) -> Result<Value> {
+        let ins: Vec<Option<Value>> = inputs.iter().copied().map(Some).collect();
+        Ok(self.add(op, &ins, Some(1))?[0])
+    }
+
+    pub fn konst_value(&mut self, t: Tensor) -> Value {
+        self.imp.g.add_const("", t)
+    }
+}
+
+/// Converts one node and records its outputs under their ONNX names.
+pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
+    let name = if node.name.is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name.clone() };
+    let attrs = node.attribute.iter().map(|a| (a.name.as_str(), a)).collect();
+    let mut cx = NodeCx { imp, node, name, attrs, used: HashSet::new() };
+    let outs = dispatch(&mut cx)?;
+    if let Some(unused) = node.attribute.iter().find(|a| !cx.used.contains(a.name.as_str())) {
+        return Err(cx.err(format!("attribute '{}' is not supported", unused.name)));
+    }
+    let wanted = cx.num_outputs();
+    if outs.len() < wanted {
+        return Err(cx.err(format!(
+            "output {} ('{}') is not supported (mlopt produces {} output(s) for this op)",
+            outs.len(),
+            node.output[outs.len()],
+            outs.len()
+        )));
+    }
+    for (name, v) in node.output.iter().zip(outs) {
+        if name.is_empty() {
+            continue;
+        }
+        // A folded constant takes the name of the ONNX value it stands for.
+        let n = cx.imp.g.node_mut(v.node);
+        if matches!(n.op, Op::Const(_)) && n.name.starts_with("const.") {
+            n.name = name.clone();
+        }
+        cx.imp.vals.insert(name.clone(), v);
+    }
+    Ok(())
+}
+
+fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let op = cx.node.op_type.as_str();
+    if let Some(r) = elementwise::convert(cx, op) {
+        return r;
+    }
+    if let Some(r) = nn::convert(cx, op) {
+        return r;
+    }
+    if let Some(r) = layout::convert(cx, op) {
+        return r;
+    }
+    if let Some(r) = shape::convert(cx, op) {
+        return r;
+    }
+    Err(OnnxError::UnsupportedOp { node: cx.name.clone(), op: op.to_string(), domain: cx.node.domain.clone(), opset: cx.opset() })
+}
+
+/// The table of supported ONNX op types, for docs and `mlopt` messages.
+pub fn supported_ops() -> Vec<&'static str> {
+    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).copied().collect();
+    v.sort_unstable();
+    v
+}

@@ -1,0 +1,191 @@
+//! Model-level import: decode, check IR version and opsets, create graph inputs (pinning symbolic
+//! dimensions from `--input-shape`), load initializers, convert nodes in order, bind outputs, verify.
+
+use crate::convert::{convert_node, Importer};
+use crate::error::{io_err, OnnxError, Result};
+use crate::proto::{data_type, tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto};
+use crate::tensor_io::{dtype_from_onnx, tensor_from_proto};
+use mlopt_ir::{Graph, TensorType};
+use prost::Message;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+/// The IR versions and default-domain opsets mlopt reads.
+pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=11;
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=23;
+
+/// What the user pins before import.
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Concrete shapes for graph inputs, by name; required for inputs with symbolic dimensions.
+    pub input_shapes: HashMap<String, Vec<usize>>,
+    /// Values of graph inputs that may stand in where an op needs a constant operand (a Reshape's shape,
+    /// reduction axes, ...). The graph is then specialised to these values, so only callers that evaluate
+    /// it on exactly these inputs (`mlopt run` and `check`) may pass them.
+    pub known_values: HashMap<String, mlopt_ir::Tensor>,
+}
+
+/// Parses `NAME=1x3x224x224` (a scalar is `NAME=`).
+pub fn parse_input_shape(s: &str) -> std::result::Result<(String, Vec<usize>), String> {
+    let (name, dims) = s.split_once('=').ok_or_else(|| format!("'{s}' is not NAME=DIMS (e.g. x=1x3x224x224)"))?;
+    let dims = if dims.is_empty() {
+        vec![]
+    } else {
+        dims.split(['x', ',']).map(|d| d.trim().parse().map_err(|_| format!("bad dimension '{d}' in '{s}'"))).collect::<std::result::Result<_, _>>()?
+    };
+    Ok((name.to_string(), dims))
+}
+
+pub fn decode_model(bytes: &[u8], what: &str) -> Result<ModelProto> {
+    ModelProto::decode(bytes).map_err(|e| OnnxError::Decode { what: what.to_string(), msg: e.to_string() })
+}
+
+pub fn load_model(path: &Path) -> Result<ModelProto> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    decode_model(&bytes, &path.display().to_string())
+}
+
+/// Reads and imports a model file; external data is looked up next to it.
+pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph> {
+    let model = load_model(path)?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    import_model(&model, path.parent(), &stem, opts)
+}
+
+/// The default-domain opset a model imports.
+pub fn default_opset(model: &ModelProto) -> Result<i64> {
+    let mut opset = None;
+    for o in &model.opset_import {
+        if o.domain.is_empty() || o.domain == "ai.onnx" {
+            opset = Some(o.version);
+        }
+    }
+    let opset = opset.ok_or_else(|| OnnxError::Model("no opset is imported for the default ONNX domain".into()))?;
+    if !OPSETS.contains(&opset) {
+        return Err(OnnxError::Model(format!(
+            "opset {opset} is not supported (mlopt reads opsets {}..={})",
+            OPSETS.start(),
+            OPSETS.end()
+        )));
+    }
+    Ok(opset)
+}
+
+/// The declared type of a graph input or output: dtype and dims (`None` for a symbolic or unknown dim,
+/// with its symbol), or `None` when the shape is not given at all.
+pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<Vec<(Option<usize>, String)>>)> {
+    let err = |msg: String| OnnxError::Model(format!("value '{}': {msg}", v.name));
+    let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Err(err("only tensor types are supported (not sequences, maps, optionals or sparse tensors)".into()));
+    };
+    let dtype = dtype_from_onnx(t.elem_type).ok_or_else(|| err(format!("data type {} is not supported", data_type::name(t.elem_type))))?;
+    let dims = t.shape.as_ref().map(|s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(dimension::Value::DimValue(n)) if *n >= 0 => (Some(*n as usize), String::new()),
+                Some(dimension::Value::DimParam(p)) => (None, p.clone()),
+                _ => (None, "?".to_string()),
+            })
+            .collect()
+    });
+    Ok((dtype, dims))
+}
+
+fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorType> {
+    let (dtype, dims) = declared_type(v)?;
+    match (dims, pinned) {
+        (Some(dims), Some(p)) => {
+            if dims.len() != p.len() {
+                return Err(OnnxError::Model(format!("input '{}' has rank {}, but --input-shape gives {:?}", v.name, dims.len(), p)));
+            }
+            for (i, (d, _)) in dims.iter().enumerate() {
+                if let Some(d) = d {
+                    if *d != p[i] {
+                        return Err(OnnxError::Model(format!("input '{}' dimension {i} is {d}, but --input-shape gives {}", v.name, p[i])));
+                    }
+                }
+            }
+            Ok(TensorType::new(dtype, p.clone()))
+        }
+        (None, Some(p)) => Ok(TensorType::new(dtype, p.clone())),
+        (None, None) => Err(OnnxError::DynamicDim { input: v.name.clone(), dim: 0, symbol: "unknown rank".into() }),
+        (Some(dims), None) => {
+            let mut shape = vec![];
+            for (i, (d, sym)) in dims.into_iter().enumerate() {
+                match d {
+                    Some(d) => shape.push(d),
+                    None => return Err(OnnxError::DynamicDim { input: v.name.clone(), dim: i, symbol: sym }),
+                }
+            }
+            Ok(TensorType::new(dtype, shape))
+        }
+    }
+}
+
+/// Imports a decoded model. `base` is the model's folder (for external data), `name` the graph's name
+/// when the model does not give one.
+pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &ImportOptions) -> Result<Graph> {
+    if !IR_VERSIONS.contains(&model.ir_version) {
+        return Err(OnnxError::Model(format!(
+            "IR version {} is not supported (mlopt reads IR versions {}..={})",
+            model.ir_version,
+            IR_VERSIONS.start(),
+            IR_VERSIONS.end()
+        )));
+    }
+    let opset = default_opset(model)?;
+    let graph = model.graph.as_ref().ok_or_else(|| OnnxError::Model("the model has no graph".into()))?;
+    if let Some(s) = graph.sparse_initializer.first() {
+        let n = s.values.as_ref().map(|v| v.name.as_str()).unwrap_or("");
+        return Err(OnnxError::Tensor { name: n.into(), msg: "sparse initializers are not supported".into() });
+    }
+    let gname = if graph.name.is_empty() { name.to_string() } else { graph.name.clone() };
+    let mut imp = Importer { g: Graph::new(gname), vals: HashMap::new(), opset, base, known: &opts.known_values };
+    let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let declared: HashSet<&str> = graph.input.iter().map(|v| v.name.as_str()).collect();
+    if let Some(unknown) = opts.input_shapes.keys().find(|k| !declared.contains(k.as_str()) || inits.contains(k.as_str())) {
+        return Err(OnnxError::Model(format!("--input-shape names '{unknown}', which is not a graph input")));
+    }
+    for v in &graph.input {
+        if inits.contains(v.name.as_str()) {
+            continue;
+        }
+        let ty = input_type(v, opts.input_shapes.get(&v.name))?;
+        let val = imp.g.add_input(v.name.clone(), ty);
+        imp.vals.insert(v.name.clone(), val);
+    }
+    for t in &graph.initializer {
+        let tensor = tensor_from_proto(t, base)?;
+        let val = imp.g.add_const(t.name.clone(), tensor);
+        imp.vals.insert(t.name.clone(), val);
+    }
+    for node in &graph.node {
+        if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+            return Err(OnnxError::UnsupportedOp {
+                node: if node.name.is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name.clone() },
+                op: node.op_type.clone(),
+                domain: node.domain.clone(),
+                opset,
+            });
+        }
+        convert_node(&mut imp, node)?;
+    }
+    for out in &graph.output {
+        let v = *imp
+            .vals
+            .get(&out.name)
+            .ok_or_else(|| OnnxError::Model(format!("output '{}' is not produced by any node", out.name)))?;
+        let got = imp.g.value_type(v).clone();
+        if let Ok((dtype, dims)) = declared_type(out) {
+            let dims_ok = dims.as_ref().is_none_or(|d| d.len() == got.rank() && d.iter().zip(&got.shape).all(|(a, b)| a.0.is_none_or(|a| a == *b)));
+            if dtype != got.dtype || !dims_ok {
+                return Err(OnnxError::Model(format!("output '{}' is declared {:?} {:?} but computes {got}", out.name, dtype, dims.map(|d| d.iter().map(|x| x.0).collect::<Vec<_>>()))));
+            }
+        }
+        imp.g.add_output(out.name.clone(), v);
+    }
+    imp.g.remove_dead();
+    mlopt_ir::verify::verify(&imp.g)?;
+    Ok(imp.g)
+}

@@ -1,0 +1,222 @@
+//! Tensors in and out of ONNX: `TensorProto` (raw_data, typed fields, external data files next to the
+//! model) and the two file formats tools exchange, `.pb` (a serialised `TensorProto`, the layout of ONNX's
+//! test data) and `.npy` (numpy, format versions 1-3).
+
+use crate::error::{io_err, OnnxError, Result};
+use crate::proto::{data_type as dt, tensor_proto, TensorProto};
+use mlopt_ir::{DType, Tensor, TensorType};
+use prost::Message;
+use std::path::{Component, Path};
+
+/// The IR dtype of an ONNX data type, if the IR has it.
+pub fn dtype_from_onnx(t: i32) -> Option<DType> {
+    Some(match t {
+        dt::FLOAT => DType::F32,
+        dt::FLOAT16 => DType::F16,
+        dt::BFLOAT16 => DType::BF16,
+        dt::DOUBLE => DType::F64,
+        dt::INT8 => DType::I8,
+        dt::UINT8 => DType::U8,
+        dt::INT32 => DType::I32,
+        dt::INT64 => DType::I64,
+        dt::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+pub fn dtype_to_onnx(d: DType) -> i32 {
+    match d {
+        DType::F32 => dt::FLOAT,
+        DType::F16 => dt::FLOAT16,
+        DType::BF16 => dt::BFLOAT16,
+        DType::F64 => dt::DOUBLE,
+        DType::I8 => dt::INT8,
+        DType::U8 => dt::UINT8,
+        DType::I32 => dt::INT32,
+        DType::I64 => dt::INT64,
+        DType::Bool => dt::BOOL,
+    }
+}
+
+/// Resolves an external data `location` inside `base`; absolute paths and paths that leave `base` (by
+/// `..` or through a symlink) are errors.
+fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::PathBuf> {
+    let err = |msg: String| OnnxError::Tensor { name: name.into(), msg };
+    let rel = Path::new(location);
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
+        return Err(err(format!("external data location '{location}' escapes the model's folder")));
+    }
+    let full = base.join(rel);
+    let (cb, cf) = (base.canonicalize().map_err(io_err(base))?, full.canonicalize().map_err(io_err(&full))?);
+    if !cf.starts_with(&cb) {
+        return Err(err(format!("external data location '{location}' escapes the model's folder")));
+    }
+    Ok(cf)
+}
+
+fn read_external(t: &TensorProto, base: Option<&Path>, nbytes: usize) -> Result<Vec<u8>> {
+    let err = |msg: String| OnnxError::Tensor { name: t.name.clone(), msg };
+    let base = base.ok_or_else(|| err("external data needs the model's folder".into()))?;
+    let (mut location, mut offset, mut length) = (None, 0u64, None);
+    for kv in &t.external_data {
+        let num = || kv.value.parse::<u64>().map_err(|_| err(format!("bad external data {} '{}'", kv.key, kv.value)));
+        match kv.key.as_str() {
+            "location" => location = Some(kv.value.clone()),
+            "offset" => offset = num()?,
+            "length" => length = Some(num()?),
+            _ => {}
+        }
+    }
+    let location = location.ok_or_else(|| err("external data has no location".into()))?;
+    let path = external_path(base, &location, &t.name)?;
+    let bytes = std::fs::read(&path).map_err(io_err(&path))?;
+    let len = length.unwrap_or(nbytes as u64);
+    let end = offset.checked_add(len).filter(|&e| e <= bytes.len() as u64);
+    match end {
+        Some(end) => Ok(bytes[offset as usize..end as usize].to_vec()),
+        None => Err(err(format!("external data range {offset}+{len} is outside '{location}' ({} bytes)", bytes.len()))),
+    }
+}
+
+/// Converts a `TensorProto`; `base` is the model's folder, for external data.
+pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor> {
+    let err = |msg: String| OnnxError::Tensor { name: t.name.clone(), msg };
+    let dtype = dtype_from_onnx(t.data_type)
+        .ok_or_else(|| err(format!("data type {} is not supported", dt::name(t.data_type))))?;
+    if t.segment.is_some() {
+        return Err(err("segmented tensors are not supported".into()));
+    }
+    let shape: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| err(format!("negative dimension {d}"))))
+        .collect::<Result<_>>()?;
+    let ty = TensorType::new(dtype, shape);
+    let numel = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| err("too many elements".into()))?;
+    let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| err("too many elements".into()))?;
+    let bad_len = |n: usize| err(format!("{n} values for shape {:?} ({numel} expected)", ty.shape));
+    if t.data_location == tensor_proto::DATA_LOCATION_EXTERNAL {
+        let bytes = read_external(t, base, nbytes)?;
+        return Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| bad_len(bytes.len() / dtype.size().max(1)));
+    }
+    if !t.raw_data.is_empty() || numel == 0 {
+        return Tensor::from_le_bytes(&ty, &t.raw_data).ok_or_else(|| bad_len(t.raw_data.len() / dtype.size().max(1)));
+    }
+    let s = &ty.shape;
+    let out = match dtype {
+        DType::F32 => Tensor::from_vec(s, t.float_data.clone()).ok_or_else(|| bad_len(t.float_data.len())),
+        DType::F64 => Tensor::from_vec(s, t.double_data.clone()).ok_or_else(|| bad_len(t.double_data.len())),
+        DType::I64 => Tensor::from_vec(s, t.int64_data.clone()).ok_or_else(|| bad_len(t.int64_data.len())),
+        DType::F16 | DType::BF16 => {
+            // Half floats are stored as their bit patterns in int32_data.
+            let bytes: Vec<u8> = t.int32_data.iter().flat_map(|&v| (v as u16).to_le_bytes()).collect();
+            Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| bad_len(t.int32_data.len()))
+        }
+        DType::I32 | DType::I8 | DType::U8 | DType::Bool => {
+            let v = Tensor::from_vec(s, t.int32_data.clone()).ok_or_else(|| bad_len(t.int32_data.len()))?;
+            Ok(v.cast(dtype))
+        }
+    }?;
+    Ok(out)
+}
+
+/// Converts a tensor to a `TensorProto` with `raw_data`.
+pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
+    TensorProto {
+        dims: t.shape().iter().map(|&d| d as i64).collect(),
+        data_type: dtype_to_onnx(t.dtype()),
+        name: name.to_string(),
+        raw_data: t.to_le_bytes(),
+        ..Default::default()
+    }
+}
+
+/// Reads a serialised `TensorProto` (`.pb`), returning its name and value.
+pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let p = TensorProto::decode(bytes.as_slice())
+        .map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
+    let t = tensor_from_proto(&p, path.parent())?;
+    Ok((p.name, t))
+}
+
+pub fn write_pb(path: &Path, name: &str, t: &Tensor) -> Result<()> {
+    std::fs::write(path, tensor_to_proto(t, name).encode_to_vec()).map_err(io_err(path))
+}
+
+fn npy_descr(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::BF16 => "<V2",
+        DType::F64 => "<f8",
+        DType::I8 => "|i1",
+        DType::U8 => "|u1",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+        DType::Bool => "|b1",
+    }
+}
+
+/// Reads a `.npy` file (little-endian, C order). bf16 is read from the raw 2-byte `<V2` numpy writes for
+/// ml_dtypes' bfloat16.
+pub fn read_npy(path: &Path) -> Result<Tensor> {
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let err = |msg: &str| OnnxError::Tensor { name: path.display().to_string(), msg: format!("bad .npy file: {msg}") };
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(err("missing magic"));
+    }
+    let (hlen, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        _ => return Err(err("unsupported version")),
+    };
+    let header = bytes.get(start..start + hlen).ok_or_else(|| err("truncated header"))?;
+    let header = std::str::from_utf8(header).map_err(|_| err("header is not text"))?;
+    let field = |key: &str| -> Option<&str> {
+        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
+        Some(header[at..].trim_start().strip_prefix(':')?.trim_start())
+    };
+    let descr = field("descr").and_then(|s| s.strip_prefix('\'')).and_then(|s| s.split('\'').next()).ok_or_else(|| err("no descr"))?;
+    let dtype = DType::ALL
+        .into_iter()
+        .find(|&d| npy_descr(d) == descr || (npy_descr(d).get(1..) == descr.get(1..) && descr.starts_with('=')))
+        .ok_or_else(|| err(&format!("unsupported dtype '{descr}'")))?;
+    if field("fortran_order").is_some_and(|s| s.starts_with("True")) {
+        return Err(err("Fortran order is not supported"));
+    }
+    let shape_s = field("shape").and_then(|s| s.strip_prefix('(')).and_then(|s| s.split(')').next()).ok_or_else(|| err("no shape"))?;
+    let shape: Vec<usize> = shape_s
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| err("bad shape")))
+        .collect::<Result<_>>()?;
+    let ty = TensorType::new(dtype, shape);
+    Tensor::from_le_bytes(&ty, &bytes[start + hlen..]).ok_or_else(|| err("data size does not match the shape"))
+}
+
+pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
+    let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+    let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
+    let mut header = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}", npy_descr(t.dtype()));
+    // Pad so that the data starts on a 64-byte boundary, ending the header with a newline.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&t.to_le_bytes());
+    std::fs::write(path, out).map_err(io_err(path))
+}
+
+/// Reads a tensor file by extension: `.npy`, or anything else as a `.pb` `TensorProto`.
+pub fn read_tensor_file(path: &Path) -> Result<Tensor> {
+    if path.extension().is_some_and(|e| e == "npy") {
+        read_npy(path)
+    } else {
+        Ok(read_pb(path)?.1)
+    }
+}
