@@ -17,7 +17,12 @@ pub fn input_names(model: &Path) -> Result<Vec<String>> {
     let m = load_model(model)?;
     let g = m.graph.context("the model has no graph")?;
     let inits: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    Ok(g.input.iter().filter(|v| !inits.contains(v.name.as_str())).map(|v| v.name.clone()).collect())
+    let inputs: Vec<_> = g.input.iter().filter(|v| !inits.contains(v.name.as_str())).collect();
+    // Reject sequence, map and optional values before trying to read their data as tensors.
+    for v in inputs.iter().copied().chain(&g.output) {
+        mlopt_onnx::import::declared_type(v)?;
+    }
+    Ok(inputs.iter().map(|v| v.name.clone()).collect())
 }
 
 /// Imports `model`, pinning input shapes from `--input-shape` flags and from the given input tensors.

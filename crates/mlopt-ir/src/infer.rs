@@ -252,7 +252,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         }
         Op::Reduce { axes, keepdims, kind } => {
             let x = x()?;
-            if x.dtype == DType::Bool {
+            if x.dtype == DType::Bool && !matches!(kind, ReduceKind::Max | ReduceKind::Min) {
                 return err(Some(0), "does not take bool");
             }
             if !matches!(kind, ReduceKind::Sum | ReduceKind::Max | ReduceKind::Min | ReduceKind::Prod | ReduceKind::SumSquare | ReduceKind::L1) {

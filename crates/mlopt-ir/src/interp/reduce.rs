@@ -52,6 +52,10 @@ fn reduce_t<T: Arith>(a: &ArrayD<T>, kind: ReduceKind, axes: &[usize], keepdims:
 }
 
 pub(crate) fn reduce(x: &Tensor, kind: ReduceKind, axes: &[usize], keepdims: bool) -> EvalResult<Tensor> {
+    if x.dtype() == crate::DType::Bool {
+        // Max is "any" and Min is "all" over {0, 1}.
+        return Ok(reduce(&x.cast(crate::DType::U8), kind, axes, keepdims)?.cast(crate::DType::Bool));
+    }
     num_dispatch!(x, a => reduce_t(a, kind, axes, keepdims))
 }
 

@@ -1,0 +1,243 @@
+//! ONNX backend node conformance: generate the suite with the pinned `onnx` package, run `mlopt check` on
+//! every case (every data set), and report `N passed, M failed`, a per-op table and each failure's
+//! reason. The cases listed in `tests/conformance/passing.txt` must keep passing; `--update` rewrites it.
+
+use crate::{build_mlopt, root, run, setup, Result};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Default)]
+pub(crate) struct Options {
+    pub update: bool,
+    pub filter: Option<String>,
+    pub verbose: bool,
+}
+
+impl Options {
+    pub fn parse(args: &[String]) -> Result<Options> {
+        let mut o = Options::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--update" => o.update = true,
+                "--verbose" => o.verbose = true,
+                "--filter" => o.filter = Some(it.next().ok_or("--filter needs a value")?.clone()),
+                other => return Err(format!("conformance: unknown argument {other}")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+struct Case {
+    name: String,
+    rtol: String,
+    atol: String,
+    data_sets: usize,
+    ops: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+enum Outcome {
+    Pass,
+    Fail(String),
+}
+
+fn suite_dir() -> PathBuf {
+    root().join("target/onnx-node-tests")
+}
+
+/// Generates the suite unless it is there for the pinned onnx version.
+fn generate() -> Result<Vec<Case>> {
+    let dir = suite_dir();
+    let stamp = dir.join("stamp");
+    let req = std::fs::read_to_string(root().join("xtask/py/requirements.txt")).map_err(|e| e.to_string())?;
+    let pin = req.lines().find(|l| l.starts_with("onnx==")).unwrap_or("onnx").to_string();
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pin.as_str()) {
+        eprintln!("conformance: generating ONNX's node tests with {pin}");
+        run(Command::new(setup::venv_python()).arg("xtask/py/gen_node_tests.py").arg(&dir))?;
+        std::fs::write(&stamp, &pin).map_err(|e| e.to_string())?;
+    }
+    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).map_err(|e| format!("manifest: {e}"))?;
+    Ok(manifest
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f.len() == 5).then(|| Case {
+                name: f[0].into(),
+                rtol: f[1].into(),
+                atol: f[2].into(),
+                data_sets: f[3].parse().unwrap_or(1),
+                ops: f[4].split(',').filter(|s| !s.is_empty()).map(String::from).collect(),
+            })
+        })
+        .collect())
+}
+
+/// The first line of `mlopt check`'s output that says what went wrong.
+fn reason(code: Option<i32>, stdout: &str, stderr: &str) -> String {
+    let line = |s: &str, pat: &[&str]| s.lines().find(|l| pat.iter().any(|p| l.contains(p))).map(str::to_string);
+    match code {
+        Some(1) => format!("wrong output: {}", line(stdout, &["MISMATCH"]).unwrap_or_default()),
+        Some(2) => {
+            let msg = line(stderr, &["error"]).unwrap_or_default();
+            let msg = msg.trim_start_matches("error: ");
+            if msg.contains(") is not supported") && msg.contains("(domain") {
+                format!("unsupported op: {msg}")
+            } else if msg.contains("data type") && msg.contains("not supported") {
+                format!("unsupported dtype: {msg}")
+            } else {
+                format!("error: {msg}")
+            }
+        }
+        _ => format!("crash ({code:?}): {}", line(stderr, &["panicked", "error"]).unwrap_or_default()),
+    }
+}
+
+fn check_case(mlopt: &Path, case: &Case) -> Outcome {
+    let dir = suite_dir().join(&case.name);
+    for k in 0..case.data_sets {
+        let child = Command::new(mlopt)
+            .arg("check")
+            .arg(dir.join("model.onnx"))
+            .arg("--data")
+            .arg(dir.join(format!("test_data_set_{k}")))
+            .args(["--rtol", &case.rtol, "--atol", &case.atol])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => return Outcome::Fail(format!("crash: {e}")),
+        };
+        let start = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if start.elapsed() > TIMEOUT => {
+                    let _ = child.kill();
+                    return Outcome::Fail(format!("timeout after {}s", TIMEOUT.as_secs()));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => return Outcome::Fail(format!("crash: {e}")),
+            }
+        };
+        let out = match child.wait_with_output() {
+            Ok(o) => o,
+            Err(e) => return Outcome::Fail(format!("crash: {e}")),
+        };
+        if !status.success() {
+            let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            return Outcome::Fail(reason(status.code(), &so, &se));
+        }
+    }
+    Outcome::Pass
+}
+
+fn passing_list() -> PathBuf {
+    root().join("tests/conformance/passing.txt")
+}
+
+pub(crate) fn conformance(o: &Options) -> Result {
+    setup::setup()?;
+    let mlopt = build_mlopt()?;
+    let mut cases = generate()?;
+    if let Some(f) = &o.filter {
+        cases.retain(|c| c.name.contains(f.as_str()));
+    }
+    let started = Instant::now();
+    let cases = Arc::new(cases);
+    let results = Arc::new(Mutex::new(vec![None; cases.len()]));
+    let next = Arc::new(Mutex::new(0usize));
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let handles: Vec<_> = (0..workers)
+        .map(|_| {
+            let (cases, results, next, mlopt) = (cases.clone(), results.clone(), next.clone(), mlopt.clone());
+            std::thread::spawn(move || loop {
+                let i = {
+                    let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
+                    let i = *n;
+                    *n += 1;
+                    i
+                };
+                let Some(case) = cases.get(i) else { break };
+                let r = check_case(&mlopt, case);
+                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    let results: Vec<Outcome> = results
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|r| r.clone().unwrap_or(Outcome::Fail("not run".into())))
+        .collect();
+    report(&cases, &results, o, started.elapsed())
+}
+
+fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> Result {
+    let mut per_op: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut passed = BTreeSet::new();
+    println!("\n== failures");
+    for (c, r) in cases.iter().zip(results) {
+        let ok = matches!(r, Outcome::Pass);
+        for op in &c.ops {
+            let e = per_op.entry(op).or_default();
+            e.0 += ok as usize;
+            e.1 += 1;
+        }
+        match r {
+            Outcome::Pass => {
+                passed.insert(c.name.clone());
+            }
+            Outcome::Fail(why) => {
+                *kinds.entry(why.split(':').next().unwrap_or("")).or_default() += 1;
+                if o.verbose || !why.starts_with("unsupported") {
+                    println!("{}: {why}", c.name);
+                }
+            }
+        }
+    }
+    println!("\n== per op (passed/total)");
+    let cells: Vec<String> = per_op.iter().map(|(op, (p, t))| format!("{op} {p}/{t}")).collect();
+    for row in cells.chunks(6) {
+        println!("  {}", row.join(" | "));
+    }
+    println!("\n== failure kinds");
+    for (k, n) in &kinds {
+        println!("  {k}: {n}");
+    }
+    let failed = cases.len() - passed.len();
+    let list = passing_list();
+    let mut regressions = vec![];
+    if o.update {
+        if let Some(dir) = list.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        }
+        let text: String = passed.iter().map(|n| format!("{n}\n")).collect();
+        std::fs::write(&list, text).map_err(|e| e.to_string())?;
+        println!("\nwrote {} passing cases to {}", passed.len(), list.display());
+    } else if o.filter.is_none() {
+        let want = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+        regressions = want.lines().filter(|n| !n.is_empty() && !passed.contains(*n)).map(String::from).collect();
+        let new = passed.len().saturating_sub(want.lines().count() - regressions.len());
+        if new > 0 {
+            println!("\n{new} case(s) pass that are not in {}; run `cargo xtask conformance --update`", list.display());
+        }
+    }
+    println!("\nconformance: {} cases in {:.1}s", cases.len(), took.as_secs_f64());
+    println!("{} passed, {failed} failed", passed.len());
+    if !regressions.is_empty() {
+        return Err(format!("{} case(s) in the passing list regressed: {}", regressions.len(), regressions.join(", ")));
+    }
+    Ok(())
+}

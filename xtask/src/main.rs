@@ -1,0 +1,93 @@
+//! Developer tasks, run as `cargo xtask <task>`:
+//!
+//! - `setup`: install what is missing (apt: LLVM 19 and friends; a project-local venv with the pinned
+//!   Python tools), idempotently, saying what it does.
+//! - `demo`: set up, build mlopt, and run it on a model shipped in `fixtures/`.
+//! - `test`: set up, run the whole test suite (cargo tests, then the ONNX conformance suite against the
+//!   committed list of passing cases).
+//! - `conformance [--update] [--filter S]`: generate ONNX's backend node tests and run `mlopt check` on each.
+//! - `fixtures`: rebuild the fixture models and their ONNX Runtime outputs.
+
+mod conformance;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+pub(crate) type Result<T = ()> = std::result::Result<T, String>;
+
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Runs a command from the project root, echoing it; fails on a non-zero exit.
+pub(crate) fn run(cmd: &mut Command) -> Result {
+    eprintln!("$ {}", describe(cmd));
+    let status = cmd.current_dir(root()).status().map_err(|e| format!("{}: {e}", describe(cmd)))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed with {status}", describe(cmd)))
+    }
+}
+
+pub(crate) fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+pub(crate) fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Builds the release `mlopt` binary and returns its path.
+pub(crate) fn build_mlopt() -> Result<PathBuf> {
+    run(cargo().args(["build", "--release", "--quiet", "-p", "mlopt-cli"]))?;
+    Ok(root().join("target/release/mlopt"))
+}
+
+fn demo() -> Result {
+    setup::setup()?;
+    let mlopt = build_mlopt()?;
+    let model = "fixtures/cnn/model.onnx";
+    println!("\n== mlopt inspect {model}  (the graph IR after import)");
+    run(Command::new(&mlopt).args(["inspect", model]))?;
+    println!("\n== mlopt run {model}  (the reference interpreter on the shipped input)");
+    run(Command::new(&mlopt).args(["run", model, "--input", "fixtures/cnn/test_data_set_0/input_0.pb"]))?;
+    println!("\n== mlopt check {model}  (against ONNX Runtime's output, committed next to the model)");
+    run(Command::new(&mlopt).args(["check", model, "--data", "fixtures/cnn/test_data_set_0"]))
+}
+
+fn test() -> Result {
+    setup::setup()?;
+    run(cargo().args(["test", "--workspace", "--quiet"]))?;
+    conformance::conformance(&conformance::Options { update: false, filter: None, verbose: false })
+}
+
+fn fixtures() -> Result {
+    setup::setup()?;
+    run(Command::new(setup::venv_python()).args(["fixtures/make_fixtures.py", "fixtures"]))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::setup(),
+        Some("demo") => demo(),
+        Some("test") => test(),
+        Some("fixtures") => fixtures(),
+        Some("conformance") => conformance::Options::parse(&args[1..]).and_then(|o| conformance::conformance(&o)),
+        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S] [--verbose]|fixtures>".into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
