@@ -11,6 +11,19 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Ops the interpreter must cover: each needs at least one passing ONNX test case.
+const REQUIRED_OPS: &[&str] = &[
+    "Conv", "ConvTranspose", "BatchNormalization", "InstanceNormalization", "LayerNormalization", "Relu",
+    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Softplus",
+    "Softmax", "LogSoftmax", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Exp",
+    "Log", "Neg", "Abs", "Floor", "Ceil", "Max", "Min", "Sum", "Mean", "Equal", "Greater", "Less",
+    "GreaterOrEqual", "LessOrEqual", "Where", "Not", "And", "Or", "Cast", "Reshape", "Flatten", "Transpose",
+    "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Tile", "Pad", "Resize", "Upsample",
+    "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "ReduceSum", "ReduceMean",
+    "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare", "ArgMax", "ArgMin", "Shape",
+    "ConstantOfShape", "Range", "Identity", "Dropout",
+];
+
 #[derive(Debug, Default)]
 pub(crate) struct Options {
     pub update: bool,
@@ -143,7 +156,8 @@ fn passing_list() -> PathBuf {
     root().join("tests/conformance/passing.txt")
 }
 
-pub(crate) fn conformance(o: &Options) -> Result {
+/// Runs the suite; returns (cases in the passing list that passed, cases run).
+pub(crate) fn conformance(o: &Options) -> Result<(usize, usize)> {
     setup::setup()?;
     let mlopt = build_mlopt()?;
     let mut cases = generate()?;
@@ -183,7 +197,7 @@ pub(crate) fn conformance(o: &Options) -> Result {
     report(&cases, &results, o, started.elapsed())
 }
 
-fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> Result {
+fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> Result<(usize, usize)> {
     let mut per_op: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     let mut passed = BTreeSet::new();
@@ -219,6 +233,7 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
     let failed = cases.len() - passed.len();
     let list = passing_list();
     let mut regressions = vec![];
+    let mut listed = passed.len();
     if o.update {
         if let Some(dir) = list.parent() {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
@@ -229,15 +244,24 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
     } else if o.filter.is_none() {
         let want = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
         regressions = want.lines().filter(|n| !n.is_empty() && !passed.contains(*n)).map(String::from).collect();
+        listed = want.lines().filter(|n| !n.is_empty()).count() - regressions.len();
         let new = passed.len().saturating_sub(want.lines().count() - regressions.len());
         if new > 0 {
             println!("\n{new} case(s) pass that are not in {}; run `cargo xtask conformance --update`", list.display());
         }
     }
+    let uncovered: Vec<&str> = if o.filter.is_none() {
+        REQUIRED_OPS.iter().copied().filter(|op| per_op.get(op).is_none_or(|(p, _)| *p == 0)).collect()
+    } else {
+        vec![]
+    };
     println!("\nconformance: {} cases in {:.1}s", cases.len(), took.as_secs_f64());
     println!("{} passed, {failed} failed", passed.len());
+    if !uncovered.is_empty() {
+        return Err(format!("required op(s) with no passing case: {}", uncovered.join(", ")));
+    }
     if !regressions.is_empty() {
         return Err(format!("{} case(s) in the passing list regressed: {}", regressions.len(), regressions.join(", ")));
     }
-    Ok(())
+    Ok((listed, cases.len()))
 }

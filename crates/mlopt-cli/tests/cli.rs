@@ -1,0 +1,266 @@
+//! End-to-end tests of the `mlopt` binary: bad input of every kind gets a clear message naming the node,
+//! op and input, exit code 2 and no panic; `run` and `check` read and write tensors.
+
+use mlopt_onnx::proto::*;
+use prost::Message;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn mlopt(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).output().expect("run mlopt")
+}
+
+fn fixture(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(rel).display().to_string()
+}
+
+/// Asserts exit code 2, no panic, and that stderr mentions every needle.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr should mention {n:?}: {err}");
+    }
+}
+
+fn tensor_type(elem: i32, dims: &[Option<i64>]) -> TypeProto {
+    let dim = dims
+        .iter()
+        .map(|d| tensor_shape_proto::Dimension {
+            value: Some(match d {
+                Some(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
+                None => tensor_shape_proto::dimension::Value::DimParam("batch".into()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: elem, shape: Some(TensorShapeProto { dim }) })),
+        ..Default::default()
+    }
+}
+
+fn value(name: &str, elem: i32, dims: &[Option<i64>]) -> ValueInfoProto {
+    ValueInfoProto { name: name.into(), r#type: Some(tensor_type(elem, dims)), ..Default::default() }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: data_type::FLOAT, float_data: values.to_vec(), ..Default::default() }
+}
+
+fn model(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueInfoProto>, inits: Vec<TensorProto>) -> ModelProto {
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        graph: Some(GraphProto { name: "g".into(), node: nodes, input: inputs, output: outputs, initializer: inits, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn save(dir: &Path, m: &ModelProto) -> String {
+    let p = dir.join("model.onnx");
+    std::fs::write(&p, m.encode_to_vec()).expect("write model");
+    p.display().to_string()
+}
+
+fn relu_model() -> ModelProto {
+    model(
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[Some(2), Some(3)])],
+        vec![value("y", data_type::FLOAT, &[Some(2), Some(3)])],
+        vec![],
+    )
+}
+
+fn str_attr(name: &str, v: &str) -> AttributeProto {
+    AttributeProto { name: name.into(), r#type: attribute_type::STRING, s: v.as_bytes().to_vec(), ..Default::default() }
+}
+
+#[test]
+fn truncated_and_garbage_models_are_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bytes = std::fs::read(fixture("mlp/model.onnx")).expect("fixture");
+    let p = dir.path().join("cut.onnx");
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).expect("write");
+    fails_with(&mlopt(&["inspect", &p.display().to_string()]), &["not a valid ONNX protobuf"]);
+    std::fs::write(&p, b"\xff\xff\xff\xff garbage").expect("write");
+    fails_with(&mlopt(&["inspect", &p.display().to_string()]), &["not a valid ONNX protobuf"]);
+    fails_with(&mlopt(&["inspect", "/nonexistent/model.onnx"]), &["/nonexistent/model.onnx"]);
+}
+
+#[test]
+fn unknown_op_and_domain_are_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut m = relu_model();
+    m.graph.as_mut().expect("graph").node[0].op_type = "Frobnicate".into();
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'r'", "Frobnicate", "not supported"]);
+    let mut m = relu_model();
+    m.graph.as_mut().expect("graph").node[0].domain = "com.example".into();
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'r'", "Relu", "com.example"]);
+}
+
+#[test]
+fn unsupported_attributes_are_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut m = relu_model();
+    m.graph.as_mut().expect("graph").node[0].attribute.push(str_attr("flavour", "spicy"));
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'r'", "Relu", "attribute 'flavour' is not supported"]);
+    let m = model(
+        vec![node("Gelu", "g", &["x"], &["y"], vec![str_attr("approximate", "cubic")])],
+        vec![value("x", data_type::FLOAT, &[Some(2)])],
+        vec![value("y", data_type::FLOAT, &[Some(2)])],
+        vec![],
+    );
+    let mut m = m;
+    m.opset_import[0].version = 20;
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'g'", "Gelu", "approximate='cubic'"]);
+}
+
+#[test]
+fn dtype_and_shape_mismatches_name_the_input() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = model(
+        vec![node("Add", "add", &["x", "n"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[Some(2)]), value("n", data_type::INT64, &[Some(2)])],
+        vec![value("y", data_type::FLOAT, &[Some(2)])],
+        vec![],
+    );
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'add'", "add", "input 1", "dtype i64"]);
+    let m = model(
+        vec![node("MatMul", "mm", &["a", "b"], &["y"], vec![])],
+        vec![value("a", data_type::FLOAT, &[Some(2), Some(3)]), value("b", data_type::FLOAT, &[Some(4), Some(5)])],
+        vec![value("y", data_type::FLOAT, &[Some(2), Some(5)])],
+        vec![],
+    );
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'mm'", "matmul", "inner dimensions"]);
+    let m = model(
+        vec![node("Reshape", "rs", &["x", "shape"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[Some(2), Some(3)]), value("shape", data_type::INT64, &[Some(2)])],
+        vec![value("y", data_type::FLOAT, &[Some(3), Some(2)])],
+        vec![],
+    );
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'rs'", "Reshape", "input 'shape'", "must be a constant"]);
+}
+
+#[test]
+fn unpinned_dynamic_dims_are_errors_until_pinned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[None, Some(3)])],
+        vec![value("y", data_type::FLOAT, &[None, Some(3)])],
+        vec![],
+    );
+    let p = save(dir.path(), &m);
+    fails_with(&mlopt(&["inspect", &p]), &["input 'x'", "'batch'", "--input-shape"]);
+    let ok = mlopt(&["inspect", &p, "--input-shape", "x=4x3"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("%x: f32[4,3]"));
+    fails_with(&mlopt(&["inspect", &p, "--input-shape", "x=4x5"]), &["input 'x' dimension 1 is 3"]);
+    fails_with(&mlopt(&["inspect", &p, "--input-shape", "nope=4x3"]), &["'nope'"]);
+}
+
+#[test]
+fn model_versions_outside_the_supported_range_are_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut m = relu_model();
+    m.ir_version = 2;
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["IR version 2"]);
+    let mut m = relu_model();
+    m.opset_import[0].version = 99;
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["opset 99"]);
+}
+
+#[test]
+fn external_data_is_read_and_must_stay_in_the_model_folder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let weights: Vec<u8> = [1f32, -2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.path().join("weights.bin"), [vec![0u8; 8], weights].concat()).expect("write");
+    let ext = |loc: &str| TensorProto {
+        name: "w".into(),
+        dims: vec![3],
+        data_type: data_type::FLOAT,
+        data_location: tensor_proto::DATA_LOCATION_EXTERNAL,
+        external_data: vec![
+            StringStringEntryProto { key: "location".into(), value: loc.into() },
+            StringStringEntryProto { key: "offset".into(), value: "8".into() },
+            StringStringEntryProto { key: "length".into(), value: "12".into() },
+        ],
+        ..Default::default()
+    };
+    let build = |t| {
+        model(
+            vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
+            vec![value("x", data_type::FLOAT, &[Some(3)])],
+            vec![value("y", data_type::FLOAT, &[Some(3)])],
+            vec![t],
+        )
+    };
+    let p = save(dir.path(), &build(ext("weights.bin")));
+    let x = dir.path().join("x.pb");
+    std::fs::write(&x, f32_tensor("x", &[3], &[2.0, 2.0, 2.0]).encode_to_vec()).expect("write");
+    let out = mlopt(&["run", &p, "--input", &format!("x={}", x.display())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"), "{}", String::from_utf8_lossy(&out.stdout));
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("../weights.bin")))]), &["tensor 'w'", "escapes the model's folder"]);
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("/etc/passwd")))]), &["escapes the model's folder"]);
+}
+
+#[test]
+fn run_reports_missing_and_mismatched_inputs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = save(dir.path(), &relu_model());
+    fails_with(&mlopt(&["run", &p, "--input", "x=/nonexistent/x.pb"]), &["reading input 'x'", "/nonexistent/x.pb"]);
+    fails_with(&mlopt(&["run", &p]), &["graph input 'x'", "no value given"]);
+    let x = dir.path().join("x.pb");
+    std::fs::write(&x, f32_tensor("x", &[3], &[1.0, 2.0, 3.0]).encode_to_vec()).expect("write");
+    fails_with(&mlopt(&["run", &p, "--input", &x.display().to_string()]), &["input 'x'", "rank 2"]);
+    fails_with(&mlopt(&["run", &p, "--input", "y=whatever.pb"]), &["no input 'y'"]);
+}
+
+fn run_to(dir: &Path, model: &str, input: &str, format: &str) -> PathBuf {
+    let out_dir = dir.join(format);
+    let out = mlopt(&["run", model, "--input", input, "--output-dir", &out_dir.display().to_string(), "--format", format]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    out_dir
+}
+
+#[test]
+fn run_writes_outputs_that_check_accepts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = fixture("cnn/model.onnx");
+    let input = fixture("cnn/test_data_set_0/input_0.pb");
+    let pb_dir = run_to(dir.path(), &model, &input, "pb");
+    let npy_dir = run_to(dir.path(), &model, &input, "npy");
+    let from_pb = mlopt_onnx::read_pb(&pb_dir.join("logits.pb")).expect("pb").1;
+    let from_npy = mlopt_onnx::read_npy(&npy_dir.join("logits.npy")).expect("npy");
+    assert_eq!(from_pb, from_npy);
+    // The written output becomes the expected output of a test data folder: check must pass on it...
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    std::fs::copy(&input, data.join("input_0.pb")).expect("copy");
+    std::fs::copy(pb_dir.join("logits.pb"), data.join("output_0.pb")).expect("copy");
+    let ok = mlopt(&["check", &model, "--data", &data.display().to_string()]);
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stdout));
+    // ...and fail with exit code 1 once one value is off.
+    let mut t = TensorProto::decode(std::fs::read(data.join("output_0.pb")).expect("read").as_slice()).expect("decode");
+    let mut v = t.raw_data[..4].to_vec();
+    v[3] ^= 0x40;
+    t.raw_data.splice(..4, v);
+    std::fs::write(data.join("output_0.pb"), t.encode_to_vec()).expect("write");
+    let bad = mlopt(&["check", &model, "--data", &data.display().to_string()]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stdout).contains("MISMATCH"));
+}

@@ -1,0 +1,22 @@
+//! Fuzzes the ONNX importer: any bytes must decode and import to a graph or a clear error, never a panic.
+//! Imported graphs are also evaluated on zero inputs, which exercises shape inference against the
+//! interpreter. Seeds: the fixture models (`fuzz/seed.sh`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mlopt_onnx::{import::decode_model, import_model, ImportOptions};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(model) = decode_model(data, "fuzz input") else { return };
+    let Ok(g) = import_model(&model, None, "fuzz", &ImportOptions::default()) else { return };
+    let numel: usize = g.graph_inputs().iter().map(|&n| g.node(n).outputs[0].numel()).sum();
+    if numel > 1 << 16 {
+        return;
+    }
+    let inputs = g
+        .graph_inputs()
+        .iter()
+        .map(|&n| (g.node(n).name.clone(), mlopt_ir::Tensor::zeros(&g.node(n).outputs[0])))
+        .collect();
+    let _ = mlopt_ir::interp::run(&g, &inputs);
+});

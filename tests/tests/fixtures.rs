@@ -1,0 +1,81 @@
+//! The fixture models in `fixtures/` (built by fixtures/make_fixtures.py): their import dumps are
+//! snapshot-tested, and the interpreter's outputs must match ONNX Runtime's, committed next to each model.
+
+use mlopt_ir::{interp, print, Tensor};
+use mlopt_onnx::{import_file, read_pb, ImportOptions};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+const FIXTURES: &[&str] = &["mlp", "cnn", "transformer", "dynamic"];
+
+fn dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
+}
+
+/// Inputs and expected outputs of the fixture's first test data set, by name.
+fn data(name: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
+    let ds = dir(name).join("test_data_set_0");
+    let read = |prefix: &str| {
+        (0..)
+            .map(|k| ds.join(format!("{prefix}_{k}.pb")))
+            .take_while(|p| p.exists())
+            .map(|p| read_pb(&p).expect("test data"))
+            .collect::<Vec<_>>()
+    };
+    (read("input").into_iter().collect(), read("output"))
+}
+
+fn import(name: &str) -> mlopt_ir::Graph {
+    let (inputs, _) = data(name);
+    let opts = ImportOptions {
+        input_shapes: inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(),
+        ..Default::default()
+    };
+    import_file(&dir(name).join("model.onnx"), &opts).expect("import")
+}
+
+#[test]
+fn import_dumps() {
+    for name in FIXTURES {
+        insta::assert_snapshot!(format!("import_{name}"), print::print(&import(name)));
+    }
+}
+
+#[test]
+fn import_dumps_round_trip_through_the_parser() {
+    for name in FIXTURES {
+        let g = import(name);
+        let text = print::print(&g);
+        let back = mlopt_ir::parse::parse(&text, &|n| g.const_by_name(n)).expect("parse");
+        assert_eq!(print::print(&back), text, "{name}");
+    }
+}
+
+#[test]
+fn interpreter_matches_onnx_runtime() {
+    for name in FIXTURES {
+        let (inputs, expected) = data(name);
+        let outs = interp::run(&import(name), &inputs).expect("run");
+        assert_eq!(outs.len(), expected.len());
+        for ((got_name, got), (want_name, want)) in outs.iter().zip(&expected) {
+            assert_eq!(got_name, want_name);
+            assert_eq!(got.ty(), want.ty(), "{name}/{got_name}");
+            let worst = got
+                .to_f64_vec()
+                .iter()
+                .zip(want.to_f64_vec())
+                .map(|(a, b)| (a - b).abs() / (1e-5 + b.abs()))
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-3, "{name}/{got_name}: worst relative error {worst:e}");
+        }
+    }
+}
+
+#[test]
+fn the_shape_subgraph_folds_away() {
+    let text = print::print(&import("dynamic"));
+    for gone in ["shape", "gather", "concat", "unsqueeze"] {
+        assert!(!text.contains(&format!("= {gone}")), "{gone} survived:\n{text}");
+    }
+    assert!(text.contains("reshape[shape=[2,256]]"), "{text}");
+}
