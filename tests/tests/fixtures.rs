@@ -1,5 +1,6 @@
 //! The fixture models in `fixtures/` (built by fixtures/make_fixtures.py): their import dumps are
 //! snapshot-tested, and the interpreter's outputs must match ONNX Runtime's, committed next to each model.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_ir::{interp, print, Tensor};
 use mlopt_onnx::{import_file, read_pb, ImportOptions};

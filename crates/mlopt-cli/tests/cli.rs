@@ -1,5 +1,6 @@
 //! End-to-end tests of the `mlopt` binary: bad input of every kind gets a clear message naming the node,
 //! op and input, exit code 2 and no panic; `run` and `check` read and write tensors.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_onnx::proto::*;
 use prost::Message;

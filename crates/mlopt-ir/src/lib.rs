@@ -4,6 +4,8 @@
 //!
 //! Architecture invariant: this crate knows nothing of ONNX, egg, the kernel IR or LLVM.
 
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod dtype;
 pub mod error;
 pub mod graph;

@@ -71,9 +71,12 @@ pub fn default_opset(model: &ModelProto) -> Result<i64> {
     Ok(opset)
 }
 
+/// Declared dimensions: a size, or `None` with the symbol of a symbolic or unknown dimension.
+pub type DeclaredDims = Vec<(Option<usize>, String)>;
+
 /// The declared type of a graph input or output: dtype and dims (`None` for a symbolic or unknown dim,
 /// with its symbol), or `None` when the shape is not given at all.
-pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<Vec<(Option<usize>, String)>>)> {
+pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<DeclaredDims>)> {
     let err = |msg: String| OnnxError::Model(format!("value '{}': {msg}", v.name));
     let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
         return Err(err("only tensor types are supported (not sequences, maps, optionals or sparse tensors)".into()));

@@ -10,6 +10,8 @@ mod linalg;
 mod nn;
 mod reduce;
 mod resize;
+#[cfg(test)]
+mod tests;
 
 use crate::dtype::{DType, TensorType};
 use crate::error::{IrError, Result};

@@ -64,7 +64,7 @@ fn arg_t<T: Elem>(a: &ArrayD<T>, max: bool, axis: usize, keepdims: bool, last: b
     if chunk == 0 {
         return Err("cannot take arg max/min over an empty axis".into());
     }
-    let is_nan = |x: T| x != x;
+    let is_nan = |x: T| x.to_f64().is_nan();
     let out: Vec<i64> = v
         .chunks(chunk)
         .map(|c| {

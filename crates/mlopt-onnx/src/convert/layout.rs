@@ -120,7 +120,7 @@ fn reshape(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let total: usize = ins.iter().product();
     if let Some(i) = infer_at {
         let known: usize = shape.iter().product();
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(cx.err_in(1, format!("cannot infer -1 reshaping {ins:?} to {spec:?}")));
         }
         shape[i] = total / known;
@@ -185,7 +185,7 @@ fn split(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
                 // Opset 18: chunks of ceil(dim / n), the last one smaller.
                 let chunk = dim.div_ceil(n);
                 (0..n).map(|i| chunk.min(dim.saturating_sub(i * chunk))).collect()
-            } else if dim % n != 0 {
+            } else if !dim.is_multiple_of(n) {
                 return Err(cx.err(format!("axis of size {dim} does not split evenly into {n} outputs")));
             } else {
                 vec![dim / n; n]
