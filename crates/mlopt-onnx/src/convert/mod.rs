@@ -6,6 +6,7 @@
 //! folding during import). Since shapes are static, this folds the shape subgraphs exporters emit
 //! (`Shape -> Gather -> Concat -> Reshape`, `ConstantOfShape`, `Range`, ...) before they reach the graph.
 
+mod composite;
 mod elementwise;
 mod layout;
 mod nn;
@@ -235,12 +236,15 @@ fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     if let Some(r) = shape::convert(cx, op) {
         return r;
     }
+    if let Some(r) = composite::convert(cx, op) {
+        return r;
+    }
     Err(OnnxError::UnsupportedOp { node: cx.name.clone(), op: op.to_string(), domain: cx.node.domain.clone(), opset: cx.opset() })
 }
 
 /// The table of supported ONNX op types, for docs and `mlopt` messages.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).copied().collect();
+    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).chain(composite::OPS).copied().collect();
     v.sort_unstable();
     v
 }

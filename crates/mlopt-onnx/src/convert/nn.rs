@@ -232,6 +232,20 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
 
 fn pool(cx: &mut NodeCx<'_, '_>, max: bool) -> Result<Value> {
     let x = cx.req(0)?;
+    if max && cx.int("storage_order", 0)? != 0 {
+        return Err(cx.err("storage_order=1 is not supported"));
+    }
+    let p = pool_attrs(cx, x)?;
+    let op = if max {
+        Op::MaxPool(p)
+    } else {
+        Op::AveragePool { pool: p, count_include_pad: cx.int("count_include_pad", 0)? != 0 }
+    };
+    cx.add1(op, &[x])
+}
+
+/// Pooling geometry from kernel_shape, strides, dilations, ceil_mode, auto_pad and pads.
+pub(crate) fn pool_attrs(cx: &mut NodeCx<'_, '_>, x: Value) -> Result<PoolAttrs> {
     let xs = cx.ty(x).shape.clone();
     if xs.len() < 3 {
         return Err(cx.err_in(0, "pooling expects [N, C, spatial...]"));
@@ -244,17 +258,8 @@ fn pool(cx: &mut NodeCx<'_, '_>, max: bool) -> Result<Value> {
     let strides = cx.usizes("strides", vec![1; sp])?;
     let dilations = cx.usizes("dilations", vec![1; sp])?;
     let ceil_mode = cx.int("ceil_mode", 0)? != 0;
-    if max && cx.int("storage_order", 0)? != 0 {
-        return Err(cx.err("storage_order=1 is not supported"));
-    }
     let pads = resolve_pads(cx, &xs[2..], &kernel, &strides, &dilations)?;
-    let p = PoolAttrs { kernel, strides, pads, dilations, ceil_mode };
-    let op = if max {
-        Op::MaxPool(p)
-    } else {
-        Op::AveragePool { pool: p, count_include_pad: cx.int("count_include_pad", 0)? != 0 }
-    };
-    cx.add1(op, &[x])
+    Ok(PoolAttrs { kernel, strides, pads, dilations, ceil_mode })
 }
 
 fn reduce_kind(op: &str) -> Option<ReduceKind> {

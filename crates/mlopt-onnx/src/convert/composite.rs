@@ -1,0 +1,464 @@
+//! Composite ONNX ops that import as a small graph of IR ops rather than as IR ops of their own, the way
+//! ONNX defines them as functions: RMSNormalization, Attention, Hardmax, the losses
+//! (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss), GroupNormalization, MeanVarianceNormalization.
+//! Keeping the IR's op set small keeps the optimiser's rules few; it fuses these patterns back.
+
+use super::nn::{axis, pool_attrs};
+use super::NodeCx;
+use crate::error::Result;
+use mlopt_ir::{Binary, DType, Op, ReduceKind, Tensor, Unary, Value};
+
+pub(crate) const OPS: &[&str] = &[
+    "RMSNormalization", "Attention", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Hardmax",
+    "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike",
+];
+
+pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
+    let r = (|| -> Result<Option<Vec<Value>>> {
+        let out = match op {
+            "RMSNormalization" => vec![rms_norm(cx)?],
+            "Attention" => attention(cx)?,
+            "Hardmax" => vec![hardmax(cx)?],
+            "MeanVarianceNormalization" => vec![mvn(cx)?],
+            "GroupNormalization" => vec![group_norm(cx)?],
+            "LpPool" => vec![lp_pool(cx)?],
+            "CumSum" => vec![cumsum(cx)?],
+            "OneHot" => vec![one_hot(cx)?],
+            "EyeLike" => vec![eye_like(cx)?],
+            "NegativeLogLikelihoodLoss" => {
+                let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
+                vec![nll_loss(cx, x, t, w, true)?]
+            }
+            "SoftmaxCrossEntropyLoss" => {
+                let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
+                let log_prob = cx.add1(Op::LogSoftmax { axis: 1 }, &[x])?;
+                vec![nll_loss(cx, log_prob, t, w, false)?, log_prob]
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(out))
+    })();
+    r.transpose()
+}
+
+/// Small helpers for building IR chains on behalf of one node.
+impl NodeCx<'_, '_> {
+    pub(crate) fn bin(&mut self, b: Binary, x: Value, y: Value) -> Result<Value> {
+        self.add1(Op::Binary(b), &[x, y])
+    }
+    pub(crate) fn un(&mut self, u: Unary, x: Value) -> Result<Value> {
+        self.add1(Op::Unary(u), &[x])
+    }
+    pub(crate) fn cast_to(&mut self, x: Value, to: DType) -> Result<Value> {
+        if self.ty(x).dtype == to {
+            Ok(x)
+        } else {
+            self.add1(Op::Cast { to }, &[x])
+        }
+    }
+    /// A scalar constant of `dtype`.
+    pub(crate) fn scalar(&mut self, v: f64, dtype: DType) -> Value {
+        self.konst_value(Tensor::scalar(v).cast(dtype))
+    }
+    pub(crate) fn reduce(&mut self, kind: ReduceKind, x: Value, axes: Vec<usize>, keepdims: bool) -> Result<Value> {
+        self.add1(Op::Reduce { kind, axes, keepdims }, &[x])
+    }
+}
+
+/// The dtype statistics are computed in: `stash_type` 1 means f32, which mlopt also uses for f64 inputs'
+/// own precision (f64 stays f64).
+fn stash_dtype(cx: &mut NodeCx<'_, '_>, x: DType) -> Result<DType> {
+    let stash = cx.int("stash_type", 1)?;
+    if stash != 1 {
+        return Err(cx.err(format!("stash_type={stash} is not supported (statistics are computed in f32)")));
+    }
+    Ok(if x == DType::F64 { DType::F64 } else { DType::F32 })
+}
+
+/// y = x / sqrt(mean(x^2 over axes axis..) + epsilon) * scale.
+fn rms_norm(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, scale) = (cx.req(0)?, cx.req(1)?);
+    let ty = cx.ty(x).clone();
+    let a = cx.int("axis", -1)?;
+    let a = axis(cx, a, ty.rank())?;
+    let eps = cx.float("epsilon", 1e-5)?;
+    let wide = stash_dtype(cx, ty.dtype)?;
+    let xf = cx.cast_to(x, wide)?;
+    let sq = cx.bin(Binary::Mul, xf, xf)?;
+    let ms = cx.reduce(ReduceKind::Mean, sq, (a..ty.rank()).collect(), true)?;
+    let e = cx.scalar(eps as f64, wide);
+    let var = cx.bin(Binary::Add, ms, e)?;
+    let rms = cx.un(Unary::Sqrt, var)?;
+    let n = cx.bin(Binary::Div, xf, rms)?;
+    let n = cx.cast_to(n, ty.dtype)?;
+    cx.bin(Binary::Mul, n, scale)
+}
+
+/// Attention (opset 23) as ONNX defines it: optional KV cache concatenation, grouped-query heads by tiling,
+/// Q and K each scaled by sqrt(scale), a causal (upper-left aligned) or given mask, optional softcap,
+/// softmax, and the product with V. Outputs: Y, present_key, present_value, and the QK product at the stage
+/// `qk_matmul_output_mode` picks.
+///
+/// Note: for 3-D inputs opset 23 reshapes (B, S, H*d) straight to (B, H, S, d) (its function body and
+/// reference implementation agree), while the output is transposed back from (B, H, S, d); mlopt follows
+/// the definition.
+fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let (q, k, v) = (cx.req(0)?, cx.req(1)?, cx.req(2)?);
+    let (mask, past_k, past_v) = (cx.input(3)?, cx.input(4)?, cx.input(5)?);
+    let dtype = cx.ty(q).dtype;
+    let is_causal = cx.int("is_causal", 0)? != 0;
+    let q_heads = cx.int_opt("q_num_heads")?;
+    let kv_heads = cx.int_opt("kv_num_heads")?;
+    let scale = cx.float_opt("scale")?;
+    let softcap = cx.float("softcap", 0.0)?;
+    let mode = cx.int("qk_matmul_output_mode", 0)?;
+    let precision = cx.int_opt("softmax_precision")?;
+    let rank = cx.ty(q).rank();
+    if rank != cx.ty(k).rank() || rank != cx.ty(v).rank() || !(rank == 3 || rank == 4) {
+        return Err(cx.err("Q, K and V must all be 3-D or all 4-D"));
+    }
+    let (q4, k4, v4) = if rank == 3 {
+        let (Some(qh), Some(kvh)) = (q_heads, kv_heads) else {
+            return Err(cx.err("3-D inputs need the q_num_heads and kv_num_heads attributes"));
+        };
+        let heads = |cx: &NodeCx<'_, '_>, x: Value, h: i64, i: usize| -> Result<Vec<usize>> {
+            let s = &cx.ty(x).shape;
+            let h = usize::try_from(h).ok().filter(|&h| h > 0 && s[2] % h == 0).ok_or_else(|| cx.err_in(i, format!("hidden size {} does not split into {h} heads", s[2])))?;
+            Ok(vec![s[0], h, s[1], s[2] / h])
+        };
+        let (sq, sk, sv) = (heads(cx, q, qh, 0)?, heads(cx, k, kvh, 1)?, heads(cx, v, kvh, 2)?);
+        (cx.add1(Op::Reshape { shape: sq }, &[q])?, cx.add1(Op::Reshape { shape: sk }, &[k])?, cx.add1(Op::Reshape { shape: sv }, &[v])?)
+    } else {
+        (q, k, v)
+    };
+    let (qh, kvh, head) = (cx.ty(q4).shape[1], cx.ty(k4).shape[1], cx.ty(q4).shape[3]);
+    let present_k = match past_k {
+        Some(p) => cx.add1(Op::Concat { axis: 2 }, &[p, k4])?,
+        None => k4,
+    };
+    let present_v = match past_v {
+        Some(p) => cx.add1(Op::Concat { axis: 2 }, &[p, v4])?,
+        None => v4,
+    };
+    let (mut kk, mut vv) = (present_k, present_v);
+    if qh != kvh {
+        if kvh == 0 || qh % kvh != 0 {
+            return Err(cx.err(format!("{qh} query heads cannot share {kvh} key/value heads")));
+        }
+        kk = cx.add1(Op::Tile { repeats: vec![1, qh / kvh, 1, 1] }, &[kk])?;
+        vv = cx.add1(Op::Tile { repeats: vec![1, qh / kvh, 1, 1] }, &[vv])?;
+    }
+    let root = (scale.map_or(1.0 / (head as f64).sqrt(), |s| s as f64)).sqrt();
+    let root = cx.scalar(root, dtype);
+    let qs = cx.bin(Binary::Mul, q4, root)?;
+    let kt = cx.add1(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[kk])?;
+    let ks = cx.bin(Binary::Mul, kt, root)?;
+    let qk = cx.add1(Op::MatMul, &[qs, ks])?;
+    let (sq, skv) = (cx.ty(q4).shape[2], cx.ty(kk).shape[2]);
+    let bias = match (is_causal, mask) {
+        (true, Some(_)) => return Err(cx.err("is_causal and attn_mask cannot both be given")),
+        (true, None) => {
+            let v: Vec<f32> = (0..sq * skv).map(|i| if i % skv > i / skv { f32::NEG_INFINITY } else { 0.0 }).collect();
+            let t = Tensor::from_vec(&[sq, skv], v).ok_or_else(|| cx.err("causal mask"))?.cast(dtype);
+            Some(cx.konst_value(t))
+        }
+        (false, Some(m)) if cx.ty(m).dtype == DType::Bool => {
+            let (zero, ninf) = (cx.scalar(0.0, dtype), cx.scalar(f64::NEG_INFINITY, dtype));
+            Some(cx.add1(Op::Where, &[m, zero, ninf])?)
+        }
+        (false, m) => m,
+    };
+    let biased = match bias {
+        Some(b) => cx.bin(Binary::Add, qk, b)?,
+        None => qk,
+    };
+    let capped = if softcap > 0.0 {
+        let c = cx.scalar(softcap as f64, dtype);
+        let d = cx.bin(Binary::Div, biased, c)?;
+        let t = cx.un(Unary::Tanh, d)?;
+        cx.bin(Binary::Mul, t, c)?
+    } else {
+        biased
+    };
+    let wide = match precision {
+        None => dtype,
+        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32).filter(|d| d.is_float()).ok_or_else(|| cx.err(format!("softmax_precision {p} is not a supported float type")))?,
+    };
+    let sm_in = cx.cast_to(capped, wide)?;
+    let probs = cx.add1(Op::Softmax { axis: 3 }, &[sm_in])?;
+    let vw = cx.cast_to(vv, wide)?;
+    let out = cx.add1(Op::MatMul, &[probs, vw])?;
+    let mut out = cx.cast_to(out, dtype)?;
+    if rank == 3 {
+        let t = cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[out])?;
+        let s = cx.ty(t).shape.clone();
+        out = cx.add1(Op::Reshape { shape: vec![s[0], s[1], s[2] * s[3]] }, &[t])?;
+    }
+    let qk_out = match mode {
+        0 => qk,
+        1 => biased,
+        2 => capped,
+        3 => probs,
+        m => return Err(cx.err(format!("qk_matmul_output_mode={m} is not supported"))),
+    };
+    let qk_out = cx.cast_to(qk_out, dtype)?;
+    Ok(vec![out, present_k, present_v, qk_out])
+}
+
+/// The negative log-likelihood of `target` classes under log-probabilities `x` ([N, C, d...]), weighted per
+/// class, with `ignore_index` and `reduction` as ONNX's losses define them. `nll_quirk`: the standalone
+/// NegativeLogLikelihoodLoss leaves the mean over all elements when ignore_index is -1 and no weights are
+/// given (as its reference does); SoftmaxCrossEntropyLoss then divides by the count of kept elements.
+fn nll_loss(cx: &mut NodeCx<'_, '_>, x: Value, target: Value, weight: Option<Value>, nll_quirk: bool) -> Result<Value> {
+    let reduction = cx.string("reduction", "mean")?;
+    let ignore = cx.int_opt("ignore_index")?;
+    let (xs, ts) = (cx.ty(x).shape.clone(), cx.ty(target).shape.clone());
+    let (dtype, tdtype) = (cx.ty(x).dtype, cx.ty(target).dtype);
+    if xs.len() < 2 || ts.len() + 1 != xs.len() || ts[0] != xs[0] || ts[1..] != xs[2..] {
+        return Err(cx.err_in(1, format!("target shape {ts:?} does not fit input shape {xs:?}")));
+    }
+    let keep = match ignore {
+        Some(i) => {
+            let iv = cx.scalar(i as f64, tdtype);
+            let eq = cx.bin(Binary::Equal, target, iv)?;
+            Some(cx.un(Unary::Not, eq)?)
+        }
+        None => None,
+    };
+    let safe = match keep {
+        Some(k) => {
+            let zero = cx.scalar(0.0, tdtype);
+            cx.add1(Op::Where, &[k, target, zero])?
+        }
+        None => target,
+    };
+    let mut with_class = ts.clone();
+    with_class.insert(1, 1);
+    let idx = cx.add1(Op::Reshape { shape: with_class }, &[safe])?;
+    let picked = cx.add1(Op::GatherElements { axis: 1 }, &[x, idx])?;
+    let picked = cx.add1(Op::Reshape { shape: ts.clone() }, &[picked])?;
+    let mut loss = cx.un(Unary::Neg, picked)?;
+    let zero = cx.scalar(0.0, dtype);
+    let w = match (weight, keep) {
+        (Some(w), k) => {
+            let g = cx.add1(Op::Gather { axis: 0 }, &[w, safe])?;
+            Some(match k {
+                Some(k) => cx.add1(Op::Where, &[k, g, zero])?,
+                None => g,
+            })
+        }
+        (None, Some(_)) if nll_quirk && ignore == Some(-1) => None,
+        (None, Some(k)) => Some(cx.cast_to(k, dtype)?),
+        (None, None) => None,
+    };
+    if let (None, Some(k)) = (w, keep) {
+        loss = cx.add1(Op::Where, &[k, loss, zero])?;
+    }
+    if let Some(w) = w {
+        loss = cx.bin(Binary::Mul, loss, w)?;
+    }
+    let all: Vec<usize> = (0..ts.len()).collect();
+    match reduction.as_str() {
+        "none" => Ok(loss),
+        "sum" => cx.reduce(ReduceKind::Sum, loss, all, false),
+        "mean" => match w {
+            Some(w) => {
+                let num = cx.reduce(ReduceKind::Sum, loss, all.clone(), false)?;
+                let den = cx.reduce(ReduceKind::Sum, w, all, false)?;
+                cx.bin(Binary::Div, num, den)
+            }
+            None => cx.reduce(ReduceKind::Mean, loss, all, false),
+        },
+        r => Err(cx.err(format!("reduction='{r}' is not supported"))),
+    }
+}
+
+/// `0, 1, ..., n-1` laid along `axis` of a rank-`rank` tensor (size 1 elsewhere), as i64.
+fn iota(cx: &mut NodeCx<'_, '_>, n: usize, axis: usize, rank: usize) -> Result<Value> {
+    let mut shape = vec![1; rank];
+    shape[axis] = n;
+    let t = Tensor::from_vec(&shape, (0..n as i64).collect()).ok_or_else(|| cx.err("iota"))?;
+    Ok(cx.konst_value(t))
+}
+
+/// 1 at the first maximum along `axis`, 0 elsewhere (before opset 13: over the 2-D coercion at `axis`).
+fn hardmax(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let ty = cx.ty(x).clone();
+    let (a, shape) = if cx.opset() >= 13 {
+        let a = cx.int("axis", -1)?;
+        (axis(cx, a, ty.rank())?, ty.shape.clone())
+    } else {
+        let a = cx.int("axis", 1)?;
+        let a = axis(cx, a, ty.rank())?;
+        (1, vec![ty.shape[..a].iter().product(), ty.shape[a..].iter().product()])
+    };
+    let flat = cx.add1(Op::Reshape { shape: shape.clone() }, &[x])?;
+    let arg = cx.add1(Op::Arg { max: true, axis: a, keepdims: true, select_last_index: false }, &[flat])?;
+    let ids = iota(cx, shape[a], a, shape.len())?;
+    let hit = cx.bin(Binary::Equal, arg, ids)?;
+    let y = cx.cast_to(hit, ty.dtype)?;
+    cx.add1(Op::Reshape { shape: ty.shape }, &[y])
+}
+
+/// (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default [0, 2, 3]).
+fn mvn(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let ty = cx.ty(x).clone();
+    let given = cx.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]);
+    let mut axes: Vec<usize> = given.iter().map(|&a| axis(cx, a, ty.rank())).collect::<Result<_>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    let mean = cx.reduce(ReduceKind::Mean, x, axes.clone(), true)?;
+    let sq = cx.bin(Binary::Mul, x, x)?;
+    let mean_sq = cx.reduce(ReduceKind::Mean, sq, axes, true)?;
+    let sq_mean = cx.bin(Binary::Mul, mean, mean)?;
+    let var = cx.bin(Binary::Sub, mean_sq, sq_mean)?;
+    let std = cx.un(Unary::Sqrt, var)?;
+    let eps = cx.scalar(1e-9, ty.dtype);
+    let den = cx.bin(Binary::Add, std, eps)?;
+    let centred = cx.bin(Binary::Sub, x, mean)?;
+    cx.bin(Binary::Div, centred, den)
+}
+
+/// Normalises each group of channels over the group's channels and spatial positions, then applies a
+/// per-channel scale and bias (opset 21; before that, per group).
+fn group_norm(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, scale, bias) = (cx.req(0)?, cx.req(1)?, cx.req(2)?);
+    let ty = cx.ty(x).clone();
+    let groups = cx.int_opt("num_groups")?.ok_or_else(|| cx.err("attribute 'num_groups' is required"))?;
+    let eps = cx.float("epsilon", 1e-5)?;
+    let wide = stash_dtype(cx, ty.dtype)?;
+    let c = *ty.shape.get(1).ok_or_else(|| cx.err_in(0, "expects [N, C, ...]"))?;
+    let g = usize::try_from(groups).ok().filter(|&g| g > 0 && c % g == 0).ok_or_else(|| cx.err(format!("{c} channels do not split into {groups} groups")))?;
+    let rest: usize = ty.shape[2..].iter().product();
+    let xf = cx.cast_to(x, wide)?;
+    let grouped = cx.add1(Op::Reshape { shape: vec![ty.shape[0], g, c / g * rest] }, &[xf])?;
+    let mean = cx.reduce(ReduceKind::Mean, grouped, vec![2], true)?;
+    let centred = cx.bin(Binary::Sub, grouped, mean)?;
+    let sq = cx.bin(Binary::Mul, centred, centred)?;
+    let var = cx.reduce(ReduceKind::Mean, sq, vec![2], true)?;
+    let e = cx.scalar(eps as f64, wide);
+    let var = cx.bin(Binary::Add, var, e)?;
+    let std = cx.un(Unary::Sqrt, var)?;
+    let n = cx.bin(Binary::Div, centred, std)?;
+    let n = cx.add1(Op::Reshape { shape: ty.shape.clone() }, &[n])?;
+    let n = cx.cast_to(n, ty.dtype)?;
+    let mut per_channel = vec![1; ty.rank() - 1];
+    per_channel[0] = c;
+    let (mut s, mut b) = (scale, bias);
+    if cx.opset() < 21 {
+        // Per-group parameters: channel i takes group i / (C / G)'s.
+        let idx = Tensor::from_vec(&[c], (0..c as i64).map(|i| i / (c / g) as i64).collect()).ok_or_else(|| cx.err("group index"))?;
+        let idx = cx.konst_value(idx);
+        s = cx.add1(Op::Gather { axis: 0 }, &[s, idx])?;
+        b = cx.add1(Op::Gather { axis: 0 }, &[b, idx])?;
+    }
+    let s = cx.add1(Op::Reshape { shape: per_channel.clone() }, &[s])?;
+    let b = cx.add1(Op::Reshape { shape: per_channel }, &[b])?;
+    let y = cx.bin(Binary::Mul, n, s)?;
+    cx.bin(Binary::Add, y, b)
+}
+
+/// (sum over the window of |x|^p)^(1/p), computed as kernel size times the pad-including average.
+fn lp_pool(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let dtype = cx.ty(x).dtype;
+    let p = cx.int("p", 2)?;
+    let pool = pool_attrs(cx, x)?;
+    let count: usize = pool.kernel.iter().product();
+    let a = cx.un(Unary::Abs, x)?;
+    let pv = cx.scalar(p as f64, dtype);
+    let powed = cx.bin(Binary::Pow, a, pv)?;
+    let avg = cx.add1(Op::AveragePool { pool, count_include_pad: true }, &[powed])?;
+    let k = cx.scalar(count as f64, dtype);
+    let sum = cx.bin(Binary::Mul, avg, k)?;
+    let inv = cx.scalar(1.0 / p as f64, dtype);
+    cx.bin(Binary::Pow, sum, inv)
+}
+
+/// Running sums along an axis, as a product with a triangular 0/1 matrix: the sum runs in index order,
+/// so the result is the sequential one.
+fn cumsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let ty = cx.ty(x).clone();
+    let a = cx.konst_ints(1)?.and_then(|v| v.first().copied()).ok_or_else(|| cx.err_in(1, "axis must be a scalar"))?;
+    let a = axis(cx, a, ty.rank())?;
+    let (exclusive, reverse) = (cx.int("exclusive", 0)? != 0, cx.int("reverse", 0)? != 0);
+    let n = ty.shape[a];
+    // tri[i][j] = 1 when input i contributes to output j.
+    let tri: Vec<f64> = (0..n * n)
+        .map(|k| {
+            let (i, j) = (k / n, k % n);
+            let on = match (reverse, exclusive) {
+                (false, false) => i <= j,
+                (false, true) => i < j,
+                (true, false) => i >= j,
+                (true, true) => i > j,
+            };
+            on as u8 as f64
+        })
+        .collect();
+    let tri = Tensor::from_vec(&[n, n], tri).ok_or_else(|| cx.err("cumsum"))?.cast(ty.dtype);
+    let tri = cx.konst_value(tri);
+    let last = ty.rank() - 1;
+    let mut perm: Vec<usize> = (0..ty.rank()).collect();
+    perm.swap(a, last);
+    let moved = if a == last { x } else { cx.add1(Op::Transpose { perm: perm.clone() }, &[x])? };
+    let summed = cx.add1(Op::MatMul, &[moved, tri])?;
+    if a == last {
+        Ok(summed)
+    } else {
+        cx.add1(Op::Transpose { perm }, &[summed])
+    }
+}
+
+/// `values[1]` where the (wrapped) index equals the position along the new axis, `values[0]` elsewhere.
+fn one_hot(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (idx, values) = (cx.req(0)?, cx.req(2)?);
+    let depth = cx.konst(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let depth = depth.to_f64_vec().first().copied().ok_or_else(|| cx.err_in(1, "depth must be a scalar"))?;
+    let depth = usize::try_from(depth as i64).ok().filter(|&d| d > 0).ok_or_else(|| cx.err_in(1, format!("depth {depth} must be positive")))?;
+    if cx.ty(values).numel() != 2 {
+        return Err(cx.err_in(2, "values must hold [off, on]"));
+    }
+    let ishape = cx.ty(idx).shape.clone();
+    let a = cx.int("axis", -1)?;
+    let a = axis(cx, a, ishape.len() + 1)?;
+    let i = cx.cast_to(idx, DType::I64)?;
+    let zero = cx.scalar(0.0, DType::I64);
+    let d = cx.scalar(depth as f64, DType::I64);
+    let neg = cx.bin(Binary::Less, i, zero)?;
+    let wrapped = cx.bin(Binary::Add, i, d)?;
+    let i = cx.add1(Op::Where, &[neg, wrapped, i])?;
+    let mut shape = ishape.clone();
+    shape.insert(a, 1);
+    let i = cx.add1(Op::Reshape { shape }, &[i])?;
+    let ids = iota(cx, depth, a, ishape.len() + 1)?;
+    let hit = cx.bin(Binary::Equal, i, ids)?;
+    let flat = cx.add1(Op::Reshape { shape: vec![2] }, &[values])?;
+    let pick = |cx: &mut NodeCx<'_, '_>, k: i64| -> Result<Value> {
+        let at = cx.konst_value(Tensor::scalar(k));
+        cx.add1(Op::Gather { axis: 0 }, &[flat, at])
+    };
+    let (off, on) = (pick(cx, 0)?, pick(cx, 1)?);
+    cx.add1(Op::Where, &[hit, on, off])
+}
+
+/// An identity-like constant of the input's (2-D) shape, ones on diagonal `k`.
+fn eye_like(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let ty = cx.ty(x).clone();
+    if ty.rank() != 2 {
+        return Err(cx.err_in(0, "EyeLike takes a 2-D input"));
+    }
+    let dtype = match cx.int_opt("dtype")? {
+        Some(d) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("dtype {d} is not supported")))?,
+        None => ty.dtype,
+    };
+    let k = cx.int("k", 0)?;
+    let (r, c) = (ty.shape[0], ty.shape[1]);
+    let v: Vec<f64> = (0..r * c).map(|i| ((i % c) as i64 - (i / c) as i64 == k) as u8 as f64).collect();
+    let t = Tensor::from_vec(&[r, c], v).ok_or_else(|| cx.err("eye"))?.cast(dtype);
+    Ok(cx.konst_value(t))
+}
