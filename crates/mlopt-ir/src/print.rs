@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 /// Constants with at most this many values print their data inline.
-pub const INLINE_LIMIT: usize = 16;
+pub const INLINE_LIMIT: usize = 4;
 
 /// `s` bare if it is a plain identifier, else quoted with `"` and `\` escaped.
 pub fn ident(s: &str) -> String {
