@@ -1,0 +1,44 @@
+//! The architecture invariants of docs/architecture.md, checked: which crates each crate may depend on.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+/// The names in a crate's `[dependencies]` table (not dev-dependencies).
+fn deps(krate: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates").join(krate).join("Cargo.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut out = vec![];
+    let mut inside = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+        } else if inside && !line.is_empty() && !line.starts_with('#') {
+            out.push(line.split(['=', '.', ' ']).next().unwrap().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn crate_dependencies_follow_the_rules() {
+    let rules: &[(&str, &[&str])] = &[
+        // The IR knows nothing of ONNX, egg, the kernel IR or LLVM.
+        ("mlopt-ir", &["petgraph", "ndarray", "num-traits", "half", "libm", "thiserror"]),
+        // Only the ONNX crate knows ONNX (and protobuf).
+        ("mlopt-onnx", &["mlopt-ir", "prost", "thiserror", "half"]),
+        // anyhow only in the CLI.
+        ("mlopt-cli", &["mlopt-ir", "mlopt-onnx", "clap", "anyhow"]),
+    ];
+    for (krate, allowed) in rules {
+        for d in deps(krate) {
+            assert!(allowed.contains(&d.as_str()), "{krate} must not depend on {d} (docs/architecture.md)");
+        }
+    }
+    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(rules.iter().any(|(k, _)| *k == name), "crate {name} has no dependency rule here");
+        if name != "mlopt-cli" {
+            assert!(!deps(&name).contains(&"anyhow".to_string()), "{name}: anyhow is for the CLI only");
+        }
+    }
+}
