@@ -409,6 +409,51 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] * b * b, x.shape[2] / b, x.shape[3] / b]))
         }
+        Op::TopK { axis, k, .. } => {
+            let x = x()?;
+            if *axis >= x.rank() || *k > x.shape[*axis] {
+                return err(Some(0), format!("cannot take the top {k} along axis {axis} of {x}"));
+            }
+            let mut shape = x.shape.clone();
+            shape[*axis] = *k;
+            Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
+        }
+        Op::GatherNd { batch_dims: b } => {
+            let (x, idx) = (x()?, get(inputs, 1)?);
+            if idx.dtype != DType::I64 {
+                return err(Some(1), "indices must be i64");
+            }
+            let q = idx.rank();
+            let last = if q == 0 { 0 } else { idx.shape[q - 1] };
+            if q == 0 || *b >= q || b + last > x.rank() || x.shape[..*b] != idx.shape[..*b] {
+                return err(Some(1), format!("indices {idx} do not index {x} with {b} batch dims"));
+            }
+            let mut shape = idx.shape[..q - 1].to_vec();
+            shape.extend_from_slice(&x.shape[b + last..]);
+            one(TensorType::new(x.dtype, shape))
+        }
+        Op::ScatterNd { .. } => {
+            let (x, idx, upd) = (x()?, get(inputs, 1)?, get(inputs, 2)?);
+            same_dtype(x, upd, 2)?;
+            let q = idx.rank();
+            if idx.dtype != DType::I64 || q == 0 || idx.shape[q - 1] > x.rank() {
+                return err(Some(1), format!("indices {idx} do not index {x}"));
+            }
+            let mut want = idx.shape[..q - 1].to_vec();
+            want.extend_from_slice(&x.shape[idx.shape[q - 1]..]);
+            if upd.shape != want {
+                return err(Some(2), format!("updates must be {want:?}, got {:?}", upd.shape));
+            }
+            one(x.clone())
+        }
+        Op::ScatterElements { axis, .. } => {
+            let (x, idx, upd) = (x()?, get(inputs, 1)?, get(inputs, 2)?);
+            same_dtype(x, upd, 2)?;
+            if *axis >= x.rank() || idx.rank() != x.rank() || idx.shape != upd.shape || !matches!(idx.dtype, DType::I32 | DType::I64) {
+                return err(Some(1), format!("indices {idx} and updates {upd} do not fit {x} along axis {axis}"));
+            }
+            one(x.clone())
+        }
         Op::Trilu { .. } => {
             let x = x()?;
             if x.rank() < 2 {

@@ -182,6 +182,16 @@ pub struct ResizeAttrs {
     pub roi: Vec<f32>,
 }
 
+/// How a scatter combines an update with the value already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScatterReduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
 /// One graph operation. Inputs and outputs are positional, as in ONNX.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
@@ -239,6 +249,14 @@ pub enum Op {
     Resize(ResizeAttrs),
     DepthToSpace { blocksize: usize, crd: bool },
     SpaceToDepth { blocksize: usize },
+    /// The `k` largest (or smallest) elements along `axis` and their i64 indices; ties keep the lower index.
+    TopK { axis: usize, k: usize, largest: bool, sorted: bool },
+    /// `gather_nd data, indices`: index tuples in the last axis of `indices` select slices of `data`.
+    GatherNd { batch_dims: usize },
+    /// `scatter_nd data, indices, updates`.
+    ScatterNd { reduction: ScatterReduction },
+    /// `scatter_elements data, indices, updates` along `axis`.
+    ScatterElements { axis: usize, reduction: ScatterReduction },
     /// Upper (`upper: true`) or lower triangle of the last two axes, offset by diagonal `k`.
     Trilu { upper: bool, k: i64 },
 }
@@ -269,8 +287,10 @@ impl Op {
             | Op::Resize(_)
             | Op::DepthToSpace { .. }
             | Op::SpaceToDepth { .. }
-            | Op::Trilu { .. } => (1, 1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } => (2, 2),
+            | Op::Trilu { .. }
+            | Op::TopK { .. } => (1, 1),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => (2, 2),
+            Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
             Op::Where => (3, 3),
             Op::Clip => (1, 3),

@@ -114,6 +114,14 @@ const NEAREST_MODES: &[(&str, NearestMode)] = &[
     ("ceil", NearestMode::Ceil),
 ];
 
+const SCATTER_REDUCTIONS: &[(&str, ScatterReduction)] = &[
+    ("none", ScatterReduction::None),
+    ("add", ScatterReduction::Add),
+    ("mul", ScatterReduction::Mul),
+    ("max", ScatterReduction::Max),
+    ("min", ScatterReduction::Min),
+];
+
 fn name_of<T: PartialEq + Copy>(table: &[(&'static str, T)], v: T) -> &'static str {
     table.iter().find(|(_, x)| *x == v).map(|(n, _)| *n).unwrap_or("?")
 }
@@ -176,6 +184,10 @@ impl Op {
             Op::DepthToSpace { .. } => "depth_to_space",
             Op::SpaceToDepth { .. } => "space_to_depth",
             Op::Trilu { .. } => "trilu",
+            Op::TopK { .. } => "top_k",
+            Op::GatherNd { .. } => "gather_nd",
+            Op::ScatterNd { .. } => "scatter_nd",
+            Op::ScatterElements { .. } => "scatter_elements",
         }
     }
 
@@ -269,6 +281,18 @@ impl Op {
             Op::DepthToSpace { blocksize, crd } => vec![("blocksize", blocksize.to_string()), ("crd", b(*crd))],
             Op::SpaceToDepth { blocksize } => vec![("blocksize", blocksize.to_string())],
             Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", b(*upper))],
+            Op::TopK { axis, k, largest, sorted } => vec![
+                ("axis", axis.to_string()),
+                ("k", k.to_string()),
+                ("largest", b(*largest)),
+                ("sorted", b(*sorted)),
+            ],
+            Op::GatherNd { batch_dims } => vec![("batch_dims", batch_dims.to_string())],
+            Op::ScatterNd { reduction } => vec![("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string())],
+            Op::ScatterElements { axis, reduction } => vec![
+                ("axis", axis.to_string()),
+                ("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string()),
+            ],
             _ => vec![],
         };
         a.sort_by_key(|(k, _)| *k);
@@ -389,10 +413,19 @@ impl Op {
             "depth_to_space" => Op::DepthToSpace { blocksize: a.usize("blocksize")?, crd: a.bool("crd")? },
             "space_to_depth" => Op::SpaceToDepth { blocksize: a.usize("blocksize")? },
             "trilu" => Op::Trilu { upper: a.bool("upper")?, k: a.int("k")? },
+            "top_k" => Op::TopK { axis: a.usize("axis")?, k: a.usize("k")?, largest: a.bool("largest")?, sorted: a.bool("sorted")? },
+            "gather_nd" => Op::GatherNd { batch_dims: a.usize("batch_dims")? },
+            "scatter_nd" => Op::ScatterNd { reduction: scatter_reduction(a)? },
+            "scatter_elements" => Op::ScatterElements { axis: a.usize("axis")?, reduction: scatter_reduction(a)? },
             _ => return Err(format!("unknown op '{name}'")),
         };
         Ok(op)
     }
+}
+
+fn scatter_reduction(a: &mut AttrReader) -> Result<ScatterReduction, String> {
+    let r = a.ident("reduction")?;
+    lookup(SCATTER_REDUCTIONS, &r).ok_or(format!("unknown scatter reduction '{r}'"))
 }
 
 fn spell_pool(p: &PoolAttrs) -> Spelled {

@@ -92,6 +92,12 @@ fn every_op() -> Graph {
     let ti = g.add(Op::Tile { repeats: vec![1, 2, 1] }, "", &[ex]).unwrap();
     g.add(Op::Pad { pads: vec![0, 1, -1, 0, 0, 2], mode: PadMode::Reflect, value: 0.0 }, "", &[ti]).unwrap();
     g.add(Op::Trilu { upper: false, k: -1 }, "", &[ti]).unwrap();
+    let topk = g.add_node(Op::TopK { axis: 1, k: 2, largest: false, sorted: true }, "topk", &[Some(ti)], None).unwrap();
+    let nd = g.add_const("nd", Tensor::from_vec(&[2, 1], vec![0i64, 2]).unwrap());
+    g.add(Op::GatherNd { batch_dims: 0 }, "", &[ti, nd]).unwrap();
+    let upd = g.add(Op::GatherNd { batch_dims: 0 }, "", &[ti, nd]).unwrap();
+    g.add(Op::ScatterNd { reduction: ScatterReduction::Add }, "", &[ti, nd, upd]).unwrap();
+    g.add(Op::ScatterElements { axis: 1, reduction: ScatterReduction::None }, "", &[ti, topk[1], topk[0]]).unwrap();
     let rs = ResizeAttrs {
         mode: ResizeMode::Cubic, coord: CoordMode::TfCropAndResize, nearest: NearestMode::RoundPreferCeil,
         cubic_coeff_a: -0.5, exclude_outside: true, extrapolation_value: 10.0, antialias: false,
@@ -127,7 +133,7 @@ fn every_op_name_appears() {
         "batch_norm", "instance_norm", "layer_norm", "lrn", "max_pool", "average_pool", "global_average_pool",
         "global_max_pool", "reduce_log_sum_exp", "arg_max", "arg_min", "reshape", "transpose", "matmul", "gemm",
         "concat", "split", "slice", "gather", "gather_elements", "expand", "tile", "pad", "trilu", "resize",
-        "space_to_depth", "depth_to_space",
+        "space_to_depth", "depth_to_space", "top_k", "gather_nd", "scatter_nd", "scatter_elements",
     ] {
         assert!(text.contains(&format!("= {name}")), "{name} missing from\n{text}");
     }

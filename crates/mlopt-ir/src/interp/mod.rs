@@ -5,6 +5,7 @@
 //! output dtype; the kernels in the submodules therefore only see f32, f64, integers and bool.
 
 mod elementwise;
+mod index;
 mod layout;
 mod linalg;
 mod nn;
@@ -171,6 +172,12 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::DepthToSpace { blocksize, crd } => one(layout::depth_to_space(x()?, *blocksize, *crd)?),
         Op::SpaceToDepth { blocksize } => one(layout::space_to_depth(x()?, *blocksize)?),
         Op::Trilu { upper, k } => one(layout::trilu(x()?, *upper, *k)),
+        Op::TopK { axis, k, largest, .. } => index::top_k(x()?, *axis, *k, *largest),
+        Op::GatherNd { batch_dims } => one(index::gather_nd(x()?, req(args, 1)?, *batch_dims)?),
+        Op::ScatterNd { reduction } => one(index::scatter_nd(x()?, req(args, 1)?, req(args, 2)?, *reduction)?),
+        Op::ScatterElements { axis, reduction } => {
+            one(index::scatter_elements(x()?, req(args, 1)?, req(args, 2)?, *axis, *reduction)?)
+        }
     }
 }
 

@@ -6,6 +6,9 @@ use crate::parse::parse;
 use crate::{interp, DType, Tensor};
 use half::f16;
 
+/// A case: name, named inputs, the graph's node lines, and the expected output (or error text).
+type Case<E> = (&'static str, Vec<(&'static str, Tensor)>, &'static str, E);
+
 fn t<T: crate::Elem>(shape: &[usize], v: Vec<T>) -> Tensor {
     Tensor::from_vec(shape, v).unwrap()
 }
@@ -27,7 +30,7 @@ fn close(a: &Tensor, b: &Tensor) -> bool {
 #[test]
 fn semantics() {
     let nan = f32::NAN;
-    let cases: Vec<(&str, Vec<(&str, Tensor)>, &str, Tensor)> = vec![
+    let cases: Vec<Case<Tensor>> = vec![
         ("broadcast both ways", vec![("a", t(&[2, 1, 3], vec![0f32, 1., 2., 3., 4., 5.])), ("b", t(&[2, 1], vec![10f32, 20.]))],
          "  %y: f32[2,2,3] = add %a, %b", t(&[2, 2, 3], vec![10f32, 11., 12., 20., 21., 22., 13., 14., 15., 23., 24., 25.])),
         ("integer division truncates", vec![("a", t(&[4], vec![-7i32, 7, -7, 7])), ("b", t(&[4], vec![2i32, -2, -2, 2]))],
@@ -100,7 +103,7 @@ fn semantics() {
 
 #[test]
 fn errors() {
-    let cases: Vec<(&str, Vec<(&str, Tensor)>, &str, &str)> = vec![
+    let cases: Vec<Case<&str>> = vec![
         ("integer division by zero", vec![("a", t(&[1], vec![1i64])), ("b", t(&[1], vec![0i64]))],
          "  %y: i64[1] = div %a, %b", "integer division by zero"),
         ("gather index out of range", vec![("a", t(&[3], vec![1f32, 2., 3.]))],

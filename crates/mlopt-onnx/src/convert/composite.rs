@@ -10,7 +10,7 @@ use mlopt_ir::{Binary, DType, Op, ReduceKind, Tensor, Unary, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "RMSNormalization", "Attention", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Hardmax",
-    "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike",
+    "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike", "RotaryEmbedding",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -25,6 +25,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "CumSum" => vec![cumsum(cx)?],
             "OneHot" => vec![one_hot(cx)?],
             "EyeLike" => vec![eye_like(cx)?],
+            "RotaryEmbedding" => vec![rotary(cx)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
                 vec![nll_loss(cx, x, t, w, true)?]
@@ -59,6 +60,16 @@ impl NodeCx<'_, '_> {
     /// A scalar constant of `dtype`.
     pub(crate) fn scalar(&mut self, v: f64, dtype: DType) -> Value {
         self.konst_value(Tensor::scalar(v).cast(dtype))
+    }
+    /// Elements `start, start+step, ...` (`len` of them) along the last axis.
+    pub(crate) fn slice_last(&mut self, x: Value, start: usize, step: i64, len: usize) -> Result<Value> {
+        let shape = self.ty(x).shape.clone();
+        let r = shape.len();
+        let (mut starts, mut steps, mut lens) = (vec![0; r], vec![1; r], shape);
+        starts[r - 1] = start;
+        steps[r - 1] = step;
+        lens[r - 1] = len;
+        self.add1(Op::Slice { starts, steps, lens }, &[x])
     }
     pub(crate) fn reduce(&mut self, kind: ReduceKind, x: Value, axes: Vec<usize>, keepdims: bool) -> Result<Value> {
         self.add1(Op::Reduce { kind, axes, keepdims }, &[x])
@@ -123,7 +134,7 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         };
         let heads = |cx: &NodeCx<'_, '_>, x: Value, h: i64, i: usize| -> Result<Vec<usize>> {
             let s = &cx.ty(x).shape;
-            let h = usize::try_from(h).ok().filter(|&h| h > 0 && s[2] % h == 0).ok_or_else(|| cx.err_in(i, format!("hidden size {} does not split into {h} heads", s[2])))?;
+            let h = usize::try_from(h).ok().filter(|&h| h > 0 && s[2].is_multiple_of(h)).ok_or_else(|| cx.err_in(i, format!("hidden size {} does not split into {h} heads", s[2])))?;
             Ok(vec![s[0], h, s[1], s[2] / h])
         };
         let (sq, sk, sv) = (heads(cx, q, qh, 0)?, heads(cx, k, kvh, 1)?, heads(cx, v, kvh, 2)?);
@@ -461,4 +472,73 @@ fn eye_like(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let v: Vec<f64> = (0..r * c).map(|i| ((i % c) as i64 - (i / c) as i64 == k) as u8 as f64).collect();
     let t = Tensor::from_vec(&[r, c], v).ok_or_else(|| cx.err("eye"))?.cast(dtype);
     Ok(cx.konst_value(t))
+}
+
+/// Rotary position embedding (opset 23): rotates the first `rotary_embedding_dim` features of each head
+/// by the cached angles, pairing halves (or neighbours when `interleaved`).
+fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, cos_cache, sin_cache, pos) = (cx.req(0)?, cx.req(1)?, cx.req(2)?, cx.input(3)?);
+    let ty = cx.ty(x).clone();
+    let interleaved = cx.int("interleaved", 0)? != 0;
+    let rot_dim = cx.int("rotary_embedding_dim", 0)?;
+    let num_heads = cx.int("num_heads", 0)?;
+    // To [B, S, H, D].
+    let x4 = match ty.rank() {
+        4 => cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x])?,
+        3 => {
+            let h = usize::try_from(num_heads).ok().filter(|&h| h > 0 && ty.shape[2].is_multiple_of(h))
+                .ok_or_else(|| cx.err(format!("3-D input needs num_heads dividing {}", ty.shape[2])))?;
+            cx.add1(Op::Reshape { shape: vec![ty.shape[0], ty.shape[1], h, ty.shape[2] / h] }, &[x])?
+        }
+        r => return Err(cx.err_in(0, format!("expects a 3-D or 4-D input, got rank {r}"))),
+    };
+    let s4 = cx.ty(x4).shape.clone();
+    let head = s4[3];
+    let rd = if rot_dim == 0 { head } else { usize::try_from(rot_dim).ok().filter(|&d| d <= head && d % 2 == 0).ok_or_else(|| cx.err(format!("rotary_embedding_dim {rot_dim} must be even and at most {head}")))? };
+    let half = rd / 2;
+    let angles = |cx: &mut NodeCx<'_, '_>, cache: Value| -> Result<Value> {
+        let c = match pos {
+            Some(p) => cx.add1(Op::Gather { axis: 0 }, &[cache, p])?,
+            None => cache,
+        };
+        let c = cx.slice_last(c, 0, 1, half)?;
+        let cs = cx.ty(c).shape.clone();
+        if cs.len() != 3 {
+            return Err(cx.err("cos/sin caches must give [batch, sequence, rotary_dim/2] angles"));
+        }
+        cx.add1(Op::Reshape { shape: vec![cs[0], cs[1], 1, cs[2]] }, &[c])
+    };
+    let (cos, sin) = (angles(cx, cos_cache)?, angles(cx, sin_cache)?);
+    let (x1, x2) = if interleaved {
+        (cx.slice_last(x4, 0, 2, half)?, cx.slice_last(x4, 1, 2, half)?)
+    } else {
+        (cx.slice_last(x4, 0, 1, half)?, cx.slice_last(x4, half, 1, half)?)
+    };
+    let (c1, s2) = (cx.bin(Binary::Mul, cos, x1)?, cx.bin(Binary::Mul, sin, x2)?);
+    let real = cx.bin(Binary::Sub, c1, s2)?;
+    let (s1, c2) = (cx.bin(Binary::Mul, sin, x1)?, cx.bin(Binary::Mul, cos, x2)?);
+    let imag = cx.bin(Binary::Add, s1, c2)?;
+    let rotated = if interleaved {
+        let mut pair = s4.clone();
+        pair[3] = half;
+        pair.push(1);
+        let r = cx.add1(Op::Reshape { shape: pair.clone() }, &[real])?;
+        let i = cx.add1(Op::Reshape { shape: pair }, &[imag])?;
+        let both = cx.add1(Op::Concat { axis: 4 }, &[r, i])?;
+        let mut flat = s4.clone();
+        flat[3] = rd;
+        cx.add1(Op::Reshape { shape: flat }, &[both])?
+    } else {
+        cx.add1(Op::Concat { axis: 3 }, &[real, imag])?
+    };
+    let out = if rd < head {
+        let rest = cx.slice_last(x4, rd, 1, head - rd)?;
+        cx.add1(Op::Concat { axis: 3 }, &[rotated, rest])?
+    } else {
+        rotated
+    };
+    match ty.rank() {
+        4 => cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[out]),
+        _ => cx.add1(Op::Reshape { shape: ty.shape }, &[out]),
+    }
 }

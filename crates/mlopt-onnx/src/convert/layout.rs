@@ -5,11 +5,12 @@
 use super::nn::axis;
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{broadcast_shapes, CoordMode, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, Value};
+use mlopt_ir::{broadcast_shapes, CoordMode, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, ScatterReduction, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Trilu",
+    "TopK", "GatherND", "ScatterND", "ScatterElements", "Scatter",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -86,11 +87,53 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 };
                 vec![cx.add1(Op::Trilu { upper, k }, &[cx.req(0)?])?]
             }
+            "TopK" => {
+                let x = cx.req(0)?;
+                let rank = cx.ty(x).rank();
+                let a = cx.int("axis", -1)?;
+                let a = axis(cx, a, rank)?;
+                let k = if cx.opset() < 10 {
+                    cx.int_opt("k")?.ok_or_else(|| cx.err("attribute 'k' is required"))?
+                } else {
+                    cx.konst_ints(1)?.and_then(|v| v.first().copied()).ok_or_else(|| cx.err_in(1, "k must hold one value"))?
+                };
+                let k = usize::try_from(k).map_err(|_| cx.err(format!("k={k} must not be negative")))?;
+                let op = Op::TopK { axis: a, k, largest: cx.int("largest", 1)? != 0, sorted: cx.int("sorted", 1)? != 0 };
+                cx.add(op, &[Some(x)], Some(2))?
+            }
+            "GatherND" => {
+                let b = cx.int("batch_dims", 0)?;
+                let b = usize::try_from(b).map_err(|_| cx.err("batch_dims must not be negative"))?;
+                vec![cx.add1(Op::GatherNd { batch_dims: b }, &[cx.req(0)?, cx.req(1)?])?]
+            }
+            "ScatterND" => {
+                let reduction = scatter_reduction(cx)?;
+                vec![cx.add1(Op::ScatterNd { reduction }, &[cx.req(0)?, cx.req(1)?, cx.req(2)?])?]
+            }
+            "ScatterElements" | "Scatter" => {
+                let x = cx.req(0)?;
+                let rank = cx.ty(x).rank();
+                let a = cx.int("axis", 0)?;
+                let a = axis(cx, a, rank)?;
+                let reduction = scatter_reduction(cx)?;
+                vec![cx.add1(Op::ScatterElements { axis: a, reduction }, &[x, cx.req(1)?, cx.req(2)?])?]
+            }
             _ => return Ok(None),
         };
         Ok(Some(out))
     })();
     r.transpose()
+}
+
+fn scatter_reduction(cx: &mut NodeCx<'_, '_>) -> Result<ScatterReduction> {
+    Ok(match cx.string("reduction", "none")?.as_str() {
+        "none" => ScatterReduction::None,
+        "add" => ScatterReduction::Add,
+        "mul" => ScatterReduction::Mul,
+        "max" => ScatterReduction::Max,
+        "min" => ScatterReduction::Min,
+        r => return Err(cx.err(format!("reduction='{r}' is not supported"))),
+    })
 }
 
 /// A constant input of non-negative sizes.
