@@ -6,7 +6,7 @@ mod data;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use mlopt_ir::{interp, Tensor};
+use mlopt_ir::interp;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -116,7 +116,3 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64) -> Result<ExitCode> {
     println!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
-
-/// Keeps `Tensor` in scope for the submodules' signatures.
-#[allow(dead_code)]
-type Named = (String, Tensor);

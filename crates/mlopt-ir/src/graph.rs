@@ -99,8 +99,18 @@ impl Graph {
         id
     }
 
-    /// Adds a node, inferring its output types; keeps the first `num_outputs` outputs (trailing optional
-    /// outputs such as LayerNormalization's statistics may be dropped).
+    /// The output types `op` would have on these inputs, keeping the first `num_outputs` (trailing optional
+    /// outputs such as LayerNormalization's statistics may be dropped). Errors name `name` and the op.
+    pub fn infer_outputs(&self, op: &Op, name: &str, inputs: &[Option<Value>], num_outputs: Option<usize>) -> Result<Vec<TensorType>> {
+        let tys: Vec<Option<&TensorType>> = inputs.iter().map(|v| v.map(|v| self.value_type(v))).collect();
+        let mut outs = infer(op, &tys).map_err(|e| IrError::Infer { node: name.to_string(), op: op.name(), input: e.input, msg: e.msg })?;
+        if let Some(n) = num_outputs {
+            outs.truncate(n.max(1));
+        }
+        Ok(outs)
+    }
+
+    /// Adds a node, inferring its output types (see `infer_outputs`).
     pub fn add_node(
         &mut self,
         op: Op,
@@ -109,16 +119,7 @@ impl Graph {
         num_outputs: Option<usize>,
     ) -> Result<Vec<Value>> {
         let name = name.into();
-        let tys: Vec<Option<&TensorType>> = inputs.iter().map(|v| v.map(|v| self.value_type(v))).collect();
-        let mut outs = infer(&op, &tys).map_err(|e| IrError::Infer {
-            node: name.clone(),
-            op: op.name(),
-            input: e.input,
-            msg: e.msg,
-        })?;
-        if let Some(n) = num_outputs {
-            outs.truncate(n.max(1));
-        }
+        let outs = self.infer_outputs(&op, &name, inputs, num_outputs)?;
         let n = outs.len();
         let id = self.add_raw(op, name, inputs, outs);
         Ok((0..n as u32).map(|output| Value { node: id, output }).collect())

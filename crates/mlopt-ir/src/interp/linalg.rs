@@ -189,14 +189,20 @@ fn conv_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD<T>>, c: &
             out[dst..dst + mg * oo].copy_from_slice(&res);
         }
     }
+    finish_conv(out, bias, n, m, outs)
+}
+
+/// Adds the per-channel bias to an [N, M, spatial...] result and wraps it.
+fn finish_conv<T: Arith>(mut out: Vec<T>, bias: Option<&ArrayD<T>>, n: usize, m: usize, spatial: Vec<usize>) -> EvalResult<Tensor> {
+    let plane: usize = spatial.iter().product();
     if let Some(bias) = bias {
         let bv: Vec<T> = bias.iter().copied().collect();
         for (i, v) in out.iter_mut().enumerate() {
-            *v = v.add(bv[(i / oo) % m]);
+            *v = v.add(bv[(i / plane.max(1)) % m]);
         }
     }
     let mut shape = vec![n, m];
-    shape.extend(outs);
+    shape.extend(spatial);
     Tensor::from_vec(&shape, out).ok_or_else(|| "conv shape".into())
 }
 
@@ -254,15 +260,7 @@ fn conv_transpose_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD
             }
         }
     }
-    if let Some(bias) = bias {
-        let bv: Vec<T> = bias.iter().copied().collect();
-        for (i, v) in out.iter_mut().enumerate() {
-            *v = v.add(bv[(i / oplane) % m]);
-        }
-    }
-    let mut shape = vec![n, m];
-    shape.extend(outs);
-    Tensor::from_vec(&shape, out).ok_or_else(|| "conv_transpose shape".into())
+    finish_conv(out, bias, n, m, outs)
 }
 
 pub(crate) fn conv_transpose(x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &ConvAttrs) -> EvalResult<Tensor> {

@@ -15,7 +15,7 @@ mod shape;
 use crate::error::{OnnxError, Result};
 use crate::proto::{attribute_type as at, AttributeProto, NodeProto};
 use crate::tensor_io::tensor_from_proto;
-use mlopt_ir::{infer::infer, interp::eval_op, Graph, Op, Tensor, TensorType, Value};
+use mlopt_ir::{interp::eval_op, Graph, Op, Tensor, TensorType, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -164,16 +164,7 @@ impl<'a, 'm> NodeCx<'a, 'm> {
         if !foldable {
             return Ok(g.add_node(op, self.name.clone(), inputs, n_out)?);
         }
-        let tys: Vec<Option<&TensorType>> = inputs.iter().map(|v| v.map(|v| g.value_type(v))).collect();
-        let mut outs = infer(&op, &tys).map_err(|e| mlopt_ir::IrError::Infer {
-            node: self.name.clone(),
-            op: op.name(),
-            input: e.input,
-            msg: e.msg,
-        })?;
-        if let Some(n) = n_out {
-            outs.truncate(n.max(1));
-        }
+        let outs = g.infer_outputs(&op, &self.name, inputs, n_out)?;
         let args: Vec<Option<Arc<Tensor>>> = inputs.iter().map(|v| v.and_then(|v| g.const_value(v).cloned())).collect();
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
         let vals = eval_op(&op, &refs, &outs).map_err(|msg| self.err(format!("folding {}: {msg}", op.name())))?;
