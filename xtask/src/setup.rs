@@ -76,7 +76,24 @@ fn venv() -> Result {
     run(Command::new(venv_python()).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"]).arg(&req_path))
 }
 
+/// ptxas from the nvidia-cuda-nvcc-cu12 wheel in the venv.
+pub(crate) fn ptxas() -> Result<PathBuf> {
+    let lib = root().join(".venv/lib");
+    let found = std::fs::read_dir(&lib)
+        .map_err(|e| format!("{}: {e}", lib.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas"))
+        .find(|p| p.exists());
+    found.ok_or_else(|| "ptxas is missing from .venv (nvidia-cuda-nvcc-cu12)".to_string())
+}
+
 pub(crate) fn setup() -> Result {
     apt()?;
-    venv()
+    venv()?;
+    let ptxas = ptxas()?;
+    let out = Command::new(&ptxas).arg("--version").output().map_err(|e| format!("{}: {e}", ptxas.display()))?;
+    let version = String::from_utf8_lossy(&out.stdout);
+    let line = version.lines().last().unwrap_or_default().to_string();
+    eprintln!("setup: ptxas works ({line})");
+    Ok(())
 }
