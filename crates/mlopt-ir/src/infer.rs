@@ -223,7 +223,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             one(x.clone())
         }
-        Op::MaxPool(p) | Op::AveragePool { pool: p, .. } => {
+        Op::MaxPool { pool: p, .. } | Op::AveragePool { pool: p, .. } => {
             let x = x()?;
             let sp = x.rank().saturating_sub(2);
             if x.rank() < 3 || p.kernel.len() != sp || p.strides.len() != sp || p.dilations.len() != sp || p.pads.len() != 2 * sp {
@@ -237,7 +237,11 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                     None => return err(Some(0), format!("window larger than padded input on axis {}", i + 2)),
                 }
             }
-            one(TensorType::new(x.dtype, shape))
+            let mut outs = vec![TensorType::new(x.dtype, shape.clone())];
+            if matches!(op, Op::MaxPool { .. }) {
+                outs.push(TensorType::new(DType::I64, shape));
+            }
+            Ok(outs)
         }
         Op::GlobalAveragePool | Op::GlobalMaxPool => {
             let x = x()?;

@@ -223,7 +223,9 @@ pub enum Op {
     /// `layer_norm x, scale, bias?` -> y, mean?, inv_std_dev?; normalises over axes `axis..`.
     LayerNorm { axis: usize, epsilon: f32 },
     Lrn { size: usize, alpha: f32, beta: f32, bias: f32 },
-    MaxPool(PoolAttrs),
+    /// -> values and (optionally) i64 indices of each maximum, flattened over (N*C, spatial) in row-major
+    /// order, or column-major over the spatial axes when `col_major` (ONNX `storage_order=1`).
+    MaxPool { pool: PoolAttrs, col_major: bool },
     AveragePool { pool: PoolAttrs, count_include_pad: bool },
     GlobalAveragePool,
     GlobalMaxPool,
@@ -271,7 +273,7 @@ impl Op {
             | Op::Softmax { .. }
             | Op::LogSoftmax { .. }
             | Op::Lrn { .. }
-            | Op::MaxPool(_)
+            | Op::MaxPool { .. }
             | Op::AveragePool { .. }
             | Op::GlobalAveragePool
             | Op::GlobalMaxPool

@@ -163,7 +163,7 @@ impl Op {
             Op::InstanceNorm { .. } => "instance_norm",
             Op::LayerNorm { .. } => "layer_norm",
             Op::Lrn { .. } => "lrn",
-            Op::MaxPool(_) => "max_pool",
+            Op::MaxPool { .. } => "max_pool",
             Op::AveragePool { .. } => "average_pool",
             Op::GlobalAveragePool => "global_average_pool",
             Op::GlobalMaxPool => "global_max_pool",
@@ -241,7 +241,11 @@ impl Op {
                 ("bias", flt(*bias)),
                 ("size", size.to_string()),
             ],
-            Op::MaxPool(p) => spell_pool(p),
+            Op::MaxPool { pool, col_major } => {
+                let mut v = spell_pool(pool);
+                v.push(("col_major", b(*col_major)));
+                v
+            }
             Op::AveragePool { pool, count_include_pad } => {
                 let mut v = spell_pool(pool);
                 v.push(("count_include_pad", b(*count_include_pad)));
@@ -366,7 +370,7 @@ impl Op {
                 beta: a.f32("beta")?,
                 bias: a.f32("bias")?,
             },
-            "max_pool" => Op::MaxPool(read_pool(a)?),
+            "max_pool" => Op::MaxPool { pool: read_pool(a)?, col_major: a.bool("col_major")? },
             "average_pool" => {
                 Op::AveragePool { pool: read_pool(a)?, count_include_pad: a.bool("count_include_pad")? }
             }

@@ -67,7 +67,8 @@ fn every_op() -> Graph {
     let ln = g.add_node(Op::LayerNorm { axis: 3, epsilon: 1e-5 }, "ln", &[Some(y), Some(ln_scale), None], None).unwrap();
     y = g.add(Op::Lrn { size: 3, alpha: 1e-4, beta: 0.75, bias: 1.0 }, "", &[ln[0]]).unwrap();
     let pool = PoolAttrs { kernel: vec![2, 2], strides: vec![2, 2], pads: vec![0, 0, 1, 1], dilations: vec![1, 1], ceil_mode: true };
-    let mp = g.add(Op::MaxPool(pool.clone()), "", &[y]).unwrap();
+    let mp = g.add_node(Op::MaxPool { pool: pool.clone(), col_major: true }, "mp", &[Some(y)], None).unwrap()[0];
+    g.add(Op::MaxPool { pool: pool.clone(), col_major: false }, "", &[y]).unwrap();
     let ap = g.add(Op::AveragePool { pool, count_include_pad: true }, "", &[y]).unwrap();
     g.add(Op::GlobalAveragePool, "", &[mp]).unwrap();
     g.add(Op::GlobalMaxPool, "", &[ap]).unwrap();

@@ -145,7 +145,7 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             nn::layer_norm(x()?, req(args, 1)?, args.get(2).copied().flatten(), *axis, *epsilon)
         }
         Op::Lrn { size, alpha, beta, bias } => one(nn::lrn(x()?, *size, *alpha, *beta, *bias)?),
-        Op::MaxPool(p) => one(nn::pool(x()?, p, nn::PoolKind::Max)?),
+        Op::MaxPool { pool, col_major } => nn::max_pool(x()?, pool, *col_major),
         Op::AveragePool { pool, count_include_pad } => {
             one(nn::pool(x()?, pool, nn::PoolKind::Average { count_include_pad: *count_include_pad })?)
         }

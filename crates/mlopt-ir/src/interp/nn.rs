@@ -141,7 +141,8 @@ pub(crate) enum PoolKind {
     Average { count_include_pad: bool },
 }
 
-fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind) -> EvalResult<Tensor> {
+/// Pools `x`; also returns, for max pooling, each maximum's flat input index (see `Op::MaxPool`).
+fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind, col_major: bool) -> EvalResult<(Tensor, Tensor)> {
     let xs = x.shape();
     let sp = xs.len() - 2;
     let ins = &xs[2..];
@@ -155,11 +156,12 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind) -> EvalResult<T
     let oplane: usize = outs.iter().product();
     let v: Vec<T> = x.iter().copied().collect();
     let mut out = Vec::with_capacity(xs[0] * xs[1] * oplane);
+    let mut arg = Vec::with_capacity(xs[0] * xs[1] * oplane);
     let mut pos = vec![0i64; sp];
     for nc in 0..xs[0] * xs[1] {
         let base = nc * plane;
         for_each_index(&outs, |o| {
-            let (mut acc, mut count, mut max) = (T::zero(), 0usize, T::neg_infinity());
+            let (mut acc, mut count, mut max, mut at) = (T::zero(), 0usize, T::neg_infinity(), None);
             let mut padded_count = 0usize;
             for_each_index(&p.kernel, |k| {
                 let mut inside = true;
@@ -177,11 +179,18 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind) -> EvalResult<T
                     let e = v[base + off];
                     acc = acc + e;
                     count += 1;
-                    if e > max || e.is_nan() {
+                    if e > max || (e.is_nan() && !max.is_nan()) || at.is_none() {
                         max = e;
+                        let spatial = if col_major {
+                            pos.iter().zip(ins).rev().fold(0usize, |acc, (&q, &n)| acc * n + q as usize)
+                        } else {
+                            off
+                        };
+                        at = Some((nc * plane + spatial) as i64);
                     }
                 }
             });
+            arg.push(at.unwrap_or(-1));
             out.push(match kind {
                 PoolKind::Max => max,
                 PoolKind::Average { count_include_pad: true } => acc / T::lit(padded_count as f64),
@@ -191,18 +200,25 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind) -> EvalResult<T
     }
     let mut shape = xs[..2].to_vec();
     shape.extend(outs);
-    Tensor::from_vec(&shape, out).ok_or_else(|| "pool shape".into())
+    let values = Tensor::from_vec(&shape, out).ok_or("pool shape")?;
+    Ok((values, Tensor::from_vec(&shape, arg).ok_or("pool shape")?))
 }
 
 pub(crate) fn pool(x: &Tensor, p: &PoolAttrs, kind: PoolKind) -> EvalResult<Tensor> {
-    match (x, kind) {
-        // Max pooling is defined for integer types too; compare in f64, which is exact for i8/u8/i32.
-        (Tensor::I8(_) | Tensor::U8(_) | Tensor::I32(_), PoolKind::Max) => {
-            let f = x.cast(crate::DType::F64);
-            Ok(pool(&f, p, kind)?.cast(x.dtype()))
+    float_dispatch!(x, a => Ok(pool_t(a, p, kind, false)?.0))
+}
+
+/// Max pooling: values and indices. Defined for integer types too; those compare in f64, which is exact
+/// for i8/u8/i32.
+pub(crate) fn max_pool(x: &Tensor, p: &PoolAttrs, col_major: bool) -> EvalResult<Vec<Tensor>> {
+    let (v, i) = match x {
+        Tensor::I8(_) | Tensor::U8(_) | Tensor::I32(_) => {
+            let (v, i) = float_dispatch!(&x.cast(crate::DType::F64), a => pool_t(a, p, PoolKind::Max, col_major)?);
+            (v.cast(x.dtype()), i)
         }
-        _ => float_dispatch!(x, a => pool_t(a, p, kind)),
-    }
+        _ => float_dispatch!(x, a => pool_t(a, p, PoolKind::Max, col_major)?),
+    };
+    Ok(vec![v, i])
 }
 
 fn global_pool_t<T: Real>(a: &ArrayD<T>, max: bool) -> EvalResult<Tensor> {

@@ -75,7 +75,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 };
                 vec![cx.add1(op, &[cx.req(0)?])?]
             }
-            "MaxPool" | "AveragePool" => vec![pool(cx, op == "MaxPool")?],
+            "MaxPool" | "AveragePool" => pool(cx, op == "MaxPool")?,
             "GlobalAveragePool" => vec![cx.add1(Op::GlobalAveragePool, &[cx.req(0)?])?],
             "GlobalMaxPool" => vec![cx.add1(Op::GlobalMaxPool, &[cx.req(0)?])?],
             "ArgMax" | "ArgMin" => {
@@ -230,18 +230,16 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
     Ok(cx.add(op, &ins[..n], Some(1))?[0])
 }
 
-fn pool(cx: &mut NodeCx<'_, '_>, max: bool) -> Result<Value> {
+fn pool(cx: &mut NodeCx<'_, '_>, max: bool) -> Result<Vec<Value>> {
     let x = cx.req(0)?;
-    if max && cx.int("storage_order", 0)? != 0 {
-        return Err(cx.err("storage_order=1 is not supported"));
-    }
     let p = pool_attrs(cx, x)?;
-    let op = if max {
-        Op::MaxPool(p)
-    } else {
-        Op::AveragePool { pool: p, count_include_pad: cx.int("count_include_pad", 0)? != 0 }
-    };
-    cx.add1(op, &[x])
+    if max {
+        let col_major = cx.int("storage_order", 0)? != 0;
+        let n = cx.num_outputs().max(1);
+        return cx.add(Op::MaxPool { pool: p, col_major }, &[Some(x)], Some(n));
+    }
+    let op = Op::AveragePool { pool: p, count_include_pad: cx.int("count_include_pad", 0)? != 0 };
+    Ok(vec![cx.add1(op, &[x])?])
 }
 
 /// Pooling geometry from kernel_shape, strides, dilations, ceil_mode, auto_pad and pads.
