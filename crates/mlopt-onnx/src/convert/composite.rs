@@ -6,11 +6,12 @@
 use super::nn::{axis, pool_attrs};
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{Binary, DType, Op, ReduceKind, Tensor, Unary, Value};
+use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, Unary, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "RMSNormalization", "Attention", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Hardmax",
     "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike", "RotaryEmbedding",
+    "CenterCropPad", "HannWindow", "HammingWindow", "BlackmanWindow",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -26,6 +27,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "OneHot" => vec![one_hot(cx)?],
             "EyeLike" => vec![eye_like(cx)?],
             "RotaryEmbedding" => vec![rotary(cx)?],
+            "CenterCropPad" => vec![center_crop_pad(cx)?],
+            "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
                 vec![nll_loss(cx, x, t, w, true)?]
@@ -541,4 +544,56 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         4 => cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[out]),
         _ => cx.add1(Op::Reshape { shape: ty.shape }, &[out]),
     }
+}
+
+/// Crops or zero-pads each listed axis to the target size, centred (the odd element goes to the end).
+fn center_crop_pad(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let s = cx.ty(x).shape.clone();
+    let r = s.len();
+    let target = cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let axes: Vec<usize> = match cx.ints("axes")? {
+        None => (0..r).collect(),
+        Some(a) => a.iter().map(|&a| axis(cx, a, r)).collect::<Result<_>>()?,
+    };
+    if target.len() != axes.len() {
+        return Err(cx.err_in(1, format!("{} sizes for {} axes", target.len(), axes.len())));
+    }
+    let (mut starts, mut lens, mut pads) = (vec![0; r], s.clone(), vec![0i64; 2 * r]);
+    for (&a, &t) in axes.iter().zip(&target) {
+        let t = usize::try_from(t).map_err(|_| cx.err_in(1, format!("negative size {t}")))?;
+        if t < s[a] {
+            starts[a] = (s[a] - t) / 2;
+            lens[a] = t;
+        } else {
+            let d = (t - s[a]) as i64;
+            pads[a] = d / 2;
+            pads[a + r] = d - d / 2;
+        }
+    }
+    let cropped = cx.add1(Op::Slice { starts, steps: vec![1; r], lens }, &[x])?;
+    cx.add1(Op::Pad { pads, mode: PadMode::Constant, value: 0.0 }, &[cropped])
+}
+
+/// Hann, Hamming and Blackman windows of a constant length: constants.
+fn window(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Value> {
+    let size = cx.konst_ints(0)?.and_then(|v| v.first().copied()).ok_or_else(|| cx.err_in(0, "size must be a scalar"))?;
+    let n = usize::try_from(size).map_err(|_| cx.err_in(0, format!("negative size {size}")))?;
+    let periodic = cx.int("periodic", 1)? != 0;
+    let to = cx.int("output_datatype", 1)?;
+    let dtype = crate::tensor_io::dtype_from_onnx(to as i32).ok_or_else(|| cx.err(format!("output_datatype {to} is not supported")))?;
+    let span = if periodic { n as f64 } else { n as f64 - 1.0 };
+    let tau = 2.0 * std::f64::consts::PI;
+    let w: Vec<f64> = (0..n)
+        .map(|i| {
+            let x = i as f64 / span;
+            match op {
+                "HannWindow" => (std::f64::consts::PI * x).sin().powi(2),
+                "HammingWindow" => 25.0 / 46.0 - (1.0 - 25.0 / 46.0) * (tau * x).cos(),
+                _ => 0.42 - 0.5 * (tau * x).cos() + 0.08 * (2.0 * tau * x).cos(),
+            }
+        })
+        .collect();
+    let t = Tensor::from_vec(&[n], w).ok_or_else(|| cx.err("window"))?.cast(dtype);
+    Ok(cx.konst_value(t))
 }

@@ -82,18 +82,41 @@ impl<'a, 'm> NodeCx<'a, 'm> {
         self.imp.g.value_type(v)
     }
 
-    /// The value of input `i`, which must be a constant (after folding) when present.
+    /// The value of input `i`, which must be a constant when present: folded already, or computable from
+    /// constants and known input values (see `ImportOptions::known_values`).
     pub fn konst(&self, i: usize) -> Result<Option<Arc<Tensor>>> {
         match self.input(i)? {
             None => Ok(None),
-            Some(v) => match self.imp.g.const_value(v) {
-                Some(t) => Ok(Some(t.clone())),
-                None if self.imp.g.node(v.node).op == Op::Input && self.imp.known.contains_key(&self.imp.g.node(v.node).name) => {
-                    Ok(self.imp.known.get(&self.imp.g.node(v.node).name).map(|t| Arc::new(t.clone())))
-                }
+            Some(v) => match self.evaluate(v, &mut HashMap::new()) {
+                Some(t) => Ok(Some(t)),
                 None => Err(self.err_in(i, "must be a constant (mlopt compiles static shapes; this input depends on data)")),
             },
         }
+    }
+
+    /// Evaluates `v` if everything it depends on is a constant or a known input value.
+    fn evaluate(&self, v: Value, memo: &mut HashMap<mlopt_ir::NodeId, Option<Vec<Arc<Tensor>>>>) -> Option<Arc<Tensor>> {
+        let g = &self.imp.g;
+        let node = g.node(v.node);
+        match &node.op {
+            Op::Const(t) => return Some(t.clone()),
+            Op::Input => return self.imp.known.get(&node.name).map(|t| Arc::new(t.clone())),
+            _ => {}
+        }
+        if !memo.contains_key(&v.node) {
+            let ins = g.inputs(v.node);
+            let mut args = vec![];
+            for a in &ins {
+                args.push(match a {
+                    Some(a) => Some(self.evaluate(*a, memo)?),
+                    None => None,
+                });
+            }
+            let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
+            let outs = eval_op(&node.op, &refs, &node.outputs).ok().map(|o| o.into_iter().map(Arc::new).collect());
+            memo.insert(v.node, outs);
+        }
+        memo.get(&v.node)?.as_ref()?.get(v.output as usize).cloned()
     }
 
     /// A constant integer input (shape, axes, pads, ...) as i64s.
