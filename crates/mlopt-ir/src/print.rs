@@ -56,6 +56,24 @@ pub fn inline_data(t: &Tensor) -> String {
     format!("[{}]", items.join(", "))
 }
 
+/// For elementwise ops, the inputs whose shape differs from the output's, e.g. `%3 [256]` (a comment: facts
+/// for the reader, ignored by the parser).
+fn broadcast_note(g: &Graph, n: crate::graph::NodeId, names: &HashMap<Value, String>) -> String {
+    let node = g.node(n);
+    if !matches!(node.op, Op::Binary(_) | Op::Nary(_) | Op::Where) {
+        return String::new();
+    }
+    let out = &node.outputs[0].shape;
+    let parts: Vec<String> = g
+        .inputs(n)
+        .into_iter()
+        .flatten()
+        .filter(|v| &g.value_type(*v).shape != out)
+        .map(|v| format!("{} {:?}", names.get(&v).map(String::as_str).unwrap_or("%?"), g.value_type(v).shape).replace(", ", ","))
+        .collect();
+    parts.join(", ")
+}
+
 /// Prints `g` in the text format.
 pub fn print(g: &Graph) -> String {
     let mut names: HashMap<Value, String> = HashMap::new();
@@ -109,6 +127,10 @@ pub fn print(g: &Graph) -> String {
         }
         if !node.name.is_empty() {
             let _ = write!(line, " @{}", quote(&node.name));
+        }
+        let broadcast = broadcast_note(g, n, &names);
+        if !broadcast.is_empty() {
+            let _ = write!(line, "  ; broadcast {broadcast}");
         }
         out.push_str(&line);
         out.push('\n');
