@@ -44,10 +44,11 @@ pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// Builds the release `mlopt` binary and returns its path.
+/// Builds the `mlopt` binary and returns its path. The dev profile already optimises (see Cargo.toml), and
+/// sharing it with `cargo test` means the workspace is compiled once.
 pub(crate) fn build_mlopt() -> Result<PathBuf> {
-    run(cargo().args(["build", "--release", "--quiet", "-p", "mlopt-cli"]))?;
-    Ok(root().join("target/release/mlopt"))
+    run(cargo().args(["build", "--quiet", "-p", "mlopt-cli"]))?;
+    Ok(root().join("target/debug/mlopt"))
 }
 
 fn demo() -> Result {
