@@ -156,6 +156,18 @@ fn dtype_and_shape_mismatches_name_the_input() {
 }
 
 #[test]
+fn values_defined_twice_are_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = model(
+        vec![node("Relu", "a", &["x"], &["y"], vec![]), node("Neg", "b", &["x"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[Some(2)])],
+        vec![value("y", data_type::FLOAT, &[Some(2)])],
+        vec![],
+    );
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'b'", "Neg", "'y' is already defined"]);
+}
+
+#[test]
 fn unpinned_dynamic_dims_are_errors_until_pinned() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = model(

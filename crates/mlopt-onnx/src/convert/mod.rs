@@ -226,6 +226,9 @@ pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<(
         if name.is_empty() {
             continue;
         }
+        if cx.imp.vals.contains_key(name) {
+            return Err(cx.err(format!("output '{name}' is already defined (ONNX values are defined once)")));
+        }
         // A folded constant takes the name of the ONNX value it stands for.
         let n = cx.imp.g.node_mut(v.node);
         if matches!(n.op, Op::Const(_)) && n.name.starts_with("const.") {
