@@ -12,6 +12,8 @@ mod nn;
 mod reduce;
 mod resize;
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 use crate::dtype::{DType, TensorType};
