@@ -52,23 +52,38 @@ fn import_dumps_round_trip_through_the_parser() {
     }
 }
 
+/// The interpreter's outputs against the expected ones, within 1e-3 relative error (1e-5 absolute floor).
+fn matches_expected(name: &str) {
+    let (inputs, expected) = data(name);
+    let outs = interp::run(&import(name), &inputs).expect("run");
+    assert_eq!(outs.len(), expected.len());
+    for ((got_name, got), (want_name, want)) in outs.iter().zip(&expected) {
+        assert_eq!(got_name, want_name);
+        assert_eq!(got.ty(), want.ty(), "{name}/{got_name}");
+        let worst = got
+            .to_f64_vec()
+            .iter()
+            .zip(want.to_f64_vec())
+            .map(|(a, b)| (a - b).abs() / (1e-5 + b.abs()))
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-3, "{name}/{got_name}: worst relative error {worst:e}");
+    }
+}
+
 #[test]
 fn interpreter_matches_onnx_runtime() {
     for name in FIXTURES {
-        let (inputs, expected) = data(name);
-        let outs = interp::run(&import(name), &inputs).expect("run");
-        assert_eq!(outs.len(), expected.len());
-        for ((got_name, got), (want_name, want)) in outs.iter().zip(&expected) {
-            assert_eq!(got_name, want_name);
-            assert_eq!(got.ty(), want.ty(), "{name}/{got_name}");
-            let worst = got
-                .to_f64_vec()
-                .iter()
-                .zip(want.to_f64_vec())
-                .map(|(a, b)| (a - b).abs() / (1e-5 + b.abs()))
-                .fold(0.0, f64::max);
-            assert!(worst < 1e-3, "{name}/{got_name}: worst relative error {worst:e}");
-        }
+        matches_expected(name);
+    }
+}
+
+/// Einsum equations (fixtures/einsum, expected outputs from numpy's einsum) through the import lowering.
+#[test]
+fn einsum_matches_numpy() {
+    let dirs = std::fs::read_dir(dir("einsum")).expect("fixtures/einsum").count();
+    assert!(dirs >= 8);
+    for k in 0..dirs {
+        matches_expected(&format!("einsum/{k}"));
     }
 }
 

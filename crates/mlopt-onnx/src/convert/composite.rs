@@ -11,7 +11,7 @@ use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, Unary, Value};
 pub(crate) const OPS: &[&str] = &[
     "RMSNormalization", "Attention", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Hardmax",
     "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike", "RotaryEmbedding",
-    "CenterCropPad", "HannWindow", "HammingWindow", "BlackmanWindow",
+    "CenterCropPad", "HannWindow", "HammingWindow", "BlackmanWindow", "Einsum",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -28,6 +28,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "EyeLike" => vec![eye_like(cx)?],
             "RotaryEmbedding" => vec![rotary(cx)?],
             "CenterCropPad" => vec![center_crop_pad(cx)?],
+            "Einsum" => vec![super::einsum::einsum(cx)?],
             "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);

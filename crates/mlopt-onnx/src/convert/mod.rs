@@ -7,6 +7,7 @@
 //! (`Shape -> Gather -> Concat -> Reshape`, `ConstantOfShape`, `Range`, ...) before they reach the graph.
 
 mod composite;
+mod einsum;
 mod elementwise;
 mod layout;
 mod nn;
