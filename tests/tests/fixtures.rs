@@ -77,14 +77,25 @@ fn interpreter_matches_onnx_runtime() {
     }
 }
 
-/// Einsum equations (fixtures/einsum, expected outputs from numpy's einsum) through the import lowering.
+/// Every numbered case in a fixture set; at least `min` of them.
+fn each_case(set: &str, min: usize) {
+    let n = std::fs::read_dir(dir(set)).expect("fixture set").count();
+    assert!(n >= min, "{set} has {n} cases");
+    for k in 0..n {
+        matches_expected(&format!("{set}/{k}"));
+    }
+}
+
+/// Einsum equations (expected outputs from numpy's einsum) through the import lowering.
 #[test]
 fn einsum_matches_numpy() {
-    let dirs = std::fs::read_dir(dir("einsum")).expect("fixtures/einsum").count();
-    assert!(dirs >= 8);
-    for k in 0..dirs {
-        matches_expected(&format!("einsum/{k}"));
-    }
+    each_case("einsum", 8);
+}
+
+/// RNN/GRU/LSTM in the directions and modes ONNX's node tests leave out, against ONNX Runtime.
+#[test]
+fn recurrent_ops_match_onnx_runtime() {
+    each_case("rnn", 5);
 }
 
 #[test]

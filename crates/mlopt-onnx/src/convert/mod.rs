@@ -11,6 +11,7 @@ mod einsum;
 mod elementwise;
 mod layout;
 mod nn;
+mod rnn;
 mod shape;
 
 use crate::error::{OnnxError, Result};
@@ -158,6 +159,9 @@ impl<'a, 'm> NodeCx<'a, 'm> {
     pub fn string(&mut self, name: &'a str, default: &str) -> Result<String> {
         Ok(self.attr(name, &[at::STRING])?.map_or(default.to_string(), |a| String::from_utf8_lossy(&a.s).into_owned()))
     }
+    pub fn strings(&mut self, name: &'a str) -> Result<Option<Vec<String>>> {
+        Ok(self.attr(name, &[at::STRINGS])?.map(|a| a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect()))
+    }
     pub fn tensor(&mut self, name: &'a str) -> Result<Option<Tensor>> {
         match self.attr(name, &[at::TENSOR])? {
             Some(a) => {
@@ -257,12 +261,15 @@ fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     if let Some(r) = composite::convert(cx, op) {
         return r;
     }
+    if let Some(r) = rnn::convert(cx, op) {
+        return r;
+    }
     Err(OnnxError::UnsupportedOp { node: cx.name.clone(), op: op.to_string(), domain: cx.node.domain.clone(), opset: cx.opset() })
 }
 
 /// The table of supported ONNX op types, for docs and `mlopt` messages.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).chain(composite::OPS).copied().collect();
+    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).chain(composite::OPS).chain(rnn::OPS).copied().collect();
     v.sort_unstable();
     v
 }
