@@ -11,6 +11,7 @@ mod einsum;
 mod elementwise;
 mod layout;
 mod nn;
+mod quant;
 mod rnn;
 mod shape;
 
@@ -264,12 +265,15 @@ fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     if let Some(r) = rnn::convert(cx, op) {
         return r;
     }
+    if let Some(r) = quant::convert(cx, op) {
+        return r;
+    }
     Err(OnnxError::UnsupportedOp { node: cx.name.clone(), op: op.to_string(), domain: cx.node.domain.clone(), opset: cx.opset() })
 }
 
 /// The table of supported ONNX op types, for docs and `mlopt` messages.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).chain(composite::OPS).chain(rnn::OPS).copied().collect();
+    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).chain(composite::OPS).chain(rnn::OPS).chain(quant::OPS).copied().collect();
     v.sort_unstable();
     v
 }

@@ -133,7 +133,7 @@ fn same_pads(input: usize, kernel: usize, stride: usize, dil: usize, upper: bool
 }
 
 /// Explicit pads (begins then ends) from `auto_pad` and `pads`.
-fn resolve_pads(cx: &mut NodeCx<'_, '_>, ins: &[usize], ks: &[usize], strides: &[usize], dils: &[usize]) -> Result<Vec<usize>> {
+pub(crate) fn resolve_pads(cx: &mut NodeCx<'_, '_>, ins: &[usize], ks: &[usize], strides: &[usize], dils: &[usize]) -> Result<Vec<usize>> {
     let sp = ins.len();
     let auto = cx.string("auto_pad", "NOTSET")?;
     match auto.as_str() {

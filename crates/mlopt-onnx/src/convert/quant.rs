@@ -1,0 +1,255 @@
+//! Quantization ops (u8/i8, per-tensor, per-axis or blocked), lowered onto casts and arithmetic that
+//! reproduce ONNX's integer semantics exactly: integer products are formed in i32 (or in f64 for
+//! convolutions, exact at these magnitudes), rounding is half-to-even, results saturate to the type's range.
+
+use super::nn::axis;
+use super::NodeCx;
+use crate::error::Result;
+use mlopt_ir::{Binary, ConvAttrs, DType, Op, ReduceKind, Tensor, Unary, Value};
+
+pub(crate) const OPS: &[&str] = &[
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "MatMulInteger", "ConvInteger",
+    "QLinearConv",
+];
+
+pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
+    let r = (|| -> Result<Option<Vec<Value>>> {
+        Ok(Some(match op {
+            "QuantizeLinear" => vec![quantize(cx)?],
+            "DequantizeLinear" => vec![dequantize(cx)?],
+            "DynamicQuantizeLinear" => dynamic_quantize(cx)?,
+            "QLinearMatMul" => vec![qlinear_matmul(cx)?],
+            "MatMulInteger" => vec![matmul_integer(cx)?],
+            "ConvInteger" => vec![conv_integer(cx, false)?],
+            "QLinearConv" => vec![conv_integer(cx, true)?],
+            _ => return Ok(None),
+        }))
+    })();
+    r.transpose()
+}
+
+fn range(d: DType) -> Option<(f64, f64)> {
+    match d {
+        DType::U8 => Some((0.0, 255.0)),
+        DType::I8 => Some((-128.0, 127.0)),
+        _ => None,
+    }
+}
+
+/// A scale or zero point shaped to broadcast against `shape`: scalars stay, a 1-D per-axis vector is laid
+/// along `axis`, and a blocked one (`block > 0`) is repeated `block` times along `axis`.
+fn align(cx: &mut NodeCx<'_, '_>, p: Value, shape: &[usize], axis_: usize, block: usize) -> Result<Value> {
+    let ps = cx.ty(p).shape.clone();
+    if ps.iter().product::<usize>() == 1 && ps.len() <= 1 {
+        return cx.add1(Op::Reshape { shape: vec![] }, &[p]);
+    }
+    if block > 0 {
+        let idx: Vec<i64> = (0..shape[axis_]).map(|i| (i / block) as i64).collect();
+        let idx = cx.konst_value(Tensor::from_vec(&[idx.len()], idx).ok_or_else(|| cx.err("block index"))?);
+        return cx.add1(Op::Gather { axis: axis_ }, &[p, idx]);
+    }
+    if ps.len() != 1 || ps[0] != shape[axis_] {
+        return Err(cx.err(format!("per-axis parameter of shape {ps:?} does not fit axis {axis_} of {shape:?}")));
+    }
+    let mut s = vec![1; shape.len()];
+    s[axis_] = ps[0];
+    cx.add1(Op::Reshape { shape: s }, &[p])
+}
+
+/// (axis, block_size) attributes. The axis is resolved against `rank` only where a parameter is per-axis,
+/// since per-tensor parameters ignore it (and its default, 1, may not exist).
+fn axis_block(cx: &mut NodeCx<'_, '_>, rank: usize, per_axis: bool) -> Result<(usize, usize)> {
+    let a = cx.int("axis", 1)?;
+    let a = if per_axis { axis(cx, a, rank)? } else { 0 };
+    let b = cx.int("block_size", 0)?;
+    Ok((a, usize::try_from(b).map_err(|_| cx.err("block_size must not be negative"))?))
+}
+
+/// round(v) + zp, saturated to `to`'s range and cast; `v` is floating point, `zp` optional (integers).
+fn saturate(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>, to: DType) -> Result<Value> {
+    let (lo, hi) = range(to).ok_or_else(|| cx.err(format!("quantizing to {to} is not supported")))?;
+    let wide = cx.ty(v).dtype;
+    let mut r = cx.un(Unary::Round, v)?;
+    if let Some(zp) = zp {
+        let z = cx.cast_to(zp, wide)?;
+        r = cx.bin(Binary::Add, r, z)?;
+    }
+    let (l, h) = (cx.scalar(lo, wide), cx.scalar(hi, wide));
+    let c = cx.add1(Op::Clip, &[r, l, h])?;
+    cx.cast_to(c, to)
+}
+
+fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, scale, zp) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
+    let shape = cx.ty(x).shape.clone();
+    let per_axis = cx.ty(scale).numel() > 1;
+    let (a, block) = axis_block(cx, shape.len(), per_axis)?;
+    cx.int("saturate", 1)?;
+    let out_attr = cx.int_opt("output_dtype")?;
+    let precision = cx.int_opt("precision")?;
+    let to = match (zp, out_attr) {
+        (Some(z), _) => cx.ty(z).dtype,
+        (None, Some(d)) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,
+        (None, None) => DType::U8,
+    };
+    let wide = match precision {
+        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32).ok_or_else(|| cx.err(format!("precision {p} is not supported")))?,
+        None => cx.ty(x).dtype,
+    };
+    let s = align(cx, scale, &shape, a, block)?;
+    let (xw, sw) = (cx.cast_to(x, wide)?, cx.cast_to(s, wide)?);
+    let q = cx.bin(Binary::Div, xw, sw)?;
+    let z = match zp { Some(z) => Some(align(cx, z, &shape, a, block)?), None => None };
+    saturate(cx, q, z, to)
+}
+
+fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, scale, zp) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
+    let shape = cx.ty(x).shape.clone();
+    if !matches!(cx.ty(x).dtype, DType::U8 | DType::I8 | DType::I32) {
+        return Err(cx.err_in(0, format!("dequantizing {} is not supported", cx.ty(x).dtype)));
+    }
+    let per_axis = cx.ty(scale).numel() > 1;
+    let (a, block) = axis_block(cx, shape.len(), per_axis)?;
+    let out = match cx.int_opt("output_dtype")? {
+        Some(d) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,
+        None => cx.ty(scale).dtype,
+    };
+    let mut dx = cx.cast_to(x, DType::F32)?;
+    if let Some(z) = zp {
+        let z = align(cx, z, &shape, a, block)?;
+        let zf = cx.cast_to(z, DType::F32)?;
+        dx = cx.bin(Binary::Sub, dx, zf)?;
+    }
+    let s = align(cx, scale, &shape, a, block)?;
+    let sf = cx.cast_to(s, DType::F32)?;
+    let y = cx.bin(Binary::Mul, dx, sf)?;
+    cx.cast_to(y, out)
+}
+
+fn dynamic_quantize(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let x = cx.req(0)?;
+    let ty = cx.ty(x).clone();
+    let all: Vec<usize> = (0..ty.rank()).collect();
+    let zero = cx.scalar(0.0, ty.dtype);
+    let mx = cx.reduce(ReduceKind::Max, x, all.clone(), false)?;
+    let mn = cx.reduce(ReduceKind::Min, x, all, false)?;
+    let mx = cx.add1(Op::Nary(mlopt_ir::Nary::Max), &[mx, zero])?;
+    let mn = cx.add1(Op::Nary(mlopt_ir::Nary::Min), &[mn, zero])?;
+    let span = cx.bin(Binary::Sub, mx, mn)?;
+    let flat = cx.bin(Binary::Equal, mx, mn)?;
+    let one = cx.scalar(1.0, ty.dtype);
+    let span = cx.add1(Op::Where, &[flat, one, span])?;
+    let q = cx.scalar(255.0, ty.dtype);
+    let scale = cx.bin(Binary::Div, span, q)?;
+    let shifted = cx.bin(Binary::Div, mn, scale)?;
+    let izp = cx.bin(Binary::Sub, zero, shifted)?;
+    let (lo, hi) = (cx.scalar(0.0, ty.dtype), cx.scalar(255.0, ty.dtype));
+    let zp = cx.add1(Op::Clip, &[izp, lo, hi])?;
+    let zpi = cx.un(Unary::Round, zp)?;
+    let xs = cx.bin(Binary::Div, x, scale)?;
+    let y = saturate(cx, xs, Some(zpi), DType::U8)?;
+    let zpu = cx.cast_to(zpi, DType::U8)?;
+    Ok(vec![y, scale, zpu])
+}
+
+/// `cast(v, i32) - cast(zp, i32)` (no subtraction without a zero point).
+fn centred_i32(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>) -> Result<Value> {
+    let vi = cx.cast_to(v, DType::I32)?;
+    match zp {
+        Some(z) => {
+            let zi = cx.cast_to(z, DType::I32)?;
+            cx.bin(Binary::Sub, vi, zi)
+        }
+        None => Ok(vi),
+    }
+}
+
+fn matmul_integer(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (a, b, az, bz) = (cx.req(0)?, cx.req(1)?, cx.input(2)?, cx.input(3)?);
+    let ai = centred_i32(cx, a, az)?;
+    let bi = centred_i32(cx, b, bz)?;
+    cx.add1(Op::MatMul, &[ai, bi])
+}
+
+fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (a, a_s, a_z) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
+    let (b, b_s, b_z) = (cx.req(3)?, cx.req(4)?, cx.input(5)?);
+    let (y_s, y_z) = (cx.req(6)?, cx.input(7)?);
+    let to = match y_z { Some(z) => cx.ty(z).dtype, None => cx.ty(a).dtype };
+    let ai = centred_i32(cx, a, a_z)?;
+    let bi = centred_i32(cx, b, b_z)?;
+    let c = cx.add1(Op::MatMul, &[ai, bi])?;
+    // As ONNX's reference: the scale ratio in the scales' type, the product in f64.
+    let ab = cx.bin(Binary::Mul, a_s, b_s)?;
+    let ratio = cx.bin(Binary::Div, ab, y_s)?;
+    let ratio = cx.cast_to(ratio, DType::F64)?;
+    let cf = cx.cast_to(c, DType::F64)?;
+    let mut d = cx.bin(Binary::Mul, cf, ratio)?;
+    // ONNX's reference (and so its test data) adds the zero point, rounds and casts without saturating:
+    // out-of-range results wrap as an integer cast does.
+    if let Some(z) = y_z {
+        let zf = cx.cast_to(z, DType::F64)?;
+        d = cx.bin(Binary::Add, d, zf)?;
+    }
+    let r = cx.un(Unary::Round, d)?;
+    let wide = cx.cast_to(r, DType::I64)?;
+    cx.cast_to(wide, to)
+}
+
+/// ConvInteger (i32 result) and QLinearConv (requantised), computed in f64, which is exact here.
+fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
+    let slots: [usize; 4] = if qlinear { [0, 2, 3, 5] } else { [0, 2, 1, 3] };
+    let (x, x_z, w, w_z) = (cx.req(slots[0])?, cx.input(slots[1])?, cx.req(slots[2])?, cx.input(slots[3])?);
+    let wshape = cx.ty(w).shape.clone();
+    let centre = |cx: &mut NodeCx<'_, '_>, v: Value, z: Option<Value>, per_channel_axis: Option<usize>| -> Result<Value> {
+        let vf = cx.cast_to(v, DType::F64)?;
+        match z {
+            Some(z) => {
+                let shape = cx.ty(v).shape.clone();
+                let z = match per_channel_axis {
+                    Some(a) if cx.ty(z).numel() > 1 => align(cx, z, &shape, a, 0)?,
+                    _ => cx.add1(Op::Reshape { shape: vec![] }, &[z])?,
+                };
+                let zf = cx.cast_to(z, DType::F64)?;
+                cx.bin(Binary::Sub, vf, zf)
+            }
+            None => Ok(vf),
+        }
+    };
+    let xf = centre(cx, x, x_z, None)?;
+    let wf = centre(cx, w, w_z, Some(0))?;
+    let sp = wshape.len().saturating_sub(2);
+    let group = cx.int("group", 1)?.max(1) as usize;
+    let strides = cx.usizes("strides", vec![1; sp])?;
+    let dilations = cx.usizes("dilations", vec![1; sp])?;
+    if let Some(k) = cx.ints("kernel_shape")? {
+        if k.iter().map(|&d| d as usize).ne(wshape[2..].iter().copied()) {
+            return Err(cx.err(format!("kernel_shape {k:?} does not match the weight's {:?}", &wshape[2..])));
+        }
+    }
+    let xs = cx.ty(x).shape.clone();
+    let pads = super::nn::resolve_pads(cx, &xs[2..], &wshape[2..], &strides, &dilations)?;
+    let conv = Op::Conv(ConvAttrs { strides, pads, dilations, group, output_padding: vec![] });
+    let mut y = cx.add1(conv, &[xf, wf])?;
+    if !qlinear {
+        return cx.cast_to(y, DType::I32);
+    }
+    let (x_s, w_s, y_s, y_z, bias) = (cx.req(1)?, cx.req(4)?, cx.req(6)?, cx.input(7)?, cx.input(8)?);
+    if let Some(b) = bias {
+        let bf = cx.cast_to(b, DType::F64)?;
+        let m = wshape[0];
+        let mut s = vec![1; xs.len()];
+        s[1] = m;
+        let bf = cx.add1(Op::Reshape { shape: s }, &[bf])?;
+        y = cx.bin(Binary::Add, y, bf)?;
+    }
+    let yshape = cx.ty(y).shape.clone();
+    let ws = if cx.ty(w_s).numel() > 1 { align(cx, w_s, &yshape, 1, 0)? } else { w_s };
+    let xw = cx.bin(Binary::Mul, x_s, ws)?;
+    let ratio = cx.bin(Binary::Div, xw, y_s)?;
+    let ratio = cx.cast_to(ratio, DType::F64)?;
+    let d = cx.bin(Binary::Mul, y, ratio)?;
+    let to = match y_z { Some(z) => cx.ty(z).dtype, None => cx.ty(x).dtype };
+    saturate(cx, d, y_z, to)
+}
