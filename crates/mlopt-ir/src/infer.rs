@@ -422,6 +422,18 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             shape[*axis] = *k;
             Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
         }
+        Op::GridSample { .. } => {
+            let (x, grid) = (x()?, get(inputs, 1)?);
+            need_float(x, 0)?;
+            let sp = x.rank().saturating_sub(2);
+            let g = &grid.shape;
+            if x.rank() < 3 || grid.rank() != x.rank() || g[0] != x.shape[0] || g[grid.rank() - 1] != sp || !grid.dtype.is_float() {
+                return err(Some(1), format!("grid {grid} does not fit input {x}"));
+            }
+            let mut shape = vec![x.shape[0], x.shape[1]];
+            shape.extend_from_slice(&g[1..grid.rank() - 1]);
+            one(TensorType::new(x.dtype, shape))
+        }
         Op::GatherNd { batch_dims: b } => {
             let (x, idx) = (x()?, get(inputs, 1)?);
             if idx.dtype != DType::I64 {

@@ -182,6 +182,14 @@ pub struct ResizeAttrs {
     pub roi: Vec<f32>,
 }
 
+/// Where GridSample reads outside the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GridPadding {
+    Zeros,
+    Border,
+    Reflection,
+}
+
 /// How a scatter combines an update with the value already there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScatterReduction {
@@ -259,6 +267,9 @@ pub enum Op {
     ScatterNd { reduction: ScatterReduction },
     /// `scatter_elements data, indices, updates` along `axis`.
     ScatterElements { axis: usize, reduction: ScatterReduction },
+    /// `grid_sample x, grid`: samples `x` [N, C, spatial...] at the normalised coordinates in `grid`
+    /// [N, out..., rank] (last axis innermost-first, i.e. x then y).
+    GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool },
     /// Upper (`upper: true`) or lower triangle of the last two axes, offset by diagonal `k`.
     Trilu { upper: bool, k: i64 },
 }
@@ -291,7 +302,7 @@ impl Op {
             | Op::SpaceToDepth { .. }
             | Op::Trilu { .. }
             | Op::TopK { .. } => (1, 1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => (2, 2),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } | Op::GridSample { .. } => (2, 2),
             Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
             Op::Where => (3, 3),

@@ -114,6 +114,9 @@ const NEAREST_MODES: &[(&str, NearestMode)] = &[
     ("ceil", NearestMode::Ceil),
 ];
 
+const GRID_PADDINGS: &[(&str, GridPadding)] =
+    &[("zeros", GridPadding::Zeros), ("border", GridPadding::Border), ("reflection", GridPadding::Reflection)];
+
 const SCATTER_REDUCTIONS: &[(&str, ScatterReduction)] = &[
     ("none", ScatterReduction::None),
     ("add", ScatterReduction::Add),
@@ -188,6 +191,7 @@ impl Op {
             Op::GatherNd { .. } => "gather_nd",
             Op::ScatterNd { .. } => "scatter_nd",
             Op::ScatterElements { .. } => "scatter_elements",
+            Op::GridSample { .. } => "grid_sample",
         }
     }
 
@@ -290,6 +294,11 @@ impl Op {
                 ("k", k.to_string()),
                 ("largest", b(*largest)),
                 ("sorted", b(*sorted)),
+            ],
+            Op::GridSample { mode, padding, align_corners } => vec![
+                ("align_corners", b(*align_corners)),
+                ("mode", name_of(RESIZE_MODES, *mode).to_string()),
+                ("padding", name_of(GRID_PADDINGS, *padding).to_string()),
             ],
             Op::GatherNd { batch_dims } => vec![("batch_dims", batch_dims.to_string())],
             Op::ScatterNd { reduction } => vec![("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string())],
@@ -418,6 +427,14 @@ impl Op {
             "space_to_depth" => Op::SpaceToDepth { blocksize: a.usize("blocksize")? },
             "trilu" => Op::Trilu { upper: a.bool("upper")?, k: a.int("k")? },
             "top_k" => Op::TopK { axis: a.usize("axis")?, k: a.usize("k")?, largest: a.bool("largest")?, sorted: a.bool("sorted")? },
+            "grid_sample" => {
+                let (mode, padding) = (a.ident("mode")?, a.ident("padding")?);
+                Op::GridSample {
+                    mode: lookup(RESIZE_MODES, &mode).ok_or(format!("unknown mode '{mode}'"))?,
+                    padding: lookup(GRID_PADDINGS, &padding).ok_or(format!("unknown padding '{padding}'"))?,
+                    align_corners: a.bool("align_corners")?,
+                }
+            }
             "gather_nd" => Op::GatherNd { batch_dims: a.usize("batch_dims")? },
             "scatter_nd" => Op::ScatterNd { reduction: scatter_reduction(a)? },
             "scatter_elements" => Op::ScatterElements { axis: a.usize("axis")?, reduction: scatter_reduction(a)? },

@@ -99,6 +99,8 @@ fn every_op() -> Graph {
     let upd = g.add(Op::GatherNd { batch_dims: 0 }, "", &[ti, nd]).unwrap();
     g.add(Op::ScatterNd { reduction: ScatterReduction::Add }, "", &[ti, nd, upd]).unwrap();
     g.add(Op::ScatterElements { axis: 1, reduction: ScatterReduction::None }, "", &[ti, topk[1], topk[0]]).unwrap();
+    let grid = g.add_const("grid", Tensor::from_vec(&[1, 2, 2, 2], vec![-1f32, -1., 0.5, 0.5, 0., 0., 1., 1.]).unwrap());
+    g.add(Op::GridSample { mode: ResizeMode::Cubic, padding: GridPadding::Reflection, align_corners: true }, "", &[y, grid]).unwrap();
     let rs = ResizeAttrs {
         mode: ResizeMode::Cubic, coord: CoordMode::TfCropAndResize, nearest: NearestMode::RoundPreferCeil,
         cubic_coeff_a: -0.5, exclude_outside: true, extrapolation_value: 10.0, antialias: false,
@@ -134,7 +136,7 @@ fn every_op_name_appears() {
         "batch_norm", "instance_norm", "layer_norm", "lrn", "max_pool", "average_pool", "global_average_pool",
         "global_max_pool", "reduce_log_sum_exp", "arg_max", "arg_min", "reshape", "transpose", "matmul", "gemm",
         "concat", "split", "slice", "gather", "gather_elements", "expand", "tile", "pad", "trilu", "resize",
-        "space_to_depth", "depth_to_space", "top_k", "gather_nd", "scatter_nd", "scatter_elements",
+        "space_to_depth", "depth_to_space", "top_k", "gather_nd", "scatter_nd", "scatter_elements", "grid_sample",
     ] {
         assert!(text.contains(&format!("= {name}")), "{name} missing from\n{text}");
     }

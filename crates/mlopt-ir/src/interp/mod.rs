@@ -5,6 +5,7 @@
 //! output dtype; the kernels in the submodules therefore only see f32, f64, integers and bool.
 
 mod elementwise;
+mod grid;
 mod index;
 mod layout;
 mod linalg;
@@ -175,6 +176,7 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::SpaceToDepth { blocksize } => one(layout::space_to_depth(x()?, *blocksize)?),
         Op::Trilu { upper, k } => one(layout::trilu(x()?, *upper, *k)),
         Op::TopK { axis, k, largest, .. } => index::top_k(x()?, *axis, *k, *largest),
+        Op::GridSample { mode, padding, align_corners } => one(grid::grid_sample(x()?, req(args, 1)?, *mode, *padding, *align_corners)?),
         Op::GatherNd { batch_dims } => one(index::gather_nd(x()?, req(args, 1)?, *batch_dims)?),
         Op::ScatterNd { reduction } => one(index::scatter_nd(x()?, req(args, 1)?, req(args, 2)?, *reduction)?),
         Op::ScatterElements { axis, reduction } => {

@@ -11,7 +11,7 @@ use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, Unary, Value};
 pub(crate) const OPS: &[&str] = &[
     "RMSNormalization", "Attention", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Hardmax",
     "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike", "RotaryEmbedding",
-    "CenterCropPad", "HannWindow", "HammingWindow", "BlackmanWindow", "Einsum",
+    "CenterCropPad", "HannWindow", "HammingWindow", "BlackmanWindow", "Einsum", "AffineGrid",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -29,6 +29,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "RotaryEmbedding" => vec![rotary(cx)?],
             "CenterCropPad" => vec![center_crop_pad(cx)?],
             "Einsum" => vec![super::einsum::einsum(cx)?],
+            "AffineGrid" => vec![affine_grid(cx)?],
             "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
@@ -597,4 +598,49 @@ fn window(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Value> {
         .collect();
     let t = Tensor::from_vec(&[n], w).ok_or_else(|| cx.err("window"))?.cast(dtype);
     Ok(cx.konst_value(t))
+}
+
+/// The sampling grid of an affine transform: a constant grid of normalised output coordinates (x, y[, z], 1)
+/// times each batch's theta, transposed: [N, spatial..., rank].
+fn affine_grid(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let theta = cx.req(0)?;
+    let size = cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let align = cx.int("align_corners", 0)? != 0;
+    let ts = cx.ty(theta).shape.clone();
+    let sp = size.len().saturating_sub(2);
+    if !(sp == 2 || sp == 3) || ts != [size[0] as usize, sp, sp + 1] {
+        return Err(cx.err_in(0, format!("theta {ts:?} does not fit size {size:?}")));
+    }
+    let dims: Vec<usize> = size[2..].iter().map(|&d| d.max(0) as usize).collect();
+    let coord = |i: usize, n: usize| -> f64 {
+        if align {
+            if n <= 1 { -1.0 } else { -1.0 + 2.0 * i as f64 / (n - 1) as f64 }
+        } else {
+            (2 * i + 1) as f64 / n as f64 - 1.0
+        }
+    };
+    // Rows (x, y[, z], 1) in row-major order over the spatial axes; x runs along the last axis.
+    let count: usize = dims.iter().product();
+    let mut base = Vec::with_capacity(count * (sp + 1));
+    for flat in 0..count {
+        let mut rem = flat;
+        let mut idx = vec![0; sp];
+        for d in (0..sp).rev() {
+            idx[d] = rem % dims[d];
+            rem /= dims[d];
+        }
+        for d in (0..sp).rev() {
+            base.push(coord(idx[d], dims[d]));
+        }
+        base.push(1.0);
+    }
+    let dtype = cx.ty(theta).dtype;
+    let base = Tensor::from_vec(&[count, sp + 1], base).ok_or_else(|| cx.err("affine grid"))?.cast(dtype);
+    let base = cx.konst_value(base);
+    let tt = cx.add1(Op::Transpose { perm: vec![0, 2, 1] }, &[theta])?;
+    let g = cx.add1(Op::MatMul, &[base, tt])?;
+    let mut shape = vec![ts[0]];
+    shape.extend(&dims);
+    shape.push(sp);
+    cx.add1(Op::Reshape { shape }, &[g])
 }

@@ -5,12 +5,12 @@
 use super::nn::axis;
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{broadcast_shapes, CoordMode, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, ScatterReduction, Value};
+use mlopt_ir::{broadcast_shapes, CoordMode, GridPadding, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, ScatterReduction, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Trilu",
-    "TopK", "GatherND", "ScatterND", "ScatterElements", "Scatter",
+    "TopK", "GatherND", "ScatterND", "ScatterElements", "Scatter", "GridSample",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -100,6 +100,22 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let k = usize::try_from(k).map_err(|_| cx.err(format!("k={k} must not be negative")))?;
                 let op = Op::TopK { axis: a, k, largest: cx.int("largest", 1)? != 0, sorted: cx.int("sorted", 1)? != 0 };
                 cx.add(op, &[Some(x)], Some(2))?
+            }
+            "GridSample" => {
+                let mode = match cx.string("mode", if cx.opset() >= 20 { "linear" } else { "bilinear" })?.as_str() {
+                    "linear" | "bilinear" => ResizeMode::Linear,
+                    "nearest" => ResizeMode::Nearest,
+                    "cubic" | "bicubic" => ResizeMode::Cubic,
+                    m => return Err(cx.err(format!("mode='{m}' is not supported"))),
+                };
+                let padding = match cx.string("padding_mode", "zeros")?.as_str() {
+                    "zeros" => GridPadding::Zeros,
+                    "border" => GridPadding::Border,
+                    "reflection" => GridPadding::Reflection,
+                    m => return Err(cx.err(format!("padding_mode='{m}' is not supported"))),
+                };
+                let align_corners = cx.int("align_corners", 0)? != 0;
+                vec![cx.add1(Op::GridSample { mode, padding, align_corners }, &[cx.req(0)?, cx.req(1)?])?]
             }
             "GatherND" => {
                 let b = cx.int("batch_dims", 0)?;
