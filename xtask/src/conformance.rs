@@ -28,7 +28,6 @@ const REQUIRED_OPS: &[&str] = &[
 pub(crate) struct Options {
     pub update: bool,
     pub filter: Option<String>,
-    pub verbose: bool,
 }
 
 impl Options {
@@ -38,7 +37,6 @@ impl Options {
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--update" => o.update = true,
-                "--verbose" => o.verbose = true,
                 "--filter" => o.filter = Some(it.next().ok_or("--filter needs a value")?.clone()),
                 other => return Err(format!("conformance: unknown argument {other}")),
             }
@@ -215,9 +213,7 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
             }
             Outcome::Fail(why) => {
                 *kinds.entry(why.split(':').next().unwrap_or("")).or_default() += 1;
-                if o.verbose || !why.starts_with("unsupported") {
-                    println!("{}: {why}", c.name);
-                }
+                println!("{}: {why}", c.name);
             }
         }
     }

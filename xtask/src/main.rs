@@ -86,7 +86,7 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fixtures") => fixtures(),
         Some("conformance") => conformance::Options::parse(&args[1..]).and_then(|o| conformance::conformance(&o).map(|_| ())),
-        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S] [--verbose]|fixtures>".into()),
+        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S]|fixtures>".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
