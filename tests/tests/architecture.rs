@@ -42,3 +42,12 @@ fn crate_dependencies_follow_the_rules() {
         }
     }
 }
+
+/// docs/onnx-ops.md names every ONNX op the importer supports.
+#[test]
+fn the_op_table_lists_every_supported_op() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/onnx-ops.md")).unwrap();
+    let words: std::collections::HashSet<&str> = doc.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    let missing: Vec<&str> = mlopt_onnx::supported_ops().into_iter().filter(|op| !words.contains(op)).collect();
+    assert!(missing.is_empty(), "docs/onnx-ops.md does not mention {missing:?}");
+}

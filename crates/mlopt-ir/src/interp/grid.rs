@@ -24,18 +24,9 @@ fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
     }
 }
 
+/// Weights of the taps at floor - 1 .. floor + 2 for fractional offset `t`.
 fn cubic_coeffs(t: f64) -> [f64; 4] {
-    let a = -0.75;
-    let c = |x: f64| {
-        let x = x.abs();
-        if x <= 1.0 {
-            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
-        } else if x < 2.0 {
-            ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
-        } else {
-            0.0
-        }
-    };
+    let c = |x: f64| super::resize::cubic(x, -0.75);
     [c(t + 1.0), c(t), c(1.0 - t), c(2.0 - t)]
 }
 

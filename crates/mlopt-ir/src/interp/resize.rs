@@ -62,7 +62,8 @@ fn nearest(x: f64, mode: NearestMode) -> f64 {
     }
 }
 
-fn cubic(x: f64, a: f64) -> f64 {
+/// Keys' cubic convolution kernel with coefficient `a` (ONNX uses -0.75 by default).
+pub(crate) fn cubic(x: f64, a: f64) -> f64 {
     let x = x.abs();
     if x <= 1.0 {
         ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0

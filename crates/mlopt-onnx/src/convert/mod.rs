@@ -245,35 +245,33 @@ pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<(
     Ok(())
 }
 
+/// A family of converters: `Some` when it knows the op type.
+type Converter = fn(&mut NodeCx<'_, '_>, &str) -> Option<Result<Vec<Value>>>;
+
+/// Every converter family, with the ONNX op types it handles.
+const FAMILIES: &[(Converter, &[&str])] = &[
+    (elementwise::convert, elementwise::OPS),
+    (nn::convert, nn::OPS),
+    (layout::convert, layout::OPS),
+    (shape::convert, shape::OPS),
+    (composite::convert, composite::OPS),
+    (rnn::convert, rnn::OPS),
+    (quant::convert, quant::OPS),
+];
+
 fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let op = cx.node.op_type.as_str();
-    if let Some(r) = elementwise::convert(cx, op) {
-        return r;
-    }
-    if let Some(r) = nn::convert(cx, op) {
-        return r;
-    }
-    if let Some(r) = layout::convert(cx, op) {
-        return r;
-    }
-    if let Some(r) = shape::convert(cx, op) {
-        return r;
-    }
-    if let Some(r) = composite::convert(cx, op) {
-        return r;
-    }
-    if let Some(r) = rnn::convert(cx, op) {
-        return r;
-    }
-    if let Some(r) = quant::convert(cx, op) {
-        return r;
+    for (convert, _) in FAMILIES {
+        if let Some(r) = convert(cx, op) {
+            return r;
+        }
     }
     Err(OnnxError::UnsupportedOp { node: cx.name.clone(), op: op.to_string(), domain: cx.node.domain.clone(), opset: cx.opset() })
 }
 
-/// The table of supported ONNX op types, for docs and `mlopt` messages.
+/// The supported ONNX op types, sorted.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&str> = elementwise::OPS.iter().chain(nn::OPS).chain(layout::OPS).chain(shape::OPS).chain(composite::OPS).chain(rnn::OPS).chain(quant::OPS).copied().collect();
+    let mut v: Vec<&str> = FAMILIES.iter().flat_map(|(_, ops)| ops.iter().copied()).collect();
     v.sort_unstable();
     v
 }

@@ -170,10 +170,9 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
     }
     let sp = xs.len() - 2;
     let ks = ws[2..].to_vec();
-    if let Some(k) = cx.usizes("kernel_shape", ks.clone()).map(Some)? {
-        if k != ks {
-            return Err(cx.err(format!("kernel_shape {k:?} does not match the weight's {ks:?}")));
-        }
+    let k = cx.usizes("kernel_shape", ks.clone())?;
+    if k != ks {
+        return Err(cx.err(format!("kernel_shape {k:?} does not match the weight's {ks:?}")));
     }
     let strides = cx.usizes("strides", vec![1; sp])?;
     let dilations = cx.usizes("dilations", vec![1; sp])?;
