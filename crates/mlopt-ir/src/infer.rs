@@ -91,6 +91,11 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                         return err(Some(0), "not expects bool");
                     }
                 }
+                Unary::BitNot => {
+                    if !x.dtype.is_int() {
+                        return err(Some(0), "bit_not expects an integer");
+                    }
+                }
                 Unary::Abs | Unary::Neg | Unary::Sign | Unary::Relu => {
                     if x.dtype == DType::Bool {
                         return err(Some(0), format!("{} does not take bool", op.name()));
@@ -105,6 +110,12 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let (a, c) = (get(inputs, 0)?, get(inputs, 1)?);
             if *b != Binary::Pow {
                 same_dtype(a, c, 1)?;
+            }
+            if b.is_bitwise() && !a.dtype.is_int() {
+                return err(Some(0), format!("{} expects integers", op.name()));
+            }
+            if matches!(b, Binary::BitShift { .. }) && a.dtype.is_signed() {
+                return err(Some(0), "bit_shift expects unsigned integers");
             }
             if b.is_logical() && a.dtype != DType::Bool {
                 return err(Some(0), format!("{} expects bool", op.name()));

@@ -44,6 +44,8 @@ pub enum Unary {
     Acosh,
     Atanh,
     IsNaN,
+    /// Bitwise complement of an integer.
+    BitNot,
     IsInf { detect_negative: bool, detect_positive: bool },
     LeakyRelu { alpha: f32 },
     Elu { alpha: f32 },
@@ -75,6 +77,11 @@ pub enum Binary {
     And,
     Or,
     Xor,
+    BitAnd,
+    BitOr,
+    BitXor,
+    /// Shifts the first input by the second (unsigned types; bits shifted out are lost).
+    BitShift { left: bool },
 }
 
 impl Binary {
@@ -86,6 +93,9 @@ impl Binary {
     }
     pub fn is_logical(self) -> bool {
         matches!(self, Binary::And | Binary::Or | Binary::Xor)
+    }
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, Binary::BitAnd | Binary::BitOr | Binary::BitXor | Binary::BitShift { .. })
     }
 }
 

@@ -56,6 +56,7 @@ const UNARY_NAMES: &[(&str, Unary)] = &[
     ("acosh", Unary::Acosh),
     ("atanh", Unary::Atanh),
     ("is_nan", Unary::IsNaN),
+    ("bit_not", Unary::BitNot),
 ];
 
 const BINARY_NAMES: &[(&str, Binary)] = &[
@@ -73,6 +74,9 @@ const BINARY_NAMES: &[(&str, Binary)] = &[
     ("and", Binary::And),
     ("or", Binary::Or),
     ("xor", Binary::Xor),
+    ("bit_and", Binary::BitAnd),
+    ("bit_or", Binary::BitOr),
+    ("bit_xor", Binary::BitXor),
 ];
 
 const NARY_NAMES: &[(&str, Nary)] =
@@ -151,6 +155,7 @@ impl Op {
                 u => name_of(UNARY_NAMES, *u),
             },
             Op::Binary(Binary::Mod { .. }) => "mod",
+            Op::Binary(Binary::BitShift { .. }) => "bit_shift",
             Op::Binary(op) => name_of(BINARY_NAMES, *op),
             Op::Nary(op) => name_of(NARY_NAMES, *op),
             Op::Where => "where",
@@ -213,6 +218,7 @@ impl Op {
                 _ => vec![],
             },
             Op::Binary(Binary::Mod { fmod }) => vec![("fmod", b(*fmod))],
+            Op::Binary(Binary::BitShift { left }) => vec![("left", b(*left))],
             Op::Cast { to } => vec![("to", to.name().to_string())],
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
                 vec![("axis", axis.to_string())]
@@ -341,6 +347,7 @@ impl Op {
             "shrink" => Op::Unary(Unary::Shrink { bias: a.f32("bias")?, lambd: a.f32("lambd")? }),
             "gelu" => Op::Unary(Unary::Gelu { tanh: a.bool("tanh")? }),
             "mod" => Op::Binary(Binary::Mod { fmod: a.bool("fmod")? }),
+            "bit_shift" => Op::Binary(Binary::BitShift { left: a.bool("left")? }),
             "where" => Op::Where,
             "clip" => Op::Clip,
             "cast" => {

@@ -42,6 +42,11 @@ fn every_op() -> Graph {
     for op in [Binary::And, Binary::Xor] {
         g.add(Op::Binary(op), "", &[either, nan]).unwrap();
     }
+    let bits = g.add(Op::Cast { to: DType::U8 }, "", &[v]).unwrap();
+    let mut bv = g.add(Op::Unary(Unary::BitNot), "", &[bits]).unwrap();
+    for op in [Binary::BitAnd, Binary::BitOr, Binary::BitXor, Binary::BitShift { left: true }] {
+        bv = g.add(Op::Binary(op), "", &[bv, bits]).unwrap();
+    }
     let mut y = v;
     for op in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Pow, Binary::Mod { fmod: true }, Binary::PRelu] {
         y = g.add(Op::Binary(op), "", &[y, v]).unwrap();
@@ -136,7 +141,7 @@ fn every_op_name_appears() {
         "batch_norm", "instance_norm", "layer_norm", "lrn", "max_pool", "average_pool", "global_average_pool",
         "global_max_pool", "reduce_log_sum_exp", "arg_max", "arg_min", "reshape", "transpose", "matmul", "gemm",
         "concat", "split", "slice", "gather", "gather_elements", "expand", "tile", "pad", "trilu", "resize",
-        "space_to_depth", "depth_to_space", "top_k", "gather_nd", "scatter_nd", "scatter_elements", "grid_sample",
+        "space_to_depth", "depth_to_space", "top_k", "gather_nd", "scatter_nd", "scatter_elements", "grid_sample", "bit_not", "bit_and", "bit_or", "bit_xor", "bit_shift",
     ] {
         assert!(text.contains(&format!("= {name}")), "{name} missing from\n{text}");
     }

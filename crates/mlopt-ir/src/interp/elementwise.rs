@@ -31,6 +31,8 @@ pub(crate) trait Arith: Elem {
     fn neg_(self) -> Self;
     fn zero() -> Self;
     fn is_nan_(self) -> bool;
+    /// Bitwise ops; `None` for floats.
+    fn bits(self, o: Self, op: Binary) -> Option<Self>;
 }
 
 macro_rules! arith_int {
@@ -54,6 +56,20 @@ macro_rules! arith_int {
             fn neg_(self) -> Self { (0 as $t).wrapping_sub(self) }
             fn zero() -> Self { 0 }
             fn is_nan_(self) -> bool { false }
+            fn bits(self, o: Self, op: Binary) -> Option<Self> {
+                let width = (std::mem::size_of::<$t>() * 8) as u32;
+                let shift = |v: $t, by: $t, left: bool| {
+                    let by = by as u64;
+                    if by >= width as u64 { 0 } else if left { v << by } else { v >> by }
+                };
+                Some(match op {
+                    Binary::BitAnd => self & o,
+                    Binary::BitOr => self | o,
+                    Binary::BitXor => self ^ o,
+                    Binary::BitShift { left } => shift(self, o, left),
+                    _ => return None,
+                })
+            }
         }
     )*};
 }
@@ -76,6 +92,7 @@ macro_rules! arith_float {
             fn neg_(self) -> Self { -self }
             fn zero() -> Self { 0.0 }
             fn is_nan_(self) -> bool { self.is_nan() }
+            fn bits(self, _: Self, _: Binary) -> Option<Self> { None }
         }
     )*};
 }
@@ -196,7 +213,7 @@ fn unary_float<T: Real>(u: Unary, x: T) -> T {
             let c = (T::lit(2.0) / T::PI()).sqrt();
             T::lit(0.5) * x * (one + (c * (x + T::lit(0.044715) * x * x * x)).tanh())
         }
-        Unary::Not | Unary::IsNaN | Unary::IsInf { .. } => x,
+        Unary::Not | Unary::BitNot | Unary::IsNaN | Unary::IsInf { .. } => x,
     }
 }
 
@@ -205,6 +222,7 @@ fn unary_int<T: Arith>(u: Unary, x: T) -> EvalResult<T> {
         Unary::Abs => x.abs_(),
         Unary::Neg => x.neg_(),
         Unary::Relu => x.max_(T::zero()),
+        Unary::BitNot => x.bits(x, Binary::BitXor).map(|_| T::from_i64(!x.to_i64())).ok_or("bit_not expects integers")?,
         Unary::Sign => {
             if x > T::zero() {
                 T::from_i64(1)
@@ -249,6 +267,13 @@ fn arith<T: Arith>(b: Binary, x: &ArrayD<T>, y: &ArrayD<T>) -> EvalResult<Tensor
             })?;
             if r.iter().any(Option::is_none) {
                 return Err("integer division by zero".into());
+            }
+            r.mapv(|v| v.unwrap_or_default())
+        }
+        b if b.is_bitwise() => {
+            let r = zip2(x, y, |a, c| a.bits(c, b))?;
+            if r.iter().any(Option::is_none) {
+                return Err(format!("{b:?} expects integers"));
             }
             r.mapv(|v| v.unwrap_or_default())
         }

@@ -13,7 +13,7 @@ pub(crate) const OPS: &[&str] = &[
     "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "IsNaN", "IsInf", "LeakyRelu", "Elu", "Celu", "Selu",
     "HardSigmoid", "ThresholdedRelu", "Shrink", "Gelu", "Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu",
     "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Sum", "Mean", "Max", "Min",
-    "Where", "Clip", "Cast", "CastLike",
+    "Where", "Clip", "Cast", "CastLike", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift",
 ];
 
 fn plain_unary(op: &str) -> Option<Unary> {
@@ -49,6 +49,7 @@ fn plain_unary(op: &str) -> Option<Unary> {
         "Acosh" => Unary::Acosh,
         "Atanh" => Unary::Atanh,
         "IsNaN" => Unary::IsNaN,
+        "BitwiseNot" => Unary::BitNot,
         _ => return None,
     })
 }
@@ -69,6 +70,9 @@ fn binary(op: &str) -> Option<Binary> {
         "And" => Binary::And,
         "Or" => Binary::Or,
         "Xor" => Binary::Xor,
+        "BitwiseAnd" => Binary::BitAnd,
+        "BitwiseOr" => Binary::BitOr,
+        "BitwiseXor" => Binary::BitXor,
         _ => return None,
     })
 }
@@ -130,6 +134,14 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 cx.add1(Op::Nary(n), &ins)?
             }
             "Where" => cx.add1(Op::Where, &[cx.req(0)?, cx.req(1)?, cx.req(2)?])?,
+            "BitShift" => {
+                let left = match cx.string("direction", "")?.as_str() {
+                    "LEFT" => true,
+                    "RIGHT" => false,
+                    d => return Err(cx.err(format!("direction='{d}' must be LEFT or RIGHT"))),
+                };
+                cx.add1(Op::Binary(Binary::BitShift { left }), &[cx.req(0)?, cx.req(1)?])?
+            }
             "Clip" => clip(cx)?,
             "Cast" => {
                 let to = cx.int("to", 0)? as i32;
