@@ -129,6 +129,24 @@ fn unsupported_attributes_are_named() {
     fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'g'", "Gelu", "approximate='cubic'"]);
 }
 
+fn int_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto { name: name.into(), r#type: attribute_type::INTS, ints: v.to_vec(), ..Default::default() }
+}
+
+/// Found by fuzzing: SAME padding with a strides list of the wrong length indexed past its end.
+#[test]
+fn pooling_geometry_of_the_wrong_length_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let attrs = vec![str_attr("auto_pad", "SAME_UPPER"), int_attr("kernel_shape", &[2, 2]), int_attr("strides", &[2])];
+    let m = model(
+        vec![node("MaxPool", "pool", &["x"], &["y"], attrs)],
+        vec![value("x", data_type::FLOAT, &[Some(1), Some(1), Some(4), Some(4)])],
+        vec![value("y", data_type::FLOAT, &[Some(1), Some(1), Some(2), Some(2)])],
+        vec![],
+    );
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'pool'", "MaxPool", "strides has 1 values, expected 2"]);
+}
+
 #[test]
 fn dtype_and_shape_mismatches_name_the_input() {
     let dir = tempfile::tempdir().expect("tempdir");

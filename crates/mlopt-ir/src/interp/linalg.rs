@@ -218,9 +218,9 @@ fn conv_transpose_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD
     let sp = xs.len() - 2;
     let outs: Vec<usize> = (0..sp)
         .map(|d| {
-            let full = c.strides[d] * (xs[d + 2] - 1) + c.output_padding.get(d).copied().unwrap_or(0)
+            let full = c.strides[d] * xs[d + 2].saturating_sub(1) + c.output_padding.get(d).copied().unwrap_or(0)
                 + c.dilations[d] * (ws[d + 2] - 1) + 1;
-            full - c.pads[d] - c.pads[d + sp]
+            full.saturating_sub(c.pads[d] + c.pads[d + sp])
         })
         .collect();
     // Taps scatter from input position i to output position i*s + k*d - pad: the same table, with the

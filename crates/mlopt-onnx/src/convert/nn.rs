@@ -132,9 +132,15 @@ fn same_pads(input: usize, kernel: usize, stride: usize, dil: usize, upper: bool
     }
 }
 
-/// Explicit pads (begins then ends) from `auto_pad` and `pads`.
+/// Explicit pads (begins then ends) from `auto_pad` and `pads`. Kernel, strides and dilations must give
+/// one value per spatial axis of `ins`.
 pub(crate) fn resolve_pads(cx: &mut NodeCx<'_, '_>, ins: &[usize], ks: &[usize], strides: &[usize], dils: &[usize]) -> Result<Vec<usize>> {
     let sp = ins.len();
+    for (name, v) in [("kernel_shape", ks), ("strides", strides), ("dilations", dils)] {
+        if v.len() != sp {
+            return Err(cx.err(format!("{name} has {} values, expected {sp} (one per spatial axis)", v.len())));
+        }
+    }
     let auto = cx.string("auto_pad", "NOTSET")?;
     match auto.as_str() {
         "NOTSET" => {
@@ -186,13 +192,19 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
         attrs.pads = resolve_pads(cx, &xs[2..], &ks, &attrs.strides, &attrs.dilations)?;
     } else {
         attrs.output_padding = cx.usizes("output_padding", vec![0; sp])?;
+        if attrs.output_padding.len() != sp {
+            return Err(cx.err(format!("output_padding has {} values, expected {sp}", attrs.output_padding.len())));
+        }
         let output_shape = cx.usizes("output_shape", vec![])?;
         let auto = cx.string("auto_pad", "NOTSET")?;
         let explicit = cx.usizes("pads", vec![0; 2 * sp])?;
         // The output size with no padding; padding (or a requested output shape) trims it.
         let full: Vec<usize> = (0..sp)
-            .map(|d| attrs.strides[d] * (xs[d + 2] - 1) + attrs.output_padding[d] + (ks[d] - 1) * attrs.dilations[d] + 1)
+            .map(|d| attrs.strides[d] * xs[d + 2].saturating_sub(1) + attrs.output_padding[d] + ks[d].saturating_sub(1) * attrs.dilations[d] + 1)
             .collect();
+        if !output_shape.is_empty() && output_shape.len() < sp {
+            return Err(cx.err(format!("output_shape has {} values, expected {sp}", output_shape.len())));
+        }
         let target: Option<Vec<usize>> = if !output_shape.is_empty() {
             Some(output_shape[output_shape.len().saturating_sub(sp)..].to_vec())
         } else if auto == "SAME_UPPER" || auto == "SAME_LOWER" {

@@ -202,6 +202,9 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
     let slots: [usize; 4] = if qlinear { [0, 2, 3, 5] } else { [0, 2, 1, 3] };
     let (x, x_z, w, w_z) = (cx.req(slots[0])?, cx.input(slots[1])?, cx.req(slots[2])?, cx.input(slots[3])?);
     let wshape = cx.ty(w).shape.clone();
+    if wshape.len() < 3 || wshape.len() != cx.ty(x).rank() {
+        return Err(cx.err_in(slots[2], format!("weight {wshape:?} does not match input {:?}", cx.ty(x).shape)));
+    }
     let centre = |cx: &mut NodeCx<'_, '_>, v: Value, z: Option<Value>, per_channel_axis: Option<usize>| -> Result<Value> {
         let vf = cx.cast_to(v, DType::F64)?;
         match z {

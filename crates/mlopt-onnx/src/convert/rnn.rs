@@ -126,6 +126,11 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     let (b, seq_lens, h0) = (cx.input(3)?, cx.konst_ints(4)?, cx.input(5)?);
     let (c0, peep) = if kind == Kind::Lstm { (cx.input(6)?, cx.input(7)?) } else { (None, None) };
     let dtype = cx.ty(x).dtype;
+    for (i, v) in [(0, x), (1, w), (2, r)] {
+        if cx.ty(v).rank() != 3 {
+            return Err(cx.err_in(i, format!("expects a 3-D tensor, got {}", cx.ty(v))));
+        }
+    }
     let layout = cx.int("layout", 0)?;
     let direction = cx.string("direction", "forward")?;
     let hidden = cx.int_opt("hidden_size")?;
