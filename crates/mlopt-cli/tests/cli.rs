@@ -147,6 +147,36 @@ fn pooling_geometry_of_the_wrong_length_is_an_error() {
     fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'pool'", "MaxPool", "strides has 1 values, expected 2"]);
 }
 
+fn i64_tensor(name: &str, values: &[i64]) -> TensorProto {
+    TensorProto { name: name.into(), dims: vec![values.len() as i64], data_type: data_type::INT64, int64_data: values.to_vec(), ..Default::default() }
+}
+
+/// Absurd sizes from a model are errors, not overflows or huge allocations; large but sane constant
+/// shapes stay computations instead of being folded into the model.
+#[test]
+fn absurd_sizes_are_errors_and_large_constants_are_not_folded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fill = |dims: &[i64]| {
+        model(
+            vec![node("ConstantOfShape", "fill", &["shape"], &["y"], vec![])],
+            vec![],
+            vec![value("y", data_type::FLOAT, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>())],
+            vec![i64_tensor("shape", dims)],
+        )
+    };
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &fill(&[1 << 40, 1 << 40]))]), &["node 'fill'", "larger than mlopt's limit"]);
+    let tile = model(
+        vec![node("Tile", "tile", &["x", "reps"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[Some(2)])],
+        vec![value("y", data_type::FLOAT, &[None])],
+        vec![i64_tensor("reps", &[i64::MAX])],
+    );
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &tile)]), &["node 'tile'", "larger than mlopt's limit"]);
+    let ok = mlopt(&["inspect", &save(dir.path(), &fill(&[8192, 8192]))]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("= expand[shape=[8192,8192]]"));
+}
+
 #[test]
 fn dtype_and_shape_mismatches_name_the_input() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -103,6 +103,11 @@ impl TensorType {
     pub fn bytes(&self) -> usize {
         self.numel() * self.dtype.size()
     }
+
+    /// The size in bytes, or `None` if it overflows (shapes from user input can be absurd).
+    pub fn checked_bytes(&self) -> Option<usize> {
+        self.shape.iter().try_fold(self.dtype.size(), |a, &d| a.checked_mul(d))
+    }
 }
 
 impl fmt::Display for TensorType {

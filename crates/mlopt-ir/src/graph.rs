@@ -15,6 +15,9 @@ use petgraph::Direction;
 use std::fmt;
 use std::sync::Arc;
 
+/// The largest value a graph may hold (64 GiB): shapes beyond it come from bad input, not real models.
+pub const MAX_VALUE_BYTES: usize = 64 << 30;
+
 /// A node of the graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(NodeIndex<u32>);
@@ -106,6 +109,9 @@ impl Graph {
         let mut outs = infer(op, &tys).map_err(|e| IrError::Infer { node: name.to_string(), op: op.name(), input: e.input, msg: e.msg })?;
         if let Some(n) = num_outputs {
             outs.truncate(n.max(1));
+        }
+        if let Some(t) = outs.iter().find(|t| t.checked_bytes().is_none_or(|b| b > MAX_VALUE_BYTES)) {
+            return Err(IrError::Infer { node: name.to_string(), op: op.name(), input: None, msg: format!("output {t} is larger than mlopt's limit of {} GiB per value", MAX_VALUE_BYTES >> 30) });
         }
         Ok(outs)
     }

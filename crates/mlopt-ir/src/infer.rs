@@ -287,7 +287,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         }
         Op::Reshape { shape } => {
             let x = x()?;
-            if shape.iter().product::<usize>() != x.numel() {
+            if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(x.numel()) {
                 return err(Some(0), format!("cannot reshape {x} to {shape:?}"));
             }
             one(TensorType::new(x.dtype, shape.clone()))
@@ -382,7 +382,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             if repeats.len() != x.rank() {
                 return err(None, "repeats must have one entry per axis");
             }
-            one(TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d * r).collect::<Vec<_>>()))
+            one(TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d.saturating_mul(*r)).collect::<Vec<_>>()))
         }
         Op::Pad { pads, mode, .. } => {
             let x = x()?;

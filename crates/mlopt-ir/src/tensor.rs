@@ -284,11 +284,6 @@ impl Tensor {
         with_dtype!(ty.dtype, T => T::wrap(ArrayD::from_elem(IxDyn(&ty.shape), T::from_f64(v))))
     }
 
-    /// A tensor of `shape` with every element equal to this tensor's first (exact for every dtype).
-    pub fn splat(&self, shape: &[usize]) -> Option<Tensor> {
-        dispatch!(self, a => a.iter().next().map(|&v| Tensor::from_array(ArrayD::from_elem(IxDyn(shape), v))))
-    }
-
     /// The array, if this tensor holds element type `T`.
     pub fn view<T: Elem>(&self) -> Option<&ArrayD<T>> {
         T::view(self)

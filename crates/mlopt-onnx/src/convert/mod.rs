@@ -23,6 +23,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+/// Constant folding creates constants of at most this many bytes.
+pub const FOLD_LIMIT_BYTES: usize = 64 << 20;
+
 /// State shared by all nodes of one import.
 pub(crate) struct Importer<'m> {
     pub g: Graph,
@@ -189,11 +192,13 @@ impl<'a, 'm> NodeCx<'a, 'm> {
     /// constants. Returns at most `n_out` outputs (all when `None`).
     pub fn add(&mut self, op: Op, inputs: &[Option<Value>], n_out: Option<usize>) -> Result<Vec<Value>> {
         let g = &mut self.imp.g;
-        let foldable = inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
-        if !foldable {
+        let all_const = inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
+        let outs = g.infer_outputs(&op, &self.name, inputs, n_out)?;
+        // Large results stay computations rather than becoming constants in the model.
+        let small = outs.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).sum::<usize>() <= FOLD_LIMIT_BYTES;
+        if !(all_const && small) {
             return Ok(g.add_node(op, self.name.clone(), inputs, n_out)?);
         }
-        let outs = g.infer_outputs(&op, &self.name, inputs, n_out)?;
         let args: Vec<Option<Arc<Tensor>>> = inputs.iter().map(|v| v.and_then(|v| g.const_value(v).cloned())).collect();
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
         let vals = eval_op(&op, &refs, &outs).map_err(|msg| self.err(format!("folding {}: {msg}", op.name())))?;

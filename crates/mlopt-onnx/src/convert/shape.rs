@@ -40,8 +40,10 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 if value.numel() != 1 {
                     return Err(cx.err("attribute 'value' must hold exactly one element"));
                 }
-                let t = value.splat(&shape).ok_or_else(|| cx.err("attribute 'value' is empty"))?;
-                vec![cx.konst_value(t)]
+                // A scalar broadcast to the shape: folded when small, a runtime expand otherwise.
+                let scalar = value.reshape(&[]).ok_or_else(|| cx.err("attribute 'value' is empty"))?;
+                let s = cx.konst_value(scalar);
+                vec![cx.add1(mlopt_ir::Op::Expand { shape }, &[s])?]
             }
             "Range" => vec![range(cx)?],
             _ => return Ok(None),
@@ -122,7 +124,11 @@ fn range(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         if d == 0.0 {
             return Err(cx.err_in(2, "delta cannot be 0"));
         }
-        let n = ((l - s) / d).ceil().max(0.0) as usize;
+        let n = ((l - s) / d).ceil().max(0.0);
+        if n * dtype.size() as f64 > super::FOLD_LIMIT_BYTES as f64 {
+            return Err(cx.err(format!("a range of {n} values is larger than mlopt folds into a constant")));
+        }
+        let n = n as usize;
         let v: Vec<T> = if dtype.is_int() {
             let (si, di) = (start.to_i64_vec()[0], delta.to_i64_vec()[0]);
             (0..n as i64).map(|i| T::from_i64(si + i * di)).collect()
