@@ -325,3 +325,18 @@ fn run_writes_outputs_that_check_accepts() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stdout).contains("MISMATCH"));
 }
+
+/// Inputs the fuzzer found (fuzz/regressions): each is a clear error now, quickly and in little memory.
+#[test]
+fn fuzz_regressions_are_clear_errors() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("fuzz/regressions") {
+        let path = entry.expect("entry").path();
+        let start = std::time::Instant::now();
+        fails_with(&mlopt(&["inspect", &path.display().to_string()]), &["node '"]);
+        assert!(start.elapsed().as_secs() < 10, "{} took {:?}", path.display(), start.elapsed());
+        seen += 1;
+    }
+    assert!(seen >= 2);
+}

@@ -18,6 +18,9 @@ use std::sync::Arc;
 /// The largest value a graph may hold (64 GiB): shapes beyond it come from bad input, not real models.
 pub const MAX_VALUE_BYTES: usize = 64 << 30;
 
+/// The highest rank a value may have.
+pub const MAX_RANK: usize = 64;
+
 /// A node of the graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(NodeIndex<u32>);
@@ -109,6 +112,9 @@ impl Graph {
         let mut outs = infer(op, &tys).map_err(|e| IrError::Infer { node: name.to_string(), op: op.name(), input: e.input, msg: e.msg })?;
         if let Some(n) = num_outputs {
             outs.truncate(n.max(1));
+        }
+        if let Some(t) = outs.iter().find(|t| t.rank() > MAX_RANK) {
+            return Err(IrError::Infer { node: name.to_string(), op: op.name(), input: None, msg: format!("output of rank {} exceeds mlopt's limit of {MAX_RANK}", t.rank()) });
         }
         if let Some(t) = outs.iter().find(|t| t.checked_bytes().is_none_or(|b| b > MAX_VALUE_BYTES)) {
             return Err(IrError::Infer { node: name.to_string(), op: op.name(), input: None, msg: format!("output {t} is larger than mlopt's limit of {} GiB per value", MAX_VALUE_BYTES >> 30) });

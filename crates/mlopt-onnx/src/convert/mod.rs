@@ -95,7 +95,7 @@ impl<'a, 'm> NodeCx<'a, 'm> {
             None => Ok(None),
             Some(v) => match self.evaluate(v, &mut HashMap::new()) {
                 Some(t) => Ok(Some(t)),
-                None => Err(self.err_in(i, "must be a constant (mlopt compiles static shapes; this input depends on data)")),
+                None => Err(self.err_in(i, "must be a constant (mlopt compiles static shapes; this input depends on data, or is too large to fold)")),
             },
         }
     }
@@ -110,6 +110,11 @@ impl<'a, 'm> NodeCx<'a, 'm> {
             _ => {}
         }
         if !memo.contains_key(&v.node) {
+            // Only what folding would also create: shape operands are small.
+            let bytes: usize = node.outputs.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).sum();
+            if bytes > FOLD_LIMIT_BYTES {
+                return None;
+            }
             let ins = g.inputs(v.node);
             let mut args = vec![];
             for a in &ins {
