@@ -70,6 +70,9 @@ impl NodeCx<'_, '_> {
     pub(crate) fn slice_last(&mut self, x: Value, start: usize, step: i64, len: usize) -> Result<Value> {
         let shape = self.ty(x).shape.clone();
         let r = shape.len();
+        if r == 0 {
+            return Err(self.err(format!("expected a tensor with at least one axis, got {}", self.ty(x))));
+        }
         let (mut starts, mut steps, mut lens) = (vec![0; r], vec![1; r], shape);
         starts[r - 1] = start;
         steps[r - 1] = step;

@@ -43,6 +43,9 @@ fn align(cx: &mut NodeCx<'_, '_>, p: Value, shape: &[usize], axis_: usize, block
     if ps.iter().product::<usize>() == 1 && ps.len() <= 1 {
         return cx.add1(Op::Reshape { shape: vec![] }, &[p]);
     }
+    if axis_ >= shape.len() {
+        return Err(cx.err(format!("axis {axis_} is out of range for a per-axis parameter of {shape:?}")));
+    }
     if block > 0 {
         let idx: Vec<i64> = (0..shape[axis_]).map(|i| (i / block) as i64).collect();
         let idx = cx.konst_value(Tensor::from_vec(&[idx.len()], idx).ok_or_else(|| cx.err("block index"))?);
@@ -82,7 +85,7 @@ fn saturate(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>, to: DType) -> 
 fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (x, scale, zp) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
     let shape = cx.ty(x).shape.clone();
-    let per_axis = cx.ty(scale).numel() > 1;
+    let per_axis = cx.ty(scale).numel() > 1 || zp.is_some_and(|z| cx.ty(z).numel() > 1);
     let (a, block) = axis_block(cx, shape.len(), per_axis)?;
     cx.int("saturate", 1)?;
     let out_attr = cx.int_opt("output_dtype")?;
@@ -109,7 +112,7 @@ fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     if !matches!(cx.ty(x).dtype, DType::U8 | DType::I8 | DType::I32) {
         return Err(cx.err_in(0, format!("dequantizing {} is not supported", cx.ty(x).dtype)));
     }
-    let per_axis = cx.ty(scale).numel() > 1;
+    let per_axis = cx.ty(scale).numel() > 1 || zp.is_some_and(|z| cx.ty(z).numel() > 1);
     let (a, block) = axis_block(cx, shape.len(), per_axis)?;
     let out = match cx.int_opt("output_dtype")? {
         Some(d) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,

@@ -108,6 +108,9 @@ fn apply(cx: &mut NodeCx<'_, '_>, a: &Act, x: Value) -> Result<Value> {
 /// `x[index]` along axis 0, with that axis dropped.
 fn pick(cx: &mut NodeCx<'_, '_>, x: Value, index: usize) -> Result<Value> {
     let s = cx.ty(x).shape.clone();
+    if s.is_empty() {
+        return Err(cx.err(format!("expected a tensor with a leading direction or time axis, got {}", cx.ty(x))));
+    }
     let mut starts = vec![0; s.len()];
     starts[0] = index;
     let mut lens = s.clone();
