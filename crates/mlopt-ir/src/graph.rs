@@ -132,9 +132,14 @@ impl Graph {
     ) -> Result<Vec<Value>> {
         let name = name.into();
         let outs = self.infer_outputs(&op, &name, inputs, num_outputs)?;
+        Ok(self.add_typed(op, name, inputs, outs))
+    }
+
+    /// Adds a node whose output types were already inferred (by `infer_outputs`) and returns its values.
+    pub fn add_typed(&mut self, op: Op, name: String, inputs: &[Option<Value>], outs: Vec<TensorType>) -> Vec<Value> {
         let n = outs.len();
         let id = self.add_raw(op, name, inputs, outs);
-        Ok((0..n as u32).map(|output| Value { node: id, output }).collect())
+        (0..n as u32).map(|output| Value { node: id, output }).collect()
     }
 
     /// Adds a single-output node and returns its value.

@@ -26,6 +26,11 @@ use std::sync::Arc;
 /// Constant folding creates constants of at most this many bytes.
 pub const FOLD_LIMIT_BYTES: usize = 64 << 20;
 
+/// Whether values of these types are small enough to fold into constants.
+fn fits_fold_limit(tys: &[TensorType]) -> bool {
+    tys.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).fold(0usize, usize::saturating_add) <= FOLD_LIMIT_BYTES
+}
+
 /// State shared by all nodes of one import.
 pub(crate) struct Importer<'m> {
     pub g: Graph,
@@ -111,8 +116,7 @@ impl<'a, 'm> NodeCx<'a, 'm> {
         }
         if !memo.contains_key(&v.node) {
             // Only what folding would also create: shape operands are small.
-            let bytes: usize = node.outputs.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).sum();
-            if bytes > FOLD_LIMIT_BYTES {
+            if !fits_fold_limit(&node.outputs) {
                 return None;
             }
             let ins = g.inputs(v.node);
@@ -200,9 +204,8 @@ impl<'a, 'm> NodeCx<'a, 'm> {
         let all_const = inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
         let outs = g.infer_outputs(&op, &self.name, inputs, n_out)?;
         // Large results stay computations rather than becoming constants in the model.
-        let small = outs.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).sum::<usize>() <= FOLD_LIMIT_BYTES;
-        if !(all_const && small) {
-            return Ok(g.add_node(op, self.name.clone(), inputs, n_out)?);
+        if !(all_const && fits_fold_limit(&outs)) {
+            return Ok(g.add_typed(op, self.name.clone(), inputs, outs));
         }
         let args: Vec<Option<Arc<Tensor>>> = inputs.iter().map(|v| v.and_then(|v| g.const_value(v).cloned())).collect();
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
