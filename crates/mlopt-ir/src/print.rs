@@ -58,16 +58,16 @@ pub fn inline_data(t: &Tensor) -> String {
 
 /// For elementwise ops, the inputs whose shape differs from the output's, e.g. `%3 [256]` (a comment: facts
 /// for the reader, ignored by the parser).
-fn broadcast_note(g: &Graph, n: crate::graph::NodeId, names: &HashMap<Value, String>) -> String {
+fn broadcast_note(g: &Graph, n: crate::graph::NodeId, ins: &[Option<Value>], names: &HashMap<Value, String>) -> String {
     let node = g.node(n);
     if !matches!(node.op, Op::Binary(_) | Op::Nary(_) | Op::Where) {
         return String::new();
     }
     let out = &node.outputs[0].shape;
-    let parts: Vec<String> = g
-        .inputs(n)
-        .into_iter()
+    let parts: Vec<String> = ins
+        .iter()
         .flatten()
+        .copied()
         .filter(|v| &g.value_type(*v).shape != out)
         .map(|v| format!("{} {:?}", names.get(&v).map(String::as_str).unwrap_or("%?"), g.value_type(v).shape).replace(", ", ","))
         .collect();
@@ -93,6 +93,7 @@ pub fn print(g: &Graph) -> String {
     let mut next = 0;
     for n in order {
         let node = g.node(n);
+        let ins = g.inputs(n);
         if node.op == Op::Input {
             continue;
         }
@@ -115,8 +116,7 @@ pub fn print(g: &Graph) -> String {
                     let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     let _ = write!(line, "[{}]", parts.join(", "));
                 }
-                let args: Vec<String> = g
-                    .inputs(n)
+                let args: Vec<String> = ins
                     .iter()
                     .map(|v| v.and_then(|v| names.get(&v).cloned()).unwrap_or_else(|| "_".into()))
                     .collect();
@@ -128,7 +128,7 @@ pub fn print(g: &Graph) -> String {
         if !node.name.is_empty() {
             let _ = write!(line, " @{}", quote(&node.name));
         }
-        let broadcast = broadcast_note(g, n, &names);
+        let broadcast = broadcast_note(g, n, &ins, &names);
         if !broadcast.is_empty() {
             let _ = write!(line, "  ; broadcast {broadcast}");
         }
