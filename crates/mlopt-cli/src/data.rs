@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use mlopt_ir::Tensor;
+use mlopt_onnx::proto::ModelProto;
 use mlopt_onnx::{import_model, load_model, parse_input_shape, read_tensor_file, ImportOptions};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -12,10 +13,14 @@ pub enum Format {
     Pb,
 }
 
+/// Reads and decodes a model file (once: weights can be large).
+pub fn load(path: &Path) -> Result<ModelProto> {
+    Ok(load_model(path)?)
+}
+
 /// The model's graph inputs that are not initializers, in order.
-pub fn input_names(model: &Path) -> Result<Vec<String>> {
-    let m = load_model(model)?;
-    let g = m.graph.context("the model has no graph")?;
+pub fn input_names(m: &ModelProto) -> Result<Vec<String>> {
+    let g = m.graph.as_ref().context("the model has no graph")?;
     let inits: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
     let inputs: Vec<_> = g.input.iter().filter(|v| !inits.contains(v.name.as_str())).collect();
     // Reject sequence, map and optional values before trying to read their data as tensors.
@@ -25,8 +30,9 @@ pub fn input_names(model: &Path) -> Result<Vec<String>> {
     Ok(inputs.iter().map(|v| v.name.clone()).collect())
 }
 
-/// Imports `model`, pinning input shapes from `--input-shape` flags and from the given input tensors.
-pub fn import(model: &Path, flags: &[String], given: &HashMap<String, Tensor>) -> Result<mlopt_ir::Graph> {
+/// Imports the model read from `path`, pinning input shapes from `--input-shape` flags and from the given
+/// input tensors.
+pub fn import(m: &ModelProto, path: &Path, flags: &[String], given: &HashMap<String, Tensor>) -> Result<mlopt_ir::Graph> {
     let mut opts = ImportOptions::default();
     for (name, t) in given {
         opts.input_shapes.insert(name.clone(), t.shape().to_vec());
@@ -42,9 +48,8 @@ pub fn import(model: &Path, flags: &[String], given: &HashMap<String, Tensor>) -
         }
         opts.input_shapes.insert(name, dims);
     }
-    let m = load_model(model)?;
-    let stem = model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(import_model(&m, model.parent(), &stem, &opts)?)
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(import_model(m, path.parent(), &stem, &opts)?)
 }
 
 /// `NAME=FILE` or positional `FILE` arguments.

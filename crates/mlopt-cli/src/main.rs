@@ -75,7 +75,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Inspect { model, input_shapes, stage } => {
-            let g = data::import(&model, &input_shapes, &HashMap::new())?;
+            let g = data::import(&data::load(&model)?, &model, &input_shapes, &HashMap::new())?;
             let stage = match stage {
                 Stage::Import => "import",
             };
@@ -83,9 +83,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run { model, inputs, input_shapes, output_dir, format } => {
-            let names = data::input_names(&model)?;
+            let m = data::load(&model)?;
+            let names = data::input_names(&m)?;
             let given = data::read_inputs(&inputs, &names)?;
-            let g = data::import(&model, &input_shapes, &given)?;
+            let g = data::import(&m, &model, &input_shapes, &given)?;
             let outs = interp::run(&g, &given).context("evaluating the model")?;
             for (name, t) in &outs {
                 println!("{name}: {t}");
@@ -100,9 +101,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn check(model: &Path, dir: &Path, rtol: f64, atol: f64) -> Result<ExitCode> {
-    let names = data::input_names(model)?;
+    let m = data::load(model)?;
+    let names = data::input_names(&m)?;
     let (inputs, expected) = data::read_test_dir(dir, &names)?;
-    let g = data::import(model, &[], &inputs)?;
+    let g = data::import(&m, model, &[], &inputs)?;
     let outs = interp::run(&g, &inputs).context("evaluating the model")?;
     if outs.len() != expected.len() {
         anyhow::bail!("the model has {} outputs, {} has {} expected outputs", outs.len(), dir.display(), expected.len());
