@@ -22,6 +22,61 @@ struct Cli {
 enum Stage {
     /// The graph IR right after import (shapes pinned, constants folded).
     Import,
+    /// After equality saturation, extraction and fusion: kernels marked, with cost estimates.
+    Optimized,
+}
+
+/// The optimiser's options, shared by `inspect`, `compile`, `run` and `check`.
+#[derive(clap::Args, Debug, Clone)]
+struct OptArgs {
+    /// host, x86-64-v3, x86-64-v4, sm_80, sm_86, sm_89 or sm_90.
+    #[arg(long, default_value = "host")]
+    target: String,
+    /// Threads the CPU code will use (scales the CPU roofline).
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// fp32, bf16, fp16 or auto (low precision where it pays, checked against fp32 within --tolerance).
+    #[arg(long, default_value = "fp32")]
+    precision: mlopt_rewrite::Precision,
+    /// Prefer recomputation to keep peak activation memory under this many bytes.
+    #[arg(long, value_name = "BYTES")]
+    memory_budget: Option<u64>,
+    /// --precision auto: largest error allowed, relative to each output's largest magnitude.
+    #[arg(long, default_value_t = 1e-2)]
+    tolerance: f64,
+    /// --precision auto: check on the inputs in DIR (ONNX test-data layout, input_K.pb) instead of random ones.
+    #[arg(long, value_name = "DIR")]
+    calibration: Option<PathBuf>,
+    /// Equality-saturation limits.
+    #[arg(long, default_value_t = 12)]
+    iter_limit: usize,
+    #[arg(long, default_value_t = 200_000)]
+    node_limit: usize,
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    time_limit: f64,
+}
+
+impl OptArgs {
+    fn config(&self, names: &[String]) -> Result<mlopt_rewrite::Config> {
+        let target = mlopt_cost::Target::named(&self.target, self.threads)?;
+        let mut cfg = mlopt_rewrite::Config::new(target);
+        cfg.precision = self.precision;
+        cfg.memory_budget = self.memory_budget;
+        cfg.tolerance = self.tolerance;
+        cfg.limits = mlopt_rewrite::Limits { iterations: self.iter_limit, nodes: self.node_limit, time: std::time::Duration::from_secs_f64(self.time_limit.max(0.0)) };
+        cfg.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        if let Some(dir) = &self.calibration {
+            let (inputs, _) = data::read_test_dir(dir, names).with_context(|| format!("reading calibration inputs from {}", dir.display()))?;
+            cfg.calibration = vec![inputs];
+        }
+        Ok(cfg)
+    }
+
+    fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
+        let cfg = self.config(names)?;
+        let o = mlopt_rewrite::optimize(g, &cfg).context("optimising")?;
+        Ok((o, cfg))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -34,7 +89,25 @@ enum Cmd {
         input_shapes: Vec<String>,
         #[arg(long, value_enum, default_value = "import")]
         stage: Stage,
+        #[command(flatten)]
+        opt: OptArgs,
     },
+    /// Optimise a model for a target and write the optimised graph and report.json to the output
+    /// directory. (Native code generation comes with the kernel IR; today this stops after fusion.)
+    Compile {
+        model: PathBuf,
+        #[arg(long = "input-shape", value_name = "NAME=DIMS")]
+        input_shapes: Vec<String>,
+        #[arg(short, long, default_value = "out")]
+        output: PathBuf,
+        /// Print the per-kernel report.
+        #[arg(long)]
+        report: bool,
+        #[command(flatten)]
+        opt: OptArgs,
+    },
+    /// Measure this machine's FMA throughput and memory bandwidth for the host target's cost model.
+    Calibrate,
     /// Evaluate a model on input tensors and print or write its outputs.
     Run {
         model: PathBuf,
@@ -58,6 +131,11 @@ enum Cmd {
         rtol: f64,
         #[arg(long, default_value_t = 1e-7)]
         atol: f64,
+        /// Evaluate the optimised graph for this target instead of the imported one.
+        #[arg(long)]
+        optimized: bool,
+        #[command(flatten)]
+        opt: OptArgs,
     },
 }
 
@@ -74,12 +152,43 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
-        Cmd::Inspect { model, input_shapes, stage } => {
-            let g = data::import(&data::load(&model)?, &model, &input_shapes, &HashMap::new())?;
-            let stage = match stage {
-                Stage::Import => "import",
-            };
-            print!("; mlopt graph @{} after \"{stage}\"\n{}", mlopt_ir::print::ident(&g.name), mlopt_ir::print::print(&g));
+        Cmd::Inspect { model, input_shapes, stage, opt } => {
+            let m = data::load(&model)?;
+            let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
+            match stage {
+                Stage::Import => print!("; mlopt graph @{} after \"import\"\n{}", mlopt_ir::print::ident(&g.name), mlopt_ir::print::print(&g)),
+                Stage::Optimized => {
+                    let (o, cfg) = opt.optimize(&g, &data::input_names(&m)?)?;
+                    print!("{}", mlopt_rewrite::report::dump(&o, &cfg));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Compile { model, input_shapes, output, report, opt } => {
+            let start = std::time::Instant::now();
+            let m = data::load(&model)?;
+            let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
+            let (o, cfg) = opt.optimize(&g, &data::input_names(&m)?)?;
+            std::fs::create_dir_all(&output).with_context(|| format!("creating {}", output.display()))?;
+            let name = mlopt_ir::print::ident(&g.name).trim_matches('"').to_string();
+            let ir = output.join(format!("{name}.optimized.mlir"));
+            std::fs::write(&ir, mlopt_rewrite::report::dump(&o, &cfg)).with_context(|| format!("writing {}", ir.display()))?;
+            let json = output.join("report.json");
+            std::fs::write(&json, mlopt_rewrite::report::json(&o, &cfg)).with_context(|| format!("writing {}", json.display()))?;
+            if report {
+                print!("{}", mlopt_rewrite::report::header(&o, &cfg));
+                print!("{}", mlopt_rewrite::report::table(&o));
+            }
+            eprintln!("wrote {} and {} in {:.2} s (code generation is not implemented yet: this build stops after fusion)", ir.display(), json.display(), start.elapsed().as_secs_f64());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Calibrate => {
+            let c = mlopt_cost::calibrate::measure();
+            let path = mlopt_cost::calibrate::store(&c).context("writing the calibration cache")?;
+            println!("fp32 FMA: {:.1} GFLOP/s per core", c.fp32 / 1e9);
+            println!("bf16 dot: {:.1} GFLOP/s per core", c.bf16 / 1e9);
+            println!("read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores", c.bw_one / 1e9, c.bw_all / 1e9);
+            println!("wrote {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run { model, inputs, input_shapes, output_dir, format } => {
@@ -96,15 +205,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Check { model, data: dir, rtol, atol } => check(&model, &dir, rtol, atol),
+        Cmd::Check { model, data: dir, rtol, atol, optimized, opt } => check(&model, &dir, rtol, atol, optimized.then_some(&opt)),
     }
 }
 
-fn check(model: &Path, dir: &Path, rtol: f64, atol: f64) -> Result<ExitCode> {
+fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, opt: Option<&OptArgs>) -> Result<ExitCode> {
     let m = data::load(model)?;
     let names = data::input_names(&m)?;
     let (inputs, expected) = data::read_test_dir(dir, &names)?;
-    let g = data::import(&m, model, &[], &inputs)?;
+    let mut g = data::import(&m, model, &[], &inputs)?;
+    if let Some(opt) = opt {
+        g = opt.optimize(&g, &names)?.0.plan.graph;
+    }
     let outs = interp::run(&g, &inputs).context("evaluating the model")?;
     if outs.len() != expected.len() {
         anyhow::bail!("the model has {} outputs, {} has {} expected outputs", outs.len(), dir.display(), expected.len());

@@ -45,13 +45,16 @@ pub struct Value {
 }
 
 /// A node: its op, the name it came with (ONNX node, initializer or input name; may be empty), the types
-/// of its outputs, and how many input slots it has.
+/// of its outputs, how many input slots it has, and the kernel (fusion group) the optimiser put it in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     pub op: Op,
     pub name: String,
     pub outputs: Vec<TensorType>,
     pub num_inputs: usize,
+    /// The fusion group this node is computed in; `None` before optimisation and for inputs and constants.
+    /// A group's nodes form one kernel: only its root's outputs are written to memory.
+    pub kernel: Option<u32>,
 }
 
 /// The edge payload: which output of the source feeds which input of the target.
@@ -96,7 +99,7 @@ impl Graph {
 
     /// Adds a node with the given output types, without checking them (the verifier does).
     pub fn add_raw(&mut self, op: Op, name: String, inputs: &[Option<Value>], outputs: Vec<TensorType>) -> NodeId {
-        let id = NodeId(self.g.add_node(Node { op, name, outputs, num_inputs: inputs.len() }));
+        let id = NodeId(self.g.add_node(Node { op, name, outputs, num_inputs: inputs.len(), kernel: None }));
         for (slot, v) in inputs.iter().enumerate() {
             if let Some(v) = v {
                 self.g.add_edge(v.node.0, id.0, Edge { output: v.output, input: slot as u32 });

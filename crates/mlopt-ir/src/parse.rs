@@ -190,11 +190,24 @@ pub fn parse(src: &str, weights: &dyn Fn(&str) -> Option<Arc<Tensor>>) -> Result
         p.eat(',');
     }
     p.punct('{')?;
+    let mut kernel: Option<u32> = None;
     loop {
         match p.next()? {
-            Tok::Word(w) if w == "return" => break,
-            Tok::Val(first) => parse_node(&mut p, &mut g, &mut vals, first)?,
-            t => return p.err(format!("expected a definition or 'return', found {t:?}")),
+            Tok::Word(w) if w == "return" && kernel.is_none() => break,
+            Tok::Word(w) if w == "kernel" && kernel.is_none() => {
+                let k = p.word()?;
+                match k.strip_prefix('k').and_then(|n| n.parse().ok()) {
+                    Some(n) => kernel = Some(n),
+                    None => return p.err(format!("bad kernel name '{k}' (expected kN)")),
+                }
+                p.punct('{')?;
+            }
+            Tok::Punct('}') if kernel.is_some() => kernel = None,
+            Tok::Val(first) => {
+                let id = parse_node(&mut p, &mut g, &mut vals, first)?;
+                g.node_mut(id).kernel = kernel;
+            }
+            t => return p.err(format!("expected a definition, a kernel or 'return', found {t:?}")),
         }
     }
     loop {
@@ -214,7 +227,7 @@ pub fn parse(src: &str, weights: &dyn Fn(&str) -> Option<Arc<Tensor>>) -> Result
     Ok(g)
 }
 
-fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Value>, first: String) -> Result<()> {
+fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Value>, first: String) -> Result<crate::graph::NodeId> {
     let mut defs = vec![(first, {
         p.punct(':')?;
         p.ty()?
@@ -292,5 +305,5 @@ fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Valu
             return p.err(format!("%{n} defined twice"));
         }
     }
-    Ok(())
+    Ok(id)
 }

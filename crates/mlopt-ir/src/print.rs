@@ -12,7 +12,7 @@
 //! ```
 
 use crate::dispatch;
-use crate::graph::{Graph, Value};
+use crate::graph::{Graph, NodeId, Value};
 use crate::op::Op;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
@@ -58,7 +58,7 @@ pub fn inline_data(t: &Tensor) -> String {
 
 /// For elementwise ops, the inputs whose shape differs from the output's, e.g. `%3 [256]` (a comment: facts
 /// for the reader, ignored by the parser).
-fn broadcast_note(g: &Graph, n: crate::graph::NodeId, ins: &[Option<Value>], names: &HashMap<Value, String>) -> String {
+fn broadcast_note(g: &Graph, n: NodeId, ins: &[Option<Value>], names: &HashMap<Value, String>) -> String {
     let node = g.node(n);
     if !matches!(node.op, Op::Binary(_) | Op::Nary(_) | Op::Where) {
         return String::new();
@@ -76,6 +76,12 @@ fn broadcast_note(g: &Graph, n: crate::graph::NodeId, ins: &[Option<Value>], nam
 
 /// Prints `g` in the text format.
 pub fn print(g: &Graph) -> String {
+    print_with(g, &|_| String::new())
+}
+
+/// Prints `g`; the nodes of each kernel (fusion group) print together in a `kernel kN { ... }` block, placed
+/// where its last node is in topological order, headed by `note(N)` as a comment when that is not empty.
+pub fn print_with(g: &Graph, note: &dyn Fn(u32) -> String) -> String {
     let mut names: HashMap<Value, String> = HashMap::new();
     let mut out = String::new();
     let inputs: Vec<String> = g
@@ -90,50 +96,33 @@ pub fn print(g: &Graph) -> String {
         .collect();
     let _ = writeln!(out, "graph @{}({}) {{", ident(&g.name), inputs.join(", "));
     let order = g.topo_order().unwrap_or_else(|_| g.node_ids().collect());
+    // Each kernel prints at its last member's place; members wait until then.
+    let mut last: HashMap<u32, usize> = HashMap::new();
+    for (i, &n) in order.iter().enumerate() {
+        if let Some(k) = g.node(n).kernel {
+            last.insert(k, i);
+        }
+    }
+    let mut waiting: HashMap<u32, Vec<NodeId>> = HashMap::new();
     let mut next = 0;
-    for n in order {
+    for (i, &n) in order.iter().enumerate() {
         let node = g.node(n);
-        let ins = g.inputs(n);
         if node.op == Op::Input {
             continue;
         }
-        let mut defs = vec![];
-        for (i, ty) in node.outputs.iter().enumerate() {
-            let name = format!("%{next}");
-            next += 1;
-            defs.push(format!("{name}: {ty}"));
-            names.insert(Value { node: n, output: i as u32 }, name);
-        }
-        let mut line = format!("  {} = {}", defs.join(", "), node.op.name());
-        match &node.op {
-            Op::Const(t) if t.numel() <= INLINE_LIMIT => {
-                let _ = write!(line, " {}", inline_data(t));
+        let Some(k) = node.kernel else {
+            print_node(g, n, &mut names, &mut next, "  ", &mut out);
+            continue;
+        };
+        waiting.entry(k).or_default().push(n);
+        if last.get(&k) == Some(&i) {
+            let header = note(k);
+            let _ = writeln!(out, "  kernel k{k} {{{}", if header.is_empty() { String::new() } else { format!("  ; {header}") });
+            for m in waiting.remove(&k).unwrap_or_default() {
+                print_node(g, m, &mut names, &mut next, "    ", &mut out);
             }
-            Op::Const(_) => {}
-            op => {
-                let attrs = op.spell_attrs();
-                if !attrs.is_empty() {
-                    let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    let _ = write!(line, "[{}]", parts.join(", "));
-                }
-                let args: Vec<String> = ins
-                    .iter()
-                    .map(|v| v.and_then(|v| names.get(&v).cloned()).unwrap_or_else(|| "_".into()))
-                    .collect();
-                if !args.is_empty() {
-                    let _ = write!(line, " {}", args.join(", "));
-                }
-            }
+            out.push_str("  }\n");
         }
-        if !node.name.is_empty() {
-            let _ = write!(line, " @{}", quote(&node.name));
-        }
-        let broadcast = broadcast_note(g, n, &ins, &names);
-        if !broadcast.is_empty() {
-            let _ = write!(line, "  ; broadcast {broadcast}");
-        }
-        out.push_str(&line);
-        out.push('\n');
     }
     let rets: Vec<String> = g
         .graph_outputs()
@@ -143,4 +132,47 @@ pub fn print(g: &Graph) -> String {
     let _ = writeln!(out, "  return {}", rets.join(", "));
     out.push_str("}\n");
     out
+}
+
+/// One node's line, naming its outputs `%next`, `%next+1`, ...
+fn print_node(g: &Graph, n: NodeId, names: &mut HashMap<Value, String>, next: &mut usize, indent: &str, out: &mut String) {
+    let node = g.node(n);
+    let ins = g.inputs(n);
+    let mut defs = vec![];
+    for (i, ty) in node.outputs.iter().enumerate() {
+        let name = format!("%{next}");
+        *next += 1;
+        defs.push(format!("{name}: {ty}"));
+        names.insert(Value { node: n, output: i as u32 }, name);
+    }
+    let mut line = format!("{indent}{} = {}", defs.join(", "), node.op.name());
+    match &node.op {
+        Op::Const(t) if t.numel() <= INLINE_LIMIT => {
+            let _ = write!(line, " {}", inline_data(t));
+        }
+        Op::Const(_) => {}
+        op => {
+            let attrs = op.spell_attrs();
+            if !attrs.is_empty() {
+                let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = write!(line, "[{}]", parts.join(", "));
+            }
+            let args: Vec<String> = ins
+                .iter()
+                .map(|v| v.and_then(|v| names.get(&v).cloned()).unwrap_or_else(|| "_".into()))
+                .collect();
+            if !args.is_empty() {
+                let _ = write!(line, " {}", args.join(", "));
+            }
+        }
+    }
+    if !node.name.is_empty() {
+        let _ = write!(line, " @{}", quote(&node.name));
+    }
+    let broadcast = broadcast_note(g, n, &ins, names);
+    if !broadcast.is_empty() {
+        let _ = write!(line, "  ; broadcast {broadcast}");
+    }
+    out.push_str(&line);
+    out.push('\n');
 }

@@ -1,0 +1,11 @@
+//! The cost crate's one error type.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CostError {
+    #[error("unknown target '{name}' (known: {known})")]
+    UnknownTarget { name: String, known: String },
+}
+
+pub type Result<T, E = CostError> = std::result::Result<T, E>;

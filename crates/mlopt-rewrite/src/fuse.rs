@@ -1,0 +1,384 @@
+//! Fusion: partitions the extracted graph into kernels (fusion groups), deciding for every value whether it
+//! is stored to memory or computed inside the kernels that read it, by the roofline cost of both.
+//!
+//! A kernel is a tree of ops under one root whose leaves are stored values (kernel outputs, inputs,
+//! constants). What a kernel may hold:
+//! - any number of elementwise ops (and reshapes, which are views);
+//! - at most one "heavy" op (MatMul, Gemm, Conv, pooling, layout ops ...) whose operands are all stored and
+//!   which may be followed by elementwise ops only: its epilogue (bias, activation, residual);
+//! - or reductions over one common row (same input shape and axes: Softmax, LayerNormalization, a mean and a
+//!   variance) with elementwise prologue and epilogue.
+//!
+//! Values are visited from the outputs back; each value is offered to all the kernels that read it. With one
+//! reader that is fusion; with several it is recomputation (each reader's kernel gets its own copy), which
+//! only elementwise trees may do. It is taken when the summed estimate of the kernels involved goes down:
+//! recomputing trades extra FLOPs for the stored value's write and reads. `memory_budget` then forces further
+//! recomputation of the largest stored elementwise values while the plan's peak activation memory exceeds it.
+
+use crate::error::Result;
+use mlopt_cost::{estimate, op_work, Cost, Estimate, Target, Work};
+use mlopt_ir::{Graph, NodeId, Op, TensorType, Value};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Reshapes are views: free to compute inside any kernel, and free to "store".
+pub fn is_view(op: &Op) -> bool {
+    matches!(op, Op::Reshape { .. })
+}
+
+/// The row a reduction works on: its input shape and the axes it reduces.
+type Row = (Vec<usize>, Vec<usize>);
+
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Elementwise,
+    View,
+    Heavy,
+    Reduction(Row),
+    /// Leaves and multi-output ops: never inside another kernel.
+    Opaque,
+}
+
+fn kind(g: &Graph, n: NodeId) -> Kind {
+    let node = g.node(n);
+    let shape = || g.inputs(n).first().copied().flatten().map(|v| g.value_type(v).shape.clone()).unwrap_or_default();
+    if node.outputs.len() != 1 {
+        return Kind::Opaque;
+    }
+    match &node.op {
+        Op::Input | Op::Const(_) => Kind::Opaque,
+        op if is_view(op) => Kind::View,
+        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } => Kind::Elementwise,
+        Op::Reduce { axes, .. } => Kind::Reduction((shape(), axes.clone())),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Arg { axis, .. } => Kind::Reduction((shape(), vec![*axis])),
+        Op::LayerNorm { axis, .. } => {
+            let s = shape();
+            let r = s.len();
+            Kind::Reduction((s, (*axis..r).collect()))
+        }
+        Op::InstanceNorm { .. } | Op::GlobalAveragePool | Op::GlobalMaxPool => {
+            let s = shape();
+            let r = s.len();
+            Kind::Reduction((s, (2..r).collect()))
+        }
+        _ => Kind::Heavy,
+    }
+}
+
+/// Whether `consumer` can compute an operand inside its own kernel (rather than read it from memory).
+fn accepts_inlined(k: &Kind) -> bool {
+    matches!(k, Kind::Elementwise | Kind::View | Kind::Reduction(_))
+}
+
+#[derive(Debug, Clone)]
+struct Kernel {
+    root: NodeId,
+    members: BTreeSet<NodeId>,
+    heavy: bool,
+    row: Option<Row>,
+    alive: bool,
+}
+
+/// One kernel of the plan, for the report and the printed header.
+#[derive(Debug, Clone)]
+pub struct KernelInfo {
+    pub ops: Vec<&'static str>,
+    pub work: Work,
+    pub estimate: Estimate,
+    /// A kernel made only of views: no code, its output aliases its input.
+    pub view: bool,
+    /// The name of the root node.
+    pub root: String,
+}
+
+/// The fused graph (every op node carries its kernel id) and the plan's figures.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub graph: Graph,
+    pub kernels: Vec<KernelInfo>,
+    pub total: Cost,
+    /// The most activation memory alive at once (inputs and weights excluded), in bytes.
+    pub peak_bytes: u64,
+}
+
+struct Fuser<'a> {
+    g: &'a Graph,
+    t: &'a Target,
+    tf32: bool,
+    kinds: HashMap<NodeId, Kind>,
+    work: HashMap<NodeId, Work>,
+    kernels: Vec<Kernel>,
+    /// The kernels a node is computed in (several when recomputed).
+    homes: HashMap<NodeId, Vec<usize>>,
+    outputs: HashSet<NodeId>,
+    order: Vec<NodeId>,
+}
+
+impl Fuser<'_> {
+    fn kernel_work(&self, members: &BTreeSet<NodeId>, root: NodeId) -> Work {
+        let mut w = Work::default();
+        let mut ext: BTreeSet<Value> = BTreeSet::new();
+        for m in members {
+            w.add(&self.work[m]);
+            ext.extend(self.g.inputs(*m).into_iter().flatten().filter(|v| !members.contains(&v.node)));
+        }
+        w.bytes = ext.iter().map(|v| self.g.value_type(*v).bytes() as f64).sum::<f64>() + self.g.node(root).outputs.iter().map(|t| t.bytes() as f64).sum::<f64>();
+        w
+    }
+
+    fn is_view_kernel(&self, members: &BTreeSet<NodeId>) -> bool {
+        members.iter().all(|m| self.kinds[m] == Kind::View)
+    }
+
+    fn cost(&self, members: &BTreeSet<NodeId>, root: NodeId) -> Cost {
+        if self.is_view_kernel(members) {
+            return Cost::ZERO;
+        }
+        estimate(&self.kernel_work(members, root), self.t).time
+    }
+
+    /// The kernels that read `p`'s value, or `None` if some reader cannot take it inlined.
+    fn readers(&self, p: NodeId) -> Option<Vec<usize>> {
+        if self.outputs.contains(&p) {
+            return None;
+        }
+        let mut ks = BTreeSet::new();
+        for (u, _) in self.g.users(p) {
+            if !accepts_inlined(&self.kinds[&u]) {
+                return None;
+            }
+            ks.extend(self.homes.get(&u)?.iter().copied());
+        }
+        (!ks.is_empty()).then(|| ks.into_iter().collect())
+    }
+
+    /// Whether kernel `pk` (rooted at `p`) may be computed inside each of `into`.
+    fn legal(&self, pk: usize, into: &[usize]) -> bool {
+        let p = &self.kernels[pk];
+        let pure = !p.heavy && p.row.is_none();
+        if into.len() > 1 && !pure {
+            return false;
+        }
+        into.iter().all(|&k| {
+            let k = &self.kernels[k];
+            if p.heavy && (k.heavy || k.row.is_some()) || k.heavy && p.row.is_some() {
+                return false;
+            }
+            match (&p.row, &k.row) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+        })
+    }
+
+    /// The change in total cost if kernel `pk` is computed inside `into`.
+    fn delta(&self, pk: usize, into: &[usize]) -> f64 {
+        let p = &self.kernels[pk];
+        let mut d = -self.cost(&p.members, p.root).as_secs();
+        for &k in into {
+            let k = &self.kernels[k];
+            let merged: BTreeSet<NodeId> = k.members.union(&p.members).copied().collect();
+            d += self.cost(&merged, k.root).as_secs() - self.cost(&k.members, k.root).as_secs();
+        }
+        d
+    }
+
+    fn inline(&mut self, pk: usize, into: &[usize]) {
+        let p = self.kernels[pk].clone();
+        for &k in into {
+            let k = &mut self.kernels[k];
+            k.members.extend(p.members.iter().copied());
+            k.heavy |= p.heavy;
+            if k.row.is_none() {
+                k.row = p.row.clone();
+            }
+        }
+        for m in &p.members {
+            let homes = self.homes.entry(*m).or_default();
+            homes.retain(|h| *h != pk);
+            homes.extend(into.iter().copied());
+            homes.sort_unstable();
+            homes.dedup();
+        }
+        self.kernels[pk].alive = false;
+    }
+
+    /// Tries to compute kernel `pk` inside its readers; `force` takes it even when it costs more.
+    fn try_inline(&mut self, pk: usize, force: bool) -> bool {
+        let Some(into) = self.readers(self.kernels[pk].root) else { return false };
+        if !self.legal(pk, &into) || (!force && self.delta(pk, &into) >= -1e-15) {
+            return false;
+        }
+        self.inline(pk, &into);
+        true
+    }
+
+    /// Live kernels in execution order (by their root's place in the topological order).
+    fn schedule(&self) -> Vec<usize> {
+        let pos: HashMap<NodeId, usize> = self.order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let mut ks: Vec<usize> = (0..self.kernels.len()).filter(|k| self.kernels[*k].alive).collect();
+        ks.sort_by_key(|k| pos[&self.kernels[*k].root]);
+        ks
+    }
+
+    /// Peak bytes of stored values alive at once, running the kernels in `schedule` order.
+    fn peak(&self) -> u64 {
+        let sched = self.schedule();
+        let step: HashMap<usize, usize> = sched.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        let mut last_use: HashMap<NodeId, usize> = HashMap::new();
+        for (i, &k) in sched.iter().enumerate() {
+            for m in &self.kernels[k].members {
+                for v in self.g.inputs(*m).into_iter().flatten() {
+                    if !self.kernels[k].members.contains(&v.node) {
+                        let e = last_use.entry(v.node).or_insert(i);
+                        *e = (*e).max(i);
+                    }
+                }
+            }
+        }
+        let mut peak = 0u64;
+        for i in 0..sched.len() {
+            let alive: u64 = sched
+                .iter()
+                .filter(|k| {
+                    let kr = &self.kernels[**k];
+                    let s = step[*k];
+                    !self.is_view_kernel(&kr.members) && s <= i && (last_use.get(&kr.root).is_some_and(|l| *l >= i) || self.outputs.contains(&kr.root) || s == i)
+                })
+                .map(|k| self.g.node(self.kernels[*k].root).outputs.iter().map(|t| t.bytes() as u64).sum::<u64>())
+                .sum();
+            peak = peak.max(alive);
+        }
+        peak
+    }
+}
+
+/// Partitions `g` into kernels for target `t`; see the module comment.
+pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>) -> Result<Plan> {
+    let order = g.topo_order()?;
+    let mut f = Fuser { g, t, tf32: allow_tf32, kinds: HashMap::new(), work: HashMap::new(), kernels: vec![], homes: HashMap::new(), outputs: g.graph_outputs().iter().map(|(_, v)| v.node).collect(), order: order.clone() };
+    for &n in &order {
+        let k = kind(g, n);
+        let node = g.node(n);
+        let ins: Vec<Option<TensorType>> = g.inputs(n).into_iter().map(|v| v.map(|v| g.value_type(v).clone())).collect();
+        let ins_ref: Vec<Option<&TensorType>> = ins.iter().map(|t| t.as_ref()).collect();
+        f.work.insert(n, op_work(&node.op, &ins_ref, &node.outputs, f.tf32));
+        if !matches!(node.op, Op::Input | Op::Const(_)) {
+            let heavy = k == Kind::Heavy || k == Kind::Opaque;
+            let row = match &k {
+                Kind::Reduction(r) => Some(r.clone()),
+                _ => None,
+            };
+            f.homes.insert(n, vec![f.kernels.len()]);
+            f.kernels.push(Kernel { root: n, members: BTreeSet::from([n]), heavy, row, alive: true });
+        }
+        f.kinds.insert(n, k);
+    }
+    // Consumers first: when a value is offered to its readers, its own kernel holds just itself.
+    for &n in order.iter().rev() {
+        if f.kinds[&n] == Kind::Opaque {
+            continue;
+        }
+        if let Some(&pk) = f.homes.get(&n).and_then(|h| h.first()) {
+            if f.kernels[pk].root == n {
+                f.try_inline(pk, false);
+            }
+        }
+    }
+    if let Some(budget) = memory_budget {
+        while f.peak() > budget {
+            // The largest stored elementwise value that its readers can recompute.
+            let mut cands: Vec<usize> = f.schedule().into_iter().filter(|&k| !f.kernels[k].heavy && f.kernels[k].row.is_none() && !f.is_view_kernel(&f.kernels[k].members)).collect();
+            cands.sort_by_key(|&k| std::cmp::Reverse(g.node(f.kernels[k].root).outputs[0].bytes()));
+            if !cands.into_iter().any(|k| f.try_inline(k, true)) {
+                break;
+            }
+        }
+    }
+    emit(&f)
+}
+
+/// Builds the fused graph: kernels in execution order, recomputed nodes copied into each kernel that
+/// computes them.
+fn emit(f: &Fuser<'_>) -> Result<Plan> {
+    let g = f.g;
+    let mut out = Graph::new(g.name.clone());
+    let mut global: HashMap<NodeId, Vec<Value>> = HashMap::new();
+    for &n in g.graph_inputs() {
+        global.insert(n, vec![out.add_input(g.node(n).name.clone(), g.node(n).outputs[0].clone())]);
+    }
+    let pos: HashMap<NodeId, usize> = f.order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut infos = vec![];
+    let mut total = Cost::ZERO;
+    for (kid, k) in f.schedule().into_iter().enumerate() {
+        let kr = &f.kernels[k];
+        let mut members: Vec<NodeId> = kr.members.iter().copied().collect();
+        members.sort_by_key(|m| pos[m]);
+        let mut local: HashMap<NodeId, Vec<Value>> = HashMap::new();
+        for &m in &members {
+            let mut ins = vec![];
+            for v in g.inputs(m) {
+                let Some(v) = v else {
+                    ins.push(None);
+                    continue;
+                };
+                let src = if kr.members.contains(&v.node) { local.get(&v.node) } else { global.get(&v.node) };
+                let src = match src {
+                    Some(s) => s[v.output as usize],
+                    None => {
+                        // A constant, added where first read.
+                        let node = g.node(v.node);
+                        let Op::Const(t) = &node.op else { return Err(crate::error::RewriteError::Internal(format!("value of '{}' read before it is computed", node.name))) };
+                        let c = out.add_const(node.name.clone(), t.as_ref().clone());
+                        global.insert(v.node, vec![c]);
+                        c
+                    }
+                };
+                ins.push(Some(src));
+            }
+            let node = g.node(m);
+            let vals = out.add_typed(node.op.clone(), node.name.clone(), &ins, node.outputs.clone());
+            out.node_mut(vals[0].node).kernel = Some(kid as u32);
+            local.insert(m, vals);
+        }
+        global.insert(kr.root, local[&kr.root].clone());
+        let view = f.is_view_kernel(&kr.members);
+        let work = f.kernel_work(&kr.members, kr.root);
+        let est = estimate(&work, f.t);
+        let est = if view { Estimate { time: Cost::ZERO, ..est } } else { est };
+        total = total + est.time;
+        infos.push(KernelInfo { ops: members.iter().map(|m| g.node(*m).op.name()).collect(), work, estimate: est, view, root: g.node(kr.root).name.clone() });
+    }
+    for (name, v) in g.graph_outputs() {
+        let src = match global.get(&v.node) {
+            Some(s) => s[v.output as usize],
+            None => {
+                let node = g.node(v.node);
+                match &node.op {
+                    Op::Const(t) => out.add_const(node.name.clone(), t.as_ref().clone()),
+                    _ => return Err(crate::error::RewriteError::Internal(format!("output '{name}' was not computed"))),
+                }
+            }
+        };
+        out.add_output(name.clone(), src);
+    }
+    mlopt_ir::verify::verify(&out)?;
+    Ok(Plan { graph: out, kernels: infos, total, peak_bytes: f.peak() })
+}
+
+/// The cost of `g` with every op its own kernel: the "before" figure of the report.
+pub fn unfused_cost(g: &Graph, t: &Target, allow_tf32: bool) -> Cost {
+    g.node_ids()
+        .filter(|n| !matches!(g.node(*n).op, Op::Input | Op::Const(_)))
+        .map(|n| {
+            let node = g.node(n);
+            let ins: Vec<Option<TensorType>> = g.inputs(n).into_iter().map(|v| v.map(|v| g.value_type(v).clone())).collect();
+            let refs: Vec<Option<&TensorType>> = ins.iter().map(|t| t.as_ref()).collect();
+            if is_view(&node.op) {
+                return Cost::ZERO;
+            }
+            let mut w = op_work(&node.op, &refs, &node.outputs, allow_tf32);
+            w.bytes = refs.iter().flatten().map(|t| t.bytes() as f64).sum::<f64>() + node.outputs.iter().map(|t| t.bytes() as f64).sum::<f64>();
+            estimate(&w, t).time
+        })
+        .sum()
+}

@@ -1,0 +1,257 @@
+//! The optimiser's driver: load, saturate within limits, extract, fuse; for `--precision auto`, check the
+//! result against the fp32 interpreter and back off lowered ops until it is within tolerance.
+
+use crate::convert::{build, load};
+use crate::error::{Result, RewriteError};
+use crate::extract::extract;
+use crate::fuse::{fuse, Plan};
+use crate::rules::{rules, RuleSet};
+use egg::{Runner, StopReason};
+use mlopt_cost::{Cost, Target};
+use mlopt_ir::{DType, Graph, Op, Tensor};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+    /// Low precision where the cost model says it pays, then checked against fp32 within the tolerance.
+    Auto,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "fp32" => Ok(Precision::Fp32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" => Ok(Precision::Fp16),
+            "auto" => Ok(Precision::Auto),
+            _ => Err(format!("unknown precision '{s}' (fp32, bf16, fp16, auto)")),
+        }
+    }
+}
+
+/// Equality-saturation limits; the first reached stops the run and is reported.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub iterations: usize,
+    pub nodes: usize,
+    pub time: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { iterations: 12, nodes: 200_000, time: Duration::from_secs(10) }
+    }
+}
+
+/// What the optimiser is asked to do.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub target: Target,
+    pub precision: Precision,
+    pub memory_budget: Option<u64>,
+    /// `auto` precision: the largest error allowed, relative to each output's largest magnitude.
+    pub tolerance: f64,
+    /// `auto` precision: input sets to check on; random inputs when empty.
+    pub calibration: Vec<HashMap<String, Tensor>>,
+    pub limits: Limits,
+    /// Show a spinner on stderr while saturating (drawn only when stderr is a terminal).
+    pub progress: bool,
+}
+
+impl Config {
+    pub fn new(target: Target) -> Config {
+        Config { target, precision: Precision::Fp32, memory_budget: None, tolerance: 1e-2, calibration: vec![], limits: Limits::default(), progress: false }
+    }
+}
+
+/// Figures of one optimisation, for the dump header and the report.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub stop_reason: String,
+    pub iterations: usize,
+    pub egraph_nodes: usize,
+    pub egraph_classes: usize,
+    pub saturate_s: f64,
+    pub extract_s: f64,
+    /// Times each rule was applied.
+    pub applied: BTreeMap<String, usize>,
+    /// The extracted graph's DAG cost with one kernel per op, before fusion.
+    pub extracted: Cost,
+    /// `auto` precision: ops kept in fp32 by the check, and the final error.
+    pub backed_off: Vec<String>,
+    pub precision_error: Option<f64>,
+}
+
+/// The result: the fused plan, the cost of the input graph with one kernel per op, and the figures.
+#[derive(Debug, Clone)]
+pub struct Optimized {
+    pub plan: Plan,
+    pub before: Cost,
+    pub stats: Stats,
+}
+
+/// Optimises `g` for `cfg.target`.
+pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
+    let tf32 = cfg.precision != Precision::Fp32;
+    let before = crate::fuse::unfused_cost(g, &cfg.target, false);
+    let lower_to = match cfg.precision {
+        Precision::Fp32 => None,
+        Precision::Bf16 => Some(DType::BF16),
+        Precision::Fp16 => Some(DType::F16),
+        Precision::Auto => Some(if cfg.target.is_gpu() || cfg.target.bf16_matrix.is_some() { DType::BF16 } else { DType::F16 }),
+    };
+    let set = RuleSet { algebra: true, layout: true, fusion: true, merge: true, lower_to };
+    let mut keep: HashSet<String> = HashSet::new();
+    let mut backed_off = vec![];
+    loop {
+        let (plan, mut stats) = run_once(g, cfg, &set, &keep, tf32)?;
+        if cfg.precision != Precision::Auto {
+            return Ok(Optimized { plan, before, stats });
+        }
+        let err = precision_error(g, &plan.graph, cfg)?;
+        stats.precision_error = Some(err);
+        stats.backed_off = backed_off.clone();
+        let lowered = lowered_ops(&plan.graph);
+        if err <= cfg.tolerance || lowered.is_empty() {
+            if err > cfg.tolerance {
+                return Err(RewriteError::Precision(format!("error {err:.3e} exceeds the tolerance {:.1e} even in fp32", cfg.tolerance)));
+            }
+            return Ok(Optimized { plan, before, stats });
+        }
+        // Back off the lowered op with the most FLOPs: the longest contractions round the most.
+        let Some((name, _)) = lowered.into_iter().max_by(|a, b| a.1.total_cmp(&b.1)) else { unreachable!("lowered is not empty") };
+        backed_off.push(name.clone());
+        keep.insert(name);
+    }
+}
+
+/// One saturation + extraction + fusion, with the ops named in `keep` held in fp32.
+fn run_once(g: &Graph, cfg: &Config, set: &RuleSet, keep: &HashSet<String>, tf32: bool) -> Result<(Plan, Stats)> {
+    let mut loaded = load(g, true)?;
+    loaded.eg.analysis.keep_fp32 = loaded.names.iter().filter(|(_, n)| keep.contains(*n)).map(|(id, _)| *id).collect();
+    let roots: Vec<egg::Id> = loaded.roots.iter().map(|r| r.1).collect();
+    let start = Instant::now();
+    let bar = progress_bar(cfg.progress);
+    let hook_bar = bar.clone();
+    let runner = Runner::default()
+        .with_egraph(std::mem::take(&mut loaded.eg))
+        .with_iter_limit(cfg.limits.iterations)
+        .with_node_limit(cfg.limits.nodes)
+        .with_time_limit(cfg.limits.time)
+        .with_hook(move |r| {
+            hook_bar.set_message(format!("saturating: iteration {}, {} e-nodes", r.iterations.len() + 1, r.egraph.total_number_of_nodes()));
+            hook_bar.tick();
+            Ok(())
+        })
+        .run(&rules(set));
+    bar.finish_and_clear();
+    let saturate_s = start.elapsed().as_secs_f64();
+    let mut stats = Stats {
+        stop_reason: match &runner.stop_reason {
+            Some(StopReason::Saturated) => "saturated".into(),
+            Some(StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
+            Some(StopReason::NodeLimit(n)) => format!("e-node limit ({n})"),
+            Some(StopReason::TimeLimit(s)) => format!("time limit ({s:.1} s)"),
+            Some(StopReason::Other(s)) => s.clone(),
+            None => "not run".into(),
+        },
+        iterations: runner.iterations.len(),
+        egraph_nodes: runner.egraph.total_number_of_nodes(),
+        egraph_classes: runner.egraph.number_of_classes(),
+        saturate_s,
+        ..Default::default()
+    };
+    for it in &runner.iterations {
+        for (rule, n) in &it.applied {
+            *stats.applied.entry(rule.to_string()).or_default() += n;
+        }
+    }
+    loaded.eg = runner.egraph;
+    let start = Instant::now();
+    let opts = crate::extract::Options { allow_tf32: tf32, force_low: matches!(cfg.precision, Precision::Bf16 | Precision::Fp16) };
+    let (choice, cost) = extract(&loaded.eg, &roots, &cfg.target, &opts);
+    stats.extracted = cost;
+    let extracted = build(&loaded, &choice)?;
+    let plan = fuse(&extracted, &cfg.target, tf32, cfg.memory_budget)?;
+    stats.extract_s = start.elapsed().as_secs_f64();
+    Ok((plan, stats))
+}
+
+fn progress_bar(on: bool) -> indicatif::ProgressBar {
+    if !on {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// Low-precision matrix ops of `g` (name, FLOPs), found as the fp32 cast over a bf16/f16 matrix op.
+fn lowered_ops(g: &Graph) -> Vec<(String, f64)> {
+    let mut out = vec![];
+    for n in g.node_ids() {
+        let node = g.node(n);
+        if !matches!(node.op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)) || !matches!(node.outputs[0].dtype, DType::BF16 | DType::F16) {
+            continue;
+        }
+        let ins: Vec<Option<mlopt_ir::TensorType>> = g.inputs(n).into_iter().map(|v| v.map(|v| g.value_type(v).clone())).collect();
+        let refs: Vec<Option<&mlopt_ir::TensorType>> = ins.iter().map(|t| t.as_ref()).collect();
+        let flops = mlopt_cost::op_work(&node.op, &refs, &node.outputs, false).flops();
+        // The fp32 cast reading it carries the original op's name (its class's name).
+        let name = g.users(n).iter().map(|(u, _)| g.node(*u).name.clone()).find(|s| !s.is_empty()).unwrap_or_else(|| node.name.clone());
+        out.push((name, flops));
+    }
+    out
+}
+
+/// The largest error of `opt` against the fp32 `orig` over the calibration sets (or 3 random ones), each
+/// output's error divided by its largest magnitude (at least 1).
+pub fn precision_error(orig: &Graph, opt: &Graph, cfg: &Config) -> Result<f64> {
+    let sets = if cfg.calibration.is_empty() { (0..3).map(|s| random_inputs(orig, s)).collect() } else { cfg.calibration.clone() };
+    let mut worst = 0f64;
+    for inputs in &sets {
+        let want = mlopt_ir::interp::run(orig, inputs)?;
+        let got = mlopt_ir::interp::run(opt, inputs)?;
+        for ((name, w), (_, o)) in want.iter().zip(&got) {
+            let (w, o) = (w.to_f64_vec(), o.to_f64_vec());
+            if w.len() != o.len() {
+                return Err(RewriteError::Internal(format!("output {name} changed size")));
+            }
+            let scale = w.iter().fold(1f64, |m, x| m.max(x.abs()));
+            let err = w.iter().zip(&o).fold(0f64, |m, (a, b)| if a.is_nan() && b.is_nan() { m } else { m.max((a - b).abs()) });
+            worst = worst.max(err / scale);
+        }
+    }
+    Ok(worst)
+}
+
+/// Inputs drawn uniformly from [-1, 1) for floats (a fixed xorshift sequence per seed), zeros otherwise.
+pub fn random_inputs(g: &Graph, seed: u64) -> HashMap<String, Tensor> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407);
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    };
+    g.graph_inputs()
+        .iter()
+        .map(|&n| {
+            let node = g.node(n);
+            let ty = &node.outputs[0];
+            let t = if ty.dtype.is_float() {
+                let vals: Vec<f64> = (0..ty.numel()).map(|_| next()).collect();
+                Tensor::from_vec(&ty.shape, vals).map(|t| t.cast(ty.dtype)).unwrap_or_else(|| Tensor::zeros(ty))
+            } else {
+                Tensor::zeros(ty)
+            };
+            (node.name.clone(), t)
+        })
+        .collect()
+}

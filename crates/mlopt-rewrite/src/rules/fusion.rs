@@ -1,0 +1,54 @@
+//! Fusion patterns that become one op: GELU written out with Erf (as PyTorch and HF exporters emit it) is
+//! recognised as `gelu`. Which ops share a kernel is not a rule but the fusion pass's cost decision
+//! (`fuse.rs`): elementwise chains, epilogues of MatMul/Gemm/Conv, and row reductions with their prologue
+//! and epilogue all come from there.
+
+use super::{add, ops, scan, splat};
+use crate::lang::{EGraph, Rewrite};
+use egg::Id;
+use mlopt_ir::{Binary, Op, Unary};
+
+pub fn rules() -> Vec<Rewrite> {
+    vec![scan("gelu-erf", |eg, id| !gelu_inputs(eg, id).is_empty(), |eg, id| {
+        gelu_inputs(eg, id).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
+    })]
+}
+
+fn near(v: Option<f64>, want: f64) -> bool {
+    v.is_some_and(|v| (v - want).abs() < 1e-5 * want.abs().max(1.0))
+}
+
+/// The binary `b` nodes of class `id` as operand pairs, in both orders.
+fn pairs(eg: &EGraph, id: Id, b: Binary) -> Vec<(Id, Id)> {
+    ops(eg, id).into_iter().filter(|(o, _)| *o == Op::Binary(b)).flat_map(|(_, c)| [(c[0], c[1]), (c[1], c[0])]).collect()
+}
+
+/// Whether class `e` is `1 + erf(x / sqrt 2)` (or `x * (1/sqrt 2)`, either operand order).
+fn erf_core(eg: &EGraph, e: Id, x: Id) -> bool {
+    pairs(eg, e, Binary::Add).into_iter().any(|(erf, one)| {
+        near(splat(eg, one), 1.0)
+            && ops(eg, erf).into_iter().any(|(o, c)| {
+                o == Op::Unary(Unary::Erf)
+                    && (pairs(eg, c[0], Binary::Div).into_iter().any(|(a, s)| eg.find(a) == eg.find(x) && near(splat(eg, s), std::f64::consts::SQRT_2))
+                        || pairs(eg, c[0], Binary::Mul).into_iter().any(|(a, s)| eg.find(a) == eg.find(x) && near(splat(eg, s), std::f64::consts::FRAC_1_SQRT_2)))
+            })
+    })
+}
+
+/// The x of `0.5 * x * (1 + erf(x / sqrt 2))` in either grouping: `(x * E) * 0.5` or `(x * 0.5) * E`.
+fn gelu_inputs(eg: &EGraph, id: Id) -> Vec<Id> {
+    let mut out = vec![];
+    for (p, q) in pairs(eg, id, Binary::Mul) {
+        if near(splat(eg, q), 0.5) {
+            out.extend(pairs(eg, p, Binary::Mul).into_iter().filter(|(x, e)| erf_core(eg, *e, *x)).map(|(x, _)| x));
+        }
+        for (x, h) in pairs(eg, p, Binary::Mul) {
+            if near(splat(eg, h), 0.5) && erf_core(eg, q, x) {
+                out.push(x);
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}

@@ -1,0 +1,99 @@
+//! Multi-pattern rewrites (as in TASO and Tensat): sibling MatMul/Gemm ops that read the same input with
+//! constant weights become one wider op followed by a Split, e.g. the Q, K and V projections of attention.
+//! The extraction keeps the merged form only when its DAG cost is lower (one launch and one read of the
+//! input against the Split's copy).
+
+use super::{add, is_const, ops, scan_pairs, ty};
+use crate::lang::{EGraph, Head, MNode, Rewrite};
+use egg::Id;
+use mlopt_ir::{Op, TensorType};
+
+pub fn rules() -> Vec<Rewrite> {
+    vec![scan_pairs("merge-sibling-matmuls", |eg, id| siblings(eg, id).len() >= 2, merge)]
+}
+
+/// A sibling: the class of `matmul x w` or `gemm x w b` (plain, trans_b as given) reading shared input x.
+#[derive(Debug, Clone)]
+struct Sibling {
+    class: Id,
+    op: Op,
+    w: Id,
+    b: Option<Id>,
+}
+
+/// Merge key: op kind and transposition, weight dtype and contracted length, whether a bias is present.
+fn key(eg: &EGraph, s: &Sibling) -> Option<(bool, bool, TensorType, bool)> {
+    let w = ty(eg, s.w)?;
+    let (gemm, trans_b) = match s.op {
+        Op::MatMul => (false, false),
+        Op::Gemm { trans_b, .. } => (true, trans_b),
+        _ => return None,
+    };
+    let k = if trans_b { w.shape[1] } else { w.shape[0] };
+    Some((gemm, trans_b, TensorType::new(w.dtype, vec![k]), s.b.is_some()))
+}
+
+/// The siblings reading class `x`, in the largest group that can merge; none once a merge happened
+/// (merged classes hold a projection).
+fn siblings(eg: &EGraph, x: Id) -> Vec<Sibling> {
+    let x = eg.find(x);
+    let mut all: Vec<Sibling> = vec![];
+    for p in eg[x].parents() {
+        let p = eg.find(p);
+        if all.iter().any(|s| s.class == p) {
+            continue;
+        }
+        for (op, c) in ops(eg, p) {
+            let plain = match &op {
+                Op::MatMul => ty(eg, c[1]).is_some_and(|t| t.rank() == 2),
+                Op::Gemm { alpha, beta, trans_a, .. } => *alpha == 1.0 && *beta == 1.0 && !trans_a,
+                _ => false,
+            };
+            if plain && eg.find(c[0]) == x && eg.find(c[1]) != x && is_const(eg, c[1]) {
+                let b = c.get(2).copied().filter(|b| !eg[*b].data.types.is_empty());
+                if b.is_some_and(|b| !is_const(eg, b) || ty(eg, b).is_none_or(|t| t.rank() != 1)) {
+                    continue;
+                }
+                all.push(Sibling { class: p, op: op.clone(), w: c[1], b });
+                break;
+            }
+        }
+    }
+    if all.iter().any(|s| eg[s.class].nodes.iter().any(|n| matches!(n.head, Head::Proj(_)))) {
+        return vec![];
+    }
+    // The largest group with one key.
+    let mut best: Vec<Sibling> = vec![];
+    for s in &all {
+        let k = key(eg, s);
+        let group: Vec<Sibling> = all.iter().filter(|t| key(eg, t) == k && k.is_some()).cloned().collect();
+        if group.len() > best.len() {
+            best = group;
+        }
+    }
+    best
+}
+
+fn merge(eg: &mut EGraph, x: Id) -> Vec<(Id, Id)> {
+    let sib = siblings(eg, x);
+    let build = |eg: &mut EGraph| -> Option<Vec<(Id, Id)>> {
+        let first = sib.first()?;
+        let trans_b = matches!(first.op, Op::Gemm { trans_b: true, .. });
+        let ns: Vec<usize> = sib.iter().map(|s| ty(eg, s.w).map(|t| if trans_b { t.shape[0] } else { t.shape[1] })).collect::<Option<_>>()?;
+        let wcat = add(eg, Op::Concat { axis: if trans_b { 0 } else { 1 } }, sib.iter().map(|s| s.w).collect())?;
+        let wide = match &first.op {
+            Op::Gemm { .. } => {
+                let b = match first.b {
+                    Some(_) => add(eg, Op::Concat { axis: 0 }, sib.iter().filter_map(|s| s.b).collect())?,
+                    None => eg.add(MNode { head: Head::Absent, children: vec![] }),
+                };
+                add(eg, first.op.clone(), vec![x, wcat, b])?
+            }
+            _ => add(eg, Op::MatMul, vec![x, wcat])?,
+        };
+        let axis = ty(eg, wide)?.rank() - 1;
+        let split = add(eg, Op::Split { axis, sizes: ns }, vec![wide])?;
+        Some(sib.iter().enumerate().map(|(i, s)| (s.class, eg.add(MNode { head: Head::Proj(i as u32), children: vec![split] }))).collect())
+    };
+    build(eg).unwrap_or_default()
+}

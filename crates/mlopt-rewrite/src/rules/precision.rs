@@ -1,0 +1,99 @@
+//! Precision lowering: MatMul, Gemm and Conv in bf16 or f16 with fp32 accumulation (their inputs cast down,
+//! their output cast back up), and the casts pushed through layout ops and ReLU and cancelled where a value
+//! is narrowed right after being widened. Softmax, normalisations, reductions and exp/log/pow have no rule:
+//! they stay fp32 (PyTorch autocast's fp32 list).
+
+use super::{add, ops, scan, ty};
+use crate::lang::{EGraph, Rewrite};
+use egg::Id;
+use mlopt_ir::{DType, Op, Unary};
+
+pub fn rules(lo: DType) -> Vec<Rewrite> {
+    let n = lo.name();
+    vec![
+        scan(&format!("lower-matrix-{n}"), move |eg, id| !lowerable(eg, id).is_empty(), move |eg, id| {
+            lowerable(eg, id).into_iter().filter_map(|(op, ch)| lower(eg, op, ch, lo)).collect()
+        }),
+        scan("cast-roundtrip", |eg, id| !roundtrips(eg, id).is_empty(), |eg, id| roundtrips(eg, id)),
+        scan("cast-through-layout", |eg, id| !cast_over_layout(eg, id).is_empty(), |eg, id| {
+            cast_over_layout(eg, id).into_iter().filter_map(|(cast, layout, x)| {
+                let c = add(eg, cast, vec![x])?;
+                add(eg, layout, vec![c])
+            }).collect()
+        }),
+        scan("relu-through-widening", |eg, id| !relu_over_widen(eg, id).is_empty(), |eg, id| {
+            relu_over_widen(eg, id).into_iter().filter_map(|(y, to)| {
+                let r = add(eg, Op::Unary(Unary::Relu), vec![y])?;
+                add(eg, Op::Cast { to }, vec![r])
+            }).collect()
+        }),
+    ]
+}
+
+/// fp32 matrix ops of class `id`.
+fn lowerable(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
+    if eg.analysis.keep_fp32.iter().any(|k| eg.find(*k) == eg.find(id)) {
+        return vec![];
+    }
+    ops(eg, id).into_iter().filter(|(o, c)| matches!(o, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)) && ty(eg, c[0]).is_some_and(|t| t.dtype == DType::F32)).collect()
+}
+
+/// `cast<f32>(op(cast<lo> inputs...))`; absent optional inputs stay absent.
+fn lower(eg: &mut EGraph, op: Op, ch: Vec<Id>, lo: DType) -> Option<Id> {
+    let mut low = vec![];
+    for c in ch {
+        low.push(if eg[c].data.types.is_empty() { c } else { add(eg, Op::Cast { to: lo }, vec![c])? });
+    }
+    let y = add(eg, op, low)?;
+    add(eg, Op::Cast { to: DType::F32 }, vec![y])
+}
+
+/// `cast<lo>(cast<wide>(y))` where y is lo and wide holds every lo value exactly: y.
+fn roundtrips(eg: &EGraph, id: Id) -> Vec<Id> {
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        let Op::Cast { to: lo } = o else { continue };
+        for (o2, c2) in ops(eg, c[0]) {
+            let Op::Cast { to: wide } = o2 else { continue };
+            let exact = matches!((lo, wide), (DType::BF16 | DType::F16, DType::F32 | DType::F64) | (DType::F32, DType::F64));
+            if exact && ty(eg, c2[0]).is_some_and(|t| t.dtype == lo) {
+                out.push(c2[0]);
+            }
+        }
+    }
+    out
+}
+
+/// `cast(layout(x))` for transposes and reshapes: (cast, layout, x).
+fn cast_over_layout(eg: &EGraph, id: Id) -> Vec<(Op, Op, Id)> {
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        if !matches!(o, Op::Cast { .. }) {
+            continue;
+        }
+        for (l, lc) in ops(eg, c[0]) {
+            if matches!(l, Op::Transpose { .. } | Op::Reshape { .. }) {
+                out.push((o.clone(), l, lc[0]));
+            }
+        }
+    }
+    out
+}
+
+/// `relu(cast<f32>(y))` with y in a narrower float type: (y, f32). ReLU commutes with exact widening.
+fn relu_over_widen(eg: &EGraph, id: Id) -> Vec<(Id, DType)> {
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        if o != Op::Unary(Unary::Relu) {
+            continue;
+        }
+        for (o2, c2) in ops(eg, c[0]) {
+            if let Op::Cast { to: to @ DType::F32 } = o2 {
+                if ty(eg, c2[0]).is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16)) {
+                    out.push((c2[0], to));
+                }
+            }
+        }
+    }
+    out
+}
