@@ -2,38 +2,9 @@
 //! snapshot-tested, and the interpreter's outputs must match ONNX Runtime's, committed next to each model.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_ir::{interp, print, Tensor};
-use mlopt_onnx::{import_file, read_pb, ImportOptions};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use mlopt_ir::{interp, print};
 
-const FIXTURES: &[&str] = &["mlp", "cnn", "transformer", "dynamic"];
-
-fn dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
-}
-
-/// Inputs and expected outputs of the fixture's first test data set, by name.
-fn data(name: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
-    let ds = dir(name).join("test_data_set_0");
-    let read = |prefix: &str| {
-        (0..)
-            .map(|k| ds.join(format!("{prefix}_{k}.pb")))
-            .take_while(|p| p.exists())
-            .map(|p| read_pb(&p).expect("test data"))
-            .collect::<Vec<_>>()
-    };
-    (read("input").into_iter().collect(), read("output"))
-}
-
-fn import(name: &str) -> mlopt_ir::Graph {
-    let (inputs, _) = data(name);
-    let opts = ImportOptions {
-        input_shapes: inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(),
-        ..Default::default()
-    };
-    import_file(&dir(name).join("model.onnx"), &opts).expect("import")
-}
+use mlopt_tests::{data, import, FIXTURES};
 
 #[test]
 fn import_dumps() {
@@ -79,7 +50,7 @@ fn interpreter_matches_onnx_runtime() {
 
 /// Every numbered case in a fixture set; at least `min` of them.
 fn each_case(set: &str, min: usize) {
-    let n = std::fs::read_dir(dir(set)).expect("fixture set").count();
+    let n = std::fs::read_dir(mlopt_tests::dir(set)).expect("fixture set").count();
     assert!(n >= min, "{set} has {n} cases");
     for k in 0..n {
         matches_expected(&format!("{set}/{k}"));

@@ -68,9 +68,35 @@ pub fn verify(g: &Graph) -> Result<()> {
             errs.push(format!("output '{name}' refers to a missing value"));
         }
     }
+    verify_kernels(g, &mut errs);
     if errs.is_empty() {
         Ok(())
     } else {
         Err(IrError::Verify(errs))
+    }
+}
+
+/// Kernels (fusion groups): inputs and constants belong to none, and each kernel has exactly one root, the
+/// only member whose values are read outside the kernel or returned.
+fn verify_kernels(g: &Graph, errs: &mut Vec<String>) {
+    let mut roots: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+    let outputs: std::collections::HashSet<_> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
+    for n in g.node_ids() {
+        let node = g.node(n);
+        let Some(k) = node.kernel else { continue };
+        if matches!(node.op, Op::Input | Op::Const(_)) {
+            errs.push(format!("node {n} '{}': inputs and constants belong to no kernel", node.name));
+            continue;
+        }
+        let escapes = outputs.contains(&n) || g.users(n).iter().any(|(u, _)| g.node(*u).kernel != Some(k));
+        let entry = roots.entry(k).or_default();
+        if escapes {
+            entry.push(format!("{n}"));
+        }
+    }
+    for (k, r) in roots {
+        if r.len() != 1 {
+            errs.push(format!("kernel k{k} has {} roots ({}); a kernel writes exactly one node's values", r.len(), r.join(", ")));
+        }
     }
 }

@@ -79,8 +79,13 @@ impl Bits {
     }
 }
 
-/// Picks one node per class reachable from `roots`; returns the choice and its DAG cost.
-pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> (HashMap<Id, MNode>, Cost) {
+/// A choice of one node per needed class, and its DAG cost.
+pub type Choice = (HashMap<Id, MNode>, Cost);
+
+/// Picks one node per class reachable from `roots`: the greedy-DAG choice, and when it differs, the choice
+/// with multi-output nodes switched in (see `improve_multi_output`). The caller keeps whichever fuses into
+/// the cheaper plan, since kernel boundaries can change which is better.
+pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice> {
     let classes: Vec<Id> = eg.classes().map(|c| c.id).collect();
     let index: HashMap<Id, usize> = classes.iter().enumerate().map(|(i, c)| (*c, i)).collect();
     let n = classes.len();
@@ -125,20 +130,91 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> (HashMap<I
             break;
         }
     }
+    let greedy: Vec<Option<usize>> = best.iter().map(|b| b.as_ref().map(|b| b.0)).collect();
+    let roots: Vec<usize> = roots.iter().map(|r| index[&eg.find(*r)]).collect();
+    let mut improved = greedy.clone();
+    improve_multi_output(eg, &classes, &index, &own, &roots, &mut improved);
+    let mut out = vec![materialise(eg, &classes, &index, &own, &roots, &greedy)];
+    if improved != greedy {
+        out.push(materialise(eg, &classes, &index, &own, &roots, &improved));
+    }
+    out
+}
+
+/// The chosen node of every class reachable from `roots`, and the DAG cost.
+fn materialise(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<Cost>], roots: &[usize], pick: &[Option<usize>]) -> Choice {
     let mut choice = HashMap::new();
-    let mut total_set = Bits::new(n);
-    let mut stack: Vec<Id> = roots.iter().map(|r| eg.find(*r)).collect();
-    while let Some(c) = stack.pop() {
+    let cost = dag_cost(eg, classes, index, own, roots, pick).unwrap_or(Cost::INFINITY);
+    let mut stack: Vec<usize> = roots.to_vec();
+    while let Some(i) = stack.pop() {
+        let c = classes[i];
         if choice.contains_key(&c) {
             continue;
         }
-        let i = index[&c];
-        let Some((ni, _, _)) = &best[i] else { continue };
-        total_set.set(i);
-        let node = eg[c].nodes[*ni].clone();
-        stack.extend(node.children.iter().map(|x| eg.find(*x)));
+        let Some(ni) = pick[i] else { continue };
+        let node = eg[c].nodes[ni].clone();
+        stack.extend(node.children.iter().map(|x| index[&eg.find(*x)]));
         choice.insert(c, node);
     }
-    let cost = total_set.ones().map(|i| cur_cost[i]).sum();
     (choice, cost)
+}
+
+/// The DAG cost of the choice `pick` from `roots`: each reachable class's chosen node once; `None` on a
+/// cycle or a class without a choice.
+fn dag_cost(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<Cost>], roots: &[usize], pick: &[Option<usize>]) -> Option<Cost> {
+    // 0 = unseen, 1 = on the stack, 2 = done.
+    let mut state = vec![0u8; classes.len()];
+    let mut total = Cost::ZERO;
+    let mut stack: Vec<(usize, bool)> = roots.iter().map(|r| (*r, false)).collect();
+    while let Some((i, leaving)) = stack.pop() {
+        if leaving {
+            state[i] = 2;
+            continue;
+        }
+        match state[i] {
+            2 => continue,
+            1 => return None,
+            _ => {}
+        }
+        state[i] = 1;
+        let ni = pick[i]?;
+        total = total + own[i][ni];
+        stack.push((i, true));
+        for ch in &eg[classes[i]].nodes[ni].children {
+            let j = index[&eg.find(*ch)];
+            match state[j] {
+                1 => return None,
+                0 => stack.push((j, false)),
+                _ => {}
+            }
+        }
+    }
+    Some(total)
+}
+
+/// Greedy choice is per class, so it never takes a multi-output node (a merged MatMul and its Split) whose
+/// cost pays off only when all its projections are taken together. For each such node, try switching all
+/// the classes that hold one of its projections at once, and keep the switch when the DAG cost drops.
+fn improve_multi_output(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<Cost>], roots: &[usize], pick: &mut [Option<usize>]) {
+    let mut groups: std::collections::BTreeMap<Id, Vec<(usize, usize)>> = Default::default();
+    for (i, c) in classes.iter().enumerate() {
+        for (ni, n) in eg[*c].nodes.iter().enumerate() {
+            if matches!(n.head, Head::Proj(_)) {
+                groups.entry(eg.find(n.children[0])).or_default().push((i, ni));
+            }
+        }
+    }
+    let Some(mut current) = dag_cost(eg, classes, index, own, roots, pick) else { return };
+    for members in groups.values() {
+        let mut trial = pick.to_vec();
+        for &(i, ni) in members {
+            trial[i] = Some(ni);
+        }
+        if let Some(c) = dag_cost(eg, classes, index, own, roots, &trial) {
+            if c < current {
+                current = c;
+                pick.copy_from_slice(&trial);
+            }
+        }
+    }
 }

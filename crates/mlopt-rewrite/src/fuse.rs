@@ -9,10 +9,11 @@
 //! - or reductions over one common row (same input shape and axes: Softmax, LayerNormalization, a mean and a
 //!   variance) with elementwise prologue and epilogue.
 //!
-//! Values are visited from the outputs back; each value is offered to all the kernels that read it. With one
-//! reader that is fusion; with several it is recomputation (each reader's kernel gets its own copy), which
-//! only elementwise trees may do. It is taken when the summed estimate of the kernels involved goes down:
-//! recomputing trades extra FLOPs for the stored value's write and reads. `memory_budget` then forces further
+//! Values are visited from the outputs back. First each value read by a single kernel is offered to it
+//! (fusion), so kernels grow down to the values that several kernels read. Then each such kernel is offered
+//! whole to all its readers (recomputation: each reader gets its own copy), which only elementwise trees
+//! may do. Either is taken when the summed estimate of the kernels involved goes down: recomputing trades
+//! extra FLOPs for the stored value's write and reads. `memory_budget` then forces further
 //! recomputation of the largest stored elementwise values while the plan's peak activation memory exceeds it.
 
 use crate::error::Result;
@@ -202,6 +203,15 @@ impl Fuser<'_> {
         self.kernels[pk].alive = false;
     }
 
+    /// The kernel rooted at `n`, if `n` is a root.
+    fn own_kernel(&self, n: NodeId) -> Option<usize> {
+        if self.kinds[&n] == Kind::Opaque {
+            return None;
+        }
+        let pk = *self.homes.get(&n)?.first()?;
+        (self.kernels[pk].root == n && self.kernels[pk].alive).then_some(pk)
+    }
+
     /// Tries to compute kernel `pk` inside its readers; `force` takes it even when it costs more.
     fn try_inline(&mut self, pk: usize, force: bool) -> bool {
         let Some(into) = self.readers(self.kernels[pk].root) else { return false };
@@ -273,15 +283,23 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
         }
         f.kinds.insert(n, k);
     }
-    // Consumers first: when a value is offered to its readers, its own kernel holds just itself.
+    // Fusion first, consumers before producers: a value read by one kernel joins it when that is cheaper,
+    // so each kernel grows down to the values several kernels read.
     for &n in order.iter().rev() {
-        if f.kinds[&n] == Kind::Opaque {
-            continue;
-        }
-        if let Some(&pk) = f.homes.get(&n).and_then(|h| h.first()) {
-            if f.kernels[pk].root == n {
+        if let Some(pk) = f.own_kernel(n) {
+            if f.readers(n).is_some_and(|r| r.len() == 1) {
                 f.try_inline(pk, false);
             }
+        }
+    }
+    // Then recomputation, whole producer kernels at a time, until nothing improves.
+    loop {
+        let before = f.kernels.iter().filter(|k| k.alive).count();
+        for k in f.schedule().into_iter().rev() {
+            f.try_inline(k, false);
+        }
+        if f.kernels.iter().filter(|k| k.alive).count() == before {
+            break;
         }
     }
     if let Some(budget) = memory_budget {
@@ -381,4 +399,103 @@ pub fn unfused_cost(g: &Graph, t: &Target, allow_tf32: bool) -> Cost {
             estimate(&w, t).time
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlopt_ir::{Binary, DType, ReduceKind, Tensor, Unary};
+
+    fn target() -> Target {
+        Target::named("x86-64-v4", 1).unwrap()
+    }
+
+    /// The ops of each kernel, by kernel, skipping views.
+    fn kernels(p: &Plan) -> Vec<Vec<&'static str>> {
+        p.kernels.iter().filter(|k| !k.view).map(|k| k.ops.clone()).collect()
+    }
+
+    fn check_same(g: &Graph, p: &Plan) {
+        let inputs = crate::optimize::random_inputs(g, 7);
+        let a = mlopt_ir::interp::run(g, &inputs).unwrap();
+        let b = mlopt_ir::interp::run(&p.graph, &inputs).unwrap();
+        for ((_, x), (_, y)) in a.iter().zip(&b) {
+            assert_eq!(x.to_f64_vec(), y.to_f64_vec());
+        }
+    }
+
+    fn ty(s: &[usize]) -> TensorType {
+        TensorType::new(DType::F32, s.to_vec())
+    }
+
+    #[test]
+    fn elementwise_chains_and_epilogues_fuse() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", ty(&[64, 32]));
+        let w = g.add_const("w", Tensor::full(&ty(&[32, 16]), 0.5));
+        let b = g.add_const("b", Tensor::full(&ty(&[16]), 0.1));
+        let m = g.add(Op::MatMul, "mm", &[x, w]).unwrap();
+        let a = g.add(Op::Binary(Binary::Add), "bias", &[m, b]).unwrap();
+        let r = g.add(Op::Unary(Unary::Relu), "relu", &[a]).unwrap();
+        let w2 = g.add_const("w2", Tensor::full(&ty(&[16, 8]), 0.5));
+        let m2 = g.add(Op::MatMul, "mm2", &[r, w2]).unwrap();
+        let s = g.add(Op::Unary(Unary::Sigmoid), "sig", &[m2]).unwrap();
+        g.add_output("y", s);
+        let p = fuse(&g, &target(), false, None).unwrap();
+        assert_eq!(kernels(&p), vec![vec!["matmul", "add", "relu"], vec!["matmul", "sigmoid"]]);
+        check_same(&g, &p);
+    }
+
+    #[test]
+    fn decomposed_layer_norm_is_one_row_kernel() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", ty(&[8, 64]));
+        let mean = |g: &mut Graph, v| g.add(Op::Reduce { kind: ReduceKind::Mean, axes: vec![1], keepdims: true }, "", &[v]).unwrap();
+        let mu = mean(&mut g, x);
+        let d = g.add(Op::Binary(Binary::Sub), "", &[x, mu]).unwrap();
+        let d2 = g.add(Op::Binary(Binary::Mul), "", &[d, d]).unwrap();
+        let var = mean(&mut g, d2);
+        let eps = g.add_const("eps", Tensor::scalar(1e-5f32));
+        let ve = g.add(Op::Binary(Binary::Add), "", &[var, eps]).unwrap();
+        let sd = g.add(Op::Unary(Unary::Sqrt), "", &[ve]).unwrap();
+        let y = g.add(Op::Binary(Binary::Div), "", &[d, sd]).unwrap();
+        g.add_output("y", y);
+        let p = fuse(&g, &target(), false, None).unwrap();
+        assert_eq!(kernels(&p).len(), 1, "{}", mlopt_ir::print::print(&p.graph));
+        check_same(&g, &p);
+    }
+
+    /// y = chain(x) read by two reductions: cheap chains are recomputed in both readers, expensive ones are
+    /// stored, unless a memory budget forces recomputation.
+    fn shared(chain: &[Unary]) -> Graph {
+        let mut g = Graph::new("t");
+        let mut v = g.add_input("x", ty(&[256, 256]));
+        for u in chain {
+            v = g.add(Op::Unary(*u), "", &[v]).unwrap();
+        }
+        let s = g.add(Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keepdims: false }, "sum", &[v]).unwrap();
+        let m = g.add(Op::Reduce { kind: ReduceKind::Max, axes: vec![0], keepdims: false }, "max", &[v]).unwrap();
+        g.add_output("s", s);
+        g.add_output("m", m);
+        g
+    }
+
+    #[test]
+    fn cheap_values_are_recomputed_expensive_ones_stored() {
+        let cheap = shared(&[Unary::Relu]);
+        let p = fuse(&cheap, &target(), false, None).unwrap();
+        assert_eq!(kernels(&p), vec![vec!["relu", "reduce_sum"], vec!["relu", "reduce_max"]]);
+        check_same(&cheap, &p);
+
+        // 24 transcendental ops: 360 FLOP per element, far past the ridge point; recomputing all of it in
+        // both readers would double that, so part of the chain is stored.
+        let costly = shared(&[Unary::Erf, Unary::Tanh, Unary::Exp, Unary::Sigmoid].repeat(6));
+        let stored = fuse(&costly, &target(), false, None).unwrap();
+        assert_eq!(kernels(&stored).len(), 3, "{:?}", kernels(&stored));
+        let tight = fuse(&costly, &target(), false, Some(0)).unwrap();
+        assert_eq!(kernels(&tight).len(), 2, "{:?}", kernels(&tight));
+        assert!(tight.peak_bytes < stored.peak_bytes);
+        assert!(tight.total > stored.total, "recomputation costs time");
+        check_same(&costly, &tight);
+    }
 }

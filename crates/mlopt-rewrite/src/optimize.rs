@@ -175,10 +175,16 @@ fn run_once(g: &Graph, cfg: &Config, set: &RuleSet, keep: &HashSet<String>, tf32
     loaded.eg = runner.egraph;
     let start = Instant::now();
     let opts = crate::extract::Options { allow_tf32: tf32, force_low: matches!(cfg.precision, Precision::Bf16 | Precision::Fp16) };
-    let (choice, cost) = extract(&loaded.eg, &roots, &cfg.target, &opts);
-    stats.extracted = cost;
-    let extracted = build(&loaded, &choice)?;
-    let plan = fuse(&extracted, &cfg.target, tf32, cfg.memory_budget)?;
+    let mut best: Option<Plan> = None;
+    for (choice, cost) in extract(&loaded.eg, &roots, &cfg.target, &opts) {
+        let extracted = build(&loaded, &choice)?;
+        let plan = fuse(&extracted, &cfg.target, tf32, cfg.memory_budget)?;
+        if best.as_ref().is_none_or(|b| plan.total < b.total) {
+            stats.extracted = cost;
+            best = Some(plan);
+        }
+    }
+    let plan = best.ok_or_else(|| RewriteError::Internal("extraction produced no graph".into()))?;
     stats.extract_s = start.elapsed().as_secs_f64();
     Ok((plan, stats))
 }

@@ -354,6 +354,21 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             let sums: Vec<Value> = outs.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
             b.op(Op::Nary(Nary::Sum), &sums)
         }, 1e-5),
+        ("bias-through-split", |b| {
+            let r = b.rank(1, 3);
+            let mut s = b.dims(r);
+            let count = b.rng.random_range(2..=3);
+            let sizes: Vec<usize> = (0..count).map(|_| b.rng.random_range(1..4)).collect();
+            s[r - 1] = sizes.iter().sum();
+            let x = b.input(&s);
+            let parts = b.g.add_node(Op::Split { axis: r - 1, sizes: sizes.clone() }, "", &[Some(x)], None).unwrap();
+            let biased: Vec<Value> = parts.iter().zip(&sizes).map(|(p, n)| {
+                let c = b.konst(&[*n]);
+                b.bin(Binary::Add, *p, c)
+            }).collect();
+            let sums: Vec<Value> = biased.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
+            b.op(Op::Nary(Nary::Sum), &sums)
+        }, 1e-5),
         ("lower-matrix-bf16", |b| {
             let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..9), b.rng.random_range(1..6));
             let a = b.input(&[m, k]);
@@ -430,7 +445,7 @@ rule_tests! {
     reshape_reshape => "reshape-reshape", expand_identity => "expand-identity",
     unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
     matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf",
-    merge_sibling_matmuls => "merge-sibling-matmuls", lower_matrix_bf16 => "lower-matrix-bf16",
+    merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout",
     relu_through_widening => "relu-through-widening",
 }

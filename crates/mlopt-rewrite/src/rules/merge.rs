@@ -9,7 +9,55 @@ use egg::Id;
 use mlopt_ir::{Op, TensorType};
 
 pub fn rules() -> Vec<Rewrite> {
-    vec![scan_pairs("merge-sibling-matmuls", |eg, id| siblings(eg, id).len() >= 2, merge)]
+    vec![
+        scan_pairs("merge-sibling-matmuls", |eg, id| siblings(eg, id).len() >= 2, merge),
+        scan_pairs("bias-through-split", |eg, id| split_biases(eg, id).is_some(), bias_through_split),
+    ]
+}
+
+/// A Split along the last axis whose every output has a constant bias of its width added (the Q, K and V
+/// biases after a merged projection): the split's input, the split, and per output (add class, bias).
+fn split_biases(eg: &EGraph, t: Id) -> Option<(Id, Op, Vec<(Id, Id)>)> {
+    let t = eg.find(t);
+    let (op, ch) = ops(eg, t).into_iter().find(|(o, c)| matches!(o, Op::Split { axis, .. } if ty(eg, c[0]).is_some_and(|x| x.rank() == axis + 1)))?;
+    let Op::Split { sizes, .. } = &op else { return None };
+    let mut adds = vec![None; sizes.len()];
+    for p in eg[t].parents() {
+        let p = eg.find(p);
+        let Some(i) = eg[p].nodes.iter().find_map(|n| match n.head {
+            Head::Proj(i) if eg.find(n.children[0]) == t => Some(i as usize),
+            _ => None,
+        }) else { continue };
+        for q in eg[p].parents() {
+            let q = eg.find(q);
+            for (o, c) in ops(eg, q) {
+                let bias = if eg.find(c.first().copied()?) == p { c.get(1).copied() } else { None };
+                if let (Op::Binary(mlopt_ir::Binary::Add), Some(b)) = (o, bias) {
+                    if is_const(eg, b) && ty(eg, b).is_some_and(|bt| bt.shape == [sizes[i]]) && adds[i].is_none() {
+                        adds[i] = Some((q, b));
+                    }
+                }
+            }
+        }
+    }
+    let adds: Vec<(Id, Id)> = adds.into_iter().collect::<Option<_>>()?;
+    // Once rewritten, the add classes hold projections of the new split: do not fire again.
+    if adds.iter().any(|(q, _)| eg[*q].nodes.iter().any(|n| matches!(n.head, Head::Proj(_)))) {
+        return None;
+    }
+    Some((ch[0], op.clone(), adds))
+}
+
+/// add(proj_i(split x), b_i) for all i == proj_i(split(add(x, concat(b_1..b_n)))).
+fn bias_through_split(eg: &mut EGraph, t: Id) -> Vec<(Id, Id)> {
+    let Some((x, split, adds)) = split_biases(eg, t) else { return vec![] };
+    let build = |eg: &mut EGraph| -> Option<Vec<(Id, Id)>> {
+        let bcat = add(eg, Op::Concat { axis: 0 }, adds.iter().map(|a| a.1).collect())?;
+        let y = add(eg, Op::Binary(mlopt_ir::Binary::Add), vec![x, bcat])?;
+        let s = add(eg, split.clone(), vec![y])?;
+        Some(adds.iter().enumerate().map(|(i, (q, _))| (*q, eg.add(MNode { head: Head::Proj(i as u32), children: vec![s] }))).collect())
+    };
+    build(eg).unwrap_or_default()
 }
 
 /// A sibling: the class of `matmul x w` or `gemm x w b` (plain, trans_b as given) reading shared input x.
