@@ -170,6 +170,23 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             one(x.clone())
         }
         Op::MatMul => infer_matmul(get(inputs, 0)?, get(inputs, 1)?),
+        Op::Attention { .. } => {
+            let (q, kt, v) = (get(inputs, 0)?, get(inputs, 1)?, get(inputs, 2)?);
+            need_float(q, 0)?;
+            if q.rank() < 2 || kt.rank() < 2 || v.rank() < 2 {
+                return err(None, "q, kt and v must have rank 2 or more");
+            }
+            same_dtype(q, kt, 1)?;
+            same_dtype(q, v, 2)?;
+            let scores = infer_matmul(q, kt)?.remove(0);
+            if let Some(m) = inputs.get(3).copied().flatten() {
+                same_dtype(q, m, 3)?;
+                if crate::dtype::broadcast_shapes(&scores.shape, &m.shape).as_deref() != Some(&scores.shape[..]) {
+                    return err(Some(3), format!("mask {m} does not broadcast to the scores {scores}"));
+                }
+            }
+            infer_matmul(&scores, v)
+        }
         Op::Gemm { trans_a, trans_b, .. } => {
             let (a, b) = (get(inputs, 0)?, get(inputs, 1)?);
             same_dtype(a, b, 1)?;

@@ -280,6 +280,10 @@ pub enum Op {
     /// `grid_sample x, grid`: samples `x` [N, C, spatial...] at the normalised coordinates in `grid`
     /// [N, out..., rank] (last axis innermost-first, i.e. x then y).
     GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool },
+    /// `attention q, kt, v, mask?` = softmax(q @ kt * scale + mask, last axis) @ v: scaled dot-product
+    /// attention with the key already transposed to [..., d, T]; the optimiser's fused form of the
+    /// MatMul -> scale -> mask -> Softmax -> MatMul chain.
+    Attention { scale: f32 },
     /// Upper (`upper: true`) or lower triangle of the last two axes, offset by diagonal `k`.
     Trilu { upper: bool, k: i64 },
 }
@@ -316,6 +320,7 @@ impl Op {
             Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
             Op::Where => (3, 3),
+            Op::Attention { .. } => (3, 4),
             Op::Clip => (1, 3),
             Op::Gemm { .. } | Op::Conv(_) | Op::ConvTranspose(_) => (2, 3),
             Op::BatchNorm { .. } => (5, 5),
@@ -328,6 +333,7 @@ impl Op {
     pub fn input_optional(&self, i: usize) -> bool {
         match self {
             Op::Clip => i >= 1,
+            Op::Attention { .. } => i == 3,
             Op::Gemm { .. } | Op::Conv(_) | Op::ConvTranspose(_) | Op::LayerNorm { .. } => i == 2,
             _ => false,
         }

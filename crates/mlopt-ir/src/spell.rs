@@ -162,6 +162,7 @@ impl Op {
             Op::Clip => "clip",
             Op::Cast { .. } => "cast",
             Op::Softmax { .. } => "softmax",
+            Op::Attention { .. } => "attention",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::MatMul => "matmul",
             Op::Gemm { .. } => "gemm",
@@ -220,6 +221,7 @@ impl Op {
             Op::Binary(Binary::Mod { fmod }) => vec![("fmod", b(*fmod))],
             Op::Binary(Binary::BitShift { left }) => vec![("left", b(*left))],
             Op::Cast { to } => vec![("to", to.name().to_string())],
+            Op::Attention { scale } => vec![("scale", flt(*scale))],
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
                 vec![("axis", axis.to_string())]
             }
@@ -355,6 +357,7 @@ impl Op {
                 Op::Cast { to: DType::from_name(&to).ok_or(format!("unknown dtype '{to}'"))? }
             }
             "softmax" => Op::Softmax { axis: a.usize("axis")? },
+            "attention" => Op::Attention { scale: a.f32("scale")? },
             "log_softmax" => Op::LogSoftmax { axis: a.usize("axis")? },
             "matmul" => Op::MatMul,
             "gemm" => Op::Gemm {

@@ -64,6 +64,8 @@ fn every_op() -> Graph {
     let half = g.add(Op::Cast { to: DType::F16 }, "", &[y]).unwrap();
     y = g.add(Op::Cast { to: DType::F32 }, "", &[half]).unwrap();
     y = g.add(Op::Softmax { axis: 3 }, "", &[y]).unwrap();
+    let yt = g.add(Op::Transpose { perm: vec![0, 1, 3, 2] }, "", &[y]).unwrap();
+    y = g.add_node(Op::Attention { scale: 0.5 }, "", &[Some(y), Some(yt), Some(y), None], None).unwrap()[0];
     y = g.add(Op::LogSoftmax { axis: 1 }, "", &[y]).unwrap();
     let scale = g.add_const("s", Tensor::from_vec(&[4], vec![1f32; 4]).unwrap());
     y = g.add(Op::BatchNorm { epsilon: 1e-5 }, "", &[y, scale, b, b, scale]).unwrap();

@@ -92,42 +92,56 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
     let own: Vec<Vec<Cost>> = classes.iter().map(|c| eg[*c].nodes.iter().map(|nd| node_cost(eg, nd, &eg[*c].data.types, t, o)).collect()).collect();
     let mut best: Vec<Option<(usize, Cost, Bits)>> = vec![None; n];
     let mut cur_cost = vec![Cost::INFINITY; n];
-    for _pass in 0..50 {
+    // A worklist: a class is revisited when one of its children's choices changed.
+    let mut queue: std::collections::VecDeque<usize> = (0..n).collect();
+    let mut queued = vec![true; n];
+    let mut budget = 64 * n.max(1);
+    while let Some(ci) = queue.pop_front() {
+        queued[ci] = false;
+        budget -= 1;
+        if budget == 0 {
+            break;
+        }
+        let c = classes[ci];
         let mut changed = false;
-        for (ci, c) in classes.iter().enumerate() {
-            for (ni, node) in eg[*c].nodes.iter().enumerate() {
-                let mut set = Bits::new(n);
-                let mut ok = true;
-                for ch in &node.children {
-                    let i = index[&eg.find(*ch)];
-                    match &best[i] {
-                        Some((_, _, s)) if !s.get(ci) && i != ci => {
-                            set.or(s);
-                            set.set(i);
-                        }
-                        _ => {
-                            ok = false;
-                            break;
-                        }
+        for (ni, node) in eg[c].nodes.iter().enumerate() {
+            let mut set = Bits::new(n);
+            let mut ok = true;
+            for ch in &node.children {
+                let i = index[&eg.find(*ch)];
+                match &best[i] {
+                    Some((_, _, s)) if !s.get(ci) && i != ci => {
+                        set.or(s);
+                        set.set(i);
+                    }
+                    _ => {
+                        ok = false;
+                        break;
                     }
                 }
-                if !ok {
-                    continue;
-                }
-                let total = own[ci][ni] + set.ones().map(|i| cur_cost[i]).sum::<Cost>();
-                let better = match &best[ci] {
-                    None => true,
-                    Some((bi, bc, _)) => total < *bc || (*bi == ni && total != *bc),
-                };
-                if better && !total.is_infinite() {
-                    best[ci] = Some((ni, total, set));
-                    cur_cost[ci] = own[ci][ni];
-                    changed = true;
-                }
+            }
+            if !ok {
+                continue;
+            }
+            let total = own[ci][ni] + set.ones().map(|i| cur_cost[i]).sum::<Cost>();
+            let better = match &best[ci] {
+                None => true,
+                Some((bi, bc, _)) => total < *bc || (*bi == ni && total != *bc),
+            };
+            if better && !total.is_infinite() {
+                best[ci] = Some((ni, total, set));
+                cur_cost[ci] = own[ci][ni];
+                changed = true;
             }
         }
-        if !changed {
-            break;
+        if changed {
+            for p in eg[c].parents() {
+                let pi = index[&eg.find(p)];
+                if !queued[pi] {
+                    queued[pi] = true;
+                    queue.push_back(pi);
+                }
+            }
         }
     }
     let greedy: Vec<Option<usize>> = best.iter().map(|b| b.as_ref().map(|b| b.0)).collect();

@@ -336,6 +336,33 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 b.bin(Binary::Mul, h, a)
             }
         }, 1e-5),
+        ("attention", |b| {
+            let r = b.rank(2, 4);
+            let batch = b.dims(r - 2);
+            let (s, t, d, dv) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..5), b.rng.random_range(1..5));
+            let shape = |rows: usize, cols: usize| [batch.clone(), vec![rows, cols]].concat();
+            let q = b.input(&shape(s, d));
+            let kt = b.input(&shape(d, t));
+            let v = b.input(&shape(t, dv));
+            let mut z = b.op(Op::MatMul, &[q, kt]);
+            match b.rng.random_range(0..3) {
+                0 => {}
+                1 => {
+                    let c = b.scalar(0.37);
+                    z = b.bin(Binary::Mul, z, c);
+                }
+                _ => {
+                    let c = b.scalar(2.5);
+                    z = b.bin(Binary::Div, z, c);
+                }
+            }
+            if b.rng.random_bool(0.5) {
+                let m = b.konst(&[s, t]);
+                z = if b.rng.random_bool(0.5) { b.bin(Binary::Add, z, m) } else { b.bin(Binary::Add, m, z) };
+            }
+            let p = b.op(Op::Softmax { axis: r - 1 }, &[z]);
+            b.op(Op::MatMul, &[p, v])
+        }, 1e-5),
         ("merge-sibling-matmuls", |b| {
             let r = b.rank(2, 3);
             let mut s = b.dims(r);
@@ -444,7 +471,7 @@ rule_tests! {
     transpose_transpose => "transpose-transpose", reshape_identity => "reshape-identity",
     reshape_reshape => "reshape-reshape", expand_identity => "expand-identity",
     unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
-    matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf",
+    matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", attention => "attention",
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout",
     relu_through_widening => "relu-through-widening",

@@ -125,6 +125,16 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::Softmax { axis } => one(nn::softmax(x()?, *axis, false)?),
         Op::LogSoftmax { axis } => one(nn::softmax(x()?, *axis, true)?),
         Op::MatMul => one(linalg::matmul(x()?, req(args, 1)?)?),
+        Op::Attention { scale } => {
+            let s = linalg::matmul(x()?, req(args, 1)?)?;
+            let mut s = elementwise::binary(crate::Binary::Mul, &s, &Tensor::full(&TensorType::new(s.dtype(), vec![]), *scale as f64))?;
+            if let Some(m) = args.get(3).copied().flatten() {
+                s = elementwise::binary(crate::Binary::Add, &s, m)?;
+            }
+            let axis = s.shape().len() - 1;
+            let p = nn::softmax(&s, axis, false)?;
+            one(linalg::matmul(&p, req(args, 2)?)?)
+        }
         Op::Gemm { alpha, beta, trans_a, trans_b } => one(linalg::gemm(
             x()?,
             req(args, 1)?,

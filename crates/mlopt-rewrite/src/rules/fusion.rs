@@ -1,5 +1,5 @@
 //! Fusion patterns that become one op: GELU written out with Erf (as PyTorch and HF exporters emit it) is
-//! recognised as `gelu`. Which ops share a kernel is not a rule but the fusion pass's cost decision
+//! recognised as `gelu`, and MatMul -> scale -> mask -> Softmax -> MatMul as `attention`. Which ops share a kernel is not a rule but the fusion pass's cost decision
 //! (`fuse.rs`): elementwise chains, epilogues of MatMul/Gemm/Conv, and row reductions with their prologue
 //! and epilogue all come from there.
 
@@ -9,9 +9,68 @@ use egg::Id;
 use mlopt_ir::{Binary, Op, Unary};
 
 pub fn rules() -> Vec<Rewrite> {
-    vec![scan("gelu-erf", |eg, id| !gelu_inputs(eg, id).is_empty(), |eg, id| {
-        gelu_inputs(eg, id).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
-    })]
+    vec![
+        scan("gelu-erf", |eg, id| !gelu_inputs(eg, id).is_empty(), |eg, id| {
+            gelu_inputs(eg, id).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
+        }),
+        scan("attention", |eg, id| !attention_parts(eg, id).is_empty(), |eg, id| {
+            attention_parts(eg, id)
+                .into_iter()
+                .filter_map(|a| {
+                    let mask = match a.mask {
+                        Some(m) => m,
+                        None => super::absent(eg),
+                    };
+                    add(eg, Op::Attention { scale: a.scale }, vec![a.q, a.kt, a.v, mask])
+                })
+                .collect()
+        }),
+    ]
+}
+
+/// The operands of `matmul(softmax(q @ kt * scale + mask), v)`.
+struct AttentionParts {
+    q: Id,
+    kt: Id,
+    v: Id,
+    mask: Option<Id>,
+    scale: f32,
+}
+
+/// Every way class `id` is `matmul(softmax(matmul(q, kt) [* s | / s] [+ mask]), v)` with the softmax over
+/// the last axis and s a scalar constant.
+fn attention_parts(eg: &EGraph, id: Id) -> Vec<AttentionParts> {
+    let mut out = vec![];
+    let scalar = |c: Id| super::ty(eg, c).is_some_and(|t| t.numel() == 1).then(|| splat(eg, c)).flatten();
+    for (o, c) in ops(eg, id) {
+        if o != Op::MatMul {
+            continue;
+        }
+        let v = c[1];
+        for (so, sc) in ops(eg, c[0]) {
+            let Op::Softmax { axis } = so else { continue };
+            if super::ty(eg, sc[0]).is_none_or(|t| t.rank() != axis + 1) {
+                continue;
+            }
+            // Z = Y + mask (either order) or Y.
+            let mut ys: Vec<(Id, Option<Id>)> = vec![(sc[0], None)];
+            ys.extend(pairs(eg, sc[0], Binary::Add).into_iter().map(|(y, m)| (y, Some(m))));
+            for (y, mask) in ys {
+                // Y = S * s, s * S, S / s, or S.
+                let mut ss: Vec<(Id, f64)> = vec![(y, 1.0)];
+                ss.extend(pairs(eg, y, Binary::Mul).into_iter().filter_map(|(s, k)| Some((s, scalar(k)?))));
+                ss.extend(ops(eg, y).into_iter().filter(|(o, _)| *o == Op::Binary(Binary::Div)).filter_map(|(_, d)| Some((d[0], 1.0 / scalar(d[1])?))));
+                for (s, scale) in ss {
+                    for (mo, mc) in ops(eg, s) {
+                        if mo == Op::MatMul {
+                            out.push(AttentionParts { q: mc[0], kt: mc[1], v, mask, scale: scale as f32 });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 fn near(v: Option<f64>, want: f64) -> bool {

@@ -15,9 +15,12 @@ pub fn rules() -> Vec<Rewrite> {
     ]
 }
 
+/// (split input, split op, per output (add class, bias)).
+type SplitBiases = (Id, Op, Vec<(Id, Id)>);
+
 /// A Split along the last axis whose every output has a constant bias of its width added (the Q, K and V
 /// biases after a merged projection): the split's input, the split, and per output (add class, bias).
-fn split_biases(eg: &EGraph, t: Id) -> Option<(Id, Op, Vec<(Id, Id)>)> {
+fn split_biases(eg: &EGraph, t: Id) -> Option<SplitBiases> {
     let t = eg.find(t);
     let (op, ch) = ops(eg, t).into_iter().find(|(o, c)| matches!(o, Op::Split { axis, .. } if ty(eg, c[0]).is_some_and(|x| x.rank() == axis + 1)))?;
     let Op::Split { sizes, .. } = &op else { return None };
