@@ -28,6 +28,9 @@ const REQUIRED_OPS: &[&str] = &[
 pub(crate) struct Options {
     pub update: bool,
     pub filter: Option<String>,
+    /// Check the optimised graph for this target (`--optimized TARGET`) instead of the imported one; its
+    /// passing list is separate.
+    pub optimized: Option<String>,
 }
 
 impl Options {
@@ -38,6 +41,7 @@ impl Options {
             match a.as_str() {
                 "--update" => o.update = true,
                 "--filter" => o.filter = Some(it.next().ok_or("--filter needs a value")?.clone()),
+                "--optimized" => o.optimized = Some(it.next().ok_or("--optimized needs a target")?.clone()),
                 other => return Err(format!("conformance: unknown argument {other}")),
             }
         }
@@ -110,15 +114,19 @@ fn reason(code: Option<i32>, stdout: &str, stderr: &str) -> String {
     }
 }
 
-fn check_case(mlopt: &Path, case: &Case) -> Outcome {
+fn check_case(mlopt: &Path, case: &Case, optimized: Option<&str>) -> Outcome {
     let dir = suite_dir().join(&case.name);
     for k in 0..case.data_sets {
-        let child = Command::new(mlopt)
-            .arg("check")
+        let mut cmd = Command::new(mlopt);
+        cmd.arg("check")
             .arg(dir.join("model.onnx"))
             .arg("--data")
             .arg(dir.join(format!("test_data_set_{k}")))
-            .args(["--rtol", &case.rtol, "--atol", &case.atol])
+            .args(["--rtol", &case.rtol, "--atol", &case.atol]);
+        if let Some(t) = optimized {
+            cmd.args(["--optimized", "--target", t]);
+        }
+        let child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn();
@@ -150,8 +158,11 @@ fn check_case(mlopt: &Path, case: &Case) -> Outcome {
     Outcome::Pass
 }
 
-fn passing_list() -> PathBuf {
-    root().join("tests/conformance/passing.txt")
+fn passing_list(o: &Options) -> PathBuf {
+    match &o.optimized {
+        None => root().join("tests/conformance/passing.txt"),
+        Some(t) => root().join(format!("tests/conformance/passing-optimized-{t}.txt")),
+    }
 }
 
 /// Runs the suite; returns (cases in the passing list that passed, cases run).
@@ -169,7 +180,7 @@ pub(crate) fn conformance(o: &Options) -> Result<(usize, usize)> {
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let handles: Vec<_> = (0..workers)
         .map(|_| {
-            let (cases, results, next, mlopt) = (cases.clone(), results.clone(), next.clone(), mlopt.clone());
+            let (cases, results, next, mlopt, opt) = (cases.clone(), results.clone(), next.clone(), mlopt.clone(), o.optimized.clone());
             std::thread::spawn(move || loop {
                 let i = {
                     let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
@@ -178,7 +189,7 @@ pub(crate) fn conformance(o: &Options) -> Result<(usize, usize)> {
                     i
                 };
                 let Some(case) = cases.get(i) else { break };
-                let r = check_case(&mlopt, case);
+                let r = check_case(&mlopt, case, opt.as_deref());
                 results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
             })
         })
@@ -227,7 +238,7 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
         println!("  {k}: {n}");
     }
     let failed = cases.len() - passed.len();
-    let list = passing_list();
+    let list = passing_list(o);
     let mut regressions = vec![];
     let mut listed = passed.len();
     if o.update {
@@ -251,7 +262,8 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
     } else {
         vec![]
     };
-    println!("\nconformance: {} cases in {:.1}s", cases.len(), took.as_secs_f64());
+    let mode = o.optimized.as_ref().map(|t| format!(" (optimised for {t})")).unwrap_or_default();
+    println!("\nconformance{mode}: {} cases in {:.1}s", cases.len(), took.as_secs_f64());
     println!("{} passed, {failed} failed", passed.len());
     if !uncovered.is_empty() {
         return Err(format!("required op(s) with no passing case: {}", uncovered.join(", ")));

@@ -63,13 +63,22 @@ fn demo() -> Result {
     run(Command::new(&mlopt).args(["check", model, "--data", "fixtures/cnn/test_data_set_0"]))
 }
 
+/// The target the conformance suite's optimised run uses: fixed, so the passing list does not depend on the
+/// machine.
+const OPTIMIZED_TARGET: &str = "x86-64-v4";
+
 fn test() -> Result {
     setup::setup()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
     let (listed, _) = conformance::conformance(&conformance::Options::default())?;
-    // The cases the suite asserts are the ones in the committed passing list; the others are reported above.
-    println!("\nconformance regression suite (tests/conformance/passing.txt):");
+    let optimized = conformance::Options { optimized: Some(OPTIMIZED_TARGET.into()), ..Default::default() };
+    let (listed_opt, _) = conformance::conformance(&optimized)?;
+    // The cases the suite asserts are the ones in the committed passing lists; the others are reported above.
+    println!("\nconformance regression suite (tests/conformance/passing.txt, imported graphs):");
     println!("{listed} passed, 0 failed");
+    println!("conformance regression suite (tests/conformance/passing-optimized-{OPTIMIZED_TARGET}.txt, optimised graphs):");
+    println!("{listed_opt} passed, 0 failed");
+    println!("\n{} passed, 0 failed", listed + listed_opt);
     Ok(())
 }
 
@@ -86,7 +95,7 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fixtures") => fixtures(),
         Some("conformance") => conformance::Options::parse(&args[1..]).and_then(|o| conformance::conformance(&o).map(|_| ())),
-        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S]|fixtures>".into()),
+        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S] [--optimized TARGET]|fixtures>".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

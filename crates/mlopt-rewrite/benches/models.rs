@@ -3,6 +3,8 @@
 //! them: separate Q/K/V projections, written-out GELU, additive mask). Weights are splats of a different
 //! value per tensor: distinct, so nothing collapses by hash-consing, and cheap to build.
 
+#![allow(clippy::unwrap_used)]
+
 use mlopt_ir::*;
 
 struct M {
@@ -66,7 +68,7 @@ pub fn bert(layers: usize, hidden: usize, heads: usize, seq: usize, ffn: usize) 
     let d = hidden / heads;
     let scalar = |m: &mut M, v: f32| m.g.add_const(format!("c{}", m.g.num_nodes()), Tensor::scalar(v));
     for _ in 0..layers {
-        let mut proj = |m: &mut M, x: Value, perm: Vec<usize>| {
+        let proj = |m: &mut M, x: Value, perm: Vec<usize>| {
             let (w, b) = (m.w(&[hidden, hidden]), m.w(&[hidden]));
             let y = m.op(Op::MatMul, &[x, w]);
             let y = m.op(Op::Binary(Binary::Add), &[y, b]);
