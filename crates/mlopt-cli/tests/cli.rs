@@ -340,3 +340,58 @@ fn fuzz_regressions_are_clear_errors() {
     }
     assert!(seen >= 2);
 }
+
+#[test]
+fn inspect_optimized_marks_kernels_and_reports_the_search() {
+    let out = mlopt(&["inspect", &fixture("cnn/model.onnx"), "--stage", "optimized", "--target", "sm_80"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for needle in ["after \"optimized\" for target sm_80", "stopped by saturated", "conv-batchnorm-fold", "kernel k0 {", "memory-bound", "before (one kernel per op)"] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert!(!text.contains("batch_norm"), "BatchNormalization should fold into the convolutions:\n{text}");
+}
+
+#[test]
+fn compile_writes_the_optimised_graph_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "x86-64-v4", "-o", out_dir.to_str().unwrap(), "--report"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("kernel") && table.contains("gemm") && table.contains("total:"), "{table}");
+    let json = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
+    for key in ["\"target\": \"x86-64-v4\"", "\"kernels\"", "\"estimate_s\"", "\"bound\"", "\"peak_activation_bytes\"", "\"stop_reason\""] {
+        assert!(json.contains(key), "{key} missing from {json}");
+    }
+    assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir")).unwrap().contains("kernel k0"));
+}
+
+#[test]
+fn bad_optimiser_options_are_errors() {
+    let m = fixture("mlp/model.onnx");
+    fails_with(&mlopt(&["inspect", &m, "--stage", "optimized", "--target", "sm_75"]), &["unknown target 'sm_75'", "sm_80"]);
+    fails_with(&mlopt(&["inspect", &m, "--stage", "optimized", "--precision", "int3"]), &["unknown precision 'int3'"]);
+    fails_with(&mlopt(&["inspect", &m, "--stage", "optimized", "--precision", "auto", "--calibration", "/nonexistent"]), &["calibration", "/nonexistent"]);
+}
+
+#[test]
+fn check_optimized_matches_the_reference_data() {
+    for p in ["fp32", "auto"] {
+        let out = mlopt(&["check", &fixture("transformer/model.onnx"), "--data", &fixture("transformer/test_data_set_0"), "--optimized", "--target", "sm_80", "--precision", p, "--tolerance", "1e-4", "--rtol", "1e-2", "--atol", "1e-3"]);
+        assert!(out.status.success(), "{p}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn calibration_is_cached_and_used_by_the_host_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).env("MLOPT_CACHE_DIR", dir.path()).output().unwrap();
+    let before = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
+    assert!(String::from_utf8_lossy(&before.stdout).contains("host not calibrated"));
+    let cal = run(&["calibrate"]);
+    let text = String::from_utf8_lossy(&cal.stdout);
+    assert!(cal.status.success() && text.contains("GFLOP/s") && text.contains("GB/s"), "{text}");
+    let after = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
+    assert!(String::from_utf8_lossy(&after.stdout).contains("host calibration cache"));
+}
