@@ -55,12 +55,17 @@ fn demo() -> Result {
     setup::setup()?;
     let mlopt = build_mlopt()?;
     let model = "fixtures/cnn/model.onnx";
+    let data = "fixtures/cnn/test_data_set_0";
     println!("\n== mlopt inspect {model}  (the graph IR after import)");
     run(Command::new(&mlopt).args(["inspect", model]))?;
-    println!("\n== mlopt run {model}  (the reference interpreter on the shipped input)");
-    run(Command::new(&mlopt).args(["run", model, "--input", "fixtures/cnn/test_data_set_0/input_0.pb"]))?;
-    println!("\n== mlopt check {model}  (against ONNX Runtime's output, committed next to the model)");
-    run(Command::new(&mlopt).args(["check", model, "--data", "fixtures/cnn/test_data_set_0"]))
+    println!("\n== mlopt compile {model} --target host -o target/demo --report  (optimised and fused for this CPU)");
+    run(Command::new(&mlopt).args(["compile", model, "--target", "host", "-o", "target/demo", "--report"]))?;
+    println!("\n== mlopt inspect {model} --stage optimized --target sm_80  (the same model planned for an A100)");
+    run(Command::new(&mlopt).args(["inspect", model, "--stage", "optimized", "--target", "sm_80"]))?;
+    println!("\n== mlopt check {model}  (the imported graph against ONNX Runtime's output, committed next to the model)");
+    run(Command::new(&mlopt).args(["check", model, "--data", data]))?;
+    println!("\n== mlopt check {model} --optimized  (the optimised graph against the same output)");
+    run(Command::new(&mlopt).args(["check", model, "--data", data, "--optimized", "--target", "host"]))
 }
 
 /// The target the conformance suite's optimised run uses: fixed, so the passing list does not depend on the

@@ -91,6 +91,7 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
             *w = (*w).max(i as usize + 1);
         }
     }
+    let mut unnamed = vec![];
     let mut stack: Vec<(Id, bool)> = l.roots.iter().rev().map(|(_, r)| (eg.find(*r), false)).collect();
     while let Some((id, expanded)) = stack.pop() {
         if made.contains_key(&id) {
@@ -113,7 +114,11 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
             Head::Const(i) => {
                 let (name, t) = &eg.analysis.consts[*i as usize];
                 let name = if name.is_empty() { names.get(&id).map(|s| s.to_string()).unwrap_or_default() } else { name.clone() };
-                vec![g.add_const(name, t.as_ref().clone())]
+                let v = g.add_const(name.clone(), t.as_ref().clone());
+                if name.is_empty() {
+                    unnamed.push(v.node);
+                }
+                vec![v]
             }
             Head::Absent => vec![],
             Head::Proj(i) => {
@@ -135,6 +140,12 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
     for (name, r) in &l.roots {
         let v = made.get(&eg.find(*r)).and_then(|v| v.first().copied()).ok_or_else(|| RewriteError::Internal(format!("output {name} not built")))?;
         g.add_output(name.clone(), v);
+    }
+    // Constants made by folding are named after where they are used (`conv1.in1`: input 1 of conv1).
+    for n in unnamed {
+        if let Some((user, e)) = g.users(n).into_iter().find(|(u, _)| !g.node(*u).name.is_empty()) {
+            g.node_mut(n).name = format!("{}.in{}", g.node(user).name, e.input);
+        }
     }
     // Constants keep their original names; two classes folded to the same constant may repeat one.
     dedup_const_names(&mut g);
