@@ -369,11 +369,41 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             let k = s[r - 1];
             let x = b.input(&s);
             let count = b.rng.random_range(2..=3);
+            let kind = b.rng.random_range(0..3);
+            let bias = b.rng.random_bool(0.5);
+            let trans_b = b.rng.random_bool(0.5);
+            if kind == 2 {
+                // Convolutions: a fresh x of [1, C, 5, 5]; one geometry for all siblings.
+                let c = b.rng.random_range(1..4);
+                let x = b.input(&[1, c, 5, 5]);
+                let attrs = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+                let sums: Vec<Value> = (0..count)
+                    .map(|_| {
+                        let m = b.rng.random_range(1..4);
+                        let mut ins = vec![x, b.konst(&[m, c, 3, 3])];
+                        if bias {
+                            ins.push(b.konst(&[m]));
+                        }
+                        let y = b.op(Op::Conv(attrs.clone()), &ins);
+                        b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keepdims: true }, &[y])
+                    })
+                    .collect();
+                return b.op(Op::Nary(Nary::Sum), &sums);
+            }
             let outs: Vec<Value> = (0..count)
                 .map(|_| {
                     let n = b.rng.random_range(1..5);
-                    let w = b.konst(&[k, n]);
-                    b.op(Op::MatMul, &[x, w])
+                    if kind == 0 || r != 2 {
+                        let w = b.konst(&[k, n]);
+                        b.op(Op::MatMul, &[x, w])
+                    } else {
+                        let w = if trans_b { b.konst(&[n, k]) } else { b.konst(&[k, n]) };
+                        let mut ins = vec![Some(x), Some(w), None];
+                        if bias {
+                            ins[2] = Some(b.konst(&[n]));
+                        }
+                        b.g.add_node(Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b }, "", &ins, None).unwrap()[0]
+                    }
                 })
                 .collect();
             // Join the results so one output depends on every sibling.

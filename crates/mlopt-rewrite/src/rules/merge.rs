@@ -1,12 +1,13 @@
-//! Multi-pattern rewrites (as in TASO and Tensat): sibling MatMul/Gemm ops that read the same input with
-//! constant weights become one wider op followed by a Split, e.g. the Q, K and V projections of attention.
+//! Multi-pattern rewrites (as in TASO and Tensat): sibling MatMul/Gemm/Conv ops that read the same input
+//! with constant weights become one wider op followed by a Split, e.g. the Q, K and V projections of
+//! attention or the 1x1 convolutions of an Inception block.
 //! The extraction keeps the merged form only when its DAG cost is lower (one launch and one read of the
 //! input against the Split's copy).
 
 use super::{add, is_const, ops, scan_pairs, ty};
 use crate::lang::{EGraph, Head, MNode, Rewrite};
 use egg::Id;
-use mlopt_ir::{Op, TensorType};
+use mlopt_ir::Op;
 
 pub fn rules() -> Vec<Rewrite> {
     vec![
@@ -63,7 +64,8 @@ fn bias_through_split(eg: &mut EGraph, t: Id) -> Vec<(Id, Id)> {
     build(eg).unwrap_or_default()
 }
 
-/// A sibling: the class of `matmul x w` or `gemm x w b` (plain, trans_b as given) reading shared input x.
+/// A sibling: the class of `matmul x w`, `gemm x w b` (alpha = beta = 1, a not transposed) or `conv x w b`
+/// (one group) reading the shared input x.
 #[derive(Debug, Clone)]
 struct Sibling {
     class: Id,
@@ -72,16 +74,26 @@ struct Sibling {
     b: Option<Id>,
 }
 
-/// Merge key: op kind and transposition, weight dtype and contracted length, whether a bias is present.
-fn key(eg: &EGraph, s: &Sibling) -> Option<(bool, bool, TensorType, bool)> {
+/// Merge key: siblings with equal keys can merge. The op with its attributes (Gemm's transposition, Conv's
+/// geometry), the weight's dtype and every weight dimension but the one that grows, and whether a bias is
+/// present.
+fn key(eg: &EGraph, s: &Sibling) -> Option<String> {
     let w = ty(eg, s.w)?;
-    let (gemm, trans_b) = match s.op {
-        Op::MatMul => (false, false),
-        Op::Gemm { trans_b, .. } => (true, trans_b),
-        _ => return None,
-    };
-    let k = if trans_b { w.shape[1] } else { w.shape[0] };
-    Some((gemm, trans_b, TensorType::new(w.dtype, vec![k]), s.b.is_some()))
+    let mut dims = w.shape.clone();
+    let grow = grow_axis(&s.op);
+    if grow >= dims.len() {
+        return None;
+    }
+    dims.remove(grow);
+    Some(format!("{:?}|{}|{dims:?}|{}", s.op, w.dtype, s.b.is_some()))
+}
+
+/// The weight axis that concatenation grows: MatMul/Gemm's N (axis 1, or 0 when transposed), Conv's M.
+fn grow_axis(op: &Op) -> usize {
+    match op {
+        Op::Gemm { trans_b: false, .. } | Op::MatMul => 1,
+        _ => 0,
+    }
 }
 
 /// The siblings reading class `x`, in the largest group that can merge; none once a merge happened
@@ -98,6 +110,7 @@ fn siblings(eg: &EGraph, x: Id) -> Vec<Sibling> {
             let plain = match &op {
                 Op::MatMul => ty(eg, c[1]).is_some_and(|t| t.rank() == 2),
                 Op::Gemm { alpha, beta, trans_a, .. } => *alpha == 1.0 && *beta == 1.0 && !trans_a,
+                Op::Conv(a) => a.group == 1,
                 _ => false,
             };
             if plain && eg.find(c[0]) == x && eg.find(c[1]) != x && is_const(eg, c[1]) {
@@ -129,20 +142,23 @@ fn merge(eg: &mut EGraph, x: Id) -> Vec<(Id, Id)> {
     let sib = siblings(eg, x);
     let build = |eg: &mut EGraph| -> Option<Vec<(Id, Id)>> {
         let first = sib.first()?;
-        let trans_b = matches!(first.op, Op::Gemm { trans_b: true, .. });
-        let ns: Vec<usize> = sib.iter().map(|s| ty(eg, s.w).map(|t| if trans_b { t.shape[0] } else { t.shape[1] })).collect::<Option<_>>()?;
-        let wcat = add(eg, Op::Concat { axis: if trans_b { 0 } else { 1 } }, sib.iter().map(|s| s.w).collect())?;
-        let wide = match &first.op {
-            Op::Gemm { .. } => {
+        let grow = grow_axis(&first.op);
+        let ns: Vec<usize> = sib.iter().map(|s| ty(eg, s.w).map(|t| t.shape[grow])).collect::<Option<_>>()?;
+        let wcat = add(eg, Op::Concat { axis: grow }, sib.iter().map(|s| s.w).collect())?;
+        let (wide, axis) = match &first.op {
+            Op::MatMul => {
+                let wide = add(eg, Op::MatMul, vec![x, wcat])?;
+                (wide, ty(eg, wide)?.rank() - 1)
+            }
+            op => {
                 let b = match first.b {
                     Some(_) => add(eg, Op::Concat { axis: 0 }, sib.iter().filter_map(|s| s.b).collect())?,
                     None => eg.add(MNode { head: Head::Absent, children: vec![] }),
                 };
-                add(eg, first.op.clone(), vec![x, wcat, b])?
+                // Gemm's output grows along its columns, Conv's along its channels: axis 1 for both.
+                (add(eg, op.clone(), vec![x, wcat, b])?, 1)
             }
-            _ => add(eg, Op::MatMul, vec![x, wcat])?,
         };
-        let axis = ty(eg, wide)?.rank() - 1;
         let split = add(eg, Op::Split { axis, sizes: ns }, vec![wide])?;
         Some(sib.iter().enumerate().map(|(i, s)| (s.class, eg.add(MNode { head: Head::Proj(i as u32), children: vec![split] }))).collect())
     };
