@@ -184,6 +184,18 @@ fn identity(b: &mut B, op: Binary, c: f32, left: bool) -> Value {
     if left { b.bin(op, cv, e) } else { b.bin(op, e, cv) }
 }
 
+/// `(x op a) op b` with constants a and b of broadcastable shapes.
+fn chain(b: &mut B, op: Binary) -> Value {
+    let r = b.rank(1, 3);
+    let s = b.dims(r);
+    let x = b.input(&s);
+    let (ka, kb) = (b.rank(0, r), b.rank(0, r));
+    let (sa, sb) = (s[r - ka..].to_vec(), s[r - kb..].to_vec());
+    let (ca, cb) = (b.konst(&sa), b.konst(&sb));
+    let y = b.bin(op, x, ca);
+    b.bin(op, y, cb)
+}
+
 /// The generators: each builds a graph the rule matches.
 fn generators() -> Vec<(&'static str, Gen, f64)> {
     vec![
@@ -210,6 +222,21 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             let c = b.positive(&s[s.len().min(1)..]);
             b.bin(Binary::Div, x, c)
         }, 1e-5),
+        ("mul-const-chain", |b| chain(b, Binary::Mul), 1e-5),
+        ("add-const-chain", |b| chain(b, Binary::Add), 1e-5),
+        ("expand-into-broadcast", |b| {
+            let r = b.rank(1, 4);
+            let s = b.dims(r);
+            let x = b.input(&s);
+            // y has a suffix of x's shape with some dims set to 1, expanded back to x's shape (or to a
+            // broadcastable middle shape).
+            let k = b.rank(1, r);
+            let ys: Vec<usize> = s[r - k..].iter().map(|d| if b.rng.random_bool(0.5) { 1 } else { *d }).collect();
+            let y = b.input(&ys);
+            let e = b.op(Op::Expand { shape: s[r - k..].to_vec() }, &[y]);
+            let op = any_binary(b);
+            if b.rng.random_bool(0.5) { b.bin(op, x, e) } else { b.bin(op, e, x) }
+        }, 0.0),
         ("neg-neg", |b| {
             let s = b.dims(3);
             let x = b.input(&s);
@@ -495,7 +522,8 @@ macro_rules! rule_tests {
 rule_tests! {
     add_zero => "add-zero", add_zero_left => "add-zero-left", sub_zero => "sub-zero", mul_one => "mul-one",
     mul_one_left => "mul-one-left", div_one => "div-one", pow_one => "pow-one", pow_two => "pow-two",
-    pow_half => "pow-half", div_const_to_mul => "div-const-to-mul", neg_neg => "neg-neg", relu_relu => "relu-relu",
+    pow_half => "pow-half", div_const_to_mul => "div-const-to-mul", neg_neg => "neg-neg", mul_const_chain => "mul-const-chain",
+    add_const_chain => "add-const-chain", expand_into_broadcast => "expand-into-broadcast", relu_relu => "relu-relu",
     cast_identity => "cast-identity", matmul_add_to_gemm => "matmul-add-to-gemm",
     conv_batchnorm_fold => "conv-batchnorm-fold", transpose_identity => "transpose-identity",
     transpose_transpose => "transpose-transpose", reshape_identity => "reshape-identity",

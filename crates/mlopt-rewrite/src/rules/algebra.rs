@@ -1,4 +1,5 @@
-//! Algebra: identities, strength reductions, MatMul+Add to Gemm, and Conv+BatchNormalization folding.
+//! Algebra: identities, strength reductions, constant chains and redundant broadcasts, MatMul+Add to Gemm,
+//! and Conv+BatchNormalization folding.
 //! Constant folding itself is the analysis (`lang.rs`); these rules produce constant arithmetic that it
 //! folds. Identity rules need no shape guard beyond the merge's type check: `x + 0` where the zero broadcasts
 //! `x` to a larger shape has another type and is left alone.
@@ -24,12 +25,38 @@ pub fn rules() -> Vec<Rewrite> {
             let float = ty(eg, c).is_some_and(|t| t.dtype.is_float());
             float && is_const(eg, c) && eg[c].data.value.as_ref().is_some_and(|t| t.to_f64_vec().iter().all(|x| *x != 0.0 && x.is_finite()))
         }),
+        rw_if("mul-const-chain", "(mul (mul ?x ?a) ?b)", "(mul ?x (mul ?a ?b))", |eg, s| is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])),
+        rw_if("add-const-chain", "(add (add ?x ?a) ?b)", "(add ?x (add ?a ?b))", |eg, s| is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])),
+        scan("expand-into-broadcast", |eg, id| !expanded_operands(eg, id).is_empty(), |eg, id| {
+            expanded_operands(eg, id).into_iter().filter_map(|(op, ins)| add(eg, op, ins)).collect()
+        }),
         rw("neg-neg", "(neg (neg ?x))", "?x"),
         rw("relu-relu", "(relu (relu ?x))", "(relu ?x)"),
         scan("cast-identity", |eg, id| cast_identity(eg, id).is_some(), |eg, id| cast_identity(eg, id).into_iter().collect()),
         scan("matmul-add-to-gemm", |eg, id| !matmul_add(eg, id).is_empty(), build_gemm),
         scan("conv-batchnorm-fold", |eg, id| conv_bn(eg, id).is_some(), fold_conv_bn),
     ]
+}
+
+/// An elementwise binary op with an Expand operand: the same op on the unexpanded operand (the op
+/// broadcasts by itself; the merge's type check keeps only forms whose output shape is unchanged).
+fn expanded_operands(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
+    let mut out = vec![];
+    for (op, ch) in ops(eg, id) {
+        if !matches!(op, Op::Binary(_)) {
+            continue;
+        }
+        for i in 0..2 {
+            for (eo, ec) in ops(eg, ch[i]) {
+                if matches!(eo, Op::Expand { .. }) {
+                    let mut ins = ch.clone();
+                    ins[i] = ec[0];
+                    out.push((op.clone(), ins));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `cast[to=T] x` where x is already T.
