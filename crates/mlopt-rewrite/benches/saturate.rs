@@ -20,7 +20,7 @@ fn bench(c: &mut Criterion) {
             let o = optimize(g, &cfg).unwrap();
             let s = &o.stats;
             eprintln!(
-                "{name} on {target}: {} nodes ({ops} ops) -> {} kernels; e-graph {} nodes / {} classes, {} iterations ({}); saturate {:.3} s, extract+fuse {:.3} s, total {:.3} s; estimate {} -> {} ({:.2}x)",
+                "{name} on {target}: {} nodes ({ops} ops) -> {} kernels; e-graph {} nodes / {} classes, {} iterations ({}); saturate {:.3} s, extract+fuse {:.3} s, total {:.3} s; estimate {} -> {} ({:.2}x); rules {:?}",
                 g.num_nodes(),
                 o.plan.kernels.iter().filter(|k| !k.view).count(),
                 s.egraph_nodes,
@@ -32,7 +32,8 @@ fn bench(c: &mut Criterion) {
                 t.elapsed().as_secs_f64(),
                 o.before,
                 o.plan.total,
-                o.before.as_secs() / o.plan.total.as_secs()
+                o.before.as_secs() / o.plan.total.as_secs(),
+                s.applied
             );
         }
         let cfg = Config::new(Target::named("x86-64-v4", 1).unwrap());

@@ -55,7 +55,8 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
                 id
             }
         };
-        names.entry(id).or_insert_with(|| node.name.clone());
+        // Every op class gets a name: `auto` precision backs ops off by name.
+        names.entry(id).or_insert_with(|| if node.name.is_empty() && !matches!(node.op, Op::Input | Op::Const(_)) { format!("node{}", n.index()) } else { node.name.clone() });
         // Ops whose trailing outputs the importer dropped (MaxPool's indices) still infer them here.
         if eg[id].data.types.len() > 1 {
             for i in 0..node.outputs.len() {
