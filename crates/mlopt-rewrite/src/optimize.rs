@@ -98,7 +98,9 @@ pub struct Optimized {
 
 /// Optimises `g` for `cfg.target`.
 pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
-    let tf32 = cfg.precision != Precision::Fp32;
+    // tf32 tensor cores round fp32 operands to 10 mantissa bits, which the interpreter does not model, so
+    // `auto` (whose promise is a checked error) does not use them; bf16/fp16 accept less precision anyway.
+    let tf32 = matches!(cfg.precision, Precision::Bf16 | Precision::Fp16);
     let before = crate::fuse::unfused_cost(g, &cfg.target, false);
     let lower_to = match cfg.precision {
         Precision::Fp32 => None,
