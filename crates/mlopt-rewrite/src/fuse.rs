@@ -3,7 +3,9 @@
 //!
 //! A kernel is a tree of ops under one root whose leaves are stored values (kernel outputs, inputs,
 //! constants). What a kernel may hold:
-//! - any number of elementwise ops (and reshapes, which are views);
+//! - any number of elementwise ops, reshapes (views) and injective layout ops (Transpose, Slice, Expand,
+//!   Tile, Pad, Concat, Depth/SpaceToDepth, Trilu: each output element reads one input element at an index
+//!   computed from its own, TVM's "injective" class);
 //! - at most one "heavy" op (MatMul, Gemm, Conv, pooling, layout ops ...) whose operands are all stored and
 //!   which may be followed by elementwise ops only: its epilogue (bias, activation, residual);
 //! - or reductions over one common row (same input shape and axes: Softmax, LayerNormalization, a mean and a
@@ -33,6 +35,9 @@ type Row = (Vec<usize>, Vec<usize>);
 enum Kind {
     Elementwise,
     View,
+    /// Layout ops that move elements without arithmetic (TVM's "injective"): each output element reads
+    /// one input element at an index computed from its own, so they fuse like elementwise ops.
+    Injective,
     Heavy,
     Reduction(Row),
     /// Leaves and multi-output ops: never inside another kernel.
@@ -49,6 +54,7 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
         Op::Input | Op::Const(_) => Kind::Opaque,
         op if is_view(op) => Kind::View,
         Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } => Kind::Elementwise,
+        Op::Transpose { .. } | Op::Slice { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } | Op::Trilu { .. } => Kind::Injective,
         Op::Reduce { axes, .. } => Kind::Reduction((shape(), axes.clone())),
         Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Arg { axis, .. } => Kind::Reduction((shape(), vec![*axis])),
         Op::LayerNorm { axis, .. } => {
@@ -67,7 +73,7 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
 
 /// Whether `consumer` can compute an operand inside its own kernel (rather than read it from memory).
 fn accepts_inlined(k: &Kind) -> bool {
-    matches!(k, Kind::Elementwise | Kind::View | Kind::Reduction(_))
+    matches!(k, Kind::Elementwise | Kind::View | Kind::Injective | Kind::Reduction(_))
 }
 
 #[derive(Debug, Clone)]
@@ -212,10 +218,15 @@ impl Fuser<'_> {
         (self.kernels[pk].root == n && self.kernels[pk].alive).then_some(pk)
     }
 
-    /// Tries to compute kernel `pk` inside its readers; `force` takes it even when it costs more.
+    /// Tries to compute kernel `pk` inside its readers when that lowers the estimate (or, with one reader,
+    /// keeps it equal: one kernel fewer for nothing); `force` takes it even when it costs more.
     fn try_inline(&mut self, pk: usize, force: bool) -> bool {
         let Some(into) = self.readers(self.kernels[pk].root) else { return false };
-        if !self.legal(pk, &into) || (!force && self.delta(pk, &into) >= -1e-15) {
+        if !self.legal(pk, &into) {
+            return false;
+        }
+        let slack = if into.len() == 1 { 1e-15 } else { -1e-15 };
+        if !force && self.delta(pk, &into) >= slack {
             return false;
         }
         self.inline(pk, &into);
