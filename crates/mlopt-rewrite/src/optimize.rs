@@ -22,6 +22,17 @@ pub enum Precision {
     Auto,
 }
 
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Auto => "auto",
+        })
+    }
+}
+
 impl std::str::FromStr for Precision {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {

@@ -18,7 +18,7 @@ pub fn header(o: &Optimized, cfg: &Config) -> String {
     let s = &o.stats;
     let mut h = String::new();
     let _ = writeln!(h, "; mlopt graph after \"optimized\" for target {}", cfg.target);
-    let _ = writeln!(h, "; precision {:?}{}", cfg.precision, s.precision_error.map(|e| format!(", max relative error {e:.2e} vs fp32")).unwrap_or_default());
+    let _ = writeln!(h, "; precision {}{}", cfg.precision, s.precision_error.map(|e| format!(", max relative error {e:.2e} vs fp32")).unwrap_or_default());
     if !s.backed_off.is_empty() {
         let _ = writeln!(h, "; kept in fp32 by the precision check: {}", s.backed_off.join(", "));
     }
@@ -96,7 +96,7 @@ pub fn json(o: &Optimized, cfg: &Config) -> String {
         .collect();
     let applied: Vec<String> = s.applied.iter().map(|(r, n)| format!("{}: {n}", json_str(r))).collect();
     format!(
-        "{{\n  \"target\": {},\n  \"precision\": \"{:?}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n  \"kernels\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n  \"kernels\": [\n{}\n  ]\n}}\n",
         json_str(&cfg.target.name),
         cfg.precision,
         json_str(&s.stop_reason),
