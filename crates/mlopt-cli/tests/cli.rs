@@ -360,10 +360,20 @@ fn compile_writes_the_optimised_graph_and_report() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("kernel") && table.contains("gemm") && table.contains("total:"), "{table}");
-    let json = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
-    for key in ["\"target\": \"x86-64-v4\"", "\"kernels\"", "\"estimate_s\"", "\"bound\"", "\"peak_activation_bytes\"", "\"stop_reason\""] {
-        assert!(json.contains(key), "{key} missing from {json}");
+    let text = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
+    assert_eq!(json["target"], "x86-64-v4");
+    assert_eq!(json["precision"], "fp32");
+    assert!(json["egraph"]["stop_reason"].is_string());
+    assert!(json["peak_activation_bytes"].as_u64().is_some());
+    let kernels = json["kernels"].as_array().unwrap();
+    assert!(!kernels.is_empty());
+    for k in kernels {
+        assert!(k["flops"].as_f64().is_some() && k["bytes"].as_f64().is_some() && k["estimate_s"].as_f64().is_some(), "{k}");
+        assert!(["compute", "memory", "view"].contains(&k["bound"].as_str().unwrap()), "{k}");
     }
+    let total: f64 = kernels.iter().map(|k| k["estimate_s"].as_f64().unwrap()).sum();
+    assert!((total - json["after_s"].as_f64().unwrap()).abs() < 1e-9 && total < json["before_s"].as_f64().unwrap());
     assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir")).unwrap().contains("kernel k0"));
 }
 
