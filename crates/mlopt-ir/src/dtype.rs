@@ -104,9 +104,12 @@ impl TensorType {
         self.numel() * self.dtype.size()
     }
 
-    /// The size in bytes, or `None` if it overflows (shapes from user input can be absurd).
+    /// The size in bytes, or `None` if it overflows (shapes from user input can be absurd). Zero dimensions
+    /// count as 1 for the overflow check: code multiplies sub-ranges of a shape (Flatten's two halves), and
+    /// `[0, 2^40, 2^40]` is as absurd as `[1, 2^40, 2^40]`.
     pub fn checked_bytes(&self) -> Option<usize> {
-        self.shape.iter().try_fold(self.dtype.size(), |a, &d| a.checked_mul(d))
+        self.shape.iter().try_fold(self.dtype.size(), |a, &d| a.checked_mul(d.max(1)))?;
+        Some(self.numel() * self.dtype.size())
     }
 }
 
@@ -121,6 +124,13 @@ impl fmt::Display for TensorType {
         }
         f.write_str("]")
     }
+}
+
+/// The number of elements of `dims`, or `None` if it (or the product of any of its sub-ranges) overflows:
+/// zero dimensions count as 1 for the check. For shapes that come from user data (attributes, constants).
+pub fn checked_numel(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))?;
+    Some(dims.iter().product())
 }
 
 /// Numpy/ONNX multidirectional broadcasting of two shapes.

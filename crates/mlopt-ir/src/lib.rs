@@ -18,7 +18,7 @@ pub mod spell;
 pub mod tensor;
 pub mod verify;
 
-pub use dtype::{broadcast_shapes, normalize_axis, DType, TensorType};
+pub use dtype::{broadcast_shapes, checked_numel, normalize_axis, DType, TensorType};
 pub use error::{IrError, Result};
 pub use graph::{Graph, Node, NodeId, Value};
 pub use half;

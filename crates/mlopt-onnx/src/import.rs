@@ -155,6 +155,9 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
             continue;
         }
         let ty = input_type(v, opts.input_shapes.get(&v.name))?;
+        if ty.rank() > mlopt_ir::graph::MAX_RANK || ty.checked_bytes().is_none_or(|b| b > mlopt_ir::graph::MAX_VALUE_BYTES) {
+            return Err(OnnxError::Model(format!("input '{}': {ty} is beyond mlopt's limits (rank {}, {} GiB per value)", v.name, mlopt_ir::graph::MAX_RANK, mlopt_ir::graph::MAX_VALUE_BYTES >> 30)));
+        }
         let val = imp.g.add_input(v.name.clone(), ty);
         imp.vals.insert(v.name.clone(), val);
     }

@@ -385,7 +385,7 @@ fn lp_pool(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let dtype = cx.ty(x).dtype;
     let p = cx.int("p", 2)?;
     let pool = pool_attrs(cx, x)?;
-    let count: usize = pool.kernel.iter().product();
+    let count = mlopt_ir::checked_numel(&pool.kernel).ok_or_else(|| cx.err(format!("kernel_shape {:?} overflows", pool.kernel)))?;
     let a = cx.un(Unary::Abs, x)?;
     let pv = cx.scalar(p as f64, dtype);
     let powed = cx.bin(Binary::Pow, a, pv)?;
@@ -623,7 +623,7 @@ fn affine_grid(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         }
     };
     // Rows (x, y[, z], 1) in row-major order over the spatial axes; x runs along the last axis.
-    let count: usize = dims.iter().product();
+    let count = mlopt_ir::checked_numel(&dims).filter(|n| n.saturating_mul(sp + 1).saturating_mul(8) <= super::FOLD_LIMIT_BYTES).ok_or_else(|| cx.err_in(1, format!("size {size:?} is larger than mlopt folds into a constant")))?;
     let mut base = Vec::with_capacity(count * (sp + 1));
     for flat in 0..count {
         let mut rem = flat;

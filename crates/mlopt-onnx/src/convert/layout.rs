@@ -177,8 +177,8 @@ fn reshape(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         }
     }
     let total: usize = ins.iter().product();
+    let Some(known) = mlopt_ir::checked_numel(&shape) else { return Err(cx.err_in(1, format!("shape {spec:?} overflows"))) };
     if let Some(i) = infer_at {
-        let known: usize = shape.iter().product();
         if known == 0 || !total.is_multiple_of(known) {
             return Err(cx.err_in(1, format!("cannot infer -1 reshaping {ins:?} to {spec:?}")));
         }
