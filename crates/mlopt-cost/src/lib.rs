@@ -66,4 +66,60 @@ mod tests {
         assert_eq!(e.bound, Bound::Memory);
         assert_eq!(e.time, Cost::secs(e.memory_s + t.launch_s));
     }
+
+    #[test]
+    fn conv_and_attention_flops_by_hand() {
+        use mlopt_ir::ConvAttrs;
+        // 3x3 conv, 16 -> 32 channels, 8x8 output: 2 * (32*8*8) * (16*3*3) FLOPs.
+        let x = TensorType::new(DType::F32, vec![1, 16, 8, 8]);
+        let w = TensorType::new(DType::F32, vec![32, 16, 3, 3]);
+        let y = TensorType::new(DType::F32, vec![1, 32, 8, 8]);
+        let c = Op::Conv(ConvAttrs { strides: vec![1, 1], pads: vec![1; 4], dilations: vec![1, 1], group: 1, output_padding: vec![] });
+        assert_eq!(op_work(&c, &[Some(&x), Some(&w)], std::slice::from_ref(&y), false).flops(), 2.0 * 2048.0 * 144.0);
+        // Attention over [2, 4, S=16, d=8] with T=16: two contractions of 2*S*T*d each per head, plus the
+        // softmax's 20 FLOPs per score.
+        let q = TensorType::new(DType::BF16, vec![2, 4, 16, 8]);
+        let kt = TensorType::new(DType::BF16, vec![2, 4, 8, 16]);
+        let w = op_work(&Op::Attention { scale: 1.0 }, &[Some(&q), Some(&kt), Some(&q)], std::slice::from_ref(&q), false);
+        let scores = 2.0 * 4.0 * 16.0 * 16.0;
+        assert_eq!(w.matrix_flops[MatrixPrecision::Bf16 as usize], 2.0 * scores * 8.0 * 2.0);
+        assert_eq!(w.vector_flops, 20.0 * scores);
+    }
+
+    #[test]
+    fn cpu_peaks_scale_with_threads_and_gpus_do_not() {
+        let one = Target::named("x86-64-v4", 1).unwrap();
+        let four = Target::named("x86-64-v4", 4).unwrap();
+        assert_eq!(four.fp32, 4.0 * one.fp32);
+        assert_eq!(four.dram_bw, 4.0 * one.dram_bw);
+        assert_eq!(Target::named("sm_80", 1).unwrap(), Target::named("sm_80", 8).unwrap());
+        // tf32 only counts when allowed; fp32 otherwise runs at the SIMT rate.
+        let t = Target::named("sm_80", 1).unwrap();
+        assert_eq!(t.matrix_peak(MatrixPrecision::F32), t.fp32);
+        assert_eq!(t.matrix_peak(MatrixPrecision::Tf32), 156e12);
+    }
+
+    #[test]
+    fn a_corrupt_or_foreign_calibration_cache_is_ignored() {
+        let dir = std::env::temp_dir().join(format!("mlopt-cal-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Only this test sets MLOPT_CACHE_DIR in this test binary.
+        std::env::set_var("MLOPT_CACHE_DIR", &dir);
+        let path = calibrate::cache_path().unwrap();
+        let good = calibrate::Calibration { fp32: 1e11, bf16: 2e11, bw_one: 1e10, bw_all: 2e10 };
+        calibrate::store(&good).unwrap();
+        assert_eq!(calibrate::load(), Some(good));
+        assert_eq!(Target::named("host", 2).unwrap().fp32, 2e11);
+        for bad in ["garbage", "mlopt-calibration 1\nfeatures = not-this-cpu\nfp32 = 1\nbf16 = 1\nbw_one = 1\nbw_all = 1\n", "mlopt-calibration 1\n"] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(calibrate::load(), None, "{bad}");
+            assert!(Target::named("host", 1).unwrap().source.contains("not calibrated"));
+        }
+        // A measurement that is not a finite non-negative number is not used either.
+        calibrate::store(&good).unwrap();
+        let text: String = std::fs::read_to_string(&path).unwrap().lines().map(|l| if l.starts_with("fp32 = ") { "fp32 = NaN\n".to_string() } else { format!("{l}\n") }).collect();
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(calibrate::load(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
