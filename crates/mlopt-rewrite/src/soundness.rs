@@ -184,6 +184,15 @@ fn identity(b: &mut B, op: Binary, c: f32, left: bool) -> Value {
     if left { b.bin(op, cv, e) } else { b.bin(op, e, cv) }
 }
 
+/// An input for a LayerNormalization: (x, axis, the normalised shape).
+fn layer_norm_input(b: &mut B) -> (Value, usize, Vec<usize>) {
+    let r = b.rank(1, 3);
+    let s = b.dims(r);
+    let x = b.input(&s);
+    let axis = b.rng.random_range(0..r);
+    (x, axis, s[axis..].to_vec())
+}
+
 /// `(x op a) op b` with constants a and b of broadcastable shapes.
 fn chain(b: &mut B, op: Binary) -> Value {
     let r = b.rank(1, 3);
@@ -363,6 +372,42 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 b.bin(Binary::Mul, h, a)
             }
         }, 1e-5),
+        ("layernorm-decomposed", |b| {
+            let r = b.rank(1, 3);
+            let s = b.dims(r);
+            let x = b.input(&s);
+            let k = b.rank(1, r);
+            let axes: Vec<usize> = (r - k..r).collect();
+            let mean = |b: &mut B, v| b.op(Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keepdims: true }, &[v]);
+            let mu = mean(b, x);
+            let d = b.bin(Binary::Sub, x, mu);
+            let sq = if b.rng.random_bool(0.5) {
+                b.bin(Binary::Mul, d, d)
+            } else {
+                let two = b.scalar(2.0);
+                b.bin(Binary::Pow, d, two)
+            };
+            let var = mean(b, sq);
+            let eps = b.scalar(1e-5);
+            let ve = if b.rng.random_bool(0.5) { b.bin(Binary::Add, var, eps) } else { b.bin(Binary::Add, eps, var) };
+            let sd = b.un(Unary::Sqrt, ve);
+            b.bin(Binary::Div, d, sd)
+        }, 1e-4),
+        ("layernorm-scale", |b| {
+            let (x, axis, norm) = layer_norm_input(b);
+            let scale = b.konst(&norm);
+            let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
+            let k = b.rank(0, norm.len());
+            let gamma = b.konst(&norm[norm.len() - k..]);
+            if b.rng.random_bool(0.5) { b.bin(Binary::Mul, y, gamma) } else { b.bin(Binary::Mul, gamma, y) }
+        }, 1e-5),
+        ("layernorm-bias", |b| {
+            let (x, axis, norm) = layer_norm_input(b);
+            let scale = b.konst(&norm);
+            let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
+            let beta = b.konst(&norm);
+            if b.rng.random_bool(0.5) { b.bin(Binary::Add, y, beta) } else { b.bin(Binary::Add, beta, y) }
+        }, 1e-5),
         ("attention", |b| {
             let r = b.rank(2, 4);
             let batch = b.dims(r - 2);
@@ -530,6 +575,7 @@ rule_tests! {
     reshape_reshape => "reshape-reshape", expand_identity => "expand-identity",
     unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
     matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", attention => "attention",
+    layernorm_decomposed => "layernorm-decomposed", layernorm_scale => "layernorm-scale", layernorm_bias => "layernorm-bias",
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout",
     relu_through_widening => "relu-through-widening",

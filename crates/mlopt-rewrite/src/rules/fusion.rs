@@ -1,10 +1,12 @@
 //! Fusion patterns that become one op: GELU written out with Erf (as PyTorch and HF exporters emit it) is
-//! recognised as `gelu`, and MatMul -> scale -> mask -> Softmax -> MatMul as `attention`. Which ops share a kernel is not a rule but the fusion pass's cost decision
+//! recognised as `gelu`, LayerNormalization written out with two means (as exporters before opset 17 emit it)
+//! as `layer_norm` (with constant scale and bias absorbed), and MatMul -> scale -> mask -> Softmax -> MatMul
+//! as `attention`. Which ops share a kernel is not a rule but the fusion pass's cost decision
 //! (`fuse.rs`): elementwise chains, epilogues of MatMul/Gemm/Conv, and row reductions with their prologue
 //! and epilogue all come from there.
 
 use super::{add, ops, scan, splat};
-use crate::lang::{EGraph, Rewrite};
+use crate::lang::{EGraph, Head, MNode, Rewrite};
 use egg::Id;
 use mlopt_ir::{Binary, Op, Unary};
 
@@ -12,6 +14,44 @@ pub fn rules() -> Vec<Rewrite> {
     vec![
         scan("gelu-erf", |eg, id| !gelu_inputs(eg, id).is_empty(), |eg, id| {
             gelu_inputs(eg, id).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
+        }),
+        scan("layernorm-decomposed", |eg, id| !layernorm_parts(eg, id).is_empty(), |eg, id| {
+            layernorm_parts(eg, id)
+                .into_iter()
+                .filter_map(|(x, axis, epsilon)| {
+                    let t = super::ty(eg, x)?;
+                    let ones = super::konst(eg, mlopt_ir::Tensor::full(&mlopt_ir::TensorType::new(t.dtype, t.shape[axis..].to_vec()), 1.0));
+                    let none = super::absent(eg);
+                    let ln = add(eg, Op::LayerNorm { axis, epsilon }, vec![x, ones, none])?;
+                    Some(eg.add(MNode { head: Head::Proj(0), children: vec![ln] }))
+                })
+                .collect()
+        }),
+        scan("layernorm-scale", |eg, id| !layernorm_affine(eg, id, Binary::Mul).is_empty(), |eg, id| {
+            layernorm_affine(eg, id, Binary::Mul)
+                .into_iter()
+                .filter_map(|(ln, args, gamma)| {
+                    let scale = add(eg, Op::Binary(Binary::Mul), vec![args[1], gamma])?;
+                    let bias = match args.get(2) {
+                        Some(b) => *b,
+                        None => super::absent(eg),
+                    };
+                    let new = add(eg, ln, vec![args[0], scale, bias])?;
+                    Some(eg.add(MNode { head: Head::Proj(0), children: vec![new] }))
+                })
+                .collect()
+        }),
+        scan("layernorm-bias", |eg, id| !layernorm_affine(eg, id, Binary::Add).is_empty(), |eg, id| {
+            layernorm_affine(eg, id, Binary::Add)
+                .into_iter()
+                .filter_map(|(ln, args, beta)| {
+                    if args.get(2).is_some_and(|b| !eg[*b].data.types.is_empty()) {
+                        return None;
+                    }
+                    let new = add(eg, ln, vec![args[0], args[1], beta])?;
+                    Some(eg.add(MNode { head: Head::Proj(0), children: vec![new] }))
+                })
+                .collect()
         }),
         scan("attention", |eg, id| !attention_parts(eg, id).is_empty(), |eg, id| {
             attention_parts(eg, id)
@@ -26,6 +66,72 @@ pub fn rules() -> Vec<Rewrite> {
                 .collect()
         }),
     ]
+}
+
+/// `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)` over the trailing axes `axis..` (the square as
+/// `d * d` or `d ^ 2`, eps on either side): (x, axis, eps).
+fn layernorm_parts(eg: &EGraph, id: Id) -> Vec<(Id, usize, f32)> {
+    let mean_of = |c: Id| -> Vec<(Id, Vec<usize>)> {
+        ops(eg, c)
+            .into_iter()
+            .filter_map(|(o, ch)| match o {
+                Op::Reduce { kind: mlopt_ir::ReduceKind::Mean, axes, keepdims: true } => Some((ch[0], axes)),
+                _ => None,
+            })
+            .collect()
+    };
+    let same = |a: Id, b: Id| eg.find(a) == eg.find(b);
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        if o != Op::Binary(Binary::Div) {
+            continue;
+        }
+        let (d, den) = (c[0], c[1]);
+        for (_, sc) in ops(eg, d).into_iter().filter(|(o, _)| *o == Op::Binary(Binary::Sub)) {
+            let x = sc[0];
+            let Some(rank) = super::ty(eg, x).map(|t| t.rank()) else { continue };
+            for (mx, axes) in mean_of(sc[1]) {
+                let trailing = !axes.is_empty() && axes.iter().enumerate().all(|(i, a)| *a == rank - axes.len() + i);
+                if !same(mx, x) || !trailing {
+                    continue;
+                }
+                for (_, sq) in ops(eg, den).into_iter().filter(|(o, _)| *o == Op::Unary(Unary::Sqrt)) {
+                    for (v, e) in pairs(eg, sq[0], Binary::Add) {
+                        let Some(eps) = splat(eg, e).filter(|_| super::ty(eg, e).is_some_and(|t| t.numel() == 1)) else { continue };
+                        for (p, vaxes) in mean_of(v) {
+                            let squares = ops(eg, p).into_iter().any(|(po, pc)| match po {
+                                Op::Binary(Binary::Mul) => same(pc[0], d) && same(pc[1], d),
+                                Op::Binary(Binary::Pow) => same(pc[0], d) && splat(eg, pc[1]) == Some(2.0),
+                                _ => false,
+                            });
+                            if squares && vaxes == axes {
+                                out.push((x, axes[0], eps as f32));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `op(layer_norm(x, s, b).0, c)` (either order) with a constant c: (the LayerNorm op, [x, s, b], c).
+fn layernorm_affine(eg: &EGraph, id: Id, op: Binary) -> Vec<(Op, Vec<Id>, Id)> {
+    let mut out = vec![];
+    for (n, c) in pairs(eg, id, op) {
+        if !super::is_const(eg, c) {
+            continue;
+        }
+        for p in eg[n].nodes.iter().filter(|p| p.head == Head::Proj(0)) {
+            for (ln, args) in ops(eg, p.children[0]) {
+                if matches!(ln, Op::LayerNorm { .. }) && super::is_const(eg, args[1]) {
+                    out.push((ln, args.clone(), c));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The operands of `matmul(softmax(q @ kt * scale + mask), v)`.
