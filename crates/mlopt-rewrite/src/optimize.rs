@@ -297,3 +297,41 @@ pub fn random_inputs(g: &Graph, seed: u64) -> HashMap<String, Tensor> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlopt_ir::{Binary, ReduceKind, TensorType, Unary};
+
+    /// A LayerNormalization as exporters before opset 17 write it, with a constant scale and bias, becomes
+    /// one `layer_norm` kernel and computes the same values.
+    #[test]
+    fn written_out_layer_norm_becomes_one_op() {
+        let mut g = Graph::new("ln");
+        let ty = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+        let x = g.add_input("x", ty(&[4, 32]));
+        let mean = |g: &mut Graph, v| g.add(Op::Reduce { kind: ReduceKind::Mean, axes: vec![1], keepdims: true }, "", &[v]).unwrap();
+        let mu = mean(&mut g, x);
+        let d = g.add(Op::Binary(Binary::Sub), "", &[x, mu]).unwrap();
+        let two = g.add_const("two", Tensor::scalar(2f32));
+        let sq = g.add(Op::Binary(Binary::Pow), "", &[d, two]).unwrap();
+        let var = mean(&mut g, sq);
+        let eps = g.add_const("eps", Tensor::scalar(1e-5f32));
+        let ve = g.add(Op::Binary(Binary::Add), "", &[var, eps]).unwrap();
+        let sd = g.add(Op::Unary(Unary::Sqrt), "", &[ve]).unwrap();
+        let n = g.add(Op::Binary(Binary::Div), "", &[d, sd]).unwrap();
+        let gamma = g.add_const("gamma", Tensor::from_vec(&[32], (0..32).map(|i| i as f32 / 7.0).collect()).unwrap());
+        let beta = g.add_const("beta", Tensor::from_vec(&[32], (0..32).map(|i| 1.0 - i as f32 / 9.0).collect()).unwrap());
+        let s = g.add(Op::Binary(Binary::Mul), "", &[n, gamma]).unwrap();
+        let y = g.add(Op::Binary(Binary::Add), "", &[s, beta]).unwrap();
+        g.add_output("y", y);
+        let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
+        let kernels: Vec<Vec<&str>> = o.plan.kernels.iter().map(|k| k.ops.clone()).collect();
+        assert_eq!(kernels, vec![vec!["layer_norm"]], "{}", mlopt_ir::print::print(&o.plan.graph));
+        let inputs = random_inputs(&g, 3);
+        let (want, got) = (mlopt_ir::interp::run(&g, &inputs).unwrap(), mlopt_ir::interp::run(&o.plan.graph, &inputs).unwrap());
+        for (a, b) in want[0].1.to_f64_vec().iter().zip(got[0].1.to_f64_vec()) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+}
