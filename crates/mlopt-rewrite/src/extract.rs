@@ -2,9 +2,10 @@
 //! once) on the target's roofline.
 //!
 //! The algorithm is greedy-DAG (as in extraction-gym's `greedy-dag`): each candidate node's cost is the sum
-//! over the set of classes its choice reaches, iterated to a fixpoint. Sets are bitsets over the dense class
-//! index, so a pass costs O(nodes x classes / 64); cyclic choices are rejected because a class may not reach
-//! itself. We chose greedy-DAG over ILP (egg's `lp` feature, CBC) because it needs no solver library, runs
+//! over the set of classes its choice reaches, iterated to a fixpoint by a worklist (a class is revisited
+//! when a child's choice changes). Sets are bitsets over the dense class index, so a visit costs
+//! O(nodes x classes / 64); cyclic choices are rejected because a class may not reach itself. A second pass
+//! switches all the projections of a multi-output node together (see `improve_multi_output`). We chose greedy-DAG over ILP (egg's `lp` feature, CBC) because it needs no solver library, runs
 //! in well under a second on BERT-sized e-graphs, and the choices in mlopt's e-graphs are local (a node and
 //! its rewritten forms), where greedy-DAG finds the optimum; kernel boundaries are decided afterwards by the
 //! fusion pass (see `fuse`), whose costs would make an ILP non-linear anyway.
@@ -18,15 +19,14 @@ use std::collections::HashMap;
 /// The standalone cost of `n` (as its own kernel): leaves, projections and absent inputs are free.
 pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Options) -> Cost {
     let Head::Op(k) = &n.head else { return Cost::ZERO };
-    let allow_tf32 = o.allow_tf32;
-    let ins: Vec<Option<&TensorType>> = n.children.iter().map(|c| eg[*c].data.ty()).collect();
     if outs.is_empty() {
         return Cost::INFINITY;
     }
-    let mut w = op_work(&k.op, &ins, outs, allow_tf32);
     if crate::fuse::is_view(&k.op) {
         return Cost::ZERO;
     }
+    let ins: Vec<Option<&TensorType>> = n.children.iter().map(|c| eg[*c].data.ty()).collect();
+    let mut w = op_work(&k.op, &ins, outs, o.allow_tf32);
     w.bytes = ins.iter().flatten().map(|t| t.bytes() as f64).sum::<f64>() + outs.iter().map(|t| t.bytes() as f64).sum::<f64>();
     let fp32_matrix = matches!(k.op, mlopt_ir::Op::MatMul | mlopt_ir::Op::Gemm { .. } | mlopt_ir::Op::Conv(_)) && ins.first().copied().flatten().is_some_and(|t| t.dtype == mlopt_ir::DType::F32);
     let penalty = if o.force_low && fp32_matrix { Cost::secs(FORCED_PENALTY_S) } else { Cost::ZERO };

@@ -250,8 +250,19 @@ impl Fuser<'_> {
             for m in &self.kernels[k].members {
                 for v in self.g.inputs(*m).into_iter().flatten() {
                     if !self.kernels[k].members.contains(&v.node) {
-                        let e = last_use.entry(v.node).or_insert(i);
-                        *e = (*e).max(i);
+                        // Reading a view reads the buffer it aliases, which must stay alive as long.
+                        let mut n = v.node;
+                        loop {
+                            let e = last_use.entry(n).or_insert(i);
+                            *e = (*e).max(i);
+                            match self.own_kernel(n) {
+                                Some(vk) if self.is_view_kernel(&self.kernels[vk].members) => match self.g.inputs(n).first().copied().flatten() {
+                                    Some(src) => n = src.node,
+                                    None => break,
+                                },
+                                _ => break,
+                            }
+                        }
                     }
                 }
             }
@@ -454,6 +465,24 @@ mod tests {
         g.add_output("y", s);
         let p = fuse(&g, &target(), false, None).unwrap();
         assert_eq!(kernels(&p), vec![vec!["matmul", "add", "relu"], vec!["matmul", "sigmoid"]]);
+        check_same(&g, &p);
+    }
+
+    /// A buffer read through a view stays alive until the view's last reader.
+    #[test]
+    fn views_keep_their_buffer_alive() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", ty(&[64, 64]));
+        let w = g.add_const("w", Tensor::full(&ty(&[64, 64]), 0.5));
+        let w2 = g.add_const("w2", Tensor::full(&ty(&[64, 64]), 0.25));
+        let y = g.add(Op::MatMul, "y", &[x, w]).unwrap();
+        let v = g.add(Op::Reshape { shape: vec![64, 64] }, "v", &[y]).unwrap();
+        let m = g.add(Op::MatMul, "m", &[x, w2]).unwrap();
+        let out = g.add(Op::MatMul, "out", &[v, m]).unwrap();
+        g.add_output("out", out);
+        let p = fuse(&g, &target(), false, None).unwrap();
+        // While `out` runs: y (read as v), m and out itself, 16 KiB each.
+        assert_eq!(p.peak_bytes, 3 * 64 * 64 * 4);
         check_same(&g, &p);
     }
 
