@@ -126,14 +126,17 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
     let mut round = 0u32;
     loop {
         let (plan, mut stats) = run_once(g, cfg, &set, &keep, tf32)?;
-        if cfg.precision != Precision::Auto {
+        // Nothing lowered: nothing to check (and integer-only models need no calibration inputs).
+        if cfg.precision != Precision::Auto || lowered_ops(&plan.graph).is_empty() {
             return Ok(Optimized { plan, before, stats });
         }
+        let source = if cfg.calibration.is_empty() { "random inputs (use --calibration DIR for real ones)" } else { "the calibration inputs" };
+        let checking = |e: RewriteError| RewriteError::Precision(format!("checking --precision auto on {source}: {e}"));
         let reference = match &mut reference {
             Some(r) => r,
-            None => reference.insert(Reference::new(g, cfg)?),
+            None => reference.insert(Reference::new(g, cfg).map_err(checking)?),
         };
-        let err = reference.error(&plan.graph)?;
+        let err = reference.error(&plan.graph).map_err(checking)?;
         stats.precision_error = Some(err);
         stats.backed_off = backed_off.clone();
         if err <= cfg.tolerance {
@@ -333,5 +336,21 @@ mod tests {
         for (a, b) in want[0].1.to_f64_vec().iter().zip(got[0].1.to_f64_vec()) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
+    }
+
+    /// `auto` checks only what it lowered: an integer model (whose random inputs would divide by zero) has
+    /// nothing to check and optimises without calibration data.
+    #[test]
+    fn auto_needs_no_check_when_nothing_is_lowered() {
+        let mut g = Graph::new("int");
+        let ty = TensorType::new(DType::I32, vec![4]);
+        let x = g.add_input("x", ty.clone());
+        let y = g.add_input("y", ty);
+        let z = g.add(Op::Binary(Binary::Div), "z", &[x, y]).unwrap();
+        g.add_output("z", z);
+        let mut cfg = Config::new(Target::named("sm_80", 1).unwrap());
+        cfg.precision = Precision::Auto;
+        let o = optimize(&g, &cfg).unwrap();
+        assert_eq!(o.stats.precision_error, None);
     }
 }
