@@ -408,6 +408,32 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             let beta = b.konst(&norm);
             if b.rng.random_bool(0.5) { b.bin(Binary::Add, y, beta) } else { b.bin(Binary::Add, beta, y) }
         }, 1e-5),
+        ("gelu-tanh", |b| {
+            let s = b.dims(3);
+            let x = b.input(&s);
+            let cube = match b.rng.random_range(0..3) {
+                0 => {
+                    let three = b.scalar(3.0);
+                    b.bin(Binary::Pow, x, three)
+                }
+                1 => {
+                    let sq = b.bin(Binary::Mul, x, x);
+                    b.bin(Binary::Mul, x, sq)
+                }
+                _ => {
+                    let sq = b.bin(Binary::Mul, x, x);
+                    b.bin(Binary::Mul, sq, x)
+                }
+            };
+            let (k, c, one, half) = (b.scalar(0.044715), b.scalar((2.0 / std::f32::consts::PI).sqrt()), b.scalar(1.0), b.scalar(0.5));
+            let kc = b.bin(Binary::Mul, k, cube);
+            let u = b.bin(Binary::Add, x, kc);
+            let cu = b.bin(Binary::Mul, c, u);
+            let t = b.un(Unary::Tanh, cu);
+            let e = b.bin(Binary::Add, one, t);
+            let h = b.bin(Binary::Mul, half, x);
+            b.bin(Binary::Mul, h, e)
+        }, 1e-5),
         ("attention", |b| {
             let r = b.rank(2, 4);
             let batch = b.dims(r - 2);
@@ -574,7 +600,7 @@ rule_tests! {
     transpose_transpose => "transpose-transpose", reshape_identity => "reshape-identity",
     reshape_reshape => "reshape-reshape", expand_identity => "expand-identity",
     unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
-    matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", attention => "attention",
+    matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", gelu_tanh => "gelu-tanh", attention => "attention",
     layernorm_decomposed => "layernorm-decomposed", layernorm_scale => "layernorm-scale", layernorm_bias => "layernorm-bias",
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout",

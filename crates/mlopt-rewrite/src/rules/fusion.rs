@@ -1,5 +1,5 @@
 //! Fusion patterns that become one op: GELU written out with Erf (as PyTorch and HF exporters emit it) is
-//! recognised as `gelu`, LayerNormalization written out with two means (as exporters before opset 17 emit it)
+//! recognised as `gelu` (and its tanh approximation as `gelu[tanh=1]`), LayerNormalization written out with two means (as exporters before opset 17 emit it)
 //! as `layer_norm` (with constant scale and bias absorbed), and MatMul -> scale -> mask -> Softmax -> MatMul
 //! as `attention`. Which ops share a kernel is not a rule but the fusion pass's cost decision
 //! (`fuse.rs`): elementwise chains, epilogues of MatMul/Gemm/Conv, and row reductions with their prologue
@@ -12,8 +12,11 @@ use mlopt_ir::{Binary, Op, Unary};
 
 pub fn rules() -> Vec<Rewrite> {
     vec![
-        scan("gelu-erf", |eg, id| !gelu_inputs(eg, id).is_empty(), |eg, id| {
-            gelu_inputs(eg, id).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
+        scan("gelu-erf", |eg, id| !gelu_inputs(eg, id, erf_core).is_empty(), |eg, id| {
+            gelu_inputs(eg, id, erf_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
+        }),
+        scan("gelu-tanh", |eg, id| !gelu_inputs(eg, id, tanh_core).is_empty(), |eg, id| {
+            gelu_inputs(eg, id, tanh_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: true }), vec![x])).collect()
         }),
         scan("layernorm-decomposed", |eg, id| !layernorm_parts(eg, id).is_empty(), |eg, id| {
             layernorm_parts(eg, id)
@@ -200,15 +203,34 @@ fn erf_core(eg: &EGraph, e: Id, x: Id) -> bool {
     })
 }
 
-/// The x of `0.5 * x * (1 + erf(x / sqrt 2))` in either grouping: `(x * E) * 0.5` or `(x * 0.5) * E`.
-fn gelu_inputs(eg: &EGraph, id: Id) -> Vec<Id> {
+/// Whether class `e` is `1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))` (operands in either order, the cube as
+/// `x ^ 3`, `x * (x * x)` or `(x * x) * x`), GELU's tanh approximation as GPT-2 style models write it.
+fn tanh_core(eg: &EGraph, e: Id, x: Id) -> bool {
+    let is_x = |c: Id| eg.find(c) == eg.find(x);
+    let square = |c: Id| pairs(eg, c, Binary::Mul).into_iter().any(|(a, b)| is_x(a) && is_x(b));
+    let cube = |c: Id| {
+        ops(eg, c).into_iter().any(|(o, ch)| o == Op::Binary(Binary::Pow) && is_x(ch[0]) && splat(eg, ch[1]) == Some(3.0))
+            || pairs(eg, c, Binary::Mul).into_iter().any(|(a, b)| is_x(a) && square(b))
+    };
+    let inner = |u: Id| pairs(eg, u, Binary::Add).into_iter().any(|(a, t)| is_x(a) && pairs(eg, t, Binary::Mul).into_iter().any(|(k, c3)| near(splat(eg, k), 0.044715) && cube(c3)));
+    pairs(eg, e, Binary::Add).into_iter().any(|(t, one)| {
+        near(splat(eg, one), 1.0)
+            && ops(eg, t).into_iter().any(|(o, c)| {
+                o == Op::Unary(Unary::Tanh) && pairs(eg, c[0], Binary::Mul).into_iter().any(|(k, u)| near(splat(eg, k), (2.0 / std::f64::consts::PI).sqrt()) && inner(u))
+            })
+    })
+}
+
+/// The x of `0.5 * x * core(x)` in either grouping: `(x * E) * 0.5` or `(x * 0.5) * E`, where `core` is
+/// `1 + erf(x / sqrt 2)` (exact GELU) or the tanh form.
+fn gelu_inputs(eg: &EGraph, id: Id, core: fn(&EGraph, Id, Id) -> bool) -> Vec<Id> {
     let mut out = vec![];
     for (p, q) in pairs(eg, id, Binary::Mul) {
         if near(splat(eg, q), 0.5) {
-            out.extend(pairs(eg, p, Binary::Mul).into_iter().filter(|(x, e)| erf_core(eg, *e, *x)).map(|(x, _)| x));
+            out.extend(pairs(eg, p, Binary::Mul).into_iter().filter(|(x, e)| core(eg, *e, *x)).map(|(x, _)| x));
         }
         for (x, h) in pairs(eg, p, Binary::Mul) {
-            if near(splat(eg, h), 0.5) && erf_core(eg, q, x) {
+            if near(splat(eg, h), 0.5) && core(eg, q, x) {
                 out.push(x);
             }
         }
