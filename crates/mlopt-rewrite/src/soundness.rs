@@ -372,6 +372,18 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 b.bin(Binary::Mul, h, a)
             }
         }, 1e-5),
+        ("softmax-decomposed", |b| {
+            let r = b.rank(1, 4);
+            let s = b.dims(r);
+            let x = b.input(&s);
+            let axis = b.rng.random_range(0..r);
+            let red = |b: &mut B, kind, v| b.op(Op::Reduce { kind, axes: vec![axis], keepdims: true }, &[v]);
+            let m = red(b, ReduceKind::Max, x);
+            let d = b.bin(Binary::Sub, x, m);
+            let e = b.un(Unary::Exp, d);
+            let sum = red(b, ReduceKind::Sum, e);
+            b.bin(Binary::Div, e, sum)
+        }, 1e-5),
         ("layernorm-decomposed", |b| {
             let r = b.rank(1, 3);
             let s = b.dims(r);
@@ -601,7 +613,7 @@ rule_tests! {
     reshape_reshape => "reshape-reshape", expand_identity => "expand-identity",
     unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
     matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", gelu_tanh => "gelu-tanh", attention => "attention",
-    layernorm_decomposed => "layernorm-decomposed", layernorm_scale => "layernorm-scale", layernorm_bias => "layernorm-bias",
+    softmax_decomposed => "softmax-decomposed", layernorm_decomposed => "layernorm-decomposed", layernorm_scale => "layernorm-scale", layernorm_bias => "layernorm-bias",
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout",
     relu_through_widening => "relu-through-widening",

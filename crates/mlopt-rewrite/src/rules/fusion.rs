@@ -1,5 +1,6 @@
 //! Fusion patterns that become one op: GELU written out with Erf (as PyTorch and HF exporters emit it) is
-//! recognised as `gelu` (and its tanh approximation as `gelu[tanh=1]`), LayerNormalization written out with two means (as exporters before opset 17 emit it)
+//! recognised as `gelu` (and its tanh approximation as `gelu[tanh=1]`), a written-out max-subtracted Softmax as
+//! `softmax`, LayerNormalization written out with two means (as exporters before opset 17 emit it)
 //! as `layer_norm` (with constant scale and bias absorbed), and MatMul -> scale -> mask -> Softmax -> MatMul
 //! as `attention`. Which ops share a kernel is not a rule but the fusion pass's cost decision
 //! (`fuse.rs`): elementwise chains, epilogues of MatMul/Gemm/Conv, and row reductions with their prologue
@@ -17,6 +18,9 @@ pub fn rules() -> Vec<Rewrite> {
         }),
         scan("gelu-tanh", |eg, id| !gelu_inputs(eg, id, tanh_core).is_empty(), |eg, id| {
             gelu_inputs(eg, id, tanh_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: true }), vec![x])).collect()
+        }),
+        scan("softmax-decomposed", |eg, id| !softmax_parts(eg, id).is_empty(), |eg, id| {
+            softmax_parts(eg, id).into_iter().filter_map(|(x, axis)| add(eg, Op::Softmax { axis }, vec![x])).collect()
         }),
         scan("layernorm-decomposed", |eg, id| !layernorm_parts(eg, id).is_empty(), |eg, id| {
             layernorm_parts(eg, id)
@@ -69,6 +73,41 @@ pub fn rules() -> Vec<Rewrite> {
                 .collect()
         }),
     ]
+}
+
+/// `exp(x - max(x)) / sum(exp(x - max(x)))` over one axis (keepdims): (x, axis). Only the max-subtracted form:
+/// without it, large inputs overflow to inf/inf where Softmax does not, and the rewrite would change results.
+fn softmax_parts(eg: &EGraph, id: Id) -> Vec<(Id, usize)> {
+    let same = |a: Id, b: Id| eg.find(a) == eg.find(b);
+    let reduce = |c: Id, kind: mlopt_ir::ReduceKind| -> Vec<(Id, Vec<usize>)> {
+        ops(eg, c)
+            .into_iter()
+            .filter_map(|(o, ch)| match o {
+                Op::Reduce { kind: k, axes, keepdims: true } if k == kind && axes.len() == 1 => Some((ch[0], axes)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        if o != Op::Binary(Binary::Div) {
+            continue;
+        }
+        let (e, s) = (c[0], c[1]);
+        for (se, axes) in reduce(s, mlopt_ir::ReduceKind::Sum) {
+            if !same(se, e) {
+                continue;
+            }
+            for (_, ex) in ops(eg, e).into_iter().filter(|(o, _)| *o == Op::Unary(Unary::Exp)) {
+                for (_, sub) in ops(eg, ex[0]).into_iter().filter(|(o, _)| *o == Op::Binary(Binary::Sub)) {
+                    if reduce(sub[1], mlopt_ir::ReduceKind::Max).into_iter().any(|(mx, maxes)| same(mx, sub[0]) && maxes == axes) {
+                        out.push((sub[0], axes[0]));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)` over the trailing axes `axis..` (the square as
