@@ -82,6 +82,25 @@ fn a_memory_budget_never_raises_peak_memory_or_changes_results() {
     }
 }
 
+/// The memory plan of every optimised fixture: valid (no two live values share bytes), at least the largest
+/// value and never more than the values laid end to end.
+#[test]
+fn memory_plans_of_the_optimised_fixtures_are_valid() {
+    for name in FIXTURES {
+        for (target, p, budget) in [("x86-64-v4", Precision::Fp32, None), ("sm_80", Precision::Bf16, None), ("x86-64-v4", Precision::Fp32, Some(0))] {
+            let mut cfg = config(target, p);
+            cfg.memory_budget = budget;
+            let o = optimize(&import(name), &cfg).unwrap();
+            let plan = mlopt_lower::plan_memory(&o.plan.graph).unwrap();
+            plan.verify().unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
+            // Never worse than laying the values end to end, and at least the largest of them.
+            let end_to_end: u64 = plan.slots.iter().map(|s| s.bytes.div_ceil(64) * 64).sum();
+            let largest = plan.slots.iter().map(|s| s.bytes).max().unwrap_or(0);
+            assert!(largest <= plan.arena_bytes && plan.arena_bytes <= end_to_end, "{name} on {target}: arena {} (largest {largest}, end to end {end_to_end})", plan.arena_bytes);
+        }
+    }
+}
+
 #[test]
 fn optimised_dumps_round_trip_through_the_parser() {
     for name in FIXTURES {

@@ -174,10 +174,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let ir = output.join(format!("{name}.optimized.mlir"));
             std::fs::write(&ir, mlopt_rewrite::report::dump(&o, &cfg)).with_context(|| format!("writing {}", ir.display()))?;
             let json = output.join("report.json");
-            std::fs::write(&json, mlopt_rewrite::report::json(&o, &cfg)).with_context(|| format!("writing {}", json.display()))?;
+            let mem = mlopt_lower::plan_memory(&o.plan.graph).context("planning memory")?;
+            let extra = [("arena_bytes", mem.arena_bytes.to_string()), ("in_place", mem.in_place.len().to_string())];
+            std::fs::write(&json, mlopt_rewrite::report::json(&o, &cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
             if report {
                 print!("{}", mlopt_rewrite::report::header(&o, &cfg));
                 print!("{}", mlopt_rewrite::report::table(&o));
+                println!(
+                    "activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)",
+                    mem.arena_bytes as f64 / 1e6,
+                    mem.slots.len(),
+                    mem.in_place.len(),
+                    mem.aliases.len(),
+                    mem.unshared_bytes as f64 / 1e6
+                );
             }
             eprintln!("wrote {} and {} in {:.2} s (code generation is not implemented yet: this build stops after fusion)", ir.display(), json.display(), start.elapsed().as_secs_f64());
             Ok(ExitCode::SUCCESS)

@@ -366,6 +366,8 @@ fn compile_writes_the_optimised_graph_and_report() {
     assert_eq!(json["precision"], "fp32");
     assert!(json["egraph"]["stop_reason"].is_string());
     assert!(json["peak_activation_bytes"].as_u64().is_some());
+    assert!(json["arena_bytes"].as_u64().is_some() && json["in_place"].as_u64().is_some());
+    assert!(table.contains("activation arena:"), "{table}");
     let kernels = json["kernels"].as_array().unwrap();
     assert!(!kernels.is_empty());
     for k in kernels {

@@ -73,8 +73,9 @@ fn json_str(s: &str) -> String {
     o
 }
 
-/// `report.json`: the same figures, machine-readable.
-pub fn json(o: &Optimized, cfg: &Config) -> String {
+/// `report.json`: the same figures, machine-readable; `extra` adds top-level fields (name, JSON value) from
+/// later stages.
+pub fn json(o: &Optimized, cfg: &Config, extra: &[(&str, String)]) -> String {
     let s = &o.stats;
     let kernels: Vec<String> = o
         .plan
@@ -96,7 +97,7 @@ pub fn json(o: &Optimized, cfg: &Config) -> String {
         .collect();
     let applied: Vec<String> = s.applied.iter().map(|(r, n)| format!("{}: {n}", json_str(r))).collect();
     format!(
-        "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n  \"kernels\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n{}  \"kernels\": [\n{}\n  ]\n}}\n",
         json_str(&cfg.target.name),
         cfg.precision,
         json_str(&s.stop_reason),
@@ -109,6 +110,7 @@ pub fn json(o: &Optimized, cfg: &Config) -> String {
         o.before.as_secs(),
         o.plan.total.as_secs(),
         o.plan.peak_bytes,
+        extra.iter().map(|(k, v)| format!("  {}: {v},\n", json_str(k))).collect::<String>(),
         kernels.join(",\n")
     )
 }
