@@ -170,8 +170,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
             let (o, cfg) = opt.optimize(&g, &data::input_names(&m)?)?;
             std::fs::create_dir_all(&output).with_context(|| format!("creating {}", output.display()))?;
-            let name = mlopt_ir::print::ident(&g.name).trim_matches('"').to_string();
-            let ir = output.join(format!("{name}.optimized.mlir"));
+            let ir = output.join(format!("{}.optimized.mlir", file_stem(&g.name)));
             std::fs::write(&ir, mlopt_rewrite::report::dump(&o, &cfg)).with_context(|| format!("writing {}", ir.display()))?;
             let json = output.join("report.json");
             let mem = mlopt_lower::plan_memory(&o.plan.graph).context("planning memory")?;
@@ -217,6 +216,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Check { model, data: dir, rtol, atol, optimized, opt } => check(&model, &dir, rtol, atol, optimized.then_some(&opt)),
     }
+}
+
+/// A file name for output named after the model's graph: the graph name comes from the model file, so
+/// anything but letters, digits, `_` and `-` becomes `_` (so no path separators and no `..`).
+fn file_stem(graph_name: &str) -> String {
+    let s: String = graph_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+    if s.is_empty() { "model".into() } else { s }
 }
 
 fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, opt: Option<&OptArgs>) -> Result<ExitCode> {

@@ -379,6 +379,21 @@ fn compile_writes_the_optimised_graph_and_report() {
     assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir")).unwrap().contains("kernel k0"));
 }
 
+/// The graph name in the model names the output file; it must not lead outside the output directory.
+#[test]
+fn compile_output_names_stay_in_the_output_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = relu_model();
+    m.graph.as_mut().unwrap().name = "../../escaped/x".into();
+    let path = save(dir.path(), &m);
+    let out_dir = dir.path().join("a").join("out");
+    let out = mlopt(&["compile", &path, "-o", out_dir.to_str().unwrap(), "--target", "x86-64-v4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let names: Vec<String> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.contains(&"______escaped_x.optimized.mlir".to_string()), "{names:?}");
+    assert!(!dir.path().join("escaped").exists());
+}
+
 #[test]
 fn bad_optimiser_options_are_errors() {
     let m = fixture("mlp/model.onnx");
