@@ -17,13 +17,6 @@ pub struct Loaded {
     pub graph_name: String,
 }
 
-impl Loaded {
-    /// The class that holds `v` in the e-graph.
-    pub fn canon(&self, id: Id) -> Id {
-        self.eg.find(id)
-    }
-}
-
 /// Loads `g` into a fresh e-graph. `fold` turns constant folding on.
 pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
     let mut eg = EGraph::new(Analysis { no_fold: !fold, ..Default::default() });
@@ -127,7 +120,6 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
                 let v = made.get(&c).and_then(|v| v.get(*i as usize)).copied();
                 vec![v.ok_or_else(|| RewriteError::Internal(format!("projection {i} of class {c} missing")))?]
             }
-            Head::Family(f) => return Err(RewriteError::Internal(format!("a rule left a pattern-only '{f}' node"))),
             Head::Op(k) => {
                 let ins: Vec<Option<Value>> = node.children.iter().map(|c| if eg[*c].data.types.is_empty() { None } else { child(c) }).collect();
                 let name = names.get(&id).map(|s| s.to_string()).unwrap_or_default();

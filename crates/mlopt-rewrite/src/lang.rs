@@ -5,9 +5,8 @@
 //! leaves that index side tables; `Head::Absent` stands for an optional input left out; a node with several
 //! outputs is a tuple that `Head::Proj(i)` nodes pick from.
 //!
-//! In rule patterns an op name alone (`transpose`) is a `Head::Family`: it matches that op with any
-//! attributes, and the rule's Rust applier reads them. Attribute-free ops (`add`, `relu`, `matmul`) may
-//! appear on either side of a pattern rule.
+//! Rule patterns name attribute-free ops only (`add`, `relu`, `matmul`); rules about ops with attributes
+//! are scan rules written in Rust (`rules/mod.rs`).
 //!
 //! The analysis carries each class's output types and, when known, its constant value: a node whose inputs
 //! are all constants is evaluated by the reference interpreter (up to `FOLD_LIMIT` bytes) and its class gets
@@ -78,8 +77,6 @@ pub enum Head {
     /// Output `i` of a multi-output node.
     Proj(u32),
     Op(OpKey),
-    /// Pattern-only: any op with this name.
-    Family(&'static str),
 }
 
 /// An e-node.
@@ -113,11 +110,10 @@ impl Language for MNode {
             Head::Absent => ("_", 0),
             Head::Proj(i) => ("proj", *i),
             Head::Op(k) => (k.op.name(), 0),
-            Head::Family(n) => (n, 0),
         }
     }
 
-    /// Ops match by name (a pattern's `Family` or attribute-free op); attributes are the applier's business.
+    /// Ops match by name: patterns hold attribute-free ops only, whose name is their whole key.
     fn matches(&self, other: &Self) -> bool {
         self.discriminant() == other.discriminant() && self.children.len() == other.children.len()
     }
@@ -139,7 +135,6 @@ impl fmt::Display for MNode {
             Head::Absent => write!(f, "_"),
             Head::Proj(i) => write!(f, "proj{i}"),
             Head::Op(k) => f.write_str(&k.key),
-            Head::Family(n) => f.write_str(n),
         }
     }
 }
@@ -151,24 +146,12 @@ impl egg::FromOp for MNode {
         if op == "_" {
             return Ok(MNode { head: Head::Absent, children });
         }
-        let parsed = Op::from_spelling(op, &mut AttrReader::new(BTreeMap::new()));
-        match parsed {
+        match Op::from_spelling(op, &mut AttrReader::new(BTreeMap::new())) {
             Ok(o) if o.spell_attrs().is_empty() => Ok(MNode::op(o, children)),
-            // An op with attributes (or with required ones) matches as a family.
-            Ok(o) => Ok(MNode { head: Head::Family(o.name()), children }),
-            Err(_) => match crate::lang::family_name(op) {
-                Some(name) => Ok(MNode { head: Head::Family(name), children }),
-                None => Err(format!("unknown op '{op}' in a rule pattern")),
-            },
+            Ok(_) => Err(format!("'{op}' has attributes: write a scan rule for it, not a pattern")),
+            Err(_) => Err(format!("unknown or attributed op '{op}' in a rule pattern")),
         }
     }
-}
-
-/// The `&'static` name of an op family, for ops whose attributes are required (so `from_spelling` without
-/// them fails).
-fn family_name(op: &str) -> Option<&'static str> {
-    const FAMILIES: &[&str] = &["transpose", "reshape", "cast", "softmax", "log_softmax", "conv", "conv_transpose", "gemm", "batch_norm", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max", "concat", "split", "slice", "expand", "gather", "attention"];
-    FAMILIES.iter().copied().find(|f| *f == op)
 }
 
 /// What the analysis knows about a class: its output types (one per output; empty for `Absent`) and its
@@ -246,7 +229,7 @@ impl egg::Analysis<MNode> for Analysis {
                 let t = eg.analysis.consts[*i as usize].1.clone();
                 Facts { types: vec![t.ty()], value: Some(t) }
             }
-            Head::Absent | Head::Family(_) => none,
+            Head::Absent => none,
             Head::Proj(i) => {
                 let d = &eg[n.children[0]].data;
                 Facts { types: d.types.get(*i as usize).cloned().into_iter().collect(), value: None }

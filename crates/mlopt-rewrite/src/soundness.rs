@@ -40,7 +40,6 @@ fn evaluate(eg: &EGraph, inputs: &[Tensor], mut known: HashMap<Id, Vec<Tensor>>,
                         continue;
                     }
                     Head::Proj(i) => vec![child(&n.children[0]).and_then(|t| t.get(*i as usize)).cloned().ok_or("projection out of range")?],
-                    Head::Family(f) => return Err(format!("pattern-only node {f} in the e-graph")),
                     Head::Op(k) => {
                         let args: Vec<Option<&Tensor>> = n.children.iter().map(|c| if absent(c) { None } else { child(c).map(|t| &t[0]) }).collect();
                         interp::eval_op(&k.op, &args, &class.data.types).map_err(|e| format!("{}: {e:?}", k.op.name()))?
