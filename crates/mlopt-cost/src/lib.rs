@@ -13,7 +13,7 @@ pub mod roofline;
 pub mod target;
 
 pub use error::{CostError, Result};
-pub use roofline::{estimate, op_work, Bound, Cost, Estimate, Work};
+pub use roofline::{estimate, op_work, standalone, Bound, Cost, Estimate, Work};
 pub use target::{Kind, MatrixPrecision, Target, TARGET_NAMES};
 
 #[cfg(test)]

@@ -133,6 +133,14 @@ pub fn estimate(w: &Work, t: &Target) -> Estimate {
     Estimate { compute_s, memory_s, time: Cost::secs(compute_s.max(memory_s) + t.launch_s), bound }
 }
 
+/// The estimate of `op` run as a kernel of its own: its FLOPs, each input read once and each output written
+/// once. The cost of a graph with one kernel per op, and of an e-node before fusion decides its kernel.
+pub fn standalone(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: &Target, allow_tf32: bool) -> Estimate {
+    let mut w = op_work(op, ins, outs, allow_tf32);
+    w.bytes = ins.iter().flatten().copied().chain(outs).map(|t| t.bytes() as f64).sum();
+    estimate(&w, t)
+}
+
 /// FLOPs per element of an elementwise unary op: 1 for arithmetic, more for the transcendental functions
 /// (what a vectorised polynomial costs), so fusion can weigh recomputation honestly.
 fn unary_flops(u: &Unary) -> f64 {

@@ -187,6 +187,11 @@ impl Graph {
         v
     }
 
+    /// The types of the node's inputs by slot; `None` for an optional input left out.
+    pub fn input_types(&self, id: NodeId) -> Vec<Option<&TensorType>> {
+        self.inputs(id).into_iter().map(|v| v.map(|v| self.value_type(v))).collect()
+    }
+
     /// Nodes that read any output of `id`, with the slot they read it into.
     pub fn users(&self, id: NodeId) -> Vec<(NodeId, Edge)> {
         self.g.edges_directed(id.0, Direction::Outgoing).map(|e| (NodeId(e.target()), *e.weight())).collect()

@@ -44,8 +44,7 @@ pub fn verify(g: &Graph) -> Result<()> {
                 if !ok {
                     continue;
                 }
-                let tys: Vec<_> = ins.iter().map(|v| v.map(|v| g.value_type(v))).collect();
-                match infer(op, &tys) {
+                match infer(op, &g.input_types(n)) {
                     Err(e) => errs.push(format!(
                         "{at}{}: {}",
                         e.input.map(|i| format!(", input {i}")).unwrap_or_default(),

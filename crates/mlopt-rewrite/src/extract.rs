@@ -12,7 +12,7 @@
 
 use crate::lang::{EGraph, Head, MNode};
 use egg::Id;
-use mlopt_cost::{estimate, op_work, Cost, Target};
+use mlopt_cost::{standalone, Cost, Target};
 use mlopt_ir::TensorType;
 use std::collections::HashMap;
 
@@ -26,11 +26,9 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
         return Cost::ZERO;
     }
     let ins: Vec<Option<&TensorType>> = n.children.iter().map(|c| eg[*c].data.ty()).collect();
-    let mut w = op_work(&k.op, &ins, outs, o.allow_tf32);
-    w.bytes = ins.iter().flatten().map(|t| t.bytes() as f64).sum::<f64>() + outs.iter().map(|t| t.bytes() as f64).sum::<f64>();
     let fp32_matrix = matches!(k.op, mlopt_ir::Op::MatMul | mlopt_ir::Op::Gemm { .. } | mlopt_ir::Op::Conv(_)) && ins.first().copied().flatten().is_some_and(|t| t.dtype == mlopt_ir::DType::F32);
     let penalty = if o.force_low && fp32_matrix { Cost::secs(FORCED_PENALTY_S) } else { Cost::ZERO };
-    estimate(&w, t).time + penalty
+    standalone(&k.op, &ins, outs, t, o.allow_tf32).time + penalty
 }
 
 /// `--precision bf16|fp16` forces lowering: an fp32 matrix op costs this much more than its estimate, so the

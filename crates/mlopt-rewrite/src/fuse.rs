@@ -19,8 +19,8 @@
 //! recomputation of the largest stored elementwise values while the plan's peak activation memory exceeds it.
 
 use crate::error::Result;
-use mlopt_cost::{estimate, op_work, Cost, Estimate, Target, Work};
-use mlopt_ir::{Graph, NodeId, Op, TensorType, Value};
+use mlopt_cost::{estimate, op_work, standalone, Cost, Estimate, Target, Work};
+use mlopt_ir::{Graph, NodeId, Op, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Reshapes are views: free to compute inside any kernel, and free to "store".
@@ -291,9 +291,7 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
     for &n in &order {
         let k = kind(g, n);
         let node = g.node(n);
-        let ins: Vec<Option<TensorType>> = g.inputs(n).into_iter().map(|v| v.map(|v| g.value_type(v).clone())).collect();
-        let ins_ref: Vec<Option<&TensorType>> = ins.iter().map(|t| t.as_ref()).collect();
-        f.work.insert(n, op_work(&node.op, &ins_ref, &node.outputs, f.tf32));
+        f.work.insert(n, op_work(&node.op, &g.input_types(n), &node.outputs, f.tf32));
         if !matches!(node.op, Op::Input | Op::Const(_)) {
             let heavy = k == Kind::Heavy || k == Kind::Opaque;
             let row = match &k {
@@ -411,14 +409,10 @@ pub fn unfused_cost(g: &Graph, t: &Target, allow_tf32: bool) -> Cost {
         .filter(|n| !matches!(g.node(*n).op, Op::Input | Op::Const(_)))
         .map(|n| {
             let node = g.node(n);
-            let ins: Vec<Option<TensorType>> = g.inputs(n).into_iter().map(|v| v.map(|v| g.value_type(v).clone())).collect();
-            let refs: Vec<Option<&TensorType>> = ins.iter().map(|t| t.as_ref()).collect();
             if is_view(&node.op) {
                 return Cost::ZERO;
             }
-            let mut w = op_work(&node.op, &refs, &node.outputs, allow_tf32);
-            w.bytes = refs.iter().flatten().map(|t| t.bytes() as f64).sum::<f64>() + node.outputs.iter().map(|t| t.bytes() as f64).sum::<f64>();
-            estimate(&w, t).time
+            standalone(&node.op, &g.input_types(n), &node.outputs, t, allow_tf32).time
         })
         .sum()
 }
@@ -426,7 +420,7 @@ pub fn unfused_cost(g: &Graph, t: &Target, allow_tf32: bool) -> Cost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlopt_ir::{Binary, DType, ReduceKind, Tensor, Unary};
+    use mlopt_ir::{Binary, DType, ReduceKind, Tensor, TensorType, Unary};
 
     fn target() -> Target {
         Target::named("x86-64-v4", 1).unwrap()

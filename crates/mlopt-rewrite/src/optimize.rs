@@ -232,9 +232,7 @@ fn lowered_ops(g: &Graph) -> Vec<(String, f64)> {
         if !matches!(node.op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)) || !matches!(node.outputs[0].dtype, DType::BF16 | DType::F16) {
             continue;
         }
-        let ins: Vec<Option<mlopt_ir::TensorType>> = g.inputs(n).into_iter().map(|v| v.map(|v| g.value_type(v).clone())).collect();
-        let refs: Vec<Option<&mlopt_ir::TensorType>> = ins.iter().map(|t| t.as_ref()).collect();
-        let flops = mlopt_cost::op_work(&node.op, &refs, &node.outputs, false).flops();
+        let flops = mlopt_cost::op_work(&node.op, &g.input_types(n), &node.outputs, false).flops();
         // The fp32 cast reading it carries the original op's name (its class's name).
         let name = g.users(n).iter().map(|(u, _)| g.node(*u).name.clone()).find(|s| !s.is_empty()).unwrap_or_else(|| node.name.clone());
         out.push((name, flops));
