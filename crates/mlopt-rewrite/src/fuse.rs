@@ -110,14 +110,14 @@ pub struct Plan {
 struct Fuser<'a> {
     g: &'a Graph,
     t: &'a Target,
-    tf32: bool,
     kinds: HashMap<NodeId, Kind>,
     work: HashMap<NodeId, Work>,
     kernels: Vec<Kernel>,
     /// The kernels a node is computed in (several when recomputed).
     homes: HashMap<NodeId, Vec<usize>>,
     outputs: HashSet<NodeId>,
-    order: Vec<NodeId>,
+    /// Each node's place in the topological order.
+    pos: HashMap<NodeId, usize>,
 }
 
 impl Fuser<'_> {
@@ -235,9 +235,8 @@ impl Fuser<'_> {
 
     /// Live kernels in execution order (by their root's place in the topological order).
     fn schedule(&self) -> Vec<usize> {
-        let pos: HashMap<NodeId, usize> = self.order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
         let mut ks: Vec<usize> = (0..self.kernels.len()).filter(|k| self.kernels[*k].alive).collect();
-        ks.sort_by_key(|k| pos[&self.kernels[*k].root]);
+        ks.sort_by_key(|k| self.pos[&self.kernels[*k].root]);
         ks
     }
 
@@ -287,11 +286,11 @@ impl Fuser<'_> {
 /// Partitions `g` into kernels for target `t`; see the module comment.
 pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>) -> Result<Plan> {
     let order = g.topo_order()?;
-    let mut f = Fuser { g, t, tf32: allow_tf32, kinds: HashMap::new(), work: HashMap::new(), kernels: vec![], homes: HashMap::new(), outputs: g.graph_outputs().iter().map(|(_, v)| v.node).collect(), order: order.clone() };
+    let mut f = Fuser { g, t, kinds: HashMap::new(), work: HashMap::new(), kernels: vec![], homes: HashMap::new(), outputs: g.graph_outputs().iter().map(|(_, v)| v.node).collect(), pos: order.iter().enumerate().map(|(i, n)| (*n, i)).collect() };
     for &n in &order {
         let k = kind(g, n);
         let node = g.node(n);
-        f.work.insert(n, op_work(&node.op, &g.input_types(n), &node.outputs, f.tf32));
+        f.work.insert(n, op_work(&node.op, &g.input_types(n), &node.outputs, allow_tf32));
         if !matches!(node.op, Op::Input | Op::Const(_)) {
             let heavy = k == Kind::Heavy || k == Kind::Opaque;
             let row = match &k {
@@ -344,13 +343,12 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
     for &n in g.graph_inputs() {
         global.insert(n, vec![out.add_input(g.node(n).name.clone(), g.node(n).outputs[0].clone())]);
     }
-    let pos: HashMap<NodeId, usize> = f.order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let mut infos = vec![];
     let mut total = Cost::ZERO;
     for (kid, k) in f.schedule().into_iter().enumerate() {
         let kr = &f.kernels[k];
         let mut members: Vec<NodeId> = kr.members.iter().copied().collect();
-        members.sort_by_key(|m| pos[m]);
+        members.sort_by_key(|m| f.pos[m]);
         let mut local: HashMap<NodeId, Vec<Value>> = HashMap::new();
         for &m in &members {
             let mut ins = vec![];
