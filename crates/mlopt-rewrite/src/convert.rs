@@ -38,7 +38,7 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
                     .into_iter()
                     .map(|v| match v {
                         Some(v) => ids.get(&v).copied().ok_or_else(|| RewriteError::Internal(format!("input of {} not loaded", node.name))),
-                        None => Ok(eg.add(MNode { head: Head::Absent, children: vec![] })),
+                        None => Ok(eg.add(MNode::absent())),
                     })
                     .collect::<Result<_>>()?;
                 let id = eg.add(MNode::op(op.clone(), children));
@@ -53,7 +53,7 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
         // Ops whose trailing outputs the importer dropped (MaxPool's indices) still infer them here.
         if eg[id].data.types.len() > 1 {
             for i in 0..node.outputs.len() {
-                let p = eg.add(MNode { head: Head::Proj(i as u32), children: vec![id] });
+                let p = eg.add(MNode::proj(i, id));
                 ids.insert(Value { node: n, output: i as u32 }, p);
             }
         } else {

@@ -91,6 +91,16 @@ impl MNode {
         MNode { head: Head::Op(OpKey::new(op)), children }
     }
 
+    /// Output `i` of the multi-output class `tuple`.
+    pub fn proj(i: usize, tuple: Id) -> MNode {
+        MNode { head: Head::Proj(i as u32), children: vec![tuple] }
+    }
+
+    /// An optional input left out.
+    pub fn absent() -> MNode {
+        MNode { head: Head::Absent, children: vec![] }
+    }
+
     /// The IR op, if this is an op node.
     pub fn as_op(&self) -> Option<&Op> {
         match &self.head {

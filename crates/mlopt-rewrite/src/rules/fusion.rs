@@ -7,7 +7,7 @@
 //! and epilogue all come from there.
 
 use super::{add, ops, scan, splat};
-use crate::lang::{EGraph, Head, MNode, Rewrite};
+use crate::lang::{EGraph, Head, Rewrite};
 use egg::Id;
 use mlopt_ir::{Binary, Op, Unary};
 
@@ -30,7 +30,7 @@ pub fn rules() -> Vec<Rewrite> {
                     let ones = super::konst(eg, mlopt_ir::Tensor::full(&mlopt_ir::TensorType::new(t.dtype, t.shape[axis..].to_vec()), 1.0));
                     let none = super::absent(eg);
                     let ln = add(eg, Op::LayerNorm { axis, epsilon }, vec![x, ones, none])?;
-                    Some(eg.add(MNode { head: Head::Proj(0), children: vec![ln] }))
+                    Some(super::proj(eg, ln, 0))
                 })
                 .collect()
         }),
@@ -39,12 +39,9 @@ pub fn rules() -> Vec<Rewrite> {
                 .into_iter()
                 .filter_map(|(ln, args, gamma)| {
                     let scale = add(eg, Op::Binary(Binary::Mul), vec![args[1], gamma])?;
-                    let bias = match args.get(2) {
-                        Some(b) => *b,
-                        None => super::absent(eg),
-                    };
+                    let bias = super::or_absent(eg, args.get(2).copied());
                     let new = add(eg, ln, vec![args[0], scale, bias])?;
-                    Some(eg.add(MNode { head: Head::Proj(0), children: vec![new] }))
+                    Some(super::proj(eg, new, 0))
                 })
                 .collect()
         }),
@@ -56,7 +53,7 @@ pub fn rules() -> Vec<Rewrite> {
                         return None;
                     }
                     let new = add(eg, ln, vec![args[0], args[1], beta])?;
-                    Some(eg.add(MNode { head: Head::Proj(0), children: vec![new] }))
+                    Some(super::proj(eg, new, 0))
                 })
                 .collect()
         }),
@@ -64,10 +61,7 @@ pub fn rules() -> Vec<Rewrite> {
             attention_parts(eg, id)
                 .into_iter()
                 .filter_map(|a| {
-                    let mask = match a.mask {
-                        Some(m) => m,
-                        None => super::absent(eg),
-                    };
+                    let mask = super::or_absent(eg, a.mask);
                     add(eg, Op::Attention { scale: a.scale }, vec![a.q, a.kt, a.v, mask])
                 })
                 .collect()

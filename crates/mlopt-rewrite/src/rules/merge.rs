@@ -4,8 +4,8 @@
 //! The extraction keeps the merged form only when its DAG cost is lower (one launch and one read of the
 //! input against the Split's copy).
 
-use super::{add, is_const, ops, scan_pairs, ty};
-use crate::lang::{EGraph, Head, MNode, Rewrite};
+use super::{absent, add, is_const, ops, proj, scan_pairs, ty};
+use crate::lang::{EGraph, Head, Rewrite};
 use egg::Id;
 use mlopt_ir::Op;
 
@@ -59,7 +59,7 @@ fn bias_through_split(eg: &mut EGraph, t: Id) -> Vec<(Id, Id)> {
         let bcat = add(eg, Op::Concat { axis: 0 }, adds.iter().map(|a| a.1).collect())?;
         let y = add(eg, Op::Binary(mlopt_ir::Binary::Add), vec![x, bcat])?;
         let s = add(eg, split.clone(), vec![y])?;
-        Some(adds.iter().enumerate().map(|(i, (q, _))| (*q, eg.add(MNode { head: Head::Proj(i as u32), children: vec![s] }))).collect())
+        Some(adds.iter().enumerate().map(|(i, (q, _))| (*q, proj(eg, s, i))).collect())
     };
     build(eg).unwrap_or_default()
 }
@@ -153,14 +153,14 @@ fn merge(eg: &mut EGraph, x: Id) -> Vec<(Id, Id)> {
             op => {
                 let b = match first.b {
                     Some(_) => add(eg, Op::Concat { axis: 0 }, sib.iter().filter_map(|s| s.b).collect())?,
-                    None => eg.add(MNode { head: Head::Absent, children: vec![] }),
+                    None => absent(eg),
                 };
                 // Gemm's output grows along its columns, Conv's along its channels: axis 1 for both.
                 (add(eg, op.clone(), vec![x, wcat, b])?, 1)
             }
         };
         let split = add(eg, Op::Split { axis, sizes: ns }, vec![wide])?;
-        Some(sib.iter().enumerate().map(|(i, s)| (s.class, eg.add(MNode { head: Head::Proj(i as u32), children: vec![split] }))).collect())
+        Some(sib.iter().enumerate().map(|(i, s)| (s.class, proj(eg, split, i))).collect())
     };
     build(eg).unwrap_or_default()
 }

@@ -195,9 +195,19 @@ pub(crate) fn konst(eg: &mut EGraph, t: Tensor) -> Id {
     Analysis::add_const(eg, String::new(), Arc::new(t))
 }
 
+/// `c`, or an absent optional input.
+pub(crate) fn or_absent(eg: &mut EGraph, c: Option<Id>) -> Id {
+    c.unwrap_or_else(|| absent(eg))
+}
+
+/// Output `i` of the multi-output class `tuple`.
+pub(crate) fn proj(eg: &mut EGraph, tuple: Id, i: usize) -> Id {
+    eg.add(MNode::proj(i, tuple))
+}
+
 /// An absent optional input.
 pub(crate) fn absent(eg: &mut EGraph) -> Id {
-    eg.add(MNode { head: Head::Absent, children: vec![] })
+    eg.add(MNode::absent())
 }
 
 pub(crate) fn v(name: &str) -> Var {
