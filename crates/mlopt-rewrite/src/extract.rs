@@ -26,7 +26,7 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
         return Cost::ZERO;
     }
     let ins: Vec<Option<&TensorType>> = n.children.iter().map(|c| eg[*c].data.ty()).collect();
-    let fp32_matrix = matches!(k.op, mlopt_ir::Op::MatMul | mlopt_ir::Op::Gemm { .. } | mlopt_ir::Op::Conv(_)) && ins.first().copied().flatten().is_some_and(|t| t.dtype == mlopt_ir::DType::F32);
+    let fp32_matrix = crate::rules::precision::lowerable_op(&k.op) && ins.first().copied().flatten().is_some_and(|t| t.dtype == mlopt_ir::DType::F32);
     let penalty = if o.force_low && fp32_matrix { Cost::secs(FORCED_PENALTY_S) } else { Cost::ZERO };
     standalone(&k.op, &ins, outs, t, o.allow_tf32).time + penalty
 }

@@ -8,7 +8,7 @@ use crate::fuse::{fuse, Plan};
 use crate::rules::{rules, RuleSet};
 use egg::{Runner, StopReason};
 use mlopt_cost::{Cost, Target};
-use mlopt_ir::{DType, Graph, Op, Tensor};
+use mlopt_ir::{DType, Graph, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -126,8 +126,9 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
     let mut round = 0u32;
     loop {
         let (plan, mut stats) = run_once(g, cfg, &set, &keep, tf32)?;
+        let mut lowered = if cfg.precision == Precision::Auto { lowered_ops(&plan.graph) } else { vec![] };
         // Nothing lowered: nothing to check (and integer-only models need no calibration inputs).
-        if cfg.precision != Precision::Auto || lowered_ops(&plan.graph).is_empty() {
+        if lowered.is_empty() {
             return Ok(Optimized { plan, before, stats });
         }
         let source = if cfg.calibration.is_empty() { "random inputs (use --calibration DIR for real ones)" } else { "the calibration inputs" };
@@ -144,7 +145,7 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
         }
         // Back off the lowered ops with the most FLOPs (the longest contractions round the most): one in the
         // first round, then twice as many each round, so a model with n matrix ops needs O(log n) rounds.
-        let mut lowered: Vec<(String, f64)> = lowered_ops(&plan.graph).into_iter().filter(|(n, _)| !n.is_empty() && !keep.contains(n)).collect();
+        lowered.retain(|(n, _)| !n.is_empty() && !keep.contains(n));
         if lowered.is_empty() {
             return Err(RewriteError::Precision(format!("error {err:.3e} exceeds the tolerance {:.1e} with every matrix op in fp32", cfg.tolerance)));
         }
@@ -229,7 +230,7 @@ fn lowered_ops(g: &Graph) -> Vec<(String, f64)> {
     let mut out = vec![];
     for n in g.node_ids() {
         let node = g.node(n);
-        if !matches!(node.op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)) || !matches!(node.outputs[0].dtype, DType::BF16 | DType::F16) {
+        if !crate::rules::precision::lowerable_op(&node.op) || !matches!(node.outputs[0].dtype, DType::BF16 | DType::F16) {
             continue;
         }
         let flops = mlopt_cost::op_work(&node.op, &g.input_types(n), &node.outputs, false).flops();
@@ -302,7 +303,7 @@ pub fn random_inputs(g: &Graph, seed: u64) -> HashMap<String, Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlopt_ir::{Binary, ReduceKind, TensorType, Unary};
+    use mlopt_ir::{Binary, Op, ReduceKind, TensorType, Unary};
 
     /// A LayerNormalization as exporters before opset 17 write it, with a constant scale and bias, becomes
     /// one `layer_norm` kernel and computes the same values.

@@ -30,12 +30,17 @@ pub fn rules(lo: DType) -> Vec<Rewrite> {
     ]
 }
 
+/// The ops precision lowering applies to: the matrix ops.
+pub fn lowerable_op(op: &Op) -> bool {
+    matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_))
+}
+
 /// fp32 matrix ops of class `id`.
 fn lowerable(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
     if eg.analysis.keep_fp32.iter().any(|k| eg.find(*k) == eg.find(id)) {
         return vec![];
     }
-    ops(eg, id).into_iter().filter(|(o, c)| matches!(o, Op::MatMul | Op::Gemm { .. } | Op::Conv(_)) && ty(eg, c[0]).is_some_and(|t| t.dtype == DType::F32)).collect()
+    ops(eg, id).into_iter().filter(|(o, c)| lowerable_op(o) && ty(eg, c[0]).is_some_and(|t| t.dtype == DType::F32)).collect()
 }
 
 /// `cast<f32>(op(cast<lo> inputs...))`; absent optional inputs stay absent.
