@@ -112,7 +112,8 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
     // tf32 tensor cores round fp32 operands to 10 mantissa bits, which the interpreter does not model, so
     // `auto` (whose promise is a checked error) does not use them; bf16/fp16 accept less precision anyway.
     let tf32 = matches!(cfg.precision, Precision::Bf16 | Precision::Fp16);
-    let before = crate::fuse::unfused_cost(g, &cfg.target, false);
+    // The input graph is costed under the same assumptions as the plan, so before/after compare like with like.
+    let before = crate::fuse::unfused_cost(g, &cfg.target, tf32);
     let lower_to = match cfg.precision {
         Precision::Fp32 => None,
         Precision::Bf16 => Some(DType::BF16),
