@@ -165,10 +165,15 @@ fn passing_list(o: &Options) -> PathBuf {
     }
 }
 
-/// Runs the suite; returns (cases in the passing list that passed, cases run).
+/// Sets up, builds `mlopt` and runs the suite; returns (cases in the passing list that passed, cases run).
 pub(crate) fn conformance(o: &Options) -> Result<(usize, usize)> {
     setup::setup()?;
-    let mlopt = build_mlopt()?;
+    run_suite(&build_mlopt()?, o)
+}
+
+/// Runs the suite with the `mlopt` binary at `mlopt` (set-up done by the caller).
+pub(crate) fn run_suite(mlopt: &Path, o: &Options) -> Result<(usize, usize)> {
+    let mlopt = mlopt.to_path_buf();
     let mut cases = generate()?;
     if let Some(f) = &o.filter {
         cases.retain(|c| c.name.contains(f.as_str()));

@@ -75,9 +75,10 @@ const OPTIMIZED_TARGET: &str = "x86-64-v4";
 fn test() -> Result {
     setup::setup()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
-    let (listed, _) = conformance::conformance(&conformance::Options::default())?;
+    let mlopt = build_mlopt()?;
+    let (listed, _) = conformance::run_suite(&mlopt, &conformance::Options::default())?;
     let optimized = conformance::Options { optimized: Some(OPTIMIZED_TARGET.into()), ..Default::default() };
-    let (listed_opt, _) = conformance::conformance(&optimized)?;
+    let (listed_opt, _) = conformance::run_suite(&mlopt, &optimized)?;
     // The cases the suite asserts are the ones in the committed passing lists; the others are reported above.
     println!("\nconformance regression suite (tests/conformance/passing.txt, imported graphs):");
     println!("{listed} passed, 0 failed");
