@@ -85,12 +85,16 @@ impl Graph {
         Value { node: id, output: 0 }
     }
 
-    /// Adds a constant.
     /// Adds a constant. An empty name becomes `const.N`, so that every constant can be referred to by
     /// name in the text format.
     pub fn add_const(&mut self, name: impl Into<String>, t: Tensor) -> Value {
+        self.add_shared_const(name, Arc::new(t))
+    }
+
+    /// Adds a constant whose data is shared with another graph (no copy of the weights).
+    pub fn add_shared_const(&mut self, name: impl Into<String>, t: Arc<Tensor>) -> Value {
         let ty = t.ty();
-        let id = self.add_raw(Op::Const(Arc::new(t)), name.into(), &[], vec![ty]);
+        let id = self.add_raw(Op::Const(t), name.into(), &[], vec![ty]);
         if self.g[id.0].name.is_empty() {
             self.g[id.0].name = format!("const.{}", id.index());
         }

@@ -76,7 +76,6 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
     for (name, ty) in &eg.analysis.inputs {
         inputs.push(g.add_input(name.clone(), ty.clone()));
     }
-    // Iterative post-order over the chosen DAG.
     // How many outputs of each multi-output class are read: trailing unread ones are not computed.
     let mut width: HashMap<Id, usize> = HashMap::new();
     for n in choice.values() {
@@ -86,6 +85,7 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
         }
     }
     let mut unnamed = vec![];
+    // Iterative post-order over the chosen DAG.
     let mut stack: Vec<(Id, bool)> = l.roots.iter().rev().map(|(_, r)| (eg.find(*r), false)).collect();
     while let Some((id, expanded)) = stack.pop() {
         if made.contains_key(&id) {
@@ -108,7 +108,7 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
             Head::Const(i) => {
                 let (name, t) = &eg.analysis.consts[*i as usize];
                 let name = if name.is_empty() { names.get(&id).map(|s| s.to_string()).unwrap_or_default() } else { name.clone() };
-                let v = g.add_const(name.clone(), t.as_ref().clone());
+                let v = g.add_shared_const(name.clone(), Arc::clone(t));
                 if name.is_empty() {
                     unnamed.push(v.node);
                 }

@@ -22,6 +22,7 @@ use crate::error::Result;
 use mlopt_cost::{estimate, op_work, standalone, Cost, Estimate, Target, Work};
 use mlopt_ir::{Graph, NodeId, Op, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 /// Reshapes are views: free to compute inside any kernel, and free to "store".
 pub fn is_view(op: &Op) -> bool {
@@ -364,7 +365,7 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
                         // A constant, added where first read.
                         let node = g.node(v.node);
                         let Op::Const(t) = &node.op else { return Err(crate::error::RewriteError::Internal(format!("value of '{}' read before it is computed", node.name))) };
-                        let c = out.add_const(node.name.clone(), t.as_ref().clone());
+                        let c = out.add_shared_const(node.name.clone(), Arc::clone(t));
                         global.insert(v.node, vec![c]);
                         c
                     }
@@ -390,7 +391,7 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
             None => {
                 let node = g.node(v.node);
                 match &node.op {
-                    Op::Const(t) => out.add_const(node.name.clone(), t.as_ref().clone()),
+                    Op::Const(t) => out.add_shared_const(node.name.clone(), Arc::clone(t)),
                     _ => return Err(crate::error::RewriteError::Internal(format!("output '{name}' was not computed"))),
                 }
             }
