@@ -57,6 +57,13 @@ pub struct Node {
     pub kernel: Option<u32>,
 }
 
+/// One kernel's nodes, from `Graph::kernels`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KernelNodes {
+    pub members: Vec<NodeId>,
+    pub roots: Vec<NodeId>,
+}
+
 /// The edge payload: which output of the source feeds which input of the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Edge {
@@ -194,6 +201,22 @@ impl Graph {
     /// The types of the node's inputs by slot; `None` for an optional input left out.
     pub fn input_types(&self, id: NodeId) -> Vec<Option<&TensorType>> {
         self.inputs(id).into_iter().map(|v| v.map(|v| self.value_type(v))).collect()
+    }
+
+    /// The kernels (fusion groups) by id: their members in node order, and their roots (the members whose
+    /// values are read outside the kernel or returned; a verified graph has exactly one per kernel).
+    pub fn kernels(&self) -> std::collections::BTreeMap<u32, KernelNodes> {
+        let outputs: std::collections::HashSet<NodeId> = self.outputs.iter().map(|(_, v)| v.node).collect();
+        let mut ks: std::collections::BTreeMap<u32, KernelNodes> = Default::default();
+        for n in self.node_ids() {
+            let Some(k) = self.node(n).kernel else { continue };
+            let entry = ks.entry(k).or_default();
+            entry.members.push(n);
+            if outputs.contains(&n) || self.users(n).iter().any(|(u, _)| self.node(*u).kernel != Some(k)) {
+                entry.roots.push(n);
+            }
+        }
+        ks
     }
 
     /// Nodes that read any output of `id`, with the slot they read it into.

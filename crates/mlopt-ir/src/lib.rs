@@ -20,7 +20,7 @@ pub mod verify;
 
 pub use dtype::{broadcast_shapes, checked_numel, normalize_axis, DType, TensorType};
 pub use error::{IrError, Result};
-pub use graph::{Graph, Node, NodeId, Value};
+pub use graph::{Graph, KernelNodes, Node, NodeId, Value};
 pub use half;
 pub use op::*;
 pub use tensor::{Elem, Tensor};

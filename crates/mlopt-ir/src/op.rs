@@ -329,6 +329,12 @@ impl Op {
         }
     }
 
+    /// Whether each output element depends only on the input elements at the same (broadcast) index: the
+    /// ops a kernel can apply in registers, and an output that may overwrite such an input in place.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. })
+    }
+
     /// Whether input `i` may be left out (`_` in the text format).
     pub fn input_optional(&self, i: usize) -> bool {
         match self {

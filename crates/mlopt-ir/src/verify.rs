@@ -78,23 +78,15 @@ pub fn verify(g: &Graph) -> Result<()> {
 /// Kernels (fusion groups): inputs and constants belong to none, and each kernel has exactly one root, the
 /// only member whose values are read outside the kernel or returned.
 fn verify_kernels(g: &Graph, errs: &mut Vec<String>) {
-    let mut roots: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
-    let outputs: std::collections::HashSet<_> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
-    for n in g.node_ids() {
-        let node = g.node(n);
-        let Some(k) = node.kernel else { continue };
-        if matches!(node.op, Op::Input | Op::Const(_)) {
-            errs.push(format!("node {n} '{}': inputs and constants belong to no kernel", node.name));
-            continue;
+    for (k, kn) in g.kernels() {
+        for &n in &kn.members {
+            let node = g.node(n);
+            if matches!(node.op, Op::Input | Op::Const(_)) {
+                errs.push(format!("node {n} '{}': inputs and constants belong to no kernel", node.name));
+            }
         }
-        let escapes = outputs.contains(&n) || g.users(n).iter().any(|(u, _)| g.node(*u).kernel != Some(k));
-        let entry = roots.entry(k).or_default();
-        if escapes {
-            entry.push(format!("{n}"));
-        }
-    }
-    for (k, r) in roots {
-        if r.len() != 1 {
+        if kn.roots.len() != 1 {
+            let r: Vec<String> = kn.roots.iter().map(|n| n.to_string()).collect();
             errs.push(format!("kernel k{k} has {} roots ({}); a kernel writes exactly one node's values", r.len(), r.join(", ")));
         }
     }

@@ -61,32 +61,16 @@ impl MemoryPlan {
     }
 }
 
-fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. })
-}
-
 /// Plans the arena for `g`, whose op nodes must all be in kernels (the optimiser's output).
 pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let mut members: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
-    for &n in &order {
-        let node = g.node(n);
-        match (node.kernel, &node.op) {
-            (_, Op::Input | Op::Const(_)) => {}
-            (Some(k), _) => members.entry(k).or_default().push(n),
-            (None, op) => return Err(LowerError::Unfused { node: node.name.clone(), op: op.name() }),
-        }
+    if let Some(n) = order.iter().find(|n| g.node(**n).kernel.is_none() && !matches!(g.node(**n).op, Op::Input | Op::Const(_))) {
+        return Err(LowerError::Unfused { node: g.node(*n).name.clone(), op: g.node(*n).op.name() });
     }
-    // A kernel's root: the member read outside it (the verifier guarantees exactly one) or returned.
     let outputs: HashSet<NodeId> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
-    let mut kernels: Vec<(NodeId, Vec<NodeId>)> = vec![];
-    for (k, ms) in &members {
-        let root = ms.iter().copied().find(|m| outputs.contains(m) || g.users(*m).iter().any(|(u, _)| g.node(*u).kernel != Some(*k)));
-        if let Some(root) = root {
-            kernels.push((root, ms.clone()));
-        }
-    }
+    // Each kernel by its root (the verifier guarantees exactly one), in execution order.
+    let mut kernels: Vec<(NodeId, Vec<NodeId>)> = g.kernels().into_values().filter_map(|k| Some((*k.roots.first()?, k.members))).collect();
     kernels.sort_by_key(|(r, _)| pos[r]);
 
     // Views alias their input; `storage` follows alias chains to the bytes a value lives in.
@@ -137,7 +121,7 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     let mut group: HashMap<Value, Value> = HashMap::new(); // value -> the value whose bytes it takes over
     for (step, (root, ms)) in kernels.iter().enumerate() {
         let out = Value { node: *root, output: 0 };
-        if !first.contains_key(&out) || g.node(*root).outputs.len() != 1 || !ms.iter().all(|m| is_elementwise(&g.node(*m).op)) {
+        if !first.contains_key(&out) || g.node(*root).outputs.len() != 1 || !ms.iter().all(|m| g.node(*m).op.is_elementwise()) {
             continue;
         }
         let out_ty = g.value_type(out);

@@ -54,7 +54,7 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
     match &node.op {
         Op::Input | Op::Const(_) => Kind::Opaque,
         op if is_view(op) => Kind::View,
-        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } => Kind::Elementwise,
+        op if op.is_elementwise() => Kind::Elementwise,
         Op::Transpose { .. } | Op::Slice { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } | Op::Trilu { .. } => Kind::Injective,
         Op::Reduce { axes, .. } => Kind::Reduction((shape(), axes.clone())),
         Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Arg { axis, .. } => Kind::Reduction((shape(), vec![*axis])),
