@@ -28,11 +28,7 @@ fuzz_target!(|data: &[u8]| {
     let (Ok(want), Ok(got)) = (mlopt_ir::interp::run(&g, &inputs), mlopt_ir::interp::run(&o.plan.graph, &inputs)) else { return };
     for ((name, w), (_, o)) in want.iter().zip(&got) {
         assert_eq!(w.ty(), o.ty(), "{name}");
-        let (w, o) = (w.to_f64_vec(), o.to_f64_vec());
-        let scale = w.iter().filter(|x| x.is_finite()).fold(1f64, |m, x| m.max(x.abs()));
-        for (a, b) in w.iter().zip(&o) {
-            let same = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-4 * scale;
-            assert!(same, "output {name}: optimised {b} vs {a}");
-        }
+        let e = mlopt_rewrite::optimize::scaled_error(w, o);
+        assert!(e <= 1e-4, "output {name}: optimised {o} vs {w} (error {e:e})");
     }
 });

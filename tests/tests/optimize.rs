@@ -27,9 +27,7 @@ fn error(name: &str, cfg: &Config) -> (f64, mlopt_rewrite::Optimized) {
     for ((wn, w), (gn, g)) in want.iter().zip(&got) {
         assert_eq!(wn, gn);
         assert_eq!(w.ty(), g.ty(), "{name}/{wn}");
-        let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
-        let scale = w.iter().fold(1f64, |m, x| m.max(x.abs()));
-        worst = worst.max(w.iter().zip(&g).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f64::max));
+        worst = worst.max(mlopt_rewrite::optimize::scaled_error(w, g));
     }
     (worst, o)
 }

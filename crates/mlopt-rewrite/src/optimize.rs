@@ -263,17 +263,34 @@ impl Reference {
         for (inputs, want) in &self.sets {
             let got = mlopt_ir::interp::run(opt, inputs)?;
             for ((name, w), (_, o)) in want.iter().zip(&got) {
-                let (w, o) = (w.to_f64_vec(), o.to_f64_vec());
-                if w.len() != o.len() {
-                    return Err(RewriteError::Internal(format!("output {name} changed size")));
+                if w.shape() != o.shape() {
+                    return Err(RewriteError::Internal(format!("output {name} changed shape")));
                 }
-                let scale = w.iter().fold(1f64, |m, x| m.max(x.abs()));
-                let err = w.iter().zip(&o).fold(0f64, |m, (a, b)| if a.is_nan() && b.is_nan() { m } else { m.max((a - b).abs()) });
-                worst = worst.max(err / scale);
+                worst = worst.max(scaled_error(w, o));
             }
         }
         Ok(worst)
     }
+}
+
+/// The largest difference between `got` and `want`, divided by `want`'s largest finite magnitude (at least
+/// 1): the error measure of `--tolerance` and of the optimiser's tests. NaN against NaN and equal infinities
+/// count as equal; NaN against a number, or differing infinities, is an infinite error.
+pub fn scaled_error(want: &Tensor, got: &Tensor) -> f64 {
+    let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
+    let scale = w.iter().filter(|x| x.is_finite()).fold(1f64, |m, x| m.max(x.abs()));
+    w.iter()
+        .zip(&g)
+        .map(|(a, b)| {
+            if a == b || (a.is_nan() && b.is_nan()) {
+                0.0
+            } else if a.is_finite() && b.is_finite() {
+                (a - b).abs() / scale
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Inputs drawn uniformly from [-1, 1) for floats (a fixed xorshift sequence per seed), zeros otherwise.

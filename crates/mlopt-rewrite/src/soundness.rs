@@ -69,12 +69,9 @@ fn close(want: &Tensor, got: &Tensor, tol: f64) -> Result<(), String> {
     if want.shape() != got.shape() || want.dtype() != got.dtype() {
         return Err(format!("type {} vs {}", got.ty(), want.ty()));
     }
-    let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
-    let scale = w.iter().fold(1f64, |m, x| m.max(x.abs()));
-    for (a, b) in w.iter().zip(&g) {
-        if !(a.is_nan() && b.is_nan()) && (a - b).abs() > tol * scale {
-            return Err(format!("{b} instead of {a}"));
-        }
+    let e = crate::optimize::scaled_error(want, got);
+    if e > tol {
+        return Err(format!("error {e:e} over the tolerance {tol:e}: {got} instead of {want}"));
     }
     Ok(())
 }
