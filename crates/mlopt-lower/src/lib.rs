@@ -1,14 +1,20 @@
-//! mlopt's lowering stage: from the optimised graph (ops grouped into kernels) to what code generation needs.
-//! So far it holds the memory planner (`memory`): one arena for all activations, offsets from liveness, and
-//! in-place reuse where an elementwise kernel may overwrite the value it reads. The kernel IR lowering and
-//! schedules (issue 4) come next.
+//! mlopt's lowering stage: from the optimised graph (ops grouped into kernels) to the kernel IR. Each fusion
+//! group becomes one kernel (`kernel.rs` pulls elementwise and layout members into expressions,
+//! `anchor.rs` writes loop nests for contractions, windows and reductions), `schedule.rs` chooses how the
+//! loops run on the target, and `program.rs` binds kernels to the caller's inputs and outputs, the weights
+//! and one activation arena laid out by the memory planner (`memory.rs`).
 //!
-//! Architecture invariant: sees the graph IR only; knows nothing of egg, ONNX or LLVM.
+//! Architecture invariant: sees the graph IR and the kernel IR only; knows nothing of egg, ONNX or LLVM.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod anchor;
+pub mod elementwise;
 pub mod error;
+pub mod kernel;
 pub mod memory;
+pub mod program;
 
 pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};
+pub use program::{interpret, lower_program, Options};

@@ -1,0 +1,356 @@
+//! The kernel IR interpreter: runs any kernel, and whole programs, on the CPU. Memory is bytes, exactly as
+//! compiled code sees it: the activation arena is one byte region, so aliasing and in-place reuse from the
+//! memory plan are exercised, not assumed. Float arithmetic is done in f64 and rounded to the expression's
+//! element type after every operation (exact for f32 +, -, *, /, sqrt and fma-free chains).
+//!
+//! Every loop kind runs as a serial loop, including GPU blocks and threads. A `gpu.thread` loop whose body
+//! holds barriers runs phase by phase: every thread runs the statements up to a barrier before any thread
+//! goes past it, which is what `bar.sync` guarantees on the device.
+
+use crate::ir::*;
+use half::{bf16, f16};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("kernel @{kernel}: access to %{buf} at {index:?} outside {dims:?}")]
+    OutOfBounds { kernel: String, buf: String, index: Vec<i64>, dims: Vec<u64> },
+    #[error("program: {0}")]
+    Program(String),
+}
+
+type Result<T> = std::result::Result<T, InterpError>;
+
+/// A scalar: floats as f64, integers and bools as i64.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum V {
+    F(f64),
+    I(i64),
+}
+
+impl V {
+    fn f(self) -> f64 {
+        match self {
+            V::F(x) => x,
+            V::I(x) => x as f64,
+        }
+    }
+    fn i(self) -> i64 {
+        match self {
+            V::F(x) => x as i64,
+            V::I(x) => x,
+        }
+    }
+}
+
+fn round(t: Elem, x: f64) -> V {
+    match t {
+        Elem::F32 => V::F(x as f32 as f64),
+        Elem::F16 => V::F(f16::from_f64(x).to_f64()),
+        Elem::BF16 => V::F(bf16::from_f64(x).to_f64()),
+        Elem::F64 => V::F(x),
+        Elem::Bool => V::I((x != 0.0) as i64),
+        _ => V::I(x as i64),
+    }
+}
+
+fn int_to(t: Elem, x: i64) -> V {
+    match t {
+        Elem::I8 => V::I(x as i8 as i64),
+        Elem::U8 => V::I(x as u8 as i64),
+        Elem::I32 => V::I(x as i32 as i64),
+        Elem::I64 => V::I(x),
+        Elem::Bool => V::I((x != 0) as i64),
+        _ => round(t, x as f64),
+    }
+}
+
+fn decode(t: Elem, b: &[u8]) -> V {
+    let a = |n: usize| -> [u8; 8] {
+        let mut x = [0u8; 8];
+        x[..n].copy_from_slice(&b[..n]);
+        x
+    };
+    match t {
+        Elem::F32 => V::F(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+        Elem::F64 => V::F(f64::from_le_bytes(a(8))),
+        Elem::F16 => V::F(f16::from_le_bytes([b[0], b[1]]).to_f64()),
+        Elem::BF16 => V::F(bf16::from_le_bytes([b[0], b[1]]).to_f64()),
+        Elem::I8 => V::I(b[0] as i8 as i64),
+        Elem::U8 | Elem::Bool => V::I(b[0] as i64),
+        Elem::I32 => V::I(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
+        Elem::I64 => V::I(i64::from_le_bytes(a(8))),
+    }
+}
+
+fn encode(t: Elem, v: V, b: &mut [u8]) {
+    match t {
+        Elem::F32 => b[..4].copy_from_slice(&(v.f() as f32).to_le_bytes()),
+        Elem::F64 => b[..8].copy_from_slice(&v.f().to_le_bytes()),
+        Elem::F16 => b[..2].copy_from_slice(&f16::from_f64(v.f()).to_le_bytes()),
+        Elem::BF16 => b[..2].copy_from_slice(&bf16::from_f64(v.f()).to_le_bytes()),
+        Elem::I8 | Elem::U8 | Elem::Bool => b[0] = v.i() as u8,
+        Elem::I32 => b[..4].copy_from_slice(&(v.i() as i32).to_le_bytes()),
+        Elem::I64 => b[..8].copy_from_slice(&v.i().to_le_bytes()),
+    }
+}
+
+/// Where each buffer of a running kernel lives: (memory region, byte offset).
+struct Frame<'k> {
+    k: &'k Kernel,
+    at: Vec<(usize, usize)>,
+    strides: Vec<Vec<u64>>,
+    vars: Vec<i64>,
+}
+
+/// Runs one kernel. `regions` are byte regions; `args[i]` = (region, byte offset) of the i-th parameter.
+/// Local and shared buffers get fresh zeroed regions for the call.
+pub fn run_kernel(k: &Kernel, regions: &mut Vec<Vec<u8>>, args: &[(usize, usize)]) -> Result<()> {
+    let base = regions.len();
+    let mut at = Vec::with_capacity(k.bufs.len());
+    let mut params = args.iter();
+    for b in &k.bufs {
+        if b.space == Space::Global {
+            let a = params.next().ok_or_else(|| InterpError::Program(format!("@{}: too few arguments", k.name)))?;
+            at.push(*a);
+        } else {
+            regions.push(vec![0u8; (b.numel() * b.elem.size()) as usize]);
+            at.push((regions.len() - 1, 0));
+        }
+    }
+    let strides = k.bufs.iter().map(|b| b.strides()).collect();
+    let mut f = Frame { k, at, strides, vars: vec![0; k.vars.len()] };
+    let r = f.block(&k.body, regions);
+    regions.truncate(base);
+    r
+}
+
+impl Frame<'_> {
+    fn block(&mut self, body: &[Stmt], m: &mut Vec<Vec<u8>>) -> Result<()> {
+        for s in body {
+            self.stmt(s, m)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt, m: &mut Vec<Vec<u8>>) -> Result<()> {
+        match s {
+            Stmt::For { var, extent, kind, body } => {
+                let phases: Vec<&[Stmt]> = if matches!(kind, LoopKind::GpuThread(_)) { body.split(|s| *s == Stmt::Barrier).collect() } else { vec![body] };
+                for phase in phases {
+                    for i in 0..*extent as i64 {
+                        self.vars[var.0 as usize] = i;
+                        self.block(phase, m)?;
+                    }
+                }
+            }
+            Stmt::Store { buf, index, value } => {
+                let v = self.eval(value, m)?;
+                let (r, off, t) = self.locate(*buf, index, m)?;
+                let n = t.size() as usize;
+                encode(t, v, &mut m[r][off..off + n]);
+            }
+            Stmt::If { cond, then } => {
+                if self.eval(cond, m)?.i() != 0 {
+                    self.block(then, m)?;
+                }
+            }
+            Stmt::Barrier => {}
+        }
+        Ok(())
+    }
+
+    fn locate(&mut self, b: BufId, index: &[Expr], m: &mut Vec<Vec<u8>>) -> Result<(usize, usize, Elem)> {
+        let buf = self.k.buffer(b);
+        let mut ix = Vec::with_capacity(index.len());
+        for e in index {
+            ix.push(self.eval(e, m)?.i());
+        }
+        let oob = ix.len() != buf.dims.len() || ix.iter().zip(&buf.dims).any(|(i, d)| *i < 0 || *i as u64 >= *d);
+        if oob {
+            return Err(InterpError::OutOfBounds { kernel: self.k.name.clone(), buf: buf.name.clone(), index: ix, dims: buf.dims.clone() });
+        }
+        let lin: u64 = ix.iter().zip(&self.strides[b.0 as usize]).map(|(i, s)| *i as u64 * s).sum();
+        let (r, off) = self.at[b.0 as usize];
+        let byte = off + (lin * buf.elem.size()) as usize;
+        if byte + buf.elem.size() as usize > m[r].len() {
+            return Err(InterpError::Program(format!("@{}: %{} bound past the end of its memory", self.k.name, buf.name)));
+        }
+        Ok((r, byte, buf.elem))
+    }
+
+    fn eval(&mut self, e: &Expr, m: &mut Vec<Vec<u8>>) -> Result<V> {
+        Ok(match e {
+            Expr::Int(v) => V::I(*v),
+            Expr::Float(v, t) => round(*t, *v),
+            Expr::Var(v) => V::I(self.vars[v.0 as usize]),
+            Expr::Load(b, ix) => {
+                let (r, off, t) = self.locate(*b, ix, m)?;
+                decode(t, &m[r][off..])
+            }
+            Expr::Unary(o, a) => {
+                let x = self.eval(a, m)?;
+                unary(*o, x, self.elem_of(a))
+            }
+            Expr::Binary(o, a, b) => {
+                let t = self.elem_of(a);
+                let (x, y) = (self.eval(a, m)?, self.eval(b, m)?);
+                binary(*o, x, y, t)
+            }
+            Expr::Fma(a, b, c) => {
+                let t = self.elem_of(a);
+                let (x, y, z) = (self.eval(a, m)?, self.eval(b, m)?, self.eval(c, m)?);
+                round(t, x.f().mul_add(y.f(), z.f()))
+            }
+            Expr::Select(c, a, b) => {
+                if self.eval(c, m)?.i() != 0 {
+                    self.eval(a, m)?
+                } else {
+                    self.eval(b, m)?
+                }
+            }
+            Expr::Cast(t, a) => {
+                let from = self.elem_of(a);
+                let x = self.eval(a, m)?;
+                match (from.is_float(), x) {
+                    (true, _) if !t.is_float() && *t != Elem::Bool => {
+                        let f = x.f();
+                        int_to(*t, if f.is_nan() { 0 } else { f.trunc() as i64 })
+                    }
+                    (_, V::I(i)) => int_to(*t, i),
+                    (_, V::F(f)) => round(*t, f),
+                }
+            }
+        })
+    }
+
+    /// The element type of an expression (the verifier has checked they agree).
+    fn elem_of(&self, e: &Expr) -> Elem {
+        match e {
+            Expr::Int(_) | Expr::Var(_) => Elem::I64,
+            Expr::Float(_, t) | Expr::Cast(t, _) => *t,
+            Expr::Load(b, _) => self.k.buffer(*b).elem,
+            Expr::Unary(_, a) | Expr::Fma(a, _, _) | Expr::Select(_, a, _) => self.elem_of(a),
+            Expr::Binary(o, a, _) => {
+                if o.is_compare() {
+                    Elem::Bool
+                } else {
+                    self.elem_of(a)
+                }
+            }
+        }
+    }
+}
+
+fn unary(o: UnOp, x: V, t: Elem) -> V {
+    if !t.is_float() {
+        let i = x.i();
+        return int_to(t, match o {
+            UnOp::Neg => i.wrapping_neg(),
+            UnOp::Abs => i.wrapping_abs(),
+            UnOp::Not => (i == 0) as i64,
+            _ => i,
+        });
+    }
+    let f = x.f();
+    round(t, match o {
+        UnOp::Neg => -f,
+        UnOp::Abs => f.abs(),
+        UnOp::Exp => f.exp(),
+        UnOp::Log => f.ln(),
+        UnOp::Sqrt => f.sqrt(),
+        UnOp::Tanh => f.tanh(),
+        UnOp::Erf => libm::erf(f),
+        UnOp::Floor => f.floor(),
+        UnOp::Ceil => f.ceil(),
+        UnOp::Round => f.round_ties_even(),
+        UnOp::Sin => f.sin(),
+        UnOp::Cos => f.cos(),
+        UnOp::Not => (f == 0.0) as i64 as f64,
+    })
+}
+
+fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
+    if o.is_compare() {
+        let r = if t.is_float() {
+            let (a, b) = (x.f(), y.f());
+            match o {
+                BinOp::Lt => a < b,
+                BinOp::Le => a <= b,
+                BinOp::Eq => a == b,
+                _ => a != b,
+            }
+        } else {
+            let (a, b) = (x.i(), y.i());
+            match o {
+                BinOp::Lt => a < b,
+                BinOp::Le => a <= b,
+                BinOp::Eq => a == b,
+                _ => a != b,
+            }
+        };
+        return V::I(r as i64);
+    }
+    if !t.is_float() {
+        let (a, b) = (x.i(), y.i());
+        return int_to(t, match o {
+            BinOp::Add => a.wrapping_add(b),
+            BinOp::Sub => a.wrapping_sub(b),
+            BinOp::Mul => a.wrapping_mul(b),
+            BinOp::Div => a.checked_div(b).unwrap_or(0),
+            BinOp::Rem => a.checked_rem(b).unwrap_or(0),
+            BinOp::Min => a.min(b),
+            BinOp::Max => a.max(b),
+            BinOp::Pow => a.checked_pow(b.clamp(0, u32::MAX as i64) as u32).unwrap_or(0),
+            BinOp::And => ((a != 0) && (b != 0)) as i64,
+            BinOp::Or => ((a != 0) || (b != 0)) as i64,
+            _ => 0,
+        });
+    }
+    let (a, b) = (x.f(), y.f());
+    round(t, match o {
+        BinOp::Add => a + b,
+        BinOp::Sub => a - b,
+        BinOp::Mul => a * b,
+        BinOp::Div => a / b,
+        BinOp::Rem => a % b,
+        // NaN-propagating min/max, as the code generators emit (llvm.minimum / llvm.maximum).
+        BinOp::Min => if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) },
+        BinOp::Max => if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) },
+        BinOp::Pow => a.powf(b),
+        _ => f64::NAN,
+    })
+}
+
+/// A program's memory while it runs: region 0 is the arena, then inputs, outputs and weights.
+pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+    if inputs.len() != p.inputs.len() {
+        return Err(InterpError::Program(format!("{} inputs given, {} expected", inputs.len(), p.inputs.len())));
+    }
+    let mut m: Vec<Vec<u8>> = vec![vec![0u8; p.arena_bytes as usize]];
+    for (io, data) in p.inputs.iter().zip(inputs) {
+        let want = (io.dims.iter().product::<u64>() * io.elem.size()) as usize;
+        if data.len() != want {
+            return Err(InterpError::Program(format!("input {} has {} bytes, expected {want}", io.name, data.len())));
+        }
+        m.push(data.clone());
+    }
+    let out0 = m.len();
+    for io in &p.outputs {
+        m.push(vec![0u8; (io.dims.iter().product::<u64>() * io.elem.size()) as usize]);
+    }
+    let w0 = m.len();
+    for w in &p.weights {
+        m.push(w.data.as_ref().clone());
+    }
+    for s in &p.steps {
+        let k = p.kernels.get(s.kernel).ok_or_else(|| InterpError::Program(format!("no kernel {}", s.kernel)))?;
+        let args: Vec<(usize, usize)> = s.args.iter().map(|a| match a {
+            Place::Arena(o) => (0, *o as usize),
+            Place::Input(i) => (1 + i, 0),
+            Place::Output(i) => (out0 + i, 0),
+            Place::Weight(i) => (w0 + i, 0),
+        }).collect();
+        run_kernel(k, &mut m, &args)?;
+    }
+    Ok(m[out0..w0].to_vec())
+}

@@ -1,0 +1,385 @@
+//! The kernel IR's data: buffers with a memory space, loop nests with a loop kind, stores, and expressions
+//! (loads, arithmetic, fma, min/max, select, casts). A kernel is a function over its parameter buffers; a
+//! `Program` is a model: kernels, weights and the steps that call them on the caller's inputs, outputs and
+//! one activation arena.
+//!
+//! Shapes are static: every extent is a number. Index expressions are `i64`; a value's element type is its
+//! buffer's (`Elem`). Reductions are written as loops that update a `local` accumulator buffer, which code
+//! generation keeps in registers when its size allows.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A buffer of one kernel: printed `%name`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufId(pub u32);
+
+/// A loop variable of one kernel: printed `i3`-style by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Var(pub u32);
+
+/// Element types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    F16,
+    BF16,
+    F64,
+    I8,
+    U8,
+    I32,
+    I64,
+    Bool,
+}
+
+impl Elem {
+    pub const ALL: [Elem; 9] = [Elem::F32, Elem::F16, Elem::BF16, Elem::F64, Elem::I8, Elem::U8, Elem::I32, Elem::I64, Elem::Bool];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::BF16 => "bf16",
+            Elem::F64 => "f64",
+            Elem::I8 => "i8",
+            Elem::U8 => "u8",
+            Elem::I32 => "i32",
+            Elem::I64 => "i64",
+            Elem::Bool => "bool",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Elem> {
+        Elem::ALL.into_iter().find(|e| e.name() == s)
+    }
+
+    pub fn size(self) -> u64 {
+        match self {
+            Elem::F64 | Elem::I64 => 8,
+            Elem::F32 | Elem::I32 => 4,
+            Elem::F16 | Elem::BF16 => 2,
+            Elem::I8 | Elem::U8 | Elem::Bool => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Elem::F32 | Elem::F16 | Elem::BF16 | Elem::F64)
+    }
+}
+
+/// Where a buffer lives: a kernel parameter in global memory, a per-kernel temporary on the stack or in
+/// registers, or GPU shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    Global,
+    Local,
+    Shared,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buffer {
+    pub name: String,
+    pub elem: Elem,
+    pub dims: Vec<u64>,
+    pub space: Space,
+}
+
+impl Buffer {
+    pub fn numel(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Row-major strides in elements.
+    pub fn strides(&self) -> Vec<u64> {
+        let mut s = vec![1; self.dims.len()];
+        for i in (0..self.dims.len().saturating_sub(1)).rev() {
+            s[i] = s[i + 1] * self.dims[i + 1];
+        }
+        s
+    }
+}
+
+/// How a loop runs. `Vector(w)` loops are emitted as `w`-lane SIMD (their extent is a multiple of `w`);
+/// `Unrolled` loops are fully unrolled; `Parallel` loops are split across the runtime's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoopKind {
+    Serial,
+    Parallel,
+    Vector(u32),
+    Unrolled,
+    GpuBlock(u8),
+    GpuThread(u8),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Tanh,
+    Erf,
+    Floor,
+    Ceil,
+    Round,
+    Sin,
+    Cos,
+    Not,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Min,
+    Max,
+    Pow,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+    And,
+    Or,
+}
+
+impl BinOp {
+    pub fn is_compare(self) -> bool {
+        matches!(self, BinOp::Lt | BinOp::Le | BinOp::Eq | BinOp::Ne)
+    }
+}
+
+/// An expression. Integer literals and loop variables are `i64`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expr {
+    Int(i64),
+    Float(f64, Elem),
+    Var(Var),
+    Load(BufId, Vec<Expr>),
+    Unary(UnOp, Box<Expr>),
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    Fma(Box<Expr>, Box<Expr>, Box<Expr>),
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    Cast(Elem, Box<Expr>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stmt {
+    For { var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt> },
+    Store { buf: BufId, index: Vec<Expr>, value: Expr },
+    /// Runs `then` only where `cond` holds; accesses under a guard `e < n` / `e >= 0` are bounded by it.
+    If { cond: Expr, then: Vec<Stmt> },
+    /// GPU block barrier (`bar.sync`): all threads of the block reach it before any goes on.
+    Barrier,
+}
+
+/// A kernel: parameters are its `Global` buffers in order; `Local`/`Shared` buffers are its temporaries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub bufs: Vec<Buffer>,
+    pub vars: Vec<String>,
+    pub body: Vec<Stmt>,
+    /// The schedule steps applied to the algorithm, in order (printed as a header comment).
+    pub schedule: Vec<String>,
+}
+
+impl Kernel {
+    pub fn new(name: impl Into<String>) -> Kernel {
+        Kernel { name: name.into(), bufs: Vec::new(), vars: Vec::new(), body: Vec::new(), schedule: Vec::new() }
+    }
+
+    pub fn buf(&mut self, name: impl Into<String>, elem: Elem, dims: Vec<u64>, space: Space) -> BufId {
+        self.bufs.push(Buffer { name: name.into(), elem, dims, space });
+        BufId(self.bufs.len() as u32 - 1)
+    }
+
+    pub fn var(&mut self, name: impl Into<String>) -> Var {
+        self.vars.push(name.into());
+        Var(self.vars.len() as u32 - 1)
+    }
+
+    pub fn params(&self) -> Vec<BufId> {
+        (0..self.bufs.len() as u32).map(BufId).filter(|b| self.bufs[b.0 as usize].space == Space::Global).collect()
+    }
+
+    pub fn buffer(&self, b: BufId) -> &Buffer {
+        &self.bufs[b.0 as usize]
+    }
+
+    pub fn var_name(&self, v: Var) -> &str {
+        &self.vars[v.0 as usize]
+    }
+}
+
+/// Where a kernel argument lives when a program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Place {
+    Input(usize),
+    Output(usize),
+    Weight(usize),
+    /// A byte offset into the activation arena.
+    Arena(u64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Io {
+    pub name: String,
+    pub elem: Elem,
+    pub dims: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weight {
+    pub name: String,
+    pub elem: Elem,
+    pub dims: Vec<u64>,
+    /// Little-endian element bytes.
+    pub data: Arc<Vec<u8>>,
+}
+
+/// One kernel call: `args[i]` is bound to the kernel's i-th parameter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub kernel: usize,
+    pub args: Vec<Place>,
+}
+
+/// A compiled model before code generation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Program {
+    pub name: String,
+    pub inputs: Vec<Io>,
+    pub outputs: Vec<Io>,
+    pub weights: Vec<Weight>,
+    pub arena_bytes: u64,
+    pub kernels: Vec<Kernel>,
+    pub steps: Vec<Step>,
+}
+
+impl fmt::Display for Elem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+// Expression building helpers, so lowering code reads like the math it writes. `add`..`rem` fold integer
+// constants, which the operator traits could not name as plainly.
+#[allow(clippy::should_implement_trait)]
+impl Expr {
+    pub fn int(v: i64) -> Expr {
+        Expr::Int(v)
+    }
+    pub fn f32(v: f64) -> Expr {
+        Expr::Float(v, Elem::F32)
+    }
+    pub fn var(v: Var) -> Expr {
+        Expr::Var(v)
+    }
+    pub fn load(b: BufId, index: Vec<Expr>) -> Expr {
+        Expr::Load(b, index)
+    }
+    pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::Binary(op, Box::new(a), Box::new(b))
+    }
+    pub fn un(op: UnOp, a: Expr) -> Expr {
+        Expr::Unary(op, Box::new(a))
+    }
+    pub fn fma(a: Expr, b: Expr, c: Expr) -> Expr {
+        Expr::Fma(Box::new(a), Box::new(b), Box::new(c))
+    }
+    pub fn select(c: Expr, a: Expr, b: Expr) -> Expr {
+        Expr::Select(Box::new(c), Box::new(a), Box::new(b))
+    }
+    pub fn cast(e: Elem, a: Expr) -> Expr {
+        Expr::Cast(e, Box::new(a))
+    }
+    /// `a + b` with integer constant folding (index arithmetic stays readable in dumps).
+    pub fn add(a: Expr, b: Expr) -> Expr {
+        match (a, b) {
+            (Expr::Int(0), x) | (x, Expr::Int(0)) => x,
+            (Expr::Int(x), Expr::Int(y)) => Expr::Int(x + y),
+            (x, y) => Expr::bin(BinOp::Add, x, y),
+        }
+    }
+    pub fn sub(a: Expr, b: Expr) -> Expr {
+        match (a, b) {
+            (x, Expr::Int(0)) => x,
+            (Expr::Int(x), Expr::Int(y)) => Expr::Int(x - y),
+            (x, y) => Expr::bin(BinOp::Sub, x, y),
+        }
+    }
+    pub fn mul(a: Expr, b: Expr) -> Expr {
+        match (a, b) {
+            (Expr::Int(0), _) | (_, Expr::Int(0)) => Expr::Int(0),
+            (Expr::Int(1), x) | (x, Expr::Int(1)) => x,
+            (Expr::Int(x), Expr::Int(y)) => Expr::Int(x * y),
+            (x, y) => Expr::bin(BinOp::Mul, x, y),
+        }
+    }
+    pub fn div(a: Expr, b: Expr) -> Expr {
+        match (a, b) {
+            (x, Expr::Int(1)) => x,
+            (Expr::Int(x), Expr::Int(y)) if y > 0 && x >= 0 => Expr::Int(x / y),
+            (x, y) => Expr::bin(BinOp::Div, x, y),
+        }
+    }
+    pub fn rem(a: Expr, b: Expr) -> Expr {
+        match (a, b) {
+            (_, Expr::Int(1)) => Expr::Int(0),
+            (Expr::Int(x), Expr::Int(y)) if y > 0 && x >= 0 => Expr::Int(x % y),
+            (x, y) => Expr::bin(BinOp::Rem, x, y),
+        }
+    }
+
+    /// Replaces every use of `v` by `by`.
+    pub fn subst(&self, v: Var, by: &Expr) -> Expr {
+        match self {
+            Expr::Var(w) if *w == v => by.clone(),
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => self.clone(),
+            Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(|e| e.subst(v, by)).collect()),
+            Expr::Unary(o, a) => Expr::un(*o, a.subst(v, by)),
+            Expr::Binary(o, a, b) => rebuild_bin(*o, a.subst(v, by), b.subst(v, by)),
+            Expr::Fma(a, b, c) => Expr::fma(a.subst(v, by), b.subst(v, by), c.subst(v, by)),
+            Expr::Select(c, a, b) => Expr::select(c.subst(v, by), a.subst(v, by), b.subst(v, by)),
+            Expr::Cast(e, a) => Expr::cast(*e, a.subst(v, by)),
+        }
+    }
+
+    /// Whether `v` occurs in the expression.
+    pub fn uses(&self, v: Var) -> bool {
+        match self {
+            Expr::Var(w) => *w == v,
+            Expr::Int(_) | Expr::Float(..) => false,
+            Expr::Load(_, ix) => ix.iter().any(|e| e.uses(v)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => a.uses(v),
+            Expr::Binary(_, a, b) => a.uses(v) || b.uses(v),
+            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => a.uses(v) || b.uses(v) || c.uses(v),
+        }
+    }
+}
+
+/// Rebuilds a binary node through the folding constructors for index arithmetic.
+fn rebuild_bin(o: BinOp, a: Expr, b: Expr) -> Expr {
+    match o {
+        BinOp::Add => Expr::add(a, b),
+        BinOp::Sub => Expr::sub(a, b),
+        BinOp::Mul => Expr::mul(a, b),
+        BinOp::Div => Expr::div(a, b),
+        BinOp::Rem => Expr::rem(a, b),
+        _ => Expr::bin(o, a, b),
+    }
+}
+
+impl Stmt {
+    pub fn subst(&self, v: Var, by: &Expr) -> Stmt {
+        match self {
+            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.subst(v, by)).collect() },
+            Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: index.iter().map(|e| e.subst(v, by)).collect(), value: value.subst(v, by) },
+            Stmt::If { cond, then } => Stmt::If { cond: cond.subst(v, by), then: then.iter().map(|s| s.subst(v, by)).collect() },
+            Stmt::Barrier => Stmt::Barrier,
+        }
+    }
+}

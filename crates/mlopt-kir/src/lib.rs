@@ -1,0 +1,18 @@
+//! mlopt's kernel IR: loop nests over buffers. A kernel's algorithm is a loop nest of stores; a schedule
+//! (split, reorder, tile, vectorise, unroll, parallelise, bind to GPU blocks/threads) rearranges it without
+//! changing what it computes. The crate owns a printer, a verifier (types and provable bounds) and an
+//! interpreter that runs any kernel, GPU schedules included, on the CPU.
+//!
+//! Architecture invariant: knows nothing of ONNX, the graph IR or LLVM.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod interp;
+pub mod ir;
+pub mod print;
+pub mod sched;
+pub mod verify;
+
+pub use interp::{run_kernel, run_program, InterpError};
+pub use ir::*;
+pub use verify::{verify, verify_program};

@@ -1,0 +1,101 @@
+//! Schedules: transformations of a kernel's loop nest that keep its algorithm (what each store computes)
+//! and change only the order, grouping and kind of its loops, in Halide's vocabulary: split, reorder, tile,
+//! vectorise, unroll, parallelise, bind to GPU blocks/threads. Each step is recorded in `Kernel::schedule`
+//! and printed as the dump's header, so a kernel dump shows the algorithm's loops and how they were
+//! rearranged. Staging into shared memory and packing are done by lowering, which writes the copy loops.
+
+use crate::ir::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedError {
+    #[error("kernel @{kernel}: no loop %{var}")]
+    NoLoop { kernel: String, var: String },
+    #[error("kernel @{kernel}: {what}")]
+    Invalid { kernel: String, what: String },
+}
+
+type Result<T> = std::result::Result<T, SchedError>;
+
+fn find(body: &mut [Stmt], v: Var) -> Option<&mut Stmt> {
+    for s in body {
+        match s {
+            Stmt::For { var, .. } if *var == v => return Some(s),
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => {
+                if let Some(f) = find(body, v) {
+                    return Some(f);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn no_loop(k: &Kernel, v: Var) -> SchedError {
+    SchedError::NoLoop { kernel: k.name.clone(), var: k.vars.get(v.0 as usize).cloned().unwrap_or_default() }
+}
+
+/// Splits loop `v` into `v.o` (extent / factor, rounded up) and `v.i` (factor); a guard keeps the
+/// original range when the factor does not divide it.
+pub fn split(k: &mut Kernel, v: Var, factor: u64) -> Result<(Var, Var)> {
+    let name = k.var_name(v).to_string();
+    let (outer, inner) = (k.var(format!("{name}.o")), k.var(format!("{name}.i")));
+    let Some(Stmt::For { var, extent, kind, body }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    if factor == 0 {
+        return Err(SchedError::Invalid { kernel: k.name.clone(), what: format!("split %{name} by 0") });
+    }
+    let ext = *extent;
+    let index = Expr::add(Expr::mul(Expr::var(outer), Expr::int(factor as i64)), Expr::var(inner));
+    let mut inner_body: Vec<Stmt> = body.iter().map(|s| s.subst(v, &index)).collect();
+    if ext % factor != 0 {
+        inner_body = vec![Stmt::If { cond: Expr::bin(BinOp::Lt, index, Expr::int(ext as i64)), then: inner_body }];
+    }
+    let inner_loop = Stmt::For { var: inner, extent: factor, kind: LoopKind::Serial, body: inner_body };
+    *var = outer;
+    *extent = ext.div_ceil(factor);
+    *kind = LoopKind::Serial;
+    *body = vec![inner_loop];
+    k.schedule.push(format!("split({name},{factor})"));
+    Ok((outer, inner))
+}
+
+/// Interchanges loop `a` with loop `b`, which must be the only statement of `a`'s body.
+pub fn reorder(k: &mut Kernel, a: Var, b: Var) -> Result<()> {
+    let (na, nb) = (k.var_name(a).to_string(), k.var_name(b).to_string());
+    let kernel = k.name.clone();
+    let Some(Stmt::For { var, extent, kind, body }) = find(&mut k.body, a) else { return Err(no_loop(k, a)) };
+    match body.as_mut_slice() {
+        [Stmt::For { var: vb, extent: eb, kind: kb, .. }] if *vb == b => {
+            std::mem::swap(var, vb);
+            std::mem::swap(extent, eb);
+            std::mem::swap(kind, kb);
+        }
+        _ => return Err(SchedError::Invalid { kernel, what: format!("%{nb} is not the only statement in %{na}") }),
+    }
+    k.schedule.push(format!("reorder({na},{nb})"));
+    Ok(())
+}
+
+/// Sets the kind of loop `v`: vector (its extent must be a multiple of the width), unrolled, parallel,
+/// GPU block or thread.
+pub fn set_kind(k: &mut Kernel, v: Var, to: LoopKind) -> Result<()> {
+    let name = k.var_name(v).to_string();
+    let kernel = k.name.clone();
+    let Some(Stmt::For { extent, kind, .. }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    if let LoopKind::Vector(w) = to {
+        if w == 0 || *extent % w as u64 != 0 {
+            return Err(SchedError::Invalid { kernel, what: format!("vector<{w}> on %{name} of extent {extent}") });
+        }
+    }
+    *kind = to;
+    k.schedule.push(format!("{}({name})", crate::print::loop_kind(to)));
+    Ok(())
+}
+
+/// Tiles the perfectly nested loops `a` (outer) and `b` into `a.o, b.o, a.i, b.i`.
+pub fn tile(k: &mut Kernel, a: Var, b: Var, fa: u64, fb: u64) -> Result<[Var; 4]> {
+    let (ao, ai) = split(k, a, fa)?;
+    let (bo, bi) = split(k, b, fb)?;
+    reorder(k, ai, bo)?;
+    Ok([ao, bo, ai, bi])
+}

@@ -1,0 +1,263 @@
+//! The kernel verifier: types agree, every loop variable is used only inside its loop, vector loops divide
+//! evenly, and every access is in bounds, provably: the interval of each index expression, from its loop
+//! ranges and any enclosing guard (`if lt(e, n)`, `if le(0, e)` and their `and`), must lie inside the
+//! buffer's dimension. All errors are collected, each naming the kernel and the statement.
+
+use crate::ir::*;
+use crate::print;
+use std::collections::HashMap;
+
+/// An inclusive integer interval.
+pub type Range = (i64, i64);
+
+struct Verifier<'k> {
+    k: &'k Kernel,
+    env: HashMap<Var, Range>,
+    facts: Vec<(Expr, Range)>,
+    errors: Vec<String>,
+}
+
+/// Verifies a kernel; on failure returns every problem found, one per line.
+pub fn verify(k: &Kernel) -> Result<(), Vec<String>> {
+    let mut v = Verifier { k, env: HashMap::new(), facts: Vec::new(), errors: Vec::new() };
+    for (i, b) in k.bufs.iter().enumerate() {
+        if k.bufs[..i].iter().any(|o| o.name == b.name) {
+            v.errors.push(format!("kernel @{}: buffer %{} declared twice", k.name, b.name));
+        }
+    }
+    v.block(&k.body);
+    if v.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(v.errors)
+    }
+}
+
+/// Verifies every kernel of a program and that each step passes arguments of the right count.
+pub fn verify_program(p: &Program) -> Result<(), Vec<String>> {
+    let mut errors = Vec::new();
+    for k in &p.kernels {
+        if let Err(e) = verify(k) {
+            errors.extend(e);
+        }
+    }
+    for (i, s) in p.steps.iter().enumerate() {
+        match p.kernels.get(s.kernel) {
+            None => errors.push(format!("step {i}: no kernel {}", s.kernel)),
+            Some(k) if k.params().len() != s.args.len() => errors.push(format!("step {i}: @{} takes {} buffers, given {}", k.name, k.params().len(), s.args.len())),
+            Some(_) => {}
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+impl Verifier<'_> {
+    fn err(&mut self, what: String) {
+        self.errors.push(format!("kernel @{}: {what}", self.k.name));
+    }
+
+    fn block(&mut self, body: &[Stmt]) {
+        for s in body {
+            self.stmt(s);
+        }
+    }
+
+    fn stmt(&mut self, s: &Stmt) {
+        match s {
+            Stmt::For { var, extent, kind, body } => {
+                if self.env.contains_key(var) {
+                    self.err(format!("loop variable %{} bound twice", self.k.var_name(*var)));
+                }
+                if *extent == 0 {
+                    self.err(format!("loop %{} has extent 0", self.k.var_name(*var)));
+                }
+                if let LoopKind::Vector(w) = kind {
+                    if *w == 0 || extent % *w as u64 != 0 {
+                        self.err(format!("vector<{w}> loop %{} has extent {extent}, not a multiple", self.k.var_name(*var)));
+                    }
+                }
+                self.env.insert(*var, (0, *extent as i64 - 1));
+                self.block(body);
+                self.env.remove(var);
+            }
+            Stmt::Store { buf, index, value } => {
+                let what = format!("store to %{}", self.k.buffer(*buf).name);
+                self.access(*buf, index, &what);
+                let vt = self.ty(value, &what);
+                let bt = self.k.buffer(*buf).elem;
+                if let Some(vt) = vt {
+                    if vt != bt {
+                        self.err(format!("{what}: value is {vt}, buffer is {bt}"));
+                    }
+                }
+            }
+            Stmt::If { cond, then } => {
+                if let Some(t) = self.ty(cond, "if condition") {
+                    if t != Elem::Bool {
+                        self.err(format!("if condition {} is {t}, not bool", print::expr(self.k, cond)));
+                    }
+                }
+                let before = self.facts.len();
+                self.learn(cond);
+                self.block(then);
+                self.facts.truncate(before);
+            }
+            Stmt::Barrier => {}
+        }
+    }
+
+    /// Records the bounds a guard establishes.
+    fn learn(&mut self, c: &Expr) {
+        match c {
+            Expr::Binary(BinOp::And, a, b) => {
+                self.learn(a);
+                self.learn(b);
+            }
+            Expr::Binary(BinOp::Lt, e, n) => {
+                if let Some((_, hi)) = self.range(n) {
+                    self.facts.push(((**e).clone(), (i64::MIN, hi - 1)));
+                }
+            }
+            Expr::Binary(BinOp::Le, n, e) if matches!(**n, Expr::Int(_)) => {
+                if let Some((lo, _)) = self.range(n) {
+                    self.facts.push(((**e).clone(), (lo, i64::MAX)));
+                }
+            }
+            Expr::Binary(BinOp::Le, e, n) => {
+                if let Some((_, hi)) = self.range(n) {
+                    self.facts.push(((**e).clone(), (i64::MIN, hi)));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn access(&mut self, b: BufId, index: &[Expr], what: &str) {
+        let Some(buf) = self.k.bufs.get(b.0 as usize) else {
+            self.err(format!("{what}: no buffer {}", b.0));
+            return;
+        };
+        if index.len() != buf.dims.len() {
+            self.err(format!("{what}: {} indices for a {}-d buffer", index.len(), buf.dims.len()));
+            return;
+        }
+        for (d, e) in index.iter().enumerate() {
+            if let Some(t) = self.ty(e, what) {
+                if t != Elem::I64 {
+                    self.err(format!("{what}: index {} is {t}, not i64", print::expr(self.k, e)));
+                }
+            }
+            match self.range(e) {
+                Some((lo, hi)) if lo >= 0 && hi < buf.dims[d] as i64 => {}
+                r => self.err(format!("{what}: index {} in {} may leave 0..{} (range {r:?})", d, print::expr(self.k, e), buf.dims[d])),
+            }
+        }
+    }
+
+    /// The interval of an integer expression, or None when it cannot be bounded.
+    fn range(&self, e: &Expr) -> Option<Range> {
+        let mut r = self.range_raw(e).unwrap_or((i64::MIN, i64::MAX));
+        for (f, (lo, hi)) in &self.facts {
+            if f == e {
+                r = (r.0.max(*lo), r.1.min(*hi));
+            }
+        }
+        (r.0 != i64::MIN && r.1 != i64::MAX).then_some(r)
+    }
+
+    fn range_raw(&self, e: &Expr) -> Option<Range> {
+        match e {
+            Expr::Int(v) => Some((*v, *v)),
+            Expr::Var(v) => self.env.get(v).copied(),
+            Expr::Binary(o, a, b) => {
+                let (a, b) = (self.range(a)?, self.range(b)?);
+                match o {
+                    BinOp::Add => Some((a.0.checked_add(b.0)?, a.1.checked_add(b.1)?)),
+                    BinOp::Sub => Some((a.0.checked_sub(b.1)?, a.1.checked_sub(b.0)?)),
+                    BinOp::Mul => {
+                        let c = [a.0.checked_mul(b.0)?, a.0.checked_mul(b.1)?, a.1.checked_mul(b.0)?, a.1.checked_mul(b.1)?];
+                        Some((*c.iter().min()?, *c.iter().max()?))
+                    }
+                    BinOp::Div if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => Some((a.0 / b.0, a.1 / b.0)),
+                    BinOp::Rem if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => Some((0, (b.0 - 1).min(a.1))),
+                    BinOp::Min => Some((a.0.min(b.0), a.1.min(b.1))),
+                    BinOp::Max => Some((a.0.max(b.0), a.1.max(b.1))),
+                    _ => None,
+                }
+            }
+            Expr::Select(_, a, b) => {
+                let (a, b) = (self.range(a)?, self.range(b)?);
+                Some((a.0.min(b.0), a.1.max(b.1)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The type of an expression; reports mismatches and returns None for an ill-typed one.
+    fn ty(&mut self, e: &Expr, what: &str) -> Option<Elem> {
+        match e {
+            Expr::Int(_) => Some(Elem::I64),
+            Expr::Float(_, t) => Some(*t),
+            Expr::Var(v) => {
+                if !self.env.contains_key(v) {
+                    self.err(format!("{what}: %{} used outside its loop", self.k.vars.get(v.0 as usize).map_or("?", |s| s.as_str())));
+                }
+                Some(Elem::I64)
+            }
+            Expr::Load(b, ix) => {
+                self.access(*b, ix, &format!("{what}: load"));
+                self.k.bufs.get(b.0 as usize).map(|b| b.elem)
+            }
+            Expr::Unary(o, a) => {
+                let t = self.ty(a, what)?;
+                let ok = match o {
+                    UnOp::Not => t == Elem::Bool,
+                    UnOp::Neg | UnOp::Abs => t != Elem::Bool,
+                    _ => t.is_float(),
+                };
+                if !ok {
+                    self.err(format!("{what}: {} of {t}", print::unop_name(*o)));
+                }
+                Some(t)
+            }
+            Expr::Binary(o, a, b) => {
+                let (ta, tb) = (self.ty(a, what)?, self.ty(b, what)?);
+                if ta != tb {
+                    self.err(format!("{what}: {} of {ta} and {tb} in {}", print::binop_name(*o), print::expr(self.k, e)));
+                    return None;
+                }
+                match o {
+                    _ if o.is_compare() => Some(Elem::Bool),
+                    BinOp::And | BinOp::Or if ta != Elem::Bool => {
+                        self.err(format!("{what}: {} of {ta}", print::binop_name(*o)));
+                        None
+                    }
+                    _ => Some(ta),
+                }
+            }
+            Expr::Fma(a, b, c) => {
+                let ts = [self.ty(a, what)?, self.ty(b, what)?, self.ty(c, what)?];
+                if ts[0] != ts[1] || ts[1] != ts[2] || !ts[0].is_float() {
+                    self.err(format!("{what}: fma of {}, {}, {}", ts[0], ts[1], ts[2]));
+                }
+                Some(ts[0])
+            }
+            Expr::Select(c, a, b) => {
+                let tc = self.ty(c, what)?;
+                let (ta, tb) = (self.ty(a, what)?, self.ty(b, what)?);
+                if tc != Elem::Bool || ta != tb {
+                    self.err(format!("{what}: select({tc}, {ta}, {tb})"));
+                }
+                Some(ta)
+            }
+            Expr::Cast(t, a) => {
+                self.ty(a, what)?;
+                Some(*t)
+            }
+        }
+    }
+}

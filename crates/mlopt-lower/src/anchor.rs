@@ -1,0 +1,533 @@
+//! Anchors: the members of a kernel that are not one expression per output element (contractions,
+//! windows, reductions, normalisations, attention). Each becomes a loop nest over its output whose body
+//! folds its inputs into `local` accumulators, then stores the result. These are the algorithms;
+//! `schedule.rs` picks how their loops run.
+
+use crate::elementwise::{compute, convert, elem, lit};
+use crate::error::Result;
+use crate::kernel::{clamp, dims, Lowerer};
+use mlopt_ir::{NodeId, Op, ReduceKind, Value};
+use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
+
+fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
+    Expr::bin(o, x, y)
+}
+
+/// A fold: `acc = init; for r in extents { acc = step(acc, value(r)) }`.
+struct Fold {
+    stmts: Vec<Stmt>,
+    acc: BufId,
+}
+
+impl Fold {
+    fn get(&self) -> Expr {
+        Expr::load(self.acc, vec![])
+    }
+}
+
+fn fold(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>) -> Result<Fold> {
+    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
+    let mut stmts = vec![Stmt::Store { buf: acc, index: vec![], value: init }];
+    stmts.extend(l.nest("r", extents, |l, r| {
+        let value = update(l, r, Expr::load(acc, vec![]))?;
+        Ok(vec![Stmt::Store { buf: acc, index: vec![], value }])
+    })?);
+    Ok(Fold { stmts, acc })
+}
+
+/// A fold whose update is `op(acc, value(r))`.
+fn fold_op(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
+    fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
+}
+
+fn lowest(t: Elem) -> Expr {
+    match t {
+        Elem::I64 => Expr::int(i64::MIN),
+        Elem::I32 => lit(i32::MIN as f64, t),
+        Elem::I8 => lit(i8::MIN as f64, t),
+        Elem::U8 | Elem::Bool => lit(0.0, t),
+        _ => lit(f64::NEG_INFINITY, t),
+    }
+}
+
+fn highest(t: Elem) -> Expr {
+    match t {
+        Elem::I64 => Expr::int(i64::MAX),
+        Elem::I32 => lit(i32::MAX as f64, t),
+        Elem::I8 => lit(i8::MAX as f64, t),
+        Elem::U8 => lit(255.0, t),
+        Elem::Bool => lit(1.0, t),
+        _ => lit(f64::INFINITY, t),
+    }
+}
+
+/// Pulls `v` at `idx` converted to `t`.
+fn get(l: &mut Lowerer, v: Value, idx: &[Expr], t: Elem) -> Result<Expr> {
+    let from = elem(l.ty(v).dtype);
+    let e = l.pull(v, idx)?;
+    Ok(convert(e, from, t))
+}
+
+/// The index of a broadcast operand of rank `rank` for the (right-aligned) index `idx`.
+fn broadcast(shape: &[usize], idx: &[Expr]) -> Vec<Expr> {
+    let skip = idx.len() - shape.len();
+    shape.iter().enumerate().map(|(d, s)| if *s == 1 { Expr::int(0) } else { idx[skip + d].clone() }).collect()
+}
+
+/// Lowers anchor `n`, writing output `o` into `dsts[o]`.
+pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
+    let node = l.g.node(n);
+    let out = dims(&node.outputs[0]);
+    let out_t = elem(node.outputs[0].dtype);
+    let dst = dsts[0];
+    let store = move |idx: &[Expr], v: Expr| Stmt::Store { buf: dst, index: idx.to_vec(), value: v };
+    match node.op.clone() {
+        Op::MatMul => matmul(l, n, &out, out_t, dst),
+        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
+            let kdim = l.ty(a).shape[if trans_a { 0 } else { 1 }] as u64;
+            let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+            l.nest("i", &out, |l, idx| {
+                let (i, j) = (idx[0].clone(), idx[1].clone());
+                let f = dot(l, &[kdim], |l, r| {
+                    let ai = if trans_a { vec![r[0].clone(), i.clone()] } else { vec![i.clone(), r[0].clone()] };
+                    let bi = if trans_b { vec![j.clone(), r[0].clone()] } else { vec![r[0].clone(), j.clone()] };
+                    Ok((get(l, a, &ai, Elem::F32)?, get(l, bm, &bi, Elem::F32)?))
+                })?;
+                let mut stmts = f.stmts.clone();
+                let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), f.get());
+                if let Some(c) = c {
+                    let ci = broadcast(&l.ty(c).shape.clone(), idx);
+                    y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &ci, Elem::F32)?));
+                }
+                stmts.push(store(idx, convert(y, Elem::F32, out_t)));
+                Ok(stmts)
+            })
+        }
+        Op::Conv(a) => conv(l, n, &a, &out, out_t, dst),
+        Op::MaxPool { pool, .. } | Op::AveragePool { pool, .. } => {
+            if node.outputs.len() > 1 && l.g.users(n).iter().any(|(_, e)| e.output == 1) || l.g.graph_outputs().iter().any(|(_, v)| v.node == n && v.output == 1) {
+                return Err(l.unsupported(n, "MaxPool's Indices output has no code generation yet"));
+            }
+            let (max, include_pad) = match node.op {
+                Op::AveragePool { count_include_pad, .. } => (false, count_include_pad),
+                _ => (true, false),
+            };
+            pool_window(l, n, &pool, max, include_pad, &out, out_t, dst)
+        }
+        Op::GlobalAveragePool | Op::GlobalMaxPool => {
+            let axes: Vec<usize> = (2..out.len()).collect();
+            let kind = if matches!(node.op, Op::GlobalMaxPool) { ReduceKind::Max } else { ReduceKind::Mean };
+            reduce(l, n, kind, &axes, true, &out, out_t, dst)
+        }
+        Op::Reduce { kind, axes, keepdims } => reduce(l, n, kind, &axes, keepdims, &out, out_t, dst),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => softmax(l, n, axis, matches!(node.op, Op::LogSoftmax { .. }), &out, out_t, dst),
+        Op::LayerNorm { axis, epsilon } => layer_norm(l, n, axis, epsilon, &out, out_t, dsts),
+        Op::InstanceNorm { epsilon } => instance_norm(l, n, epsilon, &out, out_t, dst),
+        Op::Attention { scale } => attention(l, n, scale, &out, out_t, dst),
+        Op::Arg { max, axis, keepdims, select_last_index } => arg(l, n, max, axis, keepdims, select_last_index, &out, dst),
+        _ => Err(l.unsupported(n, "no code generation for this op yet")),
+    }
+}
+
+/// `acc = fma(x, y, acc)` over `extents`.
+fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>) -> Result<Fold> {
+    fold(l, Elem::F32, lit(0.0, Elem::F32), extents, |l, r, acc| {
+        let (x, y) = xy(l, r)?;
+        Ok(Expr::fma(x, y, acc))
+    })
+}
+
+fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
+    let (sa, sb) = (l.ty(a).shape.clone(), l.ty(bm).shape.clone());
+    let kdim = *sa.last().unwrap_or(&1) as u64;
+    let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
+    l.nest("i", out, |l, idx| {
+        let r = idx.len();
+        let j = has_n.then(|| idx[r - 1].clone());
+        let i = has_m.then(|| idx[r - 1 - has_n as usize].clone());
+        let batch = &idx[..r - has_m as usize - has_n as usize];
+        let f = dot(l, &[kdim], |l, k| {
+            let mut ai = broadcast(&sa[..sa.len().saturating_sub(2)], batch);
+            ai.extend(i.clone());
+            ai.push(k[0].clone());
+            let mut bi = broadcast(&sb[..sb.len().saturating_sub(2)], batch);
+            bi.push(k[0].clone());
+            bi.extend(j.clone());
+            Ok((get(l, a, &ai, Elem::F32)?, get(l, bm, &bi, Elem::F32)?))
+        })?;
+        let mut s = f.stmts.clone();
+        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(f.get(), Elem::F32, out_t) });
+        Ok(s)
+    })
+}
+
+fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let (x, w) = (l.input(n, 0)?, l.input(n, 1)?);
+    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+    let xs = l.ty(x).shape.clone();
+    let ws = l.ty(w).shape.clone();
+    let sp = xs.len() - 2;
+    let (m, cg) = (ws[0] as i64, ws[1] as i64);
+    let mg = m / a.group as i64;
+    let mut red = vec![cg as u64];
+    red.extend(ws[2..].iter().map(|d| *d as u64));
+    let a = a.clone();
+    l.nest("i", out, |l, idx| {
+        let (nb, mo) = (idx[0].clone(), idx[1].clone());
+        let g = Expr::div(mo.clone(), Expr::int(mg));
+        let f = dot(l, &red, |l, r| {
+            let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
+            let mut inside = None;
+            let mut xi = vec![nb.clone(), c];
+            for s in 0..sp {
+                let pos = Expr::sub(Expr::add(Expr::mul(idx[2 + s].clone(), Expr::int(a.strides[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64))), Expr::int(a.pads[s] as i64));
+                let len = xs[2 + s] as i64;
+                let ok = b(BinOp::And, b(BinOp::Le, Expr::int(0), pos.clone()), b(BinOp::Lt, pos.clone(), Expr::int(len)));
+                inside = Some(match inside {
+                    None => ok,
+                    Some(p) => b(BinOp::And, p, ok),
+                });
+                xi.push(clamp(pos, len));
+            }
+            let mut wi = vec![mo.clone(), r[0].clone()];
+            wi.extend(r[1..].iter().cloned());
+            let xv = get(l, x, &xi, Elem::F32)?;
+            let xv = match inside {
+                Some(c) => Expr::select(c, xv, lit(0.0, Elem::F32)),
+                None => xv,
+            };
+            Ok((xv, get(l, w, &wi, Elem::F32)?))
+        })?;
+        let mut s = f.stmts.clone();
+        let mut y = f.get();
+        if let Some(bv) = bias {
+            y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(&mo), Elem::F32)?);
+        }
+        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
+        Ok(s)
+    })
+}
+
+fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, include_pad: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let xs = l.ty(x).shape.clone();
+    let sp = xs.len() - 2;
+    let t = compute(elem(l.ty(x).dtype));
+    let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
+    let p = p.clone();
+    l.nest("i", out, |l, idx| {
+        let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
+        let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
+        let mut count_in = None;
+        let f = fold_op(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
+            let mut inside = None;
+            let mut padded = None;
+            let mut xi = vec![idx[0].clone(), idx[1].clone()];
+            for s in 0..sp {
+                let pos = Expr::sub(Expr::add(Expr::mul(idx[2 + s].clone(), Expr::int(p.strides[s] as i64)), Expr::mul(r[s].clone(), Expr::int(p.dilations[s] as i64))), Expr::int(p.pads[s] as i64));
+                let len = xs[2 + s] as i64;
+                let and = |acc: Option<Expr>, c: Expr| Some(match acc {
+                    None => c,
+                    Some(a) => b(BinOp::And, a, c),
+                });
+                inside = and(inside, b(BinOp::And, b(BinOp::Le, Expr::int(0), pos.clone()), b(BinOp::Lt, pos.clone(), Expr::int(len))));
+                padded = and(padded, b(BinOp::Lt, pos.clone(), Expr::int(len + p.pads[sp + s] as i64)));
+                xi.push(clamp(pos, len));
+            }
+            let v = get(l, x, &xi, t)?;
+            let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
+            count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
+            Ok(Expr::select(ok, v, if max { lowest(t) } else { lit(0.0, t) }))
+        })?;
+        let mut s = f.stmts.clone();
+        let y = if max {
+            f.get()
+        } else {
+            // The count of window positions taken, accumulated in the same loops.
+            let c = count_in.unwrap_or_else(|| lit(1.0, Elem::Bool));
+            let inc = Stmt::Store { buf: cnt, index: vec![], value: b(BinOp::Add, Expr::load(cnt, vec![]), Expr::select(c, lit(1.0, t), lit(0.0, t))) };
+            add_to_innermost(&mut s, inc);
+            cnt_stmts.append(&mut s);
+            s = cnt_stmts;
+            b(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
+        };
+        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
+        Ok(s)
+    })
+}
+
+/// Appends `st` to the body of the innermost loop of the last loop nest in `stmts`.
+fn add_to_innermost(stmts: &mut [Stmt], st: Stmt) {
+    if let Some(Stmt::For { body, .. }) = stmts.last_mut() {
+        if matches!(body.last(), Some(Stmt::For { .. })) {
+            add_to_innermost(body, st);
+        } else {
+            body.push(st);
+        }
+    }
+}
+
+/// Output index + reduced loop index -> input index.
+fn reduce_index(rank: usize, axes: &[usize], keepdims: bool, idx: &[Expr], r: &[Expr]) -> Vec<Expr> {
+    let mut xi = Vec::with_capacity(rank);
+    let (mut o, mut k) = (0, 0);
+    for a in 0..rank {
+        if axes.contains(&a) {
+            xi.push(r[k].clone());
+            k += 1;
+            if keepdims {
+                o += 1;
+            }
+        } else {
+            xi.push(idx[o].clone());
+            o += 1;
+        }
+    }
+    xi
+}
+
+fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let xs = l.ty(x).shape.clone();
+    let t = compute(elem(l.ty(x).dtype));
+    let red: Vec<u64> = axes.iter().map(|a| xs[*a] as u64).collect();
+    let count: u64 = red.iter().product();
+    let axes = axes.to_vec();
+    let rank = xs.len();
+    l.nest("i", out, |l, idx| {
+        let at = |idx: &[Expr], r: &[Expr]| reduce_index(rank, &axes, keepdims, idx, r);
+        let mut pre = Vec::new();
+        let mut shift = None;
+        if kind == ReduceKind::LogSumExp && count > 0 {
+            let m = fold_op(l, t, lowest(t), &red, BinOp::Max, |l, r| get(l, x, &at(idx, r), t))?;
+            pre = m.stmts.clone();
+            shift = Some(m.get());
+        }
+        let (init, op): (Expr, BinOp) = match kind {
+            ReduceKind::Max => (lowest(t), BinOp::Max),
+            ReduceKind::Min => (highest(t), BinOp::Min),
+            ReduceKind::Prod => (lit(1.0, t), BinOp::Mul),
+            _ => (lit(0.0, t), BinOp::Add),
+        };
+        let sh = shift.clone();
+        let f = fold_op(l, t, init, &red, op, |l, r| {
+            let v = get(l, x, &at(idx, r), t)?;
+            Ok(match kind {
+                ReduceKind::L1 => Expr::un(UnOp::Abs, v),
+                ReduceKind::L2 | ReduceKind::SumSquare => b(BinOp::Mul, v.clone(), v),
+                ReduceKind::LogSumExp => Expr::un(UnOp::Exp, b(BinOp::Sub, v, sh.clone().unwrap_or_else(|| lit(0.0, t)))),
+                _ => v,
+            })
+        })?;
+        let acc = f.get();
+        let y = match kind {
+            ReduceKind::Mean => b(BinOp::Div, acc, lit(count as f64, t)),
+            ReduceKind::L2 => Expr::un(UnOp::Sqrt, acc),
+            ReduceKind::LogSum => Expr::un(UnOp::Log, acc),
+            ReduceKind::LogSumExp => match shift {
+                Some(m) => b(BinOp::Add, Expr::un(UnOp::Log, acc), m),
+                None => Expr::un(UnOp::Log, acc),
+            },
+            _ => acc,
+        };
+        pre.extend(f.stmts);
+        pre.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
+        Ok(pre)
+    })
+}
+
+/// The shape with `axis` removed (the rows a row-wise op runs over), and the index with `r` put back.
+fn row_index(idx: &[Expr], axis: usize, r: Expr) -> Vec<Expr> {
+    let mut v = idx.to_vec();
+    v.insert(axis, r);
+    v
+}
+
+fn softmax(l: &mut Lowerer, n: NodeId, axis: usize, log: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let t = compute(elem(l.ty(x).dtype));
+    let len = out[axis];
+    let mut outer = out.to_vec();
+    outer.remove(axis);
+    l.nest("i", &outer, |l, idx| {
+        let m = fold_op(l, t, lowest(t), &[len], BinOp::Max, |l, r| get(l, x, &row_index(idx, axis, r[0].clone()), t))?;
+        let mx = m.get();
+        let s = fold_op(l, t, lit(0.0, t), &[len], BinOp::Add, |l, r| Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, get(l, x, &row_index(idx, axis, r[0].clone()), t)?, mx.clone()))))?;
+        let sum = s.get();
+        let mut stmts = m.stmts;
+        stmts.extend(s.stmts);
+        // 1/sum once per row; each element is then a multiply.
+        let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
+        stmts.push(Stmt::Store { buf: inv, index: vec![], value: if log { Expr::un(UnOp::Log, sum) } else { b(BinOp::Div, lit(1.0, t), sum) } });
+        stmts.extend(l.nest("j", &[len], |l, r| {
+            let oi = row_index(idx, axis, r[0].clone());
+            let d = b(BinOp::Sub, get(l, x, &oi, t)?, mx.clone());
+            let y = if log { b(BinOp::Sub, d, Expr::load(inv, vec![])) } else { b(BinOp::Mul, Expr::un(UnOp::Exp, d), Expr::load(inv, vec![])) };
+            Ok(vec![Stmt::Store { buf: dst, index: oi, value: convert(y, t, out_t) }])
+        })?);
+        Ok(stmts)
+    })
+}
+
+fn layer_norm(l: &mut Lowerer, n: NodeId, axis: usize, eps: f32, out: &[u64], out_t: Elem, dsts: &[BufId]) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let scale = l.input(n, 1)?;
+    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+    let t = compute(elem(l.ty(x).dtype));
+    let (outer, inner) = (out[..axis].to_vec(), out[axis..].to_vec());
+    let count: u64 = inner.iter().product();
+    let (ss, bs) = (l.ty(scale).shape.clone(), bias.map(|v| l.ty(v).shape.clone()));
+    let dsts = dsts.to_vec();
+    l.nest("i", &outer, |l, idx| {
+        let at = |r: &[Expr]| [idx, r].concat();
+        let s1 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| get(l, x, &at(r), t))?;
+        let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
+        let m = mean.clone();
+        let s2 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| {
+            let d = b(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
+            Ok(b(BinOp::Mul, d.clone(), d))
+        })?;
+        let mut stmts = s1.stmts;
+        let var = s2.get();
+        stmts.extend(s2.stmts);
+        let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
+        stmts.push(Stmt::Store { buf: inv, index: vec![], value: b(BinOp::Div, lit(1.0, t), Expr::un(UnOp::Sqrt, b(BinOp::Add, b(BinOp::Div, var.clone(), lit(count as f64, t)), lit(eps as f64, t)))) });
+        let m = mean.clone();
+        stmts.extend(l.nest("j", &inner, |l, r| {
+            let xi = at(r);
+            let mut y = b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, m.clone()), Expr::load(inv, vec![]));
+            y = b(BinOp::Mul, y, get(l, scale, &broadcast(&ss, r), t)?);
+            if let (Some(bv), Some(bs)) = (bias, &bs) {
+                y = b(BinOp::Add, y, get(l, bv, &broadcast(bs, r), t)?);
+            }
+            Ok(vec![Stmt::Store { buf: dsts[0], index: xi, value: convert(y, t, out_t) }])
+        })?);
+        // Optional outputs: mean and 1/std, shaped [outer..., 1, ...].
+        let stat_idx: Vec<Expr> = idx.iter().cloned().chain(inner.iter().map(|_| Expr::int(0))).collect();
+        let st = |l: &Lowerer, o: usize| elem(l.g.node(n).outputs[o].dtype);
+        if let Some(d) = dsts.get(1) {
+            stmts.push(Stmt::Store { buf: *d, index: stat_idx.clone(), value: convert(mean.clone(), t, st(l, 1)) });
+        }
+        if let Some(d) = dsts.get(2) {
+            stmts.push(Stmt::Store { buf: *d, index: stat_idx, value: convert(Expr::load(inv, vec![]), t, st(l, 2)) });
+        }
+        Ok(stmts)
+    })
+}
+
+fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let (x, scale, bias) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
+    let t = compute(elem(l.ty(x).dtype));
+    let inner = out[2..].to_vec();
+    let count: u64 = inner.iter().product();
+    l.nest("i", &out[..2], |l, idx| {
+        let at = |r: &[Expr]| [idx, r].concat();
+        let s1 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| get(l, x, &at(r), t))?;
+        let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
+        let m = mean.clone();
+        let s2 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| {
+            let d = b(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
+            Ok(b(BinOp::Mul, d.clone(), d))
+        })?;
+        let mut stmts = s1.stmts;
+        let var = s2.get();
+        stmts.extend(s2.stmts);
+        let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
+        stmts.push(Stmt::Store { buf: inv, index: vec![], value: b(BinOp::Div, lit(1.0, t), Expr::un(UnOp::Sqrt, b(BinOp::Add, b(BinOp::Div, var.clone(), lit(count as f64, t)), lit(eps as f64, t)))) });
+        let c = [idx[1].clone()];
+        let (sc, bi) = (get(l, scale, &c, t)?, get(l, bias, &c, t)?);
+        stmts.extend(l.nest("j", &inner, |l, r| {
+            let xi = at(r);
+            let y = b(BinOp::Add, b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()), Expr::load(inv, vec![])), sc.clone()), bi.clone());
+            Ok(vec![Stmt::Store { buf: dst, index: xi, value: convert(y, t, out_t) }])
+        })?);
+        Ok(stmts)
+    })
+}
+
+/// softmax(q @ kt * scale + mask) @ v, one query row at a time: the row of scores lives in a local
+/// buffer, so the [S, T] score matrix is never stored.
+fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let (q, kt, v) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
+    let mask = if l.has_input(n, 3) { Some(l.input(n, 3)?) } else { None };
+    let (qs, ks, vs) = (l.ty(q).shape.clone(), l.ty(kt).shape.clone(), l.ty(v).shape.clone());
+    let ms = mask.map(|m| l.ty(m).shape.clone());
+    let (d, tlen) = (ks[ks.len() - 2] as u64, ks[ks.len() - 1] as u64);
+    let rank = out.len();
+    let t = Elem::F32;
+    let row = l.k.buf(format!("scores{}", l.k.bufs.len()), t, vec![tlen], Space::Local);
+    let mut outer = out.to_vec();
+    outer.pop();
+    l.nest("i", &outer, |l, idx| {
+        let batch = &idx[..rank - 2];
+        let i = idx[rank - 2].clone();
+        let mut stmts = l.nest("j", &[tlen], |l, j| {
+            let f = dot(l, &[d], |l, r| {
+                let mut qi = broadcast(&qs[..qs.len() - 2], batch);
+                qi.extend([i.clone(), r[0].clone()]);
+                let mut ki = broadcast(&ks[..ks.len() - 2], batch);
+                ki.extend([r[0].clone(), j[0].clone()]);
+                Ok((get(l, q, &qi, t)?, get(l, kt, &ki, t)?))
+            })?;
+            let mut s = f.stmts.clone();
+            let mut y = b(BinOp::Mul, f.get(), lit(scale as f64, t));
+            if let (Some(m), Some(ms)) = (mask, &ms) {
+                let full: Vec<Expr> = batch.iter().cloned().chain([i.clone(), j[0].clone()]).collect();
+                y = b(BinOp::Add, y, get(l, m, &broadcast(ms, &full), t)?);
+            }
+            s.push(Stmt::Store { buf: row, index: vec![j[0].clone()], value: y });
+            Ok(s)
+        })?;
+        let m = fold_op(l, t, lowest(t), &[tlen], BinOp::Max, |_, r| Ok(Expr::load(row, vec![r[0].clone()])))?;
+        let mx = m.get();
+        stmts.extend(m.stmts);
+        let s = fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, r| Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()))))?;
+        let sum = s.get();
+        stmts.extend(s.stmts);
+        stmts.extend(l.nest("j", &[tlen], |_, r| Ok(vec![Stmt::Store { buf: row, index: vec![r[0].clone()], value: Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone())) }]))?);
+        stmts.extend(l.nest("e", &[out[rank - 1]], |l, e| {
+            let f = dot(l, &[tlen], |l, r| {
+                let mut vi = broadcast(&vs[..vs.len() - 2], batch);
+                vi.extend([r[0].clone(), e[0].clone()]);
+                Ok((Expr::load(row, vec![r[0].clone()]), get(l, v, &vi, t)?))
+            })?;
+            let mut s = f.stmts.clone();
+            let oi: Vec<Expr> = idx.iter().cloned().chain([e[0].clone()]).collect();
+            s.push(Stmt::Store { buf: dst, index: oi, value: convert(b(BinOp::Div, f.get(), sum.clone()), t, out_t) });
+            Ok(s)
+        })?);
+        Ok(stmts)
+    })
+}
+
+fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last: bool, out: &[u64], dst: BufId) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let xs = l.ty(x).shape.clone();
+    let t = compute(elem(l.ty(x).dtype));
+    let len = xs[axis] as u64;
+    let rank = xs.len();
+    l.nest("i", out, |l, idx| {
+        let best = l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
+        let at = l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local);
+        let mut stmts = vec![Stmt::Store { buf: best, index: vec![], value: if max { lowest(t) } else { highest(t) } }, Stmt::Store { buf: at, index: vec![], value: Expr::int(0) }];
+        stmts.extend(l.nest("r", &[len], |l, r| {
+            let xi = reduce_index(rank, &[axis], keepdims, idx, r);
+            let v = get(l, x, &xi, t)?;
+            let cur = Expr::load(best, vec![]);
+            let better = match (max, last) {
+                (true, false) => b(BinOp::Lt, cur, v.clone()),
+                (true, true) => b(BinOp::Le, cur, v.clone()),
+                (false, false) => b(BinOp::Lt, v.clone(), cur),
+                (false, true) => b(BinOp::Le, v.clone(), cur),
+            };
+            Ok(vec![
+                Stmt::Store { buf: at, index: vec![], value: Expr::select(better.clone(), r[0].clone(), Expr::load(at, vec![])) },
+                Stmt::Store { buf: best, index: vec![], value: Expr::select(better, v, Expr::load(best, vec![])) },
+            ])
+        })?);
+        stmts.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: Expr::load(at, vec![]) });
+        Ok(stmts)
+    })
+}

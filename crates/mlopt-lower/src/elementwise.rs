@@ -1,0 +1,198 @@
+//! Elementwise ops as kernel IR expressions: each graph op of one or more scalars becomes an expression
+//! over its inputs' expressions. f16/bf16 values are computed in f32 and rounded back once per op, as the
+//! reference interpreter does.
+
+use mlopt_ir::{Binary, DType, Nary, Unary};
+use mlopt_kir::{BinOp, Elem, Expr, UnOp};
+
+pub fn elem(d: DType) -> Elem {
+    match d {
+        DType::F32 => Elem::F32,
+        DType::F16 => Elem::F16,
+        DType::BF16 => Elem::BF16,
+        DType::F64 => Elem::F64,
+        DType::I8 => Elem::I8,
+        DType::U8 => Elem::U8,
+        DType::I32 => Elem::I32,
+        DType::I64 => Elem::I64,
+        DType::Bool => Elem::Bool,
+    }
+}
+
+/// The type arithmetic on `t` is done in.
+pub fn compute(t: Elem) -> Elem {
+    match t {
+        Elem::F16 | Elem::BF16 => Elem::F32,
+        t => t,
+    }
+}
+
+/// A literal of type `t`.
+pub fn lit(v: f64, t: Elem) -> Expr {
+    if t.is_float() {
+        Expr::Float(v, t)
+    } else if t == Elem::Bool {
+        Expr::cast(Elem::Bool, Expr::Int((v != 0.0) as i64))
+    } else if t == Elem::I64 {
+        Expr::Int(v as i64)
+    } else {
+        Expr::cast(t, Expr::Int(v as i64))
+    }
+}
+
+/// Casts `e` from `from` to `to`, or returns it when they agree.
+pub fn convert(e: Expr, from: Elem, to: Elem) -> Expr {
+    if from == to {
+        e
+    } else {
+        Expr::cast(to, e)
+    }
+}
+
+fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
+    Expr::bin(o, x, y)
+}
+
+fn u(o: UnOp, x: Expr) -> Expr {
+    Expr::un(o, x)
+}
+
+/// `1 / (1 + exp(-x))`.
+fn sigmoid(x: Expr, t: Elem) -> Expr {
+    b(BinOp::Div, lit(1.0, t), b(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, x))))
+}
+
+/// Stable softplus: max(x, 0) + log(1 + exp(-|x|)).
+fn softplus(x: Expr, t: Elem) -> Expr {
+    let tail = u(UnOp::Log, b(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, u(UnOp::Abs, x.clone())))));
+    b(BinOp::Add, b(BinOp::Max, x, lit(0.0, t)), tail)
+}
+
+fn clamp01(x: Expr, t: Elem) -> Expr {
+    b(BinOp::Min, b(BinOp::Max, x, lit(0.0, t)), lit(1.0, t))
+}
+
+/// A unary op on `x` of element type `t` (already the compute type). None if code generation lacks it.
+pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
+    let l = |v: f64| lit(v, t);
+    let lt = |a: Expr, c: Expr| b(BinOp::Lt, a, c);
+    if !t.is_float() {
+        return Some(match op {
+            Unary::Neg => u(UnOp::Neg, x),
+            Unary::Abs => u(UnOp::Abs, x),
+            Unary::Relu => b(BinOp::Max, x, l(0.0)),
+            Unary::Not if t == Elem::Bool => u(UnOp::Not, x),
+            Unary::Sign => Expr::select(lt(l(0.0), x.clone()), l(1.0), Expr::select(lt(x, l(0.0)), l(-1.0), l(0.0))),
+            _ => return None,
+        });
+    }
+    Some(match op {
+        Unary::Relu => b(BinOp::Max, x, l(0.0)),
+        Unary::Sigmoid => sigmoid(x, t),
+        Unary::Tanh => u(UnOp::Tanh, x),
+        Unary::Erf => u(UnOp::Erf, x),
+        Unary::Softplus => softplus(x, t),
+        Unary::Softsign => b(BinOp::Div, x.clone(), b(BinOp::Add, l(1.0), u(UnOp::Abs, x))),
+        Unary::Sqrt => u(UnOp::Sqrt, x),
+        Unary::Reciprocal => b(BinOp::Div, l(1.0), x),
+        Unary::Exp => u(UnOp::Exp, x),
+        Unary::Log => u(UnOp::Log, x),
+        Unary::Neg => u(UnOp::Neg, x),
+        Unary::Abs => u(UnOp::Abs, x),
+        Unary::Floor => u(UnOp::Floor, x),
+        Unary::Ceil => u(UnOp::Ceil, x),
+        Unary::Round => u(UnOp::Round, x),
+        Unary::Sin => u(UnOp::Sin, x),
+        Unary::Cos => u(UnOp::Cos, x),
+        Unary::Tan => b(BinOp::Div, u(UnOp::Sin, x.clone()), u(UnOp::Cos, x)),
+        Unary::Sign => Expr::select(lt(l(0.0), x.clone()), l(1.0), Expr::select(lt(x.clone(), l(0.0)), l(-1.0), x)),
+        Unary::HardSwish => b(BinOp::Mul, x.clone(), clamp01(b(BinOp::Add, b(BinOp::Div, x, l(6.0)), l(0.5)), t)),
+        Unary::Mish => b(BinOp::Mul, x.clone(), u(UnOp::Tanh, softplus(x, t))),
+        Unary::LeakyRelu { alpha } => Expr::select(lt(x.clone(), l(0.0)), b(BinOp::Mul, l(alpha as f64), x.clone()), x),
+        Unary::Elu { alpha } => Expr::select(lt(x.clone(), l(0.0)), b(BinOp::Mul, l(alpha as f64), b(BinOp::Sub, u(UnOp::Exp, x.clone()), l(1.0))), x),
+        Unary::Celu { alpha } => {
+            let a = l(alpha as f64);
+            let neg = b(BinOp::Min, b(BinOp::Mul, a.clone(), b(BinOp::Sub, u(UnOp::Exp, b(BinOp::Div, x.clone(), a)), l(1.0))), l(0.0));
+            b(BinOp::Add, b(BinOp::Max, x, l(0.0)), neg)
+        }
+        Unary::Selu { alpha, gamma } => {
+            let neg = b(BinOp::Sub, b(BinOp::Mul, l(alpha as f64), u(UnOp::Exp, x.clone())), l(alpha as f64));
+            b(BinOp::Mul, l(gamma as f64), Expr::select(lt(l(0.0), x.clone()), x, neg))
+        }
+        Unary::HardSigmoid { alpha, beta } => clamp01(b(BinOp::Add, b(BinOp::Mul, l(alpha as f64), x), l(beta as f64)), t),
+        Unary::ThresholdedRelu { alpha } => Expr::select(lt(l(alpha as f64), x.clone()), x, l(0.0)),
+        Unary::Shrink { bias, lambd } => {
+            let (bi, la) = (l(bias as f64), l(lambd as f64));
+            let hi = Expr::select(lt(la.clone(), x.clone()), b(BinOp::Sub, x.clone(), bi.clone()), l(0.0));
+            Expr::select(lt(x.clone(), u(UnOp::Neg, la)), b(BinOp::Add, x, bi), hi)
+        }
+        Unary::Gelu { tanh: false } => {
+            let inner = b(BinOp::Add, l(1.0), u(UnOp::Erf, b(BinOp::Mul, x.clone(), l(std::f64::consts::FRAC_1_SQRT_2))));
+            b(BinOp::Mul, b(BinOp::Mul, l(0.5), x), inner)
+        }
+        Unary::Gelu { tanh: true } => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let cube = b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Mul, l(0.044715), x.clone()), x.clone()), x.clone());
+            let th = u(UnOp::Tanh, b(BinOp::Mul, l(c), b(BinOp::Add, x.clone(), cube)));
+            b(BinOp::Mul, b(BinOp::Mul, l(0.5), x), b(BinOp::Add, l(1.0), th))
+        }
+        Unary::IsNaN => b(BinOp::Ne, x.clone(), x),
+        Unary::IsInf { detect_negative, detect_positive } => {
+            let pos = b(BinOp::Eq, x.clone(), l(f64::INFINITY));
+            let neg = b(BinOp::Eq, x, l(f64::NEG_INFINITY));
+            match (detect_negative, detect_positive) {
+                (true, true) => b(BinOp::Or, pos, neg),
+                (false, true) => pos,
+                (true, false) => neg,
+                (false, false) => lit(0.0, Elem::Bool),
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Whether a unary op yields bool rather than its input type.
+pub fn unary_to_bool(op: Unary) -> bool {
+    matches!(op, Unary::IsNaN | Unary::IsInf { .. })
+}
+
+/// A binary op on `x`, `y` of compute type `t`. None if code generation lacks it.
+pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
+    Some(match op {
+        Binary::Add => b(BinOp::Add, x, y),
+        Binary::Sub => b(BinOp::Sub, x, y),
+        Binary::Mul => b(BinOp::Mul, x, y),
+        Binary::Div => b(BinOp::Div, x, y),
+        Binary::Pow if t.is_float() => b(BinOp::Pow, x, y),
+        Binary::Mod { fmod: true } => b(BinOp::Rem, x, y),
+        Binary::Mod { fmod: false } if !t.is_float() => {
+            // The result takes the divisor's sign (Python's %).
+            let r = b(BinOp::Rem, x, y.clone());
+            let zero = lit(0.0, t);
+            let fix = b(BinOp::And, b(BinOp::Ne, r.clone(), zero.clone()), b(BinOp::Ne, b(BinOp::Lt, r.clone(), zero.clone()), b(BinOp::Lt, y.clone(), zero)));
+            Expr::select(fix, b(BinOp::Add, r.clone(), y), r)
+        }
+        Binary::PRelu => Expr::select(b(BinOp::Lt, x.clone(), lit(0.0, t)), b(BinOp::Mul, y, x.clone()), x),
+        Binary::Equal => b(BinOp::Eq, x, y),
+        Binary::Greater => b(BinOp::Lt, y, x),
+        Binary::Less => b(BinOp::Lt, x, y),
+        Binary::GreaterOrEqual => b(BinOp::Le, y, x),
+        Binary::LessOrEqual => b(BinOp::Le, x, y),
+        Binary::And => b(BinOp::And, x, y),
+        Binary::Or => b(BinOp::Or, x, y),
+        Binary::Xor => b(BinOp::Ne, x, y),
+        _ => return None,
+    })
+}
+
+/// Folds a variadic op over its inputs' expressions (`Mean` divides by the count).
+pub fn nary(op: Nary, xs: Vec<Expr>, t: Elem) -> Option<Expr> {
+    let n = xs.len();
+    let o = match op {
+        Nary::Sum | Nary::Mean => BinOp::Add,
+        Nary::Max => BinOp::Max,
+        Nary::Min => BinOp::Min,
+    };
+    let folded = xs.into_iter().reduce(|a, c| b(o, a, c))?;
+    Some(if op == Nary::Mean { b(BinOp::Div, folded, lit(n as f64, t)) } else { folded })
+}

@@ -1,0 +1,366 @@
+//! One fusion group of the optimised graph -> one kernel IR kernel (its algorithm; schedules come after).
+//!
+//! Elementwise, view and injective members are *pulled*: the value of a member at an index is an
+//! expression over its inputs at mapped indices (broadcast, reshape, transpose, slice, concat, gather, pad,
+//! tile), so a chain of them costs one load per kernel input and one store. Every other member (MatMul,
+//! Gemm, Conv, pooling, reductions, Softmax, LayerNorm, Attention, ...) is an *anchor*: it gets its own loop
+//! nest, written into the kernel's output when it is the root and into a local buffer otherwise, and the
+//! members after it pull from there. Values from outside the kernel (graph inputs, weights, other kernels'
+//! outputs) are the kernel's parameters; single-element constants become literals.
+
+use crate::anchor;
+use crate::elementwise::{self as ew, compute, convert, elem, lit};
+use crate::error::{LowerError, Result};
+use mlopt_ir::{Graph, NodeId, Op, TensorType, Value};
+use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, Space, Stmt, Var};
+use std::collections::{HashMap, HashSet};
+
+/// What a kernel parameter is bound to in the graph.
+pub type Params = Vec<Value>;
+
+pub struct Lowerer<'g> {
+    pub g: &'g Graph,
+    members: HashSet<NodeId>,
+    pub k: Kernel,
+    /// Parameters in order, and the buffer each graph value has in this kernel (params or locals).
+    pub params: Params,
+    pub bufs: HashMap<Value, BufId>,
+    next_var: usize,
+}
+
+impl std::fmt::Debug for Lowerer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lowerer").field("kernel", &self.k.name).finish()
+    }
+}
+
+pub fn dims(t: &TensorType) -> Vec<u64> {
+    t.shape.iter().map(|d| *d as u64).collect()
+}
+
+/// Whether an op is lowered by pulling (an expression per output element).
+pub fn pulled(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::Pad { .. } | Op::Tile { .. }
+    )
+}
+
+impl<'g> Lowerer<'g> {
+    pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0 }
+    }
+
+    pub fn fresh(&mut self, prefix: &str) -> Var {
+        self.next_var += 1;
+        self.k.var(format!("{prefix}{}", self.next_var))
+    }
+
+    pub fn ty(&self, v: Value) -> &'g TensorType {
+        self.g.value_type(v)
+    }
+
+    pub fn unsupported(&self, n: NodeId, why: impl Into<String>) -> LowerError {
+        let node = self.g.node(n);
+        LowerError::Unsupported { node: node.name.clone(), op: node.op.name(), why: why.into() }
+    }
+
+    /// The buffer of a value that lives outside this kernel (a parameter), created on first use.
+    pub fn param(&mut self, v: Value) -> BufId {
+        if let Some(b) = self.bufs.get(&v) {
+            return *b;
+        }
+        let t = self.ty(v);
+        let name = format!("in{}", self.params.len());
+        let b = self.k.buf(name, elem(t.dtype), dims(t), Space::Global);
+        self.params.push(v);
+        self.bufs.insert(v, b);
+        b
+    }
+
+    /// Loops over `extents` (fresh variables named `prefix`) around the statements `body` builds.
+    pub fn nest(&mut self, prefix: &str, extents: &[u64], body: impl FnOnce(&mut Self, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
+        let vars: Vec<Var> = extents.iter().map(|_| self.fresh(prefix)).collect();
+        let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
+        let mut stmts = body(self, &idx)?;
+        for (v, e) in vars.iter().zip(extents).rev() {
+            stmts = vec![Stmt::For { var: *v, extent: *e, kind: mlopt_kir::LoopKind::Serial, body: stmts }];
+        }
+        Ok(stmts)
+    }
+
+    /// The expression for value `v` at `idx`, in `v`'s element type.
+    pub fn pull(&mut self, v: Value, idx: &[Expr]) -> Result<Expr> {
+        let n = v.node;
+        let node = self.g.node(n);
+        if let Op::Const(t) = &node.op {
+            if t.numel() == 1 && !matches!(t.dtype(), mlopt_ir::DType::F16 | mlopt_ir::DType::BF16) {
+                let e = elem(t.dtype());
+                return Ok(if e.is_float() { lit(t.to_f64_vec()[0], e) } else { lit(t.to_i64_vec()[0] as f64, e) });
+            }
+        }
+        if let Some(b) = self.bufs.get(&v) {
+            return Ok(Expr::load(*b, idx.to_vec()));
+        }
+        if !self.members.contains(&n) {
+            let b = self.param(v);
+            return Ok(Expr::load(b, idx.to_vec()));
+        }
+        if !pulled(&node.op) {
+            return Err(self.unsupported(n, "an anchor's value is read before it was computed"));
+        }
+        self.pull_op(n, v.output as usize, idx)
+    }
+
+    /// Pulls input `i` of `n` at the output index `idx` broadcast to the input's rank (numpy rules).
+    fn pull_broadcast(&mut self, n: NodeId, i: usize, idx: &[Expr]) -> Result<Expr> {
+        let v = self.input(n, i)?;
+        let shape = &self.ty(v).shape;
+        let skip = idx.len() - shape.len();
+        let ix: Vec<Expr> = shape.iter().enumerate().map(|(d, s)| if *s == 1 { Expr::int(0) } else { idx[skip + d].clone() }).collect();
+        self.pull(v, &ix)
+    }
+
+    pub fn input(&self, n: NodeId, i: usize) -> Result<Value> {
+        self.g.inputs(n).get(i).copied().flatten().ok_or_else(|| self.unsupported(n, format!("input {i} is missing")))
+    }
+
+    pub fn has_input(&self, n: NodeId, i: usize) -> bool {
+        self.g.inputs(n).get(i).copied().flatten().is_some()
+    }
+
+    /// Pulls input `i` converted to the compute type of `t`.
+    fn pull_as(&mut self, n: NodeId, i: usize, idx: &[Expr], t: Elem) -> Result<Expr> {
+        let from = elem(self.ty(self.input(n, i)?).dtype);
+        let e = self.pull_broadcast(n, i, idx)?;
+        Ok(convert(e, from, t))
+    }
+
+    fn pull_op(&mut self, n: NodeId, out: usize, idx: &[Expr]) -> Result<Expr> {
+        let node = self.g.node(n);
+        let out_t = elem(node.outputs[out].dtype);
+        let in0 = elem(self.ty(self.input(n, 0)?).dtype);
+        let ct = compute(in0);
+        let arity = self.g.inputs(n).len();
+        let e = match &node.op {
+            Op::Unary(u) => {
+                let x = self.pull_as(n, 0, idx, ct)?;
+                let r = ew::unary(*u, x, ct).ok_or_else(|| self.unsupported(n, format!("no code generation for {u:?} on {in0}")))?;
+                return Ok(if ew::unary_to_bool(*u) { r } else { convert(r, ct, out_t) });
+            }
+            Op::Binary(b) => {
+                let x = self.pull_as(n, 0, idx, ct)?;
+                let y = self.pull_as(n, 1, idx, ct)?;
+                let r = ew::binary(*b, x, y, ct).ok_or_else(|| self.unsupported(n, format!("no code generation for {b:?} on {in0}")))?;
+                return Ok(if out_t == Elem::Bool { r } else { convert(r, ct, out_t) });
+            }
+            Op::Nary(o) => {
+                let xs = (0..arity).map(|i| self.pull_as(n, i, idx, ct)).collect::<Result<Vec<_>>>()?;
+                ew::nary(*o, xs, ct).ok_or_else(|| self.unsupported(n, "no inputs"))?
+            }
+            Op::Where => {
+                let t = compute(elem(node.outputs[0].dtype));
+                let c = self.pull_broadcast(n, 0, idx)?;
+                let (x, y) = (self.pull_as(n, 1, idx, t)?, self.pull_as(n, 2, idx, t)?);
+                return Ok(convert(Expr::select(c, x, y), t, out_t));
+            }
+            Op::Clip => {
+                let mut x = self.pull_as(n, 0, idx, ct)?;
+                if self.has_input(n, 1) {
+                    x = Expr::bin(BinOp::Max, x, self.pull_as(n, 1, idx, ct)?);
+                }
+                if self.has_input(n, 2) {
+                    x = Expr::bin(BinOp::Min, x, self.pull_as(n, 2, idx, ct)?);
+                }
+                x
+            }
+            Op::Cast { .. } => {
+                let x = self.pull_broadcast(n, 0, idx)?;
+                return Ok(convert(x, in0, out_t));
+            }
+            Op::BatchNorm { epsilon } => {
+                // (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).
+                let ch = if idx.len() > 1 { vec![idx[1].clone()] } else { vec![Expr::int(0)] };
+                let x = self.pull_as(n, 0, idx, ct)?;
+                let mut p = Vec::new();
+                for i in 1..5 {
+                    let v = self.input(n, i)?;
+                    let from = elem(self.ty(v).dtype);
+                    let e = self.pull(v, &ch)?;
+                    p.push(convert(e, from, ct));
+                }
+                let inv = Expr::bin(BinOp::Div, lit(1.0, ct), Expr::un(mlopt_kir::UnOp::Sqrt, Expr::bin(BinOp::Add, p[3].clone(), lit(*epsilon as f64, ct))));
+                let norm = Expr::bin(BinOp::Mul, Expr::bin(BinOp::Sub, x, p[2].clone()), inv);
+                Expr::bin(BinOp::Add, Expr::bin(BinOp::Mul, norm, p[0].clone()), p[1].clone())
+            }
+            _ => return self.pull_view(n, out, idx),
+        };
+        Ok(convert(e, ct, out_t))
+    }
+
+    /// Views and injective layout ops: the output index maps to one input index.
+    fn pull_view(&mut self, n: NodeId, out: usize, idx: &[Expr]) -> Result<Expr> {
+        let node = self.g.node(n);
+        let x = self.input(n, 0)?;
+        let in_shape: Vec<i64> = self.ty(x).shape.iter().map(|d| *d as i64).collect();
+        let out_shape: Vec<i64> = node.outputs[out].shape.iter().map(|d| *d as i64).collect();
+        match &node.op {
+            Op::Reshape { .. } => {
+                let flat = linear(idx, &out_shape);
+                let ix = delinear(flat, &in_shape);
+                self.pull(x, &ix)
+            }
+            Op::Transpose { perm } => {
+                let mut ix = vec![Expr::int(0); idx.len()];
+                for (i, p) in perm.iter().enumerate() {
+                    ix[*p] = idx[i].clone();
+                }
+                self.pull(x, &ix)
+            }
+            Op::Expand { .. } => self.pull_broadcast(n, 0, idx),
+            Op::Slice { starts, steps, .. } => {
+                let ix = idx.iter().enumerate().map(|(a, e)| Expr::add(Expr::int(starts[a] as i64), Expr::mul(Expr::int(steps[a]), e.clone()))).collect::<Vec<_>>();
+                self.pull(x, &ix)
+            }
+            Op::Tile { .. } => {
+                let ix = idx.iter().enumerate().map(|(a, e)| Expr::rem(e.clone(), Expr::int(in_shape[a]))).collect::<Vec<_>>();
+                self.pull(x, &ix)
+            }
+            Op::Split { axis, sizes } => {
+                let off: i64 = sizes[..out].iter().map(|s| *s as i64).sum();
+                let mut ix = idx.to_vec();
+                ix[*axis] = Expr::add(idx[*axis].clone(), Expr::int(off));
+                self.pull(x, &ix)
+            }
+            Op::Concat { axis } => {
+                let arity = self.g.inputs(n).len();
+                let mut parts = Vec::new();
+                let mut off = 0i64;
+                for i in 0..arity {
+                    let v = self.input(n, i)?;
+                    let len = self.ty(v).shape[*axis] as i64;
+                    if len == 0 {
+                        continue;
+                    }
+                    let mut ix = idx.to_vec();
+                    ix[*axis] = clamp(Expr::sub(idx[*axis].clone(), Expr::int(off)), len);
+                    parts.push((off + len, self.pull(v, &ix)?));
+                    off += len;
+                }
+                let (_, mut e) = parts.pop().ok_or_else(|| self.unsupported(n, "no non-empty input"))?;
+                while let Some((end, p)) = parts.pop() {
+                    e = Expr::select(Expr::bin(BinOp::Lt, idx[*axis].clone(), Expr::int(end)), p, e);
+                }
+                Ok(e)
+            }
+            Op::Gather { axis } => {
+                let ind = self.input(n, 1)?;
+                let ind_t = elem(self.ty(ind).dtype);
+                let r = self.ty(ind).shape.len();
+                let raw = self.pull(ind, &idx[*axis..*axis + r])?;
+                let i = convert(raw, ind_t, Elem::I64);
+                let len = in_shape[*axis];
+                let wrapped = Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i);
+                let mut ix: Vec<Expr> = idx[..*axis].to_vec();
+                ix.push(clamp(wrapped, len));
+                ix.extend_from_slice(&idx[*axis + r..]);
+                self.pull(x, &ix)
+            }
+            Op::Pad { pads, mode, value } => {
+                let rank = in_shape.len();
+                let t = elem(self.ty(x).dtype);
+                let mut inside = None;
+                let mut ix = Vec::new();
+                for a in 0..rank {
+                    let src = Expr::sub(idx[a].clone(), Expr::int(pads[a]));
+                    let len = in_shape[a];
+                    let mapped = match mode {
+                        mlopt_ir::PadMode::Constant => {
+                            if pads[a] > 0 || pads[a + rank] > 0 {
+                                let ok = Expr::bin(BinOp::And, Expr::bin(BinOp::Le, Expr::int(0), src.clone()), Expr::bin(BinOp::Lt, src.clone(), Expr::int(len)));
+                                inside = Some(match inside {
+                                    None => ok,
+                                    Some(p) => Expr::bin(BinOp::And, p, ok),
+                                });
+                            }
+                            clamp(src, len)
+                        }
+                        mlopt_ir::PadMode::Edge => clamp(src, len),
+                        _ => return Err(self.unsupported(n, format!("pad mode {mode:?}"))),
+                    };
+                    ix.push(mapped);
+                }
+                let e = self.pull(x, &ix)?;
+                Ok(match inside {
+                    Some(c) => Expr::select(c, e, lit(*value, t)),
+                    None => e,
+                })
+            }
+            _ => Err(self.unsupported(n, "no code generation for this op yet")),
+        }
+    }
+
+    /// Lowers the kernel: anchors in order, then the root's outputs.
+    pub fn lower(mut self, order: &[NodeId], root: NodeId, outputs: &[(Value, BufId)]) -> Result<(Kernel, Params)> {
+        for &n in order {
+            let node = self.g.node(n);
+            if !self.members.contains(&n) || pulled(&node.op) {
+                continue;
+            }
+            let dsts: Vec<BufId> = (0..node.outputs.len())
+                .map(|o| {
+                    let v = Value { node: n, output: o as u32 };
+                    match outputs.iter().find(|(ov, _)| *ov == v) {
+                        Some((_, b)) => *b,
+                        None => {
+                            let t = &node.outputs[o];
+                            self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local)
+                        }
+                    }
+                })
+                .collect();
+            let stmts = anchor::lower(&mut self, n, &dsts)?;
+            self.k.body.extend(stmts);
+            for (o, b) in dsts.iter().enumerate() {
+                self.bufs.insert(Value { node: n, output: o as u32 }, *b);
+            }
+        }
+        if pulled(&self.g.node(root).op) {
+            for (v, b) in outputs {
+                let shape = dims(self.ty(*v));
+                let (v, b) = (*v, *b);
+                let stmts = self.nest("i", &shape, |l, idx| {
+                    let e = l.pull_op(v.node, v.output as usize, idx)?;
+                    Ok(vec![Stmt::Store { buf: b, index: idx.to_vec(), value: e }])
+                })?;
+                self.k.body.extend(stmts);
+            }
+        }
+        Ok((self.k, self.params))
+    }
+}
+
+/// Row-major linear index of `idx` in `shape`.
+pub fn linear(idx: &[Expr], shape: &[i64]) -> Expr {
+    let mut e = Expr::int(0);
+    for (i, s) in idx.iter().zip(shape) {
+        e = Expr::add(Expr::mul(e, Expr::int(*s)), i.clone());
+    }
+    e
+}
+
+/// The index of linear position `flat` in `shape`.
+pub fn delinear(flat: Expr, shape: &[i64]) -> Vec<Expr> {
+    let mut out = vec![Expr::int(0); shape.len()];
+    let mut stride = 1i64;
+    for a in (0..shape.len()).rev() {
+        out[a] = if a == 0 { Expr::div(flat.clone(), Expr::int(stride)) } else { Expr::rem(Expr::div(flat.clone(), Expr::int(stride)), Expr::int(shape[a])) };
+        stride *= shape[a];
+    }
+    out
+}
+
+/// `e` clamped into 0..len, so a load in an unselected branch of a select stays in bounds.
+pub fn clamp(e: Expr, len: i64) -> Expr {
+    Expr::bin(BinOp::Max, Expr::bin(BinOp::Min, e, Expr::int(len - 1)), Expr::int(0))
+}
