@@ -1,1 +1,15 @@
-//! placeholder
+//! mlopt's code generator: kernel IR programs -> LLVM IR -> optimised (`default<O3>`) position-independent
+//! x86-64 objects for the host's features or a named level (x86-64-v3 = AVX2, x86-64-v4 = AVX-512).
+//!
+//! Architecture invariant: the only crate that links LLVM (through inkwell); it sees the kernel IR only.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod codegen;
+pub mod error;
+mod math;
+mod parallel;
+mod program;
+
+pub use error::{LlvmError, Result};
+pub use program::{c_name, compile, CpuTarget, Output};

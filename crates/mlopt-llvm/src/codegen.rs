@@ -1,0 +1,615 @@
+//! Kernel IR -> LLVM IR. Each kernel is a function over its parameter pointers; a program adds its
+//! weights as constant globals and one entry point, `mlopt_<name>_run(arena, inputs, outputs)`, that calls
+//! the kernels in order on pointers into the arena, the caller's buffers and the weights.
+//!
+//! Loops become counted loops over an `i64` induction variable. A `vector<W>` loop steps by W and evaluates
+//! its body on W lanes at once: a load whose flat index moves by one element per lane is one vector load,
+//! a load that does not depend on the lane is a scalar load broadcast to all lanes, anything else a gather;
+//! stores likewise. A `local` buffer used only inside one vector loop is private to each lane (the
+//! accumulators lowering writes), so it is held as vectors. `unrolled` loops are emitted once per
+//! iteration with the variable a constant. Parallel loops are outlined into a function the runtime's
+//! thread pool calls over index ranges (`parallel.rs`).
+
+// GEP construction is `unsafe` in inkwell because a wrong index makes IR that reads out of bounds when
+// *run*; every index emitted here comes from a kernel the verifier proved in bounds.
+#![allow(unsafe_code)]
+
+use crate::error::{LlvmError, Result};
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module;
+use inkwell::types::{BasicType, BasicTypeEnum};
+use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use std::collections::{HashMap, HashSet};
+
+pub type Ret<T> = Result<T>;
+
+pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
+    match e {
+        Elem::F32 => c.f32_type().into(),
+        Elem::F16 => c.f16_type().into(),
+        Elem::BF16 => c.bf16_type().into(),
+        Elem::F64 => c.f64_type().into(),
+        Elem::I8 | Elem::U8 | Elem::Bool => c.i8_type().into(),
+        Elem::I32 => c.i32_type().into(),
+        Elem::I64 => c.i64_type().into(),
+    }
+}
+
+/// The register type of an element: bools are `i1` in registers and `i8` in memory.
+fn reg_ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
+    if e == Elem::Bool {
+        c.bool_type().into()
+    } else {
+        ty(c, e)
+    }
+}
+
+/// Where a loop variable's value is: a scalar counter, or the counter of a vector loop (lane i = base + i).
+#[derive(Clone, Copy)]
+pub(crate) enum VarVal<'c> {
+    Scalar(IntValue<'c>),
+    Lanes(IntValue<'c>),
+}
+
+pub struct Gen<'a, 'c> {
+    pub c: &'c Context,
+    pub m: &'a Module<'c>,
+    pub b: Builder<'c>,
+    pub k: &'a Kernel,
+    pub f: FunctionValue<'c>,
+    /// Base pointer of every buffer.
+    pub ptrs: HashMap<BufId, PointerValue<'c>>,
+    pub(crate) vars: HashMap<Var, VarVal<'c>>,
+    /// Lanes of the vector loop being emitted, and the lane-private local buffers.
+    width: Option<u32>,
+    private: HashMap<BufId, PointerValue<'c>>,
+    strides: Vec<Vec<u64>>,
+}
+
+fn err(what: impl Into<String>) -> LlvmError {
+    LlvmError::Codegen(what.into())
+}
+
+impl<'a, 'c> Gen<'a, 'c> {
+    pub fn new(c: &'c Context, m: &'a Module<'c>, k: &'a Kernel, f: FunctionValue<'c>) -> Self {
+        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new(), strides: k.bufs.iter().map(|b| b.strides()).collect() }
+    }
+
+    fn i64(&self, v: i64) -> IntValue<'c> {
+        self.c.i64_type().const_int(v as u64, true)
+    }
+
+    /// Allocates the kernel's local buffers at the top of the function.
+    pub fn alloc_locals(&mut self) -> Ret<()> {
+        for (i, buf) in self.k.bufs.iter().enumerate() {
+            if buf.space == Space::Local {
+                let t = ty(self.c, buf.elem);
+                let n = buf.numel().max(1);
+                let p = self.b.build_array_alloca(t, self.i64(n as i64), &buf.name)?;
+                p.as_instruction().map(|ins| ins.set_alignment(64));
+                self.ptrs.insert(BufId(i as u32), p);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn block(&mut self, body: &[Stmt]) -> Ret<()> {
+        for s in body {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Ret<()> {
+        match s {
+            Stmt::For { var, extent, kind, body } => self.for_loop(*var, *extent, *kind, body),
+            Stmt::Store { buf, index, value } => self.store(*buf, index, value),
+            Stmt::If { cond, then } => {
+                let c = self.eval(cond)?;
+                if c.is_vector_value() {
+                    return Err(err(format!("@{}: a guard that differs between lanes in a vector loop", self.k.name)));
+                }
+                let (yes, done) = (self.c.append_basic_block(self.f, "then"), self.c.append_basic_block(self.f, "endif"));
+                self.b.build_conditional_branch(c.into_int_value(), yes, done)?;
+                self.b.position_at_end(yes);
+                self.block(then)?;
+                self.b.build_unconditional_branch(done)?;
+                self.b.position_at_end(done);
+                Ok(())
+            }
+            Stmt::Barrier => Err(err("barrier in a CPU kernel")),
+        }
+    }
+
+    /// A counted loop `for v in (0..extent).step_by(step)`; `body` gets the counter.
+    pub fn counted(&mut self, name: &str, begin: IntValue<'c>, end: IntValue<'c>, step: u64, body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>) -> Ret<()> {
+        let i64t = self.c.i64_type();
+        let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
+        // The counter lives in an entry-block alloca; mem2reg makes it a phi.
+        let here = self.b.get_insert_block().ok_or_else(|| err("builder not positioned"))?;
+        match entry.get_first_instruction() {
+            Some(first) => self.b.position_before(&first),
+            None => self.b.position_at_end(entry),
+        }
+        let slot = self.b.build_alloca(i64t, name)?;
+        self.b.position_at_end(here);
+        self.b.build_store(slot, begin)?;
+        let (head, bodyb, done) = (self.c.append_basic_block(self.f, &format!("{name}.head")), self.c.append_basic_block(self.f, &format!("{name}.body")), self.c.append_basic_block(self.f, &format!("{name}.end")));
+        self.b.build_unconditional_branch(head)?;
+        self.b.position_at_end(head);
+        let i = self.b.build_load(i64t, slot, name)?.into_int_value();
+        let more = self.b.build_int_compare(IntPredicate::SLT, i, end, "more")?;
+        self.b.build_conditional_branch(more, bodyb, done)?;
+        self.b.position_at_end(bodyb);
+        body(self, i)?;
+        let next = self.b.build_int_add(i, i64t.const_int(step, false), "next")?;
+        self.b.build_store(slot, next)?;
+        self.b.build_unconditional_branch(head)?;
+        self.b.position_at_end(done);
+        Ok(())
+    }
+
+    fn for_loop(&mut self, var: Var, extent: u64, kind: LoopKind, body: &[Stmt]) -> Ret<()> {
+        let name = self.k.var_name(var).replace('.', "_");
+        match kind {
+            LoopKind::Unrolled => {
+                for i in 0..extent {
+                    self.vars.insert(var, VarVal::Scalar(self.i64(i as i64)));
+                    self.block(body)?;
+                }
+                Ok(())
+            }
+            LoopKind::Vector(w) if self.width.is_none() => {
+                let private = self.private_locals(body, w)?;
+                self.width = Some(w);
+                let saved = std::mem::replace(&mut self.private, private);
+                let (zero, end) = (self.i64(0), self.i64(extent as i64));
+                let r = self.counted(&name, zero, end, w as u64, &mut |g, i| {
+                    g.vars.insert(var, VarVal::Lanes(i));
+                    g.block(body)
+                });
+                self.width = None;
+                self.private = saved;
+                r
+            }
+            LoopKind::Parallel if self.width.is_none() => crate::parallel::parallel_loop(self, var, extent, body),
+            _ => {
+                let (zero, end) = (self.i64(0), self.i64(extent as i64));
+                self.counted(&name, zero, end, 1, &mut |g, i| {
+                    g.vars.insert(var, VarVal::Scalar(i));
+                    g.block(body)
+                })
+            }
+        }
+    }
+
+    /// Local buffers accessed only inside `body`: each lane of a vector loop gets its own copy.
+    fn private_locals(&mut self, body: &[Stmt], w: u32) -> Ret<HashMap<BufId, PointerValue<'c>>> {
+        let inside = used_bufs(body);
+        let outside = {
+            let mut all = used_bufs(&self.k.body);
+            // Buffers used anywhere else in the kernel are shared; approximate "anywhere else" by counting
+            // uses: a buffer is private when every use is in `body`.
+            all.retain(|b, n| inside.get(b) != Some(n));
+            all
+        };
+        let mut out = HashMap::new();
+        for (b, _) in inside {
+            let buf = self.k.buffer(b);
+            if buf.space != Space::Local || outside.contains_key(&b) {
+                continue;
+            }
+            let vt = reg_ty(self.c, buf.elem);
+            let vec_t = vector_type(vt, w);
+            let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
+            let here = self.b.get_insert_block().ok_or_else(|| err("builder not positioned"))?;
+            match entry.get_first_instruction() {
+                Some(first) => self.b.position_before(&first),
+                None => self.b.position_at_end(entry),
+            }
+            let p = self.b.build_array_alloca(vec_t, self.i64(buf.numel().max(1) as i64), &format!("{}.lanes", buf.name))?;
+            self.b.position_at_end(here);
+            out.insert(b, p);
+        }
+        Ok(out)
+    }
+
+    fn flat(&self, b: BufId, index: &[Expr]) -> Expr {
+        let mut e = Expr::int(0);
+        for (i, s) in index.iter().zip(&self.strides[b.0 as usize]) {
+            e = Expr::add(e, Expr::mul(i.clone(), Expr::int(*s as i64)));
+        }
+        e
+    }
+
+    /// The vector loop's variable, when emitting a vector loop.
+    fn lane_var(&self) -> Option<Var> {
+        self.vars.iter().find_map(|(v, x)| matches!(x, VarVal::Lanes(_)).then_some(*v))
+    }
+
+    fn uniform(&self, e: &Expr) -> bool {
+        match self.lane_var() {
+            None => true,
+            Some(v) => !e.uses(v) && !self.reads_private(e),
+        }
+    }
+
+    fn reads_private(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Load(b, ix) => self.private.contains_key(b) || ix.iter().any(|x| self.reads_private(x)),
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => false,
+            Expr::Unary(_, a) | Expr::Cast(_, a) => self.reads_private(a),
+            Expr::Binary(_, a, b) => self.reads_private(a) || self.reads_private(b),
+            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => self.reads_private(a) || self.reads_private(b) || self.reads_private(c),
+        }
+    }
+
+    /// Evaluates an index expression as one scalar (the lane variable taken at lane 0).
+    fn scalar_index(&mut self, e: &Expr) -> Ret<IntValue<'c>> {
+        let saved = self.width.take();
+        let lanes: Vec<(Var, VarVal<'c>)> = self.vars.iter().filter(|(_, x)| matches!(x, VarVal::Lanes(_))).map(|(v, x)| (*v, *x)).collect();
+        for (v, x) in &lanes {
+            if let VarVal::Lanes(i) = x {
+                self.vars.insert(*v, VarVal::Scalar(*i));
+            }
+        }
+        let r = self.eval(e);
+        for (v, x) in lanes {
+            self.vars.insert(v, x);
+        }
+        self.width = saved;
+        Ok(r?.into_int_value())
+    }
+
+    fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
+        let base = *self.ptrs.get(&b).ok_or_else(|| err(format!("no pointer for %{}", self.k.buffer(b).name)))?;
+        let t = ty(self.c, self.k.buffer(b).elem);
+        // SAFETY: see the module comment; the index is in bounds by verification.
+        Ok(unsafe { self.b.build_in_bounds_gep(t, base, &[flat], "p")? })
+    }
+
+    /// How the flat index moves with the lane: Some(0) uniform, Some(1) contiguous, None otherwise.
+    fn lane_stride(&self, flat: &Expr) -> Option<i64> {
+        let v = self.lane_var()?;
+        if self.uniform(flat) {
+            return Some(0);
+        }
+        coefficient(flat, v).filter(|_| !self.reads_private(flat))
+    }
+
+    fn load(&mut self, b: BufId, index: &[Expr]) -> Ret<BasicValueEnum<'c>> {
+        let elem = self.k.buffer(b).elem;
+        let t = ty(self.c, elem);
+        let flat = self.flat(b, index);
+        if let Some(p) = self.private.get(&b).copied() {
+            let w = self.width.unwrap_or(1);
+            let i = self.scalar_index(&flat)?;
+            // SAFETY: in bounds by verification.
+            let ptr = unsafe { self.b.build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "lp")? };
+            return Ok(self.b.build_load(vector_type(reg_ty(self.c, elem), w), ptr, "priv")?);
+        }
+        match (self.width, self.lane_stride(&flat)) {
+            (None, _) | (Some(_), Some(0)) => {
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                let v = self.b.build_load(t, p, "ld")?;
+                let v = self.from_mem(v, elem)?;
+                self.widen(v)
+            }
+            (Some(w), Some(1)) => {
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                let v = self.b.build_load(vector_type(t, w), p, "vld")?;
+                v.as_instruction_value().map(|ins| ins.set_alignment(elem.size() as u32));
+                self.from_mem(v, elem)
+            }
+            (Some(w), _) => {
+                let idx = self.eval(&flat)?.into_vector_value();
+                let mut acc = vector_type(t, w).const_zero().as_basic_value_enum();
+                for lane in 0..w {
+                    let i = self.b.build_extract_element(idx, self.c.i32_type().const_int(lane as u64, false), "ix")?.into_int_value();
+                    let p = self.elem_ptr(b, i)?;
+                    let x = self.b.build_load(t, p, "gld")?;
+                    acc = self.b.build_insert_element(acc.into_vector_value(), x, self.c.i32_type().const_int(lane as u64, false), "g")?.into();
+                }
+                self.from_mem(acc, elem)
+            }
+        }
+    }
+
+    fn store(&mut self, b: BufId, index: &[Expr], value: &Expr) -> Ret<()> {
+        let elem = self.k.buffer(b).elem;
+        let t = ty(self.c, elem);
+        let v = self.eval(value)?;
+        let flat = self.flat(b, index);
+        if let Some(p) = self.private.get(&b).copied() {
+            let w = self.width.unwrap_or(1);
+            let i = self.scalar_index(&flat)?;
+            let v = self.widen(v)?;
+            // SAFETY: in bounds by verification.
+            let ptr = unsafe { self.b.build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "sp")? };
+            self.b.build_store(ptr, v)?;
+            return Ok(());
+        }
+        match (self.width, self.lane_stride(&flat)) {
+            (None, _) => {
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                let v = self.to_mem(v, elem)?;
+                self.b.build_store(p, v)?;
+            }
+            (Some(w), Some(1)) => {
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                let v = self.widen(v)?;
+                let v = self.to_mem(v, elem)?;
+                let st = self.b.build_store(p, v)?;
+                st.set_alignment(elem.size() as u32).map_err(|e| err(e.to_string()))?;
+                let _ = w;
+            }
+            (Some(w), _) => {
+                let idx = self.eval(&flat)?;
+                let v = self.widen(v)?;
+                let v = self.to_mem(v, elem)?.into_vector_value();
+                for lane in 0..w {
+                    let l = self.c.i32_type().const_int(lane as u64, false);
+                    let i = if idx.is_vector_value() { self.b.build_extract_element(idx.into_vector_value(), l, "ix")?.into_int_value() } else { idx.into_int_value() };
+                    let p = self.elem_ptr(b, i)?;
+                    let x = self.b.build_extract_element(v, l, "sx")?;
+                    self.b.build_store(p, x)?;
+                }
+                let _ = t;
+            }
+        }
+        Ok(())
+    }
+
+    /// Memory -> register form (i8 bools become i1).
+    fn from_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
+        if e != Elem::Bool {
+            return Ok(v);
+        }
+        let zero = const_like(self.c, v, 0.0, Elem::U8);
+        Ok(int_cmp(&self.b, IntPredicate::NE, v, zero)?)
+    }
+
+    fn to_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
+        if e != Elem::Bool {
+            return Ok(v);
+        }
+        let t = match v {
+            BasicValueEnum::VectorValue(x) => self.c.i8_type().vec_type(x.get_type().get_size()).as_basic_type_enum(),
+            _ => self.c.i8_type().into(),
+        };
+        Ok(self.b.build_cast(inkwell::values::InstructionOpcode::ZExt, v, t, "b8")?)
+    }
+
+    /// A scalar broadcast to the vector width when emitting a vector loop.
+    fn widen(&mut self, v: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+        match self.width {
+            Some(w) if !v.is_vector_value() => {
+                let vt = vector_type(v.get_type(), w).into_vector_type();
+                let undef = vt.get_undef();
+                let one = self.b.build_insert_element(undef, v, self.c.i32_type().const_zero(), "s")?;
+                let mask = self.c.i32_type().vec_type(w).const_zero();
+                Ok(self.b.build_shuffle_vector(one, undef, mask, "splat")?.into())
+            }
+            _ => Ok(v),
+        }
+    }
+
+    pub fn eval(&mut self, e: &Expr) -> Ret<BasicValueEnum<'c>> {
+        let v: BasicValueEnum<'c> = match e {
+            Expr::Int(x) => self.i64(*x).into(),
+            Expr::Float(x, t) => reg_ty(self.c, *t).into_float_type().const_float(*x).into(),
+            Expr::Var(v) => match self.vars.get(v).copied() {
+                Some(VarVal::Scalar(i)) => i.into(),
+                Some(VarVal::Lanes(i)) => {
+                    let w = self.width.unwrap_or(1);
+                    let base = self.widen(i.into())?;
+                    let iota: Vec<IntValue> = (0..w).map(|l| self.i64(l as i64)).collect();
+                    let iota = inkwell::types::VectorType::const_vector(&iota);
+                    self.b.build_int_add(base.into_vector_value(), iota, "lane")?.into()
+                }
+                None => return Err(err(format!("@{}: variable {} has no value", self.k.name, v.0))),
+            },
+            Expr::Load(b, ix) => return self.load(*b, ix),
+            Expr::Unary(o, a) => {
+                let t = elem_of(self.k, a);
+                let x = self.eval(a)?;
+                crate::math::unary(self, *o, x, t)?
+            }
+            Expr::Binary(o, a, b) => {
+                let t = elem_of(self.k, a);
+                let (x, y) = (self.eval(a)?, self.eval(b)?);
+                let (x, y) = self.same_shape(x, y)?;
+                crate::math::binary(self, *o, x, y, t)?
+            }
+            Expr::Fma(a, b, c) => {
+                let (x, y, z) = (self.eval(a)?, self.eval(b)?, self.eval(c)?);
+                let (x, y) = self.same_shape(x, y)?;
+                let (x, z) = self.same_shape(x, z)?;
+                let (y, _) = self.same_shape(y, x)?;
+                self.intrinsic("llvm.fma", &[x, y, z])?
+            }
+            Expr::Select(c, a, b) => {
+                let (cv, x, y) = (self.eval(c)?, self.eval(a)?, self.eval(b)?);
+                let (x, y) = self.same_shape(x, y)?;
+                let (cv, x) = self.same_shape(cv, x)?;
+                let (y, _) = self.same_shape(y, x)?;
+                match cv {
+                    BasicValueEnum::VectorValue(c) => self.b.build_select(c, x, y, "sel")?,
+                    c => self.b.build_select(c.into_int_value(), x, y, "sel")?,
+                }
+            }
+            Expr::Cast(t, a) => {
+                let from = elem_of(self.k, a);
+                let x = self.eval(a)?;
+                crate::math::cast(self, x, from, *t)?
+            }
+        };
+        Ok(v)
+    }
+
+    /// Broadcasts whichever operand is scalar when the other is a vector.
+    fn same_shape(&mut self, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<(BasicValueEnum<'c>, BasicValueEnum<'c>)> {
+        match (x.is_vector_value(), y.is_vector_value()) {
+            (true, false) => Ok((x, self.widen(y)?)),
+            (false, true) => Ok((self.widen(x)?, y)),
+            _ => Ok((x, y)),
+        }
+    }
+
+    /// Calls an overloaded LLVM intrinsic on the arguments' type.
+    pub fn intrinsic(&mut self, name: &str, args: &[BasicValueEnum<'c>]) -> Ret<BasicValueEnum<'c>> {
+        let i = Intrinsic::find(name).ok_or_else(|| err(format!("no intrinsic {name}")))?;
+        let f = i.get_declaration(self.m, &[args[0].get_type()]).ok_or_else(|| err(format!("no declaration of {name}")))?;
+        let a: Vec<inkwell::values::BasicMetadataValueEnum> = args.iter().map(|x| (*x).into()).collect();
+        self.b.build_call(f, &a, name)?.try_as_basic_value().basic().ok_or_else(|| err(format!("{name} returned nothing")))
+    }
+}
+
+pub fn vector_type<'c>(t: BasicTypeEnum<'c>, w: u32) -> BasicTypeEnum<'c> {
+    match t {
+        BasicTypeEnum::FloatType(f) => f.vec_type(w).into(),
+        BasicTypeEnum::IntType(i) => i.vec_type(w).into(),
+        BasicTypeEnum::PointerType(p) => p.vec_type(w).into(),
+        t => t,
+    }
+}
+
+/// A constant with `v`'s shape (scalar or vector) holding `x` of element type `e`.
+pub fn const_like<'c>(c: &'c Context, v: BasicValueEnum<'c>, x: f64, e: Elem) -> BasicValueEnum<'c> {
+    let scalar: BasicValueEnum<'c> = if e.is_float() { reg_ty(c, e).into_float_type().const_float(x).into() } else { reg_ty(c, e).into_int_type().const_int(x as i64 as u64, true).into() };
+    match v {
+        BasicValueEnum::VectorValue(vv) => {
+            let n = vv.get_type().get_size();
+            match scalar {
+                BasicValueEnum::FloatValue(f) => inkwell::types::VectorType::const_vector(&vec![f; n as usize]).into(),
+                BasicValueEnum::IntValue(i) => inkwell::types::VectorType::const_vector(&vec![i; n as usize]).into(),
+                s => s,
+            }
+        }
+        _ => scalar,
+    }
+}
+
+pub fn int_cmp<'c>(b: &Builder<'c>, p: IntPredicate, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    Ok(match (x, y) {
+        (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => b.build_int_compare(p, x, y, "icmp")?.into(),
+        (x, y) => b.build_int_compare(p, x.into_int_value(), y.into_int_value(), "icmp")?.into(),
+    })
+}
+
+pub fn float_cmp<'c>(b: &Builder<'c>, p: FloatPredicate, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    Ok(match (x, y) {
+        (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => b.build_float_compare(p, x, y, "fcmp")?.into(),
+        (x, y) => b.build_float_compare(p, x.into_float_value(), y.into_float_value(), "fcmp")?.into(),
+    })
+}
+
+/// The element type of an expression in a verified kernel.
+pub fn elem_of(k: &Kernel, e: &Expr) -> Elem {
+    match e {
+        Expr::Int(_) | Expr::Var(_) => Elem::I64,
+        Expr::Float(_, t) | Expr::Cast(t, _) => *t,
+        Expr::Load(b, _) => k.buffer(*b).elem,
+        Expr::Unary(_, a) | Expr::Fma(a, _, _) | Expr::Select(_, a, _) => elem_of(k, a),
+        Expr::Binary(o, a, _) => {
+            if o.is_compare() {
+                Elem::Bool
+            } else {
+                elem_of(k, a)
+            }
+        }
+    }
+}
+
+/// How `e` changes when `v` grows by one, if `e` is affine in `v` (Some(0) when it does not use it).
+pub fn coefficient(e: &Expr, v: Var) -> Option<i64> {
+    if !e.uses(v) {
+        return Some(0);
+    }
+    match e {
+        Expr::Var(w) if *w == v => Some(1),
+        Expr::Binary(BinOp::Add, a, b) => Some(coefficient(a, v)? + coefficient(b, v)?),
+        Expr::Binary(BinOp::Sub, a, b) => Some(coefficient(a, v)? - coefficient(b, v)?),
+        Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (Expr::Int(c), x) | (x, Expr::Int(c)) => Some(c * coefficient(x, v)?),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// How many times each buffer is accessed in `body`.
+pub(crate) fn used_bufs(body: &[Stmt]) -> HashMap<BufId, usize> {
+    fn expr(e: &Expr, out: &mut HashMap<BufId, usize>) {
+        match e {
+            Expr::Load(b, ix) => {
+                *out.entry(*b).or_default() += 1;
+                ix.iter().for_each(|x| expr(x, out));
+            }
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
+            Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, out),
+            Expr::Binary(_, a, b) => {
+                expr(a, out);
+                expr(b, out);
+            }
+            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
+                expr(a, out);
+                expr(b, out);
+                expr(c, out);
+            }
+        }
+    }
+    fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>) {
+        for s in body {
+            match s {
+                Stmt::For { body, .. } => stmts(body, out),
+                Stmt::If { cond, then } => {
+                    expr(cond, out);
+                    stmts(then, out);
+                }
+                Stmt::Store { buf, index, value } => {
+                    *out.entry(*buf).or_default() += 1;
+                    index.iter().for_each(|x| expr(x, out));
+                    expr(value, out);
+                }
+                Stmt::Barrier => {}
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    stmts(body, &mut out);
+    out
+}
+
+/// Declares `void name(ptr, ptr, ...)` with one pointer per kernel parameter.
+pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel) -> FunctionValue<'c> {
+    let p = c.ptr_type(AddressSpace::default());
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| p.into()).collect();
+    let f = m.add_function(&k.name, c.void_type().fn_type(&params, false), Some(inkwell::module::Linkage::Internal));
+    let _ = HashSet::<u8>::new();
+    f
+}
+
+/// Emits a kernel's body into its declared function.
+pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: FunctionValue<'c>) -> Ret<()> {
+    let mut g = Gen::new(c, m, k, f);
+    let entry = c.append_basic_block(f, "entry");
+    g.b.position_at_end(entry);
+    for (i, b) in k.params().iter().enumerate() {
+        let p = f.get_nth_param(i as u32).ok_or_else(|| err("missing parameter"))?.into_pointer_value();
+        p.set_name(&k.buffer(*b).name);
+        g.ptrs.insert(*b, p);
+    }
+    g.alloc_locals()?;
+    g.block(&k.body)?;
+    g.b.build_return(None)?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! Parallel loops: the loop's body is outlined into `void <kernel>.par<N>(ptr ctx, i64 begin, i64 end)`,
+//! which runs iterations begin..end; the kernel packs every buffer pointer and every enclosing loop
+//! variable into `ctx` and calls the runtime's `mlopt_parallel_for(fn, ctx, extent, threads)`, which splits
+//! 0..extent into one contiguous range per thread. Local buffers used only inside the loop are allocated
+//! inside the outlined function, so each thread has its own accumulators.
+
+#![allow(unsafe_code)] // GEPs into the context array; see codegen.rs.
+
+use crate::codegen::{Gen, Ret, VarVal};
+use crate::error::LlvmError;
+use inkwell::module::Linkage;
+use inkwell::AddressSpace;
+use mlopt_kir::{BufId, Space, Stmt, Var};
+
+pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stmt]) -> Ret<()> {
+    let (c, m) = (g.c, g.m);
+    let ptr = c.ptr_type(AddressSpace::default());
+    let i64t = c.i64_type();
+    // What the body sees: buffer pointers (locals used only inside are re-made per thread) and variables.
+    let private: Vec<BufId> = private_locals(g, body);
+    let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g.ptrs.iter().filter(|(b, _)| !private.contains(b)).map(|(b, p)| (*b, *p)).collect();
+    let vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g.vars.iter().filter_map(|(v, x)| match x {
+        VarVal::Scalar(i) => Some((*v, *i)),
+        VarVal::Lanes(_) => None,
+    }).collect();
+    let slots = (bufs.len() + vars.len()).max(1) as u64;
+    let ctx = g.b.build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
+    for (s, (_, p)) in bufs.iter().enumerate() {
+        // SAFETY: s < slots.
+        let at = unsafe { g.b.build_in_bounds_gep(i64t, ctx, &[i64t.const_int(s as u64, false)], "slot")? };
+        g.b.build_store(at, *p)?;
+    }
+    for (s, (_, v)) in vars.iter().enumerate() {
+        // SAFETY: bufs.len() + s < slots.
+        let at = unsafe { g.b.build_in_bounds_gep(i64t, ctx, &[i64t.const_int((bufs.len() + s) as u64, false)], "slot")? };
+        g.b.build_store(at, *v)?;
+    }
+
+    let n = m.get_functions().filter(|f| f.get_name().to_bytes().starts_with(format!("{}.par", g.k.name).as_bytes())).count();
+    let fty = c.void_type().fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
+    let f = m.add_function(&format!("{}.par{n}", g.k.name), fty, Some(Linkage::Internal));
+    {
+        let mut h = Gen::new(c, m, g.k, f);
+        let entry = c.append_basic_block(f, "entry");
+        h.b.position_at_end(entry);
+        let p = f.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("ctx".into()))?.into_pointer_value();
+        for (s, (b, _)) in bufs.iter().enumerate() {
+            // SAFETY: s < slots.
+            let at = unsafe { h.b.build_in_bounds_gep(i64t, p, &[i64t.const_int(s as u64, false)], "slot")? };
+            let v = h.b.build_load(ptr, at, &g.k.buffer(*b).name)?.into_pointer_value();
+            h.ptrs.insert(*b, v);
+        }
+        for (s, (v, _)) in vars.iter().enumerate() {
+            // SAFETY: bufs.len() + s < slots.
+            let at = unsafe { h.b.build_in_bounds_gep(i64t, p, &[i64t.const_int((bufs.len() + s) as u64, false)], "slot")? };
+            let x = h.b.build_load(i64t, at, g.k.var_name(*v))?.into_int_value();
+            h.vars.insert(*v, VarVal::Scalar(x));
+        }
+        for b in &private {
+            let buf = g.k.buffer(*b);
+            let t = crate::codegen::ty(c, buf.elem);
+            let a = h.b.build_array_alloca(t, i64t.const_int(buf.numel().max(1), false), &buf.name)?;
+            h.ptrs.insert(*b, a);
+        }
+        let begin = f.get_nth_param(1).ok_or_else(|| LlvmError::Codegen("begin".into()))?.into_int_value();
+        let end = f.get_nth_param(2).ok_or_else(|| LlvmError::Codegen("end".into()))?.into_int_value();
+        let name = g.k.var_name(var).replace('.', "_");
+        h.counted(&name, begin, end, 1, &mut |h, i| {
+            h.vars.insert(var, VarVal::Scalar(i));
+            h.block(body)
+        })?;
+        h.b.build_return(None)?;
+    }
+    let rt = m.get_function("mlopt_parallel_for").unwrap_or_else(|| {
+        let t = c.void_type().fn_type(&[ptr.into(), ptr.into(), i64t.into()], false);
+        m.add_function("mlopt_parallel_for", t, None)
+    });
+    let fp = f.as_global_value().as_pointer_value();
+    g.b.build_call(rt, &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()], "")?;
+    Ok(())
+}
+
+/// Local buffers every access of which is inside `body`.
+fn private_locals(g: &Gen<'_, '_>, body: &[Stmt]) -> Vec<BufId> {
+    let inside = crate::codegen::used_bufs(body);
+    let all = crate::codegen::used_bufs(&g.k.body);
+    inside.into_iter().filter(|(b, n)| g.k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect()
+}

@@ -1,0 +1,136 @@
+//! A whole program as one LLVM module: weights as 64-byte aligned constant globals, one internal function
+//! per kernel, and the exported entry point
+//!
+//! ```c
+//! void mlopt_<name>_run(void *arena, const void *const *inputs, void *const *outputs);
+//! ```
+//!
+//! which calls the kernels in order. Then `default<O3>` and an object file for the target.
+
+#![allow(unsafe_code)] // GEPs into the arena and the pointer arrays; see codegen.rs.
+
+use crate::codegen::{declare_kernel, define_kernel};
+use crate::error::{LlvmError, Result};
+use inkwell::context::Context;
+use inkwell::module::Linkage;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::{AddressSpace, OptimizationLevel};
+use mlopt_kir::{Place, Program};
+
+/// An x86-64 code generation target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTarget {
+    pub name: String,
+    pub cpu: String,
+    pub features: String,
+    /// f32 lanes of the widest vector register.
+    pub lanes: u32,
+}
+
+impl CpuTarget {
+    /// `host` (this machine's features, whatever LLVM calls its CPU), `x86-64-v3` or `x86-64-v4`.
+    pub fn named(name: &str) -> Result<CpuTarget> {
+        let (cpu, features) = match name {
+            "host" => ("x86-64".to_string(), TargetMachine::get_host_cpu_features().to_string()),
+            "x86-64-v3" | "x86-64-v4" => (name.to_string(), String::new()),
+            _ => return Err(LlvmError::Target(name.into())),
+        };
+        let avx512 = name == "x86-64-v4" || features.split(',').any(|f| f == "+avx512f");
+        Ok(CpuTarget { name: name.into(), cpu, features, lanes: if avx512 { 16 } else { 8 } })
+    }
+}
+
+/// What code generation produces.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// The module before optimisation (stable text, snapshot-tested).
+    pub llvm_ir: String,
+    /// The module after `default<O3>`.
+    pub optimized_ir: String,
+    /// The ELF object.
+    pub object: Vec<u8>,
+}
+
+/// The program's name as a C identifier.
+pub fn c_name(name: &str) -> String {
+    let mut s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, 'm');
+    }
+    s
+}
+
+fn machine(t: &CpuTarget) -> Result<TargetMachine> {
+    Target::initialize_x86(&InitializationConfig::default());
+    let triple = TargetTriple::create("x86_64-unknown-linux-gnu");
+    let target = Target::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    target
+        .create_target_machine(&triple, &t.cpu, &t.features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
+        .ok_or_else(|| LlvmError::Llvm(format!("no target machine for {} ({})", t.name, t.cpu)))
+}
+
+/// Compiles a program for `t`; `threads` is the default thread count of its parallel loops.
+pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
+    let c = Context::create();
+    let m = c.create_module(&p.name);
+    let tm = machine(t)?;
+    m.set_triple(&tm.get_triple());
+    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    let ptr = c.ptr_type(AddressSpace::default());
+    let i64t = c.i64_type();
+
+    let weights: Vec<_> = p
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let init = c.const_string(&w.data, false);
+            let g = m.add_global(init.get_type(), None, &format!("w{i}"));
+            g.set_initializer(&init);
+            g.set_constant(true);
+            g.set_linkage(Linkage::Private);
+            g.set_alignment(64);
+            g
+        })
+        .collect();
+    let fns: Vec<_> = p.kernels.iter().map(|k| declare_kernel(&c, &m, k)).collect();
+    for (k, f) in p.kernels.iter().zip(&fns) {
+        define_kernel(&c, &m, k, *f).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+    }
+
+    let run_ty = c.void_type().fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
+    let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
+    let b = c.create_builder();
+    b.position_at_end(c.append_basic_block(run, "entry"));
+    let param = |i: u32| run.get_nth_param(i).map(|v| v.into_pointer_value()).ok_or_else(|| LlvmError::Codegen("run parameters".into()));
+    let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
+    let init = m.add_function("mlopt_init_threads", c.void_type().fn_type(&[c.i32_type().into()], false), None);
+    b.build_call(init, &[c.i32_type().const_int(threads as u64, false).into()], "")?;
+    for s in &p.steps {
+        let mut args = Vec::with_capacity(s.args.len());
+        for a in &s.args {
+            let v = match a {
+                // SAFETY: offsets come from the memory plan, inside the arena the caller allocates.
+                Place::Arena(o) => unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "a")? },
+                Place::Input(i) | Place::Output(i) => {
+                    let base = if matches!(a, Place::Input(_)) { inputs } else { outputs };
+                    // SAFETY: the caller passes one pointer per input and output.
+                    let at = unsafe { b.build_in_bounds_gep(ptr, base, &[i64t.const_int(*i as u64, false)], "io")? };
+                    b.build_load(ptr, at, "p")?.into_pointer_value()
+                }
+                Place::Weight(i) => weights[*i].as_pointer_value(),
+            };
+            args.push(v.into());
+        }
+        b.build_call(fns[s.kernel], &args, "")?;
+    }
+    b.build_return(None)?;
+    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    let llvm_ir = m.print_to_string().to_string();
+    // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
+    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    let optimized_ir = m.print_to_string().to_string();
+    let object = tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec();
+    Ok(Output { llvm_ir, optimized_ir, object })
+}

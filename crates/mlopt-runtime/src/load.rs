@@ -1,0 +1,88 @@
+//! Loading a compiled model into this process: its object and the runtime are linked into a shared
+//! library by the system C compiler (`cc -shared`), which is opened with libloading; `run` calls the
+//! model's entry point on caller buffers of the sizes the program declares.
+
+#![allow(unsafe_code)] // dlopen and the call through the model's C ABI; see the SAFETY notes.
+
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("linking the compiled model with `cc -shared` failed: {0}")]
+    Link(String),
+    #[error("loading the compiled model: {0}")]
+    Load(String),
+    #[error("{0}")]
+    Args(String),
+}
+
+type RunFn = unsafe extern "C" fn(*mut u8, *const *const u8, *const *mut u8);
+
+/// A compiled model loaded into this process.
+#[derive(Debug)]
+pub struct Loaded {
+    lib: libloading::Library,
+    entry: String,
+    arena: Vec<u64>,
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+    _dir: tempfile::TempDir,
+}
+
+impl Loaded {
+    /// Links `object` (which defines `entry`) with the runtime and loads it. `inputs`/`outputs` are the
+    /// byte sizes of the model's buffers; `arena_bytes` the activation arena it needs.
+    pub fn new(object: &[u8], entry: &str, arena_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
+        let dir = tempfile::tempdir().map_err(|e| RuntimeError::Link(e.to_string()))?;
+        let (model, rt, so) = (dir.path().join("model.o"), dir.path().join("runtime.o"), dir.path().join("model.so"));
+        let write = |p: &Path, b: &[u8]| std::fs::write(p, b).map_err(|e| RuntimeError::Link(format!("{}: {e}", p.display())));
+        write(&model, object)?;
+        write(&rt, crate::RUNTIME_OBJECT)?;
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = std::process::Command::new(&cc)
+            .args(["-shared", "-o"])
+            .arg(&so)
+            .arg(&model)
+            .arg(&rt)
+            .args(["-lm", "-lpthread"])
+            .output()
+            .map_err(|e| RuntimeError::Link(format!("{cc}: {e} (a C compiler is needed to load compiled code in-process)")))?;
+        if !out.status.success() {
+            return Err(RuntimeError::Link(String::from_utf8_lossy(&out.stderr).into_owned()));
+        }
+        // SAFETY: the library is mlopt's own output plus its runtime; their initialisers do nothing.
+        let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
+        let arena = vec![0u64; arena_bytes.div_ceil(8) as usize + 8];
+        let l = Loaded { lib, entry: entry.to_string(), arena, inputs, outputs, _dir: dir };
+        l.entry()?;
+        Ok(l)
+    }
+
+    fn entry(&self) -> Result<libloading::Symbol<'_, RunFn>, RuntimeError> {
+        // SAFETY: the symbol is the generated `void run(void*, const void* const*, void* const*)`.
+        unsafe { self.lib.get::<RunFn>(self.entry.as_bytes()) }.map_err(|e| RuntimeError::Load(e.to_string()))
+    }
+
+    /// Runs the model: `inputs[i]` and `outputs[i]` must have exactly the declared byte sizes.
+    pub fn run(&mut self, inputs: &[&[u8]], outputs: &mut [Vec<u8>]) -> Result<(), RuntimeError> {
+        let sizes = |what: &str, got: Vec<usize>, want: &[usize]| {
+            if got != want {
+                Err(RuntimeError::Args(format!("{what}: buffers of {got:?} bytes, the model takes {want:?}")))
+            } else {
+                Ok(())
+            }
+        };
+        sizes("inputs", inputs.iter().map(|b| b.len()).collect(), &self.inputs)?;
+        sizes("outputs", outputs.iter().map(|b| b.len()).collect(), &self.outputs)?;
+        let ins: Vec<*const u8> = inputs.iter().map(|b| b.as_ptr()).collect();
+        let outs: Vec<*mut u8> = outputs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+        // The arena is u64-backed and over-allocated by 64 bytes so its start can be 64-byte aligned.
+        let base = self.arena.as_mut_ptr() as *mut u8;
+        let pad = base.align_offset(64);
+        let f = self.entry()?;
+        // SAFETY: every pointer is valid for the size the program declares (checked above; the arena has
+        // arena_bytes after alignment), and the generated code stays inside them (verified kernels).
+        unsafe { f(base.add(pad), ins.as_ptr(), outs.as_ptr()) };
+        Ok(())
+    }
+}
