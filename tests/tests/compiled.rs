@@ -16,8 +16,9 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_l
     let mut cfg = Config::new(Target::named("x86-64-v4", threads).unwrap());
     cfg.precision = precision;
     let o = optimize(&g, &cfg).unwrap();
-    let p = lower_program(&o.plan.graph, &Options::default()).unwrap();
-    let out = compile(&p, &CpuTarget::named("host").unwrap(), threads).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let t = CpuTarget::named("host").unwrap();
+    let p = lower_program(&o.plan.graph, &Options { cpu: Some(mlopt_lower::CpuSchedule { lanes: t.lanes, threads }) }).unwrap();
+    let out = compile(&p, &t, threads).unwrap_or_else(|e| panic!("{name}: {e}"));
     let size = |io: &mlopt_kir::Io| (io.dims.iter().product::<u64>() * io.elem.size()) as usize;
     let mut lib = Loaded::new(&out.object, &format!("mlopt_{}_run", c_name(&p.name)), p.arena_bytes, p.inputs.iter().map(size).collect(), p.outputs.iter().map(size).collect()).unwrap();
     let (inputs, _) = data(name);

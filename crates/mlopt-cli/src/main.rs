@@ -3,6 +3,8 @@
 
 mod compare;
 mod data;
+mod emit;
+mod pipeline;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -92,8 +94,8 @@ enum Cmd {
         #[command(flatten)]
         opt: OptArgs,
     },
-    /// Optimise a model for a target and write the optimised graph and report.json to the output
-    /// directory. (Native code generation comes with the kernel IR; today this stops after fusion.)
+    /// Compile a model into OUTPUT/lib<name>.a with OUTPUT/<name>.h (C API), OUTPUT/<name>.rs (Rust
+    /// binding), report.json and every stage's dump (<name>.optimized.mlir, .kir, .ll).
     Compile {
         model: PathBuf,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
@@ -108,9 +110,14 @@ enum Cmd {
     },
     /// Measure this machine's FMA throughput and memory bandwidth for the host target's cost model.
     Calibrate,
-    /// Evaluate a model on input tensors and print or write its outputs.
+    /// Compile a model, run it on input tensors and print or write its outputs (--interpret: evaluate the
+    /// imported graph with the reference interpreter instead).
     Run {
         model: PathBuf,
+        #[arg(long)]
+        interpret: bool,
+        #[command(flatten)]
+        opt: OptArgs,
         /// An input tensor, NAME=FILE or FILE (positional), as .pb (TensorProto) or .npy (repeatable).
         #[arg(long = "input", value_name = "NAME=FILE")]
         inputs: Vec<String>,
@@ -134,6 +141,25 @@ enum Cmd {
         /// Evaluate the optimised graph for this target instead of the imported one.
         #[arg(long)]
         optimized: bool,
+        /// Compile the model for this target and run the compiled code.
+        #[arg(long, conflicts_with = "optimized")]
+        compiled: bool,
+        #[command(flatten)]
+        opt: OptArgs,
+    },
+    /// Compile a model and measure the latency of the compiled code (random inputs unless --input).
+    Bench {
+        model: PathBuf,
+        #[arg(long = "input", value_name = "NAME=FILE")]
+        inputs: Vec<String>,
+        #[arg(long = "input-shape", value_name = "NAME=DIMS")]
+        input_shapes: Vec<String>,
+        /// Timed runs (after 3 warm-up runs).
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
+        /// Print one JSON line instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         opt: OptArgs,
     },
@@ -168,17 +194,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let start = std::time::Instant::now();
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
-            let (o, cfg) = opt.optimize(&g, &data::input_names(&m)?)?;
-            std::fs::create_dir_all(&output).with_context(|| format!("creating {}", output.display()))?;
-            let ir = output.join(format!("{}.optimized.mlir", file_stem(&g.name)));
-            std::fs::write(&ir, mlopt_rewrite::report::dump(&o, &cfg)).with_context(|| format!("writing {}", ir.display()))?;
+            let c = pipeline::compile(&g, &opt, &data::input_names(&m)?)?;
+            let stem = file_stem(&g.name);
+            let written = c.write_library(&output, &stem)?;
             let json = output.join("report.json");
-            let mem = mlopt_lower::plan_memory(&o.plan.graph).context("planning memory")?;
-            let extra = [("arena_bytes", mem.arena_bytes.to_string()), ("in_place", mem.in_place.len().to_string())];
-            std::fs::write(&json, mlopt_rewrite::report::json(&o, &cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
+            let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph).context("planning memory")?;
+            let compile_s = start.elapsed().as_secs_f64();
+            let mut extra = vec![("arena_bytes", mem.arena_bytes.to_string()), ("in_place", mem.in_place.len().to_string()), ("kernels_compiled", c.program.kernels.len().to_string()), ("compile_s", format!("{compile_s:.3}"))];
+            extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
+            std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
             if report {
-                print!("{}", mlopt_rewrite::report::header(&o, &cfg));
-                print!("{}", mlopt_rewrite::report::table(&o));
+                print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
+                print!("{}", mlopt_rewrite::report::table(&c.optimized));
                 println!(
                     "activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)",
                     mem.arena_bytes as f64 / 1e6,
@@ -187,8 +214,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     mem.aliases.len(),
                     mem.unshared_bytes as f64 / 1e6
                 );
+                let stages: Vec<String> = c.times.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
+                println!("stages: {}", stages.join(", "));
             }
-            eprintln!("wrote {} and {} in {:.2} s (code generation is not implemented yet: this build stops after fusion)", ir.display(), json.display(), start.elapsed().as_secs_f64());
+            for p in &written {
+                eprintln!("wrote {}", p.display());
+            }
+            eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), c.target.name);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Calibrate => {
@@ -200,12 +232,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("wrote {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Run { model, inputs, input_shapes, output_dir, format } => {
+        Cmd::Run { model, interpret, opt, inputs, input_shapes, output_dir, format } => {
             let m = data::load(&model)?;
             let names = data::input_names(&m)?;
             let given = data::read_inputs(&inputs, &names)?;
             let g = data::import(&m, &model, &input_shapes, &given)?;
-            let outs = interp::run(&g, &given).context("evaluating the model")?;
+            let outs = if interpret {
+                interp::run(&g, &given).context("evaluating the model")?
+            } else {
+                let c = pipeline::compile(&g, &opt, &names)?;
+                c.run(&mut c.load()?, &given)?
+            };
             for (name, t) in &outs {
                 println!("{name}: {t}");
             }
@@ -214,7 +251,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Check { model, data: dir, rtol, atol, optimized, opt } => check(&model, &dir, rtol, atol, optimized.then_some(&opt)),
+        Cmd::Bench { model, inputs, input_shapes, iters, json, opt } => bench(&model, &inputs, &input_shapes, iters, json, &opt),
+        Cmd::Check { model, data: dir, rtol, atol, optimized, compiled, opt } => {
+            let engine = match (optimized, compiled) {
+                (_, true) => Engine::Compiled(&opt),
+                (true, _) => Engine::Optimized(&opt),
+                _ => Engine::Interpreter,
+            };
+            check(&model, &dir, rtol, atol, engine)
+        }
     }
 }
 
@@ -225,15 +270,26 @@ fn file_stem(graph_name: &str) -> String {
     if s.is_empty() { "model".into() } else { s }
 }
 
-fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, opt: Option<&OptArgs>) -> Result<ExitCode> {
+/// What `check` runs.
+enum Engine<'a> {
+    Interpreter,
+    Optimized(&'a OptArgs),
+    Compiled(&'a OptArgs),
+}
+
+fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Result<ExitCode> {
     let m = data::load(model)?;
     let names = data::input_names(&m)?;
     let (inputs, expected) = data::read_test_dir(dir, &names)?;
-    let mut g = data::import(&m, model, &[], &inputs)?;
-    if let Some(opt) = opt {
-        g = opt.optimize(&g, &names)?.0.plan.graph;
-    }
-    let outs = interp::run(&g, &inputs).context("evaluating the model")?;
+    let g = data::import(&m, model, &[], &inputs)?;
+    let outs = match engine {
+        Engine::Interpreter => interp::run(&g, &inputs).context("evaluating the model")?,
+        Engine::Optimized(opt) => interp::run(&opt.optimize(&g, &names)?.0.plan.graph, &inputs).context("evaluating the model")?,
+        Engine::Compiled(opt) => {
+            let c = pipeline::compile(&g, opt, &names)?;
+            c.run(&mut c.load()?, &inputs)?
+        }
+    };
     if outs.len() != expected.len() {
         anyhow::bail!("the model has {} outputs, {} has {} expected outputs", outs.len(), dir.display(), expected.len());
     }
@@ -245,4 +301,37 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, opt: Option<&OptArgs>) 
     }
     println!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Compiles, then times runs of the compiled code: median and minimum of `iters` runs after 3 warm-ups.
+fn bench(model: &Path, inputs: &[String], input_shapes: &[String], iters: usize, json: bool, opt: &OptArgs) -> Result<ExitCode> {
+    let start = std::time::Instant::now();
+    let m = data::load(model)?;
+    let names = data::input_names(&m)?;
+    let given = data::read_inputs(inputs, &names)?;
+    let g = data::import(&m, model, input_shapes, &given)?;
+    let c = pipeline::compile(&g, opt, &names)?;
+    let compile_s = start.elapsed().as_secs_f64();
+    let mut lib = c.load()?;
+    let inputs = if given.is_empty() { mlopt_rewrite::optimize::random_inputs(&g, 1) } else { given };
+    let ins = c.input_bytes(&inputs)?;
+    let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
+    let mut outs: Vec<Vec<u8>> = c.program.outputs.iter().map(|io| vec![0u8; (io.dims.iter().product::<u64>() * io.elem.size()) as usize]).collect();
+    for _ in 0..3 {
+        lib.run(&refs, &mut outs)?;
+    }
+    let mut times: Vec<f64> = (0..iters.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            lib.run(&refs, &mut outs).map(|_| t.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    times.sort_by(f64::total_cmp);
+    let (median, min) = (times[times.len() / 2], times[0]);
+    if json {
+        println!("{{\"model\": {:?}, \"threads\": {}, \"median_ms\": {median:.4}, \"min_ms\": {min:.4}, \"compile_s\": {compile_s:.3}}}", model.display().to_string(), opt.threads);
+    } else {
+        println!("{}: median {median:.4} ms, min {min:.4} ms over {} runs ({} threads, {}); compiled in {compile_s:.2} s", model.display(), times.len(), opt.threads, c.target.name);
+    }
+    Ok(ExitCode::SUCCESS)
 }

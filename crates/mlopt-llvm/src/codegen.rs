@@ -22,8 +22,9 @@ use inkwell::module::Module;
 use inkwell::types::{BasicType, BasicTypeEnum};
 use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
-use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
-use std::collections::{HashMap, HashSet};
+use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_kir::analysis::coefficient;
+use std::collections::HashMap;
 
 pub type Ret<T> = Result<T>;
 
@@ -67,7 +68,6 @@ pub struct Gen<'a, 'c> {
     /// Lanes of the vector loop being emitted, and the lane-private local buffers.
     width: Option<u32>,
     private: HashMap<BufId, PointerValue<'c>>,
-    strides: Vec<Vec<u64>>,
 }
 
 fn err(what: impl Into<String>) -> LlvmError {
@@ -76,7 +76,7 @@ fn err(what: impl Into<String>) -> LlvmError {
 
 impl<'a, 'c> Gen<'a, 'c> {
     pub fn new(c: &'c Context, m: &'a Module<'c>, k: &'a Kernel, f: FunctionValue<'c>) -> Self {
-        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new(), strides: k.bufs.iter().map(|b| b.strides()).collect() }
+        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new() }
     }
 
     fn i64(&self, v: i64) -> IntValue<'c> {
@@ -154,6 +154,13 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn for_loop(&mut self, var: Var, extent: u64, kind: LoopKind, body: &[Stmt]) -> Ret<()> {
+        let r = self.emit_loop(var, extent, kind, body);
+        // The variable is out of scope after its loop (a stale vector variable would confuse lane analysis).
+        self.vars.remove(&var);
+        r
+    }
+
+    fn emit_loop(&mut self, var: Var, extent: u64, kind: LoopKind, body: &[Stmt]) -> Ret<()> {
         let name = self.k.var_name(var).replace('.', "_");
         match kind {
             LoopKind::Unrolled => {
@@ -189,20 +196,10 @@ impl<'a, 'c> Gen<'a, 'c> {
 
     /// Local buffers accessed only inside `body`: each lane of a vector loop gets its own copy.
     fn private_locals(&mut self, body: &[Stmt], w: u32) -> Ret<HashMap<BufId, PointerValue<'c>>> {
-        let inside = used_bufs(body);
-        let outside = {
-            let mut all = used_bufs(&self.k.body);
-            // Buffers used anywhere else in the kernel are shared; approximate "anywhere else" by counting
-            // uses: a buffer is private when every use is in `body`.
-            all.retain(|b, n| inside.get(b) != Some(n));
-            all
-        };
+        let private = mlopt_kir::analysis::private_locals(self.k, body);
         let mut out = HashMap::new();
-        for (b, _) in inside {
+        for b in private {
             let buf = self.k.buffer(b);
-            if buf.space != Space::Local || outside.contains_key(&b) {
-                continue;
-            }
             let vt = reg_ty(self.c, buf.elem);
             let vec_t = vector_type(vt, w);
             let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
@@ -219,11 +216,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn flat(&self, b: BufId, index: &[Expr]) -> Expr {
-        let mut e = Expr::int(0);
-        for (i, s) in index.iter().zip(&self.strides[b.0 as usize]) {
-            e = Expr::add(e, Expr::mul(i.clone(), Expr::int(*s as i64)));
-        }
-        e
+        mlopt_kir::analysis::flat_index(self.k, b, index)
     }
 
     /// The vector loop's variable, when emitting a vector loop.
@@ -297,7 +290,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let v = self.b.build_load(t, p, "ld")?;
-                let v = self.from_mem(v, elem)?;
+                let v = self.mem_to_reg(v, elem)?;
                 self.widen(v)
             }
             (Some(w), Some(1)) => {
@@ -305,7 +298,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let p = self.elem_ptr(b, i)?;
                 let v = self.b.build_load(vector_type(t, w), p, "vld")?;
                 v.as_instruction_value().map(|ins| ins.set_alignment(elem.size() as u32));
-                self.from_mem(v, elem)
+                self.mem_to_reg(v, elem)
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?.into_vector_value();
@@ -316,7 +309,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                     let x = self.b.build_load(t, p, "gld")?;
                     acc = self.b.build_insert_element(acc.into_vector_value(), x, self.c.i32_type().const_int(lane as u64, false), "g")?.into();
                 }
-                self.from_mem(acc, elem)
+                self.mem_to_reg(acc, elem)
             }
         }
     }
@@ -339,14 +332,14 @@ impl<'a, 'c> Gen<'a, 'c> {
             (None, _) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
-                let v = self.to_mem(v, elem)?;
+                let v = self.reg_to_mem(v, elem)?;
                 self.b.build_store(p, v)?;
             }
             (Some(w), Some(1)) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let v = self.widen(v)?;
-                let v = self.to_mem(v, elem)?;
+                let v = self.reg_to_mem(v, elem)?;
                 let st = self.b.build_store(p, v)?;
                 st.set_alignment(elem.size() as u32).map_err(|e| err(e.to_string()))?;
                 let _ = w;
@@ -354,7 +347,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             (Some(w), _) => {
                 let idx = self.eval(&flat)?;
                 let v = self.widen(v)?;
-                let v = self.to_mem(v, elem)?.into_vector_value();
+                let v = self.reg_to_mem(v, elem)?.into_vector_value();
                 for lane in 0..w {
                     let l = self.c.i32_type().const_int(lane as u64, false);
                     let i = if idx.is_vector_value() { self.b.build_extract_element(idx.into_vector_value(), l, "ix")?.into_int_value() } else { idx.into_int_value() };
@@ -369,15 +362,15 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     /// Memory -> register form (i8 bools become i1).
-    fn from_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
+    fn mem_to_reg(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
         if e != Elem::Bool {
             return Ok(v);
         }
         let zero = const_like(self.c, v, 0.0, Elem::U8);
-        Ok(int_cmp(&self.b, IntPredicate::NE, v, zero)?)
+        int_cmp(&self.b, IntPredicate::NE, v, zero)
     }
 
-    fn to_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
+    fn reg_to_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
         if e != Elem::Bool {
             return Ok(v);
         }
@@ -529,72 +522,11 @@ pub fn elem_of(k: &Kernel, e: &Expr) -> Elem {
     }
 }
 
-/// How `e` changes when `v` grows by one, if `e` is affine in `v` (Some(0) when it does not use it).
-pub fn coefficient(e: &Expr, v: Var) -> Option<i64> {
-    if !e.uses(v) {
-        return Some(0);
-    }
-    match e {
-        Expr::Var(w) if *w == v => Some(1),
-        Expr::Binary(BinOp::Add, a, b) => Some(coefficient(a, v)? + coefficient(b, v)?),
-        Expr::Binary(BinOp::Sub, a, b) => Some(coefficient(a, v)? - coefficient(b, v)?),
-        Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
-            (Expr::Int(c), x) | (x, Expr::Int(c)) => Some(c * coefficient(x, v)?),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// How many times each buffer is accessed in `body`.
-pub(crate) fn used_bufs(body: &[Stmt]) -> HashMap<BufId, usize> {
-    fn expr(e: &Expr, out: &mut HashMap<BufId, usize>) {
-        match e {
-            Expr::Load(b, ix) => {
-                *out.entry(*b).or_default() += 1;
-                ix.iter().for_each(|x| expr(x, out));
-            }
-            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
-            Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, out),
-            Expr::Binary(_, a, b) => {
-                expr(a, out);
-                expr(b, out);
-            }
-            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
-                expr(a, out);
-                expr(b, out);
-                expr(c, out);
-            }
-        }
-    }
-    fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>) {
-        for s in body {
-            match s {
-                Stmt::For { body, .. } => stmts(body, out),
-                Stmt::If { cond, then } => {
-                    expr(cond, out);
-                    stmts(then, out);
-                }
-                Stmt::Store { buf, index, value } => {
-                    *out.entry(*buf).or_default() += 1;
-                    index.iter().for_each(|x| expr(x, out));
-                    expr(value, out);
-                }
-                Stmt::Barrier => {}
-            }
-        }
-    }
-    let mut out = HashMap::new();
-    stmts(body, &mut out);
-    out
-}
-
 /// Declares `void name(ptr, ptr, ...)` with one pointer per kernel parameter.
 pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel) -> FunctionValue<'c> {
     let p = c.ptr_type(AddressSpace::default());
     let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| p.into()).collect();
     let f = m.add_function(&k.name, c.void_type().fn_type(&params, false), Some(inkwell::module::Linkage::Internal));
-    let _ = HashSet::<u8>::new();
     f
 }
 

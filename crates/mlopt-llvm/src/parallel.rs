@@ -10,14 +10,14 @@ use crate::codegen::{Gen, Ret, VarVal};
 use crate::error::LlvmError;
 use inkwell::module::Linkage;
 use inkwell::AddressSpace;
-use mlopt_kir::{BufId, Space, Stmt, Var};
+use mlopt_kir::{BufId, Stmt, Var};
 
 pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stmt]) -> Ret<()> {
     let (c, m) = (g.c, g.m);
     let ptr = c.ptr_type(AddressSpace::default());
     let i64t = c.i64_type();
     // What the body sees: buffer pointers (locals used only inside are re-made per thread) and variables.
-    let private: Vec<BufId> = private_locals(g, body);
+    let private: Vec<BufId> = mlopt_kir::analysis::private_locals(g.k, body);
     let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g.ptrs.iter().filter(|(b, _)| !private.contains(b)).map(|(b, p)| (*b, *p)).collect();
     let vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g.vars.iter().filter_map(|(v, x)| match x {
         VarVal::Scalar(i) => Some((*v, *i)),
@@ -78,11 +78,4 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     let fp = f.as_global_value().as_pointer_value();
     g.b.build_call(rt, &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()], "")?;
     Ok(())
-}
-
-/// Local buffers every access of which is inside `body`.
-fn private_locals(g: &Gen<'_, '_>, body: &[Stmt]) -> Vec<BufId> {
-    let inside = crate::codegen::used_bufs(body);
-    let all = crate::codegen::used_bufs(&g.k.body);
-    inside.into_iter().filter(|(b, n)| g.k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect()
 }

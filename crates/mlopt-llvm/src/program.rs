@@ -15,6 +15,7 @@ use inkwell::context::Context;
 use inkwell::module::Linkage;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::values::AnyValue;
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Place, Program};
 
@@ -44,7 +45,7 @@ impl CpuTarget {
 /// What code generation produces.
 #[derive(Debug, Clone)]
 pub struct Output {
-    /// The module before optimisation (stable text, snapshot-tested).
+    /// The module before optimisation, weights elided (stable text, snapshot-tested).
     pub llvm_ir: String,
     /// The module after `default<O3>`.
     pub optimized_ir: String,
@@ -68,6 +69,41 @@ fn machine(t: &CpuTarget) -> Result<TargetMachine> {
     target
         .create_target_machine(&triple, &t.cpu, &t.features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
         .ok_or_else(|| LlvmError::Llvm(format!("no target machine for {} ({})", t.name, t.cpu)))
+}
+
+/// The module's text with each weight's bytes left out (a ResNet's would be 100 MB of text).
+fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
+    let mut s = format!("; ModuleID = '{}' (weights elided)\n", p.name);
+    for (i, w) in p.weights.iter().enumerate() {
+        s.push_str(&format!("@w{i} = private constant [{} x i8] ; \"{}\": {}{:?}\n", w.data.len(), w.name, w.elem, w.dims));
+    }
+    for f in m.get_functions() {
+        s.push('\n');
+        s.push_str(&f.print_to_string().to_string());
+    }
+    s
+}
+
+/// `void *mlopt_<name>_create(void)`: the context is the model's activation arena, 64-byte aligned
+/// (NULL when out of memory); `void mlopt_<name>_destroy(void *)` frees it.
+fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, name: &str, arena: u64) -> Result<()> {
+    let ptr = c.ptr_type(AddressSpace::default());
+    let i64t = c.i64_type();
+    let alloc = m.add_function("aligned_alloc", ptr.fn_type(&[i64t.into(), i64t.into()], false), None);
+    let free = m.add_function("free", c.void_type().fn_type(&[ptr.into()], false), None);
+    let b = c.create_builder();
+    let create = m.add_function(&format!("mlopt_{}_create", c_name(name)), ptr.fn_type(&[], false), None);
+    b.position_at_end(c.append_basic_block(create, "entry"));
+    let bytes = arena.div_ceil(64).max(1) * 64;
+    let p = b.build_call(alloc, &[i64t.const_int(64, false).into(), i64t.const_int(bytes, false).into()], "arena")?;
+    let p = p.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?;
+    b.build_return(Some(&p))?;
+    let destroy = m.add_function(&format!("mlopt_{}_destroy", c_name(name)), c.void_type().fn_type(&[ptr.into()], false), None);
+    b.position_at_end(c.append_basic_block(destroy, "entry"));
+    let arg = destroy.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("destroy".into()))?;
+    b.build_call(free, &[arg.into()], "")?;
+    b.build_return(None)?;
+    Ok(())
 }
 
 /// Compiles a program for `t`; `threads` is the default thread count of its parallel loops.
@@ -126,8 +162,9 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
         b.build_call(fns[s.kernel], &args, "")?;
     }
     b.build_return(None)?;
+    define_context(&c, &m, &p.name, p.arena_bytes)?;
     m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
-    let llvm_ir = m.print_to_string().to_string();
+    let llvm_ir = print_without_weights(&m, p);
     // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
     m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
     let optimized_ir = m.print_to_string().to_string();

@@ -14,7 +14,9 @@ pub mod error;
 pub mod kernel;
 pub mod memory;
 pub mod program;
+pub mod schedule;
 
 pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};
 pub use program::{interpret, lower_program, Options};
+pub use schedule::CpuSchedule;

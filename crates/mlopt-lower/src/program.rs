@@ -11,9 +11,12 @@ use mlopt_ir::{Graph, NodeId, Op, Value};
 use mlopt_kir::{Io, Place, Program, Space, Step, Stmt, Weight};
 use std::collections::HashMap;
 
-/// How to lower (the schedule's target description comes with the scheduling stage).
+/// How to lower: with a CPU schedule, kernels get vector and parallel loops; without, the plain
+/// algorithm (serial loops), as the GPU path and the interpreter tests start from.
 #[derive(Debug, Clone, Default)]
-pub struct Options {}
+pub struct Options {
+    pub cpu: Option<crate::schedule::CpuSchedule>,
+}
 
 struct Binder<'g> {
     g: &'g Graph,
@@ -43,7 +46,7 @@ impl Binder<'_> {
 }
 
 /// Lowers a fused graph (the optimiser's output) to a program.
-pub fn lower_program(g: &Graph, _opts: &Options) -> Result<Program> {
+pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
     let plan = plan_memory(g)?;
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
@@ -94,7 +97,10 @@ pub fn lower_program(g: &Graph, _opts: &Options) -> Result<Program> {
                 args.push(p);
             }
         }
-        let (kernel, params) = l.lower(&members, root, &outs)?;
+        let (mut kernel, params) = l.lower(&members, root, &outs)?;
+        if let Some(s) = opts.cpu {
+            crate::schedule::schedule_cpu(&mut kernel, s)?;
+        }
         for v in params {
             args.push(b.place(v)?);
         }

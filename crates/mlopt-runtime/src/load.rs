@@ -40,7 +40,9 @@ impl Loaded {
         write(&rt, crate::RUNTIME_OBJECT)?;
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let out = std::process::Command::new(&cc)
-            .args(["-shared", "-o"])
+            // nodelete: the runtime's worker threads live in this library's code, so it must stay mapped
+            // after the handle is dropped.
+            .args(["-shared", "-Wl,-z,nodelete", "-o"])
             .arg(&so)
             .arg(&model)
             .arg(&rt)

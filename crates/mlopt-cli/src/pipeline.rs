@@ -1,0 +1,112 @@
+//! The compilation pipeline, one flat list of named stages (import happens before, in `data`):
+//!
+//! optimise (egg + roofline + fusion) -> lower (kernel IR) -> schedule (vector/parallel loops) ->
+//! codegen (LLVM, default<O3>, object)
+//!
+//! each timed; and what to do with the result: load it into this process and run it, or write the
+//! library users link.
+
+use crate::OptArgs;
+use anyhow::{bail, Context, Result};
+use mlopt_ir::{Graph, Tensor};
+use mlopt_kir::Program;
+use mlopt_llvm::{c_name, CpuTarget};
+use mlopt_runtime::Loaded;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Debug)]
+pub struct Compiled {
+    pub optimized: mlopt_rewrite::Optimized,
+    pub cfg: mlopt_rewrite::Config,
+    pub program: Program,
+    pub code: mlopt_llvm::Output,
+    pub target: CpuTarget,
+    /// (stage, seconds) in pipeline order.
+    pub times: Vec<(&'static str, f64)>,
+}
+
+/// Runs the pipeline on an imported graph.
+pub fn compile(g: &Graph, opt: &OptArgs, names: &[String]) -> Result<Compiled> {
+    if opt.target.starts_with("sm_") {
+        bail!("--target {}: PTX code generation is not implemented yet; `inspect --stage optimized` shows the GPU plan", opt.target);
+    }
+    let mut times = Vec::new();
+    let mut t = Instant::now();
+    let mut lap = |name: &'static str, times: &mut Vec<(&'static str, f64)>| {
+        times.push((name, t.elapsed().as_secs_f64()));
+        t = Instant::now();
+    };
+    let (optimized, cfg) = opt.optimize(g, names)?;
+    lap("optimise", &mut times);
+    let target = CpuTarget::named(&opt.target)?;
+    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1) };
+    let program = mlopt_lower::lower_program(&optimized.plan.graph, &mlopt_lower::Options { cpu: Some(sched) }).context("lowering to the kernel IR")?;
+    lap("lower+schedule", &mut times);
+    let code = mlopt_llvm::compile(&program, &target, opt.threads.max(1)).context("generating code")?;
+    lap("codegen", &mut times);
+    Ok(Compiled { optimized, cfg, program, code, target, times })
+}
+
+fn bytes(io: &mlopt_kir::Io) -> usize {
+    (io.dims.iter().product::<u64>() * io.elem.size()) as usize
+}
+
+impl Compiled {
+    pub fn entry(&self) -> String {
+        format!("mlopt_{}_run", c_name(&self.program.name))
+    }
+
+    /// Links the object with the runtime and loads it into this process.
+    pub fn load(&self) -> Result<Loaded> {
+        let p = &self.program;
+        Ok(Loaded::new(&self.code.object, &self.entry(), p.arena_bytes, p.inputs.iter().map(bytes).collect(), p.outputs.iter().map(bytes).collect())?)
+    }
+
+    /// The input buffers for named tensors, checked against the compiled shapes and types.
+    pub fn input_bytes(&self, inputs: &HashMap<String, Tensor>) -> Result<Vec<Vec<u8>>> {
+        self.program
+            .inputs
+            .iter()
+            .map(|io| {
+                let t = inputs.get(&io.name).with_context(|| format!("input '{}' is missing", io.name))?;
+                let want: Vec<usize> = io.dims.iter().map(|d| *d as usize).collect();
+                if t.shape() != want.as_slice() || t.dtype().name() != io.elem.name() {
+                    bail!("input '{}' is {}, the model was compiled for {}{:?}", io.name, t.ty(), io.elem, want);
+                }
+                Ok(t.to_le_bytes())
+            })
+            .collect()
+    }
+
+    /// Runs loaded code on named tensors.
+    pub fn run(&self, lib: &mut Loaded, inputs: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
+        let ins = self.input_bytes(inputs)?;
+        let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
+        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; bytes(io)]).collect();
+        lib.run(&refs, &mut outs)?;
+        self.program.outputs.iter().zip(&outs).map(|(io, b)| Ok((io.name.clone(), mlopt_lower::program::tensor(io, b).map_err(anyhow::Error::msg)?))).collect()
+    }
+
+    /// Writes lib<stem>.a, <stem>.h, <stem>.rs and the stage dumps into `dir`; returns the paths written.
+    pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut written = Vec::new();
+        let mut write = |name: String, data: &[u8]| -> Result<()> {
+            let p = dir.join(name);
+            std::fs::write(&p, data).with_context(|| format!("writing {}", p.display()))?;
+            written.push(p);
+            Ok(())
+        };
+        write(format!("{stem}.h"), crate::emit::c_header(&self.program, &self.target).as_bytes())?;
+        write(format!("{stem}.rs"), crate::emit::rust_binding(&self.program, stem).as_bytes())?;
+        write(format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg).as_bytes())?;
+        write(format!("{stem}.kir"), mlopt_kir::print::program(&self.program).as_bytes())?;
+        write(format!("{stem}.ll"), self.code.llvm_ir.as_bytes())?;
+        let lib = dir.join(format!("lib{stem}.a"));
+        mlopt_runtime::write_archive(&lib, &[(&format!("{stem}.o"), &self.code.object)]).with_context(|| format!("writing {}", lib.display()))?;
+        written.push(lib);
+        Ok(written)
+    }
+}

@@ -1,0 +1,78 @@
+//! Facts about kernels that schedules and code generators share: how an index moves with a loop
+//! variable, and how often each buffer is accessed in a statement list.
+
+use crate::ir::*;
+use std::collections::HashMap;
+
+/// How `e` changes when `v` grows by one, if `e` is affine in `v` (Some(0) when it does not use `v`).
+pub fn coefficient(e: &Expr, v: Var) -> Option<i64> {
+    if !e.uses(v) {
+        return Some(0);
+    }
+    match e {
+        Expr::Var(w) if *w == v => Some(1),
+        Expr::Binary(BinOp::Add, a, b) => Some(coefficient(a, v)? + coefficient(b, v)?),
+        Expr::Binary(BinOp::Sub, a, b) => Some(coefficient(a, v)? - coefficient(b, v)?),
+        Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (Expr::Int(c), x) | (x, Expr::Int(c)) => Some(c * coefficient(x, v)?),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The row-major flat element index of an access to `b`.
+pub fn flat_index(k: &Kernel, b: BufId, index: &[Expr]) -> Expr {
+    let strides = k.buffer(b).strides();
+    index.iter().zip(strides).fold(Expr::int(0), |e, (i, s)| Expr::add(e, Expr::mul(i.clone(), Expr::int(s as i64))))
+}
+
+/// How many loads and stores of each buffer `body` holds.
+pub fn buffer_uses(body: &[Stmt]) -> HashMap<BufId, usize> {
+    let mut out = HashMap::new();
+    stmts(body, &mut out);
+    out
+}
+
+fn expr(e: &Expr, out: &mut HashMap<BufId, usize>) {
+    match e {
+        Expr::Load(b, ix) => {
+            *out.entry(*b).or_default() += 1;
+            ix.iter().for_each(|x| expr(x, out));
+        }
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
+        Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, out),
+        Expr::Binary(_, a, b) => {
+            expr(a, out);
+            expr(b, out);
+        }
+        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => [a, b, c].into_iter().for_each(|x| expr(x, out)),
+    }
+}
+
+fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>) {
+    for s in body {
+        match s {
+            Stmt::For { body, .. } => stmts(body, out),
+            Stmt::If { cond, then } => {
+                expr(cond, out);
+                stmts(then, out);
+            }
+            Stmt::Store { buf, index, value } => {
+                *out.entry(*buf).or_default() += 1;
+                index.iter().for_each(|x| expr(x, out));
+                expr(value, out);
+            }
+            Stmt::Barrier => {}
+        }
+    }
+}
+
+/// Local buffers every access of which is in `body` (within the whole kernel `k`): private to one
+/// iteration of a loop whose body is `body`.
+pub fn private_locals(k: &Kernel, body: &[Stmt]) -> Vec<BufId> {
+    let (inside, all) = (buffer_uses(body), buffer_uses(&k.body));
+    let mut v: Vec<BufId> = inside.into_iter().filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,102 @@
+//! Schedules for CPU kernels, chosen per loop nest from what each loop writes:
+//!
+//! - **vector**: the deepest loop whose every store is contiguous in it (the flat index moves by one
+//!   element per iteration) or goes to a local buffer used only inside it, with an extent that is a
+//!   multiple of the target's lanes, runs as `vector<lanes>`. For a contraction that is the output's
+//!   column loop: each lane keeps its own accumulator, A is broadcast, B is one vector load per k.
+//! - **parallel**: with more than one thread, the outermost loop of a nest whose every store depends on it
+//!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
+//!   waking the pool, runs as `parallel`.
+//!
+//! Loops holding a guard are never vectorised (a guard would differ between lanes).
+
+use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat};
+use mlopt_kir::sched::set_kind;
+use mlopt_kir::{BufId, Kernel, LoopKind, Space, Stmt, Var};
+use std::collections::HashMap;
+
+/// What the schedule may use.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSchedule {
+    /// f32 lanes of a vector register (16 with AVX-512, 8 with AVX2).
+    pub lanes: u32,
+    pub threads: u32,
+}
+
+/// Below this many loop-body executions a nest is not worth a trip through the thread pool.
+const PARALLEL_MIN_WORK: u64 = 1 << 14;
+
+pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
+    let uses = count_uses(&k.body);
+    let mut vector = Vec::new();
+    let mut parallel = Vec::new();
+    for st in &k.body {
+        pick_vector(k, st, s.lanes, &uses, &mut vector);
+        if s.threads > 1 {
+            pick_parallel(k, st, s.threads, &uses, &mut parallel);
+        }
+    }
+    for v in parallel {
+        set_kind(k, v, LoopKind::Parallel)?;
+    }
+    for v in vector {
+        set_kind(k, v, LoopKind::Vector(s.lanes))?;
+    }
+    Ok(())
+}
+
+/// Whether every store under `body` is fine for loop `v` by `ok(coefficient)`; local buffers used only
+/// under `body` are private and always fine. False if `body` holds a guard.
+fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
+    let inside = count_uses(body);
+    let private = |b: &BufId| k.buffer(*b).space == Space::Local && inside.get(b) == uses.get(b);
+    fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &dyn Fn(&BufId) -> bool, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
+        body.iter().all(|s| match s {
+            Stmt::For { body, .. } => walk(k, v, body, private, ok),
+            Stmt::If { .. } | Stmt::Barrier => false,
+            Stmt::Store { buf, index, .. } => private(buf) || ok(coefficient(&flat(k, *buf, index), v)),
+        })
+    }
+    walk(k, v, body, &private, ok)
+}
+
+fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) -> bool {
+    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return false };
+    // Prefer the deepest candidate: try the children first.
+    let mut inner = false;
+    for s in body {
+        inner |= pick_vector(k, s, lanes, uses, out);
+    }
+    if inner {
+        return true;
+    }
+    if extent % lanes as u64 == 0 && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+        out.push(*var);
+        return true;
+    }
+    false
+}
+
+fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) {
+    let Stmt::For { var, extent, body, .. } = st else { return };
+    if work(st) < PARALLEL_MIN_WORK {
+        return;
+    }
+    if *extent >= threads as u64 && stores_ok(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0)) {
+        out.push(*var);
+        return;
+    }
+    // A short or unsplittable outer loop (batch 1, say): look one level in.
+    if let [inner] = body.as_slice() {
+        pick_parallel(k, inner, threads, uses, out);
+    }
+}
+
+/// Loop-body executions in a nest.
+fn work(st: &Stmt) -> u64 {
+    match st {
+        Stmt::For { extent, body, .. } => extent.saturating_mul(body.iter().map(work).sum::<u64>().max(1)),
+        Stmt::If { then, .. } => then.iter().map(work).sum(),
+        _ => 1,
+    }
+}
