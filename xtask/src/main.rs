@@ -72,19 +72,26 @@ fn demo() -> Result {
 /// machine.
 const OPTIMIZED_TARGET: &str = "x86-64-v4";
 
+/// The target compiled conformance runs use: this machine (the code must run here).
+const COMPILED_TARGET: &str = "host";
+
 fn test() -> Result {
     setup::setup()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
     let mlopt = build_mlopt()?;
     let (listed, _) = conformance::run_suite(&mlopt, &conformance::Options::default())?;
-    let optimized = conformance::Options { optimized: Some(OPTIMIZED_TARGET.into()), ..Default::default() };
+    let optimized = conformance::Options { mode: conformance::Mode::Optimized(OPTIMIZED_TARGET.into()), ..Default::default() };
     let (listed_opt, _) = conformance::run_suite(&mlopt, &optimized)?;
+    let compiled = conformance::Options { mode: conformance::Mode::Compiled(COMPILED_TARGET.into()), ..Default::default() };
+    let (listed_comp, _) = conformance::run_suite(&mlopt, &compiled)?;
     // The cases the suite asserts are the ones in the committed passing lists; the others are reported above.
     println!("\nconformance regression suite (tests/conformance/passing.txt, imported graphs):");
     println!("{listed} passed, 0 failed");
     println!("conformance regression suite (tests/conformance/passing-optimized-{OPTIMIZED_TARGET}.txt, optimised graphs):");
     println!("{listed_opt} passed, 0 failed");
-    println!("\n{} passed, 0 failed", listed + listed_opt);
+    println!("conformance regression suite (tests/conformance/passing-compiled-{COMPILED_TARGET}.txt, compiled code):");
+    println!("{listed_comp} passed, 0 failed");
+    println!("\n{} passed, 0 failed", listed + listed_opt + listed_comp);
     Ok(())
 }
 
@@ -101,7 +108,7 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fixtures") => fixtures(),
         Some("conformance") => conformance::Options::parse(&args[1..]).and_then(|o| conformance::conformance(&o).map(|_| ())),
-        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S] [--optimized TARGET]|fixtures>".into()),
+        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S] [--optimized TARGET | --compiled TARGET]|fixtures>".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

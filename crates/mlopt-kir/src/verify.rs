@@ -1,7 +1,8 @@
 //! The kernel verifier: types agree, every loop variable is used only inside its loop, vector loops divide
 //! evenly, and every access is in bounds, provably: the interval of each index expression, from its loop
 //! ranges and any enclosing guard (`if lt(e, n)`, `if le(0, e)` and their `and`), must lie inside the
-//! buffer's dimension. All errors are collected, each naming the kernel and the statement.
+//! buffer's dimension (a loop of extent 0 never runs, so nothing under it is checked against
+//! anything). All errors are collected, each naming the kernel and the statement.
 
 use crate::ir::*;
 use crate::print;
@@ -72,9 +73,6 @@ impl Verifier<'_> {
                 if self.env.contains_key(var) {
                     self.err(format!("loop variable %{} bound twice", self.k.var_name(*var)));
                 }
-                if *extent == 0 {
-                    self.err(format!("loop %{} has extent 0", self.k.var_name(*var)));
-                }
                 if let LoopKind::Vector(w) = kind {
                     if *w == 0 || extent % *w as u64 != 0 {
                         self.err(format!("vector<{w}> loop %{} has extent {extent}, not a multiple", self.k.var_name(*var)));
@@ -118,19 +116,16 @@ impl Verifier<'_> {
                 self.learn(b);
             }
             Expr::Binary(BinOp::Lt, e, n) => {
-                if let Some((_, hi)) = self.range(n) {
-                    self.facts.push(((**e).clone(), (i64::MIN, hi - 1)));
-                }
+                let (_, hi) = self.range(n);
+                self.facts.push(((**e).clone(), (i64::MIN, hi.saturating_sub(1))));
             }
             Expr::Binary(BinOp::Le, n, e) if matches!(**n, Expr::Int(_)) => {
-                if let Some((lo, _)) = self.range(n) {
-                    self.facts.push(((**e).clone(), (lo, i64::MAX)));
-                }
+                let (lo, _) = self.range(n);
+                self.facts.push(((**e).clone(), (lo, i64::MAX)));
             }
             Expr::Binary(BinOp::Le, e, n) => {
-                if let Some((_, hi)) = self.range(n) {
-                    self.facts.push(((**e).clone(), (i64::MIN, hi)));
-                }
+                let (_, hi) = self.range(n);
+                self.facts.push(((**e).clone(), (i64::MIN, hi)));
             }
             _ => {}
         }
@@ -151,49 +146,51 @@ impl Verifier<'_> {
                     self.err(format!("{what}: index {} is {t}, not i64", print::expr(self.k, e)));
                 }
             }
-            match self.range(e) {
-                Some((lo, hi)) if lo >= 0 && hi < buf.dims[d] as i64 => {}
-                r => self.err(format!("{what}: index {} in {} may leave 0..{} (range {r:?})", d, print::expr(self.k, e), buf.dims[d])),
+            let (lo, hi) = self.range(e);
+            if lo < 0 || hi >= buf.dims[d] as i64 {
+                let show = |x: i64| if x == i64::MIN || x == i64::MAX { "unbounded".to_string() } else { x.to_string() };
+                self.err(format!("{what}: index {d} = {} may leave 0..{} (range {}..={})", print::expr(self.k, e), buf.dims[d], show(lo), show(hi)));
             }
         }
     }
 
-    /// The interval of an integer expression, or None when it cannot be bounded.
-    fn range(&self, e: &Expr) -> Option<Range> {
-        let mut r = self.range_raw(e).unwrap_or((i64::MIN, i64::MAX));
+    /// The interval of an integer expression; `i64::MIN`/`i64::MAX` stand for unbounded ends.
+    fn range(&self, e: &Expr) -> Range {
+        let mut r = self.range_raw(e);
         for (f, (lo, hi)) in &self.facts {
             if f == e {
                 r = (r.0.max(*lo), r.1.min(*hi));
             }
         }
-        (r.0 != i64::MIN && r.1 != i64::MAX).then_some(r)
+        r
     }
 
-    fn range_raw(&self, e: &Expr) -> Option<Range> {
+    fn range_raw(&self, e: &Expr) -> Range {
+        const ANY: Range = (i64::MIN, i64::MAX);
         match e {
-            Expr::Int(v) => Some((*v, *v)),
-            Expr::Var(v) => self.env.get(v).copied(),
+            Expr::Int(v) => (*v, *v),
+            Expr::Var(v) => self.env.get(v).copied().unwrap_or(ANY),
             Expr::Binary(o, a, b) => {
-                let (a, b) = (self.range(a)?, self.range(b)?);
+                let (a, b) = (self.range(a), self.range(b));
                 match o {
-                    BinOp::Add => Some((a.0.checked_add(b.0)?, a.1.checked_add(b.1)?)),
-                    BinOp::Sub => Some((a.0.checked_sub(b.1)?, a.1.checked_sub(b.0)?)),
+                    BinOp::Add => (a.0.saturating_add(b.0), a.1.saturating_add(b.1)),
+                    BinOp::Sub => (a.0.saturating_sub(b.1), a.1.saturating_sub(b.0)),
                     BinOp::Mul => {
-                        let c = [a.0.checked_mul(b.0)?, a.0.checked_mul(b.1)?, a.1.checked_mul(b.0)?, a.1.checked_mul(b.1)?];
-                        Some((*c.iter().min()?, *c.iter().max()?))
+                        let c = [a.0.saturating_mul(b.0), a.0.saturating_mul(b.1), a.1.saturating_mul(b.0), a.1.saturating_mul(b.1)];
+                        (c.into_iter().min().unwrap_or(i64::MIN), c.into_iter().max().unwrap_or(i64::MAX))
                     }
-                    BinOp::Div if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => Some((a.0 / b.0, a.1 / b.0)),
-                    BinOp::Rem if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => Some((0, (b.0 - 1).min(a.1))),
-                    BinOp::Min => Some((a.0.min(b.0), a.1.min(b.1))),
-                    BinOp::Max => Some((a.0.max(b.0), a.1.max(b.1))),
-                    _ => None,
+                    BinOp::Div if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => (a.0 / b.0, a.1 / b.0),
+                    BinOp::Rem if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => (0, (b.0 - 1).min(a.1)),
+                    BinOp::Min => (a.0.min(b.0), a.1.min(b.1)),
+                    BinOp::Max => (a.0.max(b.0), a.1.max(b.1)),
+                    _ => ANY,
                 }
             }
             Expr::Select(_, a, b) => {
-                let (a, b) = (self.range(a)?, self.range(b)?);
-                Some((a.0.min(b.0), a.1.max(b.1)))
+                let (a, b) = (self.range(a), self.range(b));
+                (a.0.min(b.0), a.1.max(b.1))
             }
-            _ => None,
+            _ => ANY,
         }
     }
 

@@ -136,6 +136,11 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
             let th = u(UnOp::Tanh, b(BinOp::Mul, l(c), b(BinOp::Add, x.clone(), cube)));
             b(BinOp::Mul, b(BinOp::Mul, l(0.5), x), b(BinOp::Add, l(1.0), th))
         }
+        Unary::Sinh => b(BinOp::Mul, l(0.5), b(BinOp::Sub, u(UnOp::Exp, x.clone()), u(UnOp::Exp, u(UnOp::Neg, x)))),
+        Unary::Cosh => b(BinOp::Mul, l(0.5), b(BinOp::Add, u(UnOp::Exp, x.clone()), u(UnOp::Exp, u(UnOp::Neg, x)))),
+        Unary::Asinh => u(UnOp::Log, b(BinOp::Add, x.clone(), u(UnOp::Sqrt, b(BinOp::Add, b(BinOp::Mul, x.clone(), x), l(1.0))))),
+        Unary::Acosh => u(UnOp::Log, b(BinOp::Add, x.clone(), u(UnOp::Sqrt, b(BinOp::Sub, b(BinOp::Mul, x.clone(), x), l(1.0))))),
+        Unary::Atanh => b(BinOp::Mul, l(0.5), u(UnOp::Log, b(BinOp::Div, b(BinOp::Add, l(1.0), x.clone()), b(BinOp::Sub, l(1.0), x)))),
         Unary::IsNaN => b(BinOp::Ne, x.clone(), x),
         Unary::IsInf { detect_negative, detect_positive } => {
             let pos = b(BinOp::Eq, x.clone(), l(f64::INFINITY));

@@ -42,7 +42,7 @@ pub fn dims(t: &TensorType) -> Vec<u64> {
 pub fn pulled(op: &Op) -> bool {
     matches!(
         op,
-        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::Pad { .. } | Op::Tile { .. }
+        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::GatherElements { .. } | Op::Pad { .. } | Op::Tile { .. } | Op::Trilu { .. }
     )
 }
 
@@ -265,6 +265,27 @@ impl<'g> Lowerer<'g> {
                 ix.push(clamp(wrapped, len));
                 ix.extend_from_slice(&idx[*axis + r..]);
                 self.pull(x, &ix)
+            }
+            Op::GatherElements { axis } => {
+                // out[i] = data[i with i[axis] = indices[i]] (negative indices count from the end).
+                let ind = self.input(n, 1)?;
+                let ind_t = elem(self.ty(ind).dtype);
+                let raw = self.pull(ind, idx)?;
+                let i = convert(raw, ind_t, Elem::I64);
+                let len = in_shape[*axis];
+                let wrapped = Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i);
+                let mut ix = idx.to_vec();
+                ix[*axis] = clamp(wrapped, len);
+                self.pull(x, &ix)
+            }
+            Op::Trilu { upper, k } => {
+                // Keep element (i, j) of the last two axes when j - i >= k (upper) or j - i <= k (lower).
+                let r = idx.len();
+                let d = Expr::sub(idx[r - 1].clone(), idx[r - 2].clone());
+                let keep = if *upper { Expr::bin(BinOp::Le, Expr::int(*k), d) } else { Expr::bin(BinOp::Le, d, Expr::int(*k)) };
+                let t = elem(self.ty(x).dtype);
+                let v = self.pull(x, idx)?;
+                Ok(Expr::select(keep, v, lit(0.0, t)))
             }
             Op::Pad { pads, mode, value } => {
                 let rank = in_shape.len();
