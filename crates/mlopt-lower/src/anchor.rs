@@ -5,6 +5,7 @@
 
 use crate::elementwise::{compute, convert, elem, lit};
 use crate::error::Result;
+use crate::contract;
 use crate::kernel::{clamp, dims, Lowerer};
 use mlopt_ir::{NodeId, Op, ReduceKind, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
@@ -87,6 +88,26 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
             let kdim = l.ty(a).shape[if trans_a { 0 } else { 1 }] as u64;
             let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+            if let Some(t) = l.lanes.and_then(|w| contract::pick(out[0], out[1], w)) {
+                let cs = c.map(|c| l.ty(c).shape.clone());
+                return contract::tiled(
+                    l,
+                    &[],
+                    out[0],
+                    out[1],
+                    &[kdim],
+                    t,
+                    &mut |l, _, i, k| get(l, a, &if trans_a { [k[0].clone(), i.clone()] } else { [i.clone(), k[0].clone()] }, Elem::F32),
+                    &mut |l, _, k, j| get(l, bm, &if trans_b { [j.clone(), k[0].clone()] } else { [k[0].clone(), j.clone()] }, Elem::F32),
+                    &mut |l, _, i, j, v| {
+                        let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
+                        if let (Some(c), Some(cs)) = (c, &cs) {
+                            y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?));
+                        }
+                        Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
+                    },
+                );
+            }
             l.nest("i", &out, |l, idx| {
                 let (i, j) = (idx[0].clone(), idx[1].clone());
                 let f = dot(l, &[kdim], |l, r| {
@@ -143,6 +164,21 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let (sa, sb) = (l.ty(a).shape.clone(), l.ty(bm).shape.clone());
     let kdim = *sa.last().unwrap_or(&1) as u64;
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
+    let r = out.len();
+    if let (true, true, Some(t)) = (has_m, has_n, l.lanes.and_then(|w| contract::pick(out[r - 2], out[r - 1], w))) {
+        let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
+        return contract::tiled(
+            l,
+            &out[..r - 2],
+            out[r - 2],
+            out[r - 1],
+            &[kdim],
+            t,
+            &mut |l, bi, i, k| get(l, a, &[broadcast(&ba, bi), vec![i.clone(), k[0].clone()]].concat(), Elem::F32),
+            &mut |l, bi, k, j| get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), j.clone()]].concat(), Elem::F32),
+            &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [bi, &[i.clone(), j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
+        );
+    }
     l.nest("i", out, |l, idx| {
         let r = idx.len();
         let j = has_n.then(|| idx[r - 1].clone());
@@ -173,6 +209,9 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
     let mg = m / a.group as i64;
     let mut red = vec![cg as u64];
     red.extend(ws[2..].iter().map(|d| *d as u64));
+    if let (4, Some(t)) = (xs.len(), l.lanes.and_then(|w| contract::pick((m / a.group as i64) as u64, out[3], w))) {
+        return conv2d_tiled(l, x, w, bias, a, out, out_t, dst, t);
+    }
     let a = a.clone();
     l.nest("i", out, |l, idx| {
         let (nb, mo) = (idx[0].clone(), idx[1].clone());
@@ -208,6 +247,62 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
         s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
         Ok(s)
     })
+}
+
+/// 2-D convolution as an implicit GEMM per output row: M = output channels of a group, N = output
+/// width, K = input channels x kernel window. The input is first copied into a zero-padded local buffer,
+/// so the window's loads need no guard and, at stride 1, are contiguous along the output row.
+fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId, t: contract::Tile) -> Result<Vec<Stmt>> {
+    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
+    let ws: Vec<u64> = l.ty(w).shape.iter().map(|d| *d as u64).collect();
+    let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
+    let (pt, pl) = (a.pads[0] as i64, a.pads[1] as i64);
+    let padded = [xs[0] as u64, xs[1] as u64, (xs[2] + pt + a.pads[2] as i64) as u64, (xs[3] + pl + a.pads[3] as i64) as u64];
+    let mut stmts = Vec::new();
+    let src = if padded[2] as i64 == xs[2] && padded[3] as i64 == xs[3] {
+        None
+    } else {
+        let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.to_vec(), Space::Local);
+        stmts.extend(l.nest("p", &padded, |l, idx| {
+            let (h, wd) = (Expr::sub(idx[2].clone(), Expr::int(pt)), Expr::sub(idx[3].clone(), Expr::int(pl)));
+            let inside = [(h.clone(), xs[2]), (wd.clone(), xs[3])].into_iter().map(|(e, n)| b(BinOp::And, b(BinOp::Le, Expr::int(0), e.clone()), b(BinOp::Lt, e, Expr::int(n)))).reduce(|p, q| b(BinOp::And, p, q));
+            let v = get(l, x, &[idx[0].clone(), idx[1].clone(), clamp(h, xs[2]), clamp(wd, xs[3])], Elem::F32)?;
+            let v = Expr::select(inside.unwrap_or_else(|| lit(1.0, Elem::Bool)), v, lit(0.0, Elem::F32));
+            Ok(vec![Stmt::Store { buf: xp, index: idx.to_vec(), value: v }])
+        })?);
+        Some(xp)
+    };
+    let (s, d) = (a.strides.clone(), a.dilations.clone());
+    stmts.extend(contract::tiled(
+        l,
+        &[out[0], g as u64, out[2]],
+        mg as u64,
+        out[3],
+        &[cg as u64, ws[2], ws[3]],
+        t,
+        &mut |l, bi, i, k| {
+            let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
+            get(l, w, &[co, k[0].clone(), k[1].clone(), k[2].clone()], Elem::F32)
+        },
+        &mut |l, bi, k, j| {
+            let c = Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone());
+            let h = Expr::add(Expr::mul(bi[2].clone(), Expr::int(s[0] as i64)), Expr::mul(k[1].clone(), Expr::int(d[0] as i64)));
+            let wd = Expr::add(Expr::mul(j.clone(), Expr::int(s[1] as i64)), Expr::mul(k[2].clone(), Expr::int(d[1] as i64)));
+            match src {
+                Some(xp) => Ok(Expr::load(xp, vec![bi[0].clone(), c, h, wd])),
+                None => get(l, x, &[bi[0].clone(), c, h, wd], Elem::F32),
+            }
+        },
+        &mut |l, bi, i, j, v| {
+            let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
+            let y = match bias {
+                Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(&co), Elem::F32)?),
+                None => v,
+            };
+            Ok(Stmt::Store { buf: dst, index: vec![bi[0].clone(), co, bi[2].clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
+        },
+    )?);
+    Ok(stmts)
 }
 
 fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, include_pad: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {

@@ -26,6 +26,8 @@ pub struct Lowerer<'g> {
     pub params: Params,
     pub bufs: HashMap<Value, BufId>,
     next_var: usize,
+    /// Vector lanes of the CPU target when contractions should be register-tiled for it.
+    pub lanes: Option<u32>,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -48,7 +50,7 @@ pub fn pulled(op: &Op) -> bool {
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0 }
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {
@@ -323,11 +325,13 @@ impl<'g> Lowerer<'g> {
 
     /// Lowers the kernel: anchors in order, then the root's outputs.
     pub fn lower(mut self, order: &[NodeId], root: NodeId, outputs: &[(Value, BufId)]) -> Result<(Kernel, Params)> {
-        for &n in order {
+        let anchors: Vec<NodeId> = order.iter().copied().filter(|n| self.members.contains(n) && !pulled(&self.g.node(*n).op)).collect();
+        if let Some(fused) = self.fuse_epilogue(order, root, &anchors, outputs)? {
+            self.k.body.extend(fused);
+            return Ok((self.k, self.params));
+        }
+        for &n in &anchors {
             let node = self.g.node(n);
-            if !self.members.contains(&n) || pulled(&node.op) {
-                continue;
-            }
             let dsts: Vec<BufId> = (0..node.outputs.len())
                 .map(|o| {
                     let v = Value { node: n, output: o as u32 };
@@ -358,6 +362,86 @@ impl<'g> Lowerer<'g> {
             }
         }
         Ok((self.k, self.params))
+    }
+
+    /// One anchor followed by an elementwise epilogue of the same shape and type (MatMul + bias + ReLU,
+    /// say): the epilogue is applied to each value the anchor computes, in registers, and stored straight
+    /// into the kernel's output. None when the kernel does not have that form.
+    fn fuse_epilogue(&mut self, order: &[NodeId], root: NodeId, anchors: &[NodeId], outputs: &[(Value, BufId)]) -> Result<Option<Vec<Stmt>>> {
+        let [a] = anchors else { return Ok(None) };
+        let (an, rn) = (self.g.node(*a), self.g.node(root));
+        let [(out_v, out_b)] = outputs else { return Ok(None) };
+        let after: Vec<NodeId> = order.iter().copied().skip_while(|n| n != a).skip(1).filter(|n| self.members.contains(n)).collect();
+        let av = Value { node: *a, output: 0 };
+        let fusable = *a != root
+            && out_v.node == root
+            && rn.outputs.len() == 1
+            && an.outputs[0] == rn.outputs[0]
+            && (1..an.outputs.len()).all(|o| self.g.users(*a).iter().all(|(_, e)| e.output as usize != o))
+            && after.iter().all(|n| self.g.node(*n).op.is_elementwise());
+        if !fusable {
+            return Ok(None);
+        }
+        // The epilogue at symbolic indices, reading the anchor's value as a load of the output buffer.
+        let b = *out_b;
+        let shape = dims(&an.outputs[0]);
+        let vars: Vec<Var> = shape.iter().map(|_| self.fresh("e")).collect();
+        let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
+        self.bufs.insert(av, b);
+        let epi = self.pull_op(root, 0, &idx)?;
+        if !loads_only_at(&epi, b, &idx) {
+            self.bufs.remove(&av);
+            return Ok(None);
+        }
+        let mut dsts = vec![b];
+        for o in 1..an.outputs.len() {
+            let t = &an.outputs[o];
+            dsts.push(self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local));
+        }
+        let stmts = anchor::lower(self, *a, &dsts)?;
+        Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi)).collect()))
+    }
+}
+
+/// Whether every load of `b` in `e` is at exactly `idx`.
+fn loads_only_at(e: &Expr, b: BufId, idx: &[Expr]) -> bool {
+    match e {
+        Expr::Load(x, ix) => (*x != b || ix == idx) && ix.iter().all(|i| loads_only_at(i, b, idx)),
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => true,
+        Expr::Unary(_, a) | Expr::Cast(_, a) => loads_only_at(a, b, idx),
+        Expr::Binary(_, x, y) => loads_only_at(x, b, idx) && loads_only_at(y, b, idx),
+        Expr::Fma(x, y, z) | Expr::Select(x, y, z) => [x, y, z].iter().all(|a| loads_only_at(a, b, idx)),
+    }
+}
+
+/// Rewrites every store `b[I] = v` into `b[I] = epilogue(I, v)`.
+fn apply_epilogue(s: &Stmt, b: BufId, vars: &[Var], epi: &Expr) -> Stmt {
+    match s {
+        Stmt::Store { buf, index, value } if *buf == b => {
+            let mut e = epi.clone();
+            for (v, i) in vars.iter().zip(index) {
+                e = e.subst(*v, i);
+            }
+            Stmt::Store { buf: b, index: index.clone(), value: replace_load(&e, b, value) }
+        }
+        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| apply_epilogue(s, b, vars, epi)).collect() },
+        Stmt::If { cond, then } => Stmt::If { cond: cond.clone(), then: then.iter().map(|s| apply_epilogue(s, b, vars, epi)).collect() },
+        s => s.clone(),
+    }
+}
+
+/// `e` with every load of `b` replaced by `v`.
+fn replace_load(e: &Expr, b: BufId, v: &Expr) -> Expr {
+    let r = |x: &Expr| replace_load(x, b, v);
+    match e {
+        Expr::Load(x, _) if *x == b => v.clone(),
+        Expr::Load(x, ix) => Expr::Load(*x, ix.iter().map(r).collect()),
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
+        Expr::Unary(o, a) => Expr::un(*o, r(a)),
+        Expr::Cast(t, a) => Expr::cast(*t, r(a)),
+        Expr::Binary(o, x, y) => Expr::bin(*o, r(x), r(y)),
+        Expr::Fma(x, y, z) => Expr::fma(r(x), r(y), r(z)),
+        Expr::Select(x, y, z) => Expr::select(r(x), r(y), r(z)),
     }
 }
 

@@ -86,6 +86,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         let mut members = k.members.clone();
         members.sort_by_key(|m| pos[m]);
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
+        l.lanes = opts.cpu.map(|c| c.lanes);
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
