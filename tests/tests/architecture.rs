@@ -30,10 +30,18 @@ fn crate_dependencies_follow_the_rules() {
         ("mlopt-cost", &["mlopt-ir", "thiserror"]),
         // The only crate that knows egg.
         ("mlopt-rewrite", &["mlopt-ir", "mlopt-cost", "egg", "thiserror", "indicatif"]),
-        // Lowering sees the graph IR only.
-        ("mlopt-lower", &["mlopt-ir", "thiserror"]),
+        // The kernel IR knows nothing of ONNX, the graph IR or LLVM.
+        ("mlopt-kir", &["thiserror", "half", "libm"]),
+        // Lowering sees the graph IR and the kernel IR only.
+        ("mlopt-lower", &["mlopt-ir", "mlopt-kir", "thiserror"]),
+        // The only crate that links LLVM; it sees the kernel IR only.
+        ("mlopt-llvm", &["mlopt-kir", "inkwell", "thiserror"]),
+        // The runtime knows no IR at all.
+        ("mlopt-runtime", &["thiserror", "libloading", "ar", "tempfile"]),
+        // The driver strings the stages together.
+        ("mlopt-driver", &["mlopt-ir", "mlopt-kir", "mlopt-rewrite", "mlopt-lower", "mlopt-llvm", "mlopt-runtime", "thiserror"]),
         // anyhow only in the CLI.
-        ("mlopt-cli", &["mlopt-ir", "mlopt-onnx", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "clap", "anyhow"]),
+        ("mlopt-cli", &["mlopt-ir", "mlopt-onnx", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-driver", "clap", "anyhow"]),
     ];
     for (krate, allowed) in rules {
         for d in deps(krate) {

@@ -3,8 +3,6 @@
 
 mod compare;
 mod data;
-mod emit;
-mod pipeline;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -72,6 +70,11 @@ impl OptArgs {
             cfg.calibration = vec![inputs];
         }
         Ok(cfg)
+    }
+
+    /// The driver's options: the optimiser's configuration plus the code generation target.
+    fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
+        Ok(mlopt_driver::Options { config: self.config(names)?, target: self.target.clone(), threads: self.threads.max(1) })
     }
 
     fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
@@ -194,7 +197,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let start = std::time::Instant::now();
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
-            let c = pipeline::compile(&g, &opt, &data::input_names(&m)?)?;
+            let c = mlopt_driver::compile(&g, &opt.driver(&data::input_names(&m)?)?)?;
             let stem = file_stem(&g.name);
             let written = c.write_library(&output, &stem)?;
             let json = output.join("report.json");
@@ -240,7 +243,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let outs = if interpret {
                 interp::run(&g, &given).context("evaluating the model")?
             } else {
-                let c = pipeline::compile(&g, &opt, &names)?;
+                let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
                 c.run(&mut c.load()?, &given)?
             };
             for (name, t) in &outs {
@@ -286,7 +289,7 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
         Engine::Interpreter => interp::run(&g, &inputs).context("evaluating the model")?,
         Engine::Optimized(opt) => interp::run(&opt.optimize(&g, &names)?.0.plan.graph, &inputs).context("evaluating the model")?,
         Engine::Compiled(opt) => {
-            let c = pipeline::compile(&g, opt, &names)?;
+            let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
             c.run(&mut c.load()?, &inputs)?
         }
     };
@@ -310,7 +313,7 @@ fn bench(model: &Path, inputs: &[String], input_shapes: &[String], iters: usize,
     let names = data::input_names(&m)?;
     let given = data::read_inputs(inputs, &names)?;
     let g = data::import(&m, model, input_shapes, &given)?;
-    let c = pipeline::compile(&g, opt, &names)?;
+    let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
     let compile_s = start.elapsed().as_secs_f64();
     let mut lib = c.load()?;
     let inputs = if given.is_empty() { mlopt_rewrite::optimize::random_inputs(&g, 1) } else { given };

@@ -30,11 +30,11 @@ pub struct Tile {
 /// The largest tile that divides M x N and fits the registers, or None (then the plain loop nest runs).
 pub fn pick(m: u64, n: u64, lanes: u32) -> Option<Tile> {
     let regs = if lanes >= 16 { 32 } else { 16 };
-    let lanes = [lanes, 8].into_iter().find(|w| *w <= lanes && n % *w as u64 == 0)? as u64;
+    let lanes = [lanes, 8].into_iter().find(|w| *w <= lanes && n.is_multiple_of(*w as u64))? as u64;
     let max_vecs = if regs == 32 { 4 } else { 2 };
-    let nv = (1..=max_vecs).rev().find(|v| n % (v * lanes) == 0)?;
+    let nv = (1..=max_vecs).rev().find(|v| n.is_multiple_of(v * lanes))?;
     // mr rows x nv vectors of accumulators + nv B vectors + 1 broadcast must fit.
-    let mr = (1..=6u64).rev().find(|r| m % r == 0 && r * nv + nv + 1 <= regs)?;
+    let mr = (1..=6u64).rev().find(|r| m.is_multiple_of(*r) && r * nv + nv < regs)?;
     Some(Tile { mr, nr: nv * lanes, lanes: lanes as u32 })
 }
 

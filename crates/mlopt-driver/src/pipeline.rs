@@ -6,8 +6,6 @@
 //! each timed; and what to do with the result: load it into this process and run it, or write the
 //! library users link.
 
-use crate::OptArgs;
-use anyhow::{bail, Context, Result};
 use mlopt_ir::{Graph, Tensor};
 use mlopt_kir::Program;
 use mlopt_llvm::{c_name, CpuTarget};
@@ -15,6 +13,35 @@ use mlopt_runtime::Loaded;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("optimising: {0}")]
+    Optimize(#[from] mlopt_rewrite::RewriteError),
+    #[error("lowering to the kernel IR: {0}")]
+    Lower(#[from] mlopt_lower::LowerError),
+    #[error("generating code: {0}")]
+    Codegen(#[from] mlopt_llvm::LlvmError),
+    #[error(transparent)]
+    Runtime(#[from] mlopt_runtime::RuntimeError),
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
+    Input(String),
+}
+
+pub type Result<T, E = DriverError> = std::result::Result<T, E>;
+
+/// What to compile for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The optimiser's configuration (its target gives the cost model).
+    pub config: mlopt_rewrite::Config,
+    /// The code generation target: host, x86-64-v3 or x86-64-v4.
+    pub target: String,
+    /// Threads of parallel loops (the default; the runtime can override it).
+    pub threads: u32,
+}
 
 #[derive(Debug)]
 pub struct Compiled {
@@ -28,9 +55,9 @@ pub struct Compiled {
 }
 
 /// Runs the pipeline on an imported graph.
-pub fn compile(g: &Graph, opt: &OptArgs, names: &[String]) -> Result<Compiled> {
+pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     if opt.target.starts_with("sm_") {
-        bail!("--target {}: PTX code generation is not implemented yet; `inspect --stage optimized` shows the GPU plan", opt.target);
+        return Err(DriverError::Input(format!("--target {}: PTX code generation is not implemented yet; `inspect --stage optimized` shows the GPU plan", opt.target)));
     }
     let mut times = Vec::new();
     let mut t = Instant::now();
@@ -38,13 +65,14 @@ pub fn compile(g: &Graph, opt: &OptArgs, names: &[String]) -> Result<Compiled> {
         times.push((name, t.elapsed().as_secs_f64()));
         t = Instant::now();
     };
-    let (optimized, cfg) = opt.optimize(g, names)?;
+    let cfg = opt.config.clone();
+    let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
     let target = CpuTarget::named(&opt.target)?;
     let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1) };
-    let program = mlopt_lower::lower_program(&optimized.plan.graph, &mlopt_lower::Options { cpu: Some(sched) }).context("lowering to the kernel IR")?;
+    let program = mlopt_lower::lower_program(&optimized.plan.graph, &mlopt_lower::Options { cpu: Some(sched) })?;
     lap("lower+schedule", &mut times);
-    let code = mlopt_llvm::compile(&program, &target, opt.threads.max(1)).context("generating code")?;
+    let code = mlopt_llvm::compile(&program, &target, opt.threads.max(1))?;
     lap("codegen", &mut times);
     Ok(Compiled { optimized, cfg, program, code, target, times })
 }
@@ -70,10 +98,10 @@ impl Compiled {
             .inputs
             .iter()
             .map(|io| {
-                let t = inputs.get(&io.name).with_context(|| format!("input '{}' is missing", io.name))?;
+                let t = inputs.get(&io.name).ok_or_else(|| DriverError::Input(format!("input '{}' is missing", io.name)))?;
                 let want: Vec<usize> = io.dims.iter().map(|d| *d as usize).collect();
                 if t.shape() != want.as_slice() || t.dtype().name() != io.elem.name() {
-                    bail!("input '{}' is {}, the model was compiled for {}{:?}", io.name, t.ty(), io.elem, want);
+                    return Err(DriverError::Input(format!("input '{}' is {}, the model was compiled for {}{:?}", io.name, t.ty(), io.elem, want)));
                 }
                 Ok(t.to_le_bytes())
             })
@@ -86,16 +114,16 @@ impl Compiled {
         let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
         let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; bytes(io)]).collect();
         lib.run(&refs, &mut outs)?;
-        self.program.outputs.iter().zip(&outs).map(|(io, b)| Ok((io.name.clone(), mlopt_lower::program::tensor(io, b).map_err(anyhow::Error::msg)?))).collect()
+        self.program.outputs.iter().zip(&outs).map(|(io, b)| Ok((io.name.clone(), mlopt_lower::program::tensor(io, b).map_err(DriverError::Io)?))).collect()
     }
 
     /// Writes lib<stem>.a, <stem>.h, <stem>.rs and the stage dumps into `dir`; returns the paths written.
     pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
         let mut written = Vec::new();
         let mut write = |name: String, data: &[u8]| -> Result<()> {
             let p = dir.join(name);
-            std::fs::write(&p, data).with_context(|| format!("writing {}", p.display()))?;
+            std::fs::write(&p, data).map_err(|e| DriverError::Io(format!("writing {}: {e}", p.display())))?;
             written.push(p);
             Ok(())
         };
@@ -105,7 +133,7 @@ impl Compiled {
         write(format!("{stem}.kir"), mlopt_kir::print::program(&self.program).as_bytes())?;
         write(format!("{stem}.ll"), self.code.llvm_ir.as_bytes())?;
         let lib = dir.join(format!("lib{stem}.a"));
-        mlopt_runtime::write_archive(&lib, &[(&format!("{stem}.o"), &self.code.object)]).with_context(|| format!("writing {}", lib.display()))?;
+        mlopt_runtime::write_archive(&lib, &[(&format!("{stem}.o"), &self.code.object)]).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
         written.push(lib);
         Ok(written)
     }

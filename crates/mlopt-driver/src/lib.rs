@@ -1,0 +1,11 @@
+//! mlopt's driver: the pipeline from an imported graph to native code (`pipeline`), and what users get
+//! from it (`emit`: the C header and the Rust binding).
+//!
+//! Architecture invariant: the only crate (besides the CLI) that sees every stage; it adds no IR of its own.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod emit;
+pub mod pipeline;
+
+pub use pipeline::{compile, Compiled, DriverError, Options};
