@@ -98,7 +98,10 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     &[kdim],
                     t,
                     &mut |l, _, i, k| get(l, a, &if trans_a { [k[0].clone(), i.clone()] } else { [i.clone(), k[0].clone()] }, Elem::F32),
-                    &mut |l, _, k, j| get(l, bm, &if trans_b { [j.clone(), k[0].clone()] } else { [k[0].clone(), j.clone()] }, Elem::F32),
+                    &mut |l, _, k, jo, jj| {
+                        let j = contract::column(t, jo, jj);
+                        get(l, bm, &if trans_b { [j, k[0].clone()] } else { [k[0].clone(), j] }, Elem::F32)
+                    },
                     &mut |l, _, i, j, v| {
                         let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
                         if let (Some(c), Some(cs)) = (c, &cs) {
@@ -167,6 +170,16 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let r = out.len();
     if let (true, true, Some(t)) = (has_m, has_n, l.lanes.and_then(|w| contract::pick(out[r - 2], out[r - 1], w))) {
         let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
+        // A constant 2-D f32 B (the weights) is packed into column panels at compile time.
+        let packed = match l.g.const_value(bm) {
+            Some(w) if sb.len() == 2 && w.dtype() == mlopt_ir::DType::F32 => {
+                let (kk, nn) = (sb[0] as u64, sb[1] as u64);
+                let data = contract::pack_panels(&w.to_le_bytes(), kk, nn, t.nr);
+                let name = format!("{}.packed{}x{}", l.g.node(bm.node).name, t.nr, kk);
+                Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn / t.nr, kk, t.nr], data: std::sync::Arc::new(data) }))
+            }
+            _ => None,
+        };
         return contract::tiled(
             l,
             &out[..r - 2],
@@ -175,7 +188,10 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             &[kdim],
             t,
             &mut |l, bi, i, k| get(l, a, &[broadcast(&ba, bi), vec![i.clone(), k[0].clone()]].concat(), Elem::F32),
-            &mut |l, bi, k, j| get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), j.clone()]].concat(), Elem::F32),
+            &mut |l, bi, k, jo, jj| match packed {
+                Some(p) => Ok(Expr::load(p, vec![jo.clone(), k[0].clone(), jj.clone()])),
+                None => get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), contract::column(t, jo, jj)]].concat(), Elem::F32),
+            },
             &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [bi, &[i.clone(), j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
         );
     }
@@ -284,10 +300,11 @@ fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &ml
             let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
             get(l, w, &[co, k[0].clone(), k[1].clone(), k[2].clone()], Elem::F32)
         },
-        &mut |l, bi, k, j| {
+        &mut |l, bi, k, jo, jj| {
+            let j = contract::column(t, jo, jj);
             let c = Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone());
             let h = Expr::add(Expr::mul(bi[2].clone(), Expr::int(s[0] as i64)), Expr::mul(k[1].clone(), Expr::int(d[0] as i64)));
-            let wd = Expr::add(Expr::mul(j.clone(), Expr::int(s[1] as i64)), Expr::mul(k[2].clone(), Expr::int(d[1] as i64)));
+            let wd = Expr::add(Expr::mul(j, Expr::int(s[1] as i64)), Expr::mul(k[2].clone(), Expr::int(d[1] as i64)));
             match src {
                 Some(xp) => Ok(Expr::load(xp, vec![bi[0].clone(), c, h, wd])),
                 None => get(l, x, &[bi[0].clone(), c, h, wd], Elem::F32),

@@ -15,8 +15,15 @@ use mlopt_ir::{Graph, NodeId, Op, TensorType, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, Space, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
-/// What a kernel parameter is bound to in the graph.
-pub type Params = Vec<Value>;
+/// What a kernel parameter is bound to: a graph value, or a weight lowering made (a constant re-laid
+/// out for its kernel, such as a GEMM's B packed into column panels).
+#[derive(Debug, Clone)]
+pub enum Param {
+    Value(Value),
+    Weight(mlopt_kir::Weight),
+}
+
+pub type Params = Vec<Param>;
 
 pub struct Lowerer<'g> {
     pub g: &'g Graph,
@@ -75,8 +82,16 @@ impl<'g> Lowerer<'g> {
         let t = self.ty(v);
         let name = format!("in{}", self.params.len());
         let b = self.k.buf(name, elem(t.dtype), dims(t), Space::Global);
-        self.params.push(v);
+        self.params.push(Param::Value(v));
         self.bufs.insert(v, b);
+        b
+    }
+
+    /// A new weight parameter holding `w` (made by lowering, not in the graph).
+    pub fn weight(&mut self, w: mlopt_kir::Weight) -> BufId {
+        let name = format!("in{}", self.params.len());
+        let b = self.k.buf(name, w.elem, w.dims.clone(), Space::Global);
+        self.params.push(Param::Weight(w));
         b
     }
 

@@ -102,8 +102,14 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         if let Some(s) = opts.cpu {
             crate::schedule::schedule_cpu(&mut kernel, s)?;
         }
-        for v in params {
-            args.push(b.place(v)?);
+        for p in params {
+            args.push(match p {
+                crate::kernel::Param::Value(v) => b.place(v)?,
+                crate::kernel::Param::Weight(w) => {
+                    b.program.weights.push(w);
+                    Place::Weight(b.program.weights.len() - 1)
+                }
+            });
         }
         b.program.steps.push(Step { kernel: b.program.kernels.len(), args });
         b.program.kernels.push(kernel);
