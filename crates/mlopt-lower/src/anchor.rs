@@ -90,6 +90,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
             if let Some(t) = l.lanes.and_then(|w| contract::pick(out[0], out[1], w)) {
                 let cs = c.map(|c| l.ty(c).shape.clone());
+                let packed = pack_b(l, bm, trans_b, t);
                 return contract::tiled(
                     l,
                     &[],
@@ -98,9 +99,12 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     &[kdim],
                     t,
                     &mut |l, _, i, k| get(l, a, &if trans_a { [k[0].clone(), i.clone()] } else { [i.clone(), k[0].clone()] }, Elem::F32),
-                    &mut |l, _, k, jo, jj| {
-                        let j = contract::column(t, jo, jj);
-                        get(l, bm, &if trans_b { [j, k[0].clone()] } else { [k[0].clone(), j] }, Elem::F32)
+                    &mut |l, _, k, jo, jj| match packed {
+                        Some(p) => Ok(Expr::load(p, vec![jo.clone(), k[0].clone(), jj.clone()])),
+                        None => {
+                            let j = contract::column(t, jo, jj);
+                            get(l, bm, &if trans_b { [j, k[0].clone()] } else { [k[0].clone(), j] }, Elem::F32)
+                        }
                     },
                     &mut |l, _, i, j, v| {
                         let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
@@ -162,6 +166,19 @@ fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) 
     })
 }
 
+/// A constant f32 B ([K, N], or [N, K] when `trans`) packed into column panels for tile `t`: a new
+/// weight of the kernel. None when B is not a constant.
+fn pack_b(l: &mut Lowerer, bm: Value, trans: bool, t: contract::Tile) -> Option<BufId> {
+    let w = l.g.const_value(bm)?;
+    if w.dtype() != mlopt_ir::DType::F32 || w.shape().len() != 2 {
+        return None;
+    }
+    let (kk, nn) = if trans { (w.shape()[1] as u64, w.shape()[0] as u64) } else { (w.shape()[0] as u64, w.shape()[1] as u64) };
+    let data = contract::pack_panels(&w.to_le_bytes(), kk, nn, t.nr, trans);
+    let name = format!("{}.packed{}", l.g.node(bm.node).name, t.nr);
+    Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn / t.nr, kk, t.nr], data: std::sync::Arc::new(data) }))
+}
+
 fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
     let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
     let (sa, sb) = (l.ty(a).shape.clone(), l.ty(bm).shape.clone());
@@ -171,15 +188,7 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     if let (true, true, Some(t)) = (has_m, has_n, l.lanes.and_then(|w| contract::pick(out[r - 2], out[r - 1], w))) {
         let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
         // A constant 2-D f32 B (the weights) is packed into column panels at compile time.
-        let packed = match l.g.const_value(bm) {
-            Some(w) if sb.len() == 2 && w.dtype() == mlopt_ir::DType::F32 => {
-                let (kk, nn) = (sb[0] as u64, sb[1] as u64);
-                let data = contract::pack_panels(&w.to_le_bytes(), kk, nn, t.nr);
-                let name = format!("{}.packed{}x{}", l.g.node(bm.node).name, t.nr, kk);
-                Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn / t.nr, kk, t.nr], data: std::sync::Arc::new(data) }))
-            }
-            _ => None,
-        };
+        let packed = if sb.len() == 2 { pack_b(l, bm, false, t) } else { None };
         return contract::tiled(
             l,
             &out[..r - 2],

@@ -56,14 +56,17 @@ pub fn column(t: Tile, jo: &Expr, jj: &Expr) -> Expr {
     Expr::add(Expr::mul(jo.clone(), Expr::int(t.nr as i64)), jj.clone())
 }
 
-/// B [K, N] (row-major f32 bytes) packed into column panels [N / nr, K, nr]: a tile's k-th row of B is
-/// then `nr` contiguous floats, and a whole panel is one sequential stream.
-pub fn pack_panels(b: &[u8], k: u64, n: u64, nr: u64) -> Vec<u8> {
+/// B [K, N] (row-major f32 bytes; [N, K] when `trans`) packed into column panels [N / nr, K, nr]: a
+/// tile's k-th row of B is then `nr` contiguous floats, and a whole panel is one sequential stream.
+pub fn pack_panels(b: &[u8], k: u64, n: u64, nr: u64, trans: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     for jo in 0..n / nr {
         for kk in 0..k {
-            let at = ((kk * n + jo * nr) * 4) as usize;
-            out.extend_from_slice(&b[at..at + (nr * 4) as usize]);
+            for jj in 0..nr {
+                let j = jo * nr + jj;
+                let at = (if trans { j * k + kk } else { kk * n + j } * 4) as usize;
+                out.extend_from_slice(&b[at..at + 4]);
+            }
         }
     }
     out
