@@ -12,12 +12,17 @@ pub use load::{Loaded, RuntimeError};
 /// The runtime compiled for x86-64 Linux, position independent.
 pub const RUNTIME_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mlopt_runtime.o"));
 
-/// Writes a static library holding `objects` (name, ELF bytes) and the runtime.
+/// Writes a static library holding `objects` (name, ELF bytes) and the runtime, with the symbol index
+/// linkers need (written by ar_archive_writer, the archive writer rustc itself uses).
 pub fn write_archive(path: &std::path::Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
-    let mut a = ar::Builder::new(std::fs::File::create(path)?);
-    for (name, data) in objects.iter().copied().chain([("mlopt_runtime.o", RUNTIME_OBJECT)]) {
-        let header = ar::Header::new(name.as_bytes().to_vec(), data.len() as u64);
-        a.append(&header, data)?;
-    }
-    Ok(())
+    use ar_archive_writer::{write_archive_to_stream, ArchiveKind, NewArchiveMember, DEFAULT_OBJECT_READER};
+    let members: Vec<NewArchiveMember> = objects
+        .iter()
+        .copied()
+        .chain([("mlopt_runtime.o", RUNTIME_OBJECT)])
+        .map(|(name, data)| NewArchiveMember::new(data, &DEFAULT_OBJECT_READER, name.to_string()))
+        .collect();
+    let mut out = std::io::Cursor::new(Vec::new());
+    write_archive_to_stream(&mut out, &members, ArchiveKind::Gnu, false, None)?;
+    std::fs::write(path, out.into_inner())
 }

@@ -1,0 +1,33 @@
+//! Runs the mlp fixture compiled by mlopt from Rust:
+//!
+//!     mlopt compile fixtures/mlp/model.onnx -o build/
+//!     MLOPT_OUT=$PWD/build cargo run --manifest-path examples/rust/Cargo.toml -- input.bin
+//!
+//! input.bin holds the input as raw little-endian floats; every output element is printed, one per line.
+
+#[allow(dead_code)]
+mod mlp {
+    include!(concat!(env!("MLOPT_OUT"), "/mlp.rs"));
+}
+
+fn main() {
+    let path = std::env::args().nth(1).unwrap_or_else(|| {
+        eprintln!("usage: mlopt-example-rust INPUT.bin");
+        std::process::exit(2)
+    });
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+        eprintln!("{path}: {e}");
+        std::process::exit(2)
+    });
+    let input: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let mut output = vec![0f32; mlp::OUTPUT0_SHAPE.iter().product()];
+    if input.len() != mlp::INPUT0_SHAPE.iter().product::<usize>() {
+        eprintln!("{path}: {} floats, the model takes {:?}", input.len(), mlp::INPUT0_SHAPE);
+        std::process::exit(2)
+    }
+    let mut model = mlp::Model::new();
+    model.run(&input, &mut output);
+    for v in output {
+        println!("{v:.9e}");
+    }
+}
