@@ -185,7 +185,8 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let kdim = *sa.last().unwrap_or(&1) as u64;
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
     let r = out.len();
-    if let (true, true, Some(t)) = (has_m, has_n, l.lanes.and_then(|w| contract::pick(out[r - 2], out[r - 1], w))) {
+    let tile = if has_m && has_n && r >= 2 { l.lanes.and_then(|w| contract::pick(out[r - 2], out[r - 1], w)) } else { None };
+    if let Some(t) = tile {
         let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
         // A constant 2-D f32 B (the weights) is packed into column panels at compile time.
         let packed = if sb.len() == 2 { pack_b(l, bm, false, t) } else { None };
