@@ -78,9 +78,12 @@ impl Verifier<'_> {
                         self.err(format!("vector<{w}> loop %{} has extent {extent}, not a multiple", self.k.var_name(*var)));
                     }
                 }
-                self.env.insert(*var, (0, *extent as i64 - 1));
-                self.block(body);
-                self.env.remove(var);
+                // A loop of extent 0 never runs: nothing under it can go out of bounds.
+                if *extent > 0 {
+                    self.env.insert(*var, (0, *extent as i64 - 1));
+                    self.block(body);
+                    self.env.remove(var);
+                }
             }
             Stmt::Store { buf, index, value } => {
                 let what = format!("store to %{}", self.k.buffer(*buf).name);

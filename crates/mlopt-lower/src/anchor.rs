@@ -36,9 +36,35 @@ fn fold(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], update: impl FnOn
     Ok(Fold { stmts, acc })
 }
 
-/// A fold whose update is `op(acc, value(r))`.
-fn fold_op(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
+/// A fold whose update is `op(acc, value(r))`, one element at a time.
+fn fold_op_scalar(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
     fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
+}
+
+/// A fold whose update is `op(acc, value(r))`. For a CPU target, an f32 sum/max/min over one axis whose
+/// length the vector width divides keeps one partial result per lane (`vector` loop) and folds the lanes
+/// at the end (Halide's rfactor): the sum's order changes, not its terms.
+fn fold_op(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
+    let w = l.lanes.map(u64::from).unwrap_or(0);
+    let [e] = extents else { return fold_op_scalar(l, t, init, extents, op, value) };
+    if w == 0 || t != Elem::F32 || *e == 0 || e % w != 0 || !matches!(op, BinOp::Add | BinOp::Max | BinOp::Min) {
+        return fold_op_scalar(l, t, init, extents, op, value);
+    }
+    let part = l.k.buf(format!("part{}", l.k.bufs.len()), t, vec![w], Space::Local);
+    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
+    let (r0, ro, rl, q) = (l.fresh("rl"), l.fresh("ro"), l.fresh("rl"), l.fresh("q"));
+    let lane = |v| vec![Expr::var(v)];
+    let r = Expr::add(Expr::mul(Expr::var(ro), Expr::int(w as i64)), Expr::var(rl));
+    let x = value(l, &[r])?;
+    let vector = mlopt_kir::LoopKind::Vector(w as u32);
+    let serial = mlopt_kir::LoopKind::Serial;
+    let stmts = vec![
+        Stmt::For { var: r0, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(r0), value: init.clone() }] },
+        Stmt::For { var: ro, extent: e / w, kind: serial, body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: b(op, Expr::load(part, lane(rl)), x) }] }] },
+        Stmt::Store { buf: acc, index: vec![], value: init },
+        Stmt::For { var: q, extent: w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: b(op, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }] },
+    ];
+    Ok(Fold { stmts, acc })
 }
 
 fn lowest(t: Elem) -> Expr {
@@ -343,7 +369,8 @@ fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, i
         let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
         let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
         let mut count_in = None;
-        let f = fold_op(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
+        // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
+        let f = fold_op_scalar(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
             let mut inside = None;
             let mut padded = None;
             let mut xi = vec![idx[0].clone(), idx[1].clone()];
