@@ -42,27 +42,39 @@ fn fold_op_scalar(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: Bin
 }
 
 /// A fold whose update is `op(acc, value(r))`. For a CPU target, an f32 sum/max/min over one axis whose
-/// length the vector width divides keeps one partial result per lane (`vector` loop) and folds the lanes
-/// at the end (Halide's rfactor): the sum's order changes, not its terms.
+/// length the vector width divides keeps one partial result per lane and folds the lanes at the end.
 fn fold_op(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
-    let w = l.lanes.map(u64::from).unwrap_or(0);
-    let [e] = extents else { return fold_op_scalar(l, t, init, extents, op, value) };
-    if w == 0 || t != Elem::F32 || *e == 0 || e % w != 0 || !matches!(op, BinOp::Add | BinOp::Max | BinOp::Min) {
-        return fold_op_scalar(l, t, init, extents, op, value);
+    match (lanes_for(l, t, extents), matches!(op, BinOp::Add | BinOp::Max | BinOp::Min)) {
+        (Some(w), true) => rfactor(l, t, init, extents[0], w, op, |l, r, part| Ok(b(op, part, value(l, r)?))),
+        _ => fold_op_scalar(l, t, init, extents, op, value),
     }
+}
+
+/// The vector width an f32 fold over `extents` can be split by (one axis, a multiple of the lanes).
+fn lanes_for(l: &Lowerer, t: Elem, extents: &[u64]) -> Option<u64> {
+    let w = u64::from(l.lanes?);
+    match extents {
+        [e] if t == Elem::F32 && *e > 0 && e % w == 0 => Some(w),
+        _ => None,
+    }
+}
+
+/// Halide's rfactor: `w` partial accumulators, one per vector lane (`part[rl] = update(r, part[rl])` in a
+/// vector loop), folded by `combine` at the end. The order of the terms changes, not the terms.
+fn rfactor(l: &mut Lowerer, t: Elem, init: Expr, e: u64, w: u64, combine: BinOp, update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>) -> Result<Fold> {
     let part = l.k.buf(format!("part{}", l.k.bufs.len()), t, vec![w], Space::Local);
     let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
     let (r0, ro, rl, q) = (l.fresh("rl"), l.fresh("ro"), l.fresh("rl"), l.fresh("q"));
     let lane = |v| vec![Expr::var(v)];
     let r = Expr::add(Expr::mul(Expr::var(ro), Expr::int(w as i64)), Expr::var(rl));
-    let x = value(l, &[r])?;
+    let x = update(l, &[r], Expr::load(part, lane(rl)))?;
     let vector = mlopt_kir::LoopKind::Vector(w as u32);
     let serial = mlopt_kir::LoopKind::Serial;
     let stmts = vec![
         Stmt::For { var: r0, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(r0), value: init.clone() }] },
-        Stmt::For { var: ro, extent: e / w, kind: serial, body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: b(op, Expr::load(part, lane(rl)), x) }] }] },
+        Stmt::For { var: ro, extent: e / w, kind: serial, body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: x }] }] },
         Stmt::Store { buf: acc, index: vec![], value: init },
-        Stmt::For { var: q, extent: w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: b(op, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }] },
+        Stmt::For { var: q, extent: w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }] },
     ];
     Ok(Fold { stmts, acc })
 }
@@ -141,12 +153,16 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     },
                 );
             }
+            let columns = b_by_columns(l, bm, trans_b, kdim);
             l.nest("i", &out, |l, idx| {
                 let (i, j) = (idx[0].clone(), idx[1].clone());
                 let f = dot(l, &[kdim], |l, r| {
                     let ai = if trans_a { vec![r[0].clone(), i.clone()] } else { vec![i.clone(), r[0].clone()] };
-                    let bi = if trans_b { vec![j.clone(), r[0].clone()] } else { vec![r[0].clone(), j.clone()] };
-                    Ok((get(l, a, &ai, Elem::F32)?, get(l, bm, &bi, Elem::F32)?))
+                    let bv = match columns {
+                        Some(c) => Expr::load(c, vec![j.clone(), r[0].clone(), Expr::int(0)]),
+                        None => get(l, bm, &if trans_b { vec![j.clone(), r[0].clone()] } else { vec![r[0].clone(), j.clone()] }, Elem::F32)?,
+                    };
+                    Ok((get(l, a, &ai, Elem::F32)?, bv))
                 })?;
                 let mut stmts = f.stmts.clone();
                 let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), f.get());
@@ -186,10 +202,28 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
 
 /// `acc = fma(x, y, acc)` over `extents`.
 fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>) -> Result<Fold> {
-    fold(l, Elem::F32, lit(0.0, Elem::F32), extents, |l, r, acc| {
+    let fma = |l: &mut Lowerer, r: &[Expr], acc: Expr| {
         let (x, y) = xy(l, r)?;
         Ok(Expr::fma(x, y, acc))
-    })
+    };
+    match lanes_for(l, Elem::F32, extents) {
+        Some(w) => rfactor(l, Elem::F32, lit(0.0, Elem::F32), extents[0], w, BinOp::Add, fma),
+        None => fold(l, Elem::F32, lit(0.0, Elem::F32), extents, fma),
+    }
+}
+
+/// A constant f32 B ([K, N], or [N, K] when `trans`) as [N, K, 1] when the untiled contraction will run
+/// its dot products along K in vector lanes: each column of B is then contiguous. None otherwise.
+fn b_by_columns(l: &mut Lowerer, bm: Value, trans: bool, kdim: u64) -> Option<BufId> {
+    lanes_for(l, Elem::F32, &[kdim])?;
+    let w = l.g.const_value(bm)?;
+    if w.dtype() != mlopt_ir::DType::F32 || w.shape().len() != 2 {
+        return None;
+    }
+    let nn = w.shape()[if trans { 0 } else { 1 }] as u64;
+    let data = contract::pack_panels(&w.to_le_bytes(), kdim, nn, 1, trans);
+    let name = format!("{}.columns", l.g.node(bm.node).name);
+    Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn, kdim, 1], data: std::sync::Arc::new(data) }))
 }
 
 /// A constant f32 B ([K, N], or [N, K] when `trans`) packed into column panels for tile `t`: a new
@@ -231,6 +265,7 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [bi, &[i.clone(), j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
         );
     }
+    let columns = if has_n && sb.len() == 2 { b_by_columns(l, bm, false, kdim) } else { None };
     l.nest("i", out, |l, idx| {
         let r = idx.len();
         let j = has_n.then(|| idx[r - 1].clone());
@@ -240,10 +275,16 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             let mut ai = broadcast(&sa[..sa.len().saturating_sub(2)], batch);
             ai.extend(i.clone());
             ai.push(k[0].clone());
-            let mut bi = broadcast(&sb[..sb.len().saturating_sub(2)], batch);
-            bi.push(k[0].clone());
-            bi.extend(j.clone());
-            Ok((get(l, a, &ai, Elem::F32)?, get(l, bm, &bi, Elem::F32)?))
+            let bv = match (columns, &j) {
+                (Some(c), Some(j)) => Expr::load(c, vec![j.clone(), k[0].clone(), Expr::int(0)]),
+                _ => {
+                    let mut bi = broadcast(&sb[..sb.len().saturating_sub(2)], batch);
+                    bi.push(k[0].clone());
+                    bi.extend(j.clone());
+                    get(l, bm, &bi, Elem::F32)?
+                }
+            };
+            Ok((get(l, a, &ai, Elem::F32)?, bv))
         })?;
         let mut s = f.stmts.clone();
         s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(f.get(), Elem::F32, out_t) });
