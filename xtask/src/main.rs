@@ -58,14 +58,16 @@ fn demo() -> Result {
     let data = "fixtures/cnn/test_data_set_0";
     println!("\n== mlopt inspect {model}  (the graph IR after import)");
     run(Command::new(&mlopt).args(["inspect", model]))?;
-    println!("\n== mlopt compile {model} --target host -o target/demo --report  (optimised and fused for this CPU)");
+    println!("\n== mlopt compile {model} --target host -o target/demo --report  (optimised, fused and compiled for this CPU)");
     run(Command::new(&mlopt).args(["compile", model, "--target", "host", "-o", "target/demo", "--report"]))?;
     println!("\n== mlopt inspect {model} --stage optimized --target sm_80  (the same model planned for an A100)");
     run(Command::new(&mlopt).args(["inspect", model, "--stage", "optimized", "--target", "sm_80"]))?;
-    println!("\n== mlopt check {model}  (the imported graph against ONNX Runtime's output, committed next to the model)");
+    println!("\n== mlopt check {model}  (the imported graph, by the interpreter, against ONNX Runtime's output committed next to the model)");
     run(Command::new(&mlopt).args(["check", model, "--data", data]))?;
-    println!("\n== mlopt check {model} --optimized  (the optimised graph against the same output)");
-    run(Command::new(&mlopt).args(["check", model, "--data", data, "--optimized", "--target", "host"]))
+    println!("\n== mlopt check {model} --compiled  (the compiled code against the same output)");
+    run(Command::new(&mlopt).args(["check", model, "--data", data, "--compiled", "--target", "host"]))?;
+    println!("\n== mlopt bench {model}  (latency of the compiled code)");
+    run(Command::new(&mlopt).args(["bench", model, "--iters", "100"]))
 }
 
 /// The target the conformance suite's optimised run uses: fixed, so the passing list does not depend on the

@@ -377,6 +377,48 @@ fn compile_writes_the_optimised_graph_and_report() {
     let total: f64 = kernels.iter().map(|k| k["estimate_s"].as_f64().unwrap()).sum();
     assert!((total - json["after_s"].as_f64().unwrap()).abs() < 1e-9 && total < json["before_s"].as_f64().unwrap());
     assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir")).unwrap().contains("kernel k0"));
+    // The library users link, its interface, and every stage's dump.
+    assert!(std::fs::read(out_dir.join("libmlp.a")).unwrap().starts_with(b"!<arch>\n"));
+    let header = std::fs::read_to_string(out_dir.join("mlp.h")).unwrap();
+    for needle in ["void *mlopt_mlp_create(void);", "void mlopt_mlp_run(void *ctx", "#define MLOPT_MLP_INPUT0_DIMS {8, 64}", "f32[8,10]"] {
+        assert!(header.contains(needle), "{needle:?} missing from:\n{header}");
+    }
+    assert!(std::fs::read_to_string(out_dir.join("mlp.rs")).unwrap().contains("pub fn run(&mut self, in0: &[f32], out0: &mut [f32])"));
+    assert!(std::fs::read_to_string(out_dir.join("mlp.kir")).unwrap().contains("kernel @k0("));
+    assert!(std::fs::read_to_string(out_dir.join("mlp.ll")).unwrap().contains("define void @mlopt_mlp_run("));
+    assert!(json["compile_s"].as_str().is_some() || json["compile_s"].as_f64().is_some(), "{json}");
+}
+
+#[test]
+fn bench_prints_one_json_line() {
+    let out = mlopt(&["bench", &fixture("mlp/model.onnx"), "--iters", "5", "--threads", "2", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not one JSON line ({e}): {text}"));
+    assert_eq!(json["threads"], 2);
+    assert!(json["median_ms"].as_f64().unwrap() >= json["min_ms"].as_f64().unwrap());
+    assert!(json["compile_s"].as_f64().is_some() && json["model"].as_str().unwrap().ends_with("model.onnx"));
+}
+
+/// What code generation cannot do is an error naming the node and op, or the target, with exit code 2.
+#[test]
+fn compile_errors_name_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node("Acos", "angle", &["x"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[Some(4)])],
+        vec![value("y", data_type::FLOAT, &[Some(4)])],
+        vec![],
+    );
+    let p = save(dir.path(), &m);
+    let out = dir.path().join("out").display().to_string();
+    fails_with(&mlopt(&["compile", &p, "-o", &out]), &["node 'angle'", "acos", "no code generation"]);
+    fails_with(&mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "sm_80", "-o", &out]), &["sm_80", "PTX"]);
+    // The interpreter still runs it.
+    let x = dir.path().join("x.pb");
+    std::fs::write(&x, f32_tensor("x", &[4], &[0.0, 0.5, -0.5, 1.0]).encode_to_vec()).unwrap();
+    let run = mlopt(&["run", &p, "--input", &x.display().to_string(), "--interpret"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
 }
 
 /// The graph name in the model names the output file; it must not lead outside the output directory.

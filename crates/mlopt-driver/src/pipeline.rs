@@ -98,7 +98,7 @@ impl Compiled {
             .inputs
             .iter()
             .map(|io| {
-                let t = inputs.get(&io.name).ok_or_else(|| DriverError::Input(format!("input '{}' is missing", io.name)))?;
+                let t = inputs.get(&io.name).ok_or_else(|| DriverError::Input(format!("graph input '{}': no value given", io.name)))?;
                 let want: Vec<usize> = io.dims.iter().map(|d| *d as usize).collect();
                 if t.shape() != want.as_slice() || t.dtype().name() != io.elem.name() {
                     return Err(DriverError::Input(format!("input '{}' is {}, the model was compiled for {}{:?}", io.name, t.ty(), io.elem, want)));
