@@ -46,6 +46,13 @@ fn kernel_dumps() {
     for name in FIXTURES {
         let (_, p) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2 }) });
         insta::assert_snapshot!(format!("kir_{name}"), mlopt_kir::print::program(&p));
+        // The text round-trips: print -> parse -> print is the identity, and the parsed kernel verifies.
+        for k in &p.kernels {
+            let text = mlopt_kir::print::kernel(k);
+            let back = mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(mlopt_kir::print::kernel(&back), text, "{name}: @{} does not round-trip", k.name);
+            mlopt_kir::verify(&back).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        }
     }
 }
 

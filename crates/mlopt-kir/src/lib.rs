@@ -1,7 +1,7 @@
 //! mlopt's kernel IR: loop nests over buffers. A kernel's algorithm is a loop nest of stores; a schedule
 //! (split, reorder, tile, vectorise, unroll, parallelise, bind to GPU blocks/threads) rearranges it without
-//! changing what it computes. The crate owns a printer, a verifier (types and provable bounds) and an
-//! interpreter that runs any kernel, GPU schedules included, on the CPU.
+//! changing what it computes. The crate owns a printer and a parser (the text round-trips), a verifier
+//! (types and provable bounds) and an interpreter that runs any kernel, GPU schedules included, on the CPU.
 //!
 //! Architecture invariant: knows nothing of ONNX, the graph IR or LLVM.
 
@@ -9,11 +9,16 @@
 
 pub mod analysis;
 pub mod interp;
+pub mod parse;
 pub mod ir;
 pub mod print;
 pub mod sched;
 pub mod verify;
 
+#[cfg(test)]
+mod tests;
+
 pub use interp::{run_kernel, run_program, InterpError};
+pub use parse::{parse_kernel, ParseError};
 pub use ir::*;
 pub use verify::{verify, verify_program};
