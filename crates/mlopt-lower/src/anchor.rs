@@ -137,12 +137,9 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     &[kdim],
                     t,
                     &mut |l, _, i, k| get(l, a, &if trans_a { [k[0].clone(), i.clone()] } else { [i.clone(), k[0].clone()] }, Elem::F32),
-                    &mut |l, _, k, jo, jj| match packed {
-                        Some(p) => Ok(Expr::load(p, vec![jo.clone(), k[0].clone(), jj.clone()])),
-                        None => {
-                            let j = contract::column(t, jo, jj);
-                            get(l, bm, &if trans_b { [j, k[0].clone()] } else { [k[0].clone(), j] }, Elem::F32)
-                        }
+                    &mut |l, _, k, c| match packed_load(&packed, k, c) {
+                        Some(v) => Ok(v),
+                        None => get(l, bm, &if trans_b { [c.j.clone(), k[0].clone()] } else { [k[0].clone(), c.j.clone()] }, Elem::F32),
                     },
                     &mut |l, _, i, j, v| {
                         let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
@@ -221,22 +218,29 @@ fn b_by_columns(l: &mut Lowerer, bm: Value, trans: bool, kdim: u64) -> Option<Bu
         return None;
     }
     let nn = w.shape()[if trans { 0 } else { 1 }] as u64;
-    let data = contract::pack_panels(&w.to_le_bytes(), kdim, nn, 1, trans);
+    let one = contract::Tile { mr: 1, nr: 1, lanes: 1 };
+    let data = contract::pack_blocks(&w.to_le_bytes(), kdim, nn, one, trans).into_iter().next()?.1;
     let name = format!("{}.columns", l.g.node(bm.node).name);
     Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn, kdim, 1], data: std::sync::Arc::new(data) }))
 }
 
-/// A constant f32 B ([K, N], or [N, K] when `trans`) packed into column panels for tile `t`: a new
-/// weight of the kernel. None when B is not a constant.
-fn pack_b(l: &mut Lowerer, bm: Value, trans: bool, t: contract::Tile) -> Option<BufId> {
+/// A constant f32 B ([K, N], or [N, K] when `trans`) packed into column panels for tile `t`: new weights
+/// of the kernel, one per column block. None when B is not a constant.
+fn pack_b(l: &mut Lowerer, bm: Value, trans: bool, t: contract::Tile) -> Option<Vec<BufId>> {
     let w = l.g.const_value(bm)?;
     if w.dtype() != mlopt_ir::DType::F32 || w.shape().len() != 2 {
         return None;
     }
     let (kk, nn) = if trans { (w.shape()[1] as u64, w.shape()[0] as u64) } else { (w.shape()[0] as u64, w.shape()[1] as u64) };
-    let data = contract::pack_panels(&w.to_le_bytes(), kk, nn, t.nr, trans);
-    let name = format!("{}.packed{}", l.g.node(bm.node).name, t.nr);
-    Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn / t.nr, kk, t.nr], data: std::sync::Arc::new(data) }))
+    let blocks = contract::pack_blocks(&w.to_le_bytes(), kk, nn, t, trans);
+    let base = l.g.node(bm.node).name.clone();
+    Some(blocks.into_iter().enumerate().map(|(i, (dims, data))| l.weight(mlopt_kir::Weight { name: format!("{base}.packed{}.{i}", t.nr), elem: Elem::F32, dims, data: std::sync::Arc::new(data) })).collect())
+}
+
+/// B from its packed panels, or None to read the original.
+fn packed_load(packed: &Option<Vec<BufId>>, k: &[Expr], c: &contract::Col) -> Option<Expr> {
+    let p = packed.as_ref()?.get(c.block)?;
+    Some(Expr::load(*p, vec![c.jo.clone(), k[0].clone(), c.jj.clone()]))
 }
 
 fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
@@ -258,9 +262,9 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             &[kdim],
             t,
             &mut |l, bi, i, k| get(l, a, &[broadcast(&ba, bi), vec![i.clone(), k[0].clone()]].concat(), Elem::F32),
-            &mut |l, bi, k, jo, jj| match packed {
-                Some(p) => Ok(Expr::load(p, vec![jo.clone(), k[0].clone(), jj.clone()])),
-                None => get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), contract::column(t, jo, jj)]].concat(), Elem::F32),
+            &mut |l, bi, k, c| match packed_load(&packed, k, c) {
+                Some(v) => Ok(v),
+                None => get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), c.j.clone()]].concat(), Elem::F32),
             },
             &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [bi, &[i.clone(), j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
         );
@@ -377,8 +381,8 @@ fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &ml
             let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
             get(l, w, &[co, k[0].clone(), k[1].clone(), k[2].clone()], Elem::F32)
         },
-        &mut |l, bi, k, jo, jj| {
-            let j = contract::column(t, jo, jj);
+        &mut |l, bi, k, col| {
+            let j = col.j.clone();
             let c = Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone());
             let h = Expr::add(Expr::mul(bi[2].clone(), Expr::int(s[0] as i64)), Expr::mul(k[1].clone(), Expr::int(d[0] as i64)));
             let wd = Expr::add(Expr::mul(j, Expr::int(s[1] as i64)), Expr::mul(k[2].clone(), Expr::int(d[1] as i64)));

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! for batch..                                   (parallel by the CPU schedule when it pays)
-//!   for jo in 0..N/nr, io in 0..M/mr       (the last M % mr rows: a second, shorter tile)
+//!   for jo in 0..N/nr, io in 0..M/mr       (the last M % mr rows and N % nr columns: narrower tiles)
 //!     acc[mr, nr] = 0                           (mr x nr/lanes vector registers)
 //!     for k..                                   (the reduction: K, or Cin x KH x KW)
 //!       unrolled ii in 0..mr, unrolled jv in 0..nr/lanes, vector jl in 0..lanes:
@@ -27,17 +27,46 @@ pub struct Tile {
     pub lanes: u32,
 }
 
-/// The largest tile whose columns divide N and whose accumulators fit the registers, or None (then the
-/// plain loop nest runs).
+/// The tile for an M x N output, or None (then the plain loop nest runs): `nr` is up to 4 vectors (2 with
+/// AVX2) of the widest lanes that fit in N, and N must be a multiple of 8 (the last N % nr columns get a
+/// narrower tile, see `blocks`); `mr` is the most rows whose accumulators still fit the registers
+/// (the last M % mr rows get a shorter tile).
 pub fn pick(m: u64, n: u64, lanes: u32) -> Option<Tile> {
+    if n < 8 || !n.is_multiple_of(8) {
+        return None;
+    }
     let regs = if lanes >= 16 { 32 } else { 16 };
-    let lanes = [lanes, 8].into_iter().find(|w| *w <= lanes && n.is_multiple_of(*w as u64))? as u64;
+    let lanes = if n >= lanes as u64 && lanes >= 8 { lanes as u64 } else { 8 };
     let max_vecs = if regs == 32 { 4 } else { 2 };
-    let nv = (1..=max_vecs).rev().find(|v| n.is_multiple_of(v * lanes))?;
+    let nv = (n / lanes).clamp(1, max_vecs);
     // mr rows x nv vectors of accumulators + nv B vectors + 1 broadcast must fit.
-    // Rows need not divide M: the last M % mr rows get a tile of their own.
     let mr = (1..=6u64.min(m.max(1))).rev().find(|r| r * nv + nv < regs)?;
     Some(Tile { mr, nr: nv * lanes, lanes: lanes as u32 })
+}
+
+/// The column blocks of a tiling: (first column, columns, tile): the full tiles, then the last N % nr
+/// columns with a tile of their own (a multiple of 8 wide).
+pub fn blocks(n: u64, t: Tile) -> Vec<(u64, u64, Tile)> {
+    let main = n - n % t.nr;
+    let mut v = Vec::new();
+    if main > 0 {
+        v.push((0, main, t));
+    }
+    if main < n {
+        let nt = n - main;
+        let lanes = if nt.is_multiple_of(t.lanes as u64) { t.lanes } else { 8 };
+        v.push((main, nt, Tile { nr: nt, lanes, ..t }));
+    }
+    v
+}
+
+/// A column of B as the tiling sees it: column `j` = `col0 + jo * nr + jj` of column block `block`.
+#[derive(Debug)]
+pub struct Col<'e> {
+    pub block: usize,
+    pub jo: &'e Expr,
+    pub jj: &'e Expr,
+    pub j: Expr,
 }
 
 fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
@@ -45,55 +74,60 @@ fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
 }
 
 pub type RowOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
-/// b(batch, k, jo, jj): column `jo * nr + jj`, given as the tile and the column in it (so a packed B can
-/// be indexed by panel).
-pub type ColOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &[Expr], &Expr, &Expr) -> Result<Expr>;
+/// b(batch, k, column): the column both as a number and as its place in the tiling (so a packed B can be
+/// indexed by panel).
+pub type ColOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &[Expr], &Col) -> Result<Expr>;
 pub type StoreOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
 
 /// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`.
-/// Column `jo * nr + jj` of a tile.
-pub fn column(t: Tile, jo: &Expr, jj: &Expr) -> Expr {
-    Expr::add(Expr::mul(jo.clone(), Expr::int(t.nr as i64)), jj.clone())
-}
-
-/// B [K, N] (row-major f32 bytes; [N, K] when `trans`) packed into column panels [N / nr, K, nr]: a
-/// tile's k-th row of B is then `nr` contiguous floats, and a whole panel is one sequential stream.
-pub fn pack_panels(b: &[u8], k: u64, n: u64, nr: u64, trans: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(b.len());
-    for jo in 0..n / nr {
-        for kk in 0..k {
-            for jj in 0..nr {
-                let j = jo * nr + jj;
-                let at = (if trans { j * k + kk } else { kk * n + j } * 4) as usize;
-                out.extend_from_slice(&b[at..at + 4]);
+/// B [K, N] (row-major f32 bytes; [N, K] when `trans`) packed for the column blocks of `t`: one weight
+/// per block, laid out [columns / nr, K, nr], so a tile's k-th row of B is `nr` contiguous floats and a
+/// panel is one sequential stream.
+pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u64>, Vec<u8>)> {
+    blocks(n, t)
+        .into_iter()
+        .map(|(col0, cols, bt)| {
+            let mut out = Vec::with_capacity((k * cols * 4) as usize);
+            for jo in 0..cols / bt.nr {
+                for kk in 0..k {
+                    for jj in 0..bt.nr {
+                        let j = col0 + jo * bt.nr + jj;
+                        let at = (if trans { j * k + kk } else { kk * n + j } * 4) as usize;
+                        out.extend_from_slice(&b[at..at + 4]);
+                    }
+                }
             }
-        }
-    }
-    out
+            (vec![cols / bt.nr, k, bt.nr], out)
+        })
+        .collect()
 }
 
 pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
     l.k.schedule.push(format!("tile({}x{})", t.mr, t.nr));
     let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), Elem::F32, vec![t.mr, t.nr], Space::Local);
     l.nest("b", batch, |l, bi| {
-        let main = m - m % t.mr;
         let mut out = Vec::new();
-        if main > 0 {
-            out.push(row_block(l, bi, 0, main, n, t, acc, k, a, b, store)?);
-        }
-        if main < m {
-            let tail = Tile { mr: m - main, ..t };
-            out.push(row_block(l, bi, main, m - main, n, tail, acc, k, a, b, store)?);
+        for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
+            let main = m - m % ct.mr;
+            if main > 0 {
+                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, acc, k, a, b, store)?);
+            }
+            if main < m {
+                let tail = Tile { mr: m - main, ..ct };
+                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, acc, k, a, b, store)?);
+            }
         }
         Ok(out)
     })
 }
 
-/// Rows `row0..row0 + rows` (a multiple of `t.mr`) of the contraction, every column.
-fn row_block(l: &mut Lowerer, bi: &[Expr], row0: u64, rows: u64, n: u64, t: Tile, acc: mlopt_kir::BufId, k: &[u64], a: RowOp, b: ColOp, store: StoreOp) -> Result<Stmt> {
+/// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`.
+fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, col0, cols): (usize, u64, u64), t: Tile, acc: mlopt_kir::BufId, k: &[u64], a: RowOp, b: ColOp, store: StoreOp) -> Result<Stmt> {
     let (io, jo) = (l.fresh("io"), l.fresh("jo"));
     let row = |ii: &Expr| Expr::add(Expr::int(row0 as i64), Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()));
     let col_in_tile = |jv: Var, jl: Var| Expr::add(Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)), Expr::var(jl));
+    let jo_e = Expr::var(jo);
+    let col = |jj: &Expr| Expr::add(Expr::int(col0 as i64), Expr::add(Expr::mul(jo_e.clone(), Expr::int(t.nr as i64)), jj.clone()));
     // One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
     let sweep = |l: &mut Lowerer, f: &mut dyn FnMut(&mut Lowerer, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
         let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
@@ -105,18 +139,18 @@ fn row_block(l: &mut Lowerer, bi: &[Expr], row0: u64, rows: u64, n: u64, t: Tile
     let update = l.nest("k", k, |l, kk| {
         Ok(vec![sweep(l, &mut |l, ii, jj| {
             let av = a(l, bi, &row(&ii), kk)?;
-            let bv = b(l, bi, kk, &Expr::var(jo), &jj)?;
+            let bv = b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
             Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])) })
         })?])
     })?;
     let out = sweep(l, &mut |l, ii, jj| {
         let v = Expr::load(acc, vec![ii.clone(), jj.clone()]);
-        store(l, bi, &row(&ii), &column(t, &Expr::var(jo), &jj), v)
+        store(l, bi, &row(&ii), &col(&jj), v)
     })?;
     let mut body = vec![zero];
     body.extend(update);
     body.push(out);
     // Column panels outside, rows inside: one nr-wide panel of B stays in cache while every row of A
     // passes over it (B is usually the larger operand: the weights).
-    Ok(for_(jo, n / t.nr, LoopKind::Serial, vec![for_(io, rows / t.mr, LoopKind::Serial, body)]))
+    Ok(for_(jo, cols / t.nr, LoopKind::Serial, vec![for_(io, rows / t.mr, LoopKind::Serial, body)]))
 }
