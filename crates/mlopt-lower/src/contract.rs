@@ -104,17 +104,16 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
 
 pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
     l.k.schedule.push(format!("tile({}x{})", t.mr, t.nr));
-    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), Elem::F32, vec![t.mr, t.nr], Space::Local);
     l.nest("b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
             if main > 0 {
-                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, acc, k, a, b, store)?);
+                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, k, a, b, store)?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
-                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, acc, k, a, b, store)?);
+                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, k, a, b, store)?);
             }
         }
         Ok(out)
@@ -122,7 +121,9 @@ pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile,
 }
 
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`.
-fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, col0, cols): (usize, u64, u64), t: Tile, acc: mlopt_kir::BufId, k: &[u64], a: RowOp, b: ColOp, store: StoreOp) -> Result<Stmt> {
+fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, col0, cols): (usize, u64, u64), t: Tile, k: &[u64], a: RowOp, b: ColOp, store: StoreOp) -> Result<Stmt> {
+    // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
+    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), Elem::F32, vec![t.mr, t.nr], Space::Local);
     let (io, jo) = (l.fresh("io"), l.fresh("jo"));
     let row = |ii: &Expr| Expr::add(Expr::int(row0 as i64), Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()));
     let col_in_tile = |jv: Var, jl: Var| Expr::add(Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)), Expr::var(jl));

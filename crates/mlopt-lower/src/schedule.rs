@@ -86,8 +86,8 @@ fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usiz
         out.push(*var);
         return;
     }
-    // A short or unsplittable outer loop (batch 1, say): look one level in.
-    if let [inner] = body.as_slice() {
+    // A short or unsplittable outer loop (batch 1, say): look one level in, at each nest it holds.
+    for inner in body {
         pick_parallel(k, inner, threads, uses, out);
     }
 }
