@@ -63,7 +63,8 @@ def main():
         for th in [int(t) for t in a.threads.split(",")]:
             r = mlopt_ms(a.mlopt, m, th, a.iters, shape_args)
             o = ort_ms(m, th, a.iters, shapes)
-            print(f"| {os.path.basename(os.path.dirname(m)) or m} | {th} | {r['median_ms']:.4f} | {o:.4f} | {r['median_ms'] / o:.2f} | {r['compile_s']:.2f} |", flush=True)
+            name = os.path.basename(os.path.dirname(m)) if os.path.basename(m) == "model.onnx" else os.path.splitext(os.path.basename(m))[0]
+            print(f"| {name} | {th} | {r['median_ms']:.4f} | {o:.4f} | {r['median_ms'] / o:.2f} | {r['compile_s']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(&g, &Options { config, target: "host".into(), threads }).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false }).unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -52,7 +52,7 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1 }).unwrap();
+        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false }).unwrap();
         insta::assert_snapshot!(format!("llvm_{name}"), c.code.llvm_ir);
     }
 }

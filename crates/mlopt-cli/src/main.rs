@@ -54,6 +54,9 @@ struct OptArgs {
     node_limit: usize,
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     time_limit: f64,
+    /// Time candidate contraction tiles on this machine and keep the fastest (cached per shape).
+    #[arg(long)]
+    tune: bool,
 }
 
 impl OptArgs {
@@ -74,7 +77,7 @@ impl OptArgs {
 
     /// The driver's options: the optimiser's configuration plus the code generation target.
     fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
-        Ok(mlopt_driver::Options { config: self.config(names)?, target: self.target.clone(), threads: self.threads.max(1) })
+        Ok(mlopt_driver::Options { config: self.config(names)?, target: self.target.clone(), threads: self.threads.max(1), tune: self.tune })
     }
 
     fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {

@@ -464,3 +464,22 @@ fn calibration_is_cached_and_used_by_the_host_target() {
     let after = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
     assert!(String::from_utf8_lossy(&after.stdout).contains("host calibration cache"));
 }
+
+/// `--tune` times candidate tiles, caches the winners per shape, and the tuned code still checks.
+#[test]
+fn tune_measures_caches_and_stays_correct() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("transformer/model.onnx");
+    let data = fixture("transformer/test_data_set_0");
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).env("MLOPT_CACHE_DIR", cache.path()).output().unwrap();
+    let out = run(&["check", &model, "--data", &data, "--compiled", "--tune"]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tune: 16x64x64 tile"), "{stderr}");
+    let cached = std::fs::read_to_string(cache.path().join("tiles.txt")).unwrap();
+    assert!(cached.lines().count() >= 2, "{cached}");
+    // The second time, every shape comes from the cache.
+    let again = run(&["check", &model, "--data", &data, "--compiled", "--tune"]);
+    assert!(again.status.success());
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("tune:"));
+}

@@ -7,5 +7,6 @@
 
 pub mod emit;
 pub mod pipeline;
+pub mod tune;
 
 pub use pipeline::{compile, Compiled, DriverError, Options};

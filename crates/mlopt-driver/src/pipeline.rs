@@ -41,6 +41,8 @@ pub struct Options {
     pub target: String,
     /// Threads of parallel loops (the default; the runtime can override it).
     pub threads: u32,
+    /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
+    pub tune: bool,
 }
 
 #[derive(Debug)]
@@ -70,7 +72,12 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     lap("optimise", &mut times);
     let target = CpuTarget::named(&opt.target)?;
     let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1) };
-    let program = mlopt_lower::lower_program(&optimized.plan.graph, &mlopt_lower::Options { cpu: Some(sched) })?;
+    let mut lower = mlopt_lower::Options { cpu: Some(sched), ..Default::default() };
+    if opt.tune {
+        lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;
+        lap("tune", &mut times);
+    }
+    let program = mlopt_lower::lower_program(&optimized.plan.graph, &lower)?;
     lap("lower+schedule", &mut times);
     let code = mlopt_llvm::compile(&program, &target, opt.threads.max(1))?;
     lap("codegen", &mut times);

@@ -126,7 +126,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
             let kdim = l.ty(a).shape[if trans_a { 0 } else { 1 }] as u64;
             let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
-            if let Some(t) = l.lanes.and_then(|w| contract::pick(out[0], out[1], w)) {
+            if let Some(t) = contract::choose(l, out[0], out[1], kdim) {
                 let cs = c.map(|c| l.ty(c).shape.clone());
                 let packed = pack_b(l, bm, trans_b, t);
                 return contract::tiled(
@@ -249,7 +249,7 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let kdim = *sa.last().unwrap_or(&1) as u64;
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
     let r = out.len();
-    let tile = if has_m && has_n && r >= 2 { l.lanes.and_then(|w| contract::pick(out[r - 2], out[r - 1], w)) } else { None };
+    let tile = if has_m && has_n && r >= 2 { contract::choose(l, out[r - 2], out[r - 1], kdim) } else { None };
     if let Some(t) = tile {
         let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
         // A constant 2-D f32 B (the weights) is packed into column panels at compile time.
@@ -306,7 +306,7 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
     let mg = m / a.group as i64;
     let mut red = vec![cg as u64];
     red.extend(ws[2..].iter().map(|d| *d as u64));
-    if let (4, Some(t)) = (xs.len(), l.lanes.and_then(|w| contract::pick((m / a.group as i64) as u64, out[3], w))) {
+    if let (4, Some(t)) = (xs.len(), contract::choose(l, (m / a.group as i64) as u64, out[3], red.iter().product())) {
         return conv2d_tiled(l, x, w, bias, a, out, out_t, dst, t);
     }
     let a = a.clone();

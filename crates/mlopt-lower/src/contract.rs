@@ -44,6 +44,43 @@ pub fn pick(m: u64, n: u64, lanes: u32) -> Option<Tile> {
     Some(Tile { mr, nr: nv * lanes, lanes: lanes as u32 })
 }
 
+/// What a tile choice depends on: output rows, output columns, reduction length, vector lanes.
+pub type TileKey = (u64, u64, u64, u32);
+
+/// The tiles `--tune` measures for a contraction: the rule's choice first, then fewer rows or fewer
+/// vectors per tile (at most six, all fitting the registers).
+pub fn candidates(m: u64, n: u64, lanes: u32) -> Vec<Tile> {
+    let Some(first) = pick(m, n, lanes) else { return vec![] };
+    let regs = if lanes >= 16 { 32 } else { 16 };
+    let mut v = vec![first];
+    for nv in (1..=first.nr / first.lanes as u64).rev() {
+        for mr in [6u64, 4, 3, 2] {
+            let t = Tile { mr: mr.min(m.max(1)), nr: nv * first.lanes as u64, lanes: first.lanes };
+            if t.mr * nv + nv < regs && !v.contains(&t) && v.len() < 6 {
+                v.push(t);
+            }
+        }
+    }
+    v
+}
+
+/// The tile for a contraction: the caller's override for its key (from `--tune`), else the rule's.
+pub fn choose(l: &Lowerer, m: u64, n: u64, k: u64) -> Option<Tile> {
+    let lanes = l.lanes?;
+    match l.tiles.get(&(m, n, k, lanes)) {
+        Some(t) => Some(*t),
+        None => pick(m, n, lanes),
+    }
+}
+
+/// Reads the key back from a kernel's `tile(...)` schedule step.
+pub fn parse_key(step: &str) -> Option<TileKey> {
+    let inner = step.strip_prefix("tile(")?.strip_suffix(')')?;
+    let (_, key) = inner.split_once(" for ")?;
+    let mut it = key.split(['x', '@']).map(|p| p.trim().parse::<u64>());
+    Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()? as u32))
+}
+
 /// The column blocks of a tiling: (first column, columns, tile): the full tiles, then the last N % nr
 /// columns with a tile of their own (a multiple of 8 wide).
 pub fn blocks(n: u64, t: Tile) -> Vec<(u64, u64, Tile)> {
@@ -103,7 +140,8 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
 }
 
 pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
-    l.k.schedule.push(format!("tile({}x{})", t.mr, t.nr));
+    let kk: u64 = k.iter().product();
+    l.k.schedule.push(format!("tile({}x{} for {m}x{n}x{kk}@{})", t.mr, t.nr, l.lanes.unwrap_or(t.lanes)));
     l.nest("b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {

@@ -35,6 +35,8 @@ pub struct Lowerer<'g> {
     next_var: usize,
     /// Vector lanes of the CPU target when contractions should be register-tiled for it.
     pub lanes: Option<u32>,
+    /// Tiles chosen by measurement (`--tune`), by contraction shape.
+    pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -57,7 +59,7 @@ pub fn pulled(op: &Op) -> bool {
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None }
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new() }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {

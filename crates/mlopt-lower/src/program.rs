@@ -16,6 +16,8 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub cpu: Option<crate::schedule::CpuSchedule>,
+    /// Contraction tiles chosen by measurement (`--tune`), overriding the register-file rule.
+    pub tiles: HashMap<crate::contract::TileKey, crate::contract::Tile>,
 }
 
 struct Binder<'g> {
@@ -87,6 +89,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         members.sort_by_key(|m| pos[m]);
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
         l.lanes = opts.cpu.map(|c| c.lanes);
+        l.tiles = opts.tiles.clone();
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
