@@ -571,27 +571,14 @@ fn layer_norm(l: &mut Lowerer, n: NodeId, axis: usize, eps: f32, out: &[u64], ou
     let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
     let t = compute(elem(l.ty(x).dtype));
     let (outer, inner) = (out[..axis].to_vec(), out[axis..].to_vec());
-    let count: u64 = inner.iter().product();
     let (ss, bs) = (l.ty(scale).shape.clone(), bias.map(|v| l.ty(v).shape.clone()));
     let dsts = dsts.to_vec();
     l.nest("i", &outer, |l, idx| {
         let at = |r: &[Expr]| [idx, r].concat();
-        let s1 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| get(l, x, &at(r), t))?;
-        let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
-        let m = mean.clone();
-        let s2 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| {
-            let d = b(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
-            Ok(b(BinOp::Mul, d.clone(), d))
-        })?;
-        let mut stmts = s1.stmts;
-        let var = s2.get();
-        stmts.extend(s2.stmts);
-        let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
-        stmts.push(Stmt::Store { buf: inv, index: vec![], value: b(BinOp::Div, lit(1.0, t), Expr::un(UnOp::Sqrt, b(BinOp::Add, b(BinOp::Div, var.clone(), lit(count as f64, t)), lit(eps as f64, t)))) });
-        let m = mean.clone();
+        let (mut stmts, mean, inv) = moments(l, x, t, &inner, eps, &at)?;
         stmts.extend(l.nest("j", &inner, |l, r| {
             let xi = at(r);
-            let mut y = b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, m.clone()), Expr::load(inv, vec![]));
+            let mut y = b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()), Expr::load(inv, vec![]));
             y = b(BinOp::Mul, y, get(l, scale, &broadcast(&ss, r), t)?);
             if let (Some(bv), Some(bs)) = (bias, &bs) {
                 y = b(BinOp::Add, y, get(l, bv, &broadcast(bs, r), t)?);
@@ -611,25 +598,32 @@ fn layer_norm(l: &mut Lowerer, n: NodeId, axis: usize, eps: f32, out: &[u64], ou
     })
 }
 
+/// Mean and 1/sqrt(variance + eps) of `x` over `inner` (two passes: the mean, then squared
+/// deviations), at the index `at(r)`; returns the statements, the mean and the local holding 1/std.
+fn moments(l: &mut Lowerer, x: Value, t: Elem, inner: &[u64], eps: f32, at: &dyn Fn(&[Expr]) -> Vec<Expr>) -> Result<(Vec<Stmt>, Expr, BufId)> {
+    let count: u64 = inner.iter().product();
+    let s1 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| get(l, x, &at(r), t))?;
+    let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
+    let m = mean.clone();
+    let s2 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| {
+        let d = b(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
+        Ok(b(BinOp::Mul, d.clone(), d))
+    })?;
+    let mut stmts = s1.stmts;
+    let var = b(BinOp::Div, s2.get(), lit(count as f64, t));
+    stmts.extend(s2.stmts);
+    let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
+    stmts.push(Stmt::Store { buf: inv, index: vec![], value: b(BinOp::Div, lit(1.0, t), Expr::un(UnOp::Sqrt, b(BinOp::Add, var, lit(eps as f64, t)))) });
+    Ok((stmts, mean, inv))
+}
+
 fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
     let (x, scale, bias) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
     let t = compute(elem(l.ty(x).dtype));
     let inner = out[2..].to_vec();
-    let count: u64 = inner.iter().product();
     l.nest("i", &out[..2], |l, idx| {
         let at = |r: &[Expr]| [idx, r].concat();
-        let s1 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| get(l, x, &at(r), t))?;
-        let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
-        let m = mean.clone();
-        let s2 = fold_op(l, t, lit(0.0, t), &inner, BinOp::Add, |l, r| {
-            let d = b(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
-            Ok(b(BinOp::Mul, d.clone(), d))
-        })?;
-        let mut stmts = s1.stmts;
-        let var = s2.get();
-        stmts.extend(s2.stmts);
-        let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
-        stmts.push(Stmt::Store { buf: inv, index: vec![], value: b(BinOp::Div, lit(1.0, t), Expr::un(UnOp::Sqrt, b(BinOp::Add, b(BinOp::Div, var.clone(), lit(count as f64, t)), lit(eps as f64, t)))) });
+        let (mut stmts, mean, inv) = moments(l, x, t, &inner, eps, &at)?;
         let c = [idx[1].clone()];
         let (sc, bi) = (get(l, scale, &c, t)?, get(l, bias, &c, t)?);
         stmts.extend(l.nest("j", &inner, |l, r| {
