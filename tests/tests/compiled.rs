@@ -15,7 +15,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false }).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: false }).unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -52,7 +52,33 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false }).unwrap();
+        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: false }).unwrap();
         insta::assert_snapshot!(format!("llvm_{name}"), c.code.llvm_ir);
+    }
+}
+
+/// A convolution big enough that its padded input and Winograd's transforms are heap temporaries, compiled
+/// with and without Winograd, against the graph interpreter.
+#[test]
+fn large_convolutions_compile_with_heap_temporaries() {
+    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
+    let mut g = mlopt_ir::Graph::new("bigconv");
+    let (c, hw) = (48usize, 48usize);
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
+    let w: Vec<f32> = (0..c * c * 9).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w = g.add_const("w", Tensor::from_vec(&[c, c, 3, 3], w).unwrap());
+    let a = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+    let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
+    let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
+    g.add_output("y", y);
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 3);
+    let want = interp::run(&g, &inputs).unwrap();
+    for winograd in [false, true] {
+        let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
+        let c = compile(&g, &Options { config, target: "host".into(), threads: 2, tune: false, winograd }).unwrap();
+        assert_eq!(c.program.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("winograd"))), winograd);
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+        assert!(err < 1e-5, "winograd = {winograd}: error {err:e}");
     }
 }

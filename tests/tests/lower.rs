@@ -107,21 +107,24 @@ fn contraction(kind: &str, m: usize, k: usize, n: usize, seed: u64) -> mlopt_ir:
 }
 
 /// Register-tiled contractions (row tails, packed B, transposed operands, padded convs, groups), dot
-/// products along K for narrow outputs, and their
+/// products along K for narrow outputs, Winograd convolutions, and their
 /// fused epilogues compute what the graph interpreter computes, for AVX-512 and AVX2 tiles.
 #[test]
 fn tiled_contractions_of_many_shapes_match() {
-    let cases = [("matmul", 1, 5, 16), ("matmul", 7, 33, 48), ("matmul", 13, 8, 64), ("matmul", 6, 17, 72), ("gemm", 7, 9, 48), ("gemm_t", 9, 12, 32), ("conv", 8, 3, 16), ("conv", 5, 4, 8), ("depthwise", 4, 4, 16), ("gemm", 8, 128, 10), ("matmul", 3, 32, 12), ("matmul", 5, 7, 88), ("gemm", 7, 9, 40), ("gemm_t", 6, 5, 24), ("conv", 4, 3, 24)];
+    let cases = [("matmul", 1, 5, 16), ("matmul", 7, 33, 48), ("matmul", 13, 8, 64), ("matmul", 6, 17, 72), ("gemm", 7, 9, 48), ("gemm_t", 9, 12, 32), ("conv", 8, 3, 16), ("conv", 5, 4, 8), ("depthwise", 4, 4, 16), ("gemm", 8, 128, 10), ("matmul", 3, 32, 12), ("matmul", 5, 7, 88), ("gemm", 7, 9, 40), ("gemm_t", 6, 5, 24), ("conv", 4, 3, 24), ("conv", 16, 16, 8), ("conv", 24, 32, 16)];
     for (i, (kind, m, k, n)) in cases.into_iter().enumerate() {
         let g = contraction(kind, m, k, n, i as u64);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
         for lanes in [8, 16] {
-            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2 }), ..Default::default() }).unwrap();
+            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2 }), winograd: true, ..Default::default() }).unwrap();
             let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("tile")));
             // Columns that 8 lanes do not divide run as dot products along K instead (B by columns).
             assert_eq!(tiled, n % 8 == 0, "{kind} {m}x{k}x{n}: tiled = {tiled} for {lanes} lanes");
+            // 3x3 convolutions with 16+ channels each way go through Winograd F(2x2, 3x3).
+            let winograd = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("winograd")));
+            assert_eq!(winograd, kind == "conv" && m >= 16 && k >= 16, "{kind} {m}x{k}x{n}: winograd = {winograd}");
             let got = interpret(&p, &inputs).unwrap();
             let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
             assert!(err < 1e-5, "{kind} {m}x{k}x{n}, {lanes} lanes: error {err:e}");

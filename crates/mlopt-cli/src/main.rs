@@ -57,6 +57,10 @@ struct OptArgs {
     /// Time candidate contraction tiles on this machine and keep the fastest (cached per shape).
     #[arg(long)]
     tune: bool,
+    /// Lower 3x3 stride-1 convolutions with 16+ channels by Winograd F(2x2, 3x3) (slower than the direct
+    /// kernel on this machine so far; see docs/codegen.md).
+    #[arg(long)]
+    winograd: bool,
 }
 
 impl OptArgs {
@@ -77,7 +81,7 @@ impl OptArgs {
 
     /// The driver's options: the optimiser's configuration plus the code generation target.
     fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
-        Ok(mlopt_driver::Options { config: self.config(names)?, target: self.target.clone(), threads: self.threads.max(1), tune: self.tune })
+        Ok(mlopt_driver::Options { config: self.config(names)?, target: self.target.clone(), threads: self.threads.max(1), tune: self.tune, winograd: self.winograd })
     }
 
     fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {

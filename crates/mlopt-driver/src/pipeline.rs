@@ -43,6 +43,8 @@ pub struct Options {
     pub threads: u32,
     /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
     pub tune: bool,
+    /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3) (`--winograd`).
+    pub winograd: bool,
 }
 
 #[derive(Debug)]
@@ -72,7 +74,7 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     lap("optimise", &mut times);
     let target = CpuTarget::named(&opt.target)?;
     let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1) };
-    let mut lower = mlopt_lower::Options { cpu: Some(sched), ..Default::default() };
+    let mut lower = mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() };
     if opt.tune {
         lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;
         lap("tune", &mut times);

@@ -28,6 +28,9 @@ use std::collections::HashMap;
 
 pub type Ret<T> = Result<T>;
 
+/// Local buffers up to this size live on the stack; larger ones on the heap.
+const STACK_LOCAL_BYTES: u64 = 256 * 1024;
+
 pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
     match e {
         Elem::F32 => c.f32_type().into(),
@@ -83,16 +86,44 @@ impl<'a, 'c> Gen<'a, 'c> {
         self.c.i64_type().const_int(v as u64, true)
     }
 
-    /// Allocates the kernel's local buffers at the top of the function.
-    pub fn alloc_locals(&mut self) -> Ret<()> {
+    /// Allocates the kernel's local buffers at the top of the function: on the stack up to
+    /// `STACK_LOCAL_BYTES`, larger ones (a convolution's padded input, Winograd's transforms) with
+    /// `aligned_alloc`, freed by `free_locals` before the function returns. Returns the heap ones.
+    pub fn alloc_locals(&mut self) -> Ret<Vec<PointerValue<'c>>> {
+        let mut heap = Vec::new();
         for (i, buf) in self.k.bufs.iter().enumerate() {
             if buf.space == Space::Local {
                 let t = ty(self.c, buf.elem);
                 let n = buf.numel().max(1);
-                let p = self.b.build_array_alloca(t, self.i64(n as i64), &buf.name)?;
-                p.as_instruction().map(|ins| ins.set_alignment(64));
+                let bytes = n * buf.elem.size();
+                let p = if bytes <= STACK_LOCAL_BYTES {
+                    let p = self.b.build_array_alloca(t, self.i64(n as i64), &buf.name)?;
+                    p.as_instruction().map(|ins| ins.set_alignment(64));
+                    p
+                } else {
+                    let ptr = self.c.ptr_type(AddressSpace::default());
+                    let i64t = self.c.i64_type();
+                    let alloc = self.m.get_function("aligned_alloc").unwrap_or_else(|| self.m.add_function("aligned_alloc", ptr.fn_type(&[i64t.into(), i64t.into()], false), None));
+                    let call = self.b.build_call(alloc, &[self.i64(64).into(), self.i64(bytes.div_ceil(64) as i64 * 64).into()], &buf.name)?;
+                    let p = call.try_as_basic_value().basic().ok_or_else(|| err("aligned_alloc returned nothing"))?.into_pointer_value();
+                    heap.push(p);
+                    p
+                };
                 self.ptrs.insert(BufId(i as u32), p);
             }
+        }
+        Ok(heap)
+    }
+
+    /// Frees the heap-allocated locals (call right before returning).
+    pub fn free_locals(&mut self, heap: &[PointerValue<'c>]) -> Ret<()> {
+        if heap.is_empty() {
+            return Ok(());
+        }
+        let ptr = self.c.ptr_type(AddressSpace::default());
+        let free = self.m.get_function("free").unwrap_or_else(|| self.m.add_function("free", self.c.void_type().fn_type(&[ptr.into()], false), None));
+        for p in heap {
+            self.b.build_call(free, &[(*p).into()], "")?;
         }
         Ok(())
     }
@@ -540,8 +571,9 @@ pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: Function
         p.set_name(&k.buffer(*b).name);
         g.ptrs.insert(*b, p);
     }
-    g.alloc_locals()?;
+    let heap = g.alloc_locals()?;
     g.block(&k.body)?;
+    g.free_locals(&heap)?;
     g.b.build_return(None)?;
     Ok(())
 }

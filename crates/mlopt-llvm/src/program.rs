@@ -89,8 +89,8 @@ fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
 fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, name: &str, arena: u64) -> Result<()> {
     let ptr = c.ptr_type(AddressSpace::default());
     let i64t = c.i64_type();
-    let alloc = m.add_function("aligned_alloc", ptr.fn_type(&[i64t.into(), i64t.into()], false), None);
-    let free = m.add_function("free", c.void_type().fn_type(&[ptr.into()], false), None);
+    let alloc = m.get_function("aligned_alloc").unwrap_or_else(|| m.add_function("aligned_alloc", ptr.fn_type(&[i64t.into(), i64t.into()], false), None));
+    let free = m.get_function("free").unwrap_or_else(|| m.add_function("free", c.void_type().fn_type(&[ptr.into()], false), None));
     let b = c.create_builder();
     let create = m.add_function(&format!("mlopt_{}_create", c_name(name)), ptr.fn_type(&[], false), None);
     b.position_at_end(c.append_basic_block(create, "entry"));

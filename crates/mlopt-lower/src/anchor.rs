@@ -101,7 +101,7 @@ fn highest(t: Elem) -> Expr {
 }
 
 /// Pulls `v` at `idx` converted to `t`.
-fn get(l: &mut Lowerer, v: Value, idx: &[Expr], t: Elem) -> Result<Expr> {
+pub fn get(l: &mut Lowerer, v: Value, idx: &[Expr], t: Elem) -> Result<Expr> {
     let from = elem(l.ty(v).dtype);
     let e = l.pull(v, idx)?;
     Ok(convert(e, from, t))
@@ -306,6 +306,9 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
     let mg = m / a.group as i64;
     let mut red = vec![cg as u64];
     red.extend(ws[2..].iter().map(|d| *d as u64));
+    if let Some(stmts) = crate::winograd::conv3x3(l, x, w, bias, a, out, out_t, dst)? {
+        return Ok(stmts);
+    }
     if let (4, Some(t)) = (xs.len(), contract::choose(l, (m / a.group as i64) as u64, out[3], red.iter().product())) {
         return conv2d_tiled(l, x, w, bias, a, out, out_t, dst, t);
     }
@@ -346,29 +349,34 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
     })
 }
 
+/// A zero-padded copy of the 4-D input `x` (`pads`: top, left, bottom, right) written by statements
+/// appended to `stmts`; None when there is no padding (read `x` itself).
+pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
+    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
+    let (pt, pl) = (pads[0] as i64, pads[1] as i64);
+    let padded = [xs[0] as u64, xs[1] as u64, (xs[2] + pt + pads[2] as i64) as u64, (xs[3] + pl + pads[3] as i64) as u64];
+    if padded[2] as i64 == xs[2] && padded[3] as i64 == xs[3] {
+        return Ok(None);
+    }
+    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.to_vec(), Space::Local);
+    stmts.extend(l.nest("p", &padded, |l, idx| {
+        let (h, wd) = (Expr::sub(idx[2].clone(), Expr::int(pt)), Expr::sub(idx[3].clone(), Expr::int(pl)));
+        let inside = [(h.clone(), xs[2]), (wd.clone(), xs[3])].into_iter().map(|(e, n)| b(BinOp::And, b(BinOp::Le, Expr::int(0), e.clone()), b(BinOp::Lt, e, Expr::int(n)))).reduce(|p, q| b(BinOp::And, p, q));
+        let v = get(l, x, &[idx[0].clone(), idx[1].clone(), clamp(h, xs[2]), clamp(wd, xs[3])], Elem::F32)?;
+        let v = Expr::select(inside.unwrap_or_else(|| lit(1.0, Elem::Bool)), v, lit(0.0, Elem::F32));
+        Ok(vec![Stmt::Store { buf: xp, index: idx.to_vec(), value: v }])
+    })?);
+    Ok(Some(xp))
+}
+
 /// 2-D convolution as an implicit GEMM per output row: M = output channels of a group, N = output
 /// width, K = input channels x kernel window. The input is first copied into a zero-padded local buffer,
 /// so the window's loads need no guard and, at stride 1, are contiguous along the output row.
 fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId, t: contract::Tile) -> Result<Vec<Stmt>> {
-    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
     let ws: Vec<u64> = l.ty(w).shape.iter().map(|d| *d as u64).collect();
     let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
-    let (pt, pl) = (a.pads[0] as i64, a.pads[1] as i64);
-    let padded = [xs[0] as u64, xs[1] as u64, (xs[2] + pt + a.pads[2] as i64) as u64, (xs[3] + pl + a.pads[3] as i64) as u64];
     let mut stmts = Vec::new();
-    let src = if padded[2] as i64 == xs[2] && padded[3] as i64 == xs[3] {
-        None
-    } else {
-        let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.to_vec(), Space::Local);
-        stmts.extend(l.nest("p", &padded, |l, idx| {
-            let (h, wd) = (Expr::sub(idx[2].clone(), Expr::int(pt)), Expr::sub(idx[3].clone(), Expr::int(pl)));
-            let inside = [(h.clone(), xs[2]), (wd.clone(), xs[3])].into_iter().map(|(e, n)| b(BinOp::And, b(BinOp::Le, Expr::int(0), e.clone()), b(BinOp::Lt, e, Expr::int(n)))).reduce(|p, q| b(BinOp::And, p, q));
-            let v = get(l, x, &[idx[0].clone(), idx[1].clone(), clamp(h, xs[2]), clamp(wd, xs[3])], Elem::F32)?;
-            let v = Expr::select(inside.unwrap_or_else(|| lit(1.0, Elem::Bool)), v, lit(0.0, Elem::F32));
-            Ok(vec![Stmt::Store { buf: xp, index: idx.to_vec(), value: v }])
-        })?);
-        Some(xp)
-    };
+    let src = padded_input(l, x, &a.pads, &mut stmts)?;
     let (s, d) = (a.strides.clone(), a.dilations.clone());
     stmts.extend(contract::tiled(
         l,

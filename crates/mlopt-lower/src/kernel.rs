@@ -37,6 +37,8 @@ pub struct Lowerer<'g> {
     pub lanes: Option<u32>,
     /// Tiles chosen by measurement (`--tune`), by contraction shape.
     pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
+    /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3).
+    pub winograd: bool,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -59,7 +61,7 @@ pub fn pulled(op: &Op) -> bool {
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new() }
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: false }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {

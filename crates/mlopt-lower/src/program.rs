@@ -18,6 +18,9 @@ pub struct Options {
     pub cpu: Option<crate::schedule::CpuSchedule>,
     /// Contraction tiles chosen by measurement (`--tune`), overriding the register-file rule.
     pub tiles: HashMap<crate::contract::TileKey, crate::contract::Tile>,
+    /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3) (`winograd.rs`; off by default: it does
+    /// not pay yet).
+    pub winograd: bool,
 }
 
 struct Binder<'g> {
@@ -90,6 +93,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
         l.lanes = opts.cpu.map(|c| c.lanes);
         l.tiles = opts.tiles.clone();
+        l.winograd = opts.winograd;
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
