@@ -55,7 +55,7 @@ pub fn dims(t: &TensorType) -> Vec<u64> {
 pub fn pulled(op: &Op) -> bool {
     matches!(
         op,
-        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::GatherElements { .. } | Op::Pad { .. } | Op::Tile { .. } | Op::Trilu { .. }
+        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::GatherElements { .. } | Op::Pad { .. } | Op::Tile { .. } | Op::Trilu { .. } | Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. }
     )
 }
 
@@ -308,6 +308,24 @@ impl<'g> Lowerer<'g> {
                 let v = self.pull(x, idx)?;
                 Ok(Expr::select(keep, v, lit(0.0, t)))
             }
+            Op::Resize(r) => self.pull_resize(n, x, r, idx),
+            Op::DepthToSpace { blocksize, crd } => {
+                // out[n, c, h*b + i, w*b + j] = in[n, (i*b + j)*C' + c, h, w] (DCR) or in[n, c*b*b + i*b + j, h, w] (CRD).
+                let b = *blocksize as i64;
+                let c_out = out_shape[1];
+                let (i, j) = (Expr::rem(idx[2].clone(), Expr::int(b)), Expr::rem(idx[3].clone(), Expr::int(b)));
+                let ij = Expr::add(Expr::mul(i, Expr::int(b)), j);
+                let ch = if *crd { Expr::add(Expr::mul(idx[1].clone(), Expr::int(b * b)), ij) } else { Expr::add(Expr::mul(ij, Expr::int(c_out)), idx[1].clone()) };
+                self.pull(x, &[idx[0].clone(), ch, Expr::div(idx[2].clone(), Expr::int(b)), Expr::div(idx[3].clone(), Expr::int(b))])
+            }
+            Op::SpaceToDepth { blocksize } => {
+                // out[n, (i*b + j)*C + c, h, w] = in[n, c, h*b + i, w*b + j].
+                let b = *blocksize as i64;
+                let c_in = in_shape[1];
+                let (c, t) = (Expr::rem(idx[1].clone(), Expr::int(c_in)), Expr::div(idx[1].clone(), Expr::int(c_in)));
+                let (i, j) = (Expr::div(t.clone(), Expr::int(b)), Expr::rem(t, Expr::int(b)));
+                self.pull(x, &[idx[0].clone(), c, Expr::add(Expr::mul(idx[2].clone(), Expr::int(b)), i), Expr::add(Expr::mul(idx[3].clone(), Expr::int(b)), j)])
+            }
             Op::Pad { pads, mode, value } => {
                 let rank = in_shape.len();
                 let t = elem(self.ty(x).dtype);
@@ -340,6 +358,83 @@ impl<'g> Lowerer<'g> {
             }
             _ => Err(self.unsupported(n, "no code generation for this op yet")),
         }
+    }
+
+    /// Resize: the taps of every resized axis (input positions and weights, fixed by the static shapes)
+    /// are tables computed at compile time, and each output element is the weighted sum over all tap
+    /// combinations, in f32. Axes that keep their size are read straight through.
+    fn pull_resize(&mut self, n: NodeId, x: Value, r: &mlopt_ir::ResizeAttrs, idx: &[Expr]) -> Result<Expr> {
+        let xt = self.ty(x).clone();
+        let t = elem(xt.dtype);
+        if !t.is_float() {
+            return Err(self.unsupported(n, "no code generation for Resize of integers"));
+        }
+        // Per axis: either the index itself, or (index table, weight table, valid table, taps).
+        let mut axes: Vec<Option<(BufId, BufId, BufId, usize)>> = Vec::new();
+        for d in 0..xt.shape.len() {
+            let (n_in, n_out) = (xt.shape[d], r.sizes[d]);
+            if n_in == n_out && r.scales[d] == 1.0 && r.coord != mlopt_ir::CoordMode::TfCropAndResize {
+                axes.push(None);
+                continue;
+            }
+            let taps = mlopt_ir::interp::resize_taps(r, d, n_in, n_out);
+            let width = taps.iter().map(|t| t.as_ref().map_or(0, |v| v.len())).max().unwrap_or(0).max(1);
+            let (mut ix, mut w, mut ok) = (Vec::new(), Vec::new(), Vec::new());
+            for tp in &taps {
+                for k in 0..width {
+                    let (i, wt) = tp.as_ref().and_then(|v| v.get(k)).copied().unwrap_or((0, 0.0));
+                    ix.extend_from_slice(&(i as i64).to_le_bytes());
+                    w.extend_from_slice(&(wt as f32).to_le_bytes());
+                }
+                ok.extend_from_slice(&(if tp.is_some() { 1.0f32 } else { 0.0 }).to_le_bytes());
+            }
+            let name = &self.g.node(n).name;
+            let mk = |l: &mut Self, what: &str, elem: Elem, dims: Vec<u64>, data: Vec<u8>| l.weight(mlopt_kir::Weight { name: format!("{name}.{what}{d}"), elem, dims, data: std::sync::Arc::new(data) });
+            let bi = mk(self, "taps", Elem::I64, vec![n_out as u64, width as u64], ix);
+            let bw = mk(self, "weights", Elem::F32, vec![n_out as u64, width as u64], w);
+            let bv = mk(self, "valid", Elem::F32, vec![n_out as u64], ok);
+            axes.push(Some((bi, bw, bv, width)));
+        }
+        // Every combination of one tap per resized axis.
+        let mut combos: Vec<(Vec<Expr>, Expr)> = vec![(Vec::new(), lit(1.0, Elem::F32))];
+        for (d, a) in axes.iter().enumerate() {
+            let mut next = Vec::new();
+            for (ix, w) in combos {
+                match a {
+                    None => {
+                        let mut ix = ix.clone();
+                        ix.push(idx[d].clone());
+                        next.push((ix, w));
+                    }
+                    Some((bi, bw, _, width)) => {
+                        for k in 0..*width as i64 {
+                            let at = vec![idx[d].clone(), Expr::int(k)];
+                            let mut ix2 = ix.clone();
+                            ix2.push(clamp(Expr::load(*bi, at.clone()), xt.shape[d] as i64));
+                            next.push((ix2, Expr::bin(BinOp::Mul, w.clone(), Expr::load(*bw, at))));
+                        }
+                    }
+                }
+            }
+            combos = next;
+        }
+        let mut sum: Option<Expr> = None;
+        for (ix, w) in combos {
+            let v = self.pull(x, &ix)?;
+            let term = Expr::bin(BinOp::Mul, w, convert(v, t, Elem::F32));
+            sum = Some(match sum {
+                None => term,
+                Some(s) => Expr::bin(BinOp::Add, s, term),
+            });
+        }
+        let mut y = sum.unwrap_or_else(|| lit(0.0, Elem::F32));
+        // tf_crop_and_resize: outside the crop box, the extrapolation value.
+        let valid: Vec<Expr> = axes.iter().enumerate().filter_map(|(d, a)| a.map(|(_, _, bv, _)| Expr::load(bv, vec![idx[d].clone()]))).collect();
+        if r.coord == mlopt_ir::CoordMode::TfCropAndResize && !valid.is_empty() {
+            let all = valid.into_iter().reduce(|p, q| Expr::bin(BinOp::Mul, p, q)).unwrap_or_else(|| lit(1.0, Elem::F32));
+            y = Expr::select(Expr::bin(BinOp::Lt, lit(0.5, Elem::F32), all), y, lit(r.extrapolation_value as f64, Elem::F32));
+        }
+        Ok(convert(y, Elem::F32, t))
     }
 
     /// Lowers the kernel: anchors in order, then the root's outputs.

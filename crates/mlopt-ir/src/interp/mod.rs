@@ -12,6 +12,8 @@ mod linalg;
 mod nn;
 mod reduce;
 mod resize;
+
+pub use resize::{axis_taps as resize_taps, Taps as ResizeTaps};
 #[cfg(test)]
 mod props;
 #[cfg(test)]

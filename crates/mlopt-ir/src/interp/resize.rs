@@ -74,9 +74,12 @@ pub(crate) fn cubic(x: f64, a: f64) -> f64 {
     }
 }
 
-type Taps = Option<Vec<(usize, f64)>>;
+/// The input positions and weights one output position of an axis reads; None: the extrapolation value.
+pub type Taps = Option<Vec<(usize, f64)>>;
 
-fn axis_taps(r: &ResizeAttrs, axis: usize, n_in: usize, n_out: usize) -> Vec<Taps> {
+/// Resize's taps along `axis` (n_in -> n_out positions): what the interpreter sums, and what compiled
+/// code tabulates at compile time.
+pub fn axis_taps(r: &ResizeAttrs, axis: usize, n_in: usize, n_out: usize) -> Vec<Taps> {
     let last = n_in as i64 - 1;
     let clamp = |i: i64| i.clamp(0, last) as usize;
     (0..n_out)
