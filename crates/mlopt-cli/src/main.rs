@@ -326,7 +326,7 @@ fn bench(model: &Path, inputs: &[String], input_shapes: &[String], iters: usize,
     let inputs = if given.is_empty() { mlopt_rewrite::optimize::random_inputs(&g, 1) } else { given };
     let ins = c.input_bytes(&inputs)?;
     let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
-    let mut outs: Vec<Vec<u8>> = c.program.outputs.iter().map(|io| vec![0u8; (io.dims.iter().product::<u64>() * io.elem.size()) as usize]).collect();
+    let mut outs: Vec<Vec<u8>> = c.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
     for _ in 0..3 {
         lib.run(&refs, &mut outs)?;
     }

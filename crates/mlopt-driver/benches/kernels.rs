@@ -93,7 +93,7 @@ fn bench(c: &mut Criterion) {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         let ins = compiled.input_bytes(&inputs).unwrap();
         let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
-        let mut outs: Vec<Vec<u8>> = compiled.program.outputs.iter().map(|io| vec![0u8; (io.dims.iter().product::<u64>() * io.elem.size()) as usize]).collect();
+        let mut outs: Vec<Vec<u8>> = compiled.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
         // A quick median first, to print against the peaks.
         let mut t: Vec<f64> = (0..15)
             .map(|_| {

@@ -86,10 +86,6 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     Ok(Compiled { optimized, cfg, program, code, target, times })
 }
 
-fn bytes(io: &mlopt_kir::Io) -> usize {
-    (io.dims.iter().product::<u64>() * io.elem.size()) as usize
-}
-
 impl Compiled {
     pub fn entry(&self) -> String {
         format!("mlopt_{}_run", c_name(&self.program.name))
@@ -98,7 +94,7 @@ impl Compiled {
     /// Links the object with the runtime and loads it into this process.
     pub fn load(&self) -> Result<Loaded> {
         let p = &self.program;
-        Ok(Loaded::new(&self.code.object, &self.entry(), p.arena_bytes, p.inputs.iter().map(bytes).collect(), p.outputs.iter().map(bytes).collect())?)
+        Ok(Loaded::new(&self.code.object, &self.entry(), p.arena_bytes, p.inputs.iter().map(mlopt_kir::Io::bytes).collect(), p.outputs.iter().map(mlopt_kir::Io::bytes).collect())?)
     }
 
     /// The input buffers for named tensors, checked against the compiled shapes and types.
@@ -121,7 +117,7 @@ impl Compiled {
     pub fn run(&self, lib: &mut Loaded, inputs: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
         let ins = self.input_bytes(inputs)?;
         let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
-        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; bytes(io)]).collect();
+        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
         lib.run(&refs, &mut outs)?;
         self.program.outputs.iter().zip(&outs).map(|(io, b)| Ok((io.name.clone(), mlopt_lower::program::tensor(io, b).map_err(DriverError::Io)?))).collect()
     }

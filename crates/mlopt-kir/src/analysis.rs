@@ -71,8 +71,12 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>) {
 /// Local buffers every access of which is in `body` (within the whole kernel `k`): private to one
 /// iteration of a loop whose body is `body`.
 pub fn private_locals(k: &Kernel, body: &[Stmt]) -> Vec<BufId> {
-    let (inside, all) = (buffer_uses(body), buffer_uses(&k.body));
-    let mut v: Vec<BufId> = inside.into_iter().filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect();
+    private_in(k, body, &buffer_uses(&k.body))
+}
+
+/// `private_locals` with the kernel's `buffer_uses` computed once by the caller.
+pub fn private_in(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>) -> Vec<BufId> {
+    let mut v: Vec<BufId> = buffer_uses(body).into_iter().filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect();
     v.sort();
     v
 }

@@ -189,15 +189,15 @@ impl Frame<'_> {
             }
             Expr::Unary(o, a) => {
                 let x = self.eval(a, m)?;
-                unary(*o, x, self.elem_of(a))
+                unary(*o, x, a.elem(self.k))
             }
             Expr::Binary(o, a, b) => {
-                let t = self.elem_of(a);
+                let t = a.elem(self.k);
                 let (x, y) = (self.eval(a, m)?, self.eval(b, m)?);
                 binary(*o, x, y, t)
             }
             Expr::Fma(a, b, c) => {
-                let t = self.elem_of(a);
+                let t = a.elem(self.k);
                 let (x, y, z) = (self.eval(a, m)?, self.eval(b, m)?, self.eval(c, m)?);
                 round(t, x.f().mul_add(y.f(), z.f()))
             }
@@ -209,7 +209,7 @@ impl Frame<'_> {
                 }
             }
             Expr::Cast(t, a) => {
-                let from = self.elem_of(a);
+                let from = a.elem(self.k);
                 let x = self.eval(a, m)?;
                 match (from.is_float(), x) {
                     (true, _) if !t.is_float() && *t != Elem::Bool => {
@@ -221,23 +221,6 @@ impl Frame<'_> {
                 }
             }
         })
-    }
-
-    /// The element type of an expression (the verifier has checked they agree).
-    fn elem_of(&self, e: &Expr) -> Elem {
-        match e {
-            Expr::Int(_) | Expr::Var(_) => Elem::I64,
-            Expr::Float(_, t) | Expr::Cast(t, _) => *t,
-            Expr::Load(b, _) => self.k.buffer(*b).elem,
-            Expr::Unary(_, a) | Expr::Fma(a, _, _) | Expr::Select(_, a, _) => self.elem_of(a),
-            Expr::Binary(o, a, _) => {
-                if o.is_compare() {
-                    Elem::Bool
-                } else {
-                    self.elem_of(a)
-                }
-            }
-        }
     }
 }
 
@@ -328,7 +311,7 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
     }
     let mut m: Vec<Vec<u8>> = vec![vec![0u8; p.arena_bytes as usize]];
     for (io, data) in p.inputs.iter().zip(inputs) {
-        let want = (io.dims.iter().product::<u64>() * io.elem.size()) as usize;
+        let want = io.bytes();
         if data.len() != want {
             return Err(InterpError::Program(format!("input {} has {} bytes, expected {want}", io.name, data.len())));
         }
@@ -336,7 +319,7 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
     }
     let out0 = m.len();
     for io in &p.outputs {
-        m.push(vec![0u8; (io.dims.iter().product::<u64>() * io.elem.size()) as usize]);
+        m.push(vec![0u8; io.bytes()]);
     }
     let w0 = m.len();
     for w in &p.weights {

@@ -231,6 +231,13 @@ pub struct Io {
     pub dims: Vec<u64>,
 }
 
+impl Io {
+    /// The size of the caller's buffer for this input or output.
+    pub fn bytes(&self) -> usize {
+        (self.dims.iter().product::<u64>() * self.elem.size()) as usize
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Weight {
     pub name: String,
@@ -345,6 +352,17 @@ impl Expr {
             Expr::Fma(a, b, c) => Expr::fma(a.subst(v, by), b.subst(v, by), c.subst(v, by)),
             Expr::Select(c, a, b) => Expr::select(c.subst(v, by), a.subst(v, by), b.subst(v, by)),
             Expr::Cast(e, a) => Expr::cast(*e, a.subst(v, by)),
+        }
+    }
+
+    /// The element type of the expression in (verified) kernel `k`.
+    pub fn elem(&self, k: &Kernel) -> Elem {
+        match self {
+            Expr::Int(_) | Expr::Var(_) => Elem::I64,
+            Expr::Float(_, t) | Expr::Cast(t, _) => *t,
+            Expr::Load(b, _) => k.buffer(*b).elem,
+            Expr::Binary(o, _, _) if o.is_compare() => Elem::Bool,
+            Expr::Unary(_, a) | Expr::Fma(a, _, _) | Expr::Select(_, a, _) | Expr::Binary(_, a, _) => a.elem(k),
         }
     }
 

@@ -101,9 +101,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                     p.as_instruction().map(|ins| ins.set_alignment(64));
                     p
                 } else {
-                    let ptr = self.c.ptr_type(AddressSpace::default());
-                    let i64t = self.c.i64_type();
-                    let alloc = self.m.get_function("aligned_alloc").unwrap_or_else(|| self.m.add_function("aligned_alloc", ptr.fn_type(&[i64t.into(), i64t.into()], false), None));
+                    let alloc = libc(self.c, self.m, "aligned_alloc")?;
                     let call = self.b.build_call(alloc, &[self.i64(64).into(), self.i64(bytes.div_ceil(64) as i64 * 64).into()], &buf.name)?;
                     let p = call.try_as_basic_value().basic().ok_or_else(|| err("aligned_alloc returned nothing"))?.into_pointer_value();
                     heap.push(p);
@@ -120,8 +118,7 @@ impl<'a, 'c> Gen<'a, 'c> {
         if heap.is_empty() {
             return Ok(());
         }
-        let ptr = self.c.ptr_type(AddressSpace::default());
-        let free = self.m.get_function("free").unwrap_or_else(|| self.m.add_function("free", self.c.void_type().fn_type(&[ptr.into()], false), None));
+        let free = libc(self.c, self.m, "free")?;
         for p in heap {
             self.b.build_call(free, &[(*p).into()], "")?;
         }
@@ -156,18 +153,28 @@ impl<'a, 'c> Gen<'a, 'c> {
         }
     }
 
-    /// A counted loop `for v in (0..extent).step_by(step)`; `body` gets the counter.
-    pub fn counted(&mut self, name: &str, begin: IntValue<'c>, end: IntValue<'c>, step: u64, body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>) -> Ret<()> {
-        let i64t = self.c.i64_type();
+    /// A value of type `t` (or an array of `n`) on the stack, allocated at the top of the entry block
+    /// (where mem2reg and SROA promote allocas to registers), wherever the builder currently is.
+    fn entry_alloca(&mut self, t: BasicTypeEnum<'c>, n: Option<u64>, name: &str) -> Ret<PointerValue<'c>> {
         let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
-        // The counter lives in an entry-block alloca; mem2reg makes it a phi.
         let here = self.b.get_insert_block().ok_or_else(|| err("builder not positioned"))?;
         match entry.get_first_instruction() {
             Some(first) => self.b.position_before(&first),
             None => self.b.position_at_end(entry),
         }
-        let slot = self.b.build_alloca(i64t, name)?;
+        let p = match n {
+            Some(n) => self.b.build_array_alloca(t, self.i64(n as i64), name)?,
+            None => self.b.build_alloca(t, name)?,
+        };
         self.b.position_at_end(here);
+        Ok(p)
+    }
+
+    /// A counted loop `for v in (0..extent).step_by(step)`; `body` gets the counter.
+    pub fn counted(&mut self, name: &str, begin: IntValue<'c>, end: IntValue<'c>, step: u64, body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>) -> Ret<()> {
+        let i64t = self.c.i64_type();
+        // The counter lives in an entry-block alloca; mem2reg makes it a phi.
+        let slot = self.entry_alloca(i64t.into(), None, name)?;
         self.b.build_store(slot, begin)?;
         let (head, bodyb, done) = (self.c.append_basic_block(self.f, &format!("{name}.head")), self.c.append_basic_block(self.f, &format!("{name}.body")), self.c.append_basic_block(self.f, &format!("{name}.end")));
         self.b.build_unconditional_branch(head)?;
@@ -232,15 +239,7 @@ impl<'a, 'c> Gen<'a, 'c> {
         for b in private {
             let buf = self.k.buffer(b);
             let vt = reg_ty(self.c, buf.elem);
-            let vec_t = vector_type(vt, w);
-            let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
-            let here = self.b.get_insert_block().ok_or_else(|| err("builder not positioned"))?;
-            match entry.get_first_instruction() {
-                Some(first) => self.b.position_before(&first),
-                None => self.b.position_at_end(entry),
-            }
-            let p = self.b.build_array_alloca(vec_t, self.i64(buf.numel().max(1) as i64), &format!("{}.lanes", buf.name))?;
-            self.b.position_at_end(here);
+            let p = self.entry_alloca(vector_type(vt, w), Some(buf.numel().max(1)), &format!("{}.lanes", buf.name))?;
             out.insert(b, p);
         }
         Ok(out)
@@ -443,12 +442,12 @@ impl<'a, 'c> Gen<'a, 'c> {
             },
             Expr::Load(b, ix) => return self.load(*b, ix),
             Expr::Unary(o, a) => {
-                let t = elem_of(self.k, a);
+                let t = a.elem(self.k);
                 let x = self.eval(a)?;
                 crate::math::unary(self, *o, x, t)?
             }
             Expr::Binary(o, a, b) => {
-                let t = elem_of(self.k, a);
+                let t = a.elem(self.k);
                 let (x, y) = (self.eval(a)?, self.eval(b)?);
                 let (x, y) = self.same_shape(x, y)?;
                 crate::math::binary(self, *o, x, y, t)?
@@ -471,7 +470,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 }
             }
             Expr::Cast(t, a) => {
-                let from = elem_of(self.k, a);
+                let from = a.elem(self.k);
                 let x = self.eval(a)?;
                 crate::math::cast(self, x, from, *t)?
             }
@@ -536,21 +535,21 @@ pub fn float_cmp<'c>(b: &Builder<'c>, p: FloatPredicate, x: BasicValueEnum<'c>, 
     })
 }
 
-/// The element type of an expression in a verified kernel.
-pub fn elem_of(k: &Kernel, e: &Expr) -> Elem {
-    match e {
-        Expr::Int(_) | Expr::Var(_) => Elem::I64,
-        Expr::Float(_, t) | Expr::Cast(t, _) => *t,
-        Expr::Load(b, _) => k.buffer(*b).elem,
-        Expr::Unary(_, a) | Expr::Fma(a, _, _) | Expr::Select(_, a, _) => elem_of(k, a),
-        Expr::Binary(o, a, _) => {
-            if o.is_compare() {
-                Elem::Bool
-            } else {
-                elem_of(k, a)
-            }
-        }
+/// The declaration of an external function the generated code calls (the C library's allocator, the
+/// runtime's thread pool), added to the module on first use.
+pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue<'c>> {
+    if let Some(f) = m.get_function(name) {
+        return Ok(f);
     }
+    let (ptr, i64t, void) = (c.ptr_type(AddressSpace::default()), c.i64_type(), c.void_type());
+    let ty = match name {
+        "aligned_alloc" => ptr.fn_type(&[i64t.into(), i64t.into()], false),
+        "free" => void.fn_type(&[ptr.into()], false),
+        "mlopt_parallel_for" => void.fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
+        "mlopt_init_threads" => void.fn_type(&[c.i32_type().into()], false),
+        _ => return Err(err(format!("no declaration for external function {name}"))),
+    };
+    Ok(m.add_function(name, ty, None))
 }
 
 /// Declares `void name(ptr, ptr, ...)` with one pointer per kernel parameter.

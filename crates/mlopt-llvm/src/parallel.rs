@@ -71,10 +71,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         })?;
         h.b.build_return(None)?;
     }
-    let rt = m.get_function("mlopt_parallel_for").unwrap_or_else(|| {
-        let t = c.void_type().fn_type(&[ptr.into(), ptr.into(), i64t.into()], false);
-        m.add_function("mlopt_parallel_for", t, None)
-    });
+    let rt = crate::codegen::libc(c, m, "mlopt_parallel_for")?;
     let fp = f.as_global_value().as_pointer_value();
     g.b.build_call(rt, &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()], "")?;
     Ok(())

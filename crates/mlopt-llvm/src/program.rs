@@ -9,7 +9,7 @@
 
 #![allow(unsafe_code)] // GEPs into the arena and the pointer arrays; see codegen.rs.
 
-use crate::codegen::{declare_kernel, define_kernel};
+use crate::codegen::{declare_kernel, define_kernel, libc};
 use crate::error::{LlvmError, Result};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
@@ -89,8 +89,7 @@ fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
 fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, name: &str, arena: u64) -> Result<()> {
     let ptr = c.ptr_type(AddressSpace::default());
     let i64t = c.i64_type();
-    let alloc = m.get_function("aligned_alloc").unwrap_or_else(|| m.add_function("aligned_alloc", ptr.fn_type(&[i64t.into(), i64t.into()], false), None));
-    let free = m.get_function("free").unwrap_or_else(|| m.add_function("free", c.void_type().fn_type(&[ptr.into()], false), None));
+    let (alloc, free) = (libc(c, m, "aligned_alloc")?, libc(c, m, "free")?);
     let b = c.create_builder();
     let create = m.add_function(&format!("mlopt_{}_create", c_name(name)), ptr.fn_type(&[], false), None);
     b.position_at_end(c.append_basic_block(create, "entry"));
@@ -141,7 +140,7 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
     b.position_at_end(c.append_basic_block(run, "entry"));
     let param = |i: u32| run.get_nth_param(i).map(|v| v.into_pointer_value()).ok_or_else(|| LlvmError::Codegen("run parameters".into()));
     let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
-    let init = m.add_function("mlopt_init_threads", c.void_type().fn_type(&[c.i32_type().into()], false), None);
+    let init = libc(&c, &m, "mlopt_init_threads")?;
     b.build_call(init, &[c.i32_type().const_int(threads as u64, false).into()], "")?;
     for s in &p.steps {
         let mut args = Vec::with_capacity(s.args.len());

@@ -10,9 +10,9 @@
 //!
 //! Loops holding a guard are never vectorised (a guard would differ between lanes).
 
-use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat};
+use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat, private_in};
 use mlopt_kir::sched::set_kind;
-use mlopt_kir::{BufId, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_kir::{BufId, Kernel, LoopKind, Stmt, Var};
 use std::collections::HashMap;
 
 /// What the schedule may use.
@@ -48,8 +48,8 @@ pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
 /// Whether every store under `body` is fine for loop `v` by `ok(coefficient)`; local buffers used only
 /// under `body` are private and always fine. False if `body` holds a guard.
 fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
-    let inside = count_uses(body);
-    let private = |b: &BufId| k.buffer(*b).space == Space::Local && inside.get(b) == uses.get(b);
+    let locals = private_in(k, body, uses);
+    let private = |b: &BufId| locals.contains(b);
     fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &dyn Fn(&BufId) -> bool, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
         body.iter().all(|s| match s {
             Stmt::For { body, .. } => walk(k, v, body, private, ok),
