@@ -6,7 +6,7 @@
 use crate::elementwise::{compute, convert, elem, lit};
 use crate::error::Result;
 use crate::contract;
-use crate::kernel::{clamp, dims, Lowerer};
+use crate::kernel::{all, clamp, dims, in_range, Lowerer};
 use mlopt_ir::{NodeId, Op, ReduceKind, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
@@ -318,18 +318,10 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
         let g = Expr::div(mo.clone(), Expr::int(mg));
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
-            let mut inside = None;
+            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
+            let inside = all(pos.iter().zip(&xs[2..]).map(|(p, len)| in_range(p.clone(), *len as i64)));
             let mut xi = vec![nb.clone(), c];
-            for s in 0..sp {
-                let pos = Expr::sub(Expr::add(Expr::mul(idx[2 + s].clone(), Expr::int(a.strides[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64))), Expr::int(a.pads[s] as i64));
-                let len = xs[2 + s] as i64;
-                let ok = b(BinOp::And, b(BinOp::Le, Expr::int(0), pos.clone()), b(BinOp::Lt, pos.clone(), Expr::int(len)));
-                inside = Some(match inside {
-                    None => ok,
-                    Some(p) => b(BinOp::And, p, ok),
-                });
-                xi.push(clamp(pos, len));
-            }
+            xi.extend(pos.into_iter().zip(&xs[2..]).map(|(p, len)| clamp(p, *len as i64)));
             let mut wi = vec![mo.clone(), r[0].clone()];
             wi.extend(r[1..].iter().cloned());
             let xv = get(l, x, &xi, Elem::F32)?;
@@ -361,7 +353,7 @@ pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<S
     let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.to_vec(), Space::Local);
     stmts.extend(l.nest("p", &padded, |l, idx| {
         let (h, wd) = (Expr::sub(idx[2].clone(), Expr::int(pt)), Expr::sub(idx[3].clone(), Expr::int(pl)));
-        let inside = [(h.clone(), xs[2]), (wd.clone(), xs[3])].into_iter().map(|(e, n)| b(BinOp::And, b(BinOp::Le, Expr::int(0), e.clone()), b(BinOp::Lt, e, Expr::int(n)))).reduce(|p, q| b(BinOp::And, p, q));
+        let inside = all([in_range(h.clone(), xs[2]), in_range(wd.clone(), xs[3])]);
         let v = get(l, x, &[idx[0].clone(), idx[1].clone(), clamp(h, xs[2]), clamp(wd, xs[3])], Elem::F32)?;
         let v = Expr::select(inside.unwrap_or_else(|| lit(1.0, Elem::Bool)), v, lit(0.0, Elem::F32));
         Ok(vec![Stmt::Store { buf: xp, index: idx.to_vec(), value: v }])
@@ -424,20 +416,12 @@ fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, i
         let mut count_in = None;
         // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
         let f = fold_op_scalar(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
-            let mut inside = None;
-            let mut padded = None;
+            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
+            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
+            // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
+            let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
             let mut xi = vec![idx[0].clone(), idx[1].clone()];
-            for s in 0..sp {
-                let pos = Expr::sub(Expr::add(Expr::mul(idx[2 + s].clone(), Expr::int(p.strides[s] as i64)), Expr::mul(r[s].clone(), Expr::int(p.dilations[s] as i64))), Expr::int(p.pads[s] as i64));
-                let len = xs[2 + s] as i64;
-                let and = |acc: Option<Expr>, c: Expr| Some(match acc {
-                    None => c,
-                    Some(a) => b(BinOp::And, a, c),
-                });
-                inside = and(inside, b(BinOp::And, b(BinOp::Le, Expr::int(0), pos.clone()), b(BinOp::Lt, pos.clone(), Expr::int(len))));
-                padded = and(padded, b(BinOp::Lt, pos.clone(), Expr::int(len + p.pads[sp + s] as i64)));
-                xi.push(clamp(pos, len));
-            }
+            xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
             let v = get(l, x, &xi, t)?;
             let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
             count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
@@ -458,6 +442,11 @@ fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, i
         s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
         Ok(s)
     })
+}
+
+/// The input position a window tap reads: `out * stride + tap * dilation - pad` (may fall in the padding).
+fn window_pos(out: &Expr, tap: &Expr, stride: usize, dilation: usize, pad: usize) -> Expr {
+    Expr::sub(Expr::add(Expr::mul(out.clone(), Expr::int(stride as i64)), Expr::mul(tap.clone(), Expr::int(dilation as i64))), Expr::int(pad as i64))
 }
 
 /// Appends `st` to the body of the innermost loop of the last loop nest in `stmts`.

@@ -279,11 +279,8 @@ impl<'g> Lowerer<'g> {
                 let ind_t = elem(self.ty(ind).dtype);
                 let r = self.ty(ind).shape.len();
                 let raw = self.pull(ind, &idx[*axis..*axis + r])?;
-                let i = convert(raw, ind_t, Elem::I64);
-                let len = in_shape[*axis];
-                let wrapped = Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i);
                 let mut ix: Vec<Expr> = idx[..*axis].to_vec();
-                ix.push(clamp(wrapped, len));
+                ix.push(wrap_index(convert(raw, ind_t, Elem::I64), in_shape[*axis]));
                 ix.extend_from_slice(&idx[*axis + r..]);
                 self.pull(x, &ix)
             }
@@ -292,11 +289,8 @@ impl<'g> Lowerer<'g> {
                 let ind = self.input(n, 1)?;
                 let ind_t = elem(self.ty(ind).dtype);
                 let raw = self.pull(ind, idx)?;
-                let i = convert(raw, ind_t, Elem::I64);
-                let len = in_shape[*axis];
-                let wrapped = Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i);
                 let mut ix = idx.to_vec();
-                ix[*axis] = clamp(wrapped, len);
+                ix[*axis] = wrap_index(convert(raw, ind_t, Elem::I64), in_shape[*axis]);
                 self.pull(x, &ix)
             }
             Op::Trilu { upper, k } => {
@@ -329,27 +323,16 @@ impl<'g> Lowerer<'g> {
             Op::Pad { pads, mode, value } => {
                 let rank = in_shape.len();
                 let t = elem(self.ty(x).dtype);
-                let mut inside = None;
-                let mut ix = Vec::new();
-                for a in 0..rank {
-                    let src = Expr::sub(idx[a].clone(), Expr::int(pads[a]));
-                    let len = in_shape[a];
-                    let mapped = match mode {
-                        mlopt_ir::PadMode::Constant => {
-                            if pads[a] > 0 || pads[a + rank] > 0 {
-                                let ok = Expr::bin(BinOp::And, Expr::bin(BinOp::Le, Expr::int(0), src.clone()), Expr::bin(BinOp::Lt, src.clone(), Expr::int(len)));
-                                inside = Some(match inside {
-                                    None => ok,
-                                    Some(p) => Expr::bin(BinOp::And, p, ok),
-                                });
-                            }
-                            clamp(src, len)
-                        }
-                        mlopt_ir::PadMode::Edge => clamp(src, len),
-                        _ => return Err(self.unsupported(n, format!("pad mode {mode:?}"))),
-                    };
-                    ix.push(mapped);
+                if !matches!(mode, mlopt_ir::PadMode::Constant | mlopt_ir::PadMode::Edge) {
+                    return Err(self.unsupported(n, format!("pad mode {mode:?}")));
                 }
+                let src: Vec<Expr> = (0..rank).map(|a| Expr::sub(idx[a].clone(), Expr::int(pads[a]))).collect();
+                // Constant mode: the axes that grow take `value` outside the input; edge mode clamps.
+                let inside = match mode {
+                    mlopt_ir::PadMode::Constant => all((0..rank).filter(|a| pads[*a] > 0 || pads[*a + rank] > 0).map(|a| in_range(src[a].clone(), in_shape[a]))),
+                    _ => None,
+                };
+                let ix: Vec<Expr> = src.into_iter().zip(&in_shape).map(|(e, len)| clamp(e, *len)).collect();
                 let e = self.pull(x, &ix)?;
                 Ok(match inside {
                     Some(c) => Expr::select(c, e, lit(*value, t)),
@@ -577,6 +560,21 @@ pub fn delinear(flat: Expr, shape: &[i64]) -> Vec<Expr> {
         stride *= shape[a];
     }
     out
+}
+
+/// `0 <= e < len`.
+pub fn in_range(e: Expr, len: i64) -> Expr {
+    Expr::bin(BinOp::And, Expr::bin(BinOp::Le, Expr::int(0), e.clone()), Expr::bin(BinOp::Lt, e, Expr::int(len)))
+}
+
+/// The conjunction of `conds`, or None when there are none.
+pub fn all(conds: impl IntoIterator<Item = Expr>) -> Option<Expr> {
+    conds.into_iter().reduce(|p, q| Expr::bin(BinOp::And, p, q))
+}
+
+/// An index that may count from the end (negative), wrapped and then clamped into 0..len.
+pub fn wrap_index(i: Expr, len: i64) -> Expr {
+    clamp(Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i), len)
 }
 
 /// `e` clamped into 0..len, so a load in an unselected branch of a select stays in bounds.
