@@ -21,8 +21,10 @@ type RunFn = unsafe extern "C" fn(*mut u8, *const *const u8, *const *mut u8);
 /// A compiled model loaded into this process.
 #[derive(Debug)]
 pub struct Loaded {
-    lib: libloading::Library,
-    entry: String,
+    /// Kept so the library is never unloaded before `entry` (it is linked `nodelete` anyway).
+    _lib: libloading::Library,
+    /// The model's entry point, looked up once.
+    entry: libloading::os::unix::Symbol<RunFn>,
     arena: Vec<u64>,
     inputs: Vec<usize>,
     outputs: Vec<usize>,
@@ -54,15 +56,11 @@ impl Loaded {
         }
         // SAFETY: the library is mlopt's own output plus its runtime; their initialisers do nothing.
         let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
+        // SAFETY: the symbol is the generated `void run(void*, const void* const*, void* const*)`; the raw
+        // symbol stays valid while `lib` is loaded, which `Loaded` guarantees by owning it.
+        let entry = unsafe { lib.get::<RunFn>(entry.as_bytes()).map(|s| s.into_raw()) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
         let arena = vec![0u64; arena_bytes.div_ceil(8) as usize + 8];
-        let l = Loaded { lib, entry: entry.to_string(), arena, inputs, outputs, _dir: dir };
-        l.entry()?;
-        Ok(l)
-    }
-
-    fn entry(&self) -> Result<libloading::Symbol<'_, RunFn>, RuntimeError> {
-        // SAFETY: the symbol is the generated `void run(void*, const void* const*, void* const*)`.
-        unsafe { self.lib.get::<RunFn>(self.entry.as_bytes()) }.map_err(|e| RuntimeError::Load(e.to_string()))
+        Ok(Loaded { _lib: lib, entry, arena, inputs, outputs, _dir: dir })
     }
 
     /// Runs the model: `inputs[i]` and `outputs[i]` must have exactly the declared byte sizes.
@@ -81,7 +79,7 @@ impl Loaded {
         // The arena is u64-backed and over-allocated by 64 bytes so its start can be 64-byte aligned.
         let base = self.arena.as_mut_ptr() as *mut u8;
         let pad = base.align_offset(64);
-        let f = self.entry()?;
+        let f = &self.entry;
         // SAFETY: every pointer is valid for the size the program declares (checked above; the arena has
         // arena_bytes after alignment), and the generated code stays inside them (verified kernels).
         unsafe { f(base.add(pad), ins.as_ptr(), outs.as_ptr()) };
