@@ -34,3 +34,16 @@ pub fn import(name: &str) -> mlopt_ir::Graph {
     import_file(&dir(name).join("model.onnx"), &opts).expect("import")
 }
 
+
+/// The largest error of `got` against `want`, output by output, each relative to its output's scale
+/// (`mlopt_rewrite::optimize::scaled_error`); names, types and the number of outputs must agree.
+pub fn worst_error(want: &[(String, Tensor)], got: &[(String, Tensor)]) -> f64 {
+    assert_eq!(want.len(), got.len(), "number of outputs");
+    let mut worst = 0f64;
+    for ((wn, w), (gn, g)) in want.iter().zip(got) {
+        assert_eq!(wn, gn);
+        assert_eq!(w.ty(), g.ty(), "{wn}");
+        worst = worst.max(mlopt_rewrite::optimize::scaled_error(w, g));
+    }
+    worst
+}

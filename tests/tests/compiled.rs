@@ -7,7 +7,7 @@ use mlopt_cost::Target;
 use mlopt_driver::{compile, Options};
 use mlopt_ir::interp;
 use mlopt_rewrite::{Config, Precision};
-use mlopt_tests::{data, import, FIXTURES};
+use mlopt_tests::{data, import, worst_error, FIXTURES};
 
 /// Compiles a fixture for this machine, runs it in-process; returns the error against the interpreter
 /// (on the optimised graph) and the compiled model.
@@ -19,12 +19,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
-    let mut worst = 0f64;
-    for ((gn, g), (wn, w)) in got.iter().zip(&want) {
-        assert_eq!(gn, wn);
-        worst = worst.max(mlopt_rewrite::optimize::scaled_error(w, g));
-    }
-    (worst, c)
+    (worst_error(&want, &got), c)
 }
 
 #[test]

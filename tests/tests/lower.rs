@@ -7,7 +7,7 @@ use mlopt_cost::Target;
 use mlopt_ir::interp;
 use mlopt_lower::{interpret, lower_program, CpuSchedule, Options};
 use mlopt_rewrite::{optimize, Config, Precision};
-use mlopt_tests::{data, import, FIXTURES};
+use mlopt_tests::{data, import, worst_error, FIXTURES};
 
 fn lowered(name: &str, target: &str, precision: Precision, opts: &Options) -> (f64, mlopt_kir::Program) {
     let g = import(name);
@@ -18,12 +18,7 @@ fn lowered(name: &str, target: &str, precision: Precision, opts: &Options) -> (f
     let (inputs, _) = data(name);
     let want = interp::run(&o.plan.graph, &inputs).unwrap();
     let got = interpret(&p, &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut worst = 0f64;
-    for ((wn, w), (gn, g)) in want.iter().zip(&got) {
-        assert_eq!(wn, gn);
-        worst = worst.max(mlopt_rewrite::optimize::scaled_error(w, g));
-    }
-    (worst, p)
+    (worst_error(&want, &got), p)
 }
 
 #[test]

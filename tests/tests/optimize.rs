@@ -7,7 +7,7 @@
 use mlopt_cost::Target;
 use mlopt_ir::{interp, print};
 use mlopt_rewrite::{optimize, report, Config, Precision};
-use mlopt_tests::{data, import, FIXTURES};
+use mlopt_tests::{data, import, worst_error, FIXTURES};
 
 fn config(target: &str, precision: Precision) -> Config {
     let mut c = Config::new(Target::named(target, 1).unwrap());
@@ -23,13 +23,7 @@ fn error(name: &str, cfg: &Config) -> (f64, mlopt_rewrite::Optimized) {
     let (inputs, _) = data(name);
     let want = interp::run(&g, &inputs).unwrap();
     let got = interp::run(&o.plan.graph, &inputs).unwrap();
-    let mut worst = 0f64;
-    for ((wn, w), (gn, g)) in want.iter().zip(&got) {
-        assert_eq!(wn, gn);
-        assert_eq!(w.ty(), g.ty(), "{name}/{wn}");
-        worst = worst.max(mlopt_rewrite::optimize::scaled_error(w, g));
-    }
-    (worst, o)
+    (worst_error(&want, &got), o)
 }
 
 #[test]
