@@ -77,3 +77,127 @@ fn large_convolutions_compile_with_heap_temporaries() {
         assert!(err < 1e-5, "winograd = {winograd}: error {err:e}");
     }
 }
+
+/// Every kernel IR operator on every element type it takes, in a serial and a vector loop: the compiled
+/// code computes what the kernel IR interpreter does, on values that reach the edges (NaN, infinities,
+/// division by zero and by -1 at the type's minimum, shifts by the width or more, negative operands).
+#[test]
+fn kir_operators_compile_as_they_interpret() {
+    use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Stmt, UnOp};
+    const N: u64 = 32;
+    let floats = [-2.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.7, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e-3, 10.0, -10.0, 0.25, 0.9];
+    let ints = [-7.0, -1.0, 0.0, 1.0, 2.0, 3.0, 5.0, 100.0, -100.0, 127.0, -128.0, 7.0, 8.0, 31.0, 33.0, 64.0];
+    let shifts = [0.0, 1.0, 2.0, 3.0, 7.0, 8.0, 9.0, 31.0, 32.0, 63.0, 64.0, -1.0, 0.0, -1.0, 5.0, 1.0];
+    let types = [Elem::F32, Elem::F64, Elem::I8, Elem::U8, Elem::I32, Elem::I64, Elem::Bool];
+    for t in types {
+        let (xs, ys): (Vec<f64>, Vec<f64>) = match t {
+            _ if t.is_float() => (floats.iter().chain(floats.iter().rev()).copied().collect(), floats.iter().rev().chain(floats.iter()).copied().collect()),
+            Elem::Bool => ((0..N).map(|i| (i % 2) as f64).collect(), (0..N).map(|i| (i / 2 % 2) as f64).collect()),
+            Elem::U8 => ((0..N).map(|i| ((i * 37) % 256) as f64).collect(), shifts.iter().chain(ints.iter()).map(|v: &f64| v.rem_euclid(256.0)).collect()),
+            _ => {
+                // The type's minimum divided by -1 is in the table for every signed type.
+                let min = match t {
+                    Elem::I8 => i8::MIN as f64,
+                    Elem::I32 => i32::MIN as f64,
+                    _ => i64::MIN as f64,
+                };
+                let mut x: Vec<f64> = ints.iter().chain(ints.iter()).copied().collect();
+                x[20] = min;
+                (x, shifts.iter().chain(ints.iter().rev()).copied().collect())
+            }
+        };
+        let binops: Vec<BinOp> = match t {
+            _ if t.is_float() => vec![BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne],
+            Elem::Bool => vec![BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Eq, BinOp::Ne],
+            _ => vec![BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne, BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Shl, BinOp::Shr],
+        };
+        let unops: Vec<UnOp> = match t {
+            _ if t.is_float() => mlopt_kir::print::UNOPS.iter().copied().filter(|o| *o != UnOp::Not).collect(),
+            Elem::Bool => vec![UnOp::Not],
+            _ => vec![UnOp::Neg, UnOp::Abs, UnOp::Not],
+        };
+        type MakeExpr = Box<dyn Fn(Expr, Expr) -> Expr>;
+        let exprs: Vec<(String, MakeExpr)> = binops
+            .iter()
+            .map(|o| {
+                let o = *o;
+                (mlopt_kir::print::binop_name(o).to_string(), Box::new(move |x, y| Expr::bin(o, x, y)) as MakeExpr)
+            })
+            .chain(unops.iter().map(|o| {
+                let o = *o;
+                (mlopt_kir::print::unop_name(o).to_string(), Box::new(move |x, _| Expr::un(o, x)) as MakeExpr)
+            }))
+            .collect();
+        let encode = |vs: &[f64]| -> Vec<u8> {
+            vs.iter()
+                .flat_map(|v| match t {
+                    Elem::F32 => (*v as f32).to_le_bytes().to_vec(),
+                    Elem::F64 => v.to_le_bytes().to_vec(),
+                    Elem::I8 => (*v as i8).to_le_bytes().to_vec(),
+                    Elem::U8 | Elem::Bool => vec![*v as u8],
+                    Elem::I32 => (*v as i32).to_le_bytes().to_vec(),
+                    _ => (*v as i64).to_le_bytes().to_vec(),
+                })
+                .collect()
+        };
+        let mut p = Program { name: format!("ops_{t}"), inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N] }, Io { name: "y".into(), elem: t, dims: vec![N] }], ..Default::default() };
+        for (name, f) in &exprs {
+            for kind in [LoopKind::Serial, LoopKind::Vector(8)] {
+                let mut k = Kernel::new(format!("k{}", p.kernels.len()));
+                let e = f(Expr::Int(0), Expr::Int(0));
+                let out_t = if matches!(e, Expr::Binary(o, ..) if o.is_compare()) { Elem::Bool } else { t };
+                let (o, x, y) = (k.buf("out", out_t, vec![N], Space::Global), k.buf("x", t, vec![N], Space::Global), k.buf("y", t, vec![N], Space::Global));
+                let i = k.var("i");
+                let at = || vec![Expr::var(i)];
+                k.body = vec![Stmt::For { var: i, extent: N, kind, body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }] }];
+                mlopt_kir::verify(&k).unwrap_or_else(|e| panic!("{name} on {t}: {e:?}"));
+                p.steps.push(mlopt_kir::Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)] });
+                p.outputs.push(Io { name: format!("{name} {kind:?}"), elem: out_t, dims: vec![N] });
+                p.kernels.push(k);
+            }
+        }
+        let inputs = vec![encode(&xs), encode(&ys)];
+        let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::named("host").unwrap(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
+        let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
+        let mut lib = mlopt_runtime::Loaded::new(&code.object, &entry, 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
+        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
+        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            let same = match io.elem {
+                Elem::F32 | Elem::F64 => {
+                    let vals = |b: &[u8]| -> Vec<f64> { if io.elem == Elem::F32 { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect() } else { b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect() } };
+                    // exp/tanh/erf are evaluated in registers to about 1 ulp; the rest is exact.
+                    vals(w).iter().zip(vals(g)).all(|(a, b)| (a.is_nan() && b.is_nan()) || a == &b || (a - b).abs() <= 1e-6 * a.abs().max(1.0))
+                }
+                _ => w == g,
+            };
+            assert!(same, "{} on {t}: x = {xs:?}\ny = {ys:?}\ninterpreter {w:?}\ncompiled    {g:?}", io.name);
+        }
+    }
+}
+
+/// Resize of integer images (u8 and i32) in every mode: computed in f64, rounded half away from zero and
+/// saturated (cubic overshoots 0..255), as the reference does.
+#[test]
+fn integer_resize_compiles_as_it_interprets() {
+    use mlopt_ir::{CoordMode, DType, NearestMode, Op, ResizeAttrs, ResizeMode, Tensor, TensorType};
+    for (dtype, mode) in [(DType::U8, ResizeMode::Nearest), (DType::U8, ResizeMode::Linear), (DType::U8, ResizeMode::Cubic), (DType::I32, ResizeMode::Cubic)] {
+        let mut g = mlopt_ir::Graph::new("resize_int");
+        let x = g.add_input("x", TensorType::new(dtype, vec![1, 2, 4, 5]));
+        let attrs = ResizeAttrs { mode, coord: CoordMode::HalfPixel, nearest: NearestMode::RoundPreferFloor, cubic_coeff_a: -0.75, exclude_outside: false, extrapolation_value: 0.0, antialias: false, scales: vec![1.0, 1.0, 2.0, 1.6], sizes: vec![1, 2, 8, 8], roi: vec![] };
+        let y = g.add(Op::Resize(attrs), "resize", &[x]).unwrap();
+        g.add_output("y", y);
+        // Sharp edges (0 next to 255, and negatives for i32) so cubic overshoots the range.
+        let vals: Vec<f64> = (0..40).map(|i| if (i / 2) % 2 == 0 { 255.0 } else { 0.0 }).map(|v| if dtype == DType::I32 { v - 128.0 } else { v }).collect();
+        let x = Tensor::from_vec(&[1, 2, 4, 5], vals).unwrap().cast(dtype);
+        let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
+        let want = interp::run(&g, &inputs).unwrap();
+        let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
+        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: false }).unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        assert_eq!(want[0].1.to_i64_vec(), got[0].1.to_i64_vec(), "{dtype} {mode:?}");
+        let kir = mlopt_lower::interpret(&c.program, &inputs).unwrap();
+        assert_eq!(want[0].1.to_i64_vec(), kir[0].1.to_i64_vec(), "{dtype} {mode:?} in the kernel IR interpreter");
+    }
+}

@@ -30,7 +30,14 @@ pub fn flat_index(k: &Kernel, b: BufId, index: &[Expr]) -> Expr {
 /// How many loads and stores of each buffer `body` holds.
 pub fn buffer_uses(body: &[Stmt]) -> HashMap<BufId, usize> {
     let mut out = HashMap::new();
-    stmts(body, &mut out);
+    stmts(body, &mut out, true);
+    out
+}
+
+/// How many loads of each buffer `body` holds (stores not counted).
+pub fn buffer_loads(body: &[Stmt]) -> HashMap<BufId, usize> {
+    let mut out = HashMap::new();
+    stmts(body, &mut out, false);
     out
 }
 
@@ -50,16 +57,18 @@ fn expr(e: &Expr, out: &mut HashMap<BufId, usize>) {
     }
 }
 
-fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>) {
+fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
     for s in body {
         match s {
-            Stmt::For { body, .. } => stmts(body, out),
+            Stmt::For { body, .. } => stmts(body, out, count_stores),
             Stmt::If { cond, then } => {
                 expr(cond, out);
-                stmts(then, out);
+                stmts(then, out, count_stores);
             }
             Stmt::Store { buf, index, value } => {
-                *out.entry(*buf).or_default() += 1;
+                if count_stores {
+                    *out.entry(*buf).or_default() += 1;
+                }
                 index.iter().for_each(|x| expr(x, out));
                 expr(value, out);
             }

@@ -213,8 +213,15 @@ impl Frame<'_> {
                 let x = self.eval(a, m)?;
                 match (from.is_float(), x) {
                     (true, _) if !t.is_float() && *t != Elem::Bool => {
+                        // Saturating, as the code generators' fptosi.sat / fptoui.sat (NaN -> 0).
                         let f = x.f();
-                        int_to(*t, if f.is_nan() { 0 } else { f.trunc() as i64 })
+                        let (lo, hi) = match t {
+                            Elem::I8 => (i8::MIN as f64, i8::MAX as f64),
+                            Elem::U8 => (0.0, u8::MAX as f64),
+                            Elem::I32 => (i32::MIN as f64, i32::MAX as f64),
+                            _ => (i64::MIN as f64, i64::MAX as f64),
+                        };
+                        int_to(*t, if f.is_nan() { 0 } else { f.trunc().clamp(lo, hi) as i64 })
                     }
                     (_, V::I(i)) => int_to(*t, i),
                     (_, V::F(f)) => round(*t, f),
@@ -230,7 +237,8 @@ fn unary(o: UnOp, x: V, t: Elem) -> V {
         return int_to(t, match o {
             UnOp::Neg => i.wrapping_neg(),
             UnOp::Abs => i.wrapping_abs(),
-            UnOp::Not => (i == 0) as i64,
+            UnOp::Not if t == Elem::Bool => (i == 0) as i64,
+            UnOp::Not => !i,
             _ => i,
         });
     }
@@ -248,6 +256,9 @@ fn unary(o: UnOp, x: V, t: Elem) -> V {
         UnOp::Round => f.round_ties_even(),
         UnOp::Sin => f.sin(),
         UnOp::Cos => f.cos(),
+        UnOp::Asin => f.asin(),
+        UnOp::Acos => f.acos(),
+        UnOp::Atan => f.atan(),
         UnOp::Not => (f == 0.0) as i64 as f64,
     })
 }
@@ -284,8 +295,13 @@ fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
             BinOp::Min => a.min(b),
             BinOp::Max => a.max(b),
             BinOp::Pow => a.checked_pow(b.clamp(0, u32::MAX as i64) as u32).unwrap_or(0),
-            BinOp::And => ((a != 0) && (b != 0)) as i64,
-            BinOp::Or => ((a != 0) || (b != 0)) as i64,
+            BinOp::And => a & b,
+            BinOp::Or => a | b,
+            BinOp::Xor => a ^ b,
+            BinOp::Shl | BinOp::Shr if b < 0 || b >= 8 * t.size() as i64 => 0,
+            BinOp::Shl => a << b,
+            // Values of unsigned types are held zero-extended, so this is a logical shift for them.
+            BinOp::Shr => a >> b,
             _ => 0,
         });
     }

@@ -124,6 +124,10 @@ pub enum UnOp {
     Round,
     Sin,
     Cos,
+    Asin,
+    Acos,
+    Atan,
+    /// Logical not of a bool; bitwise complement of an integer.
     Not,
 }
 
@@ -141,8 +145,13 @@ pub enum BinOp {
     Le,
     Eq,
     Ne,
+    /// Logical on bools, bitwise on integers (as are `Or` and `Xor`).
     And,
     Or,
+    Xor,
+    /// Integer shifts (logical right shift for unsigned types); a shift by the width or more gives 0.
+    Shl,
+    Shr,
 }
 
 impl BinOp {

@@ -49,12 +49,15 @@ pub fn unop_name(o: UnOp) -> &'static str {
         UnOp::Round => "round",
         UnOp::Sin => "sin",
         UnOp::Cos => "cos",
+        UnOp::Asin => "asin",
+        UnOp::Acos => "acos",
+        UnOp::Atan => "atan",
         UnOp::Not => "not",
     }
 }
 
-pub const UNOPS: [UnOp; 13] = [UnOp::Neg, UnOp::Abs, UnOp::Exp, UnOp::Log, UnOp::Sqrt, UnOp::Tanh, UnOp::Erf, UnOp::Floor, UnOp::Ceil, UnOp::Round, UnOp::Sin, UnOp::Cos, UnOp::Not];
-pub const BINOPS: [BinOp; 14] = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne, BinOp::And, BinOp::Or];
+pub const UNOPS: [UnOp; 16] = [UnOp::Neg, UnOp::Abs, UnOp::Exp, UnOp::Log, UnOp::Sqrt, UnOp::Tanh, UnOp::Erf, UnOp::Floor, UnOp::Ceil, UnOp::Round, UnOp::Sin, UnOp::Cos, UnOp::Asin, UnOp::Acos, UnOp::Atan, UnOp::Not];
+pub const BINOPS: [BinOp; 17] = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne, BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Shl, BinOp::Shr];
 
 /// The infix symbol of index arithmetic, or the call name of the other binary ops.
 pub fn binop_name(o: BinOp) -> &'static str {
@@ -73,6 +76,9 @@ pub fn binop_name(o: BinOp) -> &'static str {
         BinOp::Ne => "ne",
         BinOp::And => "and",
         BinOp::Or => "or",
+        BinOp::Xor => "xor",
+        BinOp::Shl => "shl",
+        BinOp::Shr => "shr",
     }
 }
 

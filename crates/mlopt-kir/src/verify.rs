@@ -215,7 +215,7 @@ impl Verifier<'_> {
             Expr::Unary(o, a) => {
                 let t = self.ty(a, what)?;
                 let ok = match o {
-                    UnOp::Not => t == Elem::Bool,
+                    UnOp::Not => !t.is_float(),
                     UnOp::Neg | UnOp::Abs => t != Elem::Bool,
                     _ => t.is_float(),
                 };
@@ -232,7 +232,7 @@ impl Verifier<'_> {
                 }
                 match o {
                     _ if o.is_compare() => Some(Elem::Bool),
-                    BinOp::And | BinOp::Or if ta != Elem::Bool => {
+                    BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr if ta.is_float() || (ta == Elem::Bool && matches!(o, BinOp::Shl | BinOp::Shr)) => {
                         self.err(format!("{what}: {} of {ta}", print::binop_name(*o)));
                         None
                     }

@@ -21,6 +21,7 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
                 let z = const_like(g.c, x, 0.0, t);
                 g.b.build_binop(Op::Sub, z, x, "neg")?
             }
+            UnOp::Abs if unsigned(t) => x,
             UnOp::Abs => {
                 let f = g.c.bool_type().const_zero();
                 let i = inkwell::intrinsics::Intrinsic::find("llvm.abs").ok_or_else(|| LlvmError::Codegen("no llvm.abs".into()))?;
@@ -28,8 +29,9 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
                 g.b.build_call(d, &[x.into(), f.into()], "abs")?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("abs".into()))?
             }
             UnOp::Not => {
-                let one = const_like(g.c, x, 1.0, Elem::Bool);
-                g.b.build_binop(Op::Xor, x, one, "not")?
+                // Bool: flip the bit; integers: all bits.
+                let ones = if t == Elem::Bool { const_like(g.c, x, 1.0, Elem::Bool) } else { const_like(g.c, x, -1.0, t) };
+                g.b.build_binop(Op::Xor, x, ones, "not")?
             }
             _ => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
         });
@@ -53,6 +55,9 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
         UnOp::Round => "llvm.roundeven",
         UnOp::Sin => "llvm.sin",
         UnOp::Cos => "llvm.cos",
+        UnOp::Asin => "llvm.asin",
+        UnOp::Acos => "llvm.acos",
+        UnOp::Atan => "llvm.atan",
         UnOp::Tanh => return libm(g, if t == Elem::F64 { "tanh" } else { "tanhf" }, x, t),
         UnOp::Erf => return libm(g, if t == Elem::F64 { "erf" } else { "erff" }, x, t),
         UnOp::Not => return Err(LlvmError::Codegen(format!("not of {t}"))),
@@ -198,7 +203,7 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
             BinOp::Le => float_cmp(b, F::OLE, x, y)?,
             BinOp::Eq => float_cmp(b, F::OEQ, x, y)?,
             BinOp::Ne => float_cmp(b, F::UNE, x, y)?,
-            BinOp::And | BinOp::Or => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
+            BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
         });
     }
     let u = unsigned(t);
@@ -207,18 +212,30 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
         BinOp::Sub => b.build_binop(Op::Sub, x, y, "sub")?,
         BinOp::Mul => b.build_binop(Op::Mul, x, y, "mul")?,
         BinOp::Div | BinOp::Rem => {
-            // x / 0 = 0 (the interpreter's answer) instead of a trap.
+            // x / 0 = 0 (the interpreter's answer) instead of a trap; a signed x / -1 is -x (wrapping)
+            // and x % -1 is 0, so MIN / -1 does not trap either. Constant divisors fold all of this away.
             let zero = const_like(g.c, y, 0.0, t);
             let one = const_like(g.c, y, 1.0, t);
             let is0 = int_cmp(b, I::EQ, y, zero)?;
-            let safe = select(g, is0, one, y)?;
+            let mut safe = select(g, is0, one, y)?;
+            let mut by_minus_one = None;
+            if !u {
+                let m1 = const_like(g.c, y, -1.0, t);
+                let is_m1 = int_cmp(&g.b, I::EQ, y, m1)?;
+                safe = select(g, is_m1, one, safe)?;
+                let special = if o == BinOp::Div { g.b.build_binop(Op::Sub, zero, x, "neg")? } else { zero };
+                by_minus_one = Some((is_m1, special));
+            }
             let op = match (o, u) {
                 (BinOp::Div, false) => Op::SDiv,
                 (BinOp::Div, true) => Op::UDiv,
                 (_, false) => Op::SRem,
                 (_, true) => Op::URem,
             };
-            let q = g.b.build_binop(op, x, safe, "idiv")?;
+            let mut q = g.b.build_binop(op, x, safe, "idiv")?;
+            if let Some((is_m1, special)) = by_minus_one {
+                q = select(g, is_m1, special, q)?;
+            }
             return select(g, is0, zero, q);
         }
         BinOp::Min => return g.intrinsic(if u { "llvm.umin" } else { "llvm.smin" }, &[x, y]),
@@ -229,6 +246,20 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
         BinOp::Ne => int_cmp(b, I::NE, x, y)?,
         BinOp::And => b.build_binop(Op::And, x, y, "and")?,
         BinOp::Or => b.build_binop(Op::Or, x, y, "or")?,
+        BinOp::Xor => b.build_binop(Op::Xor, x, y, "xor")?,
+        BinOp::Shl | BinOp::Shr => {
+            // A shift by the width or more (or by a negative amount) gives 0 instead of poison.
+            let width = const_like(g.c, y, (8 * t.size()) as f64, t);
+            let out = int_cmp(b, I::UGE, y, width)?;
+            let op = match (o, u) {
+                (BinOp::Shl, _) => Op::Shl,
+                (_, true) => Op::LShr,
+                (_, false) => Op::AShr,
+            };
+            let v = g.b.build_binop(op, x, y, "shift")?;
+            let zero = const_like(g.c, y, 0.0, t);
+            return select(g, out, zero, v);
+        }
         BinOp::Pow => return Err(LlvmError::Codegen(format!("pow of {t}"))),
     })
 }
