@@ -172,9 +172,12 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             })
         }
         Op::Conv(a) => conv(l, n, &a, &out, out_t, dst),
+        Op::ConvTranspose(a) => conv_transpose(l, n, &a, &out, out_t, dst),
+        Op::GridSample { mode, padding, align_corners } => crate::grid::grid_sample(l, n, mode, padding, align_corners, out_t, dst),
         Op::MaxPool { pool, .. } | Op::AveragePool { pool, .. } => {
-            if node.outputs.len() > 1 && l.g.users(n).iter().any(|(_, e)| e.output == 1) || l.g.graph_outputs().iter().any(|(_, v)| v.node == n && v.output == 1) {
-                return Err(l.unsupported(n, "MaxPool's Indices output has no code generation yet"));
+            let indices_used = l.g.users(n).iter().any(|(_, e)| e.output == 1) || l.g.graph_outputs().iter().any(|(_, v)| v.node == n && v.output == 1);
+            if let (Op::MaxPool { col_major, .. }, true, Some(at)) = (&node.op, indices_used, dsts.get(1)) {
+                return max_pool_indices(l, n, &pool, *col_major, &out, out_t, dst, *at);
             }
             let (max, include_pad) = match node.op {
                 Op::AveragePool { count_include_pad, .. } => (false, count_include_pad),
@@ -193,6 +196,9 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
         Op::InstanceNorm { epsilon } => instance_norm(l, n, epsilon, &out, out_t, dst),
         Op::Attention { scale } => attention(l, n, scale, &out, out_t, dst),
         Op::Arg { max, axis, keepdims, select_last_index } => arg(l, n, max, axis, keepdims, select_last_index, &out, dst),
+        Op::TopK { axis, k, largest, .. } => top_k(l, n, axis, k as u64, largest, dsts),
+        Op::ScatterElements { axis, reduction } => scatter(l, n, Scatter::Elements(axis), reduction, &out, out_t, dst),
+        Op::ScatterNd { reduction } => scatter(l, n, Scatter::Nd, reduction, &out, out_t, dst),
         _ => Err(l.unsupported(n, "no code generation for this op yet")),
     }
 }
@@ -341,6 +347,47 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
     })
 }
 
+/// ConvTranspose as a gather: output position `o` takes input position `i` through tap `k` when
+/// `o = i * stride + k * dilation - pad`, so each output element sums, over its group's input channels
+/// and every tap, the input at `(o + pad - k * dilation) / stride` where that divides exactly and lands
+/// inside the input. W is [C_in, C_out / group, k...].
+fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let (x, w) = (l.input(n, 0)?, l.input(n, 1)?);
+    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
+    let ws = l.ty(w).shape.clone();
+    let sp = xs.len() - 2;
+    let (cin_g, cout_g) = (xs[1] / a.group as i64, ws[1] as i64);
+    let mut red = vec![cin_g as u64];
+    red.extend(ws[2..].iter().map(|d| *d as u64));
+    let a = a.clone();
+    l.nest("i", out, |l, idx| {
+        let (nb, mo) = (idx[0].clone(), idx[1].clone());
+        let g = Expr::div(mo.clone(), Expr::int(cout_g));
+        let f = dot(l, &red, |l, r| {
+            let c = Expr::add(Expr::mul(g.clone(), Expr::int(cin_g)), r[0].clone());
+            let num: Vec<Expr> = (0..sp).map(|s| Expr::sub(Expr::add(idx[2 + s].clone(), Expr::int(a.pads[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64)))).collect();
+            let pos: Vec<Expr> = (0..sp).map(|s| Expr::div(num[s].clone(), Expr::int(a.strides[s] as i64))).collect();
+            let exact = (0..sp).filter(|s| a.strides[*s] > 1).map(|s| b(BinOp::Eq, Expr::rem(num[s].clone(), Expr::int(a.strides[s] as i64)), Expr::int(0)));
+            let inside = (0..sp).map(|s| b(BinOp::And, b(BinOp::Le, Expr::int(0), num[s].clone()), b(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s]))));
+            let valid = all(inside.chain(exact)).unwrap_or_else(|| lit(1.0, Elem::Bool));
+            let mut xi = vec![nb.clone(), c.clone()];
+            xi.extend(pos.into_iter().zip(&xs[2..]).map(|(p, len)| clamp(p, *len)));
+            let mut wi = vec![c, Expr::rem(mo.clone(), Expr::int(cout_g))];
+            wi.extend(r[1..].iter().cloned());
+            let xv = get(l, x, &xi, Elem::F32)?;
+            Ok((Expr::select(valid, xv, lit(0.0, Elem::F32)), get(l, w, &wi, Elem::F32)?))
+        })?;
+        let mut s = f.stmts.clone();
+        let mut y = f.get();
+        if let Some(bv) = bias {
+            y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(&mo), Elem::F32)?);
+        }
+        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
+        Ok(s)
+    })
+}
+
 /// A zero-padded copy of the 4-D input `x` (`pads`: top, left, bottom, right) written by statements
 /// appended to `stmts`; None when there is no padding (read `x` itself).
 pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
@@ -441,6 +488,48 @@ fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, i
         };
         s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
         Ok(s)
+    })
+}
+
+/// Max pooling with the flat input index of each maximum (`Op::MaxPool`): the first position in the window
+/// wins ties, a NaN wins over numbers, and a window entirely in the padding gives -inf at index -1.
+#[allow(clippy::too_many_arguments)]
+fn max_pool_indices(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, col_major: bool, out: &[u64], out_t: Elem, dst: BufId, dst_at: BufId) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let xs = l.ty(x).shape.clone();
+    let sp = xs.len() - 2;
+    let t = compute(elem(l.ty(x).dtype));
+    let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
+    let ins: Vec<i64> = xs[2..].iter().map(|d| *d as i64).collect();
+    let plane: i64 = ins.iter().product();
+    let channels = xs[1] as i64;
+    l.nest("i", out, |l, idx| {
+        let best = l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
+        let at = l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local);
+        let mut stmts = vec![Stmt::Store { buf: best, index: vec![], value: lowest(t) }, Stmt::Store { buf: at, index: vec![], value: Expr::int(-1) }];
+        stmts.extend(l.nest("r", &win, |l, r| {
+            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
+            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), ins[s]))).unwrap_or_else(|| lit(1.0, Elem::Bool));
+            let mut xi = vec![idx[0].clone(), idx[1].clone()];
+            xi.extend((0..sp).map(|s| clamp(pos[s].clone(), ins[s])));
+            let v = get(l, x, &xi, t)?;
+            let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
+            let nan = |e: Expr| b(BinOp::Ne, e.clone(), e);
+            let first = b(BinOp::Lt, cur_at.clone(), Expr::int(0));
+            let better = b(BinOp::Or, b(BinOp::Lt, cur.clone(), v.clone()), b(BinOp::And, nan(v.clone()), b(BinOp::Eq, nan(cur.clone()), lit(0.0, Elem::Bool))));
+            let take = b(BinOp::And, inside, b(BinOp::Or, first, better));
+            let spatial = if col_major {
+                let (p, s): (Vec<Expr>, Vec<i64>) = (pos.iter().rev().cloned().collect(), ins.iter().rev().copied().collect());
+                crate::kernel::linear(&p, &s)
+            } else {
+                crate::kernel::linear(&pos, &ins)
+            };
+            let flat = Expr::add(Expr::mul(Expr::add(Expr::mul(idx[0].clone(), Expr::int(channels)), idx[1].clone()), Expr::int(plane)), spatial);
+            Ok(take_if(l, take, &[(at, flat), (best, v)]))
+        })?);
+        stmts.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(Expr::load(best, vec![]), t, out_t) });
+        stmts.push(Stmt::Store { buf: dst_at, index: idx.to_vec(), value: Expr::load(at, vec![]) });
+        Ok(stmts)
     })
 }
 
@@ -715,4 +804,124 @@ fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last:
         stmts.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: Expr::load(at, vec![]) });
         Ok(stmts)
     })
+}
+
+/// TopK by selection, O(k n) per row: pick j is the best element that comes after pick j - 1 in the
+/// order (value, then index; NaN counts as the largest value, as in the reference), so ties keep the
+/// lower index and the result is sorted.
+fn top_k(l: &mut Lowerer, n: NodeId, axis: usize, k: u64, largest: bool, dsts: &[BufId]) -> Result<Vec<Stmt>> {
+    let x = l.input(n, 0)?;
+    let xs = l.ty(x).shape.clone();
+    let t = compute(elem(l.ty(x).dtype));
+    let out_t = elem(l.ty(x).dtype);
+    let len = xs[axis] as i64;
+    let (dst, dst_at) = (dsts[0], dsts.get(1).copied());
+    let rows: Vec<u64> = xs.iter().enumerate().filter(|(d, _)| *d != axis).map(|(_, s)| *s as u64).collect();
+    let at_axis = |row: &[Expr], i: Expr| -> Vec<Expr> {
+        let mut ix = row.to_vec();
+        ix.insert(axis, i);
+        ix
+    };
+    // `a` comes before `b` in the order; the key maps NaN to +inf.
+    let key = |v: Expr| if t.is_float() { Expr::select(b(BinOp::Ne, v.clone(), v.clone()), lit(f64::INFINITY, t), v) } else { v };
+    let ahead = |a: Expr, c: Expr| if largest { b(BinOp::Lt, c, a) } else { b(BinOp::Lt, a, c) };
+    l.nest("i", &rows, |l, row| {
+        let (prev, prev_at) = (l.k.buf(format!("prev{}", l.k.bufs.len()), t, vec![], Space::Local), l.k.buf(format!("prev_at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local));
+        let mut stmts = vec![
+            Stmt::Store { buf: prev, index: vec![], value: if largest { highest(t) } else { lowest(t) } },
+            Stmt::Store { buf: prev_at, index: vec![], value: Expr::int(-1) },
+        ];
+        stmts.extend(l.nest("j", &[k], |l, j| {
+            let (best, at) = (l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local), l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local));
+            let mut s = vec![Stmt::Store { buf: best, index: vec![], value: lit(0.0, t) }, Stmt::Store { buf: at, index: vec![], value: Expr::int(-1) }];
+            s.extend(l.nest("r", &[len as u64], |l, r| {
+                let v = key(get(l, x, &at_axis(row, r[0].clone()), t)?);
+                let (p, pa) = (Expr::load(prev, vec![]), Expr::load(prev_at, vec![]));
+                let after = b(BinOp::Or, ahead(p.clone(), v.clone()), b(BinOp::And, b(BinOp::Eq, v.clone(), p), b(BinOp::Lt, pa, r[0].clone())));
+                let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
+                let better = b(BinOp::Or, b(BinOp::Lt, cur_at.clone(), Expr::int(0)), ahead(v.clone(), cur.clone()));
+                let take = b(BinOp::And, after, better);
+                Ok(take_if(l, take, &[(best, v), (at, r[0].clone())]))
+            })?);
+            let chosen = clamp(Expr::load(at, vec![]), len);
+            let value = get(l, x, &at_axis(row, chosen), out_t)?;
+            s.push(Stmt::Store { buf: dst, index: at_axis(row, j[0].clone()), value });
+            if let Some(d) = dst_at {
+                s.push(Stmt::Store { buf: d, index: at_axis(row, j[0].clone()), value: Expr::load(at, vec![]) });
+            }
+            s.push(Stmt::Store { buf: prev, index: vec![], value: Expr::load(best, vec![]) });
+            s.push(Stmt::Store { buf: prev_at, index: vec![], value: Expr::load(at, vec![]) });
+            Ok(s)
+        })?);
+        Ok(stmts)
+    })
+}
+
+/// `acc = take ? new : acc` for each (scalar local, new value), with `take` evaluated once before any of
+/// them changes (it usually reads them).
+fn take_if(l: &mut Lowerer, take: Expr, updates: &[(BufId, Expr)]) -> Vec<Stmt> {
+    let flag = l.k.buf(format!("take{}", l.k.bufs.len()), Elem::Bool, vec![], Space::Local);
+    let mut s = vec![Stmt::Store { buf: flag, index: vec![], value: take }];
+    for (acc, new) in updates {
+        s.push(Stmt::Store { buf: *acc, index: vec![], value: Expr::select(Expr::load(flag, vec![]), new.clone(), Expr::load(*acc, vec![])) });
+    }
+    s
+}
+
+/// Which scatter: along one axis (ScatterElements) or by index tuples (ScatterND).
+enum Scatter {
+    Elements(usize),
+    Nd,
+}
+
+/// Scatter: the output is a copy of the data, then each update, in order, is combined into the element
+/// its indices name (negative indices count from the end). Updates run serially, so duplicate indices
+/// combine in the reference's order.
+fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterReduction, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+    let (x, ind, upd) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
+    let ds: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
+    let is = dims(l.ty(ind));
+    let us = dims(l.ty(upd));
+    let ind_t = elem(l.ty(ind).dtype);
+    let t = compute(out_t);
+    let mut stmts = l.nest("i", out, |l, idx| {
+        let v = get(l, x, idx, out_t)?;
+        Ok(vec![Stmt::Store { buf: dst, index: idx.to_vec(), value: v }])
+    })?;
+    let updates = l.nest("u", &us, |l, u| {
+        let target: Vec<Expr> = match kind {
+            Scatter::Elements(axis) => {
+                let mut target = u.to_vec();
+                let raw = convert(l.pull(ind, u)?, ind_t, Elem::I64);
+                target[axis] = crate::kernel::wrap_index(raw, ds[axis]);
+                target.into_iter().zip(&ds).map(|(e, d)| clamp(e, *d)).collect()
+            }
+            Scatter::Nd => {
+                // updates[r.., s..] goes to data[indices[r.., 0..last], s..].
+                let q = is.len();
+                let last = is[q - 1] as usize;
+                let mut target = Vec::new();
+                for j in 0..last {
+                    let mut at = u[..q - 1].to_vec();
+                    at.push(Expr::int(j as i64));
+                    let raw = convert(l.pull(ind, &at)?, ind_t, Elem::I64);
+                    target.push(crate::kernel::wrap_index(raw, ds[j]));
+                }
+                target.extend_from_slice(&u[q - 1..]);
+                target
+            }
+        };
+        let new = get(l, upd, u, t)?;
+        let old = convert(Expr::load(dst, target.clone()), out_t, t);
+        let v = match red {
+            mlopt_ir::ScatterReduction::None => new,
+            mlopt_ir::ScatterReduction::Add => b(BinOp::Add, old, new),
+            mlopt_ir::ScatterReduction::Mul => b(BinOp::Mul, old, new),
+            mlopt_ir::ScatterReduction::Max => b(BinOp::Max, old, new),
+            mlopt_ir::ScatterReduction::Min => b(BinOp::Min, old, new),
+        };
+        Ok(vec![Stmt::Store { buf: dst, index: target, value: convert(v, t, out_t) }])
+    })?;
+    stmts.extend(updates);
+    Ok(stmts)
 }

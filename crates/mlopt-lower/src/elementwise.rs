@@ -82,6 +82,7 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
             Unary::Abs => u(UnOp::Abs, x),
             Unary::Relu => b(BinOp::Max, x, l(0.0)),
             Unary::Not if t == Elem::Bool => u(UnOp::Not, x),
+            Unary::BitNot if t != Elem::Bool => u(UnOp::Not, x),
             Unary::Sign => Expr::select(lt(l(0.0), x.clone()), l(1.0), Expr::select(lt(x, l(0.0)), l(-1.0), l(0.0))),
             _ => return None,
         });
@@ -105,6 +106,9 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
         Unary::Sin => u(UnOp::Sin, x),
         Unary::Cos => u(UnOp::Cos, x),
         Unary::Tan => b(BinOp::Div, u(UnOp::Sin, x.clone()), u(UnOp::Cos, x)),
+        Unary::Asin => u(UnOp::Asin, x),
+        Unary::Acos => u(UnOp::Acos, x),
+        Unary::Atan => u(UnOp::Atan, x),
         Unary::Sign => Expr::select(lt(l(0.0), x.clone()), l(1.0), Expr::select(lt(x.clone(), l(0.0)), l(-1.0), x)),
         Unary::HardSwish => b(BinOp::Mul, x.clone(), clamp01(b(BinOp::Add, b(BinOp::Div, x, l(6.0)), l(0.5)), t)),
         Unary::Mish => b(BinOp::Mul, x.clone(), u(UnOp::Tanh, softplus(x, t))),
@@ -186,6 +190,10 @@ pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
         Binary::And => b(BinOp::And, x, y),
         Binary::Or => b(BinOp::Or, x, y),
         Binary::Xor => b(BinOp::Ne, x, y),
+        Binary::BitAnd if !t.is_float() => b(BinOp::And, x, y),
+        Binary::BitOr if !t.is_float() => b(BinOp::Or, x, y),
+        Binary::BitXor if !t.is_float() => b(BinOp::Xor, x, y),
+        Binary::BitShift { left } if !t.is_float() => b(if left { BinOp::Shl } else { BinOp::Shr }, x, y),
         _ => return None,
     })
 }

@@ -55,7 +55,7 @@ pub fn dims(t: &TensorType) -> Vec<u64> {
 pub fn pulled(op: &Op) -> bool {
     matches!(
         op,
-        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::GatherElements { .. } | Op::Pad { .. } | Op::Tile { .. } | Op::Trilu { .. } | Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. }
+        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } | Op::Lrn { .. } | Op::Pad { .. } | Op::Tile { .. } | Op::Trilu { .. } | Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. }
     )
 }
 
@@ -169,6 +169,13 @@ impl<'g> Lowerer<'g> {
                 let r = ew::unary(*u, x, ct).ok_or_else(|| self.unsupported(n, format!("no code generation for {u:?} on {in0}")))?;
                 return Ok(if ew::unary_to_bool(*u) { r } else { convert(r, ct, out_t) });
             }
+            Op::Binary(mlopt_ir::Binary::Pow) if !ct.is_float() => {
+                // Integer powers (of an integer or float exponent) in f64, which is exact for the
+                // results an integer type can hold, then converted back (saturating).
+                let x = self.pull_as(n, 0, idx, Elem::F64)?;
+                let y = self.pull_as(n, 1, idx, Elem::F64)?;
+                return Ok(convert(Expr::bin(BinOp::Pow, x, y), Elem::F64, out_t));
+            }
             Op::Binary(b) => {
                 let x = self.pull_as(n, 0, idx, ct)?;
                 let y = self.pull_as(n, 1, idx, ct)?;
@@ -213,6 +220,27 @@ impl<'g> Lowerer<'g> {
                 let inv = Expr::bin(BinOp::Div, lit(1.0, ct), Expr::un(mlopt_kir::UnOp::Sqrt, Expr::bin(BinOp::Add, p[3].clone(), lit(*epsilon as f64, ct))));
                 let norm = Expr::bin(BinOp::Mul, Expr::bin(BinOp::Sub, x, p[2].clone()), inv);
                 Expr::bin(BinOp::Add, Expr::bin(BinOp::Mul, norm, p[0].clone()), p[1].clone())
+            }
+            Op::Lrn { size, alpha, beta, bias } => {
+                // x / (bias + alpha / size * sum of x^2 over the channels c - lo ..= c + hi)^beta.
+                let (size, c) = (*size as i64, self.ty(self.input(n, 0)?).shape[1] as i64);
+                let (lo, hi) = ((size - 1) / 2, size / 2);
+                let mut sq: Option<Expr> = None;
+                for d in -lo..=hi {
+                    let ch = Expr::add(idx[1].clone(), Expr::int(d));
+                    let mut at = idx.to_vec();
+                    at[1] = clamp(ch.clone(), c);
+                    let v = self.pull_as(n, 0, &at, ct)?;
+                    let term = Expr::select(in_range(ch, c), Expr::bin(BinOp::Mul, v.clone(), v), lit(0.0, ct));
+                    sq = Some(match sq {
+                        None => term,
+                        Some(s) => Expr::bin(BinOp::Add, s, term),
+                    });
+                }
+                let sq = sq.unwrap_or_else(|| lit(0.0, ct));
+                let base = Expr::bin(BinOp::Add, lit(*bias as f64, ct), Expr::bin(BinOp::Mul, lit(*alpha as f64 / size as f64, ct), sq));
+                let x = self.pull_as(n, 0, idx, ct)?;
+                Expr::bin(BinOp::Div, x, Expr::bin(BinOp::Pow, base, lit(*beta as f64, ct)))
             }
             _ => return self.pull_view(n, out, idx),
         };
@@ -293,6 +321,22 @@ impl<'g> Lowerer<'g> {
                 ix[*axis] = wrap_index(convert(raw, ind_t, Elem::I64), in_shape[*axis]);
                 self.pull(x, &ix)
             }
+            Op::GatherNd { batch_dims } => {
+                // out[b.., i.., s..] = data[b.., indices[b.., i.., 0..last], s..].
+                let ind = self.input(n, 1)?;
+                let ind_t = elem(self.ty(ind).dtype);
+                let q = self.ty(ind).shape.len();
+                let last = self.ty(ind).shape[q - 1];
+                let mut ix: Vec<Expr> = idx[..*batch_dims].to_vec();
+                for j in 0..last {
+                    let mut at = idx[..q - 1].to_vec();
+                    at.push(Expr::int(j as i64));
+                    let raw = self.pull(ind, &at)?;
+                    ix.push(wrap_index(convert(raw, ind_t, Elem::I64), in_shape[batch_dims + j]));
+                }
+                ix.extend_from_slice(&idx[q - 1..]);
+                self.pull(x, &ix)
+            }
             Op::Trilu { upper, k } => {
                 // Keep element (i, j) of the last two axes when j - i >= k (upper) or j - i <= k (lower).
                 let r = idx.len();
@@ -323,16 +367,33 @@ impl<'g> Lowerer<'g> {
             Op::Pad { pads, mode, value } => {
                 let rank = in_shape.len();
                 let t = elem(self.ty(x).dtype);
-                if !matches!(mode, mlopt_ir::PadMode::Constant | mlopt_ir::PadMode::Edge) {
-                    return Err(self.unsupported(n, format!("pad mode {mode:?}")));
-                }
                 let src: Vec<Expr> = (0..rank).map(|a| Expr::sub(idx[a].clone(), Expr::int(pads[a]))).collect();
-                // Constant mode: the axes that grow take `value` outside the input; edge mode clamps.
+                // Constant mode: the axes that grow take `value` outside the input; the other modes map
+                // every position to one inside it (edge clamps, reflect mirrors, wrap repeats).
+                let grows = |a: usize| pads[a] > 0 || pads[a + rank] > 0;
                 let inside = match mode {
-                    mlopt_ir::PadMode::Constant => all((0..rank).filter(|a| pads[*a] > 0 || pads[*a + rank] > 0).map(|a| in_range(src[a].clone(), in_shape[a]))),
+                    mlopt_ir::PadMode::Constant => all((0..rank).filter(|a| grows(*a)).map(|a| in_range(src[a].clone(), in_shape[a]))),
                     _ => None,
                 };
-                let ix: Vec<Expr> = src.into_iter().zip(&in_shape).map(|(e, len)| clamp(e, *len)).collect();
+                let ix: Vec<Expr> = src
+                    .into_iter()
+                    .enumerate()
+                    .map(|(a, e)| {
+                        let len = in_shape[a];
+                        let e = match mode {
+                            _ if !grows(a) => e,
+                            mlopt_ir::PadMode::Reflect if len > 1 => {
+                                // Period 2(len - 1): position r of a period reads r, or its mirror 2(len - 1) - r.
+                                let m = 2 * (len - 1);
+                                let r = modulo(e, m);
+                                Expr::select(Expr::bin(BinOp::Lt, r.clone(), Expr::int(len)), r.clone(), Expr::sub(Expr::int(m), r))
+                            }
+                            mlopt_ir::PadMode::Wrap => modulo(e, len),
+                            _ => e,
+                        };
+                        clamp(e, len)
+                    })
+                    .collect();
                 let e = self.pull(x, &ix)?;
                 Ok(match inside {
                     Some(c) => Expr::select(c, e, lit(*value, t)),
@@ -349,9 +410,8 @@ impl<'g> Lowerer<'g> {
     fn pull_resize(&mut self, n: NodeId, x: Value, r: &mlopt_ir::ResizeAttrs, idx: &[Expr]) -> Result<Expr> {
         let xt = self.ty(x).clone();
         let t = elem(xt.dtype);
-        if !t.is_float() {
-            return Err(self.unsupported(n, "no code generation for Resize of integers"));
-        }
+        // Floats are computed in f32; integers in f64 and rounded half away from zero, as the reference.
+        let ct = if t.is_float() { Elem::F32 } else { Elem::F64 };
         // Per axis: either the index itself, or (index table, weight table, valid table, taps).
         let mut axes: Vec<Option<(BufId, BufId, BufId, usize)>> = Vec::new();
         for d in 0..xt.shape.len() {
@@ -367,19 +427,23 @@ impl<'g> Lowerer<'g> {
                 for k in 0..width {
                     let (i, wt) = tp.as_ref().and_then(|v| v.get(k)).copied().unwrap_or((0, 0.0));
                     ix.extend_from_slice(&(i as i64).to_le_bytes());
-                    w.extend_from_slice(&(wt as f32).to_le_bytes());
+                    if ct == Elem::F32 {
+                        w.extend_from_slice(&(wt as f32).to_le_bytes());
+                    } else {
+                        w.extend_from_slice(&wt.to_le_bytes());
+                    }
                 }
                 ok.extend_from_slice(&(if tp.is_some() { 1.0f32 } else { 0.0 }).to_le_bytes());
             }
             let name = &self.g.node(n).name;
             let mk = |l: &mut Self, what: &str, elem: Elem, dims: Vec<u64>, data: Vec<u8>| l.weight(mlopt_kir::Weight { name: format!("{name}.{what}{d}"), elem, dims, data: std::sync::Arc::new(data) });
             let bi = mk(self, "taps", Elem::I64, vec![n_out as u64, width as u64], ix);
-            let bw = mk(self, "weights", Elem::F32, vec![n_out as u64, width as u64], w);
+            let bw = mk(self, "weights", ct, vec![n_out as u64, width as u64], w);
             let bv = mk(self, "valid", Elem::F32, vec![n_out as u64], ok);
             axes.push(Some((bi, bw, bv, width)));
         }
         // Every combination of one tap per resized axis.
-        let mut combos: Vec<(Vec<Expr>, Expr)> = vec![(Vec::new(), lit(1.0, Elem::F32))];
+        let mut combos: Vec<(Vec<Expr>, Expr)> = vec![(Vec::new(), lit(1.0, ct))];
         for (d, a) in axes.iter().enumerate() {
             let mut next = Vec::new();
             for (ix, w) in combos {
@@ -404,20 +468,25 @@ impl<'g> Lowerer<'g> {
         let mut sum: Option<Expr> = None;
         for (ix, w) in combos {
             let v = self.pull(x, &ix)?;
-            let term = Expr::bin(BinOp::Mul, w, convert(v, t, Elem::F32));
+            let term = Expr::bin(BinOp::Mul, w, convert(v, t, ct));
             sum = Some(match sum {
                 None => term,
                 Some(s) => Expr::bin(BinOp::Add, s, term),
             });
         }
-        let mut y = sum.unwrap_or_else(|| lit(0.0, Elem::F32));
+        let mut y = sum.unwrap_or_else(|| lit(0.0, ct));
         // tf_crop_and_resize: outside the crop box, the extrapolation value.
         let valid: Vec<Expr> = axes.iter().enumerate().filter_map(|(d, a)| a.map(|(_, _, bv, _)| Expr::load(bv, vec![idx[d].clone()]))).collect();
         if r.coord == mlopt_ir::CoordMode::TfCropAndResize && !valid.is_empty() {
             let all = valid.into_iter().reduce(|p, q| Expr::bin(BinOp::Mul, p, q)).unwrap_or_else(|| lit(1.0, Elem::F32));
-            y = Expr::select(Expr::bin(BinOp::Lt, lit(0.5, Elem::F32), all), y, lit(r.extrapolation_value as f64, Elem::F32));
+            y = Expr::select(Expr::bin(BinOp::Lt, lit(0.5, Elem::F32), all), y, lit(r.extrapolation_value as f64, ct));
         }
-        Ok(convert(y, Elem::F32, t))
+        if !t.is_float() {
+            let half = |e: Expr| Expr::un(mlopt_kir::UnOp::Floor, Expr::bin(BinOp::Add, e, lit(0.5, ct)));
+            let neg = Expr::bin(BinOp::Lt, y.clone(), lit(0.0, ct));
+            y = Expr::select(neg, Expr::un(mlopt_kir::UnOp::Neg, half(Expr::un(mlopt_kir::UnOp::Neg, y.clone()))), half(y));
+        }
+        Ok(convert(y, ct, t))
     }
 
     /// Lowers the kernel: anchors in order, then the root's outputs.
@@ -475,7 +544,9 @@ impl<'g> Lowerer<'g> {
             && rn.outputs.len() == 1
             && an.outputs[0] == rn.outputs[0]
             && (1..an.outputs.len()).all(|o| self.g.users(*a).iter().all(|(_, e)| e.output as usize != o))
-            && after.iter().all(|n| self.g.node(*n).op.is_elementwise());
+            && after.iter().all(|n| self.g.node(*n).op.is_elementwise())
+            // Scatters read back what they stored; the epilogue must see only final values.
+            && !matches!(an.op, Op::ScatterElements { .. } | Op::ScatterNd { .. });
         if !fusable {
             return Ok(None);
         }
@@ -496,6 +567,9 @@ impl<'g> Lowerer<'g> {
             dsts.push(self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local));
         }
         let stmts = anchor::lower(self, *a, &dsts)?;
+        if mlopt_kir::analysis::buffer_loads(&stmts).contains_key(&b) {
+            return Err(self.unsupported(*a, "an anchor that reads its own output cannot take a fused epilogue"));
+        }
         Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi)).collect()))
     }
 }
@@ -575,6 +649,11 @@ pub fn all(conds: impl IntoIterator<Item = Expr>) -> Option<Expr> {
 /// An index that may count from the end (negative), wrapped and then clamped into 0..len.
 pub fn wrap_index(i: Expr, len: i64) -> Expr {
     clamp(Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i), len)
+}
+
+/// `e` modulo `m`, in 0..m for negative `e` too.
+pub fn modulo(e: Expr, m: i64) -> Expr {
+    Expr::rem(Expr::add(Expr::rem(e, Expr::int(m)), Expr::int(m)), Expr::int(m))
 }
 
 /// `e` clamped into 0..len, so a load in an unselected branch of a select stays in bounds.

@@ -9,6 +9,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod anchor;
+mod grid;
 mod winograd;
 pub mod contract;
 pub mod elementwise;
