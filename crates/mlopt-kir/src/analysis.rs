@@ -34,6 +34,15 @@ pub fn buffer_uses(body: &[Stmt]) -> HashMap<BufId, usize> {
     out
 }
 
+/// Whether `body` holds an `mma` anywhere.
+pub fn has_mma(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::Mma { .. } => true,
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => has_mma(body),
+        _ => false,
+    })
+}
+
 /// How many loads of each buffer `body` holds (stores not counted).
 pub fn buffer_loads(body: &[Stmt]) -> HashMap<BufId, usize> {
     let mut out = HashMap::new();
@@ -73,6 +82,15 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
                 expr(value, out);
             }
             Stmt::Barrier => {}
+            Stmt::Mma { c, a, b, .. } => {
+                for x in [a, b] {
+                    *out.entry(x.buf).or_default() += 1;
+                    x.at.iter().for_each(|e| expr(e, out));
+                }
+                // C is read (when accumulating) and written: one use either way.
+                *out.entry(c.buf).or_default() += 1;
+                c.at.iter().for_each(|e| expr(e, out));
+            }
         }
     }
 }

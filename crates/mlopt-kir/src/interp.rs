@@ -155,6 +155,21 @@ impl Frame<'_> {
                 }
             }
             Stmt::Barrier => {}
+            Stmt::Mma { m: rows, n, k, c, a, b, acc } => {
+                let at = |x: &crate::Block, r: u64, col: u64| x.index(Expr::int(r as i64), Expr::int(col as i64));
+                for i in 0..*rows {
+                    for j in 0..*n {
+                        let mut sum = if *acc { self.eval(&Expr::load(c.buf, at(c, i, j)), m)?.f() as f32 } else { 0.0f32 };
+                        for p in 0..*k {
+                            let x = self.eval(&Expr::load(a.buf, at(a, i, p)), m)?.f() as f32;
+                            let y = self.eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?.f() as f32;
+                            sum += x * y;
+                        }
+                        let (r, off, t) = self.locate(c.buf, &at(c, i, j), m)?;
+                        encode(t, V::F(sum as f64), &mut m[r][off..off + 4]);
+                    }
+                }
+            }
         }
         Ok(())
     }

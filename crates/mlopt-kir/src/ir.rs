@@ -182,6 +182,37 @@ pub enum Stmt {
     If { cond: Expr, then: Vec<Stmt> },
     /// GPU block barrier (`bar.sync`): all threads of the block reach it before any goes on.
     Barrier,
+    /// A bf16 matrix multiply-accumulate on blocks, the unit of work of a matrix engine (AMX tiles,
+    /// tensor-core `mma`): for i < m, j < n,
+    /// `c[i, j] = (acc ? c[i, j] : 0) + sum over p < k of a[i, p] * b[p / 2, 2 j + p % 2]`,
+    /// with `a` [m, k] and `b` [k / 2, 2 n] bf16 (B's rows interleave pairs of k, the layout the
+    /// hardware reads), `c` [m, n] f32; products are exact in f32, sums are f32.
+    Mma { m: u64, n: u64, k: u64, c: Block, a: Block, b: Block, acc: bool },
+}
+
+/// One operand block of an `Mma`: the index of its first element in `buf` (of rank 2 or more); element
+/// (r, col) of the block is at that index plus r on the second-to-last axis and col on the last.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub buf: BufId,
+    pub at: Vec<Expr>,
+}
+
+impl Block {
+    /// The index of element (r, col) of the block.
+    pub fn index(&self, r: Expr, col: Expr) -> Vec<Expr> {
+        let mut ix = self.at.clone();
+        let n = ix.len();
+        if n >= 2 {
+            ix[n - 2] = Expr::add(ix[n - 2].clone(), r);
+            ix[n - 1] = Expr::add(ix[n - 1].clone(), col);
+        }
+        ix
+    }
+
+    pub fn subst(&self, v: Var, by: &Expr) -> Block {
+        Block { buf: self.buf, at: self.at.iter().map(|e| e.subst(v, by)).collect() }
+    }
 }
 
 /// A kernel: parameters are its `Global` buffers in order; `Local`/`Shared` buffers are its temporaries.
@@ -407,6 +438,7 @@ impl Stmt {
             Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: index.iter().map(|e| e.subst(v, by)).collect(), value: value.subst(v, by) },
             Stmt::If { cond, then } => Stmt::If { cond: cond.subst(v, by), then: then.iter().map(|s| s.subst(v, by)).collect() },
             Stmt::Barrier => Stmt::Barrier,
+            Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by), acc: *acc },
         }
     }
 }

@@ -187,6 +187,23 @@ impl P<'_> {
         if self.eat("barrier") {
             return Ok(Stmt::Barrier);
         }
+        if self.eat("mma<") {
+            let m = self.int()? as u64;
+            self.expect("x")?;
+            let n = self.int()? as u64;
+            self.expect("x")?;
+            let k = self.int()? as u64;
+            self.expect(">")?;
+            let c = self.block_operand()?;
+            let acc = self.eat("+=");
+            if !acc {
+                self.expect("=")?;
+            }
+            let a = self.block_operand()?;
+            self.expect("*")?;
+            let b = self.block_operand()?;
+            return Ok(Stmt::Mma { m, n, k, c, a, b, acc });
+        }
         if self.eat("if ") {
             let cond = self.expr()?;
             self.expect("{")?;
@@ -198,6 +215,14 @@ impl P<'_> {
         let index = self.indices()?;
         self.expect("=")?;
         Ok(Stmt::Store { buf, index, value: self.expr()? })
+    }
+
+    /// `%buf[index..]`: an operand block of an `mma`.
+    fn block_operand(&mut self) -> R<crate::Block> {
+        self.expect("%")?;
+        let name = self.ident()?;
+        let buf = self.buffer(&name)?;
+        Ok(crate::Block { buf, at: self.indices()? })
     }
 
     fn buffer(&self, name: &str) -> R<BufId> {

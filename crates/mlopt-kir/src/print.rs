@@ -195,6 +195,10 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
         Stmt::Barrier => {
             let _ = writeln!(s, "{pad}barrier");
         }
+        Stmt::Mma { m, n, k: depth_k, c, a, b, acc } => {
+            let block = |x: &crate::Block| format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "));
+            let _ = writeln!(s, "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}", block(c), if *acc { "+=" } else { "=" }, block(a), block(b));
+        }
     }
 }
 

@@ -99,3 +99,36 @@ pub fn tile(k: &mut Kernel, a: Var, b: Var, fa: u64, fb: u64) -> Result<[Var; 4]
     reorder(k, ai, bo)?;
     Ok([ao, bo, ai, bi])
 }
+
+/// Rewrites every `mma` into the loops it stands for (i, j, then the k reduction into an f32 local),
+/// for targets without a matrix engine.
+pub fn mma_to_loops(k: &mut Kernel) {
+    let body = std::mem::take(&mut k.body);
+    k.body = expand(k, body);
+}
+
+fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
+    body.into_iter()
+        .map(|s| match s {
+            Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: expand(k, body) },
+            Stmt::If { cond, then } => Stmt::If { cond, then: expand(k, then) },
+            Stmt::Mma { m, n, k: depth, c, a, b, acc } => {
+                let id = k.vars.len();
+                let (i, j, p) = (k.var(format!("mi{id}")), k.var(format!("mj{id}")), k.var(format!("mp{id}")));
+                let sum = k.buf(format!("mma{id}"), Elem::F32, vec![], crate::Space::Local);
+                let (iv, jv, pv) = (Expr::var(i), Expr::var(j), Expr::var(p));
+                let f32 = |e: Expr| Expr::cast(Elem::F32, e);
+                let start = if acc { Expr::load(c.buf, c.index(iv.clone(), jv.clone())) } else { Expr::f32(0.0) };
+                let bcol = Expr::add(Expr::mul(Expr::int(2), jv.clone()), Expr::rem(pv.clone(), Expr::int(2)));
+                let step = Expr::fma(f32(Expr::load(a.buf, a.index(iv.clone(), pv.clone()))), f32(Expr::load(b.buf, b.index(Expr::div(pv, Expr::int(2)), bcol))), Expr::load(sum, vec![]));
+                let inner = vec![
+                    Stmt::Store { buf: sum, index: vec![], value: start },
+                    Stmt::For { var: p, extent: depth, kind: LoopKind::Serial, body: vec![Stmt::Store { buf: sum, index: vec![], value: step }] },
+                    Stmt::Store { buf: c.buf, index: c.index(iv, jv), value: Expr::load(sum, vec![]) },
+                ];
+                Stmt::For { var: i, extent: m, kind: LoopKind::Serial, body: vec![Stmt::For { var: j, extent: n, kind: LoopKind::Serial, body: inner }] }
+            }
+            s => s,
+        })
+        .collect()
+}

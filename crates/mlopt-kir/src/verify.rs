@@ -108,6 +108,26 @@ impl Verifier<'_> {
                 self.facts.truncate(before);
             }
             Stmt::Barrier => {}
+            Stmt::Mma { m, n, k, c, a, b, acc: _ } => {
+                // Each block's first and last element must be in bounds (the indices are affine, so
+                // every element between them is too), and the types are the matrix engine's.
+                for (x, rows, cols, elem, what) in [(c, *m, *n, Elem::F32, "c"), (a, *m, *k, Elem::BF16, "a"), (b, k / 2, 2 * n, Elem::BF16, "b")] {
+                    let what = format!("mma {what} block %{}", self.k.buffer(x.buf).name);
+                    if x.at.len() < 2 || rows == 0 || cols == 0 {
+                        self.err(format!("{what}: needs a buffer of rank 2 or more and a non-empty block"));
+                        continue;
+                    }
+                    if self.k.buffer(x.buf).elem != elem {
+                        self.err(format!("{what}: is {}, must be {elem}", self.k.buffer(x.buf).elem));
+                    }
+                    self.access(x.buf, &x.at, &what);
+                    let last = x.index(Expr::int(rows as i64 - 1), Expr::int(cols as i64 - 1));
+                    self.access(x.buf, &last, &what);
+                }
+                if k % 2 != 0 {
+                    self.err(format!("mma: k = {k} is not even"));
+                }
+            }
         }
     }
 
