@@ -150,6 +150,8 @@ impl<'a, 'c> Gen<'a, 'c> {
                 Ok(())
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
+            Stmt::Mma { .. } if self.width.is_some() => Err(err(format!("@{}: an mma in a vector loop", self.k.name))),
+            Stmt::Mma { m, n, k, c, a, b, acc } => self.mma(*m, *n, *k, c, a, b, *acc),
         }
     }
 
@@ -171,7 +173,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     /// A counted loop `for v in (0..extent).step_by(step)`; `body` gets the counter.
-    pub fn counted(&mut self, name: &str, begin: IntValue<'c>, end: IntValue<'c>, step: u64, body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>) -> Ret<()> {
+    pub(crate) fn counted(&mut self, name: &str, begin: IntValue<'c>, end: IntValue<'c>, step: u64, body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>) -> Ret<()> {
         let i64t = self.c.i64_type();
         // The counter lives in an entry-block alloca; mem2reg makes it a phi.
         let slot = self.entry_alloca(i64t.into(), None, name)?;
@@ -288,7 +290,7 @@ impl<'a, 'c> Gen<'a, 'c> {
         Ok(r?.into_int_value())
     }
 
-    fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
+    pub(crate) fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
         let base = *self.ptrs.get(&b).ok_or_else(|| err(format!("no pointer for %{}", self.k.buffer(b).name)))?;
         let t = ty(self.c, self.k.buffer(b).elem);
         // SAFETY: see the module comment; the index is in bounds by verification.
@@ -547,6 +549,7 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
         "free" => void.fn_type(&[ptr.into()], false),
         "mlopt_parallel_for" => void.fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
         "mlopt_init_threads" => void.fn_type(&[c.i32_type().into()], false),
+        "mlopt_init_amx" => void.fn_type(&[], false),
         _ => return Err(err(format!("no declaration for external function {name}"))),
     };
     Ok(m.add_function(name, ty, None))

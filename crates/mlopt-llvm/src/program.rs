@@ -27,6 +27,8 @@ pub struct CpuTarget {
     pub features: String,
     /// f32 lanes of the widest vector register.
     pub lanes: u32,
+    /// AMX with bf16 tiles: `mma` runs on the matrix engine (else as loops).
+    pub amx: bool,
 }
 
 impl CpuTarget {
@@ -38,7 +40,9 @@ impl CpuTarget {
             _ => return Err(LlvmError::Target(name.into())),
         };
         let avx512 = name == "x86-64-v4" || features.split(',').any(|f| f == "+avx512f");
-        Ok(CpuTarget { name: name.into(), cpu, features, lanes: if avx512 { 16 } else { 8 } })
+        let has = |f: &str| features.split(',').any(|x| x == f);
+        let amx = has("+amx-tile") && has("+amx-bf16");
+        Ok(CpuTarget { name: name.into(), cpu, features, lanes: if avx512 { 16 } else { 8 }, amx })
     }
 }
 
@@ -129,8 +133,21 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
             g
         })
         .collect();
-    let fns: Vec<_> = p.kernels.iter().map(|k| declare_kernel(&c, &m, k)).collect();
-    for (k, f) in p.kernels.iter().zip(&fns) {
+    // Without a matrix engine, `mma` blocks become the loops they stand for.
+    let kernels: Vec<mlopt_kir::Kernel> = p
+        .kernels
+        .iter()
+        .map(|k| {
+            let mut k = k.clone();
+            if !t.amx {
+                mlopt_kir::sched::mma_to_loops(&mut k);
+            }
+            k
+        })
+        .collect();
+    let amx = kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
+    let fns: Vec<_> = kernels.iter().map(|k| declare_kernel(&c, &m, k)).collect();
+    for (k, f) in kernels.iter().zip(&fns) {
         define_kernel(&c, &m, k, *f).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
 
@@ -142,6 +159,10 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
     let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
     let init = libc(&c, &m, "mlopt_init_threads")?;
     b.build_call(init, &[c.i32_type().const_int(threads as u64, false).into()], "")?;
+    if amx {
+        // Linux hands out the AMX tile state only on request (once per process).
+        b.build_call(libc(&c, &m, "mlopt_init_amx")?, &[], "")?;
+    }
     for s in &p.steps {
         let mut args = Vec::with_capacity(s.args.len());
         for a in &s.args {

@@ -10,7 +10,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 typedef void (*mlopt_task)(void *ctx, int64_t begin, int64_t end);
 
@@ -79,6 +84,22 @@ void mlopt_init_threads(int compiled) {
     const char *env = getenv("MLOPT_NUM_THREADS");
     int n = env ? atoi(env) : compiled;
     threads = n < 1 ? 1 : n > MLOPT_MAX_THREADS ? MLOPT_MAX_THREADS : n;
+}
+
+/* Models whose contractions run on AMX tiles call this first: Linux gives a process the tile state only
+ * after arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it the first tile instruction
+ * faults. The permission is process-wide, so threads of the pool inherit it. */
+void mlopt_init_amx(void) {
+    static atomic_int done;
+    if (atomic_load(&done)) return;
+#ifdef __linux__
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) {
+        fprintf(stderr, "mlopt: this model was compiled for AMX, but the kernel refuses the tile state "
+                        "(arch_prctl ARCH_REQ_XCOMP_PERM failed); recompile for another target\n");
+        abort();
+    }
+#endif
+    atomic_store(&done, 1);
 }
 
 void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {

@@ -1,0 +1,151 @@
+//! `mma` on Intel AMX: C is held in up to four 16x16 f32 tiles (tmm0-3) for the whole reduction; each
+//! step of 32 along k loads up to two 16x32 bf16 A tiles (tmm4-5) and two 16x(2x16) pair-interleaved B
+//! tiles (tmm6-7) and issues one `tdpbf16ps` per C tile. All eight tiles are configured 16 rows x 64
+//! bytes (`ldtilecfg` of a constant palette-1 configuration, once per block, so every thread of the pool
+//! configures its own tiles).
+//!
+//! The instructions are emitted as inline assembly: three blocks (configure + load or zero C; one k step;
+//! store C + `tilerelease`) around a counted loop in IR. LLVM allocates no tile registers in these
+//! functions (there are no AMX intrinsics), so the tiles stay live between the blocks.
+
+#![allow(unsafe_code)] // GEPs to the tiles' first elements; in bounds by verification of the `mma`.
+
+use crate::codegen::{Gen, Ret};
+use crate::error::LlvmError;
+use inkwell::module::Linkage;
+use inkwell::values::{BasicMetadataValueEnum, IntValue, PointerValue};
+use mlopt_kir::Block;
+
+const TILE_ROWS: u64 = 16;
+const TILE_BYTES: u64 = 64;
+/// k consumed per step: one A tile row holds 32 bf16 values.
+pub const K_STEP: u64 = 32;
+
+fn err(what: impl Into<String>) -> LlvmError {
+    LlvmError::Codegen(what.into())
+}
+
+/// The shapes this code generator takes: m and n of 16 or 32, k a multiple of 32.
+pub fn supported(m: u64, n: u64, k: u64) -> bool {
+    matches!(m, 16 | 32) && matches!(n, 16 | 32) && k > 0 && k.is_multiple_of(K_STEP)
+}
+
+/// The 64-byte tile configuration: palette 1, tiles 0-7 of 16 rows x 64 bytes.
+fn config() -> [u8; 64] {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    for t in 0..8 {
+        c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(TILE_BYTES as u16).to_le_bytes());
+        c[48 + t] = TILE_ROWS as u8;
+    }
+    c
+}
+
+impl<'c> Gen<'_, 'c> {
+    /// The address of a block's first element and its row stride in bytes.
+    fn block_base(&mut self, x: &Block) -> Ret<(PointerValue<'c>, u64)> {
+        let flat = mlopt_kir::analysis::flat_index(self.k, x.buf, &x.at);
+        let i = self.eval(&flat)?.into_int_value();
+        let p = self.elem_ptr(x.buf, i)?;
+        let buf = self.k.buffer(x.buf);
+        Ok((p, buf.dims.last().copied().unwrap_or(1) * buf.elem.size()))
+    }
+
+    fn byte_offset(&mut self, p: PointerValue<'c>, bytes: IntValue<'c>) -> Ret<PointerValue<'c>> {
+        // SAFETY: offsets inside the block, which the verifier proved in bounds.
+        Ok(unsafe { self.b.build_in_bounds_gep(self.c.i8_type(), p, &[bytes], "tile")? })
+    }
+
+    fn asm(&mut self, text: &str, args: &[BasicMetadataValueEnum<'c>]) -> Ret<()> {
+        let ptr = self.c.ptr_type(inkwell::AddressSpace::default());
+        let params: Vec<_> = args.iter().map(|a| if a.is_pointer_value() { ptr.into() } else { self.c.i64_type().into() }).collect();
+        let fty = self.c.void_type().fn_type(&params, false);
+        let constraints = [vec!["r"; args.len()], vec!["~{memory}"]].concat().join(",");
+        let f = self.c.create_inline_asm(fty, text.to_string(), constraints, true, false, None, false);
+        self.b.build_indirect_call(fty, f, args, "")?;
+        Ok(())
+    }
+
+    fn config_ptr(&mut self) -> PointerValue<'c> {
+        let name = "mlopt.amx.config";
+        if let Some(g) = self.m.get_global(name) {
+            return g.as_pointer_value();
+        }
+        let init = self.c.const_string(&config(), false);
+        let g = self.m.add_global(init.get_type(), None, name);
+        g.set_initializer(&init);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        g.set_alignment(64);
+        g.as_pointer_value()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn mma(&mut self, m: u64, n: u64, k: u64, c: &Block, a: &Block, b: &Block, acc: bool) -> Ret<()> {
+        if !supported(m, n, k) {
+            return Err(err(format!("@{}: mma<{m}x{n}x{k}> has no AMX form (m, n of 16 or 32, k a multiple of 32)", self.k.name)));
+        }
+        let (mt, nt) = (m / TILE_ROWS, n / TILE_ROWS);
+        let (c0, ldc) = self.block_base(c)?;
+        let (a0, lda) = self.block_base(a)?;
+        let (b0, ldb) = self.block_base(b)?;
+        let i64 = |g: &Self, v: u64| g.c.i64_type().const_int(v, false);
+        let ctile = |i: u64, j: u64| (i * nt + j) as usize;
+
+        // Configure, then load or zero the C tiles.
+        let mut text = vec!["ldtilecfg ($0)".to_string()];
+        let mut args: Vec<BasicMetadataValueEnum> = vec![self.config_ptr().into(), i64(self, ldc).into()];
+        for i in 0..mt {
+            for j in 0..nt {
+                if acc {
+                    let p = self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?;
+                    text.push(format!("tileloadd (${},$1,1), %tmm{}", args.len(), ctile(i, j)));
+                    args.push(p.into());
+                } else {
+                    text.push(format!("tilezero %tmm{}", ctile(i, j)));
+                }
+            }
+        }
+        self.asm(&text.join("\n\t"), &args)?;
+
+        // The reduction: A tiles from row blocks, B tiles from column blocks, one tdpbf16ps per C tile.
+        let (zero, steps) = (i64(self, 0), i64(self, k / K_STEP));
+        self.counted("amx_k", zero, steps, 1, &mut |g, s| {
+            let mut text = Vec::new();
+            let mut args: Vec<BasicMetadataValueEnum> = vec![i64(g, lda).into(), i64(g, ldb).into()];
+            let a_step = g.b.build_int_mul(s, i64(g, K_STEP * 2), "ak")?;
+            let b_step = g.b.build_int_mul(s, i64(g, (K_STEP / 2) * ldb), "bk")?;
+            for i in 0..mt {
+                let off = g.b.build_int_add(a_step, i64(g, i * TILE_ROWS * lda), "ao")?;
+                let p = g.byte_offset(a0, off)?;
+                text.push(format!("tileloadd (${},$0,1), %tmm{}", args.len(), 4 + i));
+                args.push(p.into());
+            }
+            for j in 0..nt {
+                let off = g.b.build_int_add(b_step, i64(g, j * TILE_BYTES), "bo")?;
+                let p = g.byte_offset(b0, off)?;
+                text.push(format!("tileloadd (${},$1,1), %tmm{}", args.len(), 6 + j));
+                args.push(p.into());
+            }
+            for i in 0..mt {
+                for j in 0..nt {
+                    text.push(format!("tdpbf16ps %tmm{}, %tmm{}, %tmm{}", 6 + j, 4 + i, ctile(i, j)));
+                }
+            }
+            g.asm(&text.join("\n\t"), &args)
+        })?;
+
+        // Store C and release the tiles.
+        let mut text = Vec::new();
+        let mut args: Vec<BasicMetadataValueEnum> = vec![i64(self, ldc).into()];
+        for i in 0..mt {
+            for j in 0..nt {
+                let p = self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?;
+                text.push(format!("tilestored %tmm{}, (${},$0,1)", ctile(i, j), args.len()));
+                args.push(p.into());
+            }
+        }
+        text.push("tilerelease".into());
+        self.asm(&text.join("\n\t"), &args)
+    }
+}
