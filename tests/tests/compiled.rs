@@ -201,3 +201,55 @@ fn integer_resize_compiles_as_it_interprets() {
         assert_eq!(want[0].1.to_i64_vec(), kir[0].1.to_i64_vec(), "{dtype} {mode:?} in the kernel IR interpreter");
     }
 }
+
+/// `mma` blocks (bf16 in, f32 accumulators) compiled for this machine (AMX tiles when it has them) and
+/// for x86-64-v4 (the same blocks as loops), against the kernel IR interpreter: a 64x64x96 product in
+/// 32x32 blocks, then 16x32x64 blocks accumulated on top.
+#[test]
+fn mma_blocks_compile_as_they_interpret() {
+    use mlopt_kir::{Elem, Io, Place, Program, Step};
+    let set = "kernel @set(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
+  serial %i in 0..2 {
+    serial %j in 0..2 {
+      mma<32x32x96> %c[(%i * 32), (%j * 32)] = %a[(%i * 32), 0] * %b[0, (%j * 64)]
+    }
+  }
+}
+";
+    let add = "kernel @add(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
+  serial %i in 0..4 {
+    mma<16x32x64> %c[(%i * 16), 32] += %a[(%i * 16), 32] * %b[16, 0]
+  }
+}
+";
+    let kernels: Vec<_> = [set, add].iter().map(|t| mlopt_kir::parse_kernel(t).unwrap()).collect();
+    for k in &kernels {
+        mlopt_kir::verify(k).unwrap();
+        assert_eq!(&mlopt_kir::print::kernel(k), if k.name == "set" { set } else { add });
+    }
+    let args = vec![Place::Output(0), Place::Input(0), Place::Input(1)];
+    let p = Program {
+        name: "mma".into(),
+        inputs: vec![Io { name: "a".into(), elem: Elem::BF16, dims: vec![64, 96] }, Io { name: "b".into(), elem: Elem::BF16, dims: vec![48, 128] }],
+        outputs: vec![Io { name: "c".into(), elem: Elem::F32, dims: vec![64, 64] }],
+        kernels,
+        steps: vec![Step { kernel: 0, args: args.clone() }, Step { kernel: 1, args }],
+        ..Default::default()
+    };
+    let bf16 = |n: usize, seed: u64| -> Vec<u8> { (0..n as u64).flat_map(|i| half::bf16::from_f32((((i * 7919 + seed) % 201) as f32 - 100.0) / 64.0).to_le_bytes()).collect() };
+    let inputs = vec![bf16(64 * 96, 1), bf16(48 * 128, 2)];
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    let f32s = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+    for target in ["host", "x86-64-v4"] {
+        let t = mlopt_llvm::CpuTarget::named(target).unwrap();
+        let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
+        assert_eq!(code.optimized_ir.contains("tdpbf16ps"), t.amx, "{target}: AMX instructions iff the target has AMX");
+        let mut lib = mlopt_runtime::Loaded::new(&code.object, "mlopt_mma_run", 0, inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
+        let mut got = vec![vec![0u8; 64 * 64 * 4]];
+        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
+        let (w, g) = (f32s(&want[0]), f32s(&got[0]));
+        let worst = w.iter().zip(&g).map(|(a, b)| (a - b).abs() / a.abs().max(1.0)).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{target}: worst relative error {worst:e}");
+    }
+}

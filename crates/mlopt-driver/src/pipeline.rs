@@ -73,7 +73,7 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
     let target = CpuTarget::named(&opt.target)?;
-    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1) };
+    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), amx: target.amx };
     let mut lower = mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() };
     if opt.tune {
         lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;

@@ -126,6 +126,27 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
             let kdim = l.ty(a).shape[if trans_a { 0 } else { 1 }] as u64;
             let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+            if let Some(w) = crate::amx::eligible(l, a, bm, kdim, out[1]) {
+                let cs = c.map(|c| l.ty(c).shape.clone());
+                let name = l.g.node(bm.node).name.clone();
+                return crate::amx::contract(
+                    l,
+                    &name,
+                    out[0],
+                    out[1],
+                    kdim,
+                    &w,
+                    trans_b,
+                    &mut |l, i, k| get(l, a, &if trans_a { [k.clone(), i.clone()] } else { [i.clone(), k.clone()] }, Elem::BF16),
+                    &mut |l, i, j, v| {
+                        let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
+                        if let (Some(c), Some(cs)) = (c, &cs) {
+                            y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?));
+                        }
+                        Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
+                    },
+                );
+            }
             if let Some(t) = contract::choose(l, out[0], out[1], kdim) {
                 let cs = c.map(|c| l.ty(c).shape.clone());
                 let packed = pack_b(l, bm, trans_b, t);
@@ -255,6 +276,32 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let kdim = *sa.last().unwrap_or(&1) as u64;
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
     let r = out.len();
+    // A [batch.., M, K] by a constant 2-D B: all rows of all batches are one contraction.
+    if let (true, true, 2, Some(w)) = (has_m, r >= 2, sb.len(), crate::amx::eligible(l, a, bm, kdim, *out.last().unwrap_or(&0))) {
+        let lead: Vec<i64> = out[..r - 1].iter().map(|d| *d as i64).collect();
+        let rows = lead.iter().product::<i64>() as u64;
+        let name = l.g.node(bm.node).name.clone();
+        let sa_lead: Vec<i64> = sa[..sa.len() - 1].iter().map(|d| *d as i64).collect();
+        return crate::amx::contract(
+            l,
+            &name,
+            rows,
+            out[r - 1],
+            kdim,
+            &w,
+            false,
+            &mut |l, row, k| {
+                let mut ix = crate::kernel::delinear(row.clone(), &sa_lead);
+                ix.push(k.clone());
+                get(l, a, &ix, Elem::BF16)
+            },
+            &mut |_, row, j, v| {
+                let mut ix = crate::kernel::delinear(row.clone(), &lead);
+                ix.push(j.clone());
+                Ok(Stmt::Store { buf: dst, index: ix, value: convert(v, Elem::F32, out_t) })
+            },
+        );
+    }
     let tile = if has_m && has_n && r >= 2 { contract::choose(l, out[r - 2], out[r - 1], kdim) } else { None };
     if let Some(t) = tile {
         let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());

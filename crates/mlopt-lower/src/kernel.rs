@@ -39,6 +39,8 @@ pub struct Lowerer<'g> {
     pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
     /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3).
     pub winograd: bool,
+    /// bf16 contractions with a constant B run on AMX tiles (`amx.rs`).
+    pub amx: bool,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -61,7 +63,7 @@ pub fn pulled(op: &Op) -> bool {
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: false }
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: false, amx: false }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {
@@ -542,7 +544,9 @@ impl<'g> Lowerer<'g> {
         let fusable = *a != root
             && out_v.node == root
             && rn.outputs.len() == 1
-            && an.outputs[0] == rn.outputs[0]
+            // Same shape; the type may change (a bf16 GEMM whose result is cast back to f32): the anchor's
+            // rounding to its own type stays in the stored expression.
+            && an.outputs[0].shape == rn.outputs[0].shape
             && (1..an.outputs.len()).all(|o| self.g.users(*a).iter().all(|(_, e)| e.output as usize != o))
             && after.iter().all(|n| self.g.node(*n).op.is_elementwise())
             // Scatters read back what they stored; the epilogue must see only final values.

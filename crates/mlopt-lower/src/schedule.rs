@@ -21,6 +21,8 @@ pub struct CpuSchedule {
     /// f32 lanes of a vector register (16 with AVX-512, 8 with AVX2).
     pub lanes: u32,
     pub threads: u32,
+    /// bf16 contractions with constant B run as `mma` blocks on AMX tiles (`amx.rs`).
+    pub amx: bool,
 }
 
 /// Below this many loop-body executions a nest is not worth a trip through the thread pool.
@@ -55,6 +57,7 @@ fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok
             Stmt::For { body, .. } => walk(k, v, body, private, ok),
             Stmt::If { .. } | Stmt::Barrier => false,
             Stmt::Store { buf, index, .. } => private(buf) || ok(coefficient(&flat(k, *buf, index), v)),
+            Stmt::Mma { c, .. } => private(&c.buf) || ok(coefficient(&flat(k, c.buf, &c.at), v)),
         })
     }
     walk(k, v, body, &private, ok)
@@ -70,7 +73,8 @@ fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, 
     if inner {
         return true;
     }
-    if extent % lanes as u64 == 0 && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+    // A matrix-engine block runs as a whole, never in vector lanes.
+    if extent % lanes as u64 == 0 && !mlopt_kir::analysis::has_mma(body) && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
         out.push(*var);
         return true;
     }
@@ -92,11 +96,13 @@ fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usiz
     }
 }
 
-/// Loop-body executions in a nest.
+/// Loop-body executions in a nest (a matrix-engine block counts its multiply-adds / 16, about what a
+/// vector loop would execute for it).
 fn work(st: &Stmt) -> u64 {
     match st {
         Stmt::For { extent, body, .. } => extent.saturating_mul(body.iter().map(work).sum::<u64>().max(1)),
         Stmt::If { then, .. } => then.iter().map(work).sum(),
+        Stmt::Mma { m, n, k, .. } => (m * n * k / 16).max(1),
         _ => 1,
     }
 }

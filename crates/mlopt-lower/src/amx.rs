@@ -1,0 +1,135 @@
+//! bf16 contractions on the CPU's matrix engine (AMX), as kernel IR `mma` blocks:
+//!
+//! ```text
+//! a_pad[Mp, Kp] = A, zero-padded to whole blocks          (bf16, per call; fuses A's producer)
+//! for jb in 0..Np/nb:                                      (parallel by the CPU schedule when it pays)
+//!   for ib in 0..Mp/mb:
+//!     mma<mb x nb x Kp> c[0, 0] = a_pad[ib*mb, 0] * b_packed[0, 2*nb*jb]
+//!     for ii < mb (rows that exist): for jj < nb: out[ib*mb+ii, jb*nb+jj] = epilogue(c[ii, jj])
+//! ```
+//!
+//! B is a constant, packed at compile time into the pair-interleaved layout the tiles read
+//! (`b_packed[k / 2, 2 j + k % 2]`, zero-padded); blocks are 32x32 (16 where M or N is smaller), so C is
+//! four 16x16 f32 tiles held across all of K. The epilogue reads the block's C from a 4 KiB local
+//! while it is in L1.
+
+use crate::elementwise::lit;
+use crate::error::Result;
+use crate::kernel::Lowerer;
+use mlopt_ir::{DType, Tensor, Value};
+use mlopt_kir::{BinOp, Block, Elem, Expr, LoopKind, Space, Stmt};
+use std::sync::Arc;
+
+/// k per AMX step (one tile row of bf16).
+const KB: u64 = 32;
+
+/// B's constant bf16 tensor when a contraction of `a` by `b` (reduction length `k`, `n` columns) can
+/// run on AMX: the target has it, both operands are bf16, B is a 2-D constant, and K and N fill tiles.
+pub fn eligible(l: &Lowerer, a: Value, b: Value, k: u64, n: u64) -> Option<Arc<Tensor>> {
+    if !l.amx || l.ty(a).dtype != DType::BF16 || k < KB || n < 16 {
+        return None;
+    }
+    let w = l.g.const_value(b)?;
+    (w.dtype() == DType::BF16 && w.shape().len() == 2).then(|| w.clone())
+}
+
+/// B ([K, N], or [N, K] when `trans`) as bf16 bytes [np / nb, kp / 2, 2 nb]: one contiguous panel per
+/// column block (tile rows 128 bytes apart, not a whole row of B, which would put all 16 rows of a tile
+/// in one L1 set), pairs of k interleaved per column.
+fn pack(w: &Tensor, k: u64, n: u64, kp: u64, np: u64, nb: u64, trans: bool) -> Vec<u8> {
+    let src = w.to_le_bytes();
+    let at = |kk: u64, j: u64| -> [u8; 2] {
+        if kk >= k || j >= n {
+            return [0, 0];
+        }
+        let i = if trans { j * k + kk } else { kk * n + j } as usize * 2;
+        [src[i], src[i + 1]]
+    };
+    let mut out = Vec::with_capacity((kp * np * 2) as usize);
+    for jb in 0..np / nb {
+        for k2 in 0..kp / 2 {
+            for j in jb * nb..(jb + 1) * nb {
+                for p in 0..2 {
+                    out.extend_from_slice(&at(2 * k2 + p, j));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
+/// Reads A's element (row, k) as bf16.
+pub type AOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &Expr, &Expr) -> Result<Expr>;
+/// Stores the f32 result for (row, column).
+pub type StoreOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &Expr, &Expr, Expr) -> Result<Stmt>;
+
+/// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, on AMX blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tensor, trans: bool, a: AOp, store: StoreOp) -> Result<Vec<Stmt>> {
+    let mb = if rows >= 32 { 32 } else { 16 };
+    let nb = if n >= 32 { 32 } else { 16 };
+    let (mp, np, kp) = (round_up(rows, mb), round_up(n, nb), round_up(k, KB));
+    let bp = l.weight(mlopt_kir::Weight { name: format!("{name}.amx{nb}"), elem: Elem::BF16, dims: vec![np / nb, kp / 2, 2 * nb], data: Arc::new(pack(w, k, n, kp, np, nb, trans)) });
+    l.k.schedule.push(format!("amx(mma<{mb}x{nb}x{kp}> blocks for {rows}x{n}x{k})"));
+
+    // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
+    // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a
+    // zero-padded copy with 64 bytes more per row (which also computes A's fused producer once).
+    let aligned = (k * 2).is_multiple_of(512);
+    let (pr, pk) = (l.fresh("p"), l.fresh("p"));
+    let (rv, kv) = (Expr::var(pr), Expr::var(pk));
+    let direct = match a(l, &rv, &kv)? {
+        Expr::Load(buf, ix) if ix == [rv.clone(), kv.clone()] && l.k.buffer(buf).elem == Elem::BF16 && mp == rows && kp == k && !aligned => Some(buf),
+        _ => None,
+    };
+    let mut stmts = Vec::new();
+    let apad = match direct {
+        Some(buf) => buf,
+        None => {
+            let stride = if (kp * 2).is_multiple_of(512) { kp + 32 } else { kp };
+            let apad = l.k.buf(format!("a_pad{}", l.k.bufs.len()), Elem::BF16, vec![mp, stride], Space::Local);
+            stmts = l.nest("p", &[mp, kp], |l, ix| {
+                let (r, kk) = (&ix[0], &ix[1]);
+                let inside = Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
+                let v = a(l, &crate::kernel::clamp(r.clone(), rows as i64), &crate::kernel::clamp(kk.clone(), k as i64))?;
+                Ok(vec![Stmt::Store { buf: apad, index: ix.to_vec(), value: Expr::select(inside, v, lit(0.0, Elem::BF16)) }])
+            })?;
+            apad
+        }
+    };
+
+    let c = l.k.buf(format!("c_blk{}", l.k.bufs.len()), Elem::F32, vec![mb, nb], Space::Local);
+    // Row blocks in chunks of up to 8 (256 rows), so a chunk of A stays in L2 while every column block
+    // of B streams past it.
+    let blocks = mp / mb;
+    let per = (1..=8).rev().find(|d| blocks % d == 0).unwrap_or(1);
+    let (ic, jb, ibi, ii, jj) = (l.fresh("ic"), l.fresh("jb"), l.fresh("ib"), l.fresh("ii"), l.fresh("jj"));
+    let ib = Expr::add(Expr::mul(Expr::var(ic), Expr::int(per as i64)), Expr::var(ibi));
+    let row = Expr::add(Expr::mul(ib.clone(), Expr::int(mb as i64)), Expr::var(ii));
+    let col = Expr::add(Expr::mul(Expr::var(jb), Expr::int(nb as i64)), Expr::var(jj));
+    let mut st = store(l, &row, &col, Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]))?;
+    if !n.is_multiple_of(nb) {
+        st = Stmt::If { cond: Expr::bin(BinOp::Lt, col.clone(), Expr::int(n as i64)), then: vec![st] };
+    }
+    let mut cols = vec![Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: vec![st] }];
+    if !rows.is_multiple_of(mb) {
+        cols = vec![Stmt::If { cond: Expr::bin(BinOp::Lt, row, Expr::int(rows as i64)), then: cols }];
+    }
+    let mma = Stmt::Mma {
+        m: mb,
+        n: nb,
+        k: kp,
+        c: Block { buf: c, at: vec![Expr::int(0), Expr::int(0)] },
+        a: Block { buf: apad, at: vec![Expr::mul(ib, Expr::int(mb as i64)), Expr::int(0)] },
+        b: Block { buf: bp, at: vec![Expr::var(jb), Expr::int(0), Expr::int(0)] },
+        acc: false,
+    };
+    let block = vec![mma, Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: cols }];
+    let for_ = |var, extent, body| Stmt::For { var, extent, kind: LoopKind::Serial, body };
+    stmts.push(for_(ic, blocks / per, vec![for_(jb, np / nb, vec![for_(ibi, per, block)])]));
+    Ok(stmts)
+}
