@@ -95,7 +95,7 @@ pub fn tune(g: &Graph, opts: &mlopt_lower::Options, t: &CpuTarget, threads: u32)
             continue;
         }
         let mut best: Option<(f64, Tile)> = None;
-        for cand in candidates(key.0, key.1, key.3) {
+        for cand in candidates(key.0, key.1, key.2, key.3) {
             let mut o = opts.clone();
             o.tiles.insert(key, cand);
             let p = mlopt_lower::lower_program(g, &o)?;
