@@ -221,8 +221,10 @@ fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, co
 mod tests {
     use super::*;
 
+    type Shape = (u64, u64, u64, u32);
+
     /// (M, N, K, lanes) -> the tile the cost model picks (mr, nr), or None.
-    const PICKS: &[((u64, u64, u64, u32), Option<(u64, u64)>)] = &[
+    const PICKS: &[(Shape, Option<(u64, u64)>)] = &[
         ((1024, 1024, 1024, 16), Some((6, 64))),   // FMA-bound everywhere: the widest, then tallest tile
         ((128, 3072, 768, 16), Some((6, 64))),
         ((3136, 64, 576, 16), Some((6, 64))),      // ResNet 3x3 conv as implicit GEMM
