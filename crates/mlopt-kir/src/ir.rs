@@ -345,6 +345,20 @@ impl Expr {
     }
     /// `a + b` with integer constant folding (index arithmetic stays readable in dumps).
     pub fn add(a: Expr, b: Expr) -> Expr {
+        // (p / c) * c + p % c = p (truncating division), so a delinearised index flattens back to p.
+        fn whole(a: &Expr, p: &Expr, c: &Expr) -> bool {
+            matches!(a, Expr::Binary(BinOp::Mul, q, c2) if **c2 == *c && matches!(&**q, Expr::Binary(BinOp::Div, p2, c3) if **p2 == *p && **c3 == *c))
+        }
+        if let Expr::Binary(BinOp::Rem, p, c) = &b {
+            if whole(&a, p, c) {
+                return (**p).clone();
+            }
+            if let Expr::Binary(BinOp::Add, rest, last) = &a {
+                if whole(last, p, c) {
+                    return Expr::add((**rest).clone(), (**p).clone());
+                }
+            }
+        }
         match (a, b) {
             (Expr::Int(0), x) | (x, Expr::Int(0)) => x,
             (Expr::Int(x), Expr::Int(y)) => Expr::Int(x + y),

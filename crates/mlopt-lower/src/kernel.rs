@@ -558,7 +558,8 @@ impl<'g> Lowerer<'g> {
         let b = *out_b;
         let shape = dims(&an.outputs[0]);
         let vars: Vec<Var> = shape.iter().map(|_| self.fresh("e")).collect();
-        let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
+        // Axes of size 1 are index 0, as pulls through a broadcast write them, so the loads match.
+        let idx: Vec<Expr> = vars.iter().zip(&shape).map(|(v, s)| if *s == 1 { Expr::int(0) } else { Expr::var(*v) }).collect();
         self.bufs.insert(av, b);
         let epi = self.pull_op(root, 0, &idx)?;
         if !loads_only_at(&epi, b, &idx) {
