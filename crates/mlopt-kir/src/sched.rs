@@ -59,6 +59,50 @@ pub fn split(k: &mut Kernel, v: Var, factor: u64) -> Result<(Var, Var)> {
     Ok((outer, inner))
 }
 
+/// Peels the last `extent % factor` iterations of loop `v` into a loop `v.t` right after it, so `v`'s
+/// extent becomes a multiple of `factor` (a vector width) without a guard. Returns the tail's variable,
+/// or None when `factor` already divides the extent.
+pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
+    let name = k.var_name(v).to_string();
+    if factor == 0 {
+        return Err(SchedError::Invalid { kernel: k.name.clone(), what: format!("peel %{name} by 0") });
+    }
+    let tail = k.var(format!("{name}.t"));
+    fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, factor: u64) -> Option<bool> {
+        for i in 0..body.len() {
+            match &mut body[i] {
+                Stmt::For { var, extent, body: inner, .. } if *var == v => {
+                    let rest = *extent % factor;
+                    if rest == 0 {
+                        return Some(false);
+                    }
+                    let main = *extent - rest;
+                    *extent = main;
+                    let at = Expr::add(Expr::var(tail), Expr::int(main as i64));
+                    let tail_body: Vec<Stmt> = inner.iter().map(|s| s.subst(v, &at)).collect();
+                    body.insert(i + 1, Stmt::For { var: tail, extent: rest, kind: LoopKind::Serial, body: tail_body });
+                    return Some(true);
+                }
+                Stmt::For { body: inner, .. } | Stmt::If { then: inner, .. } => {
+                    if let Some(done) = walk(inner, v, tail, factor) {
+                        return Some(done);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+    match walk(&mut k.body, v, tail, factor) {
+        None => Err(no_loop(k, v)),
+        Some(false) => Ok(None),
+        Some(true) => {
+            k.schedule.push(format!("peel({name},{factor})"));
+            Ok(Some(tail))
+        }
+    }
+}
+
 /// Interchanges loop `a` with loop `b`, which must be the only statement of `a`'s body.
 pub fn reorder(k: &mut Kernel, a: Var, b: Var) -> Result<()> {
     let (na, nb) = (k.var_name(a).to_string(), k.var_name(b).to_string());

@@ -45,6 +45,17 @@ fn schedules_keep_the_results() {
     assert_eq!(k.schedule, ["split(i,4)", "reorder(i.o,i.i)", "parallel(i.o)"]);
     // A vector width must divide its loop.
     assert!(sched::set_kind(&mut base.clone(), Var(0), LoopKind::Vector(4)).is_err());
+    // Peeling the remainder makes it divide: 10 = 8 in vector<4> + a 2-iteration tail.
+    let mut k = base.clone();
+    let tail = sched::peel(&mut k, Var(0), 4).unwrap();
+    assert!(tail.is_some());
+    sched::set_kind(&mut k, Var(0), LoopKind::Vector(4)).unwrap();
+    verify(&k).unwrap();
+    assert_eq!(run(&k, vec![x.clone(), vec![0.0; 10]]), want);
+    let text = print::kernel(&k);
+    assert!(text.contains("vector<4> %i in 0..8") && text.contains("serial %i.t in 0..2"), "{text}");
+    assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
+    assert_eq!(sched::peel(&mut k, Var(0), 4).unwrap(), None, "nothing left to peel");
 }
 
 #[test]

@@ -29,6 +29,16 @@ pub struct CpuSchedule {
 const PARALLEL_MIN_WORK: u64 = 1 << 14;
 
 pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
+    // Innermost loops that would vectorise but for a remainder (56 = 3 x 16 + 8): peel the remainder
+    // off, so the main part runs in vector lanes.
+    let uses = count_uses(&k.body);
+    let mut peel = Vec::new();
+    for st in &k.body {
+        pick_peel(k, st, s.lanes, &uses, &mut peel);
+    }
+    for v in peel {
+        mlopt_kir::sched::peel(k, v, u64::from(s.lanes))?;
+    }
     let uses = count_uses(&k.body);
     let mut vector = Vec::new();
     let mut parallel = Vec::new();
@@ -61,6 +71,20 @@ fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok
         })
     }
     walk(k, v, body, &private, ok)
+}
+
+fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) {
+    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return };
+    if body.iter().any(|s| matches!(s, Stmt::For { .. })) {
+        for s in body {
+            pick_peel(k, s, lanes, uses, out);
+        }
+        return;
+    }
+    let lanes = u64::from(lanes);
+    if *extent > lanes && extent % lanes != 0 && !mlopt_kir::analysis::has_mma(body) && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+        out.push(*var);
+    }
 }
 
 fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) -> bool {
