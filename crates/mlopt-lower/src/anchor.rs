@@ -384,14 +384,20 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
             };
             Ok((xv, get(l, w, &wi, Elem::F32)?))
         })?;
-        let mut s = f.stmts.clone();
-        let mut y = f.get();
-        if let Some(bv) = bias {
-            y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(&mo), Elem::F32)?);
-        }
-        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
-        Ok(s)
+        store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
     })
+}
+
+/// A convolution's fold, then its output element: the sum plus the channel's bias, in the output type.
+#[allow(clippy::too_many_arguments)]
+fn store_with_bias(l: &mut Lowerer, f: &Fold, bias: Option<Value>, channel: &Expr, idx: &[Expr], dst: BufId, out_t: Elem) -> Result<Vec<Stmt>> {
+    let mut s = f.stmts.clone();
+    let mut y = f.get();
+    if let Some(bv) = bias {
+        y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(channel), Elem::F32)?);
+    }
+    s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
+    Ok(s)
 }
 
 /// ConvTranspose as a gather: output position `o` takes input position `i` through tap `k` when
@@ -425,13 +431,7 @@ fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u6
             let xv = get(l, x, &xi, Elem::F32)?;
             Ok((Expr::select(valid, xv, lit(0.0, Elem::F32)), get(l, w, &wi, Elem::F32)?))
         })?;
-        let mut s = f.stmts.clone();
-        let mut y = f.get();
-        if let Some(bv) = bias {
-            y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(&mo), Elem::F32)?);
-        }
-        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
-        Ok(s)
+        store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
     })
 }
 
