@@ -119,15 +119,22 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
     let out = dims(&node.outputs[0]);
     let out_t = elem(node.outputs[0].dtype);
     let dst = dsts[0];
-    let store = move |idx: &[Expr], v: Expr| Stmt::Store { buf: dst, index: idx.to_vec(), value: v };
     match node.op.clone() {
         Op::MatMul => matmul(l, n, &out, out_t, dst),
         Op::Gemm { alpha, beta, trans_a, trans_b } => {
             let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
             let kdim = l.ty(a).shape[if trans_a { 0 } else { 1 }] as u64;
             let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+            let cs = c.map(|c| l.ty(c).shape.clone());
+            // alpha * (A B)[i, j] + beta * C[i, j], in the output type: the last step of every path.
+            let out_ij = |l: &mut Lowerer, i: &Expr, j: &Expr, v: Expr| -> Result<Stmt> {
+                let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
+                if let (Some(c), Some(cs)) = (c, &cs) {
+                    y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?));
+                }
+                Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
+            };
             if let Some(w) = crate::amx::eligible(l, a, bm, kdim, out[1]) {
-                let cs = c.map(|c| l.ty(c).shape.clone());
                 let name = l.g.node(bm.node).name.clone();
                 return crate::amx::contract(
                     l,
@@ -138,17 +145,10 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     &w,
                     trans_b,
                     &mut |l, i, k| get(l, a, &if trans_a { [k.clone(), i.clone()] } else { [i.clone(), k.clone()] }, Elem::BF16),
-                    &mut |l, i, j, v| {
-                        let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
-                        if let (Some(c), Some(cs)) = (c, &cs) {
-                            y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?));
-                        }
-                        Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
-                    },
+                    &mut |l, i, j, v| out_ij(l, i, j, v),
                 );
             }
             if let Some(t) = contract::choose(l, out[0], out[1], kdim) {
-                let cs = c.map(|c| l.ty(c).shape.clone());
                 let packed = pack_b(l, bm, trans_b, t);
                 return contract::tiled(
                     l,
@@ -162,13 +162,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                         Some(v) => Ok(v),
                         None => get(l, bm, &if trans_b { [c.j.clone(), k[0].clone()] } else { [k[0].clone(), c.j.clone()] }, Elem::F32),
                     },
-                    &mut |l, _, i, j, v| {
-                        let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
-                        if let (Some(c), Some(cs)) = (c, &cs) {
-                            y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?));
-                        }
-                        Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
-                    },
+                    &mut |l, _, i, j, v| out_ij(l, i, j, v),
                 );
             }
             let columns = b_by_columns(l, bm, trans_b, kdim);
@@ -183,12 +177,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     Ok((get(l, a, &ai, Elem::F32)?, bv))
                 })?;
                 let mut stmts = f.stmts.clone();
-                let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), f.get());
-                if let Some(c) = c {
-                    let ci = broadcast(&l.ty(c).shape.clone(), idx);
-                    y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &ci, Elem::F32)?));
-                }
-                stmts.push(store(idx, convert(y, Elem::F32, out_t)));
+                stmts.push(out_ij(l, &i, &j, f.get())?);
                 Ok(stmts)
             })
         }
