@@ -916,7 +916,6 @@ enum Scatter {
 fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterReduction, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
     let (x, ind, upd) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
     let ds: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
-    let is = dims(l.ty(ind));
     let us = dims(l.ty(upd));
     let ind_t = elem(l.ty(ind).dtype);
     let t = compute(out_t);
@@ -934,15 +933,8 @@ fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterRedu
             }
             Scatter::Nd => {
                 // updates[r.., s..] goes to data[indices[r.., 0..last], s..].
-                let q = is.len();
-                let last = is[q - 1] as usize;
-                let mut target = Vec::new();
-                for j in 0..last {
-                    let mut at = u[..q - 1].to_vec();
-                    at.push(Expr::int(j as i64));
-                    let raw = convert(l.pull(ind, &at)?, ind_t, Elem::I64);
-                    target.push(crate::kernel::wrap_index(raw, ds[j]));
-                }
+                let q = l.ty(ind).shape.len();
+                let mut target = l.index_tuple(ind, &u[..q - 1], &ds)?;
                 target.extend_from_slice(&u[q - 1..]);
                 target
             }

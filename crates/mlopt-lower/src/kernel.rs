@@ -148,6 +148,21 @@ impl<'g> Lowerer<'g> {
         self.g.inputs(n).get(i).copied().flatten().ok_or_else(|| self.unsupported(n, format!("input {i} is missing")))
     }
 
+    /// GatherND's and ScatterND's index tuple: `indices[at.., 0..last]` (the last axis of `ind`), each
+    /// component wrapped (negative counts from the end) into the data axis `axes[j]` it indexes.
+    pub fn index_tuple(&mut self, ind: Value, at: &[Expr], axes: &[i64]) -> Result<Vec<Expr>> {
+        let ind_t = elem(self.ty(ind).dtype);
+        let last = self.ty(ind).shape.last().copied().unwrap_or(0);
+        (0..last)
+            .map(|j| {
+                let mut ix = at.to_vec();
+                ix.push(Expr::int(j as i64));
+                let raw = self.pull(ind, &ix)?;
+                Ok(wrap_index(convert(raw, ind_t, Elem::I64), axes[j]))
+            })
+            .collect()
+    }
+
     pub fn has_input(&self, n: NodeId, i: usize) -> bool {
         self.g.inputs(n).get(i).copied().flatten().is_some()
     }
@@ -326,16 +341,9 @@ impl<'g> Lowerer<'g> {
             Op::GatherNd { batch_dims } => {
                 // out[b.., i.., s..] = data[b.., indices[b.., i.., 0..last], s..].
                 let ind = self.input(n, 1)?;
-                let ind_t = elem(self.ty(ind).dtype);
                 let q = self.ty(ind).shape.len();
-                let last = self.ty(ind).shape[q - 1];
                 let mut ix: Vec<Expr> = idx[..*batch_dims].to_vec();
-                for j in 0..last {
-                    let mut at = idx[..q - 1].to_vec();
-                    at.push(Expr::int(j as i64));
-                    let raw = self.pull(ind, &at)?;
-                    ix.push(wrap_index(convert(raw, ind_t, Elem::I64), in_shape[batch_dims + j]));
-                }
+                ix.extend(self.index_tuple(ind, &idx[..q - 1], &in_shape[*batch_dims..])?);
                 ix.extend_from_slice(&idx[q - 1..]);
                 self.pull(x, &ix)
             }
