@@ -280,23 +280,15 @@ fn unary(o: UnOp, x: V, t: Elem) -> V {
 
 fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
     if o.is_compare() {
-        let r = if t.is_float() {
-            let (a, b) = (x.f(), y.f());
+        fn compare<T: PartialOrd>(o: BinOp, a: T, b: T) -> bool {
             match o {
                 BinOp::Lt => a < b,
                 BinOp::Le => a <= b,
                 BinOp::Eq => a == b,
                 _ => a != b,
             }
-        } else {
-            let (a, b) = (x.i(), y.i());
-            match o {
-                BinOp::Lt => a < b,
-                BinOp::Le => a <= b,
-                BinOp::Eq => a == b,
-                _ => a != b,
-            }
-        };
+        }
+        let r = if t.is_float() { compare(o, x.f(), y.f()) } else { compare(o, x.i(), y.i()) };
         return V::I(r as i64);
     }
     if !t.is_float() {

@@ -79,18 +79,17 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
     // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
     // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a
     // zero-padded copy with 64 bytes more per row (which also computes A's fused producer once).
-    let aligned = (k * 2).is_multiple_of(512);
+    let stride = if (kp * 2).is_multiple_of(512) { kp + 32 } else { kp };
     let (pr, pk) = (l.fresh("p"), l.fresh("p"));
     let (rv, kv) = (Expr::var(pr), Expr::var(pk));
     let direct = match a(l, &rv, &kv)? {
-        Expr::Load(buf, ix) if ix == [rv.clone(), kv.clone()] && l.k.buffer(buf).elem == Elem::BF16 && mp == rows && kp == k && !aligned => Some(buf),
+        Expr::Load(buf, ix) if ix == [rv.clone(), kv.clone()] && l.k.buffer(buf).elem == Elem::BF16 && mp == rows && stride == k => Some(buf),
         _ => None,
     };
     let mut stmts = Vec::new();
     let apad = match direct {
         Some(buf) => buf,
         None => {
-            let stride = if (kp * 2).is_multiple_of(512) { kp + 32 } else { kp };
             let apad = l.k.buf(format!("a_pad{}", l.k.bufs.len()), Elem::BF16, vec![mp, stride], Space::Local);
             stmts = l.nest("p", &[mp, kp], |l, ix| {
                 let (r, kk) = (&ix[0], &ix[1]);

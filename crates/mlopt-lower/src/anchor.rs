@@ -552,7 +552,7 @@ fn max_pool_indices(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, col_maj
             let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
             let nan = |e: Expr| b(BinOp::Ne, e.clone(), e);
             let first = b(BinOp::Lt, cur_at.clone(), Expr::int(0));
-            let better = b(BinOp::Or, b(BinOp::Lt, cur.clone(), v.clone()), b(BinOp::And, nan(v.clone()), b(BinOp::Eq, nan(cur.clone()), lit(0.0, Elem::Bool))));
+            let better = b(BinOp::Or, b(BinOp::Lt, cur.clone(), v.clone()), b(BinOp::And, nan(v.clone()), Expr::un(UnOp::Not, nan(cur.clone()))));
             let take = b(BinOp::And, inside, b(BinOp::Or, first, better));
             let spatial = if col_major {
                 let (p, s): (Vec<Expr>, Vec<i64>) = (pos.iter().rev().cloned().collect(), ins.iter().rev().copied().collect());
