@@ -18,6 +18,9 @@ use mlopt_kir::Block;
 
 const TILE_ROWS: u64 = 16;
 const TILE_BYTES: u64 = 64;
+/// The first tile register of A's row blocks and of B's column blocks (C's are 0-3).
+const A_TILE: u64 = 4;
+const B_TILE: u64 = 6;
 /// k consumed per step: one A tile row holds 32 bf16 values.
 pub const K_STEP: u64 = 32;
 
@@ -91,19 +94,23 @@ impl<'c> Gen<'_, 'c> {
         let (b0, ldb) = self.block_base(b)?;
         let i64 = |g: &Self, v: u64| g.c.i64_type().const_int(v, false);
         let ctile = |i: u64, j: u64| (i * nt + j) as usize;
+        // C tile (i, j) is register ctile(i, j); its first element's address, for loading and storing.
+        let mut c_tiles = Vec::new();
+        for i in 0..mt {
+            for j in 0..nt {
+                c_tiles.push((ctile(i, j), self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?));
+            }
+        }
 
         // Configure, then load or zero the C tiles.
         let mut text = vec!["ldtilecfg ($0)".to_string()];
         let mut args: Vec<BasicMetadataValueEnum> = vec![self.config_ptr().into(), i64(self, ldc).into()];
-        for i in 0..mt {
-            for j in 0..nt {
-                if acc {
-                    let p = self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?;
-                    text.push(format!("tileloadd (${},$1,1), %tmm{}", args.len(), ctile(i, j)));
-                    args.push(p.into());
-                } else {
-                    text.push(format!("tilezero %tmm{}", ctile(i, j)));
-                }
+        for (t, p) in &c_tiles {
+            if acc {
+                text.push(format!("tileloadd (${},$1,1), %tmm{t}", args.len()));
+                args.push((*p).into());
+            } else {
+                text.push(format!("tilezero %tmm{t}"));
             }
         }
         self.asm(&text.join("\n\t"), &args)?;
@@ -118,18 +125,18 @@ impl<'c> Gen<'_, 'c> {
             for i in 0..mt {
                 let off = g.b.build_int_add(a_step, i64(g, i * TILE_ROWS * lda), "ao")?;
                 let p = g.byte_offset(a0, off)?;
-                text.push(format!("tileloadd (${},$0,1), %tmm{}", args.len(), 4 + i));
+                text.push(format!("tileloadd (${},$0,1), %tmm{}", args.len(), A_TILE + i));
                 args.push(p.into());
             }
             for j in 0..nt {
                 let off = g.b.build_int_add(b_step, i64(g, j * TILE_BYTES), "bo")?;
                 let p = g.byte_offset(b0, off)?;
-                text.push(format!("tileloadd (${},$1,1), %tmm{}", args.len(), 6 + j));
+                text.push(format!("tileloadd (${},$1,1), %tmm{}", args.len(), B_TILE + j));
                 args.push(p.into());
             }
             for i in 0..mt {
                 for j in 0..nt {
-                    text.push(format!("tdpbf16ps %tmm{}, %tmm{}, %tmm{}", 6 + j, 4 + i, ctile(i, j)));
+                    text.push(format!("tdpbf16ps %tmm{}, %tmm{}, %tmm{}", B_TILE + j, A_TILE + i, ctile(i, j)));
                 }
             }
             g.asm(&text.join("\n\t"), &args)
@@ -138,12 +145,9 @@ impl<'c> Gen<'_, 'c> {
         // Store C and release the tiles.
         let mut text = Vec::new();
         let mut args: Vec<BasicMetadataValueEnum> = vec![i64(self, ldc).into()];
-        for i in 0..mt {
-            for j in 0..nt {
-                let p = self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?;
-                text.push(format!("tilestored %tmm{}, (${},$0,1)", ctile(i, j), args.len()));
-                args.push(p.into());
-            }
+        for (t, p) in &c_tiles {
+            text.push(format!("tilestored %tmm{t}, (${},$0,1)", args.len()));
+            args.push((*p).into());
         }
         text.push("tilerelease".into());
         self.asm(&text.join("\n\t"), &args)
