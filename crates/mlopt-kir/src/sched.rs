@@ -67,40 +67,36 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
     if factor == 0 {
         return Err(SchedError::Invalid { kernel: k.name.clone(), what: format!("peel %{name} by 0") });
     }
+    let Some(Stmt::For { extent, .. }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    let (main, rest) = (*extent - *extent % factor, *extent % factor);
+    if rest == 0 {
+        return Ok(None);
+    }
     let tail = k.var(format!("{name}.t"));
-    fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, factor: u64) -> Option<bool> {
+    /// Shortens loop `v` to `main` and inserts the tail loop right after it.
+    fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, main: u64, rest: u64) -> bool {
         for i in 0..body.len() {
             match &mut body[i] {
                 Stmt::For { var, extent, body: inner, .. } if *var == v => {
-                    let rest = *extent % factor;
-                    if rest == 0 {
-                        return Some(false);
-                    }
-                    let main = *extent - rest;
                     *extent = main;
                     let at = Expr::add(Expr::var(tail), Expr::int(main as i64));
                     let tail_body: Vec<Stmt> = inner.iter().map(|s| s.subst(v, &at)).collect();
                     body.insert(i + 1, Stmt::For { var: tail, extent: rest, kind: LoopKind::Serial, body: tail_body });
-                    return Some(true);
+                    return true;
                 }
                 Stmt::For { body: inner, .. } | Stmt::If { then: inner, .. } => {
-                    if let Some(done) = walk(inner, v, tail, factor) {
-                        return Some(done);
+                    if walk(inner, v, tail, main, rest) {
+                        return true;
                     }
                 }
                 _ => {}
             }
         }
-        None
+        false
     }
-    match walk(&mut k.body, v, tail, factor) {
-        None => Err(no_loop(k, v)),
-        Some(false) => Ok(None),
-        Some(true) => {
-            k.schedule.push(format!("peel({name},{factor})"));
-            Ok(Some(tail))
-        }
-    }
+    walk(&mut k.body, v, tail, main, rest);
+    k.schedule.push(format!("peel({name},{factor})"));
+    Ok(Some(tail))
 }
 
 /// Interchanges loop `a` with loop `b`, which must be the only statement of `a`'s body.
