@@ -76,7 +76,7 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
     /// Shortens loop `v` to `main` and inserts the tail loop right after it.
     fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, main: u64, rest: u64) -> bool {
         for i in 0..body.len() {
-            match &mut body[i] {
+            let inner = match &mut body[i] {
                 Stmt::For { var, extent, body: inner, .. } if *var == v => {
                     *extent = main;
                     let at = Expr::add(Expr::var(tail), Expr::int(main as i64));
@@ -84,12 +84,11 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
                     body.insert(i + 1, Stmt::For { var: tail, extent: rest, kind: LoopKind::Serial, body: tail_body });
                     return true;
                 }
-                Stmt::For { body: inner, .. } | Stmt::If { then: inner, .. } => {
-                    if walk(inner, v, tail, main, rest) {
-                        return true;
-                    }
-                }
-                _ => {}
+                Stmt::For { body: inner, .. } | Stmt::If { then: inner, .. } => inner,
+                _ => continue,
+            };
+            if walk(inner, v, tail, main, rest) {
+                return true;
             }
         }
         false
