@@ -109,6 +109,7 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
             let mut taps = Vec::new();
             for (k, w) in raw {
                 let k = bind(l, &mut stmts, Elem::I64, k);
+                // The clamp stays in the index expression, where the verifier sees the bound.
                 let (index, valid) = match padding {
                     GridPadding::Zeros => (clamp(k.clone(), d), Some(bind(l, &mut stmts, Elem::Bool, in_range(k, d)))),
                     GridPadding::Border => (clamp(k, d), None),
@@ -117,7 +118,6 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
                         (clamp(Expr::cast(Elem::I64, reflect(&kf, lo, hi)), d), None)
                     }
                 };
-                // The clamp stays in the index expression, where the verifier sees the bound.
                 let weight = bind(l, &mut stmts, F, w);
                 taps.push(Tap { index, weight, valid });
             }
