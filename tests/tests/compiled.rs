@@ -177,6 +177,75 @@ fn kir_operators_compile_as_they_interpret() {
     }
 }
 
+/// f32 and f64 -> bf16 and f16 on every x86 level, against the interpreter bit for bit: ties round to
+/// even, overflow goes to infinity, subnormals are kept, NaNs stay NaN with their sign; serial and vector
+/// loops. (bf16 is integer code everywhere: LLVM would call `__truncsfbf2`, which Debian bookworm's libgcc
+/// lacks, and `vcvtneps2bf16` flushes subnormals. The interpreter once rounded like `half`'s f64
+/// conversions, which lose the low bits: 0x3f808001 became bf16 1.0.)
+#[test]
+fn casts_to_bf16_round_as_the_interpreter_does() {
+    use mlopt_kir::{Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Step, Stmt};
+    let bits: [u32; 24] = [
+        0x3f80_8000, // 1 + 2^-8: a tie, rounds down to even
+        0x3f81_8000, // a tie that rounds up to even
+        0x3f80_8001, // just above a tie
+        0x7f7f_ffff, // f32::MAX rounds to infinity
+        0x7f80_0000, // infinity
+        0x7fc0_0001, // a quiet NaN with payload
+        0xff80_0001, // a negative signalling NaN
+        0x0000_0001, // the smallest subnormal
+        0x807f_ffff, // a negative subnormal that rounds to the smallest normal
+        0x0000_0000,
+        0x8000_0000, // -0
+        0x4049_0fdb, // pi
+        0xc2f6_e979, // -123.456
+        0x3dcc_cccd, // 0.1
+        0x477f_e000, // 65504
+        0x3f7f_ffff, // just below 1
+        0x3f80_1001, // f16: just above a tie (1 + 2^-11 + 2^-23), rounds up
+        0x3380_0000, // f16: 2^-24, the smallest subnormal
+        0x3300_0001, // f16: just above half the smallest subnormal, rounds up to it
+        0x3300_0000, // f16: exactly half the smallest subnormal, rounds to 0
+        0x477f_f000, // f16: the tie between 65504 and 65536, rounds to infinity (even)
+        0x477f_efff, // f16: just below that tie, stays 65504
+        0x0080_0000, // the smallest normal f32
+        0xbf80_0000, // -1
+    ];
+    let n = bits.len() as u64;
+    let mut p = Program {
+        name: "to_bf16".into(),
+        inputs: vec![Io { name: "x32".into(), elem: Elem::F32, dims: vec![n] }, Io { name: "x64".into(), elem: Elem::F64, dims: vec![n] }],
+        ..Default::default()
+    };
+    for (src, from) in [(0, Elem::F32), (1, Elem::F64)] {
+        for (to, kind) in [Elem::BF16, Elem::F16].into_iter().flat_map(|t| [(t, LoopKind::Serial), (t, LoopKind::Vector(8))]) {
+            let mut k = Kernel::new(format!("k{}", p.kernels.len()));
+            let (o, x) = (k.buf("out", to, vec![n], Space::Global), k.buf("x", from, vec![n], Space::Global));
+            let i = k.var("i");
+            k.body = vec![Stmt::For { var: i, extent: n, kind, body: vec![Stmt::Store { buf: o, index: vec![Expr::var(i)], value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])) }] }];
+            mlopt_kir::verify(&k).unwrap();
+            p.steps.push(Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(src)] });
+            p.outputs.push(Io { name: format!("{from} -> {to} {kind:?}"), elem: to, dims: vec![n] });
+            p.kernels.push(k);
+        }
+    }
+    let x32: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let x64: Vec<u8> = bits.iter().flat_map(|b| (f32::from_bits(*b) as f64).to_le_bytes()).collect();
+    let inputs = vec![x32, x64];
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for target in ["host", "x86-64-v3", "x86-64-v4"] {
+        let t = mlopt_llvm::CpuTarget::named(target).unwrap();
+        let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
+        let mut lib = mlopt_runtime::Loaded::new(&code.object, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
+        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
+        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            let h = |b: &[u8]| -> Vec<String> { b.chunks_exact(2).map(|c| format!("{:04x}", u16::from_le_bytes([c[0], c[1]]))).collect() };
+            assert_eq!(h(w), h(g), "{target}: {}", io.name);
+        }
+    }
+}
+
 /// Resize of integer images (u8 and i32) in every mode: computed in f64, rounded half away from zero and
 /// saturated (cubic overshoots 0..255), as the reference does.
 #[test]

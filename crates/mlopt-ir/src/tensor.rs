@@ -108,6 +108,19 @@ impl_elem_num!(u8, U8, |v: f64| v as u8, |v: i64| v as u8);
 impl_elem_num!(i32, I32, |v: f64| v as i32, |v: i64| v as i32);
 impl_elem_num!(i64, I64, |v: f64| v as i64, |v: i64| v);
 
+/// f64 -> f32 rounded to odd (towards zero, with the last bit set when inexact). f32 keeps more than two
+/// bits beyond f16 and bf16, so rounding this result again gives the correctly rounded 16-bit value;
+/// `half`'s own f64 conversions drop the low 32 bits of the mantissa first and round 1 + 2^-8 + 2^-23
+/// down to bf16 1.0. (The kernel IR interpreter has the same function: the two IRs share no crate.)
+pub fn f32_odd(x: f64) -> f32 {
+    let r = x as f32;
+    if x.is_nan() || r as f64 == x {
+        return r;
+    }
+    let toward_zero = if (r as f64).abs() > x.abs() { f32::from_bits(r.to_bits() - 1) } else { r };
+    f32::from_bits(toward_zero.to_bits() | 1)
+}
+
 macro_rules! impl_elem_half {
     ($t:ty, $variant:ident) => {
         impl Elem for $t {
@@ -116,13 +129,13 @@ macro_rules! impl_elem_half {
                 self.to_f64()
             }
             fn from_f64(v: f64) -> Self {
-                <$t>::from_f64(v)
+                <$t>::from_f32(f32_odd(v))
             }
             fn to_i64(self) -> i64 {
                 self.to_f64() as i64
             }
             fn from_i64(v: i64) -> Self {
-                <$t>::from_f64(v as f64)
+                <$t>::from_f32(f32_odd(v as f64))
             }
             fn wrap(a: ArrayD<Self>) -> Tensor {
                 Tensor::$variant(a)
@@ -380,5 +393,23 @@ mod tests {
         );
         let i = Tensor::from_vec(&[2], vec![257i64, -1]).unwrap();
         assert_eq!(i.cast(DType::U8).to_i64_vec(), vec![1, 255]);
+    }
+
+    #[test]
+    fn casts_to_16_bit_floats_round_correctly() {
+        // (f32 bits, bf16 bits, f16 bits): just above ties, whose deciding bit is in the low 32 bits of
+        // the f64 mantissa, round up.
+        let cases: [(u32, u16, u16); 5] = [
+            (0x3f80_8001, 0x3f81, 0x3c04), // 1 + 2^-8 + 2^-23
+            (0x3f80_8000, 0x3f80, 0x3c04), // a bf16 tie: to even
+            (0x3f80_1001, 0x3f80, 0x3c01), // 1 + 2^-11 + 2^-23: above an f16 tie
+            (0x3f80_1000, 0x3f80, 0x3c00), // the f16 tie: to even
+            (0x807f_ffff, 0x8080, 0x8000), // a negative f32 subnormal
+        ];
+        for (x, bf, h) in cases {
+            let t = Tensor::from_vec(&[1], vec![f32::from_bits(x)]).unwrap();
+            assert_eq!(t.cast(DType::BF16).to_le_bytes(), bf.to_le_bytes(), "{x:#x} to bf16");
+            assert_eq!(t.cast(DType::F16).to_le_bytes(), h.to_le_bytes(), "{x:#x} to f16");
+        }
     }
 }

@@ -42,11 +42,24 @@ impl V {
     }
 }
 
+/// f64 -> f32 rounded to odd (towards zero, with the last bit set when inexact). f32 keeps more than two
+/// bits beyond f16 and bf16, so rounding this result again gives the correctly rounded 16-bit value;
+/// `half`'s own f64 conversions drop the low 32 bits of the mantissa first and round 1 + 2^-8 + 2^-23
+/// down to bf16 1.0.
+pub fn f32_odd(x: f64) -> f32 {
+    let r = x as f32;
+    if x.is_nan() || r as f64 == x {
+        return r;
+    }
+    let toward_zero = if (r as f64).abs() > x.abs() { f32::from_bits(r.to_bits() - 1) } else { r };
+    f32::from_bits(toward_zero.to_bits() | 1)
+}
+
 fn round(t: Elem, x: f64) -> V {
     match t {
         Elem::F32 => V::F(x as f32 as f64),
-        Elem::F16 => V::F(f16::from_f64(x).to_f64()),
-        Elem::BF16 => V::F(bf16::from_f64(x).to_f64()),
+        Elem::F16 => V::F(f16::from_f32(f32_odd(x)).to_f64()),
+        Elem::BF16 => V::F(bf16::from_f32(f32_odd(x)).to_f64()),
         Elem::F64 => V::F(x),
         Elem::Bool => V::I((x != 0.0) as i64),
         _ => V::I(x as i64),
@@ -86,8 +99,8 @@ fn encode(t: Elem, v: V, b: &mut [u8]) {
     match t {
         Elem::F32 => b[..4].copy_from_slice(&(v.f() as f32).to_le_bytes()),
         Elem::F64 => b[..8].copy_from_slice(&v.f().to_le_bytes()),
-        Elem::F16 => b[..2].copy_from_slice(&f16::from_f64(v.f()).to_le_bytes()),
-        Elem::BF16 => b[..2].copy_from_slice(&bf16::from_f64(v.f()).to_le_bytes()),
+        Elem::F16 => b[..2].copy_from_slice(&f16::from_f32(f32_odd(v.f())).to_le_bytes()),
+        Elem::BF16 => b[..2].copy_from_slice(&bf16::from_f32(f32_odd(v.f())).to_le_bytes()),
         Elem::I8 | Elem::U8 | Elem::Bool => b[0] = v.i() as u8,
         Elem::I32 => b[..4].copy_from_slice(&(v.i() as i32).to_le_bytes()),
         Elem::I64 => b[..8].copy_from_slice(&v.i().to_le_bytes()),

@@ -280,6 +280,45 @@ fn shaped<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, to: Elem) -> inkwell::type
     }
 }
 
+/// f64 -> f32 rounded to odd: truncated towards zero, with the last bit set when inexact. f32 keeps 16
+/// bits more than bf16, so rounding this to bf16 (to nearest even) gives the correctly rounded bf16.
+fn f64_to_f32_odd<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    let r = g.b.build_cast(Op::FPTrunc, x, shaped(g, x, Elem::F32), "r")?;
+    let back = g.b.build_cast(Op::FPExt, r, x.get_type(), "back")?;
+    let abs = |g: &mut Gen<'_, 'c>, v| g.intrinsic("llvm.fabs", &[v]);
+    let (ab, ax) = (abs(g, back)?, abs(g, x)?);
+    let away = float_cmp(&g.b, F::OGT, ab, ax)?;
+    let inexact = float_cmp(&g.b, F::ONE, back, x)?;
+    let bits = g.b.build_bit_cast(r, shaped(g, x, Elem::I32), "bits")?;
+    let one = const_like(g.c, bits, 1.0, Elem::I32);
+    let less = g.b.build_binop(Op::Sub, bits, one, "tz")?;
+    let tz = select(g, away, less, bits)?;
+    let odd = g.b.build_binop(Op::Or, tz, one, "odd")?;
+    let out = select(g, inexact, odd, tz)?;
+    Ok(g.b.build_bit_cast(out, shaped(g, x, Elem::F32), "f")?)
+}
+
+/// f32 -> bf16 rounded to nearest even in integer code, NaNs kept quiet with their sign (as the
+/// interpreter's `half::bf16::from_f64`): the high half of `bits + 0x7fff + (bit 16 of bits)`.
+fn to_bf16<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    let bits = g.b.build_bit_cast(x, shaped(g, x, Elem::I32), "bits")?;
+    let k = |v: f64| const_like(g.c, bits, v, Elem::I32);
+    let high = g.b.build_binop(Op::LShr, bits, k(16.0), "hi")?;
+    let lsb = g.b.build_binop(Op::And, high, k(1.0), "lsb")?;
+    let bias = g.b.build_binop(Op::Add, lsb, k(32767.0), "bias")?;
+    let sum = g.b.build_binop(Op::Add, bits, bias, "rnd")?;
+    let rounded = g.b.build_binop(Op::LShr, sum, k(16.0), "r")?;
+    let quiet = g.b.build_binop(Op::Or, high, k(64.0), "qnan")?;
+    let nan = float_cmp(&g.b, F::UNO, x, x)?;
+    let r = select(g, nan, quiet, rounded)?;
+    let i16s = match x {
+        BasicValueEnum::VectorValue(v) => g.c.i16_type().vec_type(v.get_type().get_size()).as_basic_type_enum(),
+        _ => g.c.i16_type().as_basic_type_enum(),
+    };
+    let r = g.b.build_cast(Op::Trunc, r, i16s, "t")?;
+    Ok(g.b.build_bit_cast(r, shaped(g, x, Elem::BF16), "bf16")?)
+}
+
 pub fn cast<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, from: Elem, to: Elem) -> Ret<BasicValueEnum<'c>> {
     if from == to {
         return Ok(x);
@@ -327,10 +366,17 @@ pub fn cast<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, from: Elem, to: Elem
             }
         }
     };
-    // bf16 <-> f16 has no single instruction: go through f32.
-    if from.is_float() && to.is_float() && matches!((from, to), (Elem::BF16, Elem::F16) | (Elem::F16, Elem::BF16)) {
+    // bf16 -> f16 has no single instruction: go through f32.
+    if (from, to) == (Elem::BF16, Elem::F16) {
         let mid = cast(g, x, from, Elem::F32)?;
         return cast(g, mid, Elem::F32, to);
+    }
+    if to == Elem::BF16 && from.is_float() {
+        // In integer code on every target: LLVM would call `__truncsfbf2` / `__truncdfbf2` where there is
+        // no AVX512-BF16 (Debian bookworm's libgcc has neither), and `vcvtneps2bf16` flushes subnormals
+        // to zero. From f64 via f32 rounded to odd, so that the second rounding is the correct one.
+        let x = if from == Elem::F64 { f64_to_f32_odd(g, x)? } else { cast(g, x, from, Elem::F32)? };
+        return to_bf16(g, x);
     }
     Ok(g.b.build_cast(op, x, t, "cast")?)
 }
