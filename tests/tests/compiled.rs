@@ -271,9 +271,10 @@ fn integer_resize_compiles_as_it_interprets() {
     }
 }
 
-/// `mma` blocks (bf16 in, f32 accumulators) compiled for this machine (AMX tiles when it has them) and
-/// for x86-64-v4 (the same blocks as loops), against the kernel IR interpreter: a 64x64x96 product in
-/// 32x32 blocks, then 16x32x64 blocks accumulated on top.
+/// `mma` blocks (bf16 in, f32 accumulators) compiled for this machine (AMX tiles when it has them), for
+/// x86-64-v4 (the same blocks as loops) and for Zen 4 (`vdpbf16ps`; this machine runs its code too),
+/// against the kernel IR interpreter: a 64x64x96 product in 32x32 blocks, then 16x32x64 blocks and one
+/// 32x16x32 block accumulated on top.
 #[test]
 fn mma_blocks_compile_as_they_interpret() {
     use mlopt_kir::{Elem, Io, Place, Program, Step};
@@ -289,6 +290,7 @@ fn mma_blocks_compile_as_they_interpret() {
   serial %i in 0..4 {
     mma<16x32x64> %c[(%i * 16), 32] += %a[(%i * 16), 32] * %b[16, 0]
   }
+  mma<32x16x32> %c[32, 48] += %a[0, 64] * %b[32, 96]
 }
 ";
     let kernels: Vec<_> = [set, add].iter().map(|t| mlopt_kir::parse_kernel(t).unwrap()).collect();
@@ -309,10 +311,11 @@ fn mma_blocks_compile_as_they_interpret() {
     let inputs = vec![bf16(64 * 96, 1), bf16(48 * 128, 2)];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     let f32s = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
-    for target in ["host", "x86-64-v4"] {
+    for target in ["host", "x86-64-v4", "znver4"] {
         let t = mlopt_llvm::CpuTarget::named(target).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
-        assert_eq!(code.optimized_ir.contains("tdpbf16ps"), t.amx, "{target}: AMX instructions iff the target has AMX");
+        assert_eq!(code.optimized_ir.contains("tdpbf16ps"), t.matrix == Some(mlopt_llvm::MatrixUnit::Amx), "{target}: AMX instructions iff the target has AMX");
+        assert_eq!(code.optimized_ir.contains("dpbf16ps.512"), t.matrix == Some(mlopt_llvm::MatrixUnit::Dot), "{target}: vdpbf16ps iff the target has it and no AMX");
         let mut lib = mlopt_runtime::Loaded::new(&code.object, "mlopt_mma_run", 0, inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
         let mut got = vec![vec![0u8; 64 * 64 * 4]];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();

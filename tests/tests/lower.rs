@@ -29,7 +29,7 @@ fn lowered_fixtures_match_the_graph_interpreter() {
             assert!(err < 1e-5, "{name} on {target} {p:?}: error {err:e}");
         }
         // bf16 contractions as AMX `mma` blocks, run by the kernel IR interpreter.
-        let amx = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, amx: true }), ..Default::default() };
+        let amx = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, mma: true }), ..Default::default() };
         let (err, p) = lowered(name, "x86-64-v4", Precision::Bf16, &amx);
         assert!(err < 1e-5, "{name} in bf16 on AMX blocks: error {err:e}");
         // The MLP's and the transformer's weight matrices are bf16 constants; the CNN's are convolutions
@@ -38,7 +38,7 @@ fn lowered_fixtures_match_the_graph_interpreter() {
         assert_eq!(blocks, matches!(*name, "mlp" | "transformer"), "{name}: mma blocks");
         // Schedules change only how loops run: the interpreter still gets the same numbers.
         for lanes in [8, 16] {
-            let (err, _) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, amx: false }), ..Default::default() });
+            let (err, _) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), ..Default::default() });
             assert!(err < 1e-5, "{name} scheduled for {lanes} lanes: error {err:e}");
         }
     }
@@ -47,7 +47,7 @@ fn lowered_fixtures_match_the_graph_interpreter() {
 #[test]
 fn kernel_dumps() {
     for name in FIXTURES {
-        let (_, p) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, amx: false }), ..Default::default() });
+        let (_, p) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, mma: false }), ..Default::default() });
         insta::assert_snapshot!(format!("kir_{name}"), mlopt_kir::print::program(&p));
         // The text round-trips: print -> parse -> print is the identity, and the parsed kernel verifies.
         for k in &p.kernels {
@@ -121,7 +121,7 @@ fn tiled_contractions_of_many_shapes_match() {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
         for lanes in [8, 16] {
-            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, amx: false }), winograd: true, ..Default::default() }).unwrap();
+            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: true, ..Default::default() }).unwrap();
             let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("tile")));
             // Columns that 8 lanes do not divide run as dot products along K instead (B by columns).
             assert_eq!(tiled, n % 8 == 0, "{kind} {m}x{k}x{n}: tiled = {tiled} for {lanes} lanes");

@@ -37,7 +37,7 @@ pub type Result<T, E = DriverError> = std::result::Result<T, E>;
 pub struct Options {
     /// The optimiser's configuration (its target gives the cost model).
     pub config: mlopt_rewrite::Config,
-    /// The code generation target: host, x86-64-v3 or x86-64-v4.
+    /// The code generation target: host, x86-64-v3, x86-64-v4 or znver4.
     pub target: String,
     /// Threads of parallel loops (the default; the runtime can override it).
     pub threads: u32,
@@ -73,7 +73,10 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
     let target = CpuTarget::named(&opt.target)?;
-    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), amx: target.amx };
+    // bf16 `mma` blocks where the matrix unit beats the fp32 FMAs (`vdpbf16ps` does not on every CPU
+    // that has it: calibration measured half the FMA rate on this machine's cores).
+    let faster = cfg.target.bf16_matrix.is_some_and(|p| p > cfg.target.fp32);
+    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
     let mut lower = mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() };
     if opt.tune {
         lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;

@@ -46,7 +46,7 @@ fn config() -> [u8; 64] {
 
 impl<'c> Gen<'_, 'c> {
     /// The address of a block's first element and its row stride in bytes.
-    fn block_base(&mut self, x: &Block) -> Ret<(PointerValue<'c>, u64)> {
+    pub(crate) fn block_base(&mut self, x: &Block) -> Ret<(PointerValue<'c>, u64)> {
         let flat = mlopt_kir::analysis::flat_index(self.k, x.buf, &x.at);
         let i = self.eval(&flat)?.into_int_value();
         let p = self.elem_ptr(x.buf, i)?;

@@ -15,6 +15,7 @@
 #![allow(unsafe_code)]
 
 use crate::error::{LlvmError, Result};
+use crate::program::MatrixUnit;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
@@ -71,6 +72,8 @@ pub struct Gen<'a, 'c> {
     /// Lanes of the vector loop being emitted, and the lane-private local buffers.
     width: Option<u32>,
     private: HashMap<BufId, PointerValue<'c>>,
+    /// What runs `mma` blocks.
+    pub matrix: Option<MatrixUnit>,
 }
 
 fn err(what: impl Into<String>) -> LlvmError {
@@ -79,7 +82,7 @@ fn err(what: impl Into<String>) -> LlvmError {
 
 impl<'a, 'c> Gen<'a, 'c> {
     pub fn new(c: &'c Context, m: &'a Module<'c>, k: &'a Kernel, f: FunctionValue<'c>) -> Self {
-        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new() }
+        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new(), matrix: None }
     }
 
     fn i64(&self, v: i64) -> IntValue<'c> {
@@ -151,13 +154,17 @@ impl<'a, 'c> Gen<'a, 'c> {
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
             Stmt::Mma { .. } if self.width.is_some() => Err(err(format!("@{}: an mma in a vector loop", self.k.name))),
-            Stmt::Mma { m, n, k, c, a, b, acc } => self.mma(*m, *n, *k, c, a, b, *acc),
+            Stmt::Mma { m, n, k, c, a, b, acc } => match self.matrix {
+                Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),
+                Some(MatrixUnit::Dot) => self.mma_dot(*m, *n, *k, c, a, b, *acc),
+                None => Err(err(format!("@{}: an mma block on a target without a bf16 matrix unit (expand it first)", self.k.name))),
+            },
         }
     }
 
     /// A value of type `t` (or an array of `n`) on the stack, allocated at the top of the entry block
     /// (where mem2reg and SROA promote allocas to registers), wherever the builder currently is.
-    fn entry_alloca(&mut self, t: BasicTypeEnum<'c>, n: Option<u64>, name: &str) -> Ret<PointerValue<'c>> {
+    pub(crate) fn entry_alloca(&mut self, t: BasicTypeEnum<'c>, n: Option<u64>, name: &str) -> Ret<PointerValue<'c>> {
         let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
         let here = self.b.get_insert_block().ok_or_else(|| err("builder not positioned"))?;
         match entry.get_first_instruction() {
@@ -564,8 +571,9 @@ pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel) -> Functio
 }
 
 /// Emits a kernel's body into its declared function.
-pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: FunctionValue<'c>) -> Ret<()> {
+pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: FunctionValue<'c>, matrix: Option<MatrixUnit>) -> Ret<()> {
     let mut g = Gen::new(c, m, k, f);
+    g.matrix = matrix;
     let entry = c.append_basic_block(f, "entry");
     g.b.position_at_end(entry);
     for (i, b) in k.params().iter().enumerate() {

@@ -7,10 +7,11 @@
 
 mod amx;
 mod codegen;
+mod dot;
 pub mod error;
 mod math;
 mod parallel;
 mod program;
 
 pub use error::{LlvmError, Result};
-pub use program::{c_name, compile, CpuTarget, Output};
+pub use program::{c_name, compile, CpuTarget, MatrixUnit, Output};

@@ -41,6 +41,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     let f = m.add_function(&format!("{}.par{n}", g.k.name), fty, Some(Linkage::Internal));
     {
         let mut h = Gen::new(c, m, g.k, f);
+        h.matrix = g.matrix;
         let entry = c.append_basic_block(f, "entry");
         h.b.position_at_end(entry);
         let p = f.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("ctx".into()))?.into_pointer_value();

@@ -19,6 +19,15 @@ use inkwell::values::AnyValue;
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Place, Program};
 
+/// What runs the kernel IR's bf16 `mma` blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixUnit {
+    /// AMX tiles (`tdpbf16ps`), see amx.rs.
+    Amx,
+    /// AVX512-BF16 dot products (`vdpbf16ps`) in zmm registers, see dot.rs.
+    Dot,
+}
+
 /// An x86-64 code generation target.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuTarget {
@@ -27,22 +36,38 @@ pub struct CpuTarget {
     pub features: String,
     /// f32 lanes of the widest vector register.
     pub lanes: u32,
-    /// AMX with bf16 tiles: `mma` runs on the matrix engine (else as loops).
-    pub amx: bool,
+    /// The bf16 matrix unit, if any (without one, `mma` blocks are expanded into loops).
+    pub matrix: Option<MatrixUnit>,
 }
 
+/// Named targets besides `host`: (name, LLVM CPU, f32 lanes, matrix unit). Zen 4 is the common server
+/// CPU with AVX512-BF16 and no AMX.
+const NAMED: &[(&str, &str, u32, Option<MatrixUnit>)] = &[
+    ("x86-64-v3", "x86-64-v3", 8, None),
+    ("x86-64-v4", "x86-64-v4", 16, None),
+    ("znver4", "znver4", 16, Some(MatrixUnit::Dot)),
+];
+
 impl CpuTarget {
-    /// `host` (this machine's features, whatever LLVM calls its CPU), `x86-64-v3` or `x86-64-v4`.
+    /// `host` (this machine's features, whatever LLVM calls its CPU), or a row of `NAMED`.
     pub fn named(name: &str) -> Result<CpuTarget> {
-        let (cpu, features) = match name {
-            "host" => ("x86-64".to_string(), TargetMachine::get_host_cpu_features().to_string()),
-            "x86-64-v3" | "x86-64-v4" => (name.to_string(), String::new()),
-            _ => return Err(LlvmError::Target(name.into())),
-        };
-        let avx512 = name == "x86-64-v4" || features.split(',').any(|f| f == "+avx512f");
+        if let Some((_, cpu, lanes, matrix)) = NAMED.iter().find(|t| t.0 == name) {
+            return Ok(CpuTarget { name: name.into(), cpu: cpu.to_string(), features: String::new(), lanes: *lanes, matrix: *matrix });
+        }
+        if name != "host" {
+            return Err(LlvmError::Target(name.into()));
+        }
+        let features = TargetMachine::get_host_cpu_features().to_string();
         let has = |f: &str| features.split(',').any(|x| x == f);
-        let amx = has("+amx-tile") && has("+amx-bf16");
-        Ok(CpuTarget { name: name.into(), cpu, features, lanes: if avx512 { 16 } else { 8 }, amx })
+        let matrix = if has("+amx-tile") && has("+amx-bf16") {
+            Some(MatrixUnit::Amx)
+        } else if has("+avx512bf16") {
+            Some(MatrixUnit::Dot)
+        } else {
+            None
+        };
+        let lanes = if has("+avx512f") { 16 } else { 8 };
+        Ok(CpuTarget { name: name.into(), cpu: "x86-64".into(), features, lanes, matrix })
     }
 }
 
@@ -133,22 +158,22 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
             g
         })
         .collect();
-    // Without a matrix engine, `mma` blocks become the loops they stand for.
+    // Without a matrix unit, `mma` blocks become the loops they stand for.
     let kernels: Vec<mlopt_kir::Kernel> = p
         .kernels
         .iter()
         .map(|k| {
             let mut k = k.clone();
-            if !t.amx {
+            if t.matrix.is_none() {
                 mlopt_kir::sched::mma_to_loops(&mut k);
             }
             k
         })
         .collect();
-    let amx = kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
+    let amx = t.matrix == Some(MatrixUnit::Amx) && kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
     let fns: Vec<_> = kernels.iter().map(|k| declare_kernel(&c, &m, k)).collect();
     for (k, f) in kernels.iter().zip(&fns) {
-        define_kernel(&c, &m, k, *f).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+        define_kernel(&c, &m, k, *f, t.matrix).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
 
     let run_ty = c.void_type().fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);

@@ -134,9 +134,9 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                 }
                 Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
             };
-            if let Some(w) = crate::amx::eligible(l, a, bm, kdim, out[1]) {
+            if let Some(w) = crate::mma::eligible(l, a, bm, kdim, out[1]) {
                 let name = l.g.node(bm.node).name.clone();
-                return crate::amx::contract(
+                return crate::mma::contract(
                     l,
                     &name,
                     out[0],
@@ -266,12 +266,12 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
     let r = out.len();
     // A [batch.., M, K] by a constant 2-D B: all rows of all batches are one contraction.
-    if let (true, true, 2, Some(w)) = (has_m, r >= 2, sb.len(), crate::amx::eligible(l, a, bm, kdim, *out.last().unwrap_or(&0))) {
+    if let (true, true, 2, Some(w)) = (has_m, r >= 2, sb.len(), crate::mma::eligible(l, a, bm, kdim, *out.last().unwrap_or(&0))) {
         let lead: Vec<i64> = out[..r - 1].iter().map(|d| *d as i64).collect();
         let rows = lead.iter().product::<i64>() as u64;
         let name = l.g.node(bm.node).name.clone();
         let sa_lead: Vec<i64> = sa[..sa.len() - 1].iter().map(|d| *d as i64).collect();
-        return crate::amx::contract(
+        return crate::mma::contract(
             l,
             &name,
             rows,

@@ -8,7 +8,6 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-mod amx;
 mod anchor;
 mod grid;
 mod winograd;
@@ -17,6 +16,7 @@ pub mod elementwise;
 pub mod error;
 pub mod kernel;
 pub mod memory;
+mod mma;
 pub mod program;
 pub mod schedule;
 

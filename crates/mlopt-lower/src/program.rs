@@ -92,7 +92,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         members.sort_by_key(|m| pos[m]);
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
         l.lanes = opts.cpu.map(|c| c.lanes);
-        l.amx = opts.cpu.is_some_and(|c| c.amx);
+        l.mma = opts.cpu.is_some_and(|c| c.mma);
         l.tiles = opts.tiles.clone();
         l.winograd = opts.winograd;
         let mut outs = Vec::new();

@@ -21,8 +21,9 @@ pub struct CpuSchedule {
     /// f32 lanes of a vector register (16 with AVX-512, 8 with AVX2).
     pub lanes: u32,
     pub threads: u32,
-    /// bf16 contractions with constant B run as `mma` blocks on AMX tiles (`amx.rs`).
-    pub amx: bool,
+    /// The target has a bf16 matrix unit (AMX tiles or AVX512-BF16 dot products): bf16 contractions
+    /// with a constant B run as `mma` blocks (`mma.rs`).
+    pub mma: bool,
 }
 
 /// Below this many loop-body executions a nest is not worth a trip through the thread pool.

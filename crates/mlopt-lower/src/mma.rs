@@ -1,4 +1,5 @@
-//! bf16 contractions on the CPU's matrix engine (AMX), as kernel IR `mma` blocks:
+//! bf16 contractions as kernel IR `mma` blocks, for the CPU's bf16 matrix unit (AMX tiles, or AVX512-BF16
+//! dot products where there are no tiles; code generation picks the instructions):
 //!
 //! ```text
 //! a_pad[Mp, Kp] = A, zero-padded to whole blocks          (bf16, per call; fuses A's producer)
@@ -24,9 +25,9 @@ use std::sync::Arc;
 const KB: u64 = 32;
 
 /// B's constant bf16 tensor when a contraction of `a` by `b` (reduction length `k`, `n` columns) can
-/// run on AMX: the target has it, both operands are bf16, B is a 2-D constant, and K and N fill tiles.
+/// run as `mma` blocks: the target has a bf16 matrix unit, both operands are bf16, B is a 2-D constant, and K and N fill tiles.
 pub fn eligible(l: &Lowerer, a: Value, b: Value, k: u64, n: u64) -> Option<Arc<Tensor>> {
-    if !l.amx || l.ty(a).dtype != DType::BF16 || k < KB || n < 16 {
+    if !l.mma || l.ty(a).dtype != DType::BF16 || k < KB || n < 16 {
         return None;
     }
     let w = l.g.const_value(b)?;
@@ -67,14 +68,14 @@ pub type AOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &Expr, &Expr) -> Result<Expr>
 /// Stores the f32 result for (row, column).
 pub type StoreOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &Expr, &Expr, Expr) -> Result<Stmt>;
 
-/// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, on AMX blocks.
+/// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, in `mma` blocks.
 #[allow(clippy::too_many_arguments)]
 pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tensor, trans: bool, a: AOp, store: StoreOp) -> Result<Vec<Stmt>> {
     let mb = if rows >= 32 { 32 } else { 16 };
     let nb = if n >= 32 { 32 } else { 16 };
     let (mp, np, kp) = (round_up(rows, mb), round_up(n, nb), round_up(k, KB));
     let bp = l.weight(mlopt_kir::Weight { name: format!("{name}.amx{nb}"), elem: Elem::BF16, dims: vec![np / nb, kp / 2, 2 * nb], data: Arc::new(pack(w, k, n, kp, np, nb, trans)) });
-    l.k.schedule.push(format!("amx(mma<{mb}x{nb}x{kp}> blocks for {rows}x{n}x{k})"));
+    l.k.schedule.push(format!("matrix(mma<{mb}x{nb}x{kp}> blocks for {rows}x{n}x{k})"));
 
     // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
     // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a
