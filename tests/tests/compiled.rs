@@ -15,7 +15,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: false }).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -47,7 +47,7 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: false }).unwrap();
+        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap();
         insta::assert_snapshot!(format!("llvm_{name}"), c.code.llvm_ir);
     }
 }
@@ -68,13 +68,13 @@ fn large_convolutions_compile_with_heap_temporaries() {
     g.add_output("y", y);
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 3);
     let want = interp::run(&g, &inputs).unwrap();
-    for winograd in [false, true] {
+    for winograd in [mlopt_lower::Winograd::Never, mlopt_lower::Winograd::Always] {
         let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
         let c = compile(&g, &Options { config, target: "host".into(), threads: 2, tune: false, winograd }).unwrap();
-        assert_eq!(c.program.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("winograd"))), winograd);
+        assert_eq!(c.program.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("winograd"))), winograd == mlopt_lower::Winograd::Always);
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
-        assert!(err < 1e-5, "winograd = {winograd}: error {err:e}");
+        assert!(err < 1e-5, "winograd = {winograd:?}: error {err:e}");
     }
 }
 
@@ -263,7 +263,7 @@ fn integer_resize_compiles_as_it_interprets() {
         let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
         let want = interp::run(&g, &inputs).unwrap();
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: false }).unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
+        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         assert_eq!(want[0].1.to_i64_vec(), got[0].1.to_i64_vec(), "{dtype} {mode:?}");
         let kir = mlopt_lower::interpret(&c.program, &inputs).unwrap();

@@ -121,7 +121,7 @@ fn tiled_contractions_of_many_shapes_match() {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
         for lanes in [8, 16] {
-            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: true, ..Default::default() }).unwrap();
+            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: mlopt_lower::Winograd::Always, ..Default::default() }).unwrap();
             let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("tile")));
             // Columns that 8 lanes do not divide run as dot products along K instead (B by columns).
             assert_eq!(tiled, n % 8 == 0, "{kind} {m}x{k}x{n}: tiled = {tiled} for {lanes} lanes");

@@ -57,10 +57,10 @@ struct OptArgs {
     /// Time candidate contraction tiles on this machine and keep the fastest (cached per shape).
     #[arg(long)]
     tune: bool,
-    /// Lower 3x3 stride-1 convolutions with 16+ channels by Winograd F(2x2, 3x3) (slower than the direct
-    /// kernel on this machine so far; see docs/codegen.md).
-    #[arg(long)]
-    winograd: bool,
+    /// When 3x3 stride-1 convolutions with 16+ channels are lowered by Winograd F(2x2, 3x3): auto (where
+    /// the cost model rates it faster than the direct kernel), always or never.
+    #[arg(long, default_value = "auto", value_name = "WHEN")]
+    winograd: mlopt_lower::Winograd,
 }
 
 impl OptArgs {

@@ -43,8 +43,8 @@ pub struct Options {
     pub threads: u32,
     /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
     pub tune: bool,
-    /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3) (`--winograd`).
-    pub winograd: bool,
+    /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`--winograd`).
+    pub winograd: mlopt_lower::Winograd,
 }
 
 #[derive(Debug)]

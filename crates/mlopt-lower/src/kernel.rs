@@ -38,7 +38,7 @@ pub struct Lowerer<'g> {
     /// Tiles chosen by measurement (`--tune`), by contraction shape.
     pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
     /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3).
-    pub winograd: bool,
+    pub winograd: crate::Winograd,
     /// bf16 contractions with a constant B run as `mma` blocks (`mma.rs`).
     pub mma: bool,
 }
@@ -63,7 +63,7 @@ pub fn pulled(op: &Op) -> bool {
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: false, mma: false }
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: crate::Winograd::Never, mma: false }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {

@@ -24,3 +24,4 @@ pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};
 pub use program::{interpret, lower_program, Options};
 pub use schedule::CpuSchedule;
+pub use winograd::Winograd;

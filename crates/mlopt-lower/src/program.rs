@@ -18,9 +18,8 @@ pub struct Options {
     pub cpu: Option<crate::schedule::CpuSchedule>,
     /// Contraction tiles chosen by measurement (`--tune`), overriding the register-file rule.
     pub tiles: HashMap<crate::contract::TileKey, crate::contract::Tile>,
-    /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3) (`winograd.rs`; off by default: it does
-    /// not pay yet).
-    pub winograd: bool,
+    /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`winograd.rs`).
+    pub winograd: crate::Winograd,
 }
 
 struct Binder<'g> {
