@@ -52,6 +52,44 @@ fn llvm_ir_snapshots() {
     }
 }
 
+/// bf16 contractions as `mma` blocks through the whole driver: a pointwise convolution (batch 2, 48 -> 40
+/// channels, 5x7, so rows, K and columns all pad to whole blocks) and the MLP and transformer fixtures,
+/// compiled for this machine (AMX tiles when it has them) and for Zen 4 (`vdpbf16ps`, which this machine
+/// also runs), against the interpreter on the optimised graph.
+#[test]
+fn bf16_contractions_compile_to_mma_blocks() {
+    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
+    let mut g = mlopt_ir::Graph::new("pointwise");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 48, 5, 7]));
+    let w: Vec<f32> = (0..40 * 48).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w = g.add_const("w", Tensor::from_vec(&[40, 48, 1, 1], w).unwrap());
+    let bias = g.add_const("b", Tensor::from_vec(&[40], (0..40).map(|i| i as f32 / 40.0 - 0.5).collect::<Vec<f32>>()).unwrap());
+    let a = ConvAttrs { strides: vec![1, 1], pads: vec![0, 0, 0, 0], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+    let y = g.add(Op::Conv(a), "conv", &[x, w, bias]).unwrap();
+    let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
+    g.add_output("y", y);
+    let mut cases = vec![("pointwise", g.clone(), mlopt_rewrite::optimize::random_inputs(&g, 5))];
+    for name in ["mlp", "transformer"] {
+        cases.push((name, import(name), data(name).0));
+    }
+    for (name, g, inputs) in &cases {
+        for target in ["host", "znver4"] {
+            let mut config = Config::new(Target::named(target, 1).unwrap());
+            config.precision = Precision::Bf16;
+            let c = compile(g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
+            let pays = c.target.matrix.is_some() && c.cfg.target.bf16_matrix.is_some_and(|p| p > c.cfg.target.fp32);
+            assert!(target == "host" || pays, "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate");
+            let blocks = c.program.kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
+            assert_eq!(blocks, pays, "{name} for {target}: mma blocks iff the target's matrix unit pays");
+            let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
+            let want = interp::run(&c.optimized.plan.graph, inputs).unwrap();
+            let err = worst_error(&want, &got);
+            // Both round to bf16 at the same places; the f32 accumulation order differs.
+            assert!(err < 1e-2, "{name} for {target}: error {err:e}");
+        }
+    }
+}
+
 /// A convolution big enough that its padded input and Winograd's transforms are heap temporaries, compiled
 /// with and without Winograd, against the graph interpreter.
 #[test]

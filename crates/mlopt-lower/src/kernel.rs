@@ -641,9 +641,15 @@ pub fn linear(idx: &[Expr], shape: &[i64]) -> Expr {
 /// The index of linear position `flat` in `shape`.
 pub fn delinear(flat: Expr, shape: &[i64]) -> Vec<Expr> {
     let mut out = vec![Expr::int(0); shape.len()];
+    // Axes of size 1 are 0; the outermost other axis needs no remainder (flat is in bounds).
+    let outer = shape.iter().position(|d| *d != 1).unwrap_or(0);
     let mut stride = 1i64;
-    for a in (0..shape.len()).rev() {
-        out[a] = if a == 0 { Expr::div(flat.clone(), Expr::int(stride)) } else { Expr::rem(Expr::div(flat.clone(), Expr::int(stride)), Expr::int(shape[a])) };
+    for a in (outer..shape.len()).rev() {
+        out[a] = match (a == outer, shape[a]) {
+            (_, 1) => Expr::int(0),
+            (true, _) => Expr::div(flat.clone(), Expr::int(stride)),
+            (false, d) => Expr::rem(Expr::div(flat.clone(), Expr::int(stride)), Expr::int(d)),
+        };
         stride *= shape[a];
     }
     out

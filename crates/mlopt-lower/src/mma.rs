@@ -25,13 +25,15 @@ use std::sync::Arc;
 const KB: u64 = 32;
 
 /// B's constant bf16 tensor when a contraction of `a` by `b` (reduction length `k`, `n` columns) can
-/// run as `mma` blocks: the target has a bf16 matrix unit, both operands are bf16, B is a 2-D constant, and K and N fill tiles.
+/// run as `mma` blocks: the target has a bf16 matrix unit that pays, both operands are bf16, B is a
+/// 2-D constant (or a 1x1 convolution's [M, C, 1, 1], laid out as [M, C]), and K and N fill tiles.
 pub fn eligible(l: &Lowerer, a: Value, b: Value, k: u64, n: u64) -> Option<Arc<Tensor>> {
     if !l.mma || l.ty(a).dtype != DType::BF16 || k < KB || n < 16 {
         return None;
     }
     let w = l.g.const_value(b)?;
-    (w.dtype() == DType::BF16 && w.shape().len() == 2).then(|| w.clone())
+    let matrix = w.shape().len() >= 2 && w.shape()[2..].iter().all(|d| *d == 1);
+    (w.dtype() == DType::BF16 && matrix).then(|| w.clone())
 }
 
 /// B ([K, N], or [N, K] when `trans`) as bf16 bytes [np / nb, kp / 2, 2 nb]: one contiguous panel per
@@ -68,9 +70,17 @@ pub type AOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &Expr, &Expr) -> Result<Expr>
 /// Stores the f32 result for (row, column).
 pub type StoreOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &Expr, &Expr, Expr) -> Result<Stmt>;
 
+/// Which of the output's axes is contiguous in memory: columns (MatMul, Gemm) or rows (a pointwise
+/// convolution, whose rows are pixel positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    ColumnsInner,
+    RowsInner,
+}
+
 /// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, in `mma` blocks.
 #[allow(clippy::too_many_arguments)]
-pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tensor, trans: bool, a: AOp, store: StoreOp) -> Result<Vec<Stmt>> {
+pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tensor, trans: bool, order: Epilogue, a: AOp, store: StoreOp) -> Result<Vec<Stmt>> {
     let mb = if rows >= 32 { 32 } else { 16 };
     let nb = if n >= 32 { 32 } else { 16 };
     let (mp, np, kp) = (round_up(rows, mb), round_up(n, nb), round_up(k, KB));
@@ -94,9 +104,14 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
             let apad = l.k.buf(format!("a_pad{}", l.k.bufs.len()), Elem::BF16, vec![mp, stride], Space::Local);
             stmts = l.nest("p", &[mp, kp], |l, ix| {
                 let (r, kk) = (&ix[0], &ix[1]);
-                let inside = Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
-                let v = a(l, &crate::kernel::clamp(r.clone(), rows as i64), &crate::kernel::clamp(kk.clone(), k as i64))?;
-                Ok(vec![Stmt::Store { buf: apad, index: ix.to_vec(), value: Expr::select(inside, v, lit(0.0, Elem::BF16)) }])
+                let value = if (mp, kp) == (rows, k) {
+                    a(l, r, kk)?
+                } else {
+                    let inside = Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
+                    let v = a(l, &crate::kernel::clamp(r.clone(), rows as i64), &crate::kernel::clamp(kk.clone(), k as i64))?;
+                    Expr::select(inside, v, lit(0.0, Elem::BF16))
+                };
+                Ok(vec![Stmt::Store { buf: apad, index: ix.to_vec(), value }])
             })?;
             apad
         }
@@ -111,14 +126,20 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
     let ib = Expr::add(Expr::mul(Expr::var(ic), Expr::int(per as i64)), Expr::var(ibi));
     let row = Expr::add(Expr::mul(ib.clone(), Expr::int(mb as i64)), Expr::var(ii));
     let col = Expr::add(Expr::mul(Expr::var(jb), Expr::int(nb as i64)), Expr::var(jj));
-    let mut st = store(l, &row, &col, Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]))?;
-    if !n.is_multiple_of(nb) {
-        st = Stmt::If { cond: Expr::bin(BinOp::Lt, col.clone(), Expr::int(n as i64)), then: vec![st] };
-    }
-    let mut cols = vec![Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: vec![st] }];
-    if !rows.is_multiple_of(mb) {
-        cols = vec![Stmt::If { cond: Expr::bin(BinOp::Lt, row, Expr::int(rows as i64)), then: cols }];
-    }
+    // The epilogue walks the block with the loop whose outputs are contiguous innermost (`order`), so
+    // the CPU schedule can store it as vectors.
+    let st = store(l, &row, &col, Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]))?;
+    let guard = |st: Vec<Stmt>, i: &Expr, len: u64, whole: bool| if whole { st } else { vec![Stmt::If { cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)), then: st }] };
+    let epilogue = match order {
+        Epilogue::ColumnsInner => {
+            let cols = vec![Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(vec![st], &col, n, n.is_multiple_of(nb)) }];
+            Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: guard(cols, &row, rows, rows.is_multiple_of(mb)) }
+        }
+        Epilogue::RowsInner => {
+            let rows_ = vec![Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: guard(vec![st], &row, rows, rows.is_multiple_of(mb)) }];
+            Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(rows_, &col, n, n.is_multiple_of(nb)) }
+        }
+    };
     let mma = Stmt::Mma {
         m: mb,
         n: nb,
@@ -128,7 +149,7 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
         b: Block { buf: bp, at: vec![Expr::var(jb), Expr::int(0), Expr::int(0)] },
         acc: false,
     };
-    let block = vec![mma, Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: cols }];
+    let block = vec![mma, epilogue];
     let for_ = |var, extent, body| Stmt::For { var, extent, kind: LoopKind::Serial, body };
     stmts.push(for_(ic, blocks / per, vec![for_(jb, np / nb, vec![for_(ibi, per, block)])]));
     Ok(stmts)
