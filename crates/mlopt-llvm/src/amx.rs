@@ -10,8 +10,7 @@
 
 #![allow(unsafe_code)] // GEPs to the tiles' first elements; in bounds by verification of the `mma`.
 
-use crate::codegen::{Gen, Ret};
-use crate::error::LlvmError;
+use crate::codegen::{err, Gen, Ret};
 use inkwell::module::Linkage;
 use inkwell::values::{BasicMetadataValueEnum, IntValue, PointerValue};
 use mlopt_kir::Block;
@@ -23,10 +22,6 @@ const A_TILE: u64 = 4;
 const B_TILE: u64 = 6;
 /// k consumed per step: one A tile row holds 32 bf16 values.
 pub const K_STEP: u64 = 32;
-
-fn err(what: impl Into<String>) -> LlvmError {
-    LlvmError::Codegen(what.into())
-}
 
 /// The shapes this code generator takes: m and n of 16 or 32, k a multiple of 32.
 pub fn supported(m: u64, n: u64, k: u64) -> bool {
@@ -54,7 +49,8 @@ impl<'c> Gen<'_, 'c> {
         Ok((p, buf.dims.last().copied().unwrap_or(1) * buf.elem.size()))
     }
 
-    fn byte_offset(&mut self, p: PointerValue<'c>, bytes: IntValue<'c>) -> Ret<PointerValue<'c>> {
+    /// `p` advanced by `bytes`.
+    pub(crate) fn byte_offset(&mut self, p: PointerValue<'c>, bytes: IntValue<'c>) -> Ret<PointerValue<'c>> {
         // SAFETY: offsets inside the block, which the verifier proved in bounds.
         Ok(unsafe { self.b.build_in_bounds_gep(self.c.i8_type(), p, &[bytes], "tile")? })
     }

@@ -76,7 +76,7 @@ pub struct Gen<'a, 'c> {
     pub matrix: Option<MatrixUnit>,
 }
 
-fn err(what: impl Into<String>) -> LlvmError {
+pub(crate) fn err(what: impl Into<String>) -> LlvmError {
     LlvmError::Codegen(what.into())
 }
 
@@ -423,15 +423,17 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// A scalar broadcast to the vector width when emitting a vector loop.
     fn widen(&mut self, v: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
         match self.width {
-            Some(w) if !v.is_vector_value() => {
-                let vt = vector_type(v.get_type(), w).into_vector_type();
-                let undef = vt.get_undef();
-                let one = self.b.build_insert_element(undef, v, self.c.i32_type().const_zero(), "s")?;
-                let mask = self.c.i32_type().vec_type(w).const_zero();
-                Ok(self.b.build_shuffle_vector(one, undef, mask, "splat")?.into())
-            }
+            Some(w) if !v.is_vector_value() => self.splat(v, w),
             _ => Ok(v),
         }
+    }
+
+    /// The scalar `v` in all `w` lanes of a vector.
+    pub(crate) fn splat(&mut self, v: BasicValueEnum<'c>, w: u32) -> Ret<BasicValueEnum<'c>> {
+        let undef = vector_type(v.get_type(), w).into_vector_type().get_undef();
+        let one = self.b.build_insert_element(undef, v, self.c.i32_type().const_zero(), "s")?;
+        let mask = self.c.i32_type().vec_type(w).const_zero();
+        Ok(self.b.build_shuffle_vector(one, undef, mask, "splat")?.into())
     }
 
     pub fn eval(&mut self, e: &Expr) -> Ret<BasicValueEnum<'c>> {

@@ -16,21 +16,16 @@
 
 #![allow(unsafe_code)] // GEPs inside the block; in bounds by verification of the `mma`.
 
-use crate::codegen::{Gen, Ret};
-use crate::error::LlvmError;
+use crate::codegen::{err, Gen, Ret};
 use inkwell::intrinsics::Intrinsic;
 use inkwell::types::BasicType;
-use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
+use inkwell::values::{BasicValue, BasicValueEnum, PointerValue};
 use mlopt_kir::Block;
 
 /// f32 lanes of one zmm accumulator, i.e. C columns per `vdpbf16ps`.
 const LANES: u64 = 16;
 /// Accumulator registers per row group (of 32 zmm: the rest hold B and the broadcast A pair).
 const ACCUMULATORS: u64 = 24;
-
-fn err(what: impl Into<String>) -> LlvmError {
-    LlvmError::Codegen(what.into())
-}
 
 /// The shapes this code generator takes: n a multiple of 16, k even.
 pub fn supported(m: u64, n: u64, k: u64) -> bool {
@@ -44,11 +39,6 @@ fn rows_per_group(m: u64, n: u64) -> u64 {
 }
 
 impl<'c> Gen<'_, 'c> {
-    fn at_byte(&mut self, p: PointerValue<'c>, bytes: IntValue<'c>) -> Ret<PointerValue<'c>> {
-        // SAFETY: offsets inside the block, which the verifier proved in bounds.
-        Ok(unsafe { self.b.build_in_bounds_gep(self.c.i8_type(), p, &[bytes], "dp")? })
-    }
-
     /// Loads `t` from `p` with the element's alignment (blocks start anywhere in their buffer).
     fn load_unaligned(&mut self, t: inkwell::types::BasicTypeEnum<'c>, p: PointerValue<'c>, align: u32) -> Ret<BasicValueEnum<'c>> {
         let v = self.b.build_load(t, p, "dv")?;
@@ -79,30 +69,29 @@ impl<'c> Gen<'_, 'c> {
             let mut c_at = Vec::new();
             for r in 0..rows {
                 for v in 0..nv {
-                    let p = self.at_byte(c0, i64(self, (group * rows + r) * ldc + v * LANES * 4))?;
+                    let p = self.byte_offset(c0, i64(self, (group * rows + r) * ldc + v * LANES * 4))?;
                     let init = if acc { self.load_unaligned(f32v.into(), p, 4)? } else { f32v.const_zero().into() };
                     let s = slot(self, r * nv + v)?;
                     self.b.build_store(s, init)?;
                     c_at.push((s, p));
                 }
             }
-            let a_row = self.at_byte(a0, i64(self, group * rows * lda))?;
+            let a_row = self.byte_offset(a0, i64(self, group * rows * lda))?;
             let (zero, pairs) = (i64(self, 0), i64(self, k / 2));
             self.counted("dot_k", zero, pairs, 1, &mut |g, kk| {
                 let b_off = g.b.build_int_mul(kk, i64(g, ldb), "bo")?;
-                let b_row = g.at_byte(b0, b_off)?;
+                let b_row = g.byte_offset(b0, b_off)?;
                 let mut bs = Vec::new();
                 for v in 0..nv {
-                    let p = g.at_byte(b_row, i64(g, v * LANES * 4))?;
+                    let p = g.byte_offset(b_row, i64(g, v * LANES * 4))?;
                     bs.push(g.load_unaligned(bf16v.into(), p, 2)?);
                 }
                 let a_off = g.b.build_int_mul(kk, i64(g, 4), "ao")?;
                 for r in 0..rows {
                     let off = g.b.build_int_add(a_off, i64(g, r * lda), "ar")?;
-                    let p = g.at_byte(a_row, off)?;
+                    let p = g.byte_offset(a_row, off)?;
                     let pair = g.load_unaligned(i32t.into(), p, 2)?.into_int_value();
-                    let splat = g.b.build_insert_element(i32t.vec_type(LANES as u32).get_undef(), pair, i64(g, 0), "pair")?;
-                    let splat = g.b.build_shuffle_vector(splat, splat.get_type().get_undef(), i32t.vec_type(LANES as u32).const_zero(), "splat")?;
+                    let splat = g.splat(pair.into(), LANES as u32)?;
                     let splat = g.b.build_bit_cast(splat, bf16v, "abf")?;
                     for (v, bv) in bs.iter().enumerate() {
                         let s = slot(g, r * nv + v as u64)?;

@@ -299,7 +299,7 @@ fn f64_to_f32_odd<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicVa
 }
 
 /// f32 -> bf16 rounded to nearest even in integer code, NaNs kept quiet with their sign (as the
-/// interpreter's `half::bf16::from_f64`): the high half of `bits + 0x7fff + (bit 16 of bits)`.
+/// interpreters' `half::bf16::from_f32`): the high half of `bits + 0x7fff + (bit 16 of bits)`.
 fn to_bf16<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
     let bits = g.b.build_bit_cast(x, shaped(g, x, Elem::I32), "bits")?;
     let k = |v: f64| const_like(g.c, bits, v, Elem::I32);

@@ -6,7 +6,8 @@
 //! for jb in 0..Np/nb:                                      (parallel by the CPU schedule when it pays)
 //!   for ib in 0..Mp/mb:
 //!     mma<mb x nb x Kp> c[0, 0] = a_pad[ib*mb, 0] * b_packed[0, 2*nb*jb]
-//!     for ii < mb (rows that exist): for jj < nb: out[ib*mb+ii, jb*nb+jj] = epilogue(c[ii, jj])
+//!     for ii < mb, jj < nb that exist (the output's contiguous axis innermost, `Epilogue`):
+//!       out[ib*mb+ii, jb*nb+jj] = epilogue(c[ii, jj])
 //! ```
 //!
 //! B is a constant, packed at compile time into the pair-interleaved layout the tiles read
