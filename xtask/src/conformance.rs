@@ -41,6 +41,8 @@ pub(crate) enum Mode {
     Optimized(String),
     /// Compiled code for a CPU target (`--compiled TARGET`), loaded and run.
     Compiled(String),
+    /// GPU schedules for a GPU target (`--emulated TARGET`), run by the kernel IR's emulator.
+    Emulated(String),
 }
 
 impl Mode {
@@ -49,6 +51,7 @@ impl Mode {
             Mode::Imported => vec![],
             Mode::Optimized(t) => vec!["--optimized".into(), "--target".into(), t.clone()],
             Mode::Compiled(t) => vec!["--compiled".into(), "--target".into(), t.clone()],
+            Mode::Emulated(t) => vec!["--emulated".into(), "--target".into(), t.clone()],
         }
     }
 }
@@ -63,6 +66,7 @@ impl Options {
                 "--filter" => o.filter = Some(it.next().ok_or("--filter needs a value")?.clone()),
                 "--optimized" => o.mode = Mode::Optimized(it.next().ok_or("--optimized needs a target")?.clone()),
                 "--compiled" => o.mode = Mode::Compiled(it.next().ok_or("--compiled needs a target")?.clone()),
+                "--emulated" => o.mode = Mode::Emulated(it.next().ok_or("--emulated needs a GPU target")?.clone()),
                 other => return Err(format!("conformance: unknown argument {other}")),
             }
         }
@@ -182,6 +186,7 @@ fn passing_list(o: &Options) -> PathBuf {
         Mode::Imported => root().join("tests/conformance/passing.txt"),
         Mode::Optimized(t) => root().join(format!("tests/conformance/passing-optimized-{t}.txt")),
         Mode::Compiled(t) => root().join(format!("tests/conformance/passing-compiled-{t}.txt")),
+        Mode::Emulated(t) => root().join(format!("tests/conformance/passing-emulated-{t}.txt")),
     }
 }
 
@@ -283,7 +288,7 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
         }
     }
     // Every required op must pass through the interpreter; compiled code reports its coverage only.
-    let uncovered: Vec<&str> = if o.filter.is_none() && !matches!(o.mode, Mode::Compiled(_)) {
+    let uncovered: Vec<&str> = if o.filter.is_none() && !matches!(o.mode, Mode::Compiled(_) | Mode::Emulated(_)) {
         REQUIRED_OPS.iter().copied().filter(|op| per_op.get(op).is_none_or(|(p, _)| *p == 0)).collect()
     } else {
         vec![]
@@ -292,6 +297,7 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
         Mode::Imported => String::new(),
         Mode::Optimized(t) => format!(" (optimised for {t})"),
         Mode::Compiled(t) => format!(" (compiled for {t})"),
+        Mode::Emulated(t) => format!(" (GPU schedules for {t}, emulated)"),
     };
     println!("\nconformance{mode}: {} cases in {:.1}s", cases.len(), took.as_secs_f64());
     println!("{} passed, {failed} failed", passed.len());

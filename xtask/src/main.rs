@@ -77,6 +77,9 @@ const OPTIMIZED_TARGET: &str = "x86-64-v4";
 /// The target compiled conformance runs use: this machine (the code must run here).
 const COMPILED_TARGET: &str = "host";
 
+/// The GPU target whose schedules the conformance suite runs in the kernel IR's emulator.
+const EMULATED_TARGET: &str = "sm_80";
+
 fn test() -> Result {
     setup::setup()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
@@ -86,6 +89,8 @@ fn test() -> Result {
     let (listed_opt, _) = conformance::run_suite(&mlopt, &optimized)?;
     let compiled = conformance::Options { mode: conformance::Mode::Compiled(COMPILED_TARGET.into()), ..Default::default() };
     let (listed_comp, _) = conformance::run_suite(&mlopt, &compiled)?;
+    let emulated = conformance::Options { mode: conformance::Mode::Emulated(EMULATED_TARGET.into()), ..Default::default() };
+    let (listed_emu, _) = conformance::run_suite(&mlopt, &emulated)?;
     // The cases the suite asserts are the ones in the committed passing lists; the others are reported above.
     println!("\nconformance regression suite (tests/conformance/passing.txt, imported graphs):");
     println!("{listed} passed, 0 failed");
@@ -93,7 +98,9 @@ fn test() -> Result {
     println!("{listed_opt} passed, 0 failed");
     println!("conformance regression suite (tests/conformance/passing-compiled-{COMPILED_TARGET}.txt, compiled code):");
     println!("{listed_comp} passed, 0 failed");
-    println!("\n{} passed, 0 failed", listed + listed_opt + listed_comp);
+    println!("conformance regression suite (tests/conformance/passing-emulated-{EMULATED_TARGET}.txt, GPU schedules in the emulator):");
+    println!("{listed_emu} passed, 0 failed");
+    println!("\n{} passed, 0 failed", listed + listed_opt + listed_comp + listed_emu);
     Ok(())
 }
 

@@ -154,6 +154,10 @@ enum Cmd {
         /// Compile the model for this target and run the compiled code.
         #[arg(long, conflicts_with = "optimized")]
         compiled: bool,
+        /// Lower the model with GPU schedules for this target (sm_XX) and run them in the kernel IR's
+        /// emulator (grid, threads, shared memory, barriers; races are errors).
+        #[arg(long, conflicts_with_all = ["optimized", "compiled"])]
+        emulated: bool,
         #[command(flatten)]
         opt: OptArgs,
     },
@@ -203,6 +207,33 @@ fn message(e: &anyhow::Error) -> String {
     msg
 }
 
+/// `compile --target sm_XX`: the PTX, header and library, and report.json with every launch.
+fn compile_gpu(g: &mlopt_ir::Graph, options: &mlopt_driver::Options, output: &std::path::Path, report: bool, start: std::time::Instant) -> Result<ExitCode> {
+    let c = mlopt_driver::compile_gpu(g, options)?;
+    let stem = file_stem(&g.name);
+    let written = c.write_library(output, &stem)?;
+    let json = output.join("report.json");
+    let compile_s = start.elapsed().as_secs_f64();
+    let mut extra = vec![("arena_bytes", c.program.arena_bytes.to_string()), ("kernels_compiled", c.program.kernels.len().to_string()), ("compile_s", format!("{compile_s:.3}")), ("gpu_kernels", c.json())];
+    extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
+    std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
+    if report {
+        print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
+        print!("{}", c.table());
+        let stages: Vec<String> = c.times.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
+        println!("stages: {}", stages.join(", "));
+    }
+    for p in &written {
+        eprintln!("wrote {}", p.display());
+    }
+    match &c.ptxas {
+        Some(p) => eprintln!("ptxas ({}) assembled every kernel for {}", p.display(), c.target.name),
+        None => eprintln!("warning: no ptxas found (set MLOPT_PTXAS or put it on PATH): the PTX is not checked and the report has no registers"),
+    }
+    eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), c.target.name);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Inspect { model, input_shapes, stage, opt } => {
@@ -221,7 +252,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let start = std::time::Instant::now();
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
-            let c = mlopt_driver::compile(&g, &opt.driver(&data::input_names(&m)?)?)?;
+            let options = opt.driver(&data::input_names(&m)?)?;
+            if options.target.starts_with("sm_") {
+                return compile_gpu(&g, &options, &output, report, start);
+            }
+            let c = mlopt_driver::compile(&g, &options)?;
             let stem = file_stem(&g.name);
             let written = c.write_library(&output, &stem)?;
             let json = output.join("report.json");
@@ -279,8 +314,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Bench { model, inputs, input_shapes, iters, json, opt } => bench(&model, &inputs, &input_shapes, iters, json, &opt),
-        Cmd::Check { model, data: dir, rtol, atol, optimized, compiled, opt } => {
+        Cmd::Check { model, data: dir, rtol, atol, optimized, compiled, emulated, opt } => {
             let engine = match (optimized, compiled) {
+                _ if emulated => Engine::Emulated(&opt),
                 (_, true) => Engine::Compiled(&opt),
                 (true, _) => Engine::Optimized(&opt),
                 _ => Engine::Interpreter,
@@ -302,6 +338,7 @@ enum Engine<'a> {
     Interpreter,
     Optimized(&'a OptArgs),
     Compiled(&'a OptArgs),
+    Emulated(&'a OptArgs),
 }
 
 fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Result<ExitCode> {
@@ -315,6 +352,12 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
         Engine::Compiled(opt) => {
             let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
             c.run(&mut c.load()?, &inputs)?
+        }
+        Engine::Emulated(opt) => {
+            let (o, cfg) = opt.optimize(&g, &names)?;
+            let lower = mlopt_lower::Options { gpu: Some(mlopt_driver::gpu::schedule_for(&cfg.target)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
+            let p = mlopt_lower::lower_program(&o.plan.graph, &lower)?;
+            mlopt_lower::interpret(&p, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
         }
     };
     if outs.len() != expected.len() {

@@ -405,8 +405,28 @@ fn bench_prints_one_json_line() {
 fn compile_errors_name_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out").display().to_string();
-    fails_with(&mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "sm_80", "-o", &out]), &["sm_80", "PTX"]);
+    // GPU code is compiled, not run, here: commands that run code in-process say so.
+    fails_with(&mlopt(&["bench", &fixture("mlp/model.onnx"), "--target", "sm_80"]), &["sm_80", "cannot run in this process", "mlopt compile"]);
     fails_with(&mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "pdp11", "-o", &out]), &["pdp11"]);
+}
+
+#[test]
+fn compile_for_a_gpu_writes_ptx_a_library_and_the_launches() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "sm_80", "-o", out_dir.to_str().unwrap(), "--report"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["mlp.ptx", "mlp.h", "libmlp.a", "mlp.kir", "report.json"] {
+        assert!(out_dir.join(f).exists(), "{f} missing");
+    }
+    let ptx = std::fs::read_to_string(out_dir.join("mlp.ptx")).unwrap();
+    assert!(ptx.contains(".target sm_80") && ptx.contains(".entry k0"), "{ptx}");
+    let report = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
+    for needle in ["\"gpu_kernels\"", "\"grid\"", "\"registers\"", "\"occupancy\""] {
+        assert!(report.contains(needle), "{needle} missing from {report}");
+    }
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("grid x block") && table.contains("launches, roofline"), "{table}");
 }
 
 /// The graph name in the model names the output file; it must not lead outside the output directory.

@@ -6,7 +6,9 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod emit;
+pub mod gpu;
 pub mod pipeline;
 pub mod tune;
 
+pub use gpu::{compile_gpu, GpuCompiled};
 pub use pipeline::{compile, Compiled, DriverError, Options};

@@ -24,6 +24,8 @@ pub enum DriverError {
     Codegen(#[from] mlopt_llvm::LlvmError),
     #[error(transparent)]
     Runtime(#[from] mlopt_runtime::RuntimeError),
+    #[error("ptxas rejected the generated PTX (a bug in mlopt's code generation):\n{0}")]
+    Ptxas(String),
     #[error("{0}")]
     Io(String),
     #[error("{0}")]
@@ -61,7 +63,7 @@ pub struct Compiled {
 /// Runs the pipeline on an imported graph.
 pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     if opt.target.starts_with("sm_") {
-        return Err(DriverError::Input(format!("--target {}: PTX code generation is not implemented yet; `inspect --stage optimized` shows the GPU plan", opt.target)));
+        return Err(DriverError::Input(format!("--target {}: GPU code cannot run in this process; `mlopt compile --target {}` writes the GPU library", opt.target, opt.target)));
     }
     let mut times = Vec::new();
     let mut t = Instant::now();

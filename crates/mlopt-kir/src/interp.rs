@@ -3,9 +3,12 @@
 //! memory plan are exercised, not assumed. Float arithmetic is done in f64 and rounded to the expression's
 //! element type after every operation (exact for f32 +, -, *, /, sqrt and fma-free chains).
 //!
-//! Every loop kind runs as a serial loop, including GPU blocks and threads. A `gpu.thread` loop whose body
-//! holds barriers runs phase by phase: every thread runs the statements up to a barrier before any thread
-//! goes past it, which is what `bar.sync` guarantees on the device.
+//! Every loop kind runs as a serial loop, including GPU blocks and threads (`gpu.rs` gives the form of a
+//! GPU kernel). Each thread loop runs to completion before the next statement, as a barrier between them
+//! guarantees on the device; `local` buffers of a GPU kernel have one copy per thread. What the device
+//! would *not* guarantee is reported as a race: within one block, a thread reading or writing a shared
+//! element another thread wrote (or read) since the last barrier; across the grid, any thread reading or
+//! writing a global element another thread wrote during the kernel (blocks cannot wait for each other).
 
 use crate::ir::*;
 use half::{bf16, f16};
@@ -16,6 +19,8 @@ pub enum InterpError {
     OutOfBounds { kernel: String, buf: String, index: Vec<i64>, dims: Vec<u64> },
     #[error("program: {0}")]
     Program(String),
+    #[error("kernel @{kernel}: race on %{buf} at element {element}: {what}")]
+    Race { kernel: String, buf: String, element: u64, what: String },
 }
 
 type Result<T> = std::result::Result<T, InterpError>;
@@ -113,6 +118,21 @@ struct Frame<'k> {
     at: Vec<(usize, usize)>,
     strides: Vec<Vec<u64>>,
     vars: Vec<i64>,
+    gpu: Option<Gpu>,
+}
+
+/// The state of an emulated GPU kernel: which block and thread runs, and who touched what.
+#[derive(Default)]
+struct Gpu {
+    block: i64,
+    /// The running thread, inside a thread loop.
+    thread: Option<i64>,
+    /// Bytes of one thread's copy of each buffer (0 for buffers that are not per thread).
+    per_thread: Vec<usize>,
+    /// Shared elements touched since the last barrier: (buffer, element) -> (writer, a reader).
+    shared: std::collections::HashMap<(u32, u64), (Option<i64>, Option<i64>)>,
+    /// Global bytes written during the kernel (region, byte) -> (block, thread).
+    global: std::collections::HashMap<(usize, usize), (i64, i64)>,
 }
 
 /// Runs one kernel. `regions` are byte regions; `args[i]` = (region, byte offset) of the i-th parameter.
@@ -121,17 +141,24 @@ pub fn run_kernel(k: &Kernel, regions: &mut Vec<Vec<u8>>, args: &[(usize, usize)
     let base = regions.len();
     let mut at = Vec::with_capacity(k.bufs.len());
     let mut params = args.iter();
+    let launch = crate::gpu::launch(k);
+    let copies = launch.map_or(1, |l| l.block.max(1)) as usize;
+    let mut per_thread = Vec::with_capacity(k.bufs.len());
     for b in &k.bufs {
+        let bytes = (b.numel() * b.elem.size()) as usize;
+        per_thread.push(if b.space == Space::Local { bytes } else { 0 });
         if b.space == Space::Global {
             let a = params.next().ok_or_else(|| InterpError::Program(format!("@{}: too few arguments", k.name)))?;
             at.push(*a);
         } else {
-            regions.push(vec![0u8; (b.numel() * b.elem.size()) as usize]);
+            let n = if b.space == Space::Local { bytes * copies } else { bytes };
+            regions.push(vec![0u8; n]);
             at.push((regions.len() - 1, 0));
         }
     }
     let strides = k.bufs.iter().map(|b| b.strides()).collect();
-    let mut f = Frame { k, at, strides, vars: vec![0; k.vars.len()] };
+    let gpu = launch.map(|_| Gpu { per_thread, ..Gpu::default() });
+    let mut f = Frame { k, at, strides, vars: vec![0; k.vars.len()], gpu };
     let r = f.block(&k.body, regions);
     regions.truncate(base);
     r
@@ -148,17 +175,28 @@ impl Frame<'_> {
     fn stmt(&mut self, s: &Stmt, m: &mut Vec<Vec<u8>>) -> Result<()> {
         match s {
             Stmt::For { var, extent, kind, body } => {
-                let phases: Vec<&[Stmt]> = if matches!(kind, LoopKind::GpuThread(_)) { body.split(|s| *s == Stmt::Barrier).collect() } else { vec![body] };
-                for phase in phases {
-                    for i in 0..*extent as i64 {
-                        self.vars[var.0 as usize] = i;
-                        self.block(phase, m)?;
+                for i in 0..*extent as i64 {
+                    self.vars[var.0 as usize] = i;
+                    if let Some(g) = &mut self.gpu {
+                        match kind {
+                            LoopKind::GpuBlock(_) => {
+                                g.block = i;
+                                g.shared.clear();
+                            }
+                            LoopKind::GpuThread(_) => g.thread = Some(i),
+                            _ => {}
+                        }
                     }
+                    self.block(body, m)?;
+                }
+                if let (Some(g), LoopKind::GpuThread(_)) = (&mut self.gpu, kind) {
+                    g.thread = None;
                 }
             }
             Stmt::Store { buf, index, value } => {
                 let v = self.eval(value, m)?;
                 let (r, off, t) = self.locate(*buf, index, m)?;
+                self.touch(*buf, index, r, off, true, m)?;
                 let n = t.size() as usize;
                 encode(t, v, &mut m[r][off..off + n]);
             }
@@ -167,7 +205,11 @@ impl Frame<'_> {
                     self.block(then, m)?;
                 }
             }
-            Stmt::Barrier => {}
+            Stmt::Barrier => {
+                if let Some(g) = &mut self.gpu {
+                    g.shared.clear();
+                }
+            }
             Stmt::Mma { m: rows, n, k, c, a, b, acc } => {
                 let at = |x: &crate::Block, r: u64, col: u64| x.index(Expr::int(r as i64), Expr::int(col as i64));
                 for i in 0..*rows {
@@ -198,12 +240,64 @@ impl Frame<'_> {
             return Err(InterpError::OutOfBounds { kernel: self.k.name.clone(), buf: buf.name.clone(), index: ix, dims: buf.dims.clone() });
         }
         let lin: u64 = ix.iter().zip(&self.strides[b.0 as usize]).map(|(i, s)| *i as u64 * s).sum();
-        let (r, off) = self.at[b.0 as usize];
+        let (r, mut off) = self.at[b.0 as usize];
+        if let Some(g) = &self.gpu {
+            off += g.per_thread[b.0 as usize] * g.thread.unwrap_or(0) as usize;
+        }
         let byte = off + (lin * buf.elem.size()) as usize;
         if byte + buf.elem.size() as usize > m[r].len() {
             return Err(InterpError::Program(format!("@{}: %{} bound past the end of its memory", self.k.name, buf.name)));
         }
         Ok((r, byte, buf.elem))
+    }
+
+    /// Records a GPU thread's access and reports a race with another thread.
+    fn touch(&mut self, b: BufId, index: &[Expr], r: usize, byte: usize, write: bool, m: &mut Vec<Vec<u8>>) -> Result<()> {
+        let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else { return Ok(()) };
+        let space = self.k.buffer(b).space;
+        if space == Space::Local {
+            return Ok(());
+        }
+        let mut ix = Vec::with_capacity(index.len());
+        for e in index {
+            ix.push(self.eval(e, m)?.i() as u64);
+        }
+        let element: u64 = ix.iter().zip(&self.strides[b.0 as usize]).map(|(i, s)| i * s).sum();
+        let Some(g) = &mut self.gpu else { return Ok(()) };
+        let block = g.block;
+        let what = match space {
+            Space::Shared => {
+                let (writer, reader) = g.shared.entry((b.0, element)).or_insert((None, None));
+                let clash = match (write, *writer, *reader) {
+                    (_, Some(w), _) if w != thread => Some(format!("thread {thread} {} it after thread {w} wrote it, with no barrier between", if write { "writes" } else { "reads" })),
+                    (true, _, Some(rd)) if rd != thread => Some(format!("thread {thread} writes it after thread {rd} read it, with no barrier between")),
+                    _ => None,
+                };
+                if write {
+                    *writer = Some(thread);
+                } else {
+                    // -1: read by several threads.
+                    *reader = match *reader {
+                        Some(x) if x != thread => Some(-1),
+                        _ => Some(thread),
+                    };
+                }
+                clash
+            }
+            _ => match g.global.get(&(r, byte)).copied() {
+                Some((wb, wt)) if (wb, wt) != (block, thread) => Some(format!("block {block} thread {thread} {} it after block {wb} thread {wt} wrote it in the same kernel", if write { "writes" } else { "reads" })),
+                _ => {
+                    if write {
+                        g.global.insert((r, byte), (block, thread));
+                    }
+                    None
+                }
+            },
+        };
+        match what {
+            Some(what) => Err(InterpError::Race { kernel: self.k.name.clone(), buf: self.k.buffer(b).name.clone(), element, what }),
+            None => Ok(()),
+        }
     }
 
     fn eval(&mut self, e: &Expr, m: &mut Vec<Vec<u8>>) -> Result<V> {
@@ -213,6 +307,7 @@ impl Frame<'_> {
             Expr::Var(v) => V::I(self.vars[v.0 as usize]),
             Expr::Load(b, ix) => {
                 let (r, off, t) = self.locate(*b, ix, m)?;
+                self.touch(*b, ix, r, off, false, m)?;
                 decode(t, &m[r][off..])
             }
             Expr::Unary(o, a) => {

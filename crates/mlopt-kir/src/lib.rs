@@ -8,6 +8,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod analysis;
+pub mod gpu;
 pub mod interp;
 pub mod parse;
 pub mod ir;

@@ -3,9 +3,13 @@
 
 use crate::*;
 
+fn bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 /// Runs a kernel on f32 buffers (one region per parameter) and returns them.
 fn run(k: &Kernel, bufs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
-    let mut regions: Vec<Vec<u8>> = bufs.iter().map(|b| b.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let mut regions: Vec<Vec<u8>> = bufs.iter().map(|b| bytes(b)).collect();
     let args: Vec<(usize, usize)> = (0..regions.len()).map(|i| (i, 0)).collect();
     run_kernel(k, &mut regions, &args).unwrap();
     regions.iter().map(|r| r.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).collect()
@@ -84,16 +88,22 @@ fn the_verifier_proves_bounds_and_types() {
     assert!(e.iter().any(|m| m.contains("of f32 and i64")), "{e:?}");
 }
 
-/// GPU threads run phase by phase: every thread writes its shared slot before any reads its neighbour's.
+/// GPU thread loops run one after the other, as the barrier between them makes them on the device: every
+/// thread writes its shared slot before any reads its neighbour's. Locals are per thread and keep their
+/// values from one thread loop to the next.
 #[test]
-fn gpu_barriers_order_the_phases() {
+fn gpu_barriers_order_the_thread_loops() {
     let text = "kernel @rotate(%x: f32[8], %y: f32[8]) {
   shared %s: f32[8]
+  local %r: f32[]
   gpu.block.x %b in 0..1 {
     gpu.thread.x %t in 0..8 {
       %s[%t] = %x[%t]
-      barrier
-      %y[%t] = %s[((%t + 1) % 8)]
+      %r[] = (%x[%t] * 10.0f32)
+    }
+    barrier
+    gpu.thread.x %u in 0..8 {
+      %y[%u] = (%s[((%u + 1) % 8)] + %r[])
     }
   }
 }
@@ -101,9 +111,54 @@ fn gpu_barriers_order_the_phases() {
     let k = parse_kernel(text).unwrap();
     assert_eq!(print::kernel(&k), text);
     verify(&k).unwrap();
+    assert_eq!(crate::gpu::launch(&k), Some(crate::gpu::Launch { grid: 1, block: 8, shared_bytes: 32 }));
     let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
-    let out = run(&k, vec![x, vec![0.0; 8]]);
-    assert_eq!(out[1], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 0.0]);
+    let out = run(&k, vec![x.clone(), vec![0.0; 8]]);
+    assert_eq!(out[1], vec![1.0, 12.0, 23.0, 34.0, 45.0, 56.0, 67.0, 70.0]);
+    // Without the barrier, thread 0 reads the slot thread 1 wrote: a race the interpreter reports.
+    let racy = parse_kernel(&text.replace("    barrier\n", "")).unwrap();
+    verify(&racy).unwrap();
+    let mut regions = vec![bytes(&x), bytes(&[0.0; 8])];
+    let e = crate::run_kernel(&racy, &mut regions, &[(0, 0), (1, 0)]).unwrap_err();
+    assert!(e.to_string().contains("race on %s at element 1: thread 0 reads it after thread 1 wrote it"), "{e}");
+    // A thread reading what another block's thread wrote to global memory in the same kernel races too.
+    let grid = "kernel @g(%y: f32[4]) {
+  gpu.block.x %b in 0..2 {
+    gpu.thread.x %t in 0..2 {
+      %y[((%b * 2) + %t)] = 1.0f32
+    }
+    gpu.thread.x %u in 0..2 {
+      %y[((%u + 1) % 4)] = 2.0f32
+    }
+  }
+}
+";
+    let mut regions = vec![bytes(&[0.0; 4])];
+    let e = crate::run_kernel(&parse_kernel(grid).unwrap(), &mut regions, &[(0, 0)]).unwrap_err();
+    assert!(e.to_string().contains("race on %y"), "{e}");
+}
+
+/// The GPU form: barriers only in uniform code, one block size, no stores outside thread loops.
+#[test]
+fn gpu_kernels_keep_their_form() {
+    let bad = "kernel @bad(%y: f32[8]) {
+  shared %s: f32[8]
+  gpu.block.x %b in 0..1 {
+    %y[0] = 1.0f32
+    gpu.thread.x %t in 0..8 {
+      %s[%t] = 1.0f32
+      barrier
+    }
+    gpu.thread.x %u in 0..4 {
+      %y[%u] = %s[%u]
+    }
+  }
+}
+";
+    let e = verify(&parse_kernel(bad).unwrap()).unwrap_err().join("\n");
+    for want in ["store to %y outside a thread loop", "barrier inside a thread loop", "thread loop %u must be gpu.thread.x over the block's 8 threads"] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
 }
 
 #[test]

@@ -27,6 +27,7 @@ pub fn verify(k: &Kernel) -> Result<(), Vec<String>> {
         }
     }
     v.block(&k.body);
+    v.errors.extend(crate::gpu::check(k));
     if v.errors.is_empty() {
         Ok(())
     } else {

@@ -74,6 +74,9 @@ pub struct Gen<'a, 'c> {
     private: HashMap<BufId, PointerValue<'c>>,
     /// What runs `mma` blocks.
     pub matrix: Option<MatrixUnit>,
+    /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
+    /// `bar.sync`, and math has no libm to call.
+    pub gpu: bool,
 }
 
 pub(crate) fn err(what: impl Into<String>) -> LlvmError {
@@ -82,7 +85,7 @@ pub(crate) fn err(what: impl Into<String>) -> LlvmError {
 
 impl<'a, 'c> Gen<'a, 'c> {
     pub fn new(c: &'c Context, m: &'a Module<'c>, k: &'a Kernel, f: FunctionValue<'c>) -> Self {
-        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new(), matrix: None }
+        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new(), matrix: None, gpu: false }
     }
 
     fn i64(&self, v: i64) -> IntValue<'c> {
@@ -99,6 +102,9 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let t = ty(self.c, buf.elem);
                 let n = buf.numel().max(1);
                 let bytes = n * buf.elem.size();
+                if self.gpu && bytes > STACK_LOCAL_BYTES {
+                    return Err(err(format!("@{}: local %{} of {bytes} bytes per GPU thread", self.k.name, buf.name)));
+                }
                 let p = if bytes <= STACK_LOCAL_BYTES {
                     let p = self.b.build_array_alloca(t, self.i64(n as i64), &buf.name)?;
                     p.as_instruction().map(|ins| ins.set_alignment(64));
@@ -150,6 +156,11 @@ impl<'a, 'c> Gen<'a, 'c> {
                 self.block(then)?;
                 self.b.build_unconditional_branch(done)?;
                 self.b.position_at_end(done);
+                Ok(())
+            }
+            Stmt::Barrier if self.gpu => {
+                let f = crate::ptx::nvvm(self, "llvm.nvvm.barrier0", self.c.void_type().fn_type(&[], false));
+                self.b.build_call(f, &[], "")?;
                 Ok(())
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
@@ -231,6 +242,12 @@ impl<'a, 'c> Gen<'a, 'c> {
                 r
             }
             LoopKind::Parallel if self.width.is_none() => crate::parallel::parallel_loop(self, var, extent, body),
+            // The grid has exactly as many blocks, and every thread loop as many threads, as the extent.
+            LoopKind::GpuBlock(_) | LoopKind::GpuThread(_) if self.gpu => {
+                let id = crate::ptx::special(self, if matches!(kind, LoopKind::GpuBlock(_)) { "ctaid.x" } else { "tid.x" })?;
+                self.vars.insert(var, VarVal::Scalar(id));
+                self.block(body)
+            }
             _ => {
                 let (zero, end) = (self.i64(0), self.i64(extent as i64));
                 self.counted(&name, zero, end, 1, &mut |g, i| {

@@ -12,6 +12,8 @@ pub mod error;
 mod math;
 mod parallel;
 mod program;
+mod ptx;
 
 pub use error::{LlvmError, Result};
 pub use program::{c_name, compile, CpuTarget, MatrixUnit, Output};
+pub use ptx::{compile_ptx, host_object, launch_table, GpuTarget, PtxOutput};

@@ -36,6 +36,11 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
             _ => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
         });
     }
+    if g.gpu {
+        if let Some(r) = crate::ptx::unary(g, o, x, t)? {
+            return Ok(r);
+        }
+    }
     if t == Elem::F32 {
         match o {
             UnOp::Exp => return exp_f32(g, x),
@@ -198,6 +203,7 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
             BinOp::Rem => b.build_binop(Op::FRem, x, y, "rem")?,
             BinOp::Min => return g.intrinsic("llvm.minimum", &[x, y]),
             BinOp::Max => return g.intrinsic("llvm.maximum", &[x, y]),
+            BinOp::Pow if g.gpu => return Err(LlvmError::Codegen(format!("@{}: pow of {t} has no NVPTX implementation yet", g.k.name))),
             BinOp::Pow => return g.intrinsic("llvm.pow", &[x, y]),
             BinOp::Lt => float_cmp(b, F::OLT, x, y)?,
             BinOp::Le => float_cmp(b, F::OLE, x, y)?,

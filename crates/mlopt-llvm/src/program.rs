@@ -91,7 +91,7 @@ pub fn c_name(name: &str) -> String {
     s
 }
 
-fn machine(t: &CpuTarget) -> Result<TargetMachine> {
+pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
     Target::initialize_x86(&InitializationConfig::default());
     let triple = TargetTriple::create("x86_64-unknown-linux-gnu");
     let target = Target::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;

@@ -12,6 +12,8 @@ pub enum LowerError {
     Unsupported { node: String, op: &'static str, why: String },
     #[error("the lowered kernels do not verify (a bug in mlopt's lowering):\n{}", .0.join("\n"))]
     Verify(Vec<String>),
+    #[error("internal error (a bug in mlopt's lowering): {0}")]
+    Internal(String),
     #[error(transparent)]
     Schedule(#[from] mlopt_kir::sched::SchedError),
 }

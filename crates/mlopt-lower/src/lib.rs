@@ -10,6 +10,7 @@
 
 mod anchor;
 mod grid;
+pub mod gpu;
 mod winograd;
 pub mod contract;
 pub mod elementwise;
@@ -23,5 +24,6 @@ pub mod schedule;
 pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};
 pub use program::{interpret, lower_program, Options};
+pub use gpu::GpuSchedule;
 pub use schedule::CpuSchedule;
 pub use winograd::Winograd;

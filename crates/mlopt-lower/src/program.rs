@@ -20,6 +20,8 @@ pub struct Options {
     pub tiles: HashMap<crate::contract::TileKey, crate::contract::Tile>,
     /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`winograd.rs`).
     pub winograd: crate::Winograd,
+    /// Schedule the kernels for a GPU (`gpu.rs`) instead of the CPU.
+    pub gpu: Option<crate::GpuSchedule>,
 }
 
 struct Binder<'g> {
@@ -128,7 +130,10 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         b.program.kernels.push(copy_kernel(&format!("copy{i}"), &io));
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;
-    Ok(b.program)
+    match &opts.gpu {
+        Some(s) => crate::gpu::schedule_program(b.program, s),
+        None => Ok(b.program),
+    }
 }
 
 /// `out[i] = in[i]` over one flat loop.

@@ -1,0 +1,265 @@
+//! The pipeline for NVIDIA GPUs (`--target sm_80|sm_86|sm_89|sm_90`): optimise for the GPU's roofline ->
+//! lower -> GPU schedules (`mlopt_lower::gpu`) -> PTX (`mlopt_llvm::compile_ptx`) -> ptxas, for the
+//! registers, spills and shared memory of every kernel -> the library: `<name>.ptx`, `<name>.h`, and
+//! `lib<name>.a` with the host side (the PTX, the weights and the launch table as constants, and the C API)
+//! and the CUDA launcher, which opens libcuda at run time.
+
+use crate::pipeline::{DriverError, Options, Result};
+use mlopt_ir::Graph;
+use mlopt_kir::Program;
+use mlopt_llvm::{c_name, GpuTarget, PtxOutput};
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// What ptxas says of one kernel.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ptxas {
+    pub registers: u32,
+    pub spill_stores: u64,
+    pub spill_loads: u64,
+    pub stack_bytes: u64,
+    pub smem_bytes: u64,
+}
+
+/// One launched kernel in the report.
+#[derive(Debug, Clone)]
+pub struct KernelReport {
+    pub name: String,
+    pub schedule: String,
+    pub launch: mlopt_kir::gpu::Launch,
+    pub flops: u64,
+    pub bytes: u64,
+    /// The roofline time on the target: max(flops / fp32 peak, bytes / DRAM bandwidth).
+    pub roofline_s: f64,
+    pub bound: &'static str,
+    /// None when no ptxas was found.
+    pub ptxas: Option<Ptxas>,
+    /// Resident warps per SM over the most there can be, from the block size, registers and shared memory.
+    pub occupancy: Option<f64>,
+}
+
+#[derive(Debug)]
+pub struct GpuCompiled {
+    pub optimized: mlopt_rewrite::Optimized,
+    pub cfg: mlopt_rewrite::Config,
+    pub program: Program,
+    pub target: GpuTarget,
+    pub ptx: PtxOutput,
+    pub host_object: Vec<u8>,
+    pub kernels: Vec<KernelReport>,
+    /// The ptxas that checked the PTX, or None when none was found.
+    pub ptxas: Option<PathBuf>,
+    pub times: Vec<(&'static str, f64)>,
+}
+
+/// The GPU's limits the schedules respect, from the cost model's target table.
+pub fn schedule_for(t: &mlopt_cost::Target) -> mlopt_lower::GpuSchedule {
+    mlopt_lower::GpuSchedule { max_threads: 1024, shared_bytes: 48 * 1024, sms: t.units as u64 }
+}
+
+/// ptxas: `MLOPT_PTXAS`, else `ptxas` on PATH, else the one in a `.venv` (the nvidia-cuda-nvcc-cu12 wheel)
+/// in the current directory or above it.
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MLOPT_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        if let Some(p) = std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.is_file()) {
+            return Some(p);
+        }
+    }
+    let mut dir = std::env::current_dir().ok();
+    while let Some(d) = dir {
+        if let Ok(entries) = std::fs::read_dir(d.join(".venv/lib")) {
+            if let Some(p) = entries.filter_map(|e| e.ok()).map(|e| e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas")).find(|p| p.is_file()) {
+                return Some(p);
+            }
+        }
+        dir = d.parent().map(Path::to_path_buf);
+    }
+    None
+}
+
+/// Assembles `ptx` for `arch` with `ptxas -v`; returns each entry's figures, or ptxas's errors.
+pub fn run_ptxas(ptxas: &Path, ptx: &str, arch: &str) -> Result<Vec<(String, Ptxas)>> {
+    let dir = std::env::temp_dir().join(format!("mlopt-ptxas-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())));
+    std::fs::create_dir_all(&dir).map_err(|e| DriverError::Io(format!("{}: {e}", dir.display())))?;
+    let src = dir.join("kernels.ptx");
+    std::fs::write(&src, ptx).map_err(|e| DriverError::Io(format!("{}: {e}", src.display())))?;
+    let out = Command::new(ptxas).arg(format!("-arch={arch}")).arg("-v").arg(&src).arg("-o").arg(dir.join("kernels.cubin")).output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out.map_err(|e| DriverError::Io(format!("running {}: {e}", ptxas.display())))?;
+    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(DriverError::Ptxas(text));
+    }
+    Ok(parse_ptxas(&text))
+}
+
+/// The figures in ptxas -v's report, per entry.
+fn parse_ptxas(text: &str) -> Vec<(String, Ptxas)> {
+    let mut out: Vec<(String, Ptxas)> = Vec::new();
+    let num = |s: &str, before: &str| -> u64 { s.split(before).next().and_then(|p| p.split_whitespace().last()).and_then(|n| n.parse().ok()).unwrap_or(0) };
+    for line in text.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push((name, Ptxas::default()));
+        } else if let Some((_, p)) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                p.stack_bytes = num(line, " bytes stack frame");
+                p.spill_stores = num(line, " bytes spill stores");
+                p.spill_loads = num(line, " bytes spill loads");
+            } else if line.contains("Used ") && line.contains(" registers") {
+                p.registers = num(line, " registers") as u32;
+                if line.contains(" bytes smem") {
+                    p.smem_bytes = num(line, " bytes smem");
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Resident warps per SM / the most warps an SM holds: limited by threads, blocks, registers (allocated
+/// per warp in units of 256) and shared memory.
+pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f64 {
+    let max_warps = (t.threads_per_unit / 32).max(1) as u64;
+    let warps = block.div_ceil(32).max(1);
+    let regs_per_warp = (regs.max(1) as u64 * 32).div_ceil(256) * 256;
+    let by_threads = max_warps / warps;
+    let by_regs = (t.regs_per_unit as u64 / regs_per_warp) / warps;
+    let by_smem = (t.smem_per_unit as u64 * 1024).checked_div(smem).unwrap_or(u64::MAX);
+    let blocks = by_threads.min(by_regs).min(by_smem).min(32);
+    (blocks * warps) as f64 / max_warps as f64
+}
+
+/// Runs the GPU pipeline on an imported graph.
+pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
+    let mut times = Vec::new();
+    let mut t = Instant::now();
+    let mut lap = |name: &'static str, times: &mut Vec<(&'static str, f64)>| {
+        times.push((name, t.elapsed().as_secs_f64()));
+        t = Instant::now();
+    };
+    let target = GpuTarget::named(&opt.target)?;
+    let cfg = opt.config.clone();
+    let optimized = mlopt_rewrite::optimize(g, &cfg)?;
+    lap("optimise", &mut times);
+    let lower = mlopt_lower::Options { gpu: Some(schedule_for(&cfg.target)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
+    let program = mlopt_lower::lower_program(&optimized.plan.graph, &lower)?;
+    lap("lower+schedule", &mut times);
+    let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
+    lap("codegen", &mut times);
+    let ptxas = find_ptxas();
+    let figures = match &ptxas {
+        Some(p) => Some(run_ptxas(p, &ptx.ptx, &target.name)?),
+        None => None,
+    };
+    lap("ptxas", &mut times);
+    let host_object = mlopt_llvm::host_object(&program, &ptx.ptx)?;
+    let kernels = program
+        .kernels
+        .iter()
+        .filter_map(|k| {
+            let launch = mlopt_kir::gpu::launch(k)?;
+            let (flops, bytes) = mlopt_kir::gpu::work(k);
+            let (compute, memory) = (flops as f64 / cfg.target.fp32, bytes as f64 / cfg.target.dram_bw);
+            let ptxas = figures.as_ref().and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
+            let occupancy = ptxas.as_ref().map(|p| occupancy(&cfg.target, launch.block, p.registers, p.smem_bytes.max(launch.shared_bytes)));
+            Some(KernelReport { name: k.name.clone(), schedule: k.schedule.join(" "), launch, flops, bytes, roofline_s: compute.max(memory), bound: if compute > memory { "compute" } else { "memory" }, ptxas, occupancy })
+        })
+        .collect();
+    lap("package", &mut times);
+    Ok(GpuCompiled { optimized, cfg, program, target, ptx, host_object, kernels, ptxas, times })
+}
+
+impl GpuCompiled {
+    /// Writes lib<stem>.a, <stem>.h, <stem>.ptx and the stage dumps into `dir`; returns the paths written.
+    pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
+        let mut written = Vec::new();
+        let mut write = |name: String, data: &[u8]| -> Result<()> {
+            let p = dir.join(name);
+            std::fs::write(&p, data).map_err(|e| DriverError::Io(format!("writing {}: {e}", p.display())))?;
+            written.push(p);
+            Ok(())
+        };
+        write(format!("{stem}.h"), c_header(&self.program, &self.target).as_bytes())?;
+        write(format!("{stem}.ptx"), self.ptx.ptx.as_bytes())?;
+        write(format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg).as_bytes())?;
+        write(format!("{stem}.kir"), mlopt_kir::print::program(&self.program).as_bytes())?;
+        write(format!("{stem}.ll"), self.ptx.llvm_ir.as_bytes())?;
+        let lib = dir.join(format!("lib{stem}.a"));
+        mlopt_runtime::write_gpu_archive(&lib, &[(&format!("{stem}.o"), &self.host_object)]).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
+        written.push(lib);
+        Ok(written)
+    }
+
+    /// The per-kernel table `--report` prints.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{:<10} {:>12} {:>8} {:>12} {:>12} {:>10} {:>8} {:>5} {:>6} {:>7} {:>5}  schedule", "kernel", "grid x block", "smem B", "FLOPs", "bytes", "roofline", "bound", "regs", "spills", "ptx smem", "occ");
+        for k in &self.kernels {
+            let (regs, spills, smem) = match &k.ptxas {
+                Some(p) => (p.registers.to_string(), (p.spill_stores + p.spill_loads).to_string(), p.smem_bytes.to_string()),
+                None => ("?".into(), "?".into(), "?".into()),
+            };
+            let occ = k.occupancy.map_or("?".into(), |o| format!("{:.0}%", o * 100.0));
+            let _ = writeln!(s, "{:<10} {:>12} {:>8} {:>12} {:>12} {:>8.2}us {:>8} {:>5} {:>6} {:>7} {:>5}  {}", k.name, format!("{}x{}", k.launch.grid, k.launch.block), k.launch.shared_bytes, k.flops, k.bytes, k.roofline_s * 1e6, k.bound, regs, spills, smem, occ, k.schedule);
+        }
+        let total: f64 = self.kernels.iter().map(|k| k.roofline_s).sum();
+        let _ = writeln!(s, "{} launches, roofline {:.2} us on {} ({})", self.kernels.len(), total * 1e6, self.target.name, self.cfg.target.source);
+        s
+    }
+
+    /// The `gpu_kernels` field of report.json.
+    pub fn json(&self) -> String {
+        let rows: Vec<String> = self
+            .kernels
+            .iter()
+            .map(|k| {
+                let p = k.ptxas.as_ref();
+                let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
+                format!(
+                    "{{\"name\": \"{}\", \"grid\": {}, \"block\": {}, \"shared_bytes\": {}, \"flops\": {}, \"bytes\": {}, \"roofline_s\": {:e}, \"bound\": \"{}\", \"registers\": {}, \"spill_stores\": {}, \"spill_loads\": {}, \"stack_bytes\": {}, \"ptxas_smem_bytes\": {}, \"occupancy\": {}, \"schedule\": \"{}\"}}",
+                    k.name,
+                    k.launch.grid,
+                    k.launch.block,
+                    k.launch.shared_bytes,
+                    k.flops,
+                    k.bytes,
+                    k.roofline_s,
+                    k.bound,
+                    opt(p.map(|p| p.registers as u64)),
+                    opt(p.map(|p| p.spill_stores)),
+                    opt(p.map(|p| p.spill_loads)),
+                    opt(p.map(|p| p.stack_bytes)),
+                    opt(p.map(|p| p.smem_bytes)),
+                    k.occupancy.map_or("null".to_string(), |o| format!("{o:.3}")),
+                    k.schedule.replace('"', "'")
+                )
+            })
+            .collect();
+        format!("[\n    {}\n  ]", rows.join(",\n    "))
+    }
+}
+
+/// The C header of a GPU library: the CPU library's shape (create, run, destroy and the sizes), plus the
+/// device to create on, device-buffer runs on a stream, and the last error.
+pub fn c_header(p: &Program, t: &GpuTarget) -> String {
+    let n = c_name(&p.name);
+    let up = n.to_uppercase();
+    let mut s = crate::emit::io_defines(p, &format!("/* Generated by mlopt {} for {} ({}, PTX {}); link with lib{n}.a -ldl. The CUDA driver\n   (libcuda.so.1) is opened at run time: no CUDA toolkit is needed to build or link. */", env!("CARGO_PKG_VERSION"), p.name, t.name, t.version()));
+    let _ = writeln!(s, "/* Creates the model on CUDA device `device`: loads its PTX, uploads the weights (once) and allocates\n   the activation memory ({} bytes). NULL on failure: mlopt_{n}_last_error() says why. */", p.arena_bytes);
+    let _ = writeln!(s, "void *mlopt_{n}_create(int device);");
+    let _ = writeln!(s, "/* Runs the model on host buffers of the sizes above: copies the inputs in, launches the kernels on\n   the model's stream, copies the outputs back and waits. 0 on success, -1 on a CUDA error. */");
+    let _ = writeln!(s, "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);");
+    let _ = writeln!(s, "/* Launches the kernels on device buffers (CUdeviceptr values) on `stream` (a CUstream; NULL: the\n   model's own), without waiting. One run at a time per context. 0 on success, -1 on a CUDA error. */");
+    let _ = writeln!(s, "int mlopt_{n}_run_device(void *ctx, const uint64_t *inputs, const uint64_t *outputs, void *stream);");
+    let _ = writeln!(s, "void mlopt_{n}_destroy(void *ctx);");
+    let _ = writeln!(s, "/* The last error of this thread, as text. */\nconst char *mlopt_{n}_last_error(void);\n");
+    let _ = writeln!(s, "#ifdef __cplusplus\n}}\n#endif\n\n#endif /* MLOPT_{up}_H */");
+    s
+}

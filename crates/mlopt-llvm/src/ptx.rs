@@ -1,0 +1,303 @@
+//! Kernel IR -> LLVM IR for `nvptx64-nvidia-cuda` -> PTX text. Each GPU kernel (`mlopt_kir::gpu`) becomes
+//! an entry (`.entry`, the `ptx_kernel` calling convention and an `nvvm.annotations` "kernel" mark) over
+//! `.global` pointers, with `.maxntid` set to its block size so the register allocator knows how many
+//! threads share a multiprocessor. The code generator is the CPU's (`codegen.rs`) with `Gen::gpu` set: the
+//! block loop reads `%ctaid.x`, thread loops `%tid.x`, barriers are `bar.sync 0`, shared buffers are
+//! `.shared` arrays (address space 3) and locals are per-thread allocas that SROA turns into registers.
+//! Math with no PTX instruction is written out (exp, tanh, erf as on the CPU) or uses PTX's approximate
+//! instructions after exact range reduction (log via `lg2.approx`, sin/cos via `sin/cos.approx`).
+
+use crate::codegen::{err, ty, Gen, Ret};
+use crate::error::{LlvmError, Result};
+use inkwell::context::Context;
+use inkwell::module::Linkage;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::types::{BasicType, FunctionType};
+use inkwell::values::{BasicValueEnum, FunctionValue, IntValue};
+use inkwell::{AddressSpace, OptimizationLevel};
+use mlopt_kir::{Elem, Kernel, Program, Space, UnOp};
+
+/// An NVIDIA GPU target: its compute capability and the PTX ISA version its code is written in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuTarget {
+    /// `sm_80`, `sm_86`, `sm_89`, `sm_90`, `sm_90a`.
+    pub name: String,
+    /// PTX ISA version times ten (70 = PTX 7.0).
+    pub ptx: u32,
+}
+
+/// Targets and the first PTX version that has each (CUDA 11.0 brought sm_80 with PTX 7.0, 11.1 sm_86
+/// with 7.1, 11.8 sm_89 and sm_90 with 7.8, 12.0 sm_90a with 8.0). The lowest that works is chosen, so the
+/// PTX loads on the oldest driver that knows the GPU.
+const GPUS: &[(&str, u32)] = &[("sm_80", 70), ("sm_86", 71), ("sm_87", 74), ("sm_89", 78), ("sm_90", 78), ("sm_90a", 80)];
+
+impl GpuTarget {
+    pub fn named(name: &str) -> Result<GpuTarget> {
+        match GPUS.iter().find(|(n, _)| *n == name) {
+            Some((n, ptx)) => Ok(GpuTarget { name: n.to_string(), ptx: *ptx }),
+            None => Err(LlvmError::GpuTarget(format!("unknown GPU target '{name}' (known: {})", GPUS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")))),
+        }
+    }
+
+    /// `.target` and `.version` as ptxas reads them, e.g. ("sm_80", "7.0").
+    pub fn version(&self) -> String {
+        format!("{}.{}", self.ptx / 10, self.ptx % 10)
+    }
+}
+
+/// What `compile_ptx` makes: the PTX module and the LLVM IR it came from (before optimisation).
+#[derive(Debug, Clone)]
+pub struct PtxOutput {
+    pub ptx: String,
+    pub llvm_ir: String,
+}
+
+fn machine(t: &GpuTarget) -> Result<TargetMachine> {
+    Target::initialize_nvptx(&InitializationConfig::default());
+    let triple = TargetTriple::create("nvptx64-nvidia-cuda");
+    let target = Target::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    target
+        .create_target_machine(&triple, &t.name, &format!("+ptx{}", t.ptx), OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+        .ok_or_else(|| LlvmError::Llvm(format!("no NVPTX target machine for {}", t.name)))
+}
+
+/// Compiles every kernel of a GPU program (each in the form `mlopt_kir::gpu` checks) into one PTX module.
+pub fn compile_ptx(p: &Program, t: &GpuTarget) -> Result<PtxOutput> {
+    let c = Context::create();
+    let m = c.create_module(&p.name);
+    let tm = machine(t)?;
+    m.set_triple(&tm.get_triple());
+    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    for k in &p.kernels {
+        let launch = mlopt_kir::gpu::launch(k).ok_or_else(|| LlvmError::Codegen(format!("kernel @{} is not a GPU kernel (no gpu.block loop)", k.name)))?;
+        define(&c, &m, k, launch.block).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+    }
+    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    let llvm_ir = m.print_to_string().to_string();
+    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    let buf = tm.write_to_memory_buffer(&m, FileType::Assembly).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
+    Ok(PtxOutput { ptx, llvm_ir })
+}
+
+/// One kernel entry: parameters are `.global` pointers in the kernel's parameter order.
+fn define<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, k: &Kernel, threads: u64) -> Ret<FunctionValue<'c>> {
+    let global = c.ptr_type(AddressSpace::from(1));
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| global.into()).collect();
+    let f = m.add_function(&k.name, c.void_type().fn_type(&params, false), Some(Linkage::External));
+    // LLVM's PTX_Kernel calling convention: an `.entry`, not a `.func`.
+    f.set_call_conventions(71);
+    let i32t = c.i32_type();
+    let fp = f.as_global_value().as_pointer_value();
+    for (key, value) in [("kernel", 1), ("maxntidx", threads)] {
+        let node = c.metadata_node(&[fp.into(), c.metadata_string(key).into(), i32t.const_int(value, false).into()]);
+        m.add_global_metadata("nvvm.annotations", &node).map_err(|e| err(e.to_string()))?;
+    }
+    let mut g = Gen::new(c, m, k, f);
+    g.gpu = true;
+    g.b.position_at_end(c.append_basic_block(f, "entry"));
+    for (i, b) in k.params().iter().enumerate() {
+        let p = f.get_nth_param(i as u32).ok_or_else(|| err("missing parameter"))?.into_pointer_value();
+        p.set_name(&k.buffer(*b).name);
+        g.ptrs.insert(*b, p);
+    }
+    for (i, buf) in k.bufs.iter().enumerate() {
+        if buf.space == Space::Shared {
+            let arr = ty(c, buf.elem).array_type(buf.numel().max(1) as u32);
+            let gv = m.add_global(arr, Some(AddressSpace::from(3)), &format!("{}_{}", k.name, buf.name));
+            gv.set_initializer(&arr.get_undef());
+            gv.set_linkage(Linkage::Internal);
+            gv.set_alignment(16);
+            g.ptrs.insert(mlopt_kir::BufId(i as u32), gv.as_pointer_value());
+        }
+    }
+    g.alloc_locals()?;
+    g.block(&k.body)?;
+    g.b.build_return(None)?;
+    Ok(f)
+}
+
+/// The launch table the CUDA launcher (`mlopt-runtime/runtime/mlopt_cuda.c`) reads, the weights as one
+/// blob (each weight 256-byte aligned) and the kernel names, '\0'-terminated.
+pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
+    let mut blob = Vec::new();
+    let mut offsets = Vec::new();
+    for w in &p.weights {
+        blob.resize(blob.len().div_ceil(256) * 256, 0);
+        offsets.push(blob.len() as u64);
+        blob.extend_from_slice(&w.data);
+    }
+    let mut t = vec![1, p.inputs.len() as u64, p.outputs.len() as u64, p.arena_bytes, blob.len() as u64, p.kernels.len() as u64, p.steps.len() as u64];
+    t.extend(p.inputs.iter().map(|io| io.bytes() as u64));
+    t.extend(p.outputs.iter().map(|io| io.bytes() as u64));
+    for s in &p.steps {
+        let k = p.kernels.get(s.kernel).ok_or_else(|| err(format!("step calls kernel {}", s.kernel)))?;
+        let l = mlopt_kir::gpu::launch(k).ok_or_else(|| err(format!("kernel @{} is not a GPU kernel", k.name)))?;
+        t.extend([s.kernel as u64, l.grid, l.block, l.shared_bytes, s.args.len() as u64]);
+        for a in &s.args {
+            t.extend(match a {
+                mlopt_kir::Place::Input(i) => [0, *i as u64],
+                mlopt_kir::Place::Output(i) => [1, *i as u64],
+                mlopt_kir::Place::Weight(i) => [2, offsets[*i]],
+                mlopt_kir::Place::Arena(o) => [3, *o],
+            });
+        }
+    }
+    let mut names = Vec::new();
+    for k in &p.kernels {
+        names.extend_from_slice(k.name.as_bytes());
+        names.push(0);
+    }
+    Ok((t, blob, names))
+}
+
+/// The x86-64 object of a GPU library: the PTX, the launch table and the weights as constants, and the
+/// model's C API, each function a call into the CUDA launcher:
+/// `void *mlopt_<n>_create(int device)`, `int mlopt_<n>_run(ctx, inputs, outputs)` (host buffers),
+/// `int mlopt_<n>_run_device(ctx, inputs, outputs, stream)` (device buffers, asynchronous),
+/// `void mlopt_<n>_destroy(ctx)`, `const char *mlopt_<n>_last_error(void)`.
+pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
+    let (table, blob, names) = launch_table(p)?;
+    let c = Context::create();
+    let m = c.create_module(&format!("{}_host", p.name));
+    let tm = crate::program::machine(&crate::CpuTarget { name: "x86-64".into(), cpu: "x86-64".into(), features: String::new(), lanes: 4, matrix: None })?;
+    m.set_triple(&tm.get_triple());
+    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    fn constant<'c>(m: &inkwell::module::Module<'c>, name: &str, v: BasicValueEnum<'c>) -> inkwell::values::PointerValue<'c> {
+        let g = m.add_global(v.get_type(), None, name);
+        g.set_initializer(&v);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        g.set_alignment(64);
+        g.as_pointer_value()
+    }
+    let mut text = ptx.as_bytes().to_vec();
+    text.push(0);
+    let i64t = c.i64_type();
+    let words: Vec<_> = table.iter().map(|w| i64t.const_int(*w, false)).collect();
+    let fields = [constant(&m, "ptx", c.const_string(&text, false).into()), constant(&m, "table", i64t.const_array(&words).into()), constant(&m, "weights", c.const_string(&blob, false).into()), constant(&m, "names", c.const_string(&names, false).into())];
+    let model = constant(&m, "model", c.const_struct(&fields.map(|f| f.into()), false).into());
+    let ptr = c.ptr_type(AddressSpace::default());
+    let i32t = c.i32_type();
+    let n = crate::c_name(&p.name);
+    let b = c.create_builder();
+    // (exported name, launcher function, its type, whether the model is its first argument)
+    let api: [(String, &str, FunctionType, bool); 5] = [
+        (format!("mlopt_{n}_create"), "mlopt_gpu_create", ptr.fn_type(&[i32t.into()], false), true),
+        (format!("mlopt_{n}_run"), "mlopt_gpu_run", i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false), false),
+        (format!("mlopt_{n}_run_device"), "mlopt_gpu_run_device", i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into(), ptr.into()], false), false),
+        (format!("mlopt_{n}_destroy"), "mlopt_gpu_destroy", c.void_type().fn_type(&[ptr.into()], false), false),
+        (format!("mlopt_{n}_last_error"), "mlopt_gpu_last_error", ptr.fn_type(&[], false), false),
+    ];
+    for (name, target, ft, with_model) in api {
+        let f = m.add_function(&name, ft, None);
+        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = ft.get_param_types().into_iter().collect();
+        if with_model {
+            params.insert(0, ptr.into());
+        }
+        let callee_ty = match ft.get_return_type() {
+            Some(r) => r.fn_type(&params, false),
+            None => c.void_type().fn_type(&params, false),
+        };
+        let callee = m.add_function(target, callee_ty, None);
+        b.position_at_end(c.append_basic_block(f, "entry"));
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> = f.get_param_iter().map(|v| v.into()).collect();
+        if with_model {
+            args.insert(0, model.into());
+        }
+        let r = b.build_call(callee, &args, "r")?;
+        match r.try_as_basic_value().basic() {
+            Some(v) => b.build_return(Some(&v))?,
+            None => b.build_return(None)?,
+        };
+    }
+    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid host module: {e}")))?;
+    let obj = tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    Ok(obj.as_slice().to_vec())
+}
+
+/// A declared NVVM intrinsic or function by name.
+pub(crate) fn nvvm<'c>(g: &Gen<'_, 'c>, name: &str, t: FunctionType<'c>) -> FunctionValue<'c> {
+    g.m.get_function(name).unwrap_or_else(|| g.m.add_function(name, t, None))
+}
+
+/// A special register (`tid.x`, `ctaid.x`) as an i64.
+pub(crate) fn special<'c>(g: &mut Gen<'_, 'c>, reg: &str) -> Ret<IntValue<'c>> {
+    let f = nvvm(g, &format!("llvm.nvvm.read.ptx.sreg.{reg}"), g.c.i32_type().fn_type(&[], false));
+    let v = g.b.build_call(f, &[], reg)?.try_as_basic_value().basic().ok_or_else(|| err(format!("%{reg}")))?;
+    Ok(g.b.build_int_z_extend(v.into_int_value(), g.c.i64_type(), reg)?)
+}
+
+fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    let f32t = g.c.f32_type();
+    let f = nvvm(g, name, f32t.fn_type(&[f32t.into()], false));
+    g.b.build_call(f, &[x.into()], name)?.try_as_basic_value().basic().ok_or_else(|| err(name.to_string()))
+}
+
+/// Math that differs on the GPU: Some(value) when done here, None for the common code (`math.rs`), an
+/// error for functions with no NVPTX implementation yet.
+pub(crate) fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -> Ret<Option<BasicValueEnum<'c>>> {
+    let f32t = g.c.f32_type();
+    let k = |v: f64| f32t.const_float(v);
+    match (o, t) {
+        (UnOp::Exp | UnOp::Tanh | UnOp::Erf, Elem::F32) => Ok(None),
+        (UnOp::Neg | UnOp::Abs | UnOp::Sqrt | UnOp::Floor | UnOp::Ceil | UnOp::Round | UnOp::Not, _) => Ok(None),
+        // ln x = log2 x * ln 2; lg2.approx has a relative error of 2^-22.
+        (UnOp::Log, Elem::F32) => {
+            let l = call1(g, "llvm.nvvm.lg2.approx.f", x)?;
+            Ok(Some(g.b.build_float_mul(l.into_float_value(), k(std::f64::consts::LN_2), "ln")?.into()))
+        }
+        // sin/cos.approx are accurate to 2^-20.9 on [-pi, pi]: reduce x by 2 pi first (Cody-Waite, the
+        // constant split in two so k * 2pi_hi is exact).
+        (UnOp::Sin | UnOp::Cos, Elem::F32) => {
+            let x = x.into_float_value();
+            let q = g.b.build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
+            let q = g.intrinsic("llvm.roundeven", &[q.into()])?.into_float_value();
+            let nq = g.b.build_float_neg(q, "nq")?;
+            let hi = f64::from(std::f64::consts::TAU as f32);
+            let lo = std::f64::consts::TAU - hi;
+            let r = g.intrinsic("llvm.fma", &[nq.into(), k(hi).into(), x.into()])?;
+            let r = g.intrinsic("llvm.fma", &[nq.into(), k(lo).into(), r])?;
+            Ok(Some(call1(g, if o == UnOp::Sin { "llvm.nvvm.sin.approx.f" } else { "llvm.nvvm.cos.approx.f" }, r)?))
+        }
+        _ => Err(err(format!("@{}: {} of {t} has no NVPTX implementation yet", g.k.name, mlopt_kir::print::unop_name(o)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_pick_their_ptx_version() {
+        assert_eq!(GpuTarget::named("sm_80").unwrap().version(), "7.0");
+        assert_eq!(GpuTarget::named("sm_90").unwrap().version(), "7.8");
+        assert!(GpuTarget::named("sm_75").unwrap_err().to_string().contains("sm_80"));
+    }
+
+    #[test]
+    fn a_shared_memory_kernel_becomes_an_entry() {
+        let k = mlopt_kir::parse_kernel(
+            "kernel @rotate(%x: f32[64], %y: f32[64]) {
+  shared %s: f32[64]
+  gpu.block.x %b in 0..1 {
+    gpu.thread.x %t in 0..64 {
+      %s[%t] = exp(%x[%t])
+    }
+    barrier
+    gpu.thread.x %u in 0..64 {
+      %y[%u] = %s[((%u + 1) % 64)]
+    }
+  }
+}
+",
+        )
+        .unwrap();
+        let p = Program { name: "m".into(), kernels: vec![k], ..Program::default() };
+        let out = compile_ptx(&p, &GpuTarget::named("sm_80").unwrap()).unwrap();
+        for want in [".version 7.0", ".target sm_80", ".entry rotate", ".maxntid 64, 1, 1", "bar.sync", ".shared", "ld.global", "st.shared"] {
+            assert!(out.ptx.contains(want), "{want} missing:\n{}", out.ptx);
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! GPU schedules: every kernel of a program, lowered as its plain algorithm, becomes one or more GPU
+//! kernels in the form `mlopt_kir::gpu` describes (a grid of blocks, thread loops, shared memory,
+//! barriers).
+//!
+//! 1. **Launches.** A kernel's top-level loop nests run one after another and may pass values through a
+//!    `local` buffer (an anchor's result that layout members then read); blocks of one launch cannot wait
+//!    for each other, so each nest becomes its own kernel, and a local read by a later nest becomes a
+//!    global scratch buffer at the end of the activation arena. Statements between nests go with the next
+//!    nest.
+//! 2. **Data-parallel loops.** The outer loops of a nest whose every store depends on them (each output
+//!    element is written by one iteration) are collapsed into one index space, cut into blocks of threads:
+//!    thread `t` of block `b` runs the body for element `b * T + t`, innermost loop fastest, so
+//!    neighbouring threads write neighbouring elements (coalesced stores).
+//! 3. **Cooperative rows.** When that body is a row computation with reductions (softmax, layer norm,
+//!    a reduction over a long axis), one block computes one row: each reduction is folded by all threads
+//!    (thread `t` takes elements `t, t + T, ...`) into a per-thread partial, the partials are combined by a
+//!    tree in shared memory, and loops over the row's elements are shared out the same way. Row buffers
+//!    and the row's scalars live in shared memory; barriers separate the steps.
+//!
+//! Anything else runs on one thread, which is always correct (ScatterND's updates must be serial).
+
+use crate::error::{LowerError, Result};
+use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, private_in};
+use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
+use std::collections::{HashMap, HashSet};
+
+/// What the schedules may use on the target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuSchedule {
+    /// Threads per block at most (1024 on sm_80).
+    pub max_threads: u64,
+    /// Static shared memory per block (48 KiB without opting in to more).
+    pub shared_bytes: u64,
+    /// Streaming multiprocessors, to judge when a grid fills the device.
+    pub sms: u64,
+}
+
+impl GpuSchedule {
+    /// The A100 (sm_80): 108 SMs.
+    pub const SM80: GpuSchedule = GpuSchedule { max_threads: 1024, shared_bytes: 48 * 1024, sms: 108 };
+}
+
+/// Threads per block of an elementwise (one element per thread) kernel.
+const ELEMENTWISE_THREADS: u64 = 256;
+/// Threads per block of a cooperative row at most.
+const ROW_THREADS: u64 = 256;
+
+/// Turns a program of plain kernels into GPU kernels, splitting kernels into launches where needed.
+pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
+    let mut out = Program { kernels: Vec::new(), steps: Vec::new(), ..p.clone() };
+    let scratch0 = p.arena_bytes.div_ceil(256) * 256;
+    let mut arena = p.arena_bytes;
+    for step in &p.steps {
+        let k = p.kernels.get(step.kernel).ok_or_else(|| LowerError::Internal(format!("step calls kernel {}", step.kernel)))?;
+        let launches = split(k);
+        // Locals read by more than one launch: global scratch, laid out from the arena's end.
+        let mut scratch: HashMap<BufId, u64> = HashMap::new();
+        let mut at = scratch0;
+        if launches.len() > 1 {
+            for (b, buf) in k.bufs.iter().enumerate() {
+                let users = launches.iter().filter(|l| buffer_uses(l).contains_key(&BufId(b as u32))).count();
+                if buf.space == Space::Local && users > 1 {
+                    scratch.insert(BufId(b as u32), at);
+                    at += (buf.numel() * buf.elem.size()).div_ceil(256) * 256;
+                }
+            }
+        }
+        arena = arena.max(at);
+        let n = launches.len();
+        for (i, body) in launches.into_iter().enumerate() {
+            let mut kernel = k.clone();
+            if n > 1 {
+                kernel.name = format!("{}_{i}", k.name);
+            }
+            kernel.body = body;
+            // Parameters in order: the original ones, then the scratch buffers.
+            let mut args: Vec<Place> = step.args.clone();
+            let mut order: Vec<BufId> = scratch.keys().copied().collect();
+            order.sort();
+            for b in &order {
+                kernel.bufs[b.0 as usize].space = Space::Global;
+            }
+            let (kernel, args) = drop_unused(kernel, &mut args, &order, &scratch)?;
+            let mut kernel = kernel;
+            schedule_kernel(&mut kernel, s)?;
+            out.steps.push(Step { kernel: out.kernels.len(), args });
+            out.kernels.push(kernel);
+        }
+    }
+    out.arena_bytes = arena;
+    mlopt_kir::verify_program(&out).map_err(LowerError::Verify)?;
+    Ok(out)
+}
+
+/// The launches of a kernel: each top-level loop nest, with the statements before it.
+fn split(k: &Kernel) -> Vec<Vec<Stmt>> {
+    let mut out: Vec<Vec<Stmt>> = Vec::new();
+    let mut pending = Vec::new();
+    for s in &k.body {
+        pending.push(s.clone());
+        if matches!(s, Stmt::For { .. }) {
+            out.push(std::mem::take(&mut pending));
+        }
+    }
+    match out.last_mut() {
+        Some(last) => last.extend(pending),
+        None if !pending.is_empty() => out.push(pending),
+        None => {}
+    }
+    out
+}
+
+/// The kernel without the buffers its body does not use, and the arguments of its parameters: the
+/// original parameters (`args`, in order) and the promoted scratch buffers (`scratch`, in `order`).
+fn drop_unused(k: Kernel, args: &mut [Place], order: &[BufId], scratch: &HashMap<BufId, u64>) -> Result<(Kernel, Vec<Place>)> {
+    let used = buffer_uses(&k.body);
+    // The original parameters are the Global buffers that are not scratch, in order.
+    let mut param_args = args.iter();
+    let mut keep: Vec<(BufId, Option<Place>)> = Vec::new();
+    for (i, b) in k.bufs.iter().enumerate() {
+        let id = BufId(i as u32);
+        let place = if b.space == Space::Global && !scratch.contains_key(&id) {
+            Some(*param_args.next().ok_or_else(|| LowerError::Internal(format!("@{}: fewer arguments than parameters", k.name)))?)
+        } else {
+            None
+        };
+        if used.contains_key(&id) {
+            keep.push((id, place));
+        }
+    }
+    // Scratch parameters go last, so the step's arguments read: original parameters, then scratch.
+    keep.sort_by_key(|(id, _)| order.iter().position(|o| o == id).map_or(0, |p| p + 1));
+    let remap: HashMap<BufId, BufId> = keep.iter().enumerate().map(|(new, (old, _))| (*old, BufId(new as u32))).collect();
+    let mut out = Kernel { bufs: keep.iter().map(|(id, _)| k.bufs[id.0 as usize].clone()).collect(), body: Vec::new(), ..k.clone() };
+    out.body = k.body.iter().map(|s| rename_stmt(s, &remap)).collect();
+    let args = keep
+        .iter()
+        .filter(|(id, _)| k.bufs[id.0 as usize].space == Space::Global)
+        .map(|(id, place)| place.unwrap_or_else(|| Place::Arena(scratch.get(id).copied().unwrap_or(0))))
+        .collect();
+    Ok((out, args))
+}
+
+fn rename_expr(e: &Expr, m: &HashMap<BufId, BufId>) -> Expr {
+    let r = |x: &Expr| Box::new(rename_expr(x, m));
+    match e {
+        Expr::Load(b, ix) => Expr::Load(m.get(b).copied().unwrap_or(*b), ix.iter().map(|x| rename_expr(x, m)).collect()),
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
+        Expr::Unary(o, a) => Expr::Unary(*o, r(a)),
+        Expr::Binary(o, a, b) => Expr::Binary(*o, r(a), r(b)),
+        Expr::Fma(a, b, c) => Expr::Fma(r(a), r(b), r(c)),
+        Expr::Select(a, b, c) => Expr::Select(r(a), r(b), r(c)),
+        Expr::Cast(t, a) => Expr::Cast(*t, r(a)),
+    }
+}
+
+fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
+    let ix = |v: &[Expr]| v.iter().map(|x| rename_expr(x, m)).collect::<Vec<_>>();
+    let blk = |b: &mlopt_kir::Block| mlopt_kir::Block { buf: m.get(&b.buf).copied().unwrap_or(b.buf), at: ix(&b.at) };
+    match s {
+        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| rename_stmt(s, m)).collect() },
+        Stmt::Store { buf, index, value } => Stmt::Store { buf: m.get(buf).copied().unwrap_or(*buf), index: ix(index), value: rename_expr(value, m) },
+        Stmt::If { cond, then } => Stmt::If { cond: rename_expr(cond, m), then: then.iter().map(|s| rename_stmt(s, m)).collect() },
+        Stmt::Barrier => Stmt::Barrier,
+        Stmt::Mma { m: rows, n, k, c, a, b, acc } => Stmt::Mma { m: *rows, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
+    }
+}
+
+/// Schedules one launch's body (a kernel of plain loops) for the GPU.
+pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
+    if k.body.is_empty() {
+        return Ok(());
+    }
+    let body = std::mem::take(&mut k.body);
+    let (prefix, inner) = parallel_prefix(k, body);
+    let n: u64 = prefix.iter().map(|(_, e)| *e).product();
+    if n == 0 {
+        // Nothing to compute (a zero-sized output): one empty block keeps the launch well formed.
+        let b = k.var(format!("gb{}", k.vars.len()));
+        k.body = vec![for_(b, 1, LoopKind::GpuBlock(0), vec![])];
+        k.schedule.push("gpu.empty".into());
+        return Ok(());
+    }
+    let wide = prefix.is_empty() || n < s.sms * ELEMENTWISE_THREADS;
+    if wide {
+        if let Some(stmts) = cooperative(k, &prefix, &inner, s)? {
+            k.body = stmts;
+            return Ok(());
+        }
+    }
+    k.body = elementwise(k, &prefix, inner, n);
+    Ok(())
+}
+
+/// Peels the outer loops whose every store depends on them (or that run once): (var, extent) outermost
+/// first, and the body inside the last of them.
+fn parallel_prefix(k: &Kernel, body: Vec<Stmt>) -> (Vec<(Var, u64)>, Vec<Stmt>) {
+    let uses = buffer_uses(&body);
+    let mut prefix = Vec::new();
+    let mut cur = body;
+    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur.as_slice() {
+        if *extent > 1 && !stores_depend(k, *var, body, &uses) {
+            break;
+        }
+        prefix.push((*var, *extent));
+        let inner = body.clone();
+        cur = inner;
+    }
+    (prefix, cur)
+}
+
+/// Whether every store in `body` to a buffer that is not private to it moves with `v`.
+fn stores_depend(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>) -> bool {
+    let private = private_in(k, body, uses);
+    fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &[BufId]) -> bool {
+        body.iter().all(|s| match s {
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, body, private),
+            Stmt::Store { buf, index, .. } => private.contains(buf) || coefficient(&flat_index(k, *buf, index), v).is_some_and(|c| c != 0),
+            Stmt::Barrier | Stmt::Mma { .. } => false,
+        })
+    }
+    walk(k, v, body, &private)
+}
+
+/// The expressions of collapsed loops `(var, extent)` (outermost first) at flat index `g`.
+pub(crate) fn delinear(prefix: &[(Var, u64)], g: &Expr) -> Vec<(Var, Expr)> {
+    let mut out = Vec::new();
+    let mut stride = 1u64;
+    // The outermost loop that moves needs no remainder: the index never reaches its extent.
+    let outer = prefix.iter().position(|(_, e)| *e > 1).unwrap_or(0);
+    for (i, (v, e)) in prefix.iter().enumerate().rev() {
+        let q = Expr::div(g.clone(), Expr::int(stride as i64));
+        let x = if *e == 1 { Expr::int(0) } else if i == outer { q } else { Expr::rem(q, Expr::int(*e as i64)) };
+        out.push((*v, x));
+        stride *= e;
+    }
+    out
+}
+
+fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
+    body.iter()
+        .map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e)))
+        .collect()
+}
+
+fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
+    Stmt::For { var, extent, kind, body }
+}
+
+fn lt(a: Expr, n: u64) -> Expr {
+    Expr::bin(BinOp::Lt, a, Expr::int(n as i64))
+}
+
+/// One element per thread: `for b in grid { for t in block { if b*T+t < n { body(b*T+t) } } }`.
+fn elementwise(k: &mut Kernel, prefix: &[(Var, u64)], body: Vec<Stmt>, n: u64) -> Vec<Stmt> {
+    let threads = if prefix.is_empty() { 1 } else { ELEMENTWISE_THREADS.min(n.div_ceil(32) * 32) };
+    let grid = n.div_ceil(threads).max(1);
+    let (b, t) = (k.var(format!("gb{}", k.vars.len())), k.var(format!("gt{}", k.vars.len())));
+    let g = Expr::add(Expr::mul(Expr::var(b), Expr::int(threads as i64)), Expr::var(t));
+    let mut inner = subst_all(&body, &delinear(prefix, &g));
+    if grid * threads != n {
+        inner = vec![Stmt::If { cond: lt(g, n), then: inner }];
+    }
+    k.schedule.push(format!("gpu.elementwise({n} in {grid}x{threads})"));
+    vec![for_(b, grid, LoopKind::GpuBlock(0), vec![for_(t, threads, LoopKind::GpuThread(0), inner)])]
+}
+
+/// One statement of a cooperative row.
+enum RowStep {
+    /// `%s[..] = e` on a row scalar: thread 0 computes it.
+    Scalar(Stmt),
+    /// Loops (outermost first) folding one accumulator element: the update statement, the accumulator,
+    /// how partials combine, and the combine's identity.
+    Fold { loops: Vec<(Var, u64)>, update: Stmt, acc: (BufId, Vec<Expr>), combine: BinOp, identity: Expr },
+    /// Loops (outermost first) whose every iteration writes its own elements: shared among the threads.
+    Map { loops: Vec<(Var, u64)>, body: Vec<Stmt> },
+}
+
+/// Perfectly nested serial loops at the head of `s`: (var, extent) outermost first, and the body.
+fn nest(s: &Stmt) -> (Vec<(Var, u64)>, Vec<Stmt>) {
+    let mut loops = Vec::new();
+    let mut cur = vec![s.clone()];
+    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur.as_slice() {
+        loops.push((*var, *extent));
+        let b = body.clone();
+        cur = b;
+    }
+    (loops, cur)
+}
+
+/// The reduction an update statement performs on its accumulator: `acc = op(acc, f)`, `op(f, acc)` or
+/// `fma(a, b, acc)`, with `f` not reading the accumulator.
+fn fold_of(k: &Kernel, s: &Stmt) -> Option<((BufId, Vec<Expr>), BinOp, Expr)> {
+    let Stmt::Store { buf, index, value } = s else { return None };
+    if k.buffer(*buf).space != Space::Local || index.iter().any(|e| !matches!(e, Expr::Int(_))) {
+        return None;
+    }
+    let me = Expr::Load(*buf, index.clone());
+    let reads_acc = |e: &Expr| buffer_uses(&[Stmt::Store { buf: *buf, index: vec![], value: e.clone() }]).get(buf).copied().unwrap_or(0) > 1;
+    let t = k.buffer(*buf).elem;
+    let (op, rest) = match value {
+        Expr::Fma(a, b, c) if **c == me => (BinOp::Add, vec![&**a, &**b]),
+        Expr::Binary(op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min | BinOp::And | BinOp::Or), a, b) if **a == me => (*op, vec![&**b]),
+        Expr::Binary(op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min | BinOp::And | BinOp::Or), a, b) if **b == me => (*op, vec![&**a]),
+        _ => return None,
+    };
+    if rest.into_iter().any(reads_acc) {
+        return None;
+    }
+    let id = identity(op, t)?;
+    Some(((*buf, index.clone()), op, id))
+}
+
+fn identity(op: BinOp, t: Elem) -> Option<Expr> {
+    let f = |x: f64| Expr::Float(x, t);
+    Some(match (op, t.is_float()) {
+        (BinOp::Add, true) => f(0.0),
+        (BinOp::Mul, true) => f(1.0),
+        (BinOp::Max, true) => f(f64::NEG_INFINITY),
+        (BinOp::Min, true) => f(f64::INFINITY),
+        _ => return None,
+    })
+}
+
+/// The steps of a cooperative row, or None when `body` is not one.
+fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<Vec<RowStep>> {
+    let mut steps = Vec::new();
+    for s in body {
+        match s {
+            Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Local && index.iter().all(|e| matches!(e, Expr::Int(_))) => steps.push(RowStep::Scalar(s.clone())),
+            Stmt::For { .. } => {
+                let (loops, inner) = nest(s);
+                if let [update] = inner.as_slice() {
+                    if let Some((acc, combine, identity)) = fold_of(k, update) {
+                        steps.push(RowStep::Fold { loops, update: update.clone(), acc, combine, identity });
+                        continue;
+                    }
+                }
+                // A map: every store outside the iteration's own locals moves with each of the loops.
+                let private = private_in(k, &inner, uses);
+                let moving: Vec<Var> = loops.iter().filter(|(_, e)| *e > 1).map(|(v, _)| *v).collect();
+                let ok = all_stores(&inner, &mut |b, ix| private.contains(&b) || moving.iter().all(|v| coefficient(&flat_index(k, b, ix), *v).is_some_and(|c| c != 0)));
+                if !ok {
+                    return None;
+                }
+                steps.push(RowStep::Map { loops, body: inner });
+            }
+            _ => return None,
+        }
+    }
+    steps.iter().any(|s| matches!(s, RowStep::Fold { .. })).then_some(steps)
+}
+
+/// Whether `ok(buffer, index)` holds for every store in `body` (false if it holds a barrier or an mma).
+fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool {
+    body.iter().all(|s| match s {
+        Stmt::Store { buf, index, .. } => ok(*buf, index),
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => all_stores(body, ok),
+        Stmt::Barrier | Stmt::Mma { .. } => false,
+    })
+}
+
+/// `e` with every load of element `at` replaced by `by`.
+fn replace_load(e: &Expr, at: &(BufId, Vec<Expr>), by: &Expr) -> Expr {
+    let r = |x: &Expr| Box::new(replace_load(x, at, by));
+    match e {
+        Expr::Load(b, ix) if *b == at.0 && *ix == at.1 => by.clone(),
+        Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(|x| replace_load(x, at, by)).collect()),
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
+        Expr::Unary(o, a) => Expr::Unary(*o, r(a)),
+        Expr::Binary(o, a, b) => Expr::Binary(*o, r(a), r(b)),
+        Expr::Fma(a, b, c) => Expr::Fma(r(a), r(b), r(c)),
+        Expr::Select(a, b, c) => Expr::Select(r(a), r(b), r(c)),
+        Expr::Cast(t, a) => Expr::Cast(*t, r(a)),
+    }
+}
+
+/// `for rr in 0..ceil(n / threads) { if rr * threads + t < n { body(loops at rr * threads + t) } }`: the
+/// iterations of `loops` shared out among the block's threads, neighbouring threads on neighbouring
+/// iterations.
+fn strided(k: &mut Kernel, t: Var, threads: u64, loops: &[(Var, u64)], body: &[Stmt]) -> Stmt {
+    let n: u64 = loops.iter().map(|(_, e)| *e).product();
+    let rr = k.var(format!("rr{}", k.vars.len()));
+    let idx = Expr::add(Expr::mul(Expr::var(rr), Expr::int(threads as i64)), Expr::var(t));
+    let mut inner = subst_all(body, &delinear(loops, &idx));
+    if !n.is_multiple_of(threads) {
+        inner = vec![Stmt::If { cond: lt(idx, n), then: inner }];
+    }
+    for_(rr, n.div_ceil(threads), LoopKind::Serial, inner)
+}
+
+/// One block per row: reductions by all threads and a tree in shared memory; maps shared out.
+fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
+    let uses = buffer_uses(body);
+    let Some(steps) = row_steps(k, body, &uses) else { return Ok(None) };
+    let longest = steps
+        .iter()
+        .map(|st| match st {
+            RowStep::Fold { loops, .. } | RowStep::Map { loops, .. } => loops.iter().map(|(_, e)| *e).product::<u64>(),
+            RowStep::Scalar(_) => 1,
+        })
+        .max()
+        .unwrap_or(1);
+    if longest < 32 {
+        return Ok(None);
+    }
+    let threads = longest.next_power_of_two().clamp(32, ROW_THREADS.min(s.max_threads));
+    // Row buffers and scalars: locals touched by more than one step live in shared memory.
+    let mut shared: HashSet<BufId> = HashSet::new();
+    for st in &steps {
+        let here = match st {
+            RowStep::Scalar(x) | RowStep::Fold { update: x, .. } => buffer_uses(std::slice::from_ref(x)),
+            RowStep::Map { body, .. } => buffer_uses(body),
+        };
+        for (b, n) in here {
+            if k.buffer(b).space == Space::Local && uses.get(&b) != Some(&n) {
+                shared.insert(b);
+            }
+        }
+        match st {
+            RowStep::Fold { acc, .. } => {
+                shared.insert(acc.0);
+            }
+            RowStep::Scalar(Stmt::Store { buf, .. }) => {
+                shared.insert(*buf);
+            }
+            _ => {}
+        }
+    }
+    let folds = steps.iter().filter(|s| matches!(s, RowStep::Fold { .. })).count() as u64;
+    let bytes: u64 = shared.iter().map(|b| k.buffer(*b).numel() * k.buffer(*b).elem.size()).sum::<u64>() + folds * threads * 8;
+    if bytes > s.shared_bytes {
+        return Ok(None);
+    }
+    for b in &shared {
+        k.bufs[b.0 as usize].space = Space::Shared;
+    }
+    let rows: u64 = prefix.iter().map(|(_, e)| *e).product();
+    let gb = k.var(format!("gb{}", k.vars.len()));
+    let at_row = delinear(prefix, &Expr::var(gb));
+    let mut out = Vec::new();
+    let thread_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Var) -> Vec<Stmt>| -> Stmt {
+        let t = k.var(format!("t{}", k.vars.len()));
+        let body = f(k, t);
+        for_(t, threads, LoopKind::GpuThread(0), body)
+    };
+    let first = |t: Var, s: Vec<Stmt>| Stmt::If { cond: Expr::bin(BinOp::Eq, Expr::var(t), Expr::int(0)), then: s };
+    for (i, st) in steps.iter().enumerate() {
+        match st {
+            RowStep::Scalar(x) => {
+                let x = subst_all(std::slice::from_ref(x), &at_row);
+                out.push(thread_loop(k, &mut |_, t| vec![first(t, x.clone())]));
+            }
+            RowStep::Map { loops, body } => {
+                let body = subst_all(body, &at_row);
+                out.push(thread_loop(k, &mut |k, t| vec![strided(k, t, threads, loops, &body)]));
+            }
+            RowStep::Fold { loops, update, acc, combine, identity } => {
+                let elem = k.buffer(acc.0).elem;
+                let part = k.buf(format!("part{i}"), elem, vec![], Space::Local);
+                let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
+                let mine = Expr::load(part, vec![]);
+                let Stmt::Store { value, .. } = update else { continue };
+                let step = Stmt::Store { buf: part, index: vec![], value: replace_load(value, acc, &mine) };
+                let step = subst_all(std::slice::from_ref(&step), &at_row);
+                out.push(thread_loop(k, &mut |k, t| {
+                    vec![
+                        Stmt::Store { buf: part, index: vec![], value: identity.clone() },
+                        strided(k, t, threads, loops, &step),
+                        Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: mine.clone() },
+                    ]
+                }));
+                let mut half = threads / 2;
+                while half >= 1 {
+                    out.push(Stmt::Barrier);
+                    out.push(thread_loop(k, &mut |_, t| {
+                        let (a, b) = (Expr::load(tree, vec![Expr::var(t)]), Expr::load(tree, vec![Expr::add(Expr::var(t), Expr::int(half as i64))]));
+                        vec![Stmt::If { cond: lt(Expr::var(t), half), then: vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: Expr::bin(*combine, a, b) }] }]
+                    }));
+                    half /= 2;
+                }
+                out.push(Stmt::Barrier);
+                let total = Expr::bin(*combine, Expr::Load(acc.0, acc.1.clone()), Expr::load(tree, vec![Expr::int(0)]));
+                let fin = Stmt::Store { buf: acc.0, index: acc.1.clone(), value: total };
+                out.push(thread_loop(k, &mut |_, t| vec![first(t, vec![fin.clone()])]));
+            }
+        }
+        out.push(Stmt::Barrier);
+    }
+    out.pop();
+    k.schedule.push(format!("gpu.rows({rows} x {threads} threads)"));
+    Ok(Some(vec![for_(gb, rows.max(1), LoopKind::GpuBlock(0), out)]))
+}

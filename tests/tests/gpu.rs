@@ -1,0 +1,214 @@
+//! The GPU pipeline on the fixture models, without a GPU: every fixture is compiled for each NVIDIA
+//! target; ptxas must assemble every kernel without spills; the GPU schedules, run by the kernel IR
+//! emulator (which also reports races a missing barrier would leave), must match the graph interpreter;
+//! the PTX of a few kernels is snapshot-tested; the library links into a C program, whose launcher is
+//! exercised against a stand-in libcuda that records what it is asked to do. With a GPU present
+//! (`nvidia-smi` finds one) the library also runs on it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use mlopt_cost::Target;
+use mlopt_driver::{compile_gpu, GpuCompiled, Options};
+use mlopt_ir::interp;
+use mlopt_rewrite::{Config, Precision};
+use mlopt_tests::{data, import, worst_error, FIXTURES};
+use std::process::Command;
+
+fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
+    let g = import(name);
+    let mut config = Config::new(Target::named(target, 1).unwrap());
+    config.precision = precision;
+    compile_gpu(&g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never }).unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
+}
+
+#[test]
+fn gpu_fixtures_assemble_and_emulate_correctly() {
+    assert!(mlopt_driver::gpu::find_ptxas().is_some(), "no ptxas: `cargo xtask setup` installs it (nvidia-cuda-nvcc-cu12 in .venv)");
+    for name in FIXTURES {
+        for target in ["sm_80", "sm_86", "sm_89", "sm_90"] {
+            for precision in [Precision::Fp32, Precision::Bf16] {
+                let c = compiled(name, target, precision);
+                assert!(c.ptxas.is_some(), "{name} for {target}: ptxas did not run");
+                for k in &c.kernels {
+                    let p = k.ptxas.as_ref().unwrap_or_else(|| panic!("{name}/{target}: no ptxas figures for @{}", k.name));
+                    assert_eq!(p.spill_stores + p.spill_loads, 0, "{name} for {target}: @{} spills", k.name);
+                    assert!(p.registers > 0 && p.registers <= 255, "{name}/{target} @{}: {} registers", k.name, p.registers);
+                    assert!(k.launch.block <= 1024 && k.launch.shared_bytes <= 48 * 1024, "{name}/{target} @{}: {:?}", k.name, k.launch);
+                }
+                assert!(c.ptx.ptx.contains(&format!(".target {target}")), "{name}: PTX for the wrong target");
+                // The emulator runs the scheduled kernels (grid, threads, shared memory, barriers).
+                let (inputs, _) = data(name);
+                let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
+                let got = mlopt_lower::interpret(&c.program, &inputs).unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
+                let tol = if precision == Precision::Fp32 { 1e-5 } else { 1e-2 };
+                let err = worst_error(&want, &got);
+                assert!(err < tol, "{name} for {target} in {precision:?}: error {err:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_kernel_dumps_round_trip() {
+    for name in FIXTURES {
+        let c = compiled(name, "sm_80", Precision::Fp32);
+        for k in &c.program.kernels {
+            let text = mlopt_kir::print::kernel(k);
+            let back = mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(mlopt_kir::print::kernel(&back), text, "{name}: @{} does not round-trip", k.name);
+            mlopt_kir::verify(&back).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        }
+    }
+}
+
+/// The PTX of one entry (from `.visible .entry name(` to its closing brace).
+fn entry(ptx: &str, name: &str) -> String {
+    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry {name}"));
+    let end = ptx[start..].find("\n}").map(|e| start + e + 2).unwrap();
+    ptx[start..end].to_string()
+}
+
+#[test]
+fn ptx_snapshots() {
+    // A fused elementwise chain: the CNN's convolution + folded batch norm + ReLU, one output per thread.
+    let cnn = compiled("cnn", "sm_80", Precision::Fp32);
+    insta::assert_snapshot!("ptx_elementwise_conv_relu", entry(&cnn.ptx.ptx, "k0"));
+    // A reduction: the transformer's first layer norm, one row per block, tree sums in shared memory.
+    let tr = compiled("transformer", "sm_80", Precision::Fp32);
+    insta::assert_snapshot!("ptx_rows_layernorm", entry(&tr.ptx.ptx, "k0"));
+    // The MLP's first GEMM + bias + ReLU, one output per thread (block tiles come with the GEMM schedule).
+    let mlp = compiled("mlp", "sm_80", Precision::Fp32);
+    insta::assert_snapshot!("ptx_gemm_bias_relu", entry(&mlp.ptx.ptx, "k0"));
+}
+
+/// A stand-in for libcuda.so.1: device memory is host memory, and every call is logged to $MOCK_LOG.
+const MOCK_CUDA: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static FILE *log_file(void) { static FILE *f; if (!f) f = fopen(getenv("MOCK_LOG"), "w"); return f; }
+int cuInit(unsigned f) { fprintf(log_file(), "init\n"); return 0; }
+int cuDeviceGet(int *d, int i) { *d = i; return 0; }
+int cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)1; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int d) { fprintf(log_file(), "release\n"); fflush(log_file()); return 0; }
+int cuCtxSetCurrent(void *c) { return 0; }
+int cuModuleLoadData(void **m, const void *ptx) { fprintf(log_file(), "module %d\n", strstr(ptx, ".entry") != 0); *m = (void *)1; return 0; }
+int cuModuleUnload(void *m) { return 0; }
+int cuModuleGetFunction(void **f, void *m, const char *name) { *f = strdup(name); return 0; }
+int cuMemAlloc_v2(unsigned long long *p, size_t n) { *p = (unsigned long long)calloc(1, n); fprintf(log_file(), "alloc %zu\n", n); return 0; }
+int cuMemFree_v2(unsigned long long p) { free((void *)p); return 0; }
+int cuMemcpyHtoDAsync_v2(unsigned long long d, const void *s, size_t n, void *st) { memcpy((void *)d, s, n); fprintf(log_file(), "htod %zu\n", n); return 0; }
+int cuMemcpyDtoHAsync_v2(void *d, unsigned long long s, size_t n, void *st) { memcpy(d, (void *)s, n); fprintf(log_file(), "dtoh %zu\n", n); return 0; }
+int cuStreamCreate(void **s, unsigned f) { *s = (void *)2; return 0; }
+int cuStreamDestroy_v2(void *s) { return 0; }
+int cuStreamSynchronize(void *s) { fprintf(log_file(), "sync\n"); return 0; }
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, void *s, void **params, void **extra) {
+    fprintf(log_file(), "launch %s %ux%u\n", (const char *)f, gx, bx); return 0; }
+int cuGetErrorString(int r, const char **s) { *s = "mock error"; return 0; }
+"#;
+
+const MAIN_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include "mlp.h"
+int main(void) {
+    void *m = mlopt_mlp_create(0);
+    if (!m) { printf("create failed: %s\n", mlopt_mlp_last_error()); return 3; }
+    static float x[MLOPT_MLP_INPUT0_ELEMS], y[MLOPT_MLP_OUTPUT0_ELEMS];
+    const void *in[] = {x};
+    void *out[] = {y};
+    for (int i = 0; i < 2; i++)
+        if (mlopt_mlp_run(m, in, out)) { printf("run failed: %s\n", mlopt_mlp_last_error()); return 4; }
+    mlopt_mlp_destroy(m);
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn the_gpu_library_links_and_launches_in_order() {
+    let c = compiled("mlp", "sm_80", Precision::Fp32);
+    let dir = tempfile::tempdir().unwrap();
+    c.write_library(dir.path(), "mlp").unwrap();
+    for f in ["mlp.h", "mlp.ptx", "libmlp.a", "mlp.kir", "mlp.ll"] {
+        assert!(dir.path().join(f).exists(), "{f} not written");
+    }
+    std::fs::write(dir.path().join("main.c"), MAIN_C).unwrap();
+    let exe = dir.path().join("main");
+    let cc = Command::new("cc").current_dir(dir.path()).args(["-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lmlp", "-ldl", "-o"]).arg(&exe).output().unwrap();
+    assert!(cc.status.success(), "linking against libmlp.a: {}", String::from_utf8_lossy(&cc.stderr));
+    // Without a driver, create fails with a message (this machine has no GPU; with one, skip this).
+    let gpu = Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success());
+    if !gpu {
+        let out = Command::new(&exe).env("LD_LIBRARY_PATH", dir.path().join("none")).output().unwrap();
+        assert_eq!(out.status.code(), Some(3));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("no CUDA driver"), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    // Against the stand-in driver: one module, weights uploaded once, the kernels launched in program
+    // order with the scheduled grid and block, per run.
+    let mock = dir.path().join("mock");
+    std::fs::create_dir_all(&mock).unwrap();
+    std::fs::write(mock.join("cuda.c"), MOCK_CUDA).unwrap();
+    let so = Command::new("cc").current_dir(&mock).args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"]).output().unwrap();
+    assert!(so.status.success(), "{}", String::from_utf8_lossy(&so.stderr));
+    let log = dir.path().join("calls.log");
+    let out = Command::new(&exe).env("LD_LIBRARY_PATH", &mock).env("MOCK_LOG", &log).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let (_, blob, _) = mlopt_llvm::launch_table(&c.program).unwrap();
+    let weights = format!("htod {}", blob.len());
+    assert_eq!(calls.lines().filter(|l| *l == weights).count(), 1, "weights uploaded once:\n{calls}");
+    assert_eq!(calls.lines().filter(|l| l.starts_with("module 1")).count(), 1, "{calls}");
+    let mut want = Vec::new();
+    for _ in 0..2 {
+        for s in &c.program.steps {
+            let k = &c.program.kernels[s.kernel];
+            let l = mlopt_kir::gpu::launch(k).unwrap();
+            want.push(format!("launch {} {}x{}", k.name, l.grid, l.block));
+        }
+    }
+    let got: Vec<&str> = calls.lines().filter(|l| l.starts_with("launch")).collect();
+    assert_eq!(got, want, "{calls}");
+    assert_eq!(calls.lines().filter(|l| l.starts_with("dtoh")).count(), 2, "{calls}");
+}
+
+/// On a machine with an NVIDIA GPU, the library runs there and matches the interpreter.
+#[test]
+fn the_gpu_library_runs_on_a_real_gpu_when_present() {
+    let gpu = Command::new("nvidia-smi").arg("-L").output().ok().filter(|o| o.status.success() && !o.stdout.is_empty());
+    let Some(gpu) = gpu else {
+        eprintln!("SKIPPED: no NVIDIA GPU here (nvidia-smi found none); the PTX was checked by ptxas and the schedules by the emulator");
+        return;
+    };
+    eprintln!("running on {}", String::from_utf8_lossy(&gpu.stdout).trim());
+    let c = compiled("mlp", "sm_80", Precision::Fp32);
+    let dir = tempfile::tempdir().unwrap();
+    c.write_library(dir.path(), "mlp").unwrap();
+    let (inputs, _) = data("mlp");
+    let x = &inputs[&c.program.inputs[0].name];
+    let bytes = x.to_le_bytes();
+    std::fs::write(dir.path().join("x.bin"), &bytes).unwrap();
+    let main = r#"
+#include <stdio.h>
+#include "mlp.h"
+int main(void) {
+    static float x[MLOPT_MLP_INPUT0_ELEMS], y[MLOPT_MLP_OUTPUT0_ELEMS];
+    FILE *f = fopen("x.bin", "rb"); if (fread(x, sizeof x, 1, f) != 1) return 5; fclose(f);
+    void *m = mlopt_mlp_create(0);
+    if (!m) { fprintf(stderr, "%s\n", mlopt_mlp_last_error()); return 3; }
+    const void *in[] = {x}; void *out[] = {y};
+    if (mlopt_mlp_run(m, in, out)) { fprintf(stderr, "%s\n", mlopt_mlp_last_error()); return 4; }
+    fwrite(y, sizeof y, 1, stdout);
+    mlopt_mlp_destroy(m);
+    return 0;
+}
+"#;
+    std::fs::write(dir.path().join("main.c"), main).unwrap();
+    let cc = Command::new("cc").current_dir(dir.path()).args(["main.c", "-L.", "-lmlp", "-ldl", "-o", "main"]).output().unwrap();
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let out = Command::new(dir.path().join("main")).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let io = &c.program.outputs[0];
+    let got = vec![(io.name.clone(), mlopt_lower::program::tensor(io, &out.stdout).unwrap())];
+    let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
+    assert!(worst_error(&want, &got) < 1e-4, "on the GPU: error {:e}", worst_error(&want, &got));
+}
