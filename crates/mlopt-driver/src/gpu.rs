@@ -178,23 +178,14 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
 impl GpuCompiled {
     /// Writes lib<stem>.a, <stem>.h, <stem>.ptx and the stage dumps into `dir`; returns the paths written.
     pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
-        std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
-        let mut written = Vec::new();
-        let mut write = |name: String, data: &[u8]| -> Result<()> {
-            let p = dir.join(name);
-            std::fs::write(&p, data).map_err(|e| DriverError::Io(format!("writing {}: {e}", p.display())))?;
-            written.push(p);
-            Ok(())
-        };
-        write(format!("{stem}.h"), c_header(&self.program, &self.target).as_bytes())?;
-        write(format!("{stem}.ptx"), self.ptx.ptx.as_bytes())?;
-        write(format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg).as_bytes())?;
-        write(format!("{stem}.kir"), mlopt_kir::print::program(&self.program).as_bytes())?;
-        write(format!("{stem}.ll"), self.ptx.llvm_ir.as_bytes())?;
-        let lib = dir.join(format!("lib{stem}.a"));
-        mlopt_runtime::write_gpu_archive(&lib, &[(&format!("{stem}.o"), &self.host_object)]).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
-        written.push(lib);
-        Ok(written)
+        let files = [
+            (format!("{stem}.h"), c_header(&self.program, &self.target)),
+            (format!("{stem}.ptx"), self.ptx.ptx.clone()),
+            (format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg)),
+            (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
+            (format!("{stem}.ll"), self.ptx.llvm_ir.clone()),
+        ];
+        crate::pipeline::write_files(dir, stem, &files, &self.host_object, mlopt_runtime::write_gpu_archive)
     }
 
     /// The per-kernel table `--report` prints.

@@ -129,22 +129,32 @@ impl Compiled {
 
     /// Writes lib<stem>.a, <stem>.h, <stem>.rs and the stage dumps into `dir`; returns the paths written.
     pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
-        std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
-        let mut written = Vec::new();
-        let mut write = |name: String, data: &[u8]| -> Result<()> {
-            let p = dir.join(name);
-            std::fs::write(&p, data).map_err(|e| DriverError::Io(format!("writing {}: {e}", p.display())))?;
-            written.push(p);
-            Ok(())
-        };
-        write(format!("{stem}.h"), crate::emit::c_header(&self.program, &self.target).as_bytes())?;
-        write(format!("{stem}.rs"), crate::emit::rust_binding(&self.program, stem).as_bytes())?;
-        write(format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg).as_bytes())?;
-        write(format!("{stem}.kir"), mlopt_kir::print::program(&self.program).as_bytes())?;
-        write(format!("{stem}.ll"), self.code.llvm_ir.as_bytes())?;
-        let lib = dir.join(format!("lib{stem}.a"));
-        mlopt_runtime::write_archive(&lib, &[(&format!("{stem}.o"), &self.code.object)]).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
-        written.push(lib);
-        Ok(written)
+        let files = [
+            (format!("{stem}.h"), crate::emit::c_header(&self.program, &self.target)),
+            (format!("{stem}.rs"), crate::emit::rust_binding(&self.program, stem)),
+            (format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg)),
+            (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
+            (format!("{stem}.ll"), self.code.llvm_ir.clone()),
+        ];
+        write_files(dir, stem, &files, &self.code.object, mlopt_runtime::write_archive)
     }
+}
+
+/// `mlopt_runtime::write_archive` or `write_gpu_archive`: (path, objects) -> a static library.
+pub(crate) type Archive = fn(&Path, &[(&str, &[u8])]) -> std::io::Result<()>;
+
+/// Writes `files` (name, text) into `dir` (made if missing), then lib<stem>.a holding `object` by
+/// `archive`; returns the paths written.
+pub(crate) fn write_files(dir: &Path, stem: &str, files: &[(String, String)], object: &[u8], archive: Archive) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
+    let mut written = Vec::new();
+    for (name, text) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| DriverError::Io(format!("writing {}: {e}", p.display())))?;
+        written.push(p);
+    }
+    let lib = dir.join(format!("lib{stem}.a"));
+    archive(&lib, &[(&format!("{stem}.o"), object)]).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
+    written.push(lib);
+    Ok(written)
 }

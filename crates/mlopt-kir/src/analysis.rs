@@ -50,6 +50,13 @@ pub fn buffer_loads(body: &[Stmt]) -> HashMap<BufId, usize> {
     out
 }
 
+/// How many loads of each buffer the expression `e` holds.
+pub fn expr_loads(e: &Expr) -> HashMap<BufId, usize> {
+    let mut out = HashMap::new();
+    expr(e, &mut out);
+    out
+}
+
 fn expr(e: &Expr, out: &mut HashMap<BufId, usize>) {
     match e {
         Expr::Load(b, ix) => {

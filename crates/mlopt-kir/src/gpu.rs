@@ -142,10 +142,7 @@ impl Checker<'_> {
     }
 
     fn no_locals(&mut self, e: &Expr, what: &str) {
-        let mut loads = std::collections::HashMap::new();
-        let probe = [Stmt::If { cond: e.clone(), then: vec![] }];
-        loads.extend(crate::analysis::buffer_loads(&probe));
-        for b in loads.keys() {
+        for b in crate::analysis::expr_loads(e).keys() {
             if self.k.buffer(*b).space == Space::Local {
                 let name = self.k.buffer(*b).name.clone();
                 self.err(format!("{what} reads %{name}, which is per thread"));

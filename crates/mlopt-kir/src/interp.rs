@@ -195,8 +195,8 @@ impl Frame<'_> {
             }
             Stmt::Store { buf, index, value } => {
                 let v = self.eval(value, m)?;
-                let (r, off, t) = self.locate(*buf, index, m)?;
-                self.touch(*buf, index, r, off, true, m)?;
+                let (r, off, t, element) = self.locate(*buf, index, m)?;
+                self.touch(*buf, element, r, off, true)?;
                 let n = t.size() as usize;
                 encode(t, v, &mut m[r][off..off + n]);
             }
@@ -220,7 +220,7 @@ impl Frame<'_> {
                             let y = self.eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?.f() as f32;
                             sum += x * y;
                         }
-                        let (r, off, t) = self.locate(c.buf, &at(c, i, j), m)?;
+                        let (r, off, t, _) = self.locate(c.buf, &at(c, i, j), m)?;
                         encode(t, V::F(sum as f64), &mut m[r][off..off + 4]);
                     }
                 }
@@ -229,7 +229,8 @@ impl Frame<'_> {
         Ok(())
     }
 
-    fn locate(&mut self, b: BufId, index: &[Expr], m: &mut Vec<Vec<u8>>) -> Result<(usize, usize, Elem)> {
+    /// Where element `index` of `b` is: (region, byte, element type, row-major element number).
+    fn locate(&mut self, b: BufId, index: &[Expr], m: &mut Vec<Vec<u8>>) -> Result<(usize, usize, Elem, u64)> {
         let buf = self.k.buffer(b);
         let mut ix = Vec::with_capacity(index.len());
         for e in index {
@@ -248,21 +249,16 @@ impl Frame<'_> {
         if byte + buf.elem.size() as usize > m[r].len() {
             return Err(InterpError::Program(format!("@{}: %{} bound past the end of its memory", self.k.name, buf.name)));
         }
-        Ok((r, byte, buf.elem))
+        Ok((r, byte, buf.elem, lin))
     }
 
     /// Records a GPU thread's access and reports a race with another thread.
-    fn touch(&mut self, b: BufId, index: &[Expr], r: usize, byte: usize, write: bool, m: &mut Vec<Vec<u8>>) -> Result<()> {
+    fn touch(&mut self, b: BufId, element: u64, r: usize, byte: usize, write: bool) -> Result<()> {
         let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else { return Ok(()) };
         let space = self.k.buffer(b).space;
         if space == Space::Local {
             return Ok(());
         }
-        let mut ix = Vec::with_capacity(index.len());
-        for e in index {
-            ix.push(self.eval(e, m)?.i() as u64);
-        }
-        let element: u64 = ix.iter().zip(&self.strides[b.0 as usize]).map(|(i, s)| i * s).sum();
         let Some(g) = &mut self.gpu else { return Ok(()) };
         let block = g.block;
         let what = match space {
@@ -306,8 +302,8 @@ impl Frame<'_> {
             Expr::Float(v, t) => round(*t, *v),
             Expr::Var(v) => V::I(self.vars[v.0 as usize]),
             Expr::Load(b, ix) => {
-                let (r, off, t) = self.locate(*b, ix, m)?;
-                self.touch(*b, ix, r, off, false, m)?;
+                let (r, off, t, element) = self.locate(*b, ix, m)?;
+                self.touch(*b, element, r, off, false)?;
                 decode(t, &m[r][off..])
             }
             Expr::Unary(o, a) => {

@@ -409,6 +409,21 @@ impl Expr {
         }
     }
 
+    /// The expression with each load rebuilt by `f(buffer, index)`, innermost loads first (an index's own
+    /// loads are mapped before the load that holds them).
+    pub fn map_loads(&self, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Expr {
+        let r = |x: &Expr| Box::new(x.map_loads(f));
+        match self {
+            Expr::Load(b, ix) => f(*b, ix.iter().map(|x| x.map_loads(f)).collect()),
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => self.clone(),
+            Expr::Unary(o, a) => Expr::Unary(*o, r(a)),
+            Expr::Binary(o, a, b) => Expr::Binary(*o, r(a), r(b)),
+            Expr::Fma(a, b, c) => Expr::Fma(r(a), r(b), r(c)),
+            Expr::Select(a, b, c) => Expr::Select(r(a), r(b), r(c)),
+            Expr::Cast(t, a) => Expr::Cast(*t, r(a)),
+        }
+    }
+
     /// The element type of the expression in (verified) kernel `k`.
     pub fn elem(&self, k: &Kernel) -> Elem {
         match self {

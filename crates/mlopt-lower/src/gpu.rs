@@ -74,14 +74,12 @@ pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
             }
             kernel.body = body;
             // Parameters in order: the original ones, then the scratch buffers.
-            let mut args: Vec<Place> = step.args.clone();
             let mut order: Vec<BufId> = scratch.keys().copied().collect();
             order.sort();
             for b in &order {
                 kernel.bufs[b.0 as usize].space = Space::Global;
             }
-            let (kernel, args) = drop_unused(kernel, &mut args, &order, &scratch)?;
-            let mut kernel = kernel;
+            let (mut kernel, args) = drop_unused(kernel, &step.args, &order, &scratch)?;
             schedule_kernel(&mut kernel, s)?;
             out.steps.push(Step { kernel: out.kernels.len(), args });
             out.kernels.push(kernel);
@@ -112,7 +110,7 @@ fn split(k: &Kernel) -> Vec<Vec<Stmt>> {
 
 /// The kernel without the buffers its body does not use, and the arguments of its parameters: the
 /// original parameters (`args`, in order) and the promoted scratch buffers (`scratch`, in `order`).
-fn drop_unused(k: Kernel, args: &mut [Place], order: &[BufId], scratch: &HashMap<BufId, u64>) -> Result<(Kernel, Vec<Place>)> {
+fn drop_unused(k: Kernel, args: &[Place], order: &[BufId], scratch: &HashMap<BufId, u64>) -> Result<(Kernel, Vec<Place>)> {
     let used = buffer_uses(&k.body);
     // The original parameters are the Global buffers that are not scratch, in order.
     let mut param_args = args.iter();
@@ -142,16 +140,7 @@ fn drop_unused(k: Kernel, args: &mut [Place], order: &[BufId], scratch: &HashMap
 }
 
 fn rename_expr(e: &Expr, m: &HashMap<BufId, BufId>) -> Expr {
-    let r = |x: &Expr| Box::new(rename_expr(x, m));
-    match e {
-        Expr::Load(b, ix) => Expr::Load(m.get(b).copied().unwrap_or(*b), ix.iter().map(|x| rename_expr(x, m)).collect()),
-        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
-        Expr::Unary(o, a) => Expr::Unary(*o, r(a)),
-        Expr::Binary(o, a, b) => Expr::Binary(*o, r(a), r(b)),
-        Expr::Fma(a, b, c) => Expr::Fma(r(a), r(b), r(c)),
-        Expr::Select(a, b, c) => Expr::Select(r(a), r(b), r(c)),
-        Expr::Cast(t, a) => Expr::Cast(*t, r(a)),
-    }
+    e.map_loads(&|b, ix| Expr::Load(m.get(&b).copied().unwrap_or(b), ix))
 }
 
 fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
@@ -296,7 +285,7 @@ fn fold_of(k: &Kernel, s: &Stmt) -> Option<((BufId, Vec<Expr>), BinOp, Expr)> {
         return None;
     }
     let me = Expr::Load(*buf, index.clone());
-    let reads_acc = |e: &Expr| buffer_uses(&[Stmt::Store { buf: *buf, index: vec![], value: e.clone() }]).get(buf).copied().unwrap_or(0) > 1;
+    let reads_acc = |e: &Expr| mlopt_kir::analysis::expr_loads(e).contains_key(buf);
     let t = k.buffer(*buf).elem;
     let (op, rest) = match value {
         Expr::Fma(a, b, c) if **c == me => (BinOp::Add, vec![&**a, &**b]),
@@ -358,21 +347,6 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => all_stores(body, ok),
         Stmt::Barrier | Stmt::Mma { .. } => false,
     })
-}
-
-/// `e` with every load of element `at` replaced by `by`.
-fn replace_load(e: &Expr, at: &(BufId, Vec<Expr>), by: &Expr) -> Expr {
-    let r = |x: &Expr| Box::new(replace_load(x, at, by));
-    match e {
-        Expr::Load(b, ix) if *b == at.0 && *ix == at.1 => by.clone(),
-        Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(|x| replace_load(x, at, by)).collect()),
-        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
-        Expr::Unary(o, a) => Expr::Unary(*o, r(a)),
-        Expr::Binary(o, a, b) => Expr::Binary(*o, r(a), r(b)),
-        Expr::Fma(a, b, c) => Expr::Fma(r(a), r(b), r(c)),
-        Expr::Select(a, b, c) => Expr::Select(r(a), r(b), r(c)),
-        Expr::Cast(t, a) => Expr::Cast(*t, r(a)),
-    }
 }
 
 /// `for rr in 0..ceil(n / threads) { if rr * threads + t < n { body(loops at rr * threads + t) } }`: the
@@ -461,7 +435,8 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
                 let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
                 let mine = Expr::load(part, vec![]);
                 let Stmt::Store { value, .. } = update else { continue };
-                let step = Stmt::Store { buf: part, index: vec![], value: replace_load(value, acc, &mine) };
+                let value = value.map_loads(&|b, ix| if b == acc.0 && ix == acc.1 { mine.clone() } else { Expr::Load(b, ix) });
+                let step = Stmt::Store { buf: part, index: vec![], value };
                 let step = subst_all(std::slice::from_ref(&step), &at_row);
                 out.push(thread_loop(k, &mut |k, t| {
                     vec![
