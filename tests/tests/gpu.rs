@@ -49,8 +49,8 @@ fn gpu_fixtures_assemble_and_emulate_correctly() {
 
 #[test]
 fn gpu_kernel_dumps_round_trip() {
-    for name in FIXTURES {
-        let c = compiled(name, "sm_80", Precision::Fp32);
+    for (name, precision) in FIXTURES.iter().flat_map(|n| [(n, Precision::Fp32), (n, Precision::Bf16)]) {
+        let c = compiled(name, "sm_80", precision);
         for k in &c.program.kernels {
             let text = mlopt_kir::print::kernel(k);
             let back = mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
@@ -69,15 +69,22 @@ fn entry(ptx: &str, name: &str) -> String {
 
 #[test]
 fn ptx_snapshots() {
-    // A fused elementwise chain: the CNN's convolution + folded batch norm + ReLU, one output per thread.
+    // A GEMM on SIMT FMAs: the CNN's first convolution as an implicit GEMM (block tiles in shared
+    // memory, a register tile per thread), with the folded batch norm and ReLU fused into its epilogue.
     let cnn = compiled("cnn", "sm_80", Precision::Fp32);
-    insta::assert_snapshot!("ptx_elementwise_conv_relu", entry(&cnn.ptx.ptx, "k0"));
-    // A reduction: the transformer's first layer norm, one row per block, tree sums in shared memory.
+    insta::assert_snapshot!("ptx_gemm_simt_conv_bn_relu", entry(&cnn.ptx.ptx, "k0"));
+    // An elementwise kernel: the transformer's merge of attention heads, one element per thread.
     let tr = compiled("transformer", "sm_80", Precision::Fp32);
+    insta::assert_snapshot!("ptx_elementwise_merge_heads", entry(&tr.ptx.ptx, "k4_1"));
+    // A reduction: the transformer's first layer norm, one row per block, tree sums in shared memory.
     insta::assert_snapshot!("ptx_rows_layernorm", entry(&tr.ptx.ptx, "k0"));
-    // The MLP's first GEMM + bias + ReLU, one output per thread (block tiles come with the GEMM schedule).
-    let mlp = compiled("mlp", "sm_80", Precision::Fp32);
-    insta::assert_snapshot!("ptx_gemm_bias_relu", entry(&mlp.ptx.ptx, "k0"));
+    // A tensor-core GEMM: the MLP's first layer in bf16 (ldmatrix, mma.sync m16n8k16), bias + ReLU.
+    let mlp = compiled("mlp", "sm_80", Precision::Bf16);
+    let mma = entry(&mlp.ptx.ptx, "k1");
+    for want in ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "bar.sync"] {
+        assert!(mma.contains(want), "no {want} in the tensor-core GEMM");
+    }
+    insta::assert_snapshot!("ptx_gemm_mma_bf16_bias_relu", mma);
 }
 
 /// A stand-in for libcuda.so.1: device memory is host memory, and every call is logged to $MOCK_LOG.

@@ -31,7 +31,8 @@ pub struct KernelReport {
     pub launch: mlopt_kir::gpu::Launch,
     pub flops: u64,
     pub bytes: u64,
-    /// The roofline time on the target: max(flops / fp32 peak, bytes / DRAM bandwidth).
+    /// The roofline time on the target: max(flops / peak, bytes / DRAM bandwidth), the peak being the
+    /// tensor cores' for an `mma.sync` kernel and SIMT fp32 otherwise.
     pub roofline_s: f64,
     pub bound: &'static str,
     /// None when no ptxas was found.
@@ -54,9 +55,25 @@ pub struct GpuCompiled {
     pub times: Vec<(&'static str, f64)>,
 }
 
-/// The GPU's limits the schedules respect, from the cost model's target table.
-pub fn schedule_for(t: &mlopt_cost::Target) -> mlopt_lower::GpuSchedule {
-    mlopt_lower::GpuSchedule { max_threads: 1024, shared_bytes: 48 * 1024, sms: t.units as u64 }
+/// The GPU's limits and peaks the schedules use, from the cost model's target table. tf32 tensor cores
+/// round f32 operands to 10 mantissa bits, so they are used only where the precision accepts that
+/// (`--precision bf16|fp16`, as the cost model assumes), never under `fp32` or `auto`.
+pub fn schedule_for(cfg: &mlopt_rewrite::Config) -> mlopt_lower::GpuSchedule {
+    let t = &cfg.target;
+    let tf32 = matches!(cfg.precision, mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16);
+    mlopt_lower::GpuSchedule {
+        max_threads: 1024,
+        shared_bytes: 48 * 1024,
+        sms: t.units as u64,
+        smem_per_sm: t.smem_per_unit as u64,
+        regs_per_sm: t.regs_per_unit as u64,
+        threads_per_sm: t.threads_per_unit as u64,
+        fp32: t.fp32,
+        bf16_matrix: t.bf16_matrix,
+        f16_matrix: t.f16_matrix,
+        tf32_matrix: t.tf32_matrix.filter(|_| tf32),
+        dram_bw: t.dram_bw,
+    }
 }
 
 /// ptxas: `MLOPT_PTXAS`, else `ptxas` on PATH, else the one in a `.venv` (the nvidia-cuda-nvcc-cu12 wheel)
@@ -147,7 +164,7 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
     let cfg = opt.config.clone();
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
-    let lower = mlopt_lower::Options { gpu: Some(schedule_for(&cfg.target)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
+    let lower = mlopt_lower::Options { gpu: Some(schedule_for(&cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
     let program = mlopt_lower::lower_program(&optimized.plan.graph, &lower)?;
     lap("lower+schedule", &mut times);
     let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
@@ -165,7 +182,14 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
         .filter_map(|k| {
             let launch = mlopt_kir::gpu::launch(k)?;
             let (flops, bytes) = mlopt_kir::gpu::work(k);
-            let (compute, memory) = (flops as f64 / cfg.target.fp32, bytes as f64 / cfg.target.dram_bw);
+            // Tensor-core kernels run at the matrix peak of their input type.
+            let peak = match mlopt_kir::gpu::matrix_input(k) {
+                Some(mlopt_kir::Elem::BF16) => cfg.target.bf16_matrix,
+                Some(mlopt_kir::Elem::F16) => cfg.target.f16_matrix,
+                Some(_) => cfg.target.tf32_matrix,
+                None => None,
+            };
+            let (compute, memory) = (flops as f64 / peak.unwrap_or(cfg.target.fp32), bytes as f64 / cfg.target.dram_bw);
             let ptxas = figures.as_ref().and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
             let occupancy = ptxas.as_ref().map(|p| occupancy(&cfg.target, launch.block, p.registers, p.smem_bytes.max(launch.shared_bytes)));
             Some(KernelReport { name: k.name.clone(), schedule: k.schedule.join(" "), launch, flops, bytes, roofline_s: compute.max(memory), bound: if compute > memory { "compute" } else { "memory" }, ptxas, occupancy })
@@ -201,7 +225,8 @@ impl GpuCompiled {
             let _ = writeln!(s, "{:<10} {:>12} {:>8} {:>12} {:>12} {:>8.2}us {:>8} {:>5} {:>6} {:>7} {:>5}  {}", k.name, format!("{}x{}", k.launch.grid, k.launch.block), k.launch.shared_bytes, k.flops, k.bytes, k.roofline_s * 1e6, k.bound, regs, spills, smem, occ, k.schedule);
         }
         let total: f64 = self.kernels.iter().map(|k| k.roofline_s).sum();
-        let _ = writeln!(s, "{} launches, roofline {:.2} us on {} ({})", self.kernels.len(), total * 1e6, self.target.name, self.cfg.target.source);
+        let launches = self.kernels.len() as f64 * self.cfg.target.launch_s;
+        let _ = writeln!(s, "{} launches, roofline {:.2} us + {:.1} us of launch overhead on {} ({})", self.kernels.len(), total * 1e6, launches * 1e6, self.target.name, self.cfg.target.source);
         s
     }
 

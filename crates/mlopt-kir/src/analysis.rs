@@ -89,7 +89,7 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
                 expr(value, out);
             }
             Stmt::Barrier => {}
-            Stmt::Mma { c, a, b, .. } => {
+            Stmt::Mma { c, a, b, .. } | Stmt::WarpMma { c, a, b } => {
                 for x in [a, b] {
                     *out.entry(x.buf).or_default() += 1;
                     x.at.iter().for_each(|e| expr(e, out));

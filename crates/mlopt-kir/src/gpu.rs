@@ -112,7 +112,7 @@ impl Checker<'_> {
                     if *axis != 0 || *extent != self.block {
                         self.err(format!("thread loop %{} must be gpu.thread.x over the block's {} threads", self.k.var_name(*var), self.block));
                     }
-                    self.thread(body);
+                    self.thread(body, false);
                 }
                 Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } | Stmt::If { then: body, .. } => {
                     if let Stmt::If { cond, .. } = s {
@@ -123,16 +123,20 @@ impl Checker<'_> {
                 Stmt::For { kind, var, .. } => self.err(format!("loop %{} is {} in uniform GPU code", self.k.var_name(*var), crate::print::loop_kind(*kind))),
                 Stmt::Barrier => {}
                 Stmt::Store { buf, .. } => self.err(format!("store to %{} outside a thread loop", self.k.buffer(*buf).name)),
-                Stmt::Mma { .. } => self.err("mma outside a thread loop".into()),
+                Stmt::Mma { .. } | Stmt::WarpMma { .. } => self.err("mma outside a thread loop".into()),
             }
         }
     }
 
-    /// One thread's code.
-    fn thread(&mut self, body: &[Stmt]) {
+    /// One thread's code; `guarded` under a guard, which threads of one warp may take differently.
+    fn thread(&mut self, body: &[Stmt], guarded: bool) {
         for s in body {
             match s {
-                Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } | Stmt::If { then: body, .. } => self.thread(body),
+                Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } => self.thread(body, guarded),
+                Stmt::If { then, .. } => self.thread(then, true),
+                Stmt::WarpMma { .. } if guarded => self.err("mma.sync under a guard (every thread of the warp must run it)".into()),
+                Stmt::WarpMma { .. } if !self.block.is_multiple_of(32) => self.err(format!("mma.sync in a block of {} threads, not whole warps", self.block)),
+                Stmt::WarpMma { .. } => {}
                 Stmt::For { kind, var, .. } => self.err(format!("loop %{} is {} inside a thread loop", self.k.var_name(*var), crate::print::loop_kind(*kind))),
                 Stmt::Barrier => self.err("barrier inside a thread loop (not every thread may reach it)".into()),
                 Stmt::Store { .. } => {}
@@ -149,6 +153,18 @@ impl Checker<'_> {
             }
         }
     }
+}
+
+/// The operand type of the kernel's tensor-core products (`mma.sync`), if it has any.
+pub fn matrix_input(k: &Kernel) -> Option<Elem> {
+    fn find(body: &[Stmt], k: &Kernel) -> Option<Elem> {
+        body.iter().find_map(|s| match s {
+            Stmt::WarpMma { a, .. } => Some(k.buffer(a.buf).elem),
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => find(body, k),
+            _ => None,
+        })
+    }
+    find(&k.body, k)
 }
 
 /// What a kernel does, for the roofline: float operations executed (an fma counts two; guarded code is
@@ -173,6 +189,8 @@ pub fn work(k: &Kernel) -> (u64, u64) {
                 Stmt::Store { value, .. } => ops(value, k),
                 Stmt::Barrier => 0,
                 Stmt::Mma { m, n, k: depth, .. } => 2 * m * n * depth,
+                // One thread's share of the warp's 16 x 8 x K product: its four outputs.
+                Stmt::WarpMma { a, .. } => 2 * 4 * crate::ir::warp_mma_k(k.buffer(a.buf).elem),
             })
             .sum()
     }

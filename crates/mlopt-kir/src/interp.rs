@@ -60,6 +60,14 @@ pub fn f32_odd(x: f64) -> f32 {
     f32::from_bits(toward_zero.to_bits() | 1)
 }
 
+/// f32 -> tf32 as `cvt.rna.tf32.f32` rounds: to 10 mantissa bits, nearest, ties away from zero.
+pub fn tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    f32::from_bits((x.to_bits() + 0x1000) & !0x1fff)
+}
+
 fn round(t: Elem, x: f64) -> V {
     match t {
         Elem::F32 => V::F(x as f32 as f64),
@@ -125,8 +133,9 @@ struct Frame<'k> {
 #[derive(Default)]
 struct Gpu {
     block: i64,
-    /// The running thread, inside a thread loop.
+    /// The running thread, inside a thread loop, and that loop's variable.
     thread: Option<i64>,
+    thread_var: Option<Var>,
     /// Bytes of one thread's copy of each buffer (0 for buffers that are not per thread).
     per_thread: Vec<usize>,
     /// Shared elements touched since the last barrier: (buffer, element) -> (writer, a reader).
@@ -183,7 +192,10 @@ impl Frame<'_> {
                                 g.block = i;
                                 g.shared.clear();
                             }
-                            LoopKind::GpuThread(_) => g.thread = Some(i),
+                            LoopKind::GpuThread(_) => {
+                                g.thread = Some(i);
+                                g.thread_var = Some(*var);
+                            }
                             _ => {}
                         }
                     }
@@ -210,6 +222,7 @@ impl Frame<'_> {
                     g.shared.clear();
                 }
             }
+            Stmt::WarpMma { c, a, b } => self.warp_mma(c, a, b, m)?,
             Stmt::Mma { m: rows, n, k, c, a, b, acc } => {
                 let at = |x: &crate::Block, r: u64, col: u64| x.index(Expr::int(r as i64), Expr::int(col as i64));
                 for i in 0..*rows {
@@ -225,6 +238,60 @@ impl Frame<'_> {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// One thread's side of a warp's `mma.sync` (`ir.rs` gives the fragment layout), after checking what
+    /// the hardware needs: the whole warp on the same blocks, and (for `ldmatrix`) 16-byte aligned rows.
+    fn warp_mma(&mut self, c: &Block, a: &Block, b: &Block, m: &mut Vec<Vec<u8>>) -> Result<()> {
+        let k = self.k;
+        let fail = |what: String| InterpError::Program(format!("@{}: mma.sync {what}", k.name));
+        let (Some(thread), Some(tv)) = (self.gpu.as_ref().and_then(|g| g.thread), self.gpu.as_ref().and_then(|g| g.thread_var)) else {
+            return Err(fail("outside a thread loop".into()));
+        };
+        let lane = thread % 32;
+        let mut starts = |f: &mut Self, t: i64| -> Result<Vec<i64>> {
+            f.vars[tv.0 as usize] = t;
+            let mut out = Vec::new();
+            for x in [c, a, b] {
+                for e in &x.at {
+                    out.push(f.eval(e, m)?.i());
+                }
+            }
+            Ok(out)
+        };
+        let first = starts(self, thread - lane)?;
+        let mine = starts(self, thread)?;
+        if first != mine {
+            return Err(fail(format!("blocks differ within a warp: thread {thread} has {mine:?}, thread {} {first:?}", thread - lane)));
+        }
+        let t = k.buffer(a.buf).elem;
+        let depth = warp_mma_k(t);
+        if t != Elem::F32 {
+            for x in [a, b] {
+                let (_, _, _, lin) = self.locate(x.buf, &x.at, m)?;
+                let strides = &self.strides[x.buf.0 as usize];
+                if !lin.is_multiple_of(8) || !strides[strides.len() - 2].is_multiple_of(8) {
+                    return Err(fail(format!("block %{}{:?}: ldmatrix rows must start on 16 bytes", k.buffer(x.buf).name, x.at)));
+                }
+            }
+        }
+        let input = |x: f64| if t == Elem::F32 { tf32(x as f32) as f64 } else { x };
+        let int = |v: i64| Expr::int(v);
+        for q in 0..4 {
+            let (row, col) = (lane / 4 + 8 * (q / 2), 2 * (lane % 4) + q % 2);
+            // Products of the inputs are exact; the sum is kept wide and rounded once.
+            let mut sum = 0.0f64;
+            for p in 0..depth as i64 {
+                let x = self.eval(&Expr::load(a.buf, a.index(int(row), int(p))), m)?.f();
+                let y = self.eval(&Expr::load(b.buf, b.index(int(p), int(col))), m)?.f();
+                sum += input(x) * input(y);
+            }
+            let at = c.index(int(0), int(q));
+            let old = self.eval(&Expr::load(c.buf, at.clone()), m)?.f();
+            let (r, off, _, _) = self.locate(c.buf, &at, m)?;
+            encode(Elem::F32, V::F(old + sum), &mut m[r][off..off + 4]);
         }
         Ok(())
     }

@@ -188,6 +188,23 @@ pub enum Stmt {
     /// with `a` [m, k] and `b` [k / 2, 2 n] bf16 (B's rows interleave pairs of k, the layout the
     /// hardware reads), `c` [m, n] f32; products are exact in f32, sums are f32.
     Mma { m: u64, n: u64, k: u64, c: Block, a: Block, b: Block, acc: bool },
+    /// A warp's tensor-core multiply-accumulate (PTX `mma.sync.aligned.m16n8k16.row.col` on bf16 or f16,
+    /// `m16n8k8` on tf32 for f32 operands), written from one thread's side. The 32 threads of a warp run
+    /// it together with the same blocks: `a` is a 16 x K block and `b` a K x 8 block of shared memory
+    /// (K = 16 for bf16 and f16, 8 for f32, whose operands are rounded to tf32); `c` is this thread's
+    /// four f32 accumulators (four elements along its last axis). The thread of lane l = t % 32 holds,
+    /// for q < 4, element (l / 4 + 8 (q / 2), 2 (l % 4) + q % 2) of the 16 x 8 result:
+    /// `c[q] += sum over p < K of a[row, p] * b[p, col]`.
+    WarpMma { c: Block, a: Block, b: Block },
+}
+
+/// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).
+pub fn warp_mma_k(e: Elem) -> u64 {
+    if e == Elem::F32 {
+        8
+    } else {
+        16
+    }
 }
 
 /// One operand block of an `Mma`: the index of its first element in `buf` (of rank 2 or more); element
@@ -468,6 +485,7 @@ impl Stmt {
             Stmt::If { cond, then } => Stmt::If { cond: cond.subst(v, by), then: then.iter().map(|s| s.subst(v, by)).collect() },
             Stmt::Barrier => Stmt::Barrier,
             Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by), acc: *acc },
+            Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by) },
         }
     }
 }

@@ -187,6 +187,14 @@ impl P<'_> {
         if self.eat("barrier") {
             return Ok(Stmt::Barrier);
         }
+        if self.eat("mma.sync ") {
+            let c = self.block_operand()?;
+            self.expect("+=")?;
+            let a = self.block_operand()?;
+            self.expect("*")?;
+            let b = self.block_operand()?;
+            return Ok(Stmt::WarpMma { c, a, b });
+        }
         if self.eat("mma<") {
             let m = self.int()? as u64;
             self.expect("x")?;

@@ -199,6 +199,10 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
             let block = |x: &crate::Block| format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "));
             let _ = writeln!(s, "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}", block(c), if *acc { "+=" } else { "=" }, block(a), block(b));
         }
+        Stmt::WarpMma { c, a, b } => {
+            let block = |x: &crate::Block| format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "));
+            let _ = writeln!(s, "{pad}mma.sync {} += {} * {}", block(c), block(a), block(b));
+        }
     }
 }
 

@@ -168,3 +168,79 @@ fn bad_text_is_an_error_with_a_line() {
     assert!(e.msg.contains("%y"), "{e}");
     assert!(parse_kernel("kernel @k(%x: q7[2]) {}").is_err());
 }
+
+/// One warp's tf32 `mma.sync`: A (16 x 8) and B (8 x 8) staged in shared memory, the accumulators written
+/// out by the fragment layout. `{A_ROWS}` and `{A_AT}` let a test move the A block per thread.
+const WARP_MMA: &str = "kernel @mma(%a: f32[{A_ROWS},8], %b: f32[8,8], %out: f32[16,8]) {
+  shared %sa: f32[{A_ROWS},8]
+  shared %sb: f32[8,8]
+  local %c: f32[1,1,4]
+  gpu.block.x %g in 0..1 {
+    gpu.thread.x %t in 0..32 {
+      unrolled %q in 0..4 {
+        %c[0, 0, %q] = 0.0f32
+      }
+      serial %i in 0..{A_ROWS4} {
+        %sa[(((%i * 32) + %t) / 8), (((%i * 32) + %t) % 8)] = %a[(((%i * 32) + %t) / 8), (((%i * 32) + %t) % 8)]
+      }
+      serial %j in 0..2 {
+        %sb[(((%j * 32) + %t) / 8), (((%j * 32) + %t) % 8)] = %b[(((%j * 32) + %t) / 8), (((%j * 32) + %t) % 8)]
+      }
+    }
+    barrier
+    gpu.thread.x %u in 0..32 {
+      mma.sync %c[0, 0, 0] += %sa[{A_AT}, 0] * %sb[0, 0]
+      unrolled %p in 0..4 {
+        %out[((%u / 4) + ((%p / 2) * 8)), (((%u % 4) * 2) + (%p % 2))] = %c[0, 0, %p]
+      }
+    }
+  }
+}
+";
+
+fn warp_mma(rows: u64, at: &str) -> Kernel {
+    let text = WARP_MMA.replace("{A_ROWS}", &rows.to_string()).replace("{A_ROWS4}", &(rows / 4).to_string()).replace("{A_AT}", at);
+    let k = parse_kernel(&text).unwrap();
+    assert_eq!(print::kernel(&k), text);
+    verify(&k).unwrap();
+    k
+}
+
+/// The emulator's warp mma gives each lane its fragment of the product, with the operands rounded to
+/// tf32 as `cvt.rna.tf32.f32` does: to 10 mantissa bits, so 1 + 2^-12 is 1, and the tie 1 + 2^-11
+/// goes away from zero, to 1 + 2^-10.
+#[test]
+fn a_warp_mma_computes_each_lanes_fragment() {
+    let k = warp_mma(16, "0");
+    let a: Vec<f32> = (0..128).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let b: Vec<f32> = (0..64).map(|i| ((i * 5) % 9) as f32 * 0.5 - 2.0).collect();
+    let out = run(&k, vec![a.clone(), b.clone(), vec![0.0; 128]]);
+    for r in 0..16 {
+        for c in 0..8 {
+            let want: f32 = (0..8).map(|p| a[r * 8 + p] * b[p * 8 + c]).sum();
+            assert_eq!(out[2][r * 8 + c], want, "({r}, {c})");
+        }
+    }
+    assert_eq!(interp::tf32(1.0 + 2f32.powi(-12)), 1.0);
+    assert_eq!(interp::tf32(1.0 + 2f32.powi(-11)), 1.0 + 2f32.powi(-10));
+    assert_eq!(interp::tf32(-(1.0 + 2f32.powi(-11))), -(1.0 + 2f32.powi(-10)));
+    let mut a1 = vec![0.0f32; 128];
+    let mut b1 = vec![0.0f32; 64];
+    a1[0] = 1.0 + 2f32.powi(-12);
+    b1[0] = 1.0;
+    let out = run(&k, vec![a1, b1, vec![0.0; 128]]);
+    assert_eq!(out[2][0], 1.0, "operands are rounded to tf32");
+}
+
+/// Every thread of a warp must name the same blocks (the hardware takes them from all 32 lanes); a
+/// block that moves with the lane is an error, as is one under a guard.
+#[test]
+fn a_warp_mma_on_blocks_that_differ_within_the_warp_fails() {
+    let k = warp_mma(24, "((%u / 16) * 8)");
+    let mut regions: Vec<Vec<u8>> = vec![vec![0; 24 * 8 * 4], vec![0; 256], vec![0; 512]];
+    let e = run_kernel(&k, &mut regions, &[(0, 0), (1, 0), (2, 0)]).unwrap_err().to_string();
+    assert!(e.contains("blocks differ within a warp"), "{e}");
+    let text = print::kernel(&warp_mma(16, "0")).replace("      mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n", "      if lt(%u, 16) {\n        mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n      }\n");
+    let e = verify(&parse_kernel(&text).unwrap()).unwrap_err().join("\n");
+    assert!(e.contains("mma.sync under a guard"), "{e}");
+}

@@ -129,6 +129,31 @@ impl Verifier<'_> {
                     self.err(format!("mma: k = {k} is not even"));
                 }
             }
+            Stmt::WarpMma { c, a, b } => {
+                // c: four f32 accumulators of this thread; a: 16 x K and b: K x 8 of one element type.
+                let t = self.k.buffer(a.buf).elem;
+                let depth = crate::ir::warp_mma_k(t);
+                if !matches!(t, Elem::BF16 | Elem::F16 | Elem::F32) {
+                    self.err(format!("mma.sync: a is {t}; it takes bf16, f16 or f32 (as tf32)"));
+                }
+                for (x, rows, cols, space, want, what) in [(c, 1, 4, Space::Local, Elem::F32, "c"), (a, 16, depth, Space::Shared, t, "a"), (b, depth, 8, Space::Shared, t, "b")] {
+                    let buf = self.k.buffer(x.buf);
+                    let what = format!("mma.sync {what} block %{}", buf.name);
+                    if x.at.len() < 2 {
+                        self.err(format!("{what}: needs a buffer of rank 2 or more"));
+                        continue;
+                    }
+                    if buf.space != space {
+                        self.err(format!("{what}: must be a {} buffer", if space == Space::Local { "local" } else { "shared" }));
+                    }
+                    if buf.elem != want {
+                        self.err(format!("{what}: is {}, must be {want}", buf.elem));
+                    }
+                    self.access(x.buf, &x.at, &what);
+                    let last = x.index(Expr::int(rows as i64 - 1), Expr::int(cols as i64 - 1));
+                    self.access(x.buf, &last, &what);
+                }
+            }
         }
     }
 

@@ -164,6 +164,8 @@ impl<'a, 'c> Gen<'a, 'c> {
                 Ok(())
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
+            Stmt::WarpMma { c, a, b } if self.gpu => crate::ptx::warp_mma(self, c, a, b),
+            Stmt::WarpMma { .. } => Err(err("mma.sync in a CPU kernel")),
             Stmt::Mma { .. } if self.width.is_some() => Err(err(format!("@{}: an mma in a vector loop", self.k.name))),
             Stmt::Mma { m, n, k, c, a, b, acc } => match self.matrix {
                 Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),

@@ -16,7 +16,7 @@ use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Tar
 use inkwell::types::{BasicType, FunctionType};
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue};
 use inkwell::{AddressSpace, OptimizationLevel};
-use mlopt_kir::{Elem, Kernel, Program, Space, UnOp};
+use mlopt_kir::{Block, Elem, Kernel, Program, Space, UnOp};
 
 /// An NVIDIA GPU target: its compute capability and the PTX ISA version its code is written in.
 #[derive(Debug, Clone, PartialEq)]
@@ -227,6 +227,90 @@ pub(crate) fn special<'c>(g: &mut Gen<'_, 'c>, reg: &str) -> Ret<IntValue<'c>> {
     let f = nvvm(g, &format!("llvm.nvvm.read.ptx.sreg.{reg}"), g.c.i32_type().fn_type(&[], false));
     let v = g.b.build_call(f, &[], reg)?.try_as_basic_value().basic().ok_or_else(|| err(format!("%{reg}")))?;
     Ok(g.b.build_int_z_extend(v.into_int_value(), g.c.i64_type(), reg)?)
+}
+
+/// A warp's `mma.sync` (`mlopt_kir::Stmt::WarpMma`) from this thread's side. bf16 and f16 operands are
+/// read with `ldmatrix` (A as four 8 x 8 matrices, B as two, transposed) and multiplied by
+/// `mma.sync.m16n8k16.row.col`; f32 operands are loaded per element, rounded by `cvt.rna.tf32.f32` and
+/// multiplied by `mma.sync.m16n8k8` on tf32. The four accumulators are loaded from and stored back to
+/// the local buffer, which SROA keeps in registers.
+pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block) -> Ret<()> {
+    let (i32t, i64t, f32t) = (g.c.i32_type(), g.c.i64_type(), g.c.f32_type());
+    let t = g.k.buffer(a.buf).elem;
+    let lane = special(g, "laneid")?;
+    let k64 = |v: u64| i64t.const_int(v, false);
+    // The flat element index of (r, col) of a block, from its start and the row stride.
+    let at = |g: &mut Gen<'_, 'c>, x: &Block, r: IntValue<'c>, col: IntValue<'c>| -> Ret<IntValue<'c>> {
+        let start = g.eval(&mlopt_kir::analysis::flat_index(g.k, x.buf, &x.at))?.into_int_value();
+        let strides = g.k.buffer(x.buf).strides();
+        let row = g.b.build_int_mul(r, k64(strides[strides.len() - 2]), "row")?;
+        let off = g.b.build_int_add(row, col, "off")?;
+        Ok(g.b.build_int_add(start, off, "ix")?)
+    };
+    let (l16, l4, g8) = (g.b.build_int_unsigned_rem(lane, k64(16), "l16")?, g.b.build_int_unsigned_rem(lane, k64(4), "l4")?, g.b.build_int_unsigned_div(lane, k64(4), "g")?);
+    let struct_of = |n: usize, e: inkwell::types::BasicTypeEnum<'c>| g.c.struct_type(&vec![e; n], false);
+    let fields = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>, n: u32| -> Ret<Vec<BasicValueEnum<'c>>> {
+        (0..n).map(|i| Ok(g.b.build_extract_value(v.into_struct_value(), i, "f")?)).collect()
+    };
+    let call = |g: &mut Gen<'_, 'c>, name: &str, ret: inkwell::types::StructType<'c>, args: &[BasicValueEnum<'c>]| -> Ret<BasicValueEnum<'c>> {
+        let params: Vec<inkwell::types::BasicMetadataTypeEnum> = args.iter().map(|x| x.get_type().into()).collect();
+        let f = nvvm(g, name, ret.fn_type(&params, false));
+        let args: Vec<inkwell::values::BasicMetadataValueEnum> = args.iter().map(|x| (*x).into()).collect();
+        g.b.build_call(f, &args, name)?.try_as_basic_value().basic().ok_or_else(|| err(name.to_string()))
+    };
+    let (frag_a, frag_b) = if t == Elem::F32 {
+        // tf32: a0 = A[g][l4], a1 = A[g+8][l4], a2 = A[g][l4+4], a3 = A[g+8][l4+4]; b0 = B[l4][g], b1 = B[l4+4][g].
+        let g8p = g.b.build_int_add(g8, k64(8), "g8")?;
+        let l4p = g.b.build_int_add(l4, k64(4), "l4p")?;
+        let tf = |g: &mut Gen<'_, 'c>, x: &Block, r: IntValue<'c>, col: IntValue<'c>| -> Ret<BasicValueEnum<'c>> {
+            let i = at(g, x, r, col)?;
+            let p = g.elem_ptr(x.buf, i)?;
+            let v = g.b.build_load(f32t, p, "x")?;
+            let f = nvvm(g, "llvm.nvvm.f2tf32.rna", i32t.fn_type(&[f32t.into()], false));
+            g.b.build_call(f, &[v.into()], "tf32")?.try_as_basic_value().basic().ok_or_else(|| err("cvt.rna.tf32"))
+        };
+        let fa = vec![tf(g, a, g8, l4)?, tf(g, a, g8p, l4)?, tf(g, a, g8, l4p)?, tf(g, a, g8p, l4p)?];
+        let fb = vec![tf(g, b, l4, g8)?, tf(g, b, l4p, g8)?];
+        (fa, fb)
+    } else {
+        // ldmatrix: lane l gives the address of row l % 16 (A: at column 8 (l / 16)) of the matrices.
+        let col = g.b.build_int_mul(g.b.build_int_unsigned_div(lane, k64(16), "hi")?, k64(8), "col")?;
+        let ia = at(g, a, l16, col)?;
+        let pa = g.elem_ptr(a.buf, ia)?;
+        let fa = call(g, "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3", struct_of(4, i32t.into()), &[pa.into()])?;
+        let ib = at(g, b, l16, k64(0))?;
+        let pb = g.elem_ptr(b.buf, ib)?;
+        let fb = call(g, "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x2.trans.b16.p3", struct_of(2, i32t.into()), &[pb.into()])?;
+        let (mut fa, mut fb) = (fields(g, fa, 4)?, fields(g, fb, 2)?);
+        if t == Elem::F16 {
+            // The f16 mma takes pairs as <2 x half>.
+            let h2 = g.c.f16_type().vec_type(2);
+            for x in fa.iter_mut().chain(fb.iter_mut()) {
+                *x = g.b.build_bit_cast(*x, h2, "h2")?;
+            }
+        }
+        (fa, fb)
+    };
+    let mut acc = Vec::new();
+    let mut acc_ptrs = Vec::new();
+    for q in 0..4u64 {
+        let i = at(g, c, k64(0), k64(q))?;
+        let p = g.elem_ptr(c.buf, i)?;
+        acc.push(g.b.build_load(f32t, p, "c")?);
+        acc_ptrs.push(p);
+    }
+    let name = match t {
+        Elem::F32 => "llvm.nvvm.mma.m16n8k8.row.col.tf32",
+        Elem::BF16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+        Elem::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+        _ => return Err(err(format!("@{}: mma.sync on {t}", g.k.name))),
+    };
+    let args: Vec<BasicValueEnum<'c>> = frag_a.into_iter().chain(frag_b).chain(acc).collect();
+    let d = call(g, name, struct_of(4, f32t.into()), &args)?;
+    for (q, p) in fields(g, d, 4)?.into_iter().zip(acc_ptrs) {
+        g.b.build_store(p, q)?;
+    }
+    Ok(())
 }
 
 fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {

@@ -362,7 +362,9 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
     let a = a.clone();
     l.nest("i", out, |l, idx| {
         let (nb, mo) = (idx[0].clone(), idx[1].clone());
-        let g = Expr::div(mo.clone(), Expr::int(mg));
+        // One group: no group term, so the input reads no output channel (which keeps the rows of an
+        // implicit GEMM apart from its columns).
+        let g = if a.group == 1 { Expr::int(0) } else { Expr::div(mo.clone(), Expr::int(mg)) };
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
             let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();

@@ -24,7 +24,7 @@ use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, private_in};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
-/// What the schedules may use on the target.
+/// What the schedules may use on the target, and its peaks (for choosing GEMM tiles).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuSchedule {
     /// Threads per block at most (1024 on sm_80).
@@ -33,11 +33,35 @@ pub struct GpuSchedule {
     pub shared_bytes: u64,
     /// Streaming multiprocessors, to judge when a grid fills the device.
     pub sms: u64,
+    /// Per SM: shared memory, 32-bit registers and resident threads.
+    pub smem_per_sm: u64,
+    pub regs_per_sm: u64,
+    pub threads_per_sm: u64,
+    /// Device FLOP/s: SIMT fp32, and tensor cores by input type (None: not used). `tf32_matrix` is set
+    /// only when the precision allows f32 operands to be rounded to tf32.
+    pub fp32: f64,
+    pub bf16_matrix: Option<f64>,
+    pub f16_matrix: Option<f64>,
+    pub tf32_matrix: Option<f64>,
+    /// DRAM bandwidth in bytes/s.
+    pub dram_bw: f64,
 }
 
 impl GpuSchedule {
-    /// The A100 (sm_80): 108 SMs.
-    pub const SM80: GpuSchedule = GpuSchedule { max_threads: 1024, shared_bytes: 48 * 1024, sms: 108 };
+    /// The A100 (sm_80, SXM4): 108 SMs; 19.5 TFLOP/s fp32, 312 bf16/f16 on tensor cores; 2039 GB/s.
+    pub const SM80: GpuSchedule = GpuSchedule {
+        max_threads: 1024,
+        shared_bytes: 48 * 1024,
+        sms: 108,
+        smem_per_sm: 164 * 1024,
+        regs_per_sm: 65536,
+        threads_per_sm: 2048,
+        fp32: 19.5e12,
+        bf16_matrix: Some(312e12),
+        f16_matrix: Some(312e12),
+        tf32_matrix: None,
+        dram_bw: 2039e9,
+    };
 }
 
 /// Threads per block of an elementwise (one element per thread) kernel.
@@ -152,6 +176,7 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
         Stmt::If { cond, then } => Stmt::If { cond: rename_expr(cond, m), then: then.iter().map(|s| rename_stmt(s, m)).collect() },
         Stmt::Barrier => Stmt::Barrier,
         Stmt::Mma { m: rows, n, k, c, a, b, acc } => Stmt::Mma { m: *rows, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
+        Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
     }
 }
 
@@ -168,6 +193,10 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         let b = k.var(format!("gb{}", k.vars.len()));
         k.body = vec![for_(b, 1, LoopKind::GpuBlock(0), vec![])];
         k.schedule.push("gpu.empty".into());
+        return Ok(());
+    }
+    if let Some(stmts) = crate::gpu_gemm::gemm(k, &prefix, &inner, s)? {
+        k.body = stmts;
         return Ok(());
     }
     let wide = prefix.is_empty() || n < s.sms * ELEMENTWISE_THREADS;
@@ -205,7 +234,7 @@ fn stores_depend(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>
         body.iter().all(|s| match s {
             Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, body, private),
             Stmt::Store { buf, index, .. } => private.contains(buf) || coefficient(&flat_index(k, *buf, index), v).is_some_and(|c| c != 0),
-            Stmt::Barrier | Stmt::Mma { .. } => false,
+            Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } => false,
         })
     }
     walk(k, v, body, &private)
@@ -345,7 +374,7 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
     body.iter().all(|s| match s {
         Stmt::Store { buf, index, .. } => ok(*buf, index),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => all_stores(body, ok),
-        Stmt::Barrier | Stmt::Mma { .. } => false,
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } => false,
     })
 }
 

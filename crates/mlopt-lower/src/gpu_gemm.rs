@@ -1,0 +1,606 @@
+//! GPU schedules for contractions (MatMul, Gemm, and Conv as an implicit GEMM): block tiles staged through
+//! shared memory, and register tiles per thread, on tensor cores (`mma.sync`) or SIMT FMAs.
+//!
+//! Lowering writes a contraction as one output element per iteration of its data-parallel loops:
+//!
+//! ```text
+//! %acc[] = 0.0f32
+//! serial %r.. { %acc[] = fma(x, y, %acc[]) }   ; one or more reduction loops (K)
+//! <epilogue reading %acc[]>                    ; bias, activation, casts, the store
+//! ```
+//!
+//! The data-parallel loops split by which operand reads them: the columns (N) are those of the operand
+//! that reads the innermost loop (so the output's contiguous axis is spread over neighbouring threads),
+//! the rows (M) those of the other, and loops both or neither read are a batch. An implicit-GEMM
+//! convolution is the same shape: its rows are output channels (the weights), its columns the output
+//! positions, and its K the input channels and window, with the padding test inside the operand.
+//!
+//! A block computes a BM x BN tile of one batch element. For each BK-slice of K, its threads copy the
+//! A (BM x BK) and B (BK x BN) tiles into shared memory, neighbouring threads on neighbouring global
+//! elements, with the operand expression (casts, padding) evaluated there. Two buffers alternate, so the
+//! copy of the next slice is issued before the products of the current one and one barrier per slice
+//! separates them. Then
+//! - **tensor cores** (bf16/f16 operands, or f32 read as tf32 when the precision allows it): each warp
+//!   owns MT x NT tiles of 16 x 8 and runs `mma.sync` on them (`ldmatrix` reads the fragments); its
+//!   accumulators are the fragments' f32 registers.
+//! - **SIMT**: each thread owns an RM x RN register tile (rows `ty + TY i`, columns `tx + TX j`) and
+//!   updates it with FMAs in the original order of K, so fp32 results are bit-identical to the plain
+//!   loop.
+//!
+//! The epilogue then runs once per output element on the thread that holds it. Tile sizes come from a
+//! small roofline: waves of blocks over the SMs at the engine's peak against the operands' traffic, within
+//! the limits on threads, shared memory and registers.
+
+use crate::error::Result;
+use crate::gpu::{delinear, GpuSchedule};
+use mlopt_kir::analysis::{coefficient, expr_loads, flat_index};
+use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+
+/// A contraction recognised in a launch's body.
+struct Contraction {
+    acc: BufId,
+    rows: Vec<(Var, u64)>,
+    cols: Vec<(Var, u64)>,
+    batch: Vec<(Var, u64)>,
+    red: Vec<(Var, u64)>,
+    /// The operands: `a` reads rows (and batch, K), `b` columns.
+    a: Expr,
+    b: Expr,
+    epilogue: Vec<Stmt>,
+}
+
+impl Contraction {
+    fn extent(loops: &[(Var, u64)]) -> u64 {
+        loops.iter().map(|(_, e)| *e).product()
+    }
+}
+
+/// What multiplies: tensor cores on operands of one type, or SIMT FMAs on f32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Engine {
+    Mma(Elem),
+    Simt,
+}
+
+/// A block tile: `wm x wn` warps (tensor cores) or `wm x wn` threads (SIMT), each with an `mt x nt`
+/// register tile of 16 x 8 fragments (tensor cores) or single elements (SIMT).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Tile {
+    wm: u64,
+    wn: u64,
+    mt: u64,
+    nt: u64,
+}
+
+/// The tile shapes tried, smallest first (a cost tie keeps the first).
+const MMA_TILES: &[Tile] = &[
+    Tile { wm: 1, wn: 2, mt: 1, nt: 2 },
+    Tile { wm: 1, wn: 2, mt: 1, nt: 4 },
+    Tile { wm: 2, wn: 2, mt: 1, nt: 2 },
+    Tile { wm: 2, wn: 2, mt: 2, nt: 2 },
+    Tile { wm: 2, wn: 2, mt: 2, nt: 4 },
+    Tile { wm: 2, wn: 2, mt: 4, nt: 4 },
+    Tile { wm: 2, wn: 4, mt: 2, nt: 4 },
+    Tile { wm: 4, wn: 2, mt: 2, nt: 4 },
+];
+const SIMT_TILES: &[Tile] = &[
+    Tile { wm: 8, wn: 16, mt: 1, nt: 2 },
+    Tile { wm: 8, wn: 32, mt: 2, nt: 2 },
+    Tile { wm: 16, wn: 16, mt: 2, nt: 2 },
+    Tile { wm: 16, wn: 16, mt: 4, nt: 4 },
+    Tile { wm: 16, wn: 16, mt: 8, nt: 4 },
+];
+
+impl Tile {
+    fn threads(&self, e: Engine) -> u64 {
+        self.wm * self.wn * if matches!(e, Engine::Mma(_)) { 32 } else { 1 }
+    }
+    fn bm(&self, e: Engine) -> u64 {
+        self.wm * self.mt * if matches!(e, Engine::Mma(_)) { 16 } else { 1 }
+    }
+    fn bn(&self, e: Engine) -> u64 {
+        self.wn * self.nt * if matches!(e, Engine::Mma(_)) { 8 } else { 1 }
+    }
+}
+
+/// The K slice: two `mma.sync` steps, or 16 FMAs.
+fn bk(e: Engine) -> u64 {
+    match e {
+        Engine::Mma(t) => 2 * mlopt_kir::warp_mma_k(t),
+        Engine::Simt => 16,
+    }
+}
+
+/// Row padding of the shared tiles in elements: keeps `ldmatrix` rows 16-byte aligned and moves
+/// successive rows to other banks.
+fn pad(e: Engine) -> u64 {
+    match e {
+        Engine::Mma(Elem::F32) => 4,
+        Engine::Mma(_) => 8,
+        Engine::Simt => 1,
+    }
+}
+
+fn shared_bytes(t: &Tile, e: Engine, elem: Elem) -> u64 {
+    let (bm, bn, bk) = (t.bm(e), t.bn(e), bk(e));
+    2 * (bm * (bk + pad(e)) + bk * (bn + pad(e))) * elem.size()
+}
+
+/// Registers per thread, roughly: accumulators, fragments or operands, and addressing.
+fn registers(t: &Tile, e: Engine) -> u64 {
+    match e {
+        Engine::Mma(_) => t.mt * t.nt * 4 + t.mt * 4 + t.nt * 2 + 40,
+        Engine::Simt => t.mt * t.nt + t.mt + t.nt + 40,
+    }
+}
+
+/// The roofline estimate of a tile shape in seconds: waves of blocks over the SMs against the traffic
+/// of the operands (A is read once per column of tiles, B once per row of tiles). None when the shape
+/// breaks a limit or does not divide the staging copies evenly.
+fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, s: &GpuSchedule) -> Option<f64> {
+    let (m, n, k, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
+    let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
+    let smem = shared_bytes(t, e, elem);
+    if threads > s.max_threads || smem > s.shared_bytes || registers(t, e) > 255 || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
+        return None;
+    }
+    let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), k.div_ceil(bk));
+    let blocks = batch * tm * tn;
+    let per_sm = (s.threads_per_sm / threads).min(s.smem_per_sm / smem.max(1)).min(s.regs_per_sm / (threads * registers(t, e))).clamp(1, 32);
+    let waves = blocks.div_ceil(s.sms * per_sm);
+    // Blocks at once on the busiest SM; an SM reaches its peak with enough warps to hide latency (eight
+    // here), and fewer run proportionally slower.
+    let together = blocks.div_ceil(s.sms).min(per_sm);
+    let resident = together * threads.div_ceil(32);
+    let peak = match e {
+        Engine::Mma(Elem::BF16) => s.bf16_matrix,
+        Engine::Mma(Elem::F16) => s.f16_matrix,
+        Engine::Mma(_) => s.tf32_matrix,
+        Engine::Simt => Some(s.fp32),
+    }? / s.sms as f64
+        * (resident as f64 / 8.0).min(1.0);
+    let tile_flops = (2 * bm * bn * kt * bk) as f64;
+    let compute = waves as f64 * together as f64 * tile_flops / peak;
+    let traffic = (batch * (m * k * tn + k * n * tm) * elem.size() + batch * m * n * 4) as f64;
+    Some(compute.max(traffic / s.dram_bw))
+}
+
+/// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.
+fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Contraction> {
+    let [Stmt::Store { buf: acc, index, value: Expr::Float(z, Elem::F32) }, red_nest, epilogue @ ..] = inner else { return None };
+    let buf = k.buffer(*acc);
+    if *z != 0.0 || buf.space != Space::Local || buf.elem != Elem::F32 || !index.is_empty() {
+        return None;
+    }
+    let mut red = Vec::new();
+    let mut cur = std::slice::from_ref(red_nest);
+    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
+        red.push((*var, *extent));
+        cur = body;
+    }
+    let me = Expr::load(*acc, vec![]);
+    let [Stmt::Store { buf: b, index, value: Expr::Fma(x, y, z) }] = cur else { return None };
+    if b != acc || !index.is_empty() || **z != me || red.is_empty() {
+        return None;
+    }
+    let reads_acc = |e: &Expr| expr_loads(e).contains_key(acc);
+    if reads_acc(x) || reads_acc(y) || x.elem(k) != Elem::F32 || !epilogue_ok(epilogue, *acc) {
+        return None;
+    }
+    // Which operand reads each data-parallel loop.
+    let innermost = prefix.iter().rev().find(|(_, e)| *e > 1)?.0;
+    let (a, b) = match (x.uses(innermost), y.uses(innermost)) {
+        (false, true) => ((**x).clone(), (**y).clone()),
+        (true, false) => ((**y).clone(), (**x).clone()),
+        _ => return None,
+    };
+    let (mut rows, mut cols, mut batch) = (Vec::new(), Vec::new(), Vec::new());
+    for &(v, e) in prefix {
+        match (a.uses(v), b.uses(v)) {
+            (true, false) if e > 1 => rows.push((v, e)),
+            (false, true) if e > 1 => cols.push((v, e)),
+            _ => batch.push((v, e)),
+        }
+    }
+    Some(Contraction { acc: *acc, rows, cols, batch, red, a, b, epilogue: epilogue.to_vec() })
+}
+
+/// Whether the epilogue only reads the accumulator (and holds no barrier or mma).
+fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
+    body.iter().all(|s| match s {
+        Stmt::Store { buf, .. } => *buf != acc,
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => epilogue_ok(body, acc),
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } => false,
+    })
+}
+
+/// The operand computed in a 16-bit type `t` when it is an f32 cast of `t` values (through selects and
+/// constants that `t` holds exactly): what tensor cores can read without rounding anything.
+fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
+    match e {
+        Expr::Cast(Elem::F32, x) if x.elem(k) == t => Some((**x).clone()),
+        Expr::Select(c, x, y) => Some(Expr::select((**c).clone(), narrow(k, x, t)?, narrow(k, y, t)?)),
+        Expr::Float(v, Elem::F32) if *v == 0.0 => Some(Expr::Float(0.0, t)),
+        _ => None,
+    }
+}
+
+/// Whether `e`'s global loads move one element with `v` (so neighbouring threads should take
+/// neighbouring values of `v`).
+fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
+    let mut loads = Vec::new();
+    collect_loads(e, &mut loads);
+    loads.iter().filter(|(b, _)| k.buffer(*b).space == Space::Global).any(|(b, ix)| coefficient(&flat_index(k, *b, ix), v) == Some(1))
+}
+
+fn collect_loads(e: &Expr, out: &mut Vec<(BufId, Vec<Expr>)>) {
+    match e {
+        Expr::Load(b, ix) => {
+            out.push((*b, ix.clone()));
+            ix.iter().for_each(|x| collect_loads(x, out));
+        }
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
+        Expr::Unary(_, a) | Expr::Cast(_, a) => collect_loads(a, out),
+        Expr::Binary(_, a, b) => {
+            collect_loads(a, out);
+            collect_loads(b, out);
+        }
+        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
+            collect_loads(a, out);
+            collect_loads(b, out);
+            collect_loads(c, out);
+        }
+    }
+}
+
+fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
+    Stmt::For { var, extent, kind, body }
+}
+
+fn int(v: u64) -> Expr {
+    Expr::int(v as i64)
+}
+
+fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
+    body.iter().map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e))).collect()
+}
+
+fn subst_expr(e: &Expr, by: &[(Var, Expr)]) -> Expr {
+    by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
+}
+
+fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
+    match conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b)) {
+        Some(cond) => vec![Stmt::If { cond, then }],
+        None => then,
+    }
+}
+
+/// Schedules the launch as a tiled GEMM when `inner` is a contraction big enough to tile; returns the
+/// new body, or None to leave it to the other schedules.
+pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
+    let Some(c) = recognise(k, prefix, inner) else { return Ok(None) };
+    let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
+    if m < 8 || n < 8 || kk < 8 {
+        return Ok(None);
+    }
+    // Tensor cores when both operands are 16-bit values of one type (or tf32 is allowed), else SIMT.
+    let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| Some((t, narrow(k, &c.a, t)?, narrow(k, &c.b, t)?)));
+    let mut options: Vec<(Engine, Elem, Expr, Expr)> = Vec::new();
+    if let Some((t, a, b)) = sixteen {
+        options.push((Engine::Mma(t), t, a, b));
+    }
+    if s.tf32_matrix.is_some() {
+        options.push((Engine::Mma(Elem::F32), Elem::F32, c.a.clone(), c.b.clone()));
+    }
+    options.push((Engine::Simt, Elem::F32, c.a.clone(), c.b.clone()));
+    let mut best: Option<(f64, Engine, Elem, Expr, Expr, Tile)> = None;
+    for (e, elem, a, b) in options {
+        let tiles = if e == Engine::Simt { SIMT_TILES } else { MMA_TILES };
+        for t in tiles {
+            if let Some(time) = estimate(&c, t, e, elem, s) {
+                if best.as_ref().is_none_or(|x| time < x.0) {
+                    best = Some((time, e, elem, a.clone(), b.clone(), *t));
+                }
+            }
+        }
+    }
+    let Some((_, e, elem, a, b, t)) = best else { return Ok(None) };
+    Ok(Some(build(k, &c, e, elem, &a, &b, &t)))
+}
+
+/// Writes the tiled GEMM (see the module comment).
+fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile) -> Vec<Stmt> {
+    let (m, n, kdim, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
+    let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
+    let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
+    let id = k.vars.len();
+    let sa = k.buf(format!("sa{id}"), elem, vec![2, bm, bk + pad(e)], Space::Shared);
+    let sb = k.buf(format!("sb{id}"), elem, vec![2, bk, bn + pad(e)], Space::Shared);
+    let acc = match e {
+        Engine::Mma(_) => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt, 4], Space::Local),
+        Engine::Simt => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt], Space::Local),
+    };
+    let gb = k.var(format!("gb{id}"));
+    let ko = k.var(format!("ko{id}"));
+    // Block gb: batch element, row tile and column tile.
+    let g = Expr::var(gb);
+    let at_batch = delinear(&c.batch, &Expr::div(g.clone(), int(tm * tn)));
+    let row0 = Expr::mul(Expr::rem(Expr::div(g.clone(), int(tn)), int(tm)), int(bm));
+    let col0 = Expr::mul(Expr::rem(g, int(tn)), int(bn));
+    let thread_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
+        let tv = k.var(format!("t{}", k.vars.len()));
+        let body = f(k, Expr::var(tv));
+        for_(tv, threads, LoopKind::GpuThread(0), body)
+    };
+    let unrolled = |k: &mut Kernel, extent: u64, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
+        let v = k.var(format!("u{}", k.vars.len()));
+        let body = f(k, Expr::var(v));
+        for_(v, extent, LoopKind::Unrolled, body)
+    };
+    // Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
+    // the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
+    let kvar = c.red.last().map(|(v, _)| *v);
+    let stage = |k: &mut Kernel, kslice: Expr, which: Expr, operand: &Expr, side: &[(Var, u64)], start: &Expr, is_a: bool| -> Stmt {
+        let (buf, extent) = if is_a { (sa, m) } else { (sb, n) };
+        let (rows, cols) = if is_a { (bm, bk) } else { (bk, bn) };
+        // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous in K.
+        let k_fast = kvar.is_some_and(|v| contiguous_in(k, operand, v)) || side.last().is_none_or(|(v, _)| !contiguous_in(k, operand, *v));
+        let fast_cols = k_fast == is_a;
+        let slots = rows * cols / threads;
+        let (operand, side, start, kslice, which) = (operand.clone(), side.to_vec(), start.clone(), kslice.clone(), which.clone());
+        let red = c.red.clone();
+        let at_batch = at_batch.clone();
+        let (dm, dk) = (extent, kdim);
+        thread_loop(k, &mut |k, tv| {
+            vec![unrolled(k, slots, &mut |_, sv| {
+                let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
+                let (r, col) = if fast_cols { (Expr::div(el.clone(), int(cols)), Expr::rem(el, int(cols))) } else { (Expr::rem(el.clone(), int(rows)), Expr::div(el, int(rows))) };
+                let (own, kk) = if is_a { (r.clone(), col.clone()) } else { (col.clone(), r.clone()) };
+                let gown = Expr::add(start.clone(), own);
+                let gk = Expr::add(Expr::mul(kslice.clone(), int(bk)), kk);
+                let mut by = delinear(&side, &gown);
+                by.extend(delinear(&red, &gk));
+                by.extend(at_batch.clone());
+                let value = subst_expr(&operand, &by);
+                let idx = vec![which.clone(), r, col];
+                let mut conds = Vec::new();
+                if !dm.is_multiple_of(if is_a { bm } else { bn }) {
+                    conds.push(Expr::bin(BinOp::Lt, gown, int(dm)));
+                }
+                if !dk.is_multiple_of(bk) {
+                    conds.push(Expr::bin(BinOp::Lt, gk, int(dk)));
+                }
+                let store = Stmt::Store { buf, index: idx.clone(), value };
+                if conds.is_empty() {
+                    vec![store]
+                } else {
+                    let mut out = vec![Stmt::Store { buf, index: idx, value: Expr::Float(0.0, elem) }];
+                    out.extend(guarded(conds, vec![store]));
+                    out
+                }
+            })]
+        })
+    };
+    let mut body = Vec::new();
+    // Zero the accumulators.
+    body.push(thread_loop(k, &mut |k, _| {
+        vec![unrolled(k, t.mt, &mut |k, i| {
+            vec![unrolled(k, t.nt, &mut |k, j| match e {
+                Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| vec![Stmt::Store { buf: acc, index: vec![i.clone(), j.clone(), q], value: Expr::f32(0.0) }])],
+                Engine::Simt => vec![Stmt::Store { buf: acc, index: vec![i.clone(), j], value: Expr::f32(0.0) }],
+            })]
+        })]
+    }));
+    // Slice 0 into buffer 0.
+    body.push(stage(k, int(0), int(0), a, &c.rows, &row0, true));
+    body.push(stage(k, int(0), int(0), b, &c.cols, &col0, false));
+    body.push(Stmt::Barrier);
+    // Each slice: copy the next one into the other buffer, multiply this one, then one barrier.
+    let kv = Expr::var(ko);
+    let next = Expr::add(kv.clone(), int(1));
+    let this_buf = Expr::rem(kv.clone(), int(2));
+    let next_buf = Expr::rem(next.clone(), int(2));
+    let mut slice = Vec::new();
+    if kt > 1 {
+        slice.push(Stmt::If {
+            cond: Expr::bin(BinOp::Lt, next.clone(), int(kt)),
+            then: vec![stage(k, next.clone(), next_buf.clone(), a, &c.rows, &row0, true), stage(k, next, next_buf, b, &c.cols, &col0, false)],
+        });
+    }
+    slice.push(thread_loop(k, &mut |k, tv| match e {
+        Engine::Mma(t_in) => {
+            let ks = mlopt_kir::warp_mma_k(t_in);
+            let warp = Expr::div(tv.clone(), int(32));
+            let (wm, wn) = (Expr::div(warp.clone(), int(t.wn)), Expr::rem(warp, int(t.wn)));
+            vec![unrolled(k, bk / ks, &mut |k, p| {
+                let (wm, wn, this_buf) = (wm.clone(), wn.clone(), this_buf.clone());
+                vec![unrolled(k, t.mt, &mut |k, i| {
+                    let (wm, wn, this_buf, p) = (wm.clone(), wn.clone(), this_buf.clone(), p.clone());
+                    vec![unrolled(k, t.nt, &mut |_, j| {
+                        let ar = Expr::mul(Expr::add(Expr::mul(wm.clone(), int(t.mt)), i.clone()), int(16));
+                        let bc = Expr::mul(Expr::add(Expr::mul(wn.clone(), int(t.nt)), j.clone()), int(8));
+                        let kp = Expr::mul(p.clone(), int(ks));
+                        vec![Stmt::WarpMma {
+                            c: Block { buf: acc, at: vec![i.clone(), j, int(0)] },
+                            a: Block { buf: sa, at: vec![this_buf.clone(), ar, kp.clone()] },
+                            b: Block { buf: sb, at: vec![this_buf.clone(), kp, bc] },
+                        }]
+                    })]
+                })]
+            })]
+        }
+        Engine::Simt => {
+            let (ty, tx) = (Expr::div(tv.clone(), int(t.wn)), Expr::rem(tv, int(t.wn)));
+            let p = k.var(format!("kk{}", k.vars.len()));
+            let pv = Expr::var(p);
+            let inner = unrolled(k, t.mt, &mut |k, i| {
+                let (ty, tx, pv, this_buf) = (ty.clone(), tx.clone(), pv.clone(), this_buf.clone());
+                vec![unrolled(k, t.nt, &mut |_, j| {
+                    let x = Expr::load(sa, vec![this_buf.clone(), Expr::add(ty.clone(), Expr::mul(i.clone(), int(t.wm))), pv.clone()]);
+                    let y = Expr::load(sb, vec![this_buf.clone(), pv.clone(), Expr::add(tx.clone(), Expr::mul(j.clone(), int(t.wn)))]);
+                    let me = Expr::load(acc, vec![i.clone(), j.clone()]);
+                    vec![Stmt::Store { buf: acc, index: vec![i.clone(), j], value: Expr::fma(x, y, me) }]
+                })]
+            });
+            vec![for_(p, bk, LoopKind::Serial, vec![inner])]
+        }
+    }));
+    slice.push(Stmt::Barrier);
+    body.push(for_(ko, kt, LoopKind::Serial, slice));
+    // The epilogue, once per output element, on the thread that holds it.
+    let rows = c.rows.clone();
+    let cols = c.cols.clone();
+    body.push(thread_loop(k, &mut |k, tv| {
+        let (row0, col0, at_batch) = (row0.clone(), col0.clone(), at_batch.clone());
+        vec![unrolled(k, t.mt, &mut |k, i| {
+            let (tv, row0, col0, at_batch) = (tv.clone(), row0.clone(), col0.clone(), at_batch.clone());
+            vec![unrolled(k, t.nt, &mut |k, j| {
+                let element = |q: Option<Expr>| -> (Expr, Expr, Vec<Expr>) {
+                    match (e, q) {
+                        (Engine::Mma(_), Some(q)) => {
+                            let (warp, lane) = (Expr::div(tv.clone(), int(32)), Expr::rem(tv.clone(), int(32)));
+                            let (wm, wn) = (Expr::div(warp.clone(), int(t.wn)), Expr::rem(warp, int(t.wn)));
+                            let r = Expr::add(Expr::mul(Expr::add(Expr::mul(wm, int(t.mt)), i.clone()), int(16)), Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))));
+                            let col = Expr::add(Expr::mul(Expr::add(Expr::mul(wn, int(t.nt)), j.clone()), int(8)), Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))));
+                            (r, col, vec![i.clone(), j.clone(), q])
+                        }
+                        _ => {
+                            let (ty, tx) = (Expr::div(tv.clone(), int(t.wn)), Expr::rem(tv.clone(), int(t.wn)));
+                            (Expr::add(ty, Expr::mul(i.clone(), int(t.wm))), Expr::add(tx, Expr::mul(j.clone(), int(t.wn))), vec![i.clone(), j.clone()])
+                        }
+                    }
+                };
+                let one = |q: Option<Expr>| -> Vec<Stmt> {
+                    let (r, col, slot) = element(q);
+                    let (gr, gc) = (Expr::add(row0.clone(), r), Expr::add(col0.clone(), col));
+                    let mut by = delinear(&rows, &gr);
+                    by.extend(delinear(&cols, &gc));
+                    by.extend(at_batch.clone());
+                    let mine = Expr::load(acc, slot);
+                    let from = c.acc;
+                    let epi: Vec<Stmt> = subst_all(&c.epilogue, &by).iter().map(|s| map_stmt_loads(s, &|b, ix| if b == from { mine.clone() } else { Expr::Load(b, ix) })).collect();
+                    let mut conds = Vec::new();
+                    if !m.is_multiple_of(bm) {
+                        conds.push(Expr::bin(BinOp::Lt, gr, int(m)));
+                    }
+                    if !n.is_multiple_of(bn) {
+                        conds.push(Expr::bin(BinOp::Lt, gc, int(n)));
+                    }
+                    guarded(conds, epi)
+                };
+                match e {
+                    Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| one(Some(q)))],
+                    Engine::Simt => one(None),
+                }
+            })]
+        })]
+    }));
+    let what = match e {
+        Engine::Mma(Elem::F32) => "mma.sync tf32".to_string(),
+        Engine::Mma(t) => format!("mma.sync {t}"),
+        Engine::Simt => "simt".to_string(),
+    };
+    k.schedule.push(format!("gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks)", batch * tm * tn));
+    vec![for_(gb, batch * tm * tn, LoopKind::GpuBlock(0), body)]
+}
+
+/// The statement with every load in it (indices, values, guards) rebuilt by `f`.
+fn map_stmt_loads(s: &Stmt, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Stmt {
+    let ix = |v: &[Expr]| v.iter().map(|x| x.map_loads(f)).collect::<Vec<_>>();
+    match s {
+        Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: ix(index), value: value.map_loads(f) },
+        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| map_stmt_loads(s, f)).collect() },
+        Stmt::If { cond, then } => Stmt::If { cond: cond.map_loads(f), then: then.iter().map(|s| map_stmt_loads(s, f)).collect() },
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::gpu::{schedule_kernel, GpuSchedule};
+    use mlopt_kir::{parse_kernel, run_kernel, Elem, Kernel};
+
+    /// out[h, i, j] = max(sum_r a[h, i, r] b[h, r, j] + 1, 0), as lowering writes it.
+    fn matmul(batch: u64, m: u64, n: u64, k: u64, t: Elem) -> Kernel {
+        let text = format!(
+            "kernel @mm(%out: f32[{batch},{m},{n}], %a: {t}[{batch},{m},{k}], %b: {t}[{batch},{k},{n}]) {{
+  local %acc: f32[]
+  serial %h in 0..{batch} {{
+    serial %i in 0..{m} {{
+      serial %j in 0..{n} {{
+        %acc[] = 0.0f32
+        serial %r in 0..{k} {{
+          %acc[] = fma(cast<f32>(%a[%h, %i, %r]), cast<f32>(%b[%h, %r, %j]), %acc[])
+        }}
+        %out[%h, %i, %j] = max((%acc[] + 1.0f32), 0.0f32)
+      }}
+    }}
+  }}
+}}
+"
+        );
+        parse_kernel(&text).unwrap()
+    }
+
+    fn encode(t: Elem, x: f32) -> Vec<u8> {
+        match t {
+            Elem::BF16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+            Elem::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+            _ => x.to_le_bytes().to_vec(),
+        }
+    }
+
+    fn run(k: &Kernel, regions: &[Vec<u8>]) -> Vec<f32> {
+        let mut r = regions.to_vec();
+        run_kernel(k, &mut r, &[(0, 0), (1, 0), (2, 0)]).unwrap_or_else(|e| panic!("{e}\n{}", mlopt_kir::print::kernel(k)));
+        r[0].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    /// Shapes that divide no tile (guards on every side), batches, and each engine: the tiled GEMM in
+    /// the emulator against the plain loops in the interpreter. SIMT keeps the order of K, so fp32 is
+    /// bit-exact; tensor cores sum in another order (and tf32 rounds the operands).
+    #[test]
+    fn tiled_gemms_match_the_plain_loops() {
+        // (batch, m, n, k, operand type, tf32 allowed, the engine chosen, tolerance relative to the largest output)
+        type Case = (u64, u64, u64, u64, Elem, bool, &'static str, f32);
+        let cases: &[Case] = &[
+            (1, 37, 45, 29, Elem::F32, false, "simt", 0.0),
+            (2, 9, 70, 40, Elem::F32, false, "simt", 0.0),
+            (1, 37, 45, 29, Elem::BF16, false, "mma.sync bf16", 1e-5),
+            (2, 33, 40, 48, Elem::F16, false, "mma.sync f16", 1e-5),
+            (1, 20, 24, 20, Elem::F32, true, "mma.sync tf32", 2e-3),
+        ];
+        for &(batch, m, n, k, t, tf32, engine, tol) in cases {
+            let plain = matmul(batch, m, n, k, t);
+            let mut s = GpuSchedule::SM80;
+            s.tf32_matrix = tf32.then_some(156e12);
+            let mut tiled = plain.clone();
+            schedule_kernel(&mut tiled, &s).unwrap();
+            mlopt_kir::verify(&tiled).unwrap_or_else(|e| panic!("{e:?}\n{}", mlopt_kir::print::kernel(&tiled)));
+            let what = tiled.schedule.join(" ");
+            assert!(what.contains(engine), "{batch}x{m}x{n}x{k} {t}: {what}");
+            let value = |i: u64| ((i * 37 % 101) as f32 - 50.0) / 32.0;
+            let a: Vec<u8> = (0..batch * m * k).flat_map(|i| encode(t, value(i))).collect();
+            let b: Vec<u8> = (0..batch * k * n).flat_map(|i| encode(t, value(i + 7))).collect();
+            let regions = vec![vec![0u8; (batch * m * n * 4) as usize], a, b];
+            let (want, got) = (run(&plain, &regions), run(&tiled, &regions));
+            let scale = want.iter().fold(1.0f32, |x, y| x.max(y.abs()));
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!((w - g).abs() <= tol * scale, "{batch}x{m}x{n}x{k} {t} ({what}): element {i}: {g} != {w}");
+            }
+        }
+    }
+
+    /// The roofline picks small tiles when the grid is too small to fill the GPU, and big ones (more
+    /// reuse per byte) when there are blocks enough.
+    #[test]
+    fn tile_sizes_follow_the_problem() {
+        for (m, n, k, tile) in [(8, 64, 64, "tile 16x32x32"), (4096, 4096, 4096, "tile 128x64x32")] {
+            let mut tiled = matmul(1, m, n, k, Elem::BF16);
+            schedule_kernel(&mut tiled, &GpuSchedule::SM80).unwrap();
+            let what = tiled.schedule.join(" ");
+            assert!(what.contains(tile), "{m}x{n}x{k}: {what}");
+        }
+    }
+}
