@@ -58,18 +58,23 @@ pub fn expr_loads(e: &Expr) -> HashMap<BufId, usize> {
 }
 
 fn expr(e: &Expr, out: &mut HashMap<BufId, usize>) {
+    for_each_load(e, &mut |b, _| *out.entry(b).or_default() += 1);
+}
+
+/// Calls `f(buffer, index)` on every load in `e`, a load before the loads in its index.
+pub fn for_each_load(e: &Expr, f: &mut dyn FnMut(BufId, &[Expr])) {
     match e {
         Expr::Load(b, ix) => {
-            *out.entry(*b).or_default() += 1;
-            ix.iter().for_each(|x| expr(x, out));
+            f(*b, ix);
+            ix.iter().for_each(|x| for_each_load(x, f));
         }
         Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
-        Expr::Unary(_, a) | Expr::Cast(_, a) => expr(a, out),
+        Expr::Unary(_, a) | Expr::Cast(_, a) => for_each_load(a, f),
         Expr::Binary(_, a, b) => {
-            expr(a, out);
-            expr(b, out);
+            for_each_load(a, f);
+            for_each_load(b, f);
         }
-        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => [a, b, c].into_iter().for_each(|x| expr(x, out)),
+        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => [a, b, c].into_iter().for_each(|x| for_each_load(x, f)),
     }
 }
 

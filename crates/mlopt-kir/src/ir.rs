@@ -478,6 +478,26 @@ fn rebuild_bin(o: BinOp, a: Expr, b: Expr) -> Expr {
 }
 
 impl Stmt {
+    /// `for var in 0..extent (kind) { body }`.
+    pub fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
+        Stmt::For { var, extent, kind, body }
+    }
+
+    /// The statement with every load in it (indices, values, guards, block positions) rebuilt by `f`,
+    /// as `Expr::map_loads` does for one expression.
+    pub fn map_loads(&self, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Stmt {
+        let ix = |v: &[Expr]| v.iter().map(|x| x.map_loads(f)).collect::<Vec<_>>();
+        let blk = |b: &Block| Block { buf: b.buf, at: ix(&b.at) };
+        match self {
+            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.map_loads(f)).collect() },
+            Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: ix(index), value: value.map_loads(f) },
+            Stmt::If { cond, then } => Stmt::If { cond: cond.map_loads(f), then: then.iter().map(|s| s.map_loads(f)).collect() },
+            Stmt::Barrier => Stmt::Barrier,
+            Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
+            Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
+        }
+    }
+
     pub fn subst(&self, v: Var, by: &Expr) -> Stmt {
         match self {
             Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.subst(v, by)).collect() },

@@ -129,10 +129,6 @@ pub struct Col<'e> {
     pub j: Expr,
 }
 
-fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
-    Stmt::For { var, extent, kind, body }
-}
-
 pub type RowOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
 /// b(batch, k, column): the column both as a number and as its place in the tiling (so a packed B can be
 /// indexed by panel).
@@ -194,8 +190,8 @@ fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, co
     let sweep = |l: &mut Lowerer, f: &mut dyn FnMut(&mut Lowerer, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
         let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
         let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
-        let inner = for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
-        Ok(for_(ii, t.mr, LoopKind::Unrolled, vec![for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![inner])]))
+        let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
+        Ok(Stmt::for_(ii, t.mr, LoopKind::Unrolled, vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![inner])]))
     };
     let zero = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii, jj], value: Expr::f32(0.0) }))?;
     let update = l.nest("k", k, |l, kk| {
@@ -214,7 +210,7 @@ fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, co
     body.push(out);
     // Column panels outside, rows inside: one nr-wide panel of B stays in cache while every row of A
     // passes over it (B is usually the larger operand: the weights).
-    Ok(for_(jo, cols / t.nr, LoopKind::Serial, vec![for_(io, rows / t.mr, LoopKind::Serial, body)]))
+    Ok(Stmt::for_(jo, cols / t.nr, LoopKind::Serial, vec![Stmt::for_(io, rows / t.mr, LoopKind::Serial, body)]))
 }
 
 #[cfg(test)]

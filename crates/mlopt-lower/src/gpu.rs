@@ -191,7 +191,7 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
     if n == 0 {
         // Nothing to compute (a zero-sized output): one empty block keeps the launch well formed.
         let b = k.var(format!("gb{}", k.vars.len()));
-        k.body = vec![for_(b, 1, LoopKind::GpuBlock(0), vec![])];
+        k.body = vec![Stmt::for_(b, 1, LoopKind::GpuBlock(0), vec![])];
         k.schedule.push("gpu.empty".into());
         return Ok(());
     }
@@ -255,17 +255,13 @@ pub(crate) fn delinear(prefix: &[(Var, u64)], g: &Expr) -> Vec<(Var, Expr)> {
     out
 }
 
-fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
+pub(crate) fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
     body.iter()
         .map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e)))
         .collect()
 }
 
-fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
-    Stmt::For { var, extent, kind, body }
-}
-
-fn lt(a: Expr, n: u64) -> Expr {
+pub(crate) fn lt(a: Expr, n: u64) -> Expr {
     Expr::bin(BinOp::Lt, a, Expr::int(n as i64))
 }
 
@@ -280,7 +276,7 @@ fn elementwise(k: &mut Kernel, prefix: &[(Var, u64)], body: Vec<Stmt>, n: u64) -
         inner = vec![Stmt::If { cond: lt(g, n), then: inner }];
     }
     k.schedule.push(format!("gpu.elementwise({n} in {grid}x{threads})"));
-    vec![for_(b, grid, LoopKind::GpuBlock(0), vec![for_(t, threads, LoopKind::GpuThread(0), inner)])]
+    vec![Stmt::for_(b, grid, LoopKind::GpuBlock(0), vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), inner)])]
 }
 
 /// One statement of a cooperative row.
@@ -389,7 +385,7 @@ fn strided(k: &mut Kernel, t: Var, threads: u64, loops: &[(Var, u64)], body: &[S
     if !n.is_multiple_of(threads) {
         inner = vec![Stmt::If { cond: lt(idx, n), then: inner }];
     }
-    for_(rr, n.div_ceil(threads), LoopKind::Serial, inner)
+    Stmt::for_(rr, n.div_ceil(threads), LoopKind::Serial, inner)
 }
 
 /// One block per row: reductions by all threads and a tree in shared memory; maps shared out.
@@ -445,7 +441,7 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
     let thread_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Var) -> Vec<Stmt>| -> Stmt {
         let t = k.var(format!("t{}", k.vars.len()));
         let body = f(k, t);
-        for_(t, threads, LoopKind::GpuThread(0), body)
+        Stmt::for_(t, threads, LoopKind::GpuThread(0), body)
     };
     let first = |t: Var, s: Vec<Stmt>| Stmt::If { cond: Expr::bin(BinOp::Eq, Expr::var(t), Expr::int(0)), then: s };
     for (i, st) in steps.iter().enumerate() {
@@ -493,5 +489,5 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
     }
     out.pop();
     k.schedule.push(format!("gpu.rows({rows} x {threads} threads)"));
-    Ok(Some(vec![for_(gb, rows.max(1), LoopKind::GpuBlock(0), out)]))
+    Ok(Some(vec![Stmt::for_(gb, rows.max(1), LoopKind::GpuBlock(0), out)]))
 }

@@ -32,8 +32,8 @@
 //! the limits on threads, shared memory and registers.
 
 use crate::error::Result;
-use crate::gpu::{delinear, GpuSchedule};
-use mlopt_kir::analysis::{coefficient, expr_loads, flat_index};
+use crate::gpu::{delinear, lt, subst_all, GpuSchedule};
+use mlopt_kir::analysis::{coefficient, expr_loads, flat_index, for_each_load};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 
 /// A contraction recognised in a launch's body.
@@ -228,41 +228,13 @@ fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
 /// Whether `e`'s global loads move one element with `v` (so neighbouring threads should take
 /// neighbouring values of `v`).
 fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
-    let mut loads = Vec::new();
-    collect_loads(e, &mut loads);
-    loads.iter().filter(|(b, _)| k.buffer(*b).space == Space::Global).any(|(b, ix)| coefficient(&flat_index(k, *b, ix), v) == Some(1))
-}
-
-fn collect_loads(e: &Expr, out: &mut Vec<(BufId, Vec<Expr>)>) {
-    match e {
-        Expr::Load(b, ix) => {
-            out.push((*b, ix.clone()));
-            ix.iter().for_each(|x| collect_loads(x, out));
-        }
-        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
-        Expr::Unary(_, a) | Expr::Cast(_, a) => collect_loads(a, out),
-        Expr::Binary(_, a, b) => {
-            collect_loads(a, out);
-            collect_loads(b, out);
-        }
-        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
-            collect_loads(a, out);
-            collect_loads(b, out);
-            collect_loads(c, out);
-        }
-    }
-}
-
-fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
-    Stmt::For { var, extent, kind, body }
+    let mut yes = false;
+    for_each_load(e, &mut |b, ix| yes |= k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, ix), v) == Some(1));
+    yes
 }
 
 fn int(v: u64) -> Expr {
     Expr::int(v as i64)
-}
-
-fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
-    body.iter().map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e))).collect()
 }
 
 fn subst_expr(e: &Expr, by: &[(Var, Expr)]) -> Expr {
@@ -331,12 +303,12 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     let thread_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
         let tv = k.var(format!("t{}", k.vars.len()));
         let body = f(k, Expr::var(tv));
-        for_(tv, threads, LoopKind::GpuThread(0), body)
+        Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
     };
     let unrolled = |k: &mut Kernel, extent: u64, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
         let v = k.var(format!("u{}", k.vars.len()));
         let body = f(k, Expr::var(v));
-        for_(v, extent, LoopKind::Unrolled, body)
+        Stmt::for_(v, extent, LoopKind::Unrolled, body)
     };
     // Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
     // the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
@@ -366,10 +338,10 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                 let idx = vec![which.clone(), r, col];
                 let mut conds = Vec::new();
                 if !dm.is_multiple_of(if is_a { bm } else { bn }) {
-                    conds.push(Expr::bin(BinOp::Lt, gown, int(dm)));
+                    conds.push(lt(gown, dm));
                 }
                 if !dk.is_multiple_of(bk) {
-                    conds.push(Expr::bin(BinOp::Lt, gk, int(dk)));
+                    conds.push(lt(gk, dk));
                 }
                 let store = Stmt::Store { buf, index: idx.clone(), value };
                 if conds.is_empty() {
@@ -404,7 +376,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     let mut slice = Vec::new();
     if kt > 1 {
         slice.push(Stmt::If {
-            cond: Expr::bin(BinOp::Lt, next.clone(), int(kt)),
+            cond: lt(next.clone(), kt),
             then: vec![stage(k, next.clone(), next_buf.clone(), a, &c.rows, &row0, true), stage(k, next, next_buf, b, &c.cols, &col0, false)],
         });
     }
@@ -443,11 +415,11 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                     vec![Stmt::Store { buf: acc, index: vec![i.clone(), j], value: Expr::fma(x, y, me) }]
                 })]
             });
-            vec![for_(p, bk, LoopKind::Serial, vec![inner])]
+            vec![Stmt::for_(p, bk, LoopKind::Serial, vec![inner])]
         }
     }));
     slice.push(Stmt::Barrier);
-    body.push(for_(ko, kt, LoopKind::Serial, slice));
+    body.push(Stmt::for_(ko, kt, LoopKind::Serial, slice));
     // The epilogue, once per output element, on the thread that holds it.
     let rows = c.rows.clone();
     let cols = c.cols.clone();
@@ -479,13 +451,13 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                     by.extend(at_batch.clone());
                     let mine = Expr::load(acc, slot);
                     let from = c.acc;
-                    let epi: Vec<Stmt> = subst_all(&c.epilogue, &by).iter().map(|s| map_stmt_loads(s, &|b, ix| if b == from { mine.clone() } else { Expr::Load(b, ix) })).collect();
+                    let epi: Vec<Stmt> = subst_all(&c.epilogue, &by).iter().map(|s| s.map_loads(&|b, ix| if b == from { mine.clone() } else { Expr::Load(b, ix) })).collect();
                     let mut conds = Vec::new();
                     if !m.is_multiple_of(bm) {
-                        conds.push(Expr::bin(BinOp::Lt, gr, int(m)));
+                        conds.push(lt(gr, m));
                     }
                     if !n.is_multiple_of(bn) {
-                        conds.push(Expr::bin(BinOp::Lt, gc, int(n)));
+                        conds.push(lt(gc, n));
                     }
                     guarded(conds, epi)
                 };
@@ -502,18 +474,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         Engine::Simt => "simt".to_string(),
     };
     k.schedule.push(format!("gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks)", batch * tm * tn));
-    vec![for_(gb, batch * tm * tn, LoopKind::GpuBlock(0), body)]
-}
-
-/// The statement with every load in it (indices, values, guards) rebuilt by `f`.
-fn map_stmt_loads(s: &Stmt, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Stmt {
-    let ix = |v: &[Expr]| v.iter().map(|x| x.map_loads(f)).collect::<Vec<_>>();
-    match s {
-        Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: ix(index), value: value.map_loads(f) },
-        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| map_stmt_loads(s, f)).collect() },
-        Stmt::If { cond, then } => Stmt::If { cond: cond.map_loads(f), then: then.iter().map(|s| map_stmt_loads(s, f)).collect() },
-        other => other.clone(),
-    }
+    vec![Stmt::for_(gb, batch * tm * tn, LoopKind::GpuBlock(0), body)]
 }
 
 #[cfg(test)]
