@@ -78,10 +78,11 @@ fn ptx_snapshots() {
     insta::assert_snapshot!("ptx_elementwise_merge_heads", entry(&tr.ptx.ptx, "k4_1"));
     // A reduction: the transformer's first layer norm, one row per block, tree sums in shared memory.
     insta::assert_snapshot!("ptx_rows_layernorm", entry(&tr.ptx.ptx, "k0"));
-    // A tensor-core GEMM: the MLP's first layer in bf16 (ldmatrix, mma.sync m16n8k16), bias + ReLU.
+    // A tensor-core GEMM: the MLP's first layer in bf16 (tiles staged by 16-byte cp.async, ldmatrix,
+    // mma.sync m16n8k16), bias + ReLU.
     let mlp = compiled("mlp", "sm_80", Precision::Bf16);
     let mma = entry(&mlp.ptx.ptx, "k1");
-    for want in ["ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "bar.sync"] {
+    for want in ["cp.async.cg.shared.global", "cp.async.wait_all", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "bar.sync"] {
         assert!(mma.contains(want), "no {want} in the tensor-core GEMM");
     }
     insta::assert_snapshot!("ptx_gemm_mma_bf16_bias_relu", mma);

@@ -21,6 +21,33 @@ pub fn coefficient(e: &Expr, v: Var) -> Option<i64> {
     }
 }
 
+/// The constant term of an affine expression (its value with every variable 0), if it is affine.
+pub fn offset(e: &Expr) -> Option<i64> {
+    match e {
+        Expr::Int(c) => Some(*c),
+        Expr::Var(_) => Some(0),
+        Expr::Binary(BinOp::Add, a, b) => Some(offset(a)? + offset(b)?),
+        Expr::Binary(BinOp::Sub, a, b) => Some(offset(a)? - offset(b)?),
+        Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (Expr::Int(c), x) | (x, Expr::Int(c)) => Some(c * offset(x)?),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether `e` is a multiple of `n` for every value of its variables (a sufficient test: constants,
+/// products with a multiple, sums of multiples, remainders by a multiple).
+pub fn multiple_of(e: &Expr, n: i64) -> bool {
+    match e {
+        Expr::Int(c) => c % n == 0,
+        Expr::Binary(BinOp::Mul, a, b) => multiple_of(a, n) || multiple_of(b, n),
+        Expr::Binary(BinOp::Add | BinOp::Sub, a, b) => multiple_of(a, n) && multiple_of(b, n),
+        Expr::Binary(BinOp::Rem, a, b) => multiple_of(a, n) && multiple_of(b, n),
+        _ => n == 1,
+    }
+}
+
 /// The row-major flat element index of an access to `b`.
 pub fn flat_index(k: &Kernel, b: BufId, index: &[Expr]) -> Expr {
     let strides = k.buffer(b).strides();
@@ -93,7 +120,14 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
                 index.iter().for_each(|x| expr(x, out));
                 expr(value, out);
             }
-            Stmt::Barrier => {}
+            Stmt::Barrier | Stmt::AsyncWait => {}
+            Stmt::CopyAsync { dst, src, from, valid, .. } => {
+                if count_stores {
+                    *out.entry(dst.buf).or_default() += 1;
+                }
+                *out.entry(*src).or_default() += 1;
+                dst.at.iter().chain([from]).chain(valid).for_each(|e| expr(e, out));
+            }
             Stmt::Mma { c, a, b, .. } | Stmt::WarpMma { c, a, b } => {
                 for x in [a, b] {
                     *out.entry(x.buf).or_default() += 1;

@@ -124,6 +124,7 @@ impl Checker<'_> {
                 Stmt::Barrier => {}
                 Stmt::Store { buf, .. } => self.err(format!("store to %{} outside a thread loop", self.k.buffer(*buf).name)),
                 Stmt::Mma { .. } | Stmt::WarpMma { .. } => self.err("mma outside a thread loop".into()),
+                Stmt::CopyAsync { .. } | Stmt::AsyncWait => self.err("cp.async outside a thread loop".into()),
             }
         }
     }
@@ -139,7 +140,7 @@ impl Checker<'_> {
                 Stmt::WarpMma { .. } => {}
                 Stmt::For { kind, var, .. } => self.err(format!("loop %{} is {} inside a thread loop", self.k.var_name(*var), crate::print::loop_kind(*kind))),
                 Stmt::Barrier => self.err("barrier inside a thread loop (not every thread may reach it)".into()),
-                Stmt::Store { .. } => {}
+                Stmt::Store { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => {}
                 Stmt::Mma { .. } => self.err("mma blocks are not a GPU operation".into()),
             }
         }
@@ -187,7 +188,7 @@ pub fn work(k: &Kernel) -> (u64, u64) {
                 Stmt::For { extent, body, .. } => extent.saturating_mul(flops(body, k)),
                 Stmt::If { cond, then } => ops(cond, k) + flops(then, k),
                 Stmt::Store { value, .. } => ops(value, k),
-                Stmt::Barrier => 0,
+                Stmt::Barrier | Stmt::CopyAsync { .. } | Stmt::AsyncWait => 0,
                 Stmt::Mma { m, n, k: depth, .. } => 2 * m * n * depth,
                 // One thread's share of the warp's 16 x 8 x K product: its four outputs.
                 Stmt::WarpMma { a, .. } => 2 * 4 * crate::ir::warp_mma_k(k.buffer(a.buf).elem),

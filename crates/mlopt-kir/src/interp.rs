@@ -142,6 +142,20 @@ struct Gpu {
     shared: std::collections::HashMap<(u32, u64), (Option<i64>, Option<i64>)>,
     /// Global bytes written during the kernel (region, byte) -> (block, thread).
     global: std::collections::HashMap<(usize, usize), (i64, i64)>,
+    /// Shared elements an asynchronous copy has yet to write: (buffer, element) -> the copying thread.
+    pending: std::collections::HashMap<(u32, u64), i64>,
+    /// Each thread's copies in flight, written at its next wait.
+    inflight: std::collections::HashMap<i64, Vec<Landing>>,
+}
+
+/// One element of a `cp.async` in flight: where it lands (region, byte), its bytes, and which shared
+/// element it is.
+struct Landing {
+    region: usize,
+    byte: usize,
+    data: Vec<u8>,
+    buf: BufId,
+    element: u64,
 }
 
 /// Runs one kernel. `regions` are byte regions; `args[i]` = (region, byte offset) of the i-th parameter.
@@ -200,6 +214,9 @@ impl Frame<'_> {
                         }
                     }
                     self.block(body, m)?;
+                    if matches!(kind, LoopKind::GpuBlock(_)) {
+                        self.all_landed()?;
+                    }
                 }
                 if let (Some(g), LoopKind::GpuThread(_)) = (&mut self.gpu, kind) {
                     g.thread = None;
@@ -223,6 +240,21 @@ impl Frame<'_> {
                 }
             }
             Stmt::WarpMma { c, a, b } => self.warp_mma(c, a, b, m)?,
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => self.copy_async(dst, *src, from, *lanes, valid.as_ref(), m)?,
+            Stmt::AsyncWait => {
+                let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else {
+                    return Err(InterpError::Program(format!("@{}: cp.async.wait_all outside a thread loop", self.k.name)));
+                };
+                let done = self.gpu.as_mut().and_then(|g| g.inflight.remove(&thread)).unwrap_or_default();
+                for c in done {
+                    if let Some(g) = &mut self.gpu {
+                        g.pending.remove(&(c.buf.0, c.element));
+                    }
+                    // The copy writes now, as far as other threads can tell.
+                    self.touch(c.buf, c.element, c.region, c.byte, true)?;
+                    m[c.region][c.byte..c.byte + c.data.len()].copy_from_slice(&c.data);
+                }
+            }
             Stmt::Mma { m: rows, n, k, c, a, b, acc } => {
                 let at = |x: &crate::Block, r: u64, col: u64| x.index(Expr::int(r as i64), Expr::int(col as i64));
                 for i in 0..*rows {
@@ -296,6 +328,75 @@ impl Frame<'_> {
         Ok(())
     }
 
+    /// One thread's `cp.async`: reads the source now (it does not change during the kernel, or the race
+    /// check says so) and writes the destination at the thread's next wait. The hardware needs both ends
+    /// aligned to the copy's size.
+    fn copy_async(&mut self, dst: &Block, src: BufId, from: &Expr, lanes: u64, valid: Option<&Expr>, m: &mut Vec<Vec<u8>>) -> Result<()> {
+        let k = self.k;
+        let fail = |what: String| InterpError::Program(format!("@{}: cp.async %{} <- %{}: {what}", k.name, k.buffer(dst.buf).name, k.buffer(src).name));
+        let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else { return Err(fail("outside a thread loop".into())) };
+        let on = match valid {
+            Some(c) => self.eval(c, m)?.i() != 0,
+            None => true,
+        };
+        let size = k.buffer(dst.buf).elem.size() as usize;
+        let bytes = size * lanes as usize;
+        // The first element of each end, checked for alignment and for room for the whole copy.
+        let check = |b: BufId, r: usize, byte: usize, element: i64, what: &str| -> Result<(usize, usize, u64)> {
+            if element < 0 || element as u64 + lanes > k.buffer(b).numel() {
+                return Err(fail(format!("{what} elements {element}.. leave %{}", k.buffer(b).name)));
+            }
+            if !byte.is_multiple_of(bytes) {
+                return Err(fail(format!("{what} byte {byte} is not aligned to the {bytes}-byte copy")));
+            }
+            Ok((r, byte, element as u64))
+        };
+        let from = if on {
+            let element = self.eval(from, m)?.i();
+            let (r, base) = self.at[src.0 as usize];
+            Some(check(src, r, base + (element.max(0) as usize) * size, element, "source")?)
+        } else {
+            None
+        };
+        let (region, to, element) = {
+            let (r, byte, _, element) = self.locate(dst.buf, &dst.at, m)?;
+            check(dst.buf, r, byte, element as i64, "destination")?
+        };
+        let mut copies = Vec::with_capacity(lanes as usize);
+        for l in 0..lanes {
+            let data = match from {
+                Some((r, byte, element)) => {
+                    let byte = byte + l as usize * size;
+                    self.touch(src, element + l, r, byte, false)?;
+                    m[r][byte..byte + size].to_vec()
+                }
+                None => vec![0; size],
+            };
+            let byte = to + l as usize * size;
+            self.touch(dst.buf, element + l, region, byte, true)?;
+            copies.push(Landing { region, byte, data, buf: dst.buf, element: element + l });
+        }
+        if let Some(g) = &mut self.gpu {
+            for c in &copies {
+                g.pending.insert((c.buf.0, c.element), thread);
+            }
+            g.inflight.entry(thread).or_default().extend(copies);
+        }
+        Ok(())
+    }
+
+    /// Every asynchronous copy of the block has been waited for.
+    fn all_landed(&self) -> Result<()> {
+        match self.gpu.as_ref().and_then(|g| g.pending.iter().next()) {
+            Some(((b, element), thread)) => Err(InterpError::Program(format!(
+                "@{}: thread {thread}'s cp.async to %{} element {element} is never waited for (cp.async.wait_all)",
+                self.k.name,
+                self.k.bufs[*b as usize].name
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Where element `index` of `b` is: (region, byte, element type, row-major element number).
     fn locate(&mut self, b: BufId, index: &[Expr], m: &mut Vec<Vec<u8>>) -> Result<(usize, usize, Elem, u64)> {
         let buf = self.k.buffer(b);
@@ -329,6 +430,10 @@ impl Frame<'_> {
         let Some(g) = &mut self.gpu else { return Ok(()) };
         let block = g.block;
         let what = match space {
+            Space::Shared if g.pending.contains_key(&(b.0, element)) => {
+                let copier = g.pending[&(b.0, element)];
+                Some(format!("thread {thread} {} it before thread {copier}'s cp.async to it has landed (no cp.async.wait_all)", if write { "writes" } else { "reads" }))
+            }
             Space::Shared => {
                 let (writer, reader) = g.shared.entry((b.0, element)).or_insert((None, None));
                 let clash = match (write, *writer, *reader) {

@@ -196,6 +196,16 @@ pub enum Stmt {
     /// for q < 4, element (l / 4 + 8 (q / 2), 2 (l % 4) + q % 2) of the 16 x 8 result:
     /// `c[q] += sum over p < K of a[row, p] * b[p, col]`.
     WarpMma { c: Block, a: Block, b: Block },
+    /// A GPU thread's asynchronous copy (PTX `cp.async`, sm_80 and up) of `lanes` elements consecutive in
+    /// memory, from global `src` starting at its row-major element `from` into shared `dst` starting at
+    /// the block's index: 4, 8 or 16 bytes in all and aligned to that size at both ends. (The source is
+    /// a flat position because a copy may run across several of its axes.) Where `valid` is false, zeros are written and nothing is read (the
+    /// zero-fill form: out-of-range rows, a convolution's padding). The copy lands by the thread's next
+    /// `AsyncWait`; until then no thread may touch the destination.
+    CopyAsync { dst: Block, src: BufId, from: Expr, lanes: u64, valid: Option<Expr> },
+    /// `cp.async.wait_all`: this thread's asynchronous copies have landed (other threads see them after
+    /// a barrier).
+    AsyncWait,
 }
 
 /// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).
@@ -495,6 +505,8 @@ impl Stmt {
             Stmt::Barrier => Stmt::Barrier,
             Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: *src, from: from.map_loads(f), lanes: *lanes, valid: valid.as_ref().map(|c| c.map_loads(f)) },
+            Stmt::AsyncWait => Stmt::AsyncWait,
         }
     }
 
@@ -506,6 +518,8 @@ impl Stmt {
             Stmt::Barrier => Stmt::Barrier,
             Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by), acc: *acc },
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by) },
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: dst.subst(v, by), src: *src, from: from.subst(v, by), lanes: *lanes, valid: valid.as_ref().map(|c| c.subst(v, by)) },
+            Stmt::AsyncWait => Stmt::AsyncWait,
         }
     }
 }

@@ -187,6 +187,22 @@ impl P<'_> {
         if self.eat("barrier") {
             return Ok(Stmt::Barrier);
         }
+        if self.eat("cp.async.wait_all") {
+            return Ok(Stmt::AsyncWait);
+        }
+        if self.eat("cp.async x") {
+            let lanes = self.int()? as u64;
+            let dst = self.block_operand()?;
+            self.expect("<-")?;
+            self.expect("%")?;
+            let name = self.ident()?;
+            let src = self.buffer(name.strip_suffix(".flat").unwrap_or(&name))?;
+            self.expect("[")?;
+            let from = self.expr()?;
+            self.expect("]")?;
+            let valid = if self.eat("when") { Some(self.expr()?) } else { None };
+            return Ok(Stmt::CopyAsync { dst, src, from, lanes, valid });
+        }
         if self.eat("mma.sync ") {
             let c = self.block_operand()?;
             self.expect("+=")?;

@@ -196,14 +196,24 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
             let _ = writeln!(s, "{pad}barrier");
         }
         Stmt::Mma { m, n, k: depth_k, c, a, b, acc } => {
-            let block = |x: &crate::Block| format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "));
-            let _ = writeln!(s, "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}", block(c), if *acc { "+=" } else { "=" }, block(a), block(b));
+            let _ = writeln!(s, "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}", block(k, c), if *acc { "+=" } else { "=" }, block(k, a), block(k, b));
         }
         Stmt::WarpMma { c, a, b } => {
-            let block = |x: &crate::Block| format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "));
-            let _ = writeln!(s, "{pad}mma.sync {} += {} * {}", block(c), block(a), block(b));
+            let _ = writeln!(s, "{pad}mma.sync {} += {} * {}", block(k, c), block(k, a), block(k, b));
+        }
+        Stmt::CopyAsync { dst, src, from, lanes, valid } => {
+            let when = valid.as_ref().map(|c| format!(" when {}", expr(k, c))).unwrap_or_default();
+            let _ = writeln!(s, "{pad}cp.async x{lanes} {} <- %{}.flat[{}]{when}", block(k, dst), k.buffer(*src).name, expr(k, from));
+        }
+        Stmt::AsyncWait => {
+            let _ = writeln!(s, "{pad}cp.async.wait_all");
         }
     }
+}
+
+/// `%buf[index..]`: an operand block.
+fn block(k: &Kernel, x: &crate::Block) -> String {
+    format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "))
 }
 
 /// Prints a program: its interface, arena, weights (by name and shape, never data), kernels and steps.

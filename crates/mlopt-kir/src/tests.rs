@@ -244,3 +244,57 @@ fn a_warp_mma_on_blocks_that_differ_within_the_warp_fails() {
     let e = verify(&parse_kernel(&text).unwrap()).unwrap_err().join("\n");
     assert!(e.contains("mma.sync under a guard"), "{e}");
 }
+
+/// `cp.async`: copies land at the thread's wait, are seen by other threads after a barrier, write zeros
+/// where they are not valid, and must be aligned; the emulator reports each missing step.
+#[test]
+fn async_copies_land_at_the_wait() {
+    let text = "kernel @shift(%x: f32[16], %y: f32[16]) {
+  shared %s: f32[2,8]
+  gpu.block.x %b in 0..1 {
+    gpu.thread.x %t in 0..4 {
+      cp.async x4 %s[(%t / 2), ((%t % 2) * 4)] <- %x.flat[(%t * 4)] when lt(%t, 3)
+    }
+    gpu.thread.x %u in 0..4 {
+      cp.async.wait_all
+    }
+    barrier
+    gpu.thread.x %v in 0..4 {
+      unrolled %w in 0..4 {
+        %y[((%v * 4) + %w)] = %s[(((((%v * 4) + %w) + 1) % 16) / 8), ((((%v * 4) + %w) + 1) % 8)]
+      }
+    }
+  }
+}
+";
+    let k = parse_kernel(text).unwrap();
+    assert_eq!(print::kernel(&k), text);
+    verify(&k).unwrap();
+    let x: Vec<f32> = (1..=16).map(|i| i as f32).collect();
+    let out = run(&k, vec![x.clone(), vec![0.0; 16]]);
+    // Thread 3's copy is not valid: zeros, and x[12..16] is never read.
+    let want: Vec<f32> = (0..16).map(|v| if (v + 1) % 16 < 12 { ((v + 1) % 16 + 1) as f32 } else { 0.0 }).collect();
+    assert_eq!(out[1], want);
+    let fails = |text: &str| -> String {
+        let mut regions = vec![bytes(&x), bytes(&[0.0; 16])];
+        crate::run_kernel(&parse_kernel(text).unwrap(), &mut regions, &[(0, 0), (1, 0)]).unwrap_err().to_string()
+    };
+    // No wait: the reader sees a copy still in flight.
+    let e = fails(&text.replace("      cp.async.wait_all\n", ""));
+    assert!(e.contains("before thread 0's cp.async to it has landed"), "{e}");
+    // A wait but no barrier: another thread's copy is a race.
+    let e = fails(&text.replace("    barrier\n", ""));
+    assert!(e.contains("race on %s at element 4: thread 0 reads it after thread 1 wrote it"), "{e}");
+    // A copy never waited for.
+    let e = fails(&text.replace("    gpu.thread.x %u in 0..4 {\n      cp.async.wait_all\n    }\n    barrier\n", "    barrier\n").replace("%s[(((((%v * 4) + %w) + 1) % 16) / 8), ((((%v * 4) + %w) + 1) % 8)]", "0.0f32"));
+    assert!(e.contains("never waited for"), "{e}");
+    // A 16-byte copy from a source that is not 16-byte aligned.
+    let mut regions = vec![bytes(&[0.0; 20]), bytes(&[0.0; 16])];
+    let e = crate::run_kernel(&k, &mut regions, &[(0, 4), (1, 0)]).unwrap_err().to_string();
+    assert!(e.contains("source byte 4 is not aligned to the 16-byte copy"), "{e}");
+    // The verifier wants copies that start on their width, of the right size, global to shared.
+    let e = verify(&parse_kernel(&text.replace("%x.flat[(%t * 4)]", "%x.flat[((%t * 4) + 1)]")).unwrap()).unwrap_err().join("\n");
+    assert!(e.contains("is not shown to start on a multiple of 4"), "{e}");
+    let e = verify(&parse_kernel(&text.replace("cp.async x4", "cp.async x3")).unwrap()).unwrap_err().join("\n");
+    assert!(e.contains("moves 12 bytes"), "{e}");
+}

@@ -154,6 +154,49 @@ impl Verifier<'_> {
                     self.access(x.buf, &last, &what);
                 }
             }
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => {
+                let (d, sb) = (self.k.buffer(dst.buf), self.k.buffer(*src));
+                let what = format!("cp.async %{} <- %{}", d.name, sb.name);
+                if d.space != Space::Shared || sb.space != Space::Global {
+                    self.err(format!("{what}: copies from a global buffer into a shared one"));
+                }
+                if d.elem != sb.elem {
+                    self.err(format!("{what}: %{} is {}, %{} is {}", d.name, d.elem, sb.name, sb.elem));
+                }
+                if ![4, 8, 16].contains(&(lanes * d.elem.size())) {
+                    self.err(format!("{what}: {lanes} x {} moves {} bytes, not 4, 8 or 16", d.elem, lanes * d.elem.size()));
+                }
+                // The first element in bounds, and copies whole and aligned: each starts on a multiple of its
+                // width, which divides the buffer's size, so its last element is in bounds too.
+                let starts = [(dst.buf, crate::analysis::flat_index(self.k, dst.buf, &dst.at)), (*src, from.clone())];
+                for (b, flat) in &starts {
+                    let whole = self.k.buffer(*b).numel().is_multiple_of(*lanes);
+                    if *lanes > 1 && (!whole || !crate::analysis::multiple_of(flat, *lanes as i64)) {
+                        self.err(format!("{what}: %{} element {} is not shown to start on a multiple of {lanes} elements, in a buffer they divide", self.k.buffer(*b).name, print::expr(self.k, flat)));
+                    }
+                }
+                self.access(dst.buf, &dst.at, &what);
+                if let Some(c) = valid {
+                    if let Some(t) = self.ty(c, &what) {
+                        if t != Elem::Bool {
+                            self.err(format!("{what}: validity {} is {t}, not bool", print::expr(self.k, c)));
+                        }
+                    }
+                }
+                // The source is read only where the copy is valid.
+                let before = self.facts.len();
+                if let Some(c) = valid {
+                    self.learn(c);
+                }
+                self.ty(from, &what);
+                let (lo, hi) = self.range(from);
+                let n = self.k.buffer(*src).numel() as i64;
+                if lo < 0 || hi >= n {
+                    self.err(format!("{what}: element {} may leave 0..{n} (range {lo}..={hi})", print::expr(self.k, from)));
+                }
+                self.facts.truncate(before);
+            }
+            Stmt::AsyncWait => {}
         }
     }
 

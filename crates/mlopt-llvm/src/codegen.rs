@@ -166,6 +166,13 @@ impl<'a, 'c> Gen<'a, 'c> {
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
             Stmt::WarpMma { c, a, b } if self.gpu => crate::ptx::warp_mma(self, c, a, b),
             Stmt::WarpMma { .. } => Err(err("mma.sync in a CPU kernel")),
+            Stmt::CopyAsync { dst, src, from, lanes, valid } if self.gpu => crate::ptx::copy_async(self, dst, *src, from, *lanes, valid.as_ref()),
+            Stmt::AsyncWait if self.gpu => {
+                let f = crate::ptx::nvvm(self, "llvm.nvvm.cp.async.wait.all", self.c.void_type().fn_type(&[], false));
+                self.b.build_call(f, &[], "")?;
+                Ok(())
+            }
+            Stmt::CopyAsync { .. } | Stmt::AsyncWait => Err(err("cp.async in a CPU kernel")),
             Stmt::Mma { .. } if self.width.is_some() => Err(err(format!("@{}: an mma in a vector loop", self.k.name))),
             Stmt::Mma { m, n, k, c, a, b, acc } => match self.matrix {
                 Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),

@@ -313,6 +313,35 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
     Ok(())
 }
 
+/// A thread's `cp.async` (`mlopt_kir::Stmt::CopyAsync`): 16-byte copies bypass L1 (`.cg`), smaller
+/// ones go through it (`.ca`, the only form for 4 and 8 bytes). A copy with a validity test uses the
+/// zero-fill form: a source size of 0 where the test fails, with the source address moved to the
+/// buffer's start so that it stays a valid pointer.
+pub(crate) fn copy_async<'c>(g: &mut Gen<'_, 'c>, dst: &Block, src: mlopt_kir::BufId, from: &mlopt_kir::Expr, lanes: u64, valid: Option<&mlopt_kir::Expr>) -> Ret<()> {
+    let bytes = lanes * g.k.buffer(dst.buf).elem.size();
+    let (i32t, i64t, void) = (g.c.i32_type(), g.c.i64_type(), g.c.void_type());
+    let d = g.eval(&mlopt_kir::analysis::flat_index(g.k, dst.buf, &dst.at))?.into_int_value();
+    let pd = g.elem_ptr(dst.buf, d)?;
+    let mut s = g.eval(from)?.into_int_value();
+    let kind = if bytes == 16 { "cg" } else { "ca" };
+    let mut name = format!("llvm.nvvm.cp.async.{kind}.shared.global.{bytes}");
+    let mut size = None;
+    if let Some(c) = valid {
+        let ok = g.eval(c)?.into_int_value();
+        s = g.b.build_select(ok, s, i64t.const_zero(), "src")?.into_int_value();
+        size = Some(g.b.build_select(ok, i32t.const_int(bytes, false), i32t.const_zero(), "size")?.into_int_value());
+        name.push_str(".s");
+    }
+    let ps = g.elem_ptr(src, s)?;
+    let mut args: Vec<BasicValueEnum<'c>> = vec![pd.into(), ps.into()];
+    args.extend(size.map(BasicValueEnum::from));
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = args.iter().map(|x| x.get_type().into()).collect();
+    let args: Vec<inkwell::values::BasicMetadataValueEnum> = args.iter().map(|x| (*x).into()).collect();
+    let f = nvvm(g, &name, void.fn_type(&params, false));
+    g.b.build_call(f, &args, "")?;
+    Ok(())
+}
+
 fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
     let f32t = g.c.f32_type();
     let f = nvvm(g, name, f32t.fn_type(&[f32t.into()], false));

@@ -368,9 +368,11 @@ fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t:
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
             let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
-            let inside = all(pos.iter().zip(&xs[2..]).map(|(p, len)| in_range(p.clone(), *len as i64)));
+            // Only axes whose windows can leave the input are tested and clamped.
+            let leaves: Vec<bool> = (0..sp).map(|s| window_leaves(out[2 + s], ws[2 + s] as u64, a.strides[s], a.dilations[s], a.pads[s], xs[2 + s] as u64)).collect();
+            let inside = all((0..sp).filter(|s| leaves[*s]).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
             let mut xi = vec![nb.clone(), c];
-            xi.extend(pos.into_iter().zip(&xs[2..]).map(|(p, len)| clamp(p, *len as i64)));
+            xi.extend(pos.into_iter().enumerate().map(|(s, p)| if leaves[s] { clamp(p, xs[2 + s] as i64) } else { p }));
             let mut wi = vec![mo.clone(), r[0].clone()];
             wi.extend(r[1..].iter().cloned());
             let xv = get(l, x, &xi, Elem::F32)?;
@@ -615,6 +617,12 @@ fn max_pool_indices(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, col_maj
 }
 
 /// The input position a window tap reads: `out * stride + tap * dilation - pad` (may fall in the padding).
+/// Whether the window positions `o * stride + k * dilation - pad` (o < outs, k < taps) can leave 0..len.
+fn window_leaves(outs: u64, taps: u64, stride: usize, dilation: usize, pad: usize, len: u64) -> bool {
+    let reach = (outs.max(1) - 1) * stride as u64 + (taps.max(1) - 1) * dilation as u64;
+    pad > 0 || reach >= len
+}
+
 fn window_pos(out: &Expr, tap: &Expr, stride: usize, dilation: usize, pad: usize) -> Expr {
     Expr::sub(Expr::add(Expr::mul(out.clone(), Expr::int(stride as i64)), Expr::mul(tap.clone(), Expr::int(dilation as i64))), Expr::int(pad as i64))
 }

@@ -177,6 +177,8 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
         Stmt::Barrier => Stmt::Barrier,
         Stmt::Mma { m: rows, n, k, c, a, b, acc } => Stmt::Mma { m: *rows, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
         Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
+        Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: m.get(src).copied().unwrap_or(*src), from: rename_expr(from, m), lanes: *lanes, valid: valid.as_ref().map(|c| rename_expr(c, m)) },
+        Stmt::AsyncWait => Stmt::AsyncWait,
     }
 }
 
@@ -234,7 +236,7 @@ fn stores_depend(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>
         body.iter().all(|s| match s {
             Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, body, private),
             Stmt::Store { buf, index, .. } => private.contains(buf) || coefficient(&flat_index(k, *buf, index), v).is_some_and(|c| c != 0),
-            Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } => false,
+            Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
         })
     }
     walk(k, v, body, &private)
@@ -370,7 +372,7 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
     body.iter().all(|s| match s {
         Stmt::Store { buf, index, .. } => ok(*buf, index),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => all_stores(body, ok),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } => false,
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
     })
 }
 

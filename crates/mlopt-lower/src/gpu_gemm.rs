@@ -16,10 +16,12 @@
 //! positions, and its K the input channels and window, with the padding test inside the operand.
 //!
 //! A block computes a BM x BN tile of one batch element. For each BK-slice of K, its threads copy the
-//! A (BM x BK) and B (BK x BN) tiles into shared memory, neighbouring threads on neighbouring global
-//! elements, with the operand expression (casts, padding) evaluated there. Two buffers alternate, so the
-//! copy of the next slice is issued before the products of the current one and one barrier per slice
-//! separates them. Then
+//! A (BM x BK) and B (BK x BN) tiles into shared memory: by `cp.async` (16 bytes where every copy is
+//! aligned, zero-filled where a test fails) when the operand is a plain global load of the tile's type,
+//! else by loads and stores, neighbouring threads on neighbouring global elements, with the operand
+//! expression (casts, padding) evaluated there. Two buffers alternate: each slice waits for its copies,
+//! passes one barrier (which also ends the products of the slice before, whose buffer is refilled
+//! next), starts the copies of the next slice and then multiplies. Then
 //! - **tensor cores** (bf16/f16 operands, or f32 read as tf32 when the precision allows it): each warp
 //!   owns MT x NT tiles of 16 x 8 and runs `mma.sync` on them (`ldmatrix` reads the fragments); its
 //!   accumulators are the fragments' f32 registers.
@@ -33,7 +35,7 @@
 
 use crate::error::Result;
 use crate::gpu::{delinear, lt, subst_all, GpuSchedule};
-use mlopt_kir::analysis::{coefficient, expr_loads, flat_index, for_each_load};
+use mlopt_kir::analysis::{coefficient, expr_loads, flat_index, for_each_load, offset};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 
 /// A contraction recognised in a launch's body.
@@ -121,32 +123,55 @@ fn pad(e: Engine) -> u64 {
     }
 }
 
+/// The shared tiles' bytes, at the widest padding (rows of a tile filled by 16-byte copies are padded to
+/// 16 bytes).
 fn shared_bytes(t: &Tile, e: Engine, elem: Elem) -> u64 {
     let (bm, bn, bk) = (t.bm(e), t.bn(e), bk(e));
-    2 * (bm * (bk + pad(e)) + bk * (bn + pad(e))) * elem.size()
+    let pad = pad(e).max(16 / elem.size());
+    2 * (bm * (bk + pad) + bk * (bn + pad)) * elem.size()
 }
 
-/// Registers per thread, roughly: accumulators, fragments or operands, and addressing.
-fn registers(t: &Tile, e: Engine) -> u64 {
-    match e {
+/// Registers per thread, roughly: accumulators, fragments or operands, addressing, and two for each
+/// element a thread stages with plain loads (the value and its address, all in flight at once).
+/// Fitted to ptxas: 125 for the 128 x 64 tensor-core tile staged by cp.async (estimate 128), 140 for the
+/// 64 x 128 tile staging 24 elements with loads (136).
+fn registers(t: &Tile, e: Engine, plain: u64) -> u64 {
+    let base = match e {
         Engine::Mma(_) => t.mt * t.nt * 4 + t.mt * 4 + t.nt * 2 + 40,
         Engine::Simt => t.mt * t.nt + t.mt + t.nt + 40,
+    };
+    base + 2 * plain
+}
+
+/// The registers a tile may plan for: 255 a thread, but ptxas (12, sm_80) often holds blocks of 224
+/// threads or more to about 128 and spills past that (a 64 x 128 tile needing 140 spilled at 128 with
+/// 256 threads, not with 192), so those are planned within 128.
+fn register_limit(threads: u64) -> u64 {
+    if threads >= 224 {
+        128
+    } else {
+        255
     }
 }
 
 /// The roofline estimate of a tile shape in seconds: waves of blocks over the SMs against the traffic
 /// of the operands (A is read once per column of tiles, B once per row of tiles). None when the shape
 /// breaks a limit or does not divide the staging copies evenly.
-fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, s: &GpuSchedule) -> Option<f64> {
+fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<AsyncLoad>; 2], s: &GpuSchedule) -> Option<f64> {
     let (m, n, k, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
     let smem = shared_bytes(t, e, elem);
-    if threads > s.max_threads || smem > s.shared_bytes || registers(t, e) > 255 || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
+    if threads > s.max_threads || smem > s.shared_bytes || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
+        return None;
+    }
+    let plain = [bm * bk, bk * bn].iter().zip(copies).filter(|(_, x)| x.is_none()).map(|(n, _)| n / threads).sum();
+    let regs = registers(t, e, plain);
+    if regs > register_limit(threads) {
         return None;
     }
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), k.div_ceil(bk));
     let blocks = batch * tm * tn;
-    let per_sm = (s.threads_per_sm / threads).min(s.smem_per_sm / smem.max(1)).min(s.regs_per_sm / (threads * registers(t, e))).clamp(1, 32);
+    let per_sm = (s.threads_per_sm / threads).min(s.smem_per_sm / smem.max(1)).min(s.regs_per_sm / (threads * regs)).clamp(1, 32);
     let waves = blocks.div_ceil(s.sms * per_sm);
     // Blocks at once on the busiest SM; an SM reaches its peak with enough warps to hide latency (eight
     // here), and fewer run proportionally slower.
@@ -210,7 +235,7 @@ fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
     body.iter().all(|s| match s {
         Stmt::Store { buf, .. } => *buf != acc,
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => epilogue_ok(body, acc),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } => false,
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
     })
 }
 
@@ -231,6 +256,71 @@ fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
     let mut yes = false;
     for_each_load(e, &mut |b, ix| yes |= k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, ix), v) == Some(1));
     yes
+}
+
+/// An operand staged with `cp.async`: the global load it is, where it is valid (zeros elsewhere: a
+/// convolution's padding), and how many consecutive elements one copy moves along the tile's last axis.
+#[derive(Debug, Clone)]
+struct AsyncLoad {
+    buf: BufId,
+    index: Vec<Expr>,
+    valid: Option<Expr>,
+    lanes: u64,
+    /// For copies of several elements, the source's flat position as an affine function.
+    affine: Option<Affine>,
+}
+
+/// A flat position `offset + sum of c v over outer + (position along the tile's axis) % run`: the loops
+/// outside the contiguous run with their coefficients, and the run's joint extent.
+#[derive(Debug, Clone)]
+struct Affine {
+    offset: i64,
+    outer: Vec<(Var, i64)>,
+    run: u64,
+}
+
+/// `operand` as an asynchronous copy into a `rows x cols` tile of `elem` by `threads` threads, when it
+/// is a plain global load of `elem` (or such a load where a test holds and 0 elsewhere). The widest copy
+/// (16 bytes, then 8, then 4) whose addresses are all aligned is chosen. Wider than one element needs
+/// the innermost loops of the tile's last axis (`along`, innermost last; loops of extent 1 are 0)
+/// contiguous in memory over a joint extent the width divides, as does the tile's width (so a copy
+/// never straddles the outer loops, and the bounds and the test hold for all of it or none), and every
+/// other loop of `all` moving the address by whole copies.
+fn async_load(k: &Kernel, operand: &Expr, elem: Elem, along: &[(Var, u64)], all: &[(Var, u64)], rows: u64, cols: u64, threads: u64) -> Option<AsyncLoad> {
+    let (load, valid) = match operand {
+        Expr::Select(c, x, z) if matches!(**z, Expr::Float(v, _) if v == 0.0) => (&**x, Some((**c).clone())),
+        x => (x, None),
+    };
+    let Expr::Load(buf, index) = load else { return None };
+    if k.buffer(*buf).space != Space::Global || k.buffer(*buf).elem != elem {
+        return None;
+    }
+    let flat = flat_index(k, *buf, index);
+    let size = elem.size();
+    [16 / size, 8 / size, 4 / size].into_iter().filter(|l| *l >= 1).find_map(|lanes| {
+        if !cols.is_multiple_of(lanes) || !(rows * cols / lanes).is_multiple_of(threads) {
+            return None;
+        }
+        if lanes == 1 {
+            return Some(AsyncLoad { buf: *buf, index: index.clone(), valid: valid.clone(), lanes, affine: None });
+        }
+        // The innermost loops of `along` that run through memory together, and their joint extent.
+        let moving: Vec<(Var, u64)> = along.iter().filter(|(_, e)| *e > 1).copied().collect();
+        let (mut stride, mut run) = (1i64, 0);
+        for &(v, e) in moving.iter().rev() {
+            if coefficient(&flat, v) != Some(stride) {
+                break;
+            }
+            stride *= e as i64;
+            run += 1;
+        }
+        let contiguous = &moving[moving.len() - run..];
+        let outer: Vec<(Var, i64)> = all.iter().filter(|(w, e)| *e > 1 && !contiguous.iter().any(|(v, _)| v == w)).map(|(w, _)| Some((*w, coefficient(&flat, *w)?))).collect::<Option<_>>()?;
+        let off = offset(&flat)?;
+        let whole = |c: i64| c % lanes as i64 == 0;
+        let ok = run > 0 && whole(stride) && whole(off) && outer.iter().all(|(_, c)| whole(*c)) && valid.as_ref().is_none_or(|c| contiguous.iter().all(|(v, _)| !c.uses(*v)));
+        ok.then(|| AsyncLoad { buf: *buf, index: index.clone(), valid: valid.clone(), lanes, affine: Some(Affine { offset: off, outer, run: stride as u64 }) })
+    })
 }
 
 fn int(v: u64) -> Expr {
@@ -266,29 +356,38 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
         options.push((Engine::Mma(Elem::F32), Elem::F32, c.a.clone(), c.b.clone()));
     }
     options.push((Engine::Simt, Elem::F32, c.a.clone(), c.b.clone()));
-    let mut best: Option<(f64, Engine, Elem, Expr, Expr, Tile)> = None;
+    // The fastest (engine, operands, tile, staging) by the estimate.
+    type Plan = (Engine, Elem, Expr, Expr, Tile, [Option<AsyncLoad>; 2]);
+    let mut best: Option<(f64, Plan)> = None;
+    // Operands are staged by cp.async where they are plain loads of the tile's type.
+    let all: Vec<(Var, u64)> = [&c.rows, &c.cols, &c.batch, &c.red].into_iter().flatten().copied().collect();
     for (e, elem, a, b) in options {
         let tiles = if e == Engine::Simt { SIMT_TILES } else { MMA_TILES };
         for t in tiles {
-            if let Some(time) = estimate(&c, t, e, elem, s) {
+            let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
+            let copies = [async_load(k, &a, elem, &c.red, &all, bm, bk, threads), async_load(k, &b, elem, &c.cols, &all, bk, bn, threads)];
+            if let Some(time) = estimate(&c, t, e, elem, &copies, s) {
                 if best.as_ref().is_none_or(|x| time < x.0) {
-                    best = Some((time, e, elem, a.clone(), b.clone(), *t));
+                    best = Some((time, (e, elem, a.clone(), b.clone(), *t, copies)));
                 }
             }
         }
     }
-    let Some((_, e, elem, a, b, t)) = best else { return Ok(None) };
-    Ok(Some(build(k, &c, e, elem, &a, &b, &t)))
+    let Some((_, (e, elem, a, b, t, copies))) = best else { return Ok(None) };
+    Ok(Some(build(k, &c, e, elem, &a, &b, &t, &copies)))
 }
 
 /// Writes the tiled GEMM (see the module comment).
-fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile) -> Vec<Stmt> {
+#[allow(clippy::too_many_arguments)]
+fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile, copies: &[Option<AsyncLoad>; 2]) -> Vec<Stmt> {
     let (m, n, kdim, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
     let id = k.vars.len();
-    let sa = k.buf(format!("sa{id}"), elem, vec![2, bm, bk + pad(e)], Space::Shared);
-    let sb = k.buf(format!("sb{id}"), elem, vec![2, bk, bn + pad(e)], Space::Shared);
+    // Rows filled by copies of several elements are padded to a whole number of copies.
+    let pad_for = |x: &Option<AsyncLoad>| pad(e).max(x.as_ref().map_or(1, |x| x.lanes));
+    let sa = k.buf(format!("sa{id}"), elem, vec![2, bm, bk + pad_for(&copies[0])], Space::Shared);
+    let sb = k.buf(format!("sb{id}"), elem, vec![2, bk, bn + pad_for(&copies[1])], Space::Shared);
     let acc = match e {
         Engine::Mma(_) => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt, 4], Space::Local),
         Engine::Simt => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt], Space::Local),
@@ -316,34 +415,55 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     let stage = |k: &mut Kernel, kslice: Expr, which: Expr, operand: &Expr, side: &[(Var, u64)], start: &Expr, is_a: bool| -> Stmt {
         let (buf, extent) = if is_a { (sa, m) } else { (sb, n) };
         let (rows, cols) = if is_a { (bm, bk) } else { (bk, bn) };
-        // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous in K.
+        let copy = copies[!is_a as usize].clone();
+        let lanes = copy.as_ref().map_or(1, |x| x.lanes);
+        // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous
+        // in K; a copy of several elements runs along the tile's rows, which are contiguous.
         let k_fast = kvar.is_some_and(|v| contiguous_in(k, operand, v)) || side.last().is_none_or(|(v, _)| !contiguous_in(k, operand, *v));
-        let fast_cols = k_fast == is_a;
-        let slots = rows * cols / threads;
+        let fast_cols = lanes > 1 || k_fast == is_a;
+        let slots = rows * cols / lanes / threads;
         let (operand, side, start, kslice, which) = (operand.clone(), side.to_vec(), start.clone(), kslice.clone(), which.clone());
         let red = c.red.clone();
         let at_batch = at_batch.clone();
         let (dm, dk) = (extent, kdim);
         thread_loop(k, &mut |k, tv| {
-            vec![unrolled(k, slots, &mut |_, sv| {
+            vec![unrolled(k, slots, &mut |k, sv| {
                 let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
-                let (r, col) = if fast_cols { (Expr::div(el.clone(), int(cols)), Expr::rem(el, int(cols))) } else { (Expr::rem(el.clone(), int(rows)), Expr::div(el, int(rows))) };
+                let per_row = cols / lanes;
+                let (r, col) = if fast_cols { (Expr::div(el.clone(), int(per_row)), Expr::mul(Expr::rem(el, int(per_row)), int(lanes))) } else { (Expr::rem(el.clone(), int(rows)), Expr::div(el, int(rows))) };
                 let (own, kk) = if is_a { (r.clone(), col.clone()) } else { (col.clone(), r.clone()) };
                 let gown = Expr::add(start.clone(), own);
                 let gk = Expr::add(Expr::mul(kslice.clone(), int(bk)), kk);
                 let mut by = delinear(&side, &gown);
                 by.extend(delinear(&red, &gk));
                 by.extend(at_batch.clone());
-                let value = subst_expr(&operand, &by);
                 let idx = vec![which.clone(), r, col];
                 let mut conds = Vec::new();
                 if !dm.is_multiple_of(if is_a { bm } else { bn }) {
-                    conds.push(lt(gown, dm));
+                    conds.push(lt(gown.clone(), dm));
                 }
                 if !dk.is_multiple_of(bk) {
-                    conds.push(lt(gk, dk));
+                    conds.push(lt(gk.clone(), dk));
                 }
-                let store = Stmt::Store { buf, index: idx.clone(), value };
+                if let Some(cp) = &copy {
+                    let from = match &cp.affine {
+                        // The run of the tile's axis through memory, plus the loops outside it.
+                        Some(Affine { offset, outer, run }) => {
+                            let along = if is_a { &gk } else { &gown };
+                            let total = if is_a { dk } else { dm };
+                            let inner = if *run == total { along.clone() } else { Expr::rem(along.clone(), int(*run)) };
+                            outer.iter().fold(Expr::add(Expr::int(*offset), inner), |e, (v, c)| {
+                                let x = by.iter().find(|(w, _)| w == v).map_or(Expr::int(0), |(_, x)| x.clone());
+                                Expr::add(e, Expr::mul(x, Expr::int(*c)))
+                            })
+                        }
+                        None => flat_index(k, cp.buf, &cp.index.iter().map(|x| subst_expr(x, &by)).collect::<Vec<_>>()),
+                    };
+                    conds.extend(cp.valid.as_ref().map(|v| subst_expr(v, &by)));
+                    let valid = conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b));
+                    return vec![Stmt::CopyAsync { dst: Block { buf, at: idx }, src: cp.buf, from, lanes, valid }];
+                }
+                let store = Stmt::Store { buf, index: idx.clone(), value: subst_expr(&operand, &by) };
                 if conds.is_empty() {
                     vec![store]
                 } else {
@@ -367,13 +487,17 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     // Slice 0 into buffer 0.
     body.push(stage(k, int(0), int(0), a, &c.rows, &row0, true));
     body.push(stage(k, int(0), int(0), b, &c.cols, &col0, false));
-    body.push(Stmt::Barrier);
-    // Each slice: copy the next one into the other buffer, multiply this one, then one barrier.
+    // Each slice: wait for its copies, one barrier (which also ends the products of the slice before,
+    // whose buffer is refilled next), start copying the next slice, multiply this one.
     let kv = Expr::var(ko);
     let next = Expr::add(kv.clone(), int(1));
     let this_buf = Expr::rem(kv.clone(), int(2));
     let next_buf = Expr::rem(next.clone(), int(2));
     let mut slice = Vec::new();
+    if copies.iter().any(|x| x.is_some()) {
+        slice.push(thread_loop(k, &mut |_, _| vec![Stmt::AsyncWait]));
+    }
+    slice.push(Stmt::Barrier);
     if kt > 1 {
         slice.push(Stmt::If {
             cond: lt(next.clone(), kt),
@@ -418,7 +542,6 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
             vec![Stmt::for_(p, bk, LoopKind::Serial, vec![inner])]
         }
     }));
-    slice.push(Stmt::Barrier);
     body.push(Stmt::for_(ko, kt, LoopKind::Serial, slice));
     // The epilogue, once per output element, on the thread that holds it.
     let rows = c.rows.clone();
