@@ -76,8 +76,10 @@ fn ptx_snapshots() {
     // An elementwise kernel: the transformer's merge of attention heads, one element per thread.
     let tr = compiled("transformer", "sm_80", Precision::Fp32);
     insta::assert_snapshot!("ptx_elementwise_merge_heads", entry(&tr.ptx.ptx, "k4_1"));
-    // A reduction: the transformer's first layer norm, one row per block, tree sums in shared memory.
-    insta::assert_snapshot!("ptx_rows_layernorm", entry(&tr.ptx.ptx, "k0"));
+    // A reduction: the transformer's first layer norm, one row per block, sums by warp shuffles.
+    let norm = entry(&tr.ptx.ptx, "k0");
+    assert!(norm.contains("shfl.sync.bfly.b32"), "no warp shuffle in the layer norm");
+    insta::assert_snapshot!("ptx_rows_layernorm", norm);
     // A tensor-core GEMM: the MLP's first layer in bf16 (tiles staged by 16-byte cp.async, ldmatrix,
     // mma.sync m16n8k16), bias + ReLU.
     let mlp = compiled("mlp", "sm_80", Precision::Bf16);

@@ -121,6 +121,7 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
                 expr(value, out);
             }
             Stmt::Barrier | Stmt::AsyncWait => {}
+            Stmt::WarpReduce { buf, .. } => *out.entry(*buf).or_default() += 1,
             Stmt::CopyAsync { dst, src, from, valid, .. } => {
                 if count_stores {
                     *out.entry(dst.buf).or_default() += 1;

@@ -125,6 +125,8 @@ impl Checker<'_> {
                 Stmt::Store { buf, .. } => self.err(format!("store to %{} outside a thread loop", self.k.buffer(*buf).name)),
                 Stmt::Mma { .. } | Stmt::WarpMma { .. } => self.err("mma outside a thread loop".into()),
                 Stmt::CopyAsync { .. } | Stmt::AsyncWait => self.err("cp.async outside a thread loop".into()),
+                Stmt::WarpReduce { .. } if !self.block.is_multiple_of(32) => self.err(format!("warp.reduce in a block of {} threads, not whole warps", self.block)),
+                Stmt::WarpReduce { .. } => {}
             }
         }
     }
@@ -141,6 +143,7 @@ impl Checker<'_> {
                 Stmt::For { kind, var, .. } => self.err(format!("loop %{} is {} inside a thread loop", self.k.var_name(*var), crate::print::loop_kind(*kind))),
                 Stmt::Barrier => self.err("barrier inside a thread loop (not every thread may reach it)".into()),
                 Stmt::Store { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => {}
+                Stmt::WarpReduce { .. } => self.err("warp.reduce inside a thread loop (the whole warp runs it, in uniform code)".into()),
                 Stmt::Mma { .. } => self.err("mma blocks are not a GPU operation".into()),
             }
         }
@@ -189,6 +192,8 @@ pub fn work(k: &Kernel) -> (u64, u64) {
                 Stmt::If { cond, then } => ops(cond, k) + flops(then, k),
                 Stmt::Store { value, .. } => ops(value, k),
                 Stmt::Barrier | Stmt::CopyAsync { .. } | Stmt::AsyncWait => 0,
+                // Five shuffles and combines a thread, not counted (they are not in any thread loop).
+                Stmt::WarpReduce { .. } => 0,
                 Stmt::Mma { m, n, k: depth, .. } => 2 * m * n * depth,
                 // One thread's share of the warp's 16 x 8 x K product: its four outputs.
                 Stmt::WarpMma { a, .. } => 2 * 4 * crate::ir::warp_mma_k(k.buffer(a.buf).elem),

@@ -241,6 +241,7 @@ impl Frame<'_> {
             }
             Stmt::WarpMma { c, a, b } => self.warp_mma(c, a, b, m)?,
             Stmt::CopyAsync { dst, src, from, lanes, valid } => self.copy_async(dst, *src, from, *lanes, valid.as_ref(), m)?,
+            Stmt::WarpReduce { buf, op } => self.warp_reduce(*buf, *op, m)?,
             Stmt::AsyncWait => {
                 let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else {
                     return Err(InterpError::Program(format!("@{}: cp.async.wait_all outside a thread loop", self.k.name)));
@@ -381,6 +382,34 @@ impl Frame<'_> {
                 g.pending.insert((c.buf.0, c.element), thread);
             }
             g.inflight.entry(thread).or_default().extend(copies);
+        }
+        Ok(())
+    }
+
+    /// A warp reduction over every warp of the block: each thread's copy of the local scalar `buf`, combined
+    /// in the butterfly order of `shfl.sync.bfly`.
+    fn warp_reduce(&mut self, buf: BufId, op: BinOp, m: &mut [Vec<u8>]) -> Result<()> {
+        let k = self.k;
+        let (Some(g), Some(l)) = (&self.gpu, crate::gpu::launch(k)) else {
+            return Err(InterpError::Program(format!("@{}: warp.reduce outside a GPU kernel", k.name)));
+        };
+        if g.thread.is_some() {
+            return Err(InterpError::Program(format!("@{}: warp.reduce inside a thread loop", k.name)));
+        }
+        let t = k.buffer(buf).elem;
+        let size = t.size() as usize;
+        let (r, base) = self.at[buf.0 as usize];
+        let per = g.per_thread[buf.0 as usize];
+        let at = |lane: u64| base + per * lane as usize;
+        for w in 0..l.block / 32 {
+            let mut x: Vec<V> = (0..32).map(|i| decode(t, &m[r][at(32 * w + i)..at(32 * w + i) + size])).collect();
+            for d in [16, 8, 4, 2, 1] {
+                x = (0..32).map(|i| binary(op, x[i], x[i ^ d], t)).collect();
+            }
+            for (i, v) in x.into_iter().enumerate() {
+                let a = at(32 * w + i as u64);
+                encode(t, v, &mut m[r][a..a + size]);
+            }
         }
         Ok(())
     }

@@ -206,6 +206,11 @@ pub enum Stmt {
     /// `cp.async.wait_all`: this thread's asynchronous copies have landed (other threads see them after
     /// a barrier).
     AsyncWait,
+    /// A warp's reduction of a per-thread scalar (PTX `shfl.sync.bfly`), in uniform code: every thread's
+    /// `local` f32 or i32 scalar `buf` becomes `op` over the 32 threads of its warp, combined in butterfly
+    /// order (for d = 16, 8, 4, 2, 1 lane l takes op(x[l], x[l ^ d])), so that every lane holds the same
+    /// value.
+    WarpReduce { buf: BufId, op: BinOp },
 }
 
 /// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).
@@ -507,6 +512,7 @@ impl Stmt {
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
             Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: *src, from: from.map_loads(f), lanes: *lanes, valid: valid.as_ref().map(|c| c.map_loads(f)) },
             Stmt::AsyncWait => Stmt::AsyncWait,
+            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: *buf, op: *op },
         }
     }
 
@@ -520,6 +526,7 @@ impl Stmt {
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by) },
             Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: dst.subst(v, by), src: *src, from: from.subst(v, by), lanes: *lanes, valid: valid.as_ref().map(|c| c.subst(v, by)) },
             Stmt::AsyncWait => Stmt::AsyncWait,
+            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: *buf, op: *op },
         }
     }
 }

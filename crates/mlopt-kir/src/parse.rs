@@ -187,6 +187,20 @@ impl P<'_> {
         if self.eat("barrier") {
             return Ok(Stmt::Barrier);
         }
+        if self.eat("warp.reduce(") {
+            let start = self.at;
+            let end = self.s[start..].find(')').map_or(self.s.len(), |i| start + i);
+            let name = self.s[start..end].to_string();
+            self.at = end;
+            self.expect(")")?;
+            let Some(op) = BINOPS.iter().find(|o| crate::print::binop_name(**o) == name) else { return self.err(format!("unknown operator {name}")) };
+            self.expect("%")?;
+            let b = self.ident()?;
+            let buf = self.buffer(&b)?;
+            self.expect("[")?;
+            self.expect("]")?;
+            return Ok(Stmt::WarpReduce { buf, op: *op });
+        }
         if self.eat("cp.async.wait_all") {
             return Ok(Stmt::AsyncWait);
         }

@@ -208,6 +208,9 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
         Stmt::AsyncWait => {
             let _ = writeln!(s, "{pad}cp.async.wait_all");
         }
+        Stmt::WarpReduce { buf, op } => {
+            let _ = writeln!(s, "{pad}warp.reduce({}) %{}[]", binop_name(*op), k.buffer(*buf).name);
+        }
     }
 }
 

@@ -298,3 +298,34 @@ fn async_copies_land_at_the_wait() {
     let e = verify(&parse_kernel(&text.replace("cp.async x4", "cp.async x3")).unwrap()).unwrap_err().join("\n");
     assert!(e.contains("moves 12 bytes"), "{e}");
 }
+
+/// `warp.reduce`: every thread's local scalar becomes the reduction over its warp, in uniform code only.
+#[test]
+fn warp_reductions_combine_each_warp() {
+    let text = "kernel @sums(%x: f32[64], %y: f32[64]) {
+  local %v: f32[]
+  gpu.block.x %b in 0..1 {
+    gpu.thread.x %t in 0..64 {
+      %v[] = %x[%t]
+    }
+    warp.reduce(+) %v[]
+    gpu.thread.x %u in 0..64 {
+      %y[%u] = %v[]
+    }
+  }
+}
+";
+    let k = parse_kernel(text).unwrap();
+    assert_eq!(print::kernel(&k), text);
+    verify(&k).unwrap();
+    let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let out = run(&k, vec![x.clone(), vec![0.0; 64]]);
+    assert_eq!(out[1], [vec![496.0; 32], vec![1520.0; 32]].concat());
+    let out = run(&parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(max)")).unwrap(), vec![x, vec![0.0; 64]]);
+    assert_eq!(out[1], [vec![31.0; 32], vec![63.0; 32]].concat());
+    let inside = text.replace("      %v[] = %x[%t]\n    }\n    warp.reduce(+) %v[]\n", "      %v[] = %x[%t]\n      warp.reduce(+) %v[]\n    }\n");
+    let e = verify(&parse_kernel(&inside).unwrap()).unwrap_err().join("\n");
+    assert!(e.contains("warp.reduce inside a thread loop"), "{e}");
+    let e = verify(&parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(-)")).unwrap()).unwrap_err().join("\n");
+    assert!(e.contains("- is not a reduction"), "{e}");
+}

@@ -197,6 +197,15 @@ impl Verifier<'_> {
                 self.facts.truncate(before);
             }
             Stmt::AsyncWait => {}
+            Stmt::WarpReduce { buf, op } => {
+                let b = self.k.buffer(*buf);
+                if b.space != Space::Local || !b.dims.is_empty() || !matches!(b.elem, Elem::F32 | Elem::I32) {
+                    self.err(format!("warp.reduce %{}: needs a local f32 or i32 scalar", b.name));
+                }
+                if !matches!(op, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max) {
+                    self.err(format!("warp.reduce %{}: {} is not a reduction", b.name, print::binop_name(*op)));
+                }
+            }
         }
     }
 

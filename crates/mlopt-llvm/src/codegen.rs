@@ -173,6 +173,8 @@ impl<'a, 'c> Gen<'a, 'c> {
                 Ok(())
             }
             Stmt::CopyAsync { .. } | Stmt::AsyncWait => Err(err("cp.async in a CPU kernel")),
+            Stmt::WarpReduce { buf, op } if self.gpu => crate::ptx::warp_reduce(self, *buf, *op),
+            Stmt::WarpReduce { .. } => Err(err("warp.reduce in a CPU kernel")),
             Stmt::Mma { .. } if self.width.is_some() => Err(err(format!("@{}: an mma in a vector loop", self.k.name))),
             Stmt::Mma { m, n, k, c, a, b, acc } => match self.matrix {
                 Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),

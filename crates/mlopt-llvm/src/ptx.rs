@@ -342,6 +342,25 @@ pub(crate) fn copy_async<'c>(g: &mut Gen<'_, 'c>, dst: &Block, src: mlopt_kir::B
     Ok(())
 }
 
+/// A warp reduction (`mlopt_kir::Stmt::WarpReduce`) of this thread's local scalar: five
+/// `shfl.sync.bfly` steps over the full warp, each combining the value with the one `d` lanes across.
+pub(crate) fn warp_reduce<'c>(g: &mut Gen<'_, 'c>, buf: mlopt_kir::BufId, op: mlopt_kir::BinOp) -> Ret<()> {
+    let t = g.k.buffer(buf).elem;
+    let i32t = g.c.i32_type();
+    let vt = ty(g.c, t);
+    let p = g.elem_ptr(buf, g.c.i64_type().const_zero())?;
+    let mut x = g.b.build_load(vt, p, "x")?;
+    let name = if t == Elem::F32 { "llvm.nvvm.shfl.sync.bfly.f32" } else { "llvm.nvvm.shfl.sync.bfly.i32" };
+    let f = nvvm(g, name, vt.fn_type(&[i32t.into(), vt.into(), i32t.into(), i32t.into()], false));
+    for d in [16u64, 8, 4, 2, 1] {
+        let args = [i32t.const_all_ones().into(), x.into(), i32t.const_int(d, false).into(), i32t.const_int(31, false).into()];
+        let y = g.b.build_call(f, &args, "shfl")?.try_as_basic_value().basic().ok_or_else(|| err("shfl.sync"))?;
+        x = crate::math::binary(g, op, x, y, t)?;
+    }
+    g.b.build_store(p, x)?;
+    Ok(())
+}
+
 fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
     let f32t = g.c.f32_type();
     let f = nvvm(g, name, f32t.fn_type(&[f32t.into()], false));

@@ -13,8 +13,9 @@
 //!    neighbouring threads write neighbouring elements (coalesced stores).
 //! 3. **Cooperative rows.** When that body is a row computation with reductions (softmax, layer norm,
 //!    a reduction over a long axis), one block computes one row: each reduction is folded by all threads
-//!    (thread `t` takes elements `t, t + T, ...`) into a per-thread partial, the partials are combined by a
-//!    tree in shared memory, and loops over the row's elements are shared out the same way. Row buffers
+//!    (thread `t` takes elements `t, t + T, ...`) into a per-thread partial, the partials are combined by
+//!    warp shuffles (each warp's, then the warps' sums in the first warp; a tree in shared memory for
+//!    other types and combines), and loops over the row's elements are shared out the same way. Row buffers
 //!    and the row's scalars live in shared memory; barriers separate the steps.
 //!
 //! Anything else runs on one thread, which is always correct (ScatterND's updates must be serial).
@@ -179,6 +180,7 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
         Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
         Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: m.get(src).copied().unwrap_or(*src), from: rename_expr(from, m), lanes: *lanes, valid: valid.as_ref().map(|c| rename_expr(c, m)) },
         Stmt::AsyncWait => Stmt::AsyncWait,
+        Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: m.get(buf).copied().unwrap_or(*buf), op: *op },
     }
 }
 
@@ -236,7 +238,7 @@ fn stores_depend(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>
         body.iter().all(|s| match s {
             Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, body, private),
             Stmt::Store { buf, index, .. } => private.contains(buf) || coefficient(&flat_index(k, *buf, index), v).is_some_and(|c| c != 0),
-            Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
+            Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
         })
     }
     walk(k, v, body, &private)
@@ -372,7 +374,7 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
     body.iter().all(|s| match s {
         Stmt::Store { buf, index, .. } => ok(*buf, index),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => all_stores(body, ok),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
     })
 }
 
@@ -390,7 +392,8 @@ fn strided(k: &mut Kernel, t: Var, threads: u64, loops: &[(Var, u64)], body: &[S
     Stmt::for_(rr, n.div_ceil(threads), LoopKind::Serial, inner)
 }
 
-/// One block per row: reductions by all threads and a tree in shared memory; maps shared out.
+/// One block per row: reductions by all threads, then warp shuffles (or a tree in shared memory); maps
+/// shared out.
 fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
     let uses = buffer_uses(body);
     let Some(steps) = row_steps(k, body, &uses) else { return Ok(None) };
@@ -459,30 +462,54 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
             RowStep::Fold { loops, update, acc, combine, identity } => {
                 let elem = k.buffer(acc.0).elem;
                 let part = k.buf(format!("part{i}"), elem, vec![], Space::Local);
-                let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
                 let mine = Expr::load(part, vec![]);
                 let Stmt::Store { value, .. } = update else { continue };
                 let value = value.map_loads(&|b, ix| if b == acc.0 && ix == acc.1 { mine.clone() } else { Expr::Load(b, ix) });
                 let step = Stmt::Store { buf: part, index: vec![], value };
                 let step = subst_all(std::slice::from_ref(&step), &at_row);
-                out.push(thread_loop(k, &mut |k, t| {
-                    vec![
-                        Stmt::Store { buf: part, index: vec![], value: identity.clone() },
-                        strided(k, t, threads, loops, &step),
-                        Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: mine.clone() },
-                    ]
-                }));
-                let mut half = threads / 2;
-                while half >= 1 {
+                let partials = |k: &mut Kernel, t: Var, then: Vec<Stmt>| {
+                    let mut body = vec![Stmt::Store { buf: part, index: vec![], value: identity.clone() }, strided(k, t, threads, loops, &step)];
+                    body.extend(then);
+                    body
+                };
+                // Warp shuffles where they apply (whole warps, a 32-bit type, an associative combine):
+                // each warp reduces its partials, the warps' sums meet in shared memory, and the first
+                // warp reduces those. Otherwise a tree in shared memory, one barrier a level.
+                let shuffles = threads.is_multiple_of(32) && matches!(elem, Elem::F32 | Elem::I32) && matches!(combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
+                let total = if shuffles {
+                    let warps = threads / 32;
+                    out.push(thread_loop(k, &mut |k, t| partials(k, t, vec![])));
+                    out.push(Stmt::WarpReduce { buf: part, op: *combine });
+                    if warps > 1 {
+                        let sums = k.buf(format!("warps{i}"), elem, vec![warps], Space::Shared);
+                        out.push(thread_loop(k, &mut |_, t| {
+                            let lane0 = Expr::bin(BinOp::Eq, Expr::rem(Expr::var(t), Expr::int(32)), Expr::int(0));
+                            vec![Stmt::If { cond: lane0, then: vec![Stmt::Store { buf: sums, index: vec![Expr::div(Expr::var(t), Expr::int(32))], value: mine.clone() }] }]
+                        }));
+                        out.push(Stmt::Barrier);
+                        out.push(thread_loop(k, &mut |_, t| {
+                            let theirs = Stmt::Store { buf: part, index: vec![], value: Expr::load(sums, vec![Expr::var(t)]) };
+                            vec![Stmt::Store { buf: part, index: vec![], value: identity.clone() }, Stmt::If { cond: lt(Expr::var(t), warps), then: vec![theirs] }]
+                        }));
+                        out.push(Stmt::WarpReduce { buf: part, op: *combine });
+                    }
+                    mine.clone()
+                } else {
+                    let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
+                    out.push(thread_loop(k, &mut |k, t| partials(k, t, vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: mine.clone() }])));
+                    let mut half = threads / 2;
+                    while half >= 1 {
+                        out.push(Stmt::Barrier);
+                        out.push(thread_loop(k, &mut |_, t| {
+                            let (a, b) = (Expr::load(tree, vec![Expr::var(t)]), Expr::load(tree, vec![Expr::add(Expr::var(t), Expr::int(half as i64))]));
+                            vec![Stmt::If { cond: lt(Expr::var(t), half), then: vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: Expr::bin(*combine, a, b) }] }]
+                        }));
+                        half /= 2;
+                    }
                     out.push(Stmt::Barrier);
-                    out.push(thread_loop(k, &mut |_, t| {
-                        let (a, b) = (Expr::load(tree, vec![Expr::var(t)]), Expr::load(tree, vec![Expr::add(Expr::var(t), Expr::int(half as i64))]));
-                        vec![Stmt::If { cond: lt(Expr::var(t), half), then: vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: Expr::bin(*combine, a, b) }] }]
-                    }));
-                    half /= 2;
-                }
-                out.push(Stmt::Barrier);
-                let total = Expr::bin(*combine, Expr::Load(acc.0, acc.1.clone()), Expr::load(tree, vec![Expr::int(0)]));
+                    Expr::load(tree, vec![Expr::int(0)])
+                };
+                let total = Expr::bin(*combine, Expr::Load(acc.0, acc.1.clone()), total);
                 let fin = Stmt::Store { buf: acc.0, index: acc.1.clone(), value: total };
                 out.push(thread_loop(k, &mut |_, t| vec![first(t, vec![fin.clone()])]));
             }

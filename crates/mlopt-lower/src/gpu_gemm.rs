@@ -235,7 +235,7 @@ fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
     body.iter().all(|s| match s {
         Stmt::Store { buf, .. } => *buf != acc,
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => epilogue_ok(body, acc),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
     })
 }
 

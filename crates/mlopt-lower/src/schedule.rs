@@ -66,7 +66,7 @@ fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok
     fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &dyn Fn(&BufId) -> bool, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
         body.iter().all(|s| match s {
             Stmt::For { body, .. } => walk(k, v, body, private, ok),
-            Stmt::If { .. } | Stmt::Barrier | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => false,
+            Stmt::If { .. } | Stmt::Barrier | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
             Stmt::Store { buf, index, .. } => private(buf) || ok(coefficient(&flat(k, *buf, index), v)),
             Stmt::Mma { c, .. } => private(&c.buf) || ok(coefficient(&flat(k, c.buf, &c.at), v)),
         })
