@@ -6,22 +6,23 @@
 use crate::elementwise::{compute, convert, elem, lit};
 use crate::error::Result;
 use crate::contract;
-use crate::kernel::{all, clamp, dims, in_range, Lowerer};
+use crate::kernel::{clamp, dims, Lowerer};
+use crate::window::{conv, conv_transpose, max_pool_indices, pool_window};
 use mlopt_ir::{NodeId, Op, ReduceKind, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
-fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
+pub(crate) fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
     Expr::bin(o, x, y)
 }
 
 /// A fold: `acc = init; for r in extents { acc = step(acc, value(r)) }`.
-struct Fold {
-    stmts: Vec<Stmt>,
-    acc: BufId,
+pub(crate) struct Fold {
+    pub(crate) stmts: Vec<Stmt>,
+    pub(crate) acc: BufId,
 }
 
 impl Fold {
-    fn get(&self) -> Expr {
+    pub(crate) fn get(&self) -> Expr {
         Expr::load(self.acc, vec![])
     }
 }
@@ -37,7 +38,7 @@ fn fold(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], update: impl FnOn
 }
 
 /// A fold whose update is `op(acc, value(r))`, one element at a time.
-fn fold_op_scalar(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
+pub(crate) fn fold_op_scalar(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
     fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
 }
 
@@ -79,7 +80,7 @@ fn rfactor(l: &mut Lowerer, t: Elem, init: Expr, e: u64, w: u64, combine: BinOp,
     Ok(Fold { stmts, acc })
 }
 
-fn lowest(t: Elem) -> Expr {
+pub(crate) fn lowest(t: Elem) -> Expr {
     match t {
         Elem::I64 => Expr::int(i64::MIN),
         Elem::I32 => lit(i32::MIN as f64, t),
@@ -215,7 +216,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
 }
 
 /// `acc = fma(x, y, acc)` over `extents`.
-fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>) -> Result<Fold> {
+pub(crate) fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>) -> Result<Fold> {
     let fma = |l: &mut Lowerer, r: &[Expr], acc: Expr| {
         let (x, y) = xy(l, r)?;
         Ok(Expr::fma(x, y, acc))
@@ -340,295 +341,8 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     })
 }
 
-fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
-    let (x, w) = (l.input(n, 0)?, l.input(n, 1)?);
-    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
-    let xs = l.ty(x).shape.clone();
-    let ws = l.ty(w).shape.clone();
-    let sp = xs.len() - 2;
-    let (m, cg) = (ws[0] as i64, ws[1] as i64);
-    let mg = m / a.group as i64;
-    let mut red = vec![cg as u64];
-    red.extend(ws[2..].iter().map(|d| *d as u64));
-    if let Some(stmts) = crate::winograd::conv3x3(l, x, w, bias, a, out, out_t, dst)? {
-        return Ok(stmts);
-    }
-    if let Some(stmts) = conv1x1_mma(l, x, w, bias, a, out, out_t, dst)? {
-        return Ok(stmts);
-    }
-    if let (4, Some(t)) = (xs.len(), contract::choose(l, (m / a.group as i64) as u64, out[3], red.iter().product())) {
-        return conv2d_tiled(l, x, w, bias, a, out, out_t, dst, t);
-    }
-    let a = a.clone();
-    l.nest("i", out, |l, idx| {
-        let (nb, mo) = (idx[0].clone(), idx[1].clone());
-        // One group: no group term, so the input reads no output channel (which keeps the rows of an
-        // implicit GEMM apart from its columns).
-        let g = if a.group == 1 { Expr::int(0) } else { Expr::div(mo.clone(), Expr::int(mg)) };
-        let f = dot(l, &red, |l, r| {
-            let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
-            // Only axes whose windows can leave the input are tested and clamped.
-            let leaves: Vec<bool> = (0..sp).map(|s| window_leaves(out[2 + s], ws[2 + s] as u64, a.strides[s], a.dilations[s], a.pads[s], xs[2 + s] as u64)).collect();
-            let inside = all((0..sp).filter(|s| leaves[*s]).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
-            let mut xi = vec![nb.clone(), c];
-            xi.extend(pos.into_iter().enumerate().map(|(s, p)| if leaves[s] { clamp(p, xs[2 + s] as i64) } else { p }));
-            let mut wi = vec![mo.clone(), r[0].clone()];
-            wi.extend(r[1..].iter().cloned());
-            let xv = get(l, x, &xi, Elem::F32)?;
-            let xv = match inside {
-                Some(c) => Expr::select(c, xv, lit(0.0, Elem::F32)),
-                None => xv,
-            };
-            Ok((xv, get(l, w, &wi, Elem::F32)?))
-        })?;
-        store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
-    })
-}
-
-/// A bf16 pointwise convolution (1x1, stride 1, no padding, one group) as `mma` blocks: out[n, m, p] =
-/// sum over c of x[n, c, p] w[m, c], i.e. rows = the N x H x W positions, K = the input channels and the
-/// columns = the output channels, with W packed at compile time. Each call copies x into the row-major
-/// [positions, channels] layout the blocks read (a transpose). None when it does not apply.
-#[allow(clippy::too_many_arguments)]
-fn conv1x1_mma(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Option<Vec<Stmt>>> {
-    let (xs, ws) = (l.ty(x).shape.clone(), l.ty(w).shape.clone());
-    let pointwise = xs.len() == 4 && ws[2..] == [1, 1] && a.group == 1 && a.strides == [1, 1] && a.dilations == [1, 1] && a.pads.iter().all(|p| *p == 0);
-    let (c, m) = (ws[1] as u64, ws[0] as u64);
-    let Some(wt) = crate::mma::eligible(l, x, w, c, m).filter(|_| pointwise) else { return Ok(None) };
-    let lead: Vec<i64> = [out[0], out[2], out[3]].iter().map(|d| *d as i64).collect();
-    let rows = lead.iter().product::<i64>() as u64;
-    let name = l.g.node(w.node).name.clone();
-    let stmts = crate::mma::contract(
-        l,
-        &name,
-        rows,
-        m,
-        c,
-        &wt,
-        true,
-        crate::mma::Epilogue::RowsInner,
-        &mut |l, row, k| {
-            let p = crate::kernel::delinear(row.clone(), &lead);
-            get(l, x, &[p[0].clone(), k.clone(), p[1].clone(), p[2].clone()], Elem::BF16)
-        },
-        &mut |l, row, j, v| {
-            let p = crate::kernel::delinear(row.clone(), &lead);
-            let v = match bias {
-                Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(j), Elem::F32)?),
-                None => v,
-            };
-            Ok(Stmt::Store { buf: dst, index: vec![p[0].clone(), j.clone(), p[1].clone(), p[2].clone()], value: convert(v, Elem::F32, out_t) })
-        },
-    )?;
-    Ok(Some(stmts))
-}
-
-/// A convolution's fold, then its output element: the sum plus the channel's bias, in the output type.
-#[allow(clippy::too_many_arguments)]
-fn store_with_bias(l: &mut Lowerer, f: &Fold, bias: Option<Value>, channel: &Expr, idx: &[Expr], dst: BufId, out_t: Elem) -> Result<Vec<Stmt>> {
-    let mut s = f.stmts.clone();
-    let mut y = f.get();
-    if let Some(bv) = bias {
-        y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(channel), Elem::F32)?);
-    }
-    s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
-    Ok(s)
-}
-
-/// ConvTranspose as a gather: output position `o` takes input position `i` through tap `k` when
-/// `o = i * stride + k * dilation - pad`, so each output element sums, over its group's input channels
-/// and every tap, the input at `(o + pad - k * dilation) / stride` where that divides exactly and lands
-/// inside the input. W is [C_in, C_out / group, k...].
-fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
-    let (x, w) = (l.input(n, 0)?, l.input(n, 1)?);
-    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
-    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
-    let ws = l.ty(w).shape.clone();
-    let sp = xs.len() - 2;
-    let (cin_g, cout_g) = (xs[1] / a.group as i64, ws[1] as i64);
-    let mut red = vec![cin_g as u64];
-    red.extend(ws[2..].iter().map(|d| *d as u64));
-    let a = a.clone();
-    l.nest("i", out, |l, idx| {
-        let (nb, mo) = (idx[0].clone(), idx[1].clone());
-        let g = Expr::div(mo.clone(), Expr::int(cout_g));
-        let f = dot(l, &red, |l, r| {
-            let c = Expr::add(Expr::mul(g.clone(), Expr::int(cin_g)), r[0].clone());
-            let num: Vec<Expr> = (0..sp).map(|s| Expr::sub(Expr::add(idx[2 + s].clone(), Expr::int(a.pads[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64)))).collect();
-            let pos: Vec<Expr> = (0..sp).map(|s| Expr::div(num[s].clone(), Expr::int(a.strides[s] as i64))).collect();
-            let exact = (0..sp).filter(|s| a.strides[*s] > 1).map(|s| b(BinOp::Eq, Expr::rem(num[s].clone(), Expr::int(a.strides[s] as i64)), Expr::int(0)));
-            let inside = (0..sp).map(|s| b(BinOp::And, b(BinOp::Le, Expr::int(0), num[s].clone()), b(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s]))));
-            let valid = all(inside.chain(exact)).unwrap_or_else(|| lit(1.0, Elem::Bool));
-            let mut xi = vec![nb.clone(), c.clone()];
-            xi.extend(pos.into_iter().zip(&xs[2..]).map(|(p, len)| clamp(p, *len)));
-            let mut wi = vec![c, Expr::rem(mo.clone(), Expr::int(cout_g))];
-            wi.extend(r[1..].iter().cloned());
-            let xv = get(l, x, &xi, Elem::F32)?;
-            Ok((Expr::select(valid, xv, lit(0.0, Elem::F32)), get(l, w, &wi, Elem::F32)?))
-        })?;
-        store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
-    })
-}
-
-/// A zero-padded copy of the 4-D input `x` (`pads`: top, left, bottom, right) written by statements
-/// appended to `stmts`; None when there is no padding (read `x` itself).
-pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
-    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
-    let (pt, pl) = (pads[0] as i64, pads[1] as i64);
-    let padded = [xs[0] as u64, xs[1] as u64, (xs[2] + pt + pads[2] as i64) as u64, (xs[3] + pl + pads[3] as i64) as u64];
-    if padded[2] as i64 == xs[2] && padded[3] as i64 == xs[3] {
-        return Ok(None);
-    }
-    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.to_vec(), Space::Local);
-    stmts.extend(l.nest("p", &padded, |l, idx| {
-        let (h, wd) = (Expr::sub(idx[2].clone(), Expr::int(pt)), Expr::sub(idx[3].clone(), Expr::int(pl)));
-        let inside = all([in_range(h.clone(), xs[2]), in_range(wd.clone(), xs[3])]);
-        let v = get(l, x, &[idx[0].clone(), idx[1].clone(), clamp(h, xs[2]), clamp(wd, xs[3])], Elem::F32)?;
-        let v = Expr::select(inside.unwrap_or_else(|| lit(1.0, Elem::Bool)), v, lit(0.0, Elem::F32));
-        Ok(vec![Stmt::Store { buf: xp, index: idx.to_vec(), value: v }])
-    })?);
-    Ok(Some(xp))
-}
-
-/// 2-D convolution as an implicit GEMM per output row: M = output channels of a group, N = output
-/// width, K = input channels x kernel window. The input is first copied into a zero-padded local buffer,
-/// so the window's loads need no guard and, at stride 1, are contiguous along the output row.
-fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId, t: contract::Tile) -> Result<Vec<Stmt>> {
-    let ws: Vec<u64> = l.ty(w).shape.iter().map(|d| *d as u64).collect();
-    let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
-    let mut stmts = Vec::new();
-    let src = padded_input(l, x, &a.pads, &mut stmts)?;
-    let (s, d) = (a.strides.clone(), a.dilations.clone());
-    stmts.extend(contract::tiled(
-        l,
-        &[out[0], g as u64, out[2]],
-        mg as u64,
-        out[3],
-        &[cg as u64, ws[2], ws[3]],
-        t,
-        &mut |l, bi, i, k| {
-            let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
-            get(l, w, &[co, k[0].clone(), k[1].clone(), k[2].clone()], Elem::F32)
-        },
-        &mut |l, bi, k, col| {
-            let j = col.j.clone();
-            let c = Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone());
-            let h = Expr::add(Expr::mul(bi[2].clone(), Expr::int(s[0] as i64)), Expr::mul(k[1].clone(), Expr::int(d[0] as i64)));
-            let wd = Expr::add(Expr::mul(j, Expr::int(s[1] as i64)), Expr::mul(k[2].clone(), Expr::int(d[1] as i64)));
-            match src {
-                Some(xp) => Ok(Expr::load(xp, vec![bi[0].clone(), c, h, wd])),
-                None => get(l, x, &[bi[0].clone(), c, h, wd], Elem::F32),
-            }
-        },
-        &mut |l, bi, i, j, v| {
-            let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
-            let y = match bias {
-                Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(&co), Elem::F32)?),
-                None => v,
-            };
-            Ok(Stmt::Store { buf: dst, index: vec![bi[0].clone(), co, bi[2].clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
-        },
-    )?);
-    Ok(stmts)
-}
-
-fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, include_pad: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
-    let x = l.input(n, 0)?;
-    let xs = l.ty(x).shape.clone();
-    let sp = xs.len() - 2;
-    let t = compute(elem(l.ty(x).dtype));
-    let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
-    let p = p.clone();
-    l.nest("i", out, |l, idx| {
-        let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
-        let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
-        let mut count_in = None;
-        // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
-        let f = fold_op_scalar(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
-            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
-            // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
-            let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
-            let mut xi = vec![idx[0].clone(), idx[1].clone()];
-            xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
-            let v = get(l, x, &xi, t)?;
-            let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
-            count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
-            Ok(Expr::select(ok, v, if max { lowest(t) } else { lit(0.0, t) }))
-        })?;
-        let mut s = f.stmts.clone();
-        let y = if max {
-            f.get()
-        } else {
-            // The count of window positions taken, accumulated in the same loops.
-            let c = count_in.unwrap_or_else(|| lit(1.0, Elem::Bool));
-            let inc = Stmt::Store { buf: cnt, index: vec![], value: b(BinOp::Add, Expr::load(cnt, vec![]), Expr::select(c, lit(1.0, t), lit(0.0, t))) };
-            add_to_innermost(&mut s, inc);
-            cnt_stmts.append(&mut s);
-            s = cnt_stmts;
-            b(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
-        };
-        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
-        Ok(s)
-    })
-}
-
-/// Max pooling with the flat input index of each maximum (`Op::MaxPool`): the first position in the window
-/// wins ties, a NaN wins over numbers, and a window entirely in the padding gives -inf at index -1.
-#[allow(clippy::too_many_arguments)]
-fn max_pool_indices(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, col_major: bool, out: &[u64], out_t: Elem, dst: BufId, dst_at: BufId) -> Result<Vec<Stmt>> {
-    let x = l.input(n, 0)?;
-    let xs = l.ty(x).shape.clone();
-    let sp = xs.len() - 2;
-    let t = compute(elem(l.ty(x).dtype));
-    let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
-    let ins: Vec<i64> = xs[2..].iter().map(|d| *d as i64).collect();
-    let plane: i64 = ins.iter().product();
-    let channels = xs[1] as i64;
-    l.nest("i", out, |l, idx| {
-        let best = l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
-        let at = l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local);
-        let mut stmts = vec![Stmt::Store { buf: best, index: vec![], value: lowest(t) }, Stmt::Store { buf: at, index: vec![], value: Expr::int(-1) }];
-        stmts.extend(l.nest("r", &win, |l, r| {
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
-            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), ins[s]))).unwrap_or_else(|| lit(1.0, Elem::Bool));
-            let mut xi = vec![idx[0].clone(), idx[1].clone()];
-            xi.extend((0..sp).map(|s| clamp(pos[s].clone(), ins[s])));
-            let v = get(l, x, &xi, t)?;
-            let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
-            let nan = |e: Expr| b(BinOp::Ne, e.clone(), e);
-            let first = b(BinOp::Lt, cur_at.clone(), Expr::int(0));
-            let better = b(BinOp::Or, b(BinOp::Lt, cur.clone(), v.clone()), b(BinOp::And, nan(v.clone()), Expr::un(UnOp::Not, nan(cur.clone()))));
-            let take = b(BinOp::And, inside, b(BinOp::Or, first, better));
-            let spatial = if col_major {
-                let (p, s): (Vec<Expr>, Vec<i64>) = (pos.iter().rev().cloned().collect(), ins.iter().rev().copied().collect());
-                crate::kernel::linear(&p, &s)
-            } else {
-                crate::kernel::linear(&pos, &ins)
-            };
-            let flat = Expr::add(Expr::mul(Expr::add(Expr::mul(idx[0].clone(), Expr::int(channels)), idx[1].clone()), Expr::int(plane)), spatial);
-            Ok(take_if(l, take, &[(at, flat), (best, v)]))
-        })?);
-        stmts.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(Expr::load(best, vec![]), t, out_t) });
-        stmts.push(Stmt::Store { buf: dst_at, index: idx.to_vec(), value: Expr::load(at, vec![]) });
-        Ok(stmts)
-    })
-}
-
-/// The input position a window tap reads: `out * stride + tap * dilation - pad` (may fall in the padding).
-/// Whether the window positions `o * stride + k * dilation - pad` (o < outs, k < taps) can leave 0..len.
-fn window_leaves(outs: u64, taps: u64, stride: usize, dilation: usize, pad: usize, len: u64) -> bool {
-    let reach = (outs.max(1) - 1) * stride as u64 + (taps.max(1) - 1) * dilation as u64;
-    pad > 0 || reach >= len
-}
-
-fn window_pos(out: &Expr, tap: &Expr, stride: usize, dilation: usize, pad: usize) -> Expr {
-    Expr::sub(Expr::add(Expr::mul(out.clone(), Expr::int(stride as i64)), Expr::mul(tap.clone(), Expr::int(dilation as i64))), Expr::int(pad as i64))
-}
-
 /// Appends `st` to the body of the innermost loop of the last loop nest in `stmts`.
-fn add_to_innermost(stmts: &mut [Stmt], st: Stmt) {
+pub(crate) fn add_to_innermost(stmts: &mut [Stmt], st: Stmt) {
     if let Some(Stmt::For { body, .. }) = stmts.last_mut() {
         if matches!(body.last(), Some(Stmt::For { .. })) {
             add_to_innermost(body, st);
@@ -948,7 +662,7 @@ fn top_k(l: &mut Lowerer, n: NodeId, axis: usize, k: u64, largest: bool, dsts: &
 
 /// `acc = take ? new : acc` for each (scalar local, new value), with `take` evaluated once before any of
 /// them changes (it usually reads them).
-fn take_if(l: &mut Lowerer, take: Expr, updates: &[(BufId, Expr)]) -> Vec<Stmt> {
+pub(crate) fn take_if(l: &mut Lowerer, take: Expr, updates: &[(BufId, Expr)]) -> Vec<Stmt> {
     let flag = l.k.buf(format!("take{}", l.k.bufs.len()), Elem::Bool, vec![], Space::Local);
     let mut s = vec![Stmt::Store { buf: flag, index: vec![], value: take }];
     for (acc, new) in updates {

@@ -13,6 +13,7 @@ mod grid;
 pub mod gpu;
 mod gpu_gemm;
 mod winograd;
+mod window;
 pub mod contract;
 pub mod elementwise;
 pub mod error;

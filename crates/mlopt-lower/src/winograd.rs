@@ -16,7 +16,8 @@
 //! results are checked against the interpreter with the rest of lowering (within 1e-5 of the output's
 //! scale; the rounding differs from a direct convolution by a few ulps of the largest partial sum).
 
-use crate::anchor::{get, padded_input};
+use crate::anchor::get;
+use crate::window::padded_input;
 use crate::contract::{estimate, pick};
 use crate::contract;
 use crate::elementwise::convert;
