@@ -155,7 +155,8 @@ enum Cmd {
         #[arg(long, conflicts_with = "optimized")]
         compiled: bool,
         /// Lower the model with GPU schedules for this target (sm_XX) and run them in the kernel IR's
-        /// emulator (grid, threads, shared memory, barriers; races are errors).
+        /// emulator (grid, threads, shared memory, barriers; races are errors); their PTX must also
+        /// assemble with ptxas (when installed) without spills.
         #[arg(long, conflicts_with_all = ["optimized", "compiled"])]
         emulated: bool,
         #[command(flatten)]
@@ -357,7 +358,10 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
             let (o, cfg) = opt.optimize(&g, &names)?;
             let lower = mlopt_lower::Options { gpu: Some(mlopt_driver::gpu::schedule_for(&cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
             let p = mlopt_lower::lower_program(&o.plan.graph, &lower)?;
-            mlopt_lower::interpret(&p, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
+            let outs = mlopt_lower::interpret(&p, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?;
+            // The same kernels must also become PTX that ptxas assembles without spilling.
+            mlopt_driver::gpu::assemble(&p, &cfg.target.name, true).context("assembling the GPU kernels")?;
+            outs
         }
     };
     if outs.len() != expected.len() {

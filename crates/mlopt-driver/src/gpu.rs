@@ -152,6 +152,18 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     (blocks * warps) as f64 / max_warps as f64
 }
 
+/// A scheduled program's PTX for `target` (sm_XX), assembled by ptxas when it is installed: each
+/// kernel's figures, or None without ptxas. With `no_spills`, a kernel that spills is an error.
+pub fn assemble(p: &Program, target: &str, no_spills: bool) -> Result<Option<Vec<(String, Ptxas)>>> {
+    let ptx = mlopt_llvm::compile_ptx(p, &GpuTarget::named(target)?)?;
+    let Some(ptxas) = find_ptxas() else { return Ok(None) };
+    let figures = run_ptxas(&ptxas, &ptx.ptx, target)?;
+    if let Some((name, f)) = figures.iter().find(|(_, f)| no_spills && f.spill_stores + f.spill_loads > 0) {
+        return Err(DriverError::Ptxas(format!("{name} spills ({} bytes stored, {} loaded)", f.spill_stores, f.spill_loads)));
+    }
+    Ok(Some(figures))
+}
+
 /// Runs the GPU pipeline on an imported graph.
 pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
     let mut times = Vec::new();
@@ -272,7 +284,7 @@ pub fn c_header(p: &Program, t: &GpuTarget) -> String {
     let _ = writeln!(s, "void *mlopt_{n}_create(int device);");
     let _ = writeln!(s, "/* Runs the model on host buffers of the sizes above: copies the inputs in, launches the kernels on\n   the model's stream, copies the outputs back and waits. 0 on success, -1 on a CUDA error. */");
     let _ = writeln!(s, "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);");
-    let _ = writeln!(s, "/* Launches the kernels on device buffers (CUdeviceptr values) on `stream` (a CUstream; NULL: the\n   model's own), without waiting. One run at a time per context. 0 on success, -1 on a CUDA error. */");
+    let _ = writeln!(s, "/* Launches the kernels on device buffers (CUdeviceptr values) on `stream` (a CUstream; NULL: the\n   model's own), without waiting. One run at a time per context. Every buffer must start 16-byte aligned\n   (cuMemAlloc's are). 0 on success, -1 on a CUDA error or a misaligned buffer. */");
     let _ = writeln!(s, "int mlopt_{n}_run_device(void *ctx, const uint64_t *inputs, const uint64_t *outputs, void *stream);");
     let _ = writeln!(s, "void mlopt_{n}_destroy(void *ctx);");
     let _ = writeln!(s, "/* The last error of this thread, as text. */\nconst char *mlopt_{n}_last_error(void);\n");

@@ -13,6 +13,7 @@ mod math;
 mod parallel;
 mod program;
 mod ptx;
+mod transcendental;
 
 pub use error::{LlvmError, Result};
 pub use program::{c_name, compile, CpuTarget, MatrixUnit, Output};

@@ -1,7 +1,8 @@
 //! Arithmetic, comparisons, math functions and casts on scalars or vectors of any element type.
 //! Float min/max propagate NaN (`llvm.minimum`/`llvm.maximum`), as the interpreters do; integer division
-//! by zero yields 0 instead of trapping. Functions LLVM has no instruction for (tanh, erf) are libm calls,
-//! one per lane.
+//! by zero yields 0 instead of trapping. Transcendental functions are straight-line code in registers
+//! (`transcendental.rs`) where written there, else LLVM intrinsics or libm calls (one per lane) on the
+//! CPU; on the GPU `ptx.rs` supplies approximate instructions or reports the function as unsupported.
 
 use crate::codegen::{const_like, float_cmp, int_cmp, ty, Gen, Ret};
 use crate::error::LlvmError;
@@ -41,13 +42,17 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
             return Ok(r);
         }
     }
-    if t == Elem::F32 {
-        match o {
-            UnOp::Exp => return exp_f32(g, x),
-            UnOp::Tanh => return tanh_f32(g, x),
-            UnOp::Erf => return erf_f32(g, x),
-            _ => {}
-        }
+    use crate::transcendental as tr;
+    match (o, t) {
+        (UnOp::Exp, Elem::F32) => return tr::exp_f32(g, x),
+        (UnOp::Tanh, Elem::F32) => return tr::tanh_f32(g, x),
+        (UnOp::Erf, Elem::F32) => return tr::erf_f32(g, x),
+        (UnOp::Asin, Elem::F32) => return tr::asin_f32(g, x),
+        (UnOp::Acos, Elem::F32) => return tr::acos_f32(g, x),
+        (UnOp::Atan, Elem::F32) => return tr::atan_f32(g, x),
+        (UnOp::Exp, Elem::F64) => return tr::exp_f64(g, x),
+        (UnOp::Log, Elem::F64) => return tr::log_f64(g, x),
+        _ => {}
     }
     let name = match o {
         UnOp::Neg => return Ok(g.b.build_unary_op_neg(x)?),
@@ -68,93 +73,6 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
         UnOp::Not => return Err(LlvmError::Codegen(format!("not of {t}"))),
     };
     g.intrinsic(name, &[x])
-}
-
-/// A float constant shaped like `x`.
-fn k<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, v: f64) -> BasicValueEnum<'c> {
-    const_like(g.c, x, v, Elem::F32)
-}
-
-fn fma<'c>(g: &mut Gen<'_, 'c>, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>, c: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    g.intrinsic("llvm.fma", &[a, b, c])
-}
-
-fn op<'c>(g: &Gen<'_, 'c>, o: Op, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    Ok(g.b.build_binop(o, a, b, "m")?)
-}
-
-/// e^x for f32 scalars or vectors in registers (no libm call, so vector loops stay vector): Cephes'
-/// expf. x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n built in the exponent
-/// bits. About 1 ulp; NaN stays NaN, overflow gives inf, deep underflow gives 0.
-fn exp_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let lo = k(g, x, -87.33654);
-    let hi = k(g, x, 88.72284);
-    let cx = g.intrinsic("llvm.maxnum", &[x, lo])?;
-    let cx = g.intrinsic("llvm.minnum", &[cx, hi])?;
-    let n = op(g, Op::FMul, cx, k(g, x, std::f64::consts::LOG2_E))?;
-    let n = g.intrinsic("llvm.roundeven", &[n])?;
-    let r = fma(g, n, k(g, x, -0.693359375), cx)?;
-    let r = fma(g, n, k(g, x, 2.12194440e-4), r)?;
-    let mut p = k(g, x, 1.9875691500e-4);
-    for c in [1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1] {
-        p = fma(g, p, r, k(g, x, c))?;
-    }
-    let rr = op(g, Op::FMul, r, r)?;
-    let y = fma(g, p, rr, r)?;
-    let y = op(g, Op::FAdd, y, k(g, x, 1.0))?;
-    // 2^n: (n + 127) << 23 as the bits of a float.
-    let it = shaped(g, x, Elem::I32);
-    let ni = g.b.build_cast(Op::FPToSI, n, it, "n")?;
-    let ni = op(g, Op::Add, ni, const_like(g.c, ni, 127.0, Elem::I32))?;
-    let ni = op(g, Op::Shl, ni, const_like(g.c, ni, 23.0, Elem::I32))?;
-    let two_n = g.b.build_cast(Op::BitCast, ni, x.get_type(), "pow2")?;
-    let e = op(g, Op::FMul, y, two_n)?;
-    // Beyond the clamps: inf above, 0 below; NaN passes through.
-    let over = float_cmp(&g.b, F::OGT, x, hi)?;
-    let under = float_cmp(&g.b, F::OLT, x, lo)?;
-    let nan = float_cmp(&g.b, F::UNO, x, x)?;
-    let e = select(g, over, k(g, x, f64::INFINITY), e)?;
-    let e = select(g, under, k(g, x, 0.0), e)?;
-    select(g, nan, x, e)
-}
-
-/// tanh x = sign(x) (1 - e^(-2|x|)) / (1 + e^(-2|x|)), and its Taylor series x - x^3/3 + 2x^5/15 -
-/// 17x^7/315 below |x| = 0.1, where the subtraction would cancel (relative error ~1e-7 everywhere).
-fn tanh_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let x2 = op(g, Op::FMul, x, x)?;
-    let mut p = k(g, x, -17.0 / 315.0);
-    for c in [2.0 / 15.0, -1.0 / 3.0] {
-        p = fma(g, p, x2, k(g, x, c))?;
-    }
-    let px = op(g, Op::FMul, p, x2)?;
-    let small = fma(g, px, x, x)?;
-    let ax = g.intrinsic("llvm.fabs", &[x])?;
-    let m2 = op(g, Op::FMul, ax, k(g, x, -2.0))?;
-    let t = exp_f32(g, m2)?;
-    let num = op(g, Op::FSub, k(g, x, 1.0), t)?;
-    let den = op(g, Op::FAdd, k(g, x, 1.0), t)?;
-    let y = op(g, Op::FDiv, num, den)?;
-    let y = g.intrinsic("llvm.copysign", &[y, x])?;
-    let is_small = float_cmp(&g.b, F::OLT, ax, k(g, x, 0.1))?;
-    select(g, is_small, small, y)
-}
-
-/// erf x by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7):
-/// 1 - (a1 t + ... + a5 t^5) e^(-x^2), t = 1 / (1 + p|x|), with the sign of x.
-fn erf_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let ax = g.intrinsic("llvm.fabs", &[x])?;
-    let d = fma(g, ax, k(g, x, 0.3275911), k(g, x, 1.0))?;
-    let t = op(g, Op::FDiv, k(g, x, 1.0), d)?;
-    let mut p = k(g, x, 1.061405429);
-    for c in [-1.453152027, 1.421413741, -0.284496736, 0.254829592] {
-        p = fma(g, p, t, k(g, x, c))?;
-    }
-    let p = op(g, Op::FMul, p, t)?;
-    let x2 = op(g, Op::FMul, ax, ax)?;
-    let nx2 = op(g, Op::FMul, x2, k(g, x, -1.0))?;
-    let e = exp_f32(g, nx2)?;
-    let y = op(g, Op::FSub, k(g, x, 1.0), op(g, Op::FMul, p, e)?)?;
-    g.intrinsic("llvm.copysign", &[y, x])
 }
 
 trait NegExt<'c> {
@@ -203,8 +121,8 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
             BinOp::Rem => b.build_binop(Op::FRem, x, y, "rem")?,
             BinOp::Min => return g.intrinsic("llvm.minimum", &[x, y]),
             BinOp::Max => return g.intrinsic("llvm.maximum", &[x, y]),
-            BinOp::Pow if g.gpu => return Err(LlvmError::Codegen(format!("@{}: pow of {t} has no NVPTX implementation yet", g.k.name))),
-            BinOp::Pow => return g.intrinsic("llvm.pow", &[x, y]),
+            BinOp::Pow if matches!(t, Elem::F32 | Elem::F64) => return crate::transcendental::pow(g, x, y, t),
+            BinOp::Pow => return Err(LlvmError::Codegen(format!("pow of {t}"))),
             BinOp::Lt => float_cmp(b, F::OLT, x, y)?,
             BinOp::Le => float_cmp(b, F::OLE, x, y)?,
             BinOp::Eq => float_cmp(b, F::OEQ, x, y)?,

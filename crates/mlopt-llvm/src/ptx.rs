@@ -370,10 +370,21 @@ fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<Basi
 /// Math that differs on the GPU: Some(value) when done here, None for the common code (`math.rs`), an
 /// error for functions with no NVPTX implementation yet.
 pub(crate) fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -> Ret<Option<BasicValueEnum<'c>>> {
+    // A vector loop's value: the approximate instructions are scalar, so lane by lane.
+    if let BasicValueEnum::VectorValue(v) = x {
+        let mut out = v.get_type().get_undef();
+        for i in 0..v.get_type().get_size() {
+            let ix = g.c.i32_type().const_int(i as u64, false);
+            let lane = g.b.build_extract_element(v, ix, "lane")?;
+            let Some(r) = unary(g, o, lane, t)? else { return Ok(None) };
+            out = g.b.build_insert_element(out, r, ix, "lanes")?;
+        }
+        return Ok(Some(out.into()));
+    }
     let f32t = g.c.f32_type();
     let k = |v: f64| f32t.const_float(v);
     match (o, t) {
-        (UnOp::Exp | UnOp::Tanh | UnOp::Erf, Elem::F32) => Ok(None),
+        (UnOp::Exp | UnOp::Tanh | UnOp::Erf | UnOp::Asin | UnOp::Acos | UnOp::Atan, Elem::F32) | (UnOp::Exp | UnOp::Log, Elem::F64) => Ok(None),
         (UnOp::Neg | UnOp::Abs | UnOp::Sqrt | UnOp::Floor | UnOp::Ceil | UnOp::Round | UnOp::Not, _) => Ok(None),
         // ln x = log2 x * ln 2; lg2.approx has a relative error of 2^-22.
         (UnOp::Log, Elem::F32) => {
