@@ -73,9 +73,14 @@ fn ptx_snapshots() {
     // memory, a register tile per thread), with the folded batch norm and ReLU fused into its epilogue.
     let cnn = compiled("cnn", "sm_80", Precision::Fp32);
     insta::assert_snapshot!("ptx_gemm_simt_conv_bn_relu", entry(&cnn.ptx.ptx, "k0"));
-    // An elementwise kernel: the transformer's merge of attention heads, one element per thread.
+    // An elementwise kernel: the transformer's merge of attention heads, four neighbouring elements per
+    // thread, loaded and stored 16 bytes at a time.
     let tr = compiled("transformer", "sm_80", Precision::Fp32);
-    insta::assert_snapshot!("ptx_elementwise_merge_heads", entry(&tr.ptx.ptx, "k4_1"));
+    let merge = entry(&tr.ptx.ptx, "k4_1");
+    for want in ["ld.global.v4.f32", "st.global.v4.f32"] {
+        assert!(merge.contains(want), "no {want} in the elementwise kernel");
+    }
+    insta::assert_snapshot!("ptx_elementwise_merge_heads", merge);
     // A reduction: the transformer's first layer norm, one row per block, sums by warp shuffles.
     let norm = entry(&tr.ptx.ptx, "k0");
     assert!(norm.contains("shfl.sync.bfly.b32"), "no warp shuffle in the layer norm");
@@ -119,15 +124,19 @@ int cuGetErrorString(int r, const char **s) { *s = "mock error"; return 0; }
 const MAIN_C: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "mlp.h"
 int main(void) {
     void *m = mlopt_mlp_create(0);
     if (!m) { printf("create failed: %s\n", mlopt_mlp_last_error()); return 3; }
-    static float x[MLOPT_MLP_INPUT0_ELEMS], y[MLOPT_MLP_OUTPUT0_ELEMS];
+    static _Alignas(16) float x[MLOPT_MLP_INPUT0_ELEMS], y[MLOPT_MLP_OUTPUT0_ELEMS];
     const void *in[] = {x};
     void *out[] = {y};
     for (int i = 0; i < 2; i++)
         if (mlopt_mlp_run(m, in, out)) { printf("run failed: %s\n", mlopt_mlp_last_error()); return 4; }
+    /* Device buffers must be 16-byte aligned (the kernels move 16 bytes at a time). */
+    uint64_t bad[] = {(uint64_t)(x + 1)}, good[] = {(uint64_t)y};
+    if (mlopt_mlp_run_device(m, bad, good, NULL) != -1 || !strstr(mlopt_mlp_last_error(), "not 16-byte aligned")) { printf("misaligned input accepted\n"); return 5; }
     mlopt_mlp_destroy(m);
     printf("ok\n");
     return 0;

@@ -36,15 +36,27 @@ pub fn offset(e: &Expr) -> Option<i64> {
     }
 }
 
-/// Whether `e` is a multiple of `n` for every value of its variables (a sufficient test: constants,
-/// products with a multiple, sums of multiples, remainders by a multiple).
+/// Whether `e` is a multiple of `n` for every value of its variables (see [`factor`]).
 pub fn multiple_of(e: &Expr, n: i64) -> bool {
+    n != 0 && factor(e) % n == 0
+}
+
+/// The greatest common divisor (non-negative; gcd(0, b) = |b|).
+pub fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a.abs() } else { gcd(b, a % b) }
+}
+
+/// A constant that divides `e` for every value of its variables (0 when `e` is always 0): constants,
+/// products multiply their factors, sums, differences and remainders keep the common one.
+pub fn factor(e: &Expr) -> i64 {
     match e {
-        Expr::Int(c) => c % n == 0,
-        Expr::Binary(BinOp::Mul, a, b) => multiple_of(a, n) || multiple_of(b, n),
-        Expr::Binary(BinOp::Add | BinOp::Sub, a, b) => multiple_of(a, n) && multiple_of(b, n),
-        Expr::Binary(BinOp::Rem, a, b) => multiple_of(a, n) && multiple_of(b, n),
-        _ => n == 1,
+        Expr::Int(c) => c.abs(),
+        Expr::Binary(BinOp::Mul, a, b) => {
+            let (a, b) = (factor(a), factor(b));
+            a.checked_mul(b).unwrap_or(a.max(b))
+        }
+        Expr::Binary(BinOp::Add | BinOp::Sub | BinOp::Rem, a, b) => gcd(factor(a), factor(b)),
+        _ => 1,
     }
 }
 

@@ -135,7 +135,7 @@ impl Checker<'_> {
     fn thread(&mut self, body: &[Stmt], guarded: bool) {
         for s in body {
             match s {
-                Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } => self.thread(body, guarded),
+                Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled | LoopKind::Vector(_), body, .. } => self.thread(body, guarded),
                 Stmt::If { then, .. } => self.thread(then, true),
                 Stmt::WarpMma { .. } if guarded => self.err("mma.sync under a guard (every thread of the warp must run it)".into()),
                 Stmt::WarpMma { .. } if !self.block.is_multiple_of(32) => self.err(format!("mma.sync in a block of {} threads, not whole warps", self.block)),

@@ -271,8 +271,8 @@ impl Verifier<'_> {
         match e {
             Expr::Int(v) => (*v, *v),
             Expr::Var(v) => self.env.get(v).copied().unwrap_or(ANY),
-            Expr::Binary(o, a, b) => {
-                let (a, b) = (self.range(a), self.range(b));
+            Expr::Binary(o, ea, eb) => {
+                let (a, b) = (self.range(ea), self.range(eb));
                 match o {
                     BinOp::Add => (a.0.saturating_add(b.0), a.1.saturating_add(b.1)),
                     BinOp::Sub => (a.0.saturating_sub(b.1), a.1.saturating_sub(b.0)),
@@ -281,7 +281,11 @@ impl Verifier<'_> {
                         (c.into_iter().min().unwrap_or(i64::MIN), c.into_iter().max().unwrap_or(i64::MAX))
                     }
                     BinOp::Div if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => (a.0 / b.0, a.1 / b.0),
-                    BinOp::Rem if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => (0, (b.0 - 1).min(a.1)),
+                    // A multiple of g modulo a multiple of g stays a multiple of g: at most d - g.
+                    BinOp::Rem if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => {
+                        let g = crate::analysis::gcd(crate::analysis::factor(ea), b.0);
+                        (0, (b.0 - g).min(a.1))
+                    }
                     BinOp::Min => (a.0.min(b.0), a.1.min(b.1)),
                     BinOp::Max => (a.0.max(b.0), a.1.max(b.1)),
                     _ => ANY,

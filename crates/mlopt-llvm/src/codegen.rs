@@ -341,6 +341,21 @@ impl<'a, 'c> Gen<'a, 'c> {
         coefficient(flat, v).filter(|_| !self.reads_private(flat))
     }
 
+    /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the
+    /// GPU every global buffer starts 16-byte aligned, so a start that is a multiple of `p` elements gives
+    /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
+    /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
+    fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
+        let size = self.k.buffer(b).elem.size() as u32;
+        let Some(l) = self.lane_var().filter(|_| self.gpu && self.k.buffer(b).space == Space::Global) else { return size };
+        let start = flat.subst(l, &Expr::int(0));
+        let mut align = size;
+        while align * 2 <= (size * w).min(16) && mlopt_kir::analysis::multiple_of(&start, (align * 2 / size) as i64) {
+            align *= 2;
+        }
+        align
+    }
+
     fn load(&mut self, b: BufId, index: &[Expr]) -> Ret<BasicValueEnum<'c>> {
         let elem = self.k.buffer(b).elem;
         let t = ty(self.c, elem);
@@ -364,7 +379,8 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let v = self.b.build_load(vector_type(t, w), p, "vld")?;
-                v.as_instruction_value().map(|ins| ins.set_alignment(elem.size() as u32));
+                let align = self.vector_align(b, &flat, w);
+                v.as_instruction_value().map(|ins| ins.set_alignment(align));
                 self.mem_to_reg(v, elem)
             }
             (Some(w), _) => {
@@ -408,8 +424,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let v = self.widen(v)?;
                 let v = self.reg_to_mem(v, elem)?;
                 let st = self.b.build_store(p, v)?;
-                st.set_alignment(elem.size() as u32).map_err(|e| err(e.to_string()))?;
-                let _ = w;
+                st.set_alignment(self.vector_align(b, &flat, w)).map_err(|e| err(e.to_string()))?;
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?;

@@ -209,6 +209,15 @@ int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr
     const uint64_t *t = c->m->table;
     CUstream s = stream ? stream : c->stream;
     CHECK(cu.cuCtxSetCurrent(c->ctx));
+    /* The kernels load and store 16 bytes at a time (ld/st.global.v4, cp.async): every buffer must start
+       16-byte aligned, as cuMemAlloc's (256-byte aligned) do. */
+    for (uint64_t i = 0; i < t[INPUTS] + t[OUTPUTS]; i++) {
+        CUdeviceptr p = i < t[INPUTS] ? inputs[i] : outputs[i - t[INPUTS]];
+        if (p % 16) {
+            snprintf(last_error, sizeof last_error, "%s %llu: device pointer 0x%llx is not 16-byte aligned", i < t[INPUTS] ? "input" : "output", (unsigned long long)(i < t[INPUTS] ? i : i - t[INPUTS]), (unsigned long long)p);
+            return -1;
+        }
+    }
     const uint64_t *w = t + HEADER + t[INPUTS] + t[OUTPUTS];
     CUdeviceptr args[64];
     void *params[64];
