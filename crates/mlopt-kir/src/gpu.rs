@@ -32,11 +32,6 @@ pub struct Launch {
     pub shared_bytes: u64,
 }
 
-/// Whether the kernel is written for a GPU (its body is a `gpu.block` loop).
-pub fn is_gpu(k: &Kernel) -> bool {
-    matches!(k.body.as_slice(), [Stmt::For { kind: LoopKind::GpuBlock(_), .. }])
-}
-
 /// The launch of a GPU kernel; None for a CPU kernel.
 pub fn launch(k: &Kernel) -> Option<Launch> {
     let [Stmt::For { kind: LoopKind::GpuBlock(_), extent, body, .. }] = k.body.as_slice() else { return None };

@@ -241,10 +241,6 @@ impl Block {
         }
         ix
     }
-
-    pub fn subst(&self, v: Var, by: &Expr) -> Block {
-        Block { buf: self.buf, at: self.at.iter().map(|e| e.subst(v, by)).collect() }
-    }
 }
 
 /// A kernel: parameters are its `Global` buffers in order; `Local`/`Shared` buffers are its temporaries.
@@ -480,8 +476,9 @@ impl Expr {
     }
 }
 
-/// Rebuilds a binary node through the folding constructors for index arithmetic.
-fn rebuild_bin(o: BinOp, a: Expr, b: Expr) -> Expr {
+/// A binary node built through the folding constructors for index arithmetic (`Expr::add` ..
+/// `Expr::rem`), `Expr::bin` for the other operators.
+pub fn rebuild_bin(o: BinOp, a: Expr, b: Expr) -> Expr {
     match o {
         BinOp::Add => Expr::add(a, b),
         BinOp::Sub => Expr::sub(a, b),
@@ -498,35 +495,29 @@ impl Stmt {
         Stmt::For { var, extent, kind, body }
     }
 
-    /// The statement with every load in it (indices, values, guards, block positions) rebuilt by `f`,
-    /// as `Expr::map_loads` does for one expression.
-    pub fn map_loads(&self, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Stmt {
-        let ix = |v: &[Expr]| v.iter().map(|x| x.map_loads(f)).collect::<Vec<_>>();
+    /// The statement with `f` applied to every expression in it (indices, values, guards, block
+    /// positions, copy sources and tests); loops, buffers and everything else stay.
+    pub fn map_exprs(&self, f: &dyn Fn(&Expr) -> Expr) -> Stmt {
+        let ix = |v: &[Expr]| v.iter().map(f).collect::<Vec<_>>();
         let blk = |b: &Block| Block { buf: b.buf, at: ix(&b.at) };
         match self {
-            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.map_loads(f)).collect() },
-            Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: ix(index), value: value.map_loads(f) },
-            Stmt::If { cond, then } => Stmt::If { cond: cond.map_loads(f), then: then.iter().map(|s| s.map_loads(f)).collect() },
-            Stmt::Barrier => Stmt::Barrier,
+            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.map_exprs(f)).collect() },
+            Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: ix(index), value: f(value) },
+            Stmt::If { cond, then } => Stmt::If { cond: f(cond), then: then.iter().map(|s| s.map_exprs(f)).collect() },
+            Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } => self.clone(),
             Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: *src, from: from.map_loads(f), lanes: *lanes, valid: valid.as_ref().map(|c| c.map_loads(f)) },
-            Stmt::AsyncWait => Stmt::AsyncWait,
-            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: *buf, op: *op },
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: *src, from: f(from), lanes: *lanes, valid: valid.as_ref().map(f) },
         }
     }
 
+    /// The statement with every load in it rebuilt by `f`, as `Expr::map_loads` does for one expression.
+    pub fn map_loads(&self, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Stmt {
+        self.map_exprs(&|e| e.map_loads(f))
+    }
+
+    /// Replaces every use of `v` by `by`.
     pub fn subst(&self, v: Var, by: &Expr) -> Stmt {
-        match self {
-            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.subst(v, by)).collect() },
-            Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: index.iter().map(|e| e.subst(v, by)).collect(), value: value.subst(v, by) },
-            Stmt::If { cond, then } => Stmt::If { cond: cond.subst(v, by), then: then.iter().map(|s| s.subst(v, by)).collect() },
-            Stmt::Barrier => Stmt::Barrier,
-            Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by), acc: *acc },
-            Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: c.subst(v, by), a: a.subst(v, by), b: b.subst(v, by) },
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: dst.subst(v, by), src: *src, from: from.subst(v, by), lanes: *lanes, valid: valid.as_ref().map(|c| c.subst(v, by)) },
-            Stmt::AsyncWait => Stmt::AsyncWait,
-            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: *buf, op: *op },
-        }
+        self.map_exprs(&|e| e.subst(v, by))
     }
 }

@@ -22,7 +22,7 @@
 
 use crate::error::{LowerError, Result};
 use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, multiple_of, private_in};
-use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
+use mlopt_kir::{rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
 /// What the schedules may use on the target, and its peaks (for choosing GEMM tiles).
@@ -306,11 +306,11 @@ fn vectorised(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], n: u64) -> O
     let (xv, l) = (k.var(format!("gx{vars}")), k.var(format!("gl{vars}")));
     let hi = Expr::mul(Expr::var(xv), Expr::int(w as i64));
     let split = |e: &Expr| split_lanes(e, x, &hi, l, w as i64);
-    let inner = body.iter().map(|s| map_exprs(s, &split)).collect::<Option<Vec<_>>>();
-    let Some(inner) = inner.filter(|inner| lanes_fit(k, inner, l, w as i64)) else {
+    let inner: Vec<Stmt> = body.iter().map(|s| s.map_exprs(&split)).collect();
+    if !lanes_fit(k, &inner, l, w as i64) {
         k.vars.truncate(vars);
         return None;
-    };
+    }
     let mut outer = prefix.to_vec();
     outer.pop();
     outer.push((xv, extent / w));
@@ -343,14 +343,9 @@ fn split_lanes(e: &Expr, x: Var, hi: &Expr, l: Var, w: i64) -> Expr {
                     return if *op == BinOp::Div { Expr::div(m, Expr::int(d)) } else { Expr::add(Expr::rem(m, Expr::int(d)), Expr::var(l)) };
                 }
             }
-            Expr::bin(*op, a, b)
+            rebuild_bin(*op, a, b)
         }
-        Expr::Binary(op, a, b) => match op {
-            BinOp::Add => Expr::add(r(a), r(b)),
-            BinOp::Sub => Expr::sub(r(a), r(b)),
-            BinOp::Mul => Expr::mul(r(a), r(b)),
-            _ => Expr::bin(*op, r(a), r(b)),
-        },
+        Expr::Binary(op, a, b) => rebuild_bin(*op, r(a), r(b)),
         Expr::Load(buf, ix) => Expr::Load(*buf, ix.iter().map(r).collect()),
         Expr::Unary(o, a) => Expr::un(*o, r(a)),
         Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
@@ -370,19 +365,9 @@ fn non_negative(e: &Expr) -> bool {
     }
 }
 
-/// The statement with `f` applied to every expression in it; None for statements other than loops,
-/// stores and guards (an elementwise body has no others).
-fn map_exprs(s: &Stmt, f: &dyn Fn(&Expr) -> Expr) -> Option<Stmt> {
-    Some(match s {
-        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| map_exprs(s, f)).collect::<Option<_>>()? },
-        Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: index.iter().map(f).collect(), value: f(value) },
-        Stmt::If { cond, then } => Stmt::If { cond: f(cond), then: then.iter().map(|s| map_exprs(s, f)).collect::<Option<_>>()? },
-        _ => return None,
-    })
-}
-
-/// Whether lanes `l` (0..w) of a split body can run as one vector: no guard depends on a lane, and every
-/// global store moves with `l` element by element from a multiple of `w`.
+/// Whether lanes `l` (0..w) of a split body can run as one vector: it holds only loops, guards and
+/// stores, no guard depends on a lane, and every global store moves with `l` element by element from a
+/// multiple of `w`.
 fn lanes_fit(k: &Kernel, body: &[Stmt], l: Var, w: i64) -> bool {
     body.iter().all(|s| match s {
         Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } => lanes_fit(k, body, l, w),

@@ -331,8 +331,13 @@ fn subst_expr(e: &Expr, by: &[(Var, Expr)]) -> Expr {
     by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
 }
 
+/// The conjunction of `conds`; None when there are none.
+fn all(conds: Vec<Expr>) -> Option<Expr> {
+    conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b))
+}
+
 fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
-    match conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b)) {
+    match all(conds) {
         Some(cond) => vec![Stmt::If { cond, then }],
         None => then,
     }
@@ -460,8 +465,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                         None => flat_index(k, cp.buf, &cp.index.iter().map(|x| subst_expr(x, &by)).collect::<Vec<_>>()),
                     };
                     conds.extend(cp.valid.as_ref().map(|v| subst_expr(v, &by)));
-                    let valid = conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b));
-                    return vec![Stmt::CopyAsync { dst: Block { buf, at: idx }, src: cp.buf, from, lanes, valid }];
+                    return vec![Stmt::CopyAsync { dst: Block { buf, at: idx }, src: cp.buf, from, lanes, valid: all(conds) }];
                 }
                 let store = Stmt::Store { buf, index: idx.clone(), value: subst_expr(&operand, &by) };
                 if conds.is_empty() {
