@@ -348,9 +348,10 @@ impl<'a, 'c> Gen<'a, 'c> {
     fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
         let size = self.k.buffer(b).elem.size() as u32;
         let Some(l) = self.lane_var().filter(|_| self.gpu && self.k.buffer(b).space == Space::Global) else { return size };
-        let start = flat.subst(l, &Expr::int(0));
+        // A constant the start (in elements) is always a multiple of.
+        let start = mlopt_kir::analysis::factor(&flat.subst(l, &Expr::int(0)));
         let mut align = size;
-        while align * 2 <= (size * w).min(16) && mlopt_kir::analysis::multiple_of(&start, (align * 2 / size) as i64) {
+        while align * 2 <= (size * w).min(16) && start % i64::from(align * 2 / size) == 0 {
             align *= 2;
         }
         align

@@ -95,19 +95,21 @@ fn libm<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>, t: Elem) -> 
     let call = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>| -> Ret<BasicValueEnum<'c>> {
         g.b.build_call(f, &[v.into()], name)?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen(format!("{name} returned nothing")))
     };
-    match x {
-        BasicValueEnum::VectorValue(v) => {
-            let mut acc = v;
-            for lane in 0..v.get_type().get_size() {
-                let l = g.c.i32_type().const_int(lane as u64, false);
-                let e = g.b.build_extract_element(v, l, "e")?;
-                let r = call(g, e)?;
-                acc = g.b.build_insert_element(acc, r, l, "r")?;
-            }
-            Ok(acc.into())
-        }
-        v => call(g, v),
+    per_lane(g, x, &mut |g, v| call(g, v))
+}
+
+/// `f` on a scalar, or on each lane of a vector (for functions that exist only on scalars: libm calls,
+/// PTX's approximate instructions).
+pub(crate) fn per_lane<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, f: &mut dyn FnMut(&mut Gen<'_, 'c>, BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>>) -> Ret<BasicValueEnum<'c>> {
+    let BasicValueEnum::VectorValue(v) = x else { return f(g, x) };
+    let mut acc = v;
+    for lane in 0..v.get_type().get_size() {
+        let l = g.c.i32_type().const_int(lane as u64, false);
+        let e = g.b.build_extract_element(v, l, "e")?;
+        let r = f(g, e)?;
+        acc = g.b.build_insert_element(acc, r, l, "r")?;
     }
+    Ok(acc.into())
 }
 
 pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>, t: Elem) -> Ret<BasicValueEnum<'c>> {
@@ -188,7 +190,7 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
     })
 }
 
-fn select<'c>(g: &mut Gen<'_, 'c>, c: BasicValueEnum<'c>, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+pub(crate) fn select<'c>(g: &mut Gen<'_, 'c>, c: BasicValueEnum<'c>, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
     Ok(match c {
         BasicValueEnum::VectorValue(c) => g.b.build_select(c, x, y, "sel")?,
         c => g.b.build_select(c.into_int_value(), x, y, "sel")?,
@@ -196,7 +198,7 @@ fn select<'c>(g: &mut Gen<'_, 'c>, c: BasicValueEnum<'c>, x: BasicValueEnum<'c>,
 }
 
 /// The register type of `to` with `x`'s shape.
-fn shaped<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, to: Elem) -> inkwell::types::BasicTypeEnum<'c> {
+pub(crate) fn shaped<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, to: Elem) -> inkwell::types::BasicTypeEnum<'c> {
     let t = if to == Elem::Bool { g.c.bool_type().as_basic_type_enum() } else { ty(g.c, to) };
     match x {
         BasicValueEnum::VectorValue(v) => crate::codegen::vector_type(t, v.get_type().get_size()),

@@ -4,8 +4,9 @@
 //! threads share a multiprocessor. The code generator is the CPU's (`codegen.rs`) with `Gen::gpu` set: the
 //! block loop reads `%ctaid.x`, thread loops `%tid.x`, barriers are `bar.sync 0`, shared buffers are
 //! `.shared` arrays (address space 3) and locals are per-thread allocas that SROA turns into registers.
-//! Math with no PTX instruction is written out (exp, tanh, erf as on the CPU) or uses PTX's approximate
-//! instructions after exact range reduction (log via `lg2.approx`, sin/cos via `sin/cos.approx`).
+//! Math with no PTX instruction is written out in registers as on the CPU (`transcendental.rs`) or uses
+//! PTX's approximate instructions after exact range reduction (log via `lg2.approx`, sin/cos via
+//! `sin/cos.approx`).
 
 use crate::codegen::{err, ty, Gen, Ret};
 use crate::error::{LlvmError, Result};
@@ -370,42 +371,35 @@ fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<Basi
 /// Math that differs on the GPU: Some(value) when done here, None for the common code (`math.rs`), an
 /// error for functions with no NVPTX implementation yet.
 pub(crate) fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -> Ret<Option<BasicValueEnum<'c>>> {
-    // A vector loop's value: the approximate instructions are scalar, so lane by lane.
-    if let BasicValueEnum::VectorValue(v) = x {
-        let mut out = v.get_type().get_undef();
-        for i in 0..v.get_type().get_size() {
-            let ix = g.c.i32_type().const_int(i as u64, false);
-            let lane = g.b.build_extract_element(v, ix, "lane")?;
-            let Some(r) = unary(g, o, lane, t)? else { return Ok(None) };
-            out = g.b.build_insert_element(out, r, ix, "lanes")?;
-        }
-        return Ok(Some(out.into()));
-    }
-    let f32t = g.c.f32_type();
-    let k = |v: f64| f32t.const_float(v);
     match (o, t) {
         (UnOp::Exp | UnOp::Tanh | UnOp::Erf | UnOp::Asin | UnOp::Acos | UnOp::Atan, Elem::F32) | (UnOp::Exp | UnOp::Log, Elem::F64) => Ok(None),
         (UnOp::Neg | UnOp::Abs | UnOp::Sqrt | UnOp::Floor | UnOp::Ceil | UnOp::Round | UnOp::Not, _) => Ok(None),
-        // ln x = log2 x * ln 2; lg2.approx has a relative error of 2^-22.
-        (UnOp::Log, Elem::F32) => {
-            let l = call1(g, "llvm.nvvm.lg2.approx.f", x)?;
-            Ok(Some(g.b.build_float_mul(l.into_float_value(), k(std::f64::consts::LN_2), "ln")?.into()))
-        }
-        // sin/cos.approx are accurate to 2^-20.9 on [-pi, pi]: reduce x by 2 pi first (Cody-Waite, the
-        // constant split in two so k * 2pi_hi is exact).
-        (UnOp::Sin | UnOp::Cos, Elem::F32) => {
-            let x = x.into_float_value();
-            let q = g.b.build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
-            let q = g.intrinsic("llvm.roundeven", &[q.into()])?.into_float_value();
-            let nq = g.b.build_float_neg(q, "nq")?;
-            let hi = f64::from(std::f64::consts::TAU as f32);
-            let lo = std::f64::consts::TAU - hi;
-            let r = g.intrinsic("llvm.fma", &[nq.into(), k(hi).into(), x.into()])?;
-            let r = g.intrinsic("llvm.fma", &[nq.into(), k(lo).into(), r])?;
-            Ok(Some(call1(g, if o == UnOp::Sin { "llvm.nvvm.sin.approx.f" } else { "llvm.nvvm.cos.approx.f" }, r)?))
-        }
+        // The approximate instructions are scalar: a vector loop's value goes lane by lane.
+        (UnOp::Log | UnOp::Sin | UnOp::Cos, Elem::F32) => Ok(Some(crate::math::per_lane(g, x, &mut |g, x| approx(g, o, x))?)),
         _ => Err(err(format!("@{}: {} of {t} has no NVPTX implementation yet", g.k.name, mlopt_kir::print::unop_name(o)))),
     }
+}
+
+/// f32 log, sin or cos of a scalar by PTX's approximate instructions.
+fn approx<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    let f32t = g.c.f32_type();
+    let k = |v: f64| f32t.const_float(v);
+    if o == UnOp::Log {
+        // ln x = log2 x * ln 2; lg2.approx has a relative error of 2^-22.
+        let l = call1(g, "llvm.nvvm.lg2.approx.f", x)?;
+        return Ok(g.b.build_float_mul(l.into_float_value(), k(std::f64::consts::LN_2), "ln")?.into());
+    }
+    // sin/cos.approx are accurate to 2^-20.9 on [-pi, pi]: reduce x by 2 pi first (Cody-Waite, the
+    // constant split in two so k * 2pi_hi is exact).
+    let x = x.into_float_value();
+    let q = g.b.build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
+    let q = g.intrinsic("llvm.roundeven", &[q.into()])?.into_float_value();
+    let nq = g.b.build_float_neg(q, "nq")?;
+    let hi = f64::from(std::f64::consts::TAU as f32);
+    let lo = std::f64::consts::TAU - hi;
+    let r = g.intrinsic("llvm.fma", &[nq.into(), k(hi).into(), x.into()])?;
+    let r = g.intrinsic("llvm.fma", &[nq.into(), k(lo).into(), r])?;
+    call1(g, if o == UnOp::Sin { "llvm.nvvm.sin.approx.f" } else { "llvm.nvvm.cos.approx.f" }, r)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! | pow | f32, f64 | integer \|y\| < 64: repeated squaring (exact when the result is); else exp(y log\|x\|) in f64, with C99's special cases | f32 0.5 ulp; f64 up to 2 + 2\|y ln x\| ulp (ln x's error, scaled) |
 
 use crate::codegen::{const_like, float_cmp, int_cmp, Gen, Ret};
+use crate::math::{select, shaped};
 use inkwell::values::{BasicValueEnum, InstructionOpcode as Op};
 use inkwell::{FloatPredicate as F, IntPredicate as I};
 use mlopt_kir::Elem;
@@ -111,22 +112,6 @@ pub(crate) fn erf_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
     g.intrinsic("llvm.copysign", &[y, x])
 }
 
-
-fn select<'c>(g: &mut Gen<'_, 'c>, c: V<'c>, x: V<'c>, y: V<'c>) -> Ret<V<'c>> {
-    Ok(match c {
-        BasicValueEnum::VectorValue(c) => g.b.build_select(c, x, y, "sel")?,
-        c => g.b.build_select(c.into_int_value(), x, y, "sel")?,
-    })
-}
-
-/// The register type of `to` with `x`'s shape (scalar or vector).
-fn shaped<'c>(g: &Gen<'_, 'c>, x: V<'c>, to: Elem) -> inkwell::types::BasicTypeEnum<'c> {
-    let t = crate::codegen::ty(g.c, to);
-    match x {
-        BasicValueEnum::VectorValue(v) => crate::codegen::vector_type(t, v.get_type().get_size()),
-        _ => t,
-    }
-}
 
 /// An f64 constant shaped like `x`.
 fn d<'c>(g: &Gen<'_, 'c>, x: V<'c>, v: f64) -> V<'c> {
