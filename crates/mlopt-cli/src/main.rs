@@ -356,8 +356,7 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
         }
         Engine::Emulated(opt) => {
             let (o, cfg) = opt.optimize(&g, &names)?;
-            let lower = mlopt_lower::Options { gpu: Some(mlopt_driver::gpu::schedule_for(&cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
-            let p = mlopt_lower::lower_program(&o.plan.graph, &lower)?;
+            let p = mlopt_driver::gpu::lower(&o.plan.graph, &cfg)?;
             let outs = mlopt_lower::interpret(&p, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?;
             // The same kernels must also become PTX that ptxas assembles without spilling.
             mlopt_driver::gpu::assemble(&p, &cfg.target.name, true).context("assembling the GPU kernels")?;

@@ -152,6 +152,12 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     (blocks * warps) as f64 / max_warps as f64
 }
 
+/// An optimised graph lowered with GPU schedules for `cfg`'s target (Winograd stays a CPU transform).
+pub fn lower(g: &Graph, cfg: &mlopt_rewrite::Config) -> Result<Program> {
+    let options = mlopt_lower::Options { gpu: Some(schedule_for(cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
+    Ok(mlopt_lower::lower_program(g, &options)?)
+}
+
 /// A scheduled program's PTX for `target` (sm_XX), assembled by ptxas when it is installed: each
 /// kernel's figures, or None without ptxas. With `no_spills`, a kernel that spills is an error.
 pub fn assemble(p: &Program, target: &str, no_spills: bool) -> Result<Option<Vec<(String, Ptxas)>>> {
@@ -176,8 +182,7 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
     let cfg = opt.config.clone();
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
-    let lower = mlopt_lower::Options { gpu: Some(schedule_for(&cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
-    let program = mlopt_lower::lower_program(&optimized.plan.graph, &lower)?;
+    let program = lower(&optimized.plan.graph, &cfg)?;
     lap("lower+schedule", &mut times);
     let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
     lap("codegen", &mut times);
