@@ -60,6 +60,50 @@ fn gpu_kernel_dumps_round_trip() {
     }
 }
 
+/// Model-sized contractions, built in the graph IR with splat weights: ResNet-50's 3x3 and 1x1
+/// convolutions (stride 1, padded, with the bias of a folded batch norm) and a BERT-base FFN projection.
+fn model_sized() -> Vec<(&'static str, mlopt_ir::Graph)> {
+    use mlopt_ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
+    let conv = |name: &'static str, c: usize, m: usize, hw: usize, k: usize| {
+        let mut g = Graph::new(name);
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
+        let w = g.add_const("w", Tensor::full(&TensorType::new(DType::F32, vec![m, c, k, k]), 0.01));
+        let b = g.add_const("b", Tensor::full(&TensorType::new(DType::F32, vec![m]), 0.5));
+        let a = ConvAttrs { strides: vec![1, 1], pads: vec![k / 2; 4], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+        let y = g.add(Op::Conv(a), "conv", &[x, w, b]).unwrap();
+        let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
+        g.add_output("y", y);
+        (name, g)
+    };
+    let mut ffn = Graph::new("ffn");
+    let x = ffn.add_input("x", TensorType::new(DType::F32, vec![128, 768]));
+    let w = ffn.add_const("w", Tensor::full(&TensorType::new(DType::F32, vec![768, 3072]), 0.01));
+    let y = ffn.add(Op::MatMul, "up", &[x, w]).unwrap();
+    ffn.add_output("y", y);
+    vec![conv("conv3x3_c64_56", 64, 64, 56, 3), conv("conv3x3_c32_64", 32, 32, 64, 3), conv("conv1x1_c256_56", 256, 64, 56, 1), ("ffn", ffn)]
+}
+
+#[test]
+fn gemm_register_plans_hold_at_model_sizes() {
+    // A tile is chosen within the registers it plans for (its occupancy follows from them); ptxas must
+    // not need more (the driver plans again with a margin when it does), nor spill.
+    for (name, g) in model_sized() {
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let mut config = Config::new(Target::named("sm_80", 1).unwrap());
+            config.precision = precision;
+            let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never }).unwrap();
+            let gemms: Vec<_> = c.kernels.iter().filter(|k| k.schedule.contains("gpu.gemm")).collect();
+            assert_eq!(gemms.len(), 1, "{name}: {:?}", c.kernels.iter().map(|k| &k.schedule).collect::<Vec<_>>());
+            for k in gemms {
+                let planned = mlopt_driver::gpu::planned_registers(&k.schedule).unwrap_or_else(|| panic!("{name}: no plan in {}", k.schedule));
+                let p = k.ptxas.as_ref().unwrap();
+                assert!(p.registers <= planned && p.spill_stores + p.spill_loads == 0, "{name} in {precision:?}: {} registers, {} planned ({})", p.registers, planned, k.schedule);
+                assert_eq!(k.schedule.contains("mma.sync bf16"), precision == Precision::Bf16, "{name}: {}", k.schedule);
+            }
+        }
+    }
+}
+
 /// The PTX of one entry (from `.visible .entry name(` to its closing brace).
 fn entry(ptx: &str, name: &str) -> String {
     let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry {name}"));

@@ -356,11 +356,10 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
         }
         Engine::Emulated(opt) => {
             let (o, cfg) = opt.optimize(&g, &names)?;
-            let p = mlopt_driver::gpu::lower(&o.plan.graph, &cfg)?;
-            let outs = mlopt_lower::interpret(&p, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?;
-            // The same kernels must also become PTX that ptxas assembles without spilling.
-            mlopt_driver::gpu::assemble(&p, &cfg.target.name, true).context("assembling the GPU kernels")?;
-            outs
+            // The kernels must become PTX that ptxas assembles without spilling, and match in the emulator.
+            let s = mlopt_driver::gpu::schedule(&o.plan.graph, &cfg, &mut Vec::new()).context("compiling the GPU kernels")?;
+            s.check_spills().context("assembling the GPU kernels")?;
+            mlopt_lower::interpret(&s.program, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
         }
     };
     if outs.len() != expected.len() {

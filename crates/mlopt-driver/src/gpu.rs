@@ -73,6 +73,7 @@ pub fn schedule_for(cfg: &mlopt_rewrite::Config) -> mlopt_lower::GpuSchedule {
         f16_matrix: t.f16_matrix,
         tf32_matrix: t.tf32_matrix.filter(|_| tf32),
         dram_bw: t.dram_bw,
+        register_margin: 0,
     }
 }
 
@@ -152,46 +153,80 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     (blocks * warps) as f64 / max_warps as f64
 }
 
-/// An optimised graph lowered with GPU schedules for `cfg`'s target (Winograd stays a CPU transform).
-pub fn lower(g: &Graph, cfg: &mlopt_rewrite::Config) -> Result<Program> {
-    let options = mlopt_lower::Options { gpu: Some(schedule_for(cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
-    Ok(mlopt_lower::lower_program(g, &options)?)
+/// A tile's registers, as its schedule plans them (`..., N registers planned)`).
+pub fn planned_registers(schedule: &str) -> Option<u32> {
+    schedule.split(", ").find_map(|p| p.strip_suffix(" registers planned)")).and_then(|n| n.parse().ok())
 }
 
-/// A scheduled program's PTX for `target` (sm_XX), assembled by ptxas when it is installed: each
-/// kernel's figures, or None without ptxas. With `no_spills`, a kernel that spills is an error.
-pub fn assemble(p: &Program, target: &str, no_spills: bool) -> Result<Option<Vec<(String, Ptxas)>>> {
-    let ptx = mlopt_llvm::compile_ptx(p, &GpuTarget::named(target)?)?;
-    let Some(ptxas) = find_ptxas() else { return Ok(None) };
-    let figures = run_ptxas(&ptxas, &ptx.ptx, target)?;
-    if let Some((name, f)) = figures.iter().find(|(_, f)| no_spills && f.spill_stores + f.spill_loads > 0) {
-        return Err(DriverError::Ptxas(format!("{name} spills ({} bytes stored, {} loaded)", f.spill_stores, f.spill_loads)));
+/// An optimised graph with GPU schedules, as PTX, and ptxas's figures for each kernel (None without ptxas).
+#[derive(Debug)]
+pub struct Scheduled {
+    pub program: Program,
+    pub ptx: PtxOutput,
+    pub ptxas: Option<PathBuf>,
+    pub figures: Option<Vec<(String, Ptxas)>>,
+}
+
+impl Scheduled {
+    /// An error naming the first kernel that spills.
+    pub fn check_spills(&self) -> Result<()> {
+        match self.figures.iter().flatten().find(|(_, f)| f.spill_stores + f.spill_loads > 0) {
+            Some((name, f)) => Err(DriverError::Ptxas(format!("{name} spills ({} bytes stored, {} loaded)", f.spill_stores, f.spill_loads))),
+            None => Ok(()),
+        }
     }
-    Ok(Some(figures))
+}
+
+/// Lowers an optimised graph with GPU schedules for `cfg`'s target (Winograd stays a CPU transform),
+/// generates PTX and assembles it. The tiles' register estimates are checked against ptxas: when a
+/// kernel needs more than its plan, the schedules are planned again with the shortfall added to every
+/// estimate (at most twice), so the occupancy a tile was chosen for is the one it gets. `times` gains
+/// the time of each stage.
+pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'static str, f64)>) -> Result<Scheduled> {
+    let target = GpuTarget::named(&cfg.target.name)?;
+    let mut s = schedule_for(cfg);
+    let mut lap = |name: &'static str, t: &mut Instant| {
+        let dt = t.elapsed().as_secs_f64();
+        match times.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += dt,
+            None => times.push((name, dt)),
+        }
+        *t = Instant::now();
+    };
+    let ptxas = find_ptxas();
+    let mut attempt = 0;
+    loop {
+        let mut t = Instant::now();
+        let options = mlopt_lower::Options { gpu: Some(s), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
+        let program = mlopt_lower::lower_program(g, &options)?;
+        lap("lower+schedule", &mut t);
+        let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
+        lap("codegen", &mut t);
+        let figures = match &ptxas {
+            Some(p) => Some(run_ptxas(p, &ptx.ptx, &target.name)?),
+            None => None,
+        };
+        lap("ptxas", &mut t);
+        let used = |name: &str| figures.iter().flatten().find(|(n, _)| n == name).map(|(_, f)| f.registers);
+        let short = program.kernels.iter().filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule.join(" "))?)).max().unwrap_or(0);
+        if short == 0 || attempt == 2 {
+            return Ok(Scheduled { program, ptx, ptxas, figures });
+        }
+        s.register_margin += short as u64;
+        attempt += 1;
+    }
 }
 
 /// Runs the GPU pipeline on an imported graph.
 pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
     let mut times = Vec::new();
-    let mut t = Instant::now();
-    let mut lap = |name: &'static str, times: &mut Vec<(&'static str, f64)>| {
-        times.push((name, t.elapsed().as_secs_f64()));
-        t = Instant::now();
-    };
+    let t = Instant::now();
     let target = GpuTarget::named(&opt.target)?;
     let cfg = opt.config.clone();
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
-    lap("optimise", &mut times);
-    let program = lower(&optimized.plan.graph, &cfg)?;
-    lap("lower+schedule", &mut times);
-    let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
-    lap("codegen", &mut times);
-    let ptxas = find_ptxas();
-    let figures = match &ptxas {
-        Some(p) => Some(run_ptxas(p, &ptx.ptx, &target.name)?),
-        None => None,
-    };
-    lap("ptxas", &mut times);
+    times.push(("optimise", t.elapsed().as_secs_f64()));
+    let Scheduled { program, ptx, ptxas, figures } = schedule(&optimized.plan.graph, &cfg, &mut times)?;
+    let t = Instant::now();
     let host_object = mlopt_llvm::host_object(&program, &ptx.ptx)?;
     let kernels = program
         .kernels
@@ -212,7 +247,7 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
             Some(KernelReport { name: k.name.clone(), schedule: k.schedule.join(" "), launch, flops, bytes, roofline_s: compute.max(memory), bound: if compute > memory { "compute" } else { "memory" }, ptxas, occupancy })
         })
         .collect();
-    lap("package", &mut times);
+    times.push(("package", t.elapsed().as_secs_f64()));
     Ok(GpuCompiled { optimized, cfg, program, target, ptx, host_object, kernels, ptxas, times })
 }
 
@@ -256,7 +291,7 @@ impl GpuCompiled {
                 let p = k.ptxas.as_ref();
                 let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
                 format!(
-                    "{{\"name\": \"{}\", \"grid\": {}, \"block\": {}, \"shared_bytes\": {}, \"flops\": {}, \"bytes\": {}, \"roofline_s\": {:e}, \"bound\": \"{}\", \"registers\": {}, \"spill_stores\": {}, \"spill_loads\": {}, \"stack_bytes\": {}, \"ptxas_smem_bytes\": {}, \"occupancy\": {}, \"schedule\": \"{}\"}}",
+                    "{{\"name\": \"{}\", \"grid\": {}, \"block\": {}, \"shared_bytes\": {}, \"flops\": {}, \"bytes\": {}, \"roofline_s\": {:e}, \"bound\": \"{}\", \"registers\": {}, \"registers_planned\": {}, \"spill_stores\": {}, \"spill_loads\": {}, \"stack_bytes\": {}, \"ptxas_smem_bytes\": {}, \"occupancy\": {}, \"schedule\": \"{}\"}}",
                     k.name,
                     k.launch.grid,
                     k.launch.block,
@@ -266,6 +301,7 @@ impl GpuCompiled {
                     k.roofline_s,
                     k.bound,
                     opt(p.map(|p| p.registers as u64)),
+                    opt(planned_registers(&k.schedule).map(u64::from)),
                     opt(p.map(|p| p.spill_stores)),
                     opt(p.map(|p| p.spill_loads)),
                     opt(p.map(|p| p.stack_bytes)),

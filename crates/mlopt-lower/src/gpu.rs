@@ -46,6 +46,9 @@ pub struct GpuSchedule {
     pub tf32_matrix: Option<f64>,
     /// DRAM bandwidth in bytes/s.
     pub dram_bw: f64,
+    /// Registers added to every GEMM tile's estimate: the driver raises it when ptxas needed more than a
+    /// tile planned for.
+    pub register_margin: u64,
 }
 
 impl GpuSchedule {
@@ -62,6 +65,7 @@ impl GpuSchedule {
         f16_matrix: Some(312e12),
         tf32_matrix: None,
         dram_bw: 2039e9,
+        register_margin: 0,
     };
 }
 

@@ -133,9 +133,13 @@ fn shared_bytes(t: &Tile, e: Engine, elem: Elem) -> u64 {
 
 /// Registers per thread, roughly: accumulators, fragments or operands, addressing, and two for each
 /// element a thread stages with plain loads (the value and its address, all in flight at once).
-/// Fitted to ptxas: 125 for the 128 x 64 tensor-core tile staged by cp.async (estimate 128), 140 for the
-/// 64 x 128 tile staging 24 elements with loads (136).
-fn registers(t: &Tile, e: Engine, plain: u64) -> u64 {
+/// Fitted to ptxas (12, sm_80): 125 for the 128 x 64 tensor-core tile staged by cp.async (estimate 128),
+/// 64 for a padded 3x3 convolution's 64 x 128 tile staging 16 elements with loads (120), 92 for a 1x1
+/// convolution's with a bias (88). The driver checks every plan against ptxas and, where one is short,
+/// plans again with the shortfall added (`GpuSchedule::register_margin`).
+fn registers(t: &Tile, e: Engine, copies: &[Option<AsyncLoad>; 2]) -> u64 {
+    let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
+    let plain: u64 = [bm * bk, bk * bn].iter().zip(copies).filter(|(_, x)| x.is_none()).map(|(n, _)| n / threads).sum();
     let base = match e {
         Engine::Mma(_) => t.mt * t.nt * 4 + t.mt * 4 + t.nt * 2 + 40,
         Engine::Simt => t.mt * t.nt + t.mt + t.nt + 40,
@@ -164,8 +168,7 @@ fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<A
     if threads > s.max_threads || smem > s.shared_bytes || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
         return None;
     }
-    let plain = [bm * bk, bk * bn].iter().zip(copies).filter(|(_, x)| x.is_none()).map(|(n, _)| n / threads).sum();
-    let regs = registers(t, e, plain);
+    let regs = registers(t, e, copies) + s.register_margin;
     if regs > register_limit(threads) {
         return None;
     }
@@ -251,10 +254,20 @@ fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
 }
 
 /// Whether `e`'s global loads move one element with `v` (so neighbouring threads should take
-/// neighbouring values of `v`).
+/// neighbouring values of `v`). An index clamped into the buffer (a padded convolution's window,
+/// `max(min(x, hi), lo)`) counts as `x`: inside the clamp it moves as `x` does.
 fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
+    fn unclamped(e: &Expr) -> &Expr {
+        match e {
+            Expr::Binary(BinOp::Max | BinOp::Min, x, c) if matches!(**c, Expr::Int(_)) => unclamped(x),
+            e => e,
+        }
+    }
     let mut yes = false;
-    for_each_load(e, &mut |b, ix| yes |= k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, ix), v) == Some(1));
+    for_each_load(e, &mut |b, ix| {
+        let ix: Vec<Expr> = ix.iter().map(|x| unclamped(x).clone()).collect();
+        yes |= k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, &ix), v) == Some(1)
+    });
     yes
 }
 
@@ -379,12 +392,13 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
         }
     }
     let Some((_, (e, elem, a, b, t, copies))) = best else { return Ok(None) };
-    Ok(Some(build(k, &c, e, elem, &a, &b, &t, &copies)))
+    let planned = registers(&t, e, &copies) + s.register_margin;
+    Ok(Some(build(k, &c, e, elem, &a, &b, &t, &copies, planned)))
 }
 
 /// Writes the tiled GEMM (see the module comment).
 #[allow(clippy::too_many_arguments)]
-fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile, copies: &[Option<AsyncLoad>; 2]) -> Vec<Stmt> {
+fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile, copies: &[Option<AsyncLoad>; 2], planned: u64) -> Vec<Stmt> {
     let (m, n, kdim, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
@@ -416,15 +430,16 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     };
     // Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
     // the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
-    let kvar = c.red.last().map(|(v, _)| *v);
     let stage = |k: &mut Kernel, kslice: Expr, which: Expr, operand: &Expr, side: &[(Var, u64)], start: &Expr, is_a: bool| -> Stmt {
         let (buf, extent) = if is_a { (sa, m) } else { (sb, n) };
         let (rows, cols) = if is_a { (bm, bk) } else { (bk, bn) };
         let copy = copies[!is_a as usize].clone();
         let lanes = copy.as_ref().map_or(1, |x| x.lanes);
         // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous
-        // in K; a copy of several elements runs along the tile's rows, which are contiguous.
-        let k_fast = kvar.is_some_and(|v| contiguous_in(k, operand, v)) || side.last().is_none_or(|(v, _)| !contiguous_in(k, operand, *v));
+        // in K and not in its own axis, or in both (a convolution's window and output position) with the
+        // longer run in K; a copy of several elements runs along the tile's rows, which are contiguous.
+        let run = |v: Option<&(Var, u64)>| v.filter(|(v, _)| contiguous_in(k, operand, *v)).map_or(0, |(_, e)| *e);
+        let k_fast = run(c.red.last()) >= run(side.last()).max(1) || run(side.last()) == 0;
         let fast_cols = lanes > 1 || k_fast == is_a;
         let slots = rows * cols / lanes / threads;
         let (operand, side, start, kslice, which) = (operand.clone(), side.to_vec(), start.clone(), kslice.clone(), which.clone());
@@ -600,7 +615,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         Engine::Mma(t) => format!("mma.sync {t}"),
         Engine::Simt => "simt".to_string(),
     };
-    k.schedule.push(format!("gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks)", batch * tm * tn));
+    k.schedule.push(format!("gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks, {planned} registers planned)", batch * tm * tn));
     vec![Stmt::for_(gb, batch * tm * tn, LoopKind::GpuBlock(0), body)]
 }
 
