@@ -136,9 +136,22 @@ pub fn estimate(w: &Work, t: &Target) -> Estimate {
 /// The estimate of `op` run as a kernel of its own: its FLOPs, each input read once and each output written
 /// once. The cost of a graph with one kernel per op, and of an e-node before fusion decides its kernel.
 pub fn standalone(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: &Target, allow_tf32: bool) -> Estimate {
-    let mut w = op_work(op, ins, outs, allow_tf32);
+    let mut w = op_work_on(op, ins, outs, t, allow_tf32);
     w.bytes = ins.iter().flatten().copied().chain(outs).map(|t| t.bytes() as f64).sum();
     estimate(&w, t)
+}
+
+/// The FLOPs of `op` as `t`'s schedules run them: on a GPU only the tiled GEMMs (MatMul, Gemm, an
+/// ungrouped Conv) reach the tensor cores; attention (a row of scores per query) and grouped or transposed
+/// convolutions run on the SIMT lanes, so their contractions count at the fp32 rate there.
+pub fn op_work_on(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: &Target, allow_tf32: bool) -> Work {
+    let mut w = op_work(op, ins, outs, allow_tf32);
+    let tiled = matches!(op, Op::MatMul | Op::Gemm { .. }) || matches!(op, Op::Conv(c) if c.group == 1);
+    if t.is_gpu() && !tiled {
+        w.vector_flops += w.matrix_flops.iter().sum::<f64>();
+        w.matrix_flops = [0.0; 4];
+    }
+    w
 }
 
 /// FLOPs per element of an elementwise unary op: 1 for arithmetic, more for the transcendental functions

@@ -19,7 +19,7 @@
 //! recomputation of the largest stored elementwise values while the plan's peak activation memory exceeds it.
 
 use crate::error::Result;
-use mlopt_cost::{estimate, op_work, standalone, Cost, Estimate, Target, Work};
+use mlopt_cost::{estimate, op_work_on, standalone, Cost, Estimate, Target, Work};
 use mlopt_ir::{Graph, NodeId, Op, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -291,7 +291,7 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
     for &n in &order {
         let k = kind(g, n);
         let node = g.node(n);
-        f.work.insert(n, op_work(&node.op, &g.input_types(n), &node.outputs, allow_tf32));
+        f.work.insert(n, op_work_on(&node.op, &g.input_types(n), &node.outputs, t, allow_tf32));
         if !matches!(node.op, Op::Input | Op::Const(_)) {
             let heavy = k == Kind::Heavy || k == Kind::Opaque;
             let row = match &k {
