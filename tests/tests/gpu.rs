@@ -104,6 +104,60 @@ fn gemm_register_plans_hold_at_model_sizes() {
     }
 }
 
+/// Attention over 3 heads of 80 queries and 72 keys (neither a multiple of the tiles), q.k depth 32,
+/// values 24 wide, with inputs of type `dtype` and a mask that hides every key more than 16 before the
+/// query with -inf (so later queries see whole blocks of masked keys before any they may use).
+fn attention_graph(dtype: mlopt_ir::DType) -> (mlopt_ir::Graph, std::collections::HashMap<String, mlopt_ir::Tensor>) {
+    use mlopt_ir::{Graph, Op, Tensor, TensorType};
+    let (heads, s, t, d, dv) = (3, 80, 72, 32, 24);
+    let mut seed = 7u64;
+    let mut random = |shape: &[usize]| {
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(shape, v).unwrap().cast(dtype)
+    };
+    let mut g = Graph::new("attention");
+    let mut inputs = std::collections::HashMap::new();
+    let mut ins = Vec::new();
+    for (name, shape) in [("q", vec![heads, s, d]), ("kt", vec![heads, d, t]), ("v", vec![heads, t, dv])] {
+        ins.push(g.add_input(name, TensorType::new(dtype, shape.clone())));
+        inputs.insert(name.to_string(), random(&shape));
+    }
+    let mask: Vec<f32> = (0..s * t).map(|x| if x % t + 16 < x / t { f32::NEG_INFINITY } else { 0.0 }).collect();
+    ins.push(g.add_const("mask", Tensor::from_vec(&[s, t], mask).unwrap().cast(dtype)));
+    let y = g.add(Op::Attention { scale: 1.0 / (d as f32).sqrt() }, "attention", &ins).unwrap();
+    g.add_output("y", y);
+    (g, inputs)
+}
+
+#[test]
+fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
+    use mlopt_ir::DType;
+    // bf16 operands as they are; f32 operands as tf32 where the precision allows; under fp32 the SIMT rows.
+    for (dtype, precision, engine, tol) in [(DType::F32, Precision::Fp32, None, 1e-5), (DType::F32, Precision::Bf16, Some("mma.sync tf32"), 1e-3), (DType::BF16, Precision::Fp32, Some("mma.sync bf16"), 8e-3)] {
+        let (g, inputs) = attention_graph(dtype);
+        let mut config = Config::new(Target::named("sm_80", 1).unwrap());
+        config.precision = precision;
+        let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never }).unwrap();
+        let k = c.kernels.iter().find(|k| k.flops > 100_000).unwrap();
+        match engine {
+            Some(e) => assert!(k.schedule.contains("gpu.attention") && k.schedule.contains(e), "{dtype:?}/{precision:?}: {}", k.schedule),
+            None => assert!(!k.schedule.contains("gpu.attention"), "{}", k.schedule),
+        }
+        let p = k.ptxas.as_ref().unwrap();
+        assert_eq!(p.spill_stores + p.spill_loads, 0, "{}: spills", k.schedule);
+        let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
+        let got = mlopt_lower::interpret(&c.program, &inputs).unwrap();
+        let err = worst_error(&want, &got);
+        assert!(err < tol, "{dtype:?} in {precision:?} ({}): error {err:e}", k.schedule);
+    }
+}
+
 /// The PTX of one entry (from `.visible .entry name(` to its closing brace).
 fn entry(ptx: &str, name: &str) -> String {
     let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry {name}"));

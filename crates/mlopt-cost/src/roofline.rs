@@ -141,12 +141,13 @@ pub fn standalone(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: 
     estimate(&w, t)
 }
 
-/// The FLOPs of `op` as `t`'s schedules run them: on a GPU only the tiled GEMMs (MatMul, Gemm, an
-/// ungrouped Conv) reach the tensor cores; attention (a row of scores per query) and grouped or transposed
-/// convolutions run on the SIMT lanes, so their contractions count at the fp32 rate there.
+/// The FLOPs of `op` as `t`'s schedules run them: on a GPU the tiled GEMMs (MatMul, Gemm, an ungrouped
+/// Conv) and attention reach the tensor cores (f32 operands only as tf32, as `op_work` counts them);
+/// grouped and transposed convolutions run on the SIMT lanes, so their contractions count at the fp32
+/// rate there.
 pub fn op_work_on(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: &Target, allow_tf32: bool) -> Work {
     let mut w = op_work(op, ins, outs, allow_tf32);
-    let tiled = matches!(op, Op::MatMul | Op::Gemm { .. }) || matches!(op, Op::Conv(c) if c.group == 1);
+    let tiled = matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. }) || matches!(op, Op::Conv(c) if c.group == 1);
     if t.is_gpu() && !tiled {
         w.vector_flops += w.matrix_flops.iter().sum::<f64>();
         w.matrix_flops = [0.0; 4];

@@ -207,6 +207,10 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         k.body = stmts;
         return Ok(());
     }
+    if let Some(stmts) = crate::gpu_attention::attention(k, &prefix, &inner, s)? {
+        k.body = stmts;
+        return Ok(());
+    }
     let wide = prefix.is_empty() || n < s.sms * ELEMENTWISE_THREADS;
     if wide {
         if let Some(stmts) = cooperative(k, &prefix, &inner, s)? {

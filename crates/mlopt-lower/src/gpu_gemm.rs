@@ -244,7 +244,7 @@ fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
 
 /// The operand computed in a 16-bit type `t` when it is an f32 cast of `t` values (through selects and
 /// constants that `t` holds exactly): what tensor cores can read without rounding anything.
-fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
+pub(crate) fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
     match e {
         Expr::Cast(Elem::F32, x) if x.elem(k) == t => Some((**x).clone()),
         Expr::Select(c, x, y) => Some(Expr::select((**c).clone(), narrow(k, x, t)?, narrow(k, y, t)?)),
@@ -256,7 +256,7 @@ fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
 /// Whether `e`'s global loads move one element with `v` (so neighbouring threads should take
 /// neighbouring values of `v`). An index clamped into the buffer (a padded convolution's window,
 /// `max(min(x, hi), lo)`) counts as `x`: inside the clamp it moves as `x` does.
-fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
+pub(crate) fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
     fn unclamped(e: &Expr) -> &Expr {
         match e {
             Expr::Binary(BinOp::Max | BinOp::Min, x, c) if matches!(**c, Expr::Int(_)) => unclamped(x),
@@ -349,7 +349,7 @@ fn all(conds: Vec<Expr>) -> Option<Expr> {
     conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b))
 }
 
-fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
+pub(crate) fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
     match all(conds) {
         Some(cond) => vec![Stmt::If { cond, then }],
         None => then,

@@ -11,6 +11,7 @@
 mod anchor;
 mod grid;
 pub mod gpu;
+mod gpu_attention;
 mod gpu_gemm;
 mod winograd;
 mod window;

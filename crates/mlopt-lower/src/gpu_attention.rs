@@ -1,0 +1,384 @@
+//! The GPU schedule for attention, `softmax(q @ kt * scale + mask) @ v`, on tensor cores: both products
+//! run as `mma.sync` with the scores of a block of queries against a block of keys in shared memory,
+//! and the softmax is taken online (as FlashAttention does), so the [S, T] score matrix never reaches
+//! global memory.
+//!
+//! Lowering writes attention one query row at a time (`anchor.rs`): the row of scores in a local
+//! buffer, its max and sum, then the weighted sum of v. That nest is recognised here, and a block of
+//! `16 W` query rows (W warps, 16 rows each) becomes:
+//!
+//! ```text
+//! Q tile [BM, d] -> shared; m = -inf, l = 0, O = 0 (O: each warp's fragments of its 16 x dv rows)
+//! for each block of BN keys:
+//!     K^T tile [d, BN] and V tile [BN, dv] -> shared                   | barrier before and after
+//!     S = Q K^T (mma)  -> shared, * scale + mask, -inf past the keys     | barrier
+//!     per row (a thread each): m' = max(m, max S), a = e^(m - m'), m = m' | barrier
+//!     P = e^(S - m) (every thread, element-wise; 0 in rows past the queries) | barrier
+//!     per row: l = a l + sum P;  O = a O + P V (mma)
+//! out = O / l, through the nest's own epilogue (casts, the store)
+//! ```
+//!
+//! Where the running max is still -inf (every key so far masked with -inf), 0 is subtracted instead, so
+//! the terms are e^-inf = 0 and never NaN. Operands are bf16 or f16 when q, k and v are (P is rounded to
+//! that type for its product, as FlashAttention does); f32 operands are read as tf32, only when the
+//! precision allows it. Otherwise (fp32 precision) attention keeps the SIMT row schedules.
+
+use crate::error::Result;
+use crate::gpu::{delinear, lt, GpuSchedule};
+use crate::gpu_gemm::{contiguous_in, guarded, narrow};
+use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
+
+/// The attention nest, as lowering writes it, inside its data-parallel loops.
+struct Attention {
+    /// The query row loop and the batch loops (all other parallel loops).
+    row: (Var, u64),
+    batch: Vec<(Var, u64)>,
+    /// Keys: the loop over them in the scores (`j`) and in the weighted sum (`jv`), and their number.
+    j: Var,
+    jv: Var,
+    keys: u64,
+    /// The contraction of q and k (`r`, depth `d`) and the value loop (`e`, width `dv`).
+    r: Var,
+    d: u64,
+    e: Var,
+    dv: u64,
+    q: Expr,
+    kt: Expr,
+    v: Expr,
+    scale: Expr,
+    mask: Option<Expr>,
+    /// The final store, reading the weighted sum `acc_o` and the sum of the exponentials `acc_l`.
+    store: Stmt,
+    acc_o: BufId,
+    acc_l: BufId,
+}
+
+fn single_loop(s: &Stmt) -> Option<(Var, u64, &[Stmt])> {
+    match s {
+        Stmt::For { var, extent, kind: LoopKind::Serial, body } => Some((*var, *extent, body)),
+        _ => None,
+    }
+}
+
+/// `acc = 0; for r in 0..n { acc = fma(x, y, acc) }`: (acc, r, n, x, y).
+fn dot(init: &Stmt, nest: &Stmt) -> Option<(BufId, Var, u64, Expr, Expr)> {
+    let Stmt::Store { buf: acc, index, value: Expr::Float(z, Elem::F32) } = init else { return None };
+    let (r, n, body) = single_loop(nest)?;
+    let me = Expr::load(*acc, vec![]);
+    let [Stmt::Store { buf, index: ix, value: Expr::Fma(x, y, z2) }] = body else { return None };
+    (*z == 0.0 && index.is_empty() && buf == acc && ix.is_empty() && **z2 == me).then(|| (*acc, r, n, (**x).clone(), (**y).clone()))
+}
+
+/// Recognises the nest `anchor::attention` writes (see there), checking every statement of the softmax.
+fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Attention> {
+    let [scores_nest, m_init, m_nest, l_init, l_nest, p_nest, out_nest] = inner else { return None };
+    // for j { acc = q . kt; scores[j] = acc * scale (+ mask) }
+    let (j, keys, body) = single_loop(scores_nest)?;
+    let [s_init, s_dot, Stmt::Store { buf: scores, index: sj, value: scaled }] = body else { return None };
+    let (acc_s, r, d, q, kt) = dot(s_init, s_dot)?;
+    let sb = k.buffer(*scores);
+    if sb.space != Space::Local || sb.elem != Elem::F32 || sb.dims != [keys] || *sj != [Expr::var(j)] {
+        return None;
+    }
+    let product = |e: &Expr| match e {
+        Expr::Binary(BinOp::Mul, a, s) if **a == Expr::load(acc_s, vec![]) && matches!(**s, Expr::Float(_, Elem::F32)) => Some((**s).clone()),
+        _ => None,
+    };
+    let (scale, mask) = match scaled {
+        Expr::Binary(BinOp::Add, x, m) if product(x).is_some() => (product(x)?, Some((**m).clone())),
+        x => (product(x)?, None),
+    };
+    // The softmax: m = max scores; l = sum e^(scores - m); scores = e^(scores - m).
+    let (Stmt::Store { buf: acc_m, value: Expr::Float(lo, Elem::F32), .. }, Stmt::Store { buf: acc_l, value: Expr::Float(zero, Elem::F32), .. }) = (m_init, l_init) else { return None };
+    let at = |v: Var| Expr::load(*scores, vec![Expr::var(v)]);
+    let (m, l) = (Expr::load(*acc_m, vec![]), Expr::load(*acc_l, vec![]));
+    let shifted = |v: Var| Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, at(v), m.clone()));
+    let (rm, _, _) = single_loop(m_nest)?;
+    let (rl, _, _) = single_loop(l_nest)?;
+    let (rp, _, _) = single_loop(p_nest)?;
+    let softmax = [
+        (m_nest, Stmt::for_(rm, keys, LoopKind::Serial, vec![Stmt::Store { buf: *acc_m, index: vec![], value: Expr::bin(BinOp::Max, m.clone(), at(rm)) }])),
+        (l_nest, Stmt::for_(rl, keys, LoopKind::Serial, vec![Stmt::Store { buf: *acc_l, index: vec![], value: Expr::bin(BinOp::Add, l.clone(), shifted(rl)) }])),
+        (p_nest, Stmt::for_(rp, keys, LoopKind::Serial, vec![Stmt::Store { buf: *scores, index: vec![Expr::var(rp)], value: shifted(rp) }])),
+    ];
+    if *lo != f64::NEG_INFINITY || *zero != 0.0 || softmax.iter().any(|(got, want)| *got != want) {
+        return None;
+    }
+    // for e { acc = scores . v; store(acc / l) }
+    let (e, dv, body) = single_loop(out_nest)?;
+    let [o_init, o_dot, store @ Stmt::Store { .. }] = body else { return None };
+    let (acc_o, jv, n, p, v) = dot(o_init, o_dot)?;
+    if n != keys || p != at(jv) {
+        return None;
+    }
+    // The rows: the innermost loop q reads and kt and v do not (the queries; any such loop shares its
+    // keys and values, so it may serve); the rest are the batch.
+    let row = *prefix.iter().rev().find(|(x, _)| q.uses(*x) && !kt.uses(*x) && !v.uses(*x))?;
+    let batch = prefix.iter().filter(|(x, _)| *x != row.0).copied().collect();
+    let reads = |x: &Expr, vars: &[Var]| vars.iter().all(|v| x.uses(*v));
+    if !reads(&q, &[r]) || !reads(&kt, &[r, j]) || !reads(&v, &[jv, e]) {
+        return None;
+    }
+    Some(Attention { row, batch, j, jv, keys, r, d, e, dv, q, kt, v, scale, mask, store: store.clone(), acc_o, acc_l: *acc_l })
+}
+
+/// An element of a staged tile at (row, column): its value and where it is valid (zero elsewhere).
+type Element<'a> = dyn Fn(&Expr, &Expr) -> (Expr, Vec<Expr>) + 'a;
+
+fn int(v: u64) -> Expr {
+    Expr::int(v as i64)
+}
+
+fn subst(e: &Expr, by: &[(Var, Expr)]) -> Expr {
+    by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
+}
+
+/// Row padding of the shared tiles in elements (16-byte aligned rows for `ldmatrix`, spread over banks).
+fn pad(t: Elem) -> u64 {
+    16 / t.size()
+}
+
+/// A block's shared memory in bytes: the Q, K^T and V tiles, the scores in f32 (and P in `t` unless
+/// it is f32), and three f32 per row.
+fn shared_bytes(t: Elem, bm: u64, bn: u64, d: u64, dv: u64) -> u64 {
+    let p = pad(t);
+    let tiles = (bm * (d + p) + d * (bn + p) + bn * (dv + p)) * t.size();
+    let probs = if t == Elem::F32 { 0 } else { bm * (bn + p) * t.size() };
+    tiles + bm * (bn + 4) * 4 + probs + 3 * bm * 4
+}
+
+/// Schedules the launch as tensor-core attention when `inner` is lowering's attention nest and the
+/// operands allow it; None leaves it to the other schedules.
+pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
+    let Some(a) = recognise(k, prefix, inner) else { return Ok(None) };
+    // bf16/f16 operands as they are, or f32 read as tf32 where the precision allows.
+    let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| Some((t, narrow(k, &a.q, t)?, narrow(k, &a.kt, t)?, narrow(k, &a.v, t)?)));
+    let (t, q, kt, v) = match sixteen {
+        Some(x) => x,
+        None if s.tf32_matrix.is_some() => (Elem::F32, a.q.clone(), a.kt.clone(), a.v.clone()),
+        None => return Ok(None),
+    };
+    let ks = mlopt_kir::warp_mma_k(t);
+    let (rows, d, dv, keys) = (a.row.1, a.d, a.dv, a.keys);
+    if !d.is_multiple_of(ks) || !dv.is_multiple_of(8) || dv > 128 || d > 256 || keys < 8 {
+        return Ok(None);
+    }
+    // Up to four warps of 16 query rows; the widest key block that fits in shared memory.
+    let warps = rows.div_ceil(16).min(4);
+    let (bm, threads) = (16 * warps, 32 * warps);
+    let Some(bn) = [64, 32, 16].into_iter().find(|bn| *bn <= keys.next_multiple_of(16) && shared_bytes(t, bm, *bn, d, dv) <= s.shared_bytes) else { return Ok(None) };
+    let batch: u64 = a.batch.iter().map(|(_, n)| n).product();
+    let (tiles, kvt) = (rows.div_ceil(bm), keys.div_ceil(bn));
+    let p = pad(t);
+    let id = k.vars.len();
+    let sq = k.buf(format!("sq{id}"), t, vec![bm, d + p], Space::Shared);
+    let sk = k.buf(format!("sk{id}"), t, vec![d, bn + p], Space::Shared);
+    let sv = k.buf(format!("sv{id}"), t, vec![bn, dv + p], Space::Shared);
+    let ss = k.buf(format!("ss{id}"), Elem::F32, vec![bm, bn + 4], Space::Shared);
+    let sp = if t == Elem::F32 { ss } else { k.buf(format!("sp{id}"), t, vec![bm, bn + p], Space::Shared) };
+    let [sm, sl, sa] = ["sm", "sl", "sa"].map(|n| k.buf(format!("{n}{id}"), Elem::F32, vec![bm], Space::Shared));
+    let cs = k.buf(format!("cs{id}"), Elem::F32, vec![1, bn / 8, 4], Space::Local);
+    let co = k.buf(format!("co{id}"), Elem::F32, vec![1, dv / 8, 4], Space::Local);
+    let run = k.buf(format!("run{id}"), Elem::F32, vec![], Space::Local);
+    let (gb, kv) = (k.var(format!("gb{id}")), k.var(format!("kv{id}")));
+    let at_batch = delinear(&a.batch, &Expr::div(Expr::var(gb), int(tiles)));
+    let row0 = Expr::mul(Expr::rem(Expr::var(gb), int(tiles)), int(bm));
+    let key0 = Expr::mul(Expr::var(kv), int(bn));
+    let neg_inf = Expr::f32(f64::NEG_INFINITY);
+
+    // Loops: a block's threads, unrolled and serial loops inside them.
+    let threads_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| {
+        let tv = k.var(format!("t{}", k.vars.len()));
+        let body = f(k, Expr::var(tv));
+        Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
+    };
+    let loop_ = |k: &mut Kernel, n: u64, kind: LoopKind, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| {
+        let v = k.var(format!("u{}", k.vars.len()));
+        let body = f(k, Expr::var(v));
+        Stmt::for_(v, n, kind, body)
+    };
+    // A `rows x cols` tile filled by the block, neighbouring threads along its columns (`along_cols`) or
+    // rows: `value(r, c)` where its conditions hold, zero elsewhere.
+    let tile = |k: &mut Kernel, tv: &Expr, buf: BufId, (nr, nc): (u64, u64), along_cols: bool, value: &Element| -> Stmt {
+        let tv = tv.clone();
+        loop_(k, nr * nc / threads, LoopKind::Serial, &mut |_, slot| {
+            let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
+            let (r, c) = if along_cols { (Expr::div(el.clone(), int(nc)), Expr::rem(el, int(nc))) } else { (Expr::rem(el.clone(), int(nr)), Expr::div(el, int(nr))) };
+            let (x, conds) = value(&r, &c);
+            let zero = Expr::Float(0.0, t);
+            let mut out = vec![Stmt::Store { buf, index: vec![r.clone(), c.clone()], value: zero }];
+            out.extend(guarded(conds, vec![Stmt::Store { buf, index: vec![r, c], value: x }]));
+            out
+        })
+    };
+    // The element of a 16 x 8 mma result that lane `tv % 32` holds as its `q`-th: (row, column).
+    let frag = |tv: &Expr, q: &Expr| {
+        let lane = Expr::rem(tv.clone(), int(32));
+        let r = Expr::add(Expr::mul(Expr::div(tv.clone(), int(32)), int(16)), Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))));
+        (r, Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))))
+    };
+    let warp_row = |tv: &Expr| Expr::mul(Expr::div(tv.clone(), int(32)), int(16));
+    let row_ok = |r: &Expr| lt(Expr::add(row0.clone(), r.clone()), rows);
+    let by_row = |r: &Expr| {
+        let mut by = at_batch.clone();
+        by.push((a.row.0, Expr::add(row0.clone(), r.clone())));
+        by
+    };
+
+    let mut body = Vec::new();
+    // O = 0, m = -inf, l = 0, a = 1; the Q tile.
+    body.push(threads_loop(k, &mut |k, tv| {
+        let mut out = vec![loop_(k, dv / 8, LoopKind::Unrolled, &mut |k, n| vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: co, index: vec![int(0), n.clone(), q], value: Expr::f32(0.0) }])])];
+        out.push(Stmt::If {
+            cond: lt(tv.clone(), bm),
+            then: [(sm, neg_inf.clone()), (sl, Expr::f32(0.0)), (sa, Expr::f32(1.0))].into_iter().map(|(b, x)| Stmt::Store { buf: b, index: vec![tv.clone()], value: x }).collect(),
+        });
+        let along = !contiguous_in(k, &a.q, a.row.0) || contiguous_in(k, &a.q, a.r);
+        out.push(tile(k, &tv, sq, (bm, d), along, &|r, c| {
+            let mut by = by_row(r);
+            by.push((a.r, c.clone()));
+            (subst(&q, &by), vec![row_ok(r)])
+        }));
+        out
+    }));
+    let mut step = Vec::new();
+    step.push(Stmt::Barrier);
+    // The K^T and V tiles of this block of keys.
+    step.push(threads_loop(k, &mut |k, tv| {
+        let along_k = contiguous_in(k, &a.kt, a.j) || !contiguous_in(k, &a.kt, a.r);
+        let kt_tile = tile(k, &tv, sk, (d, bn), along_k, &|r, c| {
+            let gj = Expr::add(key0.clone(), c.clone());
+            let mut by = at_batch.clone();
+            by.extend([(a.r, r.clone()), (a.j, gj.clone())]);
+            (subst(&kt, &by), vec![lt(gj, keys)])
+        });
+        let along_v = contiguous_in(k, &a.v, a.e) || !contiguous_in(k, &a.v, a.jv);
+        let v_tile = tile(k, &tv, sv, (bn, dv), along_v, &|r, c| {
+            let gj = Expr::add(key0.clone(), r.clone());
+            let mut by = at_batch.clone();
+            by.extend([(a.jv, gj.clone()), (a.e, c.clone())]);
+            (subst(&v, &by), vec![lt(gj, keys)])
+        });
+        vec![kt_tile, v_tile]
+    }));
+    step.push(Stmt::Barrier);
+    // S = Q K^T * scale + mask, -inf for keys past the end.
+    step.push(threads_loop(k, &mut |k, tv| {
+        let wr = warp_row(&tv);
+        let zero = loop_(k, bn / 8, LoopKind::Unrolled, &mut |k, n| vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: cs, index: vec![int(0), n.clone(), q], value: Expr::f32(0.0) }])]);
+        let mma = loop_(k, d / ks, LoopKind::Unrolled, &mut |k, kk| {
+            let wr = wr.clone();
+            vec![loop_(k, bn / 8, LoopKind::Unrolled, &mut |_, n| {
+                let kp = Expr::mul(kk.clone(), int(ks));
+                vec![Stmt::WarpMma { c: Block { buf: cs, at: vec![int(0), n.clone(), int(0)] }, a: Block { buf: sq, at: vec![wr.clone(), kp.clone()] }, b: Block { buf: sk, at: vec![kp, Expr::mul(n, int(8))] } }]
+            })]
+        });
+        let tv2 = tv.clone();
+        let write = loop_(k, bn / 8, LoopKind::Unrolled, &mut |k, n| {
+            let tv = tv2.clone();
+            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+                let (r, c) = frag(&tv, &q);
+                let c = Expr::add(Expr::mul(n.clone(), int(8)), c);
+                let gj = Expr::add(key0.clone(), c.clone());
+                let mut by = by_row(&r);
+                by.push((a.j, gj.clone()));
+                let mut x = Expr::bin(BinOp::Mul, Expr::load(cs, vec![int(0), n.clone(), q]), a.scale.clone());
+                if let Some(m) = &a.mask {
+                    x = Expr::bin(BinOp::Add, x, subst(m, &by));
+                }
+                let mut out = vec![Stmt::Store { buf: ss, index: vec![r.clone(), c.clone()], value: neg_inf.clone() }];
+                out.extend(guarded(vec![row_ok(&r), lt(gj, keys)], vec![Stmt::Store { buf: ss, index: vec![r, c], value: x }]));
+                out
+            })]
+        });
+        vec![zero, mma, write]
+    }));
+    step.push(Stmt::Barrier);
+    // Per row: the new max and the factor that rescales what came before.
+    let m_of = |r: &Expr| Expr::load(sm, vec![r.clone()]);
+    // The max to subtract: 0 while it is -inf, so that e^(-inf - m) is 0, not NaN.
+    let safe = |m: Expr| Expr::select(Expr::bin(BinOp::Eq, m.clone(), Expr::f32(f64::NEG_INFINITY)), Expr::f32(0.0), m);
+    step.push(threads_loop(k, &mut |k, tv| {
+        let me = Expr::load(run, vec![]);
+        let scan = loop_(k, bn, LoopKind::Serial, &mut |_, c| vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Max, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]);
+        let then = vec![
+            Stmt::Store { buf: run, index: vec![], value: m_of(&tv) },
+            scan,
+            Stmt::Store { buf: sa, index: vec![tv.clone()], value: Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, m_of(&tv), safe(me.clone()))) },
+            Stmt::Store { buf: sm, index: vec![tv.clone()], value: me.clone() },
+        ];
+        vec![Stmt::If { cond: Expr::bin(BinOp::And, lt(tv.clone(), bm), row_ok(&tv)), then }]
+    }));
+    step.push(Stmt::Barrier);
+    // P = e^(S - m), 0 in rows past the queries.
+    step.push(threads_loop(k, &mut |k, tv| {
+        vec![loop_(k, bm * bn / threads, LoopKind::Serial, &mut |_, slot| {
+            let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
+            let (r, c) = (Expr::div(el.clone(), int(bn)), Expr::rem(el, int(bn)));
+            let x = Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, Expr::load(ss, vec![r.clone(), c.clone()]), safe(m_of(&r))));
+            let x = Expr::select(row_ok(&r), x, Expr::f32(0.0));
+            // P in `t` first: the store to S replaces what both read.
+            let mut out = Vec::new();
+            if sp != ss {
+                out.push(Stmt::Store { buf: sp, index: vec![r.clone(), c.clone()], value: Expr::cast(t, x.clone()) });
+            }
+            out.push(Stmt::Store { buf: ss, index: vec![r, c], value: x });
+            out
+        })]
+    }));
+    step.push(Stmt::Barrier);
+    // l = a l + sum P; O = a O + P V.
+    step.push(threads_loop(k, &mut |k, tv| {
+        let me = Expr::load(run, vec![]);
+        let sum = loop_(k, bn, LoopKind::Serial, &mut |_, c| vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Add, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]);
+        let l = Expr::load(sl, vec![tv.clone()]);
+        let scaled = Expr::bin(BinOp::Mul, l, Expr::load(sa, vec![tv.clone()]));
+        let rows_part = Stmt::If { cond: lt(tv.clone(), bm), then: vec![Stmt::Store { buf: run, index: vec![], value: scaled }, sum, Stmt::Store { buf: sl, index: vec![tv.clone()], value: me }] };
+        let tv2 = tv.clone();
+        let rescale = loop_(k, dv / 8, LoopKind::Unrolled, &mut |k, n| {
+            let tv = tv2.clone();
+            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+                let (r, _) = frag(&tv, &q);
+                let o = Expr::load(co, vec![int(0), n.clone(), q.clone()]);
+                vec![Stmt::Store { buf: co, index: vec![int(0), n.clone(), q], value: Expr::bin(BinOp::Mul, o, Expr::load(sa, vec![r])) }]
+            })]
+        });
+        let wr = warp_row(&tv);
+        let mma = loop_(k, bn / ks, LoopKind::Unrolled, &mut |k, kk| {
+            let wr = wr.clone();
+            vec![loop_(k, dv / 8, LoopKind::Unrolled, &mut |_, n| {
+                let kp = Expr::mul(kk.clone(), int(ks));
+                vec![Stmt::WarpMma { c: Block { buf: co, at: vec![int(0), n.clone(), int(0)] }, a: Block { buf: sp, at: vec![wr.clone(), kp.clone()] }, b: Block { buf: sv, at: vec![kp, Expr::mul(n, int(8))] } }]
+            })]
+        });
+        vec![rows_part, rescale, mma]
+    }));
+    body.push(Stmt::for_(kv, kvt, LoopKind::Serial, step));
+    body.push(Stmt::Barrier);
+    // out = O / l through the nest's own store, on the thread holding each element.
+    body.push(threads_loop(k, &mut |k, tv| {
+        vec![loop_(k, dv / 8, LoopKind::Unrolled, &mut |k, n| {
+            let tv = tv.clone();
+            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+                let (r, c) = frag(&tv, &q);
+                let mut by = by_row(&r);
+                by.push((a.e, Expr::add(Expr::mul(n.clone(), int(8)), c)));
+                let (o, l) = (Expr::load(co, vec![int(0), n.clone(), q]), Expr::load(sl, vec![r.clone()]));
+                let (acc_o, acc_l) = (a.acc_o, a.acc_l);
+                let store = by.iter().fold(a.store.clone(), |s, (v, x)| s.subst(*v, x)).map_loads(&|b, ix| {
+                    if b == acc_o {
+                        o.clone()
+                    } else if b == acc_l {
+                        l.clone()
+                    } else {
+                        Expr::Load(b, ix)
+                    }
+                });
+                guarded(vec![row_ok(&r)], vec![store])
+            })]
+        })]
+    }));
+    let engine = if t == Elem::F32 { "tf32".to_string() } else { t.to_string() };
+    k.schedule.push(format!("gpu.attention({batch} x {rows}x{keys}, d {d}, dv {dv}, mma.sync {engine}, {bm} queries x {bn} keys, {threads} threads, {} blocks)", batch * tiles));
+    Ok(Some(vec![Stmt::for_(gb, batch * tiles, LoopKind::GpuBlock(0), body)]))
+}
