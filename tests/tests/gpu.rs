@@ -171,15 +171,16 @@ fn ptx_snapshots() {
     // memory, a register tile per thread), with the folded batch norm and ReLU fused into its epilogue.
     let cnn = compiled("cnn", "sm_80", Precision::Fp32);
     insta::assert_snapshot!("ptx_gemm_simt_conv_bn_relu", entry(&cnn.ptx.ptx, "k0"));
-    // An elementwise kernel: the transformer's merge of attention heads, four neighbouring elements per
-    // thread, loaded and stored 16 bytes at a time.
-    let tr = compiled("transformer", "sm_80", Precision::Fp32);
-    let merge = entry(&tr.ptx.ptx, "k4_1");
-    for want in ["ld.global.v4.f32", "st.global.v4.f32"] {
-        assert!(merge.contains(want), "no {want} in the elementwise kernel");
+    // An elementwise kernel: the CNN's input rounded to bf16, four neighbouring elements per thread,
+    // loaded 16 bytes and stored 8 bytes at a time.
+    let cnn16 = compiled("cnn", "sm_80", Precision::Bf16);
+    let cast = entry(&cnn16.ptx.ptx, "k0");
+    for want in ["ld.global.v4.f32", "st.global.v4.u16"] {
+        assert!(cast.contains(want), "no {want} in the elementwise kernel");
     }
-    insta::assert_snapshot!("ptx_elementwise_merge_heads", merge);
+    insta::assert_snapshot!("ptx_elementwise_cast_bf16", cast);
     // A reduction: the transformer's first layer norm, one row per block, sums by warp shuffles.
+    let tr = compiled("transformer", "sm_80", Precision::Fp32);
     let norm = entry(&tr.ptx.ptx, "k0");
     assert!(norm.contains("shfl.sync.bfly.b32"), "no warp shuffle in the layer norm");
     insta::assert_snapshot!("ptx_rows_layernorm", norm);
@@ -191,6 +192,14 @@ fn ptx_snapshots() {
         assert!(mma.contains(want), "no {want} in the tensor-core GEMM");
     }
     insta::assert_snapshot!("ptx_gemm_mma_bf16_bias_relu", mma);
+    // Attention on tensor cores: the transformer's, tf32 under bf16 precision, with the merge of the
+    // heads in its store; and the Q projection with the split into heads in its own.
+    let tr16 = compiled("transformer", "sm_80", Precision::Bf16);
+    let names: Vec<&str> = tr16.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"], "one launch per kernel");
+    let attention = entry(&tr16.ptx.ptx, "k4");
+    assert!(attention.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"), "no tf32 mma.sync in the attention");
+    insta::assert_snapshot!("ptx_attention_tf32", attention);
 }
 
 /// A stand-in for libcuda.so.1: device memory is host memory, and every call is logged to $MOCK_LOG.

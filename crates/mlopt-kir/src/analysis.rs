@@ -60,6 +60,102 @@ pub fn factor(e: &Expr) -> i64 {
     }
 }
 
+/// The largest value of an index expression built from non-negative constants and loop variables by
+/// +, * and division or remainder by positive constants, given each variable's extent; None for
+/// anything else (which might be negative).
+pub fn max_value(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Option<i64> {
+    let positive = |d: &Expr| match d {
+        Expr::Int(d) if *d > 0 => Some(*d),
+        _ => None,
+    };
+    match e {
+        Expr::Int(c) if *c >= 0 => Some(*c),
+        Expr::Var(v) => Some(extent(*v)? as i64 - 1),
+        Expr::Binary(BinOp::Add, a, b) => Some(max_value(a, extent)? + max_value(b, extent)?),
+        Expr::Binary(BinOp::Mul, a, b) => Some(max_value(a, extent)? * max_value(b, extent)?),
+        Expr::Binary(BinOp::Div, a, d) => Some(max_value(a, extent)? / positive(d)?),
+        Expr::Binary(BinOp::Rem, a, d) => Some(max_value(a, extent)?.min(positive(d)? - 1)),
+        _ => None,
+    }
+}
+
+/// The terms of a sum, each with its constant coefficient: `c * x` is (c, x), a constant c is (c, 1).
+fn terms(e: &Expr, out: &mut Vec<(i64, Expr)>) {
+    match e {
+        Expr::Binary(BinOp::Add, a, b) => {
+            terms(a, out);
+            terms(b, out);
+        }
+        Expr::Int(c) => out.push((*c, Expr::int(1))),
+        Expr::Binary(BinOp::Mul, a, b) => match (&**a, &**b) {
+            (Expr::Int(c), x) | (x, Expr::Int(c)) => out.push((*c, x.clone())),
+            _ => out.push((1, e.clone())),
+        },
+        e => out.push((1, e.clone())),
+    }
+}
+
+fn sum(terms: &[(i64, Expr)]) -> Expr {
+    terms.iter().fold(Expr::int(0), |e, (c, x)| Expr::add(e, Expr::mul(Expr::int(*c), x.clone())))
+}
+
+/// `e` with quotients and remainders of non-negative sums by constants taken apart where the ranges
+/// allow: with d dividing every coefficient of H and 0 <= L, (H + L) / d = H/d + L/d and (H + L) % d =
+/// L % d, and L / d = 0, L % d = L when L < d. So a row-major position split again by a reshape,
+/// `((i * 64 + j) / 16) % 4` with j < 64, becomes `j / 16`.
+pub fn simplify_index(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
+    let Expr::Binary(op, a, b) = e else { return e.clone() };
+    let (a, b) = (simplify_index(a, extent), simplify_index(b, extent));
+    let d = match (op, &b) {
+        (BinOp::Div | BinOp::Rem, Expr::Int(d)) if *d > 0 && max_value(&a, extent).is_some() => *d,
+        (BinOp::Add, _) => return Expr::add(a, b),
+        (BinOp::Mul, _) => return Expr::mul(a, b),
+        _ => return Expr::bin(*op, a, b),
+    };
+    let mut all = Vec::new();
+    terms(&a, &mut all);
+    let (high, low): (Vec<_>, Vec<_>) = all.into_iter().partition(|(c, _)| c % d == 0);
+    let low = sum(&low);
+    let small = max_value(&low, extent).is_some_and(|m| m < d);
+    if *op == BinOp::Rem {
+        return if small { low } else { Expr::rem(low, Expr::int(d)) };
+    }
+    let high: Vec<(i64, Expr)> = high.into_iter().map(|(c, x)| (c / d, x)).collect();
+    Expr::add(sum(&high), if small { Expr::int(0) } else { Expr::div(low, Expr::int(d)) })
+}
+
+/// Whether the non-negative index `flat` differs for every value of `v` below `extent` (the other
+/// variables fixed): affine in `v`, or written through `v / d` and `v % d` as digits that cannot meet
+/// (one's coefficient at least the other's times its span), as a transpose of a split axis stores.
+pub fn moves_with(flat: &Expr, v: Var, extent: u64) -> bool {
+    if coefficient(flat, v).is_some_and(|c| c != 0) {
+        return true;
+    }
+    fn divisor(e: &Expr, v: Var) -> Option<i64> {
+        match e {
+            Expr::Binary(BinOp::Div | BinOp::Rem, x, d) if **x == Expr::Var(v) => match **d {
+                Expr::Int(d) if d > 1 => Some(d),
+                _ => None,
+            },
+            Expr::Binary(_, a, b) => divisor(a, v).or_else(|| divisor(b, v)),
+            _ => None,
+        }
+    }
+    fn digits(e: &Expr, v: Var, d: i64, hi: Var, lo: Var) -> Expr {
+        match e {
+            Expr::Binary(op @ (BinOp::Div | BinOp::Rem), x, y) if **x == Expr::Var(v) && **y == Expr::Int(d) => Expr::Var(if *op == BinOp::Div { hi } else { lo }),
+            Expr::Binary(op, a, b) => Expr::bin(*op, digits(a, v, d, hi, lo), digits(b, v, d, hi, lo)),
+            e => e.clone(),
+        }
+    }
+    let Some(d) = divisor(flat, v) else { return false };
+    let (hi, lo) = (Var(u32::MAX), Var(u32::MAX - 1));
+    let split = digits(flat, v, d, hi, lo);
+    let (Some(ch), Some(cl)) = (coefficient(&split, hi), coefficient(&split, lo)) else { return false };
+    let (ch, cl) = (ch.abs(), cl.abs());
+    !split.uses(v) && ch != 0 && cl != 0 && (ch >= cl * d || cl >= ch * (extent as i64 + d - 1) / d)
+}
+
 /// The row-major flat element index of an access to `b`.
 pub fn flat_index(k: &Kernel, b: BufId, index: &[Expr]) -> Expr {
     let strides = k.buffer(b).strides();

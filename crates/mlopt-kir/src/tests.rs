@@ -329,3 +329,27 @@ fn warp_reductions_combine_each_warp() {
     let e = verify(&parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(-)")).unwrap()).unwrap_err().join("\n");
     assert!(e.contains("- is not a reduction"), "{e}");
 }
+
+#[test]
+fn split_positions_simplify_and_digits_move_with_their_variable() {
+    use crate::analysis::{moves_with, simplify_index};
+    let (i, j) = (Var(0), Var(1));
+    let (vi, vj) = (Expr::var(i), Expr::var(j));
+    let extent = |v: Var| [(i, 16), (j, 64)].iter().find(|(w, _)| *w == v).map(|(_, n)| *n);
+    // A row-major position [16, 64] read back as [16, 4, 16]: each axis is one digit of the position.
+    let flat = Expr::add(Expr::mul(vi.clone(), Expr::int(64)), vj.clone());
+    let heads = Expr::rem(Expr::div(flat.clone(), Expr::int(16)), Expr::int(4));
+    assert_eq!(simplify_index(&heads, &extent), Expr::div(vj.clone(), Expr::int(16)));
+    assert_eq!(simplify_index(&Expr::div(flat.clone(), Expr::int(64)), &extent), vi.clone());
+    assert_eq!(simplify_index(&Expr::rem(flat.clone(), Expr::int(16)), &extent), Expr::rem(vj.clone(), Expr::int(16)));
+    // Nothing is taken apart where the ranges do not allow it (j reaches 64).
+    let kept = Expr::rem(Expr::add(vi.clone(), vj.clone()), Expr::int(16));
+    assert_eq!(simplify_index(&kept, &extent), kept);
+    // Stored transposed as [4, 16, 16] (head, row, column): j moves it through two digits that cannot
+    // meet; j / 16 + j % 16 can.
+    let (hi, lo) = (Expr::div(vj.clone(), Expr::int(16)), Expr::rem(vj.clone(), Expr::int(16)));
+    let transposed = Expr::add(Expr::add(Expr::mul(hi.clone(), Expr::int(256)), Expr::mul(vi.clone(), Expr::int(16))), lo.clone());
+    assert!(moves_with(&transposed, j, 64) && moves_with(&transposed, i, 16));
+    assert!(!moves_with(&Expr::add(hi, lo), j, 64));
+    assert!(!moves_with(&vi, j, 64));
+}

@@ -21,7 +21,7 @@
 //! Anything else runs on one thread, which is always correct (ScatterND's updates must be serial).
 
 use crate::error::{LowerError, Result};
-use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, multiple_of, private_in};
+use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, moves_with, multiple_of, private_in};
 use mlopt_kir::{rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
@@ -229,7 +229,7 @@ fn parallel_prefix(k: &Kernel, body: Vec<Stmt>) -> (Vec<(Var, u64)>, Vec<Stmt>) 
     let mut prefix = Vec::new();
     let mut cur = body;
     while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur.as_slice() {
-        if *extent > 1 && !stores_depend(k, *var, body, &uses) {
+        if *extent > 1 && !stores_depend(k, *var, *extent, body, &uses) {
             break;
         }
         prefix.push((*var, *extent));
@@ -240,16 +240,16 @@ fn parallel_prefix(k: &Kernel, body: Vec<Stmt>) -> (Vec<(Var, u64)>, Vec<Stmt>) 
 }
 
 /// Whether every store in `body` to a buffer that is not private to it moves with `v`.
-fn stores_depend(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>) -> bool {
+fn stores_depend(k: &Kernel, v: Var, extent: u64, body: &[Stmt], uses: &HashMap<BufId, usize>) -> bool {
     let private = private_in(k, body, uses);
-    fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &[BufId]) -> bool {
+    fn walk(k: &Kernel, v: Var, extent: u64, body: &[Stmt], private: &[BufId]) -> bool {
         body.iter().all(|s| match s {
-            Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, body, private),
-            Stmt::Store { buf, index, .. } => private.contains(buf) || coefficient(&flat_index(k, *buf, index), v).is_some_and(|c| c != 0),
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, extent, body, private),
+            Stmt::Store { buf, index, .. } => private.contains(buf) || moves_with(&flat_index(k, *buf, index), v, extent),
             Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
         })
     }
-    walk(k, v, body, &private)
+    walk(k, v, extent, body, &private)
 }
 
 /// The expressions of collapsed loops `(var, extent)` (outermost first) at flat index `g`.

@@ -41,6 +41,9 @@ pub struct Lowerer<'g> {
     pub winograd: crate::Winograd,
     /// bf16 contractions with a constant B run as `mma` blocks (`mma.rs`).
     pub mma: bool,
+    /// An anchor's epilogue may end in layout ops (Reshape, Transpose), each value stored where they
+    /// move it (GPU kernels: one launch instead of a GEMM and a copy).
+    pub layout_epilogue: bool,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -63,7 +66,7 @@ pub fn pulled(op: &Op) -> bool {
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: crate::Winograd::Never, mma: false }
+        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: crate::Winograd::Never, mma: false, layout_epilogue: false }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {
@@ -542,38 +545,71 @@ impl<'g> Lowerer<'g> {
 
     /// One anchor followed by an elementwise epilogue of the same shape and type (MatMul + bias + ReLU,
     /// say): the epilogue is applied to each value the anchor computes, in registers, and stored straight
-    /// into the kernel's output. None when the kernel does not have that form.
+    /// into the kernel's output. With `layout_epilogue`, the epilogue may end in a chain of Reshapes and
+    /// Transposes (a projection split into heads), and each value is stored where they move it. None
+    /// when the kernel does not have that form.
     fn fuse_epilogue(&mut self, order: &[NodeId], root: NodeId, anchors: &[NodeId], outputs: &[(Value, BufId)]) -> Result<Option<Vec<Stmt>>> {
         let [a] = anchors else { return Ok(None) };
-        let (an, rn) = (self.g.node(*a), self.g.node(root));
         let [(out_v, out_b)] = outputs else { return Ok(None) };
-        let after: Vec<NodeId> = order.iter().copied().skip_while(|n| n != a).skip(1).filter(|n| self.members.contains(n)).collect();
+        // The layout tail, root first, and the value it starts from.
+        let mut tail = Vec::new();
+        let mut end = root;
+        while self.layout_epilogue && end != *a && matches!(self.g.node(end).op, Op::Reshape { .. } | Op::Transpose { .. }) {
+            let input = self.input(end, 0)?;
+            if input.output != 0 || (input.node != *a && !self.members.contains(&input.node)) || (end != root && self.g.users(end).len() != 1) {
+                break;
+            }
+            tail.push(end);
+            end = input.node;
+        }
+        let (an, rn) = (self.g.node(*a), self.g.node(end));
+        let after: Vec<NodeId> = order.iter().copied().skip_while(|n| n != a).skip(1).filter(|n| self.members.contains(n) && !tail.contains(n)).collect();
         let av = Value { node: *a, output: 0 };
         let fusable = *a != root
             && out_v.node == root
+            && self.g.node(root).outputs.len() == 1
             && rn.outputs.len() == 1
             // Same shape; the type may change (a bf16 GEMM whose result is cast back to f32): the anchor's
             // rounding to its own type stays in the stored expression.
             && an.outputs[0].shape == rn.outputs[0].shape
             && (1..an.outputs.len()).all(|o| self.g.users(*a).iter().all(|(_, e)| e.output as usize != o))
             && after.iter().all(|n| self.g.node(*n).op.is_elementwise())
+            && (tail.is_empty() || self.g.users(end).len() == 1)
             // Scatters read back what they stored; the epilogue must see only final values.
             && !matches!(an.op, Op::ScatterElements { .. } | Op::ScatterNd { .. });
         if !fusable {
             return Ok(None);
         }
-        // The epilogue at symbolic indices, reading the anchor's value as a load of the output buffer.
-        let b = *out_b;
+        // The epilogue at symbolic indices, reading the anchor's value as a load of its buffer: the
+        // output itself, or (with a layout tail) a buffer no statement keeps.
+        let out = *out_b;
         let shape = dims(&an.outputs[0]);
+        let b = if tail.is_empty() { out } else { self.k.buf(format!("t{}", self.k.bufs.len()), elem(an.outputs[0].dtype), shape.clone(), Space::Local) };
         let vars: Vec<Var> = shape.iter().map(|_| self.fresh("e")).collect();
         // Axes of size 1 are index 0, as pulls through a broadcast write them, so the loads match.
         let idx: Vec<Expr> = vars.iter().zip(&shape).map(|(v, s)| if *s == 1 { Expr::int(0) } else { Expr::var(*v) }).collect();
         self.bufs.insert(av, b);
-        let epi = self.pull_op(root, 0, &idx)?;
+        let epi = if end == *a { Expr::load(b, idx.clone()) } else { self.pull_op(end, 0, &idx)? };
         if !loads_only_at(&epi, b, &idx) {
             self.bufs.remove(&av);
             return Ok(None);
         }
+        // Where the tail moves element `idx`: a Reshape keeps its row-major position, a Transpose permutes.
+        let mut to = idx.clone();
+        for n in tail.iter().rev() {
+            let node = self.g.node(*n);
+            to = match &node.op {
+                Op::Transpose { perm } => perm.iter().map(|p| to[*p].clone()).collect(),
+                _ => {
+                    let from: Vec<i64> = self.ty(self.input(*n, 0)?).shape.iter().map(|d| *d as i64).collect();
+                    let into: Vec<i64> = node.outputs[0].shape.iter().map(|d| *d as i64).collect();
+                    delinear(linear(&to, &from), &into)
+                }
+            };
+        }
+        let ranges: Vec<(Var, u64)> = vars.iter().copied().zip(shape.iter().copied()).collect();
+        let extent = |v: Var| ranges.iter().find(|(w, _)| *w == v).map(|(_, n)| *n);
+        let to: Vec<Expr> = to.iter().map(|e| mlopt_kir::analysis::simplify_index(e, &extent)).collect();
         let mut dsts = vec![b];
         for o in 1..an.outputs.len() {
             let t = &an.outputs[o];
@@ -583,7 +619,8 @@ impl<'g> Lowerer<'g> {
         if mlopt_kir::analysis::buffer_loads(&stmts).contains_key(&b) {
             return Err(self.unsupported(*a, "an anchor that reads its own output cannot take a fused epilogue"));
         }
-        Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi)).collect()))
+        let to = (!tail.is_empty()).then_some(&to[..]);
+        Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi, out, to)).collect()))
     }
 }
 
@@ -598,18 +635,18 @@ fn loads_only_at(e: &Expr, b: BufId, idx: &[Expr]) -> bool {
     }
 }
 
-/// Rewrites every store `b[I] = v` into `b[I] = epilogue(I, v)`.
-fn apply_epilogue(s: &Stmt, b: BufId, vars: &[Var], epi: &Expr) -> Stmt {
+/// Rewrites every store `b[I] = v` into `out[to(I)] = epilogue(I, v)` (`to` and `epilogue` are written
+/// in `vars`; without `to`, at I).
+fn apply_epilogue(s: &Stmt, b: BufId, vars: &[Var], epi: &Expr, out: BufId, to: Option<&[Expr]>) -> Stmt {
+    let rec = |body: &[Stmt]| body.iter().map(|s| apply_epilogue(s, b, vars, epi, out, to)).collect();
     match s {
         Stmt::Store { buf, index, value } if *buf == b => {
-            let mut e = epi.clone();
-            for (v, i) in vars.iter().zip(index) {
-                e = e.subst(*v, i);
-            }
-            Stmt::Store { buf: b, index: index.clone(), value: replace_load(&e, b, value) }
+            let at = |e: &Expr| vars.iter().zip(index).fold(e.clone(), |e, (v, i)| e.subst(*v, i));
+            let index = to.map_or_else(|| index.clone(), |to| to.iter().map(at).collect());
+            Stmt::Store { buf: out, index, value: replace_load(&at(epi), b, value) }
         }
-        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| apply_epilogue(s, b, vars, epi)).collect() },
-        Stmt::If { cond, then } => Stmt::If { cond: cond.clone(), then: then.iter().map(|s| apply_epilogue(s, b, vars, epi)).collect() },
+        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: rec(body) },
+        Stmt::If { cond, then } => Stmt::If { cond: cond.clone(), then: rec(then) },
         s => s.clone(),
     }
 }

@@ -96,6 +96,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         l.mma = opts.cpu.is_some_and(|c| c.mma);
         l.tiles = opts.tiles.clone();
         l.winograd = opts.winograd;
+        l.layout_epilogue = opts.gpu.is_some();
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
