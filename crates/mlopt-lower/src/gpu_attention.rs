@@ -25,7 +25,7 @@
 
 use crate::error::Result;
 use crate::gpu::{delinear, lt, GpuSchedule};
-use crate::gpu_gemm::{contiguous_in, guarded, narrow};
+use crate::gpu_gemm::{contiguous_in, guarded, int, narrow, subst_expr as subst};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 
 /// The attention nest, as lowering writes it, inside its data-parallel loops.
@@ -125,14 +125,6 @@ fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Attent
 /// An element of a staged tile at (row, column): its value and where it is valid (zero elsewhere).
 type Element<'a> = dyn Fn(&Expr, &Expr) -> (Expr, Vec<Expr>) + 'a;
 
-fn int(v: u64) -> Expr {
-    Expr::int(v as i64)
-}
-
-fn subst(e: &Expr, by: &[(Var, Expr)]) -> Expr {
-    by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
-}
-
 /// Row padding of the shared tiles in elements (16-byte aligned rows for `ldmatrix`, spread over banks).
 fn pad(t: Elem) -> u64 {
     16 / t.size()
@@ -218,6 +210,22 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         (r, Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))))
     };
     let warp_row = |tv: &Expr| Expr::mul(Expr::div(tv.clone(), int(32)), int(16));
+    // A warp's 16 rows of `acc` (`width` columns, as 16 x 8 fragments) set to `f(n, q)` for its q-th
+    // element of fragment n.
+    let fragments = |k: &mut Kernel, acc: BufId, width: u64, f: &dyn Fn(&Expr, &Expr) -> Expr| {
+        loop_(k, width / 8, LoopKind::Unrolled, &mut |k, n| vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: acc, index: vec![int(0), n.clone(), q.clone()], value: f(&n, &q) }])])
+    };
+    // acc += x y on the warp's 16 rows of x (shared, `depth` wide) by the `depth x width` y.
+    let products = |k: &mut Kernel, tv: &Expr, acc: BufId, (x, y): (BufId, BufId), depth: u64, width: u64| {
+        let wr = warp_row(tv);
+        loop_(k, depth / ks, LoopKind::Unrolled, &mut |k, kk| {
+            let wr = wr.clone();
+            vec![loop_(k, width / 8, LoopKind::Unrolled, &mut |_, n| {
+                let kp = Expr::mul(kk.clone(), int(ks));
+                vec![Stmt::WarpMma { c: Block { buf: acc, at: vec![int(0), n.clone(), int(0)] }, a: Block { buf: x, at: vec![wr.clone(), kp.clone()] }, b: Block { buf: y, at: vec![kp, Expr::mul(n, int(8))] } }]
+            })]
+        })
+    };
     let row_ok = |r: &Expr| lt(Expr::add(row0.clone(), r.clone()), rows);
     let by_row = |r: &Expr| {
         let mut by = at_batch.clone();
@@ -228,7 +236,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     let mut body = Vec::new();
     // O = 0, m = -inf, l = 0, a = 1; the Q tile.
     body.push(threads_loop(k, &mut |k, tv| {
-        let mut out = vec![loop_(k, dv / 8, LoopKind::Unrolled, &mut |k, n| vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: co, index: vec![int(0), n.clone(), q], value: Expr::f32(0.0) }])])];
+        let mut out = vec![fragments(k, co, dv, &|_, _| Expr::f32(0.0))];
         out.push(Stmt::If {
             cond: lt(tv.clone(), bm),
             then: [(sm, neg_inf.clone()), (sl, Expr::f32(0.0)), (sa, Expr::f32(1.0))].into_iter().map(|(b, x)| Stmt::Store { buf: b, index: vec![tv.clone()], value: x }).collect(),
@@ -264,15 +272,8 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     step.push(Stmt::Barrier);
     // S = Q K^T * scale + mask, -inf for keys past the end.
     step.push(threads_loop(k, &mut |k, tv| {
-        let wr = warp_row(&tv);
-        let zero = loop_(k, bn / 8, LoopKind::Unrolled, &mut |k, n| vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: cs, index: vec![int(0), n.clone(), q], value: Expr::f32(0.0) }])]);
-        let mma = loop_(k, d / ks, LoopKind::Unrolled, &mut |k, kk| {
-            let wr = wr.clone();
-            vec![loop_(k, bn / 8, LoopKind::Unrolled, &mut |_, n| {
-                let kp = Expr::mul(kk.clone(), int(ks));
-                vec![Stmt::WarpMma { c: Block { buf: cs, at: vec![int(0), n.clone(), int(0)] }, a: Block { buf: sq, at: vec![wr.clone(), kp.clone()] }, b: Block { buf: sk, at: vec![kp, Expr::mul(n, int(8))] } }]
-            })]
-        });
+        let zero = fragments(k, cs, bn, &|_, _| Expr::f32(0.0));
+        let mma = products(k, &tv, cs, (sq, sk), d, bn);
         let tv2 = tv.clone();
         let write = loop_(k, bn / 8, LoopKind::Unrolled, &mut |k, n| {
             let tv = tv2.clone();
@@ -334,23 +335,8 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         let l = Expr::load(sl, vec![tv.clone()]);
         let scaled = Expr::bin(BinOp::Mul, l, Expr::load(sa, vec![tv.clone()]));
         let rows_part = Stmt::If { cond: lt(tv.clone(), bm), then: vec![Stmt::Store { buf: run, index: vec![], value: scaled }, sum, Stmt::Store { buf: sl, index: vec![tv.clone()], value: me }] };
-        let tv2 = tv.clone();
-        let rescale = loop_(k, dv / 8, LoopKind::Unrolled, &mut |k, n| {
-            let tv = tv2.clone();
-            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
-                let (r, _) = frag(&tv, &q);
-                let o = Expr::load(co, vec![int(0), n.clone(), q.clone()]);
-                vec![Stmt::Store { buf: co, index: vec![int(0), n.clone(), q], value: Expr::bin(BinOp::Mul, o, Expr::load(sa, vec![r])) }]
-            })]
-        });
-        let wr = warp_row(&tv);
-        let mma = loop_(k, bn / ks, LoopKind::Unrolled, &mut |k, kk| {
-            let wr = wr.clone();
-            vec![loop_(k, dv / 8, LoopKind::Unrolled, &mut |_, n| {
-                let kp = Expr::mul(kk.clone(), int(ks));
-                vec![Stmt::WarpMma { c: Block { buf: co, at: vec![int(0), n.clone(), int(0)] }, a: Block { buf: sp, at: vec![wr.clone(), kp.clone()] }, b: Block { buf: sv, at: vec![kp, Expr::mul(n, int(8))] } }]
-            })]
-        });
+        let rescale = fragments(k, co, dv, &|n, q| Expr::bin(BinOp::Mul, Expr::load(co, vec![int(0), n.clone(), q.clone()]), Expr::load(sa, vec![frag(&tv, q).0])));
+        let mma = products(k, &tv, co, (sp, sv), bn, dv);
         vec![rows_part, rescale, mma]
     }));
     body.push(Stmt::for_(kv, kvt, LoopKind::Serial, step));

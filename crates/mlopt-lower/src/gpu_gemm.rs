@@ -336,11 +336,11 @@ fn async_load(k: &Kernel, operand: &Expr, elem: Elem, along: &[(Var, u64)], all:
     })
 }
 
-fn int(v: u64) -> Expr {
+pub(crate) fn int(v: u64) -> Expr {
     Expr::int(v as i64)
 }
 
-fn subst_expr(e: &Expr, by: &[(Var, Expr)]) -> Expr {
+pub(crate) fn subst_expr(e: &Expr, by: &[(Var, Expr)]) -> Expr {
     by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
 }
 
