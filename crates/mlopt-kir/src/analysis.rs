@@ -79,6 +79,12 @@ pub fn max_value(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Option<i64> {
     }
 }
 
+/// Whether an index expression is non-negative for all values of its (loop, hence non-negative)
+/// variables: exactly where [`max_value`] is defined, whatever the extents.
+pub fn non_negative(e: &Expr) -> bool {
+    max_value(e, &|_| Some(1)).is_some()
+}
+
 /// The terms of a sum, each with its constant coefficient: `c * x` is (c, x), a constant c is (c, 1).
 fn terms(e: &Expr, out: &mut Vec<(i64, Expr)>) {
     match e {

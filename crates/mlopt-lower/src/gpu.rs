@@ -21,7 +21,7 @@
 //! Anything else runs on one thread, which is always correct (ScatterND's updates must be serial).
 
 use crate::error::{LowerError, Result};
-use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, moves_with, multiple_of, private_in};
+use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, moves_with, multiple_of, non_negative, private_in};
 use mlopt_kir::{rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
@@ -359,17 +359,6 @@ fn split_lanes(e: &Expr, x: Var, hi: &Expr, l: Var, w: i64) -> Expr {
         Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
         Expr::Select(c, a, b) => Expr::select(r(c), r(a), r(b)),
         Expr::Cast(t, a) => Expr::cast(*t, r(a)),
-    }
-}
-
-/// Whether an index expression is non-negative for all values of its (loop, hence non-negative) variables.
-fn non_negative(e: &Expr) -> bool {
-    match e {
-        Expr::Int(c) => *c >= 0,
-        Expr::Var(_) => true,
-        Expr::Binary(BinOp::Add | BinOp::Mul, a, b) => non_negative(a) && non_negative(b),
-        Expr::Binary(BinOp::Div | BinOp::Rem, a, b) => non_negative(a) && matches!(**b, Expr::Int(d) if d > 0),
-        _ => false,
     }
 }
 

@@ -25,7 +25,7 @@
 
 use crate::error::Result;
 use crate::gpu::{delinear, lt, GpuSchedule};
-use crate::gpu_gemm::{contiguous_in, guarded, int, narrow, subst_expr as subst};
+use crate::gpu_gemm::{guarded, int, narrow, subst_expr as subst, tile_position, walk_first};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 
 /// The attention nest, as lowering writes it, inside its data-parallel loops.
@@ -122,8 +122,9 @@ fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Attent
     Some(Attention { row, batch, j, jv, keys, r, d, e, dv, q, kt, v, scale, mask, store: store.clone(), acc_o, acc_l: *acc_l })
 }
 
-/// An element of a staged tile at (row, column): its value and where it is valid (zero elsewhere).
-type Element<'a> = dyn Fn(&Expr, &Expr) -> (Expr, Vec<Expr>) + 'a;
+/// An element of a staged tile at (row, column): the operand's loops there, and where it is valid (zero
+/// elsewhere).
+type Element<'a> = dyn Fn(&Expr, &Expr) -> (Vec<(Var, Expr)>, Expr) + 'a;
 
 /// Row padding of the shared tiles in elements (16-byte aligned rows for `ldmatrix`, spread over banks).
 fn pad(t: Elem) -> u64 {
@@ -189,17 +190,17 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         let body = f(k, Expr::var(v));
         Stmt::for_(v, n, kind, body)
     };
-    // A `rows x cols` tile filled by the block, neighbouring threads along its columns (`along_cols`) or
-    // rows: `value(r, c)` where its conditions hold, zero elsewhere.
-    let tile = |k: &mut Kernel, tv: &Expr, buf: BufId, (nr, nc): (u64, u64), along_cols: bool, value: &Element| -> Stmt {
-        let tv = tv.clone();
-        loop_(k, nr * nc / threads, LoopKind::Serial, &mut |_, slot| {
+    // The tile of `operand` over its loops `rows` x `cols` filled by the block, neighbouring threads on
+    // neighbouring global elements: `at(r, c)` gives the loops' values at tile element (r, c) and where
+    // it is valid; zero elsewhere.
+    let tile = |k: &mut Kernel, tv: &Expr, buf: BufId, operand: &Expr, rows: (Var, u64), cols: (Var, u64), at: &Element| -> Stmt {
+        let (tv, along_cols) = (tv.clone(), walk_first(k, operand, Some(&cols), Some(&rows)));
+        loop_(k, rows.1 * cols.1 / threads, LoopKind::Serial, &mut |_, slot| {
             let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
-            let (r, c) = if along_cols { (Expr::div(el.clone(), int(nc)), Expr::rem(el, int(nc))) } else { (Expr::rem(el.clone(), int(nr)), Expr::div(el, int(nr))) };
-            let (x, conds) = value(&r, &c);
-            let zero = Expr::Float(0.0, t);
-            let mut out = vec![Stmt::Store { buf, index: vec![r.clone(), c.clone()], value: zero }];
-            out.extend(guarded(conds, vec![Stmt::Store { buf, index: vec![r, c], value: x }]));
+            let (r, c) = tile_position(el, (rows.1, cols.1), 1, along_cols);
+            let (by, valid) = at(&r, &c);
+            let mut out = vec![Stmt::Store { buf, index: vec![r.clone(), c.clone()], value: Expr::Float(0.0, t) }];
+            out.extend(guarded(vec![valid], vec![Stmt::Store { buf, index: vec![r, c], value: subst(operand, &by) }]));
             out
         })
     };
@@ -241,11 +242,10 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
             cond: lt(tv.clone(), bm),
             then: [(sm, neg_inf.clone()), (sl, Expr::f32(0.0)), (sa, Expr::f32(1.0))].into_iter().map(|(b, x)| Stmt::Store { buf: b, index: vec![tv.clone()], value: x }).collect(),
         });
-        let along = !contiguous_in(k, &a.q, a.row.0) || contiguous_in(k, &a.q, a.r);
-        out.push(tile(k, &tv, sq, (bm, d), along, &|r, c| {
+        out.push(tile(k, &tv, sq, &q, (a.row.0, bm), (a.r, d), &|r, c| {
             let mut by = by_row(r);
             by.push((a.r, c.clone()));
-            (subst(&q, &by), vec![row_ok(r)])
+            (by, row_ok(r))
         }));
         out
     }));
@@ -253,20 +253,15 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     step.push(Stmt::Barrier);
     // The K^T and V tiles of this block of keys.
     step.push(threads_loop(k, &mut |k, tv| {
-        let along_k = contiguous_in(k, &a.kt, a.j) || !contiguous_in(k, &a.kt, a.r);
-        let kt_tile = tile(k, &tv, sk, (d, bn), along_k, &|r, c| {
-            let gj = Expr::add(key0.clone(), c.clone());
+        // Key `key0 + x` of this block, with the operand's other loop at `y`.
+        let key = |j: Var, x: &Expr, other: Var, y: &Expr| {
+            let gj = Expr::add(key0.clone(), x.clone());
             let mut by = at_batch.clone();
-            by.extend([(a.r, r.clone()), (a.j, gj.clone())]);
-            (subst(&kt, &by), vec![lt(gj, keys)])
-        });
-        let along_v = contiguous_in(k, &a.v, a.e) || !contiguous_in(k, &a.v, a.jv);
-        let v_tile = tile(k, &tv, sv, (bn, dv), along_v, &|r, c| {
-            let gj = Expr::add(key0.clone(), r.clone());
-            let mut by = at_batch.clone();
-            by.extend([(a.jv, gj.clone()), (a.e, c.clone())]);
-            (subst(&v, &by), vec![lt(gj, keys)])
-        });
+            by.extend([(j, gj.clone()), (other, y.clone())]);
+            (by, lt(gj, keys))
+        };
+        let kt_tile = tile(k, &tv, sk, &kt, (a.r, d), (a.j, bn), &|r, c| key(a.j, c, a.r, r));
+        let v_tile = tile(k, &tv, sv, &v, (a.jv, bn), (a.e, dv), &|r, c| key(a.jv, r, a.e, c));
         vec![kt_tile, v_tile]
     }));
     step.push(Stmt::Barrier);

@@ -256,7 +256,7 @@ pub(crate) fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
 /// Whether `e`'s global loads move one element with `v` (so neighbouring threads should take
 /// neighbouring values of `v`). An index clamped into the buffer (a padded convolution's window,
 /// `max(min(x, hi), lo)`) counts as `x`: inside the clamp it moves as `x` does.
-pub(crate) fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
+fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
     fn unclamped(e: &Expr) -> &Expr {
         match e {
             Expr::Binary(BinOp::Max | BinOp::Min, x, c) if matches!(**c, Expr::Int(_)) => unclamped(x),
@@ -269,6 +269,25 @@ pub(crate) fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
         yes |= k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, &ix), v) == Some(1)
     });
     yes
+}
+
+/// Whether neighbouring threads staging `operand` should take neighbouring values of the loop `first`
+/// rather than `second`: its global loads run through memory along `first` (the longer run where both
+/// do), or along neither.
+pub(crate) fn walk_first(k: &Kernel, operand: &Expr, first: Option<&(Var, u64)>, second: Option<&(Var, u64)>) -> bool {
+    let run = |v: Option<&(Var, u64)>| v.filter(|(v, _)| contiguous_in(k, operand, *v)).map_or(0, |(_, e)| *e);
+    run(first) >= run(second).max(1) || run(second) == 0
+}
+
+/// Where element `el` of a `rows x cols` tile filled `lanes` elements at a time lands, (row, column):
+/// neighbouring elements along a row (`along_cols`), or down a column.
+pub(crate) fn tile_position(el: Expr, (rows, cols): (u64, u64), lanes: u64, along_cols: bool) -> (Expr, Expr) {
+    if along_cols {
+        let per_row = cols / lanes;
+        (Expr::div(el.clone(), int(per_row)), Expr::mul(Expr::rem(el, int(per_row)), int(lanes)))
+    } else {
+        (Expr::rem(el.clone(), int(rows)), Expr::div(el, int(rows)))
+    }
 }
 
 /// An operand staged with `cp.async`: the global load it is, where it is valid (zeros elsewhere: a
@@ -438,8 +457,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous
         // in K and not in its own axis, or in both (a convolution's window and output position) with the
         // longer run in K; a copy of several elements runs along the tile's rows, which are contiguous.
-        let run = |v: Option<&(Var, u64)>| v.filter(|(v, _)| contiguous_in(k, operand, *v)).map_or(0, |(_, e)| *e);
-        let k_fast = run(c.red.last()) >= run(side.last()).max(1) || run(side.last()) == 0;
+        let k_fast = walk_first(k, operand, c.red.last(), side.last());
         let fast_cols = lanes > 1 || k_fast == is_a;
         let slots = rows * cols / lanes / threads;
         let (operand, side, start, kslice, which) = (operand.clone(), side.to_vec(), start.clone(), kslice.clone(), which.clone());
@@ -449,8 +467,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         thread_loop(k, &mut |k, tv| {
             vec![unrolled(k, slots, &mut |k, sv| {
                 let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
-                let per_row = cols / lanes;
-                let (r, col) = if fast_cols { (Expr::div(el.clone(), int(per_row)), Expr::mul(Expr::rem(el, int(per_row)), int(lanes))) } else { (Expr::rem(el.clone(), int(rows)), Expr::div(el, int(rows))) };
+                let (r, col) = tile_position(el, (rows, cols), lanes, fast_cols);
                 let (own, kk) = if is_a { (r.clone(), col.clone()) } else { (col.clone(), r.clone()) };
                 let gown = Expr::add(start.clone(), own);
                 let gk = Expr::add(Expr::mul(kslice.clone(), int(bk)), kk);

@@ -594,8 +594,23 @@ impl<'g> Lowerer<'g> {
             self.bufs.remove(&av);
             return Ok(None);
         }
-        // Where the tail moves element `idx`: a Reshape keeps its row-major position, a Transpose permutes.
-        let mut to = idx.clone();
+        let to = if tail.is_empty() { None } else { Some(self.moved_by(&tail, &idx, &vars, &shape)?) };
+        let mut dsts = vec![b];
+        for o in 1..an.outputs.len() {
+            let t = &an.outputs[o];
+            dsts.push(self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local));
+        }
+        let stmts = anchor::lower(self, *a, &dsts)?;
+        if mlopt_kir::analysis::buffer_loads(&stmts).contains_key(&b) {
+            return Err(self.unsupported(*a, "an anchor that reads its own output cannot take a fused epilogue"));
+        }
+        Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi, out, to.as_deref())).collect()))
+    }
+
+    /// Where a layout `tail` (root first) moves element `idx` (in `vars`, of extents `shape`): a Reshape
+    /// keeps its row-major position, a Transpose permutes; the result taken apart where the extents allow.
+    fn moved_by(&self, tail: &[NodeId], idx: &[Expr], vars: &[Var], shape: &[u64]) -> Result<Vec<Expr>> {
+        let mut to = idx.to_vec();
         for n in tail.iter().rev() {
             let node = self.g.node(*n);
             to = match &node.op {
@@ -607,20 +622,8 @@ impl<'g> Lowerer<'g> {
                 }
             };
         }
-        let ranges: Vec<(Var, u64)> = vars.iter().copied().zip(shape.iter().copied()).collect();
-        let extent = |v: Var| ranges.iter().find(|(w, _)| *w == v).map(|(_, n)| *n);
-        let to: Vec<Expr> = to.iter().map(|e| mlopt_kir::analysis::simplify_index(e, &extent)).collect();
-        let mut dsts = vec![b];
-        for o in 1..an.outputs.len() {
-            let t = &an.outputs[o];
-            dsts.push(self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local));
-        }
-        let stmts = anchor::lower(self, *a, &dsts)?;
-        if mlopt_kir::analysis::buffer_loads(&stmts).contains_key(&b) {
-            return Err(self.unsupported(*a, "an anchor that reads its own output cannot take a fused epilogue"));
-        }
-        let to = (!tail.is_empty()).then_some(&to[..]);
-        Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi, out, to)).collect()))
+        let extent = |v: Var| vars.iter().position(|w| *w == v).map(|i| shape[i]);
+        Ok(to.iter().map(|e| mlopt_kir::analysis::simplify_index(e, &extent)).collect())
     }
 }
 
