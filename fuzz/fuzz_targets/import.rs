@@ -14,10 +14,6 @@ fuzz_target!(|data: &[u8]| {
     if big {
         return;
     }
-    let inputs = g
-        .graph_inputs()
-        .iter()
-        .map(|&n| (g.node(n).name.clone(), mlopt_ir::Tensor::zeros(&g.node(n).outputs[0])))
-        .collect();
+    let inputs = g.graph_inputs().iter().map(|&n| (g.node(n).name.clone(), mlopt_ir::Tensor::zeros(&g.node(n).outputs[0]))).collect();
     let _ = mlopt_ir::interp::run(&g, &inputs);
 });

@@ -16,24 +16,16 @@ pub fn dir(name: &str) -> PathBuf {
 pub fn data(name: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
     let ds = dir(name).join("test_data_set_0");
     let read = |prefix: &str| {
-        (0..)
-            .map(|k| ds.join(format!("{prefix}_{k}.pb")))
-            .take_while(|p| p.exists())
-            .map(|p| read_pb(&p).expect("test data"))
-            .collect::<Vec<_>>()
+        (0..).map(|k| ds.join(format!("{prefix}_{k}.pb"))).take_while(|p| p.exists()).map(|p| read_pb(&p).expect("test data")).collect::<Vec<_>>()
     };
     (read("input").into_iter().collect(), read("output"))
 }
 
 pub fn import(name: &str) -> mlopt_ir::Graph {
     let (inputs, _) = data(name);
-    let opts = ImportOptions {
-        input_shapes: inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(),
-        ..Default::default()
-    };
+    let opts = ImportOptions { input_shapes: inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(), ..Default::default() };
     import_file(&dir(name).join("model.onnx"), &opts).expect("import")
 }
-
 
 /// The largest error of `got` against `want`, output by output, each relative to its output's scale
 /// (`mlopt_rewrite::optimize::scaled_error`); names, types and the number of outputs must agree.

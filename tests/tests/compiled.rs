@@ -15,7 +15,8 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: mlopt_lower::Winograd::Auto })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -76,7 +77,8 @@ fn bf16_contractions_compile_to_mma_blocks() {
         for target in ["host", "znver4"] {
             let mut config = Config::new(Target::named(target, 1).unwrap());
             config.precision = Precision::Bf16;
-            let c = compile(g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
+            let c = compile(g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto })
+                .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
             let pays = c.target.matrix.is_some() && c.cfg.target.bf16_matrix.is_some_and(|p| p > c.cfg.target.fp32);
             assert!(target == "host" || pays, "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate");
             let blocks = c.program.kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
@@ -145,9 +147,28 @@ fn kir_operators_compile_as_they_interpret() {
             }
         };
         let binops: Vec<BinOp> = match t {
-            _ if t.is_float() => vec![BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne],
+            _ if t.is_float() => {
+                vec![BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne]
+            }
             Elem::Bool => vec![BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Eq, BinOp::Ne],
-            _ => vec![BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne, BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Shl, BinOp::Shr],
+            _ => vec![
+                BinOp::Add,
+                BinOp::Sub,
+                BinOp::Mul,
+                BinOp::Div,
+                BinOp::Rem,
+                BinOp::Min,
+                BinOp::Max,
+                BinOp::Lt,
+                BinOp::Le,
+                BinOp::Eq,
+                BinOp::Ne,
+                BinOp::And,
+                BinOp::Or,
+                BinOp::Xor,
+                BinOp::Shl,
+                BinOp::Shr,
+            ],
         };
         let unops: Vec<UnOp> = match t {
             _ if t.is_float() => mlopt_kir::print::UNOPS.iter().copied().filter(|o| *o != UnOp::Not).collect(),
@@ -178,7 +199,11 @@ fn kir_operators_compile_as_they_interpret() {
                 })
                 .collect()
         };
-        let mut p = Program { name: format!("ops_{t}"), inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N] }, Io { name: "y".into(), elem: t, dims: vec![N] }], ..Default::default() };
+        let mut p = Program {
+            name: format!("ops_{t}"),
+            inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N] }, Io { name: "y".into(), elem: t, dims: vec![N] }],
+            ..Default::default()
+        };
         for (name, f) in &exprs {
             for kind in [LoopKind::Serial, LoopKind::Vector(8)] {
                 let mut k = Kernel::new(format!("k{}", p.kernels.len()));
@@ -187,7 +212,12 @@ fn kir_operators_compile_as_they_interpret() {
                 let (o, x, y) = (k.buf("out", out_t, vec![N], Space::Global), k.buf("x", t, vec![N], Space::Global), k.buf("y", t, vec![N], Space::Global));
                 let i = k.var("i");
                 let at = || vec![Expr::var(i)];
-                k.body = vec![Stmt::For { var: i, extent: N, kind, body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }] }];
+                k.body = vec![Stmt::For {
+                    var: i,
+                    extent: N,
+                    kind,
+                    body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }],
+                }];
                 mlopt_kir::verify(&k).unwrap_or_else(|e| panic!("{name} on {t}: {e:?}"));
                 p.steps.push(mlopt_kir::Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)] });
                 p.outputs.push(Io { name: format!("{name} {kind:?}"), elem: out_t, dims: vec![N] });
@@ -204,7 +234,13 @@ fn kir_operators_compile_as_they_interpret() {
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
             let same = match io.elem {
                 Elem::F32 | Elem::F64 => {
-                    let vals = |b: &[u8]| -> Vec<f64> { if io.elem == Elem::F32 { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect() } else { b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect() } };
+                    let vals = |b: &[u8]| -> Vec<f64> {
+                        if io.elem == Elem::F32 {
+                            b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+                        } else {
+                            b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()
+                        }
+                    };
                     // exp/tanh/erf are evaluated in registers to about 1 ulp; the rest is exact.
                     vals(w).iter().zip(vals(g)).all(|(a, b)| (a.is_nan() && b.is_nan()) || a == &b || (a - b).abs() <= 1e-6 * a.abs().max(1.0))
                 }
@@ -260,7 +296,12 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
             let mut k = Kernel::new(format!("k{}", p.kernels.len()));
             let (o, x) = (k.buf("out", to, vec![n], Space::Global), k.buf("x", from, vec![n], Space::Global));
             let i = k.var("i");
-            k.body = vec![Stmt::For { var: i, extent: n, kind, body: vec![Stmt::Store { buf: o, index: vec![Expr::var(i)], value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])) }] }];
+            k.body = vec![Stmt::For {
+                var: i,
+                extent: n,
+                kind,
+                body: vec![Stmt::Store { buf: o, index: vec![Expr::var(i)], value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])) }],
+            }];
             mlopt_kir::verify(&k).unwrap();
             p.steps.push(Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(src)] });
             p.outputs.push(Io { name: format!("{from} -> {to} {kind:?}"), elem: to, dims: vec![n] });
@@ -274,7 +315,9 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
     for target in ["host", "x86-64-v3", "x86-64-v4"] {
         let t = mlopt_llvm::CpuTarget::named(target).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
-        let mut lib = mlopt_runtime::Loaded::new(&code.object, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
+        let mut lib =
+            mlopt_runtime::Loaded::new(&code.object, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
+                .unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
@@ -292,7 +335,18 @@ fn integer_resize_compiles_as_it_interprets() {
     for (dtype, mode) in [(DType::U8, ResizeMode::Nearest), (DType::U8, ResizeMode::Linear), (DType::U8, ResizeMode::Cubic), (DType::I32, ResizeMode::Cubic)] {
         let mut g = mlopt_ir::Graph::new("resize_int");
         let x = g.add_input("x", TensorType::new(dtype, vec![1, 2, 4, 5]));
-        let attrs = ResizeAttrs { mode, coord: CoordMode::HalfPixel, nearest: NearestMode::RoundPreferFloor, cubic_coeff_a: -0.75, exclude_outside: false, extrapolation_value: 0.0, antialias: false, scales: vec![1.0, 1.0, 2.0, 1.6], sizes: vec![1, 2, 8, 8], roi: vec![] };
+        let attrs = ResizeAttrs {
+            mode,
+            coord: CoordMode::HalfPixel,
+            nearest: NearestMode::RoundPreferFloor,
+            cubic_coeff_a: -0.75,
+            exclude_outside: false,
+            extrapolation_value: 0.0,
+            antialias: false,
+            scales: vec![1.0, 1.0, 2.0, 1.6],
+            sizes: vec![1, 2, 8, 8],
+            roi: vec![],
+        };
         let y = g.add(Op::Resize(attrs), "resize", &[x]).unwrap();
         g.add_output("y", y);
         // Sharp edges (0 next to 255, and negatives for i32) so cubic overshoots the range.
@@ -301,7 +355,8 @@ fn integer_resize_compiles_as_it_interprets() {
         let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
         let want = interp::run(&g, &inputs).unwrap();
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
+        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto })
+            .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         assert_eq!(want[0].1.to_i64_vec(), got[0].1.to_i64_vec(), "{dtype} {mode:?}");
         let kir = mlopt_lower::interpret(&c.program, &inputs).unwrap();
@@ -345,7 +400,9 @@ fn mma_blocks_compile_as_they_interpret() {
         steps: vec![Step { kernel: 0, args: args.clone() }, Step { kernel: 1, args }],
         ..Default::default()
     };
-    let bf16 = |n: usize, seed: u64| -> Vec<u8> { (0..n as u64).flat_map(|i| half::bf16::from_f32((((i * 7919 + seed) % 201) as f32 - 100.0) / 64.0).to_le_bytes()).collect() };
+    let bf16 = |n: usize, seed: u64| -> Vec<u8> {
+        (0..n as u64).flat_map(|i| half::bf16::from_f32((((i * 7919 + seed) % 201) as f32 - 100.0) / 64.0).to_le_bytes()).collect()
+    };
     let inputs = vec![bf16(64 * 96, 1), bf16(48 * 128, 2)];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     let f32s = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
@@ -353,7 +410,11 @@ fn mma_blocks_compile_as_they_interpret() {
         let t = mlopt_llvm::CpuTarget::named(target).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
         assert_eq!(code.optimized_ir.contains("tdpbf16ps"), t.matrix == Some(mlopt_llvm::MatrixUnit::Amx), "{target}: AMX instructions iff the target has AMX");
-        assert_eq!(code.optimized_ir.contains("dpbf16ps.512"), t.matrix == Some(mlopt_llvm::MatrixUnit::Dot), "{target}: vdpbf16ps iff the target has it and no AMX");
+        assert_eq!(
+            code.optimized_ir.contains("dpbf16ps.512"),
+            t.matrix == Some(mlopt_llvm::MatrixUnit::Dot),
+            "{target}: vdpbf16ps iff the target has it and no AMX"
+        );
         let mut lib = mlopt_runtime::Loaded::new(&code.object, "mlopt_mma_run", 0, inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
         let mut got = vec![vec![0u8; 64 * 64 * 4]];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
@@ -374,15 +435,22 @@ fn register_math_is_accurate() {
     const N: usize = 4096;
     let sweep = |lo: f64, hi: f64| -> Vec<f64> { (0..N).map(|i| lo + (hi - lo) * i as f64 / (N - 1) as f64).collect() };
     let logspace = |lo: f64, hi: f64, signed: bool| -> Vec<f64> {
-        (0..N).map(|i| {
-            let v = (lo.ln() + (hi.ln() - lo.ln()) * (i / 2) as f64 / (N / 2) as f64).exp();
-            if signed && i % 2 == 1 { -v } else { v }
-        }).collect()
+        (0..N)
+            .map(|i| {
+                let v = (lo.ln() + (hi.ln() - lo.ln()) * (i / 2) as f64 / (N / 2) as f64).exp();
+                if signed && i % 2 == 1 {
+                    -v
+                } else {
+                    v
+                }
+            })
+            .collect()
     };
     // (name, type, x, y, expression, reference, bound in ulps at (x, y))
     type Case = (&'static str, Elem, Vec<f64>, Vec<f64>, fn(Expr, Expr) -> Expr, fn(f64, f64) -> f64, fn(f64, f64) -> f64);
     // Integer powers below 2^53 (exact in f64), as ONNX's integer Pow computes them.
-    let exact: Vec<(f64, f64)> = (2..=10).flat_map(|b: i32| (0..64).filter(move |e| (b as f64).powi(*e) < 2f64.powi(53)).map(move |e| (b as f64, e as f64))).collect();
+    let exact: Vec<(f64, f64)> =
+        (2..=10).flat_map(|b: i32| (0..64).filter(move |e| (b as f64).powi(*e) < 2f64.powi(53)).map(move |e| (b as f64, e as f64))).collect();
     let (ints, int_exps): (Vec<f64>, Vec<f64>) = (0..N).map(|i| exact[i % exact.len()]).unzip();
     let cases: Vec<Case> = vec![
         ("asin f32", Elem::F32, sweep(-1.0, 1.0), vec![0.0; N], |x, _| Expr::un(UnOp::Asin, x), |x, _| x.asin(), |_, _| 3.0),
@@ -393,23 +461,51 @@ fn register_math_is_accurate() {
         ("log f64", Elem::F64, logspace(1e-310, 1e308, false), vec![0.0; N], |x, _| Expr::un(UnOp::Log, x), |x, _| x.ln(), |_, _| 3.0),
         ("log f64 near 1", Elem::F64, sweep(0.5, 2.0), vec![0.0; N], |x, _| Expr::un(UnOp::Log, x), |x, _| x.ln(), |_, _| 3.0),
         ("pow f32", Elem::F32, logspace(1e-2, 1e2, false), sweep(-9.5, 9.5), |x, y| Expr::bin(BinOp::Pow, x, y), |x, y| x.powf(y), |_, _| 1.0),
-        ("pow f32 integer", Elem::F32, logspace(1e-1, 1e1, true), int_exps.iter().map(|e| e - 32.0).collect(), |x, y| Expr::bin(BinOp::Pow, x, y), |x, y| x.powf(y), |_, _| 1.0),
-        ("pow f64", Elem::F64, logspace(1e-3, 1e3, false), sweep(-50.5, 50.5), |x, y| Expr::bin(BinOp::Pow, x, y), |x, y| x.powf(y), |x, y| 2.0 + 2.0 * (y * x.ln()).abs()),
+        (
+            "pow f32 integer",
+            Elem::F32,
+            logspace(1e-1, 1e1, true),
+            int_exps.iter().map(|e| e - 32.0).collect(),
+            |x, y| Expr::bin(BinOp::Pow, x, y),
+            |x, y| x.powf(y),
+            |_, _| 1.0,
+        ),
+        (
+            "pow f64",
+            Elem::F64,
+            logspace(1e-3, 1e3, false),
+            sweep(-50.5, 50.5),
+            |x, y| Expr::bin(BinOp::Pow, x, y),
+            |x, y| x.powf(y),
+            |x, y| 2.0 + 2.0 * (y * x.ln()).abs(),
+        ),
         ("pow f64 integer", Elem::F64, ints, int_exps, |x, y| Expr::bin(BinOp::Pow, x, y), |x, y| x.powf(y), |_, _| 0.0),
     ];
     for (name, t, xs, ys, f, reference, bound) in cases {
-        let mut p = Program { name: "math".into(), inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N as u64] }, Io { name: "y".into(), elem: t, dims: vec![N as u64] }], ..Default::default() };
+        let mut p = Program {
+            name: "math".into(),
+            inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N as u64] }, Io { name: "y".into(), elem: t, dims: vec![N as u64] }],
+            ..Default::default()
+        };
         for kind in [LoopKind::Serial, LoopKind::Vector(8)] {
             let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-            let (o, x, y) = (k.buf("out", t, vec![N as u64], Space::Global), k.buf("x", t, vec![N as u64], Space::Global), k.buf("y", t, vec![N as u64], Space::Global));
+            let (o, x, y) =
+                (k.buf("out", t, vec![N as u64], Space::Global), k.buf("x", t, vec![N as u64], Space::Global), k.buf("y", t, vec![N as u64], Space::Global));
             let i = k.var("i");
             let at = || vec![Expr::var(i)];
-            k.body = vec![Stmt::For { var: i, extent: N as u64, kind, body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }] }];
+            k.body = vec![Stmt::For {
+                var: i,
+                extent: N as u64,
+                kind,
+                body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }],
+            }];
             p.steps.push(mlopt_kir::Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)] });
             p.outputs.push(Io { name: format!("{kind:?}"), elem: t, dims: vec![N as u64] });
             p.kernels.push(k);
         }
-        let encode = |vs: &[f64]| -> Vec<u8> { vs.iter().flat_map(|v| if t == Elem::F32 { (*v as f32).to_le_bytes().to_vec() } else { v.to_le_bytes().to_vec() }).collect() };
+        let encode = |vs: &[f64]| -> Vec<u8> {
+            vs.iter().flat_map(|v| if t == Elem::F32 { (*v as f32).to_le_bytes().to_vec() } else { v.to_le_bytes().to_vec() }).collect()
+        };
         let inputs = [encode(&xs), encode(&ys)];
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::named("host").unwrap(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
         let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
@@ -432,7 +528,13 @@ fn register_math_is_accurate() {
                     let w = want.abs();
                     (g, f64::from_bits(w.to_bits() + 1) - w)
                 };
-                let err = if want.is_finite() { (got - want).abs() / ulp } else if got == want { 0.0 } else { f64::INFINITY };
+                let err = if want.is_finite() {
+                    (got - want).abs() / ulp
+                } else if got == want {
+                    0.0
+                } else {
+                    f64::INFINITY
+                };
                 let allowed = bound(x, y);
                 assert!(err <= allowed, "{name} ({kind}): {err:.2} ulp (bound {allowed:.2}) at x = {x:e}, y = {y:e}");
                 if err > worst.0 {

@@ -31,12 +31,7 @@ fn matches_expected(name: &str) {
     for ((got_name, got), (want_name, want)) in outs.iter().zip(&expected) {
         assert_eq!(got_name, want_name);
         assert_eq!(got.ty(), want.ty(), "{name}/{got_name}");
-        let worst = got
-            .to_f64_vec()
-            .iter()
-            .zip(want.to_f64_vec())
-            .map(|(a, b)| (a - b).abs() / (1e-5 + b.abs()))
-            .fold(0.0, f64::max);
+        let worst = got.to_f64_vec().iter().zip(want.to_f64_vec()).map(|(a, b)| (a - b).abs() / (1e-5 + b.abs())).fold(0.0, f64::max);
         assert!(worst < 1e-3, "{name}/{got_name}: worst relative error {worst:e}");
     }
 }

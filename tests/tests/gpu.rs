@@ -17,7 +17,8 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
     let g = import(name);
     let mut config = Config::new(Target::named(target, 1).unwrap());
     config.precision = precision;
-    compile_gpu(&g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never }).unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
+    compile_gpu(&g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never })
+        .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
 }
 
 #[test]
@@ -97,7 +98,13 @@ fn gemm_register_plans_hold_at_model_sizes() {
             for k in gemms {
                 let planned = mlopt_driver::gpu::planned_registers(&k.schedule).unwrap_or_else(|| panic!("{name}: no plan in {}", k.schedule));
                 let p = k.ptxas.as_ref().unwrap();
-                assert!(p.registers <= planned && p.spill_stores + p.spill_loads == 0, "{name} in {precision:?}: {} registers, {} planned ({})", p.registers, planned, k.schedule);
+                assert!(
+                    p.registers <= planned && p.spill_stores + p.spill_loads == 0,
+                    "{name} in {precision:?}: {} registers, {} planned ({})",
+                    p.registers,
+                    planned,
+                    k.schedule
+                );
                 assert_eq!(k.schedule.contains("mma.sync bf16"), precision == Precision::Bf16, "{name}: {}", k.schedule);
             }
         }
@@ -139,7 +146,11 @@ fn attention_graph(dtype: mlopt_ir::DType) -> (mlopt_ir::Graph, std::collections
 fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
     use mlopt_ir::DType;
     // bf16 operands as they are; f32 operands as tf32 where the precision allows; under fp32 the SIMT rows.
-    for (dtype, precision, engine, tol) in [(DType::F32, Precision::Fp32, None, 1e-5), (DType::F32, Precision::Bf16, Some("mma.sync tf32"), 1e-3), (DType::BF16, Precision::Fp32, Some("mma.sync bf16"), 8e-3)] {
+    for (dtype, precision, engine, tol) in [
+        (DType::F32, Precision::Fp32, None, 1e-5),
+        (DType::F32, Precision::Bf16, Some("mma.sync tf32"), 1e-3),
+        (DType::BF16, Precision::Fp32, Some("mma.sync bf16"), 8e-3),
+    ] {
         let (g, inputs) = attention_graph(dtype);
         let mut config = Config::new(Target::named("sm_80", 1).unwrap());
         config.precision = precision;
@@ -188,7 +199,14 @@ fn ptx_snapshots() {
     // mma.sync m16n8k16), bias + ReLU.
     let mlp = compiled("mlp", "sm_80", Precision::Bf16);
     let mma = entry(&mlp.ptx.ptx, "k1");
-    for want in ["cp.async.cg.shared.global", "cp.async.wait_all", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "bar.sync"] {
+    for want in [
+        "cp.async.cg.shared.global",
+        "cp.async.wait_all",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "bar.sync",
+    ] {
         assert!(mma.contains(want), "no {want} in the tensor-core GEMM");
     }
     insta::assert_snapshot!("ptx_gemm_mma_bf16_bias_relu", mma);
@@ -260,7 +278,8 @@ fn the_gpu_library_links_and_launches_in_order() {
     }
     std::fs::write(dir.path().join("main.c"), MAIN_C).unwrap();
     let exe = dir.path().join("main");
-    let cc = Command::new("cc").current_dir(dir.path()).args(["-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lmlp", "-ldl", "-o"]).arg(&exe).output().unwrap();
+    let cc =
+        Command::new("cc").current_dir(dir.path()).args(["-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lmlp", "-ldl", "-o"]).arg(&exe).output().unwrap();
     assert!(cc.status.success(), "linking against libmlp.a: {}", String::from_utf8_lossy(&cc.stderr));
     // Without a driver, create fails with a message (this machine has no GPU; with one, skip this).
     let gpu = Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success());

@@ -38,7 +38,8 @@ fn lowered_fixtures_match_the_graph_interpreter() {
         assert_eq!(blocks, matches!(*name, "mlp" | "transformer"), "{name}: mma blocks");
         // Schedules change only how loops run: the interpreter still gets the same numbers.
         for lanes in [8, 16] {
-            let (err, _) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), ..Default::default() });
+            let (err, _) =
+                lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), ..Default::default() });
             assert!(err < 1e-5, "{name} scheduled for {lanes} lanes: error {err:e}");
         }
     }
@@ -47,7 +48,8 @@ fn lowered_fixtures_match_the_graph_interpreter() {
 #[test]
 fn kernel_dumps() {
     for name in FIXTURES {
-        let (_, p) = lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, mma: false }), ..Default::default() });
+        let (_, p) =
+            lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, mma: false }), ..Default::default() });
         insta::assert_snapshot!(format!("kir_{name}"), mlopt_kir::print::program(&p));
         // The text round-trips: print -> parse -> print is the identity, and the parsed kernel verifies.
         for k in &p.kernels {
@@ -114,14 +116,36 @@ fn contraction(kind: &str, m: usize, k: usize, n: usize, seed: u64) -> mlopt_ir:
 /// fused epilogues compute what the graph interpreter computes, for AVX-512 and AVX2 tiles.
 #[test]
 fn tiled_contractions_of_many_shapes_match() {
-    let cases = [("matmul", 1, 5, 16), ("matmul", 7, 33, 48), ("matmul", 13, 8, 64), ("matmul", 6, 17, 72), ("gemm", 7, 9, 48), ("gemm_t", 9, 12, 32), ("conv", 8, 3, 16), ("conv", 5, 4, 8), ("depthwise", 4, 4, 16), ("gemm", 8, 128, 10), ("matmul", 3, 32, 12), ("matmul", 5, 7, 88), ("gemm", 7, 9, 40), ("gemm_t", 6, 5, 24), ("conv", 4, 3, 24), ("conv", 16, 16, 8), ("conv", 24, 32, 16)];
+    let cases = [
+        ("matmul", 1, 5, 16),
+        ("matmul", 7, 33, 48),
+        ("matmul", 13, 8, 64),
+        ("matmul", 6, 17, 72),
+        ("gemm", 7, 9, 48),
+        ("gemm_t", 9, 12, 32),
+        ("conv", 8, 3, 16),
+        ("conv", 5, 4, 8),
+        ("depthwise", 4, 4, 16),
+        ("gemm", 8, 128, 10),
+        ("matmul", 3, 32, 12),
+        ("matmul", 5, 7, 88),
+        ("gemm", 7, 9, 40),
+        ("gemm_t", 6, 5, 24),
+        ("conv", 4, 3, 24),
+        ("conv", 16, 16, 8),
+        ("conv", 24, 32, 16),
+    ];
     for (i, (kind, m, k, n)) in cases.into_iter().enumerate() {
         let g = contraction(kind, m, k, n, i as u64);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
         for lanes in [8, 16] {
-            let p = lower_program(&o.plan.graph, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: mlopt_lower::Winograd::Always, ..Default::default() }).unwrap();
+            let p = lower_program(
+                &o.plan.graph,
+                &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: mlopt_lower::Winograd::Always, ..Default::default() },
+            )
+            .unwrap();
             let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("tile")));
             // Columns that 8 lanes do not divide run as dot products along K instead (B by columns).
             assert_eq!(tiled, n % 8 == 0, "{kind} {m}x{k}x{n}: tiled = {tiled} for {lanes} lanes");

@@ -88,7 +88,11 @@ fn memory_plans_of_the_optimised_fixtures_are_valid() {
             // Never worse than laying the values end to end, and at least the largest of them.
             let end_to_end: u64 = plan.slots.iter().map(|s| s.bytes.div_ceil(64) * 64).sum();
             let largest = plan.slots.iter().map(|s| s.bytes).max().unwrap_or(0);
-            assert!(largest <= plan.arena_bytes && plan.arena_bytes <= end_to_end, "{name} on {target}: arena {} (largest {largest}, end to end {end_to_end})", plan.arena_bytes);
+            assert!(
+                largest <= plan.arena_bytes && plan.arena_bytes <= end_to_end,
+                "{name} on {target}: arena {} (largest {largest}, end to end {end_to_end})",
+                plan.arena_bytes
+            );
         }
     }
 }

@@ -13,15 +13,86 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Ops the interpreter must cover: each needs at least one passing ONNX test case.
 const REQUIRED_OPS: &[&str] = &[
-    "Conv", "ConvTranspose", "BatchNormalization", "InstanceNormalization", "LayerNormalization", "Relu",
-    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Softplus",
-    "Softmax", "LogSoftmax", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Exp",
-    "Log", "Neg", "Abs", "Floor", "Ceil", "Max", "Min", "Sum", "Mean", "Equal", "Greater", "Less",
-    "GreaterOrEqual", "LessOrEqual", "Where", "Not", "And", "Or", "Cast", "Reshape", "Flatten", "Transpose",
-    "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Tile", "Pad", "Resize", "Upsample",
-    "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "ReduceSum", "ReduceMean",
-    "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare", "ArgMax", "ArgMin", "Shape",
-    "ConstantOfShape", "Range", "Identity", "Dropout",
+    "Conv",
+    "ConvTranspose",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "Relu",
+    "LeakyRelu",
+    "PRelu",
+    "Clip",
+    "Sigmoid",
+    "HardSigmoid",
+    "HardSwish",
+    "Tanh",
+    "Erf",
+    "Gelu",
+    "Softplus",
+    "Softmax",
+    "LogSoftmax",
+    "MatMul",
+    "Gemm",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "Exp",
+    "Log",
+    "Neg",
+    "Abs",
+    "Floor",
+    "Ceil",
+    "Max",
+    "Min",
+    "Sum",
+    "Mean",
+    "Equal",
+    "Greater",
+    "Less",
+    "GreaterOrEqual",
+    "LessOrEqual",
+    "Where",
+    "Not",
+    "And",
+    "Or",
+    "Cast",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Resize",
+    "Upsample",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "LRN",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ArgMax",
+    "ArgMin",
+    "Shape",
+    "ConstantOfShape",
+    "Range",
+    "Identity",
+    "Dropout",
 ];
 
 #[derive(Debug, Default)]
@@ -149,10 +220,7 @@ fn check_case(mlopt: &Path, case: &Case, mode: &[String]) -> Outcome {
             .arg(dir.join(format!("test_data_set_{k}")))
             .args(["--rtol", &case.rtol, "--atol", &case.atol]);
         cmd.args(mode);
-        let child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
+        let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
         let mut child = match child {
             Ok(c) => c,
             Err(e) => return Outcome::Fail(format!("crash: {e}")),
@@ -227,12 +295,8 @@ pub(crate) fn run_suite(mlopt: &Path, o: &Options) -> Result<(usize, usize)> {
     for h in handles {
         let _ = h.join();
     }
-    let results: Vec<Outcome> = results
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|r| r.clone().unwrap_or(Outcome::Fail("not run".into())))
-        .collect();
+    let results: Vec<Outcome> =
+        results.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|r| r.clone().unwrap_or(Outcome::Fail("not run".into()))).collect();
     report(&cases, &results, o, started.elapsed())
 }
 

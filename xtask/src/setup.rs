@@ -45,15 +45,8 @@ fn apt() -> Result {
 
 /// True when the venv has every pinned package at its pinned version.
 fn venv_ok(req: &str) -> bool {
-    let pins: Vec<(&str, &str)> = req
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_once("=="))
-        .collect();
-    let script = format!(
-        "import importlib.metadata as m, sys\nsys.exit(0 if all(m.version(p) == v for p, v in {pins:?}) else 1)"
-    );
+    let pins: Vec<(&str, &str)> = req.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).filter_map(|l| l.split_once("==")).collect();
+    let script = format!("import importlib.metadata as m, sys\nsys.exit(0 if all(m.version(p) == v for p, v in {pins:?}) else 1)");
     Command::new(venv_python()).args(["-c", &script]).output().is_ok_and(|o| o.status.success())
 }
 

@@ -70,7 +70,8 @@ impl OptArgs {
         cfg.precision = self.precision;
         cfg.memory_budget = self.memory_budget;
         cfg.tolerance = self.tolerance;
-        cfg.limits = mlopt_rewrite::Limits { iterations: self.iter_limit, nodes: self.node_limit, time: std::time::Duration::from_secs_f64(self.time_limit.max(0.0)) };
+        cfg.limits =
+            mlopt_rewrite::Limits { iterations: self.iter_limit, nodes: self.node_limit, time: std::time::Duration::from_secs_f64(self.time_limit.max(0.0)) };
         cfg.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if let Some(dir) = &self.calibration {
             let (inputs, _) = data::read_test_dir(dir, names).with_context(|| format!("reading calibration inputs from {}", dir.display()))?;
@@ -81,7 +82,13 @@ impl OptArgs {
 
     /// The driver's options: the optimiser's configuration plus the code generation target.
     fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
-        Ok(mlopt_driver::Options { config: self.config(names)?, target: self.target.clone(), threads: self.threads.max(1), tune: self.tune, winograd: self.winograd })
+        Ok(mlopt_driver::Options {
+            config: self.config(names)?,
+            target: self.target.clone(),
+            threads: self.threads.max(1),
+            tune: self.tune,
+            winograd: self.winograd,
+        })
     }
 
     fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
@@ -215,7 +222,12 @@ fn compile_gpu(g: &mlopt_ir::Graph, options: &mlopt_driver::Options, output: &st
     let written = c.write_library(output, &stem)?;
     let json = output.join("report.json");
     let compile_s = start.elapsed().as_secs_f64();
-    let mut extra = vec![("arena_bytes", c.program.arena_bytes.to_string()), ("kernels_compiled", c.program.kernels.len().to_string()), ("compile_s", format!("{compile_s:.3}")), ("gpu_kernels", c.json())];
+    let mut extra = vec![
+        ("arena_bytes", c.program.arena_bytes.to_string()),
+        ("kernels_compiled", c.program.kernels.len().to_string()),
+        ("compile_s", format!("{compile_s:.3}")),
+        ("gpu_kernels", c.json()),
+    ];
     extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
     std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
     if report {
@@ -263,7 +275,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let json = output.join("report.json");
             let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph).context("planning memory")?;
             let compile_s = start.elapsed().as_secs_f64();
-            let mut extra = vec![("arena_bytes", mem.arena_bytes.to_string()), ("in_place", mem.in_place.len().to_string()), ("kernels_compiled", c.program.kernels.len().to_string()), ("compile_s", format!("{compile_s:.3}"))];
+            let mut extra = vec![
+                ("arena_bytes", mem.arena_bytes.to_string()),
+                ("in_place", mem.in_place.len().to_string()),
+                ("kernels_compiled", c.program.kernels.len().to_string()),
+                ("compile_s", format!("{compile_s:.3}")),
+            ];
             extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
             std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
             if report {
@@ -331,7 +348,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// anything but letters, digits, `_` and `-` becomes `_` (so no path separators and no `..`).
 fn file_stem(graph_name: &str) -> String {
     let s: String = graph_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
-    if s.is_empty() { "model".into() } else { s }
+    if s.is_empty() {
+        "model".into()
+    } else {
+        s
+    }
 }
 
 /// What `check` runs.
@@ -401,9 +422,19 @@ fn bench(model: &Path, inputs: &[String], input_shapes: &[String], iters: usize,
     times.sort_by(f64::total_cmp);
     let (median, min) = (times[times.len() / 2], times[0]);
     if json {
-        println!("{{\"model\": {:?}, \"threads\": {}, \"median_ms\": {median:.4}, \"min_ms\": {min:.4}, \"compile_s\": {compile_s:.3}}}", model.display().to_string(), opt.threads);
+        println!(
+            "{{\"model\": {:?}, \"threads\": {}, \"median_ms\": {median:.4}, \"min_ms\": {min:.4}, \"compile_s\": {compile_s:.3}}}",
+            model.display().to_string(),
+            opt.threads
+        );
     } else {
-        println!("{}: median {median:.4} ms, min {min:.4} ms over {} runs ({} threads, {}); compiled in {compile_s:.2} s", model.display(), times.len(), opt.threads, c.target.name);
+        println!(
+            "{}: median {median:.4} ms, min {min:.4} ms over {} runs ({} threads, {}); compiled in {compile_s:.2} s",
+            model.display(),
+            times.len(),
+            opt.threads,
+            c.target.name
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

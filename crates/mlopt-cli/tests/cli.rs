@@ -346,7 +346,9 @@ fn inspect_optimized_marks_kernels_and_reports_the_search() {
     let out = mlopt(&["inspect", &fixture("cnn/model.onnx"), "--stage", "optimized", "--target", "sm_80"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for needle in ["after \"optimized\" for target sm_80", "stopped by saturated", "conv-batchnorm-fold", "kernel k0 {", "memory-bound", "before (one kernel per op)"] {
+    for needle in
+        ["after \"optimized\" for target sm_80", "stopped by saturated", "conv-batchnorm-fold", "kernel k0 {", "memory-bound", "before (one kernel per op)"]
+    {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
     assert!(!text.contains("batch_norm"), "BatchNormalization should fold into the convolutions:\n{text}");
@@ -455,7 +457,23 @@ fn bad_optimiser_options_are_errors() {
 #[test]
 fn check_optimized_matches_the_reference_data() {
     for p in ["fp32", "auto"] {
-        let out = mlopt(&["check", &fixture("transformer/model.onnx"), "--data", &fixture("transformer/test_data_set_0"), "--optimized", "--target", "sm_80", "--precision", p, "--tolerance", "1e-4", "--rtol", "1e-2", "--atol", "1e-3"]);
+        let out = mlopt(&[
+            "check",
+            &fixture("transformer/model.onnx"),
+            "--data",
+            &fixture("transformer/test_data_set_0"),
+            "--optimized",
+            "--target",
+            "sm_80",
+            "--precision",
+            p,
+            "--tolerance",
+            "1e-4",
+            "--rtol",
+            "1e-2",
+            "--atol",
+            "1e-3",
+        ]);
         assert!(out.status.success(), "{p}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
 }

@@ -93,9 +93,15 @@ mod tests {
         let yd = TensorType::new(DType::F32, vec![1, 16, 8, 8]);
         let sm80 = Target::named("sm_80", 1).unwrap();
         assert_eq!(op_work_on(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), &sm80, false).matrix_flops, [0.0; 4]);
-        assert_eq!(op_work_on(&c, &[Some(&x), Some(&TensorType::new(DType::F32, vec![32, 16, 3, 3]))], std::slice::from_ref(&y), &sm80, false).vector_flops, 0.0);
+        assert_eq!(
+            op_work_on(&c, &[Some(&x), Some(&TensorType::new(DType::F32, vec![32, 16, 3, 3]))], std::slice::from_ref(&y), &sm80, false).vector_flops,
+            0.0
+        );
         let cpu = Target::named("x86-64-v4", 1).unwrap();
-        assert_eq!(op_work_on(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), &cpu, false), op_work(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), false));
+        assert_eq!(
+            op_work_on(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), &cpu, false),
+            op_work(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), false)
+        );
     }
 
     #[test]
@@ -129,7 +135,11 @@ mod tests {
         }
         // A measurement that is not a finite non-negative number is not used either.
         calibrate::store(&good).unwrap();
-        let text: String = std::fs::read_to_string(&path).unwrap().lines().map(|l| if l.starts_with("fp32 = ") { "fp32 = NaN\n".to_string() } else { format!("{l}\n") }).collect();
+        let text: String = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| if l.starts_with("fp32 = ") { "fp32 = NaN\n".to_string() } else { format!("{l}\n") })
+            .collect();
         std::fs::write(&path, text).unwrap();
         assert_eq!(calibrate::load(), None);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -199,7 +199,9 @@ pub fn op_work(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], allow_
         }
         Op::Attention { .. } => {
             // scores = q @ kt: [.., S, T] = out / dv * T; two contractions and a softmax over the scores.
-            let dim = |i: usize, from_end: usize| ins.get(i).copied().flatten().and_then(|t| t.shape.len().checked_sub(from_end).map(|k| t.shape[k])).unwrap_or(1) as f64;
+            let dim = |i: usize, from_end: usize| {
+                ins.get(i).copied().flatten().and_then(|t| t.shape.len().checked_sub(from_end).map(|k| t.shape[k])).unwrap_or(1) as f64
+            };
             let (d, t, dv) = (dim(0, 1), dim(1, 1), dim(2, 1));
             let scores = out_n / dv.max(1.0) * t;
             matrix(2.0 * scores * d + 2.0 * scores * dv);

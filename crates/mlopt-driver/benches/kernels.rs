@@ -88,7 +88,9 @@ fn bench(c: &mut Criterion) {
     eprintln!("calibrated single-core peaks: {:.1} GFLOP/s fp32 FMA, {:.1} GB/s read", peak.fp32 / 1e9, peak.bw_one / 1e9);
     for (name, g, flops, bytes) in cases() {
         let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let compiled = mlopt_driver::compile(&g, &mlopt_driver::Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap();
+        let compiled =
+            mlopt_driver::compile(&g, &mlopt_driver::Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto })
+                .unwrap();
         let mut lib = compiled.load().unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         let ins = compiled.input_bytes(&inputs).unwrap();
@@ -106,7 +108,9 @@ fn bench(c: &mut Criterion) {
         let med = t[t.len() / 2];
         match flops {
             Some(f) => eprintln!("{name}: {:.3} ms, {:.1} GFLOP/s = {:.0}% of the FMA peak", med * 1e3, f / med / 1e9, 100.0 * f / med / peak.fp32),
-            None => eprintln!("{name}: {:.3} ms, {:.1} GB/s = {:.0}% of one core's read bandwidth", med * 1e3, bytes / med / 1e9, 100.0 * bytes / med / peak.bw_one),
+            None => {
+                eprintln!("{name}: {:.3} ms, {:.1} GB/s = {:.0}% of one core's read bandwidth", med * 1e3, bytes / med / 1e9, 100.0 * bytes / med / peak.bw_one)
+            }
         }
         let mut group = c.benchmark_group("kernels");
         group.sample_size(10);

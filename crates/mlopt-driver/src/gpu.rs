@@ -102,7 +102,11 @@ pub fn find_ptxas() -> Option<PathBuf> {
 
 /// Assembles `ptx` for `arch` with `ptxas -v`; returns each entry's figures, or ptxas's errors.
 pub fn run_ptxas(ptxas: &Path, ptx: &str, arch: &str) -> Result<Vec<(String, Ptxas)>> {
-    let dir = std::env::temp_dir().join(format!("mlopt-ptxas-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())));
+    let dir = std::env::temp_dir().join(format!(
+        "mlopt-ptxas-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| DriverError::Io(format!("{}: {e}", dir.display())))?;
     let src = dir.join("kernels.ptx");
     std::fs::write(&src, ptx).map_err(|e| DriverError::Io(format!("{}: {e}", src.display())))?;
@@ -244,7 +248,17 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
             let (compute, memory) = (flops as f64 / peak.unwrap_or(cfg.target.fp32), bytes as f64 / cfg.target.dram_bw);
             let ptxas = figures.as_ref().and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
             let occupancy = ptxas.as_ref().map(|p| occupancy(&cfg.target, launch.block, p.registers, p.smem_bytes.max(launch.shared_bytes)));
-            Some(KernelReport { name: k.name.clone(), schedule: k.schedule.join(" "), launch, flops, bytes, roofline_s: compute.max(memory), bound: if compute > memory { "compute" } else { "memory" }, ptxas, occupancy })
+            Some(KernelReport {
+                name: k.name.clone(),
+                schedule: k.schedule.join(" "),
+                launch,
+                flops,
+                bytes,
+                roofline_s: compute.max(memory),
+                bound: if compute > memory { "compute" } else { "memory" },
+                ptxas,
+                occupancy,
+            })
         })
         .collect();
     times.push(("package", t.elapsed().as_secs_f64()));
@@ -267,18 +281,45 @@ impl GpuCompiled {
     /// The per-kernel table `--report` prints.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "{:<10} {:>12} {:>8} {:>12} {:>12} {:>10} {:>8} {:>5} {:>6} {:>7} {:>5}  schedule", "kernel", "grid x block", "smem B", "FLOPs", "bytes", "roofline", "bound", "regs", "spills", "ptx smem", "occ");
+        let _ = writeln!(
+            s,
+            "{:<10} {:>12} {:>8} {:>12} {:>12} {:>10} {:>8} {:>5} {:>6} {:>7} {:>5}  schedule",
+            "kernel", "grid x block", "smem B", "FLOPs", "bytes", "roofline", "bound", "regs", "spills", "ptx smem", "occ"
+        );
         for k in &self.kernels {
             let (regs, spills, smem) = match &k.ptxas {
                 Some(p) => (p.registers.to_string(), (p.spill_stores + p.spill_loads).to_string(), p.smem_bytes.to_string()),
                 None => ("?".into(), "?".into(), "?".into()),
             };
             let occ = k.occupancy.map_or("?".into(), |o| format!("{:.0}%", o * 100.0));
-            let _ = writeln!(s, "{:<10} {:>12} {:>8} {:>12} {:>12} {:>8.2}us {:>8} {:>5} {:>6} {:>7} {:>5}  {}", k.name, format!("{}x{}", k.launch.grid, k.launch.block), k.launch.shared_bytes, k.flops, k.bytes, k.roofline_s * 1e6, k.bound, regs, spills, smem, occ, k.schedule);
+            let _ = writeln!(
+                s,
+                "{:<10} {:>12} {:>8} {:>12} {:>12} {:>8.2}us {:>8} {:>5} {:>6} {:>7} {:>5}  {}",
+                k.name,
+                format!("{}x{}", k.launch.grid, k.launch.block),
+                k.launch.shared_bytes,
+                k.flops,
+                k.bytes,
+                k.roofline_s * 1e6,
+                k.bound,
+                regs,
+                spills,
+                smem,
+                occ,
+                k.schedule
+            );
         }
         let total: f64 = self.kernels.iter().map(|k| k.roofline_s).sum();
         let launches = self.kernels.len() as f64 * self.cfg.target.launch_s;
-        let _ = writeln!(s, "{} launches, roofline {:.2} us + {:.1} us of launch overhead on {} ({})", self.kernels.len(), total * 1e6, launches * 1e6, self.target.name, self.cfg.target.source);
+        let _ = writeln!(
+            s,
+            "{} launches, roofline {:.2} us + {:.1} us of launch overhead on {} ({})",
+            self.kernels.len(),
+            total * 1e6,
+            launches * 1e6,
+            self.target.name,
+            self.cfg.target.source
+        );
         s
     }
 

@@ -63,7 +63,10 @@ pub struct Compiled {
 /// Runs the pipeline on an imported graph.
 pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     if opt.target.starts_with("sm_") {
-        return Err(DriverError::Input(format!("--target {}: GPU code cannot run in this process; `mlopt compile --target {}` writes the GPU library", opt.target, opt.target)));
+        return Err(DriverError::Input(format!(
+            "--target {}: GPU code cannot run in this process; `mlopt compile --target {}` writes the GPU library",
+            opt.target, opt.target
+        )));
     }
     let mut times = Vec::new();
     let mut t = Instant::now();
@@ -99,7 +102,13 @@ impl Compiled {
     /// Links the object with the runtime and loads it into this process.
     pub fn load(&self) -> Result<Loaded> {
         let p = &self.program;
-        Ok(Loaded::new(&self.code.object, &self.entry(), p.arena_bytes, p.inputs.iter().map(mlopt_kir::Io::bytes).collect(), p.outputs.iter().map(mlopt_kir::Io::bytes).collect())?)
+        Ok(Loaded::new(
+            &self.code.object,
+            &self.entry(),
+            p.arena_bytes,
+            p.inputs.iter().map(mlopt_kir::Io::bytes).collect(),
+            p.outputs.iter().map(mlopt_kir::Io::bytes).collect(),
+        )?)
     }
 
     /// The input buffers for named tensors, checked against the compiled shapes and types.

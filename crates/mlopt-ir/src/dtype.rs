@@ -20,17 +20,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 9] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F64,
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::I64,
-        DType::Bool,
-    ];
+    pub const ALL: [DType; 9] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::U8, DType::I32, DType::I64, DType::Bool];
 
     /// The spelling used in the text IR.
     pub fn name(self) -> &'static str {

@@ -128,22 +128,26 @@ impl Graph {
             outs.truncate(n.max(1));
         }
         if let Some(t) = outs.iter().find(|t| t.rank() > MAX_RANK) {
-            return Err(IrError::Infer { node: name.to_string(), op: op.name(), input: None, msg: format!("output of rank {} exceeds mlopt's limit of {MAX_RANK}", t.rank()) });
+            return Err(IrError::Infer {
+                node: name.to_string(),
+                op: op.name(),
+                input: None,
+                msg: format!("output of rank {} exceeds mlopt's limit of {MAX_RANK}", t.rank()),
+            });
         }
         if let Some(t) = outs.iter().find(|t| t.checked_bytes().is_none_or(|b| b > MAX_VALUE_BYTES)) {
-            return Err(IrError::Infer { node: name.to_string(), op: op.name(), input: None, msg: format!("output {t} is larger than mlopt's limit of {} GiB per value", MAX_VALUE_BYTES >> 30) });
+            return Err(IrError::Infer {
+                node: name.to_string(),
+                op: op.name(),
+                input: None,
+                msg: format!("output {t} is larger than mlopt's limit of {} GiB per value", MAX_VALUE_BYTES >> 30),
+            });
         }
         Ok(outs)
     }
 
     /// Adds a node, inferring its output types (see `infer_outputs`).
-    pub fn add_node(
-        &mut self,
-        op: Op,
-        name: impl Into<String>,
-        inputs: &[Option<Value>],
-        num_outputs: Option<usize>,
-    ) -> Result<Vec<Value>> {
+    pub fn add_node(&mut self, op: Op, name: impl Into<String>, inputs: &[Option<Value>], num_outputs: Option<usize>) -> Result<Vec<Value>> {
         let name = name.into();
         let outs = self.infer_outputs(&op, &name, inputs, num_outputs)?;
         Ok(self.add_typed(op, name, inputs, outs))

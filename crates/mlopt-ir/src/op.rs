@@ -46,16 +46,38 @@ pub enum Unary {
     IsNaN,
     /// Bitwise complement of an integer.
     BitNot,
-    IsInf { detect_negative: bool, detect_positive: bool },
-    LeakyRelu { alpha: f32 },
-    Elu { alpha: f32 },
-    Celu { alpha: f32 },
-    Selu { alpha: f32, gamma: f32 },
-    HardSigmoid { alpha: f32, beta: f32 },
-    ThresholdedRelu { alpha: f32 },
-    Shrink { bias: f32, lambd: f32 },
+    IsInf {
+        detect_negative: bool,
+        detect_positive: bool,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
+    Elu {
+        alpha: f32,
+    },
+    Celu {
+        alpha: f32,
+    },
+    Selu {
+        alpha: f32,
+        gamma: f32,
+    },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    ThresholdedRelu {
+        alpha: f32,
+    },
+    Shrink {
+        bias: f32,
+        lambd: f32,
+    },
     /// `tanh: true` is the tanh approximation (ONNX `approximate="tanh"`).
-    Gelu { tanh: bool },
+    Gelu {
+        tanh: bool,
+    },
 }
 
 /// Elementwise functions of two broadcast inputs.
@@ -67,7 +89,9 @@ pub enum Binary {
     Div,
     Pow,
     /// `fmod: false` takes the divisor's sign (Python `%`), `true` the dividend's (C `fmod`).
-    Mod { fmod: bool },
+    Mod {
+        fmod: bool,
+    },
     PRelu,
     Equal,
     Greater,
@@ -81,15 +105,14 @@ pub enum Binary {
     BitOr,
     BitXor,
     /// Shifts the first input by the second (unsigned types; bits shifted out are lost).
-    BitShift { left: bool },
+    BitShift {
+        left: bool,
+    },
 }
 
 impl Binary {
     pub fn is_comparison(self) -> bool {
-        matches!(
-            self,
-            Binary::Equal | Binary::Greater | Binary::Less | Binary::GreaterOrEqual | Binary::LessOrEqual
-        )
+        matches!(self, Binary::Equal | Binary::Greater | Binary::Less | Binary::GreaterOrEqual | Binary::LessOrEqual)
     }
     pub fn is_logical(self) -> bool {
         matches!(self, Binary::And | Binary::Or | Binary::Xor)
@@ -224,68 +247,157 @@ pub enum Op {
     Where,
     /// `clip x, min?, max?`.
     Clip,
-    Cast { to: DType },
-    Softmax { axis: usize },
-    LogSoftmax { axis: usize },
+    Cast {
+        to: DType,
+    },
+    Softmax {
+        axis: usize,
+    },
+    LogSoftmax {
+        axis: usize,
+    },
     MatMul,
     /// `gemm a, b, c?` = alpha * op(a) op(b) + beta * c.
-    Gemm { alpha: f32, beta: f32, trans_a: bool, trans_b: bool },
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+    },
     /// `conv x, w, b?`.
     Conv(ConvAttrs),
     /// `conv_transpose x, w, b?`.
     ConvTranspose(ConvAttrs),
     /// `batch_norm x, scale, bias, mean, var` (inference form).
-    BatchNorm { epsilon: f32 },
+    BatchNorm {
+        epsilon: f32,
+    },
     /// `instance_norm x, scale, bias`.
-    InstanceNorm { epsilon: f32 },
+    InstanceNorm {
+        epsilon: f32,
+    },
     /// `layer_norm x, scale, bias?` -> y, mean?, inv_std_dev?; normalises over axes `axis..`.
-    LayerNorm { axis: usize, epsilon: f32 },
-    Lrn { size: usize, alpha: f32, beta: f32, bias: f32 },
+    LayerNorm {
+        axis: usize,
+        epsilon: f32,
+    },
+    Lrn {
+        size: usize,
+        alpha: f32,
+        beta: f32,
+        bias: f32,
+    },
     /// -> values and (optionally) i64 indices of each maximum, flattened over (N*C, spatial) in row-major
     /// order, or column-major over the spatial axes when `col_major` (ONNX `storage_order=1`).
-    MaxPool { pool: PoolAttrs, col_major: bool },
-    AveragePool { pool: PoolAttrs, count_include_pad: bool },
+    MaxPool {
+        pool: PoolAttrs,
+        col_major: bool,
+    },
+    AveragePool {
+        pool: PoolAttrs,
+        count_include_pad: bool,
+    },
     GlobalAveragePool,
     GlobalMaxPool,
     /// Reduces `axes` (sorted, unique; may be empty = copy).
-    Reduce { kind: ReduceKind, axes: Vec<usize>, keepdims: bool },
+    Reduce {
+        kind: ReduceKind,
+        axes: Vec<usize>,
+        keepdims: bool,
+    },
     /// ArgMax (`max: true`) or ArgMin; outputs i64.
-    Arg { max: bool, axis: usize, keepdims: bool, select_last_index: bool },
-    Reshape { shape: Vec<usize> },
-    Transpose { perm: Vec<usize> },
-    Concat { axis: usize },
-    Split { axis: usize, sizes: Vec<usize> },
+    Arg {
+        max: bool,
+        axis: usize,
+        keepdims: bool,
+        select_last_index: bool,
+    },
+    Reshape {
+        shape: Vec<usize>,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    Concat {
+        axis: usize,
+    },
+    Split {
+        axis: usize,
+        sizes: Vec<usize>,
+    },
     /// Per axis of the input: first index, step (non-zero, may be negative) and number of elements taken.
-    Slice { starts: Vec<usize>, steps: Vec<i64>, lens: Vec<usize> },
+    Slice {
+        starts: Vec<usize>,
+        steps: Vec<i64>,
+        lens: Vec<usize>,
+    },
     /// `gather data, indices`.
-    Gather { axis: usize },
+    Gather {
+        axis: usize,
+    },
     /// `gather_elements data, indices`.
-    GatherElements { axis: usize },
+    GatherElements {
+        axis: usize,
+    },
     /// Broadcasts to `shape` (the resolved output shape).
-    Expand { shape: Vec<usize> },
-    Tile { repeats: Vec<usize> },
+    Expand {
+        shape: Vec<usize>,
+    },
+    Tile {
+        repeats: Vec<usize>,
+    },
     /// `pads` holds all begins then all ends; negative values crop.
-    Pad { pads: Vec<i64>, mode: PadMode, value: f64 },
+    Pad {
+        pads: Vec<i64>,
+        mode: PadMode,
+        value: f64,
+    },
     Resize(ResizeAttrs),
-    DepthToSpace { blocksize: usize, crd: bool },
-    SpaceToDepth { blocksize: usize },
+    DepthToSpace {
+        blocksize: usize,
+        crd: bool,
+    },
+    SpaceToDepth {
+        blocksize: usize,
+    },
     /// The `k` largest (or smallest) elements along `axis` and their i64 indices; ties keep the lower index.
-    TopK { axis: usize, k: usize, largest: bool, sorted: bool },
+    TopK {
+        axis: usize,
+        k: usize,
+        largest: bool,
+        sorted: bool,
+    },
     /// `gather_nd data, indices`: index tuples in the last axis of `indices` select slices of `data`.
-    GatherNd { batch_dims: usize },
+    GatherNd {
+        batch_dims: usize,
+    },
     /// `scatter_nd data, indices, updates`.
-    ScatterNd { reduction: ScatterReduction },
+    ScatterNd {
+        reduction: ScatterReduction,
+    },
     /// `scatter_elements data, indices, updates` along `axis`.
-    ScatterElements { axis: usize, reduction: ScatterReduction },
+    ScatterElements {
+        axis: usize,
+        reduction: ScatterReduction,
+    },
     /// `grid_sample x, grid`: samples `x` [N, C, spatial...] at the normalised coordinates in `grid`
     /// [N, out..., rank] (last axis innermost-first, i.e. x then y).
-    GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool },
+    GridSample {
+        mode: ResizeMode,
+        padding: GridPadding,
+        align_corners: bool,
+    },
     /// `attention q, kt, v, mask?` = softmax(q @ kt * scale + mask, last axis) @ v: scaled dot-product
     /// attention with the key already transposed to [..., d, T]; the optimiser's fused form of the
     /// MatMul -> scale -> mask -> Softmax -> MatMul chain.
-    Attention { scale: f32 },
+    Attention {
+        scale: f32,
+    },
     /// Upper (`upper: true`) or lower triangle of the last two axes, offset by diagonal `k`.
-    Trilu { upper: bool, k: i64 },
+    Trilu {
+        upper: bool,
+        k: i64,
+    },
 }
 
 impl Op {

@@ -23,8 +23,7 @@ pub const INLINE_LIMIT: usize = 4;
 
 /// `s` bare if it is a plain identifier, else quoted with `"` and `\` escaped.
 pub fn ident(s: &str) -> String {
-    let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if plain && s != "_" {
         s.to_string()
     } else {
@@ -124,11 +123,8 @@ pub fn print_with(g: &Graph, note: &dyn Fn(u32) -> String) -> String {
             out.push_str("  }\n");
         }
     }
-    let rets: Vec<String> = g
-        .graph_outputs()
-        .iter()
-        .map(|(name, v)| format!("{} @{}", names.get(v).cloned().unwrap_or_else(|| "%?".into()), quote(name)))
-        .collect();
+    let rets: Vec<String> =
+        g.graph_outputs().iter().map(|(name, v)| format!("{} @{}", names.get(v).cloned().unwrap_or_else(|| "%?".into()), quote(name))).collect();
     let _ = writeln!(out, "  return {}", rets.join(", "));
     out.push_str("}\n");
     out
@@ -157,10 +153,7 @@ fn print_node(g: &Graph, n: NodeId, names: &mut HashMap<Value, String>, next: &m
                 let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = write!(line, "[{}]", parts.join(", "));
             }
-            let args: Vec<String> = ins
-                .iter()
-                .map(|v| v.and_then(|v| names.get(&v).cloned()).unwrap_or_else(|| "_".into()))
-                .collect();
+            let args: Vec<String> = ins.iter().map(|v| v.and_then(|v| names.get(&v).cloned()).unwrap_or_else(|| "_".into())).collect();
             if !args.is_empty() {
                 let _ = write!(line, " {}", args.join(", "));
             }

@@ -79,8 +79,7 @@ const BINARY_NAMES: &[(&str, Binary)] = &[
     ("bit_xor", Binary::BitXor),
 ];
 
-const NARY_NAMES: &[(&str, Nary)] =
-    &[("sum", Nary::Sum), ("mean", Nary::Mean), ("max", Nary::Max), ("min", Nary::Min)];
+const NARY_NAMES: &[(&str, Nary)] = &[("sum", Nary::Sum), ("mean", Nary::Mean), ("max", Nary::Max), ("min", Nary::Min)];
 
 const REDUCE_NAMES: &[(&str, ReduceKind)] = &[
     ("reduce_sum", ReduceKind::Sum),
@@ -95,14 +94,8 @@ const REDUCE_NAMES: &[(&str, ReduceKind)] = &[
     ("reduce_log_sum_exp", ReduceKind::LogSumExp),
 ];
 
-const PAD_MODES: &[(&str, PadMode)] = &[
-    ("constant", PadMode::Constant),
-    ("reflect", PadMode::Reflect),
-    ("edge", PadMode::Edge),
-    ("wrap", PadMode::Wrap),
-];
-const RESIZE_MODES: &[(&str, ResizeMode)] =
-    &[("nearest", ResizeMode::Nearest), ("linear", ResizeMode::Linear), ("cubic", ResizeMode::Cubic)];
+const PAD_MODES: &[(&str, PadMode)] = &[("constant", PadMode::Constant), ("reflect", PadMode::Reflect), ("edge", PadMode::Edge), ("wrap", PadMode::Wrap)];
+const RESIZE_MODES: &[(&str, ResizeMode)] = &[("nearest", ResizeMode::Nearest), ("linear", ResizeMode::Linear), ("cubic", ResizeMode::Cubic)];
 const COORD_MODES: &[(&str, CoordMode)] = &[
     ("half_pixel", CoordMode::HalfPixel),
     ("half_pixel_symmetric", CoordMode::HalfPixelSymmetric),
@@ -118,8 +111,7 @@ const NEAREST_MODES: &[(&str, NearestMode)] = &[
     ("ceil", NearestMode::Ceil),
 ];
 
-const GRID_PADDINGS: &[(&str, GridPadding)] =
-    &[("zeros", GridPadding::Zeros), ("border", GridPadding::Border), ("reflection", GridPadding::Reflection)];
+const GRID_PADDINGS: &[(&str, GridPadding)] = &[("zeros", GridPadding::Zeros), ("border", GridPadding::Border), ("reflection", GridPadding::Reflection)];
 
 const SCATTER_REDUCTIONS: &[(&str, ScatterReduction)] = &[
     ("none", ScatterReduction::None),
@@ -208,10 +200,7 @@ impl Op {
                 Unary::IsInf { detect_negative, detect_positive } => {
                     vec![("detect_negative", b(detect_negative)), ("detect_positive", b(detect_positive))]
                 }
-                Unary::LeakyRelu { alpha }
-                | Unary::Elu { alpha }
-                | Unary::Celu { alpha }
-                | Unary::ThresholdedRelu { alpha } => vec![("alpha", flt(alpha))],
+                Unary::LeakyRelu { alpha } | Unary::Elu { alpha } | Unary::Celu { alpha } | Unary::ThresholdedRelu { alpha } => vec![("alpha", flt(alpha))],
                 Unary::Selu { alpha, gamma } => vec![("alpha", flt(alpha)), ("gamma", flt(gamma))],
                 Unary::HardSigmoid { alpha, beta } => vec![("alpha", flt(alpha)), ("beta", flt(beta))],
                 Unary::Shrink { bias, lambd } => vec![("bias", flt(bias)), ("lambd", flt(lambd))],
@@ -226,18 +215,10 @@ impl Op {
                 vec![("axis", axis.to_string())]
             }
             Op::Gather { axis } | Op::GatherElements { axis } => vec![("axis", axis.to_string())],
-            Op::Gemm { alpha, beta, trans_a, trans_b } => vec![
-                ("alpha", flt(*alpha)),
-                ("beta", flt(*beta)),
-                ("trans_a", b(*trans_a)),
-                ("trans_b", b(*trans_b)),
-            ],
-            Op::Conv(c) => vec![
-                ("dilations", ints(&c.dilations)),
-                ("group", c.group.to_string()),
-                ("pads", ints(&c.pads)),
-                ("strides", ints(&c.strides)),
-            ],
+            Op::Gemm { alpha, beta, trans_a, trans_b } => {
+                vec![("alpha", flt(*alpha)), ("beta", flt(*beta)), ("trans_a", b(*trans_a)), ("trans_b", b(*trans_b))]
+            }
+            Op::Conv(c) => vec![("dilations", ints(&c.dilations)), ("group", c.group.to_string()), ("pads", ints(&c.pads)), ("strides", ints(&c.strides))],
             Op::ConvTranspose(c) => vec![
                 ("dilations", ints(&c.dilations)),
                 ("group", c.group.to_string()),
@@ -247,12 +228,7 @@ impl Op {
             ],
             Op::BatchNorm { epsilon } | Op::InstanceNorm { epsilon } => vec![("epsilon", flt(*epsilon))],
             Op::LayerNorm { axis, epsilon } => vec![("axis", axis.to_string()), ("epsilon", flt(*epsilon))],
-            Op::Lrn { size, alpha, beta, bias } => vec![
-                ("alpha", flt(*alpha)),
-                ("beta", flt(*beta)),
-                ("bias", flt(*bias)),
-                ("size", size.to_string()),
-            ],
+            Op::Lrn { size, alpha, beta, bias } => vec![("alpha", flt(*alpha)), ("beta", flt(*beta)), ("bias", flt(*bias)), ("size", size.to_string())],
             Op::MaxPool { pool, col_major } => {
                 let mut v = spell_pool(pool);
                 v.push(("col_major", b(*col_major)));
@@ -264,11 +240,9 @@ impl Op {
                 v
             }
             Op::Reduce { axes, keepdims, .. } => vec![("axes", ints(axes)), ("keepdims", b(*keepdims))],
-            Op::Arg { axis, keepdims, select_last_index, .. } => vec![
-                ("axis", axis.to_string()),
-                ("keepdims", b(*keepdims)),
-                ("select_last_index", b(*select_last_index)),
-            ],
+            Op::Arg { axis, keepdims, select_last_index, .. } => {
+                vec![("axis", axis.to_string()), ("keepdims", b(*keepdims)), ("select_last_index", b(*select_last_index))]
+            }
             Op::Reshape { shape } => vec![("shape", ints(shape))],
             Op::Transpose { perm } => vec![("perm", ints(perm))],
             Op::Split { axis, sizes } => vec![("axis", axis.to_string()), ("sizes", ints(sizes))],
@@ -277,11 +251,7 @@ impl Op {
             }
             Op::Expand { shape } => vec![("shape", ints(shape))],
             Op::Tile { repeats } => vec![("repeats", ints(repeats))],
-            Op::Pad { pads, mode, value } => vec![
-                ("mode", name_of(PAD_MODES, *mode).to_string()),
-                ("pads", ints(pads)),
-                ("value", format!("{value:?}")),
-            ],
+            Op::Pad { pads, mode, value } => vec![("mode", name_of(PAD_MODES, *mode).to_string()), ("pads", ints(pads)), ("value", format!("{value:?}"))],
             Op::Resize(r) => vec![
                 ("antialias", b(r.antialias)),
                 ("coord", name_of(COORD_MODES, r.coord).to_string()),
@@ -297,12 +267,7 @@ impl Op {
             Op::DepthToSpace { blocksize, crd } => vec![("blocksize", blocksize.to_string()), ("crd", b(*crd))],
             Op::SpaceToDepth { blocksize } => vec![("blocksize", blocksize.to_string())],
             Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", b(*upper))],
-            Op::TopK { axis, k, largest, sorted } => vec![
-                ("axis", axis.to_string()),
-                ("k", k.to_string()),
-                ("largest", b(*largest)),
-                ("sorted", b(*sorted)),
-            ],
+            Op::TopK { axis, k, largest, sorted } => vec![("axis", axis.to_string()), ("k", k.to_string()), ("largest", b(*largest)), ("sorted", b(*sorted))],
             Op::GridSample { mode, padding, align_corners } => vec![
                 ("align_corners", b(*align_corners)),
                 ("mode", name_of(RESIZE_MODES, *mode).to_string()),
@@ -310,10 +275,7 @@ impl Op {
             ],
             Op::GatherNd { batch_dims } => vec![("batch_dims", batch_dims.to_string())],
             Op::ScatterNd { reduction } => vec![("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string())],
-            Op::ScatterElements { axis, reduction } => vec![
-                ("axis", axis.to_string()),
-                ("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string()),
-            ],
+            Op::ScatterElements { axis, reduction } => vec![("axis", axis.to_string()), ("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string())],
             _ => vec![],
         };
         a.sort_by_key(|(k, _)| *k);
@@ -336,10 +298,7 @@ impl Op {
             return Ok(Op::Reduce { kind, axes: a.usizes("axes")?, keepdims: a.bool("keepdims")? });
         }
         let op = match name {
-            "is_inf" => Op::Unary(Unary::IsInf {
-                detect_negative: a.bool("detect_negative")?,
-                detect_positive: a.bool("detect_positive")?,
-            }),
+            "is_inf" => Op::Unary(Unary::IsInf { detect_negative: a.bool("detect_negative")?, detect_positive: a.bool("detect_positive")? }),
             "leaky_relu" => Op::Unary(Unary::LeakyRelu { alpha: a.f32("alpha")? }),
             "elu" => Op::Unary(Unary::Elu { alpha: a.f32("alpha")? }),
             "celu" => Op::Unary(Unary::Celu { alpha: a.f32("alpha")? }),
@@ -360,12 +319,7 @@ impl Op {
             "attention" => Op::Attention { scale: a.f32("scale")? },
             "log_softmax" => Op::LogSoftmax { axis: a.usize("axis")? },
             "matmul" => Op::MatMul,
-            "gemm" => Op::Gemm {
-                alpha: a.f32("alpha")?,
-                beta: a.f32("beta")?,
-                trans_a: a.bool("trans_a")?,
-                trans_b: a.bool("trans_b")?,
-            },
+            "gemm" => Op::Gemm { alpha: a.f32("alpha")?, beta: a.f32("beta")?, trans_a: a.bool("trans_a")?, trans_b: a.bool("trans_b")? },
             "conv" | "conv_transpose" => {
                 let c = ConvAttrs {
                     strides: a.usizes("strides")?,
@@ -383,24 +337,14 @@ impl Op {
             "batch_norm" => Op::BatchNorm { epsilon: a.f32("epsilon")? },
             "instance_norm" => Op::InstanceNorm { epsilon: a.f32("epsilon")? },
             "layer_norm" => Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.f32("epsilon")? },
-            "lrn" => Op::Lrn {
-                size: a.usize("size")?,
-                alpha: a.f32("alpha")?,
-                beta: a.f32("beta")?,
-                bias: a.f32("bias")?,
-            },
+            "lrn" => Op::Lrn { size: a.usize("size")?, alpha: a.f32("alpha")?, beta: a.f32("beta")?, bias: a.f32("bias")? },
             "max_pool" => Op::MaxPool { pool: read_pool(a)?, col_major: a.bool("col_major")? },
-            "average_pool" => {
-                Op::AveragePool { pool: read_pool(a)?, count_include_pad: a.bool("count_include_pad")? }
-            }
+            "average_pool" => Op::AveragePool { pool: read_pool(a)?, count_include_pad: a.bool("count_include_pad")? },
             "global_average_pool" => Op::GlobalAveragePool,
             "global_max_pool" => Op::GlobalMaxPool,
-            "arg_max" | "arg_min" => Op::Arg {
-                max: name == "arg_max",
-                axis: a.usize("axis")?,
-                keepdims: a.bool("keepdims")?,
-                select_last_index: a.bool("select_last_index")?,
-            },
+            "arg_max" | "arg_min" => {
+                Op::Arg { max: name == "arg_max", axis: a.usize("axis")?, keepdims: a.bool("keepdims")?, select_last_index: a.bool("select_last_index")? }
+            }
             "reshape" => Op::Reshape { shape: a.usizes("shape")? },
             "transpose" => Op::Transpose { perm: a.usizes("perm")? },
             "concat" => Op::Concat { axis: a.usize("axis")? },
@@ -412,11 +356,7 @@ impl Op {
             "tile" => Op::Tile { repeats: a.usizes("repeats")? },
             "pad" => {
                 let mode = a.ident("mode")?;
-                Op::Pad {
-                    pads: a.ints("pads")?,
-                    mode: lookup(PAD_MODES, &mode).ok_or(format!("unknown pad mode '{mode}'"))?,
-                    value: a.f64("value")?,
-                }
+                Op::Pad { pads: a.ints("pads")?, mode: lookup(PAD_MODES, &mode).ok_or(format!("unknown pad mode '{mode}'"))?, value: a.f64("value")? }
             }
             "resize" => {
                 let (mode, coord, nearest) = (a.ident("mode")?, a.ident("coord")?, a.ident("nearest")?);
@@ -460,13 +400,7 @@ fn scatter_reduction(a: &mut AttrReader) -> Result<ScatterReduction, String> {
 }
 
 fn spell_pool(p: &PoolAttrs) -> Spelled {
-    vec![
-        ("ceil_mode", b(p.ceil_mode)),
-        ("dilations", ints(&p.dilations)),
-        ("kernel", ints(&p.kernel)),
-        ("pads", ints(&p.pads)),
-        ("strides", ints(&p.strides)),
-    ]
+    vec![("ceil_mode", b(p.ceil_mode)), ("dilations", ints(&p.dilations)), ("kernel", ints(&p.kernel)), ("pads", ints(&p.pads)), ("strides", ints(&p.strides))]
 }
 
 fn read_pool(a: &mut AttrReader) -> Result<PoolAttrs, String> {

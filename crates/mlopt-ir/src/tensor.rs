@@ -387,10 +387,7 @@ mod tests {
     fn cast_follows_onnx() {
         let t = Tensor::from_vec(&[4], vec![-1.7f32, 2.9, f32::NAN, 300.0]).unwrap();
         assert_eq!(t.cast(DType::I32).to_i64_vec(), vec![-1, 2, 0, 300]);
-        assert_eq!(
-            t.cast(DType::Bool),
-            Tensor::from_vec(&[4], vec![true, true, true, true]).unwrap()
-        );
+        assert_eq!(t.cast(DType::Bool), Tensor::from_vec(&[4], vec![true, true, true, true]).unwrap());
         let i = Tensor::from_vec(&[2], vec![257i64, -1]).unwrap();
         assert_eq!(i.cast(DType::U8).to_i64_vec(), vec![1, 255]);
     }

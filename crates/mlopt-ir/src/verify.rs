@@ -45,11 +45,7 @@ pub fn verify(g: &Graph) -> Result<()> {
                     continue;
                 }
                 match infer(op, &g.input_types(n)) {
-                    Err(e) => errs.push(format!(
-                        "{at}{}: {}",
-                        e.input.map(|i| format!(", input {i}")).unwrap_or_default(),
-                        e.msg
-                    )),
+                    Err(e) => errs.push(format!("{at}{}: {}", e.input.map(|i| format!(", input {i}")).unwrap_or_default(), e.msg)),
                     Ok(inferred) => {
                         let k = node.outputs.len();
                         if k == 0 || k > inferred.len() || node.outputs[..] != inferred[..k] {

@@ -43,7 +43,11 @@ pub fn multiple_of(e: &Expr, n: i64) -> bool {
 
 /// The greatest common divisor (non-negative; gcd(0, b) = |b|).
 pub fn gcd(a: i64, b: i64) -> i64 {
-    if b == 0 { a.abs() } else { gcd(b, a % b) }
+    if b == 0 {
+        a.abs()
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// A constant that divides `e` for every value of its variables (0 when `e` is always 0): constants,
@@ -149,7 +153,9 @@ pub fn moves_with(flat: &Expr, v: Var, extent: u64) -> bool {
     }
     fn digits(e: &Expr, v: Var, d: i64, hi: Var, lo: Var) -> Expr {
         match e {
-            Expr::Binary(op @ (BinOp::Div | BinOp::Rem), x, y) if **x == Expr::Var(v) && **y == Expr::Int(d) => Expr::Var(if *op == BinOp::Div { hi } else { lo }),
+            Expr::Binary(op @ (BinOp::Div | BinOp::Rem), x, y) if **x == Expr::Var(v) && **y == Expr::Int(d) => {
+                Expr::Var(if *op == BinOp::Div { hi } else { lo })
+            }
             Expr::Binary(op, a, b) => Expr::bin(*op, digits(a, v, d, hi, lo), digits(b, v, d, hi, lo)),
             e => e.clone(),
         }
@@ -264,7 +270,8 @@ pub fn private_locals(k: &Kernel, body: &[Stmt]) -> Vec<BufId> {
 
 /// `private_locals` with the kernel's `buffer_uses` computed once by the caller.
 pub fn private_in(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>) -> Vec<BufId> {
-    let mut v: Vec<BufId> = buffer_uses(body).into_iter().filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect();
+    let mut v: Vec<BufId> =
+        buffer_uses(body).into_iter().filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect();
     v.sort();
     v
 }

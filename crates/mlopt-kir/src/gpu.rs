@@ -120,7 +120,9 @@ impl Checker<'_> {
                 Stmt::Store { buf, .. } => self.err(format!("store to %{} outside a thread loop", self.k.buffer(*buf).name)),
                 Stmt::Mma { .. } | Stmt::WarpMma { .. } => self.err("mma outside a thread loop".into()),
                 Stmt::CopyAsync { .. } | Stmt::AsyncWait => self.err("cp.async outside a thread loop".into()),
-                Stmt::WarpReduce { .. } if !self.block.is_multiple_of(32) => self.err(format!("warp.reduce in a block of {} threads, not whole warps", self.block)),
+                Stmt::WarpReduce { .. } if !self.block.is_multiple_of(32) => {
+                    self.err(format!("warp.reduce in a block of {} threads, not whole warps", self.block))
+                }
                 Stmt::WarpReduce { .. } => {}
             }
         }
@@ -196,6 +198,12 @@ pub fn work(k: &Kernel) -> (u64, u64) {
             .sum()
     }
     let used = crate::analysis::buffer_uses(&k.body);
-    let bytes = k.bufs.iter().enumerate().filter(|(i, b)| b.space == Space::Global && used.contains_key(&BufId(*i as u32))).map(|(_, b)| b.numel() * b.elem.size()).sum();
+    let bytes = k
+        .bufs
+        .iter()
+        .enumerate()
+        .filter(|(i, b)| b.space == Space::Global && used.contains_key(&BufId(*i as u32)))
+        .map(|(_, b)| b.numel() * b.elem.size())
+        .sum();
     (flops(&k.body, k), bytes)
 }

@@ -419,8 +419,7 @@ impl Frame<'_> {
         match self.gpu.as_ref().and_then(|g| g.pending.iter().next()) {
             Some(((b, element), thread)) => Err(InterpError::Program(format!(
                 "@{}: thread {thread}'s cp.async to %{} element {element} is never waited for (cp.async.wait_all)",
-                self.k.name,
-                self.k.bufs[*b as usize].name
+                self.k.name, self.k.bufs[*b as usize].name
             ))),
             None => Ok(()),
         }
@@ -461,12 +460,17 @@ impl Frame<'_> {
         let what = match space {
             Space::Shared if g.pending.contains_key(&(b.0, element)) => {
                 let copier = g.pending[&(b.0, element)];
-                Some(format!("thread {thread} {} it before thread {copier}'s cp.async to it has landed (no cp.async.wait_all)", if write { "writes" } else { "reads" }))
+                Some(format!(
+                    "thread {thread} {} it before thread {copier}'s cp.async to it has landed (no cp.async.wait_all)",
+                    if write { "writes" } else { "reads" }
+                ))
             }
             Space::Shared => {
                 let (writer, reader) = g.shared.entry((b.0, element)).or_insert((None, None));
                 let clash = match (write, *writer, *reader) {
-                    (_, Some(w), _) if w != thread => Some(format!("thread {thread} {} it after thread {w} wrote it, with no barrier between", if write { "writes" } else { "reads" })),
+                    (_, Some(w), _) if w != thread => {
+                        Some(format!("thread {thread} {} it after thread {w} wrote it, with no barrier between", if write { "writes" } else { "reads" }))
+                    }
                     (true, _, Some(rd)) if rd != thread => Some(format!("thread {thread} writes it after thread {rd} read it, with no barrier between")),
                     _ => None,
                 };
@@ -482,7 +486,10 @@ impl Frame<'_> {
                 clash
             }
             _ => match g.global.get(&(r, byte)).copied() {
-                Some((wb, wt)) if (wb, wt) != (block, thread) => Some(format!("block {block} thread {thread} {} it after block {wb} thread {wt} wrote it in the same kernel", if write { "writes" } else { "reads" })),
+                Some((wb, wt)) if (wb, wt) != (block, thread) => Some(format!(
+                    "block {block} thread {thread} {} it after block {wb} thread {wt} wrote it in the same kernel",
+                    if write { "writes" } else { "reads" }
+                )),
                 _ => {
                     if write {
                         g.global.insert((r, byte), (block, thread));
@@ -554,33 +561,39 @@ impl Frame<'_> {
 fn unary(o: UnOp, x: V, t: Elem) -> V {
     if !t.is_float() {
         let i = x.i();
-        return int_to(t, match o {
-            UnOp::Neg => i.wrapping_neg(),
-            UnOp::Abs => i.wrapping_abs(),
-            UnOp::Not if t == Elem::Bool => (i == 0) as i64,
-            UnOp::Not => !i,
-            _ => i,
-        });
+        return int_to(
+            t,
+            match o {
+                UnOp::Neg => i.wrapping_neg(),
+                UnOp::Abs => i.wrapping_abs(),
+                UnOp::Not if t == Elem::Bool => (i == 0) as i64,
+                UnOp::Not => !i,
+                _ => i,
+            },
+        );
     }
     let f = x.f();
-    round(t, match o {
-        UnOp::Neg => -f,
-        UnOp::Abs => f.abs(),
-        UnOp::Exp => f.exp(),
-        UnOp::Log => f.ln(),
-        UnOp::Sqrt => f.sqrt(),
-        UnOp::Tanh => f.tanh(),
-        UnOp::Erf => libm::erf(f),
-        UnOp::Floor => f.floor(),
-        UnOp::Ceil => f.ceil(),
-        UnOp::Round => f.round_ties_even(),
-        UnOp::Sin => f.sin(),
-        UnOp::Cos => f.cos(),
-        UnOp::Asin => f.asin(),
-        UnOp::Acos => f.acos(),
-        UnOp::Atan => f.atan(),
-        UnOp::Not => (f == 0.0) as i64 as f64,
-    })
+    round(
+        t,
+        match o {
+            UnOp::Neg => -f,
+            UnOp::Abs => f.abs(),
+            UnOp::Exp => f.exp(),
+            UnOp::Log => f.ln(),
+            UnOp::Sqrt => f.sqrt(),
+            UnOp::Tanh => f.tanh(),
+            UnOp::Erf => libm::erf(f),
+            UnOp::Floor => f.floor(),
+            UnOp::Ceil => f.ceil(),
+            UnOp::Round => f.round_ties_even(),
+            UnOp::Sin => f.sin(),
+            UnOp::Cos => f.cos(),
+            UnOp::Asin => f.asin(),
+            UnOp::Acos => f.acos(),
+            UnOp::Atan => f.atan(),
+            UnOp::Not => (f == 0.0) as i64 as f64,
+        },
+    )
 }
 
 fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
@@ -598,38 +611,56 @@ fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
     }
     if !t.is_float() {
         let (a, b) = (x.i(), y.i());
-        return int_to(t, match o {
-            BinOp::Add => a.wrapping_add(b),
-            BinOp::Sub => a.wrapping_sub(b),
-            BinOp::Mul => a.wrapping_mul(b),
-            BinOp::Div => a.checked_div(b).unwrap_or(0),
-            BinOp::Rem => a.checked_rem(b).unwrap_or(0),
-            BinOp::Min => a.min(b),
-            BinOp::Max => a.max(b),
-            BinOp::Pow => a.checked_pow(b.clamp(0, u32::MAX as i64) as u32).unwrap_or(0),
-            BinOp::And => a & b,
-            BinOp::Or => a | b,
-            BinOp::Xor => a ^ b,
-            BinOp::Shl | BinOp::Shr if b < 0 || b >= 8 * t.size() as i64 => 0,
-            BinOp::Shl => a << b,
-            // Values of unsigned types are held zero-extended, so this is a logical shift for them.
-            BinOp::Shr => a >> b,
-            _ => 0,
-        });
+        return int_to(
+            t,
+            match o {
+                BinOp::Add => a.wrapping_add(b),
+                BinOp::Sub => a.wrapping_sub(b),
+                BinOp::Mul => a.wrapping_mul(b),
+                BinOp::Div => a.checked_div(b).unwrap_or(0),
+                BinOp::Rem => a.checked_rem(b).unwrap_or(0),
+                BinOp::Min => a.min(b),
+                BinOp::Max => a.max(b),
+                BinOp::Pow => a.checked_pow(b.clamp(0, u32::MAX as i64) as u32).unwrap_or(0),
+                BinOp::And => a & b,
+                BinOp::Or => a | b,
+                BinOp::Xor => a ^ b,
+                BinOp::Shl | BinOp::Shr if b < 0 || b >= 8 * t.size() as i64 => 0,
+                BinOp::Shl => a << b,
+                // Values of unsigned types are held zero-extended, so this is a logical shift for them.
+                BinOp::Shr => a >> b,
+                _ => 0,
+            },
+        );
     }
     let (a, b) = (x.f(), y.f());
-    round(t, match o {
-        BinOp::Add => a + b,
-        BinOp::Sub => a - b,
-        BinOp::Mul => a * b,
-        BinOp::Div => a / b,
-        BinOp::Rem => a % b,
-        // NaN-propagating min/max, as the code generators emit (llvm.minimum / llvm.maximum).
-        BinOp::Min => if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) },
-        BinOp::Max => if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) },
-        BinOp::Pow => a.powf(b),
-        _ => f64::NAN,
-    })
+    round(
+        t,
+        match o {
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+            BinOp::Rem => a % b,
+            // NaN-propagating min/max, as the code generators emit (llvm.minimum / llvm.maximum).
+            BinOp::Min => {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.min(b)
+                }
+            }
+            BinOp::Max => {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(b)
+                }
+            }
+            BinOp::Pow => a.powf(b),
+            _ => f64::NAN,
+        },
+    )
 }
 
 /// A program's memory while it runs: region 0 is the arena, then inputs, outputs and weights.
@@ -655,12 +686,16 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
     }
     for s in &p.steps {
         let k = p.kernels.get(s.kernel).ok_or_else(|| InterpError::Program(format!("no kernel {}", s.kernel)))?;
-        let args: Vec<(usize, usize)> = s.args.iter().map(|a| match a {
-            Place::Arena(o) => (0, *o as usize),
-            Place::Input(i) => (1 + i, 0),
-            Place::Output(i) => (out0 + i, 0),
-            Place::Weight(i) => (w0 + i, 0),
-        }).collect();
+        let args: Vec<(usize, usize)> = s
+            .args
+            .iter()
+            .map(|a| match a {
+                Place::Arena(o) => (0, *o as usize),
+                Place::Input(i) => (1 + i, 0),
+                Place::Output(i) => (out0 + i, 0),
+                Place::Weight(i) => (w0 + i, 0),
+            })
+            .collect();
         run_kernel(k, &mut m, &args)?;
     }
     Ok(m[out0..w0].to_vec())

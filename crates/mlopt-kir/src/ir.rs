@@ -176,10 +176,22 @@ pub enum Expr {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stmt {
-    For { var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt> },
-    Store { buf: BufId, index: Vec<Expr>, value: Expr },
+    For {
+        var: Var,
+        extent: u64,
+        kind: LoopKind,
+        body: Vec<Stmt>,
+    },
+    Store {
+        buf: BufId,
+        index: Vec<Expr>,
+        value: Expr,
+    },
     /// Runs `then` only where `cond` holds; accesses under a guard `e < n` / `e >= 0` are bounded by it.
-    If { cond: Expr, then: Vec<Stmt> },
+    If {
+        cond: Expr,
+        then: Vec<Stmt>,
+    },
     /// GPU block barrier (`bar.sync`): all threads of the block reach it before any goes on.
     Barrier,
     /// A bf16 matrix multiply-accumulate on blocks, the unit of work of a matrix engine (AMX tiles,
@@ -187,7 +199,15 @@ pub enum Stmt {
     /// `c[i, j] = (acc ? c[i, j] : 0) + sum over p < k of a[i, p] * b[p / 2, 2 j + p % 2]`,
     /// with `a` [m, k] and `b` [k / 2, 2 n] bf16 (B's rows interleave pairs of k, the layout the
     /// hardware reads), `c` [m, n] f32; products are exact in f32, sums are f32.
-    Mma { m: u64, n: u64, k: u64, c: Block, a: Block, b: Block, acc: bool },
+    Mma {
+        m: u64,
+        n: u64,
+        k: u64,
+        c: Block,
+        a: Block,
+        b: Block,
+        acc: bool,
+    },
     /// A warp's tensor-core multiply-accumulate (PTX `mma.sync.aligned.m16n8k16.row.col` on bf16 or f16,
     /// `m16n8k8` on tf32 for f32 operands), written from one thread's side. The 32 threads of a warp run
     /// it together with the same blocks: `a` is a 16 x K block and `b` a K x 8 block of shared memory
@@ -195,14 +215,24 @@ pub enum Stmt {
     /// four f32 accumulators (four elements along its last axis). The thread of lane l = t % 32 holds,
     /// for q < 4, element (l / 4 + 8 (q / 2), 2 (l % 4) + q % 2) of the 16 x 8 result:
     /// `c[q] += sum over p < K of a[row, p] * b[p, col]`.
-    WarpMma { c: Block, a: Block, b: Block },
+    WarpMma {
+        c: Block,
+        a: Block,
+        b: Block,
+    },
     /// A GPU thread's asynchronous copy (PTX `cp.async`, sm_80 and up) of `lanes` elements consecutive in
     /// memory, from global `src` starting at its row-major element `from` into shared `dst` starting at
     /// the block's index: 4, 8 or 16 bytes in all and aligned to that size at both ends. (The source is
     /// a flat position because a copy may run across several of its axes.) Where `valid` is false, zeros are written and nothing is read (the
     /// zero-fill form: out-of-range rows, a convolution's padding). The copy lands by the thread's next
     /// `AsyncWait`; until then no thread may touch the destination.
-    CopyAsync { dst: Block, src: BufId, from: Expr, lanes: u64, valid: Option<Expr> },
+    CopyAsync {
+        dst: Block,
+        src: BufId,
+        from: Expr,
+        lanes: u64,
+        valid: Option<Expr>,
+    },
     /// `cp.async.wait_all`: this thread's asynchronous copies have landed (other threads see them after
     /// a barrier).
     AsyncWait,
@@ -210,7 +240,10 @@ pub enum Stmt {
     /// `local` f32 or i32 scalar `buf` becomes `op` over the 32 threads of its warp, combined in butterfly
     /// order (for d = 16, 8, 4, 2, 1 lane l takes op(x[l], x[l ^ d])), so that every lane holds the same
     /// value.
-    WarpReduce { buf: BufId, op: BinOp },
+    WarpReduce {
+        buf: BufId,
+        op: BinOp,
+    },
 }
 
 /// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).
@@ -507,7 +540,9 @@ impl Stmt {
             Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } => self.clone(),
             Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: *src, from: f(from), lanes: *lanes, valid: valid.as_ref().map(f) },
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => {
+                Stmt::CopyAsync { dst: blk(dst), src: *src, from: f(from), lanes: *lanes, valid: valid.as_ref().map(f) }
+            }
         }
     }
 

@@ -10,8 +10,8 @@
 pub mod analysis;
 pub mod gpu;
 pub mod interp;
-pub mod parse;
 pub mod ir;
+pub mod parse;
 pub mod print;
 pub mod sched;
 pub mod verify;
@@ -20,6 +20,6 @@ pub mod verify;
 mod tests;
 
 pub use interp::{run_kernel, run_program, InterpError};
-pub use parse::{parse_kernel, ParseError};
 pub use ir::*;
+pub use parse::{parse_kernel, ParseError};
 pub use verify::{verify, verify_program};

@@ -56,8 +56,43 @@ pub fn unop_name(o: UnOp) -> &'static str {
     }
 }
 
-pub const UNOPS: [UnOp; 16] = [UnOp::Neg, UnOp::Abs, UnOp::Exp, UnOp::Log, UnOp::Sqrt, UnOp::Tanh, UnOp::Erf, UnOp::Floor, UnOp::Ceil, UnOp::Round, UnOp::Sin, UnOp::Cos, UnOp::Asin, UnOp::Acos, UnOp::Atan, UnOp::Not];
-pub const BINOPS: [BinOp; 17] = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne, BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Shl, BinOp::Shr];
+pub const UNOPS: [UnOp; 16] = [
+    UnOp::Neg,
+    UnOp::Abs,
+    UnOp::Exp,
+    UnOp::Log,
+    UnOp::Sqrt,
+    UnOp::Tanh,
+    UnOp::Erf,
+    UnOp::Floor,
+    UnOp::Ceil,
+    UnOp::Round,
+    UnOp::Sin,
+    UnOp::Cos,
+    UnOp::Asin,
+    UnOp::Acos,
+    UnOp::Atan,
+    UnOp::Not,
+];
+pub const BINOPS: [BinOp; 17] = [
+    BinOp::Add,
+    BinOp::Sub,
+    BinOp::Mul,
+    BinOp::Div,
+    BinOp::Rem,
+    BinOp::Min,
+    BinOp::Max,
+    BinOp::Pow,
+    BinOp::Lt,
+    BinOp::Le,
+    BinOp::Eq,
+    BinOp::Ne,
+    BinOp::And,
+    BinOp::Or,
+    BinOp::Xor,
+    BinOp::Shl,
+    BinOp::Shr,
+];
 
 /// The infix symbol of index arithmetic, or the call name of the other binary ops.
 pub fn binop_name(o: BinOp) -> &'static str {
@@ -151,10 +186,14 @@ pub fn kernel(k: &Kernel) -> String {
     if !k.schedule.is_empty() {
         let _ = writeln!(s, "; schedule: {}", k.schedule.join(" "));
     }
-    let params: Vec<String> = k.params().iter().map(|b| {
-        let b = k.buffer(*b);
-        format!("%{}: {}{}", b.name, b.elem, dims(&b.dims))
-    }).collect();
+    let params: Vec<String> = k
+        .params()
+        .iter()
+        .map(|b| {
+            let b = k.buffer(*b);
+            format!("%{}: {}{}", b.name, b.elem, dims(&b.dims))
+        })
+        .collect();
     let _ = writeln!(s, "kernel @{}({}) {{", k.name, params.join(", "));
     for b in &k.bufs {
         let space = match b.space {
@@ -233,12 +272,16 @@ pub fn program(p: &Program) -> String {
     }
     s.push('\n');
     for st in &p.steps {
-        let args: Vec<String> = st.args.iter().map(|a| match a {
-            Place::Input(i) => format!("in{i}"),
-            Place::Output(i) => format!("out{i}"),
-            Place::Weight(i) => format!("w{i}"),
-            Place::Arena(o) => format!("arena+{o}"),
-        }).collect();
+        let args: Vec<String> = st
+            .args
+            .iter()
+            .map(|a| match a {
+                Place::Input(i) => format!("in{i}"),
+                Place::Output(i) => format!("out{i}"),
+                Place::Weight(i) => format!("w{i}"),
+                Place::Arena(o) => format!("arena+{o}"),
+            })
+            .collect();
         let _ = writeln!(s, "call @{}({})", p.kernels[st.kernel].name, args.join(", "));
     }
     s

@@ -159,7 +159,11 @@ fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
                 let f32 = |e: Expr| Expr::cast(Elem::F32, e);
                 let start = if acc { Expr::load(c.buf, c.index(iv.clone(), jv.clone())) } else { Expr::f32(0.0) };
                 let bcol = Expr::add(Expr::mul(Expr::int(2), jv.clone()), Expr::rem(pv.clone(), Expr::int(2)));
-                let step = Expr::fma(f32(Expr::load(a.buf, a.index(iv.clone(), pv.clone()))), f32(Expr::load(b.buf, b.index(Expr::div(pv, Expr::int(2)), bcol))), Expr::load(sum, vec![]));
+                let step = Expr::fma(
+                    f32(Expr::load(a.buf, a.index(iv.clone(), pv.clone()))),
+                    f32(Expr::load(b.buf, b.index(Expr::div(pv, Expr::int(2)), bcol))),
+                    Expr::load(sum, vec![]),
+                );
                 let inner = vec![
                     Stmt::Store { buf: sum, index: vec![], value: start },
                     Stmt::For { var: p, extent: depth, kind: LoopKind::Serial, body: vec![Stmt::Store { buf: sum, index: vec![], value: step }] },

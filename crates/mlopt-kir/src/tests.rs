@@ -240,7 +240,10 @@ fn a_warp_mma_on_blocks_that_differ_within_the_warp_fails() {
     let mut regions: Vec<Vec<u8>> = vec![vec![0; 24 * 8 * 4], vec![0; 256], vec![0; 512]];
     let e = run_kernel(&k, &mut regions, &[(0, 0), (1, 0), (2, 0)]).unwrap_err().to_string();
     assert!(e.contains("blocks differ within a warp"), "{e}");
-    let text = print::kernel(&warp_mma(16, "0")).replace("      mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n", "      if lt(%u, 16) {\n        mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n      }\n");
+    let text = print::kernel(&warp_mma(16, "0")).replace(
+        "      mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n",
+        "      if lt(%u, 16) {\n        mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n      }\n",
+    );
     let e = verify(&parse_kernel(&text).unwrap()).unwrap_err().join("\n");
     assert!(e.contains("mma.sync under a guard"), "{e}");
 }
@@ -286,7 +289,11 @@ fn async_copies_land_at_the_wait() {
     let e = fails(&text.replace("    barrier\n", ""));
     assert!(e.contains("race on %s at element 4: thread 0 reads it after thread 1 wrote it"), "{e}");
     // A copy never waited for.
-    let e = fails(&text.replace("    gpu.thread.x %u in 0..4 {\n      cp.async.wait_all\n    }\n    barrier\n", "    barrier\n").replace("%s[(((((%v * 4) + %w) + 1) % 16) / 8), ((((%v * 4) + %w) + 1) % 8)]", "0.0f32"));
+    let e = fails(
+        &text
+            .replace("    gpu.thread.x %u in 0..4 {\n      cp.async.wait_all\n    }\n    barrier\n", "    barrier\n")
+            .replace("%s[(((((%v * 4) + %w) + 1) % 16) / 8), ((((%v * 4) + %w) + 1) % 8)]", "0.0f32"),
+    );
     assert!(e.contains("never waited for"), "{e}");
     // A 16-byte copy from a source that is not 16-byte aligned.
     let mut regions = vec![bytes(&[0.0; 20]), bytes(&[0.0; 16])];

@@ -46,7 +46,9 @@ pub fn verify_program(p: &Program) -> Result<(), Vec<String>> {
     for (i, s) in p.steps.iter().enumerate() {
         match p.kernels.get(s.kernel) {
             None => errors.push(format!("step {i}: no kernel {}", s.kernel)),
-            Some(k) if k.params().len() != s.args.len() => errors.push(format!("step {i}: @{} takes {} buffers, given {}", k.name, k.params().len(), s.args.len())),
+            Some(k) if k.params().len() != s.args.len() => {
+                errors.push(format!("step {i}: @{} takes {} buffers, given {}", k.name, k.params().len(), s.args.len()))
+            }
             Some(_) => {}
         }
     }
@@ -136,7 +138,9 @@ impl Verifier<'_> {
                 if !matches!(t, Elem::BF16 | Elem::F16 | Elem::F32) {
                     self.err(format!("mma.sync: a is {t}; it takes bf16, f16 or f32 (as tf32)"));
                 }
-                for (x, rows, cols, space, want, what) in [(c, 1, 4, Space::Local, Elem::F32, "c"), (a, 16, depth, Space::Shared, t, "a"), (b, depth, 8, Space::Shared, t, "b")] {
+                for (x, rows, cols, space, want, what) in
+                    [(c, 1, 4, Space::Local, Elem::F32, "c"), (a, 16, depth, Space::Shared, t, "a"), (b, depth, 8, Space::Shared, t, "b")]
+                {
                     let buf = self.k.buffer(x.buf);
                     let what = format!("mma.sync {what} block %{}", buf.name);
                     if x.at.len() < 2 {
@@ -172,7 +176,11 @@ impl Verifier<'_> {
                 for (b, flat) in &starts {
                     let whole = self.k.buffer(*b).numel().is_multiple_of(*lanes);
                     if *lanes > 1 && (!whole || !crate::analysis::multiple_of(flat, *lanes as i64)) {
-                        self.err(format!("{what}: %{} element {} is not shown to start on a multiple of {lanes} elements, in a buffer they divide", self.k.buffer(*b).name, print::expr(self.k, flat)));
+                        self.err(format!(
+                            "{what}: %{} element {} is not shown to start on a multiple of {lanes} elements, in a buffer they divide",
+                            self.k.buffer(*b).name,
+                            print::expr(self.k, flat)
+                        ));
                     }
                 }
                 self.access(dst.buf, &dst.at, &what);
@@ -334,7 +342,9 @@ impl Verifier<'_> {
                 }
                 match o {
                     _ if o.is_compare() => Some(Elem::Bool),
-                    BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr if ta.is_float() || (ta == Elem::Bool && matches!(o, BinOp::Shl | BinOp::Shr)) => {
+                    BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr
+                        if ta.is_float() || (ta == Elem::Bool && matches!(o, BinOp::Shl | BinOp::Shr)) =>
+                    {
                         self.err(format!("{what}: {} of {ta}", print::binop_name(*o)));
                         None
                     }

@@ -23,8 +23,8 @@ use inkwell::module::Module;
 use inkwell::types::{BasicType, BasicTypeEnum};
 use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
-use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_kir::analysis::coefficient;
+use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use std::collections::HashMap;
 
 pub type Ret<T> = Result<T>;
@@ -202,12 +202,23 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     /// A counted loop `for v in (0..extent).step_by(step)`; `body` gets the counter.
-    pub(crate) fn counted(&mut self, name: &str, begin: IntValue<'c>, end: IntValue<'c>, step: u64, body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>) -> Ret<()> {
+    pub(crate) fn counted(
+        &mut self,
+        name: &str,
+        begin: IntValue<'c>,
+        end: IntValue<'c>,
+        step: u64,
+        body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>,
+    ) -> Ret<()> {
         let i64t = self.c.i64_type();
         // The counter lives in an entry-block alloca; mem2reg makes it a phi.
         let slot = self.entry_alloca(i64t.into(), None, name)?;
         self.b.build_store(slot, begin)?;
-        let (head, bodyb, done) = (self.c.append_basic_block(self.f, &format!("{name}.head")), self.c.append_basic_block(self.f, &format!("{name}.body")), self.c.append_basic_block(self.f, &format!("{name}.end")));
+        let (head, bodyb, done) = (
+            self.c.append_basic_block(self.f, &format!("{name}.head")),
+            self.c.append_basic_block(self.f, &format!("{name}.body")),
+            self.c.append_basic_block(self.f, &format!("{name}.end")),
+        );
         self.b.build_unconditional_branch(head)?;
         self.b.position_at_end(head);
         let i = self.b.build_load(i64t, slot, name)?.into_int_value();
@@ -433,7 +444,11 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let v = self.reg_to_mem(v, elem)?.into_vector_value();
                 for lane in 0..w {
                     let l = self.c.i32_type().const_int(lane as u64, false);
-                    let i = if idx.is_vector_value() { self.b.build_extract_element(idx.into_vector_value(), l, "ix")?.into_int_value() } else { idx.into_int_value() };
+                    let i = if idx.is_vector_value() {
+                        self.b.build_extract_element(idx.into_vector_value(), l, "ix")?.into_int_value()
+                    } else {
+                        idx.into_int_value()
+                    };
                     let p = self.elem_ptr(b, i)?;
                     let x = self.b.build_extract_element(v, l, "sx")?;
                     self.b.build_store(p, x)?;
@@ -562,7 +577,8 @@ pub fn vector_type<'c>(t: BasicTypeEnum<'c>, w: u32) -> BasicTypeEnum<'c> {
 
 /// A constant with `v`'s shape (scalar or vector) holding `x` of element type `e`.
 pub fn const_like<'c>(c: &'c Context, v: BasicValueEnum<'c>, x: f64, e: Elem) -> BasicValueEnum<'c> {
-    let scalar: BasicValueEnum<'c> = if e.is_float() { reg_ty(c, e).into_float_type().const_float(x).into() } else { reg_ty(c, e).into_int_type().const_int(x as i64 as u64, true).into() };
+    let scalar: BasicValueEnum<'c> =
+        if e.is_float() { reg_ty(c, e).into_float_type().const_float(x).into() } else { reg_ty(c, e).into_int_type().const_int(x as i64 as u64, true).into() };
     match v {
         BasicValueEnum::VectorValue(vv) => {
             let n = vv.get_type().get_size();

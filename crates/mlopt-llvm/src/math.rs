@@ -100,7 +100,11 @@ fn libm<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>, t: Elem) -> 
 
 /// `f` on a scalar, or on each lane of a vector (for functions that exist only on scalars: libm calls,
 /// PTX's approximate instructions).
-pub(crate) fn per_lane<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, f: &mut dyn FnMut(&mut Gen<'_, 'c>, BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>>) -> Ret<BasicValueEnum<'c>> {
+pub(crate) fn per_lane<'c>(
+    g: &mut Gen<'_, 'c>,
+    x: BasicValueEnum<'c>,
+    f: &mut dyn FnMut(&mut Gen<'_, 'c>, BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>>,
+) -> Ret<BasicValueEnum<'c>> {
     let BasicValueEnum::VectorValue(v) = x else { return f(g, x) };
     let mut acc = v;
     for lane in 0..v.get_type().get_size() {

@@ -19,10 +19,14 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     // What the body sees: buffer pointers (locals used only inside are re-made per thread) and variables.
     let private: Vec<BufId> = mlopt_kir::analysis::private_locals(g.k, body);
     let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g.ptrs.iter().filter(|(b, _)| !private.contains(b)).map(|(b, p)| (*b, *p)).collect();
-    let vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g.vars.iter().filter_map(|(v, x)| match x {
-        VarVal::Scalar(i) => Some((*v, *i)),
-        VarVal::Lanes(_) => None,
-    }).collect();
+    let vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g
+        .vars
+        .iter()
+        .filter_map(|(v, x)| match x {
+            VarVal::Scalar(i) => Some((*v, *i)),
+            VarVal::Lanes(_) => None,
+        })
+        .collect();
     let slots = (bufs.len() + vars.len()).max(1) as u64;
     let ctx = g.b.build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
     for (s, (_, p)) in bufs.iter().enumerate() {

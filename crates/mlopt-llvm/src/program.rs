@@ -42,11 +42,8 @@ pub struct CpuTarget {
 
 /// Named targets besides `host`: (name, LLVM CPU, f32 lanes, matrix unit). Zen 4 is the common server
 /// CPU with AVX512-BF16 and no AMX.
-const NAMED: &[(&str, &str, u32, Option<MatrixUnit>)] = &[
-    ("x86-64-v3", "x86-64-v3", 8, None),
-    ("x86-64-v4", "x86-64-v4", 16, None),
-    ("znver4", "znver4", 16, Some(MatrixUnit::Dot)),
-];
+const NAMED: &[(&str, &str, u32, Option<MatrixUnit>)] =
+    &[("x86-64-v3", "x86-64-v3", 8, None), ("x86-64-v4", "x86-64-v4", 16, None), ("znver4", "znver4", 16, Some(MatrixUnit::Dot))];
 
 impl CpuTarget {
     /// `host` (this machine's features, whatever LLVM calls its CPU), or a row of `NAMED`.

@@ -177,7 +177,12 @@ pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
     text.push(0);
     let i64t = c.i64_type();
     let words: Vec<_> = table.iter().map(|w| i64t.const_int(*w, false)).collect();
-    let fields = [constant(&m, "ptx", c.const_string(&text, false).into()), constant(&m, "table", i64t.const_array(&words).into()), constant(&m, "weights", c.const_string(&blob, false).into()), constant(&m, "names", c.const_string(&names, false).into())];
+    let fields = [
+        constant(&m, "ptx", c.const_string(&text, false).into()),
+        constant(&m, "table", i64t.const_array(&words).into()),
+        constant(&m, "weights", c.const_string(&blob, false).into()),
+        constant(&m, "names", c.const_string(&names, false).into()),
+    ];
     let model = constant(&m, "model", c.const_struct(&fields.map(|f| f.into()), false).into());
     let ptr = c.ptr_type(AddressSpace::default());
     let i32t = c.i32_type();
@@ -248,7 +253,8 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
         let off = g.b.build_int_add(row, col, "off")?;
         Ok(g.b.build_int_add(start, off, "ix")?)
     };
-    let (l16, l4, g8) = (g.b.build_int_unsigned_rem(lane, k64(16), "l16")?, g.b.build_int_unsigned_rem(lane, k64(4), "l4")?, g.b.build_int_unsigned_div(lane, k64(4), "g")?);
+    let (l16, l4, g8) =
+        (g.b.build_int_unsigned_rem(lane, k64(16), "l16")?, g.b.build_int_unsigned_rem(lane, k64(4), "l4")?, g.b.build_int_unsigned_div(lane, k64(4), "g")?);
     let struct_of = |n: usize, e: inkwell::types::BasicTypeEnum<'c>| g.c.struct_type(&vec![e; n], false);
     let fields = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>, n: u32| -> Ret<Vec<BasicValueEnum<'c>>> {
         (0..n).map(|i| Ok(g.b.build_extract_value(v.into_struct_value(), i, "f")?)).collect()
@@ -318,7 +324,14 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
 /// ones go through it (`.ca`, the only form for 4 and 8 bytes). A copy with a validity test uses the
 /// zero-fill form: a source size of 0 where the test fails, with the source address moved to the
 /// buffer's start so that it stays a valid pointer.
-pub(crate) fn copy_async<'c>(g: &mut Gen<'_, 'c>, dst: &Block, src: mlopt_kir::BufId, from: &mlopt_kir::Expr, lanes: u64, valid: Option<&mlopt_kir::Expr>) -> Ret<()> {
+pub(crate) fn copy_async<'c>(
+    g: &mut Gen<'_, 'c>,
+    dst: &Block,
+    src: mlopt_kir::BufId,
+    from: &mlopt_kir::Expr,
+    lanes: u64,
+    valid: Option<&mlopt_kir::Expr>,
+) -> Ret<()> {
     let bytes = lanes * g.k.buffer(dst.buf).elem.size();
     let (i32t, i64t, void) = (g.c.i32_type(), g.c.i64_type(), g.c.void_type());
     let d = g.eval(&mlopt_kir::analysis::flat_index(g.k, dst.buf, &dst.at))?.into_int_value();

@@ -112,7 +112,6 @@ pub(crate) fn erf_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
     g.intrinsic("llvm.copysign", &[y, x])
 }
 
-
 /// An f64 constant shaped like `x`.
 fn d<'c>(g: &Gen<'_, 'c>, x: V<'c>, v: f64) -> V<'c> {
     const_like(g.c, x, v, Elem::F64)

@@ -3,9 +3,9 @@
 //! folds its inputs into `local` accumulators, then stores the result. These are the algorithms;
 //! `schedule.rs` picks how their loops run.
 
+use crate::contract;
 use crate::elementwise::{compute, convert, elem, lit};
 use crate::error::Result;
-use crate::contract;
 use crate::kernel::{clamp, dims, Lowerer};
 use crate::window::{conv, conv_transpose, max_pool_indices, pool_window};
 use mlopt_ir::{NodeId, Op, ReduceKind, Value};
@@ -38,7 +38,14 @@ fn fold(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], update: impl FnOn
 }
 
 /// A fold whose update is `op(acc, value(r))`, one element at a time.
-pub(crate) fn fold_op_scalar(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
+pub(crate) fn fold_op_scalar(
+    l: &mut Lowerer,
+    t: Elem,
+    init: Expr,
+    extents: &[u64],
+    op: BinOp,
+    value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>,
+) -> Result<Fold> {
     fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
 }
 
@@ -62,7 +69,15 @@ fn lanes_for(l: &Lowerer, t: Elem, extents: &[u64]) -> Option<u64> {
 
 /// Halide's rfactor: `w` partial accumulators, one per vector lane (`part[rl] = update(r, part[rl])` in a
 /// vector loop), folded by `combine` at the end. The order of the terms changes, not the terms.
-fn rfactor(l: &mut Lowerer, t: Elem, init: Expr, e: u64, w: u64, combine: BinOp, update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>) -> Result<Fold> {
+fn rfactor(
+    l: &mut Lowerer,
+    t: Elem,
+    init: Expr,
+    e: u64,
+    w: u64,
+    combine: BinOp,
+    update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>,
+) -> Result<Fold> {
     let part = l.k.buf(format!("part{}", l.k.bufs.len()), t, vec![w], Space::Local);
     let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
     let (r0, ro, rl, q) = (l.fresh("rl"), l.fresh("ro"), l.fresh("rl"), l.fresh("q"));
@@ -73,9 +88,19 @@ fn rfactor(l: &mut Lowerer, t: Elem, init: Expr, e: u64, w: u64, combine: BinOp,
     let serial = mlopt_kir::LoopKind::Serial;
     let stmts = vec![
         Stmt::For { var: r0, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(r0), value: init.clone() }] },
-        Stmt::For { var: ro, extent: e / w, kind: serial, body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: x }] }] },
+        Stmt::For {
+            var: ro,
+            extent: e / w,
+            kind: serial,
+            body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: x }] }],
+        },
         Stmt::Store { buf: acc, index: vec![], value: init },
-        Stmt::For { var: q, extent: w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }] },
+        Stmt::For {
+            var: q,
+            extent: w,
+            kind: serial,
+            body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }],
+        },
     ];
     Ok(Fold { stmts, acc })
 }
@@ -252,7 +277,15 @@ fn pack_b(l: &mut Lowerer, bm: Value, trans: bool, t: contract::Tile) -> Option<
     let (kk, nn) = if trans { (w.shape()[1] as u64, w.shape()[0] as u64) } else { (w.shape()[0] as u64, w.shape()[1] as u64) };
     let blocks = contract::pack_blocks(&w.to_le_bytes(), kk, nn, t, trans);
     let base = l.g.node(bm.node).name.clone();
-    Some(blocks.into_iter().enumerate().map(|(i, (dims, data))| l.weight(mlopt_kir::Weight { name: format!("{base}.packed{}.{i}", t.nr), elem: Elem::F32, dims, data: std::sync::Arc::new(data) })).collect())
+    Some(
+        blocks
+            .into_iter()
+            .enumerate()
+            .map(|(i, (dims, data))| {
+                l.weight(mlopt_kir::Weight { name: format!("{base}.packed{}.{i}", t.nr), elem: Elem::F32, dims, data: std::sync::Arc::new(data) })
+            })
+            .collect(),
+    )
 }
 
 /// B from its packed panels, or None to read the original.
@@ -437,7 +470,9 @@ fn softmax(l: &mut Lowerer, n: NodeId, axis: usize, log: bool, out: &[u64], out_
     l.nest("i", &outer, |l, idx| {
         let m = fold_op(l, t, lowest(t), &[len], BinOp::Max, |l, r| get(l, x, &row_index(idx, axis, r[0].clone()), t))?;
         let mx = m.get();
-        let s = fold_op(l, t, lit(0.0, t), &[len], BinOp::Add, |l, r| Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, get(l, x, &row_index(idx, axis, r[0].clone()), t)?, mx.clone()))))?;
+        let s = fold_op(l, t, lit(0.0, t), &[len], BinOp::Add, |l, r| {
+            Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, get(l, x, &row_index(idx, axis, r[0].clone()), t)?, mx.clone())))
+        })?;
         let sum = s.get();
         let mut stmts = m.stmts;
         stmts.extend(s.stmts);
@@ -517,7 +552,8 @@ fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem,
         let (sc, bi) = (get(l, scale, &c, t)?, get(l, bias, &c, t)?);
         stmts.extend(l.nest("j", &inner, |l, r| {
             let xi = at(r);
-            let y = b(BinOp::Add, b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()), Expr::load(inv, vec![])), sc.clone()), bi.clone());
+            let y =
+                b(BinOp::Add, b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()), Expr::load(inv, vec![])), sc.clone()), bi.clone());
             Ok(vec![Stmt::Store { buf: dst, index: xi, value: convert(y, t, out_t) }])
         })?);
         Ok(stmts)
@@ -560,10 +596,17 @@ fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, d
         let m = fold_op(l, t, lowest(t), &[tlen], BinOp::Max, |_, r| Ok(Expr::load(row, vec![r[0].clone()])))?;
         let mx = m.get();
         stmts.extend(m.stmts);
-        let s = fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, r| Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()))))?;
+        let s =
+            fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, r| Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()))))?;
         let sum = s.get();
         stmts.extend(s.stmts);
-        stmts.extend(l.nest("j", &[tlen], |_, r| Ok(vec![Stmt::Store { buf: row, index: vec![r[0].clone()], value: Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone())) }]))?);
+        stmts.extend(l.nest("j", &[tlen], |_, r| {
+            Ok(vec![Stmt::Store {
+                buf: row,
+                index: vec![r[0].clone()],
+                value: Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone())),
+            }])
+        })?);
         stmts.extend(l.nest("e", &[out[rank - 1]], |l, e| {
             let f = dot(l, &[tlen], |l, r| {
                 let mut vi = broadcast(&vs[..vs.len() - 2], batch);
@@ -588,7 +631,10 @@ fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last:
     l.nest("i", out, |l, idx| {
         let best = l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
         let at = l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local);
-        let mut stmts = vec![Stmt::Store { buf: best, index: vec![], value: if max { lowest(t) } else { highest(t) } }, Stmt::Store { buf: at, index: vec![], value: Expr::int(0) }];
+        let mut stmts = vec![
+            Stmt::Store { buf: best, index: vec![], value: if max { lowest(t) } else { highest(t) } },
+            Stmt::Store { buf: at, index: vec![], value: Expr::int(0) },
+        ];
         stmts.extend(l.nest("r", &[len], |l, r| {
             let xi = reduce_index(rank, &[axis], keepdims, idx, r);
             let v = get(l, x, &xi, t)?;
@@ -629,13 +675,19 @@ fn top_k(l: &mut Lowerer, n: NodeId, axis: usize, k: u64, largest: bool, dsts: &
     let key = |v: Expr| if t.is_float() { Expr::select(b(BinOp::Ne, v.clone(), v.clone()), lit(f64::INFINITY, t), v) } else { v };
     let ahead = |a: Expr, c: Expr| if largest { b(BinOp::Lt, c, a) } else { b(BinOp::Lt, a, c) };
     l.nest("i", &rows, |l, row| {
-        let (prev, prev_at) = (l.k.buf(format!("prev{}", l.k.bufs.len()), t, vec![], Space::Local), l.k.buf(format!("prev_at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local));
+        let (prev, prev_at) = (
+            l.k.buf(format!("prev{}", l.k.bufs.len()), t, vec![], Space::Local),
+            l.k.buf(format!("prev_at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local),
+        );
         let mut stmts = vec![
             Stmt::Store { buf: prev, index: vec![], value: if largest { highest(t) } else { lowest(t) } },
             Stmt::Store { buf: prev_at, index: vec![], value: Expr::int(-1) },
         ];
         stmts.extend(l.nest("j", &[k], |l, j| {
-            let (best, at) = (l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local), l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local));
+            let (best, at) = (
+                l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local),
+                l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local),
+            );
             let mut s = vec![Stmt::Store { buf: best, index: vec![], value: lit(0.0, t) }, Stmt::Store { buf: at, index: vec![], value: Expr::int(-1) }];
             s.extend(l.nest("r", &[len as u64], |l, r| {
                 let v = key(get(l, x, &at_axis(row, r[0].clone()), t)?);

@@ -178,7 +178,17 @@ pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile,
 }
 
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`.
-fn tile_block(l: &mut Lowerer, bi: &[Expr], (row0, rows): (u64, u64), (block, col0, cols): (usize, u64, u64), t: Tile, k: &[u64], a: RowOp, b: ColOp, store: StoreOp) -> Result<Stmt> {
+fn tile_block(
+    l: &mut Lowerer,
+    bi: &[Expr],
+    (row0, rows): (u64, u64),
+    (block, col0, cols): (usize, u64, u64),
+    t: Tile,
+    k: &[u64],
+    a: RowOp,
+    b: ColOp,
+    store: StoreOp,
+) -> Result<Stmt> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
     let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), Elem::F32, vec![t.mr, t.nr], Space::Local);
     let (io, jo) = (l.fresh("io"), l.fresh("jo"));
@@ -221,13 +231,13 @@ mod tests {
 
     /// (M, N, K, lanes) -> the tile the cost model picks (mr, nr), or None.
     const PICKS: &[(Shape, Option<(u64, u64)>)] = &[
-        ((1024, 1024, 1024, 16), Some((6, 64))),   // FMA-bound everywhere: the widest, then tallest tile
+        ((1024, 1024, 1024, 16), Some((6, 64))), // FMA-bound everywhere: the widest, then tallest tile
         ((128, 3072, 768, 16), Some((6, 64))),
-        ((3136, 64, 576, 16), Some((6, 64))),      // ResNet 3x3 conv as implicit GEMM
-        ((7, 48, 100, 16), Some((7, 48))),         // one 7-row tile beats 6 rows + a 1-row tail
-        ((1, 1000, 2048, 16), Some((1, 64))),      // GEMV: latency-bound, the widest tile
-        ((1024, 1024, 1024, 8), Some((6, 16))),    // AVX2: 16 registers
-        ((8, 10, 128, 16), None),                  // N not a multiple of 8: dot products instead
+        ((3136, 64, 576, 16), Some((6, 64))),   // ResNet 3x3 conv as implicit GEMM
+        ((7, 48, 100, 16), Some((7, 48))),      // one 7-row tile beats 6 rows + a 1-row tail
+        ((1, 1000, 2048, 16), Some((1, 64))),   // GEMV: latency-bound, the widest tile
+        ((1024, 1024, 1024, 8), Some((6, 16))), // AVX2: 16 registers
+        ((8, 10, 128, 16), None),               // N not a multiple of 8: dot products instead
     ];
 
     #[test]

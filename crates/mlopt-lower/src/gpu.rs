@@ -182,7 +182,13 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
         Stmt::Barrier => Stmt::Barrier,
         Stmt::Mma { m: rows, n, k, c, a, b, acc } => Stmt::Mma { m: *rows, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
         Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
-        Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync { dst: blk(dst), src: m.get(src).copied().unwrap_or(*src), from: rename_expr(from, m), lanes: *lanes, valid: valid.as_ref().map(|c| rename_expr(c, m)) },
+        Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync {
+            dst: blk(dst),
+            src: m.get(src).copied().unwrap_or(*src),
+            from: rename_expr(from, m),
+            lanes: *lanes,
+            valid: valid.as_ref().map(|c| rename_expr(c, m)),
+        },
         Stmt::AsyncWait => Stmt::AsyncWait,
         Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: m.get(buf).copied().unwrap_or(*buf), op: *op },
     }
@@ -260,7 +266,13 @@ pub(crate) fn delinear(prefix: &[(Var, u64)], g: &Expr) -> Vec<(Var, Expr)> {
     let outer = prefix.iter().position(|(_, e)| *e > 1).unwrap_or(0);
     for (i, (v, e)) in prefix.iter().enumerate().rev() {
         let q = Expr::div(g.clone(), Expr::int(stride as i64));
-        let x = if *e == 1 { Expr::int(0) } else if i == outer { q } else { Expr::rem(q, Expr::int(*e as i64)) };
+        let x = if *e == 1 {
+            Expr::int(0)
+        } else if i == outer {
+            q
+        } else {
+            Expr::rem(q, Expr::int(*e as i64))
+        };
         out.push((*v, x));
         stride *= e;
     }
@@ -268,9 +280,7 @@ pub(crate) fn delinear(prefix: &[(Var, u64)], g: &Expr) -> Vec<(Var, Expr)> {
 }
 
 pub(crate) fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
-    body.iter()
-        .map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e)))
-        .collect()
+    body.iter().map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e))).collect()
 }
 
 pub(crate) fn lt(a: Expr, n: u64) -> Expr {
@@ -368,7 +378,9 @@ fn split_lanes(e: &Expr, x: Var, hi: &Expr, l: Var, w: i64) -> Expr {
 fn lanes_fit(k: &Kernel, body: &[Stmt], l: Var, w: i64) -> bool {
     body.iter().all(|s| match s {
         Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } => lanes_fit(k, body, l, w),
-        Stmt::If { cond, then } => !cond.uses(l) && mlopt_kir::analysis::expr_loads(cond).keys().all(|b| k.buffer(*b).space == Space::Global) && lanes_fit(k, then, l, w),
+        Stmt::If { cond, then } => {
+            !cond.uses(l) && mlopt_kir::analysis::expr_loads(cond).keys().all(|b| k.buffer(*b).space == Space::Global) && lanes_fit(k, then, l, w)
+        }
         Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Global => {
             let flat = flat_index(k, *buf, index);
             coefficient(&flat, l) == Some(1) && multiple_of(&flat.subst(l, &Expr::int(0)), w)
@@ -440,7 +452,9 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
     let mut steps = Vec::new();
     for s in body {
         match s {
-            Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Local && index.iter().all(|e| matches!(e, Expr::Int(_))) => steps.push(RowStep::Scalar(s.clone())),
+            Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Local && index.iter().all(|e| matches!(e, Expr::Int(_))) => {
+                steps.push(RowStep::Scalar(s.clone()))
+            }
             Stmt::For { .. } => {
                 let (loops, inner) = nest(s);
                 if let [update] = inner.as_slice() {
@@ -452,7 +466,9 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
                 // A map: every store outside the iteration's own locals moves with each of the loops.
                 let private = private_in(k, &inner, uses);
                 let moving: Vec<Var> = loops.iter().filter(|(_, e)| *e > 1).map(|(v, _)| *v).collect();
-                let ok = all_stores(&inner, &mut |b, ix| private.contains(&b) || moving.iter().all(|v| coefficient(&flat_index(k, b, ix), *v).is_some_and(|c| c != 0)));
+                let ok = all_stores(&inner, &mut |b, ix| {
+                    private.contains(&b) || moving.iter().all(|v| coefficient(&flat_index(k, b, ix), *v).is_some_and(|c| c != 0))
+                });
                 if !ok {
                     return None;
                 }
@@ -570,7 +586,8 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
                 // Warp shuffles where they apply (whole warps, a 32-bit type, an associative combine):
                 // each warp reduces its partials, the warps' sums meet in shared memory, and the first
                 // warp reduces those. Otherwise a tree in shared memory, one barrier a level.
-                let shuffles = threads.is_multiple_of(32) && matches!(elem, Elem::F32 | Elem::I32) && matches!(combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
+                let shuffles =
+                    threads.is_multiple_of(32) && matches!(elem, Elem::F32 | Elem::I32) && matches!(combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
                 let total = if shuffles {
                     let warps = threads / 32;
                     out.push(thread_loop(k, &mut |k, t| partials(k, t, vec![])));
@@ -579,12 +596,18 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
                         let sums = k.buf(format!("warps{i}"), elem, vec![warps], Space::Shared);
                         out.push(thread_loop(k, &mut |_, t| {
                             let lane0 = Expr::bin(BinOp::Eq, Expr::rem(Expr::var(t), Expr::int(32)), Expr::int(0));
-                            vec![Stmt::If { cond: lane0, then: vec![Stmt::Store { buf: sums, index: vec![Expr::div(Expr::var(t), Expr::int(32))], value: mine.clone() }] }]
+                            vec![Stmt::If {
+                                cond: lane0,
+                                then: vec![Stmt::Store { buf: sums, index: vec![Expr::div(Expr::var(t), Expr::int(32))], value: mine.clone() }],
+                            }]
                         }));
                         out.push(Stmt::Barrier);
                         out.push(thread_loop(k, &mut |_, t| {
                             let theirs = Stmt::Store { buf: part, index: vec![], value: Expr::load(sums, vec![Expr::var(t)]) };
-                            vec![Stmt::Store { buf: part, index: vec![], value: identity.clone() }, Stmt::If { cond: lt(Expr::var(t), warps), then: vec![theirs] }]
+                            vec![
+                                Stmt::Store { buf: part, index: vec![], value: identity.clone() },
+                                Stmt::If { cond: lt(Expr::var(t), warps), then: vec![theirs] },
+                            ]
                         }));
                         out.push(Stmt::WarpReduce { buf: part, op: *combine });
                     }
@@ -597,7 +620,10 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
                         out.push(Stmt::Barrier);
                         out.push(thread_loop(k, &mut |_, t| {
                             let (a, b) = (Expr::load(tree, vec![Expr::var(t)]), Expr::load(tree, vec![Expr::add(Expr::var(t), Expr::int(half as i64))]));
-                            vec![Stmt::If { cond: lt(Expr::var(t), half), then: vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: Expr::bin(*combine, a, b) }] }]
+                            vec![Stmt::If {
+                                cond: lt(Expr::var(t), half),
+                                then: vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: Expr::bin(*combine, a, b) }],
+                            }]
                         }));
                         half /= 2;
                     }
@@ -629,8 +655,16 @@ mod tests {
     fn elementwise_kernels_vectorise_where_aligned() {
         let cases: &[(&str, &str, &str)] = &[
             // Attention's merge of heads: the load's innermost index is (h*16 + d) % 16 under the split.
-            ("merge heads", "%out: f32[16,64], %x: f32[4,16,16]", "serial %s in 0..16 { serial %c in 0..64 { %out[%s, %c] = (%x[(%c / 16), %s, (%c % 16)] * 2.0f32) } }"),
-            ("bf16 add", "%out: bf16[8,32], %x: bf16[8,32], %y: bf16[32]", "serial %i in 0..8 { serial %j in 0..32 { %out[%i, %j] = cast<bf16>((cast<f32>(%x[%i, %j]) + cast<f32>(%y[%j]))) } }"),
+            (
+                "merge heads",
+                "%out: f32[16,64], %x: f32[4,16,16]",
+                "serial %s in 0..16 { serial %c in 0..64 { %out[%s, %c] = (%x[(%c / 16), %s, (%c % 16)] * 2.0f32) } }",
+            ),
+            (
+                "bf16 add",
+                "%out: bf16[8,32], %x: bf16[8,32], %y: bf16[32]",
+                "serial %i in 0..8 { serial %j in 0..32 { %out[%i, %j] = cast<bf16>((cast<f32>(%x[%i, %j]) + cast<f32>(%y[%j]))) } }",
+            ),
             // The store is contiguous, the load strided (gathered lane by lane).
             ("transpose", "%out: f32[12,8], %x: f32[8,12]", "serial %i in 0..12 { serial %j in 0..8 { %out[%i, %j] = exp(%x[%j, %i]) } }"),
             ("odd extent", "%out: f32[5,6], %x: f32[5,6]", "serial %i in 0..5 { serial %j in 0..6 { %out[%i, %j] = abs(%x[%i, %j]) } }"),
@@ -638,7 +672,14 @@ mod tests {
             ("offset store", "%out: f32[4,9], %x: f32[4,8]", "serial %i in 0..4 { serial %j in 0..8 { %out[%i, (%j + 1)] = %x[%i, %j] } }"),
             ("lane guard", "%out: f32[4,8], %x: f32[4,8]", "serial %i in 0..4 { serial %j in 0..8 { if lt(%j, 3) { %out[%i, %j] = %x[%i, %j] } } }"),
         ];
-        let want: &[(&str, &str)] = &[("merge heads", "vector<4>"), ("bf16 add", "vector<8>"), ("transpose", "vector<4>"), ("odd extent", ""), ("offset store", ""), ("lane guard", "")];
+        let want: &[(&str, &str)] = &[
+            ("merge heads", "vector<4>"),
+            ("bf16 add", "vector<8>"),
+            ("transpose", "vector<4>"),
+            ("odd extent", ""),
+            ("offset store", ""),
+            ("lane guard", ""),
+        ];
         for ((name, params, body), (_, vector)) in cases.iter().zip(want) {
             let plain = parse_kernel(&format!("kernel @k({params}) {{\n{body}\n}}\n")).unwrap_or_else(|e| panic!("{name}: {e:?}"));
             let mut gpu = plain.clone();
@@ -649,7 +690,8 @@ mod tests {
             assert_eq!(what.contains("vector<"), !vector.is_empty(), "{name}: {what}");
             assert!(what.contains(vector), "{name}: {what}");
             let sizes: Vec<usize> = plain.params().iter().map(|b| (plain.buffer(*b).numel() * plain.buffer(*b).elem.size()) as usize).collect();
-            let regions: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, n)| if i == 0 { vec![0u8; *n] } else { (0..*n).map(|j| (j * 7 % 61) as u8 + 60).collect() }).collect();
+            let regions: Vec<Vec<u8>> =
+                sizes.iter().enumerate().map(|(i, n)| if i == 0 { vec![0u8; *n] } else { (0..*n).map(|j| (j * 7 % 61) as u8 + 60).collect() }).collect();
             let args: Vec<(usize, usize)> = (0..sizes.len()).map(|i| (i, 0)).collect();
             let (mut a, mut b) = (regions.clone(), regions);
             run_kernel(&plain, &mut a, &args).unwrap();

@@ -89,7 +89,11 @@ fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Attent
         x => (product(x)?, None),
     };
     // The softmax: m = max scores; l = sum e^(scores - m); scores = e^(scores - m).
-    let (Stmt::Store { buf: acc_m, value: Expr::Float(lo, Elem::F32), .. }, Stmt::Store { buf: acc_l, value: Expr::Float(zero, Elem::F32), .. }) = (m_init, l_init) else { return None };
+    let (Stmt::Store { buf: acc_m, value: Expr::Float(lo, Elem::F32), .. }, Stmt::Store { buf: acc_l, value: Expr::Float(zero, Elem::F32), .. }) =
+        (m_init, l_init)
+    else {
+        return None;
+    };
     let at = |v: Var| Expr::load(*scores, vec![Expr::var(v)]);
     let (m, l) = (Expr::load(*acc_m, vec![]), Expr::load(*acc_l, vec![]));
     let shifted = |v: Var| Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, at(v), m.clone()));
@@ -98,7 +102,10 @@ fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Attent
     let (rp, _, _) = single_loop(p_nest)?;
     let softmax = [
         (m_nest, Stmt::for_(rm, keys, LoopKind::Serial, vec![Stmt::Store { buf: *acc_m, index: vec![], value: Expr::bin(BinOp::Max, m.clone(), at(rm)) }])),
-        (l_nest, Stmt::for_(rl, keys, LoopKind::Serial, vec![Stmt::Store { buf: *acc_l, index: vec![], value: Expr::bin(BinOp::Add, l.clone(), shifted(rl)) }])),
+        (
+            l_nest,
+            Stmt::for_(rl, keys, LoopKind::Serial, vec![Stmt::Store { buf: *acc_l, index: vec![], value: Expr::bin(BinOp::Add, l.clone(), shifted(rl)) }]),
+        ),
         (p_nest, Stmt::for_(rp, keys, LoopKind::Serial, vec![Stmt::Store { buf: *scores, index: vec![Expr::var(rp)], value: shifted(rp) }])),
     ];
     if *lo != f64::NEG_INFINITY || *zero != 0.0 || softmax.iter().any(|(got, want)| *got != want) {
@@ -159,7 +166,9 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // Up to four warps of 16 query rows; the widest key block that fits in shared memory.
     let warps = rows.div_ceil(16).min(4);
     let (bm, threads) = (16 * warps, 32 * warps);
-    let Some(bn) = [64, 32, 16].into_iter().find(|bn| *bn <= keys.next_multiple_of(16) && shared_bytes(t, bm, *bn, d, dv) <= s.shared_bytes) else { return Ok(None) };
+    let Some(bn) = [64, 32, 16].into_iter().find(|bn| *bn <= keys.next_multiple_of(16) && shared_bytes(t, bm, *bn, d, dv) <= s.shared_bytes) else {
+        return Ok(None);
+    };
     let batch: u64 = a.batch.iter().map(|(_, n)| n).product();
     let (tiles, kvt) = (rows.div_ceil(bm), keys.div_ceil(bn));
     let p = pad(t);
@@ -207,14 +216,19 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // The element of a 16 x 8 mma result that lane `tv % 32` holds as its `q`-th: (row, column).
     let frag = |tv: &Expr, q: &Expr| {
         let lane = Expr::rem(tv.clone(), int(32));
-        let r = Expr::add(Expr::mul(Expr::div(tv.clone(), int(32)), int(16)), Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))));
+        let r = Expr::add(
+            Expr::mul(Expr::div(tv.clone(), int(32)), int(16)),
+            Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))),
+        );
         (r, Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))))
     };
     let warp_row = |tv: &Expr| Expr::mul(Expr::div(tv.clone(), int(32)), int(16));
     // A warp's 16 rows of `acc` (`width` columns, as 16 x 8 fragments) set to `f(n, q)` for its q-th
     // element of fragment n.
     let fragments = |k: &mut Kernel, acc: BufId, width: u64, f: &dyn Fn(&Expr, &Expr) -> Expr| {
-        loop_(k, width / 8, LoopKind::Unrolled, &mut |k, n| vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: acc, index: vec![int(0), n.clone(), q.clone()], value: f(&n, &q) }])])
+        loop_(k, width / 8, LoopKind::Unrolled, &mut |k, n| {
+            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: acc, index: vec![int(0), n.clone(), q.clone()], value: f(&n, &q) }])]
+        })
     };
     // acc += x y on the warp's 16 rows of x (shared, `depth` wide) by the `depth x width` y.
     let products = |k: &mut Kernel, tv: &Expr, acc: BufId, (x, y): (BufId, BufId), depth: u64, width: u64| {
@@ -223,7 +237,11 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
             let wr = wr.clone();
             vec![loop_(k, width / 8, LoopKind::Unrolled, &mut |_, n| {
                 let kp = Expr::mul(kk.clone(), int(ks));
-                vec![Stmt::WarpMma { c: Block { buf: acc, at: vec![int(0), n.clone(), int(0)] }, a: Block { buf: x, at: vec![wr.clone(), kp.clone()] }, b: Block { buf: y, at: vec![kp, Expr::mul(n, int(8))] } }]
+                vec![Stmt::WarpMma {
+                    c: Block { buf: acc, at: vec![int(0), n.clone(), int(0)] },
+                    a: Block { buf: x, at: vec![wr.clone(), kp.clone()] },
+                    b: Block { buf: y, at: vec![kp, Expr::mul(n, int(8))] },
+                }]
             })]
         })
     };
@@ -240,7 +258,10 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         let mut out = vec![fragments(k, co, dv, &|_, _| Expr::f32(0.0))];
         out.push(Stmt::If {
             cond: lt(tv.clone(), bm),
-            then: [(sm, neg_inf.clone()), (sl, Expr::f32(0.0)), (sa, Expr::f32(1.0))].into_iter().map(|(b, x)| Stmt::Store { buf: b, index: vec![tv.clone()], value: x }).collect(),
+            then: [(sm, neg_inf.clone()), (sl, Expr::f32(0.0)), (sa, Expr::f32(1.0))]
+                .into_iter()
+                .map(|(b, x)| Stmt::Store { buf: b, index: vec![tv.clone()], value: x })
+                .collect(),
         });
         out.push(tile(k, &tv, sq, &q, (a.row.0, bm), (a.r, d), &|r, c| {
             let mut by = by_row(r);
@@ -296,7 +317,9 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     let safe = |m: Expr| Expr::select(Expr::bin(BinOp::Eq, m.clone(), Expr::f32(f64::NEG_INFINITY)), Expr::f32(0.0), m);
     step.push(threads_loop(k, &mut |k, tv| {
         let me = Expr::load(run, vec![]);
-        let scan = loop_(k, bn, LoopKind::Serial, &mut |_, c| vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Max, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]);
+        let scan = loop_(k, bn, LoopKind::Serial, &mut |_, c| {
+            vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Max, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]
+        });
         let then = vec![
             Stmt::Store { buf: run, index: vec![], value: m_of(&tv) },
             scan,
@@ -326,11 +349,17 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // l = a l + sum P; O = a O + P V.
     step.push(threads_loop(k, &mut |k, tv| {
         let me = Expr::load(run, vec![]);
-        let sum = loop_(k, bn, LoopKind::Serial, &mut |_, c| vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Add, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]);
+        let sum = loop_(k, bn, LoopKind::Serial, &mut |_, c| {
+            vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Add, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]
+        });
         let l = Expr::load(sl, vec![tv.clone()]);
         let scaled = Expr::bin(BinOp::Mul, l, Expr::load(sa, vec![tv.clone()]));
-        let rows_part = Stmt::If { cond: lt(tv.clone(), bm), then: vec![Stmt::Store { buf: run, index: vec![], value: scaled }, sum, Stmt::Store { buf: sl, index: vec![tv.clone()], value: me }] };
-        let rescale = fragments(k, co, dv, &|n, q| Expr::bin(BinOp::Mul, Expr::load(co, vec![int(0), n.clone(), q.clone()]), Expr::load(sa, vec![frag(&tv, q).0])));
+        let rows_part = Stmt::If {
+            cond: lt(tv.clone(), bm),
+            then: vec![Stmt::Store { buf: run, index: vec![], value: scaled }, sum, Stmt::Store { buf: sl, index: vec![tv.clone()], value: me }],
+        };
+        let rescale =
+            fragments(k, co, dv, &|n, q| Expr::bin(BinOp::Mul, Expr::load(co, vec![int(0), n.clone(), q.clone()]), Expr::load(sa, vec![frag(&tv, q).0])));
         let mma = products(k, &tv, co, (sp, sv), bn, dv);
         vec![rows_part, rescale, mma]
     }));
@@ -360,6 +389,9 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         })]
     }));
     let engine = if t == Elem::F32 { "tf32".to_string() } else { t.to_string() };
-    k.schedule.push(format!("gpu.attention({batch} x {rows}x{keys}, d {d}, dv {dv}, mma.sync {engine}, {bm} queries x {bn} keys, {threads} threads, {} blocks)", batch * tiles));
+    k.schedule.push(format!(
+        "gpu.attention({batch} x {rows}x{keys}, d {d}, dv {dv}, mma.sync {engine}, {bm} queries x {bn} keys, {threads} threads, {} blocks)",
+        batch * tiles
+    ));
     Ok(Some(vec![Stmt::for_(gb, batch * tiles, LoopKind::GpuBlock(0), body)]))
 }

@@ -347,10 +347,18 @@ fn async_load(k: &Kernel, operand: &Expr, elem: Elem, along: &[(Var, u64)], all:
             run += 1;
         }
         let contiguous = &moving[moving.len() - run..];
-        let outer: Vec<(Var, i64)> = all.iter().filter(|(w, e)| *e > 1 && !contiguous.iter().any(|(v, _)| v == w)).map(|(w, _)| Some((*w, coefficient(&flat, *w)?))).collect::<Option<_>>()?;
+        let outer: Vec<(Var, i64)> = all
+            .iter()
+            .filter(|(w, e)| *e > 1 && !contiguous.iter().any(|(v, _)| v == w))
+            .map(|(w, _)| Some((*w, coefficient(&flat, *w)?)))
+            .collect::<Option<_>>()?;
         let off = offset(&flat)?;
         let whole = |c: i64| c % lanes as i64 == 0;
-        let ok = run > 0 && whole(stride) && whole(off) && outer.iter().all(|(_, c)| whole(*c)) && valid.as_ref().is_none_or(|c| contiguous.iter().all(|(v, _)| !c.uses(*v)));
+        let ok = run > 0
+            && whole(stride)
+            && whole(off)
+            && outer.iter().all(|(_, c)| whole(*c))
+            && valid.as_ref().is_none_or(|c| contiguous.iter().all(|(v, _)| !c.uses(*v)));
         ok.then(|| AsyncLoad { buf: *buf, index: index.clone(), valid: valid.clone(), lanes, affine: Some(Affine { offset: off, outer, run: stride as u64 }) })
     })
 }
@@ -592,8 +600,14 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                         (Engine::Mma(_), Some(q)) => {
                             let (warp, lane) = (Expr::div(tv.clone(), int(32)), Expr::rem(tv.clone(), int(32)));
                             let (wm, wn) = (Expr::div(warp.clone(), int(t.wn)), Expr::rem(warp, int(t.wn)));
-                            let r = Expr::add(Expr::mul(Expr::add(Expr::mul(wm, int(t.mt)), i.clone()), int(16)), Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))));
-                            let col = Expr::add(Expr::mul(Expr::add(Expr::mul(wn, int(t.nt)), j.clone()), int(8)), Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))));
+                            let r = Expr::add(
+                                Expr::mul(Expr::add(Expr::mul(wm, int(t.mt)), i.clone()), int(16)),
+                                Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))),
+                            );
+                            let col = Expr::add(
+                                Expr::mul(Expr::add(Expr::mul(wn, int(t.nt)), j.clone()), int(8)),
+                                Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))),
+                            );
                             (r, col, vec![i.clone(), j.clone(), q])
                         }
                         _ => {
@@ -610,7 +624,8 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                     by.extend(at_batch.clone());
                     let mine = Expr::load(acc, slot);
                     let from = c.acc;
-                    let epi: Vec<Stmt> = subst_all(&c.epilogue, &by).iter().map(|s| s.map_loads(&|b, ix| if b == from { mine.clone() } else { Expr::Load(b, ix) })).collect();
+                    let epi: Vec<Stmt> =
+                        subst_all(&c.epilogue, &by).iter().map(|s| s.map_loads(&|b, ix| if b == from { mine.clone() } else { Expr::Load(b, ix) })).collect();
                     let mut conds = Vec::new();
                     if !m.is_multiple_of(bm) {
                         conds.push(lt(gr, m));
@@ -632,7 +647,10 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         Engine::Mma(t) => format!("mma.sync {t}"),
         Engine::Simt => "simt".to_string(),
     };
-    k.schedule.push(format!("gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks, {planned} registers planned)", batch * tm * tn));
+    k.schedule.push(format!(
+        "gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks, {planned} registers planned)",
+        batch * tm * tn
+    ));
     vec![Stmt::for_(gb, batch * tm * tn, LoopKind::GpuBlock(0), body)]
 }
 

@@ -102,7 +102,12 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
                 ResizeMode::Nearest => vec![(Expr::cast(Elem::I64, c), f(1.0))],
                 ResizeMode::Linear => vec![(bi.clone(), b(BinOp::Sub, f(1.0), t.clone())), (Expr::add(bi, Expr::int(1)), t)],
                 ResizeMode::Cubic => {
-                    let ws = [cubic(b(BinOp::Add, t.clone(), f(1.0)), false), cubic(t.clone(), true), cubic(b(BinOp::Sub, f(1.0), t.clone()), true), cubic(b(BinOp::Sub, f(2.0), t), false)];
+                    let ws = [
+                        cubic(b(BinOp::Add, t.clone(), f(1.0)), false),
+                        cubic(t.clone(), true),
+                        cubic(b(BinOp::Sub, f(1.0), t.clone()), true),
+                        cubic(b(BinOp::Sub, f(2.0), t), false),
+                    ];
                     ws.into_iter().enumerate().map(|(k, w)| (Expr::add(bi.clone(), Expr::int(k as i64 - 1)), w)).collect()
                 }
             };
@@ -154,4 +159,3 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
         Ok(stmts)
     })
 }
-

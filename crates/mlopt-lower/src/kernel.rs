@@ -60,13 +60,47 @@ pub fn dims(t: &TensorType) -> Vec<u64> {
 pub fn pulled(op: &Op) -> bool {
     matches!(
         op,
-        Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Expand { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } | Op::Lrn { .. } | Op::Pad { .. } | Op::Tile { .. } | Op::Trilu { .. } | Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. }
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Nary(_)
+            | Op::Where
+            | Op::Clip
+            | Op::Cast { .. }
+            | Op::BatchNorm { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::Lrn { .. }
+            | Op::Pad { .. }
+            | Op::Tile { .. }
+            | Op::Trilu { .. }
+            | Op::Resize(_)
+            | Op::DepthToSpace { .. }
+            | Op::SpaceToDepth { .. }
     )
 }
 
 impl<'g> Lowerer<'g> {
     pub fn new(g: &'g Graph, name: String, members: &[NodeId]) -> Lowerer<'g> {
-        Lowerer { g, members: members.iter().copied().collect(), k: Kernel::new(name), params: Vec::new(), bufs: HashMap::new(), next_var: 0, lanes: None, tiles: HashMap::new(), winograd: crate::Winograd::Never, mma: false, layout_epilogue: false }
+        Lowerer {
+            g,
+            members: members.iter().copied().collect(),
+            k: Kernel::new(name),
+            params: Vec::new(),
+            bufs: HashMap::new(),
+            next_var: 0,
+            lanes: None,
+            tiles: HashMap::new(),
+            winograd: crate::Winograd::Never,
+            mma: false,
+            layout_epilogue: false,
+        }
     }
 
     pub fn fresh(&mut self, prefix: &str) -> Var {
@@ -288,7 +322,8 @@ impl<'g> Lowerer<'g> {
             }
             Op::Expand { .. } => self.pull_broadcast(n, 0, idx),
             Op::Slice { starts, steps, .. } => {
-                let ix = idx.iter().enumerate().map(|(a, e)| Expr::add(Expr::int(starts[a] as i64), Expr::mul(Expr::int(steps[a]), e.clone()))).collect::<Vec<_>>();
+                let ix =
+                    idx.iter().enumerate().map(|(a, e)| Expr::add(Expr::int(starts[a] as i64), Expr::mul(Expr::int(steps[a]), e.clone()))).collect::<Vec<_>>();
                 self.pull(x, &ix)
             }
             Op::Tile { .. } => {
@@ -366,7 +401,8 @@ impl<'g> Lowerer<'g> {
                 let c_out = out_shape[1];
                 let (i, j) = (Expr::rem(idx[2].clone(), Expr::int(b)), Expr::rem(idx[3].clone(), Expr::int(b)));
                 let ij = Expr::add(Expr::mul(i, Expr::int(b)), j);
-                let ch = if *crd { Expr::add(Expr::mul(idx[1].clone(), Expr::int(b * b)), ij) } else { Expr::add(Expr::mul(ij, Expr::int(c_out)), idx[1].clone()) };
+                let ch =
+                    if *crd { Expr::add(Expr::mul(idx[1].clone(), Expr::int(b * b)), ij) } else { Expr::add(Expr::mul(ij, Expr::int(c_out)), idx[1].clone()) };
                 self.pull(x, &[idx[0].clone(), ch, Expr::div(idx[2].clone(), Expr::int(b)), Expr::div(idx[3].clone(), Expr::int(b))])
             }
             Op::SpaceToDepth { blocksize } => {
@@ -449,7 +485,9 @@ impl<'g> Lowerer<'g> {
                 ok.extend_from_slice(&(if tp.is_some() { 1.0f32 } else { 0.0 }).to_le_bytes());
             }
             let name = &self.g.node(n).name;
-            let mk = |l: &mut Self, what: &str, elem: Elem, dims: Vec<u64>, data: Vec<u8>| l.weight(mlopt_kir::Weight { name: format!("{name}.{what}{d}"), elem, dims, data: std::sync::Arc::new(data) });
+            let mk = |l: &mut Self, what: &str, elem: Elem, dims: Vec<u64>, data: Vec<u8>| {
+                l.weight(mlopt_kir::Weight { name: format!("{name}.{what}{d}"), elem, dims, data: std::sync::Arc::new(data) })
+            };
             let bi = mk(self, "taps", Elem::I64, vec![n_out as u64, width as u64], ix);
             let bw = mk(self, "weights", ct, vec![n_out as u64, width as u64], w);
             let bv = mk(self, "valid", Elem::F32, vec![n_out as u64], ok);

@@ -9,24 +9,24 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod anchor;
-mod grid;
-pub mod gpu;
-mod gpu_attention;
-mod gpu_gemm;
-mod winograd;
-mod window;
 pub mod contract;
 pub mod elementwise;
 pub mod error;
+pub mod gpu;
+mod gpu_attention;
+mod gpu_gemm;
+mod grid;
 pub mod kernel;
 pub mod memory;
 mod mma;
 pub mod program;
 pub mod schedule;
+mod window;
+mod winograd;
 
 pub use error::{LowerError, Result};
+pub use gpu::GpuSchedule;
 pub use memory::{plan_memory, MemoryPlan, Slot};
 pub use program::{interpret, lower_program, Options};
-pub use gpu::GpuSchedule;
 pub use schedule::CpuSchedule;
 pub use winograd::Winograd;

@@ -168,10 +168,8 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
         offsets.insert(v, offset);
         plan.arena_bytes = plan.arena_bytes.max(offset + bytes);
     }
-    let mut slots: Vec<Slot> = first
-        .iter()
-        .map(|(v, &f)| Slot { value: *v, offset: offsets[&owner(*v)], bytes: g.value_type(*v).bytes() as u64, first: f, last: last[v] })
-        .collect();
+    let mut slots: Vec<Slot> =
+        first.iter().map(|(v, &f)| Slot { value: *v, offset: offsets[&owner(*v)], bytes: g.value_type(*v).bytes() as u64, first: f, last: last[v] }).collect();
     slots.sort_by_key(|s| (s.first, s.value));
     plan.slots = slots;
     Ok(plan)

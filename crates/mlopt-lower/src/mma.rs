@@ -85,7 +85,12 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
     let mb = if rows >= 32 { 32 } else { 16 };
     let nb = if n >= 32 { 32 } else { 16 };
     let (mp, np, kp) = (round_up(rows, mb), round_up(n, nb), round_up(k, KB));
-    let bp = l.weight(mlopt_kir::Weight { name: format!("{name}.amx{nb}"), elem: Elem::BF16, dims: vec![np / nb, kp / 2, 2 * nb], data: Arc::new(pack(w, k, n, kp, np, nb, trans)) });
+    let bp = l.weight(mlopt_kir::Weight {
+        name: format!("{name}.amx{nb}"),
+        elem: Elem::BF16,
+        dims: vec![np / nb, kp / 2, 2 * nb],
+        data: Arc::new(pack(w, k, n, kp, np, nb, trans)),
+    });
     l.k.schedule.push(format!("matrix(mma<{mb}x{nb}x{kp}> blocks for {rows}x{n}x{k})"));
 
     // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
@@ -108,7 +113,8 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
                 let value = if (mp, kp) == (rows, k) {
                     a(l, r, kk)?
                 } else {
-                    let inside = Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
+                    let inside =
+                        Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
                     let v = a(l, &crate::kernel::clamp(r.clone(), rows as i64), &crate::kernel::clamp(kk.clone(), k as i64))?;
                     Expr::select(inside, v, lit(0.0, Elem::BF16))
                 };
@@ -130,7 +136,13 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
     // The epilogue walks the block with the loop whose outputs are contiguous innermost (`order`), so
     // the CPU schedule can store it as vectors.
     let st = store(l, &row, &col, Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]))?;
-    let guard = |st: Vec<Stmt>, i: &Expr, len: u64, whole: bool| if whole { st } else { vec![Stmt::If { cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)), then: st }] };
+    let guard = |st: Vec<Stmt>, i: &Expr, len: u64, whole: bool| {
+        if whole {
+            st
+        } else {
+            vec![Stmt::If { cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)), then: st }]
+        }
+    };
     let epilogue = match order {
         Epilogue::ColumnsInner => {
             let cols = vec![Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(vec![st], &col, n, n.is_multiple_of(nb)) }];

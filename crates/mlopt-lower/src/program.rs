@@ -41,12 +41,21 @@ impl Binder<'_> {
         match &node.op {
             Op::Const(t) => {
                 let i = *self.weights.entry(v.node).or_insert_with(|| {
-                    self.program.weights.push(Weight { name: node.name.clone(), elem: elem(t.dtype()), dims: t.shape().iter().map(|d| *d as u64).collect(), data: std::sync::Arc::new(t.to_le_bytes()) });
+                    self.program.weights.push(Weight {
+                        name: node.name.clone(),
+                        elem: elem(t.dtype()),
+                        dims: t.shape().iter().map(|d| *d as u64).collect(),
+                        data: std::sync::Arc::new(t.to_le_bytes()),
+                    });
                     self.program.weights.len() - 1
                 });
                 Ok(Place::Weight(i))
             }
-            _ => Err(LowerError::Unsupported { node: node.name.clone(), op: node.op.name(), why: "its value has no place in memory (a bug in mlopt's lowering)".into() }),
+            _ => Err(LowerError::Unsupported {
+                node: node.name.clone(),
+                op: node.op.name(),
+                why: "its value has no place in memory (a bug in mlopt's lowering)".into(),
+            }),
         }
     }
 }
@@ -56,7 +65,12 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
     let plan = plan_memory(g)?;
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let mut b = Binder { g, program: Program { name: g.name.clone(), arena_bytes: plan.arena_bytes, ..Program::default() }, weights: HashMap::new(), places: HashMap::new() };
+    let mut b = Binder {
+        g,
+        program: Program { name: g.name.clone(), arena_bytes: plan.arena_bytes, ..Program::default() },
+        weights: HashMap::new(),
+        places: HashMap::new(),
+    };
     for (i, n) in g.graph_inputs().iter().enumerate() {
         let t = &g.node(*n).outputs[0];
         b.program.inputs.push(Io { name: g.node(*n).name.clone(), elem: elem(t.dtype), dims: dims(t) });
@@ -145,7 +159,12 @@ fn copy_kernel(name: &str, io: &Io) -> mlopt_kir::Kernel {
     let inp = k.buf("in0", io.elem, vec![n], Space::Global);
     let i = k.var("i");
     let ix = vec![mlopt_kir::Expr::var(i)];
-    k.body = vec![Stmt::For { var: i, extent: n.max(1), kind: mlopt_kir::LoopKind::Serial, body: vec![Stmt::Store { buf: out, index: ix.clone(), value: mlopt_kir::Expr::load(inp, ix) }] }];
+    k.body = vec![Stmt::For {
+        var: i,
+        extent: n.max(1),
+        kind: mlopt_kir::LoopKind::Serial,
+        body: vec![Stmt::Store { buf: out, index: ix.clone(), value: mlopt_kir::Expr::load(inp, ix) }],
+    }];
     if n == 0 {
         k.body.clear();
     }

@@ -38,7 +38,8 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
             let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
             // Only axes whose windows can leave the input are tested and clamped.
-            let leaves: Vec<bool> = (0..sp).map(|s| window_leaves(out[2 + s], ws[2 + s] as u64, a.strides[s], a.dilations[s], a.pads[s], xs[2 + s] as u64)).collect();
+            let leaves: Vec<bool> =
+                (0..sp).map(|s| window_leaves(out[2 + s], ws[2 + s] as u64, a.strides[s], a.dilations[s], a.pads[s], xs[2 + s] as u64)).collect();
             let inside = all((0..sp).filter(|s| leaves[*s]).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
             let mut xi = vec![nb.clone(), c];
             xi.extend(pos.into_iter().enumerate().map(|(s, p)| if leaves[s] { clamp(p, xs[2 + s] as i64) } else { p }));
@@ -60,7 +61,16 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
 /// columns = the output channels, with W packed at compile time. Each call copies x into the row-major
 /// [positions, channels] layout the blocks read (a transpose). None when it does not apply.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn conv1x1_mma(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Option<Vec<Stmt>>> {
+pub(crate) fn conv1x1_mma(
+    l: &mut Lowerer,
+    x: Value,
+    w: Value,
+    bias: Option<Value>,
+    a: &mlopt_ir::ConvAttrs,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Option<Vec<Stmt>>> {
     let (xs, ws) = (l.ty(x).shape.clone(), l.ty(w).shape.clone());
     let pointwise = xs.len() == 4 && ws[2..] == [1, 1] && a.group == 1 && a.strides == [1, 1] && a.dilations == [1, 1] && a.pads.iter().all(|p| *p == 0);
     let (c, m) = (ws[1] as u64, ws[0] as u64);
@@ -124,7 +134,9 @@ pub(crate) fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs
         let g = Expr::div(mo.clone(), Expr::int(cout_g));
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cin_g)), r[0].clone());
-            let num: Vec<Expr> = (0..sp).map(|s| Expr::sub(Expr::add(idx[2 + s].clone(), Expr::int(a.pads[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64)))).collect();
+            let num: Vec<Expr> = (0..sp)
+                .map(|s| Expr::sub(Expr::add(idx[2 + s].clone(), Expr::int(a.pads[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64))))
+                .collect();
             let pos: Vec<Expr> = (0..sp).map(|s| Expr::div(num[s].clone(), Expr::int(a.strides[s] as i64))).collect();
             let exact = (0..sp).filter(|s| a.strides[*s] > 1).map(|s| b(BinOp::Eq, Expr::rem(num[s].clone(), Expr::int(a.strides[s] as i64)), Expr::int(0)));
             let inside = (0..sp).map(|s| b(BinOp::And, b(BinOp::Le, Expr::int(0), num[s].clone()), b(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s]))));
@@ -163,7 +175,17 @@ pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<S
 /// 2-D convolution as an implicit GEMM per output row: M = output channels of a group, N = output
 /// width, K = input channels x kernel window. The input is first copied into a zero-padded local buffer,
 /// so the window's loads need no guard and, at stride 1, are contiguous along the output row.
-pub(crate) fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId, t: contract::Tile) -> Result<Vec<Stmt>> {
+pub(crate) fn conv2d_tiled(
+    l: &mut Lowerer,
+    x: Value,
+    w: Value,
+    bias: Option<Value>,
+    a: &mlopt_ir::ConvAttrs,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+    t: contract::Tile,
+) -> Result<Vec<Stmt>> {
     let ws: Vec<u64> = l.ty(w).shape.iter().map(|d| *d as u64).collect();
     let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
     let mut stmts = Vec::new();
@@ -202,7 +224,16 @@ pub(crate) fn conv2d_tiled(l: &mut Lowerer, x: Value, w: Value, bias: Option<Val
     Ok(stmts)
 }
 
-pub(crate) fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, max: bool, include_pad: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+pub(crate) fn pool_window(
+    l: &mut Lowerer,
+    n: NodeId,
+    p: &mlopt_ir::PoolAttrs,
+    max: bool,
+    include_pad: bool,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let xs = l.ty(x).shape.clone();
     let sp = xs.len() - 2;
@@ -246,7 +277,16 @@ pub(crate) fn pool_window(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, m
 /// Max pooling with the flat input index of each maximum (`Op::MaxPool`): the first position in the window
 /// wins ties, a NaN wins over numbers, and a window entirely in the padding gives -inf at index -1.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn max_pool_indices(l: &mut Lowerer, n: NodeId, p: &mlopt_ir::PoolAttrs, col_major: bool, out: &[u64], out_t: Elem, dst: BufId, dst_at: BufId) -> Result<Vec<Stmt>> {
+pub(crate) fn max_pool_indices(
+    l: &mut Lowerer,
+    n: NodeId,
+    p: &mlopt_ir::PoolAttrs,
+    col_major: bool,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+    dst_at: BufId,
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let xs = l.ty(x).shape.clone();
     let sp = xs.len() - 2;

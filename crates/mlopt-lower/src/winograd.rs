@@ -17,12 +17,12 @@
 //! scale; the rounding differs from a direct convolution by a few ulps of the largest partial sum).
 
 use crate::anchor::get;
-use crate::window::padded_input;
-use crate::contract::{estimate, pick};
 use crate::contract;
+use crate::contract::{estimate, pick};
 use crate::elementwise::convert;
 use crate::error::Result;
 use crate::kernel::Lowerer;
+use crate::window::padded_input;
 use mlopt_ir::{ConvAttrs, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt};
 
@@ -195,7 +195,10 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
                 if let Some(b) = &b {
                     y = Expr::bin(BinOp::Add, y, b.clone());
                 }
-                let (r, s) = (Expr::add(Expr::mul(ix[2].clone(), Expr::int(2)), Expr::int(p as i64)), Expr::add(Expr::mul(ix[3].clone(), Expr::int(2)), Expr::int(q as i64)));
+                let (r, s) = (
+                    Expr::add(Expr::mul(ix[2].clone(), Expr::int(2)), Expr::int(p as i64)),
+                    Expr::add(Expr::mul(ix[3].clone(), Expr::int(2)), Expr::int(q as i64)),
+                );
                 out.push(Stmt::Store { buf: dst, index: vec![ix[0].clone(), ix[1].clone(), r, s], value: convert(y, Elem::F32, out_t) });
             }
         }
@@ -203,7 +206,6 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
     })?);
     Ok(Some(stmts))
 }
-
 
 #[cfg(test)]
 mod tests {

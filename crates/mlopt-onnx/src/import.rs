@@ -62,11 +62,7 @@ pub fn default_opset(model: &ModelProto) -> Result<i64> {
     }
     let opset = opset.ok_or_else(|| OnnxError::Model("no opset is imported for the default ONNX domain".into()))?;
     if !OPSETS.contains(&opset) {
-        return Err(OnnxError::Model(format!(
-            "opset {opset} is not supported (mlopt reads opsets {}..={})",
-            OPSETS.start(),
-            OPSETS.end()
-        )));
+        return Err(OnnxError::Model(format!("opset {opset} is not supported (mlopt reads opsets {}..={})", OPSETS.start(), OPSETS.end())));
     }
     Ok(opset)
 }
@@ -156,7 +152,12 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
         }
         let ty = input_type(v, opts.input_shapes.get(&v.name))?;
         if ty.rank() > mlopt_ir::graph::MAX_RANK || ty.checked_bytes().is_none_or(|b| b > mlopt_ir::graph::MAX_VALUE_BYTES) {
-            return Err(OnnxError::Model(format!("input '{}': {ty} is beyond mlopt's limits (rank {}, {} GiB per value)", v.name, mlopt_ir::graph::MAX_RANK, mlopt_ir::graph::MAX_VALUE_BYTES >> 30)));
+            return Err(OnnxError::Model(format!(
+                "input '{}': {ty} is beyond mlopt's limits (rank {}, {} GiB per value)",
+                v.name,
+                mlopt_ir::graph::MAX_RANK,
+                mlopt_ir::graph::MAX_VALUE_BYTES >> 30
+            )));
         }
         let val = imp.g.add_input(v.name.clone(), ty);
         imp.vals.insert(v.name.clone(), val);
@@ -178,15 +179,17 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
         convert_node(&mut imp, node)?;
     }
     for out in &graph.output {
-        let v = *imp
-            .vals
-            .get(&out.name)
-            .ok_or_else(|| OnnxError::Model(format!("output '{}' is not produced by any node", out.name)))?;
+        let v = *imp.vals.get(&out.name).ok_or_else(|| OnnxError::Model(format!("output '{}' is not produced by any node", out.name)))?;
         let got = imp.g.value_type(v).clone();
         if let Ok((dtype, dims)) = declared_type(out) {
             let dims_ok = dims.as_ref().is_none_or(|d| d.len() == got.rank() && d.iter().zip(&got.shape).all(|(a, b)| a.0.is_none_or(|a| a == *b)));
             if dtype != got.dtype || !dims_ok {
-                return Err(OnnxError::Model(format!("output '{}' is declared {:?} {:?} but computes {got}", out.name, dtype, dims.map(|d| d.iter().map(|x| x.0).collect::<Vec<_>>()))));
+                return Err(OnnxError::Model(format!(
+                    "output '{}' is declared {:?} {:?} but computes {got}",
+                    out.name,
+                    dtype,
+                    dims.map(|d| d.iter().map(|x| x.0).collect::<Vec<_>>())
+                )));
             }
         }
         imp.g.add_output(out.name.clone(), v);

@@ -31,9 +31,30 @@ pub mod data_type {
     /// The schema's name for a data type value, for error messages.
     pub fn name(t: i32) -> String {
         const NAMES: [&str; 24] = [
-            "UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING", "BOOL",
-            "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128", "BFLOAT16", "FLOAT8E4M3FN",
-            "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4", "FLOAT4E2M1",
+            "UNDEFINED",
+            "FLOAT",
+            "UINT8",
+            "INT8",
+            "UINT16",
+            "INT16",
+            "INT32",
+            "INT64",
+            "STRING",
+            "BOOL",
+            "FLOAT16",
+            "DOUBLE",
+            "UINT32",
+            "UINT64",
+            "COMPLEX64",
+            "COMPLEX128",
+            "BFLOAT16",
+            "FLOAT8E4M3FN",
+            "FLOAT8E4M3FNUZ",
+            "FLOAT8E5M2",
+            "FLOAT8E5M2FNUZ",
+            "UINT4",
+            "INT4",
+            "FLOAT4E2M1",
         ];
         usize::try_from(t).ok().and_then(|i| NAMES.get(i)).map(|s| s.to_string()).unwrap_or_else(|| format!("type {t}"))
     }

@@ -81,16 +81,11 @@ fn read_external(t: &TensorProto, base: Option<&Path>, nbytes: usize) -> Result<
 /// Converts a `TensorProto`; `base` is the model's folder, for external data.
 pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor> {
     let err = |msg: String| OnnxError::Tensor { name: t.name.clone(), msg };
-    let dtype = dtype_from_onnx(t.data_type)
-        .ok_or_else(|| err(format!("data type {} is not supported", dt::name(t.data_type))))?;
+    let dtype = dtype_from_onnx(t.data_type).ok_or_else(|| err(format!("data type {} is not supported", dt::name(t.data_type))))?;
     if t.segment.is_some() {
         return Err(err("segmented tensors are not supported".into()));
     }
-    let shape: Vec<usize> = t
-        .dims
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| err(format!("negative dimension {d}"))))
-        .collect::<Result<_>>()?;
+    let shape: Vec<usize> = t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| err(format!("negative dimension {d}")))).collect::<Result<_>>()?;
     let ty = TensorType::new(dtype, shape);
     let numel = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| err("too many elements".into()))?;
     let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| err("too many elements".into()))?;
@@ -134,8 +129,7 @@ pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
 /// Reads a serialised `TensorProto` (`.pb`), returning its name and value.
 pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
-    let p = TensorProto::decode(bytes.as_slice())
-        .map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
+    let p = TensorProto::decode(bytes.as_slice()).map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
     let t = tensor_from_proto(&p, path.parent())?;
     Ok((p.name, t))
 }
@@ -186,12 +180,8 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
         return Err(err("Fortran order is not supported"));
     }
     let shape_s = field("shape").and_then(|s| s.strip_prefix('(')).and_then(|s| s.split(')').next()).ok_or_else(|| err("no shape"))?;
-    let shape: Vec<usize> = shape_s
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().map_err(|_| err("bad shape")))
-        .collect::<Result<_>>()?;
+    let shape: Vec<usize> =
+        shape_s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse().map_err(|_| err("bad shape"))).collect::<Result<_>>()?;
     let ty = TensorType::new(dtype, shape);
     Tensor::from_le_bytes(&ty, &bytes[start + hlen..]).ok_or_else(|| err("data size does not match the shape"))
 }

@@ -52,11 +52,9 @@ fn bad_tensor_files_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let p = tmp.path().join("bad.npy");
     let good = std::fs::read(dir().join("f32.npy")).unwrap();
-    for (bytes, msg) in [
-        (b"nope".to_vec(), "missing magic"),
-        (good[..good.len() - 3].to_vec(), "does not match the shape"),
-        (good[..20].to_vec(), "truncated header"),
-    ] {
+    for (bytes, msg) in
+        [(b"nope".to_vec(), "missing magic"), (good[..good.len() - 3].to_vec(), "does not match the shape"), (good[..20].to_vec(), "truncated header")]
+    {
         std::fs::write(&p, bytes).unwrap();
         let e = read_npy(&p).unwrap_err().to_string();
         assert!(e.contains(msg), "{e}");

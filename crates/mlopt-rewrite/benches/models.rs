@@ -29,7 +29,11 @@ impl M {
         let (s, b, m) = (self.w(&[cout]), self.w(&[cout]), self.w(&[cout]));
         let v = self.w(&[cout]);
         let y = self.op(Op::BatchNorm { epsilon: 1e-5 }, &[y, s, b, m, v]);
-        if relu { self.op(Op::Unary(Unary::Relu), &[y]) } else { y }
+        if relu {
+            self.op(Op::Unary(Unary::Relu), &[y])
+        } else {
+            y
+        }
     }
 }
 

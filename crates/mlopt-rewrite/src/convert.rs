@@ -49,7 +49,13 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
             }
         };
         // Every op class gets a name: `auto` precision backs ops off by name.
-        names.entry(id).or_insert_with(|| if node.name.is_empty() && !matches!(node.op, Op::Input | Op::Const(_)) { format!("node{}", n.index()) } else { node.name.clone() });
+        names.entry(id).or_insert_with(|| {
+            if node.name.is_empty() && !matches!(node.op, Op::Input | Op::Const(_)) {
+                format!("node{}", n.index())
+            } else {
+                node.name.clone()
+            }
+        });
         // Ops whose trailing outputs the importer dropped (MaxPool's indices) still infer them here.
         if eg[id].data.types.len() > 1 {
             for i in 0..node.outputs.len() {

@@ -55,7 +55,15 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
         Op::Input | Op::Const(_) => Kind::Opaque,
         op if is_view(op) => Kind::View,
         op if op.is_elementwise() => Kind::Elementwise,
-        Op::Transpose { .. } | Op::Slice { .. } | Op::Expand { .. } | Op::Tile { .. } | Op::Pad { .. } | Op::Concat { .. } | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } | Op::Trilu { .. } => Kind::Injective,
+        Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Expand { .. }
+        | Op::Tile { .. }
+        | Op::Pad { .. }
+        | Op::Concat { .. }
+        | Op::DepthToSpace { .. }
+        | Op::SpaceToDepth { .. }
+        | Op::Trilu { .. } => Kind::Injective,
         Op::Reduce { axes, .. } => Kind::Reduction((shape(), axes.clone())),
         Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Arg { axis, .. } => Kind::Reduction((shape(), vec![*axis])),
         Op::LayerNorm { axis, .. } => {
@@ -129,7 +137,8 @@ impl Fuser<'_> {
             w.add(&self.work[m]);
             ext.extend(self.g.inputs(*m).into_iter().flatten().filter(|v| !members.contains(&v.node)));
         }
-        w.bytes = ext.iter().map(|v| self.g.value_type(*v).bytes() as f64).sum::<f64>() + self.g.node(root).outputs.iter().map(|t| t.bytes() as f64).sum::<f64>();
+        w.bytes =
+            ext.iter().map(|v| self.g.value_type(*v).bytes() as f64).sum::<f64>() + self.g.node(root).outputs.iter().map(|t| t.bytes() as f64).sum::<f64>();
         w
     }
 
@@ -274,7 +283,9 @@ impl Fuser<'_> {
                 .filter(|k| {
                     let kr = &self.kernels[**k];
                     let s = step[*k];
-                    !self.is_view_kernel(&kr.members) && s <= i && (last_use.get(&kr.root).is_some_and(|l| *l >= i) || self.outputs.contains(&kr.root) || s == i)
+                    !self.is_view_kernel(&kr.members)
+                        && s <= i
+                        && (last_use.get(&kr.root).is_some_and(|l| *l >= i) || self.outputs.contains(&kr.root) || s == i)
                 })
                 .map(|k| self.g.node(self.kernels[*k].root).outputs.iter().map(|t| t.bytes() as u64).sum::<u64>())
                 .sum();
@@ -287,7 +298,16 @@ impl Fuser<'_> {
 /// Partitions `g` into kernels for target `t`; see the module comment.
 pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>) -> Result<Plan> {
     let order = g.topo_order()?;
-    let mut f = Fuser { g, t, kinds: HashMap::new(), work: HashMap::new(), kernels: vec![], homes: HashMap::new(), outputs: g.graph_outputs().iter().map(|(_, v)| v.node).collect(), pos: order.iter().enumerate().map(|(i, n)| (*n, i)).collect() };
+    let mut f = Fuser {
+        g,
+        t,
+        kinds: HashMap::new(),
+        work: HashMap::new(),
+        kernels: vec![],
+        homes: HashMap::new(),
+        outputs: g.graph_outputs().iter().map(|(_, v)| v.node).collect(),
+        pos: order.iter().enumerate().map(|(i, n)| (*n, i)).collect(),
+    };
     for &n in &order {
         let k = kind(g, n);
         let node = g.node(n);
@@ -325,7 +345,8 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
     if let Some(budget) = memory_budget {
         while f.peak() > budget {
             // The largest stored elementwise value that its readers can recompute.
-            let mut cands: Vec<usize> = f.schedule().into_iter().filter(|&k| !f.kernels[k].heavy && f.kernels[k].row.is_none() && !f.is_view_kernel(&f.kernels[k].members)).collect();
+            let mut cands: Vec<usize> =
+                f.schedule().into_iter().filter(|&k| !f.kernels[k].heavy && f.kernels[k].row.is_none() && !f.is_view_kernel(&f.kernels[k].members)).collect();
             cands.sort_by_key(|&k| std::cmp::Reverse(g.node(f.kernels[k].root).outputs[0].bytes()));
             if !cands.into_iter().any(|k| f.try_inline(k, true)) {
                 break;
@@ -364,7 +385,9 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
                     None => {
                         // A constant, added where first read.
                         let node = g.node(v.node);
-                        let Op::Const(t) = &node.op else { return Err(crate::error::RewriteError::Internal(format!("value of '{}' read before it is computed", node.name))) };
+                        let Op::Const(t) = &node.op else {
+                            return Err(crate::error::RewriteError::Internal(format!("value of '{}' read before it is computed", node.name)));
+                        };
                         let c = out.add_shared_const(node.name.clone(), Arc::clone(t));
                         global.insert(v.node, vec![c]);
                         c

@@ -252,7 +252,8 @@ type Inputs = HashMap<String, Tensor>;
 
 impl Reference {
     fn new(orig: &Graph, cfg: &Config) -> Result<Reference> {
-        let inputs: Vec<HashMap<String, Tensor>> = if cfg.calibration.is_empty() { (0..3).map(|s| random_inputs(orig, s)).collect() } else { cfg.calibration.clone() };
+        let inputs: Vec<HashMap<String, Tensor>> =
+            if cfg.calibration.is_empty() { (0..3).map(|s| random_inputs(orig, s)).collect() } else { cfg.calibration.clone() };
         let sets = inputs.into_iter().map(|i| Ok((i.clone(), mlopt_ir::interp::run(orig, &i)?))).collect::<Result<_>>()?;
         Ok(Reference { sets })
     }

@@ -22,7 +22,11 @@ pub fn header(o: &Optimized, cfg: &Config) -> String {
     if !s.backed_off.is_empty() {
         let _ = writeln!(h, "; kept in fp32 by the precision check: {}", s.backed_off.join(", "));
     }
-    let _ = writeln!(h, "; e-graph: stopped by {} after {} iterations, {} e-nodes in {} e-classes, saturation {:.3} s, extraction+fusion {:.3} s", s.stop_reason, s.iterations, s.egraph_nodes, s.egraph_classes, s.saturate_s, s.extract_s);
+    let _ = writeln!(
+        h,
+        "; e-graph: stopped by {} after {} iterations, {} e-nodes in {} e-classes, saturation {:.3} s, extraction+fusion {:.3} s",
+        s.stop_reason, s.iterations, s.egraph_nodes, s.egraph_classes, s.saturate_s, s.extract_s
+    );
     let applied: Vec<String> = s.applied.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} x{n}")).collect();
     if !applied.is_empty() {
         let _ = writeln!(h, "; rules applied: {}", applied.join(", "));
@@ -51,9 +55,25 @@ pub fn table(o: &Optimized) -> String {
     let _ = writeln!(t, "{:<6} {:>12} {:>12} {:>12} {:>8}  ops", "kernel", "MFLOP", "MB", "estimate", "bound");
     for (i, k) in o.plan.kernels.iter().enumerate() {
         let bound = if k.view { "view".to_string() } else { k.estimate.bound.to_string() };
-        let _ = writeln!(t, "k{:<5} {:>12.3} {:>12.3} {:>12} {:>8}  {}", i, k.work.flops() / 1e6, k.work.bytes / 1e6, k.estimate.time.to_string(), bound, k.ops.join(" "));
+        let _ = writeln!(
+            t,
+            "k{:<5} {:>12.3} {:>12.3} {:>12} {:>8}  {}",
+            i,
+            k.work.flops() / 1e6,
+            k.work.bytes / 1e6,
+            k.estimate.time.to_string(),
+            bound,
+            k.ops.join(" ")
+        );
     }
-    let _ = writeln!(t, "total: {} before, {} after ({:.2}x), peak activation memory {:.3} MB", o.before, o.plan.total, o.before.as_secs() / o.plan.total.as_secs().max(1e-12), o.plan.peak_bytes as f64 / 1e6);
+    let _ = writeln!(
+        t,
+        "total: {} before, {} after ({:.2}x), peak activation memory {:.3} MB",
+        o.before,
+        o.plan.total,
+        o.before.as_secs() / o.plan.total.as_secs().max(1e-12),
+        o.plan.peak_bytes as f64 / 1e6
+    );
     t
 }
 

@@ -177,7 +177,11 @@ fn identity(b: &mut B, op: Binary, c: f32, left: bool) -> Value {
     let cv = b.g.add_const("", Tensor::full(&TensorType::new(DType::F32, cs), c as f64));
     let u = any_unary(b);
     let e = b.un(u, x);
-    if left { b.bin(op, cv, e) } else { b.bin(op, e, cv) }
+    if left {
+        b.bin(op, cv, e)
+    } else {
+        b.bin(op, e, cv)
+    }
 }
 
 /// An input for a LayerNormalization: (x, axis, the normalised shape).
@@ -212,358 +216,498 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
         ("div-one", |b| identity(b, Binary::Div, 1.0, false), 1e-6),
         ("pow-one", |b| identity(b, Binary::Pow, 1.0, false), 1e-6),
         ("pow-two", |b| identity(b, Binary::Pow, 2.0, false), 1e-5),
-        ("pow-half", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let a = b.un(Unary::Abs, x);
-            let h = b.scalar(0.5);
-            b.bin(Binary::Pow, a, h)
-        }, 1e-5),
-        ("div-const-to-mul", |b| {
-            let r = b.rank(0, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let c = b.positive(&s[s.len().min(1)..]);
-            b.bin(Binary::Div, x, c)
-        }, 1e-5),
+        (
+            "pow-half",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let a = b.un(Unary::Abs, x);
+                let h = b.scalar(0.5);
+                b.bin(Binary::Pow, a, h)
+            },
+            1e-5,
+        ),
+        (
+            "div-const-to-mul",
+            |b| {
+                let r = b.rank(0, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let c = b.positive(&s[s.len().min(1)..]);
+                b.bin(Binary::Div, x, c)
+            },
+            1e-5,
+        ),
         ("mul-const-chain", |b| chain(b, Binary::Mul), 1e-5),
         ("add-const-chain", |b| chain(b, Binary::Add), 1e-5),
-        ("expand-into-broadcast", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            // y has a suffix of x's shape with some dims set to 1, expanded back to x's shape (or to a
-            // broadcastable middle shape).
-            let k = b.rank(1, r);
-            let ys: Vec<usize> = s[r - k..].iter().map(|d| if b.rng.random_bool(0.5) { 1 } else { *d }).collect();
-            let y = b.input(&ys);
-            let e = b.op(Op::Expand { shape: s[r - k..].to_vec() }, &[y]);
-            let op = any_binary(b);
-            if b.rng.random_bool(0.5) { b.bin(op, x, e) } else { b.bin(op, e, x) }
-        }, 0.0),
-        ("neg-neg", |b| {
-            let s = b.dims(3);
-            let x = b.input(&s);
-            let n = b.un(Unary::Neg, x);
-            b.un(Unary::Neg, n)
-        }, 0.0),
-        ("relu-relu", |b| {
-            let s = b.dims(2);
-            let x = b.input(&s);
-            let n = b.un(Unary::Relu, x);
-            b.un(Unary::Relu, n)
-        }, 0.0),
-        ("cast-identity", |b| {
-            let s = b.dims(2);
-            let x = b.input(&s);
-            b.op(Op::Cast { to: DType::F32 }, &[x])
-        }, 0.0),
-        ("matmul-add-to-gemm", |b| {
-            let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..6));
-            let a = b.input(&[m, k]);
-            let w = b.konst(&[k, n]);
-            let bias_shape = [vec![n], vec![1, n], vec![m, n], vec![], vec![m, 1]][b.rng.random_range(0..5)].clone();
-            let c = b.konst(&bias_shape);
-            let y = b.op(Op::MatMul, &[a, w]);
-            if b.rng.random_bool(0.5) { b.bin(Binary::Add, y, c) } else { b.bin(Binary::Add, c, y) }
-        }, 1e-5),
-        ("conv-batchnorm-fold", |b| {
-            let (c, m) = (b.rng.random_range(1..4), b.rng.random_range(1..4));
-            let x = b.input(&[1, c, 5, 5]);
-            let kk = b.rng.random_range(1..4);
-            let w = b.konst(&[m, c, kk, kk]);
-            let mut ins = vec![x, w];
-            if b.rng.random_bool(0.5) {
-                ins.push(b.konst(&[m]));
-            }
-            let attrs = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
-            let y = b.op(Op::Conv(attrs), &ins);
-            let (s, bb, mean) = (b.konst(&[m]), b.konst(&[m]), b.konst(&[m]));
-            let var = b.positive(&[m]);
-            b.op(Op::BatchNorm { epsilon: 1e-5 }, &[y, s, bb, mean, var])
-        }, 1e-4),
-        ("transpose-identity", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            b.op(Op::Transpose { perm: (0..r).collect() }, &[x])
-        }, 0.0),
-        ("transpose-transpose", |b| {
-            let r = b.rank(1, 5);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let (p, q) = (b.perm(r), b.perm(r));
-            let y = b.op(Op::Transpose { perm: p }, &[x]);
-            b.op(Op::Transpose { perm: q }, &[y])
-        }, 0.0),
-        ("reshape-identity", |b| {
-            let s = b.dims(3);
-            let x = b.input(&s);
-            b.op(Op::Reshape { shape: s }, &[x])
-        }, 0.0),
-        ("reshape-reshape", |b| {
-            let s = b.dims(3);
-            let x = b.input(&s);
-            let n: usize = s.iter().product();
-            let y = b.op(Op::Reshape { shape: vec![n] }, &[x]);
-            let t = [vec![n, 1], vec![1, n], vec![s[0] * s[1], s[2]], vec![s[0], s[1] * s[2]]][b.rng.random_range(0..4)].clone();
-            b.op(Op::Reshape { shape: t }, &[y])
-        }, 0.0),
-        ("expand-identity", |b| {
-            let s = b.dims(3);
-            let x = b.input(&s);
-            b.op(Op::Expand { shape: s }, &[x])
-        }, 0.0),
-        ("unary-transpose-sink", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let p = b.perm(r);
-            let t = b.op(Op::Transpose { perm: p }, &[x]);
-            let u = any_unary(b);
-            b.un(u, t)
-        }, 1e-6),
-        ("binary-transpose-sink", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let p = b.perm(r);
-            let x = b.input(&s);
-            let tx = b.op(Op::Transpose { perm: p.clone() }, &[x]);
-            let other = if b.rng.random_bool(0.5) {
-                let y = b.input(&s);
-                b.op(Op::Transpose { perm: p }, &[y])
-            } else {
-                b.scalar(1.5)
-            };
-            let op = any_binary(b);
-            if b.rng.random_bool(0.5) { b.bin(op, tx, other) } else { b.bin(op, other, tx) }
-        }, 1e-6),
-        ("matmul-transpose-to-gemm", |b| {
-            let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..6));
-            if b.rng.random_bool(0.5) {
+        (
+            "expand-into-broadcast",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                // y has a suffix of x's shape with some dims set to 1, expanded back to x's shape (or to a
+                // broadcastable middle shape).
+                let k = b.rank(1, r);
+                let ys: Vec<usize> = s[r - k..].iter().map(|d| if b.rng.random_bool(0.5) { 1 } else { *d }).collect();
+                let y = b.input(&ys);
+                let e = b.op(Op::Expand { shape: s[r - k..].to_vec() }, &[y]);
+                let op = any_binary(b);
+                if b.rng.random_bool(0.5) {
+                    b.bin(op, x, e)
+                } else {
+                    b.bin(op, e, x)
+                }
+            },
+            0.0,
+        ),
+        (
+            "neg-neg",
+            |b| {
+                let s = b.dims(3);
+                let x = b.input(&s);
+                let n = b.un(Unary::Neg, x);
+                b.un(Unary::Neg, n)
+            },
+            0.0,
+        ),
+        (
+            "relu-relu",
+            |b| {
+                let s = b.dims(2);
+                let x = b.input(&s);
+                let n = b.un(Unary::Relu, x);
+                b.un(Unary::Relu, n)
+            },
+            0.0,
+        ),
+        (
+            "cast-identity",
+            |b| {
+                let s = b.dims(2);
+                let x = b.input(&s);
+                b.op(Op::Cast { to: DType::F32 }, &[x])
+            },
+            0.0,
+        ),
+        (
+            "matmul-add-to-gemm",
+            |b| {
+                let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..6));
                 let a = b.input(&[m, k]);
-                let w = b.input(&[n, k]);
-                let wt = b.op(Op::Transpose { perm: vec![1, 0] }, &[w]);
-                b.op(Op::MatMul, &[a, wt])
-            } else {
-                let a = b.input(&[k, m]);
-                let w = b.input(&[k, n]);
-                let at = b.op(Op::Transpose { perm: vec![1, 0] }, &[a]);
-                b.op(Op::MatMul, &[at, w])
-            }
-        }, 1e-5),
-        ("gelu-erf", |b| {
-            let s = b.dims(3);
-            let x = b.input(&s);
-            let (sq, one, half) = (b.scalar(std::f32::consts::SQRT_2), b.scalar(1.0), b.scalar(0.5));
-            let d = b.bin(Binary::Div, x, sq);
-            let e = b.un(Unary::Erf, d);
-            let a = b.bin(Binary::Add, e, one);
-            if b.rng.random_bool(0.5) {
-                let m = b.bin(Binary::Mul, x, a);
-                b.bin(Binary::Mul, m, half)
-            } else {
-                let h = b.bin(Binary::Mul, x, half);
-                b.bin(Binary::Mul, h, a)
-            }
-        }, 1e-5),
-        ("softmax-decomposed", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let axis = b.rng.random_range(0..r);
-            let red = |b: &mut B, kind, v| b.op(Op::Reduce { kind, axes: vec![axis], keepdims: true }, &[v]);
-            let m = red(b, ReduceKind::Max, x);
-            let d = b.bin(Binary::Sub, x, m);
-            let e = b.un(Unary::Exp, d);
-            let sum = red(b, ReduceKind::Sum, e);
-            b.bin(Binary::Div, e, sum)
-        }, 1e-5),
-        ("layernorm-decomposed", |b| {
-            let r = b.rank(1, 3);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let k = b.rank(1, r);
-            let axes: Vec<usize> = (r - k..r).collect();
-            let mean = |b: &mut B, v| b.op(Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keepdims: true }, &[v]);
-            let mu = mean(b, x);
-            let d = b.bin(Binary::Sub, x, mu);
-            let sq = if b.rng.random_bool(0.5) {
-                b.bin(Binary::Mul, d, d)
-            } else {
-                let two = b.scalar(2.0);
-                b.bin(Binary::Pow, d, two)
-            };
-            let var = mean(b, sq);
-            let eps = b.scalar(1e-5);
-            let ve = if b.rng.random_bool(0.5) { b.bin(Binary::Add, var, eps) } else { b.bin(Binary::Add, eps, var) };
-            let sd = b.un(Unary::Sqrt, ve);
-            b.bin(Binary::Div, d, sd)
-        }, 1e-4),
-        ("layernorm-scale", |b| {
-            let (x, axis, norm) = layer_norm_input(b);
-            let scale = b.konst(&norm);
-            let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
-            let k = b.rank(0, norm.len());
-            let gamma = b.konst(&norm[norm.len() - k..]);
-            if b.rng.random_bool(0.5) { b.bin(Binary::Mul, y, gamma) } else { b.bin(Binary::Mul, gamma, y) }
-        }, 1e-5),
-        ("layernorm-bias", |b| {
-            let (x, axis, norm) = layer_norm_input(b);
-            let scale = b.konst(&norm);
-            let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
-            let beta = b.konst(&norm);
-            if b.rng.random_bool(0.5) { b.bin(Binary::Add, y, beta) } else { b.bin(Binary::Add, beta, y) }
-        }, 1e-5),
-        ("gelu-tanh", |b| {
-            let s = b.dims(3);
-            let x = b.input(&s);
-            let cube = match b.rng.random_range(0..3) {
-                0 => {
-                    let three = b.scalar(3.0);
-                    b.bin(Binary::Pow, x, three)
+                let w = b.konst(&[k, n]);
+                let bias_shape = [vec![n], vec![1, n], vec![m, n], vec![], vec![m, 1]][b.rng.random_range(0..5)].clone();
+                let c = b.konst(&bias_shape);
+                let y = b.op(Op::MatMul, &[a, w]);
+                if b.rng.random_bool(0.5) {
+                    b.bin(Binary::Add, y, c)
+                } else {
+                    b.bin(Binary::Add, c, y)
                 }
-                1 => {
-                    let sq = b.bin(Binary::Mul, x, x);
-                    b.bin(Binary::Mul, x, sq)
-                }
-                _ => {
-                    let sq = b.bin(Binary::Mul, x, x);
-                    b.bin(Binary::Mul, sq, x)
-                }
-            };
-            let (k, c, one, half) = (b.scalar(0.044715), b.scalar((2.0 / std::f32::consts::PI).sqrt()), b.scalar(1.0), b.scalar(0.5));
-            let kc = b.bin(Binary::Mul, k, cube);
-            let u = b.bin(Binary::Add, x, kc);
-            let cu = b.bin(Binary::Mul, c, u);
-            let t = b.un(Unary::Tanh, cu);
-            let e = b.bin(Binary::Add, one, t);
-            let h = b.bin(Binary::Mul, half, x);
-            b.bin(Binary::Mul, h, e)
-        }, 1e-5),
-        ("attention", |b| {
-            let r = b.rank(2, 4);
-            let batch = b.dims(r - 2);
-            let (s, t, d, dv) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..5), b.rng.random_range(1..5));
-            let shape = |rows: usize, cols: usize| [batch.clone(), vec![rows, cols]].concat();
-            let q = b.input(&shape(s, d));
-            let kt = b.input(&shape(d, t));
-            let v = b.input(&shape(t, dv));
-            let mut z = b.op(Op::MatMul, &[q, kt]);
-            match b.rng.random_range(0..3) {
-                0 => {}
-                1 => {
-                    let c = b.scalar(0.37);
-                    z = b.bin(Binary::Mul, z, c);
-                }
-                _ => {
-                    let c = b.scalar(2.5);
-                    z = b.bin(Binary::Div, z, c);
-                }
-            }
-            if b.rng.random_bool(0.5) {
-                let m = b.konst(&[s, t]);
-                z = if b.rng.random_bool(0.5) { b.bin(Binary::Add, z, m) } else { b.bin(Binary::Add, m, z) };
-            }
-            let p = b.op(Op::Softmax { axis: r - 1 }, &[z]);
-            b.op(Op::MatMul, &[p, v])
-        }, 1e-5),
-        ("merge-sibling-matmuls", |b| {
-            let r = b.rank(2, 3);
-            let mut s = b.dims(r);
-            let k = s[r - 1];
-            let x = b.input(&s);
-            let count = b.rng.random_range(2..=3);
-            let kind = b.rng.random_range(0..3);
-            let bias = b.rng.random_bool(0.5);
-            let trans_b = b.rng.random_bool(0.5);
-            if kind == 2 {
-                // Convolutions: a fresh x of [1, C, 5, 5]; one geometry for all siblings.
-                let c = b.rng.random_range(1..4);
+            },
+            1e-5,
+        ),
+        (
+            "conv-batchnorm-fold",
+            |b| {
+                let (c, m) = (b.rng.random_range(1..4), b.rng.random_range(1..4));
                 let x = b.input(&[1, c, 5, 5]);
+                let kk = b.rng.random_range(1..4);
+                let w = b.konst(&[m, c, kk, kk]);
+                let mut ins = vec![x, w];
+                if b.rng.random_bool(0.5) {
+                    ins.push(b.konst(&[m]));
+                }
                 let attrs = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
-                let sums: Vec<Value> = (0..count)
+                let y = b.op(Op::Conv(attrs), &ins);
+                let (s, bb, mean) = (b.konst(&[m]), b.konst(&[m]), b.konst(&[m]));
+                let var = b.positive(&[m]);
+                b.op(Op::BatchNorm { epsilon: 1e-5 }, &[y, s, bb, mean, var])
+            },
+            1e-4,
+        ),
+        (
+            "transpose-identity",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                b.op(Op::Transpose { perm: (0..r).collect() }, &[x])
+            },
+            0.0,
+        ),
+        (
+            "transpose-transpose",
+            |b| {
+                let r = b.rank(1, 5);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let (p, q) = (b.perm(r), b.perm(r));
+                let y = b.op(Op::Transpose { perm: p }, &[x]);
+                b.op(Op::Transpose { perm: q }, &[y])
+            },
+            0.0,
+        ),
+        (
+            "reshape-identity",
+            |b| {
+                let s = b.dims(3);
+                let x = b.input(&s);
+                b.op(Op::Reshape { shape: s }, &[x])
+            },
+            0.0,
+        ),
+        (
+            "reshape-reshape",
+            |b| {
+                let s = b.dims(3);
+                let x = b.input(&s);
+                let n: usize = s.iter().product();
+                let y = b.op(Op::Reshape { shape: vec![n] }, &[x]);
+                let t = [vec![n, 1], vec![1, n], vec![s[0] * s[1], s[2]], vec![s[0], s[1] * s[2]]][b.rng.random_range(0..4)].clone();
+                b.op(Op::Reshape { shape: t }, &[y])
+            },
+            0.0,
+        ),
+        (
+            "expand-identity",
+            |b| {
+                let s = b.dims(3);
+                let x = b.input(&s);
+                b.op(Op::Expand { shape: s }, &[x])
+            },
+            0.0,
+        ),
+        (
+            "unary-transpose-sink",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let p = b.perm(r);
+                let t = b.op(Op::Transpose { perm: p }, &[x]);
+                let u = any_unary(b);
+                b.un(u, t)
+            },
+            1e-6,
+        ),
+        (
+            "binary-transpose-sink",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let p = b.perm(r);
+                let x = b.input(&s);
+                let tx = b.op(Op::Transpose { perm: p.clone() }, &[x]);
+                let other = if b.rng.random_bool(0.5) {
+                    let y = b.input(&s);
+                    b.op(Op::Transpose { perm: p }, &[y])
+                } else {
+                    b.scalar(1.5)
+                };
+                let op = any_binary(b);
+                if b.rng.random_bool(0.5) {
+                    b.bin(op, tx, other)
+                } else {
+                    b.bin(op, other, tx)
+                }
+            },
+            1e-6,
+        ),
+        (
+            "matmul-transpose-to-gemm",
+            |b| {
+                let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..6));
+                if b.rng.random_bool(0.5) {
+                    let a = b.input(&[m, k]);
+                    let w = b.input(&[n, k]);
+                    let wt = b.op(Op::Transpose { perm: vec![1, 0] }, &[w]);
+                    b.op(Op::MatMul, &[a, wt])
+                } else {
+                    let a = b.input(&[k, m]);
+                    let w = b.input(&[k, n]);
+                    let at = b.op(Op::Transpose { perm: vec![1, 0] }, &[a]);
+                    b.op(Op::MatMul, &[at, w])
+                }
+            },
+            1e-5,
+        ),
+        (
+            "gelu-erf",
+            |b| {
+                let s = b.dims(3);
+                let x = b.input(&s);
+                let (sq, one, half) = (b.scalar(std::f32::consts::SQRT_2), b.scalar(1.0), b.scalar(0.5));
+                let d = b.bin(Binary::Div, x, sq);
+                let e = b.un(Unary::Erf, d);
+                let a = b.bin(Binary::Add, e, one);
+                if b.rng.random_bool(0.5) {
+                    let m = b.bin(Binary::Mul, x, a);
+                    b.bin(Binary::Mul, m, half)
+                } else {
+                    let h = b.bin(Binary::Mul, x, half);
+                    b.bin(Binary::Mul, h, a)
+                }
+            },
+            1e-5,
+        ),
+        (
+            "softmax-decomposed",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let axis = b.rng.random_range(0..r);
+                let red = |b: &mut B, kind, v| b.op(Op::Reduce { kind, axes: vec![axis], keepdims: true }, &[v]);
+                let m = red(b, ReduceKind::Max, x);
+                let d = b.bin(Binary::Sub, x, m);
+                let e = b.un(Unary::Exp, d);
+                let sum = red(b, ReduceKind::Sum, e);
+                b.bin(Binary::Div, e, sum)
+            },
+            1e-5,
+        ),
+        (
+            "layernorm-decomposed",
+            |b| {
+                let r = b.rank(1, 3);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let k = b.rank(1, r);
+                let axes: Vec<usize> = (r - k..r).collect();
+                let mean = |b: &mut B, v| b.op(Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keepdims: true }, &[v]);
+                let mu = mean(b, x);
+                let d = b.bin(Binary::Sub, x, mu);
+                let sq = if b.rng.random_bool(0.5) {
+                    b.bin(Binary::Mul, d, d)
+                } else {
+                    let two = b.scalar(2.0);
+                    b.bin(Binary::Pow, d, two)
+                };
+                let var = mean(b, sq);
+                let eps = b.scalar(1e-5);
+                let ve = if b.rng.random_bool(0.5) { b.bin(Binary::Add, var, eps) } else { b.bin(Binary::Add, eps, var) };
+                let sd = b.un(Unary::Sqrt, ve);
+                b.bin(Binary::Div, d, sd)
+            },
+            1e-4,
+        ),
+        (
+            "layernorm-scale",
+            |b| {
+                let (x, axis, norm) = layer_norm_input(b);
+                let scale = b.konst(&norm);
+                let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
+                let k = b.rank(0, norm.len());
+                let gamma = b.konst(&norm[norm.len() - k..]);
+                if b.rng.random_bool(0.5) {
+                    b.bin(Binary::Mul, y, gamma)
+                } else {
+                    b.bin(Binary::Mul, gamma, y)
+                }
+            },
+            1e-5,
+        ),
+        (
+            "layernorm-bias",
+            |b| {
+                let (x, axis, norm) = layer_norm_input(b);
+                let scale = b.konst(&norm);
+                let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
+                let beta = b.konst(&norm);
+                if b.rng.random_bool(0.5) {
+                    b.bin(Binary::Add, y, beta)
+                } else {
+                    b.bin(Binary::Add, beta, y)
+                }
+            },
+            1e-5,
+        ),
+        (
+            "gelu-tanh",
+            |b| {
+                let s = b.dims(3);
+                let x = b.input(&s);
+                let cube = match b.rng.random_range(0..3) {
+                    0 => {
+                        let three = b.scalar(3.0);
+                        b.bin(Binary::Pow, x, three)
+                    }
+                    1 => {
+                        let sq = b.bin(Binary::Mul, x, x);
+                        b.bin(Binary::Mul, x, sq)
+                    }
+                    _ => {
+                        let sq = b.bin(Binary::Mul, x, x);
+                        b.bin(Binary::Mul, sq, x)
+                    }
+                };
+                let (k, c, one, half) = (b.scalar(0.044715), b.scalar((2.0 / std::f32::consts::PI).sqrt()), b.scalar(1.0), b.scalar(0.5));
+                let kc = b.bin(Binary::Mul, k, cube);
+                let u = b.bin(Binary::Add, x, kc);
+                let cu = b.bin(Binary::Mul, c, u);
+                let t = b.un(Unary::Tanh, cu);
+                let e = b.bin(Binary::Add, one, t);
+                let h = b.bin(Binary::Mul, half, x);
+                b.bin(Binary::Mul, h, e)
+            },
+            1e-5,
+        ),
+        (
+            "attention",
+            |b| {
+                let r = b.rank(2, 4);
+                let batch = b.dims(r - 2);
+                let (s, t, d, dv) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..5), b.rng.random_range(1..5));
+                let shape = |rows: usize, cols: usize| [batch.clone(), vec![rows, cols]].concat();
+                let q = b.input(&shape(s, d));
+                let kt = b.input(&shape(d, t));
+                let v = b.input(&shape(t, dv));
+                let mut z = b.op(Op::MatMul, &[q, kt]);
+                match b.rng.random_range(0..3) {
+                    0 => {}
+                    1 => {
+                        let c = b.scalar(0.37);
+                        z = b.bin(Binary::Mul, z, c);
+                    }
+                    _ => {
+                        let c = b.scalar(2.5);
+                        z = b.bin(Binary::Div, z, c);
+                    }
+                }
+                if b.rng.random_bool(0.5) {
+                    let m = b.konst(&[s, t]);
+                    z = if b.rng.random_bool(0.5) { b.bin(Binary::Add, z, m) } else { b.bin(Binary::Add, m, z) };
+                }
+                let p = b.op(Op::Softmax { axis: r - 1 }, &[z]);
+                b.op(Op::MatMul, &[p, v])
+            },
+            1e-5,
+        ),
+        (
+            "merge-sibling-matmuls",
+            |b| {
+                let r = b.rank(2, 3);
+                let mut s = b.dims(r);
+                let k = s[r - 1];
+                let x = b.input(&s);
+                let count = b.rng.random_range(2..=3);
+                let kind = b.rng.random_range(0..3);
+                let bias = b.rng.random_bool(0.5);
+                let trans_b = b.rng.random_bool(0.5);
+                if kind == 2 {
+                    // Convolutions: a fresh x of [1, C, 5, 5]; one geometry for all siblings.
+                    let c = b.rng.random_range(1..4);
+                    let x = b.input(&[1, c, 5, 5]);
+                    let attrs = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+                    let sums: Vec<Value> = (0..count)
+                        .map(|_| {
+                            let m = b.rng.random_range(1..4);
+                            let mut ins = vec![x, b.konst(&[m, c, 3, 3])];
+                            if bias {
+                                ins.push(b.konst(&[m]));
+                            }
+                            let y = b.op(Op::Conv(attrs.clone()), &ins);
+                            b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keepdims: true }, &[y])
+                        })
+                        .collect();
+                    return b.op(Op::Nary(Nary::Sum), &sums);
+                }
+                let outs: Vec<Value> = (0..count)
                     .map(|_| {
-                        let m = b.rng.random_range(1..4);
-                        let mut ins = vec![x, b.konst(&[m, c, 3, 3])];
-                        if bias {
-                            ins.push(b.konst(&[m]));
+                        let n = b.rng.random_range(1..5);
+                        if kind == 0 || r != 2 {
+                            let w = b.konst(&[k, n]);
+                            b.op(Op::MatMul, &[x, w])
+                        } else {
+                            let w = if trans_b { b.konst(&[n, k]) } else { b.konst(&[k, n]) };
+                            let mut ins = vec![Some(x), Some(w), None];
+                            if bias {
+                                ins[2] = Some(b.konst(&[n]));
+                            }
+                            b.g.add_node(Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b }, "", &ins, None).unwrap()[0]
                         }
-                        let y = b.op(Op::Conv(attrs.clone()), &ins);
-                        b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keepdims: true }, &[y])
                     })
                     .collect();
-                return b.op(Op::Nary(Nary::Sum), &sums);
-            }
-            let outs: Vec<Value> = (0..count)
-                .map(|_| {
-                    let n = b.rng.random_range(1..5);
-                    if kind == 0 || r != 2 {
-                        let w = b.konst(&[k, n]);
-                        b.op(Op::MatMul, &[x, w])
-                    } else {
-                        let w = if trans_b { b.konst(&[n, k]) } else { b.konst(&[k, n]) };
-                        let mut ins = vec![Some(x), Some(w), None];
-                        if bias {
-                            ins[2] = Some(b.konst(&[n]));
-                        }
-                        b.g.add_node(Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b }, "", &ins, None).unwrap()[0]
-                    }
-                })
-                .collect();
-            // Join the results so one output depends on every sibling.
-            s[r - 1] = 1;
-            let sums: Vec<Value> = outs.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
-            b.op(Op::Nary(Nary::Sum), &sums)
-        }, 1e-5),
-        ("bias-through-split", |b| {
-            let r = b.rank(1, 3);
-            let mut s = b.dims(r);
-            let count = b.rng.random_range(2..=3);
-            let sizes: Vec<usize> = (0..count).map(|_| b.rng.random_range(1..4)).collect();
-            s[r - 1] = sizes.iter().sum();
-            let x = b.input(&s);
-            let parts = b.g.add_node(Op::Split { axis: r - 1, sizes: sizes.clone() }, "", &[Some(x)], None).unwrap();
-            let biased: Vec<Value> = parts.iter().zip(&sizes).map(|(p, n)| {
-                let c = b.konst(&[*n]);
-                b.bin(Binary::Add, *p, c)
-            }).collect();
-            let sums: Vec<Value> = biased.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
-            b.op(Op::Nary(Nary::Sum), &sums)
-        }, 1e-5),
-        ("lower-matrix-bf16", |b| {
-            let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..9), b.rng.random_range(1..6));
-            let a = b.input(&[m, k]);
-            let w = b.konst(&[k, n]);
-            b.op(Op::MatMul, &[a, w])
-        }, 5e-2),
-        ("cast-roundtrip", |b| {
-            let s = b.dims(2);
-            let x = b.input(&s);
-            let lo = b.op(Op::Cast { to: DType::BF16 }, &[x]);
-            let hi = b.op(Op::Cast { to: DType::F32 }, &[lo]);
-            b.op(Op::Cast { to: DType::BF16 }, &[hi])
-        }, 0.0),
-        ("cast-through-layout", |b| {
-            let r = b.rank(1, 4);
-            let s = b.dims(r);
-            let x = b.input(&s);
-            let l = if b.rng.random_bool(0.5) {
-                let p = b.perm(r);
-                b.op(Op::Transpose { perm: p }, &[x])
-            } else {
-                b.op(Op::Reshape { shape: vec![s.iter().product()] }, &[x])
-            };
-            b.op(Op::Cast { to: DType::BF16 }, &[l])
-        }, 0.0),
-        ("relu-through-widening", |b| {
-            let s = b.dims(2);
-            let x = b.input(&s);
-            let lo = b.op(Op::Cast { to: DType::BF16 }, &[x]);
-            let hi = b.op(Op::Cast { to: DType::F32 }, &[lo]);
-            b.un(Unary::Relu, hi)
-        }, 0.0),
+                // Join the results so one output depends on every sibling.
+                s[r - 1] = 1;
+                let sums: Vec<Value> = outs.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
+                b.op(Op::Nary(Nary::Sum), &sums)
+            },
+            1e-5,
+        ),
+        (
+            "bias-through-split",
+            |b| {
+                let r = b.rank(1, 3);
+                let mut s = b.dims(r);
+                let count = b.rng.random_range(2..=3);
+                let sizes: Vec<usize> = (0..count).map(|_| b.rng.random_range(1..4)).collect();
+                s[r - 1] = sizes.iter().sum();
+                let x = b.input(&s);
+                let parts = b.g.add_node(Op::Split { axis: r - 1, sizes: sizes.clone() }, "", &[Some(x)], None).unwrap();
+                let biased: Vec<Value> = parts
+                    .iter()
+                    .zip(&sizes)
+                    .map(|(p, n)| {
+                        let c = b.konst(&[*n]);
+                        b.bin(Binary::Add, *p, c)
+                    })
+                    .collect();
+                let sums: Vec<Value> = biased.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
+                b.op(Op::Nary(Nary::Sum), &sums)
+            },
+            1e-5,
+        ),
+        (
+            "lower-matrix-bf16",
+            |b| {
+                let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..9), b.rng.random_range(1..6));
+                let a = b.input(&[m, k]);
+                let w = b.konst(&[k, n]);
+                b.op(Op::MatMul, &[a, w])
+            },
+            5e-2,
+        ),
+        (
+            "cast-roundtrip",
+            |b| {
+                let s = b.dims(2);
+                let x = b.input(&s);
+                let lo = b.op(Op::Cast { to: DType::BF16 }, &[x]);
+                let hi = b.op(Op::Cast { to: DType::F32 }, &[lo]);
+                b.op(Op::Cast { to: DType::BF16 }, &[hi])
+            },
+            0.0,
+        ),
+        (
+            "cast-through-layout",
+            |b| {
+                let r = b.rank(1, 4);
+                let s = b.dims(r);
+                let x = b.input(&s);
+                let l = if b.rng.random_bool(0.5) {
+                    let p = b.perm(r);
+                    b.op(Op::Transpose { perm: p }, &[x])
+                } else {
+                    b.op(Op::Reshape { shape: vec![s.iter().product()] }, &[x])
+                };
+                b.op(Op::Cast { to: DType::BF16 }, &[l])
+            },
+            0.0,
+        ),
+        (
+            "relu-through-widening",
+            |b| {
+                let s = b.dims(2);
+                let x = b.input(&s);
+                let lo = b.op(Op::Cast { to: DType::BF16 }, &[x]);
+                let hi = b.op(Op::Cast { to: DType::F32 }, &[lo]);
+                b.un(Unary::Relu, hi)
+            },
+            0.0,
+        ),
     ]
 }
 

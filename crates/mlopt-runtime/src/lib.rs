@@ -29,12 +29,8 @@ pub fn write_gpu_archive(path: &std::path::Path, objects: &[(&str, &[u8])]) -> s
 
 fn write_archive_with(path: &std::path::Path, objects: &[(&str, &[u8])], runtime: (&str, &[u8])) -> std::io::Result<()> {
     use ar_archive_writer::{write_archive_to_stream, ArchiveKind, NewArchiveMember, DEFAULT_OBJECT_READER};
-    let members: Vec<NewArchiveMember> = objects
-        .iter()
-        .copied()
-        .chain([runtime])
-        .map(|(name, data)| NewArchiveMember::new(data, &DEFAULT_OBJECT_READER, name.to_string()))
-        .collect();
+    let members: Vec<NewArchiveMember> =
+        objects.iter().copied().chain([runtime]).map(|(name, data)| NewArchiveMember::new(data, &DEFAULT_OBJECT_READER, name.to_string())).collect();
     let mut out = std::io::Cursor::new(Vec::new());
     write_archive_to_stream(&mut out, &members, ArchiveKind::Gnu, false, None)?;
     std::fs::write(path, out.into_inner())

@@ -9,8 +9,7 @@ use ndarray::{ArrayD, IxDyn, Zip};
 
 /// Broadcasts two arrays against each other and maps pairs.
 pub(crate) fn zip2<A: Copy, B: Copy, C>(a: &ArrayD<A>, b: &ArrayD<B>, f: impl Fn(A, B) -> C) -> EvalResult<ArrayD<C>> {
-    let shape = broadcast_shapes(a.shape(), b.shape())
-        .ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", a.shape(), b.shape()))?;
+    let shape = broadcast_shapes(a.shape(), b.shape()).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", a.shape(), b.shape()))?;
     let av = a.broadcast(IxDyn(&shape)).ok_or("broadcast failed")?;
     let bv = b.broadcast(IxDyn(&shape)).ok_or("broadcast failed")?;
     Ok(Zip::from(&av).and(&bv).map_collect(|x, y| f(*x, *y)))
@@ -188,9 +187,7 @@ fn unary_float<T: Real>(u: Unary, x: T) -> T {
                 g * (a * x.exp() - a)
             }
         }
-        Unary::HardSigmoid { alpha, beta } => {
-            (T::lit(alpha as f64) * x + T::lit(beta as f64)).max(zero).min(one)
-        }
+        Unary::HardSigmoid { alpha, beta } => (T::lit(alpha as f64) * x + T::lit(beta as f64)).max(zero).min(one),
         Unary::ThresholdedRelu { alpha } => {
             if x > T::lit(alpha as f64) {
                 x

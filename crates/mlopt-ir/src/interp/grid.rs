@@ -14,7 +14,13 @@ fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
     if span <= 0.0 {
         return lo;
     }
-    let (d, from_lo) = if x < lo { (lo - x, true) } else if x > hi { (x - hi, false) } else { return x };
+    let (d, from_lo) = if x < lo {
+        (lo - x, true)
+    } else if x > hi {
+        (x - hi, false)
+    } else {
+        return x;
+    };
     let n = (d / span).floor();
     let r = d - n * span;
     let even = (n as i64) % 2 == 0;
@@ -40,8 +46,7 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: 
     let plane: usize = dims.iter().product();
     let data = x.to_f64_vec();
     let g = grid.to_f64_vec();
-    let borders: Vec<(f64, f64)> =
-        dims.iter().map(|&d| if align { (0.0, d as f64 - 1.0) } else { (-0.5, d as f64 - 0.5) }).collect();
+    let borders: Vec<(f64, f64)> = dims.iter().map(|&d| if align { (0.0, d as f64 - 1.0) } else { (-0.5, d as f64 - 0.5) }).collect();
     let mut out = vec![0.0; xs[0] * xs[1] * oplane];
     let mut taps: Vec<Vec<(Option<usize>, f64)>> = vec![vec![]; sp];
     for n in 0..xs[0] {

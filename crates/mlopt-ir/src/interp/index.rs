@@ -33,7 +33,11 @@ fn top_k_t<T: Elem>(a: &ArrayD<T>, axis: usize, k: usize, largest: bool) -> Eval
     // NaN counts as the largest value, as in a numpy sort.
     let key = |v: T| {
         let f = v.to_f64();
-        if f.is_nan() { f64::INFINITY } else { f }
+        if f.is_nan() {
+            f64::INFINITY
+        } else {
+            f
+        }
     };
     let (mut vals, mut idxs) = (vec![], vec![]);
     for lane in moved.chunks(n.max(1)).take(if n == 0 { 0 } else { usize::MAX }) {

@@ -48,9 +48,7 @@ fn take_axes<T: Elem>(a: &ArrayD<T>, idx: &[Vec<usize>]) -> ArrayD<T> {
 }
 
 pub(crate) fn slice(x: &Tensor, starts: &[usize], steps: &[i64], lens: &[usize]) -> Tensor {
-    let idx: Vec<Vec<usize>> = (0..starts.len())
-        .map(|d| (0..lens[d]).map(|i| (starts[d] as i64 + i as i64 * steps[d]) as usize).collect())
-        .collect();
+    let idx: Vec<Vec<usize>> = (0..starts.len()).map(|d| (0..lens[d]).map(|i| (starts[d] as i64 + i as i64 * steps[d]) as usize).collect()).collect();
     dispatch!(x, a => Tensor::from_array(take_axes(a, &idx)))
 }
 
@@ -142,8 +140,7 @@ fn pad_source(o: usize, begin: i64, n: usize, mode: PadMode) -> Option<usize> {
 pub(crate) fn pad(x: &Tensor, pads: &[i64], mode: PadMode, value: f64) -> Tensor {
     let r = x.shape().len();
     let shape: Vec<usize> = (0..r).map(|d| (x.shape()[d] as i64 + pads[d] + pads[d + r]) as usize).collect();
-    let maps: Vec<Vec<Option<usize>>> =
-        (0..r).map(|d| (0..shape[d]).map(|o| pad_source(o, pads[d], x.shape()[d], mode)).collect()).collect();
+    let maps: Vec<Vec<Option<usize>>> = (0..r).map(|d| (0..shape[d]).map(|o| pad_source(o, pads[d], x.shape()[d], mode)).collect()).collect();
     dispatch!(x, a => {
         let fill = Elem::from_f64(value);
         let mut src = vec![0; r];

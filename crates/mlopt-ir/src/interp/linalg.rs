@@ -74,15 +74,7 @@ fn gemm_t<T: Arith>(a: &ArrayD<T>, b: &ArrayD<T>, c: Option<&ArrayD<T>>, alpha: 
     Ok(Tensor::from_array(out))
 }
 
-pub(crate) fn gemm(
-    a: &Tensor,
-    b: &Tensor,
-    c: Option<&Tensor>,
-    alpha: f32,
-    beta: f32,
-    trans_a: bool,
-    trans_b: bool,
-) -> EvalResult<Tensor> {
+pub(crate) fn gemm(a: &Tensor, b: &Tensor, c: Option<&Tensor>, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) -> EvalResult<Tensor> {
     num_dispatch!(a, x => gemm_t(x, typed(b)?, c.map(typed).transpose()?, alpha, beta, trans_a, trans_b))
 }
 
@@ -154,15 +146,10 @@ fn conv_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD<T>>, c: &
     let (n, ch, m, g) = (xs[0], xs[1], ws[0], c.group);
     let (cg, mg) = (ch / g, m / g);
     let sp = xs.len() - 2;
-    let outs: Vec<usize> = (0..sp)
-        .map(|d| {
-            crate::infer::window_out(xs[d + 2], ws[d + 2], c.strides[d], c.dilations[d], c.pads[d], c.pads[d + sp], false)
-                .unwrap_or(0)
-        })
-        .collect();
+    let outs: Vec<usize> =
+        (0..sp).map(|d| crate::infer::window_out(xs[d + 2], ws[d + 2], c.strides[d], c.dilations[d], c.pads[d], c.pads[d + sp], false).unwrap_or(0)).collect();
     let geo = Geometry::new(&xs[2..], &ws[2..], &outs, c);
-    let (plane, kk, oo): (usize, usize, usize) =
-        (xs[2..].iter().product(), ws[2..].iter().product(), outs.iter().product());
+    let (plane, kk, oo): (usize, usize, usize) = (xs[2..].iter().product(), ws[2..].iter().product(), outs.iter().product());
     let xv: Vec<T> = x.iter().copied().collect();
     let wv: Vec<T> = w.iter().copied().collect();
     let mut out = vec![T::zero(); n * m * oo];
@@ -218,16 +205,14 @@ fn conv_transpose_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD
     let sp = xs.len() - 2;
     let outs: Vec<usize> = (0..sp)
         .map(|d| {
-            let full = c.strides[d] * xs[d + 2].saturating_sub(1) + c.output_padding.get(d).copied().unwrap_or(0)
-                + c.dilations[d] * (ws[d + 2] - 1) + 1;
+            let full = c.strides[d] * xs[d + 2].saturating_sub(1) + c.output_padding.get(d).copied().unwrap_or(0) + c.dilations[d] * (ws[d + 2] - 1) + 1;
             full.saturating_sub(c.pads[d] + c.pads[d + sp])
         })
         .collect();
     // Taps scatter from input position i to output position i*s + k*d - pad: the same table, with the
     // roles of input and output swapped.
     let geo = Geometry::new(&outs, &ws[2..], &xs[2..], c);
-    let (iplane, kk, oplane): (usize, usize, usize) =
-        (xs[2..].iter().product(), ws[2..].iter().product(), outs.iter().product());
+    let (iplane, kk, oplane): (usize, usize, usize) = (xs[2..].iter().product(), ws[2..].iter().product(), outs.iter().product());
     let xv: Vec<T> = x.iter().copied().collect();
     let wv: Vec<T> = w.iter().copied().collect();
     let mut out = vec![T::zero(); n * m * oplane];

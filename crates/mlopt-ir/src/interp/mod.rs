@@ -87,12 +87,8 @@ pub(crate) fn typed<T: Elem>(t: &Tensor) -> EvalResult<&ArrayD<T>> {
 /// Evaluates one op. `out_types` are the node's declared output types (only their dtypes are used, to
 /// round f32 results back to f16/bf16). Missing optional inputs are `None`.
 pub fn eval_op(op: &Op, inputs: &[Option<&Tensor>], out_types: &[TensorType]) -> EvalResult<Vec<Tensor>> {
-    let widened: Vec<Option<Tensor>> = inputs
-        .iter()
-        .map(|t| t.filter(|t| matches!(t.dtype(), DType::F16 | DType::BF16)).map(|t| t.cast(DType::F32)))
-        .collect();
-    let args: Vec<Option<&Tensor>> =
-        inputs.iter().zip(&widened).map(|(orig, w)| w.as_ref().or(*orig)).collect();
+    let widened: Vec<Option<Tensor>> = inputs.iter().map(|t| t.filter(|t| matches!(t.dtype(), DType::F16 | DType::BF16)).map(|t| t.cast(DType::F32))).collect();
+    let args: Vec<Option<&Tensor>> = inputs.iter().zip(&widened).map(|(orig, w)| w.as_ref().or(*orig)).collect();
     let mut outs = eval_wide(op, &args)?;
     outs.truncate(out_types.len().max(1));
     for (t, ty) in outs.iter_mut().zip(out_types) {
@@ -137,39 +133,21 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             let p = nn::softmax(&s, axis, false)?;
             one(linalg::matmul(&p, req(args, 2)?)?)
         }
-        Op::Gemm { alpha, beta, trans_a, trans_b } => one(linalg::gemm(
-            x()?,
-            req(args, 1)?,
-            args.get(2).copied().flatten(),
-            *alpha,
-            *beta,
-            *trans_a,
-            *trans_b,
-        )?),
+        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            one(linalg::gemm(x()?, req(args, 1)?, args.get(2).copied().flatten(), *alpha, *beta, *trans_a, *trans_b)?)
+        }
         Op::Conv(c) => one(linalg::conv(x()?, req(args, 1)?, args.get(2).copied().flatten(), c)?),
-        Op::ConvTranspose(c) => {
-            one(linalg::conv_transpose(x()?, req(args, 1)?, args.get(2).copied().flatten(), c)?)
-        }
-        Op::BatchNorm { epsilon } => one(nn::batch_norm(
-            x()?,
-            [req(args, 1)?, req(args, 2)?, req(args, 3)?, req(args, 4)?],
-            *epsilon,
-        )?),
+        Op::ConvTranspose(c) => one(linalg::conv_transpose(x()?, req(args, 1)?, args.get(2).copied().flatten(), c)?),
+        Op::BatchNorm { epsilon } => one(nn::batch_norm(x()?, [req(args, 1)?, req(args, 2)?, req(args, 3)?, req(args, 4)?], *epsilon)?),
         Op::InstanceNorm { epsilon } => one(nn::instance_norm(x()?, req(args, 1)?, req(args, 2)?, *epsilon)?),
-        Op::LayerNorm { axis, epsilon } => {
-            nn::layer_norm(x()?, req(args, 1)?, args.get(2).copied().flatten(), *axis, *epsilon)
-        }
+        Op::LayerNorm { axis, epsilon } => nn::layer_norm(x()?, req(args, 1)?, args.get(2).copied().flatten(), *axis, *epsilon),
         Op::Lrn { size, alpha, beta, bias } => one(nn::lrn(x()?, *size, *alpha, *beta, *bias)?),
         Op::MaxPool { pool, col_major } => nn::max_pool(x()?, pool, *col_major),
-        Op::AveragePool { pool, count_include_pad } => {
-            one(nn::pool(x()?, pool, nn::PoolKind::Average { count_include_pad: *count_include_pad })?)
-        }
+        Op::AveragePool { pool, count_include_pad } => one(nn::pool(x()?, pool, nn::PoolKind::Average { count_include_pad: *count_include_pad })?),
         Op::GlobalAveragePool => one(nn::global_pool(x()?, false)?),
         Op::GlobalMaxPool => one(nn::global_pool(x()?, true)?),
         Op::Reduce { kind, axes, keepdims } => one(reduce::reduce(x()?, *kind, axes, *keepdims)?),
-        Op::Arg { max, axis, keepdims, select_last_index } => {
-            one(reduce::arg(x()?, *max, *axis, *keepdims, *select_last_index)?)
-        }
+        Op::Arg { max, axis, keepdims, select_last_index } => one(reduce::arg(x()?, *max, *axis, *keepdims, *select_last_index)?),
         Op::Reshape { shape } => one(x()?.reshape(shape).ok_or("element count mismatch")?),
         Op::Transpose { perm } => one(layout::transpose(x()?, perm)),
         Op::Concat { axis } => {
@@ -191,9 +169,7 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::GridSample { mode, padding, align_corners } => one(grid::grid_sample(x()?, req(args, 1)?, *mode, *padding, *align_corners)?),
         Op::GatherNd { batch_dims } => one(index::gather_nd(x()?, req(args, 1)?, *batch_dims)?),
         Op::ScatterNd { reduction } => one(index::scatter_nd(x()?, req(args, 1)?, req(args, 2)?, *reduction)?),
-        Op::ScatterElements { axis, reduction } => {
-            one(index::scatter_elements(x()?, req(args, 1)?, req(args, 2)?, *axis, *reduction)?)
-        }
+        Op::ScatterElements { axis, reduction } => one(index::scatter_elements(x()?, req(args, 1)?, req(args, 2)?, *axis, *reduction)?),
     }
 }
 
@@ -219,27 +195,17 @@ pub fn run(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<(Strin
         let node = graph.node(n);
         let outs = match &node.op {
             Op::Input => {
-                let t = inputs
-                    .get(&node.name)
-                    .ok_or_else(|| IrError::Input { name: node.name.clone(), msg: "no value given".into() })?;
+                let t = inputs.get(&node.name).ok_or_else(|| IrError::Input { name: node.name.clone(), msg: "no value given".into() })?;
                 if t.ty() != node.outputs[0] {
-                    return Err(IrError::Input {
-                        name: node.name.clone(),
-                        msg: format!("expected {}, got {}", node.outputs[0], t.ty()),
-                    });
+                    return Err(IrError::Input { name: node.name.clone(), msg: format!("expected {}, got {}", node.outputs[0], t.ty()) });
                 }
                 vec![t.clone()]
             }
             Op::Const(t) => vec![(**t).clone()],
             op => {
                 let ins = graph.inputs(n);
-                let args: Vec<Option<&Tensor>> =
-                    ins.iter().map(|v| v.and_then(|v| values.get(&v.node).map(|o| &o[v.output as usize]))).collect();
-                let outs = eval_op(op, &args, &node.outputs).map_err(|msg| IrError::Eval {
-                    node: node.name.clone(),
-                    op: op.name(),
-                    msg,
-                })?;
+                let args: Vec<Option<&Tensor>> = ins.iter().map(|v| v.and_then(|v| values.get(&v.node).map(|o| &o[v.output as usize]))).collect();
+                let outs = eval_op(op, &args, &node.outputs).map_err(|msg| IrError::Eval { node: node.name.clone(), op: op.name(), msg })?;
                 for v in ins.into_iter().flatten() {
                     if let Some(c) = uses.get_mut(&v.node) {
                         *c -= 1;

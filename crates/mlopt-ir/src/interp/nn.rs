@@ -181,11 +181,7 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind, col_major: bool
                     count += 1;
                     if e > max || (e.is_nan() && !max.is_nan()) || at.is_none() {
                         max = e;
-                        let spatial = if col_major {
-                            pos.iter().zip(ins).rev().fold(0usize, |acc, (&q, &n)| acc * n + q as usize)
-                        } else {
-                            off
-                        };
+                        let spatial = if col_major { pos.iter().zip(ins).rev().fold(0usize, |acc, (&q, &n)| acc * n + q as usize) } else { off };
                         at = Some((nc * plane + spatial) as i64);
                     }
                 }

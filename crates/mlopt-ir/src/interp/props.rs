@@ -11,9 +11,7 @@ fn shape() -> impl Strategy<Value = Vec<usize>> {
 
 fn tensor(shape: Vec<usize>) -> impl Strategy<Value = Tensor> {
     let n: usize = shape.iter().product();
-    prop::collection::vec(-100i32..100, n).prop_map(move |v| {
-        Tensor::from_vec(&shape, v.into_iter().map(|x| x as f32 / 8.0).collect()).unwrap()
-    })
+    prop::collection::vec(-100i32..100, n).prop_map(move |v| Tensor::from_vec(&shape, v.into_iter().map(|x| x as f32 / 8.0).collect()).unwrap())
 }
 
 /// Two shapes that broadcast: the second is the first with some dims set to 1 or dropped from the front.

@@ -37,11 +37,7 @@ fn source_coord(r: &ResizeAttrs, axis: usize, x: usize, n_in: usize, n_out: usiz
         CoordMode::TfCropAndResize => {
             let rank = r.scales.len();
             let (start, end) = (r.roi[axis] as f64, r.roi[axis + rank] as f64);
-            let v = if n_out > 1 {
-                start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (fout - 1.0)
-            } else {
-                0.5 * (start + end) * (fin - 1.0)
-            };
+            let v = if n_out > 1 { start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (fout - 1.0) } else { 0.5 * (start + end) * (fin - 1.0) };
             if v < 0.0 || v > fin - 1.0 {
                 return None;
             }

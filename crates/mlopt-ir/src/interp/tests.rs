@@ -23,8 +23,7 @@ fn eval(inputs: &[(&str, Tensor)], body: &str) -> Result<Tensor, String> {
 }
 
 fn close(a: &Tensor, b: &Tensor) -> bool {
-    a.ty() == b.ty()
-        && a.to_f64_vec().iter().zip(b.to_f64_vec()).all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+    a.ty() == b.ty() && a.to_f64_vec().iter().zip(b.to_f64_vec()).all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
 }
 
 #[test]
@@ -104,10 +103,13 @@ fn semantics() {
 #[test]
 fn errors() {
     let cases: Vec<Case<&str>> = vec![
-        ("integer division by zero", vec![("a", t(&[1], vec![1i64])), ("b", t(&[1], vec![0i64]))],
-         "  %y: i64[1] = div %a, %b", "integer division by zero"),
-        ("gather index out of range", vec![("a", t(&[3], vec![1f32, 2., 3.]))],
-         "  %i: i64[1] = const [3]\n  %y: f32[1] = gather[axis=0] %a, %i", "index 3 out of range"),
+        ("integer division by zero", vec![("a", t(&[1], vec![1i64])), ("b", t(&[1], vec![0i64]))], "  %y: i64[1] = div %a, %b", "integer division by zero"),
+        (
+            "gather index out of range",
+            vec![("a", t(&[3], vec![1f32, 2., 3.]))],
+            "  %i: i64[1] = const [3]\n  %y: f32[1] = gather[axis=0] %a, %i",
+            "index 3 out of range",
+        ),
     ];
     for (name, inputs, body, msg) in cases {
         let e = eval(&inputs, body).expect_err(name);

@@ -9,9 +9,24 @@ use crate::error::Result;
 use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, Unary, Value};
 
 pub(crate) const OPS: &[&str] = &[
-    "RMSNormalization", "Attention", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "Hardmax",
-    "MeanVarianceNormalization", "GroupNormalization", "LpPool", "CumSum", "OneHot", "EyeLike", "RotaryEmbedding",
-    "CenterCropPad", "HannWindow", "HammingWindow", "BlackmanWindow", "Einsum", "AffineGrid",
+    "RMSNormalization",
+    "Attention",
+    "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss",
+    "Hardmax",
+    "MeanVarianceNormalization",
+    "GroupNormalization",
+    "LpPool",
+    "CumSum",
+    "OneHot",
+    "EyeLike",
+    "RotaryEmbedding",
+    "CenterCropPad",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
+    "Einsum",
+    "AffineGrid",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -142,7 +157,10 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         };
         let heads = |cx: &NodeCx<'_, '_>, x: Value, h: i64, i: usize| -> Result<Vec<usize>> {
             let s = &cx.ty(x).shape;
-            let h = usize::try_from(h).ok().filter(|&h| h > 0 && s[2].is_multiple_of(h)).ok_or_else(|| cx.err_in(i, format!("hidden size {} does not split into {h} heads", s[2])))?;
+            let h = usize::try_from(h)
+                .ok()
+                .filter(|&h| h > 0 && s[2].is_multiple_of(h))
+                .ok_or_else(|| cx.err_in(i, format!("hidden size {} does not split into {h} heads", s[2])))?;
             Ok(vec![s[0], h, s[1], s[2] / h])
         };
         let (sq, sk, sv) = (heads(cx, q, qh, 0)?, heads(cx, k, kvh, 1)?, heads(cx, v, kvh, 2)?);
@@ -201,7 +219,9 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     };
     let wide = match precision {
         None => dtype,
-        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32).filter(|d| d.is_float()).ok_or_else(|| cx.err(format!("softmax_precision {p} is not a supported float type")))?,
+        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32)
+            .filter(|d| d.is_float())
+            .ok_or_else(|| cx.err(format!("softmax_precision {p} is not a supported float type")))?,
     };
     let sm_in = cx.cast_to(capped, wide)?;
     let probs = cx.add1(Op::Softmax { axis: 3 }, &[sm_in])?;
@@ -494,7 +514,9 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x4 = match ty.rank() {
         4 => cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x])?,
         3 => {
-            let h = usize::try_from(num_heads).ok().filter(|&h| h > 0 && ty.shape[2].is_multiple_of(h))
+            let h = usize::try_from(num_heads)
+                .ok()
+                .filter(|&h| h > 0 && ty.shape[2].is_multiple_of(h))
                 .ok_or_else(|| cx.err(format!("3-D input needs num_heads dividing {}", ty.shape[2])))?;
             cx.add1(Op::Reshape { shape: vec![ty.shape[0], ty.shape[1], h, ty.shape[2] / h] }, &[x])?
         }
@@ -502,7 +524,14 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     };
     let s4 = cx.ty(x4).shape.clone();
     let head = s4[3];
-    let rd = if rot_dim == 0 { head } else { usize::try_from(rot_dim).ok().filter(|&d| d <= head && d % 2 == 0).ok_or_else(|| cx.err(format!("rotary_embedding_dim {rot_dim} must be even and at most {head}")))? };
+    let rd = if rot_dim == 0 {
+        head
+    } else {
+        usize::try_from(rot_dim)
+            .ok()
+            .filter(|&d| d <= head && d % 2 == 0)
+            .ok_or_else(|| cx.err(format!("rotary_embedding_dim {rot_dim} must be even and at most {head}")))?
+    };
     let half = rd / 2;
     let angles = |cx: &mut NodeCx<'_, '_>, cache: Value| -> Result<Value> {
         let c = match pos {
@@ -617,13 +646,19 @@ fn affine_grid(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let dims: Vec<usize> = size[2..].iter().map(|&d| d.max(0) as usize).collect();
     let coord = |i: usize, n: usize| -> f64 {
         if align {
-            if n <= 1 { -1.0 } else { -1.0 + 2.0 * i as f64 / (n - 1) as f64 }
+            if n <= 1 {
+                -1.0
+            } else {
+                -1.0 + 2.0 * i as f64 / (n - 1) as f64
+            }
         } else {
             (2 * i + 1) as f64 / n as f64 - 1.0
         }
     };
     // Rows (x, y[, z], 1) in row-major order over the spatial axes; x runs along the last axis.
-    let count = mlopt_ir::checked_numel(&dims).filter(|n| n.saturating_mul(sp + 1).saturating_mul(8) <= super::FOLD_LIMIT_BYTES).ok_or_else(|| cx.err_in(1, format!("size {size:?} is larger than mlopt folds into a constant")))?;
+    let count = mlopt_ir::checked_numel(&dims)
+        .filter(|n| n.saturating_mul(sp + 1).saturating_mul(8) <= super::FOLD_LIMIT_BYTES)
+        .ok_or_else(|| cx.err_in(1, format!("size {size:?} is larger than mlopt folds into a constant")))?;
     let mut base = Vec::with_capacity(count * (sp + 1));
     for flat in 0..count {
         let mut rem = flat;

@@ -29,7 +29,8 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         let v = cx.req(i)?;
         let rank = cx.ty(v).rank();
         let named = spec.replace("...", "").chars().count();
-        let ell = if spec.contains("...") { rank.checked_sub(named).ok_or_else(|| cx.err_in(i, format!("'{spec}' has more labels than rank {rank}")))? } else { 0 };
+        let ell =
+            if spec.contains("...") { rank.checked_sub(named).ok_or_else(|| cx.err_in(i, format!("'{spec}' has more labels than rank {rank}")))? } else { 0 };
         if spec.contains("...") {
             if ellipsis_rank.is_some_and(|r| r != ell) {
                 return Err(cx.err("ellipses of different ranks are not supported"));
@@ -116,8 +117,14 @@ fn dims(cx: &NodeCx<'_, '_>, t: &Term, ls: &[char]) -> Vec<usize> {
 /// Contracts two terms into one whose labels are batch, then left-kept, then right-kept.
 fn pair(cx: &mut NodeCx<'_, '_>, a: Term, b: Term, later: &[char]) -> Result<Term> {
     let needs = |c: &char, other: &Term| later.contains(c) || other.labels.contains(c);
-    let a = { let keep: Vec<char> = a.labels.iter().copied().filter(|c| needs(c, &b)).collect(); sum_unneeded(cx, a, &keep)? };
-    let b = { let keep: Vec<char> = b.labels.iter().copied().filter(|c| needs(c, &a)).collect(); sum_unneeded(cx, b, &keep)? };
+    let a = {
+        let keep: Vec<char> = a.labels.iter().copied().filter(|c| needs(c, &b)).collect();
+        sum_unneeded(cx, a, &keep)?
+    };
+    let b = {
+        let keep: Vec<char> = b.labels.iter().copied().filter(|c| needs(c, &a)).collect();
+        sum_unneeded(cx, b, &keep)?
+    };
     let batch: Vec<char> = a.labels.iter().copied().filter(|c| b.labels.contains(c) && later.contains(c)).collect();
     let contract: Vec<char> = a.labels.iter().copied().filter(|c| b.labels.contains(c) && !later.contains(c)).collect();
     let left: Vec<char> = a.labels.iter().copied().filter(|c| !b.labels.contains(c)).collect();

@@ -8,9 +8,30 @@ use crate::error::Result;
 use mlopt_ir::{broadcast_shapes, CoordMode, GridPadding, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, ScatterReduction, Value};
 
 pub(crate) const OPS: &[&str] = &[
-    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
-    "GatherElements", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Trilu",
-    "TopK", "GatherND", "ScatterND", "ScatterElements", "Scatter", "GridSample",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherElements",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Resize",
+    "Upsample",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Trilu",
+    "TopK",
+    "GatherND",
+    "ScatterND",
+    "ScatterElements",
+    "Scatter",
+    "GridSample",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -161,7 +182,8 @@ fn shape_operand(cx: &NodeCx<'_, '_>, i: usize) -> Result<Vec<usize>> {
 fn reshape(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let ins = cx.ty(x).shape.clone();
-    let spec = if cx.opset() < 5 { cx.ints("shape")?.unwrap_or_default() } else { cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))? };
+    let spec =
+        if cx.opset() < 5 { cx.ints("shape")?.unwrap_or_default() } else { cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))? };
     let allowzero = cx.int("allowzero", 0)? != 0;
     let mut shape = vec![];
     let mut infer_at = None;
@@ -338,11 +360,8 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let ins = cx.ty(x).shape.clone();
     let r = ins.len();
     let nonempty = |t: Option<std::sync::Arc<mlopt_ir::Tensor>>| t.filter(|t| t.numel() > 0);
-    let (roi, scales, sizes) = if cx.opset() < 11 {
-        (None, nonempty(cx.konst(1)?), None)
-    } else {
-        (nonempty(cx.konst(1)?), nonempty(cx.konst(2)?), nonempty(cx.konst(3)?))
-    };
+    let (roi, scales, sizes) =
+        if cx.opset() < 11 { (None, nonempty(cx.konst(1)?), None) } else { (nonempty(cx.konst(1)?), nonempty(cx.konst(2)?), nonempty(cx.konst(3)?)) };
     let mode = match cx.string("mode", "nearest")?.as_str() {
         "nearest" => ResizeMode::Nearest,
         "linear" | "bilinear" | "trilinear" => ResizeMode::Linear,

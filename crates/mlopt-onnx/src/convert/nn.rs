@@ -7,10 +7,32 @@ use crate::error::Result;
 use mlopt_ir::{normalize_axis, ConvAttrs, Op, PoolAttrs, ReduceKind, Value};
 
 pub(crate) const OPS: &[&str] = &[
-    "Softmax", "LogSoftmax", "MatMul", "Gemm", "Conv", "ConvTranspose", "BatchNormalization",
-    "InstanceNormalization", "LayerNormalization", "LRN", "MaxPool", "AveragePool", "GlobalAveragePool",
-    "GlobalMaxPool", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-    "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ArgMax", "ArgMin",
+    "Softmax",
+    "LogSoftmax",
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "ConvTranspose",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "LRN",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ArgMax",
+    "ArgMin",
 ];
 
 pub(crate) fn axis(cx: &NodeCx<'_, '_>, a: i64, rank: usize) -> Result<usize> {
@@ -213,7 +235,13 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
             None
         };
         attrs.pads = match target {
-            None if auto == "NOTSET" || auto == "VALID" => if auto == "VALID" { vec![0; 2 * sp] } else { explicit },
+            None if auto == "NOTSET" || auto == "VALID" => {
+                if auto == "VALID" {
+                    vec![0; 2 * sp]
+                } else {
+                    explicit
+                }
+            }
             None => return Err(cx.err(format!("auto_pad='{auto}' is not supported"))),
             Some(t) => {
                 let mut pads = vec![0; 2 * sp];

@@ -7,10 +7,8 @@ use super::NodeCx;
 use crate::error::Result;
 use mlopt_ir::{Binary, ConvAttrs, DType, Op, ReduceKind, Tensor, Unary, Value};
 
-pub(crate) const OPS: &[&str] = &[
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "MatMulInteger", "ConvInteger",
-    "QLinearConv",
-];
+pub(crate) const OPS: &[&str] =
+    &["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QLinearConv"];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
     let r = (|| -> Result<Option<Vec<Value>>> {
@@ -102,7 +100,10 @@ fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let s = align(cx, scale, &shape, a, block)?;
     let (xw, sw) = (cx.cast_to(x, wide)?, cx.cast_to(s, wide)?);
     let q = cx.bin(Binary::Div, xw, sw)?;
-    let z = match zp { Some(z) => Some(align(cx, z, &shape, a, block)?), None => None };
+    let z = match zp {
+        Some(z) => Some(align(cx, z, &shape, a, block)?),
+        None => None,
+    };
     saturate(cx, q, z, to)
 }
 
@@ -179,7 +180,10 @@ fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (a, a_s, a_z) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
     let (b, b_s, b_z) = (cx.req(3)?, cx.req(4)?, cx.input(5)?);
     let (y_s, y_z) = (cx.req(6)?, cx.input(7)?);
-    let to = match y_z { Some(z) => cx.ty(z).dtype, None => cx.ty(a).dtype };
+    let to = match y_z {
+        Some(z) => cx.ty(z).dtype,
+        None => cx.ty(a).dtype,
+    };
     let ai = centred_i32(cx, a, a_z)?;
     let bi = centred_i32(cx, b, b_z)?;
     let c = cx.add1(Op::MatMul, &[ai, bi])?;
@@ -256,6 +260,9 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
     let ratio = cx.bin(Binary::Div, xw, y_s)?;
     let ratio = cx.cast_to(ratio, DType::F64)?;
     let d = cx.bin(Binary::Mul, y, ratio)?;
-    let to = match y_z { Some(z) => cx.ty(z).dtype, None => cx.ty(x).dtype };
+    let to = match y_z {
+        Some(z) => cx.ty(z).dtype,
+        None => cx.ty(x).dtype,
+    };
     saturate(cx, d, y_z, to)
 }

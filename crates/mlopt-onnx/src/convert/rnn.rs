@@ -70,8 +70,18 @@ fn activations(cx: &mut NodeCx<'_, '_>, kind: Kind, dirs: usize) -> Result<Vec<A
             "leakyrelu" | "thresholdedrelu" | "elu" => (true, false),
             _ => (false, false),
         };
-        let alpha = if takes_a { ai += 1; alphas.get(ai - 1).copied() } else { None };
-        let beta = if takes_b { bi += 1; betas.get(bi - 1).copied() } else { None };
+        let alpha = if takes_a {
+            ai += 1;
+            alphas.get(ai - 1).copied()
+        } else {
+            None
+        };
+        let beta = if takes_b {
+            bi += 1;
+            betas.get(bi - 1).copied()
+        } else {
+            None
+        };
         out.push(Act { name: n, alpha, beta });
     }
     Ok(out)
@@ -187,9 +197,18 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
         if let Some(wb) = wb {
             xw = cx.bin(Binary::Add, xw, wb)?;
         }
-        let mut ht = match h0 { Some(v) => pick(cx, v, d)?, None => zeros };
-        let mut ct = match c0 { Some(v) => pick(cx, v, d)?, None => zeros };
-        let pd = match peep { Some(p) => Some(pick(cx, p, d)?), None => None };
+        let mut ht = match h0 {
+            Some(v) => pick(cx, v, d)?,
+            None => zeros,
+        };
+        let mut ct = match c0 {
+            Some(v) => pick(cx, v, d)?,
+            None => zeros,
+        };
+        let pd = match peep {
+            Some(p) => Some(pick(cx, p, d)?),
+            None => None,
+        };
         let a = &acts[d * kind.default_activations().len()..(d + 1) * kind.default_activations().len()];
         let mut outs = vec![zeros; seq];
         for step in 0..seq {
@@ -227,7 +246,10 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
                     let zr = apply(cx, &a[0], zr)?;
                     let (z, rg) = (gate(cx, zr, 0, h)?, gate(cx, zr, 1, h)?);
                     let rh = gate(cx, rt, 2, h)?;
-                    let rbh = match rb { Some(rb) => Some(gate(cx, rb, 2, h)?), None => None };
+                    let rbh = match rb {
+                        Some(rb) => Some(gate(cx, rb, 2, h)?),
+                        None => None,
+                    };
                     let pre = if lbr {
                         let mut hh = cx.add1(Op::MatMul, &[ht, rh])?;
                         if let Some(rbh) = rbh {
@@ -296,7 +318,11 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
         cs.push(cx.add1(Op::Reshape { shape: vec![1, batch, h] }, &[ct])?);
     }
     let join = |cx: &mut NodeCx<'_, '_>, v: Vec<Value>, axis: usize| -> Result<Value> {
-        if v.len() == 1 { Ok(v[0]) } else { cx.add1(Op::Concat { axis }, &v) }
+        if v.len() == 1 {
+            Ok(v[0])
+        } else {
+            cx.add1(Op::Concat { axis }, &v)
+        }
     };
     let mut y = join(cx, ys, 1)?;
     let mut yh = join(cx, hs, 0)?;

@@ -32,10 +32,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             }
             "ConstantOfShape" => {
                 let shape = cx.konst_ints(0)?.ok_or_else(|| cx.err_in(0, "required input is missing"))?;
-                let shape: Vec<usize> = shape
-                    .iter()
-                    .map(|&d| usize::try_from(d).map_err(|_| cx.err_in(0, format!("negative dimension {d}"))))
-                    .collect::<Result<_>>()?;
+                let shape: Vec<usize> =
+                    shape.iter().map(|&d| usize::try_from(d).map_err(|_| cx.err_in(0, format!("negative dimension {d}")))).collect::<Result<_>>()?;
                 let value = cx.tensor("value")?.unwrap_or_else(|| Tensor::scalar(0f32));
                 if value.numel() != 1 {
                     return Err(cx.err("attribute 'value' must hold exactly one element"));

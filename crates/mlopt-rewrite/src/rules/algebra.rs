@@ -25,11 +25,17 @@ pub fn rules() -> Vec<Rewrite> {
             let float = ty(eg, c).is_some_and(|t| t.dtype.is_float());
             float && is_const(eg, c) && eg[c].data.value.as_ref().is_some_and(|t| t.to_f64_vec().iter().all(|x| *x != 0.0 && x.is_finite()))
         }),
-        rw_if("mul-const-chain", "(mul (mul ?x ?a) ?b)", "(mul ?x (mul ?a ?b))", |eg, s| is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])),
-        rw_if("add-const-chain", "(add (add ?x ?a) ?b)", "(add ?x (add ?a ?b))", |eg, s| is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])),
-        scan("expand-into-broadcast", |eg, id| !expanded_operands(eg, id).is_empty(), |eg, id| {
-            expanded_operands(eg, id).into_iter().filter_map(|(op, ins)| add(eg, op, ins)).collect()
+        rw_if("mul-const-chain", "(mul (mul ?x ?a) ?b)", "(mul ?x (mul ?a ?b))", |eg, s| {
+            is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])
         }),
+        rw_if("add-const-chain", "(add (add ?x ?a) ?b)", "(add ?x (add ?a ?b))", |eg, s| {
+            is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])
+        }),
+        scan(
+            "expand-into-broadcast",
+            |eg, id| !expanded_operands(eg, id).is_empty(),
+            |eg, id| expanded_operands(eg, id).into_iter().filter_map(|(op, ins)| add(eg, op, ins)).collect(),
+        ),
         rw("neg-neg", "(neg (neg ?x))", "?x"),
         rw("relu-relu", "(relu (relu ?x))", "(relu ?x)"),
         scan("cast-identity", |eg, id| cast_identity(eg, id).is_some(), |eg, id| cast_identity(eg, id).into_iter().collect()),

@@ -13,59 +13,81 @@ use mlopt_ir::{Binary, Op, Unary};
 
 pub fn rules() -> Vec<Rewrite> {
     vec![
-        scan("gelu-erf", |eg, id| !gelu_inputs(eg, id, erf_core).is_empty(), |eg, id| {
-            gelu_inputs(eg, id, erf_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect()
-        }),
-        scan("gelu-tanh", |eg, id| !gelu_inputs(eg, id, tanh_core).is_empty(), |eg, id| {
-            gelu_inputs(eg, id, tanh_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: true }), vec![x])).collect()
-        }),
-        scan("softmax-decomposed", |eg, id| !softmax_parts(eg, id).is_empty(), |eg, id| {
-            softmax_parts(eg, id).into_iter().filter_map(|(x, axis)| add(eg, Op::Softmax { axis }, vec![x])).collect()
-        }),
-        scan("layernorm-decomposed", |eg, id| !layernorm_parts(eg, id).is_empty(), |eg, id| {
-            layernorm_parts(eg, id)
-                .into_iter()
-                .filter_map(|(x, axis, epsilon)| {
-                    let t = super::ty(eg, x)?;
-                    let ones = super::konst(eg, mlopt_ir::Tensor::full(&mlopt_ir::TensorType::new(t.dtype, t.shape[axis..].to_vec()), 1.0));
-                    let none = super::absent(eg);
-                    let ln = add(eg, Op::LayerNorm { axis, epsilon }, vec![x, ones, none])?;
-                    Some(super::proj(eg, ln, 0))
-                })
-                .collect()
-        }),
-        scan("layernorm-scale", |eg, id| !layernorm_affine(eg, id, Binary::Mul).is_empty(), |eg, id| {
-            layernorm_affine(eg, id, Binary::Mul)
-                .into_iter()
-                .filter_map(|(ln, args, gamma)| {
-                    let scale = add(eg, Op::Binary(Binary::Mul), vec![args[1], gamma])?;
-                    let bias = super::or_absent(eg, args.get(2).copied());
-                    let new = add(eg, ln, vec![args[0], scale, bias])?;
-                    Some(super::proj(eg, new, 0))
-                })
-                .collect()
-        }),
-        scan("layernorm-bias", |eg, id| !layernorm_affine(eg, id, Binary::Add).is_empty(), |eg, id| {
-            layernorm_affine(eg, id, Binary::Add)
-                .into_iter()
-                .filter_map(|(ln, args, beta)| {
-                    if args.get(2).is_some_and(|b| !eg[*b].data.types.is_empty()) {
-                        return None;
-                    }
-                    let new = add(eg, ln, vec![args[0], args[1], beta])?;
-                    Some(super::proj(eg, new, 0))
-                })
-                .collect()
-        }),
-        scan("attention", |eg, id| !attention_parts(eg, id).is_empty(), |eg, id| {
-            attention_parts(eg, id)
-                .into_iter()
-                .filter_map(|a| {
-                    let mask = super::or_absent(eg, a.mask);
-                    add(eg, Op::Attention { scale: a.scale }, vec![a.q, a.kt, a.v, mask])
-                })
-                .collect()
-        }),
+        scan(
+            "gelu-erf",
+            |eg, id| !gelu_inputs(eg, id, erf_core).is_empty(),
+            |eg, id| gelu_inputs(eg, id, erf_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: false }), vec![x])).collect(),
+        ),
+        scan(
+            "gelu-tanh",
+            |eg, id| !gelu_inputs(eg, id, tanh_core).is_empty(),
+            |eg, id| gelu_inputs(eg, id, tanh_core).into_iter().filter_map(|x| add(eg, Op::Unary(Unary::Gelu { tanh: true }), vec![x])).collect(),
+        ),
+        scan(
+            "softmax-decomposed",
+            |eg, id| !softmax_parts(eg, id).is_empty(),
+            |eg, id| softmax_parts(eg, id).into_iter().filter_map(|(x, axis)| add(eg, Op::Softmax { axis }, vec![x])).collect(),
+        ),
+        scan(
+            "layernorm-decomposed",
+            |eg, id| !layernorm_parts(eg, id).is_empty(),
+            |eg, id| {
+                layernorm_parts(eg, id)
+                    .into_iter()
+                    .filter_map(|(x, axis, epsilon)| {
+                        let t = super::ty(eg, x)?;
+                        let ones = super::konst(eg, mlopt_ir::Tensor::full(&mlopt_ir::TensorType::new(t.dtype, t.shape[axis..].to_vec()), 1.0));
+                        let none = super::absent(eg);
+                        let ln = add(eg, Op::LayerNorm { axis, epsilon }, vec![x, ones, none])?;
+                        Some(super::proj(eg, ln, 0))
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "layernorm-scale",
+            |eg, id| !layernorm_affine(eg, id, Binary::Mul).is_empty(),
+            |eg, id| {
+                layernorm_affine(eg, id, Binary::Mul)
+                    .into_iter()
+                    .filter_map(|(ln, args, gamma)| {
+                        let scale = add(eg, Op::Binary(Binary::Mul), vec![args[1], gamma])?;
+                        let bias = super::or_absent(eg, args.get(2).copied());
+                        let new = add(eg, ln, vec![args[0], scale, bias])?;
+                        Some(super::proj(eg, new, 0))
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "layernorm-bias",
+            |eg, id| !layernorm_affine(eg, id, Binary::Add).is_empty(),
+            |eg, id| {
+                layernorm_affine(eg, id, Binary::Add)
+                    .into_iter()
+                    .filter_map(|(ln, args, beta)| {
+                        if args.get(2).is_some_and(|b| !eg[*b].data.types.is_empty()) {
+                            return None;
+                        }
+                        let new = add(eg, ln, vec![args[0], args[1], beta])?;
+                        Some(super::proj(eg, new, 0))
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "attention",
+            |eg, id| !attention_parts(eg, id).is_empty(),
+            |eg, id| {
+                attention_parts(eg, id)
+                    .into_iter()
+                    .filter_map(|a| {
+                        let mask = super::or_absent(eg, a.mask);
+                        add(eg, Op::Attention { scale: a.scale }, vec![a.q, a.kt, a.v, mask])
+                    })
+                    .collect()
+            },
+        ),
     ]
 }
 
@@ -231,7 +253,9 @@ fn erf_core(eg: &EGraph, e: Id, x: Id) -> bool {
             && ops(eg, erf).into_iter().any(|(o, c)| {
                 o == Op::Unary(Unary::Erf)
                     && (pairs(eg, c[0], Binary::Div).into_iter().any(|(a, s)| eg.find(a) == eg.find(x) && near(splat(eg, s), std::f64::consts::SQRT_2))
-                        || pairs(eg, c[0], Binary::Mul).into_iter().any(|(a, s)| eg.find(a) == eg.find(x) && near(splat(eg, s), std::f64::consts::FRAC_1_SQRT_2)))
+                        || pairs(eg, c[0], Binary::Mul)
+                            .into_iter()
+                            .any(|(a, s)| eg.find(a) == eg.find(x) && near(splat(eg, s), std::f64::consts::FRAC_1_SQRT_2)))
             })
     })
 }
@@ -245,11 +269,16 @@ fn tanh_core(eg: &EGraph, e: Id, x: Id) -> bool {
         ops(eg, c).into_iter().any(|(o, ch)| o == Op::Binary(Binary::Pow) && is_x(ch[0]) && splat(eg, ch[1]) == Some(3.0))
             || pairs(eg, c, Binary::Mul).into_iter().any(|(a, b)| is_x(a) && square(b))
     };
-    let inner = |u: Id| pairs(eg, u, Binary::Add).into_iter().any(|(a, t)| is_x(a) && pairs(eg, t, Binary::Mul).into_iter().any(|(k, c3)| near(splat(eg, k), 0.044715) && cube(c3)));
+    let inner = |u: Id| {
+        pairs(eg, u, Binary::Add)
+            .into_iter()
+            .any(|(a, t)| is_x(a) && pairs(eg, t, Binary::Mul).into_iter().any(|(k, c3)| near(splat(eg, k), 0.044715) && cube(c3)))
+    };
     pairs(eg, e, Binary::Add).into_iter().any(|(t, one)| {
         near(splat(eg, one), 1.0)
             && ops(eg, t).into_iter().any(|(o, c)| {
-                o == Op::Unary(Unary::Tanh) && pairs(eg, c[0], Binary::Mul).into_iter().any(|(k, u)| near(splat(eg, k), (2.0 / std::f64::consts::PI).sqrt()) && inner(u))
+                o == Op::Unary(Unary::Tanh)
+                    && pairs(eg, c[0], Binary::Mul).into_iter().any(|(k, u)| near(splat(eg, k), (2.0 / std::f64::consts::PI).sqrt()) && inner(u))
             })
     })
 }

@@ -8,39 +8,75 @@ use mlopt_ir::{Op, Unary};
 
 pub fn rules() -> Vec<Rewrite> {
     vec![
-        scan("transpose-identity", |eg, id| has(eg, id, |o, _| is_identity_transpose(o)), |eg, id| {
-            ops(eg, id).into_iter().filter(|(o, _)| is_identity_transpose(o)).map(|(_, c)| c[0]).collect()
-        }),
-        scan("transpose-transpose", |eg, id| !transpose_pairs(eg, id).is_empty(), |eg, id| {
-            let pairs = transpose_pairs(eg, id);
-            pairs.into_iter().filter_map(|(x, p1, p2)| {
-                let perm: Vec<usize> = p2.iter().map(|&i| p1[i]).collect();
-                if perm.iter().enumerate().all(|(i, p)| i == *p) { Some(x) } else { add(eg, Op::Transpose { perm }, vec![x]) }
-            }).collect()
-        }),
+        scan(
+            "transpose-identity",
+            |eg, id| has(eg, id, |o, _| is_identity_transpose(o)),
+            |eg, id| ops(eg, id).into_iter().filter(|(o, _)| is_identity_transpose(o)).map(|(_, c)| c[0]).collect(),
+        ),
+        scan(
+            "transpose-transpose",
+            |eg, id| !transpose_pairs(eg, id).is_empty(),
+            |eg, id| {
+                let pairs = transpose_pairs(eg, id);
+                pairs
+                    .into_iter()
+                    .filter_map(|(x, p1, p2)| {
+                        let perm: Vec<usize> = p2.iter().map(|&i| p1[i]).collect();
+                        if perm.iter().enumerate().all(|(i, p)| i == *p) {
+                            Some(x)
+                        } else {
+                            add(eg, Op::Transpose { perm }, vec![x])
+                        }
+                    })
+                    .collect()
+            },
+        ),
         scan("reshape-identity", |eg, id| !reshape_identities(eg, id).is_empty(), reshape_identities_mut),
-        scan("reshape-reshape", |eg, id| !reshape_pairs(eg, id).is_empty(), |eg, id| {
-            reshape_pairs(eg, id).into_iter().filter_map(|(x, shape)| add(eg, Op::Reshape { shape }, vec![x])).collect()
-        }),
+        scan(
+            "reshape-reshape",
+            |eg, id| !reshape_pairs(eg, id).is_empty(),
+            |eg, id| reshape_pairs(eg, id).into_iter().filter_map(|(x, shape)| add(eg, Op::Reshape { shape }, vec![x])).collect(),
+        ),
         scan("expand-identity", |eg, id| !expand_identities(eg, id).is_empty(), |eg, id| expand_identities(eg, id)),
-        scan("unary-transpose-sink", |eg, id| !unary_over_transpose(eg, id).is_empty(), |eg, id| {
-            unary_over_transpose(eg, id).into_iter().filter_map(|(u, x, perm)| {
-                let y = add(eg, u, vec![x])?;
-                add(eg, Op::Transpose { perm }, vec![y])
-            }).collect()
-        }),
-        scan("binary-transpose-sink", |eg, id| !binary_over_transposes(eg, id).is_empty(), |eg, id| {
-            binary_over_transposes(eg, id).into_iter().filter_map(|(b, x, y, perm)| {
-                let z = add(eg, b, vec![x, y])?;
-                add(eg, Op::Transpose { perm }, vec![z])
-            }).collect()
-        }),
-        scan("matmul-transpose-to-gemm", |eg, id| !matmul_transposed(eg, id).is_empty(), |eg, id| {
-            matmul_transposed(eg, id).into_iter().filter_map(|(a, b, trans_a, trans_b)| {
-                let c = super::absent(eg);
-                add(eg, Op::Gemm { alpha: 1.0, beta: 1.0, trans_a, trans_b }, vec![a, b, c])
-            }).collect()
-        }),
+        scan(
+            "unary-transpose-sink",
+            |eg, id| !unary_over_transpose(eg, id).is_empty(),
+            |eg, id| {
+                unary_over_transpose(eg, id)
+                    .into_iter()
+                    .filter_map(|(u, x, perm)| {
+                        let y = add(eg, u, vec![x])?;
+                        add(eg, Op::Transpose { perm }, vec![y])
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "binary-transpose-sink",
+            |eg, id| !binary_over_transposes(eg, id).is_empty(),
+            |eg, id| {
+                binary_over_transposes(eg, id)
+                    .into_iter()
+                    .filter_map(|(b, x, y, perm)| {
+                        let z = add(eg, b, vec![x, y])?;
+                        add(eg, Op::Transpose { perm }, vec![z])
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "matmul-transpose-to-gemm",
+            |eg, id| !matmul_transposed(eg, id).is_empty(),
+            |eg, id| {
+                matmul_transposed(eg, id)
+                    .into_iter()
+                    .filter_map(|(a, b, trans_a, trans_b)| {
+                        let c = super::absent(eg);
+                        add(eg, Op::Gemm { alpha: 1.0, beta: 1.0, trans_a, trans_b }, vec![a, b, c])
+                    })
+                    .collect()
+            },
+        ),
     ]
 }
 
@@ -50,10 +86,13 @@ fn is_identity_transpose(o: &Op) -> bool {
 
 /// The perm of each transpose node in class `id`, with its input.
 fn transposes(eg: &EGraph, id: Id) -> Vec<(Id, Vec<usize>)> {
-    ops(eg, id).into_iter().filter_map(|(o, c)| match o {
-        Op::Transpose { perm } => Some((c[0], perm)),
-        _ => None,
-    }).collect()
+    ops(eg, id)
+        .into_iter()
+        .filter_map(|(o, c)| match o {
+            Op::Transpose { perm } => Some((c[0], perm)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `transpose[p2] (transpose[p1] x)`: (x, p1, p2).
@@ -96,7 +135,11 @@ fn elementwise_unary(o: &Op) -> bool {
 
 /// `u (transpose[p] x)`: (u, x, p).
 fn unary_over_transpose(eg: &EGraph, id: Id) -> Vec<(Op, Id, Vec<usize>)> {
-    ops(eg, id).into_iter().filter(|(o, _)| elementwise_unary(o)).flat_map(|(u, c)| transposes(eg, c[0]).into_iter().map(move |(x, p)| (u.clone(), x, p))).collect()
+    ops(eg, id)
+        .into_iter()
+        .filter(|(o, _)| elementwise_unary(o))
+        .flat_map(|(u, c)| transposes(eg, c[0]).into_iter().map(move |(x, p)| (u.clone(), x, p)))
+        .collect()
 }
 
 /// `b (transpose[p] x) (transpose[p] y)` with x and y of one shape, or `b (transpose[p] x) s` with a scalar

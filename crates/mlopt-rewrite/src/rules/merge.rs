@@ -31,7 +31,9 @@ fn split_biases(eg: &EGraph, t: Id) -> Option<SplitBiases> {
         let Some(i) = eg[p].nodes.iter().find_map(|n| match n.head {
             Head::Proj(i) if eg.find(n.children[0]) == t => Some(i as usize),
             _ => None,
-        }) else { continue };
+        }) else {
+            continue;
+        };
         for q in eg[p].parents() {
             let q = eg.find(q);
             for (o, c) in ops(eg, q) {

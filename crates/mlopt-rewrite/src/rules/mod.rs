@@ -75,13 +75,21 @@ type GuardFn = dyn Fn(&EGraph, Id) -> bool + Send + Sync;
 type BuildFn = dyn Fn(&mut EGraph, Id) -> Vec<(Id, Id)> + Send + Sync;
 
 /// A scan rule: `guard` picks classes, `build` returns equivalent classes it added for the picked one.
-pub(crate) fn scan(name: &str, guard: impl Fn(&EGraph, Id) -> bool + Send + Sync + 'static, build: impl Fn(&mut EGraph, Id) -> Vec<Id> + Send + Sync + 'static) -> Rewrite {
+pub(crate) fn scan(
+    name: &str,
+    guard: impl Fn(&EGraph, Id) -> bool + Send + Sync + 'static,
+    build: impl Fn(&mut EGraph, Id) -> Vec<Id> + Send + Sync + 'static,
+) -> Rewrite {
     scan_pairs(name, guard, move |eg, id| build(eg, id).into_iter().map(|n| (id, n)).collect())
 }
 
 /// A scan rule whose builder returns (existing class, equivalent new class) pairs anywhere in the e-graph
 /// (the multi-pattern rules, which rewrite several classes at once).
-pub(crate) fn scan_pairs(name: &str, guard: impl Fn(&EGraph, Id) -> bool + Send + Sync + 'static, build: impl Fn(&mut EGraph, Id) -> Vec<(Id, Id)> + Send + Sync + 'static) -> Rewrite {
+pub(crate) fn scan_pairs(
+    name: &str,
+    guard: impl Fn(&EGraph, Id) -> bool + Send + Sync + 'static,
+    build: impl Fn(&mut EGraph, Id) -> Vec<(Id, Id)> + Send + Sync + 'static,
+) -> Rewrite {
     match Rewrite::new(name, Scan(Box::new(guard)), Build(Box::new(build))) {
         Ok(rw) => rw,
         Err(e) => unreachable!("rule {name}: {e}"),

@@ -11,22 +11,38 @@ use mlopt_ir::{DType, Op, Unary};
 pub fn rules(lo: DType) -> Vec<Rewrite> {
     let n = lo.name();
     vec![
-        scan(&format!("lower-matrix-{n}"), move |eg, id| !lowerable(eg, id).is_empty(), move |eg, id| {
-            lowerable(eg, id).into_iter().filter_map(|(op, ch)| lower(eg, op, ch, lo)).collect()
-        }),
+        scan(
+            &format!("lower-matrix-{n}"),
+            move |eg, id| !lowerable(eg, id).is_empty(),
+            move |eg, id| lowerable(eg, id).into_iter().filter_map(|(op, ch)| lower(eg, op, ch, lo)).collect(),
+        ),
         scan("cast-roundtrip", |eg, id| !roundtrips(eg, id).is_empty(), |eg, id| roundtrips(eg, id)),
-        scan("cast-through-layout", |eg, id| !cast_over_layout(eg, id).is_empty(), |eg, id| {
-            cast_over_layout(eg, id).into_iter().filter_map(|(cast, layout, x)| {
-                let c = add(eg, cast, vec![x])?;
-                add(eg, layout, vec![c])
-            }).collect()
-        }),
-        scan("relu-through-widening", |eg, id| !relu_over_widen(eg, id).is_empty(), |eg, id| {
-            relu_over_widen(eg, id).into_iter().filter_map(|(y, to)| {
-                let r = add(eg, Op::Unary(Unary::Relu), vec![y])?;
-                add(eg, Op::Cast { to }, vec![r])
-            }).collect()
-        }),
+        scan(
+            "cast-through-layout",
+            |eg, id| !cast_over_layout(eg, id).is_empty(),
+            |eg, id| {
+                cast_over_layout(eg, id)
+                    .into_iter()
+                    .filter_map(|(cast, layout, x)| {
+                        let c = add(eg, cast, vec![x])?;
+                        add(eg, layout, vec![c])
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "relu-through-widening",
+            |eg, id| !relu_over_widen(eg, id).is_empty(),
+            |eg, id| {
+                relu_over_widen(eg, id)
+                    .into_iter()
+                    .filter_map(|(y, to)| {
+                        let r = add(eg, Op::Unary(Unary::Relu), vec![y])?;
+                        add(eg, Op::Cast { to }, vec![r])
+                    })
+                    .collect()
+            },
+        ),
     ]
 }
 
