@@ -49,7 +49,7 @@ pub fn import(m: &ModelProto, path: &Path, flags: &[String], given: &HashMap<Str
         opts.input_shapes.insert(name, dims);
     }
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(import_model(m, path.parent(), &stem, &opts)?)
+    Ok(import_model(m, Some(mlopt_onnx::tensor_io::folder_of(path)), &stem, &opts)?)
 }
 
 /// `NAME=FILE` or positional `FILE` arguments.

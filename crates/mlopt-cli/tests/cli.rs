@@ -277,6 +277,18 @@ fn external_data_is_read_and_must_stay_in_the_model_folder() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"), "{}", String::from_utf8_lossy(&out.stdout));
     fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("../weights.bin")))]), &["tensor 'w'", "escapes the model's folder"]);
     fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("/etc/passwd")))]), &["escapes the model's folder"]);
+    // A model named by its bare file name, from its own folder: the data lies in `.` (the parent of
+    // `model.onnx` is the empty path), as with every dynamo export run in place.
+    save(dir.path(), &build(ext("weights.bin")));
+    let out = Command::new(env!("CARGO_BIN_EXE_mlopt")).args(["run", "model.onnx", "--input", "x=x.pb"]).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = Command::new(env!("CARGO_BIN_EXE_mlopt")).args(["compile", "model.onnx", "-o", "out"]).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Only regular files are data: a FIFO in the folder would block the read forever.
+    let fifo = dir.path().join("fifo.bin");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("fifo.bin")))]), &["tensor 'w'", "not a regular file"]);
 }
 
 #[test]

@@ -49,7 +49,7 @@ pub fn load_model(path: &Path) -> Result<ModelProto> {
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph> {
     let model = load_model(path)?;
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    import_model(&model, path.parent(), &stem, opts)
+    import_model(&model, Some(crate::tensor_io::folder_of(path)), &stem, opts)
 }
 
 /// The default-domain opset a model imports.

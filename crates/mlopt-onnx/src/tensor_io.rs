@@ -38,8 +38,18 @@ pub fn dtype_to_onnx(d: DType) -> i32 {
     }
 }
 
+/// The folder a file's external data is looked up in: its parent, or `.` for a bare file name (whose
+/// parent is the empty path, which names no folder).
+pub fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
 /// Resolves an external data `location` inside `base`; absolute paths and paths that leave `base` (by
-/// `..` or through a symlink) are errors.
+/// `..` or through a symlink) are errors, and so is anything but a regular file (a FIFO would block the
+/// read forever, a device would never end).
 fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::PathBuf> {
     let err = |msg: String| OnnxError::Tensor { name: name.into(), msg };
     let rel = Path::new(location);
@@ -50,6 +60,9 @@ fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::P
     let (cb, cf) = (base.canonicalize().map_err(io_err(base))?, full.canonicalize().map_err(io_err(&full))?);
     if !cf.starts_with(&cb) {
         return Err(err(format!("external data location '{location}' escapes the model's folder")));
+    }
+    if !std::fs::metadata(&cf).map_err(io_err(&cf))?.is_file() {
+        return Err(err(format!("external data location '{location}' is not a regular file")));
     }
     Ok(cf)
 }
@@ -130,7 +143,7 @@ pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
 pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
     let bytes = std::fs::read(path).map_err(io_err(path))?;
     let p = TensorProto::decode(bytes.as_slice()).map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
-    let t = tensor_from_proto(&p, path.parent())?;
+    let t = tensor_from_proto(&p, Some(folder_of(path)))?;
     Ok((p.name, t))
 }
 
