@@ -15,7 +15,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: mlopt_lower::Winograd::Auto })
+    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
@@ -48,7 +48,8 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto }).unwrap();
+        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
+            .unwrap();
         insta::assert_snapshot!(format!("llvm_{name}"), c.code.llvm_ir);
     }
 }
@@ -77,7 +78,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
         for target in ["host", "znver4"] {
             let mut config = Config::new(Target::named(target, 1).unwrap());
             config.precision = Precision::Bf16;
-            let c = compile(g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto })
+            let c = compile(g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
                 .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
             let pays = c.target.matrix.is_some() && c.cfg.target.bf16_matrix.is_some_and(|p| p > c.cfg.target.fp32);
             assert!(target == "host" || pays, "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate");
@@ -110,12 +111,40 @@ fn large_convolutions_compile_with_heap_temporaries() {
     let want = interp::run(&g, &inputs).unwrap();
     for winograd in [mlopt_lower::Winograd::Never, mlopt_lower::Winograd::Always] {
         let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
-        let c = compile(&g, &Options { config, target: "host".into(), threads: 2, tune: false, winograd }).unwrap();
+        let c = compile(&g, &Options { config, target: "host".into(), threads: 2, tune: false, winograd, profile: false }).unwrap();
         assert_eq!(c.program.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("winograd"))), winograd == mlopt_lower::Winograd::Always);
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
         assert!(err < 1e-5, "winograd = {winograd:?}: error {err:e}");
     }
+}
+
+/// 1-D convolutions (Whisper's audio stem: 80 mel bins -> 96 channels, kernel 3, then stride 2) compile
+/// and match the interpreter; lowering once read a 2-D convolution's width from their rank-3 output and
+/// panicked.
+#[test]
+fn one_dimensional_convolutions_compile() {
+    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
+    let mut g = mlopt_ir::Graph::new("conv1d");
+    let (c, m, len) = (80usize, 96usize, 60usize);
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, len]));
+    let w1: Vec<f32> = (0..m * c * 3).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w1 = g.add_const("w1", Tensor::from_vec(&[m, c, 3], w1).unwrap());
+    let w2: Vec<f32> = (0..m * m * 3).map(|i| ((i * 104729) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w2 = g.add_const("w2", Tensor::from_vec(&[m, m, 3], w2).unwrap());
+    let a1 = ConvAttrs { strides: vec![1], pads: vec![1, 1], dilations: vec![1], group: 1, output_padding: vec![] };
+    let a2 = ConvAttrs { strides: vec![2], pads: vec![1, 1], dilations: vec![1], group: 1, output_padding: vec![] };
+    let y = g.add(Op::Conv(a1), "conv1", &[x, w1]).unwrap();
+    let y = g.add(Op::Unary(Unary::Gelu { tanh: false }), "gelu", &[y]).unwrap();
+    let y = g.add(Op::Conv(a2), "conv2", &[y, w2]).unwrap();
+    g.add_output("y", y);
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
+    let want = interp::run(&g, &inputs).unwrap();
+    let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
+    let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+    assert!(err < 1e-5, "error {err:e}");
 }
 
 /// Every kernel IR operator on every element type it takes, in a serial and a vector loop: the compiled
@@ -355,7 +384,7 @@ fn integer_resize_compiles_as_it_interprets() {
         let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
         let want = interp::run(&g, &inputs).unwrap();
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto })
+        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
             .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         assert_eq!(want[0].1.to_i64_vec(), got[0].1.to_i64_vec(), "{dtype} {mode:?}");

@@ -17,7 +17,7 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
     let g = import(name);
     let mut config = Config::new(Target::named(target, 1).unwrap());
     config.precision = precision;
-    compile_gpu(&g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never })
+    compile_gpu(&g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
         .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
 }
 
@@ -92,7 +92,9 @@ fn gemm_register_plans_hold_at_model_sizes() {
         for precision in [Precision::Fp32, Precision::Bf16] {
             let mut config = Config::new(Target::named("sm_80", 1).unwrap());
             config.precision = precision;
-            let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never }).unwrap();
+            let c =
+                compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
+                    .unwrap();
             let gemms: Vec<_> = c.kernels.iter().filter(|k| k.schedule.contains("gpu.gemm")).collect();
             assert_eq!(gemms.len(), 1, "{name}: {:?}", c.kernels.iter().map(|k| &k.schedule).collect::<Vec<_>>());
             for k in gemms {
@@ -154,7 +156,8 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
         let (g, inputs) = attention_graph(dtype);
         let mut config = Config::new(Target::named("sm_80", 1).unwrap());
         config.precision = precision;
-        let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never }).unwrap();
+        let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
+            .unwrap();
         let k = c.kernels.iter().find(|k| k.flops > 100_000).unwrap();
         match engine {
             Some(e) => assert!(k.schedule.contains("gpu.attention") && k.schedule.contains(e), "{dtype:?}/{precision:?}: {}", k.schedule),

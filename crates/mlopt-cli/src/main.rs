@@ -1,10 +1,12 @@
 //! `mlopt`: the command-line front end. Each subcommand is a thin layer over the library crates; errors
 //! are reported with their context and exit code 2, a failed `check` exits 1.
 
+mod bench;
 mod compare;
 mod data;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use bench::Bench;
 use clap::{Parser, Subcommand, ValueEnum};
 use mlopt_ir::interp;
 use std::collections::HashMap;
@@ -28,7 +30,7 @@ enum Stage {
 
 /// The optimiser's options, shared by `inspect`, `compile`, `run` and `check`.
 #[derive(clap::Args, Debug, Clone)]
-struct OptArgs {
+pub struct OptArgs {
     /// host, x86-64-v3, x86-64-v4, znver4, sm_80, sm_86, sm_89 or sm_90.
     #[arg(long, default_value = "host")]
     target: String,
@@ -88,6 +90,7 @@ impl OptArgs {
             threads: self.threads.max(1),
             tune: self.tune,
             winograd: self.winograd,
+            profile: false,
         })
     }
 
@@ -182,6 +185,22 @@ enum Cmd {
         /// Print one JSON line instead of text.
         #[arg(long)]
         json: bool,
+        /// Build with a clock reading around each kernel and print, per kernel (slowest first), its
+        /// measured time, share, the cost model's estimate, GFLOP/s, GB/s, bound, schedule class and
+        /// fraction of the roofline; writes OUTPUT/roofline.svg with the measured points.
+        #[arg(long)]
+        profile: bool,
+        /// Compile at each batch size (the leading dimension of inputs whose first dimension is symbolic or
+        /// given by --input-shape) and print latency (median, p90, p99) and throughput at 1 and at all
+        /// threads; writes OUTPUT/batch.svg.
+        #[arg(long, value_delimiter = ',', value_name = "B,B,...")]
+        batch: Vec<u64>,
+        /// With --batch: mark the largest batch whose p99 latency meets this budget.
+        #[arg(long, value_name = "MS", requires = "batch")]
+        max_latency_ms: Option<f64>,
+        /// Where --profile and --batch write their SVG plots.
+        #[arg(short, long, default_value = "out")]
+        output: PathBuf,
         #[command(flatten)]
         opt: OptArgs,
     },
@@ -284,6 +303,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
             std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
             if report {
+                let svg = output.join("roofline.svg");
+                let title = format!("{}: estimated roofline", bench::label(&model));
+                std::fs::write(&svg, mlopt_driver::svg::roofline(&title, &c.cfg.target, &c.kernel_records()))
+                    .with_context(|| format!("writing {}", svg.display()))?;
+                eprintln!("wrote {}", svg.display());
                 print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
                 print!("{}", mlopt_rewrite::report::table(&c.optimized));
                 println!(
@@ -304,10 +328,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Calibrate => {
-            let c = mlopt_cost::calibrate::measure();
-            let path = mlopt_cost::calibrate::store(&c).context("writing the calibration cache")?;
-            println!("fp32 FMA: {:.1} GFLOP/s per core", c.fp32 / 1e9);
-            println!("bf16 dot: {:.1} GFLOP/s per core", c.bf16 / 1e9);
+            use mlopt_cost::calibrate;
+            let c = calibrate::measure()?;
+            let path = calibrate::store(&c).context("writing the calibration cache")?;
+            let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&calibrate::host_features());
+            let per_cycle = |flops: f64| flops / (c.ghz * 1e9);
+            println!("cpu: {}", calibrate::cpu_model());
+            println!("clock: {:.2} GHz (dependent adds)", c.ghz);
+            println!("fp32 FMA: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {fp32_max})", c.fp32 / 1e9, per_cycle(c.fp32));
+            if bf16_max > 0.0 {
+                println!(
+                    "bf16 dot: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {bf16_max}; {:.2}x the fp32 FMAs)",
+                    c.bf16 / 1e9,
+                    per_cycle(c.bf16),
+                    c.bf16 / c.fp32
+                );
+            } else {
+                println!("bf16 dot: none (no AVX512-BF16)");
+            }
             println!("read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores", c.bw_one / 1e9, c.bw_all / 1e9);
             println!("wrote {}", path.display());
             Ok(ExitCode::SUCCESS)
@@ -331,7 +369,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench { model, inputs, input_shapes, iters, json, opt } => bench(&model, &inputs, &input_shapes, iters, json, &opt),
+        Cmd::Bench { model, inputs, input_shapes, iters, json, profile, batch, max_latency_ms, output, opt } => {
+            let b = Bench { model: &model, inputs: &inputs, input_shapes: &input_shapes, iters, json, output: &output, opt: &opt };
+            if !batch.is_empty() {
+                if profile {
+                    bail!("--profile and --batch are separate runs: give one of them");
+                }
+                return bench::batch_sweep(&b, &batch, max_latency_ms);
+            }
+            if profile {
+                return bench::profile(&b);
+            }
+            bench::plain(&b)
+        }
         Cmd::Check { model, data: dir, rtol, atol, optimized, compiled, emulated, opt } => {
             let engine = match (optimized, compiled) {
                 _ if emulated => Engine::Emulated(&opt),
@@ -394,47 +444,4 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
     }
     println!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
-}
-
-/// Compiles, then times runs of the compiled code: median and minimum of `iters` runs after 3 warm-ups.
-fn bench(model: &Path, inputs: &[String], input_shapes: &[String], iters: usize, json: bool, opt: &OptArgs) -> Result<ExitCode> {
-    let start = std::time::Instant::now();
-    let m = data::load(model)?;
-    let names = data::input_names(&m)?;
-    let given = data::read_inputs(inputs, &names)?;
-    let g = data::import(&m, model, input_shapes, &given)?;
-    let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
-    let compile_s = start.elapsed().as_secs_f64();
-    let mut lib = c.load()?;
-    let inputs = if given.is_empty() { mlopt_rewrite::optimize::random_inputs(&g, 1) } else { given };
-    let ins = c.input_bytes(&inputs)?;
-    let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
-    let mut outs: Vec<Vec<u8>> = c.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
-    for _ in 0..3 {
-        lib.run(&refs, &mut outs)?;
-    }
-    let mut times: Vec<f64> = (0..iters.max(1))
-        .map(|_| {
-            let t = std::time::Instant::now();
-            lib.run(&refs, &mut outs).map(|_| t.elapsed().as_secs_f64() * 1e3)
-        })
-        .collect::<std::result::Result<_, _>>()?;
-    times.sort_by(f64::total_cmp);
-    let (median, min) = (times[times.len() / 2], times[0]);
-    if json {
-        println!(
-            "{{\"model\": {:?}, \"threads\": {}, \"median_ms\": {median:.4}, \"min_ms\": {min:.4}, \"compile_s\": {compile_s:.3}}}",
-            model.display().to_string(),
-            opt.threads
-        );
-    } else {
-        println!(
-            "{}: median {median:.4} ms, min {min:.4} ms over {} runs ({} threads, {}); compiled in {compile_s:.2} s",
-            model.display(),
-            times.len(),
-            opt.threads,
-            c.target.name
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -494,13 +494,17 @@ fn check_optimized_matches_the_reference_data() {
 fn calibration_is_cached_and_used_by_the_host_target() {
     let dir = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).env("MLOPT_CACHE_DIR", dir.path()).output().unwrap();
-    let before = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
-    assert!(String::from_utf8_lossy(&before.stdout).contains("host not calibrated"));
+    // The first use of `host` on this CPU measures it and caches the figures per CPU model and features.
+    let first = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
+    assert!(String::from_utf8_lossy(&first.stdout).contains("host calibration, measured on first use"), "{}", String::from_utf8_lossy(&first.stdout));
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(files.len() == 1 && files[0].starts_with("host-calibration-"), "{files:?}");
+    let again = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("host calibration cache"));
+    // `calibrate` measures again and shows each figure against what the instructions can do per cycle.
     let cal = run(&["calibrate"]);
     let text = String::from_utf8_lossy(&cal.stdout);
-    assert!(cal.status.success() && text.contains("GFLOP/s") && text.contains("GB/s"), "{text}");
-    let after = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
-    assert!(String::from_utf8_lossy(&after.stdout).contains("host calibration cache"));
+    assert!(cal.status.success() && text.contains("GHz") && text.contains("FLOP/cycle of at most") && text.contains("GB/s"), "{text}");
 }
 
 /// `--tune` times candidate tiles, caches the winners per shape, and the tuned code still checks.
@@ -520,4 +524,88 @@ fn tune_measures_caches_and_stays_correct() {
     let again = run(&["check", &model, "--data", &data, "--compiled", "--tune"]);
     assert!(again.status.success());
     assert!(!String::from_utf8_lossy(&again.stderr).contains("tune:"));
+}
+
+/// The circles of class `class` in an SVG file, which must parse as XML.
+fn svg_points(path: &Path, class: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.tag_name().name() == "circle" && n.attribute("class") == Some(class))
+        .map(|n| n.attribute("data-id").unwrap_or_default().to_string())
+        .collect()
+}
+
+/// `bench --profile --json`: one object whose kernels (one per kernel call, each with the cost model's
+/// figures and a schedule class) add up to the measured run, and a roofline.svg with one point per kernel.
+#[test]
+fn bench_profile_kernels_add_up_to_the_run_and_are_plotted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mlopt(&["bench", &fixture("transformer/model.onnx"), "--profile", "--json", "--iters", "30", "-o", &dir.path().display().to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"));
+    assert!(json["model"].as_str().unwrap().ends_with("model.onnx"));
+    assert_eq!(json["threads"], 1);
+    let kernels = json["kernels"].as_array().unwrap();
+    assert!(kernels.len() >= 3, "{text}");
+    let mut sum = 0.0;
+    let mut last = f64::INFINITY;
+    for k in kernels {
+        for key in ["id", "ops", "nodes", "measured_ms", "estimate_ms", "gflops", "gbps", "bound", "roofline_fraction", "schedule"] {
+            assert!(!k[key].is_null(), "kernel without {key}: {k}");
+        }
+        assert!(["tiled", "vector", "scalar"].contains(&k["schedule"].as_str().unwrap()), "{k}");
+        let ms = k["measured_ms"].as_f64().unwrap();
+        assert!(ms >= 0.0 && ms <= last, "kernels are sorted by measured time: {text}");
+        last = ms;
+        sum += ms;
+    }
+    // The clock readings sit between the kernel calls: what they miss is the call into the library.
+    let mean = json["mean_ms"].as_f64().unwrap();
+    assert!(sum <= mean * 1.001 && sum >= 0.85 * mean, "kernels add up to {sum} ms of a {mean} ms run");
+    assert!((json["kernel_sum_ms"].as_f64().unwrap() - sum).abs() < 1e-6 * sum.max(1.0));
+    // The transformer's projections are tiled contractions.
+    assert!(kernels.iter().any(|k| k["schedule"] == "tiled" && k["ops"].as_array().unwrap().iter().any(|o| o == "matmul")), "{text}");
+    let mut ids: Vec<String> = kernels.iter().map(|k| k["id"].as_str().unwrap().to_string()).collect();
+    let mut points = svg_points(&dir.path().join("roofline.svg"), "kernel");
+    ids.sort();
+    points.sort();
+    assert_eq!(ids, points);
+}
+
+/// `compile --report` plots the cost model's estimates: one point per kernel of the kernel IR.
+#[test]
+fn compile_report_writes_the_estimated_roofline() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mlopt(&["compile", &fixture("cnn/model.onnx"), "-o", &dir.path().display().to_string(), "--report"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let kir = std::fs::read_to_string(dir.path().join("cnn.kir")).unwrap();
+    let kernels = kir.lines().filter(|l| l.starts_with("kernel @")).count();
+    assert!(kernels > 0);
+    assert_eq!(svg_points(&dir.path().join("roofline.svg"), "kernel").len(), kernels);
+}
+
+/// `bench --batch`: one point per batch size and thread count, the budget's largest batch, batch.svg.
+#[test]
+fn bench_batch_sweeps_latency_against_throughput() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dir.path().display().to_string();
+    let out = mlopt(&["bench", &fixture("dynamic/model.onnx"), "--batch", "1,4", "--iters", "5", "--json", "--max-latency-ms", "10000", "-o", &o]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let points = json["points"].as_array().unwrap();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(points.len(), 2 * if threads > 1 { 2 } else { 1 }, "{json}");
+    for p in points {
+        let (median, p90, p99) = (p["median_ms"].as_f64().unwrap(), p["p90_ms"].as_f64().unwrap(), p["p99_ms"].as_f64().unwrap());
+        assert!(median > 0.0 && median <= p90 && p90 <= p99, "{p}");
+        assert!((p["items_per_s"].as_f64().unwrap() - p["batch"].as_f64().unwrap() / (median / 1e3)).abs() < 1e-2 * p["items_per_s"].as_f64().unwrap());
+    }
+    assert_eq!(json["largest_batch_within_budget"]["1"], 4);
+    assert_eq!(svg_points(&dir.path().join("batch.svg"), "batch").len(), points.len());
+    // A model without a batch dimension to vary is a clear error, and so is batch 0.
+    fails_with(&mlopt(&["bench", &fixture("mlp/model.onnx"), "--batch", "1,2", "-o", &o]), &["nothing to batch"]);
+    fails_with(&mlopt(&["bench", &fixture("dynamic/model.onnx"), "--batch", "0", "-o", &o]), &["batch sizes run from 1"]);
 }

@@ -1,10 +1,13 @@
-//! The host target: ISA features detected at run time, peaks measured by a short calibration (an FMA
-//! throughput loop and a streaming read), cached in a small text file so that compiling stays fast.
+//! The host target: ISA features detected at run time, peaks measured by a short calibration (the clock,
+//! an FMA throughput loop, a `vdpbf16ps` loop and a streaming read), checked against what the instruction
+//! mix can physically do, and cached per CPU model and feature set so that compiling stays fast.
 //!
-//! Without a cache the host takes the x86-64-v4 (AVX-512) or x86-64-v3 defaults of `target.rs`, scaled by
-//! the thread count. `mlopt calibrate` runs the measurement and writes the cache; `MLOPT_CACHE_DIR`
-//! overrides where it lives (default `$XDG_CACHE_HOME/mlopt` or `~/.cache/mlopt`).
+//! The first use of `host` on a CPU measures it (about a second) and writes the cache; `mlopt calibrate`
+//! measures again and overwrites it. `MLOPT_CACHE_DIR` overrides where the cache lives (default
+//! `$XDG_CACHE_HOME/mlopt` or `~/.cache/mlopt`); each CPU gets its own file, so a home folder shared by
+//! machines of different kinds keeps one calibration each.
 
+use crate::error::{CostError, Result};
 use crate::target::{cpu_v3, cpu_v4, Target};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -12,6 +15,8 @@ use std::time::Instant;
 /// Peaks measured on this machine, per core unless said otherwise.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Calibration {
+    /// The core clock while the FMA loop runs, GHz (timed by a chain of dependent integer adds).
+    pub ghz: f64,
     /// fp32 FMA throughput of one core, FLOP/s.
     pub fp32: f64,
     /// bf16 dot-product throughput of one core (`vdpbf16ps`), FLOP/s; 0 when the ISA lacks it.
@@ -21,18 +26,103 @@ pub struct Calibration {
     pub bw_all: f64,
 }
 
-const CACHE_VERSION: &str = "mlopt-calibration 1";
+/// The most any x86-64 core is clocked at, GHz: a measured clock above it means the timing is broken.
+const MAX_GHZ: f64 = 6.5;
 
-/// The cache file's path.
-pub fn cache_path() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("MLOPT_CACHE_DIR") {
-        return Some(PathBuf::from(d).join("host-calibration.txt"));
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("mlopt").join("host-calibration.txt"))
+/// What the instruction mix can do per cycle on a core with these features: (fp32 FLOP/cycle of two
+/// FMA ports at the widest vector, bf16 FLOP/cycle of two `vdpbf16ps` ports). No x86 core issues more
+/// than two vector FMAs per cycle; one `vdpbf16ps` does two multiply-adds per f32 lane.
+pub fn per_cycle_limits(features: &[String]) -> (f64, f64) {
+    let has = |f: &str| features.iter().any(|x| x == f);
+    let lanes = if has("avx512f") { 16.0 } else { 8.0 };
+    let fp32 = 2.0 * lanes * 2.0;
+    let bf16 = if has("avx512bf16") { 2.0 * lanes * 4.0 } else { 0.0 };
+    (fp32, bf16)
 }
 
-/// Reads the cache; `None` when missing, unreadable, of another version or written for other features.
+impl Calibration {
+    /// Checks every figure against physics: a clock between 0.5 and 6.5 GHz, FLOP per cycle within what
+    /// two vector ports can issue, bandwidths positive and finite. A figure outside means the measurement
+    /// loop was optimised away or mistimed; it is an error, never a peak the cost model trusts.
+    pub fn check(&self, features: &[String]) -> Result<()> {
+        let bad = |what: String| Err(CostError::Calibration(what));
+        let finite = [self.ghz, self.fp32, self.bf16, self.bw_one, self.bw_all].iter().all(|v| v.is_finite() && *v >= 0.0);
+        if !finite {
+            return bad(format!("a figure is not a finite non-negative number: {self:?}"));
+        }
+        if !(0.5..=MAX_GHZ).contains(&self.ghz) {
+            return bad(format!("the clock measured {:.2} GHz, outside 0.5..{MAX_GHZ} GHz", self.ghz));
+        }
+        let (fp32_max, bf16_max) = per_cycle_limits(features);
+        // 10% of slack for the clock moving between the two loops.
+        let per_cycle = |flops: f64| flops / (self.ghz * 1e9);
+        if per_cycle(self.fp32) > fp32_max * 1.1 || self.fp32 < 1e9 {
+            return bad(format!(
+                "fp32 FMA measured {:.1} GFLOP/s = {:.1} FLOP/cycle at {:.2} GHz; two FMA ports do at most {fp32_max}",
+                self.fp32 / 1e9,
+                per_cycle(self.fp32),
+                self.ghz
+            ));
+        }
+        if per_cycle(self.bf16) > bf16_max * 1.1 || (bf16_max > 0.0 && self.bf16 < 1e9) {
+            return bad(format!(
+                "bf16 dot measured {:.1} GFLOP/s = {:.1} FLOP/cycle at {:.2} GHz; two vdpbf16ps ports do at most {bf16_max}",
+                self.bf16 / 1e9,
+                per_cycle(self.bf16),
+                self.ghz
+            ));
+        }
+        if self.bw_one < 1e8 || self.bw_all < 1e8 || self.bw_one > 1e12 || self.bw_all > 1e13 {
+            return bad(format!("read bandwidth measured {:.1} GB/s (one core), {:.1} GB/s (all)", self.bw_one / 1e9, self.bw_all / 1e9));
+        }
+        Ok(())
+    }
+}
+
+const CACHE_VERSION: &str = "mlopt-calibration 2";
+
+/// This CPU's model name (CPUID's brand string), e.g. "AMD EPYC 9R45" or "Intel(R) Xeon(R) Platinum 8488C".
+pub fn cpu_model() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        if __cpuid(0x8000_0000).eax >= 0x8000_0004 {
+            let mut bytes = Vec::with_capacity(48);
+            for leaf in 0x8000_0002u32..=0x8000_0004 {
+                let r = __cpuid(leaf);
+                for w in [r.eax, r.ebx, r.ecx, r.edx] {
+                    bytes.extend_from_slice(&w.to_le_bytes());
+                }
+            }
+            let s: String = String::from_utf8_lossy(&bytes).chars().filter(|c| !c.is_control()).collect();
+            return s.split_whitespace().collect::<Vec<_>>().join(" ");
+        }
+    }
+    "unknown CPU".into()
+}
+
+/// FNV-1a, for a short stable file name per CPU.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The folder of mlopt's caches (calibration, tuned tiles).
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MLOPT_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("mlopt"))
+}
+
+/// The cache file of this CPU (model and feature set).
+pub fn cache_path() -> Option<PathBuf> {
+    let key = format!("{}|{}", cpu_model(), host_features().join(","));
+    Some(cache_dir()?.join(format!("host-calibration-{:016x}.txt", fnv(&key))))
+}
+
+/// Reads the cache; `None` when missing, unreadable, of another version, written for another CPU, or
+/// holding figures that fail the physical check.
 pub fn load() -> Option<Calibration> {
     let text = std::fs::read_to_string(cache_path()?).ok()?;
     let mut lines = text.lines();
@@ -40,29 +130,34 @@ pub fn load() -> Option<Calibration> {
         return None;
     }
     let mut get = |key: &str| -> Option<String> { lines.next()?.strip_prefix(key)?.strip_prefix(" = ").map(str::to_string) };
-    let features = get("features")?;
-    if features != host_features().join(",") {
+    if get("cpu")? != cpu_model() || get("features")? != host_features().join(",") {
         return None;
     }
-    let num = |s: Option<String>| s.and_then(|s| s.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0);
-    Some(Calibration { fp32: num(get("fp32"))?, bf16: num(get("bf16"))?, bw_one: num(get("bw_one"))?, bw_all: num(get("bw_all"))? })
+    let mut num = |key: &str| get(key).and_then(|s| s.parse::<f64>().ok());
+    let c = Calibration { ghz: num("ghz")?, fp32: num("fp32")?, bf16: num("bf16")?, bw_one: num("bw_one")?, bw_all: num("bw_all")? };
+    c.check(&host_features()).ok().map(|_| c)
 }
 
-/// Writes the cache, creating its directory.
+/// Writes the cache (through a temporary file and a rename, so concurrent first uses never read half a
+/// file), creating its directory.
 pub fn store(c: &Calibration) -> std::io::Result<PathBuf> {
     let path = cache_path().ok_or_else(|| std::io::Error::other("no cache directory: set MLOPT_CACHE_DIR or HOME"))?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let text = format!(
-        "{CACHE_VERSION}\nfeatures = {}\nfp32 = {}\nbf16 = {}\nbw_one = {}\nbw_all = {}\n",
+        "{CACHE_VERSION}\ncpu = {}\nfeatures = {}\nghz = {}\nfp32 = {}\nbf16 = {}\nbw_one = {}\nbw_all = {}\n",
+        cpu_model(),
         host_features().join(","),
+        c.ghz,
         c.fp32,
         c.bf16,
         c.bw_one,
         c.bw_all
     );
-    std::fs::write(&path, text)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
 
@@ -92,31 +187,45 @@ pub fn host_features() -> Vec<String> {
 }
 
 /// bf16 matrix throughput of one core on AMX tiles, FLOP/s: a loop of independent `tdpbf16ps` on
-/// 16x16x32 tiles measured 1.50 TFLOP/s on this machine's Sapphire Rapids core (2026-11-21; `calibrate`
-/// does not measure it: that needs the tile state, which mlopt-cost does not request).
+/// 16x16x32 tiles measured 1.50 TFLOP/s on a Sapphire Rapids core (2026-11-21; `calibrate` does not
+/// measure it: that needs the tile state, which mlopt-cost does not request).
 const AMX_BF16_PER_CORE: f64 = 1.5e12;
 
-/// The host target for `threads` threads: features detected now, peaks from the cache or the defaults.
+/// This CPU's calibration: the cache, or a measurement now (stored for next time). `Err` says why no
+/// trustworthy figure could be had.
+pub fn calibration() -> std::result::Result<(Calibration, &'static str), String> {
+    if let Some(c) = load() {
+        return Ok((c, "host calibration cache"));
+    }
+    let c = measure().map_err(|e| e.to_string())?;
+    // A cache that cannot be written only costs a second per compile.
+    let _ = store(&c);
+    Ok((c, "host calibration, measured on first use"))
+}
+
+/// The host target for `threads` threads: features detected now, peaks from this CPU's calibration
+/// (measured on first use), or the x86-64-v4/v3 defaults when no trustworthy measurement could be made.
 pub fn host(threads: u32) -> Target {
     let features = host_features();
     let has = |f: &str| features.iter().any(|x| x == f);
     let mut t = if has("avx512f") { cpu_v4(threads) } else { cpu_v3(threads) };
     t.name = "host".into();
     let n = threads as f64;
-    if has("avx512bf16") {
-        // `vdpbf16ps` does twice the FLOPs of an fp32 FMA per instruction, but issues on fewer ports on
-        // some cores: on this machine's Sapphire Rapids it measured 0.5x the fp32 rate. Uncalibrated, assume
-        // parity; `mlopt calibrate` measures it.
-        t.bf16_matrix = Some(t.fp32);
-    }
-    match load() {
-        Some(c) => {
+    match calibration() {
+        Ok((c, source)) => {
+            t.clock_mhz = (c.ghz * 1e3).round() as u32;
             t.fp32 = c.fp32 * n;
             t.bf16_matrix = (c.bf16 > 0.0).then_some(c.bf16 * n);
             t.dram_bw = (c.bw_one * n).min(c.bw_all.max(c.bw_one));
-            t.source = "host calibration cache".into();
+            t.source = format!("{source}: {}", cpu_model());
         }
-        None => t.source = format!("{} defaults (host not calibrated: run `mlopt calibrate`)", if has("avx512f") { "x86-64-v4" } else { "x86-64-v3" }),
+        Err(why) => {
+            if has("avx512bf16") {
+                // Uncalibrated, assume `vdpbf16ps` at parity with the FMAs.
+                t.bf16_matrix = Some(t.fp32);
+            }
+            t.source = format!("{} defaults ({}: calibration failed: {why})", if has("avx512f") { "x86-64-v4" } else { "x86-64-v3" }, cpu_model());
+        }
     }
     if has("amx-bf16") {
         // bf16 contractions run on the tiles (mlopt-lower's amx.rs), not on `vdpbf16ps`.
@@ -126,10 +235,23 @@ pub fn host(threads: u32) -> Target {
     t
 }
 
-/// Measures the host: about a second in all.
-pub fn measure() -> Calibration {
+/// Measures the host (about a second) and checks the figures against physics. A shared machine can take
+/// the core away in the middle of a loop, so a measurement that fails the check is made again, twice.
+pub fn measure() -> Result<Calibration> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Calibration { fp32: fma::fp32_peak(), bf16: fma::bf16_peak(), bw_one: read_bandwidth(1), bw_all: read_bandwidth(threads) }
+    let mut last = None;
+    for _ in 0..3 {
+        let ghz = loops::clock_ghz();
+        let (fp32, bf16) = (loops::fp32_peak(), loops::bf16_peak());
+        // The clock again: the larger of the two is the one the FMA loops ran at.
+        let ghz = ghz.max(loops::clock_ghz());
+        let c = Calibration { ghz, fp32, bf16, bw_one: read_bandwidth(1), bw_all: read_bandwidth(threads) };
+        match c.check(&host_features()) {
+            Ok(()) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| CostError::Calibration("no measurement".into())))
 }
 
 /// Bytes per second that `threads` threads reach reading disjoint parts of a 256 MiB buffer (best of 5).
@@ -162,92 +284,189 @@ fn sum16(c: &[f32]) -> f32 {
 }
 
 #[allow(unsafe_code)]
-mod fma {
-    //! Throughput loops over independent FMA chains (enough of them to cover the FMA latency on two ports).
+mod loops {
+    //! The measurement loops, in inline assembly so that no optimiser can fold, hoist or drop them (the
+    //! intrinsics version of the bf16 loop was folded away on Zen 5 and timed at 768,000,000 GFLOP/s).
+    //! Twelve independent accumulators cover a 4-6 cycle FMA latency on two ports.
     use std::time::Instant;
 
-    const ITERS: u64 = 20_000_000;
+    const ITERS: u64 = 10_000_000;
+
+    /// Seconds of the best of five runs of `f`.
+    fn best(f: impl Fn()) -> f64 {
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// The clock: eight dependent one-cycle adds per iteration.
+    pub fn clock_ghz() -> f64 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Warm up so the clock has ramped before it is timed.
+            x86::adds(ITERS);
+            return (ITERS * 8) as f64 / best(|| x86::adds(ITERS)) / 1e9;
+        }
+        #[allow(unreachable_code)]
+        0.0
+    }
 
     pub fn fp32_peak() -> f64 {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the feature the function is compiled for was detected just above.
-                return time(|| unsafe { x86::fma512(ITERS) }, ITERS as f64 * 12.0 * 16.0 * 2.0);
+                return ITERS as f64 * 12.0 * 16.0 * 2.0 / best(|| unsafe { x86::fma512(ITERS) });
             }
             if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx") {
                 // SAFETY: as above.
-                return time(|| unsafe { x86::fma256(ITERS) }, ITERS as f64 * 12.0 * 8.0 * 2.0);
+                return ITERS as f64 * 12.0 * 8.0 * 2.0 / best(|| unsafe { x86::fma256(ITERS) });
             }
         }
-        crate::target::cpu_v3(1).fp32 / 4.0
+        0.0
     }
 
     pub fn bf16_peak() -> f64 {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512bf16") {
-            // SAFETY: as above. One vdpbf16ps does 32 multiply-adds = 64 FLOP.
-            return time(|| unsafe { x86::dpbf16(ITERS) }, ITERS as f64 * 12.0 * 64.0);
+            // SAFETY: as above. One vdpbf16ps does 16 lanes x 2 multiply-adds = 64 FLOP.
+            return ITERS as f64 * 12.0 * 64.0 / best(|| unsafe { x86::dpbf16(ITERS) });
         }
         0.0
     }
 
-    /// FLOP/s of the best of three runs of `f`.
-    fn time(f: impl Fn() -> f32, flops: f64) -> f64 {
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t = Instant::now();
-            std::hint::black_box(f());
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        flops / best
-    }
-
     #[cfg(target_arch = "x86_64")]
     mod x86 {
-        use std::arch::x86_64::*;
+        use std::arch::asm;
+
+        pub fn adds(iters: u64) {
+            // SAFETY: register arithmetic only; no memory, no stack.
+            unsafe {
+                asm!(
+                    "2:",
+                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) iters => _,
+                    x = inout(reg) 0u64 => _,
+                    options(nomem, nostack),
+                );
+            }
+        }
+
+        macro_rules! twelve {
+            ($op:literal, $a:literal, $b:literal) => {
+                concat!(
+                    $op, " zmm0, ", $a, ", ", $b, "\n", $op, " zmm1, ", $a, ", ", $b, "\n", $op, " zmm2, ", $a, ", ", $b, "\n", $op, " zmm3, ", $a, ", ", $b,
+                    "\n", $op, " zmm4, ", $a, ", ", $b, "\n", $op, " zmm5, ", $a, ", ", $b, "\n", $op, " zmm6, ", $a, ", ", $b, "\n", $op, " zmm7, ", $a, ", ",
+                    $b, "\n", $op, " zmm8, ", $a, ", ", $b, "\n", $op, " zmm9, ", $a, ", ", $b, "\n", $op, " zmm10, ", $a, ", ", $b, "\n", $op, " zmm11, ", $a,
+                    ", ", $b, "\n",
+                )
+            };
+        }
+
+        /// Zeroes zmm0-13 first: zero operands keep every lane out of denormals.
+        macro_rules! zero512 {
+            () => {
+                "vpxord zmm0, zmm0, zmm0\nvmovaps zmm1, zmm0\nvmovaps zmm2, zmm0\nvmovaps zmm3, zmm0\nvmovaps zmm4, zmm0\nvmovaps zmm5, zmm0\nvmovaps zmm6, zmm0\nvmovaps zmm7, zmm0\nvmovaps zmm8, zmm0\nvmovaps zmm9, zmm0\nvmovaps zmm10, zmm0\nvmovaps zmm11, zmm0\nvmovaps zmm12, zmm0\nvmovaps zmm13, zmm0"
+            };
+        }
 
         #[target_feature(enable = "avx512f")]
-        pub fn fma512(iters: u64) -> f32 {
-            let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-            let mut acc = [_mm512_set1_ps(1.0); 12];
-            for _ in 0..iters {
-                for x in acc.iter_mut() {
-                    *x = _mm512_fmadd_ps(*x, a, b);
-                }
-            }
-            acc.iter().map(|x| _mm512_reduce_add_ps(*x)).sum()
+        pub unsafe fn fma512(iters: u64) {
+            asm!(
+                zero512!(),
+                "2:",
+                twelve!("vfmadd231ps", "zmm12", "zmm13"),
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) iters => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _,
+                out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
+                options(nomem, nostack),
+            );
         }
 
         #[target_feature(enable = "avx,fma")]
-        pub fn fma256(iters: u64) -> f32 {
-            let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-            let mut acc = [_mm256_set1_ps(1.0); 12];
-            for _ in 0..iters {
-                for x in acc.iter_mut() {
-                    *x = _mm256_fmadd_ps(*x, a, b);
-                }
-            }
-            let mut out = [0f32; 8];
-            let mut s = 0.0;
-            for x in acc {
-                // SAFETY: `out` holds 8 f32s, the unaligned store writes exactly 8.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), x) };
-                s += out.iter().sum::<f32>();
-            }
-            s
+        pub unsafe fn fma256(iters: u64) {
+            asm!(
+                "vxorps ymm0, ymm0, ymm0", "vmovaps ymm1, ymm0", "vmovaps ymm2, ymm0", "vmovaps ymm3, ymm0",
+                "vmovaps ymm4, ymm0", "vmovaps ymm5, ymm0", "vmovaps ymm6, ymm0", "vmovaps ymm7, ymm0",
+                "vmovaps ymm8, ymm0", "vmovaps ymm9, ymm0", "vmovaps ymm10, ymm0", "vmovaps ymm11, ymm0",
+                "vmovaps ymm12, ymm0", "vmovaps ymm13, ymm0",
+                "2:",
+                "vfmadd231ps ymm0, ymm12, ymm13", "vfmadd231ps ymm1, ymm12, ymm13", "vfmadd231ps ymm2, ymm12, ymm13",
+                "vfmadd231ps ymm3, ymm12, ymm13", "vfmadd231ps ymm4, ymm12, ymm13", "vfmadd231ps ymm5, ymm12, ymm13",
+                "vfmadd231ps ymm6, ymm12, ymm13", "vfmadd231ps ymm7, ymm12, ymm13", "vfmadd231ps ymm8, ymm12, ymm13",
+                "vfmadd231ps ymm9, ymm12, ymm13", "vfmadd231ps ymm10, ymm12, ymm13", "vfmadd231ps ymm11, ymm12, ymm13",
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) iters => _,
+                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _, out("ymm6") _,
+                out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _,
+                options(nomem, nostack),
+            );
         }
 
         #[target_feature(enable = "avx512f,avx512bf16")]
-        pub fn dpbf16(iters: u64) -> f32 {
-            let a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5), _mm512_set1_ps(0.25));
-            let mut acc = [_mm512_set1_ps(0.0); 12];
-            for _ in 0..iters {
-                for x in acc.iter_mut() {
-                    *x = _mm512_dpbf16_ps(*x, a, a);
-                }
-            }
-            acc.iter().map(|x| _mm512_reduce_add_ps(*x)).sum()
+        pub unsafe fn dpbf16(iters: u64) {
+            asm!(
+                zero512!(),
+                "2:",
+                twelve!("vdpbf16ps", "zmm12", "zmm13"),
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) iters => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _,
+                out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
+                options(nomem, nostack),
+            );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features(f: &[&str]) -> Vec<String> {
+        f.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The figures the intrinsics loop once produced on Zen 5 (bf16 768,000,000 GFLOP/s) fail the check, and
+    /// so do a clock off the scale and FMAs faster than two ports; a real Zen 5 measurement passes.
+    #[test]
+    fn physically_impossible_figures_are_rejected() {
+        let f = features(&["avx2", "fma", "avx512f", "avx512bf16"]);
+        let zen5 = Calibration { ghz: 4.4, fp32: 281e9, bf16: 540e9, bw_one: 30e9, bw_all: 50e9 };
+        zen5.check(&f).unwrap();
+        for bad in [
+            Calibration { bf16: 7.68e17, ..zen5 },
+            Calibration { ghz: 40.0, ..zen5 },
+            Calibration { fp32: 400e9, ..zen5 },
+            Calibration { fp32: f64::NAN, ..zen5 },
+            Calibration { bf16: 0.0, ..zen5 },
+            Calibration { bw_all: 0.0, ..zen5 },
+        ] {
+            assert!(bad.check(&f).is_err(), "{bad:?}");
+        }
+        // Without AVX512-BF16, a bf16 figure of 0 is right, and 256-bit FMAs allow half the FLOP per cycle.
+        let v3 = features(&["avx2", "fma"]);
+        Calibration { ghz: 3.0, fp32: 90e9, bf16: 0.0, bw_one: 10e9, bw_all: 20e9 }.check(&v3).unwrap();
+        assert!(Calibration { ghz: 3.0, fp32: 190e9, bf16: 0.0, bw_one: 10e9, bw_all: 20e9 }.check(&v3).is_err());
+    }
+
+    /// The loops of this machine give figures that pass the check (the clock, FMAs and dot products are
+    /// really executed: the check above rejects a loop that was folded away).
+    #[test]
+    fn this_machine_measures_physical_figures() {
+        let c = measure().unwrap();
+        let (fp32_max, _) = per_cycle_limits(&host_features());
+        assert!(c.fp32 / (c.ghz * 1e9) > fp32_max / 8.0, "{c:?}");
     }
 }

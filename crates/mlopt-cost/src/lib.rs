@@ -13,7 +13,7 @@ pub mod roofline;
 pub mod target;
 
 pub use error::{CostError, Result};
-pub use roofline::{estimate, op_work, op_work_on, standalone, Bound, Cost, Estimate, Work};
+pub use roofline::{class_rate, estimate, op_work, op_work_on, priced, standalone, Bound, Cost, Estimate, ScheduleClass, Work};
 pub use target::{Kind, MatrixPrecision, Target, TARGET_NAMES};
 
 #[cfg(test)]
@@ -124,24 +124,31 @@ mod tests {
         // Only this test sets MLOPT_CACHE_DIR in this test binary.
         std::env::set_var("MLOPT_CACHE_DIR", &dir);
         let path = calibrate::cache_path().unwrap();
-        let good = calibrate::Calibration { fp32: 1e11, bf16: 2e11, bw_one: 1e10, bw_all: 2e10 };
+        let features = calibrate::host_features();
+        let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&features);
+        // Figures that pass the physical check on this CPU: half the peaks at 3 GHz.
+        let good = calibrate::Calibration { ghz: 3.0, fp32: fp32_max * 1.5e9, bf16: bf16_max * 1.5e9, bw_one: 1e10, bw_all: 2e10 };
         calibrate::store(&good).unwrap();
         assert_eq!(calibrate::load(), Some(good));
-        assert_eq!(Target::named("host", 2).unwrap().fp32, 2e11);
-        for bad in ["garbage", "mlopt-calibration 1\nfeatures = not-this-cpu\nfp32 = 1\nbf16 = 1\nbw_one = 1\nbw_all = 1\n", "mlopt-calibration 1\n"] {
-            std::fs::write(&path, bad).unwrap();
+        assert_eq!(Target::named("host", 2).unwrap().fp32, 2.0 * good.fp32);
+        assert!(Target::named("host", 1).unwrap().source.contains("host calibration cache"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let replace = |key: &str, value: &str| -> String {
+            text.lines().map(|l| if l.starts_with(key) { format!("{key} = {value}\n") } else { format!("{l}\n") }).collect()
+        };
+        // Another CPU's file, another feature set, a truncated file, garbage, a figure that is not a number,
+        // and a figure no core can reach are all ignored.
+        for bad in [
+            replace("cpu", "Some Other CPU"),
+            replace("features", "not-this-cpu"),
+            "mlopt-calibration 2\n".into(),
+            "garbage".into(),
+            replace("fp32", "NaN"),
+            replace("fp32", "1e30"),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
             assert_eq!(calibrate::load(), None, "{bad}");
-            assert!(Target::named("host", 1).unwrap().source.contains("not calibrated"));
         }
-        // A measurement that is not a finite non-negative number is not used either.
-        calibrate::store(&good).unwrap();
-        let text: String = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(|l| if l.starts_with("fp32 = ") { "fp32 = NaN\n".to_string() } else { format!("{l}\n") })
-            .collect();
-        std::fs::write(&path, text).unwrap();
-        assert_eq!(calibrate::load(), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -8,7 +8,10 @@
 pub mod emit;
 pub mod gpu;
 pub mod pipeline;
+pub mod profile;
+pub mod svg;
 pub mod tune;
 
 pub use gpu::{compile_gpu, GpuCompiled};
+pub use mlopt_runtime::Loaded;
 pub use pipeline::{compile, Compiled, DriverError, Options};

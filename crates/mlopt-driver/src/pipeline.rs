@@ -47,6 +47,8 @@ pub struct Options {
     pub tune: bool,
     /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`--winograd`).
     pub winograd: mlopt_lower::Winograd,
+    /// Build with a clock reading around each kernel call (`mlopt bench --profile`; see `profile.rs`).
+    pub profile: bool,
 }
 
 #[derive(Debug)]
@@ -58,6 +60,8 @@ pub struct Compiled {
     pub target: CpuTarget,
     /// (stage, seconds) in pipeline order.
     pub times: Vec<(&'static str, f64)>,
+    /// Built with per-kernel clock readings (`Options::profile`).
+    pub profiled: bool,
 }
 
 /// Runs the pipeline on an imported graph.
@@ -89,9 +93,9 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     }
     let program = mlopt_lower::lower_program(&optimized.plan.graph, &lower)?;
     lap("lower+schedule", &mut times);
-    let code = mlopt_llvm::compile(&program, &target, opt.threads.max(1))?;
+    let code = mlopt_llvm::compile_with(&program, &target, opt.threads.max(1), opt.profile)?;
     lap("codegen", &mut times);
-    Ok(Compiled { optimized, cfg, program, code, target, times })
+    Ok(Compiled { optimized, cfg, program, code, target, times, profiled: opt.profile })
 }
 
 impl Compiled {

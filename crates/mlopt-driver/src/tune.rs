@@ -11,12 +11,14 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 fn cache_file() -> Option<PathBuf> {
-    Some(mlopt_cost::calibrate::cache_path()?.parent()?.join("tiles.txt"))
+    Some(mlopt_cost::calibrate::cache_dir()?.join("tiles.txt"))
 }
 
 /// One cache line: `features threads m n k lanes mr nr tile_lanes`.
 fn load_cache(features: &str, threads: u32) -> HashMap<TileKey, Tile> {
-    let Some(text) = cache_file().and_then(|p| std::fs::read_to_string(p).ok()) else { return HashMap::new() };
+    let Some(text) = cache_file().and_then(|p| std::fs::read_to_string(p).ok()) else {
+        return HashMap::new();
+    };
     let mut out = HashMap::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -91,7 +93,9 @@ pub fn tune(g: &Graph, opts: &mlopt_lower::Options, t: &CpuTarget, threads: u32)
     let mut chosen = load_cache(&features, threads);
     let base = mlopt_lower::lower_program(g, opts)?;
     for (si, s) in base.steps.iter().enumerate() {
-        let Some(key) = base.kernels[s.kernel].schedule.iter().find_map(|st| parse_key(st)) else { continue };
+        let Some(key) = base.kernels[s.kernel].schedule.iter().find_map(|st| parse_key(st)) else {
+            continue;
+        };
         if chosen.contains_key(&key) {
             continue;
         }
@@ -106,7 +110,9 @@ pub fn tune(g: &Graph, opts: &mlopt_lower::Options, t: &CpuTarget, threads: u32)
                 best = Some((secs, cand));
             }
         }
-        let Some((_, tile)) = best else { return Err(DriverError::Input(format!("no tile candidates for {key:?}"))) };
+        let Some((_, tile)) = best else {
+            return Err(DriverError::Input(format!("no tile candidates for {key:?}")));
+        };
         store_cache(&features, threads, key, tile);
         chosen.insert(key, tile);
     }

@@ -114,7 +114,9 @@ fn sum(terms: &[(i64, Expr)]) -> Expr {
 /// L % d, and L / d = 0, L % d = L when L < d. So a row-major position split again by a reshape,
 /// `((i * 64 + j) / 16) % 4` with j < 64, becomes `j / 16`.
 pub fn simplify_index(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
-    let Expr::Binary(op, a, b) = e else { return e.clone() };
+    let Expr::Binary(op, a, b) = e else {
+        return e.clone();
+    };
     let (a, b) = (simplify_index(a, extent), simplify_index(b, extent));
     let d = match (op, &b) {
         (BinOp::Div | BinOp::Rem, Expr::Int(d)) if *d > 0 && max_value(&a, extent).is_some() => *d,
@@ -160,10 +162,14 @@ pub fn moves_with(flat: &Expr, v: Var, extent: u64) -> bool {
             e => e.clone(),
         }
     }
-    let Some(d) = divisor(flat, v) else { return false };
+    let Some(d) = divisor(flat, v) else {
+        return false;
+    };
     let (hi, lo) = (Var(u32::MAX), Var(u32::MAX - 1));
     let split = digits(flat, v, d, hi, lo);
-    let (Some(ch), Some(cl)) = (coefficient(&split, hi), coefficient(&split, lo)) else { return false };
+    let (Some(ch), Some(cl)) = (coefficient(&split, hi), coefficient(&split, lo)) else {
+        return false;
+    };
     let (ch, cl) = (ch.abs(), cl.abs());
     !split.uses(v) && ch != 0 && cl != 0 && (ch >= cl * d || cl >= ch * (extent as i64 + d - 1) / d)
 }
@@ -182,6 +188,46 @@ pub fn buffer_uses(body: &[Stmt]) -> HashMap<BufId, usize> {
 }
 
 /// Whether `body` holds an `mma` anywhere.
+/// Arithmetic operations a kernel executes, counted from its stores' values (an FMA counts two) times the
+/// trip counts of the loops around them, guards taken as always true: (those inside a vector loop, all).
+/// Index arithmetic does not count. The share inside vector loops is how much of the kernel's work runs on
+/// vector lanes, which prices its schedule.
+pub fn arithmetic(body: &[Stmt]) -> (f64, f64) {
+    fn ops(e: &Expr) -> f64 {
+        match e {
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) | Expr::Load(..) => 0.0,
+            Expr::Unary(_, a) | Expr::Cast(_, a) => 1.0 + ops(a),
+            Expr::Binary(_, a, b) => 1.0 + ops(a) + ops(b),
+            Expr::Fma(a, b, c) => 2.0 + ops(a) + ops(b) + ops(c),
+            Expr::Select(c, a, b) => 1.0 + ops(c) + ops(a) + ops(b),
+        }
+    }
+    fn walk(body: &[Stmt], trips: f64, vector: bool, acc: &mut (f64, f64)) {
+        for s in body {
+            match s {
+                Stmt::For { extent, kind, body, .. } => walk(body, trips * *extent as f64, vector || matches!(kind, LoopKind::Vector(_)), acc),
+                Stmt::If { then, .. } => walk(then, trips, vector, acc),
+                Stmt::Store { value, .. } => {
+                    let n = ops(value) * trips;
+                    acc.1 += n;
+                    if vector {
+                        acc.0 += n;
+                    }
+                }
+                Stmt::Mma { m, n, k, .. } => {
+                    let f = 2.0 * (*m * *n * *k) as f64 * trips;
+                    acc.0 += f;
+                    acc.1 += f;
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut acc = (0.0, 0.0);
+    walk(body, 1.0, false, &mut acc);
+    acc
+}
+
 pub fn has_mma(body: &[Stmt]) -> bool {
     body.iter().any(|s| match s {
         Stmt::Mma { .. } => true,

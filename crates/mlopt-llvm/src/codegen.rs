@@ -358,7 +358,9 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
     fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
         let size = self.k.buffer(b).elem.size() as u32;
-        let Some(l) = self.lane_var().filter(|_| self.gpu && self.k.buffer(b).space == Space::Global) else { return size };
+        let Some(l) = self.lane_var().filter(|_| self.gpu && self.k.buffer(b).space == Space::Global) else {
+            return size;
+        };
         // A constant the start (in elements) is always a multiple of.
         let start = mlopt_kir::analysis::factor(&flat.subst(l, &Expr::int(0)));
         let mut align = size;
@@ -619,6 +621,7 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
         "mlopt_parallel_for" => void.fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
         "mlopt_init_threads" => void.fn_type(&[c.i32_type().into()], false),
         "mlopt_init_amx" => void.fn_type(&[], false),
+        "mlopt_now_ns" => i64t.fn_type(&[], false),
         _ => return Err(err(format!("no declaration for external function {name}"))),
     };
     Ok(m.add_function(name, ty, None))

@@ -16,5 +16,5 @@ mod ptx;
 mod transcendental;
 
 pub use error::{LlvmError, Result};
-pub use program::{c_name, compile, CpuTarget, MatrixUnit, Output};
+pub use program::{c_name, compile, compile_with, profile_symbol, CpuTarget, MatrixUnit, Output};
 pub use ptx::{compile_ptx, host_object, launch_table, GpuTarget, PtxOutput};

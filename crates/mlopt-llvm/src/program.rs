@@ -131,8 +131,28 @@ fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, name: &st
     Ok(())
 }
 
+/// The exported counters of a profiled build: `uint64_t mlopt_<name>_profile[steps]`, the nanoseconds
+/// each step (kernel call) of the entry point has taken, summed over runs.
+pub fn profile_symbol(name: &str) -> String {
+    format!("mlopt_{}_profile", c_name(name))
+}
+
+/// A profiled build's clock reading (`mlopt_now_ns()`), or nothing in a plain build.
+fn clock<'c>(b: &inkwell::builder::Builder<'c>, now: Option<inkwell::values::FunctionValue<'c>>) -> Result<Option<inkwell::values::IntValue<'c>>> {
+    let Some(now) = now else { return Ok(None) };
+    let v = b.build_call(now, &[], "now")?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("mlopt_now_ns".into()))?;
+    Ok(Some(v.into_int_value()))
+}
+
 /// Compiles a program for `t`; `threads` is the default thread count of its parallel loops.
 pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
+    compile_with(p, t, threads, false)
+}
+
+/// `compile`, and with `profile` the entry point reads a monotonic clock (the runtime's `mlopt_now_ns`)
+/// around each step and adds the difference to that step's counter in `profile_symbol(name)`. The plain
+/// build has no instrumentation at all.
+pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> Result<Output> {
     let c = Context::create();
     let m = c.create_module(&p.name);
     let tm = machine(t)?;
@@ -185,7 +205,16 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
         // Linux hands out the AMX tile state only on request (once per process).
         b.build_call(libc(&c, &m, "mlopt_init_amx")?, &[], "")?;
     }
-    for s in &p.steps {
+    let counters = profile.then(|| {
+        let ty = i64t.array_type(p.steps.len() as u32);
+        let g = m.add_global(ty, None, &profile_symbol(&p.name));
+        g.set_initializer(&ty.const_zero());
+        g.set_alignment(64);
+        (ty, g)
+    });
+    let now = if profile { Some(libc(&c, &m, "mlopt_now_ns")?) } else { None };
+    let mut last = clock(&b, now)?;
+    for (step, s) in p.steps.iter().enumerate() {
         let mut args = Vec::with_capacity(s.args.len());
         for a in &s.args {
             let v = match a {
@@ -202,6 +231,14 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
             args.push(v.into());
         }
         b.build_call(fns[s.kernel], &args, "")?;
+        if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&b, now)?) {
+            // SAFETY: `step` < steps, the array's length.
+            let at = unsafe { b.build_in_bounds_gep(ty, g.as_pointer_value(), &[i64t.const_zero(), i64t.const_int(step as u64, false)], "ctr")? };
+            let sum = b.build_load(i64t, at, "sum")?.into_int_value();
+            let spent = b.build_int_sub(after, before, "spent")?;
+            b.build_store(at, b.build_int_add(sum, spent, "sum")?)?;
+            last = Some(after);
+        }
     }
     b.build_return(None)?;
     define_context(&c, &m, &p.name, p.arena_bytes)?;

@@ -25,7 +25,8 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
     if let Some(stmts) = conv1x1_mma(l, x, w, bias, a, out, out_t, dst)? {
         return Ok(stmts);
     }
-    if let (4, Some(t)) = (xs.len(), contract::choose(l, (m / a.group as i64) as u64, out[3], red.iter().product())) {
+    // (The width `out[3]` exists only for 2-D convolutions: test the rank before reading it.)
+    if let Some(t) = (xs.len() == 4).then(|| contract::choose(l, (m / a.group as i64) as u64, out[3], red.iter().product())).flatten() {
         return conv2d_tiled(l, x, w, bias, a, out, out_t, dst, t);
     }
     let a = a.clone();

@@ -6,7 +6,9 @@ use std::fmt::Write;
 
 /// One line describing kernel `k`, for the printed graph's `kernel kN {` header.
 pub fn kernel_note(o: &Optimized, k: u32) -> String {
-    let Some(info) = o.plan.kernels.get(k as usize) else { return String::new() };
+    let Some(info) = o.plan.kernels.get(k as usize) else {
+        return String::new();
+    };
     if info.view {
         return "view (no code)".into();
     }
@@ -77,7 +79,8 @@ pub fn table(o: &Optimized) -> String {
     t
 }
 
-fn json_str(s: &str) -> String {
+/// `s` as a JSON string literal.
+pub fn json_str(s: &str) -> String {
     let mut o = String::from("\"");
     for c in s.chars() {
         match c {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #ifdef __linux__
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -70,6 +71,13 @@ static void start_workers(int n) {
         if (pthread_create(&t, &a, worker, (void *)(intptr_t)started) != 0) break;
         pthread_attr_destroy(&a);
     }
+}
+
+/* Nanoseconds of a monotonic clock: profiled builds (`mlopt bench --profile`) read it between kernels. */
+uint64_t mlopt_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 void mlopt_set_num_threads(int n) {

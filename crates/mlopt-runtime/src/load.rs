@@ -63,6 +63,18 @@ impl Loaded {
         Ok(Loaded { _lib: lib, entry, arena, inputs, outputs, _dir: dir })
     }
 
+    /// The exported `uint64_t symbol[len]` of the loaded code (a profiled build's counters), to read and
+    /// reset between runs.
+    pub fn counters(&mut self, symbol: &str, len: usize) -> Result<&mut [u64], RuntimeError> {
+        // SAFETY: the symbol is a data object the generated module defines as `[len x i64]`, 64-byte
+        // aligned; `&mut self` keeps runs (the only other writer) from overlapping the borrow.
+        unsafe {
+            let p = self._lib.get::<*mut u64>(symbol.as_bytes()).map_err(|e| RuntimeError::Load(e.to_string()))?;
+            let p: *mut u64 = *p;
+            Ok(std::slice::from_raw_parts_mut(p, len))
+        }
+    }
+
     /// Runs the model: `inputs[i]` and `outputs[i]` must have exactly the declared byte sizes.
     pub fn run(&mut self, inputs: &[&[u8]], outputs: &mut [Vec<u8>]) -> Result<(), RuntimeError> {
         let sizes = |what: &str, got: Vec<usize>, want: &[usize]| {
