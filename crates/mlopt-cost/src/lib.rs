@@ -13,7 +13,7 @@ pub mod roofline;
 pub mod target;
 
 pub use error::{CostError, Result};
-pub use roofline::{class_rate, estimate, op_work, op_work_on, priced, standalone, Bound, Cost, Estimate, ScheduleClass, Work};
+pub use roofline::{class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost, Estimate, Mix, ScheduleClass, Work};
 pub use target::{Kind, MatrixPrecision, Target, TARGET_NAMES};
 
 #[cfg(test)]
@@ -115,6 +115,26 @@ mod tests {
         let t = Target::named("sm_80", 1).unwrap();
         assert_eq!(t.matrix_peak(MatrixPrecision::F32), t.fp32);
         assert_eq!(t.matrix_peak(MatrixPrecision::Tf32), 156e12);
+    }
+
+    /// The priced estimate charges each share of a kernel's arithmetic at the rate of how it runs: a
+    /// register tile at the peak, a vector loop at half, a gathering one at one lane, a scalar nest at a
+    /// quarter of a lane; memory stays the same.
+    #[test]
+    fn priced_estimates_follow_the_schedule() {
+        let t = Target::named("x86-64-v4", 1).unwrap();
+        let w = Work { vector_flops: 1e9, matrix_flops: [1e9, 0.0, 0.0, 0.0], bytes: 1e3 };
+        let at = |mix: Mix| priced(&w, &t, mix).compute_s;
+        let peak = estimate(&w, &t).compute_s;
+        assert_eq!(at(Mix { tiled: 1.0, ..Mix::default() }), peak);
+        assert!((at(Mix { vector: 1.0, ..Mix::default() }) - 2.0 * peak).abs() < 1e-12);
+        assert!((at(Mix { gather: 1.0, ..Mix::default() }) - 16.0 * peak).abs() < 1e-9);
+        assert!((at(Mix { scalar: 1.0, ..Mix::default() }) - 64.0 * peak).abs() < 1e-9);
+        let half = at(Mix { tiled: 0.5, scalar: 0.5, ..Mix::default() });
+        assert!((half - 32.5 * peak).abs() < 1e-9);
+        // A GPU's kernels keep the roofline estimate.
+        let g = Target::named("sm_80", 1).unwrap();
+        assert_eq!(priced(&w, &g, Mix { scalar: 1.0, ..Mix::default() }), estimate(&w, &g));
     }
 
     #[test]

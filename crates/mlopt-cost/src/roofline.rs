@@ -153,12 +153,13 @@ impl fmt::Display for ScheduleClass {
     }
 }
 
-/// Of a CPU's vector FMA peak, what a kernel of each schedule class reaches on its FLOPs: a tiled kernel
-/// the peak (matrix units included); a vector loop without register tiling reloads its accumulators and
-/// operands from memory each step and reaches about half; a scalar nest uses one lane, and its single
-/// accumulator chains every FMA behind the last (4 cycles of latency), so about 1/(4 lanes) of the peak
-/// (measured on Zen 4: SqueezeNet's scalar convolutions run at 2.0 GFLOP/s of a 116 GFLOP/s peak,
-/// 1/58). Memory traffic is priced the same for every class.
+/// Of a CPU's vector FMA peak, what arithmetic reaches by how it runs: in a register tile (or a matrix
+/// unit's blocks) the peak; in a vector loop without register tiling, which reloads its accumulators and
+/// operands each step, about half; in a vector loop that gathers (a load strides along the vector: one
+/// element per lane per instruction), one lane's worth, 1/lanes; in a scalar nest, one lane whose single
+/// accumulator waits out the FMA latency (4 cycles) between steps, 1/(4 lanes). Measured on Zen 4:
+/// SqueezeNet's scalar convolutions run at 2.0 GFLOP/s of a 116 GFLOP/s peak (1/58), ViT's attention,
+/// whose products gather the transposed keys, at 6 (1/19).
 pub fn class_rate(t: &Target, class: ScheduleClass) -> f64 {
     let lanes = (t.vector_bits / 32).max(1) as f64;
     match class {
@@ -168,17 +169,33 @@ pub fn class_rate(t: &Target, class: ScheduleClass) -> f64 {
     }
 }
 
-/// The roofline estimate of a kernel doing `w` on `t` as it was actually scheduled: a tiled kernel at
-/// the target's peaks; otherwise the share `vectorised` of its arithmetic (what runs inside vector
-/// loops) at the vector rate and the rest at the scalar rate of `class_rate`, neither reaching a matrix
-/// unit. GPU kernels are priced by `estimate`.
-pub fn priced(w: &Work, t: &Target, class: ScheduleClass, vectorised: f64) -> Estimate {
-    if t.is_gpu() || class == ScheduleClass::Tiled {
+/// The rate of gathering vector loops, as a fraction of the fp32 peak (see `class_rate`).
+pub fn gather_rate(t: &Target) -> f64 {
+    1.0 / (t.vector_bits / 32).max(1) as f64
+}
+
+/// How a kernel's arithmetic runs, as shares of it (they add up to 1; see `mlopt_kir::analysis::arithmetic`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Mix {
+    pub tiled: f64,
+    pub vector: f64,
+    pub gather: f64,
+    pub scalar: f64,
+}
+
+/// The roofline estimate of a kernel doing `w` on `t` as it was actually scheduled: each share of its
+/// arithmetic (`mix`) at its rate (`class_rate`, `gather_rate`); matrix units count only for the tiled
+/// share. GPU kernels are priced by `estimate`.
+pub fn priced(w: &Work, t: &Target, mix: Mix) -> Estimate {
+    if t.is_gpu() {
         return estimate(w, t);
     }
-    let v = if class == ScheduleClass::Scalar { 0.0 } else { vectorised.clamp(0.0, 1.0) };
-    let rate = |c| t.fp32 * class_rate(t, c);
-    let compute_s = w.flops() * (v / rate(ScheduleClass::Vector) + (1.0 - v) / rate(ScheduleClass::Scalar));
+    let peak = estimate(w, t).compute_s;
+    let untiled = w.flops() / t.fp32;
+    let compute_s = mix.tiled * peak
+        + mix.vector * untiled / class_rate(t, ScheduleClass::Vector)
+        + mix.gather * untiled / gather_rate(t)
+        + mix.scalar * untiled / class_rate(t, ScheduleClass::Scalar);
     let memory_s = w.bytes / t.dram_bw;
     let bound = if compute_s >= memory_s { Bound::Compute } else { Bound::Memory };
     Estimate { compute_s, memory_s, time: Cost::secs(compute_s.max(memory_s) + t.launch_s), bound }

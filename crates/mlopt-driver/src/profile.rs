@@ -3,7 +3,7 @@
 //! (`mlopt bench --profile`), one record per step of the entry point.
 
 use crate::pipeline::{Compiled, DriverError, Result};
-use mlopt_cost::{roofline, Bound, ScheduleClass, Work};
+use mlopt_cost::{roofline, Bound, Mix, ScheduleClass, Work};
 use mlopt_kir::{Kernel, LoopKind, Stmt};
 use mlopt_runtime::Loaded;
 use std::fmt::Write;
@@ -17,9 +17,11 @@ pub struct KernelRecord {
     /// The graph ops it computes, and the names of their nodes (the ONNX node names where import kept them).
     pub ops: Vec<String>,
     pub nodes: Vec<String>,
+    /// The type of what the kernel writes (its first parameter), e.g. `f32[1,256,14,14]`.
+    pub output: String,
     pub flops: f64,
     pub bytes: f64,
-    /// The cost model's estimate, priced for the schedule class (`mlopt_cost::priced`), seconds.
+    /// The cost model's estimate, priced for how the kernel's arithmetic runs (`mlopt_cost::priced`), seconds.
     pub estimate_s: f64,
     /// The roofline bound: max(FLOPs at the target's peak, bytes at its bandwidth), seconds.
     pub roofline_s: f64,
@@ -143,14 +145,24 @@ impl Compiled {
                         (vec!["Copy".to_string()], vec![], Work { bytes: bytes as f64, ..Work::default() })
                     }
                 };
-                let (vector_ops, all_ops) = mlopt_kir::analysis::arithmetic(&k.body);
-                let vectorised = if all_ops > 0.0 { vector_ops / all_ops } else { 1.0 };
-                let e = roofline::priced(&work, target, class, vectorised);
+                let a = mlopt_kir::analysis::arithmetic(k);
+                let n = a.total();
+                let mix = if n > 0.0 {
+                    Mix { tiled: a.tiled / n, vector: a.vector / n, gather: a.gather / n, scalar: a.scalar / n }
+                } else {
+                    Mix { vector: 1.0, ..Mix::default() }
+                };
+                let e = roofline::priced(&work, target, mix);
                 let peak = roofline::estimate(&work, target);
+                let output = k.params().first().map(|b| {
+                    let buf = &k.bufs[b.0 as usize];
+                    format!("{}[{}]", buf.elem, buf.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+                });
                 KernelRecord {
                     id: k.name.clone(),
                     ops,
                     nodes,
+                    output: output.unwrap_or_default(),
                     flops: work.flops(),
                     bytes: work.bytes,
                     estimate_s: e.time.as_secs(),
@@ -215,7 +227,7 @@ pub fn table(p: &Profile) -> String {
     for k in &p.kernels {
         let _ = writeln!(
             t,
-            "{:<8} {:>8.1}us {:>5.1}% {:>8.1}us {:>9.2} {:>8.2} {:>8} {:<8} {:>5.1}%  {:<30} {}",
+            "{:<8} {:>8.1}us {:>5.1}% {:>8.1}us {:>9.2} {:>8.2} {:>8} {:<8} {:>5.1}%  {:<30} {:<22} {}",
             k.id,
             k.time_s() * 1e6,
             100.0 * k.time_s() / total,
@@ -226,6 +238,7 @@ pub fn table(p: &Profile) -> String {
             k.schedule,
             100.0 * k.roofline_fraction(),
             list(&k.ops, 4),
+            k.output,
             list(&k.nodes, 3)
         );
     }
@@ -272,10 +285,11 @@ pub fn json(model: &str, threads: u32, p: &Profile) -> String {
         .iter()
         .map(|k| {
             format!(
-                "{{\"id\": {}, \"ops\": [{}], \"nodes\": [{}], \"measured_ms\": {}, \"estimate_ms\": {}, \"flops\": {}, \"bytes\": {}, \"gflops\": {}, \"gbps\": {}, \"bound\": \"{}\", \"roofline_fraction\": {}, \"schedule\": \"{}\"}}",
+                "{{\"id\": {}, \"ops\": [{}], \"nodes\": [{}], \"output\": {}, \"measured_ms\": {}, \"estimate_ms\": {}, \"flops\": {}, \"bytes\": {}, \"gflops\": {}, \"gbps\": {}, \"bound\": \"{}\", \"roofline_fraction\": {}, \"schedule\": \"{}\"}}",
                 json_str(&k.id),
                 strs(&k.ops),
                 strs(&k.nodes),
+                json_str(&k.output),
                 num(k.time_s() * 1e3),
                 num(k.estimate_s * 1e3),
                 num(k.flops),

@@ -71,7 +71,7 @@ impl LogAxis {
 }
 
 fn number(v: f64) -> String {
-    if v >= 1.0 {
+    if v == v.round() {
         format!("{v:.0}")
     } else {
         let s = format!("{v:.6}");
@@ -157,10 +157,11 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         let c = color(k.schedule);
         let fill = if flopless { "none".to_string() } else { c.to_string() };
         let tip = format!(
-            "{} [{}] {}: {:.1} us ({:.1}%), estimate {:.1} us, {:.2} GFLOP/s, {:.2} GB/s, {:.1} FLOP/B, {:.1}% of roofline{}",
+            "{} [{}] {} -> {}: {:.1} us ({:.1}%), estimate {:.1} us, {:.2} GFLOP/s, {:.2} GB/s, {:.1} FLOP/B, {:.1}% of roofline{}",
             k.id,
             k.schedule,
             k.ops.join(" "),
+            k.output,
             k.time_s() * 1e6,
             100.0 * share,
             k.estimate_s * 1e6,
@@ -218,6 +219,14 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
     s
 }
 
+/// Round tick values from 0 up to `max`: steps of 1, 2 or 5 times a power of ten, about five of them.
+fn ticks(max: f64) -> Vec<f64> {
+    let raw = (max / 5.0).max(1e-12);
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
+    (0..).map(|i| i as f64 * step).take_while(|v| *v <= max * (1.0 + 1e-9)).collect()
+}
+
 /// One point of a batch sweep.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchPoint {
@@ -245,12 +254,13 @@ pub fn batch_curve(title: &str, points: &[BatchPoint], budget_ms: Option<f64>) -
     let _ = writeln!(s, r##"<rect width="{W}" height="{H}" fill="#ffffff"/>"##);
     let _ = writeln!(s, r#"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">{}</text>"#, xml(title));
     let _ = writeln!(s, r##"<text x="{LEFT}" y="44" fill="#555">throughput against p99 latency, one point per batch size</text>"##);
-    for i in 0..=5 {
-        let (vx, vy) = (xmax * i as f64 / 5.0, ymax * i as f64 / 5.0);
+    for vx in ticks(xmax) {
         let _ = writeln!(s, r##"<line x1="{:.1}" y1="{TOP}" x2="{:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##, px(vx), px(vx), H - BOTTOM);
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{vx:.2}</text>"#, px(vx), H - BOTTOM + 18.0);
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, px(vx), H - BOTTOM + 18.0, number(vx));
+    }
+    for vy in ticks(ymax) {
         let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##, py(vy), W - RIGHT, py(vy));
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{vy:.1}</text>"#, LEFT - 6.0, py(vy) + 4.0);
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, py(vy) + 4.0, number(vy));
     }
     let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##, W - RIGHT - LEFT, H - BOTTOM - TOP);
     let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">p99 latency (ms)</text>"#, (LEFT + W - RIGHT) / 2.0, H - 20.0);
@@ -309,6 +319,7 @@ mod tests {
             id: id.into(),
             ops: vec!["conv".into(), "<&\"'>".into()],
             nodes: vec!["a</title><script>".into()],
+            output: "f32[1,8]".into(),
             flops,
             bytes,
             estimate_s: ms * 1e-3,

@@ -188,11 +188,29 @@ pub fn buffer_uses(body: &[Stmt]) -> HashMap<BufId, usize> {
 }
 
 /// Whether `body` holds an `mma` anywhere.
-/// Arithmetic operations a kernel executes, counted from its stores' values (an FMA counts two) times the
-/// trip counts of the loops around them, guards taken as always true: (those inside a vector loop, all).
-/// Index arithmetic does not count. The share inside vector loops is how much of the kernel's work runs on
-/// vector lanes, which prices its schedule.
-pub fn arithmetic(body: &[Stmt]) -> (f64, f64) {
+/// How a kernel's arithmetic runs, in operations (an FMA counts two) from its stores' values times the trip
+/// counts of the loops around them, guards taken as always true; index arithmetic does not count.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Arithmetic {
+    /// In a register tile (a vector loop inside an unrolled one) or a matrix unit's block, with every
+    /// vector load contiguous.
+    pub tiled: f64,
+    /// In a vector loop whose loads are contiguous along it (or broadcast).
+    pub vector: f64,
+    /// In a vector loop that gathers: some load strides along the vector (a transposed operand).
+    pub gather: f64,
+    /// Outside any vector loop.
+    pub scalar: f64,
+}
+
+impl Arithmetic {
+    pub fn total(&self) -> f64 {
+        self.tiled + self.vector + self.gather + self.scalar
+    }
+}
+
+/// The arithmetic of kernel `k` by how it runs (see [`Arithmetic`]): what prices its schedule.
+pub fn arithmetic(k: &Kernel) -> Arithmetic {
     fn ops(e: &Expr) -> f64 {
         match e {
             Expr::Int(_) | Expr::Float(..) | Expr::Var(_) | Expr::Load(..) => 0.0,
@@ -202,30 +220,43 @@ pub fn arithmetic(body: &[Stmt]) -> (f64, f64) {
             Expr::Select(c, a, b) => 1.0 + ops(c) + ops(a) + ops(b),
         }
     }
-    fn walk(body: &[Stmt], trips: f64, vector: bool, acc: &mut (f64, f64)) {
-        for s in body {
-            match s {
-                Stmt::For { extent, kind, body, .. } => walk(body, trips * *extent as f64, vector || matches!(kind, LoopKind::Vector(_)), acc),
-                Stmt::If { then, .. } => walk(then, trips, vector, acc),
-                Stmt::Store { value, .. } => {
-                    let n = ops(value) * trips;
-                    acc.1 += n;
-                    if vector {
-                        acc.0 += n;
+    struct Walk<'k> {
+        k: &'k Kernel,
+        acc: Arithmetic,
+    }
+    impl Walk<'_> {
+        /// Whether every load of `e` is contiguous along `v` or does not move with it.
+        fn contiguous(&self, e: &Expr, v: Var) -> bool {
+            let mut ok = true;
+            for_each_load(e, &mut |b, index| ok &= matches!(coefficient(&flat_index(self.k, b, index), v), Some(0 | 1)));
+            ok
+        }
+        fn walk(&mut self, body: &[Stmt], trips: f64, vector: Option<Var>, unrolled: bool) {
+            for s in body {
+                match s {
+                    Stmt::For { var, extent, kind, body } => {
+                        let v = if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector };
+                        self.walk(body, trips * *extent as f64, v, unrolled || matches!(kind, LoopKind::Unrolled));
                     }
+                    Stmt::If { then, .. } => self.walk(then, trips, vector, unrolled),
+                    Stmt::Store { value, .. } => {
+                        let n = ops(value) * trips;
+                        match vector {
+                            None => self.acc.scalar += n,
+                            Some(v) if !self.contiguous(value, v) => self.acc.gather += n,
+                            Some(_) if unrolled => self.acc.tiled += n,
+                            Some(_) => self.acc.vector += n,
+                        }
+                    }
+                    Stmt::Mma { m, n, k, .. } => self.acc.tiled += 2.0 * (*m * *n * *k) as f64 * trips,
+                    _ => {}
                 }
-                Stmt::Mma { m, n, k, .. } => {
-                    let f = 2.0 * (*m * *n * *k) as f64 * trips;
-                    acc.0 += f;
-                    acc.1 += f;
-                }
-                _ => {}
             }
         }
     }
-    let mut acc = (0.0, 0.0);
-    walk(body, 1.0, false, &mut acc);
-    acc
+    let mut w = Walk { k, acc: Arithmetic::default() };
+    w.walk(&k.body, 1.0, None, false);
+    w.acc
 }
 
 pub fn has_mma(body: &[Stmt]) -> bool {

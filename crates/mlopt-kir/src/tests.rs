@@ -360,3 +360,36 @@ fn split_positions_simplify_and_digits_move_with_their_variable() {
     assert!(!moves_with(&Expr::add(hi, lo), j, 64));
     assert!(!moves_with(&vi, j, 64));
 }
+
+/// `analysis::arithmetic` splits a kernel's operations by how they run: a vector loop over contiguous
+/// loads, one that gathers (a transposed operand strides along the vector), a register tile, a scalar nest.
+#[test]
+fn arithmetic_is_split_by_how_it_runs() {
+    let k = parse_kernel(
+        "kernel @mix(%a: f32[16,16], %b: f32[16,16], %c: f32[16,16]) {
+  local %acc: f32[2,16]
+  serial %i in 0..16 {
+    vector<16> %j in 0..16 {
+      %c[%i, %j] = fma(%a[%i, %j], 2.0f32, 1.0f32)
+    }
+    vector<16> %j2 in 0..16 {
+      %c[%i, %j2] = (%a[%j2, %i] * %b[%i, %j2])
+    }
+    serial %j3 in 0..16 {
+      %c[%i, %j3] = (%a[%i, %j3] + 1.0f32)
+    }
+  }
+  serial %k in 0..16 {
+    unrolled %ii in 0..2 {
+      vector<16> %jl in 0..16 {
+        %acc[%ii, %jl] = fma(%a[%ii, %k], %b[%k, %jl], %acc[%ii, %jl])
+      }
+    }
+  }
+}
+",
+    )
+    .unwrap();
+    let a = analysis::arithmetic(&k);
+    assert_eq!(a, analysis::Arithmetic { tiled: 2.0 * 16.0 * 2.0 * 16.0, vector: 2.0 * 256.0, gather: 256.0, scalar: 256.0 });
+}
