@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""mlopt against ONNX Runtime and OpenVINO, measured interleaved in one process, on the zoo's inputs.
+
+For each model and thread count, mlopt compiles the model (`mlopt compile --threads N`), its static
+library is linked into a shared one and loaded here with ctypes, next to an ONNX Runtime session (all
+graph optimisations, N intra-op threads) and OpenVINO's CPU plugin (latency hint, N threads, f32 and its
+bf16 hint). Then `--rounds` rounds each time every engine for `--iters` runs in turn, so that a noisy
+neighbour slows all of them alike; the figure is the median of every timed run. All engines run on the
+same input arrays (the manifest's .npy files), and every output is compared with ONNX Runtime's fp32.
+
+    bench/zoo/build.sh                                     # once: the zoo and its venv
+    ~/.cache/mlopt/zoo/venv/bin/python bench/compare.py [--models resnet50,vit_b_16] [--threads 1,2]
+        [--precision fp32|bf16|auto] [--rounds 5] [--iters 10] [--jsonl results.jsonl] [MODEL.onnx ...]
+
+Prints a markdown table (ratios are mlopt / other: below 1 mlopt is faster), the geomean of each ratio
+per thread count, and writes one JSON line per model and thread count. With `--precision bf16` (or
+auto) mlopt is compiled at that precision and compared with OpenVINO's bf16; each output's max error
+against ORT's fp32 is in the table. Build `target/release/mlopt` first (`cargo build --release -p
+mlopt-cli`).
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = Path(os.environ.get("MLOPT_ZOO", Path.home() / ".cache/mlopt/zoo"))
+
+
+class Mlopt:
+    """A model compiled by mlopt, loaded into this process."""
+
+    def __init__(self, exe, model, threads, precision, work, feeds):
+        out = Path(work) / f"t{threads}"
+        t = time.perf_counter()
+        pins = [f"--input-shape={n}={'x'.join(str(d) for d in a.shape)}" for n, a in feeds.items()]
+        r = subprocess.run([exe, "compile", str(model), "--threads", str(threads), "--precision", precision, "-o", str(out)] + pins, capture_output=True, text=True, cwd=Path(model).parent)
+        self.compile_s = time.perf_counter() - t
+        if r.returncode != 0:
+            raise RuntimeError((r.stderr.strip().splitlines() or ["mlopt compile failed"])[-1])
+        header = next(out.glob("*.h"))
+        name = re.search(r"mlopt_(\w+)_run\s*\(", header.read_text()).group(1)
+        lib = next(out.glob("lib*.a"))
+        so = out / "model.so"
+        subprocess.run(["cc", "-shared", "-o", str(so), "-Wl,--whole-archive", str(lib), "-Wl,--no-whole-archive", "-lm", "-lpthread"], check=True)
+        self.lib = ctypes.CDLL(str(so))
+        self.run_fn = getattr(self.lib, f"mlopt_{name}_run")
+        self.run_fn.restype = None
+        self.run_fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        create = getattr(self.lib, f"mlopt_{name}_create")
+        create.restype = ctypes.c_void_p
+        self.arena = create()
+        self.lib.mlopt_set_num_threads(ctypes.c_int(threads))
+
+    def bind(self, inputs, outputs):
+        """Pointer arrays for `inputs` (in graph order) and preallocated `outputs`."""
+        self.ins = [np.ascontiguousarray(a) for a in inputs]
+        self.outs = outputs
+        self.in_ptrs = (ctypes.c_void_p * len(self.ins))(*[a.ctypes.data for a in self.ins])
+        self.out_ptrs = (ctypes.c_void_p * len(self.outs))(*[a.ctypes.data for a in self.outs])
+
+    def __call__(self):
+        self.run_fn(self.arena, self.in_ptrs, self.out_ptrs)
+        return self.outs
+
+
+def ort_session(model, threads):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+
+
+def ov_runner(model, threads, precision, feeds):
+    import openvino as ov
+
+    core = ov.Core()
+    m = core.read_model(str(model))
+    c = core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
+    r = c.create_infer_request()
+    by_name = {i.get_any_name(): feeds[i.get_any_name()] for i in m.inputs}
+
+    def run():
+        res = r.infer(by_name)
+        return [res[o] for o in c.outputs]
+
+    return run
+
+
+def max_err(got, want):
+    """Largest |got - want| relative to want's largest magnitude, over every output."""
+    e = 0.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, dtype=np.float64), np.asarray(w, dtype=np.float64)
+        if g.shape != w.shape:
+            return float("inf")
+        scale = max(np.abs(w).max(initial=0.0), 1e-30)
+        e = max(e, float(np.abs(g - w).max(initial=0.0) / scale))
+    return e
+
+
+def models_from(args):
+    if args.paths:
+        for p in args.paths:
+            yield {"name": Path(p).stem if Path(p).stem != "model" else Path(p).parent.name, "file": p, "inputs": None, "gflop": None}
+        return
+    manifest = json.loads((Path(args.manifest)).read_text())
+    only = [m for m in args.models.split(",") if m]
+    names = sorted({e["name"] for e in manifest.values()}, key=lambda n: list(manifest).index(f"{n}/dynamo") if f"{n}/dynamo" in manifest else 0)
+    for name in names:
+        if only and name not in only:
+            continue
+        for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else ["dynamo", "torchscript"]):
+            e = manifest.get(f"{name}/{exporter}")
+            if e and e.get("file"):
+                yield {**e, "name": f"{name}" if args.exporter == "prefer-dynamo" else f"{name}/{exporter}"}
+                break
+
+
+def feeds_for(entry, sess):
+    if entry["inputs"]:
+        return {i["name"]: np.load(i["npy"]) for i in entry["inputs"]}
+    rng = np.random.default_rng(0)
+    types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+    return {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(types.get(i.type, np.float32)) for i in sess.get_inputs()}
+
+
+def measure(engines, rounds, iters, budget_s=0.5):
+    """Interleaved rounds: each engine runs up to `iters` times per round (fewer when one run takes more
+    than `budget_s / iters`, at least once); returns each engine's median ms over every timed run."""
+    times = {k: [] for k in engines}
+    per_round = {}
+    for k, f in engines.items():
+        f()
+        t = time.perf_counter()
+        f()
+        once = time.perf_counter() - t
+        per_round[k] = max(1, min(iters, int(budget_s / max(once, 1e-9))))
+    for _ in range(rounds):
+        for k, f in engines.items():
+            # Let the last engine's spinning workers go to sleep before timing the next one.
+            time.sleep(0.02)
+            for _ in range(per_round[k]):
+                t = time.perf_counter()
+                f()
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def fmt(v, spec=".2f"):
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="*", help="ONNX files instead of the manifest's models")
+    ap.add_argument("--manifest", default=str(ZOO / "manifest.json"))
+    ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    ap.add_argument("--exporter", default="prefer-dynamo", choices=["prefer-dynamo", "dynamo", "torchscript"])
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
+    ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
+    ap.add_argument("--jsonl", default="compare.jsonl")
+    ap.add_argument("--no-openvino", action="store_true")
+    args = ap.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    rows = []
+    out = open(args.jsonl, "a")
+    with tempfile.TemporaryDirectory() as work:
+        for entry in models_from(args):
+            for n in threads:
+                row = {"model": entry["name"], "file": entry["file"], "threads": n, "precision": args.precision, "gflop": entry.get("gflop")}
+                try:
+                    sess = ort_session(entry["file"], n)
+                    feeds = feeds_for(entry, sess)
+                    names = [i.name for i in sess.get_inputs()]
+                    ref = sess.run(None, {k: feeds[k] for k in names})
+                    engines = {"ort": lambda s=sess: s.run(None, {k: feeds[k] for k in names})}
+                    if not args.no_openvino:
+                        try:
+                            engines["ov_f32"] = ov_runner(entry["file"], n, "f32", feeds)
+                            engines["ov_bf16"] = ov_runner(entry["file"], n, "bf16", feeds)
+                        except Exception as e:  # noqa: BLE001
+                            row["openvino_error"] = str(e).splitlines()[0][:200]
+                    try:
+                        m = Mlopt(args.mlopt, Path(entry["file"]).resolve(), n, args.precision, Path(work) / entry["name"].replace("/", "_"), feeds)
+                        m.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
+                        row["compile_s"] = round(m.compile_s, 2)
+                        row["mlopt_err"] = max_err(m(), ref)
+                        engines = {"mlopt": m, **engines}
+                    except Exception as e:  # noqa: BLE001
+                        row["mlopt_error"] = str(e)[:300]
+                    for k in ("ov_f32", "ov_bf16"):
+                        if k in engines:
+                            row[f"{k}_err"] = max_err(engines[k](), ref)
+                    ms = measure(engines, args.rounds, args.iters)
+                    row.update({f"{k}_ms": round(v, 4) for k, v in ms.items()})
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = str(e)[:300]
+                for k in ("ort", "ov_f32", "ov_bf16"):
+                    if row.get("mlopt_ms") and row.get(f"{k}_ms"):
+                        row[f"mlopt_over_{k}"] = round(row["mlopt_ms"] / row[f"{k}_ms"], 3)
+                rows.append(row)
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(f"{row['model']} x{n}: " + ", ".join(f"{k} {row[k]}" for k in row if k.endswith("_ms") or k.endswith("error")), file=sys.stderr)
+    print(f"\n| model | threads | GFLOP | mlopt ms | ORT ms | OV f32 ms | OV bf16 ms | mlopt/ORT | mlopt/OV f32 | mlopt/OV bf16 | mlopt GFLOP/s | mlopt err | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        gfs = r["gflop"] / (r["mlopt_ms"] / 1e3) if r.get("gflop") and r.get("mlopt_ms") else None
+        note = r.get("mlopt_error") or r.get("error")
+        print(
+            f"| {r['model']} | {r['threads']} | {fmt(r.get('gflop'))} | {fmt(r.get('mlopt_ms'), '.2f') if not note else 'error: ' + note[:60]} | {fmt(r.get('ort_ms'))} | {fmt(r.get('ov_f32_ms'))} | {fmt(r.get('ov_bf16_ms'))} "
+            f"| {fmt(r.get('mlopt_over_ort'))} | {fmt(r.get('mlopt_over_ov_f32'))} | {fmt(r.get('mlopt_over_ov_bf16'))} | {fmt(gfs, '.1f')} | {fmt(r.get('mlopt_err'), '.1e')} | {fmt(r.get('compile_s'), '.1f')} |"
+        )
+    for n in threads:
+        sel = [r for r in rows if r["threads"] == n]
+        print(f"\ngeomean at {n} thread(s) over {sum(1 for r in sel if r.get('mlopt_over_ort'))} models: mlopt/ORT {fmt(geomean([r.get('mlopt_over_ort') for r in sel]))}, mlopt/OV f32 {fmt(geomean([r.get('mlopt_over_ov_f32') for r in sel]))}, mlopt/OV bf16 {fmt(geomean([r.get('mlopt_over_ov_bf16') for r in sel]))}")
+    print(f"\nwrote {args.jsonl}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
