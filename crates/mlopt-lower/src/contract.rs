@@ -29,15 +29,22 @@ pub struct Tile {
 
 /// Every tile for an M x N output that fits the register file: `nr` is 1 to 4 vectors (2 with AVX2) of
 /// the widest lanes that fit in N, `mr` rows such that mr x nv accumulators + nv B vectors + 1 broadcast
-/// fit in the vector registers. Empty when N is not a multiple of 8 (the plain loop nest runs then).
+/// fit in the vector registers. N need not be a multiple of anything: the columns past the last full tile
+/// run as tail tiles (`blocks`), and an N below 8 is one vector of N lanes.
 fn fitting(m: u64, n: u64, lanes: u32) -> Vec<Tile> {
-    if n < 8 || !n.is_multiple_of(8) {
+    if n == 0 {
         return vec![];
     }
     let regs = if lanes >= 16 { 32 } else { 16 };
+    let mut v = Vec::new();
+    if n < 8 {
+        for mr in 1..=8u64.min(m.max(1)) {
+            v.push(Tile { mr, nr: n, lanes: n as u32 });
+        }
+        return v;
+    }
     let lanes = if n >= lanes as u64 && lanes >= 8 { lanes as u64 } else { 8 };
     let max_vecs = if regs == 32 { 4 } else { 2 };
-    let mut v = Vec::new();
     for nv in 1..=(n / lanes).clamp(1, max_vecs) {
         for mr in 1..=8u64.min(m.max(1)) {
             if mr * nv + nv < regs {
@@ -105,17 +112,29 @@ pub fn parse_key(step: &str) -> Option<TileKey> {
 }
 
 /// The column blocks of a tiling: (first column, columns, tile): the full tiles, then the last N % nr
-/// columns with a tile of their own (a multiple of 8 wide).
+/// columns as tail tiles: one of the tile's lanes where they divide it, else a multiple of 8 wide and
+/// finally the last N % 8 columns as one vector of that many lanes.
 pub fn blocks(n: u64, t: Tile) -> Vec<(u64, u64, Tile)> {
     let main = n - n % t.nr;
     let mut v = Vec::new();
     if main > 0 {
         v.push((0, main, t));
     }
-    if main < n {
-        let nt = n - main;
-        let lanes = if nt.is_multiple_of(t.lanes as u64) { t.lanes } else { 8 };
-        v.push((main, nt, Tile { nr: nt, lanes, ..t }));
+    let rest = n - main;
+    if rest == 0 {
+        return v;
+    }
+    if rest.is_multiple_of(t.lanes as u64) {
+        v.push((main, rest, Tile { nr: rest, ..t }));
+        return v;
+    }
+    let eights = rest - rest % 8;
+    if eights > 0 {
+        v.push((main, eights, Tile { nr: eights, lanes: 8, ..t }));
+    }
+    let last = rest % 8;
+    if last > 0 {
+        v.push((main + eights, last, Tile { nr: last, lanes: last as u32, ..t }));
     }
     v
 }
@@ -237,7 +256,10 @@ mod tests {
         ((7, 48, 100, 16), Some((7, 48))),      // one 7-row tile beats 6 rows + a 1-row tail
         ((1, 1000, 2048, 16), Some((1, 64))),   // GEMV: latency-bound, the widest tile
         ((1024, 1024, 1024, 8), Some((6, 16))), // AVX2: 16 registers
-        ((8, 10, 128, 16), None),               // N not a multiple of 8: dot products instead
+        ((8, 10, 128, 16), Some((8, 8))),       // N = 8 + a 2-lane tail tile
+        ((256, 28, 1152, 16), Some((8, 16))),   // GoogLeNet's 3x3 conv rows (width 28): 16 + 8 + 4 lanes
+        ((512, 7, 4608, 16), Some((8, 7))),     // ResNet's 7x7 stage: one 7-lane vector per row
+        ((1000, 13, 512, 16), Some((8, 8))),    // SqueezeNet's classifier conv: 8 + 5 lanes
     ];
 
     #[test]
