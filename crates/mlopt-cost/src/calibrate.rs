@@ -54,9 +54,10 @@ impl Calibration {
             return bad(format!("the clock measured {:.2} GHz, outside 0.5..{MAX_GHZ} GHz", self.ghz));
         }
         let (fp32_max, bf16_max) = per_cycle_limits(features);
-        // 10% of slack for the clock moving between the two loops.
+        // 25% of slack for the clock moving between the loops (a shared machine can take the core away
+        // while one of them runs); a loop that was optimised away is off by orders of magnitude.
         let per_cycle = |flops: f64| flops / (self.ghz * 1e9);
-        if per_cycle(self.fp32) > fp32_max * 1.1 || self.fp32 < 1e9 {
+        if per_cycle(self.fp32) > fp32_max * 1.25 || self.fp32 < 1e9 {
             return bad(format!(
                 "fp32 FMA measured {:.1} GFLOP/s = {:.1} FLOP/cycle at {:.2} GHz; two FMA ports do at most {fp32_max}",
                 self.fp32 / 1e9,
@@ -64,7 +65,7 @@ impl Calibration {
                 self.ghz
             ));
         }
-        if per_cycle(self.bf16) > bf16_max * 1.1 || (bf16_max > 0.0 && self.bf16 < 1e9) {
+        if per_cycle(self.bf16) > bf16_max * 1.25 || (bf16_max > 0.0 && self.bf16 < 1e9) {
             return bad(format!(
                 "bf16 dot measured {:.1} GFLOP/s = {:.1} FLOP/cycle at {:.2} GHz; two vdpbf16ps ports do at most {bf16_max}",
                 self.bf16 / 1e9,
