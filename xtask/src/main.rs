@@ -67,7 +67,9 @@ fn demo() -> Result {
     println!("\n== mlopt check {model} --compiled  (the compiled code against the same output)");
     run(Command::new(&mlopt).args(["check", model, "--data", data, "--compiled", "--target", "host"]))?;
     println!("\n== mlopt bench {model}  (latency of the compiled code)");
-    run(Command::new(&mlopt).args(["bench", model, "--iters", "100"]))
+    run(Command::new(&mlopt).args(["bench", model, "--iters", "100"]))?;
+    println!("\n== mlopt bench {model} --profile  (time per kernel against the cost model; target/demo/roofline.svg)");
+    run(Command::new(&mlopt).args(["bench", model, "--profile", "--iters", "100", "-o", "target/demo"]))
 }
 
 /// The target the conformance suite's optimised run uses: fixed, so the passing list does not depend on the

@@ -221,8 +221,8 @@ pub fn table(p: &Profile) -> String {
     let total = p.kernel_sum_s().max(1e-12);
     let _ = writeln!(
         t,
-        "{:<8} {:>10} {:>6} {:>10} {:>9} {:>8} {:>8} {:<8} {:>6}  {:<30} nodes",
-        "kernel", "measured", "share", "estimate", "GFLOP/s", "GB/s", "bound", "schedule", "roof", "ops"
+        "{:<8} {:>10} {:>6} {:>10} {:>9} {:>8} {:>8} {:<8} {:>6}  {:<30} {:<22} nodes",
+        "kernel", "measured", "share", "estimate", "GFLOP/s", "GB/s", "bound", "schedule", "roof", "ops", "output"
     );
     for k in &p.kernels {
         let _ = writeln!(
