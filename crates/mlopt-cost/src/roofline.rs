@@ -174,10 +174,16 @@ pub fn gather_rate(t: &Target) -> f64 {
     1.0 / (t.vector_bits / 32).max(1) as f64
 }
 
+/// The rate of a register tile whose vector loads stride (a stride-2 convolution reads every other
+/// input column): the tile still reuses each load across its rows, so it reaches about 1/6 of the peak
+/// (measured on Zen 4: YOLO's and GoogLeNet's stride-2 convolutions at 18-26 GFLOP/s of 116).
+pub const TILED_GATHER_RATE: f64 = 1.0 / 6.0;
+
 /// How a kernel's arithmetic runs, as shares of it (they add up to 1; see `mlopt_kir::analysis::arithmetic`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Mix {
     pub tiled: f64,
+    pub tiled_gather: f64,
     pub vector: f64,
     pub gather: f64,
     pub scalar: f64,
@@ -193,6 +199,7 @@ pub fn priced(w: &Work, t: &Target, mix: Mix) -> Estimate {
     let peak = estimate(w, t).compute_s;
     let untiled = w.flops() / t.fp32;
     let compute_s = mix.tiled * peak
+        + mix.tiled_gather * untiled / TILED_GATHER_RATE
         + mix.vector * untiled / class_rate(t, ScheduleClass::Vector)
         + mix.gather * untiled / gather_rate(t)
         + mix.scalar * untiled / class_rate(t, ScheduleClass::Scalar);

@@ -148,7 +148,7 @@ impl Compiled {
                 let a = mlopt_kir::analysis::arithmetic(k);
                 let n = a.total();
                 let mix = if n > 0.0 {
-                    Mix { tiled: a.tiled / n, vector: a.vector / n, gather: a.gather / n, scalar: a.scalar / n }
+                    Mix { tiled: a.tiled / n, tiled_gather: a.tiled_gather / n, vector: a.vector / n, gather: a.gather / n, scalar: a.scalar / n }
                 } else {
                     Mix { vector: 1.0, ..Mix::default() }
                 };

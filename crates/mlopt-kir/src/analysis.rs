@@ -195,6 +195,8 @@ pub struct Arithmetic {
     /// In a register tile (a vector loop inside an unrolled one) or a matrix unit's block, with every
     /// vector load contiguous.
     pub tiled: f64,
+    /// In a register tile whose vector loads stride (a stride-2 convolution's input rows).
+    pub tiled_gather: f64,
     /// In a vector loop whose loads are contiguous along it (or broadcast).
     pub vector: f64,
     /// In a vector loop that gathers: some load strides along the vector (a transposed operand).
@@ -205,7 +207,7 @@ pub struct Arithmetic {
 
 impl Arithmetic {
     pub fn total(&self) -> f64 {
-        self.tiled + self.vector + self.gather + self.scalar
+        self.tiled + self.tiled_gather + self.vector + self.gather + self.scalar
     }
 }
 
@@ -243,6 +245,7 @@ pub fn arithmetic(k: &Kernel) -> Arithmetic {
                         let n = ops(value) * trips;
                         match vector {
                             None => self.acc.scalar += n,
+                            Some(v) if !self.contiguous(value, v) && unrolled => self.acc.tiled_gather += n,
                             Some(v) if !self.contiguous(value, v) => self.acc.gather += n,
                             Some(_) if unrolled => self.acc.tiled += n,
                             Some(_) => self.acc.vector += n,

@@ -391,5 +391,20 @@ fn arithmetic_is_split_by_how_it_runs() {
     )
     .unwrap();
     let a = analysis::arithmetic(&k);
-    assert_eq!(a, analysis::Arithmetic { tiled: 2.0 * 16.0 * 2.0 * 16.0, vector: 2.0 * 256.0, gather: 256.0, scalar: 256.0 });
+    assert_eq!(a, analysis::Arithmetic { tiled: 2.0 * 16.0 * 2.0 * 16.0, tiled_gather: 0.0, vector: 2.0 * 256.0, gather: 256.0, scalar: 256.0 });
+    // The same tile reading B at stride 2 (a stride-2 convolution's input row) gathers.
+    let strided = parse_kernel(
+        "kernel @s2(%a: f32[2,16], %b: f32[16,32], %acc: f32[2,16]) {
+  serial %k in 0..16 {
+    unrolled %ii in 0..2 {
+      vector<16> %jl in 0..16 {
+        %acc[%ii, %jl] = fma(%a[%ii, %k], %b[%k, (%jl * 2)], %acc[%ii, %jl])
+      }
+    }
+  }
+}
+",
+    )
+    .unwrap();
+    assert_eq!(analysis::arithmetic(&strided), analysis::Arithmetic { tiled_gather: 2.0 * 16.0 * 2.0 * 16.0, ..Default::default() });
 }
