@@ -378,19 +378,27 @@ mod loops {
             };
         }
 
+        /// `iters` rounds of `op` on twelve independent zmm accumulators (zmm0-11), from zmm12 and zmm13,
+        /// every register zeroed first.
+        macro_rules! zmm_loop {
+            ($iters:expr, $op:literal) => {
+                asm!(
+                    zero512!(),
+                    "2:",
+                    twelve!($op, "zmm12", "zmm13"),
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) $iters => _,
+                    out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _,
+                    out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
+                    options(nomem, nostack),
+                )
+            };
+        }
+
         #[target_feature(enable = "avx512f")]
         pub unsafe fn fma512(iters: u64) {
-            asm!(
-                zero512!(),
-                "2:",
-                twelve!("vfmadd231ps", "zmm12", "zmm13"),
-                "dec {n}",
-                "jnz 2b",
-                n = inout(reg) iters => _,
-                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _,
-                out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
-                options(nomem, nostack),
-            );
+            zmm_loop!(iters, "vfmadd231ps");
         }
 
         #[target_feature(enable = "avx,fma")]
@@ -416,17 +424,7 @@ mod loops {
 
         #[target_feature(enable = "avx512f,avx512bf16")]
         pub unsafe fn dpbf16(iters: u64) {
-            asm!(
-                zero512!(),
-                "2:",
-                twelve!("vdpbf16ps", "zmm12", "zmm13"),
-                "dec {n}",
-                "jnz 2b",
-                n = inout(reg) iters => _,
-                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _,
-                out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
-                options(nomem, nostack),
-            );
+            zmm_loop!(iters, "vdpbf16ps");
         }
     }
 }
