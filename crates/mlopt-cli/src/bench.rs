@@ -52,16 +52,7 @@ impl Ready {
     /// Milliseconds of `iters` runs after 3 warm-ups, sorted.
     fn times(&mut self, iters: usize) -> Result<Vec<f64>> {
         let refs: Vec<&[u8]> = self.ins.iter().map(|b| b.as_slice()).collect();
-        let mut outs: Vec<Vec<u8>> = self.c.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
-        for _ in 0..3 {
-            self.lib.run(&refs, &mut outs)?;
-        }
-        let mut times = Vec::with_capacity(iters.max(1));
-        for _ in 0..iters.max(1) {
-            let t = Instant::now();
-            self.lib.run(&refs, &mut outs)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
+        let mut times: Vec<f64> = self.c.timed_runs(&mut self.lib, &refs, 3, iters.max(1))?.into_iter().map(|s| s * 1e3).collect();
         times.sort_by(f64::total_cmp);
         Ok(times)
     }

@@ -140,6 +140,22 @@ impl Compiled {
         self.program.outputs.iter().zip(&outs).map(|(io, b)| Ok((io.name.clone(), mlopt_lower::program::tensor(io, b).map_err(DriverError::Io)?))).collect()
     }
 
+    /// Runs loaded code `warmups` times untimed, then `runs` times, and returns each timed run's seconds
+    /// (in run order): what `bench` and the profiler measure.
+    pub fn timed_runs(&self, lib: &mut Loaded, inputs: &[&[u8]], warmups: usize, runs: usize) -> Result<Vec<f64>> {
+        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
+        for _ in 0..warmups {
+            lib.run(inputs, &mut outs)?;
+        }
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            lib.run(inputs, &mut outs)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        Ok(times)
+    }
+
     /// Writes lib<stem>.a, <stem>.h, <stem>.rs and the stage dumps into `dir`; returns the paths written.
     pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
         let files = [

@@ -184,17 +184,9 @@ impl Compiled {
         let runs = runs.max(1);
         let steps = self.program.steps.len();
         let symbol = mlopt_llvm::profile_symbol(&self.program.name);
-        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
-        for _ in 0..3 {
-            lib.run(inputs, &mut outs)?;
-        }
+        self.timed_runs(lib, inputs, 3, 0)?;
         lib.counters(&symbol, steps)?.fill(0);
-        let mut times = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let t = std::time::Instant::now();
-            lib.run(inputs, &mut outs)?;
-            times.push(t.elapsed().as_secs_f64());
-        }
+        let mut times = self.timed_runs(lib, inputs, 0, runs)?;
         let ns = lib.counters(&symbol, steps)?.to_vec();
         let mean_s = times.iter().sum::<f64>() / runs as f64;
         times.sort_by(f64::total_cmp);
