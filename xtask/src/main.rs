@@ -3,8 +3,8 @@
 //! - `setup`: install what is missing (apt: LLVM 19 and friends; a project-local venv with the pinned
 //!   Python tools), idempotently, saying what it does.
 //! - `demo`: set up, build mlopt, and run it on a model shipped in `fixtures/`.
-//! - `test`: set up, run the whole test suite (cargo tests, then the ONNX conformance suite against the
-//!   committed list of passing cases).
+//! - `test`: set up, check style (`cargo fmt --check`, clippy with `-D warnings`), run the whole test
+//!   suite (cargo tests, then the ONNX conformance suite against the committed list of passing cases).
 //! - `conformance [--update] [--filter S]`: generate ONNX's backend node tests and run `mlopt check` on each.
 //! - `fixtures`: rebuild the fixture models and their ONNX Runtime outputs.
 
@@ -82,8 +82,15 @@ const COMPILED_TARGET: &str = "host";
 /// The GPU target whose schedules the conformance suite runs in the kernel IR's emulator.
 const EMULATED_TARGET: &str = "sm_80";
 
+/// The style gate: the tree is `cargo fmt` clean and clippy has nothing to say, warnings included.
+fn lint() -> Result {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))
+}
+
 fn test() -> Result {
     setup::setup()?;
+    lint()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
     let mlopt = build_mlopt()?;
     let (listed, _) = conformance::run_suite(&mlopt, &conformance::Options::default())?;

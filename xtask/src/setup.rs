@@ -80,8 +80,24 @@ pub(crate) fn ptxas() -> Result<PathBuf> {
     found.ok_or_else(|| "ptxas is missing from .venv (nvidia-cuda-nvcc-cu12)".to_string())
 }
 
+/// rustfmt and clippy, which the tests run; a minimal Rust toolchain may lack them.
+fn rust_components() -> Result {
+    let missing: Vec<&str> = [("rustfmt", "fmt"), ("clippy", "clippy")]
+        .into_iter()
+        .filter(|(_, sub)| !crate::cargo().args([*sub, "--version"]).output().is_ok_and(|o| o.status.success()))
+        .map(|(component, _)| component)
+        .collect();
+    if missing.is_empty() {
+        eprintln!("setup: rustfmt and clippy present");
+        return Ok(());
+    }
+    eprintln!("setup: installing Rust components: {}", missing.join(" "));
+    run(Command::new("rustup").args(["component", "add"]).args(&missing))
+}
+
 pub(crate) fn setup() -> Result {
     apt()?;
+    rust_components()?;
     venv()?;
     let ptxas = ptxas()?;
     let out = Command::new(&ptxas).arg("--version").output().map_err(|e| format!("{}: {e}", ptxas.display()))?;
