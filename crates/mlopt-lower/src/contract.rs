@@ -177,19 +177,27 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
         .collect()
 }
 
-pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
+///
+/// With `pack`, each nr-wide panel of B is first copied into a local [K, nr] buffer, once per panel, and
+/// the tiles read the copy: B's loads may then stride or compute (a stride-2 convolution's im2col, a
+/// transposed operand) at the cost of K x nr copies per M x K x nr multiply-adds.
+#[allow(clippy::too_many_arguments)]
+pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, pack: bool, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
     let kk: u64 = k.iter().product();
     l.k.schedule.push(format!("tile({}x{} for {m}x{n}x{kk}@{})", t.mr, t.nr, l.lanes.unwrap_or(t.lanes)));
+    if pack {
+        l.k.schedule.push("pack(b)".into());
+    }
     l.nest("b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
             if main > 0 {
-                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, k, a, b, store)?);
+                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, k, pack, a, b, store)?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
-                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, k, a, b, store)?);
+                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, k, pack, a, b, store)?);
             }
         }
         Ok(out)
@@ -204,6 +212,7 @@ fn tile_block(
     (block, col0, cols): (usize, u64, u64),
     t: Tile,
     k: &[u64],
+    pack: bool,
     a: RowOp,
     b: ColOp,
     store: StoreOp,
@@ -223,10 +232,26 @@ fn tile_block(
         Ok(Stmt::for_(ii, t.mr, LoopKind::Unrolled, vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![inner])]))
     };
     let zero = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii, jj], value: Expr::f32(0.0) }))?;
+    // The packed panel of B: [K, nr], filled one vector of columns at a time.
+    let kdims: Vec<i64> = k.iter().map(|d| *d as i64).collect();
+    let panel = pack.then(|| l.k.buf(format!("panel{}", l.k.bufs.len()), Elem::F32, vec![k.iter().product(), t.nr], Space::Local));
+    let mut packing = Vec::new();
+    if let Some(p) = panel {
+        packing = l.nest("k", k, |l, kk| {
+            let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
+            let jj = col_in_tile(jv, jl);
+            let v = b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
+            let st = Stmt::Store { buf: p, index: vec![crate::kernel::linear(kk, &kdims), jj], value: v };
+            Ok(vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st])])])
+        })?;
+    }
     let update = l.nest("k", k, |l, kk| {
         Ok(vec![sweep(l, &mut |l, ii, jj| {
             let av = a(l, bi, &row(&ii), kk)?;
-            let bv = b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
+            let bv = match panel {
+                Some(p) => Expr::load(p, vec![crate::kernel::linear(kk, &kdims), jj.clone()]),
+                None => b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?,
+            };
             Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])) })
         })?])
     })?;
@@ -239,7 +264,8 @@ fn tile_block(
     body.push(out);
     // Column panels outside, rows inside: one nr-wide panel of B stays in cache while every row of A
     // passes over it (B is usually the larger operand: the weights).
-    Ok(Stmt::for_(jo, cols / t.nr, LoopKind::Serial, vec![Stmt::for_(io, rows / t.mr, LoopKind::Serial, body)]))
+    packing.push(Stmt::for_(io, rows / t.mr, LoopKind::Serial, body));
+    Ok(Stmt::for_(jo, cols / t.nr, LoopKind::Serial, packing))
 }
 
 #[cfg(test)]

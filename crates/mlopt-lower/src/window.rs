@@ -25,9 +25,8 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
     if let Some(stmts) = conv1x1_mma(l, x, w, bias, a, out, out_t, dst)? {
         return Ok(stmts);
     }
-    // (The width `out[3]` exists only for 2-D convolutions: test the rank before reading it.)
-    if let Some(t) = (xs.len() == 4).then(|| contract::choose(l, (m / a.group as i64) as u64, out[3], red.iter().product())).flatten() {
-        return conv2d_tiled(l, x, w, bias, a, out, out_t, dst, t);
+    if let Some(stmts) = conv_tiled(l, x, w, bias, a, out, out_t, dst)? {
+        return Ok(stmts);
     }
     let a = a.clone();
     l.nest("i", out, |l, idx| {
@@ -153,30 +152,80 @@ pub(crate) fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs
     })
 }
 
-/// A zero-padded copy of the 4-D input `x` (`pads`: top, left, bottom, right) written by statements
-/// appended to `stmts`; None when there is no padding (read `x` itself).
+/// A zero-padded copy of input `x` [N, C, spatial..] (`pads`: the begins, then the ends, per spatial axis)
+/// written by statements appended to `stmts`; None when there is no padding (read `x` itself). Each row
+/// of the copy is its left padding, the input row (one contiguous copy, which vectorises) and its right
+/// padding; rows in the padding of the outer axes are zero.
 pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
-    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
-    let (pt, pl) = (pads[0] as i64, pads[1] as i64);
-    let padded = [xs[0] as u64, xs[1] as u64, (xs[2] + pt + pads[2] as i64) as u64, (xs[3] + pl + pads[3] as i64) as u64];
-    if padded[2] as i64 == xs[2] && padded[3] as i64 == xs[3] {
+    if pads.iter().all(|p| *p == 0) {
         return Ok(None);
     }
-    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.to_vec(), Space::Local);
-    stmts.extend(l.nest("p", &padded, |l, idx| {
-        let (h, wd) = (Expr::sub(idx[2].clone(), Expr::int(pt)), Expr::sub(idx[3].clone(), Expr::int(pl)));
-        let inside = all([in_range(h.clone(), xs[2]), in_range(wd.clone(), xs[3])]);
-        let v = get(l, x, &[idx[0].clone(), idx[1].clone(), clamp(h, xs[2]), clamp(wd, xs[3])], Elem::F32)?;
-        let v = Expr::select(inside.unwrap_or_else(|| lit(1.0, Elem::Bool)), v, lit(0.0, Elem::F32));
-        Ok(vec![Stmt::Store { buf: xp, index: idx.to_vec(), value: v }])
-    })?);
-    Ok(Some(xp))
+    padded_phases(l, x, pads, 1, stmts).map(Some)
 }
 
-/// 2-D convolution as an implicit GEMM per output row: M = output channels of a group, N = output
-/// width, K = input channels x kernel window. The input is first copied into a zero-padded local buffer,
-/// so the window's loads need no guard and, at stride 1, are contiguous along the output row.
-pub(crate) fn conv2d_tiled(
+/// The padded copy of `x` with its last axis split into `s` phases, [N, C, outer.., s, ceil(W' / s)]:
+/// element w of a padded row lands at [w % s, w / s], so a stride-s window's taps read contiguous runs
+/// (tap kw of output column j is phase kw % s, position j + kw / s). One phase is the plain padded copy.
+fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, stmts: &mut Vec<Stmt>) -> Result<BufId> {
+    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
+    let sp = xs.len() - 2;
+    let (begin, end) = (&pads[..sp], &pads[sp..]);
+    let padded: Vec<u64> = (0..xs.len()).map(|a| if a < 2 { xs[a] as u64 } else { (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64 }).collect();
+    let last = xs.len() - 1;
+    let (w, pl, pr) = (xs[last], begin[sp - 1] as i64, end[sp - 1] as i64);
+    let mut dims = padded[..last].to_vec();
+    if s > 1 {
+        dims.extend([s as u64, padded[last].div_ceil(s as u64)]);
+    } else {
+        dims.push(padded[last]);
+    }
+    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, dims.clone(), Space::Local);
+    stmts.extend(l.nest("p", &padded[..last], |l, idx| {
+        // The input row this copy row holds: valid when every outer spatial position is inside.
+        let pos: Vec<Expr> = (2..last).map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64))).collect();
+        let inside = all((2..last).map(|a| in_range(pos[a - 2].clone(), xs[a])));
+        let row_of = |wi: Expr| -> Vec<Expr> {
+            let mut xi = idx[..2].to_vec();
+            xi.extend((2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])));
+            xi.push(wi);
+            xi
+        };
+        let guarded = |v: Expr, more: Option<Expr>| match all(inside.clone().into_iter().chain(more)) {
+            Some(ok) => Expr::select(ok, v, lit(0.0, Elem::F32)),
+            None => v,
+        };
+        if s > 1 {
+            // Phase p, position q holds padded column q * s + p: input column q * s + p - pl.
+            return l.nest("c", &dims[last..], |l, pq| {
+                let wi = Expr::sub(Expr::add(Expr::mul(pq[1].clone(), Expr::int(s as i64)), pq[0].clone()), Expr::int(pl));
+                let v = get(l, x, &row_of(clamp(wi.clone(), w)), Elem::F32)?;
+                Ok(vec![Stmt::Store { buf: xp, index: [idx.to_vec(), pq.to_vec()].concat(), value: guarded(v, Some(in_range(wi, w))) }])
+            });
+        }
+        let row = |c: Expr| [idx.to_vec(), vec![c]].concat();
+        let mut st = Vec::new();
+        for (from, len) in [(0, pl), (pl + w, pr)] {
+            if len > 0 {
+                st.extend(l.nest("z", &[len as u64], |_, z| {
+                    Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(from), z[0].clone())), value: lit(0.0, Elem::F32) }])
+                })?);
+            }
+        }
+        st.extend(l.nest("c", &[w as u64], |l, c| {
+            let v = get(l, x, &row_of(c[0].clone()), Elem::F32)?;
+            Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(pl), c[0].clone())), value: guarded(v, None) }])
+        })?);
+        Ok(st)
+    })?);
+    Ok(xp)
+}
+
+/// A 1-D or 2-D convolution as an implicit GEMM: M = the output channels of a group, K = its input
+/// channels x the kernel window, N = the output width, batched over images, groups and output rows. The
+/// input is first copied into a zero-padded local buffer, so the window's loads need no guard and, at
+/// stride 1, are contiguous along the output row. A pointwise convolution (1x1, stride 1, no padding)
+/// is one GEMM per image and group whose N is every output position: its input is already [C, H x W].
+pub(crate) fn conv_tiled(
     l: &mut Lowerer,
     x: Value,
     w: Value,
@@ -185,32 +234,78 @@ pub(crate) fn conv2d_tiled(
     out: &[u64],
     out_t: Elem,
     dst: BufId,
-    t: contract::Tile,
-) -> Result<Vec<Stmt>> {
+) -> Result<Option<Vec<Stmt>>> {
     let ws: Vec<u64> = l.ty(w).shape.iter().map(|d| *d as u64).collect();
+    let sp = ws.len() - 2;
+    if !(1..=2).contains(&sp) || a.group == 0 {
+        return Ok(None);
+    }
     let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
+    let pointwise = ws[2..].iter().all(|k| *k == 1) && a.strides.iter().all(|s| *s == 1) && a.pads.iter().all(|p| *p == 0);
+    // A strided window (its loads would stride along the vector) or short output rows (narrow tiles,
+    // each weight reused by few columns): the columns are every output position and each panel of B is
+    // packed (im2col, one panel at a time).
+    let lanes = u64::from(l.lanes.unwrap_or(16));
+    // Not for narrow groups (depthwise): with few rows per panel the copy costs as much as the tiles.
+    let pack = !pointwise && mg >= 8 && (a.strides.iter().any(|s| *s > 1) || (sp > 1 && out[out.len() - 1] < 2 * lanes));
+    let kk: u64 = ws[1..].iter().product();
+    // Columns: every output position (pointwise, packed) or one output row; the outer spatial axes of
+    // a row are batches.
+    let flat = pointwise || pack;
+    let (rows_of_batch, n) = if flat { (0, out[2..].iter().product::<u64>()) } else { (sp - 1, out[out.len() - 1]) };
+    let Some(t) = contract::choose(l, mg as u64, n, kk) else { return Ok(None) };
     let mut stmts = Vec::new();
-    let src = padded_input(l, x, &a.pads, &mut stmts)?;
+    // Unpacked and strided along the row: the padded copy in phases, so the row's loads are contiguous.
+    let phases = if pack || pointwise { 1 } else { a.strides[sp - 1] };
+    let src = match (pointwise, phases) {
+        (true, _) => None,
+        (false, 1) => padded_input(l, x, &a.pads, &mut stmts)?,
+        (false, s) => Some(padded_phases(l, x, &a.pads, s, &mut stmts)?),
+    };
     let (s, d) = (a.strides.clone(), a.dilations.clone());
+    let outs: Vec<i64> = out[2..].iter().map(|d| *d as i64).collect();
+    let mut batch = vec![out[0], g as u64];
+    batch.extend(&out[2..2 + rows_of_batch]);
+    // Output position of column j in batch bi, per spatial axis.
+    let at = move |bi: &[Expr], j: &Expr| -> Vec<Expr> {
+        if flat {
+            crate::kernel::delinear(j.clone(), &outs)
+        } else {
+            [bi[2..].to_vec(), vec![j.clone()]].concat()
+        }
+    };
     stmts.extend(contract::tiled(
         l,
-        &[out[0], g as u64, out[2]],
+        &batch,
         mg as u64,
-        out[3],
-        &[cg as u64, ws[2], ws[3]],
+        n,
+        &ws[1..],
         t,
+        pack,
         &mut |l, bi, i, k| {
             let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
-            get(l, w, &[co, k[0].clone(), k[1].clone(), k[2].clone()], Elem::F32)
+            get(l, w, &[vec![co], k.to_vec()].concat(), Elem::F32)
         },
         &mut |l, bi, k, col| {
-            let j = col.j.clone();
             let c = Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone());
-            let h = Expr::add(Expr::mul(bi[2].clone(), Expr::int(s[0] as i64)), Expr::mul(k[1].clone(), Expr::int(d[0] as i64)));
-            let wd = Expr::add(Expr::mul(j, Expr::int(s[1] as i64)), Expr::mul(k[2].clone(), Expr::int(d[1] as i64)));
+            let pos = at(bi, &col.j);
+            let mut xi = vec![bi[0].clone(), c];
+            // (A pointwise convolution reads its output position: no window term, so the delinearised
+            // column flattens back to a contiguous index.)
+            xi.extend((0..sp).map(|a| match pointwise {
+                true => pos[a].clone(),
+                false => Expr::add(Expr::mul(pos[a].clone(), Expr::int(s[a] as i64)), Expr::mul(k[1 + a].clone(), Expr::int(d[a] as i64))),
+            }));
+            if phases > 1 {
+                // Column j, tap kw: padded column j * s + kw * d, i.e. phase (kw * d) % s at j + (kw * d) / s.
+                let tap = Expr::mul(k[sp].clone(), Expr::int(d[sp - 1] as i64));
+                let last = xi.len() - 1;
+                xi[last] = Expr::add(pos[sp - 1].clone(), Expr::div(tap.clone(), Expr::int(phases as i64)));
+                xi.insert(last, Expr::rem(tap, Expr::int(phases as i64)));
+            }
             match src {
-                Some(xp) => Ok(Expr::load(xp, vec![bi[0].clone(), c, h, wd])),
-                None => get(l, x, &[bi[0].clone(), c, h, wd], Elem::F32),
+                Some(xp) => Ok(Expr::load(xp, xi)),
+                None => get(l, x, &xi, Elem::F32),
             }
         },
         &mut |l, bi, i, j, v| {
@@ -219,10 +314,10 @@ pub(crate) fn conv2d_tiled(
                 Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(&co), Elem::F32)?),
                 None => v,
             };
-            Ok(Stmt::Store { buf: dst, index: vec![bi[0].clone(), co, bi[2].clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
+            Ok(Stmt::Store { buf: dst, index: [vec![bi[0].clone(), co], at(bi, j)].concat(), value: convert(y, Elem::F32, out_t) })
         },
     )?);
-    Ok(stmts)
+    Ok(Some(stmts))
 }
 
 pub(crate) fn pool_window(

@@ -175,6 +175,7 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
         tiles,
         &[c],
         tile,
+        false,
         &mut |_, bi, i, k| Ok(Expr::load(u, vec![bi[1].clone(), i.clone(), k[0].clone()])),
         &mut |_, bi, k, col| Ok(Expr::load(v, vec![bi[0].clone(), bi[1].clone(), k[0].clone(), col.j.clone()])),
         &mut |_, bi, i, j, val| Ok(Stmt::Store { buf: mm, index: vec![bi[0].clone(), bi[1].clone(), i.clone(), j.clone()], value: val }),
