@@ -1,6 +1,6 @@
 //! Compiled code on the fixture models: each optimised fixture is lowered, compiled by LLVM for this
 //! machine, loaded into the process and run on the fixture's inputs; its outputs must match the graph
-//! interpreter's. The unoptimised LLVM IR of each fixture is snapshot-tested.
+//! interpreter's. The instruction mix of each fixture's unoptimised LLVM IR is snapshot-tested.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_cost::Target;
@@ -42,7 +42,58 @@ fn compiled_low_precision_fixtures_match_the_interpreter() {
     }
 }
 
-/// The LLVM IR of each fixture before optimisation (weights elided), so a codegen change shows in review.
+/// The type an instruction works on: its first vector type, else its first scalar type.
+fn operand_type(rhs: &str) -> Option<String> {
+    if let Some(at) = rhs.find('<') {
+        return Some(rhs[at..=at + rhs[at..].find('>')?].to_string());
+    }
+    rhs.split([' ', ',']).find(|t| ["float", "double", "half", "bfloat", "i1", "i8", "i16", "i32", "i64", "ptr"].contains(t)).map(String::from)
+}
+
+/// What one LLVM instruction counts as in the mix: calls by callee, memory and floating-point operations
+/// by type; index arithmetic, loop counters and control flow do not count.
+fn mix_key(ins: &str) -> Option<String> {
+    let rhs = ins.split_once(" = ").map_or(ins, |(_, r)| r);
+    let op = rhs.split_whitespace().next()?;
+    match op {
+        "call" | "tail" => Some(format!("call {}", rhs.split_once('@')?.1.split('(').next()?)),
+        // (i64 and pointer loads and stores are the unoptimised IR's loop counters and addresses.)
+        "load" | "store" => Some(operand_type(&rhs[op.len()..])?).filter(|t| t != "i64" && t != "ptr").map(|t| format!("{op} {t}")),
+        "fadd" | "fsub" | "fmul" | "fdiv" | "frem" | "fneg" | "fcmp" | "select" | "sitofp" | "uitofp" | "fptosi" | "fptoui" | "fpext" | "fptrunc" => {
+            let t = operand_type(&rhs[op.len()..])?;
+            (op != "select" || t.contains("float")).then(|| format!("{op} {t}"))
+        }
+        _ => None,
+    }
+}
+
+/// Each function's instruction mix from LLVM IR text (counts of calls, loads and stores, and
+/// floating-point operations by type): what a codegen change moves (vector widths, gathers, FMAs per
+/// kernel) in a few lines per kernel, where the IR itself runs to tens of thousands.
+fn instruction_mix(ir: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut cur: Option<(String, std::collections::BTreeMap<String, usize>)> = None;
+    for line in ir.lines() {
+        if let Some(def) = line.strip_prefix("define ") {
+            let name = def.split_once('@').and_then(|(_, r)| r.split('(').next()).unwrap_or("?");
+            cur = Some((name.to_string(), Default::default()));
+        } else if line == "}" {
+            if let Some((name, m)) = cur.take() {
+                let _ = writeln!(out, "@{name}");
+                for (k, n) in m {
+                    let _ = writeln!(out, "  {n:>5} {k}");
+                }
+            }
+        } else if let (Some((_, m)), Some(k)) = (cur.as_mut(), mix_key(line.trim())) {
+            *m.entry(k).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The instruction mix of each fixture's LLVM IR before optimisation, so a codegen change shows in
+/// review (a kernel that loses its vector FMAs, gains gathers or calls a new routine).
 #[test]
 fn llvm_ir_snapshots() {
     for name in FIXTURES {
@@ -50,7 +101,7 @@ fn llvm_ir_snapshots() {
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
         let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
             .unwrap();
-        insta::assert_snapshot!(format!("llvm_{name}"), c.code.llvm_ir);
+        insta::assert_snapshot!(format!("llvm_mix_{name}"), instruction_mix(&c.code.llvm_ir));
     }
 }
 
