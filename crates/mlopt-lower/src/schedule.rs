@@ -1,8 +1,8 @@
 //! Schedules for CPU kernels, chosen per loop nest from what each loop writes:
 //!
 //! - **vector**: the deepest loop whose every store is contiguous in it (the flat index moves by one
-//!   element per iteration) or goes to a local buffer used only inside it, with an extent that is a
-//!   multiple of the target's lanes, runs as `vector<lanes>`. For a contraction that is the output's
+//!   element per iteration) or goes to a local buffer used only inside it runs as `vector<lanes>` when
+//!   the lanes divide its extent, else as the widest vector from 4 lanes up that does (`width`). For a contraction that is the output's
 //!   column loop: each lane keeps its own accumulator, A is broadcast, B is one vector load per k.
 //! - **parallel**: with more than one thread, the outermost loop of a nest whose every store depends on it
 //!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
@@ -52,8 +52,8 @@ pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
     for v in parallel {
         set_kind(k, v, LoopKind::Parallel)?;
     }
-    for v in vector {
-        set_kind(k, v, LoopKind::Vector(s.lanes))?;
+    for (v, w) in vector {
+        set_kind(k, v, LoopKind::Vector(w))?;
     }
     Ok(())
 }
@@ -88,7 +88,15 @@ fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, ou
     }
 }
 
-fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) -> bool {
+/// The vector width for a loop of `extent`: the target's lanes when they divide it, else the widest
+/// width from 4 to the lanes that divides it (a 56-wide pooling row runs as vector<8>, a 7-wide one as
+/// vector<7>), else None.
+fn width(extent: u64, lanes: u32) -> Option<u32> {
+    let lanes = u64::from(lanes);
+    (4..=lanes.min(extent)).rev().find(|w| extent % w == 0).map(|w| w as u32)
+}
+
+fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<(Var, u32)>) -> bool {
     let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return false };
     // Prefer the deepest candidate: try the children first.
     let mut inner = false;
@@ -99,8 +107,9 @@ fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, 
         return true;
     }
     // A matrix-engine block runs as a whole, never in vector lanes.
-    if extent % lanes as u64 == 0 && !mlopt_kir::analysis::has_mma(body) && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
-        out.push(*var);
+    let Some(w) = width(*extent, lanes) else { return false };
+    if !mlopt_kir::analysis::has_mma(body) && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+        out.push((*var, w));
         return true;
     }
     false
