@@ -9,6 +9,8 @@
 use mlopt_cost::Target;
 use mlopt_driver::{compile_gpu, GpuCompiled, Options};
 use mlopt_ir::interp;
+use mlopt_kir::step::schedule_text;
+use mlopt_kir::{GpuEngine, ScheduleStep};
 use mlopt_rewrite::{Config, Precision};
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 use std::process::Command;
@@ -95,19 +97,26 @@ fn gemm_register_plans_hold_at_model_sizes() {
             let c =
                 compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
                     .unwrap();
-            let gemms: Vec<_> = c.kernels.iter().filter(|k| k.schedule.contains("gpu.gemm")).collect();
+            let gemm_engine = |k: &&mlopt_driver::gpu::KernelReport| {
+                k.schedule.iter().find_map(|s| match s {
+                    ScheduleStep::GpuGemm { engine, .. } => Some(*engine),
+                    _ => None,
+                })
+            };
+            let gemms: Vec<_> = c.kernels.iter().filter(|k| gemm_engine(k).is_some()).collect();
             assert_eq!(gemms.len(), 1, "{name}: {:?}", c.kernels.iter().map(|k| &k.schedule).collect::<Vec<_>>());
             for k in gemms {
-                let planned = mlopt_driver::gpu::planned_registers(&k.schedule).unwrap_or_else(|| panic!("{name}: no plan in {}", k.schedule));
+                let planned = mlopt_driver::gpu::planned_registers(&k.schedule).unwrap_or_else(|| panic!("{name}: no plan in {}", schedule_text(&k.schedule)));
                 let p = k.ptxas.as_ref().unwrap();
                 assert!(
                     p.registers <= planned && p.spill_stores + p.spill_loads == 0,
                     "{name} in {precision:?}: {} registers, {} planned ({})",
                     p.registers,
                     planned,
-                    k.schedule
+                    schedule_text(&k.schedule)
                 );
-                assert_eq!(k.schedule.contains("mma.sync bf16"), precision == Precision::Bf16, "{name}: {}", k.schedule);
+                let bf16 = gemm_engine(&k) == Some(GpuEngine::Mma(mlopt_kir::Elem::BF16));
+                assert_eq!(bf16, precision == Precision::Bf16, "{name}: {}", schedule_text(&k.schedule));
             }
         }
     }
@@ -150,8 +159,8 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
     // bf16 operands as they are; f32 operands as tf32 where the precision allows; under fp32 the SIMT rows.
     for (dtype, precision, engine, tol) in [
         (DType::F32, Precision::Fp32, None, 1e-5),
-        (DType::F32, Precision::Bf16, Some("mma.sync tf32"), 1e-3),
-        (DType::BF16, Precision::Fp32, Some("mma.sync bf16"), 8e-3),
+        (DType::F32, Precision::Bf16, Some(GpuEngine::Tf32), 1e-3),
+        (DType::BF16, Precision::Fp32, Some(GpuEngine::Mma(mlopt_kir::Elem::BF16)), 8e-3),
     ] {
         let (g, inputs) = attention_graph(dtype);
         let mut config = Config::new(Target::named("sm_80", 1).unwrap());
@@ -159,16 +168,18 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
         let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
             .unwrap();
         let k = c.kernels.iter().find(|k| k.flops > 100_000).unwrap();
-        match engine {
-            Some(e) => assert!(k.schedule.contains("gpu.attention") && k.schedule.contains(e), "{dtype:?}/{precision:?}: {}", k.schedule),
-            None => assert!(!k.schedule.contains("gpu.attention"), "{}", k.schedule),
-        }
+        let text = schedule_text(&k.schedule);
+        let attention = k.schedule.iter().find_map(|s| match s {
+            ScheduleStep::GpuAttention { engine, .. } => Some(*engine),
+            _ => None,
+        });
+        assert_eq!(attention, engine, "{dtype:?}/{precision:?}: {text}");
         let p = k.ptxas.as_ref().unwrap();
-        assert_eq!(p.spill_stores + p.spill_loads, 0, "{}: spills", k.schedule);
+        assert_eq!(p.spill_stores + p.spill_loads, 0, "{text}: spills");
         let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
         let got = mlopt_lower::interpret(&c.program, &inputs).unwrap();
         let err = worst_error(&want, &got);
-        assert!(err < tol, "{dtype:?} in {precision:?} ({}): error {err:e}", k.schedule);
+        assert!(err < tol, "{dtype:?} in {precision:?} ({text}): error {err:e}");
     }
 }
 

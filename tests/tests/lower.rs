@@ -151,12 +151,12 @@ fn tiled_contractions_of_many_shapes_match() {
                 &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: mlopt_lower::Winograd::Always, ..Default::default() },
             )
             .unwrap();
-            let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("tile")));
+            let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. })));
             // Every contraction is register-tiled, whatever N: the columns past the last full tile run as
             // tail tiles, down to one vector of N % 8 lanes.
             assert!(tiled, "{kind} {m}x{k}x{n}: not tiled for {lanes} lanes");
             // 3x3 convolutions with 16+ channels each way go through Winograd F(2x2, 3x3).
-            let winograd = p.kernels.iter().any(|k| k.schedule.iter().any(|s| s.starts_with("winograd")));
+            let winograd = p.kernels.iter().any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd));
             assert_eq!(winograd, kind == "conv" && m >= 16 && k >= 16, "{kind} {m}x{k}x{n}: winograd = {winograd}");
             let got = interpret(&p, &inputs).unwrap();
             let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);

@@ -27,7 +27,7 @@ pub struct Ptxas {
 #[derive(Debug, Clone)]
 pub struct KernelReport {
     pub name: String,
-    pub schedule: String,
+    pub schedule: Vec<mlopt_kir::ScheduleStep>,
     pub launch: mlopt_kir::gpu::Launch,
     pub flops: u64,
     pub bytes: u64,
@@ -157,9 +157,12 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     (blocks * warps) as f64 / max_warps as f64
 }
 
-/// A tile's registers, as its schedule plans them (`..., N registers planned)`).
-pub fn planned_registers(schedule: &str) -> Option<u32> {
-    schedule.split(", ").find_map(|p| p.strip_suffix(" registers planned)")).and_then(|n| n.parse().ok())
+/// A tile's registers, as its schedule plans them (the `gpu.gemm` step's `N registers planned`).
+pub fn planned_registers(schedule: &[mlopt_kir::ScheduleStep]) -> Option<u32> {
+    schedule.iter().find_map(|s| match s {
+        mlopt_kir::ScheduleStep::GpuGemm { registers, .. } => Some(*registers),
+        _ => None,
+    })
 }
 
 /// An optimised graph with GPU schedules, as PTX, and ptxas's figures for each kernel (None without ptxas).
@@ -212,7 +215,7 @@ pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'stati
         };
         lap("ptxas", &mut t);
         let used = |name: &str| figures.iter().flatten().find(|(n, _)| n == name).map(|(_, f)| f.registers);
-        let short = program.kernels.iter().filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule.join(" "))?)).max().unwrap_or(0);
+        let short = program.kernels.iter().filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule)?)).max().unwrap_or(0);
         if short == 0 || attempt == 2 {
             return Ok(Scheduled { program, ptx, ptxas, figures });
         }
@@ -250,7 +253,7 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
             let occupancy = ptxas.as_ref().map(|p| occupancy(&cfg.target, launch.block, p.registers, p.smem_bytes.max(launch.shared_bytes)));
             Some(KernelReport {
                 name: k.name.clone(),
-                schedule: k.schedule.join(" "),
+                schedule: k.schedule.clone(),
                 launch,
                 flops,
                 bytes,
@@ -306,7 +309,7 @@ impl GpuCompiled {
                 spills,
                 smem,
                 occ,
-                k.schedule
+                mlopt_kir::step::schedule_text(&k.schedule)
             );
         }
         let total: f64 = self.kernels.iter().map(|k| k.roofline_s).sum();
@@ -348,7 +351,7 @@ impl GpuCompiled {
                     opt(p.map(|p| p.stack_bytes)),
                     opt(p.map(|p| p.smem_bytes)),
                     k.occupancy.map_or("null".to_string(), |o| format!("{o:.3}")),
-                    k.schedule.replace('"', "'")
+                    mlopt_kir::step::schedule_text(&k.schedule).replace('"', "'")
                 )
             })
             .collect();

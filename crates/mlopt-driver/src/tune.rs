@@ -6,7 +6,7 @@ use crate::pipeline::{DriverError, Result};
 use mlopt_ir::Graph;
 use mlopt_kir::{Io, Place, Program, Step};
 use mlopt_llvm::CpuTarget;
-use mlopt_lower::contract::{candidates, parse_key, Tile, TileKey};
+use mlopt_lower::contract::{candidates, tile_key, Tile, TileKey};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -93,7 +93,7 @@ pub fn tune(g: &Graph, opts: &mlopt_lower::Options, t: &CpuTarget, threads: u32)
     let mut chosen = load_cache(&features, threads);
     let base = mlopt_lower::lower_program(g, opts)?;
     for (si, s) in base.steps.iter().enumerate() {
-        let Some(key) = base.kernels[s.kernel].schedule.iter().find_map(|st| parse_key(st)) else {
+        let Some(key) = base.kernels[s.kernel].schedule.iter().find_map(tile_key) else {
             continue;
         };
         if chosen.contains_key(&key) {

@@ -284,7 +284,7 @@ pub struct Kernel {
     pub vars: Vec<String>,
     pub body: Vec<Stmt>,
     /// The schedule steps applied to the algorithm, in order (printed as a header comment).
-    pub schedule: Vec<String>,
+    pub schedule: Vec<crate::step::ScheduleStep>,
 }
 
 impl Kernel {

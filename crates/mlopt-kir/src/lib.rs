@@ -14,6 +14,7 @@ pub mod ir;
 pub mod parse;
 pub mod print;
 pub mod sched;
+pub mod step;
 pub mod verify;
 
 #[cfg(test)]
@@ -22,4 +23,5 @@ mod tests;
 pub use interp::{run_kernel, run_program, InterpError};
 pub use ir::*;
 pub use parse::{parse_kernel, ParseError};
+pub use step::{GpuEngine, ScheduleStep};
 pub use verify::{verify, verify_program};

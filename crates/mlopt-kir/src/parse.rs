@@ -25,7 +25,12 @@ pub fn parse_kernel(text: &str) -> R<Kernel> {
     p.ws();
     if p.eat("; schedule:") {
         let line = p.rest_of_line();
-        p.k.schedule = line.split_whitespace().map(String::from).collect();
+        for step in crate::step::split_steps(&line) {
+            match step.parse() {
+                Ok(s) => p.k.schedule.push(s),
+                Err(msg) => return p.err(msg),
+            }
+        }
     }
     p.expect("kernel")?;
     p.expect("@")?;

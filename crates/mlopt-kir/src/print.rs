@@ -184,7 +184,7 @@ pub fn dims(d: &[u64]) -> String {
 pub fn kernel(k: &Kernel) -> String {
     let mut s = String::new();
     if !k.schedule.is_empty() {
-        let _ = writeln!(s, "; schedule: {}", k.schedule.join(" "));
+        let _ = writeln!(s, "; schedule: {}", crate::step::schedule_text(&k.schedule));
     }
     let params: Vec<String> = k
         .params()

@@ -5,6 +5,7 @@
 //! rearranged. Staging into shared memory and packing are done by lowering, which writes the copy loops.
 
 use crate::ir::*;
+use crate::step::ScheduleStep;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedError {
@@ -55,7 +56,7 @@ pub fn split(k: &mut Kernel, v: Var, factor: u64) -> Result<(Var, Var)> {
     *extent = ext.div_ceil(factor);
     *kind = LoopKind::Serial;
     *body = vec![inner_loop];
-    k.schedule.push(format!("split({name},{factor})"));
+    k.schedule.push(ScheduleStep::Split { var: name, factor });
     Ok((outer, inner))
 }
 
@@ -94,7 +95,7 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
         false
     }
     walk(&mut k.body, v, tail, main, rest);
-    k.schedule.push(format!("peel({name},{factor})"));
+    k.schedule.push(ScheduleStep::Peel { var: name, factor });
     Ok(Some(tail))
 }
 
@@ -111,7 +112,7 @@ pub fn reorder(k: &mut Kernel, a: Var, b: Var) -> Result<()> {
         }
         _ => return Err(SchedError::Invalid { kernel, what: format!("%{nb} is not the only statement in %{na}") }),
     }
-    k.schedule.push(format!("reorder({na},{nb})"));
+    k.schedule.push(ScheduleStep::Reorder { outer: na, inner: nb });
     Ok(())
 }
 
@@ -127,7 +128,7 @@ pub fn set_kind(k: &mut Kernel, v: Var, to: LoopKind) -> Result<()> {
         }
     }
     *kind = to;
-    k.schedule.push(format!("{}({name})", crate::print::loop_kind(to)));
+    k.schedule.push(ScheduleStep::Kind { var: name, kind: to });
     Ok(())
 }
 

@@ -103,12 +103,12 @@ pub fn choose(l: &Lowerer, m: u64, n: u64, k: u64) -> Option<Tile> {
     }
 }
 
-/// Reads the key back from a kernel's `tile(...)` schedule step.
-pub fn parse_key(step: &str) -> Option<TileKey> {
-    let inner = step.strip_prefix("tile(")?.strip_suffix(')')?;
-    let (_, key) = inner.split_once(" for ")?;
-    let mut it = key.split(['x', '@']).map(|p| p.trim().parse::<u64>());
-    Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()? as u32))
+/// The key of a kernel's `tile` schedule step.
+pub fn tile_key(step: &mlopt_kir::ScheduleStep) -> Option<TileKey> {
+    match *step {
+        mlopt_kir::ScheduleStep::Tile { m, n, k, lanes, .. } => Some((m, n, k, lanes)),
+        _ => None,
+    }
 }
 
 /// The column blocks of a tiling: (first column, columns, tile): the full tiles, then the last N % nr
@@ -184,9 +184,9 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
 #[allow(clippy::too_many_arguments)]
 pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, pack: bool, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
     let kk: u64 = k.iter().product();
-    l.k.schedule.push(format!("tile({}x{} for {m}x{n}x{kk}@{})", t.mr, t.nr, l.lanes.unwrap_or(t.lanes)));
+    l.k.schedule.push(mlopt_kir::ScheduleStep::Tile { mr: t.mr, nr: t.nr, m, n, k: kk, lanes: l.lanes.unwrap_or(t.lanes) });
     if pack {
-        l.k.schedule.push("pack(b)".into());
+        l.k.schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
     l.nest("b", batch, |l, bi| {
         let mut out = Vec::new();

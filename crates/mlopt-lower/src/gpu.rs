@@ -206,7 +206,7 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         // Nothing to compute (a zero-sized output): one empty block keeps the launch well formed.
         let b = k.var(format!("gb{}", k.vars.len()));
         k.body = vec![Stmt::for_(b, 1, LoopKind::GpuBlock(0), vec![])];
-        k.schedule.push("gpu.empty".into());
+        k.schedule.push(mlopt_kir::ScheduleStep::GpuEmpty);
         return Ok(());
     }
     if let Some(stmts) = crate::gpu_gemm::gemm(k, &prefix, &inner, s)? {
@@ -301,7 +301,7 @@ fn elementwise(k: &mut Kernel, prefix: &[(Var, u64)], body: Vec<Stmt>, n: u64) -
     if grid * threads != n {
         inner = vec![Stmt::If { cond: lt(g, n), then: inner }];
     }
-    k.schedule.push(format!("gpu.elementwise({n} in {grid}x{threads})"));
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuElementwise { n, grid, threads, vector: None });
     vec![Stmt::for_(b, grid, LoopKind::GpuBlock(0), vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), inner)])]
 }
 
@@ -341,7 +341,7 @@ fn vectorised(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], n: u64) -> O
     if grid * threads != m {
         body = vec![Stmt::If { cond: lt(g, m), then: body }];
     }
-    k.schedule.push(format!("gpu.elementwise({n} in {grid}x{threads}, vector<{w}>)"));
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuElementwise { n, grid, threads, vector: Some(w as u32) });
     Some(vec![Stmt::for_(b, grid, LoopKind::GpuBlock(0), vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), body)])])
 }
 
@@ -638,14 +638,14 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
         out.push(Stmt::Barrier);
     }
     out.pop();
-    k.schedule.push(format!("gpu.rows({rows} x {threads} threads)"));
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuRows { rows, threads });
     Ok(Some(vec![Stmt::for_(gb, rows.max(1), LoopKind::GpuBlock(0), out)]))
 }
 
 #[cfg(test)]
 mod tests {
     use super::{schedule_kernel, GpuSchedule};
-    use mlopt_kir::{parse_kernel, run_kernel};
+    use mlopt_kir::{parse_kernel, run_kernel, ScheduleStep};
 
     /// Elementwise kernels as lowering writes them: the schedule each gets (vector<w> where every global
     /// store is contiguous from an aligned start and no guard depends on the lane, one element per
@@ -672,23 +672,19 @@ mod tests {
             ("offset store", "%out: f32[4,9], %x: f32[4,8]", "serial %i in 0..4 { serial %j in 0..8 { %out[%i, (%j + 1)] = %x[%i, %j] } }"),
             ("lane guard", "%out: f32[4,8], %x: f32[4,8]", "serial %i in 0..4 { serial %j in 0..8 { if lt(%j, 3) { %out[%i, %j] = %x[%i, %j] } } }"),
         ];
-        let want: &[(&str, &str)] = &[
-            ("merge heads", "vector<4>"),
-            ("bf16 add", "vector<8>"),
-            ("transpose", "vector<4>"),
-            ("odd extent", ""),
-            ("offset store", ""),
-            ("lane guard", ""),
-        ];
+        let want: &[(&str, Option<u32>)] =
+            &[("merge heads", Some(4)), ("bf16 add", Some(8)), ("transpose", Some(4)), ("odd extent", None), ("offset store", None), ("lane guard", None)];
         for ((name, params, body), (_, vector)) in cases.iter().zip(want) {
             let plain = parse_kernel(&format!("kernel @k({params}) {{\n{body}\n}}\n")).unwrap_or_else(|e| panic!("{name}: {e:?}"));
             let mut gpu = plain.clone();
             schedule_kernel(&mut gpu, &GpuSchedule::SM80).unwrap();
             mlopt_kir::verify(&gpu).unwrap_or_else(|e| panic!("{name}: {e:?}\n{}", mlopt_kir::print::kernel(&gpu)));
-            let what = gpu.schedule.join(" ");
-            assert!(what.starts_with("gpu.elementwise"), "{name}: {what}");
-            assert_eq!(what.contains("vector<"), !vector.is_empty(), "{name}: {what}");
-            assert!(what.contains(vector), "{name}: {what}");
+            let what = mlopt_kir::step::schedule_text(&gpu.schedule);
+            let got = gpu.schedule.iter().find_map(|s| match s {
+                ScheduleStep::GpuElementwise { vector, .. } => Some(*vector),
+                _ => None,
+            });
+            assert_eq!(got, Some(*vector), "{name}: {what}");
             let sizes: Vec<usize> = plain.params().iter().map(|b| (plain.buffer(*b).numel() * plain.buffer(*b).elem.size()) as usize).collect();
             let regions: Vec<Vec<u8>> =
                 sizes.iter().enumerate().map(|(i, n)| if i == 0 { vec![0u8; *n] } else { (0..*n).map(|j| (j * 7 % 61) as u8 + 60).collect() }).collect();

@@ -388,10 +388,18 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
             })]
         })]
     }));
-    let engine = if t == Elem::F32 { "tf32".to_string() } else { t.to_string() };
-    k.schedule.push(format!(
-        "gpu.attention({batch} x {rows}x{keys}, d {d}, dv {dv}, mma.sync {engine}, {bm} queries x {bn} keys, {threads} threads, {} blocks)",
-        batch * tiles
-    ));
+    let engine = if t == Elem::F32 { mlopt_kir::GpuEngine::Tf32 } else { mlopt_kir::GpuEngine::Mma(t) };
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuAttention {
+        batch,
+        rows,
+        keys,
+        d,
+        dv,
+        engine,
+        queries: bm,
+        keys_per_block: bn,
+        threads: threads as u64,
+        blocks: batch * tiles,
+    });
     Ok(Some(vec![Stmt::for_(gb, batch * tiles, LoopKind::GpuBlock(0), body)]))
 }

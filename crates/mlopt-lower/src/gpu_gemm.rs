@@ -642,22 +642,29 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
             })]
         })]
     }));
-    let what = match e {
-        Engine::Mma(Elem::F32) => "mma.sync tf32".to_string(),
-        Engine::Mma(t) => format!("mma.sync {t}"),
-        Engine::Simt => "simt".to_string(),
+    let engine = match e {
+        Engine::Mma(Elem::F32) => mlopt_kir::GpuEngine::Tf32,
+        Engine::Mma(t) => mlopt_kir::GpuEngine::Mma(t),
+        Engine::Simt => mlopt_kir::GpuEngine::Simt,
     };
-    k.schedule.push(format!(
-        "gpu.gemm({batch} x {m}x{n}x{kdim}, {what}, tile {bm}x{bn}x{bk}, {threads} threads, {} blocks, {planned} registers planned)",
-        batch * tm * tn
-    ));
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuGemm {
+        batch,
+        m,
+        n,
+        k: kdim,
+        engine,
+        tile: [bm, bn, bk],
+        threads: threads as u64,
+        blocks: batch * tm * tn,
+        registers: planned as u32,
+    });
     vec![Stmt::for_(gb, batch * tm * tn, LoopKind::GpuBlock(0), body)]
 }
 
 #[cfg(test)]
 mod tests {
     use crate::gpu::{schedule_kernel, GpuSchedule};
-    use mlopt_kir::{parse_kernel, run_kernel, Elem, Kernel};
+    use mlopt_kir::{parse_kernel, run_kernel, Elem, GpuEngine, Kernel, ScheduleStep};
 
     /// out[h, i, j] = max(sum_r a[h, i, r] b[h, r, j] + 1, 0), as lowering writes it.
     fn matmul(batch: u64, m: u64, n: u64, k: u64, t: Elem) -> Kernel {
@@ -695,19 +702,27 @@ mod tests {
         r[0].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 
+    /// The engine and tile of a kernel's `gpu.gemm` step.
+    fn gemm(k: &Kernel) -> Option<(GpuEngine, [u64; 3])> {
+        k.schedule.iter().find_map(|s| match s {
+            ScheduleStep::GpuGemm { engine, tile, .. } => Some((*engine, *tile)),
+            _ => None,
+        })
+    }
+
     /// Shapes that divide no tile (guards on every side), batches, and each engine: the tiled GEMM in
     /// the emulator against the plain loops in the interpreter. SIMT keeps the order of K, so fp32 is
     /// bit-exact; tensor cores sum in another order (and tf32 rounds the operands).
     #[test]
     fn tiled_gemms_match_the_plain_loops() {
         // (batch, m, n, k, operand type, tf32 allowed, the engine chosen, tolerance relative to the largest output)
-        type Case = (u64, u64, u64, u64, Elem, bool, &'static str, f32);
+        type Case = (u64, u64, u64, u64, Elem, bool, GpuEngine, f32);
         let cases: &[Case] = &[
-            (1, 37, 45, 29, Elem::F32, false, "simt", 0.0),
-            (2, 9, 70, 40, Elem::F32, false, "simt", 0.0),
-            (1, 37, 45, 29, Elem::BF16, false, "mma.sync bf16", 1e-5),
-            (2, 33, 40, 48, Elem::F16, false, "mma.sync f16", 1e-5),
-            (1, 20, 24, 20, Elem::F32, true, "mma.sync tf32", 2e-3),
+            (1, 37, 45, 29, Elem::F32, false, GpuEngine::Simt, 0.0),
+            (2, 9, 70, 40, Elem::F32, false, GpuEngine::Simt, 0.0),
+            (1, 37, 45, 29, Elem::BF16, false, GpuEngine::Mma(Elem::BF16), 1e-5),
+            (2, 33, 40, 48, Elem::F16, false, GpuEngine::Mma(Elem::F16), 1e-5),
+            (1, 20, 24, 20, Elem::F32, true, GpuEngine::Tf32, 2e-3),
         ];
         for &(batch, m, n, k, t, tf32, engine, tol) in cases {
             let plain = matmul(batch, m, n, k, t);
@@ -716,8 +731,8 @@ mod tests {
             let mut tiled = plain.clone();
             schedule_kernel(&mut tiled, &s).unwrap();
             mlopt_kir::verify(&tiled).unwrap_or_else(|e| panic!("{e:?}\n{}", mlopt_kir::print::kernel(&tiled)));
-            let what = tiled.schedule.join(" ");
-            assert!(what.contains(engine), "{batch}x{m}x{n}x{k} {t}: {what}");
+            let what = mlopt_kir::step::schedule_text(&tiled.schedule);
+            assert_eq!(gemm(&tiled).map(|(e, _)| e), Some(engine), "{batch}x{m}x{n}x{k} {t}: {what}");
             let value = |i: u64| ((i * 37 % 101) as f32 - 50.0) / 32.0;
             let a: Vec<u8> = (0..batch * m * k).flat_map(|i| encode(t, value(i))).collect();
             let b: Vec<u8> = (0..batch * k * n).flat_map(|i| encode(t, value(i + 7))).collect();
@@ -734,11 +749,11 @@ mod tests {
     /// reuse per byte) when there are blocks enough.
     #[test]
     fn tile_sizes_follow_the_problem() {
-        for (m, n, k, tile) in [(8, 64, 64, "tile 16x32x32"), (4096, 4096, 4096, "tile 128x64x32")] {
+        for (m, n, k, tile) in [(8, 64, 64, [16, 32, 32]), (4096, 4096, 4096, [128, 64, 32])] {
             let mut tiled = matmul(1, m, n, k, Elem::BF16);
             schedule_kernel(&mut tiled, &GpuSchedule::SM80).unwrap();
-            let what = tiled.schedule.join(" ");
-            assert!(what.contains(tile), "{m}x{n}x{k}: {what}");
+            let what = mlopt_kir::step::schedule_text(&tiled.schedule);
+            assert_eq!(gemm(&tiled).map(|(_, t)| t), Some(tile), "{m}x{n}x{k}: {what}");
         }
     }
 }

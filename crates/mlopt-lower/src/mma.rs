@@ -91,7 +91,7 @@ pub fn contract(l: &mut Lowerer, name: &str, rows: u64, n: u64, k: u64, w: &Tens
         dims: vec![np / nb, kp / 2, 2 * nb],
         data: Arc::new(pack(w, k, n, kp, np, nb, trans)),
     });
-    l.k.schedule.push(format!("matrix(mma<{mb}x{nb}x{kp}> blocks for {rows}x{n}x{k})"));
+    l.k.schedule.push(mlopt_kir::ScheduleStep::Matrix { mb, nb, kb: kp, m: rows, n, k });
 
     // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
     // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a

@@ -132,7 +132,7 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
     let applies = c >= 16 && m >= 16 && h % 2 == 0 && wd % 2 == 0 && tiles % lanes as u64 == 0;
     let wanted = l.winograd == Winograd::Always || pays(c, m, h, wd, lanes);
     let Some(tile) = contract::choose(l, m, tiles, c).filter(|_| applies && wanted) else { return Ok(None) };
-    l.k.schedule.push("winograd(2x2,3x3)".into());
+    l.k.schedule.push(mlopt_kir::ScheduleStep::Winograd);
 
     let mut stmts = Vec::new();
     let xp = padded_input(l, x, &a.pads, &mut stmts)?;
