@@ -58,6 +58,7 @@ fn gpu_kernel_dumps_round_trip() {
             let text = mlopt_kir::print::kernel(k);
             let back = mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
             assert_eq!(mlopt_kir::print::kernel(&back), text, "{name}: @{} does not round-trip", k.name);
+            assert_eq!(back.schedule, k.schedule, "{name}: @{}'s schedule does not round-trip", k.name);
             mlopt_kir::verify(&back).unwrap_or_else(|e| panic!("{name}: {e:?}"));
         }
     }
