@@ -18,6 +18,7 @@ use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Tar
 use inkwell::values::AnyValue;
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Place, Program};
+use std::collections::HashMap;
 
 /// What runs the kernel IR's bf16 `mma` blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,9 +189,27 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
         })
         .collect();
     let amx = t.matrix == Some(MatrixUnit::Amx) && kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
-    let fns: Vec<_> = kernels.iter().map(|k| declare_kernel(&c, &m, k)).collect();
-    for (k, f) in kernels.iter().zip(&fns) {
-        define_kernel(&c, &m, k, *f, t.matrix).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+    // Kernels that differ only in name (a repeated layer: its weights are arguments) share one
+    // function, so LLVM compiles each distinct kernel once.
+    let mut first: HashMap<String, usize> = HashMap::new();
+    let same: Vec<usize> = kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let mut key = k.clone();
+            key.name.clear();
+            *first.entry(mlopt_kir::print::kernel(&key)).or_insert(i)
+        })
+        .collect();
+    let mut fns = Vec::with_capacity(kernels.len());
+    for (i, k) in kernels.iter().enumerate() {
+        if same[i] == i {
+            let f = declare_kernel(&c, &m, k);
+            define_kernel(&c, &m, k, f, t.matrix).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+            fns.push(f);
+        } else {
+            fns.push(fns[same[i]]);
+        }
     }
 
     let run_ty = c.void_type().fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
@@ -246,7 +265,8 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     let llvm_ir = print_without_weights(&m, p);
     // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
     m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
-    let optimized_ir = m.print_to_string().to_string();
+    // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
+    let optimized_ir = print_without_weights(&m, p);
     let object = tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec();
     Ok(Output { llvm_ir, optimized_ir, object })
 }
