@@ -397,6 +397,21 @@ impl<'a, 'c> Gen<'a, 'c> {
                 v.as_instruction_value().map(|ins| ins.set_alignment(align));
                 self.mem_to_reg(v, elem)
             }
+            (Some(w), Some(st @ 2..=4)) if !self.gpu => {
+                // A small constant stride (a stride-2 window's row): one contiguous load of exactly the
+                // span the lanes cover, then every st-th element, instead of one load per lane.
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                let span = (w - 1) * st as u32 + 1;
+                let v = self.b.build_load(vector_type(t, span), p, "sld")?;
+                // (Aligned to an element only: LLVM would otherwise assume the vector type's alignment.)
+                v.as_instruction_value().map(|ins| ins.set_alignment(self.k.buffer(b).elem.size() as u32));
+                let v = v.into_vector_value();
+                let i32t = self.c.i32_type();
+                let mask: Vec<_> = (0..w).map(|l| i32t.const_int(u64::from(l * st as u32), false)).collect();
+                let picked = self.b.build_shuffle_vector(v, v.get_type().get_undef(), inkwell::types::VectorType::const_vector(&mask), "strided")?;
+                self.mem_to_reg(picked.into(), elem)
+            }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?.into_vector_value();
                 let mut acc = vector_type(t, w).const_zero().as_basic_value_enum();
