@@ -68,35 +68,54 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
     if factor == 0 {
         return Err(SchedError::Invalid { kernel: k.name.clone(), what: format!("peel %{name} by 0") });
     }
-    let Some(Stmt::For { extent, .. }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    let Some(Stmt::For { extent, body: inner, .. }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
     let (main, rest) = (*extent - *extent % factor, *extent % factor);
     if rest == 0 {
         return Ok(None);
     }
+    let inner = inner.clone();
     let tail = k.var(format!("{name}.t"));
+    // The tail gets its own copy of each local buffer used only inside the loop (an accumulator of a
+    // fold nested in it), so either loop may later run in vector lanes with lane-private copies.
+    let at = Expr::add(Expr::var(tail), Expr::int(main as i64));
+    let mut tail_body: Vec<Stmt> = inner.iter().map(|s| s.subst(v, &at)).collect();
+    for b in crate::analysis::private_locals(k, &inner) {
+        let old = k.buffer(b).clone();
+        let copy = k.buf(format!("{}.t", old.name), old.elem, old.dims.clone(), old.space);
+        tail_body = tail_body.iter().map(|s| rename(s, b, copy)).collect();
+    }
     /// Shortens loop `v` to `main` and inserts the tail loop right after it.
-    fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, main: u64, rest: u64) -> bool {
+    fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, main: u64, rest: u64, tail_body: &[Stmt]) -> bool {
         for i in 0..body.len() {
             let inner = match &mut body[i] {
-                Stmt::For { var, extent, body: inner, .. } if *var == v => {
+                Stmt::For { var, extent, .. } if *var == v => {
                     *extent = main;
-                    let at = Expr::add(Expr::var(tail), Expr::int(main as i64));
-                    let tail_body: Vec<Stmt> = inner.iter().map(|s| s.subst(v, &at)).collect();
-                    body.insert(i + 1, Stmt::For { var: tail, extent: rest, kind: LoopKind::Serial, body: tail_body });
+                    body.insert(i + 1, Stmt::For { var: tail, extent: rest, kind: LoopKind::Serial, body: tail_body.to_vec() });
                     return true;
                 }
                 Stmt::For { body: inner, .. } | Stmt::If { then: inner, .. } => inner,
                 _ => continue,
             };
-            if walk(inner, v, tail, main, rest) {
+            if walk(inner, v, tail, main, rest, tail_body) {
                 return true;
             }
         }
         false
     }
-    walk(&mut k.body, v, tail, main, rest);
+    walk(&mut k.body, v, tail, main, rest, &tail_body);
     k.schedule.push(ScheduleStep::Peel { var: name, factor });
     Ok(Some(tail))
+}
+
+/// `s` with every load and store of buffer `from` going to `to` instead.
+fn rename(s: &Stmt, from: BufId, to: BufId) -> Stmt {
+    let s = s.map_loads(&|b, ix| Expr::load(if b == from { to } else { b }, ix));
+    match s {
+        Stmt::Store { buf, index, value } => Stmt::Store { buf: if buf == from { to } else { buf }, index, value },
+        Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: body.iter().map(|x| rename(x, from, to)).collect() },
+        Stmt::If { cond, then } => Stmt::If { cond, then: then.iter().map(|x| rename(x, from, to)).collect() },
+        other => other,
+    }
 }
 
 /// Interchanges loop `a` with loop `b`, which must be the only statement of `a`'s body.

@@ -30,8 +30,8 @@ pub struct CpuSchedule {
 const PARALLEL_MIN_WORK: u64 = 1 << 14;
 
 pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
-    // Innermost loops that would vectorise but for a remainder (56 = 3 x 16 + 8): peel the remainder
-    // off, so the main part runs in vector lanes.
+    // Loops that would vectorise but for a remainder (56 = 3 x 16 + 8): peel the remainder off, so the
+    // main part runs in full vector lanes (and the remainder in narrower ones).
     let uses = count_uses(&k.body);
     let mut peel = Vec::new();
     for st in &k.body {
@@ -74,18 +74,24 @@ fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok
     walk(k, v, body, &private, ok)
 }
 
-fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) {
-    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return };
-    if body.iter().any(|s| matches!(s, Stmt::For { .. })) {
-        for s in body {
-            pick_peel(k, s, lanes, uses, out);
-        }
-        return;
+/// Picks the loops to peel: the deepest loop that could run in vector lanes but for a remainder (56 =
+/// 3 x 16 + 8), innermost or not (a pooling row whose window loops are inside it). Returns whether
+/// `st` holds a loop the vector pass will take, so its enclosing loops are left alone.
+fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) -> bool {
+    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return false };
+    let mut inner = false;
+    for s in body {
+        inner |= pick_peel(k, s, lanes, uses, out);
     }
-    let lanes = u64::from(lanes);
-    if *extent > lanes && extent % lanes != 0 && !mlopt_kir::analysis::has_mma(body) && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+    if inner || mlopt_kir::analysis::has_mma(body) || !stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+        return inner;
+    }
+    let wide = u64::from(lanes);
+    if *extent > wide && extent % wide != 0 {
         out.push(*var);
+        return true;
     }
+    width(*extent, lanes).is_some()
 }
 
 /// The vector width for a loop of `extent`: the target's lanes when they divide it, else the widest
