@@ -160,64 +160,71 @@ pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<S
     if pads.iter().all(|p| *p == 0) {
         return Ok(None);
     }
-    padded_phases(l, x, pads, 1, stmts).map(Some)
+    padded_phases(l, x, pads, 1, 0.0, stmts).map(Some)
 }
 
 /// The padded copy of `x` with its last axis split into `s` phases, [N, C, outer.., s, ceil(W' / s)]:
 /// element w of a padded row lands at [w % s, w / s], so a stride-s window's taps read contiguous runs
 /// (tap kw of output column j is phase kw % s, position j + kw / s). One phase is the plain padded copy.
-fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, stmts: &mut Vec<Stmt>) -> Result<BufId> {
+/// With phases, the plain copy (its rows widened to a multiple of s) is made first and each phase
+/// reads it at stride s. The padding holds `fill` (0, or -inf for a max pool).
+fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64, stmts: &mut Vec<Stmt>) -> Result<BufId> {
     let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
     let sp = xs.len() - 2;
     let (begin, end) = (&pads[..sp], &pads[sp..]);
-    let padded: Vec<u64> = (0..xs.len()).map(|a| if a < 2 { xs[a] as u64 } else { (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64 }).collect();
     let last = xs.len() - 1;
-    let (w, pl, pr) = (xs[last], begin[sp - 1] as i64, end[sp - 1] as i64);
-    let mut dims = padded[..last].to_vec();
-    if s > 1 {
-        dims.extend([s as u64, padded[last].div_ceil(s as u64)]);
-    } else {
-        dims.push(padded[last]);
-    }
-    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, dims.clone(), Space::Local);
+    let (w, pl) = (xs[last], begin[sp - 1] as i64);
+    // The right padding of the plain copy, widened so its rows are a whole number of phases.
+    let row = w + pl + end[sp - 1] as i64;
+    let pr = end[sp - 1] as i64 + (row.div_euclid(s as i64) * s as i64 + if row % s as i64 == 0 { 0 } else { s as i64 }) - row;
+    let padded: Vec<u64> = (0..xs.len())
+        .map(|a| match a {
+            0 | 1 => xs[a] as u64,
+            a if a == last => (w + pl + pr) as u64,
+            a => (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64,
+        })
+        .collect();
+    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.clone(), Space::Local);
     stmts.extend(l.nest("p", &padded[..last], |l, idx| {
         // The input row this copy row holds: valid when every outer spatial position is inside.
         let pos: Vec<Expr> = (2..last).map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64))).collect();
         let inside = all((2..last).map(|a| in_range(pos[a - 2].clone(), xs[a])));
-        let row_of = |wi: Expr| -> Vec<Expr> {
-            let mut xi = idx[..2].to_vec();
-            xi.extend((2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])));
-            xi.push(wi);
-            xi
-        };
-        let guarded = |v: Expr, more: Option<Expr>| match all(inside.clone().into_iter().chain(more)) {
-            Some(ok) => Expr::select(ok, v, lit(0.0, Elem::F32)),
-            None => v,
-        };
-        if s > 1 {
-            // Phase p, position q holds padded column q * s + p: input column q * s + p - pl.
-            return l.nest("c", &dims[last..], |l, pq| {
-                let wi = Expr::sub(Expr::add(Expr::mul(pq[1].clone(), Expr::int(s as i64)), pq[0].clone()), Expr::int(pl));
-                let v = get(l, x, &row_of(clamp(wi.clone(), w)), Elem::F32)?;
-                Ok(vec![Stmt::Store { buf: xp, index: [idx.to_vec(), pq.to_vec()].concat(), value: guarded(v, Some(in_range(wi, w))) }])
-            });
-        }
         let row = |c: Expr| [idx.to_vec(), vec![c]].concat();
         let mut st = Vec::new();
         for (from, len) in [(0, pl), (pl + w, pr)] {
             if len > 0 {
                 st.extend(l.nest("z", &[len as u64], |_, z| {
-                    Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(from), z[0].clone())), value: lit(0.0, Elem::F32) }])
+                    Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(from), z[0].clone())), value: lit(fill, Elem::F32) }])
                 })?);
             }
         }
         st.extend(l.nest("c", &[w as u64], |l, c| {
-            let v = get(l, x, &row_of(c[0].clone()), Elem::F32)?;
-            Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(pl), c[0].clone())), value: guarded(v, None) }])
+            let mut xi = idx[..2].to_vec();
+            xi.extend((2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])));
+            xi.push(c[0].clone());
+            let v = get(l, x, &xi, Elem::F32)?;
+            let v = match &inside {
+                Some(ok) => Expr::select(ok.clone(), v, lit(fill, Elem::F32)),
+                None => v,
+            };
+            Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(pl), c[0].clone())), value: v }])
         })?);
         Ok(st)
     })?);
-    Ok(xp)
+    if s == 1 {
+        return Ok(xp);
+    }
+    let q = padded[last] / s as u64;
+    let mut dims = padded[..last].to_vec();
+    dims.extend([s as u64, q]);
+    let phased = l.k.buf(format!("xphase{}", l.k.bufs.len()), Elem::F32, dims.clone(), Space::Local);
+    stmts.extend(l.nest("f", &dims, |_, idx| {
+        // Phase p, position q holds padded column q * s + p.
+        let mut from = idx[..last].to_vec();
+        from.push(Expr::add(Expr::mul(idx[last + 1].clone(), Expr::int(s as i64)), idx[last].clone()));
+        Ok(vec![Stmt::Store { buf: phased, index: idx.to_vec(), value: Expr::load(xp, from) }])
+    })?);
+    Ok(phased)
 }
 
 /// A 1-D or 2-D convolution as an implicit GEMM: M = the output channels of a group, K = its input
@@ -260,7 +267,7 @@ pub(crate) fn conv_tiled(
     let src = match (pointwise, phases) {
         (true, _) => None,
         (false, 1) => padded_input(l, x, &a.pads, &mut stmts)?,
-        (false, s) => Some(padded_phases(l, x, &a.pads, s, &mut stmts)?),
+        (false, s) => Some(padded_phases(l, x, &a.pads, s, 0.0, &mut stmts)?),
     };
     let (s, d) = (a.strides.clone(), a.dilations.clone());
     let outs: Vec<i64> = out[2..].iter().map(|d| *d as i64).collect();
@@ -336,7 +343,23 @@ pub(crate) fn pool_window(
     let t = compute(elem(l.ty(x).dtype));
     let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
     let p = p.clone();
-    l.nest("i", out, |l, idx| {
+    // On a CPU target an f32 window reads a padded copy (holding -inf or 0 in the padding and the
+    // ceil-mode overhang), split into phases along the row when it strides: its loads then need no
+    // guard or clamp and are contiguous along the output row.
+    let mut stmts = Vec::new();
+    let src = if l.lanes.is_some() && t == Elem::F32 {
+        let mut pads = p.pads.clone();
+        for a in 0..sp {
+            let reach = (out[2 + a].max(1) - 1) * p.strides[a] as u64 + (win[a].max(1) - 1) * p.dilations[a] as u64 + 1;
+            let have = xs[2 + a] as u64 + p.pads[a] as u64;
+            pads[sp + a] = pads[sp + a].max(reach.saturating_sub(have) as usize);
+        }
+        let fill = if max { f64::NEG_INFINITY } else { 0.0 };
+        Some(padded_phases(l, x, &pads, p.strides[sp - 1], fill, &mut stmts)?)
+    } else {
+        None
+    };
+    stmts.extend(l.nest("i", out, |l, idx| {
         let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
         let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
         let mut count_in = None;
@@ -346,11 +369,26 @@ pub(crate) fn pool_window(
             let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
             // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
             let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
+            let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
+            count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
+            if let Some(xp) = src {
+                // In the padded copy: position + pad, the last axis by phase.
+                let mut xi = vec![idx[0].clone(), idx[1].clone()];
+                xi.extend((0..sp).map(|s| {
+                    Expr::add(Expr::mul(idx[2 + s].clone(), Expr::int(p.strides[s] as i64)), Expr::mul(r[s].clone(), Expr::int(p.dilations[s] as i64)))
+                }));
+                let st = p.strides[sp - 1] as i64;
+                if st > 1 {
+                    let tap = Expr::mul(r[sp - 1].clone(), Expr::int(p.dilations[sp - 1] as i64));
+                    let last = xi.len() - 1;
+                    xi[last] = Expr::add(idx[1 + sp].clone(), Expr::div(tap.clone(), Expr::int(st)));
+                    xi.insert(last, Expr::rem(tap, Expr::int(st)));
+                }
+                return Ok(Expr::load(xp, xi));
+            }
             let mut xi = vec![idx[0].clone(), idx[1].clone()];
             xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
             let v = get(l, x, &xi, t)?;
-            let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
-            count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
             Ok(Expr::select(ok, v, if max { lowest(t) } else { lit(0.0, t) }))
         })?;
         let mut s = f.stmts.clone();
@@ -367,7 +405,8 @@ pub(crate) fn pool_window(
         };
         s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
         Ok(s)
-    })
+    })?);
+    Ok(stmts)
 }
 
 /// Max pooling with the flat input index of each maximum (`Op::MaxPool`): the first position in the window
