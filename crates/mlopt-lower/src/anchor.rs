@@ -58,17 +58,19 @@ fn fold_op(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, val
     }
 }
 
-/// The vector width an f32 fold over `extents` can be split by (one axis, a multiple of the lanes).
+/// The vector width an f32 fold over `extents` can be split by (one axis at least the lanes long; the
+/// remainder past the last whole vector is folded in after the lanes).
 fn lanes_for(l: &Lowerer, t: Elem, extents: &[u64]) -> Option<u64> {
     let w = u64::from(l.lanes?);
     match extents {
-        [e] if t == Elem::F32 && *e > 0 && e % w == 0 => Some(w),
+        [e] if t == Elem::F32 && *e >= w => Some(w),
         _ => None,
     }
 }
 
 /// Halide's rfactor: `w` partial accumulators, one per vector lane (`part[rl] = update(r, part[rl])` in a
-/// vector loop), folded by `combine` at the end. The order of the terms changes, not the terms.
+/// vector loop), folded by `combine` at the end, then the last `e % w` terms one at a time. The order of
+/// the terms changes, not the terms.
 fn rfactor(
     l: &mut Lowerer,
     t: Elem,
@@ -86,7 +88,16 @@ fn rfactor(
     let x = update(l, &[r], Expr::load(part, lane(rl)))?;
     let vector = mlopt_kir::LoopKind::Vector(w as u32);
     let serial = mlopt_kir::LoopKind::Serial;
-    let stmts = vec![
+    // The remainder: the same update at r = (e / w) * w + t, accumulating into `acc` itself.
+    let t = l.fresh("rt");
+    let rest = x.subst(ro, &Expr::int((e / w) as i64)).subst(rl, &Expr::var(t)).map_loads(&|b, ix| {
+        if b == part {
+            Expr::load(acc, vec![])
+        } else {
+            Expr::load(b, ix)
+        }
+    });
+    let mut stmts = vec![
         Stmt::For { var: r0, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(r0), value: init.clone() }] },
         Stmt::For {
             var: ro,
@@ -102,6 +113,9 @@ fn rfactor(
             body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }],
         },
     ];
+    if e % w != 0 {
+        stmts.push(Stmt::For { var: t, extent: e % w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: rest }] });
+    }
     Ok(Fold { stmts, acc })
 }
 

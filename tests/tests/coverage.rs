@@ -1,0 +1,151 @@
+//! Schedule coverage on the zoo's real layer shapes: every layer below, compiled for this machine, must
+//! (1) give the interpreter's answer and (2) run no kernel of more than a few hundred elements as a scalar
+//! loop nest: each kernel's schedule class (the one `bench --profile` shows) is vector or tiled, and
+//! at most a tenth of its arithmetic runs outside vector lanes. A shape the fast paths miss fails here,
+//! not silently in a benchmark.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use mlopt_cost::ScheduleClass;
+use mlopt_cost::Target;
+use mlopt_driver::{compile, Options};
+use mlopt_ir::{interp, ConvAttrs, DType, Graph, Op, PoolAttrs, Tensor, TensorType, Unary};
+use mlopt_rewrite::Config;
+use mlopt_tests::worst_error;
+
+/// A layer: what it is, then its graph.
+type Layer = (String, Graph);
+
+/// Deterministic weights in [-0.5, 0.5) / sqrt(fan-in), so outputs keep the inputs' scale.
+fn weights(shape: &[usize], fan_in: usize, seed: u64) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n = shape.iter().product();
+    let scale = 1.0 / (fan_in.max(1) as f32).sqrt();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect();
+    Tensor::from_vec(shape, v).unwrap()
+}
+
+/// Convolution (1-D or 2-D) of `c` -> `m` channels over `size` with a k-wide window, + bias, + ReLU.
+#[allow(clippy::too_many_arguments)]
+fn conv(c: usize, m: usize, size: &[usize], k: usize, stride: usize, group: usize, relu: bool) -> Layer {
+    let sp = size.len();
+    let name = format!("conv{}d {c}->{m} {size:?} k{k} s{stride} g{group}", sp);
+    let mut g = Graph::new("layer");
+    let x = g.add_input("x", TensorType::new(DType::F32, [vec![1, c], size.to_vec()].concat()));
+    let w = g.add_const("w", weights(&[vec![m, c / group], vec![k; sp]].concat(), c / group * k.pow(sp as u32), 1));
+    let b = g.add_const("b", weights(&[m], 1, 2));
+    let a = ConvAttrs { strides: vec![stride; sp], pads: vec![k / 2; 2 * sp], dilations: vec![1; sp], group, output_padding: vec![] };
+    let mut y = g.add(Op::Conv(a), "conv", &[x, w, b]).unwrap();
+    if relu {
+        y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
+    }
+    g.add_output("y", y);
+    (name, g)
+}
+
+fn pool(max: bool, c: usize, hw: usize, k: usize, stride: usize, pad: usize, ceil_mode: bool) -> Layer {
+    let name = format!("{} pool {c}x{hw}x{hw} k{k} s{stride} p{pad}{}", if max { "max" } else { "average" }, if ceil_mode { " ceil" } else { "" });
+    let mut g = Graph::new("layer");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
+    let pool = PoolAttrs { kernel: vec![k; 2], strides: vec![stride; 2], pads: vec![pad; 4], dilations: vec![1; 2], ceil_mode };
+    let op = if max { Op::MaxPool { pool, col_major: false } } else { Op::AveragePool { pool, count_include_pad: false } };
+    let y = g.add(op, "pool", &[x]).unwrap();
+    g.add_output("y", y);
+    (name, g)
+}
+
+/// One op over an input of `shape` (softmax rows, layer norm, global pooling, an elementwise chain).
+fn rows(what: &str, shape: &[usize]) -> Layer {
+    let mut g = Graph::new("layer");
+    let x = g.add_input("x", TensorType::new(DType::F32, shape.to_vec()));
+    let last = shape.len() - 1;
+    let y = match what {
+        "softmax" => g.add(Op::Softmax { axis: last }, "softmax", &[x]).unwrap(),
+        "layer norm" => {
+            let scale = g.add_const("scale", weights(&shape[last..], 1, 3));
+            let bias = g.add_const("bias", weights(&shape[last..], 1, 4));
+            g.add(Op::LayerNorm { axis: last, epsilon: 1e-5 }, "ln", &[x, scale, bias]).unwrap()
+        }
+        "global average pool" => g.add(Op::GlobalAveragePool, "gap", &[x]).unwrap(),
+        _ => {
+            let y = g.add(Op::Unary(Unary::Sigmoid), "sigmoid", &[x]).unwrap();
+            g.add(Op::Binary(mlopt_ir::Binary::Mul), "mul", &[x, y]).unwrap()
+        }
+    };
+    g.add_output("y", y);
+    (format!("{what} {shape:?}"), g)
+}
+
+fn layers() -> Vec<Layer> {
+    let mut v = Vec::new();
+    // Pointwise convolutions at the zoo's spatial sizes and channel counts (SqueezeNet, ResNet,
+    // MobileNet, EfficientNet), odd channel counts included.
+    for (c, m, hw) in [(64, 16, 55), (128, 32, 27), (256, 64, 14), (512, 100, 13), (960, 160, 7), (24, 72, 56), (40, 120, 28), (72, 24, 28)] {
+        v.push(conv(c, m, &[hw, hw], 1, 1, 1, true));
+    }
+    // 3x3 convolutions, stride 1 and 2.
+    for (c, m, hw, s) in [(16, 64, 55, 1), (32, 48, 27, 1), (64, 64, 14, 1), (48, 40, 13, 1), (128, 128, 7, 1), (32, 64, 56, 2), (64, 128, 28, 2)] {
+        v.push(conv(c, m, &[hw, hw], 3, s, 1, true));
+    }
+    // Depthwise 3x3 and 5x5, stride 1 and 2 (MobileNet, EfficientNet).
+    for (c, hw, k, s) in [(24, 56, 3, 1), (96, 56, 3, 2), (40, 28, 5, 1), (72, 28, 5, 2), (120, 14, 3, 1), (960, 7, 5, 1)] {
+        v.push(conv(c, c, &[hw, hw], k, s, c, true));
+    }
+    // Grouped (RegNet's group width 8) and 7x7 stride-2 stems; a 1-D stride-2 convolution (Whisper).
+    v.push(conv(48, 48, &[28, 28], 3, 1, 6, true));
+    v.push(conv(3, 64, &[112, 112], 7, 2, 1, true));
+    v.push(conv(3, 24, &[64, 64], 3, 2, 1, false));
+    v.push(conv(80, 64, &[300], 3, 2, 1, false));
+    // Pooling: ResNet's and GoogLeNet's stride-2 max pools, SqueezeNet's ceil-mode one, an average.
+    v.push(pool(true, 64, 112, 3, 2, 1, false));
+    v.push(pool(true, 64, 111, 3, 2, 0, true));
+    v.push(pool(true, 192, 28, 3, 1, 1, false));
+    v.push(pool(false, 32, 28, 3, 1, 1, false));
+    // Rows: softmax over ViT's 197 keys, layer norm over Whisper's 384, global pooling, SiLU.
+    v.push(rows("softmax", &[12, 197, 197]));
+    v.push(rows("layer norm", &[197, 384]));
+    v.push(rows("global average pool", &[1, 1280, 7, 7]));
+    v.push(rows("silu", &[1, 96, 56, 56]));
+    v
+}
+
+#[test]
+fn every_zoo_layer_is_vectorised_and_correct() {
+    let mut failures = Vec::new();
+    for (name, g) in layers() {
+        let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
+        let opts = Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false };
+        let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
+        let err = worst_error(&want, &got);
+        if err >= 1e-4 {
+            failures.push(format!("{name}: error {err:e} against the interpreter"));
+        }
+        for (r, step) in c.kernel_records().iter().zip(&c.program.steps) {
+            let k = &c.program.kernels[step.kernel];
+            let mix = mlopt_kir::analysis::arithmetic(k);
+            let total = mix.tiled + mix.tiled_gather + mix.vector + mix.gather + mix.scalar;
+            if total < 500.0 {
+                continue;
+            }
+            if r.schedule == ScheduleClass::Scalar || mix.scalar > 0.1 * total {
+                failures.push(format!(
+                    "{name}: kernel {} ({}) is {:?}, {:.0}% of its arithmetic scalar",
+                    r.id,
+                    r.ops.join("+"),
+                    r.schedule,
+                    100.0 * mix.scalar / total
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} layers:\n{}", failures.len(), layers().len(), failures.join("\n"));
+}
