@@ -49,6 +49,17 @@ fn conv(c: usize, m: usize, size: &[usize], k: usize, stride: usize, group: usiz
     (name, g)
 }
 
+/// A stride-2 transposed convolution (2x upsampling) of `c` -> `m` channels.
+fn conv_transpose(c: usize, m: usize, hw: usize, k: usize) -> Layer {
+    let mut g = Graph::new("layer");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
+    let w = g.add_const("w", weights(&[c, m, k, k], c * k * k / 4, 5));
+    let a = ConvAttrs { strides: vec![2, 2], pads: vec![(k - 2) / 2; 4], dilations: vec![1, 1], group: 1, output_padding: vec![0, 0] };
+    let y = g.add(Op::ConvTranspose(a), "deconv", &[x, w]).unwrap();
+    g.add_output("y", y);
+    (format!("conv transpose {c}->{m} {hw}x{hw} k{k} s2"), g)
+}
+
 fn pool(max: bool, c: usize, hw: usize, k: usize, stride: usize, pad: usize, ceil_mode: bool) -> Layer {
     let name = format!("{} pool {c}x{hw}x{hw} k{k} s{stride} p{pad}{}", if max { "max" } else { "average" }, if ceil_mode { " ceil" } else { "" });
     let mut g = Graph::new("layer");
@@ -102,6 +113,7 @@ fn layers() -> Vec<Layer> {
     v.push(conv(3, 64, &[112, 112], 7, 2, 1, true));
     v.push(conv(3, 24, &[64, 64], 3, 2, 1, false));
     v.push(conv(80, 64, &[300], 3, 2, 1, false));
+    v.push(conv_transpose(64, 32, 28, 4));
     // Pooling: ResNet's and GoogLeNet's stride-2 max pools, SqueezeNet's ceil-mode one, an average.
     v.push(pool(true, 64, 112, 3, 2, 1, false));
     v.push(pool(true, 64, 111, 3, 2, 0, true));
