@@ -123,6 +123,8 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
             }
         }
         let (mut kernel, params) = l.lower(&members, root, &outs)?;
+        // Reshape chains leave divided and re-multiplied indices; the loop ranges undo them.
+        mlopt_kir::simplify::simplify_kernel(&mut kernel);
         if let Some(s) = opts.cpu {
             crate::schedule::schedule_cpu(&mut kernel, s)?;
         }

@@ -1,0 +1,164 @@
+//! Index simplification with loop ranges. A reshape re-linearises and re-splits an index, so a chain
+//! of reshapes leaves `((i * 3 + j) * 49 + k) / 147`-style expressions that hide an affine access from
+//! the vectoriser (every vector load becomes a gather). Knowing each loop variable's range, a division
+//! `x / c` whose `x` splits into a multiple of `c` plus a remainder provably in `0..c` is that
+//! multiple over `c`, and `x % c` is the remainder; applied bottom-up, the chains collapse back to
+//! the loop variables.
+
+use crate::ir::*;
+use std::collections::HashMap;
+
+/// The extent of each loop variable of `k` (variables reused by sequential loops keep the smaller).
+pub fn loop_extents(k: &Kernel) -> HashMap<Var, u64> {
+    fn walk(body: &[Stmt], out: &mut HashMap<Var, u64>) {
+        for s in body {
+            match s {
+                Stmt::For { var, extent, body, .. } => {
+                    let e = out.entry(*var).or_insert(*extent);
+                    *e = (*e).min(*extent);
+                    walk(body, out);
+                }
+                Stmt::If { then, .. } => walk(then, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    walk(&k.body, &mut out);
+    out
+}
+
+/// Simplifies every index expression of `k` with its loop ranges.
+pub fn simplify_kernel(k: &mut Kernel) {
+    let ranges = loop_extents(k);
+    k.body = k.body.iter().map(|s| s.map_exprs(&|e| simplify(e, &ranges))).collect();
+}
+
+/// The interval of an integer expression, when the ranges bound it.
+fn interval(e: &Expr, r: &HashMap<Var, u64>) -> Option<(i64, i64)> {
+    Some(match e {
+        Expr::Int(v) => (*v, *v),
+        Expr::Var(v) => (0, i64::try_from(*r.get(v)?).ok()?.checked_sub(1)?),
+        Expr::Binary(op, a, b) => {
+            let ((al, ah), (bl, bh)) = (interval(a, r)?, interval(b, r)?);
+            match op {
+                BinOp::Add => (al.checked_add(bl)?, ah.checked_add(bh)?),
+                BinOp::Sub => (al.checked_sub(bh)?, ah.checked_sub(bl)?),
+                BinOp::Mul => {
+                    let p = [al.checked_mul(bl)?, al.checked_mul(bh)?, ah.checked_mul(bl)?, ah.checked_mul(bh)?];
+                    (*p.iter().min()?, *p.iter().max()?)
+                }
+                BinOp::Div if bl == bh && bl > 0 && al >= 0 => (al / bl, ah / bl),
+                BinOp::Rem if bl == bh && bl > 0 && al >= 0 => (0, ah.min(bl - 1)),
+                BinOp::Min => (al.min(bl), ah.min(bh)),
+                BinOp::Max => (al.max(bl), ah.max(bh)),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// `e` as a constant plus coefficient x atom terms (an atom: anything but +, - and a product with a
+/// constant). None on overflow.
+fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: &mut i64) -> Option<()> {
+    match e {
+        Expr::Int(v) => *constant = constant.checked_add(scale.checked_mul(*v)?)?,
+        Expr::Binary(BinOp::Add, a, b) => {
+            terms(a, scale, out, constant)?;
+            terms(b, scale, out, constant)?;
+        }
+        Expr::Binary(BinOp::Sub, a, b) => {
+            terms(a, scale, out, constant)?;
+            terms(b, scale.checked_neg()?, out, constant)?;
+        }
+        Expr::Binary(BinOp::Mul, a, b) if matches!(**b, Expr::Int(_)) || matches!(**a, Expr::Int(_)) => {
+            let (k, x) = match (&**a, &**b) {
+                (Expr::Int(k), x) => (*k, x),
+                (x, Expr::Int(k)) => (*k, x),
+                _ => return None,
+            };
+            terms(x, scale.checked_mul(k)?, out, constant)?;
+        }
+        atom => match out.iter_mut().find(|(x, _)| x == atom) {
+            Some((_, c)) => *c = c.checked_add(scale)?,
+            None => out.push((atom.clone(), scale)),
+        },
+    }
+    Some(())
+}
+
+/// The sum of `terms` and `constant`, built with the folding constructors.
+fn build(terms: &[(Expr, i64)], constant: i64) -> Expr {
+    let sum = terms.iter().filter(|(_, c)| *c != 0).fold(Expr::int(0), |acc, (x, c)| Expr::add(acc, Expr::mul(x.clone(), Expr::int(*c))));
+    Expr::add(sum, Expr::int(constant))
+}
+
+/// `x / c` (`div`) or `x % c` with `x` >= 0 split as H + L, H a multiple of c and L in 0..c: H / c, or L.
+fn divide(x: &Expr, c: i64, div: bool, r: &HashMap<Var, u64>) -> Option<Expr> {
+    if interval(x, r)?.0 < 0 {
+        return None;
+    }
+    let (mut ts, mut constant) = (Vec::new(), 0i64);
+    terms(x, 1, &mut ts, &mut constant)?;
+    let (high, low): (Vec<_>, Vec<_>) = ts.into_iter().partition(|(_, k)| k % c == 0);
+    let (low_const, high_const) = (constant.rem_euclid(c), constant - constant.rem_euclid(c));
+    let low_e = build(&low, low_const);
+    let (lo, hi) = interval(&low_e, r)?;
+    if lo < 0 || hi >= c {
+        return None;
+    }
+    Some(if div {
+        let h: Vec<(Expr, i64)> = high.into_iter().map(|(x, k)| (x, k / c)).collect();
+        build(&h, high_const / c)
+    } else {
+        low_e
+    })
+}
+
+/// `e` with its index arithmetic simplified bottom-up under the loop ranges `r`.
+pub fn simplify(e: &Expr, r: &HashMap<Var, u64>) -> Expr {
+    match e {
+        Expr::Binary(op, a, b) => {
+            let (a, b) = (simplify(a, r), simplify(b, r));
+            if let (BinOp::Div | BinOp::Rem, Expr::Int(c)) = (op, &b) {
+                if *c > 0 {
+                    if let Some(s) = divide(&a, *c, *op == BinOp::Div, r) {
+                        return s;
+                    }
+                }
+            }
+            rebuild_bin(*op, a, b)
+        }
+        Expr::Load(buf, ix) => Expr::Load(*buf, ix.iter().map(|x| simplify(x, r)).collect()),
+        Expr::Unary(o, a) => Expr::un(*o, simplify(a, r)),
+        Expr::Cast(t, a) => Expr::cast(*t, simplify(a, r)),
+        Expr::Fma(a, b, c) => Expr::fma(simplify(a, r), simplify(b, r), simplify(c, r)),
+        Expr::Select(c, a, b) => Expr::select(simplify(c, r), simplify(a, r), simplify(b, r)),
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_chains_collapse_to_the_loop_variables() {
+        let mut k = Kernel::new("t");
+        let (i, j, m) = (k.var("i"), k.var("j"), k.var("m"));
+        let r: HashMap<Var, u64> = [(i, 64), (j, 3), (m, 49)].into_iter().collect();
+        let flat = Expr::add(Expr::mul(Expr::add(Expr::mul(Expr::var(i), Expr::int(3)), Expr::var(j)), Expr::int(49)), Expr::var(m));
+        assert_eq!(simplify(&Expr::div(flat.clone(), Expr::int(147)), &r), Expr::var(i));
+        assert_eq!(simplify(&Expr::rem(Expr::div(flat.clone(), Expr::int(49)), Expr::int(3)), &r), Expr::var(j));
+        assert_eq!(simplify(&Expr::rem(flat.clone(), Expr::int(49)), &r), Expr::var(m));
+        // m + 1 may reach 49: not provably below the divisor, so it stays.
+        let shifted = Expr::add(Expr::var(m), Expr::int(1));
+        let e = Expr::div(shifted.clone(), Expr::int(49));
+        assert_eq!(simplify(&e, &r), e);
+        // A variable without a known range stays too.
+        let free = k.var("free");
+        let e = Expr::div(Expr::var(free), Expr::int(7));
+        assert_eq!(simplify(&e, &r), e);
+    }
+}
