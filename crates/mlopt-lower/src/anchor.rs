@@ -113,7 +113,7 @@ fn rfactor(
             body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }],
         },
     ];
-    if e % w != 0 {
+    if !e.is_multiple_of(w) {
         stmts.push(Stmt::For { var: t, extent: e % w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: rest }] });
     }
     Ok(Fold { stmts, acc })
@@ -342,25 +342,34 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             },
         );
     }
-    let tile = if has_m && has_n && r >= 2 { contract::choose(l, out[r - 2], out[r - 1], kdim) } else { None };
+    // With a 2-D B every row of every batch of A meets the same B: one contraction of all the rows
+    // (ViT's [197, 1, 768] tokens would otherwise be 197 one-row contractions).
+    let fold = has_m && sb.len() == 2 && r > 2 && sa.len() == r;
+    let (batch, m) = if fold { (vec![], out[..r - 1].iter().product()) } else { (out[..r.saturating_sub(2)].to_vec(), out[r.saturating_sub(2)]) };
+    let lead: Vec<i64> = out[..r.saturating_sub(1)].iter().map(|d| *d as i64).collect();
+    let row = |bi: &[Expr], i: &Expr| if fold { crate::kernel::delinear(i.clone(), &lead) } else { [bi, std::slice::from_ref(i)].concat() };
+    let tile = if has_m && has_n && r >= 2 { contract::choose(l, m, out[r - 1], kdim) } else { None };
     if let Some(t) = tile {
         let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
         // A constant 2-D f32 B (the weights) is packed into column panels at compile time.
         let packed = if sb.len() == 2 { pack_b(l, bm, false, t) } else { None };
         return contract::tiled(
             l,
-            &out[..r - 2],
-            out[r - 2],
+            &batch,
+            m,
             out[r - 1],
             &[kdim],
             t,
             false,
-            &mut |l, bi, i, k| get(l, a, &[broadcast(&ba, bi), vec![i.clone(), k[0].clone()]].concat(), Elem::F32),
+            &mut |l, bi, i, k| {
+                let ix = if fold { [row(bi, i), vec![k[0].clone()]].concat() } else { [broadcast(&ba, bi), vec![i.clone(), k[0].clone()]].concat() };
+                get(l, a, &ix, Elem::F32)
+            },
             &mut |l, bi, k, c| match packed_load(&packed, k, c) {
                 Some(v) => Ok(v),
                 None => get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), c.j.clone()]].concat(), Elem::F32),
             },
-            &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [bi, &[i.clone(), j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
+            &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [row(bi, i), vec![j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
         );
     }
     let columns = if has_n && sb.len() == 2 { b_by_columns(l, bm, false, kdim) } else { None };

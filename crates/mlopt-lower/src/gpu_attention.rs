@@ -398,7 +398,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         engine,
         queries: bm,
         keys_per_block: bn,
-        threads: threads as u64,
+        threads,
         blocks: batch * tiles,
     });
     Ok(Some(vec![Stmt::for_(gb, batch * tiles, LoopKind::GpuBlock(0), body)]))

@@ -654,7 +654,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         k: kdim,
         engine,
         tile: [bm, bn, bk],
-        threads: threads as u64,
+        threads,
         blocks: batch * tm * tn,
         registers: planned as u32,
     });

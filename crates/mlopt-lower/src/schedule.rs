@@ -87,7 +87,7 @@ fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, ou
         return inner;
     }
     let wide = u64::from(lanes);
-    if *extent > wide && extent % wide != 0 {
+    if *extent > wide && !extent.is_multiple_of(wide) {
         out.push(*var);
         return true;
     }
@@ -99,7 +99,7 @@ fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, ou
 /// vector<7>), else None.
 fn width(extent: u64, lanes: u32) -> Option<u32> {
     let lanes = u64::from(lanes);
-    (4..=lanes.min(extent)).rev().find(|w| extent % w == 0).map(|w| w as u32)
+    (4..=lanes.min(extent)).rev().find(|w| extent.is_multiple_of(*w)).map(|w| w as u32)
 }
 
 fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<(Var, u32)>) -> bool {
