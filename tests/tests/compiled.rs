@@ -15,8 +15,8 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(&g, &Options { config, target: "host".into(), threads, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c =
+        compile(&g, &Options { config, threads, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -99,8 +99,7 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "x86-64-v4".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
-            .unwrap();
+        let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
         insta::assert_snapshot!(format!("llvm_mix_{name}"), instruction_mix(&c.code.llvm_ir));
     }
 }
@@ -129,7 +128,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
         for target in ["host", "znver4"] {
             let mut config = Config::new(Target::named(target, 1).unwrap());
             config.precision = Precision::Bf16;
-            let c = compile(g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
+            let c = compile(g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
                 .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
             let pays = c.target.matrix.is_some() && c.cfg.target.bf16_matrix.is_some_and(|p| p > c.cfg.target.fp32);
             assert!(target == "host" || pays, "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate");
@@ -162,7 +161,7 @@ fn large_convolutions_compile_with_heap_temporaries() {
     let want = interp::run(&g, &inputs).unwrap();
     for winograd in [mlopt_lower::Winograd::Never, mlopt_lower::Winograd::Always] {
         let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
-        let c = compile(&g, &Options { config, target: "host".into(), threads: 2, tune: false, winograd, profile: false }).unwrap();
+        let c = compile(&g, &Options { config, threads: 2, tune: false, winograd, profile: false }).unwrap();
         assert_eq!(c.program.kernels.iter().any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd)), winograd == mlopt_lower::Winograd::Always);
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
@@ -192,7 +191,7 @@ fn one_dimensional_convolutions_compile() {
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
+    let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
     assert!(err < 1e-5, "error {err:e}");
@@ -306,7 +305,7 @@ fn kir_operators_compile_as_they_interpret() {
         }
         let inputs = vec![encode(&xs), encode(&ys)];
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
-        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::named("host").unwrap(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
+        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
         let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
         let mut lib = mlopt_runtime::Loaded::new(&code.object, &entry, 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
@@ -393,7 +392,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
     let inputs = vec![x32, x64];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     for target in ["host", "x86-64-v3", "x86-64-v4"] {
-        let t = mlopt_llvm::CpuTarget::named(target).unwrap();
+        let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
         let mut lib =
             mlopt_runtime::Loaded::new(&code.object, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
@@ -435,7 +434,7 @@ fn integer_resize_compiles_as_it_interprets() {
         let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
         let want = interp::run(&g, &inputs).unwrap();
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
+        let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
             .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         assert_eq!(want[0].1.to_i64_vec(), got[0].1.to_i64_vec(), "{dtype} {mode:?}");
@@ -487,7 +486,7 @@ fn mma_blocks_compile_as_they_interpret() {
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     let f32s = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
     for target in ["host", "x86-64-v4", "znver4"] {
-        let t = mlopt_llvm::CpuTarget::named(target).unwrap();
+        let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
         assert_eq!(code.optimized_ir.contains("tdpbf16ps"), t.matrix == Some(mlopt_llvm::MatrixUnit::Amx), "{target}: AMX instructions iff the target has AMX");
         assert_eq!(
@@ -587,7 +586,7 @@ fn register_math_is_accurate() {
             vs.iter().flat_map(|v| if t == Elem::F32 { (*v as f32).to_le_bytes().to_vec() } else { v.to_le_bytes().to_vec() }).collect()
         };
         let inputs = [encode(&xs), encode(&ys)];
-        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::named("host").unwrap(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
         let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
         let size = if t == Elem::F32 { 4 } else { 8 };
         let mut lib = mlopt_runtime::Loaded::new(&code.object, &entry, 0, vec![N * size; 2], vec![N * size; 2]).unwrap();

@@ -132,7 +132,7 @@ fn every_zoo_layer_is_vectorised_and_correct() {
     let mut failures = Vec::new();
     for (name, g) in layers() {
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let opts = Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false };
+        let opts = Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();

@@ -13,11 +13,8 @@ use std::process::Command;
 fn prepare(out: &Path) -> Vec<f64> {
     let g = import("mlp");
     let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = mlopt_driver::compile(
-        &g,
-        &mlopt_driver::Options { config, target: "host".into(), threads: 2, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false },
-    )
-    .unwrap();
+    let c =
+        mlopt_driver::compile(&g, &mlopt_driver::Options { config, threads: 2, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
     c.write_library(out, "mlp").unwrap();
     let (inputs, _) = data("mlp");
     std::fs::write(out.join("input.bin"), inputs["x"].to_le_bytes()).unwrap();

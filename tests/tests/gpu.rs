@@ -19,7 +19,7 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
     let g = import(name);
     let mut config = Config::new(Target::named(target, 1).unwrap());
     config.precision = precision;
-    compile_gpu(&g, &Options { config, target: target.into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
+    compile_gpu(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
         .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
 }
 
@@ -95,9 +95,7 @@ fn gemm_register_plans_hold_at_model_sizes() {
         for precision in [Precision::Fp32, Precision::Bf16] {
             let mut config = Config::new(Target::named("sm_80", 1).unwrap());
             config.precision = precision;
-            let c =
-                compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
-                    .unwrap();
+            let c = compile_gpu(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false }).unwrap();
             let gemm_engine = |k: &&mlopt_driver::gpu::KernelReport| {
                 k.schedule.iter().find_map(|s| match s {
                     ScheduleStep::GpuGemm { engine, .. } => Some(*engine),
@@ -166,8 +164,7 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
         let (g, inputs) = attention_graph(dtype);
         let mut config = Config::new(Target::named("sm_80", 1).unwrap());
         config.precision = precision;
-        let c = compile_gpu(&g, &Options { config, target: "sm_80".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
-            .unwrap();
+        let c = compile_gpu(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false }).unwrap();
         let k = c.kernels.iter().find(|k| k.flops > 100_000).unwrap();
         let text = schedule_text(&k.schedule);
         let attention = k.schedule.iter().find_map(|s| match s {

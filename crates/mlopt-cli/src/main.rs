@@ -82,16 +82,9 @@ impl OptArgs {
         Ok(cfg)
     }
 
-    /// The driver's options: the optimiser's configuration plus the code generation target.
+    /// The driver's options: the optimiser's configuration, whose target (looked up once) every stage uses.
     fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
-        Ok(mlopt_driver::Options {
-            config: self.config(names)?,
-            target: self.target.clone(),
-            threads: self.threads.max(1),
-            tune: self.tune,
-            winograd: self.winograd,
-            profile: false,
-        })
+        Ok(mlopt_driver::Options { config: self.config(names)?, threads: self.threads.max(1), tune: self.tune, winograd: self.winograd, profile: false })
     }
 
     fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
@@ -285,7 +278,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
             let options = opt.driver(&data::input_names(&m)?)?;
-            if options.target.starts_with("sm_") {
+            if options.config.target.is_gpu() {
                 return compile_gpu(&g, &options, &output, report, start);
             }
             let c = mlopt_driver::compile(&g, &options)?;

@@ -211,6 +211,7 @@ pub fn host(threads: u32) -> Target {
     let has = |f: &str| features.iter().any(|x| x == f);
     let mut t = if has("avx512f") { cpu_v4(threads) } else { cpu_v3(threads) };
     t.name = "host".into();
+    t.llvm_cpu = "host".into();
     let n = threads as f64;
     match calibration() {
         Ok((c, source)) => {

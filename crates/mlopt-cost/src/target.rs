@@ -54,6 +54,12 @@ pub struct Target {
     pub vector_bits: u32,
     /// CPU only: the ISA features code generation may use (LLVM spelling, without `+`).
     pub features: Vec<String>,
+    /// CPU only: the CPU LLVM generates code for (`host`: this machine, as LLVM detects it).
+    pub llvm_cpu: String,
+    /// GPU only: the PTX ISA version (times ten) the code is written in, the first that has this GPU,
+    /// so the PTX loads on the oldest driver that knows it (CUDA 11.0: sm_80 with PTX 7.0; 11.1: sm_86
+    /// with 7.1; 11.8: sm_89 and sm_90 with 7.8).
+    pub ptx: u32,
     /// Where the peaks came from, for the report.
     pub source: String,
 }
@@ -128,6 +134,8 @@ pub fn cpu_v3(threads: u32) -> Target {
         threads_per_unit: 0,
         vector_bits: 256,
         features: ["avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "lzcnt", "movbe"].map(String::from).to_vec(),
+        llvm_cpu: "x86-64-v3".into(),
+        ptx: 0,
         source: "x86-64-v3 defaults (nominal 3.0 GHz, 2 FMA ports)".into(),
     }
 }
@@ -140,6 +148,7 @@ pub fn cpu_v4(threads: u32) -> Target {
     let mut t = cpu_v3(threads);
     let n = threads as f64;
     t.name = "x86-64-v4".into();
+    t.llvm_cpu = "x86-64-v4".into();
     t.fp32 = 140e9 * n;
     t.vector_bits = 512;
     t.features.extend(["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"].map(String::from));
@@ -155,6 +164,7 @@ pub fn cpu_znver4(threads: u32) -> Target {
     let mut t = cpu_v4(threads);
     let n = threads as f64;
     t.name = "znver4".into();
+    t.llvm_cpu = "znver4".into();
     t.clock_mhz = 3500;
     t.fp32 = 112e9 * n;
     t.bf16_matrix = Some(224e9 * n);
@@ -165,7 +175,21 @@ pub fn cpu_znver4(threads: u32) -> Target {
 
 /// A shared shape for the NVIDIA rows; throughput arguments in TFLOP/s, bandwidth in GB/s.
 #[allow(clippy::too_many_arguments)]
-fn gpu(name: &str, sms: u32, mhz: u32, fp32: f64, tf32: f64, f16: f64, bf16: f64, dram: f64, l2_mib: u64, smem_kib: u32, threads: u32, source: &str) -> Target {
+fn gpu(
+    name: &str,
+    ptx: u32,
+    sms: u32,
+    mhz: u32,
+    fp32: f64,
+    tf32: f64,
+    f16: f64,
+    bf16: f64,
+    dram: f64,
+    l2_mib: u64,
+    smem_kib: u32,
+    threads: u32,
+    source: &str,
+) -> Target {
     Target {
         name: name.into(),
         kind: Kind::Gpu,
@@ -186,6 +210,8 @@ fn gpu(name: &str, sms: u32, mhz: u32, fp32: f64, tf32: f64, f16: f64, bf16: f64
         threads_per_unit: threads,
         vector_bits: 0,
         features: vec![],
+        llvm_cpu: String::new(),
+        ptx,
         source: source.into(),
     }
 }
@@ -194,25 +220,25 @@ fn gpu(name: &str, sms: u32, mhz: u32, fp32: f64, tf32: f64, f16: f64, bf16: f64
 /// HBM2e) and the Ampere tuning guide (108 SMs at 1410 MHz, 164 KiB shared memory per SM, 40 MiB L2,
 /// 2048 threads per SM).
 pub fn sm_80() -> Target {
-    gpu("sm_80", 108, 1410, 19.5, 156.0, 312.0, 312.0, 2039.0, 40, 164, 2048, "A100 SXM4 80GB datasheet")
+    gpu("sm_80", 70, 108, 1410, 19.5, 156.0, 312.0, 312.0, 2039.0, 40, 164, 2048, "A100 SXM4 80GB datasheet")
 }
 
 /// RTX 3090 (GA102): Ampere GA102 whitepaper (82 SMs at 1695 MHz, fp32 35.6 TFLOP/s, tensor fp16/bf16
 /// with fp32 accumulation 71 and tf32 35.6 TFLOP/s dense, 936 GB/s GDDR6X, 6 MiB L2, 100 KiB shared
 /// memory and 1536 threads per SM).
 pub fn sm_86() -> Target {
-    gpu("sm_86", 82, 1695, 35.6, 35.6, 71.0, 71.0, 936.0, 6, 100, 1536, "RTX 3090 / GA102 whitepaper")
+    gpu("sm_86", 71, 82, 1695, 35.6, 35.6, 71.0, 71.0, 936.0, 6, 100, 1536, "RTX 3090 / GA102 whitepaper")
 }
 
 /// RTX 4090 (AD102): Ada whitepaper (128 SMs at 2520 MHz, fp32 82.6 TFLOP/s, tensor fp16/bf16 with fp32
 /// accumulation 165.2 and tf32 82.6 TFLOP/s dense, 1008 GB/s, 72 MiB L2, 100 KiB shared memory and 1536
 /// threads per SM).
 pub fn sm_89() -> Target {
-    gpu("sm_89", 128, 2520, 82.6, 82.6, 165.2, 165.2, 1008.0, 72, 100, 1536, "RTX 4090 / Ada whitepaper")
+    gpu("sm_89", 78, 128, 2520, 82.6, 82.6, 165.2, 165.2, 1008.0, 72, 100, 1536, "RTX 4090 / Ada whitepaper")
 }
 
 /// H100 SXM5: H100 datasheet (132 SMs at 1830 MHz, fp32 67, tf32 494.7, fp16/bf16 989.4 TFLOP/s dense,
 /// 3350 GB/s HBM3, 50 MiB L2, 228 KiB shared memory and 2048 threads per SM).
 pub fn sm_90() -> Target {
-    gpu("sm_90", 132, 1830, 67.0, 494.7, 989.4, 989.4, 3350.0, 50, 228, 2048, "H100 SXM5 datasheet")
+    gpu("sm_90", 78, 132, 1830, 67.0, 494.7, 989.4, 989.4, 3350.0, 50, 228, 2048, "H100 SXM5 datasheet")
 }

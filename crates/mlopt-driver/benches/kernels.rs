@@ -88,11 +88,9 @@ fn bench(c: &mut Criterion) {
     eprintln!("calibrated single-core peaks: {:.1} GFLOP/s fp32 FMA, {:.1} GB/s read", peak.fp32 / 1e9, peak.bw_one / 1e9);
     for (name, g, flops, bytes) in cases() {
         let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let compiled = mlopt_driver::compile(
-            &g,
-            &mlopt_driver::Options { config, target: "host".into(), threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false },
-        )
-        .unwrap();
+        let compiled =
+            mlopt_driver::compile(&g, &mlopt_driver::Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
+                .unwrap();
         let mut lib = compiled.load().unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         let ins = compiled.input_bytes(&inputs).unwrap();

@@ -190,7 +190,7 @@ impl Scheduled {
 /// estimate (at most twice), so the occupancy a tile was chosen for is the one it gets. `times` gains
 /// the time of each stage.
 pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'static str, f64)>) -> Result<Scheduled> {
-    let target = GpuTarget::named(&cfg.target.name)?;
+    let target = crate::target::gpu(&cfg.target)?;
     let mut s = schedule_for(cfg);
     let mut lap = |name: &'static str, t: &mut Instant| {
         let dt = t.elapsed().as_secs_f64();
@@ -228,7 +228,7 @@ pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'stati
 pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
     let mut times = Vec::new();
     let t = Instant::now();
-    let target = GpuTarget::named(&opt.target)?;
+    let target = crate::target::gpu(&opt.config.target)?;
     let cfg = opt.config.clone();
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     times.push(("optimise", t.elapsed().as_secs_f64()));

@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod pipeline;
 pub mod profile;
 pub mod svg;
+pub mod target;
 pub mod tune;
 
 pub use gpu::{compile_gpu, GpuCompiled};

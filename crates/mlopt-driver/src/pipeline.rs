@@ -37,10 +37,9 @@ pub type Result<T, E = DriverError> = std::result::Result<T, E>;
 /// What to compile for.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The optimiser's configuration (its target gives the cost model).
+    /// The optimiser's configuration. Its target, looked up once from `--target`, is the target of
+    /// every stage: the cost model's peaks and, through `target.rs`, the code generator's CPU or GPU.
     pub config: mlopt_rewrite::Config,
-    /// The code generation target: host, x86-64-v3, x86-64-v4 or znver4.
-    pub target: String,
     /// Threads of parallel loops (the default; the runtime can override it).
     pub threads: u32,
     /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
@@ -66,12 +65,7 @@ pub struct Compiled {
 
 /// Runs the pipeline on an imported graph.
 pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
-    if opt.target.starts_with("sm_") {
-        return Err(DriverError::Input(format!(
-            "--target {}: GPU code cannot run in this process; `mlopt compile --target {}` writes the GPU library",
-            opt.target, opt.target
-        )));
-    }
+    let target = crate::target::cpu(&opt.config.target)?;
     let mut times = Vec::new();
     let mut t = Instant::now();
     let mut lap = |name: &'static str, times: &mut Vec<(&'static str, f64)>| {
@@ -81,7 +75,6 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     let cfg = opt.config.clone();
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
-    let target = CpuTarget::named(&opt.target)?;
     // bf16 `mma` blocks where the matrix unit beats the fp32 FMAs (`vdpbf16ps` does not on every CPU
     // that has it: calibration measured half the FMA rate on this machine's cores).
     let faster = cfg.target.bf16_matrix.is_some_and(|p| p > cfg.target.fp32);

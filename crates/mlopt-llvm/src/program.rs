@@ -41,20 +41,10 @@ pub struct CpuTarget {
     pub matrix: Option<MatrixUnit>,
 }
 
-/// Named targets besides `host`: (name, LLVM CPU, f32 lanes, matrix unit). Zen 4 is the common server
-/// CPU with AVX512-BF16 and no AMX.
-const NAMED: &[(&str, &str, u32, Option<MatrixUnit>)] =
-    &[("x86-64-v3", "x86-64-v3", 8, None), ("x86-64-v4", "x86-64-v4", 16, None), ("znver4", "znver4", 16, Some(MatrixUnit::Dot))];
-
 impl CpuTarget {
-    /// `host` (this machine's features, whatever LLVM calls its CPU), or a row of `NAMED`.
-    pub fn named(name: &str) -> Result<CpuTarget> {
-        if let Some((_, cpu, lanes, matrix)) = NAMED.iter().find(|t| t.0 == name) {
-            return Ok(CpuTarget { name: name.into(), cpu: cpu.to_string(), features: String::new(), lanes: *lanes, matrix: *matrix });
-        }
-        if name != "host" {
-            return Err(LlvmError::Target(name.into()));
-        }
+    /// This machine: its features as LLVM detects them, whatever LLVM calls its CPU. (Named targets are
+    /// made by the driver from the cost model's table, the one table of target names.)
+    pub fn host() -> CpuTarget {
         let features = TargetMachine::get_host_cpu_features().to_string();
         let has = |f: &str| features.split(',').any(|x| x == f);
         let matrix = if has("+amx-tile") && has("+amx-bf16") {
@@ -65,7 +55,7 @@ impl CpuTarget {
             None
         };
         let lanes = if has("+avx512f") { 16 } else { 8 };
-        Ok(CpuTarget { name: name.into(), cpu: "x86-64".into(), features, lanes, matrix })
+        CpuTarget { name: "host".into(), cpu: "x86-64".into(), features, lanes, matrix }
     }
 }
 

@@ -22,25 +22,13 @@ use mlopt_kir::{Block, Elem, Kernel, Program, Space, UnOp};
 /// An NVIDIA GPU target: its compute capability and the PTX ISA version its code is written in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuTarget {
-    /// `sm_80`, `sm_86`, `sm_89`, `sm_90`, `sm_90a`.
+    /// `sm_80`, `sm_86`, `sm_89`, `sm_90` (the driver makes it from the cost model's target table).
     pub name: String,
     /// PTX ISA version times ten (70 = PTX 7.0).
     pub ptx: u32,
 }
 
-/// Targets and the first PTX version that has each (CUDA 11.0 brought sm_80 with PTX 7.0, 11.1 sm_86
-/// with 7.1, 11.8 sm_89 and sm_90 with 7.8, 12.0 sm_90a with 8.0). The lowest that works is chosen, so the
-/// PTX loads on the oldest driver that knows the GPU.
-const GPUS: &[(&str, u32)] = &[("sm_80", 70), ("sm_86", 71), ("sm_87", 74), ("sm_89", 78), ("sm_90", 78), ("sm_90a", 80)];
-
 impl GpuTarget {
-    pub fn named(name: &str) -> Result<GpuTarget> {
-        match GPUS.iter().find(|(n, _)| *n == name) {
-            Some((n, ptx)) => Ok(GpuTarget { name: n.to_string(), ptx: *ptx }),
-            None => Err(LlvmError::GpuTarget(format!("unknown GPU target '{name}' (known: {})", GPUS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")))),
-        }
-    }
-
     /// `.target` and `.version` as ptxas reads them, e.g. ("sm_80", "7.0").
     pub fn version(&self) -> String {
         format!("{}.{}", self.ptx / 10, self.ptx % 10)
@@ -420,10 +408,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn targets_pick_their_ptx_version() {
-        assert_eq!(GpuTarget::named("sm_80").unwrap().version(), "7.0");
-        assert_eq!(GpuTarget::named("sm_90").unwrap().version(), "7.8");
-        assert!(GpuTarget::named("sm_75").unwrap_err().to_string().contains("sm_80"));
+    fn ptx_versions_print_as_ptxas_reads_them() {
+        assert_eq!(GpuTarget { name: "sm_80".into(), ptx: 70 }.version(), "7.0");
+        assert_eq!(GpuTarget { name: "sm_90".into(), ptx: 78 }.version(), "7.8");
     }
 
     #[test]
@@ -445,7 +432,7 @@ mod tests {
         )
         .unwrap();
         let p = Program { name: "m".into(), kernels: vec![k], ..Program::default() };
-        let out = compile_ptx(&p, &GpuTarget::named("sm_80").unwrap()).unwrap();
+        let out = compile_ptx(&p, &GpuTarget { name: "sm_80".into(), ptx: 70 }).unwrap();
         for want in [".version 7.0", ".target sm_80", ".entry rotate", ".maxntid 64, 1, 1", "bar.sync", ".shared", "ld.global", "st.shared"] {
             assert!(out.ptx.contains(want), "{want} missing:\n{}", out.ptx);
         }
