@@ -26,6 +26,12 @@ enum Stage {
     Import,
     /// After equality saturation, extraction and fusion: kernels marked, with cost estimates.
     Optimized,
+    /// The kernel IR as lowering writes it: each kernel's algorithm, before scheduling.
+    Lowered,
+    /// The kernel IR with its schedules (vector/parallel/unrolled loops; GPU blocks and threads).
+    Scheduled,
+    /// The generated code: LLVM IR before optimisation (CPU targets), or PTX (GPU targets).
+    Code,
 }
 
 /// The optimiser's options, shared by `inspect`, `compile`, `run` and `check`.
@@ -269,6 +275,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Stage::Optimized => {
                     let (o, cfg) = opt.optimize(&g, &data::input_names(&m)?)?;
                     print!("{}", mlopt_rewrite::report::dump(&o, &cfg));
+                }
+                Stage::Lowered | Stage::Scheduled | Stage::Code => {
+                    let stage = match stage {
+                        Stage::Lowered => mlopt_driver::Stage::Lowered,
+                        Stage::Scheduled => mlopt_driver::Stage::Scheduled,
+                        _ => mlopt_driver::Stage::Code,
+                    };
+                    print!("{}", mlopt_driver::inspect(&g, &opt.driver(&data::input_names(&m)?)?, stage)?);
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -366,6 +366,26 @@ fn inspect_optimized_marks_kernels_and_reports_the_search() {
     assert!(!text.contains("batch_norm"), "BatchNormalization should fold into the convolutions:\n{text}");
 }
 
+/// Every stage after optimisation prints: the kernels before scheduling, with their schedules, and the
+/// code (LLVM IR for a CPU, PTX for a GPU).
+#[test]
+fn inspect_prints_every_stage() {
+    let text = |stage: &str, target: &str| {
+        let out = mlopt(&["inspect", &fixture("cnn/model.onnx"), "--stage", stage, "--target", target]);
+        assert!(out.status.success(), "{stage} for {target}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // A loop-kind step (`vector<16>(c5)`) is the CPU schedule's; lowering writes none.
+    let scheduled_loops = |t: &str| t.lines().filter(|l| l.starts_with("; schedule:") && l.contains(">(")).count();
+    let (lowered, scheduled) = (text("lowered", "x86-64-v4"), text("scheduled", "x86-64-v4"));
+    assert!(lowered.contains("kernel @k0(") && scheduled.contains("kernel @k0("), "{lowered}");
+    assert_eq!(scheduled_loops(&lowered), 0, "{lowered}");
+    assert!(scheduled_loops(&scheduled) > 0, "{scheduled}");
+    assert!(text("code", "x86-64-v4").contains("define internal void @k0("));
+    assert!(text("scheduled", "sm_80").contains("gpu."));
+    assert!(text("code", "sm_80").contains(".target sm_80"));
+}
+
 #[test]
 fn compile_writes_the_optimised_graph_and_report() {
     let dir = tempfile::tempdir().unwrap();

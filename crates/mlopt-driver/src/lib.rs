@@ -15,4 +15,4 @@ pub mod tune;
 
 pub use gpu::{compile_gpu, GpuCompiled};
 pub use mlopt_runtime::Loaded;
-pub use pipeline::{compile, Compiled, DriverError, Options};
+pub use pipeline::{compile, inspect, Compiled, DriverError, Options, Stage};

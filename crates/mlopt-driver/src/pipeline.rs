@@ -63,6 +63,39 @@ pub struct Compiled {
     pub profiled: bool,
 }
 
+/// A stage of the pipeline after optimisation whose output `inspect` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The kernel IR as lowering writes it: the algorithm, before any schedule.
+    Lowered,
+    /// The kernel IR with its schedules (vector, parallel and unrolled loops; GPU blocks and threads).
+    Scheduled,
+    /// What code generation makes of it: LLVM IR for a CPU, PTX for a GPU.
+    Code,
+}
+
+/// The text of `stage` for an imported graph: each stage runs the ones before it, as `compile` does.
+pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
+    let cfg = &opt.config;
+    let optimized = mlopt_rewrite::optimize(g, cfg)?;
+    let graph = &optimized.plan.graph;
+    let mut lower = if cfg.target.is_gpu() {
+        mlopt_lower::Options { gpu: Some(crate::gpu::schedule_for(cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() }
+    } else {
+        let target = crate::target::cpu(&cfg.target)?;
+        let faster = cfg.target.bf16_matrix.is_some_and(|p| p > cfg.target.fp32);
+        let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
+        mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() }
+    };
+    lower.algorithm_only = stage == Stage::Lowered;
+    let program = mlopt_lower::lower_program(graph, &lower)?;
+    Ok(match stage {
+        Stage::Lowered | Stage::Scheduled => mlopt_kir::print::program(&program),
+        Stage::Code if cfg.target.is_gpu() => mlopt_llvm::compile_ptx(&program, &crate::target::gpu(&cfg.target)?)?.ptx,
+        Stage::Code => mlopt_llvm::compile(&program, &crate::target::cpu(&cfg.target)?, opt.threads.max(1))?.llvm_ir,
+    })
+}
+
 /// Runs the pipeline on an imported graph.
 pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     let target = crate::target::cpu(&opt.config.target)?;

@@ -22,6 +22,9 @@ pub struct Options {
     pub winograd: crate::Winograd,
     /// Schedule the kernels for a GPU (`gpu.rs`) instead of the CPU.
     pub gpu: Option<crate::GpuSchedule>,
+    /// Stop before scheduling: the kernels as the algorithm (`inspect --stage lowered`). Contractions
+    /// keep the register tiles `cpu`'s lanes gave them, which shape their accumulators.
+    pub algorithm_only: bool,
 }
 
 struct Binder<'g> {
@@ -125,7 +128,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         let (mut kernel, params) = l.lower(&members, root, &outs)?;
         // Reshape chains leave divided and re-multiplied indices; the loop ranges undo them.
         mlopt_kir::simplify::simplify_kernel(&mut kernel);
-        if let Some(s) = opts.cpu {
+        if let Some(s) = opts.cpu.filter(|_| !opts.algorithm_only) {
             crate::schedule::schedule_cpu(&mut kernel, s)?;
         }
         for p in params {
@@ -148,8 +151,8 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;
     match &opts.gpu {
-        Some(s) => crate::gpu::schedule_program(b.program, s),
-        None => Ok(b.program),
+        Some(s) if !opts.algorithm_only => crate::gpu::schedule_program(b.program, s),
+        _ => Ok(b.program),
     }
 }
 
