@@ -62,3 +62,47 @@ fn the_rust_example_links_the_library_and_matches() {
         .env("MLOPT_OUT", tmp.path()));
     check_printed(&out.stdout, &want);
 }
+
+/// Names from a hostile model file: comment terminators, line breaks, quotes, backslashes, braces, a
+/// trigraph, non-ASCII, an empty name and a C keyword. The header must compile (no live C), its name
+/// macros must spell the names exactly, and the Rust binding must compile (no live Rust).
+#[test]
+fn hostile_names_stay_inside_comments_and_literals() {
+    use mlopt_ir::{DType, Graph, Op, TensorType, Unary};
+    let names = ["x */ int injected; /*", "line\nbreak(); //", "quote\" back\\slash {brace} ??=", "é\u{1F600}", "", "int"];
+    let mut g = Graph::new("evil */ model\nfn injected() {}");
+    for (i, name) in names.iter().enumerate() {
+        let x = g.add_input(*name, TensorType::new(DType::F32, vec![2, 3]));
+        let y = g.add(Op::Unary(Unary::Neg), &format!("neg{i}"), &[x]).unwrap();
+        g.add_output(&format!("{name}.out"), y);
+    }
+    let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
+    let c =
+        mlopt_driver::compile(&g, &mlopt_driver::Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    c.write_library(tmp.path(), "evil").unwrap();
+    let header = std::fs::read_to_string(tmp.path().join("evil.h")).unwrap();
+    // Every name stays on its comment's or literal's line: no line of the header starts with a name's tail.
+    assert!(header.lines().all(|l| !l.trim_start().starts_with("break();") && !l.trim_start().starts_with("fn injected")), "{header}");
+    // A C program that includes the header (with every warning an error) and prints each name macro.
+    let up = mlopt_llvm::c_name(&g.name).to_uppercase();
+    let prints: String = (0..names.len())
+        .map(|i| format!("    fputs(MLOPT_{up}_INPUT{i}_NAME, stdout); putchar(0);\n    fputs(MLOPT_{up}_OUTPUT{i}_NAME, stdout); putchar(0);\n"))
+        .collect();
+    let src = tmp.path().join("names.c");
+    std::fs::write(&src, format!("#include <stdio.h>\n#include \"evil.h\"\nint main(void) {{\n{prints}    return 0;\n}}\n")).unwrap();
+    let exe = tmp.path().join("names");
+    run(Command::new("cc").args(["-std=c11", "-Wall", "-Werror", "-Wtrigraphs", "-I"]).arg(tmp.path()).arg(&src).arg("-o").arg(&exe));
+    let out = run(&mut Command::new(&exe));
+    let printed: Vec<&[u8]> = out.stdout.split(|b| *b == 0).collect();
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(printed[2 * i], name.as_bytes(), "input {i}");
+        assert_eq!(printed[2 * i + 1], format!("{name}.out").as_bytes(), "output {i}");
+    }
+    // The binding compiles as a library (it only declares the C functions, so nothing is linked).
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    run(Command::new(rustc)
+        .args(["--edition", "2021", "--crate-type", "lib", "--emit", "metadata", "-D", "warnings", "-o"])
+        .arg(tmp.path().join("evil.rmeta"))
+        .arg(tmp.path().join("evil.rs")));
+}
