@@ -78,8 +78,11 @@ impl OptArgs {
         cfg.precision = self.precision;
         cfg.memory_budget = self.memory_budget;
         cfg.tolerance = self.tolerance;
-        cfg.limits =
-            mlopt_rewrite::Limits { iterations: self.iter_limit, nodes: self.node_limit, time: std::time::Duration::from_secs_f64(self.time_limit.max(0.0)) };
+        cfg.limits = mlopt_rewrite::Limits {
+            iterations: self.iter_limit,
+            nodes: self.node_limit,
+            time: std::time::Duration::try_from_secs_f64(self.time_limit.max(0.0)).unwrap_or(std::time::Duration::MAX),
+        };
         cfg.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if let Some(dir) = &self.calibration {
             let (inputs, _) = data::read_test_dir(dir, names).with_context(|| format!("reading calibration inputs from {}", dir.display()))?;

@@ -366,6 +366,13 @@ fn inspect_optimized_marks_kernels_and_reports_the_search() {
     assert!(!text.contains("batch_norm"), "BatchNormalization should fold into the convolutions:\n{text}");
 }
 
+/// An unbounded saturation time is a limit like any other, not a panic converting it to a Duration.
+#[test]
+fn an_infinite_time_limit_is_no_limit() {
+    let out = mlopt(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized", "--time-limit", "inf"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// Every stage after optimisation prints: the kernels before scheduling, with their schedules, and the
 /// code (LLVM IR for a CPU, PTX for a GPU).
 #[test]
