@@ -73,8 +73,8 @@ fn hostile_names_stay_inside_comments_and_literals() {
     let mut g = Graph::new("evil */ model\nfn injected() {}");
     for (i, name) in names.iter().enumerate() {
         let x = g.add_input(*name, TensorType::new(DType::F32, vec![2, 3]));
-        let y = g.add(Op::Unary(Unary::Neg), &format!("neg{i}"), &[x]).unwrap();
-        g.add_output(&format!("{name}.out"), y);
+        let y = g.add(Op::Unary(Unary::Neg), format!("neg{i}"), &[x]).unwrap();
+        g.add_output(format!("{name}.out"), y);
     }
     let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
     let c =
