@@ -307,7 +307,7 @@ fn kir_operators_compile_as_they_interpret() {
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
         let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
-        let mut lib = mlopt_runtime::Loaded::new(&code.object, &entry, 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(&code.objects, &entry, 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
@@ -395,7 +395,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
         let mut lib =
-            mlopt_runtime::Loaded::new(&code.object, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
+            mlopt_runtime::Loaded::new(&code.objects, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
                 .unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
@@ -494,7 +494,7 @@ fn mma_blocks_compile_as_they_interpret() {
             t.matrix == Some(mlopt_llvm::MatrixUnit::Dot),
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
-        let mut lib = mlopt_runtime::Loaded::new(&code.object, "mlopt_mma_run", 0, inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(&code.objects, "mlopt_mma_run", 0, inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
         let mut got = vec![vec![0u8; 64 * 64 * 4]];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
@@ -589,7 +589,7 @@ fn register_math_is_accurate() {
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
         let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
         let size = if t == Elem::F32 { 4 } else { 8 };
-        let mut lib = mlopt_runtime::Loaded::new(&code.object, &entry, 0, vec![N * size; 2], vec![N * size; 2]).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(&code.objects, &entry, 0, vec![N * size; 2], vec![N * size; 2]).unwrap();
         let mut got = vec![vec![0u8; N * size]; 2];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for (out, kind) in got.iter().zip(["serial", "vector"]) {

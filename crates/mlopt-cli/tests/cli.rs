@@ -388,7 +388,7 @@ fn inspect_prints_every_stage() {
     assert!(lowered.contains("kernel @k0(") && scheduled.contains("kernel @k0("), "{lowered}");
     assert_eq!(scheduled_loops(&lowered), 0, "{lowered}");
     assert!(scheduled_loops(&scheduled) > 0, "{scheduled}");
-    assert!(text("code", "x86-64-v4").contains("define internal void @k0("));
+    assert!(text("code", "x86-64-v4").contains("void @mlopt_cnn_k0("));
     assert!(text("scheduled", "sm_80").contains("gpu."));
     assert!(text("code", "sm_80").contains(".target sm_80"));
 }

@@ -278,7 +278,7 @@ impl GpuCompiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.ptx.llvm_ir.clone()),
         ];
-        crate::pipeline::write_files(dir, stem, &files, &self.host_object, mlopt_runtime::write_gpu_archive)
+        crate::pipeline::write_files(dir, stem, &files, std::slice::from_ref(&self.host_object), mlopt_runtime::write_gpu_archive)
     }
 
     /// The per-kernel table `--report` prints.

@@ -133,7 +133,7 @@ impl Compiled {
     pub fn load(&self) -> Result<Loaded> {
         let p = &self.program;
         Ok(Loaded::new(
-            &self.code.object,
+            &self.code.objects,
             &self.entry(),
             p.arena_bytes,
             p.inputs.iter().map(mlopt_kir::Io::bytes).collect(),
@@ -191,16 +191,16 @@ impl Compiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.code.llvm_ir.clone()),
         ];
-        write_files(dir, stem, &files, &self.code.object, mlopt_runtime::write_archive)
+        write_files(dir, stem, &files, &self.code.objects, mlopt_runtime::write_archive)
     }
 }
 
 /// `mlopt_runtime::write_archive` or `write_gpu_archive`: (path, objects) -> a static library.
 pub(crate) type Archive = fn(&Path, &[(&str, &[u8])]) -> std::io::Result<()>;
 
-/// Writes `files` (name, text) into `dir` (made if missing), then lib<stem>.a holding `object` by
+/// Writes `files` (name, text) into `dir` (made if missing), then lib<stem>.a holding `objects` by
 /// `archive`; returns the paths written.
-pub(crate) fn write_files(dir: &Path, stem: &str, files: &[(String, String)], object: &[u8], archive: Archive) -> Result<Vec<PathBuf>> {
+pub(crate) fn write_files(dir: &Path, stem: &str, files: &[(String, String)], objects: &[Vec<u8>], archive: Archive) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
     let mut written = Vec::new();
     for (name, text) in files {
@@ -209,7 +209,9 @@ pub(crate) fn write_files(dir: &Path, stem: &str, files: &[(String, String)], ob
         written.push(p);
     }
     let lib = dir.join(format!("lib{stem}.a"));
-    archive(&lib, &[(&format!("{stem}.o"), object)]).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
+    let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.kernels{i}.o") }).collect();
+    let members: Vec<(&str, &[u8])> = names.iter().zip(objects).map(|(n, o)| (n.as_str(), o.as_slice())).collect();
+    archive(&lib, &members).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
     written.push(lib);
     Ok(written)
 }

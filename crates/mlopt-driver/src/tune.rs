@@ -72,7 +72,7 @@ fn time_step(p: &Program, step: usize, t: &CpuTarget, threads: u32) -> Result<f6
     let q = solo(p, step);
     let code = mlopt_llvm::compile(&q, t, threads)?;
     let mut lib =
-        mlopt_runtime::Loaded::new(&code.object, &format!("mlopt_{}_run", mlopt_llvm::c_name(&q.name)), 0, q.inputs.iter().map(Io::bytes).collect(), vec![])?;
+        mlopt_runtime::Loaded::new(&code.objects, &format!("mlopt_{}_run", mlopt_llvm::c_name(&q.name)), 0, q.inputs.iter().map(Io::bytes).collect(), vec![])?;
     let ins: Vec<Vec<u8>> = q.inputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
     let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
     let mut times = Vec::new();

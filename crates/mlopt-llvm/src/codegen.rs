@@ -642,11 +642,14 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
     Ok(m.add_function(name, ty, None))
 }
 
-/// Declares `void name(ptr, ptr, ...)` with one pointer per kernel parameter.
-pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel) -> FunctionValue<'c> {
+/// Declares `void symbol(ptr, ptr, ...)` with one pointer per kernel parameter: a hidden symbol, so the
+/// module that calls it may be another (kernels are compiled in modules of their own, on threads) while
+/// no kernel is exported from a shared library.
+pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, symbol: &str) -> FunctionValue<'c> {
     let p = c.ptr_type(AddressSpace::default());
     let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| p.into()).collect();
-    let f = m.add_function(&k.name, c.void_type().fn_type(&params, false), Some(inkwell::module::Linkage::Internal));
+    let f = m.add_function(symbol, c.void_type().fn_type(&params, false), Some(inkwell::module::Linkage::External));
+    f.as_global_value().set_visibility(inkwell::GlobalVisibility::Hidden);
     f
 }
 

@@ -66,8 +66,8 @@ pub struct Output {
     pub llvm_ir: String,
     /// The module after `default<O3>`.
     pub optimized_ir: String,
-    /// The ELF object.
-    pub object: Vec<u8>,
+    /// The ELF objects: the entry point's (with the weights), then each group of kernels'.
+    pub objects: Vec<Vec<u8>>,
 }
 
 /// The program's name as a C identifier.
@@ -80,7 +80,10 @@ pub fn c_name(name: &str) -> String {
 }
 
 pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
-    Target::initialize_x86(&InitializationConfig::default());
+    // Once per process: kernel modules are compiled on several threads, and LLVM's target registry is
+    // global.
+    static X86: std::sync::Once = std::sync::Once::new();
+    X86.call_once(|| Target::initialize_x86(&InitializationConfig::default()));
     let triple = TargetTriple::create("x86_64-unknown-linux-gnu");
     let target = Target::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;
     target
@@ -182,26 +185,45 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     // Kernels that differ only in name (a repeated layer: its weights are arguments) share one
     // function, so LLVM compiles each distinct kernel once.
     let mut first: HashMap<String, usize> = HashMap::new();
+    let mut sizes = Vec::with_capacity(kernels.len());
     let same: Vec<usize> = kernels
         .iter()
         .enumerate()
         .map(|(i, k)| {
             let mut key = k.clone();
             key.name.clear();
-            *first.entry(mlopt_kir::print::kernel(&key)).or_insert(i)
+            let text = mlopt_kir::print::kernel(&key);
+            sizes.push(text.len());
+            *first.entry(text).or_insert(i)
         })
         .collect();
-    let mut fns = Vec::with_capacity(kernels.len());
-    for (i, k) in kernels.iter().enumerate() {
-        if same[i] == i {
-            let f = declare_kernel(&c, &m, k);
-            define_kernel(&c, &m, k, f, t.matrix).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
-            fns.push(f);
-        } else {
-            fns.push(fns[same[i]]);
+    // Each distinct kernel is compiled in a module of its own group, groups on threads (own LLVM
+    // contexts), balanced by kernel size; the entry point's module declares them.
+    let symbol = |i: usize| format!("mlopt_{}_{}", c_name(&p.name), kernels[i].name);
+    let distinct: Vec<usize> = (0..kernels.len()).filter(|i| same[*i] == *i).collect();
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, distinct.len().max(1));
+    let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); jobs];
+    let mut by_size: Vec<(usize, usize)> = distinct.iter().map(|&i| (sizes[i], i)).collect();
+    by_size.sort_by(|a, b| b.cmp(a));
+    for (size, i) in by_size {
+        if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
+            g.0 += size;
+            g.1.push(i);
         }
     }
-
+    let compiled: Vec<Result<KernelModule>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .filter(|g| !g.1.is_empty())
+            .map(|(_, group)| {
+                let (kernels, symbol) = (&kernels, &symbol);
+                s.spawn(move || kernel_module(p, kernels, group, symbol, t))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(LlvmError::Codegen("a code generation thread panicked".into())))).collect()
+    });
+    let declared: HashMap<usize, _> = distinct.iter().map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i)))).collect();
+    let fns: Vec<_> = same.iter().map(|i| declared[i]).collect();
     let run_ty = c.void_type().fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
     let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
     let b = c.create_builder();
@@ -252,11 +274,61 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     b.build_return(None)?;
     define_context(&c, &m, &p.name, p.arena_bytes)?;
     m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
-    let llvm_ir = print_without_weights(&m, p);
+    let mut llvm_ir = print_without_weights(&m, p);
     // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
     m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
     // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
-    let optimized_ir = print_without_weights(&m, p);
+    let mut optimized_ir = print_without_weights(&m, p);
+    let mut objects = vec![tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec()];
+    // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
+    // helper defined in several groups appears once).
+    let (mut before, mut after) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    for r in compiled {
+        let km = r?;
+        before.extend(km.before);
+        after.extend(km.after);
+        objects.push(km.object);
+    }
+    for (text, functions) in [(&mut llvm_ir, before), (&mut optimized_ir, after)] {
+        for f in functions.into_values() {
+            text.push('\n');
+            text.push_str(&f);
+        }
+    }
+    Ok(Output { llvm_ir, optimized_ir, objects })
+}
+
+/// A group of kernels compiled by `kernel_module`: each defined function's text (by name) before and
+/// after optimisation, and the object.
+struct KernelModule {
+    before: Vec<(String, String)>,
+    after: Vec<(String, String)>,
+    object: Vec<u8>,
+}
+
+/// One group of kernels as a module of its own, in an LLVM context of its own (so groups compile on
+/// threads): defined, optimised by `default<O3>` and written as an object.
+fn kernel_module(p: &Program, kernels: &[mlopt_kir::Kernel], group: &[usize], symbol: &dyn Fn(usize) -> String, t: &CpuTarget) -> Result<KernelModule> {
+    let c = Context::create();
+    let m = c.create_module(&format!("{}.kernels", p.name));
+    let tm = machine(t)?;
+    m.set_triple(&tm.get_triple());
+    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    for &i in group {
+        let k = &kernels[i];
+        let f = declare_kernel(&c, &m, k, &symbol(i));
+        define_kernel(&c, &m, k, f, t.matrix).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+    }
+    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    let text = |m: &inkwell::module::Module| -> Vec<(String, String)> {
+        m.get_functions()
+            .filter(|f| f.count_basic_blocks() > 0)
+            .map(|f| (f.get_name().to_string_lossy().into_owned(), f.print_to_string().to_string()))
+            .collect()
+    };
+    let before = text(&m);
+    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    let after = text(&m);
     let object = tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec();
-    Ok(Output { llvm_ir, optimized_ir, object })
+    Ok(KernelModule { before, after, object })
 }

@@ -32,13 +32,18 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// Links `object` (which defines `entry`) with the runtime and loads it. `inputs`/`outputs` are the
-    /// byte sizes of the model's buffers; `arena_bytes` the activation arena it needs.
-    pub fn new(object: &[u8], entry: &str, arena_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
+    /// Links `objects` (one of which defines `entry`) with the runtime and loads them. `inputs`/`outputs`
+    /// are the byte sizes of the model's buffers; `arena_bytes` the activation arena it needs.
+    pub fn new(objects: &[Vec<u8>], entry: &str, arena_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
         let dir = tempfile::tempdir().map_err(|e| RuntimeError::Link(e.to_string()))?;
-        let (model, rt, so) = (dir.path().join("model.o"), dir.path().join("runtime.o"), dir.path().join("model.so"));
+        let (rt, so) = (dir.path().join("runtime.o"), dir.path().join("model.so"));
         let write = |p: &Path, b: &[u8]| std::fs::write(p, b).map_err(|e| RuntimeError::Link(format!("{}: {e}", p.display())));
-        write(&model, object)?;
+        let mut models = Vec::with_capacity(objects.len());
+        for (i, object) in objects.iter().enumerate() {
+            let path = dir.path().join(format!("model{i}.o"));
+            write(&path, object)?;
+            models.push(path);
+        }
         write(&rt, crate::RUNTIME_OBJECT)?;
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let out = std::process::Command::new(&cc)
@@ -46,7 +51,7 @@ impl Loaded {
             // after the handle is dropped.
             .args(["-shared", "-Wl,-z,nodelete", "-o"])
             .arg(&so)
-            .arg(&model)
+            .args(&models)
             .arg(&rt)
             .args(["-lm", "-lpthread"])
             .output()
