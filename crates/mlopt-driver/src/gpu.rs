@@ -1,5 +1,5 @@
 //! The pipeline for NVIDIA GPUs (`--target sm_80|sm_86|sm_89|sm_90`): optimise for the GPU's roofline ->
-//! lower -> GPU schedules (`mlopt_lower::gpu`) -> PTX (`mlopt_llvm::compile_ptx`) -> ptxas, for the
+//! lower -> GPU schedules (`mlopt_lower::schedule::gpu`) -> PTX (`mlopt_llvm::compile_ptx`) -> ptxas, for the
 //! registers, spills and shared memory of every kernel -> the library: `<name>.ptx`, `<name>.h`, and
 //! `lib<name>.a` with the host side (the PTX, the weights and the launch table as constants, and the C API)
 //! and the CUDA launcher, which opens libcuda at run time.

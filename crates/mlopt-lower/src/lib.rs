@@ -1,7 +1,8 @@
 //! mlopt's lowering stage: from the optimised graph (ops grouped into kernels) to the kernel IR. Each fusion
 //! group becomes one kernel (`kernel.rs` pulls elementwise and layout members into expressions,
-//! `anchor.rs` writes loop nests for contractions, windows and reductions), `schedule.rs` chooses how the
-//! loops run on the target, and `program.rs` binds kernels to the caller's inputs and outputs, the weights
+//! `anchor.rs` writes loop nests for contractions, windows and reductions), the schedule stage
+//! (`schedule/`: `cpu.rs`, `gpu.rs`, `gpu_gemm.rs`, `gpu_attention.rs`) chooses how the loops run on the
+//! target, and `program.rs` binds kernels to the caller's inputs and outputs, the weights
 //! and one activation arena laid out by the memory planner (`memory.rs`).
 //!
 //! Architecture invariant: sees the graph IR and the kernel IR only; knows nothing of egg, ONNX or LLVM.
@@ -12,9 +13,6 @@ mod anchor;
 pub mod contract;
 pub mod elementwise;
 pub mod error;
-pub mod gpu;
-mod gpu_attention;
-mod gpu_gemm;
 mod grid;
 pub mod kernel;
 pub mod memory;
@@ -25,8 +23,8 @@ mod window;
 mod winograd;
 
 pub use error::{LowerError, Result};
-pub use gpu::GpuSchedule;
 pub use memory::{plan_memory, MemoryPlan, Slot};
 pub use program::{interpret, lower_program, Options};
 pub use schedule::CpuSchedule;
+pub use schedule::GpuSchedule;
 pub use winograd::Winograd;

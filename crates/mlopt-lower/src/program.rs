@@ -151,7 +151,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;
     match &opts.gpu {
-        Some(s) if !opts.algorithm_only => crate::gpu::schedule_program(b.program, s),
+        Some(s) if !opts.algorithm_only => crate::schedule::gpu::schedule_program(b.program, s),
         _ => Ok(b.program),
     }
 }

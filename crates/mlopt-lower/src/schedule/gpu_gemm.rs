@@ -34,7 +34,7 @@
 //! the limits on threads, shared memory and registers.
 
 use crate::error::Result;
-use crate::gpu::{delinear, lt, subst_all, GpuSchedule};
+use crate::schedule::gpu::{delinear, lt, subst_all, GpuSchedule};
 use mlopt_kir::analysis::{coefficient, expr_loads, flat_index, for_each_load, offset};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 
@@ -663,7 +663,7 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
 
 #[cfg(test)]
 mod tests {
-    use crate::gpu::{schedule_kernel, GpuSchedule};
+    use crate::schedule::gpu::{schedule_kernel, GpuSchedule};
     use mlopt_kir::{parse_kernel, run_kernel, Elem, GpuEngine, Kernel, ScheduleStep};
 
     /// out[h, i, j] = max(sum_r a[h, i, r] b[h, r, j] + 1, 0), as lowering writes it.

@@ -209,11 +209,11 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         k.schedule.push(mlopt_kir::ScheduleStep::GpuEmpty);
         return Ok(());
     }
-    if let Some(stmts) = crate::gpu_gemm::gemm(k, &prefix, &inner, s)? {
+    if let Some(stmts) = crate::schedule::gpu_gemm::gemm(k, &prefix, &inner, s)? {
         k.body = stmts;
         return Ok(());
     }
-    if let Some(stmts) = crate::gpu_attention::attention(k, &prefix, &inner, s)? {
+    if let Some(stmts) = crate::schedule::gpu_attention::attention(k, &prefix, &inner, s)? {
         k.body = stmts;
         return Ok(());
     }

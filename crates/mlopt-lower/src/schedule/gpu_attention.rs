@@ -24,8 +24,8 @@
 //! precision allows it. Otherwise (fp32 precision) attention keeps the SIMT row schedules.
 
 use crate::error::Result;
-use crate::gpu::{delinear, lt, GpuSchedule};
-use crate::gpu_gemm::{guarded, int, narrow, subst_expr as subst, tile_position, walk_first};
+use crate::schedule::gpu::{delinear, lt, GpuSchedule};
+use crate::schedule::gpu_gemm::{guarded, int, narrow, subst_expr as subst, tile_position, walk_first};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 
 /// The attention nest, as lowering writes it, inside its data-parallel loops.
