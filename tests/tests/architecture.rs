@@ -32,8 +32,8 @@ fn crate_dependencies_follow_the_rules() {
         ("mlopt-rewrite", &["mlopt-ir", "mlopt-cost", "egg", "thiserror", "indicatif"]),
         // The kernel IR knows nothing of ONNX, the graph IR or LLVM.
         ("mlopt-kir", &["thiserror", "half", "libm"]),
-        // Lowering sees the graph IR and the kernel IR only.
-        ("mlopt-lower", &["mlopt-ir", "mlopt-kir", "thiserror"]),
+        // Lowering sees the graph IR and the kernel IR, and asks the cost model (register tiles).
+        ("mlopt-lower", &["mlopt-ir", "mlopt-kir", "mlopt-cost", "thiserror"]),
         // The only crate that links LLVM; it sees the kernel IR only.
         ("mlopt-llvm", &["mlopt-kir", "inkwell", "thiserror"]),
         // The runtime knows no IR at all.

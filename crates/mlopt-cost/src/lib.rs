@@ -11,6 +11,7 @@ pub mod calibrate;
 pub mod error;
 pub mod roofline;
 pub mod target;
+pub mod tile;
 
 pub use error::{CostError, Result};
 pub use roofline::{class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost, Estimate, Mix, ScheduleClass, Work};
