@@ -8,6 +8,7 @@
 mod amx;
 mod codegen;
 mod dot;
+mod elf;
 pub mod error;
 mod math;
 mod parallel;

@@ -66,7 +66,7 @@ pub struct Output {
     pub llvm_ir: String,
     /// The module after `default<O3>`.
     pub optimized_ir: String,
-    /// The ELF objects: the entry point's (with the weights), then each group of kernels'.
+    /// The ELF objects: the entry point's, the weights' (`elf.rs`), then each group of kernels'.
     pub objects: Vec<Vec<u8>>,
 }
 
@@ -95,7 +95,7 @@ pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
 fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
     let mut s = format!("; ModuleID = '{}' (weights elided)\n", p.name);
     for (i, w) in p.weights.iter().enumerate() {
-        s.push_str(&format!("@w{i} = private constant [{} x i8] ; \"{}\": {}{:?}\n", w.data.len(), w.name, w.elem, w.dims));
+        s.push_str(&format!("; weight {i} ({} bytes, in the weights object): \"{}\": {}{:?}\n", w.data.len(), w.name.escape_default(), w.elem, w.dims));
     }
     for f in m.get_functions() {
         s.push('\n');
@@ -155,16 +155,14 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     let ptr = c.ptr_type(AddressSpace::default());
     let i64t = c.i64_type();
 
-    let weights: Vec<_> = p
-        .weights
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let init = c.const_string(&w.data, false);
-            let g = m.add_global(init.get_type(), None, &format!("w{i}"));
-            g.set_initializer(&init);
+    // The weights live in an object of their own, written directly (`elf.rs`); this module declares them.
+    let weight_symbol = |i: usize| format!("mlopt_{}_w{i}", c_name(&p.name));
+    let weights: Vec<_> = (0..p.weights.len())
+        .map(|i| {
+            let g = m.add_global(c.i8_type().array_type(0), None, &weight_symbol(i));
+            g.set_linkage(Linkage::External);
+            g.set_visibility(inkwell::GlobalVisibility::Hidden);
             g.set_constant(true);
-            g.set_linkage(Linkage::Private);
             g.set_alignment(64);
             g
         })
@@ -280,6 +278,8 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
     let mut optimized_ir = print_without_weights(&m, p);
     let mut objects = vec![tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec()];
+    let named: Vec<(String, &[u8])> = p.weights.iter().enumerate().map(|(i, w)| (weight_symbol(i), w.data.as_slice())).collect();
+    objects.push(crate::elf::data_object(&named));
     // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
     // helper defined in several groups appears once).
     let (mut before, mut after) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
