@@ -209,7 +209,7 @@ pub(crate) fn write_files(dir: &Path, stem: &str, files: &[(String, String)], ob
         written.push(p);
     }
     let lib = dir.join(format!("lib{stem}.a"));
-    let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.kernels{i}.o") }).collect();
+    let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }).collect();
     let members: Vec<(&str, &[u8])> = names.iter().zip(objects).map(|(n, o)| (n.as_str(), o.as_slice())).collect();
     archive(&lib, &members).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
     written.push(lib);

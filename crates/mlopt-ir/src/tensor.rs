@@ -323,7 +323,12 @@ impl Tensor {
     /// Little-endian bytes of the values in row-major order (the layout of ONNX `raw_data` and `.npy`).
     pub fn to_le_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.numel() * self.dtype().size());
-        dispatch!(self, a => for v in a.iter() { v.write_le(&mut out) });
+        // A standard-layout array is one slice: a plain loop over it (the array iterator's per-element
+        // index bookkeeping made this a tenth of compiling BERT-base, for its 440 MB of weights).
+        dispatch!(self, a => match a.as_slice() {
+            Some(values) => values.iter().for_each(|v| v.write_le(&mut out)),
+            None => a.iter().for_each(|v| v.write_le(&mut out)),
+        });
         out
     }
 
