@@ -17,14 +17,7 @@ pub fn cpu(t: &mlopt_cost::Target) -> crate::pipeline::Result<CpuTarget> {
     if t.llvm_cpu == "host" {
         return Ok(CpuTarget::host());
     }
-    let has = |f: &str| t.features.iter().any(|x| x == f);
-    let matrix = if has("amx-tile") && has("amx-bf16") {
-        Some(MatrixUnit::Amx)
-    } else if has("avx512bf16") {
-        Some(MatrixUnit::Dot)
-    } else {
-        None
-    };
+    let matrix = MatrixUnit::of(|f| t.features.iter().any(|x| x == f));
     Ok(CpuTarget { name: t.name.clone(), cpu: t.llvm_cpu.clone(), features: String::new(), lanes: t.vector_bits / 32, matrix })
 }
 

@@ -41,20 +41,28 @@ pub struct CpuTarget {
     pub matrix: Option<MatrixUnit>,
 }
 
+impl MatrixUnit {
+    /// The bf16 matrix unit of a CPU with the features `has` says it has (LLVM spelling, no `+`): AMX
+    /// tiles, else AVX512-BF16 dot products, else none.
+    pub fn of(has: impl Fn(&str) -> bool) -> Option<MatrixUnit> {
+        if has("amx-tile") && has("amx-bf16") {
+            Some(MatrixUnit::Amx)
+        } else if has("avx512bf16") {
+            Some(MatrixUnit::Dot)
+        } else {
+            None
+        }
+    }
+}
+
 impl CpuTarget {
     /// This machine: its features as LLVM detects them, whatever LLVM calls its CPU. (Named targets are
     /// made by the driver from the cost model's table, the one table of target names.)
     pub fn host() -> CpuTarget {
         let features = TargetMachine::get_host_cpu_features().to_string();
-        let has = |f: &str| features.split(',').any(|x| x == f);
-        let matrix = if has("+amx-tile") && has("+amx-bf16") {
-            Some(MatrixUnit::Amx)
-        } else if has("+avx512bf16") {
-            Some(MatrixUnit::Dot)
-        } else {
-            None
-        };
-        let lanes = if has("+avx512f") { 16 } else { 8 };
+        let has = |f: &str| features.split(',').any(|x| x.strip_prefix('+') == Some(f));
+        let matrix = MatrixUnit::of(has);
+        let lanes = if has("avx512f") { 16 } else { 8 };
         CpuTarget { name: "host".into(), cpu: "x86-64".into(), features, lanes, matrix }
     }
 }
