@@ -356,8 +356,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                 return err(None, format!("slice attributes must have one entry per axis of {x}"));
             }
             for d in 0..r {
-                let last = starts[d] as i64 + steps[d] * (lens[d] as i64 - 1);
-                let ok = steps[d] != 0 && (lens[d] == 0 || (starts[d] < x.shape[d] && last >= 0 && (last as usize) < x.shape[d]));
+                // (Checked: a step or length from a model file may be anything, i64::MIN included.)
+                let last = i64::try_from(lens[d]).ok().and_then(|n| steps[d].checked_mul(n - 1)).and_then(|o| o.checked_add(i64::try_from(starts[d]).ok()?));
+                let inside = |l: i64| starts[d] < x.shape[d] && l >= 0 && (l as usize) < x.shape[d];
+                let ok = steps[d] != 0 && (lens[d] == 0 || last.is_some_and(inside));
                 if !ok {
                     return err(None, format!("axis {d}: start {} step {} len {} leaves 0..{}", starts[d], steps[d], lens[d], x.shape[d]));
                 }
@@ -429,17 +431,25 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         }
         Op::DepthToSpace { blocksize: b, .. } => {
             let x = x()?;
-            if x.rank() != 4 || *b == 0 || x.shape[1] % (b * b) != 0 {
-                return err(Some(0), format!("expects [N, C, H, W] with C divisible by {}", b * b));
+            if x.rank() != 4 || *b == 0 {
+                return err(Some(0), "expects [N, C, H, W] and a blocksize of at least 1".to_string());
             }
-            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] / (b * b), x.shape[2] * b, x.shape[3] * b]))
+            let (bb, h, w) = (b.checked_mul(*b), x.shape[2].checked_mul(*b), x.shape[3].checked_mul(*b));
+            let (Some(bb), Some(h), Some(w)) = (bb, h, w) else { return err(Some(0), format!("blocksize {b} is too large for {x}")) };
+            if x.shape[1] % bb != 0 {
+                return err(Some(0), format!("expects [N, C, H, W] with C divisible by {bb}"));
+            }
+            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] / bb, h, w]))
         }
         Op::SpaceToDepth { blocksize: b } => {
             let x = x()?;
             if x.rank() != 4 || *b == 0 || x.shape[2] % b != 0 || x.shape[3] % b != 0 {
                 return err(Some(0), format!("expects [N, C, H, W] with H and W divisible by {b}"));
             }
-            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] * b * b, x.shape[2] / b, x.shape[3] / b]))
+            let Some(c) = b.checked_mul(*b).and_then(|bb| x.shape[1].checked_mul(bb)) else {
+                return err(Some(0), format!("blocksize {b} is too large for {x}"));
+            };
+            one(TensorType::new(x.dtype, vec![x.shape[0], c, x.shape[2] / b, x.shape[3] / b]))
         }
         Op::TopK { axis, k, .. } => {
             let x = x()?;
@@ -599,4 +609,27 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
         }
     }
     Ok(vec![TensorType::new(x.dtype, shape)])
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Graph, Op, TensorType};
+
+    /// Attributes from a model file at the ends of their ranges are errors, not arithmetic overflows.
+    #[test]
+    fn extreme_attributes_are_errors() {
+        let cases: Vec<(Op, Vec<usize>)> = vec![
+            (Op::Slice { starts: vec![0], steps: vec![i64::MIN], lens: vec![2] }, vec![4]),
+            (Op::Slice { starts: vec![1], steps: vec![i64::MAX], lens: vec![3] }, vec![4]),
+            (Op::Slice { starts: vec![0], steps: vec![1], lens: vec![usize::MAX] }, vec![4]),
+            (Op::DepthToSpace { blocksize: usize::MAX / 2, crd: false }, vec![1, 4, 2, 2]),
+            (Op::DepthToSpace { blocksize: 1 << 33, crd: false }, vec![1, 4, 2, 2]),
+            (Op::SpaceToDepth { blocksize: usize::MAX }, vec![1, 4, usize::MAX, usize::MAX]),
+        ];
+        for (op, shape) in cases {
+            let mut g = Graph::new("t");
+            let x = g.add_input("x", TensorType::new(DType::F32, shape));
+            assert!(g.add(op.clone(), "n", &[x]).is_err(), "{op:?}");
+        }
+    }
 }
