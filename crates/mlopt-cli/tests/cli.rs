@@ -291,6 +291,19 @@ fn external_data_is_read_and_must_stay_in_the_model_folder() {
     fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("fifo.bin")))]), &["tensor 'w'", "not a regular file"]);
 }
 
+/// A device or FIFO given as the model or an input is refused up front: `/dev/zero` never ends (reading it
+/// grew memory without bound) and a FIFO blocks.
+#[test]
+fn only_regular_files_are_read_as_models_and_inputs() {
+    fails_with(&mlopt(&["inspect", "/dev/zero"]), &["/dev/zero", "not a regular file"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = save(dir.path(), &relu_model());
+    fails_with(&mlopt(&["run", &p, "--input", "x=/dev/zero"]), &["/dev/zero", "not a regular file"]);
+    let fifo = dir.path().join("x.npy");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    fails_with(&mlopt(&["run", &p, "--input", &format!("x={}", fifo.display())]), &["not a regular file"]);
+}
+
 #[test]
 fn run_reports_missing_and_mismatched_inputs() {
     let dir = tempfile::tempdir().expect("tempdir");

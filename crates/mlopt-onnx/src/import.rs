@@ -2,7 +2,7 @@
 //! dimensions from `--input-shape`), load initializers, convert nodes in order, bind outputs, verify.
 
 use crate::convert::{convert_node, Importer};
-use crate::error::{io_err, OnnxError, Result};
+use crate::error::{OnnxError, Result};
 use crate::proto::{data_type, tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto};
 use crate::tensor_io::{dtype_from_onnx, tensor_from_proto};
 use mlopt_ir::{Graph, TensorType};
@@ -41,7 +41,7 @@ pub fn decode_model(bytes: &[u8], what: &str) -> Result<ModelProto> {
 }
 
 pub fn load_model(path: &Path) -> Result<ModelProto> {
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let bytes = crate::error::read_regular(path)?;
     decode_model(&bytes, &path.display().to_string())
 }
 

@@ -146,7 +146,7 @@ pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
 
 /// Reads a serialised `TensorProto` (`.pb`), returning its name and value.
 pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let bytes = crate::error::read_regular(path)?;
     let p = TensorProto::decode(bytes.as_slice()).map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
     let t = tensor_from_proto(&p, Some(folder_of(path)))?;
     Ok((p.name, t))
@@ -173,7 +173,7 @@ fn npy_descr(d: DType) -> &'static str {
 /// Reads a `.npy` file (little-endian, C order). bf16 is read from the raw 2-byte `<V2` numpy writes for
 /// ml_dtypes' bfloat16.
 pub fn read_npy(path: &Path) -> Result<Tensor> {
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let bytes = crate::error::read_regular(path)?;
     let err = |msg: &str| OnnxError::Tensor { name: path.display().to_string(), msg: format!("bad .npy file: {msg}") };
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(err("missing magic"));
