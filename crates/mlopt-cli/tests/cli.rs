@@ -302,6 +302,15 @@ fn only_regular_files_are_read_as_models_and_inputs() {
     let fifo = dir.path().join("x.npy");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     fails_with(&mlopt(&["run", &p, "--input", &format!("x={}", fifo.display())]), &["not a regular file"]);
+    // A .npy header whose shape's element count overflows: a clean error, not an arithmetic panic.
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 3), }\n";
+    npy.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    npy.extend_from_slice(header.as_bytes());
+    npy.extend_from_slice(&[0u8; 12]);
+    let huge = dir.path().join("huge.npy");
+    std::fs::write(&huge, npy).expect("write");
+    fails_with(&mlopt(&["run", &p, "--input", &format!("x={}", huge.display())]), &["huge.npy", "does not match the shape"]);
 }
 
 #[test]

@@ -335,7 +335,9 @@ impl Tensor {
     /// Reads row-major little-endian values; `None` when the byte count does not match the type.
     pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
         let size = ty.dtype.size();
-        if bytes.len() != ty.numel().checked_mul(size)? {
+        // (The shape may come from a file: its product is checked, not assumed to fit.)
+        let numel = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        if bytes.len() != numel.checked_mul(size)? {
             return None;
         }
         with_dtype!(ty.dtype, T => {
@@ -386,6 +388,9 @@ mod tests {
             assert_eq!(back, Some(t), "{d}");
         }
         assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![2]), &[0; 7]), None);
+        // A shape whose element count overflows (from a file's header) is a mismatch, not a panic.
+        assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![usize::MAX, 3]), &[0; 12]), None);
+        assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F64, vec![usize::MAX / 4]), &[0; 8]), None);
     }
 
     #[test]
