@@ -54,15 +54,16 @@ fn broadcast_all(tys: &[&TensorType]) -> R<Vec<usize>> {
 
 /// Output size of one spatial axis of a convolution or pooling window (ONNX rule: with `ceil`, a last
 /// window that would start in the end padding is dropped).
+/// None also when the arithmetic would overflow (sizes from a model file may be anything).
 pub fn window_out(input: usize, kernel: usize, stride: usize, dilation: usize, pad_begin: usize, pad_end: usize, ceil: bool) -> Option<usize> {
-    let span = dilation * (kernel.max(1) - 1) + 1;
-    let padded = input + pad_begin + pad_end;
+    let span = dilation.checked_mul(kernel.max(1) - 1)?.checked_add(1)?;
+    let padded = input.checked_add(pad_begin)?.checked_add(pad_end)?;
     if padded < span || stride == 0 {
         return None;
     }
     let num = padded - span;
     let mut out = if ceil { num.div_ceil(stride) + 1 } else { num / stride + 1 };
-    if ceil && out > 1 && (out - 1) * stride >= input + pad_begin {
+    if ceil && out > 1 && (out - 1).checked_mul(stride)? >= input + pad_begin {
         out -= 1;
     }
     Some(out)
@@ -411,10 +412,8 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             let mut shape = vec![];
             for d in 0..r {
-                let n = x.shape[d] as i64 + pads[d] + pads[d + r];
-                if n < 0 {
-                    return err(None, format!("pads crop axis {d} below zero"));
-                }
+                let n = i64::try_from(x.shape[d]).ok().and_then(|s| s.checked_add(pads[d])?.checked_add(pads[d + r]));
+                let Some(n) = n.filter(|n| *n >= 0) else { return err(None, format!("pads crop axis {d} below zero or overflow it")) };
                 if *mode != PadMode::Constant && x.shape[d] == 0 && n > 0 {
                     return err(Some(0), format!("cannot {} pad an empty axis", op.name()));
                 }
@@ -593,10 +592,10 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
     for i in 0..sp {
         let (k, s, d) = (w.shape[i + 2], c.strides[i], c.dilations[i]);
         let (pb, pe) = (c.pads[i], c.pads[i + sp]);
-        let pad = pb + pe;
         if transpose {
             let op = c.output_padding.get(i).copied().unwrap_or(0);
-            let full = s * (x.shape[i + 2].max(1) - 1) + op + d * (k - 1) + 1;
+            let full = s.checked_mul(x.shape[i + 2].max(1) - 1).and_then(|a| a.checked_add(op)?.checked_add(d.checked_mul(k.max(1) - 1)?)?.checked_add(1));
+            let (Some(full), Some(pad)) = (full, pb.checked_add(pe)) else { return err(None, format!("sizes overflow on axis {}", i + 2)) };
             if full < pad {
                 return err(None, format!("pads exceed the output on axis {}", i + 2));
             }
@@ -625,6 +624,21 @@ mod tests {
             (Op::DepthToSpace { blocksize: usize::MAX / 2, crd: false }, vec![1, 4, 2, 2]),
             (Op::DepthToSpace { blocksize: 1 << 33, crd: false }, vec![1, 4, 2, 2]),
             (Op::SpaceToDepth { blocksize: usize::MAX }, vec![1, 4, usize::MAX, usize::MAX]),
+            (Op::Pad { pads: vec![i64::MAX, i64::MAX], mode: crate::PadMode::Constant, value: 0.0 }, vec![4]),
+            (
+                Op::MaxPool {
+                    pool: crate::PoolAttrs { kernel: vec![3], strides: vec![1], pads: vec![usize::MAX, usize::MAX], dilations: vec![1], ceil_mode: true },
+                    col_major: false,
+                },
+                vec![1, 1, 8],
+            ),
+            (
+                Op::MaxPool {
+                    pool: crate::PoolAttrs { kernel: vec![usize::MAX], strides: vec![1], pads: vec![0, 0], dilations: vec![3], ceil_mode: false },
+                    col_major: false,
+                },
+                vec![1, 1, 8],
+            ),
         ];
         for (op, shape) in cases {
             let mut g = Graph::new("t");
