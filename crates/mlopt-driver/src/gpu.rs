@@ -157,6 +157,11 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     (blocks * warps) as f64 / max_warps as f64
 }
 
+/// Lowering options for GPU schedules `s` (Winograd stays a CPU transform).
+pub(crate) fn lowering(s: mlopt_lower::GpuSchedule) -> mlopt_lower::Options {
+    mlopt_lower::Options { gpu: Some(s), winograd: mlopt_lower::Winograd::Never, ..Default::default() }
+}
+
 /// A tile's registers, as its schedule plans them (the `gpu.gemm` step's `N registers planned`).
 pub fn planned_registers(schedule: &[mlopt_kir::ScheduleStep]) -> Option<u32> {
     schedule.iter().find_map(|s| match s {
@@ -204,8 +209,7 @@ pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'stati
     let mut attempt = 0;
     loop {
         let mut t = Instant::now();
-        let options = mlopt_lower::Options { gpu: Some(s), winograd: mlopt_lower::Winograd::Never, ..Default::default() };
-        let program = mlopt_lower::lower_program(g, &options)?;
+        let program = mlopt_lower::lower_program(g, &lowering(s))?;
         lap("lower+schedule", &mut t);
         let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
         lap("codegen", &mut t);

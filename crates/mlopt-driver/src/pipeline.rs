@@ -79,14 +79,8 @@ pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
     let cfg = &opt.config;
     let optimized = mlopt_rewrite::optimize(g, cfg)?;
     let graph = &optimized.plan.graph;
-    let mut lower = if cfg.target.is_gpu() {
-        mlopt_lower::Options { gpu: Some(crate::gpu::schedule_for(cfg)), winograd: mlopt_lower::Winograd::Never, ..Default::default() }
-    } else {
-        let target = crate::target::cpu(&cfg.target)?;
-        let faster = cfg.target.bf16_matrix.is_some_and(|p| p > cfg.target.fp32);
-        let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
-        mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() }
-    };
+    let mut lower =
+        if cfg.target.is_gpu() { crate::gpu::lowering(crate::gpu::schedule_for(cfg)) } else { cpu_lowering(opt, &crate::target::cpu(&cfg.target)?) };
     lower.algorithm_only = stage == Stage::Lowered;
     let program = mlopt_lower::lower_program(graph, &lower)?;
     Ok(match stage {
@@ -94,6 +88,16 @@ pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
         Stage::Code if cfg.target.is_gpu() => mlopt_llvm::compile_ptx(&program, &crate::target::gpu(&cfg.target)?)?.ptx,
         Stage::Code => mlopt_llvm::compile(&program, &crate::target::cpu(&cfg.target)?, opt.threads.max(1))?.llvm_ir,
     })
+}
+
+/// Lowering and CPU scheduling options for `target`: its lanes, the thread count, and bf16 `mma` blocks
+/// where the matrix unit beats the fp32 FMAs (`vdpbf16ps` does not on every CPU that has it:
+/// calibration measured half the FMA rate on this machine's cores).
+fn cpu_lowering(opt: &Options, target: &CpuTarget) -> mlopt_lower::Options {
+    let t = &opt.config.target;
+    let faster = t.bf16_matrix.is_some_and(|p| p > t.fp32);
+    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
+    mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() }
 }
 
 /// Runs the pipeline on an imported graph.
@@ -108,11 +112,7 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     let cfg = opt.config.clone();
     let optimized = mlopt_rewrite::optimize(g, &cfg)?;
     lap("optimise", &mut times);
-    // bf16 `mma` blocks where the matrix unit beats the fp32 FMAs (`vdpbf16ps` does not on every CPU
-    // that has it: calibration measured half the FMA rate on this machine's cores).
-    let faster = cfg.target.bf16_matrix.is_some_and(|p| p > cfg.target.fp32);
-    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
-    let mut lower = mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() };
+    let mut lower = cpu_lowering(opt, &target);
     if opt.tune {
         lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;
         lap("tune", &mut times);
