@@ -8,10 +8,6 @@ pub enum LlvmError {
     Codegen(String),
     #[error("LLVM: {0}")]
     Llvm(String),
-    #[error("unknown CPU target '{0}' (host, x86-64-v3, x86-64-v4, znver4)")]
-    Target(String),
-    #[error("{0}")]
-    GpuTarget(String),
 }
 
 impl From<inkwell::builder::BuilderError> for LlvmError {

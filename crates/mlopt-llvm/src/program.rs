@@ -87,6 +87,24 @@ pub fn c_name(name: &str) -> String {
     s
 }
 
+/// An empty module named `name` for the target machine `tm` (its triple and data layout).
+pub(crate) fn module_for<'c>(c: &'c Context, name: &str, tm: &TargetMachine) -> inkwell::module::Module<'c> {
+    let m = c.create_module(name);
+    m.set_triple(&tm.get_triple());
+    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    m
+}
+
+/// Runs `default<O3>` on `m` for `tm`.
+pub(crate) fn optimise(m: &inkwell::module::Module, tm: &TargetMachine) -> Result<()> {
+    m.run_passes("default<O3>", tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))
+}
+
+/// `m` written by `tm` as `kind` (an object, or PTX assembly).
+pub(crate) fn write(m: &inkwell::module::Module, tm: &TargetMachine, kind: FileType) -> Result<Vec<u8>> {
+    Ok(tm.write_to_memory_buffer(m, kind).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec())
+}
+
 pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
     // Once per process: kernel modules are compiled on several threads, and LLVM's target registry is
     // global.
@@ -156,10 +174,8 @@ pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
 /// build has no instrumentation at all.
 pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> Result<Output> {
     let c = Context::create();
-    let m = c.create_module(&p.name);
     let tm = machine(t)?;
-    m.set_triple(&tm.get_triple());
-    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    let m = module_for(&c, &p.name, &tm);
     let ptr = c.ptr_type(AddressSpace::default());
     let i64t = c.i64_type();
 
@@ -282,10 +298,10 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let mut llvm_ir = print_without_weights(&m, p);
     // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
-    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
+    optimise(&m, &tm)?;
     // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
     let mut optimized_ir = print_without_weights(&m, p);
-    let mut objects = vec![tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec()];
+    let mut objects = vec![write(&m, &tm, FileType::Object)?];
     let named: Vec<(String, &[u8])> = p.weights.iter().enumerate().map(|(i, w)| (weight_symbol(i), w.data.as_slice())).collect();
     objects.push(crate::elf::data_object(&named));
     // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
@@ -318,10 +334,8 @@ struct KernelModule {
 /// threads): defined, optimised by `default<O3>` and written as an object.
 fn kernel_module(p: &Program, kernels: &[mlopt_kir::Kernel], group: &[usize], symbol: &dyn Fn(usize) -> String, t: &CpuTarget) -> Result<KernelModule> {
     let c = Context::create();
-    let m = c.create_module(&format!("{}.kernels", p.name));
     let tm = machine(t)?;
-    m.set_triple(&tm.get_triple());
-    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    let m = module_for(&c, &format!("{}.kernels", p.name), &tm);
     for &i in group {
         let k = &kernels[i];
         let f = declare_kernel(&c, &m, k, &symbol(i));
@@ -335,8 +349,6 @@ fn kernel_module(p: &Program, kernels: &[mlopt_kir::Kernel], group: &[usize], sy
             .collect()
     };
     let before = text(&m);
-    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
-    let after = text(&m);
-    let object = tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec();
-    Ok(KernelModule { before, after, object })
+    optimise(&m, &tm)?;
+    Ok(KernelModule { before, after: text(&m), object: write(&m, &tm, FileType::Object)? })
 }

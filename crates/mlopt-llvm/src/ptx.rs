@@ -12,7 +12,6 @@ use crate::codegen::{err, ty, Gen, Ret};
 use crate::error::{LlvmError, Result};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
-use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
 use inkwell::types::{BasicType, FunctionType};
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue};
@@ -54,19 +53,17 @@ fn machine(t: &GpuTarget) -> Result<TargetMachine> {
 /// Compiles every kernel of a GPU program (each in the form `mlopt_kir::gpu` checks) into one PTX module.
 pub fn compile_ptx(p: &Program, t: &GpuTarget) -> Result<PtxOutput> {
     let c = Context::create();
-    let m = c.create_module(&p.name);
     let tm = machine(t)?;
-    m.set_triple(&tm.get_triple());
-    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    let m = crate::program::module_for(&c, &p.name, &tm);
     for k in &p.kernels {
         let launch = mlopt_kir::gpu::launch(k).ok_or_else(|| LlvmError::Codegen(format!("kernel @{} is not a GPU kernel (no gpu.block loop)", k.name)))?;
         define(&c, &m, k, launch.block).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
     m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let llvm_ir = m.print_to_string().to_string();
-    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))?;
-    let buf = tm.write_to_memory_buffer(&m, FileType::Assembly).map_err(|e| LlvmError::Llvm(e.to_string()))?;
-    let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
+    crate::program::optimise(&m, &tm)?;
+    let buf = crate::program::write(&m, &tm, FileType::Assembly)?;
+    let ptx = String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string();
     Ok(PtxOutput { ptx, llvm_ir })
 }
 
@@ -149,10 +146,8 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
 pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
     let (table, blob, names) = launch_table(p)?;
     let c = Context::create();
-    let m = c.create_module(&format!("{}_host", p.name));
     let tm = crate::program::machine(&crate::CpuTarget { name: "x86-64".into(), cpu: "x86-64".into(), features: String::new(), lanes: 4, matrix: None })?;
-    m.set_triple(&tm.get_triple());
-    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    let m = crate::program::module_for(&c, &format!("{}_host", p.name), &tm);
     fn constant<'c>(m: &inkwell::module::Module<'c>, name: &str, v: BasicValueEnum<'c>) -> inkwell::values::PointerValue<'c> {
         let g = m.add_global(v.get_type(), None, name);
         g.set_initializer(&v);
@@ -207,8 +202,7 @@ pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
         };
     }
     m.verify().map_err(|e| LlvmError::Llvm(format!("invalid host module: {e}")))?;
-    let obj = tm.write_to_memory_buffer(&m, FileType::Object).map_err(|e| LlvmError::Llvm(e.to_string()))?;
-    Ok(obj.as_slice().to_vec())
+    crate::program::write(&m, &tm, FileType::Object)
 }
 
 /// A declared NVVM intrinsic or function by name.
