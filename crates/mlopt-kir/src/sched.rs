@@ -107,15 +107,18 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
     Ok(Some(tail))
 }
 
-/// `s` with every load and store of buffer `from` going to `to` instead.
+/// `s` with every load and store of buffer `from` going to `to` instead (loads rewritten once, by
+/// `map_loads` over the whole statement; stores by a walk).
 fn rename(s: &Stmt, from: BufId, to: BufId) -> Stmt {
-    let s = s.map_loads(&|b, ix| Expr::load(if b == from { to } else { b }, ix));
-    match s {
-        Stmt::Store { buf, index, value } => Stmt::Store { buf: if buf == from { to } else { buf }, index, value },
-        Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: body.iter().map(|x| rename(x, from, to)).collect() },
-        Stmt::If { cond, then } => Stmt::If { cond, then: then.iter().map(|x| rename(x, from, to)).collect() },
-        other => other,
+    fn stores(s: Stmt, from: BufId, to: BufId) -> Stmt {
+        match s {
+            Stmt::Store { buf, index, value } => Stmt::Store { buf: if buf == from { to } else { buf }, index, value },
+            Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: body.into_iter().map(|x| stores(x, from, to)).collect() },
+            Stmt::If { cond, then } => Stmt::If { cond, then: then.into_iter().map(|x| stores(x, from, to)).collect() },
+            other => other,
+        }
     }
+    stores(s.map_loads(&|b, ix| Expr::load(if b == from { to } else { b }, ix)), from, to)
 }
 
 /// Interchanges loop `a` with loop `b`, which must be the only statement of `a`'s body.

@@ -54,7 +54,6 @@ pub type RowOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &[Expr]) ->
 pub type ColOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &[Expr], &Col) -> Result<Expr>;
 pub type StoreOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
 
-/// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`.
 /// B [K, N] (row-major f32 bytes; [N, K] when `trans`) packed for the column blocks of `t`: one weight
 /// per block, laid out [columns / nr, K, nr], so a tile's k-th row of B is `nr` contiguous floats and a
 /// panel is one sequential stream.
@@ -77,6 +76,7 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
         .collect()
 }
 
+/// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`.
 ///
 /// With `pack`, each nr-wide panel of B is first copied into a local [K, nr] buffer, once per panel, and
 /// the tiles read the copy: B's loads may then stride or compute (a stride-2 convolution's im2col, a

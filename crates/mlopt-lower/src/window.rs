@@ -175,8 +175,8 @@ fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64,
     let last = xs.len() - 1;
     let (w, pl) = (xs[last], begin[sp - 1] as i64);
     // The right padding of the plain copy, widened so its rows are a whole number of phases.
-    let row = w + pl + end[sp - 1] as i64;
-    let pr = end[sp - 1] as i64 + (row.div_euclid(s as i64) * s as i64 + if row % s as i64 == 0 { 0 } else { s as i64 }) - row;
+    let row = (w + pl) as u64 + end[sp - 1] as u64;
+    let pr = end[sp - 1] as i64 + (row.next_multiple_of(s as u64) - row) as i64;
     let padded: Vec<u64> = (0..xs.len())
         .map(|a| match a {
             0 | 1 => xs[a] as u64,
@@ -299,17 +299,7 @@ pub(crate) fn conv_tiled(
             let mut xi = vec![bi[0].clone(), c];
             // (A pointwise convolution reads its output position: no window term, so the delinearised
             // column flattens back to a contiguous index.)
-            xi.extend((0..sp).map(|a| match pointwise {
-                true => pos[a].clone(),
-                false => Expr::add(Expr::mul(pos[a].clone(), Expr::int(s[a] as i64)), Expr::mul(k[1 + a].clone(), Expr::int(d[a] as i64))),
-            }));
-            if phases > 1 {
-                // Column j, tap kw: padded column j * s + kw * d, i.e. phase (kw * d) % s at j + (kw * d) / s.
-                let tap = Expr::mul(k[sp].clone(), Expr::int(d[sp - 1] as i64));
-                let last = xi.len() - 1;
-                xi[last] = Expr::add(pos[sp - 1].clone(), Expr::div(tap.clone(), Expr::int(phases as i64)));
-                xi.insert(last, Expr::rem(tap, Expr::int(phases as i64)));
-            }
+            xi.extend(if pointwise { pos } else { padded_index(&pos, &k[1..], &s, &d, phases) });
             match src {
                 Some(xp) => Ok(Expr::load(xp, xi)),
                 None => get(l, x, &xi, Elem::F32),
@@ -372,18 +362,8 @@ pub(crate) fn pool_window(
             let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
             count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
             if let Some(xp) = src {
-                // In the padded copy: position + pad, the last axis by phase.
                 let mut xi = vec![idx[0].clone(), idx[1].clone()];
-                xi.extend((0..sp).map(|s| {
-                    Expr::add(Expr::mul(idx[2 + s].clone(), Expr::int(p.strides[s] as i64)), Expr::mul(r[s].clone(), Expr::int(p.dilations[s] as i64)))
-                }));
-                let st = p.strides[sp - 1] as i64;
-                if st > 1 {
-                    let tap = Expr::mul(r[sp - 1].clone(), Expr::int(p.dilations[sp - 1] as i64));
-                    let last = xi.len() - 1;
-                    xi[last] = Expr::add(idx[1 + sp].clone(), Expr::div(tap.clone(), Expr::int(st)));
-                    xi.insert(last, Expr::rem(tap, Expr::int(st)));
-                }
+                xi.extend(padded_index(&idx[2..], r, &p.strides, &p.dilations, p.strides[sp - 1]));
                 return Ok(Expr::load(xp, xi));
             }
             let mut xi = vec![idx[0].clone(), idx[1].clone()];
@@ -458,6 +438,21 @@ pub(crate) fn max_pool_indices(
         stmts.push(Stmt::Store { buf: dst_at, index: idx.to_vec(), value: Expr::load(at, vec![]) });
         Ok(stmts)
     })
+}
+
+/// Where window tap `taps` of output position `pos` lies in a padded copy (`padded_phases`, its last axis
+/// split into `phases`): `pos * stride + tap * dilation` per axis (the padding is already in the copy),
+/// the last axis as [phase, position], i.e. [(tap * d) % s, pos + (tap * d) / s] for s phases.
+fn padded_index(pos: &[Expr], taps: &[Expr], strides: &[usize], dilations: &[usize], phases: usize) -> Vec<Expr> {
+    let sp = pos.len();
+    let mut xi: Vec<Expr> = (0..sp).map(|a| window_pos(&pos[a], &taps[a], strides[a], dilations[a], 0)).collect();
+    if phases > 1 {
+        xi.pop();
+        let tap = Expr::mul(taps[sp - 1].clone(), Expr::int(dilations[sp - 1] as i64));
+        xi.push(Expr::rem(tap.clone(), Expr::int(phases as i64)));
+        xi.push(Expr::add(pos[sp - 1].clone(), Expr::div(tap, Expr::int(phases as i64))));
+    }
+    xi
 }
 
 /// The input position a window tap reads: `out * stride + tap * dilation - pad` (may fall in the padding).

@@ -2,8 +2,9 @@
 //!
 //! - **vector**: the deepest loop whose every store is contiguous in it (the flat index moves by one
 //!   element per iteration) or goes to a local buffer used only inside it runs as `vector<lanes>` when
-//!   the lanes divide its extent, else as the widest vector from 4 lanes up that does (`width`). For a contraction that is the output's
-//!   column loop: each lane keeps its own accumulator, A is broadcast, B is one vector load per k.
+//!   the lanes divide its extent, else as the widest vector from 4 lanes up that does (`width`). For a
+//!   contraction that is the output's column loop: each lane keeps its own accumulator, A is broadcast,
+//!   B is one vector load per k.
 //! - **parallel**: with more than one thread, the outermost loop of a nest whose every store depends on it
 //!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
 //!   waking the pool, runs as `parallel`.
