@@ -27,13 +27,3 @@ pub type Result<T, E = OnnxError> = std::result::Result<T, E>;
 pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> OnnxError + '_ {
     move |source| OnnxError::Io { path: path.display().to_string(), source }
 }
-
-/// Reads a whole file that must be a regular file: a FIFO would block forever and a device such as
-/// `/dev/zero` never ends, where a regular file's size bounds what is read.
-pub(crate) fn read_regular(path: &std::path::Path) -> Result<Vec<u8>, OnnxError> {
-    let meta = std::fs::metadata(path).map_err(io_err(path))?;
-    if !meta.is_file() {
-        return Err(io_err(path)(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
-    }
-    std::fs::read(path).map_err(io_err(path))
-}

@@ -41,7 +41,7 @@ pub fn decode_model(bytes: &[u8], what: &str) -> Result<ModelProto> {
 }
 
 pub fn load_model(path: &Path) -> Result<ModelProto> {
-    let bytes = crate::error::read_regular(path)?;
+    let bytes = crate::tensor_io::read_regular(path)?;
     decode_model(&bytes, &path.display().to_string())
 }
 

@@ -50,6 +50,16 @@ pub fn folder_of(path: &Path) -> &Path {
 /// Resolves an external data `location` inside `base`; absolute paths and paths that leave `base` (by
 /// `..` or through a symlink) are errors, and so is anything but a regular file (a FIFO would block the
 /// read forever, a device would never end).
+/// Reads a whole file that must be a regular file: a FIFO would block forever and a device such as
+/// `/dev/zero` never ends, where a regular file's size bounds what is read.
+pub(crate) fn read_regular(path: &std::path::Path) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(io_err(path))?;
+    if !meta.is_file() {
+        return Err(io_err(path)(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+    }
+    std::fs::read(path).map_err(io_err(path))
+}
+
 fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::PathBuf> {
     let err = |msg: String| OnnxError::Tensor { name: name.into(), msg };
     let rel = Path::new(location);
@@ -146,7 +156,7 @@ pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
 
 /// Reads a serialised `TensorProto` (`.pb`), returning its name and value.
 pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
-    let bytes = crate::error::read_regular(path)?;
+    let bytes = read_regular(path)?;
     let p = TensorProto::decode(bytes.as_slice()).map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
     let t = tensor_from_proto(&p, Some(folder_of(path)))?;
     Ok((p.name, t))
@@ -173,7 +183,7 @@ fn npy_descr(d: DType) -> &'static str {
 /// Reads a `.npy` file (little-endian, C order). bf16 is read from the raw 2-byte `<V2` numpy writes for
 /// ml_dtypes' bfloat16.
 pub fn read_npy(path: &Path) -> Result<Tensor> {
-    let bytes = crate::error::read_regular(path)?;
+    let bytes = read_regular(path)?;
     let err = |msg: &str| OnnxError::Tensor { name: path.display().to_string(), msg: format!("bad .npy file: {msg}") };
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(err("missing magic"));
