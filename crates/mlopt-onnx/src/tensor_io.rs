@@ -47,9 +47,6 @@ pub fn folder_of(path: &Path) -> &Path {
     }
 }
 
-/// Resolves an external data `location` inside `base`; absolute paths and paths that leave `base` (by
-/// `..` or through a symlink) are errors, and so is anything but a regular file (a FIFO would block the
-/// read forever, a device would never end).
 /// Reads a whole file that must be a regular file: a FIFO would block forever and a device such as
 /// `/dev/zero` never ends, where a regular file's size bounds what is read.
 pub(crate) fn read_regular(path: &std::path::Path) -> Result<Vec<u8>> {
@@ -60,6 +57,9 @@ pub(crate) fn read_regular(path: &std::path::Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(io_err(path))
 }
 
+/// Resolves an external data `location` inside `base`; absolute paths and paths that leave `base` (by
+/// `..` or through a symlink) are errors, and so is anything but a regular file (a FIFO would block the
+/// read forever, a device would never end).
 fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::PathBuf> {
     let err = |msg: String| OnnxError::Tensor { name: name.into(), msg };
     let rel = Path::new(location);
