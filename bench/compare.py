@@ -179,11 +179,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
     ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
-    ap.add_argument("--jsonl", default="compare.jsonl")
+    # (Results are appended under target/, which git ignores: measurements belong in notes and READMEs.)
+    ap.add_argument("--jsonl", default="target/bench/compare.jsonl")
     ap.add_argument("--no-openvino", action="store_true")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     rows = []
+    os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
     out = open(args.jsonl, "a")
     with tempfile.TemporaryDirectory() as work:
         for entry in models_from(args):

@@ -28,7 +28,11 @@ int main(int argc, char **argv) {
     }
     const void *inputs[] = {input};
     void *outputs[] = {output};
-    mlopt_mlp_run(model, inputs, outputs);
+    if (mlopt_mlp_run(model, inputs, outputs) != MLOPT_OK) {
+        fprintf(stderr, "mlp: %s\n", mlopt_mlp_error(model));
+        mlopt_mlp_destroy(model);
+        return 1;
+    }
     for (unsigned i = 0; i < MLOPT_MLP_OUTPUT0_ELEMS; i++) printf("%.9g\n", output[i]);
     mlopt_mlp_destroy(model);
     return 0;

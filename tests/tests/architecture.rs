@@ -39,7 +39,7 @@ fn crate_dependencies_follow_the_rules() {
         // The runtime knows no IR at all.
         ("mlopt-runtime", &["thiserror", "libloading", "ar_archive_writer", "tempfile"]),
         // The driver strings the stages together.
-        ("mlopt-driver", &["mlopt-ir", "mlopt-kir", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-llvm", "mlopt-runtime", "thiserror"]),
+        ("mlopt-driver", &["mlopt-ir", "mlopt-kir", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-llvm", "mlopt-runtime", "thiserror", "tempfile"]),
         // anyhow only in the CLI.
         ("mlopt-cli", &["mlopt-ir", "mlopt-onnx", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-driver", "clap", "anyhow"]),
     ];

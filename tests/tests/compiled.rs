@@ -298,7 +298,7 @@ fn kir_operators_compile_as_they_interpret() {
                     body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }],
                 }];
                 mlopt_kir::verify(&k).unwrap_or_else(|e| panic!("{name} on {t}: {e:?}"));
-                p.steps.push(mlopt_kir::Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)] });
+                p.steps.push(mlopt_kir::Step::call(p.kernels.len(), vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)]));
                 p.outputs.push(Io { name: format!("{name} {kind:?}"), elem: out_t, dims: vec![N] });
                 p.kernels.push(k);
             }
@@ -306,8 +306,14 @@ fn kir_operators_compile_as_they_interpret() {
         let inputs = vec![encode(&xs), encode(&ys)];
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
-        let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
-        let mut lib = mlopt_runtime::Loaded::new(&code.objects, &entry, 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect()).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(
+            &code.objects,
+            &mlopt_llvm::c_name(&p.name),
+            p.context_bytes(),
+            inputs.iter().map(Vec::len).collect(),
+            want.iter().map(Vec::len).collect(),
+        )
+        .unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
@@ -382,7 +388,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
                 body: vec![Stmt::Store { buf: o, index: vec![Expr::var(i)], value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])) }],
             }];
             mlopt_kir::verify(&k).unwrap();
-            p.steps.push(Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(src)] });
+            p.steps.push(Step::call(p.kernels.len(), vec![Place::Output(p.outputs.len()), Place::Input(src)]));
             p.outputs.push(Io { name: format!("{from} -> {to} {kind:?}"), elem: to, dims: vec![n] });
             p.kernels.push(k);
         }
@@ -395,7 +401,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
         let mut lib =
-            mlopt_runtime::Loaded::new(&code.objects, "mlopt_to_bf16_run", 0, inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
+            mlopt_runtime::Loaded::new(&code.objects, "to_bf16", p.context_bytes(), inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
                 .unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
@@ -476,7 +482,7 @@ fn mma_blocks_compile_as_they_interpret() {
         inputs: vec![Io { name: "a".into(), elem: Elem::BF16, dims: vec![64, 96] }, Io { name: "b".into(), elem: Elem::BF16, dims: vec![48, 128] }],
         outputs: vec![Io { name: "c".into(), elem: Elem::F32, dims: vec![64, 64] }],
         kernels,
-        steps: vec![Step { kernel: 0, args: args.clone() }, Step { kernel: 1, args }],
+        steps: vec![Step::call(0, args.clone()), Step::call(1, args)],
         ..Default::default()
     };
     let bf16 = |n: usize, seed: u64| -> Vec<u8> {
@@ -494,7 +500,7 @@ fn mma_blocks_compile_as_they_interpret() {
             t.matrix == Some(mlopt_llvm::MatrixUnit::Dot),
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
-        let mut lib = mlopt_runtime::Loaded::new(&code.objects, "mlopt_mma_run", 0, inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(&code.objects, "mma", p.context_bytes(), inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
         let mut got = vec![vec![0u8; 64 * 64 * 4]];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
@@ -578,7 +584,7 @@ fn register_math_is_accurate() {
                 kind,
                 body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }],
             }];
-            p.steps.push(mlopt_kir::Step { kernel: p.kernels.len(), args: vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)] });
+            p.steps.push(mlopt_kir::Step::call(p.kernels.len(), vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)]));
             p.outputs.push(Io { name: format!("{kind:?}"), elem: t, dims: vec![N as u64] });
             p.kernels.push(k);
         }
@@ -587,9 +593,8 @@ fn register_math_is_accurate() {
         };
         let inputs = [encode(&xs), encode(&ys)];
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let entry = format!("mlopt_{}_run", mlopt_llvm::c_name(&p.name));
         let size = if t == Elem::F32 { 4 } else { 8 };
-        let mut lib = mlopt_runtime::Loaded::new(&code.objects, &entry, 0, vec![N * size; 2], vec![N * size; 2]).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(&code.objects, &mlopt_llvm::c_name(&p.name), p.context_bytes(), vec![N * size; 2], vec![N * size; 2]).unwrap();
         let mut got = vec![vec![0u8; N * size]; 2];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for (out, kind) in got.iter().zip(["serial", "vector"]) {

@@ -15,7 +15,7 @@ fn prepare(out: &Path) -> Vec<f64> {
     let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
     let c =
         mlopt_driver::compile(&g, &mlopt_driver::Options { config, threads: 2, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
-    c.write_library(out, "mlp").unwrap();
+    c.write_library(out, "mlp", &[]).unwrap();
     let (inputs, _) = data("mlp");
     std::fs::write(out.join("input.bin"), inputs["x"].to_le_bytes()).unwrap();
     interp::run(&g, &inputs).unwrap()[0].1.to_f64_vec()
@@ -80,7 +80,7 @@ fn hostile_names_stay_inside_comments_and_literals() {
     let c =
         mlopt_driver::compile(&g, &mlopt_driver::Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    c.write_library(tmp.path(), "evil").unwrap();
+    c.write_library(tmp.path(), "evil", &[]).unwrap();
     let header = std::fs::read_to_string(tmp.path().join("evil.h")).unwrap();
     // Every name stays on its comment's or literal's line: no line of the header starts with a name's tail.
     assert!(header.lines().all(|l| !l.trim_start().starts_with("break();") && !l.trim_start().starts_with("fn injected")), "{header}");

@@ -284,7 +284,7 @@ int main(void) {
 fn the_gpu_library_links_and_launches_in_order() {
     let c = compiled("mlp", "sm_80", Precision::Fp32);
     let dir = tempfile::tempdir().unwrap();
-    c.write_library(dir.path(), "mlp").unwrap();
+    c.write_library(dir.path(), "mlp", &[]).unwrap();
     for f in ["mlp.h", "mlp.ptx", "libmlp.a", "mlp.kir", "mlp.ll"] {
         assert!(dir.path().join(f).exists(), "{f} not written");
     }
@@ -339,7 +339,7 @@ fn the_gpu_library_runs_on_a_real_gpu_when_present() {
     eprintln!("running on {}", String::from_utf8_lossy(&gpu.stdout).trim());
     let c = compiled("mlp", "sm_80", Precision::Fp32);
     let dir = tempfile::tempdir().unwrap();
-    c.write_library(dir.path(), "mlp").unwrap();
+    c.write_library(dir.path(), "mlp", &[]).unwrap();
     let (inputs, _) = data("mlp");
     let x = &inputs[&c.program.inputs[0].name];
     let bytes = x.to_le_bytes();

@@ -9,6 +9,7 @@
 //! - `fixtures`: rebuild the fixture models and their ONNX Runtime outputs.
 
 mod conformance;
+mod hostile;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -93,6 +94,8 @@ fn test() -> Result {
     lint()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
     let mlopt = build_mlopt()?;
+    let hostile = hostile::run(&mlopt)?;
+    println!("hostile corpus (xtask/py/gen_hostile.py): {hostile} cases through inspect, compile, run, run --interpret and check --compiled, 0 failed");
     let (listed, _) = conformance::run_suite(&mlopt, &conformance::Options::default())?;
     let optimized = conformance::Options { mode: conformance::Mode::Optimized(OPTIMIZED_TARGET.into()), ..Default::default() };
     let (listed_opt, _) = conformance::run_suite(&mlopt, &optimized)?;
@@ -125,8 +128,9 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("test") => test(),
         Some("fixtures") => fixtures(),
+        Some("hostile") => setup::setup().and_then(|_| build_mlopt()).and_then(|m| hostile::run(&m)).map(|n| println!("{n} hostile cases, 0 failed")),
         Some("conformance") => conformance::Options::parse(&args[1..]).and_then(|o| conformance::conformance(&o).map(|_| ())),
-        _ => Err("usage: cargo xtask <setup|demo|test|conformance [--update] [--filter S] [--optimized TARGET | --compiled TARGET]|fixtures>".into()),
+        _ => Err("usage: cargo xtask <setup|demo|test|hostile|conformance [--update] [--filter S] [--optimized TARGET | --compiled TARGET]|fixtures>".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@ use crate::{root, run, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
-const APT_PACKAGES: &[&str] = &["llvm-19-dev", "libpolly-19-dev", "libzstd-dev", "zlib1g-dev"];
+const APT_PACKAGES: &[&str] = &["llvm-19-dev", "libpolly-19-dev", "libzstd-dev", "zlib1g-dev", "valgrind"];
 
 pub(crate) fn venv_python() -> PathBuf {
     root().join(".venv/bin/python")

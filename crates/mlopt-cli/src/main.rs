@@ -240,7 +240,6 @@ fn message(e: &anyhow::Error) -> String {
 fn compile_gpu(g: &mlopt_ir::Graph, options: &mlopt_driver::Options, output: &std::path::Path, report: bool, start: std::time::Instant) -> Result<ExitCode> {
     let c = mlopt_driver::compile_gpu(g, options)?;
     let stem = file_stem(&g.name);
-    let written = c.write_library(output, &stem)?;
     let json = output.join("report.json");
     let compile_s = start.elapsed().as_secs_f64();
     let mut extra = vec![
@@ -250,7 +249,8 @@ fn compile_gpu(g: &mlopt_ir::Graph, options: &mlopt_driver::Options, output: &st
         ("gpu_kernels", c.json()),
     ];
     extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
-    std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
+    let report_json = mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra).into_bytes();
+    let written: Vec<_> = c.write_library(output, &stem, &[("report.json".into(), report_json)])?.into_iter().filter(|p| !p.ends_with("report.json")).collect();
     if report {
         print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
         print!("{}", c.table());
@@ -300,7 +300,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let c = mlopt_driver::compile(&g, &options)?;
             let stem = file_stem(&g.name);
-            let written = c.write_library(&output, &stem)?;
             let json = output.join("report.json");
             let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph).context("planning memory")?;
             let compile_s = start.elapsed().as_secs_f64();
@@ -311,13 +310,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ("compile_s", format!("{compile_s:.3}")),
             ];
             extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
-            std::fs::write(&json, mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra)).with_context(|| format!("writing {}", json.display()))?;
+            // The report is written with the library, all files or none.
+            let mut files = vec![("report.json".to_string(), mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra).into_bytes())];
             if report {
-                let svg = output.join("roofline.svg");
                 let title = format!("{}: estimated roofline", bench::label(&model));
-                std::fs::write(&svg, mlopt_driver::svg::roofline(&title, &c.cfg.target, &c.kernel_records()))
-                    .with_context(|| format!("writing {}", svg.display()))?;
-                eprintln!("wrote {}", svg.display());
+                files.push(("roofline.svg".into(), mlopt_driver::svg::roofline(&title, &c.cfg.target, &c.kernel_records()).into_bytes()));
+            }
+            let written = c.write_library(&output, &stem, &files)?;
+            if report {
                 print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
                 print!("{}", mlopt_rewrite::report::table(&c.optimized));
                 println!(
@@ -331,7 +331,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 let stages: Vec<String> = c.times.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
                 println!("stages: {}", stages.join(", "));
             }
-            for p in &written {
+            for p in written.iter().filter(|p| !p.ends_with("report.json")) {
                 eprintln!("wrote {}", p.display());
             }
             eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), c.target.name);

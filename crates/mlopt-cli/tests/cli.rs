@@ -410,7 +410,7 @@ fn inspect_prints_every_stage() {
     assert!(lowered.contains("kernel @k0(") && scheduled.contains("kernel @k0("), "{lowered}");
     assert_eq!(scheduled_loops(&lowered), 0, "{lowered}");
     assert!(scheduled_loops(&scheduled) > 0, "{scheduled}");
-    assert!(text("code", "x86-64-v4").contains("void @mlopt_cnn_k0("));
+    assert!(text("code", "x86-64-v4").contains("i32 @mlopt_cnn_k0("));
     assert!(text("scheduled", "sm_80").contains("gpu."));
     assert!(text("code", "sm_80").contains(".target sm_80"));
 }
@@ -443,12 +443,18 @@ fn compile_writes_the_optimised_graph_and_report() {
     // The library users link, its interface, and every stage's dump.
     assert!(std::fs::read(out_dir.join("libmlp.a")).unwrap().starts_with(b"!<arch>\n"));
     let header = std::fs::read_to_string(out_dir.join("mlp.h")).unwrap();
-    for needle in ["void *mlopt_mlp_create(void);", "void mlopt_mlp_run(void *ctx", "#define MLOPT_MLP_INPUT0_DIMS {8, 64}", "f32[8,10]"] {
+    for needle in [
+        "void *mlopt_mlp_create(void);",
+        "int mlopt_mlp_run(void *ctx",
+        "const char *mlopt_mlp_error(const void *ctx);",
+        "#define MLOPT_MLP_INPUT0_DIMS {8, 64}",
+        "f32[8,10]",
+    ] {
         assert!(header.contains(needle), "{needle:?} missing from:\n{header}");
     }
-    assert!(std::fs::read_to_string(out_dir.join("mlp.rs")).unwrap().contains("pub fn run(&mut self, in0: &[f32], out0: &mut [f32])"));
+    assert!(std::fs::read_to_string(out_dir.join("mlp.rs")).unwrap().contains("pub fn run(&mut self, in0: &[f32], out0: &mut [f32]) -> Result<(), Error>"));
     assert!(std::fs::read_to_string(out_dir.join("mlp.kir")).unwrap().contains("kernel @k0("));
-    assert!(std::fs::read_to_string(out_dir.join("mlp.ll")).unwrap().contains("define void @mlopt_mlp_run("));
+    assert!(std::fs::read_to_string(out_dir.join("mlp.ll")).unwrap().contains("define i32 @mlopt_mlp_run("));
     assert!(json["compile_s"].as_str().is_some() || json["compile_s"].as_f64().is_some(), "{json}");
 }
 
@@ -657,4 +663,53 @@ fn bench_batch_sweeps_latency_against_throughput() {
     // A model without a batch dimension to vary is a clear error, and so is batch 0.
     fails_with(&mlopt(&["bench", &fixture("mlp/model.onnx"), "--batch", "1,2", "-o", &o]), &["nothing to batch"]);
     fails_with(&mlopt(&["bench", &fixture("dynamic/model.onnx"), "--batch", "0", "-o", &o]), &["batch sizes run from 1"]);
+}
+
+/// `compile -o DIR` renames finished files into place: a link planted at an output's name is replaced,
+/// not written through; files a previous compile wrote and this one does not are removed, the user's
+/// other files stay; a failed compile changes nothing; no temporary file is left behind.
+#[test]
+fn compile_writes_by_rename_never_through_links_and_removes_stale_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, victim) = (tmp.path().join("out"), tmp.path().join("victim.txt"));
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(&victim, "keep").unwrap();
+    std::os::unix::fs::symlink(&victim, out.join("mlp.h")).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let compile = |model: &str, report: bool| {
+        let mut args = vec!["compile", model, "--target", "x86-64-v4", "-o", out.to_str().unwrap()];
+        if report {
+            args.push("--report");
+        }
+        mlopt(&args)
+    };
+    let mlp = fixture("mlp/model.onnx");
+    let first = compile(&mlp, true);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "the link's target was written through");
+    assert!(!std::fs::symlink_metadata(out.join("mlp.h")).unwrap().file_type().is_symlink());
+    assert!(std::fs::read_to_string(out.join("mlp.h")).unwrap().contains("mlopt_mlp_run"));
+    assert!(out.join("roofline.svg").exists() && out.join("report.json").exists() && out.join("libmlp.a").exists());
+    let second = compile(&mlp, false);
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    assert!(!out.join("roofline.svg").exists(), "a stale file from the previous compile stayed");
+    assert_eq!(std::fs::read_to_string(out.join("notes.txt")).unwrap(), "mine");
+    let before: Vec<(String, Vec<u8>)> = listing(&out);
+    let bad = tmp.path().join("bad.onnx");
+    std::fs::write(&bad, b"not a model").unwrap();
+    let failed = compile(bad.to_str().unwrap(), false);
+    assert_eq!(failed.status.code(), Some(2));
+    assert_eq!(listing(&out), before, "a failed compile changed the output folder");
+    assert!(before.iter().all(|(n, _)| !n.starts_with(".mlopt-") || n == ".mlopt-files"), "{:?}", before.iter().map(|f| &f.0).collect::<Vec<_>>());
+}
+
+/// Every file in `dir`, by name, with its bytes.
+fn listing(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect();
+    v.sort();
+    v
 }

@@ -7,6 +7,7 @@
 
 pub mod emit;
 pub mod gpu;
+pub mod output;
 pub mod pipeline;
 pub mod profile;
 pub mod svg;

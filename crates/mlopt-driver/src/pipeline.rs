@@ -125,17 +125,13 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
 }
 
 impl Compiled {
-    pub fn entry(&self) -> String {
-        format!("mlopt_{}_run", c_name(&self.program.name))
-    }
-
     /// Links the object with the runtime and loads it into this process.
     pub fn load(&self) -> Result<Loaded> {
         let p = &self.program;
         Ok(Loaded::new(
             &self.code.objects,
-            &self.entry(),
-            p.arena_bytes,
+            &c_name(&p.name),
+            p.context_bytes(),
             p.inputs.iter().map(mlopt_kir::Io::bytes).collect(),
             p.outputs.iter().map(mlopt_kir::Io::bytes).collect(),
         )?)
@@ -182,8 +178,9 @@ impl Compiled {
         Ok(times)
     }
 
-    /// Writes lib<stem>.a, <stem>.h, <stem>.rs and the stage dumps into `dir`; returns the paths written.
-    pub fn write_library(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+    /// Writes lib<stem>.a, <stem>.h, <stem>.rs, the stage dumps and `extra` (name, bytes: the report)
+    /// into `dir`, all or none (`output.rs`); returns the paths written.
+    pub fn write_library(&self, dir: &Path, stem: &str, extra: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
         let files = [
             (format!("{stem}.h"), crate::emit::c_header(&self.program, &self.target)),
             (format!("{stem}.rs"), crate::emit::rust_binding(&self.program, stem)),
@@ -191,27 +188,28 @@ impl Compiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.code.llvm_ir.clone()),
         ];
-        write_files(dir, stem, &files, &self.code.objects, mlopt_runtime::write_archive)
+        write_files(dir, stem, &files, &self.code.objects, mlopt_runtime::archive, extra)
     }
 }
 
-/// `mlopt_runtime::write_archive` or `write_gpu_archive`: (path, objects) -> a static library.
-pub(crate) type Archive = fn(&Path, &[(&str, &[u8])]) -> std::io::Result<()>;
+/// `mlopt_runtime::archive` or `gpu_archive`: objects -> a static library's bytes.
+pub(crate) type Archive = fn(&[(&str, &[u8])]) -> std::io::Result<Vec<u8>>;
 
-/// Writes `files` (name, text) into `dir` (made if missing), then lib<stem>.a holding `objects` by
-/// `archive`; returns the paths written.
-pub(crate) fn write_files(dir: &Path, stem: &str, files: &[(String, String)], objects: &[Vec<u8>], archive: Archive) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| DriverError::Io(format!("creating {}: {e}", dir.display())))?;
-    let mut written = Vec::new();
-    for (name, text) in files {
-        let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| DriverError::Io(format!("writing {}: {e}", p.display())))?;
-        written.push(p);
-    }
-    let lib = dir.join(format!("lib{stem}.a"));
+/// Writes `files` (name, text), lib<stem>.a holding `objects` by `archive`, and `extra` into `dir`, all or
+/// none; returns the paths written.
+pub(crate) fn write_files(
+    dir: &Path,
+    stem: &str,
+    files: &[(String, String)],
+    objects: &[Vec<u8>],
+    archive: Archive,
+    extra: &[(String, Vec<u8>)],
+) -> Result<Vec<PathBuf>> {
     let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }).collect();
     let members: Vec<(&str, &[u8])> = names.iter().zip(objects).map(|(n, o)| (n.as_str(), o.as_slice())).collect();
-    archive(&lib, &members).map_err(|e| DriverError::Io(format!("writing {}: {e}", lib.display())))?;
-    written.push(lib);
-    Ok(written)
+    let lib = archive(&members).map_err(|e| DriverError::Io(format!("making lib{stem}.a: {e}")))?;
+    let mut all: Vec<(String, Vec<u8>)> = files.iter().map(|(n, t)| (n.clone(), t.clone().into_bytes())).collect();
+    all.push((format!("lib{stem}.a"), lib));
+    all.extend(extra.iter().cloned());
+    crate::output::write_atomically(dir, &all)
 }

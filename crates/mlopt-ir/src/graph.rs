@@ -15,8 +15,25 @@ use petgraph::Direction;
 use std::fmt;
 use std::sync::Arc;
 
-/// The largest value a graph may hold (64 GiB): shapes beyond it come from bad input, not real models.
-pub const MAX_VALUE_BYTES: usize = 64 << 30;
+/// The largest value a graph may hold: 64 GiB, or this machine's memory if it has less. Shapes beyond
+/// it come from bad input, not real models, and checking them before any allocation keeps a hostile
+/// file from exhausting memory.
+pub fn max_value_bytes() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        // MemTotal in /proc/meminfo, in kB; without it (not Linux), the fixed cap.
+        let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<usize>().ok()?.checked_mul(1024)
+        });
+        total.map_or(64 << 30, |t| t.min(64 << 30))
+    })
+}
+
+/// A size for messages: GiB with one decimal.
+pub fn gib(bytes: usize) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
 
 /// The highest rank a value may have.
 pub const MAX_RANK: usize = 64;
@@ -135,12 +152,12 @@ impl Graph {
                 msg: format!("output of rank {} exceeds mlopt's limit of {MAX_RANK}", t.rank()),
             });
         }
-        if let Some(t) = outs.iter().find(|t| t.checked_bytes().is_none_or(|b| b > MAX_VALUE_BYTES)) {
+        if let Some(t) = outs.iter().find(|t| t.checked_bytes().is_none_or(|b| b > max_value_bytes())) {
             return Err(IrError::Infer {
                 node: name.to_string(),
                 op: op.name(),
                 input: None,
-                msg: format!("output {t} is larger than mlopt's limit of {} GiB per value", MAX_VALUE_BYTES >> 30),
+                msg: format!("output {t} is larger than mlopt's limit of {} per value (this machine's memory, at most 64 GiB)", gib(max_value_bytes())),
             });
         }
         Ok(outs)

@@ -69,6 +69,52 @@ pub fn window_out(input: usize, kernel: usize, stride: usize, dilation: usize, p
     Some(out)
 }
 
+/// Where the indices (input 1) of a gathering or scattering op must lie, given its data's type (input 0):
+/// each element in `-d..d` for the data axis `d` it indexes. `bounds[j]` is that axis's size for
+/// component j of an index tuple (the last axis of GatherND's and ScatterND's indices), or the one
+/// bound of the single-axis ops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexBounds {
+    pub bounds: Vec<i64>,
+    pub tuple: bool,
+}
+
+impl IndexBounds {
+    pub fn of(op: &Op, data: &TensorType) -> Option<IndexBounds> {
+        let dims = |skip: usize| data.shape.iter().skip(skip).map(|d| *d as i64).collect();
+        match op {
+            Op::Gather { axis } | Op::GatherElements { axis } | Op::ScatterElements { axis, .. } => {
+                Some(IndexBounds { bounds: vec![*data.shape.get(*axis)? as i64], tuple: false })
+            }
+            Op::GatherNd { batch_dims } => Some(IndexBounds { bounds: dims(*batch_dims), tuple: true }),
+            Op::ScatterNd { .. } => Some(IndexBounds { bounds: dims(0), tuple: true }),
+            _ => None,
+        }
+    }
+
+    /// The axis size bounding element `i` of a flat index tensor whose last axis has `last` elements.
+    pub fn bound(&self, i: usize, last: usize) -> i64 {
+        let j = if self.tuple { i % last.max(1) } else { 0 };
+        self.bounds.get(j).copied().unwrap_or(0)
+    }
+
+    /// The first out-of-range index among `values` (flat, last axis `last` long), with its bound.
+    pub fn first_bad(&self, values: &[i64], last: usize) -> Option<(i64, i64)> {
+        values.iter().enumerate().map(|(i, v)| (*v, self.bound(i, last))).find(|(v, d)| *v < -d || *v >= *d)
+    }
+}
+
+/// A window's kernel, stride or dilation of 0 on some axis, named for the error (ONNX requires each to be
+/// positive; a zero stride would divide by zero and a zero kernel window reads nothing).
+fn zero_geometry(kernel: &[usize], strides: &[usize], dilations: &[usize]) -> Option<String> {
+    for (what, v) in [("kernel", kernel), ("stride", strides), ("dilation", dilations)] {
+        if let Some(i) = v.iter().position(|x| *x == 0) {
+            return Some(format!("{what} 0 on spatial axis {i} (it must be positive)"));
+        }
+    }
+    None
+}
+
 /// Infers the output types of `op` applied to inputs of the given types (`None` for an omitted optional).
 pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
     let (lo, hi) = op.arity();
@@ -244,9 +290,12 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let stat = TensorType::new(DType::F32, stat);
             Ok(vec![x.clone(), stat.clone(), stat])
         }
-        Op::Lrn { .. } => {
+        Op::Lrn { size, .. } => {
             let x = x()?;
             need_float(x, 0)?;
+            if *size == 0 {
+                return err(None, "size 0 (it must be positive)");
+            }
             if x.rank() < 3 {
                 return err(Some(0), "expects [N, C, ...]");
             }
@@ -257,6 +306,9 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let sp = x.rank().saturating_sub(2);
             if x.rank() < 3 || p.kernel.len() != sp || p.strides.len() != sp || p.dilations.len() != sp || p.pads.len() != 2 * sp {
                 return err(Some(0), format!("pooling geometry does not match input {x}"));
+            }
+            if let Some(why) = zero_geometry(&p.kernel, &p.strides, &p.dilations) {
+                return err(None, why);
             }
             let mut shape = x.shape[..2].to_vec();
             for i in 0..sp {
@@ -338,6 +390,9 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         }
         Op::Split { axis, sizes } => {
             let x = x()?;
+            if sizes.is_empty() {
+                return err(None, "no outputs");
+            }
             if *axis >= x.rank() || sizes.iter().sum::<usize>() != x.shape[*axis] {
                 return err(Some(0), format!("sizes {sizes:?} do not split axis {axis} of {x}"));
             }
@@ -569,6 +624,9 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
     }
     if c.strides.len() != sp || c.dilations.len() != sp || c.pads.len() != 2 * sp || c.group == 0 {
         return err(None, format!("strides/dilations/pads do not match {sp} spatial axes"));
+    }
+    if let Some(why) = zero_geometry(&w.shape[2..], &c.strides, &c.dilations) {
+        return err(Some(1), why);
     }
     let g = c.group;
     let out_ch = if transpose {

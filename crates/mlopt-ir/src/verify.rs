@@ -3,7 +3,7 @@
 
 use crate::error::{IrError, Result};
 use crate::graph::Graph;
-use crate::infer::infer;
+use crate::infer::{infer, IndexBounds};
 use crate::op::Op;
 
 /// Checks arity, input presence, recorded types against inference, constants against their data, graph
@@ -43,6 +43,17 @@ pub fn verify(g: &Graph) -> Result<()> {
                 }
                 if !ok {
                     continue;
+                }
+                // Constant indices out of range make an invalid model, rejected here rather than at run time.
+                if let (Some(bounds), [Some(_), Some(ind), ..]) =
+                    (g.input_types(n).first().copied().flatten().and_then(|d| IndexBounds::of(op, d)), ins.as_slice())
+                {
+                    if let Op::Const(t) = &g.node(ind.node).op {
+                        let last = t.shape().last().copied().unwrap_or(1);
+                        if let Some((v, d)) = bounds.first_bad(&t.to_i64_vec(), last) {
+                            errs.push(format!("{at}, input 1: index {v} out of range for axis of size {d}"));
+                        }
+                    }
                 }
                 match infer(op, &g.input_types(n)) {
                     Err(e) => errs.push(format!("{at}{}: {}", e.input.map(|i| format!(", input {i}")).unwrap_or_default(), e.msg)),

@@ -19,6 +19,9 @@ pub enum InterpError {
     OutOfBounds { kernel: String, buf: String, index: Vec<i64>, dims: Vec<u64> },
     #[error("program: {0}")]
     Program(String),
+    /// A check step found invalid input data; the step's message.
+    #[error("{0}")]
+    Data(String),
     #[error("kernel @{kernel}: race on %{buf} at element {element}: {what}")]
     Race { kernel: String, buf: String, element: u64, what: String },
 }
@@ -697,6 +700,12 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
             })
             .collect();
         run_kernel(k, &mut m, &args)?;
+        if let (Some(message), Some(&(region, at))) = (&s.check, args.first()) {
+            let flag = m[region].get(at..at + 4).ok_or_else(|| InterpError::Program(format!("@{}: check flag outside its buffer", k.name)))?;
+            if flag != [0; 4] {
+                return Err(InterpError::Data(message.clone()));
+            }
+        }
     }
     Ok(m[out0..w0].to_vec())
 }

@@ -353,6 +353,17 @@ pub struct Weight {
 pub struct Step {
     pub kernel: usize,
     pub args: Vec<Place>,
+    /// A check of the input data (an index in range, a nonzero integer divisor): the kernel writes one
+    /// `i32` to its first argument, nonzero when the data is invalid, and then the run stops with this
+    /// message (`run_program`'s error, the compiled entry point's status).
+    pub check: Option<String>,
+}
+
+impl Step {
+    /// A plain kernel call.
+    pub fn call(kernel: usize, args: Vec<Place>) -> Step {
+        Step { kernel, args, check: None }
+    }
 }
 
 /// A compiled model before code generation.
@@ -365,6 +376,14 @@ pub struct Program {
     pub arena_bytes: u64,
     pub kernels: Vec<Kernel>,
     pub steps: Vec<Step>,
+}
+
+impl Program {
+    /// The bytes of a run's context (what `mlopt_<name>_create` allocates): the arena rounded up to 64
+    /// bytes, then 64 bytes of status (the last run's error).
+    pub fn context_bytes(&self) -> u64 {
+        self.arena_bytes.div_ceil(64) * 64 + 64
+    }
 }
 
 impl fmt::Display for Elem {

@@ -282,7 +282,8 @@ pub fn program(p: &Program) -> String {
                 Place::Arena(o) => format!("arena+{o}"),
             })
             .collect();
-        let _ = writeln!(s, "call @{}({})", p.kernels[st.kernel].name, args.join(", "));
+        let check = st.check.as_ref().map(|m| format!(" check \"{}\"", m.escape_default())).unwrap_or_default();
+        let _ = writeln!(s, "call @{}({}){check}", p.kernels[st.kernel].name, args.join(", "));
     }
     s
 }

@@ -635,20 +635,21 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
         "free" => void.fn_type(&[ptr.into()], false),
         "mlopt_parallel_for" => void.fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
         "mlopt_init_threads" => void.fn_type(&[c.i32_type().into()], false),
-        "mlopt_init_amx" => void.fn_type(&[], false),
+        "mlopt_init_amx" => c.i32_type().fn_type(&[], false),
         "mlopt_now_ns" => i64t.fn_type(&[], false),
         _ => return Err(err(format!("no declaration for external function {name}"))),
     };
     Ok(m.add_function(name, ty, None))
 }
 
-/// Declares `void symbol(ptr, ptr, ...)` with one pointer per kernel parameter: a hidden symbol, so the
-/// module that calls it may be another (kernels are compiled in modules of their own, on threads) while
-/// no kernel is exported from a shared library.
+/// Declares `int symbol(ptr, ptr, ...)` with one pointer per kernel parameter, which returns 0, or 1 when
+/// a heap-allocated local could not be allocated: a hidden symbol, so the module that calls it may be
+/// another (kernels are compiled in modules of their own, on threads) while no kernel is exported from a
+/// shared library.
 pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, symbol: &str) -> FunctionValue<'c> {
     let p = c.ptr_type(AddressSpace::default());
     let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| p.into()).collect();
-    let f = m.add_function(symbol, c.void_type().fn_type(&params, false), Some(inkwell::module::Linkage::External));
+    let f = m.add_function(symbol, c.i32_type().fn_type(&params, false), Some(inkwell::module::Linkage::External));
     f.as_global_value().set_visibility(inkwell::GlobalVisibility::Hidden);
     f
 }
@@ -665,8 +666,22 @@ pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: Function
         g.ptrs.insert(*b, p);
     }
     let heap = g.alloc_locals()?;
+    if !heap.is_empty() {
+        // Out of memory: free what was allocated (free(NULL) does nothing) and return 1.
+        let mut failed = c.bool_type().const_zero();
+        for p in &heap {
+            let null = g.b.build_is_null(*p, "null")?;
+            failed = g.b.build_or(failed, null, "failed")?;
+        }
+        let (oom, run) = (c.append_basic_block(f, "oom"), c.append_basic_block(f, "run"));
+        g.b.build_conditional_branch(failed, oom, run)?;
+        g.b.position_at_end(oom);
+        g.free_locals(&heap)?;
+        g.b.build_return(Some(&c.i32_type().const_int(1, false)))?;
+        g.b.position_at_end(run);
+    }
     g.block(&k.body)?;
     g.free_locals(&heap)?;
-    g.b.build_return(None)?;
+    g.b.build_return(Some(&c.i32_type().const_zero()))?;
     Ok(())
 }

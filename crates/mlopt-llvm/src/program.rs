@@ -1,11 +1,13 @@
-//! A whole program as one LLVM module: weights as 64-byte aligned constant globals, one internal function
-//! per kernel, and the exported entry point
+//! A whole program as LLVM modules: the exported entry point
 //!
 //! ```c
-//! void mlopt_<name>_run(void *arena, const void *const *inputs, void *const *outputs);
+//! int mlopt_<name>_run(void *ctx, const void *const *inputs, void *const *outputs);
 //! ```
 //!
-//! which calls the kernels in order. Then `default<O3>` and an object file for the target.
+//! which checks its arguments and calls the kernels in order, stopping with a status at the first failure
+//! (a kernel out of scratch memory, a failed data check), with `mlopt_<name>_create`, `_error` and
+//! `_destroy` around it; one internal function per distinct kernel, compiled in groups on threads; the
+//! weights in an object of their own (`elf.rs`). Then `default<O3>` and an object file per module.
 
 #![allow(unsafe_code)] // GEPs into the arena and the pointer arrays; see codegen.rs.
 
@@ -130,25 +132,110 @@ fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
     s
 }
 
-/// `void *mlopt_<name>_create(void)`: the context is the model's activation arena, 64-byte aligned
-/// (NULL when out of memory); `void mlopt_<name>_destroy(void *)` frees it.
-fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, name: &str, arena: u64) -> Result<()> {
+/// Status codes of `mlopt_<name>_run` (0 is success), as the header documents them.
+pub const STATUS_ARGUMENT: u64 = 1;
+pub const STATUS_MEMORY: u64 = 2;
+pub const STATUS_DATA: u64 = 3;
+pub const STATUS_PLATFORM: u64 = 4;
+
+/// `void *mlopt_<name>_create(void)`: the context is the model's activation arena, 64-byte aligned, then
+/// the last run's status (`Program::context_bytes`); NULL when out of memory.
+/// `void mlopt_<name>_destroy(void *)` frees it, and `const char *mlopt_<name>_error(const void *ctx)` is
+/// the message of the last run's status (`messages[status word]`; "" after a successful run).
+fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, p: &Program, messages: &[String]) -> Result<()> {
     let ptr = c.ptr_type(AddressSpace::default());
-    let i64t = c.i64_type();
+    let (i32t, i64t) = (c.i32_type(), c.i64_type());
+    let name = c_name(&p.name);
     let (alloc, free) = (libc(c, m, "aligned_alloc")?, libc(c, m, "free")?);
     let b = c.create_builder();
-    let create = m.add_function(&format!("mlopt_{}_create", c_name(name)), ptr.fn_type(&[], false), None);
+    let create = m.add_function(&format!("mlopt_{name}_create"), ptr.fn_type(&[], false), None);
     b.position_at_end(c.append_basic_block(create, "entry"));
-    let bytes = arena.div_ceil(64).max(1) * 64;
-    let p = b.build_call(alloc, &[i64t.const_int(64, false).into(), i64t.const_int(bytes, false).into()], "arena")?;
-    let p = p.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?;
-    b.build_return(Some(&p))?;
-    let destroy = m.add_function(&format!("mlopt_{}_destroy", c_name(name)), c.void_type().fn_type(&[ptr.into()], false), None);
+    let ctx = b.build_call(alloc, &[i64t.const_int(64, false).into(), i64t.const_int(p.context_bytes(), false).into()], "ctx")?;
+    let ctx = ctx.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?.into_pointer_value();
+    let (ok, done) = (c.append_basic_block(create, "ok"), c.append_basic_block(create, "done"));
+    b.build_conditional_branch(b.build_is_null(ctx, "null")?, done, ok)?;
+    b.position_at_end(ok);
+    b.build_store(status_word(c, &b, ctx, p)?, i32t.const_zero())?;
+    b.build_unconditional_branch(done)?;
+    b.position_at_end(done);
+    b.build_return(Some(&ctx))?;
+
+    let destroy = m.add_function(&format!("mlopt_{name}_destroy"), c.void_type().fn_type(&[ptr.into()], false), None);
     b.position_at_end(c.append_basic_block(destroy, "entry"));
     let arg = destroy.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("destroy".into()))?;
     b.build_call(free, &[arg.into()], "")?;
     b.build_return(None)?;
+
+    // The messages as one table of C strings.
+    let strings: Vec<_> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let bytes = c.const_string(text.as_bytes(), true);
+            let g = m.add_global(bytes.get_type(), None, &format!("mlopt_{name}_message{i}"));
+            g.set_initializer(&bytes);
+            g.set_constant(true);
+            g.set_linkage(Linkage::Private);
+            g.as_pointer_value()
+        })
+        .collect();
+    let table_ty = ptr.array_type(strings.len() as u32);
+    let table = m.add_global(table_ty, None, &format!("mlopt_{name}_messages"));
+    table.set_initializer(&ptr.const_array(&strings));
+    table.set_constant(true);
+    table.set_linkage(Linkage::Private);
+    let null_ctx = {
+        let bytes = c.const_string(b"the context is NULL", true);
+        let g = m.add_global(bytes.get_type(), None, &format!("mlopt_{name}_null_context"));
+        g.set_initializer(&bytes);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        g.as_pointer_value()
+    };
+    let error = m.add_function(&format!("mlopt_{name}_error"), ptr.fn_type(&[ptr.into()], false), None);
+    b.position_at_end(c.append_basic_block(error, "entry"));
+    let ctx = error.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("error".into()))?.into_pointer_value();
+    let (some, none) = (c.append_basic_block(error, "some"), c.append_basic_block(error, "none"));
+    b.build_conditional_branch(b.build_is_null(ctx, "null")?, none, some)?;
+    b.position_at_end(none);
+    b.build_return(Some(&null_ctx))?;
+    b.position_at_end(some);
+    let id = b.build_load(i32t, status_word(c, &b, ctx, p)?, "id")?.into_int_value();
+    // A word the caller overwrote is clamped into the table rather than trusted.
+    let id = b.build_int_z_extend(id, i64t, "id")?;
+    let last = i64t.const_int(messages.len() as u64 - 1, false);
+    let id = b.build_select(b.build_int_compare(inkwell::IntPredicate::ULE, id, last, "in")?, id, i64t.const_zero(), "id")?.into_int_value();
+    // SAFETY: id <= the table's last index.
+    let at = unsafe { b.build_in_bounds_gep(table_ty, table.as_pointer_value(), &[i64t.const_zero(), id], "at")? };
+    let msg = b.build_load(ptr, at, "msg")?;
+    b.build_return(Some(&msg))?;
     Ok(())
+}
+
+/// The status word of the context `ctx`: the `i32` just past the arena.
+fn status_word<'c>(
+    c: &'c Context,
+    b: &inkwell::builder::Builder<'c>,
+    ctx: inkwell::values::PointerValue<'c>,
+    p: &Program,
+) -> Result<inkwell::values::PointerValue<'c>> {
+    let at = c.i64_type().const_int(p.context_bytes() - 64, false);
+    // SAFETY: the context has 64 bytes of status past the arena (`Program::context_bytes`).
+    Ok(unsafe { b.build_in_bounds_gep(c.i8_type(), ctx, &[at], "status")? })
+}
+
+/// The messages of a program's statuses, indexed by the status word: none, the arguments' NULLs (the
+/// arrays, then each input and output), out of memory, the AMX refusal, then each check step's.
+fn messages(p: &Program) -> Vec<String> {
+    let mut m = vec![String::new(), "the inputs or outputs array is NULL".to_string()];
+    m.extend(p.inputs.iter().enumerate().map(|(i, io)| format!("input {i} ('{}') is NULL", io.name.escape_default())));
+    m.extend(p.outputs.iter().enumerate().map(|(i, io)| format!("output {i} ('{}') is NULL", io.name.escape_default())));
+    m.push("out of memory for a kernel's scratch buffer".into());
+    m.push(
+        "this model was compiled for AMX, but the kernel refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed); recompile for another target".into(),
+    );
+    m.extend(p.steps.iter().filter_map(|s| s.check.clone()));
+    m
 }
 
 /// The exported counters of a profiled build: `uint64_t mlopt_<name>_profile[steps]`, the nanoseconds
@@ -246,17 +333,55 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     });
     let declared: HashMap<usize, _> = distinct.iter().map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i)))).collect();
     let fns: Vec<_> = same.iter().map(|i| declared[i]).collect();
-    let run_ty = c.void_type().fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
+    let i32t = c.i32_type();
+    let run_ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
     let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
     let b = c.create_builder();
     b.position_at_end(c.append_basic_block(run, "entry"));
     let param = |i: u32| run.get_nth_param(i).map(|v| v.into_pointer_value()).ok_or_else(|| LlvmError::Codegen("run parameters".into()));
     let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
+    // Every failure stores its message's number in the status word and returns its status.
+    let table = messages(p);
+    let (oom_id, amx_id) = (2 + p.inputs.len() + p.outputs.len(), 3 + p.inputs.len() + p.outputs.len());
+    let status = status_word(&c, &b, arena, p)?;
+    let fail_unless = |ok: inkwell::values::IntValue<'_>, id: usize, code: u64, what: &str| -> Result<()> {
+        let (pass, fail) = (c.append_basic_block(run, &format!("{what}.ok")), c.append_basic_block(run, what));
+        b.build_conditional_branch(ok, pass, fail)?;
+        b.position_at_end(fail);
+        b.build_store(status, i32t.const_int(id as u64, false))?;
+        b.build_return(Some(&i32t.const_int(code, false)))?;
+        b.position_at_end(pass);
+        Ok(())
+    };
+    {
+        // A NULL context has no status word to write.
+        let (pass, fail) = (c.append_basic_block(run, "ctx.ok"), c.append_basic_block(run, "ctx.null"));
+        b.build_conditional_branch(b.build_is_null(arena, "null")?, fail, pass)?;
+        b.position_at_end(fail);
+        b.build_return(Some(&i32t.const_int(STATUS_ARGUMENT, false)))?;
+        b.position_at_end(pass);
+    }
+    let arrays = b.build_or(b.build_is_null(inputs, "null")?, b.build_is_null(outputs, "null")?, "null")?;
+    fail_unless(b.build_not(arrays, "ok")?, 1, STATUS_ARGUMENT, "arrays")?;
+    let mut io = Vec::new();
+    for (base, n, first) in [(inputs, p.inputs.len(), 2), (outputs, p.outputs.len(), 2 + p.inputs.len())] {
+        let mut ptrs = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: the caller passes one pointer per input and output.
+            let at = unsafe { b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")? };
+            let v = b.build_load(ptr, at, "p")?.into_pointer_value();
+            fail_unless(b.build_is_not_null(v, "ok")?, first + i, STATUS_ARGUMENT, "io")?;
+            ptrs.push(v);
+        }
+        io.push(ptrs);
+    }
     let init = libc(&c, &m, "mlopt_init_threads")?;
-    b.build_call(init, &[c.i32_type().const_int(threads as u64, false).into()], "")?;
+    b.build_call(init, &[i32t.const_int(threads as u64, false).into()], "")?;
     if amx {
         // Linux hands out the AMX tile state only on request (once per process).
-        b.build_call(libc(&c, &m, "mlopt_init_amx")?, &[], "")?;
+        let r = b.build_call(libc(&c, &m, "mlopt_init_amx")?, &[], "amx")?;
+        let r = r.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("mlopt_init_amx".into()))?.into_int_value();
+        fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?, amx_id, STATUS_PLATFORM, "amx")?;
     }
     let counters = profile.then(|| {
         let ty = i64t.array_type(p.steps.len() as u32);
@@ -267,23 +392,29 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     });
     let now = if profile { Some(libc(&c, &m, "mlopt_now_ns")?) } else { None };
     let mut last = clock(&b, now)?;
+    let mut check_id = amx_id;
     for (step, s) in p.steps.iter().enumerate() {
         let mut args = Vec::with_capacity(s.args.len());
         for a in &s.args {
             let v = match a {
                 // SAFETY: offsets come from the memory plan, inside the arena the caller allocates.
                 Place::Arena(o) => unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "a")? },
-                Place::Input(i) | Place::Output(i) => {
-                    let base = if matches!(a, Place::Input(_)) { inputs } else { outputs };
-                    // SAFETY: the caller passes one pointer per input and output.
-                    let at = unsafe { b.build_in_bounds_gep(ptr, base, &[i64t.const_int(*i as u64, false)], "io")? };
-                    b.build_load(ptr, at, "p")?.into_pointer_value()
-                }
+                Place::Input(i) => io[0][*i],
+                Place::Output(i) => io[1][*i],
                 Place::Weight(i) => weights[*i].as_pointer_value(),
             };
             args.push(v.into());
         }
-        b.build_call(fns[s.kernel], &args, "")?;
+        let r = b.build_call(fns[s.kernel], &args, "")?;
+        let r = r.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("kernel status".into()))?.into_int_value();
+        fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?, oom_id, STATUS_MEMORY, "oom")?;
+        if let (Some(_), Some(Place::Arena(o))) = (&s.check, s.args.first()) {
+            check_id += 1;
+            // SAFETY: the flag is inside the arena (lowering placed it there).
+            let at = unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "flag")? };
+            let flag = b.build_load(i32t, at, "flag")?.into_int_value();
+            fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, flag, i32t.const_zero(), "ok")?, check_id, STATUS_DATA, "check")?;
+        }
         if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&b, now)?) {
             // SAFETY: `step` < steps, the array's length.
             let at = unsafe { b.build_in_bounds_gep(ty, g.as_pointer_value(), &[i64t.const_zero(), i64t.const_int(step as u64, false)], "ctr")? };
@@ -293,8 +424,9 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
             last = Some(after);
         }
     }
-    b.build_return(None)?;
-    define_context(&c, &m, &p.name, p.arena_bytes)?;
+    b.build_store(status, i32t.const_zero())?;
+    b.build_return(Some(&i32t.const_zero()))?;
+    define_context(&c, &m, p, &table)?;
     m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let mut llvm_ir = print_without_weights(&m, p);
     // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.

@@ -140,7 +140,7 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
 
 /// The x86-64 object of a GPU library: the PTX, the launch table and the weights as constants, and the
 /// model's C API, each function a call into the CUDA launcher:
-/// `void *mlopt_<n>_create(int device)`, `int mlopt_<n>_run(ctx, inputs, outputs)` (host buffers),
+/// `void *mlopt_<n>_create(int device)`, `int mlopt_<n>_run(ctx, inputs, outputs)` (host buffers; NULLs are an error),
 /// `int mlopt_<n>_run_device(ctx, inputs, outputs, stream)` (device buffers, asynchronous),
 /// `void mlopt_<n>_destroy(ctx)`, `const char *mlopt_<n>_last_error(void)`.
 pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {

@@ -51,7 +51,14 @@ pub(crate) fn fold_op_scalar(
 
 /// A fold whose update is `op(acc, value(r))`. For a CPU target, an f32 sum/max/min over one axis whose
 /// length the vector width divides keeps one partial result per lane and folds the lanes at the end.
-fn fold_op(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], op: BinOp, value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>) -> Result<Fold> {
+pub(crate) fn fold_op(
+    l: &mut Lowerer,
+    t: Elem,
+    init: Expr,
+    extents: &[u64],
+    op: BinOp,
+    value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>,
+) -> Result<Fold> {
     match (lanes_for(l, t, extents), matches!(op, BinOp::Add | BinOp::Max | BinOp::Min)) {
         (Some(w), true) => rfactor(l, t, init, extents[0], w, op, |l, r, part| Ok(b(op, part, value(l, r)?))),
         _ => fold_op_scalar(l, t, init, extents, op, value),

@@ -12,6 +12,9 @@ pub enum LowerError {
     Unsupported { node: String, op: &'static str, why: String },
     #[error("the lowered kernels do not verify (a bug in mlopt's lowering):\n{}", .0.join("\n"))]
     Verify(Vec<String>),
+    /// Constant data the model would reject when run (an index out of range, a division by zero).
+    #[error("{0}")]
+    InvalidData(String),
     #[error("internal error (a bug in mlopt's lowering): {0}")]
     Internal(String),
     #[error(transparent)]

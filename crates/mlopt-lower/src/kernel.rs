@@ -278,7 +278,8 @@ impl<'g> Lowerer<'g> {
             Op::Lrn { size, alpha, beta, bias } => {
                 // x / (bias + alpha / size * sum of x^2 over the channels c - lo ..= c + hi)^beta.
                 let (size, c) = (*size as i64, self.ty(self.input(n, 0)?).shape[1] as i64);
-                let (lo, hi) = ((size - 1) / 2, size / 2);
+                // (Channels past the tensor's count nothing, so a window wider than it is cut to it.)
+                let (lo, hi) = (((size - 1) / 2).min(c), (size / 2).min(c));
                 let mut sq: Option<Expr> = None;
                 for d in -lo..=hi {
                     let ch = Expr::add(idx[1].clone(), Expr::int(d));

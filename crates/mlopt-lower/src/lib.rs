@@ -10,6 +10,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod anchor;
+mod check;
 pub mod contract;
 pub mod elementwise;
 pub mod error;

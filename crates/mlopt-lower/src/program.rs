@@ -35,6 +35,20 @@ struct Binder<'g> {
 }
 
 impl Binder<'_> {
+    /// The places of a kernel's parameters (weights lowering made are added to the program).
+    fn bind(&mut self, params: crate::kernel::Params) -> Result<Vec<Place>> {
+        params
+            .into_iter()
+            .map(|p| match p {
+                crate::kernel::Param::Value(v) => self.place(v),
+                crate::kernel::Param::Weight(w) => {
+                    self.program.weights.push(w);
+                    Ok(Place::Weight(self.program.weights.len() - 1))
+                }
+            })
+            .collect()
+    }
+
     /// Where a value read by a kernel lives.
     fn place(&mut self, v: Value) -> Result<Place> {
         if let Some(p) = self.places.get(&v) {
@@ -94,6 +108,8 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
     for s in &plan.slots {
         b.places.entry(s.value).or_insert(Place::Arena(s.offset));
     }
+    // The flag of data checks (`check.rs`) lives past the planned arena.
+    let flag = Place::Arena(plan.arena_bytes.div_ceil(64) * 64);
     let mut kernels: Vec<(u32, mlopt_ir::KernelNodes)> = g.kernels().into_iter().collect();
     kernels.sort_by_key(|(_, k)| k.roots.first().map(|r| pos[r]));
     for (id, k) in kernels {
@@ -108,6 +124,21 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         }
         let mut members = k.members.clone();
         members.sort_by_key(|m| pos[m]);
+        // (GPU programs have no check steps yet: the launcher would have to read the flag back.)
+        for (c, &m) in members.iter().enumerate().filter(|_| opts.gpu.is_none()) {
+            let Some((mut kernel, params, message)) = crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"), opts.cpu.map(|c| c.lanes))? else {
+                continue;
+            };
+            mlopt_kir::simplify::simplify_kernel(&mut kernel);
+            if let Some(s) = opts.cpu.filter(|_| !opts.algorithm_only) {
+                crate::schedule::schedule_cpu(&mut kernel, s)?;
+            }
+            let mut args = vec![flag];
+            args.extend(b.bind(params)?);
+            b.program.steps.push(Step { kernel: b.program.kernels.len(), args, check: Some(message) });
+            b.program.kernels.push(kernel);
+            b.program.arena_bytes = b.program.arena_bytes.max(plan.arena_bytes.div_ceil(64) * 64 + 64);
+        }
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
         l.lanes = opts.cpu.map(|c| c.lanes);
         l.mma = opts.cpu.is_some_and(|c| c.mma);
@@ -131,22 +162,14 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         if let Some(s) = opts.cpu.filter(|_| !opts.algorithm_only) {
             crate::schedule::schedule_cpu(&mut kernel, s)?;
         }
-        for p in params {
-            args.push(match p {
-                crate::kernel::Param::Value(v) => b.place(v)?,
-                crate::kernel::Param::Weight(w) => {
-                    b.program.weights.push(w);
-                    Place::Weight(b.program.weights.len() - 1)
-                }
-            });
-        }
-        b.program.steps.push(Step { kernel: b.program.kernels.len(), args });
+        args.extend(b.bind(params)?);
+        b.program.steps.push(Step::call(b.program.kernels.len(), args));
         b.program.kernels.push(kernel);
     }
     for (i, v) in copies {
         let p = b.place(v)?;
         let io = b.program.outputs[i].clone();
-        b.program.steps.push(Step { kernel: b.program.kernels.len(), args: vec![Place::Output(i), p] });
+        b.program.steps.push(Step::call(b.program.kernels.len(), vec![Place::Output(i), p]));
         b.program.kernels.push(copy_kernel(&format!("copy{i}"), &io));
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;

@@ -151,18 +151,25 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
             continue;
         }
         let ty = input_type(v, opts.input_shapes.get(&v.name))?;
-        if ty.rank() > mlopt_ir::graph::MAX_RANK || ty.checked_bytes().is_none_or(|b| b > mlopt_ir::graph::MAX_VALUE_BYTES) {
+        if ty.rank() > mlopt_ir::graph::MAX_RANK || ty.checked_bytes().is_none_or(|b| b > mlopt_ir::graph::max_value_bytes()) {
             return Err(OnnxError::Model(format!(
-                "input '{}': {ty} is beyond mlopt's limits (rank {}, {} GiB per value)",
+                "input '{}': {ty} is beyond mlopt's limits (rank {}, {} per value)",
                 v.name,
                 mlopt_ir::graph::MAX_RANK,
-                mlopt_ir::graph::MAX_VALUE_BYTES >> 30
+                mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())
             )));
+        }
+        if imp.vals.contains_key(&v.name) {
+            return Err(OnnxError::Model(format!("input '{}' is declared twice", v.name)));
         }
         let val = imp.g.add_input(v.name.clone(), ty);
         imp.vals.insert(v.name.clone(), val);
     }
+    let mut seen = HashSet::new();
     for t in &graph.initializer {
+        if !seen.insert(t.name.as_str()) {
+            return Err(OnnxError::Tensor { name: t.name.clone(), msg: "initializer is defined twice".into() });
+        }
         let tensor = tensor_from_proto(t, base)?;
         let val = imp.g.add_const(t.name.clone(), tensor);
         imp.vals.insert(t.name.clone(), val);

@@ -206,6 +206,10 @@ void *mlopt_gpu_create(const mlopt_gpu_model *m, int device) {
 /* Launches every kernel in order on `stream` (NULL: the model's own stream). */
 int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr *outputs, void *stream) {
     model *c = ctx;
+    if (!c || !inputs || !outputs) {
+        snprintf(last_error, sizeof last_error, "a NULL context, inputs or outputs array");
+        return -1;
+    }
     const uint64_t *t = c->m->table;
     CUstream s = stream ? stream : c->stream;
     CHECK(cu.cuCtxSetCurrent(c->ctx));
@@ -247,7 +251,17 @@ int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr
 /* Host buffers in and out: copies, launches and waits. */
 int mlopt_gpu_run(void *ctx, const void *const *inputs, void *const *outputs) {
     model *c = ctx;
+    if (!c || !inputs || !outputs) {
+        snprintf(last_error, sizeof last_error, "a NULL context, inputs or outputs array");
+        return -1;
+    }
     const uint64_t *t = c->m->table;
+    for (uint64_t i = 0; i < t[INPUTS] + t[OUTPUTS]; i++) {
+        if (i < t[INPUTS] ? !inputs[i] : !outputs[i - t[INPUTS]]) {
+            snprintf(last_error, sizeof last_error, "%s %llu is NULL", i < t[INPUTS] ? "input" : "output", (unsigned long long)(i < t[INPUTS] ? i : i - t[INPUTS]));
+            return -1;
+        }
+    }
     CHECK(cu.cuCtxSetCurrent(c->ctx));
     for (uint64_t i = 0; i < t[INPUTS]; i++) CHECK(cu.cuMemcpyHtoDAsync(c->in[i], inputs[i], in_bytes(t, i), c->stream));
     if (mlopt_gpu_run_device(c, c->in, c->out, NULL)) return -1;

@@ -16,22 +16,22 @@ pub const RUNTIME_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mlop
 /// run time, so GPU libraries need no CUDA toolkit to build or link.
 pub const CUDA_LAUNCHER_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mlopt_cuda.o"));
 
-/// Writes a static library holding `objects` (name, ELF bytes) and the CPU runtime, with the symbol
-/// index linkers need (written by ar_archive_writer, the archive writer rustc itself uses).
-pub fn write_archive(path: &std::path::Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
-    write_archive_with(path, objects, ("mlopt_runtime.o", RUNTIME_OBJECT))
+/// A static library holding `objects` (name, ELF bytes) and the CPU runtime, with the symbol index
+/// linkers need (written by ar_archive_writer, the archive writer rustc itself uses).
+pub fn archive(objects: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
+    archive_with(objects, ("mlopt_runtime.o", RUNTIME_OBJECT))
 }
 
 /// A GPU library: `objects` and the CUDA launcher.
-pub fn write_gpu_archive(path: &std::path::Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
-    write_archive_with(path, objects, ("mlopt_cuda.o", CUDA_LAUNCHER_OBJECT))
+pub fn gpu_archive(objects: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
+    archive_with(objects, ("mlopt_cuda.o", CUDA_LAUNCHER_OBJECT))
 }
 
-fn write_archive_with(path: &std::path::Path, objects: &[(&str, &[u8])], runtime: (&str, &[u8])) -> std::io::Result<()> {
+fn archive_with(objects: &[(&str, &[u8])], runtime: (&str, &[u8])) -> std::io::Result<Vec<u8>> {
     use ar_archive_writer::{write_archive_to_stream, ArchiveKind, NewArchiveMember, DEFAULT_OBJECT_READER};
     let members: Vec<NewArchiveMember> =
         objects.iter().copied().chain([runtime]).map(|(name, data)| NewArchiveMember::new(data, &DEFAULT_OBJECT_READER, name.to_string())).collect();
     let mut out = std::io::Cursor::new(Vec::new());
     write_archive_to_stream(&mut out, &members, ArchiveKind::Gnu, false, None)?;
-    std::fs::write(path, out.into_inner())
+    Ok(out.into_inner())
 }

@@ -14,27 +14,34 @@ pub enum RuntimeError {
     Load(String),
     #[error("{0}")]
     Args(String),
+    /// The compiled code's status and message (`mlopt_<name>_run`, `mlopt_<name>_error`).
+    #[error("{message} (status {status})")]
+    Run { status: i32, message: String },
 }
 
-type RunFn = unsafe extern "C" fn(*mut u8, *const *const u8, *const *mut u8);
+type RunFn = unsafe extern "C" fn(*mut u8, *const *const u8, *const *mut u8) -> i32;
+type ErrorFn = unsafe extern "C" fn(*const u8) -> *const std::ffi::c_char;
 
 /// A compiled model loaded into this process.
 #[derive(Debug)]
 pub struct Loaded {
     /// Kept so the library is never unloaded before `entry` (it is linked `nodelete` anyway).
     _lib: libloading::Library,
-    /// The model's entry point, looked up once.
+    /// The model's entry point and its error message, looked up once.
     entry: libloading::os::unix::Symbol<RunFn>,
-    arena: Vec<u64>,
+    error: libloading::os::unix::Symbol<ErrorFn>,
+    /// The run's context: the arena and the status word (`Program::context_bytes`), 64-byte aligned.
+    context: Vec<u64>,
     inputs: Vec<usize>,
     outputs: Vec<usize>,
     _dir: tempfile::TempDir,
 }
 
 impl Loaded {
-    /// Links `objects` (one of which defines `entry`) with the runtime and loads them. `inputs`/`outputs`
-    /// are the byte sizes of the model's buffers; `arena_bytes` the activation arena it needs.
-    pub fn new(objects: &[Vec<u8>], entry: &str, arena_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
+    /// Links `objects` (which define `mlopt_<name>_run` and `mlopt_<name>_error`, `name` being the
+    /// program's C name) with the runtime and loads them. `inputs`/`outputs` are the byte sizes of the
+    /// model's buffers; `context_bytes` the context it needs (`Program::context_bytes`).
+    pub fn new(objects: &[Vec<u8>], name: &str, context_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
         let dir = tempfile::tempdir().map_err(|e| RuntimeError::Link(e.to_string()))?;
         let (rt, so) = (dir.path().join("runtime.o"), dir.path().join("model.so"));
         let write = |p: &Path, b: &[u8]| std::fs::write(p, b).map_err(|e| RuntimeError::Link(format!("{}: {e}", p.display())));
@@ -61,11 +68,14 @@ impl Loaded {
         }
         // SAFETY: the library is mlopt's own output plus its runtime; their initialisers do nothing.
         let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
-        // SAFETY: the symbol is the generated `void run(void*, const void* const*, void* const*)`; the raw
-        // symbol stays valid while `lib` is loaded, which `Loaded` guarantees by owning it.
-        let entry = unsafe { lib.get::<RunFn>(entry.as_bytes()).map(|s| s.into_raw()) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
-        let arena = vec![0u64; arena_bytes.div_ceil(8) as usize + 8];
-        Ok(Loaded { _lib: lib, entry, arena, inputs, outputs, _dir: dir })
+        // SAFETY: the symbols are the generated `int run(void*, const void* const*, void* const*)` and
+        // `const char *error(const void*)`; raw symbols stay valid while `lib` is loaded, which `Loaded`
+        // guarantees by owning it.
+        let entry = unsafe { lib.get::<RunFn>(format!("mlopt_{name}_run").as_bytes()).map(|s| s.into_raw()) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
+        let error =
+            unsafe { lib.get::<ErrorFn>(format!("mlopt_{name}_error").as_bytes()).map(|s| s.into_raw()) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
+        let context = vec![0u64; context_bytes.div_ceil(8) as usize + 8];
+        Ok(Loaded { _lib: lib, entry, error, context, inputs, outputs, _dir: dir })
     }
 
     /// The exported `uint64_t symbol[len]` of the loaded code (a profiled build's counters), to read and
@@ -93,13 +103,19 @@ impl Loaded {
         sizes("outputs", outputs.iter().map(|b| b.len()).collect(), &self.outputs)?;
         let ins: Vec<*const u8> = inputs.iter().map(|b| b.as_ptr()).collect();
         let outs: Vec<*mut u8> = outputs.iter_mut().map(|b| b.as_mut_ptr()).collect();
-        // The arena is u64-backed and over-allocated by 64 bytes so its start can be 64-byte aligned.
-        let base = self.arena.as_mut_ptr() as *mut u8;
-        let pad = base.align_offset(64);
+        // The context is u64-backed and over-allocated by 64 bytes so its start can be 64-byte aligned.
+        let base = self.context.as_mut_ptr() as *mut u8;
+        let ctx = base.wrapping_add(base.align_offset(64));
         let f = &self.entry;
-        // SAFETY: every pointer is valid for the size the program declares (checked above; the arena has
-        // arena_bytes after alignment), and the generated code stays inside them (verified kernels).
-        unsafe { f(base.add(pad), ins.as_ptr(), outs.as_ptr()) };
-        Ok(())
+        // SAFETY: every pointer is valid for the size the program declares (checked above; the context
+        // has context_bytes after alignment), and the generated code stays inside them (verified kernels).
+        let status = unsafe { f(ctx, ins.as_ptr(), outs.as_ptr()) };
+        if status == 0 {
+            return Ok(());
+        }
+        let e = &self.error;
+        // SAFETY: error() returns a pointer to a NUL-terminated constant string of the library.
+        let message = unsafe { std::ffi::CStr::from_ptr(e(ctx)) }.to_string_lossy().into_owned();
+        Err(RuntimeError::Run { status, message })
     }
 }

@@ -25,8 +25,11 @@ fn main() {
         eprintln!("{path}: {} floats, the model takes {:?}", input.len(), mlp::INPUT0_SHAPE);
         std::process::exit(2)
     }
-    let mut model = mlp::Model::new();
-    model.run(&input, &mut output);
+    let run = mlp::Model::new().and_then(|mut model| model.run(&input, &mut output));
+    if let Err(e) = run {
+        eprintln!("mlp: {e}");
+        std::process::exit(1)
+    }
     for v in output {
         println!("{v:.9e}");
     }

@@ -106,11 +106,14 @@ fn errors() {
         ("integer division by zero", vec![("a", t(&[1], vec![1i64])), ("b", t(&[1], vec![0i64]))], "  %y: i64[1] = div %a, %b", "integer division by zero"),
         (
             "gather index out of range",
-            vec![("a", t(&[3], vec![1f32, 2., 3.]))],
-            "  %i: i64[1] = const [3]\n  %y: f32[1] = gather[axis=0] %a, %i",
+            vec![("a", t(&[3], vec![1f32, 2., 3.])), ("i", t(&[1], vec![3i64]))],
+            "  %y: f32[1] = gather[axis=0] %a, %i",
             "index 3 out of range",
         ),
     ];
+    // Constant indices out of range make an invalid graph: the verifier rejects it before any run.
+    let e = eval(&[("a", t(&[3], vec![1f32, 2., 3.]))], "  %i: i64[1] = const [3]\n  %y: f32[1] = gather[axis=0] %a, %i").unwrap_err();
+    assert!(e.contains("failed verification") && e.contains("index 3 out of range for axis of size 3"), "{e}");
     for (name, inputs, body, msg) in cases {
         let e = eval(&inputs, body).expect_err(name);
         assert!(e.contains(msg) && e.contains("evaluating node"), "{name}: {e}");

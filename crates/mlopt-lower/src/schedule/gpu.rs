@@ -110,7 +110,7 @@ pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
             }
             let (mut kernel, args) = drop_unused(kernel, &step.args, &order, &scratch)?;
             schedule_kernel(&mut kernel, s)?;
-            out.steps.push(Step { kernel: out.kernels.len(), args });
+            out.steps.push(Step { kernel: out.kernels.len(), args, check: step.check.clone() });
             out.kernels.push(kernel);
         }
     }

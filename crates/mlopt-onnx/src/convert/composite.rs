@@ -6,7 +6,7 @@
 use super::nn::{axis, pool_attrs};
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, Unary, Value};
+use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, TensorType, Unary, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "RMSNormalization",
@@ -464,6 +464,11 @@ fn one_hot(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let ishape = cx.ty(idx).shape.clone();
     let a = cx.int("axis", -1)?;
     let a = axis(cx, a, ishape.len() + 1)?;
+    // The depth sizes a constant (the ids 0..depth) and the output: both checked before either exists.
+    let mut out_shape = ishape.clone();
+    out_shape.insert(a, depth);
+    cx.fits(&TensorType::new(cx.ty(values).dtype, out_shape))?;
+    cx.fits(&TensorType::new(DType::I64, vec![depth]))?;
     let i = cx.cast_to(idx, DType::I64)?;
     let zero = cx.scalar(0.0, DType::I64);
     let d = cx.scalar(depth as f64, DType::I64);

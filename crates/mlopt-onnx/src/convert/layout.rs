@@ -261,7 +261,11 @@ fn split(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let sizes: Vec<usize> = match given.filter(|v| !v.is_empty()) {
         Some(v) => v.iter().map(|&d| usize::try_from(d).map_err(|_| cx.err(format!("negative split size {d}")))).collect::<Result<_>>()?,
         None => {
-            let n = num_outputs.map(|n| n.max(1) as usize).unwrap_or(cx.node.output.len().max(1));
+            // num_outputs must name the node's outputs: it sizes a list, so a huge one is refused here.
+            if num_outputs.is_some_and(|n| n < 1 || n as usize != cx.node.output.len()) {
+                return Err(cx.err(format!("num_outputs {} does not match the node's {} outputs", num_outputs.unwrap_or(0), cx.node.output.len())));
+            }
+            let n = num_outputs.map(|n| n as usize).unwrap_or(cx.node.output.len().max(1));
             if num_outputs.is_some() {
                 // Opset 18: chunks of ceil(dim / n), the last one smaller.
                 let chunk = dim.div_ceil(n);
@@ -303,16 +307,16 @@ fn slice(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
             return Err(cx.err("slice step cannot be 0"));
         }
         let fix = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
-        let (b, e, len) = if step > 0 {
+        // (Counted in u64: a step of i64::MAX or i64::MIN must not overflow.)
+        let (b, len) = if step > 0 {
             let b = fix(starts[k]).clamp(0, dim);
             let e = fix(ends[k]).clamp(0, dim);
-            (b, e, if e > b { (e - b + step - 1) / step } else { 0 })
+            (b, if e > b { (e - b - 1) as u64 / step.unsigned_abs() + 1 } else { 0 })
         } else {
             let b = fix(starts[k]).clamp(0, dim - 1);
             let e = fix(ends[k]).clamp(-1, dim - 1);
-            (b, e, if b > e { (b - e + (-step) - 1) / (-step) } else { 0 })
+            (b, if b > e { (b - e - 1) as u64 / step.unsigned_abs() + 1 } else { 0 })
         };
-        let _ = e;
         st[d] = if len > 0 { b as usize } else { 0 };
         sp[d] = step;
         ln[d] = len as usize;

@@ -49,6 +49,9 @@ pub(crate) struct NodeCx<'a, 'm> {
     pub name: String,
     attrs: HashMap<&'a str, &'a AttributeProto>,
     used: HashSet<&'a str>,
+    /// The inputs the converter has read (`input`): a present input it never read is an error, as an
+    /// attribute it never read is (a node with too many inputs).
+    read: std::cell::RefCell<Vec<bool>>,
 }
 
 impl<'a, 'm> NodeCx<'a, 'm> {
@@ -76,6 +79,9 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 
     /// Input `i`, or `None` when absent or given as the empty name.
     pub fn input(&self, i: usize) -> Result<Option<Value>> {
+        if let Some(r) = self.read.borrow_mut().get_mut(i) {
+            *r = true;
+        }
         match self.node.input.get(i).map(String::as_str) {
             None | Some("") => Ok(None),
             Some(name) => match self.imp.vals.get(name) {
@@ -87,6 +93,15 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 
     pub fn req(&self, i: usize) -> Result<Value> {
         self.input(i)?.ok_or_else(|| self.err_in(i, "required input is missing"))
+    }
+
+    /// An error unless a value of type `t` fits mlopt's per-value limit: for sizes taken from the model
+    /// (an attribute, a constant) before anything of that size is allocated.
+    pub fn fits(&self, t: &TensorType) -> Result<()> {
+        match t.checked_bytes() {
+            Some(b) if b <= mlopt_ir::graph::max_value_bytes() => Ok(()),
+            _ => Err(self.err(format!("{t} is larger than mlopt's limit of {} per value", mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())))),
+        }
     }
 
     pub fn ty(&self, v: Value) -> &TensorType {
@@ -227,10 +242,15 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
     let name = if node.name.is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name.clone() };
     let attrs = node.attribute.iter().map(|a| (a.name.as_str(), a)).collect();
-    let mut cx = NodeCx { imp, node, name, attrs, used: HashSet::new() };
+    let read = std::cell::RefCell::new(vec![false; node.input.len()]);
+    let mut cx = NodeCx { imp, node, name, attrs, used: HashSet::new(), read };
     let outs = dispatch(&mut cx)?;
     if let Some(unused) = node.attribute.iter().find(|a| !cx.used.contains(a.name.as_str())) {
         return Err(cx.err(format!("attribute '{}' is not supported", unused.name)));
+    }
+    let unread = cx.read.borrow().iter().zip(&node.input).position(|(r, name)| !r && !name.is_empty());
+    if let Some(i) = unread {
+        return Err(cx.err_in(i, format!("{} takes no input {i} (too many inputs)", node.op_type)));
     }
     let wanted = cx.num_outputs();
     if outs.len() < wanted {

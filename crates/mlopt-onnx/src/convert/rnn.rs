@@ -162,6 +162,9 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     let ws = cx.ty(w).shape.clone();
     let g = kind.gates();
     let h = ws[1] / g;
+    if h == 0 || hidden == Some(0) {
+        return Err(cx.err("hidden_size 0 (it must be positive)"));
+    }
     if ws[0] != dirs || ws[1] != g * h || hidden.is_some_and(|hs| hs as usize != h) {
         return Err(cx.err_in(1, format!("W of shape {ws:?} does not fit {dirs} direction(s) of {g} gates")));
     }

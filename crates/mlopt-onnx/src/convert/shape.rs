@@ -57,6 +57,8 @@ fn dropout(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     cx.int("is_test", 1)?;
     cx.int_opt("seed")?;
     if cx.opset() >= 12 {
+        // The ratio (input 1) does not matter in inference: read, so it is not an unknown input.
+        cx.input(1)?;
         if let Some(t) = cx.konst(2)? {
             if t.to_f64_vec().first().is_some_and(|&v| v != 0.0) {
                 return Err(cx.err_in(2, "training_mode=true is not supported (mlopt compiles inference)"));

@@ -1,0 +1,63 @@
+//! Writing a compile's files into the output folder so that a reader never sees half of them, a link at
+//! an output's name is replaced rather than followed, and nothing an earlier compile wrote lingers.
+//!
+//! Every file is written to a fresh temporary file in the folder (created exclusively, so it cannot be a
+//! link someone planted), and only when all are written are they renamed into place (`rename` replaces
+//! a link at the target name; it does not write through it). The names written are recorded in
+//! `.mlopt-files`; names the previous record holds and this compile does not write are removed. Other
+//! files in the folder are not touched.
+
+use crate::pipeline::{DriverError, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The record of what the last compile wrote into a folder, one name per line.
+const RECORD: &str = ".mlopt-files";
+
+fn io(what: &str, p: &Path, e: impl std::fmt::Display) -> DriverError {
+    DriverError::Io(format!("{what} {}: {e}", p.display()))
+}
+
+/// A plain file name: no folder part, not `.`, `..` or empty (names come from the model's name).
+fn plain(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// Writes `files` (name, bytes) into `dir` (made if missing) as described above; returns their paths.
+pub fn write_atomically(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    if let Some((name, _)) = files.iter().find(|(n, _)| !plain(n)) {
+        return Err(DriverError::Io(format!("output file name {name:?} is not a plain file name")));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
+    let mut staged = Vec::with_capacity(files.len() + 1);
+    let record: String = files.iter().map(|(n, _)| format!("{n}\n")).collect();
+    for (name, bytes) in files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).chain([(RECORD, record.as_bytes())]) {
+        let mut t = tempfile::Builder::new().prefix(".mlopt-").tempfile_in(dir).map_err(|e| io("creating a temporary file in", dir, e))?;
+        t.write_all(bytes).and_then(|_| t.as_file().sync_data()).map_err(|e| io("writing", t.path(), e))?;
+        set_readable(t.as_file()).map_err(|e| io("setting the mode of", t.path(), e))?;
+        staged.push((dir.join(name), t));
+    }
+    // Everything is written: now the names change, and the previous compile's leftovers go.
+    let previous = std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default();
+    let mut written = Vec::with_capacity(files.len());
+    for (path, t) in staged {
+        t.persist(&path).map_err(|e| io("renaming into", &path, e.error))?;
+        if !path.ends_with(RECORD) {
+            written.push(path);
+        }
+    }
+    for stale in previous.lines().filter(|n| plain(n) && !files.iter().any(|(f, _)| f == n)) {
+        let p = dir.join(stale);
+        // symlink_metadata: a link is removed itself, never what it points to.
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| !m.is_dir()) {
+            std::fs::remove_file(&p).map_err(|e| io("removing the stale", &p, e))?;
+        }
+    }
+    Ok(written)
+}
+
+/// rw-r--r-- (a temporary file starts private to its owner; the outputs are for whoever builds with them).
+fn set_readable(f: &std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))
+}

@@ -1,0 +1,438 @@
+"""Writes a corpus of hostile models and inputs: what a model file from someone else, or a caller's data,
+can hold that mlopt must turn into a clean error (or a correct answer), never a panic, a hang or an
+unbounded allocation.
+
+Each case is OUT/<case>/model.onnx (plus files it names) and OUT/<case>/case.txt, lines of
+`key value`:
+  expect reject   every stage (inspect, compile, run, run --interpret, check --compiled) exits 2 and
+                  its message contains the `needle` line's text (the node, op or input at fault);
+  expect data     the model compiles; run, run --interpret and check --compiled succeed on the inputs of
+                  the `good` lines and all fail (exit 2, message with the needle) on the `bad` ones;
+  expect ok       every stage succeeds on the `good` inputs (hostile-looking but valid), and run and
+                  run --interpret print the same outputs.
+  good NAME=FILE / bad NAME=FILE: an input as .npy in the case's folder. The same inputs are also in
+  good/ and bad/ in ONNX's test-data layout (input_K.pb, and output_K.pb from ONNX Runtime for good/).
+
+Usage: python gen_hostile.py OUT
+"""
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+I64_MAX = 2**63 - 1
+I64_MIN = -(2**63)
+OPSET = 18
+
+
+def model(nodes, inputs, outputs, inits=(), opset=OPSET):
+    g = h.make_graph(nodes, "hostile", inputs, outputs, list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def vi(name, dtype, shape):
+    return h.make_tensor_value_info(name, dtype, shape)
+
+
+def f32(name, shape):
+    return vi(name, T.FLOAT, shape)
+
+
+def const(name, array):
+    return nh.from_array(np.asarray(array), name)
+
+
+CASES = {}
+
+
+def case(name, expect="reject", needle="bad", **extra):
+    def register(make):
+        CASES[name] = (make, dict(expect=expect, needle=needle, **extra))
+        return make
+
+    return register
+
+
+# --- Arithmetic overflow in shape inference (issue 19, item 2) ---------------------------------------
+
+
+# (ONNX Runtime returns one element here, where the spec's clamping (start 0, end 3, going down) gives
+# none: it negates the step, which overflows. So no reference outputs; mlopt's two engines must agree.)
+@case("slice_step_min", expect="ok", good={"x": np.arange(4, dtype=np.float32)}, reference=False)
+def _():
+    return model(
+        [h.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="bad")],
+        [f32("x", [4])],
+        [f32("y", None)],
+        [const("s", np.array([0], np.int64)), const("e", np.array([I64_MAX], np.int64)), const("a", np.array([0], np.int64)), const("st", np.array([I64_MIN], np.int64))],
+    )
+
+
+@case("slice_step_max", expect="ok", good={"x": np.arange(4, dtype=np.float32)})
+def _():
+    return model(
+        [h.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="fine")],
+        [f32("x", [4])],
+        [f32("y", None)],
+        [const("s", np.array([I64_MIN], np.int64)), const("e", np.array([I64_MAX], np.int64)), const("a", np.array([0], np.int64)), const("st", np.array([I64_MAX], np.int64))],
+    )
+
+
+@case("maxpool_pads_huge")
+def _():
+    return model([h.make_node("MaxPool", ["x"], ["y"], name="bad", kernel_shape=[2, 2], pads=[0, 0, I64_MAX, I64_MAX])], [f32("x", [1, 1, 4, 4])], [f32("y", None)])
+
+
+@case("pad_huge")
+def _():
+    return model(
+        [h.make_node("Pad", ["x", "p"], ["y"], name="bad")],
+        [f32("x", [2, 2])],
+        [f32("y", None)],
+        [const("p", np.array([0, 0, I64_MAX, I64_MAX], np.int64))],
+    )
+
+
+@case("depth_to_space_block_huge")
+def _():
+    return model([h.make_node("DepthToSpace", ["x"], ["y"], name="bad", blocksize=2**32)], [f32("x", [1, 4, 2, 2])], [f32("y", None)])
+
+
+@case("reshape_product_overflow")
+def _():
+    return model(
+        [h.make_node("Reshape", ["x", "s"], ["y"], name="bad")],
+        [f32("x", [4])],
+        [f32("y", None)],
+        [const("s", np.array([2**40, 2**40, 4], np.int64))],
+    )
+
+
+@case("conv_stride_zero")
+def _():
+    w = const("w", np.ones((1, 1, 3, 3), np.float32))
+    return model([h.make_node("Conv", ["x", "w"], ["y"], name="bad", strides=[0, 0])], [f32("x", [1, 1, 8, 8])], [f32("y", None)], [w])
+
+
+@case("conv_dilation_huge")
+def _():
+    w = const("w", np.ones((1, 1, 3, 3), np.float32))
+    return model([h.make_node("Conv", ["x", "w"], ["y"], name="bad", dilations=[I64_MAX, I64_MAX])], [f32("x", [1, 1, 8, 8])], [f32("y", None)], [w])
+
+
+# --- Sizes that would allocate without bound (item 3) ------------------------------------------------
+
+
+@case("onehot_depth_huge")
+def _():
+    return model(
+        [h.make_node("OneHot", ["i", "d", "v"], ["y"], name="bad")],
+        [vi("i", T.INT64, [4])],
+        [f32("y", None)],
+        [const("d", np.array(2**40, np.int64)), const("v", np.array([0, 1], np.float32))],
+    )
+
+
+@case("split_num_outputs_huge")
+def _():
+    return model([h.make_node("Split", ["x"], ["y"], name="bad", axis=0, num_outputs=2**31)], [f32("x", [4])], [f32("y", None)])
+
+
+@case("maxpool_kernel_huge")
+def _():
+    return model([h.make_node("MaxPool", ["x"], ["y"], name="bad", kernel_shape=[2**40, 2**40])], [f32("x", [1, 1, 4, 4])], [f32("y", None)])
+
+
+@case("lrn_size_wide", expect="ok", good={"x": np.arange(64, dtype=np.float32).reshape(1, 4, 4, 4)})
+def _():
+    return model([h.make_node("LRN", ["x"], ["y"], name="wide", size=1001)], [f32("x", [1, 4, 4, 4])], [f32("y", None)])
+
+
+# (ONNX Runtime cannot run this one: it allocates for the whole window. mlopt cuts it to the channels.)
+@case("lrn_size_huge", expect="ok", good={"x": np.arange(64, dtype=np.float32).reshape(1, 4, 4, 4)}, reference=False)
+def _():
+    return model([h.make_node("LRN", ["x"], ["y"], name="huge", size=2**62 + 1)], [f32("x", [1, 4, 4, 4])], [f32("y", None)])
+
+
+@case("input_dims_huge", needle="x")
+def _():
+    return model([h.make_node("Relu", ["x"], ["y"], name="relu")], [f32("x", [2**31, 2**31])], [f32("y", None)])
+
+
+@case("constant_of_shape_huge")
+def _():
+    return model(
+        [h.make_node("ConstantOfShape", ["s"], ["y"], name="bad")],
+        [],
+        [f32("y", None)],
+        [const("s", np.array([2**30, 2**30], np.int64))],
+    )
+
+
+@case("expand_huge")
+def _():
+    return model(
+        [h.make_node("Expand", ["x", "s"], ["y"], name="bad")],
+        [f32("x", [1])],
+        [f32("y", None)],
+        [const("s", np.array([2**35, 2**35], np.int64))],
+    )
+
+
+@case("tile_huge")
+def _():
+    return model(
+        [h.make_node("Tile", ["x", "r"], ["y"], name="bad")],
+        [f32("x", [2])],
+        [f32("y", None)],
+        [const("r", np.array([2**62], np.int64))],
+    )
+
+
+@case("range_huge")
+def _():
+    return model(
+        [h.make_node("Range", ["a", "b", "d"], ["y"], name="bad")],
+        [],
+        [vi("y", T.INT64, None)],
+        [const("a", np.array(0, np.int64)), const("b", np.array(I64_MAX, np.int64)), const("d", np.array(1, np.int64))],
+    )
+
+
+# --- Invalid models the interpreter or ONNX Runtime reject (item 5) ----------------------------------
+
+
+@case("maxpool_kernel_zero")
+def _():
+    return model([h.make_node("MaxPool", ["x"], ["y"], name="bad", kernel_shape=[0, 0])], [f32("x", [1, 1, 4, 4])], [f32("y", None)])
+
+
+@case("lrn_size_zero")
+def _():
+    return model([h.make_node("LRN", ["x"], ["y"], name="bad", size=0)], [f32("x", [1, 4, 4, 4])], [f32("y", None)])
+
+
+@case("lstm_hidden_zero")
+def _():
+    w = const("w", np.ones((1, 0, 3), np.float32))
+    r = const("r", np.ones((1, 0, 0), np.float32))
+    return model([h.make_node("LSTM", ["x", "w", "r"], ["y"], name="bad", hidden_size=0)], [f32("x", [2, 1, 3])], [f32("y", None)], [w, r])
+
+
+@case("split_num_outputs_zero")
+def _():
+    return model([h.make_node("Split", ["x"], ["y"], name="bad", axis=0, num_outputs=0)], [f32("x", [4])], [f32("y", None)])
+
+
+@case("too_many_inputs")
+def _():
+    return model([h.make_node("Relu", ["x", "x"], ["y"], name="bad")], [f32("x", [4])], [f32("y", None)])
+
+
+@case("duplicate_input_names", needle="x")
+def _():
+    return model([h.make_node("Add", ["x", "x"], ["y"], name="add")], [f32("x", [4]), f32("x", [4])], [f32("y", None)])
+
+
+@case("gather_constant_index_out_of_range")
+def _():
+    return model(
+        [h.make_node("Gather", ["x", "i"], ["y"], name="bad")],
+        [f32("x", [4, 3])],
+        [f32("y", None)],
+        [const("i", np.array([0, 4], np.int64))],
+    )
+
+
+@case("unknown_op")
+def _():
+    return model([h.make_node("NoSuchOp", ["x"], ["y"], name="bad")], [f32("x", [4])], [f32("y", None)])
+
+
+@case("undefined_input", needle="nowhere")
+def _():
+    return model([h.make_node("Relu", ["nowhere"], ["y"], name="relu")], [f32("x", [4])], [f32("y", None)])
+
+
+@case("cycle")
+def _():
+    return model(
+        [h.make_node("Relu", ["b"], ["a"], name="bad"), h.make_node("Relu", ["a"], ["b"], name="bad2")],
+        [f32("x", [4])],
+        [f32("a", None)],
+    )
+
+
+@case("output_never_produced", needle="ghost")
+def _():
+    return model([h.make_node("Relu", ["x"], ["y"], name="relu")], [f32("x", [4])], [f32("ghost", [4])])
+
+
+HOSTILE = ["x */ int a; /*", "line break", "q\"uote\\", "\u00e9\U0001F600", "int"]
+
+
+@case("hostile_names", expect="ok", good={n: np.arange(2, dtype=np.float32) for n in HOSTILE})
+def _():
+    names = HOSTILE
+    nodes = [h.make_node("Neg", [n], [n + ".out"], name=n + ".node") for n in names]
+    return model(nodes, [f32(n, [2]) for n in names], [f32(n + ".out", None) for n in names])
+
+
+# --- Data errors at run time (item 5: compiled code and the interpreter give the same error) ---------
+
+
+def data_case(name, needle, make, good, bad):
+    CASES[name] = (make, dict(expect="data", needle=needle, good=good, bad=bad))
+
+
+data_case(
+    "gather_index_out_of_range",
+    "out of range",
+    lambda: model(
+        [h.make_node("Gather", ["t", "i"], ["y"], name="gather0")],
+        [vi("i", T.INT64, [5])],
+        [f32("y", None)],
+        [const("t", np.arange(12, dtype=np.float32).reshape(4, 3))],
+    ),
+    {"i": np.array([0, 1, -4, 3, 2], np.int64)},
+    {"i": np.array([0, 1, 4, 3, 2], np.int64)},
+)
+data_case(
+    "gather_index_computed_out_of_range",
+    "out of range",
+    lambda: model(
+        [h.make_node("Add", ["i", "one"], ["j"], name="add0"), h.make_node("Gather", ["t", "j"], ["y"], name="gather0", axis=1)],
+        [vi("i", T.INT32, [2, 3])],
+        [f32("y", None)],
+        [const("t", np.arange(12, dtype=np.float32).reshape(3, 4)), const("one", np.array(1, np.int32))],
+    ),
+    {"i": np.array([[0, 1, 2], [-5, 2, 0]], np.int32)},
+    {"i": np.array([[0, 1, 2], [3, 2, 0]], np.int32)},
+)
+data_case(
+    "gather_elements_out_of_range",
+    "out of range",
+    lambda: model(
+        [h.make_node("GatherElements", ["x", "i"], ["y"], name="gather0", axis=1)],
+        [f32("x", [2, 3]), vi("i", T.INT64, [2, 2])],
+        [f32("y", None)],
+    ),
+    {"x": np.ones((2, 3), np.float32), "i": np.array([[0, 2], [-3, 1]], np.int64)},
+    {"x": np.ones((2, 3), np.float32), "i": np.array([[0, 2], [-4, 1]], np.int64)},
+)
+data_case(
+    "gather_nd_out_of_range",
+    "out of range",
+    lambda: model(
+        [h.make_node("GatherND", ["x", "i"], ["y"], name="gather0")],
+        [f32("x", [2, 3]), vi("i", T.INT64, [2, 2])],
+        [f32("y", None)],
+    ),
+    {"x": np.ones((2, 3), np.float32), "i": np.array([[1, 2], [0, 0]], np.int64)},
+    {"x": np.ones((2, 3), np.float32), "i": np.array([[1, 3], [0, 0]], np.int64)},
+)
+data_case(
+    "scatter_nd_out_of_range",
+    "out of range",
+    lambda: model(
+        [h.make_node("ScatterND", ["x", "i", "u"], ["y"], name="scatter0")],
+        [f32("x", [4, 2]), vi("i", T.INT64, [2, 1]), f32("u", [2, 2])],
+        [f32("y", None)],
+    ),
+    {"x": np.zeros((4, 2), np.float32), "i": np.array([[3], [1]], np.int64), "u": np.ones((2, 2), np.float32)},
+    {"x": np.zeros((4, 2), np.float32), "i": np.array([[4], [1]], np.int64), "u": np.ones((2, 2), np.float32)},
+)
+data_case(
+    "scatter_elements_out_of_range",
+    "out of range",
+    lambda: model(
+        [h.make_node("ScatterElements", ["x", "i", "u"], ["y"], name="scatter0", axis=0)],
+        [f32("x", [3, 2]), vi("i", T.INT64, [1, 2]), f32("u", [1, 2])],
+        [f32("y", None)],
+    ),
+    {"x": np.zeros((3, 2), np.float32), "i": np.array([[2, -3]], np.int64), "u": np.ones((1, 2), np.float32)},
+    {"x": np.zeros((3, 2), np.float32), "i": np.array([[2, 3]], np.int64), "u": np.ones((1, 2), np.float32)},
+)
+for op in ["Div", "Mod"]:
+    data_case(
+        f"{op.lower()}_by_zero",
+        "division by zero",
+        (lambda op: lambda: model([h.make_node(op, ["a", "b"], ["y"], name=f"{op.lower()}0")], [vi("a", T.INT32, [40]), vi("b", T.INT32, [40])], [vi("y", T.INT32, None)]))(op),
+        {"a": np.arange(40, dtype=np.int32), "b": np.full(40, 3, np.int32)},
+        {"a": np.arange(40, dtype=np.int32), "b": np.where(np.arange(40) == 33, 0, 3).astype(np.int32)},
+    )
+
+
+def external_fifo(out):
+    """A weight whose external data is a FIFO inside the model's folder: reading it would block."""
+    t = onnx.TensorProto()
+    t.name = "w"
+    t.data_type = T.FLOAT
+    t.dims.extend([4])
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in [("location", "weights.fifo"), ("offset", "0"), ("length", "16")]:
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    m = model([h.make_node("Add", ["x", "w"], ["y"], name="add")], [f32("x", [4])], [f32("y", None)], [t])
+    os.mkfifo(os.path.join(out, "weights.fifo"))
+    return m
+
+
+def write_data(d, key, m, inputs, reference):
+    """inputs as d/key_K.npy and d/key/input_K.pb; for good inputs, ONNX Runtime's outputs too (unless
+    `reference` is False: then no good/ folder, and the runner skips check on it)."""
+    files = {}
+    data = os.path.join(d, key if reference else f"{key}.unchecked")
+    os.makedirs(data)
+    names = [i.name for i in m.graph.input]
+    for k, name in enumerate(names):
+        arr = inputs[name]
+        f = f"{key}_{k}.npy"
+        np.save(os.path.join(d, f), arr)
+        files[name] = f
+        with open(os.path.join(data, f"input_{k}.pb"), "wb") as out:
+            out.write(nh.from_array(arr, name).SerializeToString())
+    if key == "good" and reference:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        for k, (o, v) in enumerate(zip(m.graph.output, sess.run(None, inputs))):
+            with open(os.path.join(data, f"output_{k}.pb"), "wb") as out:
+                out.write(nh.from_array(v, o.name).SerializeToString())
+    return files
+
+
+def write_case(d, m, spec):
+    onnx.save(m, os.path.join(d, "model.onnx"))
+    lines = [f"expect {spec['expect']}", f"needle {spec['needle']}"]
+    for key in ["good", "bad"]:
+        if key in spec:
+            for name, f in write_data(d, key, m, spec[key], spec.get("reference", True)).items():
+                # (Names are written as input indices: a hostile name may hold anything.)
+                lines.append(f"{key} {[i.name for i in m.graph.input].index(name)}={f}")
+    with open(os.path.join(d, "case.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(out):
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for name, (make, spec) in sorted(CASES.items()):
+        d = os.path.join(out, name)
+        os.makedirs(d)
+        write_case(d, make(), spec)
+    d = os.path.join(out, "external_data_fifo")
+    os.makedirs(d)
+    write_case(d, external_fifo(d), {"expect": "reject", "needle": "weights.fifo"})
+    print(f"{len(CASES) + 1} cases in {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
