@@ -55,8 +55,11 @@ class Mlopt:
         subprocess.run(["cc", "-shared", "-o", str(so), "-Wl,--whole-archive", str(lib), "-Wl,--no-whole-archive", "-lm", "-lpthread"], check=True)
         self.lib = ctypes.CDLL(str(so))
         self.run_fn = getattr(self.lib, f"mlopt_{name}_run")
-        self.run_fn.restype = None
+        self.run_fn.restype = ctypes.c_int
         self.run_fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.error_fn = getattr(self.lib, f"mlopt_{name}_error")
+        self.error_fn.restype = ctypes.c_char_p
+        self.error_fn.argtypes = [ctypes.c_void_p]
         create = getattr(self.lib, f"mlopt_{name}_create")
         create.restype = ctypes.c_void_p
         self.arena = create()
@@ -70,7 +73,9 @@ class Mlopt:
         self.out_ptrs = (ctypes.c_void_p * len(self.outs))(*[a.ctypes.data for a in self.outs])
 
     def __call__(self):
-        self.run_fn(self.arena, self.in_ptrs, self.out_ptrs)
+        status = self.run_fn(self.arena, self.in_ptrs, self.out_ptrs)
+        if status != 0:
+            raise RuntimeError(f"mlopt run: {self.error_fn(self.arena).decode()} (status {status})")
         return self.outs
 
 

@@ -1,7 +1,9 @@
 //! Fuzzes compiled code differentially: every small graph that imports is compiled for this machine and
 //! run on random inputs, and must give the reference interpreter's outputs (floats within 1e-3 of the
 //! largest magnitude, other types exactly), or fail where the interpreter fails (a data error). Compiling
-//! may refuse a graph (an op the code generator lacks) but never panic; the run may not crash.
+//! may refuse a graph (an op the code generator lacks) but never panic; the run may not crash. Float
+//! outputs the interpreter computes as non-finite or beyond 1e10 (mutated weights overflow) are compared
+//! by type only: near the overflow threshold an FMA or another summation order turns 3e38 into inf.
 //! Seeds: as for `import` (`fuzz/seed.sh`).
 #![no_main]
 
@@ -28,6 +30,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(want.len(), got.len());
             for ((name, w), (_, o)) in want.iter().zip(&got) {
                 assert_eq!(w.ty(), o.ty(), "output {name}");
+                let wild = w.dtype().is_float() && w.to_f64_vec().iter().any(|x| !x.is_finite() || x.abs() > 1e10);
+                if wild {
+                    continue;
+                }
                 let e = mlopt_rewrite::optimize::scaled_error(w, o);
                 let tol = if w.dtype().is_float() { 1e-3 } else { 0.0 };
                 assert!(e <= tol, "output {name}: compiled {o} vs interpreted {w} (error {e:e})");

@@ -165,3 +165,88 @@ fn tiled_contractions_of_many_shapes_match() {
         }
     }
 }
+
+/// Data checks (`mlopt-lower/src/check.rs`): indices and integer divisors from the inputs, valid and not.
+/// The kernel IR interpreter, with and without CPU schedules, and the compiled code must give the graph
+/// interpreter's outputs on valid data and fail with its error (the node named) on invalid data.
+#[test]
+fn data_checks_agree_with_the_graph_interpreter() {
+    use mlopt_ir::{Binary, DType, Graph, Op, Tensor, TensorType};
+    let i64s = |shape: &[usize], v: Vec<i64>| Tensor::from_vec(shape, v).unwrap();
+    let table = Tensor::from_vec(&[5, 3], (0..15).map(|x| x as f32).collect::<Vec<f32>>()).unwrap();
+    // (name, graph, valid inputs, invalid inputs, the word the error must hold)
+    type Case = (&'static str, Graph, Vec<(&'static str, Tensor)>, Vec<(&'static str, Tensor)>, &'static str);
+    let mut cases: Vec<Case> = Vec::new();
+    // Gather along axis 1 of a constant, 40 indices (past a vector's width, with a tail), negative allowed.
+    let mut g = Graph::new("gather");
+    let t = g.add_const("t", table.clone());
+    let i = g.add_input("i", TensorType::new(DType::I64, vec![8, 5]));
+    let y = g.add(Op::Gather { axis: 1 }, "gather_node", &[t, i]).unwrap();
+    g.add_output("y", y);
+    let good: Vec<i64> = (0..40).map(|k| k % 6 - 3).collect();
+    let mut bad = good.clone();
+    bad[37] = 3;
+    cases.push(("gather", g, vec![("i", i64s(&[8, 5], good))], vec![("i", i64s(&[8, 5], bad))], "gather_node"));
+    // GatherND with index tuples computed inside the kernel's fusion group (an Add before the gather).
+    let mut g = Graph::new("gather_nd");
+    let t = g.add_const("t", table.clone());
+    let i = g.add_input("i", TensorType::new(DType::I64, vec![4, 2]));
+    let one = g.add_const("one", i64s(&[], vec![1]));
+    let j = g.add(Op::Binary(Binary::Add), "shift", &[i, one]).unwrap();
+    let y = g.add(Op::GatherNd { batch_dims: 0 }, "gather_nd_node", &[t, j]).unwrap();
+    g.add_output("y", y);
+    cases.push((
+        "gather_nd",
+        g,
+        vec![("i", i64s(&[4, 2], vec![0, 1, 3, -1, -6, -4, 2, 0]))],
+        vec![("i", i64s(&[4, 2], vec![0, 1, 3, 2, 0, 0, 2, 0]))],
+        "gather_nd_node",
+    ));
+    // Integer division by a tensor with one zero among 70 divisors.
+    let mut g = Graph::new("div");
+    let a = g.add_input("a", TensorType::new(DType::I32, vec![70]));
+    let b = g.add_input("b", TensorType::new(DType::I32, vec![70]));
+    let y = g.add(Op::Binary(Binary::Div), "div_node", &[a, b]).unwrap();
+    g.add_output("y", y);
+    let num = Tensor::from_vec(&[70], (0..70).collect::<Vec<i32>>()).unwrap();
+    let den: Vec<i32> = (0..70).map(|k| k % 5 + 1).collect();
+    let mut zero = den.clone();
+    zero[66] = 0;
+    cases.push((
+        "div",
+        g,
+        vec![("a", num.clone()), ("b", Tensor::from_vec(&[70], den).unwrap())],
+        vec![("a", num), ("b", Tensor::from_vec(&[70], zero).unwrap())],
+        "division by zero",
+    ));
+    let named = |v: &[(&str, Tensor)]| v.iter().map(|(n, t)| (n.to_string(), t.clone())).collect::<std::collections::HashMap<_, _>>();
+    for (name, g, good, bad, needle) in cases {
+        let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
+        let want = interp::run(&g, &named(&good)).unwrap();
+        let refused = interp::run(&g, &named(&bad)).unwrap_err().to_string();
+        assert!(refused.contains(needle), "{name}: {refused}");
+        for cpu in [None, Some(CpuSchedule { lanes: 8, threads: 2, mma: false }), Some(CpuSchedule { lanes: 16, threads: 2, mma: false })] {
+            let p = lower_program(&o.plan.graph, &Options { cpu, ..Default::default() }).unwrap();
+            assert!(p.steps.iter().any(|s| s.check.is_some()), "{name}: no check step");
+            let got = interpret(&p, &named(&good)).unwrap_or_else(|e| panic!("{name} {cpu:?}: {e}"));
+            assert_eq!(worst_error(&want, &got), 0.0, "{name} {cpu:?}");
+            let e = interpret(&p, &named(&bad)).unwrap_err();
+            assert!(e.contains(needle), "{name} {cpu:?}: {e}");
+        }
+        let opts = mlopt_driver::Options {
+            config: Config::new(Target::named("x86-64-v4", 2).unwrap()),
+            threads: 2,
+            tune: false,
+            winograd: mlopt_lower::Winograd::Auto,
+            profile: false,
+        };
+        let c = mlopt_driver::compile(&g, &opts).unwrap();
+        let mut lib = c.load().unwrap();
+        let got = c.run(&mut lib, &named(&good)).unwrap();
+        assert_eq!(worst_error(&want, &got), 0.0, "{name} compiled");
+        let e = c.run(&mut lib, &named(&bad)).unwrap_err().to_string();
+        assert!(e.contains(needle) && e.contains("status 3"), "{name} compiled: {e}");
+        // A valid run after a failed one succeeds: the flag is recomputed, not sticky.
+        assert!(c.run(&mut lib, &named(&good)).is_ok(), "{name}: valid data after an error");
+    }
+}

@@ -110,9 +110,10 @@ pub fn io_defines(p: &Program, banner: &str) -> String {
 }
 
 fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
+    use mlopt_llvm::{STATUS_ARGUMENT, STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM};
     let _ = writeln!(
         s,
-        "/* Status codes of mlopt_{n}_run (0: success); mlopt_{n}_error(ctx) says more. */\n#ifndef MLOPT_OK\n#define MLOPT_OK 0\n#define MLOPT_ERR_ARGUMENT 1 /* a NULL context, inputs or outputs array, or buffer */\n#define MLOPT_ERR_MEMORY 2   /* out of memory for a kernel's scratch buffer */\n#define MLOPT_ERR_DATA 3     /* an input the model rejects: an index out of range, an integer division by zero */\n#define MLOPT_ERR_PLATFORM 4 /* the OS refuses what the code needs (AMX tile state) */\n#endif\n"
+        "/* Status codes of mlopt_{n}_run (0: success); mlopt_{n}_error(ctx) says more. */\n#ifndef MLOPT_OK\n#define MLOPT_OK 0\n#define MLOPT_ERR_ARGUMENT {STATUS_ARGUMENT} /* a NULL context, inputs or outputs array, or buffer */\n#define MLOPT_ERR_MEMORY {STATUS_MEMORY}   /* out of memory for a kernel's scratch buffer */\n#define MLOPT_ERR_DATA {STATUS_DATA}     /* an input the model rejects: an index out of range, an integer division by zero */\n#define MLOPT_ERR_PLATFORM {STATUS_PLATFORM} /* the OS refuses what the code needs (AMX tile state) */\n#endif\n"
     );
     let _ = writeln!(s, "/* A context holds the model's activation memory and its last status ({} bytes); NULL when out of\n   memory. */", p.context_bytes());
     let _ = writeln!(s, "void *mlopt_{n}_create(void);");
@@ -145,7 +146,7 @@ pub fn rust_binding(p: &Program, lib: &str) -> String {
         }
     }
     let _ = writeln!(s, "\n/// The compiled model; owns its activation memory.\npub struct Model {{\n    ctx: *mut c_void,\n}}\n");
-    let _ = writeln!(s, "impl Model {{\n    /// A model with its own activation memory; an error when that cannot be allocated.\n    pub fn new() -> Result<Model, Error> {{\n        // SAFETY: create has no preconditions.\n        let ctx = unsafe {{ mlopt_{n}_create() }};\n        if ctx.is_null() {{\n            return Err(Error {{ status: 2, message: \"out of memory for the model's context\".into() }});\n        }}\n        Ok(Model {{ ctx }})\n    }}\n");
+    let _ = writeln!(s, "impl Model {{\n    /// A model with its own activation memory; an error when that cannot be allocated.\n    pub fn new() -> Result<Model, Error> {{\n        // SAFETY: create has no preconditions.\n        let ctx = unsafe {{ mlopt_{n}_create() }};\n        if ctx.is_null() {{\n            return Err(Error {{ status: {}, message: \"out of memory for the model's context\".into() }});\n        }}\n        Ok(Model {{ ctx }})\n    }}\n", mlopt_llvm::STATUS_MEMORY);
     let _ = writeln!(s, "    /// Threads for parallel loops, for every model in the process.\n    pub fn set_num_threads(n: usize) {{\n        // SAFETY: no preconditions.\n        unsafe {{ mlopt_set_num_threads(n as i32) }}\n    }}\n");
     let args: Vec<String> = p
         .inputs

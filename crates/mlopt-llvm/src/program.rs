@@ -17,7 +17,7 @@ use inkwell::context::Context;
 use inkwell::module::Linkage;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
-use inkwell::values::AnyValue;
+use inkwell::values::{AnyValue, BasicValue};
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Place, Program};
 use std::collections::HashMap;
@@ -132,7 +132,8 @@ fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
     s
 }
 
-/// Status codes of `mlopt_<name>_run` (0 is success), as the header documents them.
+/// Status codes of `mlopt_<name>_run` (0 is success), which the header defines as `MLOPT_ERR_*`: a NULL
+/// argument, out of memory, input data the model rejects, a refusal by the OS.
 pub const STATUS_ARGUMENT: u64 = 1;
 pub const STATUS_MEMORY: u64 = 2;
 pub const STATUS_DATA: u64 = 3;
@@ -167,31 +168,18 @@ fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, p: &Progr
     b.build_return(None)?;
 
     // The messages as one table of C strings.
-    let strings: Vec<_> = messages
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            let bytes = c.const_string(text.as_bytes(), true);
-            let g = m.add_global(bytes.get_type(), None, &format!("mlopt_{name}_message{i}"));
-            g.set_initializer(&bytes);
-            g.set_constant(true);
-            g.set_linkage(Linkage::Private);
-            g.as_pointer_value()
-        })
-        .collect();
-    let table_ty = ptr.array_type(strings.len() as u32);
-    let table = m.add_global(table_ty, None, &format!("mlopt_{name}_messages"));
-    table.set_initializer(&ptr.const_array(&strings));
-    table.set_constant(true);
-    table.set_linkage(Linkage::Private);
-    let null_ctx = {
-        let bytes = c.const_string(b"the context is NULL", true);
-        let g = m.add_global(bytes.get_type(), None, &format!("mlopt_{name}_null_context"));
-        g.set_initializer(&bytes);
+    let constant = |symbol: String, value: &dyn BasicValue<'c>| {
+        let g = m.add_global(value.as_basic_value_enum().get_type(), None, &symbol);
+        g.set_initializer(value);
         g.set_constant(true);
         g.set_linkage(Linkage::Private);
         g.as_pointer_value()
     };
+    let text = |symbol: String, s: &str| constant(symbol, &c.const_string(s.as_bytes(), true));
+    let strings: Vec<_> = messages.iter().enumerate().map(|(i, s)| text(format!("mlopt_{name}_message{i}"), s)).collect();
+    let table_ty = ptr.array_type(strings.len() as u32);
+    let table = constant(format!("mlopt_{name}_messages"), &ptr.const_array(&strings));
+    let null_ctx = text(format!("mlopt_{name}_null_context"), "the context is NULL");
     let error = m.add_function(&format!("mlopt_{name}_error"), ptr.fn_type(&[ptr.into()], false), None);
     b.position_at_end(c.append_basic_block(error, "entry"));
     let ctx = error.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("error".into()))?.into_pointer_value();
@@ -206,7 +194,7 @@ fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, p: &Progr
     let last = i64t.const_int(messages.len() as u64 - 1, false);
     let id = b.build_select(b.build_int_compare(inkwell::IntPredicate::ULE, id, last, "in")?, id, i64t.const_zero(), "id")?.into_int_value();
     // SAFETY: id <= the table's last index.
-    let at = unsafe { b.build_in_bounds_gep(table_ty, table.as_pointer_value(), &[i64t.const_zero(), id], "at")? };
+    let at = unsafe { b.build_in_bounds_gep(table_ty, table, &[i64t.const_zero(), id], "at")? };
     let msg = b.build_load(ptr, at, "msg")?;
     b.build_return(Some(&msg))?;
     Ok(())

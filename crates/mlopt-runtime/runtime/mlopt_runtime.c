@@ -59,10 +59,10 @@ static inline void pause_cpu(void) {
 #endif
 }
 
-/* Spins (with pause) while *x == v, for at most SPIN_NS; returns whether it still is. */
-static int spin_while_u64(atomic_uint_fast64_t *x, uint64_t v) {
+/* Spins (with pause) until ready(arg), for at most SPIN_NS; returns 1 if it is still not ready. */
+static int spin(int (*ready)(const void *), const void *arg) {
     uint64_t until = 0;
-    for (unsigned i = 1; atomic_load_explicit(x, memory_order_acquire) == v; i++) {
+    for (unsigned i = 1; !ready(arg); i++) {
         pause_cpu();
         if ((i & 63) == 0) {
             uint64_t now = mlopt_now_ns();
@@ -73,24 +73,22 @@ static int spin_while_u64(atomic_uint_fast64_t *x, uint64_t v) {
     return 0;
 }
 
-static int spin_while_pending(void) {
-    uint64_t until = 0;
-    for (unsigned i = 1; atomic_load_explicit(&pending, memory_order_acquire) > 0; i++) {
-        pause_cpu();
-        if ((i & 63) == 0) {
-            uint64_t now = mlopt_now_ns();
-            if (!until) until = now + SPIN_NS;
-            else if (now > until) return 1;
-        }
-    }
-    return 0;
+/* A worker's wait: a generation other than the one it has seen (*arg). */
+static int new_generation(const void *seen) {
+    return atomic_load_explicit(&generation, memory_order_acquire) != *(const uint64_t *)seen;
+}
+
+/* The caller's wait: every worker is done. */
+static int all_done(const void *unused) {
+    (void)unused;
+    return atomic_load_explicit(&pending, memory_order_acquire) <= 0;
 }
 
 static void *worker(void *arg) {
     int id = (int)(intptr_t)arg;
     uint64_t seen = start_gen;
     for (;;) {
-        if (spin_while_u64(&generation, seen)) {
+        if (spin(new_generation, &seen)) {
             pthread_mutex_lock(&mu);
             while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mu);
             pthread_mutex_unlock(&mu);
@@ -198,7 +196,7 @@ void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&mu);
     run_range(0, nt);
-    if (spin_while_pending()) {
+    if (spin(all_done, NULL)) {
         pthread_mutex_lock(&mu);
         while (atomic_load(&pending) > 0) pthread_cond_wait(&done, &mu);
         pthread_mutex_unlock(&mu);
