@@ -23,17 +23,44 @@ fn plain(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
-/// Writes `files` (name, bytes) into `dir` (made if missing) as described above; returns their paths.
-pub fn write_atomically(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+/// Writes a file's contents into it.
+pub type Writer<'a> = Box<dyn Fn(&mut std::fs::File) -> std::io::Result<()> + 'a>;
+
+/// What goes into one output file.
+pub enum Content<'a> {
+    Bytes(Vec<u8>),
+    /// Written by a function straight into the file: a transformer's library is hundreds of MB, not to be
+    /// built in memory first.
+    Stream(Writer<'a>),
+}
+
+impl std::fmt::Debug for Content<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Content::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            Content::Stream(_) => f.write_str("Stream"),
+        }
+    }
+}
+
+/// Writes `files` (name, content) into `dir` (made if missing) as described above; returns their paths.
+pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
     if let Some((name, _)) = files.iter().find(|(n, _)| !plain(n)) {
         return Err(DriverError::Io(format!("output file name {name:?} is not a plain file name")));
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
     let mut staged = Vec::with_capacity(files.len() + 1);
     let record: String = files.iter().map(|(n, _)| format!("{n}\n")).collect();
-    for (name, bytes) in files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).chain([(RECORD, record.as_bytes())]) {
+    let record = Content::Bytes(record.into_bytes());
+    for (name, content) in files.iter().map(|(n, c)| (n.as_str(), c)).chain([(RECORD, &record)]) {
         let mut t = tempfile::Builder::new().prefix(".mlopt-").tempfile_in(dir).map_err(|e| io("creating a temporary file in", dir, e))?;
-        t.write_all(bytes).and_then(|_| t.as_file().sync_data()).map_err(|e| io("writing", t.path(), e))?;
+        // (No fsync: this guards against a failed or interrupted compile, not a power cut, and a
+        // transformer's library is hundreds of MB.)
+        match content {
+            Content::Bytes(b) => t.write_all(b),
+            Content::Stream(write) => write(t.as_file_mut()),
+        }
+        .map_err(|e| io("writing", t.path(), e))?;
         set_readable(t.as_file()).map_err(|e| io("setting the mode of", t.path(), e))?;
         staged.push((dir.join(name), t));
     }

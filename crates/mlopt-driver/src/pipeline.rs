@@ -188,12 +188,12 @@ impl Compiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.code.llvm_ir.clone()),
         ];
-        write_files(dir, stem, &files, &self.code.objects, mlopt_runtime::archive, extra)
+        write_files(dir, stem, &files, &self.code.objects, mlopt_runtime::write_archive, extra)
     }
 }
 
-/// `mlopt_runtime::archive` or `gpu_archive`: objects -> a static library's bytes.
-pub(crate) type Archive = fn(&[(&str, &[u8])]) -> std::io::Result<Vec<u8>>;
+/// `mlopt_runtime::write_archive` or `write_gpu_archive`: objects -> a static library, into a file.
+pub(crate) type Archive = fn(&mut std::fs::File, &[(&str, &[u8])]) -> std::io::Result<()>;
 
 /// Writes `files` (name, text), lib<stem>.a holding `objects` by `archive`, and `extra` into `dir`, all or
 /// none; returns the paths written.
@@ -205,11 +205,11 @@ pub(crate) fn write_files(
     archive: Archive,
     extra: &[(String, Vec<u8>)],
 ) -> Result<Vec<PathBuf>> {
+    use crate::output::Content;
     let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }).collect();
     let members: Vec<(&str, &[u8])> = names.iter().zip(objects).map(|(n, o)| (n.as_str(), o.as_slice())).collect();
-    let lib = archive(&members).map_err(|e| DriverError::Io(format!("making lib{stem}.a: {e}")))?;
-    let mut all: Vec<(String, Vec<u8>)> = files.iter().map(|(n, t)| (n.clone(), t.clone().into_bytes())).collect();
-    all.push((format!("lib{stem}.a"), lib));
-    all.extend(extra.iter().cloned());
+    let mut all: Vec<(String, Content)> = files.iter().map(|(n, t)| (n.clone(), Content::Bytes(t.clone().into_bytes()))).collect();
+    all.push((format!("lib{stem}.a"), Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, &members)))));
+    all.extend(extra.iter().map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))));
     crate::output::write_atomically(dir, &all)
 }

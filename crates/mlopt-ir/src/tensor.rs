@@ -346,6 +346,24 @@ impl Tensor {
         })
     }
 
+    /// Reads a tensor of type `ty` as little-endian bytes from `r`, a block at a time straight into its
+    /// element vector (a model's weights are hundreds of MB: no second copy of them as bytes). `None`
+    /// when the shape's element count overflows.
+    pub fn from_le_reader(ty: &TensorType, r: &mut impl std::io::Read) -> std::io::Result<Option<Tensor>> {
+        let size = ty.dtype.size();
+        let Some(numel) = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) else { return Ok(None) };
+        let mut block = vec![0u8; (1 << 20) / size * size];
+        with_dtype!(ty.dtype, T => {
+            let mut v: Vec<T> = Vec::with_capacity(numel);
+            while v.len() < numel {
+                let n = (numel - v.len()).min(block.len() / size);
+                r.read_exact(&mut block[..n * size])?;
+                v.extend(block[..n * size].chunks_exact(size).map(T::read_le));
+            }
+            Ok(Tensor::from_vec(&ty.shape, v))
+        })
+    }
+
     /// Returns the same values with a new shape of equal element count.
     pub fn reshape(&self, shape: &[usize]) -> Option<Tensor> {
         dispatch!(self, a => {

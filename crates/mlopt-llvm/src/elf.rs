@@ -40,7 +40,10 @@ struct Section {
 
 /// The object: `symbols` (name, bytes) in `.rodata`, each 64-byte aligned, global and hidden.
 pub fn data_object(symbols: &[(String, &[u8])]) -> Vec<u8> {
-    let mut out = vec![0u8; 64];
+    // Sized once (data, alignment, symbols and names), so hundreds of MB of weights are not regrown.
+    let data: usize = symbols.iter().map(|(n, b)| b.len() + ALIGN as usize + 24 + n.len() + 1).sum();
+    let mut out = Vec::with_capacity(data + 1024);
+    out.resize(64, 0u8);
     // .rodata
     pad_to(&mut out, ALIGN);
     let rodata_at = out.len() as u64;

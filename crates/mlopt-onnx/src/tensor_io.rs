@@ -77,7 +77,9 @@ fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::P
     Ok(cf)
 }
 
-fn read_external(t: &TensorProto, base: Option<&Path>, nbytes: usize) -> Result<Vec<u8>> {
+/// A tensor's external data: its range of the file the model names (inside the model's folder and the
+/// file, checked), read straight into the tensor.
+fn read_external(t: &TensorProto, base: Option<&Path>, ty: &TensorType, nbytes: usize) -> Result<Tensor> {
     let err = |msg: String| OnnxError::Tensor { name: t.name.clone(), msg };
     let base = base.ok_or_else(|| err("external data needs the model's folder".into()))?;
     let (mut location, mut offset, mut length) = (None, 0u64, None);
@@ -94,16 +96,18 @@ fn read_external(t: &TensorProto, base: Option<&Path>, nbytes: usize) -> Result<
     let path = external_path(base, &location, &t.name)?;
     // Only this tensor's range is read (a model's weights share one file: reading it whole for each
     // tensor made importing BERT-base take 25 s), after checking it lies inside the file.
-    use std::io::{Read, Seek, SeekFrom};
+    use std::io::{Seek, SeekFrom};
     let mut file = std::fs::File::open(&path).map_err(io_err(&path))?;
     let size = file.metadata().map_err(io_err(&path))?.len();
     let len = length.unwrap_or(nbytes as u64);
     if offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(err(format!("external data range {offset}+{len} is outside '{location}' ({size} bytes)")));
     }
-    let mut bytes = vec![0u8; usize::try_from(len).map_err(|_| err(format!("external data length {len} is too large")))?];
-    file.seek(SeekFrom::Start(offset)).and_then(|_| file.read_exact(&mut bytes)).map_err(io_err(&path))?;
-    Ok(bytes)
+    if len != nbytes as u64 {
+        return Err(err(format!("external data length {len} does not match the shape ({nbytes} bytes)")));
+    }
+    file.seek(SeekFrom::Start(offset)).map_err(io_err(&path))?;
+    Tensor::from_le_reader(ty, &mut file).map_err(io_err(&path))?.ok_or_else(|| err("too many elements".into()))
 }
 
 /// Converts a `TensorProto`; `base` is the model's folder, for external data.
@@ -119,8 +123,7 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| err("too many elements".into()))?;
     let bad_len = |n: usize| err(format!("{n} values for shape {:?} ({numel} expected)", ty.shape));
     if t.data_location == tensor_proto::DATA_LOCATION_EXTERNAL {
-        let bytes = read_external(t, base, nbytes)?;
-        return Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| bad_len(bytes.len() / dtype.size().max(1)));
+        return read_external(t, base, &ty, nbytes);
     }
     if !t.raw_data.is_empty() || numel == 0 {
         return Tensor::from_le_bytes(&ty, &t.raw_data).ok_or_else(|| bad_len(t.raw_data.len() / dtype.size().max(1)));

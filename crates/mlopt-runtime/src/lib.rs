@@ -16,22 +16,20 @@ pub const RUNTIME_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mlop
 /// run time, so GPU libraries need no CUDA toolkit to build or link.
 pub const CUDA_LAUNCHER_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mlopt_cuda.o"));
 
-/// A static library holding `objects` (name, ELF bytes) and the CPU runtime, with the symbol index
-/// linkers need (written by ar_archive_writer, the archive writer rustc itself uses).
-pub fn archive(objects: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
-    archive_with(objects, ("mlopt_runtime.o", RUNTIME_OBJECT))
+/// Writes a static library holding `objects` (name, ELF bytes) and the CPU runtime to `w`, with the
+/// symbol index linkers need (written by ar_archive_writer, the archive writer rustc itself uses).
+pub fn write_archive<W: std::io::Write + std::io::Seek>(w: &mut W, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
+    write_archive_with(w, objects, ("mlopt_runtime.o", RUNTIME_OBJECT))
 }
 
 /// A GPU library: `objects` and the CUDA launcher.
-pub fn gpu_archive(objects: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
-    archive_with(objects, ("mlopt_cuda.o", CUDA_LAUNCHER_OBJECT))
+pub fn write_gpu_archive<W: std::io::Write + std::io::Seek>(w: &mut W, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
+    write_archive_with(w, objects, ("mlopt_cuda.o", CUDA_LAUNCHER_OBJECT))
 }
 
-fn archive_with(objects: &[(&str, &[u8])], runtime: (&str, &[u8])) -> std::io::Result<Vec<u8>> {
+fn write_archive_with<W: std::io::Write + std::io::Seek>(w: &mut W, objects: &[(&str, &[u8])], runtime: (&str, &[u8])) -> std::io::Result<()> {
     use ar_archive_writer::{write_archive_to_stream, ArchiveKind, NewArchiveMember, DEFAULT_OBJECT_READER};
     let members: Vec<NewArchiveMember> =
         objects.iter().copied().chain([runtime]).map(|(name, data)| NewArchiveMember::new(data, &DEFAULT_OBJECT_READER, name.to_string())).collect();
-    let mut out = std::io::Cursor::new(Vec::new());
-    write_archive_to_stream(&mut out, &members, ArchiveKind::Gnu, false, None)?;
-    Ok(out.into_inner())
+    write_archive_to_stream(w, &members, ArchiveKind::Gnu, false, None)
 }
