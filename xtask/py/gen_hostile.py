@@ -206,6 +206,18 @@ def _():
     )
 
 
+# (ONNX Runtime's shape inference gets this range's length wrong and rejects the Add: no reference.)
+@case("range_int_extremes", expect="ok", good={"x": np.zeros(4, np.int64)}, reference=False)
+def _():
+    # start + i * delta leaves i64 on the way (3 * 2^62) though every value lies in range.
+    return model(
+        [h.make_node("Range", ["a", "b", "d"], ["r"], name="range"), h.make_node("Add", ["x", "r"], ["y"], name="add")],
+        [vi("x", T.INT64, [4])],
+        [vi("y", T.INT64, None)],
+        [const("a", np.array(I64_MIN, np.int64)), const("b", np.array(I64_MAX, np.int64)), const("d", np.array(2**62, np.int64))],
+    )
+
+
 # --- Invalid models the interpreter or ONNX Runtime reject (item 5) ----------------------------------
 
 

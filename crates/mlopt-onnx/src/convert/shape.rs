@@ -130,8 +130,12 @@ fn range(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         }
         let n = n as usize;
         let v: Vec<T> = if dtype.is_int() {
-            let (si, di) = (start.to_i64_vec()[0], delta.to_i64_vec()[0]);
-            (0..n as i64).map(|i| T::from_i64(si + i * di)).collect()
+            // In i128: start + i * delta may leave i64 (i * delta alone does for start near i64::MIN),
+            // and n from f64 may count one value too many; such a value is an error, not a wrap.
+            let (si, di) = (start.to_i64_vec()[0] as i128, delta.to_i64_vec()[0] as i128);
+            (0..n as i128)
+                .map(|i| i64::try_from(si + i * di).map(T::from_i64).map_err(|_| cx.err(format!("value {} of the range overflows", si + i * di))))
+                .collect::<Result<_>>()?
         } else {
             // ONNX accumulates in the element type: start, start+delta, start+2*delta, ...
             let mut acc = T::from_f64(s);
