@@ -55,26 +55,12 @@ pub struct GpuCompiled {
     pub times: Vec<(&'static str, f64)>,
 }
 
-/// The GPU's limits and peaks the schedules use, from the cost model's target table. tf32 tensor cores
-/// round f32 operands to 10 mantissa bits, so they are used only where the precision accepts that
-/// (`--precision bf16|fp16`, as the cost model assumes), never under `fp32` or `auto`.
+/// The GPU schedules' target: the cost model's row. tf32 tensor cores round f32 operands to 10 mantissa
+/// bits, so they are used only where the precision accepts that (`--precision bf16|fp16`, as the cost
+/// model assumes), never under `fp32` or `auto`.
 pub fn schedule_for(cfg: &mlopt_rewrite::Config) -> mlopt_lower::GpuSchedule {
-    let t = &cfg.target;
     let tf32 = matches!(cfg.precision, mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16);
-    mlopt_lower::GpuSchedule {
-        max_threads: 1024,
-        shared_bytes: 48 * 1024,
-        sms: t.units as u64,
-        smem_per_sm: t.smem_per_unit as u64,
-        regs_per_sm: t.regs_per_unit as u64,
-        threads_per_sm: t.threads_per_unit as u64,
-        fp32: t.fp32,
-        bf16_matrix: t.bf16_matrix,
-        f16_matrix: t.f16_matrix,
-        tf32_matrix: t.tf32_matrix.filter(|_| tf32),
-        dram_bw: t.dram_bw,
-        register_margin: 0,
-    }
+    mlopt_lower::GpuSchedule::new(cfg.target.clone(), tf32)
 }
 
 /// ptxas: `MLOPT_PTXAS`, else `ptxas` on PATH, else the one in a `.venv` (the nvidia-cuda-nvcc-cu12 wheel)
@@ -209,7 +195,7 @@ pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'stati
     let mut attempt = 0;
     loop {
         let mut t = Instant::now();
-        let program = mlopt_lower::lower_program(g, &lowering(s))?;
+        let program = mlopt_lower::lower_program(g, &lowering(s.clone()))?;
         lap("lower+schedule", &mut t);
         let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
         lap("codegen", &mut t);

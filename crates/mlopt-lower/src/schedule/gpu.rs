@@ -25,48 +25,51 @@ use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, moves_with, mult
 use mlopt_kir::{rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
-/// What the schedules may use on the target, and its peaks (for choosing GEMM tiles).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What GPU schedules are chosen for: the target (the cost model's row: SMs, shared memory, registers and
+/// peaks, for choosing GEMM tiles), whether f32 operands may be rounded to tf32, and a margin of registers
+/// the driver adds to every GEMM tile's estimate when ptxas needed more than a tile planned for.
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuSchedule {
-    /// Threads per block at most (1024 on sm_80).
-    pub max_threads: u64,
-    /// Static shared memory per block (48 KiB without opting in to more).
-    pub shared_bytes: u64,
-    /// Streaming multiprocessors, to judge when a grid fills the device.
-    pub sms: u64,
-    /// Per SM: shared memory, 32-bit registers and resident threads.
-    pub smem_per_sm: u64,
-    pub regs_per_sm: u64,
-    pub threads_per_sm: u64,
-    /// Device FLOP/s: SIMT fp32, and tensor cores by input type (None: not used). `tf32_matrix` is set
-    /// only when the precision allows f32 operands to be rounded to tf32.
-    pub fp32: f64,
-    pub bf16_matrix: Option<f64>,
-    pub f16_matrix: Option<f64>,
-    pub tf32_matrix: Option<f64>,
-    /// DRAM bandwidth in bytes/s.
-    pub dram_bw: f64,
-    /// Registers added to every GEMM tile's estimate: the driver raises it when ptxas needed more than a
-    /// tile planned for.
+    pub target: mlopt_cost::Target,
+    /// tf32 tensor cores round f32 operands to 10 mantissa bits: only where the precision allows it.
+    pub tf32: bool,
     pub register_margin: u64,
 }
 
 impl GpuSchedule {
-    /// The A100 (sm_80, SXM4): 108 SMs; 19.5 TFLOP/s fp32, 312 bf16/f16 on tensor cores; 2039 GB/s.
-    pub const SM80: GpuSchedule = GpuSchedule {
-        max_threads: 1024,
-        shared_bytes: 48 * 1024,
-        sms: 108,
-        smem_per_sm: 164 * 1024,
-        regs_per_sm: 65536,
-        threads_per_sm: 2048,
-        fp32: 19.5e12,
-        bf16_matrix: Some(312e12),
-        f16_matrix: Some(312e12),
-        tf32_matrix: None,
-        dram_bw: 2039e9,
-        register_margin: 0,
-    };
+    /// Threads per block at most, and static shared memory per block (48 KiB without opting in to more):
+    /// the same on every architecture mlopt targets (sm_80 and up).
+    pub const MAX_THREADS: u64 = 1024;
+    pub const SHARED_BYTES: u64 = 48 * 1024;
+
+    pub fn new(target: mlopt_cost::Target, tf32: bool) -> GpuSchedule {
+        GpuSchedule { target, tf32, register_margin: 0 }
+    }
+
+    /// Streaming multiprocessors, to judge when a grid fills the device.
+    pub fn sms(&self) -> u64 {
+        u64::from(self.target.units)
+    }
+
+    /// Per SM: shared memory, 32-bit registers and resident threads.
+    pub fn smem_per_sm(&self) -> u64 {
+        u64::from(self.target.smem_per_unit)
+    }
+    pub fn regs_per_sm(&self) -> u64 {
+        u64::from(self.target.regs_per_unit)
+    }
+    pub fn threads_per_sm(&self) -> u64 {
+        u64::from(self.target.threads_per_unit)
+    }
+
+    /// Device FLOP/s on tensor cores for operands of type `e` (tf32 for f32, where allowed), if any.
+    pub fn matrix(&self, e: Elem) -> Option<f64> {
+        match e {
+            Elem::BF16 => self.target.bf16_matrix,
+            Elem::F16 => self.target.f16_matrix,
+            _ => self.target.tf32_matrix.filter(|_| self.tf32),
+        }
+    }
 }
 
 /// Threads per block of an elementwise (one element per thread) kernel.
@@ -217,9 +220,9 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         k.body = stmts;
         return Ok(());
     }
-    let wide = prefix.is_empty() || n < s.sms * ELEMENTWISE_THREADS;
+    let wide = prefix.is_empty() || n < s.sms() * ELEMENTWISE_THREADS;
     if wide {
-        if let Some(stmts) = cooperative(k, &prefix, &inner, s)? {
+        if let Some(stmts) = cooperative(k, &prefix, &inner)? {
             k.body = stmts;
             return Ok(());
         }
@@ -505,7 +508,7 @@ fn strided(k: &mut Kernel, t: Var, threads: u64, loops: &[(Var, u64)], body: &[S
 
 /// One block per row: reductions by all threads, then warp shuffles (or a tree in shared memory); maps
 /// shared out.
-fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
+fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<Option<Vec<Stmt>>> {
     let uses = buffer_uses(body);
     let Some(steps) = row_steps(k, body, &uses) else { return Ok(None) };
     let longest = steps
@@ -519,7 +522,7 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
     if longest < 32 {
         return Ok(None);
     }
-    let threads = longest.next_power_of_two().clamp(32, ROW_THREADS.min(s.max_threads));
+    let threads = longest.next_power_of_two().clamp(32, ROW_THREADS.min(GpuSchedule::MAX_THREADS));
     // Row buffers and scalars: locals touched by more than one step live in shared memory.
     let mut shared: HashSet<BufId> = HashSet::new();
     for st in &steps {
@@ -544,7 +547,7 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
     }
     let folds = steps.iter().filter(|s| matches!(s, RowStep::Fold { .. })).count() as u64;
     let bytes: u64 = shared.iter().map(|b| k.buffer(*b).numel() * k.buffer(*b).elem.size()).sum::<u64>() + folds * threads * 8;
-    if bytes > s.shared_bytes {
+    if bytes > GpuSchedule::SHARED_BYTES {
         return Ok(None);
     }
     for b in &shared {
@@ -642,9 +645,15 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], s: &GpuSche
     Ok(Some(vec![Stmt::for_(gb, rows.max(1), LoopKind::GpuBlock(0), out)]))
 }
 
+/// The A100 (sm_80) in fp32, for tests.
+#[cfg(test)]
+pub(crate) fn sm80() -> GpuSchedule {
+    GpuSchedule::new(mlopt_cost::Target::named("sm_80", 1).expect("sm_80 is in the table"), false)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{schedule_kernel, GpuSchedule};
+    use super::{schedule_kernel, sm80};
     use mlopt_kir::{parse_kernel, run_kernel, ScheduleStep};
 
     /// Elementwise kernels as lowering writes them: the schedule each gets (vector<w> where every global
@@ -677,7 +686,7 @@ mod tests {
         for ((name, params, body), (_, vector)) in cases.iter().zip(want) {
             let plain = parse_kernel(&format!("kernel @k({params}) {{\n{body}\n}}\n")).unwrap_or_else(|e| panic!("{name}: {e:?}"));
             let mut gpu = plain.clone();
-            schedule_kernel(&mut gpu, &GpuSchedule::SM80).unwrap();
+            schedule_kernel(&mut gpu, &sm80()).unwrap();
             mlopt_kir::verify(&gpu).unwrap_or_else(|e| panic!("{name}: {e:?}\n{}", mlopt_kir::print::kernel(&gpu)));
             let what = mlopt_kir::step::schedule_text(&gpu.schedule);
             let got = gpu.schedule.iter().find_map(|s| match s {

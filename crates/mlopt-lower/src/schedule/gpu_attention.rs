@@ -155,7 +155,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| Some((t, narrow(k, &a.q, t)?, narrow(k, &a.kt, t)?, narrow(k, &a.v, t)?)));
     let (t, q, kt, v) = match sixteen {
         Some(x) => x,
-        None if s.tf32_matrix.is_some() => (Elem::F32, a.q.clone(), a.kt.clone(), a.v.clone()),
+        None if s.matrix(Elem::F32).is_some() => (Elem::F32, a.q.clone(), a.kt.clone(), a.v.clone()),
         None => return Ok(None),
     };
     let ks = mlopt_kir::warp_mma_k(t);
@@ -166,7 +166,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // Up to four warps of 16 query rows; the widest key block that fits in shared memory.
     let warps = rows.div_ceil(16).min(4);
     let (bm, threads) = (16 * warps, 32 * warps);
-    let Some(bn) = [64, 32, 16].into_iter().find(|bn| *bn <= keys.next_multiple_of(16) && shared_bytes(t, bm, *bn, d, dv) <= s.shared_bytes) else {
+    let Some(bn) = [64, 32, 16].into_iter().find(|bn| *bn <= keys.next_multiple_of(16) && shared_bytes(t, bm, *bn, d, dv) <= GpuSchedule::SHARED_BYTES) else {
         return Ok(None);
     };
     let batch: u64 = a.batch.iter().map(|(_, n)| n).product();

@@ -165,7 +165,7 @@ fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<A
     let (m, n, k, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
     let smem = shared_bytes(t, e, elem);
-    if threads > s.max_threads || smem > s.shared_bytes || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
+    if threads > GpuSchedule::MAX_THREADS || smem > GpuSchedule::SHARED_BYTES || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
         return None;
     }
     let regs = registers(t, e, copies) + s.register_margin;
@@ -174,23 +174,21 @@ fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<A
     }
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), k.div_ceil(bk));
     let blocks = batch * tm * tn;
-    let per_sm = (s.threads_per_sm / threads).min(s.smem_per_sm / smem.max(1)).min(s.regs_per_sm / (threads * regs)).clamp(1, 32);
-    let waves = blocks.div_ceil(s.sms * per_sm);
+    let per_sm = (s.threads_per_sm() / threads).min(s.smem_per_sm() / smem.max(1)).min(s.regs_per_sm() / (threads * regs)).clamp(1, 32);
+    let waves = blocks.div_ceil(s.sms() * per_sm);
     // Blocks at once on the busiest SM; an SM reaches its peak with enough warps to hide latency (eight
     // here), and fewer run proportionally slower.
-    let together = blocks.div_ceil(s.sms).min(per_sm);
+    let together = blocks.div_ceil(s.sms()).min(per_sm);
     let resident = together * threads.div_ceil(32);
     let peak = match e {
-        Engine::Mma(Elem::BF16) => s.bf16_matrix,
-        Engine::Mma(Elem::F16) => s.f16_matrix,
-        Engine::Mma(_) => s.tf32_matrix,
-        Engine::Simt => Some(s.fp32),
-    }? / s.sms as f64
+        Engine::Mma(e) => s.matrix(e),
+        Engine::Simt => Some(s.target.fp32),
+    }? / s.sms() as f64
         * (resident as f64 / 8.0).min(1.0);
     let tile_flops = (2 * bm * bn * kt * bk) as f64;
     let compute = waves as f64 * together as f64 * tile_flops / peak;
     let traffic = (batch * (m * k * tn + k * n * tm) * elem.size() + batch * m * n * 4) as f64;
-    Some(compute.max(traffic / s.dram_bw))
+    Some(compute.max(traffic / s.target.dram_bw))
 }
 
 /// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.
@@ -397,7 +395,7 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
     if let Some((t, a, b)) = sixteen {
         options.push((Engine::Mma(t), t, a, b));
     }
-    if s.tf32_matrix.is_some() {
+    if s.matrix(Elem::F32).is_some() {
         options.push((Engine::Mma(Elem::F32), Elem::F32, c.a.clone(), c.b.clone()));
     }
     options.push((Engine::Simt, Elem::F32, c.a.clone(), c.b.clone()));
@@ -726,8 +724,7 @@ mod tests {
         ];
         for &(batch, m, n, k, t, tf32, engine, tol) in cases {
             let plain = matmul(batch, m, n, k, t);
-            let mut s = GpuSchedule::SM80;
-            s.tf32_matrix = tf32.then_some(156e12);
+            let s = GpuSchedule::new(mlopt_cost::Target::named("sm_80", 1).unwrap(), tf32);
             let mut tiled = plain.clone();
             schedule_kernel(&mut tiled, &s).unwrap();
             mlopt_kir::verify(&tiled).unwrap_or_else(|e| panic!("{e:?}\n{}", mlopt_kir::print::kernel(&tiled)));
@@ -751,7 +748,7 @@ mod tests {
     fn tile_sizes_follow_the_problem() {
         for (m, n, k, tile) in [(8, 64, 64, [16, 32, 32]), (4096, 4096, 4096, [128, 64, 32])] {
             let mut tiled = matmul(1, m, n, k, Elem::BF16);
-            schedule_kernel(&mut tiled, &GpuSchedule::SM80).unwrap();
+            schedule_kernel(&mut tiled, &crate::schedule::gpu::sm80()).unwrap();
             let what = mlopt_kir::step::schedule_text(&tiled.schedule);
             assert_eq!(gemm(&tiled).map(|(_, t)| t), Some(tile), "{m}x{n}x{k}: {what}");
         }
