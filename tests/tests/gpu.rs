@@ -233,6 +233,8 @@ fn ptx_snapshots() {
 }
 
 /// A stand-in for libcuda.so.1: device memory is host memory, and every call is logged to $MOCK_LOG.
+/// Kernels do not run, except that with $MOCK_FAIL_CHECKS a data check's kernel (`..._check..`) sets its
+/// flag (its first argument), as one finding invalid data would.
 const MOCK_CUDA: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,7 +256,9 @@ int cuStreamCreate(void **s, unsigned f) { *s = (void *)2; return 0; }
 int cuStreamDestroy_v2(void *s) { return 0; }
 int cuStreamSynchronize(void *s) { fprintf(log_file(), "sync\n"); return 0; }
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, void *s, void **params, void **extra) {
-    fprintf(log_file(), "launch %s %ux%u\n", (const char *)f, gx, bx); return 0; }
+    fprintf(log_file(), "launch %s %ux%u\n", (const char *)f, gx, bx);
+    if (getenv("MOCK_FAIL_CHECKS") && strstr((const char *)f, "_check")) *(float *)*(unsigned long long *)params[0] = 1.0f;
+    return 0; }
 int cuGetErrorString(int r, const char **s) { *s = "mock error"; return 0; }
 "#;
 
@@ -326,6 +330,74 @@ fn the_gpu_library_links_and_launches_in_order() {
     let got: Vec<&str> = calls.lines().filter(|l| l.starts_with("launch")).collect();
     assert_eq!(got, want, "{calls}");
     assert_eq!(calls.lines().filter(|l| l.starts_with("dtoh")).count(), 2, "{calls}");
+}
+
+const CHECKED_C: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include "gather.h"
+int main(void) {
+    void *m = mlopt_gather_create(0);
+    if (!m) { printf("create failed: %s\n", mlopt_gather_last_error()); return 3; }
+    static _Alignas(16) long long ids[4] = {0, 1, 2, 3};
+    static _Alignas(16) float y[12];
+    const void *in[] = {ids};
+    void *out[] = {y};
+    int r = mlopt_gather_run(m, in, out);
+    printf("%d %s\n", r, r ? mlopt_gather_last_error() : "");
+    mlopt_gather_destroy(m);
+    return 0;
+}
+"#;
+
+/// A data check on the GPU: the launcher reads the check's flag back after its kernel (a 4-byte copy
+/// and a synchronisation) and fails the run with the check's message when the flag is set.
+#[test]
+fn the_gpu_launcher_reads_data_checks_back() {
+    use mlopt_ir::{DType, Graph, Op, Tensor, TensorType};
+    let mut g = Graph::new("gather");
+    let t = g.add_const("t", Tensor::from_vec(&[4, 3], (0..12).map(|x| x as f32).collect::<Vec<f32>>()).unwrap());
+    let i = g.add_input("ids", TensorType::new(DType::I64, vec![4]));
+    let y = g.add(Op::Gather { axis: 0 }, "gather0", &[t, i]).unwrap();
+    g.add_output("y", y);
+    let config = mlopt_rewrite::Config::new(Target::named("sm_80", 1).unwrap());
+    let opts = mlopt_driver::Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false };
+    let c = mlopt_driver::compile_gpu(&g, &opts).unwrap();
+    assert!(c.program.steps.iter().any(|s| s.check.is_some()), "no check step");
+    let dir = tempfile::tempdir().unwrap();
+    c.write_library(dir.path(), "gather", &[]).unwrap();
+    std::fs::write(dir.path().join("main.c"), CHECKED_C).unwrap();
+    let exe = dir.path().join("main");
+    let cc = Command::new("cc")
+        .current_dir(dir.path())
+        .args(["-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lgather", "-ldl", "-o"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let mock = dir.path().join("mock");
+    std::fs::create_dir_all(&mock).unwrap();
+    std::fs::write(mock.join("cuda.c"), MOCK_CUDA).unwrap();
+    let so = Command::new("cc").current_dir(&mock).args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"]).output().unwrap();
+    assert!(so.status.success(), "{}", String::from_utf8_lossy(&so.stderr));
+    let log = dir.path().join("calls.log");
+    let run = |fail: bool| {
+        let mut cmd = Command::new(&exe);
+        cmd.env("LD_LIBRARY_PATH", &mock).env("MOCK_LOG", &log);
+        if fail {
+            cmd.env("MOCK_FAIL_CHECKS", "1");
+        }
+        let out = cmd.output().unwrap();
+        (String::from_utf8_lossy(&out.stdout).trim().to_string(), std::fs::read_to_string(&log).unwrap())
+    };
+    let (printed, calls) = run(false);
+    assert_eq!(printed, "0", "{calls}");
+    // After the check's launch: its flag comes back (4 bytes) and the stream is waited for.
+    let lines: Vec<&str> = calls.lines().collect();
+    let at = lines.iter().position(|l| l.starts_with("launch") && l.contains("_check")).unwrap_or_else(|| panic!("{calls}"));
+    assert_eq!(&lines[at + 1..at + 3], &["dtoh 4", "sync"], "{calls}");
+    let (printed, _) = run(true);
+    assert!(printed.starts_with("-1 ") && printed.contains("'gather0'") && printed.contains("out of range"), "{printed}");
 }
 
 /// On a machine with an NVIDIA GPU, the library runs there and matches the interpreter.

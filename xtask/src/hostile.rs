@@ -1,6 +1,6 @@
 //! The hostile corpus (`xtask/py/gen_hostile.py`): models and inputs from someone else, each run through
-//! every command that reads a model (inspect, compile, run, run --interpret, check --compiled) under 20 s
-//! and 2 GiB of address space. A rejected case must exit 2 with a message naming what is at fault; none
+//! every command that reads a model (inspect, compile, run, run --interpret, check --compiled; data
+//! cases also check --emulated for a GPU) under 20 s and 2 GiB of address space. A rejected case must exit 2 with a message naming what is at fault; none
 //! may panic, hang or run out of memory; valid ones must run, and agree compiled and interpreted.
 
 use crate::{root, setup, Result};
@@ -128,9 +128,15 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
                 expect(&args, success(&r));
             }
             if c.expect == "data" {
-                let args = s(&["check", "--compiled", &m, "--data", &data("bad")]);
+                // Compiled for this CPU, and scheduled for a GPU and run in the kernel IR's emulator.
+                for mode in [&["--compiled"][..], &["--emulated", "--target", "sm_80"][..]] {
+                    let args = [s(&["check"]), s(mode), s(&[&m, "--data", &data("bad")])].concat();
+                    let r = mlopt(exe, &args)?;
+                    expect(&args, clean_error(&r, &c.needle));
+                }
+                let args = s(&["check", "--emulated", "--target", "sm_80", &m, "--data", &data("good")]);
                 let r = mlopt(exe, &args)?;
-                expect(&args, clean_error(&r, &c.needle));
+                expect(&args, success(&r));
             }
         }
         other => return Err(format!("{}: expect {other:?}?", c.dir.display())),

@@ -700,10 +700,11 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
             })
             .collect();
         run_kernel(k, &mut m, &args)?;
-        if let (Some(message), Some(&(region, at))) = (&s.check, args.first()) {
-            let flag = m[region].get(at..at + 4).ok_or_else(|| InterpError::Program(format!("@{}: check flag outside its buffer", k.name)))?;
+        if let Some(c) = &s.check {
+            let at = c.flag as usize;
+            let flag = m[0].get(at..at + 4).ok_or_else(|| InterpError::Program(format!("@{}: check flag outside the arena", k.name)))?;
             if flag != [0; 4] {
-                return Err(InterpError::Data(message.clone()));
+                return Err(InterpError::Data(c.message.clone()));
             }
         }
     }

@@ -353,10 +353,17 @@ pub struct Weight {
 pub struct Step {
     pub kernel: usize,
     pub args: Vec<Place>,
-    /// A check of the input data (an index in range, a nonzero integer divisor): the kernel writes one
-    /// `i32` to its first argument, nonzero when the data is invalid, and then the run stops with this
-    /// message (`run_program`'s error, the compiled entry point's status).
-    pub check: Option<String>,
+    /// A check of the input data (an index in range, a nonzero integer divisor): see `Check`.
+    pub check: Option<Check>,
+}
+
+/// What a check step's kernel decides: it writes 4 bytes at `flag` (an arena offset), nonzero when the
+/// data is invalid, and then the run stops with `message` (`run_program`'s error, the compiled entry
+/// point's status, the GPU launcher's error).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub flag: u64,
+    pub message: String,
 }
 
 impl Step {

@@ -282,7 +282,7 @@ pub fn program(p: &Program) -> String {
                 Place::Arena(o) => format!("arena+{o}"),
             })
             .collect();
-        let check = st.check.as_ref().map(|m| format!(" check \"{}\"", m.escape_default())).unwrap_or_default();
+        let check = st.check.as_ref().map(|c| format!(" check arena+{} \"{}\"", c.flag, c.message.escape_default())).unwrap_or_default();
         let _ = writeln!(s, "call @{}({}){check}", p.kernels[st.kernel].name, args.join(", "));
     }
     s

@@ -222,7 +222,7 @@ fn messages(p: &Program) -> Vec<String> {
     m.push(
         "this model was compiled for AMX, but the kernel refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed); recompile for another target".into(),
     );
-    m.extend(p.steps.iter().filter_map(|s| s.check.clone()));
+    m.extend(p.steps.iter().filter_map(|s| s.check.as_ref().map(|c| c.message.clone())));
     m
 }
 
@@ -396,10 +396,10 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
         let r = b.build_call(fns[s.kernel], &args, "")?;
         let r = r.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("kernel status".into()))?.into_int_value();
         fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?, oom_id, STATUS_MEMORY, "oom")?;
-        if let (Some(_), Some(Place::Arena(o))) = (&s.check, s.args.first()) {
+        if let Some(check) = &s.check {
             check_id += 1;
             // SAFETY: the flag is inside the arena (lowering placed it there).
-            let at = unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "flag")? };
+            let at = unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(check.flag, false)], "flag")? };
             let flag = b.build_load(i32t, at, "flag")?.into_int_value();
             fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, flag, i32t.const_zero(), "ok")?, check_id, STATUS_DATA, "check")?;
         }

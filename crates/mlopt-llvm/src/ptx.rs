@@ -105,7 +105,7 @@ fn define<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, k: &Kernel, threa
 }
 
 /// The launch table the CUDA launcher (`mlopt-runtime/runtime/mlopt_cuda.c`) reads, the weights as one
-/// blob (each weight 256-byte aligned) and the kernel names, '\0'-terminated.
+/// blob (each weight 256-byte aligned) and the kernel names then the checks' messages, '\0'-terminated.
 pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
     let mut blob = Vec::new();
     let mut offsets = Vec::new();
@@ -114,7 +114,7 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
         offsets.push(blob.len() as u64);
         blob.extend_from_slice(&w.data);
     }
-    let mut t = vec![1, p.inputs.len() as u64, p.outputs.len() as u64, p.arena_bytes, blob.len() as u64, p.kernels.len() as u64, p.steps.len() as u64];
+    let mut t = vec![2, p.inputs.len() as u64, p.outputs.len() as u64, p.arena_bytes, blob.len() as u64, p.kernels.len() as u64, p.steps.len() as u64];
     t.extend(p.inputs.iter().map(|io| io.bytes() as u64));
     t.extend(p.outputs.iter().map(|io| io.bytes() as u64));
     for s in &p.steps {
@@ -129,10 +129,14 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
                 mlopt_kir::Place::Arena(o) => [3, *o],
             });
         }
+        // A check step: 1 + its message's number among the checks (0: none), and the flag's offset.
+        let checks_before = p.steps.iter().take_while(|x| !std::ptr::eq(*x, s)).filter(|x| x.check.is_some()).count() as u64;
+        t.extend(s.check.as_ref().map_or([0, 0], |c| [1 + checks_before, c.flag]));
     }
+    // The kernels' names, then the checks' messages, each ending in NUL.
     let mut names = Vec::new();
-    for k in &p.kernels {
-        names.extend_from_slice(k.name.as_bytes());
+    for text in p.kernels.iter().map(|k| k.name.as_str()).chain(p.steps.iter().filter_map(|s| s.check.as_ref().map(|c| c.message.as_str()))) {
+        names.extend_from_slice(text.as_bytes());
         names.push(0);
     }
     Ok((t, blob, names))

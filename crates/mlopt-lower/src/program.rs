@@ -109,7 +109,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         b.places.entry(s.value).or_insert(Place::Arena(s.offset));
     }
     // The flag of data checks (`check.rs`) lives past the planned arena.
-    let flag = Place::Arena(plan.arena_bytes.div_ceil(64) * 64);
+    let flag = plan.arena_bytes.div_ceil(64) * 64;
     let mut kernels: Vec<(u32, mlopt_ir::KernelNodes)> = g.kernels().into_iter().collect();
     kernels.sort_by_key(|(_, k)| k.roots.first().map(|r| pos[r]));
     for (id, k) in kernels {
@@ -124,8 +124,7 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         }
         let mut members = k.members.clone();
         members.sort_by_key(|m| pos[m]);
-        // (GPU programs have no check steps yet: the launcher would have to read the flag back.)
-        for (c, &m) in members.iter().enumerate().filter(|_| opts.gpu.is_none()) {
+        for (c, &m) in members.iter().enumerate() {
             let Some((mut kernel, params, message)) = crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"), opts.cpu.map(|c| c.lanes))? else {
                 continue;
             };
@@ -133,11 +132,11 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
             if let Some(s) = opts.cpu.filter(|_| !opts.algorithm_only) {
                 crate::schedule::schedule_cpu(&mut kernel, s)?;
             }
-            let mut args = vec![flag];
+            let mut args = vec![Place::Arena(flag)];
             args.extend(b.bind(params)?);
-            b.program.steps.push(Step { kernel: b.program.kernels.len(), args, check: Some(message) });
+            b.program.steps.push(Step { kernel: b.program.kernels.len(), args, check: Some(mlopt_kir::Check { flag, message }) });
             b.program.kernels.push(kernel);
-            b.program.arena_bytes = b.program.arena_bytes.max(plan.arena_bytes.div_ceil(64) * 64 + 64);
+            b.program.arena_bytes = b.program.arena_bytes.max(flag + 64);
         }
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
         l.lanes = opts.cpu.map(|c| c.lanes);

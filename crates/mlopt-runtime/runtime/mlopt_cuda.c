@@ -6,15 +6,18 @@
  *
  * create: loads the PTX module, uploads the weights once, allocates the activation arena (one
  * allocation) and staging buffers for the inputs and outputs, and makes a stream.
- * run_device: launches the kernels in order on a stream, on the caller's device buffers; asynchronous.
+ * run_device: launches the kernels in order on a stream, on the caller's device buffers; asynchronous,
+ *   except that after a data check (an index in range, a nonzero integer divisor) it reads the check's
+ *   flag back, waiting for the stream, and fails with the check's message when the data is invalid.
  * run: copies host inputs in, launches, copies outputs back, and waits.
  *
  * The table (little-endian u64 words):
- *   version (1), inputs, outputs, arena bytes, weight bytes, kernels, steps,
+ *   version (2), inputs, outputs, arena bytes, weight bytes, kernels, steps,
  *   bytes of each input, bytes of each output,
  *   then per step: kernel, grid, block, shared bytes, args, and per arg: kind, value
- *   (kind 0 input i, 1 output i, 2 weight byte offset, 3 arena byte offset).
- * The kernel names are one string, each name ending in '\0', in kernel order. */
+ *   (kind 0 input i, 1 output i, 2 weight byte offset, 3 arena byte offset), then the check: 0, or 1 +
+ *   its message's number, and the arena byte offset of its 4-byte flag.
+ * The strings are the kernel names in kernel order, then the checks' messages, each ending in '\0'. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,6 +125,7 @@ typedef struct {
     CUstream stream;
     CUdeviceptr weights, arena, io;
     CUdeviceptr *in, *out; /* staging buffers of run() */
+    const char *messages;  /* the checks' messages, after the kernel names */
 } model;
 
 enum { VERSION, INPUTS, OUTPUTS, ARENA, WEIGHT_BYTES, KERNELS, STEPS, HEADER };
@@ -131,8 +135,8 @@ static uint64_t out_bytes(const uint64_t *t, uint64_t i) { return t[HEADER + t[I
 
 static int setup(model *c, int device) {
     const uint64_t *t = c->m->table;
-    if (t[VERSION] != 1) {
-        snprintf(last_error, sizeof last_error, "model table version %llu, launcher knows 1", (unsigned long long)t[VERSION]);
+    if (t[VERSION] != 2) {
+        snprintf(last_error, sizeof last_error, "model table version %llu, launcher knows 2", (unsigned long long)t[VERSION]);
         return -1;
     }
     if (load_driver()) return -1;
@@ -152,6 +156,7 @@ static int setup(model *c, int device) {
         CHECK(cu.cuModuleGetFunction(&c->fns[k], c->module, name));
         name += strlen(name) + 1;
     }
+    c->messages = name;
     CHECK(cu.cuStreamCreate(&c->stream, 0));
     /* Weights: uploaded once, here. */
     if (t[WEIGHT_BYTES]) {
@@ -244,6 +249,19 @@ int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr
         /* Shared memory is static (declared in the PTX), so no dynamic bytes are passed. */
         (void)shared;
         CHECK(cu.cuLaunchKernel(c->fns[kernel], (unsigned)grid, 1, 1, (unsigned)block, 1, 1, 0, s, params, NULL));
+        uint64_t check = w[0], flag_at = w[1];
+        w += 2;
+        if (check) {
+            uint32_t flag = 0;
+            CHECK(cu.cuMemcpyDtoHAsync(&flag, c->arena + flag_at, sizeof flag, s));
+            CHECK(cu.cuStreamSynchronize(s));
+            if (flag) {
+                const char *msg = c->messages;
+                for (uint64_t i = 1; i < check; i++) msg += strlen(msg) + 1;
+                snprintf(last_error, sizeof last_error, "%s", msg);
+                return -1;
+            }
+        }
     }
     return 0;
 }

@@ -113,7 +113,8 @@ pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
             }
             let (mut kernel, args) = drop_unused(kernel, &step.args, &order, &scratch)?;
             schedule_kernel(&mut kernel, s)?;
-            out.steps.push(Step { kernel: out.kernels.len(), args, check: step.check.clone() });
+            // A check reads its flag once the last launch has written it.
+            out.steps.push(Step { kernel: out.kernels.len(), args, check: step.check.clone().filter(|_| i + 1 == n) });
             out.kernels.push(kernel);
         }
     }
