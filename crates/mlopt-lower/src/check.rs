@@ -82,32 +82,37 @@ pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String, lane
     let flag = l.k.buf("out0", Elem::F32, vec![1], Space::Global);
     let from = elem(g.value_type(v).dtype);
     let count: u64 = outer.iter().product();
-    let fold = fold_op(&mut l, Elem::F32, Expr::f32(0.0), &[count], BinOp::Max, |l, r| {
-        // The flat position r over the outer axes, as an index into them.
-        let mut idx = Vec::with_capacity(shape.len());
-        let mut stride = count;
-        for d in &outer {
-            stride /= d;
-            idx.push(Expr::rem(Expr::div(r[0].clone(), Expr::int(stride as i64)), Expr::int(*d as i64)));
-        }
-        let mut any: Option<Expr> = None;
-        for j in 0..last {
-            let mut ix = idx.clone();
-            if matches!(&rule, Rule::Index(b) if b.tuple) {
-                ix.push(Expr::int(j as i64));
+    // One row of one fold (the shape of a keepdims reduction), so a GPU schedule folds it with a block
+    // of threads rather than one thread.
+    let body = l.nest("c", &[1], |l, c| {
+        let fold = fold_op(l, Elem::F32, Expr::f32(0.0), &[count], BinOp::Max, |l, r| {
+            // The flat position r over the outer axes, as an index into them.
+            let mut idx = Vec::with_capacity(shape.len());
+            let mut stride = count;
+            for d in &outer {
+                stride /= d;
+                idx.push(Expr::rem(Expr::div(r[0].clone(), Expr::int(stride as i64)), Expr::int(*d as i64)));
             }
-            let x = convert(l.pull(v, &ix)?, from, Elem::I64);
-            let b = bad(&rule, x, j as usize);
-            any = Some(match any {
-                Some(a) => Expr::bin(BinOp::Or, a, b),
-                None => b,
-            });
-        }
-        Ok(Expr::select(any.unwrap_or_else(|| Expr::bin(BinOp::Lt, Expr::int(0), Expr::int(0))), Expr::f32(1.0), Expr::f32(0.0)))
+            let mut any: Option<Expr> = None;
+            for j in 0..last {
+                let mut ix = idx.clone();
+                if matches!(&rule, Rule::Index(b) if b.tuple) {
+                    ix.push(Expr::int(j as i64));
+                }
+                let x = convert(l.pull(v, &ix)?, from, Elem::I64);
+                let b = bad(&rule, x, j as usize);
+                any = Some(match any {
+                    Some(a) => Expr::bin(BinOp::Or, a, b),
+                    None => b,
+                });
+            }
+            Ok(Expr::select(any.unwrap_or_else(|| Expr::bin(BinOp::Lt, Expr::int(0), Expr::int(0))), Expr::f32(1.0), Expr::f32(0.0)))
+        })?;
+        let value = fold.get();
+        let mut body = fold.stmts;
+        body.push(Stmt::Store { buf: flag, index: vec![c[0].clone()], value });
+        Ok(body)
     })?;
-    let value = fold.get();
-    let mut body = fold.stmts;
-    body.push(Stmt::Store { buf: flag, index: vec![Expr::int(0)], value });
     l.k.body = body;
     Ok(Some((l.k, l.params, msg)))
 }

@@ -459,6 +459,9 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
             Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Local && index.iter().all(|e| matches!(e, Expr::Int(_))) => {
                 steps.push(RowStep::Scalar(s.clone()))
             }
+            // The row's result (a reduction's `out[row] = acc`): the row's loops are all that are bound
+            // here, so one thread stores it.
+            Stmt::Store { buf, .. } if k.buffer(*buf).space == Space::Global => steps.push(RowStep::Scalar(s.clone())),
             Stmt::For { .. } => {
                 let (loops, inner) = nest(s);
                 if let [update] = inner.as_slice() {
@@ -540,7 +543,7 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
             RowStep::Fold { acc, .. } => {
                 shared.insert(acc.0);
             }
-            RowStep::Scalar(Stmt::Store { buf, .. }) => {
+            RowStep::Scalar(Stmt::Store { buf, .. }) if k.buffer(*buf).space == Space::Local => {
                 shared.insert(*buf);
             }
             _ => {}
