@@ -263,6 +263,8 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             for i in 1..inputs.len() {
                 let t = get(inputs, i)?;
+                // (ONNX lets the parameters' float type differ from the input's; an integer is invalid.)
+                need_float(t, i)?;
                 if t.shape != [x.shape[1]] {
                     return err(Some(i), format!("expected shape [{}], got {:?}", x.shape[1], t.shape));
                 }
@@ -278,6 +280,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let norm = &x.shape[*axis..];
             for i in 1..inputs.len() {
                 if let Some(t) = inputs[i] {
+                    same_dtype(x, t, i)?;
                     if broadcast_shapes(&t.shape, norm).as_deref() != Some(norm) {
                         return err(Some(i), format!("shape {:?} does not broadcast to {:?}", t.shape, norm));
                     }
