@@ -262,6 +262,16 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 int cuGetErrorString(int r, const char **s) { *s = "mock error"; return 0; }
 "#;
 
+/// Builds the stand-in libcuda.so.1 in `dir`/mock; returns that folder (for LD_LIBRARY_PATH).
+fn mock_driver(dir: &std::path::Path) -> std::path::PathBuf {
+    let mock = dir.join("mock");
+    std::fs::create_dir_all(&mock).unwrap();
+    std::fs::write(mock.join("cuda.c"), MOCK_CUDA).unwrap();
+    let so = Command::new("cc").current_dir(&mock).args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"]).output().unwrap();
+    assert!(so.status.success(), "{}", String::from_utf8_lossy(&so.stderr));
+    mock
+}
+
 const MAIN_C: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
@@ -306,11 +316,7 @@ fn the_gpu_library_links_and_launches_in_order() {
     }
     // Against the stand-in driver: one module, weights uploaded once, the kernels launched in program
     // order with the scheduled grid and block, per run.
-    let mock = dir.path().join("mock");
-    std::fs::create_dir_all(&mock).unwrap();
-    std::fs::write(mock.join("cuda.c"), MOCK_CUDA).unwrap();
-    let so = Command::new("cc").current_dir(&mock).args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"]).output().unwrap();
-    assert!(so.status.success(), "{}", String::from_utf8_lossy(&so.stderr));
+    let mock = mock_driver(dir.path());
     let log = dir.path().join("calls.log");
     let out = Command::new(&exe).env("LD_LIBRARY_PATH", &mock).env("MOCK_LOG", &log).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
@@ -375,11 +381,7 @@ fn the_gpu_launcher_reads_data_checks_back() {
         .output()
         .unwrap();
     assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
-    let mock = dir.path().join("mock");
-    std::fs::create_dir_all(&mock).unwrap();
-    std::fs::write(mock.join("cuda.c"), MOCK_CUDA).unwrap();
-    let so = Command::new("cc").current_dir(&mock).args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"]).output().unwrap();
-    assert!(so.status.success(), "{}", String::from_utf8_lossy(&so.stderr));
+    let mock = mock_driver(dir.path());
     let log = dir.path().join("calls.log");
     let run = |fail: bool| {
         let mut cmd = Command::new(&exe);
