@@ -3,10 +3,12 @@
 //!
 //! A kernel that gathers clamps its indices, so it never reads out of bounds whatever the data; whether
 //! the data was valid is a separate check kernel that runs before it: a fold over the index (or divisor)
-//! tensor writing one flag, 0.0 when every element is valid and 1.0 otherwise. Its step carries the
-//! error message (`Step::check`): the kernel IR interpreter and the compiled entry point stop there with
-//! it. The index tensor is pulled like any other value, so it may be computed inside the checked kernel's
-//! fusion group (a Cast, an Add); constant indices and divisors are checked here, at compile time.
+//! tensor writing one flag, 0.0 when every element is valid and 1.0 otherwise. Its step carries the flag's
+//! place and the error message (`Step::check`): the kernel IR interpreter, the compiled entry point and
+//! the GPU launcher stop there with it. The index tensor is pulled like any other value, so it may be
+//! computed inside the checked kernel's fusion group (a Cast, an Add), though not by an anchor there (a
+//! local the check cannot read: lowering then fails with an error); constant indices and divisors are
+//! checked here, at compile time.
 
 use crate::anchor::fold_op;
 use crate::elementwise::{convert, elem};
