@@ -236,38 +236,6 @@ fn message(e: &anyhow::Error) -> String {
     msg
 }
 
-/// `compile --target sm_XX`: the PTX, header and library, and report.json with every launch.
-fn compile_gpu(g: &mlopt_ir::Graph, options: &mlopt_driver::Options, output: &std::path::Path, report: bool, start: std::time::Instant) -> Result<ExitCode> {
-    let c = mlopt_driver::compile_gpu(g, options)?;
-    let stem = file_stem(&g.name);
-    let json = output.join("report.json");
-    let compile_s = start.elapsed().as_secs_f64();
-    let mut extra = vec![
-        ("arena_bytes", c.program.arena_bytes.to_string()),
-        ("kernels_compiled", c.program.kernels.len().to_string()),
-        ("compile_s", format!("{compile_s:.3}")),
-        ("gpu_kernels", c.json()),
-    ];
-    extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
-    let report_json = mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra).into_bytes();
-    let written: Vec<_> = c.write_library(output, &stem, &[("report.json".into(), report_json)])?.into_iter().filter(|p| !p.ends_with("report.json")).collect();
-    if report {
-        print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
-        print!("{}", c.table());
-        let stages: Vec<String> = c.times.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
-        println!("stages: {}", stages.join(", "));
-    }
-    for p in &written {
-        eprintln!("wrote {}", p.display());
-    }
-    match &c.ptxas {
-        Some(p) => eprintln!("ptxas ({}) assembled every kernel for {}", p.display(), c.target.name),
-        None => eprintln!("warning: no ptxas found (set MLOPT_PTXAS or put it on PATH): the PTX is not checked and the report has no registers"),
-    }
-    eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), c.target.name);
-    Ok(ExitCode::SUCCESS)
-}
-
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Inspect { model, input_shapes, stage, opt } => {
@@ -295,46 +263,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
             let options = opt.driver(&data::input_names(&m)?)?;
-            if options.config.target.is_gpu() {
-                return compile_gpu(&g, &options, &output, report, start);
-            }
-            let c = mlopt_driver::compile(&g, &options)?;
-            let stem = file_stem(&g.name);
-            let json = output.join("report.json");
-            let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph).context("planning memory")?;
+            let lib = mlopt_driver::build(&g, &options)?;
             let compile_s = start.elapsed().as_secs_f64();
-            let mut extra = vec![
-                ("arena_bytes", mem.arena_bytes.to_string()),
-                ("in_place", mem.in_place.len().to_string()),
-                ("kernels_compiled", c.program.kernels.len().to_string()),
-                ("compile_s", format!("{compile_s:.3}")),
-            ];
-            extra.extend(c.times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
             // The report is written with the library, all files or none.
-            let mut files = vec![("report.json".to_string(), mlopt_rewrite::report::json(&c.optimized, &c.cfg, &extra).into_bytes())];
-            if report {
-                let title = format!("{}: estimated roofline", bench::label(&model));
-                files.push(("roofline.svg".into(), mlopt_driver::svg::roofline(&title, &c.cfg.target, &c.kernel_records()).into_bytes()));
+            let json = output.join("report.json");
+            let mut files = vec![("report.json".to_string(), lib.report_json(compile_s)?.into_bytes())];
+            if let Some(svg) = lib.roofline(&format!("{}: estimated roofline", bench::label(&model))).filter(|_| report) {
+                files.push(("roofline.svg".into(), svg.into_bytes()));
             }
-            let written = c.write_library(&output, &stem, &files)?;
+            let written = lib.write(&output, &file_stem(&g.name), &files)?;
             if report {
-                print!("{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg));
-                print!("{}", mlopt_rewrite::report::table(&c.optimized));
-                println!(
-                    "activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)",
-                    mem.arena_bytes as f64 / 1e6,
-                    mem.slots.len(),
-                    mem.in_place.len(),
-                    mem.aliases.len(),
-                    mem.unshared_bytes as f64 / 1e6
-                );
-                let stages: Vec<String> = c.times.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
-                println!("stages: {}", stages.join(", "));
+                print!("{}", lib.report_text()?);
             }
             for p in written.iter().filter(|p| !p.ends_with("report.json")) {
                 eprintln!("wrote {}", p.display());
             }
-            eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), c.target.name);
+            for note in lib.notes() {
+                eprintln!("{note}");
+            }
+            eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), lib.target_name());
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Calibrate => {

@@ -7,6 +7,7 @@
 
 pub mod emit;
 pub mod gpu;
+pub mod library;
 pub mod output;
 pub mod pipeline;
 pub mod profile;
@@ -15,5 +16,6 @@ pub mod target;
 pub mod tune;
 
 pub use gpu::{compile_gpu, GpuCompiled};
+pub use library::{build, Library};
 pub use mlopt_runtime::Loaded;
 pub use pipeline::{compile, inspect, Compiled, DriverError, Options, Stage};

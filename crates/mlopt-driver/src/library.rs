@@ -1,0 +1,111 @@
+//! One entry point for `mlopt compile`: `build` runs the pipeline for the target's kind (`compile` for a
+//! CPU, `compile_gpu` for a GPU), and a `Library` says what is written and reported for either, so the
+//! CLI does not orchestrate stages or assemble reports itself.
+
+use crate::gpu::GpuCompiled;
+use crate::pipeline::{Compiled, Options, Result};
+use mlopt_ir::Graph;
+use std::path::{Path, PathBuf};
+
+/// A compiled model for a CPU or a GPU.
+#[derive(Debug)]
+pub enum Library {
+    Cpu(Box<Compiled>),
+    Gpu(Box<GpuCompiled>),
+}
+
+/// Runs the pipeline for `opt`'s target.
+pub fn build(g: &Graph, opt: &Options) -> Result<Library> {
+    Ok(if opt.config.target.is_gpu() { Library::Gpu(Box::new(crate::compile_gpu(g, opt)?)) } else { Library::Cpu(Box::new(crate::compile(g, opt)?)) })
+}
+
+impl Library {
+    /// The target's name (`host`, `x86-64-v4`, `sm_80`, ...).
+    pub fn target_name(&self) -> &str {
+        match self {
+            Library::Cpu(c) => &c.target.name,
+            Library::Gpu(c) => &c.target.name,
+        }
+    }
+
+    fn stages(times: &[(&'static str, f64)]) -> String {
+        let stages: Vec<String> = times.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
+        format!("stages: {}\n", stages.join(", "))
+    }
+
+    /// report.json: the optimiser's report with the arena, the kernels compiled, `compile_s` and each
+    /// stage's seconds (and every launch, for a GPU).
+    pub fn report_json(&self, compile_s: f64) -> Result<String> {
+        let (optimized, cfg, times, mut extra) = match self {
+            Library::Cpu(c) => {
+                let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph)?;
+                let extra = vec![
+                    ("arena_bytes", mem.arena_bytes.to_string()),
+                    ("in_place", mem.in_place.len().to_string()),
+                    ("kernels_compiled", c.program.kernels.len().to_string()),
+                ];
+                (&c.optimized, &c.cfg, &c.times, extra)
+            }
+            Library::Gpu(c) => {
+                let extra = vec![
+                    ("arena_bytes", c.program.arena_bytes.to_string()),
+                    ("kernels_compiled", c.program.kernels.len().to_string()),
+                    ("gpu_kernels", c.json()),
+                ];
+                (&c.optimized, &c.cfg, &c.times, extra)
+            }
+        };
+        extra.push(("compile_s", format!("{compile_s:.3}")));
+        extra.extend(times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
+        Ok(mlopt_rewrite::report::json(optimized, cfg, &extra))
+    }
+
+    /// What `compile --report` prints: the optimiser's header, the kernel table, the activation arena (CPU)
+    /// and the stages' times.
+    pub fn report_text(&self) -> Result<String> {
+        Ok(match self {
+            Library::Cpu(c) => {
+                let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph)?;
+                format!(
+                    "{}{}activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)\n{}",
+                    mlopt_rewrite::report::header(&c.optimized, &c.cfg),
+                    mlopt_rewrite::report::table(&c.optimized),
+                    mem.arena_bytes as f64 / 1e6,
+                    mem.slots.len(),
+                    mem.in_place.len(),
+                    mem.aliases.len(),
+                    mem.unshared_bytes as f64 / 1e6,
+                    Self::stages(&c.times)
+                )
+            }
+            Library::Gpu(c) => format!("{}{}{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg), c.table(), Self::stages(&c.times)),
+        })
+    }
+
+    /// The estimated roofline of the kernels as SVG (CPU libraries; a GPU's kernels are in report.json).
+    pub fn roofline(&self, title: &str) -> Option<String> {
+        match self {
+            Library::Cpu(c) => Some(crate::svg::roofline(title, &c.cfg.target, &c.kernel_records())),
+            Library::Gpu(_) => None,
+        }
+    }
+
+    /// Writes the library, header, binding or PTX, dumps and `extra` into `dir`, all or none.
+    pub fn write(&self, dir: &Path, stem: &str, extra: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+        match self {
+            Library::Cpu(c) => c.write_library(dir, stem, extra),
+            Library::Gpu(c) => c.write_library(dir, stem, extra),
+        }
+    }
+
+    /// What was checked beyond the pipeline's own verifiers (for a GPU: whether ptxas assembled the PTX).
+    pub fn notes(&self) -> Vec<String> {
+        match self {
+            Library::Cpu(_) => vec![],
+            Library::Gpu(c) => vec![match &c.ptxas {
+                Some(p) => format!("ptxas ({}) assembled every kernel for {}", p.display(), c.target.name),
+                None => "warning: no ptxas found (set MLOPT_PTXAS or put it on PATH): the PTX is not checked and the report has no registers".into(),
+            }],
+        }
+    }
+}
