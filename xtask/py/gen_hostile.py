@@ -127,6 +127,55 @@ def _():
     return model([h.make_node("Conv", ["x", "w"], ["y"], name="bad", dilations=[I64_MAX, I64_MAX])], [f32("x", [1, 1, 8, 8])], [f32("y", None)], [w])
 
 
+@case("resize_scale_nan")
+def _():
+    return model(
+        [h.make_node("Resize", ["x", "", "s"], ["y"], name="bad")],
+        [f32("x", [1, 1, 2, 2])],
+        [f32("y", None)],
+        [const("s", np.array([1, 1, np.nan, 1], np.float32))],
+    )
+
+
+@case("axes_at_the_integer_limits")
+def _():
+    # Axes and permutations at i64::MIN / i64::MAX: normalising them (axis + rank) must not overflow.
+    return model(
+        [
+            h.make_node("Concat", ["x", "x"], ["c"], name="bad", axis=I64_MIN),
+            h.make_node("Transpose", ["c"], ["y"], name="bad2", perm=[I64_MAX, 0]),
+        ],
+        [f32("x", [2, 3])],
+        [f32("y", None)],
+    )
+
+
+@case("conv_group_huge")
+def _():
+    return model([h.make_node("Conv", ["x", "w"], ["y"], name="bad", group=2**62)], [f32("x", [1, 4, 4, 4])], [f32("y", None)], [const("w", np.ones((4, 1, 1, 1), np.float32))])
+
+
+@case("topk_k_huge")
+def _():
+    return model(
+        [h.make_node("TopK", ["x", "k"], ["y", "i"], name="bad")],
+        [f32("x", [4])],
+        [f32("y", None), vi("i", T.INT64, None)],
+        [const("k", np.array([2**62], np.int64))],
+    )
+
+
+@case("conv_transpose_output_padding_huge")
+def _():
+    w = const("w", np.ones((1, 1, 3, 3), np.float32))
+    return model([h.make_node("ConvTranspose", ["x", "w"], ["y"], name="bad", output_padding=[2**62, 2**62])], [f32("x", [1, 1, 2, 2])], [f32("y", None)], [w])
+
+
+@case("unsqueeze_rank_101")
+def _():
+    return model([h.make_node("Unsqueeze", ["x", "a"], ["y"], name="bad")], [f32("x", [3])], [f32("y", None)], [const("a", np.arange(100, dtype=np.int64))])
+
+
 # --- Sizes that would allocate without bound (item 3) ------------------------------------------------
 
 

@@ -428,8 +428,9 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
                 return Err(cx.err_in(2, format!("scales has {} values, expected {}", sc.len(), axes.len())));
             }
             for (k, &d) in axes.iter().enumerate() {
-                if sc[k] <= 0.0 {
-                    return Err(cx.err_in(2, format!("scale {} must be positive", sc[k])));
+                // (`!(x > 0)` also refuses NaN, which would otherwise size the axis 0.)
+                if !(sc[k] > 0.0 && sc[k].is_finite()) {
+                    return Err(cx.err_in(2, format!("scale {} must be positive and finite", sc[k])));
                 }
                 let span = if coord == CoordMode::TfCropAndResize { (roi_full[d + r] - roi_full[d]) as f64 } else { 1.0 };
                 attrs.scales[d] = sc[k] as f32;
