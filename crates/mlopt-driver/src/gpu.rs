@@ -195,8 +195,11 @@ pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'stati
     let mut attempt = 0;
     loop {
         let mut t = Instant::now();
-        let program = mlopt_lower::lower_program(g, &lowering(s.clone()))?;
-        lap("lower+schedule", &mut t);
+        let options = lowering(s.clone());
+        let program = mlopt_lower::lower_algorithm(g, &options)?;
+        lap("lower", &mut t);
+        let program = mlopt_lower::schedule::schedule(program, &options)?;
+        lap("schedule", &mut t);
         let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
         lap("codegen", &mut t);
         let figures = match &ptxas {

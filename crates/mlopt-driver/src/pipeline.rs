@@ -1,7 +1,7 @@
 //! The compilation pipeline, one flat list of named stages (import happens before, in `data`):
 //!
-//! optimise (egg + roofline + fusion) -> lower (kernel IR) -> schedule (vector/parallel loops) ->
-//! codegen (LLVM, default<O3>, object)
+//! optimise (egg + roofline + fusion) -> lower (kernel IR: the algorithm) -> schedule (vector/parallel
+//! loops, or GPU launches) -> codegen (LLVM, default<O3>, object)
 //!
 //! each timed; and what to do with the result: load it into this process and run it, or write the
 //! library users link.
@@ -79,10 +79,9 @@ pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
     let cfg = &opt.config;
     let optimized = mlopt_rewrite::optimize(g, cfg)?;
     let graph = &optimized.plan.graph;
-    let mut lower =
-        if cfg.target.is_gpu() { crate::gpu::lowering(crate::gpu::schedule_for(cfg)) } else { cpu_lowering(opt, &crate::target::cpu(&cfg.target)?) };
-    lower.algorithm_only = stage == Stage::Lowered;
-    let program = mlopt_lower::lower_program(graph, &lower)?;
+    let lower = if cfg.target.is_gpu() { crate::gpu::lowering(crate::gpu::schedule_for(cfg)) } else { cpu_lowering(opt, &crate::target::cpu(&cfg.target)?) };
+    let program = mlopt_lower::lower_algorithm(graph, &lower)?;
+    let program = if stage == Stage::Lowered { program } else { mlopt_lower::schedule::schedule(program, &lower)? };
     Ok(match stage {
         Stage::Lowered | Stage::Scheduled => mlopt_kir::print::program(&program),
         Stage::Code if cfg.target.is_gpu() => mlopt_llvm::compile_ptx(&program, &crate::target::gpu(&cfg.target)?)?.ptx,
@@ -117,8 +116,10 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
         lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;
         lap("tune", &mut times);
     }
-    let program = mlopt_lower::lower_program(&optimized.plan.graph, &lower)?;
-    lap("lower+schedule", &mut times);
+    let program = mlopt_lower::lower_algorithm(&optimized.plan.graph, &lower)?;
+    lap("lower", &mut times);
+    let program = mlopt_lower::schedule::schedule(program, &lower)?;
+    lap("schedule", &mut times);
     let code = mlopt_llvm::compile_with(&program, &target, opt.threads.max(1), opt.profile)?;
     lap("codegen", &mut times);
     Ok(Compiled { optimized, cfg, program, code, target, times, profiled: opt.profile })

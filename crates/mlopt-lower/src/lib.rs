@@ -25,7 +25,7 @@ mod winograd;
 
 pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};
-pub use program::{interpret, lower_program, Options};
+pub use program::{interpret, lower_algorithm, lower_program, Options};
 pub use schedule::CpuSchedule;
 pub use schedule::GpuSchedule;
 pub use winograd::Winograd;

@@ -22,9 +22,6 @@ pub struct Options {
     pub winograd: crate::Winograd,
     /// Schedule the kernels for a GPU (`gpu.rs`) instead of the CPU.
     pub gpu: Option<crate::GpuSchedule>,
-    /// Stop before scheduling: the kernels as the algorithm (`inspect --stage lowered`). Contractions
-    /// keep the register tiles `cpu`'s lanes gave them, which shape their accumulators.
-    pub algorithm_only: bool,
 }
 
 struct Binder<'g> {
@@ -77,8 +74,10 @@ impl Binder<'_> {
     }
 }
 
-/// Lowers a fused graph (the optimiser's output) to a program.
-pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
+/// Lowers a fused graph (the optimiser's output) to a program of algorithm kernels: plain loop nests,
+/// verified, not yet scheduled. (Contractions already have the register tiles `opts.cpu`'s lanes give
+/// them, and their packed weights: the tile is the layout of a weight the program carries.)
+pub fn lower_algorithm(g: &Graph, opts: &Options) -> Result<Program> {
     let plan = plan_memory(g)?;
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
@@ -129,9 +128,6 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
                 continue;
             };
             mlopt_kir::simplify::simplify_kernel(&mut kernel);
-            if let Some(s) = opts.cpu.filter(|_| !opts.algorithm_only) {
-                crate::schedule::schedule_cpu(&mut kernel, s)?;
-            }
             let mut args = vec![Place::Arena(flag)];
             args.extend(b.bind(params)?);
             b.program.steps.push(Step { kernel: b.program.kernels.len(), args, check: Some(mlopt_kir::Check { flag, message }) });
@@ -158,9 +154,6 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         let (mut kernel, params) = l.lower(&members, root, &outs)?;
         // Reshape chains leave divided and re-multiplied indices; the loop ranges undo them.
         mlopt_kir::simplify::simplify_kernel(&mut kernel);
-        if let Some(s) = opts.cpu.filter(|_| !opts.algorithm_only) {
-            crate::schedule::schedule_cpu(&mut kernel, s)?;
-        }
         args.extend(b.bind(params)?);
         b.program.steps.push(Step::call(b.program.kernels.len(), args));
         b.program.kernels.push(kernel);
@@ -172,10 +165,12 @@ pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
         b.program.kernels.push(copy_kernel(&format!("copy{i}"), &io));
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;
-    match &opts.gpu {
-        Some(s) if !opts.algorithm_only => crate::schedule::gpu::schedule_program(b.program, s),
-        _ => Ok(b.program),
-    }
+    Ok(b.program)
+}
+
+/// Lowers a fused graph and schedules it: `lower_algorithm`, then `schedule::schedule`.
+pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
+    crate::schedule::schedule(lower_algorithm(g, opts)?, opts)
 }
 
 /// `out[i] = in[i]` over one flat loop.

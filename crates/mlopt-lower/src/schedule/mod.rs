@@ -19,3 +19,20 @@ mod gpu_gemm;
 
 pub use cpu::{schedule_cpu, CpuSchedule};
 pub use gpu::{schedule_program, GpuSchedule};
+
+use crate::error::{LowerError, Result};
+
+/// The schedule stage for the target `opts` names: each kernel's CPU schedule (`opts.cpu`), or the GPU
+/// launches (`opts.gpu`); without either, the program as it is. The result is verified.
+pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlopt_kir::Program> {
+    if let Some(s) = &opts.gpu {
+        return schedule_program(p, s);
+    }
+    if let Some(s) = opts.cpu {
+        for k in &mut p.kernels {
+            schedule_cpu(k, s)?;
+        }
+        mlopt_kir::verify_program(&p).map_err(LowerError::Verify)?;
+    }
+    Ok(p)
+}
