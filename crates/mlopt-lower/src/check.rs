@@ -13,7 +13,7 @@
 use crate::anchor::fold_op;
 use crate::elementwise::{convert, elem};
 use crate::error::{LowerError, Result};
-use crate::kernel::{dims, Lowerer, Params};
+use crate::kernel::{delinear, dims, Lowerer, Params};
 use mlopt_ir::infer::IndexBounds;
 use mlopt_ir::{Binary, Graph, NodeId, Op};
 use mlopt_kir::{BinOp, Elem, Expr, Kernel, Space, Stmt};
@@ -89,12 +89,7 @@ pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String, lane
     let body = l.nest("c", &[1], |l, c| {
         let fold = fold_op(l, Elem::F32, Expr::f32(0.0), &[count], BinOp::Max, |l, r| {
             // The flat position r over the outer axes, as an index into them.
-            let mut idx = Vec::with_capacity(shape.len());
-            let mut stride = count;
-            for d in &outer {
-                stride /= d;
-                idx.push(Expr::rem(Expr::div(r[0].clone(), Expr::int(stride as i64)), Expr::int(*d as i64)));
-            }
+            let idx = delinear(r[0].clone(), &outer.iter().map(|d| *d as i64).collect::<Vec<_>>());
             let mut any: Option<Expr> = None;
             for j in 0..last {
                 let mut ix = idx.clone();
