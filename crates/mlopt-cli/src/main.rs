@@ -267,13 +267,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let compile_s = start.elapsed().as_secs_f64();
             // The report is written with the library, all files or none.
             let json = output.join("report.json");
-            let mut files = vec![("report.json".to_string(), lib.report_json(compile_s)?.into_bytes())];
+            let summary = lib.report(compile_s)?;
+            let mut files = vec![("report.json".to_string(), summary.json.into_bytes())];
             if let Some(svg) = lib.roofline(&format!("{}: estimated roofline", bench::label(&model))).filter(|_| report) {
                 files.push(("roofline.svg".into(), svg.into_bytes()));
             }
             let written = lib.write(&output, &file_stem(&g.name), &files)?;
             if report {
-                print!("{}", lib.report_text()?);
+                print!("{}", summary.text);
             }
             for p in written.iter().filter(|p| !p.ends_with("report.json")) {
                 eprintln!("wrote {}", p.display());

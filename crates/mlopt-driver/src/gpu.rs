@@ -272,7 +272,7 @@ impl GpuCompiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.ptx.llvm_ir.clone()),
         ];
-        crate::pipeline::write_files(dir, stem, &files, std::slice::from_ref(&self.host_object), mlopt_runtime::write_gpu_archive, extra)
+        crate::pipeline::write_files(dir, stem, files.into(), std::slice::from_ref(&self.host_object), mlopt_runtime::write_gpu_archive, extra)
     }
 
     /// The per-kernel table `--report` prints.

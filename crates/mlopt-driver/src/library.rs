@@ -7,6 +7,13 @@ use crate::pipeline::{Compiled, Options, Result};
 use mlopt_ir::Graph;
 use std::path::{Path, PathBuf};
 
+/// What `Library::report` makes: report.json's text and the `--report` printout.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub json: String,
+    pub text: String,
+}
+
 /// A compiled model for a CPU or a GPU.
 #[derive(Debug)]
 pub enum Library {
@@ -33,10 +40,12 @@ impl Library {
         format!("stages: {}\n", stages.join(", "))
     }
 
-    /// report.json: the optimiser's report with the arena, the kernels compiled, `compile_s` and each
-    /// stage's seconds (and every launch, for a GPU).
-    pub fn report_json(&self, compile_s: f64) -> Result<String> {
-        let (optimized, cfg, times, mut extra) = match self {
+    /// report.json (the optimiser's report with the arena, the kernels compiled, `compile_s` and each
+    /// stage's seconds, and every launch for a GPU) and what `compile --report` prints (the optimiser's
+    /// header, the kernel table, the activation arena for a CPU, the stages' times). One memory plan
+    /// serves both.
+    pub fn report(&self, compile_s: f64) -> Result<Report> {
+        let (optimized, cfg, times, mut extra, text) = match self {
             Library::Cpu(c) => {
                 let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph)?;
                 let extra = vec![
@@ -44,29 +53,7 @@ impl Library {
                     ("in_place", mem.in_place.len().to_string()),
                     ("kernels_compiled", c.program.kernels.len().to_string()),
                 ];
-                (&c.optimized, &c.cfg, &c.times, extra)
-            }
-            Library::Gpu(c) => {
-                let extra = vec![
-                    ("arena_bytes", c.program.arena_bytes.to_string()),
-                    ("kernels_compiled", c.program.kernels.len().to_string()),
-                    ("gpu_kernels", c.json()),
-                ];
-                (&c.optimized, &c.cfg, &c.times, extra)
-            }
-        };
-        extra.push(("compile_s", format!("{compile_s:.3}")));
-        extra.extend(times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
-        Ok(mlopt_rewrite::report::json(optimized, cfg, &extra))
-    }
-
-    /// What `compile --report` prints: the optimiser's header, the kernel table, the activation arena (CPU)
-    /// and the stages' times.
-    pub fn report_text(&self) -> Result<String> {
-        Ok(match self {
-            Library::Cpu(c) => {
-                let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph)?;
-                format!(
+                let text = format!(
                     "{}{}activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)\n{}",
                     mlopt_rewrite::report::header(&c.optimized, &c.cfg),
                     mlopt_rewrite::report::table(&c.optimized),
@@ -76,10 +63,22 @@ impl Library {
                     mem.aliases.len(),
                     mem.unshared_bytes as f64 / 1e6,
                     Self::stages(&c.times)
-                )
+                );
+                (&c.optimized, &c.cfg, &c.times, extra, text)
             }
-            Library::Gpu(c) => format!("{}{}{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg), c.table(), Self::stages(&c.times)),
-        })
+            Library::Gpu(c) => {
+                let extra = vec![
+                    ("arena_bytes", c.program.arena_bytes.to_string()),
+                    ("kernels_compiled", c.program.kernels.len().to_string()),
+                    ("gpu_kernels", c.json()),
+                ];
+                let text = format!("{}{}{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg), c.table(), Self::stages(&c.times));
+                (&c.optimized, &c.cfg, &c.times, extra, text)
+            }
+        };
+        extra.push(("compile_s", format!("{compile_s:.3}")));
+        extra.extend(times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
+        Ok(Report { json: mlopt_rewrite::report::json(optimized, cfg, &extra), text })
     }
 
     /// The estimated roofline of the kernels as SVG (CPU libraries; a GPU's kernels are in report.json).

@@ -189,7 +189,7 @@ impl Compiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.code.llvm_ir.clone()),
         ];
-        write_files(dir, stem, &files, &self.code.objects, mlopt_runtime::write_archive, extra)
+        write_files(dir, stem, files.into(), &self.code.objects, mlopt_runtime::write_archive, extra)
     }
 }
 
@@ -201,7 +201,7 @@ pub(crate) type Archive = fn(&mut std::fs::File, &[(&str, &[u8])]) -> std::io::R
 pub(crate) fn write_files(
     dir: &Path,
     stem: &str,
-    files: &[(String, String)],
+    files: Vec<(String, String)>,
     objects: &[Vec<u8>],
     archive: Archive,
     extra: &[(String, Vec<u8>)],
@@ -209,7 +209,7 @@ pub(crate) fn write_files(
     use crate::output::Content;
     let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }).collect();
     let members: Vec<(&str, &[u8])> = names.iter().zip(objects).map(|(n, o)| (n.as_str(), o.as_slice())).collect();
-    let mut all: Vec<(String, Content)> = files.iter().map(|(n, t)| (n.clone(), Content::Bytes(t.clone().into_bytes()))).collect();
+    let mut all: Vec<(String, Content)> = files.into_iter().map(|(n, t)| (n, Content::Bytes(t.into_bytes()))).collect();
     all.push((format!("lib{stem}.a"), Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, &members)))));
     all.extend(extra.iter().map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))));
     crate::output::write_atomically(dir, &all)
