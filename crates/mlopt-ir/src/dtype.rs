@@ -94,6 +94,12 @@ impl TensorType {
         self.numel() * self.dtype.size()
     }
 
+    /// The element count, or `None` if it overflows (a shape read from a file, before anything of that
+    /// size exists).
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+    }
+
     /// The size in bytes, or `None` if it overflows (shapes from user input can be absurd). Zero dimensions
     /// count as 1 for the overflow check: code multiplies sub-ranges of a shape (Flatten's two halves), and
     /// `[0, 2^40, 2^40]` is as absurd as `[1, 2^40, 2^40]`.

@@ -336,7 +336,7 @@ impl Tensor {
     pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
         let size = ty.dtype.size();
         // (The shape may come from a file: its product is checked, not assumed to fit.)
-        let numel = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        let numel = ty.checked_numel()?;
         if bytes.len() != numel.checked_mul(size)? {
             return None;
         }
@@ -351,7 +351,7 @@ impl Tensor {
     /// when the shape's element count overflows.
     pub fn from_le_reader(ty: &TensorType, r: &mut impl std::io::Read) -> std::io::Result<Option<Tensor>> {
         let size = ty.dtype.size();
-        let Some(numel) = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) else { return Ok(None) };
+        let Some(numel) = ty.checked_numel() else { return Ok(None) };
         let mut block = vec![0u8; (1 << 20) / size * size];
         with_dtype!(ty.dtype, T => {
             let mut v: Vec<T> = Vec::with_capacity(numel);

@@ -119,7 +119,7 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     }
     let shape: Vec<usize> = t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| err(format!("negative dimension {d}")))).collect::<Result<_>>()?;
     let ty = TensorType::new(dtype, shape);
-    let numel = ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| err("too many elements".into()))?;
+    let numel = ty.checked_numel().ok_or_else(|| err("too many elements".into()))?;
     let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| err("too many elements".into()))?;
     let bad_len = |n: usize| err(format!("{n} values for shape {:?} ({numel} expected)", ty.shape));
     if t.data_location == tensor_proto::DATA_LOCATION_EXTERNAL {
