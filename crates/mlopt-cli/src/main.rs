@@ -243,12 +243,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
             match stage {
                 Stage::Import => print!("; mlopt graph @{} after \"import\"\n{}", mlopt_ir::print::ident(&g.name), mlopt_ir::print::print(&g)),
-                Stage::Optimized => {
-                    let (o, cfg) = opt.optimize(&g, &data::input_names(&m)?)?;
-                    print!("{}", mlopt_rewrite::report::dump(&o, &cfg));
-                }
-                Stage::Lowered | Stage::Scheduled | Stage::Code => {
+                _ => {
                     let stage = match stage {
+                        Stage::Optimized => mlopt_driver::Stage::Optimised,
                         Stage::Lowered => mlopt_driver::Stage::Lowered,
                         Stage::Scheduled => mlopt_driver::Stage::Scheduled,
                         _ => mlopt_driver::Stage::Code,
@@ -384,11 +381,10 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
             c.run(&mut c.load()?, &inputs)?
         }
         Engine::Emulated(opt) => {
-            let (o, cfg) = opt.optimize(&g, &names)?;
             // The kernels must become PTX that ptxas assembles without spilling, and match in the emulator.
-            let s = mlopt_driver::gpu::schedule(&o.plan.graph, &cfg, &mut Vec::new()).context("compiling the GPU kernels")?;
-            s.check_spills().context("assembling the GPU kernels")?;
-            mlopt_lower::interpret(&s.program, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
+            let c = mlopt_driver::compile_gpu(&g, &opt.driver(&names)?).context("compiling the GPU kernels")?;
+            c.check_spills().context("assembling the GPU kernels")?;
+            mlopt_lower::interpret(&c.program, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
         }
     };
     if outs.len() != expected.len() {

@@ -456,6 +456,13 @@ fn compile_writes_the_optimised_graph_and_report() {
     assert!(std::fs::read_to_string(out_dir.join("mlp.kir")).unwrap().contains("kernel @k0("));
     assert!(std::fs::read_to_string(out_dir.join("mlp.ll")).unwrap().contains("define i32 @mlopt_mlp_run("));
     assert!(json["compile_s"].as_str().is_some() || json["compile_s"].as_f64().is_some(), "{json}");
+    stages_in_order(&text, &["optimise", "lower", "schedule", "codegen", "package"]);
+}
+
+/// report.json times the pipeline's stages, at its end, in the order they ran.
+fn stages_in_order(report: &str, stages: &[&str]) {
+    let at: Vec<usize> = stages.iter().map(|s| report.rfind(&format!("\"{s}\"")).unwrap_or_else(|| panic!("stage {s} missing from {report}"))).collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "stages out of order in {report}");
 }
 
 #[test]
@@ -494,6 +501,9 @@ fn compile_for_a_gpu_writes_ptx_a_library_and_the_launches() {
     for needle in ["\"gpu_kernels\"", "\"grid\"", "\"registers\"", "\"occupancy\""] {
         assert!(report.contains(needle), "{needle} missing from {report}");
     }
+    // The same pipeline as for a CPU, with ptxas after codegen where it is installed.
+    let ptxas = if mlopt_driver::gpu::find_ptxas().is_some() { vec!["codegen", "ptxas"] } else { vec!["codegen"] };
+    stages_in_order(&report, &[&["optimise", "lower", "schedule"][..], &ptxas, &["package"]].concat());
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("grid x block") && table.contains("launches, roofline"), "{table}");
 }

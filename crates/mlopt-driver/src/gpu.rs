@@ -1,17 +1,15 @@
-//! The pipeline for NVIDIA GPUs (`--target sm_80|sm_86|sm_89|sm_90`): optimise for the GPU's roofline ->
-//! lower -> GPU schedules (`mlopt_lower::schedule::gpu`) -> PTX (`mlopt_llvm::compile_ptx`) -> ptxas, for the
-//! registers, spills and shared memory of every kernel -> the library: `<name>.ptx`, `<name>.h`, and
-//! `lib<name>.a` with the host side (the PTX, the weights and the launch table as constants, and the C API)
-//! and the CUDA launcher, which opens libcuda at run time.
+//! What the pipeline (`pipeline::run`) does for NVIDIA GPUs (`--target sm_80|sm_86|sm_89|sm_90`) beyond
+//! its shared stages: the GPU schedules' options, ptxas (the registers, spills and shared memory of every
+//! kernel, and the register plans it checks), and the package: `<name>.ptx`, `<name>.h`, and `lib<name>.a`
+//! with the host side (the PTX, the weights and the launch table as constants, and the C API) and the
+//! CUDA launcher, which opens libcuda at run time.
 
-use crate::pipeline::{DriverError, Options, Result};
-use mlopt_ir::Graph;
+use crate::pipeline::{DriverError, Result};
 use mlopt_kir::Program;
 use mlopt_llvm::{c_name, GpuTarget, PtxOutput};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 /// What ptxas says of one kernel.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -156,77 +154,23 @@ pub fn planned_registers(schedule: &[mlopt_kir::ScheduleStep]) -> Option<u32> {
     })
 }
 
-/// An optimised graph with GPU schedules, as PTX, and ptxas's figures for each kernel (None without ptxas).
-#[derive(Debug)]
-pub struct Scheduled {
-    pub program: Program,
-    pub ptx: PtxOutput,
-    pub ptxas: Option<PathBuf>,
-    pub figures: Option<Vec<(String, Ptxas)>>,
+/// The most registers any kernel of `program` needs beyond its plan, by ptxas's `figures`.
+pub(crate) fn register_shortfall(program: &Program, figures: &[(String, Ptxas)]) -> u32 {
+    let used = |name: &str| figures.iter().find(|(n, _)| n == name).map(|(_, f)| f.registers);
+    program.kernels.iter().filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule)?)).max().unwrap_or(0)
 }
 
-impl Scheduled {
-    /// An error naming the first kernel that spills.
-    pub fn check_spills(&self) -> Result<()> {
-        match self.figures.iter().flatten().find(|(_, f)| f.spill_stores + f.spill_loads > 0) {
-            Some((name, f)) => Err(DriverError::Ptxas(format!("{name} spills ({} bytes stored, {} loaded)", f.spill_stores, f.spill_loads))),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Lowers an optimised graph with GPU schedules for `cfg`'s target (Winograd stays a CPU transform),
-/// generates PTX and assembles it. The tiles' register estimates are checked against ptxas: when a
-/// kernel needs more than its plan, the schedules are planned again with the shortfall added to every
-/// estimate (at most twice), so the occupancy a tile was chosen for is the one it gets. `times` gains
-/// the time of each stage.
-pub fn schedule(g: &Graph, cfg: &mlopt_rewrite::Config, times: &mut Vec<(&'static str, f64)>) -> Result<Scheduled> {
-    let target = crate::target::gpu(&cfg.target)?;
-    let mut s = schedule_for(cfg);
-    let mut lap = |name: &'static str, t: &mut Instant| {
-        let dt = t.elapsed().as_secs_f64();
-        match times.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, total)) => *total += dt,
-            None => times.push((name, dt)),
-        }
-        *t = Instant::now();
-    };
-    let ptxas = find_ptxas();
-    let mut attempt = 0;
-    loop {
-        let mut t = Instant::now();
-        let options = lowering(s.clone());
-        let program = mlopt_lower::lower_algorithm(g, &options)?;
-        lap("lower", &mut t);
-        let program = mlopt_lower::schedule::schedule(program, &options)?;
-        lap("schedule", &mut t);
-        let ptx = mlopt_llvm::compile_ptx(&program, &target)?;
-        lap("codegen", &mut t);
-        let figures = match &ptxas {
-            Some(p) => Some(run_ptxas(p, &ptx.ptx, &target.name)?),
-            None => None,
-        };
-        lap("ptxas", &mut t);
-        let used = |name: &str| figures.iter().flatten().find(|(n, _)| n == name).map(|(_, f)| f.registers);
-        let short = program.kernels.iter().filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule)?)).max().unwrap_or(0);
-        if short == 0 || attempt == 2 {
-            return Ok(Scheduled { program, ptx, ptxas, figures });
-        }
-        s.register_margin += short as u64;
-        attempt += 1;
-    }
-}
-
-/// Runs the GPU pipeline on an imported graph.
-pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
-    let mut times = Vec::new();
-    let t = Instant::now();
-    let target = crate::target::gpu(&opt.config.target)?;
-    let cfg = opt.config.clone();
-    let optimized = mlopt_rewrite::optimize(g, &cfg)?;
-    times.push(("optimise", t.elapsed().as_secs_f64()));
-    let Scheduled { program, ptx, ptxas, figures } = schedule(&optimized.plan.graph, &cfg, &mut times)?;
-    let t = Instant::now();
+/// The package stage for a GPU: the host object (the PTX, the weights, the launch table and the C API)
+/// and each launch's report.
+pub(crate) fn package(
+    optimized: mlopt_rewrite::Optimized,
+    cfg: mlopt_rewrite::Config,
+    program: Program,
+    target: GpuTarget,
+    ptx: PtxOutput,
+    ptxas: Option<PathBuf>,
+    figures: Option<Vec<(String, Ptxas)>>,
+) -> Result<GpuCompiled> {
     let host_object = mlopt_llvm::host_object(&program, &ptx.ptx)?;
     let kernels = program
         .kernels
@@ -257,11 +201,18 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
             })
         })
         .collect();
-    times.push(("package", t.elapsed().as_secs_f64()));
-    Ok(GpuCompiled { optimized, cfg, program, target, ptx, host_object, kernels, ptxas, times })
+    Ok(GpuCompiled { optimized, cfg, program, target, ptx, host_object, kernels, ptxas, times: vec![] })
 }
 
 impl GpuCompiled {
+    /// An error naming the first kernel that spills, by ptxas (none without ptxas).
+    pub fn check_spills(&self) -> Result<()> {
+        match self.kernels.iter().find_map(|k| Some((&k.name, k.ptxas.as_ref().filter(|p| p.spill_stores + p.spill_loads > 0)?))) {
+            Some((name, f)) => Err(DriverError::Ptxas(format!("{name} spills ({} bytes stored, {} loaded)", f.spill_stores, f.spill_loads))),
+            None => Ok(()),
+        }
+    }
+
     /// Writes lib<stem>.a, <stem>.h, <stem>.ptx, the stage dumps and `extra` (the report) into `dir`, all
     /// or none; returns the paths written.
     pub fn write_library(&self, dir: &Path, stem: &str, extra: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {

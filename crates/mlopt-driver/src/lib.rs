@@ -15,7 +15,7 @@ pub mod svg;
 pub mod target;
 pub mod tune;
 
-pub use gpu::{compile_gpu, GpuCompiled};
-pub use library::{build, Library};
+pub use gpu::GpuCompiled;
+pub use library::Library;
 pub use mlopt_runtime::Loaded;
-pub use pipeline::{compile, inspect, Compiled, DriverError, Options, Stage};
+pub use pipeline::{build, compile, compile_gpu, inspect, Compiled, DriverError, Options, Stage};

@@ -1,10 +1,9 @@
-//! One entry point for `mlopt compile`: `build` runs the pipeline for the target's kind (`compile` for a
-//! CPU, `compile_gpu` for a GPU), and a `Library` says what is written and reported for either, so the
-//! CLI does not orchestrate stages or assemble reports itself.
+//! What `mlopt compile` gets from the pipeline (`pipeline::build`): a `Library` for a CPU or a GPU that says
+//! what is written and reported for either, so the CLI does not orchestrate stages or assemble reports
+//! itself.
 
 use crate::gpu::GpuCompiled;
-use crate::pipeline::{Compiled, Options, Result};
-use mlopt_ir::Graph;
+use crate::pipeline::{Compiled, Result};
 use std::path::{Path, PathBuf};
 
 /// What `Library::report` makes: report.json's text and the `--report` printout.
@@ -21,12 +20,16 @@ pub enum Library {
     Gpu(Box<GpuCompiled>),
 }
 
-/// Runs the pipeline for `opt`'s target.
-pub fn build(g: &Graph, opt: &Options) -> Result<Library> {
-    Ok(if opt.config.target.is_gpu() { Library::Gpu(Box::new(crate::compile_gpu(g, opt)?)) } else { Library::Cpu(Box::new(crate::compile(g, opt)?)) })
-}
-
 impl Library {
+    /// The library with the pipeline's stage times.
+    pub(crate) fn with_times(mut self, times: Vec<(&'static str, f64)>) -> Self {
+        match &mut self {
+            Library::Cpu(c) => c.times = times,
+            Library::Gpu(c) => c.times = times,
+        }
+        self
+    }
+
     /// The target's name (`host`, `x86-64-v4`, `sm_80`, ...).
     pub fn target_name(&self) -> &str {
         match self {

@@ -1,19 +1,21 @@
-//! The compilation pipeline, one flat list of named stages (import happens before, in `data`):
+//! The compilation pipeline, one function (`run`) of named stages (import happens before, in `data`):
 //!
-//! optimise (egg + roofline + fusion) -> lower (kernel IR: the algorithm) -> schedule (vector/parallel
-//! loops, or GPU launches) -> codegen (LLVM, default<O3>, object)
+//! optimise (egg + roofline + fusion) -> [tune] -> lower (kernel IR: the algorithm) -> schedule (vector and
+//! parallel loops, or GPU launches) -> codegen (LLVM: x86 objects, or PTX) -> [ptxas] -> package
 //!
-//! each timed; and what to do with the result: load it into this process and run it, or write the
-//! library users link.
+//! each timed. The target is resolved once, before the first stage (`Codegen::of`); the target's kind
+//! decides only what codegen and package make. `build` runs every stage and returns the `Library`;
+//! `inspect` stops after one and returns its text.
 
+use crate::gpu::GpuCompiled;
+use crate::library::Library;
 use mlopt_ir::{Graph, Tensor};
 use mlopt_kir::Program;
-use mlopt_llvm::{c_name, CpuTarget};
+use mlopt_llvm::{c_name, CpuTarget, GpuTarget};
 use mlopt_runtime::Loaded;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error("optimising: {0}")]
@@ -63,9 +65,11 @@ pub struct Compiled {
     pub profiled: bool,
 }
 
-/// A stage of the pipeline after optimisation whose output `inspect` prints.
+/// A stage of the pipeline whose output `inspect` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// The optimised graph: fusion groups, layouts and precisions, with the optimiser's report.
+    Optimised,
     /// The kernel IR as lowering writes it: the algorithm, before any schedule.
     Lowered,
     /// The kernel IR with its schedules (vector, parallel and unrolled loops; GPU blocks and threads).
@@ -74,19 +78,147 @@ pub enum Stage {
     Code,
 }
 
-/// The text of `stage` for an imported graph: each stage runs the ones before it, as `compile` does.
+/// The target as code generation sees it, resolved once from the cost model's `Target` (`target.rs`).
+#[derive(Debug, Clone)]
+enum Codegen {
+    Cpu(CpuTarget),
+    Gpu(GpuTarget),
+}
+
+/// What the codegen stage makes.
+enum Code {
+    Cpu(mlopt_llvm::Output),
+    Gpu(mlopt_llvm::PtxOutput),
+}
+
+/// The stages' seconds, in pipeline order; a stage run again (a GPU schedule planned again) adds to its
+/// first entry.
+#[derive(Debug, Default)]
+struct Times(Vec<(&'static str, f64)>);
+
+impl Times {
+    fn stage<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let out = f();
+        let dt = t.elapsed().as_secs_f64();
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += dt,
+            None => self.0.push((name, dt)),
+        }
+        out
+    }
+}
+
+/// How far `run` goes: every stage, or up to one whose text is wanted.
+enum Ran {
+    Built(Library),
+    Stopped(String),
+}
+
+/// Runs the whole pipeline on an imported graph for `opt`'s target: a CPU or a GPU library.
+pub fn build(g: &Graph, opt: &Options) -> Result<Library> {
+    match run(g, opt, None)? {
+        Ran::Built(lib) => Ok(lib),
+        Ran::Stopped(_) => Err(DriverError::Io("the pipeline stopped before packaging (a bug in mlopt's driver)".into())),
+    }
+}
+
+/// The text of `stage` for an imported graph: the pipeline up to that stage.
 pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
-    let cfg = &opt.config;
-    let optimized = mlopt_rewrite::optimize(g, cfg)?;
+    match run(g, opt, Some(stage))? {
+        Ran::Stopped(text) => Ok(text),
+        Ran::Built(_) => Err(DriverError::Io(format!("the pipeline did not stop at {stage:?} (a bug in mlopt's driver)"))),
+    }
+}
+
+/// Runs the pipeline for a CPU target and keeps the result in this process (to load and run, or bench).
+pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
+    crate::target::cpu(&opt.config.target)?;
+    match build(g, opt)? {
+        Library::Cpu(c) => Ok(*c),
+        Library::Gpu(_) => Err(DriverError::Io("a CPU target built a GPU library (a bug in mlopt's driver)".into())),
+    }
+}
+
+/// Runs the pipeline for a GPU target.
+pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
+    crate::target::gpu(&opt.config.target)?;
+    match build(g, opt)? {
+        Library::Gpu(c) => Ok(*c),
+        Library::Cpu(_) => Err(DriverError::Io("a GPU target built a CPU library (a bug in mlopt's driver)".into())),
+    }
+}
+
+/// The pipeline, stopping after `stop` with its text when given.
+fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
+    let cfg = opt.config.clone();
+    let threads = opt.threads.max(1);
+    let target = match cfg.target.is_gpu() {
+        true => Codegen::Gpu(crate::target::gpu(&cfg.target)?),
+        false => Codegen::Cpu(crate::target::cpu(&cfg.target)?),
+    };
+    let mut times = Times::default();
+    let optimized = times.stage("optimise", || Ok(mlopt_rewrite::optimize(g, &cfg)?))?;
+    if stop == Some(Stage::Optimised) {
+        return Ok(Ran::Stopped(mlopt_rewrite::report::dump(&optimized, &cfg)));
+    }
     let graph = &optimized.plan.graph;
-    let lower = if cfg.target.is_gpu() { crate::gpu::lowering(crate::gpu::schedule_for(cfg)) } else { cpu_lowering(opt, &crate::target::cpu(&cfg.target)?) };
-    let program = mlopt_lower::lower_algorithm(graph, &lower)?;
-    let program = if stage == Stage::Lowered { program } else { mlopt_lower::schedule::schedule(program, &lower)? };
-    Ok(match stage {
-        Stage::Lowered | Stage::Scheduled => mlopt_kir::print::program(&program),
-        Stage::Code if cfg.target.is_gpu() => mlopt_llvm::compile_ptx(&program, &crate::target::gpu(&cfg.target)?)?.ptx,
-        Stage::Code => mlopt_llvm::compile(&program, &crate::target::cpu(&cfg.target)?, opt.threads.max(1))?.llvm_ir,
-    })
+    let mut lowering = match &target {
+        Codegen::Cpu(t) => cpu_lowering(opt, t),
+        Codegen::Gpu(_) => crate::gpu::lowering(crate::gpu::schedule_for(&cfg)),
+    };
+    if let (Codegen::Cpu(t), true) = (&target, opt.tune) {
+        lowering.tiles = times.stage("tune", || crate::tune::tune(graph, &lowering, t, threads))?;
+    }
+    let algorithm = times.stage("lower", || Ok(mlopt_lower::lower_algorithm(graph, &lowering)?))?;
+    if stop == Some(Stage::Lowered) {
+        return Ok(Ran::Stopped(mlopt_kir::print::program(&algorithm)));
+    }
+    let ptxas = matches!(target, Codegen::Gpu(_)).then(crate::gpu::find_ptxas).flatten();
+    // A GPU tile's registers are planned by an estimate and checked against ptxas: where a kernel needs
+    // more than its plan, the schedules are planned again with the shortfall added to every estimate (at
+    // most twice), so the occupancy a tile was chosen for is the one it gets.
+    let mut attempt = 0;
+    let (program, code, figures) = loop {
+        let program = times.stage("schedule", || Ok(mlopt_lower::schedule::schedule(algorithm.clone(), &lowering)?))?;
+        if stop == Some(Stage::Scheduled) {
+            return Ok(Ran::Stopped(mlopt_kir::print::program(&program)));
+        }
+        let code = times.stage("codegen", || {
+            Ok(match &target {
+                Codegen::Cpu(t) => Code::Cpu(mlopt_llvm::compile_with(&program, t, threads, opt.profile)?),
+                Codegen::Gpu(t) => Code::Gpu(mlopt_llvm::compile_ptx(&program, t)?),
+            })
+        })?;
+        if stop == Some(Stage::Code) {
+            return Ok(Ran::Stopped(match code {
+                Code::Cpu(c) => c.llvm_ir,
+                Code::Gpu(c) => c.ptx,
+            }));
+        }
+        let figures = match (&code, &target, &ptxas) {
+            (Code::Gpu(c), Codegen::Gpu(t), Some(p)) => Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, &t.name))?),
+            _ => None,
+        };
+        let short = figures.as_deref().map_or(0, |f| crate::gpu::register_shortfall(&program, f));
+        match lowering.gpu.as_mut() {
+            Some(s) if short > 0 && attempt < 2 => {
+                s.register_margin += short as u64;
+                attempt += 1;
+            }
+            _ => break (program, code, figures),
+        }
+    };
+    let lib = times.stage("package", || {
+        Ok(match (code, target) {
+            (Code::Cpu(code), Codegen::Cpu(target)) => {
+                Library::Cpu(Box::new(Compiled { optimized, cfg, program, code, target, times: vec![], profiled: opt.profile }))
+            }
+            (Code::Gpu(ptx), Codegen::Gpu(target)) => Library::Gpu(Box::new(crate::gpu::package(optimized, cfg, program, target, ptx, ptxas, figures)?)),
+            _ => return Err(DriverError::Io("code generated for another kind of target (a bug in mlopt's driver)".into())),
+        })
+    })?;
+    Ok(Ran::Built(lib.with_times(times.0)))
 }
 
 /// Lowering and CPU scheduling options for `target`: its lanes, the thread count, and bf16 `mma` blocks
@@ -97,32 +229,6 @@ fn cpu_lowering(opt: &Options, target: &CpuTarget) -> mlopt_lower::Options {
     let faster = t.bf16_matrix.is_some_and(|p| p > t.fp32);
     let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
     mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, ..Default::default() }
-}
-
-/// Runs the pipeline on an imported graph.
-pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
-    let target = crate::target::cpu(&opt.config.target)?;
-    let mut times = Vec::new();
-    let mut t = Instant::now();
-    let mut lap = |name: &'static str, times: &mut Vec<(&'static str, f64)>| {
-        times.push((name, t.elapsed().as_secs_f64()));
-        t = Instant::now();
-    };
-    let cfg = opt.config.clone();
-    let optimized = mlopt_rewrite::optimize(g, &cfg)?;
-    lap("optimise", &mut times);
-    let mut lower = cpu_lowering(opt, &target);
-    if opt.tune {
-        lower.tiles = crate::tune::tune(&optimized.plan.graph, &lower, &target, opt.threads.max(1))?;
-        lap("tune", &mut times);
-    }
-    let program = mlopt_lower::lower_algorithm(&optimized.plan.graph, &lower)?;
-    lap("lower", &mut times);
-    let program = mlopt_lower::schedule::schedule(program, &lower)?;
-    lap("schedule", &mut times);
-    let code = mlopt_llvm::compile_with(&program, &target, opt.threads.max(1), opt.profile)?;
-    lap("codegen", &mut times);
-    Ok(Compiled { optimized, cfg, program, code, target, times, profiled: opt.profile })
 }
 
 impl Compiled {
