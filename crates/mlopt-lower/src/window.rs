@@ -249,12 +249,14 @@ pub(crate) fn conv_tiled(
     }
     let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
     let pointwise = ws[2..].iter().all(|k| *k == 1) && a.strides.iter().all(|s| *s == 1) && a.pads.iter().all(|p| *p == 0);
-    // A strided window (its loads would stride along the vector) or short output rows (narrow tiles,
-    // each weight reused by few columns): the columns are every output position and each panel of B is
-    // packed (im2col, one panel at a time).
+    // Short output rows (narrow tiles, each weight reused by few columns): the columns are every output
+    // position and each panel of B is packed (im2col, one panel at a time). A strided window over long
+    // rows reads the input in phases instead (below), so its loads along the row are contiguous: packing
+    // its panels gathers one element per lane, which cost a 3-channel stem as much as its multiplies
+    // (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103).
     let lanes = u64::from(l.lanes.unwrap_or(16));
     // Not for narrow groups (depthwise): with few rows per panel the copy costs as much as the tiles.
-    let pack = !pointwise && mg >= 8 && (a.strides.iter().any(|s| *s > 1) || (sp > 1 && out[out.len() - 1] < 2 * lanes));
+    let pack = !pointwise && mg >= 8 && sp > 1 && out[out.len() - 1] < 2 * lanes;
     let kk: u64 = ws[1..].iter().product();
     // Columns: every output position (pointwise, packed) or one output row; the outer spatial axes of
     // a row are batches.
