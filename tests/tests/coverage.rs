@@ -143,6 +143,11 @@ fn every_zoo_layer_is_vectorised_and_correct() {
         }
         for (r, step) in c.kernel_records().iter().zip(&c.program.steps) {
             let k = &c.program.kernels[step.kernel];
+            // Scratch too large for the stack (padded inputs, phases) lives in the arena, not in memory
+            // each call allocates and faults in again.
+            for b in k.bufs.iter().filter(|b| b.space == mlopt_kir::Space::Local && b.numel() * b.elem.size() > mlopt_lower::schedule::ARENA_LOCAL_BYTES) {
+                failures.push(format!("{name}: kernel {} allocates its local %{} on every call", r.id, b.name));
+            }
             let mix = mlopt_kir::analysis::arithmetic(k);
             let total = mix.tiled + mix.tiled_gather + mix.vector + mix.gather + mix.scalar;
             if total < 500.0 {

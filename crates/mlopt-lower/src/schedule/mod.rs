@@ -32,7 +32,62 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
         for k in &mut p.kernels {
             schedule_cpu(k, s)?;
         }
+        scratch_in_arena(&mut p);
         mlopt_kir::verify_program(&p).map_err(LowerError::Verify)?;
     }
     Ok(p)
+}
+
+/// Local buffers above this size do not go on a CPU thread's stack.
+pub const ARENA_LOCAL_BYTES: u64 = 256 * 1024;
+
+/// Moves every large local buffer that one iteration of a parallel or vector loop does not own (a
+/// convolution's padded input, a pooling's phases, Winograd's transforms) into the activation arena, past
+/// the planned values: kernels run one at a time, so they share one scratch region. Code generation would
+/// otherwise `aligned_alloc` them on every call, and on every call the kernel faulted fresh pages in (a
+/// SqueezeNet max pool's 6.4 MB of phases cost more than its arithmetic).
+pub fn scratch_in_arena(p: &mut mlopt_kir::Program) {
+    use mlopt_kir::{LoopKind, Place, Space, Stmt};
+    fn owned(k: &mlopt_kir::Kernel, body: &[Stmt], out: &mut Vec<mlopt_kir::BufId>) {
+        for s in body {
+            match s {
+                Stmt::For { kind, body, .. } => {
+                    if !matches!(kind, LoopKind::Serial | LoopKind::Unrolled) {
+                        out.extend(mlopt_kir::analysis::private_locals(k, body));
+                    }
+                    owned(k, body, out);
+                }
+                Stmt::If { then, .. } => owned(k, then, out),
+                _ => {}
+            }
+        }
+    }
+    let base = p.arena_bytes.div_ceil(64) * 64;
+    let mut end = p.arena_bytes;
+    for (ki, k) in p.kernels.iter_mut().enumerate() {
+        let mut per_iteration = Vec::new();
+        owned(k, &k.body, &mut per_iteration);
+        let before = k.params();
+        let mut at = base;
+        let mut moved = std::collections::HashMap::new();
+        for (i, buf) in k.bufs.iter_mut().enumerate() {
+            let bytes = buf.numel() * buf.elem.size();
+            if buf.space == Space::Local && bytes > ARENA_LOCAL_BYTES && !per_iteration.contains(&mlopt_kir::BufId(i as u32)) {
+                buf.space = Space::Global;
+                moved.insert(mlopt_kir::BufId(i as u32), at);
+                at += bytes.div_ceil(64) * 64;
+            }
+        }
+        if moved.is_empty() {
+            continue;
+        }
+        end = end.max(at);
+        let after = k.params();
+        // (A parameter missing from both leaves the step an argument short, which the verifier rejects.)
+        for step in p.steps.iter_mut().filter(|s| s.kernel == ki) {
+            let args: std::collections::HashMap<_, Place> = before.iter().copied().zip(step.args.iter().copied()).collect();
+            step.args = after.iter().filter_map(|b| moved.get(b).map(|off| Place::Arena(*off)).or_else(|| args.get(b).copied())).collect();
+        }
+    }
+    p.arena_bytes = end;
 }
