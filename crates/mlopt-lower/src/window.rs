@@ -160,7 +160,14 @@ pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<S
     if pads.iter().all(|p| *p == 0) {
         return Ok(None);
     }
-    padded_phases(l, x, pads, 1, 0.0, stmts).map(Some)
+    padded_phases(l, x, pads, 1, 0.0, None, stmts).map(Some)
+}
+
+/// The channels of one image a padded copy holds: image `n`, channels `c0..c0 + channels`.
+pub(crate) struct Planes<'e> {
+    pub n: &'e Expr,
+    pub c0: Expr,
+    pub channels: u64,
 }
 
 /// The padded copy of `x` with its last axis split into `s` phases, [N, C, outer.., s, ceil(W' / s)]:
@@ -168,7 +175,11 @@ pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<S
 /// (tap kw of output column j is phase kw % s, position j + kw / s). One phase is the plain padded copy.
 /// With phases, the plain copy (its rows widened to a multiple of s) is made first and each phase
 /// reads it at stride s. The padding holds `fill` (0, or -inf for a max pool).
-fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64, stmts: &mut Vec<Stmt>) -> Result<BufId> {
+///
+/// With `planes`, the copy holds only those channels of one image, [1, channels, ..]: made inside the
+/// loop over images and channel groups, it stays in cache for the window that reads it next (a depthwise
+/// convolution's or a pooling's plane), where a copy of the whole input would go to memory and back.
+fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64, planes: Option<Planes>, stmts: &mut Vec<Stmt>) -> Result<BufId> {
     let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
     let sp = xs.len() - 2;
     let (begin, end) = (&pads[..sp], &pads[sp..]);
@@ -179,6 +190,8 @@ fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64,
     let pr = end[sp - 1] as i64 + (row.next_multiple_of(s as u64) - row) as i64;
     let padded: Vec<u64> = (0..xs.len())
         .map(|a| match a {
+            0 if planes.is_some() => 1,
+            1 if planes.is_some() => planes.as_ref().map_or(1, |p| p.channels),
             0 | 1 => xs[a] as u64,
             a if a == last => (w + pl + pr) as u64,
             a => (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64,
@@ -199,7 +212,10 @@ fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64,
             }
         }
         st.extend(l.nest("c", &[w as u64], |l, c| {
-            let mut xi = idx[..2].to_vec();
+            let mut xi = match &planes {
+                Some(p) => vec![p.n.clone(), Expr::add(p.c0.clone(), idx[1].clone())],
+                None => idx[..2].to_vec(),
+            };
             xi.extend((2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])));
             xi.push(c[0].clone());
             let v = get(l, x, &xi, Elem::F32)?;
@@ -263,19 +279,13 @@ pub(crate) fn conv_tiled(
     let flat = pointwise || pack;
     let (rows_of_batch, n) = if flat { (0, out[2..].iter().product::<u64>()) } else { (sp - 1, out[out.len() - 1]) };
     let Some(t) = contract::choose(l, mg as u64, n, kk) else { return Ok(None) };
-    let mut stmts = Vec::new();
     // Unpacked and strided along the row: the padded copy in phases, so the row's loads are contiguous.
     let phases = if pack || pointwise { 1 } else { a.strides[sp - 1] };
-    let src = match (pointwise, phases) {
-        (true, _) => None,
-        (false, 1) => padded_input(l, x, &a.pads, &mut stmts)?,
-        (false, s) => Some(padded_phases(l, x, &a.pads, s, 0.0, &mut stmts)?),
-    };
+    let copy = !pointwise && (phases > 1 || a.pads.iter().any(|p| *p > 0));
     let (s, d) = (a.strides.clone(), a.dilations.clone());
     let outs: Vec<i64> = out[2..].iter().map(|d| *d as i64).collect();
-    let mut batch = vec![out[0], g as u64];
-    batch.extend(&out[2..2 + rows_of_batch]);
-    // Output position of column j in batch bi, per spatial axis.
+    let rows = out[2..2 + rows_of_batch].to_vec();
+    // Output position of column j in batch bi (image, group, outer output rows..), per spatial axis.
     let at = move |bi: &[Expr], j: &Expr| -> Vec<Expr> {
         if flat {
             crate::kernel::delinear(j.clone(), &outs)
@@ -283,39 +293,48 @@ pub(crate) fn conv_tiled(
             [bi[2..].to_vec(), vec![j.clone()]].concat()
         }
     };
-    stmts.extend(contract::tiled(
-        l,
-        &batch,
-        mg as u64,
-        n,
-        &ws[1..],
-        t,
-        pack,
-        &mut |l, bi, i, k| {
-            let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
-            get(l, w, &[vec![co], k.to_vec()].concat(), Elem::F32)
-        },
-        &mut |l, bi, k, col| {
-            let c = Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone());
-            let pos = at(bi, &col.j);
-            let mut xi = vec![bi[0].clone(), c];
-            // (A pointwise convolution reads its output position: no window term, so the delinearised
-            // column flattens back to a contiguous index.)
-            xi.extend(if pointwise { pos } else { padded_index(&pos, &k[1..], &s, &d, phases) });
-            match src {
-                Some(xp) => Ok(Expr::load(xp, xi)),
-                None => get(l, x, &xi, Elem::F32),
-            }
-        },
-        &mut |l, bi, i, j, v| {
-            let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
-            let y = match bias {
-                Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(&co), Elem::F32)?),
-                None => v,
-            };
-            Ok(Stmt::Store { buf: dst, index: [vec![bi[0].clone(), co], at(bi, j)].concat(), value: convert(y, Elem::F32, out_t) })
-        },
-    )?);
+    // Per image and group: the padded copy of the group's input channels (a depthwise convolution's
+    // one plane, which the tiles then read from cache), then the group's contraction.
+    let stmts = l.nest("g", &[out[0], g as u64], |l, ng| {
+        let mut st = Vec::new();
+        let planes = Planes { n: &ng[0], c0: Expr::mul(ng[1].clone(), Expr::int(cg)), channels: cg as u64 };
+        let src = if copy { Some(padded_phases(l, x, &a.pads, phases, 0.0, Some(planes), &mut st)?) } else { None };
+        let full = |bi: &[Expr]| [ng.to_vec(), bi.to_vec()].concat();
+        st.extend(contract::tiled(
+            l,
+            &rows,
+            mg as u64,
+            n,
+            &ws[1..],
+            t,
+            pack,
+            &mut |l, _, i, k| {
+                let co = Expr::add(Expr::mul(ng[1].clone(), Expr::int(mg)), i.clone());
+                get(l, w, &[vec![co], k.to_vec()].concat(), Elem::F32)
+            },
+            &mut |l, bi, k, col| {
+                let bi = full(bi);
+                let pos = at(&bi, &col.j);
+                // (A pointwise convolution reads its output position: no window term, so the
+                // delinearised column flattens back to a contiguous index.)
+                let window = if pointwise { pos } else { padded_index(&pos, &k[1..], &s, &d, phases) };
+                match src {
+                    Some(xp) => Ok(Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())),
+                    None => get(l, x, &[vec![bi[0].clone(), Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone())], window].concat(), Elem::F32),
+                }
+            },
+            &mut |l, bi, i, j, v| {
+                let bi = full(bi);
+                let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
+                let y = match bias {
+                    Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(&co), Elem::F32)?),
+                    None => v,
+                };
+                Ok(Stmt::Store { buf: dst, index: [vec![bi[0].clone(), co], at(&bi, j)].concat(), value: convert(y, Elem::F32, out_t) })
+            },
+        )?);
+        Ok(st)
+    })?;
     Ok(Some(stmts))
 }
 
@@ -337,58 +356,60 @@ pub(crate) fn pool_window(
     let p = p.clone();
     // On a CPU target an f32 window reads a padded copy (holding -inf or 0 in the padding and the
     // ceil-mode overhang), split into phases along the row when it strides: its loads then need no
-    // guard or clamp and are contiguous along the output row.
-    let mut stmts = Vec::new();
-    let src = if l.lanes.is_some() && t == Elem::F32 {
-        let mut pads = p.pads.clone();
-        for a in 0..sp {
-            let reach = (out[2 + a].max(1) - 1) * p.strides[a] as u64 + (win[a].max(1) - 1) * p.dilations[a] as u64 + 1;
-            let have = xs[2 + a] as u64 + p.pads[a] as u64;
-            pads[sp + a] = pads[sp + a].max(reach.saturating_sub(have) as usize);
-        }
-        let fill = if max { f64::NEG_INFINITY } else { 0.0 };
-        Some(padded_phases(l, x, &pads, p.strides[sp - 1], fill, &mut stmts)?)
-    } else {
-        None
-    };
-    stmts.extend(l.nest("i", out, |l, idx| {
-        let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
-        let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
-        let mut count_in = None;
-        // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
-        let f = fold_op_scalar(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
-            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
-            // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
-            let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
-            let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
-            count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
-            if let Some(xp) = src {
+    // guard or clamp and are contiguous along the output row. The copy is one plane at a time, made
+    // inside the loops over images and channels, so the window reads it from cache.
+    let copy = l.lanes.is_some() && t == Elem::F32;
+    let mut pads = p.pads.clone();
+    for a in 0..sp {
+        let reach = (out[2 + a].max(1) - 1) * p.strides[a] as u64 + (win[a].max(1) - 1) * p.dilations[a] as u64 + 1;
+        let have = xs[2 + a] as u64 + p.pads[a] as u64;
+        pads[sp + a] = pads[sp + a].max(reach.saturating_sub(have) as usize);
+    }
+    let fill = if max { f64::NEG_INFINITY } else { 0.0 };
+    l.nest("i", &out[..2], |l, nc| {
+        let mut stmts = Vec::new();
+        let planes = Planes { n: &nc[0], c0: nc[1].clone(), channels: 1 };
+        let src = if copy { Some(padded_phases(l, x, &pads, p.strides[sp - 1], fill, Some(planes), &mut stmts)?) } else { None };
+        stmts.extend(l.nest("i", &out[2..], |l, at| {
+            let idx = [nc.to_vec(), at.to_vec()].concat();
+            let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
+            let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
+            let mut count_in = None;
+            // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
+            let f = fold_op_scalar(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
+                let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
+                let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
+                // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
+                let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
+                let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
+                count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
+                if let Some(xp) = src {
+                    let mut xi = vec![Expr::int(0), Expr::int(0)];
+                    xi.extend(padded_index(&idx[2..], r, &p.strides, &p.dilations, p.strides[sp - 1]));
+                    return Ok(Expr::load(xp, xi));
+                }
                 let mut xi = vec![idx[0].clone(), idx[1].clone()];
-                xi.extend(padded_index(&idx[2..], r, &p.strides, &p.dilations, p.strides[sp - 1]));
-                return Ok(Expr::load(xp, xi));
-            }
-            let mut xi = vec![idx[0].clone(), idx[1].clone()];
-            xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
-            let v = get(l, x, &xi, t)?;
-            Ok(Expr::select(ok, v, if max { lowest(t) } else { lit(0.0, t) }))
-        })?;
-        let mut s = f.stmts.clone();
-        let y = if max {
-            f.get()
-        } else {
-            // The count of window positions taken, accumulated in the same loops.
-            let c = count_in.unwrap_or_else(|| lit(1.0, Elem::Bool));
-            let inc = Stmt::Store { buf: cnt, index: vec![], value: b(BinOp::Add, Expr::load(cnt, vec![]), Expr::select(c, lit(1.0, t), lit(0.0, t))) };
-            add_to_innermost(&mut s, inc);
-            cnt_stmts.append(&mut s);
-            s = cnt_stmts;
-            b(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
-        };
-        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
-        Ok(s)
-    })?);
-    Ok(stmts)
+                xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
+                let v = get(l, x, &xi, t)?;
+                Ok(Expr::select(ok, v, if max { lowest(t) } else { lit(0.0, t) }))
+            })?;
+            let mut s = f.stmts.clone();
+            let y = if max {
+                f.get()
+            } else {
+                // The count of window positions taken, accumulated in the same loops.
+                let c = count_in.unwrap_or_else(|| lit(1.0, Elem::Bool));
+                let inc = Stmt::Store { buf: cnt, index: vec![], value: b(BinOp::Add, Expr::load(cnt, vec![]), Expr::select(c, lit(1.0, t), lit(0.0, t))) };
+                add_to_innermost(&mut s, inc);
+                cnt_stmts.append(&mut s);
+                s = cnt_stmts;
+                b(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
+            };
+            s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
+            Ok(s)
+        })?);
+        Ok(stmts)
+    })
 }
 
 /// Max pooling with the flat input index of each maximum (`Op::MaxPool`): the first position in the window
