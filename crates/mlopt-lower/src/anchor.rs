@@ -76,7 +76,7 @@ fn lanes_for(l: &Lowerer, t: Elem, extents: &[u64]) -> Option<u64> {
 }
 
 /// Halide's rfactor: `w` partial accumulators, one per vector lane (`part[rl] = update(r, part[rl])` in a
-/// vector loop), folded by `combine` at the end, then the last `e % w` terms one at a time. The order of
+/// vector loop), folded by `combine` at the end (a tree), then the last `e % w` terms one at a time. The order of
 /// the terms changes, not the terms.
 fn rfactor(
     l: &mut Lowerer,
@@ -112,14 +112,29 @@ fn rfactor(
             kind: serial,
             body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: x }] }],
         },
-        Stmt::Store { buf: acc, index: vec![], value: init },
-        Stmt::For {
-            var: q,
-            extent: w,
-            kind: serial,
-            body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }],
-        },
     ];
+    // The partials are folded by halves in vector lanes down to 4 (part[h] = combine(part[h], part[h +
+    // half])), then those 4 one at a time: a log-depth tree instead of w dependent scalar steps.
+    let mut width = w;
+    while width >= 8 && width.is_multiple_of(2) {
+        let (h, half) = (l.fresh("h"), width / 2);
+        let upper = Expr::load(part, vec![Expr::add(Expr::var(h), Expr::int(half as i64))]);
+        let value = b(combine, Expr::load(part, lane(h)), upper);
+        stmts.push(Stmt::For {
+            var: h,
+            extent: half,
+            kind: mlopt_kir::LoopKind::Vector(half as u32),
+            body: vec![Stmt::Store { buf: part, index: lane(h), value }],
+        });
+        width = half;
+    }
+    stmts.push(Stmt::Store { buf: acc, index: vec![], value: init });
+    stmts.push(Stmt::For {
+        var: q,
+        extent: width,
+        kind: serial,
+        body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }],
+    });
     if !e.is_multiple_of(w) {
         stmts.push(Stmt::For { var: t, extent: e % w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: rest }] });
     }
@@ -444,8 +459,17 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
     let count: u64 = red.iter().product();
     let axes = axes.to_vec();
     let rank = xs.len();
+    // Reduced axes next to each other in memory (a global pool's H and W) are folded as one: their
+    // elements are one contiguous run, which a vector fold reads in lanes, where folding H then W
+    // vectorised across the outputs instead (a load per lane, each a plane apart).
+    let adjacent = axes.windows(2).all(|w| w[1] == w[0] + 1);
+    let dims: Vec<i64> = red.iter().map(|d| *d as i64).collect();
+    let red = if adjacent && red.len() > 1 { vec![count] } else { red };
     l.nest("i", out, |l, idx| {
-        let at = |idx: &[Expr], r: &[Expr]| reduce_index(rank, &axes, keepdims, idx, r);
+        let at = |idx: &[Expr], r: &[Expr]| {
+            let r = if r.len() < dims.len() { crate::kernel::delinear(r[0].clone(), &dims) } else { r.to_vec() };
+            reduce_index(rank, &axes, keepdims, idx, &r)
+        };
         let mut pre = Vec::new();
         let mut shift = None;
         if kind == ReduceKind::LogSumExp && count > 0 {

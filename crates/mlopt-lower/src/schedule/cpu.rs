@@ -79,7 +79,7 @@ fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok
 /// 3 x 16 + 8), innermost or not (a pooling row whose window loops are inside it). Returns whether
 /// `st` holds a loop the vector pass will take, so its enclosing loops are left alone.
 fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) -> bool {
-    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return false };
+    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return holds_vector(st) };
     let mut inner = false;
     for s in body {
         inner |= pick_peel(k, s, lanes, uses, out);
@@ -103,8 +103,18 @@ fn width(extent: u64, lanes: u32) -> Option<u32> {
     (4..=lanes.min(extent)).rev().find(|w| extent.is_multiple_of(*w)).map(|w| w as u32)
 }
 
+/// Whether `st` is or holds a loop lowering already made a vector loop (a fold's lanes, a tile's
+/// columns): the loops around it then stay scalar, since vector loops do not nest.
+fn holds_vector(st: &Stmt) -> bool {
+    match st {
+        Stmt::For { kind: LoopKind::Vector(_), .. } => true,
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => body.iter().any(holds_vector),
+        _ => false,
+    }
+}
+
 fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<(Var, u32)>) -> bool {
-    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return false };
+    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return holds_vector(st) };
     // Prefer the deepest candidate: try the children first.
     let mut inner = false;
     for s in body {
