@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod interp;
 pub mod ir;
 pub mod parse;
+pub mod partition;
 pub mod print;
 pub mod sched;
 pub mod simplify;

@@ -109,7 +109,7 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
 
 /// `s` with every load and store of buffer `from` going to `to` instead (loads rewritten once, by
 /// `map_loads` over the whole statement; stores by a walk).
-fn rename(s: &Stmt, from: BufId, to: BufId) -> Stmt {
+pub(crate) fn rename(s: &Stmt, from: BufId, to: BufId) -> Stmt {
     fn stores(s: Stmt, from: BufId, to: BufId) -> Stmt {
         match s {
             Stmt::Store { buf, index, value } => Stmt::Store { buf: if buf == from { to } else { buf }, index, value },

@@ -35,7 +35,7 @@ pub fn simplify_kernel(k: &mut Kernel) {
 }
 
 /// The interval of an integer expression, when the ranges bound it.
-fn interval(e: &Expr, r: &HashMap<Var, u64>) -> Option<(i64, i64)> {
+pub(crate) fn interval(e: &Expr, r: &HashMap<Var, u64>) -> Option<(i64, i64)> {
     Some(match e {
         Expr::Int(v) => (*v, *v),
         Expr::Var(v) => (0, i64::try_from(*r.get(v)?).ok()?.checked_sub(1)?),
@@ -61,7 +61,7 @@ fn interval(e: &Expr, r: &HashMap<Var, u64>) -> Option<(i64, i64)> {
 
 /// `e` as a constant plus coefficient x atom terms (an atom: anything but +, - and a product with a
 /// constant). None on overflow.
-fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: &mut i64) -> Option<()> {
+pub(crate) fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: &mut i64) -> Option<()> {
     match e {
         Expr::Int(v) => *constant = constant.checked_add(scale.checked_mul(*v)?)?,
         Expr::Binary(BinOp::Add, a, b) => {
@@ -89,7 +89,7 @@ fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: &mut i64) -
 }
 
 /// The sum of `terms` and `constant`, built with the folding constructors.
-fn build(terms: &[(Expr, i64)], constant: i64) -> Expr {
+pub(crate) fn build(terms: &[(Expr, i64)], constant: i64) -> Expr {
     let sum = terms.iter().filter(|(_, c)| *c != 0).fold(Expr::int(0), |acc, (x, c)| Expr::add(acc, Expr::mul(x.clone(), Expr::int(*c))));
     Expr::add(sum, Expr::int(constant))
 }

@@ -24,6 +24,9 @@ pub enum ScheduleStep {
     Split { var: String, factor: u64 },
     /// `peel(j,16)`: loop `var` runs a multiple of `factor`, the rest in a loop after it.
     Peel { var: String, factor: u64 },
+    /// `partition(c,256+288)`: loop `var` runs as one loop per range between the points `at`, in each of
+    /// which the tests on it have one answer (`partition.rs`).
+    Partition { var: String, at: Vec<u64> },
     /// `reorder(a,b)`: loops `outer` and `inner` swapped.
     Reorder { outer: String, inner: String },
     /// `vector<16>(j)`, `parallel(i)`, `gpu.block.x(b)`...: how loop `var` runs.
@@ -78,6 +81,10 @@ impl fmt::Display for ScheduleStep {
         match self {
             ScheduleStep::Split { var, factor } => write!(f, "split({var},{factor})"),
             ScheduleStep::Peel { var, factor } => write!(f, "peel({var},{factor})"),
+            ScheduleStep::Partition { var, at } => {
+                let at: Vec<String> = at.iter().map(u64::to_string).collect();
+                write!(f, "partition({var},{})", at.join("+"))
+            }
             ScheduleStep::Reorder { outer, inner } => write!(f, "reorder({outer},{inner})"),
             ScheduleStep::Kind { var, kind } => write!(f, "{}({var})", crate::print::loop_kind(*kind)),
             ScheduleStep::Tile { mr, nr, m, n, k, lanes } => write!(f, "tile({mr}x{nr} for {m}x{n}x{k}@{lanes})"),
@@ -152,6 +159,10 @@ impl std::str::FromStr for ScheduleStep {
             "peel" => {
                 let (var, f) = pair()?;
                 ScheduleStep::Peel { var: var.into(), factor: factor(f)? }
+            }
+            "partition" => {
+                let (var, at) = pair()?;
+                ScheduleStep::Partition { var: var.into(), at: at.split('+').map(factor).collect::<Result<_, _>>()? }
             }
             "reorder" => {
                 let (outer, inner) = pair()?;

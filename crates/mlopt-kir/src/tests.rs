@@ -408,3 +408,49 @@ fn arithmetic_is_split_by_how_it_runs() {
     .unwrap();
     assert_eq!(analysis::arithmetic(&strided), analysis::Arithmetic { tiled_gather: 2.0 * 16.0 * 2.0 * 16.0, ..Default::default() });
 }
+
+/// A concat of two inputs along the outer axis, and a row read through a split vector loop.
+const CONCAT: &str = "kernel @concat(%a: f32[4,8], %b: f32[2,8], %y: f32[6,8], %s: f32[6]) {
+  local %part: f32[4]
+  serial %i in 0..6 {
+    serial %j in 0..8 {
+      %y[%i, %j] = select(lt(%i, 4), %a[max(min(%i, 3), 0), %j], %b[max(min((%i - 4), 1), 0), %j])
+    }
+    serial %q in 0..4 {
+      %part[%q] = 0.0f32
+    }
+    serial %ro in 0..4 {
+      serial %rl in 0..4 {
+        %part[%rl] = (%part[%rl] + select(lt(((%ro * 4) + %rl), 8), %a[0, max(min(((%ro * 4) + %rl), 7), 0)], %b[0, max(min((((%ro * 4) + %rl) - 8), 7), 0)]))
+      }
+    }
+    %s[%i] = (%part[0] + %part[3])
+  }
+}
+";
+
+#[test]
+fn partitioning_folds_the_tests_and_keeps_the_results() {
+    let base = parse_kernel(CONCAT).unwrap();
+    verify(&base).unwrap();
+    let a: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..16).map(|i| 100.0 + i as f32).collect();
+    let args = || vec![a.clone(), b.clone(), vec![0.0; 48], vec![0.0; 6]];
+    let want = run(&base, args());
+    let mut k = base.clone();
+    crate::partition::partition(&mut k);
+    verify(&k).unwrap();
+    assert_eq!(run(&k, args()), want);
+    let text = print::kernel(&k);
+    // %i splits where the concat changes input, %ro where the row read does (4 * 2 = 8), and no select
+    // or clamp is left in either.
+    assert_eq!(crate::step::schedule_text(&k.schedule), "partition(i,4) partition(ro.0,2) partition(ro.4,2)", "{text}");
+    assert!(!text.contains("select") && !text.contains("min("), "{text}");
+    assert!(text.contains("%y[(%i.4 + 4), %j.4] = %b[%i.4, %j.4]"), "{text}");
+    assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
+    // A test that is not uniform over a piece (%rl decides it within one %ro) leaves the loop whole.
+    let mixed = CONCAT.replace("lt(((%ro * 4) + %rl), 8)", "lt(((%ro * 4) + %rl), 6)");
+    let mut k = parse_kernel(&mixed).unwrap();
+    crate::partition::partition(&mut k);
+    assert_eq!(crate::step::schedule_text(&k.schedule), "partition(i,4)");
+}

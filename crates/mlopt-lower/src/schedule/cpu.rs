@@ -9,6 +9,9 @@
 //!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
 //!   waking the pool, runs as `parallel`.
 //!
+//! - **partition** first: a loop whose selects or guards test its variable against constants (a concat)
+//!   runs as one loop per range in which the tests have one answer (`mlopt_kir::partition`).
+//!
 //! Loops holding a guard are never vectorised (a guard would differ between lanes).
 
 use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat, private_in};
@@ -31,6 +34,9 @@ pub struct CpuSchedule {
 const PARALLEL_MIN_WORK: u64 = 1 << 14;
 
 pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
+    // Loops whose tests on their variable change answer at known points (a concat's inputs) run as one
+    // loop per range, the tests folded away, before the vector and parallel loops are chosen.
+    mlopt_kir::partition::partition(k);
     // Loops that would vectorise but for a remainder (56 = 3 x 16 + 8): peel the remainder off, so the
     // main part runs in full vector lanes (and the remainder in narrower ones).
     let uses = count_uses(&k.body);
