@@ -9,6 +9,7 @@
 
 pub mod calibrate;
 pub mod error;
+pub mod gpu_tile;
 pub mod roofline;
 pub mod target;
 pub mod tile;

@@ -39,8 +39,8 @@ pub struct GpuSchedule {
 impl GpuSchedule {
     /// Threads per block at most, and static shared memory per block (48 KiB without opting in to more):
     /// the same on every architecture mlopt targets (sm_80 and up).
-    pub const MAX_THREADS: u64 = 1024;
-    pub const SHARED_BYTES: u64 = 48 * 1024;
+    pub const MAX_THREADS: u64 = mlopt_cost::gpu_tile::MAX_THREADS;
+    pub const SHARED_BYTES: u64 = mlopt_cost::gpu_tile::SHARED_BYTES;
 
     pub fn new(target: mlopt_cost::Target, tf32: bool) -> GpuSchedule {
         GpuSchedule { target, tf32, register_margin: 0 }

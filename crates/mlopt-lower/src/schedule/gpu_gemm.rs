@@ -29,12 +29,13 @@
 //!   updates it with FMAs in the original order of K, so fp32 results are bit-identical to the plain
 //!   loop.
 //!
-//! The epilogue then runs once per output element on the thread that holds it. Tile sizes come from a
-//! small roofline: waves of blocks over the SMs at the engine's peak against the operands' traffic, within
-//! the limits on threads, shared memory and registers.
+//! The epilogue then runs once per output element on the thread that holds it. Tile sizes come from the
+//! cost model (`mlopt_cost::gpu_tile`): waves of blocks over the SMs at the engine's peak against the
+//! operands' traffic, within the limits on threads, shared memory and registers.
 
 use crate::error::Result;
 use crate::schedule::gpu::{delinear, lt, subst_all, GpuSchedule};
+use mlopt_cost::gpu_tile::{self, Tile};
 use mlopt_kir::analysis::{coefficient, expr_loads, flat_index, for_each_load, offset};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 
@@ -64,131 +65,47 @@ enum Engine {
     Simt,
 }
 
-/// A block tile: `wm x wn` warps (tensor cores) or `wm x wn` threads (SIMT), each with an `mt x nt`
-/// register tile of 16 x 8 fragments (tensor cores) or single elements (SIMT).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Tile {
-    wm: u64,
-    wn: u64,
-    mt: u64,
-    nt: u64,
-}
-
-/// The tile shapes tried, smallest first (a cost tie keeps the first).
-const MMA_TILES: &[Tile] = &[
-    Tile { wm: 1, wn: 2, mt: 1, nt: 2 },
-    Tile { wm: 1, wn: 2, mt: 1, nt: 4 },
-    Tile { wm: 2, wn: 2, mt: 1, nt: 2 },
-    Tile { wm: 2, wn: 2, mt: 2, nt: 2 },
-    Tile { wm: 2, wn: 2, mt: 2, nt: 4 },
-    Tile { wm: 2, wn: 2, mt: 4, nt: 4 },
-    Tile { wm: 2, wn: 4, mt: 2, nt: 4 },
-    Tile { wm: 4, wn: 2, mt: 2, nt: 4 },
-];
-const SIMT_TILES: &[Tile] = &[
-    Tile { wm: 8, wn: 16, mt: 1, nt: 2 },
-    Tile { wm: 8, wn: 32, mt: 2, nt: 2 },
-    Tile { wm: 16, wn: 16, mt: 2, nt: 2 },
-    Tile { wm: 16, wn: 16, mt: 4, nt: 4 },
-    Tile { wm: 16, wn: 16, mt: 8, nt: 4 },
-];
-
-impl Tile {
-    fn threads(&self, e: Engine) -> u64 {
-        self.wm * self.wn * if matches!(e, Engine::Mma(_)) { 32 } else { 1 }
-    }
-    fn bm(&self, e: Engine) -> u64 {
-        self.wm * self.mt * if matches!(e, Engine::Mma(_)) { 16 } else { 1 }
-    }
-    fn bn(&self, e: Engine) -> u64 {
-        self.wn * self.nt * if matches!(e, Engine::Mma(_)) { 8 } else { 1 }
+impl Engine {
+    /// The engine as the cost model sees it (`mlopt_cost::gpu_tile`: operand size and K per step).
+    fn model(self) -> gpu_tile::Engine {
+        match self {
+            Engine::Mma(t) => gpu_tile::Engine::Mma { bytes: t.size(), k: mlopt_kir::warp_mma_k(t) },
+            Engine::Simt => gpu_tile::Engine::Simt,
+        }
     }
 }
 
 /// The K slice: two `mma.sync` steps, or 16 FMAs.
 fn bk(e: Engine) -> u64 {
-    match e {
-        Engine::Mma(t) => 2 * mlopt_kir::warp_mma_k(t),
-        Engine::Simt => 16,
-    }
+    e.model().bk()
 }
 
-/// Row padding of the shared tiles in elements: keeps `ldmatrix` rows 16-byte aligned and moves
-/// successive rows to other banks.
+/// Row padding of the shared tiles in elements (`gpu_tile::Engine::pad`).
 fn pad(e: Engine) -> u64 {
-    match e {
-        Engine::Mma(Elem::F32) => 4,
-        Engine::Mma(_) => 8,
-        Engine::Simt => 1,
-    }
+    e.model().pad()
 }
 
-/// The shared tiles' bytes, at the widest padding (rows of a tile filled by 16-byte copies are padded to
-/// 16 bytes).
-fn shared_bytes(t: &Tile, e: Engine, elem: Elem) -> u64 {
-    let (bm, bn, bk) = (t.bm(e), t.bn(e), bk(e));
-    let pad = pad(e).max(16 / elem.size());
-    2 * (bm * (bk + pad) + bk * (bn + pad)) * elem.size()
-}
-
-/// Registers per thread, roughly: accumulators, fragments or operands, addressing, and two for each
-/// element a thread stages with plain loads (the value and its address, all in flight at once).
-/// Fitted to ptxas (12, sm_80): 125 for the 128 x 64 tensor-core tile staged by cp.async (estimate 128),
-/// 64 for a padded 3x3 convolution's 64 x 128 tile staging 16 elements with loads (120), 92 for a 1x1
-/// convolution's with a bias (88). The driver checks every plan against ptxas and, where one is short,
-/// plans again with the shortfall added (`GpuSchedule::register_margin`).
+/// The registers tile `t` plans for with `copies` (the operands not copied by `cp.async` are staged by
+/// plain loads).
 fn registers(t: &Tile, e: Engine, copies: &[Option<AsyncLoad>; 2]) -> u64 {
-    let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
-    let plain: u64 = [bm * bk, bk * bn].iter().zip(copies).filter(|(_, x)| x.is_none()).map(|(n, _)| n / threads).sum();
-    let base = match e {
-        Engine::Mma(_) => t.mt * t.nt * 4 + t.mt * 4 + t.nt * 2 + 40,
-        Engine::Simt => t.mt * t.nt + t.mt + t.nt + 40,
-    };
-    base + 2 * plain
+    gpu_tile::registers(t, e.model(), [copies[0].is_none(), copies[1].is_none()])
 }
 
-/// The registers a tile may plan for: 255 a thread, but ptxas (12, sm_80) often holds blocks of 224
-/// threads or more to about 128 and spills past that (a 64 x 128 tile needing 140 spilled at 128 with
-/// 256 threads, not with 192), so those are planned within 128.
-fn register_limit(threads: u64) -> u64 {
-    if threads >= 224 {
-        128
-    } else {
-        255
-    }
-}
-
-/// The roofline estimate of a tile shape in seconds: waves of blocks over the SMs against the traffic
-/// of the operands (A is read once per column of tiles, B once per row of tiles). None when the shape
-/// breaks a limit or does not divide the staging copies evenly.
+/// The cost model's estimate of tile `t` for contraction `c` (`mlopt_cost::gpu_tile::estimate`), at the
+/// engine's peak on the schedule's target.
 fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<AsyncLoad>; 2], s: &GpuSchedule) -> Option<f64> {
-    let (m, n, k, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
-    let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
-    let smem = shared_bytes(t, e, elem);
-    if threads > GpuSchedule::MAX_THREADS || smem > GpuSchedule::SHARED_BYTES || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
-        return None;
-    }
-    let regs = registers(t, e, copies) + s.register_margin;
-    if regs > register_limit(threads) {
-        return None;
-    }
-    let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), k.div_ceil(bk));
-    let blocks = batch * tm * tn;
-    let per_sm = (s.threads_per_sm() / threads).min(s.smem_per_sm() / smem.max(1)).min(s.regs_per_sm() / (threads * regs)).clamp(1, 32);
-    let waves = blocks.div_ceil(s.sms() * per_sm);
-    // Blocks at once on the busiest SM; an SM reaches its peak with enough warps to hide latency (eight
-    // here), and fewer run proportionally slower.
-    let together = blocks.div_ceil(s.sms()).min(per_sm);
-    let resident = together * threads.div_ceil(32);
+    let x = gpu_tile::Extents {
+        m: Contraction::extent(&c.rows),
+        n: Contraction::extent(&c.cols),
+        k: Contraction::extent(&c.red),
+        batch: Contraction::extent(&c.batch),
+    };
     let peak = match e {
-        Engine::Mma(e) => s.matrix(e),
-        Engine::Simt => Some(s.target.fp32),
-    }? / s.sms() as f64
-        * (resident as f64 / 8.0).min(1.0);
-    let tile_flops = (2 * bm * bn * kt * bk) as f64;
-    let compute = waves as f64 * together as f64 * tile_flops / peak;
-    let traffic = (batch * (m * k * tn + k * n * tm) * elem.size() + batch * m * n * 4) as f64;
-    Some(compute.max(traffic / s.target.dram_bw))
+        Engine::Mma(e) => s.matrix(e)?,
+        Engine::Simt => s.target.fp32,
+    };
+    let plain = [copies[0].is_none(), copies[1].is_none()];
+    gpu_tile::estimate(&s.target, x, t, e.model(), elem.size(), plain, s.register_margin, peak)
 }
 
 /// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.
@@ -405,9 +322,9 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
     // Operands are staged by cp.async where they are plain loads of the tile's type.
     let all: Vec<(Var, u64)> = [&c.rows, &c.cols, &c.batch, &c.red].into_iter().flatten().copied().collect();
     for (e, elem, a, b) in options {
-        let tiles = if e == Engine::Simt { SIMT_TILES } else { MMA_TILES };
+        let tiles = Tile::candidates(e.model());
         for t in tiles {
-            let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
+            let (bm, bn, bk, threads) = (t.bm(e.model()), t.bn(e.model()), bk(e), t.threads(e.model()));
             let copies = [async_load(k, &a, elem, &c.red, &all, bm, bk, threads), async_load(k, &b, elem, &c.cols, &all, bk, bn, threads)];
             if let Some(time) = estimate(&c, t, e, elem, &copies, s) {
                 if best.as_ref().is_none_or(|x| time < x.0) {
@@ -425,7 +342,7 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
 #[allow(clippy::too_many_arguments)]
 fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile, copies: &[Option<AsyncLoad>; 2], planned: u64) -> Vec<Stmt> {
     let (m, n, kdim, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
-    let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), bk(e), t.threads(e));
+    let (bm, bn, bk, threads) = (t.bm(e.model()), t.bn(e.model()), bk(e), t.threads(e.model()));
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
     let id = k.vars.len();
     // Rows filled by copies of several elements are padded to a whole number of copies.
