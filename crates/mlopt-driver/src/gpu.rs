@@ -136,7 +136,7 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     let regs_per_warp = (regs.max(1) as u64 * 32).div_ceil(256) * 256;
     let by_threads = max_warps / warps;
     let by_regs = (t.regs_per_unit as u64 / regs_per_warp) / warps;
-    let by_smem = (t.smem_per_unit as u64 * 1024).checked_div(smem).unwrap_or(u64::MAX);
+    let by_smem = u64::from(t.smem_per_unit).checked_div(smem).unwrap_or(u64::MAX);
     let blocks = by_threads.min(by_regs).min(by_smem).min(32);
     (blocks * warps) as f64 / max_warps as f64
 }
@@ -320,4 +320,23 @@ pub fn c_header(p: &Program, t: &GpuTarget) -> String {
     let _ = writeln!(s, "/* The last error of this thread, as text. */\nconst char *mlopt_{n}_last_error(void);\n");
     let _ = writeln!(s, "#ifdef __cplusplus\n}}\n#endif\n\n#endif /* MLOPT_{up}_H */");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Occupancy is limited by whichever runs out first: threads, registers or shared memory (the
+    /// target's shared memory per SM is in bytes).
+    #[test]
+    fn occupancy_counts_each_limit() {
+        let t = mlopt_cost::Target::named("sm_80", 1).unwrap();
+        let warps = (t.threads_per_unit / 32) as f64;
+        assert_eq!(occupancy(&t, 128, 32, 0), 1.0);
+        // 128 registers a thread: 65536 / (128 x 32 x 4 warps) = 4 blocks of 4 warps.
+        assert_eq!(occupancy(&t, 128, 128, 0), 16.0 / warps);
+        // 48 KiB of shared memory a block: as many blocks as fit in the SM's shared memory.
+        let blocks = (u64::from(t.smem_per_unit) / (48 * 1024)) as f64;
+        assert_eq!(occupancy(&t, 128, 32, 48 * 1024), blocks * 4.0 / warps);
+    }
 }
