@@ -8,14 +8,15 @@
 use crate::ir::*;
 use std::collections::HashMap;
 
-/// The extent of each loop variable of `k` (variables reused by sequential loops keep the smaller).
+/// The extent of each loop variable of `k` (a variable reused by sequential loops keeps the larger, so
+/// the range is a bound on every use).
 pub fn loop_extents(k: &Kernel) -> HashMap<Var, u64> {
     fn walk(body: &[Stmt], out: &mut HashMap<Var, u64>) {
         for s in body {
             match s {
                 Stmt::For { var, extent, body, .. } => {
                     let e = out.entry(*var).or_insert(*extent);
-                    *e = (*e).min(*extent);
+                    *e = (*e).max(*extent);
                     walk(body, out);
                 }
                 Stmt::If { then, .. } => walk(then, out),
