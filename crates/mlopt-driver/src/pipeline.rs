@@ -3,7 +3,7 @@
 //! optimise (egg + roofline + fusion) -> [tune] -> lower (kernel IR: the algorithm) -> schedule (vector and
 //! parallel loops, or GPU launches) -> codegen (LLVM: x86 objects, or PTX) -> [ptxas] -> package
 //!
-//! each timed. The target is resolved once, before the first stage (`Codegen::of`); the target's kind
+//! each timed. The target is resolved once, before the first stage (a `Codegen`); the target's kind
 //! decides only what codegen and package make. `build` runs every stage and returns the `Library`;
 //! `inspect` stops after one and returns its text.
 
@@ -16,6 +16,7 @@ use mlopt_runtime::Loaded;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error("optimising: {0}")]

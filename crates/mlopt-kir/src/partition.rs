@@ -86,21 +86,8 @@ fn holds_tiles(body: &[Stmt]) -> bool {
 
 /// `ranges` with the extents of the loops inside `body` added.
 fn with_inner(body: &[Stmt], ranges: &HashMap<Var, u64>) -> HashMap<Var, u64> {
-    fn add(body: &[Stmt], out: &mut HashMap<Var, u64>) {
-        for s in body {
-            match s {
-                Stmt::For { var, extent, body, .. } => {
-                    let e = out.entry(*var).or_insert(*extent);
-                    *e = (*e).max(*extent);
-                    add(body, out);
-                }
-                Stmt::If { then, .. } => add(then, out),
-                _ => {}
-            }
-        }
-    }
     let mut out = ranges.clone();
-    add(body, &mut out);
+    crate::simplify::add_loop_extents(body, &mut out);
     out
 }
 

@@ -11,22 +11,24 @@ use std::collections::HashMap;
 /// The extent of each loop variable of `k` (a variable reused by sequential loops keeps the larger, so
 /// the range is a bound on every use).
 pub fn loop_extents(k: &Kernel) -> HashMap<Var, u64> {
-    fn walk(body: &[Stmt], out: &mut HashMap<Var, u64>) {
-        for s in body {
-            match s {
-                Stmt::For { var, extent, body, .. } => {
-                    let e = out.entry(*var).or_insert(*extent);
-                    *e = (*e).max(*extent);
-                    walk(body, out);
-                }
-                Stmt::If { then, .. } => walk(then, out),
-                _ => {}
+    let mut out = HashMap::new();
+    add_loop_extents(&k.body, &mut out);
+    out
+}
+
+/// Adds the extent of each loop in `body` to `out`, keeping the larger for a variable seen before.
+pub fn add_loop_extents(body: &[Stmt], out: &mut HashMap<Var, u64>) {
+    for s in body {
+        match s {
+            Stmt::For { var, extent, body, .. } => {
+                let e = out.entry(*var).or_insert(*extent);
+                *e = (*e).max(*extent);
+                add_loop_extents(body, out);
             }
+            Stmt::If { then, .. } => add_loop_extents(then, out),
+            _ => {}
         }
     }
-    let mut out = HashMap::new();
-    walk(&k.body, &mut out);
-    out
 }
 
 /// Simplifies every index expression of `k` with its loop ranges.
