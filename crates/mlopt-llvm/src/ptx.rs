@@ -117,6 +117,8 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
     let mut t = vec![2, p.inputs.len() as u64, p.outputs.len() as u64, p.arena_bytes, blob.len() as u64, p.kernels.len() as u64, p.steps.len() as u64];
     t.extend(p.inputs.iter().map(|io| io.bytes() as u64));
     t.extend(p.outputs.iter().map(|io| io.bytes() as u64));
+    // Checks so far: a check step's message is the next one.
+    let mut checks = 0;
     for s in &p.steps {
         let k = p.kernels.get(s.kernel).ok_or_else(|| err(format!("step calls kernel {}", s.kernel)))?;
         let l = mlopt_kir::gpu::launch(k).ok_or_else(|| err(format!("kernel @{} is not a GPU kernel", k.name)))?;
@@ -130,8 +132,10 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
             });
         }
         // A check step: 1 + its message's number among the checks (0: none), and the flag's offset.
-        let checks_before = p.steps.iter().take_while(|x| !std::ptr::eq(*x, s)).filter(|x| x.check.is_some()).count() as u64;
-        t.extend(s.check.as_ref().map_or([0, 0], |c| [1 + checks_before, c.flag]));
+        t.extend(s.check.as_ref().map_or([0, 0], |c| {
+            checks += 1;
+            [checks, c.flag]
+        }));
     }
     // The kernels' names, then the checks' messages, each ending in NUL.
     let mut names = Vec::new();
