@@ -51,17 +51,6 @@ impl GpuSchedule {
         u64::from(self.target.units)
     }
 
-    /// Per SM: shared memory, 32-bit registers and resident threads.
-    pub fn smem_per_sm(&self) -> u64 {
-        u64::from(self.target.smem_per_unit)
-    }
-    pub fn regs_per_sm(&self) -> u64 {
-        u64::from(self.target.regs_per_unit)
-    }
-    pub fn threads_per_sm(&self) -> u64 {
-        u64::from(self.target.threads_per_unit)
-    }
-
     /// Device FLOP/s on tensor cores for operands of type `e` (tf32 for f32, where allowed), if any.
     pub fn matrix(&self, e: Elem) -> Option<f64> {
         match e {
