@@ -355,3 +355,25 @@ pub fn private_in(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>) -> Vec
     v.sort();
     v
 }
+
+/// The local buffers that one iteration of some loop of `k` whose kind `kinds` accepts owns (every access
+/// inside that loop's body): each thread of a parallel loop, or each lane of a vector loop, has its own.
+pub fn locals_owned_by_loops(k: &Kernel, kinds: &dyn Fn(LoopKind) -> bool) -> Vec<BufId> {
+    fn walk(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>, kinds: &dyn Fn(LoopKind) -> bool, out: &mut Vec<BufId>) {
+        for s in body {
+            match s {
+                Stmt::For { kind, body, .. } => {
+                    if kinds(*kind) {
+                        out.extend(private_in(k, body, all));
+                    }
+                    walk(k, body, all, kinds, out);
+                }
+                Stmt::If { then, .. } => walk(k, then, all, kinds, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(k, &k.body, &buffer_uses(&k.body), kinds, &mut out);
+    out
+}

@@ -97,19 +97,10 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// `aligned_alloc`, freed by `free_locals` before the function returns. Returns the heap ones.
     pub fn alloc_locals(&mut self) -> Ret<Vec<PointerValue<'c>>> {
         // Locals one iteration of a parallel loop owns are made by each thread (`parallel.rs`), not here.
-        fn per_thread(k: &Kernel, body: &[Stmt], out: &mut Vec<BufId>) {
-            for s in body {
-                match s {
-                    Stmt::For { kind: LoopKind::Parallel, body, .. } => out.extend(mlopt_kir::analysis::private_locals(k, body)),
-                    Stmt::For { body, .. } | Stmt::If { then: body, .. } => per_thread(k, body, out),
-                    _ => {}
-                }
-            }
-        }
-        let mut threads_own = Vec::new();
-        if !self.gpu {
-            per_thread(self.k, &self.k.body, &mut threads_own);
-        }
+        let threads_own = match self.gpu {
+            true => vec![],
+            false => mlopt_kir::analysis::locals_owned_by_loops(self.k, &|kind| kind == LoopKind::Parallel),
+        };
         let mut heap = Vec::new();
         for (i, buf) in self.k.bufs.iter().enumerate() {
             if buf.space == Space::Local && !threads_own.contains(&BufId(i as u32)) {

@@ -48,26 +48,11 @@ pub const ARENA_LOCAL_BYTES: u64 = 256 * 1024;
 /// otherwise `aligned_alloc` them on every call, and on every call the kernel faulted fresh pages in (a
 /// SqueezeNet max pool's 6.4 MB of phases cost more than its arithmetic).
 pub fn scratch_in_arena(p: &mut mlopt_kir::Program) {
-    use mlopt_kir::{LoopKind, Place, Space, Stmt};
-    fn owned(k: &mlopt_kir::Kernel, body: &[Stmt], out: &mut Vec<mlopt_kir::BufId>) {
-        for s in body {
-            match s {
-                Stmt::For { kind, body, .. } => {
-                    if !matches!(kind, LoopKind::Serial | LoopKind::Unrolled) {
-                        out.extend(mlopt_kir::analysis::private_locals(k, body));
-                    }
-                    owned(k, body, out);
-                }
-                Stmt::If { then, .. } => owned(k, then, out),
-                _ => {}
-            }
-        }
-    }
+    use mlopt_kir::{LoopKind, Place, Space};
     let base = p.arena_bytes.div_ceil(64) * 64;
     let mut end = p.arena_bytes;
     for (ki, k) in p.kernels.iter_mut().enumerate() {
-        let mut per_iteration = Vec::new();
-        owned(k, &k.body, &mut per_iteration);
+        let per_iteration = mlopt_kir::analysis::locals_owned_by_loops(k, &|kind| !matches!(kind, LoopKind::Serial | LoopKind::Unrolled));
         let before = k.params();
         let mut at = base;
         let mut moved = std::collections::HashMap::new();
