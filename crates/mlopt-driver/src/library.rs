@@ -45,12 +45,12 @@ impl Library {
 
     /// report.json (the optimiser's report with the arena, the kernels compiled, `compile_s` and each
     /// stage's seconds, and every launch for a GPU) and what `compile --report` prints (the optimiser's
-    /// header, the kernel table, the activation arena for a CPU, the stages' times). One memory plan
-    /// serves both.
-    pub fn report(&self, compile_s: f64) -> Result<Report> {
+    /// header, the kernel table, the activation arena for a CPU, the stages' times). The arena is the
+    /// memory plan lowering used.
+    pub fn report(&self, compile_s: f64) -> Report {
         let (optimized, cfg, times, mut extra, text) = match self {
             Library::Cpu(c) => {
-                let mem = mlopt_lower::plan_memory(&c.optimized.plan.graph)?;
+                let mem = &c.memory;
                 let extra = vec![
                     ("arena_bytes", mem.arena_bytes.to_string()),
                     ("in_place", mem.in_place.len().to_string()),
@@ -81,7 +81,7 @@ impl Library {
         };
         extra.push(("compile_s", format!("{compile_s:.3}")));
         extra.extend(times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
-        Ok(Report { json: mlopt_rewrite::report::json(optimized, cfg, &extra), text })
+        Report { json: mlopt_rewrite::report::json(optimized, cfg, &extra), text }
     }
 
     /// The estimated roofline of the kernels as SVG (CPU libraries; a GPU's kernels are in report.json).

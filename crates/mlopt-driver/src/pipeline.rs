@@ -57,6 +57,8 @@ pub struct Options {
 pub struct Compiled {
     pub optimized: mlopt_rewrite::Optimized,
     pub cfg: mlopt_rewrite::Config,
+    /// The arena layout of the optimised graph's values (the scratch past it is the program's).
+    pub memory: mlopt_lower::MemoryPlan,
     pub program: Program,
     pub code: mlopt_llvm::Output,
     pub target: CpuTarget,
@@ -171,7 +173,12 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     if let (Codegen::Cpu(t), true) = (&target, opt.tune) {
         lowering.tiles = times.stage("tune", || crate::tune::tune(graph, &lowering, t, threads))?;
     }
-    let algorithm = times.stage("lower", || Ok(mlopt_lower::lower_algorithm(graph, &lowering)?))?;
+    // The memory plan places the values for lowering and is what the report says of the arena.
+    let (memory, algorithm) = times.stage("lower", || {
+        let memory = mlopt_lower::plan_memory(graph)?;
+        let algorithm = mlopt_lower::lower_algorithm(graph, &memory, &lowering)?;
+        Ok((memory, algorithm))
+    })?;
     if stop == Some(Stage::Lowered) {
         return Ok(Ran::Stopped(mlopt_kir::print::program(&algorithm)));
     }
@@ -213,7 +220,7 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     let lib = times.stage("package", || {
         Ok(match (code, target) {
             (Code::Cpu(code), Codegen::Cpu(target)) => {
-                Library::Cpu(Box::new(Compiled { optimized, cfg, program, code, target, times: vec![], profiled: opt.profile }))
+                Library::Cpu(Box::new(Compiled { optimized, cfg, memory, program, code, target, times: vec![], profiled: opt.profile }))
             }
             (Code::Gpu(ptx), Codegen::Gpu(target)) => Library::Gpu(Box::new(crate::gpu::package(optimized, cfg, program, target, ptx, ptxas, figures)?)),
             _ => return Err(DriverError::Io("code generated for another kind of target (a bug in mlopt's driver)".into())),

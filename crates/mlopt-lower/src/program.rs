@@ -6,7 +6,7 @@
 use crate::elementwise::elem;
 use crate::error::{LowerError, Result};
 use crate::kernel::{dims, Lowerer};
-use crate::memory::plan_memory;
+use crate::memory::{plan_memory, MemoryPlan};
 use mlopt_ir::{Graph, NodeId, Op, Value};
 use mlopt_kir::{Io, Place, Program, Space, Step, Stmt, Weight};
 use std::collections::HashMap;
@@ -74,11 +74,11 @@ impl Binder<'_> {
     }
 }
 
-/// Lowers a fused graph (the optimiser's output) to a program of algorithm kernels: plain loop nests,
-/// verified, not yet scheduled. (Contractions already have the register tiles `opts.cpu`'s lanes give
-/// them, and their packed weights: the tile is the layout of a weight the program carries.)
-pub fn lower_algorithm(g: &Graph, opts: &Options) -> Result<Program> {
-    let plan = plan_memory(g)?;
+/// Lowers a fused graph (the optimiser's output), its values placed by `plan` (`plan_memory(g)`), to a
+/// program of algorithm kernels: plain loop nests, verified, not yet scheduled. (Contractions already
+/// have the register tiles `opts.cpu`'s lanes give them, and their packed weights: the tile is the
+/// layout of a weight the program carries.)
+pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<Program> {
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let mut b = Binder {
@@ -168,9 +168,10 @@ pub fn lower_algorithm(g: &Graph, opts: &Options) -> Result<Program> {
     Ok(b.program)
 }
 
-/// Lowers a fused graph and schedules it: `lower_algorithm`, then `schedule::schedule`.
+/// Plans a fused graph's memory, lowers it and schedules it: `plan_memory`, `lower_algorithm`, then
+/// `schedule::schedule`.
 pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
-    crate::schedule::schedule(lower_algorithm(g, opts)?, opts)
+    crate::schedule::schedule(lower_algorithm(g, &plan_memory(g)?, opts)?, opts)
 }
 
 /// `out[i] = in[i]` over one flat loop.
