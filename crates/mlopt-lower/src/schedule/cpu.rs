@@ -1,5 +1,7 @@
 //! Schedules for CPU kernels, chosen per loop nest from what each loop writes:
 //!
+//! - **partition**, first: a loop whose selects or guards test its variable against constants (a
+//!   concat) runs as one loop per range in which the tests have one answer (`mlopt_kir::partition`).
 //! - **vector**: the deepest loop whose every store is contiguous in it (the flat index moves by one
 //!   element per iteration) or goes to a local buffer used only inside it runs as `vector<lanes>` when
 //!   the lanes divide its extent, else as the widest vector from 4 lanes up that does (`width`). For a
@@ -8,9 +10,6 @@
 //! - **parallel**: with more than one thread, the outermost loop of a nest whose every store depends on it
 //!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
 //!   waking the pool, runs as `parallel`.
-//!
-//! - **partition** first: a loop whose selects or guards test its variable against constants (a concat)
-//!   runs as one loop per range in which the tests have one answer (`mlopt_kir::partition`).
 //!
 //! Loops holding a guard are never vectorised (a guard would differ between lanes).
 
