@@ -1,7 +1,8 @@
 //! The hostile corpus (`xtask/py/gen_hostile.py`): models and inputs from someone else, each run through
 //! every command that reads a model (inspect, compile, run, run --interpret, check --compiled; data
-//! cases also check --emulated for a GPU) under 20 s and 2 GiB of address space. A rejected case must exit 2 with a message naming what is at fault; none
-//! may panic, hang or run out of memory; valid ones must run, and agree compiled and interpreted.
+//! cases also check --emulated for a GPU) under 20 s and 2 GiB of address space. A rejected case must
+//! exit 2 with a message naming what is at fault; none may panic, hang or run out of memory; valid ones
+//! must run, and agree compiled and interpreted.
 
 use crate::{root, setup, Result};
 use std::path::{Path, PathBuf};

@@ -76,8 +76,8 @@ fn lanes_for(l: &Lowerer, t: Elem, extents: &[u64]) -> Option<u64> {
 }
 
 /// Halide's rfactor: `w` partial accumulators, one per vector lane (`part[rl] = update(r, part[rl])` in a
-/// vector loop), folded by `combine` at the end (a tree), then the last `e % w` terms one at a time. The order of
-/// the terms changes, not the terms.
+/// vector loop), folded by `combine` at the end (a tree), then the last `e % w` terms one at a time. The
+/// order of the terms changes, not the terms.
 fn rfactor(
     l: &mut Lowerer,
     t: Elem,
