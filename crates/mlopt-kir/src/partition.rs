@@ -10,7 +10,7 @@
 //! either side of a point leave the loop whole.
 
 use crate::ir::*;
-use crate::simplify::{build, interval, simplify, terms};
+use crate::simplify::{build, interval, simplify_binary, terms};
 use crate::step::ScheduleStep;
 use std::collections::HashMap;
 
@@ -250,10 +250,10 @@ fn decide(c: &Expr, r: &HashMap<Var, u64>) -> Option<bool> {
 /// `e` with the selects whose test the ranges decide replaced by their branch, and clamps (`min`,
 /// `max` against a bound the range already keeps) dropped; then the index arithmetic simplified.
 fn fold(e: &Expr, r: &HashMap<Var, u64>) -> Expr {
-    let e = match e {
+    match e {
         Expr::Select(c, a, b) => match decide(c, r) {
-            Some(true) => return fold(a, r),
-            Some(false) => return fold(b, r),
+            Some(true) => fold(a, r),
+            Some(false) => fold(b, r),
             None => Expr::select(fold(c, r), fold(a, r), fold(b, r)),
         },
         Expr::Binary(op @ (BinOp::Min | BinOp::Max), a, b) => {
@@ -267,16 +267,16 @@ fn fold(e: &Expr, r: &HashMap<Var, u64>) -> Expr {
                     _ => {}
                 }
             }
-            rebuild_bin(*op, a, b)
+            simplify_binary(*op, a, b, r)
         }
-        Expr::Binary(op, a, b) => rebuild_bin(*op, fold(a, r), fold(b, r)),
+        // (Each node is simplified once, its operands already folded and simplified.)
+        Expr::Binary(op, a, b) => simplify_binary(*op, fold(a, r), fold(b, r), r),
         Expr::Load(buf, ix) => Expr::Load(*buf, ix.iter().map(|x| index(x, r)).collect()),
         Expr::Unary(o, a) => Expr::un(*o, fold(a, r)),
         Expr::Cast(t, a) => Expr::cast(*t, fold(a, r)),
         Expr::Fma(a, b, c) => Expr::fma(fold(a, r), fold(b, r), fold(c, r)),
         Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
-    };
-    simplify(&e, r)
+    }
 }
 
 /// An index folded, then summed term by term (a piece's `(%c.256 + 256) - 256` is `%c.256`).

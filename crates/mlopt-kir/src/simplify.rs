@@ -119,20 +119,23 @@ fn divide(x: &Expr, c: i64, div: bool, r: &HashMap<Var, u64>) -> Option<Expr> {
     })
 }
 
+/// `op(a, b)` for operands already simplified under the ranges `r`: a division or remainder by a
+/// constant resolved where the ranges allow it (`divide`), else the node rebuilt with constant folding.
+pub(crate) fn simplify_binary(op: BinOp, a: Expr, b: Expr, r: &HashMap<Var, u64>) -> Expr {
+    if let (BinOp::Div | BinOp::Rem, Expr::Int(c)) = (op, &b) {
+        if *c > 0 {
+            if let Some(s) = divide(&a, *c, op == BinOp::Div, r) {
+                return s;
+            }
+        }
+    }
+    rebuild_bin(op, a, b)
+}
+
 /// `e` with its index arithmetic simplified bottom-up under the loop ranges `r`.
 pub fn simplify(e: &Expr, r: &HashMap<Var, u64>) -> Expr {
     match e {
-        Expr::Binary(op, a, b) => {
-            let (a, b) = (simplify(a, r), simplify(b, r));
-            if let (BinOp::Div | BinOp::Rem, Expr::Int(c)) = (op, &b) {
-                if *c > 0 {
-                    if let Some(s) = divide(&a, *c, *op == BinOp::Div, r) {
-                        return s;
-                    }
-                }
-            }
-            rebuild_bin(*op, a, b)
-        }
+        Expr::Binary(op, a, b) => simplify_binary(*op, simplify(a, r), simplify(b, r), r),
         Expr::Load(buf, ix) => Expr::Load(*buf, ix.iter().map(|x| simplify(x, r)).collect()),
         Expr::Unary(o, a) => Expr::un(*o, simplify(a, r)),
         Expr::Cast(t, a) => Expr::cast(*t, simplify(a, r)),
