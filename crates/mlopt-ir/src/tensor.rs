@@ -239,6 +239,9 @@ macro_rules! with_dtype {
     };
 }
 
+/// The bytes `Tensor::le_chunks` hands over at a time.
+const LE_CHUNK: usize = 64 * 1024;
+
 fn standard<T: Clone>(a: ArrayD<T>) -> ArrayD<T> {
     if a.is_standard_layout() {
         a
@@ -332,6 +335,58 @@ impl Tensor {
         out
     }
 
+    /// Calls `f` on the row-major little-endian bytes of the values, 64 KiB at a time: what `to_le_bytes`
+    /// returns, without a copy of the whole tensor (a transformer's weights are hundreds of MB, and fresh
+    /// pages cost more than the bytes).
+    pub fn le_chunks(&self, mut f: impl FnMut(&[u8])) {
+        let mut buf = Vec::with_capacity(LE_CHUNK);
+        dispatch!(self, a => {
+            let values = a.as_standard_layout();
+            for part in values.as_slice().unwrap_or_default().chunks(LE_CHUNK / self.dtype().size()) {
+                buf.clear();
+                part.iter().for_each(|v| v.write_le(&mut buf));
+                f(&buf);
+            }
+        })
+    }
+
+    /// A hash of the type and the values' bits (FxHash's mix over 8-byte words: fast, not keyed).
+    pub fn content_hash(&self) -> u64 {
+        let mix = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        let mut h = mix(self.dtype() as u64, self.numel() as u64);
+        for d in self.shape() {
+            h = mix(h, *d as u64);
+        }
+        self.le_chunks(|bytes| {
+            let mut words = bytes.chunks_exact(8);
+            for w in &mut words {
+                h = mix(h, u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+            }
+            for b in words.remainder() {
+                h = mix(h, *b as u64);
+            }
+        });
+        h
+    }
+
+    /// Whether both have the same type and the same bits in every value (NaNs and signed zeros included).
+    pub fn same_bits(&self, other: &Tensor) -> bool {
+        fn same<T: Elem>(a: &ArrayD<T>, other: &Tensor) -> bool {
+            let Some(b) = T::view(other) else { return false };
+            let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            a.shape() == b.shape()
+                && a.as_slice().unwrap_or_default().chunks(4096).zip(b.as_slice().unwrap_or_default().chunks(4096)).all(|(p, q)| {
+                    x.clear();
+                    y.clear();
+                    p.iter().for_each(|v| v.write_le(&mut x));
+                    q.iter().for_each(|v| v.write_le(&mut y));
+                    x == y
+                })
+        }
+        dispatch!(self, a => same(a, other))
+    }
+
     /// Reads row-major little-endian values; `None` when the byte count does not match the type.
     pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
         let size = ty.dtype.size();
@@ -409,6 +464,23 @@ mod tests {
         // A shape whose element count overflows (from a file's header) is a mismatch, not a panic.
         assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![usize::MAX, 3]), &[0; 12]), None);
         assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F64, vec![usize::MAX / 4]), &[0; 8]), None);
+    }
+
+    /// `le_chunks` is `to_le_bytes` in pieces; `same_bits` and `content_hash` see bits, shapes and types.
+    #[test]
+    fn contents_compare_by_bits() {
+        let big = Tensor::from_vec(&[3, 40_000], (0..120_000).map(|i| i as f32 * 0.5).collect()).unwrap();
+        let mut chunks = Vec::new();
+        big.le_chunks(|b| chunks.extend_from_slice(b));
+        assert_eq!(chunks, big.to_le_bytes());
+        let f = |v: Vec<f32>| Tensor::from_vec(&[v.len()], v).unwrap();
+        let (zero, minus_zero, nan) = (f(vec![0.0, 1.0]), f(vec![-0.0, 1.0]), f(vec![f32::NAN, 1.0]));
+        assert!(nan.same_bits(&nan.clone()) && nan.content_hash() == nan.clone().content_hash());
+        assert!(!zero.same_bits(&minus_zero) && zero.content_hash() != minus_zero.content_hash());
+        let reshaped = zero.reshape(&[1, 2]).unwrap();
+        assert!(!zero.same_bits(&reshaped) && zero.content_hash() != reshaped.content_hash());
+        assert!(!zero.same_bits(&zero.cast(DType::F64)));
+        assert!(big.same_bits(&big.reshape(&[3, 40_000]).unwrap()));
     }
 
     #[test]

@@ -299,7 +299,7 @@ fn b_by_columns(l: &mut Lowerer, bm: Value, trans: bool, kdim: u64) -> Option<Bu
     }
     let nn = w.shape()[if trans { 0 } else { 1 }] as u64;
     let one = contract::Tile { mr: 1, nr: 1, lanes: 1 };
-    let data = contract::pack_blocks(&w.to_le_bytes(), kdim, nn, one, trans).into_iter().next()?.1;
+    let data = contract::pack_blocks(w.view::<f32>()?.as_standard_layout().as_slice()?, kdim, nn, one, trans).into_iter().next()?.1;
     let name = format!("{}.columns", l.g.node(bm.node).name);
     Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn, kdim, 1], data: std::sync::Arc::new(data) }))
 }
@@ -312,7 +312,7 @@ fn pack_b(l: &mut Lowerer, bm: Value, trans: bool, t: contract::Tile) -> Option<
         return None;
     }
     let (kk, nn) = if trans { (w.shape()[1] as u64, w.shape()[0] as u64) } else { (w.shape()[0] as u64, w.shape()[1] as u64) };
-    let blocks = contract::pack_blocks(&w.to_le_bytes(), kk, nn, t, trans);
+    let blocks = contract::pack_blocks(w.view::<f32>()?.as_standard_layout().as_slice()?, kk, nn, t, trans);
     let base = l.g.node(bm.node).name.clone();
     Some(
         blocks

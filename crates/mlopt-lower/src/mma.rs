@@ -41,13 +41,14 @@ pub fn eligible(l: &Lowerer, a: Value, b: Value, k: u64, n: u64) -> Option<Arc<T
 /// column block (tile rows 128 bytes apart, not a whole row of B, which would put all 16 rows of a tile
 /// in one L1 set), pairs of k interleaved per column.
 fn pack(w: &Tensor, k: u64, n: u64, kp: u64, np: u64, nb: u64, trans: bool) -> Vec<u8> {
-    let src = w.to_le_bytes();
+    let values = w.view::<mlopt_ir::half::bf16>().map(|a| a.as_standard_layout());
+    let src = values.as_ref().and_then(|a| a.as_slice()).unwrap_or_default();
     let at = |kk: u64, j: u64| -> [u8; 2] {
-        if kk >= k || j >= n {
-            return [0, 0];
+        let i = if trans { j * k + kk } else { kk * n + j } as usize;
+        match src.get(i) {
+            Some(v) if kk < k && j < n => v.to_bits().to_le_bytes(),
+            _ => [0, 0],
         }
-        let i = if trans { j * k + kk } else { kk * n + j } as usize * 2;
-        [src[i], src[i + 1]]
     };
     let mut out = Vec::with_capacity((kp * np * 2) as usize);
     for jb in 0..np / nb {

@@ -203,12 +203,9 @@ pub type Rewrite = egg::Rewrite<MNode, Analysis>;
 impl Analysis {
     /// Adds a constant, or finds the one with the same type and contents.
     pub fn add_const(eg: &mut EGraph, name: String, t: Arc<Tensor>) -> Id {
-        let bytes = t.to_le_bytes();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        std::hash::Hash::hash(&bytes, &mut h);
-        let key = (std::hash::Hasher::finish(&h), t.ty());
+        let key = (t.content_hash(), t.ty());
         let a = &mut eg.analysis;
-        let same = a.by_content.get(&key).and_then(|is| is.iter().copied().find(|i| a.consts[*i as usize].1.to_le_bytes() == bytes));
+        let same = a.by_content.get(&key).and_then(|is| is.iter().copied().find(|i| a.consts[*i as usize].1.same_bits(&t)));
         let i = match same {
             Some(i) => i,
             None => {
