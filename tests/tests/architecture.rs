@@ -37,7 +37,7 @@ fn crate_dependencies_follow_the_rules() {
         // The only crate that links LLVM; it sees the kernel IR only.
         ("mlopt-llvm", &["mlopt-kir", "inkwell", "thiserror"]),
         // The runtime knows no IR at all.
-        ("mlopt-runtime", &["thiserror", "libloading", "ar_archive_writer", "tempfile"]),
+        ("mlopt-runtime", &["thiserror", "libloading", "object", "tempfile"]),
         // The driver strings the stages together.
         ("mlopt-driver", &["mlopt-ir", "mlopt-kir", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-llvm", "mlopt-runtime", "thiserror", "tempfile"]),
         // anyhow only in the CLI.

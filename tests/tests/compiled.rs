@@ -307,7 +307,7 @@ fn kir_operators_compile_as_they_interpret() {
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
         let mut lib = mlopt_runtime::Loaded::new(
-            &code.objects,
+            &mlopt_driver::pipeline::members("m", &code).unwrap(),
             &mlopt_llvm::c_name(&p.name),
             p.context_bytes(),
             inputs.iter().map(Vec::len).collect(),
@@ -400,9 +400,14 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
     for target in ["host", "x86-64-v3", "x86-64-v4"] {
         let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
-        let mut lib =
-            mlopt_runtime::Loaded::new(&code.objects, "to_bf16", p.context_bytes(), inputs.iter().map(Vec::len).collect(), want.iter().map(Vec::len).collect())
-                .unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(
+            &mlopt_driver::pipeline::members("to_bf16", &code).unwrap(),
+            "to_bf16",
+            p.context_bytes(),
+            inputs.iter().map(Vec::len).collect(),
+            want.iter().map(Vec::len).collect(),
+        )
+        .unwrap();
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
@@ -500,7 +505,14 @@ fn mma_blocks_compile_as_they_interpret() {
             t.matrix == Some(mlopt_llvm::MatrixUnit::Dot),
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
-        let mut lib = mlopt_runtime::Loaded::new(&code.objects, "mma", p.context_bytes(), inputs.iter().map(Vec::len).collect(), vec![64 * 64 * 4]).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(
+            &mlopt_driver::pipeline::members("mma", &code).unwrap(),
+            "mma",
+            p.context_bytes(),
+            inputs.iter().map(Vec::len).collect(),
+            vec![64 * 64 * 4],
+        )
+        .unwrap();
         let mut got = vec![vec![0u8; 64 * 64 * 4]];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
@@ -594,7 +606,14 @@ fn register_math_is_accurate() {
         let inputs = [encode(&xs), encode(&ys)];
         let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
         let size = if t == Elem::F32 { 4 } else { 8 };
-        let mut lib = mlopt_runtime::Loaded::new(&code.objects, &mlopt_llvm::c_name(&p.name), p.context_bytes(), vec![N * size; 2], vec![N * size; 2]).unwrap();
+        let mut lib = mlopt_runtime::Loaded::new(
+            &mlopt_driver::pipeline::members("m", &code).unwrap(),
+            &mlopt_llvm::c_name(&p.name),
+            p.context_bytes(),
+            vec![N * size; 2],
+            vec![N * size; 2],
+        )
+        .unwrap();
         let mut got = vec![vec![0u8; N * size]; 2];
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for (out, kind) in got.iter().zip(["serial", "vector"]) {

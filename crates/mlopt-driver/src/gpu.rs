@@ -223,7 +223,8 @@ impl GpuCompiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.ptx.llvm_ir.clone()),
         ];
-        crate::pipeline::write_files(dir, stem, files.into(), std::slice::from_ref(&self.host_object), mlopt_runtime::write_gpu_archive, extra)
+        let host = mlopt_runtime::Member::object(format!("{stem}.o"), &self.host_object).map_err(|e| DriverError::Io(format!("the host object: {e}")))?;
+        crate::pipeline::write_files(dir, files.into(), (stem, &[host]), mlopt_runtime::write_gpu_archive, extra)
     }
 
     /// The per-kernel table `--report` prints.

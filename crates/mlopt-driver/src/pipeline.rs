@@ -12,7 +12,7 @@ use crate::library::Library;
 use mlopt_ir::{Graph, Tensor};
 use mlopt_kir::Program;
 use mlopt_llvm::{c_name, CpuTarget, GpuTarget};
-use mlopt_runtime::Loaded;
+use mlopt_runtime::{Loaded, Member};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -244,7 +244,7 @@ impl Compiled {
     pub fn load(&self) -> Result<Loaded> {
         let p = &self.program;
         Ok(Loaded::new(
-            &self.code.objects,
+            &members(&c_name(&p.name), &self.code)?,
             &c_name(&p.name),
             p.context_bytes(),
             p.inputs.iter().map(mlopt_kir::Io::bytes).collect(),
@@ -303,28 +303,39 @@ impl Compiled {
             (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
             (format!("{stem}.ll"), self.code.llvm_ir.clone()),
         ];
-        write_files(dir, stem, files.into(), &self.code.objects, mlopt_runtime::write_archive, extra)
+        write_files(dir, files.into(), (stem, &members(stem, &self.code)?), mlopt_runtime::write_archive, extra)
     }
 }
 
 /// `mlopt_runtime::write_archive` or `write_gpu_archive`: objects -> a static library, into a file.
-pub(crate) type Archive = fn(&mut std::fs::File, &[(&str, &[u8])]) -> std::io::Result<()>;
+pub(crate) type Archive = fn(&mut std::fs::File, &[Member]) -> std::io::Result<()>;
 
-/// Writes `files` (name, text), lib<stem>.a holding `objects` by `archive`, and `extra` into `dir`, all or
+/// The objects of CPU code as a library's members: the entry point's (`<stem>.o`), the weights'
+/// (`<stem>.1.o`, in pieces that share the program's weight buffers), then each group of kernels'.
+pub fn members<'a>(stem: &str, code: &'a mlopt_llvm::Output) -> Result<Vec<Member<'a>>> {
+    let object = |i: usize, bytes: &'a [u8]| Member::object(if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }, bytes);
+    let mut all = Vec::with_capacity(code.objects.len() + 1);
+    for (i, o) in code.objects.iter().enumerate() {
+        all.push(object(if i == 0 { 0 } else { i + 1 }, o).map_err(|e| DriverError::Io(format!("object {i} of the compiled code: {e}")))?);
+        if i == 0 {
+            all.push(Member { name: format!("{stem}.1.o"), parts: code.data.parts(), symbols: code.data.symbols().to_vec() });
+        }
+    }
+    Ok(all)
+}
+
+/// Writes `files` (name, text), lib<stem>.a holding `members` by `archive`, and `extra` into `dir`, all or
 /// none; returns the paths written.
 pub(crate) fn write_files(
     dir: &Path,
-    stem: &str,
     files: Vec<(String, String)>,
-    objects: &[Vec<u8>],
+    (stem, members): (&str, &[Member]),
     archive: Archive,
     extra: &[(String, Vec<u8>)],
 ) -> Result<Vec<PathBuf>> {
     use crate::output::Content;
-    let names: Vec<String> = (0..objects.len()).map(|i| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }).collect();
-    let members: Vec<(&str, &[u8])> = names.iter().zip(objects).map(|(n, o)| (n.as_str(), o.as_slice())).collect();
     let mut all: Vec<(String, Content)> = files.into_iter().map(|(n, t)| (n, Content::Bytes(t.into_bytes()))).collect();
-    all.push((format!("lib{stem}.a"), Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, &members)))));
+    all.push((format!("lib{stem}.a"), Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, members)))));
     all.extend(extra.iter().map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))));
     crate::output::write_atomically(dir, &all)
 }

@@ -71,7 +71,13 @@ fn solo(p: &Program, step: usize) -> Program {
 fn time_step(p: &Program, step: usize, t: &CpuTarget, threads: u32) -> Result<f64> {
     let q = solo(p, step);
     let code = mlopt_llvm::compile(&q, t, threads)?;
-    let mut lib = mlopt_runtime::Loaded::new(&code.objects, &mlopt_llvm::c_name(&q.name), q.context_bytes(), q.inputs.iter().map(Io::bytes).collect(), vec![])?;
+    let mut lib = mlopt_runtime::Loaded::new(
+        &crate::pipeline::members(&q.name, &code)?,
+        &mlopt_llvm::c_name(&q.name),
+        q.context_bytes(),
+        q.inputs.iter().map(Io::bytes).collect(),
+        vec![],
+    )?;
     let ins: Vec<Vec<u8>> = q.inputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
     let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
     let mut times = Vec::new();

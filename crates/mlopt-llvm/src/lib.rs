@@ -9,6 +9,7 @@ mod amx;
 mod codegen;
 mod dot;
 mod elf;
+pub use elf::DataObject;
 pub mod error;
 mod math;
 mod parallel;

@@ -76,8 +76,10 @@ pub struct Output {
     pub llvm_ir: String,
     /// The module after `default<O3>`.
     pub optimized_ir: String,
-    /// The ELF objects: the entry point's, the weights' (`elf.rs`), then each group of kernels'.
+    /// The ELF objects: the entry point's, then each group of kernels'.
     pub objects: Vec<Vec<u8>>,
+    /// The weights' object (`elf.rs`), in pieces that share the program's weight buffers.
+    pub data: crate::elf::DataObject,
 }
 
 /// The program's name as a C identifier.
@@ -422,8 +424,8 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
     let mut optimized_ir = print_without_weights(&m, p);
     let mut objects = vec![write(&m, &tm, FileType::Object)?];
-    let named: Vec<(String, &[u8])> = p.weights.iter().enumerate().map(|(i, w)| (weight_symbol(i), w.data.as_slice())).collect();
-    objects.push(crate::elf::data_object(&named));
+    let named: Vec<(String, std::sync::Arc<Vec<u8>>)> = p.weights.iter().enumerate().map(|(i, w)| (weight_symbol(i), w.data.clone())).collect();
+    let data = crate::elf::data_object(&named);
     // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
     // helper defined in several groups appears once).
     let (mut before, mut after) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
@@ -439,7 +441,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
             text.push_str(&f);
         }
     }
-    Ok(Output { llvm_ir, optimized_ir, objects })
+    Ok(Output { llvm_ir, optimized_ir, objects, data })
 }
 
 /// A group of kernels compiled by `kernel_module`: each defined function's text (by name) before and

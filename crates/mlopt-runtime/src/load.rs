@@ -41,17 +41,21 @@ impl Loaded {
     /// Links `objects` (which define `mlopt_<name>_run` and `mlopt_<name>_error`, `name` being the
     /// program's C name) with the runtime and loads them. `inputs`/`outputs` are the byte sizes of the
     /// model's buffers; `context_bytes` the context it needs (`Program::context_bytes`).
-    pub fn new(objects: &[Vec<u8>], name: &str, context_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
+    pub fn new(objects: &[crate::Member], name: &str, context_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
         let dir = tempfile::tempdir().map_err(|e| RuntimeError::Link(e.to_string()))?;
         let (rt, so) = (dir.path().join("runtime.o"), dir.path().join("model.so"));
-        let write = |p: &Path, b: &[u8]| std::fs::write(p, b).map_err(|e| RuntimeError::Link(format!("{}: {e}", p.display())));
+        let write = |p: &Path, parts: &[&[u8]]| {
+            let failed = |e: std::io::Error| RuntimeError::Link(format!("{}: {e}", p.display()));
+            let mut f = std::fs::File::create(p).map_err(failed)?;
+            parts.iter().try_for_each(|b| std::io::Write::write_all(&mut f, b)).map_err(failed)
+        };
         let mut models = Vec::with_capacity(objects.len());
         for (i, object) in objects.iter().enumerate() {
             let path = dir.path().join(format!("model{i}.o"));
-            write(&path, object)?;
+            write(&path, &object.parts)?;
             models.push(path);
         }
-        write(&rt, crate::RUNTIME_OBJECT)?;
+        write(&rt, &[crate::RUNTIME_OBJECT])?;
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let out = std::process::Command::new(&cc)
             // nodelete: the runtime's worker threads live in this library's code, so it must stay mapped
