@@ -14,6 +14,7 @@ pub mod ir;
 pub mod parse;
 pub mod partition;
 pub mod print;
+pub mod rfactor;
 pub mod sched;
 pub mod simplify;
 pub mod step;

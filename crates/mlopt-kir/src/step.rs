@@ -27,6 +27,9 @@ pub enum ScheduleStep {
     /// `partition(c,256+288)`: loop `var` runs as one loop per range between the points `at`, in each of
     /// which the tests on it have one answer (`partition.rs`).
     Partition { var: String, at: Vec<u64> },
+    /// `rfactor(r,16)`: the fold over loop `var` keeps `lanes` partial results, one per vector lane,
+    /// combined at the end (`rfactor.rs`).
+    Rfactor { var: String, lanes: u32 },
     /// `reorder(a,b)`: loops `outer` and `inner` swapped.
     Reorder { outer: String, inner: String },
     /// `vector<16>(j)`, `parallel(i)`, `gpu.block.x(b)`...: how loop `var` runs.
@@ -81,6 +84,7 @@ impl fmt::Display for ScheduleStep {
         match self {
             ScheduleStep::Split { var, factor } => write!(f, "split({var},{factor})"),
             ScheduleStep::Peel { var, factor } => write!(f, "peel({var},{factor})"),
+            ScheduleStep::Rfactor { var, lanes } => write!(f, "rfactor({var},{lanes})"),
             ScheduleStep::Partition { var, at } => {
                 let at: Vec<String> = at.iter().map(u64::to_string).collect();
                 write!(f, "partition({var},{})", at.join("+"))
@@ -163,6 +167,10 @@ impl std::str::FromStr for ScheduleStep {
             "partition" => {
                 let (var, at) = pair()?;
                 ScheduleStep::Partition { var: var.into(), at: at.split('+').map(factor).collect::<Result<_, _>>()? }
+            }
+            "rfactor" => {
+                let (var, lanes) = pair()?;
+                ScheduleStep::Rfactor { var: var.into(), lanes: narrow(factor(lanes)?)? }
             }
             "reorder" => {
                 let (outer, inner) = pair()?;
@@ -258,6 +266,8 @@ mod tests {
     const STEPS: &[&str] = &[
         "split(i,4)",
         "peel(j.i,16)",
+        "partition(c,256+288)",
+        "rfactor(r,16)",
         "reorder(i.o,i.i)",
         "vector<16>(j)",
         "parallel(b5)",

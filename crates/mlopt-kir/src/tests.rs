@@ -454,3 +454,67 @@ fn partitioning_folds_the_tests_and_keeps_the_results() {
     crate::partition::partition(&mut k);
     assert_eq!(crate::step::schedule_text(&k.schedule), "partition(i,4)");
 }
+
+/// Folds over rows of 37: a sum, a max from a non-zero start, a dot product (fma), a sum whose start is
+/// not 0 (left alone: each lane's partial would count it), and a product (not an rfactor op).
+const FOLDS: &str = "kernel @folds(%x: f32[3,37], %y: f32[3,37], %s: f32[3,5]) {
+  local %a: f32[]
+  local %m: f32[]
+  local %d: f32[]
+  local %b: f32[]
+  local %p: f32[]
+  serial %i in 0..3 {
+    %a[] = 0.0f32
+    serial %r in 0..37 {
+      %a[] = (%a[] + %x[%i, %r])
+    }
+    %m[] = -1.0f32
+    serial %r2 in 0..37 {
+      %m[] = max(%x[%i, %r2], %m[])
+    }
+    %d[] = 0.0f32
+    serial %r3 in 0..37 {
+      %d[] = fma(%x[%i, %r3], %y[%i, %r3], %d[])
+    }
+    %b[] = 1.0f32
+    serial %r4 in 0..37 {
+      %b[] = (%b[] + %x[%i, %r4])
+    }
+    %p[] = 1.0f32
+    serial %r5 in 0..37 {
+      %p[] = (%p[] * %x[%i, %r5])
+    }
+    %s[%i, 0] = %a[]
+    %s[%i, 1] = %m[]
+    %s[%i, 2] = %d[]
+    %s[%i, 3] = %b[]
+    %s[%i, 4] = %p[]
+  }
+}
+";
+
+#[test]
+fn rfactor_keeps_one_partial_per_lane() {
+    let base = parse_kernel(FOLDS).unwrap();
+    verify(&base).unwrap();
+    let x: Vec<f32> = (0..111).map(|i| ((i * 7) % 23) as f32 * 0.25 - 2.0).collect();
+    let y: Vec<f32> = (0..111).map(|i| ((i * 5) % 13) as f32 * 0.5 - 3.0).collect();
+    let args = || vec![x.clone(), y.clone(), vec![0.0; 15]];
+    let want = run(&base, args());
+    let mut k = base.clone();
+    assert_eq!(crate::rfactor::rfactor(&mut k, 16), 3);
+    verify(&k).unwrap();
+    assert_eq!(crate::step::schedule_text(&k.schedule), "rfactor(r,16) rfactor(r2,16) rfactor(r3,16)");
+    // Every value here is a multiple of 1/16 and small, so the sums are exact in any order.
+    assert_eq!(run(&k, args()), want);
+    let text = print::kernel(&k);
+    // 37 = 2 x 16 + 5: two vector steps, the halves 16 -> 8 -> 4, four scalar steps, five in order.
+    assert!(text.contains("serial %r.o in 0..2 {") && text.contains("vector<16> %r.l in 0..16 {"), "{text}");
+    assert!(text.contains("vector<4> %r.h8 in 0..4 {") && text.contains("serial %r.t in 0..5 {"), "{text}");
+    assert!(text.contains("%d.part[%r3.l] = fma("), "{text}");
+    assert!(text.contains("serial %r4 in 0..37") && text.contains("serial %r5 in 0..37"), "{text}");
+    assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
+    // A loop shorter than the lanes is left alone.
+    let mut k = base.clone();
+    assert_eq!(crate::rfactor::rfactor(&mut k, 64), 0);
+}

@@ -37,8 +37,9 @@ fn fold(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], update: impl FnOn
     Ok(Fold { stmts, acc })
 }
 
-/// A fold whose update is `op(acc, value(r))`, one element at a time.
-pub(crate) fn fold_op_scalar(
+/// A fold whose update is `op(acc, value(r))`. (On a CPU the schedule runs an f32 sum, max or min over
+/// one axis with one partial result per vector lane: `mlopt_kir::rfactor`.)
+pub(crate) fn fold_op(
     l: &mut Lowerer,
     t: Elem,
     init: Expr,
@@ -49,96 +50,10 @@ pub(crate) fn fold_op_scalar(
     fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
 }
 
-/// A fold whose update is `op(acc, value(r))`. For a CPU target, an f32 sum/max/min over one axis whose
-/// length the vector width divides keeps one partial result per lane and folds the lanes at the end.
-pub(crate) fn fold_op(
-    l: &mut Lowerer,
-    t: Elem,
-    init: Expr,
-    extents: &[u64],
-    op: BinOp,
-    value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>,
-) -> Result<Fold> {
-    match (lanes_for(l, t, extents), matches!(op, BinOp::Add | BinOp::Max | BinOp::Min)) {
-        (Some(w), true) => rfactor(l, t, init, extents[0], w, op, |l, r, part| Ok(b(op, part, value(l, r)?))),
-        _ => fold_op_scalar(l, t, init, extents, op, value),
-    }
-}
-
-/// The vector width an f32 fold over `extents` can be split by (one axis at least the lanes long; the
-/// remainder past the last whole vector is folded in after the lanes).
-fn lanes_for(l: &Lowerer, t: Elem, extents: &[u64]) -> Option<u64> {
-    let w = u64::from(l.lanes?);
-    match extents {
-        [e] if t == Elem::F32 && *e >= w => Some(w),
-        _ => None,
-    }
-}
-
-/// Halide's rfactor: `w` partial accumulators, one per vector lane (`part[rl] = update(r, part[rl])` in a
-/// vector loop), folded by `combine` at the end (a tree), then the last `e % w` terms one at a time. The
-/// order of the terms changes, not the terms.
-fn rfactor(
-    l: &mut Lowerer,
-    t: Elem,
-    init: Expr,
-    e: u64,
-    w: u64,
-    combine: BinOp,
-    update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>,
-) -> Result<Fold> {
-    let part = l.k.buf(format!("part{}", l.k.bufs.len()), t, vec![w], Space::Local);
-    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
-    let (r0, ro, rl, q) = (l.fresh("rl"), l.fresh("ro"), l.fresh("rl"), l.fresh("q"));
-    let lane = |v| vec![Expr::var(v)];
-    let r = Expr::add(Expr::mul(Expr::var(ro), Expr::int(w as i64)), Expr::var(rl));
-    let x = update(l, &[r], Expr::load(part, lane(rl)))?;
-    let vector = mlopt_kir::LoopKind::Vector(w as u32);
-    let serial = mlopt_kir::LoopKind::Serial;
-    // The remainder: the same update at r = (e / w) * w + t, accumulating into `acc` itself.
-    let t = l.fresh("rt");
-    let rest = x.subst(ro, &Expr::int((e / w) as i64)).subst(rl, &Expr::var(t)).map_loads(&|b, ix| {
-        if b == part {
-            Expr::load(acc, vec![])
-        } else {
-            Expr::load(b, ix)
-        }
-    });
-    let mut stmts = vec![
-        Stmt::For { var: r0, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(r0), value: init.clone() }] },
-        Stmt::For {
-            var: ro,
-            extent: e / w,
-            kind: serial,
-            body: vec![Stmt::For { var: rl, extent: w, kind: vector, body: vec![Stmt::Store { buf: part, index: lane(rl), value: x }] }],
-        },
-    ];
-    // The partials are folded by halves in vector lanes down to 4 (part[h] = combine(part[h], part[h +
-    // half])), then those 4 one at a time: a log-depth tree instead of w dependent scalar steps.
-    let mut width = w;
-    while width >= 8 && width.is_multiple_of(2) {
-        let (h, half) = (l.fresh("h"), width / 2);
-        let upper = Expr::load(part, vec![Expr::add(Expr::var(h), Expr::int(half as i64))]);
-        let value = b(combine, Expr::load(part, lane(h)), upper);
-        stmts.push(Stmt::For {
-            var: h,
-            extent: half,
-            kind: mlopt_kir::LoopKind::Vector(half as u32),
-            body: vec![Stmt::Store { buf: part, index: lane(h), value }],
-        });
-        width = half;
-    }
-    stmts.push(Stmt::Store { buf: acc, index: vec![], value: init });
-    stmts.push(Stmt::For {
-        var: q,
-        extent: width,
-        kind: serial,
-        body: vec![Stmt::Store { buf: acc, index: vec![], value: b(combine, Expr::load(acc, vec![]), Expr::load(part, lane(q))) }],
-    });
-    if !e.is_multiple_of(w) {
-        stmts.push(Stmt::For { var: t, extent: e % w, kind: serial, body: vec![Stmt::Store { buf: acc, index: vec![], value: rest }] });
-    }
-    Ok(Fold { stmts, acc })
+/// Whether an untiled f32 contraction over K will run its dot products along K in vector lanes: the
+/// CPU schedule's rfactor takes a fold whose one loop is at least the lanes long.
+fn dots_in_lanes(l: &Lowerer, k: u64) -> bool {
+    l.lanes.is_some_and(|w| k >= u64::from(w))
 }
 
 pub(crate) fn lowest(t: Elem) -> Expr {
@@ -279,20 +194,18 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
 
 /// `acc = fma(x, y, acc)` over `extents`.
 pub(crate) fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>) -> Result<Fold> {
-    let fma = |l: &mut Lowerer, r: &[Expr], acc: Expr| {
+    fold(l, Elem::F32, lit(0.0, Elem::F32), extents, |l, r, acc| {
         let (x, y) = xy(l, r)?;
         Ok(Expr::fma(x, y, acc))
-    };
-    match lanes_for(l, Elem::F32, extents) {
-        Some(w) => rfactor(l, Elem::F32, lit(0.0, Elem::F32), extents[0], w, BinOp::Add, fma),
-        None => fold(l, Elem::F32, lit(0.0, Elem::F32), extents, fma),
-    }
+    })
 }
 
 /// A constant f32 B ([K, N], or [N, K] when `trans`) as [N, K, 1] when the untiled contraction will run
 /// its dot products along K in vector lanes: each column of B is then contiguous. None otherwise.
 fn b_by_columns(l: &mut Lowerer, bm: Value, trans: bool, kdim: u64) -> Option<BufId> {
-    lanes_for(l, Elem::F32, &[kdim])?;
+    if !dots_in_lanes(l, kdim) {
+        return None;
+    }
     let w = l.g.const_value(bm)?;
     if w.dtype() != mlopt_ir::DType::F32 || w.shape().len() != 2 {
         return None;

@@ -376,7 +376,7 @@ pub(crate) fn pool_window(
             let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
             let mut count_in = None;
             // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
-            let f = fold_op_scalar(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
+            let f = fold_op(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
                 let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
                 let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
                 // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).

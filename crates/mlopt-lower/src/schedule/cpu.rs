@@ -1,5 +1,8 @@
 //! Schedules for CPU kernels, chosen per loop nest from what each loop writes:
 //!
+//! - **rfactor**, first: an f32 sum, max or min (or dot product) into a scalar, over one loop at least
+//!   the lanes long, keeps one partial result per vector lane and combines them at the end
+//!   (`mlopt_kir::rfactor`).
 //! - **partition**, first: a loop whose selects or guards test its variable against constants (a
 //!   concat) runs as one loop per range in which the tests have one answer (`mlopt_kir::partition`).
 //! - **vector**: the deepest loop whose every store is contiguous in it (the flat index moves by one
@@ -33,6 +36,7 @@ pub struct CpuSchedule {
 const PARALLEL_MIN_WORK: u64 = 1 << 14;
 
 pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
+    mlopt_kir::rfactor::rfactor(k, s.lanes);
     // Loops whose tests on their variable change answer at known points (a concat's inputs) run as one
     // loop per range, the tests folded away, before the vector and parallel loops are chosen.
     mlopt_kir::partition::partition(k);

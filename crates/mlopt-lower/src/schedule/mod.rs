@@ -2,16 +2,18 @@
 //! over buffers); a schedule chooses how those loops run on the target, without changing what they
 //! compute, and records each choice as a typed `mlopt_kir::ScheduleStep`.
 //!
-//! - `cpu.rs`: partitioned loops (`mlopt_kir::partition`), vector loops (full width, peeled, or narrower
-//!   widths that divide the extent) and parallel loops for x86-64 targets; then `scratch_in_arena` moves
-//!   large locals into the activation arena.
+//! - `cpu.rs`: folds in vector lanes (`mlopt_kir::rfactor`), partitioned loops
+//!   (`mlopt_kir::partition`), vector loops (full width, peeled, or narrower widths that divide the
+//!   extent) and parallel loops for x86-64 targets; then `scratch_in_arena` moves large locals into the
+//!   activation arena.
 //! - `gpu.rs`: every kernel as a GPU launch (elementwise grids, cooperative rows in shared memory), with
 //!   `gpu_gemm.rs` (tiled GEMMs and implicit-GEMM convolutions on tensor cores or SIMT FMAs, staged by
 //!   `cp.async`) and `gpu_attention.rs` (attention on tensor cores with an online softmax).
 //!
 //! What lowering still decides for a CPU target, because it shapes the algorithm's buffers: a
 //! contraction's register tile (`contract.rs`, by the cost model's tile estimate) and whether its B
-//! panels are packed, attention's blocking, bf16 `mma` blocks, Winograd, and rfactor's vector lanes.
+//! panels are packed (and, for an untiled one, whether a constant B is laid out by columns so the
+//! rfactored dot products read it contiguously), attention's blocking, bf16 `mma` blocks, and Winograd.
 
 pub mod cpu;
 pub mod gpu;
