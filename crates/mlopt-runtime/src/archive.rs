@@ -48,8 +48,15 @@ fn header(w: &mut impl Write, name: &str, size: u64, mode: u32) -> io::Result<()
     writeln!(w, "{name:<16}{:<12}{:<6}{:<6}{mode:<8}{size:<10}`", 0, 0, 0)
 }
 
-/// Writes the archive of `members` to `w`.
+/// The largest member an archive header can state: ten decimal digits.
+const MAX_MEMBER: u64 = 9_999_999_999;
+
+/// Writes the archive of `members` to `w`; a member over `MAX_MEMBER` bytes is an error, not a
+/// header whose size field overflows into the next.
 pub fn write(w: &mut impl Write, members: &[Member]) -> io::Result<()> {
+    if let Some(m) = members.iter().find(|m| m.size() > MAX_MEMBER) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is {} bytes, more than an ar archive member can hold", m.name, m.size())));
+    }
     // Long names: "name/\n" each, referred to by offset as "/N".
     let mut long = Vec::new();
     let names: Vec<String> = members
@@ -152,5 +159,10 @@ mod tests {
             let expect = if name.starts_with('w') { "a_member_with_a_long_name.o" } else { "mlopt_runtime.o" };
             assert_eq!(at.name(), expect.as_bytes(), "{name}");
         }
+        // A member whose size does not fit the header's ten digits is refused.
+        let chunk = vec![0u8; 1 << 20];
+        let huge = Member { name: "w.o".into(), parts: vec![chunk.as_slice(); 9537], symbols: vec![] };
+        let e = write(&mut Vec::new(), &[huge]).unwrap_err();
+        assert!(e.to_string().contains("more than an ar archive member can hold"), "{e}");
     }
 }
