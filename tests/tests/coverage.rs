@@ -1,8 +1,9 @@
 //! Schedule coverage on the zoo's real layer shapes: every layer below, compiled for this machine, must
 //! (1) give the interpreter's answer and (2) run no kernel of more than a few hundred elements as a scalar
-//! loop nest: each kernel's schedule class (the one `bench --profile` shows) is vector or tiled, and
-//! at most a tenth of its arithmetic runs outside vector lanes. A shape the fast paths miss fails here,
-//! not silently in a benchmark.
+//! loop nest: each kernel's schedule class (the one `bench --profile` shows) is vector or tiled, at most
+//! a tenth of its arithmetic runs outside vector lanes, and at most a tenth of its loads and stores (a
+//! layout op's whole work: concat, split, pad, resize, transpose, slice). A shape the fast paths miss
+//! fails here, not silently in a benchmark.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_cost::ScheduleClass;
@@ -93,6 +94,21 @@ fn rows(what: &str, shape: &[usize]) -> Layer {
     (format!("{what} {shape:?}"), g)
 }
 
+/// A layout op: data moved, not computed (a concat, split, pad, resize, transpose or strided slice).
+fn layout(what: &str, shapes: &[&[usize]], op: Op) -> Layer {
+    let mut g = Graph::new("layer");
+    let xs: Vec<_> = shapes.iter().enumerate().map(|(i, s)| g.add_input(format!("x{i}"), TensorType::new(DType::F32, s.to_vec()))).collect();
+    let outputs = match &op {
+        Op::Split { sizes, .. } => Some(sizes.len()),
+        _ => None,
+    };
+    let ys = g.add_node(op, "op", &xs.iter().map(|x| Some(*x)).collect::<Vec<_>>(), outputs).unwrap();
+    for (o, y) in ys.into_iter().enumerate() {
+        g.add_output(format!("y{o}"), y);
+    }
+    (format!("{what} {shapes:?}"), g)
+}
+
 fn layers() -> Vec<Layer> {
     let mut v = Vec::new();
     // Pointwise convolutions at the zoo's spatial sizes and channel counts (SqueezeNet, ResNet,
@@ -124,6 +140,27 @@ fn layers() -> Vec<Layer> {
     v.push(rows("layer norm", &[197, 384]));
     v.push(rows("global average pool", &[1, 1280, 7, 7]));
     v.push(rows("silu", &[1, 96, 56, 56]));
+    // Layout: DenseNet's concat, ShuffleNet's split and channel shuffle, a padding, YOLO's 2x nearest
+    // upsampling, attention's head transpose, Swin's strided patch slice.
+    v.push(layout("concat", &[&[1, 64, 28, 28], &[1, 32, 28, 28], &[1, 32, 28, 28]], Op::Concat { axis: 1 }));
+    v.push(layout("split", &[&[1, 28, 28, 116]], Op::Split { axis: 3, sizes: vec![58, 58] }));
+    v.push(layout("channel shuffle", &[&[1, 2, 58, 28, 28]], Op::Transpose { perm: vec![0, 2, 1, 3, 4] }));
+    v.push(layout("head transpose", &[&[1, 128, 12, 64]], Op::Transpose { perm: vec![0, 2, 1, 3] }));
+    v.push(layout("pad", &[&[1, 64, 56, 56]], Op::Pad { pads: vec![0, 0, 1, 1, 0, 0, 1, 1], mode: mlopt_ir::PadMode::Constant, value: 0.0 }));
+    v.push(layout("strided slice", &[&[1, 56, 56, 96]], Op::Slice { starts: vec![0, 0, 1, 0], steps: vec![1, 2, 2, 1], lens: vec![1, 28, 28, 96] }));
+    let resize = mlopt_ir::ResizeAttrs {
+        mode: mlopt_ir::ResizeMode::Nearest,
+        coord: mlopt_ir::CoordMode::Asymmetric,
+        nearest: mlopt_ir::NearestMode::Floor,
+        cubic_coeff_a: -0.75,
+        exclude_outside: false,
+        extrapolation_value: 0.0,
+        antialias: false,
+        scales: vec![1.0, 1.0, 2.0, 2.0],
+        sizes: vec![1, 128, 80, 80],
+        roi: vec![],
+    };
+    v.push(layout("nearest 2x", &[&[1, 128, 40, 40]], Op::Resize(resize)));
     v
 }
 
@@ -147,6 +184,16 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             // each call allocates and faults in again.
             for b in k.bufs.iter().filter(|b| b.space == mlopt_kir::Space::Local && b.numel() * b.elem.size() > mlopt_lower::schedule::ARENA_LOCAL_BYTES) {
                 failures.push(format!("{name}: kernel {} allocates its local %{} on every call", r.id, b.name));
+            }
+            // A kernel that moves data (a layout op) runs its loads and stores in vector lanes.
+            let moved = mlopt_kir::analysis::accesses(k);
+            if moved.total() >= 500.0 && moved.scalar > 0.1 * moved.total() {
+                failures.push(format!(
+                    "{name}: kernel {} ({}) makes {:.0}% of its loads and stores outside vector lanes",
+                    r.id,
+                    r.ops.join("+"),
+                    100.0 * moved.scalar / moved.total()
+                ));
             }
             let mix = mlopt_kir::analysis::arithmetic(k);
             let total = mix.tiled + mix.tiled_gather + mix.vector + mix.gather + mix.scalar;

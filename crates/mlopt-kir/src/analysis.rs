@@ -262,6 +262,55 @@ pub fn arithmetic(k: &Kernel) -> Arithmetic {
     w.acc
 }
 
+/// The elements a kernel loads and stores, by how they move (see [`accesses`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Accesses {
+    /// In a vector loop, contiguous along it, broadcast, or at a constant stride of 2 to 4 (one load of
+    /// the span and a shuffle).
+    pub vector: f64,
+    /// In a vector loop, at any other stride (a gather or scatter, one element per lane).
+    pub gather: f64,
+    /// Outside any vector loop.
+    pub scalar: f64,
+}
+
+impl Accesses {
+    pub fn total(&self) -> f64 {
+        self.vector + self.gather + self.scalar
+    }
+}
+
+/// The loads and stores of kernel `k` by how they run: what prices a kernel that moves data rather than
+/// computing (a concat, a pad, a transpose), which [`arithmetic`] does not see.
+pub fn accesses(k: &Kernel) -> Accesses {
+    fn walk(k: &Kernel, body: &[Stmt], trips: f64, vector: Option<Var>, out: &mut Accesses) {
+        let count = |b: BufId, index: &[Expr], out: &mut Accesses| match vector {
+            None => out.scalar += trips,
+            Some(v) => match coefficient(&flat_index(k, b, index), v) {
+                Some(0..=4) => out.vector += trips,
+                _ => out.gather += trips,
+            },
+        };
+        for s in body {
+            match s {
+                Stmt::For { var, extent, kind, body } => {
+                    let v = if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector };
+                    walk(k, body, trips * *extent as f64, v, out);
+                }
+                Stmt::If { then, .. } => walk(k, then, trips, vector, out),
+                Stmt::Store { buf, index, value } => {
+                    count(*buf, index, out);
+                    for_each_load(value, &mut |b, ix| count(b, ix, out));
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Accesses::default();
+    walk(k, &k.body, 1.0, None, &mut out);
+    out
+}
+
 pub fn has_mma(body: &[Stmt]) -> bool {
     body.iter().any(|s| match s {
         Stmt::Mma { .. } => true,

@@ -392,6 +392,10 @@ fn arithmetic_is_split_by_how_it_runs() {
     .unwrap();
     let a = analysis::arithmetic(&k);
     assert_eq!(a, analysis::Arithmetic { tiled: 2.0 * 16.0 * 2.0 * 16.0, tiled_gather: 0.0, vector: 2.0 * 256.0, gather: 256.0, scalar: 256.0 });
+    // Loads and stores by how they move: the transposed load gathers (stride 16), everything else in
+    // the vector loops is contiguous or broadcast (%a[%ii, %k] along %jl).
+    let m = analysis::accesses(&k);
+    assert_eq!(m, analysis::Accesses { vector: 2.0 * 256.0 + 2.0 * 256.0 + 4.0 * 16.0 * 32.0, gather: 256.0, scalar: 2.0 * 256.0 });
     // The same tile reading B at stride 2 (a stride-2 convolution's input row) gathers.
     let strided = parse_kernel(
         "kernel @s2(%a: f32[2,16], %b: f32[16,32], %acc: f32[2,16]) {
