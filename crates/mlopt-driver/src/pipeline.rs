@@ -313,13 +313,12 @@ pub(crate) type Archive = fn(&mut std::fs::File, &[Member]) -> std::io::Result<(
 /// The objects of CPU code as a library's members: the entry point's (`<stem>.o`), the weights'
 /// (`<stem>.1.o`, in pieces that share the program's weight buffers), then each group of kernels'.
 pub fn members<'a>(stem: &str, code: &'a mlopt_llvm::Output) -> Result<Vec<Member<'a>>> {
-    let object = |i: usize, bytes: &'a [u8]| Member::object(if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") }, bytes);
-    let mut all = Vec::with_capacity(code.objects.len() + 1);
+    let name = |i: usize| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") };
+    let mut all = vec![Member { name: name(1), parts: code.data.parts(), symbols: code.data.symbols().to_vec() }];
     for (i, o) in code.objects.iter().enumerate() {
-        all.push(object(if i == 0 { 0 } else { i + 1 }, o).map_err(|e| DriverError::Io(format!("object {i} of the compiled code: {e}")))?);
-        if i == 0 {
-            all.push(Member { name: format!("{stem}.1.o"), parts: code.data.parts(), symbols: code.data.symbols().to_vec() });
-        }
+        // The entry point's object goes first, the kernels' after the weights'.
+        let at = if i == 0 { 0 } else { i + 1 };
+        all.insert(at, Member::object(name(at), o).map_err(|e| DriverError::Io(format!("{}: {e}", name(at))))?);
     }
     Ok(all)
 }

@@ -1,7 +1,7 @@
 //! What compiled models need around their object code: the C runtime (a thread pool, `runtime/`),
-//! packaging kernels + runtime into one static library (`archive.rs`), and loading a compiled model into this process
-//! (for `mlopt run`, `check --compiled` and `bench`): the objects are linked into a shared library with the
-//! system C compiler and opened with libloading.
+//! packaging kernels + runtime into one static library (`archive.rs`), and loading a compiled model
+//! into this process (for `mlopt run`, `check --compiled` and `bench`): the objects are linked into a
+//! shared library with the system C compiler and opened with libloading.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
