@@ -169,6 +169,31 @@ fn large_convolutions_compile_with_heap_temporaries() {
     }
 }
 
+/// A vector times a constant matrix (x[K] @ W[K, N]) is an untiled contraction whose dot products run
+/// along K in vector lanes: the schedule stores W transposed, so they read it contiguously, and the
+/// library carries only the transposed copy. Compiled, it matches the interpreter.
+#[test]
+fn vector_matrix_products_read_the_weight_contiguously() {
+    use mlopt_ir::{DType, Op, Tensor, TensorType};
+    let mut g = mlopt_ir::Graph::new("gemv");
+    let (k, n) = (100usize, 24usize);
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![k]));
+    let w: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w = g.add_const("w", Tensor::from_vec(&[k, n], w).unwrap());
+    let y = g.add(Op::MatMul, "matmul", &[x, w]).unwrap();
+    g.add_output("y", y);
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 9);
+    let want = interp::run(&g, &inputs).unwrap();
+    let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
+    let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
+    let k = c.program.kernels.iter().find(|k| k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Transpose { .. }))).expect("a transposed weight");
+    assert_eq!(mlopt_kir::analysis::accesses(k).gather, 0.0, "{}", mlopt_kir::print::kernel(k));
+    assert_eq!(c.program.weights.iter().map(|w| w.dims.clone()).collect::<Vec<_>>(), [vec![24, 100]]);
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+    assert!(err < 1e-5, "error {err:e}");
+}
+
 /// 1-D convolutions (Whisper's audio stem: 80 mel bins -> 96 channels, kernel 3, then stride 2) compile
 /// and match the interpreter; lowering once read a 2-D convolution's width from their rank-3 output and
 /// panicked.

@@ -39,6 +39,9 @@ pub enum ScheduleStep {
     Tile { mr: u64, nr: u64, m: u64, n: u64, k: u64, lanes: u32 },
     /// `pack(b)`: each column panel of the tiled contraction's B is copied once before its tiles read it.
     PackB,
+    /// `transpose(in2)`: the 2-D weight parameter `buf` is stored transposed, so the vector loops that
+    /// read it down its columns read it contiguously.
+    Transpose { buf: String },
     /// `matrix(mma<16x16x32> blocks for 64x96x128)`: a bf16 contraction in matrix-unit blocks.
     Matrix { mb: u64, nb: u64, kb: u64, m: u64, n: u64, k: u64 },
     /// `winograd(2x2,3x3)`: a 3x3 convolution by Winograd F(2x2, 3x3).
@@ -93,6 +96,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::Kind { var, kind } => write!(f, "{}({var})", crate::print::loop_kind(*kind)),
             ScheduleStep::Tile { mr, nr, m, n, k, lanes } => write!(f, "tile({mr}x{nr} for {m}x{n}x{k}@{lanes})"),
             ScheduleStep::PackB => f.write_str("pack(b)"),
+            ScheduleStep::Transpose { buf } => write!(f, "transpose({buf})"),
             ScheduleStep::Matrix { mb, nb, kb, m, n, k } => write!(f, "matrix(mma<{mb}x{nb}x{kb}> blocks for {m}x{n}x{k})"),
             ScheduleStep::Winograd => f.write_str("winograd(2x2,3x3)"),
             ScheduleStep::GpuEmpty => f.write_str("gpu.empty"),
@@ -181,6 +185,7 @@ impl std::str::FromStr for ScheduleStep {
                 ScheduleStep::Tile { mr, nr, m, n, k, lanes: narrow(lanes)? }
             }
             "pack" if args == "b" => ScheduleStep::PackB,
+            "transpose" if !args.is_empty() && !args.contains(',') => ScheduleStep::Transpose { buf: args.into() },
             "matrix" => {
                 let [mb, nb, kb, m, n, k] = exactly(args)?;
                 ScheduleStep::Matrix { mb, nb, kb, m, n, k }
@@ -276,6 +281,7 @@ mod tests {
         "gpu.thread.y(t)",
         "tile(6x64 for 128x3072x768@16)",
         "pack(b)",
+        "transpose(in2)",
         "matrix(mma<16x16x32> blocks for 64x96x128)",
         "winograd(2x2,3x3)",
         "gpu.empty",

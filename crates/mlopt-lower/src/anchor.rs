@@ -50,12 +50,6 @@ pub(crate) fn fold_op(
     fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
 }
 
-/// Whether an untiled f32 contraction over K will run its dot products along K in vector lanes: the
-/// CPU schedule's rfactor takes a fold whose one loop is at least the lanes long.
-fn dots_in_lanes(l: &Lowerer, k: u64) -> bool {
-    l.lanes.is_some_and(|w| k >= u64::from(w))
-}
-
 pub(crate) fn lowest(t: Elem) -> Expr {
     match t {
         Elem::I64 => Expr::int(i64::MIN),
@@ -144,15 +138,11 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     &mut |l, _, i, j, v| out_ij(l, i, j, v),
                 );
             }
-            let columns = b_by_columns(l, bm, trans_b, kdim);
             l.nest("i", &out, |l, idx| {
                 let (i, j) = (idx[0].clone(), idx[1].clone());
                 let f = dot(l, &[kdim], |l, r| {
                     let ai = if trans_a { vec![r[0].clone(), i.clone()] } else { vec![i.clone(), r[0].clone()] };
-                    let bv = match columns {
-                        Some(c) => Expr::load(c, vec![j.clone(), r[0].clone(), Expr::int(0)]),
-                        None => get(l, bm, &if trans_b { vec![j.clone(), r[0].clone()] } else { vec![r[0].clone(), j.clone()] }, Elem::F32)?,
-                    };
+                    let bv = get(l, bm, &if trans_b { vec![j.clone(), r[0].clone()] } else { vec![r[0].clone(), j.clone()] }, Elem::F32)?;
                     Ok((get(l, a, &ai, Elem::F32)?, bv))
                 })?;
                 let mut stmts = f.stmts.clone();
@@ -198,23 +188,6 @@ pub(crate) fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer
         let (x, y) = xy(l, r)?;
         Ok(Expr::fma(x, y, acc))
     })
-}
-
-/// A constant f32 B ([K, N], or [N, K] when `trans`) as [N, K, 1] when the untiled contraction will run
-/// its dot products along K in vector lanes: each column of B is then contiguous. None otherwise.
-fn b_by_columns(l: &mut Lowerer, bm: Value, trans: bool, kdim: u64) -> Option<BufId> {
-    if !dots_in_lanes(l, kdim) {
-        return None;
-    }
-    let w = l.g.const_value(bm)?;
-    if w.dtype() != mlopt_ir::DType::F32 || w.shape().len() != 2 {
-        return None;
-    }
-    let nn = w.shape()[if trans { 0 } else { 1 }] as u64;
-    let one = contract::Tile { mr: 1, nr: 1, lanes: 1 };
-    let data = contract::pack_blocks(w.view::<f32>()?.as_standard_layout().as_slice()?, kdim, nn, one, trans).into_iter().next()?.1;
-    let name = format!("{}.columns", l.g.node(bm.node).name);
-    Some(l.weight(mlopt_kir::Weight { name, elem: Elem::F32, dims: vec![nn, kdim, 1], data: std::sync::Arc::new(data) }))
 }
 
 /// A constant f32 B ([K, N], or [N, K] when `trans`) packed into column panels for tile `t`: new weights
@@ -307,7 +280,6 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [row(bi, i), vec![j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
         );
     }
-    let columns = if has_n && sb.len() == 2 { b_by_columns(l, bm, false, kdim) } else { None };
     l.nest("i", out, |l, idx| {
         let r = idx.len();
         let j = has_n.then(|| idx[r - 1].clone());
@@ -317,15 +289,10 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             let mut ai = broadcast(&sa[..sa.len().saturating_sub(2)], batch);
             ai.extend(i.clone());
             ai.push(k[0].clone());
-            let bv = match (columns, &j) {
-                (Some(c), Some(j)) => Expr::load(c, vec![j.clone(), k[0].clone(), Expr::int(0)]),
-                _ => {
-                    let mut bi = broadcast(&sb[..sb.len().saturating_sub(2)], batch);
-                    bi.push(k[0].clone());
-                    bi.extend(j.clone());
-                    get(l, bm, &bi, Elem::F32)?
-                }
-            };
+            let mut bi = broadcast(&sb[..sb.len().saturating_sub(2)], batch);
+            bi.push(k[0].clone());
+            bi.extend(j.clone());
+            let bv = get(l, bm, &bi, Elem::F32)?;
             Ok((get(l, a, &ai, Elem::F32)?, bv))
         })?;
         let mut s = f.stmts.clone();

@@ -4,7 +4,8 @@
 //!
 //! - `cpu.rs`: folds in vector lanes (`mlopt_kir::rfactor`), partitioned loops
 //!   (`mlopt_kir::partition`), vector loops (full width, peeled, or narrower widths that divide the
-//!   extent) and parallel loops for x86-64 targets; then `scratch_in_arena` moves large locals into the
+//!   extent) and parallel loops for x86-64 targets; then `layout.rs` stores transposed the 2-D weights
+//!   that vector loops read down their columns, and `scratch_in_arena` moves large locals into the
 //!   activation arena.
 //! - `gpu.rs`: every kernel as a GPU launch (elementwise grids, cooperative rows in shared memory), with
 //!   `gpu_gemm.rs` (tiled GEMMs and implicit-GEMM convolutions on tensor cores or SIMT FMAs, staged by
@@ -12,13 +13,13 @@
 //!
 //! What lowering still decides for a CPU target, because it shapes the algorithm's buffers: a
 //! contraction's register tile (`contract.rs`, by the cost model's tile estimate) and whether its B
-//! panels are packed (and, for an untiled one, whether a constant B is laid out by columns so the
-//! rfactored dot products read it contiguously), attention's blocking, bf16 `mma` blocks, and Winograd.
+//! panels are packed, attention's blocking, bf16 `mma` blocks, and Winograd.
 
 pub mod cpu;
 pub mod gpu;
 mod gpu_attention;
 mod gpu_gemm;
+mod layout;
 
 pub use cpu::{schedule_cpu, CpuSchedule};
 pub use gpu::{schedule_program, GpuSchedule};
@@ -35,6 +36,7 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
         for k in &mut p.kernels {
             schedule_cpu(k, s)?;
         }
+        layout::transpose_weights(&mut p);
         scratch_in_arena(&mut p);
         mlopt_kir::verify_program(&p).map_err(LowerError::Verify)?;
     }

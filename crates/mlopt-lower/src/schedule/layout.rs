@@ -1,0 +1,164 @@
+//! Weight layouts chosen by the CPU schedule. A constant 2-D weight that vector loops read down its
+//! columns (lane after lane one row apart: a gather) is stored transposed, so they read it contiguously:
+//! an untiled contraction's dot products along K, which rfactor runs in vector lanes, read B[k, j] so.
+//! The program gets the transposed copy as a weight of its own, and a weight no step binds any more is
+//! dropped, so the library does not carry both.
+
+use mlopt_kir::analysis::{coefficient, for_each_load};
+use mlopt_kir::{BufId, Expr, Kernel, LoopKind, Place, Program, ScheduleStep, Stmt, Var, Weight};
+use std::sync::Arc;
+
+/// Transposes every 2-D weight parameter that the vector loops of its kernel read only down its columns
+/// (a kernel run by one step), and records a `transpose` step for each.
+pub fn transpose_weights(p: &mut Program) {
+    for ki in 0..p.kernels.len() {
+        let steps: Vec<usize> = (0..p.steps.len()).filter(|s| p.steps[*s].kernel == ki).collect();
+        let [si] = steps[..] else { continue };
+        for (pi, b) in p.kernels[ki].params().into_iter().enumerate() {
+            let Some(Place::Weight(wi)) = p.steps[si].args.get(pi).copied() else { continue };
+            let k = &p.kernels[ki];
+            let w = &p.weights[wi];
+            let [rows, cols] = k.buffer(b).dims[..] else { continue };
+            if w.dims != [rows, cols] || w.data.len() as u64 != rows * cols * w.elem.size() || !read_down_columns(k, b) {
+                continue;
+            }
+            let t = transposed(w);
+            p.weights.push(t);
+            p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
+            let k = &mut p.kernels[ki];
+            k.bufs[b.0 as usize].dims = vec![cols, rows];
+            k.body = k
+                .body
+                .iter()
+                .map(|s| s.map_loads(&|x, ix| if x == b && ix.len() == 2 { Expr::load(x, vec![ix[1].clone(), ix[0].clone()]) } else { Expr::load(x, ix) }))
+                .collect();
+            let name = k.buffer(b).name.clone();
+            k.schedule.push(ScheduleStep::Transpose { buf: name });
+        }
+    }
+    drop_unbound_weights(p);
+}
+
+/// Whether `b` is read in vector loops, and there always a row apart per lane and in the same column.
+fn read_down_columns(k: &Kernel, b: BufId) -> bool {
+    fn walk(body: &[Stmt], vector: Option<Var>, b: BufId, seen: &mut bool, ok: &mut bool) {
+        for s in body {
+            match s {
+                Stmt::For { var, kind, body, .. } => walk(body, if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector }, b, seen, ok),
+                Stmt::If { then, .. } => walk(then, vector, b, seen, ok),
+                Stmt::Store { index, value, .. } => {
+                    let mut check = |x: BufId, ix: &[Expr]| {
+                        if let (true, Some(v)) = (x == b, vector) {
+                            *seen = true;
+                            *ok &= ix.len() == 2 && coefficient(&ix[0], v) == Some(1) && coefficient(&ix[1], v) == Some(0);
+                        }
+                    };
+                    index.iter().for_each(|e| for_each_load(e, &mut check));
+                    for_each_load(value, &mut check);
+                }
+                _ => {}
+            }
+        }
+    }
+    let (mut seen, mut ok) = (false, true);
+    walk(&k.body, None, b, &mut seen, &mut ok);
+    seen && ok
+}
+
+/// `w` [rows, cols] as [cols, rows].
+fn transposed(w: &Weight) -> Weight {
+    let ([rows, cols], size) = ([w.dims[0] as usize, w.dims[1] as usize], w.elem.size() as usize);
+    let mut data = Vec::with_capacity(w.data.len());
+    for c in 0..cols {
+        for r in 0..rows {
+            let at = (r * cols + c) * size;
+            data.extend_from_slice(&w.data[at..at + size]);
+        }
+    }
+    Weight { name: format!("{}.t", w.name), elem: w.elem, dims: vec![w.dims[1], w.dims[0]], data: Arc::new(data) }
+}
+
+/// Removes the weights no step binds, renumbering the others.
+fn drop_unbound_weights(p: &mut Program) {
+    let mut bound = vec![false; p.weights.len()];
+    for a in p.steps.iter().flat_map(|s| &s.args) {
+        if let Place::Weight(i) = a {
+            bound[*i] = true;
+        }
+    }
+    let mut at = vec![0; p.weights.len()];
+    let mut kept = Vec::new();
+    for (i, w) in std::mem::take(&mut p.weights).into_iter().enumerate() {
+        if bound[i] {
+            at[i] = kept.len();
+            kept.push(w);
+        }
+    }
+    p.weights = kept;
+    for a in p.steps.iter_mut().flat_map(|s| &mut s.args) {
+        if let Place::Weight(i) = a {
+            *i = at[*i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlopt_kir::{Io, Step};
+
+    /// y[j] = sum over k of x[k] * w[k, j], the dot products along k in vector lanes: w's loads stride
+    /// by its row. Transposed, they are contiguous, the results are the same and the old weight is gone.
+    #[test]
+    fn weights_read_down_columns_are_transposed() {
+        let k = mlopt_kir::parse_kernel(
+            "kernel @gemv(%y: f32[3], %x: f32[32], %w: f32[32,3]) {
+  local %part: f32[16]
+  local %acc: f32[]
+  serial %j in 0..3 {
+    vector<16> %z in 0..16 {
+      %part[%z] = 0.0f32
+    }
+    serial %o in 0..2 {
+      vector<16> %l in 0..16 {
+        %part[%l] = fma(%x[((%o * 16) + %l)], %w[((%o * 16) + %l), %j], %part[%l])
+      }
+    }
+    %acc[] = 0.0f32
+    serial %q in 0..16 {
+      %acc[] = (%acc[] + %part[%q])
+    }
+    %y[%j] = %acc[]
+  }
+}
+",
+        )
+        .unwrap();
+        let w: Vec<f32> = (0..96).map(|i| (i % 7) as f32 - 3.0).collect();
+        let x: Vec<f32> = (0..32).map(|i| (i % 5) as f32 * 0.5).collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let io = |name: &str, dims: Vec<u64>| Io { name: name.into(), elem: mlopt_kir::Elem::F32, dims };
+        let mut p = Program {
+            name: "gemv".into(),
+            inputs: vec![io("x", vec![32])],
+            outputs: vec![io("y", vec![3])],
+            weights: vec![Weight { name: "w".into(), elem: mlopt_kir::Elem::F32, dims: vec![32, 3], data: Arc::new(bytes(&w)) }],
+            arena_bytes: 0,
+            kernels: vec![k],
+            steps: vec![Step { kernel: 0, args: vec![Place::Output(0), Place::Input(0), Place::Weight(0)], check: None }],
+        };
+        mlopt_kir::verify_program(&p).unwrap();
+        let want = mlopt_kir::run_program(&p, &[bytes(&x)]).unwrap();
+        transpose_weights(&mut p);
+        mlopt_kir::verify_program(&p).unwrap();
+        assert_eq!(mlopt_kir::run_program(&p, &[bytes(&x)]).unwrap(), want);
+        assert_eq!(mlopt_kir::step::schedule_text(&p.kernels[0].schedule), "transpose(w)");
+        assert_eq!((p.weights.len(), p.weights[0].name.as_str(), p.weights[0].dims.as_slice()), (1, "w.t", [3u64, 32].as_slice()));
+        let text = mlopt_kir::print::kernel(&p.kernels[0]);
+        assert!(text.contains("%w[%j, ((%o * 16) + %l)]"), "{text}");
+        // Read along its rows already, a weight stays as it is.
+        let mut again = p.clone();
+        transpose_weights(&mut again);
+        assert_eq!(again, p);
+    }
+}
