@@ -88,10 +88,10 @@ enum Codegen {
     Gpu(GpuTarget),
 }
 
-/// What the codegen stage makes.
+/// What the codegen stage makes, with the target it made it for.
 enum Code {
-    Cpu(mlopt_llvm::Output),
-    Gpu(mlopt_llvm::PtxOutput),
+    Cpu(CpuTarget, mlopt_llvm::Output),
+    Gpu(GpuTarget, mlopt_llvm::PtxOutput),
 }
 
 /// The stages' seconds, in pipeline order; a stage run again (a GPU schedule planned again) adds to its
@@ -194,18 +194,18 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
         }
         let code = times.stage("codegen", || {
             Ok(match &target {
-                Codegen::Cpu(t) => Code::Cpu(mlopt_llvm::compile_with(&program, t, threads, opt.profile)?),
-                Codegen::Gpu(t) => Code::Gpu(mlopt_llvm::compile_ptx(&program, t)?),
+                Codegen::Cpu(t) => Code::Cpu(t.clone(), mlopt_llvm::compile_with(&program, t, threads, opt.profile)?),
+                Codegen::Gpu(t) => Code::Gpu(t.clone(), mlopt_llvm::compile_ptx(&program, t)?),
             })
         })?;
         if stop == Some(Stage::Code) {
             return Ok(Ran::Stopped(match code {
-                Code::Cpu(c) => c.llvm_ir,
-                Code::Gpu(c) => c.ptx,
+                Code::Cpu(_, c) => c.llvm_ir,
+                Code::Gpu(_, c) => c.ptx,
             }));
         }
-        let figures = match (&code, &target, &ptxas) {
-            (Code::Gpu(c), Codegen::Gpu(t), Some(p)) => Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, &t.name))?),
+        let figures = match (&code, &ptxas) {
+            (Code::Gpu(t, c), Some(p)) => Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, &t.name))?),
             _ => None,
         };
         let short = figures.as_deref().map_or(0, |f| crate::gpu::register_shortfall(&program, f));
@@ -218,12 +218,9 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
         }
     };
     let lib = times.stage("package", || {
-        Ok(match (code, target) {
-            (Code::Cpu(code), Codegen::Cpu(target)) => {
-                Library::Cpu(Box::new(Compiled { optimized, cfg, memory, program, code, target, times: vec![], profiled: opt.profile }))
-            }
-            (Code::Gpu(ptx), Codegen::Gpu(target)) => Library::Gpu(Box::new(crate::gpu::package(optimized, cfg, program, target, ptx, ptxas, figures)?)),
-            _ => return Err(DriverError::Io("code generated for another kind of target (a bug in mlopt's driver)".into())),
+        Ok(match code {
+            Code::Cpu(target, code) => Library::Cpu(Box::new(Compiled { optimized, cfg, memory, program, code, target, times: vec![], profiled: opt.profile })),
+            Code::Gpu(target, ptx) => Library::Gpu(Box::new(crate::gpu::package(optimized, cfg, program, target, ptx, ptxas, figures)?)),
         })
     })?;
     Ok(Ran::Built(lib.with_times(times.0)))
