@@ -16,8 +16,7 @@ pub fn transpose_weights(p: &mut Program) {
         let [si] = steps[..] else { continue };
         for (pi, b) in p.kernels[ki].params().into_iter().enumerate() {
             let Some(Place::Weight(wi)) = p.steps[si].args.get(pi).copied() else { continue };
-            let k = &p.kernels[ki];
-            let w = &p.weights[wi];
+            let (k, Some(w)) = (&p.kernels[ki], p.weights.get(wi)) else { continue };
             let [rows, cols] = k.buffer(b).dims[..] else { continue };
             if w.dims != [rows, cols] || w.data.len() as u64 != rows * cols * w.elem.size() || !read_down_columns(k, b) {
                 continue;
@@ -82,8 +81,11 @@ fn transposed(w: &Weight) -> Weight {
 fn drop_unbound_weights(p: &mut Program) {
     let mut bound = vec![false; p.weights.len()];
     for a in p.steps.iter().flat_map(|s| &s.args) {
-        if let Place::Weight(i) = a {
-            bound[*i] = true;
+        if let Some(b) = match a {
+            Place::Weight(i) => bound.get_mut(*i),
+            _ => None,
+        } {
+            *b = true;
         }
     }
     let mut at = vec![0; p.weights.len()];
@@ -97,7 +99,7 @@ fn drop_unbound_weights(p: &mut Program) {
     p.weights = kept;
     for a in p.steps.iter_mut().flat_map(|s| &mut s.args) {
         if let Place::Weight(i) = a {
-            *i = at[*i];
+            *i = at.get(*i).copied().unwrap_or(*i);
         }
     }
 }
