@@ -17,7 +17,7 @@
 
 use crate::error::Result;
 use crate::kernel::Lowerer;
-use mlopt_kir::{Elem, Expr, LoopKind, Space, Stmt, Var};
+use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 // The micro-kernel model that picks the tile lives in the cost model, the one place kernel-level costs
 // are estimated.
 pub use mlopt_cost::tile::{blocks, candidates, estimate, pick, Tile, TileKey};
@@ -48,11 +48,47 @@ pub struct Col<'e> {
     pub j: Expr,
 }
 
-pub type RowOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
+pub type RowOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
 /// b(batch, k, column): the column both as a number and as its place in the tiling (so a packed B can be
 /// indexed by panel).
-pub type ColOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &[Expr], &Col) -> Result<Expr>;
-pub type StoreOp<'a> = &'a mut dyn FnMut(&mut Lowerer, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
+pub type ColOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &[Expr], &Col) -> Result<Expr>;
+pub type StoreOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
+
+/// What the tiler writes with: the kernel being built, fresh loop variables, the target's f32 lanes.
+/// Lowering builds tiles through its `Lowerer`; the schedule stage through a `Kernel` of its own.
+pub trait Builder {
+    fn kernel(&mut self) -> &mut Kernel;
+    fn fresh(&mut self, prefix: &str) -> Var;
+    fn lanes(&self) -> Option<u32>;
+}
+
+impl Builder for Lowerer<'_> {
+    fn kernel(&mut self) -> &mut Kernel {
+        &mut self.k
+    }
+    fn fresh(&mut self, prefix: &str) -> Var {
+        Lowerer::fresh(self, prefix)
+    }
+    fn lanes(&self) -> Option<u32> {
+        self.lanes
+    }
+}
+
+/// Serial loops over `extents` around `body`, with fresh variables.
+fn nest<B: Builder>(l: &mut B, prefix: &str, extents: &[u64], body: impl FnOnce(&mut B, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
+    let vars: Vec<Var> = extents.iter().map(|_| l.fresh(prefix)).collect();
+    let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
+    let mut stmts = body(l, &idx)?;
+    for (v, e) in vars.iter().zip(extents).rev() {
+        stmts = vec![Stmt::for_(*v, *e, LoopKind::Serial, stmts)];
+    }
+    Ok(stmts)
+}
+
+fn buf<B: Builder>(l: &mut B, prefix: &str, dims: Vec<u64>) -> BufId {
+    let k = l.kernel();
+    k.buf(format!("{prefix}{}", k.bufs.len()), Elem::F32, dims, Space::Local)
+}
 
 /// B [K, N] (row-major f32 values; [N, K] when `trans`) packed for the column blocks of `t`: one weight
 /// per block, laid out [columns / nr, K, nr] as little-endian bytes, so a tile's k-th row of B is `nr`
@@ -82,13 +118,25 @@ pub fn pack_blocks(b: &[f32], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<
 /// the tiles read the copy: B's loads may then stride or compute (a stride-2 convolution's im2col, a
 /// transposed operand) at the cost of K x nr copies per M x K x nr multiply-adds.
 #[allow(clippy::too_many_arguments)]
-pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile, pack: bool, a: RowOp, b: ColOp, store: StoreOp) -> Result<Vec<Stmt>> {
+pub fn tiled<B: Builder>(
+    l: &mut B,
+    batch: &[u64],
+    m: u64,
+    n: u64,
+    k: &[u64],
+    t: Tile,
+    pack: bool,
+    a: RowOp<B>,
+    b: ColOp<B>,
+    store: StoreOp<B>,
+) -> Result<Vec<Stmt>> {
     let kk: u64 = k.iter().product();
-    l.k.schedule.push(mlopt_kir::ScheduleStep::Tile { mr: t.mr, nr: t.nr, m, n, k: kk, lanes: l.lanes.unwrap_or(t.lanes) });
+    let lanes = l.lanes().unwrap_or(t.lanes);
+    l.kernel().schedule.push(mlopt_kir::ScheduleStep::Tile { mr: t.mr, nr: t.nr, m, n, k: kk, lanes });
     if pack {
-        l.k.schedule.push(mlopt_kir::ScheduleStep::PackB);
+        l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
-    l.nest("b", batch, |l, bi| {
+    nest(l, "b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
@@ -105,27 +153,27 @@ pub fn tiled(l: &mut Lowerer, batch: &[u64], m: u64, n: u64, k: &[u64], t: Tile,
 }
 
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`.
-fn tile_block(
-    l: &mut Lowerer,
+fn tile_block<B: Builder>(
+    l: &mut B,
     bi: &[Expr],
     (row0, rows): (u64, u64),
     (block, col0, cols): (usize, u64, u64),
     t: Tile,
     k: &[u64],
     pack: bool,
-    a: RowOp,
-    b: ColOp,
-    store: StoreOp,
+    a: RowOp<B>,
+    b: ColOp<B>,
+    store: StoreOp<B>,
 ) -> Result<Stmt> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
-    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), Elem::F32, vec![t.mr, t.nr], Space::Local);
+    let acc = buf(l, "acc", vec![t.mr, t.nr]);
     let (io, jo) = (l.fresh("io"), l.fresh("jo"));
     let row = |ii: &Expr| Expr::add(Expr::int(row0 as i64), Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()));
     let col_in_tile = |jv: Var, jl: Var| Expr::add(Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)), Expr::var(jl));
     let jo_e = Expr::var(jo);
     let col = |jj: &Expr| Expr::add(Expr::int(col0 as i64), Expr::add(Expr::mul(jo_e.clone(), Expr::int(t.nr as i64)), jj.clone()));
     // One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
-    let sweep = |l: &mut Lowerer, f: &mut dyn FnMut(&mut Lowerer, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
+    let sweep = |l: &mut B, f: &mut dyn FnMut(&mut B, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
         let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
         let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
         let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
@@ -134,10 +182,10 @@ fn tile_block(
     let zero = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii, jj], value: Expr::f32(0.0) }))?;
     // The packed panel of B: [K, nr], filled one vector of columns at a time.
     let kdims: Vec<i64> = k.iter().map(|d| *d as i64).collect();
-    let panel = pack.then(|| l.k.buf(format!("panel{}", l.k.bufs.len()), Elem::F32, vec![k.iter().product(), t.nr], Space::Local));
+    let panel = pack.then(|| buf(l, "panel", vec![k.iter().product(), t.nr]));
     let mut packing = Vec::new();
     if let Some(p) = panel {
-        packing = l.nest("k", k, |l, kk| {
+        packing = nest(l, "k", k, |l, kk| {
             let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
             let jj = col_in_tile(jv, jl);
             let v = b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
@@ -145,7 +193,7 @@ fn tile_block(
             Ok(vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st])])])
         })?;
     }
-    let update = l.nest("k", k, |l, kk| {
+    let update = nest(l, "k", k, |l, kk| {
         Ok(vec![sweep(l, &mut |l, ii, jj| {
             let av = a(l, bi, &row(&ii), kk)?;
             let bv = match panel {
