@@ -34,29 +34,11 @@
 //! operands' traffic, within the limits on threads, shared memory and registers.
 
 use crate::error::Result;
+use crate::schedule::contraction::{recognise, Contraction};
 use crate::schedule::gpu::{delinear, lt, subst_all, GpuSchedule};
 use mlopt_cost::gpu_tile::{self, Tile};
-use mlopt_kir::analysis::{coefficient, expr_loads, flat_index, for_each_load, offset};
+use mlopt_kir::analysis::{coefficient, flat_index, for_each_load, offset};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
-
-/// A contraction recognised in a launch's body.
-struct Contraction {
-    acc: BufId,
-    rows: Vec<(Var, u64)>,
-    cols: Vec<(Var, u64)>,
-    batch: Vec<(Var, u64)>,
-    red: Vec<(Var, u64)>,
-    /// The operands: `a` reads rows (and batch, K), `b` columns.
-    a: Expr,
-    b: Expr,
-    epilogue: Vec<Stmt>,
-}
-
-impl Contraction {
-    fn extent(loops: &[(Var, u64)]) -> u64 {
-        loops.iter().map(|(_, e)| *e).product()
-    }
-}
 
 /// What multiplies: tensor cores on operands of one type, or SIMT FMAs on f32.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,55 +88,6 @@ fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<A
     };
     let plain = [copies[0].is_none(), copies[1].is_none()];
     gpu_tile::estimate(&s.target, x, t, e.model(), elem.size(), plain, s.register_margin, peak)
-}
-
-/// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.
-fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Contraction> {
-    let [Stmt::Store { buf: acc, index, value: Expr::Float(z, Elem::F32) }, red_nest, epilogue @ ..] = inner else { return None };
-    let buf = k.buffer(*acc);
-    if *z != 0.0 || buf.space != Space::Local || buf.elem != Elem::F32 || !index.is_empty() {
-        return None;
-    }
-    let mut red = Vec::new();
-    let mut cur = std::slice::from_ref(red_nest);
-    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
-        red.push((*var, *extent));
-        cur = body;
-    }
-    let me = Expr::load(*acc, vec![]);
-    let [Stmt::Store { buf: b, index, value: Expr::Fma(x, y, z) }] = cur else { return None };
-    if b != acc || !index.is_empty() || **z != me || red.is_empty() {
-        return None;
-    }
-    let reads_acc = |e: &Expr| expr_loads(e).contains_key(acc);
-    if reads_acc(x) || reads_acc(y) || x.elem(k) != Elem::F32 || !epilogue_ok(epilogue, *acc) {
-        return None;
-    }
-    // Which operand reads each data-parallel loop.
-    let innermost = prefix.iter().rev().find(|(_, e)| *e > 1)?.0;
-    let (a, b) = match (x.uses(innermost), y.uses(innermost)) {
-        (false, true) => ((**x).clone(), (**y).clone()),
-        (true, false) => ((**y).clone(), (**x).clone()),
-        _ => return None,
-    };
-    let (mut rows, mut cols, mut batch) = (Vec::new(), Vec::new(), Vec::new());
-    for &(v, e) in prefix {
-        match (a.uses(v), b.uses(v)) {
-            (true, false) if e > 1 => rows.push((v, e)),
-            (false, true) if e > 1 => cols.push((v, e)),
-            _ => batch.push((v, e)),
-        }
-    }
-    Some(Contraction { acc: *acc, rows, cols, batch, red, a, b, epilogue: epilogue.to_vec() })
-}
-
-/// Whether the epilogue only reads the accumulator (and holds no barrier or mma).
-fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
-    body.iter().all(|s| match s {
-        Stmt::Store { buf, .. } => *buf != acc,
-        Stmt::For { body, .. } | Stmt::If { then: body, .. } => epilogue_ok(body, acc),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
-    })
 }
 
 /// The operand computed in a 16-bit type `t` when it is an f32 cast of `t` values (through selects and

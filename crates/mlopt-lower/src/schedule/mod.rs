@@ -15,6 +15,7 @@
 //! contraction's register tile (`contract.rs`, by the cost model's tile estimate) and whether its B
 //! panels are packed, attention's blocking, bf16 `mma` blocks, and Winograd.
 
+mod contraction;
 pub mod cpu;
 pub mod gpu;
 mod gpu_attention;

@@ -1,0 +1,83 @@
+//! Contractions in the algorithm form lowering writes, one output element per iteration of the
+//! data-parallel loops:
+//!
+//! ```text
+//! %acc[] = 0.0f32
+//! serial %r.. { %acc[] = fma(x, y, %acc[]) }   ; one or more reduction loops (K)
+//! <epilogue reading %acc[]>                    ; bias, activation, casts, the store
+//! ```
+//!
+//! The data-parallel loops split by which operand reads them: the columns (N) are those of the operand
+//! that reads the innermost loop, the rows (M) those of the other, and loops both or neither read are a
+//! batch. The GPU's tiled GEMMs (`gpu_gemm.rs`) schedule what this finds.
+
+use mlopt_kir::analysis::expr_loads;
+use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+
+/// A contraction recognised in a loop nest's body.
+pub(crate) struct Contraction {
+    pub(crate) acc: BufId,
+    pub(crate) rows: Vec<(Var, u64)>,
+    pub(crate) cols: Vec<(Var, u64)>,
+    pub(crate) batch: Vec<(Var, u64)>,
+    pub(crate) red: Vec<(Var, u64)>,
+    /// The operands: `a` reads rows (and batch, K), `b` columns.
+    pub(crate) a: Expr,
+    pub(crate) b: Expr,
+    pub(crate) epilogue: Vec<Stmt>,
+}
+
+impl Contraction {
+    pub(crate) fn extent(loops: &[(Var, u64)]) -> u64 {
+        loops.iter().map(|(_, e)| *e).product()
+    }
+}
+
+/// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.
+pub(crate) fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Contraction> {
+    let [Stmt::Store { buf: acc, index, value: Expr::Float(z, Elem::F32) }, red_nest, epilogue @ ..] = inner else { return None };
+    let buf = k.buffer(*acc);
+    if *z != 0.0 || buf.space != Space::Local || buf.elem != Elem::F32 || !index.is_empty() {
+        return None;
+    }
+    let mut red = Vec::new();
+    let mut cur = std::slice::from_ref(red_nest);
+    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
+        red.push((*var, *extent));
+        cur = body;
+    }
+    let me = Expr::load(*acc, vec![]);
+    let [Stmt::Store { buf: b, index, value: Expr::Fma(x, y, z) }] = cur else { return None };
+    if b != acc || !index.is_empty() || **z != me || red.is_empty() {
+        return None;
+    }
+    let reads_acc = |e: &Expr| expr_loads(e).contains_key(acc);
+    if reads_acc(x) || reads_acc(y) || x.elem(k) != Elem::F32 || !epilogue_ok(epilogue, *acc) {
+        return None;
+    }
+    // Which operand reads each data-parallel loop.
+    let innermost = prefix.iter().rev().find(|(_, e)| *e > 1)?.0;
+    let (a, b) = match (x.uses(innermost), y.uses(innermost)) {
+        (false, true) => ((**x).clone(), (**y).clone()),
+        (true, false) => ((**y).clone(), (**x).clone()),
+        _ => return None,
+    };
+    let (mut rows, mut cols, mut batch) = (Vec::new(), Vec::new(), Vec::new());
+    for &(v, e) in prefix {
+        match (a.uses(v), b.uses(v)) {
+            (true, false) if e > 1 => rows.push((v, e)),
+            (false, true) if e > 1 => cols.push((v, e)),
+            _ => batch.push((v, e)),
+        }
+    }
+    Some(Contraction { acc: *acc, rows, cols, batch, red, a, b, epilogue: epilogue.to_vec() })
+}
+
+/// Whether the epilogue only reads the accumulator (and holds no barrier or mma).
+fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
+    body.iter().all(|s| match s {
+        Stmt::Store { buf, .. } => *buf != acc,
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => epilogue_ok(body, acc),
+        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
+    })
+}
