@@ -120,24 +120,6 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                     &mut |l, i, j, v| out_ij(l, i, j, v),
                 );
             }
-            if let Some(t) = contract::choose(l, out[0], out[1], kdim) {
-                let packed = pack_b(l, bm, trans_b, t);
-                return contract::tiled(
-                    l,
-                    &[],
-                    out[0],
-                    out[1],
-                    &[kdim],
-                    t,
-                    false,
-                    &mut |l, _, i, k| get(l, a, &if trans_a { [k[0].clone(), i.clone()] } else { [i.clone(), k[0].clone()] }, Elem::F32),
-                    &mut |l, _, k, c| match packed_load(&packed, k, c) {
-                        Some(v) => Ok(v),
-                        None => get(l, bm, &if trans_b { [c.j.clone(), k[0].clone()] } else { [k[0].clone(), c.j.clone()] }, Elem::F32),
-                    },
-                    &mut |l, _, i, j, v| out_ij(l, i, j, v),
-                );
-            }
             l.nest("i", &out, |l, idx| {
                 let (i, j) = (idx[0].clone(), idx[1].clone());
                 let f = dot(l, &[kdim], |l, r| {
@@ -190,33 +172,6 @@ pub(crate) fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer
     })
 }
 
-/// A constant f32 B ([K, N], or [N, K] when `trans`) packed into column panels for tile `t`: new weights
-/// of the kernel, one per column block. None when B is not a constant.
-fn pack_b(l: &mut Lowerer, bm: Value, trans: bool, t: contract::Tile) -> Option<Vec<BufId>> {
-    let w = l.g.const_value(bm)?;
-    if w.dtype() != mlopt_ir::DType::F32 || w.shape().len() != 2 {
-        return None;
-    }
-    let (kk, nn) = if trans { (w.shape()[1] as u64, w.shape()[0] as u64) } else { (w.shape()[0] as u64, w.shape()[1] as u64) };
-    let blocks = contract::pack_blocks(w.view::<f32>()?.as_standard_layout().as_slice()?, kk, nn, t, trans);
-    let base = l.g.node(bm.node).name.clone();
-    Some(
-        blocks
-            .into_iter()
-            .enumerate()
-            .map(|(i, (dims, data))| {
-                l.weight(mlopt_kir::Weight { name: format!("{base}.packed{}.{i}", t.nr), elem: Elem::F32, dims, data: std::sync::Arc::new(data) })
-            })
-            .collect(),
-    )
-}
-
-/// B from its packed panels, or None to read the original.
-fn packed_load(packed: &Option<Vec<BufId>>, k: &[Expr], c: &contract::Col) -> Option<Expr> {
-    let p = packed.as_ref()?.get(c.block)?;
-    Some(Expr::load(*p, vec![c.jo.clone(), k[0].clone(), c.jj.clone()]))
-}
-
 fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
     let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
     let (sa, sb) = (l.ty(a).shape.clone(), l.ty(bm).shape.clone());
@@ -250,36 +205,7 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             },
         );
     }
-    // With a 2-D B every row of every batch of A meets the same B: one contraction of all the rows
-    // (ViT's [197, 1, 768] tokens would otherwise be 197 one-row contractions).
-    let fold = has_m && sb.len() == 2 && r > 2 && sa.len() == r;
-    let (batch, m) = if fold { (vec![], out[..r - 1].iter().product()) } else { (out[..r.saturating_sub(2)].to_vec(), out[r.saturating_sub(2)]) };
-    let lead: Vec<i64> = out[..r.saturating_sub(1)].iter().map(|d| *d as i64).collect();
-    let row = |bi: &[Expr], i: &Expr| if fold { crate::kernel::delinear(i.clone(), &lead) } else { [bi, std::slice::from_ref(i)].concat() };
-    let tile = if has_m && has_n && r >= 2 { contract::choose(l, m, out[r - 1], kdim) } else { None };
-    if let Some(t) = tile {
-        let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
-        // A constant 2-D f32 B (the weights) is packed into column panels at compile time.
-        let packed = if sb.len() == 2 { pack_b(l, bm, false, t) } else { None };
-        return contract::tiled(
-            l,
-            &batch,
-            m,
-            out[r - 1],
-            &[kdim],
-            t,
-            false,
-            &mut |l, bi, i, k| {
-                let ix = if fold { [row(bi, i), vec![k[0].clone()]].concat() } else { [broadcast(&ba, bi), vec![i.clone(), k[0].clone()]].concat() };
-                get(l, a, &ix, Elem::F32)
-            },
-            &mut |l, bi, k, c| match packed_load(&packed, k, c) {
-                Some(v) => Ok(v),
-                None => get(l, bm, &[broadcast(&bb, bi), vec![k[0].clone(), c.j.clone()]].concat(), Elem::F32),
-            },
-            &mut |_, bi, i, j, v| Ok(Stmt::Store { buf: dst, index: [row(bi, i), vec![j.clone()]].concat(), value: convert(v, Elem::F32, out_t) }),
-        );
-    }
+    // (On a CPU the schedule tiles this nest in registers: `schedule/cpu_gemm.rs`.)
     l.nest("i", out, |l, idx| {
         let r = idx.len();
         let j = has_n.then(|| idx[r - 1].clone());

@@ -78,7 +78,7 @@ fn transposed(w: &Weight) -> Weight {
 }
 
 /// Removes the weights no step binds, renumbering the others.
-fn drop_unbound_weights(p: &mut Program) {
+pub(super) fn drop_unbound_weights(p: &mut Program) {
     let mut bound = vec![false; p.weights.len()];
     for a in p.steps.iter().flat_map(|s| &s.args) {
         if let Some(b) = match a {

@@ -11,12 +11,16 @@
 //!   `gpu_gemm.rs` (tiled GEMMs and implicit-GEMM convolutions on tensor cores or SIMT FMAs, staged by
 //!   `cp.async`) and `gpu_attention.rs` (attention on tensor cores with an online softmax).
 //!
-//! What lowering still decides for a CPU target, because it shapes the algorithm's buffers: a
-//! contraction's register tile (`contract.rs`, by the cost model's tile estimate) and whether its B
-//! panels are packed, attention's blocking, bf16 `mma` blocks, and Winograd.
+//! `cpu_gemm.rs` runs first for a CPU: every MatMul and Gemm nest (`contraction.rs` recognises the
+//! algorithm form, which the GPU's `gpu_gemm.rs` shares) becomes register tiles of the cost model's
+//! shape, and a constant B is packed into column panels that replace its weight.
+//!
+//! What lowering still decides for a CPU target: a convolution's register tile (`contract.rs`, with its
+//! padded copies, phases and panels), attention's blocking, bf16 `mma` blocks, and Winograd.
 
 mod contraction;
 pub mod cpu;
+mod cpu_gemm;
 pub mod gpu;
 mod gpu_attention;
 mod gpu_gemm;
@@ -34,6 +38,7 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
         return schedule_program(p, s);
     }
     if let Some(s) = opts.cpu {
+        cpu_gemm::tile(&mut p, s.lanes, &opts.tiles)?;
         for k in &mut p.kernels {
             schedule_cpu(k, s)?;
         }

@@ -1,0 +1,154 @@
+//! Register-tiled contractions for a CPU target, scheduled from the algorithm form lowering writes
+//! (`contraction.rs` recognises it): the tile comes from the cost model (`mlopt_cost::tile`, or a
+//! `--tune` override), the tiles are built by `contract::tiled`, and a constant 2-D B read only by the
+//! contraction is packed into column panels, weights of their own that replace it.
+
+use super::contraction::{recognise, Contraction};
+use crate::contract::{self, Builder, Tile, TileKey};
+use crate::error::Result;
+use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Stmt, Var, Weight};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Builds tiles into a kernel of the schedule stage.
+struct KernelBuilder<'k> {
+    k: &'k mut Kernel,
+    lanes: u32,
+}
+
+impl Builder for KernelBuilder<'_> {
+    fn kernel(&mut self) -> &mut Kernel {
+        self.k
+    }
+    fn fresh(&mut self, prefix: &str) -> Var {
+        let n = self.k.vars.len();
+        self.k.var(format!("{prefix}{n}"))
+    }
+    fn lanes(&self) -> Option<u32> {
+        Some(self.lanes)
+    }
+}
+
+/// Tiles every contraction nest at the top of each kernel's body.
+pub(crate) fn tile(p: &mut Program, lanes: u32, tiles: &HashMap<TileKey, Tile>) -> Result<()> {
+    for ki in 0..p.kernels.len() {
+        let loads = mlopt_kir::analysis::buffer_loads(&p.kernels[ki].body);
+        let body = std::mem::take(&mut p.kernels[ki].body);
+        let mut out = Vec::with_capacity(body.len());
+        for st in body {
+            match tile_nest(p, ki, &st, lanes, tiles, &loads)? {
+                Some(tiled) => out.extend(tiled),
+                None => out.push(st),
+            }
+        }
+        p.kernels[ki].body = out;
+    }
+    super::layout::drop_unbound_weights(p);
+    Ok(())
+}
+
+/// The tiled form of `st` when it is a contraction nest with rows and columns.
+fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<TileKey, Tile>, loads: &HashMap<BufId, usize>) -> Result<Option<Vec<Stmt>>> {
+    let mut prefix = Vec::new();
+    let mut cur = std::slice::from_ref(st);
+    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
+        prefix.push((*var, *extent));
+        cur = body;
+    }
+    let Some(mut c) = recognise(&p.kernels[ki], &prefix, cur) else { return Ok(None) };
+    // Loops of one iteration are index 0. One that only A reads is a row of one (a batch-1 model's
+    // single token), so the contraction has rows; a vector times a matrix has none and is left to
+    // rfactor.
+    let ones: Vec<Var> = c.batch.iter().filter(|(_, e)| *e == 1).map(|(v, _)| *v).collect();
+    let has_rows = !c.rows.is_empty() || ones.iter().any(|v| c.a.uses(*v) && !c.b.uses(*v));
+    if !has_rows || c.cols.is_empty() {
+        return Ok(None);
+    }
+    c.batch.retain(|(_, e)| *e != 1);
+    for v in ones {
+        c.a = c.a.subst(v, &Expr::int(0));
+        c.b = c.b.subst(v, &Expr::int(0));
+        c.epilogue = c.epilogue.iter().map(|s| s.subst(v, &Expr::int(0))).collect();
+    }
+    let [Stmt::Store { buf: out, index: out_ix, value: out_v }] = &c.epilogue[..] else { return Ok(None) };
+    let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
+    let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
+    let Some(t) = tiles.get(&(m, n, kk, lanes)).copied().or_else(|| contract::pick(m, n, kk, lanes)) else { return Ok(None) };
+    let packed = pack_b(p, ki, &c, t, loads);
+    let as_i64 = |v: Vec<u64>| v.into_iter().map(|e| e as i64).collect::<Vec<i64>>();
+    let (rows, cols) = (as_i64(ext(&c.rows)), as_i64(ext(&c.cols)));
+    // An expression of the algorithm with its loop variables replaced.
+    let at = |e: &Expr, batch: &[Expr], row: Option<&Expr>, col: Option<&Expr>, red: &[Expr]| -> Expr {
+        let mut by: Vec<(Var, Expr)> = c.batch.iter().map(|(v, _)| *v).zip(batch.iter().cloned()).collect();
+        if let Some(r) = row {
+            by.extend(c.rows.iter().map(|(v, _)| *v).zip(crate::kernel::delinear(r.clone(), &rows)));
+        }
+        if let Some(j) = col {
+            by.extend(c.cols.iter().map(|(v, _)| *v).zip(crate::kernel::delinear(j.clone(), &cols)));
+        }
+        by.extend(c.red.iter().map(|(v, _)| *v).zip(red.iter().cloned()));
+        by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
+    };
+    let acc = c.acc;
+    let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
+    let stmts = contract::tiled(
+        &mut b,
+        &ext(&c.batch),
+        m,
+        n,
+        &ext(&c.red),
+        t,
+        false,
+        &mut |_, bi, row, k| Ok(at(&c.a, bi, Some(row), None, k)),
+        &mut |_, bi, k, col| {
+            Ok(match packed.as_ref().and_then(|p| p.get(col.block)) {
+                Some(p) => Expr::load(*p, vec![col.jo.clone(), k[0].clone(), col.jj.clone()]),
+                None => at(&c.b, bi, None, Some(&col.j), k),
+            })
+        },
+        &mut |_, bi, row, col, v| {
+            let value = at(out_v, bi, Some(row), Some(col), &[]).map_loads(&|x, ix| if x == acc { v.clone() } else { Expr::load(x, ix) });
+            Ok(Stmt::Store { buf: *out, index: out_ix.iter().map(|e| at(e, bi, Some(row), Some(col), &[])).collect(), value })
+        },
+    )?;
+    Ok(Some(stmts))
+}
+
+/// A constant 2-D f32 B (`W[k, j]`, or `W[j, k]`) that only this contraction reads, packed into column
+/// panels for tile `t`: the first block takes W's parameter, later ones are new parameters; their weights
+/// replace W's. None when B is not such a weight.
+fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<BufId, usize>) -> Option<Vec<BufId>> {
+    let Expr::Load(w, ix) = &c.b else { return None };
+    let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else { return None };
+    let trans = match &ix[..] {
+        [Expr::Var(a), Expr::Var(b)] if a == r && b == j => false,
+        [Expr::Var(a), Expr::Var(b)] if a == j && b == r => true,
+        _ => return None,
+    };
+    let steps: Vec<usize> = (0..p.steps.len()).filter(|s| p.steps[*s].kernel == ki).collect();
+    let (&[si], Some(1)) = (&steps[..], loads.get(w)) else { return None };
+    let pi = p.kernels[ki].params().iter().position(|b| b == w)?;
+    let Some(Place::Weight(wi)) = p.steps[si].args.get(pi).copied() else { return None };
+    let weight = p.weights.get(wi)?.clone();
+    let dims = if trans { [*ndim, *kdim] } else { [*kdim, *ndim] };
+    if weight.elem != Elem::F32 || weight.dims != dims || weight.data.len() as u64 != kdim * ndim * 4 {
+        return None;
+    }
+    let values: Vec<f32> = weight.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let mut ids = Vec::new();
+    for (block, (dims, data)) in contract::pack_blocks(&values, *kdim, *ndim, t, trans).into_iter().enumerate() {
+        p.weights.push(Weight { name: format!("{}.packed{}.{block}", weight.name, t.nr), elem: Elem::F32, dims: dims.clone(), data: Arc::new(data) });
+        let place = Place::Weight(p.weights.len() - 1);
+        let k = &mut p.kernels[ki];
+        if block == 0 {
+            k.bufs[w.0 as usize].dims = dims;
+            p.steps[si].args[pi] = place;
+            ids.push(*w);
+        } else {
+            let name = format!("{}.{block}", k.buffer(*w).name);
+            ids.push(k.buf(name, Elem::F32, dims, Space::Global));
+            p.steps[si].args.push(place);
+        }
+    }
+    Some(ids)
+}
