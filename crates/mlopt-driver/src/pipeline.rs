@@ -187,8 +187,13 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     // more than its plan, the schedules are planned again with the shortfall added to every estimate (at
     // most twice), so the occupancy a tile was chosen for is the one it gets.
     let mut attempt = 0;
+    // A GPU may schedule the algorithm again; a CPU schedules it once, and the schedule stage takes it:
+    // its unpacked weights are freed as their packed panels replace them.
+    let mut algorithm = Some(algorithm);
     let (program, code, figures) = loop {
-        let program = times.stage("schedule", || Ok(mlopt_lower::schedule::schedule(algorithm.clone(), &lowering)?))?;
+        let input = if lowering.gpu.is_some() { algorithm.clone() } else { algorithm.take() };
+        let input = input.ok_or_else(|| DriverError::Io("the algorithm was scheduled twice for a CPU (a bug in mlopt's driver)".into()))?;
+        let program = times.stage("schedule", || Ok(mlopt_lower::schedule::schedule(input, &lowering)?))?;
         if stop == Some(Stage::Scheduled) {
             return Ok(Ran::Stopped(mlopt_kir::print::program(&program)));
         }

@@ -91,10 +91,10 @@ fn buf<B: Builder>(l: &mut B, prefix: &str, dims: Vec<u64>) -> BufId {
     k.buf(format!("{prefix}{}", k.bufs.len()), Elem::F32, dims, Space::Local)
 }
 
-/// B [K, N] (row-major f32 values; [N, K] when `trans`) packed for the column blocks of `t`: one weight
-/// per block, laid out [columns / nr, K, nr] as little-endian bytes, so a tile's k-th row of B is `nr`
-/// contiguous floats and a panel is one sequential stream.
-pub fn pack_blocks(b: &[f32], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u64>, Vec<u8>)> {
+/// B [K, N] (row-major f32 little-endian bytes; [N, K] when `trans`) packed for the column blocks of
+/// `t`: one weight per block, laid out [columns / nr, K, nr], so a tile's k-th row of B is `nr`
+/// contiguous floats and a panel is one sequential stream. The bytes are copied as they are.
+pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u64>, Vec<u8>)> {
     blocks(n, t)
         .into_iter()
         .map(|(col0, cols, bt)| {
@@ -103,8 +103,8 @@ pub fn pack_blocks(b: &[f32], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<
                 for kk in 0..k {
                     for jj in 0..bt.nr {
                         let j = col0 + jo * bt.nr + jj;
-                        let at = if trans { j * k + kk } else { kk * n + j } as usize;
-                        out.extend_from_slice(&b[at].to_le_bytes());
+                        let at = if trans { j * k + kk } else { kk * n + j } as usize * 4;
+                        out.extend_from_slice(&b[at..at + 4]);
                     }
                 }
             }

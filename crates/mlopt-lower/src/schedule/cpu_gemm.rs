@@ -134,10 +134,17 @@ fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<
     if weight.elem != Elem::F32 || weight.dims != dims || weight.data.len() as u64 != kdim * ndim * 4 {
         return None;
     }
-    let values: Vec<f32> = weight.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let blocks = contract::pack_blocks(&weight.data, *kdim, *ndim, t, trans);
+    // The unpacked bytes are let go now, not when the pass ends, when no other step reads them: the
+    // next weight's panels then reuse their memory instead of faulting in fresh pages.
+    let name = weight.name.clone();
+    drop(weight);
+    if p.steps.iter().enumerate().all(|(s, st)| s == si || !st.args.contains(&Place::Weight(wi))) {
+        p.weights[wi].data = Arc::new(Vec::new());
+    }
     let mut ids = Vec::new();
-    for (block, (dims, data)) in contract::pack_blocks(&values, *kdim, *ndim, t, trans).into_iter().enumerate() {
-        p.weights.push(Weight { name: format!("{}.packed{}.{block}", weight.name, t.nr), elem: Elem::F32, dims: dims.clone(), data: Arc::new(data) });
+    for (block, (dims, data)) in blocks.into_iter().enumerate() {
+        p.weights.push(Weight { name: format!("{name}.packed{}.{block}", t.nr), elem: Elem::F32, dims: dims.clone(), data: Arc::new(data) });
         let place = Place::Weight(p.weights.len() - 1);
         let k = &mut p.kernels[ki];
         if block == 0 {
