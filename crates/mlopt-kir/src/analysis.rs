@@ -283,32 +283,43 @@ impl Accesses {
 /// The loads and stores of kernel `k` by how they run: what prices a kernel that moves data rather than
 /// computing (a concat, a pad, a transpose), which [`arithmetic`] does not see.
 pub fn accesses(k: &Kernel) -> Accesses {
-    fn walk(k: &Kernel, body: &[Stmt], trips: f64, vector: Option<Var>, out: &mut Accesses) {
-        let count = |b: BufId, index: &[Expr], out: &mut Accesses| match vector {
-            None => out.scalar += trips,
-            Some(v) => match coefficient(&flat_index(k, b, index), v) {
-                Some(0..=4) => out.vector += trips,
-                _ => out.gather += trips,
-            },
-        };
+    let mut out = Accesses::default();
+    for_each_access(&k.body, &mut |b, index, vector, trips| match vector {
+        None => out.scalar += trips,
+        Some(v) => match coefficient(&flat_index(k, b, index), v) {
+            Some(0..=4) => out.vector += trips,
+            _ => out.gather += trips,
+        },
+    });
+    out
+}
+
+/// What [`for_each_access`] calls: buffer, index, innermost vector loop, executions.
+pub type Access<'f> = dyn FnMut(BufId, &[Expr], Option<Var>, f64) + 'f;
+
+/// Calls `f` on every store of `body` and every load in it (the store's target, then the loads of its
+/// index and value): the buffer, its index, the innermost vector loop around it, and how many times it
+/// runs.
+pub fn for_each_access(body: &[Stmt], f: &mut Access) {
+    fn walk(body: &[Stmt], vector: Option<Var>, trips: f64, f: &mut Access) {
         for s in body {
             match s {
                 Stmt::For { var, extent, kind, body } => {
                     let v = if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector };
-                    walk(k, body, trips * *extent as f64, v, out);
+                    walk(body, v, trips * *extent as f64, f);
                 }
-                Stmt::If { then, .. } => walk(k, then, trips, vector, out),
+                Stmt::If { then, .. } => walk(then, vector, trips, f),
                 Stmt::Store { buf, index, value } => {
-                    count(*buf, index, out);
-                    for_each_load(value, &mut |b, ix| count(b, ix, out));
+                    f(*buf, index, vector, trips);
+                    for e in index.iter().chain([value]) {
+                        for_each_load(e, &mut |b, ix| f(b, ix, vector, trips));
+                    }
                 }
                 _ => {}
             }
         }
     }
-    let mut out = Accesses::default();
-    walk(k, &k.body, 1.0, None, &mut out);
-    out
+    walk(body, None, 1.0, f);
 }
 
 pub fn has_mma(body: &[Stmt]) -> bool {

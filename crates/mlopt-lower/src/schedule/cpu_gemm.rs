@@ -125,20 +125,15 @@ fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<
         [Expr::Var(a), Expr::Var(b)] if a == j && b == r => true,
         _ => return None,
     };
-    let steps: Vec<usize> = (0..p.steps.len()).filter(|s| p.steps[*s].kernel == ki).collect();
-    let (&[si], Some(1)) = (&steps[..], loads.get(w)) else { return None };
-    let pi = p.kernels[ki].params().iter().position(|b| b == w)?;
-    let Some(Place::Weight(wi)) = p.steps[si].args.get(pi).copied() else { return None };
-    let weight = p.weights.get(wi)?.clone();
+    let (Some(1), Some((si, pi, wi))) = (loads.get(w), super::layout::bound_weight(p, ki, *w)) else { return None };
+    let weight = &p.weights[wi];
     let dims = if trans { [*ndim, *kdim] } else { [*kdim, *ndim] };
     if weight.elem != Elem::F32 || weight.dims != dims || weight.data.len() as u64 != kdim * ndim * 4 {
         return None;
     }
-    let blocks = contract::pack_blocks(&weight.data, *kdim, *ndim, t, trans);
+    let (blocks, name) = (contract::pack_blocks(&weight.data, *kdim, *ndim, t, trans), weight.name.clone());
     // The unpacked bytes are let go now, not when the pass ends, when no other step reads them: the
     // next weight's panels then reuse their memory instead of faulting in fresh pages.
-    let name = weight.name.clone();
-    drop(weight);
     if p.steps.iter().enumerate().all(|(s, st)| s == si || !st.args.contains(&Place::Weight(wi))) {
         p.weights[wi].data = Arc::new(Vec::new());
     }

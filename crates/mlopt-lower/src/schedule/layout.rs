@@ -4,19 +4,17 @@
 //! The program gets the transposed copy as a weight of its own, and a weight no step binds any more is
 //! dropped, so the library does not carry both.
 
-use mlopt_kir::analysis::{coefficient, for_each_load};
-use mlopt_kir::{BufId, Expr, Kernel, LoopKind, Place, Program, ScheduleStep, Stmt, Var, Weight};
+use mlopt_kir::analysis::{coefficient, for_each_access};
+use mlopt_kir::{BufId, Expr, Kernel, Place, Program, ScheduleStep, Weight};
 use std::sync::Arc;
 
 /// Transposes every 2-D weight parameter that the vector loops of its kernel read only down its columns
 /// (a kernel run by one step), and records a `transpose` step for each.
 pub fn transpose_weights(p: &mut Program) {
     for ki in 0..p.kernels.len() {
-        let steps: Vec<usize> = (0..p.steps.len()).filter(|s| p.steps[*s].kernel == ki).collect();
-        let [si] = steps[..] else { continue };
-        for (pi, b) in p.kernels[ki].params().into_iter().enumerate() {
-            let Some(Place::Weight(wi)) = p.steps[si].args.get(pi).copied() else { continue };
-            let (k, Some(w)) = (&p.kernels[ki], p.weights.get(wi)) else { continue };
+        for b in p.kernels[ki].params() {
+            let Some((si, pi, wi)) = bound_weight(p, ki, b) else { continue };
+            let (k, w) = (&p.kernels[ki], &p.weights[wi]);
             let [rows, cols] = k.buffer(b).dims[..] else { continue };
             if w.dims != [rows, cols] || w.data.len() as u64 != rows * cols * w.elem.size() || !read_down_columns(k, b) {
                 continue;
@@ -40,28 +38,26 @@ pub fn transpose_weights(p: &mut Program) {
 
 /// Whether `b` is read in vector loops, and there always a row apart per lane and in the same column.
 fn read_down_columns(k: &Kernel, b: BufId) -> bool {
-    fn walk(body: &[Stmt], vector: Option<Var>, b: BufId, seen: &mut bool, ok: &mut bool) {
-        for s in body {
-            match s {
-                Stmt::For { var, kind, body, .. } => walk(body, if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector }, b, seen, ok),
-                Stmt::If { then, .. } => walk(then, vector, b, seen, ok),
-                Stmt::Store { index, value, .. } => {
-                    let mut check = |x: BufId, ix: &[Expr]| {
-                        if let (true, Some(v)) = (x == b, vector) {
-                            *seen = true;
-                            *ok &= ix.len() == 2 && coefficient(&ix[0], v) == Some(1) && coefficient(&ix[1], v) == Some(0);
-                        }
-                    };
-                    index.iter().for_each(|e| for_each_load(e, &mut check));
-                    for_each_load(value, &mut check);
-                }
-                _ => {}
-            }
-        }
-    }
     let (mut seen, mut ok) = (false, true);
-    walk(&k.body, None, b, &mut seen, &mut ok);
+    for_each_access(&k.body, &mut |x, ix, vector, _| {
+        if let (true, Some(v)) = (x == b, vector) {
+            seen = true;
+            ok &= ix.len() == 2 && coefficient(&ix[0], v) == Some(1) && coefficient(&ix[1], v) == Some(0);
+        }
+    });
     seen && ok
+}
+
+/// The weight that the one step running kernel `ki` binds to its parameter `b`: (step, parameter
+/// position, weight). None when several steps run the kernel or `b` is not bound to a weight.
+pub(super) fn bound_weight(p: &Program, ki: usize, b: BufId) -> Option<(usize, usize, usize)> {
+    let steps: Vec<usize> = (0..p.steps.len()).filter(|s| p.steps[*s].kernel == ki).collect();
+    let [si] = steps[..] else { return None };
+    let pi = p.kernels[ki].params().iter().position(|x| *x == b)?;
+    match p.steps[si].args.get(pi) {
+        Some(Place::Weight(wi)) if *wi < p.weights.len() => Some((si, pi, *wi)),
+        _ => None,
+    }
 }
 
 /// `w` [rows, cols] as [cols, rows].
