@@ -25,11 +25,13 @@ pub use mlopt_cost::tile::{blocks, candidates, estimate, pick, Tile, TileKey};
 
 /// The tile for a contraction: the caller's override for its key (from `--tune`), else the cost model's.
 pub fn choose(l: &Lowerer, m: u64, n: u64, k: u64) -> Option<Tile> {
-    let lanes = l.lanes?;
-    match l.tiles.get(&(m, n, k, lanes)) {
-        Some(t) => Some(*t),
-        None => pick(m, n, k, lanes),
-    }
+    tile_for(&l.tiles, m, n, k, l.lanes?)
+}
+
+/// The tile for an M x N x K contraction on `lanes` f32 lanes: `tiles`' entry for it (from `--tune`),
+/// else the cost model's pick.
+pub fn tile_for(tiles: &std::collections::HashMap<TileKey, Tile>, m: u64, n: u64, k: u64, lanes: u32) -> Option<Tile> {
+    tiles.get(&(m, n, k, lanes)).copied().or_else(|| pick(m, n, k, lanes))
 }
 
 /// The key of a kernel's `tile` schedule step.

@@ -73,7 +73,7 @@ fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<
     let [Stmt::Store { buf: out, index: out_ix, value: out_v }] = &c.epilogue[..] else { return Ok(None) };
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
     let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
-    let Some(t) = tiles.get(&(m, n, kk, lanes)).copied().or_else(|| contract::pick(m, n, kk, lanes)) else { return Ok(None) };
+    let Some(t) = contract::tile_for(tiles, m, n, kk, lanes) else { return Ok(None) };
     let packed = pack_b(p, ki, &c, t, loads);
     let as_i64 = |v: Vec<u64>| v.into_iter().map(|e| e as i64).collect::<Vec<i64>>();
     let (rows, cols) = (as_i64(ext(&c.rows)), as_i64(ext(&c.cols)));
