@@ -78,7 +78,7 @@ impl Builder for Lowerer<'_> {
 }
 
 /// Serial loops over `extents` around `body`, with fresh variables.
-fn nest<B: Builder>(l: &mut B, prefix: &str, extents: &[u64], body: impl FnOnce(&mut B, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
+pub(crate) fn nest<B: Builder>(l: &mut B, prefix: &str, extents: &[u64], body: impl FnOnce(&mut B, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
     let vars: Vec<Var> = extents.iter().map(|_| l.fresh(prefix)).collect();
     let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
     let mut stmts = body(l, &idx)?;

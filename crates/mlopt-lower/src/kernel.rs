@@ -140,13 +140,7 @@ impl<'g> Lowerer<'g> {
 
     /// Loops over `extents` (fresh variables named `prefix`) around the statements `body` builds.
     pub fn nest(&mut self, prefix: &str, extents: &[u64], body: impl FnOnce(&mut Self, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
-        let vars: Vec<Var> = extents.iter().map(|_| self.fresh(prefix)).collect();
-        let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
-        let mut stmts = body(self, &idx)?;
-        for (v, e) in vars.iter().zip(extents).rev() {
-            stmts = vec![Stmt::For { var: *v, extent: *e, kind: mlopt_kir::LoopKind::Serial, body: stmts }];
-        }
-        Ok(stmts)
+        crate::contract::nest(self, prefix, extents, body)
     }
 
     /// The expression for value `v` at `idx`, in `v`'s element type.
