@@ -1,19 +1,11 @@
 //! GPU schedules for contractions (MatMul, Gemm, and Conv as an implicit GEMM): block tiles staged through
 //! shared memory, and register tiles per thread, on tensor cores (`mma.sync`) or SIMT FMAs.
 //!
-//! Lowering writes a contraction as one output element per iteration of its data-parallel loops:
-//!
-//! ```text
-//! %acc[] = 0.0f32
-//! serial %r.. { %acc[] = fma(x, y, %acc[]) }   ; one or more reduction loops (K)
-//! <epilogue reading %acc[]>                    ; bias, activation, casts, the store
-//! ```
-//!
-//! The data-parallel loops split by which operand reads them: the columns (N) are those of the operand
-//! that reads the innermost loop (so the output's contiguous axis is spread over neighbouring threads),
-//! the rows (M) those of the other, and loops both or neither read are a batch. An implicit-GEMM
-//! convolution is the same shape: its rows are output channels (the weights), its columns the output
-//! positions, and its K the input channels and window, with the padding test inside the operand.
+//! `contraction.rs` recognises the algorithm form lowering writes (rows, columns, batch and K by which
+//! operand reads each loop; the columns are those of the operand that reads the innermost loop, so the
+//! output's contiguous axis is spread over neighbouring threads). An implicit-GEMM convolution is the
+//! same shape: its rows are output channels (the weights), its columns the output positions, and its K
+//! the input channels and window, with the padding test inside the operand.
 //!
 //! A block computes a BM x BN tile of one batch element. For each BK-slice of K, its threads copy the
 //! A (BM x BK) and B (BK x BN) tiles into shared memory: by `cp.async` (16 bytes where every copy is
