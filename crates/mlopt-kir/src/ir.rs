@@ -306,6 +306,28 @@ impl Kernel {
         (0..self.bufs.len() as u32).map(BufId).filter(|b| self.bufs[b.0 as usize].space == Space::Global).collect()
     }
 
+    /// Drops the local buffers no statement names (a schedule's rewrite may leave the algorithm's
+    /// accumulator unused), renumbering the others; parameters keep their order.
+    pub fn drop_unused_locals(&mut self) {
+        let used = crate::analysis::buffer_uses(&self.body);
+        let keep: Vec<bool> = self.bufs.iter().enumerate().map(|(i, b)| b.space != Space::Local || used.contains_key(&BufId(i as u32))).collect();
+        if keep.iter().all(|k| *k) {
+            return;
+        }
+        let mut to = Vec::with_capacity(keep.len());
+        let mut next = 0;
+        for k in &keep {
+            to.push(BufId(next));
+            next += u32::from(*k);
+        }
+        self.body = self.body.iter().map(|s| s.map_bufs(&|b| to[b.0 as usize])).collect();
+        let mut i = 0;
+        self.bufs.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+    }
+
     pub fn buffer(&self, b: BufId) -> &Buffer {
         &self.bufs[b.0 as usize]
     }
@@ -496,6 +518,24 @@ impl Expr {
         }
     }
 
+    /// Replaces every occurrence of the subexpression `from` by `to` (outermost first: a replaced
+    /// occurrence is not searched again).
+    pub fn replace(&self, from: &Expr, to: &Expr) -> Expr {
+        if self == from {
+            return to.clone();
+        }
+        let r = |x: &Expr| x.replace(from, to);
+        match self {
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => self.clone(),
+            Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(r).collect()),
+            Expr::Unary(o, a) => Expr::un(*o, r(a)),
+            Expr::Binary(o, a, b) => rebuild_bin(*o, r(a), r(b)),
+            Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
+            Expr::Select(c, a, b) => Expr::select(r(c), r(a), r(b)),
+            Expr::Cast(e, a) => Expr::cast(*e, r(a)),
+        }
+    }
+
     /// The expression with each load rebuilt by `f(buffer, index)`, innermost loads first (an index's own
     /// loads are mapped before the load that holds them).
     pub fn map_loads(&self, f: &dyn Fn(BufId, Vec<Expr>) -> Expr) -> Expr {
@@ -568,6 +608,26 @@ impl Stmt {
             Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
             Stmt::CopyAsync { dst, src, from, lanes, valid } => {
                 Stmt::CopyAsync { dst: blk(dst), src: *src, from: f(from), lanes: *lanes, valid: valid.as_ref().map(f) }
+            }
+        }
+    }
+
+    /// The statement with every buffer it names (stored, loaded, in a block, copied or reduced) renamed
+    /// by `f`.
+    pub fn map_bufs(&self, f: &dyn Fn(BufId) -> BufId) -> Stmt {
+        let e = |x: &Expr| x.map_loads(&|b, ix| Expr::Load(f(b), ix));
+        let ix = |v: &[Expr]| v.iter().map(e).collect::<Vec<_>>();
+        let blk = |b: &Block| Block { buf: f(b.buf), at: ix(&b.at) };
+        match self {
+            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.map_bufs(f)).collect() },
+            Stmt::Store { buf, index, value } => Stmt::Store { buf: f(*buf), index: ix(index), value: e(value) },
+            Stmt::If { cond, then } => Stmt::If { cond: e(cond), then: then.iter().map(|s| s.map_bufs(f)).collect() },
+            Stmt::Barrier | Stmt::AsyncWait => self.clone(),
+            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: f(*buf), op: *op },
+            Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
+            Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
+            Stmt::CopyAsync { dst, src, from, lanes, valid } => {
+                Stmt::CopyAsync { dst: blk(dst), src: f(*src), from: e(from), lanes: *lanes, valid: valid.as_ref().map(e) }
             }
         }
     }

@@ -522,3 +522,36 @@ fn rfactor_keeps_one_partial_per_lane() {
     let mut k = base.clone();
     assert_eq!(crate::rfactor::rfactor(&mut k, 64), 0);
 }
+
+#[test]
+fn unused_locals_are_dropped_and_the_rest_renumbered() {
+    let text = "kernel @k(%x: f32[4], %y: f32[4]) {
+  local %dead: f32[]
+  local %t: f32[4]
+  serial %i in 0..4 {
+    %t[%i] = (%x[%i] + 1.0f32)
+  }
+  serial %j in 0..4 {
+    %y[%j] = (%t[%j] * 2.0f32)
+  }
+}
+";
+    let mut k = parse_kernel(text).unwrap();
+    let want = run(&k, vec![vec![1.0, 2.0, 3.0, 4.0], vec![0.0; 4]]);
+    k.drop_unused_locals();
+    verify(&k).unwrap();
+    let names: Vec<&str> = k.bufs.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["x", "y", "t"]);
+    assert_eq!(print::kernel(&k), text.replace("  local %dead: f32[]\n", ""));
+    assert_eq!(run(&k, vec![vec![1.0, 2.0, 3.0, 4.0], vec![0.0; 4]]), want);
+}
+
+#[test]
+fn replace_swaps_a_subexpression_everywhere() {
+    let (i, j) = (Expr::var(Var(0)), Expr::var(Var(1)));
+    let place = Expr::bin(BinOp::Max, Expr::bin(BinOp::Min, i.clone(), Expr::int(7)), Expr::int(0));
+    let e = Expr::add(Expr::load(BufId(0), vec![place.clone()]), Expr::load(BufId(1), vec![Expr::mul(place.clone(), Expr::int(8))]));
+    let got = e.replace(&place, &j);
+    assert_eq!(got, Expr::add(Expr::load(BufId(0), vec![j.clone()]), Expr::load(BufId(1), vec![Expr::mul(j.clone(), Expr::int(8))])));
+    assert!(!got.uses(Var(0)));
+}

@@ -1,8 +1,9 @@
-//! Lowering of the sliding-window ops: convolutions (direct, implicit-GEMM shaped, pointwise on `mma`
-//! blocks, register-tiled, transposed) and pooling, with the window arithmetic they share.
+//! Lowering of the sliding-window ops: convolutions (their algorithm, which a CPU schedule tiles as an
+//! implicit GEMM; pointwise on `mma` blocks; transposed) and pooling, with the window arithmetic and the
+//! padded copies they share.
 
 use crate::anchor::*;
-use crate::contract;
+use crate::contract::{self, Builder};
 use crate::elementwise::{compute, convert, elem, lit};
 use crate::error::Result;
 use crate::kernel::{all, clamp, in_range, Lowerer};
@@ -25,18 +26,24 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
     if let Some(stmts) = conv1x1_mma(l, x, w, bias, a, out, out_t, dst)? {
         return Ok(stmts);
     }
-    if let Some(stmts) = conv_tiled(l, x, w, bias, a, out, out_t, dst)? {
-        return Ok(stmts);
-    }
+    // The loops: image, (group, output channel in the group,) output position. With groups, the
+    // channel loop is split, so a group's contraction has its own rows: the output channels, which only
+    // the weight reads (a CPU schedule tiles it as an implicit GEMM, `schedule/cpu_conv.rs`).
+    let grouped = a.group > 1;
+    let mut loops = vec![out[0]];
+    loops.extend(if grouped { vec![a.group as u64, mg as u64] } else { vec![m as u64] });
+    loops.extend(&out[2..]);
     let a = a.clone();
-    l.nest("i", out, |l, idx| {
-        let (nb, mo) = (idx[0].clone(), idx[1].clone());
-        // One group: no group term, so the input reads no output channel (which keeps the rows of an
-        // implicit GEMM apart from its columns).
-        let g = if a.group == 1 { Expr::int(0) } else { Expr::div(mo.clone(), Expr::int(mg)) };
+    l.nest("i", &loops, |l, ix| {
+        let (g, mo, at) = match grouped {
+            true => (ix[1].clone(), Expr::add(Expr::mul(ix[1].clone(), Expr::int(mg)), ix[2].clone()), &ix[3..]),
+            false => (Expr::int(0), ix[1].clone(), &ix[2..]),
+        };
+        let idx: Vec<Expr> = [vec![ix[0].clone(), mo.clone()], at.to_vec()].concat();
+        let nb = ix[0].clone();
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
+            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&at[s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
             // Only axes whose windows can leave the input are tested and clamped.
             let leaves: Vec<bool> =
                 (0..sp).map(|s| window_leaves(out[2 + s], ws[2 + s] as u64, a.strides[s], a.dilations[s], a.pads[s], xs[2 + s] as u64)).collect();
@@ -52,7 +59,7 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
             };
             Ok((xv, get(l, w, &wi, Elem::F32)?))
         })?;
-        store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
+        store_with_bias(l, &f, bias, &mo, &idx, dst, out_t)
     })
 }
 
@@ -160,28 +167,39 @@ pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<S
     if pads.iter().all(|p| *p == 0) {
         return Ok(None);
     }
-    padded_phases(l, x, pads, 1, 0.0, None, stmts).map(Some)
-}
-
-/// The channels of one image a padded copy holds: image `n`, channels `c0..c0 + channels`.
-pub(crate) struct Planes<'e> {
-    pub n: &'e Expr,
-    pub c0: Expr,
-    pub channels: u64,
-}
-
-/// The padded copy of `x` with its last axis split into `s` phases, [N, C, outer.., s, ceil(W' / s)]:
-/// element w of a padded row lands at [w % s, w / s], so a stride-s window's taps read contiguous runs
-/// (tap kw of output column j is phase kw % s, position j + kw / s). One phase is the plain padded copy.
-/// With phases, the plain copy (its rows widened to a multiple of s) is made first and each phase
-/// reads it at stride s. The padding holds `fill` (0, or -inf for a max pool).
-///
-/// With `planes`, the copy holds only those channels of one image, [1, channels, ..]: made inside the
-/// loop over images and channel groups, it stays in cache for the window that reads it next (a depthwise
-/// convolution's or a pooling's plane), where a copy of the whole input would go to memory and back.
-fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64, planes: Option<Planes>, stmts: &mut Vec<Stmt>) -> Result<BufId> {
     let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
-    let sp = xs.len() - 2;
+    let lead = [xs[0] as u64, xs[1] as u64];
+    let read: Read<Lowerer> = &mut |l, lead, at| get(l, x, &[lead, at].concat(), Elem::F32);
+    padded_phases(l, lead, &xs[2..], pads, 1, 0.0, read, stmts).map(Some)
+}
+
+/// What a padded copy holds at copy index [lead.., spatial..] (the spatial position inside the input).
+pub(crate) type Read<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &[Expr]) -> Result<Expr>;
+
+/// The padded copy of an input with spatial dims `spatial`, its last axis split into `s` phases,
+/// [lead0, lead1, outer.., s, ceil(W' / s)]: element w of a padded row lands at [w % s, w / s], so a
+/// stride-s window's taps read contiguous runs (tap kw of output column j is phase kw % s, position
+/// j + kw / s). One phase is the plain padded copy. With phases, the plain copy (its rows widened to a
+/// multiple of s) is made first and each phase reads it at stride s. The padding holds `fill` (0, or
+/// -inf for a max pool); `read` gives the input.
+///
+/// The leading dims are the caller's: the whole input's [N, C], or one image's few channels [1, c]:
+/// made inside the loop over images and channel groups, such a copy stays in cache for the window that
+/// reads it next (a depthwise convolution's or a pooling's plane), where a copy of the whole input
+/// would go to memory and back.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn padded_phases<B: Builder>(
+    l: &mut B,
+    lead: [u64; 2],
+    spatial: &[i64],
+    pads: &[usize],
+    s: usize,
+    fill: f64,
+    read: Read<B>,
+    stmts: &mut Vec<Stmt>,
+) -> Result<BufId> {
+    let sp = spatial.len();
+    let xs: Vec<i64> = [lead.map(|d| d as i64).to_vec(), spatial.to_vec()].concat();
     let (begin, end) = (&pads[..sp], &pads[sp..]);
     let last = xs.len() - 1;
     let (w, pl) = (xs[last], begin[sp - 1] as i64);
@@ -190,15 +208,14 @@ fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64,
     let pr = end[sp - 1] as i64 + (row.next_multiple_of(s as u64) - row) as i64;
     let padded: Vec<u64> = (0..xs.len())
         .map(|a| match a {
-            0 if planes.is_some() => 1,
-            1 if planes.is_some() => planes.as_ref().map_or(1, |p| p.channels),
-            0 | 1 => xs[a] as u64,
+            0 | 1 => lead[a],
             a if a == last => (w + pl + pr) as u64,
             a => (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64,
         })
         .collect();
-    let xp = l.k.buf(format!("xpad{}", l.k.bufs.len()), Elem::F32, padded.clone(), Space::Local);
-    stmts.extend(l.nest("p", &padded[..last], |l, idx| {
+    let k = l.kernel();
+    let xp = k.buf(format!("xpad{}", k.bufs.len()), Elem::F32, padded.clone(), Space::Local);
+    stmts.extend(contract::nest(l, "p", &padded[..last], |l, idx| {
         // The input row this copy row holds: valid when every outer spatial position is inside.
         let pos: Vec<Expr> = (2..last).map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64))).collect();
         let inside = all((2..last).map(|a| in_range(pos[a - 2].clone(), xs[a])));
@@ -206,19 +223,15 @@ fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64,
         let mut st = Vec::new();
         for (from, len) in [(0, pl), (pl + w, pr)] {
             if len > 0 {
-                st.extend(l.nest("z", &[len as u64], |_, z| {
+                st.extend(contract::nest(l, "z", &[len as u64], |_, z| {
                     Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(from), z[0].clone())), value: lit(fill, Elem::F32) }])
                 })?);
             }
         }
-        st.extend(l.nest("c", &[w as u64], |l, c| {
-            let mut xi = match &planes {
-                Some(p) => vec![p.n.clone(), Expr::add(p.c0.clone(), idx[1].clone())],
-                None => idx[..2].to_vec(),
-            };
-            xi.extend((2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])));
-            xi.push(c[0].clone());
-            let v = get(l, x, &xi, Elem::F32)?;
+        st.extend(contract::nest(l, "c", &[w as u64], |l, c| {
+            let mut at: Vec<Expr> = (2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])).collect();
+            at.push(c[0].clone());
+            let v = read(l, &idx[..2], &at)?;
             let v = match &inside {
                 Some(ok) => Expr::select(ok.clone(), v, lit(fill, Elem::F32)),
                 None => v,
@@ -233,109 +246,15 @@ fn padded_phases(l: &mut Lowerer, x: Value, pads: &[usize], s: usize, fill: f64,
     let q = padded[last] / s as u64;
     let mut dims = padded[..last].to_vec();
     dims.extend([s as u64, q]);
-    let phased = l.k.buf(format!("xphase{}", l.k.bufs.len()), Elem::F32, dims.clone(), Space::Local);
-    stmts.extend(l.nest("f", &dims, |_, idx| {
+    let k = l.kernel();
+    let phased = k.buf(format!("xphase{}", k.bufs.len()), Elem::F32, dims.clone(), Space::Local);
+    stmts.extend(contract::nest(l, "f", &dims, |_, idx| {
         // Phase p, position q holds padded column q * s + p.
         let mut from = idx[..last].to_vec();
         from.push(Expr::add(Expr::mul(idx[last + 1].clone(), Expr::int(s as i64)), idx[last].clone()));
         Ok(vec![Stmt::Store { buf: phased, index: idx.to_vec(), value: Expr::load(xp, from) }])
     })?);
     Ok(phased)
-}
-
-/// A 1-D or 2-D convolution as an implicit GEMM: M = the output channels of a group, K = its input
-/// channels x the kernel window, N = the output width, batched over images, groups and output rows. The
-/// input is first copied into a zero-padded local buffer, so the window's loads need no guard and, at
-/// stride 1, are contiguous along the output row. A pointwise convolution (1x1, stride 1, no padding)
-/// is one GEMM per image and group whose N is every output position: its input is already [C, H x W].
-pub(crate) fn conv_tiled(
-    l: &mut Lowerer,
-    x: Value,
-    w: Value,
-    bias: Option<Value>,
-    a: &mlopt_ir::ConvAttrs,
-    out: &[u64],
-    out_t: Elem,
-    dst: BufId,
-) -> Result<Option<Vec<Stmt>>> {
-    let ws: Vec<u64> = l.ty(w).shape.iter().map(|d| *d as u64).collect();
-    let sp = ws.len() - 2;
-    if !(1..=2).contains(&sp) || a.group == 0 {
-        return Ok(None);
-    }
-    let (g, mg, cg) = (a.group as i64, ws[0] as i64 / a.group as i64, ws[1] as i64);
-    let pointwise = ws[2..].iter().all(|k| *k == 1) && a.strides.iter().all(|s| *s == 1) && a.pads.iter().all(|p| *p == 0);
-    // Short output rows (narrow tiles, each weight reused by few columns): the columns are every output
-    // position and each panel of B is packed (im2col, one panel at a time). A strided window over long
-    // rows reads the input in phases instead (below), so its loads along the row are contiguous: packing
-    // its panels gathers one element per lane, which cost a 3-channel stem as much as its multiplies
-    // (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103).
-    let lanes = u64::from(l.lanes.unwrap_or(16));
-    // Not for narrow groups (depthwise): with few rows per panel the copy costs as much as the tiles.
-    let pack = !pointwise && mg >= 8 && sp > 1 && out[out.len() - 1] < 2 * lanes;
-    let kk: u64 = ws[1..].iter().product();
-    // Columns: every output position (pointwise, packed) or one output row; the outer spatial axes of
-    // a row are batches.
-    let flat = pointwise || pack;
-    let (rows_of_batch, n) = if flat { (0, out[2..].iter().product::<u64>()) } else { (sp - 1, out[out.len() - 1]) };
-    let Some(t) = contract::choose(l, mg as u64, n, kk) else { return Ok(None) };
-    // Unpacked and strided along the row: the padded copy in phases, so the row's loads are contiguous.
-    let phases = if pack || pointwise { 1 } else { a.strides[sp - 1] };
-    let copy = !pointwise && (phases > 1 || a.pads.iter().any(|p| *p > 0));
-    let (s, d) = (a.strides.clone(), a.dilations.clone());
-    let outs: Vec<i64> = out[2..].iter().map(|d| *d as i64).collect();
-    let rows = out[2..2 + rows_of_batch].to_vec();
-    // Output position of column j in batch bi (image, group, outer output rows..), per spatial axis.
-    let at = move |bi: &[Expr], j: &Expr| -> Vec<Expr> {
-        if flat {
-            crate::kernel::delinear(j.clone(), &outs)
-        } else {
-            [bi[2..].to_vec(), vec![j.clone()]].concat()
-        }
-    };
-    // Per image and group: the padded copy of the group's input channels (a depthwise convolution's
-    // one plane, which the tiles then read from cache), then the group's contraction.
-    let stmts = l.nest("g", &[out[0], g as u64], |l, ng| {
-        let mut st = Vec::new();
-        let planes = Planes { n: &ng[0], c0: Expr::mul(ng[1].clone(), Expr::int(cg)), channels: cg as u64 };
-        let src = if copy { Some(padded_phases(l, x, &a.pads, phases, 0.0, Some(planes), &mut st)?) } else { None };
-        let full = |bi: &[Expr]| [ng.to_vec(), bi.to_vec()].concat();
-        st.extend(contract::tiled(
-            l,
-            &rows,
-            mg as u64,
-            n,
-            &ws[1..],
-            t,
-            pack,
-            &mut |l, _, i, k| {
-                let co = Expr::add(Expr::mul(ng[1].clone(), Expr::int(mg)), i.clone());
-                get(l, w, &[vec![co], k.to_vec()].concat(), Elem::F32)
-            },
-            &mut |l, bi, k, col| {
-                let bi = full(bi);
-                let pos = at(&bi, &col.j);
-                // (A pointwise convolution reads its output position: no window term, so the
-                // delinearised column flattens back to a contiguous index.)
-                let window = if pointwise { pos } else { padded_index(&pos, &k[1..], &s, &d, phases) };
-                match src {
-                    Some(xp) => Ok(Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())),
-                    None => get(l, x, &[vec![bi[0].clone(), Expr::add(Expr::mul(bi[1].clone(), Expr::int(cg)), k[0].clone())], window].concat(), Elem::F32),
-                }
-            },
-            &mut |l, bi, i, j, v| {
-                let bi = full(bi);
-                let co = Expr::add(Expr::mul(bi[1].clone(), Expr::int(mg)), i.clone());
-                let y = match bias {
-                    Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(&co), Elem::F32)?),
-                    None => v,
-                };
-                Ok(Stmt::Store { buf: dst, index: [vec![bi[0].clone(), co], at(&bi, j)].concat(), value: convert(y, Elem::F32, out_t) })
-            },
-        )?);
-        Ok(st)
-    })?;
-    Ok(Some(stmts))
 }
 
 pub(crate) fn pool_window(
@@ -368,8 +287,14 @@ pub(crate) fn pool_window(
     let fill = if max { f64::NEG_INFINITY } else { 0.0 };
     l.nest("i", &out[..2], |l, nc| {
         let mut stmts = Vec::new();
-        let planes = Planes { n: &nc[0], c0: nc[1].clone(), channels: 1 };
-        let src = if copy { Some(padded_phases(l, x, &pads, p.strides[sp - 1], fill, Some(planes), &mut stmts)?) } else { None };
+        let src = match copy {
+            true => {
+                let xs: Vec<i64> = xs.iter().map(|d| *d as i64).collect();
+                let read: Read<Lowerer> = &mut |l, _, at| get(l, x, &[nc.to_vec(), at.to_vec()].concat(), Elem::F32);
+                Some(padded_phases(l, [1, 1], &xs[2..], &pads, p.strides[sp - 1], fill, read, &mut stmts)?)
+            }
+            false => None,
+        };
         stmts.extend(l.nest("i", &out[2..], |l, at| {
             let idx = [nc.to_vec(), at.to_vec()].concat();
             let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
@@ -466,7 +391,7 @@ pub(crate) fn max_pool_indices(
 /// Where window tap `taps` of output position `pos` lies in a padded copy (`padded_phases`, its last axis
 /// split into `phases`): `pos * stride + tap * dilation` per axis (the padding is already in the copy),
 /// the last axis as [phase, position], i.e. [(tap * d) % s, pos + (tap * d) / s] for s phases.
-fn padded_index(pos: &[Expr], taps: &[Expr], strides: &[usize], dilations: &[usize], phases: usize) -> Vec<Expr> {
+pub(crate) fn padded_index(pos: &[Expr], taps: &[Expr], strides: &[usize], dilations: &[usize], phases: usize) -> Vec<Expr> {
     let sp = pos.len();
     let mut xi: Vec<Expr> = (0..sp).map(|a| window_pos(&pos[a], &taps[a], strides[a], dilations[a], 0)).collect();
     if phases > 1 {

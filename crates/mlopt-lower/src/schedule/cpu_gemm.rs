@@ -71,9 +71,14 @@ fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<
         c.epilogue = c.epilogue.iter().map(|s| s.subst(v, &Expr::int(0))).collect();
     }
     let [Stmt::Store { buf: out, index: out_ix, value: out_v }] = &c.epilogue[..] else { return Ok(None) };
+    let t_for = |m, n, k| contract::tile_for(tiles, m, n, k, lanes);
+    if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
+        let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
+        return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (*out, out_ix, out_v));
+    }
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
     let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
-    let Some(t) = contract::tile_for(tiles, m, n, kk, lanes) else { return Ok(None) };
+    let Some(t) = t_for(m, n, kk) else { return Ok(None) };
     let packed = pack_b(p, ki, &c, t, loads);
     let as_i64 = |v: Vec<u64>| v.into_iter().map(|e| e as i64).collect::<Vec<i64>>();
     let (rows, cols) = (as_i64(ext(&c.rows)), as_i64(ext(&c.cols)));

@@ -11,15 +11,19 @@
 //!   `gpu_gemm.rs` (tiled GEMMs and implicit-GEMM convolutions on tensor cores or SIMT FMAs, staged by
 //!   `cp.async`) and `gpu_attention.rs` (attention on tensor cores with an online softmax).
 //!
-//! `cpu_gemm.rs` runs first for a CPU: every MatMul and Gemm nest (`contraction.rs` recognises the
+//! `cpu_gemm.rs` runs first for a CPU: every contraction nest (`contraction.rs` recognises the
 //! algorithm form, which the GPU's `gpu_gemm.rs` shares) becomes register tiles of the cost model's
-//! shape, and a constant B is packed into column panels that replace its weight.
+//! shape. A MatMul's or Gemm's constant B is packed into column panels that replace its weight; a
+//! convolution (`cpu_conv.rs` recognises its window) becomes an implicit GEMM over a zero-padded copy
+//! of its input, split into phases along strided rows, or over packed im2col panels where rows are
+//! short. Then the kernel's unused locals (the algorithm's scalar accumulator) are dropped.
 //!
-//! What lowering still decides for a CPU target: a convolution's register tile (`contract.rs`, with its
-//! padded copies, phases and panels), attention's blocking, bf16 `mma` blocks, and Winograd.
+//! What lowering still decides for a CPU target: attention's blocking, bf16 `mma` blocks, Winograd, and
+//! the padded copy a pooling window reads.
 
 mod contraction;
 pub mod cpu;
+mod cpu_conv;
 mod cpu_gemm;
 pub mod gpu;
 mod gpu_attention;
@@ -40,6 +44,7 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
     if let Some(s) = opts.cpu {
         cpu_gemm::tile(&mut p, s.lanes, &opts.tiles)?;
         for k in &mut p.kernels {
+            k.drop_unused_locals();
             schedule_cpu(k, s)?;
         }
         layout::transpose_weights(&mut p);

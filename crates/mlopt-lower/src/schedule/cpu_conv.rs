@@ -1,0 +1,221 @@
+//! Convolutions for a CPU target, scheduled from the algorithm lowering writes: one output element per
+//! iteration of the loops over images, (groups,) output channels and output positions, folding the
+//! input channels and the window taps, the input read through a guarded window:
+//!
+//! ```text
+//! %acc[] = fma(select(in_range(oh*s+kh*d-p) and .., x[n, c, clamp(oh*s+kh*d-p), ..], 0), w[m, c, kh, kw], %acc[])
+//! ```
+//!
+//! (`x` may be a producer computed in place: any expression of the window position.) The schedule is an
+//! implicit GEMM (`contract::tiled`): rows are a group's output channels, K its input channels by the
+//! window, and columns one output row, batched over images, groups and the outer output rows. Per image
+//! and group, the group's input channels are first copied into a zero-padded local buffer, so the
+//! window's loads need no guard; along a strided row the copy is split into phases, so the loads along
+//! the row are contiguous. Short output rows (narrow tiles, each weight reused by few columns) take every
+//! output position as the columns and pack each panel of B (im2col, one panel at a time). A pointwise
+//! convolution (1x1, stride 1, no padding) is a plain contraction: `cpu_gemm.rs` tiles it.
+
+use super::contraction::Contraction;
+use crate::contract::{self, Builder, Tile};
+use crate::error::Result;
+use crate::kernel::{all, delinear, in_range};
+use crate::window::{padded_index, padded_phases, Read};
+use mlopt_kir::analysis::{coefficient, for_each_load, offset};
+use mlopt_kir::{BinOp, Elem, Expr, Kernel, Stmt, Var};
+
+/// One spatial axis of a convolution's window: input position `out * stride + tap * dilation - pad`.
+struct Axis {
+    out: Var,
+    outs: u64,
+    tap: Var,
+    stride: i64,
+    dilation: i64,
+    pad: i64,
+    /// The input's length along the axis (for an unguarded axis: as far as the window reaches).
+    len: i64,
+    /// How far the windows reach, from the first position of the first (padding included).
+    span: i64,
+    guarded: bool,
+}
+
+/// A convolution's window, recognised in a contraction's column operand.
+pub(crate) struct Window {
+    axes: Vec<Axis>,
+    /// The input at a window position: the operand with each axis's (clamped) position replaced by a
+    /// variable of `at`.
+    input: Expr,
+    at: Vec<Var>,
+}
+
+/// The window of contraction `c`'s column operand when it is a convolution's: K is the input channels
+/// then one tap per spatial axis, each axis reads the input at an affine position of one column loop
+/// and its tap, clamped into the input (with the operand zero outside it) exactly where it can leave.
+/// None for a pointwise convolution, which is a plain contraction over the output positions.
+pub(crate) fn window(k: &mut Kernel, c: &Contraction) -> Option<Window> {
+    let sp = c.red.len().checked_sub(1).filter(|sp| *sp > 0)?;
+    let (guard, body) = match &c.b {
+        Expr::Select(cond, e, z) if **z == Expr::Float(0.0, Elem::F32) => (Some(&**cond), &**e),
+        e => (None, e),
+    };
+    let loops: Vec<Var> = [&c.batch, &c.rows, &c.cols, &c.red].iter().flat_map(|l| l.iter().map(|(v, _)| *v)).collect();
+    let mut axes = Vec::with_capacity(sp);
+    let mut places = Vec::with_capacity(sp);
+    for &(tap, taps) in &c.red[1..] {
+        // The first index that reads the tap is the axis's position; the operand must read it there only.
+        let mut first = None;
+        for_each_load(body, &mut |_, ix| first = first.take().or_else(|| ix.iter().find(|e| e.uses(tap)).cloned()));
+        let place = first?;
+        let (pos, len) = match &place {
+            Expr::Binary(BinOp::Max, lo, z) if **z == Expr::int(0) => match &**lo {
+                Expr::Binary(BinOp::Min, p, hi) => match **hi {
+                    Expr::Int(hi) => ((**p).clone(), Some(hi + 1)),
+                    _ => return None,
+                },
+                _ => return None,
+            },
+            p => (p.clone(), None),
+        };
+        let &(out, outs) = c.cols.iter().find(|(v, _)| pos.uses(*v))?;
+        let (stride, dilation, pad) = (coefficient(&pos, out)?, coefficient(&pos, tap)?, -offset(&pos)?);
+        if stride < 1 || dilation < 1 || pad < 0 || loops.iter().any(|v| *v != out && *v != tap && pos.uses(*v)) {
+            return None;
+        }
+        let span = (outs as i64 - 1) * stride + (taps as i64 - 1) * dilation + 1;
+        // An unguarded axis is as long as the shortest buffer the position indexes (at least the span).
+        let mut shortest = i64::MAX;
+        for_each_load(body, &mut |b, ix| {
+            for (d, e) in ix.iter().enumerate() {
+                if *e == place {
+                    shortest = shortest.min(k.buffer(b).dims[d] as i64);
+                }
+            }
+        });
+        let len = match len {
+            Some(len) if len > 0 => len,
+            None if pad == 0 && shortest >= span && shortest < i64::MAX => shortest,
+            _ => return None,
+        };
+        axes.push(Axis { out, outs, tap, stride, dilation, pad, len, span, guarded: place != pos });
+        places.push(place);
+    }
+    // The guard must be the window's own: inside the input along every clamped axis.
+    let expected = all(axes.iter().zip(&places).filter(|(a, _)| a.guarded).map(|(a, p)| match p {
+        Expr::Binary(_, lo, _) => match &**lo {
+            Expr::Binary(_, pos, _) => in_range((**pos).clone(), a.len),
+            _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
+        },
+        _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
+    }));
+    if expected.as_ref() != guard {
+        return None;
+    }
+    // Distinct columns, in the order the columns nest.
+    let outs: Vec<Var> = axes.iter().map(|a| a.out).collect();
+    let pointwise = c.red[1..].iter().all(|(_, e)| *e == 1) && axes.iter().all(|a| a.stride == 1 && a.pad == 0);
+    if pointwise || (1..sp).any(|s| outs[..s].contains(&outs[s])) {
+        return None;
+    }
+    let at: Vec<Var> = (0..sp).map(|s| k.var(format!("x{}_{s}", k.vars.len()))).collect();
+    let input = places.iter().zip(&at).fold(body.clone(), |e, (p, v)| e.replace(p, &Expr::var(*v)));
+    if axes.iter().any(|a| input.uses(a.out) || input.uses(a.tap)) || c.rows.iter().any(|(v, _)| input.uses(*v)) {
+        return None;
+    }
+    Some(Window { axes, input, at })
+}
+
+/// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
+/// the one store `store` (buffer, index, value).
+pub(crate) fn tiled<B: Builder>(
+    b: &mut B,
+    c: &Contraction,
+    w: &Window,
+    t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
+    store: (mlopt_kir::BufId, &[Expr], &Expr),
+) -> Result<Option<Vec<Stmt>>> {
+    let lanes = u64::from(b.lanes().unwrap_or(16));
+    let sp = w.axes.len();
+    let (m, cg) = (Contraction::extent(&c.rows), c.red[0].1);
+    let last = &w.axes[sp - 1];
+    // Short output rows: every output position is a column, and each panel of B is packed. A strided
+    // window over long rows reads the input in phases instead, so its loads along the row are
+    // contiguous: packing its panels gathers one element per lane, which cost a 3-channel stem as much
+    // as its multiplies (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103).
+    // Not for narrow groups (depthwise): with few rows per panel the copy costs as much as the tiles.
+    let pack = m >= 8 && sp > 1 && last.outs < 2 * lanes;
+    let outs: Vec<u64> = w.axes.iter().map(|a| a.outs).collect();
+    let n = if pack { outs.iter().product() } else { last.outs };
+    let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
+    let Some(t) = t_for(m, n, red.iter().product()) else { return Ok(None) };
+    let phases = if pack { 1 } else { last.stride as usize };
+    let copy = phases > 1 || w.axes.iter().any(|a| a.guarded);
+    // Outer loops: the batch and any column that is not an output position (the image).
+    let outer: Vec<(Var, u64)> = c.batch.iter().chain(c.cols.iter().filter(|(v, _)| !w.axes.iter().any(|a| a.out == *v))).copied().collect();
+    let inner: Vec<u64> = if pack { Vec::new() } else { outs[..sp - 1].to_vec() };
+    let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
+    let rows: Vec<i64> = c.rows.iter().map(|(_, e)| *e as i64).collect();
+    // The output position of column `j` in inner batch `bi`, per axis.
+    let position = |bi: &[Expr], j: &Expr| -> Vec<Expr> {
+        match pack {
+            true => delinear(j.clone(), &outs_i),
+            false => [bi.to_vec(), vec![j.clone()]].concat(),
+        }
+    };
+    // An expression of the algorithm with its loops replaced.
+    let at = |e: &Expr, ng: &[Expr], bi: &[Expr], row: Option<&Expr>, col: Option<&Expr>, k: &[Expr]| -> Expr {
+        let mut by: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.iter().cloned()).collect();
+        if let Some(r) = row {
+            by.extend(c.rows.iter().map(|(v, _)| *v).zip(delinear(r.clone(), &rows)));
+        }
+        if let Some(j) = col {
+            by.extend(w.axes.iter().map(|a| a.out).zip(position(bi, j)));
+        }
+        by.extend(c.red.iter().map(|(v, _)| *v).zip(k.iter().cloned()));
+        by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
+    };
+    let strides: Vec<usize> = w.axes.iter().map(|a| a.stride as usize).collect();
+    let dilations: Vec<usize> = w.axes.iter().map(|a| a.dilation as usize).collect();
+    let lens: Vec<i64> = w.axes.iter().map(|a| a.len).collect();
+    // The copy's padding: before each axis, and after it as far as the window reaches.
+    let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
+    pads.extend(w.axes.iter().map(|a| (a.span - a.pad - a.len).max(0) as usize));
+    let (acc, (out, out_ix, out_v)) = (c.acc, store);
+    let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
+    let stmts = contract::nest(b, "g", &outer_ext, |b, ng| {
+        let mut st = Vec::new();
+        let src = match copy {
+            true => {
+                let read: Read<B> = &mut |_, lead, pos| {
+                    let e = at(&w.input, ng, &[], None, None, &[]).subst(c.red[0].0, &lead[1]);
+                    Ok(w.at.iter().zip(pos).fold(e, |e, (v, p)| e.subst(*v, p)))
+                };
+                Some(padded_phases(b, [1, cg], &lens, &pads, phases, 0.0, read, &mut st)?)
+            }
+            false => None,
+        };
+        st.extend(contract::tiled(
+            b,
+            &inner,
+            m,
+            n,
+            &red,
+            t,
+            pack,
+            &mut |_, bi, row, k| Ok(at(&c.a, ng, bi, Some(row), None, k)),
+            &mut |_, bi, k, col| {
+                Ok(match src {
+                    Some(xp) => {
+                        let window = padded_index(&position(bi, &col.j), &k[1..], &strides, &dilations, phases);
+                        Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
+                    }
+                    None => at(&c.b, ng, bi, None, Some(&col.j), k),
+                })
+            },
+            &mut |_, bi, row, j, v| {
+                let value = at(out_v, ng, bi, Some(row), Some(j), &[]).map_loads(&|x, ix| if x == acc { v.clone() } else { Expr::load(x, ix) });
+                Ok(Stmt::Store { buf: out, index: out_ix.iter().map(|e| at(e, ng, bi, Some(row), Some(j), &[])).collect(), value })
+            },
+        )?);
+        Ok(st)
+    })?;
+    Ok(Some(stmts))
+}
