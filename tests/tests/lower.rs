@@ -62,32 +62,41 @@ fn kernel_dumps() {
     }
 }
 
-/// Lowering writes a convolution as its algorithm (serial loops, no schedule step); the CPU schedule
-/// recognises its window and tiles it as an implicit GEMM over a padded copy of its input.
+/// Lowering writes convolutions and attention as their algorithm (serial loops, no schedule step); the
+/// CPU schedule tiles them: a convolution as an implicit GEMM over a padded copy of its input, attention
+/// in blocks of query rows whose two products are tiled. The scheduled program still matches the graph.
 #[test]
-fn convolutions_are_tiled_by_the_schedule_not_by_lowering() {
-    let g = import("cnn");
-    let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
-    let opts = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 1, mma: false }), ..Default::default() };
-    let plan = mlopt_lower::plan_memory(&o.plan.graph).unwrap();
-    let algorithm = mlopt_lower::lower_algorithm(&o.plan.graph, &plan, &opts).unwrap();
-    // A convolution's algorithm: a fold whose input is read through a clamped, guarded window.
-    let convs: Vec<usize> = (0..algorithm.kernels.len()).filter(|i| print_has(&algorithm.kernels[*i], "fma(select(")).collect();
-    assert!(convs.len() >= 2, "the CNN fixture has two convolutions");
-    for &i in &convs {
-        let k = &algorithm.kernels[i];
-        assert!(k.schedule.is_empty(), "@{}: lowering chose {:?}", k.name, k.schedule);
-        assert!(!print_has(k, "vector") && !print_has(k, "xpad"), "@{} is not the algorithm:\n{}", k.name, mlopt_kir::print::kernel(k));
+fn convolutions_and_attention_are_tiled_by_the_schedule_not_by_lowering() {
+    // (fixture, what marks the kernels in the algorithm, what their schedule makes, kernels at least)
+    let cases = [
+        // A convolution's fold reads its input through a guarded, clamped window.
+        ("cnn", "fma(select(", "local %xpad", 2),
+        // Attention's algorithm keeps one query row of scores; its schedule a block of rows.
+        ("transformer", "local %scores", "serial %blk", 1),
+    ];
+    for (name, marker, made, at_least) in cases {
+        let g = import(name);
+        let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
+        let opts = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 1, mma: false }), ..Default::default() };
+        let plan = mlopt_lower::plan_memory(&o.plan.graph).unwrap();
+        let algorithm = mlopt_lower::lower_algorithm(&o.plan.graph, &plan, &opts).unwrap();
+        let found: Vec<usize> = (0..algorithm.kernels.len()).filter(|i| print_has(&algorithm.kernels[*i], marker)).collect();
+        assert!(found.len() >= at_least, "{name}: {} kernels with {marker:?}", found.len());
+        for &i in &found {
+            let k = &algorithm.kernels[i];
+            assert!(k.schedule.is_empty(), "{name} @{}: lowering chose {:?}", k.name, k.schedule);
+            assert!(!print_has(k, "vector") && !print_has(k, made), "{name} @{} is not the algorithm:\n{}", k.name, mlopt_kir::print::kernel(k));
+        }
+        let scheduled = mlopt_lower::schedule::schedule(algorithm, &opts).unwrap();
+        for &i in &found {
+            let k = &scheduled.kernels[i];
+            let tile = k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }));
+            assert!(tile && print_has(k, made), "{name} @{} was not tiled ({made:?}):\n{}", k.name, mlopt_kir::print::kernel(k));
+        }
+        let (inputs, _) = data(name);
+        let want = interp::run(&o.plan.graph, &inputs).unwrap();
+        assert!(worst_error(&want, &interpret(&scheduled, &inputs).unwrap()) < 1e-5, "{name}");
     }
-    let scheduled = mlopt_lower::schedule::schedule(algorithm, &opts).unwrap();
-    for &i in &convs {
-        let k = &scheduled.kernels[i];
-        let tile = k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }));
-        assert!(tile && print_has(k, "xpad"), "@{} is not an implicit GEMM over a padded copy:\n{}", k.name, mlopt_kir::print::kernel(k));
-    }
-    let (inputs, _) = data("cnn");
-    let want = interp::run(&o.plan.graph, &inputs).unwrap();
-    assert!(worst_error(&want, &interpret(&scheduled, &inputs).unwrap()) < 1e-5);
 }
 
 fn print_has(k: &mlopt_kir::Kernel, what: &str) -> bool {

@@ -3,7 +3,6 @@
 //! folds its inputs into `local` accumulators, then stores the result. These are the algorithms;
 //! `schedule.rs` picks how their loops run.
 
-use crate::contract;
 use crate::elementwise::{compute, convert, elem, lit};
 use crate::error::Result;
 use crate::kernel::{clamp, dims, Lowerer};
@@ -423,7 +422,9 @@ fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem,
 }
 
 /// softmax(q @ kt * scale + mask) @ v, one query row at a time: the row of scores lives in a local
-/// buffer, so the [S, T] score matrix is never stored.
+/// buffer, so the [S, T] score matrix is never stored. This is the algorithm both targets' schedules
+/// recognise (`schedule/attention.rs`): in blocks of query rows with tiled products on a CPU, on tensor
+/// cores with an online softmax on a GPU.
 fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
     let (q, kt, v) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
     let mask = if l.has_input(n, 3) { Some(l.input(n, 3)?) } else { None };
@@ -432,9 +433,6 @@ fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, d
     let (d, tlen) = (ks[ks.len() - 2] as u64, ks[ks.len() - 1] as u64);
     let rank = out.len();
     let t = Elem::F32;
-    if let Some(stmts) = attention_tiled(l, [q, kt, v], mask, scale, out, out_t, dst)? {
-        return Ok(stmts);
-    }
     let row = l.k.buf(format!("scores{}", l.k.bufs.len()), t, vec![tlen], Space::Local);
     let mut outer = out.to_vec();
     outer.pop();
@@ -485,138 +483,6 @@ fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, d
         })?);
         Ok(stmts)
     })
-}
-
-/// Whether `e` is one load that moves by one element per step of `v`: a contiguous vector load.
-fn contiguous(l: &Lowerer, e: &Expr, v: mlopt_kir::Var) -> bool {
-    matches!(e, Expr::Load(b, ix) if mlopt_kir::analysis::coefficient(&mlopt_kir::analysis::flat_index(&l.k, *b, ix), v) == Some(1))
-}
-
-/// Operand `x` of one attention head as a [rows, cols] matrix (`batch` the head's index): its loads when
-/// they are contiguous along the columns, else a local copy made once per head (a transposed K read
-/// directly would make every vector load of the tiles a gather).
-fn head_operand(l: &mut Lowerer, x: Value, batch: &[Expr], rows: u64, cols: u64, stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
-    let xs = l.ty(x).shape.clone();
-    let at = |r: Expr, c: Expr| [broadcast(&xs[..xs.len() - 2], batch), vec![r, c]].concat();
-    let (pr, pc) = (l.fresh("pr"), l.fresh("pc"));
-    let probe = get(l, x, &at(Expr::var(pr), Expr::var(pc)), Elem::F32)?;
-    if contiguous(l, &probe, pc) {
-        return Ok(None);
-    }
-    let copy = l.k.buf(format!("panel{}", l.k.bufs.len()), Elem::F32, vec![rows, cols], Space::Local);
-    stmts.extend(l.nest("p", &[rows, cols], |l, ix| {
-        Ok(vec![Stmt::Store { buf: copy, index: ix.to_vec(), value: get(l, x, &at(ix[0].clone(), ix[1].clone()), Elem::F32)? }])
-    })?);
-    Ok(Some(copy))
-}
-
-/// Attention for a CPU target as two register-tiled contractions per block of query rows, the block's
-/// scores in a local buffer that stays in L2:
-///
-/// ```text
-/// for each head (parallel):  K^T and V as contiguous panels (copied only when they are not)
-///   for each block of R query rows:
-///     S[R, T] = Q[R, D] K^T[D, T] * scale (+ mask)      tiled, B = K^T
-///     S[r, :] = exp(S[r, :] - max), sum[r] = sum of S[r, :]
-///     O[R, E] = S[R, T] V[T, E] / sum                   tiled, A = S
-/// ```
-///
-/// None when the target has no register tiles (then one query row at a time, below).
-#[allow(clippy::too_many_arguments)]
-fn attention_tiled(
-    l: &mut Lowerer,
-    [q, kt, v]: [Value; 3],
-    mask: Option<Value>,
-    scale: f32,
-    out: &[u64],
-    out_t: Elem,
-    dst: BufId,
-) -> Result<Option<Vec<Stmt>>> {
-    let (qs, ks) = (l.ty(q).shape.clone(), l.ty(kt).shape.clone());
-    let ms = mask.map(|m| l.ty(m).shape.clone());
-    let (d, tlen) = (ks[ks.len() - 2] as u64, ks[ks.len() - 1] as u64);
-    let rank = out.len();
-    let (slen, elen) = (out[rank - 2], out[rank - 1]);
-    if slen == 0 || tlen == 0 || d == 0 || elen == 0 {
-        return Ok(None);
-    }
-    // Blocks of about 128 KiB of scores, of equal size: ceil(S / blocks) rows, the last block shorter.
-    let blocks = (slen * tlen * 4).div_ceil(128 << 10).clamp(1, slen);
-    let rows = slen.div_ceil(blocks);
-    let (full, tail) = (slen / rows, slen % rows);
-    let (Some(ts), Some(to)) = (contract::choose(l, rows, tlen, d), contract::choose(l, rows, elen, tlen)) else { return Ok(None) };
-    let t = Elem::F32;
-    let stmts = l.nest("h", &out[..rank - 2], |l, batch| {
-        let mut stmts = Vec::new();
-        let kp = head_operand(l, kt, batch, d, tlen, &mut stmts)?;
-        let vp = head_operand(l, v, batch, tlen, elen, &mut stmts)?;
-        let scores = l.k.buf(format!("scores{}", l.k.bufs.len()), t, vec![rows, tlen], Space::Local);
-        let sums = l.k.buf(format!("sums{}", l.k.bufs.len()), t, vec![rows], Space::Local);
-        let block = |l: &mut Lowerer, row0: Expr, rows: u64| -> Result<Vec<Stmt>> {
-            let at = |x: &[usize], r: Expr, c: Expr| [broadcast(&x[..x.len() - 2], batch), vec![r, c]].concat();
-            let qrow = |i: &Expr| Expr::add(row0.clone(), i.clone());
-            let mut s = contract::tiled(
-                l,
-                &[],
-                rows,
-                tlen,
-                &[d],
-                ts,
-                false,
-                &mut |l, _, i, k| get(l, q, &at(&qs, qrow(i), k[0].clone()), t),
-                &mut |l, _, k, c| match kp {
-                    Some(p) => Ok(Expr::load(p, vec![k[0].clone(), c.j.clone()])),
-                    None => get(l, kt, &at(&ks, k[0].clone(), c.j.clone()), t),
-                },
-                &mut |l, _, i, j, acc| {
-                    let mut y = b(BinOp::Mul, acc, lit(scale as f64, t));
-                    if let (Some(m), Some(ms)) = (mask, &ms) {
-                        let full: Vec<Expr> = batch.iter().cloned().chain([qrow(i), j.clone()]).collect();
-                        y = b(BinOp::Add, y, get(l, m, &broadcast(ms, &full), t)?);
-                    }
-                    Ok(Stmt::Store { buf: scores, index: vec![i.clone(), j.clone()], value: y })
-                },
-            )?;
-            s.extend(l.nest("r", &[rows], |l, r| {
-                let i = r[0].clone();
-                let at_j = |j: &Expr| Expr::load(scores, vec![i.clone(), j.clone()]);
-                let m = fold_op(l, t, lowest(t), &[tlen], BinOp::Max, |_, j| Ok(at_j(&j[0])))?;
-                let mut s = m.stmts.clone();
-                s.extend(l.nest("j", &[tlen], |_, j| {
-                    Ok(vec![Stmt::Store { buf: scores, index: vec![i.clone(), j[0].clone()], value: Expr::un(UnOp::Exp, b(BinOp::Sub, at_j(&j[0]), m.get())) }])
-                })?);
-                let sum = fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, j| Ok(at_j(&j[0])))?;
-                s.extend(sum.stmts.clone());
-                s.push(Stmt::Store { buf: sums, index: vec![i.clone()], value: sum.get() });
-                Ok(s)
-            })?);
-            s.extend(contract::tiled(
-                l,
-                &[],
-                rows,
-                elen,
-                &[tlen],
-                to,
-                false,
-                &mut |_, _, i, k| Ok(Expr::load(scores, vec![i.clone(), k[0].clone()])),
-                &mut |l, _, k, c| match vp {
-                    Some(p) => Ok(Expr::load(p, vec![k[0].clone(), c.j.clone()])),
-                    None => get(l, v, &at(&l.ty(v).shape.clone(), k[0].clone(), c.j.clone()), t),
-                },
-                &mut |_, _, i, j, acc| {
-                    let oi: Vec<Expr> = batch.iter().cloned().chain([qrow(i), j.clone()]).collect();
-                    Ok(Stmt::Store { buf: dst, index: oi, value: convert(b(BinOp::Div, acc, Expr::load(sums, vec![i.clone()])), t, out_t) })
-                },
-            )?);
-            Ok(s)
-        };
-        stmts.extend(l.nest("blk", &[full], |l, blk| block(l, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows))?);
-        if tail > 0 {
-            stmts.extend(block(l, Expr::int((full * rows) as i64), tail)?);
-        }
-        Ok(stmts)
-    })?;
-    Ok(Some(stmts))
 }
 
 fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last: bool, out: &[u64], dst: BufId) -> Result<Vec<Stmt>> {

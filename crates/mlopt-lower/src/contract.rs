@@ -12,9 +12,9 @@
 //!
 //! `a` is broadcast (one scalar per row), `b` is one vector load per `jv` reused by all `mr` rows: the
 //! 6 x 64 AVX-512 micro-kernel keeps 24 accumulators, 4 B vectors and a broadcast in 29 of the 32 zmm
-//! registers (6 x 16 with AVX2's 16 ymm). MatMul, Gemm and convolutions are tiled by the CPU schedule
-//! from their algorithm form (`schedule/cpu_gemm.rs`, `schedule/cpu_conv.rs`); Winograd's and
-//! attention's contractions are still tiled at lowering, through the `Builder` both use.
+//! registers (6 x 16 with AVX2's 16 ymm). MatMul, Gemm, convolutions and attention are tiled by the
+//! CPU schedule from their algorithm form (`schedule/cpu_gemm.rs`, `cpu_conv.rs`, `cpu_attention.rs`);
+//! Winograd's contractions are still tiled at lowering, through the `Builder` both use.
 
 use crate::error::Result;
 use crate::kernel::Lowerer;

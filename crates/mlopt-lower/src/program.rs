@@ -75,9 +75,10 @@ impl Binder<'_> {
 }
 
 /// Lowers a fused graph (the optimiser's output), its values placed by `plan` (`plan_memory(g)`), to a
-/// program of algorithm kernels: plain loop nests, verified, not yet scheduled. (For a CPU, attention,
-/// Winograd and bf16 `mma` contractions already have the register tiles `opts.cpu` gives them; MatMul,
-/// Gemm and convolutions are tiled, their weights packed and their inputs padded, by the schedule stage.)
+/// program of algorithm kernels: plain loop nests, verified, not yet scheduled. (For a CPU, Winograd
+/// and bf16 `mma` contractions already have the register tiles `opts.cpu` gives them; MatMul, Gemm,
+/// convolutions and attention are tiled, their weights packed and their inputs padded, by the schedule
+/// stage.)
 pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<Program> {
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();

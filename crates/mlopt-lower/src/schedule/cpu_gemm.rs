@@ -55,6 +55,10 @@ fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<
         prefix.push((*var, *extent));
         cur = body;
     }
+    let t_for = |m, n, k| contract::tile_for(tiles, m, n, k, lanes);
+    if let Some(a) = super::attention::recognise(&p.kernels[ki], &prefix, cur) {
+        return super::cpu_attention::tiled(&mut KernelBuilder { k: &mut p.kernels[ki], lanes }, &a, &t_for);
+    }
     let Some(mut c) = recognise(&p.kernels[ki], &prefix, cur) else { return Ok(None) };
     // Loops of one iteration are index 0. One that only A reads is a row of one (a batch-1 model's
     // single token), so the contraction has rows; a vector times a matrix has none and is left to
@@ -71,7 +75,6 @@ fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<
         c.epilogue = c.epilogue.iter().map(|s| s.subst(v, &Expr::int(0))).collect();
     }
     let [Stmt::Store { buf: out, index: out_ix, value: out_v }] = &c.epilogue[..] else { return Ok(None) };
-    let t_for = |m, n, k| contract::tile_for(tiles, m, n, k, lanes);
     if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
         let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
         return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (*out, out_ix, out_v));

@@ -18,11 +18,16 @@
 //! of its input, split into phases along strided rows, or over packed im2col panels where rows are
 //! short. Then the kernel's unused locals (the algorithm's scalar accumulator) are dropped.
 //!
-//! What lowering still decides for a CPU target: attention's blocking, bf16 `mma` blocks, Winograd, and
-//! the padded copy a pooling window reads.
+//! Attention (`attention.rs` recognises lowering's one-query-row nest, which the GPU shares) becomes
+//! blocks of query rows with both products tiled (`cpu_attention.rs`).
+//!
+//! What lowering still decides for a CPU target: bf16 `mma` blocks, Winograd, and the padded copy a
+//! pooling window reads.
 
+mod attention;
 mod contraction;
 pub mod cpu;
+mod cpu_attention;
 mod cpu_conv;
 mod cpu_gemm;
 pub mod gpu;
