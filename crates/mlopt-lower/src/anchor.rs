@@ -104,21 +104,6 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
                 }
                 Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
             };
-            if let Some(w) = crate::mma::eligible(l, a, bm, kdim, out[1]) {
-                let name = l.g.node(bm.node).name.clone();
-                return crate::mma::contract(
-                    l,
-                    &name,
-                    out[0],
-                    out[1],
-                    kdim,
-                    &w,
-                    trans_b,
-                    crate::mma::Epilogue::ColumnsInner,
-                    &mut |l, i, k| get(l, a, &if trans_a { [k.clone(), i.clone()] } else { [i.clone(), k.clone()] }, Elem::BF16),
-                    &mut |l, i, j, v| out_ij(l, i, j, v),
-                );
-            }
             l.nest("i", &out, |l, idx| {
                 let (i, j) = (idx[0].clone(), idx[1].clone());
                 let f = dot(l, &[kdim], |l, r| {
@@ -176,35 +161,8 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let (sa, sb) = (l.ty(a).shape.clone(), l.ty(bm).shape.clone());
     let kdim = *sa.last().unwrap_or(&1) as u64;
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
-    let r = out.len();
-    // A [batch.., M, K] by a constant 2-D B: all rows of all batches are one contraction.
-    if let (true, true, 2, Some(w)) = (has_m, r >= 2, sb.len(), crate::mma::eligible(l, a, bm, kdim, *out.last().unwrap_or(&0))) {
-        let lead: Vec<i64> = out[..r - 1].iter().map(|d| *d as i64).collect();
-        let rows = lead.iter().product::<i64>() as u64;
-        let name = l.g.node(bm.node).name.clone();
-        let sa_lead: Vec<i64> = sa[..sa.len() - 1].iter().map(|d| *d as i64).collect();
-        return crate::mma::contract(
-            l,
-            &name,
-            rows,
-            out[r - 1],
-            kdim,
-            &w,
-            false,
-            crate::mma::Epilogue::ColumnsInner,
-            &mut |l, row, k| {
-                let mut ix = crate::kernel::delinear(row.clone(), &sa_lead);
-                ix.push(k.clone());
-                get(l, a, &ix, Elem::BF16)
-            },
-            &mut |_, row, j, v| {
-                let mut ix = crate::kernel::delinear(row.clone(), &lead);
-                ix.push(j.clone());
-                Ok(Stmt::Store { buf: dst, index: ix, value: convert(v, Elem::F32, out_t) })
-            },
-        );
-    }
-    // (On a CPU the schedule tiles this nest in registers: `schedule/cpu_gemm.rs`.)
+    // (On a CPU the schedule tiles this nest in registers, `schedule/cpu_gemm.rs`, or in bf16 `mma`
+    // blocks, `schedule/cpu_mma.rs`.)
     l.nest("i", out, |l, idx| {
         let r = idx.len();
         let j = has_n.then(|| idx[r - 1].clone());

@@ -39,8 +39,6 @@ pub struct Lowerer<'g> {
     pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
     /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3).
     pub winograd: crate::Winograd,
-    /// bf16 contractions with a constant B run as `mma` blocks (`mma.rs`).
-    pub mma: bool,
     /// An anchor's epilogue may end in layout ops (Reshape, Transpose), each value stored where they
     /// move it (GPU kernels: one launch instead of a GEMM and a copy).
     pub layout_epilogue: bool,
@@ -98,7 +96,6 @@ impl<'g> Lowerer<'g> {
             lanes: None,
             tiles: HashMap::new(),
             winograd: crate::Winograd::Never,
-            mma: false,
             layout_epilogue: false,
         }
     }

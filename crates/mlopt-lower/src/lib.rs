@@ -17,7 +17,6 @@ pub mod error;
 mod grid;
 pub mod kernel;
 pub mod memory;
-mod mma;
 pub mod program;
 pub mod schedule;
 mod window;

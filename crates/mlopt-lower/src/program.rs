@@ -76,9 +76,9 @@ impl Binder<'_> {
 
 /// Lowers a fused graph (the optimiser's output), its values placed by `plan` (`plan_memory(g)`), to a
 /// program of algorithm kernels: plain loop nests, verified, not yet scheduled. (For a CPU, Winograd
-/// and bf16 `mma` contractions already have the register tiles `opts.cpu` gives them; MatMul, Gemm,
-/// convolutions and attention are tiled, their weights packed and their inputs padded, by the schedule
-/// stage.)
+/// convolutions already have the register tiles `opts.cpu` gives them; MatMul, Gemm, convolutions and
+/// attention are tiled or put in bf16 `mma` blocks, their weights packed and their inputs padded, by the
+/// schedule stage.)
 pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<Program> {
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
@@ -137,7 +137,6 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         }
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
         l.lanes = opts.cpu.map(|c| c.lanes);
-        l.mma = opts.cpu.is_some_and(|c| c.mma);
         l.tiles = opts.tiles.clone();
         l.winograd = opts.winograd;
         l.layout_epilogue = opts.gpu.is_some();

@@ -1,6 +1,6 @@
 //! Lowering of the sliding-window ops: convolutions (their algorithm, which a CPU schedule tiles as an
-//! implicit GEMM; pointwise on `mma` blocks; transposed) and pooling, with the window arithmetic and the
-//! padded copies they share.
+//! implicit GEMM or, pointwise in bf16, as `mma` blocks; transposed) and pooling, with the window
+//! arithmetic and the padded copies they share.
 
 use crate::anchor::*;
 use crate::contract::{self, Builder};
@@ -21,9 +21,6 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
     let mut red = vec![cg as u64];
     red.extend(ws[2..].iter().map(|d| *d as u64));
     if let Some(stmts) = crate::winograd::conv3x3(l, x, w, bias, a, out, out_t, dst)? {
-        return Ok(stmts);
-    }
-    if let Some(stmts) = conv1x1_mma(l, x, w, bias, a, out, out_t, dst)? {
         return Ok(stmts);
     }
     // The loops: image, (group, output channel in the group,) output position. With groups, the
@@ -61,53 +58,6 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
         })?;
         store_with_bias(l, &f, bias, &mo, &idx, dst, out_t)
     })
-}
-
-/// A bf16 pointwise convolution (1x1, stride 1, no padding, one group) as `mma` blocks: out[n, m, p] =
-/// sum over c of x[n, c, p] w[m, c], i.e. rows = the N x H x W positions, K = the input channels and the
-/// columns = the output channels, with W packed at compile time. Each call copies x into the row-major
-/// [positions, channels] layout the blocks read (a transpose). None when it does not apply.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn conv1x1_mma(
-    l: &mut Lowerer,
-    x: Value,
-    w: Value,
-    bias: Option<Value>,
-    a: &mlopt_ir::ConvAttrs,
-    out: &[u64],
-    out_t: Elem,
-    dst: BufId,
-) -> Result<Option<Vec<Stmt>>> {
-    let (xs, ws) = (l.ty(x).shape.clone(), l.ty(w).shape.clone());
-    let pointwise = xs.len() == 4 && ws[2..] == [1, 1] && a.group == 1 && a.strides == [1, 1] && a.dilations == [1, 1] && a.pads.iter().all(|p| *p == 0);
-    let (c, m) = (ws[1] as u64, ws[0] as u64);
-    let Some(wt) = crate::mma::eligible(l, x, w, c, m).filter(|_| pointwise) else { return Ok(None) };
-    let lead: Vec<i64> = [out[0], out[2], out[3]].iter().map(|d| *d as i64).collect();
-    let rows = lead.iter().product::<i64>() as u64;
-    let name = l.g.node(w.node).name.clone();
-    let stmts = crate::mma::contract(
-        l,
-        &name,
-        rows,
-        m,
-        c,
-        &wt,
-        true,
-        crate::mma::Epilogue::RowsInner,
-        &mut |l, row, k| {
-            let p = crate::kernel::delinear(row.clone(), &lead);
-            get(l, x, &[p[0].clone(), k.clone(), p[1].clone(), p[2].clone()], Elem::BF16)
-        },
-        &mut |l, row, j, v| {
-            let p = crate::kernel::delinear(row.clone(), &lead);
-            let v = match bias {
-                Some(bv) => b(BinOp::Add, v, get(l, bv, std::slice::from_ref(j), Elem::F32)?),
-                None => v,
-            };
-            Ok(Stmt::Store { buf: dst, index: vec![p[0].clone(), j.clone(), p[1].clone(), p[2].clone()], value: convert(v, Elem::F32, out_t) })
-        },
-    )?;
-    Ok(Some(stmts))
 }
 
 /// A convolution's fold, then its output element: the sum plus the channel's bias, in the output type.

@@ -28,7 +28,7 @@ pub struct CpuSchedule {
     pub lanes: u32,
     pub threads: u32,
     /// The target has a bf16 matrix unit (AMX tiles or AVX512-BF16 dot products): bf16 contractions
-    /// with a constant B run as `mma` blocks (`mma.rs`).
+    /// with a constant B run as `mma` blocks (`cpu_mma.rs`).
     pub mma: bool,
 }
 

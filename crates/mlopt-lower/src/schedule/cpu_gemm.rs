@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Builds tiles into a kernel of the schedule stage.
-struct KernelBuilder<'k> {
-    k: &'k mut Kernel,
-    lanes: u32,
+pub(super) struct KernelBuilder<'k> {
+    pub(super) k: &'k mut Kernel,
+    pub(super) lanes: u32,
 }
 
 impl Builder for KernelBuilder<'_> {
@@ -30,13 +30,13 @@ impl Builder for KernelBuilder<'_> {
 }
 
 /// Tiles every contraction nest at the top of each kernel's body.
-pub(crate) fn tile(p: &mut Program, lanes: u32, tiles: &HashMap<TileKey, Tile>) -> Result<()> {
+pub(crate) fn tile(p: &mut Program, lanes: u32, mma: bool, tiles: &HashMap<TileKey, Tile>) -> Result<()> {
     for ki in 0..p.kernels.len() {
         let loads = mlopt_kir::analysis::buffer_loads(&p.kernels[ki].body);
         let body = std::mem::take(&mut p.kernels[ki].body);
         let mut out = Vec::with_capacity(body.len());
         for st in body {
-            match tile_nest(p, ki, &st, lanes, tiles, &loads)? {
+            match tile_nest(p, ki, &st, lanes, mma, tiles, &loads)? {
                 Some(tiled) => out.extend(tiled),
                 None => out.push(st),
             }
@@ -48,7 +48,16 @@ pub(crate) fn tile(p: &mut Program, lanes: u32, tiles: &HashMap<TileKey, Tile>) 
 }
 
 /// The tiled form of `st` when it is a contraction nest with rows and columns.
-fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<TileKey, Tile>, loads: &HashMap<BufId, usize>) -> Result<Option<Vec<Stmt>>> {
+#[allow(clippy::too_many_arguments)]
+fn tile_nest(
+    p: &mut Program,
+    ki: usize,
+    st: &Stmt,
+    lanes: u32,
+    mma: bool,
+    tiles: &HashMap<TileKey, Tile>,
+    loads: &HashMap<BufId, usize>,
+) -> Result<Option<Vec<Stmt>>> {
     let mut prefix = Vec::new();
     let mut cur = std::slice::from_ref(st);
     while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
@@ -75,6 +84,11 @@ fn tile_nest(p: &mut Program, ki: usize, st: &Stmt, lanes: u32, tiles: &HashMap<
         c.epilogue = c.epilogue.iter().map(|s| s.subst(v, &Expr::int(0))).collect();
     }
     let [Stmt::Store { buf: out, index: out_ix, value: out_v }] = &c.epilogue[..] else { return Ok(None) };
+    if mma {
+        if let Some(blocks) = super::cpu_mma::in_blocks(p, ki, &c, loads, (*out, out_ix, out_v))? {
+            return Ok(Some(blocks));
+        }
+    }
     if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
         let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
         return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (*out, out_ix, out_v));

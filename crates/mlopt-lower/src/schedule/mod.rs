@@ -21,8 +21,11 @@
 //! Attention (`attention.rs` recognises lowering's one-query-row nest, which the GPU shares) becomes
 //! blocks of query rows with both products tiled (`cpu_attention.rs`).
 //!
-//! What lowering still decides for a CPU target: bf16 `mma` blocks, Winograd, and the padded copy a
-//! pooling window reads.
+//! With `CpuSchedule::mma`, a bf16 contraction by a constant bf16 weight becomes `mma` blocks instead
+//! (`cpu_mma.rs`), its weight packed into the layout the matrix unit reads.
+//!
+//! What lowering still decides for a CPU target: Winograd (an algorithm of its own, chosen by the cost
+//! model), and the padded copy a pooling window reads.
 
 mod attention;
 mod contraction;
@@ -30,6 +33,7 @@ pub mod cpu;
 mod cpu_attention;
 mod cpu_conv;
 mod cpu_gemm;
+mod cpu_mma;
 pub mod gpu;
 mod gpu_attention;
 mod gpu_gemm;
@@ -47,7 +51,7 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
         return schedule_program(p, s);
     }
     if let Some(s) = opts.cpu {
-        cpu_gemm::tile(&mut p, s.lanes, &opts.tiles)?;
+        cpu_gemm::tile(&mut p, s.lanes, s.mma, &opts.tiles)?;
         for k in &mut p.kernels {
             k.drop_unused_locals();
             schedule_cpu(k, s)?;

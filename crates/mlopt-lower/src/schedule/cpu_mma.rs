@@ -1,0 +1,236 @@
+//! bf16 contractions as kernel IR `mma` blocks, for the CPU's bf16 matrix unit (AMX tiles, or AVX512-BF16
+//! dot products where there are no tiles; code generation picks the instructions), scheduled from the
+//! algorithm form (`contraction.rs` recognises it) when the CPU schedule asks for them:
+//!
+//! ```text
+//! a_pad[Mp, Kp] = A, zero-padded to whole blocks          (bf16, per call; fuses A's producer)
+//! for jb in 0..Np/nb:                                      (parallel by the CPU schedule when it pays)
+//!   for ib in 0..Mp/mb:
+//!     mma<mb x nb x Kp> c[0, 0] = a_pad[ib*mb, 0] * b_packed[0, 2*nb*jb]
+//!     for ii < mb, jj < nb that exist (the output's contiguous axis innermost, `Epilogue`):
+//!       out[ib*mb+ii, jb*nb+jj] = epilogue(c[ii, jj])
+//! ```
+//!
+//! B is a constant bf16 weight (a MatMul's or Gemm's [K, N] or [N, K], or a pointwise convolution's
+//! [M, C, 1, 1], whose output channels are then the columns and its positions the rows), packed into
+//! the pair-interleaved layout the tiles read (`b_packed[k / 2, 2 j + k % 2]`, zero-padded), a weight
+//! that replaces it; A is an f32 cast of bf16 values. Blocks are 32x32 (16 where M or N is smaller), so
+//! C is four 16x16 f32 tiles held across all of K. The epilogue reads the block's C from a 4 KiB local
+//! while it is in L1.
+
+use super::contraction::Contraction;
+use super::gpu_gemm::narrow;
+use crate::contract::{self, Builder};
+use crate::elementwise::lit;
+use crate::error::Result;
+use crate::kernel::delinear;
+use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// k per AMX step (one tile row of bf16).
+const KB: u64 = 32;
+
+/// B ([K, N], or [N, K] when `trans`; little-endian bf16 bytes) as bf16 bytes [np / nb, kp / 2, 2 nb]: one contiguous panel per
+/// column block (tile rows 128 bytes apart, not a whole row of B, which would put all 16 rows of a tile
+/// in one L1 set), pairs of k interleaved per column.
+fn pack(w: &[u8], k: u64, n: u64, kp: u64, np: u64, nb: u64, trans: bool) -> Vec<u8> {
+    let at = |kk: u64, j: u64| -> [u8; 2] {
+        let i = if trans { j * k + kk } else { kk * n + j } as usize * 2;
+        match w.get(i..i + 2) {
+            Some(v) if kk < k && j < n => [v[0], v[1]],
+            _ => [0, 0],
+        }
+    };
+    let mut out = Vec::with_capacity((kp * np * 2) as usize);
+    for jb in 0..np / nb {
+        for k2 in 0..kp / 2 {
+            for j in jb * nb..(jb + 1) * nb {
+                for p in 0..2 {
+                    out.extend_from_slice(&at(2 * k2 + p, j));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
+/// Reads A's element (row, k) as bf16.
+type AOp<'a, B> = &'a mut dyn FnMut(&mut B, &Expr, &Expr) -> Result<Expr>;
+/// Stores the f32 result for (row, column).
+type StoreOp<'a, B> = &'a mut dyn FnMut(&mut B, &Expr, &Expr, Expr) -> Result<Stmt>;
+
+/// Which of the output's axes is contiguous in memory: columns (MatMul, Gemm) or rows (a pointwise
+/// convolution, whose rows are pixel positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    ColumnsInner,
+    RowsInner,
+}
+
+/// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K).
+fn blocks(rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
+    let mb = if rows >= 32 { 32 } else { 16 };
+    let nb = if n >= 32 { 32 } else { 16 };
+    (mb, nb, round_up(rows, mb), round_up(n, nb), round_up(k, KB))
+}
+
+/// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, in `mma` blocks; `bp` is
+/// B packed for `blocks(rows, n, k)`.
+#[allow(clippy::too_many_arguments)]
+fn contract<B: Builder>(l: &mut B, bp: BufId, rows: u64, n: u64, k: u64, order: Epilogue, a: AOp<B>, store: StoreOp<B>) -> Result<Vec<Stmt>> {
+    let (mb, nb, mp, np, kp) = blocks(rows, n, k);
+    l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix { mb, nb, kb: kp, m: rows, n, k });
+
+    // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
+    // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a
+    // zero-padded copy with 64 bytes more per row (which also computes A's fused producer once).
+    let stride = if (kp * 2).is_multiple_of(512) { kp + 32 } else { kp };
+    let (pr, pk) = (l.fresh("p"), l.fresh("p"));
+    let (rv, kv) = (Expr::var(pr), Expr::var(pk));
+    let direct = match a(l, &rv, &kv)? {
+        Expr::Load(buf, ix) if ix == [rv.clone(), kv.clone()] && l.kernel().buffer(buf).elem == Elem::BF16 && mp == rows && stride == k => Some(buf),
+        _ => None,
+    };
+    let mut stmts = Vec::new();
+    let apad = match direct {
+        Some(buf) => buf,
+        None => {
+            let k_ = l.kernel();
+            let apad = k_.buf(format!("a_pad{}", k_.bufs.len()), Elem::BF16, vec![mp, stride], Space::Local);
+            stmts = contract::nest(l, "p", &[mp, kp], |l, ix| {
+                let (r, kk) = (&ix[0], &ix[1]);
+                let value = if (mp, kp) == (rows, k) {
+                    a(l, r, kk)?
+                } else {
+                    let inside =
+                        Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
+                    let v = a(l, &crate::kernel::clamp(r.clone(), rows as i64), &crate::kernel::clamp(kk.clone(), k as i64))?;
+                    Expr::select(inside, v, lit(0.0, Elem::BF16))
+                };
+                Ok(vec![Stmt::Store { buf: apad, index: ix.to_vec(), value }])
+            })?;
+            apad
+        }
+    };
+
+    let k_ = l.kernel();
+    let c = k_.buf(format!("c_blk{}", k_.bufs.len()), Elem::F32, vec![mb, nb], Space::Local);
+    // Row blocks in chunks of up to 8 (256 rows), so a chunk of A stays in L2 while every column block
+    // of B streams past it.
+    let blocks = mp / mb;
+    let per = (1..=8).rev().find(|d| blocks % d == 0).unwrap_or(1);
+    let (ic, jb, ibi, ii, jj) = (l.fresh("ic"), l.fresh("jb"), l.fresh("ib"), l.fresh("ii"), l.fresh("jj"));
+    let ib = Expr::add(Expr::mul(Expr::var(ic), Expr::int(per as i64)), Expr::var(ibi));
+    let row = Expr::add(Expr::mul(ib.clone(), Expr::int(mb as i64)), Expr::var(ii));
+    let col = Expr::add(Expr::mul(Expr::var(jb), Expr::int(nb as i64)), Expr::var(jj));
+    // The epilogue walks the block with the loop whose outputs are contiguous innermost (`order`), so
+    // the CPU schedule can store it as vectors.
+    let st = store(l, &row, &col, Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]))?;
+    let guard = |st: Vec<Stmt>, i: &Expr, len: u64, whole: bool| {
+        if whole {
+            st
+        } else {
+            vec![Stmt::If { cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)), then: st }]
+        }
+    };
+    let epilogue = match order {
+        Epilogue::ColumnsInner => {
+            let cols = vec![Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(vec![st], &col, n, n.is_multiple_of(nb)) }];
+            Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: guard(cols, &row, rows, rows.is_multiple_of(mb)) }
+        }
+        Epilogue::RowsInner => {
+            let rows_ = vec![Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: guard(vec![st], &row, rows, rows.is_multiple_of(mb)) }];
+            Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(rows_, &col, n, n.is_multiple_of(nb)) }
+        }
+    };
+    let mma = Stmt::Mma {
+        m: mb,
+        n: nb,
+        k: kp,
+        c: Block { buf: c, at: vec![Expr::int(0), Expr::int(0)] },
+        a: Block { buf: apad, at: vec![Expr::mul(ib, Expr::int(mb as i64)), Expr::int(0)] },
+        b: Block { buf: bp, at: vec![Expr::var(jb), Expr::int(0), Expr::int(0)] },
+        acc: false,
+    };
+    let block = vec![mma, epilogue];
+    let for_ = |var, extent, body| Stmt::For { var, extent, kind: LoopKind::Serial, body };
+    stmts.push(for_(ic, blocks / per, vec![for_(jb, np / nb, vec![for_(ibi, per, block)])]));
+    Ok(stmts)
+}
+
+/// A constant bf16 weight as one operand of a contraction over K loop `r` and the columns `cols`:
+/// `f32(W[r, j, 0..])`, or `f32(W[j, r, 0..])` (transposed), read only here; the weight's buffer,
+/// whether it is transposed, and (step, parameter, weight) binding it.
+fn weight(p: &Program, ki: usize, e: &Expr, r: Var, cols: &[(Var, u64)], loads: &HashMap<BufId, usize>) -> Option<(BufId, bool, (usize, usize, usize))> {
+    let Expr::Cast(Elem::F32, x) = e else { return None };
+    let Expr::Load(w, ix) = &**x else { return None };
+    let [(j, _)] = cols[..] else { return None };
+    let trans = match &ix[..] {
+        [Expr::Var(a), Expr::Var(b), rest @ ..] if rest.iter().all(|e| *e == Expr::int(0)) && (*a, *b) == (r, j) => false,
+        [Expr::Var(a), Expr::Var(b), rest @ ..] if rest.iter().all(|e| *e == Expr::int(0)) && (*a, *b) == (j, r) => true,
+        _ => return None,
+    };
+    let (Some(1), Some(bound)) = (loads.get(w), super::layout::bound_weight(p, ki, *w)) else { return None };
+    let wt = &p.weights[bound.2];
+    (wt.elem == Elem::BF16 && p.kernels[ki].buffer(*w).elem == Elem::BF16).then_some((*w, trans, bound))
+}
+
+/// The `mma` blocks of contraction `c` (its epilogue the one store `store`: buffer, index, value) when
+/// one operand is a constant bf16 weight, the other an f32 cast of bf16 values, with one K loop of at
+/// least a tile row and at least 16 columns. The weight is packed into a weight of its own that
+/// replaces it.
+pub(crate) fn in_blocks(
+    p: &mut Program,
+    ki: usize,
+    c: &Contraction,
+    loads: &HashMap<BufId, usize>,
+    store: (BufId, &[Expr], &Expr),
+) -> Result<Option<Vec<Stmt>>> {
+    // Reduction loops of one iteration (a pointwise convolution's window) are index 0.
+    let ones: Vec<Var> = c.red.iter().filter(|(_, e)| *e == 1).map(|(v, _)| *v).collect();
+    let zero = |e: &Expr| ones.iter().fold(e.clone(), |e, v| e.subst(*v, &Expr::int(0)));
+    let red: Vec<(Var, u64)> = c.red.iter().filter(|(_, e)| *e != 1).copied().collect();
+    let ([(r, k)], true) = (&red[..], c.batch.is_empty()) else { return Ok(None) };
+    let (r, k) = (*r, *k);
+    // B is the weight: the columns' operand (MatMul, Gemm), or the rows' (a pointwise convolution's
+    // output channels), which turns the contraction around.
+    let (a, b) = (zero(&c.a), zero(&c.b));
+    let (x, (w, trans, (si, pi, wi)), rows, cols, order) = match (weight(p, ki, &b, r, &c.cols, loads), weight(p, ki, &a, r, &c.rows, loads)) {
+        (Some(wb), _) => (a, wb, &c.rows, &c.cols, Epilogue::ColumnsInner),
+        (None, Some(wa)) => (b, wa, &c.cols, &c.rows, Epilogue::RowsInner),
+        _ => return Ok(None),
+    };
+    let (m, n) = (Contraction::extent(rows), Contraction::extent(cols));
+    let Some(x) = narrow(&p.kernels[ki], &x, Elem::BF16).filter(|_| k >= KB && n >= 16) else { return Ok(None) };
+    let weight = &p.weights[wi];
+    if weight.data.len() as u64 != k * n * 2 {
+        return Ok(None);
+    }
+    let (_, nb, _, np, kp) = blocks(m, n, k);
+    let packed = Weight {
+        name: format!("{}.amx{nb}", weight.name),
+        elem: Elem::BF16,
+        dims: vec![np / nb, kp / 2, 2 * nb],
+        data: Arc::new(pack(&weight.data, k, n, kp, np, nb, trans)),
+    };
+    p.kernels[ki].bufs[w.0 as usize].dims = packed.dims.clone();
+    p.weights.push(packed);
+    p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
+    let (row_ext, col_var) = (rows.iter().map(|(_, e)| *e as i64).collect::<Vec<i64>>(), cols[0].0);
+    let at = |e: &Expr, row: &Expr, col: Option<&Expr>| -> Expr {
+        let by: Vec<(Var, Expr)> = rows.iter().map(|(v, _)| *v).zip(delinear(row.clone(), &row_ext)).chain(col.map(|j| (col_var, j.clone()))).collect();
+        by.iter().fold(zero(e), |e, (v, x)| e.subst(*v, x))
+    };
+    let (acc, (out, out_ix, out_v)) = (c.acc, store);
+    let mut b = super::cpu_gemm::KernelBuilder { k: &mut p.kernels[ki], lanes: 16 };
+    let stmts = contract(&mut b, w, m, n, k, order, &mut |_, row, kk| Ok(at(&x, row, None).subst(r, kk)), &mut |_, row, j, v| {
+        let value = at(out_v, row, Some(j)).map_loads(&|y, ix| if y == acc { v.clone() } else { Expr::load(y, ix) });
+        Ok(Stmt::Store { buf: out, index: out_ix.iter().map(|e| at(e, row, Some(j))).collect(), value })
+    })?;
+    Ok(Some(stmts))
+}
