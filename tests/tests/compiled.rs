@@ -163,6 +163,9 @@ fn large_convolutions_compile_with_heap_temporaries() {
         let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
         let c = compile(&g, &Options { config, threads: 2, tune: false, winograd, profile: false }).unwrap();
         assert_eq!(c.program.kernels.iter().any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd)), winograd == mlopt_lower::Winograd::Always);
+        // Either way the contraction is register-tiled by the schedule: the implicit GEMM, or Winograd's 16.
+        let tiled = |k: &mlopt_kir::Kernel| k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }));
+        assert!(c.program.kernels.iter().any(tiled), "winograd = {winograd:?}: no tiled kernel");
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
         assert!(err < 1e-5, "winograd = {winograd:?}: error {err:e}");

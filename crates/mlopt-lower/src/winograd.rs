@@ -4,8 +4,8 @@
 //!
 //! - weights, at compile time: U[xi, m, c] = (G g G^T)[xi] for each 3x3 filter g (a new constant);
 //! - input: V[n, xi, c, t] = (B^T d B)[xi] for each 4x4 tile d of the zero-padded input;
-//! - 16 independent GEMMs M[n, xi] = U[xi] @ V[n, xi] ([M x C] @ [C x tiles]), register-tiled
-//!   (`contract.rs`);
+//! - 16 independent GEMMs M[n, xi] = U[xi] @ V[n, xi] ([M x C] @ [C x tiles]), written as their
+//!   algorithm and register-tiled by the CPU schedule (`schedule/cpu_gemm.rs`);
 //! - output: y = A^T M A for each tile, plus the bias, and the kernel's epilogue.
 //!
 //! Applies to convolutions with at least 16 input and output channels, an even output size and a tile
@@ -16,7 +16,7 @@
 //! results are checked against the interpreter with the rest of lowering (within 1e-5 of the output's
 //! scale; the rounding differs from a direct convolution by a few ulps of the largest partial sum).
 
-use crate::anchor::get;
+use crate::anchor::{dot, get};
 use crate::contract;
 use crate::contract::{estimate, pick};
 use crate::elementwise::convert;
@@ -131,7 +131,10 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
     let tiles = th * tw;
     let applies = c >= 16 && m >= 16 && h % 2 == 0 && wd % 2 == 0 && tiles % lanes as u64 == 0;
     let wanted = l.winograd == Winograd::Always || pays(c, m, h, wd, lanes);
-    let Some(tile) = contract::choose(l, m, tiles, c).filter(|_| applies && wanted) else { return Ok(None) };
+    // (The schedule tiles the GEMMs; Winograd is chosen only where they have a tile.)
+    if !applies || !wanted || contract::choose(l, m, tiles, c).is_none() {
+        return Ok(None);
+    }
     l.k.schedule.push(mlopt_kir::ScheduleStep::Winograd);
 
     let mut stmts = Vec::new();
@@ -166,20 +169,19 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
         }
         Ok(out)
     })?);
-    // 16 GEMMs per image.
+    // 16 GEMMs per image, written as their algorithm: the CPU schedule tiles them (`schedule/cpu_gemm.rs`).
     let mm = l.k.buf(format!("wm{}", l.k.bufs.len()), Elem::F32, vec![n, 16, m, tiles], Space::Local);
-    stmts.extend(contract::tiled(
-        l,
-        &[n, 16],
-        m,
-        tiles,
-        &[c],
-        tile,
-        false,
-        &mut |_, bi, i, k| Ok(Expr::load(u, vec![bi[1].clone(), i.clone(), k[0].clone()])),
-        &mut |_, bi, k, col| Ok(Expr::load(v, vec![bi[0].clone(), bi[1].clone(), k[0].clone(), col.j.clone()])),
-        &mut |_, bi, i, j, val| Ok(Stmt::Store { buf: mm, index: vec![bi[0].clone(), bi[1].clone(), i.clone(), j.clone()], value: val }),
-    )?);
+    stmts.extend(l.nest("g", &[n, 16, m, tiles], |l, ix| {
+        let f = dot(l, &[c], |_, k| {
+            Ok((
+                Expr::load(u, vec![ix[1].clone(), ix[2].clone(), k[0].clone()]),
+                Expr::load(v, vec![ix[0].clone(), ix[1].clone(), k[0].clone(), ix[3].clone()]),
+            ))
+        })?;
+        let mut s = f.stmts.clone();
+        s.push(Stmt::Store { buf: mm, index: ix.to_vec(), value: f.get() });
+        Ok(s)
+    })?);
     // Output transform: 16 values -> one 2x2 block of output, plus the bias.
     stmts.extend(l.nest("o", &[n, m, th, tw], |l, ix| {
         let t = Expr::add(Expr::mul(ix[2].clone(), Expr::int(tw as i64)), ix[3].clone());
