@@ -62,19 +62,32 @@ fn kernel_dumps() {
     }
 }
 
-/// Lowering writes convolutions and attention as their algorithm (serial loops, no schedule step); the
-/// CPU schedule tiles them: a convolution as an implicit GEMM over a padded copy of its input, attention
-/// in blocks of query rows whose two products are tiled. The scheduled program still matches the graph.
+/// Lowering writes convolutions, pooling and attention as their algorithm (serial loops, no schedule
+/// step); the CPU schedule makes them fast: a convolution an implicit GEMM over a padded copy of its
+/// input, a pooling window a read of a padded copy, attention blocks of query rows whose two products
+/// are tiled. The scheduled program still matches the graph.
 #[test]
-fn convolutions_and_attention_are_tiled_by_the_schedule_not_by_lowering() {
-    // (fixture, what marks the kernels in the algorithm, what their schedule makes, kernels at least)
+fn windows_and_attention_are_scheduled_not_lowered() {
+    use mlopt_kir::ScheduleStep;
+    /// A fixture's kernels that hold `marker` in the algorithm hold `made` after the schedule, with a
+    /// step that `step` accepts.
+    struct Case {
+        name: &'static str,
+        marker: &'static str,
+        made: &'static str,
+        step: fn(&ScheduleStep) -> bool,
+        at_least: usize,
+    }
+    let tile: fn(&ScheduleStep) -> bool = |s| matches!(s, ScheduleStep::Tile { .. });
     let cases = [
         // A convolution's fold reads its input through a guarded, clamped window.
-        ("cnn", "fma(select(", "local %xpad", 2),
+        Case { name: "cnn", marker: "fma(select(", made: "local %xpad", step: tile, at_least: 2 },
+        // A max pool's window is -inf outside the input.
+        Case { name: "cnn", marker: ", -inff32)", made: "local %xpad", step: |s| matches!(s, ScheduleStep::Pad { .. }), at_least: 1 },
         // Attention's algorithm keeps one query row of scores; its schedule a block of rows.
-        ("transformer", "local %scores", "serial %blk", 1),
+        Case { name: "transformer", marker: "local %scores", made: "serial %blk", step: tile, at_least: 1 },
     ];
-    for (name, marker, made, at_least) in cases {
+    for Case { name, marker, made, step, at_least } in cases {
         let g = import(name);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let opts = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 1, mma: false }), ..Default::default() };
@@ -90,8 +103,7 @@ fn convolutions_and_attention_are_tiled_by_the_schedule_not_by_lowering() {
         let scheduled = mlopt_lower::schedule::schedule(algorithm, &opts).unwrap();
         for &i in &found {
             let k = &scheduled.kernels[i];
-            let tile = k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }));
-            assert!(tile && print_has(k, made), "{name} @{} was not tiled ({made:?}):\n{}", k.name, mlopt_kir::print::kernel(k));
+            assert!(k.schedule.iter().any(step) && print_has(k, made), "{name} @{} was not scheduled ({made:?}):\n{}", k.name, mlopt_kir::print::kernel(k));
         }
         let (inputs, _) = data(name);
         let want = interp::run(&o.plan.graph, &inputs).unwrap();

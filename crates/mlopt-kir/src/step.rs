@@ -39,6 +39,9 @@ pub enum ScheduleStep {
     Tile { mr: u64, nr: u64, m: u64, n: u64, k: u64, lanes: u32 },
     /// `pack(b)`: each column panel of the tiled contraction's B is copied once before its tiles read it.
     PackB,
+    /// `pad(xphase5,2)`: a window reads local `buf`, a padded copy of its input split into `phases`
+    /// along its rows (1: the plain padded copy), instead of guarded, clamped loads.
+    Pad { buf: String, phases: u64 },
     /// `transpose(in2)`: the 2-D weight parameter `buf` is stored transposed, so the vector loops that
     /// read it down its columns read it contiguously.
     Transpose { buf: String },
@@ -96,6 +99,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::Kind { var, kind } => write!(f, "{}({var})", crate::print::loop_kind(*kind)),
             ScheduleStep::Tile { mr, nr, m, n, k, lanes } => write!(f, "tile({mr}x{nr} for {m}x{n}x{k}@{lanes})"),
             ScheduleStep::PackB => f.write_str("pack(b)"),
+            ScheduleStep::Pad { buf, phases } => write!(f, "pad({buf},{phases})"),
             ScheduleStep::Transpose { buf } => write!(f, "transpose({buf})"),
             ScheduleStep::Matrix { mb, nb, kb, m, n, k } => write!(f, "matrix(mma<{mb}x{nb}x{kb}> blocks for {m}x{n}x{k})"),
             ScheduleStep::Winograd => f.write_str("winograd(2x2,3x3)"),
@@ -185,6 +189,10 @@ impl std::str::FromStr for ScheduleStep {
                 ScheduleStep::Tile { mr, nr, m, n, k, lanes: narrow(lanes)? }
             }
             "pack" if args == "b" => ScheduleStep::PackB,
+            "pad" => {
+                let (buf, phases) = pair()?;
+                ScheduleStep::Pad { buf: buf.into(), phases: factor(phases)? }
+            }
             "transpose" if !args.is_empty() && !args.contains(',') => ScheduleStep::Transpose { buf: args.into() },
             "matrix" => {
                 let [mb, nb, kb, m, n, k] = exactly(args)?;
@@ -287,6 +295,7 @@ mod tests {
         "gpu.empty",
         "gpu.elementwise(1024 in 4x256)",
         "gpu.elementwise(1024 in 1x256, vector<4>)",
+        "pad(xphase5,2)",
         "gpu.rows(128 x 256 threads)",
         "gpu.gemm(1 x 128x128x64, mma.sync bf16, tile 64x64x32, 128 threads, 4 blocks, 96 registers planned)",
         "gpu.gemm(2 x 7x9x5, simt, tile 16x16x8, 64 threads, 2 blocks, 40 registers planned)",

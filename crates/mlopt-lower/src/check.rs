@@ -57,8 +57,8 @@ fn message(g: &Graph, n: NodeId, rule: &Rule) -> String {
 
 /// A check kernel for member `n` of a fusion group (its other members pulled as needed), or None when
 /// `n` needs none. Its parameters: the flag (`f32[1]`), then `Params`. A constant input is checked now.
-/// With a CPU target's `lanes`, the fold runs on vectors.
-pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String, lanes: Option<u32>) -> Result<Option<(Kernel, Params, String)>> {
+/// (Its fold is the algorithm; a CPU schedule runs it on vectors.)
+pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String) -> Result<Option<(Kernel, Params, String)>> {
     let Some(rule) = rule(g, n) else { return Ok(None) };
     let Some(v) = g.inputs(n).get(1).copied().flatten() else { return Ok(None) };
     let msg = message(g, n, &rule);
@@ -80,7 +80,6 @@ pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String, lane
         return Ok(None);
     }
     let mut l = Lowerer::new(g, name, members);
-    l.lanes = lanes;
     let flag = l.k.buf("out0", Elem::F32, vec![1], Space::Global);
     let from = elem(g.value_type(v).dtype);
     let count: u64 = outer.iter().product();

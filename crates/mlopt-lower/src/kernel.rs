@@ -33,7 +33,7 @@ pub struct Lowerer<'g> {
     pub params: Params,
     pub bufs: HashMap<Value, BufId>,
     next_var: usize,
-    /// Vector lanes of the CPU target when contractions should be register-tiled for it.
+    /// Vector lanes of the CPU target: Winograd is chosen only where its GEMMs would tile in them.
     pub lanes: Option<u32>,
     /// Tiles chosen by measurement (`--tune`), by contraction shape.
     pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,

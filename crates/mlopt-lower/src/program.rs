@@ -125,7 +125,7 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         let mut members = k.members.clone();
         members.sort_by_key(|m| pos[m]);
         for (c, &m) in members.iter().enumerate() {
-            let Some((mut kernel, params, message)) = crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"), opts.cpu.map(|c| c.lanes))? else {
+            let Some((mut kernel, params, message)) = crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"))? else {
                 continue;
             };
             mlopt_kir::simplify::simplify_kernel(&mut kernel);

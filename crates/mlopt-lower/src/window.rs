@@ -223,28 +223,10 @@ pub(crate) fn pool_window(
     let t = compute(elem(l.ty(x).dtype));
     let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
     let p = p.clone();
-    // On a CPU target an f32 window reads a padded copy (holding -inf or 0 in the padding and the
-    // ceil-mode overhang), split into phases along the row when it strides: its loads then need no
-    // guard or clamp and are contiguous along the output row. The copy is one plane at a time, made
-    // inside the loops over images and channels, so the window reads it from cache.
-    let copy = l.lanes.is_some() && t == Elem::F32;
-    let mut pads = p.pads.clone();
-    for a in 0..sp {
-        let reach = (out[2 + a].max(1) - 1) * p.strides[a] as u64 + (win[a].max(1) - 1) * p.dilations[a] as u64 + 1;
-        let have = xs[2 + a] as u64 + p.pads[a] as u64;
-        pads[sp + a] = pads[sp + a].max(reach.saturating_sub(have) as usize);
-    }
-    let fill = if max { f64::NEG_INFINITY } else { 0.0 };
+    // (On a CPU target the schedule reads an f32 window from a padded copy of each plane:
+    // `schedule/window.rs`.)
     l.nest("i", &out[..2], |l, nc| {
         let mut stmts = Vec::new();
-        let src = match copy {
-            true => {
-                let xs: Vec<i64> = xs.iter().map(|d| *d as i64).collect();
-                let read: Read<Lowerer> = &mut |l, _, at| get(l, x, &[nc.to_vec(), at.to_vec()].concat(), Elem::F32);
-                Some(padded_phases(l, [1, 1], &xs[2..], &pads, p.strides[sp - 1], fill, read, &mut stmts)?)
-            }
-            false => None,
-        };
         stmts.extend(l.nest("i", &out[2..], |l, at| {
             let idx = [nc.to_vec(), at.to_vec()].concat();
             let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
@@ -258,11 +240,6 @@ pub(crate) fn pool_window(
                 let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
                 let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
                 count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
-                if let Some(xp) = src {
-                    let mut xi = vec![Expr::int(0), Expr::int(0)];
-                    xi.extend(padded_index(&idx[2..], r, &p.strides, &p.dilations, p.strides[sp - 1]));
-                    return Ok(Expr::load(xp, xi));
-                }
                 let mut xi = vec![idx[0].clone(), idx[1].clone()];
                 xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
                 let v = get(l, x, &xi, t)?;

@@ -16,111 +16,22 @@
 //! convolution (1x1, stride 1, no padding) is a plain contraction: `cpu_gemm.rs` tiles it.
 
 use super::contraction::Contraction;
+use super::window::{recognise, Axis, Window};
 use crate::contract::{self, Builder, Tile};
 use crate::error::Result;
-use crate::kernel::{all, delinear, in_range};
+use crate::kernel::delinear;
 use crate::window::{padded_index, padded_phases, Read};
-use mlopt_kir::analysis::{coefficient, for_each_load, offset};
-use mlopt_kir::{BinOp, Elem, Expr, Kernel, Stmt, Var};
-
-/// One spatial axis of a convolution's window: input position `out * stride + tap * dilation - pad`.
-struct Axis {
-    out: Var,
-    outs: u64,
-    tap: Var,
-    stride: i64,
-    dilation: i64,
-    pad: i64,
-    /// The input's length along the axis (for an unguarded axis: as far as the window reaches).
-    len: i64,
-    /// How far the windows reach, from the first position of the first (padding included).
-    span: i64,
-    guarded: bool,
-}
-
-/// A convolution's window, recognised in a contraction's column operand.
-pub(crate) struct Window {
-    axes: Vec<Axis>,
-    /// The input at a window position: the operand with each axis's (clamped) position replaced by a
-    /// variable of `at`.
-    input: Expr,
-    at: Vec<Var>,
-}
+use mlopt_kir::{Expr, Kernel, Stmt, Var};
 
 /// The window of contraction `c`'s column operand when it is a convolution's: K is the input channels
-/// then one tap per spatial axis, each axis reads the input at an affine position of one column loop
-/// and its tap, clamped into the input (with the operand zero outside it) exactly where it can leave.
-/// None for a pointwise convolution, which is a plain contraction over the output positions.
+/// then one tap per spatial axis (`window::recognise` checks the rest). None for a pointwise
+/// convolution, which is a plain contraction over the output positions.
 pub(crate) fn window(k: &mut Kernel, c: &Contraction) -> Option<Window> {
-    let sp = c.red.len().checked_sub(1).filter(|sp| *sp > 0)?;
-    let (guard, body) = match &c.b {
-        Expr::Select(cond, e, z) if **z == Expr::Float(0.0, Elem::F32) => (Some(&**cond), &**e),
-        e => (None, e),
-    };
     let loops: Vec<Var> = [&c.batch, &c.rows, &c.cols, &c.red].iter().flat_map(|l| l.iter().map(|(v, _)| *v)).collect();
-    let mut axes = Vec::with_capacity(sp);
-    let mut places = Vec::with_capacity(sp);
-    for &(tap, taps) in &c.red[1..] {
-        // The first index that reads the tap is the axis's position; the operand must read it there only.
-        let mut first = None;
-        for_each_load(body, &mut |_, ix| first = first.take().or_else(|| ix.iter().find(|e| e.uses(tap)).cloned()));
-        let place = first?;
-        let (pos, len) = match &place {
-            Expr::Binary(BinOp::Max, lo, z) if **z == Expr::int(0) => match &**lo {
-                Expr::Binary(BinOp::Min, p, hi) => match **hi {
-                    Expr::Int(hi) => ((**p).clone(), Some(hi + 1)),
-                    _ => return None,
-                },
-                _ => return None,
-            },
-            p => (p.clone(), None),
-        };
-        let &(out, outs) = c.cols.iter().find(|(v, _)| pos.uses(*v))?;
-        let (stride, dilation, pad) = (coefficient(&pos, out)?, coefficient(&pos, tap)?, -offset(&pos)?);
-        if stride < 1 || dilation < 1 || pad < 0 || loops.iter().any(|v| *v != out && *v != tap && pos.uses(*v)) {
-            return None;
-        }
-        let span = (outs as i64 - 1) * stride + (taps as i64 - 1) * dilation + 1;
-        // An unguarded axis is as long as the shortest buffer the position indexes (at least the span).
-        let mut shortest = i64::MAX;
-        for_each_load(body, &mut |b, ix| {
-            for (d, e) in ix.iter().enumerate() {
-                if *e == place {
-                    shortest = shortest.min(k.buffer(b).dims[d] as i64);
-                }
-            }
-        });
-        let len = match len {
-            Some(len) if len > 0 => len,
-            None if pad == 0 && shortest >= span && shortest < i64::MAX => shortest,
-            _ => return None,
-        };
-        axes.push(Axis { out, outs, tap, stride, dilation, pad, len, span, guarded: place != pos });
-        places.push(place);
-    }
-    // The guard must be the window's own: inside the input along every clamped axis.
-    let expected = all(axes.iter().zip(&places).filter(|(a, _)| a.guarded).map(|(a, p)| match p {
-        Expr::Binary(_, lo, _) => match &**lo {
-            Expr::Binary(_, pos, _) => in_range((**pos).clone(), a.len),
-            _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
-        },
-        _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
-    }));
-    if expected.as_ref() != guard {
-        return None;
-    }
-    // Distinct columns, in the order the columns nest.
-    let outs: Vec<Var> = axes.iter().map(|a| a.out).collect();
-    let pointwise = c.red[1..].iter().all(|(_, e)| *e == 1) && axes.iter().all(|a| a.stride == 1 && a.pad == 0);
-    if pointwise || (1..sp).any(|s| outs[..s].contains(&outs[s])) {
-        return None;
-    }
-    let at: Vec<Var> = (0..sp).map(|s| k.var(format!("x{}_{s}", k.vars.len()))).collect();
-    let input = places.iter().zip(&at).fold(body.clone(), |e, (p, v)| e.replace(p, &Expr::var(*v)));
-    if axes.iter().any(|a| input.uses(a.out) || input.uses(a.tap)) || c.rows.iter().any(|(v, _)| input.uses(*v)) {
-        return None;
-    }
-    Some(Window { axes, input, at })
+    let taps = c.red.get(1..).filter(|t| !t.is_empty())?;
+    let pointwise = |axes: &[Axis]| taps.iter().all(|(_, e)| *e == 1) && axes.iter().all(|a| a.stride == 1 && a.pad == 0);
+    let w = recognise(k, &c.b, taps, &c.cols, &loops, &|axes| !pointwise(axes))?;
+    (!c.rows.iter().any(|(v, _)| w.input.uses(*v))).then_some(w)
 }
 
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
@@ -188,7 +99,11 @@ pub(crate) fn tiled<B: Builder>(
                     let e = at(&w.input, ng, &[], None, None, &[]).subst(c.red[0].0, &lead[1]);
                     Ok(w.at.iter().zip(pos).fold(e, |e, (v, p)| e.subst(*v, p)))
                 };
-                Some(padded_phases(b, [1, cg], &lens, &pads, phases, 0.0, read, &mut st)?)
+                let xp = padded_phases(b, [1, cg], &lens, &pads, phases, w.fill, read, &mut st)?;
+                let k = b.kernel();
+                let name = k.buffer(xp).name.clone();
+                k.schedule.push(mlopt_kir::ScheduleStep::Pad { buf: name, phases: phases as u64 });
+                Some(xp)
             }
             false => None,
         };

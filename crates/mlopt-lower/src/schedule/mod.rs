@@ -24,8 +24,11 @@
 //! With `CpuSchedule::mma`, a bf16 contraction by a constant bf16 weight becomes `mma` blocks instead
 //! (`cpu_mma.rs`), its weight packed into the layout the matrix unit reads.
 //!
-//! What lowering still decides for a CPU target: Winograd (an algorithm of its own, chosen by the cost
-//! model), and the padded copy a pooling window reads.
+//! Folds over a guarded window that are left (a pooling's) read a padded copy of their input plane
+//! (`window.rs`, whose recogniser `cpu_conv.rs` shares).
+//!
+//! What lowering still decides for a CPU target: Winograd, an algorithm of its own, which it picks
+//! where the cost model rates it faster and its GEMMs would tile (the schedule tiles them).
 
 mod attention;
 mod contraction;
@@ -38,6 +41,7 @@ pub mod gpu;
 mod gpu_attention;
 mod gpu_gemm;
 mod layout;
+mod window;
 
 pub use cpu::{schedule_cpu, CpuSchedule};
 pub use gpu::{schedule_program, GpuSchedule};
@@ -52,6 +56,7 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
     }
     if let Some(s) = opts.cpu {
         cpu_gemm::tile(&mut p, s.lanes, s.mma, &opts.tiles)?;
+        window::padded_windows(&mut p, s.lanes)?;
         for k in &mut p.kernels {
             k.drop_unused_locals();
             schedule_cpu(k, s)?;

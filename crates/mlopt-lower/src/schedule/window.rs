@@ -1,0 +1,225 @@
+//! Windows in the algorithm lowering writes: a convolution's or a pooling's input read at
+//! `out * stride + tap * dilation - pad` per spatial axis, clamped into the input and guarded where the
+//! window can leave it. The CPU schedule recognises them (`cpu_conv.rs` in a contraction's operand,
+//! `padded_windows` below in a pooling's fold) and reads a padded copy of the input instead
+//! (`crate::window::padded_phases`), whose loads need no guard and, in phases along a strided row,
+//! are contiguous.
+
+use super::cpu_gemm::KernelBuilder;
+use crate::error::Result;
+use crate::kernel::{all, in_range};
+use crate::window::{padded_index, padded_phases, Read};
+use mlopt_kir::analysis::{coefficient, for_each_load, offset};
+use mlopt_kir::{BinOp, Elem, Expr, Kernel, LoopKind, Program, Stmt, Var};
+
+/// One spatial axis of a window: input position `out * stride + tap * dilation - pad`.
+pub(crate) struct Axis {
+    pub(crate) out: Var,
+    pub(crate) outs: u64,
+    pub(crate) tap: Var,
+    pub(crate) stride: i64,
+    pub(crate) dilation: i64,
+    pub(crate) pad: i64,
+    /// The input's length along the axis (for an unguarded axis: as far as the window reaches).
+    pub(crate) len: i64,
+    /// How far the windows reach, from the first position of the first (padding included).
+    pub(crate) span: i64,
+    pub(crate) guarded: bool,
+}
+
+/// A window recognised in an operand.
+pub(crate) struct Window {
+    pub(crate) axes: Vec<Axis>,
+    /// The input at a window position: the operand with each axis's (clamped) position replaced by a
+    /// variable of `at`.
+    pub(crate) input: Expr,
+    pub(crate) at: Vec<Var>,
+    /// What the operand is outside the input (0 where it is not guarded).
+    pub(crate) fill: f64,
+}
+
+/// The window `operand` reads: one tap loop of `taps` per spatial axis, each axis reading the input at
+/// an affine position of one loop of `outs` (its output position) and its tap, with no other loop of
+/// `loops`, clamped into the input (with the operand `fill` outside it, `select(guard, x, fill)`)
+/// exactly where it can leave, and the guard exactly the window's own test. The input is the operand
+/// with each position replaced by a fresh variable (`at`), and must read no tap or output position.
+/// `keep` may refuse the axes before anything is added to the kernel.
+pub(crate) fn recognise(
+    k: &mut Kernel,
+    operand: &Expr,
+    taps: &[(Var, u64)],
+    outs: &[(Var, u64)],
+    loops: &[Var],
+    keep: &dyn Fn(&[Axis]) -> bool,
+) -> Option<Window> {
+    let sp = taps.len();
+    let (guard, body, fill) = match operand {
+        Expr::Select(cond, e, z) => match **z {
+            Expr::Float(f, Elem::F32) => (Some(&**cond), &**e, f),
+            _ => return None,
+        },
+        e => (None, e, 0.0),
+    };
+    let mut axes = Vec::with_capacity(sp);
+    let mut places = Vec::with_capacity(sp);
+    for &(tap, taps) in taps {
+        // The first index that reads the tap is the axis's position; the operand must read it there only.
+        let mut first = None;
+        for_each_load(body, &mut |_, ix| first = first.take().or_else(|| ix.iter().find(|e| e.uses(tap)).cloned()));
+        let place = first?;
+        let (pos, len) = match &place {
+            Expr::Binary(BinOp::Max, lo, z) if **z == Expr::int(0) => match &**lo {
+                Expr::Binary(BinOp::Min, p, hi) => match **hi {
+                    Expr::Int(hi) => ((**p).clone(), Some(hi + 1)),
+                    _ => return None,
+                },
+                _ => return None,
+            },
+            p => (p.clone(), None),
+        };
+        let &(out, outs) = outs.iter().find(|(v, _)| pos.uses(*v))?;
+        let (stride, dilation, pad) = (coefficient(&pos, out)?, coefficient(&pos, tap)?, -offset(&pos)?);
+        if stride < 1 || dilation < 1 || pad < 0 || loops.iter().any(|v| *v != out && *v != tap && pos.uses(*v)) {
+            return None;
+        }
+        let span = (outs as i64 - 1) * stride + (taps as i64 - 1) * dilation + 1;
+        // An unguarded axis is as long as the shortest buffer the position indexes (at least the span).
+        let mut shortest = i64::MAX;
+        for_each_load(body, &mut |b, ix| {
+            for (d, e) in ix.iter().enumerate() {
+                if *e == place {
+                    shortest = shortest.min(k.buffer(b).dims[d] as i64);
+                }
+            }
+        });
+        let len = match len {
+            Some(len) if len > 0 => len,
+            None if pad == 0 && shortest >= span && shortest < i64::MAX => shortest,
+            _ => return None,
+        };
+        axes.push(Axis { out, outs, tap, stride, dilation, pad, len, span, guarded: place != pos });
+        places.push(place);
+    }
+    // The guard must be the window's own: inside the input along every clamped axis.
+    let expected = all(axes.iter().zip(&places).filter(|(a, _)| a.guarded).map(|(a, p)| match p {
+        Expr::Binary(_, lo, _) => match &**lo {
+            Expr::Binary(_, pos, _) => in_range((**pos).clone(), a.len),
+            _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
+        },
+        _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
+    }));
+    if expected.as_ref() != guard {
+        return None;
+    }
+    // Distinct output positions.
+    let outs: Vec<Var> = axes.iter().map(|a| a.out).collect();
+    if !keep(&axes) || (1..sp).any(|s| outs[..s].contains(&outs[s])) {
+        return None;
+    }
+    let at: Vec<Var> = (0..sp).map(|s| k.var(format!("x{}_{s}", k.vars.len()))).collect();
+    let input = places.iter().zip(&at).fold(body.clone(), |e, (p, v)| e.replace(p, &Expr::var(*v)));
+    if axes.iter().any(|a| input.uses(a.out) || input.uses(a.tap)) {
+        return None;
+    }
+    Some(Window { axes, input, at, fill })
+}
+
+/// Every fold over a guarded window left in a kernel's loop nests (a pooling's: `acc = op(acc,
+/// select(guard, x[.., clamp(..)], fill))` over the taps) reads a padded copy of its input instead,
+/// holding `fill` (-inf or 0) in the padding and the ceil-mode overhang, in phases along a strided row.
+/// The copy is made inside the loops the input depends on (one plane per image and channel), so the
+/// window reads it from cache.
+pub(crate) fn padded_windows(p: &mut Program, lanes: u32) -> Result<()> {
+    for k in &mut p.kernels {
+        let mut body = std::mem::take(&mut k.body);
+        for st in &mut body {
+            pad_nest(&mut KernelBuilder { k, lanes }, st)?;
+        }
+        k.body = body;
+    }
+    Ok(())
+}
+
+/// `st` as a perfect nest of serial loops around a body: the loops, and the body.
+fn perfect(st: &mut Stmt) -> (Vec<(Var, u64)>, &mut Vec<Stmt>) {
+    let Stmt::For { var, extent, kind: LoopKind::Serial, body } = st else { unreachable!("perfect() takes a serial loop") };
+    let mut loops = vec![(*var, *extent)];
+    let mut cur = body;
+    while matches!(&cur[..], [Stmt::For { kind: LoopKind::Serial, .. }]) {
+        let Some(Stmt::For { var, extent, body, .. }) = cur.first_mut() else { unreachable!() };
+        loops.push((*var, *extent));
+        cur = body;
+    }
+    (loops, cur)
+}
+
+fn pad_nest(b: &mut KernelBuilder, st: &mut Stmt) -> Result<()> {
+    if !matches!(st, Stmt::For { kind: LoopKind::Serial, .. }) {
+        return Ok(());
+    }
+    let (outs, inner) = perfect(st);
+    // The fold: a serial nest of taps whose body combines a guarded window operand.
+    let Some(fold) = inner.iter_mut().find(|s| matches!(s, Stmt::For { kind: LoopKind::Serial, .. })) else { return Ok(()) };
+    let (taps, update) = perfect(fold);
+    let mut candidates = Vec::new();
+    for s in update.iter() {
+        if let Stmt::Store { value, .. } = s {
+            selects(value, &mut candidates);
+        }
+    }
+    let loops: Vec<Var> = outs.iter().chain(&taps).map(|(v, _)| *v).collect();
+    let Some((operand, w)) = candidates.into_iter().find_map(|e| Some((e.clone(), recognise(b.k, &e, &taps, &outs, &loops, &|_| true)?))) else {
+        return Ok(());
+    };
+    // The copy goes inside the loops the input reads, which must all enclose the output positions.
+    let used: Vec<usize> = (0..outs.len()).filter(|i| w.input.uses(outs[*i].0)).collect();
+    let first_out = w.axes.iter().filter_map(|a| outs.iter().position(|(v, _)| *v == a.out)).min().unwrap_or(0);
+    let Some(&depth) = used.last().filter(|d| **d < first_out) else { return Ok(()) };
+    let strides: Vec<usize> = w.axes.iter().map(|a| a.stride as usize).collect();
+    let dilations: Vec<usize> = w.axes.iter().map(|a| a.dilation as usize).collect();
+    let lens: Vec<i64> = w.axes.iter().map(|a| a.len).collect();
+    let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
+    pads.extend(w.axes.iter().map(|a| (a.span - a.pad - a.len).max(0) as usize));
+    let phases = strides[strides.len() - 1];
+    let mut copy = Vec::new();
+    let read: Read<KernelBuilder> = &mut |_, _, pos| Ok(w.at.iter().zip(pos).fold(w.input.clone(), |e, (v, p)| e.subst(*v, p)));
+    let xp = padded_phases(b, [1, 1], &lens, &pads, phases, w.fill, read, &mut copy)?;
+    let pos: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.out)).collect();
+    let tap: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.tap)).collect();
+    let load = Expr::load(xp, [vec![Expr::int(0), Expr::int(0)], padded_index(&pos, &tap, &strides, &dilations, phases)].concat());
+    for s in update.iter_mut() {
+        *s = s.map_exprs(&|e| e.replace(&operand, &load));
+    }
+    // Into the loop at `depth`, before everything it holds.
+    let mut cur = st;
+    for _ in 0..depth {
+        let Stmt::For { body, .. } = cur else { unreachable!("the nest is perfect to the output positions") };
+        cur = &mut body[0];
+    }
+    let Stmt::For { body, .. } = cur else { unreachable!("the nest is perfect to the output positions") };
+    copy.append(body);
+    *body = copy;
+    let name = b.k.buffer(xp).name.clone();
+    b.k.schedule.push(mlopt_kir::ScheduleStep::Pad { buf: name, phases: phases as u64 });
+    Ok(())
+}
+
+/// The selects in `e` with a float constant where they are false (guarded operands).
+fn selects(e: &Expr, out: &mut Vec<Expr>) {
+    match e {
+        Expr::Select(c, a, z) => {
+            if matches!(**z, Expr::Float(..)) {
+                out.push(e.clone());
+            }
+            [c, a, z].into_iter().for_each(|x| selects(x, out));
+        }
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
+        Expr::Load(_, ix) => ix.iter().for_each(|x| selects(x, out)),
+        Expr::Unary(_, a) | Expr::Cast(_, a) => selects(a, out),
+        Expr::Binary(_, a, b) => {
+            selects(a, out);
+            selects(b, out);
+        }
+        Expr::Fma(a, b, c) => [a, b, c].into_iter().for_each(|x| selects(x, out)),
+    }
+}
