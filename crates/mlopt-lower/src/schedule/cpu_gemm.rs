@@ -93,6 +93,14 @@ fn tile_nest(
         let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
         return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (*out, out_ix, out_v));
     }
+    // Reduction loops of one iteration (a pointwise convolution's window) are index 0 too.
+    if c.red.iter().any(|(_, e)| *e != 1) {
+        for (v, _) in c.red.iter().filter(|(_, e)| *e == 1) {
+            c.a = c.a.subst(*v, &Expr::int(0));
+            c.b = c.b.subst(*v, &Expr::int(0));
+        }
+        c.red.retain(|(_, e)| *e != 1);
+    }
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
     let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
     let Some(t) = t_for(m, n, kk) else { return Ok(None) };
@@ -136,20 +144,21 @@ fn tile_nest(
     Ok(Some(stmts))
 }
 
-/// A constant 2-D f32 B (`W[k, j]`, or `W[j, k]`) that only this contraction reads, packed into column
+/// A constant 2-D f32 B (`W[k, j]`, or `W[j, k]`; more axes of one element) that only this contraction reads, packed into column
 /// panels for tile `t`: the first block takes W's parameter, later ones are new parameters; their weights
 /// replace W's. None when B is not such a weight.
 fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<BufId, usize>) -> Option<Vec<BufId>> {
     let Expr::Load(w, ix) = &c.b else { return None };
     let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else { return None };
-    let trans = match &ix[..] {
-        [Expr::Var(a), Expr::Var(b)] if a == r && b == j => false,
-        [Expr::Var(a), Expr::Var(b)] if a == j && b == r => true,
+    // (Trailing axes of one element, a 1x1 convolution's window, are index 0.)
+    let (trans, ones) = match &ix[..] {
+        [Expr::Var(a), Expr::Var(b), ones @ ..] if ones.iter().all(|e| *e == Expr::int(0)) && (a, b) == (r, j) => (false, ones.len()),
+        [Expr::Var(a), Expr::Var(b), ones @ ..] if ones.iter().all(|e| *e == Expr::int(0)) && (a, b) == (j, r) => (true, ones.len()),
         _ => return None,
     };
     let (Some(1), Some((si, pi, wi))) = (loads.get(w), super::layout::bound_weight(p, ki, *w)) else { return None };
     let weight = &p.weights[wi];
-    let dims = if trans { [*ndim, *kdim] } else { [*kdim, *ndim] };
+    let dims = [if trans { vec![*ndim, *kdim] } else { vec![*kdim, *ndim] }, vec![1; ones]].concat();
     if weight.elem != Elem::F32 || weight.dims != dims || weight.data.len() as u64 != kdim * ndim * 4 {
         return None;
     }
