@@ -13,6 +13,7 @@ pub mod gpu_tile;
 pub mod roofline;
 pub mod target;
 pub mod tile;
+pub mod winograd;
 
 pub use error::{CostError, Result};
 pub use roofline::{class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost, Estimate, Mix, ScheduleClass, Work};

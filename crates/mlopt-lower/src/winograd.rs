@@ -10,7 +10,7 @@
 //!
 //! Applies to convolutions with at least 16 input and output channels, an even output size and a tile
 //! count the vector lanes divide (so the GEMMs tile). Whether it is used is `Winograd`: by default where
-//! the cost model (`pays`) rates it faster than the direct implicit GEMM. The saving grows with the
+//! the cost model (`mlopt_cost::winograd::pays`) rates it faster than the direct implicit GEMM. The saving grows with the
 //! channel counts (the GEMMs shrink by c x m, the transforms cost c + m per tile): on this machine it
 //! pays from 64 channels (256 channels at 16x16: 2.05 ms against 3.4 ms), and not at 32. The
 //! results are checked against the interpreter with the rest of lowering (within 1e-5 of the output's
@@ -18,11 +18,11 @@
 
 use crate::anchor::{dot, get};
 use crate::contract;
-use crate::contract::{estimate, pick};
 use crate::elementwise::convert;
 use crate::error::Result;
 use crate::kernel::Lowerer;
 use crate::window::padded_input;
+use mlopt_cost::winograd::pays;
 use mlopt_ir::{ConvAttrs, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt};
 
@@ -71,7 +71,7 @@ fn transform_weights(w: &[f32], m: usize, c: usize) -> Vec<u8> {
 /// When 3x3 convolutions are lowered by Winograd.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Winograd {
-    /// Where the cost model (`pays`) rates it faster than the direct kernel.
+    /// Where the cost model (`mlopt_cost::winograd::pays`) rates it faster than the direct kernel.
     #[default]
     Auto,
     /// Every eligible convolution.
@@ -89,32 +89,6 @@ impl std::str::FromStr for Winograd {
             _ => Err(format!("`{s}`: expected auto, always or never")),
         }
     }
-}
-
-/// Transform cost in cycles per (input channel, tile): 16 strided loads, gathered at about one element
-/// per cycle (the adds and V's contiguous stores hide under them); and per (output channel, tile): 16
-/// contiguous loads, the adds and 4 strided stores. Checked against eight layer shapes measured on this
-/// machine (the table in the tests).
-const INPUT_TRANSFORM: f64 = 16.0;
-const OUTPUT_TRANSFORM: f64 = 8.0;
-/// The transformed input and output (16 values per channel and tile each) are written and read back once;
-/// what does not fit in a core's L2 (2 MiB here) goes through L3 and memory, at about 6 bytes per cycle
-/// (18 GB/s at 3 GHz: more than one core's 9.8 GB/s DRAM reads, as part of it stays in L3).
-const L2_BYTES: f64 = 2.0 * 1024.0 * 1024.0;
-const SPILL_BYTES_PER_CYCLE: f64 = 6.0;
-
-/// The cost model's verdict for `c` input and `m` output channels over an h x w output: the 16 GEMMs of
-/// `tiles` columns plus the transforms and the temporaries' traffic beyond L2, against the direct
-/// contraction of K = 9c (both by the micro-kernel model of `contract::estimate`, with the tiles it would
-/// pick).
-pub fn pays(c: u64, m: u64, h: u64, w: u64, lanes: u32) -> bool {
-    let tiles = (h / 2) * (w / 2);
-    let (Some(direct), Some(gemm)) = (pick(m, h * w, 9 * c, lanes), pick(m, tiles, c, lanes)) else { return false };
-    let direct = estimate(direct, m, h * w, 9 * c);
-    let transforms = tiles as f64 * (INPUT_TRANSFORM * c as f64 + OUTPUT_TRANSFORM * m as f64);
-    let temporaries = (16 * 4 * (c + m) * tiles) as f64;
-    let spill = 2.0 * (temporaries - L2_BYTES).max(0.0) / SPILL_BYTES_PER_CYCLE;
-    16.0 * estimate(gemm, m, tiles, c) + transforms + spill < direct
 }
 
 /// Lowers the convolution by Winograd when it applies; None otherwise.
@@ -208,37 +182,4 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
         Ok(out)
     })?);
     Ok(Some(stmts))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The model against measurements on this machine (`mlopt bench --winograd never|always`, the best of
-    /// 3-5 runs of 100-150 iterations, ms): where one measured at least 15% faster, the model must choose
-    /// it. Closer results are within this machine's noise, and either choice is right.
-    #[test]
-    fn the_model_chooses_winograd_where_it_measured_faster() {
-        // (channels in = out, output size, direct ms, Winograd ms)
-        let measured = [
-            (32, 64, 0.79, 0.86),
-            (64, 56, 2.12, 2.09), // and in another run 2.6 (ORT) against 7.1 for Winograd: direct is safer
-            (64, 32, 0.57, 0.43),
-            (96, 32, 1.28, 0.87),
-            (128, 32, 2.41, 1.63),
-            (128, 56, 8.96, 7.04),
-            (256, 16, 3.36, 2.05),
-            (512, 8, 4.66, 3.60),
-        ];
-        let mut clear = 0;
-        for (ch, hw, direct, winograd) in measured {
-            if f64::max(direct, winograd) / f64::min(direct, winograd) >= 1.15 {
-                assert_eq!(pays(ch, ch, hw, hw, 16), winograd < direct, "{ch} channels, {hw}x{hw}: {direct} ms direct, {winograd} ms Winograd");
-                clear += 1;
-            }
-        }
-        assert_eq!(clear, 6);
-        // ResNet's 64-channel 56x56 layer, whose 6.4 MB of temporaries leave L2, stays direct.
-        assert!(!pays(64, 64, 56, 56, 16));
-    }
 }
