@@ -81,9 +81,9 @@ fn windows_and_attention_are_scheduled_not_lowered() {
     let tile: fn(&ScheduleStep) -> bool = |s| matches!(s, ScheduleStep::Tile { .. });
     let cases = [
         // A convolution's fold reads its input through a guarded, clamped window.
-        Case { name: "cnn", marker: "fma(select(", made: "local %xpad", step: tile, at_least: 2 },
+        Case { name: "cnn", marker: "fma(select(", made: "local %xp", step: tile, at_least: 2 },
         // A max pool's window is -inf outside the input.
-        Case { name: "cnn", marker: ", -inff32)", made: "local %xpad", step: |s| matches!(s, ScheduleStep::Pad { .. }), at_least: 1 },
+        Case { name: "cnn", marker: ", -inff32)", made: "local %xp", step: |s| matches!(s, ScheduleStep::Pad { .. }), at_least: 1 },
         // Attention's algorithm keeps one query row of scores; its schedule a block of rows.
         Case { name: "transformer", marker: "local %scores", made: "serial %blk", step: tile, at_least: 1 },
     ];

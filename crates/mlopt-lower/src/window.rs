@@ -129,9 +129,8 @@ pub(crate) type Read<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &[Expr]) -> Res
 /// The padded copy of an input with spatial dims `spatial`, its last axis split into `s` phases,
 /// [lead0, lead1, outer.., s, ceil(W' / s)]: element w of a padded row lands at [w % s, w / s], so a
 /// stride-s window's taps read contiguous runs (tap kw of output column j is phase kw % s, position
-/// j + kw / s). One phase is the plain padded copy. With phases, the plain copy (its rows widened to a
-/// multiple of s) is made first and each phase reads it at stride s. The padding holds `fill` (0, or
-/// -inf for a max pool); `read` gives the input.
+/// j + kw / s). One phase is the plain padded copy. Each phase is written straight from the input,
+/// read at stride s. The padding holds `fill` (0, or -inf for a max pool); `read` gives the input.
 ///
 /// The leading dims are the caller's: the whole input's [N, C], or one image's few channels [1, c]:
 /// made inside the loop over images and channel groups, such a copy stays in cache for the window that
@@ -163,48 +162,52 @@ pub(crate) fn padded_phases<B: Builder>(
             a => (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64,
         })
         .collect();
+    // One phase is the padded copy itself, [.., W']; s phases are [.., s, W' / s].
+    let q = padded[last] / s as u64;
+    let mut dims = padded[..last].to_vec();
+    let (name, phased) = match s {
+        1 => ("xpad", false),
+        _ => ("xphase", true),
+    };
+    dims.extend(if phased { vec![s as u64, q] } else { vec![q] });
     let k = l.kernel();
-    let xp = k.buf(format!("xpad{}", k.bufs.len()), Elem::F32, padded.clone(), Space::Local);
+    let xp = k.buf(format!("{name}{}", k.bufs.len()), Elem::F32, dims, Space::Local);
     stmts.extend(contract::nest(l, "p", &padded[..last], |l, idx| {
         // The input row this copy row holds: valid when every outer spatial position is inside.
         let pos: Vec<Expr> = (2..last).map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64))).collect();
         let inside = all((2..last).map(|a| in_range(pos[a - 2].clone(), xs[a])));
-        let row = |c: Expr| [idx.to_vec(), vec![c]].concat();
         let mut st = Vec::new();
-        for (from, len) in [(0, pl), (pl + w, pr)] {
-            if len > 0 {
-                st.extend(contract::nest(l, "z", &[len as u64], |_, z| {
-                    Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(from), z[0].clone())), value: lit(fill, Elem::F32) }])
-                })?);
+        // Phase p, position j holds padded column j * s + p, which is input column j * s + p - pl:
+        // padding before column 0 (j < j0) and from column w on (j >= j1), the input row between, read
+        // at stride s (one contiguous run for one phase).
+        for p in 0..s as i64 {
+            let at = |j: Expr| [idx.to_vec(), if phased { vec![Expr::int(p), j] } else { vec![j] }].concat();
+            let first = |col: i64| if col > p { (col - p + s as i64 - 1) / s as i64 } else { 0 };
+            let (j0, j1) = (first(pl), first(pl + w));
+            for (from, len) in [(0, j0), (j1, q as i64 - j1)] {
+                if len > 0 {
+                    st.extend(contract::nest(l, "z", &[len as u64], |_, z| {
+                        Ok(vec![Stmt::Store { buf: xp, index: at(Expr::add(Expr::int(from), z[0].clone())), value: lit(fill, Elem::F32) }])
+                    })?);
+                }
             }
+            if j1 <= j0 {
+                continue;
+            }
+            st.extend(contract::nest(l, "c", &[(j1 - j0) as u64], |l, c| {
+                let mut from: Vec<Expr> = (2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])).collect();
+                from.push(Expr::add(Expr::mul(c[0].clone(), Expr::int(s as i64)), Expr::int(j0 * s as i64 + p - pl)));
+                let v = read(l, &idx[..2], &from)?;
+                let v = match &inside {
+                    Some(ok) => Expr::select(ok.clone(), v, lit(fill, Elem::F32)),
+                    None => v,
+                };
+                Ok(vec![Stmt::Store { buf: xp, index: at(Expr::add(Expr::int(j0), c[0].clone())), value: v }])
+            })?);
         }
-        st.extend(contract::nest(l, "c", &[w as u64], |l, c| {
-            let mut at: Vec<Expr> = (2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])).collect();
-            at.push(c[0].clone());
-            let v = read(l, &idx[..2], &at)?;
-            let v = match &inside {
-                Some(ok) => Expr::select(ok.clone(), v, lit(fill, Elem::F32)),
-                None => v,
-            };
-            Ok(vec![Stmt::Store { buf: xp, index: row(Expr::add(Expr::int(pl), c[0].clone())), value: v }])
-        })?);
         Ok(st)
     })?);
-    if s == 1 {
-        return Ok(xp);
-    }
-    let q = padded[last] / s as u64;
-    let mut dims = padded[..last].to_vec();
-    dims.extend([s as u64, q]);
-    let k = l.kernel();
-    let phased = k.buf(format!("xphase{}", k.bufs.len()), Elem::F32, dims.clone(), Space::Local);
-    stmts.extend(contract::nest(l, "f", &dims, |_, idx| {
-        // Phase p, position q holds padded column q * s + p.
-        let mut from = idx[..last].to_vec();
-        from.push(Expr::add(Expr::mul(idx[last + 1].clone(), Expr::int(s as i64)), idx[last].clone()));
-        Ok(vec![Stmt::Store { buf: phased, index: idx.to_vec(), value: Expr::load(xp, from) }])
-    })?);
-    Ok(phased)
+    Ok(xp)
 }
 
 pub(crate) fn pool_window(
