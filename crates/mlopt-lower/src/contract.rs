@@ -52,9 +52,11 @@ pub struct Col<'e> {
 }
 
 pub type RowOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
-/// b(batch, k, column): the column both as a number and as its place in the tiling (so a packed B can be
-/// indexed by panel).
-pub type ColOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &[Expr], &Col) -> Result<Expr>;
+/// b(batch, row, k, column): the column both as a number and as its place in the tiling (so a packed B
+/// can be indexed by panel). B is a GEMM's when it ignores the row (which a panel's packing does not
+/// give: None); one that reads the row (a depthwise convolution's window, whose rows are output rows)
+/// is loaded per row of the tile.
+pub type ColOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], Option<&Expr>, &[Expr], &Col) -> Result<Expr>;
 pub type StoreOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
 
 /// What the tiler writes with: the kernel being built, fresh loop variables, the target's f32 lanes.
@@ -191,7 +193,7 @@ fn tile_block<B: Builder>(
         packing = nest(l, "k", k, |l, kk| {
             let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
             let jj = col_in_tile(jv, jl);
-            let v = b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
+            let v = b(l, bi, None, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
             let st = Stmt::Store { buf: p, index: vec![crate::kernel::linear(kk, &kdims), jj], value: v };
             Ok(vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st])])])
         })?;
@@ -201,7 +203,7 @@ fn tile_block<B: Builder>(
             let av = a(l, bi, &row(&ii), kk)?;
             let bv = match panel {
                 Some(p) => Expr::load(p, vec![crate::kernel::linear(kk, &kdims), jj.clone()]),
-                None => b(l, bi, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?,
+                None => b(l, bi, Some(&row(&ii)), kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?,
             };
             Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])) })
         })?])

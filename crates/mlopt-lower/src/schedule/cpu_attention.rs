@@ -53,7 +53,7 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
                 ts,
                 false,
                 &mut |_, _, i, k| Ok(q.subst(a.row.0, &qrow(i)).subst(a.r, &k[0])),
-                &mut |_, _, k, c| {
+                &mut |_, _, _, k, c| {
                     Ok(match kp {
                         Some(p) => Expr::load(p, vec![k[0].clone(), c.j.clone()]),
                         None => kt.subst(a.r, &k[0]).subst(a.j, &c.j),
@@ -77,7 +77,7 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
                 to,
                 false,
                 &mut |_, _, i, k| Ok(Expr::load(scores, vec![i.clone(), k[0].clone()])),
-                &mut |_, _, k, c| {
+                &mut |_, _, _, k, c| {
                     Ok(match vp {
                         Some(p) => Expr::load(p, vec![k[0].clone(), c.j.clone()]),
                         None => v.subst(a.jv, &k[0]).subst(a.e, &c.j),

@@ -53,32 +53,42 @@ pub(crate) fn tiled<B: Builder>(
     // as its multiplies (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103).
     // Not for narrow groups (depthwise): with few rows per panel the copy costs as much as the tiles.
     let pack = m >= 8 && sp > 1 && last.outs < 2 * lanes;
+    // A depthwise convolution (one output channel per group) has no rows to tile: its output rows are
+    // the tile's rows instead, each reading its own window (B loaded per row of the tile), so a tile
+    // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
+    let by_rows = m == 1 && !pack && sp > 1;
     let outs: Vec<u64> = w.axes.iter().map(|a| a.outs).collect();
     let n = if pack { outs.iter().product() } else { last.outs };
     let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
-    let Some(t) = t_for(m, n, red.iter().product()) else { return Ok(None) };
+    let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows) {
+        (true, _) => (m, Vec::new()),
+        (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
+        (false, false) => (m, outs[..sp - 1].to_vec()),
+    };
+    let Some(t) = t_for(tm, n, red.iter().product()) else { return Ok(None) };
     let phases = if pack { 1 } else { last.stride as usize };
     let copy = phases > 1 || w.axes.iter().any(|a| a.guarded);
     // Outer loops: the batch and any column that is not an output position (the image).
     let outer: Vec<(Var, u64)> = c.batch.iter().chain(c.cols.iter().filter(|(v, _)| !w.axes.iter().any(|a| a.out == *v))).copied().collect();
-    let inner: Vec<u64> = if pack { Vec::new() } else { outs[..sp - 1].to_vec() };
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
     let rows: Vec<i64> = c.rows.iter().map(|(_, e)| *e as i64).collect();
-    // The output position of column `j` in inner batch `bi`, per axis.
-    let position = |bi: &[Expr], j: &Expr| -> Vec<Expr> {
-        match pack {
-            true => delinear(j.clone(), &outs_i),
-            false => [bi.to_vec(), vec![j.clone()]].concat(),
+    // The output position of column `j` of the tile's row `row` in inner batch `bi`, per axis.
+    let position = |bi: &[Expr], row: Option<&Expr>, j: &Expr| -> Vec<Expr> {
+        match (pack, by_rows, row) {
+            (true, _, _) => delinear(j.clone(), &outs_i),
+            (false, true, Some(r)) => [bi.to_vec(), vec![r.clone(), j.clone()]].concat(),
+            _ => [bi.to_vec(), vec![j.clone()]].concat(),
         }
     };
-    // An expression of the algorithm with its loops replaced.
+    // An expression of the algorithm with its loops replaced (the tile's row is an output channel, or
+    // with `by_rows` an output row).
     let at = |e: &Expr, ng: &[Expr], bi: &[Expr], row: Option<&Expr>, col: Option<&Expr>, k: &[Expr]| -> Expr {
         let mut by: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.iter().cloned()).collect();
-        if let Some(r) = row {
+        if let (Some(r), false) = (row, by_rows) {
             by.extend(c.rows.iter().map(|(v, _)| *v).zip(delinear(r.clone(), &rows)));
         }
         if let Some(j) = col {
-            by.extend(w.axes.iter().map(|a| a.out).zip(position(bi, j)));
+            by.extend(w.axes.iter().map(|a| a.out).zip(position(bi, row, j)));
         }
         by.extend(c.red.iter().map(|(v, _)| *v).zip(k.iter().cloned()));
         by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
@@ -110,19 +120,19 @@ pub(crate) fn tiled<B: Builder>(
         st.extend(contract::tiled(
             b,
             &inner,
-            m,
+            tm,
             n,
             &red,
             t,
             pack,
             &mut |_, bi, row, k| Ok(at(&c.a, ng, bi, Some(row), None, k)),
-            &mut |_, bi, k, col| {
+            &mut |_, bi, row, k, col| {
                 Ok(match src {
                     Some(xp) => {
-                        let window = padded_index(&position(bi, &col.j), &k[1..], &strides, &dilations, phases);
+                        let window = padded_index(&position(bi, row, &col.j), &k[1..], &strides, &dilations, phases);
                         Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
                     }
-                    None => at(&c.b, ng, bi, None, Some(&col.j), k),
+                    None => at(&c.b, ng, bi, row, Some(&col.j), k),
                 })
             },
             &mut |_, bi, row, j, v| {

@@ -130,7 +130,7 @@ fn tile_nest(
         t,
         false,
         &mut |_, bi, row, k| Ok(at(&c.a, bi, Some(row), None, k)),
-        &mut |_, bi, k, col| {
+        &mut |_, bi, _, k, col| {
             Ok(match packed.as_ref().and_then(|p| p.get(col.block)) {
                 Some(p) => Expr::load(*p, vec![col.jo.clone(), k[0].clone(), col.jj.clone()]),
                 None => at(&c.b, bi, None, Some(&col.j), k),
