@@ -82,18 +82,22 @@ pub(crate) fn recognise(
         if stride < 1 || dilation < 1 || pad < 0 || loops.iter().any(|v| *v != out && *v != tap && pos.uses(*v)) {
             return None;
         }
-        let span = (outs as i64 - 1) * stride + (taps as i64 - 1) * dilation + 1;
-        // An unguarded axis is as long as the shortest buffer the position indexes (at least the span).
-        let mut shortest = i64::MAX;
+        let span = (outs as i64 - 1).checked_mul(stride)?.checked_add((taps as i64 - 1).checked_mul(dilation)?)?.checked_add(1)?;
+        // An unguarded axis is as long as the shortest buffer the position indexes directly, or as far
+        // as the windows reach where it is also part of a computed index.
+        let (mut shortest, mut computed) = (i64::MAX, false);
         for_each_load(body, &mut |b, ix| {
             for (d, e) in ix.iter().enumerate() {
                 if *e == place {
                     shortest = shortest.min(k.buffer(b).dims[d] as i64);
+                } else if e.uses(tap) {
+                    computed = true;
                 }
             }
         });
         let len = match len {
             Some(len) if len > 0 => len,
+            None if pad == 0 && computed => span,
             None if pad == 0 && shortest >= span && shortest < i64::MAX => shortest,
             _ => return None,
         };
