@@ -51,8 +51,9 @@ pub(crate) fn tiled<B: Builder>(
     // window over long rows reads the input in phases instead, so its loads along the row are
     // contiguous: packing its panels gathers one element per lane, which cost a 3-channel stem as much
     // as its multiplies (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103).
-    // Not for narrow groups (depthwise): with few rows per panel the copy costs as much as the tiles.
-    let pack = m >= 8 && sp > 1 && last.outs < 2 * lanes;
+    // Not for narrow groups: with one tile of rows per panel (RegNet's 8 channels per group, depthwise)
+    // the copy costs as much as the tiles.
+    let pack = m >= 16 && sp > 1 && last.outs < 2 * lanes;
     // A depthwise convolution (one output channel per group) has no rows to tile: its output rows are
     // the tile's rows instead, each reading its own window (B loaded per row of the tile), so a tile
     // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
