@@ -12,7 +12,9 @@
 //!   B is one vector load per k.
 //! - **parallel**: with more than one thread, the outermost loop of a nest whose every store depends on it
 //!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
-//!   waking the pool, runs as `parallel`.
+//!   waking the pool, runs as `parallel`; one whose iterations do not share out evenly (a multiple of
+//!   the threads, or at least 8 per thread) passes the choice to the nests inside it when they have a
+//!   loop that can run in parallel.
 //!
 //! Loops holding a guard are never vectorised (a guard would differ between lanes).
 
@@ -146,13 +148,21 @@ fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usiz
     if work(st) < PARALLEL_MIN_WORK {
         return;
     }
-    if *extent >= threads as u64 && stores_ok(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0)) {
+    let splits = *extent >= threads as u64 && stores_ok(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0));
+    // Threads get equal shares, or nearly (at most an eighth more for some).
+    let (t, e) = (threads as u64, *extent);
+    if splits && (e % t == 0 || e >= 8 * t) {
         out.push(*var);
         return;
     }
-    // A short or unsplittable outer loop (batch 1, say): look one level in, at each nest it holds.
+    // A short, uneven or unsplittable outer loop (batch 1; 5 column panels on 2 threads): look one
+    // level in, at each nest it holds; an uneven loop with nothing inside to split is still split.
+    let before = out.len();
     for inner in body {
         pick_parallel(k, inner, threads, uses, out);
+    }
+    if splits && out.len() == before {
+        out.push(*var);
     }
 }
 
@@ -164,5 +174,44 @@ fn work(st: &Stmt) -> u64 {
         Stmt::If { then, .. } => then.iter().map(work).sum(),
         Stmt::Mma { m, n, k, .. } => (m * n * k / 16).max(1),
         _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop each thread count runs in parallel: `y[i, j, l] = x[i, j, l] * 2` over 3 x 64 x 512 (`l`
+    /// in vector lanes), and a fold over `j` (which no thread can split) inside 5 iterations of `i`.
+    #[test]
+    fn parallel_loops_share_out_evenly() {
+        let rows = "kernel @rows(%x: f32[3,64,512], %y: f32[3,64,512]) {
+  serial %i in 0..3 {
+    serial %j in 0..64 {
+      serial %l in 0..512 {
+        %y[%i, %j, %l] = (%x[%i, %j, %l] * 2.0f32)
+      }
+    }
+  }
+}
+";
+        let fold = "kernel @fold(%x: f32[5,8192], %y: f32[5]) {
+  local %acc: f32[]
+  serial %i in 0..5 {
+    %acc[] = 0.0f32
+    serial %j in 0..8192 {
+      %acc[] = max(%acc[], %x[%i, %j])
+    }
+    %y[%i] = %acc[]
+  }
+}
+";
+        // (kernel, threads, the loop that runs in parallel)
+        for (text, threads, want) in [(rows, 3, "parallel(i)"), (rows, 2, "parallel(j)"), (fold, 2, "parallel(i)"), (fold, 5, "parallel(i)")] {
+            let mut k = mlopt_kir::parse_kernel(text).unwrap();
+            schedule_cpu(&mut k, CpuSchedule { lanes: 16, threads, mma: false }).unwrap();
+            let steps = mlopt_kir::step::schedule_text(&k.schedule);
+            assert!(steps.split(' ').any(|s| s == want), "{} on {threads} threads: {steps}", k.name);
+        }
     }
 }
