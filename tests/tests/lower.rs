@@ -219,6 +219,30 @@ fn tiled_contractions_of_many_shapes_match() {
     }
 }
 
+/// A contraction whose panels of B would not fit in half of the L2 (here a 64 KiB one, so that small
+/// shapes cross it) runs its reduction in blocks, its sums kept between them, and still matches: packed
+/// weights (MatMul, Gemm), packed im2col panels (a convolution with short rows) and a padded window.
+#[test]
+fn contractions_too_deep_for_l2_run_in_k_blocks() {
+    let cases = [("matmul", 7, 600, 48), ("gemm_t", 9, 384, 64), ("matmul", 13, 1000, 70), ("conv", 24, 80, 13), ("conv", 16, 80, 40)];
+    for (i, (kind, m, k, n)) in cases.into_iter().enumerate() {
+        let g = contraction(kind, m, k, n, i as u64);
+        let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
+        let want = interp::run(&g, &inputs).unwrap();
+        let cpu = Some(CpuSchedule { lanes: 16, threads: 2, mma: false });
+        let p = lower_program(&o.plan.graph, &Options { cpu, winograd: mlopt_lower::Winograd::Never, l2_bytes: Some(64 << 10), ..Default::default() }).unwrap();
+        let blocks = p.kernels.iter().flat_map(|k| &k.schedule).find_map(|s| match s {
+            mlopt_kir::ScheduleStep::KBlock { k } => Some(*k),
+            _ => None,
+        });
+        assert!(blocks.is_some(), "{kind} {m}x{k}x{n}: not in K blocks");
+        let got = interpret(&p, &inputs).unwrap();
+        let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+        assert!(err < 1e-5, "{kind} {m}x{k}x{n} in K blocks of {blocks:?}: error {err:e}");
+    }
+}
+
 /// Data checks (`mlopt-lower/src/check.rs`): indices and integer divisors from the inputs, valid and not.
 /// The kernel IR interpreter, with and without CPU schedules, and the compiled code must give the graph
 /// interpreter's outputs on valid data and fail with its error (the node named) on invalid data.

@@ -39,6 +39,9 @@ pub enum ScheduleStep {
     Tile { mr: u64, nr: u64, m: u64, n: u64, k: u64, lanes: u32 },
     /// `pack(b)`: each column panel of the tiled contraction's B is copied once before its tiles read it.
     PackB,
+    /// `kblock(2048)`: the tiled contraction's reduction runs in blocks of `k` (a panel of B over all of
+    /// K would not fit in L2), its sums kept between blocks.
+    KBlock { k: u64 },
     /// `pad(xphase5,2)`: a window reads local `buf`, a padded copy of its input split into `phases`
     /// along its rows (1: the plain padded copy), instead of guarded, clamped loads.
     Pad { buf: String, phases: u64 },
@@ -99,6 +102,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::Kind { var, kind } => write!(f, "{}({var})", crate::print::loop_kind(*kind)),
             ScheduleStep::Tile { mr, nr, m, n, k, lanes } => write!(f, "tile({mr}x{nr} for {m}x{n}x{k}@{lanes})"),
             ScheduleStep::PackB => f.write_str("pack(b)"),
+            ScheduleStep::KBlock { k } => write!(f, "kblock({k})"),
             ScheduleStep::Pad { buf, phases } => write!(f, "pad({buf},{phases})"),
             ScheduleStep::Transpose { buf } => write!(f, "transpose({buf})"),
             ScheduleStep::Matrix { mb, nb, kb, m, n, k } => write!(f, "matrix(mma<{mb}x{nb}x{kb}> blocks for {m}x{n}x{k})"),
@@ -189,6 +193,7 @@ impl std::str::FromStr for ScheduleStep {
                 ScheduleStep::Tile { mr, nr, m, n, k, lanes: narrow(lanes)? }
             }
             "pack" if args == "b" => ScheduleStep::PackB,
+            "kblock" => ScheduleStep::KBlock { k: factor(args)? },
             "pad" => {
                 let (buf, phases) = pair()?;
                 ScheduleStep::Pad { buf: buf.into(), phases: factor(phases)? }
@@ -295,6 +300,7 @@ mod tests {
         "gpu.empty",
         "gpu.elementwise(1024 in 4x256)",
         "gpu.elementwise(1024 in 1x256, vector<4>)",
+        "kblock(2048)",
         "pad(xphase5,2)",
         "gpu.rows(128 x 256 threads)",
         "gpu.gemm(1 x 128x128x64, mma.sync bf16, tile 64x64x32, 128 threads, 4 blocks, 96 registers planned)",

@@ -18,7 +18,7 @@
 
 use crate::error::Result;
 use crate::kernel::Lowerer;
-use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 // The micro-kernel model that picks the tile lives in the cost model, the one place kernel-level costs
 // are estimated.
 pub use mlopt_cost::tile::{blocks, candidates, estimate, pick, Tile, TileKey};
@@ -65,6 +65,28 @@ pub trait Builder {
     fn kernel(&mut self) -> &mut Kernel;
     fn fresh(&mut self, prefix: &str) -> Var;
     fn lanes(&self) -> Option<u32>;
+    /// A core's L2 in bytes, which a panel of B should fit in half of (`k_block`).
+    fn l2_bytes(&self) -> u64 {
+        DEFAULT_L2_BYTES
+    }
+}
+
+/// The L2 a target is assumed to have per core when it is not the host: 1 MiB (Zen 4; Sapphire Rapids
+/// has 2).
+pub const DEFAULT_L2_BYTES: u64 = 1 << 20;
+
+/// The block of the first reduction axis when a panel of B (K x nr floats) would not fit in half of an
+/// L2 of `l2` bytes: the largest divisor of `k[0]` whose block does, with at least 64 rows of B per
+/// block. None when the panel fits, or no divisor gives such a block.
+pub fn k_block(k: &[u64], nr: u64, l2: u64) -> Option<u64> {
+    let (&k0, rest) = k.split_first()?;
+    let rest: u64 = rest.iter().product::<u64>().max(1);
+    let row = rest * nr * 4;
+    if k0.saturating_mul(row) <= l2 / 2 {
+        return None;
+    }
+    let fit = (l2 / 2) / row.max(1);
+    (1..=fit.min(k0)).rev().find(|d| k0 % d == 0).filter(|d| d * rest >= 64)
 }
 
 impl Builder for Lowerer<'_> {
@@ -141,30 +163,36 @@ pub fn tiled<B: Builder>(
     if pack {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
+    let chunk = k_block(k, t.nr, l.l2_bytes());
+    if let Some(c) = chunk {
+        l.kernel().schedule.push(mlopt_kir::ScheduleStep::KBlock { k: c * k[1..].iter().product::<u64>() });
+    }
     nest(l, "b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
             if main > 0 {
-                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, k, pack, a, b, store)?);
+                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, (k, chunk), pack, a, b, store)?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
-                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, k, pack, a, b, store)?);
+                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, (k, chunk), pack, a, b, store)?);
             }
         }
         Ok(out)
     })
 }
 
-/// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`.
+/// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`; with
+/// `chunk`, the reduction in blocks of `chunk` of its first axis (`k_block`).
+#[allow(clippy::too_many_arguments)]
 fn tile_block<B: Builder>(
     l: &mut B,
     bi: &[Expr],
     (row0, rows): (u64, u64),
     (block, col0, cols): (usize, u64, u64),
     t: Tile,
-    k: &[u64],
+    (k, chunk): (&[u64], Option<u64>),
     pack: bool,
     a: RowOp<B>,
     b: ColOp<B>,
@@ -185,25 +213,38 @@ fn tile_block<B: Builder>(
         Ok(Stmt::for_(ii, t.mr, LoopKind::Unrolled, vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![inner])]))
     };
     let zero = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii, jj], value: Expr::f32(0.0) }))?;
-    // The packed panel of B: [K, nr], filled one vector of columns at a time.
-    let kdims: Vec<i64> = k.iter().map(|d| *d as i64).collect();
-    let panel = pack.then(|| buf(l, "panel", vec![k.iter().product(), t.nr]));
+    // The loops over K: all of it, or one block of its first axis, which `kb` picks.
+    let kb = chunk.map(|c| (l.fresh("kb"), c, k[0] / c));
+    let kv: Vec<u64> = match kb {
+        Some((_, c, _)) => [vec![c], k[1..].to_vec()].concat(),
+        None => k.to_vec(),
+    };
+    let full = |kk: &[Expr]| -> Vec<Expr> {
+        match kb {
+            Some((v, c, _)) => [vec![Expr::add(Expr::mul(Expr::var(v), Expr::int(c as i64)), kk[0].clone())], kk[1..].to_vec()].concat(),
+            None => kk.to_vec(),
+        }
+    };
+    // The packed panel of B: [K, nr] (or one block of K), filled one vector of columns at a time.
+    let kdims: Vec<i64> = kv.iter().map(|d| *d as i64).collect();
+    let panel = pack.then(|| buf(l, "panel", vec![kv.iter().product(), t.nr]));
     let mut packing = Vec::new();
     if let Some(p) = panel {
-        packing = nest(l, "k", k, |l, kk| {
+        packing = nest(l, "k", &kv, |l, kk| {
             let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
             let jj = col_in_tile(jv, jl);
-            let v = b(l, bi, None, kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
+            let v = b(l, bi, None, &full(kk), &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
             let st = Stmt::Store { buf: p, index: vec![crate::kernel::linear(kk, &kdims), jj], value: v };
             Ok(vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st])])])
         })?;
     }
-    let update = nest(l, "k", k, |l, kk| {
+    let update = nest(l, "k", &kv, |l, kk| {
+        let (at, kk) = (crate::kernel::linear(kk, &kdims), full(kk));
         Ok(vec![sweep(l, &mut |l, ii, jj| {
-            let av = a(l, bi, &row(&ii), kk)?;
+            let av = a(l, bi, &row(&ii), &kk)?;
             let bv = match panel {
-                Some(p) => Expr::load(p, vec![crate::kernel::linear(kk, &kdims), jj.clone()]),
-                None => b(l, bi, Some(&row(&ii)), kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?,
+                Some(p) => Expr::load(p, vec![at.clone(), jj.clone()]),
+                None => b(l, bi, Some(&row(&ii)), &kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?,
             };
             Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])) })
         })?])
@@ -212,11 +253,29 @@ fn tile_block<B: Builder>(
         let v = Expr::load(acc, vec![ii.clone(), jj.clone()]);
         store(l, bi, &row(&ii), &col(&jj), v)
     })?;
-    let mut body = vec![zero];
-    body.extend(update);
-    body.push(out);
+    let body = match kb {
+        None => [vec![zero], update, vec![out]].concat(),
+        Some((v, _, blocks)) => {
+            // Between blocks the tile's sums wait in `sums` [column panels, rows, nr]; the first block
+            // starts from zero and the last applies the epilogue.
+            let sums = buf(l, "sums", vec![cols / t.nr, rows, t.nr]);
+            let at = |ii: &Expr, jj: &Expr| vec![jo_e.clone(), Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()), jj.clone()];
+            let reload = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::load(sums, at(&ii, &jj)) }))?;
+            let save = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: sums, index: at(&ii, &jj), value: Expr::load(acc, vec![ii, jj]) }))?;
+            let is = |o: BinOp, at: u64| Expr::bin(o, Expr::var(v), Expr::int(at as i64));
+            let mut body = vec![Stmt::If { cond: is(BinOp::Eq, 0), then: vec![zero] }, Stmt::If { cond: is(BinOp::Ne, 0), then: vec![reload] }];
+            body.extend(update);
+            body.push(Stmt::If { cond: is(BinOp::Eq, blocks - 1), then: vec![out] });
+            body.push(Stmt::If { cond: is(BinOp::Ne, blocks - 1), then: vec![save] });
+            body
+        }
+    };
     // Column panels outside, rows inside: one nr-wide panel of B stays in cache while every row of A
-    // passes over it (B is usually the larger operand: the weights).
+    // passes over it (B is usually the larger operand: the weights). K blocks go between them.
     packing.push(Stmt::for_(io, rows / t.mr, LoopKind::Serial, body));
-    Ok(Stmt::for_(jo, cols / t.nr, LoopKind::Serial, packing))
+    let inside = match kb {
+        Some((v, _, blocks)) => vec![Stmt::for_(v, blocks, LoopKind::Serial, packing)],
+        None => packing,
+    };
+    Ok(Stmt::for_(jo, cols / t.nr, LoopKind::Serial, inside))
 }

@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub(super) struct KernelBuilder<'k> {
     pub(super) k: &'k mut Kernel,
     pub(super) lanes: u32,
+    /// A core's L2 in bytes.
+    pub(super) l2: u64,
 }
 
 impl Builder for KernelBuilder<'_> {
@@ -27,16 +29,19 @@ impl Builder for KernelBuilder<'_> {
     fn lanes(&self) -> Option<u32> {
         Some(self.lanes)
     }
+    fn l2_bytes(&self) -> u64 {
+        self.l2
+    }
 }
 
 /// Tiles every contraction nest at the top of each kernel's body.
-pub(crate) fn tile(p: &mut Program, lanes: u32, mma: bool, tiles: &HashMap<TileKey, Tile>) -> Result<()> {
+pub(crate) fn tile(p: &mut Program, lanes: u32, mma: bool, l2: u64, tiles: &HashMap<TileKey, Tile>) -> Result<()> {
     for ki in 0..p.kernels.len() {
         let loads = mlopt_kir::analysis::buffer_loads(&p.kernels[ki].body);
         let body = std::mem::take(&mut p.kernels[ki].body);
         let mut out = Vec::with_capacity(body.len());
         for st in body {
-            match tile_nest(p, ki, &st, lanes, mma, tiles, &loads)? {
+            match tile_nest(p, ki, &st, (lanes, l2), mma, tiles, &loads)? {
                 Some(tiled) => out.extend(tiled),
                 None => out.push(st),
             }
@@ -53,7 +58,7 @@ fn tile_nest(
     p: &mut Program,
     ki: usize,
     st: &Stmt,
-    lanes: u32,
+    (lanes, l2): (u32, u64),
     mma: bool,
     tiles: &HashMap<TileKey, Tile>,
     loads: &HashMap<BufId, usize>,
@@ -66,7 +71,7 @@ fn tile_nest(
     }
     let t_for = |m, n, k| contract::tile_for(tiles, m, n, k, lanes);
     if let Some(a) = super::attention::recognise(&p.kernels[ki], &prefix, cur) {
-        return super::cpu_attention::tiled(&mut KernelBuilder { k: &mut p.kernels[ki], lanes }, &a, &t_for);
+        return super::cpu_attention::tiled(&mut KernelBuilder { k: &mut p.kernels[ki], lanes, l2 }, &a, &t_for);
     }
     let Some(mut c) = recognise(&p.kernels[ki], &prefix, cur) else { return Ok(None) };
     // Loops of one iteration are index 0. One that only A reads is a row of one (a batch-1 model's
@@ -90,7 +95,7 @@ fn tile_nest(
         }
     }
     if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
-        let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
+        let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes, l2 };
         return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (*out, out_ix, out_v));
     }
     // Reduction loops of one iteration (a pointwise convolution's window) are index 0 too.
@@ -120,7 +125,7 @@ fn tile_nest(
         by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
     };
     let acc = c.acc;
-    let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes };
+    let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes, l2 };
     let stmts = contract::tiled(
         &mut b,
         &ext(&c.batch),

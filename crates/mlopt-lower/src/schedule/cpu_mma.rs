@@ -227,7 +227,7 @@ pub(crate) fn in_blocks(
         by.iter().fold(zero(e), |e, (v, x)| e.subst(*v, x))
     };
     let (acc, (out, out_ix, out_v)) = (c.acc, store);
-    let mut b = super::cpu_gemm::KernelBuilder { k: &mut p.kernels[ki], lanes: 16 };
+    let mut b = super::cpu_gemm::KernelBuilder { k: &mut p.kernels[ki], lanes: 16, l2: crate::contract::DEFAULT_L2_BYTES };
     let stmts = contract(&mut b, w, m, n, k, order, &mut |_, row, kk| Ok(at(&x, row, None).subst(r, kk)), &mut |_, row, j, v| {
         let value = at(out_v, row, Some(j)).map_loads(&|y, ix| if y == acc { v.clone() } else { Expr::load(y, ix) });
         Ok(Stmt::Store { buf: out, index: out_ix.iter().map(|e| at(e, row, Some(j))).collect(), value })

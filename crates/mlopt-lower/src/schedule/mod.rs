@@ -55,7 +55,7 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
         return schedule_program(p, s);
     }
     if let Some(s) = opts.cpu {
-        cpu_gemm::tile(&mut p, s.lanes, s.mma, &opts.tiles)?;
+        cpu_gemm::tile(&mut p, s.lanes, s.mma, opts.l2_bytes.unwrap_or(crate::contract::DEFAULT_L2_BYTES), &opts.tiles)?;
         window::padded_windows(&mut p, s.lanes)?;
         for k in &mut p.kernels {
             k.drop_unused_locals();

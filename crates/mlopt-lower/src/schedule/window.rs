@@ -137,7 +137,7 @@ pub(crate) fn padded_windows(p: &mut Program, lanes: u32) -> Result<()> {
     for k in &mut p.kernels {
         let mut body = std::mem::take(&mut k.body);
         for st in &mut body {
-            pad_nest(&mut KernelBuilder { k, lanes }, st)?;
+            pad_nest(&mut KernelBuilder { k, lanes, l2: crate::contract::DEFAULT_L2_BYTES }, st)?;
         }
         k.body = body;
     }
