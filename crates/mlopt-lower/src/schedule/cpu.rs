@@ -73,17 +73,24 @@ pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
 /// Whether every store under `body` is fine for loop `v` by `ok(coefficient)`; local buffers used only
 /// under `body` are private and always fine. False if `body` holds a guard.
 fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
+    stores_ok_in(k, v, body, uses, ok, false)
+}
+
+/// `stores_ok`, where with `guards` a store under a guard counts as the store (threads of a parallel
+/// loop may each skip some of theirs; vector lanes may not).
+fn stores_ok_in(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok: &dyn Fn(Option<i64>) -> bool, guards: bool) -> bool {
     let locals = private_in(k, body, uses);
     let private = |b: &BufId| locals.contains(b);
-    fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &dyn Fn(&BufId) -> bool, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
+    fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &dyn Fn(&BufId) -> bool, ok: &dyn Fn(Option<i64>) -> bool, guards: bool) -> bool {
         body.iter().all(|s| match s {
-            Stmt::For { body, .. } => walk(k, v, body, private, ok),
+            Stmt::For { body, .. } => walk(k, v, body, private, ok, guards),
+            Stmt::If { then, .. } if guards => walk(k, v, then, private, ok, guards),
             Stmt::If { .. } | Stmt::Barrier | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
             Stmt::Store { buf, index, .. } => private(buf) || ok(coefficient(&flat(k, *buf, index), v)),
             Stmt::Mma { c, .. } => private(&c.buf) || ok(coefficient(&flat(k, c.buf, &c.at), v)),
         })
     }
-    walk(k, v, body, &private, ok)
+    walk(k, v, body, &private, ok, guards)
 }
 
 /// Picks the loops to peel: the deepest loop that could run in vector lanes but for a remainder (56 =
@@ -148,7 +155,7 @@ fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usiz
     if work(st) < PARALLEL_MIN_WORK {
         return;
     }
-    let splits = *extent >= threads as u64 && stores_ok(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0));
+    let splits = *extent >= threads as u64 && stores_ok_in(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0), true);
     // Threads get equal shares, or nearly (at most an eighth more for some).
     let (t, e) = (threads as u64, *extent);
     if splits && (e % t == 0 || e >= 8 * t) {
@@ -206,8 +213,20 @@ mod tests {
   }
 }
 ";
+        // A store under a guard (a K block's first or last) is still one thread's.
+        let guarded = "kernel @guarded(%x: f32[4,8192], %y: f32[4,8192]) {
+  serial %i in 0..4 {
+    if ne(%i, 0) {
+      serial %j in 0..8192 {
+        %y[%i, %j] = (%x[%i, %j] * 2.0f32)
+      }
+    }
+  }
+}
+";
         // (kernel, threads, the loop that runs in parallel)
-        for (text, threads, want) in [(rows, 3, "parallel(i)"), (rows, 2, "parallel(j)"), (fold, 2, "parallel(i)"), (fold, 5, "parallel(i)")] {
+        let cases = [(rows, 3, "parallel(i)"), (rows, 2, "parallel(j)"), (fold, 2, "parallel(i)"), (fold, 5, "parallel(i)"), (guarded, 2, "parallel(i)")];
+        for (text, threads, want) in cases {
             let mut k = mlopt_kir::parse_kernel(text).unwrap();
             schedule_cpu(&mut k, CpuSchedule { lanes: 16, threads, mma: false }).unwrap();
             let steps = mlopt_kir::step::schedule_text(&k.schedule);
