@@ -518,6 +518,11 @@ impl Expr {
         }
     }
 
+    /// Replaces each variable of `by` by its expression, in `by`'s order.
+    pub fn subst_all(&self, by: &[(Var, Expr)]) -> Expr {
+        by.iter().fold(self.clone(), |e, (v, x)| e.subst(*v, x))
+    }
+
     /// Replaces every occurrence of the subexpression `from` by `to` (outermost first: a replaced
     /// occurrence is not searched again).
     pub fn replace(&self, from: &Expr, to: &Expr) -> Expr {
@@ -640,5 +645,10 @@ impl Stmt {
     /// Replaces every use of `v` by `by`.
     pub fn subst(&self, v: Var, by: &Expr) -> Stmt {
         self.map_exprs(&|e| e.subst(v, by))
+    }
+
+    /// Replaces each variable of `by` by its expression, in `by`'s order.
+    pub fn subst_all(&self, by: &[(Var, Expr)]) -> Stmt {
+        self.map_exprs(&|e| e.subst_all(by))
     }
 }

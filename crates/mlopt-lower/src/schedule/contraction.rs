@@ -15,6 +15,7 @@ use mlopt_kir::analysis::expr_loads;
 use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 
 /// A contraction recognised in a loop nest's body.
+#[derive(Clone)]
 pub(crate) struct Contraction {
     pub(crate) acc: BufId,
     pub(crate) rows: Vec<(Var, u64)>,
@@ -31,6 +32,34 @@ impl Contraction {
     pub(crate) fn extent(loops: &[(Var, u64)]) -> u64 {
         loops.iter().map(|(_, e)| *e).product()
     }
+
+    /// The epilogue's store (buffer, index, value), when the epilogue is that one store.
+    pub(crate) fn store(&self) -> Option<(BufId, Vec<Expr>, Expr)> {
+        match &self.epilogue[..] {
+            [Stmt::Store { buf, index, value }] => Some((*buf, index.clone(), value.clone())),
+            _ => None,
+        }
+    }
+
+    /// Reduction loops of one iteration (a pointwise convolution's window) as index 0, when another
+    /// reduction loop remains.
+    pub(crate) fn drop_unit_reductions(&mut self) {
+        if self.red.iter().all(|(_, e)| *e == 1) {
+            return;
+        }
+        for (v, _) in self.red.iter().filter(|(_, e)| *e == 1) {
+            self.a = self.a.subst(*v, &Expr::int(0));
+            self.b = self.b.subst(*v, &Expr::int(0));
+        }
+        self.red.retain(|(_, e)| *e != 1);
+    }
+}
+
+/// The epilogue's store (`store`: buffer, index, value) with its loops replaced by `by` and its reads of
+/// the accumulator `acc` by `v` (a tile's register).
+pub(crate) fn store_at((buf, index, value): (BufId, &[Expr], &Expr), acc: BufId, by: &[(Var, Expr)], v: &Expr) -> Stmt {
+    let value = value.subst_all(by).map_loads(&|x, ix| if x == acc { v.clone() } else { Expr::load(x, ix) });
+    Stmt::Store { buf, index: index.iter().map(|e| e.subst_all(by)).collect(), value }
 }
 
 /// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.

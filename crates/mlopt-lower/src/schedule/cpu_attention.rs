@@ -32,9 +32,10 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
     let (Some(ts), Some(to)) = (t_for(rows, tlen, d), t_for(rows, elen, tlen)) else { return Ok(None) };
     let batch: Vec<u64> = a.batch.iter().map(|(_, e)| *e).collect();
     let stmts = contract::nest(b, "h", &batch, |b, bi| {
-        let head = |e: &Expr| a.batch.iter().zip(bi).fold(e.clone(), |e, ((v, _), x)| e.subst(*v, x));
+        let by: Vec<(Var, Expr)> = a.batch.iter().map(|(v, _)| *v).zip(bi.iter().cloned()).collect();
+        let head = |e: &Expr| e.subst_all(&by);
         let (q, kt, v, mask) = (head(&a.q), head(&a.kt), head(&a.v), a.mask.as_ref().map(head));
-        let store = a.batch.iter().zip(bi).fold(a.store.clone(), |s, ((v, _), x)| s.subst(*v, x));
+        let store = a.store.subst_all(&by);
         let Stmt::Store { buf: dst, index: out_ix, value: out_v } = &store else { unreachable!("the recogniser's store is a store") };
         let mut stmts = Vec::new();
         let kp = head_operand(b, &kt, (a.r, d), (a.j, tlen), &mut stmts)?;

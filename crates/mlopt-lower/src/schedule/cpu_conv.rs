@@ -15,7 +15,7 @@
 //! output position as the columns and pack each panel of B (im2col, one panel at a time). A pointwise
 //! convolution (1x1, stride 1, no padding) is a plain contraction: `cpu_gemm.rs` tiles it.
 
-use super::contraction::Contraction;
+use super::contraction::{store_at, Contraction};
 use super::window::{recognise, Axis, Window};
 use crate::contract::{self, Builder, Tile};
 use crate::error::Result;
@@ -83,7 +83,7 @@ pub(crate) fn tiled<B: Builder>(
     };
     // An expression of the algorithm with its loops replaced (the tile's row is an output channel, or
     // with `by_rows` an output row).
-    let at = |e: &Expr, ng: &[Expr], bi: &[Expr], row: Option<&Expr>, col: Option<&Expr>, k: &[Expr]| -> Expr {
+    let by = |ng: &[Expr], bi: &[Expr], row: Option<&Expr>, col: Option<&Expr>, k: &[Expr]| -> Vec<(Var, Expr)> {
         let mut by: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.iter().cloned()).collect();
         if let (Some(r), false) = (row, by_rows) {
             by.extend(c.rows.iter().map(|(v, _)| *v).zip(delinear(r.clone(), &rows)));
@@ -92,7 +92,7 @@ pub(crate) fn tiled<B: Builder>(
             by.extend(w.axes.iter().map(|a| a.out).zip(position(bi, row, j)));
         }
         by.extend(c.red.iter().map(|(v, _)| *v).zip(k.iter().cloned()));
-        by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
+        by
     };
     let strides: Vec<usize> = w.axes.iter().map(|a| a.stride as usize).collect();
     let dilations: Vec<usize> = w.axes.iter().map(|a| a.dilation as usize).collect();
@@ -100,16 +100,13 @@ pub(crate) fn tiled<B: Builder>(
     // The copy's padding: before each axis, and after it as far as the window reaches.
     let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
     pads.extend(w.axes.iter().map(|a| (a.span - a.pad - a.len).max(0) as usize));
-    let (acc, (out, out_ix, out_v)) = (c.acc, store);
+    let acc = c.acc;
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
     let stmts = contract::nest(b, "g", &outer_ext, |b, ng| {
         let mut st = Vec::new();
         let src = match copy {
             true => {
-                let read: Read<B> = &mut |_, lead, pos| {
-                    let e = at(&w.input, ng, &[], None, None, &[]).subst(c.red[0].0, &lead[1]);
-                    Ok(w.at.iter().zip(pos).fold(e, |e, (v, p)| e.subst(*v, p)))
-                };
+                let read: Read<B> = &mut |_, lead, pos| Ok(w.input_at(&w.input.subst_all(&by(ng, &[], None, None, &[])).subst(c.red[0].0, &lead[1]), pos));
                 let xp = padded_phases(b, [1, cg], &lens, &pads, phases, w.fill, read, &mut st)?;
                 let k = b.kernel();
                 let name = k.buffer(xp).name.clone();
@@ -126,20 +123,17 @@ pub(crate) fn tiled<B: Builder>(
             &red,
             t,
             pack,
-            &mut |_, bi, row, k| Ok(at(&c.a, ng, bi, Some(row), None, k)),
+            &mut |_, bi, row, k| Ok(c.a.subst_all(&by(ng, bi, Some(row), None, k))),
             &mut |_, bi, row, k, col| {
                 Ok(match src {
                     Some(xp) => {
                         let window = padded_index(&position(bi, row, &col.j), &k[1..], &strides, &dilations, phases);
                         Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
                     }
-                    None => at(&c.b, ng, bi, row, Some(&col.j), k),
+                    None => c.b.subst_all(&by(ng, bi, row, Some(&col.j), k)),
                 })
             },
-            &mut |_, bi, row, j, v| {
-                let value = at(out_v, ng, bi, Some(row), Some(j), &[]).map_loads(&|x, ix| if x == acc { v.clone() } else { Expr::load(x, ix) });
-                Ok(Stmt::Store { buf: out, index: out_ix.iter().map(|e| at(e, ng, bi, Some(row), Some(j), &[])).collect(), value })
-            },
+            &mut |_, bi, row, j, v| Ok(store_at(store, acc, &by(ng, bi, Some(row), Some(j), &[]), &v)),
         )?);
         Ok(st)
     })?;

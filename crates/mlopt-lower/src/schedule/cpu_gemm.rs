@@ -3,7 +3,7 @@
 //! `--tune` override), the tiles are built by `contract::tiled`, and a constant 2-D B read only by the
 //! contraction is packed into column panels, weights of their own that replace it.
 
-use super::contraction::{recognise, Contraction};
+use super::contraction::{recognise, store_at, Contraction};
 use crate::contract::{self, Builder, Tile, TileKey};
 use crate::error::Result;
 use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Stmt, Var, Weight};
@@ -88,32 +88,25 @@ fn tile_nest(
         c.b = c.b.subst(v, &Expr::int(0));
         c.epilogue = c.epilogue.iter().map(|s| s.subst(v, &Expr::int(0))).collect();
     }
-    let [Stmt::Store { buf: out, index: out_ix, value: out_v }] = &c.epilogue[..] else { return Ok(None) };
+    let Some((out, out_ix, out_v)) = c.store() else { return Ok(None) };
     if mma {
-        if let Some(blocks) = super::cpu_mma::in_blocks(p, ki, &c, loads, (*out, out_ix, out_v))? {
+        if let Some(blocks) = super::cpu_mma::in_blocks(p, ki, &c, loads, (out, &out_ix, &out_v))? {
             return Ok(Some(blocks));
         }
     }
     if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
         let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes, l2 };
-        return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (*out, out_ix, out_v));
+        return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (out, &out_ix, &out_v));
     }
-    // Reduction loops of one iteration (a pointwise convolution's window) are index 0 too.
-    if c.red.iter().any(|(_, e)| *e != 1) {
-        for (v, _) in c.red.iter().filter(|(_, e)| *e == 1) {
-            c.a = c.a.subst(*v, &Expr::int(0));
-            c.b = c.b.subst(*v, &Expr::int(0));
-        }
-        c.red.retain(|(_, e)| *e != 1);
-    }
+    c.drop_unit_reductions();
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
     let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
     let Some(t) = t_for(m, n, kk) else { return Ok(None) };
     let packed = pack_b(p, ki, &c, t, loads);
     let as_i64 = |v: Vec<u64>| v.into_iter().map(|e| e as i64).collect::<Vec<i64>>();
     let (rows, cols) = (as_i64(ext(&c.rows)), as_i64(ext(&c.cols)));
-    // An expression of the algorithm with its loop variables replaced.
-    let at = |e: &Expr, batch: &[Expr], row: Option<&Expr>, col: Option<&Expr>, red: &[Expr]| -> Expr {
+    // The algorithm's loop variables and what replaces them.
+    let by = |batch: &[Expr], row: Option<&Expr>, col: Option<&Expr>, red: &[Expr]| -> Vec<(Var, Expr)> {
         let mut by: Vec<(Var, Expr)> = c.batch.iter().map(|(v, _)| *v).zip(batch.iter().cloned()).collect();
         if let Some(r) = row {
             by.extend(c.rows.iter().map(|(v, _)| *v).zip(crate::kernel::delinear(r.clone(), &rows)));
@@ -122,7 +115,7 @@ fn tile_nest(
             by.extend(c.cols.iter().map(|(v, _)| *v).zip(crate::kernel::delinear(j.clone(), &cols)));
         }
         by.extend(c.red.iter().map(|(v, _)| *v).zip(red.iter().cloned()));
-        by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
+        by
     };
     let acc = c.acc;
     let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes, l2 };
@@ -134,17 +127,14 @@ fn tile_nest(
         &ext(&c.red),
         t,
         false,
-        &mut |_, bi, row, k| Ok(at(&c.a, bi, Some(row), None, k)),
+        &mut |_, bi, row, k| Ok(c.a.subst_all(&by(bi, Some(row), None, k))),
         &mut |_, bi, _, k, col| {
             Ok(match packed.as_ref().and_then(|p| p.get(col.block)) {
                 Some(p) => Expr::load(*p, vec![col.jo.clone(), k[0].clone(), col.jj.clone()]),
-                None => at(&c.b, bi, None, Some(&col.j), k),
+                None => c.b.subst_all(&by(bi, None, Some(&col.j), k)),
             })
         },
-        &mut |_, bi, row, col, v| {
-            let value = at(out_v, bi, Some(row), Some(col), &[]).map_loads(&|x, ix| if x == acc { v.clone() } else { Expr::load(x, ix) });
-            Ok(Stmt::Store { buf: *out, index: out_ix.iter().map(|e| at(e, bi, Some(row), Some(col), &[])).collect(), value })
-        },
+        &mut |_, bi, row, col, v| Ok(store_at((out, &out_ix, &out_v), acc, &by(bi, Some(row), Some(col), &[]), &v)),
     )?;
     Ok(Some(stmts))
 }

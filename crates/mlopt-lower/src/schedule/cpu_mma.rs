@@ -18,7 +18,7 @@
 //! C is four 16x16 f32 tiles held across all of K. The epilogue reads the block's C from a 4 KiB local
 //! while it is in L1.
 
-use super::contraction::Contraction;
+use super::contraction::{store_at, Contraction};
 use super::gpu_gemm::narrow;
 use crate::contract::{self, Builder};
 use crate::elementwise::lit;
@@ -191,22 +191,19 @@ pub(crate) fn in_blocks(
     loads: &HashMap<BufId, usize>,
     store: (BufId, &[Expr], &Expr),
 ) -> Result<Option<Vec<Stmt>>> {
-    // Reduction loops of one iteration (a pointwise convolution's window) are index 0.
-    let ones: Vec<Var> = c.red.iter().filter(|(_, e)| *e == 1).map(|(v, _)| *v).collect();
-    let zero = |e: &Expr| ones.iter().fold(e.clone(), |e, v| e.subst(*v, &Expr::int(0)));
-    let red: Vec<(Var, u64)> = c.red.iter().filter(|(_, e)| *e != 1).copied().collect();
-    let ([(r, k)], true) = (&red[..], c.batch.is_empty()) else { return Ok(None) };
+    let mut c = c.clone();
+    c.drop_unit_reductions();
+    let ([(r, k)], true) = (&c.red[..], c.batch.is_empty()) else { return Ok(None) };
     let (r, k) = (*r, *k);
     // B is the weight: the columns' operand (MatMul, Gemm), or the rows' (a pointwise convolution's
     // output channels), which turns the contraction around.
-    let (a, b) = (zero(&c.a), zero(&c.b));
-    let (x, (w, trans, (si, pi, wi)), rows, cols, order) = match (weight(p, ki, &b, r, &c.cols, loads), weight(p, ki, &a, r, &c.rows, loads)) {
-        (Some(wb), _) => (a, wb, &c.rows, &c.cols, Epilogue::ColumnsInner),
-        (None, Some(wa)) => (b, wa, &c.cols, &c.rows, Epilogue::RowsInner),
+    let (x, (w, trans, (si, pi, wi)), rows, cols, order) = match (weight(p, ki, &c.b, r, &c.cols, loads), weight(p, ki, &c.a, r, &c.rows, loads)) {
+        (Some(wb), _) => (&c.a, wb, &c.rows, &c.cols, Epilogue::ColumnsInner),
+        (None, Some(wa)) => (&c.b, wa, &c.cols, &c.rows, Epilogue::RowsInner),
         _ => return Ok(None),
     };
     let (m, n) = (Contraction::extent(rows), Contraction::extent(cols));
-    let Some(x) = narrow(&p.kernels[ki], &x, Elem::BF16).filter(|_| k >= KB && n >= 16) else { return Ok(None) };
+    let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= KB && n >= 16) else { return Ok(None) };
     let weight = &p.weights[wi];
     if weight.data.len() as u64 != k * n * 2 {
         return Ok(None);
@@ -222,15 +219,13 @@ pub(crate) fn in_blocks(
     p.weights.push(packed);
     p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
     let (row_ext, col_var) = (rows.iter().map(|(_, e)| *e as i64).collect::<Vec<i64>>(), cols[0].0);
-    let at = |e: &Expr, row: &Expr, col: Option<&Expr>| -> Expr {
-        let by: Vec<(Var, Expr)> = rows.iter().map(|(v, _)| *v).zip(delinear(row.clone(), &row_ext)).chain(col.map(|j| (col_var, j.clone()))).collect();
-        by.iter().fold(zero(e), |e, (v, x)| e.subst(*v, x))
+    let by = |row: &Expr, col: Option<&Expr>| -> Vec<(Var, Expr)> {
+        rows.iter().map(|(v, _)| *v).zip(delinear(row.clone(), &row_ext)).chain(col.map(|j| (col_var, j.clone()))).collect()
     };
-    let (acc, (out, out_ix, out_v)) = (c.acc, store);
+    let acc = c.acc;
     let mut b = super::cpu_gemm::KernelBuilder { k: &mut p.kernels[ki], lanes: 16, l2: crate::contract::DEFAULT_L2_BYTES };
-    let stmts = contract(&mut b, w, m, n, k, order, &mut |_, row, kk| Ok(at(&x, row, None).subst(r, kk)), &mut |_, row, j, v| {
-        let value = at(out_v, row, Some(j)).map_loads(&|y, ix| if y == acc { v.clone() } else { Expr::load(y, ix) });
-        Ok(Stmt::Store { buf: out, index: out_ix.iter().map(|e| at(e, row, Some(j))).collect(), value })
+    let stmts = contract(&mut b, w, m, n, k, order, &mut |_, row, kk| Ok(x.subst_all(&by(row, None)).subst(r, kk)), &mut |_, row, j, v| {
+        Ok(store_at(store, acc, &by(row, Some(j)), &v))
     })?;
     Ok(Some(stmts))
 }

@@ -273,7 +273,7 @@ pub(crate) fn delinear(prefix: &[(Var, u64)], g: &Expr) -> Vec<(Var, Expr)> {
 }
 
 pub(crate) fn subst_all(body: &[Stmt], by: &[(Var, Expr)]) -> Vec<Stmt> {
-    body.iter().map(|s| by.iter().fold(s.clone(), |s, (v, e)| s.subst(*v, e))).collect()
+    body.iter().map(|s| s.subst_all(by)).collect()
 }
 
 pub(crate) fn lt(a: Expr, n: u64) -> Expr {

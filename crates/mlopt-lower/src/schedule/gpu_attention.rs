@@ -27,7 +27,7 @@
 use super::attention::recognise;
 use crate::error::Result;
 use crate::schedule::gpu::{delinear, lt, GpuSchedule};
-use crate::schedule::gpu_gemm::{guarded, int, narrow, subst_expr as subst, tile_position, walk_first};
+use crate::schedule::gpu_gemm::{guarded, int, narrow, tile_position, walk_first};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 
 /// An element of a staged tile at (row, column): the operand's loops there, and where it is valid (zero
@@ -110,7 +110,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
             let (r, c) = tile_position(el, (rows.1, cols.1), 1, along_cols);
             let (by, valid) = at(&r, &c);
             let mut out = vec![Stmt::Store { buf, index: vec![r.clone(), c.clone()], value: Expr::Float(0.0, t) }];
-            out.extend(guarded(vec![valid], vec![Stmt::Store { buf, index: vec![r, c], value: subst(operand, &by) }]));
+            out.extend(guarded(vec![valid], vec![Stmt::Store { buf, index: vec![r, c], value: operand.subst_all(&by) }]));
             out
         })
     };
@@ -202,7 +202,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
                 by.push((a.j, gj.clone()));
                 let mut x = Expr::bin(BinOp::Mul, Expr::load(cs, vec![int(0), n.clone(), q]), a.scale.clone());
                 if let Some(m) = &a.mask {
-                    x = Expr::bin(BinOp::Add, x, subst(m, &by));
+                    x = Expr::bin(BinOp::Add, x, m.subst_all(&by));
                 }
                 let mut out = vec![Stmt::Store { buf: ss, index: vec![r.clone(), c.clone()], value: neg_inf.clone() }];
                 out.extend(guarded(vec![row_ok(&r), lt(gj, keys)], vec![Stmt::Store { buf: ss, index: vec![r, c], value: x }]));
@@ -276,7 +276,7 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
                 by.push((a.e, Expr::add(Expr::mul(n.clone(), int(8)), c)));
                 let (o, l) = (Expr::load(co, vec![int(0), n.clone(), q]), Expr::load(sl, vec![r.clone()]));
                 let (acc_o, acc_l) = (a.acc_o, a.acc_l);
-                let store = by.iter().fold(a.store.clone(), |s, (v, x)| s.subst(*v, x)).map_loads(&|b, ix| {
+                let store = a.store.subst_all(&by).map_loads(&|b, ix| {
                     if b == acc_o {
                         o.clone()
                     } else if b == acc_l {

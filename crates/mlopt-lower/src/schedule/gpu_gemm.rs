@@ -207,10 +207,6 @@ pub(crate) fn int(v: u64) -> Expr {
     Expr::int(v as i64)
 }
 
-pub(crate) fn subst_expr(e: &Expr, by: &[(Var, Expr)]) -> Expr {
-    by.iter().fold(e.clone(), |e, (v, x)| e.subst(*v, x))
-}
-
 /// The conjunction of `conds`; None when there are none.
 fn all(conds: Vec<Expr>) -> Option<Expr> {
     conds.into_iter().reduce(|a, b| Expr::bin(BinOp::And, a, b))
@@ -342,12 +338,12 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                                 Expr::add(e, Expr::mul(x, Expr::int(*c)))
                             })
                         }
-                        None => flat_index(k, cp.buf, &cp.index.iter().map(|x| subst_expr(x, &by)).collect::<Vec<_>>()),
+                        None => flat_index(k, cp.buf, &cp.index.iter().map(|x| x.subst_all(&by)).collect::<Vec<_>>()),
                     };
-                    conds.extend(cp.valid.as_ref().map(|v| subst_expr(v, &by)));
+                    conds.extend(cp.valid.as_ref().map(|v| v.subst_all(&by)));
                     return vec![Stmt::CopyAsync { dst: Block { buf, at: idx }, src: cp.buf, from, lanes, valid: all(conds) }];
                 }
-                let store = Stmt::Store { buf, index: idx.clone(), value: subst_expr(&operand, &by) };
+                let store = Stmt::Store { buf, index: idx.clone(), value: operand.subst_all(&by) };
                 if conds.is_empty() {
                     vec![store]
                 } else {

@@ -38,6 +38,13 @@ pub(crate) struct Window {
     pub(crate) fill: f64,
 }
 
+impl Window {
+    /// `input` (the window's input, its other loops perhaps replaced) at input position `pos`.
+    pub(crate) fn input_at(&self, input: &Expr, pos: &[Expr]) -> Expr {
+        input.subst_all(&self.at.iter().copied().zip(pos.iter().cloned()).collect::<Vec<_>>())
+    }
+}
+
 /// The window `operand` reads: one tap loop of `taps` per spatial axis, each axis reading the input at
 /// an affine position of one loop of `outs` (its output position) and its tap, with no other loop of
 /// `loops`, clamped into the input (with the operand `fill` outside it, `select(guard, x, fill)`)
@@ -186,7 +193,7 @@ fn pad_nest(b: &mut KernelBuilder, st: &mut Stmt) -> Result<()> {
     pads.extend(w.axes.iter().map(|a| (a.span - a.pad - a.len).max(0) as usize));
     let phases = strides[strides.len() - 1];
     let mut copy = Vec::new();
-    let read: Read<KernelBuilder> = &mut |_, _, pos| Ok(w.at.iter().zip(pos).fold(w.input.clone(), |e, (v, p)| e.subst(*v, p)));
+    let read: Read<KernelBuilder> = &mut |_, _, pos| Ok(w.input_at(&w.input, pos));
     let xp = padded_phases(b, [1, 1], &lens, &pads, phases, w.fill, read, &mut copy)?;
     let pos: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.out)).collect();
     let tap: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.tap)).collect();
