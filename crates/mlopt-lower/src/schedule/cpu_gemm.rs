@@ -143,15 +143,9 @@ fn tile_nest(
 /// panels for tile `t`: the first block takes W's parameter, later ones are new parameters; their weights
 /// replace W's. None when B is not such a weight.
 fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<BufId, usize>) -> Option<Vec<BufId>> {
-    let Expr::Load(w, ix) = &c.b else { return None };
     let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else { return None };
     // (Trailing axes of one element, a 1x1 convolution's window, are index 0.)
-    let (trans, ones) = match &ix[..] {
-        [Expr::Var(a), Expr::Var(b), ones @ ..] if ones.iter().all(|e| *e == Expr::int(0)) && (a, b) == (r, j) => (false, ones.len()),
-        [Expr::Var(a), Expr::Var(b), ones @ ..] if ones.iter().all(|e| *e == Expr::int(0)) && (a, b) == (j, r) => (true, ones.len()),
-        _ => return None,
-    };
-    let (Some(1), Some((si, pi, wi))) = (loads.get(w), super::layout::bound_weight(p, ki, *w)) else { return None };
+    let super::layout::WeightOperand { buf: w, trans, ones, bound: (si, pi, wi) } = super::layout::weight_operand(p, ki, &c.b, (*r, *j), loads)?;
     let weight = &p.weights[wi];
     let dims = [if trans { vec![*ndim, *kdim] } else { vec![*kdim, *ndim] }, vec![1; ones]].concat();
     if weight.elem != Elem::F32 || weight.dims != dims || weight.data.len() as u64 != kdim * ndim * 4 {
@@ -171,9 +165,9 @@ fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<
         if block == 0 {
             k.bufs[w.0 as usize].dims = dims;
             p.steps[si].args[pi] = place;
-            ids.push(*w);
+            ids.push(w);
         } else {
-            let name = format!("{}.{block}", k.buffer(*w).name);
+            let name = format!("{}.{block}", k.buffer(w).name);
             ids.push(k.buf(name, Elem::F32, dims, Space::Global));
             p.steps[si].args.push(place);
         }

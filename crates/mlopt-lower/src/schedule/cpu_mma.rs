@@ -168,16 +168,10 @@ fn contract<B: Builder>(l: &mut B, bp: BufId, rows: u64, n: u64, k: u64, order: 
 /// whether it is transposed, and (step, parameter, weight) binding it.
 fn weight(p: &Program, ki: usize, e: &Expr, r: Var, cols: &[(Var, u64)], loads: &HashMap<BufId, usize>) -> Option<(BufId, bool, (usize, usize, usize))> {
     let Expr::Cast(Elem::F32, x) = e else { return None };
-    let Expr::Load(w, ix) = &**x else { return None };
     let [(j, _)] = cols[..] else { return None };
-    let trans = match &ix[..] {
-        [Expr::Var(a), Expr::Var(b), rest @ ..] if rest.iter().all(|e| *e == Expr::int(0)) && (*a, *b) == (r, j) => false,
-        [Expr::Var(a), Expr::Var(b), rest @ ..] if rest.iter().all(|e| *e == Expr::int(0)) && (*a, *b) == (j, r) => true,
-        _ => return None,
-    };
-    let (Some(1), Some(bound)) = (loads.get(w), super::layout::bound_weight(p, ki, *w)) else { return None };
+    let super::layout::WeightOperand { buf: w, trans, bound, .. } = super::layout::weight_operand(p, ki, x, (r, j), loads)?;
     let wt = &p.weights[bound.2];
-    (wt.elem == Elem::BF16 && p.kernels[ki].buffer(*w).elem == Elem::BF16).then_some((*w, trans, bound))
+    (wt.elem == Elem::BF16 && p.kernels[ki].buffer(w).elem == Elem::BF16).then_some((w, trans, bound))
 }
 
 /// The `mma` blocks of contraction `c` (its epilogue the one store `store`: buffer, index, value) when

@@ -5,7 +5,8 @@
 //! dropped, so the library does not carry both.
 
 use mlopt_kir::analysis::{coefficient, for_each_access};
-use mlopt_kir::{BufId, Expr, Kernel, Place, Program, ScheduleStep, Weight};
+use mlopt_kir::{BufId, Expr, Kernel, Place, Program, ScheduleStep, Var, Weight};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Transposes every 2-D weight parameter that the vector loops of its kernel read only down its columns
@@ -58,6 +59,33 @@ pub(super) fn bound_weight(p: &Program, ki: usize, b: BufId) -> Option<(usize, u
         Some(Place::Weight(wi)) if *wi < p.weights.len() => Some((si, pi, *wi)),
         _ => None,
     }
+}
+
+/// A weight a contraction reads as one of its operands.
+pub(super) struct WeightOperand {
+    pub(super) buf: BufId,
+    /// Read `W[j, r, ..]`, not `W[r, j, ..]`.
+    pub(super) trans: bool,
+    /// Axes of one element after the two.
+    pub(super) ones: usize,
+    /// (step, parameter, weight) binding it.
+    pub(super) bound: (usize, usize, usize),
+}
+
+/// The weight that `e` reads as `W[r, j, 0..]` by reduction loop `r` and column loop `j` (or
+/// `W[j, r, 0..]`, transposed), when nothing else in kernel `ki` reads it (`loads`).
+pub(super) fn weight_operand(p: &Program, ki: usize, e: &Expr, (r, j): (Var, Var), loads: &HashMap<BufId, usize>) -> Option<WeightOperand> {
+    let Expr::Load(w, ix) = e else { return None };
+    let [Expr::Var(a), Expr::Var(b), ones @ ..] = &ix[..] else { return None };
+    let trans = match (*a, *b) {
+        x if x == (r, j) => false,
+        x if x == (j, r) => true,
+        _ => return None,
+    };
+    if !ones.iter().all(|e| *e == Expr::int(0)) || loads.get(w) != Some(&1) {
+        return None;
+    }
+    Some(WeightOperand { buf: *w, trans, ones: ones.len(), bound: bound_weight(p, ki, *w)? })
 }
 
 /// `w` [rows, cols] as [cols, rows].
