@@ -187,6 +187,23 @@ pub fn host_features() -> Vec<String> {
     f
 }
 
+/// A core's L2 in bytes as Linux reports it for this machine (`1024K` on this Zen 4); None when it
+/// cannot be read.
+fn host_l2_bytes() -> Option<u64> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index2");
+    if std::fs::read_to_string(dir.join("level")).ok()?.trim() != "2" {
+        return None;
+    }
+    let size = std::fs::read_to_string(dir.join("size")).ok()?;
+    let size = size.trim();
+    let (digits, unit) = match (size.strip_suffix('K'), size.strip_suffix('M')) {
+        (Some(d), _) => (d, 1 << 10),
+        (_, Some(d)) => (d, 1 << 20),
+        _ => (size, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(unit).filter(|b| (64 << 10..=1 << 30).contains(b))
+}
+
 /// bf16 matrix throughput of one core on AMX tiles, FLOP/s: a loop of independent `tdpbf16ps` on
 /// 16x16x32 tiles measured 1.50 TFLOP/s on a Sapphire Rapids core (2026-11-21; `calibrate` does not
 /// measure it: that needs the tile state, which mlopt-cost does not request).
@@ -212,6 +229,7 @@ pub fn host(threads: u32) -> Target {
     let mut t = if has("avx512f") { cpu_v4(threads) } else { cpu_v3(threads) };
     t.name = "host".into();
     t.llvm_cpu = "host".into();
+    t.l2_bytes = host_l2_bytes().unwrap_or(t.l2_bytes);
     let n = threads as f64;
     match calibration() {
         Ok((c, source)) => {

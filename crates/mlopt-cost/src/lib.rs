@@ -155,6 +155,10 @@ mod tests {
         assert_eq!(calibrate::load(), Some(good));
         assert_eq!(Target::named("host", 2).unwrap().fp32, 2.0 * good.fp32);
         assert!(Target::named("host", 1).unwrap().source.contains("host calibration cache"));
+        // The host's L2 per core is read from the OS (on Linux), a named target's assumed.
+        let l2 = Target::named("host", 1).unwrap().l2_bytes;
+        assert!((64 << 10..=1 << 30).contains(&l2), "host L2 {l2} bytes");
+        assert_eq!(Target::named("x86-64-v4", 1).unwrap().l2_bytes, target::DEFAULT_L2_BYTES);
         let text = std::fs::read_to_string(&path).unwrap();
         let replace = |key: &str, value: &str| -> String {
             text.lines().map(|l| if l.starts_with(key) { format!("{key} = {value}\n") } else { format!("{l}\n") }).collect()

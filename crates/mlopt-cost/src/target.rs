@@ -52,6 +52,8 @@ pub struct Target {
     pub threads_per_unit: u32,
     /// CPU only: the widest vector in bits (512 for AVX-512, 256 for AVX2).
     pub vector_bits: u32,
+    /// CPU only: one core's L2 in bytes (a contraction's panels of B should fit in half of it).
+    pub l2_bytes: u64,
     /// CPU only: the ISA features code generation may use (LLVM spelling, without `+`).
     pub features: Vec<String>,
     /// CPU only: the CPU LLVM generates code for (`host`: this machine, as LLVM detects it).
@@ -73,6 +75,10 @@ impl fmt::Display for Target {
         write!(f, "; {})", self.source)
     }
 }
+
+/// The L2 a CPU target is assumed to have per core when it is not the host: 1 MiB (Zen 4; Sapphire
+/// Rapids has 2).
+pub const DEFAULT_L2_BYTES: u64 = 1 << 20;
 
 /// The names `--target` accepts.
 pub const TARGET_NAMES: &[&str] = &["host", "x86-64-v3", "x86-64-v4", "znver4", "sm_80", "sm_86", "sm_89", "sm_90"];
@@ -133,6 +139,7 @@ pub fn cpu_v3(threads: u32) -> Target {
         regs_per_unit: 0,
         threads_per_unit: 0,
         vector_bits: 256,
+        l2_bytes: DEFAULT_L2_BYTES,
         features: ["avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "lzcnt", "movbe"].map(String::from).to_vec(),
         llvm_cpu: "x86-64-v3".into(),
         ptx: 0,
@@ -209,6 +216,7 @@ fn gpu(
         regs_per_unit: 65536,
         threads_per_unit: threads,
         vector_bits: 0,
+        l2_bytes: 0,
         features: vec![],
         llvm_cpu: String::new(),
         ptx,

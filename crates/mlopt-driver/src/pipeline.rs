@@ -238,24 +238,7 @@ fn cpu_lowering(opt: &Options, target: &CpuTarget) -> mlopt_lower::Options {
     let t = &opt.config.target;
     let faster = t.bf16_matrix.is_some_and(|p| p > t.fp32);
     let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
-    let l2_bytes = if target.name == "host" { host_l2_bytes() } else { None };
-    mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, l2_bytes, ..Default::default() }
-}
-
-/// A core's L2 in bytes as Linux reports it for this machine (`1024K` on this Zen 4); None when it
-/// cannot be read (then the schedule assumes `mlopt_lower::contract::DEFAULT_L2_BYTES`).
-fn host_l2_bytes() -> Option<u64> {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index2");
-    if std::fs::read_to_string(dir.join("level")).ok()?.trim() != "2" {
-        return None;
-    }
-    let size = std::fs::read_to_string(dir.join("size")).ok()?;
-    let size = size.trim();
-    let (digits, unit) = match size.strip_suffix('K').or_else(|| size.strip_suffix('M')) {
-        Some(d) => (d, if size.ends_with('K') { 1 << 10 } else { 1 << 20 }),
-        None => (size, 1),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(unit).filter(|b| (64 << 10..=1 << 30).contains(b))
+    mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, l2_bytes: Some(t.l2_bytes), ..Default::default() }
 }
 
 impl Compiled {

@@ -22,7 +22,7 @@ pub struct Options {
     pub winograd: crate::Winograd,
     /// Schedule the kernels for a GPU (`gpu.rs`) instead of the CPU.
     pub gpu: Option<crate::GpuSchedule>,
-    /// A CPU core's L2 in bytes (`contract::DEFAULT_L2_BYTES` when unknown): a contraction whose panels
+    /// A CPU core's L2 in bytes (the target's; `contract::DEFAULT_L2_BYTES` when None): a contraction whose panels
     /// of B would not fit in half of it runs its reduction in blocks.
     pub l2_bytes: Option<u64>,
 }
