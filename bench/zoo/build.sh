@@ -10,7 +10,11 @@ if [ ! -x "$zoo/venv/bin/python" ]; then
     echo "zoo: creating the venv $zoo/venv"
     python3 -m venv "$zoo/venv" || { apt-get install -y -qq python3-venv && python3 -m venv "$zoo/venv"; }
 fi
-if ! "$zoo/venv/bin/python" -m pip install --quiet --disable-pip-version-check --dry-run -r "$here/requirements.txt" 2>/dev/null | grep -q "Would install" ; then
+# (The dry run is not --quiet, which would hide its "Would install", and its output is read whole:
+# `| grep -q` would close the pipe early, and with pipefail pip's broken pipe would read as "nothing
+# to install".)
+plan="$("$zoo/venv/bin/python" -m pip install --disable-pip-version-check --dry-run -r "$here/requirements.txt" 2>/dev/null || true)"
+if ! grep -q "Would install" <<<"$plan"; then
     echo "zoo: venv has the pinned packages"
 else
     echo "zoo: installing the pinned packages (torch pulls several GB)"

@@ -3,8 +3,11 @@ run's time, how much of it the kernels account for, the share spent in scalar ke
 estimate is within 2x of the measurement, and the slowest kernels with their schedule class and rate.
 Each model's roofline.svg and JSON land in --out/<model>/.
 
-    ~/.cache/mlopt/zoo/venv/bin/python bench/zoo/profile.py [--only resnet50,...] [--threads 1] [--iters 5]
+    ~/.cache/mlopt/zoo/venv/bin/python bench/zoo/kernel_profile.py [--only resnet50,...] [--threads 1] [--iters 5]
 """
+
+# (Not named profile.py: the scripts here run with this folder first on sys.path, where a profile.py
+# hides the standard library module torch imports.)
 
 import argparse
 import json
