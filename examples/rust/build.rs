@@ -1,6 +1,7 @@
 //! Links the library `mlopt compile fixtures/mlp/model.onnx -o $MLOPT_OUT` wrote.
 fn main() {
-    let dir = std::env::var("MLOPT_OUT").expect("set MLOPT_OUT to the directory mlopt compile wrote");
+    let dir =
+        std::env::var("MLOPT_OUT").expect("set MLOPT_OUT to the directory mlopt compile wrote");
     println!("cargo:rerun-if-env-changed=MLOPT_OUT");
     println!("cargo:rerun-if-changed={dir}/libmlp.a");
     println!("cargo:rustc-link-search=native={dir}");

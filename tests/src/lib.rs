@@ -9,21 +9,33 @@ use std::path::{Path, PathBuf};
 pub const FIXTURES: &[&str] = &["mlp", "cnn", "transformer", "dynamic"];
 
 pub fn dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures")
+        .join(name)
 }
 
 /// Inputs and expected outputs of the fixture's first test data set, by name.
 pub fn data(name: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
     let ds = dir(name).join("test_data_set_0");
     let read = |prefix: &str| {
-        (0..).map(|k| ds.join(format!("{prefix}_{k}.pb"))).take_while(|p| p.exists()).map(|p| read_pb(&p).expect("test data")).collect::<Vec<_>>()
+        (0..)
+            .map(|k| ds.join(format!("{prefix}_{k}.pb")))
+            .take_while(|p| p.exists())
+            .map(|p| read_pb(&p).expect("test data"))
+            .collect::<Vec<_>>()
     };
     (read("input").into_iter().collect(), read("output"))
 }
 
 pub fn import(name: &str) -> mlopt_ir::Graph {
     let (inputs, _) = data(name);
-    let opts = ImportOptions { input_shapes: inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(), ..Default::default() };
+    let opts = ImportOptions {
+        input_shapes: inputs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.shape().to_vec()))
+            .collect(),
+        ..Default::default()
+    };
     import_file(&dir(name).join("model.onnx"), &opts).expect("import")
 }
 

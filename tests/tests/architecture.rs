@@ -5,7 +5,10 @@ use std::path::Path;
 
 /// The names in a crate's `[dependencies]` table (not dev-dependencies).
 fn deps(krate: &str) -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates").join(krate).join("Cargo.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates")
+        .join(krate)
+        .join("Cargo.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let mut out = vec![];
     let mut inside = false;
@@ -23,36 +26,90 @@ fn deps(krate: &str) -> Vec<String> {
 fn crate_dependencies_follow_the_rules() {
     let rules: &[(&str, &[&str])] = &[
         // The IR knows nothing of ONNX, egg, the kernel IR or LLVM.
-        ("mlopt-ir", &["petgraph", "ndarray", "num-traits", "half", "libm", "thiserror"]),
+        (
+            "mlopt-ir",
+            &[
+                "petgraph",
+                "ndarray",
+                "num-traits",
+                "half",
+                "libm",
+                "thiserror",
+            ],
+        ),
         // Only the ONNX crate knows ONNX (and protobuf).
         ("mlopt-onnx", &["mlopt-ir", "prost", "thiserror", "half"]),
         // The cost model sees ops and types only.
         ("mlopt-cost", &["mlopt-ir", "thiserror"]),
         // The only crate that knows egg.
-        ("mlopt-rewrite", &["mlopt-ir", "mlopt-cost", "egg", "thiserror", "indicatif"]),
+        (
+            "mlopt-rewrite",
+            &["mlopt-ir", "mlopt-cost", "egg", "thiserror", "indicatif"],
+        ),
         // The kernel IR knows nothing of ONNX, the graph IR or LLVM.
         ("mlopt-kir", &["thiserror", "half", "libm"]),
         // Lowering sees the graph IR and the kernel IR, and asks the cost model (register tiles).
-        ("mlopt-lower", &["mlopt-ir", "mlopt-kir", "mlopt-cost", "thiserror"]),
+        (
+            "mlopt-lower",
+            &["mlopt-ir", "mlopt-kir", "mlopt-cost", "thiserror"],
+        ),
         // The only crate that links LLVM; it sees the kernel IR only.
         ("mlopt-llvm", &["mlopt-kir", "inkwell", "thiserror"]),
         // The runtime knows no IR at all.
-        ("mlopt-runtime", &["thiserror", "libloading", "object", "tempfile"]),
+        (
+            "mlopt-runtime",
+            &["thiserror", "libloading", "object", "tempfile"],
+        ),
         // The driver strings the stages together.
-        ("mlopt-driver", &["mlopt-ir", "mlopt-kir", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-llvm", "mlopt-runtime", "thiserror", "tempfile"]),
+        (
+            "mlopt-driver",
+            &[
+                "mlopt-ir",
+                "mlopt-kir",
+                "mlopt-cost",
+                "mlopt-rewrite",
+                "mlopt-lower",
+                "mlopt-llvm",
+                "mlopt-runtime",
+                "thiserror",
+                "tempfile",
+            ],
+        ),
         // anyhow only in the CLI.
-        ("mlopt-cli", &["mlopt-ir", "mlopt-onnx", "mlopt-cost", "mlopt-rewrite", "mlopt-lower", "mlopt-driver", "clap", "anyhow"]),
+        (
+            "mlopt-cli",
+            &[
+                "mlopt-ir",
+                "mlopt-onnx",
+                "mlopt-cost",
+                "mlopt-rewrite",
+                "mlopt-lower",
+                "mlopt-driver",
+                "clap",
+                "anyhow",
+            ],
+        ),
     ];
     for (krate, allowed) in rules {
         for d in deps(krate) {
-            assert!(allowed.contains(&d.as_str()), "{krate} must not depend on {d} (docs/architecture.md)");
+            assert!(
+                allowed.contains(&d.as_str()),
+                "{krate} must not depend on {d} (docs/architecture.md)"
+            );
         }
     }
-    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates")).unwrap() {
+    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates")).unwrap()
+    {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(rules.iter().any(|(k, _)| *k == name), "crate {name} has no dependency rule here");
+        assert!(
+            rules.iter().any(|(k, _)| *k == name),
+            "crate {name} has no dependency rule here"
+        );
         if name != "mlopt-cli" {
-            assert!(!deps(&name).contains(&"anyhow".to_string()), "{name}: anyhow is for the CLI only");
+            assert!(
+                !deps(&name).contains(&"anyhow".to_string()),
+                "{name}: anyhow is for the CLI only"
+            );
         }
     }
 }
@@ -60,8 +117,17 @@ fn crate_dependencies_follow_the_rules() {
 /// docs/onnx-ops.md names every ONNX op the importer supports.
 #[test]
 fn the_op_table_lists_every_supported_op() {
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/onnx-ops.md")).unwrap();
-    let words: std::collections::HashSet<&str> = doc.split(|c: char| !c.is_ascii_alphanumeric()).collect();
-    let missing: Vec<&str> = mlopt_onnx::supported_ops().into_iter().filter(|op| !words.contains(op)).collect();
-    assert!(missing.is_empty(), "docs/onnx-ops.md does not mention {missing:?}");
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/onnx-ops.md"))
+            .unwrap();
+    let words: std::collections::HashSet<&str> =
+        doc.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    let missing: Vec<&str> = mlopt_onnx::supported_ops()
+        .into_iter()
+        .filter(|op| !words.contains(op))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/onnx-ops.md does not mention {missing:?}"
+    );
 }

@@ -15,8 +15,17 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c =
-        compile(&g, &Options { config, threads, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(
+        &g,
+        &Options {
+            config,
+            threads,
+            tune: false,
+            winograd: mlopt_lower::Winograd::Auto,
+            profile: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -47,7 +56,14 @@ fn operand_type(rhs: &str) -> Option<String> {
     if let Some(at) = rhs.find('<') {
         return Some(rhs[at..=at + rhs[at..].find('>')?].to_string());
     }
-    rhs.split([' ', ',']).find(|t| ["float", "double", "half", "bfloat", "i1", "i8", "i16", "i32", "i64", "ptr"].contains(t)).map(String::from)
+    rhs.split([' ', ','])
+        .find(|t| {
+            [
+                "float", "double", "half", "bfloat", "i1", "i8", "i16", "i32", "i64", "ptr",
+            ]
+            .contains(t)
+        })
+        .map(String::from)
 }
 
 /// What one LLVM instruction counts as in the mix: calls by callee, memory and floating-point operations
@@ -56,10 +72,16 @@ fn mix_key(ins: &str) -> Option<String> {
     let rhs = ins.split_once(" = ").map_or(ins, |(_, r)| r);
     let op = rhs.split_whitespace().next()?;
     match op {
-        "call" | "tail" => Some(format!("call {}", rhs.split_once('@')?.1.split('(').next()?)),
+        "call" | "tail" => Some(format!(
+            "call {}",
+            rhs.split_once('@')?.1.split('(').next()?
+        )),
         // (i64 and pointer loads and stores are the unoptimised IR's loop counters and addresses.)
-        "load" | "store" => Some(operand_type(&rhs[op.len()..])?).filter(|t| t != "i64" && t != "ptr").map(|t| format!("{op} {t}")),
-        "fadd" | "fsub" | "fmul" | "fdiv" | "frem" | "fneg" | "fcmp" | "select" | "sitofp" | "uitofp" | "fptosi" | "fptoui" | "fpext" | "fptrunc" => {
+        "load" | "store" => Some(operand_type(&rhs[op.len()..])?)
+            .filter(|t| t != "i64" && t != "ptr")
+            .map(|t| format!("{op} {t}")),
+        "fadd" | "fsub" | "fmul" | "fdiv" | "frem" | "fneg" | "fcmp" | "select" | "sitofp"
+        | "uitofp" | "fptosi" | "fptoui" | "fpext" | "fptrunc" => {
             let t = operand_type(&rhs[op.len()..])?;
             (op != "select" || t.contains("float")).then(|| format!("{op} {t}"))
         }
@@ -76,7 +98,10 @@ fn instruction_mix(ir: &str) -> String {
     let mut cur: Option<(String, std::collections::BTreeMap<String, usize>)> = None;
     for line in ir.lines() {
         if let Some(def) = line.strip_prefix("define ") {
-            let name = def.split_once('@').and_then(|(_, r)| r.split('(').next()).unwrap_or("?");
+            let name = def
+                .split_once('@')
+                .and_then(|(_, r)| r.split('(').next())
+                .unwrap_or("?");
             cur = Some((name.to_string(), Default::default()));
         } else if line == "}" {
             if let Some((name, m)) = cur.take() {
@@ -99,7 +124,17 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
+        let c = compile(
+            &g,
+            &Options {
+                config,
+                threads: 1,
+                tune: false,
+                winograd: mlopt_lower::Winograd::Auto,
+                profile: false,
+            },
+        )
+        .unwrap();
         insta::assert_snapshot!(format!("llvm_mix_{name}"), instruction_mix(&c.code.llvm_ir));
     }
 }
@@ -113,14 +148,33 @@ fn bf16_contractions_compile_to_mma_blocks() {
     use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
     let mut g = mlopt_ir::Graph::new("pointwise");
     let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 48, 5, 7]));
-    let w: Vec<f32> = (0..40 * 48).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w: Vec<f32> = (0..40 * 48)
+        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
     let w = g.add_const("w", Tensor::from_vec(&[40, 48, 1, 1], w).unwrap());
-    let bias = g.add_const("b", Tensor::from_vec(&[40], (0..40).map(|i| i as f32 / 40.0 - 0.5).collect::<Vec<f32>>()).unwrap());
-    let a = ConvAttrs { strides: vec![1, 1], pads: vec![0, 0, 0, 0], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+    let bias = g.add_const(
+        "b",
+        Tensor::from_vec(
+            &[40],
+            (0..40).map(|i| i as f32 / 40.0 - 0.5).collect::<Vec<f32>>(),
+        )
+        .unwrap(),
+    );
+    let a = ConvAttrs {
+        strides: vec![1, 1],
+        pads: vec![0, 0, 0, 0],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![],
+    };
     let y = g.add(Op::Conv(a), "conv", &[x, w, bias]).unwrap();
     let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
     g.add_output("y", y);
-    let mut cases = vec![("pointwise", g.clone(), mlopt_rewrite::optimize::random_inputs(&g, 5))];
+    let mut cases = vec![(
+        "pointwise",
+        g.clone(),
+        mlopt_rewrite::optimize::random_inputs(&g, 5),
+    )];
     for name in ["mlp", "transformer"] {
         cases.push((name, import(name), data(name).0));
     }
@@ -128,12 +182,35 @@ fn bf16_contractions_compile_to_mma_blocks() {
         for target in ["host", "znver4"] {
             let mut config = Config::new(Target::named(target, 1).unwrap());
             config.precision = Precision::Bf16;
-            let c = compile(g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
-                .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
-            let pays = c.target.matrix.is_some() && c.cfg.target.bf16_matrix.is_some_and(|p| p > c.cfg.target.fp32);
-            assert!(target == "host" || pays, "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate");
-            let blocks = c.program.kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
-            assert_eq!(blocks, pays, "{name} for {target}: mma blocks iff the target's matrix unit pays");
+            let c = compile(
+                g,
+                &Options {
+                    config,
+                    threads: 1,
+                    tune: false,
+                    winograd: mlopt_lower::Winograd::Auto,
+                    profile: false,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
+            let pays = c.target.matrix.is_some()
+                && c.cfg
+                    .target
+                    .bf16_matrix
+                    .is_some_and(|p| p > c.cfg.target.fp32);
+            assert!(
+                target == "host" || pays,
+                "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate"
+            );
+            let blocks = c
+                .program
+                .kernels
+                .iter()
+                .any(|k| mlopt_kir::analysis::has_mma(&k.body));
+            assert_eq!(
+                blocks, pays,
+                "{name} for {target}: mma blocks iff the target's matrix unit pays"
+            );
             let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
             let want = interp::run(&c.optimized.plan.graph, inputs).unwrap();
             let err = worst_error(&want, &got);
@@ -151,9 +228,17 @@ fn large_convolutions_compile_with_heap_temporaries() {
     let mut g = mlopt_ir::Graph::new("bigconv");
     let (c, hw) = (48usize, 48usize);
     let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
-    let w: Vec<f32> = (0..c * c * 9).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w: Vec<f32> = (0..c * c * 9)
+        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
     let w = g.add_const("w", Tensor::from_vec(&[c, c, 3, 3], w).unwrap());
-    let a = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+    let a = ConvAttrs {
+        strides: vec![1, 1],
+        pads: vec![1, 1, 1, 1],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![],
+    };
     let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
     let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
     g.add_output("y", y);
@@ -161,11 +246,34 @@ fn large_convolutions_compile_with_heap_temporaries() {
     let want = interp::run(&g, &inputs).unwrap();
     for winograd in [mlopt_lower::Winograd::Never, mlopt_lower::Winograd::Always] {
         let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
-        let c = compile(&g, &Options { config, threads: 2, tune: false, winograd, profile: false }).unwrap();
-        assert_eq!(c.program.kernels.iter().any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd)), winograd == mlopt_lower::Winograd::Always);
+        let c = compile(
+            &g,
+            &Options {
+                config,
+                threads: 2,
+                tune: false,
+                winograd,
+                profile: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            c.program
+                .kernels
+                .iter()
+                .any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd)),
+            winograd == mlopt_lower::Winograd::Always
+        );
         // Either way the contraction is register-tiled by the schedule: the implicit GEMM, or Winograd's 16.
-        let tiled = |k: &mlopt_kir::Kernel| k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }));
-        assert!(c.program.kernels.iter().any(tiled), "winograd = {winograd:?}: no tiled kernel");
+        let tiled = |k: &mlopt_kir::Kernel| {
+            k.schedule
+                .iter()
+                .any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }))
+        };
+        assert!(
+            c.program.kernels.iter().any(tiled),
+            "winograd = {winograd:?}: no tiled kernel"
+        );
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
         assert!(err < 1e-5, "winograd = {winograd:?}: error {err:e}");
@@ -181,17 +289,50 @@ fn vector_matrix_products_read_the_weight_contiguously() {
     let mut g = mlopt_ir::Graph::new("gemv");
     let (k, n) = (100usize, 24usize);
     let x = g.add_input("x", TensorType::new(DType::F32, vec![k]));
-    let w: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
     let w = g.add_const("w", Tensor::from_vec(&[k, n], w).unwrap());
     let y = g.add(Op::MatMul, "matmul", &[x, w]).unwrap();
     g.add_output("y", y);
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 9);
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
-    let k = c.program.kernels.iter().find(|k| k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Transpose { .. }))).expect("a transposed weight");
-    assert_eq!(mlopt_kir::analysis::accesses(k).gather, 0.0, "{}", mlopt_kir::print::kernel(k));
-    assert_eq!(c.program.weights.iter().map(|w| w.dims.clone()).collect::<Vec<_>>(), [vec![24, 100]]);
+    let c = compile(
+        &g,
+        &Options {
+            config,
+            threads: 1,
+            tune: false,
+            winograd: mlopt_lower::Winograd::Auto,
+            profile: false,
+        },
+    )
+    .unwrap();
+    let k = c
+        .program
+        .kernels
+        .iter()
+        .find(|k| {
+            k.schedule
+                .iter()
+                .any(|s| matches!(s, mlopt_kir::ScheduleStep::Transpose { .. }))
+        })
+        .expect("a transposed weight");
+    assert_eq!(
+        mlopt_kir::analysis::accesses(k).gather,
+        0.0,
+        "{}",
+        mlopt_kir::print::kernel(k)
+    );
+    assert_eq!(
+        c.program
+            .weights
+            .iter()
+            .map(|w| w.dims.clone())
+            .collect::<Vec<_>>(),
+        [vec![24, 100]]
+    );
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
     assert!(err < 1e-5, "error {err:e}");
@@ -206,20 +347,48 @@ fn one_dimensional_convolutions_compile() {
     let mut g = mlopt_ir::Graph::new("conv1d");
     let (c, m, len) = (80usize, 96usize, 60usize);
     let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, len]));
-    let w1: Vec<f32> = (0..m * c * 3).map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w1: Vec<f32> = (0..m * c * 3)
+        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
     let w1 = g.add_const("w1", Tensor::from_vec(&[m, c, 3], w1).unwrap());
-    let w2: Vec<f32> = (0..m * m * 3).map(|i| ((i * 104729) % 200) as f32 / 1000.0 - 0.1).collect();
+    let w2: Vec<f32> = (0..m * m * 3)
+        .map(|i| ((i * 104729) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
     let w2 = g.add_const("w2", Tensor::from_vec(&[m, m, 3], w2).unwrap());
-    let a1 = ConvAttrs { strides: vec![1], pads: vec![1, 1], dilations: vec![1], group: 1, output_padding: vec![] };
-    let a2 = ConvAttrs { strides: vec![2], pads: vec![1, 1], dilations: vec![1], group: 1, output_padding: vec![] };
+    let a1 = ConvAttrs {
+        strides: vec![1],
+        pads: vec![1, 1],
+        dilations: vec![1],
+        group: 1,
+        output_padding: vec![],
+    };
+    let a2 = ConvAttrs {
+        strides: vec![2],
+        pads: vec![1, 1],
+        dilations: vec![1],
+        group: 1,
+        output_padding: vec![],
+    };
     let y = g.add(Op::Conv(a1), "conv1", &[x, w1]).unwrap();
-    let y = g.add(Op::Unary(Unary::Gelu { tanh: false }), "gelu", &[y]).unwrap();
+    let y = g
+        .add(Op::Unary(Unary::Gelu { tanh: false }), "gelu", &[y])
+        .unwrap();
     let y = g.add(Op::Conv(a2), "conv2", &[y, w2]).unwrap();
     g.add_output("y", y);
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false }).unwrap();
+    let c = compile(
+        &g,
+        &Options {
+            config,
+            threads: 1,
+            tune: false,
+            winograd: mlopt_lower::Winograd::Auto,
+            profile: false,
+        },
+    )
+    .unwrap();
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
     assert!(err < 1e-5, "error {err:e}");
@@ -232,15 +401,58 @@ fn one_dimensional_convolutions_compile() {
 fn kir_operators_compile_as_they_interpret() {
     use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Stmt, UnOp};
     const N: u64 = 32;
-    let floats = [-2.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.7, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e-3, 10.0, -10.0, 0.25, 0.9];
-    let ints = [-7.0, -1.0, 0.0, 1.0, 2.0, 3.0, 5.0, 100.0, -100.0, 127.0, -128.0, 7.0, 8.0, 31.0, 33.0, 64.0];
-    let shifts = [0.0, 1.0, 2.0, 3.0, 7.0, 8.0, 9.0, 31.0, 32.0, 63.0, 64.0, -1.0, 0.0, -1.0, 5.0, 1.0];
-    let types = [Elem::F32, Elem::F64, Elem::I8, Elem::U8, Elem::I32, Elem::I64, Elem::Bool];
+    let floats = [
+        -2.5,
+        -1.0,
+        -0.5,
+        0.0,
+        0.5,
+        1.0,
+        2.0,
+        3.7,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e-3,
+        10.0,
+        -10.0,
+        0.25,
+        0.9,
+    ];
+    let ints = [
+        -7.0, -1.0, 0.0, 1.0, 2.0, 3.0, 5.0, 100.0, -100.0, 127.0, -128.0, 7.0, 8.0, 31.0, 33.0,
+        64.0,
+    ];
+    let shifts = [
+        0.0, 1.0, 2.0, 3.0, 7.0, 8.0, 9.0, 31.0, 32.0, 63.0, 64.0, -1.0, 0.0, -1.0, 5.0, 1.0,
+    ];
+    let types = [
+        Elem::F32,
+        Elem::F64,
+        Elem::I8,
+        Elem::U8,
+        Elem::I32,
+        Elem::I64,
+        Elem::Bool,
+    ];
     for t in types {
         let (xs, ys): (Vec<f64>, Vec<f64>) = match t {
-            _ if t.is_float() => (floats.iter().chain(floats.iter().rev()).copied().collect(), floats.iter().rev().chain(floats.iter()).copied().collect()),
-            Elem::Bool => ((0..N).map(|i| (i % 2) as f64).collect(), (0..N).map(|i| (i / 2 % 2) as f64).collect()),
-            Elem::U8 => ((0..N).map(|i| ((i * 37) % 256) as f64).collect(), shifts.iter().chain(ints.iter()).map(|v: &f64| v.rem_euclid(256.0)).collect()),
+            _ if t.is_float() => (
+                floats.iter().chain(floats.iter().rev()).copied().collect(),
+                floats.iter().rev().chain(floats.iter()).copied().collect(),
+            ),
+            Elem::Bool => (
+                (0..N).map(|i| (i % 2) as f64).collect(),
+                (0..N).map(|i| (i / 2 % 2) as f64).collect(),
+            ),
+            Elem::U8 => (
+                (0..N).map(|i| ((i * 37) % 256) as f64).collect(),
+                shifts
+                    .iter()
+                    .chain(ints.iter())
+                    .map(|v: &f64| v.rem_euclid(256.0))
+                    .collect(),
+            ),
             _ => {
                 // The type's minimum divided by -1 is in the table for every signed type.
                 let min = match t {
@@ -255,7 +467,20 @@ fn kir_operators_compile_as_they_interpret() {
         };
         let binops: Vec<BinOp> = match t {
             _ if t.is_float() => {
-                vec![BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Min, BinOp::Max, BinOp::Pow, BinOp::Lt, BinOp::Le, BinOp::Eq, BinOp::Ne]
+                vec![
+                    BinOp::Add,
+                    BinOp::Sub,
+                    BinOp::Mul,
+                    BinOp::Div,
+                    BinOp::Rem,
+                    BinOp::Min,
+                    BinOp::Max,
+                    BinOp::Pow,
+                    BinOp::Lt,
+                    BinOp::Le,
+                    BinOp::Eq,
+                    BinOp::Ne,
+                ]
             }
             Elem::Bool => vec![BinOp::And, BinOp::Or, BinOp::Xor, BinOp::Eq, BinOp::Ne],
             _ => vec![
@@ -278,7 +503,11 @@ fn kir_operators_compile_as_they_interpret() {
             ],
         };
         let unops: Vec<UnOp> = match t {
-            _ if t.is_float() => mlopt_kir::print::UNOPS.iter().copied().filter(|o| *o != UnOp::Not).collect(),
+            _ if t.is_float() => mlopt_kir::print::UNOPS
+                .iter()
+                .copied()
+                .filter(|o| *o != UnOp::Not)
+                .collect(),
             Elem::Bool => vec![UnOp::Not],
             _ => vec![UnOp::Neg, UnOp::Abs, UnOp::Not],
         };
@@ -287,11 +516,17 @@ fn kir_operators_compile_as_they_interpret() {
             .iter()
             .map(|o| {
                 let o = *o;
-                (mlopt_kir::print::binop_name(o).to_string(), Box::new(move |x, y| Expr::bin(o, x, y)) as MakeExpr)
+                (
+                    mlopt_kir::print::binop_name(o).to_string(),
+                    Box::new(move |x, y| Expr::bin(o, x, y)) as MakeExpr,
+                )
             })
             .chain(unops.iter().map(|o| {
                 let o = *o;
-                (mlopt_kir::print::unop_name(o).to_string(), Box::new(move |x, _| Expr::un(o, x)) as MakeExpr)
+                (
+                    mlopt_kir::print::unop_name(o).to_string(),
+                    Box::new(move |x, _| Expr::un(o, x)) as MakeExpr,
+                )
             }))
             .collect();
         let encode = |vs: &[f64]| -> Vec<u8> {
@@ -308,32 +543,67 @@ fn kir_operators_compile_as_they_interpret() {
         };
         let mut p = Program {
             name: format!("ops_{t}"),
-            inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N] }, Io { name: "y".into(), elem: t, dims: vec![N] }],
+            inputs: vec![
+                Io {
+                    name: "x".into(),
+                    elem: t,
+                    dims: vec![N],
+                },
+                Io {
+                    name: "y".into(),
+                    elem: t,
+                    dims: vec![N],
+                },
+            ],
             ..Default::default()
         };
         for (name, f) in &exprs {
             for kind in [LoopKind::Serial, LoopKind::Vector(8)] {
                 let mut k = Kernel::new(format!("k{}", p.kernels.len()));
                 let e = f(Expr::Int(0), Expr::Int(0));
-                let out_t = if matches!(e, Expr::Binary(o, ..) if o.is_compare()) { Elem::Bool } else { t };
-                let (o, x, y) = (k.buf("out", out_t, vec![N], Space::Global), k.buf("x", t, vec![N], Space::Global), k.buf("y", t, vec![N], Space::Global));
+                let out_t = if matches!(e, Expr::Binary(o, ..) if o.is_compare()) {
+                    Elem::Bool
+                } else {
+                    t
+                };
+                let (o, x, y) = (
+                    k.buf("out", out_t, vec![N], Space::Global),
+                    k.buf("x", t, vec![N], Space::Global),
+                    k.buf("y", t, vec![N], Space::Global),
+                );
                 let i = k.var("i");
                 let at = || vec![Expr::var(i)];
                 k.body = vec![Stmt::For {
                     var: i,
                     extent: N,
                     kind,
-                    body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }],
+                    body: vec![Stmt::Store {
+                        buf: o,
+                        index: at(),
+                        value: f(Expr::load(x, at()), Expr::load(y, at())),
+                    }],
                 }];
                 mlopt_kir::verify(&k).unwrap_or_else(|e| panic!("{name} on {t}: {e:?}"));
-                p.steps.push(mlopt_kir::Step::call(p.kernels.len(), vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)]));
-                p.outputs.push(Io { name: format!("{name} {kind:?}"), elem: out_t, dims: vec![N] });
+                p.steps.push(mlopt_kir::Step::call(
+                    p.kernels.len(),
+                    vec![
+                        Place::Output(p.outputs.len()),
+                        Place::Input(0),
+                        Place::Input(1),
+                    ],
+                ));
+                p.outputs.push(Io {
+                    name: format!("{name} {kind:?}"),
+                    elem: out_t,
+                    dims: vec![N],
+                });
                 p.kernels.push(k);
             }
         }
         let inputs = vec![encode(&xs), encode(&ys)];
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
-        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{t}: {e}"));
+        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1)
+            .unwrap_or_else(|e| panic!("{t}: {e}"));
         let mut lib = mlopt_runtime::Loaded::new(
             &mlopt_driver::pipeline::members("m", &code).unwrap(),
             &mlopt_llvm::c_name(&p.name),
@@ -349,17 +619,29 @@ fn kir_operators_compile_as_they_interpret() {
                 Elem::F32 | Elem::F64 => {
                     let vals = |b: &[u8]| -> Vec<f64> {
                         if io.elem == Elem::F32 {
-                            b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+                            b.chunks_exact(4)
+                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+                                .collect()
                         } else {
-                            b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()
+                            b.chunks_exact(8)
+                                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                                .collect()
                         }
                     };
                     // exp/tanh/erf are evaluated in registers to about 1 ulp; the rest is exact.
-                    vals(w).iter().zip(vals(g)).all(|(a, b)| (a.is_nan() && b.is_nan()) || a == &b || (a - b).abs() <= 1e-6 * a.abs().max(1.0))
+                    vals(w).iter().zip(vals(g)).all(|(a, b)| {
+                        (a.is_nan() && b.is_nan())
+                            || a == &b
+                            || (a - b).abs() <= 1e-6 * a.abs().max(1.0)
+                    })
                 }
                 _ => w == g,
             };
-            assert!(same, "{} on {t}: x = {xs:?}\ny = {ys:?}\ninterpreter {w:?}\ncompiled    {g:?}", io.name);
+            assert!(
+                same,
+                "{} on {t}: x = {xs:?}\ny = {ys:?}\ninterpreter {w:?}\ncompiled    {g:?}",
+                io.name
+            );
         }
     }
 }
@@ -401,28 +683,59 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
     let n = bits.len() as u64;
     let mut p = Program {
         name: "to_bf16".into(),
-        inputs: vec![Io { name: "x32".into(), elem: Elem::F32, dims: vec![n] }, Io { name: "x64".into(), elem: Elem::F64, dims: vec![n] }],
+        inputs: vec![
+            Io {
+                name: "x32".into(),
+                elem: Elem::F32,
+                dims: vec![n],
+            },
+            Io {
+                name: "x64".into(),
+                elem: Elem::F64,
+                dims: vec![n],
+            },
+        ],
         ..Default::default()
     };
     for (src, from) in [(0, Elem::F32), (1, Elem::F64)] {
-        for (to, kind) in [Elem::BF16, Elem::F16].into_iter().flat_map(|t| [(t, LoopKind::Serial), (t, LoopKind::Vector(8))]) {
+        for (to, kind) in [Elem::BF16, Elem::F16]
+            .into_iter()
+            .flat_map(|t| [(t, LoopKind::Serial), (t, LoopKind::Vector(8))])
+        {
             let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-            let (o, x) = (k.buf("out", to, vec![n], Space::Global), k.buf("x", from, vec![n], Space::Global));
+            let (o, x) = (
+                k.buf("out", to, vec![n], Space::Global),
+                k.buf("x", from, vec![n], Space::Global),
+            );
             let i = k.var("i");
             k.body = vec![Stmt::For {
                 var: i,
                 extent: n,
                 kind,
-                body: vec![Stmt::Store { buf: o, index: vec![Expr::var(i)], value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])) }],
+                body: vec![Stmt::Store {
+                    buf: o,
+                    index: vec![Expr::var(i)],
+                    value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])),
+                }],
             }];
             mlopt_kir::verify(&k).unwrap();
-            p.steps.push(Step::call(p.kernels.len(), vec![Place::Output(p.outputs.len()), Place::Input(src)]));
-            p.outputs.push(Io { name: format!("{from} -> {to} {kind:?}"), elem: to, dims: vec![n] });
+            p.steps.push(Step::call(
+                p.kernels.len(),
+                vec![Place::Output(p.outputs.len()), Place::Input(src)],
+            ));
+            p.outputs.push(Io {
+                name: format!("{from} -> {to} {kind:?}"),
+                elem: to,
+                dims: vec![n],
+            });
             p.kernels.push(k);
         }
     }
     let x32: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
-    let x64: Vec<u8> = bits.iter().flat_map(|b| (f32::from_bits(*b) as f64).to_le_bytes()).collect();
+    let x64: Vec<u8> = bits
+        .iter()
+        .flat_map(|b| (f32::from_bits(*b) as f64).to_le_bytes())
+        .collect();
     let inputs = vec![x32, x64];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     for target in ["host", "x86-64-v3", "x86-64-v4"] {
@@ -439,7 +752,11 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
-            let h = |b: &[u8]| -> Vec<String> { b.chunks_exact(2).map(|c| format!("{:04x}", u16::from_le_bytes([c[0], c[1]]))).collect() };
+            let h = |b: &[u8]| -> Vec<String> {
+                b.chunks_exact(2)
+                    .map(|c| format!("{:04x}", u16::from_le_bytes([c[0], c[1]])))
+                    .collect()
+            };
             assert_eq!(h(w), h(g), "{target}: {}", io.name);
         }
     }
@@ -449,8 +766,15 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
 /// saturated (cubic overshoots 0..255), as the reference does.
 #[test]
 fn integer_resize_compiles_as_it_interprets() {
-    use mlopt_ir::{CoordMode, DType, NearestMode, Op, ResizeAttrs, ResizeMode, Tensor, TensorType};
-    for (dtype, mode) in [(DType::U8, ResizeMode::Nearest), (DType::U8, ResizeMode::Linear), (DType::U8, ResizeMode::Cubic), (DType::I32, ResizeMode::Cubic)] {
+    use mlopt_ir::{
+        CoordMode, DType, NearestMode, Op, ResizeAttrs, ResizeMode, Tensor, TensorType,
+    };
+    for (dtype, mode) in [
+        (DType::U8, ResizeMode::Nearest),
+        (DType::U8, ResizeMode::Linear),
+        (DType::U8, ResizeMode::Cubic),
+        (DType::I32, ResizeMode::Cubic),
+    ] {
         let mut g = mlopt_ir::Graph::new("resize_int");
         let x = g.add_input("x", TensorType::new(dtype, vec![1, 2, 4, 5]));
         let attrs = ResizeAttrs {
@@ -468,17 +792,37 @@ fn integer_resize_compiles_as_it_interprets() {
         let y = g.add(Op::Resize(attrs), "resize", &[x]).unwrap();
         g.add_output("y", y);
         // Sharp edges (0 next to 255, and negatives for i32) so cubic overshoots the range.
-        let vals: Vec<f64> = (0..40).map(|i| if (i / 2) % 2 == 0 { 255.0 } else { 0.0 }).map(|v| if dtype == DType::I32 { v - 128.0 } else { v }).collect();
+        let vals: Vec<f64> = (0..40)
+            .map(|i| if (i / 2) % 2 == 0 { 255.0 } else { 0.0 })
+            .map(|v| if dtype == DType::I32 { v - 128.0 } else { v })
+            .collect();
         let x = Tensor::from_vec(&[1, 2, 4, 5], vals).unwrap().cast(dtype);
         let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
         let want = interp::run(&g, &inputs).unwrap();
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false })
-            .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
+        let c = compile(
+            &g,
+            &Options {
+                config,
+                threads: 1,
+                tune: false,
+                winograd: mlopt_lower::Winograd::Auto,
+                profile: false,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
-        assert_eq!(want[0].1.to_i64_vec(), got[0].1.to_i64_vec(), "{dtype} {mode:?}");
+        assert_eq!(
+            want[0].1.to_i64_vec(),
+            got[0].1.to_i64_vec(),
+            "{dtype} {mode:?}"
+        );
         let kir = mlopt_lower::interpret(&c.program, &inputs).unwrap();
-        assert_eq!(want[0].1.to_i64_vec(), kir[0].1.to_i64_vec(), "{dtype} {mode:?} in the kernel IR interpreter");
+        assert_eq!(
+            want[0].1.to_i64_vec(),
+            kir[0].1.to_i64_vec(),
+            "{dtype} {mode:?} in the kernel IR interpreter"
+        );
     }
 }
 
@@ -504,30 +848,64 @@ fn mma_blocks_compile_as_they_interpret() {
   mma<32x16x32> %c[32, 48] += %a[0, 64] * %b[32, 96]
 }
 ";
-    let kernels: Vec<_> = [set, add].iter().map(|t| mlopt_kir::parse_kernel(t).unwrap()).collect();
+    let kernels: Vec<_> = [set, add]
+        .iter()
+        .map(|t| mlopt_kir::parse_kernel(t).unwrap())
+        .collect();
     for k in &kernels {
         mlopt_kir::verify(k).unwrap();
-        assert_eq!(&mlopt_kir::print::kernel(k), if k.name == "set" { set } else { add });
+        assert_eq!(
+            &mlopt_kir::print::kernel(k),
+            if k.name == "set" { set } else { add }
+        );
     }
     let args = vec![Place::Output(0), Place::Input(0), Place::Input(1)];
     let p = Program {
         name: "mma".into(),
-        inputs: vec![Io { name: "a".into(), elem: Elem::BF16, dims: vec![64, 96] }, Io { name: "b".into(), elem: Elem::BF16, dims: vec![48, 128] }],
-        outputs: vec![Io { name: "c".into(), elem: Elem::F32, dims: vec![64, 64] }],
+        inputs: vec![
+            Io {
+                name: "a".into(),
+                elem: Elem::BF16,
+                dims: vec![64, 96],
+            },
+            Io {
+                name: "b".into(),
+                elem: Elem::BF16,
+                dims: vec![48, 128],
+            },
+        ],
+        outputs: vec![Io {
+            name: "c".into(),
+            elem: Elem::F32,
+            dims: vec![64, 64],
+        }],
         kernels,
         steps: vec![Step::call(0, args.clone()), Step::call(1, args)],
         ..Default::default()
     };
     let bf16 = |n: usize, seed: u64| -> Vec<u8> {
-        (0..n as u64).flat_map(|i| half::bf16::from_f32((((i * 7919 + seed) % 201) as f32 - 100.0) / 64.0).to_le_bytes()).collect()
+        (0..n as u64)
+            .flat_map(|i| {
+                half::bf16::from_f32((((i * 7919 + seed) % 201) as f32 - 100.0) / 64.0)
+                    .to_le_bytes()
+            })
+            .collect()
     };
     let inputs = vec![bf16(64 * 96, 1), bf16(48 * 128, 2)];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
-    let f32s = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
     for target in ["host", "x86-64-v4", "znver4"] {
         let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
         let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
-        assert_eq!(code.optimized_ir.contains("tdpbf16ps"), t.matrix == Some(mlopt_llvm::MatrixUnit::Amx), "{target}: AMX instructions iff the target has AMX");
+        assert_eq!(
+            code.optimized_ir.contains("tdpbf16ps"),
+            t.matrix == Some(mlopt_llvm::MatrixUnit::Amx),
+            "{target}: AMX instructions iff the target has AMX"
+        );
         assert_eq!(
             code.optimized_ir.contains("dpbf16ps.512"),
             t.matrix == Some(mlopt_llvm::MatrixUnit::Dot),
@@ -545,7 +923,11 @@ fn mma_blocks_compile_as_they_interpret() {
         lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
         let (w, g) = (f32s(&want[0]), f32s(&got[0]));
-        let worst = w.iter().zip(&g).map(|(a, b)| (a - b).abs() / a.abs().max(1.0)).fold(0.0f32, f32::max);
+        let worst = w
+            .iter()
+            .zip(&g)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
+            .fold(0.0f32, f32::max);
         assert!(worst < 1e-5, "{target}: worst relative error {worst:e}");
     }
 }
@@ -558,7 +940,11 @@ fn mma_blocks_compile_as_they_interpret() {
 fn register_math_is_accurate() {
     use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Stmt, UnOp};
     const N: usize = 4096;
-    let sweep = |lo: f64, hi: f64| -> Vec<f64> { (0..N).map(|i| lo + (hi - lo) * i as f64 / (N - 1) as f64).collect() };
+    let sweep = |lo: f64, hi: f64| -> Vec<f64> {
+        (0..N)
+            .map(|i| lo + (hi - lo) * i as f64 / (N - 1) as f64)
+            .collect()
+    };
     let logspace = |lo: f64, hi: f64, signed: bool| -> Vec<f64> {
         (0..N)
             .map(|i| {
@@ -572,20 +958,97 @@ fn register_math_is_accurate() {
             .collect()
     };
     // (name, type, x, y, expression, reference, bound in ulps at (x, y))
-    type Case = (&'static str, Elem, Vec<f64>, Vec<f64>, fn(Expr, Expr) -> Expr, fn(f64, f64) -> f64, fn(f64, f64) -> f64);
+    type Case = (
+        &'static str,
+        Elem,
+        Vec<f64>,
+        Vec<f64>,
+        fn(Expr, Expr) -> Expr,
+        fn(f64, f64) -> f64,
+        fn(f64, f64) -> f64,
+    );
     // Integer powers below 2^53 (exact in f64), as ONNX's integer Pow computes them.
-    let exact: Vec<(f64, f64)> =
-        (2..=10).flat_map(|b: i32| (0..64).filter(move |e| (b as f64).powi(*e) < 2f64.powi(53)).map(move |e| (b as f64, e as f64))).collect();
+    let exact: Vec<(f64, f64)> = (2..=10)
+        .flat_map(|b: i32| {
+            (0..64)
+                .filter(move |e| (b as f64).powi(*e) < 2f64.powi(53))
+                .map(move |e| (b as f64, e as f64))
+        })
+        .collect();
     let (ints, int_exps): (Vec<f64>, Vec<f64>) = (0..N).map(|i| exact[i % exact.len()]).unzip();
     let cases: Vec<Case> = vec![
-        ("asin f32", Elem::F32, sweep(-1.0, 1.0), vec![0.0; N], |x, _| Expr::un(UnOp::Asin, x), |x, _| x.asin(), |_, _| 3.0),
-        ("acos f32", Elem::F32, sweep(-1.0, 1.0), vec![0.0; N], |x, _| Expr::un(UnOp::Acos, x), |x, _| x.acos(), |_, _| 3.0),
-        ("atan f32", Elem::F32, logspace(1e-6, 1e6, true), vec![0.0; N], |x, _| Expr::un(UnOp::Atan, x), |x, _| x.atan(), |_, _| 3.0),
-        ("exp f32", Elem::F32, sweep(-87.0, 88.0), vec![0.0; N], |x, _| Expr::un(UnOp::Exp, x), |x, _| x.exp(), |_, _| 3.0),
-        ("exp f64", Elem::F64, sweep(-744.0, 709.0), vec![0.0; N], |x, _| Expr::un(UnOp::Exp, x), |x, _| x.exp(), |_, _| 3.0),
-        ("log f64", Elem::F64, logspace(1e-310, 1e308, false), vec![0.0; N], |x, _| Expr::un(UnOp::Log, x), |x, _| x.ln(), |_, _| 3.0),
-        ("log f64 near 1", Elem::F64, sweep(0.5, 2.0), vec![0.0; N], |x, _| Expr::un(UnOp::Log, x), |x, _| x.ln(), |_, _| 3.0),
-        ("pow f32", Elem::F32, logspace(1e-2, 1e2, false), sweep(-9.5, 9.5), |x, y| Expr::bin(BinOp::Pow, x, y), |x, y| x.powf(y), |_, _| 1.0),
+        (
+            "asin f32",
+            Elem::F32,
+            sweep(-1.0, 1.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Asin, x),
+            |x, _| x.asin(),
+            |_, _| 3.0,
+        ),
+        (
+            "acos f32",
+            Elem::F32,
+            sweep(-1.0, 1.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Acos, x),
+            |x, _| x.acos(),
+            |_, _| 3.0,
+        ),
+        (
+            "atan f32",
+            Elem::F32,
+            logspace(1e-6, 1e6, true),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Atan, x),
+            |x, _| x.atan(),
+            |_, _| 3.0,
+        ),
+        (
+            "exp f32",
+            Elem::F32,
+            sweep(-87.0, 88.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Exp, x),
+            |x, _| x.exp(),
+            |_, _| 3.0,
+        ),
+        (
+            "exp f64",
+            Elem::F64,
+            sweep(-744.0, 709.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Exp, x),
+            |x, _| x.exp(),
+            |_, _| 3.0,
+        ),
+        (
+            "log f64",
+            Elem::F64,
+            logspace(1e-310, 1e308, false),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Log, x),
+            |x, _| x.ln(),
+            |_, _| 3.0,
+        ),
+        (
+            "log f64 near 1",
+            Elem::F64,
+            sweep(0.5, 2.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Log, x),
+            |x, _| x.ln(),
+            |_, _| 3.0,
+        ),
+        (
+            "pow f32",
+            Elem::F32,
+            logspace(1e-2, 1e2, false),
+            sweep(-9.5, 9.5),
+            |x, y| Expr::bin(BinOp::Pow, x, y),
+            |x, y| x.powf(y),
+            |_, _| 1.0,
+        ),
         (
             "pow f32 integer",
             Elem::F32,
@@ -604,35 +1067,81 @@ fn register_math_is_accurate() {
             |x, y| x.powf(y),
             |x, y| 2.0 + 2.0 * (y * x.ln()).abs(),
         ),
-        ("pow f64 integer", Elem::F64, ints, int_exps, |x, y| Expr::bin(BinOp::Pow, x, y), |x, y| x.powf(y), |_, _| 0.0),
+        (
+            "pow f64 integer",
+            Elem::F64,
+            ints,
+            int_exps,
+            |x, y| Expr::bin(BinOp::Pow, x, y),
+            |x, y| x.powf(y),
+            |_, _| 0.0,
+        ),
     ];
     for (name, t, xs, ys, f, reference, bound) in cases {
         let mut p = Program {
             name: "math".into(),
-            inputs: vec![Io { name: "x".into(), elem: t, dims: vec![N as u64] }, Io { name: "y".into(), elem: t, dims: vec![N as u64] }],
+            inputs: vec![
+                Io {
+                    name: "x".into(),
+                    elem: t,
+                    dims: vec![N as u64],
+                },
+                Io {
+                    name: "y".into(),
+                    elem: t,
+                    dims: vec![N as u64],
+                },
+            ],
             ..Default::default()
         };
         for kind in [LoopKind::Serial, LoopKind::Vector(8)] {
             let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-            let (o, x, y) =
-                (k.buf("out", t, vec![N as u64], Space::Global), k.buf("x", t, vec![N as u64], Space::Global), k.buf("y", t, vec![N as u64], Space::Global));
+            let (o, x, y) = (
+                k.buf("out", t, vec![N as u64], Space::Global),
+                k.buf("x", t, vec![N as u64], Space::Global),
+                k.buf("y", t, vec![N as u64], Space::Global),
+            );
             let i = k.var("i");
             let at = || vec![Expr::var(i)];
             k.body = vec![Stmt::For {
                 var: i,
                 extent: N as u64,
                 kind,
-                body: vec![Stmt::Store { buf: o, index: at(), value: f(Expr::load(x, at()), Expr::load(y, at())) }],
+                body: vec![Stmt::Store {
+                    buf: o,
+                    index: at(),
+                    value: f(Expr::load(x, at()), Expr::load(y, at())),
+                }],
             }];
-            p.steps.push(mlopt_kir::Step::call(p.kernels.len(), vec![Place::Output(p.outputs.len()), Place::Input(0), Place::Input(1)]));
-            p.outputs.push(Io { name: format!("{kind:?}"), elem: t, dims: vec![N as u64] });
+            p.steps.push(mlopt_kir::Step::call(
+                p.kernels.len(),
+                vec![
+                    Place::Output(p.outputs.len()),
+                    Place::Input(0),
+                    Place::Input(1),
+                ],
+            ));
+            p.outputs.push(Io {
+                name: format!("{kind:?}"),
+                elem: t,
+                dims: vec![N as u64],
+            });
             p.kernels.push(k);
         }
         let encode = |vs: &[f64]| -> Vec<u8> {
-            vs.iter().flat_map(|v| if t == Elem::F32 { (*v as f32).to_le_bytes().to_vec() } else { v.to_le_bytes().to_vec() }).collect()
+            vs.iter()
+                .flat_map(|v| {
+                    if t == Elem::F32 {
+                        (*v as f32).to_le_bytes().to_vec()
+                    } else {
+                        v.to_le_bytes().to_vec()
+                    }
+                })
+                .collect()
         };
         let inputs = [encode(&xs), encode(&ys)];
-        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let size = if t == Elem::F32 { 4 } else { 8 };
         let mut lib = mlopt_runtime::Loaded::new(
             &mlopt_driver::pipeline::members("m", &code).unwrap(),
@@ -648,7 +1157,11 @@ fn register_math_is_accurate() {
             let mut worst = (0.0f64, 0.0, 0.0, 0.0);
             for (j, c) in out.chunks_exact(size).enumerate() {
                 // The inputs as the kernel saw them (f32 rounded), the reference in f64.
-                let (x, y) = if t == Elem::F32 { (xs[j] as f32 as f64, ys[j] as f32 as f64) } else { (xs[j], ys[j]) };
+                let (x, y) = if t == Elem::F32 {
+                    (xs[j] as f32 as f64, ys[j] as f32 as f64)
+                } else {
+                    (xs[j], ys[j])
+                };
                 let want = reference(x, y);
                 let (got, ulp) = if t == Elem::F32 {
                     let g = f32::from_le_bytes(c.try_into().unwrap()) as f64;
@@ -667,12 +1180,18 @@ fn register_math_is_accurate() {
                     f64::INFINITY
                 };
                 let allowed = bound(x, y);
-                assert!(err <= allowed, "{name} ({kind}): {err:.2} ulp (bound {allowed:.2}) at x = {x:e}, y = {y:e}");
+                assert!(
+                    err <= allowed,
+                    "{name} ({kind}): {err:.2} ulp (bound {allowed:.2}) at x = {x:e}, y = {y:e}"
+                );
                 if err > worst.0 {
                     worst = (err, x, y, allowed);
                 }
             }
-            println!("{name} ({kind}): at most {:.2} ulp (x = {:e}, y = {:e}, bound {:.2})", worst.0, worst.1, worst.2, worst.3);
+            println!(
+                "{name} ({kind}): at most {:.2} ulp (x = {:e}, y = {:e}, bound {:.2})",
+                worst.0, worst.1, worst.2, worst.3
+            );
         }
     }
 }

@@ -34,14 +34,38 @@ fn weights(shape: &[usize], fan_in: usize, seed: u64) -> Tensor {
 
 /// Convolution (1-D or 2-D) of `c` -> `m` channels over `size` with a k-wide window, + bias, + ReLU.
 #[allow(clippy::too_many_arguments)]
-fn conv(c: usize, m: usize, size: &[usize], k: usize, stride: usize, group: usize, relu: bool) -> Layer {
+fn conv(
+    c: usize,
+    m: usize,
+    size: &[usize],
+    k: usize,
+    stride: usize,
+    group: usize,
+    relu: bool,
+) -> Layer {
     let sp = size.len();
     let name = format!("conv{}d {c}->{m} {size:?} k{k} s{stride} g{group}", sp);
     let mut g = Graph::new("layer");
-    let x = g.add_input("x", TensorType::new(DType::F32, [vec![1, c], size.to_vec()].concat()));
-    let w = g.add_const("w", weights(&[vec![m, c / group], vec![k; sp]].concat(), c / group * k.pow(sp as u32), 1));
+    let x = g.add_input(
+        "x",
+        TensorType::new(DType::F32, [vec![1, c], size.to_vec()].concat()),
+    );
+    let w = g.add_const(
+        "w",
+        weights(
+            &[vec![m, c / group], vec![k; sp]].concat(),
+            c / group * k.pow(sp as u32),
+            1,
+        ),
+    );
     let b = g.add_const("b", weights(&[m], 1, 2));
-    let a = ConvAttrs { strides: vec![stride; sp], pads: vec![k / 2; 2 * sp], dilations: vec![1; sp], group, output_padding: vec![] };
+    let a = ConvAttrs {
+        strides: vec![stride; sp],
+        pads: vec![k / 2; 2 * sp],
+        dilations: vec![1; sp],
+        group,
+        output_padding: vec![],
+    };
     let mut y = g.add(Op::Conv(a), "conv", &[x, w, b]).unwrap();
     if relu {
         y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
@@ -55,18 +79,52 @@ fn conv_transpose(c: usize, m: usize, hw: usize, k: usize) -> Layer {
     let mut g = Graph::new("layer");
     let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
     let w = g.add_const("w", weights(&[c, m, k, k], c * k * k / 4, 5));
-    let a = ConvAttrs { strides: vec![2, 2], pads: vec![(k - 2) / 2; 4], dilations: vec![1, 1], group: 1, output_padding: vec![0, 0] };
+    let a = ConvAttrs {
+        strides: vec![2, 2],
+        pads: vec![(k - 2) / 2; 4],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![0, 0],
+    };
     let y = g.add(Op::ConvTranspose(a), "deconv", &[x, w]).unwrap();
     g.add_output("y", y);
     (format!("conv transpose {c}->{m} {hw}x{hw} k{k} s2"), g)
 }
 
-fn pool(max: bool, c: usize, hw: usize, k: usize, stride: usize, pad: usize, ceil_mode: bool) -> Layer {
-    let name = format!("{} pool {c}x{hw}x{hw} k{k} s{stride} p{pad}{}", if max { "max" } else { "average" }, if ceil_mode { " ceil" } else { "" });
+fn pool(
+    max: bool,
+    c: usize,
+    hw: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    ceil_mode: bool,
+) -> Layer {
+    let name = format!(
+        "{} pool {c}x{hw}x{hw} k{k} s{stride} p{pad}{}",
+        if max { "max" } else { "average" },
+        if ceil_mode { " ceil" } else { "" }
+    );
     let mut g = Graph::new("layer");
     let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
-    let pool = PoolAttrs { kernel: vec![k; 2], strides: vec![stride; 2], pads: vec![pad; 4], dilations: vec![1; 2], ceil_mode };
-    let op = if max { Op::MaxPool { pool, col_major: false } } else { Op::AveragePool { pool, count_include_pad: false } };
+    let pool = PoolAttrs {
+        kernel: vec![k; 2],
+        strides: vec![stride; 2],
+        pads: vec![pad; 4],
+        dilations: vec![1; 2],
+        ceil_mode,
+    };
+    let op = if max {
+        Op::MaxPool {
+            pool,
+            col_major: false,
+        }
+    } else {
+        Op::AveragePool {
+            pool,
+            count_include_pad: false,
+        }
+    };
     let y = g.add(op, "pool", &[x]).unwrap();
     g.add_output("y", y);
     (name, g)
@@ -82,12 +140,21 @@ fn rows(what: &str, shape: &[usize]) -> Layer {
         "layer norm" => {
             let scale = g.add_const("scale", weights(&shape[last..], 1, 3));
             let bias = g.add_const("bias", weights(&shape[last..], 1, 4));
-            g.add(Op::LayerNorm { axis: last, epsilon: 1e-5 }, "ln", &[x, scale, bias]).unwrap()
+            g.add(
+                Op::LayerNorm {
+                    axis: last,
+                    epsilon: 1e-5,
+                },
+                "ln",
+                &[x, scale, bias],
+            )
+            .unwrap()
         }
         "global average pool" => g.add(Op::GlobalAveragePool, "gap", &[x]).unwrap(),
         _ => {
             let y = g.add(Op::Unary(Unary::Sigmoid), "sigmoid", &[x]).unwrap();
-            g.add(Op::Binary(mlopt_ir::Binary::Mul), "mul", &[x, y]).unwrap()
+            g.add(Op::Binary(mlopt_ir::Binary::Mul), "mul", &[x, y])
+                .unwrap()
         }
     };
     g.add_output("y", y);
@@ -97,12 +164,23 @@ fn rows(what: &str, shape: &[usize]) -> Layer {
 /// A layout op: data moved, not computed (a concat, split, pad, resize, transpose or strided slice).
 fn layout(what: &str, shapes: &[&[usize]], op: Op) -> Layer {
     let mut g = Graph::new("layer");
-    let xs: Vec<_> = shapes.iter().enumerate().map(|(i, s)| g.add_input(format!("x{i}"), TensorType::new(DType::F32, s.to_vec()))).collect();
+    let xs: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| g.add_input(format!("x{i}"), TensorType::new(DType::F32, s.to_vec())))
+        .collect();
     let outputs = match &op {
         Op::Split { sizes, .. } => Some(sizes.len()),
         _ => None,
     };
-    let ys = g.add_node(op, "op", &xs.iter().map(|x| Some(*x)).collect::<Vec<_>>(), outputs).unwrap();
+    let ys = g
+        .add_node(
+            op,
+            "op",
+            &xs.iter().map(|x| Some(*x)).collect::<Vec<_>>(),
+            outputs,
+        )
+        .unwrap();
     for (o, y) in ys.into_iter().enumerate() {
         g.add_output(format!("y{o}"), y);
     }
@@ -113,15 +191,39 @@ fn layers() -> Vec<Layer> {
     let mut v = Vec::new();
     // Pointwise convolutions at the zoo's spatial sizes and channel counts (SqueezeNet, ResNet,
     // MobileNet, EfficientNet), odd channel counts included.
-    for (c, m, hw) in [(64, 16, 55), (128, 32, 27), (256, 64, 14), (512, 100, 13), (960, 160, 7), (24, 72, 56), (40, 120, 28), (72, 24, 28)] {
+    for (c, m, hw) in [
+        (64, 16, 55),
+        (128, 32, 27),
+        (256, 64, 14),
+        (512, 100, 13),
+        (960, 160, 7),
+        (24, 72, 56),
+        (40, 120, 28),
+        (72, 24, 28),
+    ] {
         v.push(conv(c, m, &[hw, hw], 1, 1, 1, true));
     }
     // 3x3 convolutions, stride 1 and 2.
-    for (c, m, hw, s) in [(16, 64, 55, 1), (32, 48, 27, 1), (64, 64, 14, 1), (48, 40, 13, 1), (128, 128, 7, 1), (32, 64, 56, 2), (64, 128, 28, 2)] {
+    for (c, m, hw, s) in [
+        (16, 64, 55, 1),
+        (32, 48, 27, 1),
+        (64, 64, 14, 1),
+        (48, 40, 13, 1),
+        (128, 128, 7, 1),
+        (32, 64, 56, 2),
+        (64, 128, 28, 2),
+    ] {
         v.push(conv(c, m, &[hw, hw], 3, s, 1, true));
     }
     // Depthwise 3x3 and 5x5, stride 1 and 2 (MobileNet, EfficientNet).
-    for (c, hw, k, s) in [(24, 56, 3, 1), (96, 56, 3, 2), (40, 28, 5, 1), (72, 28, 5, 2), (120, 14, 3, 1), (960, 7, 5, 1)] {
+    for (c, hw, k, s) in [
+        (24, 56, 3, 1),
+        (96, 56, 3, 2),
+        (40, 28, 5, 1),
+        (72, 28, 5, 2),
+        (120, 14, 3, 1),
+        (960, 7, 5, 1),
+    ] {
         v.push(conv(c, c, &[hw, hw], k, s, c, true));
     }
     // Grouped (RegNet's group width 8) and 7x7 stride-2 stems; a 1-D stride-2 convolution (Whisper).
@@ -142,12 +244,51 @@ fn layers() -> Vec<Layer> {
     v.push(rows("silu", &[1, 96, 56, 56]));
     // Layout: DenseNet's concat, ShuffleNet's split and channel shuffle, a padding, YOLO's 2x nearest
     // upsampling, attention's head transpose, Swin's strided patch slice.
-    v.push(layout("concat", &[&[1, 64, 28, 28], &[1, 32, 28, 28], &[1, 32, 28, 28]], Op::Concat { axis: 1 }));
-    v.push(layout("split", &[&[1, 28, 28, 116]], Op::Split { axis: 3, sizes: vec![58, 58] }));
-    v.push(layout("channel shuffle", &[&[1, 2, 58, 28, 28]], Op::Transpose { perm: vec![0, 2, 1, 3, 4] }));
-    v.push(layout("head transpose", &[&[1, 128, 12, 64]], Op::Transpose { perm: vec![0, 2, 1, 3] }));
-    v.push(layout("pad", &[&[1, 64, 56, 56]], Op::Pad { pads: vec![0, 0, 1, 1, 0, 0, 1, 1], mode: mlopt_ir::PadMode::Constant, value: 0.0 }));
-    v.push(layout("strided slice", &[&[1, 56, 56, 96]], Op::Slice { starts: vec![0, 0, 1, 0], steps: vec![1, 2, 2, 1], lens: vec![1, 28, 28, 96] }));
+    v.push(layout(
+        "concat",
+        &[&[1, 64, 28, 28], &[1, 32, 28, 28], &[1, 32, 28, 28]],
+        Op::Concat { axis: 1 },
+    ));
+    v.push(layout(
+        "split",
+        &[&[1, 28, 28, 116]],
+        Op::Split {
+            axis: 3,
+            sizes: vec![58, 58],
+        },
+    ));
+    v.push(layout(
+        "channel shuffle",
+        &[&[1, 2, 58, 28, 28]],
+        Op::Transpose {
+            perm: vec![0, 2, 1, 3, 4],
+        },
+    ));
+    v.push(layout(
+        "head transpose",
+        &[&[1, 128, 12, 64]],
+        Op::Transpose {
+            perm: vec![0, 2, 1, 3],
+        },
+    ));
+    v.push(layout(
+        "pad",
+        &[&[1, 64, 56, 56]],
+        Op::Pad {
+            pads: vec![0, 0, 1, 1, 0, 0, 1, 1],
+            mode: mlopt_ir::PadMode::Constant,
+            value: 0.0,
+        },
+    ));
+    v.push(layout(
+        "strided slice",
+        &[&[1, 56, 56, 96]],
+        Op::Slice {
+            starts: vec![0, 0, 1, 0],
+            steps: vec![1, 2, 2, 1],
+            lens: vec![1, 28, 28, 96],
+        },
+    ));
     let resize = mlopt_ir::ResizeAttrs {
         mode: mlopt_ir::ResizeMode::Nearest,
         coord: mlopt_ir::CoordMode::Asymmetric,
@@ -160,7 +301,11 @@ fn layers() -> Vec<Layer> {
         sizes: vec![1, 128, 80, 80],
         roi: vec![],
     };
-    v.push(layout("nearest 2x", &[&[1, 128, 40, 40]], Op::Resize(resize)));
+    v.push(layout(
+        "nearest 2x",
+        &[&[1, 128, 40, 40]],
+        Op::Resize(resize),
+    ));
     v
 }
 
@@ -169,7 +314,13 @@ fn every_zoo_layer_is_vectorised_and_correct() {
     let mut failures = Vec::new();
     for (name, g) in layers() {
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let opts = Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false };
+        let opts = Options {
+            config,
+            threads: 1,
+            tune: false,
+            winograd: mlopt_lower::Winograd::Auto,
+            profile: false,
+        };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
@@ -182,8 +333,14 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             let k = &c.program.kernels[step.kernel];
             // Scratch too large for the stack (padded inputs, phases) lives in the arena, not in memory
             // each call allocates and faults in again.
-            for b in k.bufs.iter().filter(|b| b.space == mlopt_kir::Space::Local && b.numel() * b.elem.size() > mlopt_lower::schedule::ARENA_LOCAL_BYTES) {
-                failures.push(format!("{name}: kernel {} allocates its local %{} on every call", r.id, b.name));
+            for b in k.bufs.iter().filter(|b| {
+                b.space == mlopt_kir::Space::Local
+                    && b.numel() * b.elem.size() > mlopt_lower::schedule::ARENA_LOCAL_BYTES
+            }) {
+                failures.push(format!(
+                    "{name}: kernel {} allocates its local %{} on every call",
+                    r.id, b.name
+                ));
             }
             // A kernel that moves data (a layout op) runs its loads and stores in vector lanes.
             let moved = mlopt_kir::analysis::accesses(k);
@@ -211,5 +368,11 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {} layers:\n{}", failures.len(), layers().len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} layers:\n{}",
+        failures.len(),
+        layers().len(),
+        failures.join("\n")
+    );
 }

@@ -31,8 +31,16 @@ fn matches_expected(name: &str) {
     for ((got_name, got), (want_name, want)) in outs.iter().zip(&expected) {
         assert_eq!(got_name, want_name);
         assert_eq!(got.ty(), want.ty(), "{name}/{got_name}");
-        let worst = got.to_f64_vec().iter().zip(want.to_f64_vec()).map(|(a, b)| (a - b).abs() / (1e-5 + b.abs())).fold(0.0, f64::max);
-        assert!(worst < 1e-3, "{name}/{got_name}: worst relative error {worst:e}");
+        let worst = got
+            .to_f64_vec()
+            .iter()
+            .zip(want.to_f64_vec())
+            .map(|(a, b)| (a - b).abs() / (1e-5 + b.abs()))
+            .fold(0.0, f64::max);
+        assert!(
+            worst < 1e-3,
+            "{name}/{got_name}: worst relative error {worst:e}"
+        );
     }
 }
 
@@ -45,7 +53,9 @@ fn interpreter_matches_onnx_runtime() {
 
 /// Every numbered case in a fixture set; at least `min` of them.
 fn each_case(set: &str, min: usize) {
-    let n = std::fs::read_dir(mlopt_tests::dir(set)).expect("fixture set").count();
+    let n = std::fs::read_dir(mlopt_tests::dir(set))
+        .expect("fixture set")
+        .count();
     assert!(n >= min, "{set} has {n} cases");
     for k in 0..n {
         matches_expected(&format!("{set}/{k}"));
@@ -68,7 +78,10 @@ fn recurrent_ops_match_onnx_runtime() {
 fn the_shape_subgraph_folds_away() {
     let text = print::print(&import("dynamic"));
     for gone in ["shape", "gather", "concat", "unsqueeze"] {
-        assert!(!text.contains(&format!("= {gone}")), "{gone} survived:\n{text}");
+        assert!(
+            !text.contains(&format!("= {gone}")),
+            "{gone} survived:\n{text}"
+        );
     }
     assert!(text.contains("reshape[shape=[2,256]]"), "{text}");
 }

@@ -19,32 +19,72 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
     let g = import(name);
     let mut config = Config::new(Target::named(target, 1).unwrap());
     config.precision = precision;
-    compile_gpu(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false })
-        .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
+    compile_gpu(
+        &g,
+        &Options {
+            config,
+            threads: 1,
+            tune: false,
+            winograd: mlopt_lower::Winograd::Never,
+            profile: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
 }
 
 #[test]
 fn gpu_fixtures_assemble_and_emulate_correctly() {
-    assert!(mlopt_driver::gpu::find_ptxas().is_some(), "no ptxas: `cargo xtask setup` installs it (nvidia-cuda-nvcc-cu12 in .venv)");
+    assert!(
+        mlopt_driver::gpu::find_ptxas().is_some(),
+        "no ptxas: `cargo xtask setup` installs it (nvidia-cuda-nvcc-cu12 in .venv)"
+    );
     for name in FIXTURES {
         for target in ["sm_80", "sm_86", "sm_89", "sm_90"] {
             for precision in [Precision::Fp32, Precision::Bf16] {
                 let c = compiled(name, target, precision);
                 assert!(c.ptxas.is_some(), "{name} for {target}: ptxas did not run");
                 for k in &c.kernels {
-                    let p = k.ptxas.as_ref().unwrap_or_else(|| panic!("{name}/{target}: no ptxas figures for @{}", k.name));
-                    assert_eq!(p.spill_stores + p.spill_loads, 0, "{name} for {target}: @{} spills", k.name);
-                    assert!(p.registers > 0 && p.registers <= 255, "{name}/{target} @{}: {} registers", k.name, p.registers);
-                    assert!(k.launch.block <= 1024 && k.launch.shared_bytes <= 48 * 1024, "{name}/{target} @{}: {:?}", k.name, k.launch);
+                    let p = k.ptxas.as_ref().unwrap_or_else(|| {
+                        panic!("{name}/{target}: no ptxas figures for @{}", k.name)
+                    });
+                    assert_eq!(
+                        p.spill_stores + p.spill_loads,
+                        0,
+                        "{name} for {target}: @{} spills",
+                        k.name
+                    );
+                    assert!(
+                        p.registers > 0 && p.registers <= 255,
+                        "{name}/{target} @{}: {} registers",
+                        k.name,
+                        p.registers
+                    );
+                    assert!(
+                        k.launch.block <= 1024 && k.launch.shared_bytes <= 48 * 1024,
+                        "{name}/{target} @{}: {:?}",
+                        k.name,
+                        k.launch
+                    );
                 }
-                assert!(c.ptx.ptx.contains(&format!(".target {target}")), "{name}: PTX for the wrong target");
+                assert!(
+                    c.ptx.ptx.contains(&format!(".target {target}")),
+                    "{name}: PTX for the wrong target"
+                );
                 // The emulator runs the scheduled kernels (grid, threads, shared memory, barriers).
                 let (inputs, _) = data(name);
                 let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
-                let got = mlopt_lower::interpret(&c.program, &inputs).unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
-                let tol = if precision == Precision::Fp32 { 1e-5 } else { 1e-2 };
+                let got = mlopt_lower::interpret(&c.program, &inputs)
+                    .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
+                let tol = if precision == Precision::Fp32 {
+                    1e-5
+                } else {
+                    1e-2
+                };
                 let err = worst_error(&want, &got);
-                assert!(err < tol, "{name} for {target} in {precision:?}: error {err:e}");
+                assert!(
+                    err < tol,
+                    "{name} for {target} in {precision:?}: error {err:e}"
+                );
             }
         }
     }
@@ -52,13 +92,26 @@ fn gpu_fixtures_assemble_and_emulate_correctly() {
 
 #[test]
 fn gpu_kernel_dumps_round_trip() {
-    for (name, precision) in FIXTURES.iter().flat_map(|n| [(n, Precision::Fp32), (n, Precision::Bf16)]) {
+    for (name, precision) in FIXTURES
+        .iter()
+        .flat_map(|n| [(n, Precision::Fp32), (n, Precision::Bf16)])
+    {
         let c = compiled(name, "sm_80", precision);
         for k in &c.program.kernels {
             let text = mlopt_kir::print::kernel(k);
-            let back = mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
-            assert_eq!(mlopt_kir::print::kernel(&back), text, "{name}: @{} does not round-trip", k.name);
-            assert_eq!(back.schedule, k.schedule, "{name}: @{}'s schedule does not round-trip", k.name);
+            let back =
+                mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(
+                mlopt_kir::print::kernel(&back),
+                text,
+                "{name}: @{} does not round-trip",
+                k.name
+            );
+            assert_eq!(
+                back.schedule, k.schedule,
+                "{name}: @{}'s schedule does not round-trip",
+                k.name
+            );
             mlopt_kir::verify(&back).unwrap_or_else(|e| panic!("{name}: {e:?}"));
         }
     }
@@ -71,9 +124,21 @@ fn model_sized() -> Vec<(&'static str, mlopt_ir::Graph)> {
     let conv = |name: &'static str, c: usize, m: usize, hw: usize, k: usize| {
         let mut g = Graph::new(name);
         let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
-        let w = g.add_const("w", Tensor::full(&TensorType::new(DType::F32, vec![m, c, k, k]), 0.01));
-        let b = g.add_const("b", Tensor::full(&TensorType::new(DType::F32, vec![m]), 0.5));
-        let a = ConvAttrs { strides: vec![1, 1], pads: vec![k / 2; 4], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+        let w = g.add_const(
+            "w",
+            Tensor::full(&TensorType::new(DType::F32, vec![m, c, k, k]), 0.01),
+        );
+        let b = g.add_const(
+            "b",
+            Tensor::full(&TensorType::new(DType::F32, vec![m]), 0.5),
+        );
+        let a = ConvAttrs {
+            strides: vec![1, 1],
+            pads: vec![k / 2; 4],
+            dilations: vec![1, 1],
+            group: 1,
+            output_padding: vec![],
+        };
         let y = g.add(Op::Conv(a), "conv", &[x, w, b]).unwrap();
         let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
         g.add_output("y", y);
@@ -81,10 +146,18 @@ fn model_sized() -> Vec<(&'static str, mlopt_ir::Graph)> {
     };
     let mut ffn = Graph::new("ffn");
     let x = ffn.add_input("x", TensorType::new(DType::F32, vec![128, 768]));
-    let w = ffn.add_const("w", Tensor::full(&TensorType::new(DType::F32, vec![768, 3072]), 0.01));
+    let w = ffn.add_const(
+        "w",
+        Tensor::full(&TensorType::new(DType::F32, vec![768, 3072]), 0.01),
+    );
     let y = ffn.add(Op::MatMul, "up", &[x, w]).unwrap();
     ffn.add_output("y", y);
-    vec![conv("conv3x3_c64_56", 64, 64, 56, 3), conv("conv3x3_c32_64", 32, 32, 64, 3), conv("conv1x1_c256_56", 256, 64, 56, 1), ("ffn", ffn)]
+    vec![
+        conv("conv3x3_c64_56", 64, 64, 56, 3),
+        conv("conv3x3_c32_64", 32, 32, 64, 3),
+        conv("conv1x1_c256_56", 256, 64, 56, 1),
+        ("ffn", ffn),
+    ]
 }
 
 #[test]
@@ -95,17 +168,37 @@ fn gemm_register_plans_hold_at_model_sizes() {
         for precision in [Precision::Fp32, Precision::Bf16] {
             let mut config = Config::new(Target::named("sm_80", 1).unwrap());
             config.precision = precision;
-            let c = compile_gpu(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false }).unwrap();
+            let c = compile_gpu(
+                &g,
+                &Options {
+                    config,
+                    threads: 1,
+                    tune: false,
+                    winograd: mlopt_lower::Winograd::Never,
+                    profile: false,
+                },
+            )
+            .unwrap();
             let gemm_engine = |k: &&mlopt_driver::gpu::KernelReport| {
                 k.schedule.iter().find_map(|s| match s {
                     ScheduleStep::GpuGemm { engine, .. } => Some(*engine),
                     _ => None,
                 })
             };
-            let gemms: Vec<_> = c.kernels.iter().filter(|k| gemm_engine(k).is_some()).collect();
-            assert_eq!(gemms.len(), 1, "{name}: {:?}", c.kernels.iter().map(|k| &k.schedule).collect::<Vec<_>>());
+            let gemms: Vec<_> = c
+                .kernels
+                .iter()
+                .filter(|k| gemm_engine(k).is_some())
+                .collect();
+            assert_eq!(
+                gemms.len(),
+                1,
+                "{name}: {:?}",
+                c.kernels.iter().map(|k| &k.schedule).collect::<Vec<_>>()
+            );
             for k in gemms {
-                let planned = mlopt_driver::gpu::planned_registers(&k.schedule).unwrap_or_else(|| panic!("{name}: no plan in {}", schedule_text(&k.schedule)));
+                let planned = mlopt_driver::gpu::planned_registers(&k.schedule)
+                    .unwrap_or_else(|| panic!("{name}: no plan in {}", schedule_text(&k.schedule)));
                 let p = k.ptxas.as_ref().unwrap();
                 assert!(
                     p.registers <= planned && p.spill_stores + p.spill_loads == 0,
@@ -115,7 +208,12 @@ fn gemm_register_plans_hold_at_model_sizes() {
                     schedule_text(&k.schedule)
                 );
                 let bf16 = gemm_engine(&k) == Some(GpuEngine::Mma(mlopt_kir::Elem::BF16));
-                assert_eq!(bf16, precision == Precision::Bf16, "{name}: {}", schedule_text(&k.schedule));
+                assert_eq!(
+                    bf16,
+                    precision == Precision::Bf16,
+                    "{name}: {}",
+                    schedule_text(&k.schedule)
+                );
             }
         }
     }
@@ -124,7 +222,12 @@ fn gemm_register_plans_hold_at_model_sizes() {
 /// Attention over 3 heads of 80 queries and 72 keys (neither a multiple of the tiles), q.k depth 32,
 /// values 24 wide, with inputs of type `dtype` and a mask that hides every key more than 16 before the
 /// query with -inf (so later queries see whole blocks of masked keys before any they may use).
-fn attention_graph(dtype: mlopt_ir::DType) -> (mlopt_ir::Graph, std::collections::HashMap<String, mlopt_ir::Tensor>) {
+fn attention_graph(
+    dtype: mlopt_ir::DType,
+) -> (
+    mlopt_ir::Graph,
+    std::collections::HashMap<String, mlopt_ir::Tensor>,
+) {
     use mlopt_ir::{Graph, Op, Tensor, TensorType};
     let (heads, s, t, d, dv) = (3, 80, 72, 32, 24);
     let mut seed = 7u64;
@@ -132,7 +235,9 @@ fn attention_graph(dtype: mlopt_ir::DType) -> (mlopt_ir::Graph, std::collections
         let n = shape.iter().product();
         let v: Vec<f32> = (0..n)
             .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
             .collect();
@@ -141,13 +246,33 @@ fn attention_graph(dtype: mlopt_ir::DType) -> (mlopt_ir::Graph, std::collections
     let mut g = Graph::new("attention");
     let mut inputs = std::collections::HashMap::new();
     let mut ins = Vec::new();
-    for (name, shape) in [("q", vec![heads, s, d]), ("kt", vec![heads, d, t]), ("v", vec![heads, t, dv])] {
+    for (name, shape) in [
+        ("q", vec![heads, s, d]),
+        ("kt", vec![heads, d, t]),
+        ("v", vec![heads, t, dv]),
+    ] {
         ins.push(g.add_input(name, TensorType::new(dtype, shape.clone())));
         inputs.insert(name.to_string(), random(&shape));
     }
-    let mask: Vec<f32> = (0..s * t).map(|x| if x % t + 16 < x / t { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let mask: Vec<f32> = (0..s * t)
+        .map(|x| {
+            if x % t + 16 < x / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
     ins.push(g.add_const("mask", Tensor::from_vec(&[s, t], mask).unwrap().cast(dtype)));
-    let y = g.add(Op::Attention { scale: 1.0 / (d as f32).sqrt() }, "attention", &ins).unwrap();
+    let y = g
+        .add(
+            Op::Attention {
+                scale: 1.0 / (d as f32).sqrt(),
+            },
+            "attention",
+            &ins,
+        )
+        .unwrap();
     g.add_output("y", y);
     (g, inputs)
 }
@@ -159,12 +284,27 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
     for (dtype, precision, engine, tol) in [
         (DType::F32, Precision::Fp32, None, 1e-5),
         (DType::F32, Precision::Bf16, Some(GpuEngine::Tf32), 1e-3),
-        (DType::BF16, Precision::Fp32, Some(GpuEngine::Mma(mlopt_kir::Elem::BF16)), 8e-3),
+        (
+            DType::BF16,
+            Precision::Fp32,
+            Some(GpuEngine::Mma(mlopt_kir::Elem::BF16)),
+            8e-3,
+        ),
     ] {
         let (g, inputs) = attention_graph(dtype);
         let mut config = Config::new(Target::named("sm_80", 1).unwrap());
         config.precision = precision;
-        let c = compile_gpu(&g, &Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Never, profile: false }).unwrap();
+        let c = compile_gpu(
+            &g,
+            &Options {
+                config,
+                threads: 1,
+                tune: false,
+                winograd: mlopt_lower::Winograd::Never,
+                profile: false,
+            },
+        )
+        .unwrap();
         let k = c.kernels.iter().find(|k| k.flops > 100_000).unwrap();
         let text = schedule_text(&k.schedule);
         let attention = k.schedule.iter().find_map(|s| match s {
@@ -177,13 +317,18 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
         let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
         let got = mlopt_lower::interpret(&c.program, &inputs).unwrap();
         let err = worst_error(&want, &got);
-        assert!(err < tol, "{dtype:?} in {precision:?} ({text}): error {err:e}");
+        assert!(
+            err < tol,
+            "{dtype:?} in {precision:?} ({text}): error {err:e}"
+        );
     }
 }
 
 /// The PTX of one entry (from `.visible .entry name(` to its closing brace).
 fn entry(ptx: &str, name: &str) -> String {
-    let start = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry {name}"));
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("no entry {name}"));
     let end = ptx[start..].find("\n}").map(|e| start + e + 2).unwrap();
     ptx[start..end].to_string()
 }
@@ -205,7 +350,10 @@ fn ptx_snapshots() {
     // A reduction: the transformer's first layer norm, one row per block, sums by warp shuffles.
     let tr = compiled("transformer", "sm_80", Precision::Fp32);
     let norm = entry(&tr.ptx.ptx, "k0");
-    assert!(norm.contains("shfl.sync.bfly.b32"), "no warp shuffle in the layer norm");
+    assert!(
+        norm.contains("shfl.sync.bfly.b32"),
+        "no warp shuffle in the layer norm"
+    );
     insta::assert_snapshot!("ptx_rows_layernorm", norm);
     // A tensor-core GEMM: the MLP's first layer in bf16 (tiles staged by 16-byte cp.async, ldmatrix,
     // mma.sync m16n8k16), bias + ReLU.
@@ -226,9 +374,16 @@ fn ptx_snapshots() {
     // heads in its store; and the Q projection with the split into heads in its own.
     let tr16 = compiled("transformer", "sm_80", Precision::Bf16);
     let names: Vec<&str> = tr16.kernels.iter().map(|k| k.name.as_str()).collect();
-    assert_eq!(names, ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"], "one launch per kernel");
+    assert_eq!(
+        names,
+        ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"],
+        "one launch per kernel"
+    );
     let attention = entry(&tr16.ptx.ptx, "k4");
-    assert!(attention.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"), "no tf32 mma.sync in the attention");
+    assert!(
+        attention.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+        "no tf32 mma.sync in the attention"
+    );
     insta::assert_snapshot!("ptx_attention_tf32", attention);
 }
 
@@ -267,8 +422,16 @@ fn mock_driver(dir: &std::path::Path) -> std::path::PathBuf {
     let mock = dir.join("mock");
     std::fs::create_dir_all(&mock).unwrap();
     std::fs::write(mock.join("cuda.c"), MOCK_CUDA).unwrap();
-    let so = Command::new("cc").current_dir(&mock).args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"]).output().unwrap();
-    assert!(so.status.success(), "{}", String::from_utf8_lossy(&so.stderr));
+    let so = Command::new("cc")
+        .current_dir(&mock)
+        .args(["-shared", "-fPIC", "cuda.c", "-o", "libcuda.so.1"])
+        .output()
+        .unwrap();
+    assert!(
+        so.status.success(),
+        "{}",
+        String::from_utf8_lossy(&so.stderr)
+    );
     mock
 }
 
@@ -304,27 +467,59 @@ fn the_gpu_library_links_and_launches_in_order() {
     }
     std::fs::write(dir.path().join("main.c"), MAIN_C).unwrap();
     let exe = dir.path().join("main");
-    let cc =
-        Command::new("cc").current_dir(dir.path()).args(["-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lmlp", "-ldl", "-o"]).arg(&exe).output().unwrap();
-    assert!(cc.status.success(), "linking against libmlp.a: {}", String::from_utf8_lossy(&cc.stderr));
+    let cc = Command::new("cc")
+        .current_dir(dir.path())
+        .args([
+            "-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lmlp", "-ldl", "-o",
+        ])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "linking against libmlp.a: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     // Without a driver, create fails with a message (this machine has no GPU; with one, skip this).
-    let gpu = Command::new("nvidia-smi").arg("-L").output().is_ok_and(|o| o.status.success());
+    let gpu = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !gpu {
-        let out = Command::new(&exe).env("LD_LIBRARY_PATH", dir.path().join("none")).output().unwrap();
+        let out = Command::new(&exe)
+            .env("LD_LIBRARY_PATH", dir.path().join("none"))
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(3));
-        assert!(String::from_utf8_lossy(&out.stdout).contains("no CUDA driver"), "{}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("no CUDA driver"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
     // Against the stand-in driver: one module, weights uploaded once, the kernels launched in program
     // order with the scheduled grid and block, per run.
     let mock = mock_driver(dir.path());
     let log = dir.path().join("calls.log");
-    let out = Command::new(&exe).env("LD_LIBRARY_PATH", &mock).env("MOCK_LOG", &log).output().unwrap();
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &mock)
+        .env("MOCK_LOG", &log)
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
     let calls = std::fs::read_to_string(&log).unwrap();
     let (_, blob, _) = mlopt_llvm::launch_table(&c.program).unwrap();
     let weights = format!("htod {}", blob.len());
-    assert_eq!(calls.lines().filter(|l| *l == weights).count(), 1, "weights uploaded once:\n{calls}");
-    assert_eq!(calls.lines().filter(|l| l.starts_with("module 1")).count(), 1, "{calls}");
+    assert_eq!(
+        calls.lines().filter(|l| *l == weights).count(),
+        1,
+        "weights uploaded once:\n{calls}"
+    );
+    assert_eq!(
+        calls.lines().filter(|l| l.starts_with("module 1")).count(),
+        1,
+        "{calls}"
+    );
     let mut want = Vec::new();
     for _ in 0..2 {
         for s in &c.program.steps {
@@ -335,7 +530,11 @@ fn the_gpu_library_links_and_launches_in_order() {
     }
     let got: Vec<&str> = calls.lines().filter(|l| l.starts_with("launch")).collect();
     assert_eq!(got, want, "{calls}");
-    assert_eq!(calls.lines().filter(|l| l.starts_with("dtoh")).count(), 2, "{calls}");
+    assert_eq!(
+        calls.lines().filter(|l| l.starts_with("dtoh")).count(),
+        2,
+        "{calls}"
+    );
 }
 
 const CHECKED_C: &str = r#"
@@ -362,25 +561,43 @@ int main(void) {
 fn the_gpu_launcher_reads_data_checks_back() {
     use mlopt_ir::{DType, Graph, Op, Tensor, TensorType};
     let mut g = Graph::new("gather");
-    let t = g.add_const("t", Tensor::from_vec(&[4, 3], (0..12).map(|x| x as f32).collect::<Vec<f32>>()).unwrap());
+    let t = g.add_const(
+        "t",
+        Tensor::from_vec(&[4, 3], (0..12).map(|x| x as f32).collect::<Vec<f32>>()).unwrap(),
+    );
     let i = g.add_input("ids", TensorType::new(DType::I64, vec![4]));
     let y = g.add(Op::Gather { axis: 0 }, "gather0", &[t, i]).unwrap();
     g.add_output("y", y);
     let config = mlopt_rewrite::Config::new(Target::named("sm_80", 1).unwrap());
-    let opts = mlopt_driver::Options { config, threads: 1, tune: false, winograd: mlopt_lower::Winograd::Auto, profile: false };
+    let opts = mlopt_driver::Options {
+        config,
+        threads: 1,
+        tune: false,
+        winograd: mlopt_lower::Winograd::Auto,
+        profile: false,
+    };
     let c = mlopt_driver::compile_gpu(&g, &opts).unwrap();
-    assert!(c.program.steps.iter().any(|s| s.check.is_some()), "no check step");
+    assert!(
+        c.program.steps.iter().any(|s| s.check.is_some()),
+        "no check step"
+    );
     let dir = tempfile::tempdir().unwrap();
     c.write_library(dir.path(), "gather", &[]).unwrap();
     std::fs::write(dir.path().join("main.c"), CHECKED_C).unwrap();
     let exe = dir.path().join("main");
     let cc = Command::new("cc")
         .current_dir(dir.path())
-        .args(["-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lgather", "-ldl", "-o"])
+        .args([
+            "-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lgather", "-ldl", "-o",
+        ])
         .arg(&exe)
         .output()
         .unwrap();
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     let mock = mock_driver(dir.path());
     let log = dir.path().join("calls.log");
     let run = |fail: bool| {
@@ -390,22 +607,37 @@ fn the_gpu_launcher_reads_data_checks_back() {
             cmd.env("MOCK_FAIL_CHECKS", "1");
         }
         let out = cmd.output().unwrap();
-        (String::from_utf8_lossy(&out.stdout).trim().to_string(), std::fs::read_to_string(&log).unwrap())
+        (
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            std::fs::read_to_string(&log).unwrap(),
+        )
     };
     let (printed, calls) = run(false);
     assert_eq!(printed, "0", "{calls}");
     // After the check's launch: its flag comes back (4 bytes) and the stream is waited for.
     let lines: Vec<&str> = calls.lines().collect();
-    let at = lines.iter().position(|l| l.starts_with("launch") && l.contains("_check")).unwrap_or_else(|| panic!("{calls}"));
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("launch") && l.contains("_check"))
+        .unwrap_or_else(|| panic!("{calls}"));
     assert_eq!(&lines[at + 1..at + 3], &["dtoh 4", "sync"], "{calls}");
     let (printed, _) = run(true);
-    assert!(printed.starts_with("-1 ") && printed.contains("'gather0'") && printed.contains("out of range"), "{printed}");
+    assert!(
+        printed.starts_with("-1 ")
+            && printed.contains("'gather0'")
+            && printed.contains("out of range"),
+        "{printed}"
+    );
 }
 
 /// On a machine with an NVIDIA GPU, the library runs there and matches the interpreter.
 #[test]
 fn the_gpu_library_runs_on_a_real_gpu_when_present() {
-    let gpu = Command::new("nvidia-smi").arg("-L").output().ok().filter(|o| o.status.success() && !o.stdout.is_empty());
+    let gpu = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .ok()
+        .filter(|o| o.status.success() && !o.stdout.is_empty());
     let Some(gpu) = gpu else {
         eprintln!("SKIPPED: no NVIDIA GPU here (nvidia-smi found none); the PTX was checked by ptxas and the schedules by the emulator");
         return;
@@ -434,12 +666,34 @@ int main(void) {
 }
 "#;
     std::fs::write(dir.path().join("main.c"), main).unwrap();
-    let cc = Command::new("cc").current_dir(dir.path()).args(["main.c", "-L.", "-lmlp", "-ldl", "-o", "main"]).output().unwrap();
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
-    let out = Command::new(dir.path().join("main")).current_dir(dir.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cc = Command::new("cc")
+        .current_dir(dir.path())
+        .args(["main.c", "-L.", "-lmlp", "-ldl", "-o", "main"])
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = Command::new(dir.path().join("main"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let io = &c.program.outputs[0];
-    let got = vec![(io.name.clone(), mlopt_lower::program::tensor(io, &out.stdout).unwrap())];
+    let got = vec![(
+        io.name.clone(),
+        mlopt_lower::program::tensor(io, &out.stdout).unwrap(),
+    )];
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
-    assert!(worst_error(&want, &got) < 1e-4, "on the GPU: error {:e}", worst_error(&want, &got));
+    assert!(
+        worst_error(&want, &got) < 1e-4,
+        "on the GPU: error {:e}",
+        worst_error(&want, &got)
+    );
 }

@@ -9,7 +9,12 @@ use mlopt_lower::{interpret, lower_program, CpuSchedule, Options};
 use mlopt_rewrite::{optimize, Config, Precision};
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 
-fn lowered(name: &str, target: &str, precision: Precision, opts: &Options) -> (f64, mlopt_kir::Program) {
+fn lowered(
+    name: &str,
+    target: &str,
+    precision: Precision,
+    opts: &Options,
+) -> (f64, mlopt_kir::Program) {
     let g = import(name);
     let mut cfg = Config::new(Target::named(target, 1).unwrap());
     cfg.precision = precision;
@@ -24,23 +29,55 @@ fn lowered(name: &str, target: &str, precision: Precision, opts: &Options) -> (f
 #[test]
 fn lowered_fixtures_match_the_graph_interpreter() {
     for name in FIXTURES {
-        for (target, p) in [("x86-64-v4", Precision::Fp32), ("sm_80", Precision::Fp32), ("x86-64-v4", Precision::Bf16)] {
+        for (target, p) in [
+            ("x86-64-v4", Precision::Fp32),
+            ("sm_80", Precision::Fp32),
+            ("x86-64-v4", Precision::Bf16),
+        ] {
             let (err, _) = lowered(name, target, p, &Options::default());
             assert!(err < 1e-5, "{name} on {target} {p:?}: error {err:e}");
         }
         // bf16 contractions as AMX `mma` blocks, run by the kernel IR interpreter.
-        let amx = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, mma: true }), ..Default::default() };
+        let amx = Options {
+            cpu: Some(CpuSchedule {
+                lanes: 16,
+                threads: 2,
+                mma: true,
+            }),
+            ..Default::default()
+        };
         let (err, p) = lowered(name, "x86-64-v4", Precision::Bf16, &amx);
         assert!(err < 1e-5, "{name} in bf16 on AMX blocks: error {err:e}");
         // The MLP's and the transformer's weight matrices are bf16 constants; the CNN's are convolutions
         // and the dynamic model's contraction is too small for a tile.
-        let blocks = p.kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
-        assert_eq!(blocks, matches!(*name, "mlp" | "transformer"), "{name}: mma blocks");
+        let blocks = p
+            .kernels
+            .iter()
+            .any(|k| mlopt_kir::analysis::has_mma(&k.body));
+        assert_eq!(
+            blocks,
+            matches!(*name, "mlp" | "transformer"),
+            "{name}: mma blocks"
+        );
         // Schedules change only how loops run: the interpreter still gets the same numbers.
         for lanes in [8, 16] {
-            let (err, _) =
-                lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), ..Default::default() });
-            assert!(err < 1e-5, "{name} scheduled for {lanes} lanes: error {err:e}");
+            let (err, _) = lowered(
+                name,
+                "x86-64-v4",
+                Precision::Fp32,
+                &Options {
+                    cpu: Some(CpuSchedule {
+                        lanes,
+                        threads: 2,
+                        mma: false,
+                    }),
+                    ..Default::default()
+                },
+            );
+            assert!(
+                err < 1e-5,
+                "{name} scheduled for {lanes} lanes: error {err:e}"
+            );
         }
     }
 }
@@ -48,15 +85,36 @@ fn lowered_fixtures_match_the_graph_interpreter() {
 #[test]
 fn kernel_dumps() {
     for name in FIXTURES {
-        let (_, p) =
-            lowered(name, "x86-64-v4", Precision::Fp32, &Options { cpu: Some(CpuSchedule { lanes: 16, threads: 2, mma: false }), ..Default::default() });
+        let (_, p) = lowered(
+            name,
+            "x86-64-v4",
+            Precision::Fp32,
+            &Options {
+                cpu: Some(CpuSchedule {
+                    lanes: 16,
+                    threads: 2,
+                    mma: false,
+                }),
+                ..Default::default()
+            },
+        );
         insta::assert_snapshot!(format!("kir_{name}"), mlopt_kir::print::program(&p));
         // The text round-trips: print -> parse -> print is the identity, and the parsed kernel verifies.
         for k in &p.kernels {
             let text = mlopt_kir::print::kernel(k);
-            let back = mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
-            assert_eq!(mlopt_kir::print::kernel(&back), text, "{name}: @{} does not round-trip", k.name);
-            assert_eq!(back.schedule, k.schedule, "{name}: @{}'s schedule does not round-trip", k.name);
+            let back =
+                mlopt_kir::parse_kernel(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(
+                mlopt_kir::print::kernel(&back),
+                text,
+                "{name}: @{} does not round-trip",
+                k.name
+            );
+            assert_eq!(
+                back.schedule, k.schedule,
+                "{name}: @{}'s schedule does not round-trip",
+                k.name
+            );
             mlopt_kir::verify(&back).unwrap_or_else(|e| panic!("{name}: {e:?}"));
         }
     }
@@ -81,33 +139,89 @@ fn windows_and_attention_are_scheduled_not_lowered() {
     let tile: fn(&ScheduleStep) -> bool = |s| matches!(s, ScheduleStep::Tile { .. });
     let cases = [
         // A convolution's fold reads its input through a guarded, clamped window.
-        Case { name: "cnn", marker: "fma(select(", made: "local %xp", step: tile, at_least: 2 },
+        Case {
+            name: "cnn",
+            marker: "fma(select(",
+            made: "local %xp",
+            step: tile,
+            at_least: 2,
+        },
         // A max pool's window is -inf outside the input.
-        Case { name: "cnn", marker: ", -inff32)", made: "local %xp", step: |s| matches!(s, ScheduleStep::Pad { .. }), at_least: 1 },
+        Case {
+            name: "cnn",
+            marker: ", -inff32)",
+            made: "local %xp",
+            step: |s| matches!(s, ScheduleStep::Pad { .. }),
+            at_least: 1,
+        },
         // Attention's algorithm keeps one query row of scores; its schedule a block of rows.
-        Case { name: "transformer", marker: "local %scores", made: "serial %blk", step: tile, at_least: 1 },
+        Case {
+            name: "transformer",
+            marker: "local %scores",
+            made: "serial %blk",
+            step: tile,
+            at_least: 1,
+        },
     ];
-    for Case { name, marker, made, step, at_least } in cases {
+    for Case {
+        name,
+        marker,
+        made,
+        step,
+        at_least,
+    } in cases
+    {
         let g = import(name);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
-        let opts = Options { cpu: Some(CpuSchedule { lanes: 16, threads: 1, mma: false }), ..Default::default() };
+        let opts = Options {
+            cpu: Some(CpuSchedule {
+                lanes: 16,
+                threads: 1,
+                mma: false,
+            }),
+            ..Default::default()
+        };
         let plan = mlopt_lower::plan_memory(&o.plan.graph).unwrap();
         let algorithm = mlopt_lower::lower_algorithm(&o.plan.graph, &plan, &opts).unwrap();
-        let found: Vec<usize> = (0..algorithm.kernels.len()).filter(|i| print_has(&algorithm.kernels[*i], marker)).collect();
-        assert!(found.len() >= at_least, "{name}: {} kernels with {marker:?}", found.len());
+        let found: Vec<usize> = (0..algorithm.kernels.len())
+            .filter(|i| print_has(&algorithm.kernels[*i], marker))
+            .collect();
+        assert!(
+            found.len() >= at_least,
+            "{name}: {} kernels with {marker:?}",
+            found.len()
+        );
         for &i in &found {
             let k = &algorithm.kernels[i];
-            assert!(k.schedule.is_empty(), "{name} @{}: lowering chose {:?}", k.name, k.schedule);
-            assert!(!print_has(k, "vector") && !print_has(k, made), "{name} @{} is not the algorithm:\n{}", k.name, mlopt_kir::print::kernel(k));
+            assert!(
+                k.schedule.is_empty(),
+                "{name} @{}: lowering chose {:?}",
+                k.name,
+                k.schedule
+            );
+            assert!(
+                !print_has(k, "vector") && !print_has(k, made),
+                "{name} @{} is not the algorithm:\n{}",
+                k.name,
+                mlopt_kir::print::kernel(k)
+            );
         }
         let scheduled = mlopt_lower::schedule::schedule(algorithm, &opts).unwrap();
         for &i in &found {
             let k = &scheduled.kernels[i];
-            assert!(k.schedule.iter().any(step) && print_has(k, made), "{name} @{} was not scheduled ({made:?}):\n{}", k.name, mlopt_kir::print::kernel(k));
+            assert!(
+                k.schedule.iter().any(step) && print_has(k, made),
+                "{name} @{} was not scheduled ({made:?}):\n{}",
+                k.name,
+                mlopt_kir::print::kernel(k)
+            );
         }
         let (inputs, _) = data(name);
         let want = interp::run(&o.plan.graph, &inputs).unwrap();
-        assert!(worst_error(&want, &interpret(&scheduled, &inputs).unwrap()) < 1e-5, "{name}");
+        assert!(
+            worst_error(&want, &interpret(&scheduled, &inputs).unwrap()) < 1e-5,
+            "{name}"
+        );
     }
 }
 
@@ -146,14 +260,30 @@ fn contraction(kind: &str, m: usize, k: usize, n: usize, seed: u64) -> mlopt_ir:
         "gemm_t" => {
             let x = g.add_input("x", TensorType::new(DType::F32, vec![k, m]));
             let w = g.add_const("w", rand(&[n, k]));
-            g.add(Op::Gemm { alpha: 0.5, beta: 1.0, trans_a: true, trans_b: true }, "gemm", &[x, w]).unwrap()
+            g.add(
+                Op::Gemm {
+                    alpha: 0.5,
+                    beta: 1.0,
+                    trans_a: true,
+                    trans_b: true,
+                },
+                "gemm",
+                &[x, w],
+            )
+            .unwrap()
         }
         _ => {
             // Conv: m output channels, k input channels, n x n image, 3x3, pad 1, groups 1 or k.
             let group = if kind == "depthwise" { k } else { 1 };
             let x = g.add_input("x", TensorType::new(DType::F32, vec![1, k, n, n]));
             let w = g.add_const("w", rand(&[if group > 1 { k } else { m }, k / group, 3, 3]));
-            let a = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group, output_padding: vec![] };
+            let a = ConvAttrs {
+                strides: vec![1, 1],
+                pads: vec![1, 1, 1, 1],
+                dilations: vec![1, 1],
+                group,
+                output_padding: vec![],
+            };
             g.add(Op::Conv(a), "conv", &[x, w]).unwrap()
         }
     };
@@ -202,19 +332,41 @@ fn tiled_contractions_of_many_shapes_match() {
         for lanes in [8, 16] {
             let p = lower_program(
                 &o.plan.graph,
-                &Options { cpu: Some(CpuSchedule { lanes, threads: 2, mma: false }), winograd: mlopt_lower::Winograd::Always, ..Default::default() },
+                &Options {
+                    cpu: Some(CpuSchedule {
+                        lanes,
+                        threads: 2,
+                        mma: false,
+                    }),
+                    winograd: mlopt_lower::Winograd::Always,
+                    ..Default::default()
+                },
             )
             .unwrap();
-            let tiled = p.kernels.iter().any(|k| k.schedule.iter().any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. })));
+            let tiled = p.kernels.iter().any(|k| {
+                k.schedule
+                    .iter()
+                    .any(|s| matches!(s, mlopt_kir::ScheduleStep::Tile { .. }))
+            });
             // Every contraction is register-tiled, whatever N: the columns past the last full tile run as
             // tail tiles, down to one vector of N % 8 lanes.
             assert!(tiled, "{kind} {m}x{k}x{n}: not tiled for {lanes} lanes");
             // 3x3 convolutions with 16+ channels each way go through Winograd F(2x2, 3x3).
-            let winograd = p.kernels.iter().any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd));
-            assert_eq!(winograd, kind == "conv" && m >= 16 && k >= 16, "{kind} {m}x{k}x{n}: winograd = {winograd}");
+            let winograd = p
+                .kernels
+                .iter()
+                .any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd));
+            assert_eq!(
+                winograd,
+                kind == "conv" && m >= 16 && k >= 16,
+                "{kind} {m}x{k}x{n}: winograd = {winograd}"
+            );
             let got = interpret(&p, &inputs).unwrap();
             let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
-            assert!(err < 1e-5, "{kind} {m}x{k}x{n}, {lanes} lanes: error {err:e}");
+            assert!(
+                err < 1e-5,
+                "{kind} {m}x{k}x{n}, {lanes} lanes: error {err:e}"
+            );
         }
     }
 }
@@ -224,22 +376,48 @@ fn tiled_contractions_of_many_shapes_match() {
 /// weights (MatMul, Gemm), packed im2col panels (a convolution with short rows) and a padded window.
 #[test]
 fn contractions_too_deep_for_l2_run_in_k_blocks() {
-    let cases = [("matmul", 7, 600, 48), ("gemm_t", 9, 384, 64), ("matmul", 13, 1000, 70), ("conv", 24, 80, 13), ("conv", 16, 80, 40)];
+    let cases = [
+        ("matmul", 7, 600, 48),
+        ("gemm_t", 9, 384, 64),
+        ("matmul", 13, 1000, 70),
+        ("conv", 24, 80, 13),
+        ("conv", 16, 80, 40),
+    ];
     for (i, (kind, m, k, n)) in cases.into_iter().enumerate() {
         let g = contraction(kind, m, k, n, i as u64);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
-        let cpu = Some(CpuSchedule { lanes: 16, threads: 2, mma: false });
-        let p = lower_program(&o.plan.graph, &Options { cpu, winograd: mlopt_lower::Winograd::Never, l2_bytes: Some(64 << 10), ..Default::default() }).unwrap();
-        let blocks = p.kernels.iter().flat_map(|k| &k.schedule).find_map(|s| match s {
-            mlopt_kir::ScheduleStep::KBlock { k } => Some(*k),
-            _ => None,
+        let cpu = Some(CpuSchedule {
+            lanes: 16,
+            threads: 2,
+            mma: false,
         });
+        let p = lower_program(
+            &o.plan.graph,
+            &Options {
+                cpu,
+                winograd: mlopt_lower::Winograd::Never,
+                l2_bytes: Some(64 << 10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let blocks = p
+            .kernels
+            .iter()
+            .flat_map(|k| &k.schedule)
+            .find_map(|s| match s {
+                mlopt_kir::ScheduleStep::KBlock { k } => Some(*k),
+                _ => None,
+            });
         assert!(blocks.is_some(), "{kind} {m}x{k}x{n}: not in K blocks");
         let got = interpret(&p, &inputs).unwrap();
         let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
-        assert!(err < 1e-5, "{kind} {m}x{k}x{n} in K blocks of {blocks:?}: error {err:e}");
+        assert!(
+            err < 1e-5,
+            "{kind} {m}x{k}x{n} in K blocks of {blocks:?}: error {err:e}"
+        );
     }
 }
 
@@ -252,25 +430,41 @@ fn data_checks_agree_with_the_graph_interpreter() {
     let i64s = |shape: &[usize], v: Vec<i64>| Tensor::from_vec(shape, v).unwrap();
     let table = Tensor::from_vec(&[5, 3], (0..15).map(|x| x as f32).collect::<Vec<f32>>()).unwrap();
     // (name, graph, valid inputs, invalid inputs, the word the error must hold)
-    type Case = (&'static str, Graph, Vec<(&'static str, Tensor)>, Vec<(&'static str, Tensor)>, &'static str);
+    type Case = (
+        &'static str,
+        Graph,
+        Vec<(&'static str, Tensor)>,
+        Vec<(&'static str, Tensor)>,
+        &'static str,
+    );
     let mut cases: Vec<Case> = Vec::new();
     // Gather along axis 1 of a constant, 40 indices (past a vector's width, with a tail), negative allowed.
     let mut g = Graph::new("gather");
     let t = g.add_const("t", table.clone());
     let i = g.add_input("i", TensorType::new(DType::I64, vec![8, 5]));
-    let y = g.add(Op::Gather { axis: 1 }, "gather_node", &[t, i]).unwrap();
+    let y = g
+        .add(Op::Gather { axis: 1 }, "gather_node", &[t, i])
+        .unwrap();
     g.add_output("y", y);
     let good: Vec<i64> = (0..40).map(|k| k % 6 - 3).collect();
     let mut bad = good.clone();
     bad[37] = 3;
-    cases.push(("gather", g, vec![("i", i64s(&[8, 5], good))], vec![("i", i64s(&[8, 5], bad))], "gather_node"));
+    cases.push((
+        "gather",
+        g,
+        vec![("i", i64s(&[8, 5], good))],
+        vec![("i", i64s(&[8, 5], bad))],
+        "gather_node",
+    ));
     // GatherND with index tuples computed inside the kernel's fusion group (an Add before the gather).
     let mut g = Graph::new("gather_nd");
     let t = g.add_const("t", table.clone());
     let i = g.add_input("i", TensorType::new(DType::I64, vec![4, 2]));
     let one = g.add_const("one", i64s(&[], vec![1]));
     let j = g.add(Op::Binary(Binary::Add), "shift", &[i, one]).unwrap();
-    let y = g.add(Op::GatherNd { batch_dims: 0 }, "gather_nd_node", &[t, j]).unwrap();
+    let y = g
+        .add(Op::GatherNd { batch_dims: 0 }, "gather_nd_node", &[t, j])
+        .unwrap();
     g.add_output("y", y);
     cases.push((
         "gather_nd",
@@ -292,20 +486,50 @@ fn data_checks_agree_with_the_graph_interpreter() {
     cases.push((
         "div",
         g,
-        vec![("a", num.clone()), ("b", Tensor::from_vec(&[70], den).unwrap())],
+        vec![
+            ("a", num.clone()),
+            ("b", Tensor::from_vec(&[70], den).unwrap()),
+        ],
         vec![("a", num), ("b", Tensor::from_vec(&[70], zero).unwrap())],
         "division by zero",
     ));
-    let named = |v: &[(&str, Tensor)]| v.iter().map(|(n, t)| (n.to_string(), t.clone())).collect::<std::collections::HashMap<_, _>>();
+    let named = |v: &[(&str, Tensor)]| {
+        v.iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
     for (name, g, good, bad, needle) in cases {
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let want = interp::run(&g, &named(&good)).unwrap();
         let refused = interp::run(&g, &named(&bad)).unwrap_err().to_string();
         assert!(refused.contains(needle), "{name}: {refused}");
-        for cpu in [None, Some(CpuSchedule { lanes: 8, threads: 2, mma: false }), Some(CpuSchedule { lanes: 16, threads: 2, mma: false })] {
-            let p = lower_program(&o.plan.graph, &Options { cpu, ..Default::default() }).unwrap();
-            assert!(p.steps.iter().any(|s| s.check.is_some()), "{name}: no check step");
-            let got = interpret(&p, &named(&good)).unwrap_or_else(|e| panic!("{name} {cpu:?}: {e}"));
+        for cpu in [
+            None,
+            Some(CpuSchedule {
+                lanes: 8,
+                threads: 2,
+                mma: false,
+            }),
+            Some(CpuSchedule {
+                lanes: 16,
+                threads: 2,
+                mma: false,
+            }),
+        ] {
+            let p = lower_program(
+                &o.plan.graph,
+                &Options {
+                    cpu,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            assert!(
+                p.steps.iter().any(|s| s.check.is_some()),
+                "{name}: no check step"
+            );
+            let got =
+                interpret(&p, &named(&good)).unwrap_or_else(|e| panic!("{name} {cpu:?}: {e}"));
             assert_eq!(worst_error(&want, &got), 0.0, "{name} {cpu:?}");
             let e = interpret(&p, &named(&bad)).unwrap_err();
             assert!(e.contains(needle), "{name} {cpu:?}: {e}");
@@ -322,8 +546,14 @@ fn data_checks_agree_with_the_graph_interpreter() {
         let got = c.run(&mut lib, &named(&good)).unwrap();
         assert_eq!(worst_error(&want, &got), 0.0, "{name} compiled");
         let e = c.run(&mut lib, &named(&bad)).unwrap_err().to_string();
-        assert!(e.contains(needle) && e.contains("status 3"), "{name} compiled: {e}");
+        assert!(
+            e.contains(needle) && e.contains("status 3"),
+            "{name} compiled: {e}"
+        );
         // A valid run after a failed one succeeds: the flag is recomputed, not sticky.
-        assert!(c.run(&mut lib, &named(&good)).is_ok(), "{name}: valid data after an error");
+        assert!(
+            c.run(&mut lib, &named(&good)).is_ok(),
+            "{name}: valid data after an error"
+        );
     }
 }

@@ -32,19 +32,31 @@ fn optimised_fixtures_match_the_interpreter_in_fp32() {
         for name in FIXTURES {
             let (err, o) = error(name, &config(target, Precision::Fp32));
             assert!(err < 1e-5, "{name} on {target}: error {err:e}");
-            assert!(o.plan.total <= o.before, "{name} on {target}: the plan costs more than the input graph");
+            assert!(
+                o.plan.total <= o.before,
+                "{name} on {target}: the plan costs more than the input graph"
+            );
         }
     }
 }
 
 #[test]
 fn optimised_fixtures_match_the_interpreter_in_low_precision() {
-    for (target, p) in [("x86-64-v4", Precision::Bf16), ("sm_80", Precision::Fp16), ("sm_80", Precision::Bf16)] {
+    for (target, p) in [
+        ("x86-64-v4", Precision::Bf16),
+        ("sm_80", Precision::Fp16),
+        ("sm_80", Precision::Bf16),
+    ] {
         for name in FIXTURES {
             let (err, o) = error(name, &config(target, p));
             // bf16 keeps 8 bits of mantissa: a few 2^-8 of the output's scale after a few layers.
             assert!(err < 5e-2, "{name} on {target} {p:?}: error {err:e}");
-            let low = o.plan.graph.node_ids().any(|n| matches!(o.plan.graph.node(n).outputs[0].dtype, mlopt_ir::DType::BF16 | mlopt_ir::DType::F16));
+            let low = o.plan.graph.node_ids().any(|n| {
+                matches!(
+                    o.plan.graph.node(n).outputs[0].dtype,
+                    mlopt_ir::DType::BF16 | mlopt_ir::DType::F16
+                )
+            });
             assert!(low, "{name} on {target} {p:?}: nothing was lowered");
         }
     }
@@ -57,7 +69,11 @@ fn auto_precision_stays_within_the_tolerance() {
             let mut cfg = config("sm_80", Precision::Auto);
             cfg.tolerance = tol;
             let (err, o) = error(name, &cfg);
-            assert!(err <= tol, "{name} at tolerance {tol:e}: error {err:e} (backed off {:?})", o.stats.backed_off);
+            assert!(
+                err <= tol,
+                "{name} at tolerance {tol:e}: error {err:e} (backed off {:?})",
+                o.stats.backed_off
+            );
         }
     }
 }
@@ -70,7 +86,12 @@ fn a_memory_budget_never_raises_peak_memory_or_changes_results() {
         cfg.memory_budget = Some(0);
         let (err, tight) = error(name, &cfg);
         assert!(err < 1e-5, "{name}: error {err:e}");
-        assert!(tight.plan.peak_bytes <= free.plan.peak_bytes, "{name}: {} > {}", tight.plan.peak_bytes, free.plan.peak_bytes);
+        assert!(
+            tight.plan.peak_bytes <= free.plan.peak_bytes,
+            "{name}: {} > {}",
+            tight.plan.peak_bytes,
+            free.plan.peak_bytes
+        );
     }
 }
 
@@ -79,12 +100,17 @@ fn a_memory_budget_never_raises_peak_memory_or_changes_results() {
 #[test]
 fn memory_plans_of_the_optimised_fixtures_are_valid() {
     for name in FIXTURES {
-        for (target, p, budget) in [("x86-64-v4", Precision::Fp32, None), ("sm_80", Precision::Bf16, None), ("x86-64-v4", Precision::Fp32, Some(0))] {
+        for (target, p, budget) in [
+            ("x86-64-v4", Precision::Fp32, None),
+            ("sm_80", Precision::Bf16, None),
+            ("x86-64-v4", Precision::Fp32, Some(0)),
+        ] {
             let mut cfg = config(target, p);
             cfg.memory_budget = budget;
             let o = optimize(&import(name), &cfg).unwrap();
             let plan = mlopt_lower::plan_memory(&o.plan.graph).unwrap();
-            plan.verify().unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
+            plan.verify()
+                .unwrap_or_else(|e| panic!("{name} on {target}: {e}"));
             // Never worse than laying the values end to end, and at least the largest of them.
             let end_to_end: u64 = plan.slots.iter().map(|s| s.bytes.div_ceil(64) * 64).sum();
             let largest = plan.slots.iter().map(|s| s.bytes).max().unwrap_or(0);
@@ -117,8 +143,14 @@ fn optimised_diffs() {
             let cfg = config(target, Precision::Fp32);
             let o = optimize(&g, &cfg).unwrap();
             let after = print::print_with(&o.plan.graph, &|k| report::kernel_note(&o, k));
-            let diff = similar::TextDiff::from_lines(&print::print(&g), &after).unified_diff().context_radius(2).to_string();
-            let summary = format!("; estimate on {target}: {} before, {} after; rules applied: {:?}\n", o.before, o.plan.total, o.stats.applied);
+            let diff = similar::TextDiff::from_lines(&print::print(&g), &after)
+                .unified_diff()
+                .context_radius(2)
+                .to_string();
+            let summary = format!(
+                "; estimate on {target}: {} before, {} after; rules applied: {:?}\n",
+                o.before, o.plan.total, o.stats.applied
+            );
             insta::assert_snapshot!(format!("optimized_{name}_{target}"), summary + &diff);
         }
     }

@@ -135,9 +135,16 @@ impl Options {
             match a.as_str() {
                 "--update" => o.update = true,
                 "--filter" => o.filter = Some(it.next().ok_or("--filter needs a value")?.clone()),
-                "--optimized" => o.mode = Mode::Optimized(it.next().ok_or("--optimized needs a target")?.clone()),
-                "--compiled" => o.mode = Mode::Compiled(it.next().ok_or("--compiled needs a target")?.clone()),
-                "--emulated" => o.mode = Mode::Emulated(it.next().ok_or("--emulated needs a GPU target")?.clone()),
+                "--optimized" => {
+                    o.mode = Mode::Optimized(it.next().ok_or("--optimized needs a target")?.clone())
+                }
+                "--compiled" => {
+                    o.mode = Mode::Compiled(it.next().ok_or("--compiled needs a target")?.clone())
+                }
+                "--emulated" => {
+                    o.mode =
+                        Mode::Emulated(it.next().ok_or("--emulated needs a GPU target")?.clone())
+                }
                 other => return Err(format!("conformance: unknown argument {other}")),
             }
         }
@@ -167,14 +174,22 @@ fn suite_dir() -> PathBuf {
 fn generate() -> Result<Vec<Case>> {
     let dir = suite_dir();
     let stamp = dir.join("stamp");
-    let req = std::fs::read_to_string(root().join("xtask/py/requirements.txt")).map_err(|e| e.to_string())?;
-    let pin = req.lines().find(|l| l.starts_with("onnx==")).unwrap_or("onnx").to_string();
+    let req = std::fs::read_to_string(root().join("xtask/py/requirements.txt"))
+        .map_err(|e| e.to_string())?;
+    let pin = req
+        .lines()
+        .find(|l| l.starts_with("onnx=="))
+        .unwrap_or("onnx")
+        .to_string();
     if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pin.as_str()) {
         eprintln!("conformance: generating ONNX's node tests with {pin}");
-        run(Command::new(setup::venv_python()).arg("xtask/py/gen_node_tests.py").arg(&dir))?;
+        run(Command::new(setup::venv_python())
+            .arg("xtask/py/gen_node_tests.py")
+            .arg(&dir))?;
         std::fs::write(&stamp, &pin).map_err(|e| e.to_string())?;
     }
-    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).map_err(|e| format!("manifest: {e}"))?;
+    let manifest =
+        std::fs::read_to_string(dir.join("manifest.tsv")).map_err(|e| format!("manifest: {e}"))?;
     Ok(manifest
         .lines()
         .filter_map(|l| {
@@ -184,7 +199,11 @@ fn generate() -> Result<Vec<Case>> {
                 rtol: f[1].into(),
                 atol: f[2].into(),
                 data_sets: f[3].parse().unwrap_or(1),
-                ops: f[4].split(',').filter(|s| !s.is_empty()).map(String::from).collect(),
+                ops: f[4]
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect(),
             })
         })
         .collect())
@@ -192,9 +211,16 @@ fn generate() -> Result<Vec<Case>> {
 
 /// The first line of `mlopt check`'s output that says what went wrong.
 fn reason(code: Option<i32>, stdout: &str, stderr: &str) -> String {
-    let line = |s: &str, pat: &[&str]| s.lines().find(|l| pat.iter().any(|p| l.contains(p))).map(str::to_string);
+    let line = |s: &str, pat: &[&str]| {
+        s.lines()
+            .find(|l| pat.iter().any(|p| l.contains(p)))
+            .map(str::to_string)
+    };
     match code {
-        Some(1) => format!("wrong output: {}", line(stdout, &["MISMATCH"]).unwrap_or_default()),
+        Some(1) => format!(
+            "wrong output: {}",
+            line(stdout, &["MISMATCH"]).unwrap_or_default()
+        ),
         Some(2) => {
             let msg = line(stderr, &["error"]).unwrap_or_default();
             let msg = msg.trim_start_matches("error: ");
@@ -206,7 +232,10 @@ fn reason(code: Option<i32>, stdout: &str, stderr: &str) -> String {
                 format!("error: {msg}")
             }
         }
-        _ => format!("crash ({code:?}): {}", line(stderr, &["panicked", "error"]).unwrap_or_default()),
+        _ => format!(
+            "crash ({code:?}): {}",
+            line(stderr, &["panicked", "error"]).unwrap_or_default()
+        ),
     }
 }
 
@@ -242,7 +271,10 @@ fn check_case(mlopt: &Path, case: &Case, mode: &[String]) -> Outcome {
             Err(e) => return Outcome::Fail(format!("crash: {e}")),
         };
         if !status.success() {
-            let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let (so, se) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
             return Outcome::Fail(reason(status.code(), &so, &se));
         }
     }
@@ -275,10 +307,18 @@ pub(crate) fn run_suite(mlopt: &Path, o: &Options) -> Result<(usize, usize)> {
     let cases = Arc::new(cases);
     let results = Arc::new(Mutex::new(vec![None; cases.len()]));
     let next = Arc::new(Mutex::new(0usize));
-    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
     let handles: Vec<_> = (0..workers)
         .map(|_| {
-            let (cases, results, next, mlopt, opt) = (cases.clone(), results.clone(), next.clone(), mlopt.clone(), o.mode.args());
+            let (cases, results, next, mlopt, opt) = (
+                cases.clone(),
+                results.clone(),
+                next.clone(),
+                mlopt.clone(),
+                o.mode.args(),
+            );
             std::thread::spawn(move || loop {
                 let i = {
                     let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
@@ -295,12 +335,21 @@ pub(crate) fn run_suite(mlopt: &Path, o: &Options) -> Result<(usize, usize)> {
     for h in handles {
         let _ = h.join();
     }
-    let results: Vec<Outcome> =
-        results.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|r| r.clone().unwrap_or(Outcome::Fail("not run".into()))).collect();
+    let results: Vec<Outcome> = results
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|r| r.clone().unwrap_or(Outcome::Fail("not run".into())))
+        .collect();
     report(&cases, &results, o, started.elapsed())
 }
 
-fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> Result<(usize, usize)> {
+fn report(
+    cases: &[Case],
+    results: &[Outcome],
+    o: &Options,
+    took: Duration,
+) -> Result<(usize, usize)> {
     let mut per_op: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     let mut passed = BTreeSet::new();
@@ -317,13 +366,18 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
                 passed.insert(c.name.clone());
             }
             Outcome::Fail(why) => {
-                *kinds.entry(why.split(':').next().unwrap_or("")).or_default() += 1;
+                *kinds
+                    .entry(why.split(':').next().unwrap_or(""))
+                    .or_default() += 1;
                 println!("{}: {why}", c.name);
             }
         }
     }
     println!("\n== per op (passed/total)");
-    let cells: Vec<String> = per_op.iter().map(|(op, (p, t))| format!("{op} {p}/{t}")).collect();
+    let cells: Vec<String> = per_op
+        .iter()
+        .map(|(op, (p, t))| format!("{op} {p}/{t}"))
+        .collect();
     for row in cells.chunks(6) {
         println!("  {}", row.join(" | "));
     }
@@ -341,35 +395,65 @@ fn report(cases: &[Case], results: &[Outcome], o: &Options, took: Duration) -> R
         }
         let text: String = passed.iter().map(|n| format!("{n}\n")).collect();
         std::fs::write(&list, text).map_err(|e| e.to_string())?;
-        println!("\nwrote {} passing cases to {}", passed.len(), list.display());
+        println!(
+            "\nwrote {} passing cases to {}",
+            passed.len(),
+            list.display()
+        );
     } else if o.filter.is_none() {
-        let want = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
-        regressions = want.lines().filter(|n| !n.is_empty() && !passed.contains(*n)).map(String::from).collect();
+        let want =
+            std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+        regressions = want
+            .lines()
+            .filter(|n| !n.is_empty() && !passed.contains(*n))
+            .map(String::from)
+            .collect();
         listed = want.lines().filter(|n| !n.is_empty()).count() - regressions.len();
-        let new = passed.len().saturating_sub(want.lines().count() - regressions.len());
+        let new = passed
+            .len()
+            .saturating_sub(want.lines().count() - regressions.len());
         if new > 0 {
-            println!("\n{new} case(s) pass that are not in {}; run `cargo xtask conformance --update`", list.display());
+            println!(
+                "\n{new} case(s) pass that are not in {}; run `cargo xtask conformance --update`",
+                list.display()
+            );
         }
     }
     // Every required op must pass through the interpreter; compiled code reports its coverage only.
-    let uncovered: Vec<&str> = if o.filter.is_none() && !matches!(o.mode, Mode::Compiled(_) | Mode::Emulated(_)) {
-        REQUIRED_OPS.iter().copied().filter(|op| per_op.get(op).is_none_or(|(p, _)| *p == 0)).collect()
-    } else {
-        vec![]
-    };
+    let uncovered: Vec<&str> =
+        if o.filter.is_none() && !matches!(o.mode, Mode::Compiled(_) | Mode::Emulated(_)) {
+            REQUIRED_OPS
+                .iter()
+                .copied()
+                .filter(|op| per_op.get(op).is_none_or(|(p, _)| *p == 0))
+                .collect()
+        } else {
+            vec![]
+        };
     let mode = match &o.mode {
         Mode::Imported => String::new(),
         Mode::Optimized(t) => format!(" (optimised for {t})"),
         Mode::Compiled(t) => format!(" (compiled for {t})"),
         Mode::Emulated(t) => format!(" (GPU schedules for {t}, emulated)"),
     };
-    println!("\nconformance{mode}: {} cases in {:.1}s", cases.len(), took.as_secs_f64());
+    println!(
+        "\nconformance{mode}: {} cases in {:.1}s",
+        cases.len(),
+        took.as_secs_f64()
+    );
     println!("{} passed, {failed} failed", passed.len());
     if !uncovered.is_empty() {
-        return Err(format!("required op(s) with no passing case: {}", uncovered.join(", ")));
+        return Err(format!(
+            "required op(s) with no passing case: {}",
+            uncovered.join(", ")
+        ));
     }
     if !regressions.is_empty() {
-        return Err(format!("{} case(s) in the passing list regressed: {}", regressions.len(), regressions.join(", ")));
+        return Err(format!(
+            "{} case(s) in the passing list regressed: {}",
+            regressions.len(),
+            regressions.join(", ")
+        ));
     }
     Ok((listed, cases.len()))
 }

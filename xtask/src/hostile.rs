@@ -22,17 +22,31 @@ struct Case {
 
 impl Case {
     fn read(dir: &Path) -> Result<Case> {
-        let text = std::fs::read_to_string(dir.join("case.txt")).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut c = Case { dir: dir.to_path_buf(), expect: String::new(), needle: String::new(), good: vec![], bad: vec![] };
+        let text = std::fs::read_to_string(dir.join("case.txt"))
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut c = Case {
+            dir: dir.to_path_buf(),
+            expect: String::new(),
+            needle: String::new(),
+            good: vec![],
+            bad: vec![],
+        };
         for line in text.lines() {
             let (key, value) = line.split_once(' ').unwrap_or((line, ""));
             match key {
                 "expect" => c.expect = value.into(),
                 "needle" => c.needle = value.into(),
                 "good" | "bad" => {
-                    let (_, file) = value.split_once('=').ok_or_else(|| format!("{}: bad line {line:?}", dir.display()))?;
+                    let (_, file) = value
+                        .split_once('=')
+                        .ok_or_else(|| format!("{}: bad line {line:?}", dir.display()))?;
                     let input = format!("{}", dir.join(file).display());
-                    if key == "good" { &mut c.good } else { &mut c.bad }.push(input);
+                    if key == "good" {
+                        &mut c.good
+                    } else {
+                        &mut c.bad
+                    }
+                    .push(input);
                 }
                 _ => return Err(format!("{}: unknown key {key:?}", dir.display())),
             }
@@ -56,13 +70,19 @@ struct Ran {
 fn mlopt(exe: &Path, args: &[String]) -> Result<Ran> {
     let out = Command::new("sh")
         .arg("-c")
-        .arg(format!("ulimit -v {LIMIT_KIB}; exec timeout {LIMIT_S} \"$@\""))
+        .arg(format!(
+            "ulimit -v {LIMIT_KIB}; exec timeout {LIMIT_S} \"$@\""
+        ))
         .arg("sh")
         .arg(exe)
         .args(args)
         .output()
         .map_err(|e| format!("sh: {e}"))?;
-    Ok(Ran { code: out.status.code(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() })
+    Ok(Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    })
 }
 
 /// The problem with `r` for a command that must fail cleanly with `needle` in its message, if any.
@@ -71,7 +91,10 @@ fn clean_error(r: &Ran, needle: &str) -> Option<String> {
         _ if r.stderr.contains("panicked") => Some(format!("panicked: {}", r.stderr.trim())),
         Some(124) => Some(format!("still running after {LIMIT_S} s")),
         Some(2) if r.stderr.contains(needle) => None,
-        Some(2) => Some(format!("the message does not name {needle:?}: {}", r.stderr.trim())),
+        Some(2) => Some(format!(
+            "the message does not name {needle:?}: {}",
+            r.stderr.trim()
+        )),
         code => Some(format!("exit {code:?}, not 2: {}", r.stderr.trim())),
     }
 }
@@ -98,7 +121,13 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
     let data = |dir: &str| c.dir.join(dir).display().to_string();
     match c.expect.as_str() {
         "reject" => {
-            for args in [s(&["inspect", &m]), compile, s(&["run", &m]), s(&["run", "--interpret", &m]), s(&["check", "--compiled", &m, "--data", &data(".")])] {
+            for args in [
+                s(&["inspect", &m]),
+                compile,
+                s(&["run", &m]),
+                s(&["run", "--interpret", &m]),
+                s(&["check", "--compiled", &m, "--data", &data(".")]),
+            ] {
                 let r = mlopt(exe, &args)?;
                 expect(&args, clean_error(&r, &c.needle));
             }
@@ -115,13 +144,20 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
                 expect(&args, success(&r));
                 printed.push(r.stdout);
                 if c.expect == "data" {
-                    let args: Vec<String> = [s(&["run", &m]), mode.to_vec(), inputs(&c.bad)].concat();
+                    let args: Vec<String> =
+                        [s(&["run", &m]), mode.to_vec(), inputs(&c.bad)].concat();
                     let r = mlopt(exe, &args)?;
                     expect(&args, clean_error(&r, &c.needle));
                 }
             }
             if printed[0] != printed[1] {
-                expect(&s(&["run"]), Some(format!("compiled and interpreted outputs differ:\n{}\n{}", printed[0], printed[1])));
+                expect(
+                    &s(&["run"]),
+                    Some(format!(
+                        "compiled and interpreted outputs differ:\n{}\n{}",
+                        printed[0], printed[1]
+                    )),
+                );
             }
             if c.dir.join("good").is_dir() {
                 let args = s(&["check", "--compiled", &m, "--data", &data("good")]);
@@ -130,12 +166,23 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
             }
             if c.expect == "data" {
                 // Compiled for this CPU, and scheduled for a GPU and run in the kernel IR's emulator.
-                for mode in [&["--compiled"][..], &["--emulated", "--target", "sm_80"][..]] {
+                for mode in [
+                    &["--compiled"][..],
+                    &["--emulated", "--target", "sm_80"][..],
+                ] {
                     let args = [s(&["check"]), s(mode), s(&[&m, "--data", &data("bad")])].concat();
                     let r = mlopt(exe, &args)?;
                     expect(&args, clean_error(&r, &c.needle));
                 }
-                let args = s(&["check", "--emulated", "--target", "sm_80", &m, "--data", &data("good")]);
+                let args = s(&[
+                    "check",
+                    "--emulated",
+                    "--target",
+                    "sm_80",
+                    &m,
+                    "--data",
+                    &data("good"),
+                ]);
                 let r = mlopt(exe, &args)?;
                 expect(&args, success(&r));
             }
@@ -148,8 +195,15 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
 /// Generates the corpus into target/hostile and checks every case; an error lists the failures.
 pub(crate) fn run(exe: &Path) -> Result<usize> {
     let dir = root().join("target/hostile");
-    crate::run(Command::new(setup::venv_python()).arg("xtask/py/gen_hostile.py").arg(&dir))?;
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    crate::run(
+        Command::new(setup::venv_python())
+            .arg("xtask/py/gen_hostile.py")
+            .arg(&dir),
+    )?;
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
     cases.sort();
     let out = dir.join("out");
     let mut failed = Vec::new();
@@ -158,12 +212,21 @@ pub(crate) fn run(exe: &Path) -> Result<usize> {
         let c = Case::read(case)?;
         count += 1;
         for f in check(exe, &c, &out)? {
-            failed.push(format!("{}: {f}", case.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
+            failed.push(format!(
+                "{}: {f}",
+                case.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ));
         }
     }
     if failed.is_empty() {
         Ok(count)
     } else {
-        Err(format!("hostile corpus: {} failure(s):\n{}", failed.len(), failed.join("\n")))
+        Err(format!(
+            "hostile corpus: {} failure(s):\n{}",
+            failed.len(),
+            failed.join("\n")
+        ))
     }
 }

@@ -18,13 +18,19 @@ use std::process::{Command, ExitCode};
 pub(crate) type Result<T = ()> = std::result::Result<T, String>;
 
 pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// Runs a command from the project root, echoing it; fails on a non-zero exit.
 pub(crate) fn run(cmd: &mut Command) -> Result {
     eprintln!("$ {}", describe(cmd));
-    let status = cmd.current_dir(root()).status().map_err(|e| format!("{}: {e}", describe(cmd)))?;
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("{}: {e}", describe(cmd)))?;
     if status.success() {
         Ok(())
     } else {
@@ -60,17 +66,48 @@ fn demo() -> Result {
     println!("\n== mlopt inspect {model}  (the graph IR after import)");
     run(Command::new(&mlopt).args(["inspect", model]))?;
     println!("\n== mlopt compile {model} --target host -o target/demo --report  (optimised, fused and compiled for this CPU)");
-    run(Command::new(&mlopt).args(["compile", model, "--target", "host", "-o", "target/demo", "--report"]))?;
+    run(Command::new(&mlopt).args([
+        "compile",
+        model,
+        "--target",
+        "host",
+        "-o",
+        "target/demo",
+        "--report",
+    ]))?;
     println!("\n== mlopt inspect {model} --stage optimized --target sm_80  (the same model planned for an A100)");
-    run(Command::new(&mlopt).args(["inspect", model, "--stage", "optimized", "--target", "sm_80"]))?;
+    run(Command::new(&mlopt).args([
+        "inspect",
+        model,
+        "--stage",
+        "optimized",
+        "--target",
+        "sm_80",
+    ]))?;
     println!("\n== mlopt check {model}  (the imported graph, by the interpreter, against ONNX Runtime's output committed next to the model)");
     run(Command::new(&mlopt).args(["check", model, "--data", data]))?;
     println!("\n== mlopt check {model} --compiled  (the compiled code against the same output)");
-    run(Command::new(&mlopt).args(["check", model, "--data", data, "--compiled", "--target", "host"]))?;
+    run(Command::new(&mlopt).args([
+        "check",
+        model,
+        "--data",
+        data,
+        "--compiled",
+        "--target",
+        "host",
+    ]))?;
     println!("\n== mlopt bench {model}  (latency of the compiled code)");
     run(Command::new(&mlopt).args(["bench", model, "--iters", "100"]))?;
     println!("\n== mlopt bench {model} --profile  (time per kernel against the cost model; target/demo/roofline.svg)");
-    run(Command::new(&mlopt).args(["bench", model, "--profile", "--iters", "100", "-o", "target/demo"]))
+    run(Command::new(&mlopt).args([
+        "bench",
+        model,
+        "--profile",
+        "--iters",
+        "100",
+        "-o",
+        "target/demo",
+    ]))
 }
 
 /// The target the conformance suite's optimised run uses: fixed, so the passing list does not depend on the
@@ -86,7 +123,15 @@ const EMULATED_TARGET: &str = "sm_80";
 /// The style gate: the tree is `cargo fmt` clean and clippy has nothing to say, warnings included.
 fn lint() -> Result {
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ]))
 }
 
 fn test() -> Result {
@@ -97,11 +142,20 @@ fn test() -> Result {
     let hostile = hostile::run(&mlopt)?;
     println!("hostile corpus (xtask/py/gen_hostile.py): {hostile} cases through inspect, compile, run, run --interpret and check --compiled, 0 failed");
     let (listed, _) = conformance::run_suite(&mlopt, &conformance::Options::default())?;
-    let optimized = conformance::Options { mode: conformance::Mode::Optimized(OPTIMIZED_TARGET.into()), ..Default::default() };
+    let optimized = conformance::Options {
+        mode: conformance::Mode::Optimized(OPTIMIZED_TARGET.into()),
+        ..Default::default()
+    };
     let (listed_opt, _) = conformance::run_suite(&mlopt, &optimized)?;
-    let compiled = conformance::Options { mode: conformance::Mode::Compiled(COMPILED_TARGET.into()), ..Default::default() };
+    let compiled = conformance::Options {
+        mode: conformance::Mode::Compiled(COMPILED_TARGET.into()),
+        ..Default::default()
+    };
     let (listed_comp, _) = conformance::run_suite(&mlopt, &compiled)?;
-    let emulated = conformance::Options { mode: conformance::Mode::Emulated(EMULATED_TARGET.into()), ..Default::default() };
+    let emulated = conformance::Options {
+        mode: conformance::Mode::Emulated(EMULATED_TARGET.into()),
+        ..Default::default()
+    };
     let (listed_emu, _) = conformance::run_suite(&mlopt, &emulated)?;
     // The cases the suite asserts are the ones in the committed passing lists; the others are reported above.
     println!("\nconformance regression suite (tests/conformance/passing.txt, imported graphs):");
@@ -112,7 +166,10 @@ fn test() -> Result {
     println!("{listed_comp} passed, 0 failed");
     println!("conformance regression suite (tests/conformance/passing-emulated-{EMULATED_TARGET}.txt, GPU schedules in the emulator):");
     println!("{listed_emu} passed, 0 failed");
-    println!("\n{} passed, 0 failed", listed + listed_opt + listed_comp + listed_emu);
+    println!(
+        "\n{} passed, 0 failed",
+        listed + listed_opt + listed_comp + listed_emu
+    );
     Ok(())
 }
 

@@ -4,7 +4,13 @@ use crate::{root, run, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
-const APT_PACKAGES: &[&str] = &["llvm-19-dev", "libpolly-19-dev", "libzstd-dev", "zlib1g-dev", "valgrind"];
+const APT_PACKAGES: &[&str] = &[
+    "llvm-19-dev",
+    "libpolly-19-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "valgrind",
+];
 
 pub(crate) fn venv_python() -> PathBuf {
     root().join(".venv/bin/python")
@@ -15,7 +21,9 @@ fn apt_missing() -> Vec<&'static str> {
         .iter()
         .copied()
         .filter(|p| {
-            let out = Command::new("dpkg-query").args(["-W", "-f=${Status}", p]).output();
+            let out = Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output();
             !out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         })
         .collect()
@@ -28,9 +36,17 @@ fn apt() -> Result {
         return Ok(());
     }
     eprintln!("setup: installing apt packages: {}", missing.join(" "));
-    let sudo = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() != "0").unwrap_or(true);
+    let sudo = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() != "0")
+        .unwrap_or(true);
     let apt_get = |args: &[&str]| {
-        let mut c = if sudo { Command::new("sudo") } else { Command::new("apt-get") };
+        let mut c = if sudo {
+            Command::new("sudo")
+        } else {
+            Command::new("apt-get")
+        };
         if sudo {
             c.arg("apt-get");
         }
@@ -45,14 +61,23 @@ fn apt() -> Result {
 
 /// True when the venv has every pinned package at its pinned version.
 fn venv_ok(req: &str) -> bool {
-    let pins: Vec<(&str, &str)> = req.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).filter_map(|l| l.split_once("==")).collect();
+    let pins: Vec<(&str, &str)> = req
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once("=="))
+        .collect();
     let script = format!("import importlib.metadata as m, sys\nsys.exit(0 if all(m.version(p) == v for p, v in {pins:?}) else 1)");
-    Command::new(venv_python()).args(["-c", &script]).output().is_ok_and(|o| o.status.success())
+    Command::new(venv_python())
+        .args(["-c", &script])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn venv() -> Result {
     let req_path = root().join("xtask/py/requirements.txt");
-    let req = std::fs::read_to_string(&req_path).map_err(|e| format!("{}: {e}", req_path.display()))?;
+    let req =
+        std::fs::read_to_string(&req_path).map_err(|e| format!("{}: {e}", req_path.display()))?;
     if venv_python().exists() && venv_ok(&req) {
         eprintln!("setup: Python venv .venv has the pinned packages");
         return Ok(());
@@ -66,7 +91,16 @@ fn venv() -> Result {
         }
     }
     eprintln!("setup: installing pinned Python packages into .venv (xtask/py/requirements.txt)");
-    run(Command::new(venv_python()).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"]).arg(&req_path))
+    run(Command::new(venv_python())
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&req_path))
 }
 
 /// ptxas from the nvidia-cuda-nvcc-cu12 wheel in the venv.
@@ -84,7 +118,12 @@ pub(crate) fn ptxas() -> Result<PathBuf> {
 fn rust_components() -> Result {
     let missing: Vec<&str> = [("rustfmt", "fmt"), ("clippy", "clippy")]
         .into_iter()
-        .filter(|(_, sub)| !crate::cargo().args([*sub, "--version"]).output().is_ok_and(|o| o.status.success()))
+        .filter(|(_, sub)| {
+            !crate::cargo()
+                .args([*sub, "--version"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
         .map(|(component, _)| component)
         .collect();
     if missing.is_empty() {
@@ -92,7 +131,9 @@ fn rust_components() -> Result {
         return Ok(());
     }
     eprintln!("setup: installing Rust components: {}", missing.join(" "));
-    run(Command::new("rustup").args(["component", "add"]).args(&missing))
+    run(Command::new("rustup")
+        .args(["component", "add"])
+        .args(&missing))
 }
 
 pub(crate) fn setup() -> Result {
@@ -100,7 +141,10 @@ pub(crate) fn setup() -> Result {
     rust_components()?;
     venv()?;
     let ptxas = ptxas()?;
-    let out = Command::new(&ptxas).arg("--version").output().map_err(|e| format!("{}: {e}", ptxas.display()))?;
+    let out = Command::new(&ptxas)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("{}: {e}", ptxas.display()))?;
     let version = String::from_utf8_lossy(&out.stdout);
     let line = version.lines().last().unwrap_or_default().to_string();
     eprintln!("setup: ptxas works ({line})");

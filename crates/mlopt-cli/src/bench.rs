@@ -44,15 +44,29 @@ impl Ready {
         let c = mlopt_driver::compile(&g, &options)?;
         let compile_s = start.elapsed().as_secs_f64();
         let lib = c.load()?;
-        let inputs: HashMap<String, Tensor> = if given.is_empty() { mlopt_rewrite::optimize::random_inputs(&g, 1) } else { given };
+        let inputs: HashMap<String, Tensor> = if given.is_empty() {
+            mlopt_rewrite::optimize::random_inputs(&g, 1)
+        } else {
+            given
+        };
         let ins = c.input_bytes(&inputs)?;
-        Ok(Ready { c, lib, ins, compile_s })
+        Ok(Ready {
+            c,
+            lib,
+            ins,
+            compile_s,
+        })
     }
 
     /// Milliseconds of `iters` runs after 3 warm-ups, sorted.
     fn times(&mut self, iters: usize) -> Result<Vec<f64>> {
         let refs: Vec<&[u8]> = self.ins.iter().map(|b| b.as_slice()).collect();
-        let mut times: Vec<f64> = self.c.timed_runs(&mut self.lib, &refs, 3, iters.max(1))?.into_iter().map(|s| s * 1e3).collect();
+        let mut times: Vec<f64> = self
+            .c
+            .timed_runs(&mut self.lib, &refs, 3, iters.max(1))?
+            .into_iter()
+            .map(|s| s * 1e3)
+            .collect();
         times.sort_by(f64::total_cmp);
         Ok(times)
     }
@@ -61,12 +75,20 @@ impl Ready {
 /// A short name for plots: the file stem, or for `.../resnet50/dynamo/model.onnx` (the zoo's layout) the
 /// folders that tell models apart.
 pub fn label(model: &Path) -> String {
-    let stem = model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if stem != "model" {
         return stem;
     }
     let abs = std::path::absolute(model).unwrap_or_else(|_| model.to_path_buf());
-    let parts: Vec<String> = abs.parent().into_iter().flat_map(|p| p.iter().rev().take(2)).map(|s| s.to_string_lossy().into_owned()).collect();
+    let parts: Vec<String> = abs
+        .parent()
+        .into_iter()
+        .flat_map(|p| p.iter().rev().take(2))
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
     if parts.is_empty() {
         stem
     } else {
@@ -110,14 +132,27 @@ pub fn profile(b: &Bench) -> Result<ExitCode> {
     let refs: Vec<&[u8]> = r.ins.iter().map(|b| b.as_slice()).collect();
     let p = r.c.profile(&mut r.lib, &refs, b.iters)?;
     let name = b.model.display().to_string();
-    std::fs::create_dir_all(b.output).with_context(|| format!("creating {}", b.output.display()))?;
+    std::fs::create_dir_all(b.output)
+        .with_context(|| format!("creating {}", b.output.display()))?;
     let path = b.output.join("roofline.svg");
-    let title = format!("{} on {} thread{}", label(b.model), b.opt.threads, if b.opt.threads == 1 { "" } else { "s" });
-    std::fs::write(&path, svg::roofline(&title, &r.c.cfg.target, &p.kernels)).with_context(|| format!("writing {}", path.display()))?;
+    let title = format!(
+        "{} on {} thread{}",
+        label(b.model),
+        b.opt.threads,
+        if b.opt.threads == 1 { "" } else { "s" }
+    );
+    std::fs::write(&path, svg::roofline(&title, &r.c.cfg.target, &p.kernels))
+        .with_context(|| format!("writing {}", path.display()))?;
     if b.json {
         println!("{}", mlopt_driver::profile::json(&name, b.opt.threads, &p));
     } else {
-        println!("{name}: {} kernels, {} threads, {}; compiled in {:.2} s", p.kernels.len(), b.opt.threads, r.c.cfg.target, r.compile_s);
+        println!(
+            "{name}: {} kernels, {} threads, {}; compiled in {:.2} s",
+            p.kernels.len(),
+            b.opt.threads,
+            r.c.cfg.target,
+            r.compile_s
+        );
         print!("{}", mlopt_driver::profile::table(&p));
     }
     eprintln!("wrote {}", path.display());
@@ -126,7 +161,12 @@ pub fn profile(b: &Bench) -> Result<ExitCode> {
 
 /// The `--input-shape` flags that pin batch `n`: each input whose leading dimension is given by a flag or
 /// is symbolic (with every other dimension known) gets `n` there.
-fn batch_shapes(m: &mlopt_onnx::proto::ModelProto, names: &[String], flags: &[String], n: u64) -> Result<Vec<String>> {
+fn batch_shapes(
+    m: &mlopt_onnx::proto::ModelProto,
+    names: &[String],
+    flags: &[String],
+    n: u64,
+) -> Result<Vec<String>> {
     let g = m.graph.as_ref().context("the model has no graph")?;
     let mut pinned: HashMap<String, Vec<usize>> = HashMap::new();
     for f in flags {
@@ -159,7 +199,13 @@ fn batch_shapes(m: &mlopt_onnx::proto::ModelProto, names: &[String], flags: &[St
             _ => None,
         };
         if let Some(d) = dims {
-            out.push(format!("{name}={}", d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")));
+            out.push(format!(
+                "{name}={}",
+                d.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("x")
+            ));
         }
     }
     if batched == 0 {
@@ -186,7 +232,10 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
     }
     let mut points = Vec::new();
     if !b.json {
-        println!("{:>6} {:>8} {:>11} {:>11} {:>11} {:>13} {:>10}", "batch", "threads", "median ms", "p90 ms", "p99 ms", "items/s", "compile s");
+        println!(
+            "{:>6} {:>8} {:>11} {:>11} {:>11} {:>13} {:>10}",
+            "batch", "threads", "median ms", "p90 ms", "p99 ms", "items/s", "compile s"
+        );
     }
     for &n in batches {
         let shapes = batch_shapes(&m, &names, b.input_shapes, n)?;
@@ -202,7 +251,10 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
                 throughput: n as f64 / (quantile(&times, 0.5) / 1e3),
             };
             if !b.json {
-                println!("{:>6} {:>8} {:>11.3} {:>11.3} {:>11.3} {:>13.1} {:>10.2}", n, t, p.median_ms, p.p90_ms, p.p99_ms, p.throughput, r.compile_s);
+                println!(
+                    "{:>6} {:>8} {:>11.3} {:>11.3} {:>11.3} {:>13.1} {:>10.2}",
+                    n, t, p.median_ms, p.p90_ms, p.p99_ms, p.throughput, r.compile_s
+                );
             }
             points.push(p);
         }
@@ -210,12 +262,31 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
     // Per thread count, the largest batch whose p99 meets the budget.
     let best: Vec<(u32, Option<u64>)> = thread_counts
         .iter()
-        .map(|&t| (t, points.iter().filter(|p| p.threads == t && budget_ms.is_none_or(|ms| p.p99_ms <= ms)).map(|p| p.batch).max()))
+        .map(|&t| {
+            (
+                t,
+                points
+                    .iter()
+                    .filter(|p| p.threads == t && budget_ms.is_none_or(|ms| p.p99_ms <= ms))
+                    .map(|p| p.batch)
+                    .max(),
+            )
+        })
         .collect();
-    std::fs::create_dir_all(b.output).with_context(|| format!("creating {}", b.output.display()))?;
+    std::fs::create_dir_all(b.output)
+        .with_context(|| format!("creating {}", b.output.display()))?;
     let path = b.output.join("batch.svg");
-    let title = format!("{}: batch sizes {}", label(b.model), batches.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "));
-    std::fs::write(&path, svg::batch_curve(&title, &points, budget_ms)).with_context(|| format!("writing {}", path.display()))?;
+    let title = format!(
+        "{}: batch sizes {}",
+        label(b.model),
+        batches
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    std::fs::write(&path, svg::batch_curve(&title, &points, budget_ms))
+        .with_context(|| format!("writing {}", path.display()))?;
     if b.json {
         let pts: Vec<String> = points
             .iter()
@@ -226,7 +297,10 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
                 )
             })
             .collect();
-        let best_json: Vec<String> = best.iter().map(|(t, b)| format!("\"{t}\": {}", b.map_or("null".into(), |b| b.to_string()))).collect();
+        let best_json: Vec<String> = best
+            .iter()
+            .map(|(t, b)| format!("\"{t}\": {}", b.map_or("null".into(), |b| b.to_string())))
+            .collect();
         println!(
             "{{\"model\": {:?}, \"max_latency_ms\": {}, \"points\": [{}], \"largest_batch_within_budget\": {{{}}}}}",
             b.model.display().to_string(),
@@ -240,7 +314,9 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
                 Some(n) => {
                     println!("within {ms} ms (p99) at {t} thread(s): batch {n} is the largest")
                 }
-                None => println!("within {ms} ms (p99) at {t} thread(s): no batch size meets the budget"),
+                None => println!(
+                    "within {ms} ms (p99) at {t} thread(s): no batch size meets the budget"
+                ),
             }
         }
     }

@@ -12,13 +12,21 @@ pub struct Comparison {
 
 impl fmt::Display for Comparison {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", if self.pass { "ok" } else { "MISMATCH" }, self.detail)
+        write!(
+            f,
+            "{} {}",
+            if self.pass { "ok" } else { "MISMATCH" },
+            self.detail
+        )
     }
 }
 
 pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Comparison {
     if got.ty() != want.ty() {
-        return Comparison { pass: false, detail: format!("type {} but expected {}", got.ty(), want.ty()) };
+        return Comparison {
+            pass: false,
+            detail: format!("type {} but expected {}", got.ty(), want.ty()),
+        };
     }
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     let exact = !got.dtype().is_float();
@@ -38,9 +46,18 @@ pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Comparison 
             first_bad.get_or_insert((i, a, b));
         }
     }
-    let mut detail = format!("{} max abs err {worst_abs:.3e}, max rel err {worst_rel:.3e}", got.ty());
+    let mut detail = format!(
+        "{} max abs err {worst_abs:.3e}, max rel err {worst_rel:.3e}",
+        got.ty()
+    );
     if let Some((i, a, b)) = first_bad {
-        detail += &format!("; {bad} of {} values off, first at {i}: got {a} expected {b}", g.len());
+        detail += &format!(
+            "; {bad} of {} values off, first at {i}: got {a} expected {b}",
+            g.len()
+        );
     }
-    Comparison { pass: bad == 0, detail }
+    Comparison {
+        pass: bad == 0,
+        detail,
+    }
 }

@@ -22,7 +22,11 @@ pub fn load(path: &Path) -> Result<ModelProto> {
 pub fn input_names(m: &ModelProto) -> Result<Vec<String>> {
     let g = m.graph.as_ref().context("the model has no graph")?;
     let inits: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let inputs: Vec<_> = g.input.iter().filter(|v| !inits.contains(v.name.as_str())).collect();
+    let inputs: Vec<_> = g
+        .input
+        .iter()
+        .filter(|v| !inits.contains(v.name.as_str()))
+        .collect();
     // Reject sequence, map and optional values before trying to read their data as tensors.
     for v in inputs.iter().copied().chain(&g.output) {
         mlopt_onnx::import::declared_type(v)?;
@@ -32,7 +36,12 @@ pub fn input_names(m: &ModelProto) -> Result<Vec<String>> {
 
 /// Imports the model read from `path`, pinning input shapes from `--input-shape` flags and from the given
 /// input tensors.
-pub fn import(m: &ModelProto, path: &Path, flags: &[String], given: &HashMap<String, Tensor>) -> Result<mlopt_ir::Graph> {
+pub fn import(
+    m: &ModelProto,
+    path: &Path,
+    flags: &[String],
+    given: &HashMap<String, Tensor>,
+) -> Result<mlopt_ir::Graph> {
     let mut opts = ImportOptions::default();
     for (name, t) in given {
         opts.input_shapes.insert(name.clone(), t.shape().to_vec());
@@ -43,13 +52,24 @@ pub fn import(m: &ModelProto, path: &Path, flags: &[String], given: &HashMap<Str
         let (name, dims) = parse_input_shape(f).map_err(anyhow::Error::msg)?;
         if let Some(t) = given.get(&name) {
             if t.shape() != dims.as_slice() {
-                bail!("--input-shape {f} contradicts the given input of shape {:?}", t.shape());
+                bail!(
+                    "--input-shape {f} contradicts the given input of shape {:?}",
+                    t.shape()
+                );
             }
         }
         opts.input_shapes.insert(name, dims);
     }
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(import_model(m, Some(mlopt_onnx::tensor_io::folder_of(path)), &stem, &opts)?)
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(import_model(
+        m,
+        Some(mlopt_onnx::tensor_io::folder_of(path)),
+        &stem,
+        &opts,
+    )?)
 }
 
 /// `NAME=FILE` or positional `FILE` arguments.
@@ -58,7 +78,10 @@ pub fn read_inputs(args: &[String], names: &[String]) -> Result<HashMap<String, 
     for (i, a) in args.iter().enumerate() {
         let (name, file) = match a.split_once('=') {
             Some((n, f)) if names.iter().any(|x| x == n) => (n.to_string(), PathBuf::from(f)),
-            Some((n, _)) => bail!("--input {a}: the model has no input '{n}' (inputs: {})", names.join(", ")),
+            Some((n, _)) => bail!(
+                "--input {a}: the model has no input '{n}' (inputs: {})",
+                names.join(", ")
+            ),
             None => match names.get(i) {
                 Some(n) => (n.clone(), PathBuf::from(a)),
                 None => bail!("--input {a}: the model has only {} inputs", names.len()),
@@ -82,13 +105,21 @@ fn numbered(dir: &Path, prefix: &str) -> Result<Vec<Tensor>> {
 }
 
 /// `DIR/input_K.pb` bound to the model's inputs in order, and `DIR/output_K.pb`.
-pub fn read_test_dir(dir: &Path, names: &[String]) -> Result<(HashMap<String, Tensor>, Vec<Tensor>)> {
+pub fn read_test_dir(
+    dir: &Path,
+    names: &[String],
+) -> Result<(HashMap<String, Tensor>, Vec<Tensor>)> {
     if !dir.is_dir() {
         bail!("{}: no such test data folder", dir.display());
     }
     let inputs = numbered(dir, "input")?;
     if inputs.len() > names.len() {
-        bail!("{} has {} inputs, the model takes {}", dir.display(), inputs.len(), names.len());
+        bail!(
+            "{} has {} inputs, the model takes {}",
+            dir.display(),
+            inputs.len(),
+            names.len()
+        );
     }
     let inputs = names.iter().cloned().zip(inputs).collect();
     Ok((inputs, numbered(dir, "output")?))
@@ -97,7 +128,16 @@ pub fn read_test_dir(dir: &Path, names: &[String]) -> Result<(HashMap<String, Te
 pub fn write_outputs(dir: &Path, outs: &[(String, Tensor)], format: Format) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, t) in outs {
-        let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         match format {
             Format::Npy => mlopt_onnx::write_npy(&dir.join(format!("{safe}.npy")), t)?,
             Format::Pb => mlopt_onnx::write_pb(&dir.join(format!("{safe}.pb")), name, t)?,

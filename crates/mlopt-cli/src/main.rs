@@ -14,7 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "mlopt", version, about = "An ahead-of-time compiler for ONNX models")]
+#[command(
+    name = "mlopt",
+    version,
+    about = "An ahead-of-time compiler for ONNX models"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -81,11 +85,13 @@ impl OptArgs {
         cfg.limits = mlopt_rewrite::Limits {
             iterations: self.iter_limit,
             nodes: self.node_limit,
-            time: std::time::Duration::try_from_secs_f64(self.time_limit.max(0.0)).unwrap_or(std::time::Duration::MAX),
+            time: std::time::Duration::try_from_secs_f64(self.time_limit.max(0.0))
+                .unwrap_or(std::time::Duration::MAX),
         };
         cfg.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if let Some(dir) = &self.calibration {
-            let (inputs, _) = data::read_test_dir(dir, names).with_context(|| format!("reading calibration inputs from {}", dir.display()))?;
+            let (inputs, _) = data::read_test_dir(dir, names)
+                .with_context(|| format!("reading calibration inputs from {}", dir.display()))?;
             cfg.calibration = vec![inputs];
         }
         Ok(cfg)
@@ -93,10 +99,20 @@ impl OptArgs {
 
     /// The driver's options: the optimiser's configuration, whose target (looked up once) every stage uses.
     fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
-        Ok(mlopt_driver::Options { config: self.config(names)?, threads: self.threads.max(1), tune: self.tune, winograd: self.winograd, profile: false })
+        Ok(mlopt_driver::Options {
+            config: self.config(names)?,
+            threads: self.threads.max(1),
+            tune: self.tune,
+            winograd: self.winograd,
+            profile: false,
+        })
     }
 
-    fn optimize(&self, g: &mlopt_ir::Graph, names: &[String]) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
+    fn optimize(
+        &self,
+        g: &mlopt_ir::Graph,
+        names: &[String],
+    ) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
         let cfg = self.config(names)?;
         let o = mlopt_rewrite::optimize(g, &cfg).context("optimising")?;
         Ok((o, cfg))
@@ -238,11 +254,20 @@ fn message(e: &anyhow::Error) -> String {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
-        Cmd::Inspect { model, input_shapes, stage, opt } => {
+        Cmd::Inspect {
+            model,
+            input_shapes,
+            stage,
+            opt,
+        } => {
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
             match stage {
-                Stage::Import => print!("; mlopt graph @{} after \"import\"\n{}", mlopt_ir::print::ident(&g.name), mlopt_ir::print::print(&g)),
+                Stage::Import => print!(
+                    "; mlopt graph @{} after \"import\"\n{}",
+                    mlopt_ir::print::ident(&g.name),
+                    mlopt_ir::print::print(&g)
+                ),
                 _ => {
                     let stage = match stage {
                         Stage::Optimized => mlopt_driver::Stage::Optimised,
@@ -250,12 +275,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         Stage::Scheduled => mlopt_driver::Stage::Scheduled,
                         _ => mlopt_driver::Stage::Code,
                     };
-                    print!("{}", mlopt_driver::inspect(&g, &opt.driver(&data::input_names(&m)?)?, stage)?);
+                    print!(
+                        "{}",
+                        mlopt_driver::inspect(&g, &opt.driver(&data::input_names(&m)?)?, stage)?
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Compile { model, input_shapes, output, report, opt } => {
+        Cmd::Compile {
+            model,
+            input_shapes,
+            output,
+            report,
+            opt,
+        } => {
             let start = std::time::Instant::now();
             let m = data::load(&model)?;
             let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
@@ -266,7 +300,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let json = output.join("report.json");
             let summary = lib.report(compile_s);
             let mut files = vec![("report.json".to_string(), summary.json.into_bytes())];
-            if let Some(svg) = lib.roofline(&format!("{}: estimated roofline", bench::label(&model))).filter(|_| report) {
+            if let Some(svg) = lib
+                .roofline(&format!("{}: estimated roofline", bench::label(&model)))
+                .filter(|_| report)
+            {
                 files.push(("roofline.svg".into(), svg.into_bytes()));
             }
             let written = lib.write(&output, &file_stem(&g.name), &files)?;
@@ -279,7 +316,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             for note in lib.notes() {
                 eprintln!("{note}");
             }
-            eprintln!("wrote {}; compiled for {} in {compile_s:.2} s", json.display(), lib.target_name());
+            eprintln!(
+                "wrote {}; compiled for {} in {compile_s:.2} s",
+                json.display(),
+                lib.target_name()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Calibrate => {
@@ -290,7 +331,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let per_cycle = |flops: f64| flops / (c.ghz * 1e9);
             println!("cpu: {}", calibrate::cpu_model());
             println!("clock: {:.2} GHz (dependent adds)", c.ghz);
-            println!("fp32 FMA: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {fp32_max})", c.fp32 / 1e9, per_cycle(c.fp32));
+            println!(
+                "fp32 FMA: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {fp32_max})",
+                c.fp32 / 1e9,
+                per_cycle(c.fp32)
+            );
             if bf16_max > 0.0 {
                 println!(
                     "bf16 dot: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {bf16_max}; {:.2}x the fp32 FMAs)",
@@ -301,11 +346,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 println!("bf16 dot: none (no AVX512-BF16)");
             }
-            println!("read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores", c.bw_one / 1e9, c.bw_all / 1e9);
+            println!(
+                "read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores",
+                c.bw_one / 1e9,
+                c.bw_all / 1e9
+            );
             println!("wrote {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Run { model, interpret, opt, inputs, input_shapes, output_dir, format } => {
+        Cmd::Run {
+            model,
+            interpret,
+            opt,
+            inputs,
+            input_shapes,
+            output_dir,
+            format,
+        } => {
             let m = data::load(&model)?;
             let names = data::input_names(&m)?;
             let given = data::read_inputs(&inputs, &names)?;
@@ -324,8 +381,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench { model, inputs, input_shapes, iters, json, profile, batch, max_latency_ms, output, opt } => {
-            let b = Bench { model: &model, inputs: &inputs, input_shapes: &input_shapes, iters, json, output: &output, opt: &opt };
+        Cmd::Bench {
+            model,
+            inputs,
+            input_shapes,
+            iters,
+            json,
+            profile,
+            batch,
+            max_latency_ms,
+            output,
+            opt,
+        } => {
+            let b = Bench {
+                model: &model,
+                inputs: &inputs,
+                input_shapes: &input_shapes,
+                iters,
+                json,
+                output: &output,
+                opt: &opt,
+            };
             if !batch.is_empty() {
                 if profile {
                     bail!("--profile and --batch are separate runs: give one of them");
@@ -337,7 +413,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             bench::plain(&b)
         }
-        Cmd::Check { model, data: dir, rtol, atol, optimized, compiled, emulated, opt } => {
+        Cmd::Check {
+            model,
+            data: dir,
+            rtol,
+            atol,
+            optimized,
+            compiled,
+            emulated,
+            opt,
+        } => {
             let engine = match (optimized, compiled) {
                 _ if emulated => Engine::Emulated(&opt),
                 (_, true) => Engine::Compiled(&opt),
@@ -352,7 +437,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// A file name for output named after the model's graph: the graph name comes from the model file, so
 /// anything but letters, digits, `_` and `-` becomes `_` (so no path separators and no `..`).
 fn file_stem(graph_name: &str) -> String {
-    let s: String = graph_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+    let s: String = graph_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     if s.is_empty() {
         "model".into()
     } else {
@@ -375,20 +469,28 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
     let g = data::import(&m, model, &[], &inputs)?;
     let outs = match engine {
         Engine::Interpreter => interp::run(&g, &inputs).context("evaluating the model")?,
-        Engine::Optimized(opt) => interp::run(&opt.optimize(&g, &names)?.0.plan.graph, &inputs).context("evaluating the model")?,
+        Engine::Optimized(opt) => interp::run(&opt.optimize(&g, &names)?.0.plan.graph, &inputs)
+            .context("evaluating the model")?,
         Engine::Compiled(opt) => {
             let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
             c.run(&mut c.load()?, &inputs)?
         }
         Engine::Emulated(opt) => {
             // The kernels must become PTX that ptxas assembles without spilling, and match in the emulator.
-            let c = mlopt_driver::compile_gpu(&g, &opt.driver(&names)?).context("compiling the GPU kernels")?;
+            let c = mlopt_driver::compile_gpu(&g, &opt.driver(&names)?)
+                .context("compiling the GPU kernels")?;
             c.check_spills().context("assembling the GPU kernels")?;
-            mlopt_lower::interpret(&c.program, &inputs).map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
+            mlopt_lower::interpret(&c.program, &inputs)
+                .map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
         }
     };
     if outs.len() != expected.len() {
-        anyhow::bail!("the model has {} outputs, {} has {} expected outputs", outs.len(), dir.display(), expected.len());
+        anyhow::bail!(
+            "the model has {} outputs, {} has {} expected outputs",
+            outs.len(),
+            dir.display(),
+            expected.len()
+        );
     }
     let mut ok = true;
     for ((name, got), want) in outs.iter().zip(&expected) {
@@ -397,5 +499,9 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
         ok &= r.pass;
     }
     println!("{}", if ok { "PASS" } else { "FAIL" });
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -8,11 +8,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn mlopt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).output().expect("run mlopt")
+    Command::new(env!("CARGO_BIN_EXE_mlopt"))
+        .args(args)
+        .output()
+        .expect("run mlopt")
 }
 
 fn fixture(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(rel).display().to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(rel)
+        .display()
+        .to_string()
 }
 
 /// Asserts exit code 2, no panic, and that stderr mentions every needle.
@@ -37,16 +44,29 @@ fn tensor_type(elem: i32, dims: &[Option<i64>]) -> TypeProto {
         })
         .collect();
     TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: elem, shape: Some(TensorShapeProto { dim }) })),
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: elem,
+            shape: Some(TensorShapeProto { dim }),
+        })),
         ..Default::default()
     }
 }
 
 fn value(name: &str, elem: i32, dims: &[Option<i64>]) -> ValueInfoProto {
-    ValueInfoProto { name: name.into(), r#type: Some(tensor_type(elem, dims)), ..Default::default() }
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(tensor_type(elem, dims)),
+        ..Default::default()
+    }
 }
 
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+fn node(
+    op: &str,
+    name: &str,
+    inputs: &[&str],
+    outputs: &[&str],
+    attrs: Vec<AttributeProto>,
+) -> NodeProto {
     NodeProto {
         op_type: op.into(),
         name: name.into(),
@@ -58,14 +78,35 @@ fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<Attr
 }
 
 fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
-    TensorProto { name: name.into(), dims: dims.to_vec(), data_type: data_type::FLOAT, float_data: values.to_vec(), ..Default::default() }
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: data_type::FLOAT,
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
 }
 
-fn model(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueInfoProto>, inits: Vec<TensorProto>) -> ModelProto {
+fn model(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+) -> ModelProto {
     ModelProto {
         ir_version: 8,
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
-        graph: Some(GraphProto { name: "g".into(), node: nodes, input: inputs, output: outputs, initializer: inits, ..Default::default() }),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(GraphProto {
+            name: "g".into(),
+            node: nodes,
+            input: inputs,
+            output: outputs,
+            initializer: inits,
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -86,7 +127,12 @@ fn relu_model() -> ModelProto {
 }
 
 fn str_attr(name: &str, v: &str) -> AttributeProto {
-    AttributeProto { name: name.into(), r#type: attribute_type::STRING, s: v.as_bytes().to_vec(), ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::STRING,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -95,10 +141,19 @@ fn truncated_and_garbage_models_are_errors() {
     let bytes = std::fs::read(fixture("mlp/model.onnx")).expect("fixture");
     let p = dir.path().join("cut.onnx");
     std::fs::write(&p, &bytes[..bytes.len() / 2]).expect("write");
-    fails_with(&mlopt(&["inspect", &p.display().to_string()]), &["not a valid ONNX protobuf"]);
+    fails_with(
+        &mlopt(&["inspect", &p.display().to_string()]),
+        &["not a valid ONNX protobuf"],
+    );
     std::fs::write(&p, b"\xff\xff\xff\xff garbage").expect("write");
-    fails_with(&mlopt(&["inspect", &p.display().to_string()]), &["not a valid ONNX protobuf"]);
-    fails_with(&mlopt(&["inspect", "/nonexistent/model.onnx"]), &["/nonexistent/model.onnx"]);
+    fails_with(
+        &mlopt(&["inspect", &p.display().to_string()]),
+        &["not a valid ONNX protobuf"],
+    );
+    fails_with(
+        &mlopt(&["inspect", "/nonexistent/model.onnx"]),
+        &["/nonexistent/model.onnx"],
+    );
 }
 
 #[test]
@@ -106,49 +161,95 @@ fn unknown_op_and_domain_are_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut m = relu_model();
     m.graph.as_mut().expect("graph").node[0].op_type = "Frobnicate".into();
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'r'", "Frobnicate", "not supported"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'r'", "Frobnicate", "not supported"],
+    );
     let mut m = relu_model();
     m.graph.as_mut().expect("graph").node[0].domain = "com.example".into();
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'r'", "Relu", "com.example"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'r'", "Relu", "com.example"],
+    );
 }
 
 #[test]
 fn unsupported_attributes_are_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut m = relu_model();
-    m.graph.as_mut().expect("graph").node[0].attribute.push(str_attr("flavour", "spicy"));
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'r'", "Relu", "attribute 'flavour' is not supported"]);
+    m.graph.as_mut().expect("graph").node[0]
+        .attribute
+        .push(str_attr("flavour", "spicy"));
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'r'", "Relu", "attribute 'flavour' is not supported"],
+    );
     let m = model(
-        vec![node("Gelu", "g", &["x"], &["y"], vec![str_attr("approximate", "cubic")])],
+        vec![node(
+            "Gelu",
+            "g",
+            &["x"],
+            &["y"],
+            vec![str_attr("approximate", "cubic")],
+        )],
         vec![value("x", data_type::FLOAT, &[Some(2)])],
         vec![value("y", data_type::FLOAT, &[Some(2)])],
         vec![],
     );
     let mut m = m;
     m.opset_import[0].version = 20;
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'g'", "Gelu", "approximate='cubic'"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'g'", "Gelu", "approximate='cubic'"],
+    );
 }
 
 fn int_attr(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto { name: name.into(), r#type: attribute_type::INTS, ints: v.to_vec(), ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INTS,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Found by fuzzing: SAME padding with a strides list of the wrong length indexed past its end.
 #[test]
 fn pooling_geometry_of_the_wrong_length_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let attrs = vec![str_attr("auto_pad", "SAME_UPPER"), int_attr("kernel_shape", &[2, 2]), int_attr("strides", &[2])];
+    let attrs = vec![
+        str_attr("auto_pad", "SAME_UPPER"),
+        int_attr("kernel_shape", &[2, 2]),
+        int_attr("strides", &[2]),
+    ];
     let m = model(
         vec![node("MaxPool", "pool", &["x"], &["y"], attrs)],
-        vec![value("x", data_type::FLOAT, &[Some(1), Some(1), Some(4), Some(4)])],
-        vec![value("y", data_type::FLOAT, &[Some(1), Some(1), Some(2), Some(2)])],
+        vec![value(
+            "x",
+            data_type::FLOAT,
+            &[Some(1), Some(1), Some(4), Some(4)],
+        )],
+        vec![value(
+            "y",
+            data_type::FLOAT,
+            &[Some(1), Some(1), Some(2), Some(2)],
+        )],
         vec![],
     );
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'pool'", "MaxPool", "strides has 1 values, expected 2"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'pool'", "MaxPool", "strides has 1 values, expected 2"],
+    );
 }
 
 fn i64_tensor(name: &str, values: &[i64]) -> TensorProto {
-    TensorProto { name: name.into(), dims: vec![values.len() as i64], data_type: data_type::INT64, int64_data: values.to_vec(), ..Default::default() }
+    TensorProto {
+        name: name.into(),
+        dims: vec![values.len() as i64],
+        data_type: data_type::INT64,
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Absurd sizes from a model are errors, not overflows or huge allocations; large but sane constant
@@ -160,20 +261,34 @@ fn absurd_sizes_are_errors_and_large_constants_are_not_folded() {
         model(
             vec![node("ConstantOfShape", "fill", &["shape"], &["y"], vec![])],
             vec![],
-            vec![value("y", data_type::FLOAT, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>())],
+            vec![value(
+                "y",
+                data_type::FLOAT,
+                &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(),
+            )],
             vec![i64_tensor("shape", dims)],
         )
     };
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &fill(&[1 << 40, 1 << 40]))]), &["node 'fill'", "larger than mlopt's limit"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &fill(&[1 << 40, 1 << 40]))]),
+        &["node 'fill'", "larger than mlopt's limit"],
+    );
     let tile = model(
         vec![node("Tile", "tile", &["x", "reps"], &["y"], vec![])],
         vec![value("x", data_type::FLOAT, &[Some(2)])],
         vec![value("y", data_type::FLOAT, &[None])],
         vec![i64_tensor("reps", &[i64::MAX])],
     );
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &tile)]), &["node 'tile'", "larger than mlopt's limit"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &tile)]),
+        &["node 'tile'", "larger than mlopt's limit"],
+    );
     let ok = mlopt(&["inspect", &save(dir.path(), &fill(&[8192, 8192]))]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("= expand[shape=[8192,8192]]"));
 }
 
@@ -182,37 +297,66 @@ fn dtype_and_shape_mismatches_name_the_input() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = model(
         vec![node("Add", "add", &["x", "n"], &["y"], vec![])],
-        vec![value("x", data_type::FLOAT, &[Some(2)]), value("n", data_type::INT64, &[Some(2)])],
+        vec![
+            value("x", data_type::FLOAT, &[Some(2)]),
+            value("n", data_type::INT64, &[Some(2)]),
+        ],
         vec![value("y", data_type::FLOAT, &[Some(2)])],
         vec![],
     );
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'add'", "add", "input 1", "dtype i64"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'add'", "add", "input 1", "dtype i64"],
+    );
     let m = model(
         vec![node("MatMul", "mm", &["a", "b"], &["y"], vec![])],
-        vec![value("a", data_type::FLOAT, &[Some(2), Some(3)]), value("b", data_type::FLOAT, &[Some(4), Some(5)])],
+        vec![
+            value("a", data_type::FLOAT, &[Some(2), Some(3)]),
+            value("b", data_type::FLOAT, &[Some(4), Some(5)]),
+        ],
         vec![value("y", data_type::FLOAT, &[Some(2), Some(5)])],
         vec![],
     );
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'mm'", "matmul", "inner dimensions"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'mm'", "matmul", "inner dimensions"],
+    );
     let m = model(
         vec![node("Reshape", "rs", &["x", "shape"], &["y"], vec![])],
-        vec![value("x", data_type::FLOAT, &[Some(2), Some(3)]), value("shape", data_type::INT64, &[Some(2)])],
+        vec![
+            value("x", data_type::FLOAT, &[Some(2), Some(3)]),
+            value("shape", data_type::INT64, &[Some(2)]),
+        ],
         vec![value("y", data_type::FLOAT, &[Some(3), Some(2)])],
         vec![],
     );
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'rs'", "Reshape", "input 'shape'", "must be a constant"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &[
+            "node 'rs'",
+            "Reshape",
+            "input 'shape'",
+            "must be a constant",
+        ],
+    );
 }
 
 #[test]
 fn values_defined_twice_are_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = model(
-        vec![node("Relu", "a", &["x"], &["y"], vec![]), node("Neg", "b", &["x"], &["y"], vec![])],
+        vec![
+            node("Relu", "a", &["x"], &["y"], vec![]),
+            node("Neg", "b", &["x"], &["y"], vec![]),
+        ],
         vec![value("x", data_type::FLOAT, &[Some(2)])],
         vec![value("y", data_type::FLOAT, &[Some(2)])],
         vec![],
     );
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["node 'b'", "Neg", "'y' is already defined"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["node 'b'", "Neg", "'y' is already defined"],
+    );
 }
 
 #[test]
@@ -225,12 +369,25 @@ fn unpinned_dynamic_dims_are_errors_until_pinned() {
         vec![],
     );
     let p = save(dir.path(), &m);
-    fails_with(&mlopt(&["inspect", &p]), &["input 'x'", "'batch'", "--input-shape"]);
+    fails_with(
+        &mlopt(&["inspect", &p]),
+        &["input 'x'", "'batch'", "--input-shape"],
+    );
     let ok = mlopt(&["inspect", &p, "--input-shape", "x=4x3"]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("%x: f32[4,3]"));
-    fails_with(&mlopt(&["inspect", &p, "--input-shape", "x=4x5"]), &["input 'x' dimension 1 is 3"]);
-    fails_with(&mlopt(&["inspect", &p, "--input-shape", "nope=4x3"]), &["'nope'"]);
+    fails_with(
+        &mlopt(&["inspect", &p, "--input-shape", "x=4x5"]),
+        &["input 'x' dimension 1 is 3"],
+    );
+    fails_with(
+        &mlopt(&["inspect", &p, "--input-shape", "nope=4x3"]),
+        &["'nope'"],
+    );
 }
 
 #[test]
@@ -238,7 +395,10 @@ fn model_versions_outside_the_supported_range_are_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut m = relu_model();
     m.ir_version = 2;
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["IR version 2"]);
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &m)]),
+        &["IR version 2"],
+    );
     let mut m = relu_model();
     m.opset_import[0].version = 99;
     fails_with(&mlopt(&["inspect", &save(dir.path(), &m)]), &["opset 99"]);
@@ -247,17 +407,33 @@ fn model_versions_outside_the_supported_range_are_errors() {
 #[test]
 fn external_data_is_read_and_must_stay_in_the_model_folder() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let weights: Vec<u8> = [1f32, -2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(dir.path().join("weights.bin"), [vec![0u8; 8], weights].concat()).expect("write");
+    let weights: Vec<u8> = [1f32, -2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(
+        dir.path().join("weights.bin"),
+        [vec![0u8; 8], weights].concat(),
+    )
+    .expect("write");
     let ext = |loc: &str| TensorProto {
         name: "w".into(),
         dims: vec![3],
         data_type: data_type::FLOAT,
         data_location: tensor_proto::DATA_LOCATION_EXTERNAL,
         external_data: vec![
-            StringStringEntryProto { key: "location".into(), value: loc.into() },
-            StringStringEntryProto { key: "offset".into(), value: "8".into() },
-            StringStringEntryProto { key: "length".into(), value: "12".into() },
+            StringStringEntryProto {
+                key: "location".into(),
+                value: loc.into(),
+            },
+            StringStringEntryProto {
+                key: "offset".into(),
+                value: "8".into(),
+            },
+            StringStringEntryProto {
+                key: "length".into(),
+                value: "12".into(),
+            },
         ],
         ..Default::default()
     };
@@ -273,35 +449,89 @@ fn external_data_is_read_and_must_stay_in_the_model_folder() {
     let x = dir.path().join("x.pb");
     std::fs::write(&x, f32_tensor("x", &[3], &[2.0, 2.0, 2.0]).encode_to_vec()).expect("write");
     let out = mlopt(&["run", &p, "--input", &format!("x={}", x.display())]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"), "{}", String::from_utf8_lossy(&out.stdout));
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("../weights.bin")))]), &["tensor 'w'", "escapes the model's folder"]);
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("/etc/passwd")))]), &["escapes the model's folder"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &build(ext("../weights.bin")))]),
+        &["tensor 'w'", "escapes the model's folder"],
+    );
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &build(ext("/etc/passwd")))]),
+        &["escapes the model's folder"],
+    );
     // A model named by its bare file name, from its own folder: the data lies in `.` (the parent of
     // `model.onnx` is the empty path), as with every dynamo export run in place.
     save(dir.path(), &build(ext("weights.bin")));
-    let out = Command::new(env!("CARGO_BIN_EXE_mlopt")).args(["run", "model.onnx", "--input", "x=x.pb"]).current_dir(dir.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"), "{}", String::from_utf8_lossy(&out.stdout));
-    let out = Command::new(env!("CARGO_BIN_EXE_mlopt")).args(["compile", "model.onnx", "-o", "out"]).current_dir(dir.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_mlopt"))
+        .args(["run", "model.onnx", "--input", "x=x.pb"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("[2.0, -4.0, 6.0]"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_mlopt"))
+        .args(["compile", "model.onnx", "-o", "out"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Only regular files are data: a FIFO in the folder would block the read forever.
     let fifo = dir.path().join("fifo.bin");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-    fails_with(&mlopt(&["inspect", &save(dir.path(), &build(ext("fifo.bin")))]), &["tensor 'w'", "not a regular file"]);
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    fails_with(
+        &mlopt(&["inspect", &save(dir.path(), &build(ext("fifo.bin")))]),
+        &["tensor 'w'", "not a regular file"],
+    );
 }
 
 /// A device or FIFO given as the model or an input is refused up front: `/dev/zero` never ends (reading it
 /// grew memory without bound) and a FIFO blocks.
 #[test]
 fn only_regular_files_are_read_as_models_and_inputs() {
-    fails_with(&mlopt(&["inspect", "/dev/zero"]), &["/dev/zero", "not a regular file"]);
+    fails_with(
+        &mlopt(&["inspect", "/dev/zero"]),
+        &["/dev/zero", "not a regular file"],
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let p = save(dir.path(), &relu_model());
-    fails_with(&mlopt(&["run", &p, "--input", "x=/dev/zero"]), &["/dev/zero", "not a regular file"]);
+    fails_with(
+        &mlopt(&["run", &p, "--input", "x=/dev/zero"]),
+        &["/dev/zero", "not a regular file"],
+    );
     let fifo = dir.path().join("x.npy");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-    fails_with(&mlopt(&["run", &p, "--input", &format!("x={}", fifo.display())]), &["not a regular file"]);
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    fails_with(
+        &mlopt(&["run", &p, "--input", &format!("x={}", fifo.display())]),
+        &["not a regular file"],
+    );
     // A .npy header whose shape's element count overflows: a clean error, not an arithmetic panic.
     let mut npy = b"\x93NUMPY\x01\x00".to_vec();
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 3), }\n";
@@ -310,25 +540,50 @@ fn only_regular_files_are_read_as_models_and_inputs() {
     npy.extend_from_slice(&[0u8; 12]);
     let huge = dir.path().join("huge.npy");
     std::fs::write(&huge, npy).expect("write");
-    fails_with(&mlopt(&["run", &p, "--input", &format!("x={}", huge.display())]), &["huge.npy", "does not match the shape"]);
+    fails_with(
+        &mlopt(&["run", &p, "--input", &format!("x={}", huge.display())]),
+        &["huge.npy", "does not match the shape"],
+    );
 }
 
 #[test]
 fn run_reports_missing_and_mismatched_inputs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = save(dir.path(), &relu_model());
-    fails_with(&mlopt(&["run", &p, "--input", "x=/nonexistent/x.pb"]), &["reading input 'x'", "/nonexistent/x.pb"]);
+    fails_with(
+        &mlopt(&["run", &p, "--input", "x=/nonexistent/x.pb"]),
+        &["reading input 'x'", "/nonexistent/x.pb"],
+    );
     fails_with(&mlopt(&["run", &p]), &["graph input 'x'", "no value given"]);
     let x = dir.path().join("x.pb");
     std::fs::write(&x, f32_tensor("x", &[3], &[1.0, 2.0, 3.0]).encode_to_vec()).expect("write");
-    fails_with(&mlopt(&["run", &p, "--input", &x.display().to_string()]), &["input 'x'", "rank 2"]);
-    fails_with(&mlopt(&["run", &p, "--input", "y=whatever.pb"]), &["no input 'y'"]);
+    fails_with(
+        &mlopt(&["run", &p, "--input", &x.display().to_string()]),
+        &["input 'x'", "rank 2"],
+    );
+    fails_with(
+        &mlopt(&["run", &p, "--input", "y=whatever.pb"]),
+        &["no input 'y'"],
+    );
 }
 
 fn run_to(dir: &Path, model: &str, input: &str, format: &str) -> PathBuf {
     let out_dir = dir.join(format);
-    let out = mlopt(&["run", model, "--input", input, "--output-dir", &out_dir.display().to_string(), "--format", format]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "run",
+        model,
+        "--input",
+        input,
+        "--output-dir",
+        &out_dir.display().to_string(),
+        "--format",
+        format,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out_dir
 }
 
@@ -339,7 +594,9 @@ fn run_writes_outputs_that_check_accepts() {
     let input = fixture("cnn/test_data_set_0/input_0.pb");
     let pb_dir = run_to(dir.path(), &model, &input, "pb");
     let npy_dir = run_to(dir.path(), &model, &input, "npy");
-    let from_pb = mlopt_onnx::read_pb(&pb_dir.join("logits.pb")).expect("pb").1;
+    let from_pb = mlopt_onnx::read_pb(&pb_dir.join("logits.pb"))
+        .expect("pb")
+        .1;
     let from_npy = mlopt_onnx::read_npy(&npy_dir.join("logits.npy")).expect("npy");
     assert_eq!(from_pb, from_npy);
     // The written output becomes the expected output of a test data folder: check must pass on it...
@@ -348,9 +605,19 @@ fn run_writes_outputs_that_check_accepts() {
     std::fs::copy(&input, data.join("input_0.pb")).expect("copy");
     std::fs::copy(pb_dir.join("logits.pb"), data.join("output_0.pb")).expect("copy");
     let ok = mlopt(&["check", &model, "--data", &data.display().to_string()]);
-    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stdout));
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
     // ...and fail with exit code 1 once one value is off.
-    let mut t = TensorProto::decode(std::fs::read(data.join("output_0.pb")).expect("read").as_slice()).expect("decode");
+    let mut t = TensorProto::decode(
+        std::fs::read(data.join("output_0.pb"))
+            .expect("read")
+            .as_slice(),
+    )
+    .expect("decode");
     let mut v = t.raw_data[..4].to_vec();
     v[3] ^= 0x40;
     t.raw_data.splice(..4, v);
@@ -368,8 +635,16 @@ fn fuzz_regressions_are_clear_errors() {
     for entry in std::fs::read_dir(&dir).expect("fuzz/regressions") {
         let path = entry.expect("entry").path();
         let start = std::time::Instant::now();
-        fails_with(&mlopt(&["inspect", &path.display().to_string()]), &["node '"]);
-        assert!(start.elapsed().as_secs() < 10, "{} took {:?}", path.display(), start.elapsed());
+        fails_with(
+            &mlopt(&["inspect", &path.display().to_string()]),
+            &["node '"],
+        );
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "{} took {:?}",
+            path.display(),
+            start.elapsed()
+        );
         seen += 1;
     }
     assert!(seen >= 2);
@@ -377,22 +652,52 @@ fn fuzz_regressions_are_clear_errors() {
 
 #[test]
 fn inspect_optimized_marks_kernels_and_reports_the_search() {
-    let out = mlopt(&["inspect", &fixture("cnn/model.onnx"), "--stage", "optimized", "--target", "sm_80"]);
+    let out = mlopt(&[
+        "inspect",
+        &fixture("cnn/model.onnx"),
+        "--stage",
+        "optimized",
+        "--target",
+        "sm_80",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for needle in
-        ["after \"optimized\" for target sm_80", "stopped by saturated", "conv-batchnorm-fold", "kernel k0 {", "memory-bound", "before (one kernel per op)"]
-    {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "after \"optimized\" for target sm_80",
+        "stopped by saturated",
+        "conv-batchnorm-fold",
+        "kernel k0 {",
+        "memory-bound",
+        "before (one kernel per op)",
+    ] {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
-    assert!(!text.contains("batch_norm"), "BatchNormalization should fold into the convolutions:\n{text}");
+    assert!(
+        !text.contains("batch_norm"),
+        "BatchNormalization should fold into the convolutions:\n{text}"
+    );
 }
 
 /// An unbounded saturation time is a limit like any other, not a panic converting it to a Duration.
 #[test]
 fn an_infinite_time_limit_is_no_limit() {
-    let out = mlopt(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized", "--time-limit", "inf"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "inspect",
+        &fixture("mlp/model.onnx"),
+        "--stage",
+        "optimized",
+        "--time-limit",
+        "inf",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Every stage after optimisation prints: the kernels before scheduling, with their schedules, and the
@@ -400,14 +705,32 @@ fn an_infinite_time_limit_is_no_limit() {
 #[test]
 fn inspect_prints_every_stage() {
     let text = |stage: &str, target: &str| {
-        let out = mlopt(&["inspect", &fixture("cnn/model.onnx"), "--stage", stage, "--target", target]);
-        assert!(out.status.success(), "{stage} for {target}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = mlopt(&[
+            "inspect",
+            &fixture("cnn/model.onnx"),
+            "--stage",
+            stage,
+            "--target",
+            target,
+        ]);
+        assert!(
+            out.status.success(),
+            "{stage} for {target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     // A loop-kind step (`vector<16>(c5)`) is the CPU schedule's; lowering writes none.
-    let scheduled_loops = |t: &str| t.lines().filter(|l| l.starts_with("; schedule:") && l.contains(">(")).count();
+    let scheduled_loops = |t: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("; schedule:") && l.contains(">("))
+            .count()
+    };
     let (lowered, scheduled) = (text("lowered", "x86-64-v4"), text("scheduled", "x86-64-v4"));
-    assert!(lowered.contains("kernel @k0(") && scheduled.contains("kernel @k0("), "{lowered}");
+    assert!(
+        lowered.contains("kernel @k0(") && scheduled.contains("kernel @k0("),
+        "{lowered}"
+    );
     assert_eq!(scheduled_loops(&lowered), 0, "{lowered}");
     assert!(scheduled_loops(&scheduled) > 0, "{scheduled}");
     assert!(text("code", "x86-64-v4").contains("i32 @mlopt_cnn_k0("));
@@ -419,12 +742,28 @@ fn inspect_prints_every_stage() {
 fn compile_writes_the_optimised_graph_and_report() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("out");
-    let out = mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "x86-64-v4", "-o", out_dir.to_str().unwrap(), "--report"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "compile",
+        &fixture("mlp/model.onnx"),
+        "--target",
+        "x86-64-v4",
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--report",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("kernel") && table.contains("gemm") && table.contains("total:"), "{table}");
+    assert!(
+        table.contains("kernel") && table.contains("gemm") && table.contains("total:"),
+        "{table}"
+    );
     let text = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
     assert_eq!(json["target"], "x86-64-v4");
     assert_eq!(json["precision"], "fp32");
     assert!(json["egraph"]["stop_reason"].is_string());
@@ -434,14 +773,32 @@ fn compile_writes_the_optimised_graph_and_report() {
     let kernels = json["kernels"].as_array().unwrap();
     assert!(!kernels.is_empty());
     for k in kernels {
-        assert!(k["flops"].as_f64().is_some() && k["bytes"].as_f64().is_some() && k["estimate_s"].as_f64().is_some(), "{k}");
-        assert!(["compute", "memory", "view"].contains(&k["bound"].as_str().unwrap()), "{k}");
+        assert!(
+            k["flops"].as_f64().is_some()
+                && k["bytes"].as_f64().is_some()
+                && k["estimate_s"].as_f64().is_some(),
+            "{k}"
+        );
+        assert!(
+            ["compute", "memory", "view"].contains(&k["bound"].as_str().unwrap()),
+            "{k}"
+        );
     }
-    let total: f64 = kernels.iter().map(|k| k["estimate_s"].as_f64().unwrap()).sum();
-    assert!((total - json["after_s"].as_f64().unwrap()).abs() < 1e-9 && total < json["before_s"].as_f64().unwrap());
-    assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir")).unwrap().contains("kernel k0"));
+    let total: f64 = kernels
+        .iter()
+        .map(|k| k["estimate_s"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (total - json["after_s"].as_f64().unwrap()).abs() < 1e-9
+            && total < json["before_s"].as_f64().unwrap()
+    );
+    assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir"))
+        .unwrap()
+        .contains("kernel k0"));
     // The library users link, its interface, and every stage's dump.
-    assert!(std::fs::read(out_dir.join("libmlp.a")).unwrap().starts_with(b"!<arch>\n"));
+    assert!(std::fs::read(out_dir.join("libmlp.a"))
+        .unwrap()
+        .starts_with(b"!<arch>\n"));
     let header = std::fs::read_to_string(out_dir.join("mlp.h")).unwrap();
     for needle in [
         "void *mlopt_mlp_create(void);",
@@ -450,30 +807,71 @@ fn compile_writes_the_optimised_graph_and_report() {
         "#define MLOPT_MLP_INPUT0_DIMS {8, 64}",
         "f32[8,10]",
     ] {
-        assert!(header.contains(needle), "{needle:?} missing from:\n{header}");
+        assert!(
+            header.contains(needle),
+            "{needle:?} missing from:\n{header}"
+        );
     }
-    assert!(std::fs::read_to_string(out_dir.join("mlp.rs")).unwrap().contains("pub fn run(&mut self, in0: &[f32], out0: &mut [f32]) -> Result<(), Error>"));
-    assert!(std::fs::read_to_string(out_dir.join("mlp.kir")).unwrap().contains("kernel @k0("));
-    assert!(std::fs::read_to_string(out_dir.join("mlp.ll")).unwrap().contains("define i32 @mlopt_mlp_run("));
-    assert!(json["compile_s"].as_str().is_some() || json["compile_s"].as_f64().is_some(), "{json}");
-    stages_in_order(&text, &["optimise", "lower", "schedule", "codegen", "package"]);
+    assert!(std::fs::read_to_string(out_dir.join("mlp.rs"))
+        .unwrap()
+        .contains("pub fn run(&mut self, in0: &[f32], out0: &mut [f32]) -> Result<(), Error>"));
+    assert!(std::fs::read_to_string(out_dir.join("mlp.kir"))
+        .unwrap()
+        .contains("kernel @k0("));
+    assert!(std::fs::read_to_string(out_dir.join("mlp.ll"))
+        .unwrap()
+        .contains("define i32 @mlopt_mlp_run("));
+    assert!(
+        json["compile_s"].as_str().is_some() || json["compile_s"].as_f64().is_some(),
+        "{json}"
+    );
+    stages_in_order(
+        &text,
+        &["optimise", "lower", "schedule", "codegen", "package"],
+    );
 }
 
 /// report.json times the pipeline's stages, at its end, in the order they ran.
 fn stages_in_order(report: &str, stages: &[&str]) {
-    let at: Vec<usize> = stages.iter().map(|s| report.rfind(&format!("\"{s}\"")).unwrap_or_else(|| panic!("stage {s} missing from {report}"))).collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "stages out of order in {report}");
+    let at: Vec<usize> = stages
+        .iter()
+        .map(|s| {
+            report
+                .rfind(&format!("\"{s}\""))
+                .unwrap_or_else(|| panic!("stage {s} missing from {report}"))
+        })
+        .collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "stages out of order in {report}"
+    );
 }
 
 #[test]
 fn bench_prints_one_json_line() {
-    let out = mlopt(&["bench", &fixture("mlp/model.onnx"), "--iters", "5", "--threads", "2", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "bench",
+        &fixture("mlp/model.onnx"),
+        "--iters",
+        "5",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not one JSON line ({e}): {text}"));
+    let json: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("not one JSON line ({e}): {text}"));
     assert_eq!(json["threads"], 2);
     assert!(json["median_ms"].as_f64().unwrap() >= json["min_ms"].as_f64().unwrap());
-    assert!(json["compile_s"].as_f64().is_some() && json["model"].as_str().unwrap().ends_with("model.onnx"));
+    assert!(
+        json["compile_s"].as_f64().is_some()
+            && json["model"].as_str().unwrap().ends_with("model.onnx")
+    );
 }
 
 /// What code generation cannot do is an error naming the node and op, or the target, with exit code 2.
@@ -482,30 +880,73 @@ fn compile_errors_name_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out").display().to_string();
     // GPU code is compiled, not run, here: commands that run code in-process say so.
-    fails_with(&mlopt(&["bench", &fixture("mlp/model.onnx"), "--target", "sm_80"]), &["sm_80", "cannot run in this process", "mlopt compile"]);
-    fails_with(&mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "pdp11", "-o", &out]), &["pdp11"]);
+    fails_with(
+        &mlopt(&["bench", &fixture("mlp/model.onnx"), "--target", "sm_80"]),
+        &["sm_80", "cannot run in this process", "mlopt compile"],
+    );
+    fails_with(
+        &mlopt(&[
+            "compile",
+            &fixture("mlp/model.onnx"),
+            "--target",
+            "pdp11",
+            "-o",
+            &out,
+        ]),
+        &["pdp11"],
+    );
 }
 
 #[test]
 fn compile_for_a_gpu_writes_ptx_a_library_and_the_launches() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("out");
-    let out = mlopt(&["compile", &fixture("mlp/model.onnx"), "--target", "sm_80", "-o", out_dir.to_str().unwrap(), "--report"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "compile",
+        &fixture("mlp/model.onnx"),
+        "--target",
+        "sm_80",
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--report",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for f in ["mlp.ptx", "mlp.h", "libmlp.a", "mlp.kir", "report.json"] {
         assert!(out_dir.join(f).exists(), "{f} missing");
     }
     let ptx = std::fs::read_to_string(out_dir.join("mlp.ptx")).unwrap();
-    assert!(ptx.contains(".target sm_80") && ptx.contains(".entry k0"), "{ptx}");
+    assert!(
+        ptx.contains(".target sm_80") && ptx.contains(".entry k0"),
+        "{ptx}"
+    );
     let report = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
-    for needle in ["\"gpu_kernels\"", "\"grid\"", "\"registers\"", "\"occupancy\""] {
+    for needle in [
+        "\"gpu_kernels\"",
+        "\"grid\"",
+        "\"registers\"",
+        "\"occupancy\"",
+    ] {
         assert!(report.contains(needle), "{needle} missing from {report}");
     }
     // The same pipeline as for a CPU, with ptxas after codegen where it is installed.
-    let ptxas = if mlopt_driver::gpu::find_ptxas().is_some() { vec!["codegen", "ptxas"] } else { vec!["codegen"] };
-    stages_in_order(&report, &[&["optimise", "lower", "schedule"][..], &ptxas, &["package"]].concat());
+    let ptxas = if mlopt_driver::gpu::find_ptxas().is_some() {
+        vec!["codegen", "ptxas"]
+    } else {
+        vec!["codegen"]
+    };
+    stages_in_order(
+        &report,
+        &[&["optimise", "lower", "schedule"][..], &ptxas, &["package"]].concat(),
+    );
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("grid x block") && table.contains("launches, roofline"), "{table}");
+    assert!(
+        table.contains("grid x block") && table.contains("launches, roofline"),
+        "{table}"
+    );
 }
 
 /// The graph name in the model names the output file; it must not lead outside the output directory.
@@ -516,19 +957,54 @@ fn compile_output_names_stay_in_the_output_directory() {
     m.graph.as_mut().unwrap().name = "../../escaped/x".into();
     let path = save(dir.path(), &m);
     let out_dir = dir.path().join("a").join("out");
-    let out = mlopt(&["compile", &path, "-o", out_dir.to_str().unwrap(), "--target", "x86-64-v4"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let names: Vec<String> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert!(names.contains(&"______escaped_x.optimized.mlir".to_string()), "{names:?}");
+    let out = mlopt(&[
+        "compile",
+        &path,
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--target",
+        "x86-64-v4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.contains(&"______escaped_x.optimized.mlir".to_string()),
+        "{names:?}"
+    );
     assert!(!dir.path().join("escaped").exists());
 }
 
 #[test]
 fn bad_optimiser_options_are_errors() {
     let m = fixture("mlp/model.onnx");
-    fails_with(&mlopt(&["inspect", &m, "--stage", "optimized", "--target", "sm_75"]), &["unknown target 'sm_75'", "sm_80"]);
-    fails_with(&mlopt(&["inspect", &m, "--stage", "optimized", "--precision", "int3"]), &["unknown precision 'int3'"]);
-    fails_with(&mlopt(&["inspect", &m, "--stage", "optimized", "--precision", "auto", "--calibration", "/nonexistent"]), &["calibration", "/nonexistent"]);
+    fails_with(
+        &mlopt(&["inspect", &m, "--stage", "optimized", "--target", "sm_75"]),
+        &["unknown target 'sm_75'", "sm_80"],
+    );
+    fails_with(
+        &mlopt(&["inspect", &m, "--stage", "optimized", "--precision", "int3"]),
+        &["unknown precision 'int3'"],
+    );
+    fails_with(
+        &mlopt(&[
+            "inspect",
+            &m,
+            "--stage",
+            "optimized",
+            "--precision",
+            "auto",
+            "--calibration",
+            "/nonexistent",
+        ]),
+        &["calibration", "/nonexistent"],
+    );
 }
 
 #[test]
@@ -551,25 +1027,63 @@ fn check_optimized_matches_the_reference_data() {
             "--atol",
             "1e-3",
         ]);
-        assert!(out.status.success(), "{p}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{p}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
 #[test]
 fn calibration_is_cached_and_used_by_the_host_target() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).env("MLOPT_CACHE_DIR", dir.path()).output().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_mlopt"))
+            .args(args)
+            .env("MLOPT_CACHE_DIR", dir.path())
+            .output()
+            .unwrap()
+    };
     // The first use of `host` on this CPU measures it and caches the figures per CPU model and features.
-    let first = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
-    assert!(String::from_utf8_lossy(&first.stdout).contains("host calibration, measured on first use"), "{}", String::from_utf8_lossy(&first.stdout));
-    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    assert!(files.len() == 1 && files[0].starts_with("host-calibration-"), "{files:?}");
-    let again = run(&["inspect", &fixture("mlp/model.onnx"), "--stage", "optimized"]);
+    let first = run(&[
+        "inspect",
+        &fixture("mlp/model.onnx"),
+        "--stage",
+        "optimized",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&first.stdout).contains("host calibration, measured on first use"),
+        "{}",
+        String::from_utf8_lossy(&first.stdout)
+    );
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files.len() == 1 && files[0].starts_with("host-calibration-"),
+        "{files:?}"
+    );
+    let again = run(&[
+        "inspect",
+        &fixture("mlp/model.onnx"),
+        "--stage",
+        "optimized",
+    ]);
     assert!(String::from_utf8_lossy(&again.stdout).contains("host calibration cache"));
     // `calibrate` measures again and shows each figure against what the instructions can do per cycle.
     let cal = run(&["calibrate"]);
     let text = String::from_utf8_lossy(&cal.stdout);
-    assert!(cal.status.success() && text.contains("GHz") && text.contains("FLOP/cycle of at most") && text.contains("GB/s"), "{text}");
+    assert!(
+        cal.status.success()
+            && text.contains("GHz")
+            && text.contains("FLOP/cycle of at most")
+            && text.contains("GB/s"),
+        "{text}"
+    );
 }
 
 /// `--tune` times candidate tiles, caches the winners per shape, and the tuned code still checks.
@@ -578,9 +1092,20 @@ fn tune_measures_caches_and_stays_correct() {
     let cache = tempfile::tempdir().unwrap();
     let model = fixture("transformer/model.onnx");
     let data = fixture("transformer/test_data_set_0");
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_mlopt")).args(args).env("MLOPT_CACHE_DIR", cache.path()).output().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_mlopt"))
+            .args(args)
+            .env("MLOPT_CACHE_DIR", cache.path())
+            .output()
+            .unwrap()
+    };
     let out = run(&["check", &model, "--data", &data, "--compiled", "--tune"]);
-    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("tune: 16x64x64 tile"), "{stderr}");
     let cached = std::fs::read_to_string(cache.path().join("tiles.txt")).unwrap();
@@ -594,7 +1119,8 @@ fn tune_measures_caches_and_stays_correct() {
 /// The circles of class `class` in an SVG file, which must parse as XML.
 fn svg_points(path: &Path, class: &str) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
+    let doc = roxmltree::Document::parse(&text)
+        .unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
     assert_eq!(doc.root_element().tag_name().name(), "svg");
     doc.descendants()
         .filter(|n| n.tag_name().name() == "circle" && n.attribute("class") == Some(class))
@@ -607,10 +1133,24 @@ fn svg_points(path: &Path, class: &str) -> Vec<String> {
 #[test]
 fn bench_profile_kernels_add_up_to_the_run_and_are_plotted() {
     let dir = tempfile::tempdir().unwrap();
-    let out = mlopt(&["bench", &fixture("transformer/model.onnx"), "--profile", "--json", "--iters", "30", "-o", &dir.path().display().to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "bench",
+        &fixture("transformer/model.onnx"),
+        "--profile",
+        "--json",
+        "--iters",
+        "30",
+        "-o",
+        &dir.path().display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"));
+    let json: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"));
     assert!(json["model"].as_str().unwrap().ends_with("model.onnx"));
     assert_eq!(json["threads"], 1);
     let kernels = json["kernels"].as_array().unwrap();
@@ -618,22 +1158,49 @@ fn bench_profile_kernels_add_up_to_the_run_and_are_plotted() {
     let mut sum = 0.0;
     let mut last = f64::INFINITY;
     for k in kernels {
-        for key in ["id", "ops", "nodes", "measured_ms", "estimate_ms", "gflops", "gbps", "bound", "roofline_fraction", "schedule"] {
+        for key in [
+            "id",
+            "ops",
+            "nodes",
+            "measured_ms",
+            "estimate_ms",
+            "gflops",
+            "gbps",
+            "bound",
+            "roofline_fraction",
+            "schedule",
+        ] {
             assert!(!k[key].is_null(), "kernel without {key}: {k}");
         }
-        assert!(["tiled", "vector", "scalar"].contains(&k["schedule"].as_str().unwrap()), "{k}");
+        assert!(
+            ["tiled", "vector", "scalar"].contains(&k["schedule"].as_str().unwrap()),
+            "{k}"
+        );
         let ms = k["measured_ms"].as_f64().unwrap();
-        assert!(ms >= 0.0 && ms <= last, "kernels are sorted by measured time: {text}");
+        assert!(
+            ms >= 0.0 && ms <= last,
+            "kernels are sorted by measured time: {text}"
+        );
         last = ms;
         sum += ms;
     }
     // The clock readings sit between the kernel calls: what they miss is the call into the library.
     let mean = json["mean_ms"].as_f64().unwrap();
-    assert!(sum <= mean * 1.001 && sum >= 0.85 * mean, "kernels add up to {sum} ms of a {mean} ms run");
+    assert!(
+        sum <= mean * 1.001 && sum >= 0.85 * mean,
+        "kernels add up to {sum} ms of a {mean} ms run"
+    );
     assert!((json["kernel_sum_ms"].as_f64().unwrap() - sum).abs() < 1e-6 * sum.max(1.0));
     // The transformer's projections are tiled contractions.
-    assert!(kernels.iter().any(|k| k["schedule"] == "tiled" && k["ops"].as_array().unwrap().iter().any(|o| o == "matmul")), "{text}");
-    let mut ids: Vec<String> = kernels.iter().map(|k| k["id"].as_str().unwrap().to_string()).collect();
+    assert!(
+        kernels.iter().any(|k| k["schedule"] == "tiled"
+            && k["ops"].as_array().unwrap().iter().any(|o| o == "matmul")),
+        "{text}"
+    );
+    let mut ids: Vec<String> = kernels
+        .iter()
+        .map(|k| k["id"].as_str().unwrap().to_string())
+        .collect();
     let mut points = svg_points(&dir.path().join("roofline.svg"), "kernel");
     ids.sort();
     points.sort();
@@ -644,12 +1211,25 @@ fn bench_profile_kernels_add_up_to_the_run_and_are_plotted() {
 #[test]
 fn compile_report_writes_the_estimated_roofline() {
     let dir = tempfile::tempdir().unwrap();
-    let out = mlopt(&["compile", &fixture("cnn/model.onnx"), "-o", &dir.path().display().to_string(), "--report"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = mlopt(&[
+        "compile",
+        &fixture("cnn/model.onnx"),
+        "-o",
+        &dir.path().display().to_string(),
+        "--report",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let kir = std::fs::read_to_string(dir.path().join("cnn.kir")).unwrap();
     let kernels = kir.lines().filter(|l| l.starts_with("kernel @")).count();
     assert!(kernels > 0);
-    assert_eq!(svg_points(&dir.path().join("roofline.svg"), "kernel").len(), kernels);
+    assert_eq!(
+        svg_points(&dir.path().join("roofline.svg"), "kernel").len(),
+        kernels
+    );
 }
 
 /// `bench --batch`: one point per batch size and thread count, the budget's largest batch, batch.svg.
@@ -657,22 +1237,70 @@ fn compile_report_writes_the_estimated_roofline() {
 fn bench_batch_sweeps_latency_against_throughput() {
     let dir = tempfile::tempdir().unwrap();
     let o = dir.path().display().to_string();
-    let out = mlopt(&["bench", &fixture("dynamic/model.onnx"), "--batch", "1,4", "--iters", "5", "--json", "--max-latency-ms", "10000", "-o", &o]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let json: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let out = mlopt(&[
+        "bench",
+        &fixture("dynamic/model.onnx"),
+        "--batch",
+        "1,4",
+        "--iters",
+        "5",
+        "--json",
+        "--max-latency-ms",
+        "10000",
+        "-o",
+        &o,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
     let points = json["points"].as_array().unwrap();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(points.len(), 2 * if threads > 1 { 2 } else { 1 }, "{json}");
     for p in points {
-        let (median, p90, p99) = (p["median_ms"].as_f64().unwrap(), p["p90_ms"].as_f64().unwrap(), p["p99_ms"].as_f64().unwrap());
+        let (median, p90, p99) = (
+            p["median_ms"].as_f64().unwrap(),
+            p["p90_ms"].as_f64().unwrap(),
+            p["p99_ms"].as_f64().unwrap(),
+        );
         assert!(median > 0.0 && median <= p90 && p90 <= p99, "{p}");
-        assert!((p["items_per_s"].as_f64().unwrap() - p["batch"].as_f64().unwrap() / (median / 1e3)).abs() < 1e-2 * p["items_per_s"].as_f64().unwrap());
+        assert!(
+            (p["items_per_s"].as_f64().unwrap() - p["batch"].as_f64().unwrap() / (median / 1e3))
+                .abs()
+                < 1e-2 * p["items_per_s"].as_f64().unwrap()
+        );
     }
     assert_eq!(json["largest_batch_within_budget"]["1"], 4);
-    assert_eq!(svg_points(&dir.path().join("batch.svg"), "batch").len(), points.len());
+    assert_eq!(
+        svg_points(&dir.path().join("batch.svg"), "batch").len(),
+        points.len()
+    );
     // A model without a batch dimension to vary is a clear error, and so is batch 0.
-    fails_with(&mlopt(&["bench", &fixture("mlp/model.onnx"), "--batch", "1,2", "-o", &o]), &["nothing to batch"]);
-    fails_with(&mlopt(&["bench", &fixture("dynamic/model.onnx"), "--batch", "0", "-o", &o]), &["batch sizes run from 1"]);
+    fails_with(
+        &mlopt(&[
+            "bench",
+            &fixture("mlp/model.onnx"),
+            "--batch",
+            "1,2",
+            "-o",
+            &o,
+        ]),
+        &["nothing to batch"],
+    );
+    fails_with(
+        &mlopt(&[
+            "bench",
+            &fixture("dynamic/model.onnx"),
+            "--batch",
+            "0",
+            "-o",
+            &o,
+        ]),
+        &["batch sizes run from 1"],
+    );
 }
 
 /// `compile -o DIR` renames finished files into place: a link planted at an output's name is replaced,
@@ -687,7 +1315,14 @@ fn compile_writes_by_rename_never_through_links_and_removes_stale_files() {
     std::os::unix::fs::symlink(&victim, out.join("mlp.h")).unwrap();
     std::fs::write(out.join("notes.txt"), "mine").unwrap();
     let compile = |model: &str, report: bool| {
-        let mut args = vec!["compile", model, "--target", "x86-64-v4", "-o", out.to_str().unwrap()];
+        let mut args = vec![
+            "compile",
+            model,
+            "--target",
+            "x86-64-v4",
+            "-o",
+            out.to_str().unwrap(),
+        ];
         if report {
             args.push("--report");
         }
@@ -695,22 +1330,59 @@ fn compile_writes_by_rename_never_through_links_and_removes_stale_files() {
     };
     let mlp = fixture("mlp/model.onnx");
     let first = compile(&mlp, true);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "the link's target was written through");
-    assert!(!std::fs::symlink_metadata(out.join("mlp.h")).unwrap().file_type().is_symlink());
-    assert!(std::fs::read_to_string(out.join("mlp.h")).unwrap().contains("mlopt_mlp_run"));
-    assert!(out.join("roofline.svg").exists() && out.join("report.json").exists() && out.join("libmlp.a").exists());
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "keep",
+        "the link's target was written through"
+    );
+    assert!(!std::fs::symlink_metadata(out.join("mlp.h"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::read_to_string(out.join("mlp.h"))
+        .unwrap()
+        .contains("mlopt_mlp_run"));
+    assert!(
+        out.join("roofline.svg").exists()
+            && out.join("report.json").exists()
+            && out.join("libmlp.a").exists()
+    );
     let second = compile(&mlp, false);
-    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
-    assert!(!out.join("roofline.svg").exists(), "a stale file from the previous compile stayed");
-    assert_eq!(std::fs::read_to_string(out.join("notes.txt")).unwrap(), "mine");
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(
+        !out.join("roofline.svg").exists(),
+        "a stale file from the previous compile stayed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "mine"
+    );
     let before: Vec<(String, Vec<u8>)> = listing(&out);
     let bad = tmp.path().join("bad.onnx");
     std::fs::write(&bad, b"not a model").unwrap();
     let failed = compile(bad.to_str().unwrap(), false);
     assert_eq!(failed.status.code(), Some(2));
-    assert_eq!(listing(&out), before, "a failed compile changed the output folder");
-    assert!(before.iter().all(|(n, _)| !n.starts_with(".mlopt-") || n == ".mlopt-files"), "{:?}", before.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert_eq!(
+        listing(&out),
+        before,
+        "a failed compile changed the output folder"
+    );
+    assert!(
+        before
+            .iter()
+            .all(|(n, _)| !n.starts_with(".mlopt-") || n == ".mlopt-files"),
+        "{:?}",
+        before.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
 }
 
 /// Every file in `dir`, by name, with its bytes.
@@ -718,7 +1390,12 @@ fn listing(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
         .collect();
     v.sort();
     v

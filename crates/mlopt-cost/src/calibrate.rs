@@ -36,7 +36,11 @@ pub fn per_cycle_limits(features: &[String]) -> (f64, f64) {
     let has = |f: &str| features.iter().any(|x| x == f);
     let lanes = if has("avx512f") { 16.0 } else { 8.0 };
     let fp32 = 2.0 * lanes * 2.0;
-    let bf16 = if has("avx512bf16") { 2.0 * lanes * 4.0 } else { 0.0 };
+    let bf16 = if has("avx512bf16") {
+        2.0 * lanes * 4.0
+    } else {
+        0.0
+    };
     (fp32, bf16)
 }
 
@@ -46,12 +50,19 @@ impl Calibration {
     /// loop was optimised away or mistimed; it is an error, never a peak the cost model trusts.
     pub fn check(&self, features: &[String]) -> Result<()> {
         let bad = |what: String| Err(CostError::Calibration(what));
-        let finite = [self.ghz, self.fp32, self.bf16, self.bw_one, self.bw_all].iter().all(|v| v.is_finite() && *v >= 0.0);
+        let finite = [self.ghz, self.fp32, self.bf16, self.bw_one, self.bw_all]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0);
         if !finite {
-            return bad(format!("a figure is not a finite non-negative number: {self:?}"));
+            return bad(format!(
+                "a figure is not a finite non-negative number: {self:?}"
+            ));
         }
         if !(0.5..=MAX_GHZ).contains(&self.ghz) {
-            return bad(format!("the clock measured {:.2} GHz, outside 0.5..{MAX_GHZ} GHz", self.ghz));
+            return bad(format!(
+                "the clock measured {:.2} GHz, outside 0.5..{MAX_GHZ} GHz",
+                self.ghz
+            ));
         }
         let (fp32_max, bf16_max) = per_cycle_limits(features);
         // 25% of slack for the clock moving between the loops (a shared machine can take the core away
@@ -74,7 +85,11 @@ impl Calibration {
             ));
         }
         if self.bw_one < 1e8 || self.bw_all < 1e8 || self.bw_one > 1e12 || self.bw_all > 1e13 {
-            return bad(format!("read bandwidth measured {:.1} GB/s (one core), {:.1} GB/s (all)", self.bw_one / 1e9, self.bw_all / 1e9));
+            return bad(format!(
+                "read bandwidth measured {:.1} GB/s (one core), {:.1} GB/s (all)",
+                self.bw_one / 1e9,
+                self.bw_all / 1e9
+            ));
         }
         Ok(())
     }
@@ -95,7 +110,10 @@ pub fn cpu_model() -> String {
                     bytes.extend_from_slice(&w.to_le_bytes());
                 }
             }
-            let s: String = String::from_utf8_lossy(&bytes).chars().filter(|c| !c.is_control()).collect();
+            let s: String = String::from_utf8_lossy(&bytes)
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect();
             return s.split_whitespace().collect::<Vec<_>>().join(" ");
         }
     }
@@ -104,7 +122,9 @@ pub fn cpu_model() -> String {
 
 /// FNV-1a, for a short stable file name per CPU.
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The folder of mlopt's caches (calibration, tuned tiles).
@@ -112,7 +132,9 @@ pub fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("MLOPT_CACHE_DIR") {
         return Some(PathBuf::from(d));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("mlopt"))
 }
 
@@ -130,19 +152,32 @@ pub fn load() -> Option<Calibration> {
     if lines.next()? != CACHE_VERSION {
         return None;
     }
-    let mut get = |key: &str| -> Option<String> { lines.next()?.strip_prefix(key)?.strip_prefix(" = ").map(str::to_string) };
+    let mut get = |key: &str| -> Option<String> {
+        lines
+            .next()?
+            .strip_prefix(key)?
+            .strip_prefix(" = ")
+            .map(str::to_string)
+    };
     if get("cpu")? != cpu_model() || get("features")? != host_features().join(",") {
         return None;
     }
     let mut num = |key: &str| get(key).and_then(|s| s.parse::<f64>().ok());
-    let c = Calibration { ghz: num("ghz")?, fp32: num("fp32")?, bf16: num("bf16")?, bw_one: num("bw_one")?, bw_all: num("bw_all")? };
+    let c = Calibration {
+        ghz: num("ghz")?,
+        fp32: num("fp32")?,
+        bf16: num("bf16")?,
+        bw_one: num("bw_one")?,
+        bw_all: num("bw_all")?,
+    };
     c.check(&host_features()).ok().map(|_| c)
 }
 
 /// Writes the cache (through a temporary file and a rename, so concurrent first uses never read half a
 /// file), creating its directory.
 pub fn store(c: &Calibration) -> std::io::Result<PathBuf> {
-    let path = cache_path().ok_or_else(|| std::io::Error::other("no cache directory: set MLOPT_CACHE_DIR or HOME"))?;
+    let path = cache_path()
+        .ok_or_else(|| std::io::Error::other("no cache directory: set MLOPT_CACHE_DIR or HOME"))?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -201,7 +236,11 @@ fn host_l2_bytes() -> Option<u64> {
         (_, Some(d)) => (d, 1 << 20),
         _ => (size, 1),
     };
-    digits.parse::<u64>().ok()?.checked_mul(unit).filter(|b| (64 << 10..=1 << 30).contains(b))
+    digits
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(unit)
+        .filter(|b| (64 << 10..=1 << 30).contains(b))
 }
 
 /// bf16 matrix throughput of one core on AMX tiles, FLOP/s: a loop of independent `tdpbf16ps` on
@@ -226,7 +265,11 @@ pub fn calibration() -> std::result::Result<(Calibration, &'static str), String>
 pub fn host(threads: u32) -> Target {
     let features = host_features();
     let has = |f: &str| features.iter().any(|x| x == f);
-    let mut t = if has("avx512f") { cpu_v4(threads) } else { cpu_v3(threads) };
+    let mut t = if has("avx512f") {
+        cpu_v4(threads)
+    } else {
+        cpu_v3(threads)
+    };
     t.name = "host".into();
     t.llvm_cpu = "host".into();
     t.l2_bytes = host_l2_bytes().unwrap_or(t.l2_bytes);
@@ -244,7 +287,15 @@ pub fn host(threads: u32) -> Target {
                 // Uncalibrated, assume `vdpbf16ps` at parity with the FMAs.
                 t.bf16_matrix = Some(t.fp32);
             }
-            t.source = format!("{} defaults ({}: calibration failed: {why})", if has("avx512f") { "x86-64-v4" } else { "x86-64-v3" }, cpu_model());
+            t.source = format!(
+                "{} defaults ({}: calibration failed: {why})",
+                if has("avx512f") {
+                    "x86-64-v4"
+                } else {
+                    "x86-64-v3"
+                },
+                cpu_model()
+            );
         }
     }
     if has("amx-bf16") {
@@ -265,7 +316,13 @@ pub fn measure() -> Result<Calibration> {
         let (fp32, bf16) = (loops::fp32_peak(), loops::bf16_peak());
         // The clock again: the larger of the two is the one the FMA loops ran at.
         let ghz = ghz.max(loops::clock_ghz());
-        let c = Calibration { ghz, fp32, bf16, bw_one: read_bandwidth(1), bw_all: read_bandwidth(threads) };
+        let c = Calibration {
+            ghz,
+            fp32,
+            bf16,
+            bw_one: read_bandwidth(1),
+            bw_all: read_bandwidth(threads),
+        };
         match c.check(&host_features()) {
             Ok(()) => return Ok(c),
             Err(e) => last = Some(e),
@@ -283,7 +340,10 @@ fn read_bandwidth(threads: usize) -> f64 {
     for _ in 0..5 {
         let start = Instant::now();
         let total: f32 = std::thread::scope(|s| {
-            let hs: Vec<_> = data.chunks(chunk).map(|c| s.spawn(move || sum16(c))).collect();
+            let hs: Vec<_> = data
+                .chunks(chunk)
+                .map(|c| s.spawn(move || sum16(c)))
+                .collect();
             hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
         });
         std::hint::black_box(total);
@@ -342,7 +402,9 @@ mod loops {
                 // SAFETY: the feature the function is compiled for was detected just above.
                 return ITERS as f64 * 12.0 * 16.0 * 2.0 / best(|| unsafe { x86::fma512(ITERS) });
             }
-            if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx") {
+            if std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("avx")
+            {
                 // SAFETY: as above.
                 return ITERS as f64 * 12.0 * 8.0 * 2.0 / best(|| unsafe { x86::fma256(ITERS) });
             }
@@ -382,10 +444,12 @@ mod loops {
         macro_rules! twelve {
             ($op:literal, $a:literal, $b:literal) => {
                 concat!(
-                    $op, " zmm0, ", $a, ", ", $b, "\n", $op, " zmm1, ", $a, ", ", $b, "\n", $op, " zmm2, ", $a, ", ", $b, "\n", $op, " zmm3, ", $a, ", ", $b,
-                    "\n", $op, " zmm4, ", $a, ", ", $b, "\n", $op, " zmm5, ", $a, ", ", $b, "\n", $op, " zmm6, ", $a, ", ", $b, "\n", $op, " zmm7, ", $a, ", ",
-                    $b, "\n", $op, " zmm8, ", $a, ", ", $b, "\n", $op, " zmm9, ", $a, ", ", $b, "\n", $op, " zmm10, ", $a, ", ", $b, "\n", $op, " zmm11, ", $a,
-                    ", ", $b, "\n",
+                    $op, " zmm0, ", $a, ", ", $b, "\n", $op, " zmm1, ", $a, ", ", $b, "\n", $op,
+                    " zmm2, ", $a, ", ", $b, "\n", $op, " zmm3, ", $a, ", ", $b, "\n", $op,
+                    " zmm4, ", $a, ", ", $b, "\n", $op, " zmm5, ", $a, ", ", $b, "\n", $op,
+                    " zmm6, ", $a, ", ", $b, "\n", $op, " zmm7, ", $a, ", ", $b, "\n", $op,
+                    " zmm8, ", $a, ", ", $b, "\n", $op, " zmm9, ", $a, ", ", $b, "\n", $op,
+                    " zmm10, ", $a, ", ", $b, "\n", $op, " zmm11, ", $a, ", ", $b, "\n",
                 )
             };
         }
@@ -461,22 +525,56 @@ mod tests {
     #[test]
     fn physically_impossible_figures_are_rejected() {
         let f = features(&["avx2", "fma", "avx512f", "avx512bf16"]);
-        let zen5 = Calibration { ghz: 4.4, fp32: 281e9, bf16: 540e9, bw_one: 30e9, bw_all: 50e9 };
+        let zen5 = Calibration {
+            ghz: 4.4,
+            fp32: 281e9,
+            bf16: 540e9,
+            bw_one: 30e9,
+            bw_all: 50e9,
+        };
         zen5.check(&f).unwrap();
         for bad in [
-            Calibration { bf16: 7.68e17, ..zen5 },
+            Calibration {
+                bf16: 7.68e17,
+                ..zen5
+            },
             Calibration { ghz: 40.0, ..zen5 },
-            Calibration { fp32: 400e9, ..zen5 },
-            Calibration { fp32: f64::NAN, ..zen5 },
+            Calibration {
+                fp32: 400e9,
+                ..zen5
+            },
+            Calibration {
+                fp32: f64::NAN,
+                ..zen5
+            },
             Calibration { bf16: 0.0, ..zen5 },
-            Calibration { bw_all: 0.0, ..zen5 },
+            Calibration {
+                bw_all: 0.0,
+                ..zen5
+            },
         ] {
             assert!(bad.check(&f).is_err(), "{bad:?}");
         }
         // Without AVX512-BF16, a bf16 figure of 0 is right, and 256-bit FMAs allow half the FLOP per cycle.
         let v3 = features(&["avx2", "fma"]);
-        Calibration { ghz: 3.0, fp32: 90e9, bf16: 0.0, bw_one: 10e9, bw_all: 20e9 }.check(&v3).unwrap();
-        assert!(Calibration { ghz: 3.0, fp32: 190e9, bf16: 0.0, bw_one: 10e9, bw_all: 20e9 }.check(&v3).is_err());
+        Calibration {
+            ghz: 3.0,
+            fp32: 90e9,
+            bf16: 0.0,
+            bw_one: 10e9,
+            bw_all: 20e9,
+        }
+        .check(&v3)
+        .unwrap();
+        assert!(Calibration {
+            ghz: 3.0,
+            fp32: 190e9,
+            bf16: 0.0,
+            bw_one: 10e9,
+            bw_all: 20e9
+        }
+        .check(&v3)
+        .is_err());
     }
 
     /// The loops of this machine give figures that pass the check (the clock, FMAs and dot products are

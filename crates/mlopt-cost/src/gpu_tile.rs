@@ -51,22 +51,87 @@ pub struct Tile {
 
 /// The tensor-core tile shapes tried, smallest first (a cost tie keeps the first).
 pub const MMA_TILES: &[Tile] = &[
-    Tile { wm: 1, wn: 2, mt: 1, nt: 2 },
-    Tile { wm: 1, wn: 2, mt: 1, nt: 4 },
-    Tile { wm: 2, wn: 2, mt: 1, nt: 2 },
-    Tile { wm: 2, wn: 2, mt: 2, nt: 2 },
-    Tile { wm: 2, wn: 2, mt: 2, nt: 4 },
-    Tile { wm: 2, wn: 2, mt: 4, nt: 4 },
-    Tile { wm: 2, wn: 4, mt: 2, nt: 4 },
-    Tile { wm: 4, wn: 2, mt: 2, nt: 4 },
+    Tile {
+        wm: 1,
+        wn: 2,
+        mt: 1,
+        nt: 2,
+    },
+    Tile {
+        wm: 1,
+        wn: 2,
+        mt: 1,
+        nt: 4,
+    },
+    Tile {
+        wm: 2,
+        wn: 2,
+        mt: 1,
+        nt: 2,
+    },
+    Tile {
+        wm: 2,
+        wn: 2,
+        mt: 2,
+        nt: 2,
+    },
+    Tile {
+        wm: 2,
+        wn: 2,
+        mt: 2,
+        nt: 4,
+    },
+    Tile {
+        wm: 2,
+        wn: 2,
+        mt: 4,
+        nt: 4,
+    },
+    Tile {
+        wm: 2,
+        wn: 4,
+        mt: 2,
+        nt: 4,
+    },
+    Tile {
+        wm: 4,
+        wn: 2,
+        mt: 2,
+        nt: 4,
+    },
 ];
 /// The SIMT tile shapes tried, smallest first.
 pub const SIMT_TILES: &[Tile] = &[
-    Tile { wm: 8, wn: 16, mt: 1, nt: 2 },
-    Tile { wm: 8, wn: 32, mt: 2, nt: 2 },
-    Tile { wm: 16, wn: 16, mt: 2, nt: 2 },
-    Tile { wm: 16, wn: 16, mt: 4, nt: 4 },
-    Tile { wm: 16, wn: 16, mt: 8, nt: 4 },
+    Tile {
+        wm: 8,
+        wn: 16,
+        mt: 1,
+        nt: 2,
+    },
+    Tile {
+        wm: 8,
+        wn: 32,
+        mt: 2,
+        nt: 2,
+    },
+    Tile {
+        wm: 16,
+        wn: 16,
+        mt: 2,
+        nt: 2,
+    },
+    Tile {
+        wm: 16,
+        wn: 16,
+        mt: 4,
+        nt: 4,
+    },
+    Tile {
+        wm: 16,
+        wn: 16,
+        mt: 8,
+        nt: 4,
+    },
 ];
 
 impl Tile {
@@ -78,13 +143,31 @@ impl Tile {
         }
     }
     pub fn threads(&self, e: Engine) -> u64 {
-        self.wm * self.wn * if matches!(e, Engine::Mma { .. }) { 32 } else { 1 }
+        self.wm
+            * self.wn
+            * if matches!(e, Engine::Mma { .. }) {
+                32
+            } else {
+                1
+            }
     }
     pub fn bm(&self, e: Engine) -> u64 {
-        self.wm * self.mt * if matches!(e, Engine::Mma { .. }) { 16 } else { 1 }
+        self.wm
+            * self.mt
+            * if matches!(e, Engine::Mma { .. }) {
+                16
+            } else {
+                1
+            }
     }
     pub fn bn(&self, e: Engine) -> u64 {
-        self.wn * self.nt * if matches!(e, Engine::Mma { .. }) { 8 } else { 1 }
+        self.wn
+            * self.nt
+            * if matches!(e, Engine::Mma { .. }) {
+                8
+            } else {
+                1
+            }
     }
 }
 
@@ -105,7 +188,12 @@ pub fn shared_bytes(t: &Tile, e: Engine, bytes: u64) -> u64 {
 /// shortfall added (the `margin` of `estimate`).
 pub fn registers(t: &Tile, e: Engine, plain: [bool; 2]) -> u64 {
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), e.bk(), t.threads(e));
-    let staged: u64 = [bm * bk, bk * bn].iter().zip(plain).filter(|(_, p)| *p).map(|(n, _)| n / threads).sum();
+    let staged: u64 = [bm * bk, bk * bn]
+        .iter()
+        .zip(plain)
+        .filter(|(_, p)| *p)
+        .map(|(n, _)| n / threads)
+        .sum();
     let base = match e {
         Engine::Mma { .. } => t.mt * t.nt * 4 + t.mt * 4 + t.nt * 2 + 40,
         Engine::Simt => t.mt * t.nt + t.mt + t.nt + 40,
@@ -139,11 +227,24 @@ pub struct Extents {
 /// B once per row of tiles). None when the shape breaks a limit or does not divide the staging copies
 /// evenly.
 #[allow(clippy::too_many_arguments)]
-pub fn estimate(target: &Target, x: Extents, t: &Tile, e: Engine, bytes: u64, plain: [bool; 2], margin: u64, peak: f64) -> Option<f64> {
+pub fn estimate(
+    target: &Target,
+    x: Extents,
+    t: &Tile,
+    e: Engine,
+    bytes: u64,
+    plain: [bool; 2],
+    margin: u64,
+    peak: f64,
+) -> Option<f64> {
     let Extents { m, n, k, batch } = x;
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), e.bk(), t.threads(e));
     let smem = shared_bytes(t, e, bytes);
-    if threads > MAX_THREADS || smem > SHARED_BYTES || (bm * bk) % threads != 0 || (bk * bn) % threads != 0 {
+    if threads > MAX_THREADS
+        || smem > SHARED_BYTES
+        || (bm * bk) % threads != 0
+        || (bk * bn) % threads != 0
+    {
         return None;
     }
     let regs = registers(t, e, plain) + margin;
@@ -179,7 +280,11 @@ mod tests {
         let x = Extents { m, n, k, batch: 1 };
         let peak = t.bf16_matrix.unwrap();
         let cost = |tile: &Tile| estimate(&t, x, tile, e, 2, [false, false], 0, peak);
-        *Tile::candidates(e).iter().filter(|tile| cost(tile).is_some()).min_by(|a, b| cost(a).partial_cmp(&cost(b)).unwrap()).unwrap()
+        *Tile::candidates(e)
+            .iter()
+            .filter(|tile| cost(tile).is_some())
+            .min_by(|a, b| cost(a).partial_cmp(&cost(b)).unwrap())
+            .unwrap()
     }
 
     /// A 1024-cube bf16 GEMM takes 128 x 64 tiles on four warps; a small one a 16 x 32 tile on two, so
@@ -187,9 +292,25 @@ mod tests {
     #[test]
     fn tiles_grow_with_the_problem() {
         let big = best(1024, 1024, 1024);
-        assert_eq!((big.bm(Engine::Mma { bytes: 2, k: 16 }), big.bn(Engine::Mma { bytes: 2, k: 16 }), big.wm * big.wn), (128, 64, 4), "{big:?}");
+        assert_eq!(
+            (
+                big.bm(Engine::Mma { bytes: 2, k: 16 }),
+                big.bn(Engine::Mma { bytes: 2, k: 16 }),
+                big.wm * big.wn
+            ),
+            (128, 64, 4),
+            "{big:?}"
+        );
         let small = best(16, 32, 64);
-        assert_eq!(small, Tile { wm: 1, wn: 2, mt: 1, nt: 2 });
+        assert_eq!(
+            small,
+            Tile {
+                wm: 1,
+                wn: 2,
+                mt: 1,
+                nt: 2
+            }
+        );
     }
 
     /// Shapes past the block limits, or whose plan needs more registers than a thread may have, are not
@@ -197,12 +318,30 @@ mod tests {
     #[test]
     fn limits_rule_out_tiles() {
         let t = Target::named("sm_80", 1).unwrap();
-        let x = Extents { m: 512, n: 512, k: 512, batch: 1 };
-        let big = Tile { wm: 32, wn: 64, mt: 1, nt: 1 };
+        let x = Extents {
+            m: 512,
+            n: 512,
+            k: 512,
+            batch: 1,
+        };
+        let big = Tile {
+            wm: 32,
+            wn: 64,
+            mt: 1,
+            nt: 1,
+        };
         assert!(estimate(&t, x, &big, Engine::Simt, 4, [true, true], 0, t.fp32).is_none());
-        let fine = Tile { wm: 2, wn: 2, mt: 2, nt: 2 };
+        let fine = Tile {
+            wm: 2,
+            wn: 2,
+            mt: 2,
+            nt: 2,
+        };
         let e = Engine::Mma { bytes: 2, k: 16 };
         assert!(estimate(&t, x, &fine, e, 2, [false, false], 0, 1e14).is_some());
-        assert!(estimate(&t, x, &fine, e, 2, [false, false], 300, 1e14).is_none(), "a margin past 255 registers");
+        assert!(
+            estimate(&t, x, &fine, e, 2, [false, false], 300, 1e14).is_none(),
+            "a margin past 255 registers"
+        );
     }
 }

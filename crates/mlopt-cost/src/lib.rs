@@ -16,7 +16,10 @@ pub mod tile;
 pub mod winograd;
 
 pub use error::{CostError, Result};
-pub use roofline::{class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost, Estimate, Mix, ScheduleClass, Work};
+pub use roofline::{
+    class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost,
+    Estimate, Mix, ScheduleClass, Work,
+};
 pub use target::{Kind, MatrixPrecision, Target, TARGET_NAMES};
 
 #[cfg(test)]
@@ -30,7 +33,10 @@ mod tests {
         assert_eq!(Cost::secs(1e308) + Cost::secs(1e308), Cost::INFINITY);
         assert!(Cost::secs(1.0) < Cost::INFINITY);
         assert_eq!(Cost::secs(-1.0), Cost::ZERO);
-        assert_eq!([Cost::secs(1.0), Cost::secs(2.0)].into_iter().sum::<Cost>(), Cost::secs(3.0));
+        assert_eq!(
+            [Cost::secs(1.0), Cost::secs(2.0)].into_iter().sum::<Cost>(),
+            Cost::secs(3.0)
+        );
     }
 
     #[test]
@@ -47,7 +53,12 @@ mod tests {
         // 1024^3 fp32 GEMM: 2.1 GFLOP; at 19.5 TFLOP/s that is 110 us, compute-bound.
         let t = Target::named("sm_80", 1).unwrap();
         let a = TensorType::new(DType::F32, vec![1024, 1024]);
-        let mut w = op_work(&Op::MatMul, &[Some(&a), Some(&a)], std::slice::from_ref(&a), false);
+        let mut w = op_work(
+            &Op::MatMul,
+            &[Some(&a), Some(&a)],
+            std::slice::from_ref(&a),
+            false,
+        );
         assert_eq!(w.flops(), 2.0 * 1024f64.powi(3));
         w.bytes = 3.0 * 4.0 * 1024.0 * 1024.0;
         let e = estimate(&w, &t);
@@ -55,7 +66,12 @@ mod tests {
         assert!((e.compute_s - 2.0 * 1024f64.powi(3) / 19.5e12).abs() < 1e-12);
         // In bf16 the same GEMM runs on tensor cores, 16x faster.
         let b = TensorType::new(DType::BF16, vec![1024, 1024]);
-        let wb = op_work(&Op::MatMul, &[Some(&b), Some(&b)], std::slice::from_ref(&b), false);
+        let wb = op_work(
+            &Op::MatMul,
+            &[Some(&b), Some(&b)],
+            std::slice::from_ref(&b),
+            false,
+        );
         assert!((estimate(&wb, &t).compute_s * 16.0 - e.compute_s).abs() < 1e-9);
     }
 
@@ -63,7 +79,12 @@ mod tests {
     fn elementwise_is_memory_bound() {
         let t = Target::named("x86-64-v4", 1).unwrap();
         let a = TensorType::new(DType::F32, vec![1 << 20]);
-        let mut w = op_work(&Op::Binary(mlopt_ir::Binary::Add), &[Some(&a), Some(&a)], std::slice::from_ref(&a), false);
+        let mut w = op_work(
+            &Op::Binary(mlopt_ir::Binary::Add),
+            &[Some(&a), Some(&a)],
+            std::slice::from_ref(&a),
+            false,
+        );
         w.bytes = 12.0 * (1 << 20) as f64;
         let e = estimate(&w, &t);
         assert_eq!(e.bound, Bound::Memory);
@@ -77,33 +98,96 @@ mod tests {
         let x = TensorType::new(DType::F32, vec![1, 16, 8, 8]);
         let w = TensorType::new(DType::F32, vec![32, 16, 3, 3]);
         let y = TensorType::new(DType::F32, vec![1, 32, 8, 8]);
-        let c = Op::Conv(ConvAttrs { strides: vec![1, 1], pads: vec![1; 4], dilations: vec![1, 1], group: 1, output_padding: vec![] });
-        assert_eq!(op_work(&c, &[Some(&x), Some(&w)], std::slice::from_ref(&y), false).flops(), 2.0 * 2048.0 * 144.0);
+        let c = Op::Conv(ConvAttrs {
+            strides: vec![1, 1],
+            pads: vec![1; 4],
+            dilations: vec![1, 1],
+            group: 1,
+            output_padding: vec![],
+        });
+        assert_eq!(
+            op_work(&c, &[Some(&x), Some(&w)], std::slice::from_ref(&y), false).flops(),
+            2.0 * 2048.0 * 144.0
+        );
         // Attention over [2, 4, S=16, d=8] with T=16: two contractions of 2*S*T*d each per head, plus the
         // softmax's 20 FLOPs per score.
         let q = TensorType::new(DType::BF16, vec![2, 4, 16, 8]);
         let kt = TensorType::new(DType::BF16, vec![2, 4, 8, 16]);
-        let w = op_work(&Op::Attention { scale: 1.0 }, &[Some(&q), Some(&kt), Some(&q)], std::slice::from_ref(&q), false);
+        let w = op_work(
+            &Op::Attention { scale: 1.0 },
+            &[Some(&q), Some(&kt), Some(&q)],
+            std::slice::from_ref(&q),
+            false,
+        );
         let scores = 2.0 * 4.0 * 16.0 * 16.0;
-        assert_eq!(w.matrix_flops[MatrixPrecision::Bf16 as usize], 2.0 * scores * 8.0 * 2.0);
+        assert_eq!(
+            w.matrix_flops[MatrixPrecision::Bf16 as usize],
+            2.0 * scores * 8.0 * 2.0
+        );
         assert_eq!(w.vector_flops, 20.0 * scores);
         // On a GPU, attention reaches the tensor cores; a grouped convolution runs on the SIMT lanes, an
         // ungrouped one on the tensor cores; a CPU's schedules count them as `op_work` does.
         let ins = [Some(&q), Some(&kt), Some(&q)];
-        assert_eq!(op_work_on(&Op::Attention { scale: 1.0 }, &ins, std::slice::from_ref(&q), &Target::named("sm_80", 1).unwrap(), false), w);
-        let dw = Op::Conv(ConvAttrs { strides: vec![1, 1], pads: vec![1; 4], dilations: vec![1, 1], group: 16, output_padding: vec![] });
+        assert_eq!(
+            op_work_on(
+                &Op::Attention { scale: 1.0 },
+                &ins,
+                std::slice::from_ref(&q),
+                &Target::named("sm_80", 1).unwrap(),
+                false
+            ),
+            w
+        );
+        let dw = Op::Conv(ConvAttrs {
+            strides: vec![1, 1],
+            pads: vec![1; 4],
+            dilations: vec![1, 1],
+            group: 16,
+            output_padding: vec![],
+        });
         let wd = TensorType::new(DType::F32, vec![16, 1, 3, 3]);
         let yd = TensorType::new(DType::F32, vec![1, 16, 8, 8]);
         let sm80 = Target::named("sm_80", 1).unwrap();
-        assert_eq!(op_work_on(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), &sm80, false).matrix_flops, [0.0; 4]);
         assert_eq!(
-            op_work_on(&c, &[Some(&x), Some(&TensorType::new(DType::F32, vec![32, 16, 3, 3]))], std::slice::from_ref(&y), &sm80, false).vector_flops,
+            op_work_on(
+                &dw,
+                &[Some(&x), Some(&wd)],
+                std::slice::from_ref(&yd),
+                &sm80,
+                false
+            )
+            .matrix_flops,
+            [0.0; 4]
+        );
+        assert_eq!(
+            op_work_on(
+                &c,
+                &[
+                    Some(&x),
+                    Some(&TensorType::new(DType::F32, vec![32, 16, 3, 3]))
+                ],
+                std::slice::from_ref(&y),
+                &sm80,
+                false
+            )
+            .vector_flops,
             0.0
         );
         let cpu = Target::named("x86-64-v4", 1).unwrap();
         assert_eq!(
-            op_work_on(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), &cpu, false),
-            op_work(&dw, &[Some(&x), Some(&wd)], std::slice::from_ref(&yd), false)
+            op_work_on(
+                &dw,
+                &[Some(&x), Some(&wd)],
+                std::slice::from_ref(&yd),
+                &cpu,
+                false
+            ),
+            op_work(
+                &dw,
+                &[Some(&x), Some(&wd)],
+                std::slice::from_ref(&yd),
+                false
+            )
         );
     }
 
@@ -113,7 +197,10 @@ mod tests {
         let four = Target::named("x86-64-v4", 4).unwrap();
         assert_eq!(four.fp32, 4.0 * one.fp32);
         assert_eq!(four.dram_bw, 4.0 * one.dram_bw);
-        assert_eq!(Target::named("sm_80", 1).unwrap(), Target::named("sm_80", 8).unwrap());
+        assert_eq!(
+            Target::named("sm_80", 1).unwrap(),
+            Target::named("sm_80", 8).unwrap()
+        );
         // tf32 only counts when allowed; fp32 otherwise runs at the SIMT rate.
         let t = Target::named("sm_80", 1).unwrap();
         assert_eq!(t.matrix_peak(MatrixPrecision::F32), t.fp32);
@@ -126,18 +213,63 @@ mod tests {
     #[test]
     fn priced_estimates_follow_the_schedule() {
         let t = Target::named("x86-64-v4", 1).unwrap();
-        let w = Work { vector_flops: 1e9, matrix_flops: [1e9, 0.0, 0.0, 0.0], bytes: 1e3 };
+        let w = Work {
+            vector_flops: 1e9,
+            matrix_flops: [1e9, 0.0, 0.0, 0.0],
+            bytes: 1e3,
+        };
         let at = |mix: Mix| priced(&w, &t, mix).compute_s;
         let peak = estimate(&w, &t).compute_s;
-        assert_eq!(at(Mix { tiled: 1.0, ..Mix::default() }), peak);
-        assert!((at(Mix { vector: 1.0, ..Mix::default() }) - 2.0 * peak).abs() < 1e-12);
-        assert!((at(Mix { gather: 1.0, ..Mix::default() }) - 16.0 * peak).abs() < 1e-9);
-        assert!((at(Mix { scalar: 1.0, ..Mix::default() }) - 64.0 * peak).abs() < 1e-9);
-        let half = at(Mix { tiled: 0.5, scalar: 0.5, ..Mix::default() });
+        assert_eq!(
+            at(Mix {
+                tiled: 1.0,
+                ..Mix::default()
+            }),
+            peak
+        );
+        assert!(
+            (at(Mix {
+                vector: 1.0,
+                ..Mix::default()
+            }) - 2.0 * peak)
+                .abs()
+                < 1e-12
+        );
+        assert!(
+            (at(Mix {
+                gather: 1.0,
+                ..Mix::default()
+            }) - 16.0 * peak)
+                .abs()
+                < 1e-9
+        );
+        assert!(
+            (at(Mix {
+                scalar: 1.0,
+                ..Mix::default()
+            }) - 64.0 * peak)
+                .abs()
+                < 1e-9
+        );
+        let half = at(Mix {
+            tiled: 0.5,
+            scalar: 0.5,
+            ..Mix::default()
+        });
         assert!((half - 32.5 * peak).abs() < 1e-9);
         // A GPU's kernels keep the roofline estimate.
         let g = Target::named("sm_80", 1).unwrap();
-        assert_eq!(priced(&w, &g, Mix { scalar: 1.0, ..Mix::default() }), estimate(&w, &g));
+        assert_eq!(
+            priced(
+                &w,
+                &g,
+                Mix {
+                    scalar: 1.0,
+                    ..Mix::default()
+                }
+            ),
+            estimate(&w, &g)
+        );
     }
 
     #[test]
@@ -150,18 +282,38 @@ mod tests {
         let features = calibrate::host_features();
         let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&features);
         // Figures that pass the physical check on this CPU: half the peaks at 3 GHz.
-        let good = calibrate::Calibration { ghz: 3.0, fp32: fp32_max * 1.5e9, bf16: bf16_max * 1.5e9, bw_one: 1e10, bw_all: 2e10 };
+        let good = calibrate::Calibration {
+            ghz: 3.0,
+            fp32: fp32_max * 1.5e9,
+            bf16: bf16_max * 1.5e9,
+            bw_one: 1e10,
+            bw_all: 2e10,
+        };
         calibrate::store(&good).unwrap();
         assert_eq!(calibrate::load(), Some(good));
         assert_eq!(Target::named("host", 2).unwrap().fp32, 2.0 * good.fp32);
-        assert!(Target::named("host", 1).unwrap().source.contains("host calibration cache"));
+        assert!(Target::named("host", 1)
+            .unwrap()
+            .source
+            .contains("host calibration cache"));
         // The host's L2 per core is read from the OS (on Linux), a named target's assumed.
         let l2 = Target::named("host", 1).unwrap().l2_bytes;
         assert!((64 << 10..=1 << 30).contains(&l2), "host L2 {l2} bytes");
-        assert_eq!(Target::named("x86-64-v4", 1).unwrap().l2_bytes, target::DEFAULT_L2_BYTES);
+        assert_eq!(
+            Target::named("x86-64-v4", 1).unwrap().l2_bytes,
+            target::DEFAULT_L2_BYTES
+        );
         let text = std::fs::read_to_string(&path).unwrap();
         let replace = |key: &str, value: &str| -> String {
-            text.lines().map(|l| if l.starts_with(key) { format!("{key} = {value}\n") } else { format!("{l}\n") }).collect()
+            text.lines()
+                .map(|l| {
+                    if l.starts_with(key) {
+                        format!("{key} = {value}\n")
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect()
         };
         // Another CPU's file, another feature set, a truncated file, garbage, a figure that is not a number,
         // and a figure no core can reach are all ignored.

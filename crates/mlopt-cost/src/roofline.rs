@@ -123,14 +123,28 @@ pub struct Estimate {
 
 /// The roofline estimate of a kernel doing `w` on `t`.
 pub fn estimate(w: &Work, t: &Target) -> Estimate {
-    let precisions = [MatrixPrecision::F32, MatrixPrecision::Tf32, MatrixPrecision::F16, MatrixPrecision::Bf16];
+    let precisions = [
+        MatrixPrecision::F32,
+        MatrixPrecision::Tf32,
+        MatrixPrecision::F16,
+        MatrixPrecision::Bf16,
+    ];
     let mut compute_s = w.vector_flops / t.fp32;
     for (p, f) in precisions.iter().zip(w.matrix_flops) {
         compute_s += f / t.matrix_peak(*p);
     }
     let memory_s = w.bytes / t.dram_bw;
-    let bound = if compute_s >= memory_s { Bound::Compute } else { Bound::Memory };
-    Estimate { compute_s, memory_s, time: Cost::secs(compute_s.max(memory_s) + t.launch_s), bound }
+    let bound = if compute_s >= memory_s {
+        Bound::Compute
+    } else {
+        Bound::Memory
+    };
+    Estimate {
+        compute_s,
+        memory_s,
+        time: Cost::secs(compute_s.max(memory_s) + t.launch_s),
+        bound,
+    }
 }
 
 /// How a CPU kernel's loops were scheduled, as the profiler and the priced estimate see it: `Tiled` (a
@@ -204,15 +218,36 @@ pub fn priced(w: &Work, t: &Target, mix: Mix) -> Estimate {
         + mix.gather * untiled / gather_rate(t)
         + mix.scalar * untiled / class_rate(t, ScheduleClass::Scalar);
     let memory_s = w.bytes / t.dram_bw;
-    let bound = if compute_s >= memory_s { Bound::Compute } else { Bound::Memory };
-    Estimate { compute_s, memory_s, time: Cost::secs(compute_s.max(memory_s) + t.launch_s), bound }
+    let bound = if compute_s >= memory_s {
+        Bound::Compute
+    } else {
+        Bound::Memory
+    };
+    Estimate {
+        compute_s,
+        memory_s,
+        time: Cost::secs(compute_s.max(memory_s) + t.launch_s),
+        bound,
+    }
 }
 
 /// The estimate of `op` run as a kernel of its own: its FLOPs, each input read once and each output written
 /// once. The cost of a graph with one kernel per op, and of an e-node before fusion decides its kernel.
-pub fn standalone(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: &Target, allow_tf32: bool) -> Estimate {
+pub fn standalone(
+    op: &Op,
+    ins: &[Option<&TensorType>],
+    outs: &[TensorType],
+    t: &Target,
+    allow_tf32: bool,
+) -> Estimate {
     let mut w = op_work_on(op, ins, outs, t, allow_tf32);
-    w.bytes = ins.iter().flatten().copied().chain(outs).map(|t| t.bytes() as f64).sum();
+    w.bytes = ins
+        .iter()
+        .flatten()
+        .copied()
+        .chain(outs)
+        .map(|t| t.bytes() as f64)
+        .sum();
     estimate(&w, t)
 }
 
@@ -220,9 +255,16 @@ pub fn standalone(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: 
 /// Conv) and attention reach the tensor cores (f32 operands only as tf32, as `op_work` counts them);
 /// grouped and transposed convolutions run on the SIMT lanes, so their contractions count at the fp32
 /// rate there.
-pub fn op_work_on(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: &Target, allow_tf32: bool) -> Work {
+pub fn op_work_on(
+    op: &Op,
+    ins: &[Option<&TensorType>],
+    outs: &[TensorType],
+    t: &Target,
+    allow_tf32: bool,
+) -> Work {
     let mut w = op_work(op, ins, outs, allow_tf32);
-    let tiled = matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. }) || matches!(op, Op::Conv(c) if c.group == 1);
+    let tiled = matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. })
+        || matches!(op, Op::Conv(c) if c.group == 1);
     if t.is_gpu() && !tiled {
         w.vector_flops += w.matrix_flops.iter().sum::<f64>();
         w.matrix_flops = [0.0; 4];
@@ -235,9 +277,28 @@ pub fn op_work_on(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], t: 
 fn unary_flops(u: &Unary) -> f64 {
     use Unary::*;
     match u {
-        Relu | Neg | Abs | Floor | Ceil | Round | Sign | Not | BitNot | IsNaN | IsInf { .. } | LeakyRelu { .. } => 1.0,
-        ThresholdedRelu { .. } | Shrink { .. } | HardSigmoid { .. } | HardSwish | Softsign | Reciprocal | Sqrt => 3.0,
-        Exp | Log | Sigmoid | Tanh | Erf | Elu { .. } | Celu { .. } | Selu { .. } | Softplus => 15.0,
+        Relu
+        | Neg
+        | Abs
+        | Floor
+        | Ceil
+        | Round
+        | Sign
+        | Not
+        | BitNot
+        | IsNaN
+        | IsInf { .. }
+        | LeakyRelu { .. } => 1.0,
+        ThresholdedRelu { .. }
+        | Shrink { .. }
+        | HardSigmoid { .. }
+        | HardSwish
+        | Softsign
+        | Reciprocal
+        | Sqrt => 3.0,
+        Exp | Log | Sigmoid | Tanh | Erf | Elu { .. } | Celu { .. } | Selu { .. } | Softplus => {
+            15.0
+        }
         Gelu { .. } | Mish => 20.0,
         _ => 20.0, // trigonometric and hyperbolic
     }
@@ -254,20 +315,44 @@ pub fn matrix_precision(dtype: DType, allow_tf32: bool) -> MatrixPrecision {
 }
 
 /// The FLOPs of `op` on inputs `ins` producing `outs` (no bytes: those depend on the kernel it is in).
-pub fn op_work(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], allow_tf32: bool) -> Work {
+pub fn op_work(
+    op: &Op,
+    ins: &[Option<&TensorType>],
+    outs: &[TensorType],
+    allow_tf32: bool,
+) -> Work {
     let mut w = Work::default();
     let out_n = outs.first().map_or(0.0, |t| t.numel() as f64);
-    let in_n = |i: usize| ins.get(i).copied().flatten().map_or(0.0, |t| t.numel() as f64);
+    let in_n = |i: usize| {
+        ins.get(i)
+            .copied()
+            .flatten()
+            .map_or(0.0, |t| t.numel() as f64)
+    };
     let mut matrix = |flops: f64| {
-        let dtype = ins.first().copied().flatten().map_or(DType::F32, |t| t.dtype);
+        let dtype = ins
+            .first()
+            .copied()
+            .flatten()
+            .map_or(DType::F32, |t| t.dtype);
         w.matrix_flops[matrix_precision(dtype, allow_tf32) as usize] += flops;
     };
     match op {
         Op::MatMul | Op::Gemm { .. } => {
             // 2*M*N*K: the output's elements times twice the contracted length.
-            let k = ins.first().copied().flatten().and_then(|t| t.shape.last().copied()).unwrap_or(1) as f64;
+            let k = ins
+                .first()
+                .copied()
+                .flatten()
+                .and_then(|t| t.shape.last().copied())
+                .unwrap_or(1) as f64;
             let k = match op {
-                Op::Gemm { trans_a: true, .. } => ins.first().copied().flatten().and_then(|t| t.shape.first().copied()).unwrap_or(1) as f64,
+                Op::Gemm { trans_a: true, .. } => ins
+                    .first()
+                    .copied()
+                    .flatten()
+                    .and_then(|t| t.shape.first().copied())
+                    .unwrap_or(1) as f64,
                 _ => k,
             };
             matrix(2.0 * out_n * k);
@@ -275,7 +360,11 @@ pub fn op_work(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], allow_
         Op::Attention { .. } => {
             // scores = q @ kt: [.., S, T] = out / dv * T; two contractions and a softmax over the scores.
             let dim = |i: usize, from_end: usize| {
-                ins.get(i).copied().flatten().and_then(|t| t.shape.len().checked_sub(from_end).map(|k| t.shape[k])).unwrap_or(1) as f64
+                ins.get(i)
+                    .copied()
+                    .flatten()
+                    .and_then(|t| t.shape.len().checked_sub(from_end).map(|k| t.shape[k]))
+                    .unwrap_or(1) as f64
             };
             let (d, t, dv) = (dim(0, 1), dim(1, 1), dim(2, 1));
             let scores = out_n / dv.max(1.0) * t;
@@ -284,11 +373,15 @@ pub fn op_work(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], allow_
         }
         Op::Conv(_) => {
             // Each output element reads C/group * kernel-volume weights: the weight's numel / M.
-            let per_out = ins.get(1).copied().flatten().map_or(1.0, |t| t.numel() as f64 / t.shape.first().copied().unwrap_or(1).max(1) as f64);
+            let per_out = ins.get(1).copied().flatten().map_or(1.0, |t| {
+                t.numel() as f64 / t.shape.first().copied().unwrap_or(1).max(1) as f64
+            });
             matrix(2.0 * out_n * per_out);
         }
         Op::ConvTranspose(_) => {
-            let per_in = ins.get(1).copied().flatten().map_or(1.0, |t| t.numel() as f64 / t.shape.first().copied().unwrap_or(1).max(1) as f64);
+            let per_in = ins.get(1).copied().flatten().map_or(1.0, |t| {
+                t.numel() as f64 / t.shape.first().copied().unwrap_or(1).max(1) as f64
+            });
             matrix(2.0 * in_n(0) * per_in);
         }
         Op::Unary(u) => w.vector_flops = out_n * unary_flops(u),
@@ -307,11 +400,19 @@ pub fn op_work(op: &Op, ins: &[Option<&TensorType>], outs: &[TensorType], allow_
             };
             w.vector_flops = in_n(0) * per;
         }
-        Op::Arg { .. } | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::TopK { .. } => w.vector_flops = in_n(0),
-        Op::MaxPool { pool, .. } | Op::AveragePool { pool, .. } => w.vector_flops = out_n * pool.kernel.iter().product::<usize>() as f64,
+        Op::Arg { .. } | Op::GlobalAveragePool | Op::GlobalMaxPool | Op::TopK { .. } => {
+            w.vector_flops = in_n(0)
+        }
+        Op::MaxPool { pool, .. } | Op::AveragePool { pool, .. } => {
+            w.vector_flops = out_n * pool.kernel.iter().product::<usize>() as f64
+        }
         Op::Resize(_) | Op::GridSample { .. } => w.vector_flops = out_n * 8.0,
         Op::ScatterNd { reduction, .. } | Op::ScatterElements { reduction, .. } => {
-            w.vector_flops = if *reduction == mlopt_ir::ScatterReduction::None { 0.0 } else { in_n(2) }
+            w.vector_flops = if *reduction == mlopt_ir::ScatterReduction::None {
+                0.0
+            } else {
+                in_n(2)
+            }
         }
         // Layout, indexing and leaves move data; they do no arithmetic.
         _ => {}

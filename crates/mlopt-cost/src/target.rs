@@ -68,7 +68,13 @@ pub struct Target {
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({:.1} GFLOP/s fp32, {:.1} GB/s", self.name, self.fp32 / 1e9, self.dram_bw / 1e9)?;
+        write!(
+            f,
+            "{} ({:.1} GFLOP/s fp32, {:.1} GB/s",
+            self.name,
+            self.fp32 / 1e9,
+            self.dram_bw / 1e9
+        )?;
         if let Some(p) = self.bf16_matrix {
             write!(f, ", {:.1} GFLOP/s bf16", p / 1e9)?;
         }
@@ -81,7 +87,16 @@ impl fmt::Display for Target {
 pub const DEFAULT_L2_BYTES: u64 = 1 << 20;
 
 /// The names `--target` accepts.
-pub const TARGET_NAMES: &[&str] = &["host", "x86-64-v3", "x86-64-v4", "znver4", "sm_80", "sm_86", "sm_89", "sm_90"];
+pub const TARGET_NAMES: &[&str] = &[
+    "host",
+    "x86-64-v3",
+    "x86-64-v4",
+    "znver4",
+    "sm_80",
+    "sm_86",
+    "sm_89",
+    "sm_90",
+];
 
 impl Target {
     /// Looks a target up by name; `host` uses the calibration cache when present (see `calibrate`).
@@ -96,7 +111,10 @@ impl Target {
             "sm_86" => Ok(sm_86()),
             "sm_89" => Ok(sm_89()),
             "sm_90" => Ok(sm_90()),
-            _ => Err(CostError::UnknownTarget { name: name.into(), known: TARGET_NAMES.join(", ") }),
+            _ => Err(CostError::UnknownTarget {
+                name: name.into(),
+                known: TARGET_NAMES.join(", "),
+            }),
         }
     }
 
@@ -140,7 +158,11 @@ pub fn cpu_v3(threads: u32) -> Target {
         threads_per_unit: 0,
         vector_bits: 256,
         l2_bytes: DEFAULT_L2_BYTES,
-        features: ["avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "lzcnt", "movbe"].map(String::from).to_vec(),
+        features: [
+            "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "lzcnt", "movbe",
+        ]
+        .map(String::from)
+        .to_vec(),
         llvm_cpu: "x86-64-v3".into(),
         ptx: 0,
         source: "x86-64-v3 defaults (nominal 3.0 GHz, 2 FMA ports)".into(),
@@ -158,7 +180,8 @@ pub fn cpu_v4(threads: u32) -> Target {
     t.llvm_cpu = "x86-64-v4".into();
     t.fp32 = 140e9 * n;
     t.vector_bits = 512;
-    t.features.extend(["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"].map(String::from));
+    t.features
+        .extend(["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"].map(String::from));
     t.source = "x86-64-v4 defaults (measured Sapphire Rapids FMA rate, 12 GB/s per core)".into();
     t
 }
@@ -175,7 +198,17 @@ pub fn cpu_znver4(threads: u32) -> Target {
     t.clock_mhz = 3500;
     t.fp32 = 112e9 * n;
     t.bf16_matrix = Some(224e9 * n);
-    t.features.extend(["avx512bf16", "avx512vnni", "avx512bitalg", "avx512vbmi", "avx512vbmi2", "avx512vpopcntdq"].map(String::from));
+    t.features.extend(
+        [
+            "avx512bf16",
+            "avx512vnni",
+            "avx512bitalg",
+            "avx512vbmi",
+            "avx512vbmi2",
+            "avx512vpopcntdq",
+        ]
+        .map(String::from),
+    );
     t.source = "Zen 4 nominal (2 x 256-bit FMA pipes at 3.5 GHz, vdpbf16ps at one zmm per cycle; not measured)".into();
     t
 }
@@ -228,25 +261,81 @@ fn gpu(
 /// HBM2e) and the Ampere tuning guide (108 SMs at 1410 MHz, 164 KiB shared memory per SM, 40 MiB L2,
 /// 2048 threads per SM).
 pub fn sm_80() -> Target {
-    gpu("sm_80", 70, 108, 1410, 19.5, 156.0, 312.0, 312.0, 2039.0, 40, 164, 2048, "A100 SXM4 80GB datasheet")
+    gpu(
+        "sm_80",
+        70,
+        108,
+        1410,
+        19.5,
+        156.0,
+        312.0,
+        312.0,
+        2039.0,
+        40,
+        164,
+        2048,
+        "A100 SXM4 80GB datasheet",
+    )
 }
 
 /// RTX 3090 (GA102): Ampere GA102 whitepaper (82 SMs at 1695 MHz, fp32 35.6 TFLOP/s, tensor fp16/bf16
 /// with fp32 accumulation 71 and tf32 35.6 TFLOP/s dense, 936 GB/s GDDR6X, 6 MiB L2, 100 KiB shared
 /// memory and 1536 threads per SM).
 pub fn sm_86() -> Target {
-    gpu("sm_86", 71, 82, 1695, 35.6, 35.6, 71.0, 71.0, 936.0, 6, 100, 1536, "RTX 3090 / GA102 whitepaper")
+    gpu(
+        "sm_86",
+        71,
+        82,
+        1695,
+        35.6,
+        35.6,
+        71.0,
+        71.0,
+        936.0,
+        6,
+        100,
+        1536,
+        "RTX 3090 / GA102 whitepaper",
+    )
 }
 
 /// RTX 4090 (AD102): Ada whitepaper (128 SMs at 2520 MHz, fp32 82.6 TFLOP/s, tensor fp16/bf16 with fp32
 /// accumulation 165.2 and tf32 82.6 TFLOP/s dense, 1008 GB/s, 72 MiB L2, 100 KiB shared memory and 1536
 /// threads per SM).
 pub fn sm_89() -> Target {
-    gpu("sm_89", 78, 128, 2520, 82.6, 82.6, 165.2, 165.2, 1008.0, 72, 100, 1536, "RTX 4090 / Ada whitepaper")
+    gpu(
+        "sm_89",
+        78,
+        128,
+        2520,
+        82.6,
+        82.6,
+        165.2,
+        165.2,
+        1008.0,
+        72,
+        100,
+        1536,
+        "RTX 4090 / Ada whitepaper",
+    )
 }
 
 /// H100 SXM5: H100 datasheet (132 SMs at 1830 MHz, fp32 67, tf32 494.7, fp16/bf16 989.4 TFLOP/s dense,
 /// 3350 GB/s HBM3, 50 MiB L2, 228 KiB shared memory and 2048 threads per SM).
 pub fn sm_90() -> Target {
-    gpu("sm_90", 78, 132, 1830, 67.0, 494.7, 989.4, 989.4, 3350.0, 50, 228, 2048, "H100 SXM5 datasheet")
+    gpu(
+        "sm_90",
+        78,
+        132,
+        1830,
+        67.0,
+        494.7,
+        989.4,
+        989.4,
+        3350.0,
+        50,
+        228,
+        2048,
+        "H100 SXM5 datasheet",
+    )
 }

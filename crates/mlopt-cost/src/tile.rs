@@ -22,16 +22,28 @@ fn fitting(m: u64, n: u64, lanes: u32) -> Vec<Tile> {
     let mut v = Vec::new();
     if n < 8 {
         for mr in 1..=8u64.min(m.max(1)) {
-            v.push(Tile { mr, nr: n, lanes: n as u32 });
+            v.push(Tile {
+                mr,
+                nr: n,
+                lanes: n as u32,
+            });
         }
         return v;
     }
-    let lanes = if n >= lanes as u64 && lanes >= 8 { lanes as u64 } else { 8 };
+    let lanes = if n >= lanes as u64 && lanes >= 8 {
+        lanes as u64
+    } else {
+        8
+    };
     let max_vecs = if regs == 32 { 4 } else { 2 };
     for nv in 1..=(n / lanes).clamp(1, max_vecs) {
         for mr in 1..=8u64.min(m.max(1)) {
             if mr * nv + nv < regs {
-                v.push(Tile { mr, nr: nv * lanes, lanes: lanes as u32 });
+                v.push(Tile {
+                    mr,
+                    nr: nv * lanes,
+                    lanes: lanes as u32,
+                });
             }
         }
     }
@@ -72,8 +84,15 @@ pub type TileKey = (u64, u64, u64, u32);
 
 /// The tiles `--tune` measures for a contraction: the six the cost model rates best, best first.
 pub fn candidates(m: u64, n: u64, k: u64, lanes: u32) -> Vec<Tile> {
-    let mut v: Vec<(f64, Tile)> = fitting(m, n, lanes).into_iter().map(|t| (estimate(t, m, n, k), t)).collect();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.nr.cmp(&a.1.nr)).then(b.1.mr.cmp(&a.1.mr)));
+    let mut v: Vec<(f64, Tile)> = fitting(m, n, lanes)
+        .into_iter()
+        .map(|t| (estimate(t, m, n, k), t))
+        .collect();
+    v.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then(b.1.nr.cmp(&a.1.nr))
+            .then(b.1.mr.cmp(&a.1.mr))
+    });
     v.into_iter().take(6).map(|(_, t)| t).collect()
 }
 
@@ -96,11 +115,27 @@ pub fn blocks(n: u64, t: Tile) -> Vec<(u64, u64, Tile)> {
     }
     let eights = rest - rest % 8;
     if eights > 0 {
-        v.push((main, eights, Tile { nr: eights, lanes: 8, ..t }));
+        v.push((
+            main,
+            eights,
+            Tile {
+                nr: eights,
+                lanes: 8,
+                ..t
+            },
+        ));
     }
     let last = rest % 8;
     if last > 0 {
-        v.push((main + eights, last, Tile { nr: last, lanes: last as u32, ..t }));
+        v.push((
+            main + eights,
+            last,
+            Tile {
+                nr: last,
+                lanes: last as u32,
+                ..t
+            },
+        ));
     }
     v
 }
@@ -115,14 +150,14 @@ mod tests {
     const PICKS: &[(Shape, Option<(u64, u64)>)] = &[
         ((1024, 1024, 1024, 16), Some((6, 64))), // FMA-bound everywhere: the widest, then tallest tile
         ((128, 3072, 768, 16), Some((6, 64))),
-        ((3136, 64, 576, 16), Some((6, 64))),   // ResNet 3x3 conv as implicit GEMM
-        ((7, 48, 100, 16), Some((7, 48))),      // one 7-row tile beats 6 rows + a 1-row tail
-        ((1, 1000, 2048, 16), Some((1, 64))),   // GEMV: latency-bound, the widest tile
+        ((3136, 64, 576, 16), Some((6, 64))), // ResNet 3x3 conv as implicit GEMM
+        ((7, 48, 100, 16), Some((7, 48))),    // one 7-row tile beats 6 rows + a 1-row tail
+        ((1, 1000, 2048, 16), Some((1, 64))), // GEMV: latency-bound, the widest tile
         ((1024, 1024, 1024, 8), Some((6, 16))), // AVX2: 16 registers
-        ((8, 10, 128, 16), Some((8, 8))),       // N = 8 + a 2-lane tail tile
-        ((256, 28, 1152, 16), Some((8, 16))),   // GoogLeNet's 3x3 conv rows (width 28): 16 + 8 + 4 lanes
-        ((512, 7, 4608, 16), Some((8, 7))),     // ResNet's 7x7 stage: one 7-lane vector per row
-        ((1000, 13, 512, 16), Some((8, 8))),    // SqueezeNet's classifier conv: 8 + 5 lanes
+        ((8, 10, 128, 16), Some((8, 8))),     // N = 8 + a 2-lane tail tile
+        ((256, 28, 1152, 16), Some((8, 16))), // GoogLeNet's 3x3 conv rows (width 28): 16 + 8 + 4 lanes
+        ((512, 7, 4608, 16), Some((8, 7))),   // ResNet's 7x7 stage: one 7-lane vector per row
+        ((1000, 13, 512, 16), Some((8, 8))),  // SqueezeNet's classifier conv: 8 + 5 lanes
     ];
 
     #[test]

@@ -22,7 +22,10 @@ const SPILL_BYTES_PER_CYCLE: f64 = 6.0;
 /// contraction of K = 9c (both by the register-tile model of `tile::estimate`, with the tiles it would pick).
 pub fn pays(c: u64, m: u64, h: u64, w: u64, lanes: u32) -> bool {
     let tiles = (h / 2) * (w / 2);
-    let (Some(direct), Some(gemm)) = (pick(m, h * w, 9 * c, lanes), pick(m, tiles, c, lanes)) else { return false };
+    let (Some(direct), Some(gemm)) = (pick(m, h * w, 9 * c, lanes), pick(m, tiles, c, lanes))
+    else {
+        return false;
+    };
     let direct = estimate(direct, m, h * w, 9 * c);
     let transforms = tiles as f64 * (INPUT_TRANSFORM * c as f64 + OUTPUT_TRANSFORM * m as f64);
     let temporaries = (16 * 4 * (c + m) * tiles) as f64;
@@ -53,7 +56,11 @@ mod tests {
         let mut clear = 0;
         for (ch, hw, direct, winograd) in measured {
             if f64::max(direct, winograd) / f64::min(direct, winograd) >= 1.15 {
-                assert_eq!(pays(ch, ch, hw, hw, 16), winograd < direct, "{ch} channels, {hw}x{hw}: {direct} ms direct, {winograd} ms Winograd");
+                assert_eq!(
+                    pays(ch, ch, hw, hw, 16),
+                    winograd < direct,
+                    "{ch} channels, {hw}x{hw}: {direct} ms direct, {winograd} ms Winograd"
+                );
                 clear += 1;
             }
         }

@@ -57,7 +57,10 @@ pub struct GpuCompiled {
 /// bits, so they are used only where the precision accepts that (`--precision bf16|fp16`, as the cost
 /// model assumes), never under `fp32` or `auto`.
 pub fn schedule_for(cfg: &mlopt_rewrite::Config) -> mlopt_lower::GpuSchedule {
-    let tf32 = matches!(cfg.precision, mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16);
+    let tf32 = matches!(
+        cfg.precision,
+        mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16
+    );
     mlopt_lower::GpuSchedule::new(cfg.target.clone(), tf32)
 }
 
@@ -68,14 +71,21 @@ pub fn find_ptxas() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     if let Some(path) = std::env::var_os("PATH") {
-        if let Some(p) = std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.is_file()) {
+        if let Some(p) = std::env::split_paths(&path)
+            .map(|d| d.join("ptxas"))
+            .find(|p| p.is_file())
+        {
             return Some(p);
         }
     }
     let mut dir = std::env::current_dir().ok();
     while let Some(d) = dir {
         if let Ok(entries) = std::fs::read_dir(d.join(".venv/lib")) {
-            if let Some(p) = entries.filter_map(|e| e.ok()).map(|e| e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas")).find(|p| p.is_file()) {
+            if let Some(p) = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas"))
+                .find(|p| p.is_file())
+            {
                 return Some(p);
             }
         }
@@ -89,15 +99,25 @@ pub fn run_ptxas(ptxas: &Path, ptx: &str, arch: &str) -> Result<Vec<(String, Ptx
     let dir = std::env::temp_dir().join(format!(
         "mlopt-ptxas-{}-{}",
         std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
     ));
-    std::fs::create_dir_all(&dir).map_err(|e| DriverError::Io(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| DriverError::Io(format!("{}: {e}", dir.display())))?;
     let src = dir.join("kernels.ptx");
     std::fs::write(&src, ptx).map_err(|e| DriverError::Io(format!("{}: {e}", src.display())))?;
-    let out = Command::new(ptxas).arg(format!("-arch={arch}")).arg("-v").arg(&src).arg("-o").arg(dir.join("kernels.cubin")).output();
+    let out = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.join("kernels.cubin"))
+        .output();
     let _ = std::fs::remove_dir_all(&dir);
     let out = out.map_err(|e| DriverError::Io(format!("running {}: {e}", ptxas.display())))?;
-    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(DriverError::Ptxas(text));
     }
@@ -107,7 +127,13 @@ pub fn run_ptxas(ptxas: &Path, ptx: &str, arch: &str) -> Result<Vec<(String, Ptx
 /// The figures in ptxas -v's report, per entry.
 fn parse_ptxas(text: &str) -> Vec<(String, Ptxas)> {
     let mut out: Vec<(String, Ptxas)> = Vec::new();
-    let num = |s: &str, before: &str| -> u64 { s.split(before).next().and_then(|p| p.split_whitespace().last()).and_then(|n| n.parse().ok()).unwrap_or(0) };
+    let num = |s: &str, before: &str| -> u64 {
+        s.split(before)
+            .next()
+            .and_then(|p| p.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
     for line in text.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default().to_string();
@@ -136,14 +162,20 @@ pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f6
     let regs_per_warp = (regs.max(1) as u64 * 32).div_ceil(256) * 256;
     let by_threads = max_warps / warps;
     let by_regs = (t.regs_per_unit as u64 / regs_per_warp) / warps;
-    let by_smem = u64::from(t.smem_per_unit).checked_div(smem).unwrap_or(u64::MAX);
+    let by_smem = u64::from(t.smem_per_unit)
+        .checked_div(smem)
+        .unwrap_or(u64::MAX);
     let blocks = by_threads.min(by_regs).min(by_smem).min(32);
     (blocks * warps) as f64 / max_warps as f64
 }
 
 /// Lowering options for GPU schedules `s` (Winograd stays a CPU transform).
 pub(crate) fn lowering(s: mlopt_lower::GpuSchedule) -> mlopt_lower::Options {
-    mlopt_lower::Options { gpu: Some(s), winograd: mlopt_lower::Winograd::Never, ..Default::default() }
+    mlopt_lower::Options {
+        gpu: Some(s),
+        winograd: mlopt_lower::Winograd::Never,
+        ..Default::default()
+    }
 }
 
 /// A tile's registers, as its schedule plans them (the `gpu.gemm` step's `N registers planned`).
@@ -156,8 +188,18 @@ pub fn planned_registers(schedule: &[mlopt_kir::ScheduleStep]) -> Option<u32> {
 
 /// The most registers any kernel of `program` needs beyond its plan, by ptxas's `figures`.
 pub(crate) fn register_shortfall(program: &Program, figures: &[(String, Ptxas)]) -> u32 {
-    let used = |name: &str| figures.iter().find(|(n, _)| n == name).map(|(_, f)| f.registers);
-    program.kernels.iter().filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule)?)).max().unwrap_or(0)
+    let used = |name: &str| {
+        figures
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| f.registers)
+    };
+    program
+        .kernels
+        .iter()
+        .filter_map(|k| used(&k.name)?.checked_sub(planned_registers(&k.schedule)?))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The package stage for a GPU: the host object (the PTX, the weights, the launch table and the C API)
@@ -185,9 +227,21 @@ pub(crate) fn package(
                 Some(_) => cfg.target.tf32_matrix,
                 None => None,
             };
-            let (compute, memory) = (flops as f64 / peak.unwrap_or(cfg.target.fp32), bytes as f64 / cfg.target.dram_bw);
-            let ptxas = figures.as_ref().and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
-            let occupancy = ptxas.as_ref().map(|p| occupancy(&cfg.target, launch.block, p.registers, p.smem_bytes.max(launch.shared_bytes)));
+            let (compute, memory) = (
+                flops as f64 / peak.unwrap_or(cfg.target.fp32),
+                bytes as f64 / cfg.target.dram_bw,
+            );
+            let ptxas = figures
+                .as_ref()
+                .and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
+            let occupancy = ptxas.as_ref().map(|p| {
+                occupancy(
+                    &cfg.target,
+                    launch.block,
+                    p.registers,
+                    p.smem_bytes.max(launch.shared_bytes),
+                )
+            });
             Some(KernelReport {
                 name: k.name.clone(),
                 schedule: k.schedule.clone(),
@@ -195,36 +249,78 @@ pub(crate) fn package(
                 flops,
                 bytes,
                 roofline_s: compute.max(memory),
-                bound: if compute > memory { "compute" } else { "memory" },
+                bound: if compute > memory {
+                    "compute"
+                } else {
+                    "memory"
+                },
                 ptxas,
                 occupancy,
             })
         })
         .collect();
-    Ok(GpuCompiled { optimized, cfg, program, target, ptx, host_object, kernels, ptxas, times: vec![] })
+    Ok(GpuCompiled {
+        optimized,
+        cfg,
+        program,
+        target,
+        ptx,
+        host_object,
+        kernels,
+        ptxas,
+        times: vec![],
+    })
 }
 
 impl GpuCompiled {
     /// An error naming the first kernel that spills, by ptxas (none without ptxas).
     pub fn check_spills(&self) -> Result<()> {
-        match self.kernels.iter().find_map(|k| Some((&k.name, k.ptxas.as_ref().filter(|p| p.spill_stores + p.spill_loads > 0)?))) {
-            Some((name, f)) => Err(DriverError::Ptxas(format!("{name} spills ({} bytes stored, {} loaded)", f.spill_stores, f.spill_loads))),
+        match self.kernels.iter().find_map(|k| {
+            Some((
+                &k.name,
+                k.ptxas
+                    .as_ref()
+                    .filter(|p| p.spill_stores + p.spill_loads > 0)?,
+            ))
+        }) {
+            Some((name, f)) => Err(DriverError::Ptxas(format!(
+                "{name} spills ({} bytes stored, {} loaded)",
+                f.spill_stores, f.spill_loads
+            ))),
             None => Ok(()),
         }
     }
 
     /// Writes lib<stem>.a, <stem>.h, <stem>.ptx, the stage dumps and `extra` (the report) into `dir`, all
     /// or none; returns the paths written.
-    pub fn write_library(&self, dir: &Path, stem: &str, extra: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    pub fn write_library(
+        &self,
+        dir: &Path,
+        stem: &str,
+        extra: &[(String, Vec<u8>)],
+    ) -> Result<Vec<PathBuf>> {
         let files = [
             (format!("{stem}.h"), c_header(&self.program, &self.target)),
             (format!("{stem}.ptx"), self.ptx.ptx.clone()),
-            (format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg)),
-            (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
+            (
+                format!("{stem}.optimized.mlir"),
+                mlopt_rewrite::report::dump(&self.optimized, &self.cfg),
+            ),
+            (
+                format!("{stem}.kir"),
+                mlopt_kir::print::program(&self.program),
+            ),
             (format!("{stem}.ll"), self.ptx.llvm_ir.clone()),
         ];
-        let host = mlopt_runtime::Member::object(format!("{stem}.o"), &self.host_object).map_err(|e| DriverError::Io(format!("the host object: {e}")))?;
-        crate::pipeline::write_files(dir, files.into(), (stem, &[host]), mlopt_runtime::write_gpu_archive, extra)
+        let host = mlopt_runtime::Member::object(format!("{stem}.o"), &self.host_object)
+            .map_err(|e| DriverError::Io(format!("the host object: {e}")))?;
+        crate::pipeline::write_files(
+            dir,
+            files.into(),
+            (stem, &[host]),
+            mlopt_runtime::write_gpu_archive,
+            extra,
+        )
     }
 
     /// The per-kernel table `--report` prints.
@@ -233,14 +329,30 @@ impl GpuCompiled {
         let _ = writeln!(
             s,
             "{:<10} {:>12} {:>8} {:>12} {:>12} {:>10} {:>8} {:>5} {:>6} {:>7} {:>5}  schedule",
-            "kernel", "grid x block", "smem B", "FLOPs", "bytes", "roofline", "bound", "regs", "spills", "ptx smem", "occ"
+            "kernel",
+            "grid x block",
+            "smem B",
+            "FLOPs",
+            "bytes",
+            "roofline",
+            "bound",
+            "regs",
+            "spills",
+            "ptx smem",
+            "occ"
         );
         for k in &self.kernels {
             let (regs, spills, smem) = match &k.ptxas {
-                Some(p) => (p.registers.to_string(), (p.spill_stores + p.spill_loads).to_string(), p.smem_bytes.to_string()),
+                Some(p) => (
+                    p.registers.to_string(),
+                    (p.spill_stores + p.spill_loads).to_string(),
+                    p.smem_bytes.to_string(),
+                ),
                 None => ("?".into(), "?".into(), "?".into()),
             };
-            let occ = k.occupancy.map_or("?".into(), |o| format!("{:.0}%", o * 100.0));
+            let occ = k
+                .occupancy
+                .map_or("?".into(), |o| format!("{:.0}%", o * 100.0));
             let _ = writeln!(
                 s,
                 "{:<10} {:>12} {:>8} {:>12} {:>12} {:>8.2}us {:>8} {:>5} {:>6} {:>7} {:>5}  {}",
@@ -314,12 +426,21 @@ pub fn c_header(p: &Program, t: &GpuTarget) -> String {
     let _ = writeln!(s, "/* Creates the model on CUDA device `device`: loads its PTX, uploads the weights (once) and allocates\n   the activation memory ({} bytes). NULL on failure: mlopt_{n}_last_error() says why. */", p.arena_bytes);
     let _ = writeln!(s, "void *mlopt_{n}_create(int device);");
     let _ = writeln!(s, "/* Runs the model on host buffers of the sizes above: copies the inputs in, launches the kernels on\n   the model's stream, copies the outputs back and waits. 0 on success, -1 on a CUDA error, a NULL argument, or input data the model rejects (an index out\n   of range, an integer division by zero: the interpreter's error). */");
-    let _ = writeln!(s, "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);");
+    let _ = writeln!(
+        s,
+        "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);"
+    );
     let _ = writeln!(s, "/* Launches the kernels on device buffers (CUdeviceptr values) on `stream` (a CUstream; NULL: the\n   model's own), without waiting, except after a data check, whose flag is read back (the stream is\n   synchronised there). One run at a time per context. Every buffer must start 16-byte aligned\n   (cuMemAlloc's are). 0 on success, -1 on a CUDA error, a misaligned buffer or rejected data. */");
     let _ = writeln!(s, "int mlopt_{n}_run_device(void *ctx, const uint64_t *inputs, const uint64_t *outputs, void *stream);");
     let _ = writeln!(s, "void mlopt_{n}_destroy(void *ctx);");
-    let _ = writeln!(s, "/* The last error of this thread, as text. */\nconst char *mlopt_{n}_last_error(void);\n");
-    let _ = writeln!(s, "#ifdef __cplusplus\n}}\n#endif\n\n#endif /* MLOPT_{up}_H */");
+    let _ = writeln!(
+        s,
+        "/* The last error of this thread, as text. */\nconst char *mlopt_{n}_last_error(void);\n"
+    );
+    let _ = writeln!(
+        s,
+        "#ifdef __cplusplus\n}}\n#endif\n\n#endif /* MLOPT_{up}_H */"
+    );
     s
 }
 

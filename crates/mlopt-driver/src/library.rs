@@ -75,25 +75,42 @@ impl Library {
                     ("kernels_compiled", c.program.kernels.len().to_string()),
                     ("gpu_kernels", c.json()),
                 ];
-                let text = format!("{}{}{}", mlopt_rewrite::report::header(&c.optimized, &c.cfg), c.table(), Self::stages(&c.times));
+                let text = format!(
+                    "{}{}{}",
+                    mlopt_rewrite::report::header(&c.optimized, &c.cfg),
+                    c.table(),
+                    Self::stages(&c.times)
+                );
                 (&c.optimized, &c.cfg, &c.times, extra, text)
             }
         };
         extra.push(("compile_s", format!("{compile_s:.3}")));
         extra.extend(times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
-        Report { json: mlopt_rewrite::report::json(optimized, cfg, &extra), text }
+        Report {
+            json: mlopt_rewrite::report::json(optimized, cfg, &extra),
+            text,
+        }
     }
 
     /// The estimated roofline of the kernels as SVG (CPU libraries; a GPU's kernels are in report.json).
     pub fn roofline(&self, title: &str) -> Option<String> {
         match self {
-            Library::Cpu(c) => Some(crate::svg::roofline(title, &c.cfg.target, &c.kernel_records())),
+            Library::Cpu(c) => Some(crate::svg::roofline(
+                title,
+                &c.cfg.target,
+                &c.kernel_records(),
+            )),
             Library::Gpu(_) => None,
         }
     }
 
     /// Writes the library, header, binding or PTX, dumps and `extra` into `dir`, all or none.
-    pub fn write(&self, dir: &Path, stem: &str, extra: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    pub fn write(
+        &self,
+        dir: &Path,
+        stem: &str,
+        extra: &[(String, Vec<u8>)],
+    ) -> Result<Vec<PathBuf>> {
         match self {
             Library::Cpu(c) => c.write_library(dir, stem, extra),
             Library::Gpu(c) => c.write_library(dir, stem, extra),

@@ -46,14 +46,23 @@ impl std::fmt::Debug for Content<'_> {
 /// Writes `files` (name, content) into `dir` (made if missing) as described above; returns their paths.
 pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
     if let Some((name, _)) = files.iter().find(|(n, _)| !plain(n)) {
-        return Err(DriverError::Io(format!("output file name {name:?} is not a plain file name")));
+        return Err(DriverError::Io(format!(
+            "output file name {name:?} is not a plain file name"
+        )));
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
     let mut staged = Vec::with_capacity(files.len() + 1);
     let record: String = files.iter().map(|(n, _)| format!("{n}\n")).collect();
     let record = Content::Bytes(record.into_bytes());
-    for (name, content) in files.iter().map(|(n, c)| (n.as_str(), c)).chain([(RECORD, &record)]) {
-        let mut t = tempfile::Builder::new().prefix(".mlopt-").tempfile_in(dir).map_err(|e| io("creating a temporary file in", dir, e))?;
+    for (name, content) in files
+        .iter()
+        .map(|(n, c)| (n.as_str(), c))
+        .chain([(RECORD, &record)])
+    {
+        let mut t = tempfile::Builder::new()
+            .prefix(".mlopt-")
+            .tempfile_in(dir)
+            .map_err(|e| io("creating a temporary file in", dir, e))?;
         // (No fsync: this guards against a failed or interrupted compile, not a power cut, and a
         // transformer's library is hundreds of MB.)
         match content {
@@ -68,12 +77,16 @@ pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<P
     let previous = std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default();
     let mut written = Vec::with_capacity(files.len());
     for (path, t) in staged {
-        t.persist(&path).map_err(|e| io("renaming into", &path, e.error))?;
+        t.persist(&path)
+            .map_err(|e| io("renaming into", &path, e.error))?;
         if !path.ends_with(RECORD) {
             written.push(path);
         }
     }
-    for stale in previous.lines().filter(|n| plain(n) && !files.iter().any(|(f, _)| f == n)) {
+    for stale in previous
+        .lines()
+        .filter(|n| plain(n) && !files.iter().any(|(f, _)| f == n))
+    {
         let p = dir.join(stale);
         // symlink_metadata: a link is removed itself, never what it points to.
         if std::fs::symlink_metadata(&p).is_ok_and(|m| !m.is_dir()) {

@@ -122,7 +122,9 @@ enum Ran {
 pub fn build(g: &Graph, opt: &Options) -> Result<Library> {
     match run(g, opt, None)? {
         Ran::Built(lib) => Ok(lib),
-        Ran::Stopped(_) => Err(DriverError::Io("the pipeline stopped before packaging (a bug in mlopt's driver)".into())),
+        Ran::Stopped(_) => Err(DriverError::Io(
+            "the pipeline stopped before packaging (a bug in mlopt's driver)".into(),
+        )),
     }
 }
 
@@ -130,7 +132,9 @@ pub fn build(g: &Graph, opt: &Options) -> Result<Library> {
 pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
     match run(g, opt, Some(stage))? {
         Ran::Stopped(text) => Ok(text),
-        Ran::Built(_) => Err(DriverError::Io(format!("the pipeline did not stop at {stage:?} (a bug in mlopt's driver)"))),
+        Ran::Built(_) => Err(DriverError::Io(format!(
+            "the pipeline did not stop at {stage:?} (a bug in mlopt's driver)"
+        ))),
     }
 }
 
@@ -139,7 +143,9 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
     crate::target::cpu(&opt.config.target)?;
     match build(g, opt)? {
         Library::Cpu(c) => Ok(*c),
-        Library::Gpu(_) => Err(DriverError::Io("a CPU target built a GPU library (a bug in mlopt's driver)".into())),
+        Library::Gpu(_) => Err(DriverError::Io(
+            "a CPU target built a GPU library (a bug in mlopt's driver)".into(),
+        )),
     }
 }
 
@@ -148,7 +154,9 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
     crate::target::gpu(&opt.config.target)?;
     match build(g, opt)? {
         Library::Gpu(c) => Ok(*c),
-        Library::Cpu(_) => Err(DriverError::Io("a GPU target built a CPU library (a bug in mlopt's driver)".into())),
+        Library::Cpu(_) => Err(DriverError::Io(
+            "a GPU target built a CPU library (a bug in mlopt's driver)".into(),
+        )),
     }
 }
 
@@ -182,7 +190,9 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     if stop == Some(Stage::Lowered) {
         return Ok(Ran::Stopped(mlopt_kir::print::program(&algorithm)));
     }
-    let ptxas = matches!(target, Codegen::Gpu(_)).then(crate::gpu::find_ptxas).flatten();
+    let ptxas = matches!(target, Codegen::Gpu(_))
+        .then(crate::gpu::find_ptxas)
+        .flatten();
     // A GPU tile's registers are planned by an estimate and checked against ptxas: where a kernel needs
     // more than its plan, the schedules are planned again with the shortfall added to every estimate (at
     // most twice), so the occupancy a tile was chosen for is the one it gets.
@@ -191,15 +201,28 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     // its unpacked weights are freed as their packed panels replace them.
     let mut algorithm = Some(algorithm);
     let (program, code, figures) = loop {
-        let input = if lowering.gpu.is_some() { algorithm.clone() } else { algorithm.take() };
-        let input = input.ok_or_else(|| DriverError::Io("the algorithm was scheduled twice for a CPU (a bug in mlopt's driver)".into()))?;
-        let program = times.stage("schedule", || Ok(mlopt_lower::schedule::schedule(input, &lowering)?))?;
+        let input = if lowering.gpu.is_some() {
+            algorithm.clone()
+        } else {
+            algorithm.take()
+        };
+        let input = input.ok_or_else(|| {
+            DriverError::Io(
+                "the algorithm was scheduled twice for a CPU (a bug in mlopt's driver)".into(),
+            )
+        })?;
+        let program = times.stage("schedule", || {
+            Ok(mlopt_lower::schedule::schedule(input, &lowering)?)
+        })?;
         if stop == Some(Stage::Scheduled) {
             return Ok(Ran::Stopped(mlopt_kir::print::program(&program)));
         }
         let code = times.stage("codegen", || {
             Ok(match &target {
-                Codegen::Cpu(t) => Code::Cpu(t.clone(), mlopt_llvm::compile_with(&program, t, threads, opt.profile)?),
+                Codegen::Cpu(t) => Code::Cpu(
+                    t.clone(),
+                    mlopt_llvm::compile_with(&program, t, threads, opt.profile)?,
+                ),
                 Codegen::Gpu(t) => Code::Gpu(t.clone(), mlopt_llvm::compile_ptx(&program, t)?),
             })
         })?;
@@ -210,10 +233,14 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
             }));
         }
         let figures = match (&code, &ptxas) {
-            (Code::Gpu(t, c), Some(p)) => Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, &t.name))?),
+            (Code::Gpu(t, c), Some(p)) => {
+                Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, &t.name))?)
+            }
             _ => None,
         };
-        let short = figures.as_deref().map_or(0, |f| crate::gpu::register_shortfall(&program, f));
+        let short = figures
+            .as_deref()
+            .map_or(0, |f| crate::gpu::register_shortfall(&program, f));
         match lowering.gpu.as_mut() {
             Some(s) if short > 0 && attempt < 2 => {
                 s.register_margin += short as u64;
@@ -224,8 +251,19 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     };
     let lib = times.stage("package", || {
         Ok(match code {
-            Code::Cpu(target, code) => Library::Cpu(Box::new(Compiled { optimized, cfg, memory, program, code, target, times: vec![], profiled: opt.profile })),
-            Code::Gpu(target, ptx) => Library::Gpu(Box::new(crate::gpu::package(optimized, cfg, program, target, ptx, ptxas, figures)?)),
+            Code::Cpu(target, code) => Library::Cpu(Box::new(Compiled {
+                optimized,
+                cfg,
+                memory,
+                program,
+                code,
+                target,
+                times: vec![],
+                profiled: opt.profile,
+            })),
+            Code::Gpu(target, ptx) => Library::Gpu(Box::new(crate::gpu::package(
+                optimized, cfg, program, target, ptx, ptxas, figures,
+            )?)),
         })
     })?;
     Ok(Ran::Built(lib.with_times(times.0)))
@@ -237,8 +275,17 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
 fn cpu_lowering(opt: &Options, target: &CpuTarget) -> mlopt_lower::Options {
     let t = &opt.config.target;
     let faster = t.bf16_matrix.is_some_and(|p| p > t.fp32);
-    let sched = mlopt_lower::CpuSchedule { lanes: target.lanes, threads: opt.threads.max(1), mma: target.matrix.is_some() && faster };
-    mlopt_lower::Options { cpu: Some(sched), winograd: opt.winograd, l2_bytes: Some(t.l2_bytes), ..Default::default() }
+    let sched = mlopt_lower::CpuSchedule {
+        lanes: target.lanes,
+        threads: opt.threads.max(1),
+        mma: target.matrix.is_some() && faster,
+    };
+    mlopt_lower::Options {
+        cpu: Some(sched),
+        winograd: opt.winograd,
+        l2_bytes: Some(t.l2_bytes),
+        ..Default::default()
+    }
 }
 
 impl Compiled {
@@ -260,10 +307,18 @@ impl Compiled {
             .inputs
             .iter()
             .map(|io| {
-                let t = inputs.get(&io.name).ok_or_else(|| DriverError::Input(format!("graph input '{}': no value given", io.name)))?;
+                let t = inputs.get(&io.name).ok_or_else(|| {
+                    DriverError::Input(format!("graph input '{}': no value given", io.name))
+                })?;
                 let want: Vec<usize> = io.dims.iter().map(|d| *d as usize).collect();
                 if t.shape() != want.as_slice() || t.dtype().name() != io.elem.name() {
-                    return Err(DriverError::Input(format!("input '{}' is {}, the model was compiled for {}{:?}", io.name, t.ty(), io.elem, want)));
+                    return Err(DriverError::Input(format!(
+                        "input '{}' is {}, the model was compiled for {}{:?}",
+                        io.name,
+                        t.ty(),
+                        io.elem,
+                        want
+                    )));
                 }
                 Ok(t.to_le_bytes())
             })
@@ -271,18 +326,48 @@ impl Compiled {
     }
 
     /// Runs loaded code on named tensors.
-    pub fn run(&self, lib: &mut Loaded, inputs: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
+    pub fn run(
+        &self,
+        lib: &mut Loaded,
+        inputs: &HashMap<String, Tensor>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let ins = self.input_bytes(inputs)?;
         let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
-        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
+        let mut outs: Vec<Vec<u8>> = self
+            .program
+            .outputs
+            .iter()
+            .map(|io| vec![0u8; io.bytes()])
+            .collect();
         lib.run(&refs, &mut outs)?;
-        self.program.outputs.iter().zip(&outs).map(|(io, b)| Ok((io.name.clone(), mlopt_lower::program::tensor(io, b).map_err(DriverError::Io)?))).collect()
+        self.program
+            .outputs
+            .iter()
+            .zip(&outs)
+            .map(|(io, b)| {
+                Ok((
+                    io.name.clone(),
+                    mlopt_lower::program::tensor(io, b).map_err(DriverError::Io)?,
+                ))
+            })
+            .collect()
     }
 
     /// Runs loaded code `warmups` times untimed, then `runs` times, and returns each timed run's seconds
     /// (in run order): what `bench` and the profiler measure.
-    pub fn timed_runs(&self, lib: &mut Loaded, inputs: &[&[u8]], warmups: usize, runs: usize) -> Result<Vec<f64>> {
-        let mut outs: Vec<Vec<u8>> = self.program.outputs.iter().map(|io| vec![0u8; io.bytes()]).collect();
+    pub fn timed_runs(
+        &self,
+        lib: &mut Loaded,
+        inputs: &[&[u8]],
+        warmups: usize,
+        runs: usize,
+    ) -> Result<Vec<f64>> {
+        let mut outs: Vec<Vec<u8>> = self
+            .program
+            .outputs
+            .iter()
+            .map(|io| vec![0u8; io.bytes()])
+            .collect();
         for _ in 0..warmups {
             lib.run(inputs, &mut outs)?;
         }
@@ -297,15 +382,38 @@ impl Compiled {
 
     /// Writes lib<stem>.a, <stem>.h, <stem>.rs, the stage dumps and `extra` (name, bytes: the report)
     /// into `dir`, all or none (`output.rs`); returns the paths written.
-    pub fn write_library(&self, dir: &Path, stem: &str, extra: &[(String, Vec<u8>)]) -> Result<Vec<PathBuf>> {
+    pub fn write_library(
+        &self,
+        dir: &Path,
+        stem: &str,
+        extra: &[(String, Vec<u8>)],
+    ) -> Result<Vec<PathBuf>> {
         let files = [
-            (format!("{stem}.h"), crate::emit::c_header(&self.program, &self.target)),
-            (format!("{stem}.rs"), crate::emit::rust_binding(&self.program, stem)),
-            (format!("{stem}.optimized.mlir"), mlopt_rewrite::report::dump(&self.optimized, &self.cfg)),
-            (format!("{stem}.kir"), mlopt_kir::print::program(&self.program)),
+            (
+                format!("{stem}.h"),
+                crate::emit::c_header(&self.program, &self.target),
+            ),
+            (
+                format!("{stem}.rs"),
+                crate::emit::rust_binding(&self.program, stem),
+            ),
+            (
+                format!("{stem}.optimized.mlir"),
+                mlopt_rewrite::report::dump(&self.optimized, &self.cfg),
+            ),
+            (
+                format!("{stem}.kir"),
+                mlopt_kir::print::program(&self.program),
+            ),
             (format!("{stem}.ll"), self.code.llvm_ir.clone()),
         ];
-        write_files(dir, files.into(), (stem, &members(stem, &self.code)?), mlopt_runtime::write_archive, extra)
+        write_files(
+            dir,
+            files.into(),
+            (stem, &members(stem, &self.code)?),
+            mlopt_runtime::write_archive,
+            extra,
+        )
     }
 }
 
@@ -315,12 +423,26 @@ pub(crate) type Archive = fn(&mut std::fs::File, &[Member]) -> std::io::Result<(
 /// The objects of CPU code as a library's members: the entry point's (`<stem>.o`), the weights'
 /// (`<stem>.1.o`, in pieces that share the program's weight buffers), then each group of kernels'.
 pub fn members<'a>(stem: &str, code: &'a mlopt_llvm::Output) -> Result<Vec<Member<'a>>> {
-    let name = |i: usize| if i == 0 { format!("{stem}.o") } else { format!("{stem}.{i}.o") };
-    let mut all = vec![Member { name: name(1), parts: code.data.parts(), symbols: code.data.symbols().to_vec() }];
+    let name = |i: usize| {
+        if i == 0 {
+            format!("{stem}.o")
+        } else {
+            format!("{stem}.{i}.o")
+        }
+    };
+    let mut all = vec![Member {
+        name: name(1),
+        parts: code.data.parts(),
+        symbols: code.data.symbols().to_vec(),
+    }];
     for (i, o) in code.objects.iter().enumerate() {
         // The entry point's object goes first, the kernels' after the weights'.
         let at = if i == 0 { 0 } else { i + 1 };
-        all.insert(at, Member::object(name(at), o).map_err(|e| DriverError::Io(format!("{}: {e}", name(at))))?);
+        all.insert(
+            at,
+            Member::object(name(at), o)
+                .map_err(|e| DriverError::Io(format!("{}: {e}", name(at))))?,
+        );
     }
     Ok(all)
 }
@@ -335,8 +457,18 @@ pub(crate) fn write_files(
     extra: &[(String, Vec<u8>)],
 ) -> Result<Vec<PathBuf>> {
     use crate::output::Content;
-    let mut all: Vec<(String, Content)> = files.into_iter().map(|(n, t)| (n, Content::Bytes(t.into_bytes()))).collect();
-    all.push((format!("lib{stem}.a"), Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, members)))));
-    all.extend(extra.iter().map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))));
+    let mut all: Vec<(String, Content)> = files
+        .into_iter()
+        .map(|(n, t)| (n, Content::Bytes(t.into_bytes())))
+        .collect();
+    all.push((
+        format!("lib{stem}.a"),
+        Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, members))),
+    ));
+    all.extend(
+        extra
+            .iter()
+            .map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))),
+    );
     crate::output::write_atomically(dir, &all)
 }

@@ -126,11 +126,25 @@ impl Compiled {
                 let k = &self.program.kernels[step.kernel];
                 let class = schedule_class(k);
                 let graph_kernel = k.name.strip_prefix('k').and_then(|n| n.parse::<u32>().ok());
-                let (ops, nodes, work) = match graph_kernel.and_then(|id| Some((id, self.optimized.plan.kernels.get(id as usize)?))) {
+                let (ops, nodes, work) = match graph_kernel
+                    .and_then(|id| Some((id, self.optimized.plan.kernels.get(id as usize)?)))
+                {
                     Some((id, info)) => {
-                        let nodes =
-                            members.get(&id).map(|m| m.members.iter().map(|n| g.node(*n).name.clone()).filter(|n| !n.is_empty()).collect()).unwrap_or_default();
-                        (info.ops.iter().map(|s| s.to_string()).collect(), nodes, info.work)
+                        let nodes = members
+                            .get(&id)
+                            .map(|m| {
+                                m.members
+                                    .iter()
+                                    .map(|n| g.node(*n).name.clone())
+                                    .filter(|n| !n.is_empty())
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        (
+                            info.ops.iter().map(|s| s.to_string()).collect(),
+                            nodes,
+                            info.work,
+                        )
                     }
                     // The copy of a graph output that no kernel writes in place: read once, written once.
                     None => {
@@ -142,21 +156,45 @@ impl Compiled {
                                 buf.numel() * buf.elem.size()
                             })
                             .sum::<u64>();
-                        (vec!["Copy".to_string()], vec![], Work { bytes: bytes as f64, ..Work::default() })
+                        (
+                            vec!["Copy".to_string()],
+                            vec![],
+                            Work {
+                                bytes: bytes as f64,
+                                ..Work::default()
+                            },
+                        )
                     }
                 };
                 let a = mlopt_kir::analysis::arithmetic(k);
                 let n = a.total();
                 let mix = if n > 0.0 {
-                    Mix { tiled: a.tiled / n, tiled_gather: a.tiled_gather / n, vector: a.vector / n, gather: a.gather / n, scalar: a.scalar / n }
+                    Mix {
+                        tiled: a.tiled / n,
+                        tiled_gather: a.tiled_gather / n,
+                        vector: a.vector / n,
+                        gather: a.gather / n,
+                        scalar: a.scalar / n,
+                    }
                 } else {
-                    Mix { vector: 1.0, ..Mix::default() }
+                    Mix {
+                        vector: 1.0,
+                        ..Mix::default()
+                    }
                 };
                 let e = roofline::priced(&work, target, mix);
                 let peak = roofline::estimate(&work, target);
                 let output = k.params().first().map(|b| {
                     let buf = &k.bufs[b.0 as usize];
-                    format!("{}[{}]", buf.elem, buf.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+                    format!(
+                        "{}[{}]",
+                        buf.elem,
+                        buf.dims
+                            .iter()
+                            .map(|d| d.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    )
                 });
                 KernelRecord {
                     id: k.name.clone(),
@@ -179,7 +217,9 @@ impl Compiled {
     /// mean time beside the cost model's figures.
     pub fn profile(&self, lib: &mut Loaded, inputs: &[&[u8]], runs: usize) -> Result<Profile> {
         if !self.profiled {
-            return Err(DriverError::Input("profiling needs a build with Options::profile set".into()));
+            return Err(DriverError::Input(
+                "profiling needs a build with Options::profile set".into(),
+            ));
         }
         let runs = runs.max(1);
         let steps = self.program.steps.len();
@@ -195,7 +235,12 @@ impl Compiled {
             k.measured_s = Some(n as f64 * 1e-9 / runs as f64);
         }
         kernels.sort_by(|a, b| b.time_s().total_cmp(&a.time_s()));
-        Ok(Profile { runs, median_s: times[runs / 2], mean_s, kernels })
+        Ok(Profile {
+            runs,
+            median_s: times[runs / 2],
+            mean_s,
+            kernels,
+        })
     }
 }
 
@@ -214,7 +259,17 @@ pub fn table(p: &Profile) -> String {
     let _ = writeln!(
         t,
         "{:<8} {:>10} {:>6} {:>10} {:>9} {:>8} {:>8} {:<8} {:>6}  {:<30} {:<22} nodes",
-        "kernel", "measured", "share", "estimate", "GFLOP/s", "GB/s", "bound", "schedule", "roof", "ops", "output"
+        "kernel",
+        "measured",
+        "share",
+        "estimate",
+        "GFLOP/s",
+        "GB/s",
+        "bound",
+        "schedule",
+        "roof",
+        "ops",
+        "output"
     );
     for k in &p.kernels {
         let _ = writeln!(
@@ -245,20 +300,43 @@ pub fn table(p: &Profile) -> String {
         est * 1e3
     );
     let mut by_class: Vec<(ScheduleClass, usize, f64)> = vec![];
-    for c in [ScheduleClass::Tiled, ScheduleClass::Vector, ScheduleClass::Scalar] {
+    for c in [
+        ScheduleClass::Tiled,
+        ScheduleClass::Vector,
+        ScheduleClass::Scalar,
+    ] {
         let ks: Vec<&KernelRecord> = p.kernels.iter().filter(|k| k.schedule == c).collect();
-        by_class.push((c, ks.len(), ks.iter().map(|k| k.time_s()).sum::<f64>().max(0.0)));
+        by_class.push((
+            c,
+            ks.len(),
+            ks.iter().map(|k| k.time_s()).sum::<f64>().max(0.0),
+        ));
     }
-    let parts: Vec<String> = by_class.iter().map(|(c, n, s)| format!("{n} {c} ({:.1}%)", 100.0 * s / total)).collect();
+    let parts: Vec<String> = by_class
+        .iter()
+        .map(|(c, n, s)| format!("{n} {c} ({:.1}%)", 100.0 * s / total))
+        .collect();
     let _ = writeln!(t, "schedules: {}", parts.join(", "));
-    let _ = writeln!(t, "estimate within 2x of the measured time for kernels holding {:.1}% of the time", 100.0 * within_2x_share(p));
+    let _ = writeln!(
+        t,
+        "estimate within 2x of the measured time for kernels holding {:.1}% of the time",
+        100.0 * within_2x_share(p)
+    );
     t
 }
 
 /// The share of measured time held by kernels whose estimate is within 2x of their measured time.
 pub fn within_2x_share(p: &Profile) -> f64 {
     let total = p.kernel_sum_s().max(1e-12);
-    p.kernels.iter().filter(|k| k.measured_s.is_some_and(|m| k.estimate_s <= 2.0 * m && m <= 2.0 * k.estimate_s)).map(|k| k.time_s()).sum::<f64>() / total
+    p.kernels
+        .iter()
+        .filter(|k| {
+            k.measured_s
+                .is_some_and(|m| k.estimate_s <= 2.0 * m && m <= 2.0 * k.estimate_s)
+        })
+        .map(|k| k.time_s())
+        .sum::<f64>()
+        / total
 }
 
 /// `--profile --json`: one object, `{"model", "threads", "median_ms", "kernels": [...]}`.
@@ -319,13 +397,39 @@ mod tests {
             let mut k = Kernel::new("k0");
             let b = k.buf("out0", Elem::F32, vec![4, 16], Space::Global);
             let (i, j) = (k.var("i"), k.var("j"));
-            let store = Stmt::Store { buf: b, index: vec![Expr::var(i), Expr::var(j)], value: Expr::f32(1.0) };
-            k.body = vec![Stmt::For { var: i, extent: 4, kind: outer, body: vec![Stmt::For { var: j, extent: 16, kind: inner, body: vec![store] }] }];
+            let store = Stmt::Store {
+                buf: b,
+                index: vec![Expr::var(i), Expr::var(j)],
+                value: Expr::f32(1.0),
+            };
+            k.body = vec![Stmt::For {
+                var: i,
+                extent: 4,
+                kind: outer,
+                body: vec![Stmt::For {
+                    var: j,
+                    extent: 16,
+                    kind: inner,
+                    body: vec![store],
+                }],
+            }];
             k
         };
-        assert_eq!(schedule_class(&nest(LoopKind::Serial, LoopKind::Serial)), ScheduleClass::Scalar);
-        assert_eq!(schedule_class(&nest(LoopKind::Parallel, LoopKind::Serial)), ScheduleClass::Scalar);
-        assert_eq!(schedule_class(&nest(LoopKind::Parallel, LoopKind::Vector(16))), ScheduleClass::Vector);
-        assert_eq!(schedule_class(&nest(LoopKind::Unrolled, LoopKind::Vector(16))), ScheduleClass::Tiled);
+        assert_eq!(
+            schedule_class(&nest(LoopKind::Serial, LoopKind::Serial)),
+            ScheduleClass::Scalar
+        );
+        assert_eq!(
+            schedule_class(&nest(LoopKind::Parallel, LoopKind::Serial)),
+            ScheduleClass::Scalar
+        );
+        assert_eq!(
+            schedule_class(&nest(LoopKind::Parallel, LoopKind::Vector(16))),
+            ScheduleClass::Vector
+        );
+        assert_eq!(
+            schedule_class(&nest(LoopKind::Unrolled, LoopKind::Vector(16))),
+            ScheduleClass::Tiled
+        );
     }
 }

@@ -85,15 +85,31 @@ fn number(v: f64) -> String {
 /// scalar nest. Kernels without FLOPs (copies, layout changes) sit on the bottom edge, hollow.
 pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
     let measured = kernels.iter().any(|k| k.measured_s.is_some());
-    let total: f64 = kernels.iter().map(KernelRecord::time_s).sum::<f64>().max(1e-12);
+    let total: f64 = kernels
+        .iter()
+        .map(KernelRecord::time_s)
+        .sum::<f64>()
+        .max(1e-12);
     let gf = |k: &KernelRecord| k.gflops();
     let peak = t.fp32.max(t.bf16_matrix.unwrap_or(0.0)) / 1e9;
     let bw = t.dram_bw / 1e9;
     let scalar_roof = t.fp32 * class_rate(t, ScheduleClass::Scalar) / 1e9;
-    let with_flops: Vec<&KernelRecord> = kernels.iter().filter(|k| k.flops > 0.0 && k.bytes > 0.0).collect();
-    let imin = with_flops.iter().map(|k| k.intensity()).fold(0.05, f64::min);
-    let imax = with_flops.iter().map(|k| k.intensity()).fold(100.0, f64::max);
-    let ymin = with_flops.iter().map(|k| gf(k)).fold(scalar_roof.min(1.0), f64::min);
+    let with_flops: Vec<&KernelRecord> = kernels
+        .iter()
+        .filter(|k| k.flops > 0.0 && k.bytes > 0.0)
+        .collect();
+    let imin = with_flops
+        .iter()
+        .map(|k| k.intensity())
+        .fold(0.05, f64::min);
+    let imax = with_flops
+        .iter()
+        .map(|k| k.intensity())
+        .fold(100.0, f64::max);
+    let ymin = with_flops
+        .iter()
+        .map(|k| gf(k))
+        .fold(scalar_roof.min(1.0), f64::min);
     let x = LogAxis::new(imin, imax, LEFT, W - RIGHT);
     let y = LogAxis::new(ymin, peak * 2.0, H - BOTTOM, TOP);
     let mut s = String::new();
@@ -102,8 +118,16 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="Helvetica, Arial, sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r##"<rect width="{W}" height="{H}" fill="#ffffff"/>"##);
-    let _ = writeln!(s, r#"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">{}</text>"#, xml(title));
-    let what = if measured { "measured" } else { "estimated by the cost model" };
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">{}</text>"#,
+        xml(title)
+    );
+    let what = if measured {
+        "measured"
+    } else {
+        "estimated by the cost model"
+    };
     let _ = writeln!(
         s,
         r##"<text x="{LEFT}" y="44" fill="#555">{} kernels, {:.3} ms {what}; {} ({:.1} GFLOP/s fp32, {:.1} GB/s)</text>"##,
@@ -116,36 +140,100 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
     // Grid and axes.
     for d in x.decades() {
         let px = x.at(d);
-        let _ = writeln!(s, r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##, H - BOTTOM);
-        let _ = writeln!(s, r#"<text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, H - BOTTOM + 18.0, number(d));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##,
+            H - BOTTOM
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            H - BOTTOM + 18.0,
+            number(d)
+        );
     }
     for d in y.decades() {
         let py = y.at(d);
-        let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#e6e6e6"/>"##, W - RIGHT);
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, py + 4.0, number(d));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#e6e6e6"/>"##,
+            W - RIGHT
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LEFT - 6.0,
+            py + 4.0,
+            number(d)
+        );
     }
-    let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##, W - RIGHT - LEFT, H - BOTTOM - TOP);
-    let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>"#, (LEFT + W - RIGHT) / 2.0, H - 20.0);
-    let _ = writeln!(s, r#"<text transform="translate(22,{:.1}) rotate(-90)" text-anchor="middle">GFLOP/s</text>"#, (TOP + H - BOTTOM) / 2.0);
+    let _ = writeln!(
+        s,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
+        W - RIGHT - LEFT,
+        H - BOTTOM - TOP
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>"#,
+        (LEFT + W - RIGHT) / 2.0,
+        H - 20.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(22,{:.1}) rotate(-90)" text-anchor="middle">GFLOP/s</text>"#,
+        (TOP + H - BOTTOM) / 2.0
+    );
     // Roofs: bandwidth x intensity up to each compute peak.
     let roof = |s: &mut String, p: f64, dash: &str, label: &str| {
         let ridge = p / bw;
         let (x0, x1) = (x.min(), x.max());
         let start = (x0, (bw * x0).min(p));
-        let pts = if ridge > x0 && ridge < x1 { vec![start, (ridge, p), (x1, p)] } else { vec![start, (x1, (bw * x1).min(p))] };
-        let path: Vec<String> = pts.iter().map(|(a, b)| format!("{:.1},{:.1}", x.at(*a), y.at(*b))).collect();
-        let _ = writeln!(s, r##"<polyline points="{}" fill="none" stroke="#222" stroke-width="2" {dash}/>"##, path.join(" "));
-        let _ =
-            writeln!(s, r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#222">{} {:.0} GFLOP/s</text>"##, W - RIGHT - 4.0, y.at(p) - 5.0, xml(label), p);
+        let pts = if ridge > x0 && ridge < x1 {
+            vec![start, (ridge, p), (x1, p)]
+        } else {
+            vec![start, (x1, (bw * x1).min(p))]
+        };
+        let path: Vec<String> = pts
+            .iter()
+            .map(|(a, b)| format!("{:.1},{:.1}", x.at(*a), y.at(*b)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r##"<polyline points="{}" fill="none" stroke="#222" stroke-width="2" {dash}/>"##,
+            path.join(" ")
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#222">{} {:.0} GFLOP/s</text>"##,
+            W - RIGHT - 4.0,
+            y.at(p) - 5.0,
+            xml(label),
+            p
+        );
     };
     roof(&mut s, t.fp32 / 1e9, "", "fp32");
     if let Some(b) = t.bf16_matrix.filter(|b| *b > t.fp32) {
         roof(&mut s, b / 1e9, r#"stroke-dasharray="8 4""#, "bf16");
     }
     let sy = y.at(scalar_roof);
-    let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{sy:.1}" x2="{:.1}" y2="{sy:.1}" stroke="#e63946" stroke-dasharray="3 3"/>"##, W - RIGHT);
-    let _ = writeln!(s, r##"<text x="{:.1}" y="{:.1}" fill="#e63946">scalar nest {scalar_roof:.1} GFLOP/s</text>"##, LEFT + 110.0, sy - 5.0);
-    let _ = writeln!(s, r##"<text x="{:.1}" y="{:.1}" fill="#222">{bw:.1} GB/s</text>"##, x.at(x.min()) + 6.0, y.at(bw * x.min()) - 6.0);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{sy:.1}" x2="{:.1}" y2="{sy:.1}" stroke="#e63946" stroke-dasharray="3 3"/>"##,
+        W - RIGHT
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.1}" y="{:.1}" fill="#e63946">scalar nest {scalar_roof:.1} GFLOP/s</text>"##,
+        LEFT + 110.0,
+        sy - 5.0
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.1}" y="{:.1}" fill="#222">{bw:.1} GB/s</text>"##,
+        x.at(x.min()) + 6.0,
+        y.at(bw * x.min()) - 6.0
+    );
     // Kernels, largest first so small ones stay visible on top.
     let mut order: Vec<&KernelRecord> = kernels.iter().collect();
     order.sort_by(|a, b| b.time_s().total_cmp(&a.time_s()));
@@ -153,9 +241,17 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         let share = k.time_s() / total;
         let r = 3.0 + 26.0 * share.sqrt();
         let flopless = k.flops <= 0.0 || k.bytes <= 0.0;
-        let (px, py) = if flopless { (x.at(x.min()), y.at(y.min())) } else { (x.at(k.intensity()), y.at(gf(k))) };
+        let (px, py) = if flopless {
+            (x.at(x.min()), y.at(y.min()))
+        } else {
+            (x.at(k.intensity()), y.at(gf(k)))
+        };
         let c = color(k.schedule);
-        let fill = if flopless { "none".to_string() } else { c.to_string() };
+        let fill = if flopless {
+            "none".to_string()
+        } else {
+            c.to_string()
+        };
         let tip = format!(
             "{} [{}] {} -> {}: {:.1} us ({:.1}%), estimate {:.1} us, {:.2} GFLOP/s, {:.2} GB/s, {:.1} FLOP/B, {:.1}% of roofline{}",
             k.id,
@@ -188,21 +284,73 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
     }
     // Legend.
     let lx = W - RIGHT + 20.0;
-    let _ = writeln!(s, r#"<text x="{lx}" y="{}" font-weight="bold">schedule</text>"#, TOP + 8.0);
-    for (i, c) in [ScheduleClass::Tiled, ScheduleClass::Vector, ScheduleClass::Scalar].into_iter().enumerate() {
+    let _ = writeln!(
+        s,
+        r#"<text x="{lx}" y="{}" font-weight="bold">schedule</text>"#,
+        TOP + 8.0
+    );
+    for (i, c) in [
+        ScheduleClass::Tiled,
+        ScheduleClass::Vector,
+        ScheduleClass::Scalar,
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let ly = TOP + 30.0 + 24.0 * i as f64;
         let n = kernels.iter().filter(|k| k.schedule == c).count();
-        let share: f64 = (kernels.iter().filter(|k| k.schedule == c).map(KernelRecord::time_s).sum::<f64>() / total).max(0.0);
-        let _ = writeln!(s, r#"<circle cx="{}" cy="{ly}" r="7" fill="{}" fill-opacity="0.55" stroke="{}"/>"#, lx + 7.0, color(c), color(c));
-        let _ = writeln!(s, r#"<text x="{}" y="{}">{c}: {n} kernels, {:.1}% of time</text>"#, lx + 20.0, ly + 4.0, 100.0 * share);
+        let share: f64 = (kernels
+            .iter()
+            .filter(|k| k.schedule == c)
+            .map(KernelRecord::time_s)
+            .sum::<f64>()
+            / total)
+            .max(0.0);
+        let _ = writeln!(
+            s,
+            r#"<circle cx="{}" cy="{ly}" r="7" fill="{}" fill-opacity="0.55" stroke="{}"/>"#,
+            lx + 7.0,
+            color(c),
+            color(c)
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{c}: {n} kernels, {:.1}% of time</text>"#,
+            lx + 20.0,
+            ly + 4.0,
+            100.0 * share
+        );
     }
     let ly = TOP + 30.0 + 24.0 * 3.0;
-    let _ = writeln!(s, r##"<circle cx="{}" cy="{ly}" r="7" fill="none" stroke="#555"/>"##, lx + 7.0);
-    let _ = writeln!(s, r#"<text x="{}" y="{}">no FLOPs (bottom-left)</text>"#, lx + 20.0, ly + 4.0);
-    let _ = writeln!(s, r##"<text x="{lx}" y="{}" fill="#555">area = share of time; hover for figures</text>"##, ly + 26.0);
-    let _ = writeln!(s, r#"<text x="{lx}" y="{}" font-weight="bold">slowest kernels</text>"#, ly + 56.0);
+    let _ = writeln!(
+        s,
+        r##"<circle cx="{}" cy="{ly}" r="7" fill="none" stroke="#555"/>"##,
+        lx + 7.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}">no FLOPs (bottom-left)</text>"#,
+        lx + 20.0,
+        ly + 4.0
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{lx}" y="{}" fill="#555">area = share of time; hover for figures</text>"##,
+        ly + 26.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{lx}" y="{}" font-weight="bold">slowest kernels</text>"#,
+        ly + 56.0
+    );
     for (rank, k) in order.iter().take(LABELLED).enumerate() {
-        let op = k.ops.iter().find(|o| matches!(o.as_str(), "conv" | "matmul" | "gemm" | "attention")).or(k.ops.first()).cloned().unwrap_or_default();
+        let op = k
+            .ops
+            .iter()
+            .find(|o| matches!(o.as_str(), "conv" | "matmul" | "gemm" | "attention"))
+            .or(k.ops.first())
+            .cloned()
+            .unwrap_or_default();
         let _ = writeln!(
             s,
             r#"<text x="{lx}" y="{}" font-size="11"><tspan font-weight="bold">{}</tspan> {} {} [{}] {:.1}%, {:.2} GFLOP/s</text>"#,
@@ -223,8 +371,15 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
 fn ticks(max: f64) -> Vec<f64> {
     let raw = (max / 5.0).max(1e-12);
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
-    (0..).map(|i| i as f64 * step).take_while(|v| *v <= max * (1.0 + 1e-9)).collect()
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    (0..)
+        .map(|i| i as f64 * step)
+        .take_while(|v| *v <= max * (1.0 + 1e-9))
+        .collect()
 }
 
 /// One point of a batch sweep.
@@ -242,8 +397,18 @@ pub struct BatchPoint {
 /// Throughput against latency (p99 on x, items/s on y), one line per thread count, each point labelled
 /// with its batch; a latency budget, when given, is a vertical line.
 pub fn batch_curve(title: &str, points: &[BatchPoint], budget_ms: Option<f64>) -> String {
-    let xmax = points.iter().map(|p| p.p99_ms).fold(budget_ms.unwrap_or(0.0), f64::max).max(1e-3) * 1.1;
-    let ymax = points.iter().map(|p| p.throughput).fold(0.0, f64::max).max(1e-3) * 1.15;
+    let xmax = points
+        .iter()
+        .map(|p| p.p99_ms)
+        .fold(budget_ms.unwrap_or(0.0), f64::max)
+        .max(1e-3)
+        * 1.1;
+    let ymax = points
+        .iter()
+        .map(|p| p.throughput)
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.15;
     let px = |v: f64| LEFT + v / xmax * (W - RIGHT - LEFT);
     let py = |v: f64| H - BOTTOM - v / ymax * (H - BOTTOM - TOP);
     let mut s = String::new();
@@ -252,19 +417,64 @@ pub fn batch_curve(title: &str, points: &[BatchPoint], budget_ms: Option<f64>) -
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="Helvetica, Arial, sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r##"<rect width="{W}" height="{H}" fill="#ffffff"/>"##);
-    let _ = writeln!(s, r#"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">{}</text>"#, xml(title));
-    let _ = writeln!(s, r##"<text x="{LEFT}" y="44" fill="#555">throughput against p99 latency, one point per batch size</text>"##);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="24" font-size="17" font-weight="bold">{}</text>"#,
+        xml(title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{LEFT}" y="44" fill="#555">throughput against p99 latency, one point per batch size</text>"##
+    );
     for vx in ticks(xmax) {
-        let _ = writeln!(s, r##"<line x1="{:.1}" y1="{TOP}" x2="{:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##, px(vx), px(vx), H - BOTTOM);
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, px(vx), H - BOTTOM + 18.0, number(vx));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{:.1}" y1="{TOP}" x2="{:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##,
+            px(vx),
+            px(vx),
+            H - BOTTOM
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            px(vx),
+            H - BOTTOM + 18.0,
+            number(vx)
+        );
     }
     for vy in ticks(ymax) {
-        let _ = writeln!(s, r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##, py(vy), W - RIGHT, py(vy));
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, py(vy) + 4.0, number(vy));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##,
+            py(vy),
+            W - RIGHT,
+            py(vy)
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LEFT - 6.0,
+            py(vy) + 4.0,
+            number(vy)
+        );
     }
-    let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##, W - RIGHT - LEFT, H - BOTTOM - TOP);
-    let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">p99 latency (ms)</text>"#, (LEFT + W - RIGHT) / 2.0, H - 20.0);
-    let _ = writeln!(s, r#"<text transform="translate(22,{:.1}) rotate(-90)" text-anchor="middle">throughput (items/s)</text>"#, (TOP + H - BOTTOM) / 2.0);
+    let _ = writeln!(
+        s,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
+        W - RIGHT - LEFT,
+        H - BOTTOM - TOP
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">p99 latency (ms)</text>"#,
+        (LEFT + W - RIGHT) / 2.0,
+        H - 20.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(22,{:.1}) rotate(-90)" text-anchor="middle">throughput (items/s)</text>"#,
+        (TOP + H - BOTTOM) / 2.0
+    );
     if let Some(b) = budget_ms {
         let _ = writeln!(
             s,
@@ -273,7 +483,12 @@ pub fn batch_curve(title: &str, points: &[BatchPoint], budget_ms: Option<f64>) -
             px(b),
             H - BOTTOM
         );
-        let _ = writeln!(s, r##"<text x="{:.1}" y="{:.1}" fill="#e63946">budget {b} ms</text>"##, px(b) + 4.0, TOP + 14.0);
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" fill="#e63946">budget {b} ms</text>"##,
+            px(b) + 4.0,
+            TOP + 14.0
+        );
     }
     let mut threads: Vec<u32> = points.iter().map(|p| p.threads).collect();
     threads.sort_unstable();
@@ -283,8 +498,15 @@ pub fn batch_curve(title: &str, points: &[BatchPoint], budget_ms: Option<f64>) -
         let c = palette[i % palette.len()];
         let mut line: Vec<&BatchPoint> = points.iter().filter(|p| p.threads == *t).collect();
         line.sort_by_key(|p| p.batch);
-        let path: Vec<String> = line.iter().map(|p| format!("{:.1},{:.1}", px(p.p99_ms), py(p.throughput))).collect();
-        let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#, path.join(" "));
+        let path: Vec<String> = line
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", px(p.p99_ms), py(p.throughput)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#,
+            path.join(" ")
+        );
         for p in line {
             let _ = writeln!(
                 s,
@@ -298,12 +520,28 @@ pub fn batch_curve(title: &str, points: &[BatchPoint], budget_ms: Option<f64>) -
                 p.p99_ms,
                 p.throughput
             );
-            let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" font-size="11">b={}</text>"#, px(p.p99_ms) + 7.0, py(p.throughput) - 6.0, p.batch);
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" font-size="11">b={}</text>"#,
+                px(p.p99_ms) + 7.0,
+                py(p.throughput) - 6.0,
+                p.batch
+            );
         }
         let ly = TOP + 30.0 + 24.0 * i as f64;
         let lx = W - RIGHT + 20.0;
-        let _ = writeln!(s, r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/>"#, lx + 20.0);
-        let _ = writeln!(s, r#"<text x="{}" y="{}">{t} thread{}</text>"#, lx + 26.0, ly + 4.0, if *t == 1 { "" } else { "s" });
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/>"#,
+            lx + 20.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{t} thread{}</text>"#,
+            lx + 26.0,
+            ly + 4.0,
+            if *t == 1 { "" } else { "s" }
+        );
     }
     s.push_str("</svg>\n");
     s
@@ -342,11 +580,19 @@ mod tests {
         ];
         let svg = roofline("model <with> \"quotes\"", &t, &ks);
         let doc = roxmltree::Document::parse(&svg).unwrap();
-        let ids: Vec<&str> = doc.descendants().filter(|n| n.attribute("class") == Some("kernel")).filter_map(|n| n.attribute("data-id")).collect();
+        let ids: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("kernel"))
+            .filter_map(|n| n.attribute("data-id"))
+            .collect();
         assert_eq!(ids, ["k0", "k1&", "copy0"]);
         assert!(!svg.contains("<script>"));
         // The tiled kernel, at 200 GFLOP/s on a 140 GFLOP/s roof, is clamped inside the plot.
-        let cy: Vec<f64> = doc.descendants().filter(|n| n.attribute("class") == Some("kernel")).map(|n| n.attribute("cy").unwrap().parse().unwrap()).collect();
+        let cy: Vec<f64> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("kernel"))
+            .map(|n| n.attribute("cy").unwrap().parse().unwrap())
+            .collect();
         assert!(cy.iter().all(|y| (TOP..=H - BOTTOM).contains(y)), "{cy:?}");
     }
 
@@ -354,11 +600,28 @@ mod tests {
     fn batch_curve_has_one_point_per_batch_and_thread_count() {
         let pts: Vec<BatchPoint> = [(1, 1, 2.0), (4, 1, 6.0), (1, 2, 1.5), (4, 2, 4.0)]
             .into_iter()
-            .map(|(b, t, ms)| BatchPoint { batch: b, threads: t, median_ms: ms, p90_ms: ms * 1.1, p99_ms: ms * 1.2, throughput: b as f64 / (ms / 1e3) })
+            .map(|(b, t, ms)| BatchPoint {
+                batch: b,
+                threads: t,
+                median_ms: ms,
+                p90_ms: ms * 1.1,
+                p99_ms: ms * 1.2,
+                throughput: b as f64 / (ms / 1e3),
+            })
             .collect();
         let svg = batch_curve("m", &pts, Some(5.0));
         let doc = roxmltree::Document::parse(&svg).unwrap();
-        assert_eq!(doc.descendants().filter(|n| n.attribute("class") == Some("batch")).count(), 4);
-        assert_eq!(doc.descendants().filter(|n| n.tag_name().name() == "polyline").count(), 2);
+        assert_eq!(
+            doc.descendants()
+                .filter(|n| n.attribute("class") == Some("batch"))
+                .count(),
+            4
+        );
+        assert_eq!(
+            doc.descendants()
+                .filter(|n| n.tag_name().name() == "polyline")
+                .count(),
+            2
+        );
     }
 }

@@ -18,15 +18,27 @@ pub fn cpu(t: &mlopt_cost::Target) -> crate::pipeline::Result<CpuTarget> {
         return Ok(CpuTarget::host());
     }
     let matrix = MatrixUnit::of(|f| t.features.iter().any(|x| x == f));
-    Ok(CpuTarget { name: t.name.clone(), cpu: t.llvm_cpu.clone(), features: String::new(), lanes: t.vector_bits / 32, matrix })
+    Ok(CpuTarget {
+        name: t.name.clone(),
+        cpu: t.llvm_cpu.clone(),
+        features: String::new(),
+        lanes: t.vector_bits / 32,
+        matrix,
+    })
 }
 
 /// The NVPTX target for a GPU `Target`: its compute capability and PTX version.
 pub fn gpu(t: &mlopt_cost::Target) -> crate::pipeline::Result<GpuTarget> {
     if !t.is_gpu() {
-        return Err(crate::DriverError::Input(format!("--target {} is not a GPU", t.name)));
+        return Err(crate::DriverError::Input(format!(
+            "--target {} is not a GPU",
+            t.name
+        )));
     }
-    Ok(GpuTarget { name: t.name.clone(), ptx: t.ptx })
+    Ok(GpuTarget {
+        name: t.name.clone(),
+        ptx: t.ptx,
+    })
 }
 
 #[cfg(test)]
@@ -49,7 +61,10 @@ mod tests {
             }
         }
         let zen4 = cpu(&mlopt_cost::Target::named("znver4", 1).unwrap()).unwrap();
-        assert_eq!((zen4.cpu.as_str(), zen4.lanes, zen4.matrix), ("znver4", 16, Some(MatrixUnit::Dot)));
+        assert_eq!(
+            (zen4.cpu.as_str(), zen4.lanes, zen4.matrix),
+            ("znver4", 16, Some(MatrixUnit::Dot))
+        );
         let v3 = cpu(&mlopt_cost::Target::named("x86-64-v3", 1).unwrap()).unwrap();
         assert_eq!((v3.lanes, v3.matrix), (8, None));
     }

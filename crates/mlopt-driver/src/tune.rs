@@ -24,8 +24,17 @@ fn load_cache(features: &str, threads: u32) -> HashMap<TileKey, Tile> {
         let f: Vec<&str> = line.split_whitespace().collect();
         let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
         if f.first() == Some(&features) && n(1) == Some(threads as u64) {
-            if let (Some(m), Some(nn), Some(k), Some(l), Some(mr), Some(nr), Some(tl)) = (n(2), n(3), n(4), n(5), n(6), n(7), n(8)) {
-                out.insert((m, nn, k, l as u32), Tile { mr, nr, lanes: tl as u32 });
+            if let (Some(m), Some(nn), Some(k), Some(l), Some(mr), Some(nr), Some(tl)) =
+                (n(2), n(3), n(4), n(5), n(6), n(7), n(8))
+            {
+                out.insert(
+                    (m, nn, k, l as u32),
+                    Tile {
+                        mr,
+                        nr,
+                        lanes: tl as u32,
+                    },
+                );
             }
         }
     }
@@ -37,7 +46,10 @@ fn store_cache(features: &str, threads: u32, key: TileKey, t: Tile) {
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let line = format!("{features} {threads} {} {} {} {} {} {} {}\n", key.0, key.1, key.2, key.3, t.mr, t.nr, t.lanes);
+    let line = format!(
+        "{features} {threads} {} {} {} {} {} {} {}\n",
+        key.0, key.1, key.2, key.3, t.mr, t.nr, t.lanes
+    );
     let mut text = std::fs::read_to_string(&path).unwrap_or_default();
     text.push_str(&line);
     let _ = std::fs::write(&path, text);
@@ -47,7 +59,10 @@ fn store_cache(features: &str, threads: u32, key: TileKey, t: Tile) {
 fn solo(p: &Program, step: usize) -> Program {
     let s = &p.steps[step];
     let k = p.kernels[s.kernel].clone();
-    let mut q = Program { name: format!("{}_{}", p.name, k.name), ..Program::default() };
+    let mut q = Program {
+        name: format!("{}_{}", p.name, k.name),
+        ..Program::default()
+    };
     let mut args = Vec::new();
     for (b, place) in k.params().iter().zip(&s.args) {
         args.push(match place {
@@ -57,7 +72,11 @@ fn solo(p: &Program, step: usize) -> Program {
             }
             _ => {
                 let buf = k.buffer(*b);
-                q.inputs.push(Io { name: buf.name.clone(), elem: buf.elem, dims: buf.dims.clone() });
+                q.inputs.push(Io {
+                    name: buf.name.clone(),
+                    elem: buf.elem,
+                    dims: buf.dims.clone(),
+                });
                 Place::Input(q.inputs.len() - 1)
             }
         });
@@ -93,8 +112,19 @@ fn time_step(p: &Program, step: usize, t: &CpuTarget, threads: u32) -> Result<f6
 }
 
 /// Measures candidate tiles for every tiled contraction of `g` (optimised) and returns the winners.
-pub fn tune(g: &Graph, opts: &mlopt_lower::Options, t: &CpuTarget, threads: u32) -> Result<HashMap<TileKey, Tile>> {
-    let features = format!("{}:{:x}", t.name, t.features.bytes().fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64)));
+pub fn tune(
+    g: &Graph,
+    opts: &mlopt_lower::Options,
+    t: &CpuTarget,
+    threads: u32,
+) -> Result<HashMap<TileKey, Tile>> {
+    let features = format!(
+        "{}:{:x}",
+        t.name,
+        t.features
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64))
+    );
     let mut chosen = load_cache(&features, threads);
     let base = mlopt_lower::lower_program(g, opts)?;
     for (si, s) in base.steps.iter().enumerate() {
@@ -110,13 +140,23 @@ pub fn tune(g: &Graph, opts: &mlopt_lower::Options, t: &CpuTarget, threads: u32)
             o.tiles.insert(key, cand);
             let p = mlopt_lower::lower_program(g, &o)?;
             let secs = time_step(&p, si, t, threads)?;
-            eprintln!("tune: {}x{}x{} tile {}x{}: {:.3} ms", key.0, key.1, key.2, cand.mr, cand.nr, secs * 1e3);
+            eprintln!(
+                "tune: {}x{}x{} tile {}x{}: {:.3} ms",
+                key.0,
+                key.1,
+                key.2,
+                cand.mr,
+                cand.nr,
+                secs * 1e3
+            );
             if best.is_none_or(|(b, _)| secs < b) {
                 best = Some((secs, cand));
             }
         }
         let Some((_, tile)) = best else {
-            return Err(DriverError::Input(format!("no tile candidates for {key:?}")));
+            return Err(DriverError::Input(format!(
+                "no tile candidates for {key:?}"
+            )));
         };
         store_cache(&features, threads, key, tile);
         chosen.insert(key, tile);

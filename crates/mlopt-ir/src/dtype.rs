@@ -20,7 +20,17 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 9] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::U8, DType::I32, DType::I64, DType::Bool];
+    pub const ALL: [DType; 9] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
 
     /// The spelling used in the text IR.
     pub fn name(self) -> &'static str {
@@ -79,7 +89,10 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
-        TensorType { dtype, shape: shape.into() }
+        TensorType {
+            dtype,
+            shape: shape.into(),
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -104,7 +117,9 @@ impl TensorType {
     /// count as 1 for the overflow check: code multiplies sub-ranges of a shape (Flatten's two halves), and
     /// `[0, 2^40, 2^40]` is as absurd as `[1, 2^40, 2^40]`.
     pub fn checked_bytes(&self) -> Option<usize> {
-        self.shape.iter().try_fold(self.dtype.size(), |a, &d| a.checked_mul(d.max(1)))?;
+        self.shape
+            .iter()
+            .try_fold(self.dtype.size(), |a, &d| a.checked_mul(d.max(1)))?;
         Some(self.numel() * self.dtype.size())
     }
 }
@@ -125,7 +140,8 @@ impl fmt::Display for TensorType {
 /// The number of elements of `dims`, or `None` if it (or the product of any of its sub-ranges) overflows:
 /// zero dimensions count as 1 for the check. For shapes that come from user data (attributes, constants).
 pub fn checked_numel(dims: &[usize]) -> Option<usize> {
-    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))?;
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))?;
     Some(dims.iter().product())
 }
 
@@ -134,8 +150,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for (i, o) in out.iter_mut().enumerate() {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         *o = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,

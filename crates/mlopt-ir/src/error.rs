@@ -5,9 +5,18 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum IrError {
     #[error("node '{node}' ({op}){}: {msg}", input.map(|i| format!(", input {i}")).unwrap_or_default())]
-    Infer { node: String, op: &'static str, input: Option<usize>, msg: String },
+    Infer {
+        node: String,
+        op: &'static str,
+        input: Option<usize>,
+        msg: String,
+    },
     #[error("evaluating node '{node}' ({op}): {msg}")]
-    Eval { node: String, op: &'static str, msg: String },
+    Eval {
+        node: String,
+        op: &'static str,
+        msg: String,
+    },
     #[error("graph input '{name}': {msg}")]
     Input { name: String, msg: String },
     #[error("the graph has a cycle")]

@@ -24,7 +24,11 @@ pub fn max_value_bytes() -> usize {
         // MemTotal in /proc/meminfo, in kB; without it (not Linux), the fixed cap.
         let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
             let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-            line.split_whitespace().nth(1)?.parse::<usize>().ok()?.checked_mul(1024)
+            line.split_whitespace()
+                .nth(1)?
+                .parse::<usize>()
+                .ok()?
+                .checked_mul(1024)
         });
         total.map_or(64 << 30, |t| t.min(64 << 30))
     })
@@ -99,14 +103,20 @@ pub struct Graph {
 
 impl Graph {
     pub fn new(name: impl Into<String>) -> Self {
-        Graph { name: name.into(), ..Default::default() }
+        Graph {
+            name: name.into(),
+            ..Default::default()
+        }
     }
 
     /// Adds a graph input.
     pub fn add_input(&mut self, name: impl Into<String>, ty: TensorType) -> Value {
         let id = self.add_raw(Op::Input, name.into(), &[], vec![ty]);
         self.inputs.push(id);
-        Value { node: id, output: 0 }
+        Value {
+            node: id,
+            output: 0,
+        }
     }
 
     /// Adds a constant. An empty name becomes `const.N`, so that every constant can be referred to by
@@ -122,15 +132,37 @@ impl Graph {
         if self.g[id.0].name.is_empty() {
             self.g[id.0].name = format!("const.{}", id.index());
         }
-        Value { node: id, output: 0 }
+        Value {
+            node: id,
+            output: 0,
+        }
     }
 
     /// Adds a node with the given output types, without checking them (the verifier does).
-    pub fn add_raw(&mut self, op: Op, name: String, inputs: &[Option<Value>], outputs: Vec<TensorType>) -> NodeId {
-        let id = NodeId(self.g.add_node(Node { op, name, outputs, num_inputs: inputs.len(), kernel: None }));
+    pub fn add_raw(
+        &mut self,
+        op: Op,
+        name: String,
+        inputs: &[Option<Value>],
+        outputs: Vec<TensorType>,
+    ) -> NodeId {
+        let id = NodeId(self.g.add_node(Node {
+            op,
+            name,
+            outputs,
+            num_inputs: inputs.len(),
+            kernel: None,
+        }));
         for (slot, v) in inputs.iter().enumerate() {
             if let Some(v) = v {
-                self.g.add_edge(v.node.0, id.0, Edge { output: v.output, input: slot as u32 });
+                self.g.add_edge(
+                    v.node.0,
+                    id.0,
+                    Edge {
+                        output: v.output,
+                        input: slot as u32,
+                    },
+                );
             }
         }
         id
@@ -138,9 +170,23 @@ impl Graph {
 
     /// The output types `op` would have on these inputs, keeping the first `num_outputs` (trailing optional
     /// outputs such as LayerNormalization's statistics may be dropped). Errors name `name` and the op.
-    pub fn infer_outputs(&self, op: &Op, name: &str, inputs: &[Option<Value>], num_outputs: Option<usize>) -> Result<Vec<TensorType>> {
-        let tys: Vec<Option<&TensorType>> = inputs.iter().map(|v| v.map(|v| self.value_type(v))).collect();
-        let mut outs = infer(op, &tys).map_err(|e| IrError::Infer { node: name.to_string(), op: op.name(), input: e.input, msg: e.msg })?;
+    pub fn infer_outputs(
+        &self,
+        op: &Op,
+        name: &str,
+        inputs: &[Option<Value>],
+        num_outputs: Option<usize>,
+    ) -> Result<Vec<TensorType>> {
+        let tys: Vec<Option<&TensorType>> = inputs
+            .iter()
+            .map(|v| v.map(|v| self.value_type(v)))
+            .collect();
+        let mut outs = infer(op, &tys).map_err(|e| IrError::Infer {
+            node: name.to_string(),
+            op: op.name(),
+            input: e.input,
+            msg: e.msg,
+        })?;
         if let Some(n) = num_outputs {
             outs.truncate(n.max(1));
         }
@@ -149,10 +195,16 @@ impl Graph {
                 node: name.to_string(),
                 op: op.name(),
                 input: None,
-                msg: format!("output of rank {} exceeds mlopt's limit of {MAX_RANK}", t.rank()),
+                msg: format!(
+                    "output of rank {} exceeds mlopt's limit of {MAX_RANK}",
+                    t.rank()
+                ),
             });
         }
-        if let Some(t) = outs.iter().find(|t| t.checked_bytes().is_none_or(|b| b > max_value_bytes())) {
+        if let Some(t) = outs
+            .iter()
+            .find(|t| t.checked_bytes().is_none_or(|b| b > max_value_bytes()))
+        {
             return Err(IrError::Infer {
                 node: name.to_string(),
                 op: op.name(),
@@ -164,17 +216,31 @@ impl Graph {
     }
 
     /// Adds a node, inferring its output types (see `infer_outputs`).
-    pub fn add_node(&mut self, op: Op, name: impl Into<String>, inputs: &[Option<Value>], num_outputs: Option<usize>) -> Result<Vec<Value>> {
+    pub fn add_node(
+        &mut self,
+        op: Op,
+        name: impl Into<String>,
+        inputs: &[Option<Value>],
+        num_outputs: Option<usize>,
+    ) -> Result<Vec<Value>> {
         let name = name.into();
         let outs = self.infer_outputs(&op, &name, inputs, num_outputs)?;
         Ok(self.add_typed(op, name, inputs, outs))
     }
 
     /// Adds a node whose output types were already inferred (by `infer_outputs`) and returns its values.
-    pub fn add_typed(&mut self, op: Op, name: String, inputs: &[Option<Value>], outs: Vec<TensorType>) -> Vec<Value> {
+    pub fn add_typed(
+        &mut self,
+        op: Op,
+        name: String,
+        inputs: &[Option<Value>],
+        outs: Vec<TensorType>,
+    ) -> Vec<Value> {
         let n = outs.len();
         let id = self.add_raw(op, name, inputs, outs);
-        (0..n as u32).map(|output| Value { node: id, output }).collect()
+        (0..n as u32)
+            .map(|output| Value { node: id, output })
+            .collect()
     }
 
     /// Adds a single-output node and returns its value.
@@ -213,7 +279,10 @@ impl Graph {
         for e in self.g.edges_directed(id.0, Direction::Incoming) {
             let w = e.weight();
             if let Some(slot) = v.get_mut(w.input as usize) {
-                *slot = Some(Value { node: NodeId(e.source()), output: w.output });
+                *slot = Some(Value {
+                    node: NodeId(e.source()),
+                    output: w.output,
+                });
             }
         }
         v
@@ -221,19 +290,30 @@ impl Graph {
 
     /// The types of the node's inputs by slot; `None` for an optional input left out.
     pub fn input_types(&self, id: NodeId) -> Vec<Option<&TensorType>> {
-        self.inputs(id).into_iter().map(|v| v.map(|v| self.value_type(v))).collect()
+        self.inputs(id)
+            .into_iter()
+            .map(|v| v.map(|v| self.value_type(v)))
+            .collect()
     }
 
     /// The kernels (fusion groups) by id: their members in node order, and their roots (the members whose
     /// values are read outside the kernel or returned; a verified graph has exactly one per kernel).
     pub fn kernels(&self) -> std::collections::BTreeMap<u32, KernelNodes> {
-        let outputs: std::collections::HashSet<NodeId> = self.outputs.iter().map(|(_, v)| v.node).collect();
+        let outputs: std::collections::HashSet<NodeId> =
+            self.outputs.iter().map(|(_, v)| v.node).collect();
         let mut ks: std::collections::BTreeMap<u32, KernelNodes> = Default::default();
         for n in self.node_ids() {
-            let Some(k) = self.node(n).kernel else { continue };
+            let Some(k) = self.node(n).kernel else {
+                continue;
+            };
             let entry = ks.entry(k).or_default();
             entry.members.push(n);
-            if outputs.contains(&n) || self.users(n).iter().any(|(u, _)| self.node(*u).kernel != Some(k)) {
+            if outputs.contains(&n)
+                || self
+                    .users(n)
+                    .iter()
+                    .any(|(u, _)| self.node(*u).kernel != Some(k))
+            {
                 entry.roots.push(n);
             }
         }
@@ -242,7 +322,10 @@ impl Graph {
 
     /// Nodes that read any output of `id`, with the slot they read it into.
     pub fn users(&self, id: NodeId) -> Vec<(NodeId, Edge)> {
-        self.g.edges_directed(id.0, Direction::Outgoing).map(|e| (NodeId(e.target()), *e.weight())).collect()
+        self.g
+            .edges_directed(id.0, Direction::Outgoing)
+            .map(|e| (NodeId(e.target()), *e.weight()))
+            .collect()
     }
 
     pub fn graph_inputs(&self) -> &[NodeId] {
@@ -307,7 +390,14 @@ impl Graph {
             .collect();
         for (eid, target, input) in edges {
             self.g.remove_edge(eid);
-            self.g.add_edge(new.node.0, target, Edge { output: new.output, input });
+            self.g.add_edge(
+                new.node.0,
+                target,
+                Edge {
+                    output: new.output,
+                    input,
+                },
+            );
         }
         for (_, v) in &mut self.outputs {
             if *v == old {

@@ -15,7 +15,10 @@ pub struct InferError {
 type R<T> = Result<T, InferError>;
 
 fn err<T>(input: Option<usize>, msg: impl Into<String>) -> R<T> {
-    Err(InferError { input, msg: msg.into() })
+    Err(InferError {
+        input,
+        msg: msg.into(),
+    })
 }
 
 fn get<'a>(inputs: &[Option<&'a TensorType>], i: usize) -> R<&'a TensorType> {
@@ -37,7 +40,10 @@ fn same_dtype(a: &TensorType, b: &TensorType, i: usize) -> R<()> {
     if a.dtype == b.dtype {
         Ok(())
     } else {
-        err(Some(i), format!("dtype {} differs from input 0's {}", b.dtype, a.dtype))
+        err(
+            Some(i),
+            format!("dtype {} differs from input 0's {}", b.dtype, a.dtype),
+        )
     }
 }
 
@@ -46,7 +52,12 @@ fn broadcast_all(tys: &[&TensorType]) -> R<Vec<usize>> {
     for (i, t) in tys.iter().enumerate() {
         shape = match broadcast_shapes(&shape, &t.shape) {
             Some(s) => s,
-            None => return err(Some(i), format!("shape {:?} does not broadcast with {:?}", t.shape, shape)),
+            None => {
+                return err(
+                    Some(i),
+                    format!("shape {:?} does not broadcast with {:?}", t.shape, shape),
+                )
+            }
         };
     }
     Ok(shape)
@@ -55,14 +66,26 @@ fn broadcast_all(tys: &[&TensorType]) -> R<Vec<usize>> {
 /// Output size of one spatial axis of a convolution or pooling window (ONNX rule: with `ceil`, a last
 /// window that would start in the end padding is dropped).
 /// None also when the arithmetic would overflow (sizes from a model file may be anything).
-pub fn window_out(input: usize, kernel: usize, stride: usize, dilation: usize, pad_begin: usize, pad_end: usize, ceil: bool) -> Option<usize> {
+pub fn window_out(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pad_begin: usize,
+    pad_end: usize,
+    ceil: bool,
+) -> Option<usize> {
     let span = dilation.checked_mul(kernel.max(1) - 1)?.checked_add(1)?;
     let padded = input.checked_add(pad_begin)?.checked_add(pad_end)?;
     if padded < span || stride == 0 {
         return None;
     }
     let num = padded - span;
-    let mut out = if ceil { num.div_ceil(stride) + 1 } else { num / stride + 1 };
+    let mut out = if ceil {
+        num.div_ceil(stride) + 1
+    } else {
+        num / stride + 1
+    };
     if ceil && out > 1 && (out - 1).checked_mul(stride)? >= input + pad_begin {
         out -= 1;
     }
@@ -83,11 +106,20 @@ impl IndexBounds {
     pub fn of(op: &Op, data: &TensorType) -> Option<IndexBounds> {
         let dims = |skip: usize| data.shape.iter().skip(skip).map(|d| *d as i64).collect();
         match op {
-            Op::Gather { axis } | Op::GatherElements { axis } | Op::ScatterElements { axis, .. } => {
-                Some(IndexBounds { bounds: vec![*data.shape.get(*axis)? as i64], tuple: false })
-            }
-            Op::GatherNd { batch_dims } => Some(IndexBounds { bounds: dims(*batch_dims), tuple: true }),
-            Op::ScatterNd { .. } => Some(IndexBounds { bounds: dims(0), tuple: true }),
+            Op::Gather { axis }
+            | Op::GatherElements { axis }
+            | Op::ScatterElements { axis, .. } => Some(IndexBounds {
+                bounds: vec![*data.shape.get(*axis)? as i64],
+                tuple: false,
+            }),
+            Op::GatherNd { batch_dims } => Some(IndexBounds {
+                bounds: dims(*batch_dims),
+                tuple: true,
+            }),
+            Op::ScatterNd { .. } => Some(IndexBounds {
+                bounds: dims(0),
+                tuple: true,
+            }),
             _ => None,
         }
     }
@@ -100,16 +132,26 @@ impl IndexBounds {
 
     /// The first out-of-range index among `values` (flat, last axis `last` long), with its bound.
     pub fn first_bad(&self, values: &[i64], last: usize) -> Option<(i64, i64)> {
-        values.iter().enumerate().map(|(i, v)| (*v, self.bound(i, last))).find(|(v, d)| *v < -d || *v >= *d)
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (*v, self.bound(i, last)))
+            .find(|(v, d)| *v < -d || *v >= *d)
     }
 }
 
 /// A window's kernel, stride or dilation of 0 on some axis, named for the error (ONNX requires each to be
 /// positive; a zero stride would divide by zero and a zero kernel window reads nothing).
 fn zero_geometry(kernel: &[usize], strides: &[usize], dilations: &[usize]) -> Option<String> {
-    for (what, v) in [("kernel", kernel), ("stride", strides), ("dilation", dilations)] {
+    for (what, v) in [
+        ("kernel", kernel),
+        ("stride", strides),
+        ("dilation", dilations),
+    ] {
         if let Some(i) = v.iter().position(|x| *x == 0) {
-            return Some(format!("{what} 0 on spatial axis {i} (it must be positive)"));
+            return Some(format!(
+                "{what} 0 on spatial axis {i} (it must be positive)"
+            ));
         }
     }
     None
@@ -119,7 +161,18 @@ fn zero_geometry(kernel: &[usize], strides: &[usize], dilations: &[usize]) -> Op
 pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
     let (lo, hi) = op.arity();
     if inputs.len() < lo || inputs.len() > hi {
-        return err(None, format!("takes {lo}..{} inputs, got {}", if hi == usize::MAX { "".into() } else { hi.to_string() }, inputs.len()));
+        return err(
+            None,
+            format!(
+                "takes {lo}..{} inputs, got {}",
+                if hi == usize::MAX {
+                    "".into()
+                } else {
+                    hi.to_string()
+                },
+                inputs.len()
+            ),
+        );
     }
     for (i, t) in inputs.iter().enumerate() {
         if t.is_none() && !op.input_optional(i) {
@@ -150,7 +203,11 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                 }
                 _ => need_float(x, 0)?,
             }
-            let dtype = if matches!(u, Unary::IsNaN | Unary::IsInf { .. }) { DType::Bool } else { x.dtype };
+            let dtype = if matches!(u, Unary::IsNaN | Unary::IsInf { .. }) {
+                DType::Bool
+            } else {
+                x.dtype
+            };
             one(TensorType::new(dtype, x.shape.clone()))
         }
         Op::Binary(b) => {
@@ -174,11 +231,17 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             if *b == Binary::PRelu && shape != a.shape {
                 return err(Some(1), "slope must broadcast to the input's shape");
             }
-            let dtype = if b.is_comparison() || b.is_logical() { DType::Bool } else { a.dtype };
+            let dtype = if b.is_comparison() || b.is_logical() {
+                DType::Bool
+            } else {
+                a.dtype
+            };
             one(TensorType::new(dtype, shape))
         }
         Op::Nary(_) => {
-            let tys: Vec<&TensorType> = (0..inputs.len()).map(|i| get(inputs, i)).collect::<R<_>>()?;
+            let tys: Vec<&TensorType> = (0..inputs.len())
+                .map(|i| get(inputs, i))
+                .collect::<R<_>>()?;
             for (i, t) in tys.iter().enumerate() {
                 same_dtype(tys[0], t, i)?;
             }
@@ -212,7 +275,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let x = x()?;
             need_float(x, 0)?;
             if *axis >= x.rank() {
-                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+                return err(
+                    Some(0),
+                    format!("axis {axis} out of range for rank {}", x.rank()),
+                );
             }
             one(x.clone())
         }
@@ -228,27 +294,48 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let scores = infer_matmul(q, kt)?.remove(0);
             if let Some(m) = inputs.get(3).copied().flatten() {
                 same_dtype(q, m, 3)?;
-                if crate::dtype::broadcast_shapes(&scores.shape, &m.shape).as_deref() != Some(&scores.shape[..]) {
-                    return err(Some(3), format!("mask {m} does not broadcast to the scores {scores}"));
+                if crate::dtype::broadcast_shapes(&scores.shape, &m.shape).as_deref()
+                    != Some(&scores.shape[..])
+                {
+                    return err(
+                        Some(3),
+                        format!("mask {m} does not broadcast to the scores {scores}"),
+                    );
                 }
             }
             infer_matmul(&scores, v)
         }
-        Op::Gemm { trans_a, trans_b, .. } => {
+        Op::Gemm {
+            trans_a, trans_b, ..
+        } => {
             let (a, b) = (get(inputs, 0)?, get(inputs, 1)?);
             same_dtype(a, b, 1)?;
             if a.rank() != 2 || b.rank() != 2 {
-                return err(Some(if a.rank() != 2 { 0 } else { 1 }), "gemm takes 2-D matrices");
+                return err(
+                    Some(if a.rank() != 2 { 0 } else { 1 }),
+                    "gemm takes 2-D matrices",
+                );
             }
-            let (m, k) = if *trans_a { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
-            let (k2, n) = if *trans_b { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            let (m, k) = if *trans_a {
+                (a.shape[1], a.shape[0])
+            } else {
+                (a.shape[0], a.shape[1])
+            };
+            let (k2, n) = if *trans_b {
+                (b.shape[1], b.shape[0])
+            } else {
+                (b.shape[0], b.shape[1])
+            };
             if k != k2 {
                 return err(Some(1), format!("inner dimensions differ: {k} vs {k2}"));
             }
             if let Some(Some(c)) = inputs.get(2) {
                 same_dtype(a, c, 2)?;
                 if broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
-                    return err(Some(2), format!("C of shape {:?} does not broadcast to [{m},{n}]", c.shape));
+                    return err(
+                        Some(2),
+                        format!("C of shape {:?} does not broadcast to [{m},{n}]", c.shape),
+                    );
                 }
             }
             one(TensorType::new(a.dtype, vec![m, n]))
@@ -266,7 +353,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                 // (ONNX lets the parameters' float type differ from the input's; an integer is invalid.)
                 need_float(t, i)?;
                 if t.shape != [x.shape[1]] {
-                    return err(Some(i), format!("expected shape [{}], got {:?}", x.shape[1], t.shape));
+                    return err(
+                        Some(i),
+                        format!("expected shape [{}], got {:?}", x.shape[1], t.shape),
+                    );
                 }
             }
             one(x.clone())
@@ -275,14 +365,20 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let x = x()?;
             need_float(x, 0)?;
             if *axis >= x.rank() {
-                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+                return err(
+                    Some(0),
+                    format!("axis {axis} out of range for rank {}", x.rank()),
+                );
             }
             let norm = &x.shape[*axis..];
             for i in 1..inputs.len() {
                 if let Some(t) = inputs[i] {
                     same_dtype(x, t, i)?;
                     if broadcast_shapes(&t.shape, norm).as_deref() != Some(norm) {
-                        return err(Some(i), format!("shape {:?} does not broadcast to {:?}", t.shape, norm));
+                        return err(
+                            Some(i),
+                            format!("shape {:?} does not broadcast to {:?}", t.shape, norm),
+                        );
                     }
                 }
             }
@@ -307,18 +403,39 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         Op::MaxPool { pool: p, .. } | Op::AveragePool { pool: p, .. } => {
             let x = x()?;
             let sp = x.rank().saturating_sub(2);
-            if x.rank() < 3 || p.kernel.len() != sp || p.strides.len() != sp || p.dilations.len() != sp || p.pads.len() != 2 * sp {
-                return err(Some(0), format!("pooling geometry does not match input {x}"));
+            if x.rank() < 3
+                || p.kernel.len() != sp
+                || p.strides.len() != sp
+                || p.dilations.len() != sp
+                || p.pads.len() != 2 * sp
+            {
+                return err(
+                    Some(0),
+                    format!("pooling geometry does not match input {x}"),
+                );
             }
             if let Some(why) = zero_geometry(&p.kernel, &p.strides, &p.dilations) {
                 return err(None, why);
             }
             let mut shape = x.shape[..2].to_vec();
             for i in 0..sp {
-                let o = window_out(x.shape[i + 2], p.kernel[i], p.strides[i], p.dilations[i], p.pads[i], p.pads[i + sp], p.ceil_mode);
+                let o = window_out(
+                    x.shape[i + 2],
+                    p.kernel[i],
+                    p.strides[i],
+                    p.dilations[i],
+                    p.pads[i],
+                    p.pads[i + sp],
+                    p.ceil_mode,
+                );
                 match o {
                     Some(o) => shape.push(o),
-                    None => return err(Some(0), format!("window larger than padded input on axis {}", i + 2)),
+                    None => {
+                        return err(
+                            Some(0),
+                            format!("window larger than padded input on axis {}", i + 2),
+                        )
+                    }
                 }
             }
             let mut outs = vec![TensorType::new(x.dtype, shape.clone())];
@@ -338,25 +455,52 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             one(TensorType::new(x.dtype, shape))
         }
-        Op::Reduce { axes, keepdims, kind } => {
+        Op::Reduce {
+            axes,
+            keepdims,
+            kind,
+        } => {
             let x = x()?;
             if x.dtype == DType::Bool && !matches!(kind, ReduceKind::Max | ReduceKind::Min) {
                 return err(Some(0), "does not take bool");
             }
-            if !matches!(kind, ReduceKind::Sum | ReduceKind::Max | ReduceKind::Min | ReduceKind::Prod | ReduceKind::SumSquare | ReduceKind::L1) {
+            if !matches!(
+                kind,
+                ReduceKind::Sum
+                    | ReduceKind::Max
+                    | ReduceKind::Min
+                    | ReduceKind::Prod
+                    | ReduceKind::SumSquare
+                    | ReduceKind::L1
+            ) {
                 need_float(x, 0)?;
             }
             if axes.iter().any(|a| *a >= x.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
-                return err(None, format!("axes {axes:?} must be sorted, unique and below rank {}", x.rank()));
+                return err(
+                    None,
+                    format!(
+                        "axes {axes:?} must be sorted, unique and below rank {}",
+                        x.rank()
+                    ),
+                );
             }
-            one(TensorType::new(x.dtype, reduced_shape(&x.shape, axes, *keepdims)))
+            one(TensorType::new(
+                x.dtype,
+                reduced_shape(&x.shape, axes, *keepdims),
+            ))
         }
         Op::Arg { axis, keepdims, .. } => {
             let x = x()?;
             if *axis >= x.rank() {
-                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+                return err(
+                    Some(0),
+                    format!("axis {axis} out of range for rank {}", x.rank()),
+                );
             }
-            one(TensorType::new(DType::I64, reduced_shape(&x.shape, &[*axis], *keepdims)))
+            one(TensorType::new(
+                DType::I64,
+                reduced_shape(&x.shape, &[*axis], *keepdims),
+            ))
         }
         Op::Reshape { shape } => {
             let x = x()?;
@@ -368,24 +512,44 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         Op::Transpose { perm } => {
             let x = x()?;
             let mut seen = vec![false; x.rank()];
-            if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
-                return err(None, format!("perm {perm:?} is not a permutation of rank {}", x.rank()));
+            if perm.len() != x.rank()
+                || perm
+                    .iter()
+                    .any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
+            {
+                return err(
+                    None,
+                    format!("perm {perm:?} is not a permutation of rank {}", x.rank()),
+                );
             }
-            one(TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect::<Vec<_>>()))
+            one(TensorType::new(
+                x.dtype,
+                perm.iter().map(|&p| x.shape[p]).collect::<Vec<_>>(),
+            ))
         }
         Op::Concat { axis } => {
             let x = x()?;
             if *axis >= x.rank() {
-                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+                return err(
+                    Some(0),
+                    format!("axis {axis} out of range for rank {}", x.rank()),
+                );
             }
             let mut shape = x.shape.clone();
             shape[*axis] = 0;
             for i in 0..inputs.len() {
                 let t = get(inputs, i)?;
                 same_dtype(x, t, i)?;
-                let ok = t.rank() == x.rank() && (0..x.rank()).all(|d| d == *axis || t.shape[d] == x.shape[d]);
+                let ok = t.rank() == x.rank()
+                    && (0..x.rank()).all(|d| d == *axis || t.shape[d] == x.shape[d]);
                 if !ok {
-                    return err(Some(i), format!("shape {:?} does not match {:?} off axis {axis}", t.shape, x.shape));
+                    return err(
+                        Some(i),
+                        format!(
+                            "shape {:?} does not match {:?} off axis {axis}",
+                            t.shape, x.shape
+                        ),
+                    );
                 }
                 shape[*axis] += t.shape[*axis];
             }
@@ -397,7 +561,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                 return err(None, "no outputs");
             }
             if *axis >= x.rank() || sizes.iter().sum::<usize>() != x.shape[*axis] {
-                return err(Some(0), format!("sizes {sizes:?} do not split axis {axis} of {x}"));
+                return err(
+                    Some(0),
+                    format!("sizes {sizes:?} do not split axis {axis} of {x}"),
+                );
             }
             Ok(sizes
                 .iter()
@@ -408,19 +575,35 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                 })
                 .collect())
         }
-        Op::Slice { starts, steps, lens } => {
+        Op::Slice {
+            starts,
+            steps,
+            lens,
+        } => {
             let x = x()?;
             let r = x.rank();
             if starts.len() != r || steps.len() != r || lens.len() != r {
-                return err(None, format!("slice attributes must have one entry per axis of {x}"));
+                return err(
+                    None,
+                    format!("slice attributes must have one entry per axis of {x}"),
+                );
             }
             for d in 0..r {
                 // (Checked: a step or length from a model file may be anything, i64::MIN included.)
-                let last = i64::try_from(lens[d]).ok().and_then(|n| steps[d].checked_mul(n - 1)).and_then(|o| o.checked_add(i64::try_from(starts[d]).ok()?));
+                let last = i64::try_from(lens[d])
+                    .ok()
+                    .and_then(|n| steps[d].checked_mul(n - 1))
+                    .and_then(|o| o.checked_add(i64::try_from(starts[d]).ok()?));
                 let inside = |l: i64| starts[d] < x.shape[d] && l >= 0 && (l as usize) < x.shape[d];
                 let ok = steps[d] != 0 && (lens[d] == 0 || last.is_some_and(inside));
                 if !ok {
-                    return err(None, format!("axis {d}: start {} step {} len {} leaves 0..{}", starts[d], steps[d], lens[d], x.shape[d]));
+                    return err(
+                        None,
+                        format!(
+                            "axis {d}: start {} step {} len {} leaves 0..{}",
+                            starts[d], steps[d], lens[d], x.shape[d]
+                        ),
+                    );
                 }
             }
             one(TensorType::new(x.dtype, lens.clone()))
@@ -428,7 +611,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         Op::Gather { axis } => {
             let (x, idx) = (x()?, get(inputs, 1)?);
             if *axis >= x.rank() {
-                return err(Some(0), format!("axis {axis} out of range for rank {}", x.rank()));
+                return err(
+                    Some(0),
+                    format!("axis {axis} out of range for rank {}", x.rank()),
+                );
             }
             if !matches!(idx.dtype, DType::I32 | DType::I64) {
                 return err(Some(1), "indices must be i32 or i64");
@@ -460,7 +646,14 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             if repeats.len() != x.rank() {
                 return err(None, "repeats must have one entry per axis");
             }
-            one(TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d.saturating_mul(*r)).collect::<Vec<_>>()))
+            one(TensorType::new(
+                x.dtype,
+                x.shape
+                    .iter()
+                    .zip(repeats)
+                    .map(|(d, r)| d.saturating_mul(*r))
+                    .collect::<Vec<_>>(),
+            ))
         }
         Op::Pad { pads, mode, .. } => {
             let x = x()?;
@@ -470,8 +663,15 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             let mut shape = vec![];
             for d in 0..r {
-                let n = i64::try_from(x.shape[d]).ok().and_then(|s| s.checked_add(pads[d])?.checked_add(pads[d + r]));
-                let Some(n) = n.filter(|n| *n >= 0) else { return err(None, format!("pads crop axis {d} below zero or overflow it")) };
+                let n = i64::try_from(x.shape[d])
+                    .ok()
+                    .and_then(|s| s.checked_add(pads[d])?.checked_add(pads[d + r]));
+                let Some(n) = n.filter(|n| *n >= 0) else {
+                    return err(
+                        None,
+                        format!("pads crop axis {d} below zero or overflow it"),
+                    );
+                };
                 if *mode != PadMode::Constant && x.shape[d] == 0 && n > 0 {
                     return err(Some(0), format!("cannot {} pad an empty axis", op.name()));
                 }
@@ -489,40 +689,72 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
         Op::DepthToSpace { blocksize: b, .. } => {
             let x = x()?;
             if x.rank() != 4 || *b == 0 {
-                return err(Some(0), "expects [N, C, H, W] and a blocksize of at least 1".to_string());
+                return err(
+                    Some(0),
+                    "expects [N, C, H, W] and a blocksize of at least 1".to_string(),
+                );
             }
-            let (bb, h, w) = (b.checked_mul(*b), x.shape[2].checked_mul(*b), x.shape[3].checked_mul(*b));
-            let (Some(bb), Some(h), Some(w)) = (bb, h, w) else { return err(Some(0), format!("blocksize {b} is too large for {x}")) };
+            let (bb, h, w) = (
+                b.checked_mul(*b),
+                x.shape[2].checked_mul(*b),
+                x.shape[3].checked_mul(*b),
+            );
+            let (Some(bb), Some(h), Some(w)) = (bb, h, w) else {
+                return err(Some(0), format!("blocksize {b} is too large for {x}"));
+            };
             if x.shape[1] % bb != 0 {
-                return err(Some(0), format!("expects [N, C, H, W] with C divisible by {bb}"));
+                return err(
+                    Some(0),
+                    format!("expects [N, C, H, W] with C divisible by {bb}"),
+                );
             }
-            one(TensorType::new(x.dtype, vec![x.shape[0], x.shape[1] / bb, h, w]))
+            one(TensorType::new(
+                x.dtype,
+                vec![x.shape[0], x.shape[1] / bb, h, w],
+            ))
         }
         Op::SpaceToDepth { blocksize: b } => {
             let x = x()?;
             if x.rank() != 4 || *b == 0 || x.shape[2] % b != 0 || x.shape[3] % b != 0 {
-                return err(Some(0), format!("expects [N, C, H, W] with H and W divisible by {b}"));
+                return err(
+                    Some(0),
+                    format!("expects [N, C, H, W] with H and W divisible by {b}"),
+                );
             }
             let Some(c) = b.checked_mul(*b).and_then(|bb| x.shape[1].checked_mul(bb)) else {
                 return err(Some(0), format!("blocksize {b} is too large for {x}"));
             };
-            one(TensorType::new(x.dtype, vec![x.shape[0], c, x.shape[2] / b, x.shape[3] / b]))
+            one(TensorType::new(
+                x.dtype,
+                vec![x.shape[0], c, x.shape[2] / b, x.shape[3] / b],
+            ))
         }
         Op::TopK { axis, k, .. } => {
             let x = x()?;
             if *axis >= x.rank() || *k > x.shape[*axis] {
-                return err(Some(0), format!("cannot take the top {k} along axis {axis} of {x}"));
+                return err(
+                    Some(0),
+                    format!("cannot take the top {k} along axis {axis} of {x}"),
+                );
             }
             let mut shape = x.shape.clone();
             shape[*axis] = *k;
-            Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
+            Ok(vec![
+                TensorType::new(x.dtype, shape.clone()),
+                TensorType::new(DType::I64, shape),
+            ])
         }
         Op::GridSample { .. } => {
             let (x, grid) = (x()?, get(inputs, 1)?);
             need_float(x, 0)?;
             let sp = x.rank().saturating_sub(2);
             let g = &grid.shape;
-            if x.rank() < 3 || grid.rank() != x.rank() || g[0] != x.shape[0] || g[grid.rank() - 1] != sp || !grid.dtype.is_float() {
+            if x.rank() < 3
+                || grid.rank() != x.rank()
+                || g[0] != x.shape[0]
+                || g[grid.rank() - 1] != sp
+                || !grid.dtype.is_float()
+            {
                 return err(Some(1), format!("grid {grid} does not fit input {x}"));
             }
             let mut shape = vec![x.shape[0], x.shape[1]];
@@ -537,7 +769,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let q = idx.rank();
             let last = if q == 0 { 0 } else { idx.shape[q - 1] };
             if q == 0 || *b >= q || b + last > x.rank() || x.shape[..*b] != idx.shape[..*b] {
-                return err(Some(1), format!("indices {idx} do not index {x} with {b} batch dims"));
+                return err(
+                    Some(1),
+                    format!("indices {idx} do not index {x} with {b} batch dims"),
+                );
             }
             let mut shape = idx.shape[..q - 1].to_vec();
             shape.extend_from_slice(&x.shape[b + last..]);
@@ -553,15 +788,25 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             let mut want = idx.shape[..q - 1].to_vec();
             want.extend_from_slice(&x.shape[idx.shape[q - 1]..]);
             if upd.shape != want {
-                return err(Some(2), format!("updates must be {want:?}, got {:?}", upd.shape));
+                return err(
+                    Some(2),
+                    format!("updates must be {want:?}, got {:?}", upd.shape),
+                );
             }
             one(x.clone())
         }
         Op::ScatterElements { axis, .. } => {
             let (x, idx, upd) = (x()?, get(inputs, 1)?, get(inputs, 2)?);
             same_dtype(x, upd, 2)?;
-            if *axis >= x.rank() || idx.rank() != x.rank() || idx.shape != upd.shape || !matches!(idx.dtype, DType::I32 | DType::I64) {
-                return err(Some(1), format!("indices {idx} and updates {upd} do not fit {x} along axis {axis}"));
+            if *axis >= x.rank()
+                || idx.rank() != x.rank()
+                || idx.shape != upd.shape
+                || !matches!(idx.dtype, DType::I32 | DType::I64)
+            {
+                return err(
+                    Some(1),
+                    format!("indices {idx} and updates {upd} do not fit {x} along axis {axis}"),
+                );
             }
             one(x.clone())
         }
@@ -593,20 +838,38 @@ pub fn reduced_shape(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usi
 fn infer_matmul(a: &TensorType, b: &TensorType) -> R<Vec<TensorType>> {
     same_dtype(a, b, 1)?;
     if a.rank() == 0 || b.rank() == 0 {
-        return err(Some(if a.rank() == 0 { 0 } else { 1 }), "matmul does not take scalars");
+        return err(
+            Some(if a.rank() == 0 { 0 } else { 1 }),
+            "matmul does not take scalars",
+        );
     }
     if a.dtype == DType::Bool {
         return err(Some(0), "matmul does not take bool");
     }
     let ka = a.shape[a.rank() - 1];
-    let kb = if b.rank() == 1 { b.shape[0] } else { b.shape[b.rank() - 2] };
+    let kb = if b.rank() == 1 {
+        b.shape[0]
+    } else {
+        b.shape[b.rank() - 2]
+    };
     if ka != kb {
         return err(Some(1), format!("inner dimensions differ: {} @ {}", a, b));
     }
-    let ba = if a.rank() > 2 { &a.shape[..a.rank() - 2] } else { &[][..] };
-    let bb = if b.rank() > 2 { &b.shape[..b.rank() - 2] } else { &[][..] };
+    let ba = if a.rank() > 2 {
+        &a.shape[..a.rank() - 2]
+    } else {
+        &[][..]
+    };
+    let bb = if b.rank() > 2 {
+        &b.shape[..b.rank() - 2]
+    } else {
+        &[][..]
+    };
     let Some(mut shape) = broadcast_shapes(ba, bb) else {
-        return err(Some(1), format!("batch dimensions of {a} and {b} do not broadcast"));
+        return err(
+            Some(1),
+            format!("batch dimensions of {a} and {b} do not broadcast"),
+        );
     };
     if a.rank() >= 2 {
         shape.push(a.shape[a.rank() - 2]);
@@ -617,7 +880,11 @@ fn infer_matmul(a: &TensorType, b: &TensorType) -> R<Vec<TensorType>> {
     Ok(vec![TensorType::new(a.dtype, shape)])
 }
 
-fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) -> R<Vec<TensorType>> {
+fn infer_conv(
+    c: &ConvAttrs,
+    inputs: &[Option<&TensorType>],
+    transpose: bool,
+) -> R<Vec<TensorType>> {
     let (x, w) = (get(inputs, 0)?, get(inputs, 1)?);
     need_float(x, 0)?;
     same_dtype(x, w, 1)?;
@@ -626,7 +893,10 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
         return err(Some(1), format!("weight {w} does not match input {x}"));
     }
     if c.strides.len() != sp || c.dilations.len() != sp || c.pads.len() != 2 * sp || c.group == 0 {
-        return err(None, format!("strides/dilations/pads do not match {sp} spatial axes"));
+        return err(
+            None,
+            format!("strides/dilations/pads do not match {sp} spatial axes"),
+        );
     }
     if let Some(why) = zero_geometry(&w.shape[2..], &c.strides, &c.dilations) {
         return err(Some(1), why);
@@ -634,19 +904,34 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
     let g = c.group;
     let out_ch = if transpose {
         if w.shape[0] != x.shape[1] {
-            return err(Some(1), format!("weight has {} input channels, input has {}", w.shape[0], x.shape[1]));
+            return err(
+                Some(1),
+                format!(
+                    "weight has {} input channels, input has {}",
+                    w.shape[0], x.shape[1]
+                ),
+            );
         }
         w.shape[1] * g
     } else {
         if w.shape[1] * g != x.shape[1] || w.shape[0] % g != 0 {
-            return err(Some(1), format!("weight {w} does not fit {} input channels in {g} groups", x.shape[1]));
+            return err(
+                Some(1),
+                format!(
+                    "weight {w} does not fit {} input channels in {g} groups",
+                    x.shape[1]
+                ),
+            );
         }
         w.shape[0]
     };
     if let Some(Some(b)) = inputs.get(2) {
         same_dtype(x, b, 2)?;
         if b.shape != [out_ch] {
-            return err(Some(2), format!("bias must be [{out_ch}], got {:?}", b.shape));
+            return err(
+                Some(2),
+                format!("bias must be [{out_ch}], got {:?}", b.shape),
+            );
         }
     }
     let mut shape = vec![x.shape[0], out_ch];
@@ -655,8 +940,14 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
         let (pb, pe) = (c.pads[i], c.pads[i + sp]);
         if transpose {
             let op = c.output_padding.get(i).copied().unwrap_or(0);
-            let full = s.checked_mul(x.shape[i + 2].max(1) - 1).and_then(|a| a.checked_add(op)?.checked_add(d.checked_mul(k.max(1) - 1)?)?.checked_add(1));
-            let (Some(full), Some(pad)) = (full, pb.checked_add(pe)) else { return err(None, format!("sizes overflow on axis {}", i + 2)) };
+            let full = s.checked_mul(x.shape[i + 2].max(1) - 1).and_then(|a| {
+                a.checked_add(op)?
+                    .checked_add(d.checked_mul(k.max(1) - 1)?)?
+                    .checked_add(1)
+            });
+            let (Some(full), Some(pad)) = (full, pb.checked_add(pe)) else {
+                return err(None, format!("sizes overflow on axis {}", i + 2));
+            };
             if full < pad {
                 return err(None, format!("pads exceed the output on axis {}", i + 2));
             }
@@ -664,7 +955,12 @@ fn infer_conv(c: &ConvAttrs, inputs: &[Option<&TensorType>], transpose: bool) ->
         } else {
             match window_out(x.shape[i + 2], k, s, d, pb, pe, false) {
                 Some(o) => shape.push(o),
-                None => return err(Some(1), format!("kernel larger than padded input on axis {}", i + 2)),
+                None => {
+                    return err(
+                        Some(1),
+                        format!("kernel larger than padded input on axis {}", i + 2),
+                    )
+                }
             }
         }
     }
@@ -679,23 +975,80 @@ mod tests {
     #[test]
     fn extreme_attributes_are_errors() {
         let cases: Vec<(Op, Vec<usize>)> = vec![
-            (Op::Slice { starts: vec![0], steps: vec![i64::MIN], lens: vec![2] }, vec![4]),
-            (Op::Slice { starts: vec![1], steps: vec![i64::MAX], lens: vec![3] }, vec![4]),
-            (Op::Slice { starts: vec![0], steps: vec![1], lens: vec![usize::MAX] }, vec![4]),
-            (Op::DepthToSpace { blocksize: usize::MAX / 2, crd: false }, vec![1, 4, 2, 2]),
-            (Op::DepthToSpace { blocksize: 1 << 33, crd: false }, vec![1, 4, 2, 2]),
-            (Op::SpaceToDepth { blocksize: usize::MAX }, vec![1, 4, usize::MAX, usize::MAX]),
-            (Op::Pad { pads: vec![i64::MAX, i64::MAX], mode: crate::PadMode::Constant, value: 0.0 }, vec![4]),
+            (
+                Op::Slice {
+                    starts: vec![0],
+                    steps: vec![i64::MIN],
+                    lens: vec![2],
+                },
+                vec![4],
+            ),
+            (
+                Op::Slice {
+                    starts: vec![1],
+                    steps: vec![i64::MAX],
+                    lens: vec![3],
+                },
+                vec![4],
+            ),
+            (
+                Op::Slice {
+                    starts: vec![0],
+                    steps: vec![1],
+                    lens: vec![usize::MAX],
+                },
+                vec![4],
+            ),
+            (
+                Op::DepthToSpace {
+                    blocksize: usize::MAX / 2,
+                    crd: false,
+                },
+                vec![1, 4, 2, 2],
+            ),
+            (
+                Op::DepthToSpace {
+                    blocksize: 1 << 33,
+                    crd: false,
+                },
+                vec![1, 4, 2, 2],
+            ),
+            (
+                Op::SpaceToDepth {
+                    blocksize: usize::MAX,
+                },
+                vec![1, 4, usize::MAX, usize::MAX],
+            ),
+            (
+                Op::Pad {
+                    pads: vec![i64::MAX, i64::MAX],
+                    mode: crate::PadMode::Constant,
+                    value: 0.0,
+                },
+                vec![4],
+            ),
             (
                 Op::MaxPool {
-                    pool: crate::PoolAttrs { kernel: vec![3], strides: vec![1], pads: vec![usize::MAX, usize::MAX], dilations: vec![1], ceil_mode: true },
+                    pool: crate::PoolAttrs {
+                        kernel: vec![3],
+                        strides: vec![1],
+                        pads: vec![usize::MAX, usize::MAX],
+                        dilations: vec![1],
+                        ceil_mode: true,
+                    },
                     col_major: false,
                 },
                 vec![1, 1, 8],
             ),
             (
                 Op::MaxPool {
-                    pool: crate::PoolAttrs { kernel: vec![usize::MAX], strides: vec![1], pads: vec![0, 0], dilations: vec![3], ceil_mode: false },
+                    pool: crate::PoolAttrs {
+                        kernel: vec![usize::MAX],
+                        strides: vec![1],
+                        pads: vec![0, 0],
+                        dilations: vec![3],
+                        ceil_mode: false,
+                    },
                     col_major: false,
                 },
                 vec![1, 1, 8],

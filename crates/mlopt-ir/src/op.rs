@@ -112,13 +112,23 @@ pub enum Binary {
 
 impl Binary {
     pub fn is_comparison(self) -> bool {
-        matches!(self, Binary::Equal | Binary::Greater | Binary::Less | Binary::GreaterOrEqual | Binary::LessOrEqual)
+        matches!(
+            self,
+            Binary::Equal
+                | Binary::Greater
+                | Binary::Less
+                | Binary::GreaterOrEqual
+                | Binary::LessOrEqual
+        )
     }
     pub fn is_logical(self) -> bool {
         matches!(self, Binary::And | Binary::Or | Binary::Xor)
     }
     pub fn is_bitwise(self) -> bool {
-        matches!(self, Binary::BitAnd | Binary::BitOr | Binary::BitXor | Binary::BitShift { .. })
+        matches!(
+            self,
+            Binary::BitAnd | Binary::BitOr | Binary::BitXor | Binary::BitShift { .. }
+        )
     }
 }
 
@@ -428,7 +438,12 @@ impl Op {
             | Op::SpaceToDepth { .. }
             | Op::Trilu { .. }
             | Op::TopK { .. } => (1, 1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } | Op::GridSample { .. } => (2, 2),
+            Op::Binary(_)
+            | Op::MatMul
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::GridSample { .. } => (2, 2),
             Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
             Op::Where => (3, 3),
@@ -444,7 +459,16 @@ impl Op {
     /// Whether each output element depends only on the input elements at the same (broadcast) index: the
     /// ops a kernel can apply in registers, and an output that may overwrite such an input in place.
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Nary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::BatchNorm { .. })
+        matches!(
+            self,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Nary(_)
+                | Op::Where
+                | Op::Clip
+                | Op::Cast { .. }
+                | Op::BatchNorm { .. }
+        )
     }
 
     /// Whether input `i` may be left out (`_` in the text format).

@@ -26,7 +26,10 @@ fn lex(src: &str) -> Result<Vec<(usize, Tok)>> {
     let mut toks = vec![];
     for (ln, line) in src.lines().enumerate() {
         let line_no = ln + 1;
-        let err = |msg: &str| IrError::Parse { line: line_no, msg: msg.into() };
+        let err = |msg: &str| IrError::Parse {
+            line: line_no,
+            msg: msg.into(),
+        };
         let mut cs = line.chars().peekable();
         while let Some(&c) = cs.peek() {
             if c.is_whitespace() {
@@ -35,11 +38,22 @@ fn lex(src: &str) -> Result<Vec<(usize, Tok)>> {
                 break;
             } else if c == '%' || c == '@' {
                 cs.next();
-                let name = if cs.peek() == Some(&'"') { quoted(&mut cs).ok_or_else(|| err("unterminated string"))? } else { word(&mut cs) };
+                let name = if cs.peek() == Some(&'"') {
+                    quoted(&mut cs).ok_or_else(|| err("unterminated string"))?
+                } else {
+                    word(&mut cs)
+                };
                 if name.is_empty() {
                     return Err(err("empty name"));
                 }
-                toks.push((line_no, if c == '%' { Tok::Val(name) } else { Tok::At(name) }));
+                toks.push((
+                    line_no,
+                    if c == '%' {
+                        Tok::Val(name)
+                    } else {
+                        Tok::At(name)
+                    },
+                ));
             } else if "()[]{},:=".contains(c) {
                 cs.next();
                 toks.push((line_no, Tok::Punct(c)));
@@ -92,10 +106,17 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn line(&self) -> usize {
-        self.toks.get(self.pos).or(self.toks.last()).map(|t| t.0).unwrap_or(0)
+        self.toks
+            .get(self.pos)
+            .or(self.toks.last())
+            .map(|t| t.0)
+            .unwrap_or(0)
     }
     fn err<T>(&self, msg: impl Into<String>) -> Result<T> {
-        Err(IrError::Parse { line: self.line(), msg: msg.into() })
+        Err(IrError::Parse {
+            line: self.line(),
+            msg: msg.into(),
+        })
     }
     fn peek(&self) -> Option<&Tok> {
         self.toks.get(self.pos).map(|t| &t.1)
@@ -130,7 +151,9 @@ impl Parser<'_> {
     }
     fn ty(&mut self) -> Result<TensorType> {
         let d = self.word()?;
-        let Some(dtype) = DType::from_name(&d) else { return self.err(format!("unknown dtype '{d}'")) };
+        let Some(dtype) = DType::from_name(&d) else {
+            return self.err(format!("unknown dtype '{d}'"));
+        };
         self.punct('[')?;
         let mut shape = vec![];
         while !self.eat(']') {
@@ -160,7 +183,15 @@ fn parse_data(ty: &TensorType, items: &[String]) -> Option<Tensor> {
         return Tensor::from_vec(&ty.shape, v?);
     }
     if ty.dtype.is_float() {
-        let v: Option<Vec<f64>> = items.iter().map(|s| s.parse::<f32>().ok().map(|f| f as f64).or_else(|| s.parse().ok())).collect();
+        let v: Option<Vec<f64>> = items
+            .iter()
+            .map(|s| {
+                s.parse::<f32>()
+                    .ok()
+                    .map(|f| f as f64)
+                    .or_else(|| s.parse().ok())
+            })
+            .collect();
         let v = v?;
         return with_dtype!(ty.dtype, T => Tensor::from_vec(&ty.shape, v.iter().map(|&x| <T as crate::Elem>::from_f64(x)).collect::<Vec<T>>()));
     }
@@ -171,16 +202,24 @@ fn parse_data(ty: &TensorType, items: &[String]) -> Option<Tensor> {
 
 /// Parses the text form. `weights` resolves constants printed by name. The result is verified.
 pub fn parse(src: &str, weights: &dyn Fn(&str) -> Option<Arc<Tensor>>) -> Result<Graph> {
-    let mut p = Parser { toks: lex(src)?, pos: 0, weights };
+    let mut p = Parser {
+        toks: lex(src)?,
+        pos: 0,
+        weights,
+    };
     if p.word()? != "graph" {
         return p.err("expected 'graph'");
     }
-    let Tok::At(name) = p.next()? else { return p.err("expected the graph's @name") };
+    let Tok::At(name) = p.next()? else {
+        return p.err("expected the graph's @name");
+    };
     let mut g = Graph::new(name);
     let mut vals: HashMap<String, Value> = HashMap::new();
     p.punct('(')?;
     while !p.eat(')') {
-        let Tok::Val(n) = p.next()? else { return p.err("expected an input %name") };
+        let Tok::Val(n) = p.next()? else {
+            return p.err("expected an input %name");
+        };
         p.punct(':')?;
         let ty = p.ty()?;
         let v = g.add_input(n.clone(), ty);
@@ -207,13 +246,23 @@ pub fn parse(src: &str, weights: &dyn Fn(&str) -> Option<Arc<Tensor>>) -> Result
                 let id = parse_node(&mut p, &mut g, &mut vals, first)?;
                 g.node_mut(id).kernel = kernel;
             }
-            t => return p.err(format!("expected a definition, a kernel or 'return', found {t:?}")),
+            t => {
+                return p.err(format!(
+                    "expected a definition, a kernel or 'return', found {t:?}"
+                ))
+            }
         }
     }
     loop {
-        let Tok::Val(v) = p.next()? else { return p.err("expected a returned %value") };
-        let Tok::At(name) = p.next()? else { return p.err("expected the output's @name") };
-        let Some(&val) = vals.get(&v) else { return p.err(format!("%{v} is not defined")) };
+        let Tok::Val(v) = p.next()? else {
+            return p.err("expected a returned %value");
+        };
+        let Tok::At(name) = p.next()? else {
+            return p.err("expected the output's @name");
+        };
+        let Some(&val) = vals.get(&v) else {
+            return p.err(format!("%{v} is not defined"));
+        };
         g.add_output(name, val);
         if !p.eat(',') {
             break;
@@ -227,13 +276,20 @@ pub fn parse(src: &str, weights: &dyn Fn(&str) -> Option<Arc<Tensor>>) -> Result
     Ok(g)
 }
 
-fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Value>, first: String) -> Result<crate::graph::NodeId> {
+fn parse_node(
+    p: &mut Parser<'_>,
+    g: &mut Graph,
+    vals: &mut HashMap<String, Value>,
+    first: String,
+) -> Result<crate::graph::NodeId> {
     let mut defs = vec![(first, {
         p.punct(':')?;
         p.ty()?
     })];
     while p.eat(',') {
-        let Tok::Val(n) = p.next()? else { return p.err("expected a %value") };
+        let Tok::Val(n) = p.next()? else {
+            return p.err("expected a %value");
+        };
         p.punct(':')?;
         defs.push((n, p.ty()?));
     }
@@ -241,8 +297,15 @@ fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Valu
     let opname = p.word()?;
     let types: Vec<TensorType> = defs.iter().map(|d| d.1.clone()).collect();
     let (op, inputs) = if opname == "const" {
-        let ty = types.first().cloned().ok_or(IrError::Parse { line: p.line(), msg: "const needs a type".into() })?;
-        let data = if p.eat('[') { Some(p.word_list()?) } else { None };
+        let ty = types.first().cloned().ok_or(IrError::Parse {
+            line: p.line(),
+            msg: "const needs a type".into(),
+        })?;
+        let data = if p.eat('[') {
+            Some(p.word_list()?)
+        } else {
+            None
+        };
         let name = match p.peek() {
             Some(Tok::At(n)) => n.clone(),
             _ => String::new(),
@@ -254,7 +317,12 @@ fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Valu
             },
             None => match (p.weights)(&name) {
                 Some(t) => t,
-                None => return p.err(format!("no data for constant @{}", crate::print::quote(&name))),
+                None => {
+                    return p.err(format!(
+                        "no data for constant @{}",
+                        crate::print::quote(&name)
+                    ))
+                }
             },
         };
         (Op::Const(t), vec![])
@@ -264,13 +332,19 @@ fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Valu
             while !p.eat(']') {
                 let k = p.word()?;
                 p.punct('=')?;
-                let v = if p.eat('[') { RawAttr::List(p.word_list()?) } else { RawAttr::One(p.word()?) };
+                let v = if p.eat('[') {
+                    RawAttr::List(p.word_list()?)
+                } else {
+                    RawAttr::One(p.word()?)
+                };
                 attrs.insert(k, v);
                 p.eat(',');
             }
         }
         let mut reader = AttrReader::new(attrs);
-        let op = match Op::from_spelling(&opname, &mut reader).and_then(|op| reader.finish().map(|_| op)) {
+        let op = match Op::from_spelling(&opname, &mut reader)
+            .and_then(|op| reader.finish().map(|_| op))
+        {
             Ok(op) => op,
             Err(e) => return p.err(format!("{opname}: {e}")),
         };
@@ -278,7 +352,9 @@ fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Valu
         loop {
             match p.peek() {
                 Some(Tok::Val(v)) => {
-                    let Some(&val) = vals.get(v) else { return p.err(format!("%{v} is not defined")) };
+                    let Some(&val) = vals.get(v) else {
+                        return p.err(format!("%{v} is not defined"));
+                    };
                     inputs.push(Some(val));
                 }
                 Some(Tok::Word(w)) if w == "_" => inputs.push(None),
@@ -301,7 +377,16 @@ fn parse_node(p: &mut Parser<'_>, g: &mut Graph, vals: &mut HashMap<String, Valu
     };
     let id = g.add_raw(op, name, &inputs, types);
     for (i, (n, _)) in defs.into_iter().enumerate() {
-        if vals.insert(n.clone(), Value { node: id, output: i as u32 }).is_some() {
+        if vals
+            .insert(
+                n.clone(),
+                Value {
+                    node: id,
+                    output: i as u32,
+                },
+            )
+            .is_some()
+        {
             return p.err(format!("%{n} defined twice"));
         }
     }

@@ -23,7 +23,11 @@ pub const INLINE_LIMIT: usize = 4;
 
 /// `s` bare if it is a plain identifier, else quoted with `"` and `\` escaped.
 pub fn ident(s: &str) -> String {
-    let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let plain = s
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if plain && s != "_" {
         s.to_string()
     } else {
@@ -57,7 +61,12 @@ pub fn inline_data(t: &Tensor) -> String {
 
 /// For elementwise ops, the inputs whose shape differs from the output's, e.g. `%3 [256]` (a comment: facts
 /// for the reader, ignored by the parser).
-fn broadcast_note(g: &Graph, n: NodeId, ins: &[Option<Value>], names: &HashMap<Value, String>) -> String {
+fn broadcast_note(
+    g: &Graph,
+    n: NodeId,
+    ins: &[Option<Value>],
+    names: &HashMap<Value, String>,
+) -> String {
     let node = g.node(n);
     if !matches!(node.op, Op::Binary(_) | Op::Nary(_) | Op::Where) {
         return String::new();
@@ -68,7 +77,14 @@ fn broadcast_note(g: &Graph, n: NodeId, ins: &[Option<Value>], names: &HashMap<V
         .flatten()
         .copied()
         .filter(|v| &g.value_type(*v).shape != out)
-        .map(|v| format!("{} {:?}", names.get(&v).map(String::as_str).unwrap_or("%?"), g.value_type(v).shape).replace(", ", ","))
+        .map(|v| {
+            format!(
+                "{} {:?}",
+                names.get(&v).map(String::as_str).unwrap_or("%?"),
+                g.value_type(v).shape
+            )
+            .replace(", ", ",")
+        })
         .collect();
     parts.join(", ")
 }
@@ -116,22 +132,46 @@ pub fn print_with(g: &Graph, note: &dyn Fn(u32) -> String) -> String {
         waiting.entry(k).or_default().push(n);
         if last.get(&k) == Some(&i) {
             let header = note(k);
-            let _ = writeln!(out, "  kernel k{k} {{{}", if header.is_empty() { String::new() } else { format!("  ; {header}") });
+            let _ = writeln!(
+                out,
+                "  kernel k{k} {{{}",
+                if header.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ; {header}")
+                }
+            );
             for m in waiting.remove(&k).unwrap_or_default() {
                 print_node(g, m, &mut names, &mut next, "    ", &mut out);
             }
             out.push_str("  }\n");
         }
     }
-    let rets: Vec<String> =
-        g.graph_outputs().iter().map(|(name, v)| format!("{} @{}", names.get(v).cloned().unwrap_or_else(|| "%?".into()), quote(name))).collect();
+    let rets: Vec<String> = g
+        .graph_outputs()
+        .iter()
+        .map(|(name, v)| {
+            format!(
+                "{} @{}",
+                names.get(v).cloned().unwrap_or_else(|| "%?".into()),
+                quote(name)
+            )
+        })
+        .collect();
     let _ = writeln!(out, "  return {}", rets.join(", "));
     out.push_str("}\n");
     out
 }
 
 /// One node's line, naming its outputs `%next`, `%next+1`, ...
-fn print_node(g: &Graph, n: NodeId, names: &mut HashMap<Value, String>, next: &mut usize, indent: &str, out: &mut String) {
+fn print_node(
+    g: &Graph,
+    n: NodeId,
+    names: &mut HashMap<Value, String>,
+    next: &mut usize,
+    indent: &str,
+    out: &mut String,
+) {
     let node = g.node(n);
     let ins = g.inputs(n);
     let mut defs = vec![];
@@ -139,7 +179,13 @@ fn print_node(g: &Graph, n: NodeId, names: &mut HashMap<Value, String>, next: &m
         let name = format!("%{next}");
         *next += 1;
         defs.push(format!("{name}: {ty}"));
-        names.insert(Value { node: n, output: i as u32 }, name);
+        names.insert(
+            Value {
+                node: n,
+                output: i as u32,
+            },
+            name,
+        );
     }
     let mut line = format!("{indent}{} = {}", defs.join(", "), node.op.name());
     match &node.op {
@@ -153,7 +199,13 @@ fn print_node(g: &Graph, n: NodeId, names: &mut HashMap<Value, String>, next: &m
                 let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = write!(line, "[{}]", parts.join(", "));
             }
-            let args: Vec<String> = ins.iter().map(|v| v.and_then(|v| names.get(&v).cloned()).unwrap_or_else(|| "_".into())).collect();
+            let args: Vec<String> = ins
+                .iter()
+                .map(|v| {
+                    v.and_then(|v| names.get(&v).cloned())
+                        .unwrap_or_else(|| "_".into())
+                })
+                .collect();
             if !args.is_empty() {
                 let _ = write!(line, " {}", args.join(", "));
             }

@@ -79,7 +79,12 @@ const BINARY_NAMES: &[(&str, Binary)] = &[
     ("bit_xor", Binary::BitXor),
 ];
 
-const NARY_NAMES: &[(&str, Nary)] = &[("sum", Nary::Sum), ("mean", Nary::Mean), ("max", Nary::Max), ("min", Nary::Min)];
+const NARY_NAMES: &[(&str, Nary)] = &[
+    ("sum", Nary::Sum),
+    ("mean", Nary::Mean),
+    ("max", Nary::Max),
+    ("min", Nary::Min),
+];
 
 const REDUCE_NAMES: &[(&str, ReduceKind)] = &[
     ("reduce_sum", ReduceKind::Sum),
@@ -94,8 +99,17 @@ const REDUCE_NAMES: &[(&str, ReduceKind)] = &[
     ("reduce_log_sum_exp", ReduceKind::LogSumExp),
 ];
 
-const PAD_MODES: &[(&str, PadMode)] = &[("constant", PadMode::Constant), ("reflect", PadMode::Reflect), ("edge", PadMode::Edge), ("wrap", PadMode::Wrap)];
-const RESIZE_MODES: &[(&str, ResizeMode)] = &[("nearest", ResizeMode::Nearest), ("linear", ResizeMode::Linear), ("cubic", ResizeMode::Cubic)];
+const PAD_MODES: &[(&str, PadMode)] = &[
+    ("constant", PadMode::Constant),
+    ("reflect", PadMode::Reflect),
+    ("edge", PadMode::Edge),
+    ("wrap", PadMode::Wrap),
+];
+const RESIZE_MODES: &[(&str, ResizeMode)] = &[
+    ("nearest", ResizeMode::Nearest),
+    ("linear", ResizeMode::Linear),
+    ("cubic", ResizeMode::Cubic),
+];
 const COORD_MODES: &[(&str, CoordMode)] = &[
     ("half_pixel", CoordMode::HalfPixel),
     ("half_pixel_symmetric", CoordMode::HalfPixelSymmetric),
@@ -111,7 +125,11 @@ const NEAREST_MODES: &[(&str, NearestMode)] = &[
     ("ceil", NearestMode::Ceil),
 ];
 
-const GRID_PADDINGS: &[(&str, GridPadding)] = &[("zeros", GridPadding::Zeros), ("border", GridPadding::Border), ("reflection", GridPadding::Reflection)];
+const GRID_PADDINGS: &[(&str, GridPadding)] = &[
+    ("zeros", GridPadding::Zeros),
+    ("border", GridPadding::Border),
+    ("reflection", GridPadding::Reflection),
+];
 
 const SCATTER_REDUCTIONS: &[(&str, ScatterReduction)] = &[
     ("none", ScatterReduction::None),
@@ -122,7 +140,11 @@ const SCATTER_REDUCTIONS: &[(&str, ScatterReduction)] = &[
 ];
 
 fn name_of<T: PartialEq + Copy>(table: &[(&'static str, T)], v: T) -> &'static str {
-    table.iter().find(|(_, x)| *x == v).map(|(n, _)| *n).unwrap_or("?")
+    table
+        .iter()
+        .find(|(_, x)| *x == v)
+        .map(|(n, _)| *n)
+        .unwrap_or("?")
 }
 fn lookup<T: Copy>(table: &[(&'static str, T)], name: &str) -> Option<T> {
     table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
@@ -197,12 +219,23 @@ impl Op {
     pub fn spell_attrs(&self) -> Spelled {
         let mut a: Spelled = match self {
             Op::Unary(u) => match *u {
-                Unary::IsInf { detect_negative, detect_positive } => {
-                    vec![("detect_negative", b(detect_negative)), ("detect_positive", b(detect_positive))]
+                Unary::IsInf {
+                    detect_negative,
+                    detect_positive,
+                } => {
+                    vec![
+                        ("detect_negative", b(detect_negative)),
+                        ("detect_positive", b(detect_positive)),
+                    ]
                 }
-                Unary::LeakyRelu { alpha } | Unary::Elu { alpha } | Unary::Celu { alpha } | Unary::ThresholdedRelu { alpha } => vec![("alpha", flt(alpha))],
+                Unary::LeakyRelu { alpha }
+                | Unary::Elu { alpha }
+                | Unary::Celu { alpha }
+                | Unary::ThresholdedRelu { alpha } => vec![("alpha", flt(alpha))],
                 Unary::Selu { alpha, gamma } => vec![("alpha", flt(alpha)), ("gamma", flt(gamma))],
-                Unary::HardSigmoid { alpha, beta } => vec![("alpha", flt(alpha)), ("beta", flt(beta))],
+                Unary::HardSigmoid { alpha, beta } => {
+                    vec![("alpha", flt(alpha)), ("beta", flt(beta))]
+                }
                 Unary::Shrink { bias, lambd } => vec![("bias", flt(bias)), ("lambd", flt(lambd))],
                 Unary::Gelu { tanh } => vec![("tanh", b(tanh))],
                 _ => vec![],
@@ -215,10 +248,25 @@ impl Op {
                 vec![("axis", axis.to_string())]
             }
             Op::Gather { axis } | Op::GatherElements { axis } => vec![("axis", axis.to_string())],
-            Op::Gemm { alpha, beta, trans_a, trans_b } => {
-                vec![("alpha", flt(*alpha)), ("beta", flt(*beta)), ("trans_a", b(*trans_a)), ("trans_b", b(*trans_b))]
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+            } => {
+                vec![
+                    ("alpha", flt(*alpha)),
+                    ("beta", flt(*beta)),
+                    ("trans_a", b(*trans_a)),
+                    ("trans_b", b(*trans_b)),
+                ]
             }
-            Op::Conv(c) => vec![("dilations", ints(&c.dilations)), ("group", c.group.to_string()), ("pads", ints(&c.pads)), ("strides", ints(&c.strides))],
+            Op::Conv(c) => vec![
+                ("dilations", ints(&c.dilations)),
+                ("group", c.group.to_string()),
+                ("pads", ints(&c.pads)),
+                ("strides", ints(&c.strides)),
+            ],
             Op::ConvTranspose(c) => vec![
                 ("dilations", ints(&c.dilations)),
                 ("group", c.group.to_string()),
@@ -226,32 +274,72 @@ impl Op {
                 ("pads", ints(&c.pads)),
                 ("strides", ints(&c.strides)),
             ],
-            Op::BatchNorm { epsilon } | Op::InstanceNorm { epsilon } => vec![("epsilon", flt(*epsilon))],
-            Op::LayerNorm { axis, epsilon } => vec![("axis", axis.to_string()), ("epsilon", flt(*epsilon))],
-            Op::Lrn { size, alpha, beta, bias } => vec![("alpha", flt(*alpha)), ("beta", flt(*beta)), ("bias", flt(*bias)), ("size", size.to_string())],
+            Op::BatchNorm { epsilon } | Op::InstanceNorm { epsilon } => {
+                vec![("epsilon", flt(*epsilon))]
+            }
+            Op::LayerNorm { axis, epsilon } => {
+                vec![("axis", axis.to_string()), ("epsilon", flt(*epsilon))]
+            }
+            Op::Lrn {
+                size,
+                alpha,
+                beta,
+                bias,
+            } => vec![
+                ("alpha", flt(*alpha)),
+                ("beta", flt(*beta)),
+                ("bias", flt(*bias)),
+                ("size", size.to_string()),
+            ],
             Op::MaxPool { pool, col_major } => {
                 let mut v = spell_pool(pool);
                 v.push(("col_major", b(*col_major)));
                 v
             }
-            Op::AveragePool { pool, count_include_pad } => {
+            Op::AveragePool {
+                pool,
+                count_include_pad,
+            } => {
                 let mut v = spell_pool(pool);
                 v.push(("count_include_pad", b(*count_include_pad)));
                 v
             }
-            Op::Reduce { axes, keepdims, .. } => vec![("axes", ints(axes)), ("keepdims", b(*keepdims))],
-            Op::Arg { axis, keepdims, select_last_index, .. } => {
-                vec![("axis", axis.to_string()), ("keepdims", b(*keepdims)), ("select_last_index", b(*select_last_index))]
+            Op::Reduce { axes, keepdims, .. } => {
+                vec![("axes", ints(axes)), ("keepdims", b(*keepdims))]
+            }
+            Op::Arg {
+                axis,
+                keepdims,
+                select_last_index,
+                ..
+            } => {
+                vec![
+                    ("axis", axis.to_string()),
+                    ("keepdims", b(*keepdims)),
+                    ("select_last_index", b(*select_last_index)),
+                ]
             }
             Op::Reshape { shape } => vec![("shape", ints(shape))],
             Op::Transpose { perm } => vec![("perm", ints(perm))],
             Op::Split { axis, sizes } => vec![("axis", axis.to_string()), ("sizes", ints(sizes))],
-            Op::Slice { starts, steps, lens } => {
-                vec![("lens", ints(lens)), ("starts", ints(starts)), ("steps", ints(steps))]
+            Op::Slice {
+                starts,
+                steps,
+                lens,
+            } => {
+                vec![
+                    ("lens", ints(lens)),
+                    ("starts", ints(starts)),
+                    ("steps", ints(steps)),
+                ]
             }
             Op::Expand { shape } => vec![("shape", ints(shape))],
             Op::Tile { repeats } => vec![("repeats", ints(repeats))],
-            Op::Pad { pads, mode, value } => vec![("mode", name_of(PAD_MODES, *mode).to_string()), ("pads", ints(pads)), ("value", format!("{value:?}"))],
+            Op::Pad { pads, mode, value } => vec![
+                ("mode", name_of(PAD_MODES, *mode).to_string()),
+                ("pads", ints(pads)),
+                ("value", format!("{value:?}")),
+            ],
             Op::Resize(r) => vec![
                 ("antialias", b(r.antialias)),
                 ("coord", name_of(COORD_MODES, r.coord).to_string()),
@@ -264,18 +352,43 @@ impl Op {
                 ("scales", flts(&r.scales)),
                 ("sizes", ints(&r.sizes)),
             ],
-            Op::DepthToSpace { blocksize, crd } => vec![("blocksize", blocksize.to_string()), ("crd", b(*crd))],
+            Op::DepthToSpace { blocksize, crd } => {
+                vec![("blocksize", blocksize.to_string()), ("crd", b(*crd))]
+            }
             Op::SpaceToDepth { blocksize } => vec![("blocksize", blocksize.to_string())],
             Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", b(*upper))],
-            Op::TopK { axis, k, largest, sorted } => vec![("axis", axis.to_string()), ("k", k.to_string()), ("largest", b(*largest)), ("sorted", b(*sorted))],
-            Op::GridSample { mode, padding, align_corners } => vec![
+            Op::TopK {
+                axis,
+                k,
+                largest,
+                sorted,
+            } => vec![
+                ("axis", axis.to_string()),
+                ("k", k.to_string()),
+                ("largest", b(*largest)),
+                ("sorted", b(*sorted)),
+            ],
+            Op::GridSample {
+                mode,
+                padding,
+                align_corners,
+            } => vec![
                 ("align_corners", b(*align_corners)),
                 ("mode", name_of(RESIZE_MODES, *mode).to_string()),
                 ("padding", name_of(GRID_PADDINGS, *padding).to_string()),
             ],
             Op::GatherNd { batch_dims } => vec![("batch_dims", batch_dims.to_string())],
-            Op::ScatterNd { reduction } => vec![("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string())],
-            Op::ScatterElements { axis, reduction } => vec![("axis", axis.to_string()), ("reduction", name_of(SCATTER_REDUCTIONS, *reduction).to_string())],
+            Op::ScatterNd { reduction } => vec![(
+                "reduction",
+                name_of(SCATTER_REDUCTIONS, *reduction).to_string(),
+            )],
+            Op::ScatterElements { axis, reduction } => vec![
+                ("axis", axis.to_string()),
+                (
+                    "reduction",
+                    name_of(SCATTER_REDUCTIONS, *reduction).to_string(),
+                ),
+            ],
             _ => vec![],
         };
         a.sort_by_key(|(k, _)| *k);
@@ -295,38 +408,85 @@ impl Op {
             return Ok(Op::Nary(op));
         }
         if let Some(kind) = lookup(REDUCE_NAMES, name) {
-            return Ok(Op::Reduce { kind, axes: a.usizes("axes")?, keepdims: a.bool("keepdims")? });
+            return Ok(Op::Reduce {
+                kind,
+                axes: a.usizes("axes")?,
+                keepdims: a.bool("keepdims")?,
+            });
         }
         let op = match name {
-            "is_inf" => Op::Unary(Unary::IsInf { detect_negative: a.bool("detect_negative")?, detect_positive: a.bool("detect_positive")? }),
-            "leaky_relu" => Op::Unary(Unary::LeakyRelu { alpha: a.f32("alpha")? }),
-            "elu" => Op::Unary(Unary::Elu { alpha: a.f32("alpha")? }),
-            "celu" => Op::Unary(Unary::Celu { alpha: a.f32("alpha")? }),
-            "thresholded_relu" => Op::Unary(Unary::ThresholdedRelu { alpha: a.f32("alpha")? }),
-            "selu" => Op::Unary(Unary::Selu { alpha: a.f32("alpha")?, gamma: a.f32("gamma")? }),
-            "hard_sigmoid" => Op::Unary(Unary::HardSigmoid { alpha: a.f32("alpha")?, beta: a.f32("beta")? }),
-            "shrink" => Op::Unary(Unary::Shrink { bias: a.f32("bias")?, lambd: a.f32("lambd")? }),
-            "gelu" => Op::Unary(Unary::Gelu { tanh: a.bool("tanh")? }),
-            "mod" => Op::Binary(Binary::Mod { fmod: a.bool("fmod")? }),
-            "bit_shift" => Op::Binary(Binary::BitShift { left: a.bool("left")? }),
+            "is_inf" => Op::Unary(Unary::IsInf {
+                detect_negative: a.bool("detect_negative")?,
+                detect_positive: a.bool("detect_positive")?,
+            }),
+            "leaky_relu" => Op::Unary(Unary::LeakyRelu {
+                alpha: a.f32("alpha")?,
+            }),
+            "elu" => Op::Unary(Unary::Elu {
+                alpha: a.f32("alpha")?,
+            }),
+            "celu" => Op::Unary(Unary::Celu {
+                alpha: a.f32("alpha")?,
+            }),
+            "thresholded_relu" => Op::Unary(Unary::ThresholdedRelu {
+                alpha: a.f32("alpha")?,
+            }),
+            "selu" => Op::Unary(Unary::Selu {
+                alpha: a.f32("alpha")?,
+                gamma: a.f32("gamma")?,
+            }),
+            "hard_sigmoid" => Op::Unary(Unary::HardSigmoid {
+                alpha: a.f32("alpha")?,
+                beta: a.f32("beta")?,
+            }),
+            "shrink" => Op::Unary(Unary::Shrink {
+                bias: a.f32("bias")?,
+                lambd: a.f32("lambd")?,
+            }),
+            "gelu" => Op::Unary(Unary::Gelu {
+                tanh: a.bool("tanh")?,
+            }),
+            "mod" => Op::Binary(Binary::Mod {
+                fmod: a.bool("fmod")?,
+            }),
+            "bit_shift" => Op::Binary(Binary::BitShift {
+                left: a.bool("left")?,
+            }),
             "where" => Op::Where,
             "clip" => Op::Clip,
             "cast" => {
                 let to = a.ident("to")?;
-                Op::Cast { to: DType::from_name(&to).ok_or(format!("unknown dtype '{to}'"))? }
+                Op::Cast {
+                    to: DType::from_name(&to).ok_or(format!("unknown dtype '{to}'"))?,
+                }
             }
-            "softmax" => Op::Softmax { axis: a.usize("axis")? },
-            "attention" => Op::Attention { scale: a.f32("scale")? },
-            "log_softmax" => Op::LogSoftmax { axis: a.usize("axis")? },
+            "softmax" => Op::Softmax {
+                axis: a.usize("axis")?,
+            },
+            "attention" => Op::Attention {
+                scale: a.f32("scale")?,
+            },
+            "log_softmax" => Op::LogSoftmax {
+                axis: a.usize("axis")?,
+            },
             "matmul" => Op::MatMul,
-            "gemm" => Op::Gemm { alpha: a.f32("alpha")?, beta: a.f32("beta")?, trans_a: a.bool("trans_a")?, trans_b: a.bool("trans_b")? },
+            "gemm" => Op::Gemm {
+                alpha: a.f32("alpha")?,
+                beta: a.f32("beta")?,
+                trans_a: a.bool("trans_a")?,
+                trans_b: a.bool("trans_b")?,
+            },
             "conv" | "conv_transpose" => {
                 let c = ConvAttrs {
                     strides: a.usizes("strides")?,
                     pads: a.usizes("pads")?,
                     dilations: a.usizes("dilations")?,
                     group: a.usize("group")?,
-                    output_padding: if name == "conv" { vec![] } else { a.usizes("output_padding")? },
+                    output_padding: if name == "conv" {
+                        vec![]
+                    } else {
+                        a.usizes("output_padding")?
+                    },
                 };
                 if name == "conv" {
                     Op::Conv(c)
@@ -334,36 +494,86 @@ impl Op {
                     Op::ConvTranspose(c)
                 }
             }
-            "batch_norm" => Op::BatchNorm { epsilon: a.f32("epsilon")? },
-            "instance_norm" => Op::InstanceNorm { epsilon: a.f32("epsilon")? },
-            "layer_norm" => Op::LayerNorm { axis: a.usize("axis")?, epsilon: a.f32("epsilon")? },
-            "lrn" => Op::Lrn { size: a.usize("size")?, alpha: a.f32("alpha")?, beta: a.f32("beta")?, bias: a.f32("bias")? },
-            "max_pool" => Op::MaxPool { pool: read_pool(a)?, col_major: a.bool("col_major")? },
-            "average_pool" => Op::AveragePool { pool: read_pool(a)?, count_include_pad: a.bool("count_include_pad")? },
+            "batch_norm" => Op::BatchNorm {
+                epsilon: a.f32("epsilon")?,
+            },
+            "instance_norm" => Op::InstanceNorm {
+                epsilon: a.f32("epsilon")?,
+            },
+            "layer_norm" => Op::LayerNorm {
+                axis: a.usize("axis")?,
+                epsilon: a.f32("epsilon")?,
+            },
+            "lrn" => Op::Lrn {
+                size: a.usize("size")?,
+                alpha: a.f32("alpha")?,
+                beta: a.f32("beta")?,
+                bias: a.f32("bias")?,
+            },
+            "max_pool" => Op::MaxPool {
+                pool: read_pool(a)?,
+                col_major: a.bool("col_major")?,
+            },
+            "average_pool" => Op::AveragePool {
+                pool: read_pool(a)?,
+                count_include_pad: a.bool("count_include_pad")?,
+            },
             "global_average_pool" => Op::GlobalAveragePool,
             "global_max_pool" => Op::GlobalMaxPool,
-            "arg_max" | "arg_min" => {
-                Op::Arg { max: name == "arg_max", axis: a.usize("axis")?, keepdims: a.bool("keepdims")?, select_last_index: a.bool("select_last_index")? }
-            }
-            "reshape" => Op::Reshape { shape: a.usizes("shape")? },
-            "transpose" => Op::Transpose { perm: a.usizes("perm")? },
-            "concat" => Op::Concat { axis: a.usize("axis")? },
-            "split" => Op::Split { axis: a.usize("axis")?, sizes: a.usizes("sizes")? },
-            "slice" => Op::Slice { starts: a.usizes("starts")?, steps: a.ints("steps")?, lens: a.usizes("lens")? },
-            "gather" => Op::Gather { axis: a.usize("axis")? },
-            "gather_elements" => Op::GatherElements { axis: a.usize("axis")? },
-            "expand" => Op::Expand { shape: a.usizes("shape")? },
-            "tile" => Op::Tile { repeats: a.usizes("repeats")? },
+            "arg_max" | "arg_min" => Op::Arg {
+                max: name == "arg_max",
+                axis: a.usize("axis")?,
+                keepdims: a.bool("keepdims")?,
+                select_last_index: a.bool("select_last_index")?,
+            },
+            "reshape" => Op::Reshape {
+                shape: a.usizes("shape")?,
+            },
+            "transpose" => Op::Transpose {
+                perm: a.usizes("perm")?,
+            },
+            "concat" => Op::Concat {
+                axis: a.usize("axis")?,
+            },
+            "split" => Op::Split {
+                axis: a.usize("axis")?,
+                sizes: a.usizes("sizes")?,
+            },
+            "slice" => Op::Slice {
+                starts: a.usizes("starts")?,
+                steps: a.ints("steps")?,
+                lens: a.usizes("lens")?,
+            },
+            "gather" => Op::Gather {
+                axis: a.usize("axis")?,
+            },
+            "gather_elements" => Op::GatherElements {
+                axis: a.usize("axis")?,
+            },
+            "expand" => Op::Expand {
+                shape: a.usizes("shape")?,
+            },
+            "tile" => Op::Tile {
+                repeats: a.usizes("repeats")?,
+            },
             "pad" => {
                 let mode = a.ident("mode")?;
-                Op::Pad { pads: a.ints("pads")?, mode: lookup(PAD_MODES, &mode).ok_or(format!("unknown pad mode '{mode}'"))?, value: a.f64("value")? }
+                Op::Pad {
+                    pads: a.ints("pads")?,
+                    mode: lookup(PAD_MODES, &mode).ok_or(format!("unknown pad mode '{mode}'"))?,
+                    value: a.f64("value")?,
+                }
             }
             "resize" => {
-                let (mode, coord, nearest) = (a.ident("mode")?, a.ident("coord")?, a.ident("nearest")?);
+                let (mode, coord, nearest) =
+                    (a.ident("mode")?, a.ident("coord")?, a.ident("nearest")?);
                 Op::Resize(ResizeAttrs {
-                    mode: lookup(RESIZE_MODES, &mode).ok_or(format!("unknown resize mode '{mode}'"))?,
-                    coord: lookup(COORD_MODES, &coord).ok_or(format!("unknown coord mode '{coord}'"))?,
-                    nearest: lookup(NEAREST_MODES, &nearest).ok_or(format!("unknown nearest mode '{nearest}'"))?,
+                    mode: lookup(RESIZE_MODES, &mode)
+                        .ok_or(format!("unknown resize mode '{mode}'"))?,
+                    coord: lookup(COORD_MODES, &coord)
+                        .ok_or(format!("unknown coord mode '{coord}'"))?,
+                    nearest: lookup(NEAREST_MODES, &nearest)
+                        .ok_or(format!("unknown nearest mode '{nearest}'"))?,
                     cubic_coeff_a: a.f32("cubic_coeff_a")?,
                     exclude_outside: a.bool("exclude_outside")?,
                     extrapolation_value: a.f32("extrapolation_value")?,
@@ -373,21 +583,42 @@ impl Op {
                     roi: a.f32s("roi")?,
                 })
             }
-            "depth_to_space" => Op::DepthToSpace { blocksize: a.usize("blocksize")?, crd: a.bool("crd")? },
-            "space_to_depth" => Op::SpaceToDepth { blocksize: a.usize("blocksize")? },
-            "trilu" => Op::Trilu { upper: a.bool("upper")?, k: a.int("k")? },
-            "top_k" => Op::TopK { axis: a.usize("axis")?, k: a.usize("k")?, largest: a.bool("largest")?, sorted: a.bool("sorted")? },
+            "depth_to_space" => Op::DepthToSpace {
+                blocksize: a.usize("blocksize")?,
+                crd: a.bool("crd")?,
+            },
+            "space_to_depth" => Op::SpaceToDepth {
+                blocksize: a.usize("blocksize")?,
+            },
+            "trilu" => Op::Trilu {
+                upper: a.bool("upper")?,
+                k: a.int("k")?,
+            },
+            "top_k" => Op::TopK {
+                axis: a.usize("axis")?,
+                k: a.usize("k")?,
+                largest: a.bool("largest")?,
+                sorted: a.bool("sorted")?,
+            },
             "grid_sample" => {
                 let (mode, padding) = (a.ident("mode")?, a.ident("padding")?);
                 Op::GridSample {
                     mode: lookup(RESIZE_MODES, &mode).ok_or(format!("unknown mode '{mode}'"))?,
-                    padding: lookup(GRID_PADDINGS, &padding).ok_or(format!("unknown padding '{padding}'"))?,
+                    padding: lookup(GRID_PADDINGS, &padding)
+                        .ok_or(format!("unknown padding '{padding}'"))?,
                     align_corners: a.bool("align_corners")?,
                 }
             }
-            "gather_nd" => Op::GatherNd { batch_dims: a.usize("batch_dims")? },
-            "scatter_nd" => Op::ScatterNd { reduction: scatter_reduction(a)? },
-            "scatter_elements" => Op::ScatterElements { axis: a.usize("axis")?, reduction: scatter_reduction(a)? },
+            "gather_nd" => Op::GatherNd {
+                batch_dims: a.usize("batch_dims")?,
+            },
+            "scatter_nd" => Op::ScatterNd {
+                reduction: scatter_reduction(a)?,
+            },
+            "scatter_elements" => Op::ScatterElements {
+                axis: a.usize("axis")?,
+                reduction: scatter_reduction(a)?,
+            },
             _ => return Err(format!("unknown op '{name}'")),
         };
         Ok(op)
@@ -400,7 +631,13 @@ fn scatter_reduction(a: &mut AttrReader) -> Result<ScatterReduction, String> {
 }
 
 fn spell_pool(p: &PoolAttrs) -> Spelled {
-    vec![("ceil_mode", b(p.ceil_mode)), ("dilations", ints(&p.dilations)), ("kernel", ints(&p.kernel)), ("pads", ints(&p.pads)), ("strides", ints(&p.strides))]
+    vec![
+        ("ceil_mode", b(p.ceil_mode)),
+        ("dilations", ints(&p.dilations)),
+        ("kernel", ints(&p.kernel)),
+        ("pads", ints(&p.pads)),
+        ("strides", ints(&p.strides)),
+    ]
 }
 
 fn read_pool(a: &mut AttrReader) -> Result<PoolAttrs, String> {
@@ -432,7 +669,9 @@ impl AttrReader {
     }
 
     fn take(&mut self, key: &str) -> Result<RawAttr, String> {
-        self.map.remove(key).ok_or_else(|| format!("missing attribute '{key}'"))
+        self.map
+            .remove(key)
+            .ok_or_else(|| format!("missing attribute '{key}'"))
     }
 
     fn one(&mut self, key: &str) -> Result<String, String> {
@@ -450,7 +689,8 @@ impl AttrReader {
     }
 
     fn parse<T: std::str::FromStr>(key: &str, s: &str) -> Result<T, String> {
-        s.parse().map_err(|_| format!("bad value '{s}' for attribute '{key}'"))
+        s.parse()
+            .map_err(|_| format!("bad value '{s}' for attribute '{key}'"))
     }
 
     pub fn ident(&mut self, key: &str) -> Result<String, String> {
@@ -480,13 +720,22 @@ impl AttrReader {
         Self::parse(key, &s)
     }
     pub fn ints(&mut self, key: &str) -> Result<Vec<i64>, String> {
-        self.list(key)?.iter().map(|s| Self::parse(key, s)).collect()
+        self.list(key)?
+            .iter()
+            .map(|s| Self::parse(key, s))
+            .collect()
     }
     pub fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
-        self.list(key)?.iter().map(|s| Self::parse(key, s)).collect()
+        self.list(key)?
+            .iter()
+            .map(|s| Self::parse(key, s))
+            .collect()
     }
     pub fn f32s(&mut self, key: &str) -> Result<Vec<f32>, String> {
-        self.list(key)?.iter().map(|s| Self::parse(key, s)).collect()
+        self.list(key)?
+            .iter()
+            .map(|s| Self::parse(key, s))
+            .collect()
     }
 
     /// Fails if any attribute was not used by the op.

@@ -42,7 +42,9 @@ macro_rules! dispatch {
 }
 
 /// A Rust element type that a `Tensor` can hold.
-pub trait Elem: Copy + Default + PartialEq + PartialOrd + fmt::Debug + Send + Sync + 'static {
+pub trait Elem:
+    Copy + Default + PartialEq + PartialOrd + fmt::Debug + Send + Sync + 'static
+{
     const DTYPE: DType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
@@ -117,7 +119,11 @@ pub fn f32_odd(x: f64) -> f32 {
     if x.is_nan() || r as f64 == x {
         return r;
     }
-    let toward_zero = if (r as f64).abs() > x.abs() { f32::from_bits(r.to_bits() - 1) } else { r };
+    let toward_zero = if (r as f64).abs() > x.abs() {
+        f32::from_bits(r.to_bits() - 1)
+    } else {
+        r
+    };
     f32::from_bits(toward_zero.to_bits() | 1)
 }
 
@@ -360,7 +366,10 @@ impl Tensor {
         self.le_chunks(|bytes| {
             let mut words = bytes.chunks_exact(8);
             for w in &mut words {
-                h = mix(h, u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+                h = mix(
+                    h,
+                    u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]),
+                );
             }
             for b in words.remainder() {
                 h = mix(h, *b as u64);
@@ -372,17 +381,23 @@ impl Tensor {
     /// Whether both have the same type and the same bits in every value (NaNs and signed zeros included).
     pub fn same_bits(&self, other: &Tensor) -> bool {
         fn same<T: Elem>(a: &ArrayD<T>, other: &Tensor) -> bool {
-            let Some(b) = T::view(other) else { return false };
+            let Some(b) = T::view(other) else {
+                return false;
+            };
             let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
             let (mut x, mut y) = (Vec::new(), Vec::new());
             a.shape() == b.shape()
-                && a.as_slice().unwrap_or_default().chunks(4096).zip(b.as_slice().unwrap_or_default().chunks(4096)).all(|(p, q)| {
-                    x.clear();
-                    y.clear();
-                    p.iter().for_each(|v| v.write_le(&mut x));
-                    q.iter().for_each(|v| v.write_le(&mut y));
-                    x == y
-                })
+                && a.as_slice()
+                    .unwrap_or_default()
+                    .chunks(4096)
+                    .zip(b.as_slice().unwrap_or_default().chunks(4096))
+                    .all(|(p, q)| {
+                        x.clear();
+                        y.clear();
+                        p.iter().for_each(|v| v.write_le(&mut x));
+                        q.iter().for_each(|v| v.write_le(&mut y));
+                        x == y
+                    })
         }
         dispatch!(self, a => same(a, other))
     }
@@ -404,9 +419,14 @@ impl Tensor {
     /// Reads a tensor of type `ty` as little-endian bytes from `r`, a block at a time straight into its
     /// element vector (a model's weights are hundreds of MB: no second copy of them as bytes). `None`
     /// when the shape's element count overflows.
-    pub fn from_le_reader(ty: &TensorType, r: &mut impl std::io::Read) -> std::io::Result<Option<Tensor>> {
+    pub fn from_le_reader(
+        ty: &TensorType,
+        r: &mut impl std::io::Read,
+    ) -> std::io::Result<Option<Tensor>> {
         let size = ty.dtype.size();
-        let Some(numel) = ty.checked_numel() else { return Ok(None) };
+        let Some(numel) = ty.checked_numel() else {
+            return Ok(None);
+        };
         let mut block = vec![0u8; (1 << 20) / size * size];
         with_dtype!(ty.dtype, T => {
             let mut v: Vec<T> = Vec::with_capacity(numel);
@@ -460,21 +480,35 @@ mod tests {
             let back = Tensor::from_le_bytes(&ty, &t.to_le_bytes());
             assert_eq!(back, Some(t), "{d}");
         }
-        assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![2]), &[0; 7]), None);
+        assert_eq!(
+            Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![2]), &[0; 7]),
+            None
+        );
         // A shape whose element count overflows (from a file's header) is a mismatch, not a panic.
-        assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![usize::MAX, 3]), &[0; 12]), None);
-        assert_eq!(Tensor::from_le_bytes(&TensorType::new(DType::F64, vec![usize::MAX / 4]), &[0; 8]), None);
+        assert_eq!(
+            Tensor::from_le_bytes(&TensorType::new(DType::F32, vec![usize::MAX, 3]), &[0; 12]),
+            None
+        );
+        assert_eq!(
+            Tensor::from_le_bytes(&TensorType::new(DType::F64, vec![usize::MAX / 4]), &[0; 8]),
+            None
+        );
     }
 
     /// `le_chunks` is `to_le_bytes` in pieces; `same_bits` and `content_hash` see bits, shapes and types.
     #[test]
     fn contents_compare_by_bits() {
-        let big = Tensor::from_vec(&[3, 40_000], (0..120_000).map(|i| i as f32 * 0.5).collect()).unwrap();
+        let big =
+            Tensor::from_vec(&[3, 40_000], (0..120_000).map(|i| i as f32 * 0.5).collect()).unwrap();
         let mut chunks = Vec::new();
         big.le_chunks(|b| chunks.extend_from_slice(b));
         assert_eq!(chunks, big.to_le_bytes());
         let f = |v: Vec<f32>| Tensor::from_vec(&[v.len()], v).unwrap();
-        let (zero, minus_zero, nan) = (f(vec![0.0, 1.0]), f(vec![-0.0, 1.0]), f(vec![f32::NAN, 1.0]));
+        let (zero, minus_zero, nan) = (
+            f(vec![0.0, 1.0]),
+            f(vec![-0.0, 1.0]),
+            f(vec![f32::NAN, 1.0]),
+        );
         assert!(nan.same_bits(&nan.clone()) && nan.content_hash() == nan.clone().content_hash());
         assert!(!zero.same_bits(&minus_zero) && zero.content_hash() != minus_zero.content_hash());
         let reshaped = zero.reshape(&[1, 2]).unwrap();
@@ -487,7 +521,10 @@ mod tests {
     fn cast_follows_onnx() {
         let t = Tensor::from_vec(&[4], vec![-1.7f32, 2.9, f32::NAN, 300.0]).unwrap();
         assert_eq!(t.cast(DType::I32).to_i64_vec(), vec![-1, 2, 0, 300]);
-        assert_eq!(t.cast(DType::Bool), Tensor::from_vec(&[4], vec![true, true, true, true]).unwrap());
+        assert_eq!(
+            t.cast(DType::Bool),
+            Tensor::from_vec(&[4], vec![true, true, true, true]).unwrap()
+        );
         let i = Tensor::from_vec(&[2], vec![257i64, -1]).unwrap();
         assert_eq!(i.cast(DType::U8).to_i64_vec(), vec![1, 255]);
     }
@@ -505,8 +542,16 @@ mod tests {
         ];
         for (x, bf, h) in cases {
             let t = Tensor::from_vec(&[1], vec![f32::from_bits(x)]).unwrap();
-            assert_eq!(t.cast(DType::BF16).to_le_bytes(), bf.to_le_bytes(), "{x:#x} to bf16");
-            assert_eq!(t.cast(DType::F16).to_le_bytes(), h.to_le_bytes(), "{x:#x} to f16");
+            assert_eq!(
+                t.cast(DType::BF16).to_le_bytes(),
+                bf.to_le_bytes(),
+                "{x:#x} to bf16"
+            );
+            assert_eq!(
+                t.cast(DType::F16).to_le_bytes(),
+                h.to_le_bytes(),
+                "{x:#x} to f16"
+            );
         }
     }
 }

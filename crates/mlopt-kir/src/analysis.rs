@@ -106,7 +106,9 @@ fn terms(e: &Expr, out: &mut Vec<(i64, Expr)>) {
 }
 
 fn sum(terms: &[(i64, Expr)]) -> Expr {
-    terms.iter().fold(Expr::int(0), |e, (c, x)| Expr::add(e, Expr::mul(Expr::int(*c), x.clone())))
+    terms.iter().fold(Expr::int(0), |e, (c, x)| {
+        Expr::add(e, Expr::mul(Expr::int(*c), x.clone()))
+    })
 }
 
 /// `e` with quotients and remainders of non-negative sums by constants taken apart where the ranges
@@ -130,10 +132,21 @@ pub fn simplify_index(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
     let low = sum(&low);
     let small = max_value(&low, extent).is_some_and(|m| m < d);
     if *op == BinOp::Rem {
-        return if small { low } else { Expr::rem(low, Expr::int(d)) };
+        return if small {
+            low
+        } else {
+            Expr::rem(low, Expr::int(d))
+        };
     }
     let high: Vec<(i64, Expr)> = high.into_iter().map(|(c, x)| (c / d, x)).collect();
-    Expr::add(sum(&high), if small { Expr::int(0) } else { Expr::div(low, Expr::int(d)) })
+    Expr::add(
+        sum(&high),
+        if small {
+            Expr::int(0)
+        } else {
+            Expr::div(low, Expr::int(d))
+        },
+    )
 }
 
 /// Whether the non-negative index `flat` differs for every value of `v` below `extent` (the other
@@ -155,10 +168,14 @@ pub fn moves_with(flat: &Expr, v: Var, extent: u64) -> bool {
     }
     fn digits(e: &Expr, v: Var, d: i64, hi: Var, lo: Var) -> Expr {
         match e {
-            Expr::Binary(op @ (BinOp::Div | BinOp::Rem), x, y) if **x == Expr::Var(v) && **y == Expr::Int(d) => {
+            Expr::Binary(op @ (BinOp::Div | BinOp::Rem), x, y)
+                if **x == Expr::Var(v) && **y == Expr::Int(d) =>
+            {
                 Expr::Var(if *op == BinOp::Div { hi } else { lo })
             }
-            Expr::Binary(op, a, b) => Expr::bin(*op, digits(a, v, d, hi, lo), digits(b, v, d, hi, lo)),
+            Expr::Binary(op, a, b) => {
+                Expr::bin(*op, digits(a, v, d, hi, lo), digits(b, v, d, hi, lo))
+            }
             e => e.clone(),
         }
     }
@@ -177,7 +194,9 @@ pub fn moves_with(flat: &Expr, v: Var, extent: u64) -> bool {
 /// The row-major flat element index of an access to `b`.
 pub fn flat_index(k: &Kernel, b: BufId, index: &[Expr]) -> Expr {
     let strides = k.buffer(b).strides();
-    index.iter().zip(strides).fold(Expr::int(0), |e, (i, s)| Expr::add(e, Expr::mul(i.clone(), Expr::int(s as i64))))
+    index.iter().zip(strides).fold(Expr::int(0), |e, (i, s)| {
+        Expr::add(e, Expr::mul(i.clone(), Expr::int(s as i64)))
+    })
 }
 
 /// How many loads and stores of each buffer `body` holds.
@@ -230,34 +249,57 @@ pub fn arithmetic(k: &Kernel) -> Arithmetic {
         /// Whether every load of `e` is contiguous along `v` or does not move with it.
         fn contiguous(&self, e: &Expr, v: Var) -> bool {
             let mut ok = true;
-            for_each_load(e, &mut |b, index| ok &= matches!(coefficient(&flat_index(self.k, b, index), v), Some(0 | 1)));
+            for_each_load(e, &mut |b, index| {
+                ok &= matches!(coefficient(&flat_index(self.k, b, index), v), Some(0 | 1))
+            });
             ok
         }
         fn walk(&mut self, body: &[Stmt], trips: f64, vector: Option<Var>, unrolled: bool) {
             for s in body {
                 match s {
-                    Stmt::For { var, extent, kind, body } => {
-                        let v = if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector };
-                        self.walk(body, trips * *extent as f64, v, unrolled || matches!(kind, LoopKind::Unrolled));
+                    Stmt::For {
+                        var,
+                        extent,
+                        kind,
+                        body,
+                    } => {
+                        let v = if matches!(kind, LoopKind::Vector(_)) {
+                            Some(*var)
+                        } else {
+                            vector
+                        };
+                        self.walk(
+                            body,
+                            trips * *extent as f64,
+                            v,
+                            unrolled || matches!(kind, LoopKind::Unrolled),
+                        );
                     }
                     Stmt::If { then, .. } => self.walk(then, trips, vector, unrolled),
                     Stmt::Store { value, .. } => {
                         let n = ops(value) * trips;
                         match vector {
                             None => self.acc.scalar += n,
-                            Some(v) if !self.contiguous(value, v) && unrolled => self.acc.tiled_gather += n,
+                            Some(v) if !self.contiguous(value, v) && unrolled => {
+                                self.acc.tiled_gather += n
+                            }
                             Some(v) if !self.contiguous(value, v) => self.acc.gather += n,
                             Some(_) if unrolled => self.acc.tiled += n,
                             Some(_) => self.acc.vector += n,
                         }
                     }
-                    Stmt::Mma { m, n, k, .. } => self.acc.tiled += 2.0 * (*m * *n * *k) as f64 * trips,
+                    Stmt::Mma { m, n, k, .. } => {
+                        self.acc.tiled += 2.0 * (*m * *n * *k) as f64 * trips
+                    }
                     _ => {}
                 }
             }
         }
     }
-    let mut w = Walk { k, acc: Arithmetic::default() };
+    let mut w = Walk {
+        k,
+        acc: Arithmetic::default(),
+    };
     w.walk(&k.body, 1.0, None, false);
     w.acc
 }
@@ -304,8 +346,17 @@ pub fn for_each_access(body: &[Stmt], f: &mut Access) {
     fn walk(body: &[Stmt], vector: Option<Var>, trips: f64, f: &mut Access) {
         for s in body {
             match s {
-                Stmt::For { var, extent, kind, body } => {
-                    let v = if matches!(kind, LoopKind::Vector(_)) { Some(*var) } else { vector };
+                Stmt::For {
+                    var,
+                    extent,
+                    kind,
+                    body,
+                } => {
+                    let v = if matches!(kind, LoopKind::Vector(_)) {
+                        Some(*var)
+                    } else {
+                        vector
+                    };
                     walk(body, v, trips * *extent as f64, f);
                 }
                 Stmt::If { then, .. } => walk(then, vector, trips, f),
@@ -361,7 +412,9 @@ pub fn for_each_load(e: &Expr, f: &mut dyn FnMut(BufId, &[Expr])) {
             for_each_load(a, f);
             for_each_load(b, f);
         }
-        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => [a, b, c].into_iter().for_each(|x| for_each_load(x, f)),
+        Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
+            [a, b, c].into_iter().for_each(|x| for_each_load(x, f))
+        }
     }
 }
 
@@ -382,12 +435,22 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
             }
             Stmt::Barrier | Stmt::AsyncWait => {}
             Stmt::WarpReduce { buf, .. } => *out.entry(*buf).or_default() += 1,
-            Stmt::CopyAsync { dst, src, from, valid, .. } => {
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                valid,
+                ..
+            } => {
                 if count_stores {
                     *out.entry(dst.buf).or_default() += 1;
                 }
                 *out.entry(*src).or_default() += 1;
-                dst.at.iter().chain([from]).chain(valid).for_each(|e| expr(e, out));
+                dst.at
+                    .iter()
+                    .chain([from])
+                    .chain(valid)
+                    .for_each(|e| expr(e, out));
             }
             Stmt::Mma { c, a, b, .. } | Stmt::WarpMma { c, a, b } => {
                 for x in [a, b] {
@@ -410,8 +473,11 @@ pub fn private_locals(k: &Kernel, body: &[Stmt]) -> Vec<BufId> {
 
 /// `private_locals` with the kernel's `buffer_uses` computed once by the caller.
 pub fn private_in(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>) -> Vec<BufId> {
-    let mut v: Vec<BufId> =
-        buffer_uses(body).into_iter().filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n)).map(|(b, _)| b).collect();
+    let mut v: Vec<BufId> = buffer_uses(body)
+        .into_iter()
+        .filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n))
+        .map(|(b, _)| b)
+        .collect();
     v.sort();
     v
 }
@@ -419,7 +485,13 @@ pub fn private_in(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>) -> Vec
 /// The local buffers that one iteration of some loop of `k` whose kind `kinds` accepts owns (every access
 /// inside that loop's body): each thread of a parallel loop, or each lane of a vector loop, has its own.
 pub fn locals_owned_by_loops(k: &Kernel, kinds: &dyn Fn(LoopKind) -> bool) -> Vec<BufId> {
-    fn walk(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>, kinds: &dyn Fn(LoopKind) -> bool, out: &mut Vec<BufId>) {
+    fn walk(
+        k: &Kernel,
+        body: &[Stmt],
+        all: &HashMap<BufId, usize>,
+        kinds: &dyn Fn(LoopKind) -> bool,
+        out: &mut Vec<BufId>,
+    ) {
         for s in body {
             match s {
                 Stmt::For { kind, body, .. } => {

@@ -34,15 +34,36 @@ pub struct Launch {
 
 /// The launch of a GPU kernel; None for a CPU kernel.
 pub fn launch(k: &Kernel) -> Option<Launch> {
-    let [Stmt::For { kind: LoopKind::GpuBlock(_), extent, body, .. }] = k.body.as_slice() else { return None };
-    let shared_bytes = k.bufs.iter().filter(|b| b.space == Space::Shared).map(|b| b.numel() * b.elem.size()).sum();
-    Some(Launch { grid: *extent, block: threads(body).unwrap_or(1), shared_bytes })
+    let [Stmt::For {
+        kind: LoopKind::GpuBlock(_),
+        extent,
+        body,
+        ..
+    }] = k.body.as_slice()
+    else {
+        return None;
+    };
+    let shared_bytes = k
+        .bufs
+        .iter()
+        .filter(|b| b.space == Space::Shared)
+        .map(|b| b.numel() * b.elem.size())
+        .sum();
+    Some(Launch {
+        grid: *extent,
+        block: threads(body).unwrap_or(1),
+        shared_bytes,
+    })
 }
 
 /// The extent of the first thread loop in uniform code `body`.
 fn threads(body: &[Stmt]) -> Option<u64> {
     body.iter().find_map(|s| match s {
-        Stmt::For { kind: LoopKind::GpuThread(_), extent, .. } => Some(*extent),
+        Stmt::For {
+            kind: LoopKind::GpuThread(_),
+            extent,
+            ..
+        } => Some(*extent),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => threads(body),
         _ => None,
     })
@@ -52,20 +73,39 @@ fn threads(body: &[Stmt]) -> Option<u64> {
 /// buffers).
 pub fn check(k: &Kernel) -> Vec<String> {
     let mut errors = Vec::new();
-    let gpu_loops = count(&k.body, &|kind| matches!(kind, LoopKind::GpuBlock(_) | LoopKind::GpuThread(_)));
+    let gpu_loops = count(&k.body, &|kind| {
+        matches!(kind, LoopKind::GpuBlock(_) | LoopKind::GpuThread(_))
+    });
     let shared = k.bufs.iter().any(|b| b.space == Space::Shared);
     if gpu_loops == 0 && !shared && !has_barrier(&k.body) {
         return errors;
     }
     let Some(l) = launch(k) else {
-        errors.push(format!("kernel @{}: a GPU kernel's body must be one gpu.block.x loop", k.name));
+        errors.push(format!(
+            "kernel @{}: a GPU kernel's body must be one gpu.block.x loop",
+            k.name
+        ));
         return errors;
     };
-    let [Stmt::For { kind: LoopKind::GpuBlock(axis), body, .. }] = k.body.as_slice() else { return errors };
+    let [Stmt::For {
+        kind: LoopKind::GpuBlock(axis),
+        body,
+        ..
+    }] = k.body.as_slice()
+    else {
+        return errors;
+    };
     if *axis != 0 {
-        errors.push(format!("kernel @{}: the grid is one-dimensional (gpu.block.x)", k.name));
+        errors.push(format!(
+            "kernel @{}: the grid is one-dimensional (gpu.block.x)",
+            k.name
+        ));
     }
-    let mut c = Checker { k, block: l.block, errors: &mut errors };
+    let mut c = Checker {
+        k,
+        block: l.block,
+        errors: &mut errors,
+    };
     c.uniform(body);
     errors
 }
@@ -103,26 +143,52 @@ impl Checker<'_> {
     fn uniform(&mut self, body: &[Stmt]) {
         for s in body {
             match s {
-                Stmt::For { kind: LoopKind::GpuThread(axis), extent, body, var } => {
+                Stmt::For {
+                    kind: LoopKind::GpuThread(axis),
+                    extent,
+                    body,
+                    var,
+                } => {
                     if *axis != 0 || *extent != self.block {
-                        self.err(format!("thread loop %{} must be gpu.thread.x over the block's {} threads", self.k.var_name(*var), self.block));
+                        self.err(format!(
+                            "thread loop %{} must be gpu.thread.x over the block's {} threads",
+                            self.k.var_name(*var),
+                            self.block
+                        ));
                     }
                     self.thread(body, false);
                 }
-                Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } | Stmt::If { then: body, .. } => {
+                Stmt::For {
+                    kind: LoopKind::Serial | LoopKind::Unrolled,
+                    body,
+                    ..
+                }
+                | Stmt::If { then: body, .. } => {
                     if let Stmt::If { cond, .. } = s {
                         self.no_locals(cond, "a uniform guard");
                     }
                     self.uniform(body)
                 }
-                Stmt::For { kind, var, .. } => self.err(format!("loop %{} is {} in uniform GPU code", self.k.var_name(*var), crate::print::loop_kind(*kind))),
+                Stmt::For { kind, var, .. } => self.err(format!(
+                    "loop %{} is {} in uniform GPU code",
+                    self.k.var_name(*var),
+                    crate::print::loop_kind(*kind)
+                )),
                 Stmt::Barrier => {}
-                Stmt::Store { buf, .. } => self.err(format!("store to %{} outside a thread loop", self.k.buffer(*buf).name)),
-                Stmt::Mma { .. } | Stmt::WarpMma { .. } => self.err("mma outside a thread loop".into()),
-                Stmt::CopyAsync { .. } | Stmt::AsyncWait => self.err("cp.async outside a thread loop".into()),
-                Stmt::WarpReduce { .. } if !self.block.is_multiple_of(32) => {
-                    self.err(format!("warp.reduce in a block of {} threads, not whole warps", self.block))
+                Stmt::Store { buf, .. } => self.err(format!(
+                    "store to %{} outside a thread loop",
+                    self.k.buffer(*buf).name
+                )),
+                Stmt::Mma { .. } | Stmt::WarpMma { .. } => {
+                    self.err("mma outside a thread loop".into())
                 }
+                Stmt::CopyAsync { .. } | Stmt::AsyncWait => {
+                    self.err("cp.async outside a thread loop".into())
+                }
+                Stmt::WarpReduce { .. } if !self.block.is_multiple_of(32) => self.err(format!(
+                    "warp.reduce in a block of {} threads, not whole warps",
+                    self.block
+                )),
                 Stmt::WarpReduce { .. } => {}
             }
         }
@@ -132,15 +198,33 @@ impl Checker<'_> {
     fn thread(&mut self, body: &[Stmt], guarded: bool) {
         for s in body {
             match s {
-                Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled | LoopKind::Vector(_), body, .. } => self.thread(body, guarded),
+                Stmt::For {
+                    kind: LoopKind::Serial | LoopKind::Unrolled | LoopKind::Vector(_),
+                    body,
+                    ..
+                } => self.thread(body, guarded),
                 Stmt::If { then, .. } => self.thread(then, true),
-                Stmt::WarpMma { .. } if guarded => self.err("mma.sync under a guard (every thread of the warp must run it)".into()),
-                Stmt::WarpMma { .. } if !self.block.is_multiple_of(32) => self.err(format!("mma.sync in a block of {} threads, not whole warps", self.block)),
+                Stmt::WarpMma { .. } if guarded => {
+                    self.err("mma.sync under a guard (every thread of the warp must run it)".into())
+                }
+                Stmt::WarpMma { .. } if !self.block.is_multiple_of(32) => self.err(format!(
+                    "mma.sync in a block of {} threads, not whole warps",
+                    self.block
+                )),
                 Stmt::WarpMma { .. } => {}
-                Stmt::For { kind, var, .. } => self.err(format!("loop %{} is {} inside a thread loop", self.k.var_name(*var), crate::print::loop_kind(*kind))),
-                Stmt::Barrier => self.err("barrier inside a thread loop (not every thread may reach it)".into()),
+                Stmt::For { kind, var, .. } => self.err(format!(
+                    "loop %{} is {} inside a thread loop",
+                    self.k.var_name(*var),
+                    crate::print::loop_kind(*kind)
+                )),
+                Stmt::Barrier => {
+                    self.err("barrier inside a thread loop (not every thread may reach it)".into())
+                }
                 Stmt::Store { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => {}
-                Stmt::WarpReduce { .. } => self.err("warp.reduce inside a thread loop (the whole warp runs it, in uniform code)".into()),
+                Stmt::WarpReduce { .. } => self.err(
+                    "warp.reduce inside a thread loop (the whole warp runs it, in uniform code)"
+                        .into(),
+                ),
                 Stmt::Mma { .. } => self.err("mma blocks are not a GPU operation".into()),
             }
         }

@@ -16,14 +16,24 @@ use half::{bf16, f16};
 #[derive(Debug, thiserror::Error)]
 pub enum InterpError {
     #[error("kernel @{kernel}: access to %{buf} at {index:?} outside {dims:?}")]
-    OutOfBounds { kernel: String, buf: String, index: Vec<i64>, dims: Vec<u64> },
+    OutOfBounds {
+        kernel: String,
+        buf: String,
+        index: Vec<i64>,
+        dims: Vec<u64>,
+    },
     #[error("program: {0}")]
     Program(String),
     /// A check step found invalid input data; the step's message.
     #[error("{0}")]
     Data(String),
     #[error("kernel @{kernel}: race on %{buf} at element {element}: {what}")]
-    Race { kernel: String, buf: String, element: u64, what: String },
+    Race {
+        kernel: String,
+        buf: String,
+        element: u64,
+        what: String,
+    },
 }
 
 type Result<T> = std::result::Result<T, InterpError>;
@@ -59,7 +69,11 @@ pub fn f32_odd(x: f64) -> f32 {
     if x.is_nan() || r as f64 == x {
         return r;
     }
-    let toward_zero = if (r as f64).abs() > x.abs() { f32::from_bits(r.to_bits() - 1) } else { r };
+    let toward_zero = if (r as f64).abs() > x.abs() {
+        f32::from_bits(r.to_bits() - 1)
+    } else {
+        r
+    };
     f32::from_bits(toward_zero.to_bits() | 1)
 }
 
@@ -174,17 +188,32 @@ pub fn run_kernel(k: &Kernel, regions: &mut Vec<Vec<u8>>, args: &[(usize, usize)
         let bytes = (b.numel() * b.elem.size()) as usize;
         per_thread.push(if b.space == Space::Local { bytes } else { 0 });
         if b.space == Space::Global {
-            let a = params.next().ok_or_else(|| InterpError::Program(format!("@{}: too few arguments", k.name)))?;
+            let a = params
+                .next()
+                .ok_or_else(|| InterpError::Program(format!("@{}: too few arguments", k.name)))?;
             at.push(*a);
         } else {
-            let n = if b.space == Space::Local { bytes * copies } else { bytes };
+            let n = if b.space == Space::Local {
+                bytes * copies
+            } else {
+                bytes
+            };
             regions.push(vec![0u8; n]);
             at.push((regions.len() - 1, 0));
         }
     }
     let strides = k.bufs.iter().map(|b| b.strides()).collect();
-    let gpu = launch.map(|_| Gpu { per_thread, ..Gpu::default() });
-    let mut f = Frame { k, at, strides, vars: vec![0; k.vars.len()], gpu };
+    let gpu = launch.map(|_| Gpu {
+        per_thread,
+        ..Gpu::default()
+    });
+    let mut f = Frame {
+        k,
+        at,
+        strides,
+        vars: vec![0; k.vars.len()],
+        gpu,
+    };
     let r = f.block(&k.body, regions);
     regions.truncate(base);
     r
@@ -200,7 +229,12 @@ impl Frame<'_> {
 
     fn stmt(&mut self, s: &Stmt, m: &mut Vec<Vec<u8>>) -> Result<()> {
         match s {
-            Stmt::For { var, extent, kind, body } => {
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => {
                 for i in 0..*extent as i64 {
                     self.vars[var.0 as usize] = i;
                     if let Some(g) = &mut self.gpu {
@@ -243,13 +277,26 @@ impl Frame<'_> {
                 }
             }
             Stmt::WarpMma { c, a, b } => self.warp_mma(c, a, b, m)?,
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => self.copy_async(dst, *src, from, *lanes, valid.as_ref(), m)?,
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                lanes,
+                valid,
+            } => self.copy_async(dst, *src, from, *lanes, valid.as_ref(), m)?,
             Stmt::WarpReduce { buf, op } => self.warp_reduce(*buf, *op, m)?,
             Stmt::AsyncWait => {
                 let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else {
-                    return Err(InterpError::Program(format!("@{}: cp.async.wait_all outside a thread loop", self.k.name)));
+                    return Err(InterpError::Program(format!(
+                        "@{}: cp.async.wait_all outside a thread loop",
+                        self.k.name
+                    )));
                 };
-                let done = self.gpu.as_mut().and_then(|g| g.inflight.remove(&thread)).unwrap_or_default();
+                let done = self
+                    .gpu
+                    .as_mut()
+                    .and_then(|g| g.inflight.remove(&thread))
+                    .unwrap_or_default();
                 for c in done {
                     if let Some(g) = &mut self.gpu {
                         g.pending.remove(&(c.buf.0, c.element));
@@ -259,14 +306,30 @@ impl Frame<'_> {
                     m[c.region][c.byte..c.byte + c.data.len()].copy_from_slice(&c.data);
                 }
             }
-            Stmt::Mma { m: rows, n, k, c, a, b, acc } => {
-                let at = |x: &crate::Block, r: u64, col: u64| x.index(Expr::int(r as i64), Expr::int(col as i64));
+            Stmt::Mma {
+                m: rows,
+                n,
+                k,
+                c,
+                a,
+                b,
+                acc,
+            } => {
+                let at = |x: &crate::Block, r: u64, col: u64| {
+                    x.index(Expr::int(r as i64), Expr::int(col as i64))
+                };
                 for i in 0..*rows {
                     for j in 0..*n {
-                        let mut sum = if *acc { self.eval(&Expr::load(c.buf, at(c, i, j)), m)?.f() as f32 } else { 0.0f32 };
+                        let mut sum = if *acc {
+                            self.eval(&Expr::load(c.buf, at(c, i, j)), m)?.f() as f32
+                        } else {
+                            0.0f32
+                        };
                         for p in 0..*k {
                             let x = self.eval(&Expr::load(a.buf, at(a, i, p)), m)?.f() as f32;
-                            let y = self.eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?.f() as f32;
+                            let y = self
+                                .eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?
+                                .f() as f32;
                             sum += x * y;
                         }
                         let (r, off, t, _) = self.locate(c.buf, &at(c, i, j), m)?;
@@ -283,7 +346,10 @@ impl Frame<'_> {
     fn warp_mma(&mut self, c: &Block, a: &Block, b: &Block, m: &mut Vec<Vec<u8>>) -> Result<()> {
         let k = self.k;
         let fail = |what: String| InterpError::Program(format!("@{}: mma.sync {what}", k.name));
-        let (Some(thread), Some(tv)) = (self.gpu.as_ref().and_then(|g| g.thread), self.gpu.as_ref().and_then(|g| g.thread_var)) else {
+        let (Some(thread), Some(tv)) = (
+            self.gpu.as_ref().and_then(|g| g.thread),
+            self.gpu.as_ref().and_then(|g| g.thread_var),
+        ) else {
             return Err(fail("outside a thread loop".into()));
         };
         let lane = thread % 32;
@@ -300,7 +366,10 @@ impl Frame<'_> {
         let first = starts(self, thread - lane)?;
         let mine = starts(self, thread)?;
         if first != mine {
-            return Err(fail(format!("blocks differ within a warp: thread {thread} has {mine:?}, thread {} {first:?}", thread - lane)));
+            return Err(fail(format!(
+                "blocks differ within a warp: thread {thread} has {mine:?}, thread {} {first:?}",
+                thread - lane
+            )));
         }
         let t = k.buffer(a.buf).elem;
         let depth = warp_mma_k(t);
@@ -309,19 +378,33 @@ impl Frame<'_> {
                 let (_, _, _, lin) = self.locate(x.buf, &x.at, m)?;
                 let strides = &self.strides[x.buf.0 as usize];
                 if !lin.is_multiple_of(8) || !strides[strides.len() - 2].is_multiple_of(8) {
-                    return Err(fail(format!("block %{}{:?}: ldmatrix rows must start on 16 bytes", k.buffer(x.buf).name, x.at)));
+                    return Err(fail(format!(
+                        "block %{}{:?}: ldmatrix rows must start on 16 bytes",
+                        k.buffer(x.buf).name,
+                        x.at
+                    )));
                 }
             }
         }
-        let input = |x: f64| if t == Elem::F32 { tf32(x as f32) as f64 } else { x };
+        let input = |x: f64| {
+            if t == Elem::F32 {
+                tf32(x as f32) as f64
+            } else {
+                x
+            }
+        };
         let int = |v: i64| Expr::int(v);
         for q in 0..4 {
             let (row, col) = (lane / 4 + 8 * (q / 2), 2 * (lane % 4) + q % 2);
             // Products of the inputs are exact; the sum is kept wide and rounded once.
             let mut sum = 0.0f64;
             for p in 0..depth as i64 {
-                let x = self.eval(&Expr::load(a.buf, a.index(int(row), int(p))), m)?.f();
-                let y = self.eval(&Expr::load(b.buf, b.index(int(p), int(col))), m)?.f();
+                let x = self
+                    .eval(&Expr::load(a.buf, a.index(int(row), int(p))), m)?
+                    .f();
+                let y = self
+                    .eval(&Expr::load(b.buf, b.index(int(p), int(col))), m)?
+                    .f();
                 sum += input(x) * input(y);
             }
             let at = c.index(int(0), int(q));
@@ -335,10 +418,27 @@ impl Frame<'_> {
     /// One thread's `cp.async`: reads the source now (it does not change during the kernel, or the race
     /// check says so) and writes the destination at the thread's next wait. The hardware needs both ends
     /// aligned to the copy's size.
-    fn copy_async(&mut self, dst: &Block, src: BufId, from: &Expr, lanes: u64, valid: Option<&Expr>, m: &mut Vec<Vec<u8>>) -> Result<()> {
+    fn copy_async(
+        &mut self,
+        dst: &Block,
+        src: BufId,
+        from: &Expr,
+        lanes: u64,
+        valid: Option<&Expr>,
+        m: &mut Vec<Vec<u8>>,
+    ) -> Result<()> {
         let k = self.k;
-        let fail = |what: String| InterpError::Program(format!("@{}: cp.async %{} <- %{}: {what}", k.name, k.buffer(dst.buf).name, k.buffer(src).name));
-        let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else { return Err(fail("outside a thread loop".into())) };
+        let fail = |what: String| {
+            InterpError::Program(format!(
+                "@{}: cp.async %{} <- %{}: {what}",
+                k.name,
+                k.buffer(dst.buf).name,
+                k.buffer(src).name
+            ))
+        };
+        let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else {
+            return Err(fail("outside a thread loop".into()));
+        };
         let on = match valid {
             Some(c) => self.eval(c, m)?.i() != 0,
             None => true,
@@ -346,19 +446,35 @@ impl Frame<'_> {
         let size = k.buffer(dst.buf).elem.size() as usize;
         let bytes = size * lanes as usize;
         // The first element of each end, checked for alignment and for room for the whole copy.
-        let check = |b: BufId, r: usize, byte: usize, element: i64, what: &str| -> Result<(usize, usize, u64)> {
+        let check = |b: BufId,
+                     r: usize,
+                     byte: usize,
+                     element: i64,
+                     what: &str|
+         -> Result<(usize, usize, u64)> {
             if element < 0 || element as u64 + lanes > k.buffer(b).numel() {
-                return Err(fail(format!("{what} elements {element}.. leave %{}", k.buffer(b).name)));
+                return Err(fail(format!(
+                    "{what} elements {element}.. leave %{}",
+                    k.buffer(b).name
+                )));
             }
             if !byte.is_multiple_of(bytes) {
-                return Err(fail(format!("{what} byte {byte} is not aligned to the {bytes}-byte copy")));
+                return Err(fail(format!(
+                    "{what} byte {byte} is not aligned to the {bytes}-byte copy"
+                )));
             }
             Ok((r, byte, element as u64))
         };
         let from = if on {
             let element = self.eval(from, m)?.i();
             let (r, base) = self.at[src.0 as usize];
-            Some(check(src, r, base + (element.max(0) as usize) * size, element, "source")?)
+            Some(check(
+                src,
+                r,
+                base + (element.max(0) as usize) * size,
+                element,
+                "source",
+            )?)
         } else {
             None
         };
@@ -378,7 +494,13 @@ impl Frame<'_> {
             };
             let byte = to + l as usize * size;
             self.touch(dst.buf, element + l, region, byte, true)?;
-            copies.push(Landing { region, byte, data, buf: dst.buf, element: element + l });
+            copies.push(Landing {
+                region,
+                byte,
+                data,
+                buf: dst.buf,
+                element: element + l,
+            });
         }
         if let Some(g) = &mut self.gpu {
             for c in &copies {
@@ -394,10 +516,16 @@ impl Frame<'_> {
     fn warp_reduce(&mut self, buf: BufId, op: BinOp, m: &mut [Vec<u8>]) -> Result<()> {
         let k = self.k;
         let (Some(g), Some(l)) = (&self.gpu, crate::gpu::launch(k)) else {
-            return Err(InterpError::Program(format!("@{}: warp.reduce outside a GPU kernel", k.name)));
+            return Err(InterpError::Program(format!(
+                "@{}: warp.reduce outside a GPU kernel",
+                k.name
+            )));
         };
         if g.thread.is_some() {
-            return Err(InterpError::Program(format!("@{}: warp.reduce inside a thread loop", k.name)));
+            return Err(InterpError::Program(format!(
+                "@{}: warp.reduce inside a thread loop",
+                k.name
+            )));
         }
         let t = k.buffer(buf).elem;
         let size = t.size() as usize;
@@ -405,7 +533,9 @@ impl Frame<'_> {
         let per = g.per_thread[buf.0 as usize];
         let at = |lane: u64| base + per * lane as usize;
         for w in 0..l.block / 32 {
-            let mut x: Vec<V> = (0..32).map(|i| decode(t, &m[r][at(32 * w + i)..at(32 * w + i) + size])).collect();
+            let mut x: Vec<V> = (0..32)
+                .map(|i| decode(t, &m[r][at(32 * w + i)..at(32 * w + i) + size]))
+                .collect();
             for d in [16, 8, 4, 2, 1] {
                 x = (0..32).map(|i| binary(op, x[i], x[i ^ d], t)).collect();
             }
@@ -429,36 +559,61 @@ impl Frame<'_> {
     }
 
     /// Where element `index` of `b` is: (region, byte, element type, row-major element number).
-    fn locate(&mut self, b: BufId, index: &[Expr], m: &mut Vec<Vec<u8>>) -> Result<(usize, usize, Elem, u64)> {
+    fn locate(
+        &mut self,
+        b: BufId,
+        index: &[Expr],
+        m: &mut Vec<Vec<u8>>,
+    ) -> Result<(usize, usize, Elem, u64)> {
         let buf = self.k.buffer(b);
         let mut ix = Vec::with_capacity(index.len());
         for e in index {
             ix.push(self.eval(e, m)?.i());
         }
-        let oob = ix.len() != buf.dims.len() || ix.iter().zip(&buf.dims).any(|(i, d)| *i < 0 || *i as u64 >= *d);
+        let oob = ix.len() != buf.dims.len()
+            || ix
+                .iter()
+                .zip(&buf.dims)
+                .any(|(i, d)| *i < 0 || *i as u64 >= *d);
         if oob {
-            return Err(InterpError::OutOfBounds { kernel: self.k.name.clone(), buf: buf.name.clone(), index: ix, dims: buf.dims.clone() });
+            return Err(InterpError::OutOfBounds {
+                kernel: self.k.name.clone(),
+                buf: buf.name.clone(),
+                index: ix,
+                dims: buf.dims.clone(),
+            });
         }
-        let lin: u64 = ix.iter().zip(&self.strides[b.0 as usize]).map(|(i, s)| *i as u64 * s).sum();
+        let lin: u64 = ix
+            .iter()
+            .zip(&self.strides[b.0 as usize])
+            .map(|(i, s)| *i as u64 * s)
+            .sum();
         let (r, mut off) = self.at[b.0 as usize];
         if let Some(g) = &self.gpu {
             off += g.per_thread[b.0 as usize] * g.thread.unwrap_or(0) as usize;
         }
         let byte = off + (lin * buf.elem.size()) as usize;
         if byte + buf.elem.size() as usize > m[r].len() {
-            return Err(InterpError::Program(format!("@{}: %{} bound past the end of its memory", self.k.name, buf.name)));
+            return Err(InterpError::Program(format!(
+                "@{}: %{} bound past the end of its memory",
+                self.k.name, buf.name
+            )));
         }
         Ok((r, byte, buf.elem, lin))
     }
 
     /// Records a GPU thread's access and reports a race with another thread.
     fn touch(&mut self, b: BufId, element: u64, r: usize, byte: usize, write: bool) -> Result<()> {
-        let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else { return Ok(()) };
+        let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else {
+            return Ok(());
+        };
         let space = self.k.buffer(b).space;
         if space == Space::Local {
             return Ok(());
         }
-        let Some(g) = &mut self.gpu else { return Ok(()) };
+        let Some(g) = &mut self.gpu else {
+            return Ok(());
+        };
         let block = g.block;
         let what = match space {
             Space::Shared if g.pending.contains_key(&(b.0, element)) => {
@@ -502,7 +657,12 @@ impl Frame<'_> {
             },
         };
         match what {
-            Some(what) => Err(InterpError::Race { kernel: self.k.name.clone(), buf: self.k.buffer(b).name.clone(), element, what }),
+            Some(what) => Err(InterpError::Race {
+                kernel: self.k.name.clone(),
+                buf: self.k.buffer(b).name.clone(),
+                element,
+                what,
+            }),
             None => Ok(()),
         }
     }
@@ -551,7 +711,14 @@ impl Frame<'_> {
                             Elem::I32 => (i32::MIN as f64, i32::MAX as f64),
                             _ => (i64::MIN as f64, i64::MAX as f64),
                         };
-                        int_to(*t, if f.is_nan() { 0 } else { f.trunc().clamp(lo, hi) as i64 })
+                        int_to(
+                            *t,
+                            if f.is_nan() {
+                                0
+                            } else {
+                                f.trunc().clamp(lo, hi) as i64
+                            },
+                        )
                     }
                     (_, V::I(i)) => int_to(*t, i),
                     (_, V::F(f)) => round(*t, f),
@@ -609,7 +776,11 @@ fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
                 _ => a != b,
             }
         }
-        let r = if t.is_float() { compare(o, x.f(), y.f()) } else { compare(o, x.i(), y.i()) };
+        let r = if t.is_float() {
+            compare(o, x.f(), y.f())
+        } else {
+            compare(o, x.i(), y.i())
+        };
         return V::I(r as i64);
     }
     if !t.is_float() {
@@ -624,7 +795,9 @@ fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
                 BinOp::Rem => a.checked_rem(b).unwrap_or(0),
                 BinOp::Min => a.min(b),
                 BinOp::Max => a.max(b),
-                BinOp::Pow => a.checked_pow(b.clamp(0, u32::MAX as i64) as u32).unwrap_or(0),
+                BinOp::Pow => a
+                    .checked_pow(b.clamp(0, u32::MAX as i64) as u32)
+                    .unwrap_or(0),
                 BinOp::And => a & b,
                 BinOp::Or => a | b,
                 BinOp::Xor => a ^ b,
@@ -669,13 +842,21 @@ fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
 /// A program's memory while it runs: region 0 is the arena, then inputs, outputs and weights.
 pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
     if inputs.len() != p.inputs.len() {
-        return Err(InterpError::Program(format!("{} inputs given, {} expected", inputs.len(), p.inputs.len())));
+        return Err(InterpError::Program(format!(
+            "{} inputs given, {} expected",
+            inputs.len(),
+            p.inputs.len()
+        )));
     }
     let mut m: Vec<Vec<u8>> = vec![vec![0u8; p.arena_bytes as usize]];
     for (io, data) in p.inputs.iter().zip(inputs) {
         let want = io.bytes();
         if data.len() != want {
-            return Err(InterpError::Program(format!("input {} has {} bytes, expected {want}", io.name, data.len())));
+            return Err(InterpError::Program(format!(
+                "input {} has {} bytes, expected {want}",
+                io.name,
+                data.len()
+            )));
         }
         m.push(data.clone());
     }
@@ -688,7 +869,10 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
         m.push(w.data.as_ref().clone());
     }
     for s in &p.steps {
-        let k = p.kernels.get(s.kernel).ok_or_else(|| InterpError::Program(format!("no kernel {}", s.kernel)))?;
+        let k = p
+            .kernels
+            .get(s.kernel)
+            .ok_or_else(|| InterpError::Program(format!("no kernel {}", s.kernel)))?;
         let args: Vec<(usize, usize)> = s
             .args
             .iter()
@@ -702,7 +886,9 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
         run_kernel(k, &mut m, &args)?;
         if let Some(c) = &s.check {
             let at = c.flag as usize;
-            let flag = m[0].get(at..at + 4).ok_or_else(|| InterpError::Program(format!("@{}: check flag outside the arena", k.name)))?;
+            let flag = m[0].get(at..at + 4).ok_or_else(|| {
+                InterpError::Program(format!("@{}: check flag outside the arena", k.name))
+            })?;
             if flag != [0; 4] {
                 return Err(InterpError::Data(c.message.clone()));
             }

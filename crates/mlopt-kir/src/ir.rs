@@ -33,7 +33,17 @@ pub enum Elem {
 }
 
 impl Elem {
-    pub const ALL: [Elem; 9] = [Elem::F32, Elem::F16, Elem::BF16, Elem::F64, Elem::I8, Elem::U8, Elem::I32, Elem::I64, Elem::Bool];
+    pub const ALL: [Elem; 9] = [
+        Elem::F32,
+        Elem::F16,
+        Elem::BF16,
+        Elem::F64,
+        Elem::I8,
+        Elem::U8,
+        Elem::I32,
+        Elem::I64,
+        Elem::Bool,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -188,10 +198,7 @@ pub enum Stmt {
         value: Expr,
     },
     /// Runs `then` only where `cond` holds; accesses under a guard `e < n` / `e >= 0` are bounded by it.
-    If {
-        cond: Expr,
-        then: Vec<Stmt>,
-    },
+    If { cond: Expr, then: Vec<Stmt> },
     /// GPU block barrier (`bar.sync`): all threads of the block reach it before any goes on.
     Barrier,
     /// A bf16 matrix multiply-accumulate on blocks, the unit of work of a matrix engine (AMX tiles,
@@ -215,11 +222,7 @@ pub enum Stmt {
     /// four f32 accumulators (four elements along its last axis). The thread of lane l = t % 32 holds,
     /// for q < 4, element (l / 4 + 8 (q / 2), 2 (l % 4) + q % 2) of the 16 x 8 result:
     /// `c[q] += sum over p < K of a[row, p] * b[p, col]`.
-    WarpMma {
-        c: Block,
-        a: Block,
-        b: Block,
-    },
+    WarpMma { c: Block, a: Block, b: Block },
     /// A GPU thread's asynchronous copy (PTX `cp.async`, sm_80 and up) of `lanes` elements consecutive in
     /// memory, from global `src` starting at its row-major element `from` into shared `dst` starting at
     /// the block's index: 4, 8 or 16 bytes in all and aligned to that size at both ends. (The source is
@@ -240,10 +243,7 @@ pub enum Stmt {
     /// `local` f32 or i32 scalar `buf` becomes `op` over the 32 threads of its warp, combined in butterfly
     /// order (for d = 16, 8, 4, 2, 1 lane l takes op(x[l], x[l ^ d])), so that every lane holds the same
     /// value.
-    WarpReduce {
-        buf: BufId,
-        op: BinOp,
-    },
+    WarpReduce { buf: BufId, op: BinOp },
 }
 
 /// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).
@@ -289,11 +289,28 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn new(name: impl Into<String>) -> Kernel {
-        Kernel { name: name.into(), bufs: Vec::new(), vars: Vec::new(), body: Vec::new(), schedule: Vec::new() }
+        Kernel {
+            name: name.into(),
+            bufs: Vec::new(),
+            vars: Vec::new(),
+            body: Vec::new(),
+            schedule: Vec::new(),
+        }
     }
 
-    pub fn buf(&mut self, name: impl Into<String>, elem: Elem, dims: Vec<u64>, space: Space) -> BufId {
-        self.bufs.push(Buffer { name: name.into(), elem, dims, space });
+    pub fn buf(
+        &mut self,
+        name: impl Into<String>,
+        elem: Elem,
+        dims: Vec<u64>,
+        space: Space,
+    ) -> BufId {
+        self.bufs.push(Buffer {
+            name: name.into(),
+            elem,
+            dims,
+            space,
+        });
         BufId(self.bufs.len() as u32 - 1)
     }
 
@@ -303,14 +320,22 @@ impl Kernel {
     }
 
     pub fn params(&self) -> Vec<BufId> {
-        (0..self.bufs.len() as u32).map(BufId).filter(|b| self.bufs[b.0 as usize].space == Space::Global).collect()
+        (0..self.bufs.len() as u32)
+            .map(BufId)
+            .filter(|b| self.bufs[b.0 as usize].space == Space::Global)
+            .collect()
     }
 
     /// Drops the local buffers no statement names (a schedule's rewrite may leave the algorithm's
     /// accumulator unused), renumbering the others; parameters keep their order.
     pub fn drop_unused_locals(&mut self) {
         let used = crate::analysis::buffer_uses(&self.body);
-        let keep: Vec<bool> = self.bufs.iter().enumerate().map(|(i, b)| b.space != Space::Local || used.contains_key(&BufId(i as u32))).collect();
+        let keep: Vec<bool> = self
+            .bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.space != Space::Local || used.contains_key(&BufId(i as u32)))
+            .collect();
         if keep.iter().all(|k| *k) {
             return;
         }
@@ -320,7 +345,11 @@ impl Kernel {
             to.push(BufId(next));
             next += u32::from(*k);
         }
-        self.body = self.body.iter().map(|s| s.map_bufs(&|b| to[b.0 as usize])).collect();
+        self.body = self
+            .body
+            .iter()
+            .map(|s| s.map_bufs(&|b| to[b.0 as usize]))
+            .collect();
         let mut i = 0;
         self.bufs.retain(|_| {
             i += 1;
@@ -391,7 +420,11 @@ pub struct Check {
 impl Step {
     /// A plain kernel call.
     pub fn call(kernel: usize, args: Vec<Place>) -> Step {
-        Step { kernel, args, check: None }
+        Step {
+            kernel,
+            args,
+            check: None,
+        }
     }
 }
 
@@ -563,7 +596,10 @@ impl Expr {
             Expr::Float(_, t) | Expr::Cast(t, _) => *t,
             Expr::Load(b, _) => k.buffer(*b).elem,
             Expr::Binary(o, _, _) if o.is_compare() => Elem::Bool,
-            Expr::Unary(_, a) | Expr::Fma(a, _, _) | Expr::Select(_, a, _) | Expr::Binary(_, a, _) => a.elem(k),
+            Expr::Unary(_, a)
+            | Expr::Fma(a, _, _)
+            | Expr::Select(_, a, _)
+            | Expr::Binary(_, a, _) => a.elem(k),
         }
     }
 
@@ -596,24 +632,79 @@ pub fn rebuild_bin(o: BinOp, a: Expr, b: Expr) -> Expr {
 impl Stmt {
     /// `for var in 0..extent (kind) { body }`.
     pub fn for_(var: Var, extent: u64, kind: LoopKind, body: Vec<Stmt>) -> Stmt {
-        Stmt::For { var, extent, kind, body }
+        Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+        }
     }
 
     /// The statement with `f` applied to every expression in it (indices, values, guards, block
     /// positions, copy sources and tests); loops, buffers and everything else stay.
     pub fn map_exprs(&self, f: &dyn Fn(&Expr) -> Expr) -> Stmt {
         let ix = |v: &[Expr]| v.iter().map(f).collect::<Vec<_>>();
-        let blk = |b: &Block| Block { buf: b.buf, at: ix(&b.at) };
+        let blk = |b: &Block| Block {
+            buf: b.buf,
+            at: ix(&b.at),
+        };
         match self {
-            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.map_exprs(f)).collect() },
-            Stmt::Store { buf, index, value } => Stmt::Store { buf: *buf, index: ix(index), value: f(value) },
-            Stmt::If { cond, then } => Stmt::If { cond: f(cond), then: then.iter().map(|s| s.map_exprs(f)).collect() },
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
+                var: *var,
+                extent: *extent,
+                kind: *kind,
+                body: body.iter().map(|s| s.map_exprs(f)).collect(),
+            },
+            Stmt::Store { buf, index, value } => Stmt::Store {
+                buf: *buf,
+                index: ix(index),
+                value: f(value),
+            },
+            Stmt::If { cond, then } => Stmt::If {
+                cond: f(cond),
+                then: then.iter().map(|s| s.map_exprs(f)).collect(),
+            },
             Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } => self.clone(),
-            Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
-            Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => {
-                Stmt::CopyAsync { dst: blk(dst), src: *src, from: f(from), lanes: *lanes, valid: valid.as_ref().map(f) }
-            }
+            Stmt::Mma {
+                m,
+                n,
+                k,
+                c,
+                a,
+                b,
+                acc,
+            } => Stmt::Mma {
+                m: *m,
+                n: *n,
+                k: *k,
+                c: blk(c),
+                a: blk(a),
+                b: blk(b),
+                acc: *acc,
+            },
+            Stmt::WarpMma { c, a, b } => Stmt::WarpMma {
+                c: blk(c),
+                a: blk(a),
+                b: blk(b),
+            },
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                lanes,
+                valid,
+            } => Stmt::CopyAsync {
+                dst: blk(dst),
+                src: *src,
+                from: f(from),
+                lanes: *lanes,
+                valid: valid.as_ref().map(f),
+            },
         }
     }
 
@@ -622,18 +713,71 @@ impl Stmt {
     pub fn map_bufs(&self, f: &dyn Fn(BufId) -> BufId) -> Stmt {
         let e = |x: &Expr| x.map_loads(&|b, ix| Expr::Load(f(b), ix));
         let ix = |v: &[Expr]| v.iter().map(e).collect::<Vec<_>>();
-        let blk = |b: &Block| Block { buf: f(b.buf), at: ix(&b.at) };
+        let blk = |b: &Block| Block {
+            buf: f(b.buf),
+            at: ix(&b.at),
+        };
         match self {
-            Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| s.map_bufs(f)).collect() },
-            Stmt::Store { buf, index, value } => Stmt::Store { buf: f(*buf), index: ix(index), value: e(value) },
-            Stmt::If { cond, then } => Stmt::If { cond: e(cond), then: then.iter().map(|s| s.map_bufs(f)).collect() },
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
+                var: *var,
+                extent: *extent,
+                kind: *kind,
+                body: body.iter().map(|s| s.map_bufs(f)).collect(),
+            },
+            Stmt::Store { buf, index, value } => Stmt::Store {
+                buf: f(*buf),
+                index: ix(index),
+                value: e(value),
+            },
+            Stmt::If { cond, then } => Stmt::If {
+                cond: e(cond),
+                then: then.iter().map(|s| s.map_bufs(f)).collect(),
+            },
             Stmt::Barrier | Stmt::AsyncWait => self.clone(),
-            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: f(*buf), op: *op },
-            Stmt::Mma { m, n, k, c, a, b, acc } => Stmt::Mma { m: *m, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
-            Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => {
-                Stmt::CopyAsync { dst: blk(dst), src: f(*src), from: e(from), lanes: *lanes, valid: valid.as_ref().map(e) }
-            }
+            Stmt::WarpReduce { buf, op } => Stmt::WarpReduce {
+                buf: f(*buf),
+                op: *op,
+            },
+            Stmt::Mma {
+                m,
+                n,
+                k,
+                c,
+                a,
+                b,
+                acc,
+            } => Stmt::Mma {
+                m: *m,
+                n: *n,
+                k: *k,
+                c: blk(c),
+                a: blk(a),
+                b: blk(b),
+                acc: *acc,
+            },
+            Stmt::WarpMma { c, a, b } => Stmt::WarpMma {
+                c: blk(c),
+                a: blk(a),
+                b: blk(b),
+            },
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                lanes,
+                valid,
+            } => Stmt::CopyAsync {
+                dst: blk(dst),
+                src: f(*src),
+                from: e(from),
+                lanes: *lanes,
+                valid: valid.as_ref().map(e),
+            },
         }
     }
 

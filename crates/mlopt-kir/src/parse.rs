@@ -21,7 +21,11 @@ type R<T> = Result<T, ParseError>;
 
 /// Parses one kernel (with its optional `; schedule:` header).
 pub fn parse_kernel(text: &str) -> R<Kernel> {
-    let mut p = P { s: text, at: 0, k: Kernel::new("") };
+    let mut p = P {
+        s: text,
+        at: 0,
+        k: Kernel::new(""),
+    };
     p.ws();
     if p.eat("; schedule:") {
         let line = p.rest_of_line();
@@ -65,7 +69,10 @@ pub fn parse_kernel(text: &str) -> R<Kernel> {
 
 impl P<'_> {
     fn err<T>(&self, msg: impl Into<String>) -> R<T> {
-        Err(ParseError { line: self.s[..self.at].matches('\n').count() + 1, msg: msg.into() })
+        Err(ParseError {
+            line: self.s[..self.at].matches('\n').count() + 1,
+            msg: msg.into(),
+        })
     }
 
     fn ws(&mut self) {
@@ -98,7 +105,9 @@ impl P<'_> {
     }
 
     fn rest_of_line(&mut self) -> String {
-        let end = self.s[self.at..].find('\n').map_or(self.s.len(), |i| self.at + i);
+        let end = self.s[self.at..]
+            .find('\n')
+            .map_or(self.s.len(), |i| self.at + i);
         let line = self.s[self.at..end].to_string();
         self.at = end;
         line
@@ -130,7 +139,9 @@ impl P<'_> {
         while self.s[self.at..].starts_with(|c: char| c.is_ascii_digit()) {
             self.at += 1;
         }
-        self.s[start..self.at].parse().or_else(|_| self.err("expected an integer"))
+        self.s[start..self.at]
+            .parse()
+            .or_else(|_| self.err("expected an integer"))
     }
 
     fn ty(&mut self) -> R<(Elem, Vec<u64>)> {
@@ -157,7 +168,11 @@ impl P<'_> {
     }
 
     fn kind(&mut self) -> Option<LoopKind> {
-        for (tok, kind) in [("serial", LoopKind::Serial), ("parallel", LoopKind::Parallel), ("unrolled", LoopKind::Unrolled)] {
+        for (tok, kind) in [
+            ("serial", LoopKind::Serial),
+            ("parallel", LoopKind::Parallel),
+            ("unrolled", LoopKind::Unrolled),
+        ] {
             if self.eat(tok) {
                 return Some(kind);
             }
@@ -169,9 +184,16 @@ impl P<'_> {
         }
         for (tok, block) in [("gpu.block.", true), ("gpu.thread.", false)] {
             if self.eat(tok) {
-                let axis = ['x', 'y', 'z'].iter().position(|c| self.s[self.at..].starts_with(*c))? as u8;
+                let axis = ['x', 'y', 'z']
+                    .iter()
+                    .position(|c| self.s[self.at..].starts_with(*c))?
+                    as u8;
                 self.at += 1;
-                return Some(if block { LoopKind::GpuBlock(axis) } else { LoopKind::GpuThread(axis) });
+                return Some(if block {
+                    LoopKind::GpuBlock(axis)
+                } else {
+                    LoopKind::GpuThread(axis)
+                });
             }
         }
         None
@@ -187,18 +209,30 @@ impl P<'_> {
             let extent = self.int()? as u64;
             self.expect("{")?;
             let body = self.block()?;
-            return Ok(Stmt::For { var, extent, kind, body });
+            return Ok(Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            });
         }
         if self.eat("barrier") {
             return Ok(Stmt::Barrier);
         }
         if self.eat("warp.reduce(") {
             let start = self.at;
-            let end = self.s[start..].find(')').map_or(self.s.len(), |i| start + i);
+            let end = self.s[start..]
+                .find(')')
+                .map_or(self.s.len(), |i| start + i);
             let name = self.s[start..end].to_string();
             self.at = end;
             self.expect(")")?;
-            let Some(op) = BINOPS.iter().find(|o| crate::print::binop_name(**o) == name) else { return self.err(format!("unknown operator {name}")) };
+            let Some(op) = BINOPS
+                .iter()
+                .find(|o| crate::print::binop_name(**o) == name)
+            else {
+                return self.err(format!("unknown operator {name}"));
+            };
             self.expect("%")?;
             let b = self.ident()?;
             let buf = self.buffer(&b)?;
@@ -219,8 +253,18 @@ impl P<'_> {
             self.expect("[")?;
             let from = self.expr()?;
             self.expect("]")?;
-            let valid = if self.eat("when") { Some(self.expr()?) } else { None };
-            return Ok(Stmt::CopyAsync { dst, src, from, lanes, valid });
+            let valid = if self.eat("when") {
+                Some(self.expr()?)
+            } else {
+                None
+            };
+            return Ok(Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                lanes,
+                valid,
+            });
         }
         if self.eat("mma.sync ") {
             let c = self.block_operand()?;
@@ -245,19 +289,34 @@ impl P<'_> {
             let a = self.block_operand()?;
             self.expect("*")?;
             let b = self.block_operand()?;
-            return Ok(Stmt::Mma { m, n, k, c, a, b, acc });
+            return Ok(Stmt::Mma {
+                m,
+                n,
+                k,
+                c,
+                a,
+                b,
+                acc,
+            });
         }
         if self.eat("if ") {
             let cond = self.expr()?;
             self.expect("{")?;
-            return Ok(Stmt::If { cond, then: self.block()? });
+            return Ok(Stmt::If {
+                cond,
+                then: self.block()?,
+            });
         }
         self.expect("%")?;
         let name = self.ident()?;
         let buf = self.buffer(&name)?;
         let index = self.indices()?;
         self.expect("=")?;
-        Ok(Stmt::Store { buf, index, value: self.expr()? })
+        Ok(Stmt::Store {
+            buf,
+            index,
+            value: self.expr()?,
+        })
     }
 
     /// `%buf[index..]`: an operand block of an `mma`.
@@ -265,7 +324,10 @@ impl P<'_> {
         self.expect("%")?;
         let name = self.ident()?;
         let buf = self.buffer(&name)?;
-        Ok(crate::Block { buf, at: self.indices()? })
+        Ok(crate::Block {
+            buf,
+            at: self.indices()?,
+        })
     }
 
     fn buffer(&self, name: &str) -> R<BufId> {
@@ -303,8 +365,12 @@ impl P<'_> {
         if self.eat("(") {
             let a = self.expr()?;
             self.ws();
-            let op = ["+", "-", "*", "/", "%"].iter().position(|t| self.s[self.at..].starts_with(t));
-            let Some(op) = op else { return self.err("expected + - * / %") };
+            let op = ["+", "-", "*", "/", "%"]
+                .iter()
+                .position(|t| self.s[self.at..].starts_with(t));
+            let Some(op) = op else {
+                return self.err("expected + - * / %");
+            };
             self.at += 1;
             let b = self.expr()?;
             self.expect(")")?;
@@ -326,13 +392,17 @@ impl P<'_> {
         }
         if self.eat("cast<") {
             let t = self.ident()?;
-            let Some(t) = Elem::from_name(&t) else { return self.err(format!("unknown type {t}")) };
+            let Some(t) = Elem::from_name(&t) else {
+                return self.err(format!("unknown type {t}"));
+            };
             self.expect(">")?;
             let a = self.args(1)?;
             return Ok(Expr::cast(t, a.into_iter().next().unwrap_or(Expr::Int(0))));
         }
         let rest = &self.s[self.at..];
-        if rest.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == 'i' || c == 'N') && self.number_ahead() {
+        if rest.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == 'i' || c == 'N')
+            && self.number_ahead()
+        {
             return self.number();
         }
         let name = self.ident()?;
@@ -341,15 +411,29 @@ impl P<'_> {
             let mut a = it(1)?;
             return Ok(Expr::un(*o, a.next().unwrap_or(Expr::Int(0))));
         }
-        if let Some(o) = BINOPS.iter().find(|o| !crate::print::is_infix(**o) && crate::print::binop_name(**o) == name) {
+        if let Some(o) = BINOPS
+            .iter()
+            .find(|o| !crate::print::is_infix(**o) && crate::print::binop_name(**o) == name)
+        {
             let mut a = it(2)?;
-            let (x, y) = (a.next().unwrap_or(Expr::Int(0)), a.next().unwrap_or(Expr::Int(0)));
+            let (x, y) = (
+                a.next().unwrap_or(Expr::Int(0)),
+                a.next().unwrap_or(Expr::Int(0)),
+            );
             return Ok(Expr::bin(*o, x, y));
         }
         if name == "fma" || name == "select" {
             let mut a = it(3)?;
-            let (x, y, z) = (a.next().unwrap_or(Expr::Int(0)), a.next().unwrap_or(Expr::Int(0)), a.next().unwrap_or(Expr::Int(0)));
-            return Ok(if name == "fma" { Expr::fma(x, y, z) } else { Expr::select(x, y, z) });
+            let (x, y, z) = (
+                a.next().unwrap_or(Expr::Int(0)),
+                a.next().unwrap_or(Expr::Int(0)),
+                a.next().unwrap_or(Expr::Int(0)),
+            );
+            return Ok(if name == "fma" {
+                Expr::fma(x, y, z)
+            } else {
+                Expr::select(x, y, z)
+            });
         }
         self.err(format!("unknown function {name}"))
     }
@@ -363,7 +447,9 @@ impl P<'_> {
     /// An integer (`-3`) or a float with its type suffix (`1.5f32`, `-inff32`, `NaNf64`, `1e-5f32`).
     fn number(&mut self) -> R<Expr> {
         let start = self.at;
-        let end = self.s[start..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+')).map_or(self.s.len(), |i| start + i);
+        let end = self.s[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+'))
+            .map_or(self.s.len(), |i| start + i);
         let tok = &self.s[start..end];
         self.at = end;
         for t in [Elem::BF16, Elem::F16, Elem::F32, Elem::F64] {

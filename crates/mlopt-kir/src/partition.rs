@@ -29,20 +29,37 @@ fn walk(k: &mut Kernel, body: Vec<Stmt>, ranges: &HashMap<Var, u64>) -> Vec<Stmt
     let mut out = Vec::new();
     for s in body {
         match s {
-            Stmt::For { var, extent, kind: LoopKind::Serial, body } => {
+            Stmt::For {
+                var,
+                extent,
+                kind: LoopKind::Serial,
+                body,
+            } => {
                 let mut inner = ranges.clone();
                 inner.insert(var, extent);
                 let all = with_inner(&body, &inner);
                 // (Not around register tiles or matrix blocks: their bodies are large, and their
                 // tests, a padded window's, are few per tile.)
-                let points = if holds_tiles(&body) { vec![] } else { split_points(&body, var, extent, &all) };
+                let points = if holds_tiles(&body) {
+                    vec![]
+                } else {
+                    split_points(&body, var, extent, &all)
+                };
                 if points.is_empty() {
                     let body = walk(k, body, &inner);
-                    out.push(Stmt::For { var, extent, kind: LoopKind::Serial, body });
+                    out.push(Stmt::For {
+                        var,
+                        extent,
+                        kind: LoopKind::Serial,
+                        body,
+                    });
                     continue;
                 }
                 let name = k.var_name(var).to_string();
-                k.schedule.push(ScheduleStep::Partition { var: name.clone(), at: points.clone() });
+                k.schedule.push(ScheduleStep::Partition {
+                    var: name.clone(),
+                    at: points.clone(),
+                });
                 let mut bounds = vec![0];
                 bounds.extend(&points);
                 bounds.push(extent);
@@ -56,14 +73,29 @@ fn walk(k: &mut Kernel, body: Vec<Stmt>, ranges: &HashMap<Var, u64>) -> Vec<Stmt
                     scope.insert(nv, len);
                     let folded = fold_stmts(&piece, &with_inner(&piece, &scope));
                     let piece = walk(k, folded, &scope);
-                    out.push(Stmt::For { var: nv, extent: len, kind: LoopKind::Serial, body: piece });
+                    out.push(Stmt::For {
+                        var: nv,
+                        extent: len,
+                        kind: LoopKind::Serial,
+                        body: piece,
+                    });
                 }
             }
-            Stmt::For { var, extent, kind, body } => {
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => {
                 let mut inner = ranges.clone();
                 inner.insert(var, extent);
                 let body = walk(k, body, &inner);
-                out.push(Stmt::For { var, extent, kind, body });
+                out.push(Stmt::For {
+                    var,
+                    extent,
+                    kind,
+                    body,
+                });
             }
             Stmt::If { cond, then } => {
                 let then = walk(k, then, ranges);
@@ -78,7 +110,11 @@ fn walk(k: &mut Kernel, body: Vec<Stmt>, ranges: &HashMap<Var, u64>) -> Vec<Stmt
 /// Whether `body` holds unrolled loops (a register tile's sweeps) or matrix-engine blocks.
 fn holds_tiles(body: &[Stmt]) -> bool {
     body.iter().any(|s| match s {
-        Stmt::For { kind: LoopKind::Unrolled, .. } | Stmt::Mma { .. } => true,
+        Stmt::For {
+            kind: LoopKind::Unrolled,
+            ..
+        }
+        | Stmt::Mma { .. } => true,
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => holds_tiles(body),
         _ => false,
     })
@@ -97,12 +133,26 @@ fn fresh(k: &mut Kernel, body: Vec<Stmt>, suffix: &str) -> Vec<Stmt> {
     fn loops(k: &mut Kernel, body: Vec<Stmt>, suffix: &str) -> Vec<Stmt> {
         body.into_iter()
             .map(|s| match s {
-                Stmt::For { var, extent, kind, body } => {
+                Stmt::For {
+                    var,
+                    extent,
+                    kind,
+                    body,
+                } => {
                     let nv = k.var(format!("{}{suffix}", k.var_name(var)));
-                    let body: Vec<Stmt> = body.iter().map(|s| s.subst(var, &Expr::var(nv))).collect();
-                    Stmt::For { var: nv, extent, kind, body: loops(k, body, suffix) }
+                    let body: Vec<Stmt> =
+                        body.iter().map(|s| s.subst(var, &Expr::var(nv))).collect();
+                    Stmt::For {
+                        var: nv,
+                        extent,
+                        kind,
+                        body: loops(k, body, suffix),
+                    }
                 }
-                Stmt::If { cond, then } => Stmt::If { cond, then: loops(k, then, suffix) },
+                Stmt::If { cond, then } => Stmt::If {
+                    cond,
+                    then: loops(k, then, suffix),
+                },
                 s => s,
             })
             .collect()
@@ -110,8 +160,16 @@ fn fresh(k: &mut Kernel, body: Vec<Stmt>, suffix: &str) -> Vec<Stmt> {
     let mut body = loops(k, body, suffix);
     for b in crate::analysis::private_locals(k, &body) {
         let old = k.buffer(b).clone();
-        let copy = k.buf(format!("{}{suffix}", old.name), old.elem, old.dims.clone(), old.space);
-        body = body.iter().map(|s| crate::sched::rename(s, b, copy)).collect();
+        let copy = k.buf(
+            format!("{}{suffix}", old.name),
+            old.elem,
+            old.dims.clone(),
+            old.space,
+        );
+        body = body
+            .iter()
+            .map(|s| crate::sched::rename(s, b, copy))
+            .collect();
     }
     body
 }
@@ -120,8 +178,14 @@ fn fresh(k: &mut Kernel, body: Vec<Stmt>, suffix: &str) -> Vec<Stmt> {
 /// are more than `MAX_PIECES` pieces.
 fn split_points(body: &[Stmt], v: Var, extent: u64, ranges: &HashMap<Var, u64>) -> Vec<u64> {
     let mut tests = Vec::new();
-    visit(body, &mut |e| collect_tests(e, &mut |t| tests.push(t.clone())));
-    let mut points: Vec<u64> = tests.iter().filter_map(|t| flip(t, v, ranges)).filter(|p| *p > 0 && *p < extent).collect();
+    visit(body, &mut |e| {
+        collect_tests(e, &mut |t| tests.push(t.clone()))
+    });
+    let mut points: Vec<u64> = tests
+        .iter()
+        .filter_map(|t| flip(t, v, ranges))
+        .filter(|p| *p > 0 && *p < extent)
+        .collect();
     points.sort_unstable();
     points.dedup();
     if points.len() + 1 > MAX_PIECES {
@@ -187,7 +251,9 @@ fn conditions(c: &Expr, f: &mut dyn FnMut(&Expr)) {
 /// The point P where test `t` (`lt` or `le`) flips for loop `v`: the same answer for every iteration
 /// below P and the other for every one from P, over `ranges` (the other variables' full ranges).
 fn flip(t: &Expr, v: Var, ranges: &HashMap<Var, u64>) -> Option<u64> {
-    let Expr::Binary(op, a, b) = t else { return None };
+    let Expr::Binary(op, a, b) = t else {
+        return None;
+    };
     // a < b  <=>  a - b < 0;  a <= b  <=>  a - b - 1 < 0.
     let (mut ts, mut constant) = (Vec::new(), 0i64);
     terms(a, 1, &mut ts, &mut constant)?;
@@ -204,7 +270,10 @@ fn flip(t: &Expr, v: Var, ranges: &HashMap<Var, u64>) -> Option<u64> {
     // c * v + rest < 0 for rest in lo..=hi.
     let p = if c > 0 {
         // True for every rest when c v < -hi, false for every rest when c v >= -lo.
-        let (t, f) = (ceil_div(hi.checked_neg()?, c), ceil_div(lo.checked_neg()?, c));
+        let (t, f) = (
+            ceil_div(hi.checked_neg()?, c),
+            ceil_div(lo.checked_neg()?, c),
+        );
         (t == f).then_some(t)?
     } else {
         // With c = -d: true for every rest when d v > hi, false for every rest when d v <= lo.
@@ -298,12 +367,31 @@ fn fold_stmts(body: &[Stmt], r: &HashMap<Var, u64>) -> Vec<Stmt> {
             Stmt::If { cond, then } => match decide(cond, r) {
                 Some(true) => out.extend(fold_stmts(then, r)),
                 Some(false) => {}
-                None => out.push(Stmt::If { cond: fold(cond, r), then: fold_stmts(then, r) }),
+                None => out.push(Stmt::If {
+                    cond: fold(cond, r),
+                    then: fold_stmts(then, r),
+                }),
             },
-            Stmt::For { var, extent, kind, body } => out.push(Stmt::For { var: *var, extent: *extent, kind: *kind, body: fold_stmts(body, r) }),
-            Stmt::Store { buf, index: ix, value } => {
-                out.push(Stmt::Store { buf: *buf, index: ix.iter().map(|x| index(x, r)).collect(), value: fold(value, r) })
-            }
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => out.push(Stmt::For {
+                var: *var,
+                extent: *extent,
+                kind: *kind,
+                body: fold_stmts(body, r),
+            }),
+            Stmt::Store {
+                buf,
+                index: ix,
+                value,
+            } => out.push(Stmt::Store {
+                buf: *buf,
+                index: ix.iter().map(|x| index(x, r)).collect(),
+                value: fold(value, r),
+            }),
             s => out.push(s.map_exprs(&|e| fold(e, r))),
         }
     }

@@ -118,7 +118,10 @@ pub fn binop_name(o: BinOp) -> &'static str {
 }
 
 pub fn is_infix(o: BinOp) -> bool {
-    matches!(o, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem)
+    matches!(
+        o,
+        BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem
+    )
 }
 
 pub fn expr(k: &Kernel, e: &Expr) -> String {
@@ -213,8 +216,18 @@ pub fn kernel(k: &Kernel) -> String {
 fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
     let pad = "  ".repeat(depth);
     match st {
-        Stmt::For { var, extent, kind, body } => {
-            let _ = writeln!(s, "{pad}{} %{} in 0..{extent} {{", loop_kind(*kind), k.var_name(*var));
+        Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+        } => {
+            let _ = writeln!(
+                s,
+                "{pad}{} %{} in 0..{extent} {{",
+                loop_kind(*kind),
+                k.var_name(*var)
+            );
             for b in body {
                 stmt(k, b, depth + 1, s);
             }
@@ -222,7 +235,13 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
         }
         Stmt::Store { buf, index, value } => {
             let ix: Vec<String> = index.iter().map(|e| expr(k, e)).collect();
-            let _ = writeln!(s, "{pad}%{}[{}] = {}", k.buffer(*buf).name, ix.join(", "), expr(k, value));
+            let _ = writeln!(
+                s,
+                "{pad}%{}[{}] = {}",
+                k.buffer(*buf).name,
+                ix.join(", "),
+                expr(k, value)
+            );
         }
         Stmt::If { cond, then } => {
             let _ = writeln!(s, "{pad}if {} {{", expr(k, cond));
@@ -234,35 +253,95 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
         Stmt::Barrier => {
             let _ = writeln!(s, "{pad}barrier");
         }
-        Stmt::Mma { m, n, k: depth_k, c, a, b, acc } => {
-            let _ = writeln!(s, "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}", block(k, c), if *acc { "+=" } else { "=" }, block(k, a), block(k, b));
+        Stmt::Mma {
+            m,
+            n,
+            k: depth_k,
+            c,
+            a,
+            b,
+            acc,
+        } => {
+            let _ = writeln!(
+                s,
+                "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}",
+                block(k, c),
+                if *acc { "+=" } else { "=" },
+                block(k, a),
+                block(k, b)
+            );
         }
         Stmt::WarpMma { c, a, b } => {
-            let _ = writeln!(s, "{pad}mma.sync {} += {} * {}", block(k, c), block(k, a), block(k, b));
+            let _ = writeln!(
+                s,
+                "{pad}mma.sync {} += {} * {}",
+                block(k, c),
+                block(k, a),
+                block(k, b)
+            );
         }
-        Stmt::CopyAsync { dst, src, from, lanes, valid } => {
-            let when = valid.as_ref().map(|c| format!(" when {}", expr(k, c))).unwrap_or_default();
-            let _ = writeln!(s, "{pad}cp.async x{lanes} {} <- %{}.flat[{}]{when}", block(k, dst), k.buffer(*src).name, expr(k, from));
+        Stmt::CopyAsync {
+            dst,
+            src,
+            from,
+            lanes,
+            valid,
+        } => {
+            let when = valid
+                .as_ref()
+                .map(|c| format!(" when {}", expr(k, c)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "{pad}cp.async x{lanes} {} <- %{}.flat[{}]{when}",
+                block(k, dst),
+                k.buffer(*src).name,
+                expr(k, from)
+            );
         }
         Stmt::AsyncWait => {
             let _ = writeln!(s, "{pad}cp.async.wait_all");
         }
         Stmt::WarpReduce { buf, op } => {
-            let _ = writeln!(s, "{pad}warp.reduce({}) %{}[]", binop_name(*op), k.buffer(*buf).name);
+            let _ = writeln!(
+                s,
+                "{pad}warp.reduce({}) %{}[]",
+                binop_name(*op),
+                k.buffer(*buf).name
+            );
         }
     }
 }
 
 /// `%buf[index..]`: an operand block.
 fn block(k: &Kernel, x: &crate::Block) -> String {
-    format!("%{}[{}]", k.buffer(x.buf).name, x.at.iter().map(|e| expr(k, e)).collect::<Vec<_>>().join(", "))
+    format!(
+        "%{}[{}]",
+        k.buffer(x.buf).name,
+        x.at.iter()
+            .map(|e| expr(k, e))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Prints a program: its interface, arena, weights (by name and shape, never data), kernels and steps.
 pub fn program(p: &Program) -> String {
     let mut s = String::new();
-    let io = |v: &[Io]| v.iter().map(|x| format!("%{}: {}{}", x.name, x.elem, dims(&x.dims))).collect::<Vec<_>>().join(", ");
-    let _ = writeln!(s, "; program @{}({}) -> ({}), arena {} bytes", p.name, io(&p.inputs), io(&p.outputs), p.arena_bytes);
+    let io = |v: &[Io]| {
+        v.iter()
+            .map(|x| format!("%{}: {}{}", x.name, x.elem, dims(&x.dims)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        s,
+        "; program @{}({}) -> ({}), arena {} bytes",
+        p.name,
+        io(&p.inputs),
+        io(&p.outputs),
+        p.arena_bytes
+    );
     for w in &p.weights {
         let _ = writeln!(s, "; weight @\"{}\": {}{}", w.name, w.elem, dims(&w.dims));
     }
@@ -282,8 +361,17 @@ pub fn program(p: &Program) -> String {
                 Place::Arena(o) => format!("arena+{o}"),
             })
             .collect();
-        let check = st.check.as_ref().map(|c| format!(" check arena+{} \"{}\"", c.flag, c.message.escape_default())).unwrap_or_default();
-        let _ = writeln!(s, "call @{}({}){check}", p.kernels[st.kernel].name, args.join(", "));
+        let check = st
+            .check
+            .as_ref()
+            .map(|c| format!(" check arena+{} \"{}\"", c.flag, c.message.escape_default()))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "call @{}({}){check}",
+            p.kernels[st.kernel].name,
+            args.join(", ")
+        );
     }
     s
 }

@@ -36,8 +36,21 @@ fn walk(k: &mut Kernel, body: Vec<Stmt>, w: u64, count: &mut usize) -> Vec<Stmt>
     let mut out: Vec<Stmt> = Vec::with_capacity(body.len());
     for s in body {
         let s = match s {
-            Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: walk(k, body, w, count) },
-            Stmt::If { cond, then } => Stmt::If { cond, then: walk(k, then, w, count) },
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
+                var,
+                extent,
+                kind,
+                body: walk(k, body, w, count),
+            },
+            Stmt::If { cond, then } => Stmt::If {
+                cond,
+                then: walk(k, then, w, count),
+            },
             other => other,
         };
         if let Some(fold) = out.last().and_then(|init| Fold::of(k, init, &s, w)) {
@@ -65,25 +78,66 @@ struct Fold {
 
 impl Fold {
     fn of(k: &Kernel, init: &Stmt, the_loop: &Stmt, w: u64) -> Option<Fold> {
-        let Stmt::Store { buf: acc, index, value: init } = init else { return None };
-        let Stmt::For { var: r, extent, kind: LoopKind::Serial, body } = the_loop else { return None };
+        let Stmt::Store {
+            buf: acc,
+            index,
+            value: init,
+        } = init
+        else {
+            return None;
+        };
+        let Stmt::For {
+            var: r,
+            extent,
+            kind: LoopKind::Serial,
+            body,
+        } = the_loop
+        else {
+            return None;
+        };
         let buf = k.buffer(*acc);
-        if !index.is_empty() || !buf.dims.is_empty() || buf.space != Space::Local || buf.elem != Elem::F32 || *extent < w || w < 2 {
+        if !index.is_empty()
+            || !buf.dims.is_empty()
+            || buf.space != Space::Local
+            || buf.elem != Elem::F32
+            || *extent < w
+            || w < 2
+        {
             return None;
         }
-        let [Stmt::Store { buf: b, index, value: update }] = body.as_slice() else { return None };
+        let [Stmt::Store {
+            buf: b,
+            index,
+            value: update,
+        }] = body.as_slice()
+        else {
+            return None;
+        };
         let running = Expr::load(*acc, vec![]);
         let reads_acc = |e: &Expr| crate::analysis::expr_loads(e).contains_key(acc);
         let op = match update {
-            Expr::Binary(op @ (BinOp::Add | BinOp::Max | BinOp::Min), x, v) if (**x == running && !reads_acc(v)) || (**v == running && !reads_acc(x)) => *op,
+            Expr::Binary(op @ (BinOp::Add | BinOp::Max | BinOp::Min), x, v)
+                if (**x == running && !reads_acc(v)) || (**v == running && !reads_acc(x)) =>
+            {
+                *op
+            }
             Expr::Fma(x, y, c) if **c == running && !reads_acc(x) && !reads_acc(y) => BinOp::Add,
             _ => return None,
         };
-        let Expr::Float(at, _) = init else { return None };
+        let Expr::Float(at, _) = init else {
+            return None;
+        };
         if b != acc || !index.is_empty() || (op == BinOp::Add && *at != 0.0) {
             return None;
         }
-        Some(Fold { acc: *acc, init: init.clone(), r: *r, extent: *extent, op, update: update.clone() })
+        Some(Fold {
+            acc: *acc,
+            init: init.clone(),
+            r: *r,
+            extent: *extent,
+            op,
+            update: update.clone(),
+        })
     }
 
     fn rewrite(self, k: &mut Kernel, w: u64) -> Vec<Stmt> {
@@ -95,15 +149,42 @@ impl Fold {
         let vector = |n: u64| LoopKind::Vector(n as u32);
         // The update with `acc` read from (and so folded into) lane `l`'s partial.
         let r = Expr::add(Expr::mul(Expr::var(o), Expr::int(w as i64)), Expr::var(l));
-        let per_lane = self.update.subst(self.r, &r).map_loads(&|b, ix| if b == self.acc { Expr::load(part, lane(l)) } else { Expr::load(b, ix) });
-        let rest = self.update.subst(self.r, &Expr::add(Expr::int((self.extent / w * w) as i64), Expr::var(t)));
+        let per_lane = self.update.subst(self.r, &r).map_loads(&|b, ix| {
+            if b == self.acc {
+                Expr::load(part, lane(l))
+            } else {
+                Expr::load(b, ix)
+            }
+        });
+        let rest = self.update.subst(
+            self.r,
+            &Expr::add(Expr::int((self.extent / w * w) as i64), Expr::var(t)),
+        );
         let mut out = vec![
-            Stmt::For { var: z, extent: w, kind: vector(w), body: vec![Stmt::Store { buf: part, index: lane(z), value: self.init.clone() }] },
+            Stmt::For {
+                var: z,
+                extent: w,
+                kind: vector(w),
+                body: vec![Stmt::Store {
+                    buf: part,
+                    index: lane(z),
+                    value: self.init.clone(),
+                }],
+            },
             Stmt::For {
                 var: o,
                 extent: self.extent / w,
                 kind: LoopKind::Serial,
-                body: vec![Stmt::For { var: l, extent: w, kind: vector(w), body: vec![Stmt::Store { buf: part, index: lane(l), value: per_lane }] }],
+                body: vec![Stmt::For {
+                    var: l,
+                    extent: w,
+                    kind: vector(w),
+                    body: vec![Stmt::Store {
+                        buf: part,
+                        index: lane(l),
+                        value: per_lane,
+                    }],
+                }],
             },
         ];
         // The partials are folded by halves in vector lanes down to 4, then those one at a time: a
@@ -113,26 +194,50 @@ impl Fold {
             let (h, half) = (k.var(format!("{name}.h{width}")), width / 2);
             let upper = Expr::load(part, vec![Expr::add(Expr::var(h), Expr::int(half as i64))]);
             let value = Expr::bin(self.op, Expr::load(part, lane(h)), upper);
-            out.push(Stmt::For { var: h, extent: half, kind: vector(half), body: vec![Stmt::Store { buf: part, index: lane(h), value }] });
+            out.push(Stmt::For {
+                var: h,
+                extent: half,
+                kind: vector(half),
+                body: vec![Stmt::Store {
+                    buf: part,
+                    index: lane(h),
+                    value,
+                }],
+            });
             width = half;
         }
         let running = Expr::load(self.acc, vec![]);
-        out.push(Stmt::Store { buf: self.acc, index: vec![], value: self.init });
+        out.push(Stmt::Store {
+            buf: self.acc,
+            index: vec![],
+            value: self.init,
+        });
         out.push(Stmt::For {
             var: q,
             extent: width,
             kind: LoopKind::Serial,
-            body: vec![Stmt::Store { buf: self.acc, index: vec![], value: Expr::bin(self.op, running, Expr::load(part, lane(q))) }],
+            body: vec![Stmt::Store {
+                buf: self.acc,
+                index: vec![],
+                value: Expr::bin(self.op, running, Expr::load(part, lane(q))),
+            }],
         });
         if !self.extent.is_multiple_of(w) {
             out.push(Stmt::For {
                 var: t,
                 extent: self.extent % w,
                 kind: LoopKind::Serial,
-                body: vec![Stmt::Store { buf: self.acc, index: vec![], value: rest }],
+                body: vec![Stmt::Store {
+                    buf: self.acc,
+                    index: vec![],
+                    value: rest,
+                }],
             });
         }
-        k.schedule.push(ScheduleStep::Rfactor { var: name, lanes: w as u32 });
+        k.schedule.push(ScheduleStep::Rfactor {
+            var: name,
+            lanes: w as u32,
+        });
         out
     }
 }

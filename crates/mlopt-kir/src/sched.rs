@@ -33,7 +33,10 @@ fn find(body: &mut [Stmt], v: Var) -> Option<&mut Stmt> {
 }
 
 fn no_loop(k: &Kernel, v: Var) -> SchedError {
-    SchedError::NoLoop { kernel: k.name.clone(), var: k.vars.get(v.0 as usize).cloned().unwrap_or_default() }
+    SchedError::NoLoop {
+        kernel: k.name.clone(),
+        var: k.vars.get(v.0 as usize).cloned().unwrap_or_default(),
+    }
 }
 
 /// Splits loop `v` into `v.o` (extent / factor, rounded up) and `v.i` (factor); a guard keeps the
@@ -41,17 +44,39 @@ fn no_loop(k: &Kernel, v: Var) -> SchedError {
 pub fn split(k: &mut Kernel, v: Var, factor: u64) -> Result<(Var, Var)> {
     let name = k.var_name(v).to_string();
     let (outer, inner) = (k.var(format!("{name}.o")), k.var(format!("{name}.i")));
-    let Some(Stmt::For { var, extent, kind, body }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    let Some(Stmt::For {
+        var,
+        extent,
+        kind,
+        body,
+    }) = find(&mut k.body, v)
+    else {
+        return Err(no_loop(k, v));
+    };
     if factor == 0 {
-        return Err(SchedError::Invalid { kernel: k.name.clone(), what: format!("split %{name} by 0") });
+        return Err(SchedError::Invalid {
+            kernel: k.name.clone(),
+            what: format!("split %{name} by 0"),
+        });
     }
     let ext = *extent;
-    let index = Expr::add(Expr::mul(Expr::var(outer), Expr::int(factor as i64)), Expr::var(inner));
+    let index = Expr::add(
+        Expr::mul(Expr::var(outer), Expr::int(factor as i64)),
+        Expr::var(inner),
+    );
     let mut inner_body: Vec<Stmt> = body.iter().map(|s| s.subst(v, &index)).collect();
     if ext % factor != 0 {
-        inner_body = vec![Stmt::If { cond: Expr::bin(BinOp::Lt, index, Expr::int(ext as i64)), then: inner_body }];
+        inner_body = vec![Stmt::If {
+            cond: Expr::bin(BinOp::Lt, index, Expr::int(ext as i64)),
+            then: inner_body,
+        }];
     }
-    let inner_loop = Stmt::For { var: inner, extent: factor, kind: LoopKind::Serial, body: inner_body };
+    let inner_loop = Stmt::For {
+        var: inner,
+        extent: factor,
+        kind: LoopKind::Serial,
+        body: inner_body,
+    };
     *var = outer;
     *extent = ext.div_ceil(factor);
     *kind = LoopKind::Serial;
@@ -66,9 +91,19 @@ pub fn split(k: &mut Kernel, v: Var, factor: u64) -> Result<(Var, Var)> {
 pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
     let name = k.var_name(v).to_string();
     if factor == 0 {
-        return Err(SchedError::Invalid { kernel: k.name.clone(), what: format!("peel %{name} by 0") });
+        return Err(SchedError::Invalid {
+            kernel: k.name.clone(),
+            what: format!("peel %{name} by 0"),
+        });
     }
-    let Some(Stmt::For { extent, body: inner, .. }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    let Some(Stmt::For {
+        extent,
+        body: inner,
+        ..
+    }) = find(&mut k.body, v)
+    else {
+        return Err(no_loop(k, v));
+    };
     let (main, rest) = (*extent - *extent % factor, *extent % factor);
     if rest == 0 {
         return Ok(None);
@@ -81,16 +116,36 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
     let mut tail_body: Vec<Stmt> = inner.iter().map(|s| s.subst(v, &at)).collect();
     for b in crate::analysis::private_locals(k, &inner) {
         let old = k.buffer(b).clone();
-        let copy = k.buf(format!("{}.t", old.name), old.elem, old.dims.clone(), old.space);
+        let copy = k.buf(
+            format!("{}.t", old.name),
+            old.elem,
+            old.dims.clone(),
+            old.space,
+        );
         tail_body = tail_body.iter().map(|s| rename(s, b, copy)).collect();
     }
     /// Shortens loop `v` to `main` and inserts the tail loop right after it.
-    fn walk(body: &mut Vec<Stmt>, v: Var, tail: Var, main: u64, rest: u64, tail_body: &[Stmt]) -> bool {
+    fn walk(
+        body: &mut Vec<Stmt>,
+        v: Var,
+        tail: Var,
+        main: u64,
+        rest: u64,
+        tail_body: &[Stmt],
+    ) -> bool {
         for i in 0..body.len() {
             let inner = match &mut body[i] {
                 Stmt::For { var, extent, .. } if *var == v => {
                     *extent = main;
-                    body.insert(i + 1, Stmt::For { var: tail, extent: rest, kind: LoopKind::Serial, body: tail_body.to_vec() });
+                    body.insert(
+                        i + 1,
+                        Stmt::For {
+                            var: tail,
+                            extent: rest,
+                            kind: LoopKind::Serial,
+                            body: tail_body.to_vec(),
+                        },
+                    );
                     return true;
                 }
                 Stmt::For { body: inner, .. } | Stmt::If { then: inner, .. } => inner,
@@ -112,29 +167,71 @@ pub fn peel(k: &mut Kernel, v: Var, factor: u64) -> Result<Option<Var>> {
 pub(crate) fn rename(s: &Stmt, from: BufId, to: BufId) -> Stmt {
     fn stores(s: Stmt, from: BufId, to: BufId) -> Stmt {
         match s {
-            Stmt::Store { buf, index, value } => Stmt::Store { buf: if buf == from { to } else { buf }, index, value },
-            Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: body.into_iter().map(|x| stores(x, from, to)).collect() },
-            Stmt::If { cond, then } => Stmt::If { cond, then: then.into_iter().map(|x| stores(x, from, to)).collect() },
+            Stmt::Store { buf, index, value } => Stmt::Store {
+                buf: if buf == from { to } else { buf },
+                index,
+                value,
+            },
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
+                var,
+                extent,
+                kind,
+                body: body.into_iter().map(|x| stores(x, from, to)).collect(),
+            },
+            Stmt::If { cond, then } => Stmt::If {
+                cond,
+                then: then.into_iter().map(|x| stores(x, from, to)).collect(),
+            },
             other => other,
         }
     }
-    stores(s.map_loads(&|b, ix| Expr::load(if b == from { to } else { b }, ix)), from, to)
+    stores(
+        s.map_loads(&|b, ix| Expr::load(if b == from { to } else { b }, ix)),
+        from,
+        to,
+    )
 }
 
 /// Interchanges loop `a` with loop `b`, which must be the only statement of `a`'s body.
 pub fn reorder(k: &mut Kernel, a: Var, b: Var) -> Result<()> {
     let (na, nb) = (k.var_name(a).to_string(), k.var_name(b).to_string());
     let kernel = k.name.clone();
-    let Some(Stmt::For { var, extent, kind, body }) = find(&mut k.body, a) else { return Err(no_loop(k, a)) };
+    let Some(Stmt::For {
+        var,
+        extent,
+        kind,
+        body,
+    }) = find(&mut k.body, a)
+    else {
+        return Err(no_loop(k, a));
+    };
     match body.as_mut_slice() {
-        [Stmt::For { var: vb, extent: eb, kind: kb, .. }] if *vb == b => {
+        [Stmt::For {
+            var: vb,
+            extent: eb,
+            kind: kb,
+            ..
+        }] if *vb == b => {
             std::mem::swap(var, vb);
             std::mem::swap(extent, eb);
             std::mem::swap(kind, kb);
         }
-        _ => return Err(SchedError::Invalid { kernel, what: format!("%{nb} is not the only statement in %{na}") }),
+        _ => {
+            return Err(SchedError::Invalid {
+                kernel,
+                what: format!("%{nb} is not the only statement in %{na}"),
+            })
+        }
     }
-    k.schedule.push(ScheduleStep::Reorder { outer: na, inner: nb });
+    k.schedule.push(ScheduleStep::Reorder {
+        outer: na,
+        inner: nb,
+    });
     Ok(())
 }
 
@@ -143,14 +240,22 @@ pub fn reorder(k: &mut Kernel, a: Var, b: Var) -> Result<()> {
 pub fn set_kind(k: &mut Kernel, v: Var, to: LoopKind) -> Result<()> {
     let name = k.var_name(v).to_string();
     let kernel = k.name.clone();
-    let Some(Stmt::For { extent, kind, .. }) = find(&mut k.body, v) else { return Err(no_loop(k, v)) };
+    let Some(Stmt::For { extent, kind, .. }) = find(&mut k.body, v) else {
+        return Err(no_loop(k, v));
+    };
     if let LoopKind::Vector(w) = to {
         if w == 0 || *extent % w as u64 != 0 {
-            return Err(SchedError::Invalid { kernel, what: format!("vector<{w}> on %{name} of extent {extent}") });
+            return Err(SchedError::Invalid {
+                kernel,
+                what: format!("vector<{w}> on %{name} of extent {extent}"),
+            });
         }
     }
     *kind = to;
-    k.schedule.push(ScheduleStep::Kind { var: name, kind: to });
+    k.schedule.push(ScheduleStep::Kind {
+        var: name,
+        kind: to,
+    });
     Ok(())
 }
 
@@ -172,27 +277,89 @@ pub fn mma_to_loops(k: &mut Kernel) {
 fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
     body.into_iter()
         .map(|s| match s {
-            Stmt::For { var, extent, kind, body } => Stmt::For { var, extent, kind, body: expand(k, body) },
-            Stmt::If { cond, then } => Stmt::If { cond, then: expand(k, then) },
-            Stmt::Mma { m, n, k: depth, c, a, b, acc } => {
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
+                var,
+                extent,
+                kind,
+                body: expand(k, body),
+            },
+            Stmt::If { cond, then } => Stmt::If {
+                cond,
+                then: expand(k, then),
+            },
+            Stmt::Mma {
+                m,
+                n,
+                k: depth,
+                c,
+                a,
+                b,
+                acc,
+            } => {
                 let id = k.vars.len();
-                let (i, j, p) = (k.var(format!("mi{id}")), k.var(format!("mj{id}")), k.var(format!("mp{id}")));
+                let (i, j, p) = (
+                    k.var(format!("mi{id}")),
+                    k.var(format!("mj{id}")),
+                    k.var(format!("mp{id}")),
+                );
                 let sum = k.buf(format!("mma{id}"), Elem::F32, vec![], crate::Space::Local);
                 let (iv, jv, pv) = (Expr::var(i), Expr::var(j), Expr::var(p));
                 let f32 = |e: Expr| Expr::cast(Elem::F32, e);
-                let start = if acc { Expr::load(c.buf, c.index(iv.clone(), jv.clone())) } else { Expr::f32(0.0) };
-                let bcol = Expr::add(Expr::mul(Expr::int(2), jv.clone()), Expr::rem(pv.clone(), Expr::int(2)));
+                let start = if acc {
+                    Expr::load(c.buf, c.index(iv.clone(), jv.clone()))
+                } else {
+                    Expr::f32(0.0)
+                };
+                let bcol = Expr::add(
+                    Expr::mul(Expr::int(2), jv.clone()),
+                    Expr::rem(pv.clone(), Expr::int(2)),
+                );
                 let step = Expr::fma(
                     f32(Expr::load(a.buf, a.index(iv.clone(), pv.clone()))),
-                    f32(Expr::load(b.buf, b.index(Expr::div(pv, Expr::int(2)), bcol))),
+                    f32(Expr::load(
+                        b.buf,
+                        b.index(Expr::div(pv, Expr::int(2)), bcol),
+                    )),
                     Expr::load(sum, vec![]),
                 );
                 let inner = vec![
-                    Stmt::Store { buf: sum, index: vec![], value: start },
-                    Stmt::For { var: p, extent: depth, kind: LoopKind::Serial, body: vec![Stmt::Store { buf: sum, index: vec![], value: step }] },
-                    Stmt::Store { buf: c.buf, index: c.index(iv, jv), value: Expr::load(sum, vec![]) },
+                    Stmt::Store {
+                        buf: sum,
+                        index: vec![],
+                        value: start,
+                    },
+                    Stmt::For {
+                        var: p,
+                        extent: depth,
+                        kind: LoopKind::Serial,
+                        body: vec![Stmt::Store {
+                            buf: sum,
+                            index: vec![],
+                            value: step,
+                        }],
+                    },
+                    Stmt::Store {
+                        buf: c.buf,
+                        index: c.index(iv, jv),
+                        value: Expr::load(sum, vec![]),
+                    },
                 ];
-                Stmt::For { var: i, extent: m, kind: LoopKind::Serial, body: vec![Stmt::For { var: j, extent: n, kind: LoopKind::Serial, body: inner }] }
+                Stmt::For {
+                    var: i,
+                    extent: m,
+                    kind: LoopKind::Serial,
+                    body: vec![Stmt::For {
+                        var: j,
+                        extent: n,
+                        kind: LoopKind::Serial,
+                        body: inner,
+                    }],
+                }
             }
             s => s,
         })

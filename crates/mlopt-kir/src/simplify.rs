@@ -20,7 +20,9 @@ pub fn loop_extents(k: &Kernel) -> HashMap<Var, u64> {
 pub fn add_loop_extents(body: &[Stmt], out: &mut HashMap<Var, u64>) {
     for s in body {
         match s {
-            Stmt::For { var, extent, body, .. } => {
+            Stmt::For {
+                var, extent, body, ..
+            } => {
                 let e = out.entry(*var).or_insert(*extent);
                 *e = (*e).max(*extent);
                 add_loop_extents(body, out);
@@ -34,7 +36,11 @@ pub fn add_loop_extents(body: &[Stmt], out: &mut HashMap<Var, u64>) {
 /// Simplifies every index expression of `k` with its loop ranges.
 pub fn simplify_kernel(k: &mut Kernel) {
     let ranges = loop_extents(k);
-    k.body = k.body.iter().map(|s| s.map_exprs(&|e| simplify(e, &ranges))).collect();
+    k.body = k
+        .body
+        .iter()
+        .map(|s| s.map_exprs(&|e| simplify(e, &ranges)))
+        .collect();
 }
 
 /// The interval of an integer expression, when the ranges bound it.
@@ -48,7 +54,12 @@ pub(crate) fn interval(e: &Expr, r: &HashMap<Var, u64>) -> Option<(i64, i64)> {
                 BinOp::Add => (al.checked_add(bl)?, ah.checked_add(bh)?),
                 BinOp::Sub => (al.checked_sub(bh)?, ah.checked_sub(bl)?),
                 BinOp::Mul => {
-                    let p = [al.checked_mul(bl)?, al.checked_mul(bh)?, ah.checked_mul(bl)?, ah.checked_mul(bh)?];
+                    let p = [
+                        al.checked_mul(bl)?,
+                        al.checked_mul(bh)?,
+                        ah.checked_mul(bl)?,
+                        ah.checked_mul(bh)?,
+                    ];
                     (*p.iter().min()?, *p.iter().max()?)
                 }
                 BinOp::Div if bl == bh && bl > 0 && al >= 0 => (al / bl, ah / bl),
@@ -64,7 +75,12 @@ pub(crate) fn interval(e: &Expr, r: &HashMap<Var, u64>) -> Option<(i64, i64)> {
 
 /// `e` as a constant plus coefficient x atom terms (an atom: anything but +, - and a product with a
 /// constant). None on overflow.
-pub(crate) fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: &mut i64) -> Option<()> {
+pub(crate) fn terms(
+    e: &Expr,
+    scale: i64,
+    out: &mut Vec<(Expr, i64)>,
+    constant: &mut i64,
+) -> Option<()> {
     match e {
         Expr::Int(v) => *constant = constant.checked_add(scale.checked_mul(*v)?)?,
         Expr::Binary(BinOp::Add, a, b) => {
@@ -75,7 +91,9 @@ pub(crate) fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: 
             terms(a, scale, out, constant)?;
             terms(b, scale.checked_neg()?, out, constant)?;
         }
-        Expr::Binary(BinOp::Mul, a, b) if matches!(**b, Expr::Int(_)) || matches!(**a, Expr::Int(_)) => {
+        Expr::Binary(BinOp::Mul, a, b)
+            if matches!(**b, Expr::Int(_)) || matches!(**a, Expr::Int(_)) =>
+        {
             let (k, x) = match (&**a, &**b) {
                 (Expr::Int(k), x) => (*k, x),
                 (x, Expr::Int(k)) => (*k, x),
@@ -93,7 +111,12 @@ pub(crate) fn terms(e: &Expr, scale: i64, out: &mut Vec<(Expr, i64)>, constant: 
 
 /// The sum of `terms` and `constant`, built with the folding constructors.
 pub(crate) fn build(terms: &[(Expr, i64)], constant: i64) -> Expr {
-    let sum = terms.iter().filter(|(_, c)| *c != 0).fold(Expr::int(0), |acc, (x, c)| Expr::add(acc, Expr::mul(x.clone(), Expr::int(*c))));
+    let sum = terms
+        .iter()
+        .filter(|(_, c)| *c != 0)
+        .fold(Expr::int(0), |acc, (x, c)| {
+            Expr::add(acc, Expr::mul(x.clone(), Expr::int(*c)))
+        });
     Expr::add(sum, Expr::int(constant))
 }
 
@@ -154,10 +177,28 @@ mod tests {
         let mut k = Kernel::new("t");
         let (i, j, m) = (k.var("i"), k.var("j"), k.var("m"));
         let r: HashMap<Var, u64> = [(i, 64), (j, 3), (m, 49)].into_iter().collect();
-        let flat = Expr::add(Expr::mul(Expr::add(Expr::mul(Expr::var(i), Expr::int(3)), Expr::var(j)), Expr::int(49)), Expr::var(m));
-        assert_eq!(simplify(&Expr::div(flat.clone(), Expr::int(147)), &r), Expr::var(i));
-        assert_eq!(simplify(&Expr::rem(Expr::div(flat.clone(), Expr::int(49)), Expr::int(3)), &r), Expr::var(j));
-        assert_eq!(simplify(&Expr::rem(flat.clone(), Expr::int(49)), &r), Expr::var(m));
+        let flat = Expr::add(
+            Expr::mul(
+                Expr::add(Expr::mul(Expr::var(i), Expr::int(3)), Expr::var(j)),
+                Expr::int(49),
+            ),
+            Expr::var(m),
+        );
+        assert_eq!(
+            simplify(&Expr::div(flat.clone(), Expr::int(147)), &r),
+            Expr::var(i)
+        );
+        assert_eq!(
+            simplify(
+                &Expr::rem(Expr::div(flat.clone(), Expr::int(49)), Expr::int(3)),
+                &r
+            ),
+            Expr::var(j)
+        );
+        assert_eq!(
+            simplify(&Expr::rem(flat.clone(), Expr::int(49)), &r),
+            Expr::var(m)
+        );
         // m + 1 may reach 49: not provably below the divisor, so it stays.
         let shifted = Expr::add(Expr::var(m), Expr::int(1));
         let e = Expr::div(shifted.clone(), Expr::int(49));

@@ -36,7 +36,14 @@ pub enum ScheduleStep {
     Kind { var: String, kind: LoopKind },
     /// `tile(6x64 for 128x3072x768@16)`: an M x N x K contraction in `mr` x `nr` register tiles, for a
     /// target of `lanes` f32 lanes.
-    Tile { mr: u64, nr: u64, m: u64, n: u64, k: u64, lanes: u32 },
+    Tile {
+        mr: u64,
+        nr: u64,
+        m: u64,
+        n: u64,
+        k: u64,
+        lanes: u32,
+    },
     /// `pack(b)`: each column panel of the tiled contraction's B is copied once before its tiles read it.
     PackB,
     /// `kblock(2048)`: the tiled contraction's reduction runs in blocks of `k` (a panel of B over all of
@@ -49,19 +56,52 @@ pub enum ScheduleStep {
     /// read it down its columns read it contiguously.
     Transpose { buf: String },
     /// `matrix(mma<16x16x32> blocks for 64x96x128)`: a bf16 contraction in matrix-unit blocks.
-    Matrix { mb: u64, nb: u64, kb: u64, m: u64, n: u64, k: u64 },
+    Matrix {
+        mb: u64,
+        nb: u64,
+        kb: u64,
+        m: u64,
+        n: u64,
+        k: u64,
+    },
     /// `winograd(2x2,3x3)`: a 3x3 convolution by Winograd F(2x2, 3x3).
     Winograd,
     /// `gpu.empty`: a kernel with nothing to compute.
     GpuEmpty,
     /// `gpu.elementwise(N in GxT)` or `gpu.elementwise(N in GxT, vector<W>)`.
-    GpuElementwise { n: u64, grid: u64, threads: u64, vector: Option<u32> },
+    GpuElementwise {
+        n: u64,
+        grid: u64,
+        threads: u64,
+        vector: Option<u32>,
+    },
     /// `gpu.rows(R x T threads)`: one block per row (softmax, normalisations).
     GpuRows { rows: u64, threads: u64 },
     /// `gpu.gemm(B x MxNxK, ENGINE, tile BMxBNxBK, T threads, N blocks, R registers planned)`.
-    GpuGemm { batch: u64, m: u64, n: u64, k: u64, engine: GpuEngine, tile: [u64; 3], threads: u64, blocks: u64, registers: u32 },
+    GpuGemm {
+        batch: u64,
+        m: u64,
+        n: u64,
+        k: u64,
+        engine: GpuEngine,
+        tile: [u64; 3],
+        threads: u64,
+        blocks: u64,
+        registers: u32,
+    },
     /// `gpu.attention(B x RxK, d D, dv DV, ENGINE, BM queries x BN keys, T threads, N blocks)`.
-    GpuAttention { batch: u64, rows: u64, keys: u64, d: u64, dv: u64, engine: GpuEngine, queries: u64, keys_per_block: u64, threads: u64, blocks: u64 },
+    GpuAttention {
+        batch: u64,
+        rows: u64,
+        keys: u64,
+        d: u64,
+        dv: u64,
+        engine: GpuEngine,
+        queries: u64,
+        keys_per_block: u64,
+        threads: u64,
+        blocks: u64,
+    },
 }
 
 impl fmt::Display for GpuEngine {
@@ -124,13 +164,18 @@ impl fmt::Display for ScheduleStep {
 
 /// The unsigned integers in `s`, in order (`6x64 for 128x3072x768@16` -> 6, 64, 128, 3072, 768, 16).
 fn ints(s: &str) -> Vec<u64> {
-    s.split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).filter_map(|t| t.parse().ok()).collect()
+    s.split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .filter_map(|t| t.parse().ok())
+        .collect()
 }
 
 /// Exactly `N` integers from `s`.
 fn exactly<const N: usize>(s: &str) -> Result<[u64; N], String> {
     let v = ints(s);
-    v.clone().try_into().map_err(|_| format!("expected {N} numbers in `{s}`, found {}", v.len()))
+    v.clone()
+        .try_into()
+        .map_err(|_| format!("expected {N} numbers in `{s}`, found {}", v.len()))
 }
 
 fn narrow(v: u64) -> Result<u32, String> {
@@ -139,7 +184,12 @@ fn narrow(v: u64) -> Result<u32, String> {
 
 /// A loop kind as the kernel text writes it (`vector<16>`, `gpu.thread.x`).
 fn loop_kind(s: &str) -> Option<LoopKind> {
-    let axis = |c: &str| ["x", "y", "z"].iter().position(|a| *a == c).map(|a| a as u8);
+    let axis = |c: &str| {
+        ["x", "y", "z"]
+            .iter()
+            .position(|a| *a == c)
+            .map(|a| a as u8)
+    };
     Some(match s {
         "serial" => LoopKind::Serial,
         "parallel" => LoopKind::Parallel,
@@ -162,57 +212,109 @@ impl std::str::FromStr for ScheduleStep {
         if s == "gpu.empty" {
             return Ok(ScheduleStep::GpuEmpty);
         }
-        let (name, args) =
-            s.split_once('(').and_then(|(n, r)| Some((n, r.strip_suffix(')')?))).ok_or_else(|| format!("schedule step `{s}`: expected name(...)"))?;
+        let (name, args) = s
+            .split_once('(')
+            .and_then(|(n, r)| Some((n, r.strip_suffix(')')?)))
+            .ok_or_else(|| format!("schedule step `{s}`: expected name(...)"))?;
         let parts: Vec<&str> = args.split(", ").collect();
-        let pair = || args.split_once(',').ok_or_else(|| format!("schedule step `{s}`: expected two arguments"));
-        let factor = |f: &str| f.parse::<u64>().map_err(|_| format!("schedule step `{s}`: bad factor"));
+        let pair = || {
+            args.split_once(',')
+                .ok_or_else(|| format!("schedule step `{s}`: expected two arguments"))
+        };
+        let factor = |f: &str| {
+            f.parse::<u64>()
+                .map_err(|_| format!("schedule step `{s}`: bad factor"))
+        };
         Ok(match name {
             "split" => {
                 let (var, f) = pair()?;
-                ScheduleStep::Split { var: var.into(), factor: factor(f)? }
+                ScheduleStep::Split {
+                    var: var.into(),
+                    factor: factor(f)?,
+                }
             }
             "peel" => {
                 let (var, f) = pair()?;
-                ScheduleStep::Peel { var: var.into(), factor: factor(f)? }
+                ScheduleStep::Peel {
+                    var: var.into(),
+                    factor: factor(f)?,
+                }
             }
             "partition" => {
                 let (var, at) = pair()?;
-                ScheduleStep::Partition { var: var.into(), at: at.split('+').map(factor).collect::<Result<_, _>>()? }
+                ScheduleStep::Partition {
+                    var: var.into(),
+                    at: at.split('+').map(factor).collect::<Result<_, _>>()?,
+                }
             }
             "rfactor" => {
                 let (var, lanes) = pair()?;
-                ScheduleStep::Rfactor { var: var.into(), lanes: narrow(factor(lanes)?)? }
+                ScheduleStep::Rfactor {
+                    var: var.into(),
+                    lanes: narrow(factor(lanes)?)?,
+                }
             }
             "reorder" => {
                 let (outer, inner) = pair()?;
-                ScheduleStep::Reorder { outer: outer.into(), inner: inner.into() }
+                ScheduleStep::Reorder {
+                    outer: outer.into(),
+                    inner: inner.into(),
+                }
             }
             "tile" => {
                 let [mr, nr, m, n, k, lanes] = exactly(args)?;
-                ScheduleStep::Tile { mr, nr, m, n, k, lanes: narrow(lanes)? }
+                ScheduleStep::Tile {
+                    mr,
+                    nr,
+                    m,
+                    n,
+                    k,
+                    lanes: narrow(lanes)?,
+                }
             }
             "pack" if args == "b" => ScheduleStep::PackB,
             "kblock" => ScheduleStep::KBlock { k: factor(args)? },
             "pad" => {
                 let (buf, phases) = pair()?;
-                ScheduleStep::Pad { buf: buf.into(), phases: factor(phases)? }
+                ScheduleStep::Pad {
+                    buf: buf.into(),
+                    phases: factor(phases)?,
+                }
             }
-            "transpose" if !args.is_empty() && !args.contains(',') => ScheduleStep::Transpose { buf: args.into() },
+            "transpose" if !args.is_empty() && !args.contains(',') => {
+                ScheduleStep::Transpose { buf: args.into() }
+            }
             "matrix" => {
                 let [mb, nb, kb, m, n, k] = exactly(args)?;
-                ScheduleStep::Matrix { mb, nb, kb, m, n, k }
+                ScheduleStep::Matrix {
+                    mb,
+                    nb,
+                    kb,
+                    m,
+                    n,
+                    k,
+                }
             }
             "winograd" if args == "2x2,3x3" => ScheduleStep::Winograd,
             "gpu.elementwise" => match parts[..] {
                 [a] => {
                     let [n, grid, threads] = exactly(a)?;
-                    ScheduleStep::GpuElementwise { n, grid, threads, vector: None }
+                    ScheduleStep::GpuElementwise {
+                        n,
+                        grid,
+                        threads,
+                        vector: None,
+                    }
                 }
                 [a, w] => {
                     let [n, grid, threads] = exactly(a)?;
                     let [w] = exactly(w)?;
-                    ScheduleStep::GpuElementwise { n, grid, threads, vector: Some(narrow(w)?) }
+                    ScheduleStep::GpuElementwise {
+                        n,
+                        grid,
+                        threads,
+                        vector: Some(narrow(w)?),
+                    }
                 }
                 _ => return Err(format!("schedule step `{s}`: bad arguments")),
             },
@@ -226,21 +328,46 @@ impl std::str::FromStr for ScheduleStep {
                     let [threads] = exactly(threads)?;
                     let [blocks] = exactly(blocks)?;
                     let [registers] = exactly(registers)?;
-                    ScheduleStep::GpuGemm { batch, m, n, k, engine: engine.parse()?, tile: exactly(tile)?, threads, blocks, registers: narrow(registers)? }
+                    ScheduleStep::GpuGemm {
+                        batch,
+                        m,
+                        n,
+                        k,
+                        engine: engine.parse()?,
+                        tile: exactly(tile)?,
+                        threads,
+                        blocks,
+                        registers: narrow(registers)?,
+                    }
                 }
                 _ => return Err(format!("schedule step `{s}`: bad arguments")),
             },
             "gpu.attention" => match parts[..] {
                 [shape, d, dv, engine, block, threads, blocks] => {
                     let [batch, rows, keys] = exactly(shape)?;
-                    let ([d], [dv], [queries, keys_per_block]) = (exactly(d)?, exactly(dv)?, exactly(block)?);
+                    let ([d], [dv], [queries, keys_per_block]) =
+                        (exactly(d)?, exactly(dv)?, exactly(block)?);
                     let ([threads], [blocks]) = (exactly(threads)?, exactly(blocks)?);
-                    ScheduleStep::GpuAttention { batch, rows, keys, d, dv, engine: engine.parse()?, queries, keys_per_block, threads, blocks }
+                    ScheduleStep::GpuAttention {
+                        batch,
+                        rows,
+                        keys,
+                        d,
+                        dv,
+                        engine: engine.parse()?,
+                        queries,
+                        keys_per_block,
+                        threads,
+                        blocks,
+                    }
                 }
                 _ => return Err(format!("schedule step `{s}`: bad arguments")),
             },
             kind => match loop_kind(kind) {
-                Some(kind) if !args.is_empty() => ScheduleStep::Kind { var: args.into(), kind },
+                Some(kind) if !args.is_empty() => ScheduleStep::Kind {
+                    var: args.into(),
+                    kind,
+                },
                 _ => return Err(format!("unknown schedule step `{s}`")),
             },
         })
@@ -273,7 +400,11 @@ pub fn split_steps(line: &str) -> Vec<&str> {
 
 /// A schedule as one line: the steps' texts separated by spaces.
 pub fn schedule_text(steps: &[ScheduleStep]) -> String {
-    steps.iter().map(ScheduleStep::to_string).collect::<Vec<_>>().join(" ")
+    steps
+        .iter()
+        .map(ScheduleStep::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -12,7 +12,14 @@ fn run(k: &Kernel, bufs: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
     let mut regions: Vec<Vec<u8>> = bufs.iter().map(|b| bytes(b)).collect();
     let args: Vec<(usize, usize)> = (0..regions.len()).map(|i| (i, 0)).collect();
     run_kernel(k, &mut regions, &args).unwrap();
-    regions.iter().map(|r| r.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).collect()
+    regions
+        .iter()
+        .map(|r| {
+            r.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        })
+        .collect()
 }
 
 const SCALE: &str = "kernel @scale(%x: f32[10], %y: f32[10]) {
@@ -28,7 +35,10 @@ fn text_round_trips_and_runs() {
     assert_eq!(print::kernel(&k), SCALE);
     verify(&k).unwrap();
     let out = run(&k, vec![(0..10).map(|i| i as f32).collect(), vec![0.0; 10]]);
-    assert_eq!(out[1], (0..10).map(|i| 2.0 * i as f32 + 1.0).collect::<Vec<_>>());
+    assert_eq!(
+        out[1],
+        (0..10).map(|i| 2.0 * i as f32 + 1.0).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -40,13 +50,20 @@ fn schedules_keep_the_results() {
     let mut k = base.clone();
     let (o, i) = sched::split(&mut k, Var(0), 4).unwrap();
     verify(&k).unwrap();
-    assert!(print::kernel(&k).contains("if lt("), "{}", print::kernel(&k));
+    assert!(
+        print::kernel(&k).contains("if lt("),
+        "{}",
+        print::kernel(&k)
+    );
     assert_eq!(run(&k, vec![x.clone(), vec![0.0; 10]]), want);
     sched::reorder(&mut k, o, i).unwrap();
     sched::set_kind(&mut k, o, LoopKind::Parallel).unwrap();
     verify(&k).unwrap();
     assert_eq!(run(&k, vec![x.clone(), vec![0.0; 10]]), want);
-    assert_eq!(crate::step::schedule_text(&k.schedule), "split(i,4) reorder(i.o,i.i) parallel(i.o)");
+    assert_eq!(
+        crate::step::schedule_text(&k.schedule),
+        "split(i,4) reorder(i.o,i.i) parallel(i.o)"
+    );
     // A vector width must divide its loop.
     assert!(sched::set_kind(&mut base.clone(), Var(0), LoopKind::Vector(4)).is_err());
     // Peeling the remainder makes it divide: 10 = 8 in vector<4> + a 2-iteration tail.
@@ -57,9 +74,16 @@ fn schedules_keep_the_results() {
     verify(&k).unwrap();
     assert_eq!(run(&k, vec![x.clone(), vec![0.0; 10]]), want);
     let text = print::kernel(&k);
-    assert!(text.contains("vector<4> %i in 0..8") && text.contains("serial %i.t in 0..2"), "{text}");
+    assert!(
+        text.contains("vector<4> %i in 0..8") && text.contains("serial %i.t in 0..2"),
+        "{text}"
+    );
     assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
-    assert_eq!(sched::peel(&mut k, Var(0), 4).unwrap(), None, "nothing left to peel");
+    assert_eq!(
+        sched::peel(&mut k, Var(0), 4).unwrap(),
+        None,
+        "nothing left to peel"
+    );
 }
 
 #[test]
@@ -71,9 +95,15 @@ fn the_verifier_proves_bounds_and_types() {
 }
 ";
     let e = verify(&parse_kernel(oob).unwrap()).unwrap_err();
-    assert!(e[0].contains("@oob") && e[0].contains("may leave 0..10"), "{e:?}");
+    assert!(
+        e[0].contains("@oob") && e[0].contains("may leave 0..10"),
+        "{e:?}"
+    );
     // The same access under a guard is fine.
-    let guarded = oob.replace("    %y[%i] = %x[(%i + 1)]\n", "    if lt((%i + 1), 10) {\n      %y[%i] = %x[(%i + 1)]\n    }\n");
+    let guarded = oob.replace(
+        "    %y[%i] = %x[(%i + 1)]\n",
+        "    if lt((%i + 1), 10) {\n      %y[%i] = %x[(%i + 1)]\n    }\n",
+    );
     verify(&parse_kernel(&guarded).unwrap()).unwrap();
     // A clamp bounds an index too.
     let clamped = oob.replace("%x[(%i + 1)]", "%x[max(min((%i + 1), 9), 0)]");
@@ -111,7 +141,14 @@ fn gpu_barriers_order_the_thread_loops() {
     let k = parse_kernel(text).unwrap();
     assert_eq!(print::kernel(&k), text);
     verify(&k).unwrap();
-    assert_eq!(crate::gpu::launch(&k), Some(crate::gpu::Launch { grid: 1, block: 8, shared_bytes: 32 }));
+    assert_eq!(
+        crate::gpu::launch(&k),
+        Some(crate::gpu::Launch {
+            grid: 1,
+            block: 8,
+            shared_bytes: 32
+        })
+    );
     let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
     let out = run(&k, vec![x.clone(), vec![0.0; 8]]);
     assert_eq!(out[1], vec![1.0, 12.0, 23.0, 34.0, 45.0, 56.0, 67.0, 70.0]);
@@ -120,7 +157,11 @@ fn gpu_barriers_order_the_thread_loops() {
     verify(&racy).unwrap();
     let mut regions = vec![bytes(&x), bytes(&[0.0; 8])];
     let e = crate::run_kernel(&racy, &mut regions, &[(0, 0), (1, 0)]).unwrap_err();
-    assert!(e.to_string().contains("race on %s at element 1: thread 0 reads it after thread 1 wrote it"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("race on %s at element 1: thread 0 reads it after thread 1 wrote it"),
+        "{e}"
+    );
     // A thread reading what another block's thread wrote to global memory in the same kernel races too.
     let grid = "kernel @g(%y: f32[4]) {
   gpu.block.x %b in 0..2 {
@@ -156,7 +197,11 @@ fn gpu_kernels_keep_their_form() {
 }
 ";
     let e = verify(&parse_kernel(bad).unwrap()).unwrap_err().join("\n");
-    for want in ["store to %y outside a thread loop", "barrier inside a thread loop", "thread loop %u must be gpu.thread.x over the block's 8 threads"] {
+    for want in [
+        "store to %y outside a thread loop",
+        "barrier inside a thread loop",
+        "thread loop %u must be gpu.thread.x over the block's 8 threads",
+    ] {
         assert!(e.contains(want), "{want}: {e}");
     }
 }
@@ -199,7 +244,10 @@ const WARP_MMA: &str = "kernel @mma(%a: f32[{A_ROWS},8], %b: f32[8,8], %out: f32
 ";
 
 fn warp_mma(rows: u64, at: &str) -> Kernel {
-    let text = WARP_MMA.replace("{A_ROWS}", &rows.to_string()).replace("{A_ROWS4}", &(rows / 4).to_string()).replace("{A_AT}", at);
+    let text = WARP_MMA
+        .replace("{A_ROWS}", &rows.to_string())
+        .replace("{A_ROWS4}", &(rows / 4).to_string())
+        .replace("{A_AT}", at);
     let k = parse_kernel(&text).unwrap();
     assert_eq!(print::kernel(&k), text);
     verify(&k).unwrap();
@@ -223,7 +271,10 @@ fn a_warp_mma_computes_each_lanes_fragment() {
     }
     assert_eq!(interp::tf32(1.0 + 2f32.powi(-12)), 1.0);
     assert_eq!(interp::tf32(1.0 + 2f32.powi(-11)), 1.0 + 2f32.powi(-10));
-    assert_eq!(interp::tf32(-(1.0 + 2f32.powi(-11))), -(1.0 + 2f32.powi(-10)));
+    assert_eq!(
+        interp::tf32(-(1.0 + 2f32.powi(-11))),
+        -(1.0 + 2f32.powi(-10))
+    );
     let mut a1 = vec![0.0f32; 128];
     let mut b1 = vec![0.0f32; 64];
     a1[0] = 1.0 + 2f32.powi(-12);
@@ -238,13 +289,17 @@ fn a_warp_mma_computes_each_lanes_fragment() {
 fn a_warp_mma_on_blocks_that_differ_within_the_warp_fails() {
     let k = warp_mma(24, "((%u / 16) * 8)");
     let mut regions: Vec<Vec<u8>> = vec![vec![0; 24 * 8 * 4], vec![0; 256], vec![0; 512]];
-    let e = run_kernel(&k, &mut regions, &[(0, 0), (1, 0), (2, 0)]).unwrap_err().to_string();
+    let e = run_kernel(&k, &mut regions, &[(0, 0), (1, 0), (2, 0)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("blocks differ within a warp"), "{e}");
     let text = print::kernel(&warp_mma(16, "0")).replace(
         "      mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n",
         "      if lt(%u, 16) {\n        mma.sync %c[0, 0, 0] += %sa[0, 0] * %sb[0, 0]\n      }\n",
     );
-    let e = verify(&parse_kernel(&text).unwrap()).unwrap_err().join("\n");
+    let e = verify(&parse_kernel(&text).unwrap())
+        .unwrap_err()
+        .join("\n");
     assert!(e.contains("mma.sync under a guard"), "{e}");
 }
 
@@ -276,33 +331,73 @@ fn async_copies_land_at_the_wait() {
     let x: Vec<f32> = (1..=16).map(|i| i as f32).collect();
     let out = run(&k, vec![x.clone(), vec![0.0; 16]]);
     // Thread 3's copy is not valid: zeros, and x[12..16] is never read.
-    let want: Vec<f32> = (0..16).map(|v| if (v + 1) % 16 < 12 { ((v + 1) % 16 + 1) as f32 } else { 0.0 }).collect();
+    let want: Vec<f32> = (0..16)
+        .map(|v| {
+            if (v + 1) % 16 < 12 {
+                ((v + 1) % 16 + 1) as f32
+            } else {
+                0.0
+            }
+        })
+        .collect();
     assert_eq!(out[1], want);
     let fails = |text: &str| -> String {
         let mut regions = vec![bytes(&x), bytes(&[0.0; 16])];
-        crate::run_kernel(&parse_kernel(text).unwrap(), &mut regions, &[(0, 0), (1, 0)]).unwrap_err().to_string()
+        crate::run_kernel(
+            &parse_kernel(text).unwrap(),
+            &mut regions,
+            &[(0, 0), (1, 0)],
+        )
+        .unwrap_err()
+        .to_string()
     };
     // No wait: the reader sees a copy still in flight.
     let e = fails(&text.replace("      cp.async.wait_all\n", ""));
-    assert!(e.contains("before thread 0's cp.async to it has landed"), "{e}");
+    assert!(
+        e.contains("before thread 0's cp.async to it has landed"),
+        "{e}"
+    );
     // A wait but no barrier: another thread's copy is a race.
     let e = fails(&text.replace("    barrier\n", ""));
-    assert!(e.contains("race on %s at element 4: thread 0 reads it after thread 1 wrote it"), "{e}");
+    assert!(
+        e.contains("race on %s at element 4: thread 0 reads it after thread 1 wrote it"),
+        "{e}"
+    );
     // A copy never waited for.
     let e = fails(
         &text
-            .replace("    gpu.thread.x %u in 0..4 {\n      cp.async.wait_all\n    }\n    barrier\n", "    barrier\n")
-            .replace("%s[(((((%v * 4) + %w) + 1) % 16) / 8), ((((%v * 4) + %w) + 1) % 8)]", "0.0f32"),
+            .replace(
+                "    gpu.thread.x %u in 0..4 {\n      cp.async.wait_all\n    }\n    barrier\n",
+                "    barrier\n",
+            )
+            .replace(
+                "%s[(((((%v * 4) + %w) + 1) % 16) / 8), ((((%v * 4) + %w) + 1) % 8)]",
+                "0.0f32",
+            ),
     );
     assert!(e.contains("never waited for"), "{e}");
     // A 16-byte copy from a source that is not 16-byte aligned.
     let mut regions = vec![bytes(&[0.0; 20]), bytes(&[0.0; 16])];
-    let e = crate::run_kernel(&k, &mut regions, &[(0, 4), (1, 0)]).unwrap_err().to_string();
-    assert!(e.contains("source byte 4 is not aligned to the 16-byte copy"), "{e}");
+    let e = crate::run_kernel(&k, &mut regions, &[(0, 4), (1, 0)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("source byte 4 is not aligned to the 16-byte copy"),
+        "{e}"
+    );
     // The verifier wants copies that start on their width, of the right size, global to shared.
-    let e = verify(&parse_kernel(&text.replace("%x.flat[(%t * 4)]", "%x.flat[((%t * 4) + 1)]")).unwrap()).unwrap_err().join("\n");
-    assert!(e.contains("is not shown to start on a multiple of 4"), "{e}");
-    let e = verify(&parse_kernel(&text.replace("cp.async x4", "cp.async x3")).unwrap()).unwrap_err().join("\n");
+    let e = verify(
+        &parse_kernel(&text.replace("%x.flat[(%t * 4)]", "%x.flat[((%t * 4) + 1)]")).unwrap(),
+    )
+    .unwrap_err()
+    .join("\n");
+    assert!(
+        e.contains("is not shown to start on a multiple of 4"),
+        "{e}"
+    );
+    let e = verify(&parse_kernel(&text.replace("cp.async x4", "cp.async x3")).unwrap())
+        .unwrap_err()
+        .join("\n");
     assert!(e.contains("moves 12 bytes"), "{e}");
 }
 
@@ -328,12 +423,22 @@ fn warp_reductions_combine_each_warp() {
     let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
     let out = run(&k, vec![x.clone(), vec![0.0; 64]]);
     assert_eq!(out[1], [vec![496.0; 32], vec![1520.0; 32]].concat());
-    let out = run(&parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(max)")).unwrap(), vec![x, vec![0.0; 64]]);
+    let out = run(
+        &parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(max)")).unwrap(),
+        vec![x, vec![0.0; 64]],
+    );
     assert_eq!(out[1], [vec![31.0; 32], vec![63.0; 32]].concat());
-    let inside = text.replace("      %v[] = %x[%t]\n    }\n    warp.reduce(+) %v[]\n", "      %v[] = %x[%t]\n      warp.reduce(+) %v[]\n    }\n");
-    let e = verify(&parse_kernel(&inside).unwrap()).unwrap_err().join("\n");
+    let inside = text.replace(
+        "      %v[] = %x[%t]\n    }\n    warp.reduce(+) %v[]\n",
+        "      %v[] = %x[%t]\n      warp.reduce(+) %v[]\n    }\n",
+    );
+    let e = verify(&parse_kernel(&inside).unwrap())
+        .unwrap_err()
+        .join("\n");
     assert!(e.contains("warp.reduce inside a thread loop"), "{e}");
-    let e = verify(&parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(-)")).unwrap()).unwrap_err().join("\n");
+    let e = verify(&parse_kernel(&text.replace("warp.reduce(+)", "warp.reduce(-)")).unwrap())
+        .unwrap_err()
+        .join("\n");
     assert!(e.contains("- is not a reduction"), "{e}");
 }
 
@@ -342,20 +447,43 @@ fn split_positions_simplify_and_digits_move_with_their_variable() {
     use crate::analysis::{moves_with, simplify_index};
     let (i, j) = (Var(0), Var(1));
     let (vi, vj) = (Expr::var(i), Expr::var(j));
-    let extent = |v: Var| [(i, 16), (j, 64)].iter().find(|(w, _)| *w == v).map(|(_, n)| *n);
+    let extent = |v: Var| {
+        [(i, 16), (j, 64)]
+            .iter()
+            .find(|(w, _)| *w == v)
+            .map(|(_, n)| *n)
+    };
     // A row-major position [16, 64] read back as [16, 4, 16]: each axis is one digit of the position.
     let flat = Expr::add(Expr::mul(vi.clone(), Expr::int(64)), vj.clone());
     let heads = Expr::rem(Expr::div(flat.clone(), Expr::int(16)), Expr::int(4));
-    assert_eq!(simplify_index(&heads, &extent), Expr::div(vj.clone(), Expr::int(16)));
-    assert_eq!(simplify_index(&Expr::div(flat.clone(), Expr::int(64)), &extent), vi.clone());
-    assert_eq!(simplify_index(&Expr::rem(flat.clone(), Expr::int(16)), &extent), Expr::rem(vj.clone(), Expr::int(16)));
+    assert_eq!(
+        simplify_index(&heads, &extent),
+        Expr::div(vj.clone(), Expr::int(16))
+    );
+    assert_eq!(
+        simplify_index(&Expr::div(flat.clone(), Expr::int(64)), &extent),
+        vi.clone()
+    );
+    assert_eq!(
+        simplify_index(&Expr::rem(flat.clone(), Expr::int(16)), &extent),
+        Expr::rem(vj.clone(), Expr::int(16))
+    );
     // Nothing is taken apart where the ranges do not allow it (j reaches 64).
     let kept = Expr::rem(Expr::add(vi.clone(), vj.clone()), Expr::int(16));
     assert_eq!(simplify_index(&kept, &extent), kept);
     // Stored transposed as [4, 16, 16] (head, row, column): j moves it through two digits that cannot
     // meet; j / 16 + j % 16 can.
-    let (hi, lo) = (Expr::div(vj.clone(), Expr::int(16)), Expr::rem(vj.clone(), Expr::int(16)));
-    let transposed = Expr::add(Expr::add(Expr::mul(hi.clone(), Expr::int(256)), Expr::mul(vi.clone(), Expr::int(16))), lo.clone());
+    let (hi, lo) = (
+        Expr::div(vj.clone(), Expr::int(16)),
+        Expr::rem(vj.clone(), Expr::int(16)),
+    );
+    let transposed = Expr::add(
+        Expr::add(
+            Expr::mul(hi.clone(), Expr::int(256)),
+            Expr::mul(vi.clone(), Expr::int(16)),
+        ),
+        lo.clone(),
+    );
     assert!(moves_with(&transposed, j, 64) && moves_with(&transposed, i, 16));
     assert!(!moves_with(&Expr::add(hi, lo), j, 64));
     assert!(!moves_with(&vi, j, 64));
@@ -391,11 +519,27 @@ fn arithmetic_is_split_by_how_it_runs() {
     )
     .unwrap();
     let a = analysis::arithmetic(&k);
-    assert_eq!(a, analysis::Arithmetic { tiled: 2.0 * 16.0 * 2.0 * 16.0, tiled_gather: 0.0, vector: 2.0 * 256.0, gather: 256.0, scalar: 256.0 });
+    assert_eq!(
+        a,
+        analysis::Arithmetic {
+            tiled: 2.0 * 16.0 * 2.0 * 16.0,
+            tiled_gather: 0.0,
+            vector: 2.0 * 256.0,
+            gather: 256.0,
+            scalar: 256.0
+        }
+    );
     // Loads and stores by how they move: the transposed load gathers (stride 16), everything else in
     // the vector loops is contiguous or broadcast (%a[%ii, %k] along %jl).
     let m = analysis::accesses(&k);
-    assert_eq!(m, analysis::Accesses { vector: 2.0 * 256.0 + 2.0 * 256.0 + 4.0 * 16.0 * 32.0, gather: 256.0, scalar: 2.0 * 256.0 });
+    assert_eq!(
+        m,
+        analysis::Accesses {
+            vector: 2.0 * 256.0 + 2.0 * 256.0 + 4.0 * 16.0 * 32.0,
+            gather: 256.0,
+            scalar: 2.0 * 256.0
+        }
+    );
     // The same tile reading B at stride 2 (a stride-2 convolution's input row) gathers.
     let strided = parse_kernel(
         "kernel @s2(%a: f32[2,16], %b: f32[16,32], %acc: f32[2,16]) {
@@ -410,7 +554,13 @@ fn arithmetic_is_split_by_how_it_runs() {
 ",
     )
     .unwrap();
-    assert_eq!(analysis::arithmetic(&strided), analysis::Arithmetic { tiled_gather: 2.0 * 16.0 * 2.0 * 16.0, ..Default::default() });
+    assert_eq!(
+        analysis::arithmetic(&strided),
+        analysis::Arithmetic {
+            tiled_gather: 2.0 * 16.0 * 2.0 * 16.0,
+            ..Default::default()
+        }
+    );
 }
 
 /// A concat of two inputs along the outer axis, and a row read through a split vector loop.
@@ -448,9 +598,16 @@ fn partitioning_folds_the_tests_and_keeps_the_results() {
     let text = print::kernel(&k);
     // %i splits where the concat changes input, %ro where the row read does (4 * 2 = 8), and no select
     // or clamp is left in either.
-    assert_eq!(crate::step::schedule_text(&k.schedule), "partition(i,4) partition(ro.0,2) partition(ro.4,2)", "{text}");
+    assert_eq!(
+        crate::step::schedule_text(&k.schedule),
+        "partition(i,4) partition(ro.0,2) partition(ro.4,2)",
+        "{text}"
+    );
     assert!(!text.contains("select") && !text.contains("min("), "{text}");
-    assert!(text.contains("%y[(%i.4 + 4), %j.4] = %b[%i.4, %j.4]"), "{text}");
+    assert!(
+        text.contains("%y[(%i.4 + 4), %j.4] = %b[%i.4, %j.4]"),
+        "{text}"
+    );
     assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
     // A test that is not uniform over a piece (%rl decides it within one %ro) leaves the loop whole.
     let mixed = CONCAT.replace("lt(((%ro * 4) + %rl), 8)", "lt(((%ro * 4) + %rl), 6)");
@@ -501,22 +658,38 @@ const FOLDS: &str = "kernel @folds(%x: f32[3,37], %y: f32[3,37], %s: f32[3,5]) {
 fn rfactor_keeps_one_partial_per_lane() {
     let base = parse_kernel(FOLDS).unwrap();
     verify(&base).unwrap();
-    let x: Vec<f32> = (0..111).map(|i| ((i * 7) % 23) as f32 * 0.25 - 2.0).collect();
-    let y: Vec<f32> = (0..111).map(|i| ((i * 5) % 13) as f32 * 0.5 - 3.0).collect();
+    let x: Vec<f32> = (0..111)
+        .map(|i| ((i * 7) % 23) as f32 * 0.25 - 2.0)
+        .collect();
+    let y: Vec<f32> = (0..111)
+        .map(|i| ((i * 5) % 13) as f32 * 0.5 - 3.0)
+        .collect();
     let args = || vec![x.clone(), y.clone(), vec![0.0; 15]];
     let want = run(&base, args());
     let mut k = base.clone();
     assert_eq!(crate::rfactor::rfactor(&mut k, 16), 3);
     verify(&k).unwrap();
-    assert_eq!(crate::step::schedule_text(&k.schedule), "rfactor(r,16) rfactor(r2,16) rfactor(r3,16)");
+    assert_eq!(
+        crate::step::schedule_text(&k.schedule),
+        "rfactor(r,16) rfactor(r2,16) rfactor(r3,16)"
+    );
     // Every value here is a multiple of 1/16 and small, so the sums are exact in any order.
     assert_eq!(run(&k, args()), want);
     let text = print::kernel(&k);
     // 37 = 2 x 16 + 5: two vector steps, the halves 16 -> 8 -> 4, four scalar steps, five in order.
-    assert!(text.contains("serial %r.o in 0..2 {") && text.contains("vector<16> %r.l in 0..16 {"), "{text}");
-    assert!(text.contains("vector<4> %r.h8 in 0..4 {") && text.contains("serial %r.t in 0..5 {"), "{text}");
+    assert!(
+        text.contains("serial %r.o in 0..2 {") && text.contains("vector<16> %r.l in 0..16 {"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vector<4> %r.h8 in 0..4 {") && text.contains("serial %r.t in 0..5 {"),
+        "{text}"
+    );
     assert!(text.contains("%d.part[%r3.l] = fma("), "{text}");
-    assert!(text.contains("serial %r4 in 0..37") && text.contains("serial %r5 in 0..37"), "{text}");
+    assert!(
+        text.contains("serial %r4 in 0..37") && text.contains("serial %r5 in 0..37"),
+        "{text}"
+    );
     assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
     // A loop shorter than the lanes is left alone.
     let mut k = base.clone();
@@ -542,16 +715,32 @@ fn unused_locals_are_dropped_and_the_rest_renumbered() {
     verify(&k).unwrap();
     let names: Vec<&str> = k.bufs.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["x", "y", "t"]);
-    assert_eq!(print::kernel(&k), text.replace("  local %dead: f32[]\n", ""));
+    assert_eq!(
+        print::kernel(&k),
+        text.replace("  local %dead: f32[]\n", "")
+    );
     assert_eq!(run(&k, vec![vec![1.0, 2.0, 3.0, 4.0], vec![0.0; 4]]), want);
 }
 
 #[test]
 fn replace_swaps_a_subexpression_everywhere() {
     let (i, j) = (Expr::var(Var(0)), Expr::var(Var(1)));
-    let place = Expr::bin(BinOp::Max, Expr::bin(BinOp::Min, i.clone(), Expr::int(7)), Expr::int(0));
-    let e = Expr::add(Expr::load(BufId(0), vec![place.clone()]), Expr::load(BufId(1), vec![Expr::mul(place.clone(), Expr::int(8))]));
+    let place = Expr::bin(
+        BinOp::Max,
+        Expr::bin(BinOp::Min, i.clone(), Expr::int(7)),
+        Expr::int(0),
+    );
+    let e = Expr::add(
+        Expr::load(BufId(0), vec![place.clone()]),
+        Expr::load(BufId(1), vec![Expr::mul(place.clone(), Expr::int(8))]),
+    );
     let got = e.replace(&place, &j);
-    assert_eq!(got, Expr::add(Expr::load(BufId(0), vec![j.clone()]), Expr::load(BufId(1), vec![Expr::mul(j.clone(), Expr::int(8))])));
+    assert_eq!(
+        got,
+        Expr::add(
+            Expr::load(BufId(0), vec![j.clone()]),
+            Expr::load(BufId(1), vec![Expr::mul(j.clone(), Expr::int(8))])
+        )
+    );
     assert!(!got.uses(Var(0)));
 }

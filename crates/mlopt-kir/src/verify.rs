@@ -20,10 +20,18 @@ struct Verifier<'k> {
 
 /// Verifies a kernel; on failure returns every problem found, one per line.
 pub fn verify(k: &Kernel) -> Result<(), Vec<String>> {
-    let mut v = Verifier { k, env: HashMap::new(), facts: Vec::new(), errors: Vec::new() };
+    let mut v = Verifier {
+        k,
+        env: HashMap::new(),
+        facts: Vec::new(),
+        errors: Vec::new(),
+    };
     for (i, b) in k.bufs.iter().enumerate() {
         if k.bufs[..i].iter().any(|o| o.name == b.name) {
-            v.errors.push(format!("kernel @{}: buffer %{} declared twice", k.name, b.name));
+            v.errors.push(format!(
+                "kernel @{}: buffer %{} declared twice",
+                k.name, b.name
+            ));
         }
     }
     v.block(&k.body);
@@ -46,9 +54,12 @@ pub fn verify_program(p: &Program) -> Result<(), Vec<String>> {
     for (i, s) in p.steps.iter().enumerate() {
         match p.kernels.get(s.kernel) {
             None => errors.push(format!("step {i}: no kernel {}", s.kernel)),
-            Some(k) if k.params().len() != s.args.len() => {
-                errors.push(format!("step {i}: @{} takes {} buffers, given {}", k.name, k.params().len(), s.args.len()))
-            }
+            Some(k) if k.params().len() != s.args.len() => errors.push(format!(
+                "step {i}: @{} takes {} buffers, given {}",
+                k.name,
+                k.params().len(),
+                s.args.len()
+            )),
             Some(_) => {}
         }
     }
@@ -72,13 +83,24 @@ impl Verifier<'_> {
 
     fn stmt(&mut self, s: &Stmt) {
         match s {
-            Stmt::For { var, extent, kind, body } => {
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => {
                 if self.env.contains_key(var) {
-                    self.err(format!("loop variable %{} bound twice", self.k.var_name(*var)));
+                    self.err(format!(
+                        "loop variable %{} bound twice",
+                        self.k.var_name(*var)
+                    ));
                 }
                 if let LoopKind::Vector(w) = kind {
                     if *w == 0 || extent % *w as u64 != 0 {
-                        self.err(format!("vector<{w}> loop %{} has extent {extent}, not a multiple", self.k.var_name(*var)));
+                        self.err(format!(
+                            "vector<{w}> loop %{} has extent {extent}, not a multiple",
+                            self.k.var_name(*var)
+                        ));
                     }
                 }
                 // A loop of extent 0 never runs: nothing under it can go out of bounds.
@@ -102,7 +124,10 @@ impl Verifier<'_> {
             Stmt::If { cond, then } => {
                 if let Some(t) = self.ty(cond, "if condition") {
                     if t != Elem::Bool {
-                        self.err(format!("if condition {} is {t}, not bool", print::expr(self.k, cond)));
+                        self.err(format!(
+                            "if condition {} is {t}, not bool",
+                            print::expr(self.k, cond)
+                        ));
                     }
                 }
                 let before = self.facts.len();
@@ -111,17 +136,34 @@ impl Verifier<'_> {
                 self.facts.truncate(before);
             }
             Stmt::Barrier => {}
-            Stmt::Mma { m, n, k, c, a, b, acc: _ } => {
+            Stmt::Mma {
+                m,
+                n,
+                k,
+                c,
+                a,
+                b,
+                acc: _,
+            } => {
                 // Each block's first and last element must be in bounds (the indices are affine, so
                 // every element between them is too), and the types are the matrix engine's.
-                for (x, rows, cols, elem, what) in [(c, *m, *n, Elem::F32, "c"), (a, *m, *k, Elem::BF16, "a"), (b, k / 2, 2 * n, Elem::BF16, "b")] {
+                for (x, rows, cols, elem, what) in [
+                    (c, *m, *n, Elem::F32, "c"),
+                    (a, *m, *k, Elem::BF16, "a"),
+                    (b, k / 2, 2 * n, Elem::BF16, "b"),
+                ] {
                     let what = format!("mma {what} block %{}", self.k.buffer(x.buf).name);
                     if x.at.len() < 2 || rows == 0 || cols == 0 {
-                        self.err(format!("{what}: needs a buffer of rank 2 or more and a non-empty block"));
+                        self.err(format!(
+                            "{what}: needs a buffer of rank 2 or more and a non-empty block"
+                        ));
                         continue;
                     }
                     if self.k.buffer(x.buf).elem != elem {
-                        self.err(format!("{what}: is {}, must be {elem}", self.k.buffer(x.buf).elem));
+                        self.err(format!(
+                            "{what}: is {}, must be {elem}",
+                            self.k.buffer(x.buf).elem
+                        ));
                     }
                     self.access(x.buf, &x.at, &what);
                     let last = x.index(Expr::int(rows as i64 - 1), Expr::int(cols as i64 - 1));
@@ -136,11 +178,15 @@ impl Verifier<'_> {
                 let t = self.k.buffer(a.buf).elem;
                 let depth = crate::ir::warp_mma_k(t);
                 if !matches!(t, Elem::BF16 | Elem::F16 | Elem::F32) {
-                    self.err(format!("mma.sync: a is {t}; it takes bf16, f16 or f32 (as tf32)"));
+                    self.err(format!(
+                        "mma.sync: a is {t}; it takes bf16, f16 or f32 (as tf32)"
+                    ));
                 }
-                for (x, rows, cols, space, want, what) in
-                    [(c, 1, 4, Space::Local, Elem::F32, "c"), (a, 16, depth, Space::Shared, t, "a"), (b, depth, 8, Space::Shared, t, "b")]
-                {
+                for (x, rows, cols, space, want, what) in [
+                    (c, 1, 4, Space::Local, Elem::F32, "c"),
+                    (a, 16, depth, Space::Shared, t, "a"),
+                    (b, depth, 8, Space::Shared, t, "b"),
+                ] {
                     let buf = self.k.buffer(x.buf);
                     let what = format!("mma.sync {what} block %{}", buf.name);
                     if x.at.len() < 2 {
@@ -148,7 +194,14 @@ impl Verifier<'_> {
                         continue;
                     }
                     if buf.space != space {
-                        self.err(format!("{what}: must be a {} buffer", if space == Space::Local { "local" } else { "shared" }));
+                        self.err(format!(
+                            "{what}: must be a {} buffer",
+                            if space == Space::Local {
+                                "local"
+                            } else {
+                                "shared"
+                            }
+                        ));
                     }
                     if buf.elem != want {
                         self.err(format!("{what}: is {}, must be {want}", buf.elem));
@@ -158,24 +211,46 @@ impl Verifier<'_> {
                     self.access(x.buf, &last, &what);
                 }
             }
-            Stmt::CopyAsync { dst, src, from, lanes, valid } => {
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                lanes,
+                valid,
+            } => {
                 let (d, sb) = (self.k.buffer(dst.buf), self.k.buffer(*src));
                 let what = format!("cp.async %{} <- %{}", d.name, sb.name);
                 if d.space != Space::Shared || sb.space != Space::Global {
-                    self.err(format!("{what}: copies from a global buffer into a shared one"));
+                    self.err(format!(
+                        "{what}: copies from a global buffer into a shared one"
+                    ));
                 }
                 if d.elem != sb.elem {
-                    self.err(format!("{what}: %{} is {}, %{} is {}", d.name, d.elem, sb.name, sb.elem));
+                    self.err(format!(
+                        "{what}: %{} is {}, %{} is {}",
+                        d.name, d.elem, sb.name, sb.elem
+                    ));
                 }
                 if ![4, 8, 16].contains(&(lanes * d.elem.size())) {
-                    self.err(format!("{what}: {lanes} x {} moves {} bytes, not 4, 8 or 16", d.elem, lanes * d.elem.size()));
+                    self.err(format!(
+                        "{what}: {lanes} x {} moves {} bytes, not 4, 8 or 16",
+                        d.elem,
+                        lanes * d.elem.size()
+                    ));
                 }
                 // The first element in bounds, and copies whole and aligned: each starts on a multiple of its
                 // width, which divides the buffer's size, so its last element is in bounds too.
-                let starts = [(dst.buf, crate::analysis::flat_index(self.k, dst.buf, &dst.at)), (*src, from.clone())];
+                let starts = [
+                    (
+                        dst.buf,
+                        crate::analysis::flat_index(self.k, dst.buf, &dst.at),
+                    ),
+                    (*src, from.clone()),
+                ];
                 for (b, flat) in &starts {
                     let whole = self.k.buffer(*b).numel().is_multiple_of(*lanes);
-                    if *lanes > 1 && (!whole || !crate::analysis::multiple_of(flat, *lanes as i64)) {
+                    if *lanes > 1 && (!whole || !crate::analysis::multiple_of(flat, *lanes as i64))
+                    {
                         self.err(format!(
                             "{what}: %{} element {} is not shown to start on a multiple of {lanes} elements, in a buffer they divide",
                             self.k.buffer(*b).name,
@@ -187,7 +262,10 @@ impl Verifier<'_> {
                 if let Some(c) = valid {
                     if let Some(t) = self.ty(c, &what) {
                         if t != Elem::Bool {
-                            self.err(format!("{what}: validity {} is {t}, not bool", print::expr(self.k, c)));
+                            self.err(format!(
+                                "{what}: validity {} is {t}, not bool",
+                                print::expr(self.k, c)
+                            ));
                         }
                     }
                 }
@@ -200,18 +278,31 @@ impl Verifier<'_> {
                 let (lo, hi) = self.range(from);
                 let n = self.k.buffer(*src).numel() as i64;
                 if lo < 0 || hi >= n {
-                    self.err(format!("{what}: element {} may leave 0..{n} (range {lo}..={hi})", print::expr(self.k, from)));
+                    self.err(format!(
+                        "{what}: element {} may leave 0..{n} (range {lo}..={hi})",
+                        print::expr(self.k, from)
+                    ));
                 }
                 self.facts.truncate(before);
             }
             Stmt::AsyncWait => {}
             Stmt::WarpReduce { buf, op } => {
                 let b = self.k.buffer(*buf);
-                if b.space != Space::Local || !b.dims.is_empty() || !matches!(b.elem, Elem::F32 | Elem::I32) {
-                    self.err(format!("warp.reduce %{}: needs a local f32 or i32 scalar", b.name));
+                if b.space != Space::Local
+                    || !b.dims.is_empty()
+                    || !matches!(b.elem, Elem::F32 | Elem::I32)
+                {
+                    self.err(format!(
+                        "warp.reduce %{}: needs a local f32 or i32 scalar",
+                        b.name
+                    ));
                 }
                 if !matches!(op, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max) {
-                    self.err(format!("warp.reduce %{}: {} is not a reduction", b.name, print::binop_name(*op)));
+                    self.err(format!(
+                        "warp.reduce %{}: {} is not a reduction",
+                        b.name,
+                        print::binop_name(*op)
+                    ));
                 }
             }
         }
@@ -226,7 +317,8 @@ impl Verifier<'_> {
             }
             Expr::Binary(BinOp::Lt, e, n) => {
                 let (_, hi) = self.range(n);
-                self.facts.push(((**e).clone(), (i64::MIN, hi.saturating_sub(1))));
+                self.facts
+                    .push(((**e).clone(), (i64::MIN, hi.saturating_sub(1))));
             }
             Expr::Binary(BinOp::Le, n, e) if matches!(**n, Expr::Int(_)) => {
                 let (lo, _) = self.range(n);
@@ -246,19 +338,38 @@ impl Verifier<'_> {
             return;
         };
         if index.len() != buf.dims.len() {
-            self.err(format!("{what}: {} indices for a {}-d buffer", index.len(), buf.dims.len()));
+            self.err(format!(
+                "{what}: {} indices for a {}-d buffer",
+                index.len(),
+                buf.dims.len()
+            ));
             return;
         }
         for (d, e) in index.iter().enumerate() {
             if let Some(t) = self.ty(e, what) {
                 if t != Elem::I64 {
-                    self.err(format!("{what}: index {} is {t}, not i64", print::expr(self.k, e)));
+                    self.err(format!(
+                        "{what}: index {} is {t}, not i64",
+                        print::expr(self.k, e)
+                    ));
                 }
             }
             let (lo, hi) = self.range(e);
             if lo < 0 || hi >= buf.dims[d] as i64 {
-                let show = |x: i64| if x == i64::MIN || x == i64::MAX { "unbounded".to_string() } else { x.to_string() };
-                self.err(format!("{what}: index {d} = {} may leave 0..{} (range {}..={})", print::expr(self.k, e), buf.dims[d], show(lo), show(hi)));
+                let show = |x: i64| {
+                    if x == i64::MIN || x == i64::MAX {
+                        "unbounded".to_string()
+                    } else {
+                        x.to_string()
+                    }
+                };
+                self.err(format!(
+                    "{what}: index {d} = {} may leave 0..{} (range {}..={})",
+                    print::expr(self.k, e),
+                    buf.dims[d],
+                    show(lo),
+                    show(hi)
+                ));
             }
         }
     }
@@ -285,8 +396,16 @@ impl Verifier<'_> {
                     BinOp::Add => (a.0.saturating_add(b.0), a.1.saturating_add(b.1)),
                     BinOp::Sub => (a.0.saturating_sub(b.1), a.1.saturating_sub(b.0)),
                     BinOp::Mul => {
-                        let c = [a.0.saturating_mul(b.0), a.0.saturating_mul(b.1), a.1.saturating_mul(b.0), a.1.saturating_mul(b.1)];
-                        (c.into_iter().min().unwrap_or(i64::MIN), c.into_iter().max().unwrap_or(i64::MAX))
+                        let c = [
+                            a.0.saturating_mul(b.0),
+                            a.0.saturating_mul(b.1),
+                            a.1.saturating_mul(b.0),
+                            a.1.saturating_mul(b.1),
+                        ];
+                        (
+                            c.into_iter().min().unwrap_or(i64::MIN),
+                            c.into_iter().max().unwrap_or(i64::MAX),
+                        )
                     }
                     BinOp::Div if b.0 == b.1 && b.0 > 0 && a.0 >= 0 => (a.0 / b.0, a.1 / b.0),
                     // A multiple of g modulo a multiple of g stays a multiple of g: at most d - g.
@@ -314,7 +433,10 @@ impl Verifier<'_> {
             Expr::Float(_, t) => Some(*t),
             Expr::Var(v) => {
                 if !self.env.contains_key(v) {
-                    self.err(format!("{what}: %{} used outside its loop", self.k.vars.get(v.0 as usize).map_or("?", |s| s.as_str())));
+                    self.err(format!(
+                        "{what}: %{} used outside its loop",
+                        self.k.vars.get(v.0 as usize).map_or("?", |s| s.as_str())
+                    ));
                 }
                 Some(Elem::I64)
             }
@@ -337,13 +459,18 @@ impl Verifier<'_> {
             Expr::Binary(o, a, b) => {
                 let (ta, tb) = (self.ty(a, what)?, self.ty(b, what)?);
                 if ta != tb {
-                    self.err(format!("{what}: {} of {ta} and {tb} in {}", print::binop_name(*o), print::expr(self.k, e)));
+                    self.err(format!(
+                        "{what}: {} of {ta} and {tb} in {}",
+                        print::binop_name(*o),
+                        print::expr(self.k, e)
+                    ));
                     return None;
                 }
                 match o {
                     _ if o.is_compare() => Some(Elem::Bool),
                     BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr
-                        if ta.is_float() || (ta == Elem::Bool && matches!(o, BinOp::Shl | BinOp::Shr)) =>
+                        if ta.is_float()
+                            || (ta == Elem::Bool && matches!(o, BinOp::Shl | BinOp::Shr)) =>
                     {
                         self.err(format!("{what}: {} of {ta}", print::binop_name(*o)));
                         None

@@ -50,17 +50,37 @@ impl<'c> Gen<'_, 'c> {
     }
 
     /// `p` advanced by `bytes`.
-    pub(crate) fn byte_offset(&mut self, p: PointerValue<'c>, bytes: IntValue<'c>) -> Ret<PointerValue<'c>> {
+    pub(crate) fn byte_offset(
+        &mut self,
+        p: PointerValue<'c>,
+        bytes: IntValue<'c>,
+    ) -> Ret<PointerValue<'c>> {
         // SAFETY: offsets inside the block, which the verifier proved in bounds.
-        Ok(unsafe { self.b.build_in_bounds_gep(self.c.i8_type(), p, &[bytes], "tile")? })
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(self.c.i8_type(), p, &[bytes], "tile")?
+        })
     }
 
     fn asm(&mut self, text: &str, args: &[BasicMetadataValueEnum<'c>]) -> Ret<()> {
         let ptr = self.c.ptr_type(inkwell::AddressSpace::default());
-        let params: Vec<_> = args.iter().map(|a| if a.is_pointer_value() { ptr.into() } else { self.c.i64_type().into() }).collect();
+        let params: Vec<_> = args
+            .iter()
+            .map(|a| {
+                if a.is_pointer_value() {
+                    ptr.into()
+                } else {
+                    self.c.i64_type().into()
+                }
+            })
+            .collect();
         let fty = self.c.void_type().fn_type(&params, false);
-        let constraints = [vec!["r"; args.len()], vec!["~{memory}"]].concat().join(",");
-        let f = self.c.create_inline_asm(fty, text.to_string(), constraints, true, false, None, false);
+        let constraints = [vec!["r"; args.len()], vec!["~{memory}"]]
+            .concat()
+            .join(",");
+        let f =
+            self.c
+                .create_inline_asm(fty, text.to_string(), constraints, true, false, None, false);
         self.b.build_indirect_call(fty, f, args, "")?;
         Ok(())
     }
@@ -80,9 +100,21 @@ impl<'c> Gen<'_, 'c> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn mma(&mut self, m: u64, n: u64, k: u64, c: &Block, a: &Block, b: &Block, acc: bool) -> Ret<()> {
+    pub fn mma(
+        &mut self,
+        m: u64,
+        n: u64,
+        k: u64,
+        c: &Block,
+        a: &Block,
+        b: &Block,
+        acc: bool,
+    ) -> Ret<()> {
         if !supported(m, n, k) {
-            return Err(err(format!("@{}: mma<{m}x{n}x{k}> has no AMX form (m, n of 16 or 32, k a multiple of 32)", self.k.name)));
+            return Err(err(format!(
+                "@{}: mma<{m}x{n}x{k}> has no AMX form (m, n of 16 or 32, k a multiple of 32)",
+                self.k.name
+            )));
         }
         let (mt, nt) = (m / TILE_ROWS, n / TILE_ROWS);
         let (c0, ldc) = self.block_base(c)?;
@@ -94,13 +126,17 @@ impl<'c> Gen<'_, 'c> {
         let mut c_tiles = Vec::new();
         for i in 0..mt {
             for j in 0..nt {
-                c_tiles.push((ctile(i, j), self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?));
+                c_tiles.push((
+                    ctile(i, j),
+                    self.byte_offset(c0, i64(self, i * TILE_ROWS * ldc + j * TILE_BYTES))?,
+                ));
             }
         }
 
         // Configure, then load or zero the C tiles.
         let mut text = vec!["ldtilecfg ($0)".to_string()];
-        let mut args: Vec<BasicMetadataValueEnum> = vec![self.config_ptr().into(), i64(self, ldc).into()];
+        let mut args: Vec<BasicMetadataValueEnum> =
+            vec![self.config_ptr().into(), i64(self, ldc).into()];
         for (t, p) in &c_tiles {
             if acc {
                 text.push(format!("tileloadd (${},$1,1), %tmm{t}", args.len()));
@@ -115,24 +151,39 @@ impl<'c> Gen<'_, 'c> {
         let (zero, steps) = (i64(self, 0), i64(self, k / K_STEP));
         self.counted("amx_k", zero, steps, 1, &mut |g, s| {
             let mut text = Vec::new();
-            let mut args: Vec<BasicMetadataValueEnum> = vec![i64(g, lda).into(), i64(g, ldb).into()];
+            let mut args: Vec<BasicMetadataValueEnum> =
+                vec![i64(g, lda).into(), i64(g, ldb).into()];
             let a_step = g.b.build_int_mul(s, i64(g, K_STEP * 2), "ak")?;
             let b_step = g.b.build_int_mul(s, i64(g, (K_STEP / 2) * ldb), "bk")?;
             for i in 0..mt {
-                let off = g.b.build_int_add(a_step, i64(g, i * TILE_ROWS * lda), "ao")?;
+                let off =
+                    g.b.build_int_add(a_step, i64(g, i * TILE_ROWS * lda), "ao")?;
                 let p = g.byte_offset(a0, off)?;
-                text.push(format!("tileloadd (${},$0,1), %tmm{}", args.len(), A_TILE + i));
+                text.push(format!(
+                    "tileloadd (${},$0,1), %tmm{}",
+                    args.len(),
+                    A_TILE + i
+                ));
                 args.push(p.into());
             }
             for j in 0..nt {
                 let off = g.b.build_int_add(b_step, i64(g, j * TILE_BYTES), "bo")?;
                 let p = g.byte_offset(b0, off)?;
-                text.push(format!("tileloadd (${},$1,1), %tmm{}", args.len(), B_TILE + j));
+                text.push(format!(
+                    "tileloadd (${},$1,1), %tmm{}",
+                    args.len(),
+                    B_TILE + j
+                ));
                 args.push(p.into());
             }
             for i in 0..mt {
                 for j in 0..nt {
-                    text.push(format!("tdpbf16ps %tmm{}, %tmm{}, %tmm{}", B_TILE + j, A_TILE + i, ctile(i, j)));
+                    text.push(format!(
+                        "tdpbf16ps %tmm{}, %tmm{}, %tmm{}",
+                        B_TILE + j,
+                        A_TILE + i,
+                        ctile(i, j)
+                    ));
                 }
             }
             g.asm(&text.join("\n\t"), &args)

@@ -85,7 +85,19 @@ pub(crate) fn err(what: impl Into<String>) -> LlvmError {
 
 impl<'a, 'c> Gen<'a, 'c> {
     pub fn new(c: &'c Context, m: &'a Module<'c>, k: &'a Kernel, f: FunctionValue<'c>) -> Self {
-        Gen { c, m, b: c.create_builder(), k, f, ptrs: HashMap::new(), vars: HashMap::new(), width: None, private: HashMap::new(), matrix: None, gpu: false }
+        Gen {
+            c,
+            m,
+            b: c.create_builder(),
+            k,
+            f,
+            ptrs: HashMap::new(),
+            vars: HashMap::new(),
+            width: None,
+            private: HashMap::new(),
+            matrix: None,
+            gpu: false,
+        }
     }
 
     fn i64(&self, v: i64) -> IntValue<'c> {
@@ -99,7 +111,9 @@ impl<'a, 'c> Gen<'a, 'c> {
         // Locals one iteration of a parallel loop owns are made by each thread (`parallel.rs`), not here.
         let threads_own = match self.gpu {
             true => vec![],
-            false => mlopt_kir::analysis::locals_owned_by_loops(self.k, &|kind| kind == LoopKind::Parallel),
+            false => mlopt_kir::analysis::locals_owned_by_loops(self.k, &|kind| {
+                kind == LoopKind::Parallel
+            }),
         };
         let mut heap = Vec::new();
         for (i, buf) in self.k.bufs.iter().enumerate() {
@@ -108,16 +122,32 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let n = buf.numel().max(1);
                 let bytes = n * buf.elem.size();
                 if self.gpu && bytes > STACK_LOCAL_BYTES {
-                    return Err(err(format!("@{}: local %{} of {bytes} bytes per GPU thread", self.k.name, buf.name)));
+                    return Err(err(format!(
+                        "@{}: local %{} of {bytes} bytes per GPU thread",
+                        self.k.name, buf.name
+                    )));
                 }
                 let p = if bytes <= STACK_LOCAL_BYTES {
-                    let p = self.b.build_array_alloca(t, self.i64(n as i64), &buf.name)?;
+                    let p = self
+                        .b
+                        .build_array_alloca(t, self.i64(n as i64), &buf.name)?;
                     p.as_instruction().map(|ins| ins.set_alignment(64));
                     p
                 } else {
                     let alloc = libc(self.c, self.m, "aligned_alloc")?;
-                    let call = self.b.build_call(alloc, &[self.i64(64).into(), self.i64(bytes.div_ceil(64) as i64 * 64).into()], &buf.name)?;
-                    let p = call.try_as_basic_value().basic().ok_or_else(|| err("aligned_alloc returned nothing"))?.into_pointer_value();
+                    let call = self.b.build_call(
+                        alloc,
+                        &[
+                            self.i64(64).into(),
+                            self.i64(bytes.div_ceil(64) as i64 * 64).into(),
+                        ],
+                        &buf.name,
+                    )?;
+                    let p = call
+                        .try_as_basic_value()
+                        .basic()
+                        .ok_or_else(|| err("aligned_alloc returned nothing"))?
+                        .into_pointer_value();
                     heap.push(p);
                     p
                 };
@@ -148,15 +178,27 @@ impl<'a, 'c> Gen<'a, 'c> {
 
     fn stmt(&mut self, s: &Stmt) -> Ret<()> {
         match s {
-            Stmt::For { var, extent, kind, body } => self.for_loop(*var, *extent, *kind, body),
+            Stmt::For {
+                var,
+                extent,
+                kind,
+                body,
+            } => self.for_loop(*var, *extent, *kind, body),
             Stmt::Store { buf, index, value } => self.store(*buf, index, value),
             Stmt::If { cond, then } => {
                 let c = self.eval(cond)?;
                 if c.is_vector_value() {
-                    return Err(err(format!("@{}: a guard that differs between lanes in a vector loop", self.k.name)));
+                    return Err(err(format!(
+                        "@{}: a guard that differs between lanes in a vector loop",
+                        self.k.name
+                    )));
                 }
-                let (yes, done) = (self.c.append_basic_block(self.f, "then"), self.c.append_basic_block(self.f, "endif"));
-                self.b.build_conditional_branch(c.into_int_value(), yes, done)?;
+                let (yes, done) = (
+                    self.c.append_basic_block(self.f, "then"),
+                    self.c.append_basic_block(self.f, "endif"),
+                );
+                self.b
+                    .build_conditional_branch(c.into_int_value(), yes, done)?;
                 self.b.position_at_end(yes);
                 self.block(then)?;
                 self.b.build_unconditional_branch(done)?;
@@ -164,36 +206,74 @@ impl<'a, 'c> Gen<'a, 'c> {
                 Ok(())
             }
             Stmt::Barrier if self.gpu => {
-                let f = crate::ptx::nvvm(self, "llvm.nvvm.barrier0", self.c.void_type().fn_type(&[], false));
+                let f = crate::ptx::nvvm(
+                    self,
+                    "llvm.nvvm.barrier0",
+                    self.c.void_type().fn_type(&[], false),
+                );
                 self.b.build_call(f, &[], "")?;
                 Ok(())
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
             Stmt::WarpMma { c, a, b } if self.gpu => crate::ptx::warp_mma(self, c, a, b),
             Stmt::WarpMma { .. } => Err(err("mma.sync in a CPU kernel")),
-            Stmt::CopyAsync { dst, src, from, lanes, valid } if self.gpu => crate::ptx::copy_async(self, dst, *src, from, *lanes, valid.as_ref()),
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                lanes,
+                valid,
+            } if self.gpu => crate::ptx::copy_async(self, dst, *src, from, *lanes, valid.as_ref()),
             Stmt::AsyncWait if self.gpu => {
-                let f = crate::ptx::nvvm(self, "llvm.nvvm.cp.async.wait.all", self.c.void_type().fn_type(&[], false));
+                let f = crate::ptx::nvvm(
+                    self,
+                    "llvm.nvvm.cp.async.wait.all",
+                    self.c.void_type().fn_type(&[], false),
+                );
                 self.b.build_call(f, &[], "")?;
                 Ok(())
             }
             Stmt::CopyAsync { .. } | Stmt::AsyncWait => Err(err("cp.async in a CPU kernel")),
             Stmt::WarpReduce { buf, op } if self.gpu => crate::ptx::warp_reduce(self, *buf, *op),
             Stmt::WarpReduce { .. } => Err(err("warp.reduce in a CPU kernel")),
-            Stmt::Mma { .. } if self.width.is_some() => Err(err(format!("@{}: an mma in a vector loop", self.k.name))),
-            Stmt::Mma { m, n, k, c, a, b, acc } => match self.matrix {
+            Stmt::Mma { .. } if self.width.is_some() => {
+                Err(err(format!("@{}: an mma in a vector loop", self.k.name)))
+            }
+            Stmt::Mma {
+                m,
+                n,
+                k,
+                c,
+                a,
+                b,
+                acc,
+            } => match self.matrix {
                 Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),
                 Some(MatrixUnit::Dot) => self.mma_dot(*m, *n, *k, c, a, b, *acc),
-                None => Err(err(format!("@{}: an mma block on a target without a bf16 matrix unit (expand it first)", self.k.name))),
+                None => Err(err(format!(
+                    "@{}: an mma block on a target without a bf16 matrix unit (expand it first)",
+                    self.k.name
+                ))),
             },
         }
     }
 
     /// A value of type `t` (or an array of `n`) on the stack, allocated at the top of the entry block
     /// (where mem2reg and SROA promote allocas to registers), wherever the builder currently is.
-    pub(crate) fn entry_alloca(&mut self, t: BasicTypeEnum<'c>, n: Option<u64>, name: &str) -> Ret<PointerValue<'c>> {
-        let entry = self.f.get_first_basic_block().ok_or_else(|| err("function without entry"))?;
-        let here = self.b.get_insert_block().ok_or_else(|| err("builder not positioned"))?;
+    pub(crate) fn entry_alloca(
+        &mut self,
+        t: BasicTypeEnum<'c>,
+        n: Option<u64>,
+        name: &str,
+    ) -> Ret<PointerValue<'c>> {
+        let entry = self
+            .f
+            .get_first_basic_block()
+            .ok_or_else(|| err("function without entry"))?;
+        let here = self
+            .b
+            .get_insert_block()
+            .ok_or_else(|| err("builder not positioned"))?;
         match entry.get_first_instruction() {
             Some(first) => self.b.position_before(&first),
             None => self.b.position_at_end(entry),
@@ -227,11 +307,15 @@ impl<'a, 'c> Gen<'a, 'c> {
         self.b.build_unconditional_branch(head)?;
         self.b.position_at_end(head);
         let i = self.b.build_load(i64t, slot, name)?.into_int_value();
-        let more = self.b.build_int_compare(IntPredicate::SLT, i, end, "more")?;
+        let more = self
+            .b
+            .build_int_compare(IntPredicate::SLT, i, end, "more")?;
         self.b.build_conditional_branch(more, bodyb, done)?;
         self.b.position_at_end(bodyb);
         body(self, i)?;
-        let next = self.b.build_int_add(i, i64t.const_int(step, false), "next")?;
+        let next = self
+            .b
+            .build_int_add(i, i64t.const_int(step, false), "next")?;
         self.b.build_store(slot, next)?;
         self.b.build_unconditional_branch(head)?;
         self.b.position_at_end(done);
@@ -268,10 +352,19 @@ impl<'a, 'c> Gen<'a, 'c> {
                 self.private = saved;
                 r
             }
-            LoopKind::Parallel if self.width.is_none() => crate::parallel::parallel_loop(self, var, extent, body),
+            LoopKind::Parallel if self.width.is_none() => {
+                crate::parallel::parallel_loop(self, var, extent, body)
+            }
             // The grid has exactly as many blocks, and every thread loop as many threads, as the extent.
             LoopKind::GpuBlock(_) | LoopKind::GpuThread(_) if self.gpu => {
-                let id = crate::ptx::special(self, if matches!(kind, LoopKind::GpuBlock(_)) { "ctaid.x" } else { "tid.x" })?;
+                let id = crate::ptx::special(
+                    self,
+                    if matches!(kind, LoopKind::GpuBlock(_)) {
+                        "ctaid.x"
+                    } else {
+                        "tid.x"
+                    },
+                )?;
                 self.vars.insert(var, VarVal::Scalar(id));
                 self.block(body)
             }
@@ -292,7 +385,11 @@ impl<'a, 'c> Gen<'a, 'c> {
         for b in private {
             let buf = self.k.buffer(b);
             let vt = reg_ty(self.c, buf.elem);
-            let p = self.entry_alloca(vector_type(vt, w), Some(buf.numel().max(1)), &format!("{}.lanes", buf.name))?;
+            let p = self.entry_alloca(
+                vector_type(vt, w),
+                Some(buf.numel().max(1)),
+                &format!("{}.lanes", buf.name),
+            )?;
             out.insert(b, p);
         }
         Ok(out)
@@ -304,7 +401,9 @@ impl<'a, 'c> Gen<'a, 'c> {
 
     /// The vector loop's variable, when emitting a vector loop.
     fn lane_var(&self) -> Option<Var> {
-        self.vars.iter().find_map(|(v, x)| matches!(x, VarVal::Lanes(_)).then_some(*v))
+        self.vars
+            .iter()
+            .find_map(|(v, x)| matches!(x, VarVal::Lanes(_)).then_some(*v))
     }
 
     fn uniform(&self, e: &Expr) -> bool {
@@ -316,18 +415,27 @@ impl<'a, 'c> Gen<'a, 'c> {
 
     fn reads_private(&self, e: &Expr) -> bool {
         match e {
-            Expr::Load(b, ix) => self.private.contains_key(b) || ix.iter().any(|x| self.reads_private(x)),
+            Expr::Load(b, ix) => {
+                self.private.contains_key(b) || ix.iter().any(|x| self.reads_private(x))
+            }
             Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => false,
             Expr::Unary(_, a) | Expr::Cast(_, a) => self.reads_private(a),
             Expr::Binary(_, a, b) => self.reads_private(a) || self.reads_private(b),
-            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => self.reads_private(a) || self.reads_private(b) || self.reads_private(c),
+            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
+                self.reads_private(a) || self.reads_private(b) || self.reads_private(c)
+            }
         }
     }
 
     /// Evaluates an index expression as one scalar (the lane variable taken at lane 0).
     fn scalar_index(&mut self, e: &Expr) -> Ret<IntValue<'c>> {
         let saved = self.width.take();
-        let lanes: Vec<(Var, VarVal<'c>)> = self.vars.iter().filter(|(_, x)| matches!(x, VarVal::Lanes(_))).map(|(v, x)| (*v, *x)).collect();
+        let lanes: Vec<(Var, VarVal<'c>)> = self
+            .vars
+            .iter()
+            .filter(|(_, x)| matches!(x, VarVal::Lanes(_)))
+            .map(|(v, x)| (*v, *x))
+            .collect();
         for (v, x) in &lanes {
             if let VarVal::Lanes(i) = x {
                 self.vars.insert(*v, VarVal::Scalar(*i));
@@ -342,7 +450,10 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     pub(crate) fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
-        let base = *self.ptrs.get(&b).ok_or_else(|| err(format!("no pointer for %{}", self.k.buffer(b).name)))?;
+        let base = *self
+            .ptrs
+            .get(&b)
+            .ok_or_else(|| err(format!("no pointer for %{}", self.k.buffer(b).name)))?;
         let t = ty(self.c, self.k.buffer(b).elem);
         // SAFETY: see the module comment; the index is in bounds by verification.
         Ok(unsafe { self.b.build_in_bounds_gep(t, base, &[flat], "p")? })
@@ -363,7 +474,10 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
     fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
         let size = self.k.buffer(b).elem.size() as u32;
-        let Some(l) = self.lane_var().filter(|_| self.gpu && self.k.buffer(b).space == Space::Global) else {
+        let Some(l) = self
+            .lane_var()
+            .filter(|_| self.gpu && self.k.buffer(b).space == Space::Global)
+        else {
             return size;
         };
         // A constant the start (in elements) is always a multiple of.
@@ -383,8 +497,13 @@ impl<'a, 'c> Gen<'a, 'c> {
             let w = self.width.unwrap_or(1);
             let i = self.scalar_index(&flat)?;
             // SAFETY: in bounds by verification.
-            let ptr = unsafe { self.b.build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "lp")? };
-            return Ok(self.b.build_load(vector_type(reg_ty(self.c, elem), w), ptr, "priv")?);
+            let ptr = unsafe {
+                self.b
+                    .build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "lp")?
+            };
+            return Ok(self
+                .b
+                .build_load(vector_type(reg_ty(self.c, elem), w), ptr, "priv")?);
         }
         match (self.width, self.lane_stride(&flat)) {
             (None, _) | (Some(_), Some(0)) => {
@@ -410,21 +529,44 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let span = (w - 1) * st as u32 + 1;
                 let v = self.b.build_load(vector_type(t, span), p, "sld")?;
                 // (Aligned to an element only: LLVM would otherwise assume the vector type's alignment.)
-                v.as_instruction_value().map(|ins| ins.set_alignment(self.k.buffer(b).elem.size() as u32));
+                v.as_instruction_value()
+                    .map(|ins| ins.set_alignment(self.k.buffer(b).elem.size() as u32));
                 let v = v.into_vector_value();
                 let i32t = self.c.i32_type();
-                let mask: Vec<_> = (0..w).map(|l| i32t.const_int(u64::from(l * st as u32), false)).collect();
-                let picked = self.b.build_shuffle_vector(v, v.get_type().get_undef(), inkwell::types::VectorType::const_vector(&mask), "strided")?;
+                let mask: Vec<_> = (0..w)
+                    .map(|l| i32t.const_int(u64::from(l * st as u32), false))
+                    .collect();
+                let picked = self.b.build_shuffle_vector(
+                    v,
+                    v.get_type().get_undef(),
+                    inkwell::types::VectorType::const_vector(&mask),
+                    "strided",
+                )?;
                 self.mem_to_reg(picked.into(), elem)
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?.into_vector_value();
                 let mut acc = vector_type(t, w).const_zero().as_basic_value_enum();
                 for lane in 0..w {
-                    let i = self.b.build_extract_element(idx, self.c.i32_type().const_int(lane as u64, false), "ix")?.into_int_value();
+                    let i = self
+                        .b
+                        .build_extract_element(
+                            idx,
+                            self.c.i32_type().const_int(lane as u64, false),
+                            "ix",
+                        )?
+                        .into_int_value();
                     let p = self.elem_ptr(b, i)?;
                     let x = self.b.build_load(t, p, "gld")?;
-                    acc = self.b.build_insert_element(acc.into_vector_value(), x, self.c.i32_type().const_int(lane as u64, false), "g")?.into();
+                    acc = self
+                        .b
+                        .build_insert_element(
+                            acc.into_vector_value(),
+                            x,
+                            self.c.i32_type().const_int(lane as u64, false),
+                            "g",
+                        )?
+                        .into();
                 }
                 self.mem_to_reg(acc, elem)
             }
@@ -441,7 +583,10 @@ impl<'a, 'c> Gen<'a, 'c> {
             let i = self.scalar_index(&flat)?;
             let v = self.widen(v)?;
             // SAFETY: in bounds by verification.
-            let ptr = unsafe { self.b.build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "sp")? };
+            let ptr = unsafe {
+                self.b
+                    .build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "sp")?
+            };
             self.b.build_store(ptr, v)?;
             return Ok(());
         }
@@ -458,7 +603,8 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let v = self.widen(v)?;
                 let v = self.reg_to_mem(v, elem)?;
                 let st = self.b.build_store(p, v)?;
-                st.set_alignment(self.vector_align(b, &flat, w)).map_err(|e| err(e.to_string()))?;
+                st.set_alignment(self.vector_align(b, &flat, w))
+                    .map_err(|e| err(e.to_string()))?;
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?;
@@ -467,7 +613,9 @@ impl<'a, 'c> Gen<'a, 'c> {
                 for lane in 0..w {
                     let l = self.c.i32_type().const_int(lane as u64, false);
                     let i = if idx.is_vector_value() {
-                        self.b.build_extract_element(idx.into_vector_value(), l, "ix")?.into_int_value()
+                        self.b
+                            .build_extract_element(idx.into_vector_value(), l, "ix")?
+                            .into_int_value()
                     } else {
                         idx.into_int_value()
                     };
@@ -495,10 +643,16 @@ impl<'a, 'c> Gen<'a, 'c> {
             return Ok(v);
         }
         let t = match v {
-            BasicValueEnum::VectorValue(x) => self.c.i8_type().vec_type(x.get_type().get_size()).as_basic_type_enum(),
+            BasicValueEnum::VectorValue(x) => self
+                .c
+                .i8_type()
+                .vec_type(x.get_type().get_size())
+                .as_basic_type_enum(),
             _ => self.c.i8_type().into(),
         };
-        Ok(self.b.build_cast(inkwell::values::InstructionOpcode::ZExt, v, t, "b8")?)
+        Ok(self
+            .b
+            .build_cast(inkwell::values::InstructionOpcode::ZExt, v, t, "b8")?)
     }
 
     /// A scalar broadcast to the vector width when emitting a vector loop.
@@ -512,9 +666,14 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// The scalar `v` in all `w` lanes of a vector.
     pub(crate) fn splat(&mut self, v: BasicValueEnum<'c>, w: u32) -> Ret<BasicValueEnum<'c>> {
         let undef = vector_type(v.get_type(), w).into_vector_type().get_undef();
-        let one = self.b.build_insert_element(undef, v, self.c.i32_type().const_zero(), "s")?;
+        let one = self
+            .b
+            .build_insert_element(undef, v, self.c.i32_type().const_zero(), "s")?;
         let mask = self.c.i32_type().vec_type(w).const_zero();
-        Ok(self.b.build_shuffle_vector(one, undef, mask, "splat")?.into())
+        Ok(self
+            .b
+            .build_shuffle_vector(one, undef, mask, "splat")?
+            .into())
     }
 
     pub fn eval(&mut self, e: &Expr) -> Ret<BasicValueEnum<'c>> {
@@ -528,9 +687,16 @@ impl<'a, 'c> Gen<'a, 'c> {
                     let base = self.widen(i.into())?;
                     let iota: Vec<IntValue> = (0..w).map(|l| self.i64(l as i64)).collect();
                     let iota = inkwell::types::VectorType::const_vector(&iota);
-                    self.b.build_int_add(base.into_vector_value(), iota, "lane")?.into()
+                    self.b
+                        .build_int_add(base.into_vector_value(), iota, "lane")?
+                        .into()
                 }
-                None => return Err(err(format!("@{}: variable {} has no value", self.k.name, v.0))),
+                None => {
+                    return Err(err(format!(
+                        "@{}: variable {} has no value",
+                        self.k.name, v.0
+                    )))
+                }
             },
             Expr::Load(b, ix) => return self.load(*b, ix),
             Expr::Unary(o, a) => {
@@ -571,7 +737,11 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     /// Broadcasts whichever operand is scalar when the other is a vector.
-    fn same_shape(&mut self, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<(BasicValueEnum<'c>, BasicValueEnum<'c>)> {
+    fn same_shape(
+        &mut self,
+        x: BasicValueEnum<'c>,
+        y: BasicValueEnum<'c>,
+    ) -> Ret<(BasicValueEnum<'c>, BasicValueEnum<'c>)> {
         match (x.is_vector_value(), y.is_vector_value()) {
             (true, false) => Ok((x, self.widen(y)?)),
             (false, true) => Ok((self.widen(x)?, y)),
@@ -580,11 +750,22 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     /// Calls an overloaded LLVM intrinsic on the arguments' type.
-    pub fn intrinsic(&mut self, name: &str, args: &[BasicValueEnum<'c>]) -> Ret<BasicValueEnum<'c>> {
+    pub fn intrinsic(
+        &mut self,
+        name: &str,
+        args: &[BasicValueEnum<'c>],
+    ) -> Ret<BasicValueEnum<'c>> {
         let i = Intrinsic::find(name).ok_or_else(|| err(format!("no intrinsic {name}")))?;
-        let f = i.get_declaration(self.m, &[args[0].get_type()]).ok_or_else(|| err(format!("no declaration of {name}")))?;
-        let a: Vec<inkwell::values::BasicMetadataValueEnum> = args.iter().map(|x| (*x).into()).collect();
-        self.b.build_call(f, &a, name)?.try_as_basic_value().basic().ok_or_else(|| err(format!("{name} returned nothing")))
+        let f = i
+            .get_declaration(self.m, &[args[0].get_type()])
+            .ok_or_else(|| err(format!("no declaration of {name}")))?;
+        let a: Vec<inkwell::values::BasicMetadataValueEnum> =
+            args.iter().map(|x| (*x).into()).collect();
+        self.b
+            .build_call(f, &a, name)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| err(format!("{name} returned nothing")))
     }
 }
 
@@ -598,15 +779,30 @@ pub fn vector_type<'c>(t: BasicTypeEnum<'c>, w: u32) -> BasicTypeEnum<'c> {
 }
 
 /// A constant with `v`'s shape (scalar or vector) holding `x` of element type `e`.
-pub fn const_like<'c>(c: &'c Context, v: BasicValueEnum<'c>, x: f64, e: Elem) -> BasicValueEnum<'c> {
-    let scalar: BasicValueEnum<'c> =
-        if e.is_float() { reg_ty(c, e).into_float_type().const_float(x).into() } else { reg_ty(c, e).into_int_type().const_int(x as i64 as u64, true).into() };
+pub fn const_like<'c>(
+    c: &'c Context,
+    v: BasicValueEnum<'c>,
+    x: f64,
+    e: Elem,
+) -> BasicValueEnum<'c> {
+    let scalar: BasicValueEnum<'c> = if e.is_float() {
+        reg_ty(c, e).into_float_type().const_float(x).into()
+    } else {
+        reg_ty(c, e)
+            .into_int_type()
+            .const_int(x as i64 as u64, true)
+            .into()
+    };
     match v {
         BasicValueEnum::VectorValue(vv) => {
             let n = vv.get_type().get_size();
             match scalar {
-                BasicValueEnum::FloatValue(f) => inkwell::types::VectorType::const_vector(&vec![f; n as usize]).into(),
-                BasicValueEnum::IntValue(i) => inkwell::types::VectorType::const_vector(&vec![i; n as usize]).into(),
+                BasicValueEnum::FloatValue(f) => {
+                    inkwell::types::VectorType::const_vector(&vec![f; n as usize]).into()
+                }
+                BasicValueEnum::IntValue(i) => {
+                    inkwell::types::VectorType::const_vector(&vec![i; n as usize]).into()
+                }
                 s => s,
             }
         }
@@ -614,17 +810,35 @@ pub fn const_like<'c>(c: &'c Context, v: BasicValueEnum<'c>, x: f64, e: Elem) ->
     }
 }
 
-pub fn int_cmp<'c>(b: &Builder<'c>, p: IntPredicate, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+pub fn int_cmp<'c>(
+    b: &Builder<'c>,
+    p: IntPredicate,
+    x: BasicValueEnum<'c>,
+    y: BasicValueEnum<'c>,
+) -> Ret<BasicValueEnum<'c>> {
     Ok(match (x, y) {
-        (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => b.build_int_compare(p, x, y, "icmp")?.into(),
-        (x, y) => b.build_int_compare(p, x.into_int_value(), y.into_int_value(), "icmp")?.into(),
+        (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
+            b.build_int_compare(p, x, y, "icmp")?.into()
+        }
+        (x, y) => b
+            .build_int_compare(p, x.into_int_value(), y.into_int_value(), "icmp")?
+            .into(),
     })
 }
 
-pub fn float_cmp<'c>(b: &Builder<'c>, p: FloatPredicate, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+pub fn float_cmp<'c>(
+    b: &Builder<'c>,
+    p: FloatPredicate,
+    x: BasicValueEnum<'c>,
+    y: BasicValueEnum<'c>,
+) -> Ret<BasicValueEnum<'c>> {
     Ok(match (x, y) {
-        (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => b.build_float_compare(p, x, y, "fcmp")?.into(),
-        (x, y) => b.build_float_compare(p, x.into_float_value(), y.into_float_value(), "fcmp")?.into(),
+        (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
+            b.build_float_compare(p, x, y, "fcmp")?.into()
+        }
+        (x, y) => b
+            .build_float_compare(p, x.into_float_value(), y.into_float_value(), "fcmp")?
+            .into(),
     })
 }
 
@@ -634,7 +848,11 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
     if let Some(f) = m.get_function(name) {
         return Ok(f);
     }
-    let (ptr, i64t, void) = (c.ptr_type(AddressSpace::default()), c.i64_type(), c.void_type());
+    let (ptr, i64t, void) = (
+        c.ptr_type(AddressSpace::default()),
+        c.i64_type(),
+        c.void_type(),
+    );
     let ty = match name {
         "aligned_alloc" => ptr.fn_type(&[i64t.into(), i64t.into()], false),
         "free" => void.fn_type(&[ptr.into()], false),
@@ -651,22 +869,42 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
 /// a heap-allocated local could not be allocated: a hidden symbol, so the module that calls it may be
 /// another (kernels are compiled in modules of their own, on threads) while no kernel is exported from a
 /// shared library.
-pub fn declare_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, symbol: &str) -> FunctionValue<'c> {
+pub fn declare_kernel<'c>(
+    c: &'c Context,
+    m: &Module<'c>,
+    k: &Kernel,
+    symbol: &str,
+) -> FunctionValue<'c> {
     let p = c.ptr_type(AddressSpace::default());
-    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| p.into()).collect();
-    let f = m.add_function(symbol, c.i32_type().fn_type(&params, false), Some(inkwell::module::Linkage::External));
-    f.as_global_value().set_visibility(inkwell::GlobalVisibility::Hidden);
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+        k.params().iter().map(|_| p.into()).collect();
+    let f = m.add_function(
+        symbol,
+        c.i32_type().fn_type(&params, false),
+        Some(inkwell::module::Linkage::External),
+    );
+    f.as_global_value()
+        .set_visibility(inkwell::GlobalVisibility::Hidden);
     f
 }
 
 /// Emits a kernel's body into its declared function.
-pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: FunctionValue<'c>, matrix: Option<MatrixUnit>) -> Ret<()> {
+pub fn define_kernel<'c>(
+    c: &'c Context,
+    m: &Module<'c>,
+    k: &Kernel,
+    f: FunctionValue<'c>,
+    matrix: Option<MatrixUnit>,
+) -> Ret<()> {
     let mut g = Gen::new(c, m, k, f);
     g.matrix = matrix;
     let entry = c.append_basic_block(f, "entry");
     g.b.position_at_end(entry);
     for (i, b) in k.params().iter().enumerate() {
-        let p = f.get_nth_param(i as u32).ok_or_else(|| err("missing parameter"))?.into_pointer_value();
+        let p = f
+            .get_nth_param(i as u32)
+            .ok_or_else(|| err("missing parameter"))?
+            .into_pointer_value();
         p.set_name(&k.buffer(*b).name);
         g.ptrs.insert(*b, p);
     }
@@ -678,7 +916,10 @@ pub fn define_kernel<'c>(c: &'c Context, m: &Module<'c>, k: &Kernel, f: Function
             let null = g.b.build_is_null(*p, "null")?;
             failed = g.b.build_or(failed, null, "failed")?;
         }
-        let (oom, run) = (c.append_basic_block(f, "oom"), c.append_basic_block(f, "run"));
+        let (oom, run) = (
+            c.append_basic_block(f, "oom"),
+            c.append_basic_block(f, "run"),
+        );
         g.b.build_conditional_branch(failed, oom, run)?;
         g.b.position_at_end(oom);
         g.free_locals(&heap)?;

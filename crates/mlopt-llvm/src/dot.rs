@@ -35,28 +35,58 @@ pub fn supported(m: u64, n: u64, k: u64) -> bool {
 /// Rows per group: as many as keep the accumulators in registers, dividing m.
 fn rows_per_group(m: u64, n: u64) -> u64 {
     let most = (ACCUMULATORS / (n / LANES)).max(1);
-    (1..=most.min(m)).rev().find(|r| m.is_multiple_of(*r)).unwrap_or(1)
+    (1..=most.min(m))
+        .rev()
+        .find(|r| m.is_multiple_of(*r))
+        .unwrap_or(1)
 }
 
 impl<'c> Gen<'_, 'c> {
     /// Loads `t` from `p` with the element's alignment (blocks start anywhere in their buffer).
-    fn load_unaligned(&mut self, t: inkwell::types::BasicTypeEnum<'c>, p: PointerValue<'c>, align: u32) -> Ret<BasicValueEnum<'c>> {
+    fn load_unaligned(
+        &mut self,
+        t: inkwell::types::BasicTypeEnum<'c>,
+        p: PointerValue<'c>,
+        align: u32,
+    ) -> Ret<BasicValueEnum<'c>> {
         let v = self.b.build_load(t, p, "dv")?;
-        v.as_instruction_value().ok_or_else(|| err("load"))?.set_alignment(align).map_err(|e| err(e.to_string()))?;
+        v.as_instruction_value()
+            .ok_or_else(|| err("load"))?
+            .set_alignment(align)
+            .map_err(|e| err(e.to_string()))?;
         Ok(v)
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn mma_dot(&mut self, m: u64, n: u64, k: u64, c: &Block, a: &Block, b: &Block, acc: bool) -> Ret<()> {
+    pub fn mma_dot(
+        &mut self,
+        m: u64,
+        n: u64,
+        k: u64,
+        c: &Block,
+        a: &Block,
+        b: &Block,
+        acc: bool,
+    ) -> Ret<()> {
         if !supported(m, n, k) {
-            return Err(err(format!("@{}: mma<{m}x{n}x{k}> has no vdpbf16ps form (n a multiple of 16, k even)", self.k.name)));
+            return Err(err(format!(
+                "@{}: mma<{m}x{n}x{k}> has no vdpbf16ps form (n a multiple of 16, k even)",
+                self.k.name
+            )));
         }
         let (c0, ldc) = self.block_base(c)?;
         let (a0, lda) = self.block_base(a)?;
         let (b0, ldb) = self.block_base(b)?;
-        let (f32v, bf16v, i32t) = (self.c.f32_type().vec_type(LANES as u32), self.c.bf16_type().vec_type(2 * LANES as u32), self.c.i32_type());
-        let dot = Intrinsic::find("llvm.x86.avx512bf16.dpbf16ps.512").ok_or_else(|| err("no vdpbf16ps intrinsic"))?;
-        let dot = dot.get_declaration(self.m, &[]).ok_or_else(|| err("no declaration of vdpbf16ps"))?;
+        let (f32v, bf16v, i32t) = (
+            self.c.f32_type().vec_type(LANES as u32),
+            self.c.bf16_type().vec_type(2 * LANES as u32),
+            self.c.i32_type(),
+        );
+        let dot = Intrinsic::find("llvm.x86.avx512bf16.dpbf16ps.512")
+            .ok_or_else(|| err("no vdpbf16ps intrinsic"))?;
+        let dot = dot
+            .get_declaration(self.m, &[])
+            .ok_or_else(|| err("no declaration of vdpbf16ps"))?;
         let i64 = |g: &Self, v: u64| g.c.i64_type().const_int(v, false);
         let (nv, rows) = (n / LANES, rows_per_group(m, n));
         let slots = self.entry_alloca(f32v.as_basic_type_enum(), Some(rows * nv), "dot.acc")?;
@@ -69,8 +99,13 @@ impl<'c> Gen<'_, 'c> {
             let mut c_at = Vec::new();
             for r in 0..rows {
                 for v in 0..nv {
-                    let p = self.byte_offset(c0, i64(self, (group * rows + r) * ldc + v * LANES * 4))?;
-                    let init = if acc { self.load_unaligned(f32v.into(), p, 4)? } else { f32v.const_zero().into() };
+                    let p =
+                        self.byte_offset(c0, i64(self, (group * rows + r) * ldc + v * LANES * 4))?;
+                    let init = if acc {
+                        self.load_unaligned(f32v.into(), p, 4)?
+                    } else {
+                        f32v.const_zero().into()
+                    };
                     let s = slot(self, r * nv + v)?;
                     self.b.build_store(s, init)?;
                     c_at.push((s, p));
@@ -96,8 +131,12 @@ impl<'c> Gen<'_, 'c> {
                     for (v, bv) in bs.iter().enumerate() {
                         let s = slot(g, r * nv + v as u64)?;
                         let cur = g.b.build_load(f32v, s, "c")?;
-                        let next = g.b.build_call(dot, &[cur.into(), splat.into(), (*bv).into()], "dp")?;
-                        let next = next.try_as_basic_value().basic().ok_or_else(|| err("vdpbf16ps returned nothing"))?;
+                        let next =
+                            g.b.build_call(dot, &[cur.into(), splat.into(), (*bv).into()], "dp")?;
+                        let next = next
+                            .try_as_basic_value()
+                            .basic()
+                            .ok_or_else(|| err("vdpbf16ps returned nothing"))?;
                         g.b.build_store(s, next)?;
                     }
                 }
@@ -120,7 +159,14 @@ mod tests {
     #[test]
     fn row_groups_keep_accumulators_in_registers_and_divide_m() {
         // (m, n) -> rows per group
-        for (m, n, want) in [(32, 32, 8), (32, 16, 16), (16, 32, 8), (16, 16, 16), (12, 32, 12), (7, 64, 1)] {
+        for (m, n, want) in [
+            (32, 32, 8),
+            (32, 16, 16),
+            (16, 32, 8),
+            (16, 16, 16),
+            (12, 32, 12),
+            (7, 64, 1),
+        ] {
             assert_eq!(rows_per_group(m, n), want, "m={m} n={n}");
         }
     }

@@ -142,11 +142,61 @@ pub fn data_object(symbols: &[(String, Arc<Vec<u8>>)]) -> DataObject {
     w.out.extend_from_slice(shstrtab);
     let note_at = w.len();
     let sections = [
-        Section { name: 1, kind: 1, flags: 2, offset: rodata_at, size: rodata_size, link: 0, info: 0, align: ALIGN, entsize: 0 },
-        Section { name: 9, kind: 2, flags: 0, offset: symtab_at, size: symtab_size, link: 3, info: 1, align: 8, entsize: 24 },
-        Section { name: 17, kind: 3, flags: 0, offset: strtab_at, size: strtab.len() as u64, link: 0, info: 0, align: 1, entsize: 0 },
-        Section { name: 25, kind: 3, flags: 0, offset: shstrtab_at, size: shstrtab.len() as u64, link: 0, info: 0, align: 1, entsize: 0 },
-        Section { name: 35, kind: 1, flags: 0, offset: note_at, size: 0, link: 0, info: 0, align: 1, entsize: 0 },
+        Section {
+            name: 1,
+            kind: 1,
+            flags: 2,
+            offset: rodata_at,
+            size: rodata_size,
+            link: 0,
+            info: 0,
+            align: ALIGN,
+            entsize: 0,
+        },
+        Section {
+            name: 9,
+            kind: 2,
+            flags: 0,
+            offset: symtab_at,
+            size: symtab_size,
+            link: 3,
+            info: 1,
+            align: 8,
+            entsize: 24,
+        },
+        Section {
+            name: 17,
+            kind: 3,
+            flags: 0,
+            offset: strtab_at,
+            size: strtab.len() as u64,
+            link: 0,
+            info: 0,
+            align: 1,
+            entsize: 0,
+        },
+        Section {
+            name: 25,
+            kind: 3,
+            flags: 0,
+            offset: shstrtab_at,
+            size: shstrtab.len() as u64,
+            link: 0,
+            info: 0,
+            align: 1,
+            entsize: 0,
+        },
+        Section {
+            name: 35,
+            kind: 1,
+            flags: 0,
+            offset: note_at,
+            size: 0,
+            link: 0,
+            info: 0,
+            align: 1,
+            entsize: 0,
+        },
     ];
     w.pad_to(8);
     let shoff = w.len();
@@ -185,8 +235,12 @@ pub fn data_object(symbols: &[(String, Arc<Vec<u8>>)]) -> DataObject {
     if let Some(Piece::Own(first)) = w.pieces.first_mut() {
         first[..64].copy_from_slice(&h);
     }
-    w.pieces.retain(|p| !matches!(p, Piece::Own(b) if b.is_empty()));
-    DataObject { pieces: w.pieces, symbols: symbols.iter().map(|(n, _)| n.clone()).collect() }
+    w.pieces
+        .retain(|p| !matches!(p, Piece::Own(b) if b.is_empty()));
+    DataObject {
+        pieces: w.pieces,
+        symbols: symbols.iter().map(|(n, _)| n.clone()).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -197,13 +251,18 @@ mod tests {
     fn symbols_land_aligned_with_their_bytes() {
         let a: Vec<u8> = (0..100).collect();
         let b = vec![7u8; 3];
-        let o = data_object(&[("w0".into(), Arc::new(a.clone())), ("w1".into(), Arc::new(b.clone())), ("empty".into(), Arc::new(vec![]))]);
+        let o = data_object(&[
+            ("w0".into(), Arc::new(a.clone())),
+            ("w1".into(), Arc::new(b.clone())),
+            ("empty".into(), Arc::new(vec![])),
+        ]);
         assert_eq!(o.symbols(), ["w0", "w1", "empty"]);
         let o = o.to_vec();
         assert_eq!(&o[..4], b"\x7fELF");
         let shoff = u64::from_le_bytes(o[40..48].try_into().unwrap()) as usize;
         let section = |i: usize| &o[shoff + 64 * i..shoff + 64 * (i + 1)];
-        let field = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().unwrap()) as usize;
+        let field =
+            |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().unwrap()) as usize;
         let rodata = field(section(1), 24);
         assert_eq!(rodata % 64, 0);
         assert_eq!(&o[rodata..rodata + 100], a.as_slice());

@@ -15,7 +15,12 @@ fn unsigned(t: Elem) -> bool {
     matches!(t, Elem::U8 | Elem::Bool)
 }
 
-pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -> Ret<BasicValueEnum<'c>> {
+pub fn unary<'c>(
+    g: &mut Gen<'_, 'c>,
+    o: UnOp,
+    x: BasicValueEnum<'c>,
+    t: Elem,
+) -> Ret<BasicValueEnum<'c>> {
     if !t.is_float() {
         return Ok(match o {
             UnOp::Neg => {
@@ -25,13 +30,23 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
             UnOp::Abs if unsigned(t) => x,
             UnOp::Abs => {
                 let f = g.c.bool_type().const_zero();
-                let i = inkwell::intrinsics::Intrinsic::find("llvm.abs").ok_or_else(|| LlvmError::Codegen("no llvm.abs".into()))?;
-                let d = i.get_declaration(g.m, &[x.get_type()]).ok_or_else(|| LlvmError::Codegen("llvm.abs".into()))?;
-                g.b.build_call(d, &[x.into(), f.into()], "abs")?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("abs".into()))?
+                let i = inkwell::intrinsics::Intrinsic::find("llvm.abs")
+                    .ok_or_else(|| LlvmError::Codegen("no llvm.abs".into()))?;
+                let d = i
+                    .get_declaration(g.m, &[x.get_type()])
+                    .ok_or_else(|| LlvmError::Codegen("llvm.abs".into()))?;
+                g.b.build_call(d, &[x.into(), f.into()], "abs")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| LlvmError::Codegen("abs".into()))?
             }
             UnOp::Not => {
                 // Bool: flip the bit; integers: all bits.
-                let ones = if t == Elem::Bool { const_like(g.c, x, 1.0, Elem::Bool) } else { const_like(g.c, x, -1.0, t) };
+                let ones = if t == Elem::Bool {
+                    const_like(g.c, x, 1.0, Elem::Bool)
+                } else {
+                    const_like(g.c, x, -1.0, t)
+                };
                 g.b.build_binop(Op::Xor, x, ones, "not")?
             }
             _ => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
@@ -76,11 +91,17 @@ pub fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -
 }
 
 trait NegExt<'c> {
-    fn build_unary_op_neg(&self, x: BasicValueEnum<'c>) -> Result<BasicValueEnum<'c>, inkwell::builder::BuilderError>;
+    fn build_unary_op_neg(
+        &self,
+        x: BasicValueEnum<'c>,
+    ) -> Result<BasicValueEnum<'c>, inkwell::builder::BuilderError>;
 }
 
 impl<'c> NegExt<'c> for inkwell::builder::Builder<'c> {
-    fn build_unary_op_neg(&self, x: BasicValueEnum<'c>) -> Result<BasicValueEnum<'c>, inkwell::builder::BuilderError> {
+    fn build_unary_op_neg(
+        &self,
+        x: BasicValueEnum<'c>,
+    ) -> Result<BasicValueEnum<'c>, inkwell::builder::BuilderError> {
         Ok(match x {
             BasicValueEnum::VectorValue(v) => self.build_float_neg(v, "fneg")?.into(),
             v => self.build_float_neg(v.into_float_value(), "fneg")?.into(),
@@ -89,11 +110,21 @@ impl<'c> NegExt<'c> for inkwell::builder::Builder<'c> {
 }
 
 /// A libm function of one float, applied lane by lane to a vector.
-fn libm<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>, t: Elem) -> Ret<BasicValueEnum<'c>> {
+fn libm<'c>(
+    g: &mut Gen<'_, 'c>,
+    name: &str,
+    x: BasicValueEnum<'c>,
+    t: Elem,
+) -> Ret<BasicValueEnum<'c>> {
     let ft = ty(g.c, t);
-    let f = g.m.get_function(name).unwrap_or_else(|| g.m.add_function(name, ft.fn_type(&[ft.into()], false), None));
+    let f = g.m.get_function(name).unwrap_or_else(|| {
+        g.m.add_function(name, ft.fn_type(&[ft.into()], false), None)
+    });
     let call = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>| -> Ret<BasicValueEnum<'c>> {
-        g.b.build_call(f, &[v.into()], name)?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen(format!("{name} returned nothing")))
+        g.b.build_call(f, &[v.into()], name)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LlvmError::Codegen(format!("{name} returned nothing")))
     };
     per_lane(g, x, &mut |g, v| call(g, v))
 }
@@ -105,7 +136,9 @@ pub(crate) fn per_lane<'c>(
     x: BasicValueEnum<'c>,
     f: &mut dyn FnMut(&mut Gen<'_, 'c>, BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>>,
 ) -> Ret<BasicValueEnum<'c>> {
-    let BasicValueEnum::VectorValue(v) = x else { return f(g, x) };
+    let BasicValueEnum::VectorValue(v) = x else {
+        return f(g, x);
+    };
     let mut acc = v;
     for lane in 0..v.get_type().get_size() {
         let l = g.c.i32_type().const_int(lane as u64, false);
@@ -116,7 +149,13 @@ pub(crate) fn per_lane<'c>(
     Ok(acc.into())
 }
 
-pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>, t: Elem) -> Ret<BasicValueEnum<'c>> {
+pub fn binary<'c>(
+    g: &mut Gen<'_, 'c>,
+    o: BinOp,
+    x: BasicValueEnum<'c>,
+    y: BasicValueEnum<'c>,
+    t: Elem,
+) -> Ret<BasicValueEnum<'c>> {
     let b = &g.b;
     if t.is_float() {
         return Ok(match o {
@@ -127,13 +166,17 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
             BinOp::Rem => b.build_binop(Op::FRem, x, y, "rem")?,
             BinOp::Min => return g.intrinsic("llvm.minimum", &[x, y]),
             BinOp::Max => return g.intrinsic("llvm.maximum", &[x, y]),
-            BinOp::Pow if matches!(t, Elem::F32 | Elem::F64) => return crate::transcendental::pow(g, x, y, t),
+            BinOp::Pow if matches!(t, Elem::F32 | Elem::F64) => {
+                return crate::transcendental::pow(g, x, y, t)
+            }
             BinOp::Pow => return Err(LlvmError::Codegen(format!("pow of {t}"))),
             BinOp::Lt => float_cmp(b, F::OLT, x, y)?,
             BinOp::Le => float_cmp(b, F::OLE, x, y)?,
             BinOp::Eq => float_cmp(b, F::OEQ, x, y)?,
             BinOp::Ne => float_cmp(b, F::UNE, x, y)?,
-            BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
+            BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr => {
+                return Err(LlvmError::Codegen(format!("{o:?} of {t}")))
+            }
         });
     }
     let u = unsigned(t);
@@ -153,7 +196,11 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
                 let m1 = const_like(g.c, y, -1.0, t);
                 let is_m1 = int_cmp(&g.b, I::EQ, y, m1)?;
                 safe = select(g, is_m1, one, safe)?;
-                let special = if o == BinOp::Div { g.b.build_binop(Op::Sub, zero, x, "neg")? } else { zero };
+                let special = if o == BinOp::Div {
+                    g.b.build_binop(Op::Sub, zero, x, "neg")?
+                } else {
+                    zero
+                };
                 by_minus_one = Some((is_m1, special));
             }
             let op = match (o, u) {
@@ -194,7 +241,12 @@ pub fn binary<'c>(g: &mut Gen<'_, 'c>, o: BinOp, x: BasicValueEnum<'c>, y: Basic
     })
 }
 
-pub(crate) fn select<'c>(g: &mut Gen<'_, 'c>, c: BasicValueEnum<'c>, x: BasicValueEnum<'c>, y: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+pub(crate) fn select<'c>(
+    g: &mut Gen<'_, 'c>,
+    c: BasicValueEnum<'c>,
+    x: BasicValueEnum<'c>,
+    y: BasicValueEnum<'c>,
+) -> Ret<BasicValueEnum<'c>> {
     Ok(match c {
         BasicValueEnum::VectorValue(c) => g.b.build_select(c, x, y, "sel")?,
         c => g.b.build_select(c.into_int_value(), x, y, "sel")?,
@@ -202,8 +254,16 @@ pub(crate) fn select<'c>(g: &mut Gen<'_, 'c>, c: BasicValueEnum<'c>, x: BasicVal
 }
 
 /// The register type of `to` with `x`'s shape.
-pub(crate) fn shaped<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, to: Elem) -> inkwell::types::BasicTypeEnum<'c> {
-    let t = if to == Elem::Bool { g.c.bool_type().as_basic_type_enum() } else { ty(g.c, to) };
+pub(crate) fn shaped<'c>(
+    g: &Gen<'_, 'c>,
+    x: BasicValueEnum<'c>,
+    to: Elem,
+) -> inkwell::types::BasicTypeEnum<'c> {
+    let t = if to == Elem::Bool {
+        g.c.bool_type().as_basic_type_enum()
+    } else {
+        ty(g.c, to)
+    };
     match x {
         BasicValueEnum::VectorValue(v) => crate::codegen::vector_type(t, v.get_type().get_size()),
         _ => t,
@@ -213,7 +273,8 @@ pub(crate) fn shaped<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, to: Elem) -> in
 /// f64 -> f32 rounded to odd: truncated towards zero, with the last bit set when inexact. f32 keeps 16
 /// bits more than bf16, so rounding this to bf16 (to nearest even) gives the correctly rounded bf16.
 fn f64_to_f32_odd<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let r = g.b.build_cast(Op::FPTrunc, x, shaped(g, x, Elem::F32), "r")?;
+    let r =
+        g.b.build_cast(Op::FPTrunc, x, shaped(g, x, Elem::F32), "r")?;
     let back = g.b.build_cast(Op::FPExt, r, x.get_type(), "back")?;
     let abs = |g: &mut Gen<'_, 'c>, v| g.intrinsic("llvm.fabs", &[v]);
     let (ab, ax) = (abs(g, back)?, abs(g, x)?);
@@ -242,14 +303,23 @@ fn to_bf16<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum
     let nan = float_cmp(&g.b, F::UNO, x, x)?;
     let r = select(g, nan, quiet, rounded)?;
     let i16s = match x {
-        BasicValueEnum::VectorValue(v) => g.c.i16_type().vec_type(v.get_type().get_size()).as_basic_type_enum(),
+        BasicValueEnum::VectorValue(v) => {
+            g.c.i16_type()
+                .vec_type(v.get_type().get_size())
+                .as_basic_type_enum()
+        }
         _ => g.c.i16_type().as_basic_type_enum(),
     };
     let r = g.b.build_cast(Op::Trunc, r, i16s, "t")?;
     Ok(g.b.build_bit_cast(r, shaped(g, x, Elem::BF16), "bf16")?)
 }
 
-pub fn cast<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, from: Elem, to: Elem) -> Ret<BasicValueEnum<'c>> {
+pub fn cast<'c>(
+    g: &mut Gen<'_, 'c>,
+    x: BasicValueEnum<'c>,
+    from: Elem,
+    to: Elem,
+) -> Ret<BasicValueEnum<'c>> {
     if from == to {
         return Ok(x);
     }
@@ -273,10 +343,22 @@ pub fn cast<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, from: Elem, to: Elem
         }
         (true, false) => {
             // NaN and out-of-range values saturate instead of being poison.
-            let name = if unsigned(to) { "llvm.fptoui.sat" } else { "llvm.fptosi.sat" };
-            let i = inkwell::intrinsics::Intrinsic::find(name).ok_or_else(|| LlvmError::Codegen(format!("no {name}")))?;
-            let d = i.get_declaration(g.m, &[t, x.get_type()]).ok_or_else(|| LlvmError::Codegen(name.into()))?;
-            return g.b.build_call(d, &[x.into()], "fptoi")?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen(name.into()));
+            let name = if unsigned(to) {
+                "llvm.fptoui.sat"
+            } else {
+                "llvm.fptosi.sat"
+            };
+            let i = inkwell::intrinsics::Intrinsic::find(name)
+                .ok_or_else(|| LlvmError::Codegen(format!("no {name}")))?;
+            let d = i
+                .get_declaration(g.m, &[t, x.get_type()])
+                .ok_or_else(|| LlvmError::Codegen(name.into()))?;
+            return g
+                .b
+                .build_call(d, &[x.into()], "fptoi")?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| LlvmError::Codegen(name.into()));
         }
         (false, true) => {
             if unsigned(from) {
@@ -305,7 +387,11 @@ pub fn cast<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, from: Elem, to: Elem
         // In integer code on every target: LLVM would call `__truncsfbf2` / `__truncdfbf2` where there is
         // no AVX512-BF16 (Debian bookworm's libgcc has neither), and `vcvtneps2bf16` flushes subnormals
         // to zero. From f64 via f32 rounded to odd, so that the second rounding is the correct one.
-        let x = if from == Elem::F64 { f64_to_f32_odd(g, x)? } else { cast(g, x, from, Elem::F32)? };
+        let x = if from == Elem::F64 {
+            f64_to_f32_odd(g, x)?
+        } else {
+            cast(g, x, from, Elem::F32)?
+        };
         return to_bf16(g, x);
     }
     Ok(g.b.build_cast(op, x, t, "cast")?)

@@ -18,7 +18,12 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     let i64t = c.i64_type();
     // What the body sees: buffer pointers (locals used only inside are re-made per thread) and variables.
     let private: Vec<BufId> = mlopt_kir::analysis::private_locals(g.k, body);
-    let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g.ptrs.iter().filter(|(b, _)| !private.contains(b)).map(|(b, p)| (*b, *p)).collect();
+    let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g
+        .ptrs
+        .iter()
+        .filter(|(b, _)| !private.contains(b))
+        .map(|(b, p)| (*b, *p))
+        .collect();
     let vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g
         .vars
         .iter()
@@ -28,47 +33,91 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         })
         .collect();
     let slots = (bufs.len() + vars.len()).max(1) as u64;
-    let ctx = g.b.build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
+    let ctx =
+        g.b.build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
     for (s, (_, p)) in bufs.iter().enumerate() {
         // SAFETY: s < slots.
-        let at = unsafe { g.b.build_in_bounds_gep(i64t, ctx, &[i64t.const_int(s as u64, false)], "slot")? };
+        let at = unsafe {
+            g.b.build_in_bounds_gep(i64t, ctx, &[i64t.const_int(s as u64, false)], "slot")?
+        };
         g.b.build_store(at, *p)?;
     }
     for (s, (_, v)) in vars.iter().enumerate() {
         // SAFETY: bufs.len() + s < slots.
-        let at = unsafe { g.b.build_in_bounds_gep(i64t, ctx, &[i64t.const_int((bufs.len() + s) as u64, false)], "slot")? };
+        let at = unsafe {
+            g.b.build_in_bounds_gep(
+                i64t,
+                ctx,
+                &[i64t.const_int((bufs.len() + s) as u64, false)],
+                "slot",
+            )?
+        };
         g.b.build_store(at, *v)?;
     }
 
-    let n = m.get_functions().filter(|f| f.get_name().to_bytes().starts_with(format!("{}.par", g.k.name).as_bytes())).count();
-    let fty = c.void_type().fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
-    let f = m.add_function(&format!("{}.par{n}", g.k.name), fty, Some(Linkage::Internal));
+    let n = m
+        .get_functions()
+        .filter(|f| {
+            f.get_name()
+                .to_bytes()
+                .starts_with(format!("{}.par", g.k.name).as_bytes())
+        })
+        .count();
+    let fty = c
+        .void_type()
+        .fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
+    let f = m.add_function(
+        &format!("{}.par{n}", g.k.name),
+        fty,
+        Some(Linkage::Internal),
+    );
     {
         let mut h = Gen::new(c, m, g.k, f);
         h.matrix = g.matrix;
         let entry = c.append_basic_block(f, "entry");
         h.b.position_at_end(entry);
-        let p = f.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("ctx".into()))?.into_pointer_value();
+        let p = f
+            .get_nth_param(0)
+            .ok_or_else(|| LlvmError::Codegen("ctx".into()))?
+            .into_pointer_value();
         for (s, (b, _)) in bufs.iter().enumerate() {
             // SAFETY: s < slots.
-            let at = unsafe { h.b.build_in_bounds_gep(i64t, p, &[i64t.const_int(s as u64, false)], "slot")? };
-            let v = h.b.build_load(ptr, at, &g.k.buffer(*b).name)?.into_pointer_value();
+            let at = unsafe {
+                h.b.build_in_bounds_gep(i64t, p, &[i64t.const_int(s as u64, false)], "slot")?
+            };
+            let v =
+                h.b.build_load(ptr, at, &g.k.buffer(*b).name)?
+                    .into_pointer_value();
             h.ptrs.insert(*b, v);
         }
         for (s, (v, _)) in vars.iter().enumerate() {
             // SAFETY: bufs.len() + s < slots.
-            let at = unsafe { h.b.build_in_bounds_gep(i64t, p, &[i64t.const_int((bufs.len() + s) as u64, false)], "slot")? };
+            let at = unsafe {
+                h.b.build_in_bounds_gep(
+                    i64t,
+                    p,
+                    &[i64t.const_int((bufs.len() + s) as u64, false)],
+                    "slot",
+                )?
+            };
             let x = h.b.build_load(i64t, at, g.k.var_name(*v))?.into_int_value();
             h.vars.insert(*v, VarVal::Scalar(x));
         }
         for b in &private {
             let buf = g.k.buffer(*b);
             let t = crate::codegen::ty(c, buf.elem);
-            let a = h.b.build_array_alloca(t, i64t.const_int(buf.numel().max(1), false), &buf.name)?;
+            let a =
+                h.b.build_array_alloca(t, i64t.const_int(buf.numel().max(1), false), &buf.name)?;
             h.ptrs.insert(*b, a);
         }
-        let begin = f.get_nth_param(1).ok_or_else(|| LlvmError::Codegen("begin".into()))?.into_int_value();
-        let end = f.get_nth_param(2).ok_or_else(|| LlvmError::Codegen("end".into()))?.into_int_value();
+        let begin = f
+            .get_nth_param(1)
+            .ok_or_else(|| LlvmError::Codegen("begin".into()))?
+            .into_int_value();
+        let end = f
+            .get_nth_param(2)
+            .ok_or_else(|| LlvmError::Codegen("end".into()))?
+            .into_int_value();
         let name = g.k.var_name(var).replace('.', "_");
         h.counted(&name, begin, end, 1, &mut |h, i| {
             h.vars.insert(var, VarVal::Scalar(i));
@@ -78,6 +127,10 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     }
     let rt = crate::codegen::libc(c, m, "mlopt_parallel_for")?;
     let fp = f.as_global_value().as_pointer_value();
-    g.b.build_call(rt, &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()], "")?;
+    g.b.build_call(
+        rt,
+        &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()],
+        "",
+    )?;
     Ok(())
 }

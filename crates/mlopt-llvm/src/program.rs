@@ -16,7 +16,9 @@ use crate::error::{LlvmError, Result};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
 use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple,
+};
 use inkwell::values::{AnyValue, BasicValue};
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Place, Program};
@@ -65,7 +67,13 @@ impl CpuTarget {
         let has = |f: &str| features.split(',').any(|x| x.strip_prefix('+') == Some(f));
         let matrix = MatrixUnit::of(has);
         let lanes = if has("avx512f") { 16 } else { 8 };
-        CpuTarget { name: "host".into(), cpu: "x86-64".into(), features, lanes, matrix }
+        CpuTarget {
+            name: "host".into(),
+            cpu: "x86-64".into(),
+            features,
+            lanes,
+            matrix,
+        }
     }
 }
 
@@ -84,7 +92,10 @@ pub struct Output {
 
 /// The program's name as a C identifier.
 pub fn c_name(name: &str) -> String {
-    let mut s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
     if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
         s.insert(0, 'm');
     }
@@ -92,7 +103,11 @@ pub fn c_name(name: &str) -> String {
 }
 
 /// An empty module named `name` for the target machine `tm` (its triple and data layout).
-pub(crate) fn module_for<'c>(c: &'c Context, name: &str, tm: &TargetMachine) -> inkwell::module::Module<'c> {
+pub(crate) fn module_for<'c>(
+    c: &'c Context,
+    name: &str,
+    tm: &TargetMachine,
+) -> inkwell::module::Module<'c> {
     let m = c.create_module(name);
     m.set_triple(&tm.get_triple());
     m.set_data_layout(&tm.get_target_data().get_data_layout());
@@ -101,12 +116,21 @@ pub(crate) fn module_for<'c>(c: &'c Context, name: &str, tm: &TargetMachine) -> 
 
 /// Runs `default<O3>` on `m` for `tm`.
 pub(crate) fn optimise(m: &inkwell::module::Module, tm: &TargetMachine) -> Result<()> {
-    m.run_passes("default<O3>", tm, PassBuilderOptions::create()).map_err(|e| LlvmError::Llvm(e.to_string()))
+    m.run_passes("default<O3>", tm, PassBuilderOptions::create())
+        .map_err(|e| LlvmError::Llvm(e.to_string()))
 }
 
 /// `m` written by `tm` as `kind` (an object, or PTX assembly).
-pub(crate) fn write(m: &inkwell::module::Module, tm: &TargetMachine, kind: FileType) -> Result<Vec<u8>> {
-    Ok(tm.write_to_memory_buffer(m, kind).map_err(|e| LlvmError::Llvm(e.to_string()))?.as_slice().to_vec())
+pub(crate) fn write(
+    m: &inkwell::module::Module,
+    tm: &TargetMachine,
+    kind: FileType,
+) -> Result<Vec<u8>> {
+    Ok(tm
+        .write_to_memory_buffer(m, kind)
+        .map_err(|e| LlvmError::Llvm(e.to_string()))?
+        .as_slice()
+        .to_vec())
 }
 
 pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
@@ -117,7 +141,14 @@ pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
     let triple = TargetTriple::create("x86_64-unknown-linux-gnu");
     let target = Target::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;
     target
-        .create_target_machine(&triple, &t.cpu, &t.features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
+        .create_target_machine(
+            &triple,
+            &t.cpu,
+            &t.features,
+            OptimizationLevel::Aggressive,
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
         .ok_or_else(|| LlvmError::Llvm(format!("no target machine for {} ({})", t.name, t.cpu)))
 }
 
@@ -125,7 +156,13 @@ pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
 fn print_without_weights(m: &inkwell::module::Module, p: &Program) -> String {
     let mut s = format!("; ModuleID = '{}' (weights elided)\n", p.name);
     for (i, w) in p.weights.iter().enumerate() {
-        s.push_str(&format!("; weight {i} ({} bytes, in the weights object): \"{}\": {}{:?}\n", w.data.len(), w.name.escape_default(), w.elem, w.dims));
+        s.push_str(&format!(
+            "; weight {i} ({} bytes, in the weights object): \"{}\": {}{:?}\n",
+            w.data.len(),
+            w.name.escape_default(),
+            w.elem,
+            w.dims
+        ));
     }
     for f in m.get_functions() {
         s.push('\n');
@@ -145,17 +182,40 @@ pub const STATUS_PLATFORM: u64 = 4;
 /// the last run's status (`Program::context_bytes`); NULL when out of memory.
 /// `void mlopt_<name>_destroy(void *)` frees it, and `const char *mlopt_<name>_error(const void *ctx)` is
 /// the message of the last run's status (`messages[status word]`; "" after a successful run).
-fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, p: &Program, messages: &[String]) -> Result<()> {
+fn define_context<'c>(
+    c: &'c Context,
+    m: &inkwell::module::Module<'c>,
+    p: &Program,
+    messages: &[String],
+) -> Result<()> {
     let ptr = c.ptr_type(AddressSpace::default());
     let (i32t, i64t) = (c.i32_type(), c.i64_type());
     let name = c_name(&p.name);
     let (alloc, free) = (libc(c, m, "aligned_alloc")?, libc(c, m, "free")?);
     let b = c.create_builder();
-    let create = m.add_function(&format!("mlopt_{name}_create"), ptr.fn_type(&[], false), None);
+    let create = m.add_function(
+        &format!("mlopt_{name}_create"),
+        ptr.fn_type(&[], false),
+        None,
+    );
     b.position_at_end(c.append_basic_block(create, "entry"));
-    let ctx = b.build_call(alloc, &[i64t.const_int(64, false).into(), i64t.const_int(p.context_bytes(), false).into()], "ctx")?;
-    let ctx = ctx.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?.into_pointer_value();
-    let (ok, done) = (c.append_basic_block(create, "ok"), c.append_basic_block(create, "done"));
+    let ctx = b.build_call(
+        alloc,
+        &[
+            i64t.const_int(64, false).into(),
+            i64t.const_int(p.context_bytes(), false).into(),
+        ],
+        "ctx",
+    )?;
+    let ctx = ctx
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?
+        .into_pointer_value();
+    let (ok, done) = (
+        c.append_basic_block(create, "ok"),
+        c.append_basic_block(create, "done"),
+    );
     b.build_conditional_branch(b.build_is_null(ctx, "null")?, done, ok)?;
     b.position_at_end(ok);
     b.build_store(status_word(c, &b, ctx, p)?, i32t.const_zero())?;
@@ -163,9 +223,15 @@ fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, p: &Progr
     b.position_at_end(done);
     b.build_return(Some(&ctx))?;
 
-    let destroy = m.add_function(&format!("mlopt_{name}_destroy"), c.void_type().fn_type(&[ptr.into()], false), None);
+    let destroy = m.add_function(
+        &format!("mlopt_{name}_destroy"),
+        c.void_type().fn_type(&[ptr.into()], false),
+        None,
+    );
     b.position_at_end(c.append_basic_block(destroy, "entry"));
-    let arg = destroy.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("destroy".into()))?;
+    let arg = destroy
+        .get_nth_param(0)
+        .ok_or_else(|| LlvmError::Codegen("destroy".into()))?;
     b.build_call(free, &[arg.into()], "")?;
     b.build_return(None)?;
 
@@ -178,23 +244,46 @@ fn define_context<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, p: &Progr
         g.as_pointer_value()
     };
     let text = |symbol: String, s: &str| constant(symbol, &c.const_string(s.as_bytes(), true));
-    let strings: Vec<_> = messages.iter().enumerate().map(|(i, s)| text(format!("mlopt_{name}_message{i}"), s)).collect();
+    let strings: Vec<_> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| text(format!("mlopt_{name}_message{i}"), s))
+        .collect();
     let table_ty = ptr.array_type(strings.len() as u32);
     let table = constant(format!("mlopt_{name}_messages"), &ptr.const_array(&strings));
     let null_ctx = text(format!("mlopt_{name}_null_context"), "the context is NULL");
-    let error = m.add_function(&format!("mlopt_{name}_error"), ptr.fn_type(&[ptr.into()], false), None);
+    let error = m.add_function(
+        &format!("mlopt_{name}_error"),
+        ptr.fn_type(&[ptr.into()], false),
+        None,
+    );
     b.position_at_end(c.append_basic_block(error, "entry"));
-    let ctx = error.get_nth_param(0).ok_or_else(|| LlvmError::Codegen("error".into()))?.into_pointer_value();
-    let (some, none) = (c.append_basic_block(error, "some"), c.append_basic_block(error, "none"));
+    let ctx = error
+        .get_nth_param(0)
+        .ok_or_else(|| LlvmError::Codegen("error".into()))?
+        .into_pointer_value();
+    let (some, none) = (
+        c.append_basic_block(error, "some"),
+        c.append_basic_block(error, "none"),
+    );
     b.build_conditional_branch(b.build_is_null(ctx, "null")?, none, some)?;
     b.position_at_end(none);
     b.build_return(Some(&null_ctx))?;
     b.position_at_end(some);
-    let id = b.build_load(i32t, status_word(c, &b, ctx, p)?, "id")?.into_int_value();
+    let id = b
+        .build_load(i32t, status_word(c, &b, ctx, p)?, "id")?
+        .into_int_value();
     // A word the caller overwrote is clamped into the table rather than trusted.
     let id = b.build_int_z_extend(id, i64t, "id")?;
     let last = i64t.const_int(messages.len() as u64 - 1, false);
-    let id = b.build_select(b.build_int_compare(inkwell::IntPredicate::ULE, id, last, "in")?, id, i64t.const_zero(), "id")?.into_int_value();
+    let id = b
+        .build_select(
+            b.build_int_compare(inkwell::IntPredicate::ULE, id, last, "in")?,
+            id,
+            i64t.const_zero(),
+            "id",
+        )?
+        .into_int_value();
     // SAFETY: id <= the table's last index.
     let at = unsafe { b.build_in_bounds_gep(table_ty, table, &[i64t.const_zero(), id], "at")? };
     let msg = b.build_load(ptr, at, "msg")?;
@@ -217,14 +306,31 @@ fn status_word<'c>(
 /// The messages of a program's statuses, indexed by the status word: none, the arguments' NULLs (the
 /// arrays, then each input and output), out of memory, the AMX refusal, then each check step's.
 fn messages(p: &Program) -> Vec<String> {
-    let mut m = vec![String::new(), "the inputs or outputs array is NULL".to_string()];
-    m.extend(p.inputs.iter().enumerate().map(|(i, io)| format!("input {i} ('{}') is NULL", io.name.escape_default())));
-    m.extend(p.outputs.iter().enumerate().map(|(i, io)| format!("output {i} ('{}') is NULL", io.name.escape_default())));
+    let mut m = vec![
+        String::new(),
+        "the inputs or outputs array is NULL".to_string(),
+    ];
+    m.extend(
+        p.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, io)| format!("input {i} ('{}') is NULL", io.name.escape_default())),
+    );
+    m.extend(
+        p.outputs
+            .iter()
+            .enumerate()
+            .map(|(i, io)| format!("output {i} ('{}') is NULL", io.name.escape_default())),
+    );
     m.push("out of memory for a kernel's scratch buffer".into());
     m.push(
         "this model was compiled for AMX, but the kernel refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed); recompile for another target".into(),
     );
-    m.extend(p.steps.iter().filter_map(|s| s.check.as_ref().map(|c| c.message.clone())));
+    m.extend(
+        p.steps
+            .iter()
+            .filter_map(|s| s.check.as_ref().map(|c| c.message.clone())),
+    );
     m
 }
 
@@ -235,9 +341,16 @@ pub fn profile_symbol(name: &str) -> String {
 }
 
 /// A profiled build's clock reading (`mlopt_now_ns()`), or nothing in a plain build.
-fn clock<'c>(b: &inkwell::builder::Builder<'c>, now: Option<inkwell::values::FunctionValue<'c>>) -> Result<Option<inkwell::values::IntValue<'c>>> {
+fn clock<'c>(
+    b: &inkwell::builder::Builder<'c>,
+    now: Option<inkwell::values::FunctionValue<'c>>,
+) -> Result<Option<inkwell::values::IntValue<'c>>> {
     let Some(now) = now else { return Ok(None) };
-    let v = b.build_call(now, &[], "now")?.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("mlopt_now_ns".into()))?;
+    let v = b
+        .build_call(now, &[], "now")?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| LlvmError::Codegen("mlopt_now_ns".into()))?;
     Ok(Some(v.into_int_value()))
 }
 
@@ -280,7 +393,10 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
             k
         })
         .collect();
-    let amx = t.matrix == Some(MatrixUnit::Amx) && kernels.iter().any(|k| mlopt_kir::analysis::has_mma(&k.body));
+    let amx = t.matrix == Some(MatrixUnit::Amx)
+        && kernels
+            .iter()
+            .any(|k| mlopt_kir::analysis::has_mma(&k.body));
     // Kernels that differ only in name (a repeated layer: its weights are arguments) share one
     // function, so LLVM compiles each distinct kernel once.
     let mut first: HashMap<String, usize> = HashMap::new();
@@ -300,7 +416,9 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     // contexts), balanced by kernel size; the entry point's module declares them.
     let symbol = |i: usize| format!("mlopt_{}_{}", c_name(&p.name), kernels[i].name);
     let distinct: Vec<usize> = (0..kernels.len()).filter(|i| same[*i] == *i).collect();
-    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, distinct.len().max(1));
+    let jobs = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, distinct.len().max(1));
     let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); jobs];
     let mut by_size: Vec<(usize, usize)> = distinct.iter().map(|&i| (sizes[i], i)).collect();
     by_size.sort_by(|a, b| b.cmp(a));
@@ -319,48 +437,88 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
                 s.spawn(move || kernel_module(p, kernels, group, symbol, t))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(LlvmError::Codegen("a code generation thread panicked".into())))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(LlvmError::Codegen(
+                        "a code generation thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
     });
-    let declared: HashMap<usize, _> = distinct.iter().map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i)))).collect();
+    let declared: HashMap<usize, _> = distinct
+        .iter()
+        .map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i))))
+        .collect();
     let fns: Vec<_> = same.iter().map(|i| declared[i]).collect();
     let i32t = c.i32_type();
     let run_ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
     let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
     let b = c.create_builder();
     b.position_at_end(c.append_basic_block(run, "entry"));
-    let param = |i: u32| run.get_nth_param(i).map(|v| v.into_pointer_value()).ok_or_else(|| LlvmError::Codegen("run parameters".into()));
+    let param = |i: u32| {
+        run.get_nth_param(i)
+            .map(|v| v.into_pointer_value())
+            .ok_or_else(|| LlvmError::Codegen("run parameters".into()))
+    };
     let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
     // Every failure stores its message's number in the status word and returns its status.
     let table = messages(p);
-    let (oom_id, amx_id) = (2 + p.inputs.len() + p.outputs.len(), 3 + p.inputs.len() + p.outputs.len());
+    let (oom_id, amx_id) = (
+        2 + p.inputs.len() + p.outputs.len(),
+        3 + p.inputs.len() + p.outputs.len(),
+    );
     let status = status_word(&c, &b, arena, p)?;
-    let fail_unless = |ok: inkwell::values::IntValue<'_>, id: usize, code: u64, what: &str| -> Result<()> {
-        let (pass, fail) = (c.append_basic_block(run, &format!("{what}.ok")), c.append_basic_block(run, what));
-        b.build_conditional_branch(ok, pass, fail)?;
-        b.position_at_end(fail);
-        b.build_store(status, i32t.const_int(id as u64, false))?;
-        b.build_return(Some(&i32t.const_int(code, false)))?;
-        b.position_at_end(pass);
-        Ok(())
-    };
+    let fail_unless =
+        |ok: inkwell::values::IntValue<'_>, id: usize, code: u64, what: &str| -> Result<()> {
+            let (pass, fail) = (
+                c.append_basic_block(run, &format!("{what}.ok")),
+                c.append_basic_block(run, what),
+            );
+            b.build_conditional_branch(ok, pass, fail)?;
+            b.position_at_end(fail);
+            b.build_store(status, i32t.const_int(id as u64, false))?;
+            b.build_return(Some(&i32t.const_int(code, false)))?;
+            b.position_at_end(pass);
+            Ok(())
+        };
     {
         // A NULL context has no status word to write.
-        let (pass, fail) = (c.append_basic_block(run, "ctx.ok"), c.append_basic_block(run, "ctx.null"));
+        let (pass, fail) = (
+            c.append_basic_block(run, "ctx.ok"),
+            c.append_basic_block(run, "ctx.null"),
+        );
         b.build_conditional_branch(b.build_is_null(arena, "null")?, fail, pass)?;
         b.position_at_end(fail);
         b.build_return(Some(&i32t.const_int(STATUS_ARGUMENT, false)))?;
         b.position_at_end(pass);
     }
-    let arrays = b.build_or(b.build_is_null(inputs, "null")?, b.build_is_null(outputs, "null")?, "null")?;
+    let arrays = b.build_or(
+        b.build_is_null(inputs, "null")?,
+        b.build_is_null(outputs, "null")?,
+        "null",
+    )?;
     fail_unless(b.build_not(arrays, "ok")?, 1, STATUS_ARGUMENT, "arrays")?;
     let mut io = Vec::new();
-    for (base, n, first) in [(inputs, p.inputs.len(), 2), (outputs, p.outputs.len(), 2 + p.inputs.len())] {
+    for (base, n, first) in [
+        (inputs, p.inputs.len(), 2),
+        (outputs, p.outputs.len(), 2 + p.inputs.len()),
+    ] {
         let mut ptrs = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: the caller passes one pointer per input and output.
-            let at = unsafe { b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")? };
+            let at = unsafe {
+                b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")?
+            };
             let v = b.build_load(ptr, at, "p")?.into_pointer_value();
-            fail_unless(b.build_is_not_null(v, "ok")?, first + i, STATUS_ARGUMENT, "io")?;
+            fail_unless(
+                b.build_is_not_null(v, "ok")?,
+                first + i,
+                STATUS_ARGUMENT,
+                "io",
+            )?;
             ptrs.push(v);
         }
         io.push(ptrs);
@@ -370,8 +528,17 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     if amx {
         // Linux hands out the AMX tile state only on request (once per process).
         let r = b.build_call(libc(&c, &m, "mlopt_init_amx")?, &[], "amx")?;
-        let r = r.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("mlopt_init_amx".into()))?.into_int_value();
-        fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?, amx_id, STATUS_PLATFORM, "amx")?;
+        let r = r
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LlvmError::Codegen("mlopt_init_amx".into()))?
+            .into_int_value();
+        fail_unless(
+            b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?,
+            amx_id,
+            STATUS_PLATFORM,
+            "amx",
+        )?;
     }
     let counters = profile.then(|| {
         let ty = i64t.array_type(p.steps.len() as u32);
@@ -380,7 +547,11 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
         g.set_alignment(64);
         (ty, g)
     });
-    let now = if profile { Some(libc(&c, &m, "mlopt_now_ns")?) } else { None };
+    let now = if profile {
+        Some(libc(&c, &m, "mlopt_now_ns")?)
+    } else {
+        None
+    };
     let mut last = clock(&b, now)?;
     let mut check_id = amx_id;
     for (step, s) in p.steps.iter().enumerate() {
@@ -388,7 +559,9 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
         for a in &s.args {
             let v = match a {
                 // SAFETY: offsets come from the memory plan, inside the arena the caller allocates.
-                Place::Arena(o) => unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "a")? },
+                Place::Arena(o) => unsafe {
+                    b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "a")?
+                },
                 Place::Input(i) => io[0][*i],
                 Place::Output(i) => io[1][*i],
                 Place::Weight(i) => weights[*i].as_pointer_value(),
@@ -396,18 +569,46 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
             args.push(v.into());
         }
         let r = b.build_call(fns[s.kernel], &args, "")?;
-        let r = r.try_as_basic_value().basic().ok_or_else(|| LlvmError::Codegen("kernel status".into()))?.into_int_value();
-        fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?, oom_id, STATUS_MEMORY, "oom")?;
+        let r = r
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LlvmError::Codegen("kernel status".into()))?
+            .into_int_value();
+        fail_unless(
+            b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?,
+            oom_id,
+            STATUS_MEMORY,
+            "oom",
+        )?;
         if let Some(check) = &s.check {
             check_id += 1;
             // SAFETY: the flag is inside the arena (lowering placed it there).
-            let at = unsafe { b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(check.flag, false)], "flag")? };
+            let at = unsafe {
+                b.build_in_bounds_gep(
+                    c.i8_type(),
+                    arena,
+                    &[i64t.const_int(check.flag, false)],
+                    "flag",
+                )?
+            };
             let flag = b.build_load(i32t, at, "flag")?.into_int_value();
-            fail_unless(b.build_int_compare(inkwell::IntPredicate::EQ, flag, i32t.const_zero(), "ok")?, check_id, STATUS_DATA, "check")?;
+            fail_unless(
+                b.build_int_compare(inkwell::IntPredicate::EQ, flag, i32t.const_zero(), "ok")?,
+                check_id,
+                STATUS_DATA,
+                "check",
+            )?;
         }
         if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&b, now)?) {
             // SAFETY: `step` < steps, the array's length.
-            let at = unsafe { b.build_in_bounds_gep(ty, g.as_pointer_value(), &[i64t.const_zero(), i64t.const_int(step as u64, false)], "ctr")? };
+            let at = unsafe {
+                b.build_in_bounds_gep(
+                    ty,
+                    g.as_pointer_value(),
+                    &[i64t.const_zero(), i64t.const_int(step as u64, false)],
+                    "ctr",
+                )?
+            };
             let sum = b.build_load(i64t, at, "sum")?.into_int_value();
             let spent = b.build_int_sub(after, before, "spent")?;
             b.build_store(at, b.build_int_add(sum, spent, "sum")?)?;
@@ -417,18 +618,27 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
     b.build_store(status, i32t.const_zero())?;
     b.build_return(Some(&i32t.const_zero()))?;
     define_context(&c, &m, p, &table)?;
-    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    m.verify()
+        .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let mut llvm_ir = print_without_weights(&m, p);
     // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
     optimise(&m, &tm)?;
     // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
     let mut optimized_ir = print_without_weights(&m, p);
     let mut objects = vec![write(&m, &tm, FileType::Object)?];
-    let named: Vec<(String, std::sync::Arc<Vec<u8>>)> = p.weights.iter().enumerate().map(|(i, w)| (weight_symbol(i), w.data.clone())).collect();
+    let named: Vec<(String, std::sync::Arc<Vec<u8>>)> = p
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (weight_symbol(i), w.data.clone()))
+        .collect();
     let data = crate::elf::data_object(&named);
     // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
     // helper defined in several groups appears once).
-    let (mut before, mut after) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    let (mut before, mut after) = (
+        std::collections::BTreeMap::new(),
+        std::collections::BTreeMap::new(),
+    );
     for r in compiled {
         let km = r?;
         before.extend(km.before);
@@ -441,7 +651,12 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
             text.push_str(&f);
         }
     }
-    Ok(Output { llvm_ir, optimized_ir, objects, data })
+    Ok(Output {
+        llvm_ir,
+        optimized_ir,
+        objects,
+        data,
+    })
 }
 
 /// A group of kernels compiled by `kernel_module`: each defined function's text (by name) before and
@@ -454,19 +669,31 @@ struct KernelModule {
 
 /// One group of kernels as a module of its own, in an LLVM context of its own (so groups compile on
 /// threads): defined, optimised by `default<O3>` and written as an object.
-fn kernel_module(p: &Program, kernels: &[mlopt_kir::Kernel], group: &[usize], symbol: &dyn Fn(usize) -> String, t: &CpuTarget) -> Result<KernelModule> {
+fn kernel_module(
+    p: &Program,
+    kernels: &[mlopt_kir::Kernel],
+    group: &[usize],
+    symbol: &dyn Fn(usize) -> String,
+    t: &CpuTarget,
+) -> Result<KernelModule> {
     let c = Context::create();
     let tm = machine(t)?;
     let m = module_for(&c, &format!("{}.kernels", p.name), &tm);
     for &i in group {
         let k = &kernels[i];
         let f = declare_kernel(&c, &m, k, &symbol(i));
-        define_kernel(&c, &m, k, f, t.matrix).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+        define_kernel(&c, &m, k, f, t.matrix)
+            .map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
-    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    m.verify()
+        .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let before = defined_functions(&m);
     optimise(&m, &tm)?;
-    Ok(KernelModule { before, after: defined_functions(&m), object: write(&m, &tm, FileType::Object)? })
+    Ok(KernelModule {
+        before,
+        after: defined_functions(&m),
+        object: write(&m, &tm, FileType::Object)?,
+    })
 }
 
 /// Each defined function's text, by name: the module printed once and cut at its `define`s. (Printing
@@ -479,7 +706,10 @@ fn defined_functions(m: &inkwell::module::Module) -> Vec<(String, String)> {
     while let Some(at) = rest.find("\ndefine ") {
         let f = &rest[at + 1..];
         let end = f.find("\n}\n").map_or(f.len(), |e| e + 3);
-        let name = f.split_once('@').and_then(|(_, r)| r.split_once('(')).map_or("", |(n, _)| n.trim_matches('"'));
+        let name = f
+            .split_once('@')
+            .and_then(|(_, r)| r.split_once('('))
+            .map_or("", |(n, _)| n.trim_matches('"'));
         out.push((name.to_string(), f[..end].to_string()));
         rest = &f[end..];
     }

@@ -12,7 +12,9 @@ use crate::codegen::{err, ty, Gen, Ret};
 use crate::error::{LlvmError, Result};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
-use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple,
+};
 use inkwell::types::{BasicType, FunctionType};
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue};
 use inkwell::{AddressSpace, OptimizationLevel};
@@ -46,7 +48,14 @@ fn machine(t: &GpuTarget) -> Result<TargetMachine> {
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;
     target
-        .create_target_machine(&triple, &t.name, &format!("+ptx{}", t.ptx), OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+        .create_target_machine(
+            &triple,
+            &t.name,
+            &format!("+ptx{}", t.ptx),
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
         .ok_or_else(|| LlvmError::Llvm(format!("no NVPTX target machine for {}", t.name)))
 }
 
@@ -56,46 +65,78 @@ pub fn compile_ptx(p: &Program, t: &GpuTarget) -> Result<PtxOutput> {
     let tm = machine(t)?;
     let m = crate::program::module_for(&c, &p.name, &tm);
     for k in &p.kernels {
-        let launch = mlopt_kir::gpu::launch(k).ok_or_else(|| LlvmError::Codegen(format!("kernel @{} is not a GPU kernel (no gpu.block loop)", k.name)))?;
-        define(&c, &m, k, launch.block).map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+        let launch = mlopt_kir::gpu::launch(k).ok_or_else(|| {
+            LlvmError::Codegen(format!(
+                "kernel @{} is not a GPU kernel (no gpu.block loop)",
+                k.name
+            ))
+        })?;
+        define(&c, &m, k, launch.block)
+            .map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
-    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    m.verify()
+        .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let llvm_ir = m.print_to_string().to_string();
     crate::program::optimise(&m, &tm)?;
     let buf = crate::program::write(&m, &tm, FileType::Assembly)?;
-    let ptx = String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string();
+    let ptx = String::from_utf8_lossy(&buf)
+        .trim_end_matches('\0')
+        .to_string();
     Ok(PtxOutput { ptx, llvm_ir })
 }
 
 /// One kernel entry: parameters are `.global` pointers in the kernel's parameter order.
-fn define<'c>(c: &'c Context, m: &inkwell::module::Module<'c>, k: &Kernel, threads: u64) -> Ret<FunctionValue<'c>> {
+fn define<'c>(
+    c: &'c Context,
+    m: &inkwell::module::Module<'c>,
+    k: &Kernel,
+    threads: u64,
+) -> Ret<FunctionValue<'c>> {
     let global = c.ptr_type(AddressSpace::from(1));
-    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = k.params().iter().map(|_| global.into()).collect();
-    let f = m.add_function(&k.name, c.void_type().fn_type(&params, false), Some(Linkage::External));
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+        k.params().iter().map(|_| global.into()).collect();
+    let f = m.add_function(
+        &k.name,
+        c.void_type().fn_type(&params, false),
+        Some(Linkage::External),
+    );
     // LLVM's PTX_Kernel calling convention: an `.entry`, not a `.func`.
     f.set_call_conventions(71);
     let i32t = c.i32_type();
     let fp = f.as_global_value().as_pointer_value();
     for (key, value) in [("kernel", 1), ("maxntidx", threads)] {
-        let node = c.metadata_node(&[fp.into(), c.metadata_string(key).into(), i32t.const_int(value, false).into()]);
-        m.add_global_metadata("nvvm.annotations", &node).map_err(|e| err(e.to_string()))?;
+        let node = c.metadata_node(&[
+            fp.into(),
+            c.metadata_string(key).into(),
+            i32t.const_int(value, false).into(),
+        ]);
+        m.add_global_metadata("nvvm.annotations", &node)
+            .map_err(|e| err(e.to_string()))?;
     }
     let mut g = Gen::new(c, m, k, f);
     g.gpu = true;
     g.b.position_at_end(c.append_basic_block(f, "entry"));
     for (i, b) in k.params().iter().enumerate() {
-        let p = f.get_nth_param(i as u32).ok_or_else(|| err("missing parameter"))?.into_pointer_value();
+        let p = f
+            .get_nth_param(i as u32)
+            .ok_or_else(|| err("missing parameter"))?
+            .into_pointer_value();
         p.set_name(&k.buffer(*b).name);
         g.ptrs.insert(*b, p);
     }
     for (i, buf) in k.bufs.iter().enumerate() {
         if buf.space == Space::Shared {
             let arr = ty(c, buf.elem).array_type(buf.numel().max(1) as u32);
-            let gv = m.add_global(arr, Some(AddressSpace::from(3)), &format!("{}_{}", k.name, buf.name));
+            let gv = m.add_global(
+                arr,
+                Some(AddressSpace::from(3)),
+                &format!("{}_{}", k.name, buf.name),
+            );
             gv.set_initializer(&arr.get_undef());
             gv.set_linkage(Linkage::Internal);
             gv.set_alignment(16);
-            g.ptrs.insert(mlopt_kir::BufId(i as u32), gv.as_pointer_value());
+            g.ptrs
+                .insert(mlopt_kir::BufId(i as u32), gv.as_pointer_value());
         }
     }
     g.alloc_locals()?;
@@ -114,15 +155,33 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
         offsets.push(blob.len() as u64);
         blob.extend_from_slice(&w.data);
     }
-    let mut t = vec![2, p.inputs.len() as u64, p.outputs.len() as u64, p.arena_bytes, blob.len() as u64, p.kernels.len() as u64, p.steps.len() as u64];
+    let mut t = vec![
+        2,
+        p.inputs.len() as u64,
+        p.outputs.len() as u64,
+        p.arena_bytes,
+        blob.len() as u64,
+        p.kernels.len() as u64,
+        p.steps.len() as u64,
+    ];
     t.extend(p.inputs.iter().map(|io| io.bytes() as u64));
     t.extend(p.outputs.iter().map(|io| io.bytes() as u64));
     // Checks so far: a check step's message is the next one.
     let mut checks = 0;
     for s in &p.steps {
-        let k = p.kernels.get(s.kernel).ok_or_else(|| err(format!("step calls kernel {}", s.kernel)))?;
-        let l = mlopt_kir::gpu::launch(k).ok_or_else(|| err(format!("kernel @{} is not a GPU kernel", k.name)))?;
-        t.extend([s.kernel as u64, l.grid, l.block, l.shared_bytes, s.args.len() as u64]);
+        let k = p
+            .kernels
+            .get(s.kernel)
+            .ok_or_else(|| err(format!("step calls kernel {}", s.kernel)))?;
+        let l = mlopt_kir::gpu::launch(k)
+            .ok_or_else(|| err(format!("kernel @{} is not a GPU kernel", k.name)))?;
+        t.extend([
+            s.kernel as u64,
+            l.grid,
+            l.block,
+            l.shared_bytes,
+            s.args.len() as u64,
+        ]);
         for a in &s.args {
             t.extend(match a {
                 mlopt_kir::Place::Input(i) => [0, *i as u64],
@@ -139,7 +198,11 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
     }
     // The kernels' names, then the checks' messages, each ending in NUL.
     let mut names = Vec::new();
-    for text in p.kernels.iter().map(|k| k.name.as_str()).chain(p.steps.iter().filter_map(|s| s.check.as_ref().map(|c| c.message.as_str()))) {
+    for text in p.kernels.iter().map(|k| k.name.as_str()).chain(
+        p.steps
+            .iter()
+            .filter_map(|s| s.check.as_ref().map(|c| c.message.as_str())),
+    ) {
         names.extend_from_slice(text.as_bytes());
         names.push(0);
     }
@@ -154,9 +217,19 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
 pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
     let (table, blob, names) = launch_table(p)?;
     let c = Context::create();
-    let tm = crate::program::machine(&crate::CpuTarget { name: "x86-64".into(), cpu: "x86-64".into(), features: String::new(), lanes: 4, matrix: None })?;
+    let tm = crate::program::machine(&crate::CpuTarget {
+        name: "x86-64".into(),
+        cpu: "x86-64".into(),
+        features: String::new(),
+        lanes: 4,
+        matrix: None,
+    })?;
     let m = crate::program::module_for(&c, &format!("{}_host", p.name), &tm);
-    fn constant<'c>(m: &inkwell::module::Module<'c>, name: &str, v: BasicValueEnum<'c>) -> inkwell::values::PointerValue<'c> {
+    fn constant<'c>(
+        m: &inkwell::module::Module<'c>,
+        name: &str,
+        v: BasicValueEnum<'c>,
+    ) -> inkwell::values::PointerValue<'c> {
         let g = m.add_global(v.get_type(), None, name);
         g.set_initializer(&v);
         g.set_constant(true);
@@ -174,22 +247,52 @@ pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
         constant(&m, "weights", c.const_string(&blob, false).into()),
         constant(&m, "names", c.const_string(&names, false).into()),
     ];
-    let model = constant(&m, "model", c.const_struct(&fields.map(|f| f.into()), false).into());
+    let model = constant(
+        &m,
+        "model",
+        c.const_struct(&fields.map(|f| f.into()), false).into(),
+    );
     let ptr = c.ptr_type(AddressSpace::default());
     let i32t = c.i32_type();
     let n = crate::c_name(&p.name);
     let b = c.create_builder();
     // (exported name, launcher function, its type, whether the model is its first argument)
     let api: [(String, &str, FunctionType, bool); 5] = [
-        (format!("mlopt_{n}_create"), "mlopt_gpu_create", ptr.fn_type(&[i32t.into()], false), true),
-        (format!("mlopt_{n}_run"), "mlopt_gpu_run", i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false), false),
-        (format!("mlopt_{n}_run_device"), "mlopt_gpu_run_device", i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into(), ptr.into()], false), false),
-        (format!("mlopt_{n}_destroy"), "mlopt_gpu_destroy", c.void_type().fn_type(&[ptr.into()], false), false),
-        (format!("mlopt_{n}_last_error"), "mlopt_gpu_last_error", ptr.fn_type(&[], false), false),
+        (
+            format!("mlopt_{n}_create"),
+            "mlopt_gpu_create",
+            ptr.fn_type(&[i32t.into()], false),
+            true,
+        ),
+        (
+            format!("mlopt_{n}_run"),
+            "mlopt_gpu_run",
+            i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false),
+            false,
+        ),
+        (
+            format!("mlopt_{n}_run_device"),
+            "mlopt_gpu_run_device",
+            i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into(), ptr.into()], false),
+            false,
+        ),
+        (
+            format!("mlopt_{n}_destroy"),
+            "mlopt_gpu_destroy",
+            c.void_type().fn_type(&[ptr.into()], false),
+            false,
+        ),
+        (
+            format!("mlopt_{n}_last_error"),
+            "mlopt_gpu_last_error",
+            ptr.fn_type(&[], false),
+            false,
+        ),
     ];
     for (name, target, ft, with_model) in api {
         let f = m.add_function(&name, ft, None);
-        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = ft.get_param_types().into_iter().collect();
+        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+            ft.get_param_types().into_iter().collect();
         if with_model {
             params.insert(0, ptr.into());
         }
@@ -199,7 +302,8 @@ pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
         };
         let callee = m.add_function(target, callee_ty, None);
         b.position_at_end(c.append_basic_block(f, "entry"));
-        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> = f.get_param_iter().map(|v| v.into()).collect();
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+            f.get_param_iter().map(|v| v.into()).collect();
         if with_model {
             args.insert(0, model.into());
         }
@@ -209,19 +313,29 @@ pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
             None => b.build_return(None)?,
         };
     }
-    m.verify().map_err(|e| LlvmError::Llvm(format!("invalid host module: {e}")))?;
+    m.verify()
+        .map_err(|e| LlvmError::Llvm(format!("invalid host module: {e}")))?;
     crate::program::write(&m, &tm, FileType::Object)
 }
 
 /// A declared NVVM intrinsic or function by name.
 pub(crate) fn nvvm<'c>(g: &Gen<'_, 'c>, name: &str, t: FunctionType<'c>) -> FunctionValue<'c> {
-    g.m.get_function(name).unwrap_or_else(|| g.m.add_function(name, t, None))
+    g.m.get_function(name)
+        .unwrap_or_else(|| g.m.add_function(name, t, None))
 }
 
 /// A special register (`tid.x`, `ctaid.x`) as an i64.
 pub(crate) fn special<'c>(g: &mut Gen<'_, 'c>, reg: &str) -> Ret<IntValue<'c>> {
-    let f = nvvm(g, &format!("llvm.nvvm.read.ptx.sreg.{reg}"), g.c.i32_type().fn_type(&[], false));
-    let v = g.b.build_call(f, &[], reg)?.try_as_basic_value().basic().ok_or_else(|| err(format!("%{reg}")))?;
+    let f = nvvm(
+        g,
+        &format!("llvm.nvvm.read.ptx.sreg.{reg}"),
+        g.c.i32_type().fn_type(&[], false),
+    );
+    let v =
+        g.b.build_call(f, &[], reg)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| err(format!("%{reg}")))?;
     Ok(g.b.build_int_z_extend(v.into_int_value(), g.c.i64_type(), reg)?)
 }
 
@@ -236,48 +350,98 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
     let lane = special(g, "laneid")?;
     let k64 = |v: u64| i64t.const_int(v, false);
     // The flat element index of (r, col) of a block, from its start and the row stride.
-    let at = |g: &mut Gen<'_, 'c>, x: &Block, r: IntValue<'c>, col: IntValue<'c>| -> Ret<IntValue<'c>> {
-        let start = g.eval(&mlopt_kir::analysis::flat_index(g.k, x.buf, &x.at))?.into_int_value();
-        let strides = g.k.buffer(x.buf).strides();
-        let row = g.b.build_int_mul(r, k64(strides[strides.len() - 2]), "row")?;
-        let off = g.b.build_int_add(row, col, "off")?;
-        Ok(g.b.build_int_add(start, off, "ix")?)
-    };
-    let (l16, l4, g8) =
-        (g.b.build_int_unsigned_rem(lane, k64(16), "l16")?, g.b.build_int_unsigned_rem(lane, k64(4), "l4")?, g.b.build_int_unsigned_div(lane, k64(4), "g")?);
-    let struct_of = |n: usize, e: inkwell::types::BasicTypeEnum<'c>| g.c.struct_type(&vec![e; n], false);
-    let fields = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>, n: u32| -> Ret<Vec<BasicValueEnum<'c>>> {
-        (0..n).map(|i| Ok(g.b.build_extract_value(v.into_struct_value(), i, "f")?)).collect()
-    };
-    let call = |g: &mut Gen<'_, 'c>, name: &str, ret: inkwell::types::StructType<'c>, args: &[BasicValueEnum<'c>]| -> Ret<BasicValueEnum<'c>> {
-        let params: Vec<inkwell::types::BasicMetadataTypeEnum> = args.iter().map(|x| x.get_type().into()).collect();
+    let at =
+        |g: &mut Gen<'_, 'c>, x: &Block, r: IntValue<'c>, col: IntValue<'c>| -> Ret<IntValue<'c>> {
+            let start = g
+                .eval(&mlopt_kir::analysis::flat_index(g.k, x.buf, &x.at))?
+                .into_int_value();
+            let strides = g.k.buffer(x.buf).strides();
+            let row =
+                g.b.build_int_mul(r, k64(strides[strides.len() - 2]), "row")?;
+            let off = g.b.build_int_add(row, col, "off")?;
+            Ok(g.b.build_int_add(start, off, "ix")?)
+        };
+    let (l16, l4, g8) = (
+        g.b.build_int_unsigned_rem(lane, k64(16), "l16")?,
+        g.b.build_int_unsigned_rem(lane, k64(4), "l4")?,
+        g.b.build_int_unsigned_div(lane, k64(4), "g")?,
+    );
+    let struct_of =
+        |n: usize, e: inkwell::types::BasicTypeEnum<'c>| g.c.struct_type(&vec![e; n], false);
+    let fields =
+        |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>, n: u32| -> Ret<Vec<BasicValueEnum<'c>>> {
+            (0..n)
+                .map(|i| Ok(g.b.build_extract_value(v.into_struct_value(), i, "f")?))
+                .collect()
+        };
+    let call = |g: &mut Gen<'_, 'c>,
+                name: &str,
+                ret: inkwell::types::StructType<'c>,
+                args: &[BasicValueEnum<'c>]|
+     -> Ret<BasicValueEnum<'c>> {
+        let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+            args.iter().map(|x| x.get_type().into()).collect();
         let f = nvvm(g, name, ret.fn_type(&params, false));
-        let args: Vec<inkwell::values::BasicMetadataValueEnum> = args.iter().map(|x| (*x).into()).collect();
-        g.b.build_call(f, &args, name)?.try_as_basic_value().basic().ok_or_else(|| err(name.to_string()))
+        let args: Vec<inkwell::values::BasicMetadataValueEnum> =
+            args.iter().map(|x| (*x).into()).collect();
+        g.b.build_call(f, &args, name)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| err(name.to_string()))
     };
     let (frag_a, frag_b) = if t == Elem::F32 {
         // tf32: a0 = A[g][l4], a1 = A[g+8][l4], a2 = A[g][l4+4], a3 = A[g+8][l4+4]; b0 = B[l4][g], b1 = B[l4+4][g].
         let g8p = g.b.build_int_add(g8, k64(8), "g8")?;
         let l4p = g.b.build_int_add(l4, k64(4), "l4p")?;
-        let tf = |g: &mut Gen<'_, 'c>, x: &Block, r: IntValue<'c>, col: IntValue<'c>| -> Ret<BasicValueEnum<'c>> {
+        let tf = |g: &mut Gen<'_, 'c>,
+                  x: &Block,
+                  r: IntValue<'c>,
+                  col: IntValue<'c>|
+         -> Ret<BasicValueEnum<'c>> {
             let i = at(g, x, r, col)?;
             let p = g.elem_ptr(x.buf, i)?;
             let v = g.b.build_load(f32t, p, "x")?;
-            let f = nvvm(g, "llvm.nvvm.f2tf32.rna", i32t.fn_type(&[f32t.into()], false));
-            g.b.build_call(f, &[v.into()], "tf32")?.try_as_basic_value().basic().ok_or_else(|| err("cvt.rna.tf32"))
+            let f = nvvm(
+                g,
+                "llvm.nvvm.f2tf32.rna",
+                i32t.fn_type(&[f32t.into()], false),
+            );
+            g.b.build_call(f, &[v.into()], "tf32")?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| err("cvt.rna.tf32"))
         };
-        let fa = vec![tf(g, a, g8, l4)?, tf(g, a, g8p, l4)?, tf(g, a, g8, l4p)?, tf(g, a, g8p, l4p)?];
+        let fa = vec![
+            tf(g, a, g8, l4)?,
+            tf(g, a, g8p, l4)?,
+            tf(g, a, g8, l4p)?,
+            tf(g, a, g8p, l4p)?,
+        ];
         let fb = vec![tf(g, b, l4, g8)?, tf(g, b, l4p, g8)?];
         (fa, fb)
     } else {
         // ldmatrix: lane l gives the address of row l % 16 (A: at column 8 (l / 16)) of the matrices.
-        let col = g.b.build_int_mul(g.b.build_int_unsigned_div(lane, k64(16), "hi")?, k64(8), "col")?;
+        let col = g.b.build_int_mul(
+            g.b.build_int_unsigned_div(lane, k64(16), "hi")?,
+            k64(8),
+            "col",
+        )?;
         let ia = at(g, a, l16, col)?;
         let pa = g.elem_ptr(a.buf, ia)?;
-        let fa = call(g, "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3", struct_of(4, i32t.into()), &[pa.into()])?;
+        let fa = call(
+            g,
+            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3",
+            struct_of(4, i32t.into()),
+            &[pa.into()],
+        )?;
         let ib = at(g, b, l16, k64(0))?;
         let pb = g.elem_ptr(b.buf, ib)?;
-        let fb = call(g, "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x2.trans.b16.p3", struct_of(2, i32t.into()), &[pb.into()])?;
+        let fb = call(
+            g,
+            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x2.trans.b16.p3",
+            struct_of(2, i32t.into()),
+            &[pb.into()],
+        )?;
         let (mut fa, mut fb) = (fields(g, fa, 4)?, fields(g, fb, 2)?);
         if t == Elem::F16 {
             // The f16 mma takes pairs as <2 x half>.
@@ -324,7 +488,9 @@ pub(crate) fn copy_async<'c>(
 ) -> Ret<()> {
     let bytes = lanes * g.k.buffer(dst.buf).elem.size();
     let (i32t, i64t, void) = (g.c.i32_type(), g.c.i64_type(), g.c.void_type());
-    let d = g.eval(&mlopt_kir::analysis::flat_index(g.k, dst.buf, &dst.at))?.into_int_value();
+    let d = g
+        .eval(&mlopt_kir::analysis::flat_index(g.k, dst.buf, &dst.at))?
+        .into_int_value();
     let pd = g.elem_ptr(dst.buf, d)?;
     let mut s = g.eval(from)?.into_int_value();
     let kind = if bytes == 16 { "cg" } else { "ca" };
@@ -332,15 +498,22 @@ pub(crate) fn copy_async<'c>(
     let mut size = None;
     if let Some(c) = valid {
         let ok = g.eval(c)?.into_int_value();
-        s = g.b.build_select(ok, s, i64t.const_zero(), "src")?.into_int_value();
-        size = Some(g.b.build_select(ok, i32t.const_int(bytes, false), i32t.const_zero(), "size")?.into_int_value());
+        s =
+            g.b.build_select(ok, s, i64t.const_zero(), "src")?
+                .into_int_value();
+        size = Some(
+            g.b.build_select(ok, i32t.const_int(bytes, false), i32t.const_zero(), "size")?
+                .into_int_value(),
+        );
         name.push_str(".s");
     }
     let ps = g.elem_ptr(src, s)?;
     let mut args: Vec<BasicValueEnum<'c>> = vec![pd.into(), ps.into()];
     args.extend(size.map(BasicValueEnum::from));
-    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = args.iter().map(|x| x.get_type().into()).collect();
-    let args: Vec<inkwell::values::BasicMetadataValueEnum> = args.iter().map(|x| (*x).into()).collect();
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+        args.iter().map(|x| x.get_type().into()).collect();
+    let args: Vec<inkwell::values::BasicMetadataValueEnum> =
+        args.iter().map(|x| (*x).into()).collect();
     let f = nvvm(g, &name, void.fn_type(&params, false));
     g.b.build_call(f, &args, "")?;
     Ok(())
@@ -348,17 +521,38 @@ pub(crate) fn copy_async<'c>(
 
 /// A warp reduction (`mlopt_kir::Stmt::WarpReduce`) of this thread's local scalar: five
 /// `shfl.sync.bfly` steps over the full warp, each combining the value with the one `d` lanes across.
-pub(crate) fn warp_reduce<'c>(g: &mut Gen<'_, 'c>, buf: mlopt_kir::BufId, op: mlopt_kir::BinOp) -> Ret<()> {
+pub(crate) fn warp_reduce<'c>(
+    g: &mut Gen<'_, 'c>,
+    buf: mlopt_kir::BufId,
+    op: mlopt_kir::BinOp,
+) -> Ret<()> {
     let t = g.k.buffer(buf).elem;
     let i32t = g.c.i32_type();
     let vt = ty(g.c, t);
     let p = g.elem_ptr(buf, g.c.i64_type().const_zero())?;
     let mut x = g.b.build_load(vt, p, "x")?;
-    let name = if t == Elem::F32 { "llvm.nvvm.shfl.sync.bfly.f32" } else { "llvm.nvvm.shfl.sync.bfly.i32" };
-    let f = nvvm(g, name, vt.fn_type(&[i32t.into(), vt.into(), i32t.into(), i32t.into()], false));
+    let name = if t == Elem::F32 {
+        "llvm.nvvm.shfl.sync.bfly.f32"
+    } else {
+        "llvm.nvvm.shfl.sync.bfly.i32"
+    };
+    let f = nvvm(
+        g,
+        name,
+        vt.fn_type(&[i32t.into(), vt.into(), i32t.into(), i32t.into()], false),
+    );
     for d in [16u64, 8, 4, 2, 1] {
-        let args = [i32t.const_all_ones().into(), x.into(), i32t.const_int(d, false).into(), i32t.const_int(31, false).into()];
-        let y = g.b.build_call(f, &args, "shfl")?.try_as_basic_value().basic().ok_or_else(|| err("shfl.sync"))?;
+        let args = [
+            i32t.const_all_ones().into(),
+            x.into(),
+            i32t.const_int(d, false).into(),
+            i32t.const_int(31, false).into(),
+        ];
+        let y =
+            g.b.build_call(f, &args, "shfl")?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| err("shfl.sync"))?;
         x = crate::math::binary(g, op, x, y, t)?;
     }
     g.b.build_store(p, x)?;
@@ -368,18 +562,38 @@ pub(crate) fn warp_reduce<'c>(g: &mut Gen<'_, 'c>, buf: mlopt_kir::BufId, op: ml
 fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
     let f32t = g.c.f32_type();
     let f = nvvm(g, name, f32t.fn_type(&[f32t.into()], false));
-    g.b.build_call(f, &[x.into()], name)?.try_as_basic_value().basic().ok_or_else(|| err(name.to_string()))
+    g.b.build_call(f, &[x.into()], name)?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| err(name.to_string()))
 }
 
 /// Math that differs on the GPU: Some(value) when done here, None for the common code (`math.rs`), an
 /// error for functions with no NVPTX implementation yet.
-pub(crate) fn unary<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>, t: Elem) -> Ret<Option<BasicValueEnum<'c>>> {
+pub(crate) fn unary<'c>(
+    g: &mut Gen<'_, 'c>,
+    o: UnOp,
+    x: BasicValueEnum<'c>,
+    t: Elem,
+) -> Ret<Option<BasicValueEnum<'c>>> {
     match (o, t) {
-        (UnOp::Exp | UnOp::Tanh | UnOp::Erf | UnOp::Asin | UnOp::Acos | UnOp::Atan, Elem::F32) | (UnOp::Exp | UnOp::Log, Elem::F64) => Ok(None),
-        (UnOp::Neg | UnOp::Abs | UnOp::Sqrt | UnOp::Floor | UnOp::Ceil | UnOp::Round | UnOp::Not, _) => Ok(None),
+        (UnOp::Exp | UnOp::Tanh | UnOp::Erf | UnOp::Asin | UnOp::Acos | UnOp::Atan, Elem::F32)
+        | (UnOp::Exp | UnOp::Log, Elem::F64) => Ok(None),
+        (
+            UnOp::Neg | UnOp::Abs | UnOp::Sqrt | UnOp::Floor | UnOp::Ceil | UnOp::Round | UnOp::Not,
+            _,
+        ) => Ok(None),
         // The approximate instructions are scalar: a vector loop's value goes lane by lane.
-        (UnOp::Log | UnOp::Sin | UnOp::Cos, Elem::F32) => Ok(Some(crate::math::per_lane(g, x, &mut |g, x| approx(g, o, x))?)),
-        _ => Err(err(format!("@{}: {} of {t} has no NVPTX implementation yet", g.k.name, mlopt_kir::print::unop_name(o)))),
+        (UnOp::Log | UnOp::Sin | UnOp::Cos, Elem::F32) => {
+            Ok(Some(crate::math::per_lane(g, x, &mut |g, x| {
+                approx(g, o, x)
+            })?))
+        }
+        _ => Err(err(format!(
+            "@{}: {} of {t} has no NVPTX implementation yet",
+            g.k.name,
+            mlopt_kir::print::unop_name(o)
+        ))),
     }
 }
 
@@ -390,19 +604,33 @@ fn approx<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>) -> Ret<BasicV
     if o == UnOp::Log {
         // ln x = log2 x * ln 2; lg2.approx has a relative error of 2^-22.
         let l = call1(g, "llvm.nvvm.lg2.approx.f", x)?;
-        return Ok(g.b.build_float_mul(l.into_float_value(), k(std::f64::consts::LN_2), "ln")?.into());
+        return Ok(g
+            .b
+            .build_float_mul(l.into_float_value(), k(std::f64::consts::LN_2), "ln")?
+            .into());
     }
     // sin/cos.approx are accurate to 2^-20.9 on [-pi, pi]: reduce x by 2 pi first (Cody-Waite, the
     // constant split in two so k * 2pi_hi is exact).
     let x = x.into_float_value();
-    let q = g.b.build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
-    let q = g.intrinsic("llvm.roundeven", &[q.into()])?.into_float_value();
+    let q =
+        g.b.build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
+    let q = g
+        .intrinsic("llvm.roundeven", &[q.into()])?
+        .into_float_value();
     let nq = g.b.build_float_neg(q, "nq")?;
     let hi = f64::from(std::f64::consts::TAU as f32);
     let lo = std::f64::consts::TAU - hi;
     let r = g.intrinsic("llvm.fma", &[nq.into(), k(hi).into(), x.into()])?;
     let r = g.intrinsic("llvm.fma", &[nq.into(), k(lo).into(), r])?;
-    call1(g, if o == UnOp::Sin { "llvm.nvvm.sin.approx.f" } else { "llvm.nvvm.cos.approx.f" }, r)
+    call1(
+        g,
+        if o == UnOp::Sin {
+            "llvm.nvvm.sin.approx.f"
+        } else {
+            "llvm.nvvm.cos.approx.f"
+        },
+        r,
+    )
 }
 
 #[cfg(test)]
@@ -411,8 +639,22 @@ mod tests {
 
     #[test]
     fn ptx_versions_print_as_ptxas_reads_them() {
-        assert_eq!(GpuTarget { name: "sm_80".into(), ptx: 70 }.version(), "7.0");
-        assert_eq!(GpuTarget { name: "sm_90".into(), ptx: 78 }.version(), "7.8");
+        assert_eq!(
+            GpuTarget {
+                name: "sm_80".into(),
+                ptx: 70
+            }
+            .version(),
+            "7.0"
+        );
+        assert_eq!(
+            GpuTarget {
+                name: "sm_90".into(),
+                ptx: 78
+            }
+            .version(),
+            "7.8"
+        );
     }
 
     #[test]
@@ -433,9 +675,29 @@ mod tests {
 ",
         )
         .unwrap();
-        let p = Program { name: "m".into(), kernels: vec![k], ..Program::default() };
-        let out = compile_ptx(&p, &GpuTarget { name: "sm_80".into(), ptx: 70 }).unwrap();
-        for want in [".version 7.0", ".target sm_80", ".entry rotate", ".maxntid 64, 1, 1", "bar.sync", ".shared", "ld.global", "st.shared"] {
+        let p = Program {
+            name: "m".into(),
+            kernels: vec![k],
+            ..Program::default()
+        };
+        let out = compile_ptx(
+            &p,
+            &GpuTarget {
+                name: "sm_80".into(),
+                ptx: 70,
+            },
+        )
+        .unwrap();
+        for want in [
+            ".version 7.0",
+            ".target sm_80",
+            ".entry rotate",
+            ".maxntid 64, 1, 1",
+            "bar.sync",
+            ".shared",
+            "ld.global",
+            "st.shared",
+        ] {
             assert!(out.ptx.contains(want), "{want} missing:\n{}", out.ptx);
         }
     }

@@ -30,11 +30,21 @@ fn k<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, v: f64) -> BasicValueEnum<'c> {
     const_like(g.c, x, v, Elem::F32)
 }
 
-fn fma<'c>(g: &mut Gen<'_, 'c>, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>, c: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+fn fma<'c>(
+    g: &mut Gen<'_, 'c>,
+    a: BasicValueEnum<'c>,
+    b: BasicValueEnum<'c>,
+    c: BasicValueEnum<'c>,
+) -> Ret<BasicValueEnum<'c>> {
     g.intrinsic("llvm.fma", &[a, b, c])
 }
 
-fn op<'c>(g: &Gen<'_, 'c>, o: Op, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+fn op<'c>(
+    g: &Gen<'_, 'c>,
+    o: Op,
+    a: BasicValueEnum<'c>,
+    b: BasicValueEnum<'c>,
+) -> Ret<BasicValueEnum<'c>> {
     Ok(g.b.build_binop(o, a, b, "m")?)
 }
 
@@ -51,7 +61,13 @@ pub(crate) fn exp_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
     let r = fma(g, n, k(g, x, -0.693359375), cx)?;
     let r = fma(g, n, k(g, x, 2.12194440e-4), r)?;
     let mut p = k(g, x, 1.9875691500e-4);
-    for c in [1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1] {
+    for c in [
+        1.3981999507e-3,
+        8.3334519073e-3,
+        4.1665795894e-2,
+        1.6666665459e-1,
+        5.0000001201e-1,
+    ] {
         p = fma(g, p, r, k(g, x, c))?;
     }
     let rr = op(g, Op::FMul, r, r)?;
@@ -130,7 +146,12 @@ fn mul_add<'c>(g: &Gen<'_, 'c>, a: V<'c>, b: V<'c>, c: V<'c>) -> Ret<V<'c>> {
 /// The odd polynomial `s + s z p(z)` (z = s^2) that Cephes' asinf uses for |s| <= 0.5.
 fn asin_core<'c>(g: &mut Gen<'_, 'c>, s: V<'c>, z: V<'c>) -> Ret<V<'c>> {
     let mut p = k(g, s, 4.2163199048e-2);
-    for c in [2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1] {
+    for c in [
+        2.4181311049e-2,
+        4.5470025998e-2,
+        7.4953002686e-2,
+        1.6666752422e-1,
+    ] {
         p = mul_add(g, p, z, k(g, s, c))?;
     }
     let pz = op(g, Op::FMul, p, z)?;
@@ -189,7 +210,12 @@ pub(crate) fn atan_f32<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     let big = float_cmp(&g.b, F::OGT, a, k(g, x, std::f64::consts::SQRT_2 + 1.0))?;
     let mid = float_cmp(&g.b, F::OGT, a, k(g, x, std::f64::consts::SQRT_2 - 1.0))?;
     let inv = op(g, Op::FDiv, k(g, x, -1.0), a)?;
-    let ratio = op(g, Op::FDiv, op(g, Op::FSub, a, k(g, x, 1.0))?, op(g, Op::FAdd, a, k(g, x, 1.0))?)?;
+    let ratio = op(
+        g,
+        Op::FDiv,
+        op(g, Op::FSub, a, k(g, x, 1.0))?,
+        op(g, Op::FAdd, a, k(g, x, 1.0))?,
+    )?;
     let t = select(g, mid, ratio, a)?;
     let t = select(g, big, inv, t)?;
     let base = select(g, mid, k(g, x, std::f64::consts::FRAC_PI_4), k(g, x, 0.0))?;
@@ -212,7 +238,10 @@ pub(crate) fn exp_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     let (lo, hi) = (d(g, x, -746.0), d(g, x, 710.0));
     let cx = g.intrinsic("llvm.maxnum", &[x, lo])?;
     let cx = g.intrinsic("llvm.minnum", &[cx, hi])?;
-    let n = g.intrinsic("llvm.roundeven", &[op(g, Op::FMul, cx, d(g, x, std::f64::consts::LOG2_E))?])?;
+    let n = g.intrinsic(
+        "llvm.roundeven",
+        &[op(g, Op::FMul, cx, d(g, x, std::f64::consts::LOG2_E))?],
+    )?;
     let r = fma(g, n, d(g, x, -LN2_HI), cx)?;
     let r = fma(g, n, d(g, x, -LN2_LO), r)?;
     let mut p = d(g, x, 1.0 / 6_227_020_800.0);
@@ -255,7 +284,12 @@ pub(crate) fn log_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     let e = op(g, Op::Sub, exp_bits, i(1023))?;
     let shift = select(g, tiny, i(54), i(0))?;
     let e = op(g, Op::Sub, e, shift)?;
-    let m_bits = op(g, Op::Or, op(g, Op::And, bits, mask(g, bits, 0x000f_ffff_ffff_ffff))?, mask(g, bits, 0x3ff0_0000_0000_0000))?;
+    let m_bits = op(
+        g,
+        Op::Or,
+        op(g, Op::And, bits, mask(g, bits, 0x000f_ffff_ffff_ffff))?,
+        mask(g, bits, 0x3ff0_0000_0000_0000),
+    )?;
     let m = g.b.build_cast(Op::BitCast, m_bits, x.get_type(), "m")?;
     let big = float_cmp(&g.b, F::OGT, m, d(g, x, std::f64::consts::SQRT_2))?;
     let m = select(g, big, op(g, Op::FMul, m, d(g, x, 0.5))?, m)?;
@@ -287,7 +321,10 @@ pub(crate) fn log_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
 fn mask<'c>(g: &Gen<'_, 'c>, like: V<'c>, bits: u64) -> V<'c> {
     let c = g.c.i64_type().const_int(bits, false);
     match like {
-        BasicValueEnum::VectorValue(v) => inkwell::types::VectorType::const_vector(&vec![c; v.get_type().get_size() as usize]).into(),
+        BasicValueEnum::VectorValue(v) => {
+            inkwell::types::VectorType::const_vector(&vec![c; v.get_type().get_size() as usize])
+                .into()
+        }
         _ => c.into(),
     }
 }
@@ -300,7 +337,10 @@ fn mask<'c>(g: &Gen<'_, 'c>, like: V<'c>, bits: u64) -> V<'c> {
 pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V<'c>> {
     let (x, y) = if t == Elem::F32 {
         let wide = shaped(g, x, Elem::F64);
-        (g.b.build_cast(Op::FPExt, x, wide, "x")?, g.b.build_cast(Op::FPExt, y, wide, "y")?)
+        (
+            g.b.build_cast(Op::FPExt, x, wide, "x")?,
+            g.b.build_cast(Op::FPExt, y, wide, "y")?,
+        )
     } else {
         (x, y)
     };
@@ -315,10 +355,21 @@ pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V
     // Repeated squaring over the six bits of |y| < 64.
     let small = and(g, integral, float_cmp(&g.b, F::OLT, ay, d(g, x, 64.0))?)?;
     let count = select(g, small, ay, d(g, x, 0.0))?;
-    let n = g.b.build_cast(Op::FPToSI, count, shaped(g, x, Elem::I64), "n")?;
+    let n =
+        g.b.build_cast(Op::FPToSI, count, shaped(g, x, Elem::I64), "n")?;
     let (mut r, mut b) = (d(g, x, 1.0), x);
     for bit in 0..6 {
-        let set = op(g, Op::And, op(g, Op::LShr, n, const_like(g.c, n, f64::from(bit), Elem::I64))?, const_like(g.c, n, 1.0, Elem::I64))?;
+        let set = op(
+            g,
+            Op::And,
+            op(
+                g,
+                Op::LShr,
+                n,
+                const_like(g.c, n, f64::from(bit), Elem::I64),
+            )?,
+            const_like(g.c, n, 1.0, Elem::I64),
+        )?;
         let set = int_cmp(&g.b, I::NE, set, const_like(g.c, n, 0.0, Elem::I64))?;
         let rb = op(g, Op::FMul, r, b)?;
         r = select(g, set, rb, r)?;
@@ -332,13 +383,25 @@ pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V
     let e = exp_f64(g, op(g, Op::FMul, y, l)?)?;
     let sign = select(g, odd, x, d(g, x, 1.0))?;
     let e = g.intrinsic("llvm.copysign", &[e, sign])?;
-    let neg_finite = and(g, float_cmp(&g.b, F::OLT, x, d(g, x, 0.0))?, float_cmp(&g.b, F::OGT, x, d(g, x, f64::NEG_INFINITY))?)?;
+    let neg_finite = and(
+        g,
+        float_cmp(&g.b, F::OLT, x, d(g, x, 0.0))?,
+        float_cmp(&g.b, F::OGT, x, d(g, x, f64::NEG_INFINITY))?,
+    )?;
     let not_integral = not(g, integral)?;
     let e = select(g, and(g, neg_finite, not_integral)?, d(g, x, f64::NAN), e)?;
-    let unit_inf = and(g, float_cmp(&g.b, F::OEQ, a, d(g, x, 1.0))?, float_cmp(&g.b, F::OEQ, ay, d(g, x, f64::INFINITY))?)?;
+    let unit_inf = and(
+        g,
+        float_cmp(&g.b, F::OEQ, a, d(g, x, 1.0))?,
+        float_cmp(&g.b, F::OEQ, ay, d(g, x, f64::INFINITY))?,
+    )?;
     let e = select(g, unit_inf, d(g, x, 1.0), e)?;
     let r = select(g, small, squared, e)?;
-    let one = or(g, float_cmp(&g.b, F::OEQ, x, d(g, x, 1.0))?, float_cmp(&g.b, F::OEQ, y, d(g, x, 0.0))?)?;
+    let one = or(
+        g,
+        float_cmp(&g.b, F::OEQ, x, d(g, x, 1.0))?,
+        float_cmp(&g.b, F::OEQ, y, d(g, x, 0.0))?,
+    )?;
     let r = select(g, one, d(g, x, 1.0), r)?;
     if t == Elem::F32 {
         let narrow = shaped(g, r, Elem::F32);

@@ -26,12 +26,27 @@ impl Fold {
     }
 }
 
-fn fold(l: &mut Lowerer, t: Elem, init: Expr, extents: &[u64], update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>) -> Result<Fold> {
-    let acc = l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
-    let mut stmts = vec![Stmt::Store { buf: acc, index: vec![], value: init }];
+fn fold(
+    l: &mut Lowerer,
+    t: Elem,
+    init: Expr,
+    extents: &[u64],
+    update: impl FnOnce(&mut Lowerer, &[Expr], Expr) -> Result<Expr>,
+) -> Result<Fold> {
+    let acc =
+        l.k.buf(format!("acc{}", l.k.bufs.len()), t, vec![], Space::Local);
+    let mut stmts = vec![Stmt::Store {
+        buf: acc,
+        index: vec![],
+        value: init,
+    }];
     stmts.extend(l.nest("r", extents, |l, r| {
         let value = update(l, r, Expr::load(acc, vec![]))?;
-        Ok(vec![Stmt::Store { buf: acc, index: vec![], value }])
+        Ok(vec![Stmt::Store {
+            buf: acc,
+            index: vec![],
+            value,
+        }])
     })?);
     Ok(Fold { stmts, acc })
 }
@@ -46,7 +61,9 @@ pub(crate) fn fold_op(
     op: BinOp,
     value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>,
 ) -> Result<Fold> {
-    fold(l, t, init, extents, |l, r, acc| Ok(b(op, acc, value(l, r)?)))
+    fold(l, t, init, extents, |l, r, acc| {
+        Ok(b(op, acc, value(l, r)?))
+    })
 }
 
 pub(crate) fn lowest(t: Elem) -> Expr {
@@ -80,7 +97,17 @@ pub fn get(l: &mut Lowerer, v: Value, idx: &[Expr], t: Elem) -> Result<Expr> {
 /// The index of a broadcast operand of rank `rank` for the (right-aligned) index `idx`.
 fn broadcast(shape: &[usize], idx: &[Expr]) -> Vec<Expr> {
     let skip = idx.len() - shape.len();
-    shape.iter().enumerate().map(|(d, s)| if *s == 1 { Expr::int(0) } else { idx[skip + d].clone() }).collect()
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, s)| {
+            if *s == 1 {
+                Expr::int(0)
+            } else {
+                idx[skip + d].clone()
+            }
+        })
+        .collect()
 }
 
 /// Lowers anchor `n`, writing output `o` into `dsts[o]`.
@@ -91,24 +118,58 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
     let dst = dsts[0];
     match node.op.clone() {
         Op::MatMul => matmul(l, n, &out, out_t, dst),
-        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => {
             let (a, bm) = (l.input(n, 0)?, l.input(n, 1)?);
             let kdim = l.ty(a).shape[if trans_a { 0 } else { 1 }] as u64;
-            let c = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+            let c = if l.has_input(n, 2) {
+                Some(l.input(n, 2)?)
+            } else {
+                None
+            };
             let cs = c.map(|c| l.ty(c).shape.clone());
             // alpha * (A B)[i, j] + beta * C[i, j], in the output type: the last step of every path.
             let out_ij = |l: &mut Lowerer, i: &Expr, j: &Expr, v: Expr| -> Result<Stmt> {
                 let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
                 if let (Some(c), Some(cs)) = (c, &cs) {
-                    y = b(BinOp::Add, y, b(BinOp::Mul, lit(beta as f64, Elem::F32), get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?));
+                    y = b(
+                        BinOp::Add,
+                        y,
+                        b(
+                            BinOp::Mul,
+                            lit(beta as f64, Elem::F32),
+                            get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?,
+                        ),
+                    );
                 }
-                Ok(Stmt::Store { buf: dst, index: vec![i.clone(), j.clone()], value: convert(y, Elem::F32, out_t) })
+                Ok(Stmt::Store {
+                    buf: dst,
+                    index: vec![i.clone(), j.clone()],
+                    value: convert(y, Elem::F32, out_t),
+                })
             };
             l.nest("i", &out, |l, idx| {
                 let (i, j) = (idx[0].clone(), idx[1].clone());
                 let f = dot(l, &[kdim], |l, r| {
-                    let ai = if trans_a { vec![r[0].clone(), i.clone()] } else { vec![i.clone(), r[0].clone()] };
-                    let bv = get(l, bm, &if trans_b { vec![j.clone(), r[0].clone()] } else { vec![r[0].clone(), j.clone()] }, Elem::F32)?;
+                    let ai = if trans_a {
+                        vec![r[0].clone(), i.clone()]
+                    } else {
+                        vec![i.clone(), r[0].clone()]
+                    };
+                    let bv = get(
+                        l,
+                        bm,
+                        &if trans_b {
+                            vec![j.clone(), r[0].clone()]
+                        } else {
+                            vec![r[0].clone(), j.clone()]
+                        },
+                        Elem::F32,
+                    )?;
                     Ok((get(l, a, &ai, Elem::F32)?, bv))
                 })?;
                 let mut stmts = f.stmts.clone();
@@ -118,38 +179,79 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
         }
         Op::Conv(a) => conv(l, n, &a, &out, out_t, dst),
         Op::ConvTranspose(a) => conv_transpose(l, n, &a, &out, out_t, dst),
-        Op::GridSample { mode, padding, align_corners } => crate::grid::grid_sample(l, n, mode, padding, align_corners, out_t, dst),
+        Op::GridSample {
+            mode,
+            padding,
+            align_corners,
+        } => crate::grid::grid_sample(l, n, mode, padding, align_corners, out_t, dst),
         Op::MaxPool { pool, .. } | Op::AveragePool { pool, .. } => {
-            let indices_used = l.g.users(n).iter().any(|(_, e)| e.output == 1) || l.g.graph_outputs().iter().any(|(_, v)| v.node == n && v.output == 1);
-            if let (Op::MaxPool { col_major, .. }, true, Some(at)) = (&node.op, indices_used, dsts.get(1)) {
+            let indices_used = l.g.users(n).iter().any(|(_, e)| e.output == 1)
+                || l.g
+                    .graph_outputs()
+                    .iter()
+                    .any(|(_, v)| v.node == n && v.output == 1);
+            if let (Op::MaxPool { col_major, .. }, true, Some(at)) =
+                (&node.op, indices_used, dsts.get(1))
+            {
                 return max_pool_indices(l, n, &pool, *col_major, &out, out_t, dst, *at);
             }
             let (max, include_pad) = match node.op {
-                Op::AveragePool { count_include_pad, .. } => (false, count_include_pad),
+                Op::AveragePool {
+                    count_include_pad, ..
+                } => (false, count_include_pad),
                 _ => (true, false),
             };
             pool_window(l, n, &pool, max, include_pad, &out, out_t, dst)
         }
         Op::GlobalAveragePool | Op::GlobalMaxPool => {
             let axes: Vec<usize> = (2..out.len()).collect();
-            let kind = if matches!(node.op, Op::GlobalMaxPool) { ReduceKind::Max } else { ReduceKind::Mean };
+            let kind = if matches!(node.op, Op::GlobalMaxPool) {
+                ReduceKind::Max
+            } else {
+                ReduceKind::Mean
+            };
             reduce(l, n, kind, &axes, true, &out, out_t, dst)
         }
-        Op::Reduce { kind, axes, keepdims } => reduce(l, n, kind, &axes, keepdims, &out, out_t, dst),
-        Op::Softmax { axis } | Op::LogSoftmax { axis } => softmax(l, n, axis, matches!(node.op, Op::LogSoftmax { .. }), &out, out_t, dst),
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => reduce(l, n, kind, &axes, keepdims, &out, out_t, dst),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => softmax(
+            l,
+            n,
+            axis,
+            matches!(node.op, Op::LogSoftmax { .. }),
+            &out,
+            out_t,
+            dst,
+        ),
         Op::LayerNorm { axis, epsilon } => layer_norm(l, n, axis, epsilon, &out, out_t, dsts),
         Op::InstanceNorm { epsilon } => instance_norm(l, n, epsilon, &out, out_t, dst),
         Op::Attention { scale } => attention(l, n, scale, &out, out_t, dst),
-        Op::Arg { max, axis, keepdims, select_last_index } => arg(l, n, max, axis, keepdims, select_last_index, &out, dst),
-        Op::TopK { axis, k, largest, .. } => top_k(l, n, axis, k as u64, largest, dsts),
-        Op::ScatterElements { axis, reduction } => scatter(l, n, Scatter::Elements(axis), reduction, &out, out_t, dst),
+        Op::Arg {
+            max,
+            axis,
+            keepdims,
+            select_last_index,
+        } => arg(l, n, max, axis, keepdims, select_last_index, &out, dst),
+        Op::TopK {
+            axis, k, largest, ..
+        } => top_k(l, n, axis, k as u64, largest, dsts),
+        Op::ScatterElements { axis, reduction } => {
+            scatter(l, n, Scatter::Elements(axis), reduction, &out, out_t, dst)
+        }
         Op::ScatterNd { reduction } => scatter(l, n, Scatter::Nd, reduction, &out, out_t, dst),
         _ => Err(l.unsupported(n, "no code generation for this op yet")),
     }
 }
 
 /// `acc = fma(x, y, acc)` over `extents`.
-pub(crate) fn dot(l: &mut Lowerer, extents: &[u64], xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>) -> Result<Fold> {
+pub(crate) fn dot(
+    l: &mut Lowerer,
+    extents: &[u64],
+    xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>,
+) -> Result<Fold> {
     fold(l, Elem::F32, lit(0.0, Elem::F32), extents, |l, r, acc| {
         let (x, y) = xy(l, r)?;
         Ok(Expr::fma(x, y, acc))
@@ -179,7 +281,11 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
             Ok((get(l, a, &ai, Elem::F32)?, bv))
         })?;
         let mut s = f.stmts.clone();
-        s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(f.get(), Elem::F32, out_t) });
+        s.push(Stmt::Store {
+            buf: dst,
+            index: idx.to_vec(),
+            value: convert(f.get(), Elem::F32, out_t),
+        });
         Ok(s)
     })
 }
@@ -196,7 +302,13 @@ pub(crate) fn add_to_innermost(stmts: &mut [Stmt], st: Stmt) {
 }
 
 /// Output index + reduced loop index -> input index.
-fn reduce_index(rank: usize, axes: &[usize], keepdims: bool, idx: &[Expr], r: &[Expr]) -> Vec<Expr> {
+fn reduce_index(
+    rank: usize,
+    axes: &[usize],
+    keepdims: bool,
+    idx: &[Expr],
+    r: &[Expr],
+) -> Vec<Expr> {
     let mut xi = Vec::with_capacity(rank);
     let (mut o, mut k) = (0, 0);
     for a in 0..rank {
@@ -214,7 +326,16 @@ fn reduce_index(rank: usize, axes: &[usize], keepdims: bool, idx: &[Expr], r: &[
     xi
 }
 
-fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+fn reduce(
+    l: &mut Lowerer,
+    n: NodeId,
+    kind: ReduceKind,
+    axes: &[usize],
+    keepdims: bool,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let xs = l.ty(x).shape.clone();
     let t = compute(elem(l.ty(x).dtype));
@@ -227,16 +348,26 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
     // vectorised across the outputs instead (a load per lane, each a plane apart).
     let adjacent = axes.windows(2).all(|w| w[1] == w[0] + 1);
     let dims: Vec<i64> = red.iter().map(|d| *d as i64).collect();
-    let red = if adjacent && red.len() > 1 { vec![count] } else { red };
+    let red = if adjacent && red.len() > 1 {
+        vec![count]
+    } else {
+        red
+    };
     l.nest("i", out, |l, idx| {
         let at = |idx: &[Expr], r: &[Expr]| {
-            let r = if r.len() < dims.len() { crate::kernel::delinear(r[0].clone(), &dims) } else { r.to_vec() };
+            let r = if r.len() < dims.len() {
+                crate::kernel::delinear(r[0].clone(), &dims)
+            } else {
+                r.to_vec()
+            };
             reduce_index(rank, &axes, keepdims, idx, &r)
         };
         let mut pre = Vec::new();
         let mut shift = None;
         if kind == ReduceKind::LogSumExp && count > 0 {
-            let m = fold_op(l, t, lowest(t), &red, BinOp::Max, |l, r| get(l, x, &at(idx, r), t))?;
+            let m = fold_op(l, t, lowest(t), &red, BinOp::Max, |l, r| {
+                get(l, x, &at(idx, r), t)
+            })?;
             pre = m.stmts.clone();
             shift = Some(m.get());
         }
@@ -252,7 +383,10 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
             Ok(match kind {
                 ReduceKind::L1 => Expr::un(UnOp::Abs, v),
                 ReduceKind::L2 | ReduceKind::SumSquare => b(BinOp::Mul, v.clone(), v),
-                ReduceKind::LogSumExp => Expr::un(UnOp::Exp, b(BinOp::Sub, v, sh.clone().unwrap_or_else(|| lit(0.0, t)))),
+                ReduceKind::LogSumExp => Expr::un(
+                    UnOp::Exp,
+                    b(BinOp::Sub, v, sh.clone().unwrap_or_else(|| lit(0.0, t))),
+                ),
                 _ => v,
             })
         })?;
@@ -268,7 +402,11 @@ fn reduce(l: &mut Lowerer, n: NodeId, kind: ReduceKind, axes: &[usize], keepdims
             _ => acc,
         };
         pre.extend(f.stmts);
-        pre.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
+        pre.push(Stmt::Store {
+            buf: dst,
+            index: idx.to_vec(),
+            value: convert(y, t, out_t),
+        });
         Ok(pre)
     })
 }
@@ -280,62 +418,131 @@ fn row_index(idx: &[Expr], axis: usize, r: Expr) -> Vec<Expr> {
     v
 }
 
-fn softmax(l: &mut Lowerer, n: NodeId, axis: usize, log: bool, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+fn softmax(
+    l: &mut Lowerer,
+    n: NodeId,
+    axis: usize,
+    log: bool,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let t = compute(elem(l.ty(x).dtype));
     let len = out[axis];
     let mut outer = out.to_vec();
     outer.remove(axis);
     l.nest("i", &outer, |l, idx| {
-        let m = fold_op(l, t, lowest(t), &[len], BinOp::Max, |l, r| get(l, x, &row_index(idx, axis, r[0].clone()), t))?;
+        let m = fold_op(l, t, lowest(t), &[len], BinOp::Max, |l, r| {
+            get(l, x, &row_index(idx, axis, r[0].clone()), t)
+        })?;
         let mx = m.get();
         let s = fold_op(l, t, lit(0.0, t), &[len], BinOp::Add, |l, r| {
-            Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, get(l, x, &row_index(idx, axis, r[0].clone()), t)?, mx.clone())))
+            Ok(Expr::un(
+                UnOp::Exp,
+                b(
+                    BinOp::Sub,
+                    get(l, x, &row_index(idx, axis, r[0].clone()), t)?,
+                    mx.clone(),
+                ),
+            ))
         })?;
         let sum = s.get();
         let mut stmts = m.stmts;
         stmts.extend(s.stmts);
         // 1/sum once per row; each element is then a multiply.
-        let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
-        stmts.push(Stmt::Store { buf: inv, index: vec![], value: if log { Expr::un(UnOp::Log, sum) } else { b(BinOp::Div, lit(1.0, t), sum) } });
+        let inv =
+            l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
+        stmts.push(Stmt::Store {
+            buf: inv,
+            index: vec![],
+            value: if log {
+                Expr::un(UnOp::Log, sum)
+            } else {
+                b(BinOp::Div, lit(1.0, t), sum)
+            },
+        });
         stmts.extend(l.nest("j", &[len], |l, r| {
             let oi = row_index(idx, axis, r[0].clone());
             let d = b(BinOp::Sub, get(l, x, &oi, t)?, mx.clone());
-            let y = if log { b(BinOp::Sub, d, Expr::load(inv, vec![])) } else { b(BinOp::Mul, Expr::un(UnOp::Exp, d), Expr::load(inv, vec![])) };
-            Ok(vec![Stmt::Store { buf: dst, index: oi, value: convert(y, t, out_t) }])
+            let y = if log {
+                b(BinOp::Sub, d, Expr::load(inv, vec![]))
+            } else {
+                b(BinOp::Mul, Expr::un(UnOp::Exp, d), Expr::load(inv, vec![]))
+            };
+            Ok(vec![Stmt::Store {
+                buf: dst,
+                index: oi,
+                value: convert(y, t, out_t),
+            }])
         })?);
         Ok(stmts)
     })
 }
 
-fn layer_norm(l: &mut Lowerer, n: NodeId, axis: usize, eps: f32, out: &[u64], out_t: Elem, dsts: &[BufId]) -> Result<Vec<Stmt>> {
+fn layer_norm(
+    l: &mut Lowerer,
+    n: NodeId,
+    axis: usize,
+    eps: f32,
+    out: &[u64],
+    out_t: Elem,
+    dsts: &[BufId],
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let scale = l.input(n, 1)?;
-    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+    let bias = if l.has_input(n, 2) {
+        Some(l.input(n, 2)?)
+    } else {
+        None
+    };
     let t = compute(elem(l.ty(x).dtype));
     let (outer, inner) = (out[..axis].to_vec(), out[axis..].to_vec());
-    let (ss, bs) = (l.ty(scale).shape.clone(), bias.map(|v| l.ty(v).shape.clone()));
+    let (ss, bs) = (
+        l.ty(scale).shape.clone(),
+        bias.map(|v| l.ty(v).shape.clone()),
+    );
     let dsts = dsts.to_vec();
     l.nest("i", &outer, |l, idx| {
         let at = |r: &[Expr]| [idx, r].concat();
         let (mut stmts, mean, inv) = moments(l, x, t, &inner, eps, &at)?;
         stmts.extend(l.nest("j", &inner, |l, r| {
             let xi = at(r);
-            let mut y = b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()), Expr::load(inv, vec![]));
+            let mut y = b(
+                BinOp::Mul,
+                b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()),
+                Expr::load(inv, vec![]),
+            );
             y = b(BinOp::Mul, y, get(l, scale, &broadcast(&ss, r), t)?);
             if let (Some(bv), Some(bs)) = (bias, &bs) {
                 y = b(BinOp::Add, y, get(l, bv, &broadcast(bs, r), t)?);
             }
-            Ok(vec![Stmt::Store { buf: dsts[0], index: xi, value: convert(y, t, out_t) }])
+            Ok(vec![Stmt::Store {
+                buf: dsts[0],
+                index: xi,
+                value: convert(y, t, out_t),
+            }])
         })?);
         // Optional outputs: mean and 1/std, shaped [outer..., 1, ...].
-        let stat_idx: Vec<Expr> = idx.iter().cloned().chain(inner.iter().map(|_| Expr::int(0))).collect();
+        let stat_idx: Vec<Expr> = idx
+            .iter()
+            .cloned()
+            .chain(inner.iter().map(|_| Expr::int(0)))
+            .collect();
         let st = |l: &Lowerer, o: usize| elem(l.g.node(n).outputs[o].dtype);
         if let Some(d) = dsts.get(1) {
-            stmts.push(Stmt::Store { buf: *d, index: stat_idx.clone(), value: convert(mean.clone(), t, st(l, 1)) });
+            stmts.push(Stmt::Store {
+                buf: *d,
+                index: stat_idx.clone(),
+                value: convert(mean.clone(), t, st(l, 1)),
+            });
         }
         if let Some(d) = dsts.get(2) {
-            stmts.push(Stmt::Store { buf: *d, index: stat_idx, value: convert(Expr::load(inv, vec![]), t, st(l, 2)) });
+            stmts.push(Stmt::Store {
+                buf: *d,
+                index: stat_idx,
+                value: convert(Expr::load(inv, vec![]), t, st(l, 2)),
+            });
         }
         Ok(stmts)
     })
@@ -343,9 +550,18 @@ fn layer_norm(l: &mut Lowerer, n: NodeId, axis: usize, eps: f32, out: &[u64], ou
 
 /// Mean and 1/sqrt(variance + eps) of `x` over `inner` (two passes: the mean, then squared
 /// deviations), at the index `at(r)`; returns the statements, the mean and the local holding 1/std.
-fn moments(l: &mut Lowerer, x: Value, t: Elem, inner: &[u64], eps: f32, at: &dyn Fn(&[Expr]) -> Vec<Expr>) -> Result<(Vec<Stmt>, Expr, BufId)> {
+fn moments(
+    l: &mut Lowerer,
+    x: Value,
+    t: Elem,
+    inner: &[u64],
+    eps: f32,
+    at: &dyn Fn(&[Expr]) -> Vec<Expr>,
+) -> Result<(Vec<Stmt>, Expr, BufId)> {
     let count: u64 = inner.iter().product();
-    let s1 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| get(l, x, &at(r), t))?;
+    let s1 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| {
+        get(l, x, &at(r), t)
+    })?;
     let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
     let m = mean.clone();
     let s2 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| {
@@ -355,12 +571,28 @@ fn moments(l: &mut Lowerer, x: Value, t: Elem, inner: &[u64], eps: f32, at: &dyn
     let mut stmts = s1.stmts;
     let var = b(BinOp::Div, s2.get(), lit(count as f64, t));
     stmts.extend(s2.stmts);
-    let inv = l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
-    stmts.push(Stmt::Store { buf: inv, index: vec![], value: b(BinOp::Div, lit(1.0, t), Expr::un(UnOp::Sqrt, b(BinOp::Add, var, lit(eps as f64, t)))) });
+    let inv =
+        l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
+    stmts.push(Stmt::Store {
+        buf: inv,
+        index: vec![],
+        value: b(
+            BinOp::Div,
+            lit(1.0, t),
+            Expr::un(UnOp::Sqrt, b(BinOp::Add, var, lit(eps as f64, t))),
+        ),
+    });
     Ok((stmts, mean, inv))
 }
 
-fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+fn instance_norm(
+    l: &mut Lowerer,
+    n: NodeId,
+    eps: f32,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let (x, scale, bias) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
     let t = compute(elem(l.ty(x).dtype));
     let inner = out[2..].to_vec();
@@ -371,9 +603,24 @@ fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem,
         let (sc, bi) = (get(l, scale, &c, t)?, get(l, bias, &c, t)?);
         stmts.extend(l.nest("j", &inner, |l, r| {
             let xi = at(r);
-            let y =
-                b(BinOp::Add, b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()), Expr::load(inv, vec![])), sc.clone()), bi.clone());
-            Ok(vec![Stmt::Store { buf: dst, index: xi, value: convert(y, t, out_t) }])
+            let y = b(
+                BinOp::Add,
+                b(
+                    BinOp::Mul,
+                    b(
+                        BinOp::Mul,
+                        b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()),
+                        Expr::load(inv, vec![]),
+                    ),
+                    sc.clone(),
+                ),
+                bi.clone(),
+            );
+            Ok(vec![Stmt::Store {
+                buf: dst,
+                index: xi,
+                value: convert(y, t, out_t),
+            }])
         })?);
         Ok(stmts)
     })
@@ -383,15 +630,35 @@ fn instance_norm(l: &mut Lowerer, n: NodeId, eps: f32, out: &[u64], out_t: Elem,
 /// buffer, so the [S, T] score matrix is never stored. This is the algorithm both targets' schedules
 /// recognise (`schedule/attention.rs`): in blocks of query rows with tiled products on a CPU, on tensor
 /// cores with an online softmax on a GPU.
-fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+fn attention(
+    l: &mut Lowerer,
+    n: NodeId,
+    scale: f32,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let (q, kt, v) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
-    let mask = if l.has_input(n, 3) { Some(l.input(n, 3)?) } else { None };
-    let (qs, ks, vs) = (l.ty(q).shape.clone(), l.ty(kt).shape.clone(), l.ty(v).shape.clone());
+    let mask = if l.has_input(n, 3) {
+        Some(l.input(n, 3)?)
+    } else {
+        None
+    };
+    let (qs, ks, vs) = (
+        l.ty(q).shape.clone(),
+        l.ty(kt).shape.clone(),
+        l.ty(v).shape.clone(),
+    );
     let ms = mask.map(|m| l.ty(m).shape.clone());
     let (d, tlen) = (ks[ks.len() - 2] as u64, ks[ks.len() - 1] as u64);
     let rank = out.len();
     let t = Elem::F32;
-    let row = l.k.buf(format!("scores{}", l.k.bufs.len()), t, vec![tlen], Space::Local);
+    let row = l.k.buf(
+        format!("scores{}", l.k.bufs.len()),
+        t,
+        vec![tlen],
+        Space::Local,
+    );
     let mut outer = out.to_vec();
     outer.pop();
     l.nest("i", &outer, |l, idx| {
@@ -408,24 +675,41 @@ fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, d
             let mut s = f.stmts.clone();
             let mut y = b(BinOp::Mul, f.get(), lit(scale as f64, t));
             if let (Some(m), Some(ms)) = (mask, &ms) {
-                let full: Vec<Expr> = batch.iter().cloned().chain([i.clone(), j[0].clone()]).collect();
+                let full: Vec<Expr> = batch
+                    .iter()
+                    .cloned()
+                    .chain([i.clone(), j[0].clone()])
+                    .collect();
                 y = b(BinOp::Add, y, get(l, m, &broadcast(ms, &full), t)?);
             }
-            s.push(Stmt::Store { buf: row, index: vec![j[0].clone()], value: y });
+            s.push(Stmt::Store {
+                buf: row,
+                index: vec![j[0].clone()],
+                value: y,
+            });
             Ok(s)
         })?;
-        let m = fold_op(l, t, lowest(t), &[tlen], BinOp::Max, |_, r| Ok(Expr::load(row, vec![r[0].clone()])))?;
+        let m = fold_op(l, t, lowest(t), &[tlen], BinOp::Max, |_, r| {
+            Ok(Expr::load(row, vec![r[0].clone()]))
+        })?;
         let mx = m.get();
         stmts.extend(m.stmts);
-        let s =
-            fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, r| Ok(Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()))))?;
+        let s = fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, r| {
+            Ok(Expr::un(
+                UnOp::Exp,
+                b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()),
+            ))
+        })?;
         let sum = s.get();
         stmts.extend(s.stmts);
         stmts.extend(l.nest("j", &[tlen], |_, r| {
             Ok(vec![Stmt::Store {
                 buf: row,
                 index: vec![r[0].clone()],
-                value: Expr::un(UnOp::Exp, b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone())),
+                value: Expr::un(
+                    UnOp::Exp,
+                    b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()),
+                ),
             }])
         })?);
         stmts.extend(l.nest("e", &[out[rank - 1]], |l, e| {
@@ -436,25 +720,52 @@ fn attention(l: &mut Lowerer, n: NodeId, scale: f32, out: &[u64], out_t: Elem, d
             })?;
             let mut s = f.stmts.clone();
             let oi: Vec<Expr> = idx.iter().cloned().chain([e[0].clone()]).collect();
-            s.push(Stmt::Store { buf: dst, index: oi, value: convert(b(BinOp::Div, f.get(), sum.clone()), t, out_t) });
+            s.push(Stmt::Store {
+                buf: dst,
+                index: oi,
+                value: convert(b(BinOp::Div, f.get(), sum.clone()), t, out_t),
+            });
             Ok(s)
         })?);
         Ok(stmts)
     })
 }
 
-fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last: bool, out: &[u64], dst: BufId) -> Result<Vec<Stmt>> {
+fn arg(
+    l: &mut Lowerer,
+    n: NodeId,
+    max: bool,
+    axis: usize,
+    keepdims: bool,
+    last: bool,
+    out: &[u64],
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let xs = l.ty(x).shape.clone();
     let t = compute(elem(l.ty(x).dtype));
     let len = xs[axis] as u64;
     let rank = xs.len();
     l.nest("i", out, |l, idx| {
-        let best = l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
-        let at = l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local);
+        let best =
+            l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
+        let at = l.k.buf(
+            format!("at{}", l.k.bufs.len()),
+            Elem::I64,
+            vec![],
+            Space::Local,
+        );
         let mut stmts = vec![
-            Stmt::Store { buf: best, index: vec![], value: if max { lowest(t) } else { highest(t) } },
-            Stmt::Store { buf: at, index: vec![], value: Expr::int(0) },
+            Stmt::Store {
+                buf: best,
+                index: vec![],
+                value: if max { lowest(t) } else { highest(t) },
+            },
+            Stmt::Store {
+                buf: at,
+                index: vec![],
+                value: Expr::int(0),
+            },
         ];
         stmts.extend(l.nest("r", &[len], |l, r| {
             let xi = reduce_index(rank, &[axis], keepdims, idx, r);
@@ -467,11 +778,23 @@ fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last:
                 (false, true) => b(BinOp::Le, v.clone(), cur),
             };
             Ok(vec![
-                Stmt::Store { buf: at, index: vec![], value: Expr::select(better.clone(), r[0].clone(), Expr::load(at, vec![])) },
-                Stmt::Store { buf: best, index: vec![], value: Expr::select(better, v, Expr::load(best, vec![])) },
+                Stmt::Store {
+                    buf: at,
+                    index: vec![],
+                    value: Expr::select(better.clone(), r[0].clone(), Expr::load(at, vec![])),
+                },
+                Stmt::Store {
+                    buf: best,
+                    index: vec![],
+                    value: Expr::select(better, v, Expr::load(best, vec![])),
+                },
             ])
         })?);
-        stmts.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: Expr::load(at, vec![]) });
+        stmts.push(Stmt::Store {
+            buf: dst,
+            index: idx.to_vec(),
+            value: Expr::load(at, vec![]),
+        });
         Ok(stmts)
     })
 }
@@ -479,54 +802,135 @@ fn arg(l: &mut Lowerer, n: NodeId, max: bool, axis: usize, keepdims: bool, last:
 /// TopK by selection, O(k n) per row: pick j is the best element that comes after pick j - 1 in the
 /// order (value, then index; NaN counts as the largest value, as in the reference), so ties keep the
 /// lower index and the result is sorted.
-fn top_k(l: &mut Lowerer, n: NodeId, axis: usize, k: u64, largest: bool, dsts: &[BufId]) -> Result<Vec<Stmt>> {
+fn top_k(
+    l: &mut Lowerer,
+    n: NodeId,
+    axis: usize,
+    k: u64,
+    largest: bool,
+    dsts: &[BufId],
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let xs = l.ty(x).shape.clone();
     let t = compute(elem(l.ty(x).dtype));
     let out_t = elem(l.ty(x).dtype);
     let len = xs[axis] as i64;
     let (dst, dst_at) = (dsts[0], dsts.get(1).copied());
-    let rows: Vec<u64> = xs.iter().enumerate().filter(|(d, _)| *d != axis).map(|(_, s)| *s as u64).collect();
+    let rows: Vec<u64> = xs
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| *d != axis)
+        .map(|(_, s)| *s as u64)
+        .collect();
     let at_axis = |row: &[Expr], i: Expr| -> Vec<Expr> {
         let mut ix = row.to_vec();
         ix.insert(axis, i);
         ix
     };
     // `a` comes before `b` in the order; the key maps NaN to +inf.
-    let key = |v: Expr| if t.is_float() { Expr::select(b(BinOp::Ne, v.clone(), v.clone()), lit(f64::INFINITY, t), v) } else { v };
-    let ahead = |a: Expr, c: Expr| if largest { b(BinOp::Lt, c, a) } else { b(BinOp::Lt, a, c) };
+    let key = |v: Expr| {
+        if t.is_float() {
+            Expr::select(b(BinOp::Ne, v.clone(), v.clone()), lit(f64::INFINITY, t), v)
+        } else {
+            v
+        }
+    };
+    let ahead = |a: Expr, c: Expr| {
+        if largest {
+            b(BinOp::Lt, c, a)
+        } else {
+            b(BinOp::Lt, a, c)
+        }
+    };
     l.nest("i", &rows, |l, row| {
         let (prev, prev_at) = (
             l.k.buf(format!("prev{}", l.k.bufs.len()), t, vec![], Space::Local),
-            l.k.buf(format!("prev_at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local),
+            l.k.buf(
+                format!("prev_at{}", l.k.bufs.len()),
+                Elem::I64,
+                vec![],
+                Space::Local,
+            ),
         );
         let mut stmts = vec![
-            Stmt::Store { buf: prev, index: vec![], value: if largest { highest(t) } else { lowest(t) } },
-            Stmt::Store { buf: prev_at, index: vec![], value: Expr::int(-1) },
+            Stmt::Store {
+                buf: prev,
+                index: vec![],
+                value: if largest { highest(t) } else { lowest(t) },
+            },
+            Stmt::Store {
+                buf: prev_at,
+                index: vec![],
+                value: Expr::int(-1),
+            },
         ];
         stmts.extend(l.nest("j", &[k], |l, j| {
             let (best, at) = (
                 l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local),
-                l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local),
+                l.k.buf(
+                    format!("at{}", l.k.bufs.len()),
+                    Elem::I64,
+                    vec![],
+                    Space::Local,
+                ),
             );
-            let mut s = vec![Stmt::Store { buf: best, index: vec![], value: lit(0.0, t) }, Stmt::Store { buf: at, index: vec![], value: Expr::int(-1) }];
+            let mut s = vec![
+                Stmt::Store {
+                    buf: best,
+                    index: vec![],
+                    value: lit(0.0, t),
+                },
+                Stmt::Store {
+                    buf: at,
+                    index: vec![],
+                    value: Expr::int(-1),
+                },
+            ];
             s.extend(l.nest("r", &[len as u64], |l, r| {
                 let v = key(get(l, x, &at_axis(row, r[0].clone()), t)?);
                 let (p, pa) = (Expr::load(prev, vec![]), Expr::load(prev_at, vec![]));
-                let after = b(BinOp::Or, ahead(p.clone(), v.clone()), b(BinOp::And, b(BinOp::Eq, v.clone(), p), b(BinOp::Lt, pa, r[0].clone())));
+                let after = b(
+                    BinOp::Or,
+                    ahead(p.clone(), v.clone()),
+                    b(
+                        BinOp::And,
+                        b(BinOp::Eq, v.clone(), p),
+                        b(BinOp::Lt, pa, r[0].clone()),
+                    ),
+                );
                 let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
-                let better = b(BinOp::Or, b(BinOp::Lt, cur_at.clone(), Expr::int(0)), ahead(v.clone(), cur.clone()));
+                let better = b(
+                    BinOp::Or,
+                    b(BinOp::Lt, cur_at.clone(), Expr::int(0)),
+                    ahead(v.clone(), cur.clone()),
+                );
                 let take = b(BinOp::And, after, better);
                 Ok(take_if(l, take, &[(best, v), (at, r[0].clone())]))
             })?);
             let chosen = clamp(Expr::load(at, vec![]), len);
             let value = get(l, x, &at_axis(row, chosen), out_t)?;
-            s.push(Stmt::Store { buf: dst, index: at_axis(row, j[0].clone()), value });
+            s.push(Stmt::Store {
+                buf: dst,
+                index: at_axis(row, j[0].clone()),
+                value,
+            });
             if let Some(d) = dst_at {
-                s.push(Stmt::Store { buf: d, index: at_axis(row, j[0].clone()), value: Expr::load(at, vec![]) });
+                s.push(Stmt::Store {
+                    buf: d,
+                    index: at_axis(row, j[0].clone()),
+                    value: Expr::load(at, vec![]),
+                });
             }
-            s.push(Stmt::Store { buf: prev, index: vec![], value: Expr::load(best, vec![]) });
-            s.push(Stmt::Store { buf: prev_at, index: vec![], value: Expr::load(at, vec![]) });
+            s.push(Stmt::Store {
+                buf: prev,
+                index: vec![],
+                value: Expr::load(best, vec![]),
+            });
+            s.push(Stmt::Store {
+                buf: prev_at,
+                index: vec![],
+                value: Expr::load(at, vec![]),
+            });
             Ok(s)
         })?);
         Ok(stmts)
@@ -536,10 +940,27 @@ fn top_k(l: &mut Lowerer, n: NodeId, axis: usize, k: u64, largest: bool, dsts: &
 /// `acc = take ? new : acc` for each (scalar local, new value), with `take` evaluated once before any of
 /// them changes (it usually reads them).
 pub(crate) fn take_if(l: &mut Lowerer, take: Expr, updates: &[(BufId, Expr)]) -> Vec<Stmt> {
-    let flag = l.k.buf(format!("take{}", l.k.bufs.len()), Elem::Bool, vec![], Space::Local);
-    let mut s = vec![Stmt::Store { buf: flag, index: vec![], value: take }];
+    let flag = l.k.buf(
+        format!("take{}", l.k.bufs.len()),
+        Elem::Bool,
+        vec![],
+        Space::Local,
+    );
+    let mut s = vec![Stmt::Store {
+        buf: flag,
+        index: vec![],
+        value: take,
+    }];
     for (acc, new) in updates {
-        s.push(Stmt::Store { buf: *acc, index: vec![], value: Expr::select(Expr::load(flag, vec![]), new.clone(), Expr::load(*acc, vec![])) });
+        s.push(Stmt::Store {
+            buf: *acc,
+            index: vec![],
+            value: Expr::select(
+                Expr::load(flag, vec![]),
+                new.clone(),
+                Expr::load(*acc, vec![]),
+            ),
+        });
     }
     s
 }
@@ -553,7 +974,15 @@ enum Scatter {
 /// Scatter: the output is a copy of the data, then each update, in order, is combined into the element
 /// its indices name (negative indices count from the end). Updates run serially, so duplicate indices
 /// combine in the reference's order.
-fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterReduction, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+fn scatter(
+    l: &mut Lowerer,
+    n: NodeId,
+    kind: Scatter,
+    red: mlopt_ir::ScatterReduction,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let (x, ind, upd) = (l.input(n, 0)?, l.input(n, 1)?, l.input(n, 2)?);
     let ds: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
     let us = dims(l.ty(upd));
@@ -561,7 +990,11 @@ fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterRedu
     let t = compute(out_t);
     let mut stmts = l.nest("i", out, |l, idx| {
         let v = get(l, x, idx, out_t)?;
-        Ok(vec![Stmt::Store { buf: dst, index: idx.to_vec(), value: v }])
+        Ok(vec![Stmt::Store {
+            buf: dst,
+            index: idx.to_vec(),
+            value: v,
+        }])
     })?;
     let updates = l.nest("u", &us, |l, u| {
         let target: Vec<Expr> = match kind {
@@ -569,7 +1002,11 @@ fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterRedu
                 let mut target = u.to_vec();
                 let raw = convert(l.pull(ind, u)?, ind_t, Elem::I64);
                 target[axis] = crate::kernel::wrap_index(raw, ds[axis]);
-                target.into_iter().zip(&ds).map(|(e, d)| clamp(e, *d)).collect()
+                target
+                    .into_iter()
+                    .zip(&ds)
+                    .map(|(e, d)| clamp(e, *d))
+                    .collect()
             }
             Scatter::Nd => {
                 // updates[r.., s..] goes to data[indices[r.., 0..last], s..].
@@ -588,7 +1025,11 @@ fn scatter(l: &mut Lowerer, n: NodeId, kind: Scatter, red: mlopt_ir::ScatterRedu
             mlopt_ir::ScatterReduction::Max => b(BinOp::Max, old, new),
             mlopt_ir::ScatterReduction::Min => b(BinOp::Min, old, new),
         };
-        Ok(vec![Stmt::Store { buf: dst, index: target, value: convert(v, t, out_t) }])
+        Ok(vec![Stmt::Store {
+            buf: dst,
+            index: target,
+            value: convert(v, t, out_t),
+        }])
     })?;
     stmts.extend(updates);
     Ok(stmts)

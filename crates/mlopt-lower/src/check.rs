@@ -28,7 +28,11 @@ fn rule(g: &Graph, n: NodeId) -> Option<Rule> {
     let types = g.input_types(n);
     let op = &g.node(n).op;
     match op {
-        Op::Binary(Binary::Div | Binary::Mod { .. }) if !elem(types.get(1).copied().flatten()?.dtype).is_float() => Some(Rule::Divisor),
+        Op::Binary(Binary::Div | Binary::Mod { .. })
+            if !elem(types.get(1).copied().flatten()?.dtype).is_float() =>
+        {
+            Some(Rule::Divisor)
+        }
         _ => IndexBounds::of(op, types.first().copied().flatten()?).map(Rule::Index),
     }
 }
@@ -38,7 +42,11 @@ fn bad(rule: &Rule, x: Expr, j: usize) -> Expr {
     match rule {
         Rule::Index(b) => {
             let d = b.bounds.get(j).copied().unwrap_or(0);
-            Expr::bin(BinOp::Or, Expr::bin(BinOp::Lt, x.clone(), Expr::int(-d)), Expr::bin(BinOp::Le, Expr::int(d), x))
+            Expr::bin(
+                BinOp::Or,
+                Expr::bin(BinOp::Lt, x.clone(), Expr::int(-d)),
+                Expr::bin(BinOp::Le, Expr::int(d), x),
+            )
         }
         Rule::Divisor => Expr::bin(BinOp::Eq, x, Expr::int(0)),
     }
@@ -48,24 +56,46 @@ fn bad(rule: &Rule, x: Expr, j: usize) -> Expr {
 fn message(g: &Graph, n: NodeId, rule: &Rule) -> String {
     let node = g.node(n);
     let what = match rule {
-        Rule::Index(b) if b.tuple => format!("input 1 holds an index tuple out of range for data axes of sizes {:?}", b.bounds),
-        Rule::Index(b) => format!("input 1 holds an index out of range for an axis of size {}", b.bound(0, 1)),
+        Rule::Index(b) if b.tuple => format!(
+            "input 1 holds an index tuple out of range for data axes of sizes {:?}",
+            b.bounds
+        ),
+        Rule::Index(b) => format!(
+            "input 1 holds an index out of range for an axis of size {}",
+            b.bound(0, 1)
+        ),
         Rule::Divisor => "integer division by zero".into(),
     };
-    format!("evaluating node '{}' ({}): {what}", node.name, node.op.name())
+    format!(
+        "evaluating node '{}' ({}): {what}",
+        node.name,
+        node.op.name()
+    )
 }
 
 /// A check kernel for member `n` of a fusion group (its other members pulled as needed), or None when
 /// `n` needs none. Its parameters: the flag (`f32[1]`), then `Params`. A constant input is checked now.
 /// (Its fold is the algorithm; a CPU schedule runs it on vectors.)
-pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String) -> Result<Option<(Kernel, Params, String)>> {
-    let Some(rule) = rule(g, n) else { return Ok(None) };
-    let Some(v) = g.inputs(n).get(1).copied().flatten() else { return Ok(None) };
+pub fn check_kernel(
+    g: &Graph,
+    members: &[NodeId],
+    n: NodeId,
+    name: String,
+) -> Result<Option<(Kernel, Params, String)>> {
+    let Some(rule) = rule(g, n) else {
+        return Ok(None);
+    };
+    let Some(v) = g.inputs(n).get(1).copied().flatten() else {
+        return Ok(None);
+    };
     let msg = message(g, n, &rule);
     let shape: Vec<u64> = dims(g.value_type(v));
     // The tuple ops check each index tuple (the last axis) at once.
     let (outer, last) = match &rule {
-        Rule::Index(b) if b.tuple => (shape[..shape.len().saturating_sub(1)].to_vec(), shape.last().copied().unwrap_or(0)),
+        Rule::Index(b) if b.tuple => (
+            shape[..shape.len().saturating_sub(1)].to_vec(),
+            shape.last().copied().unwrap_or(0),
+        ),
         _ => (shape.clone(), 1),
     };
     if let Op::Const(t) = &g.node(v.node).op {
@@ -74,7 +104,11 @@ pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String) -> R
             Rule::Index(b) => b.first_bad(&values, last as usize).is_some(),
             Rule::Divisor => values.contains(&0),
         };
-        return if broken { Err(LowerError::InvalidData(msg)) } else { Ok(None) };
+        return if broken {
+            Err(LowerError::InvalidData(msg))
+        } else {
+            Ok(None)
+        };
     }
     if shape.contains(&0) {
         return Ok(None);
@@ -86,27 +120,45 @@ pub fn check_kernel(g: &Graph, members: &[NodeId], n: NodeId, name: String) -> R
     // One row of one fold (the shape of a keepdims reduction), so a GPU schedule folds it with a block
     // of threads rather than one thread.
     let body = l.nest("c", &[1], |l, c| {
-        let fold = fold_op(l, Elem::F32, Expr::f32(0.0), &[count], BinOp::Max, |l, r| {
-            // The flat position r over the outer axes, as an index into them.
-            let idx = delinear(r[0].clone(), &outer.iter().map(|d| *d as i64).collect::<Vec<_>>());
-            let mut any: Option<Expr> = None;
-            for j in 0..last {
-                let mut ix = idx.clone();
-                if matches!(&rule, Rule::Index(b) if b.tuple) {
-                    ix.push(Expr::int(j as i64));
+        let fold = fold_op(
+            l,
+            Elem::F32,
+            Expr::f32(0.0),
+            &[count],
+            BinOp::Max,
+            |l, r| {
+                // The flat position r over the outer axes, as an index into them.
+                let idx = delinear(
+                    r[0].clone(),
+                    &outer.iter().map(|d| *d as i64).collect::<Vec<_>>(),
+                );
+                let mut any: Option<Expr> = None;
+                for j in 0..last {
+                    let mut ix = idx.clone();
+                    if matches!(&rule, Rule::Index(b) if b.tuple) {
+                        ix.push(Expr::int(j as i64));
+                    }
+                    let x = convert(l.pull(v, &ix)?, from, Elem::I64);
+                    let b = bad(&rule, x, j as usize);
+                    any = Some(match any {
+                        Some(a) => Expr::bin(BinOp::Or, a, b),
+                        None => b,
+                    });
                 }
-                let x = convert(l.pull(v, &ix)?, from, Elem::I64);
-                let b = bad(&rule, x, j as usize);
-                any = Some(match any {
-                    Some(a) => Expr::bin(BinOp::Or, a, b),
-                    None => b,
-                });
-            }
-            Ok(Expr::select(any.unwrap_or_else(|| Expr::bin(BinOp::Lt, Expr::int(0), Expr::int(0))), Expr::f32(1.0), Expr::f32(0.0)))
-        })?;
+                Ok(Expr::select(
+                    any.unwrap_or_else(|| Expr::bin(BinOp::Lt, Expr::int(0), Expr::int(0))),
+                    Expr::f32(1.0),
+                    Expr::f32(0.0),
+                ))
+            },
+        )?;
         let value = fold.get();
         let mut body = fold.stmts;
-        body.push(Stmt::Store { buf: flag, index: vec![c[0].clone()], value });
+        body.push(Stmt::Store {
+            buf: flag,
+            index: vec![c[0].clone()],
+            value,
+        });
         Ok(body)
     })?;
     l.k.body = body;

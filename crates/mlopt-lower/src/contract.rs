@@ -30,8 +30,17 @@ pub fn choose(l: &Lowerer, m: u64, n: u64, k: u64) -> Option<Tile> {
 
 /// The tile for an M x N x K contraction on `lanes` f32 lanes: `tiles`' entry for it (from `--tune`),
 /// else the cost model's pick.
-pub fn tile_for(tiles: &std::collections::HashMap<TileKey, Tile>, m: u64, n: u64, k: u64, lanes: u32) -> Option<Tile> {
-    tiles.get(&(m, n, k, lanes)).copied().or_else(|| pick(m, n, k, lanes))
+pub fn tile_for(
+    tiles: &std::collections::HashMap<TileKey, Tile>,
+    m: u64,
+    n: u64,
+    k: u64,
+    lanes: u32,
+) -> Option<Tile> {
+    tiles
+        .get(&(m, n, k, lanes))
+        .copied()
+        .or_else(|| pick(m, n, k, lanes))
 }
 
 /// The key of a kernel's `tile` schedule step.
@@ -56,7 +65,8 @@ pub type RowOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &[Expr]) -> Re
 /// can be indexed by panel). B is a GEMM's when it ignores the row (which a panel's packing does not
 /// give: None); one that reads the row (a depthwise convolution's window, whose rows are output rows)
 /// is loaded per row of the tile.
-pub type ColOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], Option<&Expr>, &[Expr], &Col) -> Result<Expr>;
+pub type ColOp<'a, B> =
+    &'a mut dyn FnMut(&mut B, &[Expr], Option<&Expr>, &[Expr], &Col) -> Result<Expr>;
 pub type StoreOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
 
 /// What the tiler writes with: the kernel being built, fresh loop variables, the target's f32 lanes.
@@ -85,7 +95,10 @@ pub fn k_block(k: &[u64], nr: u64, l2: u64) -> Option<u64> {
         return None;
     }
     let fit = (l2 / 2) / row.max(1);
-    (1..=fit.min(k0)).rev().find(|d| k0 % d == 0).filter(|d| d * rest >= 64)
+    (1..=fit.min(k0))
+        .rev()
+        .find(|d| k0 % d == 0)
+        .filter(|d| d * rest >= 64)
 }
 
 impl Builder for Lowerer<'_> {
@@ -101,7 +114,12 @@ impl Builder for Lowerer<'_> {
 }
 
 /// Serial loops over `extents` around `body`, with fresh variables.
-pub(crate) fn nest<B: Builder>(l: &mut B, prefix: &str, extents: &[u64], body: impl FnOnce(&mut B, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
+pub(crate) fn nest<B: Builder>(
+    l: &mut B,
+    prefix: &str,
+    extents: &[u64],
+    body: impl FnOnce(&mut B, &[Expr]) -> Result<Vec<Stmt>>,
+) -> Result<Vec<Stmt>> {
     let vars: Vec<Var> = extents.iter().map(|_| l.fresh(prefix)).collect();
     let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
     let mut stmts = body(l, &idx)?;
@@ -113,7 +131,12 @@ pub(crate) fn nest<B: Builder>(l: &mut B, prefix: &str, extents: &[u64], body: i
 
 fn buf<B: Builder>(l: &mut B, prefix: &str, dims: Vec<u64>) -> BufId {
     let k = l.kernel();
-    k.buf(format!("{prefix}{}", k.bufs.len()), Elem::F32, dims, Space::Local)
+    k.buf(
+        format!("{prefix}{}", k.bufs.len()),
+        Elem::F32,
+        dims,
+        Space::Local,
+    )
 }
 
 /// B [K, N] (row-major f32 little-endian bytes; [N, K] when `trans`) packed for the column blocks of
@@ -158,24 +181,55 @@ pub fn tiled<B: Builder>(
 ) -> Result<Vec<Stmt>> {
     let kk: u64 = k.iter().product();
     let lanes = l.lanes().unwrap_or(t.lanes);
-    l.kernel().schedule.push(mlopt_kir::ScheduleStep::Tile { mr: t.mr, nr: t.nr, m, n, k: kk, lanes });
+    l.kernel().schedule.push(mlopt_kir::ScheduleStep::Tile {
+        mr: t.mr,
+        nr: t.nr,
+        m,
+        n,
+        k: kk,
+        lanes,
+    });
     if pack {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
     let chunk = k_block(k, t.nr, l.l2_bytes());
     if let Some(c) = chunk {
-        l.kernel().schedule.push(mlopt_kir::ScheduleStep::KBlock { k: c * k[1..].iter().product::<u64>() });
+        l.kernel().schedule.push(mlopt_kir::ScheduleStep::KBlock {
+            k: c * k[1..].iter().product::<u64>(),
+        });
     }
     nest(l, "b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
             if main > 0 {
-                out.push(tile_block(l, bi, (0, main), (block, col0, cols), ct, (k, chunk), pack, a, b, store)?);
+                out.push(tile_block(
+                    l,
+                    bi,
+                    (0, main),
+                    (block, col0, cols),
+                    ct,
+                    (k, chunk),
+                    pack,
+                    a,
+                    b,
+                    store,
+                )?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
-                out.push(tile_block(l, bi, (main, m - main), (block, col0, cols), tail, (k, chunk), pack, a, b, store)?);
+                out.push(tile_block(
+                    l,
+                    bi,
+                    (main, m - main),
+                    (block, col0, cols),
+                    tail,
+                    (k, chunk),
+                    pack,
+                    a,
+                    b,
+                    store,
+                )?);
             }
         }
         Ok(out)
@@ -200,18 +254,50 @@ fn tile_block<B: Builder>(
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
     let acc = buf(l, "acc", vec![t.mr, t.nr]);
     let (io, jo) = (l.fresh("io"), l.fresh("jo"));
-    let row = |ii: &Expr| Expr::add(Expr::int(row0 as i64), Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()));
-    let col_in_tile = |jv: Var, jl: Var| Expr::add(Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)), Expr::var(jl));
-    let jo_e = Expr::var(jo);
-    let col = |jj: &Expr| Expr::add(Expr::int(col0 as i64), Expr::add(Expr::mul(jo_e.clone(), Expr::int(t.nr as i64)), jj.clone()));
-    // One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
-    let sweep = |l: &mut B, f: &mut dyn FnMut(&mut B, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
-        let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
-        let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
-        let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
-        Ok(Stmt::for_(ii, t.mr, LoopKind::Unrolled, vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![inner])]))
+    let row = |ii: &Expr| {
+        Expr::add(
+            Expr::int(row0 as i64),
+            Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()),
+        )
     };
-    let zero = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii, jj], value: Expr::f32(0.0) }))?;
+    let col_in_tile = |jv: Var, jl: Var| {
+        Expr::add(
+            Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)),
+            Expr::var(jl),
+        )
+    };
+    let jo_e = Expr::var(jo);
+    let col = |jj: &Expr| {
+        Expr::add(
+            Expr::int(col0 as i64),
+            Expr::add(Expr::mul(jo_e.clone(), Expr::int(t.nr as i64)), jj.clone()),
+        )
+    };
+    // One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
+    let sweep =
+        |l: &mut B, f: &mut dyn FnMut(&mut B, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
+            let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
+            let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
+            let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
+            Ok(Stmt::for_(
+                ii,
+                t.mr,
+                LoopKind::Unrolled,
+                vec![Stmt::for_(
+                    jv,
+                    t.nr / t.lanes as u64,
+                    LoopKind::Unrolled,
+                    vec![inner],
+                )],
+            ))
+        };
+    let zero = sweep(l, &mut |_, ii, jj| {
+        Ok(Stmt::Store {
+            buf: acc,
+            index: vec![ii, jj],
+            value: Expr::f32(0.0),
+        })
+    })?;
     // The loops over K: all of it, or one block of its first axis, which `kb` picks.
     let kb = chunk.map(|c| (l.fresh("kb"), c, k[0] / c));
     let kv: Vec<u64> = match kb {
@@ -220,7 +306,14 @@ fn tile_block<B: Builder>(
     };
     let full = |kk: &[Expr]| -> Vec<Expr> {
         match kb {
-            Some((v, c, _)) => [vec![Expr::add(Expr::mul(Expr::var(v), Expr::int(c as i64)), kk[0].clone())], kk[1..].to_vec()].concat(),
+            Some((v, c, _)) => [
+                vec![Expr::add(
+                    Expr::mul(Expr::var(v), Expr::int(c as i64)),
+                    kk[0].clone(),
+                )],
+                kk[1..].to_vec(),
+            ]
+            .concat(),
             None => kk.to_vec(),
         }
     };
@@ -232,9 +325,34 @@ fn tile_block<B: Builder>(
         packing = nest(l, "k", &kv, |l, kk| {
             let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
             let jj = col_in_tile(jv, jl);
-            let v = b(l, bi, None, &full(kk), &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?;
-            let st = Stmt::Store { buf: p, index: vec![crate::kernel::linear(kk, &kdims), jj], value: v };
-            Ok(vec![Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st])])])
+            let v = b(
+                l,
+                bi,
+                None,
+                &full(kk),
+                &Col {
+                    block,
+                    jo: &jo_e,
+                    jj: &jj,
+                    j: col(&jj),
+                },
+            )?;
+            let st = Stmt::Store {
+                buf: p,
+                index: vec![crate::kernel::linear(kk, &kdims), jj],
+                value: v,
+            };
+            Ok(vec![Stmt::for_(
+                jv,
+                t.nr / t.lanes as u64,
+                LoopKind::Unrolled,
+                vec![Stmt::for_(
+                    jl,
+                    t.lanes as u64,
+                    LoopKind::Vector(t.lanes),
+                    vec![st],
+                )],
+            )])
         })?;
     }
     let update = nest(l, "k", &kv, |l, kk| {
@@ -243,9 +361,24 @@ fn tile_block<B: Builder>(
             let av = a(l, bi, &row(&ii), &kk)?;
             let bv = match panel {
                 Some(p) => Expr::load(p, vec![at.clone(), jj.clone()]),
-                None => b(l, bi, Some(&row(&ii)), &kk, &Col { block, jo: &jo_e, jj: &jj, j: col(&jj) })?,
+                None => b(
+                    l,
+                    bi,
+                    Some(&row(&ii)),
+                    &kk,
+                    &Col {
+                        block,
+                        jo: &jo_e,
+                        jj: &jj,
+                        j: col(&jj),
+                    },
+                )?,
             };
-            Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])) })
+            Ok(Stmt::Store {
+                buf: acc,
+                index: vec![ii.clone(), jj.clone()],
+                value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])),
+            })
         })?])
     })?;
     let out = sweep(l, &mut |l, ii, jj| {
@@ -258,14 +391,47 @@ fn tile_block<B: Builder>(
             // Between blocks the tile's sums wait in `sums` [column panels, rows, nr]; the first block
             // starts from zero and the last applies the epilogue.
             let sums = buf(l, "sums", vec![cols / t.nr, rows, t.nr]);
-            let at = |ii: &Expr, jj: &Expr| vec![jo_e.clone(), Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()), jj.clone()];
-            let reload = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: acc, index: vec![ii.clone(), jj.clone()], value: Expr::load(sums, at(&ii, &jj)) }))?;
-            let save = sweep(l, &mut |_, ii, jj| Ok(Stmt::Store { buf: sums, index: at(&ii, &jj), value: Expr::load(acc, vec![ii, jj]) }))?;
+            let at = |ii: &Expr, jj: &Expr| {
+                vec![
+                    jo_e.clone(),
+                    Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()),
+                    jj.clone(),
+                ]
+            };
+            let reload = sweep(l, &mut |_, ii, jj| {
+                Ok(Stmt::Store {
+                    buf: acc,
+                    index: vec![ii.clone(), jj.clone()],
+                    value: Expr::load(sums, at(&ii, &jj)),
+                })
+            })?;
+            let save = sweep(l, &mut |_, ii, jj| {
+                Ok(Stmt::Store {
+                    buf: sums,
+                    index: at(&ii, &jj),
+                    value: Expr::load(acc, vec![ii, jj]),
+                })
+            })?;
             let is = |o: BinOp, at: u64| Expr::bin(o, Expr::var(v), Expr::int(at as i64));
-            let mut body = vec![Stmt::If { cond: is(BinOp::Eq, 0), then: vec![zero] }, Stmt::If { cond: is(BinOp::Ne, 0), then: vec![reload] }];
+            let mut body = vec![
+                Stmt::If {
+                    cond: is(BinOp::Eq, 0),
+                    then: vec![zero],
+                },
+                Stmt::If {
+                    cond: is(BinOp::Ne, 0),
+                    then: vec![reload],
+                },
+            ];
             body.extend(update);
-            body.push(Stmt::If { cond: is(BinOp::Eq, blocks - 1), then: vec![out] });
-            body.push(Stmt::If { cond: is(BinOp::Ne, blocks - 1), then: vec![save] });
+            body.push(Stmt::If {
+                cond: is(BinOp::Eq, blocks - 1),
+                then: vec![out],
+            });
+            body.push(Stmt::If {
+                cond: is(BinOp::Ne, blocks - 1),
+                then: vec![save],
+            });
             body
         }
     };

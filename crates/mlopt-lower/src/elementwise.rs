@@ -59,12 +59,23 @@ fn u(o: UnOp, x: Expr) -> Expr {
 
 /// `1 / (1 + exp(-x))`.
 fn sigmoid(x: Expr, t: Elem) -> Expr {
-    b(BinOp::Div, lit(1.0, t), b(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, x))))
+    b(
+        BinOp::Div,
+        lit(1.0, t),
+        b(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, x))),
+    )
 }
 
 /// Stable softplus: max(x, 0) + log(1 + exp(-|x|)).
 fn softplus(x: Expr, t: Elem) -> Expr {
-    let tail = u(UnOp::Log, b(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, u(UnOp::Abs, x.clone())))));
+    let tail = u(
+        UnOp::Log,
+        b(
+            BinOp::Add,
+            lit(1.0, t),
+            u(UnOp::Exp, u(UnOp::Neg, u(UnOp::Abs, x.clone()))),
+        ),
+    );
     b(BinOp::Add, b(BinOp::Max, x, lit(0.0, t)), tail)
 }
 
@@ -83,7 +94,11 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
             Unary::Relu => b(BinOp::Max, x, l(0.0)),
             Unary::Not if t == Elem::Bool => u(UnOp::Not, x),
             Unary::BitNot if t != Elem::Bool => u(UnOp::Not, x),
-            Unary::Sign => Expr::select(lt(l(0.0), x.clone()), l(1.0), Expr::select(lt(x, l(0.0)), l(-1.0), l(0.0))),
+            Unary::Sign => Expr::select(
+                lt(l(0.0), x.clone()),
+                l(1.0),
+                Expr::select(lt(x, l(0.0)), l(-1.0), l(0.0)),
+            ),
             _ => return None,
         });
     }
@@ -93,7 +108,11 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
         Unary::Tanh => u(UnOp::Tanh, x),
         Unary::Erf => u(UnOp::Erf, x),
         Unary::Softplus => softplus(x, t),
-        Unary::Softsign => b(BinOp::Div, x.clone(), b(BinOp::Add, l(1.0), u(UnOp::Abs, x))),
+        Unary::Softsign => b(
+            BinOp::Div,
+            x.clone(),
+            b(BinOp::Add, l(1.0), u(UnOp::Abs, x)),
+        ),
         Unary::Sqrt => u(UnOp::Sqrt, x),
         Unary::Reciprocal => b(BinOp::Div, l(1.0), x),
         Unary::Exp => u(UnOp::Exp, x),
@@ -109,44 +128,163 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
         Unary::Asin => u(UnOp::Asin, x),
         Unary::Acos => u(UnOp::Acos, x),
         Unary::Atan => u(UnOp::Atan, x),
-        Unary::Sign => Expr::select(lt(l(0.0), x.clone()), l(1.0), Expr::select(lt(x.clone(), l(0.0)), l(-1.0), x)),
-        Unary::HardSwish => b(BinOp::Mul, x.clone(), clamp01(b(BinOp::Add, b(BinOp::Div, x, l(6.0)), l(0.5)), t)),
+        Unary::Sign => Expr::select(
+            lt(l(0.0), x.clone()),
+            l(1.0),
+            Expr::select(lt(x.clone(), l(0.0)), l(-1.0), x),
+        ),
+        Unary::HardSwish => b(
+            BinOp::Mul,
+            x.clone(),
+            clamp01(b(BinOp::Add, b(BinOp::Div, x, l(6.0)), l(0.5)), t),
+        ),
         Unary::Mish => b(BinOp::Mul, x.clone(), u(UnOp::Tanh, softplus(x, t))),
-        Unary::LeakyRelu { alpha } => Expr::select(lt(x.clone(), l(0.0)), b(BinOp::Mul, l(alpha as f64), x.clone()), x),
-        Unary::Elu { alpha } => Expr::select(lt(x.clone(), l(0.0)), b(BinOp::Mul, l(alpha as f64), b(BinOp::Sub, u(UnOp::Exp, x.clone()), l(1.0))), x),
+        Unary::LeakyRelu { alpha } => Expr::select(
+            lt(x.clone(), l(0.0)),
+            b(BinOp::Mul, l(alpha as f64), x.clone()),
+            x,
+        ),
+        Unary::Elu { alpha } => Expr::select(
+            lt(x.clone(), l(0.0)),
+            b(
+                BinOp::Mul,
+                l(alpha as f64),
+                b(BinOp::Sub, u(UnOp::Exp, x.clone()), l(1.0)),
+            ),
+            x,
+        ),
         Unary::Celu { alpha } => {
             let a = l(alpha as f64);
-            let neg = b(BinOp::Min, b(BinOp::Mul, a.clone(), b(BinOp::Sub, u(UnOp::Exp, b(BinOp::Div, x.clone(), a)), l(1.0))), l(0.0));
+            let neg = b(
+                BinOp::Min,
+                b(
+                    BinOp::Mul,
+                    a.clone(),
+                    b(
+                        BinOp::Sub,
+                        u(UnOp::Exp, b(BinOp::Div, x.clone(), a)),
+                        l(1.0),
+                    ),
+                ),
+                l(0.0),
+            );
             b(BinOp::Add, b(BinOp::Max, x, l(0.0)), neg)
         }
         Unary::Selu { alpha, gamma } => {
-            let neg = b(BinOp::Sub, b(BinOp::Mul, l(alpha as f64), u(UnOp::Exp, x.clone())), l(alpha as f64));
-            b(BinOp::Mul, l(gamma as f64), Expr::select(lt(l(0.0), x.clone()), x, neg))
+            let neg = b(
+                BinOp::Sub,
+                b(BinOp::Mul, l(alpha as f64), u(UnOp::Exp, x.clone())),
+                l(alpha as f64),
+            );
+            b(
+                BinOp::Mul,
+                l(gamma as f64),
+                Expr::select(lt(l(0.0), x.clone()), x, neg),
+            )
         }
-        Unary::HardSigmoid { alpha, beta } => clamp01(b(BinOp::Add, b(BinOp::Mul, l(alpha as f64), x), l(beta as f64)), t),
+        Unary::HardSigmoid { alpha, beta } => clamp01(
+            b(
+                BinOp::Add,
+                b(BinOp::Mul, l(alpha as f64), x),
+                l(beta as f64),
+            ),
+            t,
+        ),
         Unary::ThresholdedRelu { alpha } => Expr::select(lt(l(alpha as f64), x.clone()), x, l(0.0)),
         Unary::Shrink { bias, lambd } => {
             let (bi, la) = (l(bias as f64), l(lambd as f64));
-            let hi = Expr::select(lt(la.clone(), x.clone()), b(BinOp::Sub, x.clone(), bi.clone()), l(0.0));
+            let hi = Expr::select(
+                lt(la.clone(), x.clone()),
+                b(BinOp::Sub, x.clone(), bi.clone()),
+                l(0.0),
+            );
             Expr::select(lt(x.clone(), u(UnOp::Neg, la)), b(BinOp::Add, x, bi), hi)
         }
         Unary::Gelu { tanh: false } => {
-            let inner = b(BinOp::Add, l(1.0), u(UnOp::Erf, b(BinOp::Mul, x.clone(), l(std::f64::consts::FRAC_1_SQRT_2))));
+            let inner = b(
+                BinOp::Add,
+                l(1.0),
+                u(
+                    UnOp::Erf,
+                    b(BinOp::Mul, x.clone(), l(std::f64::consts::FRAC_1_SQRT_2)),
+                ),
+            );
             b(BinOp::Mul, b(BinOp::Mul, l(0.5), x), inner)
         }
         Unary::Gelu { tanh: true } => {
             let c = (2.0 / std::f64::consts::PI).sqrt();
-            let cube = b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Mul, l(0.044715), x.clone()), x.clone()), x.clone());
-            let th = u(UnOp::Tanh, b(BinOp::Mul, l(c), b(BinOp::Add, x.clone(), cube)));
-            b(BinOp::Mul, b(BinOp::Mul, l(0.5), x), b(BinOp::Add, l(1.0), th))
+            let cube = b(
+                BinOp::Mul,
+                b(BinOp::Mul, b(BinOp::Mul, l(0.044715), x.clone()), x.clone()),
+                x.clone(),
+            );
+            let th = u(
+                UnOp::Tanh,
+                b(BinOp::Mul, l(c), b(BinOp::Add, x.clone(), cube)),
+            );
+            b(
+                BinOp::Mul,
+                b(BinOp::Mul, l(0.5), x),
+                b(BinOp::Add, l(1.0), th),
+            )
         }
-        Unary::Sinh => b(BinOp::Mul, l(0.5), b(BinOp::Sub, u(UnOp::Exp, x.clone()), u(UnOp::Exp, u(UnOp::Neg, x)))),
-        Unary::Cosh => b(BinOp::Mul, l(0.5), b(BinOp::Add, u(UnOp::Exp, x.clone()), u(UnOp::Exp, u(UnOp::Neg, x)))),
-        Unary::Asinh => u(UnOp::Log, b(BinOp::Add, x.clone(), u(UnOp::Sqrt, b(BinOp::Add, b(BinOp::Mul, x.clone(), x), l(1.0))))),
-        Unary::Acosh => u(UnOp::Log, b(BinOp::Add, x.clone(), u(UnOp::Sqrt, b(BinOp::Sub, b(BinOp::Mul, x.clone(), x), l(1.0))))),
-        Unary::Atanh => b(BinOp::Mul, l(0.5), u(UnOp::Log, b(BinOp::Div, b(BinOp::Add, l(1.0), x.clone()), b(BinOp::Sub, l(1.0), x)))),
+        Unary::Sinh => b(
+            BinOp::Mul,
+            l(0.5),
+            b(
+                BinOp::Sub,
+                u(UnOp::Exp, x.clone()),
+                u(UnOp::Exp, u(UnOp::Neg, x)),
+            ),
+        ),
+        Unary::Cosh => b(
+            BinOp::Mul,
+            l(0.5),
+            b(
+                BinOp::Add,
+                u(UnOp::Exp, x.clone()),
+                u(UnOp::Exp, u(UnOp::Neg, x)),
+            ),
+        ),
+        Unary::Asinh => u(
+            UnOp::Log,
+            b(
+                BinOp::Add,
+                x.clone(),
+                u(
+                    UnOp::Sqrt,
+                    b(BinOp::Add, b(BinOp::Mul, x.clone(), x), l(1.0)),
+                ),
+            ),
+        ),
+        Unary::Acosh => u(
+            UnOp::Log,
+            b(
+                BinOp::Add,
+                x.clone(),
+                u(
+                    UnOp::Sqrt,
+                    b(BinOp::Sub, b(BinOp::Mul, x.clone(), x), l(1.0)),
+                ),
+            ),
+        ),
+        Unary::Atanh => b(
+            BinOp::Mul,
+            l(0.5),
+            u(
+                UnOp::Log,
+                b(
+                    BinOp::Div,
+                    b(BinOp::Add, l(1.0), x.clone()),
+                    b(BinOp::Sub, l(1.0), x),
+                ),
+            ),
+        ),
         Unary::IsNaN => b(BinOp::Ne, x.clone(), x),
-        Unary::IsInf { detect_negative, detect_positive } => {
+        Unary::IsInf {
+            detect_negative,
+            detect_positive,
+        } => {
             let pos = b(BinOp::Eq, x.clone(), l(f64::INFINITY));
             let neg = b(BinOp::Eq, x, l(f64::NEG_INFINITY));
             match (detect_negative, detect_positive) {
@@ -178,10 +316,22 @@ pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
             // The result takes the divisor's sign (Python's %).
             let r = b(BinOp::Rem, x, y.clone());
             let zero = lit(0.0, t);
-            let fix = b(BinOp::And, b(BinOp::Ne, r.clone(), zero.clone()), b(BinOp::Ne, b(BinOp::Lt, r.clone(), zero.clone()), b(BinOp::Lt, y.clone(), zero)));
+            let fix = b(
+                BinOp::And,
+                b(BinOp::Ne, r.clone(), zero.clone()),
+                b(
+                    BinOp::Ne,
+                    b(BinOp::Lt, r.clone(), zero.clone()),
+                    b(BinOp::Lt, y.clone(), zero),
+                ),
+            );
             Expr::select(fix, b(BinOp::Add, r.clone(), y), r)
         }
-        Binary::PRelu => Expr::select(b(BinOp::Lt, x.clone(), lit(0.0, t)), b(BinOp::Mul, y, x.clone()), x),
+        Binary::PRelu => Expr::select(
+            b(BinOp::Lt, x.clone(), lit(0.0, t)),
+            b(BinOp::Mul, y, x.clone()),
+            x,
+        ),
         Binary::Equal => b(BinOp::Eq, x, y),
         Binary::Greater => b(BinOp::Lt, y, x),
         Binary::Less => b(BinOp::Lt, x, y),
@@ -193,7 +343,9 @@ pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
         Binary::BitAnd if !t.is_float() => b(BinOp::And, x, y),
         Binary::BitOr if !t.is_float() => b(BinOp::Or, x, y),
         Binary::BitXor if !t.is_float() => b(BinOp::Xor, x, y),
-        Binary::BitShift { left } if !t.is_float() => b(if left { BinOp::Shl } else { BinOp::Shr }, x, y),
+        Binary::BitShift { left } if !t.is_float() => {
+            b(if left { BinOp::Shl } else { BinOp::Shr }, x, y)
+        }
         _ => return None,
     })
 }
@@ -207,5 +359,9 @@ pub fn nary(op: Nary, xs: Vec<Expr>, t: Elem) -> Option<Expr> {
         Nary::Min => BinOp::Min,
     };
     let folded = xs.into_iter().reduce(|a, c| b(o, a, c))?;
-    Some(if op == Nary::Mean { b(BinOp::Div, folded, lit(n as f64, t)) } else { folded })
+    Some(if op == Nary::Mean {
+        b(BinOp::Div, folded, lit(n as f64, t))
+    } else {
+        folded
+    })
 }

@@ -22,8 +22,13 @@ fn f(v: f64) -> Expr {
 
 /// A scalar local holding `value`: the statement that sets it and a load of it.
 fn bind(l: &mut Lowerer, stmts: &mut Vec<Stmt>, t: Elem, value: Expr) -> Expr {
-    let buf = l.k.buf(format!("g{}", l.k.bufs.len()), t, vec![], Space::Local);
-    stmts.push(Stmt::Store { buf, index: vec![], value });
+    let buf =
+        l.k.buf(format!("g{}", l.k.bufs.len()), t, vec![], Space::Local);
+    stmts.push(Stmt::Store {
+        buf,
+        index: vec![],
+        value,
+    });
     Expr::load(buf, vec![])
 }
 
@@ -36,12 +41,24 @@ fn reflect(x: &Expr, lo: f64, hi: f64) -> Expr {
     }
     let below = b(BinOp::Lt, x.clone(), f(lo));
     let above = b(BinOp::Lt, f(hi), x.clone());
-    let d = Expr::select(below.clone(), b(BinOp::Sub, f(lo), x.clone()), b(BinOp::Sub, x.clone(), f(hi)));
+    let d = Expr::select(
+        below.clone(),
+        b(BinOp::Sub, f(lo), x.clone()),
+        b(BinOp::Sub, x.clone(), f(hi)),
+    );
     let folds = Expr::un(UnOp::Floor, b(BinOp::Div, d.clone(), f(span)));
     let r = b(BinOp::Sub, d, b(BinOp::Mul, folds.clone(), f(span)));
     let half = Expr::un(UnOp::Floor, b(BinOp::Div, folds.clone(), f(2.0)));
-    let even = b(BinOp::Eq, b(BinOp::Sub, folds, b(BinOp::Mul, half, f(2.0))), f(0.0));
-    let folded = Expr::select(b(BinOp::Eq, below.clone(), even), b(BinOp::Add, f(lo), r.clone()), b(BinOp::Sub, f(hi), r));
+    let even = b(
+        BinOp::Eq,
+        b(BinOp::Sub, folds, b(BinOp::Mul, half, f(2.0))),
+        f(0.0),
+    );
+    let folded = Expr::select(
+        b(BinOp::Eq, below.clone(), even),
+        b(BinOp::Add, f(lo), r.clone()),
+        b(BinOp::Sub, f(hi), r),
+    );
     Expr::select(b(BinOp::Or, below, above), folded, x.clone())
 }
 
@@ -49,9 +66,29 @@ fn reflect(x: &Expr, lo: f64, hi: f64) -> Expr {
 fn cubic(x: Expr, near: bool) -> Expr {
     let a = -0.75;
     if near {
-        b(BinOp::Add, b(BinOp::Mul, b(BinOp::Mul, b(BinOp::Sub, b(BinOp::Mul, f(a + 2.0), x.clone()), f(a + 3.0)), x.clone()), x), f(1.0))
+        b(
+            BinOp::Add,
+            b(
+                BinOp::Mul,
+                b(
+                    BinOp::Mul,
+                    b(BinOp::Sub, b(BinOp::Mul, f(a + 2.0), x.clone()), f(a + 3.0)),
+                    x.clone(),
+                ),
+                x,
+            ),
+            f(1.0),
+        )
     } else {
-        let inner = b(BinOp::Add, b(BinOp::Mul, b(BinOp::Sub, b(BinOp::Mul, f(a), x.clone()), f(5.0 * a)), x.clone()), f(8.0 * a));
+        let inner = b(
+            BinOp::Add,
+            b(
+                BinOp::Mul,
+                b(BinOp::Sub, b(BinOp::Mul, f(a), x.clone()), f(5.0 * a)),
+                x.clone(),
+            ),
+            f(8.0 * a),
+        );
         b(BinOp::Sub, b(BinOp::Mul, inner, x), f(4.0 * a))
     }
 }
@@ -63,7 +100,15 @@ struct Tap {
     valid: Option<Expr>,
 }
 
-pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPadding, align: bool, out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+pub fn grid_sample(
+    l: &mut Lowerer,
+    n: NodeId,
+    mode: ResizeMode,
+    padding: GridPadding,
+    align: bool,
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let (x, grid) = (l.input(n, 0)?, l.input(n, 1)?);
     let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
     let gs: Vec<u64> = l.ty(grid).shape.iter().map(|d| *d as u64).collect();
@@ -75,23 +120,52 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
         for i in 0..sp {
             let d = xs[2 + i];
             let df = d as f64;
-            let (lo, hi) = if align { (0.0, df - 1.0) } else { (-0.5, df - 0.5) };
+            let (lo, hi) = if align {
+                (0.0, df - 1.0)
+            } else {
+                (-0.5, df - 0.5)
+            };
             // The grid's last axis lists coordinates innermost axis first.
             let mut gi = pos.to_vec();
             gi.push(Expr::int((sp - 1 - i) as i64));
             let v = get(l, grid, &gi, F)?;
             let mut c = if align {
-                b(BinOp::Mul, b(BinOp::Div, b(BinOp::Add, v, f(1.0)), f(2.0)), f(df - 1.0))
+                b(
+                    BinOp::Mul,
+                    b(BinOp::Div, b(BinOp::Add, v, f(1.0)), f(2.0)),
+                    f(df - 1.0),
+                )
             } else {
-                b(BinOp::Div, b(BinOp::Sub, b(BinOp::Mul, b(BinOp::Add, v, f(1.0)), f(df)), f(1.0)), f(2.0))
+                b(
+                    BinOp::Div,
+                    b(
+                        BinOp::Sub,
+                        b(BinOp::Mul, b(BinOp::Add, v, f(1.0)), f(df)),
+                        f(1.0),
+                    ),
+                    f(2.0),
+                )
             };
             if mode == ResizeMode::Nearest {
                 c = Expr::un(UnOp::Round, c);
             }
             let c = bind(l, &mut stmts, F, c);
-            let outside = b(BinOp::Or, b(BinOp::Lt, c.clone(), f(lo)), b(BinOp::Lt, f(hi), c.clone()));
+            let outside = b(
+                BinOp::Or,
+                b(BinOp::Lt, c.clone(), f(lo)),
+                b(BinOp::Lt, f(hi), c.clone()),
+            );
             let c = match padding {
-                GridPadding::Border => bind(l, &mut stmts, F, Expr::select(outside, b(BinOp::Min, b(BinOp::Max, c.clone(), f(0.0)), f(df - 1.0)), c)),
+                GridPadding::Border => bind(
+                    l,
+                    &mut stmts,
+                    F,
+                    Expr::select(
+                        outside,
+                        b(BinOp::Min, b(BinOp::Max, c.clone(), f(0.0)), f(df - 1.0)),
+                        c,
+                    ),
+                ),
                 GridPadding::Reflection => bind(l, &mut stmts, F, reflect(&c, lo, hi)),
                 GridPadding::Zeros => c,
             };
@@ -100,7 +174,10 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
             let bi = Expr::cast(Elem::I64, base);
             let raw: Vec<(Expr, Expr)> = match mode {
                 ResizeMode::Nearest => vec![(Expr::cast(Elem::I64, c), f(1.0))],
-                ResizeMode::Linear => vec![(bi.clone(), b(BinOp::Sub, f(1.0), t.clone())), (Expr::add(bi, Expr::int(1)), t)],
+                ResizeMode::Linear => vec![
+                    (bi.clone(), b(BinOp::Sub, f(1.0), t.clone())),
+                    (Expr::add(bi, Expr::int(1)), t),
+                ],
                 ResizeMode::Cubic => {
                     let ws = [
                         cubic(b(BinOp::Add, t.clone(), f(1.0)), false),
@@ -108,7 +185,10 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
                         cubic(b(BinOp::Sub, f(1.0), t.clone()), true),
                         cubic(b(BinOp::Sub, f(2.0), t), false),
                     ];
-                    ws.into_iter().enumerate().map(|(k, w)| (Expr::add(bi.clone(), Expr::int(k as i64 - 1)), w)).collect()
+                    ws.into_iter()
+                        .enumerate()
+                        .map(|(k, w)| (Expr::add(bi.clone(), Expr::int(k as i64 - 1)), w))
+                        .collect()
                 }
             };
             let mut taps = Vec::new();
@@ -116,7 +196,10 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
                 let k = bind(l, &mut stmts, Elem::I64, k);
                 // The clamp stays in the index expression, where the verifier sees the bound.
                 let (index, valid) = match padding {
-                    GridPadding::Zeros => (clamp(k.clone(), d), Some(bind(l, &mut stmts, Elem::Bool, in_range(k, d)))),
+                    GridPadding::Zeros => (
+                        clamp(k.clone(), d),
+                        Some(bind(l, &mut stmts, Elem::Bool, in_range(k, d))),
+                    ),
                     GridPadding::Border => (clamp(k, d), None),
                     GridPadding::Reflection => {
                         let kf = bind(l, &mut stmts, F, Expr::cast(F, k));
@@ -124,14 +207,21 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
                     }
                 };
                 let weight = bind(l, &mut stmts, F, w);
-                taps.push(Tap { index, weight, valid });
+                taps.push(Tap {
+                    index,
+                    weight,
+                    valid,
+                });
             }
             axes.push(taps);
         }
         // Every combination of one tap per axis, in the reference's order (last axis fastest).
         let mut combos: Vec<Vec<usize>> = vec![Vec::new()];
         for taps in &axes {
-            combos = combos.into_iter().flat_map(|c| (0..taps.len()).map(move |k| [c.clone(), vec![k]].concat())).collect();
+            combos = combos
+                .into_iter()
+                .flat_map(|c| (0..taps.len()).map(move |k| [c.clone(), vec![k]].concat()))
+                .collect();
         }
         stmts.extend(l.nest("c", &[xs[1] as u64], |l, ch| {
             let mut sum = f(0.0);
@@ -154,7 +244,11 @@ pub fn grid_sample(l: &mut Lowerer, n: NodeId, mode: ResizeMode, padding: GridPa
             }
             let mut oi = vec![pos[0].clone(), ch[0].clone()];
             oi.extend_from_slice(&pos[1..]);
-            Ok(vec![Stmt::Store { buf: dst, index: oi, value: convert(sum, F, out_t) }])
+            Ok(vec![Stmt::Store {
+                buf: dst,
+                index: oi,
+                value: convert(sum, F, out_t),
+            }])
         })?);
         Ok(stmts)
     })

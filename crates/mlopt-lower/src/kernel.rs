@@ -46,7 +46,9 @@ pub struct Lowerer<'g> {
 
 impl std::fmt::Debug for Lowerer<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lowerer").field("kernel", &self.k.name).finish()
+        f.debug_struct("Lowerer")
+            .field("kernel", &self.k.name)
+            .finish()
     }
 }
 
@@ -111,7 +113,11 @@ impl<'g> Lowerer<'g> {
 
     pub fn unsupported(&self, n: NodeId, why: impl Into<String>) -> LowerError {
         let node = self.g.node(n);
-        LowerError::Unsupported { node: node.name.clone(), op: node.op.name(), why: why.into() }
+        LowerError::Unsupported {
+            node: node.name.clone(),
+            op: node.op.name(),
+            why: why.into(),
+        }
     }
 
     /// The buffer of a value that lives outside this kernel (a parameter), created on first use.
@@ -136,7 +142,12 @@ impl<'g> Lowerer<'g> {
     }
 
     /// Loops over `extents` (fresh variables named `prefix`) around the statements `body` builds.
-    pub fn nest(&mut self, prefix: &str, extents: &[u64], body: impl FnOnce(&mut Self, &[Expr]) -> Result<Vec<Stmt>>) -> Result<Vec<Stmt>> {
+    pub fn nest(
+        &mut self,
+        prefix: &str,
+        extents: &[u64],
+        body: impl FnOnce(&mut Self, &[Expr]) -> Result<Vec<Stmt>>,
+    ) -> Result<Vec<Stmt>> {
         crate::contract::nest(self, prefix, extents, body)
     }
 
@@ -145,9 +156,14 @@ impl<'g> Lowerer<'g> {
         let n = v.node;
         let node = self.g.node(n);
         if let Op::Const(t) = &node.op {
-            if t.numel() == 1 && !matches!(t.dtype(), mlopt_ir::DType::F16 | mlopt_ir::DType::BF16) {
+            if t.numel() == 1 && !matches!(t.dtype(), mlopt_ir::DType::F16 | mlopt_ir::DType::BF16)
+            {
                 let e = elem(t.dtype());
-                return Ok(if e.is_float() { lit(t.to_f64_vec()[0], e) } else { lit(t.to_i64_vec()[0] as f64, e) });
+                return Ok(if e.is_float() {
+                    lit(t.to_f64_vec()[0], e)
+                } else {
+                    lit(t.to_i64_vec()[0] as f64, e)
+                });
             }
         }
         if let Some(b) = self.bufs.get(&v) {
@@ -168,12 +184,27 @@ impl<'g> Lowerer<'g> {
         let v = self.input(n, i)?;
         let shape = &self.ty(v).shape;
         let skip = idx.len() - shape.len();
-        let ix: Vec<Expr> = shape.iter().enumerate().map(|(d, s)| if *s == 1 { Expr::int(0) } else { idx[skip + d].clone() }).collect();
+        let ix: Vec<Expr> = shape
+            .iter()
+            .enumerate()
+            .map(|(d, s)| {
+                if *s == 1 {
+                    Expr::int(0)
+                } else {
+                    idx[skip + d].clone()
+                }
+            })
+            .collect();
         self.pull(v, &ix)
     }
 
     pub fn input(&self, n: NodeId, i: usize) -> Result<Value> {
-        self.g.inputs(n).get(i).copied().flatten().ok_or_else(|| self.unsupported(n, format!("input {i} is missing")))
+        self.g
+            .inputs(n)
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| self.unsupported(n, format!("input {i} is missing")))
     }
 
     /// GatherND's and ScatterND's index tuple: `indices[at.., 0..last]` (the last axis of `ind`), each
@@ -211,8 +242,14 @@ impl<'g> Lowerer<'g> {
         let e = match &node.op {
             Op::Unary(u) => {
                 let x = self.pull_as(n, 0, idx, ct)?;
-                let r = ew::unary(*u, x, ct).ok_or_else(|| self.unsupported(n, format!("no code generation for {u:?} on {in0}")))?;
-                return Ok(if ew::unary_to_bool(*u) { r } else { convert(r, ct, out_t) });
+                let r = ew::unary(*u, x, ct).ok_or_else(|| {
+                    self.unsupported(n, format!("no code generation for {u:?} on {in0}"))
+                })?;
+                return Ok(if ew::unary_to_bool(*u) {
+                    r
+                } else {
+                    convert(r, ct, out_t)
+                });
             }
             Op::Binary(mlopt_ir::Binary::Pow) if !ct.is_float() => {
                 // Integer powers (of an integer or float exponent) in f64, which is exact for the
@@ -224,11 +261,19 @@ impl<'g> Lowerer<'g> {
             Op::Binary(b) => {
                 let x = self.pull_as(n, 0, idx, ct)?;
                 let y = self.pull_as(n, 1, idx, ct)?;
-                let r = ew::binary(*b, x, y, ct).ok_or_else(|| self.unsupported(n, format!("no code generation for {b:?} on {in0}")))?;
-                return Ok(if out_t == Elem::Bool { r } else { convert(r, ct, out_t) });
+                let r = ew::binary(*b, x, y, ct).ok_or_else(|| {
+                    self.unsupported(n, format!("no code generation for {b:?} on {in0}"))
+                })?;
+                return Ok(if out_t == Elem::Bool {
+                    r
+                } else {
+                    convert(r, ct, out_t)
+                });
             }
             Op::Nary(o) => {
-                let xs = (0..arity).map(|i| self.pull_as(n, i, idx, ct)).collect::<Result<Vec<_>>>()?;
+                let xs = (0..arity)
+                    .map(|i| self.pull_as(n, i, idx, ct))
+                    .collect::<Result<Vec<_>>>()?;
                 ew::nary(*o, xs, ct).ok_or_else(|| self.unsupported(n, "no inputs"))?
             }
             Op::Where => {
@@ -253,7 +298,11 @@ impl<'g> Lowerer<'g> {
             }
             Op::BatchNorm { epsilon } => {
                 // (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).
-                let ch = if idx.len() > 1 { vec![idx[1].clone()] } else { vec![Expr::int(0)] };
+                let ch = if idx.len() > 1 {
+                    vec![idx[1].clone()]
+                } else {
+                    vec![Expr::int(0)]
+                };
                 let x = self.pull_as(n, 0, idx, ct)?;
                 let mut p = Vec::new();
                 for i in 1..5 {
@@ -262,11 +311,27 @@ impl<'g> Lowerer<'g> {
                     let e = self.pull(v, &ch)?;
                     p.push(convert(e, from, ct));
                 }
-                let inv = Expr::bin(BinOp::Div, lit(1.0, ct), Expr::un(mlopt_kir::UnOp::Sqrt, Expr::bin(BinOp::Add, p[3].clone(), lit(*epsilon as f64, ct))));
+                let inv = Expr::bin(
+                    BinOp::Div,
+                    lit(1.0, ct),
+                    Expr::un(
+                        mlopt_kir::UnOp::Sqrt,
+                        Expr::bin(BinOp::Add, p[3].clone(), lit(*epsilon as f64, ct)),
+                    ),
+                );
                 let norm = Expr::bin(BinOp::Mul, Expr::bin(BinOp::Sub, x, p[2].clone()), inv);
-                Expr::bin(BinOp::Add, Expr::bin(BinOp::Mul, norm, p[0].clone()), p[1].clone())
+                Expr::bin(
+                    BinOp::Add,
+                    Expr::bin(BinOp::Mul, norm, p[0].clone()),
+                    p[1].clone(),
+                )
             }
-            Op::Lrn { size, alpha, beta, bias } => {
+            Op::Lrn {
+                size,
+                alpha,
+                beta,
+                bias,
+            } => {
                 // x / (bias + alpha / size * sum of x^2 over the channels c - lo ..= c + hi)^beta.
                 let (size, c) = (*size as i64, self.ty(self.input(n, 0)?).shape[1] as i64);
                 // (Channels past the tensor's count nothing, so a window wider than it is cut to it.)
@@ -277,16 +342,28 @@ impl<'g> Lowerer<'g> {
                     let mut at = idx.to_vec();
                     at[1] = clamp(ch.clone(), c);
                     let v = self.pull_as(n, 0, &at, ct)?;
-                    let term = Expr::select(in_range(ch, c), Expr::bin(BinOp::Mul, v.clone(), v), lit(0.0, ct));
+                    let term = Expr::select(
+                        in_range(ch, c),
+                        Expr::bin(BinOp::Mul, v.clone(), v),
+                        lit(0.0, ct),
+                    );
                     sq = Some(match sq {
                         None => term,
                         Some(s) => Expr::bin(BinOp::Add, s, term),
                     });
                 }
                 let sq = sq.unwrap_or_else(|| lit(0.0, ct));
-                let base = Expr::bin(BinOp::Add, lit(*bias as f64, ct), Expr::bin(BinOp::Mul, lit(*alpha as f64 / size as f64, ct), sq));
+                let base = Expr::bin(
+                    BinOp::Add,
+                    lit(*bias as f64, ct),
+                    Expr::bin(BinOp::Mul, lit(*alpha as f64 / size as f64, ct), sq),
+                );
                 let x = self.pull_as(n, 0, idx, ct)?;
-                Expr::bin(BinOp::Div, x, Expr::bin(BinOp::Pow, base, lit(*beta as f64, ct)))
+                Expr::bin(
+                    BinOp::Div,
+                    x,
+                    Expr::bin(BinOp::Pow, base, lit(*beta as f64, ct)),
+                )
             }
             _ => return self.pull_view(n, out, idx),
         };
@@ -314,12 +391,24 @@ impl<'g> Lowerer<'g> {
             }
             Op::Expand { .. } => self.pull_broadcast(n, 0, idx),
             Op::Slice { starts, steps, .. } => {
-                let ix =
-                    idx.iter().enumerate().map(|(a, e)| Expr::add(Expr::int(starts[a] as i64), Expr::mul(Expr::int(steps[a]), e.clone()))).collect::<Vec<_>>();
+                let ix = idx
+                    .iter()
+                    .enumerate()
+                    .map(|(a, e)| {
+                        Expr::add(
+                            Expr::int(starts[a] as i64),
+                            Expr::mul(Expr::int(steps[a]), e.clone()),
+                        )
+                    })
+                    .collect::<Vec<_>>();
                 self.pull(x, &ix)
             }
             Op::Tile { .. } => {
-                let ix = idx.iter().enumerate().map(|(a, e)| Expr::rem(e.clone(), Expr::int(in_shape[a]))).collect::<Vec<_>>();
+                let ix = idx
+                    .iter()
+                    .enumerate()
+                    .map(|(a, e)| Expr::rem(e.clone(), Expr::int(in_shape[a])))
+                    .collect::<Vec<_>>();
                 self.pull(x, &ix)
             }
             Op::Split { axis, sizes } => {
@@ -343,9 +432,15 @@ impl<'g> Lowerer<'g> {
                     parts.push((off + len, self.pull(v, &ix)?));
                     off += len;
                 }
-                let (_, mut e) = parts.pop().ok_or_else(|| self.unsupported(n, "no non-empty input"))?;
+                let (_, mut e) = parts
+                    .pop()
+                    .ok_or_else(|| self.unsupported(n, "no non-empty input"))?;
                 while let Some((end, p)) = parts.pop() {
-                    e = Expr::select(Expr::bin(BinOp::Lt, idx[*axis].clone(), Expr::int(end)), p, e);
+                    e = Expr::select(
+                        Expr::bin(BinOp::Lt, idx[*axis].clone(), Expr::int(end)),
+                        p,
+                        e,
+                    );
                 }
                 Ok(e)
             }
@@ -381,7 +476,11 @@ impl<'g> Lowerer<'g> {
                 // Keep element (i, j) of the last two axes when j - i >= k (upper) or j - i <= k (lower).
                 let r = idx.len();
                 let d = Expr::sub(idx[r - 1].clone(), idx[r - 2].clone());
-                let keep = if *upper { Expr::bin(BinOp::Le, Expr::int(*k), d) } else { Expr::bin(BinOp::Le, d, Expr::int(*k)) };
+                let keep = if *upper {
+                    Expr::bin(BinOp::Le, Expr::int(*k), d)
+                } else {
+                    Expr::bin(BinOp::Le, d, Expr::int(*k))
+                };
                 let t = elem(self.ty(x).dtype);
                 let v = self.pull(x, idx)?;
                 Ok(Expr::select(keep, v, lit(0.0, t)))
@@ -391,29 +490,61 @@ impl<'g> Lowerer<'g> {
                 // out[n, c, h*b + i, w*b + j] = in[n, (i*b + j)*C' + c, h, w] (DCR) or in[n, c*b*b + i*b + j, h, w] (CRD).
                 let b = *blocksize as i64;
                 let c_out = out_shape[1];
-                let (i, j) = (Expr::rem(idx[2].clone(), Expr::int(b)), Expr::rem(idx[3].clone(), Expr::int(b)));
+                let (i, j) = (
+                    Expr::rem(idx[2].clone(), Expr::int(b)),
+                    Expr::rem(idx[3].clone(), Expr::int(b)),
+                );
                 let ij = Expr::add(Expr::mul(i, Expr::int(b)), j);
-                let ch =
-                    if *crd { Expr::add(Expr::mul(idx[1].clone(), Expr::int(b * b)), ij) } else { Expr::add(Expr::mul(ij, Expr::int(c_out)), idx[1].clone()) };
-                self.pull(x, &[idx[0].clone(), ch, Expr::div(idx[2].clone(), Expr::int(b)), Expr::div(idx[3].clone(), Expr::int(b))])
+                let ch = if *crd {
+                    Expr::add(Expr::mul(idx[1].clone(), Expr::int(b * b)), ij)
+                } else {
+                    Expr::add(Expr::mul(ij, Expr::int(c_out)), idx[1].clone())
+                };
+                self.pull(
+                    x,
+                    &[
+                        idx[0].clone(),
+                        ch,
+                        Expr::div(idx[2].clone(), Expr::int(b)),
+                        Expr::div(idx[3].clone(), Expr::int(b)),
+                    ],
+                )
             }
             Op::SpaceToDepth { blocksize } => {
                 // out[n, (i*b + j)*C + c, h, w] = in[n, c, h*b + i, w*b + j].
                 let b = *blocksize as i64;
                 let c_in = in_shape[1];
-                let (c, t) = (Expr::rem(idx[1].clone(), Expr::int(c_in)), Expr::div(idx[1].clone(), Expr::int(c_in)));
-                let (i, j) = (Expr::div(t.clone(), Expr::int(b)), Expr::rem(t, Expr::int(b)));
-                self.pull(x, &[idx[0].clone(), c, Expr::add(Expr::mul(idx[2].clone(), Expr::int(b)), i), Expr::add(Expr::mul(idx[3].clone(), Expr::int(b)), j)])
+                let (c, t) = (
+                    Expr::rem(idx[1].clone(), Expr::int(c_in)),
+                    Expr::div(idx[1].clone(), Expr::int(c_in)),
+                );
+                let (i, j) = (
+                    Expr::div(t.clone(), Expr::int(b)),
+                    Expr::rem(t, Expr::int(b)),
+                );
+                self.pull(
+                    x,
+                    &[
+                        idx[0].clone(),
+                        c,
+                        Expr::add(Expr::mul(idx[2].clone(), Expr::int(b)), i),
+                        Expr::add(Expr::mul(idx[3].clone(), Expr::int(b)), j),
+                    ],
+                )
             }
             Op::Pad { pads, mode, value } => {
                 let rank = in_shape.len();
                 let t = elem(self.ty(x).dtype);
-                let src: Vec<Expr> = (0..rank).map(|a| Expr::sub(idx[a].clone(), Expr::int(pads[a]))).collect();
+                let src: Vec<Expr> = (0..rank)
+                    .map(|a| Expr::sub(idx[a].clone(), Expr::int(pads[a])))
+                    .collect();
                 // Constant mode: the axes that grow take `value` outside the input; the other modes map
                 // every position to one inside it (edge clamps, reflect mirrors, wrap repeats).
                 let grows = |a: usize| pads[a] > 0 || pads[a + rank] > 0;
                 let inside = match mode {
-                    mlopt_ir::PadMode::Constant => all((0..rank).filter(|a| grows(*a)).map(|a| in_range(src[a].clone(), in_shape[a]))),
+                    mlopt_ir::PadMode::Constant => all((0..rank)
+                        .filter(|a| grows(*a))
+                        .map(|a| in_range(src[a].clone(), in_shape[a]))),
                     _ => None,
                 };
                 let ix: Vec<Expr> = src
@@ -427,7 +558,11 @@ impl<'g> Lowerer<'g> {
                                 // Period 2(len - 1): position r of a period reads r, or its mirror 2(len - 1) - r.
                                 let m = 2 * (len - 1);
                                 let r = modulo(e, m);
-                                Expr::select(Expr::bin(BinOp::Lt, r.clone(), Expr::int(len)), r.clone(), Expr::sub(Expr::int(m), r))
+                                Expr::select(
+                                    Expr::bin(BinOp::Lt, r.clone(), Expr::int(len)),
+                                    r.clone(),
+                                    Expr::sub(Expr::int(m), r),
+                                )
                             }
                             mlopt_ir::PadMode::Wrap => modulo(e, len),
                             _ => e,
@@ -448,7 +583,13 @@ impl<'g> Lowerer<'g> {
     /// Resize: the taps of every resized axis (input positions and weights, fixed by the static shapes)
     /// are tables computed at compile time, and each output element is the weighted sum over all tap
     /// combinations, in f32. Axes that keep their size are read straight through.
-    fn pull_resize(&mut self, n: NodeId, x: Value, r: &mlopt_ir::ResizeAttrs, idx: &[Expr]) -> Result<Expr> {
+    fn pull_resize(
+        &mut self,
+        n: NodeId,
+        x: Value,
+        r: &mlopt_ir::ResizeAttrs,
+        idx: &[Expr],
+    ) -> Result<Expr> {
         let xt = self.ty(x).clone();
         let t = elem(xt.dtype);
         // Floats are computed in f32; integers in f64 and rounded half away from zero, as the reference.
@@ -457,16 +598,28 @@ impl<'g> Lowerer<'g> {
         let mut axes: Vec<Option<(BufId, BufId, BufId, usize)>> = Vec::new();
         for d in 0..xt.shape.len() {
             let (n_in, n_out) = (xt.shape[d], r.sizes[d]);
-            if n_in == n_out && r.scales[d] == 1.0 && r.coord != mlopt_ir::CoordMode::TfCropAndResize {
+            if n_in == n_out
+                && r.scales[d] == 1.0
+                && r.coord != mlopt_ir::CoordMode::TfCropAndResize
+            {
                 axes.push(None);
                 continue;
             }
             let taps = mlopt_ir::interp::resize_taps(r, d, n_in, n_out);
-            let width = taps.iter().map(|t| t.as_ref().map_or(0, |v| v.len())).max().unwrap_or(0).max(1);
+            let width = taps
+                .iter()
+                .map(|t| t.as_ref().map_or(0, |v| v.len()))
+                .max()
+                .unwrap_or(0)
+                .max(1);
             let (mut ix, mut w, mut ok) = (Vec::new(), Vec::new(), Vec::new());
             for tp in &taps {
                 for k in 0..width {
-                    let (i, wt) = tp.as_ref().and_then(|v| v.get(k)).copied().unwrap_or((0, 0.0));
+                    let (i, wt) = tp
+                        .as_ref()
+                        .and_then(|v| v.get(k))
+                        .copied()
+                        .unwrap_or((0, 0.0));
                     ix.extend_from_slice(&(i as i64).to_le_bytes());
                     if ct == Elem::F32 {
                         w.extend_from_slice(&(wt as f32).to_le_bytes());
@@ -478,9 +631,20 @@ impl<'g> Lowerer<'g> {
             }
             let name = &self.g.node(n).name;
             let mk = |l: &mut Self, what: &str, elem: Elem, dims: Vec<u64>, data: Vec<u8>| {
-                l.weight(mlopt_kir::Weight { name: format!("{name}.{what}{d}"), elem, dims, data: std::sync::Arc::new(data) })
+                l.weight(mlopt_kir::Weight {
+                    name: format!("{name}.{what}{d}"),
+                    elem,
+                    dims,
+                    data: std::sync::Arc::new(data),
+                })
             };
-            let bi = mk(self, "taps", Elem::I64, vec![n_out as u64, width as u64], ix);
+            let bi = mk(
+                self,
+                "taps",
+                Elem::I64,
+                vec![n_out as u64, width as u64],
+                ix,
+            );
             let bw = mk(self, "weights", ct, vec![n_out as u64, width as u64], w);
             let bv = mk(self, "valid", Elem::F32, vec![n_out as u64], ok);
             axes.push(Some((bi, bw, bv, width)));
@@ -519,22 +683,54 @@ impl<'g> Lowerer<'g> {
         }
         let mut y = sum.unwrap_or_else(|| lit(0.0, ct));
         // tf_crop_and_resize: outside the crop box, the extrapolation value.
-        let valid: Vec<Expr> = axes.iter().enumerate().filter_map(|(d, a)| a.map(|(_, _, bv, _)| Expr::load(bv, vec![idx[d].clone()]))).collect();
+        let valid: Vec<Expr> = axes
+            .iter()
+            .enumerate()
+            .filter_map(|(d, a)| a.map(|(_, _, bv, _)| Expr::load(bv, vec![idx[d].clone()])))
+            .collect();
         if r.coord == mlopt_ir::CoordMode::TfCropAndResize && !valid.is_empty() {
-            let all = valid.into_iter().reduce(|p, q| Expr::bin(BinOp::Mul, p, q)).unwrap_or_else(|| lit(1.0, Elem::F32));
-            y = Expr::select(Expr::bin(BinOp::Lt, lit(0.5, Elem::F32), all), y, lit(r.extrapolation_value as f64, ct));
+            let all = valid
+                .into_iter()
+                .reduce(|p, q| Expr::bin(BinOp::Mul, p, q))
+                .unwrap_or_else(|| lit(1.0, Elem::F32));
+            y = Expr::select(
+                Expr::bin(BinOp::Lt, lit(0.5, Elem::F32), all),
+                y,
+                lit(r.extrapolation_value as f64, ct),
+            );
         }
         if !t.is_float() {
-            let half = |e: Expr| Expr::un(mlopt_kir::UnOp::Floor, Expr::bin(BinOp::Add, e, lit(0.5, ct)));
+            let half = |e: Expr| {
+                Expr::un(
+                    mlopt_kir::UnOp::Floor,
+                    Expr::bin(BinOp::Add, e, lit(0.5, ct)),
+                )
+            };
             let neg = Expr::bin(BinOp::Lt, y.clone(), lit(0.0, ct));
-            y = Expr::select(neg, Expr::un(mlopt_kir::UnOp::Neg, half(Expr::un(mlopt_kir::UnOp::Neg, y.clone()))), half(y));
+            y = Expr::select(
+                neg,
+                Expr::un(
+                    mlopt_kir::UnOp::Neg,
+                    half(Expr::un(mlopt_kir::UnOp::Neg, y.clone())),
+                ),
+                half(y),
+            );
         }
         Ok(convert(y, ct, t))
     }
 
     /// Lowers the kernel: anchors in order, then the root's outputs.
-    pub fn lower(mut self, order: &[NodeId], root: NodeId, outputs: &[(Value, BufId)]) -> Result<(Kernel, Params)> {
-        let anchors: Vec<NodeId> = order.iter().copied().filter(|n| self.members.contains(n) && !pulled(&self.g.node(*n).op)).collect();
+    pub fn lower(
+        mut self,
+        order: &[NodeId],
+        root: NodeId,
+        outputs: &[(Value, BufId)],
+    ) -> Result<(Kernel, Params)> {
+        let anchors: Vec<NodeId> = order
+            .iter()
+            .copied()
+            .filter(|n| self.members.contains(n) && !pulled(&self.g.node(*n).op))
+            .collect();
         if let Some(fused) = self.fuse_epilogue(order, root, &anchors, outputs)? {
             self.k.body.extend(fused);
             return Ok((self.k, self.params));
@@ -543,12 +739,20 @@ impl<'g> Lowerer<'g> {
             let node = self.g.node(n);
             let dsts: Vec<BufId> = (0..node.outputs.len())
                 .map(|o| {
-                    let v = Value { node: n, output: o as u32 };
+                    let v = Value {
+                        node: n,
+                        output: o as u32,
+                    };
                     match outputs.iter().find(|(ov, _)| *ov == v) {
                         Some((_, b)) => *b,
                         None => {
                             let t = &node.outputs[o];
-                            self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local)
+                            self.k.buf(
+                                format!("t{}", self.k.bufs.len()),
+                                elem(t.dtype),
+                                dims(t),
+                                Space::Local,
+                            )
                         }
                     }
                 })
@@ -556,7 +760,13 @@ impl<'g> Lowerer<'g> {
             let stmts = anchor::lower(&mut self, n, &dsts)?;
             self.k.body.extend(stmts);
             for (o, b) in dsts.iter().enumerate() {
-                self.bufs.insert(Value { node: n, output: o as u32 }, *b);
+                self.bufs.insert(
+                    Value {
+                        node: n,
+                        output: o as u32,
+                    },
+                    *b,
+                );
             }
         }
         if pulled(&self.g.node(root).op) {
@@ -565,7 +775,11 @@ impl<'g> Lowerer<'g> {
                 let (v, b) = (*v, *b);
                 let stmts = self.nest("i", &shape, |l, idx| {
                     let e = l.pull_op(v.node, v.output as usize, idx)?;
-                    Ok(vec![Stmt::Store { buf: b, index: idx.to_vec(), value: e }])
+                    Ok(vec![Stmt::Store {
+                        buf: b,
+                        index: idx.to_vec(),
+                        value: e,
+                    }])
                 })?;
                 self.k.body.extend(stmts);
             }
@@ -578,23 +792,49 @@ impl<'g> Lowerer<'g> {
     /// into the kernel's output. With `layout_epilogue`, the epilogue may end in a chain of Reshapes and
     /// Transposes (a projection split into heads), and each value is stored where they move it. None
     /// when the kernel does not have that form.
-    fn fuse_epilogue(&mut self, order: &[NodeId], root: NodeId, anchors: &[NodeId], outputs: &[(Value, BufId)]) -> Result<Option<Vec<Stmt>>> {
+    fn fuse_epilogue(
+        &mut self,
+        order: &[NodeId],
+        root: NodeId,
+        anchors: &[NodeId],
+        outputs: &[(Value, BufId)],
+    ) -> Result<Option<Vec<Stmt>>> {
         let [a] = anchors else { return Ok(None) };
-        let [(out_v, out_b)] = outputs else { return Ok(None) };
+        let [(out_v, out_b)] = outputs else {
+            return Ok(None);
+        };
         // The layout tail, root first, and the value it starts from.
         let mut tail = Vec::new();
         let mut end = root;
-        while self.layout_epilogue && end != *a && matches!(self.g.node(end).op, Op::Reshape { .. } | Op::Transpose { .. }) {
+        while self.layout_epilogue
+            && end != *a
+            && matches!(
+                self.g.node(end).op,
+                Op::Reshape { .. } | Op::Transpose { .. }
+            )
+        {
             let input = self.input(end, 0)?;
-            if input.output != 0 || (input.node != *a && !self.members.contains(&input.node)) || (end != root && self.g.users(end).len() != 1) {
+            if input.output != 0
+                || (input.node != *a && !self.members.contains(&input.node))
+                || (end != root && self.g.users(end).len() != 1)
+            {
                 break;
             }
             tail.push(end);
             end = input.node;
         }
         let (an, rn) = (self.g.node(*a), self.g.node(end));
-        let after: Vec<NodeId> = order.iter().copied().skip_while(|n| n != a).skip(1).filter(|n| self.members.contains(n) && !tail.contains(n)).collect();
-        let av = Value { node: *a, output: 0 };
+        let after: Vec<NodeId> = order
+            .iter()
+            .copied()
+            .skip_while(|n| n != a)
+            .skip(1)
+            .filter(|n| self.members.contains(n) && !tail.contains(n))
+            .collect();
+        let av = Value {
+            node: *a,
+            output: 0,
+        };
         let fusable = *a != root
             && out_v.node == root
             && self.g.node(root).outputs.len() == 1
@@ -614,46 +854,94 @@ impl<'g> Lowerer<'g> {
         // output itself, or (with a layout tail) a buffer no statement keeps.
         let out = *out_b;
         let shape = dims(&an.outputs[0]);
-        let b = if tail.is_empty() { out } else { self.k.buf(format!("t{}", self.k.bufs.len()), elem(an.outputs[0].dtype), shape.clone(), Space::Local) };
+        let b = if tail.is_empty() {
+            out
+        } else {
+            self.k.buf(
+                format!("t{}", self.k.bufs.len()),
+                elem(an.outputs[0].dtype),
+                shape.clone(),
+                Space::Local,
+            )
+        };
         let vars: Vec<Var> = shape.iter().map(|_| self.fresh("e")).collect();
         // Axes of size 1 are index 0, as pulls through a broadcast write them, so the loads match.
-        let idx: Vec<Expr> = vars.iter().zip(&shape).map(|(v, s)| if *s == 1 { Expr::int(0) } else { Expr::var(*v) }).collect();
+        let idx: Vec<Expr> = vars
+            .iter()
+            .zip(&shape)
+            .map(|(v, s)| if *s == 1 { Expr::int(0) } else { Expr::var(*v) })
+            .collect();
         self.bufs.insert(av, b);
-        let epi = if end == *a { Expr::load(b, idx.clone()) } else { self.pull_op(end, 0, &idx)? };
+        let epi = if end == *a {
+            Expr::load(b, idx.clone())
+        } else {
+            self.pull_op(end, 0, &idx)?
+        };
         if !loads_only_at(&epi, b, &idx) {
             self.bufs.remove(&av);
             return Ok(None);
         }
-        let to = if tail.is_empty() { None } else { Some(self.moved_by(&tail, &idx, &vars, &shape)?) };
+        let to = if tail.is_empty() {
+            None
+        } else {
+            Some(self.moved_by(&tail, &idx, &vars, &shape)?)
+        };
         let mut dsts = vec![b];
         for o in 1..an.outputs.len() {
             let t = &an.outputs[o];
-            dsts.push(self.k.buf(format!("t{}", self.k.bufs.len()), elem(t.dtype), dims(t), Space::Local));
+            dsts.push(self.k.buf(
+                format!("t{}", self.k.bufs.len()),
+                elem(t.dtype),
+                dims(t),
+                Space::Local,
+            ));
         }
         let stmts = anchor::lower(self, *a, &dsts)?;
         if mlopt_kir::analysis::buffer_loads(&stmts).contains_key(&b) {
-            return Err(self.unsupported(*a, "an anchor that reads its own output cannot take a fused epilogue"));
+            return Err(self.unsupported(
+                *a,
+                "an anchor that reads its own output cannot take a fused epilogue",
+            ));
         }
-        Ok(Some(stmts.iter().map(|s| apply_epilogue(s, b, &vars, &epi, out, to.as_deref())).collect()))
+        Ok(Some(
+            stmts
+                .iter()
+                .map(|s| apply_epilogue(s, b, &vars, &epi, out, to.as_deref()))
+                .collect(),
+        ))
     }
 
     /// Where a layout `tail` (root first) moves element `idx` (in `vars`, of extents `shape`): a Reshape
     /// keeps its row-major position, a Transpose permutes; the result taken apart where the extents allow.
-    fn moved_by(&self, tail: &[NodeId], idx: &[Expr], vars: &[Var], shape: &[u64]) -> Result<Vec<Expr>> {
+    fn moved_by(
+        &self,
+        tail: &[NodeId],
+        idx: &[Expr],
+        vars: &[Var],
+        shape: &[u64],
+    ) -> Result<Vec<Expr>> {
         let mut to = idx.to_vec();
         for n in tail.iter().rev() {
             let node = self.g.node(*n);
             to = match &node.op {
                 Op::Transpose { perm } => perm.iter().map(|p| to[*p].clone()).collect(),
                 _ => {
-                    let from: Vec<i64> = self.ty(self.input(*n, 0)?).shape.iter().map(|d| *d as i64).collect();
+                    let from: Vec<i64> = self
+                        .ty(self.input(*n, 0)?)
+                        .shape
+                        .iter()
+                        .map(|d| *d as i64)
+                        .collect();
                     let into: Vec<i64> = node.outputs[0].shape.iter().map(|d| *d as i64).collect();
                     delinear(linear(&to, &from), &into)
                 }
             };
         }
         let extent = |v: Var| vars.iter().position(|w| *w == v).map(|i| shape[i]);
-        Ok(to.iter().map(|e| mlopt_kir::analysis::simplify_index(e, &extent)).collect())
+        Ok(to
+            .iter()
+            .map(|e| mlopt_kir::analysis::simplify_index(e, &extent))
+            .collect())
     }
 }
 
@@ -664,22 +952,56 @@ fn loads_only_at(e: &Expr, b: BufId, idx: &[Expr]) -> bool {
         Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => true,
         Expr::Unary(_, a) | Expr::Cast(_, a) => loads_only_at(a, b, idx),
         Expr::Binary(_, x, y) => loads_only_at(x, b, idx) && loads_only_at(y, b, idx),
-        Expr::Fma(x, y, z) | Expr::Select(x, y, z) => [x, y, z].iter().all(|a| loads_only_at(a, b, idx)),
+        Expr::Fma(x, y, z) | Expr::Select(x, y, z) => {
+            [x, y, z].iter().all(|a| loads_only_at(a, b, idx))
+        }
     }
 }
 
 /// Rewrites every store `b[I] = v` into `out[to(I)] = epilogue(I, v)` (`to` and `epilogue` are written
 /// in `vars`; without `to`, at I).
-fn apply_epilogue(s: &Stmt, b: BufId, vars: &[Var], epi: &Expr, out: BufId, to: Option<&[Expr]>) -> Stmt {
-    let rec = |body: &[Stmt]| body.iter().map(|s| apply_epilogue(s, b, vars, epi, out, to)).collect();
+fn apply_epilogue(
+    s: &Stmt,
+    b: BufId,
+    vars: &[Var],
+    epi: &Expr,
+    out: BufId,
+    to: Option<&[Expr]>,
+) -> Stmt {
+    let rec = |body: &[Stmt]| {
+        body.iter()
+            .map(|s| apply_epilogue(s, b, vars, epi, out, to))
+            .collect()
+    };
     match s {
         Stmt::Store { buf, index, value } if *buf == b => {
-            let at = |e: &Expr| vars.iter().zip(index).fold(e.clone(), |e, (v, i)| e.subst(*v, i));
+            let at = |e: &Expr| {
+                vars.iter()
+                    .zip(index)
+                    .fold(e.clone(), |e, (v, i)| e.subst(*v, i))
+            };
             let index = to.map_or_else(|| index.clone(), |to| to.iter().map(at).collect());
-            Stmt::Store { buf: out, index, value: replace_load(&at(epi), b, value) }
+            Stmt::Store {
+                buf: out,
+                index,
+                value: replace_load(&at(epi), b, value),
+            }
         }
-        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: rec(body) },
-        Stmt::If { cond, then } => Stmt::If { cond: cond.clone(), then: rec(then) },
+        Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+        } => Stmt::For {
+            var: *var,
+            extent: *extent,
+            kind: *kind,
+            body: rec(body),
+        },
+        Stmt::If { cond, then } => Stmt::If {
+            cond: cond.clone(),
+            then: rec(then),
+        },
         s => s.clone(),
     }
 }
@@ -727,7 +1049,11 @@ pub fn delinear(flat: Expr, shape: &[i64]) -> Vec<Expr> {
 
 /// `0 <= e < len`.
 pub fn in_range(e: Expr, len: i64) -> Expr {
-    Expr::bin(BinOp::And, Expr::bin(BinOp::Le, Expr::int(0), e.clone()), Expr::bin(BinOp::Lt, e, Expr::int(len)))
+    Expr::bin(
+        BinOp::And,
+        Expr::bin(BinOp::Le, Expr::int(0), e.clone()),
+        Expr::bin(BinOp::Lt, e, Expr::int(len)),
+    )
 }
 
 /// The conjunction of `conds`, or None when there are none.
@@ -737,15 +1063,29 @@ pub fn all(conds: impl IntoIterator<Item = Expr>) -> Option<Expr> {
 
 /// An index that may count from the end (negative), wrapped and then clamped into 0..len.
 pub fn wrap_index(i: Expr, len: i64) -> Expr {
-    clamp(Expr::select(Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)), Expr::add(i.clone(), Expr::int(len)), i), len)
+    clamp(
+        Expr::select(
+            Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)),
+            Expr::add(i.clone(), Expr::int(len)),
+            i,
+        ),
+        len,
+    )
 }
 
 /// `e` modulo `m`, in 0..m for negative `e` too.
 pub fn modulo(e: Expr, m: i64) -> Expr {
-    Expr::rem(Expr::add(Expr::rem(e, Expr::int(m)), Expr::int(m)), Expr::int(m))
+    Expr::rem(
+        Expr::add(Expr::rem(e, Expr::int(m)), Expr::int(m)),
+        Expr::int(m),
+    )
 }
 
 /// `e` clamped into 0..len, so a load in an unselected branch of a select stays in bounds.
 pub fn clamp(e: Expr, len: i64) -> Expr {
-    Expr::bin(BinOp::Max, Expr::bin(BinOp::Min, e, Expr::int(len - 1)), Expr::int(0))
+    Expr::bin(
+        BinOp::Max,
+        Expr::bin(BinOp::Min, e, Expr::int(len - 1)),
+        Expr::int(0),
+    )
 }

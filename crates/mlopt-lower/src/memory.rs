@@ -44,10 +44,17 @@ impl MemoryPlan {
     /// Checks the plan's invariant: offsets aligned, every slot inside the arena, and no two values alive
     /// at the same step sharing a byte unless one was written in place over the other.
     pub fn verify(&self) -> std::result::Result<(), String> {
-        let paired = |a: &Slot, b: &Slot| self.in_place.iter().any(|(o, i)| (*o == a.value && *i == b.value) || (*o == b.value && *i == a.value));
+        let paired = |a: &Slot, b: &Slot| {
+            self.in_place
+                .iter()
+                .any(|(o, i)| (*o == a.value && *i == b.value) || (*o == b.value && *i == a.value))
+        };
         for (i, a) in self.slots.iter().enumerate() {
             if a.offset % ALIGN != 0 || a.offset + a.bytes > self.arena_bytes {
-                return Err(format!("{a:?} is misaligned or outside the {}-byte arena", self.arena_bytes));
+                return Err(format!(
+                    "{a:?} is misaligned or outside the {}-byte arena",
+                    self.arena_bytes
+                ));
             }
             for b in &self.slots[i + 1..] {
                 let live = a.first <= b.last && b.first <= a.last;
@@ -65,23 +72,43 @@ impl MemoryPlan {
 pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    if let Some(n) = order.iter().find(|n| g.node(**n).kernel.is_none() && !matches!(g.node(**n).op, Op::Input | Op::Const(_))) {
-        return Err(LowerError::Unfused { node: g.node(*n).name.clone(), op: g.node(*n).op.name() });
+    if let Some(n) = order.iter().find(|n| {
+        g.node(**n).kernel.is_none() && !matches!(g.node(**n).op, Op::Input | Op::Const(_))
+    }) {
+        return Err(LowerError::Unfused {
+            node: g.node(*n).name.clone(),
+            op: g.node(*n).op.name(),
+        });
     }
     let outputs: HashSet<NodeId> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
     // Each kernel by its root (the verifier guarantees exactly one), in execution order.
-    let mut kernels: Vec<(NodeId, Vec<NodeId>)> = g.kernels().into_values().filter_map(|k| Some((*k.roots.first()?, k.members))).collect();
+    let mut kernels: Vec<(NodeId, Vec<NodeId>)> = g
+        .kernels()
+        .into_values()
+        .filter_map(|k| Some((*k.roots.first()?, k.members)))
+        .collect();
     kernels.sort_by_key(|(r, _)| pos[r]);
 
     // Views alias their input; `storage` follows alias chains to the bytes a value lives in.
     let mut alias: HashMap<Value, Value> = HashMap::new();
     let mut plan = MemoryPlan::default();
     for (root, ms) in &kernels {
-        if ms.iter().all(|m| matches!(g.node(*m).op, Op::Reshape { .. })) {
+        if ms
+            .iter()
+            .all(|m| matches!(g.node(*m).op, Op::Reshape { .. }))
+        {
             // The chain's first reshape reads a value outside the kernel.
-            let src = ms.iter().find_map(|m| g.inputs(*m).into_iter().flatten().find(|v| !ms.contains(&v.node)));
+            let src = ms.iter().find_map(|m| {
+                g.inputs(*m)
+                    .into_iter()
+                    .flatten()
+                    .find(|v| !ms.contains(&v.node))
+            });
             if let Some(src) = src {
-                let view = Value { node: *root, output: 0 };
+                let view = Value {
+                    node: *root,
+                    output: 0,
+                };
                 alias.insert(view, src);
                 plan.aliases.push((view, src));
             }
@@ -93,21 +120,31 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
         }
         v
     };
-    let external = |v: Value| matches!(g.node(v.node).op, Op::Input | Op::Const(_)) || outputs.contains(&v.node);
+    let external = |v: Value| {
+        matches!(g.node(v.node).op, Op::Input | Op::Const(_)) || outputs.contains(&v.node)
+    };
 
     // Lifetimes: produced at the kernel's step, last read by the latest kernel that reads it (through views).
     let mut first: HashMap<Value, usize> = HashMap::new();
     let mut last: HashMap<Value, usize> = HashMap::new();
     for (step, (root, ms)) in kernels.iter().enumerate() {
         for i in 0..g.node(*root).outputs.len() {
-            let v = Value { node: *root, output: i as u32 };
+            let v = Value {
+                node: *root,
+                output: i as u32,
+            };
             if !alias.contains_key(&v) && !external(v) {
                 first.insert(v, step);
                 last.entry(v).or_insert(step);
             }
         }
         for m in ms {
-            for v in g.inputs(*m).into_iter().flatten().filter(|v| !ms.contains(&v.node)) {
+            for v in g
+                .inputs(*m)
+                .into_iter()
+                .flatten()
+                .filter(|v| !ms.contains(&v.node))
+            {
                 let s = storage(v);
                 if first.contains_key(&s) {
                     let l = last.entry(s).or_insert(step);
@@ -120,15 +157,30 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     // In place: a purely elementwise kernel whose output has the layout of a value it reads for the last time.
     let mut group: HashMap<Value, Value> = HashMap::new(); // value -> the value whose bytes it takes over
     for (step, (root, ms)) in kernels.iter().enumerate() {
-        let out = Value { node: *root, output: 0 };
-        if !first.contains_key(&out) || g.node(*root).outputs.len() != 1 || !ms.iter().all(|m| g.node(*m).op.is_elementwise()) {
+        let out = Value {
+            node: *root,
+            output: 0,
+        };
+        if !first.contains_key(&out)
+            || g.node(*root).outputs.len() != 1
+            || !ms.iter().all(|m| g.node(*m).op.is_elementwise())
+        {
             continue;
         }
         let out_ty = g.value_type(out);
-        let reused = ms.iter().flat_map(|m| g.inputs(*m).into_iter().flatten()).filter(|v| !ms.contains(&v.node)).map(storage).find(|u| {
-            let t = g.value_type(*u);
-            first.contains_key(u) && last[u] == step && t.shape == out_ty.shape && t.dtype.size() == out_ty.dtype.size() && !group.values().any(|x| x == u)
-        });
+        let reused = ms
+            .iter()
+            .flat_map(|m| g.inputs(*m).into_iter().flatten())
+            .filter(|v| !ms.contains(&v.node))
+            .map(storage)
+            .find(|u| {
+                let t = g.value_type(*u);
+                first.contains_key(u)
+                    && last[u] == step
+                    && t.shape == out_ty.shape
+                    && t.dtype.size() == out_ty.dtype.size()
+                    && !group.values().any(|x| x == u)
+            });
         if let Some(u) = reused {
             group.insert(out, u);
             plan.in_place.push((out, u));
@@ -155,7 +207,11 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     let mut placed: Vec<(usize, usize, u64, u64)> = vec![]; // (first, last, offset, bytes)
     let mut offsets: HashMap<Value, u64> = HashMap::new();
     for (v, (f, l, bytes)) in order {
-        let mut busy: Vec<(u64, u64)> = placed.iter().filter(|p| p.0 <= l && f <= p.1).map(|p| (p.2, p.2 + p.3)).collect();
+        let mut busy: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|p| p.0 <= l && f <= p.1)
+            .map(|p| (p.2, p.2 + p.3))
+            .collect();
         busy.sort_unstable();
         let mut offset = 0u64;
         for (lo, hi) in busy {
@@ -168,8 +224,16 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
         offsets.insert(v, offset);
         plan.arena_bytes = plan.arena_bytes.max(offset + bytes);
     }
-    let mut slots: Vec<Slot> =
-        first.iter().map(|(v, &f)| Slot { value: *v, offset: offsets[&owner(*v)], bytes: g.value_type(*v).bytes() as u64, first: f, last: last[v] }).collect();
+    let mut slots: Vec<Slot> = first
+        .iter()
+        .map(|(v, &f)| Slot {
+            value: *v,
+            offset: offsets[&owner(*v)],
+            bytes: g.value_type(*v).bytes() as u64,
+            first: f,
+            last: last[v],
+        })
+        .collect();
     slots.sort_by_key(|s| (s.first, s.value));
     plan.slots = slots;
     Ok(plan)
@@ -229,7 +293,16 @@ mod tests {
         let x = g.add_input("x", ty(&[8, 16]));
         let w = g.add_const("w", Tensor::full(&ty(&[16, 16]), 0.5));
         let a = k(&mut g, 0, Op::MatMul, &[x, w]); // [8, 16]
-        let s = k(&mut g, 1, Op::Reduce { kind: mlopt_ir::ReduceKind::Sum, axes: vec![0], keepdims: true }, &[a]); // [1, 16]
+        let s = k(
+            &mut g,
+            1,
+            Op::Reduce {
+                kind: mlopt_ir::ReduceKind::Sum,
+                axes: vec![0],
+                keepdims: true,
+            },
+            &[a],
+        ); // [1, 16]
         let b = k(&mut g, 2, Op::Binary(Binary::Add), &[s, a]); // reads s broadcast: [8, 16]; a is read last here
         let h = k(&mut g, 3, Op::Cast { to: DType::F16 }, &[b]); // narrowing: different element size
         let y = k(&mut g, 4, Op::Cast { to: DType::F32 }, &[h]);
@@ -237,7 +310,13 @@ mod tests {
         let p = plan_memory(&g).unwrap();
         p.verify().unwrap();
         // b may take a's bytes (same shape, last read), never s's (broadcast); h may not take b's (f16 < f32).
-        assert!(p.in_place.iter().all(|(o, i)| !(*o == b && *i == s) && *o != h), "{:?}", p.in_place);
+        assert!(
+            p.in_place
+                .iter()
+                .all(|(o, i)| !(*o == b && *i == s) && *o != h),
+            "{:?}",
+            p.in_place
+        );
     }
 
     #[test]

@@ -87,20 +87,38 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let mut b = Binder {
         g,
-        program: Program { name: g.name.clone(), arena_bytes: plan.arena_bytes, ..Program::default() },
+        program: Program {
+            name: g.name.clone(),
+            arena_bytes: plan.arena_bytes,
+            ..Program::default()
+        },
         weights: HashMap::new(),
         places: HashMap::new(),
     };
     for (i, n) in g.graph_inputs().iter().enumerate() {
         let t = &g.node(*n).outputs[0];
-        b.program.inputs.push(Io { name: g.node(*n).name.clone(), elem: elem(t.dtype), dims: dims(t) });
-        b.places.insert(Value { node: *n, output: 0 }, Place::Input(i));
+        b.program.inputs.push(Io {
+            name: g.node(*n).name.clone(),
+            elem: elem(t.dtype),
+            dims: dims(t),
+        });
+        b.places.insert(
+            Value {
+                node: *n,
+                output: 0,
+            },
+            Place::Input(i),
+        );
     }
     // Graph outputs produced by a kernel are written there directly; the others get a copy at the end.
     let mut copies = Vec::new();
     for (i, (name, v)) in g.graph_outputs().iter().enumerate() {
         let t = g.value_type(*v);
-        b.program.outputs.push(Io { name: name.clone(), elem: elem(t.dtype), dims: dims(t) });
+        b.program.outputs.push(Io {
+            name: name.clone(),
+            elem: elem(t.dtype),
+            dims: dims(t),
+        });
         let produced = g.node(v.node).kernel.is_some() && !b.places.contains_key(v);
         if produced {
             b.places.insert(*v, Place::Output(i));
@@ -116,8 +134,13 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
     let mut kernels: Vec<(u32, mlopt_ir::KernelNodes)> = g.kernels().into_iter().collect();
     kernels.sort_by_key(|(_, k)| k.roots.first().map(|r| pos[r]));
     for (id, k) in kernels {
-        let Some(&root) = k.roots.first() else { continue };
-        let view = Value { node: root, output: 0 };
+        let Some(&root) = k.roots.first() else {
+            continue;
+        };
+        let view = Value {
+            node: root,
+            output: 0,
+        };
         if let Some((_, src)) = plan.aliases.iter().find(|(v, _)| *v == view) {
             if !matches!(b.places.get(&view), Some(Place::Output(_))) {
                 let p = b.place(*src)?;
@@ -128,13 +151,19 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         let mut members = k.members.clone();
         members.sort_by_key(|m| pos[m]);
         for (c, &m) in members.iter().enumerate() {
-            let Some((mut kernel, params, message)) = crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"))? else {
+            let Some((mut kernel, params, message)) =
+                crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"))?
+            else {
                 continue;
             };
             mlopt_kir::simplify::simplify_kernel(&mut kernel);
             let mut args = vec![Place::Arena(flag)];
             args.extend(b.bind(params)?);
-            b.program.steps.push(Step { kernel: b.program.kernels.len(), args, check: Some(mlopt_kir::Check { flag, message }) });
+            b.program.steps.push(Step {
+                kernel: b.program.kernels.len(),
+                args,
+                check: Some(mlopt_kir::Check { flag, message }),
+            });
             b.program.kernels.push(kernel);
             b.program.arena_bytes = b.program.arena_bytes.max(flag + 64);
         }
@@ -146,10 +175,14 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
-            let v = Value { node: root, output: o as u32 };
+            let v = Value {
+                node: root,
+                output: o as u32,
+            };
             if let Some(p) = b.places.get(&v).copied() {
                 let t = g.value_type(v);
-                let buf = l.k.buf(format!("out{o}"), elem(t.dtype), dims(t), Space::Global);
+                let buf =
+                    l.k.buf(format!("out{o}"), elem(t.dtype), dims(t), Space::Global);
                 outs.push((v, buf));
                 args.push(p);
             }
@@ -158,14 +191,21 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         // Reshape chains leave divided and re-multiplied indices; the loop ranges undo them.
         mlopt_kir::simplify::simplify_kernel(&mut kernel);
         args.extend(b.bind(params)?);
-        b.program.steps.push(Step::call(b.program.kernels.len(), args));
+        b.program
+            .steps
+            .push(Step::call(b.program.kernels.len(), args));
         b.program.kernels.push(kernel);
     }
     for (i, v) in copies {
         let p = b.place(v)?;
         let io = b.program.outputs[i].clone();
-        b.program.steps.push(Step::call(b.program.kernels.len(), vec![Place::Output(i), p]));
-        b.program.kernels.push(copy_kernel(&format!("copy{i}"), &io));
+        b.program.steps.push(Step::call(
+            b.program.kernels.len(),
+            vec![Place::Output(i), p],
+        ));
+        b.program
+            .kernels
+            .push(copy_kernel(&format!("copy{i}"), &io));
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;
     Ok(b.program)
@@ -189,7 +229,11 @@ fn copy_kernel(name: &str, io: &Io) -> mlopt_kir::Kernel {
         var: i,
         extent: n.max(1),
         kind: mlopt_kir::LoopKind::Serial,
-        body: vec![Stmt::Store { buf: out, index: ix.clone(), value: mlopt_kir::Expr::load(inp, ix) }],
+        body: vec![Stmt::Store {
+            buf: out,
+            index: ix.clone(),
+            value: mlopt_kir::Expr::load(inp, ix),
+        }],
     }];
     if n == 0 {
         k.body.clear();
@@ -198,19 +242,41 @@ fn copy_kernel(name: &str, io: &Io) -> mlopt_kir::Kernel {
 }
 
 /// Runs a program with the kernel IR interpreter on named tensors; returns the outputs by name.
-pub fn interpret(p: &Program, inputs: &HashMap<String, mlopt_ir::Tensor>) -> std::result::Result<Vec<(String, mlopt_ir::Tensor)>, String> {
+pub fn interpret(
+    p: &Program,
+    inputs: &HashMap<String, mlopt_ir::Tensor>,
+) -> std::result::Result<Vec<(String, mlopt_ir::Tensor)>, String> {
     let bytes = p
         .inputs
         .iter()
-        .map(|io| inputs.get(&io.name).map(|t| t.to_le_bytes()).ok_or_else(|| format!("input '{}' is missing", io.name)))
+        .map(|io| {
+            inputs
+                .get(&io.name)
+                .map(|t| t.to_le_bytes())
+                .ok_or_else(|| format!("input '{}' is missing", io.name))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let outs = mlopt_kir::run_program(p, &bytes).map_err(|e| e.to_string())?;
-    p.outputs.iter().zip(outs).map(|(io, b)| tensor(io, &b).map(|t| (io.name.clone(), t))).collect()
+    p.outputs
+        .iter()
+        .zip(outs)
+        .map(|(io, b)| tensor(io, &b).map(|t| (io.name.clone(), t)))
+        .collect()
 }
 
 /// A tensor from an output's bytes.
 pub fn tensor(io: &Io, bytes: &[u8]) -> std::result::Result<mlopt_ir::Tensor, String> {
-    let dtype = mlopt_ir::DType::from_name(io.elem.name()).ok_or_else(|| format!("no dtype {}", io.elem))?;
-    let ty = mlopt_ir::TensorType::new(dtype, io.dims.iter().map(|d| *d as usize).collect::<Vec<_>>());
-    mlopt_ir::Tensor::from_le_bytes(&ty, bytes).ok_or_else(|| format!("output '{}': {} bytes do not make a {ty}", io.name, bytes.len()))
+    let dtype = mlopt_ir::DType::from_name(io.elem.name())
+        .ok_or_else(|| format!("no dtype {}", io.elem))?;
+    let ty = mlopt_ir::TensorType::new(
+        dtype,
+        io.dims.iter().map(|d| *d as usize).collect::<Vec<_>>(),
+    );
+    mlopt_ir::Tensor::from_le_bytes(&ty, bytes).ok_or_else(|| {
+        format!(
+            "output '{}': {} bytes do not make a {ty}",
+            io.name,
+            bytes.len()
+        )
+    })
 }

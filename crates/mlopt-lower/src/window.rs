@@ -10,9 +10,20 @@ use crate::kernel::{all, clamp, in_range, Lowerer};
 use mlopt_ir::{NodeId, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
-pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+pub(crate) fn conv(
+    l: &mut Lowerer,
+    n: NodeId,
+    a: &mlopt_ir::ConvAttrs,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let (x, w) = (l.input(n, 0)?, l.input(n, 1)?);
-    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+    let bias = if l.has_input(n, 2) {
+        Some(l.input(n, 2)?)
+    } else {
+        None
+    };
     let xs = l.ty(x).shape.clone();
     let ws = l.ty(w).shape.clone();
     let sp = xs.len() - 2;
@@ -28,25 +39,53 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
     // the weight reads (a CPU schedule tiles it as an implicit GEMM, `schedule/cpu_conv.rs`).
     let grouped = a.group > 1;
     let mut loops = vec![out[0]];
-    loops.extend(if grouped { vec![a.group as u64, mg as u64] } else { vec![m as u64] });
+    loops.extend(if grouped {
+        vec![a.group as u64, mg as u64]
+    } else {
+        vec![m as u64]
+    });
     loops.extend(&out[2..]);
     let a = a.clone();
     l.nest("i", &loops, |l, ix| {
         let (g, mo, at) = match grouped {
-            true => (ix[1].clone(), Expr::add(Expr::mul(ix[1].clone(), Expr::int(mg)), ix[2].clone()), &ix[3..]),
+            true => (
+                ix[1].clone(),
+                Expr::add(Expr::mul(ix[1].clone(), Expr::int(mg)), ix[2].clone()),
+                &ix[3..],
+            ),
             false => (Expr::int(0), ix[1].clone(), &ix[2..]),
         };
         let idx: Vec<Expr> = [vec![ix[0].clone(), mo.clone()], at.to_vec()].concat();
         let nb = ix[0].clone();
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&at[s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s])).collect();
+            let pos: Vec<Expr> = (0..sp)
+                .map(|s| window_pos(&at[s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s]))
+                .collect();
             // Only axes whose windows can leave the input are tested and clamped.
-            let leaves: Vec<bool> =
-                (0..sp).map(|s| window_leaves(out[2 + s], ws[2 + s] as u64, a.strides[s], a.dilations[s], a.pads[s], xs[2 + s] as u64)).collect();
-            let inside = all((0..sp).filter(|s| leaves[*s]).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
+            let leaves: Vec<bool> = (0..sp)
+                .map(|s| {
+                    window_leaves(
+                        out[2 + s],
+                        ws[2 + s] as u64,
+                        a.strides[s],
+                        a.dilations[s],
+                        a.pads[s],
+                        xs[2 + s] as u64,
+                    )
+                })
+                .collect();
+            let inside = all((0..sp)
+                .filter(|s| leaves[*s])
+                .map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
             let mut xi = vec![nb.clone(), c];
-            xi.extend(pos.into_iter().enumerate().map(|(s, p)| if leaves[s] { clamp(p, xs[2 + s] as i64) } else { p }));
+            xi.extend(pos.into_iter().enumerate().map(|(s, p)| {
+                if leaves[s] {
+                    clamp(p, xs[2 + s] as i64)
+                } else {
+                    p
+                }
+            }));
             let mut wi = vec![mo.clone(), r[0].clone()];
             wi.extend(r[1..].iter().cloned());
             let xv = get(l, x, &xi, Elem::F32)?;
@@ -62,13 +101,29 @@ pub(crate) fn conv(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u
 
 /// A convolution's fold, then its output element: the sum plus the channel's bias, in the output type.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn store_with_bias(l: &mut Lowerer, f: &Fold, bias: Option<Value>, channel: &Expr, idx: &[Expr], dst: BufId, out_t: Elem) -> Result<Vec<Stmt>> {
+pub(crate) fn store_with_bias(
+    l: &mut Lowerer,
+    f: &Fold,
+    bias: Option<Value>,
+    channel: &Expr,
+    idx: &[Expr],
+    dst: BufId,
+    out_t: Elem,
+) -> Result<Vec<Stmt>> {
     let mut s = f.stmts.clone();
     let mut y = f.get();
     if let Some(bv) = bias {
-        y = b(BinOp::Add, y, get(l, bv, std::slice::from_ref(channel), Elem::F32)?);
+        y = b(
+            BinOp::Add,
+            y,
+            get(l, bv, std::slice::from_ref(channel), Elem::F32)?,
+        );
     }
-    s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, Elem::F32, out_t) });
+    s.push(Stmt::Store {
+        buf: dst,
+        index: idx.to_vec(),
+        value: convert(y, Elem::F32, out_t),
+    });
     Ok(s)
 }
 
@@ -76,9 +131,20 @@ pub(crate) fn store_with_bias(l: &mut Lowerer, f: &Fold, bias: Option<Value>, ch
 /// `o = i * stride + k * dilation - pad`, so each output element sums, over its group's input channels
 /// and every tap, the input at `(o + pad - k * dilation) / stride` where that divides exactly and lands
 /// inside the input. W is [C_in, C_out / group, k...].
-pub(crate) fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Vec<Stmt>> {
+pub(crate) fn conv_transpose(
+    l: &mut Lowerer,
+    n: NodeId,
+    a: &mlopt_ir::ConvAttrs,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let (x, w) = (l.input(n, 0)?, l.input(n, 1)?);
-    let bias = if l.has_input(n, 2) { Some(l.input(n, 2)?) } else { None };
+    let bias = if l.has_input(n, 2) {
+        Some(l.input(n, 2)?)
+    } else {
+        None
+    };
     let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
     let ws = l.ty(w).shape.clone();
     let sp = xs.len() - 2;
@@ -92,18 +158,40 @@ pub(crate) fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs
         let f = dot(l, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cin_g)), r[0].clone());
             let num: Vec<Expr> = (0..sp)
-                .map(|s| Expr::sub(Expr::add(idx[2 + s].clone(), Expr::int(a.pads[s] as i64)), Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64))))
+                .map(|s| {
+                    Expr::sub(
+                        Expr::add(idx[2 + s].clone(), Expr::int(a.pads[s] as i64)),
+                        Expr::mul(r[1 + s].clone(), Expr::int(a.dilations[s] as i64)),
+                    )
+                })
                 .collect();
-            let pos: Vec<Expr> = (0..sp).map(|s| Expr::div(num[s].clone(), Expr::int(a.strides[s] as i64))).collect();
-            let exact = (0..sp).filter(|s| a.strides[*s] > 1).map(|s| b(BinOp::Eq, Expr::rem(num[s].clone(), Expr::int(a.strides[s] as i64)), Expr::int(0)));
-            let inside = (0..sp).map(|s| b(BinOp::And, b(BinOp::Le, Expr::int(0), num[s].clone()), b(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s]))));
+            let pos: Vec<Expr> = (0..sp)
+                .map(|s| Expr::div(num[s].clone(), Expr::int(a.strides[s] as i64)))
+                .collect();
+            let exact = (0..sp).filter(|s| a.strides[*s] > 1).map(|s| {
+                b(
+                    BinOp::Eq,
+                    Expr::rem(num[s].clone(), Expr::int(a.strides[s] as i64)),
+                    Expr::int(0),
+                )
+            });
+            let inside = (0..sp).map(|s| {
+                b(
+                    BinOp::And,
+                    b(BinOp::Le, Expr::int(0), num[s].clone()),
+                    b(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s])),
+                )
+            });
             let valid = all(inside.chain(exact)).unwrap_or_else(|| lit(1.0, Elem::Bool));
             let mut xi = vec![nb.clone(), c.clone()];
             xi.extend(pos.into_iter().zip(&xs[2..]).map(|(p, len)| clamp(p, *len)));
             let mut wi = vec![c, Expr::rem(mo.clone(), Expr::int(cout_g))];
             wi.extend(r[1..].iter().cloned());
             let xv = get(l, x, &xi, Elem::F32)?;
-            Ok((Expr::select(valid, xv, lit(0.0, Elem::F32)), get(l, w, &wi, Elem::F32)?))
+            Ok((
+                Expr::select(valid, xv, lit(0.0, Elem::F32)),
+                get(l, w, &wi, Elem::F32)?,
+            ))
         })?;
         store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
     })
@@ -113,7 +201,12 @@ pub(crate) fn conv_transpose(l: &mut Lowerer, n: NodeId, a: &mlopt_ir::ConvAttrs
 /// written by statements appended to `stmts`; None when there is no padding (read `x` itself). Each row
 /// of the copy is its left padding, the input row (one contiguous copy, which vectorises) and its right
 /// padding; rows in the padding of the outer axes are zero.
-pub fn padded_input(l: &mut Lowerer, x: Value, pads: &[usize], stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
+pub fn padded_input(
+    l: &mut Lowerer,
+    x: Value,
+    pads: &[usize],
+    stmts: &mut Vec<Stmt>,
+) -> Result<Option<BufId>> {
     if pads.iter().all(|p| *p == 0) {
         return Ok(None);
     }
@@ -171,23 +264,50 @@ pub(crate) fn padded_phases<B: Builder>(
     };
     dims.extend(if phased { vec![s as u64, q] } else { vec![q] });
     let k = l.kernel();
-    let xp = k.buf(format!("{name}{}", k.bufs.len()), Elem::F32, dims, Space::Local);
+    let xp = k.buf(
+        format!("{name}{}", k.bufs.len()),
+        Elem::F32,
+        dims,
+        Space::Local,
+    );
     stmts.extend(contract::nest(l, "p", &padded[..last], |l, idx| {
         // The input row this copy row holds: valid when every outer spatial position is inside.
-        let pos: Vec<Expr> = (2..last).map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64))).collect();
+        let pos: Vec<Expr> = (2..last)
+            .map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64)))
+            .collect();
         let inside = all((2..last).map(|a| in_range(pos[a - 2].clone(), xs[a])));
         let mut st = Vec::new();
         // Phase p, position j holds padded column j * s + p, which is input column j * s + p - pl:
         // padding before column 0 (j < j0) and from column w on (j >= j1), the input row between, read
         // at stride s (one contiguous run for one phase).
         for p in 0..s as i64 {
-            let at = |j: Expr| [idx.to_vec(), if phased { vec![Expr::int(p), j] } else { vec![j] }].concat();
-            let first = |col: i64| if col > p { (col - p + s as i64 - 1) / s as i64 } else { 0 };
+            let at = |j: Expr| {
+                [
+                    idx.to_vec(),
+                    if phased {
+                        vec![Expr::int(p), j]
+                    } else {
+                        vec![j]
+                    },
+                ]
+                .concat()
+            };
+            let first = |col: i64| {
+                if col > p {
+                    (col - p + s as i64 - 1) / s as i64
+                } else {
+                    0
+                }
+            };
             let (j0, j1) = (first(pl), first(pl + w));
             for (from, len) in [(0, j0), (j1, q as i64 - j1)] {
                 if len > 0 {
                     st.extend(contract::nest(l, "z", &[len as u64], |_, z| {
-                        Ok(vec![Stmt::Store { buf: xp, index: at(Expr::add(Expr::int(from), z[0].clone())), value: lit(fill, Elem::F32) }])
+                        Ok(vec![Stmt::Store {
+                            buf: xp,
+                            index: at(Expr::add(Expr::int(from), z[0].clone())),
+                            value: lit(fill, Elem::F32),
+                        }])
                     })?);
                 }
             }
@@ -195,14 +315,23 @@ pub(crate) fn padded_phases<B: Builder>(
                 continue;
             }
             st.extend(contract::nest(l, "c", &[(j1 - j0) as u64], |l, c| {
-                let mut from: Vec<Expr> = (2..last).map(|a| clamp(pos[a - 2].clone(), xs[a])).collect();
-                from.push(Expr::add(Expr::mul(c[0].clone(), Expr::int(s as i64)), Expr::int(j0 * s as i64 + p - pl)));
+                let mut from: Vec<Expr> = (2..last)
+                    .map(|a| clamp(pos[a - 2].clone(), xs[a]))
+                    .collect();
+                from.push(Expr::add(
+                    Expr::mul(c[0].clone(), Expr::int(s as i64)),
+                    Expr::int(j0 * s as i64 + p - pl),
+                ));
                 let v = read(l, &idx[..2], &from)?;
                 let v = match &inside {
                     Some(ok) => Expr::select(ok.clone(), v, lit(fill, Elem::F32)),
                     None => v,
                 };
-                Ok(vec![Stmt::Store { buf: xp, index: at(Expr::add(Expr::int(j0), c[0].clone())), value: v }])
+                Ok(vec![Stmt::Store {
+                    buf: xp,
+                    index: at(Expr::add(Expr::int(j0), c[0].clone())),
+                    value: v,
+                }])
             })?);
         }
         Ok(st)
@@ -232,35 +361,77 @@ pub(crate) fn pool_window(
         let mut stmts = Vec::new();
         stmts.extend(l.nest("i", &out[2..], |l, at| {
             let idx = [nc.to_vec(), at.to_vec()].concat();
-            let cnt = l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
-            let mut cnt_stmts = vec![Stmt::Store { buf: cnt, index: vec![], value: lit(0.0, t) }];
+            let cnt =
+                l.k.buf(format!("cnt{}", l.k.bufs.len()), t, vec![], Space::Local);
+            let mut cnt_stmts = vec![Stmt::Store {
+                buf: cnt,
+                index: vec![],
+                value: lit(0.0, t),
+            }];
             let mut count_in = None;
             // Scalar: the window count is accumulated in the same innermost loop (add_to_innermost).
-            let f = fold_op(l, t, if max { lowest(t) } else { lit(0.0, t) }, &win, if max { BinOp::Max } else { BinOp::Add }, |l, r| {
-                let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
-                let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
-                // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
-                let padded = all((0..sp).map(|s| b(BinOp::Lt, pos[s].clone(), Expr::int((xs[2 + s] + p.pads[sp + s]) as i64))));
-                let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
-                count_in = Some(if include_pad { padded.unwrap_or_else(|| lit(1.0, Elem::Bool)) } else { ok.clone() });
-                let mut xi = vec![idx[0].clone(), idx[1].clone()];
-                xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
-                let v = get(l, x, &xi, t)?;
-                Ok(Expr::select(ok, v, if max { lowest(t) } else { lit(0.0, t) }))
-            })?;
+            let f = fold_op(
+                l,
+                t,
+                if max { lowest(t) } else { lit(0.0, t) },
+                &win,
+                if max { BinOp::Max } else { BinOp::Add },
+                |l, r| {
+                    let pos: Vec<Expr> = (0..sp)
+                        .map(|s| {
+                            window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])
+                        })
+                        .collect();
+                    let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
+                    // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
+                    let padded = all((0..sp).map(|s| {
+                        b(
+                            BinOp::Lt,
+                            pos[s].clone(),
+                            Expr::int((xs[2 + s] + p.pads[sp + s]) as i64),
+                        )
+                    }));
+                    let ok = inside.unwrap_or_else(|| lit(1.0, Elem::Bool));
+                    count_in = Some(if include_pad {
+                        padded.unwrap_or_else(|| lit(1.0, Elem::Bool))
+                    } else {
+                        ok.clone()
+                    });
+                    let mut xi = vec![idx[0].clone(), idx[1].clone()];
+                    xi.extend((0..sp).map(|s| clamp(pos[s].clone(), xs[2 + s] as i64)));
+                    let v = get(l, x, &xi, t)?;
+                    Ok(Expr::select(
+                        ok,
+                        v,
+                        if max { lowest(t) } else { lit(0.0, t) },
+                    ))
+                },
+            )?;
             let mut s = f.stmts.clone();
             let y = if max {
                 f.get()
             } else {
                 // The count of window positions taken, accumulated in the same loops.
                 let c = count_in.unwrap_or_else(|| lit(1.0, Elem::Bool));
-                let inc = Stmt::Store { buf: cnt, index: vec![], value: b(BinOp::Add, Expr::load(cnt, vec![]), Expr::select(c, lit(1.0, t), lit(0.0, t))) };
+                let inc = Stmt::Store {
+                    buf: cnt,
+                    index: vec![],
+                    value: b(
+                        BinOp::Add,
+                        Expr::load(cnt, vec![]),
+                        Expr::select(c, lit(1.0, t), lit(0.0, t)),
+                    ),
+                };
                 add_to_innermost(&mut s, inc);
                 cnt_stmts.append(&mut s);
                 s = cnt_stmts;
                 b(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
             };
-            s.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(y, t, out_t) });
+            s.push(Stmt::Store {
+                buf: dst,
+                index: idx.to_vec(),
+                value: convert(y, t, out_t),
+            });
             Ok(s)
         })?);
         Ok(stmts)
@@ -289,31 +460,79 @@ pub(crate) fn max_pool_indices(
     let plane: i64 = ins.iter().product();
     let channels = xs[1] as i64;
     l.nest("i", out, |l, idx| {
-        let best = l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
-        let at = l.k.buf(format!("at{}", l.k.bufs.len()), Elem::I64, vec![], Space::Local);
-        let mut stmts = vec![Stmt::Store { buf: best, index: vec![], value: lowest(t) }, Stmt::Store { buf: at, index: vec![], value: Expr::int(-1) }];
+        let best =
+            l.k.buf(format!("best{}", l.k.bufs.len()), t, vec![], Space::Local);
+        let at = l.k.buf(
+            format!("at{}", l.k.bufs.len()),
+            Elem::I64,
+            vec![],
+            Space::Local,
+        );
+        let mut stmts = vec![
+            Stmt::Store {
+                buf: best,
+                index: vec![],
+                value: lowest(t),
+            },
+            Stmt::Store {
+                buf: at,
+                index: vec![],
+                value: Expr::int(-1),
+            },
+        ];
         stmts.extend(l.nest("r", &win, |l, r| {
-            let pos: Vec<Expr> = (0..sp).map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s])).collect();
-            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), ins[s]))).unwrap_or_else(|| lit(1.0, Elem::Bool));
+            let pos: Vec<Expr> = (0..sp)
+                .map(|s| window_pos(&idx[2 + s], &r[s], p.strides[s], p.dilations[s], p.pads[s]))
+                .collect();
+            let inside = all((0..sp).map(|s| in_range(pos[s].clone(), ins[s])))
+                .unwrap_or_else(|| lit(1.0, Elem::Bool));
             let mut xi = vec![idx[0].clone(), idx[1].clone()];
             xi.extend((0..sp).map(|s| clamp(pos[s].clone(), ins[s])));
             let v = get(l, x, &xi, t)?;
             let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
             let nan = |e: Expr| b(BinOp::Ne, e.clone(), e);
             let first = b(BinOp::Lt, cur_at.clone(), Expr::int(0));
-            let better = b(BinOp::Or, b(BinOp::Lt, cur.clone(), v.clone()), b(BinOp::And, nan(v.clone()), Expr::un(UnOp::Not, nan(cur.clone()))));
+            let better = b(
+                BinOp::Or,
+                b(BinOp::Lt, cur.clone(), v.clone()),
+                b(
+                    BinOp::And,
+                    nan(v.clone()),
+                    Expr::un(UnOp::Not, nan(cur.clone())),
+                ),
+            );
             let take = b(BinOp::And, inside, b(BinOp::Or, first, better));
             let spatial = if col_major {
-                let (p, s): (Vec<Expr>, Vec<i64>) = (pos.iter().rev().cloned().collect(), ins.iter().rev().copied().collect());
+                let (p, s): (Vec<Expr>, Vec<i64>) = (
+                    pos.iter().rev().cloned().collect(),
+                    ins.iter().rev().copied().collect(),
+                );
                 crate::kernel::linear(&p, &s)
             } else {
                 crate::kernel::linear(&pos, &ins)
             };
-            let flat = Expr::add(Expr::mul(Expr::add(Expr::mul(idx[0].clone(), Expr::int(channels)), idx[1].clone()), Expr::int(plane)), spatial);
+            let flat = Expr::add(
+                Expr::mul(
+                    Expr::add(
+                        Expr::mul(idx[0].clone(), Expr::int(channels)),
+                        idx[1].clone(),
+                    ),
+                    Expr::int(plane),
+                ),
+                spatial,
+            );
             Ok(take_if(l, take, &[(at, flat), (best, v)]))
         })?);
-        stmts.push(Stmt::Store { buf: dst, index: idx.to_vec(), value: convert(Expr::load(best, vec![]), t, out_t) });
-        stmts.push(Stmt::Store { buf: dst_at, index: idx.to_vec(), value: Expr::load(at, vec![]) });
+        stmts.push(Stmt::Store {
+            buf: dst,
+            index: idx.to_vec(),
+            value: convert(Expr::load(best, vec![]), t, out_t),
+        });
+        stmts.push(Stmt::Store {
+            buf: dst_at,
+            index: idx.to_vec(),
+            value: Expr::load(at, vec![]),
+        });
         Ok(stmts)
     })
 }
@@ -321,25 +540,55 @@ pub(crate) fn max_pool_indices(
 /// Where window tap `taps` of output position `pos` lies in a padded copy (`padded_phases`, its last axis
 /// split into `phases`): `pos * stride + tap * dilation` per axis (the padding is already in the copy),
 /// the last axis as [phase, position], i.e. [(tap * d) % s, pos + (tap * d) / s] for s phases.
-pub(crate) fn padded_index(pos: &[Expr], taps: &[Expr], strides: &[usize], dilations: &[usize], phases: usize) -> Vec<Expr> {
+pub(crate) fn padded_index(
+    pos: &[Expr],
+    taps: &[Expr],
+    strides: &[usize],
+    dilations: &[usize],
+    phases: usize,
+) -> Vec<Expr> {
     let sp = pos.len();
-    let mut xi: Vec<Expr> = (0..sp).map(|a| window_pos(&pos[a], &taps[a], strides[a], dilations[a], 0)).collect();
+    let mut xi: Vec<Expr> = (0..sp)
+        .map(|a| window_pos(&pos[a], &taps[a], strides[a], dilations[a], 0))
+        .collect();
     if phases > 1 {
         xi.pop();
         let tap = Expr::mul(taps[sp - 1].clone(), Expr::int(dilations[sp - 1] as i64));
         xi.push(Expr::rem(tap.clone(), Expr::int(phases as i64)));
-        xi.push(Expr::add(pos[sp - 1].clone(), Expr::div(tap, Expr::int(phases as i64))));
+        xi.push(Expr::add(
+            pos[sp - 1].clone(),
+            Expr::div(tap, Expr::int(phases as i64)),
+        ));
     }
     xi
 }
 
 /// The input position a window tap reads: `out * stride + tap * dilation - pad` (may fall in the padding).
 /// Whether the window positions `o * stride + k * dilation - pad` (o < outs, k < taps) can leave 0..len.
-pub(crate) fn window_leaves(outs: u64, taps: u64, stride: usize, dilation: usize, pad: usize, len: u64) -> bool {
+pub(crate) fn window_leaves(
+    outs: u64,
+    taps: u64,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    len: u64,
+) -> bool {
     let reach = (outs.max(1) - 1) * stride as u64 + (taps.max(1) - 1) * dilation as u64;
     pad > 0 || reach >= len
 }
 
-pub(crate) fn window_pos(out: &Expr, tap: &Expr, stride: usize, dilation: usize, pad: usize) -> Expr {
-    Expr::sub(Expr::add(Expr::mul(out.clone(), Expr::int(stride as i64)), Expr::mul(tap.clone(), Expr::int(dilation as i64))), Expr::int(pad as i64))
+pub(crate) fn window_pos(
+    out: &Expr,
+    tap: &Expr,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+) -> Expr {
+    Expr::sub(
+        Expr::add(
+            Expr::mul(out.clone(), Expr::int(stride as i64)),
+            Expr::mul(tap.clone(), Expr::int(dilation as i64)),
+        ),
+        Expr::int(pad as i64),
+    )
 }

@@ -26,8 +26,18 @@ use mlopt_cost::winograd::pays;
 use mlopt_ir::{ConvAttrs, Value};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt};
 
-const BT: [[f64; 4]; 4] = [[1.0, 0.0, -1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, -1.0, 1.0, 0.0], [0.0, 1.0, 0.0, -1.0]];
-const G: [[f64; 3]; 4] = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]];
+const BT: [[f64; 4]; 4] = [
+    [1.0, 0.0, -1.0, 0.0],
+    [0.0, 1.0, 1.0, 0.0],
+    [0.0, -1.0, 1.0, 0.0],
+    [0.0, 1.0, 0.0, -1.0],
+];
+const G: [[f64; 3]; 4] = [
+    [1.0, 0.0, 0.0],
+    [0.5, 0.5, 0.5],
+    [0.5, -0.5, 0.5],
+    [0.0, 0.0, 1.0],
+];
 const AT: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
 
 /// Σ coef * term over the non-zero coefficients (±1 becomes an add or a subtract).
@@ -35,7 +45,11 @@ fn combine(terms: Vec<(f64, Expr)>) -> Expr {
     let mut acc: Option<Expr> = None;
     for (c, e) in terms.into_iter().filter(|(c, _)| *c != 0.0) {
         let (neg, mag) = (c < 0.0, c.abs());
-        let e = if mag == 1.0 { e } else { Expr::bin(BinOp::Mul, Expr::f32(mag), e) };
+        let e = if mag == 1.0 {
+            e
+        } else {
+            Expr::bin(BinOp::Mul, Expr::f32(mag), e)
+        };
         acc = Some(match (acc, neg) {
             (None, false) => e,
             (None, true) => Expr::un(mlopt_kir::UnOp::Neg, e),
@@ -92,11 +106,29 @@ impl std::str::FromStr for Winograd {
 }
 
 /// Lowers the convolution by Winograd when it applies; None otherwise.
-pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &ConvAttrs, out: &[u64], out_t: Elem, dst: BufId) -> Result<Option<Vec<Stmt>>> {
-    let Some(lanes) = l.lanes.filter(|_| l.winograd != Winograd::Never) else { return Ok(None) };
+pub fn conv3x3(
+    l: &mut Lowerer,
+    x: Value,
+    w: Value,
+    bias: Option<Value>,
+    a: &ConvAttrs,
+    out: &[u64],
+    out_t: Elem,
+    dst: BufId,
+) -> Result<Option<Vec<Stmt>>> {
+    let Some(lanes) = l.lanes.filter(|_| l.winograd != Winograd::Never) else {
+        return Ok(None);
+    };
     let (xs, ws) = (l.ty(x).shape.clone(), l.ty(w).shape.clone());
-    let Some(wt) = l.g.const_value(w).cloned() else { return Ok(None) };
-    let shape_ok = xs.len() == 4 && ws[2..] == [3, 3] && a.group == 1 && a.strides == [1, 1] && a.dilations == [1, 1] && a.pads == [1, 1, 1, 1];
+    let Some(wt) = l.g.const_value(w).cloned() else {
+        return Ok(None);
+    };
+    let shape_ok = xs.len() == 4
+        && ws[2..] == [3, 3]
+        && a.group == 1
+        && a.strides == [1, 1]
+        && a.dilations == [1, 1]
+        && a.pads == [1, 1, 1, 1];
     if !shape_ok || wt.dtype() != mlopt_ir::DType::F32 || l.ty(x).dtype != mlopt_ir::DType::F32 {
         return Ok(None);
     }
@@ -117,16 +149,34 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
         name: format!("{}.winograd", l.g.node(w.node).name),
         elem: Elem::F32,
         dims: vec![16, m, c],
-        data: std::sync::Arc::new(transform_weights(&wt.to_f64_vec().iter().map(|v| *v as f32).collect::<Vec<_>>(), m as usize, c as usize)),
+        data: std::sync::Arc::new(transform_weights(
+            &wt.to_f64_vec()
+                .iter()
+                .map(|v| *v as f32)
+                .collect::<Vec<_>>(),
+            m as usize,
+            c as usize,
+        )),
     });
     // Input transform: one 4x4 tile of the padded input -> 16 values.
-    let v = l.k.buf(format!("wv{}", l.k.bufs.len()), Elem::F32, vec![n, 16, c, tiles], Space::Local);
+    let v = l.k.buf(
+        format!("wv{}", l.k.bufs.len()),
+        Elem::F32,
+        vec![n, 16, c, tiles],
+        Space::Local,
+    );
     stmts.extend(l.nest("v", &[n, c, th, tw], |l, ix| {
-        let t = Expr::add(Expr::mul(ix[2].clone(), Expr::int(tw as i64)), ix[3].clone());
+        let t = Expr::add(
+            Expr::mul(ix[2].clone(), Expr::int(tw as i64)),
+            ix[3].clone(),
+        );
         let mut d = Vec::with_capacity(16);
         for i in 0..4 {
             for j in 0..4 {
-                let (r, q) = (Expr::add(Expr::mul(ix[2].clone(), Expr::int(2)), Expr::int(i)), Expr::add(Expr::mul(ix[3].clone(), Expr::int(2)), Expr::int(j)));
+                let (r, q) = (
+                    Expr::add(Expr::mul(ix[2].clone(), Expr::int(2)), Expr::int(i)),
+                    Expr::add(Expr::mul(ix[3].clone(), Expr::int(2)), Expr::int(j)),
+                );
                 let at = vec![ix[0].clone(), ix[1].clone(), r, q];
                 d.push(match xp {
                     Some(p) => Expr::load(p, at),
@@ -137,29 +187,62 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
         let mut out = Vec::with_capacity(16);
         for ai in 0..4 {
             for bi in 0..4 {
-                let terms = (0..16).map(|k| (BT[ai][k / 4] * BT[bi][k % 4], d[k].clone())).collect();
-                out.push(Stmt::Store { buf: v, index: vec![ix[0].clone(), Expr::int((ai * 4 + bi) as i64), ix[1].clone(), t.clone()], value: combine(terms) });
+                let terms = (0..16)
+                    .map(|k| (BT[ai][k / 4] * BT[bi][k % 4], d[k].clone()))
+                    .collect();
+                out.push(Stmt::Store {
+                    buf: v,
+                    index: vec![
+                        ix[0].clone(),
+                        Expr::int((ai * 4 + bi) as i64),
+                        ix[1].clone(),
+                        t.clone(),
+                    ],
+                    value: combine(terms),
+                });
             }
         }
         Ok(out)
     })?);
     // 16 GEMMs per image, written as their algorithm: the CPU schedule tiles them (`schedule/cpu_gemm.rs`).
-    let mm = l.k.buf(format!("wm{}", l.k.bufs.len()), Elem::F32, vec![n, 16, m, tiles], Space::Local);
+    let mm = l.k.buf(
+        format!("wm{}", l.k.bufs.len()),
+        Elem::F32,
+        vec![n, 16, m, tiles],
+        Space::Local,
+    );
     stmts.extend(l.nest("g", &[n, 16, m, tiles], |l, ix| {
         let f = dot(l, &[c], |_, k| {
             Ok((
                 Expr::load(u, vec![ix[1].clone(), ix[2].clone(), k[0].clone()]),
-                Expr::load(v, vec![ix[0].clone(), ix[1].clone(), k[0].clone(), ix[3].clone()]),
+                Expr::load(
+                    v,
+                    vec![ix[0].clone(), ix[1].clone(), k[0].clone(), ix[3].clone()],
+                ),
             ))
         })?;
         let mut s = f.stmts.clone();
-        s.push(Stmt::Store { buf: mm, index: ix.to_vec(), value: f.get() });
+        s.push(Stmt::Store {
+            buf: mm,
+            index: ix.to_vec(),
+            value: f.get(),
+        });
         Ok(s)
     })?);
     // Output transform: 16 values -> one 2x2 block of output, plus the bias.
     stmts.extend(l.nest("o", &[n, m, th, tw], |l, ix| {
-        let t = Expr::add(Expr::mul(ix[2].clone(), Expr::int(tw as i64)), ix[3].clone());
-        let mv: Vec<Expr> = (0..16).map(|k| Expr::load(mm, vec![ix[0].clone(), Expr::int(k), ix[1].clone(), t.clone()])).collect();
+        let t = Expr::add(
+            Expr::mul(ix[2].clone(), Expr::int(tw as i64)),
+            ix[3].clone(),
+        );
+        let mv: Vec<Expr> = (0..16)
+            .map(|k| {
+                Expr::load(
+                    mm,
+                    vec![ix[0].clone(), Expr::int(k), ix[1].clone(), t.clone()],
+                )
+            })
+            .collect();
         let b = match bias {
             Some(bv) => Some(get(l, bv, std::slice::from_ref(&ix[1]), Elem::F32)?),
             None => None,
@@ -167,7 +250,9 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
         let mut out = Vec::with_capacity(4);
         for p in 0..2 {
             for q in 0..2 {
-                let terms = (0..16).map(|k| (AT[p][k / 4] * AT[q][k % 4], mv[k].clone())).collect();
+                let terms = (0..16)
+                    .map(|k| (AT[p][k / 4] * AT[q][k % 4], mv[k].clone()))
+                    .collect();
                 let mut y = combine(terms);
                 if let Some(b) = &b {
                     y = Expr::bin(BinOp::Add, y, b.clone());
@@ -176,7 +261,11 @@ pub fn conv3x3(l: &mut Lowerer, x: Value, w: Value, bias: Option<Value>, a: &Con
                     Expr::add(Expr::mul(ix[2].clone(), Expr::int(2)), Expr::int(p as i64)),
                     Expr::add(Expr::mul(ix[3].clone(), Expr::int(2)), Expr::int(q as i64)),
                 );
-                out.push(Stmt::Store { buf: dst, index: vec![ix[0].clone(), ix[1].clone(), r, s], value: convert(y, Elem::F32, out_t) });
+                out.push(Stmt::Store {
+                    buf: dst,
+                    index: vec![ix[0].clone(), ix[1].clone(), r, s],
+                    value: convert(y, Elem::F32, out_t),
+                });
             }
         }
         Ok(out)

@@ -5,17 +5,34 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum OnnxError {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{what} is not a valid ONNX protobuf (malformed or truncated): {msg}")]
     Decode { what: String, msg: String },
     #[error("model: {0}")]
     Model(String),
     #[error("node '{node}' ({op}){}: {msg}", input.as_ref().map(|i| format!(", input '{i}'")).unwrap_or_default())]
-    Node { node: String, op: String, input: Option<String>, msg: String },
+    Node {
+        node: String,
+        op: String,
+        input: Option<String>,
+        msg: String,
+    },
     #[error("node '{node}': op {op} (domain '{domain}', opset {opset}) is not supported")]
-    UnsupportedOp { node: String, op: String, domain: String, opset: i64 },
+    UnsupportedOp {
+        node: String,
+        op: String,
+        domain: String,
+        opset: i64,
+    },
     #[error("graph input '{input}': dimension {dim} ('{symbol}') is dynamic; pin it with --input-shape {input}=<dims separated by x>")]
-    DynamicDim { input: String, dim: usize, symbol: String },
+    DynamicDim {
+        input: String,
+        dim: usize,
+        symbol: String,
+    },
     #[error("tensor '{name}': {msg}")]
     Tensor { name: String, msg: String },
     #[error(transparent)]
@@ -25,5 +42,8 @@ pub enum OnnxError {
 pub type Result<T, E = OnnxError> = std::result::Result<T, E>;
 
 pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> OnnxError + '_ {
-    move |source| OnnxError::Io { path: path.display().to_string(), source }
+    move |source| OnnxError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }

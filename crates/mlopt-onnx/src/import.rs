@@ -3,7 +3,9 @@
 
 use crate::convert::{convert_node, Importer};
 use crate::error::{OnnxError, Result};
-use crate::proto::{data_type, tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto};
+use crate::proto::{
+    data_type, tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto,
+};
 use crate::tensor_io::{dtype_from_onnx, tensor_from_proto};
 use mlopt_ir::{Graph, TensorType};
 use prost::Message;
@@ -27,17 +29,28 @@ pub struct ImportOptions {
 
 /// Parses `NAME=1x3x224x224` (a scalar is `NAME=`).
 pub fn parse_input_shape(s: &str) -> std::result::Result<(String, Vec<usize>), String> {
-    let (name, dims) = s.split_once('=').ok_or_else(|| format!("'{s}' is not NAME=DIMS (e.g. x=1x3x224x224)"))?;
+    let (name, dims) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not NAME=DIMS (e.g. x=1x3x224x224)"))?;
     let dims = if dims.is_empty() {
         vec![]
     } else {
-        dims.split(['x', ',']).map(|d| d.trim().parse().map_err(|_| format!("bad dimension '{d}' in '{s}'"))).collect::<std::result::Result<_, _>>()?
+        dims.split(['x', ','])
+            .map(|d| {
+                d.trim()
+                    .parse()
+                    .map_err(|_| format!("bad dimension '{d}' in '{s}'"))
+            })
+            .collect::<std::result::Result<_, _>>()?
     };
     Ok((name.to_string(), dims))
 }
 
 pub fn decode_model(bytes: &[u8], what: &str) -> Result<ModelProto> {
-    ModelProto::decode(bytes).map_err(|e| OnnxError::Decode { what: what.to_string(), msg: e.to_string() })
+    ModelProto::decode(bytes).map_err(|e| OnnxError::Decode {
+        what: what.to_string(),
+        msg: e.to_string(),
+    })
 }
 
 pub fn load_model(path: &Path) -> Result<ModelProto> {
@@ -48,7 +61,10 @@ pub fn load_model(path: &Path) -> Result<ModelProto> {
 /// Reads and imports a model file; external data is looked up next to it.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Graph> {
     let model = load_model(path)?;
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     import_model(&model, Some(crate::tensor_io::folder_of(path)), &stem, opts)
 }
 
@@ -60,9 +76,15 @@ pub fn default_opset(model: &ModelProto) -> Result<i64> {
             opset = Some(o.version);
         }
     }
-    let opset = opset.ok_or_else(|| OnnxError::Model("no opset is imported for the default ONNX domain".into()))?;
+    let opset = opset.ok_or_else(|| {
+        OnnxError::Model("no opset is imported for the default ONNX domain".into())
+    })?;
     if !OPSETS.contains(&opset) {
-        return Err(OnnxError::Model(format!("opset {opset} is not supported (mlopt reads opsets {}..={})", OPSETS.start(), OPSETS.end())));
+        return Err(OnnxError::Model(format!(
+            "opset {opset} is not supported (mlopt reads opsets {}..={})",
+            OPSETS.start(),
+            OPSETS.end()
+        )));
     }
     Ok(opset)
 }
@@ -74,15 +96,26 @@ pub type DeclaredDims = Vec<(Option<usize>, String)>;
 /// with its symbol), or `None` when the shape is not given at all.
 pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<DeclaredDims>)> {
     let err = |msg: String| OnnxError::Model(format!("value '{}': {msg}", v.name));
-    let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-        return Err(err("only tensor types are supported (not sequences, maps, optionals or sparse tensors)".into()));
+    let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref())
+    else {
+        return Err(err(
+            "only tensor types are supported (not sequences, maps, optionals or sparse tensors)"
+                .into(),
+        ));
     };
-    let dtype = dtype_from_onnx(t.elem_type).ok_or_else(|| err(format!("data type {} is not supported", data_type::name(t.elem_type))))?;
+    let dtype = dtype_from_onnx(t.elem_type).ok_or_else(|| {
+        err(format!(
+            "data type {} is not supported",
+            data_type::name(t.elem_type)
+        ))
+    })?;
     let dims = t.shape.as_ref().map(|s| {
         s.dim
             .iter()
             .map(|d| match &d.value {
-                Some(dimension::Value::DimValue(n)) if *n >= 0 => (Some(*n as usize), String::new()),
+                Some(dimension::Value::DimValue(n)) if *n >= 0 => {
+                    (Some(*n as usize), String::new())
+                }
                 Some(dimension::Value::DimParam(p)) => (None, p.clone()),
                 _ => (None, "?".to_string()),
             })
@@ -96,25 +129,43 @@ fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorT
     match (dims, pinned) {
         (Some(dims), Some(p)) => {
             if dims.len() != p.len() {
-                return Err(OnnxError::Model(format!("input '{}' has rank {}, but --input-shape gives {:?}", v.name, dims.len(), p)));
+                return Err(OnnxError::Model(format!(
+                    "input '{}' has rank {}, but --input-shape gives {:?}",
+                    v.name,
+                    dims.len(),
+                    p
+                )));
             }
             for (i, (d, _)) in dims.iter().enumerate() {
                 if let Some(d) = d {
                     if *d != p[i] {
-                        return Err(OnnxError::Model(format!("input '{}' dimension {i} is {d}, but --input-shape gives {}", v.name, p[i])));
+                        return Err(OnnxError::Model(format!(
+                            "input '{}' dimension {i} is {d}, but --input-shape gives {}",
+                            v.name, p[i]
+                        )));
                     }
                 }
             }
             Ok(TensorType::new(dtype, p.clone()))
         }
         (None, Some(p)) => Ok(TensorType::new(dtype, p.clone())),
-        (None, None) => Err(OnnxError::DynamicDim { input: v.name.clone(), dim: 0, symbol: "unknown rank".into() }),
+        (None, None) => Err(OnnxError::DynamicDim {
+            input: v.name.clone(),
+            dim: 0,
+            symbol: "unknown rank".into(),
+        }),
         (Some(dims), None) => {
             let mut shape = vec![];
             for (i, (d, sym)) in dims.into_iter().enumerate() {
                 match d {
                     Some(d) => shape.push(d),
-                    None => return Err(OnnxError::DynamicDim { input: v.name.clone(), dim: i, symbol: sym }),
+                    None => {
+                        return Err(OnnxError::DynamicDim {
+                            input: v.name.clone(),
+                            dim: i,
+                            symbol: sym,
+                        })
+                    }
                 }
             }
             Ok(TensorType::new(dtype, shape))
@@ -124,7 +175,12 @@ fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorT
 
 /// Imports a decoded model. `base` is the model's folder (for external data), `name` the graph's name
 /// when the model does not give one.
-pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &ImportOptions) -> Result<Graph> {
+pub fn import_model(
+    model: &ModelProto,
+    base: Option<&Path>,
+    name: &str,
+    opts: &ImportOptions,
+) -> Result<Graph> {
     if !IR_VERSIONS.contains(&model.ir_version) {
         return Err(OnnxError::Model(format!(
             "IR version {} is not supported (mlopt reads IR versions {}..={})",
@@ -134,24 +190,50 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
         )));
     }
     let opset = default_opset(model)?;
-    let graph = model.graph.as_ref().ok_or_else(|| OnnxError::Model("the model has no graph".into()))?;
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| OnnxError::Model("the model has no graph".into()))?;
     if let Some(s) = graph.sparse_initializer.first() {
         let n = s.values.as_ref().map(|v| v.name.as_str()).unwrap_or("");
-        return Err(OnnxError::Tensor { name: n.into(), msg: "sparse initializers are not supported".into() });
+        return Err(OnnxError::Tensor {
+            name: n.into(),
+            msg: "sparse initializers are not supported".into(),
+        });
     }
-    let gname = if graph.name.is_empty() { name.to_string() } else { graph.name.clone() };
-    let mut imp = Importer { g: Graph::new(gname), vals: HashMap::new(), opset, base, known: &opts.known_values };
+    let gname = if graph.name.is_empty() {
+        name.to_string()
+    } else {
+        graph.name.clone()
+    };
+    let mut imp = Importer {
+        g: Graph::new(gname),
+        vals: HashMap::new(),
+        opset,
+        base,
+        known: &opts.known_values,
+    };
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
     let declared: HashSet<&str> = graph.input.iter().map(|v| v.name.as_str()).collect();
-    if let Some(unknown) = opts.input_shapes.keys().find(|k| !declared.contains(k.as_str()) || inits.contains(k.as_str())) {
-        return Err(OnnxError::Model(format!("--input-shape names '{unknown}', which is not a graph input")));
+    if let Some(unknown) = opts
+        .input_shapes
+        .keys()
+        .find(|k| !declared.contains(k.as_str()) || inits.contains(k.as_str()))
+    {
+        return Err(OnnxError::Model(format!(
+            "--input-shape names '{unknown}', which is not a graph input"
+        )));
     }
     for v in &graph.input {
         if inits.contains(v.name.as_str()) {
             continue;
         }
         let ty = input_type(v, opts.input_shapes.get(&v.name))?;
-        if ty.rank() > mlopt_ir::graph::MAX_RANK || ty.checked_bytes().is_none_or(|b| b > mlopt_ir::graph::max_value_bytes()) {
+        if ty.rank() > mlopt_ir::graph::MAX_RANK
+            || ty
+                .checked_bytes()
+                .is_none_or(|b| b > mlopt_ir::graph::max_value_bytes())
+        {
             return Err(OnnxError::Model(format!(
                 "input '{}': {ty} is beyond mlopt's limits (rank {}, {} per value)",
                 v.name,
@@ -160,7 +242,10 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
             )));
         }
         if imp.vals.contains_key(&v.name) {
-            return Err(OnnxError::Model(format!("input '{}' is declared twice", v.name)));
+            return Err(OnnxError::Model(format!(
+                "input '{}' is declared twice",
+                v.name
+            )));
         }
         let val = imp.g.add_input(v.name.clone(), ty);
         imp.vals.insert(v.name.clone(), val);
@@ -168,7 +253,10 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
     let mut seen = HashSet::new();
     for t in &graph.initializer {
         if !seen.insert(t.name.as_str()) {
-            return Err(OnnxError::Tensor { name: t.name.clone(), msg: "initializer is defined twice".into() });
+            return Err(OnnxError::Tensor {
+                name: t.name.clone(),
+                msg: "initializer is defined twice".into(),
+            });
         }
         let tensor = tensor_from_proto(t, base)?;
         let val = imp.g.add_const(t.name.clone(), tensor);
@@ -177,7 +265,11 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
     for node in &graph.node {
         if !(node.domain.is_empty() || node.domain == "ai.onnx") {
             return Err(OnnxError::UnsupportedOp {
-                node: if node.name.is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name.clone() },
+                node: if node.name.is_empty() {
+                    node.output.first().cloned().unwrap_or_default()
+                } else {
+                    node.name.clone()
+                },
                 op: node.op_type.clone(),
                 domain: node.domain.clone(),
                 opset,
@@ -186,10 +278,17 @@ pub fn import_model(model: &ModelProto, base: Option<&Path>, name: &str, opts: &
         convert_node(&mut imp, node)?;
     }
     for out in &graph.output {
-        let v = *imp.vals.get(&out.name).ok_or_else(|| OnnxError::Model(format!("output '{}' is not produced by any node", out.name)))?;
+        let v = *imp.vals.get(&out.name).ok_or_else(|| {
+            OnnxError::Model(format!("output '{}' is not produced by any node", out.name))
+        })?;
         let got = imp.g.value_type(v).clone();
         if let Ok((dtype, dims)) = declared_type(out) {
-            let dims_ok = dims.as_ref().is_none_or(|d| d.len() == got.rank() && d.iter().zip(&got.shape).all(|(a, b)| a.0.is_none_or(|a| a == *b)));
+            let dims_ok = dims.as_ref().is_none_or(|d| {
+                d.len() == got.rank()
+                    && d.iter()
+                        .zip(&got.shape)
+                        .all(|(a, b)| a.0.is_none_or(|a| a == *b))
+            });
             if dtype != got.dtype || !dims_ok {
                 return Err(OnnxError::Model(format!(
                     "output '{}' is declared {:?} {:?} but computes {got}",

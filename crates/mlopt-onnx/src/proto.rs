@@ -56,7 +56,11 @@ pub mod data_type {
             "INT4",
             "FLOAT4E2M1",
         ];
-        usize::try_from(t).ok().and_then(|i| NAMES.get(i)).map(|s| s.to_string()).unwrap_or_else(|| format!("type {t}"))
+        usize::try_from(t)
+            .ok()
+            .and_then(|i| NAMES.get(i))
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| format!("type {t}"))
     }
 }
 

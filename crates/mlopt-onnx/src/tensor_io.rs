@@ -52,7 +52,10 @@ pub fn folder_of(path: &Path) -> &Path {
 pub(crate) fn read_regular(path: &std::path::Path) -> Result<Vec<u8>> {
     let meta = std::fs::metadata(path).map_err(io_err(path))?;
     if !meta.is_file() {
-        return Err(io_err(path)(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+        return Err(io_err(path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
     }
     std::fs::read(path).map_err(io_err(path))
 }
@@ -61,30 +64,58 @@ pub(crate) fn read_regular(path: &std::path::Path) -> Result<Vec<u8>> {
 /// `..` or through a symlink) are errors, and so is anything but a regular file (a FIFO would block the
 /// read forever, a device would never end).
 fn external_path(base: &Path, location: &str, name: &str) -> Result<std::path::PathBuf> {
-    let err = |msg: String| OnnxError::Tensor { name: name.into(), msg };
+    let err = |msg: String| OnnxError::Tensor {
+        name: name.into(),
+        msg,
+    };
     let rel = Path::new(location);
-    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
-        return Err(err(format!("external data location '{location}' escapes the model's folder")));
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(err(format!(
+            "external data location '{location}' escapes the model's folder"
+        )));
     }
     let full = base.join(rel);
-    let (cb, cf) = (base.canonicalize().map_err(io_err(base))?, full.canonicalize().map_err(io_err(&full))?);
+    let (cb, cf) = (
+        base.canonicalize().map_err(io_err(base))?,
+        full.canonicalize().map_err(io_err(&full))?,
+    );
     if !cf.starts_with(&cb) {
-        return Err(err(format!("external data location '{location}' escapes the model's folder")));
+        return Err(err(format!(
+            "external data location '{location}' escapes the model's folder"
+        )));
     }
     if !std::fs::metadata(&cf).map_err(io_err(&cf))?.is_file() {
-        return Err(err(format!("external data location '{location}' is not a regular file")));
+        return Err(err(format!(
+            "external data location '{location}' is not a regular file"
+        )));
     }
     Ok(cf)
 }
 
 /// A tensor's external data: its range of the file the model names (inside the model's folder and the
 /// file, checked), read straight into the tensor.
-fn read_external(t: &TensorProto, base: Option<&Path>, ty: &TensorType, nbytes: usize) -> Result<Tensor> {
-    let err = |msg: String| OnnxError::Tensor { name: t.name.clone(), msg };
+fn read_external(
+    t: &TensorProto,
+    base: Option<&Path>,
+    ty: &TensorType,
+    nbytes: usize,
+) -> Result<Tensor> {
+    let err = |msg: String| OnnxError::Tensor {
+        name: t.name.clone(),
+        msg,
+    };
     let base = base.ok_or_else(|| err("external data needs the model's folder".into()))?;
     let (mut location, mut offset, mut length) = (None, 0u64, None);
     for kv in &t.external_data {
-        let num = || kv.value.parse::<u64>().map_err(|_| err(format!("bad external data {} '{}'", kv.key, kv.value)));
+        let num = || {
+            kv.value
+                .parse::<u64>()
+                .map_err(|_| err(format!("bad external data {} '{}'", kv.key, kv.value)))
+        };
         match kv.key.as_str() {
             "location" => location = Some(kv.value.clone()),
             "offset" => offset = num()?,
@@ -101,45 +132,84 @@ fn read_external(t: &TensorProto, base: Option<&Path>, ty: &TensorType, nbytes: 
     let size = file.metadata().map_err(io_err(&path))?.len();
     let len = length.unwrap_or(nbytes as u64);
     if offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(err(format!("external data range {offset}+{len} is outside '{location}' ({size} bytes)")));
+        return Err(err(format!(
+            "external data range {offset}+{len} is outside '{location}' ({size} bytes)"
+        )));
     }
     if len != nbytes as u64 {
-        return Err(err(format!("external data length {len} does not match the shape ({nbytes} bytes)")));
+        return Err(err(format!(
+            "external data length {len} does not match the shape ({nbytes} bytes)"
+        )));
     }
     file.seek(SeekFrom::Start(offset)).map_err(io_err(&path))?;
-    Tensor::from_le_reader(ty, &mut file).map_err(io_err(&path))?.ok_or_else(|| err("too many elements".into()))
+    Tensor::from_le_reader(ty, &mut file)
+        .map_err(io_err(&path))?
+        .ok_or_else(|| err("too many elements".into()))
 }
 
 /// Converts a `TensorProto`; `base` is the model's folder, for external data.
 pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor> {
-    let err = |msg: String| OnnxError::Tensor { name: t.name.clone(), msg };
-    let dtype = dtype_from_onnx(t.data_type).ok_or_else(|| err(format!("data type {} is not supported", dt::name(t.data_type))))?;
+    let err = |msg: String| OnnxError::Tensor {
+        name: t.name.clone(),
+        msg,
+    };
+    let dtype = dtype_from_onnx(t.data_type).ok_or_else(|| {
+        err(format!(
+            "data type {} is not supported",
+            dt::name(t.data_type)
+        ))
+    })?;
     if t.segment.is_some() {
         return Err(err("segmented tensors are not supported".into()));
     }
-    let shape: Vec<usize> = t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| err(format!("negative dimension {d}")))).collect::<Result<_>>()?;
+    let shape: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| err(format!("negative dimension {d}"))))
+        .collect::<Result<_>>()?;
     let ty = TensorType::new(dtype, shape);
-    let numel = ty.checked_numel().ok_or_else(|| err("too many elements".into()))?;
-    let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| err("too many elements".into()))?;
-    let bad_len = |n: usize| err(format!("{n} values for shape {:?} ({numel} expected)", ty.shape));
+    let numel = ty
+        .checked_numel()
+        .ok_or_else(|| err("too many elements".into()))?;
+    let nbytes = numel
+        .checked_mul(dtype.size())
+        .ok_or_else(|| err("too many elements".into()))?;
+    let bad_len = |n: usize| {
+        err(format!(
+            "{n} values for shape {:?} ({numel} expected)",
+            ty.shape
+        ))
+    };
     if t.data_location == tensor_proto::DATA_LOCATION_EXTERNAL {
         return read_external(t, base, &ty, nbytes);
     }
     if !t.raw_data.is_empty() || numel == 0 {
-        return Tensor::from_le_bytes(&ty, &t.raw_data).ok_or_else(|| bad_len(t.raw_data.len() / dtype.size().max(1)));
+        return Tensor::from_le_bytes(&ty, &t.raw_data)
+            .ok_or_else(|| bad_len(t.raw_data.len() / dtype.size().max(1)));
     }
     let s = &ty.shape;
     let out = match dtype {
-        DType::F32 => Tensor::from_vec(s, t.float_data.clone()).ok_or_else(|| bad_len(t.float_data.len())),
-        DType::F64 => Tensor::from_vec(s, t.double_data.clone()).ok_or_else(|| bad_len(t.double_data.len())),
-        DType::I64 => Tensor::from_vec(s, t.int64_data.clone()).ok_or_else(|| bad_len(t.int64_data.len())),
+        DType::F32 => {
+            Tensor::from_vec(s, t.float_data.clone()).ok_or_else(|| bad_len(t.float_data.len()))
+        }
+        DType::F64 => {
+            Tensor::from_vec(s, t.double_data.clone()).ok_or_else(|| bad_len(t.double_data.len()))
+        }
+        DType::I64 => {
+            Tensor::from_vec(s, t.int64_data.clone()).ok_or_else(|| bad_len(t.int64_data.len()))
+        }
         DType::F16 | DType::BF16 => {
             // Half floats are stored as their bit patterns in int32_data.
-            let bytes: Vec<u8> = t.int32_data.iter().flat_map(|&v| (v as u16).to_le_bytes()).collect();
+            let bytes: Vec<u8> = t
+                .int32_data
+                .iter()
+                .flat_map(|&v| (v as u16).to_le_bytes())
+                .collect();
             Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| bad_len(t.int32_data.len()))
         }
         DType::I32 | DType::I8 | DType::U8 | DType::Bool => {
-            let v = Tensor::from_vec(s, t.int32_data.clone()).ok_or_else(|| bad_len(t.int32_data.len()))?;
+            let v = Tensor::from_vec(s, t.int32_data.clone())
+                .ok_or_else(|| bad_len(t.int32_data.len()))?;
             Ok(v.cast(dtype))
         }
     }?;
@@ -160,7 +230,10 @@ pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
 /// Reads a serialised `TensorProto` (`.pb`), returning its name and value.
 pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
     let bytes = read_regular(path)?;
-    let p = TensorProto::decode(bytes.as_slice()).map_err(|e| OnnxError::Decode { what: path.display().to_string(), msg: e.to_string() })?;
+    let p = TensorProto::decode(bytes.as_slice()).map_err(|e| OnnxError::Decode {
+        what: path.display().to_string(),
+        msg: e.to_string(),
+    })?;
     let t = tensor_from_proto(&p, Some(folder_of(path)))?;
     Ok((p.name, t))
 }
@@ -187,40 +260,69 @@ fn npy_descr(d: DType) -> &'static str {
 /// ml_dtypes' bfloat16.
 pub fn read_npy(path: &Path) -> Result<Tensor> {
     let bytes = read_regular(path)?;
-    let err = |msg: &str| OnnxError::Tensor { name: path.display().to_string(), msg: format!("bad .npy file: {msg}") };
+    let err = |msg: &str| OnnxError::Tensor {
+        name: path.display().to_string(),
+        msg: format!("bad .npy file: {msg}"),
+    };
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(err("missing magic"));
     }
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
         _ => return Err(err("unsupported version")),
     };
-    let header = bytes.get(start..start + hlen).ok_or_else(|| err("truncated header"))?;
+    let header = bytes
+        .get(start..start + hlen)
+        .ok_or_else(|| err("truncated header"))?;
     let header = std::str::from_utf8(header).map_err(|_| err("header is not text"))?;
     let field = |key: &str| -> Option<&str> {
         let at = header.find(&format!("'{key}'"))? + key.len() + 2;
         Some(header[at..].trim_start().strip_prefix(':')?.trim_start())
     };
-    let descr = field("descr").and_then(|s| s.strip_prefix('\'')).and_then(|s| s.split('\'').next()).ok_or_else(|| err("no descr"))?;
+    let descr = field("descr")
+        .and_then(|s| s.strip_prefix('\''))
+        .and_then(|s| s.split('\'').next())
+        .ok_or_else(|| err("no descr"))?;
     let dtype = DType::ALL
         .into_iter()
-        .find(|&d| npy_descr(d) == descr || (npy_descr(d).get(1..) == descr.get(1..) && descr.starts_with('=')))
+        .find(|&d| {
+            npy_descr(d) == descr
+                || (npy_descr(d).get(1..) == descr.get(1..) && descr.starts_with('='))
+        })
         .ok_or_else(|| err(&format!("unsupported dtype '{descr}'")))?;
     if field("fortran_order").is_some_and(|s| s.starts_with("True")) {
         return Err(err("Fortran order is not supported"));
     }
-    let shape_s = field("shape").and_then(|s| s.strip_prefix('(')).and_then(|s| s.split(')').next()).ok_or_else(|| err("no shape"))?;
-    let shape: Vec<usize> =
-        shape_s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse().map_err(|_| err("bad shape"))).collect::<Result<_>>()?;
+    let shape_s = field("shape")
+        .and_then(|s| s.strip_prefix('('))
+        .and_then(|s| s.split(')').next())
+        .ok_or_else(|| err("no shape"))?;
+    let shape: Vec<usize> = shape_s
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| err("bad shape")))
+        .collect::<Result<_>>()?;
     let ty = TensorType::new(dtype, shape);
-    Tensor::from_le_bytes(&ty, &bytes[start + hlen..]).ok_or_else(|| err("data size does not match the shape"))
+    Tensor::from_le_bytes(&ty, &bytes[start + hlen..])
+        .ok_or_else(|| err("data size does not match the shape"))
 }
 
 pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
     let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
-    let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
-    let mut header = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}", npy_descr(t.dtype()));
+    let shape = if shape.len() == 1 {
+        format!("({},)", shape[0])
+    } else {
+        format!("({})", shape.join(", "))
+    };
+    let mut header = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}",
+        npy_descr(t.dtype())
+    );
     // Pad so that the data starts on a 64-byte boundary, ending the header with a newline.
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');

@@ -25,8 +25,16 @@ fn numpy_and_onnx_files_read_for_every_dtype() {
     for d in DType::ALL {
         let want = expected(d);
         if d != DType::BF16 {
-            assert_eq!(read_npy(&dir().join(format!("{d}.npy"))).unwrap(), want, "{d}.npy");
-            assert_eq!(read_pb(&dir().join(format!("{d}_raw.pb"))).unwrap().1, want, "{d}_raw.pb");
+            assert_eq!(
+                read_npy(&dir().join(format!("{d}.npy"))).unwrap(),
+                want,
+                "{d}.npy"
+            );
+            assert_eq!(
+                read_pb(&dir().join(format!("{d}_raw.pb"))).unwrap().1,
+                want,
+                "{d}_raw.pb"
+            );
         }
         let (name, t) = read_pb(&dir().join(format!("{d}_typed.pb"))).unwrap();
         assert_eq!((name.as_str(), t), (d.name(), want), "{d}_typed.pb");
@@ -37,12 +45,20 @@ fn numpy_and_onnx_files_read_for_every_dtype() {
 fn writes_round_trip_for_every_dtype() {
     let tmp = tempfile::tempdir().unwrap();
     for d in DType::ALL {
-        for t in [expected(d), Tensor::zeros(&TensorType::new(d, vec![])), Tensor::zeros(&TensorType::new(d, vec![0, 4]))] {
+        for t in [
+            expected(d),
+            Tensor::zeros(&TensorType::new(d, vec![])),
+            Tensor::zeros(&TensorType::new(d, vec![0, 4])),
+        ] {
             let (npy, pb) = (tmp.path().join("t.npy"), tmp.path().join("t.pb"));
             write_npy(&npy, &t).unwrap();
             write_pb(&pb, "t", &t).unwrap();
             assert_eq!(read_npy(&npy).unwrap(), t, "{d} npy");
-            assert_eq!(read_pb(&pb).unwrap(), ("t".to_string(), t.clone()), "{d} pb");
+            assert_eq!(
+                read_pb(&pb).unwrap(),
+                ("t".to_string(), t.clone()),
+                "{d} pb"
+            );
         }
     }
 }
@@ -52,9 +68,11 @@ fn bad_tensor_files_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let p = tmp.path().join("bad.npy");
     let good = std::fs::read(dir().join("f32.npy")).unwrap();
-    for (bytes, msg) in
-        [(b"nope".to_vec(), "missing magic"), (good[..good.len() - 3].to_vec(), "does not match the shape"), (good[..20].to_vec(), "truncated header")]
-    {
+    for (bytes, msg) in [
+        (b"nope".to_vec(), "missing magic"),
+        (good[..good.len() - 3].to_vec(), "does not match the shape"),
+        (good[..20].to_vec(), "truncated header"),
+    ] {
         std::fs::write(&p, bytes).unwrap();
         let e = read_npy(&p).unwrap_err().to_string();
         assert!(e.contains(msg), "{e}");

@@ -11,9 +11,15 @@ use mlopt_rewrite::{optimize, Config};
 use std::time::Duration;
 
 fn bench(c: &mut Criterion) {
-    let graphs = [("resnet50", models::resnet50()), ("bert-base", models::bert(12, 768, 12, 128, 3072))];
+    let graphs = [
+        ("resnet50", models::resnet50()),
+        ("bert-base", models::bert(12, 768, 12, 128, 3072)),
+    ];
     for (name, g) in &graphs {
-        let ops = g.node_ids().filter(|n| !matches!(g.node(*n).op, mlopt_ir::Op::Input | mlopt_ir::Op::Const(_))).count();
+        let ops = g
+            .node_ids()
+            .filter(|n| !matches!(g.node(*n).op, mlopt_ir::Op::Input | mlopt_ir::Op::Const(_)))
+            .count();
         for target in ["x86-64-v4", "sm_80"] {
             let cfg = Config::new(Target::named(target, 1).unwrap());
             let t = std::time::Instant::now();
@@ -37,7 +43,9 @@ fn bench(c: &mut Criterion) {
             );
         }
         let cfg = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        c.bench_function(&format!("optimize {name}"), |b| b.iter(|| optimize(g, &cfg).unwrap()));
+        c.bench_function(&format!("optimize {name}"), |b| {
+            b.iter(|| optimize(g, &cfg).unwrap())
+        });
     }
 }
 

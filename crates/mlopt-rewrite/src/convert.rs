@@ -19,7 +19,10 @@ pub struct Loaded {
 
 /// Loads `g` into a fresh e-graph. `fold` turns constant folding on.
 pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
-    let mut eg = EGraph::new(Analysis { no_fold: !fold, ..Default::default() });
+    let mut eg = EGraph::new(Analysis {
+        no_fold: !fold,
+        ..Default::default()
+    });
     let mut ids: HashMap<Value, Id> = HashMap::new();
     let mut names = HashMap::new();
     let order = g.topo_order()?;
@@ -28,8 +31,13 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
         let id = match &node.op {
             Op::Input => {
                 let i = eg.analysis.inputs.len() as u32;
-                eg.analysis.inputs.push((node.name.clone(), node.outputs[0].clone()));
-                eg.add(MNode { head: Head::Input(i), children: vec![] })
+                eg.analysis
+                    .inputs
+                    .push((node.name.clone(), node.outputs[0].clone()));
+                eg.add(MNode {
+                    head: Head::Input(i),
+                    children: vec![],
+                })
             }
             Op::Const(t) => Analysis::add_const(&mut eg, node.name.clone(), Arc::clone(t)),
             op => {
@@ -37,13 +45,19 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
                     .inputs(n)
                     .into_iter()
                     .map(|v| match v {
-                        Some(v) => ids.get(&v).copied().ok_or_else(|| RewriteError::Internal(format!("input of {} not loaded", node.name))),
+                        Some(v) => ids.get(&v).copied().ok_or_else(|| {
+                            RewriteError::Internal(format!("input of {} not loaded", node.name))
+                        }),
                         None => Ok(eg.add(MNode::absent())),
                     })
                     .collect::<Result<_>>()?;
                 let id = eg.add(MNode::op(op.clone(), children));
                 if eg[id].data.types.len() < node.outputs.len() {
-                    return Err(RewriteError::Internal(format!("node '{}' ({}): the e-graph could not type it", node.name, op.name())));
+                    return Err(RewriteError::Internal(format!(
+                        "node '{}' ({}): the e-graph could not type it",
+                        node.name,
+                        op.name()
+                    )));
                 }
                 id
             }
@@ -60,15 +74,30 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
         if eg[id].data.types.len() > 1 {
             for i in 0..node.outputs.len() {
                 let p = eg.add(MNode::proj(i, id));
-                ids.insert(Value { node: n, output: i as u32 }, p);
+                ids.insert(
+                    Value {
+                        node: n,
+                        output: i as u32,
+                    },
+                    p,
+                );
             }
         } else {
             ids.insert(Value { node: n, output: 0 }, id);
         }
     }
     eg.rebuild();
-    let roots = g.graph_outputs().iter().map(|(name, v)| (name.clone(), eg.find(ids[v]))).collect();
-    Ok(Loaded { eg, roots, names, graph_name: g.name.clone() })
+    let roots = g
+        .graph_outputs()
+        .iter()
+        .map(|(name, v)| (name.clone(), eg.find(ids[v])))
+        .collect();
+    Ok(Loaded {
+        eg,
+        roots,
+        names,
+        graph_name: g.name.clone(),
+    })
 }
 
 /// Builds the graph that `choice` (one e-node per needed class) picks out of `l`.
@@ -92,12 +121,19 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
     }
     let mut unnamed = vec![];
     // Iterative post-order over the chosen DAG.
-    let mut stack: Vec<(Id, bool)> = l.roots.iter().rev().map(|(_, r)| (eg.find(*r), false)).collect();
+    let mut stack: Vec<(Id, bool)> = l
+        .roots
+        .iter()
+        .rev()
+        .map(|(_, r)| (eg.find(*r), false))
+        .collect();
     while let Some((id, expanded)) = stack.pop() {
         if made.contains_key(&id) {
             continue;
         }
-        let node = choice.get(&id).ok_or_else(|| RewriteError::Internal(format!("class {id} has no chosen node")))?;
+        let node = choice
+            .get(&id)
+            .ok_or_else(|| RewriteError::Internal(format!("class {id} has no chosen node")))?;
         if !expanded {
             stack.push((id, true));
             for c in node.children.iter().rev() {
@@ -108,12 +144,17 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
             }
             continue;
         }
-        let child = |c: &Id| -> Option<Value> { made.get(&eg.find(*c)).and_then(|v| v.first().copied()) };
+        let child =
+            |c: &Id| -> Option<Value> { made.get(&eg.find(*c)).and_then(|v| v.first().copied()) };
         let vals = match &node.head {
             Head::Input(i) => vec![inputs[*i as usize]],
             Head::Const(i) => {
                 let (name, t) = &eg.analysis.consts[*i as usize];
-                let name = if name.is_empty() { names.get(&id).map(|s| s.to_string()).unwrap_or_default() } else { name.clone() };
+                let name = if name.is_empty() {
+                    names.get(&id).map(|s| s.to_string()).unwrap_or_default()
+                } else {
+                    name.clone()
+                };
                 let v = g.add_shared_const(name.clone(), Arc::clone(t));
                 if name.is_empty() {
                     unnamed.push(v.node);
@@ -124,10 +165,22 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
             Head::Proj(i) => {
                 let c = eg.find(node.children[0]);
                 let v = made.get(&c).and_then(|v| v.get(*i as usize)).copied();
-                vec![v.ok_or_else(|| RewriteError::Internal(format!("projection {i} of class {c} missing")))?]
+                vec![v.ok_or_else(|| {
+                    RewriteError::Internal(format!("projection {i} of class {c} missing"))
+                })?]
             }
             Head::Op(k) => {
-                let ins: Vec<Option<Value>> = node.children.iter().map(|c| if eg[*c].data.types.is_empty() { None } else { child(c) }).collect();
+                let ins: Vec<Option<Value>> = node
+                    .children
+                    .iter()
+                    .map(|c| {
+                        if eg[*c].data.types.is_empty() {
+                            None
+                        } else {
+                            child(c)
+                        }
+                    })
+                    .collect();
                 let name = names.get(&id).map(|s| s.to_string()).unwrap_or_default();
                 let mut types = eg[id].data.types.clone();
                 types.truncate(width.get(&id).copied().unwrap_or(1));
@@ -137,12 +190,19 @@ pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
         made.insert(id, vals);
     }
     for (name, r) in &l.roots {
-        let v = made.get(&eg.find(*r)).and_then(|v| v.first().copied()).ok_or_else(|| RewriteError::Internal(format!("output {name} not built")))?;
+        let v = made
+            .get(&eg.find(*r))
+            .and_then(|v| v.first().copied())
+            .ok_or_else(|| RewriteError::Internal(format!("output {name} not built")))?;
         g.add_output(name.clone(), v);
     }
     // Constants made by folding are named after where they are used (`conv1.in1`: input 1 of conv1).
     for n in unnamed {
-        if let Some((user, e)) = g.users(n).into_iter().find(|(u, _)| !g.node(*u).name.is_empty()) {
+        if let Some((user, e)) = g
+            .users(n)
+            .into_iter()
+            .find(|(u, _)| !g.node(*u).name.is_empty())
+        {
             g.node_mut(n).name = format!("{}.in{}", g.node(user).name, e.input);
         }
     }

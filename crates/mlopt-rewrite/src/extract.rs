@@ -18,7 +18,9 @@ use std::collections::HashMap;
 
 /// The standalone cost of `n` (as its own kernel): leaves, projections and absent inputs are free.
 pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Options) -> Cost {
-    let Head::Op(k) = &n.head else { return Cost::ZERO };
+    let Head::Op(k) = &n.head else {
+        return Cost::ZERO;
+    };
     if outs.is_empty() {
         return Cost::INFINITY;
     }
@@ -26,8 +28,17 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
         return Cost::ZERO;
     }
     let ins: Vec<Option<&TensorType>> = n.children.iter().map(|c| eg[*c].data.ty()).collect();
-    let fp32_matrix = crate::rules::precision::lowerable_op(&k.op) && ins.first().copied().flatten().is_some_and(|t| t.dtype == mlopt_ir::DType::F32);
-    let penalty = if o.force_low && fp32_matrix { Cost::secs(FORCED_PENALTY_S) } else { Cost::ZERO };
+    let fp32_matrix = crate::rules::precision::lowerable_op(&k.op)
+        && ins
+            .first()
+            .copied()
+            .flatten()
+            .is_some_and(|t| t.dtype == mlopt_ir::DType::F32);
+    let penalty = if o.force_low && fp32_matrix {
+        Cost::secs(FORCED_PENALTY_S)
+    } else {
+        Cost::ZERO
+    };
     standalone(&k.op, &ins, outs, t, o.allow_tf32).time + penalty
 }
 
@@ -87,7 +98,16 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
     let classes: Vec<Id> = eg.classes().map(|c| c.id).collect();
     let index: HashMap<Id, usize> = classes.iter().enumerate().map(|(i, c)| (*c, i)).collect();
     let n = classes.len();
-    let own: Vec<Vec<Cost>> = classes.iter().map(|c| eg[*c].nodes.iter().map(|nd| node_cost(eg, nd, &eg[*c].data.types, t, o)).collect()).collect();
+    let own: Vec<Vec<Cost>> = classes
+        .iter()
+        .map(|c| {
+            eg[*c]
+                .nodes
+                .iter()
+                .map(|nd| node_cost(eg, nd, &eg[*c].data.types, t, o))
+                .collect()
+        })
+        .collect();
     let mut best: Vec<Option<(usize, Cost, Bits)>> = vec![None; n];
     let mut cur_cost = vec![Cost::INFINITY; n];
     // A worklist: a class is revisited when one of its children's choices changed.
@@ -154,7 +174,14 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
 }
 
 /// The chosen node of every class reachable from `roots`, and the DAG cost.
-fn materialise(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<Cost>], roots: &[usize], pick: &[Option<usize>]) -> Choice {
+fn materialise(
+    eg: &EGraph,
+    classes: &[Id],
+    index: &HashMap<Id, usize>,
+    own: &[Vec<Cost>],
+    roots: &[usize],
+    pick: &[Option<usize>],
+) -> Choice {
     let mut choice = HashMap::new();
     let cost = dag_cost(eg, classes, index, own, roots, pick).unwrap_or(Cost::INFINITY);
     let mut stack: Vec<usize> = roots.to_vec();
@@ -173,7 +200,14 @@ fn materialise(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[V
 
 /// The DAG cost of the choice `pick` from `roots`: each reachable class's chosen node once; `None` on a
 /// cycle or a class without a choice.
-fn dag_cost(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<Cost>], roots: &[usize], pick: &[Option<usize>]) -> Option<Cost> {
+fn dag_cost(
+    eg: &EGraph,
+    classes: &[Id],
+    index: &HashMap<Id, usize>,
+    own: &[Vec<Cost>],
+    roots: &[usize],
+    pick: &[Option<usize>],
+) -> Option<Cost> {
     // 0 = unseen, 1 = on the stack, 2 = done.
     let mut state = vec![0u8; classes.len()];
     let mut total = Cost::ZERO;
@@ -207,16 +241,28 @@ fn dag_cost(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<
 /// Greedy choice is per class, so it never takes a multi-output node (a merged MatMul and its Split) whose
 /// cost pays off only when all its projections are taken together. For each such node, try switching all
 /// the classes that hold one of its projections at once, and keep the switch when the DAG cost drops.
-fn improve_multi_output(eg: &EGraph, classes: &[Id], index: &HashMap<Id, usize>, own: &[Vec<Cost>], roots: &[usize], pick: &mut [Option<usize>]) {
+fn improve_multi_output(
+    eg: &EGraph,
+    classes: &[Id],
+    index: &HashMap<Id, usize>,
+    own: &[Vec<Cost>],
+    roots: &[usize],
+    pick: &mut [Option<usize>],
+) {
     let mut groups: std::collections::BTreeMap<Id, Vec<(usize, usize)>> = Default::default();
     for (i, c) in classes.iter().enumerate() {
         for (ni, n) in eg[*c].nodes.iter().enumerate() {
             if matches!(n.head, Head::Proj(_)) {
-                groups.entry(eg.find(n.children[0])).or_default().push((i, ni));
+                groups
+                    .entry(eg.find(n.children[0]))
+                    .or_default()
+                    .push((i, ni));
             }
         }
     }
-    let Some(mut current) = dag_cost(eg, classes, index, own, roots, pick) else { return };
+    let Some(mut current) = dag_cost(eg, classes, index, own, roots, pick) else {
+        return;
+    };
     for members in groups.values() {
         let mut trial = pick.to_vec();
         for &(i, ni) in members {

@@ -47,7 +47,14 @@ enum Kind {
 
 fn kind(g: &Graph, n: NodeId) -> Kind {
     let node = g.node(n);
-    let shape = || g.inputs(n).first().copied().flatten().map(|v| g.value_type(v).shape.clone()).unwrap_or_default();
+    let shape = || {
+        g.inputs(n)
+            .first()
+            .copied()
+            .flatten()
+            .map(|v| g.value_type(v).shape.clone())
+            .unwrap_or_default()
+    };
     if node.outputs.len() != 1 {
         return Kind::Opaque;
     }
@@ -65,7 +72,9 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
         | Op::SpaceToDepth { .. }
         | Op::Trilu { .. } => Kind::Injective,
         Op::Reduce { axes, .. } => Kind::Reduction((shape(), axes.clone())),
-        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Arg { axis, .. } => Kind::Reduction((shape(), vec![*axis])),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Arg { axis, .. } => {
+            Kind::Reduction((shape(), vec![*axis]))
+        }
         Op::LayerNorm { axis, .. } => {
             let s = shape();
             let r = s.len();
@@ -82,7 +91,10 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
 
 /// Whether `consumer` can compute an operand inside its own kernel (rather than read it from memory).
 fn accepts_inlined(k: &Kind) -> bool {
-    matches!(k, Kind::Elementwise | Kind::View | Kind::Injective | Kind::Reduction(_))
+    matches!(
+        k,
+        Kind::Elementwise | Kind::View | Kind::Injective | Kind::Reduction(_)
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -135,10 +147,25 @@ impl Fuser<'_> {
         let mut ext: BTreeSet<Value> = BTreeSet::new();
         for m in members {
             w.add(&self.work[m]);
-            ext.extend(self.g.inputs(*m).into_iter().flatten().filter(|v| !members.contains(&v.node)));
+            ext.extend(
+                self.g
+                    .inputs(*m)
+                    .into_iter()
+                    .flatten()
+                    .filter(|v| !members.contains(&v.node)),
+            );
         }
-        w.bytes =
-            ext.iter().map(|v| self.g.value_type(*v).bytes() as f64).sum::<f64>() + self.g.node(root).outputs.iter().map(|t| t.bytes() as f64).sum::<f64>();
+        w.bytes = ext
+            .iter()
+            .map(|v| self.g.value_type(*v).bytes() as f64)
+            .sum::<f64>()
+            + self
+                .g
+                .node(root)
+                .outputs
+                .iter()
+                .map(|t| t.bytes() as f64)
+                .sum::<f64>();
         w
     }
 
@@ -231,7 +258,9 @@ impl Fuser<'_> {
     /// Tries to compute kernel `pk` inside its readers when that lowers the estimate (or, with one reader,
     /// keeps it equal: one kernel fewer for nothing); `force` takes it even when it costs more.
     fn try_inline(&mut self, pk: usize, force: bool) -> bool {
-        let Some(into) = self.readers(self.kernels[pk].root) else { return false };
+        let Some(into) = self.readers(self.kernels[pk].root) else {
+            return false;
+        };
         if !self.legal(pk, &into) {
             return false;
         }
@@ -245,7 +274,9 @@ impl Fuser<'_> {
 
     /// Live kernels in execution order (by their root's place in the topological order).
     fn schedule(&self) -> Vec<usize> {
-        let mut ks: Vec<usize> = (0..self.kernels.len()).filter(|k| self.kernels[*k].alive).collect();
+        let mut ks: Vec<usize> = (0..self.kernels.len())
+            .filter(|k| self.kernels[*k].alive)
+            .collect();
         ks.sort_by_key(|k| self.pos[&self.kernels[*k].root]);
         ks
     }
@@ -265,10 +296,12 @@ impl Fuser<'_> {
                             let e = last_use.entry(n).or_insert(i);
                             *e = (*e).max(i);
                             match self.own_kernel(n) {
-                                Some(vk) if self.is_view_kernel(&self.kernels[vk].members) => match self.g.inputs(n).first().copied().flatten() {
-                                    Some(src) => n = src.node,
-                                    None => break,
-                                },
+                                Some(vk) if self.is_view_kernel(&self.kernels[vk].members) => {
+                                    match self.g.inputs(n).first().copied().flatten() {
+                                        Some(src) => n = src.node,
+                                        None => break,
+                                    }
+                                }
                                 _ => break,
                             }
                         }
@@ -285,9 +318,18 @@ impl Fuser<'_> {
                     let s = step[*k];
                     !self.is_view_kernel(&kr.members)
                         && s <= i
-                        && (last_use.get(&kr.root).is_some_and(|l| *l >= i) || self.outputs.contains(&kr.root) || s == i)
+                        && (last_use.get(&kr.root).is_some_and(|l| *l >= i)
+                            || self.outputs.contains(&kr.root)
+                            || s == i)
                 })
-                .map(|k| self.g.node(self.kernels[*k].root).outputs.iter().map(|t| t.bytes() as u64).sum::<u64>())
+                .map(|k| {
+                    self.g
+                        .node(self.kernels[*k].root)
+                        .outputs
+                        .iter()
+                        .map(|t| t.bytes() as u64)
+                        .sum::<u64>()
+                })
                 .sum();
             peak = peak.max(alive);
         }
@@ -311,7 +353,10 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
     for &n in &order {
         let k = kind(g, n);
         let node = g.node(n);
-        f.work.insert(n, op_work_on(&node.op, &g.input_types(n), &node.outputs, t, allow_tf32));
+        f.work.insert(
+            n,
+            op_work_on(&node.op, &g.input_types(n), &node.outputs, t, allow_tf32),
+        );
         if !matches!(node.op, Op::Input | Op::Const(_)) {
             let heavy = k == Kind::Heavy || k == Kind::Opaque;
             let row = match &k {
@@ -319,7 +364,13 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
                 _ => None,
             };
             f.homes.insert(n, vec![f.kernels.len()]);
-            f.kernels.push(Kernel { root: n, members: BTreeSet::from([n]), heavy, row, alive: true });
+            f.kernels.push(Kernel {
+                root: n,
+                members: BTreeSet::from([n]),
+                heavy,
+                row,
+                alive: true,
+            });
         }
         f.kinds.insert(n, k);
     }
@@ -345,8 +396,15 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
     if let Some(budget) = memory_budget {
         while f.peak() > budget {
             // The largest stored elementwise value that its readers can recompute.
-            let mut cands: Vec<usize> =
-                f.schedule().into_iter().filter(|&k| !f.kernels[k].heavy && f.kernels[k].row.is_none() && !f.is_view_kernel(&f.kernels[k].members)).collect();
+            let mut cands: Vec<usize> = f
+                .schedule()
+                .into_iter()
+                .filter(|&k| {
+                    !f.kernels[k].heavy
+                        && f.kernels[k].row.is_none()
+                        && !f.is_view_kernel(&f.kernels[k].members)
+                })
+                .collect();
             cands.sort_by_key(|&k| std::cmp::Reverse(g.node(f.kernels[k].root).outputs[0].bytes()));
             if !cands.into_iter().any(|k| f.try_inline(k, true)) {
                 break;
@@ -363,7 +421,10 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
     let mut out = Graph::new(g.name.clone());
     let mut global: HashMap<NodeId, Vec<Value>> = HashMap::new();
     for &n in g.graph_inputs() {
-        global.insert(n, vec![out.add_input(g.node(n).name.clone(), g.node(n).outputs[0].clone())]);
+        global.insert(
+            n,
+            vec![out.add_input(g.node(n).name.clone(), g.node(n).outputs[0].clone())],
+        );
     }
     let mut infos = vec![];
     let mut total = Cost::ZERO;
@@ -379,14 +440,21 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
                     ins.push(None);
                     continue;
                 };
-                let src = if kr.members.contains(&v.node) { local.get(&v.node) } else { global.get(&v.node) };
+                let src = if kr.members.contains(&v.node) {
+                    local.get(&v.node)
+                } else {
+                    global.get(&v.node)
+                };
                 let src = match src {
                     Some(s) => s[v.output as usize],
                     None => {
                         // A constant, added where first read.
                         let node = g.node(v.node);
                         let Op::Const(t) = &node.op else {
-                            return Err(crate::error::RewriteError::Internal(format!("value of '{}' read before it is computed", node.name)));
+                            return Err(crate::error::RewriteError::Internal(format!(
+                                "value of '{}' read before it is computed",
+                                node.name
+                            )));
                         };
                         let c = out.add_shared_const(node.name.clone(), Arc::clone(t));
                         global.insert(v.node, vec![c]);
@@ -396,7 +464,12 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
                 ins.push(Some(src));
             }
             let node = g.node(m);
-            let vals = out.add_typed(node.op.clone(), node.name.clone(), &ins, node.outputs.clone());
+            let vals = out.add_typed(
+                node.op.clone(),
+                node.name.clone(),
+                &ins,
+                node.outputs.clone(),
+            );
             out.node_mut(vals[0].node).kernel = Some(kid as u32);
             local.insert(m, vals);
         }
@@ -404,9 +477,22 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
         let view = f.is_view_kernel(&kr.members);
         let work = f.kernel_work(&kr.members, kr.root);
         let est = estimate(&work, f.t);
-        let est = if view { Estimate { time: Cost::ZERO, ..est } } else { est };
+        let est = if view {
+            Estimate {
+                time: Cost::ZERO,
+                ..est
+            }
+        } else {
+            est
+        };
         total = total + est.time;
-        infos.push(KernelInfo { ops: members.iter().map(|m| g.node(*m).op.name()).collect(), work, estimate: est, view, root: g.node(kr.root).name.clone() });
+        infos.push(KernelInfo {
+            ops: members.iter().map(|m| g.node(*m).op.name()).collect(),
+            work,
+            estimate: est,
+            view,
+            root: g.node(kr.root).name.clone(),
+        });
     }
     for (name, v) in g.graph_outputs() {
         let src = match global.get(&v.node) {
@@ -415,14 +501,23 @@ fn emit(f: &Fuser<'_>) -> Result<Plan> {
                 let node = g.node(v.node);
                 match &node.op {
                     Op::Const(t) => out.add_shared_const(node.name.clone(), Arc::clone(t)),
-                    _ => return Err(crate::error::RewriteError::Internal(format!("output '{name}' was not computed"))),
+                    _ => {
+                        return Err(crate::error::RewriteError::Internal(format!(
+                            "output '{name}' was not computed"
+                        )))
+                    }
                 }
             }
         };
         out.add_output(name.clone(), src);
     }
     mlopt_ir::verify::verify(&out)?;
-    Ok(Plan { graph: out, kernels: infos, total, peak_bytes: f.peak() })
+    Ok(Plan {
+        graph: out,
+        kernels: infos,
+        total,
+        peak_bytes: f.peak(),
+    })
 }
 
 /// The cost of `g` with every op its own kernel: the "before" figure of the report.
@@ -450,7 +545,11 @@ mod tests {
 
     /// The ops of each kernel, by kernel, skipping views.
     fn kernels(p: &Plan) -> Vec<Vec<&'static str>> {
-        p.kernels.iter().filter(|k| !k.view).map(|k| k.ops.clone()).collect()
+        p.kernels
+            .iter()
+            .filter(|k| !k.view)
+            .map(|k| k.ops.clone())
+            .collect()
     }
 
     fn check_same(g: &Graph, p: &Plan) {
@@ -480,7 +579,10 @@ mod tests {
         let s = g.add(Op::Unary(Unary::Sigmoid), "sig", &[m2]).unwrap();
         g.add_output("y", s);
         let p = fuse(&g, &target(), false, None).unwrap();
-        assert_eq!(kernels(&p), vec![vec!["matmul", "add", "relu"], vec!["matmul", "sigmoid"]]);
+        assert_eq!(
+            kernels(&p),
+            vec![vec!["matmul", "add", "relu"], vec!["matmul", "sigmoid"]]
+        );
         check_same(&g, &p);
     }
 
@@ -492,7 +594,15 @@ mod tests {
         let w = g.add_const("w", Tensor::full(&ty(&[64, 64]), 0.5));
         let w2 = g.add_const("w2", Tensor::full(&ty(&[64, 64]), 0.25));
         let y = g.add(Op::MatMul, "y", &[x, w]).unwrap();
-        let v = g.add(Op::Reshape { shape: vec![64, 64] }, "v", &[y]).unwrap();
+        let v = g
+            .add(
+                Op::Reshape {
+                    shape: vec![64, 64],
+                },
+                "v",
+                &[y],
+            )
+            .unwrap();
         let m = g.add(Op::MatMul, "m", &[x, w2]).unwrap();
         let out = g.add(Op::MatMul, "out", &[v, m]).unwrap();
         g.add_output("out", out);
@@ -506,7 +616,18 @@ mod tests {
     fn decomposed_layer_norm_is_one_row_kernel() {
         let mut g = Graph::new("t");
         let x = g.add_input("x", ty(&[8, 64]));
-        let mean = |g: &mut Graph, v| g.add(Op::Reduce { kind: ReduceKind::Mean, axes: vec![1], keepdims: true }, "", &[v]).unwrap();
+        let mean = |g: &mut Graph, v| {
+            g.add(
+                Op::Reduce {
+                    kind: ReduceKind::Mean,
+                    axes: vec![1],
+                    keepdims: true,
+                },
+                "",
+                &[v],
+            )
+            .unwrap()
+        };
         let mu = mean(&mut g, x);
         let d = g.add(Op::Binary(Binary::Sub), "", &[x, mu]).unwrap();
         let d2 = g.add(Op::Binary(Binary::Mul), "", &[d, d]).unwrap();
@@ -529,8 +650,28 @@ mod tests {
         for u in chain {
             v = g.add(Op::Unary(*u), "", &[v]).unwrap();
         }
-        let s = g.add(Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keepdims: false }, "sum", &[v]).unwrap();
-        let m = g.add(Op::Reduce { kind: ReduceKind::Max, axes: vec![0], keepdims: false }, "max", &[v]).unwrap();
+        let s = g
+            .add(
+                Op::Reduce {
+                    kind: ReduceKind::Sum,
+                    axes: vec![1],
+                    keepdims: false,
+                },
+                "sum",
+                &[v],
+            )
+            .unwrap();
+        let m = g
+            .add(
+                Op::Reduce {
+                    kind: ReduceKind::Max,
+                    axes: vec![0],
+                    keepdims: false,
+                },
+                "max",
+                &[v],
+            )
+            .unwrap();
         g.add_output("s", s);
         g.add_output("m", m);
         g
@@ -540,7 +681,10 @@ mod tests {
     fn cheap_values_are_recomputed_expensive_ones_stored() {
         let cheap = shared(&[Unary::Relu]);
         let p = fuse(&cheap, &target(), false, None).unwrap();
-        assert_eq!(kernels(&p), vec![vec!["relu", "reduce_sum"], vec!["relu", "reduce_max"]]);
+        assert_eq!(
+            kernels(&p),
+            vec![vec!["relu", "reduce_sum"], vec!["relu", "reduce_max"]]
+        );
         check_same(&cheap, &p);
 
         // 24 transcendental ops: 360 FLOP per element, far past the ridge point; recomputing all of it in

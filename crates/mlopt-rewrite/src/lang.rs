@@ -39,7 +39,10 @@ impl OpKey {
             let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
             format!("{}[{}]", op.name(), parts.join(",")).replace(' ', "")
         };
-        OpKey { op, key: key.into() }
+        OpKey {
+            op,
+            key: key.into(),
+        }
     }
 }
 
@@ -88,17 +91,26 @@ pub struct MNode {
 
 impl MNode {
     pub fn op(op: Op, children: Vec<Id>) -> MNode {
-        MNode { head: Head::Op(OpKey::new(op)), children }
+        MNode {
+            head: Head::Op(OpKey::new(op)),
+            children,
+        }
     }
 
     /// Output `i` of the multi-output class `tuple`.
     pub fn proj(i: usize, tuple: Id) -> MNode {
-        MNode { head: Head::Proj(i as u32), children: vec![tuple] }
+        MNode {
+            head: Head::Proj(i as u32),
+            children: vec![tuple],
+        }
     }
 
     /// An optional input left out.
     pub fn absent() -> MNode {
-        MNode { head: Head::Absent, children: vec![] }
+        MNode {
+            head: Head::Absent,
+            children: vec![],
+        }
     }
 
     /// The IR op, if this is an op node.
@@ -154,11 +166,16 @@ impl egg::FromOp for MNode {
 
     fn from_op(op: &str, children: Vec<Id>) -> Result<Self, Self::Error> {
         if op == "_" {
-            return Ok(MNode { head: Head::Absent, children });
+            return Ok(MNode {
+                head: Head::Absent,
+                children,
+            });
         }
         match Op::from_spelling(op, &mut AttrReader::new(BTreeMap::new())) {
             Ok(o) if o.spell_attrs().is_empty() => Ok(MNode::op(o, children)),
-            Ok(_) => Err(format!("'{op}' has attributes: write a scan rule for it, not a pattern")),
+            Ok(_) => Err(format!(
+                "'{op}' has attributes: write a scan rule for it, not a pattern"
+            )),
             Err(_) => Err(format!("unknown or attributed op '{op}' in a rule pattern")),
         }
     }
@@ -205,7 +222,11 @@ impl Analysis {
     pub fn add_const(eg: &mut EGraph, name: String, t: Arc<Tensor>) -> Id {
         let key = (t.content_hash(), t.ty());
         let a = &mut eg.analysis;
-        let same = a.by_content.get(&key).and_then(|is| is.iter().copied().find(|i| a.consts[*i as usize].1.same_bits(&t)));
+        let same = a.by_content.get(&key).and_then(|is| {
+            is.iter()
+                .copied()
+                .find(|i| a.consts[*i as usize].1.same_bits(&t))
+        });
         let i = match same {
             Some(i) => i,
             None => {
@@ -215,7 +236,10 @@ impl Analysis {
                 i
             }
         };
-        eg.add(MNode { head: Head::Const(i), children: vec![] })
+        eg.add(MNode {
+            head: Head::Const(i),
+            children: vec![],
+        })
     }
 }
 
@@ -229,25 +253,44 @@ impl egg::Analysis<MNode> for Analysis {
     type Data = Facts;
 
     fn make(eg: &mut EGraph, n: &MNode) -> Facts {
-        let none = Facts { types: vec![], value: None };
+        let none = Facts {
+            types: vec![],
+            value: None,
+        };
         match &n.head {
-            Head::Input(i) => Facts { types: vec![eg.analysis.inputs[*i as usize].1.clone()], value: None },
+            Head::Input(i) => Facts {
+                types: vec![eg.analysis.inputs[*i as usize].1.clone()],
+                value: None,
+            },
             Head::Const(i) => {
                 let t = eg.analysis.consts[*i as usize].1.clone();
-                Facts { types: vec![t.ty()], value: Some(t) }
+                Facts {
+                    types: vec![t.ty()],
+                    value: Some(t),
+                }
             }
             Head::Absent => none,
             Head::Proj(i) => {
                 let d = &eg[n.children[0]].data;
-                Facts { types: d.types.get(*i as usize).cloned().into_iter().collect(), value: None }
+                Facts {
+                    types: d.types.get(*i as usize).cloned().into_iter().collect(),
+                    value: None,
+                }
             }
             Head::Op(k) => {
-                let ins: Vec<Option<&TensorType>> = n.children.iter().map(|c| eg[*c].data.ty()).collect();
-                let Ok(types) = mlopt_ir::infer::infer(&k.op, &ins) else { return none };
+                let ins: Vec<Option<&TensorType>> =
+                    n.children.iter().map(|c| eg[*c].data.ty()).collect();
+                let Ok(types) = mlopt_ir::infer::infer(&k.op, &ins) else {
+                    return none;
+                };
                 // Multi-output ops keep all their outputs (tuple); the importer may have dropped trailing
                 // optional ones, which `Proj` nodes simply never pick.
                 let mut value = None;
-                let small = types.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).fold(0usize, usize::saturating_add) <= FOLD_LIMIT;
+                let small = types
+                    .iter()
+                    .map(|t| t.checked_bytes().unwrap_or(usize::MAX))
+                    .fold(0usize, usize::saturating_add)
+                    <= FOLD_LIMIT;
                 if !eg.analysis.no_fold && types.len() == 1 && small && foldable(&k.op) {
                     let vals: Option<Vec<Option<Arc<Tensor>>>> = n
                         .children
@@ -262,7 +305,8 @@ impl egg::Analysis<MNode> for Analysis {
                         })
                         .collect();
                     if let Some(vals) = vals {
-                        let refs: Vec<Option<&Tensor>> = vals.iter().map(|v| v.as_deref()).collect();
+                        let refs: Vec<Option<&Tensor>> =
+                            vals.iter().map(|v| v.as_deref()).collect();
                         if let Ok(mut out) = mlopt_ir::interp::eval_op(&k.op, &refs, &types) {
                             value = out.pop().map(Arc::new);
                         }
@@ -287,8 +331,14 @@ impl egg::Analysis<MNode> for Analysis {
     }
 
     fn modify(eg: &mut EGraph, id: Id) {
-        let Some(v) = eg[id].data.value.clone() else { return };
-        if eg[id].nodes.iter().any(|n| matches!(n.head, Head::Const(_))) {
+        let Some(v) = eg[id].data.value.clone() else {
+            return;
+        };
+        if eg[id]
+            .nodes
+            .iter()
+            .any(|n| matches!(n.head, Head::Const(_)))
+        {
             return;
         }
         let c = Analysis::add_const(eg, String::new(), v);

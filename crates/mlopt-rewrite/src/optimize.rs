@@ -56,7 +56,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { iterations: 12, nodes: 200_000, time: Duration::from_secs(10) }
+        Limits {
+            iterations: 12,
+            nodes: 200_000,
+            time: Duration::from_secs(10),
+        }
     }
 }
 
@@ -77,7 +81,15 @@ pub struct Config {
 
 impl Config {
     pub fn new(target: Target) -> Config {
-        Config { target, precision: Precision::Fp32, memory_budget: None, tolerance: 1e-2, calibration: vec![], limits: Limits::default(), progress: false }
+        Config {
+            target,
+            precision: Precision::Fp32,
+            memory_budget: None,
+            tolerance: 1e-2,
+            calibration: vec![],
+            limits: Limits::default(),
+            progress: false,
+        }
     }
 }
 
@@ -118,22 +130,46 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
         Precision::Fp32 => None,
         Precision::Bf16 => Some(DType::BF16),
         Precision::Fp16 => Some(DType::F16),
-        Precision::Auto => Some(if cfg.target.is_gpu() || cfg.target.bf16_matrix.is_some() { DType::BF16 } else { DType::F16 }),
+        Precision::Auto => Some(if cfg.target.is_gpu() || cfg.target.bf16_matrix.is_some() {
+            DType::BF16
+        } else {
+            DType::F16
+        }),
     };
-    let set = RuleSet { algebra: true, layout: true, fusion: true, merge: true, lower_to };
+    let set = RuleSet {
+        algebra: true,
+        layout: true,
+        fusion: true,
+        merge: true,
+        lower_to,
+    };
     let mut keep: HashSet<String> = HashSet::new();
     let mut backed_off: Vec<String> = vec![];
     let mut reference: Option<Reference> = None;
     let mut round = 0u32;
     loop {
         let (plan, mut stats) = run_once(g, cfg, &set, &keep, tf32)?;
-        let mut lowered = if cfg.precision == Precision::Auto { lowered_ops(&plan.graph) } else { vec![] };
+        let mut lowered = if cfg.precision == Precision::Auto {
+            lowered_ops(&plan.graph)
+        } else {
+            vec![]
+        };
         // Nothing lowered: nothing to check (and integer-only models need no calibration inputs).
         if lowered.is_empty() {
-            return Ok(Optimized { plan, before, stats });
+            return Ok(Optimized {
+                plan,
+                before,
+                stats,
+            });
         }
-        let source = if cfg.calibration.is_empty() { "random inputs (use --calibration DIR for real ones)" } else { "the calibration inputs" };
-        let checking = |e: RewriteError| RewriteError::Precision(format!("checking --precision auto on {source}: {e}"));
+        let source = if cfg.calibration.is_empty() {
+            "random inputs (use --calibration DIR for real ones)"
+        } else {
+            "the calibration inputs"
+        };
+        let checking = |e: RewriteError| {
+            RewriteError::Precision(format!("checking --precision auto on {source}: {e}"))
+        };
         let reference = match &mut reference {
             Some(r) => r,
             None => reference.insert(Reference::new(g, cfg).map_err(checking)?),
@@ -142,13 +178,20 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
         stats.precision_error = Some(err);
         stats.backed_off = backed_off.clone();
         if err <= cfg.tolerance {
-            return Ok(Optimized { plan, before, stats });
+            return Ok(Optimized {
+                plan,
+                before,
+                stats,
+            });
         }
         // Back off the lowered ops with the most FLOPs (the longest contractions round the most): one in the
         // first round, then twice as many each round, so a model with n matrix ops needs O(log n) rounds.
         lowered.retain(|(n, _)| !n.is_empty() && !keep.contains(n));
         if lowered.is_empty() {
-            return Err(RewriteError::Precision(format!("error {err:.3e} exceeds the tolerance {:.1e} with every matrix op in fp32", cfg.tolerance)));
+            return Err(RewriteError::Precision(format!(
+                "error {err:.3e} exceeds the tolerance {:.1e} with every matrix op in fp32",
+                cfg.tolerance
+            )));
         }
         lowered.sort_by(|a, b| b.1.total_cmp(&a.1));
         for (name, _) in lowered.into_iter().take(1 << round.min(20)) {
@@ -160,9 +203,20 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
 }
 
 /// One saturation + extraction + fusion, with the ops named in `keep` held in fp32.
-fn run_once(g: &Graph, cfg: &Config, set: &RuleSet, keep: &HashSet<String>, tf32: bool) -> Result<(Plan, Stats)> {
+fn run_once(
+    g: &Graph,
+    cfg: &Config,
+    set: &RuleSet,
+    keep: &HashSet<String>,
+    tf32: bool,
+) -> Result<(Plan, Stats)> {
     let mut loaded = load(g, true)?;
-    loaded.eg.analysis.keep_fp32 = loaded.names.iter().filter(|(_, n)| keep.contains(*n)).map(|(id, _)| *id).collect();
+    loaded.eg.analysis.keep_fp32 = loaded
+        .names
+        .iter()
+        .filter(|(_, n)| keep.contains(*n))
+        .map(|(id, _)| *id)
+        .collect();
     let roots: Vec<egg::Id> = loaded.roots.iter().map(|r| r.1).collect();
     let start = Instant::now();
     let bar = progress_bar(cfg.progress);
@@ -173,7 +227,11 @@ fn run_once(g: &Graph, cfg: &Config, set: &RuleSet, keep: &HashSet<String>, tf32
         .with_node_limit(cfg.limits.nodes)
         .with_time_limit(cfg.limits.time)
         .with_hook(move |r| {
-            hook_bar.set_message(format!("saturating: iteration {}, {} e-nodes", r.iterations.len() + 1, r.egraph.total_number_of_nodes()));
+            hook_bar.set_message(format!(
+                "saturating: iteration {}, {} e-nodes",
+                r.iterations.len() + 1,
+                r.egraph.total_number_of_nodes()
+            ));
             hook_bar.tick();
             Ok(())
         })
@@ -202,7 +260,10 @@ fn run_once(g: &Graph, cfg: &Config, set: &RuleSet, keep: &HashSet<String>, tf32
     }
     loaded.eg = runner.egraph;
     let start = Instant::now();
-    let opts = crate::extract::Options { allow_tf32: tf32, force_low: matches!(cfg.precision, Precision::Bf16 | Precision::Fp16) };
+    let opts = crate::extract::Options {
+        allow_tf32: tf32,
+        force_low: matches!(cfg.precision, Precision::Bf16 | Precision::Fp16),
+    };
     let mut best: Option<Plan> = None;
     for (choice, cost) in extract(&loaded.eg, &roots, &cfg.target, &opts) {
         let extracted = build(&loaded, &choice)?;
@@ -231,12 +292,19 @@ fn lowered_ops(g: &Graph) -> Vec<(String, f64)> {
     let mut out = vec![];
     for n in g.node_ids() {
         let node = g.node(n);
-        if !crate::rules::precision::lowerable_op(&node.op) || !matches!(node.outputs[0].dtype, DType::BF16 | DType::F16) {
+        if !crate::rules::precision::lowerable_op(&node.op)
+            || !matches!(node.outputs[0].dtype, DType::BF16 | DType::F16)
+        {
             continue;
         }
         let flops = mlopt_cost::op_work(&node.op, &g.input_types(n), &node.outputs, false).flops();
         // The fp32 cast reading it carries the original op's name (its class's name).
-        let name = g.users(n).iter().map(|(u, _)| g.node(*u).name.clone()).find(|s| !s.is_empty()).unwrap_or_else(|| node.name.clone());
+        let name = g
+            .users(n)
+            .iter()
+            .map(|(u, _)| g.node(*u).name.clone())
+            .find(|s| !s.is_empty())
+            .unwrap_or_else(|| node.name.clone());
         out.push((name, flops));
     }
     out
@@ -252,9 +320,15 @@ type Inputs = HashMap<String, Tensor>;
 
 impl Reference {
     fn new(orig: &Graph, cfg: &Config) -> Result<Reference> {
-        let inputs: Vec<HashMap<String, Tensor>> =
-            if cfg.calibration.is_empty() { (0..3).map(|s| random_inputs(orig, s)).collect() } else { cfg.calibration.clone() };
-        let sets = inputs.into_iter().map(|i| Ok((i.clone(), mlopt_ir::interp::run(orig, &i)?))).collect::<Result<_>>()?;
+        let inputs: Vec<HashMap<String, Tensor>> = if cfg.calibration.is_empty() {
+            (0..3).map(|s| random_inputs(orig, s)).collect()
+        } else {
+            cfg.calibration.clone()
+        };
+        let sets = inputs
+            .into_iter()
+            .map(|i| Ok((i.clone(), mlopt_ir::interp::run(orig, &i)?)))
+            .collect::<Result<_>>()?;
         Ok(Reference { sets })
     }
 
@@ -265,7 +339,9 @@ impl Reference {
             let got = mlopt_ir::interp::run(opt, inputs)?;
             for ((name, w), (_, o)) in want.iter().zip(&got) {
                 if w.shape() != o.shape() {
-                    return Err(RewriteError::Internal(format!("output {name} changed shape")));
+                    return Err(RewriteError::Internal(format!(
+                        "output {name} changed shape"
+                    )));
                 }
                 worst = worst.max(scaled_error(w, o));
             }
@@ -279,7 +355,10 @@ impl Reference {
 /// count as equal; NaN against a number, or differing infinities, is an infinite error.
 pub fn scaled_error(want: &Tensor, got: &Tensor) -> f64 {
     let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
-    let scale = w.iter().filter(|x| x.is_finite()).fold(1f64, |m, x| m.max(x.abs()));
+    let scale = w
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1f64, |m, x| m.max(x.abs()));
     w.iter()
         .zip(&g)
         .map(|(a, b)| {
@@ -310,7 +389,9 @@ pub fn random_inputs(g: &Graph, seed: u64) -> HashMap<String, Tensor> {
             let ty = &node.outputs[0];
             let t = if ty.dtype.is_float() {
                 let vals: Vec<f64> = (0..ty.numel()).map(|_| next()).collect();
-                Tensor::from_vec(&ty.shape, vals).map(|t| t.cast(ty.dtype)).unwrap_or_else(|| Tensor::zeros(ty))
+                Tensor::from_vec(&ty.shape, vals)
+                    .map(|t| t.cast(ty.dtype))
+                    .unwrap_or_else(|| Tensor::zeros(ty))
             } else {
                 Tensor::zeros(ty)
             };
@@ -331,7 +412,18 @@ mod tests {
         let mut g = Graph::new("ln");
         let ty = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
         let x = g.add_input("x", ty(&[4, 32]));
-        let mean = |g: &mut Graph, v| g.add(Op::Reduce { kind: ReduceKind::Mean, axes: vec![1], keepdims: true }, "", &[v]).unwrap();
+        let mean = |g: &mut Graph, v| {
+            g.add(
+                Op::Reduce {
+                    kind: ReduceKind::Mean,
+                    axes: vec![1],
+                    keepdims: true,
+                },
+                "",
+                &[v],
+            )
+            .unwrap()
+        };
         let mu = mean(&mut g, x);
         let d = g.add(Op::Binary(Binary::Sub), "", &[x, mu]).unwrap();
         let two = g.add_const("two", Tensor::scalar(2f32));
@@ -341,16 +433,30 @@ mod tests {
         let ve = g.add(Op::Binary(Binary::Add), "", &[var, eps]).unwrap();
         let sd = g.add(Op::Unary(Unary::Sqrt), "", &[ve]).unwrap();
         let n = g.add(Op::Binary(Binary::Div), "", &[d, sd]).unwrap();
-        let gamma = g.add_const("gamma", Tensor::from_vec(&[32], (0..32).map(|i| i as f32 / 7.0).collect()).unwrap());
-        let beta = g.add_const("beta", Tensor::from_vec(&[32], (0..32).map(|i| 1.0 - i as f32 / 9.0).collect()).unwrap());
+        let gamma = g.add_const(
+            "gamma",
+            Tensor::from_vec(&[32], (0..32).map(|i| i as f32 / 7.0).collect()).unwrap(),
+        );
+        let beta = g.add_const(
+            "beta",
+            Tensor::from_vec(&[32], (0..32).map(|i| 1.0 - i as f32 / 9.0).collect()).unwrap(),
+        );
         let s = g.add(Op::Binary(Binary::Mul), "", &[n, gamma]).unwrap();
         let y = g.add(Op::Binary(Binary::Add), "", &[s, beta]).unwrap();
         g.add_output("y", y);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let kernels: Vec<Vec<&str>> = o.plan.kernels.iter().map(|k| k.ops.clone()).collect();
-        assert_eq!(kernels, vec![vec!["layer_norm"]], "{}", mlopt_ir::print::print(&o.plan.graph));
+        assert_eq!(
+            kernels,
+            vec![vec!["layer_norm"]],
+            "{}",
+            mlopt_ir::print::print(&o.plan.graph)
+        );
         let inputs = random_inputs(&g, 3);
-        let (want, got) = (mlopt_ir::interp::run(&g, &inputs).unwrap(), mlopt_ir::interp::run(&o.plan.graph, &inputs).unwrap());
+        let (want, got) = (
+            mlopt_ir::interp::run(&g, &inputs).unwrap(),
+            mlopt_ir::interp::run(&o.plan.graph, &inputs).unwrap(),
+        );
         for (a, b) in want[0].1.to_f64_vec().iter().zip(got[0].1.to_f64_vec()) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }

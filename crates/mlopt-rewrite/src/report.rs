@@ -12,24 +12,50 @@ pub fn kernel_note(o: &Optimized, k: u32) -> String {
     if info.view {
         return "view (no code)".into();
     }
-    format!("{:.3} MFLOP, {:.3} MB, {}, {}-bound", info.work.flops() / 1e6, info.work.bytes / 1e6, info.estimate.time, info.estimate.bound)
+    format!(
+        "{:.3} MFLOP, {:.3} MB, {}, {}-bound",
+        info.work.flops() / 1e6,
+        info.work.bytes / 1e6,
+        info.estimate.time,
+        info.estimate.bound
+    )
 }
 
 /// The dump header: stage, target, saturation figures and totals, as `;` comment lines.
 pub fn header(o: &Optimized, cfg: &Config) -> String {
     let s = &o.stats;
     let mut h = String::new();
-    let _ = writeln!(h, "; mlopt graph after \"optimized\" for target {}", cfg.target);
-    let _ = writeln!(h, "; precision {}{}", cfg.precision, s.precision_error.map(|e| format!(", max relative error {e:.2e} vs fp32")).unwrap_or_default());
+    let _ = writeln!(
+        h,
+        "; mlopt graph after \"optimized\" for target {}",
+        cfg.target
+    );
+    let _ = writeln!(
+        h,
+        "; precision {}{}",
+        cfg.precision,
+        s.precision_error
+            .map(|e| format!(", max relative error {e:.2e} vs fp32"))
+            .unwrap_or_default()
+    );
     if !s.backed_off.is_empty() {
-        let _ = writeln!(h, "; kept in fp32 by the precision check: {}", s.backed_off.join(", "));
+        let _ = writeln!(
+            h,
+            "; kept in fp32 by the precision check: {}",
+            s.backed_off.join(", ")
+        );
     }
     let _ = writeln!(
         h,
         "; e-graph: stopped by {} after {} iterations, {} e-nodes in {} e-classes, saturation {:.3} s, extraction+fusion {:.3} s",
         s.stop_reason, s.iterations, s.egraph_nodes, s.egraph_classes, s.saturate_s, s.extract_s
     );
-    let applied: Vec<String> = s.applied.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} x{n}")).collect();
+    let applied: Vec<String> = s
+        .applied
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{r} x{n}"))
+        .collect();
     if !applied.is_empty() {
         let _ = writeln!(h, "; rules applied: {}", applied.join(", "));
     }
@@ -54,9 +80,17 @@ pub fn dump(o: &Optimized, cfg: &Config) -> String {
 /// A table of kernels, one per line.
 pub fn table(o: &Optimized) -> String {
     let mut t = String::new();
-    let _ = writeln!(t, "{:<6} {:>12} {:>12} {:>12} {:>8}  ops", "kernel", "MFLOP", "MB", "estimate", "bound");
+    let _ = writeln!(
+        t,
+        "{:<6} {:>12} {:>12} {:>12} {:>8}  ops",
+        "kernel", "MFLOP", "MB", "estimate", "bound"
+    );
     for (i, k) in o.plan.kernels.iter().enumerate() {
-        let bound = if k.view { "view".to_string() } else { k.estimate.bound.to_string() };
+        let bound = if k.view {
+            "view".to_string()
+        } else {
+            k.estimate.bound.to_string()
+        };
         let _ = writeln!(
             t,
             "k{:<5} {:>12.3} {:>12.3} {:>12} {:>8}  {}",
@@ -118,7 +152,11 @@ pub fn json(o: &Optimized, cfg: &Config, extra: &[(&str, String)]) -> String {
             )
         })
         .collect();
-    let applied: Vec<String> = s.applied.iter().map(|(r, n)| format!("{}: {n}", json_str(r))).collect();
+    let applied: Vec<String> = s
+        .applied
+        .iter()
+        .map(|(r, n)| format!("{}: {n}", json_str(r)))
+        .collect();
     format!(
         "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n{}  \"kernels\": [\n{}\n  ]\n}}\n",
         json_str(&cfg.target.name),

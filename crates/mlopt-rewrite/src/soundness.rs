@@ -18,7 +18,12 @@ const INSTANCES: usize = 1000;
 /// Evaluates every node of `eg` whose inputs are known, starting from `known` (class values) and the
 /// input and constant tables; each node's value must match its class's within `tol` (relative to the
 /// class's largest magnitude, at least 1). Returns the class values and how many nodes were checked.
-fn evaluate(eg: &EGraph, inputs: &[Tensor], mut known: HashMap<Id, Vec<Tensor>>, tol: f64) -> Result<(HashMap<Id, Vec<Tensor>>, usize), String> {
+fn evaluate(
+    eg: &EGraph,
+    inputs: &[Tensor],
+    mut known: HashMap<Id, Vec<Tensor>>,
+    tol: f64,
+) -> Result<(HashMap<Id, Vec<Tensor>>, usize), String> {
     let mut done: std::collections::HashSet<(Id, usize)> = Default::default();
     loop {
         let mut progress = false;
@@ -39,10 +44,24 @@ fn evaluate(eg: &EGraph, inputs: &[Tensor], mut known: HashMap<Id, Vec<Tensor>>,
                         done.insert((class.id, ni));
                         continue;
                     }
-                    Head::Proj(i) => vec![child(&n.children[0]).and_then(|t| t.get(*i as usize)).cloned().ok_or("projection out of range")?],
+                    Head::Proj(i) => vec![child(&n.children[0])
+                        .and_then(|t| t.get(*i as usize))
+                        .cloned()
+                        .ok_or("projection out of range")?],
                     Head::Op(k) => {
-                        let args: Vec<Option<&Tensor>> = n.children.iter().map(|c| if absent(c) { None } else { child(c).map(|t| &t[0]) }).collect();
-                        interp::eval_op(&k.op, &args, &class.data.types).map_err(|e| format!("{}: {e:?}", k.op.name()))?
+                        let args: Vec<Option<&Tensor>> = n
+                            .children
+                            .iter()
+                            .map(|c| {
+                                if absent(c) {
+                                    None
+                                } else {
+                                    child(c).map(|t| &t[0])
+                                }
+                            })
+                            .collect();
+                        interp::eval_op(&k.op, &args, &class.data.types)
+                            .map_err(|e| format!("{}: {e:?}", k.op.name()))?
                     }
                 };
                 done.insert((class.id, ni));
@@ -53,7 +72,8 @@ fn evaluate(eg: &EGraph, inputs: &[Tensor], mut known: HashMap<Id, Vec<Tensor>>,
                     }
                     Some(want) => {
                         for (w, g) in want.iter().zip(&val) {
-                            close(w, g, tol).map_err(|e| format!("class {} node {n}: {e}", class.id))?;
+                            close(w, g, tol)
+                                .map_err(|e| format!("class {} node {n}: {e}", class.id))?;
                         }
                     }
                 }
@@ -71,7 +91,9 @@ fn close(want: &Tensor, got: &Tensor, tol: f64) -> Result<(), String> {
     }
     let e = crate::optimize::scaled_error(want, got);
     if e > tol {
-        return Err(format!("error {e:e} over the tolerance {tol:e}: {got} instead of {want}"));
+        return Err(format!(
+            "error {e:e} over the tolerance {tol:e}: {got} instead of {want}"
+        ));
     }
     Ok(())
 }
@@ -80,15 +102,29 @@ fn close(want: &Tensor, got: &Tensor, tol: f64) -> Result<(), String> {
 fn check_rule(name: &str, g: &Graph, inputs: &[Tensor], tol: f64) -> Result<bool, String> {
     let loaded = load(g, true).map_err(|e| e.to_string())?;
     let (before, _) = evaluate(&loaded.eg, inputs, HashMap::new(), 0.0)?;
-    let rule: Vec<_> = all_rules().into_iter().filter(|r| r.name.as_str() == name).collect();
+    let rule: Vec<_> = all_rules()
+        .into_iter()
+        .filter(|r| r.name.as_str() == name)
+        .collect();
     assert_eq!(rule.len(), 1, "rule {name} not found");
-    let runner = Runner::default().with_egraph(loaded.eg).with_iter_limit(2).run(&rule);
-    let fired = runner.iterations.iter().any(|it| it.applied.get(&egg::Symbol::from(name)).is_some_and(|n| *n > 0));
+    let runner = Runner::default()
+        .with_egraph(loaded.eg)
+        .with_iter_limit(2)
+        .run(&rule);
+    let fired = runner.iterations.iter().any(|it| {
+        it.applied
+            .get(&egg::Symbol::from(name))
+            .is_some_and(|n| *n > 0)
+    });
     let eg = runner.egraph;
-    let seeded: HashMap<Id, Vec<Tensor>> = before.into_iter().map(|(id, v)| (eg.find(id), v)).collect();
+    let seeded: HashMap<Id, Vec<Tensor>> =
+        before.into_iter().map(|(id, v)| (eg.find(id), v)).collect();
     let (_, checked) = evaluate(&eg, inputs, seeded, tol)?;
     if checked < eg.total_number_of_nodes() {
-        return Err(format!("only {checked} of {} e-nodes could be evaluated", eg.total_number_of_nodes()));
+        return Err(format!(
+            "only {checked} of {} e-nodes could be evaluated",
+            eg.total_number_of_nodes()
+        ));
     }
     Ok(fired)
 }
@@ -102,7 +138,11 @@ struct B {
 
 impl B {
     fn new(seed: u64) -> B {
-        B { g: Graph::new("t"), rng: StdRng::seed_from_u64(seed), inputs: vec![] }
+        B {
+            g: Graph::new("t"),
+            rng: StdRng::seed_from_u64(seed),
+            inputs: vec![],
+        }
     }
     fn dims(&mut self, rank: usize) -> Vec<usize> {
         (0..rank).map(|_| self.rng.random_range(1..=4)).collect()
@@ -112,21 +152,29 @@ impl B {
     }
     fn data(&mut self, shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| self.rng.random_range(-2.0f32..2.0)).collect();
+        let v: Vec<f32> = (0..n)
+            .map(|_| self.rng.random_range(-2.0f32..2.0))
+            .collect();
         Tensor::from_vec(shape, v).unwrap()
     }
     fn input(&mut self, shape: &[usize]) -> Value {
         let t = self.data(shape);
         let name = format!("x{}", self.inputs.len());
         self.inputs.push(t);
-        self.g.add_input(name, TensorType::new(DType::F32, shape.to_vec()))
+        self.g
+            .add_input(name, TensorType::new(DType::F32, shape.to_vec()))
     }
     fn konst(&mut self, shape: &[usize]) -> Value {
         let t = self.data(shape);
         self.g.add_const("", t)
     }
     fn positive(&mut self, shape: &[usize]) -> Value {
-        let t = self.data(shape).to_f64_vec().iter().map(|x| (x.abs() + 0.5) as f32).collect();
+        let t = self
+            .data(shape)
+            .to_f64_vec()
+            .iter()
+            .map(|x| (x.abs() + 0.5) as f32)
+            .collect();
         self.g.add_const("", Tensor::from_vec(shape, t).unwrap())
     }
     fn scalar(&mut self, v: f32) -> Value {
@@ -159,7 +207,15 @@ type Gen = fn(&mut B) -> Value;
 
 /// A random unary elementwise op that is defined everywhere.
 fn any_unary(b: &mut B) -> Unary {
-    [Unary::Relu, Unary::Tanh, Unary::Sigmoid, Unary::Neg, Unary::Abs, Unary::Exp, Unary::Gelu { tanh: false }][b.rng.random_range(0..7)]
+    [
+        Unary::Relu,
+        Unary::Tanh,
+        Unary::Sigmoid,
+        Unary::Neg,
+        Unary::Abs,
+        Unary::Exp,
+        Unary::Gelu { tanh: false },
+    ][b.rng.random_range(0..7)]
 }
 
 fn any_binary(b: &mut B) -> Binary {
@@ -174,7 +230,8 @@ fn identity(b: &mut B, op: Binary, c: f32, left: bool) -> Value {
     let x = b.input(&s);
     let k = b.rank(0, r);
     let cs = s[r - k..].to_vec();
-    let cv = b.g.add_const("", Tensor::full(&TensorType::new(DType::F32, cs), c as f64));
+    let cv =
+        b.g.add_const("", Tensor::full(&TensorType::new(DType::F32, cs), c as f64));
     let u = any_unary(b);
     let e = b.un(u, x);
     if left {
@@ -208,11 +265,23 @@ fn chain(b: &mut B, op: Binary) -> Value {
 /// The generators: each builds a graph the rule matches.
 fn generators() -> Vec<(&'static str, Gen, f64)> {
     vec![
-        ("add-zero", (|b| identity(b, Binary::Add, 0.0, false)) as Gen, 1e-6),
-        ("add-zero-left", |b| identity(b, Binary::Add, 0.0, true), 1e-6),
+        (
+            "add-zero",
+            (|b| identity(b, Binary::Add, 0.0, false)) as Gen,
+            1e-6,
+        ),
+        (
+            "add-zero-left",
+            |b| identity(b, Binary::Add, 0.0, true),
+            1e-6,
+        ),
         ("sub-zero", |b| identity(b, Binary::Sub, 0.0, false), 1e-6),
         ("mul-one", |b| identity(b, Binary::Mul, 1.0, false), 1e-6),
-        ("mul-one-left", |b| identity(b, Binary::Mul, 1.0, true), 1e-6),
+        (
+            "mul-one-left",
+            |b| identity(b, Binary::Mul, 1.0, true),
+            1e-6,
+        ),
         ("div-one", |b| identity(b, Binary::Div, 1.0, false), 1e-6),
         ("pow-one", |b| identity(b, Binary::Pow, 1.0, false), 1e-6),
         ("pow-two", |b| identity(b, Binary::Pow, 2.0, false), 1e-5),
@@ -250,9 +319,17 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 // y has a suffix of x's shape with some dims set to 1, expanded back to x's shape (or to a
                 // broadcastable middle shape).
                 let k = b.rank(1, r);
-                let ys: Vec<usize> = s[r - k..].iter().map(|d| if b.rng.random_bool(0.5) { 1 } else { *d }).collect();
+                let ys: Vec<usize> = s[r - k..]
+                    .iter()
+                    .map(|d| if b.rng.random_bool(0.5) { 1 } else { *d })
+                    .collect();
                 let y = b.input(&ys);
-                let e = b.op(Op::Expand { shape: s[r - k..].to_vec() }, &[y]);
+                let e = b.op(
+                    Op::Expand {
+                        shape: s[r - k..].to_vec(),
+                    },
+                    &[y],
+                );
                 let op = any_binary(b);
                 if b.rng.random_bool(0.5) {
                     b.bin(op, x, e)
@@ -294,10 +371,16 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
         (
             "matmul-add-to-gemm",
             |b| {
-                let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..6));
+                let (m, k, n) = (
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..6),
+                );
                 let a = b.input(&[m, k]);
                 let w = b.konst(&[k, n]);
-                let bias_shape = [vec![n], vec![1, n], vec![m, n], vec![], vec![m, 1]][b.rng.random_range(0..5)].clone();
+                let bias_shape = [vec![n], vec![1, n], vec![m, n], vec![], vec![m, 1]]
+                    [b.rng.random_range(0..5)]
+                .clone();
                 let c = b.konst(&bias_shape);
                 let y = b.op(Op::MatMul, &[a, w]);
                 if b.rng.random_bool(0.5) {
@@ -319,7 +402,13 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 if b.rng.random_bool(0.5) {
                     ins.push(b.konst(&[m]));
                 }
-                let attrs = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+                let attrs = ConvAttrs {
+                    strides: vec![1, 1],
+                    pads: vec![1, 1, 1, 1],
+                    dilations: vec![1, 1],
+                    group: 1,
+                    output_padding: vec![],
+                };
                 let y = b.op(Op::Conv(attrs), &ins);
                 let (s, bb, mean) = (b.konst(&[m]), b.konst(&[m]), b.konst(&[m]));
                 let var = b.positive(&[m]);
@@ -333,7 +422,12 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 let r = b.rank(1, 4);
                 let s = b.dims(r);
                 let x = b.input(&s);
-                b.op(Op::Transpose { perm: (0..r).collect() }, &[x])
+                b.op(
+                    Op::Transpose {
+                        perm: (0..r).collect(),
+                    },
+                    &[x],
+                )
             },
             0.0,
         ),
@@ -365,7 +459,13 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 let x = b.input(&s);
                 let n: usize = s.iter().product();
                 let y = b.op(Op::Reshape { shape: vec![n] }, &[x]);
-                let t = [vec![n, 1], vec![1, n], vec![s[0] * s[1], s[2]], vec![s[0], s[1] * s[2]]][b.rng.random_range(0..4)].clone();
+                let t = [
+                    vec![n, 1],
+                    vec![1, n],
+                    vec![s[0] * s[1], s[2]],
+                    vec![s[0], s[1] * s[2]],
+                ][b.rng.random_range(0..4)]
+                .clone();
                 b.op(Op::Reshape { shape: t }, &[y])
             },
             0.0,
@@ -418,7 +518,11 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
         (
             "matmul-transpose-to-gemm",
             |b| {
-                let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..6));
+                let (m, k, n) = (
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..6),
+                );
                 if b.rng.random_bool(0.5) {
                     let a = b.input(&[m, k]);
                     let w = b.input(&[n, k]);
@@ -438,7 +542,11 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             |b| {
                 let s = b.dims(3);
                 let x = b.input(&s);
-                let (sq, one, half) = (b.scalar(std::f32::consts::SQRT_2), b.scalar(1.0), b.scalar(0.5));
+                let (sq, one, half) = (
+                    b.scalar(std::f32::consts::SQRT_2),
+                    b.scalar(1.0),
+                    b.scalar(0.5),
+                );
                 let d = b.bin(Binary::Div, x, sq);
                 let e = b.un(Unary::Erf, d);
                 let a = b.bin(Binary::Add, e, one);
@@ -459,7 +567,16 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 let s = b.dims(r);
                 let x = b.input(&s);
                 let axis = b.rng.random_range(0..r);
-                let red = |b: &mut B, kind, v| b.op(Op::Reduce { kind, axes: vec![axis], keepdims: true }, &[v]);
+                let red = |b: &mut B, kind, v| {
+                    b.op(
+                        Op::Reduce {
+                            kind,
+                            axes: vec![axis],
+                            keepdims: true,
+                        },
+                        &[v],
+                    )
+                };
                 let m = red(b, ReduceKind::Max, x);
                 let d = b.bin(Binary::Sub, x, m);
                 let e = b.un(Unary::Exp, d);
@@ -476,7 +593,16 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 let x = b.input(&s);
                 let k = b.rank(1, r);
                 let axes: Vec<usize> = (r - k..r).collect();
-                let mean = |b: &mut B, v| b.op(Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keepdims: true }, &[v]);
+                let mean = |b: &mut B, v| {
+                    b.op(
+                        Op::Reduce {
+                            kind: ReduceKind::Mean,
+                            axes: axes.clone(),
+                            keepdims: true,
+                        },
+                        &[v],
+                    )
+                };
                 let mu = mean(b, x);
                 let d = b.bin(Binary::Sub, x, mu);
                 let sq = if b.rng.random_bool(0.5) {
@@ -487,7 +613,11 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 };
                 let var = mean(b, sq);
                 let eps = b.scalar(1e-5);
-                let ve = if b.rng.random_bool(0.5) { b.bin(Binary::Add, var, eps) } else { b.bin(Binary::Add, eps, var) };
+                let ve = if b.rng.random_bool(0.5) {
+                    b.bin(Binary::Add, var, eps)
+                } else {
+                    b.bin(Binary::Add, eps, var)
+                };
                 let sd = b.un(Unary::Sqrt, ve);
                 b.bin(Binary::Div, d, sd)
             },
@@ -498,7 +628,17 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             |b| {
                 let (x, axis, norm) = layer_norm_input(b);
                 let scale = b.konst(&norm);
-                let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
+                let y =
+                    b.g.add_node(
+                        Op::LayerNorm {
+                            axis,
+                            epsilon: 1e-5,
+                        },
+                        "",
+                        &[Some(x), Some(scale)],
+                        Some(1),
+                    )
+                    .unwrap()[0];
                 let k = b.rank(0, norm.len());
                 let gamma = b.konst(&norm[norm.len() - k..]);
                 if b.rng.random_bool(0.5) {
@@ -514,7 +654,17 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             |b| {
                 let (x, axis, norm) = layer_norm_input(b);
                 let scale = b.konst(&norm);
-                let y = b.g.add_node(Op::LayerNorm { axis, epsilon: 1e-5 }, "", &[Some(x), Some(scale)], Some(1)).unwrap()[0];
+                let y =
+                    b.g.add_node(
+                        Op::LayerNorm {
+                            axis,
+                            epsilon: 1e-5,
+                        },
+                        "",
+                        &[Some(x), Some(scale)],
+                        Some(1),
+                    )
+                    .unwrap()[0];
                 let beta = b.konst(&norm);
                 if b.rng.random_bool(0.5) {
                     b.bin(Binary::Add, y, beta)
@@ -543,7 +693,12 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                         b.bin(Binary::Mul, sq, x)
                     }
                 };
-                let (k, c, one, half) = (b.scalar(0.044715), b.scalar((2.0 / std::f32::consts::PI).sqrt()), b.scalar(1.0), b.scalar(0.5));
+                let (k, c, one, half) = (
+                    b.scalar(0.044715),
+                    b.scalar((2.0 / std::f32::consts::PI).sqrt()),
+                    b.scalar(1.0),
+                    b.scalar(0.5),
+                );
                 let kc = b.bin(Binary::Mul, k, cube);
                 let u = b.bin(Binary::Add, x, kc);
                 let cu = b.bin(Binary::Mul, c, u);
@@ -559,7 +714,12 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             |b| {
                 let r = b.rank(2, 4);
                 let batch = b.dims(r - 2);
-                let (s, t, d, dv) = (b.rng.random_range(1..6), b.rng.random_range(1..6), b.rng.random_range(1..5), b.rng.random_range(1..5));
+                let (s, t, d, dv) = (
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..5),
+                    b.rng.random_range(1..5),
+                );
                 let shape = |rows: usize, cols: usize| [batch.clone(), vec![rows, cols]].concat();
                 let q = b.input(&shape(s, d));
                 let kt = b.input(&shape(d, t));
@@ -578,7 +738,11 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 }
                 if b.rng.random_bool(0.5) {
                     let m = b.konst(&[s, t]);
-                    z = if b.rng.random_bool(0.5) { b.bin(Binary::Add, z, m) } else { b.bin(Binary::Add, m, z) };
+                    z = if b.rng.random_bool(0.5) {
+                        b.bin(Binary::Add, z, m)
+                    } else {
+                        b.bin(Binary::Add, m, z)
+                    };
                 }
                 let p = b.op(Op::Softmax { axis: r - 1 }, &[z]);
                 b.op(Op::MatMul, &[p, v])
@@ -600,7 +764,13 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                     // Convolutions: a fresh x of [1, C, 5, 5]; one geometry for all siblings.
                     let c = b.rng.random_range(1..4);
                     let x = b.input(&[1, c, 5, 5]);
-                    let attrs = ConvAttrs { strides: vec![1, 1], pads: vec![1, 1, 1, 1], dilations: vec![1, 1], group: 1, output_padding: vec![] };
+                    let attrs = ConvAttrs {
+                        strides: vec![1, 1],
+                        pads: vec![1, 1, 1, 1],
+                        dilations: vec![1, 1],
+                        group: 1,
+                        output_padding: vec![],
+                    };
                     let sums: Vec<Value> = (0..count)
                         .map(|_| {
                             let m = b.rng.random_range(1..4);
@@ -609,7 +779,14 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                                 ins.push(b.konst(&[m]));
                             }
                             let y = b.op(Op::Conv(attrs.clone()), &ins);
-                            b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keepdims: true }, &[y])
+                            b.op(
+                                Op::Reduce {
+                                    kind: ReduceKind::Sum,
+                                    axes: vec![1],
+                                    keepdims: true,
+                                },
+                                &[y],
+                            )
                         })
                         .collect();
                     return b.op(Op::Nary(Nary::Sum), &sums);
@@ -621,18 +798,45 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                             let w = b.konst(&[k, n]);
                             b.op(Op::MatMul, &[x, w])
                         } else {
-                            let w = if trans_b { b.konst(&[n, k]) } else { b.konst(&[k, n]) };
+                            let w = if trans_b {
+                                b.konst(&[n, k])
+                            } else {
+                                b.konst(&[k, n])
+                            };
                             let mut ins = vec![Some(x), Some(w), None];
                             if bias {
                                 ins[2] = Some(b.konst(&[n]));
                             }
-                            b.g.add_node(Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b }, "", &ins, None).unwrap()[0]
+                            b.g.add_node(
+                                Op::Gemm {
+                                    alpha: 1.0,
+                                    beta: 1.0,
+                                    trans_a: false,
+                                    trans_b,
+                                },
+                                "",
+                                &ins,
+                                None,
+                            )
+                            .unwrap()[0]
                         }
                     })
                     .collect();
                 // Join the results so one output depends on every sibling.
                 s[r - 1] = 1;
-                let sums: Vec<Value> = outs.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
+                let sums: Vec<Value> = outs
+                    .iter()
+                    .map(|o| {
+                        b.op(
+                            Op::Reduce {
+                                kind: ReduceKind::Sum,
+                                axes: vec![r - 1],
+                                keepdims: true,
+                            },
+                            &[*o],
+                        )
+                    })
+                    .collect();
                 b.op(Op::Nary(Nary::Sum), &sums)
             },
             1e-5,
@@ -646,7 +850,17 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 let sizes: Vec<usize> = (0..count).map(|_| b.rng.random_range(1..4)).collect();
                 s[r - 1] = sizes.iter().sum();
                 let x = b.input(&s);
-                let parts = b.g.add_node(Op::Split { axis: r - 1, sizes: sizes.clone() }, "", &[Some(x)], None).unwrap();
+                let parts =
+                    b.g.add_node(
+                        Op::Split {
+                            axis: r - 1,
+                            sizes: sizes.clone(),
+                        },
+                        "",
+                        &[Some(x)],
+                        None,
+                    )
+                    .unwrap();
                 let biased: Vec<Value> = parts
                     .iter()
                     .zip(&sizes)
@@ -655,7 +869,19 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                         b.bin(Binary::Add, *p, c)
                     })
                     .collect();
-                let sums: Vec<Value> = biased.iter().map(|o| b.op(Op::Reduce { kind: ReduceKind::Sum, axes: vec![r - 1], keepdims: true }, &[*o])).collect();
+                let sums: Vec<Value> = biased
+                    .iter()
+                    .map(|o| {
+                        b.op(
+                            Op::Reduce {
+                                kind: ReduceKind::Sum,
+                                axes: vec![r - 1],
+                                keepdims: true,
+                            },
+                            &[*o],
+                        )
+                    })
+                    .collect();
                 b.op(Op::Nary(Nary::Sum), &sums)
             },
             1e-5,
@@ -663,7 +889,11 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
         (
             "lower-matrix-bf16",
             |b| {
-                let (m, k, n) = (b.rng.random_range(1..6), b.rng.random_range(1..9), b.rng.random_range(1..6));
+                let (m, k, n) = (
+                    b.rng.random_range(1..6),
+                    b.rng.random_range(1..9),
+                    b.rng.random_range(1..6),
+                );
                 let a = b.input(&[m, k]);
                 let w = b.konst(&[k, n]);
                 b.op(Op::MatMul, &[a, w])
@@ -691,7 +921,12 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                     let p = b.perm(r);
                     b.op(Op::Transpose { perm: p }, &[x])
                 } else {
-                    b.op(Op::Reshape { shape: vec![s.iter().product()] }, &[x])
+                    b.op(
+                        Op::Reshape {
+                            shape: vec![s.iter().product()],
+                        },
+                        &[x],
+                    )
                 };
                 b.op(Op::Cast { to: DType::BF16 }, &[l])
             },
@@ -712,15 +947,24 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
 }
 
 fn run_rule(name: &str) {
-    let (_, gen, tol) = generators().into_iter().find(|g| g.0 == name).unwrap_or_else(|| panic!("no generator for rule {name}"));
+    let (_, gen, tol) = generators()
+        .into_iter()
+        .find(|g| g.0 == name)
+        .unwrap_or_else(|| panic!("no generator for rule {name}"));
     for i in 0..INSTANCES {
         let mut b = B::new(i as u64 * 7919 + name.len() as u64);
         let out = gen(&mut b);
         let (g, inputs) = b.done(out);
         match check_rule(name, &g, &inputs, tol) {
             Ok(true) => {}
-            Ok(false) => panic!("rule {name} did not fire on instance {i}:\n{}", print::print(&g)),
-            Err(e) => panic!("rule {name} is unsound on instance {i}: {e}\n{}", print::print(&g)),
+            Ok(false) => panic!(
+                "rule {name} did not fire on instance {i}:\n{}",
+                print::print(&g)
+            ),
+            Err(e) => panic!(
+                "rule {name} is unsound on instance {i}: {e}\n{}",
+                print::print(&g)
+            ),
         }
     }
 }
@@ -769,7 +1013,10 @@ fn checker_catches_a_wrong_rule() {
     let loaded = load(&g, true).unwrap();
     let (before, _) = evaluate(&loaded.eg, &inputs, HashMap::new(), 0.0).unwrap();
     let bad = crate::rules::rw("bad", "(relu ?x)", "?x");
-    let runner = Runner::default().with_egraph(loaded.eg).with_iter_limit(1).run(&[bad]);
+    let runner = Runner::default()
+        .with_egraph(loaded.eg)
+        .with_iter_limit(1)
+        .run(&[bad]);
     let eg = runner.egraph;
     let seeded = before.into_iter().map(|(id, v)| (eg.find(id), v)).collect();
     assert!(evaluate(&eg, &inputs, seeded, 1e-6).is_err());

@@ -26,7 +26,11 @@ pub struct Member<'a> {
 impl<'a> Member<'a> {
     /// An ELF object in one buffer; its symbols are read from its symbol table.
     pub fn object(name: impl Into<String>, bytes: &'a [u8]) -> io::Result<Member<'a>> {
-        Ok(Member { name: name.into(), parts: vec![bytes], symbols: defined_symbols(bytes)? })
+        Ok(Member {
+            name: name.into(),
+            parts: vec![bytes],
+            symbols: defined_symbols(bytes)?,
+        })
     }
 
     fn size(&self) -> u64 {
@@ -37,8 +41,18 @@ impl<'a> Member<'a> {
 /// The global symbols an ELF object defines.
 pub fn defined_symbols(bytes: &[u8]) -> io::Result<Vec<String>> {
     use object::{Object, ObjectSymbol};
-    let file = object::File::parse(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("not an object file: {e}")))?;
-    Ok(file.symbols().filter(|s| s.is_global() && s.is_definition()).filter_map(|s| s.name().ok().map(str::to_string)).filter(|n| !n.is_empty()).collect())
+    let file = object::File::parse(bytes).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not an object file: {e}"),
+        )
+    })?;
+    Ok(file
+        .symbols()
+        .filter(|s| s.is_global() && s.is_definition())
+        .filter_map(|s| s.name().ok().map(str::to_string))
+        .filter(|n| !n.is_empty())
+        .collect())
 }
 
 const HEADER: u64 = 60;
@@ -55,7 +69,14 @@ const MAX_MEMBER: u64 = 9_999_999_999;
 /// header whose size field overflows into the next.
 pub fn write(w: &mut impl Write, members: &[Member]) -> io::Result<()> {
     if let Some(m) = members.iter().find(|m| m.size() > MAX_MEMBER) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is {} bytes, more than an ar archive member can hold", m.name, m.size())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {} bytes, more than an ar archive member can hold",
+                m.name,
+                m.size()
+            ),
+        ));
     }
     // Long names: "name/\n" each, referred to by offset as "/N".
     let mut long = Vec::new();
@@ -74,11 +95,22 @@ pub fn write(w: &mut impl Write, members: &[Member]) -> io::Result<()> {
         .collect();
     let padded = |n: u64| n + n % 2;
     let symbols: u64 = members.iter().map(|m| m.symbols.len() as u64).sum();
-    let strings: u64 = members.iter().flat_map(|m| &m.symbols).map(|s| s.len() as u64 + 1).sum();
+    let strings: u64 = members
+        .iter()
+        .flat_map(|m| &m.symbols)
+        .map(|s| s.len() as u64 + 1)
+        .sum();
     // The members' offsets depend on the index's size, which depends on its field width.
     let layout = |width: u64| {
         let index = padded(width * (1 + symbols) + strings);
-        let mut at = 8 + HEADER + index + if long.is_empty() { 0 } else { HEADER + padded(long.len() as u64) };
+        let mut at = 8
+            + HEADER
+            + index
+            + if long.is_empty() {
+                0
+            } else {
+                HEADER + padded(long.len() as u64)
+            };
         let offsets: Vec<u64> = members
             .iter()
             .map(|m| {
@@ -96,7 +128,13 @@ pub fn write(w: &mut impl Write, members: &[Member]) -> io::Result<()> {
     }
     w.write_all(b"!<arch>\n")?;
     header(w, if width == 4 { "/" } else { "/SYM64/" }, index, 0)?;
-    let field = |w: &mut dyn Write, v: u64| if width == 4 { w.write_all(&(v as u32).to_be_bytes()) } else { w.write_all(&v.to_be_bytes()) };
+    let field = |w: &mut dyn Write, v: u64| {
+        if width == 4 {
+            w.write_all(&(v as u32).to_be_bytes())
+        } else {
+            w.write_all(&v.to_be_bytes())
+        }
+    };
     field(w, symbols)?;
     for (m, at) in members.iter().zip(&offsets) {
         for _ in &m.symbols {
@@ -138,31 +176,64 @@ mod tests {
     #[test]
     fn members_and_index_read_back() {
         let runtime = Member::object("mlopt_runtime.o", crate::RUNTIME_OBJECT).unwrap();
-        assert!(runtime.symbols.iter().any(|s| s.starts_with("mlopt_")), "{:?}", runtime.symbols);
+        assert!(
+            runtime.symbols.iter().any(|s| s.starts_with("mlopt_")),
+            "{:?}",
+            runtime.symbols
+        );
         let data = [b"abc".as_slice(), b"de".as_slice()];
-        let split = Member { name: "a_member_with_a_long_name.o".into(), parts: data.to_vec(), symbols: vec!["w0".into(), "w1".into()] };
-        let odd = Member { name: "odd.o".into(), parts: vec![b"x"], symbols: vec![] };
+        let split = Member {
+            name: "a_member_with_a_long_name.o".into(),
+            parts: data.to_vec(),
+            symbols: vec!["w0".into(), "w1".into()],
+        };
+        let odd = Member {
+            name: "odd.o".into(),
+            parts: vec![b"x"],
+            symbols: vec![],
+        };
         let mut out = Vec::new();
         write(&mut out, &[split, odd, runtime.clone()]).unwrap();
         let a = object::read::archive::ArchiveFile::parse(out.as_slice()).unwrap();
         let members: Vec<_> = a.members().map(|m| m.unwrap()).collect();
-        let names: Vec<_> = members.iter().map(|m| String::from_utf8_lossy(m.name()).into_owned()).collect();
-        assert_eq!(names, ["a_member_with_a_long_name.o", "odd.o", "mlopt_runtime.o"]);
+        let names: Vec<_> = members
+            .iter()
+            .map(|m| String::from_utf8_lossy(m.name()).into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["a_member_with_a_long_name.o", "odd.o", "mlopt_runtime.o"]
+        );
         assert_eq!(members[0].data(out.as_slice()).unwrap(), b"abcde");
         assert_eq!(members[1].data(out.as_slice()).unwrap(), b"x");
-        assert_eq!(members[2].data(out.as_slice()).unwrap(), crate::RUNTIME_OBJECT);
+        assert_eq!(
+            members[2].data(out.as_slice()).unwrap(),
+            crate::RUNTIME_OBJECT
+        );
         let index: Vec<_> = a.symbols().unwrap().unwrap().map(|s| s.unwrap()).collect();
         assert_eq!(index.len(), 2 + runtime.symbols.len());
         for s in index {
             let at = a.member(s.offset()).unwrap();
             let name = String::from_utf8_lossy(s.name()).into_owned();
-            let expect = if name.starts_with('w') { "a_member_with_a_long_name.o" } else { "mlopt_runtime.o" };
+            let expect = if name.starts_with('w') {
+                "a_member_with_a_long_name.o"
+            } else {
+                "mlopt_runtime.o"
+            };
             assert_eq!(at.name(), expect.as_bytes(), "{name}");
         }
         // A member whose size does not fit the header's ten digits is refused.
         let chunk = vec![0u8; 1 << 20];
-        let huge = Member { name: "w.o".into(), parts: vec![chunk.as_slice(); 9537], symbols: vec![] };
+        let huge = Member {
+            name: "w.o".into(),
+            parts: vec![chunk.as_slice(); 9537],
+            symbols: vec![],
+        };
         let e = write(&mut Vec::new(), &[huge]).unwrap_err();
-        assert!(e.to_string().contains("more than an ar archive member can hold"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("more than an ar archive member can hold"),
+            "{e}"
+        );
     }
 }

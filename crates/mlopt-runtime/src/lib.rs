@@ -29,7 +29,11 @@ pub fn write_gpu_archive<W: std::io::Write>(w: &mut W, members: &[Member]) -> st
     write_archive_with(w, members, ("mlopt_cuda.o", CUDA_LAUNCHER_OBJECT))
 }
 
-fn write_archive_with<W: std::io::Write>(w: &mut W, members: &[Member], (name, runtime): (&str, &[u8])) -> std::io::Result<()> {
+fn write_archive_with<W: std::io::Write>(
+    w: &mut W,
+    members: &[Member],
+    (name, runtime): (&str, &[u8]),
+) -> std::io::Result<()> {
     let mut all = members.to_vec();
     all.push(Member::object(name, runtime)?);
     archive::write(w, &all)

@@ -41,13 +41,22 @@ impl Loaded {
     /// Links `objects` (which define `mlopt_<name>_run` and `mlopt_<name>_error`, `name` being the
     /// program's C name) with the runtime and loads them. `inputs`/`outputs` are the byte sizes of the
     /// model's buffers; `context_bytes` the context it needs (`Program::context_bytes`).
-    pub fn new(objects: &[crate::Member], name: &str, context_bytes: u64, inputs: Vec<usize>, outputs: Vec<usize>) -> Result<Loaded, RuntimeError> {
+    pub fn new(
+        objects: &[crate::Member],
+        name: &str,
+        context_bytes: u64,
+        inputs: Vec<usize>,
+        outputs: Vec<usize>,
+    ) -> Result<Loaded, RuntimeError> {
         let dir = tempfile::tempdir().map_err(|e| RuntimeError::Link(e.to_string()))?;
         let (rt, so) = (dir.path().join("runtime.o"), dir.path().join("model.so"));
         let write = |p: &Path, parts: &[&[u8]]| {
             let failed = |e: std::io::Error| RuntimeError::Link(format!("{}: {e}", p.display()));
             let mut f = std::fs::File::create(p).map_err(failed)?;
-            parts.iter().try_for_each(|b| std::io::Write::write_all(&mut f, b)).map_err(failed)
+            parts
+                .iter()
+                .try_for_each(|b| std::io::Write::write_all(&mut f, b))
+                .map_err(failed)
         };
         let mut models = Vec::with_capacity(objects.len());
         for (i, object) in objects.iter().enumerate() {
@@ -66,20 +75,42 @@ impl Loaded {
             .arg(&rt)
             .args(["-lm", "-lpthread"])
             .output()
-            .map_err(|e| RuntimeError::Link(format!("{cc}: {e} (a C compiler is needed to load compiled code in-process)")))?;
+            .map_err(|e| {
+                RuntimeError::Link(format!(
+                    "{cc}: {e} (a C compiler is needed to load compiled code in-process)"
+                ))
+            })?;
         if !out.status.success() {
-            return Err(RuntimeError::Link(String::from_utf8_lossy(&out.stderr).into_owned()));
+            return Err(RuntimeError::Link(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
         }
         // SAFETY: the library is mlopt's own output plus its runtime; their initialisers do nothing.
-        let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
+        let lib = unsafe { libloading::Library::new(&so) }
+            .map_err(|e| RuntimeError::Load(e.to_string()))?;
         // SAFETY: the symbols are the generated `int run(void*, const void* const*, void* const*)` and
         // `const char *error(const void*)`; raw symbols stay valid while `lib` is loaded, which `Loaded`
         // guarantees by owning it.
-        let entry = unsafe { lib.get::<RunFn>(format!("mlopt_{name}_run").as_bytes()).map(|s| s.into_raw()) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
-        let error =
-            unsafe { lib.get::<ErrorFn>(format!("mlopt_{name}_error").as_bytes()).map(|s| s.into_raw()) }.map_err(|e| RuntimeError::Load(e.to_string()))?;
+        let entry = unsafe {
+            lib.get::<RunFn>(format!("mlopt_{name}_run").as_bytes())
+                .map(|s| s.into_raw())
+        }
+        .map_err(|e| RuntimeError::Load(e.to_string()))?;
+        let error = unsafe {
+            lib.get::<ErrorFn>(format!("mlopt_{name}_error").as_bytes())
+                .map(|s| s.into_raw())
+        }
+        .map_err(|e| RuntimeError::Load(e.to_string()))?;
         let context = vec![0u64; context_bytes.div_ceil(8) as usize + 8];
-        Ok(Loaded { _lib: lib, entry, error, context, inputs, outputs, _dir: dir })
+        Ok(Loaded {
+            _lib: lib,
+            entry,
+            error,
+            context,
+            inputs,
+            outputs,
+            _dir: dir,
+        })
     }
 
     /// The exported `uint64_t symbol[len]` of the loaded code (a profiled build's counters), to read and
@@ -88,7 +119,10 @@ impl Loaded {
         // SAFETY: the symbol is a data object the generated module defines as `[len x i64]`, 64-byte
         // aligned; `&mut self` keeps runs (the only other writer) from overlapping the borrow.
         unsafe {
-            let p = self._lib.get::<*mut u64>(symbol.as_bytes()).map_err(|e| RuntimeError::Load(e.to_string()))?;
+            let p = self
+                ._lib
+                .get::<*mut u64>(symbol.as_bytes())
+                .map_err(|e| RuntimeError::Load(e.to_string()))?;
             let p: *mut u64 = *p;
             Ok(std::slice::from_raw_parts_mut(p, len))
         }
@@ -98,13 +132,23 @@ impl Loaded {
     pub fn run(&mut self, inputs: &[&[u8]], outputs: &mut [Vec<u8>]) -> Result<(), RuntimeError> {
         let sizes = |what: &str, got: Vec<usize>, want: &[usize]| {
             if got != want {
-                Err(RuntimeError::Args(format!("{what}: buffers of {got:?} bytes, the model takes {want:?}")))
+                Err(RuntimeError::Args(format!(
+                    "{what}: buffers of {got:?} bytes, the model takes {want:?}"
+                )))
             } else {
                 Ok(())
             }
         };
-        sizes("inputs", inputs.iter().map(|b| b.len()).collect(), &self.inputs)?;
-        sizes("outputs", outputs.iter().map(|b| b.len()).collect(), &self.outputs)?;
+        sizes(
+            "inputs",
+            inputs.iter().map(|b| b.len()).collect(),
+            &self.inputs,
+        )?;
+        sizes(
+            "outputs",
+            outputs.iter().map(|b| b.len()).collect(),
+            &self.outputs,
+        )?;
         let ins: Vec<*const u8> = inputs.iter().map(|b| b.as_ptr()).collect();
         let outs: Vec<*mut u8> = outputs.iter_mut().map(|b| b.as_mut_ptr()).collect();
         // The context is u64-backed and over-allocated by 64 bytes so its start can be 64-byte aligned.
@@ -119,7 +163,9 @@ impl Loaded {
         }
         let e = &self.error;
         // SAFETY: error() returns a pointer to a NUL-terminated constant string of the library.
-        let message = unsafe { std::ffi::CStr::from_ptr(e(ctx)) }.to_string_lossy().into_owned();
+        let message = unsafe { std::ffi::CStr::from_ptr(e(ctx)) }
+            .to_string_lossy()
+            .into_owned();
         Err(RuntimeError::Run { status, message })
     }
 }

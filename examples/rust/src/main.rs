@@ -19,10 +19,17 @@ fn main() {
         eprintln!("{path}: {e}");
         std::process::exit(2)
     });
-    let input: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let input: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     let mut output = vec![0f32; mlp::OUTPUT0_SHAPE.iter().product()];
     if input.len() != mlp::INPUT0_SHAPE.iter().product::<usize>() {
-        eprintln!("{path}: {} floats, the model takes {:?}", input.len(), mlp::INPUT0_SHAPE);
+        eprintln!(
+            "{path}: {} floats, the model takes {:?}",
+            input.len(),
+            mlp::INPUT0_SHAPE
+        );
         std::process::exit(2)
     }
     let run = mlp::Model::new().and_then(|mut model| model.run(&input, &mut output));

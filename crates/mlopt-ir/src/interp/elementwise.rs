@@ -8,8 +8,18 @@ use crate::tensor::{Elem, Tensor};
 use ndarray::{ArrayD, IxDyn, Zip};
 
 /// Broadcasts two arrays against each other and maps pairs.
-pub(crate) fn zip2<A: Copy, B: Copy, C>(a: &ArrayD<A>, b: &ArrayD<B>, f: impl Fn(A, B) -> C) -> EvalResult<ArrayD<C>> {
-    let shape = broadcast_shapes(a.shape(), b.shape()).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", a.shape(), b.shape()))?;
+pub(crate) fn zip2<A: Copy, B: Copy, C>(
+    a: &ArrayD<A>,
+    b: &ArrayD<B>,
+    f: impl Fn(A, B) -> C,
+) -> EvalResult<ArrayD<C>> {
+    let shape = broadcast_shapes(a.shape(), b.shape()).ok_or_else(|| {
+        format!(
+            "shapes {:?} and {:?} do not broadcast",
+            a.shape(),
+            b.shape()
+        )
+    })?;
     let av = a.broadcast(IxDyn(&shape)).ok_or("broadcast failed")?;
     let bv = b.broadcast(IxDyn(&shape)).ok_or("broadcast failed")?;
     Ok(Zip::from(&av).and(&bv).map_collect(|x, y| f(*x, *y)))
@@ -187,7 +197,9 @@ fn unary_float<T: Real>(u: Unary, x: T) -> T {
                 g * (a * x.exp() - a)
             }
         }
-        Unary::HardSigmoid { alpha, beta } => (T::lit(alpha as f64) * x + T::lit(beta as f64)).max(zero).min(one),
+        Unary::HardSigmoid { alpha, beta } => (T::lit(alpha as f64) * x + T::lit(beta as f64))
+            .max(zero)
+            .min(one),
         Unary::ThresholdedRelu { alpha } => {
             if x > T::lit(alpha as f64) {
                 x
@@ -219,7 +231,10 @@ fn unary_int<T: Arith>(u: Unary, x: T) -> EvalResult<T> {
         Unary::Abs => x.abs_(),
         Unary::Neg => x.neg_(),
         Unary::Relu => x.max_(T::zero()),
-        Unary::BitNot => x.bits(x, Binary::BitXor).map(|_| T::from_i64(!x.to_i64())).ok_or("bit_not expects integers")?,
+        Unary::BitNot => x
+            .bits(x, Binary::BitXor)
+            .map(|_| T::from_i64(!x.to_i64()))
+            .ok_or("bit_not expects integers")?,
         Unary::Sign => {
             if x > T::zero() {
                 T::from_i64(1)
@@ -237,7 +252,10 @@ pub(crate) fn unary(u: Unary, x: &Tensor) -> EvalResult<Tensor> {
     match u {
         Unary::Not => Ok(Tensor::from_array(typed::<bool>(x)?.mapv(|v| !v))),
         Unary::IsNaN => float_dispatch!(x, a => Ok(Tensor::from_array(a.mapv(|v| v.is_nan())))),
-        Unary::IsInf { detect_negative, detect_positive } => float_dispatch!(x, a => Ok(Tensor::from_array(
+        Unary::IsInf {
+            detect_negative,
+            detect_positive,
+        } => float_dispatch!(x, a => Ok(Tensor::from_array(
             a.mapv(|v| v.is_infinite() && ((v > 0.0 && detect_positive) || (v < 0.0 && detect_negative)))
         ))),
         _ => match x {
@@ -292,7 +310,9 @@ fn compare<T: Elem>(b: Binary, x: &ArrayD<T>, y: &ArrayD<T>) -> EvalResult<Tenso
 }
 
 fn pow_t<T: Elem>(a: &ArrayD<T>, e: &ArrayD<f64>) -> EvalResult<Tensor> {
-    Ok(Tensor::from_array(zip2(a, e, |v, p| T::from_f64(v.to_f64().powf(p)))?))
+    Ok(Tensor::from_array(zip2(a, e, |v, p| {
+        T::from_f64(v.to_f64().powf(p))
+    })?))
 }
 
 pub(crate) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> EvalResult<Tensor> {

@@ -36,7 +36,13 @@ fn cubic_coeffs(t: f64) -> [f64; 4] {
     [c(t + 1.0), c(t), c(1.0 - t), c(2.0 - t)]
 }
 
-pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: GridPadding, align: bool) -> EvalResult<Tensor> {
+pub(crate) fn grid_sample(
+    x: &Tensor,
+    grid: &Tensor,
+    mode: ResizeMode,
+    padding: GridPadding,
+    align: bool,
+) -> EvalResult<Tensor> {
     let xs = x.shape().to_vec();
     let gs = grid.shape().to_vec();
     let sp = xs.len() - 2;
@@ -46,7 +52,16 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: 
     let plane: usize = dims.iter().product();
     let data = x.to_f64_vec();
     let g = grid.to_f64_vec();
-    let borders: Vec<(f64, f64)> = dims.iter().map(|&d| if align { (0.0, d as f64 - 1.0) } else { (-0.5, d as f64 - 0.5) }).collect();
+    let borders: Vec<(f64, f64)> = dims
+        .iter()
+        .map(|&d| {
+            if align {
+                (0.0, d as f64 - 1.0)
+            } else {
+                (-0.5, d as f64 - 0.5)
+            }
+        })
+        .collect();
     let mut out = vec![0.0; xs[0] * xs[1] * oplane];
     let mut taps: Vec<Vec<(Option<usize>, f64)>> = vec![vec![]; sp];
     for n in 0..xs[0] {
@@ -56,7 +71,11 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: 
                 // The grid's last axis lists coordinates innermost axis first.
                 let v = g[at + sp - 1 - i];
                 let d = dims[i] as f64;
-                let mut c = if align { (v + 1.0) / 2.0 * (d - 1.0) } else { ((v + 1.0) * d - 1.0) / 2.0 };
+                let mut c = if align {
+                    (v + 1.0) / 2.0 * (d - 1.0)
+                } else {
+                    ((v + 1.0) * d - 1.0) / 2.0
+                };
                 if mode == ResizeMode::Nearest {
                     c = c.round_ties_even();
                 }
@@ -73,7 +92,9 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: 
                     match padding {
                         GridPadding::Zeros => (0..n).contains(&k).then_some(k as usize),
                         GridPadding::Border => Some(k.clamp(0, n - 1) as usize),
-                        GridPadding::Reflection => Some((reflect(k as f64, lo, hi) as i64).clamp(0, n - 1) as usize),
+                        GridPadding::Reflection => {
+                            Some((reflect(k as f64, lo, hi) as i64).clamp(0, n - 1) as usize)
+                        }
                     }
                 };
                 let base = c.floor();
@@ -111,5 +132,7 @@ pub(crate) fn grid_sample(x: &Tensor, grid: &Tensor, mode: ResizeMode, padding: 
     }
     let mut shape = xs[..2].to_vec();
     shape.extend_from_slice(outs);
-    Ok(Tensor::from_vec(&shape, out).ok_or("grid_sample shape")?.cast(x.dtype()))
+    Ok(Tensor::from_vec(&shape, out)
+        .ok_or("grid_sample shape")?
+        .cast(x.dtype()))
 }

@@ -24,12 +24,22 @@ fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-fn top_k_t<T: Elem>(a: &ArrayD<T>, axis: usize, k: usize, largest: bool) -> EvalResult<Vec<Tensor>> {
+fn top_k_t<T: Elem>(
+    a: &ArrayD<T>,
+    axis: usize,
+    k: usize,
+    largest: bool,
+) -> EvalResult<Vec<Tensor>> {
     let r = a.ndim();
     let mut perm: Vec<usize> = (0..r).filter(|&d| d != axis).collect();
     perm.push(axis);
     let n = a.shape()[axis];
-    let moved: Vec<T> = a.view().permuted_axes(IxDyn(&perm)).iter().copied().collect();
+    let moved: Vec<T> = a
+        .view()
+        .permuted_axes(IxDyn(&perm))
+        .iter()
+        .copied()
+        .collect();
     // NaN counts as the largest value, as in a numpy sort.
     let key = |v: T| {
         let f = v.to_f64();
@@ -40,11 +50,18 @@ fn top_k_t<T: Elem>(a: &ArrayD<T>, axis: usize, k: usize, largest: bool) -> Eval
         }
     };
     let (mut vals, mut idxs) = (vec![], vec![]);
-    for lane in moved.chunks(n.max(1)).take(if n == 0 { 0 } else { usize::MAX }) {
+    for lane in moved
+        .chunks(n.max(1))
+        .take(if n == 0 { 0 } else { usize::MAX })
+    {
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&i, &j| {
             let (x, y) = (key(lane[i]), key(lane[j]));
-            let c = if largest { y.total_cmp(&x) } else { x.total_cmp(&y) };
+            let c = if largest {
+                y.total_cmp(&x)
+            } else {
+                x.total_cmp(&y)
+            };
             c.then(i.cmp(&j))
         });
         for &i in &order[..k] {
@@ -78,7 +95,11 @@ pub(crate) fn gather_nd(x: &Tensor, idx: &Tensor, b: usize) -> EvalResult<Tensor
     let rows_per_batch: usize = is[b..q - 1].iter().product();
     let st = strides(&ds[b..]);
     let mut offsets = vec![];
-    for (r, tuple) in iv.chunks(last.max(1)).enumerate().take(is[..q - 1].iter().product()) {
+    for (r, tuple) in iv
+        .chunks(last.max(1))
+        .enumerate()
+        .take(is[..q - 1].iter().product())
+    {
         let mut off = (r / rows_per_batch.max(1)) * batch_block;
         for j in 0..last {
             off += wrap(tuple[j], ds[b + j])? * st[j];
@@ -105,7 +126,13 @@ fn combine<T: Arith>(r: ScatterReduction, old: T, new: T) -> T {
 }
 
 /// Applies `updates[u]` at data offset `targets[u]` (flat), in order.
-fn scatter_t<T: Arith>(a: &ArrayD<T>, upd: &ArrayD<T>, targets: &[usize], per: usize, r: ScatterReduction) -> EvalResult<Tensor> {
+fn scatter_t<T: Arith>(
+    a: &ArrayD<T>,
+    upd: &ArrayD<T>,
+    targets: &[usize],
+    per: usize,
+    r: ScatterReduction,
+) -> EvalResult<Tensor> {
     let mut v: Vec<T> = a.iter().copied().collect();
     let u: Vec<T> = upd.iter().copied().collect();
     for (k, &t) in targets.iter().enumerate() {
@@ -116,7 +143,12 @@ fn scatter_t<T: Arith>(a: &ArrayD<T>, upd: &ArrayD<T>, targets: &[usize], per: u
     Tensor::from_vec(a.shape(), v).ok_or_else(|| "scatter shape".into())
 }
 
-pub(crate) fn scatter_nd(x: &Tensor, idx: &Tensor, upd: &Tensor, r: ScatterReduction) -> EvalResult<Tensor> {
+pub(crate) fn scatter_nd(
+    x: &Tensor,
+    idx: &Tensor,
+    upd: &Tensor,
+    r: ScatterReduction,
+) -> EvalResult<Tensor> {
     let (ds, is) = (x.shape().to_vec(), idx.shape().to_vec());
     let last = is[is.len() - 1];
     let st = strides(&ds);
@@ -134,7 +166,13 @@ pub(crate) fn scatter_nd(x: &Tensor, idx: &Tensor, upd: &Tensor, r: ScatterReduc
     num_dispatch!(x, a => scatter_t(a, typed(upd)?, &targets, per, r))
 }
 
-pub(crate) fn scatter_elements(x: &Tensor, idx: &Tensor, upd: &Tensor, axis: usize, r: ScatterReduction) -> EvalResult<Tensor> {
+pub(crate) fn scatter_elements(
+    x: &Tensor,
+    idx: &Tensor,
+    upd: &Tensor,
+    axis: usize,
+    r: ScatterReduction,
+) -> EvalResult<Tensor> {
     let (ds, is) = (x.shape().to_vec(), idx.shape().to_vec());
     let (dst, ist) = (strides(&ds), strides(&is));
     let iv = idx.to_i64_vec();

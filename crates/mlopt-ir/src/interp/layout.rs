@@ -48,7 +48,13 @@ fn take_axes<T: Elem>(a: &ArrayD<T>, idx: &[Vec<usize>]) -> ArrayD<T> {
 }
 
 pub(crate) fn slice(x: &Tensor, starts: &[usize], steps: &[i64], lens: &[usize]) -> Tensor {
-    let idx: Vec<Vec<usize>> = (0..starts.len()).map(|d| (0..lens[d]).map(|i| (starts[d] as i64 + i as i64 * steps[d]) as usize).collect()).collect();
+    let idx: Vec<Vec<usize>> = (0..starts.len())
+        .map(|d| {
+            (0..lens[d])
+                .map(|i| (starts[d] as i64 + i as i64 * steps[d]) as usize)
+                .collect()
+        })
+        .collect();
     dispatch!(x, a => Tensor::from_array(take_axes(a, &idx)))
 }
 
@@ -139,8 +145,16 @@ fn pad_source(o: usize, begin: i64, n: usize, mode: PadMode) -> Option<usize> {
 
 pub(crate) fn pad(x: &Tensor, pads: &[i64], mode: PadMode, value: f64) -> Tensor {
     let r = x.shape().len();
-    let shape: Vec<usize> = (0..r).map(|d| (x.shape()[d] as i64 + pads[d] + pads[d + r]) as usize).collect();
-    let maps: Vec<Vec<Option<usize>>> = (0..r).map(|d| (0..shape[d]).map(|o| pad_source(o, pads[d], x.shape()[d], mode)).collect()).collect();
+    let shape: Vec<usize> = (0..r)
+        .map(|d| (x.shape()[d] as i64 + pads[d] + pads[d + r]) as usize)
+        .collect();
+    let maps: Vec<Vec<Option<usize>>> = (0..r)
+        .map(|d| {
+            (0..shape[d])
+                .map(|o| pad_source(o, pads[d], x.shape()[d], mode))
+                .collect()
+        })
+        .collect();
     dispatch!(x, a => {
         let fill = Elem::from_f64(value);
         let mut src = vec![0; r];
@@ -159,7 +173,9 @@ pub(crate) fn pad(x: &Tensor, pads: &[i64], mode: PadMode, value: f64) -> Tensor
 /// Reshape to `pre`, permute by `perm`, reshape to `post`.
 fn shuffle(x: &Tensor, pre: &[usize], perm: &[usize], post: &[usize]) -> EvalResult<Tensor> {
     let t = x.reshape(pre).ok_or("shuffle reshape")?;
-    transpose(&t, perm).reshape(post).ok_or_else(|| "shuffle reshape".into())
+    transpose(&t, perm)
+        .reshape(post)
+        .ok_or_else(|| "shuffle reshape".into())
 }
 
 pub(crate) fn depth_to_space(x: &Tensor, b: usize, crd: bool) -> EvalResult<Tensor> {
@@ -176,7 +192,12 @@ pub(crate) fn depth_to_space(x: &Tensor, b: usize, crd: bool) -> EvalResult<Tens
 pub(crate) fn space_to_depth(x: &Tensor, b: usize) -> EvalResult<Tensor> {
     let s = x.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    shuffle(x, &[n, c, h / b, b, w / b, b], &[0, 3, 5, 1, 2, 4], &[n, c * b * b, h / b, w / b])
+    shuffle(
+        x,
+        &[n, c, h / b, b, w / b, b],
+        &[0, 3, 5, 1, 2, 4],
+        &[n, c * b * b, h / b, w / b],
+    )
 }
 
 pub(crate) fn trilu(x: &Tensor, upper: bool, k: i64) -> Tensor {

@@ -29,24 +29,49 @@ fn standard_vec<T: Copy>(a: ndarray::ArrayViewD<'_, T>) -> Vec<T> {
 }
 
 fn matmul_t<T: Arith>(a: &ArrayD<T>, b: &ArrayD<T>) -> EvalResult<Tensor> {
-    let a2 = if a.ndim() == 1 { a.clone().insert_axis(ndarray::Axis(0)) } else { a.clone() };
-    let b2 = if b.ndim() == 1 { b.clone().insert_axis(ndarray::Axis(1)) } else { b.clone() };
+    let a2 = if a.ndim() == 1 {
+        a.clone().insert_axis(ndarray::Axis(0))
+    } else {
+        a.clone()
+    };
+    let b2 = if b.ndim() == 1 {
+        b.clone().insert_axis(ndarray::Axis(1))
+    } else {
+        b.clone()
+    };
     let (ra, rb) = (a2.ndim(), b2.ndim());
     let (m, k, n) = (a2.shape()[ra - 2], a2.shape()[ra - 1], b2.shape()[rb - 1]);
     if b2.shape()[rb - 2] != k {
-        return Err(format!("inner dimensions differ: {:?} @ {:?}", a.shape(), b.shape()));
+        return Err(format!(
+            "inner dimensions differ: {:?} @ {:?}",
+            a.shape(),
+            b.shape()
+        ));
     }
-    let batch = broadcast_shapes(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]).ok_or("batch dims do not broadcast")?;
+    let batch = broadcast_shapes(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2])
+        .ok_or("batch dims do not broadcast")?;
     let with = |mut s: Vec<usize>, x: usize, y: usize| {
         s.extend([x, y]);
         s
     };
-    let av = standard_vec(a2.broadcast(IxDyn(&with(batch.clone(), m, k))).ok_or("broadcast")?);
-    let bv = standard_vec(b2.broadcast(IxDyn(&with(batch.clone(), k, n))).ok_or("broadcast")?);
+    let av = standard_vec(
+        a2.broadcast(IxDyn(&with(batch.clone(), m, k)))
+            .ok_or("broadcast")?,
+    );
+    let bv = standard_vec(
+        b2.broadcast(IxDyn(&with(batch.clone(), k, n)))
+            .ok_or("broadcast")?,
+    );
     let nb: usize = batch.iter().product();
     let mut out = Vec::with_capacity(nb * m * n);
     for i in 0..nb {
-        out.extend(mm(&av[i * m * k..(i + 1) * m * k], &bv[i * k * n..(i + 1) * k * n], m, k, n));
+        out.extend(mm(
+            &av[i * m * k..(i + 1) * m * k],
+            &bv[i * k * n..(i + 1) * k * n],
+            m,
+            k,
+            n,
+        ));
     }
     let mut shape = batch;
     if a.ndim() > 1 {
@@ -62,19 +87,37 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> EvalResult<Tensor> {
     num_dispatch!(a, x => matmul_t(x, typed(b)?))
 }
 
-fn gemm_t<T: Arith>(a: &ArrayD<T>, b: &ArrayD<T>, c: Option<&ArrayD<T>>, alpha: f32, beta: f32, ta: bool, tb: bool) -> EvalResult<Tensor> {
+fn gemm_t<T: Arith>(
+    a: &ArrayD<T>,
+    b: &ArrayD<T>,
+    c: Option<&ArrayD<T>>,
+    alpha: f32,
+    beta: f32,
+    ta: bool,
+    tb: bool,
+) -> EvalResult<Tensor> {
     let a = if ta { a.t().to_owned() } else { a.clone() };
     let b = if tb { b.t().to_owned() } else { b.clone() };
     let prod = matmul_t(&a, &b)?;
     let scaled = typed::<T>(&prod)?.mapv(|v| T::from_f64(v.to_f64() * alpha as f64));
     let out = match c {
-        Some(c) => zip2(&scaled, c, |s, cv| s.add(T::from_f64(cv.to_f64() * beta as f64)))?,
+        Some(c) => zip2(&scaled, c, |s, cv| {
+            s.add(T::from_f64(cv.to_f64() * beta as f64))
+        })?,
         None => scaled,
     };
     Ok(Tensor::from_array(out))
 }
 
-pub(crate) fn gemm(a: &Tensor, b: &Tensor, c: Option<&Tensor>, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) -> EvalResult<Tensor> {
+pub(crate) fn gemm(
+    a: &Tensor,
+    b: &Tensor,
+    c: Option<&Tensor>,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> EvalResult<Tensor> {
     num_dispatch!(a, x => gemm_t(x, typed(b)?, c.map(typed).transpose()?, alpha, beta, trans_a, trans_b))
 }
 
@@ -102,7 +145,14 @@ pub(crate) fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
 }
 
 /// For one spatial axis: `table[k][o]` is the input position kernel tap `k` reads for output `o`.
-fn tap_table(input: usize, kernel: usize, out: usize, stride: usize, dil: usize, pad: usize) -> Vec<Vec<Option<usize>>> {
+fn tap_table(
+    input: usize,
+    kernel: usize,
+    out: usize,
+    stride: usize,
+    dil: usize,
+    pad: usize,
+) -> Vec<Vec<Option<usize>>> {
     (0..kernel)
         .map(|k| {
             (0..out)
@@ -127,8 +177,25 @@ impl Geometry {
     /// `ins` are the spatial sizes the taps read from, `outs` the positions they are indexed by.
     fn new(ins: &[usize], ks: &[usize], outs: &[usize], c: &ConvAttrs) -> Geometry {
         let sp = ins.len();
-        let tables = (0..sp).map(|d| tap_table(ins[d], ks[d], outs[d], c.strides[d], c.dilations[d], c.pads[d])).collect();
-        Geometry { sp, ins: ins.to_vec(), ks: ks.to_vec(), outs: outs.to_vec(), tables }
+        let tables = (0..sp)
+            .map(|d| {
+                tap_table(
+                    ins[d],
+                    ks[d],
+                    outs[d],
+                    c.strides[d],
+                    c.dilations[d],
+                    c.pads[d],
+                )
+            })
+            .collect();
+        Geometry {
+            sp,
+            ins: ins.to_vec(),
+            ks: ks.to_vec(),
+            outs: outs.to_vec(),
+            tables,
+        }
     }
 
     /// Flat offset inside one channel plane of the input for kernel tap `k` at output `o`, if in bounds.
@@ -141,15 +208,36 @@ impl Geometry {
     }
 }
 
-fn conv_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD<T>>, c: &ConvAttrs) -> EvalResult<Tensor> {
+fn conv_t<T: Arith>(
+    x: &ArrayD<T>,
+    w: &ArrayD<T>,
+    bias: Option<&ArrayD<T>>,
+    c: &ConvAttrs,
+) -> EvalResult<Tensor> {
     let (xs, ws) = (x.shape(), w.shape());
     let (n, ch, m, g) = (xs[0], xs[1], ws[0], c.group);
     let (cg, mg) = (ch / g, m / g);
     let sp = xs.len() - 2;
-    let outs: Vec<usize> =
-        (0..sp).map(|d| crate::infer::window_out(xs[d + 2], ws[d + 2], c.strides[d], c.dilations[d], c.pads[d], c.pads[d + sp], false).unwrap_or(0)).collect();
+    let outs: Vec<usize> = (0..sp)
+        .map(|d| {
+            crate::infer::window_out(
+                xs[d + 2],
+                ws[d + 2],
+                c.strides[d],
+                c.dilations[d],
+                c.pads[d],
+                c.pads[d + sp],
+                false,
+            )
+            .unwrap_or(0)
+        })
+        .collect();
     let geo = Geometry::new(&xs[2..], &ws[2..], &outs, c);
-    let (plane, kk, oo): (usize, usize, usize) = (xs[2..].iter().product(), ws[2..].iter().product(), outs.iter().product());
+    let (plane, kk, oo): (usize, usize, usize) = (
+        xs[2..].iter().product(),
+        ws[2..].iter().product(),
+        outs.iter().product(),
+    );
     let xv: Vec<T> = x.iter().copied().collect();
     let wv: Vec<T> = w.iter().copied().collect();
     let mut out = vec![T::zero(); n * m * oo];
@@ -180,7 +268,13 @@ fn conv_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD<T>>, c: &
 }
 
 /// Adds the per-channel bias to an [N, M, spatial...] result and wraps it.
-fn finish_conv<T: Arith>(mut out: Vec<T>, bias: Option<&ArrayD<T>>, n: usize, m: usize, spatial: Vec<usize>) -> EvalResult<Tensor> {
+fn finish_conv<T: Arith>(
+    mut out: Vec<T>,
+    bias: Option<&ArrayD<T>>,
+    n: usize,
+    m: usize,
+    spatial: Vec<usize>,
+) -> EvalResult<Tensor> {
     let plane: usize = spatial.iter().product();
     if let Some(bias) = bias {
         let bv: Vec<T> = bias.iter().copied().collect();
@@ -193,11 +287,21 @@ fn finish_conv<T: Arith>(mut out: Vec<T>, bias: Option<&ArrayD<T>>, n: usize, m:
     Tensor::from_vec(&shape, out).ok_or_else(|| "conv shape".into())
 }
 
-pub(crate) fn conv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &ConvAttrs) -> EvalResult<Tensor> {
+pub(crate) fn conv(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    c: &ConvAttrs,
+) -> EvalResult<Tensor> {
     float_dispatch!(x, a => conv_t(a, typed(w)?, b.map(typed).transpose()?, c))
 }
 
-fn conv_transpose_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD<T>>, c: &ConvAttrs) -> EvalResult<Tensor> {
+fn conv_transpose_t<T: Arith>(
+    x: &ArrayD<T>,
+    w: &ArrayD<T>,
+    bias: Option<&ArrayD<T>>,
+    c: &ConvAttrs,
+) -> EvalResult<Tensor> {
     let (xs, ws) = (x.shape(), w.shape());
     let (n, ch, g) = (xs[0], xs[1], c.group);
     let (cg, mg) = (ch / g, ws[1]);
@@ -205,14 +309,21 @@ fn conv_transpose_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD
     let sp = xs.len() - 2;
     let outs: Vec<usize> = (0..sp)
         .map(|d| {
-            let full = c.strides[d] * xs[d + 2].saturating_sub(1) + c.output_padding.get(d).copied().unwrap_or(0) + c.dilations[d] * (ws[d + 2] - 1) + 1;
+            let full = c.strides[d] * xs[d + 2].saturating_sub(1)
+                + c.output_padding.get(d).copied().unwrap_or(0)
+                + c.dilations[d] * (ws[d + 2] - 1)
+                + 1;
             full.saturating_sub(c.pads[d] + c.pads[d + sp])
         })
         .collect();
     // Taps scatter from input position i to output position i*s + k*d - pad: the same table, with the
     // roles of input and output swapped.
     let geo = Geometry::new(&outs, &ws[2..], &xs[2..], c);
-    let (iplane, kk, oplane): (usize, usize, usize) = (xs[2..].iter().product(), ws[2..].iter().product(), outs.iter().product());
+    let (iplane, kk, oplane): (usize, usize, usize) = (
+        xs[2..].iter().product(),
+        ws[2..].iter().product(),
+        outs.iter().product(),
+    );
     let xv: Vec<T> = x.iter().copied().collect();
     let wv: Vec<T> = w.iter().copied().collect();
     let mut out = vec![T::zero(); n * m * oplane];
@@ -248,6 +359,11 @@ fn conv_transpose_t<T: Arith>(x: &ArrayD<T>, w: &ArrayD<T>, bias: Option<&ArrayD
     finish_conv(out, bias, n, m, outs)
 }
 
-pub(crate) fn conv_transpose(x: &Tensor, w: &Tensor, b: Option<&Tensor>, c: &ConvAttrs) -> EvalResult<Tensor> {
+pub(crate) fn conv_transpose(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    c: &ConvAttrs,
+) -> EvalResult<Tensor> {
     float_dispatch!(x, a => conv_transpose_t(a, typed(w)?, b.map(typed).transpose()?, c))
 }

@@ -58,7 +58,12 @@ macro_rules! float_dispatch {
         match $t {
             $crate::Tensor::F32($a) => $body,
             $crate::Tensor::F64($a) => $body,
-            t => return Err(format!("expects a floating-point tensor, got {}", t.dtype())),
+            t => {
+                return Err(format!(
+                    "expects a floating-point tensor, got {}",
+                    t.dtype()
+                ))
+            }
         }
     };
 }
@@ -81,14 +86,29 @@ pub(crate) use {float_dispatch, num_dispatch};
 
 /// The array of type `T` inside `t`, or an error naming the dtypes.
 pub(crate) fn typed<T: Elem>(t: &Tensor) -> EvalResult<&ArrayD<T>> {
-    t.view::<T>().ok_or_else(|| format!("expected {} tensor, got {}", T::DTYPE, t.dtype()))
+    t.view::<T>()
+        .ok_or_else(|| format!("expected {} tensor, got {}", T::DTYPE, t.dtype()))
 }
 
 /// Evaluates one op. `out_types` are the node's declared output types (only their dtypes are used, to
 /// round f32 results back to f16/bf16). Missing optional inputs are `None`.
-pub fn eval_op(op: &Op, inputs: &[Option<&Tensor>], out_types: &[TensorType]) -> EvalResult<Vec<Tensor>> {
-    let widened: Vec<Option<Tensor>> = inputs.iter().map(|t| t.filter(|t| matches!(t.dtype(), DType::F16 | DType::BF16)).map(|t| t.cast(DType::F32))).collect();
-    let args: Vec<Option<&Tensor>> = inputs.iter().zip(&widened).map(|(orig, w)| w.as_ref().or(*orig)).collect();
+pub fn eval_op(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    out_types: &[TensorType],
+) -> EvalResult<Vec<Tensor>> {
+    let widened: Vec<Option<Tensor>> = inputs
+        .iter()
+        .map(|t| {
+            t.filter(|t| matches!(t.dtype(), DType::F16 | DType::BF16))
+                .map(|t| t.cast(DType::F32))
+        })
+        .collect();
+    let args: Vec<Option<&Tensor>> = inputs
+        .iter()
+        .zip(&widened)
+        .map(|(orig, w)| w.as_ref().or(*orig))
+        .collect();
     let mut outs = eval_wide(op, &args)?;
     outs.truncate(out_types.len().max(1));
     for (t, ty) in outs.iter_mut().zip(out_types) {
@@ -96,14 +116,21 @@ pub fn eval_op(op: &Op, inputs: &[Option<&Tensor>], out_types: &[TensorType]) ->
             *t = t.cast(ty.dtype);
         }
         if t.shape() != ty.shape.as_slice() {
-            return Err(format!("internal: computed shape {:?}, declared {}", t.shape(), ty));
+            return Err(format!(
+                "internal: computed shape {:?}, declared {}",
+                t.shape(),
+                ty
+            ));
         }
     }
     Ok(outs)
 }
 
 fn req<'a>(args: &[Option<&'a Tensor>], i: usize) -> EvalResult<&'a Tensor> {
-    args.get(i).copied().flatten().ok_or_else(|| format!("input {i} is missing"))
+    args.get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("input {i} is missing"))
 }
 
 fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
@@ -114,18 +141,28 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::Unary(u) => one(elementwise::unary(*u, x()?)?),
         Op::Binary(b) => one(elementwise::binary(*b, x()?, req(args, 1)?)?),
         Op::Nary(n) => {
-            let all: Vec<&Tensor> = (0..args.len()).map(|i| req(args, i)).collect::<EvalResult<_>>()?;
+            let all: Vec<&Tensor> = (0..args.len())
+                .map(|i| req(args, i))
+                .collect::<EvalResult<_>>()?;
             one(elementwise::nary(*n, &all)?)
         }
         Op::Where => one(elementwise::where_(x()?, req(args, 1)?, req(args, 2)?)?),
-        Op::Clip => one(elementwise::clip(x()?, args.get(1).copied().flatten(), args.get(2).copied().flatten())?),
+        Op::Clip => one(elementwise::clip(
+            x()?,
+            args.get(1).copied().flatten(),
+            args.get(2).copied().flatten(),
+        )?),
         Op::Cast { to } => one(x()?.cast(*to)),
         Op::Softmax { axis } => one(nn::softmax(x()?, *axis, false)?),
         Op::LogSoftmax { axis } => one(nn::softmax(x()?, *axis, true)?),
         Op::MatMul => one(linalg::matmul(x()?, req(args, 1)?)?),
         Op::Attention { scale } => {
             let s = linalg::matmul(x()?, req(args, 1)?)?;
-            let mut s = elementwise::binary(crate::Binary::Mul, &s, &Tensor::full(&TensorType::new(s.dtype(), vec![]), *scale as f64))?;
+            let mut s = elementwise::binary(
+                crate::Binary::Mul,
+                &s,
+                &Tensor::full(&TensorType::new(s.dtype(), vec![]), *scale as f64),
+            )?;
             if let Some(m) = args.get(3).copied().flatten() {
                 s = elementwise::binary(crate::Binary::Add, &s, m)?;
             }
@@ -133,29 +170,100 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             let p = nn::softmax(&s, axis, false)?;
             one(linalg::matmul(&p, req(args, 2)?)?)
         }
-        Op::Gemm { alpha, beta, trans_a, trans_b } => {
-            one(linalg::gemm(x()?, req(args, 1)?, args.get(2).copied().flatten(), *alpha, *beta, *trans_a, *trans_b)?)
-        }
-        Op::Conv(c) => one(linalg::conv(x()?, req(args, 1)?, args.get(2).copied().flatten(), c)?),
-        Op::ConvTranspose(c) => one(linalg::conv_transpose(x()?, req(args, 1)?, args.get(2).copied().flatten(), c)?),
-        Op::BatchNorm { epsilon } => one(nn::batch_norm(x()?, [req(args, 1)?, req(args, 2)?, req(args, 3)?, req(args, 4)?], *epsilon)?),
-        Op::InstanceNorm { epsilon } => one(nn::instance_norm(x()?, req(args, 1)?, req(args, 2)?, *epsilon)?),
-        Op::LayerNorm { axis, epsilon } => nn::layer_norm(x()?, req(args, 1)?, args.get(2).copied().flatten(), *axis, *epsilon),
-        Op::Lrn { size, alpha, beta, bias } => one(nn::lrn(x()?, *size, *alpha, *beta, *bias)?),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => one(linalg::gemm(
+            x()?,
+            req(args, 1)?,
+            args.get(2).copied().flatten(),
+            *alpha,
+            *beta,
+            *trans_a,
+            *trans_b,
+        )?),
+        Op::Conv(c) => one(linalg::conv(
+            x()?,
+            req(args, 1)?,
+            args.get(2).copied().flatten(),
+            c,
+        )?),
+        Op::ConvTranspose(c) => one(linalg::conv_transpose(
+            x()?,
+            req(args, 1)?,
+            args.get(2).copied().flatten(),
+            c,
+        )?),
+        Op::BatchNorm { epsilon } => one(nn::batch_norm(
+            x()?,
+            [req(args, 1)?, req(args, 2)?, req(args, 3)?, req(args, 4)?],
+            *epsilon,
+        )?),
+        Op::InstanceNorm { epsilon } => one(nn::instance_norm(
+            x()?,
+            req(args, 1)?,
+            req(args, 2)?,
+            *epsilon,
+        )?),
+        Op::LayerNorm { axis, epsilon } => nn::layer_norm(
+            x()?,
+            req(args, 1)?,
+            args.get(2).copied().flatten(),
+            *axis,
+            *epsilon,
+        ),
+        Op::Lrn {
+            size,
+            alpha,
+            beta,
+            bias,
+        } => one(nn::lrn(x()?, *size, *alpha, *beta, *bias)?),
         Op::MaxPool { pool, col_major } => nn::max_pool(x()?, pool, *col_major),
-        Op::AveragePool { pool, count_include_pad } => one(nn::pool(x()?, pool, nn::PoolKind::Average { count_include_pad: *count_include_pad })?),
+        Op::AveragePool {
+            pool,
+            count_include_pad,
+        } => one(nn::pool(
+            x()?,
+            pool,
+            nn::PoolKind::Average {
+                count_include_pad: *count_include_pad,
+            },
+        )?),
         Op::GlobalAveragePool => one(nn::global_pool(x()?, false)?),
         Op::GlobalMaxPool => one(nn::global_pool(x()?, true)?),
-        Op::Reduce { kind, axes, keepdims } => one(reduce::reduce(x()?, *kind, axes, *keepdims)?),
-        Op::Arg { max, axis, keepdims, select_last_index } => one(reduce::arg(x()?, *max, *axis, *keepdims, *select_last_index)?),
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => one(reduce::reduce(x()?, *kind, axes, *keepdims)?),
+        Op::Arg {
+            max,
+            axis,
+            keepdims,
+            select_last_index,
+        } => one(reduce::arg(
+            x()?,
+            *max,
+            *axis,
+            *keepdims,
+            *select_last_index,
+        )?),
         Op::Reshape { shape } => one(x()?.reshape(shape).ok_or("element count mismatch")?),
         Op::Transpose { perm } => one(layout::transpose(x()?, perm)),
         Op::Concat { axis } => {
-            let all: Vec<&Tensor> = (0..args.len()).map(|i| req(args, i)).collect::<EvalResult<_>>()?;
+            let all: Vec<&Tensor> = (0..args.len())
+                .map(|i| req(args, i))
+                .collect::<EvalResult<_>>()?;
             one(layout::concat(&all, *axis)?)
         }
         Op::Split { axis, sizes } => Ok(layout::split(x()?, *axis, sizes)),
-        Op::Slice { starts, steps, lens } => one(layout::slice(x()?, starts, steps, lens)),
+        Op::Slice {
+            starts,
+            steps,
+            lens,
+        } => one(layout::slice(x()?, starts, steps, lens)),
         Op::Gather { axis } => one(layout::gather(x()?, req(args, 1)?, *axis)?),
         Op::GatherElements { axis } => one(layout::gather_elements(x()?, req(args, 1)?, *axis)?),
         Op::Expand { shape } => one(layout::expand(x()?, shape)?),
@@ -165,11 +273,34 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::DepthToSpace { blocksize, crd } => one(layout::depth_to_space(x()?, *blocksize, *crd)?),
         Op::SpaceToDepth { blocksize } => one(layout::space_to_depth(x()?, *blocksize)?),
         Op::Trilu { upper, k } => one(layout::trilu(x()?, *upper, *k)),
-        Op::TopK { axis, k, largest, .. } => index::top_k(x()?, *axis, *k, *largest),
-        Op::GridSample { mode, padding, align_corners } => one(grid::grid_sample(x()?, req(args, 1)?, *mode, *padding, *align_corners)?),
+        Op::TopK {
+            axis, k, largest, ..
+        } => index::top_k(x()?, *axis, *k, *largest),
+        Op::GridSample {
+            mode,
+            padding,
+            align_corners,
+        } => one(grid::grid_sample(
+            x()?,
+            req(args, 1)?,
+            *mode,
+            *padding,
+            *align_corners,
+        )?),
         Op::GatherNd { batch_dims } => one(index::gather_nd(x()?, req(args, 1)?, *batch_dims)?),
-        Op::ScatterNd { reduction } => one(index::scatter_nd(x()?, req(args, 1)?, req(args, 2)?, *reduction)?),
-        Op::ScatterElements { axis, reduction } => one(index::scatter_elements(x()?, req(args, 1)?, req(args, 2)?, *axis, *reduction)?),
+        Op::ScatterNd { reduction } => one(index::scatter_nd(
+            x()?,
+            req(args, 1)?,
+            req(args, 2)?,
+            *reduction,
+        )?),
+        Op::ScatterElements { axis, reduction } => one(index::scatter_elements(
+            x()?,
+            req(args, 1)?,
+            req(args, 2)?,
+            *axis,
+            *reduction,
+        )?),
     }
 }
 
@@ -186,8 +317,15 @@ pub fn run(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<(Strin
         *uses.entry(v.node).or_default() += 1;
     }
     for name in inputs.keys() {
-        if !graph.graph_inputs().iter().any(|&n| graph.node(n).name == *name) {
-            return Err(IrError::Input { name: name.clone(), msg: "the graph has no such input".into() });
+        if !graph
+            .graph_inputs()
+            .iter()
+            .any(|&n| graph.node(n).name == *name)
+        {
+            return Err(IrError::Input {
+                name: name.clone(),
+                msg: "the graph has no such input".into(),
+            });
         }
     }
     let mut values: HashMap<NodeId, Vec<Tensor>> = HashMap::new();
@@ -195,17 +333,30 @@ pub fn run(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<(Strin
         let node = graph.node(n);
         let outs = match &node.op {
             Op::Input => {
-                let t = inputs.get(&node.name).ok_or_else(|| IrError::Input { name: node.name.clone(), msg: "no value given".into() })?;
+                let t = inputs.get(&node.name).ok_or_else(|| IrError::Input {
+                    name: node.name.clone(),
+                    msg: "no value given".into(),
+                })?;
                 if t.ty() != node.outputs[0] {
-                    return Err(IrError::Input { name: node.name.clone(), msg: format!("expected {}, got {}", node.outputs[0], t.ty()) });
+                    return Err(IrError::Input {
+                        name: node.name.clone(),
+                        msg: format!("expected {}, got {}", node.outputs[0], t.ty()),
+                    });
                 }
                 vec![t.clone()]
             }
             Op::Const(t) => vec![(**t).clone()],
             op => {
                 let ins = graph.inputs(n);
-                let args: Vec<Option<&Tensor>> = ins.iter().map(|v| v.and_then(|v| values.get(&v.node).map(|o| &o[v.output as usize]))).collect();
-                let outs = eval_op(op, &args, &node.outputs).map_err(|msg| IrError::Eval { node: node.name.clone(), op: op.name(), msg })?;
+                let args: Vec<Option<&Tensor>> = ins
+                    .iter()
+                    .map(|v| v.and_then(|v| values.get(&v.node).map(|o| &o[v.output as usize])))
+                    .collect();
+                let outs = eval_op(op, &args, &node.outputs).map_err(|msg| IrError::Eval {
+                    node: node.name.clone(),
+                    op: op.name(),
+                    msg,
+                })?;
                 for v in ins.into_iter().flatten() {
                     if let Some(c) = uses.get_mut(&v.node) {
                         *c -= 1;

@@ -10,7 +10,10 @@ use ndarray::{ArrayD, Axis};
 fn softmax_t<T: Real>(a: &ArrayD<T>, axis: usize, log: bool) -> Tensor {
     let mut out = a.clone();
     for mut lane in out.lanes_mut(Axis(axis)) {
-        let max = lane.iter().fold(T::neg_infinity(), |m, &v| if v > m || v.is_nan() { v } else { m });
+        let max = lane.iter().fold(
+            T::neg_infinity(),
+            |m, &v| if v > m || v.is_nan() { v } else { m },
+        );
         lane.mapv_inplace(|v| v - max);
         let sum: T = lane.iter().map(|v| v.exp()).sum();
         if log {
@@ -57,10 +60,18 @@ fn moments<T: Real>(v: &[T]) -> (T, T) {
     (mean, var)
 }
 
-fn instance_norm_t<T: Real>(x: &ArrayD<T>, scale: &ArrayD<T>, bias: &ArrayD<T>, eps: f32) -> Tensor {
+fn instance_norm_t<T: Real>(
+    x: &ArrayD<T>,
+    scale: &ArrayD<T>,
+    bias: &ArrayD<T>,
+    eps: f32,
+) -> Tensor {
     let c = x.shape()[1];
     let plane: usize = x.shape()[2..].iter().product();
-    let (s, b): (Vec<T>, Vec<T>) = (scale.iter().copied().collect(), bias.iter().copied().collect());
+    let (s, b): (Vec<T>, Vec<T>) = (
+        scale.iter().copied().collect(),
+        bias.iter().copied().collect(),
+    );
     let mut v: Vec<T> = x.iter().copied().collect();
     for (i, chunk) in v.chunks_mut(plane.max(1)).enumerate() {
         let ch = i % c;
@@ -73,17 +84,38 @@ fn instance_norm_t<T: Real>(x: &ArrayD<T>, scale: &ArrayD<T>, bias: &ArrayD<T>, 
     Tensor::from_array(ArrayD::from_shape_vec(x.raw_dim(), v).unwrap_or_else(|_| x.clone()))
 }
 
-pub(crate) fn instance_norm(x: &Tensor, scale: &Tensor, bias: &Tensor, eps: f32) -> EvalResult<Tensor> {
+pub(crate) fn instance_norm(
+    x: &Tensor,
+    scale: &Tensor,
+    bias: &Tensor,
+    eps: f32,
+) -> EvalResult<Tensor> {
     float_dispatch!(x, a => Ok(instance_norm_t(a, typed(scale)?, typed(bias)?, eps)))
 }
 
-fn layer_norm_t<T: Real>(x: &ArrayD<T>, scale: &ArrayD<T>, bias: Option<&ArrayD<T>>, axis: usize, eps: f32) -> EvalResult<Vec<Tensor>> {
+fn layer_norm_t<T: Real>(
+    x: &ArrayD<T>,
+    scale: &ArrayD<T>,
+    bias: Option<&ArrayD<T>>,
+    axis: usize,
+    eps: f32,
+) -> EvalResult<Vec<Tensor>> {
     let norm_shape = &x.shape()[axis..];
     let inner: usize = norm_shape.iter().product();
     let bshape = ndarray::IxDyn(norm_shape);
-    let s: Vec<T> = scale.broadcast(bshape.clone()).ok_or("scale does not broadcast")?.iter().copied().collect();
+    let s: Vec<T> = scale
+        .broadcast(bshape.clone())
+        .ok_or("scale does not broadcast")?
+        .iter()
+        .copied()
+        .collect();
     let b: Vec<T> = match bias {
-        Some(b) => b.broadcast(bshape).ok_or("bias does not broadcast")?.iter().copied().collect(),
+        Some(b) => b
+            .broadcast(bshape)
+            .ok_or("bias does not broadcast")?
+            .iter()
+            .copied()
+            .collect(),
         None => vec![T::zero(); inner],
     };
     let mut v: Vec<T> = x.iter().copied().collect();
@@ -107,7 +139,13 @@ fn layer_norm_t<T: Real>(x: &ArrayD<T>, scale: &ArrayD<T>, bias: Option<&ArrayD<
     Ok(vec![y, m, i])
 }
 
-pub(crate) fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: usize, eps: f32) -> EvalResult<Vec<Tensor>> {
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    scale: &Tensor,
+    bias: Option<&Tensor>,
+    axis: usize,
+    eps: f32,
+) -> EvalResult<Vec<Tensor>> {
     float_dispatch!(x, a => layer_norm_t(a, typed(scale)?, bias.map(typed).transpose()?, axis, eps))
 }
 
@@ -121,8 +159,12 @@ fn lrn_t<T: Real>(x: &ArrayD<T>, size: usize, alpha: f32, beta: f32, bias: f32) 
         let (n, ch, p) = (i / (c * plane), (i / plane) % c, i % plane);
         let from = ch.saturating_sub(lo);
         let to = (ch + hi).min(c - 1);
-        let sq: T = (from..=to).map(|k| v[(n * c + k) * plane + p]).map(|e| e * e).sum();
-        let denom = (T::lit(bias as f64) + T::lit(alpha as f64) / T::lit(size as f64) * sq).powf(T::lit(beta as f64));
+        let sq: T = (from..=to)
+            .map(|k| v[(n * c + k) * plane + p])
+            .map(|e| e * e)
+            .sum();
+        let denom = (T::lit(bias as f64) + T::lit(alpha as f64) / T::lit(size as f64) * sq)
+            .powf(T::lit(beta as f64));
         *o = v[i] / denom;
     }
     Tensor::from_array(ArrayD::from_shape_vec(x.raw_dim(), out).unwrap_or_else(|_| x.clone()))
@@ -142,14 +184,27 @@ pub(crate) enum PoolKind {
 }
 
 /// Pools `x`; also returns, for max pooling, each maximum's flat input index (see `Op::MaxPool`).
-fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind, col_major: bool) -> EvalResult<(Tensor, Tensor)> {
+fn pool_t<T: Real>(
+    x: &ArrayD<T>,
+    p: &PoolAttrs,
+    kind: PoolKind,
+    col_major: bool,
+) -> EvalResult<(Tensor, Tensor)> {
     let xs = x.shape();
     let sp = xs.len() - 2;
     let ins = &xs[2..];
     let mut outs = vec![];
     for d in 0..sp {
-        let o = crate::infer::window_out(ins[d], p.kernel[d], p.strides[d], p.dilations[d], p.pads[d], p.pads[d + sp], p.ceil_mode)
-            .ok_or("window larger than the padded input")?;
+        let o = crate::infer::window_out(
+            ins[d],
+            p.kernel[d],
+            p.strides[d],
+            p.dilations[d],
+            p.pads[d],
+            p.pads[d + sp],
+            p.ceil_mode,
+        )
+        .ok_or("window larger than the padded input")?;
         outs.push(o);
     }
     let plane: usize = ins.iter().product();
@@ -161,13 +216,15 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind, col_major: bool
     for nc in 0..xs[0] * xs[1] {
         let base = nc * plane;
         for_each_index(&outs, |o| {
-            let (mut acc, mut count, mut max, mut at) = (T::zero(), 0usize, T::neg_infinity(), None);
+            let (mut acc, mut count, mut max, mut at) =
+                (T::zero(), 0usize, T::neg_infinity(), None);
             let mut padded_count = 0usize;
             for_each_index(&p.kernel, |k| {
                 let mut inside = true;
                 let mut in_padded = true;
                 for d in 0..sp {
-                    pos[d] = (o[d] * p.strides[d] + k[d] * p.dilations[d]) as i64 - p.pads[d] as i64;
+                    pos[d] =
+                        (o[d] * p.strides[d] + k[d] * p.dilations[d]) as i64 - p.pads[d] as i64;
                     inside &= pos[d] >= 0 && (pos[d] as usize) < ins[d];
                     in_padded &= pos[d] < (ins[d] + p.pads[d + sp]) as i64;
                 }
@@ -175,13 +232,23 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind, col_major: bool
                     padded_count += 1;
                 }
                 if inside {
-                    let off = pos.iter().zip(ins).fold(0usize, |acc, (&q, &n)| acc * n + q as usize);
+                    let off = pos
+                        .iter()
+                        .zip(ins)
+                        .fold(0usize, |acc, (&q, &n)| acc * n + q as usize);
                     let e = v[base + off];
                     acc = acc + e;
                     count += 1;
                     if e > max || (e.is_nan() && !max.is_nan()) || at.is_none() {
                         max = e;
-                        let spatial = if col_major { pos.iter().zip(ins).rev().fold(0usize, |acc, (&q, &n)| acc * n + q as usize) } else { off };
+                        let spatial = if col_major {
+                            pos.iter()
+                                .zip(ins)
+                                .rev()
+                                .fold(0usize, |acc, (&q, &n)| acc * n + q as usize)
+                        } else {
+                            off
+                        };
                         at = Some((nc * plane + spatial) as i64);
                     }
                 }
@@ -189,8 +256,12 @@ fn pool_t<T: Real>(x: &ArrayD<T>, p: &PoolAttrs, kind: PoolKind, col_major: bool
             arg.push(at.unwrap_or(-1));
             out.push(match kind {
                 PoolKind::Max => max,
-                PoolKind::Average { count_include_pad: true } => acc / T::lit(padded_count as f64),
-                PoolKind::Average { count_include_pad: false } => acc / T::lit(count as f64),
+                PoolKind::Average {
+                    count_include_pad: true,
+                } => acc / T::lit(padded_count as f64),
+                PoolKind::Average {
+                    count_include_pad: false,
+                } => acc / T::lit(count as f64),
             });
         });
     }
@@ -224,7 +295,10 @@ fn global_pool_t<T: Real>(a: &ArrayD<T>, max: bool) -> EvalResult<Tensor> {
         .chunks(plane.max(1))
         .map(|c| {
             if max {
-                c.iter().copied().fold(T::neg_infinity(), |m, e| if e > m || e.is_nan() { e } else { m })
+                c.iter().copied().fold(
+                    T::neg_infinity(),
+                    |m, e| if e > m || e.is_nan() { e } else { m },
+                )
             } else {
                 c.iter().copied().sum::<T>() / T::lit(plane as f64)
             }

@@ -11,17 +11,29 @@ fn shape() -> impl Strategy<Value = Vec<usize>> {
 
 fn tensor(shape: Vec<usize>) -> impl Strategy<Value = Tensor> {
     let n: usize = shape.iter().product();
-    prop::collection::vec(-100i32..100, n).prop_map(move |v| Tensor::from_vec(&shape, v.into_iter().map(|x| x as f32 / 8.0).collect()).unwrap())
+    prop::collection::vec(-100i32..100, n).prop_map(move |v| {
+        Tensor::from_vec(&shape, v.into_iter().map(|x| x as f32 / 8.0).collect()).unwrap()
+    })
 }
 
 /// Two shapes that broadcast: the second is the first with some dims set to 1 or dropped from the front.
 fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
     shape().prop_flat_map(|a| {
         let r = a.len();
-        (Just(a.clone()), prop::collection::vec(any::<bool>(), r), 0..=r).prop_map(|(a, ones, drop)| {
-            let b: Vec<usize> = a.iter().zip(&ones).map(|(&d, &one)| if one { 1 } else { d }).skip(drop).collect();
-            (a, b)
-        })
+        (
+            Just(a.clone()),
+            prop::collection::vec(any::<bool>(), r),
+            0..=r,
+        )
+            .prop_map(|(a, ones, drop)| {
+                let b: Vec<usize> = a
+                    .iter()
+                    .zip(&ones)
+                    .map(|(&d, &one)| if one { 1 } else { d })
+                    .skip(drop)
+                    .collect();
+                (a, b)
+            })
     })
 }
 

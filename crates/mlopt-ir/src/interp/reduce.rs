@@ -14,7 +14,12 @@ fn moved_last<T: Copy>(a: &ArrayD<T>, axes: &[usize]) -> (Vec<T>, usize) {
     let mut perm: Vec<usize> = (0..a.ndim()).filter(|d| !axes.contains(d)).collect();
     perm.extend_from_slice(axes);
     let chunk = axes.iter().map(|&d| a.shape()[d]).product();
-    let v = a.view().permuted_axes(IxDyn(&perm)).iter().copied().collect();
+    let v = a
+        .view()
+        .permuted_axes(IxDyn(&perm))
+        .iter()
+        .copied()
+        .collect();
     (v, chunk)
 }
 
@@ -23,8 +28,16 @@ fn reduce_chunk<T: Arith>(kind: ReduceKind, c: &[T]) -> T {
     match kind {
         ReduceKind::Sum => c.iter().fold(T::zero(), |a, &v| a.add(v)),
         ReduceKind::Prod => c.iter().fold(T::from_i64(1), |a, &v| a.mul(v)),
-        ReduceKind::Max => c.iter().copied().reduce(T::max_).unwrap_or_else(|| T::from_f64(f64::NEG_INFINITY)),
-        ReduceKind::Min => c.iter().copied().reduce(T::min_).unwrap_or_else(|| T::from_f64(f64::INFINITY)),
+        ReduceKind::Max => c
+            .iter()
+            .copied()
+            .reduce(T::max_)
+            .unwrap_or_else(|| T::from_f64(f64::NEG_INFINITY)),
+        ReduceKind::Min => c
+            .iter()
+            .copied()
+            .reduce(T::min_)
+            .unwrap_or_else(|| T::from_f64(f64::INFINITY)),
         ReduceKind::L1 => c.iter().fold(T::zero(), |a, &v| a.add(v.abs_())),
         ReduceKind::SumSquare => c.iter().fold(T::zero(), |a, &v| a.add(v.mul(v))),
         ReduceKind::Mean => T::from_f64(f().sum::<f64>() / c.len() as f64),
@@ -40,26 +53,52 @@ fn reduce_chunk<T: Arith>(kind: ReduceKind, c: &[T]) -> T {
     }
 }
 
-fn reduce_t<T: Arith>(a: &ArrayD<T>, kind: ReduceKind, axes: &[usize], keepdims: bool) -> EvalResult<Tensor> {
+fn reduce_t<T: Arith>(
+    a: &ArrayD<T>,
+    kind: ReduceKind,
+    axes: &[usize],
+    keepdims: bool,
+) -> EvalResult<Tensor> {
     let (v, chunk) = moved_last(a, axes);
     let out: Vec<T> = if chunk == 0 {
-        let n = v.len().max(a.shape().iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &n)| n).product());
+        let n = v.len().max(
+            a.shape()
+                .iter()
+                .enumerate()
+                .filter(|(d, _)| !axes.contains(d))
+                .map(|(_, &n)| n)
+                .product(),
+        );
         vec![reduce_chunk(kind, &[]); n]
     } else {
         v.chunks(chunk).map(|c| reduce_chunk(kind, c)).collect()
     };
-    Tensor::from_vec(&reduced_shape(a.shape(), axes, keepdims), out).ok_or_else(|| "reduce shape".into())
+    Tensor::from_vec(&reduced_shape(a.shape(), axes, keepdims), out)
+        .ok_or_else(|| "reduce shape".into())
 }
 
-pub(crate) fn reduce(x: &Tensor, kind: ReduceKind, axes: &[usize], keepdims: bool) -> EvalResult<Tensor> {
+pub(crate) fn reduce(
+    x: &Tensor,
+    kind: ReduceKind,
+    axes: &[usize],
+    keepdims: bool,
+) -> EvalResult<Tensor> {
     if x.dtype() == crate::DType::Bool {
         // Max is "any" and Min is "all" over {0, 1}.
-        return Ok(reduce(&x.cast(crate::DType::U8), kind, axes, keepdims)?.cast(crate::DType::Bool));
+        return Ok(
+            reduce(&x.cast(crate::DType::U8), kind, axes, keepdims)?.cast(crate::DType::Bool)
+        );
     }
     num_dispatch!(x, a => reduce_t(a, kind, axes, keepdims))
 }
 
-fn arg_t<T: Elem>(a: &ArrayD<T>, max: bool, axis: usize, keepdims: bool, last: bool) -> EvalResult<Tensor> {
+fn arg_t<T: Elem>(
+    a: &ArrayD<T>,
+    max: bool,
+    axis: usize,
+    keepdims: bool,
+    last: bool,
+) -> EvalResult<Tensor> {
     let (v, chunk) = moved_last(a, &[axis]);
     if chunk == 0 {
         return Err("cannot take arg max/min over an empty axis".into());
@@ -87,9 +126,16 @@ fn arg_t<T: Elem>(a: &ArrayD<T>, max: bool, axis: usize, keepdims: bool, last: b
             best as i64
         })
         .collect();
-    Tensor::from_vec(&reduced_shape(a.shape(), &[axis], keepdims), out).ok_or_else(|| "arg shape".into())
+    Tensor::from_vec(&reduced_shape(a.shape(), &[axis], keepdims), out)
+        .ok_or_else(|| "arg shape".into())
 }
 
-pub(crate) fn arg(x: &Tensor, max: bool, axis: usize, keepdims: bool, last: bool) -> EvalResult<Tensor> {
+pub(crate) fn arg(
+    x: &Tensor,
+    max: bool,
+    axis: usize,
+    keepdims: bool,
+    last: bool,
+) -> EvalResult<Tensor> {
     crate::dispatch!(x, a => arg_t(a, max, axis, keepdims, last))
 }

@@ -37,7 +37,11 @@ fn source_coord(r: &ResizeAttrs, axis: usize, x: usize, n_in: usize, n_out: usiz
         CoordMode::TfCropAndResize => {
             let rank = r.scales.len();
             let (start, end) = (r.roi[axis] as f64, r.roi[axis + rank] as f64);
-            let v = if n_out > 1 { start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (fout - 1.0) } else { 0.5 * (start + end) * (fin - 1.0) };
+            let v = if n_out > 1 {
+                start * (fin - 1.0) + x * (end - start) * (fin - 1.0) / (fout - 1.0)
+            } else {
+                0.5 * (start + end) * (fin - 1.0)
+            };
             if v < 0.0 || v > fin - 1.0 {
                 return None;
             }
@@ -91,11 +95,17 @@ pub fn axis_taps(r: &ResizeAttrs, axis: usize, n_in: usize, n_out: usize) -> Vec
                     (2.0, Box::new(move |t| cubic(t, a)))
                 }
             };
-            let s = if r.antialias { (r.scales[axis] as f64).min(1.0) } else { 1.0 };
+            let s = if r.antialias {
+                (r.scales[axis] as f64).min(1.0)
+            } else {
+                1.0
+            };
             let x0 = x.floor();
             let ratio = x - x0;
             let start = (-radius / s).floor() as i64 + 1;
-            let mut taps: Vec<(i64, f64)> = (start..=1 - start).map(|i| (x0 as i64 + i, f(s * (i as f64 - ratio)))).collect();
+            let mut taps: Vec<(i64, f64)> = (start..=1 - start)
+                .map(|i| (x0 as i64 + i, f(s * (i as f64 - ratio))))
+                .collect();
             if r.exclude_outside {
                 for (i, w) in &mut taps {
                     if *i < 0 || *i > last {
@@ -116,7 +126,13 @@ pub fn axis_taps(r: &ResizeAttrs, axis: usize, n_in: usize, n_out: usize) -> Vec
         .collect()
 }
 
-fn resample_axis(data: &[f64], shape: &[usize], d: usize, taps: &[Taps], extrapolation: f64) -> Vec<f64> {
+fn resample_axis(
+    data: &[f64],
+    shape: &[usize],
+    d: usize,
+    taps: &[Taps],
+    extrapolation: f64,
+) -> Vec<f64> {
     let outer: usize = shape[..d].iter().product();
     let inner: usize = shape[d + 1..].iter().product();
     let n_in = shape[d];
@@ -127,7 +143,10 @@ fn resample_axis(data: &[f64], shape: &[usize], d: usize, taps: &[Taps], extrapo
             for i in 0..inner {
                 out[dst + i] = match t {
                     None => extrapolation,
-                    Some(t) => t.iter().map(|&(s, w)| w * data[(po * n_in + s) * inner + i]).sum(),
+                    Some(t) => t
+                        .iter()
+                        .map(|&(s, w)| w * data[(po * n_in + s) * inner + i])
+                        .sum(),
                 };
             }
         }
@@ -142,7 +161,8 @@ pub(crate) fn resize(x: &Tensor, r: &ResizeAttrs) -> EvalResult<Tensor> {
     }
     let mut data = x.to_f64_vec();
     for d in 0..shape.len() {
-        let identity = shape[d] == r.sizes[d] && r.scales[d] == 1.0 && r.coord != CoordMode::TfCropAndResize;
+        let identity =
+            shape[d] == r.sizes[d] && r.scales[d] == 1.0 && r.coord != CoordMode::TfCropAndResize;
         if identity {
             continue;
         }
@@ -154,5 +174,7 @@ pub(crate) fn resize(x: &Tensor, r: &ResizeAttrs) -> EvalResult<Tensor> {
     if dtype.is_int() {
         data.iter_mut().for_each(|v| *v = v.round());
     }
-    Ok(Tensor::from_vec(&shape, data).ok_or("resize shape")?.cast(dtype))
+    Ok(Tensor::from_vec(&shape, data)
+        .ok_or("resize shape")?
+        .cast(dtype))
 }

@@ -15,15 +15,30 @@ fn t<T: crate::Elem>(shape: &[usize], v: Vec<T>) -> Tensor {
 
 /// Runs `body` (the graph's node lines) with inputs `%a` (and `%b`), returning output `y` or the error.
 fn eval(inputs: &[(&str, Tensor)], body: &str) -> Result<Tensor, String> {
-    let header: Vec<String> = inputs.iter().map(|(n, v)| format!("%{n}: {}", v.ty())).collect();
-    let src = format!("graph @t({}) {{\n{body}\n  return %y @\"y\"\n}}", header.join(", "));
+    let header: Vec<String> = inputs
+        .iter()
+        .map(|(n, v)| format!("%{n}: {}", v.ty()))
+        .collect();
+    let src = format!(
+        "graph @t({}) {{\n{body}\n  return %y @\"y\"\n}}",
+        header.join(", ")
+    );
     let g = parse(&src, &|_| None).map_err(|e| e.to_string())?;
-    let ins = inputs.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
-    interp::run(&g, &ins).map(|mut o| o.remove(0).1).map_err(|e| e.to_string())
+    let ins = inputs
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.clone()))
+        .collect();
+    interp::run(&g, &ins)
+        .map(|mut o| o.remove(0).1)
+        .map_err(|e| e.to_string())
 }
 
 fn close(a: &Tensor, b: &Tensor) -> bool {
-    a.ty() == b.ty() && a.to_f64_vec().iter().zip(b.to_f64_vec()).all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+    a.ty() == b.ty()
+        && a.to_f64_vec()
+            .iter()
+            .zip(b.to_f64_vec())
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
 }
 
 #[test]
@@ -103,27 +118,47 @@ fn semantics() {
 #[test]
 fn errors() {
     let cases: Vec<Case<&str>> = vec![
-        ("integer division by zero", vec![("a", t(&[1], vec![1i64])), ("b", t(&[1], vec![0i64]))], "  %y: i64[1] = div %a, %b", "integer division by zero"),
+        (
+            "integer division by zero",
+            vec![("a", t(&[1], vec![1i64])), ("b", t(&[1], vec![0i64]))],
+            "  %y: i64[1] = div %a, %b",
+            "integer division by zero",
+        ),
         (
             "gather index out of range",
-            vec![("a", t(&[3], vec![1f32, 2., 3.])), ("i", t(&[1], vec![3i64]))],
+            vec![
+                ("a", t(&[3], vec![1f32, 2., 3.])),
+                ("i", t(&[1], vec![3i64])),
+            ],
             "  %y: f32[1] = gather[axis=0] %a, %i",
             "index 3 out of range",
         ),
     ];
     // Constant indices out of range make an invalid graph: the verifier rejects it before any run.
-    let e = eval(&[("a", t(&[3], vec![1f32, 2., 3.]))], "  %i: i64[1] = const [3]\n  %y: f32[1] = gather[axis=0] %a, %i").unwrap_err();
-    assert!(e.contains("failed verification") && e.contains("index 3 out of range for axis of size 3"), "{e}");
+    let e = eval(
+        &[("a", t(&[3], vec![1f32, 2., 3.]))],
+        "  %i: i64[1] = const [3]\n  %y: f32[1] = gather[axis=0] %a, %i",
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("failed verification") && e.contains("index 3 out of range for axis of size 3"),
+        "{e}"
+    );
     for (name, inputs, body, msg) in cases {
         let e = eval(&inputs, body).expect_err(name);
-        assert!(e.contains(msg) && e.contains("evaluating node"), "{name}: {e}");
+        assert!(
+            e.contains(msg) && e.contains("evaluating node"),
+            "{name}: {e}"
+        );
     }
     // An input of the wrong type is named.
     let e = eval(&[("a", t(&[2], vec![1f32, 2.]))], "  %y: f32[2] = relu %a").map(|_| ());
     assert!(e.is_ok());
     let src = "graph @t(%a: f32[2]) {\n  %y: f32[2] = relu %a\n  return %y @\"y\"\n}";
     let g = parse(src, &|_| None).unwrap();
-    let bad = [("a".to_string(), t(&[3], vec![1f32, 2., 3.]))].into_iter().collect();
+    let bad = [("a".to_string(), t(&[3], vec![1f32, 2., 3.]))]
+        .into_iter()
+        .collect();
     let e = interp::run(&g, &bad).unwrap_err().to_string();
     assert!(e.contains("graph input 'a'") && e.contains("f32[3]"), "{e}");
     assert_eq!(DType::F32.size(), 4);

@@ -57,26 +57,61 @@ impl Contraction {
 
 /// The epilogue's store (`store`: buffer, index, value) with its loops replaced by `by` and its reads of
 /// the accumulator `acc` by `v` (a tile's register).
-pub(crate) fn store_at((buf, index, value): (BufId, &[Expr], &Expr), acc: BufId, by: &[(Var, Expr)], v: &Expr) -> Stmt {
-    let value = value.subst_all(by).map_loads(&|x, ix| if x == acc { v.clone() } else { Expr::load(x, ix) });
-    Stmt::Store { buf, index: index.iter().map(|e| e.subst_all(by)).collect(), value }
+pub(crate) fn store_at(
+    (buf, index, value): (BufId, &[Expr], &Expr),
+    acc: BufId,
+    by: &[(Var, Expr)],
+    v: &Expr,
+) -> Stmt {
+    let value = value.subst_all(by).map_loads(&|x, ix| {
+        if x == acc {
+            v.clone()
+        } else {
+            Expr::load(x, ix)
+        }
+    });
+    Stmt::Store {
+        buf,
+        index: index.iter().map(|e| e.subst_all(by)).collect(),
+        value,
+    }
 }
 
 /// Recognises `inner` (the body inside the data-parallel loops `prefix`) as a contraction.
 pub(crate) fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Option<Contraction> {
-    let [Stmt::Store { buf: acc, index, value: Expr::Float(z, Elem::F32) }, red_nest, epilogue @ ..] = inner else { return None };
+    let [Stmt::Store {
+        buf: acc,
+        index,
+        value: Expr::Float(z, Elem::F32),
+    }, red_nest, epilogue @ ..] = inner
+    else {
+        return None;
+    };
     let buf = k.buffer(*acc);
     if *z != 0.0 || buf.space != Space::Local || buf.elem != Elem::F32 || !index.is_empty() {
         return None;
     }
     let mut red = Vec::new();
     let mut cur = std::slice::from_ref(red_nest);
-    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
+    while let [Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    }] = cur
+    {
         red.push((*var, *extent));
         cur = body;
     }
     let me = Expr::load(*acc, vec![]);
-    let [Stmt::Store { buf: b, index, value: Expr::Fma(x, y, z) }] = cur else { return None };
+    let [Stmt::Store {
+        buf: b,
+        index,
+        value: Expr::Fma(x, y, z),
+    }] = cur
+    else {
+        return None;
+    };
     if b != acc || !index.is_empty() || **z != me || red.is_empty() {
         return None;
     }
@@ -99,7 +134,16 @@ pub(crate) fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Op
             _ => batch.push((v, e)),
         }
     }
-    Some(Contraction { acc: *acc, rows, cols, batch, red, a, b, epilogue: epilogue.to_vec() })
+    Some(Contraction {
+        acc: *acc,
+        rows,
+        cols,
+        batch,
+        red,
+        a,
+        b,
+        epilogue: epilogue.to_vec(),
+    })
 }
 
 /// Whether the epilogue only reads the accumulator (and holds no barrier or mma).
@@ -107,6 +151,11 @@ fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
     body.iter().all(|s| match s {
         Stmt::Store { buf, .. } => *buf != acc,
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => epilogue_ok(body, acc),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
+        Stmt::Barrier
+        | Stmt::Mma { .. }
+        | Stmt::WarpMma { .. }
+        | Stmt::CopyAsync { .. }
+        | Stmt::AsyncWait
+        | Stmt::WarpReduce { .. } => false,
     })
 }

@@ -72,21 +72,48 @@ pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
 
 /// Whether every store under `body` is fine for loop `v` by `ok(coefficient)`; local buffers used only
 /// under `body` are private and always fine. False if `body` holds a guard.
-fn stores_ok(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok: &dyn Fn(Option<i64>) -> bool) -> bool {
+fn stores_ok(
+    k: &Kernel,
+    v: Var,
+    body: &[Stmt],
+    uses: &HashMap<BufId, usize>,
+    ok: &dyn Fn(Option<i64>) -> bool,
+) -> bool {
     stores_ok_in(k, v, body, uses, ok, false)
 }
 
 /// `stores_ok`, where with `guards` a store under a guard counts as the store (threads of a parallel
 /// loop may each skip some of theirs; vector lanes may not).
-fn stores_ok_in(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>, ok: &dyn Fn(Option<i64>) -> bool, guards: bool) -> bool {
+fn stores_ok_in(
+    k: &Kernel,
+    v: Var,
+    body: &[Stmt],
+    uses: &HashMap<BufId, usize>,
+    ok: &dyn Fn(Option<i64>) -> bool,
+    guards: bool,
+) -> bool {
     let locals = private_in(k, body, uses);
     let private = |b: &BufId| locals.contains(b);
-    fn walk(k: &Kernel, v: Var, body: &[Stmt], private: &dyn Fn(&BufId) -> bool, ok: &dyn Fn(Option<i64>) -> bool, guards: bool) -> bool {
+    fn walk(
+        k: &Kernel,
+        v: Var,
+        body: &[Stmt],
+        private: &dyn Fn(&BufId) -> bool,
+        ok: &dyn Fn(Option<i64>) -> bool,
+        guards: bool,
+    ) -> bool {
         body.iter().all(|s| match s {
             Stmt::For { body, .. } => walk(k, v, body, private, ok, guards),
             Stmt::If { then, .. } if guards => walk(k, v, then, private, ok, guards),
-            Stmt::If { .. } | Stmt::Barrier | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
-            Stmt::Store { buf, index, .. } => private(buf) || ok(coefficient(&flat(k, *buf, index), v)),
+            Stmt::If { .. }
+            | Stmt::Barrier
+            | Stmt::WarpMma { .. }
+            | Stmt::CopyAsync { .. }
+            | Stmt::AsyncWait
+            | Stmt::WarpReduce { .. } => false,
+            Stmt::Store { buf, index, .. } => {
+                private(buf) || ok(coefficient(&flat(k, *buf, index), v))
+            }
             Stmt::Mma { c, .. } => private(&c.buf) || ok(coefficient(&flat(k, c.buf, &c.at), v)),
         })
     }
@@ -96,13 +123,30 @@ fn stores_ok_in(k: &Kernel, v: Var, body: &[Stmt], uses: &HashMap<BufId, usize>,
 /// Picks the loops to peel: the deepest loop that could run in vector lanes but for a remainder (56 =
 /// 3 x 16 + 8), innermost or not (a pooling row whose window loops are inside it). Returns whether
 /// `st` holds a loop the vector pass will take, so its enclosing loops are left alone.
-fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) -> bool {
-    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return holds_vector(st) };
+fn pick_peel(
+    k: &Kernel,
+    st: &Stmt,
+    lanes: u32,
+    uses: &HashMap<BufId, usize>,
+    out: &mut Vec<Var>,
+) -> bool {
+    let Stmt::For {
+        var,
+        extent,
+        body,
+        kind: LoopKind::Serial,
+    } = st
+    else {
+        return holds_vector(st);
+    };
     let mut inner = false;
     for s in body {
         inner |= pick_peel(k, s, lanes, uses, out);
     }
-    if inner || mlopt_kir::analysis::has_mma(body) || !stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
+    if inner
+        || mlopt_kir::analysis::has_mma(body)
+        || !stores_ok(k, *var, body, uses, &|c| c == Some(1))
+    {
         return inner;
     }
     let wide = u64::from(lanes);
@@ -118,21 +162,41 @@ fn pick_peel(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, ou
 /// vector<7>), else None.
 fn width(extent: u64, lanes: u32) -> Option<u32> {
     let lanes = u64::from(lanes);
-    (4..=lanes.min(extent)).rev().find(|w| extent.is_multiple_of(*w)).map(|w| w as u32)
+    (4..=lanes.min(extent))
+        .rev()
+        .find(|w| extent.is_multiple_of(*w))
+        .map(|w| w as u32)
 }
 
 /// Whether `st` is or holds a loop lowering already made a vector loop (a fold's lanes, a tile's
 /// columns): the loops around it then stay scalar, since vector loops do not nest.
 fn holds_vector(st: &Stmt) -> bool {
     match st {
-        Stmt::For { kind: LoopKind::Vector(_), .. } => true,
+        Stmt::For {
+            kind: LoopKind::Vector(_),
+            ..
+        } => true,
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => body.iter().any(holds_vector),
         _ => false,
     }
 }
 
-fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<(Var, u32)>) -> bool {
-    let Stmt::For { var, extent, body, kind: LoopKind::Serial } = st else { return holds_vector(st) };
+fn pick_vector(
+    k: &Kernel,
+    st: &Stmt,
+    lanes: u32,
+    uses: &HashMap<BufId, usize>,
+    out: &mut Vec<(Var, u32)>,
+) -> bool {
+    let Stmt::For {
+        var,
+        extent,
+        body,
+        kind: LoopKind::Serial,
+    } = st
+    else {
+        return holds_vector(st);
+    };
     // Prefer the deepest candidate: try the children first.
     let mut inner = false;
     for s in body {
@@ -142,7 +206,9 @@ fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, 
         return true;
     }
     // A matrix-engine block runs as a whole, never in vector lanes.
-    let Some(w) = width(*extent, lanes) else { return false };
+    let Some(w) = width(*extent, lanes) else {
+        return false;
+    };
     if !mlopt_kir::analysis::has_mma(body) && stores_ok(k, *var, body, uses, &|c| c == Some(1)) {
         out.push((*var, w));
         return true;
@@ -150,12 +216,24 @@ fn pick_vector(k: &Kernel, st: &Stmt, lanes: u32, uses: &HashMap<BufId, usize>, 
     false
 }
 
-fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usize>, out: &mut Vec<Var>) {
-    let Stmt::For { var, extent, body, .. } = st else { return };
+fn pick_parallel(
+    k: &Kernel,
+    st: &Stmt,
+    threads: u32,
+    uses: &HashMap<BufId, usize>,
+    out: &mut Vec<Var>,
+) {
+    let Stmt::For {
+        var, extent, body, ..
+    } = st
+    else {
+        return;
+    };
     if work(st) < PARALLEL_MIN_WORK {
         return;
     }
-    let splits = *extent >= threads as u64 && stores_ok_in(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0), true);
+    let splits = *extent >= threads as u64
+        && stores_ok_in(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0), true);
     // Threads get equal shares, or nearly (at most an eighth more for some).
     let (t, e) = (threads as u64, *extent);
     if splits && (e % t == 0 || e >= 8 * t) {
@@ -177,7 +255,9 @@ fn pick_parallel(k: &Kernel, st: &Stmt, threads: u32, uses: &HashMap<BufId, usiz
 /// vector loop would execute for it).
 fn work(st: &Stmt) -> u64 {
     match st {
-        Stmt::For { extent, body, .. } => extent.saturating_mul(body.iter().map(work).sum::<u64>().max(1)),
+        Stmt::For { extent, body, .. } => {
+            extent.saturating_mul(body.iter().map(work).sum::<u64>().max(1))
+        }
         Stmt::If { then, .. } => then.iter().map(work).sum(),
         Stmt::Mma { m, n, k, .. } => (m * n * k / 16).max(1),
         _ => 1,
@@ -225,12 +305,30 @@ mod tests {
 }
 ";
         // (kernel, threads, the loop that runs in parallel)
-        let cases = [(rows, 3, "parallel(i)"), (rows, 2, "parallel(j)"), (fold, 2, "parallel(i)"), (fold, 5, "parallel(i)"), (guarded, 2, "parallel(i)")];
+        let cases = [
+            (rows, 3, "parallel(i)"),
+            (rows, 2, "parallel(j)"),
+            (fold, 2, "parallel(i)"),
+            (fold, 5, "parallel(i)"),
+            (guarded, 2, "parallel(i)"),
+        ];
         for (text, threads, want) in cases {
             let mut k = mlopt_kir::parse_kernel(text).unwrap();
-            schedule_cpu(&mut k, CpuSchedule { lanes: 16, threads, mma: false }).unwrap();
+            schedule_cpu(
+                &mut k,
+                CpuSchedule {
+                    lanes: 16,
+                    threads,
+                    mma: false,
+                },
+            )
+            .unwrap();
             let steps = mlopt_kir::step::schedule_text(&k.schedule);
-            assert!(steps.split(' ').any(|s| s == want), "{} on {threads} threads: {steps}", k.name);
+            assert!(
+                steps.split(' ').any(|s| s == want),
+                "{} on {threads} threads: {steps}",
+                k.name
+            );
         }
     }
 }

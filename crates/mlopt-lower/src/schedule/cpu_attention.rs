@@ -20,7 +20,11 @@ use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp, Var};
 
 /// The blocked form of attention `a`, its tiles from `t_for(m, n, k)`; None when either product has no
 /// tile.
-pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>) -> Result<Option<Vec<Stmt>>> {
+pub(crate) fn tiled<B: Builder>(
+    b: &mut B,
+    a: &Attention,
+    t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
+) -> Result<Option<Vec<Stmt>>> {
     let (slen, tlen, d, elen) = (a.row.1, a.keys, a.d, a.dv);
     if slen == 0 || tlen == 0 || d == 0 || elen == 0 {
         return Ok(None);
@@ -29,20 +33,49 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
     let blocks = (slen * tlen * 4).div_ceil(128 << 10).clamp(1, slen);
     let rows = slen.div_ceil(blocks);
     let (full, tail) = (slen / rows, slen % rows);
-    let (Some(ts), Some(to)) = (t_for(rows, tlen, d), t_for(rows, elen, tlen)) else { return Ok(None) };
+    let (Some(ts), Some(to)) = (t_for(rows, tlen, d), t_for(rows, elen, tlen)) else {
+        return Ok(None);
+    };
     let batch: Vec<u64> = a.batch.iter().map(|(_, e)| *e).collect();
     let stmts = contract::nest(b, "h", &batch, |b, bi| {
-        let by: Vec<(Var, Expr)> = a.batch.iter().map(|(v, _)| *v).zip(bi.iter().cloned()).collect();
+        let by: Vec<(Var, Expr)> = a
+            .batch
+            .iter()
+            .map(|(v, _)| *v)
+            .zip(bi.iter().cloned())
+            .collect();
         let head = |e: &Expr| e.subst_all(&by);
-        let (q, kt, v, mask) = (head(&a.q), head(&a.kt), head(&a.v), a.mask.as_ref().map(head));
+        let (q, kt, v, mask) = (
+            head(&a.q),
+            head(&a.kt),
+            head(&a.v),
+            a.mask.as_ref().map(head),
+        );
         let store = a.store.subst_all(&by);
-        let Stmt::Store { buf: dst, index: out_ix, value: out_v } = &store else { unreachable!("the recogniser's store is a store") };
+        let Stmt::Store {
+            buf: dst,
+            index: out_ix,
+            value: out_v,
+        } = &store
+        else {
+            unreachable!("the recogniser's store is a store")
+        };
         let mut stmts = Vec::new();
         let kp = head_operand(b, &kt, (a.r, d), (a.j, tlen), &mut stmts)?;
         let vp = head_operand(b, &v, (a.jv, tlen), (a.e, elen), &mut stmts)?;
         let k = b.kernel();
-        let scores = k.buf(format!("scores{}", k.bufs.len()), Elem::F32, vec![rows, tlen], Space::Local);
-        let sums = k.buf(format!("sums{}", k.bufs.len()), Elem::F32, vec![rows], Space::Local);
+        let scores = k.buf(
+            format!("scores{}", k.bufs.len()),
+            Elem::F32,
+            vec![rows, tlen],
+            Space::Local,
+        );
+        let sums = k.buf(
+            format!("sums{}", k.bufs.len()),
+            Elem::F32,
+            vec![rows],
+            Space::Local,
+        );
         let block = |b: &mut B, row0: Expr, rows: u64| -> Result<Vec<Stmt>> {
             let qrow = |i: &Expr| Expr::add(row0.clone(), i.clone());
             let mut s = contract::tiled(
@@ -65,10 +98,16 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
                     if let Some(m) = &mask {
                         y = Expr::bin(BinOp::Add, y, m.subst(a.row.0, &qrow(i)).subst(a.j, j));
                     }
-                    Ok(Stmt::Store { buf: scores, index: vec![i.clone(), j.clone()], value: y })
+                    Ok(Stmt::Store {
+                        buf: scores,
+                        index: vec![i.clone(), j.clone()],
+                        value: y,
+                    })
                 },
             )?;
-            s.extend(contract::nest(b, "r", &[rows], |b, r| Ok(softmax_row(b, scores, sums, &r[0], tlen)))?);
+            s.extend(contract::nest(b, "r", &[rows], |b, r| {
+                Ok(softmax_row(b, scores, sums, &r[0], tlen))
+            })?);
             s.extend(contract::tiled(
                 b,
                 &[],
@@ -92,12 +131,18 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
                         x if x == a.acc_l => sum.clone(),
                         x => Expr::load(x, ix),
                     });
-                    Ok(Stmt::Store { buf: *dst, index: out_ix.iter().map(at).collect(), value })
+                    Ok(Stmt::Store {
+                        buf: *dst,
+                        index: out_ix.iter().map(at).collect(),
+                        value,
+                    })
                 },
             )?);
             Ok(s)
         };
-        stmts.extend(contract::nest(b, "blk", &[full], |b, blk| block(b, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows))?);
+        stmts.extend(contract::nest(b, "blk", &[full], |b, blk| {
+            block(b, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows)
+        })?);
         if tail > 0 {
             stmts.extend(block(b, Expr::int((full * rows) as i64), tail)?);
         }
@@ -108,39 +153,104 @@ pub(crate) fn tiled<B: Builder>(b: &mut B, a: &Attention, t_for: &dyn Fn(u64, u6
 
 /// Row `i` of a block's scores through the softmax's numerator, its sum into `sums[i]`:
 /// `m = max S[i, :]; S[i, :] = e^(S[i, :] - m); sums[i] = sum S[i, :]` (folds rfactor vectorises).
-fn softmax_row<B: Builder>(b: &mut B, scores: BufId, sums: BufId, i: &Expr, keys: u64) -> Vec<Stmt> {
+fn softmax_row<B: Builder>(
+    b: &mut B,
+    scores: BufId,
+    sums: BufId,
+    i: &Expr,
+    keys: u64,
+) -> Vec<Stmt> {
     let at = |j: Var| Expr::load(scores, vec![i.clone(), Expr::var(j)]);
     let k = b.kernel();
-    let m = k.buf(format!("max{}", k.bufs.len()), Elem::F32, vec![], Space::Local);
-    let sum = k.buf(format!("sum{}", k.bufs.len()), Elem::F32, vec![], Space::Local);
+    let m = k.buf(
+        format!("max{}", k.bufs.len()),
+        Elem::F32,
+        vec![],
+        Space::Local,
+    );
+    let sum = k.buf(
+        format!("sum{}", k.bufs.len()),
+        Elem::F32,
+        vec![],
+        Space::Local,
+    );
     let (rm, j, rs) = (b.fresh("r"), b.fresh("j"), b.fresh("r"));
     let (mv, sv) = (Expr::load(m, vec![]), Expr::load(sum, vec![]));
     vec![
-        Stmt::Store { buf: m, index: vec![], value: Expr::f32(f64::NEG_INFINITY) },
-        Stmt::for_(rm, keys, mlopt_kir::LoopKind::Serial, vec![Stmt::Store { buf: m, index: vec![], value: Expr::bin(BinOp::Max, mv.clone(), at(rm)) }]),
+        Stmt::Store {
+            buf: m,
+            index: vec![],
+            value: Expr::f32(f64::NEG_INFINITY),
+        },
+        Stmt::for_(
+            rm,
+            keys,
+            mlopt_kir::LoopKind::Serial,
+            vec![Stmt::Store {
+                buf: m,
+                index: vec![],
+                value: Expr::bin(BinOp::Max, mv.clone(), at(rm)),
+            }],
+        ),
         Stmt::for_(
             j,
             keys,
             mlopt_kir::LoopKind::Serial,
-            vec![Stmt::Store { buf: scores, index: vec![i.clone(), Expr::var(j)], value: Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, at(j), mv)) }],
+            vec![Stmt::Store {
+                buf: scores,
+                index: vec![i.clone(), Expr::var(j)],
+                value: Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, at(j), mv)),
+            }],
         ),
-        Stmt::Store { buf: sum, index: vec![], value: Expr::f32(0.0) },
-        Stmt::for_(rs, keys, mlopt_kir::LoopKind::Serial, vec![Stmt::Store { buf: sum, index: vec![], value: Expr::bin(BinOp::Add, sv.clone(), at(rs)) }]),
-        Stmt::Store { buf: sums, index: vec![i.clone()], value: sv },
+        Stmt::Store {
+            buf: sum,
+            index: vec![],
+            value: Expr::f32(0.0),
+        },
+        Stmt::for_(
+            rs,
+            keys,
+            mlopt_kir::LoopKind::Serial,
+            vec![Stmt::Store {
+                buf: sum,
+                index: vec![],
+                value: Expr::bin(BinOp::Add, sv.clone(), at(rs)),
+            }],
+        ),
+        Stmt::Store {
+            buf: sums,
+            index: vec![i.clone()],
+            value: sv,
+        },
     ]
 }
 
 /// Operand `x` of one head as a [rows, cols] matrix over loops `r` and `c`: None when its loads are
 /// contiguous along the columns (the tiles read it in place), else a local copy made once per head (a
 /// transposed K read directly would make every vector load of the tiles a gather).
-fn head_operand<B: Builder>(b: &mut B, x: &Expr, (r, rows): (Var, u64), (c, cols): (Var, u64), stmts: &mut Vec<Stmt>) -> Result<Option<BufId>> {
+fn head_operand<B: Builder>(
+    b: &mut B,
+    x: &Expr,
+    (r, rows): (Var, u64),
+    (c, cols): (Var, u64),
+    stmts: &mut Vec<Stmt>,
+) -> Result<Option<BufId>> {
     let k = b.kernel();
     if matches!(x, Expr::Load(buf, ix) if coefficient(&flat_index(k, *buf, ix), c) == Some(1)) {
         return Ok(None);
     }
-    let copy = k.buf(format!("panel{}", k.bufs.len()), Elem::F32, vec![rows, cols], Space::Local);
+    let copy = k.buf(
+        format!("panel{}", k.bufs.len()),
+        Elem::F32,
+        vec![rows, cols],
+        Space::Local,
+    );
     stmts.extend(contract::nest(b, "p", &[rows, cols], |_, ix| {
-        Ok(vec![Stmt::Store { buf: copy, index: ix.to_vec(), value: x.subst(r, &ix[0]).subst(c, &ix[1]) }])
+        Ok(vec![Stmt::Store {
+            buf: copy,
+            index: ix.to_vec(),
+            value: x.subst(r, &ix[0]).subst(c, &ix[1]),
+        }])
     })?);
     Ok(Some(copy))
 }

@@ -27,9 +27,14 @@ use mlopt_kir::{Expr, Kernel, Stmt, Var};
 /// then one tap per spatial axis (`window::recognise` checks the rest). None for a pointwise
 /// convolution, which is a plain contraction over the output positions.
 pub(crate) fn window(k: &mut Kernel, c: &Contraction) -> Option<Window> {
-    let loops: Vec<Var> = [&c.batch, &c.rows, &c.cols, &c.red].iter().flat_map(|l| l.iter().map(|(v, _)| *v)).collect();
+    let loops: Vec<Var> = [&c.batch, &c.rows, &c.cols, &c.red]
+        .iter()
+        .flat_map(|l| l.iter().map(|(v, _)| *v))
+        .collect();
     let taps = c.red.get(1..).filter(|t| !t.is_empty())?;
-    let pointwise = |axes: &[Axis]| taps.iter().all(|(_, e)| *e == 1) && axes.iter().all(|a| a.stride == 1 && a.pad == 0);
+    let pointwise = |axes: &[Axis]| {
+        taps.iter().all(|(_, e)| *e == 1) && axes.iter().all(|a| a.stride == 1 && a.pad == 0)
+    };
     let w = recognise(k, &c.b, taps, &c.cols, &loops, &|axes| !pointwise(axes))?;
     (!c.rows.iter().any(|(v, _)| w.input.uses(*v))).then_some(w)
 }
@@ -59,18 +64,33 @@ pub(crate) fn tiled<B: Builder>(
     // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
     let by_rows = m == 1 && !pack && sp > 1;
     let outs: Vec<u64> = w.axes.iter().map(|a| a.outs).collect();
-    let n = if pack { outs.iter().product() } else { last.outs };
+    let n = if pack {
+        outs.iter().product()
+    } else {
+        last.outs
+    };
     let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
     let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows) {
         (true, _) => (m, Vec::new()),
         (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
         (false, false) => (m, outs[..sp - 1].to_vec()),
     };
-    let Some(t) = t_for(tm, n, red.iter().product()) else { return Ok(None) };
+    let Some(t) = t_for(tm, n, red.iter().product()) else {
+        return Ok(None);
+    };
     let phases = if pack { 1 } else { last.stride as usize };
     let copy = phases > 1 || w.axes.iter().any(|a| a.guarded);
     // Outer loops: the batch and any column that is not an output position (the image).
-    let outer: Vec<(Var, u64)> = c.batch.iter().chain(c.cols.iter().filter(|(v, _)| !w.axes.iter().any(|a| a.out == *v))).copied().collect();
+    let outer: Vec<(Var, u64)> = c
+        .batch
+        .iter()
+        .chain(
+            c.cols
+                .iter()
+                .filter(|(v, _)| !w.axes.iter().any(|a| a.out == *v)),
+        )
+        .copied()
+        .collect();
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
     let rows: Vec<i64> = c.rows.iter().map(|(_, e)| *e as i64).collect();
     // The output position of column `j` of the tile's row `row` in inner batch `bi`, per axis.
@@ -83,10 +103,24 @@ pub(crate) fn tiled<B: Builder>(
     };
     // An expression of the algorithm with its loops replaced (the tile's row is an output channel, or
     // with `by_rows` an output row).
-    let by = |ng: &[Expr], bi: &[Expr], row: Option<&Expr>, col: Option<&Expr>, k: &[Expr]| -> Vec<(Var, Expr)> {
-        let mut by: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.iter().cloned()).collect();
+    let by = |ng: &[Expr],
+              bi: &[Expr],
+              row: Option<&Expr>,
+              col: Option<&Expr>,
+              k: &[Expr]|
+     -> Vec<(Var, Expr)> {
+        let mut by: Vec<(Var, Expr)> = outer
+            .iter()
+            .map(|(v, _)| *v)
+            .zip(ng.iter().cloned())
+            .collect();
         if let (Some(r), false) = (row, by_rows) {
-            by.extend(c.rows.iter().map(|(v, _)| *v).zip(delinear(r.clone(), &rows)));
+            by.extend(
+                c.rows
+                    .iter()
+                    .map(|(v, _)| *v)
+                    .zip(delinear(r.clone(), &rows)),
+            );
         }
         if let Some(j) = col {
             by.extend(w.axes.iter().map(|a| a.out).zip(position(bi, row, j)));
@@ -99,18 +133,32 @@ pub(crate) fn tiled<B: Builder>(
     let lens: Vec<i64> = w.axes.iter().map(|a| a.len).collect();
     // The copy's padding: before each axis, and after it as far as the window reaches.
     let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
-    pads.extend(w.axes.iter().map(|a| (a.span - a.pad - a.len).max(0) as usize));
+    pads.extend(
+        w.axes
+            .iter()
+            .map(|a| (a.span - a.pad - a.len).max(0) as usize),
+    );
     let acc = c.acc;
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
     let stmts = contract::nest(b, "g", &outer_ext, |b, ng| {
         let mut st = Vec::new();
         let src = match copy {
             true => {
-                let read: Read<B> = &mut |_, lead, pos| Ok(w.input_at(&w.input.subst_all(&by(ng, &[], None, None, &[])).subst(c.red[0].0, &lead[1]), pos));
+                let read: Read<B> = &mut |_, lead, pos| {
+                    Ok(w.input_at(
+                        &w.input
+                            .subst_all(&by(ng, &[], None, None, &[]))
+                            .subst(c.red[0].0, &lead[1]),
+                        pos,
+                    ))
+                };
                 let xp = padded_phases(b, [1, cg], &lens, &pads, phases, w.fill, read, &mut st)?;
                 let k = b.kernel();
                 let name = k.buffer(xp).name.clone();
-                k.schedule.push(mlopt_kir::ScheduleStep::Pad { buf: name, phases: phases as u64 });
+                k.schedule.push(mlopt_kir::ScheduleStep::Pad {
+                    buf: name,
+                    phases: phases as u64,
+                });
                 Some(xp)
             }
             false => None,
@@ -127,13 +175,26 @@ pub(crate) fn tiled<B: Builder>(
             &mut |_, bi, row, k, col| {
                 Ok(match src {
                     Some(xp) => {
-                        let window = padded_index(&position(bi, row, &col.j), &k[1..], &strides, &dilations, phases);
+                        let window = padded_index(
+                            &position(bi, row, &col.j),
+                            &k[1..],
+                            &strides,
+                            &dilations,
+                            phases,
+                        );
                         Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
                     }
                     None => c.b.subst_all(&by(ng, bi, row, Some(&col.j), k)),
                 })
             },
-            &mut |_, bi, row, j, v| Ok(store_at(store, acc, &by(ng, bi, Some(row), Some(j), &[]), &v)),
+            &mut |_, bi, row, j, v| {
+                Ok(store_at(
+                    store,
+                    acc,
+                    &by(ng, bi, Some(row), Some(j), &[]),
+                    &v,
+                ))
+            },
         )?);
         Ok(st)
     })?;

@@ -35,7 +35,13 @@ impl Builder for KernelBuilder<'_> {
 }
 
 /// Tiles every contraction nest at the top of each kernel's body.
-pub(crate) fn tile(p: &mut Program, lanes: u32, mma: bool, l2: u64, tiles: &HashMap<TileKey, Tile>) -> Result<()> {
+pub(crate) fn tile(
+    p: &mut Program,
+    lanes: u32,
+    mma: bool,
+    l2: u64,
+    tiles: &HashMap<TileKey, Tile>,
+) -> Result<()> {
     for ki in 0..p.kernels.len() {
         let loads = mlopt_kir::analysis::buffer_loads(&p.kernels[ki].body);
         let body = std::mem::take(&mut p.kernels[ki].body);
@@ -65,19 +71,40 @@ fn tile_nest(
 ) -> Result<Option<Vec<Stmt>>> {
     let mut prefix = Vec::new();
     let mut cur = std::slice::from_ref(st);
-    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur {
+    while let [Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    }] = cur
+    {
         prefix.push((*var, *extent));
         cur = body;
     }
     let t_for = |m, n, k| contract::tile_for(tiles, m, n, k, lanes);
     if let Some(a) = super::attention::recognise(&p.kernels[ki], &prefix, cur) {
-        return super::cpu_attention::tiled(&mut KernelBuilder { k: &mut p.kernels[ki], lanes, l2 }, &a, &t_for);
+        return super::cpu_attention::tiled(
+            &mut KernelBuilder {
+                k: &mut p.kernels[ki],
+                lanes,
+                l2,
+            },
+            &a,
+            &t_for,
+        );
     }
-    let Some(mut c) = recognise(&p.kernels[ki], &prefix, cur) else { return Ok(None) };
+    let Some(mut c) = recognise(&p.kernels[ki], &prefix, cur) else {
+        return Ok(None);
+    };
     // Loops of one iteration are index 0. One that only A reads is a row of one (a batch-1 model's
     // single token), so the contraction has rows; a vector times a matrix has none and is left to
     // rfactor.
-    let ones: Vec<Var> = c.batch.iter().filter(|(_, e)| *e == 1).map(|(v, _)| *v).collect();
+    let ones: Vec<Var> = c
+        .batch
+        .iter()
+        .filter(|(_, e)| *e == 1)
+        .map(|(v, _)| *v)
+        .collect();
     let has_rows = !c.rows.is_empty() || ones.iter().any(|v| c.a.uses(*v) && !c.b.uses(*v));
     if !has_rows || c.cols.is_empty() {
         return Ok(None);
@@ -86,39 +113,78 @@ fn tile_nest(
     for v in ones {
         c.a = c.a.subst(v, &Expr::int(0));
         c.b = c.b.subst(v, &Expr::int(0));
-        c.epilogue = c.epilogue.iter().map(|s| s.subst(v, &Expr::int(0))).collect();
+        c.epilogue = c
+            .epilogue
+            .iter()
+            .map(|s| s.subst(v, &Expr::int(0)))
+            .collect();
     }
-    let Some((out, out_ix, out_v)) = c.store() else { return Ok(None) };
+    let Some((out, out_ix, out_v)) = c.store() else {
+        return Ok(None);
+    };
     if mma {
         if let Some(blocks) = super::cpu_mma::in_blocks(p, ki, &c, loads, (out, &out_ix, &out_v))? {
             return Ok(Some(blocks));
         }
     }
     if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
-        let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes, l2 };
+        let mut b = KernelBuilder {
+            k: &mut p.kernels[ki],
+            lanes,
+            l2,
+        };
         return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (out, &out_ix, &out_v));
     }
     c.drop_unit_reductions();
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
-    let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
-    let Some(t) = t_for(m, n, kk) else { return Ok(None) };
+    let (m, n, kk) = (
+        Contraction::extent(&c.rows),
+        Contraction::extent(&c.cols),
+        Contraction::extent(&c.red),
+    );
+    let Some(t) = t_for(m, n, kk) else {
+        return Ok(None);
+    };
     let packed = pack_b(p, ki, &c, t, loads);
     let as_i64 = |v: Vec<u64>| v.into_iter().map(|e| e as i64).collect::<Vec<i64>>();
     let (rows, cols) = (as_i64(ext(&c.rows)), as_i64(ext(&c.cols)));
     // The algorithm's loop variables and what replaces them.
-    let by = |batch: &[Expr], row: Option<&Expr>, col: Option<&Expr>, red: &[Expr]| -> Vec<(Var, Expr)> {
-        let mut by: Vec<(Var, Expr)> = c.batch.iter().map(|(v, _)| *v).zip(batch.iter().cloned()).collect();
+    let by = |batch: &[Expr],
+              row: Option<&Expr>,
+              col: Option<&Expr>,
+              red: &[Expr]|
+     -> Vec<(Var, Expr)> {
+        let mut by: Vec<(Var, Expr)> = c
+            .batch
+            .iter()
+            .map(|(v, _)| *v)
+            .zip(batch.iter().cloned())
+            .collect();
         if let Some(r) = row {
-            by.extend(c.rows.iter().map(|(v, _)| *v).zip(crate::kernel::delinear(r.clone(), &rows)));
+            by.extend(
+                c.rows
+                    .iter()
+                    .map(|(v, _)| *v)
+                    .zip(crate::kernel::delinear(r.clone(), &rows)),
+            );
         }
         if let Some(j) = col {
-            by.extend(c.cols.iter().map(|(v, _)| *v).zip(crate::kernel::delinear(j.clone(), &cols)));
+            by.extend(
+                c.cols
+                    .iter()
+                    .map(|(v, _)| *v)
+                    .zip(crate::kernel::delinear(j.clone(), &cols)),
+            );
         }
         by.extend(c.red.iter().map(|(v, _)| *v).zip(red.iter().cloned()));
         by
     };
     let acc = c.acc;
-    let mut b = KernelBuilder { k: &mut p.kernels[ki], lanes, l2 };
+    let mut b = KernelBuilder {
+        k: &mut p.kernels[ki],
+        lanes,
+        l2,
+    };
     let stmts = contract::tiled(
         &mut b,
         &ext(&c.batch),
@@ -134,7 +200,14 @@ fn tile_nest(
                 None => c.b.subst_all(&by(bi, None, Some(&col.j), k)),
             })
         },
-        &mut |_, bi, row, col, v| Ok(store_at((out, &out_ix, &out_v), acc, &by(bi, Some(row), Some(col), &[]), &v)),
+        &mut |_, bi, row, col, v| {
+            Ok(store_at(
+                (out, &out_ix, &out_v),
+                acc,
+                &by(bi, Some(row), Some(col), &[]),
+                &v,
+            ))
+        },
     )?;
     Ok(Some(stmts))
 }
@@ -142,24 +215,60 @@ fn tile_nest(
 /// A constant 2-D f32 B (`W[k, j]`, or `W[j, k]`; more axes of one element) that only this contraction reads, packed into column
 /// panels for tile `t`: the first block takes W's parameter, later ones are new parameters; their weights
 /// replace W's. None when B is not such a weight.
-fn pack_b(p: &mut Program, ki: usize, c: &Contraction, t: Tile, loads: &HashMap<BufId, usize>) -> Option<Vec<BufId>> {
-    let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else { return None };
+fn pack_b(
+    p: &mut Program,
+    ki: usize,
+    c: &Contraction,
+    t: Tile,
+    loads: &HashMap<BufId, usize>,
+) -> Option<Vec<BufId>> {
+    let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else {
+        return None;
+    };
     // (Trailing axes of one element, a 1x1 convolution's window, are index 0.)
-    let super::layout::WeightOperand { buf: w, trans, ones, bound: (si, pi, wi) } = super::layout::weight_operand(p, ki, &c.b, (*r, *j), loads)?;
+    let super::layout::WeightOperand {
+        buf: w,
+        trans,
+        ones,
+        bound: (si, pi, wi),
+    } = super::layout::weight_operand(p, ki, &c.b, (*r, *j), loads)?;
     let weight = &p.weights[wi];
-    let dims = [if trans { vec![*ndim, *kdim] } else { vec![*kdim, *ndim] }, vec![1; ones]].concat();
-    if weight.elem != Elem::F32 || weight.dims != dims || weight.data.len() as u64 != kdim * ndim * 4 {
+    let dims = [
+        if trans {
+            vec![*ndim, *kdim]
+        } else {
+            vec![*kdim, *ndim]
+        },
+        vec![1; ones],
+    ]
+    .concat();
+    if weight.elem != Elem::F32
+        || weight.dims != dims
+        || weight.data.len() as u64 != kdim * ndim * 4
+    {
         return None;
     }
-    let (blocks, name) = (contract::pack_blocks(&weight.data, *kdim, *ndim, t, trans), weight.name.clone());
+    let (blocks, name) = (
+        contract::pack_blocks(&weight.data, *kdim, *ndim, t, trans),
+        weight.name.clone(),
+    );
     // The unpacked bytes are let go now, not when the pass ends, when no other step reads them: the
     // next weight's panels then reuse their memory instead of faulting in fresh pages.
-    if p.steps.iter().enumerate().all(|(s, st)| s == si || !st.args.contains(&Place::Weight(wi))) {
+    if p.steps
+        .iter()
+        .enumerate()
+        .all(|(s, st)| s == si || !st.args.contains(&Place::Weight(wi)))
+    {
         p.weights[wi].data = Arc::new(Vec::new());
     }
     let mut ids = Vec::new();
     for (block, (dims, data)) in blocks.into_iter().enumerate() {
-        p.weights.push(Weight { name: format!("{name}.packed{}.{block}", t.nr), elem: Elem::F32, dims: dims.clone(), data: Arc::new(data) });
+        p.weights.push(Weight {
+            name: format!("{name}.packed{}.{block}", t.nr),
+            elem: Elem::F32,
+            dims: dims.clone(),
+            data: Arc::new(data),
+        });
         let place = Place::Weight(p.weights.len() - 1);
         let k = &mut p.kernels[ki];
         if block == 0 {

@@ -24,7 +24,9 @@ use crate::contract::{self, Builder};
 use crate::elementwise::lit;
 use crate::error::Result;
 use crate::kernel::delinear;
-use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight};
+use mlopt_kir::{
+    BinOp, Block, BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -82,18 +84,45 @@ fn blocks(rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
 /// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, in `mma` blocks; `bp` is
 /// B packed for `blocks(rows, n, k)`.
 #[allow(clippy::too_many_arguments)]
-fn contract<B: Builder>(l: &mut B, bp: BufId, rows: u64, n: u64, k: u64, order: Epilogue, a: AOp<B>, store: StoreOp<B>) -> Result<Vec<Stmt>> {
+fn contract<B: Builder>(
+    l: &mut B,
+    bp: BufId,
+    rows: u64,
+    n: u64,
+    k: u64,
+    order: Epilogue,
+    a: AOp<B>,
+    store: StoreOp<B>,
+) -> Result<Vec<Stmt>> {
     let (mb, nb, mp, np, kp) = blocks(rows, n, k);
-    l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix { mb, nb, kb: kp, m: rows, n, k });
+    l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix {
+        mb,
+        nb,
+        kb: kp,
+        m: rows,
+        n,
+        k,
+    });
 
     // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
     // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a
     // zero-padded copy with 64 bytes more per row (which also computes A's fused producer once).
-    let stride = if (kp * 2).is_multiple_of(512) { kp + 32 } else { kp };
+    let stride = if (kp * 2).is_multiple_of(512) {
+        kp + 32
+    } else {
+        kp
+    };
     let (pr, pk) = (l.fresh("p"), l.fresh("p"));
     let (rv, kv) = (Expr::var(pr), Expr::var(pk));
     let direct = match a(l, &rv, &kv)? {
-        Expr::Load(buf, ix) if ix == [rv.clone(), kv.clone()] && l.kernel().buffer(buf).elem == Elem::BF16 && mp == rows && stride == k => Some(buf),
+        Expr::Load(buf, ix)
+            if ix == [rv.clone(), kv.clone()]
+                && l.kernel().buffer(buf).elem == Elem::BF16
+                && mp == rows
+                && stride == k =>
+        {
+            Some(buf)
+        }
         _ => None,
     };
     let mut stmts = Vec::new();
@@ -101,77 +130,171 @@ fn contract<B: Builder>(l: &mut B, bp: BufId, rows: u64, n: u64, k: u64, order: 
         Some(buf) => buf,
         None => {
             let k_ = l.kernel();
-            let apad = k_.buf(format!("a_pad{}", k_.bufs.len()), Elem::BF16, vec![mp, stride], Space::Local);
+            let apad = k_.buf(
+                format!("a_pad{}", k_.bufs.len()),
+                Elem::BF16,
+                vec![mp, stride],
+                Space::Local,
+            );
             stmts = contract::nest(l, "p", &[mp, kp], |l, ix| {
                 let (r, kk) = (&ix[0], &ix[1]);
                 let value = if (mp, kp) == (rows, k) {
                     a(l, r, kk)?
                 } else {
-                    let inside =
-                        Expr::bin(BinOp::And, Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)), Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)));
-                    let v = a(l, &crate::kernel::clamp(r.clone(), rows as i64), &crate::kernel::clamp(kk.clone(), k as i64))?;
+                    let inside = Expr::bin(
+                        BinOp::And,
+                        Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)),
+                        Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)),
+                    );
+                    let v = a(
+                        l,
+                        &crate::kernel::clamp(r.clone(), rows as i64),
+                        &crate::kernel::clamp(kk.clone(), k as i64),
+                    )?;
                     Expr::select(inside, v, lit(0.0, Elem::BF16))
                 };
-                Ok(vec![Stmt::Store { buf: apad, index: ix.to_vec(), value }])
+                Ok(vec![Stmt::Store {
+                    buf: apad,
+                    index: ix.to_vec(),
+                    value,
+                }])
             })?;
             apad
         }
     };
 
     let k_ = l.kernel();
-    let c = k_.buf(format!("c_blk{}", k_.bufs.len()), Elem::F32, vec![mb, nb], Space::Local);
+    let c = k_.buf(
+        format!("c_blk{}", k_.bufs.len()),
+        Elem::F32,
+        vec![mb, nb],
+        Space::Local,
+    );
     // Row blocks in chunks of up to 8 (256 rows), so a chunk of A stays in L2 while every column block
     // of B streams past it.
     let blocks = mp / mb;
     let per = (1..=8).rev().find(|d| blocks % d == 0).unwrap_or(1);
-    let (ic, jb, ibi, ii, jj) = (l.fresh("ic"), l.fresh("jb"), l.fresh("ib"), l.fresh("ii"), l.fresh("jj"));
-    let ib = Expr::add(Expr::mul(Expr::var(ic), Expr::int(per as i64)), Expr::var(ibi));
+    let (ic, jb, ibi, ii, jj) = (
+        l.fresh("ic"),
+        l.fresh("jb"),
+        l.fresh("ib"),
+        l.fresh("ii"),
+        l.fresh("jj"),
+    );
+    let ib = Expr::add(
+        Expr::mul(Expr::var(ic), Expr::int(per as i64)),
+        Expr::var(ibi),
+    );
     let row = Expr::add(Expr::mul(ib.clone(), Expr::int(mb as i64)), Expr::var(ii));
-    let col = Expr::add(Expr::mul(Expr::var(jb), Expr::int(nb as i64)), Expr::var(jj));
+    let col = Expr::add(
+        Expr::mul(Expr::var(jb), Expr::int(nb as i64)),
+        Expr::var(jj),
+    );
     // The epilogue walks the block with the loop whose outputs are contiguous innermost (`order`), so
     // the CPU schedule can store it as vectors.
-    let st = store(l, &row, &col, Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]))?;
+    let st = store(
+        l,
+        &row,
+        &col,
+        Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]),
+    )?;
     let guard = |st: Vec<Stmt>, i: &Expr, len: u64, whole: bool| {
         if whole {
             st
         } else {
-            vec![Stmt::If { cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)), then: st }]
+            vec![Stmt::If {
+                cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)),
+                then: st,
+            }]
         }
     };
     let epilogue = match order {
         Epilogue::ColumnsInner => {
-            let cols = vec![Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(vec![st], &col, n, n.is_multiple_of(nb)) }];
-            Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: guard(cols, &row, rows, rows.is_multiple_of(mb)) }
+            let cols = vec![Stmt::For {
+                var: jj,
+                extent: nb,
+                kind: LoopKind::Serial,
+                body: guard(vec![st], &col, n, n.is_multiple_of(nb)),
+            }];
+            Stmt::For {
+                var: ii,
+                extent: mb,
+                kind: LoopKind::Serial,
+                body: guard(cols, &row, rows, rows.is_multiple_of(mb)),
+            }
         }
         Epilogue::RowsInner => {
-            let rows_ = vec![Stmt::For { var: ii, extent: mb, kind: LoopKind::Serial, body: guard(vec![st], &row, rows, rows.is_multiple_of(mb)) }];
-            Stmt::For { var: jj, extent: nb, kind: LoopKind::Serial, body: guard(rows_, &col, n, n.is_multiple_of(nb)) }
+            let rows_ = vec![Stmt::For {
+                var: ii,
+                extent: mb,
+                kind: LoopKind::Serial,
+                body: guard(vec![st], &row, rows, rows.is_multiple_of(mb)),
+            }];
+            Stmt::For {
+                var: jj,
+                extent: nb,
+                kind: LoopKind::Serial,
+                body: guard(rows_, &col, n, n.is_multiple_of(nb)),
+            }
         }
     };
     let mma = Stmt::Mma {
         m: mb,
         n: nb,
         k: kp,
-        c: Block { buf: c, at: vec![Expr::int(0), Expr::int(0)] },
-        a: Block { buf: apad, at: vec![Expr::mul(ib, Expr::int(mb as i64)), Expr::int(0)] },
-        b: Block { buf: bp, at: vec![Expr::var(jb), Expr::int(0), Expr::int(0)] },
+        c: Block {
+            buf: c,
+            at: vec![Expr::int(0), Expr::int(0)],
+        },
+        a: Block {
+            buf: apad,
+            at: vec![Expr::mul(ib, Expr::int(mb as i64)), Expr::int(0)],
+        },
+        b: Block {
+            buf: bp,
+            at: vec![Expr::var(jb), Expr::int(0), Expr::int(0)],
+        },
         acc: false,
     };
     let block = vec![mma, epilogue];
-    let for_ = |var, extent, body| Stmt::For { var, extent, kind: LoopKind::Serial, body };
-    stmts.push(for_(ic, blocks / per, vec![for_(jb, np / nb, vec![for_(ibi, per, block)])]));
+    let for_ = |var, extent, body| Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    };
+    stmts.push(for_(
+        ic,
+        blocks / per,
+        vec![for_(jb, np / nb, vec![for_(ibi, per, block)])],
+    ));
     Ok(stmts)
 }
 
 /// A constant bf16 weight as one operand of a contraction over K loop `r` and the columns `cols`:
 /// `f32(W[r, j, 0..])`, or `f32(W[j, r, 0..])` (transposed), read only here; the weight's buffer,
 /// whether it is transposed, and (step, parameter, weight) binding it.
-fn weight(p: &Program, ki: usize, e: &Expr, r: Var, cols: &[(Var, u64)], loads: &HashMap<BufId, usize>) -> Option<(BufId, bool, (usize, usize, usize))> {
-    let Expr::Cast(Elem::F32, x) = e else { return None };
+fn weight(
+    p: &Program,
+    ki: usize,
+    e: &Expr,
+    r: Var,
+    cols: &[(Var, u64)],
+    loads: &HashMap<BufId, usize>,
+) -> Option<(BufId, bool, (usize, usize, usize))> {
+    let Expr::Cast(Elem::F32, x) = e else {
+        return None;
+    };
     let [(j, _)] = cols[..] else { return None };
-    let super::layout::WeightOperand { buf: w, trans, bound, .. } = super::layout::weight_operand(p, ki, x, (r, j), loads)?;
+    let super::layout::WeightOperand {
+        buf: w,
+        trans,
+        bound,
+        ..
+    } = super::layout::weight_operand(p, ki, x, (r, j), loads)?;
     let wt = &p.weights[bound.2];
-    (wt.elem == Elem::BF16 && p.kernels[ki].buffer(w).elem == Elem::BF16).then_some((w, trans, bound))
+    (wt.elem == Elem::BF16 && p.kernels[ki].buffer(w).elem == Elem::BF16)
+        .then_some((w, trans, bound))
 }
 
 /// The `mma` blocks of contraction `c` (its epilogue the one store `store`: buffer, index, value) when
@@ -187,17 +310,24 @@ pub(crate) fn in_blocks(
 ) -> Result<Option<Vec<Stmt>>> {
     let mut c = c.clone();
     c.drop_unit_reductions();
-    let ([(r, k)], true) = (&c.red[..], c.batch.is_empty()) else { return Ok(None) };
+    let ([(r, k)], true) = (&c.red[..], c.batch.is_empty()) else {
+        return Ok(None);
+    };
     let (r, k) = (*r, *k);
     // B is the weight: the columns' operand (MatMul, Gemm), or the rows' (a pointwise convolution's
     // output channels), which turns the contraction around.
-    let (x, (w, trans, (si, pi, wi)), rows, cols, order) = match (weight(p, ki, &c.b, r, &c.cols, loads), weight(p, ki, &c.a, r, &c.rows, loads)) {
+    let (x, (w, trans, (si, pi, wi)), rows, cols, order) = match (
+        weight(p, ki, &c.b, r, &c.cols, loads),
+        weight(p, ki, &c.a, r, &c.rows, loads),
+    ) {
         (Some(wb), _) => (&c.a, wb, &c.rows, &c.cols, Epilogue::ColumnsInner),
         (None, Some(wa)) => (&c.b, wa, &c.cols, &c.rows, Epilogue::RowsInner),
         _ => return Ok(None),
     };
     let (m, n) = (Contraction::extent(rows), Contraction::extent(cols));
-    let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= KB && n >= 16) else { return Ok(None) };
+    let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= KB && n >= 16) else {
+        return Ok(None);
+    };
     let weight = &p.weights[wi];
     if weight.data.len() as u64 != k * n * 2 {
         return Ok(None);
@@ -212,14 +342,32 @@ pub(crate) fn in_blocks(
     p.kernels[ki].bufs[w.0 as usize].dims = packed.dims.clone();
     p.weights.push(packed);
     p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
-    let (row_ext, col_var) = (rows.iter().map(|(_, e)| *e as i64).collect::<Vec<i64>>(), cols[0].0);
+    let (row_ext, col_var) = (
+        rows.iter().map(|(_, e)| *e as i64).collect::<Vec<i64>>(),
+        cols[0].0,
+    );
     let by = |row: &Expr, col: Option<&Expr>| -> Vec<(Var, Expr)> {
-        rows.iter().map(|(v, _)| *v).zip(delinear(row.clone(), &row_ext)).chain(col.map(|j| (col_var, j.clone()))).collect()
+        rows.iter()
+            .map(|(v, _)| *v)
+            .zip(delinear(row.clone(), &row_ext))
+            .chain(col.map(|j| (col_var, j.clone())))
+            .collect()
     };
     let acc = c.acc;
-    let mut b = super::cpu_gemm::KernelBuilder { k: &mut p.kernels[ki], lanes: 16, l2: crate::contract::DEFAULT_L2_BYTES };
-    let stmts = contract(&mut b, w, m, n, k, order, &mut |_, row, kk| Ok(x.subst_all(&by(row, None)).subst(r, kk)), &mut |_, row, j, v| {
-        Ok(store_at(store, acc, &by(row, Some(j)), &v))
-    })?;
+    let mut b = super::cpu_gemm::KernelBuilder {
+        k: &mut p.kernels[ki],
+        lanes: 16,
+        l2: crate::contract::DEFAULT_L2_BYTES,
+    };
+    let stmts = contract(
+        &mut b,
+        w,
+        m,
+        n,
+        k,
+        order,
+        &mut |_, row, kk| Ok(x.subst_all(&by(row, None)).subst(r, kk)),
+        &mut |_, row, j, v| Ok(store_at(store, acc, &by(row, Some(j)), &v)),
+    )?;
     Ok(Some(stmts))
 }

@@ -21,8 +21,12 @@
 //! Anything else runs on one thread, which is always correct (ScatterND's updates must be serial).
 
 use crate::error::{LowerError, Result};
-use mlopt_kir::analysis::{buffer_uses, coefficient, flat_index, moves_with, multiple_of, non_negative, private_in};
-use mlopt_kir::{rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var};
+use mlopt_kir::analysis::{
+    buffer_uses, coefficient, flat_index, moves_with, multiple_of, non_negative, private_in,
+};
+use mlopt_kir::{
+    rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var,
+};
 use std::collections::{HashMap, HashSet};
 
 /// What GPU schedules are chosen for: the target (the cost model's row: SMs, shared memory, registers and
@@ -43,7 +47,11 @@ impl GpuSchedule {
     pub const SHARED_BYTES: u64 = mlopt_cost::gpu_tile::SHARED_BYTES;
 
     pub fn new(target: mlopt_cost::Target, tf32: bool) -> GpuSchedule {
-        GpuSchedule { target, tf32, register_margin: 0 }
+        GpuSchedule {
+            target,
+            tf32,
+            register_margin: 0,
+        }
     }
 
     /// Streaming multiprocessors, to judge when a grid fills the device.
@@ -68,18 +76,28 @@ const ROW_THREADS: u64 = 256;
 
 /// Turns a program of plain kernels into GPU kernels, splitting kernels into launches where needed.
 pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
-    let mut out = Program { kernels: Vec::new(), steps: Vec::new(), ..p.clone() };
+    let mut out = Program {
+        kernels: Vec::new(),
+        steps: Vec::new(),
+        ..p.clone()
+    };
     let scratch0 = p.arena_bytes.div_ceil(256) * 256;
     let mut arena = p.arena_bytes;
     for step in &p.steps {
-        let k = p.kernels.get(step.kernel).ok_or_else(|| LowerError::Internal(format!("step calls kernel {}", step.kernel)))?;
+        let k = p
+            .kernels
+            .get(step.kernel)
+            .ok_or_else(|| LowerError::Internal(format!("step calls kernel {}", step.kernel)))?;
         let launches = split(k);
         // Locals read by more than one launch: global scratch, laid out from the arena's end.
         let mut scratch: HashMap<BufId, u64> = HashMap::new();
         let mut at = scratch0;
         if launches.len() > 1 {
             for (b, buf) in k.bufs.iter().enumerate() {
-                let users = launches.iter().filter(|l| buffer_uses(l).contains_key(&BufId(b as u32))).count();
+                let users = launches
+                    .iter()
+                    .filter(|l| buffer_uses(l).contains_key(&BufId(b as u32)))
+                    .count();
                 if buf.space == Space::Local && users > 1 {
                     scratch.insert(BufId(b as u32), at);
                     at += (buf.numel() * buf.elem.size()).div_ceil(256) * 256;
@@ -103,7 +121,11 @@ pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
             let (mut kernel, args) = drop_unused(kernel, &step.args, &order, &scratch)?;
             schedule_kernel(&mut kernel, s)?;
             // A check reads its flag once the last launch has written it.
-            out.steps.push(Step { kernel: out.kernels.len(), args, check: step.check.clone().filter(|_| i + 1 == n) });
+            out.steps.push(Step {
+                kernel: out.kernels.len(),
+                args,
+                check: step.check.clone().filter(|_| i + 1 == n),
+            });
             out.kernels.push(kernel);
         }
     }
@@ -132,7 +154,12 @@ fn split(k: &Kernel) -> Vec<Vec<Stmt>> {
 
 /// The kernel without the buffers its body does not use, and the arguments of its parameters: the
 /// original parameters (`args`, in order) and the promoted scratch buffers (`scratch`, in `order`).
-fn drop_unused(k: Kernel, args: &[Place], order: &[BufId], scratch: &HashMap<BufId, u64>) -> Result<(Kernel, Vec<Place>)> {
+fn drop_unused(
+    k: Kernel,
+    args: &[Place],
+    order: &[BufId],
+    scratch: &HashMap<BufId, u64>,
+) -> Result<(Kernel, Vec<Place>)> {
     let used = buffer_uses(&k.body);
     // The original parameters are the Global buffers that are not scratch, in order.
     let mut param_args = args.iter();
@@ -140,7 +167,9 @@ fn drop_unused(k: Kernel, args: &[Place], order: &[BufId], scratch: &HashMap<Buf
     for (i, b) in k.bufs.iter().enumerate() {
         let id = BufId(i as u32);
         let place = if b.space == Space::Global && !scratch.contains_key(&id) {
-            Some(*param_args.next().ok_or_else(|| LowerError::Internal(format!("@{}: fewer arguments than parameters", k.name)))?)
+            Some(*param_args.next().ok_or_else(|| {
+                LowerError::Internal(format!("@{}: fewer arguments than parameters", k.name))
+            })?)
         } else {
             None
         };
@@ -150,13 +179,26 @@ fn drop_unused(k: Kernel, args: &[Place], order: &[BufId], scratch: &HashMap<Buf
     }
     // Scratch parameters go last, so the step's arguments read: original parameters, then scratch.
     keep.sort_by_key(|(id, _)| order.iter().position(|o| o == id).map_or(0, |p| p + 1));
-    let remap: HashMap<BufId, BufId> = keep.iter().enumerate().map(|(new, (old, _))| (*old, BufId(new as u32))).collect();
-    let mut out = Kernel { bufs: keep.iter().map(|(id, _)| k.bufs[id.0 as usize].clone()).collect(), body: Vec::new(), ..k.clone() };
+    let remap: HashMap<BufId, BufId> = keep
+        .iter()
+        .enumerate()
+        .map(|(new, (old, _))| (*old, BufId(new as u32)))
+        .collect();
+    let mut out = Kernel {
+        bufs: keep
+            .iter()
+            .map(|(id, _)| k.bufs[id.0 as usize].clone())
+            .collect(),
+        body: Vec::new(),
+        ..k.clone()
+    };
     out.body = k.body.iter().map(|s| rename_stmt(s, &remap)).collect();
     let args = keep
         .iter()
         .filter(|(id, _)| k.bufs[id.0 as usize].space == Space::Global)
-        .map(|(id, place)| place.unwrap_or_else(|| Place::Arena(scratch.get(id).copied().unwrap_or(0))))
+        .map(|(id, place)| {
+            place.unwrap_or_else(|| Place::Arena(scratch.get(id).copied().unwrap_or(0)))
+        })
         .collect();
     Ok((out, args))
 }
@@ -167,15 +209,61 @@ fn rename_expr(e: &Expr, m: &HashMap<BufId, BufId>) -> Expr {
 
 fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
     let ix = |v: &[Expr]| v.iter().map(|x| rename_expr(x, m)).collect::<Vec<_>>();
-    let blk = |b: &mlopt_kir::Block| mlopt_kir::Block { buf: m.get(&b.buf).copied().unwrap_or(b.buf), at: ix(&b.at) };
+    let blk = |b: &mlopt_kir::Block| mlopt_kir::Block {
+        buf: m.get(&b.buf).copied().unwrap_or(b.buf),
+        at: ix(&b.at),
+    };
     match s {
-        Stmt::For { var, extent, kind, body } => Stmt::For { var: *var, extent: *extent, kind: *kind, body: body.iter().map(|s| rename_stmt(s, m)).collect() },
-        Stmt::Store { buf, index, value } => Stmt::Store { buf: m.get(buf).copied().unwrap_or(*buf), index: ix(index), value: rename_expr(value, m) },
-        Stmt::If { cond, then } => Stmt::If { cond: rename_expr(cond, m), then: then.iter().map(|s| rename_stmt(s, m)).collect() },
+        Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+        } => Stmt::For {
+            var: *var,
+            extent: *extent,
+            kind: *kind,
+            body: body.iter().map(|s| rename_stmt(s, m)).collect(),
+        },
+        Stmt::Store { buf, index, value } => Stmt::Store {
+            buf: m.get(buf).copied().unwrap_or(*buf),
+            index: ix(index),
+            value: rename_expr(value, m),
+        },
+        Stmt::If { cond, then } => Stmt::If {
+            cond: rename_expr(cond, m),
+            then: then.iter().map(|s| rename_stmt(s, m)).collect(),
+        },
         Stmt::Barrier => Stmt::Barrier,
-        Stmt::Mma { m: rows, n, k, c, a, b, acc } => Stmt::Mma { m: *rows, n: *n, k: *k, c: blk(c), a: blk(a), b: blk(b), acc: *acc },
-        Stmt::WarpMma { c, a, b } => Stmt::WarpMma { c: blk(c), a: blk(a), b: blk(b) },
-        Stmt::CopyAsync { dst, src, from, lanes, valid } => Stmt::CopyAsync {
+        Stmt::Mma {
+            m: rows,
+            n,
+            k,
+            c,
+            a,
+            b,
+            acc,
+        } => Stmt::Mma {
+            m: *rows,
+            n: *n,
+            k: *k,
+            c: blk(c),
+            a: blk(a),
+            b: blk(b),
+            acc: *acc,
+        },
+        Stmt::WarpMma { c, a, b } => Stmt::WarpMma {
+            c: blk(c),
+            a: blk(a),
+            b: blk(b),
+        },
+        Stmt::CopyAsync {
+            dst,
+            src,
+            from,
+            lanes,
+            valid,
+        } => Stmt::CopyAsync {
             dst: blk(dst),
             src: m.get(src).copied().unwrap_or(*src),
             from: rename_expr(from, m),
@@ -183,7 +271,10 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
             valid: valid.as_ref().map(|c| rename_expr(c, m)),
         },
         Stmt::AsyncWait => Stmt::AsyncWait,
-        Stmt::WarpReduce { buf, op } => Stmt::WarpReduce { buf: m.get(buf).copied().unwrap_or(*buf), op: *op },
+        Stmt::WarpReduce { buf, op } => Stmt::WarpReduce {
+            buf: m.get(buf).copied().unwrap_or(*buf),
+            op: *op,
+        },
     }
 }
 
@@ -227,7 +318,13 @@ fn parallel_prefix(k: &Kernel, body: Vec<Stmt>) -> (Vec<(Var, u64)>, Vec<Stmt>) 
     let uses = buffer_uses(&body);
     let mut prefix = Vec::new();
     let mut cur = body;
-    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur.as_slice() {
+    while let [Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    }] = cur.as_slice()
+    {
         if *extent > 1 && !stores_depend(k, *var, *extent, body, &uses) {
             break;
         }
@@ -239,13 +336,28 @@ fn parallel_prefix(k: &Kernel, body: Vec<Stmt>) -> (Vec<(Var, u64)>, Vec<Stmt>) 
 }
 
 /// Whether every store in `body` to a buffer that is not private to it moves with `v`.
-fn stores_depend(k: &Kernel, v: Var, extent: u64, body: &[Stmt], uses: &HashMap<BufId, usize>) -> bool {
+fn stores_depend(
+    k: &Kernel,
+    v: Var,
+    extent: u64,
+    body: &[Stmt],
+    uses: &HashMap<BufId, usize>,
+) -> bool {
     let private = private_in(k, body, uses);
     fn walk(k: &Kernel, v: Var, extent: u64, body: &[Stmt], private: &[BufId]) -> bool {
         body.iter().all(|s| match s {
-            Stmt::For { body, .. } | Stmt::If { then: body, .. } => walk(k, v, extent, body, private),
-            Stmt::Store { buf, index, .. } => private.contains(buf) || moves_with(&flat_index(k, *buf, index), v, extent),
-            Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => {
+                walk(k, v, extent, body, private)
+            }
+            Stmt::Store { buf, index, .. } => {
+                private.contains(buf) || moves_with(&flat_index(k, *buf, index), v, extent)
+            }
+            Stmt::Barrier
+            | Stmt::Mma { .. }
+            | Stmt::WarpMma { .. }
+            | Stmt::CopyAsync { .. }
+            | Stmt::AsyncWait
+            | Stmt::WarpReduce { .. } => false,
         })
     }
     walk(k, v, extent, body, &private)
@@ -286,16 +398,39 @@ fn elementwise(k: &mut Kernel, prefix: &[(Var, u64)], body: Vec<Stmt>, n: u64) -
     if let Some(stmts) = vectorised(k, prefix, &body, n) {
         return stmts;
     }
-    let threads = if prefix.is_empty() { 1 } else { ELEMENTWISE_THREADS.min(n.div_ceil(32) * 32) };
+    let threads = if prefix.is_empty() {
+        1
+    } else {
+        ELEMENTWISE_THREADS.min(n.div_ceil(32) * 32)
+    };
     let grid = n.div_ceil(threads).max(1);
-    let (b, t) = (k.var(format!("gb{}", k.vars.len())), k.var(format!("gt{}", k.vars.len())));
-    let g = Expr::add(Expr::mul(Expr::var(b), Expr::int(threads as i64)), Expr::var(t));
+    let (b, t) = (
+        k.var(format!("gb{}", k.vars.len())),
+        k.var(format!("gt{}", k.vars.len())),
+    );
+    let g = Expr::add(
+        Expr::mul(Expr::var(b), Expr::int(threads as i64)),
+        Expr::var(t),
+    );
     let mut inner = subst_all(&body, &delinear(prefix, &g));
     if grid * threads != n {
-        inner = vec![Stmt::If { cond: lt(g, n), then: inner }];
+        inner = vec![Stmt::If {
+            cond: lt(g, n),
+            then: inner,
+        }];
     }
-    k.schedule.push(mlopt_kir::ScheduleStep::GpuElementwise { n, grid, threads, vector: None });
-    vec![Stmt::for_(b, grid, LoopKind::GpuBlock(0), vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), inner)])]
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuElementwise {
+        n,
+        grid,
+        threads,
+        vector: None,
+    });
+    vec![Stmt::for_(
+        b,
+        grid,
+        LoopKind::GpuBlock(0),
+        vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), inner)],
+    )]
 }
 
 /// `w` elements per thread: the innermost collapsed loop `x` becomes `xv * w + l`, with `l` a `vector<w>`
@@ -308,7 +443,11 @@ fn elementwise(k: &mut Kernel, prefix: &[(Var, u64)], body: Vec<Stmt>, n: u64) -
 fn vectorised(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], n: u64) -> Option<Vec<Stmt>> {
     let &(x, extent) = prefix.last()?;
     let uses = buffer_uses(body);
-    let widest = uses.keys().filter(|b| k.buffer(**b).space == Space::Global).map(|b| k.buffer(*b).elem.size()).max()?;
+    let widest = uses
+        .keys()
+        .filter(|b| k.buffer(**b).space == Space::Global)
+        .map(|b| k.buffer(*b).elem.size())
+        .max()?;
     let w = (16 / widest).min(8);
     if w < 2 || extent % w != 0 {
         return None;
@@ -328,14 +467,38 @@ fn vectorised(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt], n: u64) -> O
     let m = n / w;
     let threads = ELEMENTWISE_THREADS.min(m.div_ceil(32) * 32);
     let grid = m.div_ceil(threads).max(1);
-    let (b, t) = (k.var(format!("gb{}", k.vars.len())), k.var(format!("gt{}", k.vars.len())));
-    let g = Expr::add(Expr::mul(Expr::var(b), Expr::int(threads as i64)), Expr::var(t));
-    let mut body = vec![Stmt::for_(l, w, LoopKind::Vector(w as u32), subst_all(&inner, &delinear(&outer, &g)))];
+    let (b, t) = (
+        k.var(format!("gb{}", k.vars.len())),
+        k.var(format!("gt{}", k.vars.len())),
+    );
+    let g = Expr::add(
+        Expr::mul(Expr::var(b), Expr::int(threads as i64)),
+        Expr::var(t),
+    );
+    let mut body = vec![Stmt::for_(
+        l,
+        w,
+        LoopKind::Vector(w as u32),
+        subst_all(&inner, &delinear(&outer, &g)),
+    )];
     if grid * threads != m {
-        body = vec![Stmt::If { cond: lt(g, m), then: body }];
+        body = vec![Stmt::If {
+            cond: lt(g, m),
+            then: body,
+        }];
     }
-    k.schedule.push(mlopt_kir::ScheduleStep::GpuElementwise { n, grid, threads, vector: Some(w as u32) });
-    Some(vec![Stmt::for_(b, grid, LoopKind::GpuBlock(0), vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), body)])])
+    k.schedule.push(mlopt_kir::ScheduleStep::GpuElementwise {
+        n,
+        grid,
+        threads,
+        vector: Some(w as u32),
+    });
+    Some(vec![Stmt::for_(
+        b,
+        grid,
+        LoopKind::GpuBlock(0),
+        vec![Stmt::for_(t, threads, LoopKind::GpuThread(0), body)],
+    )])
 }
 
 /// `e` with `x` replaced by `hi + l`, where `hi` is a non-negative multiple of `w` and `0 <= l < w`. A
@@ -350,8 +513,17 @@ fn split_lanes(e: &Expr, x: Var, hi: &Expr, l: Var, w: i64) -> Expr {
             let (a, b) = (r(a), r(b));
             if let Expr::Int(d) = b {
                 let m = a.subst(l, &Expr::int(0));
-                if d > 0 && d % w == 0 && coefficient(&a, l) == Some(1) && multiple_of(&m, w) && non_negative(&m) {
-                    return if *op == BinOp::Div { Expr::div(m, Expr::int(d)) } else { Expr::add(Expr::rem(m, Expr::int(d)), Expr::var(l)) };
+                if d > 0
+                    && d % w == 0
+                    && coefficient(&a, l) == Some(1)
+                    && multiple_of(&m, w)
+                    && non_negative(&m)
+                {
+                    return if *op == BinOp::Div {
+                        Expr::div(m, Expr::int(d))
+                    } else {
+                        Expr::add(Expr::rem(m, Expr::int(d)), Expr::var(l))
+                    };
                 }
             }
             rebuild_bin(*op, a, b)
@@ -370,9 +542,17 @@ fn split_lanes(e: &Expr, x: Var, hi: &Expr, l: Var, w: i64) -> Expr {
 /// multiple of `w`.
 fn lanes_fit(k: &Kernel, body: &[Stmt], l: Var, w: i64) -> bool {
     body.iter().all(|s| match s {
-        Stmt::For { kind: LoopKind::Serial | LoopKind::Unrolled, body, .. } => lanes_fit(k, body, l, w),
+        Stmt::For {
+            kind: LoopKind::Serial | LoopKind::Unrolled,
+            body,
+            ..
+        } => lanes_fit(k, body, l, w),
         Stmt::If { cond, then } => {
-            !cond.uses(l) && mlopt_kir::analysis::expr_loads(cond).keys().all(|b| k.buffer(*b).space == Space::Global) && lanes_fit(k, then, l, w)
+            !cond.uses(l)
+                && mlopt_kir::analysis::expr_loads(cond)
+                    .keys()
+                    .all(|b| k.buffer(*b).space == Space::Global)
+                && lanes_fit(k, then, l, w)
         }
         Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Global => {
             let flat = flat_index(k, *buf, index);
@@ -389,16 +569,31 @@ enum RowStep {
     Scalar(Stmt),
     /// Loops (outermost first) folding one accumulator element: the update statement, the accumulator,
     /// how partials combine, and the combine's identity.
-    Fold { loops: Vec<(Var, u64)>, update: Stmt, acc: (BufId, Vec<Expr>), combine: BinOp, identity: Expr },
+    Fold {
+        loops: Vec<(Var, u64)>,
+        update: Stmt,
+        acc: (BufId, Vec<Expr>),
+        combine: BinOp,
+        identity: Expr,
+    },
     /// Loops (outermost first) whose every iteration writes its own elements: shared among the threads.
-    Map { loops: Vec<(Var, u64)>, body: Vec<Stmt> },
+    Map {
+        loops: Vec<(Var, u64)>,
+        body: Vec<Stmt>,
+    },
 }
 
 /// Perfectly nested serial loops at the head of `s`: (var, extent) outermost first, and the body.
 fn nest(s: &Stmt) -> (Vec<(Var, u64)>, Vec<Stmt>) {
     let mut loops = Vec::new();
     let mut cur = vec![s.clone()];
-    while let [Stmt::For { var, extent, kind: LoopKind::Serial, body }] = cur.as_slice() {
+    while let [Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    }] = cur.as_slice()
+    {
         loops.push((*var, *extent));
         let b = body.clone();
         cur = b;
@@ -409,7 +604,9 @@ fn nest(s: &Stmt) -> (Vec<(Var, u64)>, Vec<Stmt>) {
 /// The reduction an update statement performs on its accumulator: `acc = op(acc, f)`, `op(f, acc)` or
 /// `fma(a, b, acc)`, with `f` not reading the accumulator.
 fn fold_of(k: &Kernel, s: &Stmt) -> Option<((BufId, Vec<Expr>), BinOp, Expr)> {
-    let Stmt::Store { buf, index, value } = s else { return None };
+    let Stmt::Store { buf, index, value } = s else {
+        return None;
+    };
     if k.buffer(*buf).space != Space::Local || index.iter().any(|e| !matches!(e, Expr::Int(_))) {
         return None;
     }
@@ -418,8 +615,16 @@ fn fold_of(k: &Kernel, s: &Stmt) -> Option<((BufId, Vec<Expr>), BinOp, Expr)> {
     let t = k.buffer(*buf).elem;
     let (op, rest) = match value {
         Expr::Fma(a, b, c) if **c == me => (BinOp::Add, vec![&**a, &**b]),
-        Expr::Binary(op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min | BinOp::And | BinOp::Or), a, b) if **a == me => (*op, vec![&**b]),
-        Expr::Binary(op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min | BinOp::And | BinOp::Or), a, b) if **b == me => (*op, vec![&**a]),
+        Expr::Binary(
+            op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min | BinOp::And | BinOp::Or),
+            a,
+            b,
+        ) if **a == me => (*op, vec![&**b]),
+        Expr::Binary(
+            op @ (BinOp::Add | BinOp::Mul | BinOp::Max | BinOp::Min | BinOp::And | BinOp::Or),
+            a,
+            b,
+        ) if **b == me => (*op, vec![&**a]),
         _ => return None,
     };
     if rest.into_iter().any(reads_acc) {
@@ -445,25 +650,43 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
     let mut steps = Vec::new();
     for s in body {
         match s {
-            Stmt::Store { buf, index, .. } if k.buffer(*buf).space == Space::Local && index.iter().all(|e| matches!(e, Expr::Int(_))) => {
+            Stmt::Store { buf, index, .. }
+                if k.buffer(*buf).space == Space::Local
+                    && index.iter().all(|e| matches!(e, Expr::Int(_))) =>
+            {
                 steps.push(RowStep::Scalar(s.clone()))
             }
             // The row's result (a reduction's `out[row] = acc`): the row's loops are all that are bound
             // here, so one thread stores it.
-            Stmt::Store { buf, .. } if k.buffer(*buf).space == Space::Global => steps.push(RowStep::Scalar(s.clone())),
+            Stmt::Store { buf, .. } if k.buffer(*buf).space == Space::Global => {
+                steps.push(RowStep::Scalar(s.clone()))
+            }
             Stmt::For { .. } => {
                 let (loops, inner) = nest(s);
                 if let [update] = inner.as_slice() {
                     if let Some((acc, combine, identity)) = fold_of(k, update) {
-                        steps.push(RowStep::Fold { loops, update: update.clone(), acc, combine, identity });
+                        steps.push(RowStep::Fold {
+                            loops,
+                            update: update.clone(),
+                            acc,
+                            combine,
+                            identity,
+                        });
                         continue;
                     }
                 }
                 // A map: every store outside the iteration's own locals moves with each of the loops.
                 let private = private_in(k, &inner, uses);
-                let moving: Vec<Var> = loops.iter().filter(|(_, e)| *e > 1).map(|(v, _)| *v).collect();
+                let moving: Vec<Var> = loops
+                    .iter()
+                    .filter(|(_, e)| *e > 1)
+                    .map(|(v, _)| *v)
+                    .collect();
                 let ok = all_stores(&inner, &mut |b, ix| {
-                    private.contains(&b) || moving.iter().all(|v| coefficient(&flat_index(k, b, ix), *v).is_some_and(|c| c != 0))
+                    private.contains(&b)
+                        || moving
+                            .iter()
+                            .all(|v| coefficient(&flat_index(k, b, ix), *v).is_some_and(|c| c != 0))
                 });
                 if !ok {
                     return None;
@@ -473,7 +696,10 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
             _ => return None,
         }
     }
-    steps.iter().any(|s| matches!(s, RowStep::Fold { .. })).then_some(steps)
+    steps
+        .iter()
+        .any(|s| matches!(s, RowStep::Fold { .. }))
+        .then_some(steps)
 }
 
 /// Whether `ok(buffer, index)` holds for every store in `body` (false if it holds a barrier or an mma).
@@ -481,7 +707,12 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
     body.iter().all(|s| match s {
         Stmt::Store { buf, index, .. } => ok(*buf, index),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => all_stores(body, ok),
-        Stmt::Barrier | Stmt::Mma { .. } | Stmt::WarpMma { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait | Stmt::WarpReduce { .. } => false,
+        Stmt::Barrier
+        | Stmt::Mma { .. }
+        | Stmt::WarpMma { .. }
+        | Stmt::CopyAsync { .. }
+        | Stmt::AsyncWait
+        | Stmt::WarpReduce { .. } => false,
     })
 }
 
@@ -491,10 +722,16 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
 fn strided(k: &mut Kernel, t: Var, threads: u64, loops: &[(Var, u64)], body: &[Stmt]) -> Stmt {
     let n: u64 = loops.iter().map(|(_, e)| *e).product();
     let rr = k.var(format!("rr{}", k.vars.len()));
-    let idx = Expr::add(Expr::mul(Expr::var(rr), Expr::int(threads as i64)), Expr::var(t));
+    let idx = Expr::add(
+        Expr::mul(Expr::var(rr), Expr::int(threads as i64)),
+        Expr::var(t),
+    );
     let mut inner = subst_all(body, &delinear(loops, &idx));
     if !n.is_multiple_of(threads) {
-        inner = vec![Stmt::If { cond: lt(idx, n), then: inner }];
+        inner = vec![Stmt::If {
+            cond: lt(idx, n),
+            then: inner,
+        }];
     }
     Stmt::for_(rr, n.div_ceil(threads), LoopKind::Serial, inner)
 }
@@ -503,11 +740,15 @@ fn strided(k: &mut Kernel, t: Var, threads: u64, loops: &[(Var, u64)], body: &[S
 /// shared out.
 fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<Option<Vec<Stmt>>> {
     let uses = buffer_uses(body);
-    let Some(steps) = row_steps(k, body, &uses) else { return Ok(None) };
+    let Some(steps) = row_steps(k, body, &uses) else {
+        return Ok(None);
+    };
     let longest = steps
         .iter()
         .map(|st| match st {
-            RowStep::Fold { loops, .. } | RowStep::Map { loops, .. } => loops.iter().map(|(_, e)| *e).product::<u64>(),
+            RowStep::Fold { loops, .. } | RowStep::Map { loops, .. } => {
+                loops.iter().map(|(_, e)| *e).product::<u64>()
+            }
             RowStep::Scalar(_) => 1,
         })
         .max()
@@ -515,12 +756,16 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
     if longest < 32 {
         return Ok(None);
     }
-    let threads = longest.next_power_of_two().clamp(32, ROW_THREADS.min(GpuSchedule::MAX_THREADS));
+    let threads = longest
+        .next_power_of_two()
+        .clamp(32, ROW_THREADS.min(GpuSchedule::MAX_THREADS));
     // Row buffers and scalars: locals touched by more than one step live in shared memory.
     let mut shared: HashSet<BufId> = HashSet::new();
     for st in &steps {
         let here = match st {
-            RowStep::Scalar(x) | RowStep::Fold { update: x, .. } => buffer_uses(std::slice::from_ref(x)),
+            RowStep::Scalar(x) | RowStep::Fold { update: x, .. } => {
+                buffer_uses(std::slice::from_ref(x))
+            }
             RowStep::Map { body, .. } => buffer_uses(body),
         };
         for (b, n) in here {
@@ -538,8 +783,15 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
             _ => {}
         }
     }
-    let folds = steps.iter().filter(|s| matches!(s, RowStep::Fold { .. })).count() as u64;
-    let bytes: u64 = shared.iter().map(|b| k.buffer(*b).numel() * k.buffer(*b).elem.size()).sum::<u64>() + folds * threads * 8;
+    let folds = steps
+        .iter()
+        .filter(|s| matches!(s, RowStep::Fold { .. }))
+        .count() as u64;
+    let bytes: u64 = shared
+        .iter()
+        .map(|b| k.buffer(*b).numel() * k.buffer(*b).elem.size())
+        .sum::<u64>()
+        + folds * threads * 8;
     if bytes > GpuSchedule::SHARED_BYTES {
         return Ok(None);
     }
@@ -555,7 +807,10 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
         let body = f(k, t);
         Stmt::for_(t, threads, LoopKind::GpuThread(0), body)
     };
-    let first = |t: Var, s: Vec<Stmt>| Stmt::If { cond: Expr::bin(BinOp::Eq, Expr::var(t), Expr::int(0)), then: s };
+    let first = |t: Var, s: Vec<Stmt>| Stmt::If {
+        cond: Expr::bin(BinOp::Eq, Expr::var(t), Expr::int(0)),
+        then: s,
+    };
     for (i, st) in steps.iter().enumerate() {
         match st {
             RowStep::Scalar(x) => {
@@ -564,61 +819,134 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
             }
             RowStep::Map { loops, body } => {
                 let body = subst_all(body, &at_row);
-                out.push(thread_loop(k, &mut |k, t| vec![strided(k, t, threads, loops, &body)]));
+                out.push(thread_loop(k, &mut |k, t| {
+                    vec![strided(k, t, threads, loops, &body)]
+                }));
             }
-            RowStep::Fold { loops, update, acc, combine, identity } => {
+            RowStep::Fold {
+                loops,
+                update,
+                acc,
+                combine,
+                identity,
+            } => {
                 let elem = k.buffer(acc.0).elem;
                 let part = k.buf(format!("part{i}"), elem, vec![], Space::Local);
                 let mine = Expr::load(part, vec![]);
-                let Stmt::Store { value, .. } = update else { continue };
-                let value = value.map_loads(&|b, ix| if b == acc.0 && ix == acc.1 { mine.clone() } else { Expr::Load(b, ix) });
-                let step = Stmt::Store { buf: part, index: vec![], value };
+                let Stmt::Store { value, .. } = update else {
+                    continue;
+                };
+                let value = value.map_loads(&|b, ix| {
+                    if b == acc.0 && ix == acc.1 {
+                        mine.clone()
+                    } else {
+                        Expr::Load(b, ix)
+                    }
+                });
+                let step = Stmt::Store {
+                    buf: part,
+                    index: vec![],
+                    value,
+                };
                 let step = subst_all(std::slice::from_ref(&step), &at_row);
                 let partials = |k: &mut Kernel, t: Var, then: Vec<Stmt>| {
-                    let mut body = vec![Stmt::Store { buf: part, index: vec![], value: identity.clone() }, strided(k, t, threads, loops, &step)];
+                    let mut body = vec![
+                        Stmt::Store {
+                            buf: part,
+                            index: vec![],
+                            value: identity.clone(),
+                        },
+                        strided(k, t, threads, loops, &step),
+                    ];
                     body.extend(then);
                     body
                 };
                 // Warp shuffles where they apply (whole warps, a 32-bit type, an associative combine):
                 // each warp reduces its partials, the warps' sums meet in shared memory, and the first
                 // warp reduces those. Otherwise a tree in shared memory, one barrier a level.
-                let shuffles =
-                    threads.is_multiple_of(32) && matches!(elem, Elem::F32 | Elem::I32) && matches!(combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
+                let shuffles = threads.is_multiple_of(32)
+                    && matches!(elem, Elem::F32 | Elem::I32)
+                    && matches!(combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
                 let total = if shuffles {
                     let warps = threads / 32;
                     out.push(thread_loop(k, &mut |k, t| partials(k, t, vec![])));
-                    out.push(Stmt::WarpReduce { buf: part, op: *combine });
+                    out.push(Stmt::WarpReduce {
+                        buf: part,
+                        op: *combine,
+                    });
                     if warps > 1 {
                         let sums = k.buf(format!("warps{i}"), elem, vec![warps], Space::Shared);
                         out.push(thread_loop(k, &mut |_, t| {
-                            let lane0 = Expr::bin(BinOp::Eq, Expr::rem(Expr::var(t), Expr::int(32)), Expr::int(0));
+                            let lane0 = Expr::bin(
+                                BinOp::Eq,
+                                Expr::rem(Expr::var(t), Expr::int(32)),
+                                Expr::int(0),
+                            );
                             vec![Stmt::If {
                                 cond: lane0,
-                                then: vec![Stmt::Store { buf: sums, index: vec![Expr::div(Expr::var(t), Expr::int(32))], value: mine.clone() }],
+                                then: vec![Stmt::Store {
+                                    buf: sums,
+                                    index: vec![Expr::div(Expr::var(t), Expr::int(32))],
+                                    value: mine.clone(),
+                                }],
                             }]
                         }));
                         out.push(Stmt::Barrier);
                         out.push(thread_loop(k, &mut |_, t| {
-                            let theirs = Stmt::Store { buf: part, index: vec![], value: Expr::load(sums, vec![Expr::var(t)]) };
+                            let theirs = Stmt::Store {
+                                buf: part,
+                                index: vec![],
+                                value: Expr::load(sums, vec![Expr::var(t)]),
+                            };
                             vec![
-                                Stmt::Store { buf: part, index: vec![], value: identity.clone() },
-                                Stmt::If { cond: lt(Expr::var(t), warps), then: vec![theirs] },
+                                Stmt::Store {
+                                    buf: part,
+                                    index: vec![],
+                                    value: identity.clone(),
+                                },
+                                Stmt::If {
+                                    cond: lt(Expr::var(t), warps),
+                                    then: vec![theirs],
+                                },
                             ]
                         }));
-                        out.push(Stmt::WarpReduce { buf: part, op: *combine });
+                        out.push(Stmt::WarpReduce {
+                            buf: part,
+                            op: *combine,
+                        });
                     }
                     mine.clone()
                 } else {
                     let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
-                    out.push(thread_loop(k, &mut |k, t| partials(k, t, vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: mine.clone() }])));
+                    out.push(thread_loop(k, &mut |k, t| {
+                        partials(
+                            k,
+                            t,
+                            vec![Stmt::Store {
+                                buf: tree,
+                                index: vec![Expr::var(t)],
+                                value: mine.clone(),
+                            }],
+                        )
+                    }));
                     let mut half = threads / 2;
                     while half >= 1 {
                         out.push(Stmt::Barrier);
                         out.push(thread_loop(k, &mut |_, t| {
-                            let (a, b) = (Expr::load(tree, vec![Expr::var(t)]), Expr::load(tree, vec![Expr::add(Expr::var(t), Expr::int(half as i64))]));
+                            let (a, b) = (
+                                Expr::load(tree, vec![Expr::var(t)]),
+                                Expr::load(
+                                    tree,
+                                    vec![Expr::add(Expr::var(t), Expr::int(half as i64))],
+                                ),
+                            );
                             vec![Stmt::If {
                                 cond: lt(Expr::var(t), half),
-                                then: vec![Stmt::Store { buf: tree, index: vec![Expr::var(t)], value: Expr::bin(*combine, a, b) }],
+                                then: vec![Stmt::Store {
+                                    buf: tree,
+                                    index: vec![Expr::var(t)],
+                                    value: Expr::bin(*combine, a, b),
+                                }],
                             }]
                         }));
                         half /= 2;
@@ -627,21 +955,36 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
                     Expr::load(tree, vec![Expr::int(0)])
                 };
                 let total = Expr::bin(*combine, Expr::Load(acc.0, acc.1.clone()), total);
-                let fin = Stmt::Store { buf: acc.0, index: acc.1.clone(), value: total };
-                out.push(thread_loop(k, &mut |_, t| vec![first(t, vec![fin.clone()])]));
+                let fin = Stmt::Store {
+                    buf: acc.0,
+                    index: acc.1.clone(),
+                    value: total,
+                };
+                out.push(thread_loop(k, &mut |_, t| {
+                    vec![first(t, vec![fin.clone()])]
+                }));
             }
         }
         out.push(Stmt::Barrier);
     }
     out.pop();
-    k.schedule.push(mlopt_kir::ScheduleStep::GpuRows { rows, threads });
-    Ok(Some(vec![Stmt::for_(gb, rows.max(1), LoopKind::GpuBlock(0), out)]))
+    k.schedule
+        .push(mlopt_kir::ScheduleStep::GpuRows { rows, threads });
+    Ok(Some(vec![Stmt::for_(
+        gb,
+        rows.max(1),
+        LoopKind::GpuBlock(0),
+        out,
+    )]))
 }
 
 /// The A100 (sm_80) in fp32, for tests.
 #[cfg(test)]
 pub(crate) fn sm80() -> GpuSchedule {
-    GpuSchedule::new(mlopt_cost::Target::named("sm_80", 1).expect("sm_80 is in the table"), false)
+    GpuSchedule::new(
+        mlopt_cost::Target::named("sm_80", 1).expect("sm_80 is in the table"),
+        false,
+    )
 }
 
 #[cfg(test)]
@@ -674,27 +1017,54 @@ mod tests {
             ("offset store", "%out: f32[4,9], %x: f32[4,8]", "serial %i in 0..4 { serial %j in 0..8 { %out[%i, (%j + 1)] = %x[%i, %j] } }"),
             ("lane guard", "%out: f32[4,8], %x: f32[4,8]", "serial %i in 0..4 { serial %j in 0..8 { if lt(%j, 3) { %out[%i, %j] = %x[%i, %j] } } }"),
         ];
-        let want: &[(&str, Option<u32>)] =
-            &[("merge heads", Some(4)), ("bf16 add", Some(8)), ("transpose", Some(4)), ("odd extent", None), ("offset store", None), ("lane guard", None)];
+        let want: &[(&str, Option<u32>)] = &[
+            ("merge heads", Some(4)),
+            ("bf16 add", Some(8)),
+            ("transpose", Some(4)),
+            ("odd extent", None),
+            ("offset store", None),
+            ("lane guard", None),
+        ];
         for ((name, params, body), (_, vector)) in cases.iter().zip(want) {
-            let plain = parse_kernel(&format!("kernel @k({params}) {{\n{body}\n}}\n")).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            let plain = parse_kernel(&format!("kernel @k({params}) {{\n{body}\n}}\n"))
+                .unwrap_or_else(|e| panic!("{name}: {e:?}"));
             let mut gpu = plain.clone();
             schedule_kernel(&mut gpu, &sm80()).unwrap();
-            mlopt_kir::verify(&gpu).unwrap_or_else(|e| panic!("{name}: {e:?}\n{}", mlopt_kir::print::kernel(&gpu)));
+            mlopt_kir::verify(&gpu)
+                .unwrap_or_else(|e| panic!("{name}: {e:?}\n{}", mlopt_kir::print::kernel(&gpu)));
             let what = mlopt_kir::step::schedule_text(&gpu.schedule);
             let got = gpu.schedule.iter().find_map(|s| match s {
                 ScheduleStep::GpuElementwise { vector, .. } => Some(*vector),
                 _ => None,
             });
             assert_eq!(got, Some(*vector), "{name}: {what}");
-            let sizes: Vec<usize> = plain.params().iter().map(|b| (plain.buffer(*b).numel() * plain.buffer(*b).elem.size()) as usize).collect();
-            let regions: Vec<Vec<u8>> =
-                sizes.iter().enumerate().map(|(i, n)| if i == 0 { vec![0u8; *n] } else { (0..*n).map(|j| (j * 7 % 61) as u8 + 60).collect() }).collect();
+            let sizes: Vec<usize> = plain
+                .params()
+                .iter()
+                .map(|b| (plain.buffer(*b).numel() * plain.buffer(*b).elem.size()) as usize)
+                .collect();
+            let regions: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    if i == 0 {
+                        vec![0u8; *n]
+                    } else {
+                        (0..*n).map(|j| (j * 7 % 61) as u8 + 60).collect()
+                    }
+                })
+                .collect();
             let args: Vec<(usize, usize)> = (0..sizes.len()).map(|i| (i, 0)).collect();
             let (mut a, mut b) = (regions.clone(), regions);
             run_kernel(&plain, &mut a, &args).unwrap();
-            run_kernel(&gpu, &mut b, &args).unwrap_or_else(|e| panic!("{name}: {e}\n{}", mlopt_kir::print::kernel(&gpu)));
-            assert_eq!(a[0], b[0], "{name}: the GPU schedule writes other values\n{}", mlopt_kir::print::kernel(&gpu));
+            run_kernel(&gpu, &mut b, &args)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{}", mlopt_kir::print::kernel(&gpu)));
+            assert_eq!(
+                a[0],
+                b[0],
+                "{name}: the GPU schedule writes other values\n{}",
+                mlopt_kir::print::kernel(&gpu)
+            );
         }
     }
 }

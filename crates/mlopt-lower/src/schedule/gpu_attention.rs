@@ -44,19 +44,39 @@ fn pad(t: Elem) -> u64 {
 fn shared_bytes(t: Elem, bm: u64, bn: u64, d: u64, dv: u64) -> u64 {
     let p = pad(t);
     let tiles = (bm * (d + p) + d * (bn + p) + bn * (dv + p)) * t.size();
-    let probs = if t == Elem::F32 { 0 } else { bm * (bn + p) * t.size() };
+    let probs = if t == Elem::F32 {
+        0
+    } else {
+        bm * (bn + p) * t.size()
+    };
     tiles + bm * (bn + 4) * 4 + probs + 3 * bm * 4
 }
 
 /// Schedules the launch as tensor-core attention when `inner` is lowering's attention nest and the
 /// operands allow it; None leaves it to the other schedules.
-pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
-    let Some(a) = recognise(k, prefix, inner) else { return Ok(None) };
+pub(crate) fn attention(
+    k: &mut Kernel,
+    prefix: &[(Var, u64)],
+    inner: &[Stmt],
+    s: &GpuSchedule,
+) -> Result<Option<Vec<Stmt>>> {
+    let Some(a) = recognise(k, prefix, inner) else {
+        return Ok(None);
+    };
     // bf16/f16 operands as they are, or f32 read as tf32 where the precision allows.
-    let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| Some((t, narrow(k, &a.q, t)?, narrow(k, &a.kt, t)?, narrow(k, &a.v, t)?)));
+    let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| {
+        Some((
+            t,
+            narrow(k, &a.q, t)?,
+            narrow(k, &a.kt, t)?,
+            narrow(k, &a.v, t)?,
+        ))
+    });
     let (t, q, kt, v) = match sixteen {
         Some(x) => x,
-        None if s.matrix(Elem::F32).is_some() => (Elem::F32, a.q.clone(), a.kt.clone(), a.v.clone()),
+        None if s.matrix(Elem::F32).is_some() => {
+            (Elem::F32, a.q.clone(), a.kt.clone(), a.v.clone())
+        }
         None => return Ok(None),
     };
     let ks = mlopt_kir::warp_mma_k(t);
@@ -67,7 +87,10 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // Up to four warps of 16 query rows; the widest key block that fits in shared memory.
     let warps = rows.div_ceil(16).min(4);
     let (bm, threads) = (16 * warps, 32 * warps);
-    let Some(bn) = [64, 32, 16].into_iter().find(|bn| *bn <= keys.next_multiple_of(16) && shared_bytes(t, bm, *bn, d, dv) <= GpuSchedule::SHARED_BYTES) else {
+    let Some(bn) = [64, 32, 16].into_iter().find(|bn| {
+        *bn <= keys.next_multiple_of(16)
+            && shared_bytes(t, bm, *bn, d, dv) <= GpuSchedule::SHARED_BYTES
+    }) else {
         return Ok(None);
     };
     let batch: u64 = a.batch.iter().map(|(_, n)| n).product();
@@ -77,11 +100,31 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     let sq = k.buf(format!("sq{id}"), t, vec![bm, d + p], Space::Shared);
     let sk = k.buf(format!("sk{id}"), t, vec![d, bn + p], Space::Shared);
     let sv = k.buf(format!("sv{id}"), t, vec![bn, dv + p], Space::Shared);
-    let ss = k.buf(format!("ss{id}"), Elem::F32, vec![bm, bn + 4], Space::Shared);
-    let sp = if t == Elem::F32 { ss } else { k.buf(format!("sp{id}"), t, vec![bm, bn + p], Space::Shared) };
-    let [sm, sl, sa] = ["sm", "sl", "sa"].map(|n| k.buf(format!("{n}{id}"), Elem::F32, vec![bm], Space::Shared));
-    let cs = k.buf(format!("cs{id}"), Elem::F32, vec![1, bn / 8, 4], Space::Local);
-    let co = k.buf(format!("co{id}"), Elem::F32, vec![1, dv / 8, 4], Space::Local);
+    let ss = k.buf(
+        format!("ss{id}"),
+        Elem::F32,
+        vec![bm, bn + 4],
+        Space::Shared,
+    );
+    let sp = if t == Elem::F32 {
+        ss
+    } else {
+        k.buf(format!("sp{id}"), t, vec![bm, bn + p], Space::Shared)
+    };
+    let [sm, sl, sa] =
+        ["sm", "sl", "sa"].map(|n| k.buf(format!("{n}{id}"), Elem::F32, vec![bm], Space::Shared));
+    let cs = k.buf(
+        format!("cs{id}"),
+        Elem::F32,
+        vec![1, bn / 8, 4],
+        Space::Local,
+    );
+    let co = k.buf(
+        format!("co{id}"),
+        Elem::F32,
+        vec![1, dv / 8, 4],
+        Space::Local,
+    );
     let run = k.buf(format!("run{id}"), Elem::F32, vec![], Space::Local);
     let (gb, kv) = (k.var(format!("gb{id}")), k.var(format!("kv{id}")));
     let at_batch = delinear(&a.batch, &Expr::div(Expr::var(gb), int(tiles)));
@@ -95,7 +138,10 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         let body = f(k, Expr::var(tv));
         Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
     };
-    let loop_ = |k: &mut Kernel, n: u64, kind: LoopKind, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| {
+    let loop_ = |k: &mut Kernel,
+                 n: u64,
+                 kind: LoopKind,
+                 f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| {
         let v = k.var(format!("u{}", k.vars.len()));
         let body = f(k, Expr::var(v));
         Stmt::for_(v, n, kind, body)
@@ -103,49 +149,97 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // The tile of `operand` over its loops `rows` x `cols` filled by the block, neighbouring threads on
     // neighbouring global elements: `at(r, c)` gives the loops' values at tile element (r, c) and where
     // it is valid; zero elsewhere.
-    let tile = |k: &mut Kernel, tv: &Expr, buf: BufId, operand: &Expr, rows: (Var, u64), cols: (Var, u64), at: &Element| -> Stmt {
+    let tile = |k: &mut Kernel,
+                tv: &Expr,
+                buf: BufId,
+                operand: &Expr,
+                rows: (Var, u64),
+                cols: (Var, u64),
+                at: &Element|
+     -> Stmt {
         let (tv, along_cols) = (tv.clone(), walk_first(k, operand, Some(&cols), Some(&rows)));
-        loop_(k, rows.1 * cols.1 / threads, LoopKind::Serial, &mut |_, slot| {
-            let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
-            let (r, c) = tile_position(el, (rows.1, cols.1), 1, along_cols);
-            let (by, valid) = at(&r, &c);
-            let mut out = vec![Stmt::Store { buf, index: vec![r.clone(), c.clone()], value: Expr::Float(0.0, t) }];
-            out.extend(guarded(vec![valid], vec![Stmt::Store { buf, index: vec![r, c], value: operand.subst_all(&by) }]));
-            out
-        })
+        loop_(
+            k,
+            rows.1 * cols.1 / threads,
+            LoopKind::Serial,
+            &mut |_, slot| {
+                let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
+                let (r, c) = tile_position(el, (rows.1, cols.1), 1, along_cols);
+                let (by, valid) = at(&r, &c);
+                let mut out = vec![Stmt::Store {
+                    buf,
+                    index: vec![r.clone(), c.clone()],
+                    value: Expr::Float(0.0, t),
+                }];
+                out.extend(guarded(
+                    vec![valid],
+                    vec![Stmt::Store {
+                        buf,
+                        index: vec![r, c],
+                        value: operand.subst_all(&by),
+                    }],
+                ));
+                out
+            },
+        )
     };
     // The element of a 16 x 8 mma result that lane `tv % 32` holds as its `q`-th: (row, column).
     let frag = |tv: &Expr, q: &Expr| {
         let lane = Expr::rem(tv.clone(), int(32));
         let r = Expr::add(
             Expr::mul(Expr::div(tv.clone(), int(32)), int(16)),
-            Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))),
+            Expr::add(
+                Expr::div(lane.clone(), int(4)),
+                Expr::mul(Expr::div(q.clone(), int(2)), int(8)),
+            ),
         );
-        (r, Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))))
+        (
+            r,
+            Expr::add(
+                Expr::mul(Expr::rem(lane, int(4)), int(2)),
+                Expr::rem(q.clone(), int(2)),
+            ),
+        )
     };
     let warp_row = |tv: &Expr| Expr::mul(Expr::div(tv.clone(), int(32)), int(16));
     // A warp's 16 rows of `acc` (`width` columns, as 16 x 8 fragments) set to `f(n, q)` for its q-th
     // element of fragment n.
     let fragments = |k: &mut Kernel, acc: BufId, width: u64, f: &dyn Fn(&Expr, &Expr) -> Expr| {
         loop_(k, width / 8, LoopKind::Unrolled, &mut |k, n| {
-            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| vec![Stmt::Store { buf: acc, index: vec![int(0), n.clone(), q.clone()], value: f(&n, &q) }])]
-        })
-    };
-    // acc += x y on the warp's 16 rows of x (shared, `depth` wide) by the `depth x width` y.
-    let products = |k: &mut Kernel, tv: &Expr, acc: BufId, (x, y): (BufId, BufId), depth: u64, width: u64| {
-        let wr = warp_row(tv);
-        loop_(k, depth / ks, LoopKind::Unrolled, &mut |k, kk| {
-            let wr = wr.clone();
-            vec![loop_(k, width / 8, LoopKind::Unrolled, &mut |_, n| {
-                let kp = Expr::mul(kk.clone(), int(ks));
-                vec![Stmt::WarpMma {
-                    c: Block { buf: acc, at: vec![int(0), n.clone(), int(0)] },
-                    a: Block { buf: x, at: vec![wr.clone(), kp.clone()] },
-                    b: Block { buf: y, at: vec![kp, Expr::mul(n, int(8))] },
+            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+                vec![Stmt::Store {
+                    buf: acc,
+                    index: vec![int(0), n.clone(), q.clone()],
+                    value: f(&n, &q),
                 }]
             })]
         })
     };
+    // acc += x y on the warp's 16 rows of x (shared, `depth` wide) by the `depth x width` y.
+    let products =
+        |k: &mut Kernel, tv: &Expr, acc: BufId, (x, y): (BufId, BufId), depth: u64, width: u64| {
+            let wr = warp_row(tv);
+            loop_(k, depth / ks, LoopKind::Unrolled, &mut |k, kk| {
+                let wr = wr.clone();
+                vec![loop_(k, width / 8, LoopKind::Unrolled, &mut |_, n| {
+                    let kp = Expr::mul(kk.clone(), int(ks));
+                    vec![Stmt::WarpMma {
+                        c: Block {
+                            buf: acc,
+                            at: vec![int(0), n.clone(), int(0)],
+                        },
+                        a: Block {
+                            buf: x,
+                            at: vec![wr.clone(), kp.clone()],
+                        },
+                        b: Block {
+                            buf: y,
+                            at: vec![kp, Expr::mul(n, int(8))],
+                        },
+                    }]
+                })]
+            })
+        };
     let row_ok = |r: &Expr| lt(Expr::add(row0.clone(), r.clone()), rows);
     let by_row = |r: &Expr| {
         let mut by = at_batch.clone();
@@ -159,10 +253,18 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         let mut out = vec![fragments(k, co, dv, &|_, _| Expr::f32(0.0))];
         out.push(Stmt::If {
             cond: lt(tv.clone(), bm),
-            then: [(sm, neg_inf.clone()), (sl, Expr::f32(0.0)), (sa, Expr::f32(1.0))]
-                .into_iter()
-                .map(|(b, x)| Stmt::Store { buf: b, index: vec![tv.clone()], value: x })
-                .collect(),
+            then: [
+                (sm, neg_inf.clone()),
+                (sl, Expr::f32(0.0)),
+                (sa, Expr::f32(1.0)),
+            ]
+            .into_iter()
+            .map(|(b, x)| Stmt::Store {
+                buf: b,
+                index: vec![tv.clone()],
+                value: x,
+            })
+            .collect(),
         });
         out.push(tile(k, &tv, sq, &q, (a.row.0, bm), (a.r, d), &|r, c| {
             let mut by = by_row(r);
@@ -182,8 +284,12 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
             by.extend([(j, gj.clone()), (other, y.clone())]);
             (by, lt(gj, keys))
         };
-        let kt_tile = tile(k, &tv, sk, &kt, (a.r, d), (a.j, bn), &|r, c| key(a.j, c, a.r, r));
-        let v_tile = tile(k, &tv, sv, &v, (a.jv, bn), (a.e, dv), &|r, c| key(a.jv, r, a.e, c));
+        let kt_tile = tile(k, &tv, sk, &kt, (a.r, d), (a.j, bn), &|r, c| {
+            key(a.j, c, a.r, r)
+        });
+        let v_tile = tile(k, &tv, sv, &v, (a.jv, bn), (a.e, dv), &|r, c| {
+            key(a.jv, r, a.e, c)
+        });
         vec![kt_tile, v_tile]
     }));
     step.push(Stmt::Barrier);
@@ -200,12 +306,27 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
                 let gj = Expr::add(key0.clone(), c.clone());
                 let mut by = by_row(&r);
                 by.push((a.j, gj.clone()));
-                let mut x = Expr::bin(BinOp::Mul, Expr::load(cs, vec![int(0), n.clone(), q]), a.scale.clone());
+                let mut x = Expr::bin(
+                    BinOp::Mul,
+                    Expr::load(cs, vec![int(0), n.clone(), q]),
+                    a.scale.clone(),
+                );
                 if let Some(m) = &a.mask {
                     x = Expr::bin(BinOp::Add, x, m.subst_all(&by));
                 }
-                let mut out = vec![Stmt::Store { buf: ss, index: vec![r.clone(), c.clone()], value: neg_inf.clone() }];
-                out.extend(guarded(vec![row_ok(&r), lt(gj, keys)], vec![Stmt::Store { buf: ss, index: vec![r, c], value: x }]));
+                let mut out = vec![Stmt::Store {
+                    buf: ss,
+                    index: vec![r.clone(), c.clone()],
+                    value: neg_inf.clone(),
+                }];
+                out.extend(guarded(
+                    vec![row_ok(&r), lt(gj, keys)],
+                    vec![Stmt::Store {
+                        buf: ss,
+                        index: vec![r, c],
+                        value: x,
+                    }],
+                ));
                 out
             })]
         });
@@ -215,52 +336,121 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
     // Per row: the new max and the factor that rescales what came before.
     let m_of = |r: &Expr| Expr::load(sm, vec![r.clone()]);
     // The max to subtract: 0 while it is -inf, so that e^(-inf - m) is 0, not NaN.
-    let safe = |m: Expr| Expr::select(Expr::bin(BinOp::Eq, m.clone(), Expr::f32(f64::NEG_INFINITY)), Expr::f32(0.0), m);
+    let safe = |m: Expr| {
+        Expr::select(
+            Expr::bin(BinOp::Eq, m.clone(), Expr::f32(f64::NEG_INFINITY)),
+            Expr::f32(0.0),
+            m,
+        )
+    };
     step.push(threads_loop(k, &mut |k, tv| {
         let me = Expr::load(run, vec![]);
         let scan = loop_(k, bn, LoopKind::Serial, &mut |_, c| {
-            vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Max, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]
+            vec![Stmt::Store {
+                buf: run,
+                index: vec![],
+                value: Expr::bin(BinOp::Max, me.clone(), Expr::load(ss, vec![tv.clone(), c])),
+            }]
         });
         let then = vec![
-            Stmt::Store { buf: run, index: vec![], value: m_of(&tv) },
+            Stmt::Store {
+                buf: run,
+                index: vec![],
+                value: m_of(&tv),
+            },
             scan,
-            Stmt::Store { buf: sa, index: vec![tv.clone()], value: Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, m_of(&tv), safe(me.clone()))) },
-            Stmt::Store { buf: sm, index: vec![tv.clone()], value: me.clone() },
+            Stmt::Store {
+                buf: sa,
+                index: vec![tv.clone()],
+                value: Expr::un(
+                    UnOp::Exp,
+                    Expr::bin(BinOp::Sub, m_of(&tv), safe(me.clone())),
+                ),
+            },
+            Stmt::Store {
+                buf: sm,
+                index: vec![tv.clone()],
+                value: me.clone(),
+            },
         ];
-        vec![Stmt::If { cond: Expr::bin(BinOp::And, lt(tv.clone(), bm), row_ok(&tv)), then }]
+        vec![Stmt::If {
+            cond: Expr::bin(BinOp::And, lt(tv.clone(), bm), row_ok(&tv)),
+            then,
+        }]
     }));
     step.push(Stmt::Barrier);
     // P = e^(S - m), 0 in rows past the queries.
     step.push(threads_loop(k, &mut |k, tv| {
-        vec![loop_(k, bm * bn / threads, LoopKind::Serial, &mut |_, slot| {
-            let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
-            let (r, c) = (Expr::div(el.clone(), int(bn)), Expr::rem(el, int(bn)));
-            let x = Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, Expr::load(ss, vec![r.clone(), c.clone()]), safe(m_of(&r))));
-            let x = Expr::select(row_ok(&r), x, Expr::f32(0.0));
-            // P in `t` first: the store to S replaces what both read.
-            let mut out = Vec::new();
-            if sp != ss {
-                out.push(Stmt::Store { buf: sp, index: vec![r.clone(), c.clone()], value: Expr::cast(t, x.clone()) });
-            }
-            out.push(Stmt::Store { buf: ss, index: vec![r, c], value: x });
-            out
-        })]
+        vec![loop_(
+            k,
+            bm * bn / threads,
+            LoopKind::Serial,
+            &mut |_, slot| {
+                let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
+                let (r, c) = (Expr::div(el.clone(), int(bn)), Expr::rem(el, int(bn)));
+                let x = Expr::un(
+                    UnOp::Exp,
+                    Expr::bin(
+                        BinOp::Sub,
+                        Expr::load(ss, vec![r.clone(), c.clone()]),
+                        safe(m_of(&r)),
+                    ),
+                );
+                let x = Expr::select(row_ok(&r), x, Expr::f32(0.0));
+                // P in `t` first: the store to S replaces what both read.
+                let mut out = Vec::new();
+                if sp != ss {
+                    out.push(Stmt::Store {
+                        buf: sp,
+                        index: vec![r.clone(), c.clone()],
+                        value: Expr::cast(t, x.clone()),
+                    });
+                }
+                out.push(Stmt::Store {
+                    buf: ss,
+                    index: vec![r, c],
+                    value: x,
+                });
+                out
+            },
+        )]
     }));
     step.push(Stmt::Barrier);
     // l = a l + sum P; O = a O + P V.
     step.push(threads_loop(k, &mut |k, tv| {
         let me = Expr::load(run, vec![]);
         let sum = loop_(k, bn, LoopKind::Serial, &mut |_, c| {
-            vec![Stmt::Store { buf: run, index: vec![], value: Expr::bin(BinOp::Add, me.clone(), Expr::load(ss, vec![tv.clone(), c])) }]
+            vec![Stmt::Store {
+                buf: run,
+                index: vec![],
+                value: Expr::bin(BinOp::Add, me.clone(), Expr::load(ss, vec![tv.clone(), c])),
+            }]
         });
         let l = Expr::load(sl, vec![tv.clone()]);
         let scaled = Expr::bin(BinOp::Mul, l, Expr::load(sa, vec![tv.clone()]));
         let rows_part = Stmt::If {
             cond: lt(tv.clone(), bm),
-            then: vec![Stmt::Store { buf: run, index: vec![], value: scaled }, sum, Stmt::Store { buf: sl, index: vec![tv.clone()], value: me }],
+            then: vec![
+                Stmt::Store {
+                    buf: run,
+                    index: vec![],
+                    value: scaled,
+                },
+                sum,
+                Stmt::Store {
+                    buf: sl,
+                    index: vec![tv.clone()],
+                    value: me,
+                },
+            ],
         };
-        let rescale =
-            fragments(k, co, dv, &|n, q| Expr::bin(BinOp::Mul, Expr::load(co, vec![int(0), n.clone(), q.clone()]), Expr::load(sa, vec![frag(&tv, q).0])));
+        let rescale = fragments(k, co, dv, &|n, q| {
+            Expr::bin(
+                BinOp::Mul,
+                Expr::load(co, vec![int(0), n.clone(), q.clone()]),
+                Expr::load(sa, vec![frag(&tv, q).0]),
+            )
+        });
         let mma = products(k, &tv, co, (sp, sv), bn, dv);
         vec![rows_part, rescale, mma]
     }));
@@ -274,7 +464,10 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
                 let (r, c) = frag(&tv, &q);
                 let mut by = by_row(&r);
                 by.push((a.e, Expr::add(Expr::mul(n.clone(), int(8)), c)));
-                let (o, l) = (Expr::load(co, vec![int(0), n.clone(), q]), Expr::load(sl, vec![r.clone()]));
+                let (o, l) = (
+                    Expr::load(co, vec![int(0), n.clone(), q]),
+                    Expr::load(sl, vec![r.clone()]),
+                );
                 let (acc_o, acc_l) = (a.acc_o, a.acc_l);
                 let store = a.store.subst_all(&by).map_loads(&|b, ix| {
                     if b == acc_o {
@@ -289,7 +482,11 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
             })]
         })]
     }));
-    let engine = if t == Elem::F32 { mlopt_kir::GpuEngine::Tf32 } else { mlopt_kir::GpuEngine::Mma(t) };
+    let engine = if t == Elem::F32 {
+        mlopt_kir::GpuEngine::Tf32
+    } else {
+        mlopt_kir::GpuEngine::Mma(t)
+    };
     k.schedule.push(mlopt_kir::ScheduleStep::GpuAttention {
         batch,
         rows,
@@ -302,5 +499,10 @@ pub(crate) fn attention(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s
         threads,
         blocks: batch * tiles,
     });
-    Ok(Some(vec![Stmt::for_(gb, batch * tiles, LoopKind::GpuBlock(0), body)]))
+    Ok(Some(vec![Stmt::for_(
+        gb,
+        batch * tiles,
+        LoopKind::GpuBlock(0),
+        body,
+    )]))
 }

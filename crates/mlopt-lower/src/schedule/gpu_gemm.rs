@@ -43,7 +43,10 @@ impl Engine {
     /// The engine as the cost model sees it (`mlopt_cost::gpu_tile`: operand size and K per step).
     fn model(self) -> gpu_tile::Engine {
         match self {
-            Engine::Mma(t) => gpu_tile::Engine::Mma { bytes: t.size(), k: mlopt_kir::warp_mma_k(t) },
+            Engine::Mma(t) => gpu_tile::Engine::Mma {
+                bytes: t.size(),
+                k: mlopt_kir::warp_mma_k(t),
+            },
             Engine::Simt => gpu_tile::Engine::Simt,
         }
     }
@@ -67,7 +70,14 @@ fn registers(t: &Tile, e: Engine, copies: &[Option<AsyncLoad>; 2]) -> u64 {
 
 /// The cost model's estimate of tile `t` for contraction `c` (`mlopt_cost::gpu_tile::estimate`), at the
 /// engine's peak on the schedule's target.
-fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<AsyncLoad>; 2], s: &GpuSchedule) -> Option<f64> {
+fn estimate(
+    c: &Contraction,
+    t: &Tile,
+    e: Engine,
+    elem: Elem,
+    copies: &[Option<AsyncLoad>; 2],
+    s: &GpuSchedule,
+) -> Option<f64> {
     let x = gpu_tile::Extents {
         m: Contraction::extent(&c.rows),
         n: Contraction::extent(&c.cols),
@@ -79,7 +89,16 @@ fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<A
         Engine::Simt => s.target.fp32,
     };
     let plain = [copies[0].is_none(), copies[1].is_none()];
-    gpu_tile::estimate(&s.target, x, t, e.model(), elem.size(), plain, s.register_margin, peak)
+    gpu_tile::estimate(
+        &s.target,
+        x,
+        t,
+        e.model(),
+        elem.size(),
+        plain,
+        s.register_margin,
+        peak,
+    )
 }
 
 /// The operand computed in a 16-bit type `t` when it is an f32 cast of `t` values (through selects and
@@ -87,7 +106,11 @@ fn estimate(c: &Contraction, t: &Tile, e: Engine, elem: Elem, copies: &[Option<A
 pub(crate) fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
     match e {
         Expr::Cast(Elem::F32, x) if x.elem(k) == t => Some((**x).clone()),
-        Expr::Select(c, x, y) => Some(Expr::select((**c).clone(), narrow(k, x, t)?, narrow(k, y, t)?)),
+        Expr::Select(c, x, y) => Some(Expr::select(
+            (**c).clone(),
+            narrow(k, x, t)?,
+            narrow(k, y, t)?,
+        )),
         Expr::Float(v, Elem::F32) if *v == 0.0 => Some(Expr::Float(0.0, t)),
         _ => None,
     }
@@ -99,14 +122,17 @@ pub(crate) fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
 fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
     fn unclamped(e: &Expr) -> &Expr {
         match e {
-            Expr::Binary(BinOp::Max | BinOp::Min, x, c) if matches!(**c, Expr::Int(_)) => unclamped(x),
+            Expr::Binary(BinOp::Max | BinOp::Min, x, c) if matches!(**c, Expr::Int(_)) => {
+                unclamped(x)
+            }
             e => e,
         }
     }
     let mut yes = false;
     for_each_load(e, &mut |b, ix| {
         let ix: Vec<Expr> = ix.iter().map(|x| unclamped(x).clone()).collect();
-        yes |= k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, &ix), v) == Some(1)
+        yes |=
+            k.buffer(b).space == Space::Global && coefficient(&flat_index(k, b, &ix), v) == Some(1)
     });
     yes
 }
@@ -114,17 +140,33 @@ fn contiguous_in(k: &Kernel, e: &Expr, v: Var) -> bool {
 /// Whether neighbouring threads staging `operand` should take neighbouring values of the loop `first`
 /// rather than `second`: its global loads run through memory along `first` (the longer run where both
 /// do), or along neither.
-pub(crate) fn walk_first(k: &Kernel, operand: &Expr, first: Option<&(Var, u64)>, second: Option<&(Var, u64)>) -> bool {
-    let run = |v: Option<&(Var, u64)>| v.filter(|(v, _)| contiguous_in(k, operand, *v)).map_or(0, |(_, e)| *e);
+pub(crate) fn walk_first(
+    k: &Kernel,
+    operand: &Expr,
+    first: Option<&(Var, u64)>,
+    second: Option<&(Var, u64)>,
+) -> bool {
+    let run = |v: Option<&(Var, u64)>| {
+        v.filter(|(v, _)| contiguous_in(k, operand, *v))
+            .map_or(0, |(_, e)| *e)
+    };
     run(first) >= run(second).max(1) || run(second) == 0
 }
 
 /// Where element `el` of a `rows x cols` tile filled `lanes` elements at a time lands, (row, column):
 /// neighbouring elements along a row (`along_cols`), or down a column.
-pub(crate) fn tile_position(el: Expr, (rows, cols): (u64, u64), lanes: u64, along_cols: bool) -> (Expr, Expr) {
+pub(crate) fn tile_position(
+    el: Expr,
+    (rows, cols): (u64, u64),
+    lanes: u64,
+    along_cols: bool,
+) -> (Expr, Expr) {
     if along_cols {
         let per_row = cols / lanes;
-        (Expr::div(el.clone(), int(per_row)), Expr::mul(Expr::rem(el, int(per_row)), int(lanes)))
+        (
+            Expr::div(el.clone(), int(per_row)),
+            Expr::mul(Expr::rem(el, int(per_row)), int(lanes)),
+        )
     } else {
         (Expr::rem(el.clone(), int(rows)), Expr::div(el, int(rows)))
     }
@@ -158,49 +200,83 @@ struct Affine {
 /// contiguous in memory over a joint extent the width divides, as does the tile's width (so a copy
 /// never straddles the outer loops, and the bounds and the test hold for all of it or none), and every
 /// other loop of `all` moving the address by whole copies.
-fn async_load(k: &Kernel, operand: &Expr, elem: Elem, along: &[(Var, u64)], all: &[(Var, u64)], rows: u64, cols: u64, threads: u64) -> Option<AsyncLoad> {
+fn async_load(
+    k: &Kernel,
+    operand: &Expr,
+    elem: Elem,
+    along: &[(Var, u64)],
+    all: &[(Var, u64)],
+    rows: u64,
+    cols: u64,
+    threads: u64,
+) -> Option<AsyncLoad> {
     let (load, valid) = match operand {
-        Expr::Select(c, x, z) if matches!(**z, Expr::Float(v, _) if v == 0.0) => (&**x, Some((**c).clone())),
+        Expr::Select(c, x, z) if matches!(**z, Expr::Float(v, _) if v == 0.0) => {
+            (&**x, Some((**c).clone()))
+        }
         x => (x, None),
     };
-    let Expr::Load(buf, index) = load else { return None };
+    let Expr::Load(buf, index) = load else {
+        return None;
+    };
     if k.buffer(*buf).space != Space::Global || k.buffer(*buf).elem != elem {
         return None;
     }
     let flat = flat_index(k, *buf, index);
     let size = elem.size();
-    [16 / size, 8 / size, 4 / size].into_iter().filter(|l| *l >= 1).find_map(|lanes| {
-        if !cols.is_multiple_of(lanes) || !(rows * cols / lanes).is_multiple_of(threads) {
-            return None;
-        }
-        if lanes == 1 {
-            return Some(AsyncLoad { buf: *buf, index: index.clone(), valid: valid.clone(), lanes, affine: None });
-        }
-        // The innermost loops of `along` that run through memory together, and their joint extent.
-        let moving: Vec<(Var, u64)> = along.iter().filter(|(_, e)| *e > 1).copied().collect();
-        let (mut stride, mut run) = (1i64, 0);
-        for &(v, e) in moving.iter().rev() {
-            if coefficient(&flat, v) != Some(stride) {
-                break;
+    [16 / size, 8 / size, 4 / size]
+        .into_iter()
+        .filter(|l| *l >= 1)
+        .find_map(|lanes| {
+            if !cols.is_multiple_of(lanes) || !(rows * cols / lanes).is_multiple_of(threads) {
+                return None;
             }
-            stride *= e as i64;
-            run += 1;
-        }
-        let contiguous = &moving[moving.len() - run..];
-        let outer: Vec<(Var, i64)> = all
-            .iter()
-            .filter(|(w, e)| *e > 1 && !contiguous.iter().any(|(v, _)| v == w))
-            .map(|(w, _)| Some((*w, coefficient(&flat, *w)?)))
-            .collect::<Option<_>>()?;
-        let off = offset(&flat)?;
-        let whole = |c: i64| c % lanes as i64 == 0;
-        let ok = run > 0
-            && whole(stride)
-            && whole(off)
-            && outer.iter().all(|(_, c)| whole(*c))
-            && valid.as_ref().is_none_or(|c| contiguous.iter().all(|(v, _)| !c.uses(*v)));
-        ok.then(|| AsyncLoad { buf: *buf, index: index.clone(), valid: valid.clone(), lanes, affine: Some(Affine { offset: off, outer, run: stride as u64 }) })
-    })
+            if lanes == 1 {
+                return Some(AsyncLoad {
+                    buf: *buf,
+                    index: index.clone(),
+                    valid: valid.clone(),
+                    lanes,
+                    affine: None,
+                });
+            }
+            // The innermost loops of `along` that run through memory together, and their joint extent.
+            let moving: Vec<(Var, u64)> = along.iter().filter(|(_, e)| *e > 1).copied().collect();
+            let (mut stride, mut run) = (1i64, 0);
+            for &(v, e) in moving.iter().rev() {
+                if coefficient(&flat, v) != Some(stride) {
+                    break;
+                }
+                stride *= e as i64;
+                run += 1;
+            }
+            let contiguous = &moving[moving.len() - run..];
+            let outer: Vec<(Var, i64)> = all
+                .iter()
+                .filter(|(w, e)| *e > 1 && !contiguous.iter().any(|(v, _)| v == w))
+                .map(|(w, _)| Some((*w, coefficient(&flat, *w)?)))
+                .collect::<Option<_>>()?;
+            let off = offset(&flat)?;
+            let whole = |c: i64| c % lanes as i64 == 0;
+            let ok = run > 0
+                && whole(stride)
+                && whole(off)
+                && outer.iter().all(|(_, c)| whole(*c))
+                && valid
+                    .as_ref()
+                    .is_none_or(|c| contiguous.iter().all(|(v, _)| !c.uses(*v)));
+            ok.then(|| AsyncLoad {
+                buf: *buf,
+                index: index.clone(),
+                valid: valid.clone(),
+                lanes,
+                affine: Some(Affine {
+                    offset: off,
+                    outer,
+                    run: stride as u64,
+                }),
+            })
+        })
 }
 
 pub(crate) fn int(v: u64) -> Expr {
@@ -221,14 +297,27 @@ pub(crate) fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
 
 /// Schedules the launch as a tiled GEMM when `inner` is a contraction big enough to tile; returns the
 /// new body, or None to leave it to the other schedules.
-pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
-    let Some(c) = recognise(k, prefix, inner) else { return Ok(None) };
-    let (m, n, kk) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red));
+pub(crate) fn gemm(
+    k: &mut Kernel,
+    prefix: &[(Var, u64)],
+    inner: &[Stmt],
+    s: &GpuSchedule,
+) -> Result<Option<Vec<Stmt>>> {
+    let Some(c) = recognise(k, prefix, inner) else {
+        return Ok(None);
+    };
+    let (m, n, kk) = (
+        Contraction::extent(&c.rows),
+        Contraction::extent(&c.cols),
+        Contraction::extent(&c.red),
+    );
     if m < 8 || n < 8 || kk < 8 {
         return Ok(None);
     }
     // Tensor cores when both operands are 16-bit values of one type (or tf32 is allowed), else SIMT.
-    let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| Some((t, narrow(k, &c.a, t)?, narrow(k, &c.b, t)?)));
+    let sixteen = [Elem::BF16, Elem::F16]
+        .into_iter()
+        .find_map(|t| Some((t, narrow(k, &c.a, t)?, narrow(k, &c.b, t)?)));
     let mut options: Vec<(Engine, Elem, Expr, Expr)> = Vec::new();
     if let Some((t, a, b)) = sixteen {
         options.push((Engine::Mma(t), t, a, b));
@@ -241,12 +330,24 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
     type Plan = (Engine, Elem, Expr, Expr, Tile, [Option<AsyncLoad>; 2]);
     let mut best: Option<(f64, Plan)> = None;
     // Operands are staged by cp.async where they are plain loads of the tile's type.
-    let all: Vec<(Var, u64)> = [&c.rows, &c.cols, &c.batch, &c.red].into_iter().flatten().copied().collect();
+    let all: Vec<(Var, u64)> = [&c.rows, &c.cols, &c.batch, &c.red]
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect();
     for (e, elem, a, b) in options {
         let tiles = Tile::candidates(e.model());
         for t in tiles {
-            let (bm, bn, bk, threads) = (t.bm(e.model()), t.bn(e.model()), bk(e), t.threads(e.model()));
-            let copies = [async_load(k, &a, elem, &c.red, &all, bm, bk, threads), async_load(k, &b, elem, &c.cols, &all, bk, bn, threads)];
+            let (bm, bn, bk, threads) = (
+                t.bm(e.model()),
+                t.bn(e.model()),
+                bk(e),
+                t.threads(e.model()),
+            );
+            let copies = [
+                async_load(k, &a, elem, &c.red, &all, bm, bk, threads),
+                async_load(k, &b, elem, &c.cols, &all, bk, bn, threads),
+            ];
             if let Some(time) = estimate(&c, t, e, elem, &copies, s) {
                 if best.as_ref().is_none_or(|x| time < x.0) {
                     best = Some((time, (e, elem, a.clone(), b.clone(), *t, copies)));
@@ -254,24 +355,61 @@ pub(crate) fn gemm(k: &mut Kernel, prefix: &[(Var, u64)], inner: &[Stmt], s: &Gp
             }
         }
     }
-    let Some((_, (e, elem, a, b, t, copies))) = best else { return Ok(None) };
+    let Some((_, (e, elem, a, b, t, copies))) = best else {
+        return Ok(None);
+    };
     let planned = registers(&t, e, &copies) + s.register_margin;
     Ok(Some(build(k, &c, e, elem, &a, &b, &t, &copies, planned)))
 }
 
 /// Writes the tiled GEMM (see the module comment).
 #[allow(clippy::too_many_arguments)]
-fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &Expr, t: &Tile, copies: &[Option<AsyncLoad>; 2], planned: u64) -> Vec<Stmt> {
-    let (m, n, kdim, batch) = (Contraction::extent(&c.rows), Contraction::extent(&c.cols), Contraction::extent(&c.red), Contraction::extent(&c.batch));
-    let (bm, bn, bk, threads) = (t.bm(e.model()), t.bn(e.model()), bk(e), t.threads(e.model()));
+fn build(
+    k: &mut Kernel,
+    c: &Contraction,
+    e: Engine,
+    elem: Elem,
+    a: &Expr,
+    b: &Expr,
+    t: &Tile,
+    copies: &[Option<AsyncLoad>; 2],
+    planned: u64,
+) -> Vec<Stmt> {
+    let (m, n, kdim, batch) = (
+        Contraction::extent(&c.rows),
+        Contraction::extent(&c.cols),
+        Contraction::extent(&c.red),
+        Contraction::extent(&c.batch),
+    );
+    let (bm, bn, bk, threads) = (
+        t.bm(e.model()),
+        t.bn(e.model()),
+        bk(e),
+        t.threads(e.model()),
+    );
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
     let id = k.vars.len();
     // Rows filled by copies of several elements are padded to a whole number of copies.
     let pad_for = |x: &Option<AsyncLoad>| pad(e).max(x.as_ref().map_or(1, |x| x.lanes));
-    let sa = k.buf(format!("sa{id}"), elem, vec![2, bm, bk + pad_for(&copies[0])], Space::Shared);
-    let sb = k.buf(format!("sb{id}"), elem, vec![2, bk, bn + pad_for(&copies[1])], Space::Shared);
+    let sa = k.buf(
+        format!("sa{id}"),
+        elem,
+        vec![2, bm, bk + pad_for(&copies[0])],
+        Space::Shared,
+    );
+    let sb = k.buf(
+        format!("sb{id}"),
+        elem,
+        vec![2, bk, bn + pad_for(&copies[1])],
+        Space::Shared,
+    );
     let acc = match e {
-        Engine::Mma(_) => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt, 4], Space::Local),
+        Engine::Mma(_) => k.buf(
+            format!("c{id}"),
+            Elem::F32,
+            vec![t.mt, t.nt, 4],
+            Space::Local,
+        ),
         Engine::Simt => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt], Space::Local),
     };
     let gb = k.var(format!("gb{id}"));
@@ -286,14 +424,22 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         let body = f(k, Expr::var(tv));
         Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
     };
-    let unrolled = |k: &mut Kernel, extent: u64, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
-        let v = k.var(format!("u{}", k.vars.len()));
-        let body = f(k, Expr::var(v));
-        Stmt::for_(v, extent, LoopKind::Unrolled, body)
-    };
+    let unrolled =
+        |k: &mut Kernel, extent: u64, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
+            let v = k.var(format!("u{}", k.vars.len()));
+            let body = f(k, Expr::var(v));
+            Stmt::for_(v, extent, LoopKind::Unrolled, body)
+        };
     // Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
     // the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
-    let stage = |k: &mut Kernel, kslice: Expr, which: Expr, operand: &Expr, side: &[(Var, u64)], start: &Expr, is_a: bool| -> Stmt {
+    let stage = |k: &mut Kernel,
+                 kslice: Expr,
+                 which: Expr,
+                 operand: &Expr,
+                 side: &[(Var, u64)],
+                 start: &Expr,
+                 is_a: bool|
+     -> Stmt {
         let (buf, extent) = if is_a { (sa, m) } else { (sb, n) };
         let (rows, cols) = if is_a { (bm, bk) } else { (bk, bn) };
         let copy = copies[!is_a as usize].clone();
@@ -304,7 +450,13 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
         let k_fast = walk_first(k, operand, c.red.last(), side.last());
         let fast_cols = lanes > 1 || k_fast == is_a;
         let slots = rows * cols / lanes / threads;
-        let (operand, side, start, kslice, which) = (operand.clone(), side.to_vec(), start.clone(), kslice.clone(), which.clone());
+        let (operand, side, start, kslice, which) = (
+            operand.clone(),
+            side.to_vec(),
+            start.clone(),
+            kslice.clone(),
+            which.clone(),
+        );
         let red = c.red.clone();
         let at_batch = at_batch.clone();
         let (dm, dk) = (extent, kdim);
@@ -312,7 +464,11 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
             vec![unrolled(k, slots, &mut |k, sv| {
                 let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
                 let (r, col) = tile_position(el, (rows, cols), lanes, fast_cols);
-                let (own, kk) = if is_a { (r.clone(), col.clone()) } else { (col.clone(), r.clone()) };
+                let (own, kk) = if is_a {
+                    (r.clone(), col.clone())
+                } else {
+                    (col.clone(), r.clone())
+                };
                 let gown = Expr::add(start.clone(), own);
                 let gk = Expr::add(Expr::mul(kslice.clone(), int(bk)), kk);
                 let mut by = delinear(&side, &gown);
@@ -332,22 +488,52 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                         Some(Affine { offset, outer, run }) => {
                             let along = if is_a { &gk } else { &gown };
                             let total = if is_a { dk } else { dm };
-                            let inner = if *run == total { along.clone() } else { Expr::rem(along.clone(), int(*run)) };
-                            outer.iter().fold(Expr::add(Expr::int(*offset), inner), |e, (v, c)| {
-                                let x = by.iter().find(|(w, _)| w == v).map_or(Expr::int(0), |(_, x)| x.clone());
-                                Expr::add(e, Expr::mul(x, Expr::int(*c)))
-                            })
+                            let inner = if *run == total {
+                                along.clone()
+                            } else {
+                                Expr::rem(along.clone(), int(*run))
+                            };
+                            outer
+                                .iter()
+                                .fold(Expr::add(Expr::int(*offset), inner), |e, (v, c)| {
+                                    let x = by
+                                        .iter()
+                                        .find(|(w, _)| w == v)
+                                        .map_or(Expr::int(0), |(_, x)| x.clone());
+                                    Expr::add(e, Expr::mul(x, Expr::int(*c)))
+                                })
                         }
-                        None => flat_index(k, cp.buf, &cp.index.iter().map(|x| x.subst_all(&by)).collect::<Vec<_>>()),
+                        None => flat_index(
+                            k,
+                            cp.buf,
+                            &cp.index
+                                .iter()
+                                .map(|x| x.subst_all(&by))
+                                .collect::<Vec<_>>(),
+                        ),
                     };
                     conds.extend(cp.valid.as_ref().map(|v| v.subst_all(&by)));
-                    return vec![Stmt::CopyAsync { dst: Block { buf, at: idx }, src: cp.buf, from, lanes, valid: all(conds) }];
+                    return vec![Stmt::CopyAsync {
+                        dst: Block { buf, at: idx },
+                        src: cp.buf,
+                        from,
+                        lanes,
+                        valid: all(conds),
+                    }];
                 }
-                let store = Stmt::Store { buf, index: idx.clone(), value: operand.subst_all(&by) };
+                let store = Stmt::Store {
+                    buf,
+                    index: idx.clone(),
+                    value: operand.subst_all(&by),
+                };
                 if conds.is_empty() {
                     vec![store]
                 } else {
-                    let mut out = vec![Stmt::Store { buf, index: idx, value: Expr::Float(0.0, elem) }];
+                    let mut out = vec![Stmt::Store {
+                        buf,
+                        index: idx,
+                        value: Expr::Float(0.0, elem),
+                    }];
                     out.extend(guarded(conds, vec![store]));
                     out
                 }
@@ -359,8 +545,18 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     body.push(thread_loop(k, &mut |k, _| {
         vec![unrolled(k, t.mt, &mut |k, i| {
             vec![unrolled(k, t.nt, &mut |k, j| match e {
-                Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| vec![Stmt::Store { buf: acc, index: vec![i.clone(), j.clone(), q], value: Expr::f32(0.0) }])],
-                Engine::Simt => vec![Stmt::Store { buf: acc, index: vec![i.clone(), j], value: Expr::f32(0.0) }],
+                Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| {
+                    vec![Stmt::Store {
+                        buf: acc,
+                        index: vec![i.clone(), j.clone(), q],
+                        value: Expr::f32(0.0),
+                    }]
+                })],
+                Engine::Simt => vec![Stmt::Store {
+                    buf: acc,
+                    index: vec![i.clone(), j],
+                    value: Expr::f32(0.0),
+                }],
             })]
         })]
     }));
@@ -381,26 +577,48 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     if kt > 1 {
         slice.push(Stmt::If {
             cond: lt(next.clone(), kt),
-            then: vec![stage(k, next.clone(), next_buf.clone(), a, &c.rows, &row0, true), stage(k, next, next_buf, b, &c.cols, &col0, false)],
+            then: vec![
+                stage(k, next.clone(), next_buf.clone(), a, &c.rows, &row0, true),
+                stage(k, next, next_buf, b, &c.cols, &col0, false),
+            ],
         });
     }
     slice.push(thread_loop(k, &mut |k, tv| match e {
         Engine::Mma(t_in) => {
             let ks = mlopt_kir::warp_mma_k(t_in);
             let warp = Expr::div(tv.clone(), int(32));
-            let (wm, wn) = (Expr::div(warp.clone(), int(t.wn)), Expr::rem(warp, int(t.wn)));
+            let (wm, wn) = (
+                Expr::div(warp.clone(), int(t.wn)),
+                Expr::rem(warp, int(t.wn)),
+            );
             vec![unrolled(k, bk / ks, &mut |k, p| {
                 let (wm, wn, this_buf) = (wm.clone(), wn.clone(), this_buf.clone());
                 vec![unrolled(k, t.mt, &mut |k, i| {
-                    let (wm, wn, this_buf, p) = (wm.clone(), wn.clone(), this_buf.clone(), p.clone());
+                    let (wm, wn, this_buf, p) =
+                        (wm.clone(), wn.clone(), this_buf.clone(), p.clone());
                     vec![unrolled(k, t.nt, &mut |_, j| {
-                        let ar = Expr::mul(Expr::add(Expr::mul(wm.clone(), int(t.mt)), i.clone()), int(16));
-                        let bc = Expr::mul(Expr::add(Expr::mul(wn.clone(), int(t.nt)), j.clone()), int(8));
+                        let ar = Expr::mul(
+                            Expr::add(Expr::mul(wm.clone(), int(t.mt)), i.clone()),
+                            int(16),
+                        );
+                        let bc = Expr::mul(
+                            Expr::add(Expr::mul(wn.clone(), int(t.nt)), j.clone()),
+                            int(8),
+                        );
                         let kp = Expr::mul(p.clone(), int(ks));
                         vec![Stmt::WarpMma {
-                            c: Block { buf: acc, at: vec![i.clone(), j, int(0)] },
-                            a: Block { buf: sa, at: vec![this_buf.clone(), ar, kp.clone()] },
-                            b: Block { buf: sb, at: vec![this_buf.clone(), kp, bc] },
+                            c: Block {
+                                buf: acc,
+                                at: vec![i.clone(), j, int(0)],
+                            },
+                            a: Block {
+                                buf: sa,
+                                at: vec![this_buf.clone(), ar, kp.clone()],
+                            },
+                            b: Block {
+                                buf: sb,
+                                at: vec![this_buf.clone(), kp, bc],
+                            },
                         }]
                     })]
                 })]
@@ -413,10 +631,28 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
             let inner = unrolled(k, t.mt, &mut |k, i| {
                 let (ty, tx, pv, this_buf) = (ty.clone(), tx.clone(), pv.clone(), this_buf.clone());
                 vec![unrolled(k, t.nt, &mut |_, j| {
-                    let x = Expr::load(sa, vec![this_buf.clone(), Expr::add(ty.clone(), Expr::mul(i.clone(), int(t.wm))), pv.clone()]);
-                    let y = Expr::load(sb, vec![this_buf.clone(), pv.clone(), Expr::add(tx.clone(), Expr::mul(j.clone(), int(t.wn)))]);
+                    let x = Expr::load(
+                        sa,
+                        vec![
+                            this_buf.clone(),
+                            Expr::add(ty.clone(), Expr::mul(i.clone(), int(t.wm))),
+                            pv.clone(),
+                        ],
+                    );
+                    let y = Expr::load(
+                        sb,
+                        vec![
+                            this_buf.clone(),
+                            pv.clone(),
+                            Expr::add(tx.clone(), Expr::mul(j.clone(), int(t.wn))),
+                        ],
+                    );
                     let me = Expr::load(acc, vec![i.clone(), j.clone()]);
-                    vec![Stmt::Store { buf: acc, index: vec![i.clone(), j], value: Expr::fma(x, y, me) }]
+                    vec![Stmt::Store {
+                        buf: acc,
+                        index: vec![i.clone(), j],
+                        value: Expr::fma(x, y, me),
+                    }]
                 })]
             });
             vec![Stmt::for_(p, bk, LoopKind::Serial, vec![inner])]
@@ -429,26 +665,46 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
     body.push(thread_loop(k, &mut |k, tv| {
         let (row0, col0, at_batch) = (row0.clone(), col0.clone(), at_batch.clone());
         vec![unrolled(k, t.mt, &mut |k, i| {
-            let (tv, row0, col0, at_batch) = (tv.clone(), row0.clone(), col0.clone(), at_batch.clone());
+            let (tv, row0, col0, at_batch) =
+                (tv.clone(), row0.clone(), col0.clone(), at_batch.clone());
             vec![unrolled(k, t.nt, &mut |k, j| {
                 let element = |q: Option<Expr>| -> (Expr, Expr, Vec<Expr>) {
                     match (e, q) {
                         (Engine::Mma(_), Some(q)) => {
-                            let (warp, lane) = (Expr::div(tv.clone(), int(32)), Expr::rem(tv.clone(), int(32)));
-                            let (wm, wn) = (Expr::div(warp.clone(), int(t.wn)), Expr::rem(warp, int(t.wn)));
+                            let (warp, lane) = (
+                                Expr::div(tv.clone(), int(32)),
+                                Expr::rem(tv.clone(), int(32)),
+                            );
+                            let (wm, wn) = (
+                                Expr::div(warp.clone(), int(t.wn)),
+                                Expr::rem(warp, int(t.wn)),
+                            );
                             let r = Expr::add(
                                 Expr::mul(Expr::add(Expr::mul(wm, int(t.mt)), i.clone()), int(16)),
-                                Expr::add(Expr::div(lane.clone(), int(4)), Expr::mul(Expr::div(q.clone(), int(2)), int(8))),
+                                Expr::add(
+                                    Expr::div(lane.clone(), int(4)),
+                                    Expr::mul(Expr::div(q.clone(), int(2)), int(8)),
+                                ),
                             );
                             let col = Expr::add(
                                 Expr::mul(Expr::add(Expr::mul(wn, int(t.nt)), j.clone()), int(8)),
-                                Expr::add(Expr::mul(Expr::rem(lane, int(4)), int(2)), Expr::rem(q.clone(), int(2))),
+                                Expr::add(
+                                    Expr::mul(Expr::rem(lane, int(4)), int(2)),
+                                    Expr::rem(q.clone(), int(2)),
+                                ),
                             );
                             (r, col, vec![i.clone(), j.clone(), q])
                         }
                         _ => {
-                            let (ty, tx) = (Expr::div(tv.clone(), int(t.wn)), Expr::rem(tv.clone(), int(t.wn)));
-                            (Expr::add(ty, Expr::mul(i.clone(), int(t.wm))), Expr::add(tx, Expr::mul(j.clone(), int(t.wn))), vec![i.clone(), j.clone()])
+                            let (ty, tx) = (
+                                Expr::div(tv.clone(), int(t.wn)),
+                                Expr::rem(tv.clone(), int(t.wn)),
+                            );
+                            (
+                                Expr::add(ty, Expr::mul(i.clone(), int(t.wm))),
+                                Expr::add(tx, Expr::mul(j.clone(), int(t.wn))),
+                                vec![i.clone(), j.clone()],
+                            )
                         }
                     }
                 };
@@ -460,8 +716,18 @@ fn build(k: &mut Kernel, c: &Contraction, e: Engine, elem: Elem, a: &Expr, b: &E
                     by.extend(at_batch.clone());
                     let mine = Expr::load(acc, slot);
                     let from = c.acc;
-                    let epi: Vec<Stmt> =
-                        subst_all(&c.epilogue, &by).iter().map(|s| s.map_loads(&|b, ix| if b == from { mine.clone() } else { Expr::Load(b, ix) })).collect();
+                    let epi: Vec<Stmt> = subst_all(&c.epilogue, &by)
+                        .iter()
+                        .map(|s| {
+                            s.map_loads(&|b, ix| {
+                                if b == from {
+                                    mine.clone()
+                                } else {
+                                    Expr::Load(b, ix)
+                                }
+                            })
+                        })
+                        .collect();
                     let mut conds = Vec::new();
                     if !m.is_multiple_of(bm) {
                         conds.push(lt(gr, m));
@@ -534,8 +800,11 @@ mod tests {
 
     fn run(k: &Kernel, regions: &[Vec<u8>]) -> Vec<f32> {
         let mut r = regions.to_vec();
-        run_kernel(k, &mut r, &[(0, 0), (1, 0), (2, 0)]).unwrap_or_else(|e| panic!("{e}\n{}", mlopt_kir::print::kernel(k)));
-        r[0].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        run_kernel(k, &mut r, &[(0, 0), (1, 0), (2, 0)])
+            .unwrap_or_else(|e| panic!("{e}\n{}", mlopt_kir::print::kernel(k)));
+        r[0].chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
 
     /// The engine and tile of a kernel's `gpu.gemm` step.
@@ -556,8 +825,26 @@ mod tests {
         let cases: &[Case] = &[
             (1, 37, 45, 29, Elem::F32, false, GpuEngine::Simt, 0.0),
             (2, 9, 70, 40, Elem::F32, false, GpuEngine::Simt, 0.0),
-            (1, 37, 45, 29, Elem::BF16, false, GpuEngine::Mma(Elem::BF16), 1e-5),
-            (2, 33, 40, 48, Elem::F16, false, GpuEngine::Mma(Elem::F16), 1e-5),
+            (
+                1,
+                37,
+                45,
+                29,
+                Elem::BF16,
+                false,
+                GpuEngine::Mma(Elem::BF16),
+                1e-5,
+            ),
+            (
+                2,
+                33,
+                40,
+                48,
+                Elem::F16,
+                false,
+                GpuEngine::Mma(Elem::F16),
+                1e-5,
+            ),
             (1, 20, 24, 20, Elem::F32, true, GpuEngine::Tf32, 2e-3),
         ];
         for &(batch, m, n, k, t, tf32, engine, tol) in cases {
@@ -565,17 +852,29 @@ mod tests {
             let s = GpuSchedule::new(mlopt_cost::Target::named("sm_80", 1).unwrap(), tf32);
             let mut tiled = plain.clone();
             schedule_kernel(&mut tiled, &s).unwrap();
-            mlopt_kir::verify(&tiled).unwrap_or_else(|e| panic!("{e:?}\n{}", mlopt_kir::print::kernel(&tiled)));
+            mlopt_kir::verify(&tiled)
+                .unwrap_or_else(|e| panic!("{e:?}\n{}", mlopt_kir::print::kernel(&tiled)));
             let what = mlopt_kir::step::schedule_text(&tiled.schedule);
-            assert_eq!(gemm(&tiled).map(|(e, _)| e), Some(engine), "{batch}x{m}x{n}x{k} {t}: {what}");
+            assert_eq!(
+                gemm(&tiled).map(|(e, _)| e),
+                Some(engine),
+                "{batch}x{m}x{n}x{k} {t}: {what}"
+            );
             let value = |i: u64| ((i * 37 % 101) as f32 - 50.0) / 32.0;
-            let a: Vec<u8> = (0..batch * m * k).flat_map(|i| encode(t, value(i))).collect();
-            let b: Vec<u8> = (0..batch * k * n).flat_map(|i| encode(t, value(i + 7))).collect();
+            let a: Vec<u8> = (0..batch * m * k)
+                .flat_map(|i| encode(t, value(i)))
+                .collect();
+            let b: Vec<u8> = (0..batch * k * n)
+                .flat_map(|i| encode(t, value(i + 7)))
+                .collect();
             let regions = vec![vec![0u8; (batch * m * n * 4) as usize], a, b];
             let (want, got) = (run(&plain, &regions), run(&tiled, &regions));
             let scale = want.iter().fold(1.0f32, |x, y| x.max(y.abs()));
             for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-                assert!((w - g).abs() <= tol * scale, "{batch}x{m}x{n}x{k} {t} ({what}): element {i}: {g} != {w}");
+                assert!(
+                    (w - g).abs() <= tol * scale,
+                    "{batch}x{m}x{n}x{k} {t} ({what}): element {i}: {g} != {w}"
+                );
             }
         }
     }
@@ -588,7 +887,11 @@ mod tests {
             let mut tiled = matmul(1, m, n, k, Elem::BF16);
             schedule_kernel(&mut tiled, &crate::schedule::gpu::sm80()).unwrap();
             let what = mlopt_kir::step::schedule_text(&tiled.schedule);
-            assert_eq!(gemm(&tiled).map(|(_, t)| t), Some(tile), "{m}x{n}x{k}: {what}");
+            assert_eq!(
+                gemm(&tiled).map(|(_, t)| t),
+                Some(tile),
+                "{m}x{n}x{k}: {what}"
+            );
         }
     }
 }

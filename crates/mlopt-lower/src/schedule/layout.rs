@@ -14,10 +14,17 @@ use std::sync::Arc;
 pub fn transpose_weights(p: &mut Program) {
     for ki in 0..p.kernels.len() {
         for b in p.kernels[ki].params() {
-            let Some((si, pi, wi)) = bound_weight(p, ki, b) else { continue };
+            let Some((si, pi, wi)) = bound_weight(p, ki, b) else {
+                continue;
+            };
             let (k, w) = (&p.kernels[ki], &p.weights[wi]);
-            let [rows, cols] = k.buffer(b).dims[..] else { continue };
-            if w.dims != [rows, cols] || w.data.len() as u64 != rows * cols * w.elem.size() || !read_down_columns(k, b) {
+            let [rows, cols] = k.buffer(b).dims[..] else {
+                continue;
+            };
+            if w.dims != [rows, cols]
+                || w.data.len() as u64 != rows * cols * w.elem.size()
+                || !read_down_columns(k, b)
+            {
                 continue;
             }
             let t = transposed(w);
@@ -28,7 +35,15 @@ pub fn transpose_weights(p: &mut Program) {
             k.body = k
                 .body
                 .iter()
-                .map(|s| s.map_loads(&|x, ix| if x == b && ix.len() == 2 { Expr::load(x, vec![ix[1].clone(), ix[0].clone()]) } else { Expr::load(x, ix) }))
+                .map(|s| {
+                    s.map_loads(&|x, ix| {
+                        if x == b && ix.len() == 2 {
+                            Expr::load(x, vec![ix[1].clone(), ix[0].clone()])
+                        } else {
+                            Expr::load(x, ix)
+                        }
+                    })
+                })
                 .collect();
             let name = k.buffer(b).name.clone();
             k.schedule.push(ScheduleStep::Transpose { buf: name });
@@ -43,7 +58,9 @@ fn read_down_columns(k: &Kernel, b: BufId) -> bool {
     for_each_access(&k.body, &mut |x, ix, vector, _| {
         if let (true, Some(v)) = (x == b, vector) {
             seen = true;
-            ok &= ix.len() == 2 && coefficient(&ix[0], v) == Some(1) && coefficient(&ix[1], v) == Some(0);
+            ok &= ix.len() == 2
+                && coefficient(&ix[0], v) == Some(1)
+                && coefficient(&ix[1], v) == Some(0);
         }
     });
     seen && ok
@@ -52,7 +69,9 @@ fn read_down_columns(k: &Kernel, b: BufId) -> bool {
 /// The weight that the one step running kernel `ki` binds to its parameter `b`: (step, parameter
 /// position, weight). None when several steps run the kernel or `b` is not bound to a weight.
 pub(super) fn bound_weight(p: &Program, ki: usize, b: BufId) -> Option<(usize, usize, usize)> {
-    let steps: Vec<usize> = (0..p.steps.len()).filter(|s| p.steps[*s].kernel == ki).collect();
+    let steps: Vec<usize> = (0..p.steps.len())
+        .filter(|s| p.steps[*s].kernel == ki)
+        .collect();
     let [si] = steps[..] else { return None };
     let pi = p.kernels[ki].params().iter().position(|x| *x == b)?;
     match p.steps[si].args.get(pi) {
@@ -74,9 +93,17 @@ pub(super) struct WeightOperand {
 
 /// The weight that `e` reads as `W[r, j, 0..]` by reduction loop `r` and column loop `j` (or
 /// `W[j, r, 0..]`, transposed), when nothing else in kernel `ki` reads it (`loads`).
-pub(super) fn weight_operand(p: &Program, ki: usize, e: &Expr, (r, j): (Var, Var), loads: &HashMap<BufId, usize>) -> Option<WeightOperand> {
+pub(super) fn weight_operand(
+    p: &Program,
+    ki: usize,
+    e: &Expr,
+    (r, j): (Var, Var),
+    loads: &HashMap<BufId, usize>,
+) -> Option<WeightOperand> {
     let Expr::Load(w, ix) = e else { return None };
-    let [Expr::Var(a), Expr::Var(b), ones @ ..] = &ix[..] else { return None };
+    let [Expr::Var(a), Expr::Var(b), ones @ ..] = &ix[..] else {
+        return None;
+    };
     let trans = match (*a, *b) {
         x if x == (r, j) => false,
         x if x == (j, r) => true,
@@ -85,12 +112,20 @@ pub(super) fn weight_operand(p: &Program, ki: usize, e: &Expr, (r, j): (Var, Var
     if !ones.iter().all(|e| *e == Expr::int(0)) || loads.get(w) != Some(&1) {
         return None;
     }
-    Some(WeightOperand { buf: *w, trans, ones: ones.len(), bound: bound_weight(p, ki, *w)? })
+    Some(WeightOperand {
+        buf: *w,
+        trans,
+        ones: ones.len(),
+        bound: bound_weight(p, ki, *w)?,
+    })
 }
 
 /// `w` [rows, cols] as [cols, rows].
 fn transposed(w: &Weight) -> Weight {
-    let ([rows, cols], size) = ([w.dims[0] as usize, w.dims[1] as usize], w.elem.size() as usize);
+    let ([rows, cols], size) = (
+        [w.dims[0] as usize, w.dims[1] as usize],
+        w.elem.size() as usize,
+    );
     let mut data = Vec::with_capacity(w.data.len());
     for c in 0..cols {
         for r in 0..rows {
@@ -98,7 +133,12 @@ fn transposed(w: &Weight) -> Weight {
             data.extend_from_slice(&w.data[at..at + size]);
         }
     }
-    Weight { name: format!("{}.t", w.name), elem: w.elem, dims: vec![w.dims[1], w.dims[0]], data: Arc::new(data) }
+    Weight {
+        name: format!("{}.t", w.name),
+        elem: w.elem,
+        dims: vec![w.dims[1], w.dims[0]],
+        data: Arc::new(data),
+    }
 }
 
 /// Removes the weights no step binds, renumbering the others.
@@ -163,23 +203,46 @@ mod tests {
         let w: Vec<f32> = (0..96).map(|i| (i % 7) as f32 - 3.0).collect();
         let x: Vec<f32> = (0..32).map(|i| (i % 5) as f32 * 0.5).collect();
         let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
-        let io = |name: &str, dims: Vec<u64>| Io { name: name.into(), elem: mlopt_kir::Elem::F32, dims };
+        let io = |name: &str, dims: Vec<u64>| Io {
+            name: name.into(),
+            elem: mlopt_kir::Elem::F32,
+            dims,
+        };
         let mut p = Program {
             name: "gemv".into(),
             inputs: vec![io("x", vec![32])],
             outputs: vec![io("y", vec![3])],
-            weights: vec![Weight { name: "w".into(), elem: mlopt_kir::Elem::F32, dims: vec![32, 3], data: Arc::new(bytes(&w)) }],
+            weights: vec![Weight {
+                name: "w".into(),
+                elem: mlopt_kir::Elem::F32,
+                dims: vec![32, 3],
+                data: Arc::new(bytes(&w)),
+            }],
             arena_bytes: 0,
             kernels: vec![k],
-            steps: vec![Step { kernel: 0, args: vec![Place::Output(0), Place::Input(0), Place::Weight(0)], check: None }],
+            steps: vec![Step {
+                kernel: 0,
+                args: vec![Place::Output(0), Place::Input(0), Place::Weight(0)],
+                check: None,
+            }],
         };
         mlopt_kir::verify_program(&p).unwrap();
         let want = mlopt_kir::run_program(&p, &[bytes(&x)]).unwrap();
         transpose_weights(&mut p);
         mlopt_kir::verify_program(&p).unwrap();
         assert_eq!(mlopt_kir::run_program(&p, &[bytes(&x)]).unwrap(), want);
-        assert_eq!(mlopt_kir::step::schedule_text(&p.kernels[0].schedule), "transpose(w)");
-        assert_eq!((p.weights.len(), p.weights[0].name.as_str(), p.weights[0].dims.as_slice()), (1, "w.t", [3u64, 32].as_slice()));
+        assert_eq!(
+            mlopt_kir::step::schedule_text(&p.kernels[0].schedule),
+            "transpose(w)"
+        );
+        assert_eq!(
+            (
+                p.weights.len(),
+                p.weights[0].name.as_str(),
+                p.weights[0].dims.as_slice()
+            ),
+            (1, "w.t", [3u64, 32].as_slice())
+        );
         let text = mlopt_kir::print::kernel(&p.kernels[0]);
         assert!(text.contains("%w[%j, ((%o * 16) + %l)]"), "{text}");
         // Read along its rows already, a weight stays as it is.

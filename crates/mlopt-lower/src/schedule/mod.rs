@@ -55,7 +55,13 @@ pub fn schedule(mut p: mlopt_kir::Program, opts: &crate::Options) -> Result<mlop
         return schedule_program(p, s);
     }
     if let Some(s) = opts.cpu {
-        cpu_gemm::tile(&mut p, s.lanes, s.mma, opts.l2_bytes.unwrap_or(crate::contract::DEFAULT_L2_BYTES), &opts.tiles)?;
+        cpu_gemm::tile(
+            &mut p,
+            s.lanes,
+            s.mma,
+            opts.l2_bytes.unwrap_or(crate::contract::DEFAULT_L2_BYTES),
+            &opts.tiles,
+        )?;
         window::padded_windows(&mut p, s.lanes)?;
         for k in &mut p.kernels {
             k.drop_unused_locals();
@@ -81,13 +87,18 @@ pub fn scratch_in_arena(p: &mut mlopt_kir::Program) {
     let base = p.arena_bytes.div_ceil(64) * 64;
     let mut end = p.arena_bytes;
     for (ki, k) in p.kernels.iter_mut().enumerate() {
-        let per_iteration = mlopt_kir::analysis::locals_owned_by_loops(k, &|kind| !matches!(kind, LoopKind::Serial | LoopKind::Unrolled));
+        let per_iteration = mlopt_kir::analysis::locals_owned_by_loops(k, &|kind| {
+            !matches!(kind, LoopKind::Serial | LoopKind::Unrolled)
+        });
         let before = k.params();
         let mut at = base;
         let mut moved = std::collections::HashMap::new();
         for (i, buf) in k.bufs.iter_mut().enumerate() {
             let bytes = buf.numel() * buf.elem.size();
-            if buf.space == Space::Local && bytes > ARENA_LOCAL_BYTES && !per_iteration.contains(&mlopt_kir::BufId(i as u32)) {
+            if buf.space == Space::Local
+                && bytes > ARENA_LOCAL_BYTES
+                && !per_iteration.contains(&mlopt_kir::BufId(i as u32))
+            {
                 buf.space = Space::Global;
                 moved.insert(mlopt_kir::BufId(i as u32), at);
                 at += bytes.div_ceil(64) * 64;
@@ -100,8 +111,20 @@ pub fn scratch_in_arena(p: &mut mlopt_kir::Program) {
         let after = k.params();
         // (A parameter missing from both leaves the step an argument short, which the verifier rejects.)
         for step in p.steps.iter_mut().filter(|s| s.kernel == ki) {
-            let args: std::collections::HashMap<_, Place> = before.iter().copied().zip(step.args.iter().copied()).collect();
-            step.args = after.iter().filter_map(|b| moved.get(b).map(|off| Place::Arena(*off)).or_else(|| args.get(b).copied())).collect();
+            let args: std::collections::HashMap<_, Place> = before
+                .iter()
+                .copied()
+                .zip(step.args.iter().copied())
+                .collect();
+            step.args = after
+                .iter()
+                .filter_map(|b| {
+                    moved
+                        .get(b)
+                        .map(|off| Place::Arena(*off))
+                        .or_else(|| args.get(b).copied())
+                })
+                .collect();
         }
     }
     p.arena_bytes = end;

@@ -41,7 +41,14 @@ pub(crate) struct Window {
 impl Window {
     /// `input` (the window's input, its other loops perhaps replaced) at input position `pos`.
     pub(crate) fn input_at(&self, input: &Expr, pos: &[Expr]) -> Expr {
-        input.subst_all(&self.at.iter().copied().zip(pos.iter().cloned()).collect::<Vec<_>>())
+        input.subst_all(
+            &self
+                .at
+                .iter()
+                .copied()
+                .zip(pos.iter().cloned())
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -72,7 +79,11 @@ pub(crate) fn recognise(
     for &(tap, taps) in taps {
         // The first index that reads the tap is the axis's position; the operand must read it there only.
         let mut first = None;
-        for_each_load(body, &mut |_, ix| first = first.take().or_else(|| ix.iter().find(|e| e.uses(tap)).cloned()));
+        for_each_load(body, &mut |_, ix| {
+            first = first
+                .take()
+                .or_else(|| ix.iter().find(|e| e.uses(tap)).cloned())
+        });
         let place = first?;
         let (pos, len) = match &place {
             Expr::Binary(BinOp::Max, lo, z) if **z == Expr::int(0) => match &**lo {
@@ -85,11 +96,22 @@ pub(crate) fn recognise(
             p => (p.clone(), None),
         };
         let &(out, outs) = outs.iter().find(|(v, _)| pos.uses(*v))?;
-        let (stride, dilation, pad) = (coefficient(&pos, out)?, coefficient(&pos, tap)?, -offset(&pos)?);
-        if stride < 1 || dilation < 1 || pad < 0 || loops.iter().any(|v| *v != out && *v != tap && pos.uses(*v)) {
+        let (stride, dilation, pad) = (
+            coefficient(&pos, out)?,
+            coefficient(&pos, tap)?,
+            -offset(&pos)?,
+        );
+        if stride < 1
+            || dilation < 1
+            || pad < 0
+            || loops.iter().any(|v| *v != out && *v != tap && pos.uses(*v))
+        {
             return None;
         }
-        let span = (outs as i64 - 1).checked_mul(stride)?.checked_add((taps as i64 - 1).checked_mul(dilation)?)?.checked_add(1)?;
+        let span = (outs as i64 - 1)
+            .checked_mul(stride)?
+            .checked_add((taps as i64 - 1).checked_mul(dilation)?)?
+            .checked_add(1)?;
         // An unguarded axis is as long as the shortest buffer the position indexes directly, or as far
         // as the windows reach where it is also part of a computed index.
         let (mut shortest, mut computed) = (i64::MAX, false);
@@ -108,17 +130,31 @@ pub(crate) fn recognise(
             None if pad == 0 && shortest >= span && shortest < i64::MAX => shortest,
             _ => return None,
         };
-        axes.push(Axis { out, outs, tap, stride, dilation, pad, len, span, guarded: place != pos });
+        axes.push(Axis {
+            out,
+            outs,
+            tap,
+            stride,
+            dilation,
+            pad,
+            len,
+            span,
+            guarded: place != pos,
+        });
         places.push(place);
     }
     // The guard must be the window's own: inside the input along every clamped axis.
-    let expected = all(axes.iter().zip(&places).filter(|(a, _)| a.guarded).map(|(a, p)| match p {
-        Expr::Binary(_, lo, _) => match &**lo {
-            Expr::Binary(_, pos, _) => in_range((**pos).clone(), a.len),
+    let expected = all(axes
+        .iter()
+        .zip(&places)
+        .filter(|(a, _)| a.guarded)
+        .map(|(a, p)| match p {
+            Expr::Binary(_, lo, _) => match &**lo {
+                Expr::Binary(_, pos, _) => in_range((**pos).clone(), a.len),
+                _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
+            },
             _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
-        },
-        _ => unreachable!("a guarded place is max(min(pos, hi), 0)"),
-    }));
+        }));
     if expected.as_ref() != guard {
         return None;
     }
@@ -127,12 +163,22 @@ pub(crate) fn recognise(
     if !keep(&axes) || (1..sp).any(|s| outs[..s].contains(&outs[s])) {
         return None;
     }
-    let at: Vec<Var> = (0..sp).map(|s| k.var(format!("x{}_{s}", k.vars.len()))).collect();
-    let input = places.iter().zip(&at).fold(body.clone(), |e, (p, v)| e.replace(p, &Expr::var(*v)));
+    let at: Vec<Var> = (0..sp)
+        .map(|s| k.var(format!("x{}_{s}", k.vars.len())))
+        .collect();
+    let input = places
+        .iter()
+        .zip(&at)
+        .fold(body.clone(), |e, (p, v)| e.replace(p, &Expr::var(*v)));
     if axes.iter().any(|a| input.uses(a.out) || input.uses(a.tap)) {
         return None;
     }
-    Some(Window { axes, input, at, fill })
+    Some(Window {
+        axes,
+        input,
+        at,
+        fill,
+    })
 }
 
 /// Every fold over a guarded window left in a kernel's loop nests (a pooling's: `acc = op(acc,
@@ -144,7 +190,14 @@ pub(crate) fn padded_windows(p: &mut Program, lanes: u32) -> Result<()> {
     for k in &mut p.kernels {
         let mut body = std::mem::take(&mut k.body);
         for st in &mut body {
-            pad_nest(&mut KernelBuilder { k, lanes, l2: crate::contract::DEFAULT_L2_BYTES }, st)?;
+            pad_nest(
+                &mut KernelBuilder {
+                    k,
+                    lanes,
+                    l2: crate::contract::DEFAULT_L2_BYTES,
+                },
+                st,
+            )?;
         }
         k.body = body;
     }
@@ -153,11 +206,30 @@ pub(crate) fn padded_windows(p: &mut Program, lanes: u32) -> Result<()> {
 
 /// `st` as a perfect nest of serial loops around a body: the loops, and the body.
 fn perfect(st: &mut Stmt) -> (Vec<(Var, u64)>, &mut Vec<Stmt>) {
-    let Stmt::For { var, extent, kind: LoopKind::Serial, body } = st else { unreachable!("perfect() takes a serial loop") };
+    let Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    } = st
+    else {
+        unreachable!("perfect() takes a serial loop")
+    };
     let mut loops = vec![(*var, *extent)];
     let mut cur = body;
-    while matches!(&cur[..], [Stmt::For { kind: LoopKind::Serial, .. }]) {
-        let Some(Stmt::For { var, extent, body, .. }) = cur.first_mut() else { unreachable!() };
+    while matches!(
+        &cur[..],
+        [Stmt::For {
+            kind: LoopKind::Serial,
+            ..
+        }]
+    ) {
+        let Some(Stmt::For {
+            var, extent, body, ..
+        }) = cur.first_mut()
+        else {
+            unreachable!()
+        };
         loops.push((*var, *extent));
         cur = body;
     }
@@ -165,12 +237,28 @@ fn perfect(st: &mut Stmt) -> (Vec<(Var, u64)>, &mut Vec<Stmt>) {
 }
 
 fn pad_nest(b: &mut KernelBuilder, st: &mut Stmt) -> Result<()> {
-    if !matches!(st, Stmt::For { kind: LoopKind::Serial, .. }) {
+    if !matches!(
+        st,
+        Stmt::For {
+            kind: LoopKind::Serial,
+            ..
+        }
+    ) {
         return Ok(());
     }
     let (outs, inner) = perfect(st);
     // The fold: a serial nest of taps whose body combines a guarded window operand.
-    let Some(fold) = inner.iter_mut().find(|s| matches!(s, Stmt::For { kind: LoopKind::Serial, .. })) else { return Ok(()) };
+    let Some(fold) = inner.iter_mut().find(|s| {
+        matches!(
+            s,
+            Stmt::For {
+                kind: LoopKind::Serial,
+                ..
+            }
+        )
+    }) else {
+        return Ok(());
+    };
     let (taps, update) = perfect(fold);
     let mut candidates = Vec::new();
     for s in update.iter() {
@@ -179,39 +267,71 @@ fn pad_nest(b: &mut KernelBuilder, st: &mut Stmt) -> Result<()> {
         }
     }
     let loops: Vec<Var> = outs.iter().chain(&taps).map(|(v, _)| *v).collect();
-    let Some((operand, w)) = candidates.into_iter().find_map(|e| Some((e.clone(), recognise(b.k, &e, &taps, &outs, &loops, &|_| true)?))) else {
+    let Some((operand, w)) = candidates.into_iter().find_map(|e| {
+        Some((
+            e.clone(),
+            recognise(b.k, &e, &taps, &outs, &loops, &|_| true)?,
+        ))
+    }) else {
         return Ok(());
     };
     // The copy goes inside the loops the input reads, which must all enclose the output positions.
-    let used: Vec<usize> = (0..outs.len()).filter(|i| w.input.uses(outs[*i].0)).collect();
-    let first_out = w.axes.iter().filter_map(|a| outs.iter().position(|(v, _)| *v == a.out)).min().unwrap_or(0);
-    let Some(&depth) = used.last().filter(|d| **d < first_out) else { return Ok(()) };
+    let used: Vec<usize> = (0..outs.len())
+        .filter(|i| w.input.uses(outs[*i].0))
+        .collect();
+    let first_out = w
+        .axes
+        .iter()
+        .filter_map(|a| outs.iter().position(|(v, _)| *v == a.out))
+        .min()
+        .unwrap_or(0);
+    let Some(&depth) = used.last().filter(|d| **d < first_out) else {
+        return Ok(());
+    };
     let strides: Vec<usize> = w.axes.iter().map(|a| a.stride as usize).collect();
     let dilations: Vec<usize> = w.axes.iter().map(|a| a.dilation as usize).collect();
     let lens: Vec<i64> = w.axes.iter().map(|a| a.len).collect();
     let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
-    pads.extend(w.axes.iter().map(|a| (a.span - a.pad - a.len).max(0) as usize));
+    pads.extend(
+        w.axes
+            .iter()
+            .map(|a| (a.span - a.pad - a.len).max(0) as usize),
+    );
     let phases = strides[strides.len() - 1];
     let mut copy = Vec::new();
     let read: Read<KernelBuilder> = &mut |_, _, pos| Ok(w.input_at(&w.input, pos));
     let xp = padded_phases(b, [1, 1], &lens, &pads, phases, w.fill, read, &mut copy)?;
     let pos: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.out)).collect();
     let tap: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.tap)).collect();
-    let load = Expr::load(xp, [vec![Expr::int(0), Expr::int(0)], padded_index(&pos, &tap, &strides, &dilations, phases)].concat());
+    let load = Expr::load(
+        xp,
+        [
+            vec![Expr::int(0), Expr::int(0)],
+            padded_index(&pos, &tap, &strides, &dilations, phases),
+        ]
+        .concat(),
+    );
     for s in update.iter_mut() {
         *s = s.map_exprs(&|e| e.replace(&operand, &load));
     }
     // Into the loop at `depth`, before everything it holds.
     let mut cur = st;
     for _ in 0..depth {
-        let Stmt::For { body, .. } = cur else { unreachable!("the nest is perfect to the output positions") };
+        let Stmt::For { body, .. } = cur else {
+            unreachable!("the nest is perfect to the output positions")
+        };
         cur = &mut body[0];
     }
-    let Stmt::For { body, .. } = cur else { unreachable!("the nest is perfect to the output positions") };
+    let Stmt::For { body, .. } = cur else {
+        unreachable!("the nest is perfect to the output positions")
+    };
     copy.append(body);
     *body = copy;
     let name = b.k.buffer(xp).name.clone();
-    b.k.schedule.push(mlopt_kir::ScheduleStep::Pad { buf: name, phases: phases as u64 });
+    b.k.schedule.push(mlopt_kir::ScheduleStep::Pad {
+        buf: name,
+        phases: phases as u64,
+    });
     Ok(())
 }
 

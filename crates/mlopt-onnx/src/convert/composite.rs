@@ -82,20 +82,49 @@ impl NodeCx<'_, '_> {
         self.konst_value(Tensor::scalar(v).cast(dtype))
     }
     /// Elements `start, start+step, ...` (`len` of them) along the last axis.
-    pub(crate) fn slice_last(&mut self, x: Value, start: usize, step: i64, len: usize) -> Result<Value> {
+    pub(crate) fn slice_last(
+        &mut self,
+        x: Value,
+        start: usize,
+        step: i64,
+        len: usize,
+    ) -> Result<Value> {
         let shape = self.ty(x).shape.clone();
         let r = shape.len();
         if r == 0 {
-            return Err(self.err(format!("expected a tensor with at least one axis, got {}", self.ty(x))));
+            return Err(self.err(format!(
+                "expected a tensor with at least one axis, got {}",
+                self.ty(x)
+            )));
         }
         let (mut starts, mut steps, mut lens) = (vec![0; r], vec![1; r], shape);
         starts[r - 1] = start;
         steps[r - 1] = step;
         lens[r - 1] = len;
-        self.add1(Op::Slice { starts, steps, lens }, &[x])
+        self.add1(
+            Op::Slice {
+                starts,
+                steps,
+                lens,
+            },
+            &[x],
+        )
     }
-    pub(crate) fn reduce(&mut self, kind: ReduceKind, x: Value, axes: Vec<usize>, keepdims: bool) -> Result<Value> {
-        self.add1(Op::Reduce { kind, axes, keepdims }, &[x])
+    pub(crate) fn reduce(
+        &mut self,
+        kind: ReduceKind,
+        x: Value,
+        axes: Vec<usize>,
+        keepdims: bool,
+    ) -> Result<Value> {
+        self.add1(
+            Op::Reduce {
+                kind,
+                axes,
+                keepdims,
+            },
+            &[x],
+        )
     }
 }
 
@@ -104,9 +133,15 @@ impl NodeCx<'_, '_> {
 fn stash_dtype(cx: &mut NodeCx<'_, '_>, x: DType) -> Result<DType> {
     let stash = cx.int("stash_type", 1)?;
     if stash != 1 {
-        return Err(cx.err(format!("stash_type={stash} is not supported (statistics are computed in f32)")));
+        return Err(cx.err(format!(
+            "stash_type={stash} is not supported (statistics are computed in f32)"
+        )));
     }
-    Ok(if x == DType::F64 { DType::F64 } else { DType::F32 })
+    Ok(if x == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    })
 }
 
 /// y = x / sqrt(mean(x^2 over axes axis..) + epsilon) * scale.
@@ -160,11 +195,24 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
             let h = usize::try_from(h)
                 .ok()
                 .filter(|&h| h > 0 && s[2].is_multiple_of(h))
-                .ok_or_else(|| cx.err_in(i, format!("hidden size {} does not split into {h} heads", s[2])))?;
+                .ok_or_else(|| {
+                    cx.err_in(
+                        i,
+                        format!("hidden size {} does not split into {h} heads", s[2]),
+                    )
+                })?;
             Ok(vec![s[0], h, s[1], s[2] / h])
         };
-        let (sq, sk, sv) = (heads(cx, q, qh, 0)?, heads(cx, k, kvh, 1)?, heads(cx, v, kvh, 2)?);
-        (cx.add1(Op::Reshape { shape: sq }, &[q])?, cx.add1(Op::Reshape { shape: sk }, &[k])?, cx.add1(Op::Reshape { shape: sv }, &[v])?)
+        let (sq, sk, sv) = (
+            heads(cx, q, qh, 0)?,
+            heads(cx, k, kvh, 1)?,
+            heads(cx, v, kvh, 2)?,
+        );
+        (
+            cx.add1(Op::Reshape { shape: sq }, &[q])?,
+            cx.add1(Op::Reshape { shape: sk }, &[k])?,
+            cx.add1(Op::Reshape { shape: sv }, &[v])?,
+        )
     } else {
         (q, k, v)
     };
@@ -180,23 +228,50 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let (mut kk, mut vv) = (present_k, present_v);
     if qh != kvh {
         if kvh == 0 || qh % kvh != 0 {
-            return Err(cx.err(format!("{qh} query heads cannot share {kvh} key/value heads")));
+            return Err(cx.err(format!(
+                "{qh} query heads cannot share {kvh} key/value heads"
+            )));
         }
-        kk = cx.add1(Op::Tile { repeats: vec![1, qh / kvh, 1, 1] }, &[kk])?;
-        vv = cx.add1(Op::Tile { repeats: vec![1, qh / kvh, 1, 1] }, &[vv])?;
+        kk = cx.add1(
+            Op::Tile {
+                repeats: vec![1, qh / kvh, 1, 1],
+            },
+            &[kk],
+        )?;
+        vv = cx.add1(
+            Op::Tile {
+                repeats: vec![1, qh / kvh, 1, 1],
+            },
+            &[vv],
+        )?;
     }
     let root = (scale.map_or(1.0 / (head as f64).sqrt(), |s| s as f64)).sqrt();
     let root = cx.scalar(root, dtype);
     let qs = cx.bin(Binary::Mul, q4, root)?;
-    let kt = cx.add1(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[kk])?;
+    let kt = cx.add1(
+        Op::Transpose {
+            perm: vec![0, 1, 3, 2],
+        },
+        &[kk],
+    )?;
     let ks = cx.bin(Binary::Mul, kt, root)?;
     let qk = cx.add1(Op::MatMul, &[qs, ks])?;
     let (sq, skv) = (cx.ty(q4).shape[2], cx.ty(kk).shape[2]);
     let bias = match (is_causal, mask) {
         (true, Some(_)) => return Err(cx.err("is_causal and attn_mask cannot both be given")),
         (true, None) => {
-            let v: Vec<f32> = (0..sq * skv).map(|i| if i % skv > i / skv { f32::NEG_INFINITY } else { 0.0 }).collect();
-            let t = Tensor::from_vec(&[sq, skv], v).ok_or_else(|| cx.err("causal mask"))?.cast(dtype);
+            let v: Vec<f32> = (0..sq * skv)
+                .map(|i| {
+                    if i % skv > i / skv {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let t = Tensor::from_vec(&[sq, skv], v)
+                .ok_or_else(|| cx.err("causal mask"))?
+                .cast(dtype);
             Some(cx.konst_value(t))
         }
         (false, Some(m)) if cx.ty(m).dtype == DType::Bool => {
@@ -221,7 +296,11 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         None => dtype,
         Some(p) => crate::tensor_io::dtype_from_onnx(p as i32)
             .filter(|d| d.is_float())
-            .ok_or_else(|| cx.err(format!("softmax_precision {p} is not a supported float type")))?,
+            .ok_or_else(|| {
+                cx.err(format!(
+                    "softmax_precision {p} is not a supported float type"
+                ))
+            })?,
     };
     let sm_in = cx.cast_to(capped, wide)?;
     let probs = cx.add1(Op::Softmax { axis: 3 }, &[sm_in])?;
@@ -229,9 +308,19 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let out = cx.add1(Op::MatMul, &[probs, vw])?;
     let mut out = cx.cast_to(out, dtype)?;
     if rank == 3 {
-        let t = cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[out])?;
+        let t = cx.add1(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[out],
+        )?;
         let s = cx.ty(t).shape.clone();
-        out = cx.add1(Op::Reshape { shape: vec![s[0], s[1], s[2] * s[3]] }, &[t])?;
+        out = cx.add1(
+            Op::Reshape {
+                shape: vec![s[0], s[1], s[2] * s[3]],
+            },
+            &[t],
+        )?;
     }
     let qk_out = match mode {
         0 => qk,
@@ -248,13 +337,22 @@ fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
 /// class, with `ignore_index` and `reduction` as ONNX's losses define them. `nll_quirk`: the standalone
 /// NegativeLogLikelihoodLoss leaves the mean over all elements when ignore_index is -1 and no weights are
 /// given (as its reference does); SoftmaxCrossEntropyLoss then divides by the count of kept elements.
-fn nll_loss(cx: &mut NodeCx<'_, '_>, x: Value, target: Value, weight: Option<Value>, nll_quirk: bool) -> Result<Value> {
+fn nll_loss(
+    cx: &mut NodeCx<'_, '_>,
+    x: Value,
+    target: Value,
+    weight: Option<Value>,
+    nll_quirk: bool,
+) -> Result<Value> {
     let reduction = cx.string("reduction", "mean")?;
     let ignore = cx.int_opt("ignore_index")?;
     let (xs, ts) = (cx.ty(x).shape.clone(), cx.ty(target).shape.clone());
     let (dtype, tdtype) = (cx.ty(x).dtype, cx.ty(target).dtype);
     if xs.len() < 2 || ts.len() + 1 != xs.len() || ts[0] != xs[0] || ts[1..] != xs[2..] {
-        return Err(cx.err_in(1, format!("target shape {ts:?} does not fit input shape {xs:?}")));
+        return Err(cx.err_in(
+            1,
+            format!("target shape {ts:?} does not fit input shape {xs:?}"),
+        ));
     }
     let keep = match ignore {
         Some(i) => {
@@ -330,10 +428,29 @@ fn hardmax(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     } else {
         let a = cx.int("axis", 1)?;
         let a = axis(cx, a, ty.rank())?;
-        (1, vec![ty.shape[..a].iter().product(), ty.shape[a..].iter().product()])
+        (
+            1,
+            vec![
+                ty.shape[..a].iter().product(),
+                ty.shape[a..].iter().product(),
+            ],
+        )
     };
-    let flat = cx.add1(Op::Reshape { shape: shape.clone() }, &[x])?;
-    let arg = cx.add1(Op::Arg { max: true, axis: a, keepdims: true, select_last_index: false }, &[flat])?;
+    let flat = cx.add1(
+        Op::Reshape {
+            shape: shape.clone(),
+        },
+        &[x],
+    )?;
+    let arg = cx.add1(
+        Op::Arg {
+            max: true,
+            axis: a,
+            keepdims: true,
+            select_last_index: false,
+        },
+        &[flat],
+    )?;
     let ids = iota(cx, shape[a], a, shape.len())?;
     let hit = cx.bin(Binary::Equal, arg, ids)?;
     let y = cx.cast_to(hit, ty.dtype)?;
@@ -345,7 +462,10 @@ fn mvn(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let ty = cx.ty(x).clone();
     let given = cx.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]);
-    let mut axes: Vec<usize> = given.iter().map(|&a| axis(cx, a, ty.rank())).collect::<Result<_>>()?;
+    let mut axes: Vec<usize> = given
+        .iter()
+        .map(|&a| axis(cx, a, ty.rank()))
+        .collect::<Result<_>>()?;
     axes.sort_unstable();
     axes.dedup();
     let mean = cx.reduce(ReduceKind::Mean, x, axes.clone(), true)?;
@@ -365,14 +485,27 @@ fn mvn(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 fn group_norm(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (x, scale, bias) = (cx.req(0)?, cx.req(1)?, cx.req(2)?);
     let ty = cx.ty(x).clone();
-    let groups = cx.int_opt("num_groups")?.ok_or_else(|| cx.err("attribute 'num_groups' is required"))?;
+    let groups = cx
+        .int_opt("num_groups")?
+        .ok_or_else(|| cx.err("attribute 'num_groups' is required"))?;
     let eps = cx.float("epsilon", 1e-5)?;
     let wide = stash_dtype(cx, ty.dtype)?;
-    let c = *ty.shape.get(1).ok_or_else(|| cx.err_in(0, "expects [N, C, ...]"))?;
-    let g = usize::try_from(groups).ok().filter(|&g| g > 0 && c % g == 0).ok_or_else(|| cx.err(format!("{c} channels do not split into {groups} groups")))?;
+    let c = *ty
+        .shape
+        .get(1)
+        .ok_or_else(|| cx.err_in(0, "expects [N, C, ...]"))?;
+    let g = usize::try_from(groups)
+        .ok()
+        .filter(|&g| g > 0 && c % g == 0)
+        .ok_or_else(|| cx.err(format!("{c} channels do not split into {groups} groups")))?;
     let rest: usize = ty.shape[2..].iter().product();
     let xf = cx.cast_to(x, wide)?;
-    let grouped = cx.add1(Op::Reshape { shape: vec![ty.shape[0], g, c / g * rest] }, &[xf])?;
+    let grouped = cx.add1(
+        Op::Reshape {
+            shape: vec![ty.shape[0], g, c / g * rest],
+        },
+        &[xf],
+    )?;
     let mean = cx.reduce(ReduceKind::Mean, grouped, vec![2], true)?;
     let centred = cx.bin(Binary::Sub, grouped, mean)?;
     let sq = cx.bin(Binary::Mul, centred, centred)?;
@@ -381,19 +514,30 @@ fn group_norm(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let var = cx.bin(Binary::Add, var, e)?;
     let std = cx.un(Unary::Sqrt, var)?;
     let n = cx.bin(Binary::Div, centred, std)?;
-    let n = cx.add1(Op::Reshape { shape: ty.shape.clone() }, &[n])?;
+    let n = cx.add1(
+        Op::Reshape {
+            shape: ty.shape.clone(),
+        },
+        &[n],
+    )?;
     let n = cx.cast_to(n, ty.dtype)?;
     let mut per_channel = vec![1; ty.rank() - 1];
     per_channel[0] = c;
     let (mut s, mut b) = (scale, bias);
     if cx.opset() < 21 {
         // Per-group parameters: channel i takes group i / (C / G)'s.
-        let idx = Tensor::from_vec(&[c], (0..c as i64).map(|i| i / (c / g) as i64).collect()).ok_or_else(|| cx.err("group index"))?;
+        let idx = Tensor::from_vec(&[c], (0..c as i64).map(|i| i / (c / g) as i64).collect())
+            .ok_or_else(|| cx.err("group index"))?;
         let idx = cx.konst_value(idx);
         s = cx.add1(Op::Gather { axis: 0 }, &[s, idx])?;
         b = cx.add1(Op::Gather { axis: 0 }, &[b, idx])?;
     }
-    let s = cx.add1(Op::Reshape { shape: per_channel.clone() }, &[s])?;
+    let s = cx.add1(
+        Op::Reshape {
+            shape: per_channel.clone(),
+        },
+        &[s],
+    )?;
     let b = cx.add1(Op::Reshape { shape: per_channel }, &[b])?;
     let y = cx.bin(Binary::Mul, n, s)?;
     cx.bin(Binary::Add, y, b)
@@ -405,11 +549,18 @@ fn lp_pool(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let dtype = cx.ty(x).dtype;
     let p = cx.int("p", 2)?;
     let pool = pool_attrs(cx, x)?;
-    let count = mlopt_ir::checked_numel(&pool.kernel).ok_or_else(|| cx.err(format!("kernel_shape {:?} overflows", pool.kernel)))?;
+    let count = mlopt_ir::checked_numel(&pool.kernel)
+        .ok_or_else(|| cx.err(format!("kernel_shape {:?} overflows", pool.kernel)))?;
     let a = cx.un(Unary::Abs, x)?;
     let pv = cx.scalar(p as f64, dtype);
     let powed = cx.bin(Binary::Pow, a, pv)?;
-    let avg = cx.add1(Op::AveragePool { pool, count_include_pad: true }, &[powed])?;
+    let avg = cx.add1(
+        Op::AveragePool {
+            pool,
+            count_include_pad: true,
+        },
+        &[powed],
+    )?;
     let k = cx.scalar(count as f64, dtype);
     let sum = cx.bin(Binary::Mul, avg, k)?;
     let inv = cx.scalar(1.0 / p as f64, dtype);
@@ -421,7 +572,10 @@ fn lp_pool(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 fn cumsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let ty = cx.ty(x).clone();
-    let a = cx.konst_ints(1)?.and_then(|v| v.first().copied()).ok_or_else(|| cx.err_in(1, "axis must be a scalar"))?;
+    let a = cx
+        .konst_ints(1)?
+        .and_then(|v| v.first().copied())
+        .ok_or_else(|| cx.err_in(1, "axis must be a scalar"))?;
     let a = axis(cx, a, ty.rank())?;
     let (exclusive, reverse) = (cx.int("exclusive", 0)? != 0, cx.int("reverse", 0)? != 0);
     let n = ty.shape[a];
@@ -438,12 +592,18 @@ fn cumsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
             on as u8 as f64
         })
         .collect();
-    let tri = Tensor::from_vec(&[n, n], tri).ok_or_else(|| cx.err("cumsum"))?.cast(ty.dtype);
+    let tri = Tensor::from_vec(&[n, n], tri)
+        .ok_or_else(|| cx.err("cumsum"))?
+        .cast(ty.dtype);
     let tri = cx.konst_value(tri);
     let last = ty.rank() - 1;
     let mut perm: Vec<usize> = (0..ty.rank()).collect();
     perm.swap(a, last);
-    let moved = if a == last { x } else { cx.add1(Op::Transpose { perm: perm.clone() }, &[x])? };
+    let moved = if a == last {
+        x
+    } else {
+        cx.add1(Op::Transpose { perm: perm.clone() }, &[x])?
+    };
     let summed = cx.add1(Op::MatMul, &[moved, tri])?;
     if a == last {
         Ok(summed)
@@ -455,9 +615,18 @@ fn cumsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 /// `values[1]` where the (wrapped) index equals the position along the new axis, `values[0]` elsewhere.
 fn one_hot(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (idx, values) = (cx.req(0)?, cx.req(2)?);
-    let depth = cx.konst(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
-    let depth = depth.to_f64_vec().first().copied().ok_or_else(|| cx.err_in(1, "depth must be a scalar"))?;
-    let depth = usize::try_from(depth as i64).ok().filter(|&d| d > 0).ok_or_else(|| cx.err_in(1, format!("depth {depth} must be positive")))?;
+    let depth = cx
+        .konst(1)?
+        .ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let depth = depth
+        .to_f64_vec()
+        .first()
+        .copied()
+        .ok_or_else(|| cx.err_in(1, "depth must be a scalar"))?;
+    let depth = usize::try_from(depth as i64)
+        .ok()
+        .filter(|&d| d > 0)
+        .ok_or_else(|| cx.err_in(1, format!("depth {depth} must be positive")))?;
     if cx.ty(values).numel() != 2 {
         return Err(cx.err_in(2, "values must hold [off, on]"));
     }
@@ -497,13 +666,18 @@ fn eye_like(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         return Err(cx.err_in(0, "EyeLike takes a 2-D input"));
     }
     let dtype = match cx.int_opt("dtype")? {
-        Some(d) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("dtype {d} is not supported")))?,
+        Some(d) => crate::tensor_io::dtype_from_onnx(d as i32)
+            .ok_or_else(|| cx.err(format!("dtype {d} is not supported")))?,
         None => ty.dtype,
     };
     let k = cx.int("k", 0)?;
     let (r, c) = (ty.shape[0], ty.shape[1]);
-    let v: Vec<f64> = (0..r * c).map(|i| ((i % c) as i64 - (i / c) as i64 == k) as u8 as f64).collect();
-    let t = Tensor::from_vec(&[r, c], v).ok_or_else(|| cx.err("eye"))?.cast(dtype);
+    let v: Vec<f64> = (0..r * c)
+        .map(|i| ((i % c) as i64 - (i / c) as i64 == k) as u8 as f64)
+        .collect();
+    let t = Tensor::from_vec(&[r, c], v)
+        .ok_or_else(|| cx.err("eye"))?
+        .cast(dtype);
     Ok(cx.konst_value(t))
 }
 
@@ -517,13 +691,28 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let num_heads = cx.int("num_heads", 0)?;
     // To [B, S, H, D].
     let x4 = match ty.rank() {
-        4 => cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x])?,
+        4 => cx.add1(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[x],
+        )?,
         3 => {
             let h = usize::try_from(num_heads)
                 .ok()
                 .filter(|&h| h > 0 && ty.shape[2].is_multiple_of(h))
-                .ok_or_else(|| cx.err(format!("3-D input needs num_heads dividing {}", ty.shape[2])))?;
-            cx.add1(Op::Reshape { shape: vec![ty.shape[0], ty.shape[1], h, ty.shape[2] / h] }, &[x])?
+                .ok_or_else(|| {
+                    cx.err(format!(
+                        "3-D input needs num_heads dividing {}",
+                        ty.shape[2]
+                    ))
+                })?;
+            cx.add1(
+                Op::Reshape {
+                    shape: vec![ty.shape[0], ty.shape[1], h, ty.shape[2] / h],
+                },
+                &[x],
+            )?
         }
         r => return Err(cx.err_in(0, format!("expects a 3-D or 4-D input, got rank {r}"))),
     };
@@ -535,7 +724,11 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         usize::try_from(rot_dim)
             .ok()
             .filter(|&d| d <= head && d % 2 == 0)
-            .ok_or_else(|| cx.err(format!("rotary_embedding_dim {rot_dim} must be even and at most {head}")))?
+            .ok_or_else(|| {
+                cx.err(format!(
+                    "rotary_embedding_dim {rot_dim} must be even and at most {head}"
+                ))
+            })?
     };
     let half = rd / 2;
     let angles = |cx: &mut NodeCx<'_, '_>, cache: Value| -> Result<Value> {
@@ -548,13 +741,24 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         if cs.len() != 3 {
             return Err(cx.err("cos/sin caches must give [batch, sequence, rotary_dim/2] angles"));
         }
-        cx.add1(Op::Reshape { shape: vec![cs[0], cs[1], 1, cs[2]] }, &[c])
+        cx.add1(
+            Op::Reshape {
+                shape: vec![cs[0], cs[1], 1, cs[2]],
+            },
+            &[c],
+        )
     };
     let (cos, sin) = (angles(cx, cos_cache)?, angles(cx, sin_cache)?);
     let (x1, x2) = if interleaved {
-        (cx.slice_last(x4, 0, 2, half)?, cx.slice_last(x4, 1, 2, half)?)
+        (
+            cx.slice_last(x4, 0, 2, half)?,
+            cx.slice_last(x4, 1, 2, half)?,
+        )
     } else {
-        (cx.slice_last(x4, 0, 1, half)?, cx.slice_last(x4, half, 1, half)?)
+        (
+            cx.slice_last(x4, 0, 1, half)?,
+            cx.slice_last(x4, half, 1, half)?,
+        )
     };
     let (c1, s2) = (cx.bin(Binary::Mul, cos, x1)?, cx.bin(Binary::Mul, sin, x2)?);
     let real = cx.bin(Binary::Sub, c1, s2)?;
@@ -564,7 +768,12 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         let mut pair = s4.clone();
         pair[3] = half;
         pair.push(1);
-        let r = cx.add1(Op::Reshape { shape: pair.clone() }, &[real])?;
+        let r = cx.add1(
+            Op::Reshape {
+                shape: pair.clone(),
+            },
+            &[real],
+        )?;
         let i = cx.add1(Op::Reshape { shape: pair }, &[imag])?;
         let both = cx.add1(Op::Concat { axis: 4 }, &[r, i])?;
         let mut flat = s4.clone();
@@ -580,7 +789,12 @@ fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         rotated
     };
     match ty.rank() {
-        4 => cx.add1(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[out]),
+        4 => cx.add1(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[out],
+        ),
         _ => cx.add1(Op::Reshape { shape: ty.shape }, &[out]),
     }
 }
@@ -590,7 +804,9 @@ fn center_crop_pad(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let s = cx.ty(x).shape.clone();
     let r = s.len();
-    let target = cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let target = cx
+        .konst_ints(1)?
+        .ok_or_else(|| cx.err_in(1, "required input is missing"))?;
     let axes: Vec<usize> = match cx.ints("axes")? {
         None => (0..r).collect(),
         Some(a) => a.iter().map(|&a| axis(cx, a, r)).collect::<Result<_>>()?,
@@ -610,17 +826,35 @@ fn center_crop_pad(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
             pads[a + r] = d - d / 2;
         }
     }
-    let cropped = cx.add1(Op::Slice { starts, steps: vec![1; r], lens }, &[x])?;
-    cx.add1(Op::Pad { pads, mode: PadMode::Constant, value: 0.0 }, &[cropped])
+    let cropped = cx.add1(
+        Op::Slice {
+            starts,
+            steps: vec![1; r],
+            lens,
+        },
+        &[x],
+    )?;
+    cx.add1(
+        Op::Pad {
+            pads,
+            mode: PadMode::Constant,
+            value: 0.0,
+        },
+        &[cropped],
+    )
 }
 
 /// Hann, Hamming and Blackman windows of a constant length: constants.
 fn window(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Value> {
-    let size = cx.konst_ints(0)?.and_then(|v| v.first().copied()).ok_or_else(|| cx.err_in(0, "size must be a scalar"))?;
+    let size = cx
+        .konst_ints(0)?
+        .and_then(|v| v.first().copied())
+        .ok_or_else(|| cx.err_in(0, "size must be a scalar"))?;
     let n = usize::try_from(size).map_err(|_| cx.err_in(0, format!("negative size {size}")))?;
     let periodic = cx.int("periodic", 1)? != 0;
     let to = cx.int("output_datatype", 1)?;
-    let dtype = crate::tensor_io::dtype_from_onnx(to as i32).ok_or_else(|| cx.err(format!("output_datatype {to} is not supported")))?;
+    let dtype = crate::tensor_io::dtype_from_onnx(to as i32)
+        .ok_or_else(|| cx.err(format!("output_datatype {to} is not supported")))?;
     let span = if periodic { n as f64 } else { n as f64 - 1.0 };
     let tau = 2.0 * std::f64::consts::PI;
     let w: Vec<f64> = (0..n)
@@ -633,7 +867,9 @@ fn window(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Value> {
             }
         })
         .collect();
-    let t = Tensor::from_vec(&[n], w).ok_or_else(|| cx.err("window"))?.cast(dtype);
+    let t = Tensor::from_vec(&[n], w)
+        .ok_or_else(|| cx.err("window"))?
+        .cast(dtype);
     Ok(cx.konst_value(t))
 }
 
@@ -641,7 +877,9 @@ fn window(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Value> {
 /// times each batch's theta, transposed: [N, spatial..., rank].
 fn affine_grid(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let theta = cx.req(0)?;
-    let size = cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let size = cx
+        .konst_ints(1)?
+        .ok_or_else(|| cx.err_in(1, "required input is missing"))?;
     let align = cx.int("align_corners", 0)? != 0;
     let ts = cx.ty(theta).shape.clone();
     let sp = size.len().saturating_sub(2);
@@ -663,7 +901,12 @@ fn affine_grid(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     // Rows (x, y[, z], 1) in row-major order over the spatial axes; x runs along the last axis.
     let count = mlopt_ir::checked_numel(&dims)
         .filter(|n| n.saturating_mul(sp + 1).saturating_mul(8) <= super::FOLD_LIMIT_BYTES)
-        .ok_or_else(|| cx.err_in(1, format!("size {size:?} is larger than mlopt folds into a constant")))?;
+        .ok_or_else(|| {
+            cx.err_in(
+                1,
+                format!("size {size:?} is larger than mlopt folds into a constant"),
+            )
+        })?;
     let mut base = Vec::with_capacity(count * (sp + 1));
     for flat in 0..count {
         let mut rem = flat;
@@ -678,9 +921,16 @@ fn affine_grid(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         base.push(1.0);
     }
     let dtype = cx.ty(theta).dtype;
-    let base = Tensor::from_vec(&[count, sp + 1], base).ok_or_else(|| cx.err("affine grid"))?.cast(dtype);
+    let base = Tensor::from_vec(&[count, sp + 1], base)
+        .ok_or_else(|| cx.err("affine grid"))?
+        .cast(dtype);
     let base = cx.konst_value(base);
-    let tt = cx.add1(Op::Transpose { perm: vec![0, 2, 1] }, &[theta])?;
+    let tt = cx.add1(
+        Op::Transpose {
+            perm: vec![0, 2, 1],
+        },
+        &[theta],
+    )?;
     let g = cx.add1(Op::MatMul, &[base, tt])?;
     let mut shape = vec![ts[0]];
     shape.extend(&dims);

@@ -14,14 +14,22 @@ struct Term {
 }
 
 pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
-    let eq: String = cx.string("equation", "")?.chars().filter(|c| !c.is_whitespace()).collect();
+    let eq: String = cx
+        .string("equation", "")?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
     let (lhs, rhs) = match eq.split_once("->") {
         Some((l, r)) => (l.to_string(), Some(r.to_string())),
         None => (eq.clone(), None),
     };
     let specs: Vec<&str> = lhs.split(',').collect();
     if specs.len() != cx.num_inputs() {
-        return Err(cx.err(format!("equation '{eq}' names {} operands, the node has {}", specs.len(), cx.num_inputs())));
+        return Err(cx.err(format!(
+            "equation '{eq}' names {} operands, the node has {}",
+            specs.len(),
+            cx.num_inputs()
+        )));
     }
     let mut terms = vec![];
     let mut ellipsis_rank = None;
@@ -29,8 +37,12 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         let v = cx.req(i)?;
         let rank = cx.ty(v).rank();
         let named = spec.replace("...", "").chars().count();
-        let ell =
-            if spec.contains("...") { rank.checked_sub(named).ok_or_else(|| cx.err_in(i, format!("'{spec}' has more labels than rank {rank}")))? } else { 0 };
+        let ell = if spec.contains("...") {
+            rank.checked_sub(named)
+                .ok_or_else(|| cx.err_in(i, format!("'{spec}' has more labels than rank {rank}")))?
+        } else {
+            0
+        };
         if spec.contains("...") {
             if ellipsis_rank.is_some_and(|r| r != ell) {
                 return Err(cx.err("ellipses of different ranks are not supported"));
@@ -38,13 +50,20 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
             ellipsis_rank = Some(ell);
         }
         let labels = expand(spec, ell);
-        if labels.len() != rank || labels.iter().any(|c| !c.is_ascii_alphabetic() && !is_ellipsis(*c)) {
+        if labels.len() != rank
+            || labels
+                .iter()
+                .any(|c| !c.is_ascii_alphabetic() && !is_ellipsis(*c))
+        {
             return Err(cx.err_in(i, format!("'{spec}' does not label the {rank} axes")));
         }
         let mut seen = labels.clone();
         seen.sort_unstable();
         if seen.windows(2).any(|w| w[0] == w[1]) {
-            return Err(cx.err_in(i, format!("repeated label in '{spec}' (diagonals) is not supported")));
+            return Err(cx.err_in(
+                i,
+                format!("repeated label in '{spec}' (diagonals) is not supported"),
+            ));
         }
         terms.push(Term { v, labels });
     }
@@ -54,14 +73,22 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         None => {
             // Implicit output: the ellipsis, then labels used once, alphabetically.
             let all: Vec<char> = terms.iter().flat_map(|t| t.labels.clone()).collect();
-            let mut once: Vec<char> = all.iter().copied().filter(|c| c.is_ascii_alphabetic() && all.iter().filter(|d| *d == c).count() == 1).collect();
+            let mut once: Vec<char> = all
+                .iter()
+                .copied()
+                .filter(|c| c.is_ascii_alphabetic() && all.iter().filter(|d| *d == c).count() == 1)
+                .collect();
             once.sort_unstable();
             (0..ell).map(ellipsis_label).chain(once).collect()
         }
     };
     let mut acc = terms.remove(0);
     for (k, next) in terms.into_iter().enumerate() {
-        let later: Vec<char> = specs[k + 2..].iter().flat_map(|s| expand(s, ell)).chain(out.iter().copied()).collect();
+        let later: Vec<char> = specs[k + 2..]
+            .iter()
+            .flat_map(|s| expand(s, ell))
+            .chain(out.iter().copied())
+            .collect();
         acc = pair(cx, acc, next, &later)?;
     }
     let acc = sum_unneeded(cx, acc, &out)?;
@@ -80,26 +107,45 @@ fn is_ellipsis(c: char) -> bool {
 
 fn expand(spec: &str, ell: usize) -> Vec<char> {
     match spec.split_once("...") {
-        Some((a, b)) => a.chars().chain((0..ell).map(ellipsis_label)).chain(b.chars()).collect(),
+        Some((a, b)) => a
+            .chars()
+            .chain((0..ell).map(ellipsis_label))
+            .chain(b.chars())
+            .collect(),
         None => spec.chars().collect(),
     }
 }
 
 /// Sums the axes whose labels `keep` does not mention.
 fn sum_unneeded(cx: &mut NodeCx<'_, '_>, t: Term, keep: &[char]) -> Result<Term> {
-    let axes: Vec<usize> = (0..t.labels.len()).filter(|&i| !keep.contains(&t.labels[i])).collect();
+    let axes: Vec<usize> = (0..t.labels.len())
+        .filter(|&i| !keep.contains(&t.labels[i]))
+        .collect();
     if axes.is_empty() {
         return Ok(t);
     }
-    let labels = t.labels.iter().copied().filter(|c| keep.contains(c)).collect();
-    Ok(Term { v: cx.reduce(ReduceKind::Sum, t.v, axes, false)?, labels })
+    let labels = t
+        .labels
+        .iter()
+        .copied()
+        .filter(|c| keep.contains(c))
+        .collect();
+    Ok(Term {
+        v: cx.reduce(ReduceKind::Sum, t.v, axes, false)?,
+        labels,
+    })
 }
 
 /// Reorders a term's axes to `order` (which holds exactly its labels).
 fn permute(cx: &mut NodeCx<'_, '_>, t: Term, order: &[char]) -> Result<Value> {
     let perm: Vec<usize> = order
         .iter()
-        .map(|c| t.labels.iter().position(|l| l == c).ok_or_else(|| cx.err(format!("output label '{c}' is not in any operand"))))
+        .map(|c| {
+            t.labels
+                .iter()
+                .position(|l| l == c)
+                .ok_or_else(|| cx.err(format!("output label '{c}' is not in any operand")))
+        })
         .collect::<Result<_>>()?;
     if perm.len() != t.labels.len() {
         return Err(cx.err("the output does not use every remaining label"));
@@ -111,7 +157,10 @@ fn permute(cx: &mut NodeCx<'_, '_>, t: Term, order: &[char]) -> Result<Value> {
 }
 
 fn dims(cx: &NodeCx<'_, '_>, t: &Term, ls: &[char]) -> Vec<usize> {
-    ls.iter().filter_map(|c| t.labels.iter().position(|l| l == c)).map(|i| cx.ty(t.v).shape[i]).collect()
+    ls.iter()
+        .filter_map(|c| t.labels.iter().position(|l| l == c))
+        .map(|i| cx.ty(t.v).shape[i])
+        .collect()
 }
 
 /// Contracts two terms into one whose labels are batch, then left-kept, then right-kept.
@@ -125,26 +174,76 @@ fn pair(cx: &mut NodeCx<'_, '_>, a: Term, b: Term, later: &[char]) -> Result<Ter
         let keep: Vec<char> = b.labels.iter().copied().filter(|c| needs(c, &a)).collect();
         sum_unneeded(cx, b, &keep)?
     };
-    let batch: Vec<char> = a.labels.iter().copied().filter(|c| b.labels.contains(c) && later.contains(c)).collect();
-    let contract: Vec<char> = a.labels.iter().copied().filter(|c| b.labels.contains(c) && !later.contains(c)).collect();
-    let left: Vec<char> = a.labels.iter().copied().filter(|c| !b.labels.contains(c)).collect();
-    let right: Vec<char> = b.labels.iter().copied().filter(|c| !a.labels.contains(c)).collect();
+    let batch: Vec<char> = a
+        .labels
+        .iter()
+        .copied()
+        .filter(|c| b.labels.contains(c) && later.contains(c))
+        .collect();
+    let contract: Vec<char> = a
+        .labels
+        .iter()
+        .copied()
+        .filter(|c| b.labels.contains(c) && !later.contains(c))
+        .collect();
+    let left: Vec<char> = a
+        .labels
+        .iter()
+        .copied()
+        .filter(|c| !b.labels.contains(c))
+        .collect();
+    let right: Vec<char> = b
+        .labels
+        .iter()
+        .copied()
+        .filter(|c| !a.labels.contains(c))
+        .collect();
     for c in batch.iter().chain(&contract) {
         let (da, db) = (dims(cx, &a, &[*c]), dims(cx, &b, &[*c]));
         if da != db {
-            return Err(cx.err(format!("label '{c}' has size {da:?} in one operand and {db:?} in another")));
+            return Err(cx.err(format!(
+                "label '{c}' has size {da:?} in one operand and {db:?} in another"
+            )));
         }
     }
-    let (bd, md, kd, nd) = (dims(cx, &a, &batch), dims(cx, &a, &left), dims(cx, &a, &contract), dims(cx, &b, &right));
+    let (bd, md, kd, nd) = (
+        dims(cx, &a, &batch),
+        dims(cx, &a, &left),
+        dims(cx, &a, &contract),
+        dims(cx, &b, &right),
+    );
     let prod = |v: &[usize]| v.iter().product::<usize>();
-    let a_order: Vec<char> = batch.iter().chain(&left).chain(&contract).copied().collect();
-    let b_order: Vec<char> = batch.iter().chain(&contract).chain(&right).copied().collect();
+    let a_order: Vec<char> = batch
+        .iter()
+        .chain(&left)
+        .chain(&contract)
+        .copied()
+        .collect();
+    let b_order: Vec<char> = batch
+        .iter()
+        .chain(&contract)
+        .chain(&right)
+        .copied()
+        .collect();
     let av = permute(cx, a, &a_order)?;
     let bv = permute(cx, b, &b_order)?;
-    let av = cx.add1(Op::Reshape { shape: vec![prod(&bd), prod(&md), prod(&kd)] }, &[av])?;
-    let bv = cx.add1(Op::Reshape { shape: vec![prod(&bd), prod(&kd), prod(&nd)] }, &[bv])?;
+    let av = cx.add1(
+        Op::Reshape {
+            shape: vec![prod(&bd), prod(&md), prod(&kd)],
+        },
+        &[av],
+    )?;
+    let bv = cx.add1(
+        Op::Reshape {
+            shape: vec![prod(&bd), prod(&kd), prod(&nd)],
+        },
+        &[bv],
+    )?;
     let mm = cx.add1(Op::MatMul, &[av, bv])?;
     let shape: Vec<usize> = bd.iter().chain(&md).chain(&nd).copied().collect();
     let v = cx.add1(Op::Reshape { shape }, &[mm])?;
-    Ok(Term { v, labels: batch.into_iter().chain(left).chain(right).collect() })
+    Ok(Term {
+        v,
+        labels: batch.into_iter().chain(left).chain(right).collect(),
+    })
 }

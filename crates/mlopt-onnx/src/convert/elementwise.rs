@@ -141,14 +141,34 @@ fn binary(op: &str) -> Option<Binary> {
 
 fn unary_with_attrs(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Option<Unary>> {
     Ok(Some(match op {
-        "IsInf" => Unary::IsInf { detect_negative: cx.int("detect_negative", 1)? != 0, detect_positive: cx.int("detect_positive", 1)? != 0 },
-        "LeakyRelu" => Unary::LeakyRelu { alpha: cx.float("alpha", 0.01)? },
-        "Elu" => Unary::Elu { alpha: cx.float("alpha", 1.0)? },
-        "Celu" => Unary::Celu { alpha: cx.float("alpha", 1.0)? },
-        "Selu" => Unary::Selu { alpha: cx.float("alpha", 1.673_263_2)?, gamma: cx.float("gamma", 1.050_701)? },
-        "HardSigmoid" => Unary::HardSigmoid { alpha: cx.float("alpha", 0.2)?, beta: cx.float("beta", 0.5)? },
-        "ThresholdedRelu" => Unary::ThresholdedRelu { alpha: cx.float("alpha", 1.0)? },
-        "Shrink" => Unary::Shrink { bias: cx.float("bias", 0.0)?, lambd: cx.float("lambd", 0.5)? },
+        "IsInf" => Unary::IsInf {
+            detect_negative: cx.int("detect_negative", 1)? != 0,
+            detect_positive: cx.int("detect_positive", 1)? != 0,
+        },
+        "LeakyRelu" => Unary::LeakyRelu {
+            alpha: cx.float("alpha", 0.01)?,
+        },
+        "Elu" => Unary::Elu {
+            alpha: cx.float("alpha", 1.0)?,
+        },
+        "Celu" => Unary::Celu {
+            alpha: cx.float("alpha", 1.0)?,
+        },
+        "Selu" => Unary::Selu {
+            alpha: cx.float("alpha", 1.673_263_2)?,
+            gamma: cx.float("gamma", 1.050_701)?,
+        },
+        "HardSigmoid" => Unary::HardSigmoid {
+            alpha: cx.float("alpha", 0.2)?,
+            beta: cx.float("beta", 0.5)?,
+        },
+        "ThresholdedRelu" => Unary::ThresholdedRelu {
+            alpha: cx.float("alpha", 1.0)?,
+        },
+        "Shrink" => Unary::Shrink {
+            bias: cx.float("bias", 0.0)?,
+            lambd: cx.float("lambd", 0.5)?,
+        },
         "Gelu" => match cx.string("approximate", "none")?.as_str() {
             "none" => Unary::Gelu { tanh: false },
             "tanh" => Unary::Gelu { tanh: true },
@@ -168,7 +188,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             return Ok(Some(vec![cx.add1(Op::Unary(u), &[cx.req(0)?])?]));
         }
         if let Some(b) = binary(op) {
-            return Ok(Some(vec![cx.add1(Op::Binary(b), &[cx.req(0)?, cx.req(1)?])?]));
+            return Ok(Some(vec![
+                cx.add1(Op::Binary(b), &[cx.req(0)?, cx.req(1)?])?
+            ]));
         }
         let out = match op {
             "Mod" => {
@@ -186,7 +208,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                     "Max" => Nary::Max,
                     _ => Nary::Min,
                 };
-                let ins: Vec<Value> = (0..cx.num_inputs()).map(|i| cx.req(i)).collect::<Result<_>>()?;
+                let ins: Vec<Value> = (0..cx.num_inputs())
+                    .map(|i| cx.req(i))
+                    .collect::<Result<_>>()?;
                 cx.add1(Op::Nary(n), &ins)?
             }
             "Where" => cx.add1(Op::Where, &[cx.req(0)?, cx.req(1)?, cx.req(2)?])?,
@@ -196,20 +220,29 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                     "RIGHT" => false,
                     d => return Err(cx.err(format!("direction='{d}' must be LEFT or RIGHT"))),
                 };
-                cx.add1(Op::Binary(Binary::BitShift { left }), &[cx.req(0)?, cx.req(1)?])?
+                cx.add1(
+                    Op::Binary(Binary::BitShift { left }),
+                    &[cx.req(0)?, cx.req(1)?],
+                )?
             }
             "Clip" => clip(cx)?,
             "Cast" => {
                 let to = cx.int("to", 0)? as i32;
                 if cx.int("saturate", 1)? != 1 {
-                    return Err(cx.err("saturate=0 only applies to float8 types, which mlopt does not have"));
+                    return Err(cx.err(
+                        "saturate=0 only applies to float8 types, which mlopt does not have",
+                    ));
                 }
-                let dtype = dtype_from_onnx(to).ok_or_else(|| cx.err(format!("cast to {} is not supported", data_type::name(to))))?;
+                let dtype = dtype_from_onnx(to).ok_or_else(|| {
+                    cx.err(format!("cast to {} is not supported", data_type::name(to)))
+                })?;
                 cx.add1(Op::Cast { to: dtype }, &[cx.req(0)?])?
             }
             "CastLike" => {
                 if cx.int("saturate", 1)? != 1 {
-                    return Err(cx.err("saturate=0 only applies to float8 types, which mlopt does not have"));
+                    return Err(cx.err(
+                        "saturate=0 only applies to float8 types, which mlopt does not have",
+                    ));
                 }
                 let like = cx.req(1)?;
                 let to = cx.ty(like).dtype;

@@ -5,7 +5,10 @@
 use super::nn::axis;
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{broadcast_shapes, CoordMode, GridPadding, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, ScatterReduction, Value};
+use mlopt_ir::{
+    broadcast_shapes, CoordMode, GridPadding, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode,
+    ScatterReduction, Value,
+};
 
 pub(crate) const OPS: &[&str] = &[
     "Reshape",
@@ -42,7 +45,11 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let x = cx.req(0)?;
                 let s = cx.ty(x).shape.clone();
                 let a = cx.int("axis", 1)?;
-                let a = if a == s.len() as i64 { s.len() } else { axis(cx, a, s.len())? };
+                let a = if a == s.len() as i64 {
+                    s.len()
+                } else {
+                    axis(cx, a, s.len())?
+                };
                 let shape = vec![s[..a].iter().product(), s[a..].iter().product()];
                 vec![cx.add1(Op::Reshape { shape }, &[x])?]
             }
@@ -55,11 +62,19 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 vec![cx.add1(Op::Transpose { perm }, &[x])?]
             }
             "Concat" => {
-                let ins: Vec<Value> = (0..cx.num_inputs()).map(|i| cx.req(i)).collect::<Result<_>>()?;
-                let first = *ins.first().ok_or_else(|| cx.err("needs at least one input"))?;
+                let ins: Vec<Value> = (0..cx.num_inputs())
+                    .map(|i| cx.req(i))
+                    .collect::<Result<_>>()?;
+                let first = *ins
+                    .first()
+                    .ok_or_else(|| cx.err("needs at least one input"))?;
                 let rank = cx.ty(first).rank();
-                let a = cx.int_opt("axis")?.ok_or_else(|| cx.err("attribute 'axis' is required"))?;
-                let op = Op::Concat { axis: axis(cx, a, rank)? };
+                let a = cx
+                    .int_opt("axis")?
+                    .ok_or_else(|| cx.err("attribute 'axis' is required"))?;
+                let op = Op::Concat {
+                    axis: axis(cx, a, rank)?,
+                };
                 vec![cx.add1(op, &ins)?]
             }
             "Split" => split(cx)?,
@@ -69,14 +84,26 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let rank = cx.ty(x).rank();
                 let a = cx.int("axis", 0)?;
                 let a = axis(cx, a, rank)?;
-                let op = if op == "Gather" { Op::Gather { axis: a } } else { Op::GatherElements { axis: a } };
+                let op = if op == "Gather" {
+                    Op::Gather { axis: a }
+                } else {
+                    Op::GatherElements { axis: a }
+                };
                 vec![cx.add1(op, &[x, cx.req(1)?])?]
             }
             "Expand" => {
                 let x = cx.req(0)?;
                 let want = shape_operand(cx, 1)?;
-                let shape = broadcast_shapes(&cx.ty(x).shape, &want)
-                    .ok_or_else(|| cx.err_in(1, format!("{:?} does not broadcast with the input's {:?}", want, cx.ty(x).shape)))?;
+                let shape = broadcast_shapes(&cx.ty(x).shape, &want).ok_or_else(|| {
+                    cx.err_in(
+                        1,
+                        format!(
+                            "{:?} does not broadcast with the input's {:?}",
+                            want,
+                            cx.ty(x).shape
+                        ),
+                    )
+                })?;
                 vec![cx.add1(Op::Expand { shape }, &[x])?]
             }
             "Tile" => {
@@ -88,22 +115,39 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "Resize" => vec![resize(cx)?],
             "Upsample" => vec![upsample(cx)?],
             "DepthToSpace" => {
-                let blocksize = cx.int_opt("blocksize")?.ok_or_else(|| cx.err("attribute 'blocksize' is required"))?;
+                let blocksize = cx
+                    .int_opt("blocksize")?
+                    .ok_or_else(|| cx.err("attribute 'blocksize' is required"))?;
                 let crd = match cx.string("mode", "DCR")?.as_str() {
                     "DCR" => false,
                     "CRD" => true,
                     m => return Err(cx.err(format!("mode='{m}' is not supported"))),
                 };
-                vec![cx.add1(Op::DepthToSpace { blocksize: blocksize.max(0) as usize, crd }, &[cx.req(0)?])?]
+                vec![cx.add1(
+                    Op::DepthToSpace {
+                        blocksize: blocksize.max(0) as usize,
+                        crd,
+                    },
+                    &[cx.req(0)?],
+                )?]
             }
             "SpaceToDepth" => {
-                let blocksize = cx.int_opt("blocksize")?.ok_or_else(|| cx.err("attribute 'blocksize' is required"))?;
-                vec![cx.add1(Op::SpaceToDepth { blocksize: blocksize.max(0) as usize }, &[cx.req(0)?])?]
+                let blocksize = cx
+                    .int_opt("blocksize")?
+                    .ok_or_else(|| cx.err("attribute 'blocksize' is required"))?;
+                vec![cx.add1(
+                    Op::SpaceToDepth {
+                        blocksize: blocksize.max(0) as usize,
+                    },
+                    &[cx.req(0)?],
+                )?]
             }
             "Trilu" => {
                 let upper = cx.int("upper", 1)? != 0;
                 let k = match cx.konst_ints(1)? {
-                    Some(v) => *v.first().ok_or_else(|| cx.err_in(1, "k must hold one value"))?,
+                    Some(v) => *v
+                        .first()
+                        .ok_or_else(|| cx.err_in(1, "k must hold one value"))?,
                     None => 0,
                 };
                 vec![cx.add1(Op::Trilu { upper, k }, &[cx.req(0)?])?]
@@ -114,16 +158,35 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let a = cx.int("axis", -1)?;
                 let a = axis(cx, a, rank)?;
                 let k = if cx.opset() < 10 {
-                    cx.int_opt("k")?.ok_or_else(|| cx.err("attribute 'k' is required"))?
+                    cx.int_opt("k")?
+                        .ok_or_else(|| cx.err("attribute 'k' is required"))?
                 } else {
-                    cx.konst_ints(1)?.and_then(|v| v.first().copied()).ok_or_else(|| cx.err_in(1, "k must hold one value"))?
+                    cx.konst_ints(1)?
+                        .and_then(|v| v.first().copied())
+                        .ok_or_else(|| cx.err_in(1, "k must hold one value"))?
                 };
-                let k = usize::try_from(k).map_err(|_| cx.err(format!("k={k} must not be negative")))?;
-                let op = Op::TopK { axis: a, k, largest: cx.int("largest", 1)? != 0, sorted: cx.int("sorted", 1)? != 0 };
+                let k = usize::try_from(k)
+                    .map_err(|_| cx.err(format!("k={k} must not be negative")))?;
+                let op = Op::TopK {
+                    axis: a,
+                    k,
+                    largest: cx.int("largest", 1)? != 0,
+                    sorted: cx.int("sorted", 1)? != 0,
+                };
                 cx.add(op, &[Some(x)], Some(2))?
             }
             "GridSample" => {
-                let mode = match cx.string("mode", if cx.opset() >= 20 { "linear" } else { "bilinear" })?.as_str() {
+                let mode = match cx
+                    .string(
+                        "mode",
+                        if cx.opset() >= 20 {
+                            "linear"
+                        } else {
+                            "bilinear"
+                        },
+                    )?
+                    .as_str()
+                {
                     "linear" | "bilinear" => ResizeMode::Linear,
                     "nearest" => ResizeMode::Nearest,
                     "cubic" | "bicubic" => ResizeMode::Cubic,
@@ -136,16 +199,27 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                     m => return Err(cx.err(format!("padding_mode='{m}' is not supported"))),
                 };
                 let align_corners = cx.int("align_corners", 0)? != 0;
-                vec![cx.add1(Op::GridSample { mode, padding, align_corners }, &[cx.req(0)?, cx.req(1)?])?]
+                vec![cx.add1(
+                    Op::GridSample {
+                        mode,
+                        padding,
+                        align_corners,
+                    },
+                    &[cx.req(0)?, cx.req(1)?],
+                )?]
             }
             "GatherND" => {
                 let b = cx.int("batch_dims", 0)?;
-                let b = usize::try_from(b).map_err(|_| cx.err("batch_dims must not be negative"))?;
+                let b =
+                    usize::try_from(b).map_err(|_| cx.err("batch_dims must not be negative"))?;
                 vec![cx.add1(Op::GatherNd { batch_dims: b }, &[cx.req(0)?, cx.req(1)?])?]
             }
             "ScatterND" => {
                 let reduction = scatter_reduction(cx)?;
-                vec![cx.add1(Op::ScatterNd { reduction }, &[cx.req(0)?, cx.req(1)?, cx.req(2)?])?]
+                vec![cx.add1(
+                    Op::ScatterNd { reduction },
+                    &[cx.req(0)?, cx.req(1)?, cx.req(2)?],
+                )?]
             }
             "ScatterElements" | "Scatter" => {
                 let x = cx.req(0)?;
@@ -153,7 +227,10 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let a = cx.int("axis", 0)?;
                 let a = axis(cx, a, rank)?;
                 let reduction = scatter_reduction(cx)?;
-                vec![cx.add1(Op::ScatterElements { axis: a, reduction }, &[x, cx.req(1)?, cx.req(2)?])?]
+                vec![cx.add1(
+                    Op::ScatterElements { axis: a, reduction },
+                    &[x, cx.req(1)?, cx.req(2)?],
+                )?]
             }
             _ => return Ok(None),
         };
@@ -175,21 +252,34 @@ fn scatter_reduction(cx: &mut NodeCx<'_, '_>) -> Result<ScatterReduction> {
 
 /// A constant input of non-negative sizes.
 fn shape_operand(cx: &NodeCx<'_, '_>, i: usize) -> Result<Vec<usize>> {
-    let v = cx.konst_ints(i)?.ok_or_else(|| cx.err_in(i, "required input is missing"))?;
-    v.iter().map(|&d| usize::try_from(d).map_err(|_| cx.err_in(i, format!("negative size {d}")))).collect()
+    let v = cx
+        .konst_ints(i)?
+        .ok_or_else(|| cx.err_in(i, "required input is missing"))?;
+    v.iter()
+        .map(|&d| usize::try_from(d).map_err(|_| cx.err_in(i, format!("negative size {d}"))))
+        .collect()
 }
 
 fn reshape(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let ins = cx.ty(x).shape.clone();
-    let spec =
-        if cx.opset() < 5 { cx.ints("shape")?.unwrap_or_default() } else { cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))? };
+    let spec = if cx.opset() < 5 {
+        cx.ints("shape")?.unwrap_or_default()
+    } else {
+        cx.konst_ints(1)?
+            .ok_or_else(|| cx.err_in(1, "required input is missing"))?
+    };
     let allowzero = cx.int("allowzero", 0)? != 0;
     let mut shape = vec![];
     let mut infer_at = None;
     for (i, &d) in spec.iter().enumerate() {
         match d {
-            0 if !allowzero => shape.push(*ins.get(i).ok_or_else(|| cx.err_in(1, format!("0 at position {i} copies a dimension the input does not have")))?),
+            0 if !allowzero => shape.push(*ins.get(i).ok_or_else(|| {
+                cx.err_in(
+                    1,
+                    format!("0 at position {i} copies a dimension the input does not have"),
+                )
+            })?),
             -1 if infer_at.is_none() => {
                 infer_at = Some(i);
                 shape.push(1);
@@ -199,7 +289,9 @@ fn reshape(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         }
     }
     let total: usize = ins.iter().product();
-    let Some(known) = mlopt_ir::checked_numel(&shape) else { return Err(cx.err_in(1, format!("shape {spec:?} overflows"))) };
+    let Some(known) = mlopt_ir::checked_numel(&shape) else {
+        return Err(cx.err_in(1, format!("shape {spec:?} overflows")));
+    };
     if let Some(i) = infer_at {
         if known == 0 || !total.is_multiple_of(known) {
             return Err(cx.err_in(1, format!("cannot infer -1 reshaping {ins:?} to {spec:?}")));
@@ -207,7 +299,10 @@ fn reshape(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         shape[i] = total / known;
     }
     if shape.iter().product::<usize>() != total {
-        return Err(cx.err_in(1, format!("cannot reshape {ins:?} ({total} values) to {shape:?}")));
+        return Err(cx.err_in(
+            1,
+            format!("cannot reshape {ins:?} ({total} values) to {shape:?}"),
+        ));
     }
     cx.add1(Op::Reshape { shape }, &[x])
 }
@@ -226,12 +321,20 @@ fn squeeze(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let s = cx.ty(x).shape.clone();
     let axes: Vec<usize> = match axes_operand(cx)? {
         None => (0..s.len()).filter(|&d| s[d] == 1).collect(),
-        Some(a) => a.iter().map(|&a| axis(cx, a, s.len())).collect::<Result<_>>()?,
+        Some(a) => a
+            .iter()
+            .map(|&a| axis(cx, a, s.len()))
+            .collect::<Result<_>>()?,
     };
     if let Some(&d) = axes.iter().find(|&&d| s[d] != 1) {
         return Err(cx.err(format!("cannot squeeze axis {d} of size {}", s[d])));
     }
-    let shape = s.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &n)| n).collect();
+    let shape = s
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| !axes.contains(d))
+        .map(|(_, &n)| n)
+        .collect();
     cx.add1(Op::Reshape { shape }, &[x])
 }
 
@@ -240,13 +343,24 @@ fn unsqueeze(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let s = cx.ty(x).shape.clone();
     let a = axes_operand(cx)?.ok_or_else(|| cx.err("axes are required"))?;
     let out_rank = s.len() + a.len();
-    let mut axes: Vec<usize> = a.iter().map(|&a| axis(cx, a, out_rank)).collect::<Result<_>>()?;
+    let mut axes: Vec<usize> = a
+        .iter()
+        .map(|&a| axis(cx, a, out_rank))
+        .collect::<Result<_>>()?;
     axes.sort_unstable();
     if axes.windows(2).any(|w| w[0] == w[1]) {
         return Err(cx.err(format!("repeated axis in {a:?}")));
     }
     let mut rest = s.iter();
-    let shape = (0..out_rank).map(|d| if axes.contains(&d) { 1 } else { rest.next().copied().unwrap_or(1) }).collect();
+    let shape = (0..out_rank)
+        .map(|d| {
+            if axes.contains(&d) {
+                1
+            } else {
+                rest.next().copied().unwrap_or(1)
+            }
+        })
+        .collect();
     cx.add1(Op::Reshape { shape }, &[x])
 }
 
@@ -256,22 +370,39 @@ fn split(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let a = cx.int("axis", 0)?;
     let ax = axis(cx, a, s.len())?;
     let dim = s[ax];
-    let given = if cx.opset() >= 13 { cx.konst_ints(1)? } else { cx.ints("split")? };
+    let given = if cx.opset() >= 13 {
+        cx.konst_ints(1)?
+    } else {
+        cx.ints("split")?
+    };
     let num_outputs = cx.int_opt("num_outputs")?;
     let sizes: Vec<usize> = match given.filter(|v| !v.is_empty()) {
-        Some(v) => v.iter().map(|&d| usize::try_from(d).map_err(|_| cx.err(format!("negative split size {d}")))).collect::<Result<_>>()?,
+        Some(v) => v
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| cx.err(format!("negative split size {d}"))))
+            .collect::<Result<_>>()?,
         None => {
             // num_outputs must name the node's outputs: it sizes a list, so a huge one is refused here.
             if num_outputs.is_some_and(|n| n < 1 || n as usize != cx.node.output.len()) {
-                return Err(cx.err(format!("num_outputs {} does not match the node's {} outputs", num_outputs.unwrap_or(0), cx.node.output.len())));
+                return Err(cx.err(format!(
+                    "num_outputs {} does not match the node's {} outputs",
+                    num_outputs.unwrap_or(0),
+                    cx.node.output.len()
+                )));
             }
-            let n = num_outputs.map(|n| n as usize).unwrap_or(cx.node.output.len().max(1));
+            let n = num_outputs
+                .map(|n| n as usize)
+                .unwrap_or(cx.node.output.len().max(1));
             if num_outputs.is_some() {
                 // Opset 18: chunks of ceil(dim / n), the last one smaller.
                 let chunk = dim.div_ceil(n);
-                (0..n).map(|i| chunk.min(dim.saturating_sub(i * chunk))).collect()
+                (0..n)
+                    .map(|i| chunk.min(dim.saturating_sub(i * chunk)))
+                    .collect()
             } else if !dim.is_multiple_of(n) {
-                return Err(cx.err(format!("axis of size {dim} does not split evenly into {n} outputs")));
+                return Err(cx.err(format!(
+                    "axis of size {dim} does not split evenly into {n} outputs"
+                )));
             } else {
                 vec![dim / n; n]
             }
@@ -289,10 +420,23 @@ fn slice(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let s = cx.ty(x).shape.clone();
     let r = s.len();
     let (starts, ends, axes, steps) = if cx.opset() < 10 {
-        (cx.ints("starts")?.unwrap_or_default(), cx.ints("ends")?.unwrap_or_default(), cx.ints("axes")?, None)
+        (
+            cx.ints("starts")?.unwrap_or_default(),
+            cx.ints("ends")?.unwrap_or_default(),
+            cx.ints("axes")?,
+            None,
+        )
     } else {
-        let need = |cx: &NodeCx<'_, '_>, i| cx.konst_ints(i)?.ok_or_else(|| cx.err_in(i, "required input is missing"));
-        (need(cx, 1)?, need(cx, 2)?, cx.konst_ints(3)?, cx.konst_ints(4)?)
+        let need = |cx: &NodeCx<'_, '_>, i| {
+            cx.konst_ints(i)?
+                .ok_or_else(|| cx.err_in(i, "required input is missing"))
+        };
+        (
+            need(cx, 1)?,
+            need(cx, 2)?,
+            cx.konst_ints(3)?,
+            cx.konst_ints(4)?,
+        )
     };
     let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
@@ -311,17 +455,38 @@ fn slice(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         let (b, len) = if step > 0 {
             let b = fix(starts[k]).clamp(0, dim);
             let e = fix(ends[k]).clamp(0, dim);
-            (b, if e > b { (e - b - 1) as u64 / step.unsigned_abs() + 1 } else { 0 })
+            (
+                b,
+                if e > b {
+                    (e - b - 1) as u64 / step.unsigned_abs() + 1
+                } else {
+                    0
+                },
+            )
         } else {
             let b = fix(starts[k]).clamp(0, dim - 1);
             let e = fix(ends[k]).clamp(-1, dim - 1);
-            (b, if b > e { (b - e - 1) as u64 / step.unsigned_abs() + 1 } else { 0 })
+            (
+                b,
+                if b > e {
+                    (b - e - 1) as u64 / step.unsigned_abs() + 1
+                } else {
+                    0
+                },
+            )
         };
         st[d] = if len > 0 { b as usize } else { 0 };
         sp[d] = step;
         ln[d] = len as usize;
     }
-    cx.add1(Op::Slice { starts: st, steps: sp, lens: ln }, &[x])
+    cx.add1(
+        Op::Slice {
+            starts: st,
+            steps: sp,
+            lens: ln,
+        },
+        &[x],
+    )
 }
 
 fn pad(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
@@ -335,9 +500,15 @@ fn pad(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         m => return Err(cx.err(format!("mode='{m}' is not supported"))),
     };
     let (pads, value, axes) = if cx.opset() < 11 {
-        (cx.ints("pads")?.unwrap_or_default(), cx.float("value", 0.0)? as f64, None)
+        (
+            cx.ints("pads")?.unwrap_or_default(),
+            cx.float("value", 0.0)? as f64,
+            None,
+        )
     } else {
-        let pads = cx.konst_ints(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+        let pads = cx
+            .konst_ints(1)?
+            .ok_or_else(|| cx.err_in(1, "required input is missing"))?;
         let value = match cx.konst(2)? {
             Some(t) => t.to_f64_vec().first().copied().unwrap_or(0.0),
             None => 0.0,
@@ -349,14 +520,25 @@ fn pad(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         Some(a) => a.iter().map(|&a| axis(cx, a, r)).collect::<Result<_>>()?,
     };
     if pads.len() != 2 * axes.len() {
-        return Err(cx.err(format!("pads has {} values, expected {}", pads.len(), 2 * axes.len())));
+        return Err(cx.err(format!(
+            "pads has {} values, expected {}",
+            pads.len(),
+            2 * axes.len()
+        )));
     }
     let mut full = vec![0i64; 2 * r];
     for (k, &d) in axes.iter().enumerate() {
         full[d] = pads[k];
         full[d + r] = pads[k + axes.len()];
     }
-    cx.add1(Op::Pad { pads: full, mode, value }, &[x])
+    cx.add1(
+        Op::Pad {
+            pads: full,
+            mode,
+            value,
+        },
+        &[x],
+    )
 }
 
 fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
@@ -364,8 +546,15 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let ins = cx.ty(x).shape.clone();
     let r = ins.len();
     let nonempty = |t: Option<std::sync::Arc<mlopt_ir::Tensor>>| t.filter(|t| t.numel() > 0);
-    let (roi, scales, sizes) =
-        if cx.opset() < 11 { (None, nonempty(cx.konst(1)?), None) } else { (nonempty(cx.konst(1)?), nonempty(cx.konst(2)?), nonempty(cx.konst(3)?)) };
+    let (roi, scales, sizes) = if cx.opset() < 11 {
+        (None, nonempty(cx.konst(1)?), None)
+    } else {
+        (
+            nonempty(cx.konst(1)?),
+            nonempty(cx.konst(2)?),
+            nonempty(cx.konst(3)?),
+        )
+    };
     let mode = match cx.string("mode", "nearest")?.as_str() {
         "nearest" => ResizeMode::Nearest,
         "linear" | "bilinear" | "trilinear" => ResizeMode::Linear,
@@ -375,14 +564,21 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (coord, nearest) = if cx.opset() < 11 {
         (CoordMode::Asymmetric, NearestMode::Floor)
     } else {
-        let coord = match cx.string("coordinate_transformation_mode", "half_pixel")?.as_str() {
+        let coord = match cx
+            .string("coordinate_transformation_mode", "half_pixel")?
+            .as_str()
+        {
             "half_pixel" => CoordMode::HalfPixel,
             "half_pixel_symmetric" => CoordMode::HalfPixelSymmetric,
             "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
             "align_corners" => CoordMode::AlignCorners,
             "asymmetric" => CoordMode::Asymmetric,
             "tf_crop_and_resize" => CoordMode::TfCropAndResize,
-            m => return Err(cx.err(format!("coordinate_transformation_mode='{m}' is not supported"))),
+            m => {
+                return Err(cx.err(format!(
+                    "coordinate_transformation_mode='{m}' is not supported"
+                )))
+            }
         };
         let nearest = match cx.string("nearest_mode", "round_prefer_floor")?.as_str() {
             "round_prefer_floor" => NearestMode::RoundPreferFloor,
@@ -399,9 +595,14 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     };
     let mut roi_full: Vec<f32> = [vec![0.0; r], vec![1.0; r]].concat();
     if coord == CoordMode::TfCropAndResize {
-        let roi = roi.ok_or_else(|| cx.err_in(1, "tf_crop_and_resize needs roi"))?.to_f64_vec();
+        let roi = roi
+            .ok_or_else(|| cx.err_in(1, "tf_crop_and_resize needs roi"))?
+            .to_f64_vec();
         if roi.len() != 2 * axes.len() {
-            return Err(cx.err_in(1, format!("roi has {} values, expected {}", roi.len(), 2 * axes.len())));
+            return Err(cx.err_in(
+                1,
+                format!("roi has {} values, expected {}", roi.len(), 2 * axes.len()),
+            ));
         }
         for (k, &d) in axes.iter().enumerate() {
             roi_full[d] = roi[k] as f32;
@@ -419,20 +620,33 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         antialias: cx.int("antialias", 0)? != 0,
         scales: vec![1.0; r],
         sizes: ins.clone(),
-        roi: if coord == CoordMode::TfCropAndResize { roi_full.clone() } else { vec![] },
+        roi: if coord == CoordMode::TfCropAndResize {
+            roi_full.clone()
+        } else {
+            vec![]
+        },
     };
     match (scales, sizes) {
         (Some(sc), None) => {
             let sc = sc.to_f64_vec();
             if sc.len() != axes.len() {
-                return Err(cx.err_in(2, format!("scales has {} values, expected {}", sc.len(), axes.len())));
+                return Err(cx.err_in(
+                    2,
+                    format!("scales has {} values, expected {}", sc.len(), axes.len()),
+                ));
             }
             for (k, &d) in axes.iter().enumerate() {
                 // (`!(x > 0)` also refuses NaN, which would otherwise size the axis 0.)
                 if !(sc[k] > 0.0 && sc[k].is_finite()) {
-                    return Err(cx.err_in(2, format!("scale {} must be positive and finite", sc[k])));
+                    return Err(
+                        cx.err_in(2, format!("scale {} must be positive and finite", sc[k]))
+                    );
                 }
-                let span = if coord == CoordMode::TfCropAndResize { (roi_full[d + r] - roi_full[d]) as f64 } else { 1.0 };
+                let span = if coord == CoordMode::TfCropAndResize {
+                    (roi_full[d + r] - roi_full[d]) as f64
+                } else {
+                    1.0
+                };
                 attrs.scales[d] = sc[k] as f32;
                 attrs.sizes[d] = (ins[d] as f64 * span * (sc[k] as f32) as f64).floor() as usize;
             }
@@ -440,19 +654,36 @@ fn resize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         (None, Some(sz)) => {
             let sz = sz.to_i64_vec();
             if sz.len() != axes.len() {
-                return Err(cx.err_in(3, format!("sizes has {} values, expected {}", sz.len(), axes.len())));
+                return Err(cx.err_in(
+                    3,
+                    format!("sizes has {} values, expected {}", sz.len(), axes.len()),
+                ));
             }
             let ratio = |k: usize, d: usize| sz[k] as f64 / ins[d] as f64;
             let pick = match policy.as_str() {
                 "stretch" => None,
-                "not_larger" => Some(axes.iter().enumerate().map(|(k, &d)| ratio(k, d)).fold(f64::INFINITY, f64::min)),
-                "not_smaller" => Some(axes.iter().enumerate().map(|(k, &d)| ratio(k, d)).fold(0.0, f64::max)),
+                "not_larger" => Some(
+                    axes.iter()
+                        .enumerate()
+                        .map(|(k, &d)| ratio(k, d))
+                        .fold(f64::INFINITY, f64::min),
+                ),
+                "not_smaller" => Some(
+                    axes.iter()
+                        .enumerate()
+                        .map(|(k, &d)| ratio(k, d))
+                        .fold(0.0, f64::max),
+                ),
                 p => return Err(cx.err(format!("keep_aspect_ratio_policy='{p}' is not supported"))),
             };
             for (k, &d) in axes.iter().enumerate() {
                 let s = pick.unwrap_or_else(|| ratio(k, d));
                 attrs.scales[d] = s as f32;
-                attrs.sizes[d] = if pick.is_some() { (s * ins[d] as f64 + 0.5).floor() as usize } else { sz[k].max(0) as usize };
+                attrs.sizes[d] = if pick.is_some() {
+                    (s * ins[d] as f64 + 0.5).floor() as usize
+                } else {
+                    sz[k].max(0) as usize
+                };
             }
         }
         (Some(_), Some(_)) => return Err(cx.err("only one of scales and sizes may be given")),
@@ -465,12 +696,22 @@ fn upsample(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let ins = cx.ty(x).shape.clone();
     let scales: Vec<f64> = if cx.opset() < 9 {
-        cx.floats("scales")?.ok_or_else(|| cx.err("attribute 'scales' is required"))?.iter().map(|&v| v as f64).collect()
+        cx.floats("scales")?
+            .ok_or_else(|| cx.err("attribute 'scales' is required"))?
+            .iter()
+            .map(|&v| v as f64)
+            .collect()
     } else {
-        cx.konst(1)?.ok_or_else(|| cx.err_in(1, "required input is missing"))?.to_f64_vec()
+        cx.konst(1)?
+            .ok_or_else(|| cx.err_in(1, "required input is missing"))?
+            .to_f64_vec()
     };
     if scales.len() != ins.len() {
-        return Err(cx.err(format!("scales has {} values for rank {}", scales.len(), ins.len())));
+        return Err(cx.err(format!(
+            "scales has {} values for rank {}",
+            scales.len(),
+            ins.len()
+        )));
     }
     let mode = match cx.string("mode", "nearest")?.as_str() {
         "nearest" => ResizeMode::Nearest,
@@ -486,7 +727,11 @@ fn upsample(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         extrapolation_value: 0.0,
         antialias: false,
         scales: scales.iter().map(|&s| s as f32).collect(),
-        sizes: ins.iter().zip(&scales).map(|(&d, &s)| (d as f64 * s).floor() as usize).collect(),
+        sizes: ins
+            .iter()
+            .zip(&scales)
+            .map(|(&d, &s)| (d as f64 * s).floor() as usize)
+            .collect(),
         roi: vec![],
     };
     cx.add1(Op::Resize(attrs), &[x])

@@ -28,7 +28,10 @@ pub const FOLD_LIMIT_BYTES: usize = 64 << 20;
 
 /// Whether values of these types are small enough to fold into constants.
 fn fits_fold_limit(tys: &[TensorType]) -> bool {
-    tys.iter().map(|t| t.checked_bytes().unwrap_or(usize::MAX)).fold(0usize, usize::saturating_add) <= FOLD_LIMIT_BYTES
+    tys.iter()
+        .map(|t| t.checked_bytes().unwrap_or(usize::MAX))
+        .fold(0usize, usize::saturating_add)
+        <= FOLD_LIMIT_BYTES
 }
 
 /// State shared by all nodes of one import.
@@ -56,12 +59,27 @@ pub(crate) struct NodeCx<'a, 'm> {
 
 impl<'a, 'm> NodeCx<'a, 'm> {
     pub fn err(&self, msg: impl Into<String>) -> OnnxError {
-        OnnxError::Node { node: self.name.clone(), op: self.node.op_type.clone(), input: None, msg: msg.into() }
+        OnnxError::Node {
+            node: self.name.clone(),
+            op: self.node.op_type.clone(),
+            input: None,
+            msg: msg.into(),
+        }
     }
 
     pub fn err_in(&self, i: usize, msg: impl Into<String>) -> OnnxError {
-        let input = self.node.input.get(i).cloned().unwrap_or_else(|| format!("#{i}"));
-        OnnxError::Node { node: self.name.clone(), op: self.node.op_type.clone(), input: Some(input), msg: msg.into() }
+        let input = self
+            .node
+            .input
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| format!("#{i}"));
+        OnnxError::Node {
+            node: self.name.clone(),
+            op: self.node.op_type.clone(),
+            input: Some(input),
+            msg: msg.into(),
+        }
     }
 
     pub fn opset(&self) -> i64 {
@@ -74,7 +92,11 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 
     /// Output slots the model actually uses (trailing empty names dropped).
     pub fn num_outputs(&self) -> usize {
-        self.node.output.iter().rposition(|o| !o.is_empty()).map_or(0, |i| i + 1)
+        self.node
+            .output
+            .iter()
+            .rposition(|o| !o.is_empty())
+            .map_or(0, |i| i + 1)
     }
 
     /// Input `i`, or `None` when absent or given as the empty name.
@@ -86,13 +108,17 @@ impl<'a, 'm> NodeCx<'a, 'm> {
             None | Some("") => Ok(None),
             Some(name) => match self.imp.vals.get(name) {
                 Some(v) => Ok(Some(*v)),
-                None => Err(self.err_in(i, "is not produced by an earlier node, an initializer or a graph input")),
+                None => Err(self.err_in(
+                    i,
+                    "is not produced by an earlier node, an initializer or a graph input",
+                )),
             },
         }
     }
 
     pub fn req(&self, i: usize) -> Result<Value> {
-        self.input(i)?.ok_or_else(|| self.err_in(i, "required input is missing"))
+        self.input(i)?
+            .ok_or_else(|| self.err_in(i, "required input is missing"))
     }
 
     /// An error unless a value of type `t` fits mlopt's per-value limit: for sizes taken from the model
@@ -100,7 +126,10 @@ impl<'a, 'm> NodeCx<'a, 'm> {
     pub fn fits(&self, t: &TensorType) -> Result<()> {
         match t.checked_bytes() {
             Some(b) if b <= mlopt_ir::graph::max_value_bytes() => Ok(()),
-            _ => Err(self.err(format!("{t} is larger than mlopt's limit of {} per value", mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())))),
+            _ => Err(self.err(format!(
+                "{t} is larger than mlopt's limit of {} per value",
+                mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())
+            ))),
         }
     }
 
@@ -121,7 +150,11 @@ impl<'a, 'm> NodeCx<'a, 'm> {
     }
 
     /// Evaluates `v` if everything it depends on is a constant or a known input value.
-    fn evaluate(&self, v: Value, memo: &mut HashMap<mlopt_ir::NodeId, Option<Vec<Arc<Tensor>>>>) -> Option<Arc<Tensor>> {
+    fn evaluate(
+        &self,
+        v: Value,
+        memo: &mut HashMap<mlopt_ir::NodeId, Option<Vec<Arc<Tensor>>>>,
+    ) -> Option<Arc<Tensor>> {
         let g = &self.imp.g;
         let node = g.node(v.node);
         match &node.op {
@@ -143,7 +176,9 @@ impl<'a, 'm> NodeCx<'a, 'm> {
                 });
             }
             let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
-            let outs = eval_op(&node.op, &refs, &node.outputs).ok().map(|o| o.into_iter().map(Arc::new).collect());
+            let outs = eval_op(&node.op, &refs, &node.outputs)
+                .ok()
+                .map(|o| o.into_iter().map(Arc::new).collect());
             memo.insert(v.node, outs);
         }
         memo.get(&v.node)?.as_ref()?.get(v.output as usize).cloned()
@@ -155,13 +190,20 @@ impl<'a, 'm> NodeCx<'a, 'm> {
     }
 
     fn attr(&mut self, name: &'a str, kinds: &[i32]) -> Result<Option<&'a AttributeProto>> {
-        let Some(&a) = self.attrs.get(name) else { return Ok(None) };
+        let Some(&a) = self.attrs.get(name) else {
+            return Ok(None);
+        };
         self.used.insert(name);
         if !a.ref_attr_name.is_empty() {
-            return Err(self.err(format!("attribute '{name}' refers to a function attribute; only graphs are supported")));
+            return Err(self.err(format!(
+                "attribute '{name}' refers to a function attribute; only graphs are supported"
+            )));
         }
         if a.r#type != at::UNDEFINED && !kinds.contains(&a.r#type) {
-            return Err(self.err(format!("attribute '{name}' has the wrong type ({})", a.r#type)));
+            return Err(self.err(format!(
+                "attribute '{name}' has the wrong type ({})",
+                a.r#type
+            )));
         }
         Ok(Some(a))
     }
@@ -185,15 +227,26 @@ impl<'a, 'm> NodeCx<'a, 'm> {
         Ok(self.attr(name, &[at::FLOATS])?.map(|a| a.floats.clone()))
     }
     pub fn string(&mut self, name: &'a str, default: &str) -> Result<String> {
-        Ok(self.attr(name, &[at::STRING])?.map_or(default.to_string(), |a| String::from_utf8_lossy(&a.s).into_owned()))
+        Ok(self
+            .attr(name, &[at::STRING])?
+            .map_or(default.to_string(), |a| {
+                String::from_utf8_lossy(&a.s).into_owned()
+            }))
     }
     pub fn strings(&mut self, name: &'a str) -> Result<Option<Vec<String>>> {
-        Ok(self.attr(name, &[at::STRINGS])?.map(|a| a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect()))
+        Ok(self.attr(name, &[at::STRINGS])?.map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        }))
     }
     pub fn tensor(&mut self, name: &'a str) -> Result<Option<Tensor>> {
         match self.attr(name, &[at::TENSOR])? {
             Some(a) => {
-                let t = a.t.as_ref().ok_or_else(|| self.err(format!("attribute '{name}' holds no tensor")))?;
+                let t =
+                    a.t.as_ref()
+                        .ok_or_else(|| self.err(format!("attribute '{name}' holds no tensor")))?;
                 Ok(Some(tensor_from_proto(t, self.imp.base)?))
             }
             None => Ok(None),
@@ -208,24 +261,44 @@ impl<'a, 'm> NodeCx<'a, 'm> {
     pub fn usizes(&mut self, name: &'a str, default: Vec<usize>) -> Result<Vec<usize>> {
         match self.ints(name)? {
             None => Ok(default),
-            Some(v) => v.iter().map(|&x| usize::try_from(x).map_err(|_| self.err(format!("attribute '{name}' has a negative value {x}")))).collect(),
+            Some(v) => v
+                .iter()
+                .map(|&x| {
+                    usize::try_from(x).map_err(|_| {
+                        self.err(format!("attribute '{name}' has a negative value {x}"))
+                    })
+                })
+                .collect(),
         }
     }
 
     /// Adds an IR op. If every input present is a constant, the op is evaluated now and its outputs become
     /// constants. Returns at most `n_out` outputs (all when `None`).
-    pub fn add(&mut self, op: Op, inputs: &[Option<Value>], n_out: Option<usize>) -> Result<Vec<Value>> {
+    pub fn add(
+        &mut self,
+        op: Op,
+        inputs: &[Option<Value>],
+        n_out: Option<usize>,
+    ) -> Result<Vec<Value>> {
         let g = &mut self.imp.g;
-        let all_const = inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
+        let all_const =
+            inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
         let outs = g.infer_outputs(&op, &self.name, inputs, n_out)?;
         // Large results stay computations rather than becoming constants in the model.
         if !(all_const && fits_fold_limit(&outs)) {
             return Ok(g.add_typed(op, self.name.clone(), inputs, outs));
         }
-        let args: Vec<Option<Arc<Tensor>>> = inputs.iter().map(|v| v.and_then(|v| g.const_value(v).cloned())).collect();
+        let args: Vec<Option<Arc<Tensor>>> = inputs
+            .iter()
+            .map(|v| v.and_then(|v| g.const_value(v).cloned()))
+            .collect();
         let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
-        let vals = eval_op(&op, &refs, &outs).map_err(|msg| self.err(format!("folding {}: {msg}", op.name())))?;
-        Ok(vals.into_iter().map(|t| self.imp.g.add_const("", t)).collect())
+        let vals = eval_op(&op, &refs, &outs)
+            .map_err(|msg| self.err(format!("folding {}: {msg}", op.name())))?;
+        Ok(vals
+            .into_iter()
+            .map(|t| self.imp.g.add_const("", t))
+            .collect())
     }
 
     pub fn add1(&mut self, op: Op, inputs: &[Value]) -> Result<Value> {
@@ -240,17 +313,44 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 
 /// Converts one node and records its outputs under their ONNX names.
 pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
-    let name = if node.name.is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name.clone() };
-    let attrs = node.attribute.iter().map(|a| (a.name.as_str(), a)).collect();
+    let name = if node.name.is_empty() {
+        node.output.first().cloned().unwrap_or_default()
+    } else {
+        node.name.clone()
+    };
+    let attrs = node
+        .attribute
+        .iter()
+        .map(|a| (a.name.as_str(), a))
+        .collect();
     let read = std::cell::RefCell::new(vec![false; node.input.len()]);
-    let mut cx = NodeCx { imp, node, name, attrs, used: HashSet::new(), read };
+    let mut cx = NodeCx {
+        imp,
+        node,
+        name,
+        attrs,
+        used: HashSet::new(),
+        read,
+    };
     let outs = dispatch(&mut cx)?;
-    if let Some(unused) = node.attribute.iter().find(|a| !cx.used.contains(a.name.as_str())) {
+    if let Some(unused) = node
+        .attribute
+        .iter()
+        .find(|a| !cx.used.contains(a.name.as_str()))
+    {
         return Err(cx.err(format!("attribute '{}' is not supported", unused.name)));
     }
-    let unread = cx.read.borrow().iter().zip(&node.input).position(|(r, name)| !r && !name.is_empty());
+    let unread = cx
+        .read
+        .borrow()
+        .iter()
+        .zip(&node.input)
+        .position(|(r, name)| !r && !name.is_empty());
     if let Some(i) = unread {
-        return Err(cx.err_in(i, format!("{} takes no input {i} (too many inputs)", node.op_type)));
+        return Err(cx.err_in(
+            i,
+            format!("{} takes no input {i} (too many inputs)", node.op_type),
+        ));
     }
     let wanted = cx.num_outputs();
     if outs.len() < wanted {
@@ -266,7 +366,9 @@ pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<(
             continue;
         }
         if cx.imp.vals.contains_key(name) {
-            return Err(cx.err(format!("output '{name}' is already defined (ONNX values are defined once)")));
+            return Err(cx.err(format!(
+                "output '{name}' is already defined (ONNX values are defined once)"
+            )));
         }
         // A folded constant takes the name of the ONNX value it stands for.
         let n = cx.imp.g.node_mut(v.node);
@@ -299,12 +401,20 @@ fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
             return r;
         }
     }
-    Err(OnnxError::UnsupportedOp { node: cx.name.clone(), op: op.to_string(), domain: cx.node.domain.clone(), opset: cx.opset() })
+    Err(OnnxError::UnsupportedOp {
+        node: cx.name.clone(),
+        op: op.to_string(),
+        domain: cx.node.domain.clone(),
+        opset: cx.opset(),
+    })
 }
 
 /// The supported ONNX op types, sorted.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&str> = FAMILIES.iter().flat_map(|(_, ops)| ops.iter().copied()).collect();
+    let mut v: Vec<&str> = FAMILIES
+        .iter()
+        .flat_map(|(_, ops)| ops.iter().copied())
+        .collect();
     v.sort_unstable();
     v
 }

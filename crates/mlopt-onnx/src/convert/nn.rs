@@ -36,7 +36,8 @@ pub(crate) const OPS: &[&str] = &[
 ];
 
 pub(crate) fn axis(cx: &NodeCx<'_, '_>, a: i64, rank: usize) -> Result<usize> {
-    normalize_axis(a, rank).ok_or_else(|| cx.err(format!("axis {a} is out of range for rank {rank}")))
+    normalize_axis(a, rank)
+        .ok_or_else(|| cx.err(format!("axis {a} is out of range for rank {rank}")))
 }
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -58,19 +59,25 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "Conv" | "ConvTranspose" => vec![conv(cx, op == "ConvTranspose")?],
             "BatchNormalization" => {
                 if cx.int("training_mode", 0)? != 0 {
-                    return Err(cx.err("training_mode=1 is not supported (mlopt compiles inference)"));
+                    return Err(
+                        cx.err("training_mode=1 is not supported (mlopt compiles inference)")
+                    );
                 }
                 if cx.int("spatial", 1)? != 1 {
                     return Err(cx.err("spatial=0 is not supported"));
                 }
                 cx.int("is_test", 1)?;
                 cx.float("momentum", 0.9)?;
-                let op = Op::BatchNorm { epsilon: cx.float("epsilon", 1e-5)? };
+                let op = Op::BatchNorm {
+                    epsilon: cx.float("epsilon", 1e-5)?,
+                };
                 let ins: Vec<Value> = (0..5).map(|i| cx.req(i)).collect::<Result<_>>()?;
                 vec![cx.add1(op, &ins)?]
             }
             "InstanceNormalization" => {
-                let op = Op::InstanceNorm { epsilon: cx.float("epsilon", 1e-5)? };
+                let op = Op::InstanceNorm {
+                    epsilon: cx.float("epsilon", 1e-5)?,
+                };
                 vec![cx.add1(op, &[cx.req(0)?, cx.req(1)?, cx.req(2)?])?]
             }
             "LayerNormalization" => {
@@ -79,16 +86,23 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let a = cx.int("axis", -1)?;
                 let stash = cx.int("stash_type", 1)?;
                 if stash != 1 {
-                    return Err(cx.err(format!("stash_type={stash} is not supported (statistics are computed in f32)")));
+                    return Err(cx.err(format!(
+                        "stash_type={stash} is not supported (statistics are computed in f32)"
+                    )));
                 }
-                let op = Op::LayerNorm { axis: axis(cx, a, rank)?, epsilon: cx.float("epsilon", 1e-5)? };
+                let op = Op::LayerNorm {
+                    axis: axis(cx, a, rank)?,
+                    epsilon: cx.float("epsilon", 1e-5)?,
+                };
                 let ins = [Some(x), Some(cx.req(1)?), cx.input(2)?];
                 let n = if ins[2].is_some() { 3 } else { 2 };
                 let k = cx.num_outputs().max(1);
                 cx.add(op, &ins[..n], Some(k))?
             }
             "LRN" => {
-                let size = cx.int_opt("size")?.ok_or_else(|| cx.err("attribute 'size' is required"))?;
+                let size = cx
+                    .int_opt("size")?
+                    .ok_or_else(|| cx.err("attribute 'size' is required"))?;
                 let op = Op::Lrn {
                     size: usize::try_from(size).map_err(|_| cx.err("size must be positive"))?,
                     alpha: cx.float("alpha", 1e-4)?,
@@ -126,7 +140,13 @@ fn softmax(cx: &mut NodeCx<'_, '_>, log: bool) -> Result<Value> {
     let x = cx.req(0)?;
     let shape = cx.ty(x).shape.clone();
     let rank = shape.len();
-    let make = |axis| if log { Op::LogSoftmax { axis } } else { Op::Softmax { axis } };
+    let make = |axis| {
+        if log {
+            Op::LogSoftmax { axis }
+        } else {
+            Op::Softmax { axis }
+        }
+    };
     if cx.opset() >= 13 {
         let a = cx.int("axis", -1)?;
         let a = axis(cx, a, rank)?;
@@ -134,16 +154,31 @@ fn softmax(cx: &mut NodeCx<'_, '_>, log: bool) -> Result<Value> {
     }
     // Before opset 13 the input is coerced to 2-D at `axis` and normalised over the second dimension.
     let a = cx.int("axis", 1)?;
-    let a = if a == rank as i64 { rank } else { axis(cx, a, rank)? };
+    let a = if a == rank as i64 {
+        rank
+    } else {
+        axis(cx, a, rank)?
+    };
     let outer: usize = shape[..a].iter().product();
     let inner: usize = shape[a..].iter().product();
-    let flat = cx.add1(Op::Reshape { shape: vec![outer, inner] }, &[x])?;
+    let flat = cx.add1(
+        Op::Reshape {
+            shape: vec![outer, inner],
+        },
+        &[x],
+    )?;
     let s = cx.add1(make(1), &[flat])?;
     cx.add1(Op::Reshape { shape }, &[s])
 }
 
 /// Begin and end pads for one spatial axis under `auto_pad` SAME_UPPER / SAME_LOWER.
-fn same_pads(input: usize, kernel: usize, stride: usize, dil: usize, upper: bool) -> (usize, usize) {
+fn same_pads(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    dil: usize,
+    upper: bool,
+) -> (usize, usize) {
     let out = input.div_ceil(stride.max(1));
     let need = ((out.max(1) - 1) * stride + (kernel.max(1) - 1) * dil + 1).saturating_sub(input);
     let small = need / 2;
@@ -156,11 +191,24 @@ fn same_pads(input: usize, kernel: usize, stride: usize, dil: usize, upper: bool
 
 /// Explicit pads (begins then ends) from `auto_pad` and `pads`. Kernel, strides and dilations must give
 /// one value per spatial axis of `ins`.
-pub(crate) fn resolve_pads(cx: &mut NodeCx<'_, '_>, ins: &[usize], ks: &[usize], strides: &[usize], dils: &[usize]) -> Result<Vec<usize>> {
+pub(crate) fn resolve_pads(
+    cx: &mut NodeCx<'_, '_>,
+    ins: &[usize],
+    ks: &[usize],
+    strides: &[usize],
+    dils: &[usize],
+) -> Result<Vec<usize>> {
     let sp = ins.len();
-    for (name, v) in [("kernel_shape", ks), ("strides", strides), ("dilations", dils)] {
+    for (name, v) in [
+        ("kernel_shape", ks),
+        ("strides", strides),
+        ("dilations", dils),
+    ] {
         if v.len() != sp {
-            return Err(cx.err(format!("{name} has {} values, expected {sp} (one per spatial axis)", v.len())));
+            return Err(cx.err(format!(
+                "{name} has {} values, expected {sp} (one per spatial axis)",
+                v.len()
+            )));
         }
     }
     let auto = cx.string("auto_pad", "NOTSET")?;
@@ -168,7 +216,11 @@ pub(crate) fn resolve_pads(cx: &mut NodeCx<'_, '_>, ins: &[usize], ks: &[usize],
         "NOTSET" => {
             let pads = cx.usizes("pads", vec![0; 2 * sp])?;
             if pads.len() != 2 * sp {
-                return Err(cx.err(format!("pads has {} values, expected {}", pads.len(), 2 * sp)));
+                return Err(cx.err(format!(
+                    "pads has {} values, expected {}",
+                    pads.len(),
+                    2 * sp
+                )));
             }
             Ok(pads)
         }
@@ -194,38 +246,63 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
     let (x, w) = (cx.req(0)?, cx.req(1)?);
     let (xs, ws) = (cx.ty(x).shape.clone(), cx.ty(w).shape.clone());
     if xs.len() < 3 || ws.len() != xs.len() {
-        return Err(cx.err_in(1, format!("weight shape {ws:?} does not match input shape {xs:?}")));
+        return Err(cx.err_in(
+            1,
+            format!("weight shape {ws:?} does not match input shape {xs:?}"),
+        ));
     }
     let sp = xs.len() - 2;
     let ks = ws[2..].to_vec();
     let k = cx.usizes("kernel_shape", ks.clone())?;
     if k != ks {
-        return Err(cx.err(format!("kernel_shape {k:?} does not match the weight's {ks:?}")));
+        return Err(cx.err(format!(
+            "kernel_shape {k:?} does not match the weight's {ks:?}"
+        )));
     }
     let strides = cx.usizes("strides", vec![1; sp])?;
     let dilations = cx.usizes("dilations", vec![1; sp])?;
     let group = cx.int("group", 1)?;
-    let group = usize::try_from(group).ok().filter(|&g| g > 0).ok_or_else(|| cx.err("group must be positive"))?;
+    let group = usize::try_from(group)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or_else(|| cx.err("group must be positive"))?;
     if strides.len() != sp || dilations.len() != sp {
         return Err(cx.err(format!("strides and dilations need {sp} values")));
     }
-    let mut attrs = ConvAttrs { strides, pads: vec![], dilations, group, output_padding: vec![] };
+    let mut attrs = ConvAttrs {
+        strides,
+        pads: vec![],
+        dilations,
+        group,
+        output_padding: vec![],
+    };
     if !transpose {
         attrs.pads = resolve_pads(cx, &xs[2..], &ks, &attrs.strides, &attrs.dilations)?;
     } else {
         attrs.output_padding = cx.usizes("output_padding", vec![0; sp])?;
         if attrs.output_padding.len() != sp {
-            return Err(cx.err(format!("output_padding has {} values, expected {sp}", attrs.output_padding.len())));
+            return Err(cx.err(format!(
+                "output_padding has {} values, expected {sp}",
+                attrs.output_padding.len()
+            )));
         }
         let output_shape = cx.usizes("output_shape", vec![])?;
         let auto = cx.string("auto_pad", "NOTSET")?;
         let explicit = cx.usizes("pads", vec![0; 2 * sp])?;
         // The output size with no padding; padding (or a requested output shape) trims it.
         let full: Vec<usize> = (0..sp)
-            .map(|d| attrs.strides[d] * xs[d + 2].saturating_sub(1) + attrs.output_padding[d] + ks[d].saturating_sub(1) * attrs.dilations[d] + 1)
+            .map(|d| {
+                attrs.strides[d] * xs[d + 2].saturating_sub(1)
+                    + attrs.output_padding[d]
+                    + ks[d].saturating_sub(1) * attrs.dilations[d]
+                    + 1
+            })
             .collect();
         if !output_shape.is_empty() && output_shape.len() < sp {
-            return Err(cx.err(format!("output_shape has {} values, expected {sp}", output_shape.len())));
+            return Err(cx.err(format!(
+                "output_shape has {} values, expected {sp}",
+                output_shape.len()
+            )));
         }
         let target: Option<Vec<usize>> = if !output_shape.is_empty() {
             Some(output_shape[output_shape.len().saturating_sub(sp)..].to_vec())
@@ -251,7 +328,11 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
                         continue;
                     }
                     let total = full[d] - t[d];
-                    let (b, e) = if auto == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+                    let (b, e) = if auto == "SAME_UPPER" {
+                        (total / 2, total - total / 2)
+                    } else {
+                        (total - total / 2, total / 2)
+                    };
                     pads[d] = b;
                     pads[d + sp] = e;
                 }
@@ -259,13 +340,21 @@ fn conv(cx: &mut NodeCx<'_, '_>, transpose: bool) -> Result<Value> {
             }
         };
         if attrs.pads.len() != 2 * sp {
-            return Err(cx.err(format!("pads has {} values, expected {}", attrs.pads.len(), 2 * sp)));
+            return Err(cx.err(format!(
+                "pads has {} values, expected {}",
+                attrs.pads.len(),
+                2 * sp
+            )));
         }
     }
     let b = cx.input(2)?;
     let ins = [Some(x), Some(w), b];
     let n = if b.is_some() { 3 } else { 2 };
-    let op = if transpose { Op::ConvTranspose(attrs) } else { Op::Conv(attrs) };
+    let op = if transpose {
+        Op::ConvTranspose(attrs)
+    } else {
+        Op::Conv(attrs)
+    };
     Ok(cx.add(op, &ins[..n], Some(1))?[0])
 }
 
@@ -277,7 +366,10 @@ fn pool(cx: &mut NodeCx<'_, '_>, max: bool) -> Result<Vec<Value>> {
         let n = cx.num_outputs().max(1);
         return cx.add(Op::MaxPool { pool: p, col_major }, &[Some(x)], Some(n));
     }
-    let op = Op::AveragePool { pool: p, count_include_pad: cx.int("count_include_pad", 0)? != 0 };
+    let op = Op::AveragePool {
+        pool: p,
+        count_include_pad: cx.int("count_include_pad", 0)? != 0,
+    };
     Ok(vec![cx.add1(op, &[x])?])
 }
 
@@ -296,7 +388,13 @@ pub(crate) fn pool_attrs(cx: &mut NodeCx<'_, '_>, x: Value) -> Result<PoolAttrs>
     let dilations = cx.usizes("dilations", vec![1; sp])?;
     let ceil_mode = cx.int("ceil_mode", 0)? != 0;
     let pads = resolve_pads(cx, &xs[2..], &kernel, &strides, &dilations)?;
-    Ok(PoolAttrs { kernel, strides, pads, dilations, ceil_mode })
+    Ok(PoolAttrs {
+        kernel,
+        strides,
+        pads,
+        dilations,
+        ceil_mode,
+    })
 }
 
 fn reduce_kind(op: &str) -> Option<ReduceKind> {
@@ -320,18 +418,32 @@ fn reduce(cx: &mut NodeCx<'_, '_>, op: &str, kind: ReduceKind) -> Result<Value> 
     let rank = cx.ty(x).rank();
     // ReduceSum took axes as an input from opset 13, the others from opset 18.
     let axes_as_input = cx.opset() >= if op == "ReduceSum" { 13 } else { 18 };
-    let axes = if axes_as_input { cx.konst_ints(1)? } else { cx.ints("axes")? };
+    let axes = if axes_as_input {
+        cx.konst_ints(1)?
+    } else {
+        cx.ints("axes")?
+    };
     let keepdims = cx.int("keepdims", 1)? != 0;
     let noop = cx.int("noop_with_empty_axes", 0)? != 0;
     let axes: Vec<usize> = match axes.filter(|a| !a.is_empty()) {
         None if noop => return Ok(x),
         None => (0..rank).collect(),
         Some(a) => {
-            let mut v: Vec<usize> = a.iter().map(|&a| axis(cx, a, rank)).collect::<Result<_>>()?;
+            let mut v: Vec<usize> = a
+                .iter()
+                .map(|&a| axis(cx, a, rank))
+                .collect::<Result<_>>()?;
             v.sort_unstable();
             v.dedup();
             v
         }
     };
-    cx.add1(Op::Reduce { kind, axes, keepdims }, &[x])
+    cx.add1(
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        },
+        &[x],
+    )
 }

@@ -7,8 +7,15 @@ use super::NodeCx;
 use crate::error::Result;
 use mlopt_ir::{Binary, ConvAttrs, DType, Op, ReduceKind, Tensor, Unary, Value};
 
-pub(crate) const OPS: &[&str] =
-    &["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QLinearConv"];
+pub(crate) const OPS: &[&str] = &[
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "QLinearMatMul",
+    "MatMulInteger",
+    "ConvInteger",
+    "QLinearConv",
+];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
     let r = (|| -> Result<Option<Vec<Value>>> {
@@ -36,21 +43,32 @@ fn range(d: DType) -> Option<(f64, f64)> {
 
 /// A scale or zero point shaped to broadcast against `shape`: scalars stay, a 1-D per-axis vector is laid
 /// along `axis`, and a blocked one (`block > 0`) is repeated `block` times along `axis`.
-fn align(cx: &mut NodeCx<'_, '_>, p: Value, shape: &[usize], axis_: usize, block: usize) -> Result<Value> {
+fn align(
+    cx: &mut NodeCx<'_, '_>,
+    p: Value,
+    shape: &[usize],
+    axis_: usize,
+    block: usize,
+) -> Result<Value> {
     let ps = cx.ty(p).shape.clone();
     if ps.iter().product::<usize>() == 1 && ps.len() <= 1 {
         return cx.add1(Op::Reshape { shape: vec![] }, &[p]);
     }
     if axis_ >= shape.len() {
-        return Err(cx.err(format!("axis {axis_} is out of range for a per-axis parameter of {shape:?}")));
+        return Err(cx.err(format!(
+            "axis {axis_} is out of range for a per-axis parameter of {shape:?}"
+        )));
     }
     if block > 0 {
         let idx: Vec<i64> = (0..shape[axis_]).map(|i| (i / block) as i64).collect();
-        let idx = cx.konst_value(Tensor::from_vec(&[idx.len()], idx).ok_or_else(|| cx.err("block index"))?);
+        let idx = cx
+            .konst_value(Tensor::from_vec(&[idx.len()], idx).ok_or_else(|| cx.err("block index"))?);
         return cx.add1(Op::Gather { axis: axis_ }, &[p, idx]);
     }
     if ps.len() != 1 || ps[0] != shape[axis_] {
-        return Err(cx.err(format!("per-axis parameter of shape {ps:?} does not fit axis {axis_} of {shape:?}")));
+        return Err(cx.err(format!(
+            "per-axis parameter of shape {ps:?} does not fit axis {axis_} of {shape:?}"
+        )));
     }
     let mut s = vec![1; shape.len()];
     s[axis_] = ps[0];
@@ -63,12 +81,16 @@ fn axis_block(cx: &mut NodeCx<'_, '_>, rank: usize, per_axis: bool) -> Result<(u
     let a = cx.int("axis", 1)?;
     let a = if per_axis { axis(cx, a, rank)? } else { 0 };
     let b = cx.int("block_size", 0)?;
-    Ok((a, usize::try_from(b).map_err(|_| cx.err("block_size must not be negative"))?))
+    Ok((
+        a,
+        usize::try_from(b).map_err(|_| cx.err("block_size must not be negative"))?,
+    ))
 }
 
 /// round(v) + zp, saturated to `to`'s range and cast; `v` is floating point, `zp` optional (integers).
 fn saturate(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>, to: DType) -> Result<Value> {
-    let (lo, hi) = range(to).ok_or_else(|| cx.err(format!("quantizing to {to} is not supported")))?;
+    let (lo, hi) =
+        range(to).ok_or_else(|| cx.err(format!("quantizing to {to} is not supported")))?;
     let wide = cx.ty(v).dtype;
     let mut r = cx.un(Unary::Round, v)?;
     if let Some(zp) = zp {
@@ -90,11 +112,13 @@ fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let precision = cx.int_opt("precision")?;
     let to = match (zp, out_attr) {
         (Some(z), _) => cx.ty(z).dtype,
-        (None, Some(d)) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,
+        (None, Some(d)) => crate::tensor_io::dtype_from_onnx(d as i32)
+            .ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,
         (None, None) => DType::U8,
     };
     let wide = match precision {
-        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32).ok_or_else(|| cx.err(format!("precision {p} is not supported")))?,
+        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32)
+            .ok_or_else(|| cx.err(format!("precision {p} is not supported")))?,
         None => cx.ty(x).dtype,
     };
     let s = align(cx, scale, &shape, a, block)?;
@@ -111,12 +135,16 @@ fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (x, scale, zp) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
     let shape = cx.ty(x).shape.clone();
     if !matches!(cx.ty(x).dtype, DType::U8 | DType::I8 | DType::I32) {
-        return Err(cx.err_in(0, format!("dequantizing {} is not supported", cx.ty(x).dtype)));
+        return Err(cx.err_in(
+            0,
+            format!("dequantizing {} is not supported", cx.ty(x).dtype),
+        ));
     }
     let per_axis = cx.ty(scale).numel() > 1 || zp.is_some_and(|z| cx.ty(z).numel() > 1);
     let (a, block) = axis_block(cx, shape.len(), per_axis)?;
     let out = match cx.int_opt("output_dtype")? {
-        Some(d) => crate::tensor_io::dtype_from_onnx(d as i32).ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,
+        Some(d) => crate::tensor_io::dtype_from_onnx(d as i32)
+            .ok_or_else(|| cx.err(format!("output_dtype {d} is not supported")))?,
         None => cx.ty(scale).dtype,
     };
     let mut dx = cx.cast_to(x, DType::F32)?;
@@ -207,12 +235,27 @@ fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 /// ConvInteger (i32 result) and QLinearConv (requantised), computed in f64, which is exact here.
 fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
     let slots: [usize; 4] = if qlinear { [0, 2, 3, 5] } else { [0, 2, 1, 3] };
-    let (x, x_z, w, w_z) = (cx.req(slots[0])?, cx.input(slots[1])?, cx.req(slots[2])?, cx.input(slots[3])?);
+    let (x, x_z, w, w_z) = (
+        cx.req(slots[0])?,
+        cx.input(slots[1])?,
+        cx.req(slots[2])?,
+        cx.input(slots[3])?,
+    );
     let wshape = cx.ty(w).shape.clone();
     if wshape.len() < 3 || wshape.len() != cx.ty(x).rank() {
-        return Err(cx.err_in(slots[2], format!("weight {wshape:?} does not match input {:?}", cx.ty(x).shape)));
+        return Err(cx.err_in(
+            slots[2],
+            format!(
+                "weight {wshape:?} does not match input {:?}",
+                cx.ty(x).shape
+            ),
+        ));
     }
-    let centre = |cx: &mut NodeCx<'_, '_>, v: Value, z: Option<Value>, per_channel_axis: Option<usize>| -> Result<Value> {
+    let centre = |cx: &mut NodeCx<'_, '_>,
+                  v: Value,
+                  z: Option<Value>,
+                  per_channel_axis: Option<usize>|
+     -> Result<Value> {
         let vf = cx.cast_to(v, DType::F64)?;
         match z {
             Some(z) => {
@@ -234,18 +277,36 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
     let strides = cx.usizes("strides", vec![1; sp])?;
     let dilations = cx.usizes("dilations", vec![1; sp])?;
     if let Some(k) = cx.ints("kernel_shape")? {
-        if k.iter().map(|&d| d as usize).ne(wshape[2..].iter().copied()) {
-            return Err(cx.err(format!("kernel_shape {k:?} does not match the weight's {:?}", &wshape[2..])));
+        if k.iter()
+            .map(|&d| d as usize)
+            .ne(wshape[2..].iter().copied())
+        {
+            return Err(cx.err(format!(
+                "kernel_shape {k:?} does not match the weight's {:?}",
+                &wshape[2..]
+            )));
         }
     }
     let xs = cx.ty(x).shape.clone();
     let pads = super::nn::resolve_pads(cx, &xs[2..], &wshape[2..], &strides, &dilations)?;
-    let conv = Op::Conv(ConvAttrs { strides, pads, dilations, group, output_padding: vec![] });
+    let conv = Op::Conv(ConvAttrs {
+        strides,
+        pads,
+        dilations,
+        group,
+        output_padding: vec![],
+    });
     let mut y = cx.add1(conv, &[xf, wf])?;
     if !qlinear {
         return cx.cast_to(y, DType::I32);
     }
-    let (x_s, w_s, y_s, y_z, bias) = (cx.req(1)?, cx.req(4)?, cx.req(6)?, cx.input(7)?, cx.input(8)?);
+    let (x_s, w_s, y_s, y_z, bias) = (
+        cx.req(1)?,
+        cx.req(4)?,
+        cx.req(6)?,
+        cx.input(7)?,
+        cx.input(8)?,
+    );
     if let Some(b) = bias {
         let bf = cx.cast_to(b, DType::F64)?;
         let m = wshape[0];
@@ -255,7 +316,11 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
         y = cx.bin(Binary::Add, y, bf)?;
     }
     let yshape = cx.ty(y).shape.clone();
-    let ws = if cx.ty(w_s).numel() > 1 { align(cx, w_s, &yshape, 1, 0)? } else { w_s };
+    let ws = if cx.ty(w_s).numel() > 1 {
+        align(cx, w_s, &yshape, 1, 0)?
+    } else {
+        w_s
+    };
     let xw = cx.bin(Binary::Mul, x_s, ws)?;
     let ratio = cx.bin(Binary::Div, xw, y_s)?;
     let ratio = cx.cast_to(ratio, DType::F64)?;

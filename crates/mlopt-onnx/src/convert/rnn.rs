@@ -55,10 +55,20 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
 fn activations(cx: &mut NodeCx<'_, '_>, kind: Kind, dirs: usize) -> Result<Vec<Act>> {
     let names: Vec<String> = match cx.strings("activations")? {
         Some(v) => v,
-        None => kind.default_activations().iter().cycle().take(kind.default_activations().len() * dirs).map(|s| s.to_string()).collect(),
+        None => kind
+            .default_activations()
+            .iter()
+            .cycle()
+            .take(kind.default_activations().len() * dirs)
+            .map(|s| s.to_string())
+            .collect(),
     };
     if names.len() != kind.default_activations().len() * dirs {
-        return Err(cx.err(format!("expected {} activations, got {}", kind.default_activations().len() * dirs, names.len())));
+        return Err(cx.err(format!(
+            "expected {} activations, got {}",
+            kind.default_activations().len() * dirs,
+            names.len()
+        )));
     }
     let alphas = cx.floats("activation_alpha")?.unwrap_or_default();
     let betas = cx.floats("activation_beta")?.unwrap_or_default();
@@ -82,7 +92,11 @@ fn activations(cx: &mut NodeCx<'_, '_>, kind: Kind, dirs: usize) -> Result<Vec<A
         } else {
             None
         };
-        out.push(Act { name: n, alpha, beta });
+        out.push(Act {
+            name: n,
+            alpha,
+            beta,
+        });
     }
     Ok(out)
 }
@@ -96,17 +110,44 @@ fn apply(cx: &mut NodeCx<'_, '_>, a: &Act, x: Value) -> Result<Value> {
         "relu" => cx.add1(u(Unary::Relu), &[x]),
         "softsign" => cx.add1(u(Unary::Softsign), &[x]),
         "softplus" => cx.add1(u(Unary::Softplus), &[x]),
-        "leakyrelu" => cx.add1(u(Unary::LeakyRelu { alpha: a.alpha.unwrap_or(0.01) }), &[x]),
-        "thresholdedrelu" => cx.add1(u(Unary::ThresholdedRelu { alpha: a.alpha.unwrap_or(1.0) }), &[x]),
-        "elu" => cx.add1(u(Unary::Elu { alpha: a.alpha.unwrap_or(1.0) }), &[x]),
-        "hardsigmoid" => cx.add1(u(Unary::HardSigmoid { alpha: a.alpha.unwrap_or(0.2), beta: a.beta.unwrap_or(0.5) }), &[x]),
+        "leakyrelu" => cx.add1(
+            u(Unary::LeakyRelu {
+                alpha: a.alpha.unwrap_or(0.01),
+            }),
+            &[x],
+        ),
+        "thresholdedrelu" => cx.add1(
+            u(Unary::ThresholdedRelu {
+                alpha: a.alpha.unwrap_or(1.0),
+            }),
+            &[x],
+        ),
+        "elu" => cx.add1(
+            u(Unary::Elu {
+                alpha: a.alpha.unwrap_or(1.0),
+            }),
+            &[x],
+        ),
+        "hardsigmoid" => cx.add1(
+            u(Unary::HardSigmoid {
+                alpha: a.alpha.unwrap_or(0.2),
+                beta: a.beta.unwrap_or(0.5),
+            }),
+            &[x],
+        ),
         "affine" => {
-            let (al, be) = (cx.scalar(a.alpha.unwrap_or(1.0) as f64, dtype), cx.scalar(a.beta.unwrap_or(0.0) as f64, dtype));
+            let (al, be) = (
+                cx.scalar(a.alpha.unwrap_or(1.0) as f64, dtype),
+                cx.scalar(a.beta.unwrap_or(0.0) as f64, dtype),
+            );
             let m = cx.bin(Binary::Mul, x, al)?;
             cx.bin(Binary::Add, m, be)
         }
         "scaledtanh" => {
-            let (al, be) = (cx.scalar(a.alpha.unwrap_or(1.0) as f64, dtype), cx.scalar(a.beta.unwrap_or(1.0) as f64, dtype));
+            let (al, be) = (
+                cx.scalar(a.alpha.unwrap_or(1.0) as f64, dtype),
+                cx.scalar(a.beta.unwrap_or(1.0) as f64, dtype),
+            );
             let m = cx.bin(Binary::Mul, x, be)?;
             let t = cx.un(Unary::Tanh, m)?;
             cx.bin(Binary::Mul, t, al)
@@ -119,14 +160,29 @@ fn apply(cx: &mut NodeCx<'_, '_>, a: &Act, x: Value) -> Result<Value> {
 fn pick(cx: &mut NodeCx<'_, '_>, x: Value, index: usize) -> Result<Value> {
     let s = cx.ty(x).shape.clone();
     if s.is_empty() {
-        return Err(cx.err(format!("expected a tensor with a leading direction or time axis, got {}", cx.ty(x))));
+        return Err(cx.err(format!(
+            "expected a tensor with a leading direction or time axis, got {}",
+            cx.ty(x)
+        )));
     }
     let mut starts = vec![0; s.len()];
     starts[0] = index;
     let mut lens = s.clone();
     lens[0] = 1;
-    let one = cx.add1(Op::Slice { starts, steps: vec![1; s.len()], lens }, &[x])?;
-    cx.add1(Op::Reshape { shape: s[1..].to_vec() }, &[one])
+    let one = cx.add1(
+        Op::Slice {
+            starts,
+            steps: vec![1; s.len()],
+            lens,
+        },
+        &[x],
+    )?;
+    cx.add1(
+        Op::Reshape {
+            shape: s[1..].to_vec(),
+        },
+        &[one],
+    )
 }
 
 /// Columns `[k*h, (k+1)*h)` of the last axis.
@@ -137,7 +193,11 @@ fn gate(cx: &mut NodeCx<'_, '_>, x: Value, k: usize, h: usize) -> Result<Value> 
 fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     let (x, w, r) = (cx.req(0)?, cx.req(1)?, cx.req(2)?);
     let (b, seq_lens, h0) = (cx.input(3)?, cx.konst_ints(4)?, cx.input(5)?);
-    let (c0, peep) = if kind == Kind::Lstm { (cx.input(6)?, cx.input(7)?) } else { (None, None) };
+    let (c0, peep) = if kind == Kind::Lstm {
+        (cx.input(6)?, cx.input(7)?)
+    } else {
+        (None, None)
+    };
     let dtype = cx.ty(x).dtype;
     for (i, v) in [(0, x), (1, w), (2, r)] {
         if cx.ty(v).rank() != 3 {
@@ -156,7 +216,16 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     }
     let acts = activations(cx, kind, dirs)?;
     // To [seq, batch, input].
-    let x = if layout == 1 { cx.add1(Op::Transpose { perm: vec![1, 0, 2] }, &[x])? } else { x };
+    let x = if layout == 1 {
+        cx.add1(
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            &[x],
+        )?
+    } else {
+        x
+    };
     let xs = cx.ty(x).shape.clone();
     let (seq, batch) = (xs[0], xs[1]);
     let ws = cx.ty(w).shape.clone();
@@ -166,7 +235,10 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
         return Err(cx.err("hidden_size 0 (it must be positive)"));
     }
     if ws[0] != dirs || ws[1] != g * h || hidden.is_some_and(|hs| hs as usize != h) {
-        return Err(cx.err_in(1, format!("W of shape {ws:?} does not fit {dirs} direction(s) of {g} gates")));
+        return Err(cx.err_in(
+            1,
+            format!("W of shape {ws:?} does not fit {dirs} direction(s) of {g} gates"),
+        ));
     }
     if let Some(l) = &seq_lens {
         if l.iter().any(|&n| n as usize != seq) {
@@ -175,12 +247,20 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     }
     let state = |cx: &mut NodeCx<'_, '_>, v: Option<Value>| -> Result<Option<Value>> {
         Ok(match v {
-            Some(v) if layout == 1 => Some(cx.add1(Op::Transpose { perm: vec![1, 0, 2] }, &[v])?),
+            Some(v) if layout == 1 => Some(cx.add1(
+                Op::Transpose {
+                    perm: vec![1, 0, 2],
+                },
+                &[v],
+            )?),
             other => other,
         })
     };
     let (h0, c0) = (state(cx, h0)?, state(cx, c0)?);
-    let zeros = cx.konst_value(mlopt_ir::Tensor::zeros(&mlopt_ir::TensorType::new(dtype, vec![batch, h])));
+    let zeros = cx.konst_value(mlopt_ir::Tensor::zeros(&mlopt_ir::TensorType::new(
+        dtype,
+        vec![batch, h],
+    )));
     let (mut ys, mut hs, mut cs) = (vec![], vec![], vec![]);
     for d in 0..dirs {
         let reverse = direction == "reverse" || d == 1;
@@ -212,7 +292,8 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
             Some(p) => Some(pick(cx, p, d)?),
             None => None,
         };
-        let a = &acts[d * kind.default_activations().len()..(d + 1) * kind.default_activations().len()];
+        let a =
+            &acts[d * kind.default_activations().len()..(d + 1) * kind.default_activations().len()];
         let mut outs = vec![zeros; seq];
         for step in 0..seq {
             let t = if reverse { seq - 1 - step } else { step };
@@ -283,7 +364,12 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
                         s = cx.bin(Binary::Add, s, rb)?;
                     }
                     // Gate order i, o, f, c; peepholes P = [Pi, Po, Pf].
-                    let (mut i, mut o, mut f, c) = (gate(cx, s, 0, h)?, gate(cx, s, 1, h)?, gate(cx, s, 2, h)?, gate(cx, s, 3, h)?);
+                    let (mut i, mut o, mut f, c) = (
+                        gate(cx, s, 0, h)?,
+                        gate(cx, s, 1, h)?,
+                        gate(cx, s, 2, h)?,
+                        gate(cx, s, 3, h)?,
+                    );
                     if let Some(p) = pd {
                         let (pi, pf) = (gate(cx, p, 0, h)?, gate(cx, p, 2, h)?);
                         let (a1, a2) = (cx.bin(Binary::Mul, pi, ct)?, cx.bin(Binary::Mul, pf, ct)?);
@@ -314,11 +400,30 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
                     ht = cx.bin(Binary::Mul, o, hc)?;
                 }
             }
-            outs[t] = cx.add1(Op::Reshape { shape: vec![1, 1, batch, h] }, &[ht])?;
+            outs[t] = cx.add1(
+                Op::Reshape {
+                    shape: vec![1, 1, batch, h],
+                },
+                &[ht],
+            )?;
         }
-        ys.push(if seq == 1 { outs[0] } else { cx.add1(Op::Concat { axis: 0 }, &outs)? });
-        hs.push(cx.add1(Op::Reshape { shape: vec![1, batch, h] }, &[ht])?);
-        cs.push(cx.add1(Op::Reshape { shape: vec![1, batch, h] }, &[ct])?);
+        ys.push(if seq == 1 {
+            outs[0]
+        } else {
+            cx.add1(Op::Concat { axis: 0 }, &outs)?
+        });
+        hs.push(cx.add1(
+            Op::Reshape {
+                shape: vec![1, batch, h],
+            },
+            &[ht],
+        )?);
+        cs.push(cx.add1(
+            Op::Reshape {
+                shape: vec![1, batch, h],
+            },
+            &[ct],
+        )?);
     }
     let join = |cx: &mut NodeCx<'_, '_>, v: Vec<Value>, axis: usize| -> Result<Value> {
         if v.len() == 1 {
@@ -331,9 +436,24 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     let mut yh = join(cx, hs, 0)?;
     let mut yc = join(cx, cs, 0)?;
     if layout == 1 {
-        y = cx.add1(Op::Transpose { perm: vec![2, 0, 1, 3] }, &[y])?;
-        yh = cx.add1(Op::Transpose { perm: vec![1, 0, 2] }, &[yh])?;
-        yc = cx.add1(Op::Transpose { perm: vec![1, 0, 2] }, &[yc])?;
+        y = cx.add1(
+            Op::Transpose {
+                perm: vec![2, 0, 1, 3],
+            },
+            &[y],
+        )?;
+        yh = cx.add1(
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            &[yh],
+        )?;
+        yc = cx.add1(
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            &[yc],
+        )?;
     }
     let mut outs = vec![y, yh];
     if kind == Kind::Lstm {

@@ -6,7 +6,15 @@ use super::NodeCx;
 use crate::error::Result;
 use mlopt_ir::{with_dtype, DType, Elem, Tensor, Value};
 
-pub(crate) const OPS: &[&str] = &["Constant", "Shape", "Size", "ConstantOfShape", "Range", "Identity", "Dropout"];
+pub(crate) const OPS: &[&str] = &[
+    "Constant",
+    "Shape",
+    "Size",
+    "ConstantOfShape",
+    "Range",
+    "Identity",
+    "Dropout",
+];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
     let r = (|| -> Result<Option<Vec<Value>>> {
@@ -31,15 +39,24 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 vec![cx.konst_value(Tensor::scalar(n))]
             }
             "ConstantOfShape" => {
-                let shape = cx.konst_ints(0)?.ok_or_else(|| cx.err_in(0, "required input is missing"))?;
-                let shape: Vec<usize> =
-                    shape.iter().map(|&d| usize::try_from(d).map_err(|_| cx.err_in(0, format!("negative dimension {d}")))).collect::<Result<_>>()?;
+                let shape = cx
+                    .konst_ints(0)?
+                    .ok_or_else(|| cx.err_in(0, "required input is missing"))?;
+                let shape: Vec<usize> = shape
+                    .iter()
+                    .map(|&d| {
+                        usize::try_from(d)
+                            .map_err(|_| cx.err_in(0, format!("negative dimension {d}")))
+                    })
+                    .collect::<Result<_>>()?;
                 let value = cx.tensor("value")?.unwrap_or_else(|| Tensor::scalar(0f32));
                 if value.numel() != 1 {
                     return Err(cx.err("attribute 'value' must hold exactly one element"));
                 }
                 // A scalar broadcast to the shape: folded when small, a runtime expand otherwise.
-                let scalar = value.reshape(&[]).ok_or_else(|| cx.err("attribute 'value' is empty"))?;
+                let scalar = value
+                    .reshape(&[])
+                    .ok_or_else(|| cx.err("attribute 'value' is empty"))?;
                 let s = cx.konst_value(scalar);
                 vec![cx.add1(mlopt_ir::Op::Expand { shape }, &[s])?]
             }
@@ -61,7 +78,10 @@ fn dropout(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         cx.input(1)?;
         if let Some(t) = cx.konst(2)? {
             if t.to_f64_vec().first().is_some_and(|&v| v != 0.0) {
-                return Err(cx.err_in(2, "training_mode=true is not supported (mlopt compiles inference)"));
+                return Err(cx.err_in(
+                    2,
+                    "training_mode=true is not supported (mlopt compiles inference)",
+                ));
             }
         } else if cx.input(2)?.is_some() {
             return Err(cx.err_in(2, "training_mode must be a constant"));
@@ -71,7 +91,11 @@ fn dropout(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     if cx.num_outputs() > 1 {
         // In inference the mask keeps everything: all true (bool from opset 10, the input's type before).
         let ty = cx.ty(x).clone();
-        let mask = if cx.opset() >= 10 { Tensor::full(&mlopt_ir::TensorType::new(DType::Bool, ty.shape), 1.0) } else { Tensor::full(&ty, 1.0) };
+        let mask = if cx.opset() >= 10 {
+            Tensor::full(&mlopt_ir::TensorType::new(DType::Bool, ty.shape), 1.0)
+        } else {
+            Tensor::full(&ty, 1.0)
+        };
         outs.push(cx.konst_value(mask));
     }
     Ok(outs)
@@ -108,7 +132,9 @@ fn constant(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 
 fn range(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let get = |cx: &NodeCx<'_, '_>, i: usize| -> Result<Tensor> {
-        let t = cx.konst(i)?.ok_or_else(|| cx.err_in(i, "required input is missing"))?;
+        let t = cx
+            .konst(i)?
+            .ok_or_else(|| cx.err_in(i, "required input is missing"))?;
         if t.numel() != 1 {
             return Err(cx.err_in(i, "must be a scalar"));
         }

@@ -11,36 +11,92 @@ use mlopt_ir::{Binary, Op, Tensor, TensorType, Unary};
 
 pub fn rules() -> Vec<Rewrite> {
     vec![
-        rw_if("add-zero", "(add ?x ?c)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(0.0)),
-        rw_if("add-zero-left", "(add ?c ?x)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(0.0)),
-        rw_if("sub-zero", "(sub ?x ?c)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(0.0)),
-        rw_if("mul-one", "(mul ?x ?c)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(1.0)),
-        rw_if("mul-one-left", "(mul ?c ?x)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(1.0)),
-        rw_if("div-one", "(div ?x ?c)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(1.0)),
-        rw_if("pow-one", "(pow ?x ?c)", "?x", |eg, s| splat(eg, s[v("?c")]) == Some(1.0)),
-        rw_if("pow-two", "(pow ?x ?c)", "(mul ?x ?x)", |eg, s| splat(eg, s[v("?c")]) == Some(2.0)),
-        rw_if("pow-half", "(pow ?x ?c)", "(sqrt ?x)", |eg, s| splat(eg, s[v("?c")]) == Some(0.5)),
-        rw_if("div-const-to-mul", "(div ?x ?c)", "(mul ?x (reciprocal ?c))", |eg, s| {
-            let c = s[v("?c")];
-            let float = ty(eg, c).is_some_and(|t| t.dtype.is_float());
-            float && is_const(eg, c) && eg[c].data.value.as_ref().is_some_and(|t| t.to_f64_vec().iter().all(|x| *x != 0.0 && x.is_finite()))
+        rw_if("add-zero", "(add ?x ?c)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(0.0)
         }),
-        rw_if("mul-const-chain", "(mul (mul ?x ?a) ?b)", "(mul ?x (mul ?a ?b))", |eg, s| {
-            is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])
+        rw_if("add-zero-left", "(add ?c ?x)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(0.0)
         }),
-        rw_if("add-const-chain", "(add (add ?x ?a) ?b)", "(add ?x (add ?a ?b))", |eg, s| {
-            is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])
+        rw_if("sub-zero", "(sub ?x ?c)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(0.0)
         }),
+        rw_if("mul-one", "(mul ?x ?c)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(1.0)
+        }),
+        rw_if("mul-one-left", "(mul ?c ?x)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(1.0)
+        }),
+        rw_if("div-one", "(div ?x ?c)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(1.0)
+        }),
+        rw_if("pow-one", "(pow ?x ?c)", "?x", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(1.0)
+        }),
+        rw_if("pow-two", "(pow ?x ?c)", "(mul ?x ?x)", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(2.0)
+        }),
+        rw_if("pow-half", "(pow ?x ?c)", "(sqrt ?x)", |eg, s| {
+            splat(eg, s[v("?c")]) == Some(0.5)
+        }),
+        rw_if(
+            "div-const-to-mul",
+            "(div ?x ?c)",
+            "(mul ?x (reciprocal ?c))",
+            |eg, s| {
+                let c = s[v("?c")];
+                let float = ty(eg, c).is_some_and(|t| t.dtype.is_float());
+                float
+                    && is_const(eg, c)
+                    && eg[c]
+                        .data
+                        .value
+                        .as_ref()
+                        .is_some_and(|t| t.to_f64_vec().iter().all(|x| *x != 0.0 && x.is_finite()))
+            },
+        ),
+        rw_if(
+            "mul-const-chain",
+            "(mul (mul ?x ?a) ?b)",
+            "(mul ?x (mul ?a ?b))",
+            |eg, s| {
+                is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])
+            },
+        ),
+        rw_if(
+            "add-const-chain",
+            "(add (add ?x ?a) ?b)",
+            "(add ?x (add ?a ?b))",
+            |eg, s| {
+                is_const(eg, s[v("?a")]) && is_const(eg, s[v("?b")]) && !is_const(eg, s[v("?x")])
+            },
+        ),
         scan(
             "expand-into-broadcast",
             |eg, id| !expanded_operands(eg, id).is_empty(),
-            |eg, id| expanded_operands(eg, id).into_iter().filter_map(|(op, ins)| add(eg, op, ins)).collect(),
+            |eg, id| {
+                expanded_operands(eg, id)
+                    .into_iter()
+                    .filter_map(|(op, ins)| add(eg, op, ins))
+                    .collect()
+            },
         ),
         rw("neg-neg", "(neg (neg ?x))", "?x"),
         rw("relu-relu", "(relu (relu ?x))", "(relu ?x)"),
-        scan("cast-identity", |eg, id| cast_identity(eg, id).is_some(), |eg, id| cast_identity(eg, id).into_iter().collect()),
-        scan("matmul-add-to-gemm", |eg, id| !matmul_add(eg, id).is_empty(), build_gemm),
-        scan("conv-batchnorm-fold", |eg, id| conv_bn(eg, id).is_some(), fold_conv_bn),
+        scan(
+            "cast-identity",
+            |eg, id| cast_identity(eg, id).is_some(),
+            |eg, id| cast_identity(eg, id).into_iter().collect(),
+        ),
+        scan(
+            "matmul-add-to-gemm",
+            |eg, id| !matmul_add(eg, id).is_empty(),
+            build_gemm,
+        ),
+        scan(
+            "conv-batchnorm-fold",
+            |eg, id| conv_bn(eg, id).is_some(),
+            fold_conv_bn,
+        ),
     ]
 }
 
@@ -86,7 +142,10 @@ fn matmul_add(eg: &EGraph, id: Id) -> Vec<[Id; 3]> {
                 if mop != Op::MatMul {
                     continue;
                 }
-                let (Some(a), Some(b), Some(ct)) = (ty(eg, mch[0]), ty(eg, mch[1]), ty(eg, c)) else { continue };
+                let (Some(a), Some(b), Some(ct)) = (ty(eg, mch[0]), ty(eg, mch[1]), ty(eg, c))
+                else {
+                    continue;
+                };
                 if a.rank() != 2 || b.rank() != 2 || !a.dtype.is_float() || ct.dtype != a.dtype {
                     continue;
                 }
@@ -107,8 +166,16 @@ fn matmul_add(eg: &EGraph, id: Id) -> Vec<[Id; 3]> {
 }
 
 fn build_gemm(eg: &mut EGraph, id: Id) -> Vec<Id> {
-    let gemm = Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false };
-    matmul_add(eg, id).into_iter().filter_map(|[a, b, c]| add(eg, gemm.clone(), vec![a, b, c])).collect()
+    let gemm = Op::Gemm {
+        alpha: 1.0,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: false,
+    };
+    matmul_add(eg, id)
+        .into_iter()
+        .filter_map(|[a, b, c]| add(eg, gemm.clone(), vec![a, b, c]))
+        .collect()
 }
 
 /// A BatchNormalization over a Conv, with constant weights and statistics.
@@ -125,14 +192,28 @@ struct ConvBn {
 /// `batch_norm (conv x w b?) scale bias mean var` with constant weights and statistics.
 fn conv_bn(eg: &EGraph, id: Id) -> Option<ConvBn> {
     ops(eg, id).into_iter().find_map(|(op, ch)| {
-        let Op::BatchNorm { epsilon } = op else { return None };
+        let Op::BatchNorm { epsilon } = op else {
+            return None;
+        };
         if !ch[1..].iter().all(|c| is_const(eg, *c)) {
             return None;
         }
         ops(eg, ch[0]).into_iter().find_map(|(conv, cch)| {
-            let ok = matches!(conv, Op::Conv(_)) && is_const(eg, cch[1]) && ty(eg, cch[1]).is_some_and(|t| t.dtype.is_float());
-            let b = cch.get(2).copied().filter(|b| !eg[*b].data.types.is_empty());
-            ok.then(|| ConvBn { conv, x: cch[0], w: cch[1], b, stats: [ch[1], ch[2], ch[3], ch[4]], eps: epsilon })
+            let ok = matches!(conv, Op::Conv(_))
+                && is_const(eg, cch[1])
+                && ty(eg, cch[1]).is_some_and(|t| t.dtype.is_float());
+            let b = cch
+                .get(2)
+                .copied()
+                .filter(|b| !eg[*b].data.types.is_empty());
+            ok.then(|| ConvBn {
+                conv,
+                x: cch[0],
+                w: cch[1],
+                b,
+                stats: [ch[1], ch[2], ch[3], ch[4]],
+                eps: epsilon,
+            })
         })
     })
 }
@@ -140,11 +221,24 @@ fn conv_bn(eg: &EGraph, id: Id) -> Option<ConvBn> {
 /// conv(x, w * k, (b - mean) * k + bias) with k = scale / sqrt(var + eps), k reshaped to [M, 1, 1, ...] for
 /// the weights; the constant arithmetic folds.
 fn fold_conv_bn(eg: &mut EGraph, id: Id) -> Vec<Id> {
-    let Some(ConvBn { conv, x, w, b, stats: [scale, bias, mean, var], eps }) = conv_bn(eg, id) else { return vec![] };
+    let Some(ConvBn {
+        conv,
+        x,
+        w,
+        b,
+        stats: [scale, bias, mean, var],
+        eps,
+    }) = conv_bn(eg, id)
+    else {
+        return vec![];
+    };
     let build = |eg: &mut EGraph| -> Option<Id> {
         let wt = ty(eg, w)?;
         let st = ty(eg, scale)?;
-        let e = konst(eg, Tensor::full(&TensorType::new(st.dtype, vec![]), eps as f64));
+        let e = konst(
+            eg,
+            Tensor::full(&TensorType::new(st.dtype, vec![]), eps as f64),
+        );
         let ve = add(eg, Op::Binary(Binary::Add), vec![var, e])?;
         let sd = add(eg, Op::Unary(Unary::Sqrt), vec![ve])?;
         let k = add(eg, Op::Binary(Binary::Div), vec![scale, sd])?;

@@ -11,7 +11,13 @@ pub fn rules() -> Vec<Rewrite> {
         scan(
             "transpose-identity",
             |eg, id| has(eg, id, |o, _| is_identity_transpose(o)),
-            |eg, id| ops(eg, id).into_iter().filter(|(o, _)| is_identity_transpose(o)).map(|(_, c)| c[0]).collect(),
+            |eg, id| {
+                ops(eg, id)
+                    .into_iter()
+                    .filter(|(o, _)| is_identity_transpose(o))
+                    .map(|(_, c)| c[0])
+                    .collect()
+            },
         ),
         scan(
             "transpose-transpose",
@@ -31,13 +37,26 @@ pub fn rules() -> Vec<Rewrite> {
                     .collect()
             },
         ),
-        scan("reshape-identity", |eg, id| !reshape_identities(eg, id).is_empty(), reshape_identities_mut),
+        scan(
+            "reshape-identity",
+            |eg, id| !reshape_identities(eg, id).is_empty(),
+            reshape_identities_mut,
+        ),
         scan(
             "reshape-reshape",
             |eg, id| !reshape_pairs(eg, id).is_empty(),
-            |eg, id| reshape_pairs(eg, id).into_iter().filter_map(|(x, shape)| add(eg, Op::Reshape { shape }, vec![x])).collect(),
+            |eg, id| {
+                reshape_pairs(eg, id)
+                    .into_iter()
+                    .filter_map(|(x, shape)| add(eg, Op::Reshape { shape }, vec![x]))
+                    .collect()
+            },
         ),
-        scan("expand-identity", |eg, id| !expand_identities(eg, id).is_empty(), |eg, id| expand_identities(eg, id)),
+        scan(
+            "expand-identity",
+            |eg, id| !expand_identities(eg, id).is_empty(),
+            |eg, id| expand_identities(eg, id),
+        ),
         scan(
             "unary-transpose-sink",
             |eg, id| !unary_over_transpose(eg, id).is_empty(),
@@ -72,7 +91,16 @@ pub fn rules() -> Vec<Rewrite> {
                     .into_iter()
                     .filter_map(|(a, b, trans_a, trans_b)| {
                         let c = super::absent(eg);
-                        add(eg, Op::Gemm { alpha: 1.0, beta: 1.0, trans_a, trans_b }, vec![a, b, c])
+                        add(
+                            eg,
+                            Op::Gemm {
+                                alpha: 1.0,
+                                beta: 1.0,
+                                trans_a,
+                                trans_b,
+                            },
+                            vec![a, b, c],
+                        )
                     })
                     .collect()
             },
@@ -97,12 +125,23 @@ fn transposes(eg: &EGraph, id: Id) -> Vec<(Id, Vec<usize>)> {
 
 /// `transpose[p2] (transpose[p1] x)`: (x, p1, p2).
 fn transpose_pairs(eg: &EGraph, id: Id) -> Vec<(Id, Vec<usize>, Vec<usize>)> {
-    transposes(eg, id).into_iter().flat_map(|(y, p2)| transposes(eg, y).into_iter().map(move |(x, p1)| (x, p1, p2.clone()))).collect()
+    transposes(eg, id)
+        .into_iter()
+        .flat_map(|(y, p2)| {
+            transposes(eg, y)
+                .into_iter()
+                .map(move |(x, p1)| (x, p1, p2.clone()))
+        })
+        .collect()
 }
 
 fn reshape_identities(eg: &EGraph, id: Id) -> Vec<Id> {
     let out = ty(eg, id);
-    ops(eg, id).into_iter().filter(|(o, c)| matches!(o, Op::Reshape { .. }) && ty(eg, c[0]) == out).map(|(_, c)| c[0]).collect()
+    ops(eg, id)
+        .into_iter()
+        .filter(|(o, c)| matches!(o, Op::Reshape { .. }) && ty(eg, c[0]) == out)
+        .map(|(_, c)| c[0])
+        .collect()
 }
 
 fn reshape_identities_mut(eg: &mut EGraph, id: Id) -> Vec<Id> {
@@ -125,7 +164,11 @@ fn reshape_pairs(eg: &EGraph, id: Id) -> Vec<(Id, Vec<usize>)> {
 
 fn expand_identities(eg: &EGraph, id: Id) -> Vec<Id> {
     let out = ty(eg, id);
-    ops(eg, id).into_iter().filter(|(o, c)| matches!(o, Op::Expand { .. }) && ty(eg, c[0]) == out).map(|(_, c)| c[0]).collect()
+    ops(eg, id)
+        .into_iter()
+        .filter(|(o, c)| matches!(o, Op::Expand { .. }) && ty(eg, c[0]) == out)
+        .map(|(_, c)| c[0])
+        .collect()
 }
 
 /// Elementwise unary ops that commute with any permutation of their input.
@@ -138,7 +181,11 @@ fn unary_over_transpose(eg: &EGraph, id: Id) -> Vec<(Op, Id, Vec<usize>)> {
     ops(eg, id)
         .into_iter()
         .filter(|(o, _)| elementwise_unary(o))
-        .flat_map(|(u, c)| transposes(eg, c[0]).into_iter().map(move |(x, p)| (u.clone(), x, p)))
+        .flat_map(|(u, c)| {
+            transposes(eg, c[0])
+                .into_iter()
+                .map(move |(x, p)| (u.clone(), x, p))
+        })
         .collect()
 }
 
@@ -150,7 +197,9 @@ fn binary_over_transposes(eg: &EGraph, id: Id) -> Vec<(Op, Id, Id, Vec<usize>)> 
         if !matches!(o, Op::Binary(_)) {
             continue;
         }
-        let scalar = |i: Id| splat(eg, i).is_some() && ty(eg, i).is_some_and(|t| t.numel() == 1 && t.rank() <= 1);
+        let scalar = |i: Id| {
+            splat(eg, i).is_some() && ty(eg, i).is_some_and(|t| t.numel() == 1 && t.rank() <= 1)
+        };
         for (x, p) in transposes(eg, c[0]) {
             for (y, q) in transposes(eg, c[1]) {
                 if p == q && ty(eg, x).map(|t| t.shape) == ty(eg, y).map(|t| t.shape) {
@@ -178,7 +227,13 @@ fn matmul_transposed(eg: &EGraph, id: Id) -> Vec<(Id, Id, bool, bool)> {
         if o != Op::MatMul || !rank2(c[0]) || !rank2(c[1]) {
             continue;
         }
-        let swapped = |i: Id| transposes(eg, i).into_iter().filter(|(_, p)| p == &[1, 0]).map(|(x, _)| x).collect::<Vec<_>>();
+        let swapped = |i: Id| {
+            transposes(eg, i)
+                .into_iter()
+                .filter(|(_, p)| p == &[1, 0])
+                .map(|(x, _)| x)
+                .collect::<Vec<_>>()
+        };
         for b in swapped(c[1]) {
             out.push((c[0], b, false, true));
         }

@@ -11,8 +11,16 @@ use mlopt_ir::Op;
 
 pub fn rules() -> Vec<Rewrite> {
     vec![
-        scan_pairs("merge-sibling-matmuls", |eg, id| siblings(eg, id).len() >= 2, merge),
-        scan_pairs("bias-through-split", |eg, id| split_biases(eg, id).is_some(), bias_through_split),
+        scan_pairs(
+            "merge-sibling-matmuls",
+            |eg, id| siblings(eg, id).len() >= 2,
+            merge,
+        ),
+        scan_pairs(
+            "bias-through-split",
+            |eg, id| split_biases(eg, id).is_some(),
+            bias_through_split,
+        ),
     ]
 }
 
@@ -24,7 +32,9 @@ type SplitBiases = (Id, Op, Vec<(Id, Id)>);
 fn split_biases(eg: &EGraph, t: Id) -> Option<SplitBiases> {
     let t = eg.find(t);
     let (op, ch) = ops(eg, t).into_iter().find(|(o, c)| matches!(o, Op::Split { axis, .. } if ty(eg, c[0]).is_some_and(|x| x.rank() == axis + 1)))?;
-    let Op::Split { sizes, .. } = &op else { return None };
+    let Op::Split { sizes, .. } = &op else {
+        return None;
+    };
     let mut adds = vec![None; sizes.len()];
     for p in eg[t].parents() {
         let p = eg.find(p);
@@ -37,9 +47,16 @@ fn split_biases(eg: &EGraph, t: Id) -> Option<SplitBiases> {
         for q in eg[p].parents() {
             let q = eg.find(q);
             for (o, c) in ops(eg, q) {
-                let bias = if eg.find(c.first().copied()?) == p { c.get(1).copied() } else { None };
+                let bias = if eg.find(c.first().copied()?) == p {
+                    c.get(1).copied()
+                } else {
+                    None
+                };
                 if let (Op::Binary(mlopt_ir::Binary::Add), Some(b)) = (o, bias) {
-                    if is_const(eg, b) && ty(eg, b).is_some_and(|bt| bt.shape == [sizes[i]]) && adds[i].is_none() {
+                    if is_const(eg, b)
+                        && ty(eg, b).is_some_and(|bt| bt.shape == [sizes[i]])
+                        && adds[i].is_none()
+                    {
                         adds[i] = Some((q, b));
                     }
                 }
@@ -48,7 +65,10 @@ fn split_biases(eg: &EGraph, t: Id) -> Option<SplitBiases> {
     }
     let adds: Vec<(Id, Id)> = adds.into_iter().collect::<Option<_>>()?;
     // Once rewritten, the add classes hold projections of the new split: do not fire again.
-    if adds.iter().any(|(q, _)| eg[*q].nodes.iter().any(|n| matches!(n.head, Head::Proj(_)))) {
+    if adds
+        .iter()
+        .any(|(q, _)| eg[*q].nodes.iter().any(|n| matches!(n.head, Head::Proj(_))))
+    {
         return None;
     }
     Some((ch[0], op.clone(), adds))
@@ -56,12 +76,23 @@ fn split_biases(eg: &EGraph, t: Id) -> Option<SplitBiases> {
 
 /// add(proj_i(split x), b_i) for all i == proj_i(split(add(x, concat(b_1..b_n)))).
 fn bias_through_split(eg: &mut EGraph, t: Id) -> Vec<(Id, Id)> {
-    let Some((x, split, adds)) = split_biases(eg, t) else { return vec![] };
+    let Some((x, split, adds)) = split_biases(eg, t) else {
+        return vec![];
+    };
     let build = |eg: &mut EGraph| -> Option<Vec<(Id, Id)>> {
-        let bcat = add(eg, Op::Concat { axis: 0 }, adds.iter().map(|a| a.1).collect())?;
+        let bcat = add(
+            eg,
+            Op::Concat { axis: 0 },
+            adds.iter().map(|a| a.1).collect(),
+        )?;
         let y = add(eg, Op::Binary(mlopt_ir::Binary::Add), vec![x, bcat])?;
         let s = add(eg, split.clone(), vec![y])?;
-        Some(adds.iter().enumerate().map(|(i, (q, _))| (*q, proj(eg, s, i))).collect())
+        Some(
+            adds.iter()
+                .enumerate()
+                .map(|(i, (q, _))| (*q, proj(eg, s, i)))
+                .collect(),
+        )
     };
     build(eg).unwrap_or_default()
 }
@@ -111,7 +142,12 @@ fn siblings(eg: &EGraph, x: Id) -> Vec<Sibling> {
         for (op, c) in ops(eg, p) {
             let plain = match &op {
                 Op::MatMul => ty(eg, c[1]).is_some_and(|t| t.rank() == 2),
-                Op::Gemm { alpha, beta, trans_a, .. } => *alpha == 1.0 && *beta == 1.0 && !trans_a,
+                Op::Gemm {
+                    alpha,
+                    beta,
+                    trans_a,
+                    ..
+                } => *alpha == 1.0 && *beta == 1.0 && !trans_a,
                 Op::Conv(a) => a.group == 1,
                 _ => false,
             };
@@ -120,19 +156,33 @@ fn siblings(eg: &EGraph, x: Id) -> Vec<Sibling> {
                 if b.is_some_and(|b| !is_const(eg, b) || ty(eg, b).is_none_or(|t| t.rank() != 1)) {
                     continue;
                 }
-                all.push(Sibling { class: p, op: op.clone(), w: c[1], b });
+                all.push(Sibling {
+                    class: p,
+                    op: op.clone(),
+                    w: c[1],
+                    b,
+                });
                 break;
             }
         }
     }
-    if all.iter().any(|s| eg[s.class].nodes.iter().any(|n| matches!(n.head, Head::Proj(_)))) {
+    if all.iter().any(|s| {
+        eg[s.class]
+            .nodes
+            .iter()
+            .any(|n| matches!(n.head, Head::Proj(_)))
+    }) {
         return vec![];
     }
     // The largest group with one key.
     let mut best: Vec<Sibling> = vec![];
     for s in &all {
         let k = key(eg, s);
-        let group: Vec<Sibling> = all.iter().filter(|t| key(eg, t) == k && k.is_some()).cloned().collect();
+        let group: Vec<Sibling> = all
+            .iter()
+            .filter(|t| key(eg, t) == k && k.is_some())
+            .cloned()
+            .collect();
         if group.len() > best.len() {
             best = group;
         }
@@ -145,8 +195,15 @@ fn merge(eg: &mut EGraph, x: Id) -> Vec<(Id, Id)> {
     let build = |eg: &mut EGraph| -> Option<Vec<(Id, Id)>> {
         let first = sib.first()?;
         let grow = grow_axis(&first.op);
-        let ns: Vec<usize> = sib.iter().map(|s| ty(eg, s.w).map(|t| t.shape[grow])).collect::<Option<_>>()?;
-        let wcat = add(eg, Op::Concat { axis: grow }, sib.iter().map(|s| s.w).collect())?;
+        let ns: Vec<usize> = sib
+            .iter()
+            .map(|s| ty(eg, s.w).map(|t| t.shape[grow]))
+            .collect::<Option<_>>()?;
+        let wcat = add(
+            eg,
+            Op::Concat { axis: grow },
+            sib.iter().map(|s| s.w).collect(),
+        )?;
         let (wide, axis) = match &first.op {
             Op::MatMul => {
                 let wide = add(eg, Op::MatMul, vec![x, wcat])?;
@@ -154,7 +211,11 @@ fn merge(eg: &mut EGraph, x: Id) -> Vec<(Id, Id)> {
             }
             op => {
                 let b = match first.b {
-                    Some(_) => add(eg, Op::Concat { axis: 0 }, sib.iter().filter_map(|s| s.b).collect())?,
+                    Some(_) => add(
+                        eg,
+                        Op::Concat { axis: 0 },
+                        sib.iter().filter_map(|s| s.b).collect(),
+                    )?,
                     None => absent(eg),
                 };
                 // Gemm's output grows along its columns, Conv's along its channels: axis 1 for both.
@@ -162,7 +223,12 @@ fn merge(eg: &mut EGraph, x: Id) -> Vec<(Id, Id)> {
             }
         };
         let split = add(eg, Op::Split { axis, sizes: ns }, vec![wide])?;
-        Some(sib.iter().enumerate().map(|(i, s)| (s.class, proj(eg, split, i))).collect())
+        Some(
+            sib.iter()
+                .enumerate()
+                .map(|(i, s)| (s.class, proj(eg, split, i)))
+                .collect(),
+        )
     };
     build(eg).unwrap_or_default()
 }

@@ -52,7 +52,13 @@ pub fn rules(set: &RuleSet) -> Vec<Rewrite> {
 
 /// Every rule of every family (bf16 precision rules), for listing and testing.
 pub fn all_rules() -> Vec<Rewrite> {
-    rules(&RuleSet { algebra: true, layout: true, fusion: true, merge: true, lower_to: Some(mlopt_ir::DType::BF16) })
+    rules(&RuleSet {
+        algebra: true,
+        layout: true,
+        fusion: true,
+        merge: true,
+        lower_to: Some(mlopt_ir::DType::BF16),
+    })
 }
 
 /// A pattern rule `lhs => rhs` over attribute-free ops.
@@ -61,11 +67,28 @@ pub(crate) fn rw(name: &str, lhs: &str, rhs: &str) -> Rewrite {
 }
 
 /// A pattern rule with a guard on the substitution.
-pub(crate) fn rw_if(name: &str, lhs: &str, rhs: &str, guard: fn(&EGraph, &Subst) -> bool) -> Rewrite {
-    let (Ok(l), Ok(r)) = (lhs.parse::<egg::Pattern<MNode>>(), rhs.parse::<egg::Pattern<MNode>>()) else {
-        unreachable!("rule {name}: patterns are fixed text and parse (checked by the rule-table test)")
+pub(crate) fn rw_if(
+    name: &str,
+    lhs: &str,
+    rhs: &str,
+    guard: fn(&EGraph, &Subst) -> bool,
+) -> Rewrite {
+    let (Ok(l), Ok(r)) = (
+        lhs.parse::<egg::Pattern<MNode>>(),
+        rhs.parse::<egg::Pattern<MNode>>(),
+    ) else {
+        unreachable!(
+            "rule {name}: patterns are fixed text and parse (checked by the rule-table test)"
+        )
     };
-    match Rewrite::new(name, l, egg::ConditionalApplier { condition: Guard(guard), applier: Typed(r) }) {
+    match Rewrite::new(
+        name,
+        l,
+        egg::ConditionalApplier {
+            condition: Guard(guard),
+            applier: Typed(r),
+        },
+    ) {
         Ok(rw) => rw,
         Err(e) => unreachable!("rule {name}: {e}"),
     }
@@ -80,7 +103,9 @@ pub(crate) fn scan(
     guard: impl Fn(&EGraph, Id) -> bool + Send + Sync + 'static,
     build: impl Fn(&mut EGraph, Id) -> Vec<Id> + Send + Sync + 'static,
 ) -> Rewrite {
-    scan_pairs(name, guard, move |eg, id| build(eg, id).into_iter().map(|n| (id, n)).collect())
+    scan_pairs(name, guard, move |eg, id| {
+        build(eg, id).into_iter().map(|n| (id, n)).collect()
+    })
 }
 
 /// A scan rule whose builder returns (existing class, equivalent new class) pairs anywhere in the e-graph
@@ -106,7 +131,14 @@ impl egg::Condition<MNode, Analysis> for Guard {
 /// Instantiates a pattern, merging only when the types agree with the matched class.
 struct Typed(egg::Pattern<MNode>);
 impl Applier<MNode, Analysis> for Typed {
-    fn apply_one(&self, eg: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<MNode>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        eg: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<MNode>>,
+        _: Symbol,
+    ) -> Vec<Id> {
         let id = instantiate(eg, &self.0.ast, subst);
         merge_into(eg, eclass, id.into_iter().collect())
     }
@@ -146,8 +178,17 @@ fn merge_into(eg: &mut EGraph, eclass: Id, ids: Vec<Id>) -> Vec<Id> {
 
 struct Scan(Box<GuardFn>);
 impl Searcher<MNode, Analysis> for Scan {
-    fn search_eclass_with_limit(&self, eg: &EGraph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, MNode>> {
-        (limit > 0 && (self.0)(eg, eclass)).then(|| SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    fn search_eclass_with_limit(
+        &self,
+        eg: &EGraph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, MNode>> {
+        (limit > 0 && (self.0)(eg, eclass)).then(|| SearchMatches {
+            eclass,
+            substs: vec![Subst::default()],
+            ast: None,
+        })
     }
     fn vars(&self) -> Vec<Var> {
         vec![]
@@ -156,9 +197,19 @@ impl Searcher<MNode, Analysis> for Scan {
 
 struct Build(Box<BuildFn>);
 impl Applier<MNode, Analysis> for Build {
-    fn apply_one(&self, eg: &mut EGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<MNode>>, _: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        eg: &mut EGraph,
+        eclass: Id,
+        _: &Subst,
+        _: Option<&PatternAst<MNode>>,
+        _: Symbol,
+    ) -> Vec<Id> {
         let pairs = (self.0)(eg, eclass);
-        pairs.into_iter().flat_map(|(old, new)| merge_into(eg, old, vec![new])).collect()
+        pairs
+            .into_iter()
+            .flat_map(|(old, new)| merge_into(eg, old, vec![new]))
+            .collect()
     }
 }
 
@@ -166,12 +217,19 @@ impl Applier<MNode, Analysis> for Build {
 
 /// The op nodes of class `id`, with their children.
 pub(crate) fn ops(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
-    eg[id].nodes.iter().filter_map(|n| n.as_op().map(|o| (o.clone(), n.children.clone()))).collect()
+    eg[id]
+        .nodes
+        .iter()
+        .filter_map(|n| n.as_op().map(|o| (o.clone(), n.children.clone())))
+        .collect()
 }
 
 /// Whether class `id` has an op node satisfying `f`.
 pub(crate) fn has(eg: &EGraph, id: Id, f: impl Fn(&Op, &[Id]) -> bool) -> bool {
-    eg[id].nodes.iter().any(|n| n.as_op().is_some_and(|o| f(o, &n.children)))
+    eg[id]
+        .nodes
+        .iter()
+        .any(|n| n.as_op().is_some_and(|o| f(o, &n.children)))
 }
 
 /// The type of a single-output class.
@@ -184,7 +242,9 @@ pub(crate) fn splat(eg: &EGraph, id: Id) -> Option<f64> {
     let v = eg[id].data.value.as_ref()?;
     let vals = v.to_f64_vec();
     let first = *vals.first()?;
-    vals.iter().all(|x| x.to_bits() == first.to_bits()).then_some(first)
+    vals.iter()
+        .all(|x| x.to_bits() == first.to_bits())
+        .then_some(first)
 }
 
 pub(crate) fn is_const(eg: &EGraph, id: Id) -> bool {

@@ -14,9 +14,18 @@ pub fn rules(lo: DType) -> Vec<Rewrite> {
         scan(
             &format!("lower-matrix-{n}"),
             move |eg, id| !lowerable(eg, id).is_empty(),
-            move |eg, id| lowerable(eg, id).into_iter().filter_map(|(op, ch)| lower(eg, op, ch, lo)).collect(),
+            move |eg, id| {
+                lowerable(eg, id)
+                    .into_iter()
+                    .filter_map(|(op, ch)| lower(eg, op, ch, lo))
+                    .collect()
+            },
         ),
-        scan("cast-roundtrip", |eg, id| !roundtrips(eg, id).is_empty(), |eg, id| roundtrips(eg, id)),
+        scan(
+            "cast-roundtrip",
+            |eg, id| !roundtrips(eg, id).is_empty(),
+            |eg, id| roundtrips(eg, id),
+        ),
         scan(
             "cast-through-layout",
             |eg, id| !cast_over_layout(eg, id).is_empty(),
@@ -53,17 +62,29 @@ pub fn lowerable_op(op: &Op) -> bool {
 
 /// fp32 matrix ops of class `id`.
 fn lowerable(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
-    if eg.analysis.keep_fp32.iter().any(|k| eg.find(*k) == eg.find(id)) {
+    if eg
+        .analysis
+        .keep_fp32
+        .iter()
+        .any(|k| eg.find(*k) == eg.find(id))
+    {
         return vec![];
     }
-    ops(eg, id).into_iter().filter(|(o, c)| lowerable_op(o) && ty(eg, c[0]).is_some_and(|t| t.dtype == DType::F32)).collect()
+    ops(eg, id)
+        .into_iter()
+        .filter(|(o, c)| lowerable_op(o) && ty(eg, c[0]).is_some_and(|t| t.dtype == DType::F32))
+        .collect()
 }
 
 /// `cast<f32>(op(cast<lo> inputs...))`; absent optional inputs stay absent.
 fn lower(eg: &mut EGraph, op: Op, ch: Vec<Id>, lo: DType) -> Option<Id> {
     let mut low = vec![];
     for c in ch {
-        low.push(if eg[c].data.types.is_empty() { c } else { add(eg, Op::Cast { to: lo }, vec![c])? });
+        low.push(if eg[c].data.types.is_empty() {
+            c
+        } else {
+            add(eg, Op::Cast { to: lo }, vec![c])?
+        });
     }
     let y = add(eg, op, low)?;
     add(eg, Op::Cast { to: DType::F32 }, vec![y])
@@ -76,7 +97,10 @@ fn roundtrips(eg: &EGraph, id: Id) -> Vec<Id> {
         let Op::Cast { to: lo } = o else { continue };
         for (o2, c2) in ops(eg, c[0]) {
             let Op::Cast { to: wide } = o2 else { continue };
-            let exact = matches!((lo, wide), (DType::BF16 | DType::F16, DType::F32 | DType::F64) | (DType::F32, DType::F64));
+            let exact = matches!(
+                (lo, wide),
+                (DType::BF16 | DType::F16, DType::F32 | DType::F64) | (DType::F32, DType::F64)
+            );
             if exact && ty(eg, c2[0]).is_some_and(|t| t.dtype == lo) {
                 out.push(c2[0]);
             }
@@ -109,7 +133,10 @@ fn relu_over_widen(eg: &EGraph, id: Id) -> Vec<(Id, DType)> {
             continue;
         }
         for (o2, c2) in ops(eg, c[0]) {
-            if let Op::Cast { to: to @ DType::F32 } = o2 {
+            if let Op::Cast {
+                to: to @ DType::F32,
+            } = o2
+            {
                 if ty(eg, c2[0]).is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16)) {
                     out.push((c2[0], to));
                 }
