@@ -26,13 +26,12 @@ fuzz_target!(|data: &[u8]| {
     if big || g.num_nodes() > 100 || g.graph_inputs().is_empty() {
         return;
     }
-    let Ok(target) = mlopt_cost::Target::named("host", 1) else {
+    let Ok(target) = mlopt_target::Target::named("host", 1) else {
         return;
     };
     let config = mlopt_rewrite::Config::new(target);
     let opts = mlopt_driver::Options {
         config,
-        threads: 1,
         tune: false,
         winograd: mlopt_lower::Winograd::Auto,
         profile: false,

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let targets = ["x86-64-v4", "sm_80", "x86-64-v3", "sm_90"];
-    let Ok(target) = mlopt_cost::Target::named(targets[(pick & 3) as usize], 1) else {
+    let Ok(target) = mlopt_target::Target::named(targets[(pick & 3) as usize], 1) else {
         return;
     };
     let mut cfg = Config::new(target);

@@ -39,22 +39,40 @@ fn crate_dependencies_follow_the_rules() {
         ),
         // Only the ONNX crate knows ONNX (and protobuf).
         ("mlopt-onnx", &["mlopt-ir", "prost", "thiserror", "half"]),
-        // The cost model sees ops and types only.
-        ("mlopt-cost", &["mlopt-ir", "thiserror"]),
+        // What a machine is: nothing of mlopt's.
+        ("mlopt-target", &["thiserror"]),
+        // The cost model sees ops, types and the target only.
+        ("mlopt-cost", &["mlopt-ir", "mlopt-target", "thiserror"]),
         // The only crate that knows egg.
         (
             "mlopt-rewrite",
-            &["mlopt-ir", "mlopt-cost", "egg", "thiserror", "indicatif"],
+            &[
+                "mlopt-ir",
+                "mlopt-cost",
+                "mlopt-target",
+                "egg",
+                "thiserror",
+                "indicatif",
+            ],
         ),
         // The kernel IR knows nothing of ONNX, the graph IR or LLVM.
         ("mlopt-kir", &["thiserror", "half", "libm"]),
         // Lowering sees the graph IR and the kernel IR, and asks the cost model (register tiles).
         (
             "mlopt-lower",
-            &["mlopt-ir", "mlopt-kir", "mlopt-cost", "thiserror"],
+            &[
+                "mlopt-ir",
+                "mlopt-kir",
+                "mlopt-cost",
+                "mlopt-target",
+                "thiserror",
+            ],
         ),
-        // The only crate that links LLVM; it sees the kernel IR only.
-        ("mlopt-llvm", &["mlopt-kir", "inkwell", "thiserror"]),
+        // The only crate that links LLVM; it sees the kernel IR and the target only.
+        (
+            "mlopt-llvm",
+            &["mlopt-kir", "mlopt-target", "inkwell", "thiserror"],
+        ),
         // The runtime knows no IR at all.
         (
             "mlopt-runtime",
@@ -67,6 +85,7 @@ fn crate_dependencies_follow_the_rules() {
                 "mlopt-ir",
                 "mlopt-kir",
                 "mlopt-cost",
+                "mlopt-target",
                 "mlopt-rewrite",
                 "mlopt-lower",
                 "mlopt-llvm",
@@ -81,7 +100,7 @@ fn crate_dependencies_follow_the_rules() {
             &[
                 "mlopt-ir",
                 "mlopt-onnx",
-                "mlopt-cost",
+                "mlopt-target",
                 "mlopt-rewrite",
                 "mlopt-lower",
                 "mlopt-driver",

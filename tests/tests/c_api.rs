@@ -3,8 +3,8 @@
 //! valgrind (an `x86-64-v3` build, which valgrind can decode).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_cost::Target;
 use mlopt_ir::{DType, Graph, Op, Tensor, TensorType, Unary};
+use mlopt_target::Target;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -36,7 +36,6 @@ fn build(dir: &Path, target: &str) {
     let config = mlopt_rewrite::Config::new(Target::named(target, 2).unwrap());
     let opts = mlopt_driver::Options {
         config,
-        threads: 2,
         tune: false,
         winograd: mlopt_lower::Winograd::Auto,
         profile: false,

@@ -3,10 +3,10 @@
 //! interpreter's. The instruction mix of each fixture's unoptimised LLVM IR is snapshot-tested.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_cost::Target;
 use mlopt_driver::{compile, Options};
 use mlopt_ir::interp;
 use mlopt_rewrite::{Config, Precision};
+use mlopt_target::Target;
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 
 /// Compiles a fixture for this machine, runs it in-process; returns the error against the interpreter
@@ -19,7 +19,6 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
         &g,
         &Options {
             config,
-            threads,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,
@@ -128,7 +127,6 @@ fn llvm_ir_snapshots() {
             &g,
             &Options {
                 config,
-                threads: 1,
                 tune: false,
                 winograd: mlopt_lower::Winograd::Auto,
                 profile: false,
@@ -186,18 +184,13 @@ fn bf16_contractions_compile_to_mma_blocks() {
                 g,
                 &Options {
                     config,
-                    threads: 1,
                     tune: false,
                     winograd: mlopt_lower::Winograd::Auto,
                     profile: false,
                 },
             )
             .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
-            let pays = c.target.matrix.is_some()
-                && c.cfg
-                    .target
-                    .bf16_matrix
-                    .is_some_and(|p| p > c.cfg.target.fp32);
+            let pays = mlopt_cost::tile::bf16_blocks_pay(c.cfg.target.cpu().unwrap());
             assert!(
                 target == "host" || pays,
                 "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate"
@@ -250,7 +243,6 @@ fn large_convolutions_compile_with_heap_temporaries() {
             &g,
             &Options {
                 config,
-                threads: 2,
                 tune: false,
                 winograd,
                 profile: false,
@@ -302,7 +294,6 @@ fn vector_matrix_products_read_the_weight_contiguously() {
         &g,
         &Options {
             config,
-            threads: 1,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,
@@ -382,7 +373,6 @@ fn one_dimensional_convolutions_compile() {
         &g,
         &Options {
             config,
-            threads: 1,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,
@@ -602,7 +592,7 @@ fn kir_operators_compile_as_they_interpret() {
         }
         let inputs = vec![encode(&xs), encode(&ys)];
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
-        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1)
+        let code = mlopt_llvm::compile(&p, &mlopt_target::calibrate::host(1))
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         let mut lib = mlopt_runtime::Loaded::new(
             &mlopt_driver::pipeline::members("m", &code).unwrap(),
@@ -739,8 +729,9 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
     let inputs = vec![x32, x64];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     for target in ["host", "x86-64-v3", "x86-64-v4"] {
-        let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
-        let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
+        let t = Target::named(target, 1).unwrap();
+        let t = t.cpu().unwrap();
+        let code = mlopt_llvm::compile(&p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
         let mut lib = mlopt_runtime::Loaded::new(
             &mlopt_driver::pipeline::members("to_bf16", &code).unwrap(),
             "to_bf16",
@@ -804,7 +795,6 @@ fn integer_resize_compiles_as_it_interprets() {
             &g,
             &Options {
                 config,
-                threads: 1,
                 tune: false,
                 winograd: mlopt_lower::Winograd::Auto,
                 profile: false,
@@ -899,16 +889,17 @@ fn mma_blocks_compile_as_they_interpret() {
             .collect()
     };
     for target in ["host", "x86-64-v4", "znver4"] {
-        let t = mlopt_driver::target::cpu(&Target::named(target, 1).unwrap()).unwrap();
-        let code = mlopt_llvm::compile(&p, &t, 1).unwrap_or_else(|e| panic!("{target}: {e}"));
+        let t = Target::named(target, 1).unwrap();
+        let t = t.cpu().unwrap();
+        let code = mlopt_llvm::compile(&p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
         assert_eq!(
             code.optimized_ir.contains("tdpbf16ps"),
-            t.matrix == Some(mlopt_llvm::MatrixUnit::Amx),
+            t.matrix() == Some(mlopt_target::MatrixUnit::Amx),
             "{target}: AMX instructions iff the target has AMX"
         );
         assert_eq!(
             code.optimized_ir.contains("dpbf16ps.512"),
-            t.matrix == Some(mlopt_llvm::MatrixUnit::Dot),
+            t.matrix() == Some(mlopt_target::MatrixUnit::Dot),
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
         let mut lib = mlopt_runtime::Loaded::new(
@@ -1140,7 +1131,7 @@ fn register_math_is_accurate() {
                 .collect()
         };
         let inputs = [encode(&xs), encode(&ys)];
-        let code = mlopt_llvm::compile(&p, &mlopt_llvm::CpuTarget::host(), 1)
+        let code = mlopt_llvm::compile(&p, &mlopt_target::calibrate::host(1))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let size = if t == Elem::F32 { 4 } else { 8 };
         let mut lib = mlopt_runtime::Loaded::new(

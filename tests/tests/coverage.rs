@@ -7,10 +7,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_cost::ScheduleClass;
-use mlopt_cost::Target;
 use mlopt_driver::{compile, Options};
 use mlopt_ir::{interp, ConvAttrs, DType, Graph, Op, PoolAttrs, Tensor, TensorType, Unary};
 use mlopt_rewrite::Config;
+use mlopt_target::Target;
 use mlopt_tests::worst_error;
 
 /// A layer: what it is, then its graph.
@@ -316,7 +316,6 @@ fn every_zoo_layer_is_vectorised_and_correct() {
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
         let opts = Options {
             config,
-            threads: 1,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,

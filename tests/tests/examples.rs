@@ -3,8 +3,8 @@
 //! interpreter's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_cost::Target;
 use mlopt_ir::interp;
+use mlopt_target::Target;
 use mlopt_tests::{data, dir, import};
 use std::path::Path;
 use std::process::Command;
@@ -12,12 +12,11 @@ use std::process::Command;
 /// Compiles the mlp fixture into `out` and writes its input as raw floats; returns the expected output.
 fn prepare(out: &Path) -> Vec<f64> {
     let g = import("mlp");
-    let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
+    let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 2).unwrap());
     let c = mlopt_driver::compile(
         &g,
         &mlopt_driver::Options {
             config,
-            threads: 2,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,
@@ -112,7 +111,6 @@ fn hostile_names_stay_inside_comments_and_literals() {
         &g,
         &mlopt_driver::Options {
             config,
-            threads: 1,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,

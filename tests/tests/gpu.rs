@@ -6,12 +6,12 @@
 //! (`nvidia-smi` finds one) the library also runs on it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_cost::Target;
 use mlopt_driver::{compile_gpu, GpuCompiled, Options};
 use mlopt_ir::interp;
 use mlopt_kir::step::schedule_text;
 use mlopt_kir::{GpuEngine, ScheduleStep};
 use mlopt_rewrite::{Config, Precision};
+use mlopt_target::Target;
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 use std::process::Command;
 
@@ -23,7 +23,6 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
         &g,
         &Options {
             config,
-            threads: 1,
             tune: false,
             winograd: mlopt_lower::Winograd::Never,
             profile: false,
@@ -172,7 +171,6 @@ fn gemm_register_plans_hold_at_model_sizes() {
                 &g,
                 &Options {
                     config,
-                    threads: 1,
                     tune: false,
                     winograd: mlopt_lower::Winograd::Never,
                     profile: false,
@@ -298,7 +296,6 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
             &g,
             &Options {
                 config,
-                threads: 1,
                 tune: false,
                 winograd: mlopt_lower::Winograd::Never,
                 profile: false,
@@ -571,7 +568,6 @@ fn the_gpu_launcher_reads_data_checks_back() {
     let config = mlopt_rewrite::Config::new(Target::named("sm_80", 1).unwrap());
     let opts = mlopt_driver::Options {
         config,
-        threads: 1,
         tune: false,
         winograd: mlopt_lower::Winograd::Auto,
         profile: false,

@@ -3,10 +3,10 @@
 //! The kernel dumps are snapshot-tested.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_cost::Target;
 use mlopt_ir::interp;
 use mlopt_lower::{interpret, lower_program, CpuSchedule, Options};
 use mlopt_rewrite::{optimize, Config, Precision};
+use mlopt_target::Target;
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 
 fn lowered(
@@ -536,7 +536,6 @@ fn data_checks_agree_with_the_graph_interpreter() {
         }
         let opts = mlopt_driver::Options {
             config: Config::new(Target::named("x86-64-v4", 2).unwrap()),
-            threads: 2,
             tune: false,
             winograd: mlopt_lower::Winograd::Auto,
             profile: false,

@@ -4,9 +4,9 @@
 //! shows in review.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_cost::Target;
 use mlopt_ir::{interp, print};
 use mlopt_rewrite::{optimize, report, Config, Precision};
+use mlopt_target::Target;
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 
 fn config(target: &str, precision: Precision) -> Config {

@@ -119,7 +119,7 @@ pub fn plain(b: &Bench) -> Result<ExitCode> {
             b.model.display(),
             times.len(),
             b.opt.threads,
-            r.c.target.name,
+            r.c.cfg.target.name(),
             r.compile_s
         );
     }

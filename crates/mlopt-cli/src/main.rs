@@ -77,7 +77,7 @@ pub struct OptArgs {
 
 impl OptArgs {
     fn config(&self, names: &[String]) -> Result<mlopt_rewrite::Config> {
-        let target = mlopt_cost::Target::named(&self.target, self.threads)?;
+        let target = mlopt_target::Target::named(&self.target, self.threads)?;
         let mut cfg = mlopt_rewrite::Config::new(target);
         cfg.precision = self.precision;
         cfg.memory_budget = self.memory_budget;
@@ -101,7 +101,6 @@ impl OptArgs {
     fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
         Ok(mlopt_driver::Options {
             config: self.config(names)?,
-            threads: self.threads.max(1),
             tune: self.tune,
             winograd: self.winograd,
             profile: false,
@@ -324,7 +323,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Calibrate => {
-            use mlopt_cost::calibrate;
+            use mlopt_target::calibrate;
             let c = calibrate::measure()?;
             let path = calibrate::store(&c).context("writing the calibration cache")?;
             let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&calibrate::host_features());

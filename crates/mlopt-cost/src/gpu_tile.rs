@@ -4,12 +4,11 @@
 //! (`mlopt-lower/src/schedule/gpu_gemm.rs`) asks it; with `tile.rs` (CPU register tiles) it is the one
 //! kernel-level model of contractions.
 
-use crate::Target;
+use mlopt_target::GpuTarget;
 
-/// Threads per block at most, and static shared memory per block (48 KiB without opting in to more):
-/// the same on every architecture mlopt targets (sm_80 and up).
-pub const MAX_THREADS: u64 = 1024;
-pub const SHARED_BYTES: u64 = 48 * 1024;
+/// Threads per block at most, and static shared memory per block: the target's.
+pub const MAX_THREADS: u64 = GpuTarget::MAX_THREADS;
+pub const SHARED_BYTES: u64 = GpuTarget::SHARED_BYTES;
 
 /// What multiplies: tensor cores (`mma.sync` on operands of `bytes` bytes, `k` of K per instruction), or
 /// SIMT FMAs on f32.
@@ -228,7 +227,7 @@ pub struct Extents {
 /// evenly.
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
-    target: &Target,
+    target: &GpuTarget,
     x: Extents,
     t: &Tile,
     e: Engine,
@@ -251,12 +250,12 @@ pub fn estimate(
     if regs > register_limit(threads) {
         return None;
     }
-    let sms = u64::from(target.units).max(1);
+    let sms = u64::from(target.sms).max(1);
     let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), k.div_ceil(bk));
     let blocks = batch * tm * tn;
-    let per_sm = (u64::from(target.threads_per_unit) / threads)
-        .min(u64::from(target.smem_per_unit) / smem.max(1))
-        .min(u64::from(target.regs_per_unit) / (threads * regs))
+    let per_sm = (u64::from(target.threads_per_sm) / threads)
+        .min(u64::from(target.smem_per_sm) / smem.max(1))
+        .min(u64::from(target.regs_per_sm) / (threads * regs))
         .clamp(1, 32);
     let waves = blocks.div_ceil(sms * per_sm);
     // Blocks at once on the busiest SM; an SM reaches its peak with enough warps to hide latency (eight
@@ -267,7 +266,7 @@ pub fn estimate(
     let tile_flops = (2 * bm * bn * kt * bk) as f64;
     let compute = waves as f64 * together as f64 * tile_flops / peak;
     let traffic = (batch * (m * k * tn + k * n * tm) * bytes + batch * m * n * 4) as f64;
-    Some(compute.max(traffic / target.dram_bw))
+    Some(compute.max(traffic / target.roof.dram_bw))
 }
 
 #[cfg(test)]
@@ -275,10 +274,10 @@ mod tests {
     use super::*;
 
     fn best(m: u64, n: u64, k: u64) -> Tile {
-        let t = Target::named("sm_80", 1).unwrap();
+        let t = mlopt_target::gpu::sm_80();
         let e = Engine::Mma { bytes: 2, k: 16 };
         let x = Extents { m, n, k, batch: 1 };
-        let peak = t.bf16_matrix.unwrap();
+        let peak = t.bf16;
         let cost = |tile: &Tile| estimate(&t, x, tile, e, 2, [false, false], 0, peak);
         *Tile::candidates(e)
             .iter()
@@ -317,7 +316,7 @@ mod tests {
     /// candidates.
     #[test]
     fn limits_rule_out_tiles() {
-        let t = Target::named("sm_80", 1).unwrap();
+        let t = mlopt_target::gpu::sm_80();
         let x = Extents {
             m: 512,
             n: 512,
@@ -330,7 +329,7 @@ mod tests {
             mt: 1,
             nt: 1,
         };
-        assert!(estimate(&t, x, &big, Engine::Simt, 4, [true, true], 0, t.fp32).is_none());
+        assert!(estimate(&t, x, &big, Engine::Simt, 4, [true, true], 0, t.roof.fp32).is_none());
         let fine = Tile {
             wm: 2,
             wn: 2,

@@ -7,25 +7,24 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod calibrate;
 pub mod error;
 pub mod gpu_tile;
 pub mod roofline;
-pub mod target;
 pub mod tile;
 pub mod winograd;
 
 pub use error::{CostError, Result};
+pub use mlopt_target::MatrixPrecision;
 pub use roofline::{
     class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost,
     Estimate, Mix, ScheduleClass, Work,
 };
-pub use target::{Kind, MatrixPrecision, Target, TARGET_NAMES};
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use mlopt_ir::{DType, Op, TensorType};
+    use mlopt_target::Target;
 
     #[test]
     fn cost_saturates_and_orders() {
@@ -37,15 +36,6 @@ mod tests {
             [Cost::secs(1.0), Cost::secs(2.0)].into_iter().sum::<Cost>(),
             Cost::secs(3.0)
         );
-    }
-
-    #[test]
-    fn every_named_target_resolves() {
-        for name in TARGET_NAMES {
-            let t = Target::named(name, 1).unwrap();
-            assert!(t.fp32 > 0.0 && t.dram_bw > 0.0, "{t}");
-        }
-        assert!(Target::named("sm_75", 1).is_err());
     }
 
     #[test]
@@ -88,7 +78,7 @@ mod tests {
         w.bytes = 12.0 * (1 << 20) as f64;
         let e = estimate(&w, &t);
         assert_eq!(e.bound, Bound::Memory);
-        assert_eq!(e.time, Cost::secs(e.memory_s + t.launch_s));
+        assert_eq!(e.time, Cost::secs(e.memory_s + t.roof().launch_s));
     }
 
     #[test]
@@ -192,25 +182,6 @@ mod tests {
     }
 
     #[test]
-    fn cpu_peaks_scale_with_threads_and_gpus_do_not() {
-        let one = Target::named("x86-64-v4", 1).unwrap();
-        let four = Target::named("x86-64-v4", 4).unwrap();
-        assert_eq!(four.fp32, 4.0 * one.fp32);
-        assert_eq!(four.dram_bw, 4.0 * one.dram_bw);
-        assert_eq!(
-            Target::named("sm_80", 1).unwrap(),
-            Target::named("sm_80", 8).unwrap()
-        );
-        // tf32 only counts when allowed; fp32 otherwise runs at the SIMT rate.
-        let t = Target::named("sm_80", 1).unwrap();
-        assert_eq!(t.matrix_peak(MatrixPrecision::F32), t.fp32);
-        assert_eq!(t.matrix_peak(MatrixPrecision::Tf32), 156e12);
-    }
-
-    /// The priced estimate charges each share of a kernel's arithmetic at the rate of how it runs: a
-    /// register tile at the peak, a vector loop at half, a gathering one at one lane, a scalar nest at a
-    /// quarter of a lane; memory stays the same.
-    #[test]
     fn priced_estimates_follow_the_schedule() {
         let t = Target::named("x86-64-v4", 1).unwrap();
         let w = Work {
@@ -270,64 +241,5 @@ mod tests {
             ),
             estimate(&w, &g)
         );
-    }
-
-    #[test]
-    fn a_corrupt_or_foreign_calibration_cache_is_ignored() {
-        let dir = std::env::temp_dir().join(format!("mlopt-cal-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // Only this test sets MLOPT_CACHE_DIR in this test binary.
-        std::env::set_var("MLOPT_CACHE_DIR", &dir);
-        let path = calibrate::cache_path().unwrap();
-        let features = calibrate::host_features();
-        let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&features);
-        // Figures that pass the physical check on this CPU: half the peaks at 3 GHz.
-        let good = calibrate::Calibration {
-            ghz: 3.0,
-            fp32: fp32_max * 1.5e9,
-            bf16: bf16_max * 1.5e9,
-            bw_one: 1e10,
-            bw_all: 2e10,
-        };
-        calibrate::store(&good).unwrap();
-        assert_eq!(calibrate::load(), Some(good));
-        assert_eq!(Target::named("host", 2).unwrap().fp32, 2.0 * good.fp32);
-        assert!(Target::named("host", 1)
-            .unwrap()
-            .source
-            .contains("host calibration cache"));
-        // The host's L2 per core is read from the OS (on Linux), a named target's assumed.
-        let l2 = Target::named("host", 1).unwrap().l2_bytes;
-        assert!((64 << 10..=1 << 30).contains(&l2), "host L2 {l2} bytes");
-        assert_eq!(
-            Target::named("x86-64-v4", 1).unwrap().l2_bytes,
-            target::DEFAULT_L2_BYTES
-        );
-        let text = std::fs::read_to_string(&path).unwrap();
-        let replace = |key: &str, value: &str| -> String {
-            text.lines()
-                .map(|l| {
-                    if l.starts_with(key) {
-                        format!("{key} = {value}\n")
-                    } else {
-                        format!("{l}\n")
-                    }
-                })
-                .collect()
-        };
-        // Another CPU's file, another feature set, a truncated file, garbage, a figure that is not a number,
-        // and a figure no core can reach are all ignored.
-        for bad in [
-            replace("cpu", "Some Other CPU"),
-            replace("features", "not-this-cpu"),
-            "mlopt-calibration 2\n".into(),
-            "garbage".into(),
-            replace("fp32", "NaN"),
-            replace("fp32", "1e30"),
-        ] {
-            std::fs::write(&path, &bad).unwrap();
-            assert_eq!(calibrate::load(), None, "{bad}");
-        }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,8 +1,8 @@
 //! The roofline: the work of each op (FLOPs by kind) from its shapes and dtypes, and the estimated time of a
 //! kernel (a fusion group) on a target: max(compute, memory) plus the target's launch overhead.
 
-use crate::target::{MatrixPrecision, Target};
 use mlopt_ir::{DType, Op, ReduceKind, TensorType, Unary};
+use mlopt_target::{MatrixPrecision, Target};
 use std::fmt;
 use std::ops::Add;
 
@@ -129,11 +129,11 @@ pub fn estimate(w: &Work, t: &Target) -> Estimate {
         MatrixPrecision::F16,
         MatrixPrecision::Bf16,
     ];
-    let mut compute_s = w.vector_flops / t.fp32;
+    let mut compute_s = w.vector_flops / t.roof().fp32;
     for (p, f) in precisions.iter().zip(w.matrix_flops) {
         compute_s += f / t.matrix_peak(*p);
     }
-    let memory_s = w.bytes / t.dram_bw;
+    let memory_s = w.bytes / t.roof().dram_bw;
     let bound = if compute_s >= memory_s {
         Bound::Compute
     } else {
@@ -142,7 +142,7 @@ pub fn estimate(w: &Work, t: &Target) -> Estimate {
     Estimate {
         compute_s,
         memory_s,
-        time: Cost::secs(compute_s.max(memory_s) + t.launch_s),
+        time: Cost::secs(compute_s.max(memory_s) + t.roof().launch_s),
         bound,
     }
 }
@@ -175,7 +175,7 @@ impl fmt::Display for ScheduleClass {
 /// SqueezeNet's scalar convolutions run at 2.0 GFLOP/s of a 116 GFLOP/s peak (1/58), ViT's attention,
 /// whose products gather the transposed keys, at 6 (1/19).
 pub fn class_rate(t: &Target, class: ScheduleClass) -> f64 {
-    let lanes = (t.vector_bits / 32).max(1) as f64;
+    let lanes = lanes(t);
     match class {
         ScheduleClass::Tiled => 1.0,
         ScheduleClass::Vector => 0.5,
@@ -185,7 +185,12 @@ pub fn class_rate(t: &Target, class: ScheduleClass) -> f64 {
 
 /// The rate of gathering vector loops, as a fraction of the fp32 peak (see `class_rate`).
 pub fn gather_rate(t: &Target) -> f64 {
-    1.0 / (t.vector_bits / 32).max(1) as f64
+    1.0 / lanes(t)
+}
+
+/// A CPU's f32 vector lanes (a GPU's kernels are priced by the plain roofline: 1).
+fn lanes(t: &Target) -> f64 {
+    t.cpu().map_or(1.0, |c| f64::from(c.lanes()))
 }
 
 /// The rate of a register tile whose vector loads stride (a stride-2 convolution reads every other
@@ -211,13 +216,13 @@ pub fn priced(w: &Work, t: &Target, mix: Mix) -> Estimate {
         return estimate(w, t);
     }
     let peak = estimate(w, t).compute_s;
-    let untiled = w.flops() / t.fp32;
+    let untiled = w.flops() / t.roof().fp32;
     let compute_s = mix.tiled * peak
         + mix.tiled_gather * untiled / TILED_GATHER_RATE
         + mix.vector * untiled / class_rate(t, ScheduleClass::Vector)
         + mix.gather * untiled / gather_rate(t)
         + mix.scalar * untiled / class_rate(t, ScheduleClass::Scalar);
-    let memory_s = w.bytes / t.dram_bw;
+    let memory_s = w.bytes / t.roof().dram_bw;
     let bound = if compute_s >= memory_s {
         Bound::Compute
     } else {
@@ -226,7 +231,7 @@ pub fn priced(w: &Work, t: &Target, mix: Mix) -> Estimate {
     Estimate {
         compute_s,
         memory_s,
-        time: Cost::secs(compute_s.max(memory_s) + t.launch_s),
+        time: Cost::secs(compute_s.max(memory_s) + t.roof().launch_s),
         bound,
     }
 }

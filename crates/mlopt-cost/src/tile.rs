@@ -140,6 +140,13 @@ pub fn blocks(n: u64, t: Tile) -> Vec<(u64, u64, Tile)> {
     v
 }
 
+/// Whether bf16 contractions by constant weights run faster as `mma` blocks on `t`'s matrix unit (AMX
+/// tiles or `vdpbf16ps`) than as fp32 register tiles: only where its bf16 peak beats the fp32 FMAs
+/// (`vdpbf16ps` does not on every CPU that has it: calibration measured half the FMA rate on some).
+pub fn bf16_blocks_pay(t: &mlopt_target::CpuTarget) -> bool {
+    t.matrix().is_some() && t.bf16.is_some_and(|p| p > t.roof.fp32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use mlopt_cost::Target;
 use mlopt_ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
+use mlopt_target::Target;
 
 fn f32s(shape: &[usize], seed: u32) -> Tensor {
     let n: usize = shape.iter().product();
@@ -150,7 +150,7 @@ fn cases() -> Vec<(&'static str, Graph, Option<f64>, f64)> {
 }
 
 fn bench(c: &mut Criterion) {
-    let peak = mlopt_cost::calibrate::calibration()
+    let peak = mlopt_target::calibrate::calibration()
         .map(|(c, _)| c)
         .expect("calibrating this CPU");
     eprintln!(
@@ -164,7 +164,6 @@ fn bench(c: &mut Criterion) {
             &g,
             &mlopt_driver::Options {
                 config,
-                threads: 1,
                 tune: false,
                 winograd: mlopt_lower::Winograd::Auto,
                 profile: false,

@@ -6,7 +6,8 @@
 
 use crate::pipeline::{DriverError, Result};
 use mlopt_kir::Program;
-use mlopt_llvm::{c_name, GpuTarget, PtxOutput};
+use mlopt_llvm::{c_name, PtxOutput};
+use mlopt_target::GpuTarget;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,7 +45,6 @@ pub struct GpuCompiled {
     pub optimized: mlopt_rewrite::Optimized,
     pub cfg: mlopt_rewrite::Config,
     pub program: Program,
-    pub target: GpuTarget,
     pub ptx: PtxOutput,
     pub host_object: Vec<u8>,
     pub kernels: Vec<KernelReport>,
@@ -56,12 +56,12 @@ pub struct GpuCompiled {
 /// The GPU schedules' target: the cost model's row. tf32 tensor cores round f32 operands to 10 mantissa
 /// bits, so they are used only where the precision accepts that (`--precision bf16|fp16`, as the cost
 /// model assumes), never under `fp32` or `auto`.
-pub fn schedule_for(cfg: &mlopt_rewrite::Config) -> mlopt_lower::GpuSchedule {
+pub fn schedule_for(cfg: &mlopt_rewrite::Config, t: &GpuTarget) -> mlopt_lower::GpuSchedule {
     let tf32 = matches!(
         cfg.precision,
         mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16
     );
-    mlopt_lower::GpuSchedule::new(cfg.target.clone(), tf32)
+    mlopt_lower::GpuSchedule::new(t.clone(), tf32)
 }
 
 /// ptxas: `MLOPT_PTXAS`, else `ptxas` on PATH, else the one in a `.venv` (the nvidia-cuda-nvcc-cu12 wheel)
@@ -156,13 +156,13 @@ fn parse_ptxas(text: &str) -> Vec<(String, Ptxas)> {
 
 /// Resident warps per SM / the most warps an SM holds: limited by threads, blocks, registers (allocated
 /// per warp in units of 256) and shared memory.
-pub fn occupancy(t: &mlopt_cost::Target, block: u64, regs: u32, smem: u64) -> f64 {
-    let max_warps = (t.threads_per_unit / 32).max(1) as u64;
+pub fn occupancy(t: &GpuTarget, block: u64, regs: u32, smem: u64) -> f64 {
+    let max_warps = (t.threads_per_sm / 32).max(1) as u64;
     let warps = block.div_ceil(32).max(1);
     let regs_per_warp = (regs.max(1) as u64 * 32).div_ceil(256) * 256;
     let by_threads = max_warps / warps;
-    let by_regs = (t.regs_per_unit as u64 / regs_per_warp) / warps;
-    let by_smem = u64::from(t.smem_per_unit)
+    let by_regs = (t.regs_per_sm as u64 / regs_per_warp) / warps;
+    let by_smem = u64::from(t.smem_per_sm)
         .checked_div(smem)
         .unwrap_or(u64::MAX);
     let blocks = by_threads.min(by_regs).min(by_smem).min(32);
@@ -208,11 +208,11 @@ pub(crate) fn package(
     optimized: mlopt_rewrite::Optimized,
     cfg: mlopt_rewrite::Config,
     program: Program,
-    target: GpuTarget,
     ptx: PtxOutput,
     ptxas: Option<PathBuf>,
     figures: Option<Vec<(String, Ptxas)>>,
 ) -> Result<GpuCompiled> {
+    let target = crate::pipeline::gpu_target(&cfg.target)?;
     let host_object = mlopt_llvm::host_object(&program, &ptx.ptx)?;
     let kernels = program
         .kernels
@@ -222,21 +222,18 @@ pub(crate) fn package(
             let (flops, bytes) = mlopt_kir::gpu::work(k);
             // Tensor-core kernels run at the matrix peak of their input type.
             let peak = match mlopt_kir::gpu::matrix_input(k) {
-                Some(mlopt_kir::Elem::BF16) => cfg.target.bf16_matrix,
-                Some(mlopt_kir::Elem::F16) => cfg.target.f16_matrix,
-                Some(_) => cfg.target.tf32_matrix,
-                None => None,
+                Some(mlopt_kir::Elem::BF16) => target.bf16,
+                Some(mlopt_kir::Elem::F16) => target.f16,
+                Some(_) => target.tf32,
+                None => target.roof.fp32,
             };
-            let (compute, memory) = (
-                flops as f64 / peak.unwrap_or(cfg.target.fp32),
-                bytes as f64 / cfg.target.dram_bw,
-            );
+            let (compute, memory) = (flops as f64 / peak, bytes as f64 / target.roof.dram_bw);
             let ptxas = figures
                 .as_ref()
                 .and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
             let occupancy = ptxas.as_ref().map(|p| {
                 occupancy(
-                    &cfg.target,
+                    target,
                     launch.block,
                     p.registers,
                     p.smem_bytes.max(launch.shared_bytes),
@@ -263,7 +260,6 @@ pub(crate) fn package(
         optimized,
         cfg,
         program,
-        target,
         ptx,
         host_object,
         kernels,
@@ -299,8 +295,9 @@ impl GpuCompiled {
         stem: &str,
         extra: &[(String, Vec<u8>)],
     ) -> Result<Vec<PathBuf>> {
+        let target = crate::pipeline::gpu_target(&self.cfg.target)?;
         let files = [
-            (format!("{stem}.h"), c_header(&self.program, &self.target)),
+            (format!("{stem}.h"), c_header(&self.program, target)),
             (format!("{stem}.ptx"), self.ptx.ptx.clone()),
             (
                 format!("{stem}.optimized.mlir"),
@@ -371,15 +368,15 @@ impl GpuCompiled {
             );
         }
         let total: f64 = self.kernels.iter().map(|k| k.roofline_s).sum();
-        let launches = self.kernels.len() as f64 * self.cfg.target.launch_s;
+        let launches = self.kernels.len() as f64 * self.cfg.target.roof().launch_s;
         let _ = writeln!(
             s,
             "{} launches, roofline {:.2} us + {:.1} us of launch overhead on {} ({})",
             self.kernels.len(),
             total * 1e6,
             launches * 1e6,
-            self.target.name,
-            self.cfg.target.source
+            self.cfg.target.name(),
+            self.cfg.target.roof().source
         );
         s
     }
@@ -422,7 +419,7 @@ impl GpuCompiled {
 pub fn c_header(p: &Program, t: &GpuTarget) -> String {
     let n = c_name(&p.name);
     let up = n.to_uppercase();
-    let mut s = crate::emit::io_defines(p, &format!("/* Generated by mlopt {} for {} ({}, PTX {}); link with lib{n}.a -ldl. The CUDA driver\n   (libcuda.so.1) is opened at run time: no CUDA toolkit is needed to build or link. */", env!("CARGO_PKG_VERSION"), crate::emit::comment(&p.name), t.name, t.version()));
+    let mut s = crate::emit::io_defines(p, &format!("/* Generated by mlopt {} for {} ({}, PTX {}); link with lib{n}.a -ldl. The CUDA driver\n   (libcuda.so.1) is opened at run time: no CUDA toolkit is needed to build or link. */", env!("CARGO_PKG_VERSION"), crate::emit::comment(&p.name), t.name, t.ptx_version()));
     let _ = writeln!(s, "/* Creates the model on CUDA device `device`: loads its PTX, uploads the weights (once) and allocates\n   the activation memory ({} bytes). NULL on failure: mlopt_{n}_last_error() says why. */", p.arena_bytes);
     let _ = writeln!(s, "void *mlopt_{n}_create(int device);");
     let _ = writeln!(s, "/* Runs the model on host buffers of the sizes above: copies the inputs in, launches the kernels on\n   the model's stream, copies the outputs back and waits. 0 on success, -1 on a CUDA error, a NULL argument, or input data the model rejects (an index out\n   of range, an integer division by zero: the interpreter's error). */");
@@ -452,13 +449,13 @@ mod tests {
     /// target's shared memory per SM is in bytes).
     #[test]
     fn occupancy_counts_each_limit() {
-        let t = mlopt_cost::Target::named("sm_80", 1).unwrap();
-        let warps = (t.threads_per_unit / 32) as f64;
+        let t = mlopt_target::gpu::sm_80();
+        let warps = (t.threads_per_sm / 32) as f64;
         assert_eq!(occupancy(&t, 128, 32, 0), 1.0);
         // 128 registers a thread: 65536 / (128 x 32 x 4 warps) = 4 blocks of 4 warps.
         assert_eq!(occupancy(&t, 128, 128, 0), 16.0 / warps);
         // 48 KiB of shared memory a block: as many blocks as fit in the SM's shared memory.
-        let blocks = (u64::from(t.smem_per_unit) / (48 * 1024)) as f64;
+        let blocks = (u64::from(t.smem_per_sm) / (48 * 1024)) as f64;
         assert_eq!(occupancy(&t, 128, 32, 48 * 1024), blocks * 4.0 / warps);
     }
 }

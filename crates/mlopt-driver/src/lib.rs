@@ -12,7 +12,6 @@ pub mod output;
 pub mod pipeline;
 pub mod profile;
 pub mod svg;
-pub mod target;
 pub mod tune;
 
 pub use gpu::GpuCompiled;

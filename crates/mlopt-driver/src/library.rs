@@ -33,8 +33,8 @@ impl Library {
     /// The target's name (`host`, `x86-64-v4`, `sm_80`, ...).
     pub fn target_name(&self) -> &str {
         match self {
-            Library::Cpu(c) => &c.target.name,
-            Library::Gpu(c) => &c.target.name,
+            Library::Cpu(c) => c.cfg.target.name(),
+            Library::Gpu(c) => c.cfg.target.name(),
         }
     }
 
@@ -122,7 +122,7 @@ impl Library {
         match self {
             Library::Cpu(_) => vec![],
             Library::Gpu(c) => vec![match &c.ptxas {
-                Some(p) => format!("ptxas ({}) assembled every kernel for {}", p.display(), c.target.name),
+                Some(p) => format!("ptxas ({}) assembled every kernel for {}", p.display(), c.cfg.target.name()),
                 None => "warning: no ptxas found (set MLOPT_PTXAS or put it on PATH): the PTX is not checked and the report has no registers".into(),
             }],
         }

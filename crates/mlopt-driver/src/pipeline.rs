@@ -11,8 +11,9 @@ use crate::gpu::GpuCompiled;
 use crate::library::Library;
 use mlopt_ir::{Graph, Tensor};
 use mlopt_kir::Program;
-use mlopt_llvm::{c_name, CpuTarget, GpuTarget};
+use mlopt_llvm::c_name;
 use mlopt_runtime::{Loaded, Member};
+use mlopt_target::{CpuTarget, GpuTarget, Target};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -43,8 +44,6 @@ pub struct Options {
     /// The optimiser's configuration. Its target, looked up once from `--target`, is the target of
     /// every stage: the cost model's peaks and, through `target.rs`, the code generator's CPU or GPU.
     pub config: mlopt_rewrite::Config,
-    /// Threads of parallel loops (the default; the runtime can override it).
-    pub threads: u32,
     /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
     pub tune: bool,
     /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`--winograd`).
@@ -61,7 +60,6 @@ pub struct Compiled {
     pub memory: mlopt_lower::MemoryPlan,
     pub program: Program,
     pub code: mlopt_llvm::Output,
-    pub target: CpuTarget,
     /// (stage, seconds) in pipeline order.
     pub times: Vec<(&'static str, f64)>,
     /// Built with per-kernel clock readings (`Options::profile`).
@@ -81,17 +79,10 @@ pub enum Stage {
     Code,
 }
 
-/// The target as code generation sees it, resolved once from the cost model's `Target` (`target.rs`).
-#[derive(Debug, Clone)]
-enum Codegen {
-    Cpu(CpuTarget),
-    Gpu(GpuTarget),
-}
-
 /// What the codegen stage makes, with the target it made it for.
 enum Code {
-    Cpu(CpuTarget, mlopt_llvm::Output),
-    Gpu(GpuTarget, mlopt_llvm::PtxOutput),
+    Cpu(mlopt_llvm::Output),
+    Gpu(mlopt_llvm::PtxOutput),
 }
 
 /// The stages' seconds, in pipeline order; a stage run again (a GPU schedule planned again) adds to its
@@ -140,7 +131,7 @@ pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
 
 /// Runs the pipeline for a CPU target and keeps the result in this process (to load and run, or bench).
 pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
-    crate::target::cpu(&opt.config.target)?;
+    cpu_target(&opt.config.target)?;
     match build(g, opt)? {
         Library::Cpu(c) => Ok(*c),
         Library::Gpu(_) => Err(DriverError::Io(
@@ -151,7 +142,7 @@ pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
 
 /// Runs the pipeline for a GPU target.
 pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
-    crate::target::gpu(&opt.config.target)?;
+    gpu_target(&opt.config.target)?;
     match build(g, opt)? {
         Library::Gpu(c) => Ok(*c),
         Library::Cpu(_) => Err(DriverError::Io(
@@ -163,23 +154,19 @@ pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
 /// The pipeline, stopping after `stop` with its text when given.
 fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     let cfg = opt.config.clone();
-    let threads = opt.threads.max(1);
-    let target = match cfg.target.is_gpu() {
-        true => Codegen::Gpu(crate::target::gpu(&cfg.target)?),
-        false => Codegen::Cpu(crate::target::cpu(&cfg.target)?),
-    };
+    let target = &opt.config.target;
     let mut times = Times::default();
     let optimized = times.stage("optimise", || Ok(mlopt_rewrite::optimize(g, &cfg)?))?;
     if stop == Some(Stage::Optimised) {
         return Ok(Ran::Stopped(mlopt_rewrite::report::dump(&optimized, &cfg)));
     }
     let graph = &optimized.plan.graph;
-    let mut lowering = match &target {
-        Codegen::Cpu(t) => cpu_lowering(opt, t),
-        Codegen::Gpu(_) => crate::gpu::lowering(crate::gpu::schedule_for(&cfg)),
+    let mut lowering = match target {
+        Target::Cpu(t) => cpu_lowering(opt, t),
+        Target::Gpu(t) => crate::gpu::lowering(crate::gpu::schedule_for(&cfg, t)),
     };
-    if let (Codegen::Cpu(t), true) = (&target, opt.tune) {
-        lowering.tiles = times.stage("tune", || crate::tune::tune(graph, &lowering, t, threads))?;
+    if let (Target::Cpu(t), true) = (target, opt.tune) {
+        lowering.tiles = times.stage("tune", || crate::tune::tune(graph, &lowering, t))?;
     }
     // The memory plan places the values for lowering and is what the report says of the arena.
     let (memory, algorithm) = times.stage("lower", || {
@@ -190,9 +177,7 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     if stop == Some(Stage::Lowered) {
         return Ok(Ran::Stopped(mlopt_kir::print::program(&algorithm)));
     }
-    let ptxas = matches!(target, Codegen::Gpu(_))
-        .then(crate::gpu::find_ptxas)
-        .flatten();
+    let ptxas = target.is_gpu().then(crate::gpu::find_ptxas).flatten();
     // A GPU tile's registers are planned by an estimate and checked against ptxas: where a kernel needs
     // more than its plan, the schedules are planned again with the shortfall added to every estimate (at
     // most twice), so the occupancy a tile was chosen for is the one it gets.
@@ -218,23 +203,20 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
             return Ok(Ran::Stopped(mlopt_kir::print::program(&program)));
         }
         let code = times.stage("codegen", || {
-            Ok(match &target {
-                Codegen::Cpu(t) => Code::Cpu(
-                    t.clone(),
-                    mlopt_llvm::compile_with(&program, t, threads, opt.profile)?,
-                ),
-                Codegen::Gpu(t) => Code::Gpu(t.clone(), mlopt_llvm::compile_ptx(&program, t)?),
+            Ok(match target {
+                Target::Cpu(t) => Code::Cpu(mlopt_llvm::compile_with(&program, t, opt.profile)?),
+                Target::Gpu(t) => Code::Gpu(mlopt_llvm::compile_ptx(&program, t)?),
             })
         })?;
         if stop == Some(Stage::Code) {
             return Ok(Ran::Stopped(match code {
-                Code::Cpu(_, c) => c.llvm_ir,
-                Code::Gpu(_, c) => c.ptx,
+                Code::Cpu(c) => c.llvm_ir,
+                Code::Gpu(c) => c.ptx,
             }));
         }
         let figures = match (&code, &ptxas) {
-            (Code::Gpu(t, c), Some(p)) => {
-                Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, &t.name))?)
+            (Code::Gpu(c), Some(p)) => {
+                Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, target.name()))?)
             }
             _ => None,
         };
@@ -251,34 +233,30 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     };
     let lib = times.stage("package", || {
         Ok(match code {
-            Code::Cpu(target, code) => Library::Cpu(Box::new(Compiled {
+            Code::Cpu(code) => Library::Cpu(Box::new(Compiled {
                 optimized,
                 cfg,
                 memory,
                 program,
                 code,
-                target,
                 times: vec![],
                 profiled: opt.profile,
             })),
-            Code::Gpu(target, ptx) => Library::Gpu(Box::new(crate::gpu::package(
-                optimized, cfg, program, target, ptx, ptxas, figures,
+            Code::Gpu(ptx) => Library::Gpu(Box::new(crate::gpu::package(
+                optimized, cfg, program, ptx, ptxas, figures,
             )?)),
         })
     })?;
     Ok(Ran::Built(lib.with_times(times.0)))
 }
 
-/// Lowering and CPU scheduling options for `target`: its lanes, the thread count, and bf16 `mma` blocks
-/// where the matrix unit beats the fp32 FMAs (`vdpbf16ps` does not on every CPU that has it:
-/// calibration measured half the FMA rate on this machine's cores).
-fn cpu_lowering(opt: &Options, target: &CpuTarget) -> mlopt_lower::Options {
-    let t = &opt.config.target;
-    let faster = t.bf16_matrix.is_some_and(|p| p > t.fp32);
+/// Lowering and CPU scheduling options for `t`: its lanes, its threads, and bf16 `mma` blocks where
+/// the cost model rates them faster than the fp32 FMAs.
+fn cpu_lowering(opt: &Options, t: &CpuTarget) -> mlopt_lower::Options {
     let sched = mlopt_lower::CpuSchedule {
-        lanes: target.lanes,
-        threads: opt.threads.max(1),
-        mma: target.matrix.is_some() && faster,
+        lanes: t.lanes(),
+        threads: t.threads,
+        mma: mlopt_cost::tile::bf16_blocks_pay(t),
     };
     mlopt_lower::Options {
         cpu: Some(sched),
@@ -286,6 +264,22 @@ fn cpu_lowering(opt: &Options, target: &CpuTarget) -> mlopt_lower::Options {
         l2_bytes: Some(t.l2_bytes),
         ..Default::default()
     }
+}
+
+/// The CPU of `t`, or an error saying a GPU's code cannot run in this process.
+pub fn cpu_target(t: &Target) -> Result<&CpuTarget> {
+    t.cpu().ok_or_else(|| {
+        DriverError::Input(format!(
+            "--target {0}: GPU code cannot run in this process; `mlopt compile --target {0}` writes the GPU library",
+            t.name()
+        ))
+    })
+}
+
+/// The GPU of `t`, or an error saying it is not one.
+pub fn gpu_target(t: &Target) -> Result<&GpuTarget> {
+    t.gpu()
+        .ok_or_else(|| DriverError::Input(format!("--target {} is not a GPU", t.name())))
 }
 
 impl Compiled {
@@ -391,7 +385,7 @@ impl Compiled {
         let files = [
             (
                 format!("{stem}.h"),
-                crate::emit::c_header(&self.program, &self.target),
+                crate::emit::c_header(&self.program, self.cfg.target.name()),
             ),
             (
                 format!("{stem}.rs"),

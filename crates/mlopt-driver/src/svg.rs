@@ -4,7 +4,8 @@
 //! count), it needs no font or image dependency, and a browser shows each point's figures on hover.
 
 use crate::profile::KernelRecord;
-use mlopt_cost::{class_rate, ScheduleClass, Target};
+use mlopt_cost::{class_rate, ScheduleClass};
+use mlopt_target::{MatrixPrecision, Target};
 use std::fmt::Write;
 
 const W: f64 = 1060.0;
@@ -91,9 +92,10 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         .sum::<f64>()
         .max(1e-12);
     let gf = |k: &KernelRecord| k.gflops();
-    let peak = t.fp32.max(t.bf16_matrix.unwrap_or(0.0)) / 1e9;
-    let bw = t.dram_bw / 1e9;
-    let scalar_roof = t.fp32 * class_rate(t, ScheduleClass::Scalar) / 1e9;
+    let bf16 = t.fast_matrix(MatrixPrecision::Bf16);
+    let peak = t.roof().fp32.max(bf16.unwrap_or(0.0)) / 1e9;
+    let bw = t.roof().dram_bw / 1e9;
+    let scalar_roof = t.roof().fp32 * class_rate(t, ScheduleClass::Scalar) / 1e9;
     let with_flops: Vec<&KernelRecord> = kernels
         .iter()
         .filter(|k| k.flops > 0.0 && k.bytes > 0.0)
@@ -133,8 +135,8 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         r##"<text x="{LEFT}" y="44" fill="#555">{} kernels, {:.3} ms {what}; {} ({:.1} GFLOP/s fp32, {:.1} GB/s)</text>"##,
         kernels.len(),
         total * 1e3,
-        xml(&t.name),
-        t.fp32 / 1e9,
+        xml(t.name()),
+        t.roof().fp32 / 1e9,
         bw
     );
     // Grid and axes.
@@ -212,8 +214,8 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
             p
         );
     };
-    roof(&mut s, t.fp32 / 1e9, "", "fp32");
-    if let Some(b) = t.bf16_matrix.filter(|b| *b > t.fp32) {
+    roof(&mut s, t.roof().fp32 / 1e9, "", "fp32");
+    if let Some(b) = bf16.filter(|b| *b > t.roof().fp32) {
         roof(&mut s, b / 1e9, r#"stroke-dasharray="8 4""#, "bf16");
     }
     let sy = y.at(scalar_roof);
@@ -572,7 +574,7 @@ mod tests {
     /// the model's node names hold.
     #[test]
     fn roofline_has_one_escaped_point_per_kernel() {
-        let t = mlopt_cost::Target::named("x86-64-v4", 1).unwrap();
+        let t = mlopt_target::Target::named("x86-64-v4", 1).unwrap();
         let ks = vec![
             record("k0", 2e9, 1e7, 10.0, ScheduleClass::Tiled),
             record("k1&", 1e6, 1e6, 1.0, ScheduleClass::Scalar),

@@ -5,13 +5,13 @@
 use crate::pipeline::{DriverError, Result};
 use mlopt_ir::Graph;
 use mlopt_kir::{Io, Place, Program, Step};
-use mlopt_llvm::CpuTarget;
 use mlopt_lower::contract::{candidates, tile_key, Tile, TileKey};
+use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 fn cache_file() -> Option<PathBuf> {
-    Some(mlopt_cost::calibrate::cache_dir()?.join("tiles.txt"))
+    Some(mlopt_target::calibrate::cache_dir()?.join("tiles.txt"))
 }
 
 /// One cache line: `features threads m n k lanes mr nr tile_lanes`.
@@ -87,9 +87,9 @@ fn solo(p: &Program, step: usize) -> Program {
 }
 
 /// Median seconds of one run of step `step` of `p`, compiled for `t`.
-fn time_step(p: &Program, step: usize, t: &CpuTarget, threads: u32) -> Result<f64> {
+fn time_step(p: &Program, step: usize, t: &CpuTarget) -> Result<f64> {
     let q = solo(p, step);
-    let code = mlopt_llvm::compile(&q, t, threads)?;
+    let code = mlopt_llvm::compile(&q, t)?;
     let mut lib = mlopt_runtime::Loaded::new(
         &crate::pipeline::members(&q.name, &code)?,
         &mlopt_llvm::c_name(&q.name),
@@ -116,12 +116,13 @@ pub fn tune(
     g: &Graph,
     opts: &mlopt_lower::Options,
     t: &CpuTarget,
-    threads: u32,
 ) -> Result<HashMap<TileKey, Tile>> {
+    let threads = t.threads;
     let features = format!(
         "{}:{:x}",
         t.name,
         t.features
+            .join(",")
             .bytes()
             .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64))
     );
@@ -139,7 +140,7 @@ pub fn tune(
             let mut o = opts.clone();
             o.tiles.insert(key, cand);
             let p = mlopt_lower::lower_program(g, &o)?;
-            let secs = time_step(&p, si, t, threads)?;
+            let secs = time_step(&p, si, t)?;
             eprintln!(
                 "tune: {}x{}x{} tile {}x{}: {:.3} ms",
                 key.0,

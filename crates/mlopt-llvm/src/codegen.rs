@@ -15,7 +15,6 @@
 #![allow(unsafe_code)]
 
 use crate::error::{LlvmError, Result};
-use crate::program::MatrixUnit;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
@@ -25,6 +24,7 @@ use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, Point
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use mlopt_kir::analysis::coefficient;
 use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_target::MatrixUnit;
 use std::collections::HashMap;
 
 pub type Ret<T> = Result<T>;

@@ -19,7 +19,7 @@ mod transcendental;
 
 pub use error::{LlvmError, Result};
 pub use program::{
-    c_name, compile, compile_with, profile_symbol, CpuTarget, MatrixUnit, Output, STATUS_ARGUMENT,
-    STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM,
+    c_name, compile, compile_with, profile_symbol, Output, STATUS_ARGUMENT, STATUS_DATA,
+    STATUS_MEMORY, STATUS_PLATFORM,
 };
-pub use ptx::{compile_ptx, host_object, launch_table, GpuTarget, PtxOutput};
+pub use ptx::{compile_ptx, host_object, launch_table, PtxOutput};

@@ -22,60 +22,8 @@ use inkwell::targets::{
 use inkwell::values::{AnyValue, BasicValue};
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Place, Program};
+use mlopt_target::{CpuModel, CpuTarget, MatrixUnit};
 use std::collections::HashMap;
-
-/// What runs the kernel IR's bf16 `mma` blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatrixUnit {
-    /// AMX tiles (`tdpbf16ps`), see amx.rs.
-    Amx,
-    /// AVX512-BF16 dot products (`vdpbf16ps`) in zmm registers, see dot.rs.
-    Dot,
-}
-
-/// An x86-64 code generation target.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuTarget {
-    pub name: String,
-    pub cpu: String,
-    pub features: String,
-    /// f32 lanes of the widest vector register.
-    pub lanes: u32,
-    /// The bf16 matrix unit, if any (without one, `mma` blocks are expanded into loops).
-    pub matrix: Option<MatrixUnit>,
-}
-
-impl MatrixUnit {
-    /// The bf16 matrix unit of a CPU with the features `has` says it has (LLVM spelling, no `+`): AMX
-    /// tiles, else AVX512-BF16 dot products, else none.
-    pub fn of(has: impl Fn(&str) -> bool) -> Option<MatrixUnit> {
-        if has("amx-tile") && has("amx-bf16") {
-            Some(MatrixUnit::Amx)
-        } else if has("avx512bf16") {
-            Some(MatrixUnit::Dot)
-        } else {
-            None
-        }
-    }
-}
-
-impl CpuTarget {
-    /// This machine: its features as LLVM detects them, whatever LLVM calls its CPU. (Named targets are
-    /// made by the driver from the cost model's table, the one table of target names.)
-    pub fn host() -> CpuTarget {
-        let features = TargetMachine::get_host_cpu_features().to_string();
-        let has = |f: &str| features.split(',').any(|x| x.strip_prefix('+') == Some(f));
-        let matrix = MatrixUnit::of(has);
-        let lanes = if has("avx512f") { 16 } else { 8 };
-        CpuTarget {
-            name: "host".into(),
-            cpu: "x86-64".into(),
-            features,
-            lanes,
-            matrix,
-        }
-    }
-}
 
 /// What code generation produces.
 #[derive(Debug, Clone)]
@@ -133,7 +81,22 @@ pub(crate) fn write(
         .to_vec())
 }
 
+/// The x86-64 machine LLVM compiles for `t`: this machine as LLVM detects it (every feature it has,
+/// whatever LLVM calls the CPU), or a CPU LLVM knows by name with its default features.
 pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
+    match &t.model {
+        CpuModel::Host => x86_machine(
+            "x86-64",
+            TargetMachine::get_host_cpu_features()
+                .to_str()
+                .unwrap_or(""),
+        ),
+        CpuModel::Named(cpu) => x86_machine(cpu, ""),
+    }
+}
+
+/// An x86-64 machine for LLVM's `cpu` with `features` (LLVM's `+f,-g` spelling).
+pub(crate) fn x86_machine(cpu: &str, features: &str) -> Result<TargetMachine> {
     // Once per process: kernel modules are compiled on several threads, and LLVM's target registry is
     // global.
     static X86: std::sync::Once = std::sync::Once::new();
@@ -143,13 +106,13 @@ pub(crate) fn machine(t: &CpuTarget) -> Result<TargetMachine> {
     target
         .create_target_machine(
             &triple,
-            &t.cpu,
-            &t.features,
+            cpu,
+            features,
             OptimizationLevel::Aggressive,
             RelocMode::PIC,
             CodeModel::Default,
         )
-        .ok_or_else(|| LlvmError::Llvm(format!("no target machine for {} ({})", t.name, t.cpu)))
+        .ok_or_else(|| LlvmError::Llvm(format!("no target machine for the x86-64 CPU {cpu}")))
 }
 
 /// The module's text with each weight's bytes left out (a ResNet's would be 100 MB of text).
@@ -354,15 +317,16 @@ fn clock<'c>(
     Ok(Some(v.into_int_value()))
 }
 
-/// Compiles a program for `t`; `threads` is the default thread count of its parallel loops.
-pub fn compile(p: &Program, t: &CpuTarget, threads: u32) -> Result<Output> {
-    compile_with(p, t, threads, false)
+/// Compiles a program for `t`, whose thread count is the default of its parallel loops.
+pub fn compile(p: &Program, t: &CpuTarget) -> Result<Output> {
+    compile_with(p, t, false)
 }
 
 /// `compile`, and with `profile` the entry point reads a monotonic clock (the runtime's `mlopt_now_ns`)
 /// around each step and adds the difference to that step's counter in `profile_symbol(name)`. The plain
 /// build has no instrumentation at all.
-pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> Result<Output> {
+pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output> {
+    let threads = t.threads;
     let c = Context::create();
     let tm = machine(t)?;
     let m = module_for(&c, &p.name, &tm);
@@ -387,13 +351,13 @@ pub fn compile_with(p: &Program, t: &CpuTarget, threads: u32, profile: bool) -> 
         .iter()
         .map(|k| {
             let mut k = k.clone();
-            if t.matrix.is_none() {
+            if t.matrix().is_none() {
                 mlopt_kir::sched::mma_to_loops(&mut k);
             }
             k
         })
         .collect();
-    let amx = t.matrix == Some(MatrixUnit::Amx)
+    let amx = t.matrix() == Some(MatrixUnit::Amx)
         && kernels
             .iter()
             .any(|k| mlopt_kir::analysis::has_mma(&k.body));
@@ -682,7 +646,7 @@ fn kernel_module(
     for &i in group {
         let k = &kernels[i];
         let f = declare_kernel(&c, &m, k, &symbol(i));
-        define_kernel(&c, &m, k, f, t.matrix)
+        define_kernel(&c, &m, k, f, t.matrix())
             .map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
     m.verify()

@@ -19,22 +19,7 @@ use inkwell::types::{BasicType, FunctionType};
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue};
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Block, Elem, Kernel, Program, Space, UnOp};
-
-/// An NVIDIA GPU target: its compute capability and the PTX ISA version its code is written in.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuTarget {
-    /// `sm_80`, `sm_86`, `sm_89`, `sm_90` (the driver makes it from the cost model's target table).
-    pub name: String,
-    /// PTX ISA version times ten (70 = PTX 7.0).
-    pub ptx: u32,
-}
-
-impl GpuTarget {
-    /// `.target` and `.version` as ptxas reads them, e.g. ("sm_80", "7.0").
-    pub fn version(&self) -> String {
-        format!("{}.{}", self.ptx / 10, self.ptx % 10)
-    }
-}
+use mlopt_target::GpuTarget;
 
 /// What `compile_ptx` makes: the PTX module and the LLVM IR it came from (before optimisation).
 #[derive(Debug, Clone)]
@@ -217,13 +202,7 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
 pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
     let (table, blob, names) = launch_table(p)?;
     let c = Context::create();
-    let tm = crate::program::machine(&crate::CpuTarget {
-        name: "x86-64".into(),
-        cpu: "x86-64".into(),
-        features: String::new(),
-        lanes: 4,
-        matrix: None,
-    })?;
+    let tm = crate::program::x86_machine("x86-64", "")?;
     let m = crate::program::module_for(&c, &format!("{}_host", p.name), &tm);
     fn constant<'c>(
         m: &inkwell::module::Module<'c>,
@@ -639,22 +618,8 @@ mod tests {
 
     #[test]
     fn ptx_versions_print_as_ptxas_reads_them() {
-        assert_eq!(
-            GpuTarget {
-                name: "sm_80".into(),
-                ptx: 70
-            }
-            .version(),
-            "7.0"
-        );
-        assert_eq!(
-            GpuTarget {
-                name: "sm_90".into(),
-                ptx: 78
-            }
-            .version(),
-            "7.8"
-        );
+        assert_eq!(mlopt_target::gpu::sm_80().ptx_version(), "7.0");
+        assert_eq!(mlopt_target::gpu::sm_90().ptx_version(), "7.8");
     }
 
     #[test]
@@ -680,14 +645,7 @@ mod tests {
             kernels: vec![k],
             ..Program::default()
         };
-        let out = compile_ptx(
-            &p,
-            &GpuTarget {
-                name: "sm_80".into(),
-                ptx: 70,
-            },
-        )
-        .unwrap();
+        let out = compile_ptx(&p, &mlopt_target::gpu::sm_80()).unwrap();
         for want in [
             ".version 7.0",
             ".target sm_80",

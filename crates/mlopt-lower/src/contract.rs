@@ -81,8 +81,8 @@ pub trait Builder {
     }
 }
 
-/// The L2 a CPU target is assumed to have per core, when no target says (`mlopt_cost::Target::l2_bytes`).
-pub use mlopt_cost::target::DEFAULT_L2_BYTES;
+/// The L2 a CPU target is assumed to have per core, when no target says (`mlopt_target::Target::l2_bytes`).
+pub use mlopt_target::cpu::DEFAULT_L2_BYTES;
 
 /// The block of the first reduction axis when a panel of B (K x nr floats) would not fit in half of an
 /// L2 of `l2` bytes: the largest divisor of `k[0]` whose block does, with at least 64 rows of B per

@@ -6,8 +6,8 @@
 mod models;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mlopt_cost::Target;
 use mlopt_rewrite::{optimize, Config};
+use mlopt_target::Target;
 use std::time::Duration;
 
 fn bench(c: &mut Criterion) {

@@ -12,8 +12,9 @@
 
 use crate::lang::{EGraph, Head, MNode};
 use egg::Id;
-use mlopt_cost::{standalone, Cost, Target};
+use mlopt_cost::{standalone, Cost};
 use mlopt_ir::TensorType;
+use mlopt_target::Target;
 use std::collections::HashMap;
 
 /// The standalone cost of `n` (as its own kernel): leaves, projections and absent inputs are free.

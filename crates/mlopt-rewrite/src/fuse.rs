@@ -19,8 +19,9 @@
 //! recomputation of the largest stored elementwise values while the plan's peak activation memory exceeds it.
 
 use crate::error::Result;
-use mlopt_cost::{estimate, op_work_on, standalone, Cost, Estimate, Target, Work};
+use mlopt_cost::{estimate, op_work_on, standalone, Cost, Estimate, Work};
 use mlopt_ir::{Graph, NodeId, Op, Value};
+use mlopt_target::Target;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 

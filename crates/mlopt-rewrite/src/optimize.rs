@@ -7,8 +7,9 @@ use crate::extract::extract;
 use crate::fuse::{fuse, Plan};
 use crate::rules::{rules, RuleSet};
 use egg::{Runner, StopReason};
-use mlopt_cost::{Cost, Target};
+use mlopt_cost::Cost;
 use mlopt_ir::{DType, Graph, Tensor};
+use mlopt_target::{MatrixPrecision, Target};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -130,7 +131,7 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
         Precision::Fp32 => None,
         Precision::Bf16 => Some(DType::BF16),
         Precision::Fp16 => Some(DType::F16),
-        Precision::Auto => Some(if cfg.target.is_gpu() || cfg.target.bf16_matrix.is_some() {
+        Precision::Auto => Some(if cfg.target.fast_matrix(MatrixPrecision::Bf16).is_some() {
             DType::BF16
         } else {
             DType::F16

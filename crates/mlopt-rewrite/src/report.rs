@@ -159,7 +159,7 @@ pub fn json(o: &Optimized, cfg: &Config, extra: &[(&str, String)]) -> String {
         .collect();
     format!(
         "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n{}  \"kernels\": [\n{}\n  ]\n}}\n",
-        json_str(&cfg.target.name),
+        json_str(cfg.target.name()),
         cfg.precision,
         json_str(&s.stop_reason),
         s.iterations,

@@ -34,7 +34,7 @@ use std::collections::{HashMap, HashSet};
 /// the driver adds to every GEMM tile's estimate when ptxas needed more than a tile planned for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSchedule {
-    pub target: mlopt_cost::Target,
+    pub target: mlopt_target::GpuTarget,
     /// tf32 tensor cores round f32 operands to 10 mantissa bits: only where the precision allows it.
     pub tf32: bool,
     pub register_margin: u64,
@@ -46,7 +46,7 @@ impl GpuSchedule {
     pub const MAX_THREADS: u64 = mlopt_cost::gpu_tile::MAX_THREADS;
     pub const SHARED_BYTES: u64 = mlopt_cost::gpu_tile::SHARED_BYTES;
 
-    pub fn new(target: mlopt_cost::Target, tf32: bool) -> GpuSchedule {
+    pub fn new(target: mlopt_target::GpuTarget, tf32: bool) -> GpuSchedule {
         GpuSchedule {
             target,
             tf32,
@@ -56,15 +56,15 @@ impl GpuSchedule {
 
     /// Streaming multiprocessors, to judge when a grid fills the device.
     pub fn sms(&self) -> u64 {
-        u64::from(self.target.units)
+        u64::from(self.target.sms)
     }
 
     /// Device FLOP/s on tensor cores for operands of type `e` (tf32 for f32, where allowed), if any.
     pub fn matrix(&self, e: Elem) -> Option<f64> {
         match e {
-            Elem::BF16 => self.target.bf16_matrix,
-            Elem::F16 => self.target.f16_matrix,
-            _ => self.target.tf32_matrix.filter(|_| self.tf32),
+            Elem::BF16 => Some(self.target.bf16),
+            Elem::F16 => Some(self.target.f16),
+            _ => Some(self.target.tf32).filter(|_| self.tf32),
         }
     }
 }
@@ -981,10 +981,7 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
 /// The A100 (sm_80) in fp32, for tests.
 #[cfg(test)]
 pub(crate) fn sm80() -> GpuSchedule {
-    GpuSchedule::new(
-        mlopt_cost::Target::named("sm_80", 1).expect("sm_80 is in the table"),
-        false,
-    )
+    GpuSchedule::new(mlopt_target::gpu::sm_80(), false)
 }
 
 #[cfg(test)]

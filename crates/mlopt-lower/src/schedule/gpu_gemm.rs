@@ -86,7 +86,7 @@ fn estimate(
     };
     let peak = match e {
         Engine::Mma(e) => s.matrix(e)?,
-        Engine::Simt => s.target.fp32,
+        Engine::Simt => s.target.roof.fp32,
     };
     let plain = [copies[0].is_none(), copies[1].is_none()];
     gpu_tile::estimate(
@@ -849,7 +849,7 @@ mod tests {
         ];
         for &(batch, m, n, k, t, tf32, engine, tol) in cases {
             let plain = matmul(batch, m, n, k, t);
-            let s = GpuSchedule::new(mlopt_cost::Target::named("sm_80", 1).unwrap(), tf32);
+            let s = GpuSchedule::new(mlopt_target::gpu::sm_80(), tf32);
             let mut tiled = plain.clone();
             schedule_kernel(&mut tiled, &s).unwrap();
             mlopt_kir::verify(&tiled)

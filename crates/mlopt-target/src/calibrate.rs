@@ -7,8 +7,8 @@
 //! `$XDG_CACHE_HOME/mlopt` or `~/.cache/mlopt`); each CPU gets its own file, so a home folder shared by
 //! machines of different kinds keeps one calibration each.
 
-use crate::error::{CostError, Result};
-use crate::target::{cpu_v3, cpu_v4, Target};
+use crate::cpu::{x86_64_v3, x86_64_v4, CpuModel, CpuTarget};
+use crate::error::{Result, TargetError};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -49,7 +49,7 @@ impl Calibration {
     /// two vector ports can issue, bandwidths positive and finite. A figure outside means the measurement
     /// loop was optimised away or mistimed; it is an error, never a peak the cost model trusts.
     pub fn check(&self, features: &[String]) -> Result<()> {
-        let bad = |what: String| Err(CostError::Calibration(what));
+        let bad = |what: String| Err(TargetError::Calibration(what));
         let finite = [self.ghz, self.fp32, self.bf16, self.bw_one, self.bw_all]
             .iter()
             .all(|v| v.is_finite() && *v >= 0.0);
@@ -224,7 +224,7 @@ pub fn host_features() -> Vec<String> {
 
 /// A core's L2 in bytes as Linux reports it for this machine (`1024K` on this Zen 4); None when it
 /// cannot be read.
-fn host_l2_bytes() -> Option<u64> {
+pub fn host_l2_bytes() -> Option<u64> {
     let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index2");
     if std::fs::read_to_string(dir.join("level")).ok()?.trim() != "2" {
         return None;
@@ -245,7 +245,7 @@ fn host_l2_bytes() -> Option<u64> {
 
 /// bf16 matrix throughput of one core on AMX tiles, FLOP/s: a loop of independent `tdpbf16ps` on
 /// 16x16x32 tiles measured 1.50 TFLOP/s on a Sapphire Rapids core (2026-11-21; `calibrate` does not
-/// measure it: that needs the tile state, which mlopt-cost does not request).
+/// measure it: that needs the tile state, which the calibration does not request).
 const AMX_BF16_PER_CORE: f64 = 1.5e12;
 
 /// This CPU's calibration: the cache, or a measurement now (stored for next time). `Err` says why no
@@ -262,45 +262,41 @@ pub fn calibration() -> std::result::Result<(Calibration, &'static str), String>
 
 /// The host target for `threads` threads: features detected now, peaks from this CPU's calibration
 /// (measured on first use), or the x86-64-v4/v3 defaults when no trustworthy measurement could be made.
-pub fn host(threads: u32) -> Target {
+pub fn host(threads: u32) -> CpuTarget {
     let features = host_features();
     let has = |f: &str| features.iter().any(|x| x == f);
     let mut t = if has("avx512f") {
-        cpu_v4(threads)
+        x86_64_v4(threads)
     } else {
-        cpu_v3(threads)
+        x86_64_v3(threads)
     };
+    let defaults = t.name.clone();
     t.name = "host".into();
-    t.llvm_cpu = "host".into();
+    t.model = CpuModel::Host;
     t.l2_bytes = host_l2_bytes().unwrap_or(t.l2_bytes);
     let n = threads as f64;
     match calibration() {
         Ok((c, source)) => {
             t.clock_mhz = (c.ghz * 1e3).round() as u32;
-            t.fp32 = c.fp32 * n;
-            t.bf16_matrix = (c.bf16 > 0.0).then_some(c.bf16 * n);
-            t.dram_bw = (c.bw_one * n).min(c.bw_all.max(c.bw_one));
-            t.source = format!("{source}: {}", cpu_model());
+            t.roof.fp32 = c.fp32 * n;
+            t.bf16 = (c.bf16 > 0.0).then_some(c.bf16 * n);
+            t.roof.dram_bw = (c.bw_one * n).min(c.bw_all.max(c.bw_one));
+            t.roof.source = format!("{source}: {}", cpu_model());
         }
         Err(why) => {
             if has("avx512bf16") {
                 // Uncalibrated, assume `vdpbf16ps` at parity with the FMAs.
-                t.bf16_matrix = Some(t.fp32);
+                t.bf16 = Some(t.roof.fp32);
             }
-            t.source = format!(
-                "{} defaults ({}: calibration failed: {why})",
-                if has("avx512f") {
-                    "x86-64-v4"
-                } else {
-                    "x86-64-v3"
-                },
+            t.roof.source = format!(
+                "{defaults} defaults ({}: calibration failed: {why})",
                 cpu_model()
             );
         }
     }
     if has("amx-bf16") {
-        // bf16 contractions run on the tiles (mlopt-lower's amx.rs), not on `vdpbf16ps`.
-        t.bf16_matrix = Some(AMX_BF16_PER_CORE * n);
+        // bf16 contractions run on the tiles (mlopt-llvm's amx.rs), not on `vdpbf16ps`.
+        t.bf16 = Some(AMX_BF16_PER_CORE * n);
     }
     t.features = features;
     t
@@ -328,7 +324,7 @@ pub fn measure() -> Result<Calibration> {
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| CostError::Calibration("no measurement".into())))
+    Err(last.unwrap_or_else(|| TargetError::Calibration("no measurement".into())))
 }
 
 /// Bytes per second that `threads` threads reach reading disjoint parts of a 256 MiB buffer (best of 5).
