@@ -39,9 +39,6 @@ pub struct Lowerer<'g> {
     pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
     /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3).
     pub winograd: crate::Winograd,
-    /// An anchor's epilogue may end in layout ops (Reshape, Transpose), each value stored where they
-    /// move it (GPU kernels: one launch instead of a GEMM and a copy).
-    pub layout_epilogue: bool,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -98,7 +95,6 @@ impl<'g> Lowerer<'g> {
             lanes: None,
             tiles: HashMap::new(),
             winograd: crate::Winograd::Never,
-            layout_epilogue: false,
         }
     }
 
@@ -789,9 +785,9 @@ impl<'g> Lowerer<'g> {
 
     /// One anchor followed by an elementwise epilogue of the same shape and type (MatMul + bias + ReLU,
     /// say): the epilogue is applied to each value the anchor computes, in registers, and stored straight
-    /// into the kernel's output. With `layout_epilogue`, the epilogue may end in a chain of Reshapes and
-    /// Transposes (a projection split into heads), and each value is stored where they move it. None
-    /// when the kernel does not have that form.
+    /// into the kernel's output. The epilogue may end in a chain of Reshapes and Transposes (a projection
+    /// split into heads), and each value is then stored where they move it: one pass instead of a
+    /// contraction into a scratch buffer and a copy. None when the kernel does not have that form.
     fn fuse_epilogue(
         &mut self,
         order: &[NodeId],
@@ -806,8 +802,7 @@ impl<'g> Lowerer<'g> {
         // The layout tail, root first, and the value it starts from.
         let mut tail = Vec::new();
         let mut end = root;
-        while self.layout_epilogue
-            && end != *a
+        while end != *a
             && matches!(
                 self.g.node(end).op,
                 Op::Reshape { .. } | Op::Transpose { .. }

@@ -171,7 +171,6 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         l.lanes = opts.cpu.map(|c| c.lanes);
         l.tiles = opts.tiles.clone();
         l.winograd = opts.winograd;
-        l.layout_epilogue = opts.gpu.is_some();
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
