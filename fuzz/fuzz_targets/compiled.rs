@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
     let opts = mlopt_driver::Options {
         config,
         tune: false,
-        winograd: mlopt_lower::Winograd::Auto,
+        winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
     };
     let Ok(c) = mlopt_driver::compile(&g, &opts) else {

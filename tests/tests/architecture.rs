@@ -57,16 +57,12 @@ fn crate_dependencies_follow_the_rules() {
         ),
         // The kernel IR knows nothing of ONNX, the graph IR or LLVM.
         ("mlopt-kir", &["thiserror", "half", "libm"]),
-        // Lowering sees the graph IR and the kernel IR, and asks the cost model (register tiles).
+        // Lowering sees the graph IR and the kernel IR, and no target or cost model.
+        ("mlopt-lower", &["mlopt-ir", "mlopt-kir", "thiserror"]),
+        // Scheduling sees the kernel IR, the target and the cost model: every target decision.
         (
-            "mlopt-lower",
-            &[
-                "mlopt-ir",
-                "mlopt-kir",
-                "mlopt-cost",
-                "mlopt-target",
-                "thiserror",
-            ],
+            "mlopt-schedule",
+            &["mlopt-kir", "mlopt-cost", "mlopt-target", "thiserror"],
         ),
         // The only crate that links LLVM; it sees the kernel IR and the target only.
         (
@@ -88,6 +84,7 @@ fn crate_dependencies_follow_the_rules() {
                 "mlopt-target",
                 "mlopt-rewrite",
                 "mlopt-lower",
+                "mlopt-schedule",
                 "mlopt-llvm",
                 "mlopt-runtime",
                 "thiserror",
@@ -103,6 +100,7 @@ fn crate_dependencies_follow_the_rules() {
                 "mlopt-target",
                 "mlopt-rewrite",
                 "mlopt-lower",
+                "mlopt-schedule",
                 "mlopt-driver",
                 "clap",
                 "anyhow",

@@ -37,7 +37,7 @@ fn build(dir: &Path, target: &str) {
     let opts = mlopt_driver::Options {
         config,
         tune: false,
-        winograd: mlopt_lower::Winograd::Auto,
+        winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
     };
     mlopt_driver::compile(&g, &opts)

@@ -20,7 +20,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
         &Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         },
     )
@@ -128,7 +128,7 @@ fn llvm_ir_snapshots() {
             &Options {
                 config,
                 tune: false,
-                winograd: mlopt_lower::Winograd::Auto,
+                winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
             },
         )
@@ -185,7 +185,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
                 &Options {
                     config,
                     tune: false,
-                    winograd: mlopt_lower::Winograd::Auto,
+                    winograd: mlopt_schedule::Winograd::Auto,
                     profile: false,
                 },
             )
@@ -237,7 +237,10 @@ fn large_convolutions_compile_with_heap_temporaries() {
     g.add_output("y", y);
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 3);
     let want = interp::run(&g, &inputs).unwrap();
-    for winograd in [mlopt_lower::Winograd::Never, mlopt_lower::Winograd::Always] {
+    for winograd in [
+        mlopt_schedule::Winograd::Never,
+        mlopt_schedule::Winograd::Always,
+    ] {
         let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
         let c = compile(
             &g,
@@ -254,7 +257,7 @@ fn large_convolutions_compile_with_heap_temporaries() {
                 .kernels
                 .iter()
                 .any(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Winograd)),
-            winograd == mlopt_lower::Winograd::Always
+            winograd == mlopt_schedule::Winograd::Always
         );
         // Either way the contraction is register-tiled by the schedule: the implicit GEMM, or Winograd's 16.
         let tiled = |k: &mlopt_kir::Kernel| {
@@ -295,7 +298,7 @@ fn vector_matrix_products_read_the_weight_contiguously() {
         &Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         },
     )
@@ -374,7 +377,7 @@ fn one_dimensional_convolutions_compile() {
         &Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         },
     )
@@ -796,7 +799,7 @@ fn integer_resize_compiles_as_it_interprets() {
             &Options {
                 config,
                 tune: false,
-                winograd: mlopt_lower::Winograd::Auto,
+                winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
             },
         )

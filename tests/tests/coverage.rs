@@ -317,7 +317,7 @@ fn every_zoo_layer_is_vectorised_and_correct() {
         let opts = Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -334,7 +334,7 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             // each call allocates and faults in again.
             for b in k.bufs.iter().filter(|b| {
                 b.space == mlopt_kir::Space::Local
-                    && b.numel() * b.elem.size() > mlopt_lower::schedule::ARENA_LOCAL_BYTES
+                    && b.numel() * b.elem.size() > mlopt_schedule::ARENA_LOCAL_BYTES
             }) {
                 failures.push(format!(
                     "{name}: kernel {} allocates its local %{} on every call",

@@ -18,7 +18,7 @@ fn prepare(out: &Path) -> Vec<f64> {
         &mlopt_driver::Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         },
     )
@@ -112,7 +112,7 @@ fn hostile_names_stay_inside_comments_and_literals() {
         &mlopt_driver::Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         },
     )

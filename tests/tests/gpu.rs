@@ -24,7 +24,7 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
         &Options {
             config,
             tune: false,
-            winograd: mlopt_lower::Winograd::Never,
+            winograd: mlopt_schedule::Winograd::Never,
             profile: false,
         },
     )
@@ -172,7 +172,7 @@ fn gemm_register_plans_hold_at_model_sizes() {
                 &Options {
                     config,
                     tune: false,
-                    winograd: mlopt_lower::Winograd::Never,
+                    winograd: mlopt_schedule::Winograd::Never,
                     profile: false,
                 },
             )
@@ -297,7 +297,7 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
             &Options {
                 config,
                 tune: false,
-                winograd: mlopt_lower::Winograd::Never,
+                winograd: mlopt_schedule::Winograd::Never,
                 profile: false,
             },
         )
@@ -569,7 +569,7 @@ fn the_gpu_launcher_reads_data_checks_back() {
     let opts = mlopt_driver::Options {
         config,
         tune: false,
-        winograd: mlopt_lower::Winograd::Auto,
+        winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
     };
     let c = mlopt_driver::compile_gpu(&g, &opts).unwrap();

@@ -4,22 +4,46 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_ir::interp;
-use mlopt_lower::{interpret, lower_program, CpuSchedule, Options};
+use mlopt_lower::interpret;
 use mlopt_rewrite::{optimize, Config, Precision};
+use mlopt_schedule::Winograd;
 use mlopt_target::Target;
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 
+/// A fused graph lowered, then scheduled for `target` when one is given (with `winograd`).
+fn program(g: &mlopt_ir::Graph, target: Option<&Target>, winograd: Winograd) -> mlopt_kir::Program {
+    let plan = mlopt_lower::plan_memory(g).unwrap();
+    let p = mlopt_lower::lower(g, &plan).unwrap();
+    match target {
+        Some(t) => {
+            let o = mlopt_schedule::Options {
+                winograd,
+                ..Default::default()
+            };
+            mlopt_schedule::schedule(p, t, &o).unwrap()
+        }
+        None => p,
+    }
+}
+
+/// A CPU target by name, for 2 threads.
+fn cpu(name: &str) -> Target {
+    Target::named(name, 2).unwrap()
+}
+
+/// Fixture `name` optimised for `target` in `precision`, lowered and scheduled for `schedule` (or left
+/// as the algorithm): its error against the graph interpreter, and the program.
 fn lowered(
     name: &str,
     target: &str,
     precision: Precision,
-    opts: &Options,
+    schedule: Option<&Target>,
 ) -> (f64, mlopt_kir::Program) {
     let g = import(name);
     let mut cfg = Config::new(Target::named(target, 1).unwrap());
     cfg.precision = precision;
     let o = optimize(&g, &cfg).unwrap();
-    let p = lower_program(&o.plan.graph, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let p = program(&o.plan.graph, schedule, Winograd::Auto);
     let (inputs, _) = data(name);
     let want = interp::run(&o.plan.graph, &inputs).unwrap();
     let got = interpret(&p, &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -34,20 +58,12 @@ fn lowered_fixtures_match_the_graph_interpreter() {
             ("sm_80", Precision::Fp32),
             ("x86-64-v4", Precision::Bf16),
         ] {
-            let (err, _) = lowered(name, target, p, &Options::default());
+            let (err, _) = lowered(name, target, p, None);
             assert!(err < 1e-5, "{name} on {target} {p:?}: error {err:e}");
         }
-        // bf16 contractions as AMX `mma` blocks, run by the kernel IR interpreter.
-        let amx = Options {
-            cpu: Some(CpuSchedule {
-                lanes: 16,
-                threads: 2,
-                mma: true,
-            }),
-            ..Default::default()
-        };
-        let (err, p) = lowered(name, "x86-64-v4", Precision::Bf16, &amx);
-        assert!(err < 1e-5, "{name} in bf16 on AMX blocks: error {err:e}");
+        // bf16 contractions as `mma` blocks (Zen 4's matrix unit), run by the kernel IR interpreter.
+        let (err, p) = lowered(name, "x86-64-v4", Precision::Bf16, Some(&cpu("znver4")));
+        assert!(err < 1e-5, "{name} in bf16 on mma blocks: error {err:e}");
         // The MLP's and the transformer's weight matrices are bf16 constants; the CNN's are convolutions
         // and the dynamic model's contraction is too small for a tile.
         let blocks = p
@@ -60,24 +76,9 @@ fn lowered_fixtures_match_the_graph_interpreter() {
             "{name}: mma blocks"
         );
         // Schedules change only how loops run: the interpreter still gets the same numbers.
-        for lanes in [8, 16] {
-            let (err, _) = lowered(
-                name,
-                "x86-64-v4",
-                Precision::Fp32,
-                &Options {
-                    cpu: Some(CpuSchedule {
-                        lanes,
-                        threads: 2,
-                        mma: false,
-                    }),
-                    ..Default::default()
-                },
-            );
-            assert!(
-                err < 1e-5,
-                "{name} scheduled for {lanes} lanes: error {err:e}"
-            );
+        for t in ["x86-64-v3", "x86-64-v4"] {
+            let (err, _) = lowered(name, "x86-64-v4", Precision::Fp32, Some(&cpu(t)));
+            assert!(err < 1e-5, "{name} scheduled for {t}: error {err:e}");
         }
     }
 }
@@ -85,19 +86,7 @@ fn lowered_fixtures_match_the_graph_interpreter() {
 #[test]
 fn kernel_dumps() {
     for name in FIXTURES {
-        let (_, p) = lowered(
-            name,
-            "x86-64-v4",
-            Precision::Fp32,
-            &Options {
-                cpu: Some(CpuSchedule {
-                    lanes: 16,
-                    threads: 2,
-                    mma: false,
-                }),
-                ..Default::default()
-            },
-        );
+        let (_, p) = lowered(name, "x86-64-v4", Precision::Fp32, Some(&cpu("x86-64-v4")));
         insta::assert_snapshot!(format!("kir_{name}"), mlopt_kir::print::program(&p));
         // The text round-trips: print -> parse -> print is the identity, and the parsed kernel verifies.
         for k in &p.kernels {
@@ -173,16 +162,7 @@ fn windows_and_attention_are_scheduled_not_lowered() {
     {
         let g = import(name);
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
-        let opts = Options {
-            cpu: Some(CpuSchedule {
-                lanes: 16,
-                threads: 1,
-                mma: false,
-            }),
-            ..Default::default()
-        };
-        let plan = mlopt_lower::plan_memory(&o.plan.graph).unwrap();
-        let algorithm = mlopt_lower::lower_algorithm(&o.plan.graph, &plan, &opts).unwrap();
+        let algorithm = program(&o.plan.graph, None, Winograd::Auto);
         let found: Vec<usize> = (0..algorithm.kernels.len())
             .filter(|i| print_has(&algorithm.kernels[*i], marker))
             .collect();
@@ -206,7 +186,8 @@ fn windows_and_attention_are_scheduled_not_lowered() {
                 mlopt_kir::print::kernel(k)
             );
         }
-        let scheduled = mlopt_lower::schedule::schedule(algorithm, &opts).unwrap();
+        let t = Target::named("x86-64-v4", 1).unwrap();
+        let scheduled = mlopt_schedule::schedule(algorithm, &t, &Default::default()).unwrap();
         for &i in &found {
             let k = &scheduled.kernels[i];
             assert!(
@@ -329,20 +310,8 @@ fn tiled_contractions_of_many_shapes_match() {
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
-        for lanes in [8, 16] {
-            let p = lower_program(
-                &o.plan.graph,
-                &Options {
-                    cpu: Some(CpuSchedule {
-                        lanes,
-                        threads: 2,
-                        mma: false,
-                    }),
-                    winograd: mlopt_lower::Winograd::Always,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+        for target in ["x86-64-v3", "x86-64-v4"] {
+            let p = program(&o.plan.graph, Some(&cpu(target)), Winograd::Always);
             let tiled = p.kernels.iter().any(|k| {
                 k.schedule
                     .iter()
@@ -350,7 +319,7 @@ fn tiled_contractions_of_many_shapes_match() {
             });
             // Every contraction is register-tiled, whatever N: the columns past the last full tile run as
             // tail tiles, down to one vector of N % 8 lanes.
-            assert!(tiled, "{kind} {m}x{k}x{n}: not tiled for {lanes} lanes");
+            assert!(tiled, "{kind} {m}x{k}x{n}: not tiled for {target}");
             // 3x3 convolutions with 16+ channels each way go through Winograd F(2x2, 3x3).
             let winograd = p
                 .kernels
@@ -363,10 +332,7 @@ fn tiled_contractions_of_many_shapes_match() {
             );
             let got = interpret(&p, &inputs).unwrap();
             let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
-            assert!(
-                err < 1e-5,
-                "{kind} {m}x{k}x{n}, {lanes} lanes: error {err:e}"
-            );
+            assert!(err < 1e-5, "{kind} {m}x{k}x{n} on {target}: error {err:e}");
         }
     }
 }
@@ -388,21 +354,9 @@ fn contractions_too_deep_for_l2_run_in_k_blocks() {
         let o = optimize(&g, &Config::new(Target::named("x86-64-v4", 1).unwrap())).unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, i as u64);
         let want = interp::run(&g, &inputs).unwrap();
-        let cpu = Some(CpuSchedule {
-            lanes: 16,
-            threads: 2,
-            mma: false,
-        });
-        let p = lower_program(
-            &o.plan.graph,
-            &Options {
-                cpu,
-                winograd: mlopt_lower::Winograd::Never,
-                l2_bytes: Some(64 << 10),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut small = mlopt_target::cpu::x86_64_v4(2);
+        small.l2_bytes = 64 << 10;
+        let p = program(&o.plan.graph, Some(&Target::Cpu(small)), Winograd::Never);
         let blocks = p
             .kernels
             .iter()
@@ -421,7 +375,7 @@ fn contractions_too_deep_for_l2_run_in_k_blocks() {
     }
 }
 
-/// Data checks (`mlopt-lower/src/check.rs`): indices and integer divisors from the inputs, valid and not.
+/// Data checks (`mlopt-lower/src/data_checks.rs`): indices and integer divisors from the inputs, valid and not.
 /// The kernel IR interpreter, with and without CPU schedules, and the compiled code must give the graph
 /// interpreter's outputs on valid data and fail with its error (the node named) on invalid data.
 #[test]
@@ -503,27 +457,9 @@ fn data_checks_agree_with_the_graph_interpreter() {
         let want = interp::run(&g, &named(&good)).unwrap();
         let refused = interp::run(&g, &named(&bad)).unwrap_err().to_string();
         assert!(refused.contains(needle), "{name}: {refused}");
-        for cpu in [
-            None,
-            Some(CpuSchedule {
-                lanes: 8,
-                threads: 2,
-                mma: false,
-            }),
-            Some(CpuSchedule {
-                lanes: 16,
-                threads: 2,
-                mma: false,
-            }),
-        ] {
-            let p = lower_program(
-                &o.plan.graph,
-                &Options {
-                    cpu,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+        for target in [None, Some(cpu("x86-64-v3")), Some(cpu("x86-64-v4"))] {
+            let p = program(&o.plan.graph, target.as_ref(), Winograd::Auto);
+            let cpu = target.as_ref().map(Target::name);
             assert!(
                 p.steps.iter().any(|s| s.check.is_some()),
                 "{name}: no check step"
@@ -537,7 +473,7 @@ fn data_checks_agree_with_the_graph_interpreter() {
         let opts = mlopt_driver::Options {
             config: Config::new(Target::named("x86-64-v4", 2).unwrap()),
             tune: false,
-            winograd: mlopt_lower::Winograd::Auto,
+            winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
         };
         let c = mlopt_driver::compile(&g, &opts).unwrap();

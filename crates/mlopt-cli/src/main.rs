@@ -72,7 +72,7 @@ pub struct OptArgs {
     /// When 3x3 stride-1 convolutions with 16+ channels are lowered by Winograd F(2x2, 3x3): auto (where
     /// the cost model rates it faster than the direct kernel), always or never.
     #[arg(long, default_value = "auto", value_name = "WHEN")]
-    winograd: mlopt_lower::Winograd,
+    winograd: mlopt_schedule::Winograd,
 }
 
 impl OptArgs {

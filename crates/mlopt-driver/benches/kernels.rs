@@ -165,7 +165,7 @@ fn bench(c: &mut Criterion) {
             &mlopt_driver::Options {
                 config,
                 tune: false,
-                winograd: mlopt_lower::Winograd::Auto,
+                winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
             },
         )

@@ -53,17 +53,6 @@ pub struct GpuCompiled {
     pub times: Vec<(&'static str, f64)>,
 }
 
-/// The GPU schedules' target: the cost model's row. tf32 tensor cores round f32 operands to 10 mantissa
-/// bits, so they are used only where the precision accepts that (`--precision bf16|fp16`, as the cost
-/// model assumes), never under `fp32` or `auto`.
-pub fn schedule_for(cfg: &mlopt_rewrite::Config, t: &GpuTarget) -> mlopt_lower::GpuSchedule {
-    let tf32 = matches!(
-        cfg.precision,
-        mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16
-    );
-    mlopt_lower::GpuSchedule::new(t.clone(), tf32)
-}
-
 /// ptxas: `MLOPT_PTXAS`, else `ptxas` on PATH, else the one in a `.venv` (the nvidia-cuda-nvcc-cu12 wheel)
 /// in the current directory or above it.
 pub fn find_ptxas() -> Option<PathBuf> {
@@ -167,15 +156,6 @@ pub fn occupancy(t: &GpuTarget, block: u64, regs: u32, smem: u64) -> f64 {
         .unwrap_or(u64::MAX);
     let blocks = by_threads.min(by_regs).min(by_smem).min(32);
     (blocks * warps) as f64 / max_warps as f64
-}
-
-/// Lowering options for GPU schedules `s` (Winograd stays a CPU transform).
-pub(crate) fn lowering(s: mlopt_lower::GpuSchedule) -> mlopt_lower::Options {
-    mlopt_lower::Options {
-        gpu: Some(s),
-        winograd: mlopt_lower::Winograd::Never,
-        ..Default::default()
-    }
 }
 
 /// A tile's registers, as its schedule plans them (the `gpu.gemm` step's `N registers planned`).

@@ -24,6 +24,8 @@ pub enum DriverError {
     Optimize(#[from] mlopt_rewrite::RewriteError),
     #[error("lowering to the kernel IR: {0}")]
     Lower(#[from] mlopt_lower::LowerError),
+    #[error("scheduling: {0}")]
+    Schedule(#[from] mlopt_schedule::ScheduleError),
     #[error("generating code: {0}")]
     Codegen(#[from] mlopt_llvm::LlvmError),
     #[error(transparent)]
@@ -46,8 +48,8 @@ pub struct Options {
     pub config: mlopt_rewrite::Config,
     /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
     pub tune: bool,
-    /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`--winograd`).
-    pub winograd: mlopt_lower::Winograd,
+    /// When eligible 3x3 convolutions run by Winograd F(2x2, 3x3) (`--winograd`).
+    pub winograd: mlopt_schedule::Winograd,
     /// Build with a clock reading around each kernel call (`mlopt bench --profile`; see `profile.rs`).
     pub profile: bool,
 }
@@ -161,21 +163,18 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
         return Ok(Ran::Stopped(mlopt_rewrite::report::dump(&optimized, &cfg)));
     }
     let graph = &optimized.plan.graph;
-    let mut lowering = match target {
-        Target::Cpu(t) => cpu_lowering(opt, t),
-        Target::Gpu(t) => crate::gpu::lowering(crate::gpu::schedule_for(&cfg, t)),
-    };
-    if let (Target::Cpu(t), true) = (target, opt.tune) {
-        lowering.tiles = times.stage("tune", || crate::tune::tune(graph, &lowering, t))?;
-    }
     // The memory plan places the values for lowering and is what the report says of the arena.
     let (memory, algorithm) = times.stage("lower", || {
         let memory = mlopt_lower::plan_memory(graph)?;
-        let algorithm = mlopt_lower::lower_algorithm(graph, &memory, &lowering)?;
+        let algorithm = mlopt_lower::lower(graph, &memory)?;
         Ok((memory, algorithm))
     })?;
     if stop == Some(Stage::Lowered) {
         return Ok(Ran::Stopped(mlopt_kir::print::program(&algorithm)));
+    }
+    let mut schedule = schedule_options(opt);
+    if let (Target::Cpu(t), true) = (target, opt.tune) {
+        schedule.tiles = times.stage("tune", || crate::tune::tune(&algorithm, t, &schedule))?;
     }
     let ptxas = target.is_gpu().then(crate::gpu::find_ptxas).flatten();
     // A GPU tile's registers are planned by an estimate and checked against ptxas: where a kernel needs
@@ -186,7 +185,7 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     // its unpacked weights are freed as their packed panels replace them.
     let mut algorithm = Some(algorithm);
     let (program, code, figures) = loop {
-        let input = if lowering.gpu.is_some() {
+        let input = if target.is_gpu() {
             algorithm.clone()
         } else {
             algorithm.take()
@@ -197,7 +196,7 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
             )
         })?;
         let program = times.stage("schedule", || {
-            Ok(mlopt_lower::schedule::schedule(input, &lowering)?)
+            Ok(mlopt_schedule::schedule(input, target, &schedule)?)
         })?;
         if stop == Some(Stage::Scheduled) {
             return Ok(Ran::Stopped(mlopt_kir::print::program(&program)));
@@ -223,12 +222,11 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
         let short = figures
             .as_deref()
             .map_or(0, |f| crate::gpu::register_shortfall(&program, f));
-        match lowering.gpu.as_mut() {
-            Some(s) if short > 0 && attempt < 2 => {
-                s.register_margin += short as u64;
-                attempt += 1;
-            }
-            _ => break (program, code, figures),
+        if target.is_gpu() && short > 0 && attempt < 2 {
+            schedule.register_margin += short as u64;
+            attempt += 1;
+        } else {
+            break (program, code, figures);
         }
     };
     let lib = times.stage("package", || {
@@ -250,18 +248,17 @@ fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
     Ok(Ran::Built(lib.with_times(times.0)))
 }
 
-/// Lowering and CPU scheduling options for `t`: its lanes, its threads, and bf16 `mma` blocks where
-/// the cost model rates them faster than the fp32 FMAs.
-fn cpu_lowering(opt: &Options, t: &CpuTarget) -> mlopt_lower::Options {
-    let sched = mlopt_lower::CpuSchedule {
-        lanes: t.lanes(),
-        threads: t.threads,
-        mma: mlopt_cost::tile::bf16_blocks_pay(t),
-    };
-    mlopt_lower::Options {
-        cpu: Some(sched),
+/// The schedule stage's options: the Winograd policy, and tf32 tensor cores only where the precision
+/// accepts their rounding of f32 operands to 10 mantissa bits (`--precision bf16|fp16`, as the cost
+/// model assumes), never under `fp32` or `auto`.
+fn schedule_options(opt: &Options) -> mlopt_schedule::Options {
+    let tf32 = matches!(
+        opt.config.precision,
+        mlopt_rewrite::Precision::Bf16 | mlopt_rewrite::Precision::Fp16
+    );
+    mlopt_schedule::Options {
         winograd: opt.winograd,
-        l2_bytes: Some(t.l2_bytes),
+        tf32,
         ..Default::default()
     }
 }

@@ -3,10 +3,9 @@
 //! feature set in `$MLOPT_CACHE_DIR/tiles.txt` (or `~/.cache/mlopt`), so a shape is measured once.
 
 use crate::pipeline::{DriverError, Result};
-use mlopt_ir::Graph;
 use mlopt_kir::{Io, Place, Program, Step};
-use mlopt_lower::contract::{candidates, tile_key, Tile, TileKey};
-use mlopt_target::CpuTarget;
+use mlopt_schedule::{candidates, tile_key, Tile, TileKey};
+use mlopt_target::{CpuTarget, Target};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -111,12 +110,14 @@ fn time_step(p: &Program, step: usize, t: &CpuTarget) -> Result<f64> {
     Ok(times[times.len() / 2])
 }
 
-/// Measures candidate tiles for every tiled contraction of `g` (optimised) and returns the winners.
+/// Measures candidate tiles for every tiled contraction of the lowered `algorithm`, scheduled for `t`
+/// with `opts` and each candidate in turn, and returns the winners (a loop inside the schedule stage).
 pub fn tune(
-    g: &Graph,
-    opts: &mlopt_lower::Options,
+    algorithm: &Program,
     t: &CpuTarget,
+    opts: &mlopt_schedule::Options,
 ) -> Result<HashMap<TileKey, Tile>> {
+    let target = Target::Cpu(t.clone());
     let threads = t.threads;
     let features = format!(
         "{}:{:x}",
@@ -127,7 +128,7 @@ pub fn tune(
             .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64))
     );
     let mut chosen = load_cache(&features, threads);
-    let base = mlopt_lower::lower_program(g, opts)?;
+    let base = mlopt_schedule::schedule(algorithm.clone(), &target, opts)?;
     for (si, s) in base.steps.iter().enumerate() {
         let Some(key) = base.kernels[s.kernel].schedule.iter().find_map(tile_key) else {
             continue;
@@ -139,7 +140,7 @@ pub fn tune(
         for cand in candidates(key.0, key.1, key.2, key.3) {
             let mut o = opts.clone();
             o.tiles.insert(key, cand);
-            let p = mlopt_lower::lower_program(g, &o)?;
+            let p = mlopt_schedule::schedule(algorithm.clone(), &target, &o)?;
             let secs = time_step(&p, si, t)?;
             eprintln!(
                 "tune: {}x{}x{} tile {}x{}: {:.3} ms",

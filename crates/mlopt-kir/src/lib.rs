@@ -9,6 +9,7 @@
 
 pub mod analysis;
 pub mod gpu;
+pub mod index;
 pub mod interp;
 pub mod ir;
 pub mod parse;

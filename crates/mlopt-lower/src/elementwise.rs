@@ -3,6 +3,7 @@
 //! reference interpreter does.
 
 use mlopt_ir::{Binary, DType, Nary, Unary};
+use mlopt_kir::index::lit;
 use mlopt_kir::{BinOp, Elem, Expr, UnOp};
 
 pub fn elem(d: DType) -> Elem {
@@ -24,28 +25,6 @@ pub fn compute(t: Elem) -> Elem {
     match t {
         Elem::F16 | Elem::BF16 => Elem::F32,
         t => t,
-    }
-}
-
-/// A literal of type `t`.
-pub fn lit(v: f64, t: Elem) -> Expr {
-    if t.is_float() {
-        Expr::Float(v, t)
-    } else if t == Elem::Bool {
-        Expr::cast(Elem::Bool, Expr::Int((v != 0.0) as i64))
-    } else if t == Elem::I64 {
-        Expr::Int(v as i64)
-    } else {
-        Expr::cast(t, Expr::Int(v as i64))
-    }
-}
-
-/// Casts `e` from `from` to `to`, or returns it when they agree.
-pub fn convert(e: Expr, from: Elem, to: Elem) -> Expr {
-    if from == to {
-        e
-    } else {
-        Expr::cast(to, e)
     }
 }
 

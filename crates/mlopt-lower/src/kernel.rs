@@ -8,10 +8,11 @@
 //! members after it pull from there. Values from outside the kernel (graph inputs, weights, other kernels'
 //! outputs) are the kernel's parameters; single-element constants become literals.
 
-use crate::anchor;
-use crate::elementwise::{self as ew, compute, convert, elem, lit};
+use crate::elementwise::{self as ew, compute, elem};
 use crate::error::{LowerError, Result};
+use crate::nests;
 use mlopt_ir::{Graph, NodeId, Op, TensorType, Value};
+use mlopt_kir::index::{all, clamp, convert, delinear, in_range, linear, lit, modulo, wrap_index};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, Space, Stmt, Var};
 use std::collections::{HashMap, HashSet};
 
@@ -33,12 +34,6 @@ pub struct Lowerer<'g> {
     pub params: Params,
     pub bufs: HashMap<Value, BufId>,
     next_var: usize,
-    /// Vector lanes of the CPU target: Winograd is chosen only where its GEMMs would tile in them.
-    pub lanes: Option<u32>,
-    /// Tiles chosen by measurement (`--tune`), by contraction shape.
-    pub tiles: std::collections::HashMap<crate::contract::TileKey, crate::contract::Tile>,
-    /// Lower eligible 3x3 convolutions by Winograd F(2x2, 3x3).
-    pub winograd: crate::Winograd,
 }
 
 impl std::fmt::Debug for Lowerer<'_> {
@@ -92,9 +87,6 @@ impl<'g> Lowerer<'g> {
             params: Vec::new(),
             bufs: HashMap::new(),
             next_var: 0,
-            lanes: None,
-            tiles: HashMap::new(),
-            winograd: crate::Winograd::Never,
         }
     }
 
@@ -144,7 +136,10 @@ impl<'g> Lowerer<'g> {
         extents: &[u64],
         body: impl FnOnce(&mut Self, &[Expr]) -> Result<Vec<Stmt>>,
     ) -> Result<Vec<Stmt>> {
-        crate::contract::nest(self, prefix, extents, body)
+        let vars: Vec<Var> = extents.iter().map(|_| self.fresh(prefix)).collect();
+        let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
+        let stmts = body(self, &idx)?;
+        Ok(mlopt_kir::index::serial_loops(&vars, extents, stmts))
     }
 
     /// The expression for value `v` at `idx`, in `v`'s element type.
@@ -753,7 +748,7 @@ impl<'g> Lowerer<'g> {
                     }
                 })
                 .collect();
-            let stmts = anchor::lower(&mut self, n, &dsts)?;
+            let stmts = nests::lower(&mut self, n, &dsts)?;
             self.k.body.extend(stmts);
             for (o, b) in dsts.iter().enumerate() {
                 self.bufs.insert(
@@ -891,7 +886,7 @@ impl<'g> Lowerer<'g> {
                 Space::Local,
             ));
         }
-        let stmts = anchor::lower(self, *a, &dsts)?;
+        let stmts = nests::lower(self, *a, &dsts)?;
         if mlopt_kir::analysis::buffer_loads(&stmts).contains_key(&b) {
             return Err(self.unsupported(
                 *a,
@@ -1014,73 +1009,4 @@ fn replace_load(e: &Expr, b: BufId, v: &Expr) -> Expr {
         Expr::Fma(x, y, z) => Expr::fma(r(x), r(y), r(z)),
         Expr::Select(x, y, z) => Expr::select(r(x), r(y), r(z)),
     }
-}
-
-/// Row-major linear index of `idx` in `shape`.
-pub fn linear(idx: &[Expr], shape: &[i64]) -> Expr {
-    let mut e = Expr::int(0);
-    for (i, s) in idx.iter().zip(shape) {
-        e = Expr::add(Expr::mul(e, Expr::int(*s)), i.clone());
-    }
-    e
-}
-
-/// The index of linear position `flat` in `shape`.
-pub fn delinear(flat: Expr, shape: &[i64]) -> Vec<Expr> {
-    let mut out = vec![Expr::int(0); shape.len()];
-    // Axes of size 1 are 0; the outermost other axis needs no remainder (flat is in bounds).
-    let outer = shape.iter().position(|d| *d != 1).unwrap_or(0);
-    let mut stride = 1i64;
-    for a in (outer..shape.len()).rev() {
-        out[a] = match (a == outer, shape[a]) {
-            (_, 1) => Expr::int(0),
-            (true, _) => Expr::div(flat.clone(), Expr::int(stride)),
-            (false, d) => Expr::rem(Expr::div(flat.clone(), Expr::int(stride)), Expr::int(d)),
-        };
-        stride *= shape[a];
-    }
-    out
-}
-
-/// `0 <= e < len`.
-pub fn in_range(e: Expr, len: i64) -> Expr {
-    Expr::bin(
-        BinOp::And,
-        Expr::bin(BinOp::Le, Expr::int(0), e.clone()),
-        Expr::bin(BinOp::Lt, e, Expr::int(len)),
-    )
-}
-
-/// The conjunction of `conds`, or None when there are none.
-pub fn all(conds: impl IntoIterator<Item = Expr>) -> Option<Expr> {
-    conds.into_iter().reduce(|p, q| Expr::bin(BinOp::And, p, q))
-}
-
-/// An index that may count from the end (negative), wrapped and then clamped into 0..len.
-pub fn wrap_index(i: Expr, len: i64) -> Expr {
-    clamp(
-        Expr::select(
-            Expr::bin(BinOp::Lt, i.clone(), Expr::int(0)),
-            Expr::add(i.clone(), Expr::int(len)),
-            i,
-        ),
-        len,
-    )
-}
-
-/// `e` modulo `m`, in 0..m for negative `e` too.
-pub fn modulo(e: Expr, m: i64) -> Expr {
-    Expr::rem(
-        Expr::add(Expr::rem(e, Expr::int(m)), Expr::int(m)),
-        Expr::int(m),
-    )
-}
-
-/// `e` clamped into 0..len, so a load in an unselected branch of a select stays in bounds.
-pub fn clamp(e: Expr, len: i64) -> Expr {
-    Expr::bin(
-        BinOp::Max,
-        Expr::bin(BinOp::Min, e, Expr::int(len - 1)),
-        Expr::int(0),
-    )
 }

@@ -1,30 +1,30 @@
-//! mlopt's lowering stage: from the optimised graph (ops grouped into kernels) to the kernel IR. Each fusion
-//! group becomes one kernel (`kernel.rs` pulls elementwise and layout members into expressions,
-//! `anchor.rs` writes loop nests for contractions, windows and reductions), the schedule stage
-//! (`schedule/`: `cpu.rs`, `gpu.rs`, `gpu_gemm.rs`, `gpu_attention.rs`) chooses how the loops run on the
-//! target, and `program.rs` binds kernels to the caller's inputs and outputs, the weights
-//! and one activation arena laid out by the memory planner (`memory.rs`).
+//! mlopt's lowering stage: from the optimised graph (ops grouped into kernels) to the kernel IR's
+//! algorithms. Each fusion group becomes one kernel: `kernel.rs` pulls elementwise and layout members
+//! into expressions and fuses an anchor's epilogue (and its layout tail) into its stores, `nests.rs`
+//! writes the loop nests of every other op (contractions, reductions, normalisations, attention, ...),
+//! `conv_pool.rs` those of convolutions and pooling, `grid_sample.rs` GridSample's, and
+//! `data_checks.rs` the run-time checks of input data the interpreter would reject. `program.rs` binds
+//! kernels to the caller's inputs and outputs, the weights and one activation arena laid out by the
+//! memory planner (`memory.rs`).
 //!
-//! Architecture invariant: sees the graph IR and the kernel IR only; knows nothing of egg, ONNX or LLVM.
+//! Lowering writes what a kernel computes, never how it runs: it takes no target, and its kernels have
+//! no schedule step, vector loop or copy. `mlopt-schedule` makes those choices per target.
+//!
+//! Architecture invariant: sees the graph IR and the kernel IR only; knows nothing of egg, ONNX, LLVM,
+//! the targets or the cost model.
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-mod anchor;
-mod check;
-pub mod contract;
+mod conv_pool;
+mod data_checks;
 pub mod elementwise;
 pub mod error;
-mod grid;
+mod grid_sample;
 pub mod kernel;
 pub mod memory;
+mod nests;
 pub mod program;
-pub mod schedule;
-mod window;
-mod winograd;
 
 pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};
-pub use program::{interpret, lower_algorithm, lower_program, Options};
-pub use schedule::CpuSchedule;
-pub use schedule::GpuSchedule;
-pub use winograd::Winograd;
+pub use program::{interpret, lower, tensor};

@@ -6,26 +6,10 @@
 use crate::elementwise::elem;
 use crate::error::{LowerError, Result};
 use crate::kernel::{dims, Lowerer};
-use crate::memory::{plan_memory, MemoryPlan};
+use crate::memory::MemoryPlan;
 use mlopt_ir::{Graph, NodeId, Op, Value};
 use mlopt_kir::{Io, Place, Program, Space, Step, Stmt, Weight};
 use std::collections::HashMap;
-
-/// How to lower: with a CPU schedule, kernels get vector and parallel loops; without, the plain
-/// algorithm (serial loops), as the GPU path and the interpreter tests start from.
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    pub cpu: Option<crate::schedule::CpuSchedule>,
-    /// Contraction tiles chosen by measurement (`--tune`), overriding the register-file rule.
-    pub tiles: HashMap<crate::contract::TileKey, crate::contract::Tile>,
-    /// When eligible 3x3 convolutions are lowered by Winograd F(2x2, 3x3) (`winograd.rs`).
-    pub winograd: crate::Winograd,
-    /// Schedule the kernels for a GPU (`gpu.rs`) instead of the CPU.
-    pub gpu: Option<crate::GpuSchedule>,
-    /// A CPU core's L2 in bytes (the target's; `contract::DEFAULT_L2_BYTES` when None): a contraction whose panels
-    /// of B would not fit in half of it runs its reduction in blocks.
-    pub l2_bytes: Option<u64>,
-}
 
 struct Binder<'g> {
     g: &'g Graph,
@@ -78,11 +62,9 @@ impl Binder<'_> {
 }
 
 /// Lowers a fused graph (the optimiser's output), its values placed by `plan` (`plan_memory(g)`), to a
-/// program of algorithm kernels: plain loop nests, verified, not yet scheduled. (For a CPU, Winograd
-/// convolutions already have the register tiles `opts.cpu` gives them; MatMul, Gemm, convolutions and
-/// attention are tiled or put in bf16 `mma` blocks, their weights packed and their inputs padded, by the
-/// schedule stage.)
-pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<Program> {
+/// program of algorithm kernels: plain loop nests, verified, with no schedule (`mlopt-schedule` makes
+/// them run on a target).
+pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
     let order = g.topo_order()?;
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     let mut b = Binder {
@@ -152,7 +134,7 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
         members.sort_by_key(|m| pos[m]);
         for (c, &m) in members.iter().enumerate() {
             let Some((mut kernel, params, message)) =
-                crate::check::check_kernel(g, &members, m, format!("k{id}_check{c}"))?
+                crate::data_checks::check_kernel(g, &members, m, format!("k{id}_check{c}"))?
             else {
                 continue;
             };
@@ -168,9 +150,6 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
             b.program.arena_bytes = b.program.arena_bytes.max(flag + 64);
         }
         let mut l = Lowerer::new(g, format!("k{id}"), &members);
-        l.lanes = opts.cpu.map(|c| c.lanes);
-        l.tiles = opts.tiles.clone();
-        l.winograd = opts.winograd;
         let mut outs = Vec::new();
         let mut args = Vec::new();
         for o in 0..g.node(root).outputs.len() {
@@ -208,12 +187,6 @@ pub fn lower_algorithm(g: &Graph, plan: &MemoryPlan, opts: &Options) -> Result<P
     }
     mlopt_kir::verify_program(&b.program).map_err(LowerError::Verify)?;
     Ok(b.program)
-}
-
-/// Plans a fused graph's memory, lowers it and schedules it: `plan_memory`, `lower_algorithm`, then
-/// `schedule::schedule`.
-pub fn lower_program(g: &Graph, opts: &Options) -> Result<Program> {
-    crate::schedule::schedule(lower_algorithm(g, &plan_memory(g)?, opts)?, opts)
 }
 
 /// `out[i] = in[i]` over one flat loop.

@@ -10,12 +10,14 @@
 //! local the check cannot read: lowering then fails with an error); constant indices and divisors are
 //! checked here, at compile time.
 
-use crate::anchor::fold_op;
-use crate::elementwise::{convert, elem};
+use crate::elementwise::elem;
 use crate::error::{LowerError, Result};
-use crate::kernel::{delinear, dims, Lowerer, Params};
+use crate::kernel::{dims, Lowerer, Params};
+use crate::nests::fold_op;
 use mlopt_ir::infer::IndexBounds;
 use mlopt_ir::{Binary, Graph, NodeId, Op};
+use mlopt_kir::index::convert;
+use mlopt_kir::index::delinear;
 use mlopt_kir::{BinOp, Elem, Expr, Kernel, Space, Stmt};
 
 /// What a node needs checked (its input 1): indices in range, or a nonzero integer divisor.

@@ -20,47 +20,42 @@
 //!
 //! Anything else runs on one thread, which is always correct (ScatterND's updates must be serial).
 
-use crate::error::{LowerError, Result};
+mod attention;
+pub(crate) mod gemm;
+
+use crate::error::{Result, ScheduleError};
 use mlopt_kir::analysis::{
     buffer_uses, coefficient, flat_index, moves_with, multiple_of, non_negative, private_in,
 };
 use mlopt_kir::{
     rebuild_bin, BinOp, BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Step, Stmt, Var,
 };
+use mlopt_target::GpuTarget;
 use std::collections::{HashMap, HashSet};
 
-/// What GPU schedules are chosen for: the target (the cost model's row: SMs, shared memory, registers and
-/// peaks, for choosing GEMM tiles), whether f32 operands may be rounded to tf32, and a margin of registers
-/// the driver adds to every GEMM tile's estimate when ptxas needed more than a tile planned for.
+/// What GPU schedules are chosen for: the target (SMs, shared memory, registers and peaks, for choosing
+/// GEMM tiles), whether f32 operands may be rounded to tf32, and a margin of registers the driver adds
+/// to every GEMM tile's estimate when ptxas needed more than a tile planned for.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GpuSchedule {
-    pub target: mlopt_target::GpuTarget,
+pub(crate) struct GpuSchedule<'t> {
+    pub(crate) target: &'t GpuTarget,
     /// tf32 tensor cores round f32 operands to 10 mantissa bits: only where the precision allows it.
-    pub tf32: bool,
-    pub register_margin: u64,
+    pub(crate) tf32: bool,
+    pub(crate) register_margin: u64,
 }
 
-impl GpuSchedule {
-    /// Threads per block at most, and static shared memory per block (48 KiB without opting in to more):
-    /// the same on every architecture mlopt targets (sm_80 and up).
-    pub const MAX_THREADS: u64 = mlopt_cost::gpu_tile::MAX_THREADS;
-    pub const SHARED_BYTES: u64 = mlopt_cost::gpu_tile::SHARED_BYTES;
-
-    pub fn new(target: mlopt_target::GpuTarget, tf32: bool) -> GpuSchedule {
-        GpuSchedule {
-            target,
-            tf32,
-            register_margin: 0,
-        }
-    }
+impl GpuSchedule<'_> {
+    /// Threads per block at most, and static shared memory per block.
+    pub(crate) const MAX_THREADS: u64 = GpuTarget::MAX_THREADS;
+    pub(crate) const SHARED_BYTES: u64 = GpuTarget::SHARED_BYTES;
 
     /// Streaming multiprocessors, to judge when a grid fills the device.
-    pub fn sms(&self) -> u64 {
+    pub(crate) fn sms(&self) -> u64 {
         u64::from(self.target.sms)
     }
 
     /// Device FLOP/s on tensor cores for operands of type `e` (tf32 for f32, where allowed), if any.
-    pub fn matrix(&self, e: Elem) -> Option<f64> {
+    pub(crate) fn matrix(&self, e: Elem) -> Option<f64> {
         match e {
             Elem::BF16 => Some(self.target.bf16),
             Elem::F16 => Some(self.target.f16),
@@ -69,13 +64,23 @@ impl GpuSchedule {
     }
 }
 
+/// The GPU schedule of every kernel of `p` for `t`.
+pub fn schedule(p: Program, t: &GpuTarget, o: &crate::Options) -> Result<Program> {
+    let s = GpuSchedule {
+        target: t,
+        tf32: o.tf32,
+        register_margin: o.register_margin,
+    };
+    schedule_program(p, &s)
+}
+
 /// Threads per block of an elementwise (one element per thread) kernel.
 const ELEMENTWISE_THREADS: u64 = 256;
 /// Threads per block of a cooperative row at most.
 const ROW_THREADS: u64 = 256;
 
 /// Turns a program of plain kernels into GPU kernels, splitting kernels into launches where needed.
-pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
+fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
     let mut out = Program {
         kernels: Vec::new(),
         steps: Vec::new(),
@@ -87,7 +92,7 @@ pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
         let k = p
             .kernels
             .get(step.kernel)
-            .ok_or_else(|| LowerError::Internal(format!("step calls kernel {}", step.kernel)))?;
+            .ok_or_else(|| ScheduleError::Internal(format!("step calls kernel {}", step.kernel)))?;
         let launches = split(k);
         // Locals read by more than one launch: global scratch, laid out from the arena's end.
         let mut scratch: HashMap<BufId, u64> = HashMap::new();
@@ -130,7 +135,7 @@ pub fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
         }
     }
     out.arena_bytes = arena;
-    mlopt_kir::verify_program(&out).map_err(LowerError::Verify)?;
+    mlopt_kir::verify_program(&out).map_err(ScheduleError::Verify)?;
     Ok(out)
 }
 
@@ -168,7 +173,7 @@ fn drop_unused(
         let id = BufId(i as u32);
         let place = if b.space == Space::Global && !scratch.contains_key(&id) {
             Some(*param_args.next().ok_or_else(|| {
-                LowerError::Internal(format!("@{}: fewer arguments than parameters", k.name))
+                ScheduleError::Internal(format!("@{}: fewer arguments than parameters", k.name))
             })?)
         } else {
             None
@@ -279,7 +284,7 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
 }
 
 /// Schedules one launch's body (a kernel of plain loops) for the GPU.
-pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
+pub(crate) fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
     if k.body.is_empty() {
         return Ok(());
     }
@@ -293,11 +298,11 @@ pub fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         k.schedule.push(mlopt_kir::ScheduleStep::GpuEmpty);
         return Ok(());
     }
-    if let Some(stmts) = crate::schedule::gpu_gemm::gemm(k, &prefix, &inner, s)? {
+    if let Some(stmts) = gemm::gemm(k, &prefix, &inner, s)? {
         k.body = stmts;
         return Ok(());
     }
-    if let Some(stmts) = crate::schedule::gpu_attention::attention(k, &prefix, &inner, s)? {
+    if let Some(stmts) = attention::attention(k, &prefix, &inner, s)? {
         k.body = stmts;
         return Ok(());
     }
@@ -980,8 +985,13 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
 
 /// The A100 (sm_80) in fp32, for tests.
 #[cfg(test)]
-pub(crate) fn sm80() -> GpuSchedule {
-    GpuSchedule::new(mlopt_target::gpu::sm_80(), false)
+pub(crate) fn sm80() -> GpuSchedule<'static> {
+    static SM80: std::sync::OnceLock<GpuTarget> = std::sync::OnceLock::new();
+    GpuSchedule {
+        target: SM80.get_or_init(mlopt_target::gpu::sm_80),
+        tf32: false,
+        register_margin: 0,
+    }
 }
 
 #[cfg(test)]

@@ -25,9 +25,9 @@
 //! cost model (`mlopt_cost::gpu_tile`): waves of blocks over the SMs at the engine's peak against the
 //! operands' traffic, within the limits on threads, shared memory and registers.
 
+use super::{delinear, lt, subst_all, GpuSchedule};
+use crate::contraction::{recognise, Contraction};
 use crate::error::Result;
-use crate::schedule::contraction::{recognise, Contraction};
-use crate::schedule::gpu::{delinear, lt, subst_all, GpuSchedule};
 use mlopt_cost::gpu_tile::{self, Tile};
 use mlopt_kir::analysis::{coefficient, flat_index, for_each_load, offset};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
@@ -90,7 +90,7 @@ fn estimate(
     };
     let plain = [copies[0].is_none(), copies[1].is_none()];
     gpu_tile::estimate(
-        &s.target,
+        s.target,
         x,
         t,
         e.model(),
@@ -765,7 +765,7 @@ fn build(
 
 #[cfg(test)]
 mod tests {
-    use crate::schedule::gpu::{schedule_kernel, GpuSchedule};
+    use crate::gpu::{schedule_kernel, GpuSchedule};
     use mlopt_kir::{parse_kernel, run_kernel, Elem, GpuEngine, Kernel, ScheduleStep};
 
     /// out[h, i, j] = max(sum_r a[h, i, r] b[h, r, j] + 1, 0), as lowering writes it.
@@ -849,7 +849,10 @@ mod tests {
         ];
         for &(batch, m, n, k, t, tf32, engine, tol) in cases {
             let plain = matmul(batch, m, n, k, t);
-            let s = GpuSchedule::new(mlopt_target::gpu::sm_80(), tf32);
+            let s = GpuSchedule {
+                tf32,
+                ..crate::gpu::sm80()
+            };
             let mut tiled = plain.clone();
             schedule_kernel(&mut tiled, &s).unwrap();
             mlopt_kir::verify(&tiled)
@@ -885,7 +888,7 @@ mod tests {
     fn tile_sizes_follow_the_problem() {
         for (m, n, k, tile) in [(8, 64, 64, [16, 32, 32]), (4096, 4096, 4096, [128, 64, 32])] {
             let mut tiled = matmul(1, m, n, k, Elem::BF16);
-            schedule_kernel(&mut tiled, &crate::schedule::gpu::sm80()).unwrap();
+            schedule_kernel(&mut tiled, &crate::gpu::sm80()).unwrap();
             let what = mlopt_kir::step::schedule_text(&tiled.schedule);
             assert_eq!(
                 gemm(&tiled).map(|(_, t)| t),

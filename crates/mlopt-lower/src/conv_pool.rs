@@ -1,13 +1,16 @@
-//! Lowering of the sliding-window ops: convolutions (their algorithm, which a CPU schedule tiles as an
-//! implicit GEMM or, pointwise in bf16, as `mma` blocks; transposed) and pooling, with the window
-//! arithmetic and the padded copies they share.
+//! The algorithms of the sliding-window ops: convolutions (one output element per iteration, folding the
+//! input channels and the window's taps over a guarded, clamped window of the input, which a schedule
+//! tiles as an implicit GEMM, Winograd or `mma` blocks; transposed) and pooling (max, average, Lp, with
+//! max-pool indices).
 
-use crate::anchor::*;
-use crate::contract::{self, Builder};
-use crate::elementwise::{compute, convert, elem, lit};
+use crate::elementwise::{compute, elem};
 use crate::error::Result;
-use crate::kernel::{all, clamp, in_range, Lowerer};
+use crate::kernel::Lowerer;
+use crate::nests::*;
 use mlopt_ir::{NodeId, Value};
+use mlopt_kir::index::window_pos;
+use mlopt_kir::index::{all, clamp, in_range};
+use mlopt_kir::index::{convert, lit};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
 pub(crate) fn conv(
@@ -31,9 +34,6 @@ pub(crate) fn conv(
     let mg = m / a.group as i64;
     let mut red = vec![cg as u64];
     red.extend(ws[2..].iter().map(|d| *d as u64));
-    if let Some(stmts) = crate::winograd::conv3x3(l, x, w, bias, a, out, out_t, dst)? {
-        return Ok(stmts);
-    }
     // The loops: image, (group, output channel in the group,) output position. With groups, the
     // channel loop is split, so a group's contraction has its own rows: the output channels, which only
     // the weight reads (a CPU schedule tiles it as an implicit GEMM, `schedule/cpu_conv.rs`).
@@ -195,148 +195,6 @@ pub(crate) fn conv_transpose(
         })?;
         store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
     })
-}
-
-/// A zero-padded copy of input `x` [N, C, spatial..] (`pads`: the begins, then the ends, per spatial axis)
-/// written by statements appended to `stmts`; None when there is no padding (read `x` itself). Each row
-/// of the copy is its left padding, the input row (one contiguous copy, which vectorises) and its right
-/// padding; rows in the padding of the outer axes are zero.
-pub fn padded_input(
-    l: &mut Lowerer,
-    x: Value,
-    pads: &[usize],
-    stmts: &mut Vec<Stmt>,
-) -> Result<Option<BufId>> {
-    if pads.iter().all(|p| *p == 0) {
-        return Ok(None);
-    }
-    let xs: Vec<i64> = l.ty(x).shape.iter().map(|d| *d as i64).collect();
-    let lead = [xs[0] as u64, xs[1] as u64];
-    let read: Read<Lowerer> = &mut |l, lead, at| get(l, x, &[lead, at].concat(), Elem::F32);
-    padded_phases(l, lead, &xs[2..], pads, 1, 0.0, read, stmts).map(Some)
-}
-
-/// What a padded copy holds at copy index [lead.., spatial..] (the spatial position inside the input).
-pub(crate) type Read<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &[Expr]) -> Result<Expr>;
-
-/// The padded copy of an input with spatial dims `spatial`, its last axis split into `s` phases,
-/// [lead0, lead1, outer.., s, ceil(W' / s)]: element w of a padded row lands at [w % s, w / s], so a
-/// stride-s window's taps read contiguous runs (tap kw of output column j is phase kw % s, position
-/// j + kw / s). One phase is the plain padded copy. Each phase is written straight from the input,
-/// read at stride s. The padding holds `fill` (0, or -inf for a max pool); `read` gives the input.
-///
-/// The leading dims are the caller's: the whole input's [N, C], or one image's few channels [1, c]:
-/// made inside the loop over images and channel groups, such a copy stays in cache for the window that
-/// reads it next (a depthwise convolution's or a pooling's plane), where a copy of the whole input
-/// would go to memory and back.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn padded_phases<B: Builder>(
-    l: &mut B,
-    lead: [u64; 2],
-    spatial: &[i64],
-    pads: &[usize],
-    s: usize,
-    fill: f64,
-    read: Read<B>,
-    stmts: &mut Vec<Stmt>,
-) -> Result<BufId> {
-    let sp = spatial.len();
-    let xs: Vec<i64> = [lead.map(|d| d as i64).to_vec(), spatial.to_vec()].concat();
-    let (begin, end) = (&pads[..sp], &pads[sp..]);
-    let last = xs.len() - 1;
-    let (w, pl) = (xs[last], begin[sp - 1] as i64);
-    // The right padding of the plain copy, widened so its rows are a whole number of phases.
-    let row = (w + pl) as u64 + end[sp - 1] as u64;
-    let pr = end[sp - 1] as i64 + (row.next_multiple_of(s as u64) - row) as i64;
-    let padded: Vec<u64> = (0..xs.len())
-        .map(|a| match a {
-            0 | 1 => lead[a],
-            a if a == last => (w + pl + pr) as u64,
-            a => (xs[a] + (begin[a - 2] + end[a - 2]) as i64) as u64,
-        })
-        .collect();
-    // One phase is the padded copy itself, [.., W']; s phases are [.., s, W' / s].
-    let q = padded[last] / s as u64;
-    let mut dims = padded[..last].to_vec();
-    let (name, phased) = match s {
-        1 => ("xpad", false),
-        _ => ("xphase", true),
-    };
-    dims.extend(if phased { vec![s as u64, q] } else { vec![q] });
-    let k = l.kernel();
-    let xp = k.buf(
-        format!("{name}{}", k.bufs.len()),
-        Elem::F32,
-        dims,
-        Space::Local,
-    );
-    stmts.extend(contract::nest(l, "p", &padded[..last], |l, idx| {
-        // The input row this copy row holds: valid when every outer spatial position is inside.
-        let pos: Vec<Expr> = (2..last)
-            .map(|a| Expr::sub(idx[a].clone(), Expr::int(begin[a - 2] as i64)))
-            .collect();
-        let inside = all((2..last).map(|a| in_range(pos[a - 2].clone(), xs[a])));
-        let mut st = Vec::new();
-        // Phase p, position j holds padded column j * s + p, which is input column j * s + p - pl:
-        // padding before column 0 (j < j0) and from column w on (j >= j1), the input row between, read
-        // at stride s (one contiguous run for one phase).
-        for p in 0..s as i64 {
-            let at = |j: Expr| {
-                [
-                    idx.to_vec(),
-                    if phased {
-                        vec![Expr::int(p), j]
-                    } else {
-                        vec![j]
-                    },
-                ]
-                .concat()
-            };
-            let first = |col: i64| {
-                if col > p {
-                    (col - p + s as i64 - 1) / s as i64
-                } else {
-                    0
-                }
-            };
-            let (j0, j1) = (first(pl), first(pl + w));
-            for (from, len) in [(0, j0), (j1, q as i64 - j1)] {
-                if len > 0 {
-                    st.extend(contract::nest(l, "z", &[len as u64], |_, z| {
-                        Ok(vec![Stmt::Store {
-                            buf: xp,
-                            index: at(Expr::add(Expr::int(from), z[0].clone())),
-                            value: lit(fill, Elem::F32),
-                        }])
-                    })?);
-                }
-            }
-            if j1 <= j0 {
-                continue;
-            }
-            st.extend(contract::nest(l, "c", &[(j1 - j0) as u64], |l, c| {
-                let mut from: Vec<Expr> = (2..last)
-                    .map(|a| clamp(pos[a - 2].clone(), xs[a]))
-                    .collect();
-                from.push(Expr::add(
-                    Expr::mul(c[0].clone(), Expr::int(s as i64)),
-                    Expr::int(j0 * s as i64 + p - pl),
-                ));
-                let v = read(l, &idx[..2], &from)?;
-                let v = match &inside {
-                    Some(ok) => Expr::select(ok.clone(), v, lit(fill, Elem::F32)),
-                    None => v,
-                };
-                Ok(vec![Stmt::Store {
-                    buf: xp,
-                    index: at(Expr::add(Expr::int(j0), c[0].clone())),
-                    value: v,
-                }])
-            })?);
-        }
-        Ok(st)
-    })?);
-    Ok(xp)
 }
 
 pub(crate) fn pool_window(
@@ -507,9 +365,9 @@ pub(crate) fn max_pool_indices(
                     pos.iter().rev().cloned().collect(),
                     ins.iter().rev().copied().collect(),
                 );
-                crate::kernel::linear(&p, &s)
+                mlopt_kir::index::linear(&p, &s)
             } else {
-                crate::kernel::linear(&pos, &ins)
+                mlopt_kir::index::linear(&pos, &ins)
             };
             let flat = Expr::add(
                 Expr::mul(
@@ -537,33 +395,6 @@ pub(crate) fn max_pool_indices(
     })
 }
 
-/// Where window tap `taps` of output position `pos` lies in a padded copy (`padded_phases`, its last axis
-/// split into `phases`): `pos * stride + tap * dilation` per axis (the padding is already in the copy),
-/// the last axis as [phase, position], i.e. [(tap * d) % s, pos + (tap * d) / s] for s phases.
-pub(crate) fn padded_index(
-    pos: &[Expr],
-    taps: &[Expr],
-    strides: &[usize],
-    dilations: &[usize],
-    phases: usize,
-) -> Vec<Expr> {
-    let sp = pos.len();
-    let mut xi: Vec<Expr> = (0..sp)
-        .map(|a| window_pos(&pos[a], &taps[a], strides[a], dilations[a], 0))
-        .collect();
-    if phases > 1 {
-        xi.pop();
-        let tap = Expr::mul(taps[sp - 1].clone(), Expr::int(dilations[sp - 1] as i64));
-        xi.push(Expr::rem(tap.clone(), Expr::int(phases as i64)));
-        xi.push(Expr::add(
-            pos[sp - 1].clone(),
-            Expr::div(tap, Expr::int(phases as i64)),
-        ));
-    }
-    xi
-}
-
-/// The input position a window tap reads: `out * stride + tap * dilation - pad` (may fall in the padding).
 /// Whether the window positions `o * stride + k * dilation - pad` (o < outs, k < taps) can leave 0..len.
 pub(crate) fn window_leaves(
     outs: u64,
@@ -575,20 +406,4 @@ pub(crate) fn window_leaves(
 ) -> bool {
     let reach = (outs.max(1) - 1) * stride as u64 + (taps.max(1) - 1) * dilation as u64;
     pad > 0 || reach >= len
-}
-
-pub(crate) fn window_pos(
-    out: &Expr,
-    tap: &Expr,
-    stride: usize,
-    dilation: usize,
-    pad: usize,
-) -> Expr {
-    Expr::sub(
-        Expr::add(
-            Expr::mul(out.clone(), Expr::int(stride as i64)),
-            Expr::mul(tap.clone(), Expr::int(dilation as i64)),
-        ),
-        Expr::int(pad as i64),
-    )
 }

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! (`x` may be a producer computed in place: any expression of the window position.) The schedule is an
-//! implicit GEMM (`contract::tiled`): rows are a group's output channels, K its input channels by the
+//! implicit GEMM (`tiler::tiled`): rows are a group's output channels, K its input channels by the
 //! window, and columns one output row, batched over images, groups and the outer output rows. Per image
 //! and group, the group's input channels are first copied into a zero-padded local buffer, so the
 //! window's loads need no guard; along a strided row the copy is split into phases, so the loads along
@@ -15,12 +15,12 @@
 //! output position as the columns and pack each panel of B (im2col, one panel at a time). A pointwise
 //! convolution (1x1, stride 1, no padding) is a plain contraction: `cpu_gemm.rs` tiles it.
 
-use super::contraction::{store_at, Contraction};
-use super::window::{recognise, Axis, Window};
-use crate::contract::{self, Builder, Tile};
+use super::padded::{padded_index, padded_phases, Read};
+use super::tiler::{self, Builder, Tile};
+use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
-use crate::kernel::delinear;
-use crate::window::{padded_index, padded_phases, Read};
+use crate::window::{recognise, Axis, Window};
+use mlopt_kir::index::delinear;
 use mlopt_kir::{Expr, Kernel, Stmt, Var};
 
 /// The window of contraction `c`'s column operand when it is a convolution's: K is the input channels
@@ -41,14 +41,14 @@ pub(crate) fn window(k: &mut Kernel, c: &Contraction) -> Option<Window> {
 
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
 /// the one store `store` (buffer, index, value).
-pub(crate) fn tiled<B: Builder>(
-    b: &mut B,
+pub(crate) fn tiled(
+    b: &mut Builder,
     c: &Contraction,
     w: &Window,
     t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
     store: (mlopt_kir::BufId, &[Expr], &Expr),
 ) -> Result<Option<Vec<Stmt>>> {
-    let lanes = u64::from(b.lanes().unwrap_or(16));
+    let lanes = u64::from(b.lanes());
     let sp = w.axes.len();
     let (m, cg) = (Contraction::extent(&c.rows), c.red[0].1);
     let last = &w.axes[sp - 1];
@@ -140,11 +140,11 @@ pub(crate) fn tiled<B: Builder>(
     );
     let acc = c.acc;
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
-    let stmts = contract::nest(b, "g", &outer_ext, |b, ng| {
+    let stmts = tiler::nest(b, "g", &outer_ext, |b, ng| {
         let mut st = Vec::new();
         let src = match copy {
             true => {
-                let read: Read<B> = &mut |_, lead, pos| {
+                let read: Read = &mut |_, lead, pos| {
                     Ok(w.input_at(
                         &w.input
                             .subst_all(&by(ng, &[], None, None, &[]))
@@ -163,7 +163,7 @@ pub(crate) fn tiled<B: Builder>(
             }
             false => None,
         };
-        st.extend(contract::tiled(
+        st.extend(tiler::tiled(
             b,
             &inner,
             tm,

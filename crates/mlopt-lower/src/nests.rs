@@ -3,11 +3,13 @@
 //! folds its inputs into `local` accumulators, then stores the result. These are the algorithms;
 //! `schedule.rs` picks how their loops run.
 
-use crate::elementwise::{compute, convert, elem, lit};
+use crate::conv_pool::{conv, conv_transpose, max_pool_indices, pool_window};
+use crate::elementwise::{compute, elem};
 use crate::error::Result;
-use crate::kernel::{clamp, dims, Lowerer};
-use crate::window::{conv, conv_transpose, max_pool_indices, pool_window};
+use crate::kernel::{dims, Lowerer};
 use mlopt_ir::{NodeId, Op, ReduceKind, Value};
+use mlopt_kir::index::clamp;
+use mlopt_kir::index::{convert, lit};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
 pub(crate) fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
@@ -183,7 +185,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             mode,
             padding,
             align_corners,
-        } => crate::grid::grid_sample(l, n, mode, padding, align_corners, out_t, dst),
+        } => crate::grid_sample::grid_sample(l, n, mode, padding, align_corners, out_t, dst),
         Op::MaxPool { pool, .. } | Op::AveragePool { pool, .. } => {
             let indices_used = l.g.users(n).iter().any(|(_, e)| e.output == 1)
                 || l.g
@@ -356,7 +358,7 @@ fn reduce(
     l.nest("i", out, |l, idx| {
         let at = |idx: &[Expr], r: &[Expr]| {
             let r = if r.len() < dims.len() {
-                crate::kernel::delinear(r[0].clone(), &dims)
+                mlopt_kir::index::delinear(r[0].clone(), &dims)
             } else {
                 r.to_vec()
             };
@@ -1001,7 +1003,7 @@ fn scatter(
             Scatter::Elements(axis) => {
                 let mut target = u.to_vec();
                 let raw = convert(l.pull(ind, u)?, ind_t, Elem::I64);
-                target[axis] = crate::kernel::wrap_index(raw, ds[axis]);
+                target[axis] = mlopt_kir::index::wrap_index(raw, ds[axis]);
                 target
                     .into_iter()
                     .zip(&ds)

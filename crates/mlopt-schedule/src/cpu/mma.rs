@@ -18,15 +18,16 @@
 //! C is four 16x16 f32 tiles held across all of K. The epilogue reads the block's C from a 4 KiB local
 //! while it is in L1.
 
-use super::contraction::{store_at, Contraction};
-use super::gpu_gemm::narrow;
-use crate::contract::{self, Builder};
-use crate::elementwise::lit;
+use super::tiler::{self, Builder};
+use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
-use crate::kernel::delinear;
+use crate::gpu::gemm::narrow;
+use mlopt_kir::index::delinear;
+use mlopt_kir::index::lit;
 use mlopt_kir::{
     BinOp, Block, BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight,
 };
+use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -62,9 +63,9 @@ fn round_up(x: u64, to: u64) -> u64 {
 }
 
 /// Reads A's element (row, k) as bf16.
-type AOp<'a, B> = &'a mut dyn FnMut(&mut B, &Expr, &Expr) -> Result<Expr>;
+type AOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr) -> Result<Expr>;
 /// Stores the f32 result for (row, column).
-type StoreOp<'a, B> = &'a mut dyn FnMut(&mut B, &Expr, &Expr, Expr) -> Result<Stmt>;
+type StoreOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr, Expr) -> Result<Stmt>;
 
 /// Which of the output's axes is contiguous in memory: columns (MatMul, Gemm) or rows (a pointwise
 /// convolution, whose rows are pixel positions).
@@ -84,15 +85,15 @@ fn blocks(rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
 /// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, in `mma` blocks; `bp` is
 /// B packed for `blocks(rows, n, k)`.
 #[allow(clippy::too_many_arguments)]
-fn contract<B: Builder>(
-    l: &mut B,
+fn contract(
+    l: &mut Builder,
     bp: BufId,
     rows: u64,
     n: u64,
     k: u64,
     order: Epilogue,
-    a: AOp<B>,
-    store: StoreOp<B>,
+    a: AOp,
+    store: StoreOp,
 ) -> Result<Vec<Stmt>> {
     let (mb, nb, mp, np, kp) = blocks(rows, n, k);
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix {
@@ -136,7 +137,7 @@ fn contract<B: Builder>(
                 vec![mp, stride],
                 Space::Local,
             );
-            stmts = contract::nest(l, "p", &[mp, kp], |l, ix| {
+            stmts = tiler::nest(l, "p", &[mp, kp], |l, ix| {
                 let (r, kk) = (&ix[0], &ix[1]);
                 let value = if (mp, kp) == (rows, k) {
                     a(l, r, kk)?
@@ -148,8 +149,8 @@ fn contract<B: Builder>(
                     );
                     let v = a(
                         l,
-                        &crate::kernel::clamp(r.clone(), rows as i64),
-                        &crate::kernel::clamp(kk.clone(), k as i64),
+                        &mlopt_kir::index::clamp(r.clone(), rows as i64),
+                        &mlopt_kir::index::clamp(kk.clone(), k as i64),
                     )?;
                     Expr::select(inside, v, lit(0.0, Elem::BF16))
                 };
@@ -303,6 +304,7 @@ fn weight(
 /// replaces it.
 pub(crate) fn in_blocks(
     p: &mut Program,
+    target: &CpuTarget,
     ki: usize,
     c: &Contraction,
     loads: &HashMap<BufId, usize>,
@@ -354,10 +356,9 @@ pub(crate) fn in_blocks(
             .collect()
     };
     let acc = c.acc;
-    let mut b = super::cpu_gemm::KernelBuilder {
+    let mut b = Builder {
         k: &mut p.kernels[ki],
-        lanes: 16,
-        l2: crate::contract::DEFAULT_L2_BYTES,
+        target,
     };
     let stmts = contract(
         &mut b,

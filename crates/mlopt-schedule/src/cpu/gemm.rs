@@ -1,45 +1,21 @@
 //! Register-tiled contractions for a CPU target, scheduled from the algorithm form lowering writes
 //! (`contraction.rs` recognises it): the tile comes from the cost model (`mlopt_cost::tile`, or a
-//! `--tune` override), the tiles are built by `contract::tiled`, and a constant 2-D B read only by the
+//! `--tune` override), the tiles are built by `tiler::tiled`, and a constant 2-D B read only by the
 //! contraction is packed into column panels, weights of their own that replace it.
 
-use super::contraction::{recognise, store_at, Contraction};
-use crate::contract::{self, Builder, Tile, TileKey};
+use super::tiler::{self, Builder, Tile, TileKey};
+use crate::contraction::{recognise, store_at, Contraction};
 use crate::error::Result;
-use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Place, Program, Space, Stmt, Var, Weight};
+use mlopt_kir::{BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight};
+use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// Builds tiles into a kernel of the schedule stage.
-pub(super) struct KernelBuilder<'k> {
-    pub(super) k: &'k mut Kernel,
-    pub(super) lanes: u32,
-    /// A core's L2 in bytes.
-    pub(super) l2: u64,
-}
-
-impl Builder for KernelBuilder<'_> {
-    fn kernel(&mut self) -> &mut Kernel {
-        self.k
-    }
-    fn fresh(&mut self, prefix: &str) -> Var {
-        let n = self.k.vars.len();
-        self.k.var(format!("{prefix}{n}"))
-    }
-    fn lanes(&self) -> Option<u32> {
-        Some(self.lanes)
-    }
-    fn l2_bytes(&self) -> u64 {
-        self.l2
-    }
-}
 
 /// Tiles every contraction nest at the top of each kernel's body.
 pub(crate) fn tile(
     p: &mut Program,
-    lanes: u32,
+    target: &CpuTarget,
     mma: bool,
-    l2: u64,
     tiles: &HashMap<TileKey, Tile>,
 ) -> Result<()> {
     for ki in 0..p.kernels.len() {
@@ -47,7 +23,7 @@ pub(crate) fn tile(
         let body = std::mem::take(&mut p.kernels[ki].body);
         let mut out = Vec::with_capacity(body.len());
         for st in body {
-            match tile_nest(p, ki, &st, (lanes, l2), mma, tiles, &loads)? {
+            match tile_nest(p, ki, &st, target, mma, tiles, &loads)? {
                 Some(tiled) => out.extend(tiled),
                 None => out.push(st),
             }
@@ -64,7 +40,7 @@ fn tile_nest(
     p: &mut Program,
     ki: usize,
     st: &Stmt,
-    (lanes, l2): (u32, u64),
+    target: &CpuTarget,
     mma: bool,
     tiles: &HashMap<TileKey, Tile>,
     loads: &HashMap<BufId, usize>,
@@ -81,13 +57,12 @@ fn tile_nest(
         prefix.push((*var, *extent));
         cur = body;
     }
-    let t_for = |m, n, k| contract::tile_for(tiles, m, n, k, lanes);
-    if let Some(a) = super::attention::recognise(&p.kernels[ki], &prefix, cur) {
-        return super::cpu_attention::tiled(
-            &mut KernelBuilder {
+    let t_for = |m, n, k| tiler::tile_for(tiles, m, n, k, target.lanes());
+    if let Some(a) = crate::attention::recognise(&p.kernels[ki], &prefix, cur) {
+        return super::attention::tiled(
+            &mut Builder {
                 k: &mut p.kernels[ki],
-                lanes,
-                l2,
+                target,
             },
             &a,
             &t_for,
@@ -123,17 +98,18 @@ fn tile_nest(
         return Ok(None);
     };
     if mma {
-        if let Some(blocks) = super::cpu_mma::in_blocks(p, ki, &c, loads, (out, &out_ix, &out_v))? {
+        if let Some(blocks) =
+            super::mma::in_blocks(p, target, ki, &c, loads, (out, &out_ix, &out_v))?
+        {
             return Ok(Some(blocks));
         }
     }
-    if let Some(w) = super::cpu_conv::window(&mut p.kernels[ki], &c) {
-        let mut b = KernelBuilder {
+    if let Some(w) = super::conv::window(&mut p.kernels[ki], &c) {
+        let mut b = Builder {
             k: &mut p.kernels[ki],
-            lanes,
-            l2,
+            target,
         };
-        return super::cpu_conv::tiled(&mut b, &c, &w, &t_for, (out, &out_ix, &out_v));
+        return super::conv::tiled(&mut b, &c, &w, &t_for, (out, &out_ix, &out_v));
     }
     c.drop_unit_reductions();
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
@@ -165,7 +141,7 @@ fn tile_nest(
                 c.rows
                     .iter()
                     .map(|(v, _)| *v)
-                    .zip(crate::kernel::delinear(r.clone(), &rows)),
+                    .zip(mlopt_kir::index::delinear(r.clone(), &rows)),
             );
         }
         if let Some(j) = col {
@@ -173,19 +149,18 @@ fn tile_nest(
                 c.cols
                     .iter()
                     .map(|(v, _)| *v)
-                    .zip(crate::kernel::delinear(j.clone(), &cols)),
+                    .zip(mlopt_kir::index::delinear(j.clone(), &cols)),
             );
         }
         by.extend(c.red.iter().map(|(v, _)| *v).zip(red.iter().cloned()));
         by
     };
     let acc = c.acc;
-    let mut b = KernelBuilder {
+    let mut b = Builder {
         k: &mut p.kernels[ki],
-        lanes,
-        l2,
+        target,
     };
-    let stmts = contract::tiled(
+    let stmts = tiler::tiled(
         &mut b,
         &ext(&c.batch),
         m,
@@ -249,7 +224,7 @@ fn pack_b(
         return None;
     }
     let (blocks, name) = (
-        contract::pack_blocks(&weight.data, *kdim, *ndim, t, trans),
+        tiler::pack_blocks(&weight.data, *kdim, *ndim, t, trans),
         weight.name.clone(),
     );
     // The unpacked bytes are let go now, not when the pass ends, when no other step reads them: the

@@ -3,11 +3,12 @@
 //! channels; the channel loop then sums the tensor product of the taps. Computed in f64, as the reference
 //! interpreter does, so nearest-mode rounding and reflections land on the same input positions.
 
-use crate::anchor::get;
-use crate::elementwise::{convert, lit};
 use crate::error::Result;
-use crate::kernel::{all, clamp, in_range, Lowerer};
+use crate::kernel::Lowerer;
+use crate::nests::get;
 use mlopt_ir::{GridPadding, NodeId, ResizeMode};
+use mlopt_kir::index::{all, clamp, in_range};
+use mlopt_kir::index::{convert, lit};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
 const F: Elem = Elem::F64;

@@ -21,24 +21,15 @@
 use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat, private_in};
 use mlopt_kir::sched::set_kind;
 use mlopt_kir::{BufId, Kernel, LoopKind, Stmt, Var};
+use mlopt_target::CpuTarget;
 use std::collections::HashMap;
-
-/// What the schedule may use.
-#[derive(Debug, Clone, Copy)]
-pub struct CpuSchedule {
-    /// f32 lanes of a vector register (16 with AVX-512, 8 with AVX2).
-    pub lanes: u32,
-    pub threads: u32,
-    /// The target has a bf16 matrix unit (AMX tiles or AVX512-BF16 dot products): bf16 contractions
-    /// with a constant B run as `mma` blocks (`cpu_mma.rs`).
-    pub mma: bool,
-}
 
 /// Below this many loop-body executions a nest is not worth a trip through the thread pool.
 const PARALLEL_MIN_WORK: u64 = 1 << 14;
 
-pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
-    mlopt_kir::rfactor::rfactor(k, s.lanes);
+pub fn schedule(k: &mut Kernel, t: &CpuTarget) -> crate::Result<()> {
+    let (lanes, threads) = (t.lanes(), t.threads);
+    mlopt_kir::rfactor::rfactor(k, lanes);
     // Loops whose tests on their variable change answer at known points (a concat's inputs) run as one
     // loop per range, the tests folded away, before the vector and parallel loops are chosen.
     mlopt_kir::partition::partition(k);
@@ -47,18 +38,18 @@ pub fn schedule_cpu(k: &mut Kernel, s: CpuSchedule) -> crate::Result<()> {
     let uses = count_uses(&k.body);
     let mut peel = Vec::new();
     for st in &k.body {
-        pick_peel(k, st, s.lanes, &uses, &mut peel);
+        pick_peel(k, st, lanes, &uses, &mut peel);
     }
     for v in peel {
-        mlopt_kir::sched::peel(k, v, u64::from(s.lanes))?;
+        mlopt_kir::sched::peel(k, v, u64::from(lanes))?;
     }
     let uses = count_uses(&k.body);
     let mut vector = Vec::new();
     let mut parallel = Vec::new();
     for st in &k.body {
-        pick_vector(k, st, s.lanes, &uses, &mut vector);
-        if s.threads > 1 {
-            pick_parallel(k, st, s.threads, &uses, &mut parallel);
+        pick_vector(k, st, lanes, &uses, &mut vector);
+        if threads > 1 {
+            pick_parallel(k, st, threads, &uses, &mut parallel);
         }
     }
     for v in parallel {
@@ -314,15 +305,7 @@ mod tests {
         ];
         for (text, threads, want) in cases {
             let mut k = mlopt_kir::parse_kernel(text).unwrap();
-            schedule_cpu(
-                &mut k,
-                CpuSchedule {
-                    lanes: 16,
-                    threads,
-                    mma: false,
-                },
-            )
-            .unwrap();
+            schedule(&mut k, &mlopt_target::cpu::x86_64_v4(threads)).unwrap();
             let steps = mlopt_kir::step::schedule_text(&k.schedule);
             assert!(
                 steps.split(' ').any(|s| s == want),

@@ -24,10 +24,10 @@
 //! that type for its product, as FlashAttention does); f32 operands are read as tf32, only when the
 //! precision allows it. Otherwise (fp32 precision) attention keeps the SIMT row schedules.
 
-use super::attention::recognise;
+use super::gemm::{guarded, int, narrow, tile_position, walk_first};
+use super::{delinear, lt, GpuSchedule};
+use crate::attention::recognise;
 use crate::error::Result;
-use crate::schedule::gpu::{delinear, lt, GpuSchedule};
-use crate::schedule::gpu_gemm::{guarded, int, narrow, tile_position, walk_first};
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 
 /// An element of a staged tile at (row, column): the operand's loops there, and where it is valid (zero

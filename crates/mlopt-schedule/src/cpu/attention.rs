@@ -12,16 +12,16 @@
 //!
 //! Blocks hold about 128 KiB of scores, all of one size but the last.
 
-use super::attention::Attention;
-use crate::contract::{self, Builder, Tile};
+use super::tiler::{self, Builder, Tile};
+use crate::attention::Attention;
 use crate::error::Result;
 use mlopt_kir::analysis::{coefficient, flat_index};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp, Var};
 
 /// The blocked form of attention `a`, its tiles from `t_for(m, n, k)`; None when either product has no
 /// tile.
-pub(crate) fn tiled<B: Builder>(
-    b: &mut B,
+pub(crate) fn tiled(
+    b: &mut Builder,
     a: &Attention,
     t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
 ) -> Result<Option<Vec<Stmt>>> {
@@ -37,7 +37,7 @@ pub(crate) fn tiled<B: Builder>(
         return Ok(None);
     };
     let batch: Vec<u64> = a.batch.iter().map(|(_, e)| *e).collect();
-    let stmts = contract::nest(b, "h", &batch, |b, bi| {
+    let stmts = tiler::nest(b, "h", &batch, |b, bi| {
         let by: Vec<(Var, Expr)> = a
             .batch
             .iter()
@@ -76,9 +76,9 @@ pub(crate) fn tiled<B: Builder>(
             vec![rows],
             Space::Local,
         );
-        let block = |b: &mut B, row0: Expr, rows: u64| -> Result<Vec<Stmt>> {
+        let block = |b: &mut Builder, row0: Expr, rows: u64| -> Result<Vec<Stmt>> {
             let qrow = |i: &Expr| Expr::add(row0.clone(), i.clone());
-            let mut s = contract::tiled(
+            let mut s = tiler::tiled(
                 b,
                 &[],
                 rows,
@@ -105,10 +105,10 @@ pub(crate) fn tiled<B: Builder>(
                     })
                 },
             )?;
-            s.extend(contract::nest(b, "r", &[rows], |b, r| {
+            s.extend(tiler::nest(b, "r", &[rows], |b, r| {
                 Ok(softmax_row(b, scores, sums, &r[0], tlen))
             })?);
-            s.extend(contract::tiled(
+            s.extend(tiler::tiled(
                 b,
                 &[],
                 rows,
@@ -140,7 +140,7 @@ pub(crate) fn tiled<B: Builder>(
             )?);
             Ok(s)
         };
-        stmts.extend(contract::nest(b, "blk", &[full], |b, blk| {
+        stmts.extend(tiler::nest(b, "blk", &[full], |b, blk| {
             block(b, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows)
         })?);
         if tail > 0 {
@@ -153,13 +153,7 @@ pub(crate) fn tiled<B: Builder>(
 
 /// Row `i` of a block's scores through the softmax's numerator, its sum into `sums[i]`:
 /// `m = max S[i, :]; S[i, :] = e^(S[i, :] - m); sums[i] = sum S[i, :]` (folds rfactor vectorises).
-fn softmax_row<B: Builder>(
-    b: &mut B,
-    scores: BufId,
-    sums: BufId,
-    i: &Expr,
-    keys: u64,
-) -> Vec<Stmt> {
+fn softmax_row(b: &mut Builder, scores: BufId, sums: BufId, i: &Expr, keys: u64) -> Vec<Stmt> {
     let at = |j: Var| Expr::load(scores, vec![i.clone(), Expr::var(j)]);
     let k = b.kernel();
     let m = k.buf(
@@ -228,8 +222,8 @@ fn softmax_row<B: Builder>(
 /// Operand `x` of one head as a [rows, cols] matrix over loops `r` and `c`: None when its loads are
 /// contiguous along the columns (the tiles read it in place), else a local copy made once per head (a
 /// transposed K read directly would make every vector load of the tiles a gather).
-fn head_operand<B: Builder>(
-    b: &mut B,
+fn head_operand(
+    b: &mut Builder,
     x: &Expr,
     (r, rows): (Var, u64),
     (c, cols): (Var, u64),
@@ -245,7 +239,7 @@ fn head_operand<B: Builder>(
         vec![rows, cols],
         Space::Local,
     );
-    stmts.extend(contract::nest(b, "p", &[rows, cols], |_, ix| {
+    stmts.extend(tiler::nest(b, "p", &[rows, cols], |_, ix| {
         Ok(vec![Stmt::Store {
             buf: copy,
             index: ix.to_vec(),

@@ -12,21 +12,15 @@
 //!
 //! `a` is broadcast (one scalar per row), `b` is one vector load per `jv` reused by all `mr` rows: the
 //! 6 x 64 AVX-512 micro-kernel keeps 24 accumulators, 4 B vectors and a broadcast in 29 of the 32 zmm
-//! registers (6 x 16 with AVX2's 16 ymm). MatMul, Gemm, convolutions and attention are tiled by the
-//! CPU schedule from their algorithm form (`schedule/cpu_gemm.rs`, `cpu_conv.rs`, `cpu_attention.rs`);
-//! Winograd's contractions are still tiled at lowering, through the `Builder` both use.
+//! registers (6 x 16 with AVX2's 16 ymm). MatMul, Gemm, Winograd's GEMMs, convolutions and attention
+//! are tiled through it from their algorithm form (`gemm.rs`, `conv.rs`, `attention.rs`).
 
 use crate::error::Result;
-use crate::kernel::Lowerer;
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_target::CpuTarget;
 // The micro-kernel model that picks the tile lives in the cost model, the one place kernel-level costs
 // are estimated.
-pub use mlopt_cost::tile::{blocks, candidates, estimate, pick, Tile, TileKey};
-
-/// The tile for a contraction: the caller's override for its key (from `--tune`), else the cost model's.
-pub fn choose(l: &Lowerer, m: u64, n: u64, k: u64) -> Option<Tile> {
-    tile_for(&l.tiles, m, n, k, l.lanes?)
-}
+pub use mlopt_cost::tile::{blocks, pick, Tile, TileKey};
 
 /// The tile for an M x N x K contraction on `lanes` f32 lanes: `tiles`' entry for it (from `--tune`),
 /// else the cost model's pick.
@@ -60,29 +54,39 @@ pub struct Col<'e> {
     pub j: Expr,
 }
 
-pub type RowOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
+pub type RowOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
 /// b(batch, row, k, column): the column both as a number and as its place in the tiling (so a packed B
 /// can be indexed by panel). B is a GEMM's when it ignores the row (which a panel's packing does not
 /// give: None); one that reads the row (a depthwise convolution's window, whose rows are output rows)
 /// is loaded per row of the tile.
-pub type ColOp<'a, B> =
-    &'a mut dyn FnMut(&mut B, &[Expr], Option<&Expr>, &[Expr], &Col) -> Result<Expr>;
-pub type StoreOp<'a, B> = &'a mut dyn FnMut(&mut B, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
+pub type ColOp<'a> =
+    &'a mut dyn FnMut(&mut Builder<'_>, &[Expr], Option<&Expr>, &[Expr], &Col) -> Result<Expr>;
+pub type StoreOp<'a> =
+    &'a mut dyn FnMut(&mut Builder<'_>, &[Expr], &Expr, &Expr, Expr) -> Result<Stmt>;
 
-/// What the tiler writes with: the kernel being built, fresh loop variables, the target's f32 lanes.
-/// Lowering builds tiles through its `Lowerer`; the schedule stage through a `Kernel` of its own.
-pub trait Builder {
-    fn kernel(&mut self) -> &mut Kernel;
-    fn fresh(&mut self, prefix: &str) -> Var;
-    fn lanes(&self) -> Option<u32>;
-    /// A core's L2 in bytes, which a panel of B should fit in half of (`k_block`).
-    fn l2_bytes(&self) -> u64 {
-        DEFAULT_L2_BYTES
-    }
+/// What tiles are written with: the kernel being scheduled and the CPU it is scheduled for.
+#[derive(Debug)]
+pub struct Builder<'k> {
+    pub k: &'k mut Kernel,
+    pub target: &'k CpuTarget,
 }
 
-/// The L2 a CPU target is assumed to have per core, when no target says (`mlopt_target::Target::l2_bytes`).
-pub use mlopt_target::cpu::DEFAULT_L2_BYTES;
+impl Builder<'_> {
+    pub fn kernel(&mut self) -> &mut Kernel {
+        self.k
+    }
+
+    /// A fresh loop variable named `prefix` and a number.
+    pub fn fresh(&mut self, prefix: &str) -> Var {
+        let n = self.k.vars.len();
+        self.k.var(format!("{prefix}{n}"))
+    }
+
+    /// The target's f32 vector lanes.
+    pub fn lanes(&self) -> u32 {
+        self.target.lanes()
+    }
+}
 
 /// The block of the first reduction axis when a panel of B (K x nr floats) would not fit in half of an
 /// L2 of `l2` bytes: the largest divisor of `k[0]` whose block does, with at least 64 rows of B per
@@ -101,35 +105,20 @@ pub fn k_block(k: &[u64], nr: u64, l2: u64) -> Option<u64> {
         .filter(|d| d * rest >= 64)
 }
 
-impl Builder for Lowerer<'_> {
-    fn kernel(&mut self) -> &mut Kernel {
-        &mut self.k
-    }
-    fn fresh(&mut self, prefix: &str) -> Var {
-        Lowerer::fresh(self, prefix)
-    }
-    fn lanes(&self) -> Option<u32> {
-        self.lanes
-    }
-}
-
 /// Serial loops over `extents` around `body`, with fresh variables.
-pub(crate) fn nest<B: Builder>(
-    l: &mut B,
+pub(crate) fn nest(
+    l: &mut Builder<'_>,
     prefix: &str,
     extents: &[u64],
-    body: impl FnOnce(&mut B, &[Expr]) -> Result<Vec<Stmt>>,
+    body: impl FnOnce(&mut Builder<'_>, &[Expr]) -> Result<Vec<Stmt>>,
 ) -> Result<Vec<Stmt>> {
     let vars: Vec<Var> = extents.iter().map(|_| l.fresh(prefix)).collect();
     let idx: Vec<Expr> = vars.iter().map(|v| Expr::var(*v)).collect();
-    let mut stmts = body(l, &idx)?;
-    for (v, e) in vars.iter().zip(extents).rev() {
-        stmts = vec![Stmt::for_(*v, *e, LoopKind::Serial, stmts)];
-    }
-    Ok(stmts)
+    let stmts = body(l, &idx)?;
+    Ok(mlopt_kir::index::serial_loops(&vars, extents, stmts))
 }
 
-fn buf<B: Builder>(l: &mut B, prefix: &str, dims: Vec<u64>) -> BufId {
+fn buf(l: &mut Builder<'_>, prefix: &str, dims: Vec<u64>) -> BufId {
     let k = l.kernel();
     k.buf(
         format!("{prefix}{}", k.bufs.len()),
@@ -167,20 +156,20 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
 /// the tiles read the copy: B's loads may then stride or compute (a stride-2 convolution's im2col, a
 /// transposed operand) at the cost of K x nr copies per M x K x nr multiply-adds.
 #[allow(clippy::too_many_arguments)]
-pub fn tiled<B: Builder>(
-    l: &mut B,
+pub fn tiled(
+    l: &mut Builder<'_>,
     batch: &[u64],
     m: u64,
     n: u64,
     k: &[u64],
     t: Tile,
     pack: bool,
-    a: RowOp<B>,
-    b: ColOp<B>,
-    store: StoreOp<B>,
+    a: RowOp,
+    b: ColOp,
+    store: StoreOp,
 ) -> Result<Vec<Stmt>> {
     let kk: u64 = k.iter().product();
-    let lanes = l.lanes().unwrap_or(t.lanes);
+    let lanes = l.lanes();
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Tile {
         mr: t.mr,
         nr: t.nr,
@@ -192,7 +181,7 @@ pub fn tiled<B: Builder>(
     if pack {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
-    let chunk = k_block(k, t.nr, l.l2_bytes());
+    let chunk = k_block(k, t.nr, l.target.l2_bytes);
     if let Some(c) = chunk {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::KBlock {
             k: c * k[1..].iter().product::<u64>(),
@@ -239,17 +228,17 @@ pub fn tiled<B: Builder>(
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`; with
 /// `chunk`, the reduction in blocks of `chunk` of its first axis (`k_block`).
 #[allow(clippy::too_many_arguments)]
-fn tile_block<B: Builder>(
-    l: &mut B,
+fn tile_block(
+    l: &mut Builder<'_>,
     bi: &[Expr],
     (row0, rows): (u64, u64),
     (block, col0, cols): (usize, u64, u64),
     t: Tile,
     (k, chunk): (&[u64], Option<u64>),
     pack: bool,
-    a: RowOp<B>,
-    b: ColOp<B>,
-    store: StoreOp<B>,
+    a: RowOp,
+    b: ColOp,
+    store: StoreOp,
 ) -> Result<Stmt> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
     let acc = buf(l, "acc", vec![t.mr, t.nr]);
@@ -274,23 +263,24 @@ fn tile_block<B: Builder>(
         )
     };
     // One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
-    let sweep =
-        |l: &mut B, f: &mut dyn FnMut(&mut B, Expr, Expr) -> Result<Stmt>| -> Result<Stmt> {
-            let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
-            let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
-            let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
-            Ok(Stmt::for_(
-                ii,
-                t.mr,
+    let sweep = |l: &mut Builder<'_>,
+                 f: &mut dyn FnMut(&mut Builder<'_>, Expr, Expr) -> Result<Stmt>|
+     -> Result<Stmt> {
+        let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
+        let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
+        let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
+        Ok(Stmt::for_(
+            ii,
+            t.mr,
+            LoopKind::Unrolled,
+            vec![Stmt::for_(
+                jv,
+                t.nr / t.lanes as u64,
                 LoopKind::Unrolled,
-                vec![Stmt::for_(
-                    jv,
-                    t.nr / t.lanes as u64,
-                    LoopKind::Unrolled,
-                    vec![inner],
-                )],
-            ))
-        };
+                vec![inner],
+            )],
+        ))
+    };
     let zero = sweep(l, &mut |_, ii, jj| {
         Ok(Stmt::Store {
             buf: acc,
@@ -339,7 +329,7 @@ fn tile_block<B: Builder>(
             )?;
             let st = Stmt::Store {
                 buf: p,
-                index: vec![crate::kernel::linear(kk, &kdims), jj],
+                index: vec![mlopt_kir::index::linear(kk, &kdims), jj],
                 value: v,
             };
             Ok(vec![Stmt::for_(
@@ -356,7 +346,7 @@ fn tile_block<B: Builder>(
         })?;
     }
     let update = nest(l, "k", &kv, |l, kk| {
-        let (at, kk) = (crate::kernel::linear(kk, &kdims), full(kk));
+        let (at, kk) = (mlopt_kir::index::linear(kk, &kdims), full(kk));
         Ok(vec![sweep(l, &mut |l, ii, jj| {
             let av = a(l, bi, &row(&ii), &kk)?;
             let bv = match panel {
