@@ -23,6 +23,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod attention;
+mod class;
 mod contraction;
 pub mod cpu;
 pub mod error;

@@ -19,25 +19,9 @@ use super::padded::{padded_index, padded_phases, Read};
 use super::tiler::{self, Builder, Tile};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
-use crate::window::{recognise, Axis, Window};
+use crate::window::Window;
 use mlopt_kir::index::delinear;
-use mlopt_kir::{Expr, Kernel, Stmt, Var};
-
-/// The window of contraction `c`'s column operand when it is a convolution's: K is the input channels
-/// then one tap per spatial axis (`window::recognise` checks the rest). None for a pointwise
-/// convolution, which is a plain contraction over the output positions.
-pub(crate) fn window(k: &mut Kernel, c: &Contraction) -> Option<Window> {
-    let loops: Vec<Var> = [&c.batch, &c.rows, &c.cols, &c.red]
-        .iter()
-        .flat_map(|l| l.iter().map(|(v, _)| *v))
-        .collect();
-    let taps = c.red.get(1..).filter(|t| !t.is_empty())?;
-    let pointwise = |axes: &[Axis]| {
-        taps.iter().all(|(_, e)| *e == 1) && axes.iter().all(|a| a.stride == 1 && a.pad == 0)
-    };
-    let w = recognise(k, &c.b, taps, &c.cols, &loops, &|axes| !pointwise(axes))?;
-    (!c.rows.iter().any(|(v, _)| w.input.uses(*v))).then_some(w)
-}
+use mlopt_kir::{Expr, Stmt, Var};
 
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
 /// the one store `store` (buffer, index, value).

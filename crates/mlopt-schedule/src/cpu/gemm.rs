@@ -4,26 +4,29 @@
 //! contraction is packed into column panels, weights of their own that replace it.
 
 use super::tiler::{self, Builder, Tile, TileKey};
-use crate::contraction::{recognise, store_at, Contraction};
+use crate::class::Class;
+use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
-use mlopt_kir::{BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight};
+use mlopt_kir::{BufId, Elem, Expr, Place, Program, Space, Stmt, Var, Weight};
 use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Tiles every contraction nest at the top of each kernel's body.
+/// Tiles every contraction, convolution and attention nest at the top of each kernel's body, by the
+/// classes of its nests (`classes[kernel][statement]`).
 pub(crate) fn tile(
     p: &mut Program,
+    classes: Vec<Vec<Class>>,
     target: &CpuTarget,
     mma: bool,
     tiles: &HashMap<TileKey, Tile>,
 ) -> Result<()> {
-    for ki in 0..p.kernels.len() {
+    for (ki, classes) in classes.into_iter().enumerate() {
         let loads = mlopt_kir::analysis::buffer_loads(&p.kernels[ki].body);
         let body = std::mem::take(&mut p.kernels[ki].body);
         let mut out = Vec::with_capacity(body.len());
-        for st in body {
-            match tile_nest(p, ki, &st, target, mma, tiles, &loads)? {
+        for (st, class) in body.into_iter().zip(classes) {
+            match tile_nest(p, ki, class, target, mma, tiles, &loads)? {
                 Some(tiled) => out.extend(tiled),
                 None => out.push(st),
             }
@@ -34,42 +37,30 @@ pub(crate) fn tile(
     Ok(())
 }
 
-/// The tiled form of `st` when it is a contraction nest with rows and columns.
+/// The tiled form of a nest of class `class`, when it is a contraction with rows and columns, a
+/// convolution or attention.
 #[allow(clippy::too_many_arguments)]
 fn tile_nest(
     p: &mut Program,
     ki: usize,
-    st: &Stmt,
+    class: Class,
     target: &CpuTarget,
     mma: bool,
     tiles: &HashMap<TileKey, Tile>,
     loads: &HashMap<BufId, usize>,
 ) -> Result<Option<Vec<Stmt>>> {
-    let mut prefix = Vec::new();
-    let mut cur = std::slice::from_ref(st);
-    while let [Stmt::For {
-        var,
-        extent,
-        kind: LoopKind::Serial,
-        body,
-    }] = cur
-    {
-        prefix.push((*var, *extent));
-        cur = body;
-    }
     let t_for = |m, n, k| tiler::tile_for(tiles, m, n, k, target.lanes());
-    if let Some(a) = crate::attention::recognise(&p.kernels[ki], &prefix, cur) {
-        return super::attention::tiled(
-            &mut Builder {
+    let (mut c, mut window) = match class {
+        Class::Attention(a) => {
+            let mut b = Builder {
                 k: &mut p.kernels[ki],
                 target,
-            },
-            &a,
-            &t_for,
-        );
-    }
-    let Some(mut c) = recognise(&p.kernels[ki], &prefix, cur) else {
-        return Ok(None);
+            };
+            return super::attention::tiled(&mut b, &a, &t_for);
+        }
+        Class::Contraction(c) => (c, None),
+        Class::Convolution(c, w) => (c, Some(w)),
+        Class::Other => return Ok(None),
     };
     // Loops of one iteration are index 0. One that only A reads is a row of one (a batch-1 model's
     // single token), so the contraction has rows; a vector times a matrix has none and is left to
@@ -86,6 +77,9 @@ fn tile_nest(
     }
     c.batch.retain(|(_, e)| *e != 1);
     for v in ones {
+        if let Some(w) = window.as_mut() {
+            w.input = w.input.subst(v, &Expr::int(0));
+        }
         c.a = c.a.subst(v, &Expr::int(0));
         c.b = c.b.subst(v, &Expr::int(0));
         c.epilogue = c
@@ -104,7 +98,7 @@ fn tile_nest(
             return Ok(Some(blocks));
         }
     }
-    if let Some(w) = super::conv::window(&mut p.kernels[ki], &c) {
+    if let Some(w) = window {
         let mut b = Builder {
             k: &mut p.kernels[ki],
             target,

@@ -16,6 +16,7 @@ mod winograd;
 pub use tiler::tile_key;
 pub use winograd::Winograd;
 
+use crate::class::Class;
 use crate::error::Result;
 use crate::Options;
 use mlopt_kir::Program;
@@ -23,8 +24,15 @@ use mlopt_target::CpuTarget;
 
 /// The CPU schedule of every kernel of `p` for `t`.
 pub fn schedule(mut p: Program, t: &CpuTarget, o: &Options) -> Result<Program> {
-    winograd::rewrite(&mut p, t, o)?;
-    gemm::tile(&mut p, t, mlopt_cost::tile::bf16_blocks_pay(t), &o.tiles)?;
+    let mut classes: Vec<Vec<Class>> = p.kernels.iter_mut().map(Class::of_kernel).collect();
+    winograd::rewrite(&mut p, &mut classes, t, o)?;
+    gemm::tile(
+        &mut p,
+        classes,
+        t,
+        mlopt_cost::tile::bf16_blocks_pay(t),
+        &o.tiles,
+    )?;
     padded::padded_windows(&mut p, t)?;
     for k in &mut p.kernels {
         k.drop_unused_locals();

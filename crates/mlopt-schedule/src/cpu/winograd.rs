@@ -21,7 +21,8 @@
 use super::layout::{bound_weight, drop_unbound_weights};
 use super::padded::padded_phases;
 use super::tiler::{nest, tile_for, Builder};
-use crate::contraction::{recognise, store_at, Contraction};
+use crate::class::Class;
+use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
 use crate::window::Window;
 use crate::Options;
@@ -113,49 +114,65 @@ impl std::str::FromStr for Winograd {
 }
 
 /// Rewrites every convolution nest of `p` that Winograd applies to, and pays for under `o.winograd`,
-/// into its transforms and GEMMs; the 3x3 weights are replaced by their transforms.
-pub fn rewrite(p: &mut Program, t: &CpuTarget, o: &Options) -> Result<()> {
+/// into its transforms and GEMMs (`classes[kernel][statement]` say which nests are convolutions, and
+/// get the new nests' classes); the 3x3 weights are replaced by their transforms.
+pub fn rewrite(
+    p: &mut Program,
+    classes: &mut [Vec<Class>],
+    t: &CpuTarget,
+    o: &Options,
+) -> Result<()> {
     if o.winograd == Winograd::Never {
         return Ok(());
     }
-    for ki in 0..p.kernels.len() {
+    for (ki, classes) in classes.iter_mut().enumerate() {
         let loads = buffer_loads(&p.kernels[ki].body);
         let body = std::mem::take(&mut p.kernels[ki].body);
         let mut out = Vec::with_capacity(body.len());
-        for st in body {
-            match conv3x3(p, ki, &st, t, o, &loads)? {
-                Some(stmts) => out.extend(stmts),
-                None => out.push(st),
+        let mut out_classes = Vec::with_capacity(body.len());
+        for (st, class) in body.into_iter().zip(std::mem::take(classes)) {
+            match conv3x3(p, ki, &class, t, o, &loads)? {
+                Some(stmts) => {
+                    for s in stmts {
+                        out_classes.push(Class::of(&mut p.kernels[ki], &s));
+                        out.push(s);
+                    }
+                }
+                None => {
+                    out.push(st);
+                    out_classes.push(class);
+                }
             }
         }
         p.kernels[ki].body = out;
+        *classes = out_classes;
     }
     drop_unbound_weights(p);
     Ok(())
 }
 
-/// A 3x3, stride-1, pad-1 convolution recognised in a nest: its contraction, window, weight buffer,
-/// the loops over images and the sizes.
-struct Conv3x3 {
-    c: Contraction,
-    w: Window,
+/// A 3x3, stride-1, pad-1 convolution: its contraction, window, weight buffer, the loops over images
+/// and the sizes.
+struct Conv3x3<'c> {
+    c: &'c Contraction,
+    w: &'c Window,
     weight: BufId,
     images: Vec<(Var, u64)>,
     /// Images, input channels, output height and width, output channels.
     sizes: (u64, u64, u64, u64, u64),
 }
 
-/// The Winograd form of nest `st` of kernel `ki`, when it is a convolution Winograd applies to and
-/// pays for; None otherwise (the nest is left as it is).
+/// The Winograd form of a nest of class `class` in kernel `ki`, when it is a convolution Winograd
+/// applies to and pays for; None otherwise (the nest is left as it is).
 fn conv3x3(
     p: &mut Program,
     ki: usize,
-    st: &Stmt,
+    class: &Class,
     t: &CpuTarget,
     o: &Options,
     loads: &HashMap<BufId, usize>,
 ) -> Result<Option<Vec<Stmt>>> {
-    let Some(conv) = recognise_conv(p, ki, st, loads) else {
+    let Some(conv) = shape(class, loads) else {
         return Ok(None);
     };
     let (_, ch, h, wd, m) = conv.sizes;
@@ -197,35 +214,18 @@ fn conv3x3(
     winograd(&mut b, &conv).map(Some)
 }
 
-/// The convolution in `st`, when it has Winograd's shape: one image loop or none besides the window's
-/// output positions, one row loop (the output channels), K the input channels by a 3x3 window of
-/// stride 1, dilation 1 and padding 1 on both axes, and the operand the contraction's rows read a
-/// constant `W[m, c, kh, kw]` read nowhere else.
-fn recognise_conv(
-    p: &mut Program,
-    ki: usize,
-    st: &Stmt,
-    loads: &HashMap<BufId, usize>,
-) -> Option<Conv3x3> {
-    let mut prefix = Vec::new();
-    let mut cur = std::slice::from_ref(st);
-    while let [Stmt::For {
-        var,
-        extent,
-        kind: LoopKind::Serial,
-        body,
-    }] = cur
-    {
-        prefix.push((*var, *extent));
-        cur = body;
-    }
-    let c = recognise(&p.kernels[ki], &prefix, cur)?;
+/// The convolution of class `class` when it has Winograd's shape: one row loop (the output channels),
+/// K the input channels by a 3x3 window of stride 1, dilation 1 and padding 1 on both axes, the output
+/// as large as the input, and the operand the rows read a constant `W[m, c, kh, kw]` read nowhere else.
+fn shape<'c>(class: &'c Class, loads: &HashMap<BufId, usize>) -> Option<Conv3x3<'c>> {
+    let Class::Convolution(c, w) = class else {
+        return None;
+    };
     let [(row, m)] = c.rows[..] else { return None };
     let [(ci, ch), (kh, 3), (kw, 3)] = c.red[..] else {
         return None;
     };
     c.store()?;
-    let w = super::conv::window(&mut p.kernels[ki], &c)?;
     let same = |a: &crate::window::Axis| {
         a.stride == 1 && a.dilation == 1 && a.pad == 1 && a.guarded && a.len == a.outs as i64
     };

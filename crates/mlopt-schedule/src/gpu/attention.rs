@@ -26,7 +26,7 @@
 
 use super::gemm::{guarded, int, narrow, tile_position, walk_first};
 use super::{delinear, lt, GpuSchedule};
-use crate::attention::recognise;
+use crate::attention::Attention;
 use crate::error::Result;
 use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 
@@ -56,13 +56,9 @@ fn shared_bytes(t: Elem, bm: u64, bn: u64, d: u64, dv: u64) -> u64 {
 /// operands allow it; None leaves it to the other schedules.
 pub(crate) fn attention(
     k: &mut Kernel,
-    prefix: &[(Var, u64)],
-    inner: &[Stmt],
+    a: &Attention,
     s: &GpuSchedule,
 ) -> Result<Option<Vec<Stmt>>> {
-    let Some(a) = recognise(k, prefix, inner) else {
-        return Ok(None);
-    };
     // bf16/f16 operands as they are, or f32 read as tf32 where the precision allows.
     let sixteen = [Elem::BF16, Elem::F16].into_iter().find_map(|t| {
         Some((

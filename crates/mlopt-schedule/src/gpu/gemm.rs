@@ -26,7 +26,7 @@
 //! operands' traffic, within the limits on threads, shared memory and registers.
 
 use super::{delinear, lt, subst_all, GpuSchedule};
-use crate::contraction::{recognise, Contraction};
+use crate::contraction::Contraction;
 use crate::error::Result;
 use mlopt_cost::gpu_tile::{self, Tile};
 use mlopt_kir::analysis::{coefficient, flat_index, for_each_load, offset};
@@ -297,15 +297,7 @@ pub(crate) fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
 
 /// Schedules the launch as a tiled GEMM when `inner` is a contraction big enough to tile; returns the
 /// new body, or None to leave it to the other schedules.
-pub(crate) fn gemm(
-    k: &mut Kernel,
-    prefix: &[(Var, u64)],
-    inner: &[Stmt],
-    s: &GpuSchedule,
-) -> Result<Option<Vec<Stmt>>> {
-    let Some(c) = recognise(k, prefix, inner) else {
-        return Ok(None);
-    };
+pub(crate) fn gemm(k: &mut Kernel, c: &Contraction, s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
     let (m, n, kk) = (
         Contraction::extent(&c.rows),
         Contraction::extent(&c.cols),
@@ -348,7 +340,7 @@ pub(crate) fn gemm(
                 async_load(k, &a, elem, &c.red, &all, bm, bk, threads),
                 async_load(k, &b, elem, &c.cols, &all, bk, bn, threads),
             ];
-            if let Some(time) = estimate(&c, t, e, elem, &copies, s) {
+            if let Some(time) = estimate(c, t, e, elem, &copies, s) {
                 if best.as_ref().is_none_or(|x| time < x.0) {
                     best = Some((time, (e, elem, a.clone(), b.clone(), *t, copies)));
                 }
@@ -359,7 +351,7 @@ pub(crate) fn gemm(
         return Ok(None);
     };
     let planned = registers(&t, e, &copies) + s.register_margin;
-    Ok(Some(build(k, &c, e, elem, &a, &b, &t, &copies, planned)))
+    Ok(Some(build(k, c, e, elem, &a, &b, &t, &copies, planned)))
 }
 
 /// Writes the tiled GEMM (see the module comment).
@@ -765,7 +757,7 @@ fn build(
 
 #[cfg(test)]
 mod tests {
-    use crate::gpu::{schedule_kernel, GpuSchedule};
+    use crate::gpu::{schedule_nest, GpuSchedule};
     use mlopt_kir::{parse_kernel, run_kernel, Elem, GpuEngine, Kernel, ScheduleStep};
 
     /// out[h, i, j] = max(sum_r a[h, i, r] b[h, r, j] + 1, 0), as lowering writes it.
@@ -854,7 +846,7 @@ mod tests {
                 ..crate::gpu::sm80()
             };
             let mut tiled = plain.clone();
-            schedule_kernel(&mut tiled, &s).unwrap();
+            schedule_nest(&mut tiled, &s).unwrap();
             mlopt_kir::verify(&tiled)
                 .unwrap_or_else(|e| panic!("{e:?}\n{}", mlopt_kir::print::kernel(&tiled)));
             let what = mlopt_kir::step::schedule_text(&tiled.schedule);
@@ -888,7 +880,7 @@ mod tests {
     fn tile_sizes_follow_the_problem() {
         for (m, n, k, tile) in [(8, 64, 64, [16, 32, 32]), (4096, 4096, 4096, [128, 64, 32])] {
             let mut tiled = matmul(1, m, n, k, Elem::BF16);
-            schedule_kernel(&mut tiled, &crate::gpu::sm80()).unwrap();
+            schedule_nest(&mut tiled, &crate::gpu::sm80()).unwrap();
             let what = mlopt_kir::step::schedule_text(&tiled.schedule);
             assert_eq!(
                 gemm(&tiled).map(|(_, t)| t),
@@ -896,5 +888,38 @@ mod tests {
                 "{m}x{n}x{k}: {what}"
             );
         }
+    }
+
+    /// A GEMM whose epilogue stores through a layout tail (a projection transposed into heads, as
+    /// lowering writes it) is still a tiled GEMM: the class comes from the whole nest, not from the
+    /// loops whose stores move by one (those once left it on one thread of one block).
+    #[test]
+    fn a_gemm_storing_through_a_layout_tail_is_tiled() {
+        let plain = mlopt_kir::parse_kernel(
+            "kernel @heads(%out0: f32[1,2,8,30], %w: f32[24,16], %x: f32[1,30,24]) {
+  local %acc: f32[]
+  serial %i in 0..30 {
+    serial %j in 0..16 {
+      %acc[] = 0.0f32
+      serial %r in 0..24 {
+        %acc[] = fma(%x[0, %i, %r], %w[%r, %j], %acc[])
+      }
+      %out0[0, (((30 * %j) + %i) / 240), (%j % 8), %i] = %acc[]
+    }
+  }
+}
+",
+        )
+        .unwrap();
+        let mut tiled = plain.clone();
+        schedule_nest(&mut tiled, &crate::gpu::sm80()).unwrap();
+        assert_eq!(gemm(&tiled).map(|(e, _)| e), Some(GpuEngine::Simt));
+        let value = |i: u64| ((i * 37 % 101) as f32 - 50.0) / 32.0;
+        let w: Vec<u8> = (0..24 * 16).flat_map(|i| value(i).to_le_bytes()).collect();
+        let x: Vec<u8> = (0..30 * 24)
+            .flat_map(|i| value(i + 7).to_le_bytes())
+            .collect();
+        let regions = vec![vec![0u8; 480 * 4], w, x];
+        assert_eq!(run(&plain, &regions), run(&tiled, &regions));
     }
 }

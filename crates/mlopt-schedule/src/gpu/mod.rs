@@ -23,6 +23,7 @@
 mod attention;
 pub(crate) mod gemm;
 
+use crate::class::Class;
 use crate::error::{Result, ScheduleError};
 use mlopt_kir::analysis::{
     buffer_uses, coefficient, flat_index, moves_with, multiple_of, non_negative, private_in,
@@ -124,7 +125,8 @@ fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
                 kernel.bufs[b.0 as usize].space = Space::Global;
             }
             let (mut kernel, args) = drop_unused(kernel, &step.args, &order, &scratch)?;
-            schedule_kernel(&mut kernel, s)?;
+            let class = launch_class(&mut kernel);
+            schedule_kernel(&mut kernel, class, s)?;
             // A check reads its flag once the last launch has written it.
             out.steps.push(Step {
                 kernel: out.kernels.len(),
@@ -155,6 +157,15 @@ fn split(k: &Kernel) -> Vec<Vec<Stmt>> {
         None => {}
     }
     out
+}
+
+/// The class of a launch's nest, recognised once: a launch of one nest has that nest's class; one
+/// that also holds statements before or after it is scheduled as it is.
+fn launch_class(k: &mut Kernel) -> Class {
+    match Class::of_kernel(k).pop() {
+        Some(c) if k.body.len() == 1 => c,
+        _ => Class::Other,
+    }
 }
 
 /// The kernel without the buffers its body does not use, and the arguments of its parameters: the
@@ -284,7 +295,7 @@ fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
 }
 
 /// Schedules one launch's body (a kernel of plain loops) for the GPU.
-pub(crate) fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
+pub(crate) fn schedule_kernel(k: &mut Kernel, class: Class, s: &GpuSchedule) -> Result<()> {
     if k.body.is_empty() {
         return Ok(());
     }
@@ -298,11 +309,12 @@ pub(crate) fn schedule_kernel(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
         k.schedule.push(mlopt_kir::ScheduleStep::GpuEmpty);
         return Ok(());
     }
-    if let Some(stmts) = gemm::gemm(k, &prefix, &inner, s)? {
-        k.body = stmts;
-        return Ok(());
-    }
-    if let Some(stmts) = attention::attention(k, &prefix, &inner, s)? {
+    let planned = match &class {
+        Class::Contraction(c) | Class::Convolution(c, _) => gemm::gemm(k, c, s)?,
+        Class::Attention(a) => attention::attention(k, a, s)?,
+        Class::Other => None,
+    };
+    if let Some(stmts) = planned {
         k.body = stmts;
         return Ok(());
     }
@@ -983,6 +995,13 @@ fn cooperative(k: &mut Kernel, prefix: &[(Var, u64)], body: &[Stmt]) -> Result<O
     )]))
 }
 
+/// Schedules a kernel of one nest, classified first (for tests).
+#[cfg(test)]
+pub(crate) fn schedule_nest(k: &mut Kernel, s: &GpuSchedule) -> Result<()> {
+    let class = launch_class(k);
+    schedule_kernel(k, class, s)
+}
+
 /// The A100 (sm_80) in fp32, for tests.
 #[cfg(test)]
 pub(crate) fn sm80() -> GpuSchedule<'static> {
@@ -996,7 +1015,7 @@ pub(crate) fn sm80() -> GpuSchedule<'static> {
 
 #[cfg(test)]
 mod tests {
-    use super::{schedule_kernel, sm80};
+    use super::{schedule_nest, sm80};
     use mlopt_kir::{parse_kernel, run_kernel, ScheduleStep};
 
     /// Elementwise kernels as lowering writes them: the schedule each gets (vector<w> where every global
@@ -1036,7 +1055,7 @@ mod tests {
             let plain = parse_kernel(&format!("kernel @k({params}) {{\n{body}\n}}\n"))
                 .unwrap_or_else(|e| panic!("{name}: {e:?}"));
             let mut gpu = plain.clone();
-            schedule_kernel(&mut gpu, &sm80()).unwrap();
+            schedule_nest(&mut gpu, &sm80()).unwrap();
             mlopt_kir::verify(&gpu)
                 .unwrap_or_else(|e| panic!("{name}: {e:?}\n{}", mlopt_kir::print::kernel(&gpu)));
             let what = mlopt_kir::step::schedule_text(&gpu.schedule);
