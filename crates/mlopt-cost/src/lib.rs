@@ -9,16 +9,15 @@
 
 pub mod error;
 pub mod gpu_tile;
+pub mod kernel;
 pub mod roofline;
 pub mod tile;
 pub mod winograd;
 
 pub use error::{CostError, Result};
+pub use kernel::{class_rate, gather_rate, priced, Mix, ScheduleClass};
 pub use mlopt_target::MatrixPrecision;
-pub use roofline::{
-    class_rate, estimate, gather_rate, op_work, op_work_on, priced, standalone, Bound, Cost,
-    Estimate, Mix, ScheduleClass, Work,
-};
+pub use roofline::{estimate, op_work, op_work_on, standalone, Bound, Cost, Estimate, Work};
 
 #[cfg(test)]
 mod tests {

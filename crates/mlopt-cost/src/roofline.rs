@@ -104,7 +104,7 @@ pub enum Bound {
 
 impl fmt::Display for Bound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Bound::Compute => "compute",
             Bound::Memory => "memory",
         })
@@ -133,95 +133,6 @@ pub fn estimate(w: &Work, t: &Target) -> Estimate {
     for (p, f) in precisions.iter().zip(w.matrix_flops) {
         compute_s += f / t.matrix_peak(*p);
     }
-    let memory_s = w.bytes / t.roof().dram_bw;
-    let bound = if compute_s >= memory_s {
-        Bound::Compute
-    } else {
-        Bound::Memory
-    };
-    Estimate {
-        compute_s,
-        memory_s,
-        time: Cost::secs(compute_s.max(memory_s) + t.roof().launch_s),
-        bound,
-    }
-}
-
-/// How a CPU kernel's loops were scheduled, as the profiler and the priced estimate see it: `Tiled` (a
-/// register-tiled contraction, a matrix unit's blocks or Winograd), `Vector` (some loop runs on vector
-/// lanes) or `Scalar` (no loop is vectorised: every element goes through the scalar unit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ScheduleClass {
-    Tiled,
-    Vector,
-    Scalar,
-}
-
-impl fmt::Display for ScheduleClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ScheduleClass::Tiled => "tiled",
-            ScheduleClass::Vector => "vector",
-            ScheduleClass::Scalar => "scalar",
-        })
-    }
-}
-
-/// Of a CPU's vector FMA peak, what arithmetic reaches by how it runs: in a register tile (or a matrix
-/// unit's blocks) the peak; in a vector loop without register tiling, which reloads its accumulators and
-/// operands each step, about half; in a vector loop that gathers (a load strides along the vector: one
-/// element per lane per instruction), one lane's worth, 1/lanes; in a scalar nest, one lane whose single
-/// accumulator waits out the FMA latency (4 cycles) between steps, 1/(4 lanes). Measured on Zen 4:
-/// SqueezeNet's scalar convolutions run at 2.0 GFLOP/s of a 116 GFLOP/s peak (1/58), ViT's attention,
-/// whose products gather the transposed keys, at 6 (1/19).
-pub fn class_rate(t: &Target, class: ScheduleClass) -> f64 {
-    let lanes = lanes(t);
-    match class {
-        ScheduleClass::Tiled => 1.0,
-        ScheduleClass::Vector => 0.5,
-        ScheduleClass::Scalar => 1.0 / (lanes * 4.0),
-    }
-}
-
-/// The rate of gathering vector loops, as a fraction of the fp32 peak (see `class_rate`).
-pub fn gather_rate(t: &Target) -> f64 {
-    1.0 / lanes(t)
-}
-
-/// A CPU's f32 vector lanes (a GPU's kernels are priced by the plain roofline: 1).
-fn lanes(t: &Target) -> f64 {
-    t.cpu().map_or(1.0, |c| f64::from(c.lanes()))
-}
-
-/// The rate of a register tile whose vector loads stride (a stride-2 convolution reads every other
-/// input column): the tile still reuses each load across its rows, so it reaches about 1/6 of the peak
-/// (measured on Zen 4: YOLO's and GoogLeNet's stride-2 convolutions at 18-26 GFLOP/s of 116).
-pub const TILED_GATHER_RATE: f64 = 1.0 / 6.0;
-
-/// How a kernel's arithmetic runs, as shares of it (they add up to 1; see `mlopt_kir::analysis::arithmetic`).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Mix {
-    pub tiled: f64,
-    pub tiled_gather: f64,
-    pub vector: f64,
-    pub gather: f64,
-    pub scalar: f64,
-}
-
-/// The roofline estimate of a kernel doing `w` on `t` as it was actually scheduled: each share of its
-/// arithmetic (`mix`) at its rate (`class_rate`, `gather_rate`); matrix units count only for the tiled
-/// share. GPU kernels are priced by `estimate`.
-pub fn priced(w: &Work, t: &Target, mix: Mix) -> Estimate {
-    if t.is_gpu() {
-        return estimate(w, t);
-    }
-    let peak = estimate(w, t).compute_s;
-    let untiled = w.flops() / t.roof().fp32;
-    let compute_s = mix.tiled * peak
-        + mix.tiled_gather * untiled / TILED_GATHER_RATE
-        + mix.vector * untiled / class_rate(t, ScheduleClass::Vector)
-        + mix.gather * untiled / gather_rate(t)
-        + mix.scalar * untiled / class_rate(t, ScheduleClass::Scalar);
     let memory_s = w.bytes / t.roof().dram_bw;
     let bound = if compute_s >= memory_s {
         Bound::Compute

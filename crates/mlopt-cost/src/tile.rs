@@ -1,6 +1,11 @@
 //! The CPU register-tile micro-model: which `mr` x `nr` tile a register-tiled contraction (MatMul, Gemm,
-//! implicit-GEMM convolution) uses, by estimated cycles. Lowering asks it (`mlopt-lower/src/contract.rs`)
-//! and `--tune` measures its best candidates; it is the one kernel-level model of CPU contractions.
+//! implicit-GEMM convolution) uses, by its estimated time on the target (cycles of a core at its clock,
+//! with the target's lanes and vector registers); where its reduction runs in blocks so a panel of B
+//! stays in the target's L2 (`k_block`); and whether bf16 contractions pay on the matrix unit. The
+//! schedule asks it (`mlopt-schedule/src/cpu/`) and `--tune` measures its best candidates; it is the one
+//! kernel-level model of CPU contractions.
+
+use mlopt_target::CpuTarget;
 
 /// Register tile: `mr` rows by `nr` columns, `nr` a multiple of `lanes`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -14,11 +19,11 @@ pub struct Tile {
 /// the widest lanes that fit in N, `mr` rows such that mr x nv accumulators + nv B vectors + 1 broadcast
 /// fit in the vector registers. N need not be a multiple of anything: the columns past the last full tile
 /// run as tail tiles (`blocks`), and an N below 8 is one vector of N lanes.
-fn fitting(m: u64, n: u64, lanes: u32) -> Vec<Tile> {
+fn fitting(target: &CpuTarget, m: u64, n: u64) -> Vec<Tile> {
     if n == 0 {
         return vec![];
     }
-    let regs = if lanes >= 16 { 32 } else { 16 };
+    let (lanes, regs) = (target.lanes(), u64::from(target.vector_registers()));
     let mut v = Vec::new();
     if n < 8 {
         for mr in 1..=8u64.min(m.max(1)) {
@@ -50,12 +55,18 @@ fn fitting(m: u64, n: u64, lanes: u32) -> Vec<Tile> {
     v
 }
 
-/// The micro-kernel cost model: estimated cycles of an M x N x K contraction tiled by `t`, tails included.
+/// The micro-kernel cost model: the estimated seconds of an M x N x K contraction tiled by `t` on one
+/// core of `target`, tails included (`cycles` at the target's clock).
+pub fn seconds(target: &CpuTarget, t: Tile, m: u64, n: u64, k: u64) -> f64 {
+    target.cycles(cycles(t, m, n, k))
+}
+
+/// The estimated cycles of an M x N x K contraction tiled by `t`, tails included.
 /// Per step of k, a tile of mr rows and nv vectors issues mr x nv FMAs (two ports), nv B loads and mr A
 /// broadcasts (two load ports), and every accumulator is a dependency chain of the FMA latency (4
 /// cycles), so a step takes max(mr nv / 2, (mr + nv) / 2, 4) cycles; storing a tile costs mr x nv.
 /// Tiles that do not divide M or N leave tail tiles (`blocks`, `tiled`), costed the same way.
-pub fn estimate(t: Tile, m: u64, n: u64, k: u64) -> f64 {
+fn cycles(t: Tile, m: u64, n: u64, k: u64) -> f64 {
     let tile = |mr: u64, nv: u64| -> f64 {
         let (mr, nv) = (mr as f64, nv as f64);
         k as f64 * (mr * nv / 2.0).max((mr + nv) / 2.0).max(4.0) + mr * nv
@@ -72,21 +83,21 @@ pub fn estimate(t: Tile, m: u64, n: u64, k: u64) -> f64 {
     cycles
 }
 
-/// The tile the cost model rates fastest for an M x N x K contraction, or None. Among tiles it rates
-/// equal (all FMA-bound), the one with more vectors per row, then more rows: fewer loads per FMA, and the
-/// 6 x 64 AVX-512 tile measured fastest here (119 GFLOP/s on GEMM 1024^3).
-pub fn pick(m: u64, n: u64, k: u64, lanes: u32) -> Option<Tile> {
-    candidates(m, n, k, lanes).into_iter().next()
+/// The tile the cost model rates fastest for an M x N x K contraction on `target`, or None. Among
+/// tiles it rates equal (all FMA-bound), the one with more vectors per row, then more rows: fewer loads
+/// per FMA, and the 6 x 64 AVX-512 tile measured fastest here (119 GFLOP/s on GEMM 1024^3).
+pub fn pick(target: &CpuTarget, m: u64, n: u64, k: u64) -> Option<Tile> {
+    candidates(target, m, n, k).into_iter().next()
 }
 
 /// What a tile choice depends on: output rows, output columns, reduction length, vector lanes.
 pub type TileKey = (u64, u64, u64, u32);
 
 /// The tiles `--tune` measures for a contraction: the six the cost model rates best, best first.
-pub fn candidates(m: u64, n: u64, k: u64, lanes: u32) -> Vec<Tile> {
-    let mut v: Vec<(f64, Tile)> = fitting(m, n, lanes)
+pub fn candidates(target: &CpuTarget, m: u64, n: u64, k: u64) -> Vec<Tile> {
+    let mut v: Vec<(f64, Tile)> = fitting(target, m, n)
         .into_iter()
-        .map(|t| (estimate(t, m, n, k), t))
+        .map(|t| (seconds(target, t, m, n, k), t))
         .collect();
     v.sort_by(|a, b| {
         a.0.total_cmp(&b.0)
@@ -140,6 +151,24 @@ pub fn blocks(n: u64, t: Tile) -> Vec<(u64, u64, Tile)> {
     v
 }
 
+/// The block of the first reduction axis when a panel of B (K x nr floats) would not fit in half of
+/// the target's L2: the largest divisor of `k[0]` whose block does, with at least 64 rows of B per
+/// block. None when the panel fits, or no divisor gives such a block.
+pub fn k_block(target: &CpuTarget, k: &[u64], nr: u64) -> Option<u64> {
+    let l2 = target.l2_bytes;
+    let (&k0, rest) = k.split_first()?;
+    let rest: u64 = rest.iter().product::<u64>().max(1);
+    let row = rest * nr * 4;
+    if k0.saturating_mul(row) <= l2 / 2 {
+        return None;
+    }
+    let fit = (l2 / 2) / row.max(1);
+    (1..=fit.min(k0))
+        .rev()
+        .find(|d| k0 % d == 0)
+        .filter(|d| d * rest >= 64)
+}
+
 /// Whether bf16 contractions by constant weights run faster as `mma` blocks on `t`'s matrix unit (AMX
 /// tiles or `vdpbf16ps`) than as fp32 register tiles: only where its bf16 peak beats the fp32 FMAs
 /// (`vdpbf16ps` does not on every CPU that has it: calibration measured half the FMA rate on some).
@@ -170,20 +199,29 @@ mod tests {
     #[test]
     fn the_cost_model_picks_tiles() {
         for ((m, n, k, lanes), want) in PICKS {
-            let got = pick(*m, *n, *k, *lanes).map(|t| (t.mr, t.nr));
+            let got = pick(&cpu(*lanes), *m, *n, *k).map(|t| (t.mr, t.nr));
             assert_eq!(got, *want, "{m}x{n}x{k} with {lanes} lanes");
+        }
+    }
+
+    /// An AVX-512 (16 lanes) or AVX2 (8 lanes) core.
+    fn cpu(lanes: u32) -> CpuTarget {
+        match lanes {
+            16 => mlopt_target::cpu::x86_64_v4(1),
+            _ => mlopt_target::cpu::x86_64_v3(1),
         }
     }
 
     #[test]
     fn tails_and_latency_cost_cycles() {
         let t = |mr, nr| Tile { mr, nr, lanes: 16 };
+        let estimate = |t, m, n, k| seconds(&cpu(16), t, m, n, k);
         // A 1-row tail tile is latency-bound: 7 rows as 6 + 1 cost more than one 7-row tile.
         assert!(estimate(t(6, 48), 7, 48, 100) > estimate(t(7, 48), 7, 48, 100));
         // Too few accumulators to hide the FMA latency: 1x16 is 4 cycles per k step for 1 FMA.
         assert!(estimate(t(1, 16), 64, 64, 64) > 3.0 * estimate(t(4, 64), 64, 64, 64));
         // Every candidate fits the 32 zmm registers.
-        for c in candidates(1024, 1024, 1024, 16) {
+        for c in candidates(&cpu(16), 1024, 1024, 1024) {
             assert!(c.mr * (c.nr / 16) + c.nr / 16 < 32, "{c:?}");
         }
     }

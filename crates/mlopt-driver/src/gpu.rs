@@ -7,7 +7,7 @@
 use crate::pipeline::{DriverError, Result};
 use mlopt_kir::Program;
 use mlopt_llvm::{c_name, PtxOutput};
-use mlopt_target::GpuTarget;
+use mlopt_target::{GpuTarget, MatrixPrecision};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,7 +33,7 @@ pub struct KernelReport {
     /// The roofline time on the target: max(flops / peak, bytes / DRAM bandwidth), the peak being the
     /// tensor cores' for an `mma.sync` kernel and SIMT fp32 otherwise.
     pub roofline_s: f64,
-    pub bound: &'static str,
+    pub bound: mlopt_cost::Bound,
     /// None when no ptxas was found.
     pub ptxas: Option<Ptxas>,
     /// Resident warps per SM over the most there can be, from the block size, registers and shared memory.
@@ -143,21 +143,6 @@ fn parse_ptxas(text: &str) -> Vec<(String, Ptxas)> {
     out
 }
 
-/// Resident warps per SM / the most warps an SM holds: limited by threads, blocks, registers (allocated
-/// per warp in units of 256) and shared memory.
-pub fn occupancy(t: &GpuTarget, block: u64, regs: u32, smem: u64) -> f64 {
-    let max_warps = (t.threads_per_sm / 32).max(1) as u64;
-    let warps = block.div_ceil(32).max(1);
-    let regs_per_warp = (regs.max(1) as u64 * 32).div_ceil(256) * 256;
-    let by_threads = max_warps / warps;
-    let by_regs = (t.regs_per_sm as u64 / regs_per_warp) / warps;
-    let by_smem = u64::from(t.smem_per_sm)
-        .checked_div(smem)
-        .unwrap_or(u64::MAX);
-    let blocks = by_threads.min(by_regs).min(by_smem).min(32);
-    (blocks * warps) as f64 / max_warps as f64
-}
-
 /// A tile's registers, as its schedule plans them (the `gpu.gemm` step's `N registers planned`).
 pub fn planned_registers(schedule: &[mlopt_kir::ScheduleStep]) -> Option<u32> {
     schedule.iter().find_map(|s| match s {
@@ -201,18 +186,17 @@ pub(crate) fn package(
             let launch = mlopt_kir::gpu::launch(k)?;
             let (flops, bytes) = mlopt_kir::gpu::work(k);
             // Tensor-core kernels run at the matrix peak of their input type.
-            let peak = match mlopt_kir::gpu::matrix_input(k) {
-                Some(mlopt_kir::Elem::BF16) => target.bf16,
-                Some(mlopt_kir::Elem::F16) => target.f16,
-                Some(_) => target.tf32,
-                None => target.roof.fp32,
-            };
-            let (compute, memory) = (flops as f64 / peak, bytes as f64 / target.roof.dram_bw);
+            let matrix = mlopt_kir::gpu::matrix_input(k).map(|e| match e {
+                mlopt_kir::Elem::BF16 => MatrixPrecision::Bf16,
+                mlopt_kir::Elem::F16 => MatrixPrecision::F16,
+                _ => MatrixPrecision::Tf32,
+            });
+            let roofline = mlopt_cost::kernel::launch(target, flops as f64, bytes as f64, matrix);
             let ptxas = figures
                 .as_ref()
                 .and_then(|f| f.iter().find(|(n, _)| *n == k.name).map(|(_, p)| p.clone()));
             let occupancy = ptxas.as_ref().map(|p| {
-                occupancy(
+                mlopt_cost::kernel::occupancy(
                     target,
                     launch.block,
                     p.registers,
@@ -225,12 +209,8 @@ pub(crate) fn package(
                 launch,
                 flops,
                 bytes,
-                roofline_s: compute.max(memory),
-                bound: if compute > memory {
-                    "compute"
-                } else {
-                    "memory"
-                },
+                roofline_s: roofline.time.as_secs(),
+                bound: roofline.bound,
                 ptxas,
                 occupancy,
             })
@@ -419,23 +399,4 @@ pub fn c_header(p: &Program, t: &GpuTarget) -> String {
         "#ifdef __cplusplus\n}}\n#endif\n\n#endif /* MLOPT_{up}_H */"
     );
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Occupancy is limited by whichever runs out first: threads, registers or shared memory (the
-    /// target's shared memory per SM is in bytes).
-    #[test]
-    fn occupancy_counts_each_limit() {
-        let t = mlopt_target::gpu::sm_80();
-        let warps = (t.threads_per_sm / 32) as f64;
-        assert_eq!(occupancy(&t, 128, 32, 0), 1.0);
-        // 128 registers a thread: 65536 / (128 x 32 x 4 warps) = 4 blocks of 4 warps.
-        assert_eq!(occupancy(&t, 128, 128, 0), 16.0 / warps);
-        // 48 KiB of shared memory a block: as many blocks as fit in the SM's shared memory.
-        let blocks = (u64::from(t.smem_per_sm) / (48 * 1024)) as f64;
-        assert_eq!(occupancy(&t, 128, 32, 48 * 1024), blocks * 4.0 / warps);
-    }
 }

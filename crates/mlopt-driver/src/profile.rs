@@ -4,7 +4,7 @@
 
 use crate::pipeline::{Compiled, DriverError, Result};
 use mlopt_cost::{roofline, Bound, Mix, ScheduleClass, Work};
-use mlopt_kir::{Kernel, LoopKind, Stmt};
+use mlopt_kir::Kernel;
 use mlopt_runtime::Loaded;
 use std::fmt::Write;
 
@@ -60,42 +60,6 @@ impl KernelRecord {
     }
 }
 
-/// The schedule class of a CPU kernel, read off its loops: `Tiled` when it has matrix-unit blocks or a
-/// register tile (unrolled loops around or inside a vector loop), `Vector` when any loop is vectorised,
-/// `Scalar` otherwise.
-pub fn schedule_class(k: &Kernel) -> ScheduleClass {
-    #[derive(Default)]
-    struct Seen {
-        vector: bool,
-        tiled: bool,
-    }
-    fn walk(body: &[Stmt], in_vector: bool, in_unrolled: bool, seen: &mut Seen) {
-        for s in body {
-            match s {
-                Stmt::For { kind, body, .. } => {
-                    let v = in_vector || matches!(kind, LoopKind::Vector(_));
-                    let u = in_unrolled || matches!(kind, LoopKind::Unrolled);
-                    seen.vector |= v;
-                    seen.tiled |= v && u;
-                    walk(body, v, u, seen);
-                }
-                Stmt::If { then, .. } => walk(then, in_vector, in_unrolled, seen),
-                Stmt::Mma { .. } | Stmt::WarpMma { .. } => seen.tiled = true,
-                _ => {}
-            }
-        }
-    }
-    let mut seen = Seen::default();
-    walk(&k.body, false, false, &mut seen);
-    if seen.tiled {
-        ScheduleClass::Tiled
-    } else if seen.vector {
-        ScheduleClass::Vector
-    } else {
-        ScheduleClass::Scalar
-    }
-}
-
 /// A whole profiled run: the median of the timed runs and every kernel's mean.
 #[derive(Debug, Clone)]
 pub struct Profile {
@@ -113,6 +77,13 @@ impl Profile {
     }
 }
 
+/// How a kernel's work runs, by the kernel IR's count of it (`mlopt_kir::analysis::arithmetic`): what
+/// the cost model prices and classes it by.
+pub fn mix(k: &Kernel) -> Mix {
+    let a = mlopt_kir::analysis::arithmetic(k);
+    Mix::of(a.tiled, a.tiled_gather, a.vector, a.gather, a.scalar)
+}
+
 impl Compiled {
     /// One record per step, in call order, with the cost model's figures (no measurement).
     pub fn kernel_records(&self) -> Vec<KernelRecord> {
@@ -124,7 +95,8 @@ impl Compiled {
             .iter()
             .map(|step| {
                 let k = &self.program.kernels[step.kernel];
-                let class = schedule_class(k);
+                let mix = mix(k);
+                let class = mix.class();
                 let graph_kernel = k.name.strip_prefix('k').and_then(|n| n.parse::<u32>().ok());
                 let (ops, nodes, work) = match graph_kernel
                     .and_then(|id| Some((id, self.optimized.plan.kernels.get(id as usize)?)))
@@ -166,23 +138,7 @@ impl Compiled {
                         )
                     }
                 };
-                let a = mlopt_kir::analysis::arithmetic(k);
-                let n = a.total();
-                let mix = if n > 0.0 {
-                    Mix {
-                        tiled: a.tiled / n,
-                        tiled_gather: a.tiled_gather / n,
-                        vector: a.vector / n,
-                        gather: a.gather / n,
-                        scalar: a.scalar / n,
-                    }
-                } else {
-                    Mix {
-                        vector: 1.0,
-                        ..Mix::default()
-                    }
-                };
-                let e = roofline::priced(&work, target, mix);
+                let e = mlopt_cost::priced(&work, target, mix);
                 let peak = roofline::estimate(&work, target);
                 let output = k.params().first().map(|b| {
                     let buf = &k.bufs[b.0 as usize];
@@ -387,10 +343,10 @@ pub fn json(model: &str, threads: u32, p: &Profile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlopt_kir::{Elem, Expr, Space};
+    use mlopt_kir::{Elem, Expr, LoopKind, Space, Stmt};
 
-    /// A kernel's class is read off its loops: no vector loop is scalar, a vector loop is vector, a vector
-    /// loop inside an unrolled one (a register tile) is tiled.
+    /// A kernel's class follows how its loops run: no vector loop is scalar, a vector loop is vector, a
+    /// vector loop inside an unrolled one (a register tile) is tiled (here stores with no arithmetic).
     #[test]
     fn schedule_classes_follow_the_loops() {
         let nest = |outer: LoopKind, inner: LoopKind| {
@@ -416,19 +372,19 @@ mod tests {
             k
         };
         assert_eq!(
-            schedule_class(&nest(LoopKind::Serial, LoopKind::Serial)),
+            mix(&nest(LoopKind::Serial, LoopKind::Serial)).class(),
             ScheduleClass::Scalar
         );
         assert_eq!(
-            schedule_class(&nest(LoopKind::Parallel, LoopKind::Serial)),
+            mix(&nest(LoopKind::Parallel, LoopKind::Serial)).class(),
             ScheduleClass::Scalar
         );
         assert_eq!(
-            schedule_class(&nest(LoopKind::Parallel, LoopKind::Vector(16))),
+            mix(&nest(LoopKind::Parallel, LoopKind::Vector(16))).class(),
             ScheduleClass::Vector
         );
         assert_eq!(
-            schedule_class(&nest(LoopKind::Unrolled, LoopKind::Vector(16))),
+            mix(&nest(LoopKind::Unrolled, LoopKind::Vector(16))).class(),
             ScheduleClass::Tiled
         );
     }

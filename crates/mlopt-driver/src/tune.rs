@@ -137,7 +137,7 @@ pub fn tune(
             continue;
         }
         let mut best: Option<(f64, Tile)> = None;
-        for cand in candidates(key.0, key.1, key.2, key.3) {
+        for cand in candidates(t, key.0, key.1, key.2) {
             let mut o = opts.clone();
             o.tiles.insert(key, cand);
             let p = mlopt_schedule::schedule(algorithm.clone(), &target, &o)?;

@@ -230,7 +230,9 @@ impl Arithmetic {
     }
 }
 
-/// The arithmetic of kernel `k` by how it runs (see [`Arithmetic`]): what prices its schedule.
+/// The arithmetic of kernel `k` by how it runs (see [`Arithmetic`]): what prices its schedule. A kernel
+/// with no arithmetic (a copy, a gather) counts its stores instead, one each, so how its loops run
+/// still shows.
 pub fn arithmetic(k: &Kernel) -> Arithmetic {
     fn ops(e: &Expr) -> f64 {
         match e {
@@ -241,9 +243,20 @@ pub fn arithmetic(k: &Kernel) -> Arithmetic {
             Expr::Select(c, a, b) => 1.0 + ops(c) + ops(a) + ops(b),
         }
     }
+    /// The count a store in a loop of this kind adds to.
+    fn slot(a: &mut Arithmetic, vector: bool, contiguous: bool, unrolled: bool) -> &mut f64 {
+        match (vector, contiguous, unrolled) {
+            (false, _, _) => &mut a.scalar,
+            (true, false, true) => &mut a.tiled_gather,
+            (true, false, false) => &mut a.gather,
+            (true, true, true) => &mut a.tiled,
+            (true, true, false) => &mut a.vector,
+        }
+    }
     struct Walk<'k> {
         k: &'k Kernel,
         acc: Arithmetic,
+        stores: Arithmetic,
     }
     impl Walk<'_> {
         /// Whether every load of `e` is contiguous along `v` or does not move with it.
@@ -277,16 +290,10 @@ pub fn arithmetic(k: &Kernel) -> Arithmetic {
                     }
                     Stmt::If { then, .. } => self.walk(then, trips, vector, unrolled),
                     Stmt::Store { value, .. } => {
-                        let n = ops(value) * trips;
-                        match vector {
-                            None => self.acc.scalar += n,
-                            Some(v) if !self.contiguous(value, v) && unrolled => {
-                                self.acc.tiled_gather += n
-                            }
-                            Some(v) if !self.contiguous(value, v) => self.acc.gather += n,
-                            Some(_) if unrolled => self.acc.tiled += n,
-                            Some(_) => self.acc.vector += n,
-                        }
+                        let contiguous = vector.is_none_or(|v| self.contiguous(value, v));
+                        *slot(&mut self.acc, vector.is_some(), contiguous, unrolled) +=
+                            ops(value) * trips;
+                        *slot(&mut self.stores, vector.is_some(), contiguous, unrolled) += trips;
                     }
                     Stmt::Mma { m, n, k, .. } => {
                         self.acc.tiled += 2.0 * (*m * *n * *k) as f64 * trips
@@ -299,9 +306,14 @@ pub fn arithmetic(k: &Kernel) -> Arithmetic {
     let mut w = Walk {
         k,
         acc: Arithmetic::default(),
+        stores: Arithmetic::default(),
     };
     w.walk(&k.body, 1.0, None, false);
-    w.acc
+    if w.acc.total() > 0.0 {
+        w.acc
+    } else {
+        w.stores
+    }
 }
 
 /// The elements a kernel loads and stores, by how they move (see [`accesses`]).

@@ -49,7 +49,7 @@ fn tile_nest(
     tiles: &HashMap<TileKey, Tile>,
     loads: &HashMap<BufId, usize>,
 ) -> Result<Option<Vec<Stmt>>> {
-    let t_for = |m, n, k| tiler::tile_for(tiles, m, n, k, target.lanes());
+    let t_for = |m, n, k| tiler::tile_for(tiles, target, m, n, k);
     let (mut c, mut window) = match class {
         Class::Attention(a) => {
             let mut b = Builder {

@@ -24,9 +24,6 @@ use mlopt_kir::{BufId, Kernel, LoopKind, Stmt, Var};
 use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 
-/// Below this many loop-body executions a nest is not worth a trip through the thread pool.
-const PARALLEL_MIN_WORK: u64 = 1 << 14;
-
 pub fn schedule(k: &mut Kernel, t: &CpuTarget) -> crate::Result<()> {
     let (lanes, threads) = (t.lanes(), t.threads);
     mlopt_kir::rfactor::rfactor(k, lanes);
@@ -49,7 +46,7 @@ pub fn schedule(k: &mut Kernel, t: &CpuTarget) -> crate::Result<()> {
     for st in &k.body {
         pick_vector(k, st, lanes, &uses, &mut vector);
         if threads > 1 {
-            pick_parallel(k, st, threads, &uses, &mut parallel);
+            pick_parallel(k, st, t, &uses, &mut parallel);
         }
     }
     for v in parallel {
@@ -210,7 +207,7 @@ fn pick_vector(
 fn pick_parallel(
     k: &Kernel,
     st: &Stmt,
-    threads: u32,
+    target: &CpuTarget,
     uses: &HashMap<BufId, usize>,
     out: &mut Vec<Var>,
 ) {
@@ -220,9 +217,10 @@ fn pick_parallel(
     else {
         return;
     };
-    if work(st) < PARALLEL_MIN_WORK {
+    if !mlopt_cost::kernel::parallel_pays(target, work(st)) {
         return;
     }
+    let threads = target.threads;
     let splits = *extent >= threads as u64
         && stores_ok_in(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0), true);
     // Threads get equal shares, or nearly (at most an eighth more for some).
@@ -235,7 +233,7 @@ fn pick_parallel(
     // level in, at each nest it holds; an uneven loop with nothing inside to split is still split.
     let before = out.len();
     for inner in body {
-        pick_parallel(k, inner, threads, uses, out);
+        pick_parallel(k, inner, target, uses, out);
     }
     if splits && out.len() == before {
         out.push(*var);

@@ -20,21 +20,21 @@ use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_target::CpuTarget;
 // The micro-kernel model that picks the tile lives in the cost model, the one place kernel-level costs
 // are estimated.
-pub use mlopt_cost::tile::{blocks, pick, Tile, TileKey};
+pub use mlopt_cost::tile::{blocks, k_block, pick, Tile, TileKey};
 
-/// The tile for an M x N x K contraction on `lanes` f32 lanes: `tiles`' entry for it (from `--tune`),
-/// else the cost model's pick.
+/// The tile for an M x N x K contraction on `target`: `tiles`' entry for it (from `--tune`), else the
+/// cost model's pick.
 pub fn tile_for(
     tiles: &std::collections::HashMap<TileKey, Tile>,
+    target: &CpuTarget,
     m: u64,
     n: u64,
     k: u64,
-    lanes: u32,
 ) -> Option<Tile> {
     tiles
-        .get(&(m, n, k, lanes))
+        .get(&(m, n, k, target.lanes()))
         .copied()
-        .or_else(|| pick(m, n, k, lanes))
+        .or_else(|| pick(target, m, n, k))
 }
 
 /// The key of a kernel's `tile` schedule step.
@@ -86,23 +86,6 @@ impl Builder<'_> {
     pub fn lanes(&self) -> u32 {
         self.target.lanes()
     }
-}
-
-/// The block of the first reduction axis when a panel of B (K x nr floats) would not fit in half of an
-/// L2 of `l2` bytes: the largest divisor of `k[0]` whose block does, with at least 64 rows of B per
-/// block. None when the panel fits, or no divisor gives such a block.
-pub fn k_block(k: &[u64], nr: u64, l2: u64) -> Option<u64> {
-    let (&k0, rest) = k.split_first()?;
-    let rest: u64 = rest.iter().product::<u64>().max(1);
-    let row = rest * nr * 4;
-    if k0.saturating_mul(row) <= l2 / 2 {
-        return None;
-    }
-    let fit = (l2 / 2) / row.max(1);
-    (1..=fit.min(k0))
-        .rev()
-        .find(|d| k0 % d == 0)
-        .filter(|d| d * rest >= 64)
 }
 
 /// Serial loops over `extents` around `body`, with fresh variables.
@@ -181,7 +164,7 @@ pub fn tiled(
     if pack {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
-    let chunk = k_block(k, t.nr, l.target.l2_bytes);
+    let chunk = k_block(l.target, k, t.nr);
     if let Some(c) = chunk {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::KBlock {
             k: c * k[1..].iter().product::<u64>(),

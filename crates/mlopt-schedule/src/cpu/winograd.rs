@@ -183,8 +183,8 @@ fn conv3x3(
         && h % 2 == 0
         && wd % 2 == 0
         && tiles % u64::from(lanes) == 0
-        && tile_for(&o.tiles, m, tiles, ch, lanes).is_some();
-    if !applies || (o.winograd == Winograd::Auto && !pays(ch, m, h, wd, lanes)) {
+        && tile_for(&o.tiles, t, m, tiles, ch).is_some();
+    if !applies || (o.winograd == Winograd::Auto && !pays(t, ch, m, h, wd)) {
         return Ok(None);
     }
     let Some((si, pi, wi)) = bound_weight(p, ki, conv.weight) else {

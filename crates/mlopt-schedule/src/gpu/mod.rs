@@ -75,10 +75,9 @@ pub fn schedule(p: Program, t: &GpuTarget, o: &crate::Options) -> Result<Program
     schedule_program(p, &s)
 }
 
-/// Threads per block of an elementwise (one element per thread) kernel.
-const ELEMENTWISE_THREADS: u64 = 256;
-/// Threads per block of a cooperative row at most.
-const ROW_THREADS: u64 = 256;
+use mlopt_cost::kernel::{
+    GPU_ELEMENTWISE_THREADS as ELEMENTWISE_THREADS, GPU_ROW_THREADS as ROW_THREADS,
+};
 
 /// Turns a program of plain kernels into GPU kernels, splitting kernels into launches where needed.
 fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
