@@ -35,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
         tune: false,
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
+        dumps: false,
     };
     let Ok(c) = mlopt_driver::compile(&g, &opts) else {
         return;

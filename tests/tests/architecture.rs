@@ -79,6 +79,7 @@ fn crate_dependencies_follow_the_rules() {
             "mlopt-driver",
             &[
                 "mlopt-ir",
+                "mlopt-onnx",
                 "mlopt-kir",
                 "mlopt-cost",
                 "mlopt-target",

@@ -39,6 +39,7 @@ fn build(dir: &Path, target: &str) {
         tune: false,
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
+        dumps: false,
     };
     mlopt_driver::compile(&g, &opts)
         .unwrap()

@@ -22,6 +22,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         },
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -130,6 +131,7 @@ fn llvm_ir_snapshots() {
                 tune: false,
                 winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
+                dumps: false,
             },
         )
         .unwrap();
@@ -187,6 +189,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
                     tune: false,
                     winograd: mlopt_schedule::Winograd::Auto,
                     profile: false,
+                    dumps: false,
                 },
             )
             .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
@@ -249,6 +252,7 @@ fn large_convolutions_compile_with_heap_temporaries() {
                 tune: false,
                 winograd,
                 profile: false,
+                dumps: false,
             },
         )
         .unwrap();
@@ -300,6 +304,7 @@ fn vector_matrix_products_read_the_weight_contiguously() {
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         },
     )
     .unwrap();
@@ -379,6 +384,7 @@ fn one_dimensional_convolutions_compile() {
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         },
     )
     .unwrap();
@@ -598,7 +604,7 @@ fn kir_operators_compile_as_they_interpret() {
         let code = mlopt_llvm::compile(&p, &mlopt_target::calibrate::host(1))
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::pipeline::members("m", &code).unwrap(),
+            &mlopt_driver::cpu::members("m", &code).unwrap(),
             &mlopt_llvm::c_name(&p.name),
             p.context_bytes(),
             inputs.iter().map(Vec::len).collect(),
@@ -736,7 +742,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         let t = t.cpu().unwrap();
         let code = mlopt_llvm::compile(&p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
         let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::pipeline::members("to_bf16", &code).unwrap(),
+            &mlopt_driver::cpu::members("to_bf16", &code).unwrap(),
             "to_bf16",
             p.context_bytes(),
             inputs.iter().map(Vec::len).collect(),
@@ -801,6 +807,7 @@ fn integer_resize_compiles_as_it_interprets() {
                 tune: false,
                 winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
+                dumps: false,
             },
         )
         .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
@@ -906,7 +913,7 @@ fn mma_blocks_compile_as_they_interpret() {
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
         let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::pipeline::members("mma", &code).unwrap(),
+            &mlopt_driver::cpu::members("mma", &code).unwrap(),
             "mma",
             p.context_bytes(),
             inputs.iter().map(Vec::len).collect(),
@@ -1138,7 +1145,7 @@ fn register_math_is_accurate() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let size = if t == Elem::F32 { 4 } else { 8 };
         let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::pipeline::members("m", &code).unwrap(),
+            &mlopt_driver::cpu::members("m", &code).unwrap(),
             &mlopt_llvm::c_name(&p.name),
             p.context_bytes(),
             vec![N * size; 2],

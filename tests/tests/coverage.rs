@@ -319,6 +319,7 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);

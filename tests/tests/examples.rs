@@ -20,6 +20,7 @@ fn prepare(out: &Path) -> Vec<f64> {
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         },
     )
     .unwrap();
@@ -114,6 +115,7 @@ fn hostile_names_stay_inside_comments_and_literals() {
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         },
     )
     .unwrap();

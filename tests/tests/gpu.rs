@@ -26,6 +26,7 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
             tune: false,
             winograd: mlopt_schedule::Winograd::Never,
             profile: false,
+            dumps: false,
         },
     )
     .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
@@ -174,6 +175,7 @@ fn gemm_register_plans_hold_at_model_sizes() {
                     tune: false,
                     winograd: mlopt_schedule::Winograd::Never,
                     profile: false,
+                    dumps: false,
                 },
             )
             .unwrap();
@@ -299,6 +301,7 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
                 tune: false,
                 winograd: mlopt_schedule::Winograd::Never,
                 profile: false,
+                dumps: false,
             },
         )
         .unwrap();
@@ -459,7 +462,7 @@ fn the_gpu_library_links_and_launches_in_order() {
     let c = compiled("mlp", "sm_80", Precision::Fp32);
     let dir = tempfile::tempdir().unwrap();
     c.write_library(dir.path(), "mlp", &[]).unwrap();
-    for f in ["mlp.h", "mlp.ptx", "libmlp.a", "mlp.kir", "mlp.ll"] {
+    for f in ["mlp.h", "mlp.ptx", "libmlp.a", "mlp.ll"] {
         assert!(dir.path().join(f).exists(), "{f} not written");
     }
     std::fs::write(dir.path().join("main.c"), MAIN_C).unwrap();
@@ -571,6 +574,7 @@ fn the_gpu_launcher_reads_data_checks_back() {
         tune: false,
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
+        dumps: false,
     };
     let c = mlopt_driver::compile_gpu(&g, &opts).unwrap();
     assert!(

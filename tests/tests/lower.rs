@@ -475,6 +475,7 @@ fn data_checks_agree_with_the_graph_interpreter() {
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
+            dumps: false,
         };
         let c = mlopt_driver::compile(&g, &opts).unwrap();
         let mut lib = c.load().unwrap();

@@ -34,19 +34,13 @@ pub fn input_names(m: &ModelProto) -> Result<Vec<String>> {
     Ok(inputs.iter().map(|v| v.name.clone()).collect())
 }
 
-/// Imports the model read from `path`, pinning input shapes from `--input-shape` flags and from the given
-/// input tensors.
-pub fn import(
-    m: &ModelProto,
-    path: &Path,
-    flags: &[String],
-    given: &HashMap<String, Tensor>,
-) -> Result<mlopt_ir::Graph> {
+/// The import options for `--input-shape` flags and given input tensors (whose shapes pin their inputs,
+/// and whose values may stand in for constants: `run` and `check` evaluate exactly those inputs).
+pub fn import_options(flags: &[String], given: &HashMap<String, Tensor>) -> Result<ImportOptions> {
     let mut opts = ImportOptions::default();
     for (name, t) in given {
         opts.input_shapes.insert(name.clone(), t.shape().to_vec());
     }
-    // `run` and `check` evaluate exactly these inputs, so the graph may be specialised to them.
     opts.known_values = given.clone();
     for f in flags {
         let (name, dims) = parse_input_shape(f).map_err(anyhow::Error::msg)?;
@@ -60,6 +54,36 @@ pub fn import(
         }
         opts.input_shapes.insert(name, dims);
     }
+    Ok(opts)
+}
+
+/// The model read from `path` as the pipeline's source: imported with `opts`, named after the file,
+/// its external data read from the file's folder.
+pub fn source<'a>(
+    m: &'a ModelProto,
+    path: &'a Path,
+    opts: &'a ImportOptions,
+) -> mlopt_driver::Source<'a> {
+    mlopt_driver::Source::Onnx {
+        model: m,
+        dir: Some(mlopt_onnx::tensor_io::folder_of(path)),
+        name: path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default(),
+        options: opts,
+    }
+}
+
+/// Imports the model read from `path`, pinning input shapes from `--input-shape` flags and from the given
+/// input tensors.
+pub fn import(
+    m: &ModelProto,
+    path: &Path,
+    flags: &[String],
+    given: &HashMap<String, Tensor>,
+) -> Result<mlopt_ir::Graph> {
+    let opts = import_options(flags, given)?;
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

@@ -7,7 +7,7 @@ mod data;
 
 use anyhow::{bail, Context, Result};
 use bench::Bench;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use mlopt_ir::interp;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,18 +24,17 @@ struct Cli {
     cmd: Cmd,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Stage {
-    /// The graph IR right after import (shapes pinned, constants folded).
-    Import,
-    /// After equality saturation, extraction and fusion: kernels marked, with cost estimates.
-    Optimized,
-    /// The kernel IR as lowering writes it: each kernel's algorithm, before scheduling.
-    Lowered,
-    /// The kernel IR with its schedules (vector/parallel/unrolled loops; GPU blocks and threads).
-    Scheduled,
-    /// The generated code: LLVM IR before optimisation (CPU targets), or PTX (GPU targets).
-    Code,
+/// `--stage`: every stage of the pipeline, by its name or the name of what it makes.
+fn stage_parser() -> impl clap::builder::TypedValueParser<Value = mlopt_driver::Stage> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = mlopt_driver::Stage::ALL.map(|st| {
+        let v = PossibleValue::new(st.name()).help(st.about());
+        match st.output_name() {
+            Some(alias) => v.alias(alias),
+            None => v,
+        }
+    });
+    PossibleValuesParser::new(values).try_map(|s| s.parse::<mlopt_driver::Stage>())
 }
 
 /// The optimiser's options, shared by `inspect`, `compile`, `run` and `check`.
@@ -104,6 +103,7 @@ impl OptArgs {
             tune: self.tune,
             winograd: self.winograd,
             profile: false,
+            dumps: false,
         })
     }
 
@@ -126,8 +126,8 @@ enum Cmd {
         /// Pin an input's shape: NAME=1x3x224x224 (repeatable).
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
-        #[arg(long, value_enum, default_value = "import")]
-        stage: Stage,
+        #[arg(long, default_value = "import", value_parser = stage_parser())]
+        stage: mlopt_driver::Stage,
         #[command(flatten)]
         opt: OptArgs,
     },
@@ -260,26 +260,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             opt,
         } => {
             let m = data::load(&model)?;
-            let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
-            match stage {
-                Stage::Import => print!(
-                    "; mlopt graph @{} after \"import\"\n{}",
-                    mlopt_ir::print::ident(&g.name),
-                    mlopt_ir::print::print(&g)
-                ),
-                _ => {
-                    let stage = match stage {
-                        Stage::Optimized => mlopt_driver::Stage::Optimised,
-                        Stage::Lowered => mlopt_driver::Stage::Lowered,
-                        Stage::Scheduled => mlopt_driver::Stage::Scheduled,
-                        _ => mlopt_driver::Stage::Code,
-                    };
-                    print!(
-                        "{}",
-                        mlopt_driver::inspect(&g, &opt.driver(&data::input_names(&m)?)?, stage)?
-                    );
-                }
-            }
+            let import = data::import_options(&input_shapes, &HashMap::new())?;
+            let source = data::source(&m, &model, &import);
+            let options = opt.driver(&data::input_names(&m)?)?;
+            print!("{}", mlopt_driver::inspect(source, &options, stage)?);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Compile {
@@ -291,9 +275,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let start = std::time::Instant::now();
             let m = data::load(&model)?;
-            let g = data::import(&m, &model, &input_shapes, &HashMap::new())?;
-            let options = opt.driver(&data::input_names(&m)?)?;
-            let lib = mlopt_driver::build(&g, &options)?;
+            let import = data::import_options(&input_shapes, &HashMap::new())?;
+            let mut options = opt.driver(&data::input_names(&m)?)?;
+            options.dumps = true;
+            let lib = mlopt_driver::build(data::source(&m, &model, &import), &options)?;
             let compile_s = start.elapsed().as_secs_f64();
             // The report is written with the library, all files or none.
             let json = output.join("report.json");
@@ -305,7 +290,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             {
                 files.push(("roofline.svg".into(), svg.into_bytes()));
             }
-            let written = lib.write(&output, &file_stem(&g.name), &files)?;
+            let written = lib.write(&output, &file_stem(lib.name()), &files)?;
             if report {
                 print!("{}", summary.text);
             }

@@ -792,7 +792,7 @@ fn compile_writes_the_optimised_graph_and_report() {
         (total - json["after_s"].as_f64().unwrap()).abs() < 1e-9
             && total < json["before_s"].as_f64().unwrap()
     );
-    assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.mlir"))
+    assert!(std::fs::read_to_string(out_dir.join("mlp.optimized.gir"))
         .unwrap()
         .contains("kernel k0"));
     // The library users link, its interface, and every stage's dump.
@@ -815,9 +815,17 @@ fn compile_writes_the_optimised_graph_and_report() {
     assert!(std::fs::read_to_string(out_dir.join("mlp.rs"))
         .unwrap()
         .contains("pub fn run(&mut self, in0: &[f32], out0: &mut [f32]) -> Result<(), Error>"));
-    assert!(std::fs::read_to_string(out_dir.join("mlp.kir"))
+    assert!(std::fs::read_to_string(out_dir.join("mlp.scheduled.kir"))
         .unwrap()
         .contains("kernel @k0("));
+    // The imported graph and the algorithm before any schedule: each stage's text parses back.
+    let import = std::fs::read_to_string(out_dir.join("mlp.import.gir")).unwrap();
+    assert!(
+        import.starts_with("; mlopt graph @mlp after \"import\""),
+        "{import}"
+    );
+    let lowered = std::fs::read_to_string(out_dir.join("mlp.lowered.kir")).unwrap();
+    assert!(lowered.contains("kernel @k0(") && !lowered.contains("; schedule:"));
     assert!(std::fs::read_to_string(out_dir.join("mlp.ll"))
         .unwrap()
         .contains("define i32 @mlopt_mlp_run("));
@@ -827,7 +835,9 @@ fn compile_writes_the_optimised_graph_and_report() {
     );
     stages_in_order(
         &text,
-        &["optimise", "lower", "schedule", "codegen", "package"],
+        &[
+            "import", "optimize", "lower", "schedule", "codegen", "package",
+        ],
     );
 }
 
@@ -915,7 +925,13 @@ fn compile_for_a_gpu_writes_ptx_a_library_and_the_launches() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for f in ["mlp.ptx", "mlp.h", "libmlp.a", "mlp.kir", "report.json"] {
+    for f in [
+        "mlp.ptx",
+        "mlp.h",
+        "libmlp.a",
+        "mlp.scheduled.kir",
+        "report.json",
+    ] {
         assert!(out_dir.join(f).exists(), "{f} missing");
     }
     let ptx = std::fs::read_to_string(out_dir.join("mlp.ptx")).unwrap();
@@ -932,15 +948,20 @@ fn compile_for_a_gpu_writes_ptx_a_library_and_the_launches() {
     ] {
         assert!(report.contains(needle), "{needle} missing from {report}");
     }
-    // The same pipeline as for a CPU, with ptxas after codegen where it is installed.
+    // The same pipeline as for a CPU, with ptxas inside the schedule stage where it is installed.
     let ptxas = if mlopt_driver::gpu::find_ptxas().is_some() {
-        vec!["codegen", "ptxas"]
+        vec!["ptxas"]
     } else {
-        vec!["codegen"]
+        vec![]
     };
     stages_in_order(
         &report,
-        &[&["optimise", "lower", "schedule"][..], &ptxas, &["package"]].concat(),
+        &[
+            &["import", "optimize", "lower", "schedule"][..],
+            &ptxas,
+            &["codegen", "package"],
+        ]
+        .concat(),
     );
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -975,7 +996,7 @@ fn compile_output_names_stay_in_the_output_directory() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        names.contains(&"______escaped_x.optimized.mlir".to_string()),
+        names.contains(&"______escaped_x.optimized.gir".to_string()),
         "{names:?}"
     );
     assert!(!dir.path().join("escaped").exists());
@@ -1223,7 +1244,7 @@ fn compile_report_writes_the_estimated_roofline() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let kir = std::fs::read_to_string(dir.path().join("cnn.kir")).unwrap();
+    let kir = std::fs::read_to_string(dir.path().join("cnn.scheduled.kir")).unwrap();
     let kernels = kir.lines().filter(|l| l.starts_with("kernel @")).count();
     assert!(kernels > 0);
     assert_eq!(

@@ -167,6 +167,7 @@ fn bench(c: &mut Criterion) {
                 tune: false,
                 winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
+                dumps: false,
             },
         )
         .unwrap();

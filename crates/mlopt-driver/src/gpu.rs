@@ -4,7 +4,7 @@
 //! with the host side (the PTX, the weights and the launch table as constants, and the C API) and the
 //! CUDA launcher, which opens libcuda at run time.
 
-use crate::pipeline::{DriverError, Result};
+use crate::error::{DriverError, Result};
 use mlopt_kir::Program;
 use mlopt_llvm::{c_name, PtxOutput};
 use mlopt_target::{GpuTarget, MatrixPrecision};
@@ -51,6 +51,8 @@ pub struct GpuCompiled {
     /// The ptxas that checked the PTX, or None when none was found.
     pub ptxas: Option<PathBuf>,
     pub times: Vec<(&'static str, f64)>,
+    /// Each stage's text, when the pipeline kept them (`Options::dumps`).
+    pub dumps: Vec<(crate::Stage, String)>,
 }
 
 /// ptxas: `MLOPT_PTXAS`, else `ptxas` on PATH, else the one in a `.venv` (the nvidia-cuda-nvcc-cu12 wheel)
@@ -225,6 +227,7 @@ pub(crate) fn package(
         kernels,
         ptxas,
         times: vec![],
+        dumps: vec![],
     })
 }
 
@@ -256,24 +259,24 @@ impl GpuCompiled {
         extra: &[(String, Vec<u8>)],
     ) -> Result<Vec<PathBuf>> {
         let target = crate::pipeline::gpu_target(&self.cfg.target)?;
-        let files = [
+        // The PTX is the codegen stage's text and a file of the library, always written.
+        let mut files = vec![
             (format!("{stem}.h"), c_header(&self.program, target)),
             (format!("{stem}.ptx"), self.ptx.ptx.clone()),
-            (
-                format!("{stem}.optimized.mlir"),
-                mlopt_rewrite::report::dump(&self.optimized, &self.cfg),
-            ),
-            (
-                format!("{stem}.kir"),
-                mlopt_kir::print::program(&self.program),
-            ),
             (format!("{stem}.ll"), self.ptx.llvm_ir.clone()),
         ];
+        let dumps: Vec<(crate::Stage, String)> = self
+            .dumps
+            .iter()
+            .filter(|(st, _)| *st != crate::Stage::Codegen)
+            .cloned()
+            .collect();
+        files.extend(crate::library::dump_files(&dumps, stem, &self.cfg.target));
         let host = mlopt_runtime::Member::object(format!("{stem}.o"), &self.host_object)
             .map_err(|e| DriverError::Io(format!("the host object: {e}")))?;
-        crate::pipeline::write_files(
+        crate::output::write_files(
             dir,
-            files.into(),
+            files,
             (stem, &[host]),
             mlopt_runtime::write_gpu_archive,
             extra,

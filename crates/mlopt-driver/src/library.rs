@@ -2,8 +2,9 @@
 //! what is written and reported for either, so the CLI does not orchestrate stages or assemble reports
 //! itself.
 
+use crate::error::Result;
 use crate::gpu::GpuCompiled;
-use crate::pipeline::{Compiled, Result};
+use crate::Compiled;
 use std::path::{Path, PathBuf};
 
 /// What `Library::report` makes: report.json's text and the `--report` printout.
@@ -28,6 +29,23 @@ impl Library {
             Library::Gpu(c) => c.times = times,
         }
         self
+    }
+
+    /// The library with each stage's text (`Options::dumps`).
+    pub(crate) fn with_dumps(mut self, dumps: Vec<(crate::Stage, String)>) -> Self {
+        match &mut self {
+            Library::Cpu(c) => c.dumps = dumps,
+            Library::Gpu(c) => c.dumps = dumps,
+        }
+        self
+    }
+
+    /// The model's name (the graph's), which names the library's files and symbols.
+    pub fn name(&self) -> &str {
+        match self {
+            Library::Cpu(c) => &c.program.name,
+            Library::Gpu(c) => &c.program.name,
+        }
     }
 
     /// The target's name (`host`, `x86-64-v4`, `sm_80`, ...).
@@ -127,4 +145,18 @@ impl Library {
             }],
         }
     }
+}
+
+/// The files a compile writes for the stages' texts: `<stem>.<suffix>` each (`Stage::dump_suffix`).
+pub(crate) fn dump_files(
+    dumps: &[(crate::Stage, String)],
+    stem: &str,
+    target: &mlopt_target::Target,
+) -> Vec<(String, String)> {
+    dumps
+        .iter()
+        .filter_map(|(st, text)| {
+            Some((format!("{stem}.{}", st.dump_suffix(target)?), text.clone()))
+        })
+        .collect()
 }

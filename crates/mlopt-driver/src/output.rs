@@ -7,7 +7,8 @@
 //! `.mlopt-files`; names the previous record holds and this compile does not write are removed. Other
 //! files in the folder are not touched.
 
-use crate::pipeline::{DriverError, Result};
+use crate::error::{DriverError, Result};
+use mlopt_runtime::Member;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -100,4 +101,32 @@ pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<P
 fn set_readable(f: &std::fs::File) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     f.set_permissions(std::fs::Permissions::from_mode(0o644))
+}
+
+/// `mlopt_runtime::write_archive` or `write_gpu_archive`: objects -> a static library, into a file.
+pub(crate) type Archive = fn(&mut std::fs::File, &[Member]) -> std::io::Result<()>;
+
+/// Writes `files` (name, text), lib<stem>.a holding `members` by `archive`, and `extra` into `dir`, all or
+/// none; returns the paths written.
+pub(crate) fn write_files(
+    dir: &Path,
+    files: Vec<(String, String)>,
+    (stem, members): (&str, &[Member]),
+    archive: Archive,
+    extra: &[(String, Vec<u8>)],
+) -> Result<Vec<PathBuf>> {
+    let mut all: Vec<(String, Content)> = files
+        .into_iter()
+        .map(|(n, t)| (n, Content::Bytes(t.into_bytes())))
+        .collect();
+    all.push((
+        format!("lib{stem}.a"),
+        Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, members))),
+    ));
+    all.extend(
+        extra
+            .iter()
+            .map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))),
+    );
+    write_atomically(dir, &all)
 }

@@ -1,251 +1,337 @@
-//! The compilation pipeline, one function (`run`) of named stages (import happens before, in `data`):
+//! The compilation pipeline: one table of named stages (`STAGES`), each a `run` that makes the next
+//! IR from the state, a `verify` of what it made and a `print` of it:
 //!
-//! optimise (egg + roofline + fusion) -> [tune] -> lower (kernel IR: the algorithm) -> schedule (vector and
-//! parallel loops, or GPU launches) -> codegen (LLVM: x86 objects, or PTX) -> [ptxas] -> package
+//! ```text
+//! import    ONNX -> graph IR (shapes pinned, constants folded)              verify: the graph's types
+//! optimize  graph IR -> fused graph IR (egg + roofline + fusion)            verify: the fused graph
+//! lower     fused graph -> kernel IR algorithms, the activation memory plan verify: the program
+//! schedule  algorithms -> scheduled kernel IR for the target [--tune]       verify: the program
+//! codegen   kernel IR -> x86 objects (LLVM) or PTX [ptxas]                  verify: ptxas assembled
+//! package   -> the Library: archive, header, binding, report                verify: -
+//! ```
 //!
-//! each timed. The target is resolved once, before the first stage (a `Codegen`); the target's kind
-//! decides only what codegen and package make. `build` runs every stage and returns the `Library`;
-//! `inspect` stops after one and returns its text.
+//! `run` goes through the table in order, timing each stage, and stops after the stage `inspect` asks
+//! for with its text; `build` runs it all, and with `Options::dumps` keeps every stage's text, which
+//! `mlopt compile` writes beside the library (`Stage::dump_suffix`). The target, resolved once before
+//! the first stage (`mlopt_target::Target::named`), decides only what the schedule, codegen and package
+//! stages make. Two loops live inside their stage: `--tune` (the schedule stage measures candidate
+//! tiles by scheduling the algorithm with each) and a GPU's register plan (the schedule stage
+//! assembles its PTX with ptxas and, where a kernel needs more registers than its tile planned,
+//! schedules again with the shortfall added, at most twice; codegen then takes that PTX).
 
-use crate::gpu::GpuCompiled;
+use crate::error::{DriverError, Result};
+use crate::gpu::Ptxas;
 use crate::library::Library;
-use mlopt_ir::{Graph, Tensor};
+use crate::Compiled;
+use mlopt_ir::Graph;
 use mlopt_kir::Program;
-use mlopt_llvm::c_name;
-use mlopt_runtime::{Loaded, Member};
 use mlopt_target::{CpuTarget, GpuTarget, Target};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::borrow::Cow;
+use std::path::Path;
 use std::time::Instant;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DriverError {
-    #[error("optimising: {0}")]
-    Optimize(#[from] mlopt_rewrite::RewriteError),
-    #[error("lowering to the kernel IR: {0}")]
-    Lower(#[from] mlopt_lower::LowerError),
-    #[error("scheduling: {0}")]
-    Schedule(#[from] mlopt_schedule::ScheduleError),
-    #[error("generating code: {0}")]
-    Codegen(#[from] mlopt_llvm::LlvmError),
-    #[error(transparent)]
-    Runtime(#[from] mlopt_runtime::RuntimeError),
-    #[error("ptxas rejected the generated PTX (a bug in mlopt's code generation):\n{0}")]
-    Ptxas(String),
-    #[error("{0}")]
-    Io(String),
-    #[error("{0}")]
-    Input(String),
-}
-
-pub type Result<T, E = DriverError> = std::result::Result<T, E>;
 
 /// What to compile for.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The optimiser's configuration. Its target, looked up once from `--target`, is the target of
-    /// every stage: the cost model's peaks and, through `target.rs`, the code generator's CPU or GPU.
+    /// every stage.
     pub config: mlopt_rewrite::Config,
-    /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the rule's.
+    /// Measure candidate contraction tiles on this machine (`--tune`) instead of taking the model's.
     pub tune: bool,
     /// When eligible 3x3 convolutions run by Winograd F(2x2, 3x3) (`--winograd`).
     pub winograd: mlopt_schedule::Winograd,
     /// Build with a clock reading around each kernel call (`mlopt bench --profile`; see `profile.rs`).
     pub profile: bool,
+    /// Keep every stage's text in the library, for `mlopt compile` to write.
+    pub dumps: bool,
 }
 
-#[derive(Debug)]
-pub struct Compiled {
-    pub optimized: mlopt_rewrite::Optimized,
-    pub cfg: mlopt_rewrite::Config,
-    /// The arena layout of the optimised graph's values (the scratch past it is the program's).
-    pub memory: mlopt_lower::MemoryPlan,
-    pub program: Program,
-    pub code: mlopt_llvm::Output,
-    /// (stage, seconds) in pipeline order.
-    pub times: Vec<(&'static str, f64)>,
-    /// Built with per-kernel clock readings (`Options::profile`).
-    pub profiled: bool,
-}
-
-/// A stage of the pipeline whose output `inspect` prints.
+/// A stage of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// The optimised graph: fusion groups, layouts and precisions, with the optimiser's report.
-    Optimised,
-    /// The kernel IR as lowering writes it: the algorithm, before any schedule.
-    Lowered,
-    /// The kernel IR with its schedules (vector, parallel and unrolled loops; GPU blocks and threads).
-    Scheduled,
+    /// ONNX -> the graph IR (shapes pinned, constants folded).
+    Import,
+    /// Equality saturation, extraction and fusion: kernels marked, with cost estimates.
+    Optimize,
+    /// The kernel IR as lowering writes it: each kernel's algorithm, before any schedule.
+    Lower,
+    /// The kernel IR with its schedules (tiles, vector/parallel/unrolled loops; GPU blocks and threads).
+    Schedule,
     /// What code generation makes of it: LLVM IR for a CPU, PTX for a GPU.
-    Code,
+    Codegen,
+    /// The library and its report.
+    Package,
 }
 
-/// What the codegen stage makes, with the target it made it for.
+impl Stage {
+    pub const ALL: [Stage; 6] = [
+        Stage::Import,
+        Stage::Optimize,
+        Stage::Lower,
+        Stage::Schedule,
+        Stage::Codegen,
+        Stage::Package,
+    ];
+
+    pub fn name(self) -> &'static str {
+        STAGES[self as usize].name
+    }
+
+    /// The name of what the stage makes, which names it too (`inspect --stage optimized`).
+    pub fn output_name(self) -> Option<&'static str> {
+        match self {
+            Stage::Optimize => Some("optimized"),
+            Stage::Lower => Some("lowered"),
+            Stage::Schedule => Some("scheduled"),
+            Stage::Codegen => Some("code"),
+            Stage::Import | Stage::Package => None,
+        }
+    }
+
+    /// What its text shows.
+    pub fn about(self) -> &'static str {
+        match self {
+            Stage::Import => "the graph IR right after import (shapes pinned, constants folded)",
+            Stage::Optimize => "after equality saturation, extraction and fusion: kernels marked, with cost estimates",
+            Stage::Lower => "the kernel IR as lowering writes it: each kernel's algorithm, before any schedule",
+            Stage::Schedule => "the kernel IR with its schedules (tiles, vector/parallel/unrolled loops; GPU blocks and threads)",
+            Stage::Codegen => "the generated code: LLVM IR before optimisation (CPU targets), or PTX (GPU targets)",
+            Stage::Package => "the library's report: its kernels, arena and stage times",
+        }
+    }
+
+    /// The file (after `<name>.`) `mlopt compile` writes this stage's text to: the graph IR's `.gir`, the
+    /// kernel IR's `.kir`, LLVM's `.ll`, PTX's `.ptx`; None for the package, whose text is the report.
+    pub fn dump_suffix(self, target: &Target) -> Option<&'static str> {
+        match self {
+            Stage::Import => Some("import.gir"),
+            Stage::Optimize => Some("optimized.gir"),
+            Stage::Lower => Some("lowered.kir"),
+            Stage::Schedule => Some("scheduled.kir"),
+            Stage::Codegen if target.is_gpu() => Some("ptx"),
+            Stage::Codegen => Some("ll"),
+            Stage::Package => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Stage {
+    type Err = String;
+
+    /// A stage by its name, or by the name of what it makes (`optimized`, `lowered`, `scheduled`, `code`).
+    fn from_str(s: &str) -> std::result::Result<Stage, String> {
+        Stage::ALL
+            .into_iter()
+            .find(|st| st.name() == s || st.output_name() == Some(s))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Stage::ALL.iter().map(|st| st.name()).collect();
+                format!("`{s}`: expected a stage, one of {}", names.join(", "))
+            })
+    }
+}
+
+/// What the pipeline starts from.
+#[derive(Debug, Clone)]
+pub enum Source<'a> {
+    /// An ONNX model, imported as `name` with `options`; external data is read from `dir`.
+    Onnx {
+        model: &'a mlopt_onnx::proto::ModelProto,
+        dir: Option<&'a Path>,
+        name: &'a str,
+        options: &'a mlopt_onnx::ImportOptions,
+    },
+    /// A graph already in the IR (built by a program, or imported by the caller).
+    Graph(&'a Graph),
+}
+
+impl<'a> From<&'a Graph> for Source<'a> {
+    fn from(g: &'a Graph) -> Source<'a> {
+        Source::Graph(g)
+    }
+}
+
+/// One row of the pipeline.
+struct StageDef {
+    name: &'static str,
+    run: fn(&mut State) -> Result<()>,
+    verify: fn(&State) -> Result<()>,
+    print: fn(&State) -> Result<String>,
+}
+
+/// The pipeline, in order (indexed by `Stage`).
+const STAGES: [StageDef; 6] = [
+    StageDef {
+        name: "import",
+        run: import,
+        verify: |s| Ok(mlopt_ir::verify::verify(need(&s.graph, "graph")?)?),
+        print: |s| {
+            let g = need(&s.graph, "graph")?;
+            Ok(format!(
+                "; mlopt graph @{} after \"import\"\n{}",
+                mlopt_ir::print::ident(&g.name),
+                mlopt_ir::print::print(g)
+            ))
+        },
+    },
+    StageDef {
+        name: "optimize",
+        run: |s| {
+            let g = need(&s.graph, "graph")?;
+            s.optimized = Some(mlopt_rewrite::optimize(g, &s.opt.config)?);
+            Ok(())
+        },
+        verify: |s| {
+            Ok(mlopt_ir::verify::verify(
+                &need(&s.optimized, "plan")?.plan.graph,
+            )?)
+        },
+        print: |s| {
+            let o = need(&s.optimized, "plan")?;
+            Ok(mlopt_rewrite::report::dump(o, &s.opt.config))
+        },
+    },
+    StageDef {
+        name: "lower",
+        run: |s| {
+            let graph = &need(&s.optimized, "plan")?.plan.graph;
+            // The memory plan places the values for lowering and is what the report says of the arena.
+            let memory = mlopt_lower::plan_memory(graph)?;
+            s.program = Some(mlopt_lower::lower(graph, &memory)?);
+            s.memory = Some(memory);
+            Ok(())
+        },
+        verify: verify_program,
+        print: print_program,
+    },
+    StageDef {
+        name: "schedule",
+        run: schedule,
+        verify: verify_program,
+        print: print_program,
+    },
+    StageDef {
+        name: "codegen",
+        run: codegen,
+        verify: |_| Ok(()),
+        print: |s| {
+            Ok(match need(&s.code, "code")? {
+                Code::Cpu(c) => c.llvm_ir.clone(),
+                Code::Gpu { ptx, .. } => ptx.ptx.clone(),
+            })
+        },
+    },
+    StageDef {
+        name: "package",
+        run: package,
+        verify: |_| Ok(()),
+        print: |s| Ok(need(&s.library, "library")?.report(0.0).text),
+    },
+];
+
+/// What codegen made: x86 objects, or PTX with what ptxas said of it (None without a ptxas).
 enum Code {
     Cpu(mlopt_llvm::Output),
-    Gpu(mlopt_llvm::PtxOutput),
+    Gpu {
+        ptx: mlopt_llvm::PtxOutput,
+        ptxas: Option<Vec<(String, Ptxas)>>,
+    },
 }
 
-/// The stages' seconds, in pipeline order; a stage run again (a GPU schedule planned again) adds to its
-/// first entry.
-#[derive(Debug, Default)]
-struct Times(Vec<(&'static str, f64)>);
-
-impl Times {
-    fn stage<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let t = Instant::now();
-        let out = f();
-        let dt = t.elapsed().as_secs_f64();
-        match self.0.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, total)) => *total += dt,
-            None => self.0.push((name, dt)),
-        }
-        out
-    }
+/// Everything the stages have made so far.
+struct State<'a> {
+    opt: &'a Options,
+    source: Source<'a>,
+    graph: Option<Cow<'a, Graph>>,
+    optimized: Option<mlopt_rewrite::Optimized>,
+    memory: Option<mlopt_lower::MemoryPlan>,
+    /// The kernel IR: the lowered algorithm, then the scheduled program.
+    program: Option<Program>,
+    /// The PTX the schedule stage assembled to check its register plans (a GPU's).
+    planned: Option<Code>,
+    code: Option<Code>,
+    library: Option<Library>,
+    times: Times,
 }
 
-/// How far `run` goes: every stage, or up to one whose text is wanted.
-enum Ran {
-    Built(Library),
-    Stopped(String),
+/// `x`, or the error that an earlier stage did not make it (a bug in mlopt's driver).
+fn need<'s, T>(x: &'s Option<T>, what: &str) -> Result<&'s T> {
+    x.as_ref().ok_or_else(|| {
+        DriverError::Io(format!(
+            "no {what} at this stage of the pipeline (a bug in mlopt's driver)"
+        ))
+    })
 }
 
-/// Runs the whole pipeline on an imported graph for `opt`'s target: a CPU or a GPU library.
-pub fn build(g: &Graph, opt: &Options) -> Result<Library> {
-    match run(g, opt, None)? {
-        Ran::Built(lib) => Ok(lib),
-        Ran::Stopped(_) => Err(DriverError::Io(
-            "the pipeline stopped before packaging (a bug in mlopt's driver)".into(),
-        )),
-    }
+fn verify_program(s: &State) -> Result<()> {
+    mlopt_kir::verify_program(need(&s.program, "kernel IR")?).map_err(|e| {
+        DriverError::Io(format!(
+            "the kernel IR does not verify (a bug in mlopt):\n{}",
+            e.join("\n")
+        ))
+    })
 }
 
-/// The text of `stage` for an imported graph: the pipeline up to that stage.
-pub fn inspect(g: &Graph, opt: &Options, stage: Stage) -> Result<String> {
-    match run(g, opt, Some(stage))? {
-        Ran::Stopped(text) => Ok(text),
-        Ran::Built(_) => Err(DriverError::Io(format!(
-            "the pipeline did not stop at {stage:?} (a bug in mlopt's driver)"
-        ))),
-    }
+fn print_program(s: &State) -> Result<String> {
+    Ok(mlopt_kir::print::program(need(&s.program, "kernel IR")?))
 }
 
-/// Runs the pipeline for a CPU target and keeps the result in this process (to load and run, or bench).
-pub fn compile(g: &Graph, opt: &Options) -> Result<Compiled> {
-    cpu_target(&opt.config.target)?;
-    match build(g, opt)? {
-        Library::Cpu(c) => Ok(*c),
-        Library::Gpu(_) => Err(DriverError::Io(
-            "a CPU target built a GPU library (a bug in mlopt's driver)".into(),
-        )),
-    }
+fn import(s: &mut State) -> Result<()> {
+    s.graph = Some(match &s.source {
+        Source::Graph(g) => Cow::Borrowed(*g),
+        Source::Onnx {
+            model,
+            dir,
+            name,
+            options,
+        } => Cow::Owned(mlopt_onnx::import_model(model, *dir, name, options)?),
+    });
+    Ok(())
 }
 
-/// Runs the pipeline for a GPU target.
-pub fn compile_gpu(g: &Graph, opt: &Options) -> Result<GpuCompiled> {
-    gpu_target(&opt.config.target)?;
-    match build(g, opt)? {
-        Library::Gpu(c) => Ok(*c),
-        Library::Cpu(_) => Err(DriverError::Io(
-            "a GPU target built a CPU library (a bug in mlopt's driver)".into(),
-        )),
-    }
-}
-
-/// The pipeline, stopping after `stop` with its text when given.
-fn run(g: &Graph, opt: &Options, stop: Option<Stage>) -> Result<Ran> {
-    let cfg = opt.config.clone();
-    let target = &opt.config.target;
-    let mut times = Times::default();
-    let optimized = times.stage("optimise", || Ok(mlopt_rewrite::optimize(g, &cfg)?))?;
-    if stop == Some(Stage::Optimised) {
-        return Ok(Ran::Stopped(mlopt_rewrite::report::dump(&optimized, &cfg)));
-    }
-    let graph = &optimized.plan.graph;
-    // The memory plan places the values for lowering and is what the report says of the arena.
-    let (memory, algorithm) = times.stage("lower", || {
-        let memory = mlopt_lower::plan_memory(graph)?;
-        let algorithm = mlopt_lower::lower(graph, &memory)?;
-        Ok((memory, algorithm))
+/// The schedule stage: `--tune`'s measurements, then the schedules; for a GPU, the register plans
+/// checked against ptxas (see the module's text).
+fn schedule(s: &mut State) -> Result<()> {
+    let target = &s.opt.config.target;
+    let mut options = schedule_options(s.opt);
+    let algorithm = s.program.take().ok_or_else(|| {
+        DriverError::Io("no algorithm to schedule (a bug in mlopt's driver)".into())
     })?;
-    if stop == Some(Stage::Lowered) {
-        return Ok(Ran::Stopped(mlopt_kir::print::program(&algorithm)));
+    if let (Target::Cpu(t), true) = (target, s.opt.tune) {
+        options.tiles = s
+            .times
+            .stage("tune", || crate::tune::tune(&algorithm, t, &options))?;
     }
-    let mut schedule = schedule_options(opt);
-    if let (Target::Cpu(t), true) = (target, opt.tune) {
-        schedule.tiles = times.stage("tune", || crate::tune::tune(&algorithm, t, &schedule))?;
-    }
-    let ptxas = target.is_gpu().then(crate::gpu::find_ptxas).flatten();
-    // A GPU tile's registers are planned by an estimate and checked against ptxas: where a kernel needs
-    // more than its plan, the schedules are planned again with the shortfall added to every estimate (at
-    // most twice), so the occupancy a tile was chosen for is the one it gets.
-    let mut attempt = 0;
-    // A GPU may schedule the algorithm again; a CPU schedules it once, and the schedule stage takes it:
-    // its unpacked weights are freed as their packed panels replace them.
-    let mut algorithm = Some(algorithm);
-    let (program, code, figures) = loop {
-        let input = if target.is_gpu() {
-            algorithm.clone()
-        } else {
-            algorithm.take()
-        };
-        let input = input.ok_or_else(|| {
-            DriverError::Io(
-                "the algorithm was scheduled twice for a CPU (a bug in mlopt's driver)".into(),
-            )
-        })?;
-        let program = times.stage("schedule", || {
-            Ok(mlopt_schedule::schedule(input, target, &schedule)?)
-        })?;
-        if stop == Some(Stage::Scheduled) {
-            return Ok(Ran::Stopped(mlopt_kir::print::program(&program)));
-        }
-        let code = times.stage("codegen", || {
-            Ok(match target {
-                Target::Cpu(t) => Code::Cpu(mlopt_llvm::compile_with(&program, t, opt.profile)?),
-                Target::Gpu(t) => Code::Gpu(mlopt_llvm::compile_ptx(&program, t)?),
-            })
-        })?;
-        if stop == Some(Stage::Code) {
-            return Ok(Ran::Stopped(match code {
-                Code::Cpu(c) => c.llvm_ir,
-                Code::Gpu(c) => c.ptx,
-            }));
-        }
-        let figures = match (&code, &ptxas) {
-            (Code::Gpu(c), Some(p)) => {
-                Some(times.stage("ptxas", || crate::gpu::run_ptxas(p, &c.ptx, target.name()))?)
-            }
-            _ => None,
+    // A CPU schedules the algorithm once, and takes it: its unpacked weights are freed as their packed
+    // panels replace them.
+    let Target::Gpu(t) = target else {
+        s.program = Some(mlopt_schedule::schedule(algorithm, target, &options)?);
+        return Ok(());
+    };
+    let ptxas = crate::gpu::find_ptxas();
+    for attempt in 0.. {
+        let program = mlopt_schedule::schedule(algorithm.clone(), target, &options)?;
+        let ptx = mlopt_llvm::compile_ptx(&program, t)?;
+        let figures = match &ptxas {
+            Some(p) => Some(
+                s.times
+                    .stage("ptxas", || crate::gpu::run_ptxas(p, &ptx.ptx, &t.name))?,
+            ),
+            None => None,
         };
         let short = figures
             .as_deref()
             .map_or(0, |f| crate::gpu::register_shortfall(&program, f));
-        if target.is_gpu() && short > 0 && attempt < 2 {
-            schedule.register_margin += short as u64;
-            attempt += 1;
-        } else {
-            break (program, code, figures);
+        s.program = Some(program);
+        s.planned = Some(Code::Gpu {
+            ptx,
+            ptxas: figures,
+        });
+        if short == 0 || attempt == 2 {
+            break;
         }
-    };
-    let lib = times.stage("package", || {
-        Ok(match code {
-            Code::Cpu(code) => Library::Cpu(Box::new(Compiled {
-                optimized,
-                cfg,
-                memory,
-                program,
-                code,
-                times: vec![],
-                profiled: opt.profile,
-            })),
-            Code::Gpu(ptx) => Library::Gpu(Box::new(crate::gpu::package(
-                optimized, cfg, program, ptx, ptxas, figures,
-            )?)),
-        })
-    })?;
-    Ok(Ran::Built(lib.with_times(times.0)))
+        options.register_margin += u64::from(short);
+    }
+    Ok(())
 }
 
 /// The schedule stage's options: the Winograd policy, and tf32 tensor cores only where the precision
@@ -260,6 +346,161 @@ fn schedule_options(opt: &Options) -> mlopt_schedule::Options {
         winograd: opt.winograd,
         tf32,
         ..Default::default()
+    }
+}
+
+fn codegen(s: &mut State) -> Result<()> {
+    let program = need(&s.program, "kernel IR")?;
+    s.code = Some(match &s.opt.config.target {
+        Target::Cpu(t) => Code::Cpu(mlopt_llvm::compile_with(program, t, s.opt.profile)?),
+        // The PTX the schedule stage assembled for its register plans.
+        Target::Gpu(_) => s.planned.take().ok_or_else(|| {
+            DriverError::Io("a GPU's schedule made no PTX (a bug in mlopt's driver)".into())
+        })?,
+    });
+    Ok(())
+}
+
+fn package(s: &mut State) -> Result<()> {
+    let missing =
+        |what: &str| DriverError::Io(format!("no {what} to package (a bug in mlopt's driver)"));
+    let optimized = s.optimized.take().ok_or_else(|| missing("plan"))?;
+    let program = s.program.take().ok_or_else(|| missing("program"))?;
+    let cfg = s.opt.config.clone();
+    s.library = Some(match s.code.take().ok_or_else(|| missing("code"))? {
+        Code::Cpu(code) => Library::Cpu(Box::new(Compiled {
+            optimized,
+            cfg,
+            memory: s.memory.take().ok_or_else(|| missing("memory plan"))?,
+            program,
+            code,
+            times: vec![],
+            dumps: vec![],
+            profiled: s.opt.profile,
+        })),
+        Code::Gpu { ptx, ptxas } => Library::Gpu(Box::new(crate::gpu::package(
+            optimized,
+            cfg,
+            program,
+            ptx,
+            crate::gpu::find_ptxas(),
+            ptxas,
+        )?)),
+    });
+    Ok(())
+}
+
+/// The stages' seconds, in pipeline order; a loop inside a stage (`tune`, `ptxas`) is timed on its own.
+#[derive(Debug, Default)]
+struct Times(Vec<(&'static str, f64)>);
+
+impl Times {
+    /// Runs `f`, timed as `name`.
+    fn stage<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let out = f();
+        self.add(name, t.elapsed().as_secs_f64());
+        out
+    }
+
+    fn add(&mut self, name: &'static str, seconds: f64) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += seconds,
+            None => self.0.push((name, seconds)),
+        }
+    }
+}
+
+/// Runs the pipeline up to `stop` (every stage when None): the state, and each stage's text when
+/// `dumps` (or the stopping stage's).
+fn run<'a>(
+    source: Source<'a>,
+    opt: &'a Options,
+    stop: Option<Stage>,
+) -> Result<(State<'a>, Vec<(Stage, String)>)> {
+    let mut s = State {
+        opt,
+        source,
+        graph: None,
+        optimized: None,
+        memory: None,
+        program: None,
+        planned: None,
+        code: None,
+        library: None,
+        times: Times::default(),
+    };
+    let mut texts = Vec::new();
+    for stage in Stage::ALL {
+        let def = &STAGES[stage as usize];
+        // The stage's entry comes before those of the loops inside it (`tune`, `ptxas`).
+        s.times.add(def.name, 0.0);
+        let start = Instant::now();
+        (def.run)(&mut s)?;
+        s.times.add(def.name, start.elapsed().as_secs_f64());
+        (def.verify)(&s)?;
+        let dumped = opt.dumps && stage.dump_suffix(&opt.config.target).is_some();
+        if dumped || stop == Some(stage) {
+            texts.push((stage, (def.print)(&s)?));
+        }
+        if stop == Some(stage) {
+            break;
+        }
+    }
+    Ok((s, texts))
+}
+
+/// Runs every stage for `opt`'s target: a CPU or a GPU library (with its stage texts when
+/// `opt.dumps`).
+pub fn build<'a>(source: impl Into<Source<'a>>, opt: &'a Options) -> Result<Library> {
+    let (mut s, texts) = run(source.into(), opt, None)?;
+    let lib = s.library.take().ok_or_else(|| {
+        DriverError::Io("the pipeline stopped before packaging (a bug in mlopt's driver)".into())
+    })?;
+    Ok(lib.with_times(s.times.0).with_dumps(texts))
+}
+
+/// The text of `stage`: the pipeline up to that stage.
+pub fn inspect<'a>(
+    source: impl Into<Source<'a>>,
+    opt: &'a Options,
+    stage: Stage,
+) -> Result<String> {
+    let (_, mut texts) = run(source.into(), opt, Some(stage))?;
+    texts
+        .pop()
+        .filter(|(st, _)| *st == stage)
+        .map(|(_, text)| text)
+        .ok_or_else(|| {
+            DriverError::Io(format!(
+                "the pipeline did not stop at {} (a bug in mlopt's driver)",
+                stage.name()
+            ))
+        })
+}
+
+/// Runs the pipeline for a CPU target and keeps the result in this process (to load and run, or bench).
+pub fn compile<'a>(source: impl Into<Source<'a>>, opt: &'a Options) -> Result<Compiled> {
+    cpu_target(&opt.config.target)?;
+    match build(source, opt)? {
+        Library::Cpu(c) => Ok(*c),
+        Library::Gpu(_) => Err(DriverError::Io(
+            "a CPU target built a GPU library (a bug in mlopt's driver)".into(),
+        )),
+    }
+}
+
+/// Runs the pipeline for a GPU target.
+pub fn compile_gpu<'a>(
+    source: impl Into<Source<'a>>,
+    opt: &'a Options,
+) -> Result<crate::GpuCompiled> {
+    gpu_target(&opt.config.target)?;
+    match build(source, opt)? {
+        Library::Gpu(c) => Ok(*c),
+        Library::Cpu(_) => Err(DriverError::Io(
+            "a GPU target built a CPU library (a bug in mlopt's driver)".into(),
+        )),
     }
 }
 
@@ -279,187 +520,21 @@ pub fn gpu_target(t: &Target) -> Result<&GpuTarget> {
         .ok_or_else(|| DriverError::Input(format!("--target {} is not a GPU", t.name())))
 }
 
-impl Compiled {
-    /// Links the object with the runtime and loads it into this process.
-    pub fn load(&self) -> Result<Loaded> {
-        let p = &self.program;
-        Ok(Loaded::new(
-            &members(&c_name(&p.name), &self.code)?,
-            &c_name(&p.name),
-            p.context_bytes(),
-            p.inputs.iter().map(mlopt_kir::Io::bytes).collect(),
-            p.outputs.iter().map(mlopt_kir::Io::bytes).collect(),
-        )?)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// The input buffers for named tensors, checked against the compiled shapes and types.
-    pub fn input_bytes(&self, inputs: &HashMap<String, Tensor>) -> Result<Vec<Vec<u8>>> {
-        self.program
-            .inputs
-            .iter()
-            .map(|io| {
-                let t = inputs.get(&io.name).ok_or_else(|| {
-                    DriverError::Input(format!("graph input '{}': no value given", io.name))
-                })?;
-                let want: Vec<usize> = io.dims.iter().map(|d| *d as usize).collect();
-                if t.shape() != want.as_slice() || t.dtype().name() != io.elem.name() {
-                    return Err(DriverError::Input(format!(
-                        "input '{}' is {}, the model was compiled for {}{:?}",
-                        io.name,
-                        t.ty(),
-                        io.elem,
-                        want
-                    )));
-                }
-                Ok(t.to_le_bytes())
-            })
-            .collect()
-    }
-
-    /// Runs loaded code on named tensors.
-    pub fn run(
-        &self,
-        lib: &mut Loaded,
-        inputs: &HashMap<String, Tensor>,
-    ) -> Result<Vec<(String, Tensor)>> {
-        let ins = self.input_bytes(inputs)?;
-        let refs: Vec<&[u8]> = ins.iter().map(|b| b.as_slice()).collect();
-        let mut outs: Vec<Vec<u8>> = self
-            .program
-            .outputs
-            .iter()
-            .map(|io| vec![0u8; io.bytes()])
-            .collect();
-        lib.run(&refs, &mut outs)?;
-        self.program
-            .outputs
-            .iter()
-            .zip(&outs)
-            .map(|(io, b)| {
-                Ok((
-                    io.name.clone(),
-                    mlopt_lower::program::tensor(io, b).map_err(DriverError::Io)?,
-                ))
-            })
-            .collect()
-    }
-
-    /// Runs loaded code `warmups` times untimed, then `runs` times, and returns each timed run's seconds
-    /// (in run order): what `bench` and the profiler measure.
-    pub fn timed_runs(
-        &self,
-        lib: &mut Loaded,
-        inputs: &[&[u8]],
-        warmups: usize,
-        runs: usize,
-    ) -> Result<Vec<f64>> {
-        let mut outs: Vec<Vec<u8>> = self
-            .program
-            .outputs
-            .iter()
-            .map(|io| vec![0u8; io.bytes()])
-            .collect();
-        for _ in 0..warmups {
-            lib.run(inputs, &mut outs)?;
+    /// The table is indexed by the stage, every stage has a distinct name that parses back, and the
+    /// names of what they make parse too.
+    #[test]
+    fn stages_are_one_table_in_order() {
+        for (i, stage) in Stage::ALL.into_iter().enumerate() {
+            assert_eq!(stage as usize, i);
+            assert_eq!(stage.name().parse::<Stage>(), Ok(stage));
         }
-        let mut times = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let t = Instant::now();
-            lib.run(inputs, &mut outs)?;
-            times.push(t.elapsed().as_secs_f64());
+        for (alias, stage) in [("optimized", Stage::Optimize), ("code", Stage::Codegen)] {
+            assert_eq!(alias.parse::<Stage>(), Ok(stage));
         }
-        Ok(times)
+        assert!("egg".parse::<Stage>().is_err());
     }
-
-    /// Writes lib<stem>.a, <stem>.h, <stem>.rs, the stage dumps and `extra` (name, bytes: the report)
-    /// into `dir`, all or none (`output.rs`); returns the paths written.
-    pub fn write_library(
-        &self,
-        dir: &Path,
-        stem: &str,
-        extra: &[(String, Vec<u8>)],
-    ) -> Result<Vec<PathBuf>> {
-        let files = [
-            (
-                format!("{stem}.h"),
-                crate::emit::c_header(&self.program, self.cfg.target.name()),
-            ),
-            (
-                format!("{stem}.rs"),
-                crate::emit::rust_binding(&self.program, stem),
-            ),
-            (
-                format!("{stem}.optimized.mlir"),
-                mlopt_rewrite::report::dump(&self.optimized, &self.cfg),
-            ),
-            (
-                format!("{stem}.kir"),
-                mlopt_kir::print::program(&self.program),
-            ),
-            (format!("{stem}.ll"), self.code.llvm_ir.clone()),
-        ];
-        write_files(
-            dir,
-            files.into(),
-            (stem, &members(stem, &self.code)?),
-            mlopt_runtime::write_archive,
-            extra,
-        )
-    }
-}
-
-/// `mlopt_runtime::write_archive` or `write_gpu_archive`: objects -> a static library, into a file.
-pub(crate) type Archive = fn(&mut std::fs::File, &[Member]) -> std::io::Result<()>;
-
-/// The objects of CPU code as a library's members: the entry point's (`<stem>.o`), the weights'
-/// (`<stem>.1.o`, in pieces that share the program's weight buffers), then each group of kernels'.
-pub fn members<'a>(stem: &str, code: &'a mlopt_llvm::Output) -> Result<Vec<Member<'a>>> {
-    let name = |i: usize| {
-        if i == 0 {
-            format!("{stem}.o")
-        } else {
-            format!("{stem}.{i}.o")
-        }
-    };
-    let mut all = vec![Member {
-        name: name(1),
-        parts: code.data.parts(),
-        symbols: code.data.symbols().to_vec(),
-    }];
-    for (i, o) in code.objects.iter().enumerate() {
-        // The entry point's object goes first, the kernels' after the weights'.
-        let at = if i == 0 { 0 } else { i + 1 };
-        all.insert(
-            at,
-            Member::object(name(at), o)
-                .map_err(|e| DriverError::Io(format!("{}: {e}", name(at))))?,
-        );
-    }
-    Ok(all)
-}
-
-/// Writes `files` (name, text), lib<stem>.a holding `members` by `archive`, and `extra` into `dir`, all or
-/// none; returns the paths written.
-pub(crate) fn write_files(
-    dir: &Path,
-    files: Vec<(String, String)>,
-    (stem, members): (&str, &[Member]),
-    archive: Archive,
-    extra: &[(String, Vec<u8>)],
-) -> Result<Vec<PathBuf>> {
-    use crate::output::Content;
-    let mut all: Vec<(String, Content)> = files
-        .into_iter()
-        .map(|(n, t)| (n, Content::Bytes(t.into_bytes())))
-        .collect();
-    all.push((
-        format!("lib{stem}.a"),
-        Content::Stream(Box::new(|f: &mut std::fs::File| archive(f, members))),
-    ));
-    all.extend(
-        extra
-            .iter()
-            .map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))),
-    );
-    crate::output::write_atomically(dir, &all)
 }

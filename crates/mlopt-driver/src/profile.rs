@@ -2,7 +2,8 @@
 //! for the schedule that was chosen, the roofline bound) joined with the time a profiled build measured
 //! (`mlopt bench --profile`), one record per step of the entry point.
 
-use crate::pipeline::{Compiled, DriverError, Result};
+use crate::error::{DriverError, Result};
+use crate::Compiled;
 use mlopt_cost::{roofline, Bound, Mix, ScheduleClass, Work};
 use mlopt_kir::Kernel;
 use mlopt_runtime::Loaded;

@@ -2,7 +2,7 @@
 //! on this machine, keep the fastest. Results are cached per shape, vector width, thread count and CPU
 //! feature set in `$MLOPT_CACHE_DIR/tiles.txt` (or `~/.cache/mlopt`), so a shape is measured once.
 
-use crate::pipeline::{DriverError, Result};
+use crate::error::{DriverError, Result};
 use mlopt_kir::{Io, Place, Program, Step};
 use mlopt_schedule::{candidates, tile_key, Tile, TileKey};
 use mlopt_target::{CpuTarget, Target};
@@ -90,7 +90,7 @@ fn time_step(p: &Program, step: usize, t: &CpuTarget) -> Result<f64> {
     let q = solo(p, step);
     let code = mlopt_llvm::compile(&q, t)?;
     let mut lib = mlopt_runtime::Loaded::new(
-        &crate::pipeline::members(&q.name, &code)?,
+        &crate::cpu::members(&q.name, &code)?,
         &mlopt_llvm::c_name(&q.name),
         q.context_bytes(),
         q.inputs.iter().map(Io::bytes).collect(),
