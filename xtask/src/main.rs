@@ -134,10 +134,43 @@ fn lint() -> Result {
     ]))
 }
 
+/// The tests that need an NVIDIA GPU (ignored by `cargo test`): run where `nvidia-smi` finds one, and
+/// said to be skipped where none is, never passed silently.
+fn gpu_tests() -> Result {
+    let gpu = std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .ok()
+        .filter(|o| o.status.success() && !o.stdout.is_empty());
+    match gpu {
+        Some(o) => {
+            println!(
+                "gpu: running the real-GPU tests on {}",
+                String::from_utf8_lossy(&o.stdout).trim()
+            );
+            run(cargo().args([
+                "test",
+                "-p",
+                "mlopt-tests",
+                "--test",
+                "gpu",
+                "--quiet",
+                "--",
+                "--ignored",
+            ]))
+        }
+        None => {
+            println!("gpu: skipped: no GPU (nvidia-smi found none): tests/tests/gpu.rs's the_gpu_library_runs_on_a_real_gpu did not run; the PTX is checked by ptxas and every GPU schedule by the emulator");
+            Ok(())
+        }
+    }
+}
+
 fn test() -> Result {
     setup::setup()?;
     lint()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
+    gpu_tests()?;
     let mlopt = build_mlopt()?;
     let hostile = hostile::run(&mlopt)?;
     println!("hostile corpus (xtask/py/gen_hostile.py): {hostile} cases through inspect, compile, run, run --interpret and check --compiled, 0 failed");

@@ -1,5 +1,6 @@
-//! Kernel IR tests as data: small kernels written in the text form, run by the interpreter, checked by the
-//! verifier, rearranged by schedules.
+//! Kernel IR tests of the transforms' API: small kernels written in the text form, rearranged by schedule
+//! steps and run by the interpreter. (Kernels that only need to parse, verify or be scheduled are
+//! filetests: `tests/filetests/`.)
 
 use crate::*;
 
@@ -28,18 +29,6 @@ const SCALE: &str = "kernel @scale(%x: f32[10], %y: f32[10]) {
   }
 }
 ";
-
-#[test]
-fn text_round_trips_and_runs() {
-    let k = parse_kernel(SCALE).unwrap();
-    assert_eq!(print::kernel(&k), SCALE);
-    verify(&k).unwrap();
-    let out = run(&k, vec![(0..10).map(|i| i as f32).collect(), vec![0.0; 10]]);
-    assert_eq!(
-        out[1],
-        (0..10).map(|i| 2.0 * i as f32 + 1.0).collect::<Vec<_>>()
-    );
-}
 
 #[test]
 fn schedules_keep_the_results() {
@@ -86,41 +75,6 @@ fn schedules_keep_the_results() {
     );
 }
 
-#[test]
-fn the_verifier_proves_bounds_and_types() {
-    let oob = "kernel @oob(%x: f32[10], %y: f32[10]) {
-  serial %i in 0..10 {
-    %y[%i] = %x[(%i + 1)]
-  }
-}
-";
-    let e = verify(&parse_kernel(oob).unwrap()).unwrap_err();
-    assert!(
-        e[0].contains("@oob") && e[0].contains("may leave 0..10"),
-        "{e:?}"
-    );
-    // The same access under a guard is fine.
-    let guarded = oob.replace(
-        "    %y[%i] = %x[(%i + 1)]\n",
-        "    if lt((%i + 1), 10) {\n      %y[%i] = %x[(%i + 1)]\n    }\n",
-    );
-    verify(&parse_kernel(&guarded).unwrap()).unwrap();
-    // A clamp bounds an index too.
-    let clamped = oob.replace("%x[(%i + 1)]", "%x[max(min((%i + 1), 9), 0)]");
-    verify(&parse_kernel(&clamped).unwrap()).unwrap();
-    let mistyped = "kernel @t(%x: f32[2], %y: i64[2]) {
-  serial %i in 0..2 {
-    %y[%i] = (%x[%i] + 1)
-  }
-}
-";
-    let e = verify(&parse_kernel(mistyped).unwrap()).unwrap_err();
-    assert!(e.iter().any(|m| m.contains("of f32 and i64")), "{e:?}");
-}
-
-/// GPU thread loops run one after the other, as the barrier between them makes them on the device: every
-/// thread writes its shared slot before any reads its neighbour's. Locals are per thread and keep their
-/// values from one thread loop to the next.
 #[test]
 fn gpu_barriers_order_the_thread_loops() {
     let text = "kernel @rotate(%x: f32[8], %y: f32[8]) {
