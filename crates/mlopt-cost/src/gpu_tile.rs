@@ -1,7 +1,7 @@
 //! The GPU block-tile model: which block tile a GPU contraction (MatMul, Gemm, implicit-GEMM convolution)
 //! uses, by a small roofline (waves of blocks over the SMs at the engine's peak, against the operands'
 //! traffic) within the limits on threads, shared memory and registers. The GPU schedule
-//! (`mlopt-lower/src/schedule/gpu_gemm.rs`) asks it; with `tile.rs` (CPU register tiles) it is the one
+//! (`mlopt-schedule/src/gpu/gemm.rs`) asks it; with `tile.rs` (CPU register tiles) it is the one
 //! kernel-level model of contractions.
 
 use mlopt_target::GpuTarget;

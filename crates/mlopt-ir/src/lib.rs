@@ -12,9 +12,9 @@ pub mod graph;
 pub mod infer;
 pub mod interp;
 pub mod op;
+pub mod op_syntax;
 pub mod parse;
 pub mod print;
-pub mod spell;
 pub mod tensor;
 pub mod verify;
 

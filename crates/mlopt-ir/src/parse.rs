@@ -5,7 +5,7 @@ use crate::dtype::{DType, TensorType};
 use crate::error::{IrError, Result};
 use crate::graph::{Graph, Value};
 use crate::op::Op;
-use crate::spell::{AttrReader, RawAttr};
+use crate::op_syntax::{AttrReader, RawAttr};
 use crate::tensor::Tensor;
 use crate::with_dtype;
 use std::collections::{BTreeMap, HashMap};

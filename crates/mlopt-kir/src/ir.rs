@@ -448,6 +448,22 @@ impl Program {
     }
 }
 
+/// A buffer's id out of its kernel (a diagnostic's): `b3`, the fourth buffer. In a kernel's text a buffer
+/// is printed by its name (`Kernel::buffer`).
+impl fmt::Display for BufId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "b{}", self.0)
+    }
+}
+
+/// A loop variable's id out of its kernel: `v3`, the fourth variable. In a kernel's text it is printed
+/// by its name (`Kernel::var_name`).
+impl fmt::Display for Var {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
 impl fmt::Display for Elem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -698,3 +698,11 @@ fn replace_swaps_a_subexpression_everywhere() {
     );
     assert!(!got.uses(Var(0)));
 }
+
+#[test]
+fn ids_display_out_of_their_kernel() {
+    assert_eq!(
+        (BufId(3).to_string(), Var(0).to_string()),
+        ("b3".into(), "v0".into())
+    );
+}

@@ -42,10 +42,10 @@ fn config() -> [u8; 64] {
 impl<'c> Gen<'_, 'c> {
     /// The address of a block's first element and its row stride in bytes.
     pub(crate) fn block_base(&mut self, x: &Block) -> Ret<(PointerValue<'c>, u64)> {
-        let flat = mlopt_kir::analysis::flat_index(self.k, x.buf, &x.at);
+        let flat = mlopt_kir::analysis::flat_index(self.kernel, x.buf, &x.at);
         let i = self.eval(&flat)?.into_int_value();
         let p = self.elem_ptr(x.buf, i)?;
-        let buf = self.k.buffer(x.buf);
+        let buf = self.kernel.buffer(x.buf);
         Ok((p, buf.dims.last().copied().unwrap_or(1) * buf.elem.size()))
     }
 
@@ -57,41 +57,47 @@ impl<'c> Gen<'_, 'c> {
     ) -> Ret<PointerValue<'c>> {
         // SAFETY: offsets inside the block, which the verifier proved in bounds.
         Ok(unsafe {
-            self.b
-                .build_in_bounds_gep(self.c.i8_type(), p, &[bytes], "tile")?
+            self.builder
+                .build_in_bounds_gep(self.ctx.i8_type(), p, &[bytes], "tile")?
         })
     }
 
     fn asm(&mut self, text: &str, args: &[BasicMetadataValueEnum<'c>]) -> Ret<()> {
-        let ptr = self.c.ptr_type(inkwell::AddressSpace::default());
+        let ptr = self.ctx.ptr_type(inkwell::AddressSpace::default());
         let params: Vec<_> = args
             .iter()
             .map(|a| {
                 if a.is_pointer_value() {
                     ptr.into()
                 } else {
-                    self.c.i64_type().into()
+                    self.ctx.i64_type().into()
                 }
             })
             .collect();
-        let fty = self.c.void_type().fn_type(&params, false);
+        let fty = self.ctx.void_type().fn_type(&params, false);
         let constraints = [vec!["r"; args.len()], vec!["~{memory}"]]
             .concat()
             .join(",");
-        let f =
-            self.c
-                .create_inline_asm(fty, text.to_string(), constraints, true, false, None, false);
-        self.b.build_indirect_call(fty, f, args, "")?;
+        let f = self.ctx.create_inline_asm(
+            fty,
+            text.to_string(),
+            constraints,
+            true,
+            false,
+            None,
+            false,
+        );
+        self.builder.build_indirect_call(fty, f, args, "")?;
         Ok(())
     }
 
     fn config_ptr(&mut self) -> PointerValue<'c> {
         let name = "mlopt.amx.config";
-        if let Some(g) = self.m.get_global(name) {
+        if let Some(g) = self.module.get_global(name) {
             return g.as_pointer_value();
         }
-        let init = self.c.const_string(&config(), false);
-        let g = self.m.add_global(init.get_type(), None, name);
+        let init = self.ctx.const_string(&config(), false);
+        let g = self.module.add_global(init.get_type(), None, name);
         g.set_initializer(&init);
         g.set_constant(true);
         g.set_linkage(Linkage::Private);
@@ -113,14 +119,14 @@ impl<'c> Gen<'_, 'c> {
         if !supported(m, n, k) {
             return Err(err(format!(
                 "@{}: mma<{m}x{n}x{k}> has no AMX form (m, n of 16 or 32, k a multiple of 32)",
-                self.k.name
+                self.kernel.name
             )));
         }
         let (mt, nt) = (m / TILE_ROWS, n / TILE_ROWS);
         let (c0, ldc) = self.block_base(c)?;
         let (a0, lda) = self.block_base(a)?;
         let (b0, ldb) = self.block_base(b)?;
-        let i64 = |g: &Self, v: u64| g.c.i64_type().const_int(v, false);
+        let i64 = |g: &Self, v: u64| g.ctx.i64_type().const_int(v, false);
         let ctile = |i: u64, j: u64| (i * nt + j) as usize;
         // C tile (i, j) is register ctile(i, j); its first element's address, for loading and storing.
         let mut c_tiles = Vec::new();
@@ -153,11 +159,14 @@ impl<'c> Gen<'_, 'c> {
             let mut text = Vec::new();
             let mut args: Vec<BasicMetadataValueEnum> =
                 vec![i64(g, lda).into(), i64(g, ldb).into()];
-            let a_step = g.b.build_int_mul(s, i64(g, K_STEP * 2), "ak")?;
-            let b_step = g.b.build_int_mul(s, i64(g, (K_STEP / 2) * ldb), "bk")?;
+            let a_step = g.builder.build_int_mul(s, i64(g, K_STEP * 2), "ak")?;
+            let b_step = g
+                .builder
+                .build_int_mul(s, i64(g, (K_STEP / 2) * ldb), "bk")?;
             for i in 0..mt {
-                let off =
-                    g.b.build_int_add(a_step, i64(g, i * TILE_ROWS * lda), "ao")?;
+                let off = g
+                    .builder
+                    .build_int_add(a_step, i64(g, i * TILE_ROWS * lda), "ao")?;
                 let p = g.byte_offset(a0, off)?;
                 text.push(format!(
                     "tileloadd (${},$0,1), %tmm{}",
@@ -167,7 +176,9 @@ impl<'c> Gen<'_, 'c> {
                 args.push(p.into());
             }
             for j in 0..nt {
-                let off = g.b.build_int_add(b_step, i64(g, j * TILE_BYTES), "bo")?;
+                let off = g
+                    .builder
+                    .build_int_add(b_step, i64(g, j * TILE_BYTES), "bo")?;
                 let p = g.byte_offset(b0, off)?;
                 text.push(format!(
                     "tileloadd (${},$1,1), %tmm{}",

@@ -61,11 +61,11 @@ pub(crate) enum VarVal<'c> {
 }
 
 pub struct Gen<'a, 'c> {
-    pub c: &'c Context,
-    pub m: &'a Module<'c>,
-    pub b: Builder<'c>,
-    pub k: &'a Kernel,
-    pub f: FunctionValue<'c>,
+    pub ctx: &'c Context,
+    pub module: &'a Module<'c>,
+    pub builder: Builder<'c>,
+    pub kernel: &'a Kernel,
+    pub func: FunctionValue<'c>,
     /// Base pointer of every buffer.
     pub ptrs: HashMap<BufId, PointerValue<'c>>,
     pub(crate) vars: HashMap<Var, VarVal<'c>>,
@@ -86,11 +86,11 @@ pub(crate) fn err(what: impl Into<String>) -> LlvmError {
 impl<'a, 'c> Gen<'a, 'c> {
     pub fn new(c: &'c Context, m: &'a Module<'c>, k: &'a Kernel, f: FunctionValue<'c>) -> Self {
         Gen {
-            c,
-            m,
-            b: c.create_builder(),
-            k,
-            f,
+            ctx: c,
+            module: m,
+            builder: c.create_builder(),
+            kernel: k,
+            func: f,
             ptrs: HashMap::new(),
             vars: HashMap::new(),
             width: None,
@@ -101,7 +101,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn i64(&self, v: i64) -> IntValue<'c> {
-        self.c.i64_type().const_int(v as u64, true)
+        self.ctx.i64_type().const_int(v as u64, true)
     }
 
     /// Allocates the kernel's local buffers at the top of the function: on the stack up to
@@ -111,31 +111,31 @@ impl<'a, 'c> Gen<'a, 'c> {
         // Locals one iteration of a parallel loop owns are made by each thread (`parallel.rs`), not here.
         let threads_own = match self.gpu {
             true => vec![],
-            false => mlopt_kir::analysis::locals_owned_by_loops(self.k, &|kind| {
+            false => mlopt_kir::analysis::locals_owned_by_loops(self.kernel, &|kind| {
                 kind == LoopKind::Parallel
             }),
         };
         let mut heap = Vec::new();
-        for (i, buf) in self.k.bufs.iter().enumerate() {
+        for (i, buf) in self.kernel.bufs.iter().enumerate() {
             if buf.space == Space::Local && !threads_own.contains(&BufId(i as u32)) {
-                let t = ty(self.c, buf.elem);
+                let t = ty(self.ctx, buf.elem);
                 let n = buf.numel().max(1);
                 let bytes = n * buf.elem.size();
                 if self.gpu && bytes > STACK_LOCAL_BYTES {
                     return Err(err(format!(
                         "@{}: local %{} of {bytes} bytes per GPU thread",
-                        self.k.name, buf.name
+                        self.kernel.name, buf.name
                     )));
                 }
                 let p = if bytes <= STACK_LOCAL_BYTES {
                     let p = self
-                        .b
+                        .builder
                         .build_array_alloca(t, self.i64(n as i64), &buf.name)?;
                     p.as_instruction().map(|ins| ins.set_alignment(64));
                     p
                 } else {
-                    let alloc = libc(self.c, self.m, "aligned_alloc")?;
-                    let call = self.b.build_call(
+                    let alloc = libc(self.ctx, self.module, "aligned_alloc")?;
+                    let call = self.builder.build_call(
                         alloc,
                         &[
                             self.i64(64).into(),
@@ -162,9 +162,9 @@ impl<'a, 'c> Gen<'a, 'c> {
         if heap.is_empty() {
             return Ok(());
         }
-        let free = libc(self.c, self.m, "free")?;
+        let free = libc(self.ctx, self.module, "free")?;
         for p in heap {
-            self.b.build_call(free, &[(*p).into()], "")?;
+            self.builder.build_call(free, &[(*p).into()], "")?;
         }
         Ok(())
     }
@@ -190,28 +190,28 @@ impl<'a, 'c> Gen<'a, 'c> {
                 if c.is_vector_value() {
                     return Err(err(format!(
                         "@{}: a guard that differs between lanes in a vector loop",
-                        self.k.name
+                        self.kernel.name
                     )));
                 }
                 let (yes, done) = (
-                    self.c.append_basic_block(self.f, "then"),
-                    self.c.append_basic_block(self.f, "endif"),
+                    self.ctx.append_basic_block(self.func, "then"),
+                    self.ctx.append_basic_block(self.func, "endif"),
                 );
-                self.b
+                self.builder
                     .build_conditional_branch(c.into_int_value(), yes, done)?;
-                self.b.position_at_end(yes);
+                self.builder.position_at_end(yes);
                 self.block(then)?;
-                self.b.build_unconditional_branch(done)?;
-                self.b.position_at_end(done);
+                self.builder.build_unconditional_branch(done)?;
+                self.builder.position_at_end(done);
                 Ok(())
             }
             Stmt::Barrier if self.gpu => {
                 let f = crate::ptx::nvvm(
                     self,
                     "llvm.nvvm.barrier0",
-                    self.c.void_type().fn_type(&[], false),
+                    self.ctx.void_type().fn_type(&[], false),
                 );
-                self.b.build_call(f, &[], "")?;
+                self.builder.build_call(f, &[], "")?;
                 Ok(())
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
@@ -228,17 +228,18 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let f = crate::ptx::nvvm(
                     self,
                     "llvm.nvvm.cp.async.wait.all",
-                    self.c.void_type().fn_type(&[], false),
+                    self.ctx.void_type().fn_type(&[], false),
                 );
-                self.b.build_call(f, &[], "")?;
+                self.builder.build_call(f, &[], "")?;
                 Ok(())
             }
             Stmt::CopyAsync { .. } | Stmt::AsyncWait => Err(err("cp.async in a CPU kernel")),
             Stmt::WarpReduce { buf, op } if self.gpu => crate::ptx::warp_reduce(self, *buf, *op),
             Stmt::WarpReduce { .. } => Err(err("warp.reduce in a CPU kernel")),
-            Stmt::Mma { .. } if self.width.is_some() => {
-                Err(err(format!("@{}: an mma in a vector loop", self.k.name)))
-            }
+            Stmt::Mma { .. } if self.width.is_some() => Err(err(format!(
+                "@{}: an mma in a vector loop",
+                self.kernel.name
+            ))),
             Stmt::Mma {
                 m,
                 n,
@@ -252,7 +253,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 Some(MatrixUnit::Dot) => self.mma_dot(*m, *n, *k, c, a, b, *acc),
                 None => Err(err(format!(
                     "@{}: an mma block on a target without a bf16 matrix unit (expand it first)",
-                    self.k.name
+                    self.kernel.name
                 ))),
             },
         }
@@ -267,22 +268,24 @@ impl<'a, 'c> Gen<'a, 'c> {
         name: &str,
     ) -> Ret<PointerValue<'c>> {
         let entry = self
-            .f
+            .func
             .get_first_basic_block()
             .ok_or_else(|| err("function without entry"))?;
         let here = self
-            .b
+            .builder
             .get_insert_block()
             .ok_or_else(|| err("builder not positioned"))?;
         match entry.get_first_instruction() {
-            Some(first) => self.b.position_before(&first),
-            None => self.b.position_at_end(entry),
+            Some(first) => self.builder.position_before(&first),
+            None => self.builder.position_at_end(entry),
         }
         let p = match n {
-            Some(n) => self.b.build_array_alloca(t, self.i64(n as i64), name)?,
-            None => self.b.build_alloca(t, name)?,
+            Some(n) => self
+                .builder
+                .build_array_alloca(t, self.i64(n as i64), name)?,
+            None => self.builder.build_alloca(t, name)?,
         };
-        self.b.position_at_end(here);
+        self.builder.position_at_end(here);
         Ok(p)
     }
 
@@ -295,30 +298,33 @@ impl<'a, 'c> Gen<'a, 'c> {
         step: u64,
         body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>,
     ) -> Ret<()> {
-        let i64t = self.c.i64_type();
+        let i64t = self.ctx.i64_type();
         // The counter lives in an entry-block alloca; mem2reg makes it a phi.
         let slot = self.entry_alloca(i64t.into(), None, name)?;
-        self.b.build_store(slot, begin)?;
+        self.builder.build_store(slot, begin)?;
         let (head, bodyb, done) = (
-            self.c.append_basic_block(self.f, &format!("{name}.head")),
-            self.c.append_basic_block(self.f, &format!("{name}.body")),
-            self.c.append_basic_block(self.f, &format!("{name}.end")),
+            self.ctx
+                .append_basic_block(self.func, &format!("{name}.head")),
+            self.ctx
+                .append_basic_block(self.func, &format!("{name}.body")),
+            self.ctx
+                .append_basic_block(self.func, &format!("{name}.end")),
         );
-        self.b.build_unconditional_branch(head)?;
-        self.b.position_at_end(head);
-        let i = self.b.build_load(i64t, slot, name)?.into_int_value();
+        self.builder.build_unconditional_branch(head)?;
+        self.builder.position_at_end(head);
+        let i = self.builder.build_load(i64t, slot, name)?.into_int_value();
         let more = self
-            .b
+            .builder
             .build_int_compare(IntPredicate::SLT, i, end, "more")?;
-        self.b.build_conditional_branch(more, bodyb, done)?;
-        self.b.position_at_end(bodyb);
+        self.builder.build_conditional_branch(more, bodyb, done)?;
+        self.builder.position_at_end(bodyb);
         body(self, i)?;
         let next = self
-            .b
+            .builder
             .build_int_add(i, i64t.const_int(step, false), "next")?;
-        self.b.build_store(slot, next)?;
-        self.b.build_unconditional_branch(head)?;
-        self.b.position_at_end(done);
+        self.builder.build_store(slot, next)?;
+        self.builder.build_unconditional_branch(head)?;
+        self.builder.position_at_end(done);
         Ok(())
     }
 
@@ -330,7 +336,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn emit_loop(&mut self, var: Var, extent: u64, kind: LoopKind, body: &[Stmt]) -> Ret<()> {
-        let name = self.k.var_name(var).replace('.', "_");
+        let name = self.kernel.var_name(var).replace('.', "_");
         match kind {
             LoopKind::Unrolled => {
                 for i in 0..extent {
@@ -380,11 +386,11 @@ impl<'a, 'c> Gen<'a, 'c> {
 
     /// Local buffers accessed only inside `body`: each lane of a vector loop gets its own copy.
     fn private_locals(&mut self, body: &[Stmt], w: u32) -> Ret<HashMap<BufId, PointerValue<'c>>> {
-        let private = mlopt_kir::analysis::private_locals(self.k, body);
+        let private = mlopt_kir::analysis::private_locals(self.kernel, body);
         let mut out = HashMap::new();
         for b in private {
-            let buf = self.k.buffer(b);
-            let vt = reg_ty(self.c, buf.elem);
+            let buf = self.kernel.buffer(b);
+            let vt = reg_ty(self.ctx, buf.elem);
             let p = self.entry_alloca(
                 vector_type(vt, w),
                 Some(buf.numel().max(1)),
@@ -396,7 +402,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn flat(&self, b: BufId, index: &[Expr]) -> Expr {
-        mlopt_kir::analysis::flat_index(self.k, b, index)
+        mlopt_kir::analysis::flat_index(self.kernel, b, index)
     }
 
     /// The vector loop's variable, when emitting a vector loop.
@@ -453,10 +459,10 @@ impl<'a, 'c> Gen<'a, 'c> {
         let base = *self
             .ptrs
             .get(&b)
-            .ok_or_else(|| err(format!("no pointer for %{}", self.k.buffer(b).name)))?;
-        let t = ty(self.c, self.k.buffer(b).elem);
+            .ok_or_else(|| err(format!("no pointer for %{}", self.kernel.buffer(b).name)))?;
+        let t = ty(self.ctx, self.kernel.buffer(b).elem);
         // SAFETY: see the module comment; the index is in bounds by verification.
-        Ok(unsafe { self.b.build_in_bounds_gep(t, base, &[flat], "p")? })
+        Ok(unsafe { self.builder.build_in_bounds_gep(t, base, &[flat], "p")? })
     }
 
     /// How the flat index moves with the lane: Some(0) uniform, Some(1) contiguous, None otherwise.
@@ -473,10 +479,10 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
     /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
     fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
-        let size = self.k.buffer(b).elem.size() as u32;
+        let size = self.kernel.buffer(b).elem.size() as u32;
         let Some(l) = self
             .lane_var()
-            .filter(|_| self.gpu && self.k.buffer(b).space == Space::Global)
+            .filter(|_| self.gpu && self.kernel.buffer(b).space == Space::Global)
         else {
             return size;
         };
@@ -490,33 +496,39 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn load(&mut self, b: BufId, index: &[Expr]) -> Ret<BasicValueEnum<'c>> {
-        let elem = self.k.buffer(b).elem;
-        let t = ty(self.c, elem);
+        let elem = self.kernel.buffer(b).elem;
+        let t = ty(self.ctx, elem);
         let flat = self.flat(b, index);
         if let Some(p) = self.private.get(&b).copied() {
             let w = self.width.unwrap_or(1);
             let i = self.scalar_index(&flat)?;
             // SAFETY: in bounds by verification.
             let ptr = unsafe {
-                self.b
-                    .build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "lp")?
+                self.builder.build_in_bounds_gep(
+                    vector_type(reg_ty(self.ctx, elem), w),
+                    p,
+                    &[i],
+                    "lp",
+                )?
             };
-            return Ok(self
-                .b
-                .build_load(vector_type(reg_ty(self.c, elem), w), ptr, "priv")?);
+            return Ok(self.builder.build_load(
+                vector_type(reg_ty(self.ctx, elem), w),
+                ptr,
+                "priv",
+            )?);
         }
         match (self.width, self.lane_stride(&flat)) {
             (None, _) | (Some(_), Some(0)) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
-                let v = self.b.build_load(t, p, "ld")?;
+                let v = self.builder.build_load(t, p, "ld")?;
                 let v = self.mem_to_reg(v, elem)?;
                 self.widen(v)
             }
             (Some(w), Some(1)) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
-                let v = self.b.build_load(vector_type(t, w), p, "vld")?;
+                let v = self.builder.build_load(vector_type(t, w), p, "vld")?;
                 let align = self.vector_align(b, &flat, w);
                 v.as_instruction_value().map(|ins| ins.set_alignment(align));
                 self.mem_to_reg(v, elem)
@@ -527,16 +539,16 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let span = (w - 1) * st as u32 + 1;
-                let v = self.b.build_load(vector_type(t, span), p, "sld")?;
+                let v = self.builder.build_load(vector_type(t, span), p, "sld")?;
                 // (Aligned to an element only: LLVM would otherwise assume the vector type's alignment.)
                 v.as_instruction_value()
-                    .map(|ins| ins.set_alignment(self.k.buffer(b).elem.size() as u32));
+                    .map(|ins| ins.set_alignment(self.kernel.buffer(b).elem.size() as u32));
                 let v = v.into_vector_value();
-                let i32t = self.c.i32_type();
+                let i32t = self.ctx.i32_type();
                 let mask: Vec<_> = (0..w)
                     .map(|l| i32t.const_int(u64::from(l * st as u32), false))
                     .collect();
-                let picked = self.b.build_shuffle_vector(
+                let picked = self.builder.build_shuffle_vector(
                     v,
                     v.get_type().get_undef(),
                     inkwell::types::VectorType::const_vector(&mask),
@@ -549,21 +561,21 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let mut acc = vector_type(t, w).const_zero().as_basic_value_enum();
                 for lane in 0..w {
                     let i = self
-                        .b
+                        .builder
                         .build_extract_element(
                             idx,
-                            self.c.i32_type().const_int(lane as u64, false),
+                            self.ctx.i32_type().const_int(lane as u64, false),
                             "ix",
                         )?
                         .into_int_value();
                     let p = self.elem_ptr(b, i)?;
-                    let x = self.b.build_load(t, p, "gld")?;
+                    let x = self.builder.build_load(t, p, "gld")?;
                     acc = self
-                        .b
+                        .builder
                         .build_insert_element(
                             acc.into_vector_value(),
                             x,
-                            self.c.i32_type().const_int(lane as u64, false),
+                            self.ctx.i32_type().const_int(lane as u64, false),
                             "g",
                         )?
                         .into();
@@ -574,8 +586,8 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn store(&mut self, b: BufId, index: &[Expr], value: &Expr) -> Ret<()> {
-        let elem = self.k.buffer(b).elem;
-        let t = ty(self.c, elem);
+        let elem = self.kernel.buffer(b).elem;
+        let t = ty(self.ctx, elem);
         let v = self.eval(value)?;
         let flat = self.flat(b, index);
         if let Some(p) = self.private.get(&b).copied() {
@@ -584,10 +596,14 @@ impl<'a, 'c> Gen<'a, 'c> {
             let v = self.widen(v)?;
             // SAFETY: in bounds by verification.
             let ptr = unsafe {
-                self.b
-                    .build_in_bounds_gep(vector_type(reg_ty(self.c, elem), w), p, &[i], "sp")?
+                self.builder.build_in_bounds_gep(
+                    vector_type(reg_ty(self.ctx, elem), w),
+                    p,
+                    &[i],
+                    "sp",
+                )?
             };
-            self.b.build_store(ptr, v)?;
+            self.builder.build_store(ptr, v)?;
             return Ok(());
         }
         match (self.width, self.lane_stride(&flat)) {
@@ -595,14 +611,14 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let v = self.reg_to_mem(v, elem)?;
-                self.b.build_store(p, v)?;
+                self.builder.build_store(p, v)?;
             }
             (Some(w), Some(1)) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let v = self.widen(v)?;
                 let v = self.reg_to_mem(v, elem)?;
-                let st = self.b.build_store(p, v)?;
+                let st = self.builder.build_store(p, v)?;
                 st.set_alignment(self.vector_align(b, &flat, w))
                     .map_err(|e| err(e.to_string()))?;
             }
@@ -611,17 +627,17 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let v = self.widen(v)?;
                 let v = self.reg_to_mem(v, elem)?.into_vector_value();
                 for lane in 0..w {
-                    let l = self.c.i32_type().const_int(lane as u64, false);
+                    let l = self.ctx.i32_type().const_int(lane as u64, false);
                     let i = if idx.is_vector_value() {
-                        self.b
+                        self.builder
                             .build_extract_element(idx.into_vector_value(), l, "ix")?
                             .into_int_value()
                     } else {
                         idx.into_int_value()
                     };
                     let p = self.elem_ptr(b, i)?;
-                    let x = self.b.build_extract_element(v, l, "sx")?;
-                    self.b.build_store(p, x)?;
+                    let x = self.builder.build_extract_element(v, l, "sx")?;
+                    self.builder.build_store(p, x)?;
                 }
                 let _ = t;
             }
@@ -634,8 +650,8 @@ impl<'a, 'c> Gen<'a, 'c> {
         if e != Elem::Bool {
             return Ok(v);
         }
-        let zero = const_like(self.c, v, 0.0, Elem::U8);
-        int_cmp(&self.b, IntPredicate::NE, v, zero)
+        let zero = const_like(self.ctx, v, 0.0, Elem::U8);
+        int_cmp(&self.builder, IntPredicate::NE, v, zero)
     }
 
     fn reg_to_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
@@ -644,14 +660,14 @@ impl<'a, 'c> Gen<'a, 'c> {
         }
         let t = match v {
             BasicValueEnum::VectorValue(x) => self
-                .c
+                .ctx
                 .i8_type()
                 .vec_type(x.get_type().get_size())
                 .as_basic_type_enum(),
-            _ => self.c.i8_type().into(),
+            _ => self.ctx.i8_type().into(),
         };
         Ok(self
-            .b
+            .builder
             .build_cast(inkwell::values::InstructionOpcode::ZExt, v, t, "b8")?)
     }
 
@@ -666,12 +682,12 @@ impl<'a, 'c> Gen<'a, 'c> {
     /// The scalar `v` in all `w` lanes of a vector.
     pub(crate) fn splat(&mut self, v: BasicValueEnum<'c>, w: u32) -> Ret<BasicValueEnum<'c>> {
         let undef = vector_type(v.get_type(), w).into_vector_type().get_undef();
-        let one = self
-            .b
-            .build_insert_element(undef, v, self.c.i32_type().const_zero(), "s")?;
-        let mask = self.c.i32_type().vec_type(w).const_zero();
+        let one =
+            self.builder
+                .build_insert_element(undef, v, self.ctx.i32_type().const_zero(), "s")?;
+        let mask = self.ctx.i32_type().vec_type(w).const_zero();
         Ok(self
-            .b
+            .builder
             .build_shuffle_vector(one, undef, mask, "splat")?
             .into())
     }
@@ -679,7 +695,10 @@ impl<'a, 'c> Gen<'a, 'c> {
     pub fn eval(&mut self, e: &Expr) -> Ret<BasicValueEnum<'c>> {
         let v: BasicValueEnum<'c> = match e {
             Expr::Int(x) => self.i64(*x).into(),
-            Expr::Float(x, t) => reg_ty(self.c, *t).into_float_type().const_float(*x).into(),
+            Expr::Float(x, t) => reg_ty(self.ctx, *t)
+                .into_float_type()
+                .const_float(*x)
+                .into(),
             Expr::Var(v) => match self.vars.get(v).copied() {
                 Some(VarVal::Scalar(i)) => i.into(),
                 Some(VarVal::Lanes(i)) => {
@@ -687,25 +706,25 @@ impl<'a, 'c> Gen<'a, 'c> {
                     let base = self.widen(i.into())?;
                     let iota: Vec<IntValue> = (0..w).map(|l| self.i64(l as i64)).collect();
                     let iota = inkwell::types::VectorType::const_vector(&iota);
-                    self.b
+                    self.builder
                         .build_int_add(base.into_vector_value(), iota, "lane")?
                         .into()
                 }
                 None => {
                     return Err(err(format!(
                         "@{}: variable {} has no value",
-                        self.k.name, v.0
+                        self.kernel.name, v.0
                     )))
                 }
             },
             Expr::Load(b, ix) => return self.load(*b, ix),
             Expr::Unary(o, a) => {
-                let t = a.elem(self.k);
+                let t = a.elem(self.kernel);
                 let x = self.eval(a)?;
                 crate::math::unary(self, *o, x, t)?
             }
             Expr::Binary(o, a, b) => {
-                let t = a.elem(self.k);
+                let t = a.elem(self.kernel);
                 let (x, y) = (self.eval(a)?, self.eval(b)?);
                 let (x, y) = self.same_shape(x, y)?;
                 crate::math::binary(self, *o, x, y, t)?
@@ -723,12 +742,12 @@ impl<'a, 'c> Gen<'a, 'c> {
                 let (cv, x) = self.same_shape(cv, x)?;
                 let (y, _) = self.same_shape(y, x)?;
                 match cv {
-                    BasicValueEnum::VectorValue(c) => self.b.build_select(c, x, y, "sel")?,
-                    c => self.b.build_select(c.into_int_value(), x, y, "sel")?,
+                    BasicValueEnum::VectorValue(c) => self.builder.build_select(c, x, y, "sel")?,
+                    c => self.builder.build_select(c.into_int_value(), x, y, "sel")?,
                 }
             }
             Expr::Cast(t, a) => {
-                let from = a.elem(self.k);
+                let from = a.elem(self.kernel);
                 let x = self.eval(a)?;
                 crate::math::cast(self, x, from, *t)?
             }
@@ -757,11 +776,11 @@ impl<'a, 'c> Gen<'a, 'c> {
     ) -> Ret<BasicValueEnum<'c>> {
         let i = Intrinsic::find(name).ok_or_else(|| err(format!("no intrinsic {name}")))?;
         let f = i
-            .get_declaration(self.m, &[args[0].get_type()])
+            .get_declaration(self.module, &[args[0].get_type()])
             .ok_or_else(|| err(format!("no declaration of {name}")))?;
         let a: Vec<inkwell::values::BasicMetadataValueEnum> =
             args.iter().map(|x| (*x).into()).collect();
-        self.b
+        self.builder
             .build_call(f, &a, name)?
             .try_as_basic_value()
             .basic()
@@ -899,7 +918,7 @@ pub fn define_kernel<'c>(
     let mut g = Gen::new(c, m, k, f);
     g.matrix = matrix;
     let entry = c.append_basic_block(f, "entry");
-    g.b.position_at_end(entry);
+    g.builder.position_at_end(entry);
     for (i, b) in k.params().iter().enumerate() {
         let p = f
             .get_nth_param(i as u32)
@@ -913,21 +932,22 @@ pub fn define_kernel<'c>(
         // Out of memory: free what was allocated (free(NULL) does nothing) and return 1.
         let mut failed = c.bool_type().const_zero();
         for p in &heap {
-            let null = g.b.build_is_null(*p, "null")?;
-            failed = g.b.build_or(failed, null, "failed")?;
+            let null = g.builder.build_is_null(*p, "null")?;
+            failed = g.builder.build_or(failed, null, "failed")?;
         }
         let (oom, run) = (
             c.append_basic_block(f, "oom"),
             c.append_basic_block(f, "run"),
         );
-        g.b.build_conditional_branch(failed, oom, run)?;
-        g.b.position_at_end(oom);
+        g.builder.build_conditional_branch(failed, oom, run)?;
+        g.builder.position_at_end(oom);
         g.free_locals(&heap)?;
-        g.b.build_return(Some(&c.i32_type().const_int(1, false)))?;
-        g.b.position_at_end(run);
+        g.builder
+            .build_return(Some(&c.i32_type().const_int(1, false)))?;
+        g.builder.position_at_end(run);
     }
     g.block(&k.body)?;
     g.free_locals(&heap)?;
-    g.b.build_return(Some(&c.i32_type().const_zero()))?;
+    g.builder.build_return(Some(&c.i32_type().const_zero()))?;
     Ok(())
 }

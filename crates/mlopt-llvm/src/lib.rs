@@ -6,8 +6,8 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod amx;
+mod bf16_dot;
 mod codegen;
-mod dot;
 mod elf;
 pub use elf::DataObject;
 pub mod error;

@@ -24,18 +24,19 @@ pub fn unary<'c>(
     if !t.is_float() {
         return Ok(match o {
             UnOp::Neg => {
-                let z = const_like(g.c, x, 0.0, t);
-                g.b.build_binop(Op::Sub, z, x, "neg")?
+                let z = const_like(g.ctx, x, 0.0, t);
+                g.builder.build_binop(Op::Sub, z, x, "neg")?
             }
             UnOp::Abs if unsigned(t) => x,
             UnOp::Abs => {
-                let f = g.c.bool_type().const_zero();
+                let f = g.ctx.bool_type().const_zero();
                 let i = inkwell::intrinsics::Intrinsic::find("llvm.abs")
                     .ok_or_else(|| LlvmError::Codegen("no llvm.abs".into()))?;
                 let d = i
-                    .get_declaration(g.m, &[x.get_type()])
+                    .get_declaration(g.module, &[x.get_type()])
                     .ok_or_else(|| LlvmError::Codegen("llvm.abs".into()))?;
-                g.b.build_call(d, &[x.into(), f.into()], "abs")?
+                g.builder
+                    .build_call(d, &[x.into(), f.into()], "abs")?
                     .try_as_basic_value()
                     .basic()
                     .ok_or_else(|| LlvmError::Codegen("abs".into()))?
@@ -43,11 +44,11 @@ pub fn unary<'c>(
             UnOp::Not => {
                 // Bool: flip the bit; integers: all bits.
                 let ones = if t == Elem::Bool {
-                    const_like(g.c, x, 1.0, Elem::Bool)
+                    const_like(g.ctx, x, 1.0, Elem::Bool)
                 } else {
-                    const_like(g.c, x, -1.0, t)
+                    const_like(g.ctx, x, -1.0, t)
                 };
-                g.b.build_binop(Op::Xor, x, ones, "not")?
+                g.builder.build_binop(Op::Xor, x, ones, "not")?
             }
             _ => return Err(LlvmError::Codegen(format!("{o:?} of {t}"))),
         });
@@ -70,7 +71,7 @@ pub fn unary<'c>(
         _ => {}
     }
     let name = match o {
-        UnOp::Neg => return Ok(g.b.build_unary_op_neg(x)?),
+        UnOp::Neg => return Ok(g.builder.build_unary_op_neg(x)?),
         UnOp::Abs => "llvm.fabs",
         UnOp::Exp => "llvm.exp",
         UnOp::Log => "llvm.log",
@@ -116,12 +117,14 @@ fn libm<'c>(
     x: BasicValueEnum<'c>,
     t: Elem,
 ) -> Ret<BasicValueEnum<'c>> {
-    let ft = ty(g.c, t);
-    let f = g.m.get_function(name).unwrap_or_else(|| {
-        g.m.add_function(name, ft.fn_type(&[ft.into()], false), None)
+    let ft = ty(g.ctx, t);
+    let f = g.module.get_function(name).unwrap_or_else(|| {
+        g.module
+            .add_function(name, ft.fn_type(&[ft.into()], false), None)
     });
     let call = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>| -> Ret<BasicValueEnum<'c>> {
-        g.b.build_call(f, &[v.into()], name)?
+        g.builder
+            .build_call(f, &[v.into()], name)?
             .try_as_basic_value()
             .basic()
             .ok_or_else(|| LlvmError::Codegen(format!("{name} returned nothing")))
@@ -141,10 +144,10 @@ pub(crate) fn per_lane<'c>(
     };
     let mut acc = v;
     for lane in 0..v.get_type().get_size() {
-        let l = g.c.i32_type().const_int(lane as u64, false);
-        let e = g.b.build_extract_element(v, l, "e")?;
+        let l = g.ctx.i32_type().const_int(lane as u64, false);
+        let e = g.builder.build_extract_element(v, l, "e")?;
         let r = f(g, e)?;
-        acc = g.b.build_insert_element(acc, r, l, "r")?;
+        acc = g.builder.build_insert_element(acc, r, l, "r")?;
     }
     Ok(acc.into())
 }
@@ -156,7 +159,7 @@ pub fn binary<'c>(
     y: BasicValueEnum<'c>,
     t: Elem,
 ) -> Ret<BasicValueEnum<'c>> {
-    let b = &g.b;
+    let b = &g.builder;
     if t.is_float() {
         return Ok(match o {
             BinOp::Add => b.build_binop(Op::FAdd, x, y, "add")?,
@@ -187,17 +190,17 @@ pub fn binary<'c>(
         BinOp::Div | BinOp::Rem => {
             // x / 0 = 0 (the interpreter's answer) instead of a trap; a signed x / -1 is -x (wrapping)
             // and x % -1 is 0, so MIN / -1 does not trap either. Constant divisors fold all of this away.
-            let zero = const_like(g.c, y, 0.0, t);
-            let one = const_like(g.c, y, 1.0, t);
+            let zero = const_like(g.ctx, y, 0.0, t);
+            let one = const_like(g.ctx, y, 1.0, t);
             let is0 = int_cmp(b, I::EQ, y, zero)?;
             let mut safe = select(g, is0, one, y)?;
             let mut by_minus_one = None;
             if !u {
-                let m1 = const_like(g.c, y, -1.0, t);
-                let is_m1 = int_cmp(&g.b, I::EQ, y, m1)?;
+                let m1 = const_like(g.ctx, y, -1.0, t);
+                let is_m1 = int_cmp(&g.builder, I::EQ, y, m1)?;
                 safe = select(g, is_m1, one, safe)?;
                 let special = if o == BinOp::Div {
-                    g.b.build_binop(Op::Sub, zero, x, "neg")?
+                    g.builder.build_binop(Op::Sub, zero, x, "neg")?
                 } else {
                     zero
                 };
@@ -209,7 +212,7 @@ pub fn binary<'c>(
                 (_, false) => Op::SRem,
                 (_, true) => Op::URem,
             };
-            let mut q = g.b.build_binop(op, x, safe, "idiv")?;
+            let mut q = g.builder.build_binop(op, x, safe, "idiv")?;
             if let Some((is_m1, special)) = by_minus_one {
                 q = select(g, is_m1, special, q)?;
             }
@@ -226,15 +229,15 @@ pub fn binary<'c>(
         BinOp::Xor => b.build_binop(Op::Xor, x, y, "xor")?,
         BinOp::Shl | BinOp::Shr => {
             // A shift by the width or more (or by a negative amount) gives 0 instead of poison.
-            let width = const_like(g.c, y, (8 * t.size()) as f64, t);
+            let width = const_like(g.ctx, y, (8 * t.size()) as f64, t);
             let out = int_cmp(b, I::UGE, y, width)?;
             let op = match (o, u) {
                 (BinOp::Shl, _) => Op::Shl,
                 (_, true) => Op::LShr,
                 (_, false) => Op::AShr,
             };
-            let v = g.b.build_binop(op, x, y, "shift")?;
-            let zero = const_like(g.c, y, 0.0, t);
+            let v = g.builder.build_binop(op, x, y, "shift")?;
+            let zero = const_like(g.ctx, y, 0.0, t);
             return select(g, out, zero, v);
         }
         BinOp::Pow => return Err(LlvmError::Codegen(format!("pow of {t}"))),
@@ -248,8 +251,8 @@ pub(crate) fn select<'c>(
     y: BasicValueEnum<'c>,
 ) -> Ret<BasicValueEnum<'c>> {
     Ok(match c {
-        BasicValueEnum::VectorValue(c) => g.b.build_select(c, x, y, "sel")?,
-        c => g.b.build_select(c.into_int_value(), x, y, "sel")?,
+        BasicValueEnum::VectorValue(c) => g.builder.build_select(c, x, y, "sel")?,
+        c => g.builder.build_select(c.into_int_value(), x, y, "sel")?,
     })
 }
 
@@ -260,9 +263,9 @@ pub(crate) fn shaped<'c>(
     to: Elem,
 ) -> inkwell::types::BasicTypeEnum<'c> {
     let t = if to == Elem::Bool {
-        g.c.bool_type().as_basic_type_enum()
+        g.ctx.bool_type().as_basic_type_enum()
     } else {
-        ty(g.c, to)
+        ty(g.ctx, to)
     };
     match x {
         BasicValueEnum::VectorValue(v) => crate::codegen::vector_type(t, v.get_type().get_size()),
@@ -273,45 +276,52 @@ pub(crate) fn shaped<'c>(
 /// f64 -> f32 rounded to odd: truncated towards zero, with the last bit set when inexact. f32 keeps 16
 /// bits more than bf16, so rounding this to bf16 (to nearest even) gives the correctly rounded bf16.
 fn f64_to_f32_odd<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let r =
-        g.b.build_cast(Op::FPTrunc, x, shaped(g, x, Elem::F32), "r")?;
-    let back = g.b.build_cast(Op::FPExt, r, x.get_type(), "back")?;
+    let r = g
+        .builder
+        .build_cast(Op::FPTrunc, x, shaped(g, x, Elem::F32), "r")?;
+    let back = g.builder.build_cast(Op::FPExt, r, x.get_type(), "back")?;
     let abs = |g: &mut Gen<'_, 'c>, v| g.intrinsic("llvm.fabs", &[v]);
     let (ab, ax) = (abs(g, back)?, abs(g, x)?);
-    let away = float_cmp(&g.b, F::OGT, ab, ax)?;
-    let inexact = float_cmp(&g.b, F::ONE, back, x)?;
-    let bits = g.b.build_bit_cast(r, shaped(g, x, Elem::I32), "bits")?;
-    let one = const_like(g.c, bits, 1.0, Elem::I32);
-    let less = g.b.build_binop(Op::Sub, bits, one, "tz")?;
+    let away = float_cmp(&g.builder, F::OGT, ab, ax)?;
+    let inexact = float_cmp(&g.builder, F::ONE, back, x)?;
+    let bits = g
+        .builder
+        .build_bit_cast(r, shaped(g, x, Elem::I32), "bits")?;
+    let one = const_like(g.ctx, bits, 1.0, Elem::I32);
+    let less = g.builder.build_binop(Op::Sub, bits, one, "tz")?;
     let tz = select(g, away, less, bits)?;
-    let odd = g.b.build_binop(Op::Or, tz, one, "odd")?;
+    let odd = g.builder.build_binop(Op::Or, tz, one, "odd")?;
     let out = select(g, inexact, odd, tz)?;
-    Ok(g.b.build_bit_cast(out, shaped(g, x, Elem::F32), "f")?)
+    Ok(g.builder
+        .build_bit_cast(out, shaped(g, x, Elem::F32), "f")?)
 }
 
 /// f32 -> bf16 rounded to nearest even in integer code, NaNs kept quiet with their sign (as the
 /// interpreters' `half::bf16::from_f32`): the high half of `bits + 0x7fff + (bit 16 of bits)`.
 fn to_bf16<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let bits = g.b.build_bit_cast(x, shaped(g, x, Elem::I32), "bits")?;
-    let k = |v: f64| const_like(g.c, bits, v, Elem::I32);
-    let high = g.b.build_binop(Op::LShr, bits, k(16.0), "hi")?;
-    let lsb = g.b.build_binop(Op::And, high, k(1.0), "lsb")?;
-    let bias = g.b.build_binop(Op::Add, lsb, k(32767.0), "bias")?;
-    let sum = g.b.build_binop(Op::Add, bits, bias, "rnd")?;
-    let rounded = g.b.build_binop(Op::LShr, sum, k(16.0), "r")?;
-    let quiet = g.b.build_binop(Op::Or, high, k(64.0), "qnan")?;
-    let nan = float_cmp(&g.b, F::UNO, x, x)?;
+    let bits = g
+        .builder
+        .build_bit_cast(x, shaped(g, x, Elem::I32), "bits")?;
+    let k = |v: f64| const_like(g.ctx, bits, v, Elem::I32);
+    let high = g.builder.build_binop(Op::LShr, bits, k(16.0), "hi")?;
+    let lsb = g.builder.build_binop(Op::And, high, k(1.0), "lsb")?;
+    let bias = g.builder.build_binop(Op::Add, lsb, k(32767.0), "bias")?;
+    let sum = g.builder.build_binop(Op::Add, bits, bias, "rnd")?;
+    let rounded = g.builder.build_binop(Op::LShr, sum, k(16.0), "r")?;
+    let quiet = g.builder.build_binop(Op::Or, high, k(64.0), "qnan")?;
+    let nan = float_cmp(&g.builder, F::UNO, x, x)?;
     let r = select(g, nan, quiet, rounded)?;
     let i16s = match x {
-        BasicValueEnum::VectorValue(v) => {
-            g.c.i16_type()
-                .vec_type(v.get_type().get_size())
-                .as_basic_type_enum()
-        }
-        _ => g.c.i16_type().as_basic_type_enum(),
+        BasicValueEnum::VectorValue(v) => g
+            .ctx
+            .i16_type()
+            .vec_type(v.get_type().get_size())
+            .as_basic_type_enum(),
+        _ => g.ctx.i16_type().as_basic_type_enum(),
     };
-    let r = g.b.build_cast(Op::Trunc, r, i16s, "t")?;
-    Ok(g.b.build_bit_cast(r, shaped(g, x, Elem::BF16), "bf16")?)
+    let r = g.builder.build_cast(Op::Trunc, r, i16s, "t")?;
+    Ok(g.builder
+        .build_bit_cast(r, shaped(g, x, Elem::BF16), "bf16")?)
 }
 
 pub fn cast<'c>(
@@ -326,11 +336,11 @@ pub fn cast<'c>(
     let t = shaped(g, x, to);
     if to == Elem::Bool {
         return if from.is_float() {
-            let z = const_like(g.c, x, 0.0, from);
-            float_cmp(&g.b, F::UNE, x, z)
+            let z = const_like(g.ctx, x, 0.0, from);
+            float_cmp(&g.builder, F::UNE, x, z)
         } else {
-            let z = const_like(g.c, x, 0.0, from);
-            int_cmp(&g.b, I::NE, x, z)
+            let z = const_like(g.ctx, x, 0.0, from);
+            int_cmp(&g.builder, I::NE, x, z)
         };
     }
     let op = match (from.is_float(), to.is_float()) {
@@ -351,10 +361,10 @@ pub fn cast<'c>(
             let i = inkwell::intrinsics::Intrinsic::find(name)
                 .ok_or_else(|| LlvmError::Codegen(format!("no {name}")))?;
             let d = i
-                .get_declaration(g.m, &[t, x.get_type()])
+                .get_declaration(g.module, &[t, x.get_type()])
                 .ok_or_else(|| LlvmError::Codegen(name.into()))?;
             return g
-                .b
+                .builder
                 .build_call(d, &[x.into()], "fptoi")?
                 .try_as_basic_value()
                 .basic()
@@ -394,5 +404,5 @@ pub fn cast<'c>(
         };
         return to_bf16(g, x);
     }
-    Ok(g.b.build_cast(op, x, t, "cast")?)
+    Ok(g.builder.build_cast(op, x, t, "cast")?)
 }

@@ -13,11 +13,11 @@ use inkwell::AddressSpace;
 use mlopt_kir::{BufId, Stmt, Var};
 
 pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stmt]) -> Ret<()> {
-    let (c, m) = (g.c, g.m);
+    let (c, m) = (g.ctx, g.module);
     let ptr = c.ptr_type(AddressSpace::default());
     let i64t = c.i64_type();
     // What the body sees: buffer pointers (locals used only inside are re-made per thread) and variables.
-    let private: Vec<BufId> = mlopt_kir::analysis::private_locals(g.k, body);
+    let private: Vec<BufId> = mlopt_kir::analysis::private_locals(g.kernel, body);
     let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g
         .ptrs
         .iter()
@@ -33,26 +33,28 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         })
         .collect();
     let slots = (bufs.len() + vars.len()).max(1) as u64;
-    let ctx =
-        g.b.build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
+    let ctx = g
+        .builder
+        .build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
     for (s, (_, p)) in bufs.iter().enumerate() {
         // SAFETY: s < slots.
         let at = unsafe {
-            g.b.build_in_bounds_gep(i64t, ctx, &[i64t.const_int(s as u64, false)], "slot")?
+            g.builder
+                .build_in_bounds_gep(i64t, ctx, &[i64t.const_int(s as u64, false)], "slot")?
         };
-        g.b.build_store(at, *p)?;
+        g.builder.build_store(at, *p)?;
     }
     for (s, (_, v)) in vars.iter().enumerate() {
         // SAFETY: bufs.len() + s < slots.
         let at = unsafe {
-            g.b.build_in_bounds_gep(
+            g.builder.build_in_bounds_gep(
                 i64t,
                 ctx,
                 &[i64t.const_int((bufs.len() + s) as u64, false)],
                 "slot",
             )?
         };
-        g.b.build_store(at, *v)?;
+        g.builder.build_store(at, *v)?;
     }
 
     let n = m
@@ -60,22 +62,22 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         .filter(|f| {
             f.get_name()
                 .to_bytes()
-                .starts_with(format!("{}.par", g.k.name).as_bytes())
+                .starts_with(format!("{}.par", g.kernel.name).as_bytes())
         })
         .count();
     let fty = c
         .void_type()
         .fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
     let f = m.add_function(
-        &format!("{}.par{n}", g.k.name),
+        &format!("{}.par{n}", g.kernel.name),
         fty,
         Some(Linkage::Internal),
     );
     {
-        let mut h = Gen::new(c, m, g.k, f);
+        let mut h = Gen::new(c, m, g.kernel, f);
         h.matrix = g.matrix;
         let entry = c.append_basic_block(f, "entry");
-        h.b.position_at_end(entry);
+        h.builder.position_at_end(entry);
         let p = f
             .get_nth_param(0)
             .ok_or_else(|| LlvmError::Codegen("ctx".into()))?
@@ -83,31 +85,43 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         for (s, (b, _)) in bufs.iter().enumerate() {
             // SAFETY: s < slots.
             let at = unsafe {
-                h.b.build_in_bounds_gep(i64t, p, &[i64t.const_int(s as u64, false)], "slot")?
+                h.builder.build_in_bounds_gep(
+                    i64t,
+                    p,
+                    &[i64t.const_int(s as u64, false)],
+                    "slot",
+                )?
             };
-            let v =
-                h.b.build_load(ptr, at, &g.k.buffer(*b).name)?
-                    .into_pointer_value();
+            let v = h
+                .builder
+                .build_load(ptr, at, &g.kernel.buffer(*b).name)?
+                .into_pointer_value();
             h.ptrs.insert(*b, v);
         }
         for (s, (v, _)) in vars.iter().enumerate() {
             // SAFETY: bufs.len() + s < slots.
             let at = unsafe {
-                h.b.build_in_bounds_gep(
+                h.builder.build_in_bounds_gep(
                     i64t,
                     p,
                     &[i64t.const_int((bufs.len() + s) as u64, false)],
                     "slot",
                 )?
             };
-            let x = h.b.build_load(i64t, at, g.k.var_name(*v))?.into_int_value();
+            let x = h
+                .builder
+                .build_load(i64t, at, g.kernel.var_name(*v))?
+                .into_int_value();
             h.vars.insert(*v, VarVal::Scalar(x));
         }
         for b in &private {
-            let buf = g.k.buffer(*b);
+            let buf = g.kernel.buffer(*b);
             let t = crate::codegen::ty(c, buf.elem);
-            let a =
-                h.b.build_array_alloca(t, i64t.const_int(buf.numel().max(1), false), &buf.name)?;
+            let a = h.builder.build_array_alloca(
+                t,
+                i64t.const_int(buf.numel().max(1), false),
+                &buf.name,
+            )?;
             h.ptrs.insert(*b, a);
         }
         let begin = f
@@ -118,16 +132,16 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             .get_nth_param(2)
             .ok_or_else(|| LlvmError::Codegen("end".into()))?
             .into_int_value();
-        let name = g.k.var_name(var).replace('.', "_");
+        let name = g.kernel.var_name(var).replace('.', "_");
         h.counted(&name, begin, end, 1, &mut |h, i| {
             h.vars.insert(var, VarVal::Scalar(i));
             h.block(body)
         })?;
-        h.b.build_return(None)?;
+        h.builder.build_return(None)?;
     }
     let rt = crate::codegen::libc(c, m, "mlopt_parallel_for")?;
     let fp = f.as_global_value().as_pointer_value();
-    g.b.build_call(
+    g.builder.build_call(
         rt,
         &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()],
         "",

@@ -100,7 +100,7 @@ fn define<'c>(
     }
     let mut g = Gen::new(c, m, k, f);
     g.gpu = true;
-    g.b.position_at_end(c.append_basic_block(f, "entry"));
+    g.builder.position_at_end(c.append_basic_block(f, "entry"));
     for (i, b) in k.params().iter().enumerate() {
         let p = f
             .get_nth_param(i as u32)
@@ -126,7 +126,7 @@ fn define<'c>(
     }
     g.alloc_locals()?;
     g.block(&k.body)?;
-    g.b.build_return(None)?;
+    g.builder.build_return(None)?;
     Ok(f)
 }
 
@@ -299,8 +299,9 @@ pub fn host_object(p: &Program, ptx: &str) -> Result<Vec<u8>> {
 
 /// A declared NVVM intrinsic or function by name.
 pub(crate) fn nvvm<'c>(g: &Gen<'_, 'c>, name: &str, t: FunctionType<'c>) -> FunctionValue<'c> {
-    g.m.get_function(name)
-        .unwrap_or_else(|| g.m.add_function(name, t, None))
+    g.module
+        .get_function(name)
+        .unwrap_or_else(|| g.module.add_function(name, t, None))
 }
 
 /// A special register (`tid.x`, `ctaid.x`) as an i64.
@@ -308,14 +309,16 @@ pub(crate) fn special<'c>(g: &mut Gen<'_, 'c>, reg: &str) -> Ret<IntValue<'c>> {
     let f = nvvm(
         g,
         &format!("llvm.nvvm.read.ptx.sreg.{reg}"),
-        g.c.i32_type().fn_type(&[], false),
+        g.ctx.i32_type().fn_type(&[], false),
     );
-    let v =
-        g.b.build_call(f, &[], reg)?
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| err(format!("%{reg}")))?;
-    Ok(g.b.build_int_z_extend(v.into_int_value(), g.c.i64_type(), reg)?)
+    let v = g
+        .builder
+        .build_call(f, &[], reg)?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| err(format!("%{reg}")))?;
+    Ok(g.builder
+        .build_int_z_extend(v.into_int_value(), g.ctx.i64_type(), reg)?)
 }
 
 /// A warp's `mma.sync` (`mlopt_kir::Stmt::WarpMma`) from this thread's side. bf16 and f16 operands are
@@ -324,33 +327,37 @@ pub(crate) fn special<'c>(g: &mut Gen<'_, 'c>, reg: &str) -> Ret<IntValue<'c>> {
 /// multiplied by `mma.sync.m16n8k8` on tf32. The four accumulators are loaded from and stored back to
 /// the local buffer, which SROA keeps in registers.
 pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block) -> Ret<()> {
-    let (i32t, i64t, f32t) = (g.c.i32_type(), g.c.i64_type(), g.c.f32_type());
-    let t = g.k.buffer(a.buf).elem;
+    let (i32t, i64t, f32t) = (g.ctx.i32_type(), g.ctx.i64_type(), g.ctx.f32_type());
+    let t = g.kernel.buffer(a.buf).elem;
     let lane = special(g, "laneid")?;
     let k64 = |v: u64| i64t.const_int(v, false);
     // The flat element index of (r, col) of a block, from its start and the row stride.
     let at =
         |g: &mut Gen<'_, 'c>, x: &Block, r: IntValue<'c>, col: IntValue<'c>| -> Ret<IntValue<'c>> {
             let start = g
-                .eval(&mlopt_kir::analysis::flat_index(g.k, x.buf, &x.at))?
+                .eval(&mlopt_kir::analysis::flat_index(g.kernel, x.buf, &x.at))?
                 .into_int_value();
-            let strides = g.k.buffer(x.buf).strides();
-            let row =
-                g.b.build_int_mul(r, k64(strides[strides.len() - 2]), "row")?;
-            let off = g.b.build_int_add(row, col, "off")?;
-            Ok(g.b.build_int_add(start, off, "ix")?)
+            let strides = g.kernel.buffer(x.buf).strides();
+            let row = g
+                .builder
+                .build_int_mul(r, k64(strides[strides.len() - 2]), "row")?;
+            let off = g.builder.build_int_add(row, col, "off")?;
+            Ok(g.builder.build_int_add(start, off, "ix")?)
         };
     let (l16, l4, g8) = (
-        g.b.build_int_unsigned_rem(lane, k64(16), "l16")?,
-        g.b.build_int_unsigned_rem(lane, k64(4), "l4")?,
-        g.b.build_int_unsigned_div(lane, k64(4), "g")?,
+        g.builder.build_int_unsigned_rem(lane, k64(16), "l16")?,
+        g.builder.build_int_unsigned_rem(lane, k64(4), "l4")?,
+        g.builder.build_int_unsigned_div(lane, k64(4), "g")?,
     );
     let struct_of =
-        |n: usize, e: inkwell::types::BasicTypeEnum<'c>| g.c.struct_type(&vec![e; n], false);
+        |n: usize, e: inkwell::types::BasicTypeEnum<'c>| g.ctx.struct_type(&vec![e; n], false);
     let fields =
         |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>, n: u32| -> Ret<Vec<BasicValueEnum<'c>>> {
             (0..n)
-                .map(|i| Ok(g.b.build_extract_value(v.into_struct_value(), i, "f")?))
+                .map(|i| {
+                    Ok(g.builder
+                        .build_extract_value(v.into_struct_value(), i, "f")?)
+                })
                 .collect()
         };
     let call = |g: &mut Gen<'_, 'c>,
@@ -363,15 +370,16 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
         let f = nvvm(g, name, ret.fn_type(&params, false));
         let args: Vec<inkwell::values::BasicMetadataValueEnum> =
             args.iter().map(|x| (*x).into()).collect();
-        g.b.build_call(f, &args, name)?
+        g.builder
+            .build_call(f, &args, name)?
             .try_as_basic_value()
             .basic()
             .ok_or_else(|| err(name.to_string()))
     };
     let (frag_a, frag_b) = if t == Elem::F32 {
         // tf32: a0 = A[g][l4], a1 = A[g+8][l4], a2 = A[g][l4+4], a3 = A[g+8][l4+4]; b0 = B[l4][g], b1 = B[l4+4][g].
-        let g8p = g.b.build_int_add(g8, k64(8), "g8")?;
-        let l4p = g.b.build_int_add(l4, k64(4), "l4p")?;
+        let g8p = g.builder.build_int_add(g8, k64(8), "g8")?;
+        let l4p = g.builder.build_int_add(l4, k64(4), "l4p")?;
         let tf = |g: &mut Gen<'_, 'c>,
                   x: &Block,
                   r: IntValue<'c>,
@@ -379,13 +387,14 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
          -> Ret<BasicValueEnum<'c>> {
             let i = at(g, x, r, col)?;
             let p = g.elem_ptr(x.buf, i)?;
-            let v = g.b.build_load(f32t, p, "x")?;
+            let v = g.builder.build_load(f32t, p, "x")?;
             let f = nvvm(
                 g,
                 "llvm.nvvm.f2tf32.rna",
                 i32t.fn_type(&[f32t.into()], false),
             );
-            g.b.build_call(f, &[v.into()], "tf32")?
+            g.builder
+                .build_call(f, &[v.into()], "tf32")?
                 .try_as_basic_value()
                 .basic()
                 .ok_or_else(|| err("cvt.rna.tf32"))
@@ -400,8 +409,8 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
         (fa, fb)
     } else {
         // ldmatrix: lane l gives the address of row l % 16 (A: at column 8 (l / 16)) of the matrices.
-        let col = g.b.build_int_mul(
-            g.b.build_int_unsigned_div(lane, k64(16), "hi")?,
+        let col = g.builder.build_int_mul(
+            g.builder.build_int_unsigned_div(lane, k64(16), "hi")?,
             k64(8),
             "col",
         )?;
@@ -424,9 +433,9 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
         let (mut fa, mut fb) = (fields(g, fa, 4)?, fields(g, fb, 2)?);
         if t == Elem::F16 {
             // The f16 mma takes pairs as <2 x half>.
-            let h2 = g.c.f16_type().vec_type(2);
+            let h2 = g.ctx.f16_type().vec_type(2);
             for x in fa.iter_mut().chain(fb.iter_mut()) {
-                *x = g.b.build_bit_cast(*x, h2, "h2")?;
+                *x = g.builder.build_bit_cast(*x, h2, "h2")?;
             }
         }
         (fa, fb)
@@ -436,19 +445,19 @@ pub(crate) fn warp_mma<'c>(g: &mut Gen<'_, 'c>, c: &Block, a: &Block, b: &Block)
     for q in 0..4u64 {
         let i = at(g, c, k64(0), k64(q))?;
         let p = g.elem_ptr(c.buf, i)?;
-        acc.push(g.b.build_load(f32t, p, "c")?);
+        acc.push(g.builder.build_load(f32t, p, "c")?);
         acc_ptrs.push(p);
     }
     let name = match t {
         Elem::F32 => "llvm.nvvm.mma.m16n8k8.row.col.tf32",
         Elem::BF16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
         Elem::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
-        _ => return Err(err(format!("@{}: mma.sync on {t}", g.k.name))),
+        _ => return Err(err(format!("@{}: mma.sync on {t}", g.kernel.name))),
     };
     let args: Vec<BasicValueEnum<'c>> = frag_a.into_iter().chain(frag_b).chain(acc).collect();
     let d = call(g, name, struct_of(4, f32t.into()), &args)?;
     for (q, p) in fields(g, d, 4)?.into_iter().zip(acc_ptrs) {
-        g.b.build_store(p, q)?;
+        g.builder.build_store(p, q)?;
     }
     Ok(())
 }
@@ -465,10 +474,10 @@ pub(crate) fn copy_async<'c>(
     lanes: u64,
     valid: Option<&mlopt_kir::Expr>,
 ) -> Ret<()> {
-    let bytes = lanes * g.k.buffer(dst.buf).elem.size();
-    let (i32t, i64t, void) = (g.c.i32_type(), g.c.i64_type(), g.c.void_type());
+    let bytes = lanes * g.kernel.buffer(dst.buf).elem.size();
+    let (i32t, i64t, void) = (g.ctx.i32_type(), g.ctx.i64_type(), g.ctx.void_type());
     let d = g
-        .eval(&mlopt_kir::analysis::flat_index(g.k, dst.buf, &dst.at))?
+        .eval(&mlopt_kir::analysis::flat_index(g.kernel, dst.buf, &dst.at))?
         .into_int_value();
     let pd = g.elem_ptr(dst.buf, d)?;
     let mut s = g.eval(from)?.into_int_value();
@@ -477,11 +486,13 @@ pub(crate) fn copy_async<'c>(
     let mut size = None;
     if let Some(c) = valid {
         let ok = g.eval(c)?.into_int_value();
-        s =
-            g.b.build_select(ok, s, i64t.const_zero(), "src")?
-                .into_int_value();
+        s = g
+            .builder
+            .build_select(ok, s, i64t.const_zero(), "src")?
+            .into_int_value();
         size = Some(
-            g.b.build_select(ok, i32t.const_int(bytes, false), i32t.const_zero(), "size")?
+            g.builder
+                .build_select(ok, i32t.const_int(bytes, false), i32t.const_zero(), "size")?
                 .into_int_value(),
         );
         name.push_str(".s");
@@ -494,7 +505,7 @@ pub(crate) fn copy_async<'c>(
     let args: Vec<inkwell::values::BasicMetadataValueEnum> =
         args.iter().map(|x| (*x).into()).collect();
     let f = nvvm(g, &name, void.fn_type(&params, false));
-    g.b.build_call(f, &args, "")?;
+    g.builder.build_call(f, &args, "")?;
     Ok(())
 }
 
@@ -505,11 +516,11 @@ pub(crate) fn warp_reduce<'c>(
     buf: mlopt_kir::BufId,
     op: mlopt_kir::BinOp,
 ) -> Ret<()> {
-    let t = g.k.buffer(buf).elem;
-    let i32t = g.c.i32_type();
-    let vt = ty(g.c, t);
-    let p = g.elem_ptr(buf, g.c.i64_type().const_zero())?;
-    let mut x = g.b.build_load(vt, p, "x")?;
+    let t = g.kernel.buffer(buf).elem;
+    let i32t = g.ctx.i32_type();
+    let vt = ty(g.ctx, t);
+    let p = g.elem_ptr(buf, g.ctx.i64_type().const_zero())?;
+    let mut x = g.builder.build_load(vt, p, "x")?;
     let name = if t == Elem::F32 {
         "llvm.nvvm.shfl.sync.bfly.f32"
     } else {
@@ -527,21 +538,23 @@ pub(crate) fn warp_reduce<'c>(
             i32t.const_int(d, false).into(),
             i32t.const_int(31, false).into(),
         ];
-        let y =
-            g.b.build_call(f, &args, "shfl")?
-                .try_as_basic_value()
-                .basic()
-                .ok_or_else(|| err("shfl.sync"))?;
+        let y = g
+            .builder
+            .build_call(f, &args, "shfl")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| err("shfl.sync"))?;
         x = crate::math::binary(g, op, x, y, t)?;
     }
-    g.b.build_store(p, x)?;
+    g.builder.build_store(p, x)?;
     Ok(())
 }
 
 fn call1<'c>(g: &mut Gen<'_, 'c>, name: &str, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let f32t = g.c.f32_type();
+    let f32t = g.ctx.f32_type();
     let f = nvvm(g, name, f32t.fn_type(&[f32t.into()], false));
-    g.b.build_call(f, &[x.into()], name)?
+    g.builder
+        .build_call(f, &[x.into()], name)?
         .try_as_basic_value()
         .basic()
         .ok_or_else(|| err(name.to_string()))
@@ -570,7 +583,7 @@ pub(crate) fn unary<'c>(
         }
         _ => Err(err(format!(
             "@{}: {} of {t} has no NVPTX implementation yet",
-            g.k.name,
+            g.kernel.name,
             mlopt_kir::print::unop_name(o)
         ))),
     }
@@ -578,25 +591,26 @@ pub(crate) fn unary<'c>(
 
 /// f32 log, sin or cos of a scalar by PTX's approximate instructions.
 fn approx<'c>(g: &mut Gen<'_, 'c>, o: UnOp, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-    let f32t = g.c.f32_type();
+    let f32t = g.ctx.f32_type();
     let k = |v: f64| f32t.const_float(v);
     if o == UnOp::Log {
         // ln x = log2 x * ln 2; lg2.approx has a relative error of 2^-22.
         let l = call1(g, "llvm.nvvm.lg2.approx.f", x)?;
         return Ok(g
-            .b
+            .builder
             .build_float_mul(l.into_float_value(), k(std::f64::consts::LN_2), "ln")?
             .into());
     }
     // sin/cos.approx are accurate to 2^-20.9 on [-pi, pi]: reduce x by 2 pi first (Cody-Waite, the
     // constant split in two so k * 2pi_hi is exact).
     let x = x.into_float_value();
-    let q =
-        g.b.build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
+    let q = g
+        .builder
+        .build_float_mul(x, k(1.0 / std::f64::consts::TAU), "q")?;
     let q = g
         .intrinsic("llvm.roundeven", &[q.into()])?
         .into_float_value();
-    let nq = g.b.build_float_neg(q, "nq")?;
+    let nq = g.builder.build_float_neg(q, "nq")?;
     let hi = f64::from(std::f64::consts::TAU as f32);
     let lo = std::f64::consts::TAU - hi;
     let r = g.intrinsic("llvm.fma", &[nq.into(), k(hi).into(), x.into()])?;

@@ -27,7 +27,7 @@ const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
 
 /// A float constant shaped like `x`.
 fn k<'c>(g: &Gen<'_, 'c>, x: BasicValueEnum<'c>, v: f64) -> BasicValueEnum<'c> {
-    const_like(g.c, x, v, Elem::F32)
+    const_like(g.ctx, x, v, Elem::F32)
 }
 
 fn fma<'c>(
@@ -45,7 +45,7 @@ fn op<'c>(
     a: BasicValueEnum<'c>,
     b: BasicValueEnum<'c>,
 ) -> Ret<BasicValueEnum<'c>> {
-    Ok(g.b.build_binop(o, a, b, "m")?)
+    Ok(g.builder.build_binop(o, a, b, "m")?)
 }
 
 /// e^x for f32 scalars or vectors in registers (no libm call, so vector loops stay vector): Cephes'
@@ -75,15 +75,17 @@ pub(crate) fn exp_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
     let y = op(g, Op::FAdd, y, k(g, x, 1.0))?;
     // 2^n: (n + 127) << 23 as the bits of a float.
     let it = shaped(g, x, Elem::I32);
-    let ni = g.b.build_cast(Op::FPToSI, n, it, "n")?;
-    let ni = op(g, Op::Add, ni, const_like(g.c, ni, 127.0, Elem::I32))?;
-    let ni = op(g, Op::Shl, ni, const_like(g.c, ni, 23.0, Elem::I32))?;
-    let two_n = g.b.build_cast(Op::BitCast, ni, x.get_type(), "pow2")?;
+    let ni = g.builder.build_cast(Op::FPToSI, n, it, "n")?;
+    let ni = op(g, Op::Add, ni, const_like(g.ctx, ni, 127.0, Elem::I32))?;
+    let ni = op(g, Op::Shl, ni, const_like(g.ctx, ni, 23.0, Elem::I32))?;
+    let two_n = g
+        .builder
+        .build_cast(Op::BitCast, ni, x.get_type(), "pow2")?;
     let e = op(g, Op::FMul, y, two_n)?;
     // Beyond the clamps: inf above, 0 below; NaN passes through.
-    let over = float_cmp(&g.b, F::OGT, x, hi)?;
-    let under = float_cmp(&g.b, F::OLT, x, lo)?;
-    let nan = float_cmp(&g.b, F::UNO, x, x)?;
+    let over = float_cmp(&g.builder, F::OGT, x, hi)?;
+    let under = float_cmp(&g.builder, F::OLT, x, lo)?;
+    let nan = float_cmp(&g.builder, F::UNO, x, x)?;
     let e = select(g, over, k(g, x, f64::INFINITY), e)?;
     let e = select(g, under, k(g, x, 0.0), e)?;
     select(g, nan, x, e)
@@ -106,7 +108,7 @@ pub(crate) fn tanh_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Ba
     let den = op(g, Op::FAdd, k(g, x, 1.0), t)?;
     let y = op(g, Op::FDiv, num, den)?;
     let y = g.intrinsic("llvm.copysign", &[y, x])?;
-    let is_small = float_cmp(&g.b, F::OLT, ax, k(g, x, 0.1))?;
+    let is_small = float_cmp(&g.builder, F::OLT, ax, k(g, x, 0.1))?;
     select(g, is_small, small, y)
 }
 
@@ -130,7 +132,7 @@ pub(crate) fn erf_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
 
 /// An f64 constant shaped like `x`.
 fn d<'c>(g: &Gen<'_, 'c>, x: V<'c>, v: f64) -> V<'c> {
-    const_like(g.c, x, v, Elem::F64)
+    const_like(g.ctx, x, v, Elem::F64)
 }
 
 fn and<'c>(g: &Gen<'_, 'c>, a: V<'c>, b: V<'c>) -> Ret<V<'c>> {
@@ -162,7 +164,7 @@ fn asin_core<'c>(g: &mut Gen<'_, 'c>, s: V<'c>, z: V<'c>) -> Ret<V<'c>> {
 /// |x| > 1 gives NaN (the square root of a negative number).
 pub(crate) fn asin_f32<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     let a = g.intrinsic("llvm.fabs", &[x])?;
-    let hi = float_cmp(&g.b, F::OGT, a, k(g, x, 0.5))?;
+    let hi = float_cmp(&g.builder, F::OGT, a, k(g, x, 0.5))?;
     let half_rest = op(g, Op::FMul, op(g, Op::FSub, k(g, x, 1.0), a)?, k(g, x, 0.5))?;
     let aa = op(g, Op::FMul, a, a)?;
     let z = select(g, hi, half_rest, aa)?;
@@ -178,8 +180,8 @@ pub(crate) fn asin_f32<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
 /// acos x (f32): pi - 2 asin(sqrt((1 + x) / 2)) below -0.5, 2 asin(sqrt((1 - x) / 2)) above 0.5 (no
 /// cancellation near +-1), pi/2 - asin x between.
 pub(crate) fn acos_f32<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
-    let lo = float_cmp(&g.b, F::OLT, x, k(g, x, -0.5))?;
-    let hi = float_cmp(&g.b, F::OGT, x, k(g, x, 0.5))?;
+    let lo = float_cmp(&g.builder, F::OLT, x, k(g, x, -0.5))?;
+    let hi = float_cmp(&g.builder, F::OGT, x, k(g, x, 0.5))?;
     let one_plus = op(g, Op::FAdd, k(g, x, 1.0), x)?;
     let one_minus = op(g, Op::FSub, k(g, x, 1.0), x)?;
     let side = select(g, lo, one_plus, one_minus)?;
@@ -200,15 +202,25 @@ fn or<'c>(g: &Gen<'_, 'c>, a: V<'c>, b: V<'c>) -> Ret<V<'c>> {
 }
 
 fn not<'c>(g: &Gen<'_, 'c>, a: V<'c>) -> Ret<V<'c>> {
-    op(g, Op::Xor, a, const_like(g.c, a, 1.0, Elem::Bool))
+    op(g, Op::Xor, a, const_like(g.ctx, a, 1.0, Elem::Bool))
 }
 
 /// atan x (f32), Cephes' atanf: |x| is reduced to |t| <= tan(pi/8) by atan x = pi/2 + atan(-1/x) above
 /// tan(3pi/8) and pi/4 + atan((x - 1) / (x + 1)) above tan(pi/8); then an odd polynomial.
 pub(crate) fn atan_f32<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     let a = g.intrinsic("llvm.fabs", &[x])?;
-    let big = float_cmp(&g.b, F::OGT, a, k(g, x, std::f64::consts::SQRT_2 + 1.0))?;
-    let mid = float_cmp(&g.b, F::OGT, a, k(g, x, std::f64::consts::SQRT_2 - 1.0))?;
+    let big = float_cmp(
+        &g.builder,
+        F::OGT,
+        a,
+        k(g, x, std::f64::consts::SQRT_2 + 1.0),
+    )?;
+    let mid = float_cmp(
+        &g.builder,
+        F::OGT,
+        a,
+        k(g, x, std::f64::consts::SQRT_2 - 1.0),
+    )?;
     let inv = op(g, Op::FDiv, k(g, x, -1.0), a)?;
     let ratio = op(
         g,
@@ -252,19 +264,21 @@ pub(crate) fn exp_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     }
     // 2^n = 2^n1 2^n2 with n1 = n >> 1: each factor's biased exponent stays in 1..2046.
     let it = shaped(g, x, Elem::I64);
-    let ni = g.b.build_cast(Op::FPToSI, n, it, "n")?;
-    let n1 = op(g, Op::AShr, ni, const_like(g.c, ni, 1.0, Elem::I64))?;
+    let ni = g.builder.build_cast(Op::FPToSI, n, it, "n")?;
+    let n1 = op(g, Op::AShr, ni, const_like(g.ctx, ni, 1.0, Elem::I64))?;
     let n2 = op(g, Op::Sub, ni, n1)?;
     let mut e = p;
     for m in [n1, n2] {
-        let biased = op(g, Op::Add, m, const_like(g.c, ni, 1023.0, Elem::I64))?;
-        let bits = op(g, Op::Shl, biased, const_like(g.c, ni, 52.0, Elem::I64))?;
-        let scale = g.b.build_cast(Op::BitCast, bits, x.get_type(), "pow2")?;
+        let biased = op(g, Op::Add, m, const_like(g.ctx, ni, 1023.0, Elem::I64))?;
+        let bits = op(g, Op::Shl, biased, const_like(g.ctx, ni, 52.0, Elem::I64))?;
+        let scale = g
+            .builder
+            .build_cast(Op::BitCast, bits, x.get_type(), "pow2")?;
         e = op(g, Op::FMul, e, scale)?;
     }
-    let over = float_cmp(&g.b, F::OGT, x, d(g, x, 709.782_712_893_384))?;
-    let under = float_cmp(&g.b, F::OLT, x, d(g, x, -745.133_219_101_941_2))?;
-    let nan = float_cmp(&g.b, F::UNO, x, x)?;
+    let over = float_cmp(&g.builder, F::OGT, x, d(g, x, 709.782_712_893_384))?;
+    let under = float_cmp(&g.builder, F::OLT, x, d(g, x, -745.133_219_101_941_2))?;
+    let nan = float_cmp(&g.builder, F::UNO, x, x)?;
     let e = select(g, over, d(g, x, f64::INFINITY), e)?;
     let e = select(g, under, d(g, x, 0.0), e)?;
     select(g, nan, x, e)
@@ -275,11 +289,11 @@ pub(crate) fn exp_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
 /// e ln2_hi + (ln m + e ln2_lo). 0 gives -inf, negatives NaN, inf inf.
 pub(crate) fn log_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     let it = shaped(g, x, Elem::I64);
-    let tiny = float_cmp(&g.b, F::OLT, x, d(g, x, f64::MIN_POSITIVE))?;
+    let tiny = float_cmp(&g.builder, F::OLT, x, d(g, x, f64::MIN_POSITIVE))?;
     let scaled = op(g, Op::FMul, x, d(g, x, 2f64.powi(54)))?;
     let xs = select(g, tiny, scaled, x)?;
-    let bits = g.b.build_cast(Op::BitCast, xs, it, "bits")?;
-    let i = |v: i64| const_like(g.c, bits, v as f64, Elem::I64);
+    let bits = g.builder.build_cast(Op::BitCast, xs, it, "bits")?;
+    let i = |v: i64| const_like(g.ctx, bits, v as f64, Elem::I64);
     let exp_bits = op(g, Op::And, op(g, Op::LShr, bits, i(52))?, i(0x7ff))?;
     let e = op(g, Op::Sub, exp_bits, i(1023))?;
     let shift = select(g, tiny, i(54), i(0))?;
@@ -290,10 +304,12 @@ pub(crate) fn log_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
         op(g, Op::And, bits, mask(g, bits, 0x000f_ffff_ffff_ffff))?,
         mask(g, bits, 0x3ff0_0000_0000_0000),
     )?;
-    let m = g.b.build_cast(Op::BitCast, m_bits, x.get_type(), "m")?;
-    let big = float_cmp(&g.b, F::OGT, m, d(g, x, std::f64::consts::SQRT_2))?;
+    let m = g
+        .builder
+        .build_cast(Op::BitCast, m_bits, x.get_type(), "m")?;
+    let big = float_cmp(&g.builder, F::OGT, m, d(g, x, std::f64::consts::SQRT_2))?;
     let m = select(g, big, op(g, Op::FMul, m, d(g, x, 0.5))?, m)?;
-    let big_i = g.b.build_cast(Op::ZExt, big, it, "big")?;
+    let big_i = g.builder.build_cast(Op::ZExt, big, it, "big")?;
     let e = op(g, Op::Add, e, big_i)?;
     let f = op(g, Op::FSub, m, d(g, x, 1.0))?;
     let s = op(g, Op::FDiv, f, op(g, Op::FAdd, f, d(g, x, 2.0))?)?;
@@ -304,13 +320,13 @@ pub(crate) fn log_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
     }
     let two_s = op(g, Op::FAdd, s, s)?;
     let ln_m = op(g, Op::FMul, two_s, p)?;
-    let ef = g.b.build_cast(Op::SIToFP, e, x.get_type(), "e")?;
+    let ef = g.builder.build_cast(Op::SIToFP, e, x.get_type(), "e")?;
     let low = fma(g, ef, d(g, x, LN2_LO), ln_m)?;
     let r = fma(g, ef, d(g, x, LN2_HI), low)?;
-    let zero = float_cmp(&g.b, F::OEQ, x, d(g, x, 0.0))?;
-    let neg = float_cmp(&g.b, F::OLT, x, d(g, x, 0.0))?;
-    let inf = float_cmp(&g.b, F::OEQ, x, d(g, x, f64::INFINITY))?;
-    let nan = float_cmp(&g.b, F::UNO, x, x)?;
+    let zero = float_cmp(&g.builder, F::OEQ, x, d(g, x, 0.0))?;
+    let neg = float_cmp(&g.builder, F::OLT, x, d(g, x, 0.0))?;
+    let inf = float_cmp(&g.builder, F::OEQ, x, d(g, x, f64::INFINITY))?;
+    let nan = float_cmp(&g.builder, F::UNO, x, x)?;
     let r = select(g, zero, d(g, x, f64::NEG_INFINITY), r)?;
     let r = select(g, neg, d(g, x, f64::NAN), r)?;
     let r = select(g, inf, x, r)?;
@@ -319,7 +335,7 @@ pub(crate) fn log_f64<'c>(g: &mut Gen<'_, 'c>, x: V<'c>) -> Ret<V<'c>> {
 
 /// An i64 bit pattern shaped like `like`.
 fn mask<'c>(g: &Gen<'_, 'c>, like: V<'c>, bits: u64) -> V<'c> {
-    let c = g.c.i64_type().const_int(bits, false);
+    let c = g.ctx.i64_type().const_int(bits, false);
     match like {
         BasicValueEnum::VectorValue(v) => {
             inkwell::types::VectorType::const_vector(&vec![c; v.get_type().get_size() as usize])
@@ -338,8 +354,8 @@ pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V
     let (x, y) = if t == Elem::F32 {
         let wide = shaped(g, x, Elem::F64);
         (
-            g.b.build_cast(Op::FPExt, x, wide, "x")?,
-            g.b.build_cast(Op::FPExt, y, wide, "y")?,
+            g.builder.build_cast(Op::FPExt, x, wide, "x")?,
+            g.builder.build_cast(Op::FPExt, y, wide, "y")?,
         )
     } else {
         (x, y)
@@ -347,16 +363,21 @@ pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V
     let a = g.intrinsic("llvm.fabs", &[x])?;
     let ay = g.intrinsic("llvm.fabs", &[y])?;
     let ty = g.intrinsic("llvm.trunc", &[y])?;
-    let integral = float_cmp(&g.b, F::OEQ, ty, y)?;
+    let integral = float_cmp(&g.builder, F::OEQ, ty, y)?;
     let half = op(g, Op::FMul, y, d(g, x, 0.5))?;
     let th = g.intrinsic("llvm.trunc", &[half])?;
-    let even = float_cmp(&g.b, F::OEQ, th, half)?;
+    let even = float_cmp(&g.builder, F::OEQ, th, half)?;
     let odd = and(g, integral, not(g, even)?)?;
     // Repeated squaring over the six bits of |y| < 64.
-    let small = and(g, integral, float_cmp(&g.b, F::OLT, ay, d(g, x, 64.0))?)?;
+    let small = and(
+        g,
+        integral,
+        float_cmp(&g.builder, F::OLT, ay, d(g, x, 64.0))?,
+    )?;
     let count = select(g, small, ay, d(g, x, 0.0))?;
-    let n =
-        g.b.build_cast(Op::FPToSI, count, shaped(g, x, Elem::I64), "n")?;
+    let n = g
+        .builder
+        .build_cast(Op::FPToSI, count, shaped(g, x, Elem::I64), "n")?;
     let (mut r, mut b) = (d(g, x, 1.0), x);
     for bit in 0..6 {
         let set = op(
@@ -366,16 +387,16 @@ pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V
                 g,
                 Op::LShr,
                 n,
-                const_like(g.c, n, f64::from(bit), Elem::I64),
+                const_like(g.ctx, n, f64::from(bit), Elem::I64),
             )?,
-            const_like(g.c, n, 1.0, Elem::I64),
+            const_like(g.ctx, n, 1.0, Elem::I64),
         )?;
-        let set = int_cmp(&g.b, I::NE, set, const_like(g.c, n, 0.0, Elem::I64))?;
+        let set = int_cmp(&g.builder, I::NE, set, const_like(g.ctx, n, 0.0, Elem::I64))?;
         let rb = op(g, Op::FMul, r, b)?;
         r = select(g, set, rb, r)?;
         b = op(g, Op::FMul, b, b)?;
     }
-    let negative_y = float_cmp(&g.b, F::OLT, y, d(g, x, 0.0))?;
+    let negative_y = float_cmp(&g.builder, F::OLT, y, d(g, x, 0.0))?;
     let recip = op(g, Op::FDiv, d(g, x, 1.0), r)?;
     let squared = select(g, negative_y, recip, r)?;
     // The general case.
@@ -385,27 +406,27 @@ pub(crate) fn pow<'c>(g: &mut Gen<'_, 'c>, x: V<'c>, y: V<'c>, t: Elem) -> Ret<V
     let e = g.intrinsic("llvm.copysign", &[e, sign])?;
     let neg_finite = and(
         g,
-        float_cmp(&g.b, F::OLT, x, d(g, x, 0.0))?,
-        float_cmp(&g.b, F::OGT, x, d(g, x, f64::NEG_INFINITY))?,
+        float_cmp(&g.builder, F::OLT, x, d(g, x, 0.0))?,
+        float_cmp(&g.builder, F::OGT, x, d(g, x, f64::NEG_INFINITY))?,
     )?;
     let not_integral = not(g, integral)?;
     let e = select(g, and(g, neg_finite, not_integral)?, d(g, x, f64::NAN), e)?;
     let unit_inf = and(
         g,
-        float_cmp(&g.b, F::OEQ, a, d(g, x, 1.0))?,
-        float_cmp(&g.b, F::OEQ, ay, d(g, x, f64::INFINITY))?,
+        float_cmp(&g.builder, F::OEQ, a, d(g, x, 1.0))?,
+        float_cmp(&g.builder, F::OEQ, ay, d(g, x, f64::INFINITY))?,
     )?;
     let e = select(g, unit_inf, d(g, x, 1.0), e)?;
     let r = select(g, small, squared, e)?;
     let one = or(
         g,
-        float_cmp(&g.b, F::OEQ, x, d(g, x, 1.0))?,
-        float_cmp(&g.b, F::OEQ, y, d(g, x, 0.0))?,
+        float_cmp(&g.builder, F::OEQ, x, d(g, x, 1.0))?,
+        float_cmp(&g.builder, F::OEQ, y, d(g, x, 0.0))?,
     )?;
     let r = select(g, one, d(g, x, 1.0), r)?;
     if t == Elem::F32 {
         let narrow = shaped(g, r, Elem::F32);
-        return Ok(g.b.build_cast(Op::FPTrunc, r, narrow, "pow")?);
+        return Ok(g.builder.build_cast(Op::FPTrunc, r, narrow, "pow")?);
     }
     Ok(r)
 }

@@ -36,7 +36,7 @@ pub(crate) fn conv(
     red.extend(ws[2..].iter().map(|d| *d as u64));
     // The loops: image, (group, output channel in the group,) output position. With groups, the
     // channel loop is split, so a group's contraction has its own rows: the output channels, which only
-    // the weight reads (a CPU schedule tiles it as an implicit GEMM, `schedule/cpu_conv.rs`).
+    // the weight reads (a CPU schedule tiles it as an implicit GEMM, `mlopt-schedule/src/cpu/conv.rs`).
     let grouped = a.group > 1;
     let mut loops = vec![out[0]];
     loops.extend(if grouped {
@@ -113,7 +113,7 @@ pub(crate) fn store_with_bias(
     let mut s = f.stmts.clone();
     let mut y = f.get();
     if let Some(bv) = bias {
-        y = b(
+        y = Expr::bin(
             BinOp::Add,
             y,
             get(l, bv, std::slice::from_ref(channel), Elem::F32)?,
@@ -169,17 +169,17 @@ pub(crate) fn conv_transpose(
                 .map(|s| Expr::div(num[s].clone(), Expr::int(a.strides[s] as i64)))
                 .collect();
             let exact = (0..sp).filter(|s| a.strides[*s] > 1).map(|s| {
-                b(
+                Expr::bin(
                     BinOp::Eq,
                     Expr::rem(num[s].clone(), Expr::int(a.strides[s] as i64)),
                     Expr::int(0),
                 )
             });
             let inside = (0..sp).map(|s| {
-                b(
+                Expr::bin(
                     BinOp::And,
-                    b(BinOp::Le, Expr::int(0), num[s].clone()),
-                    b(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s])),
+                    Expr::bin(BinOp::Le, Expr::int(0), num[s].clone()),
+                    Expr::bin(BinOp::Lt, pos[s].clone(), Expr::int(xs[2 + s])),
                 )
             });
             let valid = all(inside.chain(exact)).unwrap_or_else(|| lit(1.0, Elem::Bool));
@@ -214,7 +214,7 @@ pub(crate) fn pool_window(
     let win: Vec<u64> = p.kernel.iter().map(|k| *k as u64).collect();
     let p = p.clone();
     // (On a CPU target the schedule reads an f32 window from a padded copy of each plane:
-    // `schedule/window.rs`.)
+    // `mlopt-schedule/src/window.rs`.)
     l.nest("i", &out[..2], |l, nc| {
         let mut stmts = Vec::new();
         stmts.extend(l.nest("i", &out[2..], |l, at| {
@@ -243,7 +243,7 @@ pub(crate) fn pool_window(
                     let inside = all((0..sp).map(|s| in_range(pos[s].clone(), xs[2 + s] as i64)));
                     // Positions in the padding count for count_include_pad (the ceil-mode overhang does not).
                     let padded = all((0..sp).map(|s| {
-                        b(
+                        Expr::bin(
                             BinOp::Lt,
                             pos[s].clone(),
                             Expr::int((xs[2 + s] + p.pads[sp + s]) as i64),
@@ -274,7 +274,7 @@ pub(crate) fn pool_window(
                 let inc = Stmt::Store {
                     buf: cnt,
                     index: vec![],
-                    value: b(
+                    value: Expr::bin(
                         BinOp::Add,
                         Expr::load(cnt, vec![]),
                         Expr::select(c, lit(1.0, t), lit(0.0, t)),
@@ -283,7 +283,7 @@ pub(crate) fn pool_window(
                 add_to_innermost(&mut s, inc);
                 cnt_stmts.append(&mut s);
                 s = cnt_stmts;
-                b(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
+                Expr::bin(BinOp::Div, f.get(), Expr::load(cnt, vec![]))
             };
             s.push(Stmt::Store {
                 buf: dst,
@@ -348,18 +348,18 @@ pub(crate) fn max_pool_indices(
             xi.extend((0..sp).map(|s| clamp(pos[s].clone(), ins[s])));
             let v = get(l, x, &xi, t)?;
             let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
-            let nan = |e: Expr| b(BinOp::Ne, e.clone(), e);
-            let first = b(BinOp::Lt, cur_at.clone(), Expr::int(0));
-            let better = b(
+            let nan = |e: Expr| Expr::bin(BinOp::Ne, e.clone(), e);
+            let first = Expr::bin(BinOp::Lt, cur_at.clone(), Expr::int(0));
+            let better = Expr::bin(
                 BinOp::Or,
-                b(BinOp::Lt, cur.clone(), v.clone()),
-                b(
+                Expr::bin(BinOp::Lt, cur.clone(), v.clone()),
+                Expr::bin(
                     BinOp::And,
                     nan(v.clone()),
                     Expr::un(UnOp::Not, nan(cur.clone())),
                 ),
             );
-            let take = b(BinOp::And, inside, b(BinOp::Or, first, better));
+            let take = Expr::bin(BinOp::And, inside, Expr::bin(BinOp::Or, first, better));
             let spatial = if col_major {
                 let (p, s): (Vec<Expr>, Vec<i64>) = (
                     pos.iter().rev().cloned().collect(),

@@ -28,20 +28,16 @@ pub fn compute(t: Elem) -> Elem {
     }
 }
 
-fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
-    Expr::bin(o, x, y)
-}
-
 fn u(o: UnOp, x: Expr) -> Expr {
     Expr::un(o, x)
 }
 
 /// `1 / (1 + exp(-x))`.
 fn sigmoid(x: Expr, t: Elem) -> Expr {
-    b(
+    Expr::bin(
         BinOp::Div,
         lit(1.0, t),
-        b(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, x))),
+        Expr::bin(BinOp::Add, lit(1.0, t), u(UnOp::Exp, u(UnOp::Neg, x))),
     )
 }
 
@@ -49,28 +45,32 @@ fn sigmoid(x: Expr, t: Elem) -> Expr {
 fn softplus(x: Expr, t: Elem) -> Expr {
     let tail = u(
         UnOp::Log,
-        b(
+        Expr::bin(
             BinOp::Add,
             lit(1.0, t),
             u(UnOp::Exp, u(UnOp::Neg, u(UnOp::Abs, x.clone()))),
         ),
     );
-    b(BinOp::Add, b(BinOp::Max, x, lit(0.0, t)), tail)
+    Expr::bin(BinOp::Add, Expr::bin(BinOp::Max, x, lit(0.0, t)), tail)
 }
 
 fn clamp01(x: Expr, t: Elem) -> Expr {
-    b(BinOp::Min, b(BinOp::Max, x, lit(0.0, t)), lit(1.0, t))
+    Expr::bin(
+        BinOp::Min,
+        Expr::bin(BinOp::Max, x, lit(0.0, t)),
+        lit(1.0, t),
+    )
 }
 
 /// A unary op on `x` of element type `t` (already the compute type). None if code generation lacks it.
 pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
     let l = |v: f64| lit(v, t);
-    let lt = |a: Expr, c: Expr| b(BinOp::Lt, a, c);
+    let lt = |a: Expr, c: Expr| Expr::bin(BinOp::Lt, a, c);
     if !t.is_float() {
         return Some(match op {
             Unary::Neg => u(UnOp::Neg, x),
             Unary::Abs => u(UnOp::Abs, x),
-            Unary::Relu => b(BinOp::Max, x, l(0.0)),
+            Unary::Relu => Expr::bin(BinOp::Max, x, l(0.0)),
             Unary::Not if t == Elem::Bool => u(UnOp::Not, x),
             Unary::BitNot if t != Elem::Bool => u(UnOp::Not, x),
             Unary::Sign => Expr::select(
@@ -82,18 +82,18 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
         });
     }
     Some(match op {
-        Unary::Relu => b(BinOp::Max, x, l(0.0)),
+        Unary::Relu => Expr::bin(BinOp::Max, x, l(0.0)),
         Unary::Sigmoid => sigmoid(x, t),
         Unary::Tanh => u(UnOp::Tanh, x),
         Unary::Erf => u(UnOp::Erf, x),
         Unary::Softplus => softplus(x, t),
-        Unary::Softsign => b(
+        Unary::Softsign => Expr::bin(
             BinOp::Div,
             x.clone(),
-            b(BinOp::Add, l(1.0), u(UnOp::Abs, x)),
+            Expr::bin(BinOp::Add, l(1.0), u(UnOp::Abs, x)),
         ),
         Unary::Sqrt => u(UnOp::Sqrt, x),
-        Unary::Reciprocal => b(BinOp::Div, l(1.0), x),
+        Unary::Reciprocal => Expr::bin(BinOp::Div, l(1.0), x),
         Unary::Exp => u(UnOp::Exp, x),
         Unary::Log => u(UnOp::Log, x),
         Unary::Neg => u(UnOp::Neg, x),
@@ -103,7 +103,7 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
         Unary::Round => u(UnOp::Round, x),
         Unary::Sin => u(UnOp::Sin, x),
         Unary::Cos => u(UnOp::Cos, x),
-        Unary::Tan => b(BinOp::Div, u(UnOp::Sin, x.clone()), u(UnOp::Cos, x)),
+        Unary::Tan => Expr::bin(BinOp::Div, u(UnOp::Sin, x.clone()), u(UnOp::Cos, x)),
         Unary::Asin => u(UnOp::Asin, x),
         Unary::Acos => u(UnOp::Acos, x),
         Unary::Atan => u(UnOp::Atan, x),
@@ -112,59 +112,62 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
             l(1.0),
             Expr::select(lt(x.clone(), l(0.0)), l(-1.0), x),
         ),
-        Unary::HardSwish => b(
+        Unary::HardSwish => Expr::bin(
             BinOp::Mul,
             x.clone(),
-            clamp01(b(BinOp::Add, b(BinOp::Div, x, l(6.0)), l(0.5)), t),
+            clamp01(
+                Expr::bin(BinOp::Add, Expr::bin(BinOp::Div, x, l(6.0)), l(0.5)),
+                t,
+            ),
         ),
-        Unary::Mish => b(BinOp::Mul, x.clone(), u(UnOp::Tanh, softplus(x, t))),
+        Unary::Mish => Expr::bin(BinOp::Mul, x.clone(), u(UnOp::Tanh, softplus(x, t))),
         Unary::LeakyRelu { alpha } => Expr::select(
             lt(x.clone(), l(0.0)),
-            b(BinOp::Mul, l(alpha as f64), x.clone()),
+            Expr::bin(BinOp::Mul, l(alpha as f64), x.clone()),
             x,
         ),
         Unary::Elu { alpha } => Expr::select(
             lt(x.clone(), l(0.0)),
-            b(
+            Expr::bin(
                 BinOp::Mul,
                 l(alpha as f64),
-                b(BinOp::Sub, u(UnOp::Exp, x.clone()), l(1.0)),
+                Expr::bin(BinOp::Sub, u(UnOp::Exp, x.clone()), l(1.0)),
             ),
             x,
         ),
         Unary::Celu { alpha } => {
             let a = l(alpha as f64);
-            let neg = b(
+            let neg = Expr::bin(
                 BinOp::Min,
-                b(
+                Expr::bin(
                     BinOp::Mul,
                     a.clone(),
-                    b(
+                    Expr::bin(
                         BinOp::Sub,
-                        u(UnOp::Exp, b(BinOp::Div, x.clone(), a)),
+                        u(UnOp::Exp, Expr::bin(BinOp::Div, x.clone(), a)),
                         l(1.0),
                     ),
                 ),
                 l(0.0),
             );
-            b(BinOp::Add, b(BinOp::Max, x, l(0.0)), neg)
+            Expr::bin(BinOp::Add, Expr::bin(BinOp::Max, x, l(0.0)), neg)
         }
         Unary::Selu { alpha, gamma } => {
-            let neg = b(
+            let neg = Expr::bin(
                 BinOp::Sub,
-                b(BinOp::Mul, l(alpha as f64), u(UnOp::Exp, x.clone())),
+                Expr::bin(BinOp::Mul, l(alpha as f64), u(UnOp::Exp, x.clone())),
                 l(alpha as f64),
             );
-            b(
+            Expr::bin(
                 BinOp::Mul,
                 l(gamma as f64),
                 Expr::select(lt(l(0.0), x.clone()), x, neg),
             )
         }
         Unary::HardSigmoid { alpha, beta } => clamp01(
-            b(
+            Expr::bin(
                 BinOp::Add,
-                b(BinOp::Mul, l(alpha as f64), x),
+                Expr::bin(BinOp::Mul, l(alpha as f64), x),
                 l(beta as f64),
             ),
             t,
@@ -174,52 +177,60 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
             let (bi, la) = (l(bias as f64), l(lambd as f64));
             let hi = Expr::select(
                 lt(la.clone(), x.clone()),
-                b(BinOp::Sub, x.clone(), bi.clone()),
+                Expr::bin(BinOp::Sub, x.clone(), bi.clone()),
                 l(0.0),
             );
-            Expr::select(lt(x.clone(), u(UnOp::Neg, la)), b(BinOp::Add, x, bi), hi)
+            Expr::select(
+                lt(x.clone(), u(UnOp::Neg, la)),
+                Expr::bin(BinOp::Add, x, bi),
+                hi,
+            )
         }
         Unary::Gelu { tanh: false } => {
-            let inner = b(
+            let inner = Expr::bin(
                 BinOp::Add,
                 l(1.0),
                 u(
                     UnOp::Erf,
-                    b(BinOp::Mul, x.clone(), l(std::f64::consts::FRAC_1_SQRT_2)),
+                    Expr::bin(BinOp::Mul, x.clone(), l(std::f64::consts::FRAC_1_SQRT_2)),
                 ),
             );
-            b(BinOp::Mul, b(BinOp::Mul, l(0.5), x), inner)
+            Expr::bin(BinOp::Mul, Expr::bin(BinOp::Mul, l(0.5), x), inner)
         }
         Unary::Gelu { tanh: true } => {
             let c = (2.0 / std::f64::consts::PI).sqrt();
-            let cube = b(
+            let cube = Expr::bin(
                 BinOp::Mul,
-                b(BinOp::Mul, b(BinOp::Mul, l(0.044715), x.clone()), x.clone()),
+                Expr::bin(
+                    BinOp::Mul,
+                    Expr::bin(BinOp::Mul, l(0.044715), x.clone()),
+                    x.clone(),
+                ),
                 x.clone(),
             );
             let th = u(
                 UnOp::Tanh,
-                b(BinOp::Mul, l(c), b(BinOp::Add, x.clone(), cube)),
+                Expr::bin(BinOp::Mul, l(c), Expr::bin(BinOp::Add, x.clone(), cube)),
             );
-            b(
+            Expr::bin(
                 BinOp::Mul,
-                b(BinOp::Mul, l(0.5), x),
-                b(BinOp::Add, l(1.0), th),
+                Expr::bin(BinOp::Mul, l(0.5), x),
+                Expr::bin(BinOp::Add, l(1.0), th),
             )
         }
-        Unary::Sinh => b(
+        Unary::Sinh => Expr::bin(
             BinOp::Mul,
             l(0.5),
-            b(
+            Expr::bin(
                 BinOp::Sub,
                 u(UnOp::Exp, x.clone()),
                 u(UnOp::Exp, u(UnOp::Neg, x)),
             ),
         ),
-        Unary::Cosh => b(
+        Unary::Cosh => Expr::bin(
             BinOp::Mul,
             l(0.5),
-            b(
+            Expr::bin(
                 BinOp::Add,
                 u(UnOp::Exp, x.clone()),
                 u(UnOp::Exp, u(UnOp::Neg, x)),
@@ -227,47 +238,47 @@ pub fn unary(op: Unary, x: Expr, t: Elem) -> Option<Expr> {
         ),
         Unary::Asinh => u(
             UnOp::Log,
-            b(
+            Expr::bin(
                 BinOp::Add,
                 x.clone(),
                 u(
                     UnOp::Sqrt,
-                    b(BinOp::Add, b(BinOp::Mul, x.clone(), x), l(1.0)),
+                    Expr::bin(BinOp::Add, Expr::bin(BinOp::Mul, x.clone(), x), l(1.0)),
                 ),
             ),
         ),
         Unary::Acosh => u(
             UnOp::Log,
-            b(
+            Expr::bin(
                 BinOp::Add,
                 x.clone(),
                 u(
                     UnOp::Sqrt,
-                    b(BinOp::Sub, b(BinOp::Mul, x.clone(), x), l(1.0)),
+                    Expr::bin(BinOp::Sub, Expr::bin(BinOp::Mul, x.clone(), x), l(1.0)),
                 ),
             ),
         ),
-        Unary::Atanh => b(
+        Unary::Atanh => Expr::bin(
             BinOp::Mul,
             l(0.5),
             u(
                 UnOp::Log,
-                b(
+                Expr::bin(
                     BinOp::Div,
-                    b(BinOp::Add, l(1.0), x.clone()),
-                    b(BinOp::Sub, l(1.0), x),
+                    Expr::bin(BinOp::Add, l(1.0), x.clone()),
+                    Expr::bin(BinOp::Sub, l(1.0), x),
                 ),
             ),
         ),
-        Unary::IsNaN => b(BinOp::Ne, x.clone(), x),
+        Unary::IsNaN => Expr::bin(BinOp::Ne, x.clone(), x),
         Unary::IsInf {
             detect_negative,
             detect_positive,
         } => {
-            let pos = b(BinOp::Eq, x.clone(), l(f64::INFINITY));
-            let neg = b(BinOp::Eq, x, l(f64::NEG_INFINITY));
+            let pos = Expr::bin(BinOp::Eq, x.clone(), l(f64::INFINITY));
+            let neg = Expr::bin(BinOp::Eq, x, l(f64::NEG_INFINITY));
             match (detect_negative, detect_positive) {
-                (true, true) => b(BinOp::Or, pos, neg),
+                (true, true) => Expr::bin(BinOp::Or, pos, neg),
                 (false, true) => pos,
                 (true, false) => neg,
                 (false, false) => lit(0.0, Elem::Bool),
@@ -285,45 +296,45 @@ pub fn unary_to_bool(op: Unary) -> bool {
 /// A binary op on `x`, `y` of compute type `t`. None if code generation lacks it.
 pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
     Some(match op {
-        Binary::Add => b(BinOp::Add, x, y),
-        Binary::Sub => b(BinOp::Sub, x, y),
-        Binary::Mul => b(BinOp::Mul, x, y),
-        Binary::Div => b(BinOp::Div, x, y),
-        Binary::Pow if t.is_float() => b(BinOp::Pow, x, y),
-        Binary::Mod { fmod: true } => b(BinOp::Rem, x, y),
+        Binary::Add => Expr::bin(BinOp::Add, x, y),
+        Binary::Sub => Expr::bin(BinOp::Sub, x, y),
+        Binary::Mul => Expr::bin(BinOp::Mul, x, y),
+        Binary::Div => Expr::bin(BinOp::Div, x, y),
+        Binary::Pow if t.is_float() => Expr::bin(BinOp::Pow, x, y),
+        Binary::Mod { fmod: true } => Expr::bin(BinOp::Rem, x, y),
         Binary::Mod { fmod: false } if !t.is_float() => {
             // The result takes the divisor's sign (Python's %).
-            let r = b(BinOp::Rem, x, y.clone());
+            let r = Expr::bin(BinOp::Rem, x, y.clone());
             let zero = lit(0.0, t);
-            let fix = b(
+            let fix = Expr::bin(
                 BinOp::And,
-                b(BinOp::Ne, r.clone(), zero.clone()),
-                b(
+                Expr::bin(BinOp::Ne, r.clone(), zero.clone()),
+                Expr::bin(
                     BinOp::Ne,
-                    b(BinOp::Lt, r.clone(), zero.clone()),
-                    b(BinOp::Lt, y.clone(), zero),
+                    Expr::bin(BinOp::Lt, r.clone(), zero.clone()),
+                    Expr::bin(BinOp::Lt, y.clone(), zero),
                 ),
             );
-            Expr::select(fix, b(BinOp::Add, r.clone(), y), r)
+            Expr::select(fix, Expr::bin(BinOp::Add, r.clone(), y), r)
         }
         Binary::PRelu => Expr::select(
-            b(BinOp::Lt, x.clone(), lit(0.0, t)),
-            b(BinOp::Mul, y, x.clone()),
+            Expr::bin(BinOp::Lt, x.clone(), lit(0.0, t)),
+            Expr::bin(BinOp::Mul, y, x.clone()),
             x,
         ),
-        Binary::Equal => b(BinOp::Eq, x, y),
-        Binary::Greater => b(BinOp::Lt, y, x),
-        Binary::Less => b(BinOp::Lt, x, y),
-        Binary::GreaterOrEqual => b(BinOp::Le, y, x),
-        Binary::LessOrEqual => b(BinOp::Le, x, y),
-        Binary::And => b(BinOp::And, x, y),
-        Binary::Or => b(BinOp::Or, x, y),
-        Binary::Xor => b(BinOp::Ne, x, y),
-        Binary::BitAnd if !t.is_float() => b(BinOp::And, x, y),
-        Binary::BitOr if !t.is_float() => b(BinOp::Or, x, y),
-        Binary::BitXor if !t.is_float() => b(BinOp::Xor, x, y),
+        Binary::Equal => Expr::bin(BinOp::Eq, x, y),
+        Binary::Greater => Expr::bin(BinOp::Lt, y, x),
+        Binary::Less => Expr::bin(BinOp::Lt, x, y),
+        Binary::GreaterOrEqual => Expr::bin(BinOp::Le, y, x),
+        Binary::LessOrEqual => Expr::bin(BinOp::Le, x, y),
+        Binary::And => Expr::bin(BinOp::And, x, y),
+        Binary::Or => Expr::bin(BinOp::Or, x, y),
+        Binary::Xor => Expr::bin(BinOp::Ne, x, y),
+        Binary::BitAnd if !t.is_float() => Expr::bin(BinOp::And, x, y),
+        Binary::BitOr if !t.is_float() => Expr::bin(BinOp::Or, x, y),
+        Binary::BitXor if !t.is_float() => Expr::bin(BinOp::Xor, x, y),
         Binary::BitShift { left } if !t.is_float() => {
-            b(if left { BinOp::Shl } else { BinOp::Shr }, x, y)
+            Expr::bin(if left { BinOp::Shl } else { BinOp::Shr }, x, y)
         }
         _ => return None,
     })
@@ -337,9 +348,9 @@ pub fn nary(op: Nary, xs: Vec<Expr>, t: Elem) -> Option<Expr> {
         Nary::Max => BinOp::Max,
         Nary::Min => BinOp::Min,
     };
-    let folded = xs.into_iter().reduce(|a, c| b(o, a, c))?;
+    let folded = xs.into_iter().reduce(|a, c| Expr::bin(o, a, c))?;
     Some(if op == Nary::Mean {
-        b(BinOp::Div, folded, lit(n as f64, t))
+        Expr::bin(BinOp::Div, folded, lit(n as f64, t))
     } else {
         folded
     })

@@ -13,10 +13,6 @@ use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
 const F: Elem = Elem::F64;
 
-fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
-    Expr::bin(o, x, y)
-}
-
 fn f(v: f64) -> Expr {
     lit(v, F)
 }
@@ -40,40 +36,44 @@ fn reflect(x: &Expr, lo: f64, hi: f64) -> Expr {
     if span <= 0.0 {
         return f(lo);
     }
-    let below = b(BinOp::Lt, x.clone(), f(lo));
-    let above = b(BinOp::Lt, f(hi), x.clone());
+    let below = Expr::bin(BinOp::Lt, x.clone(), f(lo));
+    let above = Expr::bin(BinOp::Lt, f(hi), x.clone());
     let d = Expr::select(
         below.clone(),
-        b(BinOp::Sub, f(lo), x.clone()),
-        b(BinOp::Sub, x.clone(), f(hi)),
+        Expr::bin(BinOp::Sub, f(lo), x.clone()),
+        Expr::bin(BinOp::Sub, x.clone(), f(hi)),
     );
-    let folds = Expr::un(UnOp::Floor, b(BinOp::Div, d.clone(), f(span)));
-    let r = b(BinOp::Sub, d, b(BinOp::Mul, folds.clone(), f(span)));
-    let half = Expr::un(UnOp::Floor, b(BinOp::Div, folds.clone(), f(2.0)));
-    let even = b(
+    let folds = Expr::un(UnOp::Floor, Expr::bin(BinOp::Div, d.clone(), f(span)));
+    let r = Expr::bin(BinOp::Sub, d, Expr::bin(BinOp::Mul, folds.clone(), f(span)));
+    let half = Expr::un(UnOp::Floor, Expr::bin(BinOp::Div, folds.clone(), f(2.0)));
+    let even = Expr::bin(
         BinOp::Eq,
-        b(BinOp::Sub, folds, b(BinOp::Mul, half, f(2.0))),
+        Expr::bin(BinOp::Sub, folds, Expr::bin(BinOp::Mul, half, f(2.0))),
         f(0.0),
     );
     let folded = Expr::select(
-        b(BinOp::Eq, below.clone(), even),
-        b(BinOp::Add, f(lo), r.clone()),
-        b(BinOp::Sub, f(hi), r),
+        Expr::bin(BinOp::Eq, below.clone(), even),
+        Expr::bin(BinOp::Add, f(lo), r.clone()),
+        Expr::bin(BinOp::Sub, f(hi), r),
     );
-    Expr::select(b(BinOp::Or, below, above), folded, x.clone())
+    Expr::select(Expr::bin(BinOp::Or, below, above), folded, x.clone())
 }
 
 /// The cubic convolution kernel (A = -0.75) for |x| <= 1 (`near`) and 1 < |x| < 2 (`far`).
 fn cubic(x: Expr, near: bool) -> Expr {
     let a = -0.75;
     if near {
-        b(
+        Expr::bin(
             BinOp::Add,
-            b(
+            Expr::bin(
                 BinOp::Mul,
-                b(
+                Expr::bin(
                     BinOp::Mul,
-                    b(BinOp::Sub, b(BinOp::Mul, f(a + 2.0), x.clone()), f(a + 3.0)),
+                    Expr::bin(
+                        BinOp::Sub,
+                        Expr::bin(BinOp::Mul, f(a + 2.0), x.clone()),
+                        f(a + 3.0),
+                    ),
                     x.clone(),
                 ),
                 x,
@@ -81,16 +81,20 @@ fn cubic(x: Expr, near: bool) -> Expr {
             f(1.0),
         )
     } else {
-        let inner = b(
+        let inner = Expr::bin(
             BinOp::Add,
-            b(
+            Expr::bin(
                 BinOp::Mul,
-                b(BinOp::Sub, b(BinOp::Mul, f(a), x.clone()), f(5.0 * a)),
+                Expr::bin(
+                    BinOp::Sub,
+                    Expr::bin(BinOp::Mul, f(a), x.clone()),
+                    f(5.0 * a),
+                ),
                 x.clone(),
             ),
             f(8.0 * a),
         );
-        b(BinOp::Sub, b(BinOp::Mul, inner, x), f(4.0 * a))
+        Expr::bin(BinOp::Sub, Expr::bin(BinOp::Mul, inner, x), f(4.0 * a))
     }
 }
 
@@ -131,17 +135,17 @@ pub fn grid_sample(
             gi.push(Expr::int((sp - 1 - i) as i64));
             let v = get(l, grid, &gi, F)?;
             let mut c = if align {
-                b(
+                Expr::bin(
                     BinOp::Mul,
-                    b(BinOp::Div, b(BinOp::Add, v, f(1.0)), f(2.0)),
+                    Expr::bin(BinOp::Div, Expr::bin(BinOp::Add, v, f(1.0)), f(2.0)),
                     f(df - 1.0),
                 )
             } else {
-                b(
+                Expr::bin(
                     BinOp::Div,
-                    b(
+                    Expr::bin(
                         BinOp::Sub,
-                        b(BinOp::Mul, b(BinOp::Add, v, f(1.0)), f(df)),
+                        Expr::bin(BinOp::Mul, Expr::bin(BinOp::Add, v, f(1.0)), f(df)),
                         f(1.0),
                     ),
                     f(2.0),
@@ -151,10 +155,10 @@ pub fn grid_sample(
                 c = Expr::un(UnOp::Round, c);
             }
             let c = bind(l, &mut stmts, F, c);
-            let outside = b(
+            let outside = Expr::bin(
                 BinOp::Or,
-                b(BinOp::Lt, c.clone(), f(lo)),
-                b(BinOp::Lt, f(hi), c.clone()),
+                Expr::bin(BinOp::Lt, c.clone(), f(lo)),
+                Expr::bin(BinOp::Lt, f(hi), c.clone()),
             );
             let c = match padding {
                 GridPadding::Border => bind(
@@ -163,7 +167,11 @@ pub fn grid_sample(
                     F,
                     Expr::select(
                         outside,
-                        b(BinOp::Min, b(BinOp::Max, c.clone(), f(0.0)), f(df - 1.0)),
+                        Expr::bin(
+                            BinOp::Min,
+                            Expr::bin(BinOp::Max, c.clone(), f(0.0)),
+                            f(df - 1.0),
+                        ),
                         c,
                     ),
                 ),
@@ -171,20 +179,25 @@ pub fn grid_sample(
                 GridPadding::Zeros => c,
             };
             let base = bind(l, &mut stmts, F, Expr::un(UnOp::Floor, c.clone()));
-            let t = bind(l, &mut stmts, F, b(BinOp::Sub, c.clone(), base.clone()));
+            let t = bind(
+                l,
+                &mut stmts,
+                F,
+                Expr::bin(BinOp::Sub, c.clone(), base.clone()),
+            );
             let bi = Expr::cast(Elem::I64, base);
             let raw: Vec<(Expr, Expr)> = match mode {
                 ResizeMode::Nearest => vec![(Expr::cast(Elem::I64, c), f(1.0))],
                 ResizeMode::Linear => vec![
-                    (bi.clone(), b(BinOp::Sub, f(1.0), t.clone())),
+                    (bi.clone(), Expr::bin(BinOp::Sub, f(1.0), t.clone())),
                     (Expr::add(bi, Expr::int(1)), t),
                 ],
                 ResizeMode::Cubic => {
                     let ws = [
-                        cubic(b(BinOp::Add, t.clone(), f(1.0)), false),
+                        cubic(Expr::bin(BinOp::Add, t.clone(), f(1.0)), false),
                         cubic(t.clone(), true),
-                        cubic(b(BinOp::Sub, f(1.0), t.clone()), true),
-                        cubic(b(BinOp::Sub, f(2.0), t), false),
+                        cubic(Expr::bin(BinOp::Sub, f(1.0), t.clone()), true),
+                        cubic(Expr::bin(BinOp::Sub, f(2.0), t), false),
                     ];
                     ws.into_iter()
                         .enumerate()
@@ -233,15 +246,15 @@ pub fn grid_sample(
                 for (a, k) in combo.iter().enumerate() {
                     let tap = &axes[a][*k];
                     xi.push(tap.index.clone());
-                    w = b(BinOp::Mul, w, tap.weight.clone());
+                    w = Expr::bin(BinOp::Mul, w, tap.weight.clone());
                     valid.extend(tap.valid.clone());
                 }
-                let term = b(BinOp::Mul, w, get(l, x, &xi, F)?);
+                let term = Expr::bin(BinOp::Mul, w, get(l, x, &xi, F)?);
                 let term = match all(valid) {
                     Some(ok) => Expr::select(ok, term, f(0.0)),
                     None => term,
                 };
-                sum = b(BinOp::Add, sum, term);
+                sum = Expr::bin(BinOp::Add, sum, term);
             }
             let mut oi = vec![pos[0].clone(), ch[0].clone()];
             oi.extend_from_slice(&pos[1..]);

@@ -12,10 +12,6 @@ use mlopt_kir::index::clamp;
 use mlopt_kir::index::{convert, lit};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Stmt, UnOp};
 
-pub(crate) fn b(o: BinOp, x: Expr, y: Expr) -> Expr {
-    Expr::bin(o, x, y)
-}
-
 /// A fold: `acc = init; for r in extents { acc = step(acc, value(r)) }`.
 pub(crate) struct Fold {
     pub(crate) stmts: Vec<Stmt>,
@@ -64,7 +60,7 @@ pub(crate) fn fold_op(
     value: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<Expr>,
 ) -> Result<Fold> {
     fold(l, t, init, extents, |l, r, acc| {
-        Ok(b(op, acc, value(l, r)?))
+        Ok(Expr::bin(op, acc, value(l, r)?))
     })
 }
 
@@ -136,12 +132,12 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             let cs = c.map(|c| l.ty(c).shape.clone());
             // alpha * (A B)[i, j] + beta * C[i, j], in the output type: the last step of every path.
             let out_ij = |l: &mut Lowerer, i: &Expr, j: &Expr, v: Expr| -> Result<Stmt> {
-                let mut y = b(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
+                let mut y = Expr::bin(BinOp::Mul, lit(alpha as f64, Elem::F32), v);
                 if let (Some(c), Some(cs)) = (c, &cs) {
-                    y = b(
+                    y = Expr::bin(
                         BinOp::Add,
                         y,
-                        b(
+                        Expr::bin(
                             BinOp::Mul,
                             lit(beta as f64, Elem::F32),
                             get(l, c, &broadcast(cs, &[i.clone(), j.clone()]), Elem::F32)?,
@@ -265,8 +261,8 @@ fn matmul(l: &mut Lowerer, n: NodeId, out: &[u64], out_t: Elem, dst: BufId) -> R
     let (sa, sb) = (l.ty(a).shape.clone(), l.ty(bm).shape.clone());
     let kdim = *sa.last().unwrap_or(&1) as u64;
     let (has_m, has_n) = (sa.len() >= 2, sb.len() >= 2);
-    // (On a CPU the schedule tiles this nest in registers, `schedule/cpu_gemm.rs`, or in bf16 `mma`
-    // blocks, `schedule/cpu_mma.rs`.)
+    // (On a CPU the schedule tiles this nest in registers, `mlopt-schedule/src/cpu/gemm.rs`, or in bf16 `mma`
+    // blocks, `cpu/mma.rs`.)
     l.nest("i", out, |l, idx| {
         let r = idx.len();
         let j = has_n.then(|| idx[r - 1].clone());
@@ -384,21 +380,21 @@ fn reduce(
             let v = get(l, x, &at(idx, r), t)?;
             Ok(match kind {
                 ReduceKind::L1 => Expr::un(UnOp::Abs, v),
-                ReduceKind::L2 | ReduceKind::SumSquare => b(BinOp::Mul, v.clone(), v),
+                ReduceKind::L2 | ReduceKind::SumSquare => Expr::bin(BinOp::Mul, v.clone(), v),
                 ReduceKind::LogSumExp => Expr::un(
                     UnOp::Exp,
-                    b(BinOp::Sub, v, sh.clone().unwrap_or_else(|| lit(0.0, t))),
+                    Expr::bin(BinOp::Sub, v, sh.clone().unwrap_or_else(|| lit(0.0, t))),
                 ),
                 _ => v,
             })
         })?;
         let acc = f.get();
         let y = match kind {
-            ReduceKind::Mean => b(BinOp::Div, acc, lit(count as f64, t)),
+            ReduceKind::Mean => Expr::bin(BinOp::Div, acc, lit(count as f64, t)),
             ReduceKind::L2 => Expr::un(UnOp::Sqrt, acc),
             ReduceKind::LogSum => Expr::un(UnOp::Log, acc),
             ReduceKind::LogSumExp => match shift {
-                Some(m) => b(BinOp::Add, Expr::un(UnOp::Log, acc), m),
+                Some(m) => Expr::bin(BinOp::Add, Expr::un(UnOp::Log, acc), m),
                 None => Expr::un(UnOp::Log, acc),
             },
             _ => acc,
@@ -442,7 +438,7 @@ fn softmax(
         let s = fold_op(l, t, lit(0.0, t), &[len], BinOp::Add, |l, r| {
             Ok(Expr::un(
                 UnOp::Exp,
-                b(
+                Expr::bin(
                     BinOp::Sub,
                     get(l, x, &row_index(idx, axis, r[0].clone()), t)?,
                     mx.clone(),
@@ -461,16 +457,16 @@ fn softmax(
             value: if log {
                 Expr::un(UnOp::Log, sum)
             } else {
-                b(BinOp::Div, lit(1.0, t), sum)
+                Expr::bin(BinOp::Div, lit(1.0, t), sum)
             },
         });
         stmts.extend(l.nest("j", &[len], |l, r| {
             let oi = row_index(idx, axis, r[0].clone());
-            let d = b(BinOp::Sub, get(l, x, &oi, t)?, mx.clone());
+            let d = Expr::bin(BinOp::Sub, get(l, x, &oi, t)?, mx.clone());
             let y = if log {
-                b(BinOp::Sub, d, Expr::load(inv, vec![]))
+                Expr::bin(BinOp::Sub, d, Expr::load(inv, vec![]))
             } else {
-                b(BinOp::Mul, Expr::un(UnOp::Exp, d), Expr::load(inv, vec![]))
+                Expr::bin(BinOp::Mul, Expr::un(UnOp::Exp, d), Expr::load(inv, vec![]))
             };
             Ok(vec![Stmt::Store {
                 buf: dst,
@@ -510,14 +506,14 @@ fn layer_norm(
         let (mut stmts, mean, inv) = moments(l, x, t, &inner, eps, &at)?;
         stmts.extend(l.nest("j", &inner, |l, r| {
             let xi = at(r);
-            let mut y = b(
+            let mut y = Expr::bin(
                 BinOp::Mul,
-                b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()),
+                Expr::bin(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()),
                 Expr::load(inv, vec![]),
             );
-            y = b(BinOp::Mul, y, get(l, scale, &broadcast(&ss, r), t)?);
+            y = Expr::bin(BinOp::Mul, y, get(l, scale, &broadcast(&ss, r), t)?);
             if let (Some(bv), Some(bs)) = (bias, &bs) {
-                y = b(BinOp::Add, y, get(l, bv, &broadcast(bs, r), t)?);
+                y = Expr::bin(BinOp::Add, y, get(l, bv, &broadcast(bs, r), t)?);
             }
             Ok(vec![Stmt::Store {
                 buf: dsts[0],
@@ -564,24 +560,24 @@ fn moments(
     let s1 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| {
         get(l, x, &at(r), t)
     })?;
-    let mean = b(BinOp::Div, s1.get(), lit(count as f64, t));
+    let mean = Expr::bin(BinOp::Div, s1.get(), lit(count as f64, t));
     let m = mean.clone();
     let s2 = fold_op(l, t, lit(0.0, t), inner, BinOp::Add, |l, r| {
-        let d = b(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
-        Ok(b(BinOp::Mul, d.clone(), d))
+        let d = Expr::bin(BinOp::Sub, get(l, x, &at(r), t)?, m.clone());
+        Ok(Expr::bin(BinOp::Mul, d.clone(), d))
     })?;
     let mut stmts = s1.stmts;
-    let var = b(BinOp::Div, s2.get(), lit(count as f64, t));
+    let var = Expr::bin(BinOp::Div, s2.get(), lit(count as f64, t));
     stmts.extend(s2.stmts);
     let inv =
         l.k.buf(format!("inv{}", l.k.bufs.len()), t, vec![], Space::Local);
     stmts.push(Stmt::Store {
         buf: inv,
         index: vec![],
-        value: b(
+        value: Expr::bin(
             BinOp::Div,
             lit(1.0, t),
-            Expr::un(UnOp::Sqrt, b(BinOp::Add, var, lit(eps as f64, t))),
+            Expr::un(UnOp::Sqrt, Expr::bin(BinOp::Add, var, lit(eps as f64, t))),
         ),
     });
     Ok((stmts, mean, inv))
@@ -605,13 +601,13 @@ fn instance_norm(
         let (sc, bi) = (get(l, scale, &c, t)?, get(l, bias, &c, t)?);
         stmts.extend(l.nest("j", &inner, |l, r| {
             let xi = at(r);
-            let y = b(
+            let y = Expr::bin(
                 BinOp::Add,
-                b(
+                Expr::bin(
                     BinOp::Mul,
-                    b(
+                    Expr::bin(
                         BinOp::Mul,
-                        b(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()),
+                        Expr::bin(BinOp::Sub, get(l, x, &xi, t)?, mean.clone()),
                         Expr::load(inv, vec![]),
                     ),
                     sc.clone(),
@@ -630,7 +626,7 @@ fn instance_norm(
 
 /// softmax(q @ kt * scale + mask) @ v, one query row at a time: the row of scores lives in a local
 /// buffer, so the [S, T] score matrix is never stored. This is the algorithm both targets' schedules
-/// recognise (`schedule/attention.rs`): in blocks of query rows with tiled products on a CPU, on tensor
+/// recognise (`mlopt-schedule/src/attention.rs`): in blocks of query rows with tiled products on a CPU, on tensor
 /// cores with an online softmax on a GPU.
 fn attention(
     l: &mut Lowerer,
@@ -675,14 +671,14 @@ fn attention(
                 Ok((get(l, q, &qi, t)?, get(l, kt, &ki, t)?))
             })?;
             let mut s = f.stmts.clone();
-            let mut y = b(BinOp::Mul, f.get(), lit(scale as f64, t));
+            let mut y = Expr::bin(BinOp::Mul, f.get(), lit(scale as f64, t));
             if let (Some(m), Some(ms)) = (mask, &ms) {
                 let full: Vec<Expr> = batch
                     .iter()
                     .cloned()
                     .chain([i.clone(), j[0].clone()])
                     .collect();
-                y = b(BinOp::Add, y, get(l, m, &broadcast(ms, &full), t)?);
+                y = Expr::bin(BinOp::Add, y, get(l, m, &broadcast(ms, &full), t)?);
             }
             s.push(Stmt::Store {
                 buf: row,
@@ -699,7 +695,7 @@ fn attention(
         let s = fold_op(l, t, lit(0.0, t), &[tlen], BinOp::Add, |_, r| {
             Ok(Expr::un(
                 UnOp::Exp,
-                b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()),
+                Expr::bin(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()),
             ))
         })?;
         let sum = s.get();
@@ -710,7 +706,7 @@ fn attention(
                 index: vec![r[0].clone()],
                 value: Expr::un(
                     UnOp::Exp,
-                    b(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()),
+                    Expr::bin(BinOp::Sub, Expr::load(row, vec![r[0].clone()]), mx.clone()),
                 ),
             }])
         })?);
@@ -725,7 +721,7 @@ fn attention(
             s.push(Stmt::Store {
                 buf: dst,
                 index: oi,
-                value: convert(b(BinOp::Div, f.get(), sum.clone()), t, out_t),
+                value: convert(Expr::bin(BinOp::Div, f.get(), sum.clone()), t, out_t),
             });
             Ok(s)
         })?);
@@ -774,10 +770,10 @@ fn arg(
             let v = get(l, x, &xi, t)?;
             let cur = Expr::load(best, vec![]);
             let better = match (max, last) {
-                (true, false) => b(BinOp::Lt, cur, v.clone()),
-                (true, true) => b(BinOp::Le, cur, v.clone()),
-                (false, false) => b(BinOp::Lt, v.clone(), cur),
-                (false, true) => b(BinOp::Le, v.clone(), cur),
+                (true, false) => Expr::bin(BinOp::Lt, cur, v.clone()),
+                (true, true) => Expr::bin(BinOp::Le, cur, v.clone()),
+                (false, false) => Expr::bin(BinOp::Lt, v.clone(), cur),
+                (false, true) => Expr::bin(BinOp::Le, v.clone(), cur),
             };
             Ok(vec![
                 Stmt::Store {
@@ -832,16 +828,20 @@ fn top_k(
     // `a` comes before `b` in the order; the key maps NaN to +inf.
     let key = |v: Expr| {
         if t.is_float() {
-            Expr::select(b(BinOp::Ne, v.clone(), v.clone()), lit(f64::INFINITY, t), v)
+            Expr::select(
+                Expr::bin(BinOp::Ne, v.clone(), v.clone()),
+                lit(f64::INFINITY, t),
+                v,
+            )
         } else {
             v
         }
     };
     let ahead = |a: Expr, c: Expr| {
         if largest {
-            b(BinOp::Lt, c, a)
+            Expr::bin(BinOp::Lt, c, a)
         } else {
-            b(BinOp::Lt, a, c)
+            Expr::bin(BinOp::Lt, a, c)
         }
     };
     l.nest("i", &rows, |l, row| {
@@ -891,22 +891,22 @@ fn top_k(
             s.extend(l.nest("r", &[len as u64], |l, r| {
                 let v = key(get(l, x, &at_axis(row, r[0].clone()), t)?);
                 let (p, pa) = (Expr::load(prev, vec![]), Expr::load(prev_at, vec![]));
-                let after = b(
+                let after = Expr::bin(
                     BinOp::Or,
                     ahead(p.clone(), v.clone()),
-                    b(
+                    Expr::bin(
                         BinOp::And,
-                        b(BinOp::Eq, v.clone(), p),
-                        b(BinOp::Lt, pa, r[0].clone()),
+                        Expr::bin(BinOp::Eq, v.clone(), p),
+                        Expr::bin(BinOp::Lt, pa, r[0].clone()),
                     ),
                 );
                 let (cur, cur_at) = (Expr::load(best, vec![]), Expr::load(at, vec![]));
-                let better = b(
+                let better = Expr::bin(
                     BinOp::Or,
-                    b(BinOp::Lt, cur_at.clone(), Expr::int(0)),
+                    Expr::bin(BinOp::Lt, cur_at.clone(), Expr::int(0)),
                     ahead(v.clone(), cur.clone()),
                 );
-                let take = b(BinOp::And, after, better);
+                let take = Expr::bin(BinOp::And, after, better);
                 Ok(take_if(l, take, &[(best, v), (at, r[0].clone())]))
             })?);
             let chosen = clamp(Expr::load(at, vec![]), len);
@@ -1022,10 +1022,10 @@ fn scatter(
         let old = convert(Expr::load(dst, target.clone()), out_t, t);
         let v = match red {
             mlopt_ir::ScatterReduction::None => new,
-            mlopt_ir::ScatterReduction::Add => b(BinOp::Add, old, new),
-            mlopt_ir::ScatterReduction::Mul => b(BinOp::Mul, old, new),
-            mlopt_ir::ScatterReduction::Max => b(BinOp::Max, old, new),
-            mlopt_ir::ScatterReduction::Min => b(BinOp::Min, old, new),
+            mlopt_ir::ScatterReduction::Add => Expr::bin(BinOp::Add, old, new),
+            mlopt_ir::ScatterReduction::Mul => Expr::bin(BinOp::Mul, old, new),
+            mlopt_ir::ScatterReduction::Max => Expr::bin(BinOp::Max, old, new),
+            mlopt_ir::ScatterReduction::Min => Expr::bin(BinOp::Min, old, new),
         };
         Ok(vec![Stmt::Store {
             buf: dst,

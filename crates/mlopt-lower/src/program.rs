@@ -111,7 +111,7 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
     for s in &plan.slots {
         b.places.entry(s.value).or_insert(Place::Arena(s.offset));
     }
-    // The flag of data checks (`check.rs`) lives past the planned arena.
+    // The flag of data checks (`data_checks.rs`) lives past the planned arena.
     let flag = plan.arena_bytes.div_ceil(64) * 64;
     let mut kernels: Vec<(u32, mlopt_ir::KernelNodes)> = g.kernels().into_iter().collect();
     kernels.sort_by_key(|(_, k)| k.roots.first().map(|r| pos[r]));

@@ -14,7 +14,7 @@
 //! transposes) is done.
 
 use egg::{DidMerge, Id, Language};
-use mlopt_ir::spell::AttrReader;
+use mlopt_ir::op_syntax::AttrReader;
 use mlopt_ir::{Op, Tensor, TensorType};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

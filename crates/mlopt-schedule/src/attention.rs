@@ -1,4 +1,4 @@
-//! Attention in the algorithm form lowering writes (`anchor.rs`), one query row per iteration of the
+//! Attention in the algorithm form lowering writes (`mlopt-lower/src/nests.rs`), one query row per iteration of the
 //! data-parallel loops:
 //!
 //! ```text
@@ -8,8 +8,8 @@
 //! ```
 //!
 //! Both targets schedule what this recognises: the GPU on tensor cores with an online softmax
-//! (`gpu_attention.rs`), a CPU in blocks of query rows whose two products are register-tiled
-//! (`cpu_attention.rs`).
+//! (`gpu/attention.rs`), a CPU in blocks of query rows whose two products are register-tiled
+//! (`cpu/attention.rs`).
 
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, UnOp, Var};
 

@@ -9,7 +9,7 @@
 //!
 //! The data-parallel loops split by which operand reads them: the columns (N) are those of the operand
 //! that reads the innermost loop, the rows (M) those of the other, and loops both or neither read are a
-//! batch. The GPU's tiled GEMMs (`gpu_gemm.rs`) schedule what this finds.
+//! batch. The GPU's tiled GEMMs (`gpu/gemm.rs`) schedule what this finds.
 
 use mlopt_kir::analysis::expr_loads;
 use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};

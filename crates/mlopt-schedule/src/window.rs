@@ -1,9 +1,9 @@
 //! Windows in the algorithm lowering writes: a convolution's or a pooling's input read at
 //! `out * stride + tap * dilation - pad` per spatial axis, clamped into the input and guarded where the
-//! window can leave it. The CPU schedule recognises them (`cpu_conv.rs` in a contraction's operand,
-//! `padded_windows` below in a pooling's fold) and reads a padded copy of the input instead
-//! (`crate::window::padded_phases`), whose loads need no guard and, in phases along a strided row,
-//! are contiguous.
+//! window can leave it. They are recognised here (`class.rs` asks about a contraction's operand,
+//! `cpu/padded.rs` about a pooling's fold), and the CPU schedule reads a padded copy of the input
+//! instead (`cpu/padded.rs`), whose loads need no guard and, in phases along a strided row, are
+//! contiguous.
 
 use mlopt_kir::analysis::{coefficient, for_each_load, offset};
 use mlopt_kir::index::{all, in_range};

@@ -5,7 +5,7 @@
 //! output dtype; the kernels in the submodules therefore only see f32, f64, integers and bool.
 
 mod elementwise;
-mod grid;
+mod grid_sample;
 mod index;
 mod layout;
 mod linalg;
@@ -15,7 +15,7 @@ mod resize;
 
 pub use resize::{axis_taps as resize_taps, Taps as ResizeTaps};
 #[cfg(test)]
-mod props;
+mod properties;
 #[cfg(test)]
 mod tests;
 
@@ -280,7 +280,7 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             mode,
             padding,
             align_corners,
-        } => one(grid::grid_sample(
+        } => one(grid_sample::grid_sample(
             x()?,
             req(args, 1)?,
             *mode,

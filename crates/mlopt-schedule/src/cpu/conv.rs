@@ -13,7 +13,7 @@
 //! window's loads need no guard; along a strided row the copy is split into phases, so the loads along
 //! the row are contiguous. Short output rows (narrow tiles, each weight reused by few columns) take every
 //! output position as the columns and pack each panel of B (im2col, one panel at a time). A pointwise
-//! convolution (1x1, stride 1, no padding) is a plain contraction: `cpu_gemm.rs` tiles it.
+//! convolution (1x1, stride 1, no padding) is a plain contraction: `gemm.rs` tiles it.
 
 use super::padded::{padded_index, padded_phases, Read};
 use super::tiler::{self, Builder, Tile};

@@ -3,7 +3,7 @@
 //! and the softmax is taken online (as FlashAttention does), so the [S, T] score matrix never reaches
 //! global memory.
 //!
-//! Lowering writes attention one query row at a time (`anchor.rs`): the row of scores in a local
+//! Lowering writes attention one query row at a time (`mlopt-lower/src/nests.rs`): the row of scores in a local
 //! buffer, its max and sum, then the weighted sum of v. That nest is recognised (`attention.rs`, which
 //! the CPU's blocked attention shares), and a block of `16 W` query rows (W warps, 16 rows each)
 //! becomes:

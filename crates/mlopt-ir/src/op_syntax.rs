@@ -20,7 +20,7 @@ fn flts(v: &[f32]) -> String {
     let parts: Vec<String> = v.iter().map(|x| flt(*x)).collect();
     format!("[{}]", parts.join(","))
 }
-fn b(v: bool) -> String {
+fn flag(v: bool) -> String {
     (v as u8).to_string()
 }
 
@@ -224,8 +224,8 @@ impl Op {
                     detect_positive,
                 } => {
                     vec![
-                        ("detect_negative", b(detect_negative)),
-                        ("detect_positive", b(detect_positive)),
+                        ("detect_negative", flag(detect_negative)),
+                        ("detect_positive", flag(detect_positive)),
                     ]
                 }
                 Unary::LeakyRelu { alpha }
@@ -237,11 +237,11 @@ impl Op {
                     vec![("alpha", flt(alpha)), ("beta", flt(beta))]
                 }
                 Unary::Shrink { bias, lambd } => vec![("bias", flt(bias)), ("lambd", flt(lambd))],
-                Unary::Gelu { tanh } => vec![("tanh", b(tanh))],
+                Unary::Gelu { tanh } => vec![("tanh", flag(tanh))],
                 _ => vec![],
             },
-            Op::Binary(Binary::Mod { fmod }) => vec![("fmod", b(*fmod))],
-            Op::Binary(Binary::BitShift { left }) => vec![("left", b(*left))],
+            Op::Binary(Binary::Mod { fmod }) => vec![("fmod", flag(*fmod))],
+            Op::Binary(Binary::BitShift { left }) => vec![("left", flag(*left))],
             Op::Cast { to } => vec![("to", to.name().to_string())],
             Op::Attention { scale } => vec![("scale", flt(*scale))],
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
@@ -257,8 +257,8 @@ impl Op {
                 vec![
                     ("alpha", flt(*alpha)),
                     ("beta", flt(*beta)),
-                    ("trans_a", b(*trans_a)),
-                    ("trans_b", b(*trans_b)),
+                    ("trans_a", flag(*trans_a)),
+                    ("trans_b", flag(*trans_b)),
                 ]
             }
             Op::Conv(c) => vec![
@@ -293,7 +293,7 @@ impl Op {
             ],
             Op::MaxPool { pool, col_major } => {
                 let mut v = spell_pool(pool);
-                v.push(("col_major", b(*col_major)));
+                v.push(("col_major", flag(*col_major)));
                 v
             }
             Op::AveragePool {
@@ -301,11 +301,11 @@ impl Op {
                 count_include_pad,
             } => {
                 let mut v = spell_pool(pool);
-                v.push(("count_include_pad", b(*count_include_pad)));
+                v.push(("count_include_pad", flag(*count_include_pad)));
                 v
             }
             Op::Reduce { axes, keepdims, .. } => {
-                vec![("axes", ints(axes)), ("keepdims", b(*keepdims))]
+                vec![("axes", ints(axes)), ("keepdims", flag(*keepdims))]
             }
             Op::Arg {
                 axis,
@@ -315,8 +315,8 @@ impl Op {
             } => {
                 vec![
                     ("axis", axis.to_string()),
-                    ("keepdims", b(*keepdims)),
-                    ("select_last_index", b(*select_last_index)),
+                    ("keepdims", flag(*keepdims)),
+                    ("select_last_index", flag(*select_last_index)),
                 ]
             }
             Op::Reshape { shape } => vec![("shape", ints(shape))],
@@ -341,10 +341,10 @@ impl Op {
                 ("value", format!("{value:?}")),
             ],
             Op::Resize(r) => vec![
-                ("antialias", b(r.antialias)),
+                ("antialias", flag(r.antialias)),
                 ("coord", name_of(COORD_MODES, r.coord).to_string()),
                 ("cubic_coeff_a", flt(r.cubic_coeff_a)),
-                ("exclude_outside", b(r.exclude_outside)),
+                ("exclude_outside", flag(r.exclude_outside)),
                 ("extrapolation_value", flt(r.extrapolation_value)),
                 ("mode", name_of(RESIZE_MODES, r.mode).to_string()),
                 ("nearest", name_of(NEAREST_MODES, r.nearest).to_string()),
@@ -353,10 +353,10 @@ impl Op {
                 ("sizes", ints(&r.sizes)),
             ],
             Op::DepthToSpace { blocksize, crd } => {
-                vec![("blocksize", blocksize.to_string()), ("crd", b(*crd))]
+                vec![("blocksize", blocksize.to_string()), ("crd", flag(*crd))]
             }
             Op::SpaceToDepth { blocksize } => vec![("blocksize", blocksize.to_string())],
-            Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", b(*upper))],
+            Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", flag(*upper))],
             Op::TopK {
                 axis,
                 k,
@@ -365,15 +365,15 @@ impl Op {
             } => vec![
                 ("axis", axis.to_string()),
                 ("k", k.to_string()),
-                ("largest", b(*largest)),
-                ("sorted", b(*sorted)),
+                ("largest", flag(*largest)),
+                ("sorted", flag(*sorted)),
             ],
             Op::GridSample {
                 mode,
                 padding,
                 align_corners,
             } => vec![
-                ("align_corners", b(*align_corners)),
+                ("align_corners", flag(*align_corners)),
                 ("mode", name_of(RESIZE_MODES, *mode).to_string()),
                 ("padding", name_of(GRID_PADDINGS, *padding).to_string()),
             ],
@@ -632,7 +632,7 @@ fn scatter_reduction(a: &mut AttrReader) -> Result<ScatterReduction, String> {
 
 fn spell_pool(p: &PoolAttrs) -> Spelled {
     vec![
-        ("ceil_mode", b(p.ceil_mode)),
+        ("ceil_mode", flag(p.ceil_mode)),
         ("dilations", ints(&p.dilations)),
         ("kernel", ints(&p.kernel)),
         ("pads", ints(&p.pads)),

@@ -49,7 +49,7 @@ impl<'c> Gen<'_, 'c> {
         p: PointerValue<'c>,
         align: u32,
     ) -> Ret<BasicValueEnum<'c>> {
-        let v = self.b.build_load(t, p, "dv")?;
+        let v = self.builder.build_load(t, p, "dv")?;
         v.as_instruction_value()
             .ok_or_else(|| err("load"))?
             .set_alignment(align)
@@ -71,28 +71,31 @@ impl<'c> Gen<'_, 'c> {
         if !supported(m, n, k) {
             return Err(err(format!(
                 "@{}: mma<{m}x{n}x{k}> has no vdpbf16ps form (n a multiple of 16, k even)",
-                self.k.name
+                self.kernel.name
             )));
         }
         let (c0, ldc) = self.block_base(c)?;
         let (a0, lda) = self.block_base(a)?;
         let (b0, ldb) = self.block_base(b)?;
         let (f32v, bf16v, i32t) = (
-            self.c.f32_type().vec_type(LANES as u32),
-            self.c.bf16_type().vec_type(2 * LANES as u32),
-            self.c.i32_type(),
+            self.ctx.f32_type().vec_type(LANES as u32),
+            self.ctx.bf16_type().vec_type(2 * LANES as u32),
+            self.ctx.i32_type(),
         );
         let dot = Intrinsic::find("llvm.x86.avx512bf16.dpbf16ps.512")
             .ok_or_else(|| err("no vdpbf16ps intrinsic"))?;
         let dot = dot
-            .get_declaration(self.m, &[])
+            .get_declaration(self.module, &[])
             .ok_or_else(|| err("no declaration of vdpbf16ps"))?;
-        let i64 = |g: &Self, v: u64| g.c.i64_type().const_int(v, false);
+        let i64 = |g: &Self, v: u64| g.ctx.i64_type().const_int(v, false);
         let (nv, rows) = (n / LANES, rows_per_group(m, n));
         let slots = self.entry_alloca(f32v.as_basic_type_enum(), Some(rows * nv), "dot.acc")?;
         let slot = |g: &mut Self, s: u64| -> Ret<PointerValue<'c>> {
             // SAFETY: s < rows * nv, the alloca's length.
-            Ok(unsafe { g.b.build_in_bounds_gep(f32v, slots, &[i64(g, s)], "acc")? })
+            Ok(unsafe {
+                g.builder
+                    .build_in_bounds_gep(f32v, slots, &[i64(g, s)], "acc")?
+            })
         };
         for group in 0..m / rows {
             // C's accumulators for this row group: loaded, or zero.
@@ -107,44 +110,47 @@ impl<'c> Gen<'_, 'c> {
                         f32v.const_zero().into()
                     };
                     let s = slot(self, r * nv + v)?;
-                    self.b.build_store(s, init)?;
+                    self.builder.build_store(s, init)?;
                     c_at.push((s, p));
                 }
             }
             let a_row = self.byte_offset(a0, i64(self, group * rows * lda))?;
             let (zero, pairs) = (i64(self, 0), i64(self, k / 2));
             self.counted("dot_k", zero, pairs, 1, &mut |g, kk| {
-                let b_off = g.b.build_int_mul(kk, i64(g, ldb), "bo")?;
+                let b_off = g.builder.build_int_mul(kk, i64(g, ldb), "bo")?;
                 let b_row = g.byte_offset(b0, b_off)?;
                 let mut bs = Vec::new();
                 for v in 0..nv {
                     let p = g.byte_offset(b_row, i64(g, v * LANES * 4))?;
                     bs.push(g.load_unaligned(bf16v.into(), p, 2)?);
                 }
-                let a_off = g.b.build_int_mul(kk, i64(g, 4), "ao")?;
+                let a_off = g.builder.build_int_mul(kk, i64(g, 4), "ao")?;
                 for r in 0..rows {
-                    let off = g.b.build_int_add(a_off, i64(g, r * lda), "ar")?;
+                    let off = g.builder.build_int_add(a_off, i64(g, r * lda), "ar")?;
                     let p = g.byte_offset(a_row, off)?;
                     let pair = g.load_unaligned(i32t.into(), p, 2)?.into_int_value();
                     let splat = g.splat(pair.into(), LANES as u32)?;
-                    let splat = g.b.build_bit_cast(splat, bf16v, "abf")?;
+                    let splat = g.builder.build_bit_cast(splat, bf16v, "abf")?;
                     for (v, bv) in bs.iter().enumerate() {
                         let s = slot(g, r * nv + v as u64)?;
-                        let cur = g.b.build_load(f32v, s, "c")?;
-                        let next =
-                            g.b.build_call(dot, &[cur.into(), splat.into(), (*bv).into()], "dp")?;
+                        let cur = g.builder.build_load(f32v, s, "c")?;
+                        let next = g.builder.build_call(
+                            dot,
+                            &[cur.into(), splat.into(), (*bv).into()],
+                            "dp",
+                        )?;
                         let next = next
                             .try_as_basic_value()
                             .basic()
                             .ok_or_else(|| err("vdpbf16ps returned nothing"))?;
-                        g.b.build_store(s, next)?;
+                        g.builder.build_store(s, next)?;
                     }
                 }
                 Ok(())
             })?;
             for (s, p) in c_at {
-                let v = self.b.build_load(f32v, s, "c")?;
-                let st = self.b.build_store(p, v)?;
+                let v = self.builder.build_load(f32v, s, "c")?;
+                let st = self.builder.build_store(p, v)?;
                 st.set_alignment(4).map_err(|e| err(e.to_string()))?;
             }
         }
