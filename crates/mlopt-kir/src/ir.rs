@@ -8,7 +8,6 @@
 //! generation keeps in registers when its size allows.
 
 use std::fmt;
-use std::sync::Arc;
 
 /// A buffer of one kernel: printed `%name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -363,88 +362,6 @@ impl Kernel {
 
     pub fn var_name(&self, v: Var) -> &str {
         &self.vars[v.0 as usize]
-    }
-}
-
-/// Where a kernel argument lives when a program runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Place {
-    Input(usize),
-    Output(usize),
-    Weight(usize),
-    /// A byte offset into the activation arena.
-    Arena(u64),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Io {
-    pub name: String,
-    pub elem: Elem,
-    pub dims: Vec<u64>,
-}
-
-impl Io {
-    /// The size of the caller's buffer for this input or output.
-    pub fn bytes(&self) -> usize {
-        (self.dims.iter().product::<u64>() * self.elem.size()) as usize
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Weight {
-    pub name: String,
-    pub elem: Elem,
-    pub dims: Vec<u64>,
-    /// Little-endian element bytes.
-    pub data: Arc<Vec<u8>>,
-}
-
-/// One kernel call: `args[i]` is bound to the kernel's i-th parameter.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Step {
-    pub kernel: usize,
-    pub args: Vec<Place>,
-    /// A check of the input data (an index in range, a nonzero integer divisor): see `Check`.
-    pub check: Option<Check>,
-}
-
-/// What a check step's kernel decides: it writes 4 bytes at `flag` (an arena offset), nonzero when the
-/// data is invalid, and then the run stops with `message` (`run_program`'s error, the compiled entry
-/// point's status, the GPU launcher's error).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Check {
-    pub flag: u64,
-    pub message: String,
-}
-
-impl Step {
-    /// A plain kernel call.
-    pub fn call(kernel: usize, args: Vec<Place>) -> Step {
-        Step {
-            kernel,
-            args,
-            check: None,
-        }
-    }
-}
-
-/// A compiled model before code generation.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Program {
-    pub name: String,
-    pub inputs: Vec<Io>,
-    pub outputs: Vec<Io>,
-    pub weights: Vec<Weight>,
-    pub arena_bytes: u64,
-    pub kernels: Vec<Kernel>,
-    pub steps: Vec<Step>,
-}
-
-impl Program {
-    /// The bytes of a run's context (what `mlopt_<name>_create` allocates): the arena rounded up to 64
-    /// bytes, then 64 bytes of status (the last run's error).
-    pub fn context_bytes(&self) -> u64 {
-        self.arena_bytes.div_ceil(64) * 64 + 64
     }
 }
 

@@ -18,6 +18,7 @@
 //! reads this back (print -> parse -> print is the identity, tested on every lowered kernel).
 
 use crate::ir::*;
+use crate::program::*;
 use std::fmt::Write;
 
 pub fn loop_kind(k: LoopKind) -> String {

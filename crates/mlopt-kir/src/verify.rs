@@ -6,6 +6,7 @@
 
 use crate::ir::*;
 use crate::print;
+use crate::program::*;
 use std::collections::HashMap;
 
 /// An inclusive integer interval.

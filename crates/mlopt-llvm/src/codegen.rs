@@ -19,10 +19,10 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::Module;
-use inkwell::types::{BasicType, BasicTypeEnum};
-use inkwell::values::{BasicValue, BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
-use mlopt_kir::analysis::coefficient;
+
 use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_target::MatrixUnit;
 use std::collections::HashMap;
@@ -45,7 +45,7 @@ pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
 }
 
 /// The register type of an element: bools are `i1` in registers and `i8` in memory.
-fn reg_ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
+pub(crate) fn reg_ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
     if e == Elem::Bool {
         c.bool_type().into()
     } else {
@@ -70,8 +70,8 @@ pub struct Gen<'a, 'c> {
     pub ptrs: HashMap<BufId, PointerValue<'c>>,
     pub(crate) vars: HashMap<Var, VarVal<'c>>,
     /// Lanes of the vector loop being emitted, and the lane-private local buffers.
-    width: Option<u32>,
-    private: HashMap<BufId, PointerValue<'c>>,
+    pub(crate) width: Option<u32>,
+    pub(crate) private: HashMap<BufId, PointerValue<'c>>,
     /// What runs `mma` blocks.
     pub matrix: Option<MatrixUnit>,
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
@@ -399,297 +399,6 @@ impl<'a, 'c> Gen<'a, 'c> {
             out.insert(b, p);
         }
         Ok(out)
-    }
-
-    fn flat(&self, b: BufId, index: &[Expr]) -> Expr {
-        mlopt_kir::analysis::flat_index(self.kernel, b, index)
-    }
-
-    /// The vector loop's variable, when emitting a vector loop.
-    fn lane_var(&self) -> Option<Var> {
-        self.vars
-            .iter()
-            .find_map(|(v, x)| matches!(x, VarVal::Lanes(_)).then_some(*v))
-    }
-
-    fn uniform(&self, e: &Expr) -> bool {
-        match self.lane_var() {
-            None => true,
-            Some(v) => !e.uses(v) && !self.reads_private(e),
-        }
-    }
-
-    fn reads_private(&self, e: &Expr) -> bool {
-        match e {
-            Expr::Load(b, ix) => {
-                self.private.contains_key(b) || ix.iter().any(|x| self.reads_private(x))
-            }
-            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => false,
-            Expr::Unary(_, a) | Expr::Cast(_, a) => self.reads_private(a),
-            Expr::Binary(_, a, b) => self.reads_private(a) || self.reads_private(b),
-            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
-                self.reads_private(a) || self.reads_private(b) || self.reads_private(c)
-            }
-        }
-    }
-
-    /// Evaluates an index expression as one scalar (the lane variable taken at lane 0).
-    fn scalar_index(&mut self, e: &Expr) -> Ret<IntValue<'c>> {
-        let saved = self.width.take();
-        let lanes: Vec<(Var, VarVal<'c>)> = self
-            .vars
-            .iter()
-            .filter(|(_, x)| matches!(x, VarVal::Lanes(_)))
-            .map(|(v, x)| (*v, *x))
-            .collect();
-        for (v, x) in &lanes {
-            if let VarVal::Lanes(i) = x {
-                self.vars.insert(*v, VarVal::Scalar(*i));
-            }
-        }
-        let r = self.eval(e);
-        for (v, x) in lanes {
-            self.vars.insert(v, x);
-        }
-        self.width = saved;
-        Ok(r?.into_int_value())
-    }
-
-    pub(crate) fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
-        let base = *self
-            .ptrs
-            .get(&b)
-            .ok_or_else(|| err(format!("no pointer for %{}", self.kernel.buffer(b).name)))?;
-        let t = ty(self.ctx, self.kernel.buffer(b).elem);
-        // SAFETY: see the module comment; the index is in bounds by verification.
-        Ok(unsafe { self.builder.build_in_bounds_gep(t, base, &[flat], "p")? })
-    }
-
-    /// How the flat index moves with the lane: Some(0) uniform, Some(1) contiguous, None otherwise.
-    fn lane_stride(&self, flat: &Expr) -> Option<i64> {
-        let v = self.lane_var()?;
-        if self.uniform(flat) {
-            return Some(0);
-        }
-        coefficient(flat, v).filter(|_| !self.reads_private(flat))
-    }
-
-    /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the
-    /// GPU every global buffer starts 16-byte aligned, so a start that is a multiple of `p` elements gives
-    /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
-    /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
-    fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
-        let size = self.kernel.buffer(b).elem.size() as u32;
-        let Some(l) = self
-            .lane_var()
-            .filter(|_| self.gpu && self.kernel.buffer(b).space == Space::Global)
-        else {
-            return size;
-        };
-        // A constant the start (in elements) is always a multiple of.
-        let start = mlopt_kir::analysis::factor(&flat.subst(l, &Expr::int(0)));
-        let mut align = size;
-        while align * 2 <= (size * w).min(16) && start % i64::from(align * 2 / size) == 0 {
-            align *= 2;
-        }
-        align
-    }
-
-    fn load(&mut self, b: BufId, index: &[Expr]) -> Ret<BasicValueEnum<'c>> {
-        let elem = self.kernel.buffer(b).elem;
-        let t = ty(self.ctx, elem);
-        let flat = self.flat(b, index);
-        if let Some(p) = self.private.get(&b).copied() {
-            let w = self.width.unwrap_or(1);
-            let i = self.scalar_index(&flat)?;
-            // SAFETY: in bounds by verification.
-            let ptr = unsafe {
-                self.builder.build_in_bounds_gep(
-                    vector_type(reg_ty(self.ctx, elem), w),
-                    p,
-                    &[i],
-                    "lp",
-                )?
-            };
-            return Ok(self.builder.build_load(
-                vector_type(reg_ty(self.ctx, elem), w),
-                ptr,
-                "priv",
-            )?);
-        }
-        match (self.width, self.lane_stride(&flat)) {
-            (None, _) | (Some(_), Some(0)) => {
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                let v = self.builder.build_load(t, p, "ld")?;
-                let v = self.mem_to_reg(v, elem)?;
-                self.widen(v)
-            }
-            (Some(w), Some(1)) => {
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                let v = self.builder.build_load(vector_type(t, w), p, "vld")?;
-                let align = self.vector_align(b, &flat, w);
-                v.as_instruction_value().map(|ins| ins.set_alignment(align));
-                self.mem_to_reg(v, elem)
-            }
-            (Some(w), Some(st @ 2..=4)) if !self.gpu => {
-                // A small constant stride (a stride-2 window's row): one contiguous load of exactly the
-                // span the lanes cover, then every st-th element, instead of one load per lane.
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                let span = (w - 1) * st as u32 + 1;
-                let v = self.builder.build_load(vector_type(t, span), p, "sld")?;
-                // (Aligned to an element only: LLVM would otherwise assume the vector type's alignment.)
-                v.as_instruction_value()
-                    .map(|ins| ins.set_alignment(self.kernel.buffer(b).elem.size() as u32));
-                let v = v.into_vector_value();
-                let i32t = self.ctx.i32_type();
-                let mask: Vec<_> = (0..w)
-                    .map(|l| i32t.const_int(u64::from(l * st as u32), false))
-                    .collect();
-                let picked = self.builder.build_shuffle_vector(
-                    v,
-                    v.get_type().get_undef(),
-                    inkwell::types::VectorType::const_vector(&mask),
-                    "strided",
-                )?;
-                self.mem_to_reg(picked.into(), elem)
-            }
-            (Some(w), _) => {
-                let idx = self.eval(&flat)?.into_vector_value();
-                let mut acc = vector_type(t, w).const_zero().as_basic_value_enum();
-                for lane in 0..w {
-                    let i = self
-                        .builder
-                        .build_extract_element(
-                            idx,
-                            self.ctx.i32_type().const_int(lane as u64, false),
-                            "ix",
-                        )?
-                        .into_int_value();
-                    let p = self.elem_ptr(b, i)?;
-                    let x = self.builder.build_load(t, p, "gld")?;
-                    acc = self
-                        .builder
-                        .build_insert_element(
-                            acc.into_vector_value(),
-                            x,
-                            self.ctx.i32_type().const_int(lane as u64, false),
-                            "g",
-                        )?
-                        .into();
-                }
-                self.mem_to_reg(acc, elem)
-            }
-        }
-    }
-
-    fn store(&mut self, b: BufId, index: &[Expr], value: &Expr) -> Ret<()> {
-        let elem = self.kernel.buffer(b).elem;
-        let t = ty(self.ctx, elem);
-        let v = self.eval(value)?;
-        let flat = self.flat(b, index);
-        if let Some(p) = self.private.get(&b).copied() {
-            let w = self.width.unwrap_or(1);
-            let i = self.scalar_index(&flat)?;
-            let v = self.widen(v)?;
-            // SAFETY: in bounds by verification.
-            let ptr = unsafe {
-                self.builder.build_in_bounds_gep(
-                    vector_type(reg_ty(self.ctx, elem), w),
-                    p,
-                    &[i],
-                    "sp",
-                )?
-            };
-            self.builder.build_store(ptr, v)?;
-            return Ok(());
-        }
-        match (self.width, self.lane_stride(&flat)) {
-            (None, _) => {
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                let v = self.reg_to_mem(v, elem)?;
-                self.builder.build_store(p, v)?;
-            }
-            (Some(w), Some(1)) => {
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                let v = self.widen(v)?;
-                let v = self.reg_to_mem(v, elem)?;
-                let st = self.builder.build_store(p, v)?;
-                st.set_alignment(self.vector_align(b, &flat, w))
-                    .map_err(|e| err(e.to_string()))?;
-            }
-            (Some(w), _) => {
-                let idx = self.eval(&flat)?;
-                let v = self.widen(v)?;
-                let v = self.reg_to_mem(v, elem)?.into_vector_value();
-                for lane in 0..w {
-                    let l = self.ctx.i32_type().const_int(lane as u64, false);
-                    let i = if idx.is_vector_value() {
-                        self.builder
-                            .build_extract_element(idx.into_vector_value(), l, "ix")?
-                            .into_int_value()
-                    } else {
-                        idx.into_int_value()
-                    };
-                    let p = self.elem_ptr(b, i)?;
-                    let x = self.builder.build_extract_element(v, l, "sx")?;
-                    self.builder.build_store(p, x)?;
-                }
-                let _ = t;
-            }
-        }
-        Ok(())
-    }
-
-    /// Memory -> register form (i8 bools become i1).
-    fn mem_to_reg(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
-        if e != Elem::Bool {
-            return Ok(v);
-        }
-        let zero = const_like(self.ctx, v, 0.0, Elem::U8);
-        int_cmp(&self.builder, IntPredicate::NE, v, zero)
-    }
-
-    fn reg_to_mem(&mut self, v: BasicValueEnum<'c>, e: Elem) -> Ret<BasicValueEnum<'c>> {
-        if e != Elem::Bool {
-            return Ok(v);
-        }
-        let t = match v {
-            BasicValueEnum::VectorValue(x) => self
-                .ctx
-                .i8_type()
-                .vec_type(x.get_type().get_size())
-                .as_basic_type_enum(),
-            _ => self.ctx.i8_type().into(),
-        };
-        Ok(self
-            .builder
-            .build_cast(inkwell::values::InstructionOpcode::ZExt, v, t, "b8")?)
-    }
-
-    /// A scalar broadcast to the vector width when emitting a vector loop.
-    fn widen(&mut self, v: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
-        match self.width {
-            Some(w) if !v.is_vector_value() => self.splat(v, w),
-            _ => Ok(v),
-        }
-    }
-
-    /// The scalar `v` in all `w` lanes of a vector.
-    pub(crate) fn splat(&mut self, v: BasicValueEnum<'c>, w: u32) -> Ret<BasicValueEnum<'c>> {
-        let undef = vector_type(v.get_type(), w).into_vector_type().get_undef();
-        let one =
-            self.builder
-                .build_insert_element(undef, v, self.ctx.i32_type().const_zero(), "s")?;
-        let mask = self.ctx.i32_type().vec_type(w).const_zero();
-        Ok(self
-            .builder
-            .build_shuffle_vector(one, undef, mask, "splat")?
-            .into())
     }
 
     pub fn eval(&mut self, e: &Expr) -> Ret<BasicValueEnum<'c>> {

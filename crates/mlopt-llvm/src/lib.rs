@@ -9,6 +9,7 @@ mod amx;
 mod bf16_dot;
 mod codegen;
 mod elf;
+mod memory;
 pub use elf::DataObject;
 pub mod error;
 mod math;

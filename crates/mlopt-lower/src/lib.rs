@@ -24,6 +24,8 @@ pub mod kernel;
 pub mod memory;
 mod nests;
 pub mod program;
+mod rows;
+mod views;
 
 pub use error::{LowerError, Result};
 pub use memory::{plan_memory, MemoryPlan, Slot};

@@ -21,4 +21,4 @@ pub use fuse::{KernelInfo, Plan};
 pub use optimize::{optimize, Config, Limits, Optimized, Precision, Stats};
 
 #[cfg(test)]
-mod soundness;
+mod soundness_tests;

@@ -14,6 +14,7 @@ mod nn;
 mod quant;
 mod rnn;
 mod shape;
+mod transformer;
 
 use crate::error::{OnnxError, Result};
 use crate::proto::{attribute_type as at, AttributeProto, NodeProto};

@@ -1,0 +1,315 @@
+//! The transformer ops ONNX defines as functions, imported as the sub-graphs of IR ops that define them
+//! (the optimiser fuses attention back): Attention (opset 23), RotaryEmbedding and RMSNormalization.
+
+use super::composite::*;
+use super::nn::axis;
+use super::NodeCx;
+use crate::error::Result;
+use mlopt_ir::{Binary, DType, Op, ReduceKind, Tensor, Unary, Value};
+
+/// y = x / sqrt(mean(x^2 over axes axis..) + epsilon) * scale.
+pub(super) fn rms_norm(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, scale) = (cx.req(0)?, cx.req(1)?);
+    let ty = cx.ty(x).clone();
+    let a = cx.int("axis", -1)?;
+    let a = axis(cx, a, ty.rank())?;
+    let eps = cx.float("epsilon", 1e-5)?;
+    let wide = stash_dtype(cx, ty.dtype)?;
+    let xf = cx.cast_to(x, wide)?;
+    let sq = cx.bin(Binary::Mul, xf, xf)?;
+    let ms = cx.reduce(ReduceKind::Mean, sq, (a..ty.rank()).collect(), true)?;
+    let e = cx.scalar(eps as f64, wide);
+    let var = cx.bin(Binary::Add, ms, e)?;
+    let rms = cx.un(Unary::Sqrt, var)?;
+    let n = cx.bin(Binary::Div, xf, rms)?;
+    let n = cx.cast_to(n, ty.dtype)?;
+    cx.bin(Binary::Mul, n, scale)
+}
+
+/// Attention (opset 23) as ONNX defines it: optional KV cache concatenation, grouped-query heads by tiling,
+/// Q and K each scaled by sqrt(scale), a causal (upper-left aligned) or given mask, optional softcap,
+/// softmax, and the product with V. Outputs: Y, present_key, present_value, and the QK product at the stage
+/// `qk_matmul_output_mode` picks.
+///
+/// Note: for 3-D inputs opset 23 reshapes (B, S, H*d) straight to (B, H, S, d) (its function body and
+/// reference implementation agree), while the output is transposed back from (B, H, S, d); mlopt follows
+/// the definition.
+pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let (q, k, v) = (cx.req(0)?, cx.req(1)?, cx.req(2)?);
+    let (mask, past_k, past_v) = (cx.input(3)?, cx.input(4)?, cx.input(5)?);
+    let dtype = cx.ty(q).dtype;
+    let is_causal = cx.int("is_causal", 0)? != 0;
+    let q_heads = cx.int_opt("q_num_heads")?;
+    let kv_heads = cx.int_opt("kv_num_heads")?;
+    let scale = cx.float_opt("scale")?;
+    let softcap = cx.float("softcap", 0.0)?;
+    let mode = cx.int("qk_matmul_output_mode", 0)?;
+    let precision = cx.int_opt("softmax_precision")?;
+    let rank = cx.ty(q).rank();
+    if rank != cx.ty(k).rank() || rank != cx.ty(v).rank() || !(rank == 3 || rank == 4) {
+        return Err(cx.err("Q, K and V must all be 3-D or all 4-D"));
+    }
+    let (q4, k4, v4) = if rank == 3 {
+        let (Some(qh), Some(kvh)) = (q_heads, kv_heads) else {
+            return Err(cx.err("3-D inputs need the q_num_heads and kv_num_heads attributes"));
+        };
+        let heads = |cx: &NodeCx<'_, '_>, x: Value, h: i64, i: usize| -> Result<Vec<usize>> {
+            let s = &cx.ty(x).shape;
+            let h = usize::try_from(h)
+                .ok()
+                .filter(|&h| h > 0 && s[2].is_multiple_of(h))
+                .ok_or_else(|| {
+                    cx.err_in(
+                        i,
+                        format!("hidden size {} does not split into {h} heads", s[2]),
+                    )
+                })?;
+            Ok(vec![s[0], h, s[1], s[2] / h])
+        };
+        let (sq, sk, sv) = (
+            heads(cx, q, qh, 0)?,
+            heads(cx, k, kvh, 1)?,
+            heads(cx, v, kvh, 2)?,
+        );
+        (
+            cx.add1(Op::Reshape { shape: sq }, &[q])?,
+            cx.add1(Op::Reshape { shape: sk }, &[k])?,
+            cx.add1(Op::Reshape { shape: sv }, &[v])?,
+        )
+    } else {
+        (q, k, v)
+    };
+    let (qh, kvh, head) = (cx.ty(q4).shape[1], cx.ty(k4).shape[1], cx.ty(q4).shape[3]);
+    let present_k = match past_k {
+        Some(p) => cx.add1(Op::Concat { axis: 2 }, &[p, k4])?,
+        None => k4,
+    };
+    let present_v = match past_v {
+        Some(p) => cx.add1(Op::Concat { axis: 2 }, &[p, v4])?,
+        None => v4,
+    };
+    let (mut kk, mut vv) = (present_k, present_v);
+    if qh != kvh {
+        if kvh == 0 || qh % kvh != 0 {
+            return Err(cx.err(format!(
+                "{qh} query heads cannot share {kvh} key/value heads"
+            )));
+        }
+        kk = cx.add1(
+            Op::Tile {
+                repeats: vec![1, qh / kvh, 1, 1],
+            },
+            &[kk],
+        )?;
+        vv = cx.add1(
+            Op::Tile {
+                repeats: vec![1, qh / kvh, 1, 1],
+            },
+            &[vv],
+        )?;
+    }
+    let root = (scale.map_or(1.0 / (head as f64).sqrt(), |s| s as f64)).sqrt();
+    let root = cx.scalar(root, dtype);
+    let qs = cx.bin(Binary::Mul, q4, root)?;
+    let kt = cx.add1(
+        Op::Transpose {
+            perm: vec![0, 1, 3, 2],
+        },
+        &[kk],
+    )?;
+    let ks = cx.bin(Binary::Mul, kt, root)?;
+    let qk = cx.add1(Op::MatMul, &[qs, ks])?;
+    let (sq, skv) = (cx.ty(q4).shape[2], cx.ty(kk).shape[2]);
+    let bias = match (is_causal, mask) {
+        (true, Some(_)) => return Err(cx.err("is_causal and attn_mask cannot both be given")),
+        (true, None) => {
+            let v: Vec<f32> = (0..sq * skv)
+                .map(|i| {
+                    if i % skv > i / skv {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let t = Tensor::from_vec(&[sq, skv], v)
+                .ok_or_else(|| cx.err("causal mask"))?
+                .cast(dtype);
+            Some(cx.konst_value(t))
+        }
+        (false, Some(m)) if cx.ty(m).dtype == DType::Bool => {
+            let (zero, ninf) = (cx.scalar(0.0, dtype), cx.scalar(f64::NEG_INFINITY, dtype));
+            Some(cx.add1(Op::Where, &[m, zero, ninf])?)
+        }
+        (false, m) => m,
+    };
+    let biased = match bias {
+        Some(b) => cx.bin(Binary::Add, qk, b)?,
+        None => qk,
+    };
+    let capped = if softcap > 0.0 {
+        let c = cx.scalar(softcap as f64, dtype);
+        let d = cx.bin(Binary::Div, biased, c)?;
+        let t = cx.un(Unary::Tanh, d)?;
+        cx.bin(Binary::Mul, t, c)?
+    } else {
+        biased
+    };
+    let wide = match precision {
+        None => dtype,
+        Some(p) => crate::tensor_io::dtype_from_onnx(p as i32)
+            .filter(|d| d.is_float())
+            .ok_or_else(|| {
+                cx.err(format!(
+                    "softmax_precision {p} is not a supported float type"
+                ))
+            })?,
+    };
+    let sm_in = cx.cast_to(capped, wide)?;
+    let probs = cx.add1(Op::Softmax { axis: 3 }, &[sm_in])?;
+    let vw = cx.cast_to(vv, wide)?;
+    let out = cx.add1(Op::MatMul, &[probs, vw])?;
+    let mut out = cx.cast_to(out, dtype)?;
+    if rank == 3 {
+        let t = cx.add1(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[out],
+        )?;
+        let s = cx.ty(t).shape.clone();
+        out = cx.add1(
+            Op::Reshape {
+                shape: vec![s[0], s[1], s[2] * s[3]],
+            },
+            &[t],
+        )?;
+    }
+    let qk_out = match mode {
+        0 => qk,
+        1 => biased,
+        2 => capped,
+        3 => probs,
+        m => return Err(cx.err(format!("qk_matmul_output_mode={m} is not supported"))),
+    };
+    let qk_out = cx.cast_to(qk_out, dtype)?;
+    Ok(vec![out, present_k, present_v, qk_out])
+}
+
+/// Rotary position embedding (opset 23): rotates the first `rotary_embedding_dim` features of each head
+/// by the cached angles, pairing halves (or neighbours when `interleaved`).
+pub(super) fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (x, cos_cache, sin_cache, pos) = (cx.req(0)?, cx.req(1)?, cx.req(2)?, cx.input(3)?);
+    let ty = cx.ty(x).clone();
+    let interleaved = cx.int("interleaved", 0)? != 0;
+    let rot_dim = cx.int("rotary_embedding_dim", 0)?;
+    let num_heads = cx.int("num_heads", 0)?;
+    // To [B, S, H, D].
+    let x4 = match ty.rank() {
+        4 => cx.add1(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[x],
+        )?,
+        3 => {
+            let h = usize::try_from(num_heads)
+                .ok()
+                .filter(|&h| h > 0 && ty.shape[2].is_multiple_of(h))
+                .ok_or_else(|| {
+                    cx.err(format!(
+                        "3-D input needs num_heads dividing {}",
+                        ty.shape[2]
+                    ))
+                })?;
+            cx.add1(
+                Op::Reshape {
+                    shape: vec![ty.shape[0], ty.shape[1], h, ty.shape[2] / h],
+                },
+                &[x],
+            )?
+        }
+        r => return Err(cx.err_in(0, format!("expects a 3-D or 4-D input, got rank {r}"))),
+    };
+    let s4 = cx.ty(x4).shape.clone();
+    let head = s4[3];
+    let rd = if rot_dim == 0 {
+        head
+    } else {
+        usize::try_from(rot_dim)
+            .ok()
+            .filter(|&d| d <= head && d % 2 == 0)
+            .ok_or_else(|| {
+                cx.err(format!(
+                    "rotary_embedding_dim {rot_dim} must be even and at most {head}"
+                ))
+            })?
+    };
+    let half = rd / 2;
+    let angles = |cx: &mut NodeCx<'_, '_>, cache: Value| -> Result<Value> {
+        let c = match pos {
+            Some(p) => cx.add1(Op::Gather { axis: 0 }, &[cache, p])?,
+            None => cache,
+        };
+        let c = cx.slice_last(c, 0, 1, half)?;
+        let cs = cx.ty(c).shape.clone();
+        if cs.len() != 3 {
+            return Err(cx.err("cos/sin caches must give [batch, sequence, rotary_dim/2] angles"));
+        }
+        cx.add1(
+            Op::Reshape {
+                shape: vec![cs[0], cs[1], 1, cs[2]],
+            },
+            &[c],
+        )
+    };
+    let (cos, sin) = (angles(cx, cos_cache)?, angles(cx, sin_cache)?);
+    let (x1, x2) = if interleaved {
+        (
+            cx.slice_last(x4, 0, 2, half)?,
+            cx.slice_last(x4, 1, 2, half)?,
+        )
+    } else {
+        (
+            cx.slice_last(x4, 0, 1, half)?,
+            cx.slice_last(x4, half, 1, half)?,
+        )
+    };
+    let (c1, s2) = (cx.bin(Binary::Mul, cos, x1)?, cx.bin(Binary::Mul, sin, x2)?);
+    let real = cx.bin(Binary::Sub, c1, s2)?;
+    let (s1, c2) = (cx.bin(Binary::Mul, sin, x1)?, cx.bin(Binary::Mul, cos, x2)?);
+    let imag = cx.bin(Binary::Add, s1, c2)?;
+    let rotated = if interleaved {
+        let mut pair = s4.clone();
+        pair[3] = half;
+        pair.push(1);
+        let r = cx.add1(
+            Op::Reshape {
+                shape: pair.clone(),
+            },
+            &[real],
+        )?;
+        let i = cx.add1(Op::Reshape { shape: pair }, &[imag])?;
+        let both = cx.add1(Op::Concat { axis: 4 }, &[r, i])?;
+        let mut flat = s4.clone();
+        flat[3] = rd;
+        cx.add1(Op::Reshape { shape: flat }, &[both])?
+    } else {
+        cx.add1(Op::Concat { axis: 3 }, &[real, imag])?
+    };
+    let out = if rd < head {
+        let rest = cx.slice_last(x4, rd, 1, head - rd)?;
+        cx.add1(Op::Concat { axis: 3 }, &[rotated, rest])?
+    } else {
+        rotated
+    };
+    match ty.rank() {
+        4 => cx.add1(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[out],
+        ),
+        _ => cx.add1(Op::Reshape { shape: ty.shape }, &[out]),
+    }
+}
