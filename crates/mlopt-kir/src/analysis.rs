@@ -191,6 +191,98 @@ pub fn moves_with(flat: &Expr, v: Var, extent: u64) -> bool {
     !split.uses(v) && ch != 0 && cl != 0 && (ch >= cl * d || cl >= ch * (extent as i64 + d - 1) / d)
 }
 
+/// The value of an index expression at the loop variables' values `at` (indexed by `Var`), or None when
+/// it reads memory or computes with floats.
+pub fn index_value(e: &Expr, at: &[i64]) -> Option<i64> {
+    let v = |x: &Expr| index_value(x, at);
+    Some(match e {
+        Expr::Int(c) => *c,
+        Expr::Var(x) => *at.get(x.0 as usize)?,
+        Expr::Unary(UnOp::Neg, a) => v(a)?.checked_neg()?,
+        Expr::Select(c, a, b) => {
+            if v(c)? != 0 {
+                v(a)?
+            } else {
+                v(b)?
+            }
+        }
+        Expr::Binary(o, a, b) => {
+            let (a, b) = (v(a)?, v(b)?);
+            match o {
+                BinOp::Add => a.checked_add(b)?,
+                BinOp::Sub => a.checked_sub(b)?,
+                BinOp::Mul => a.checked_mul(b)?,
+                BinOp::Div => a.checked_div(b)?,
+                BinOp::Rem => a.checked_rem(b)?,
+                BinOp::Min => a.min(b),
+                BinOp::Max => a.max(b),
+                BinOp::Lt => (a < b) as i64,
+                BinOp::Le => (a <= b) as i64,
+                BinOp::Eq => (a == b) as i64,
+                BinOp::Ne => (a != b) as i64,
+                BinOp::And => a & b,
+                BinOp::Or => a | b,
+                _ => return None,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Whether `flat` writes distinct elements for distinct values of `v` (of extent `extent`) whatever the
+/// loops inside it (`inner`) do, for every value of the loops around it (`outer`): decided by evaluating
+/// it at every point of those loops, when they number at most `budget` (false otherwise, and when it
+/// reads memory). The proof for stores an affine test cannot read, such as a tile's stores through a
+/// layout tail (`(jo * 64 + c) / 384`, `((jo * 64 + c) / 32) % 12`, ...), which still never meet.
+pub fn distinct_for(
+    flat: &Expr,
+    (v, extent): (Var, u64),
+    outer: &[(Var, u64)],
+    inner: &[(Var, u64)],
+    budget: u64,
+) -> bool {
+    let loops: Vec<(Var, u64)> = outer
+        .iter()
+        .chain(std::iter::once(&(v, extent)))
+        .chain(inner)
+        .copied()
+        .collect();
+    let points = loops
+        .iter()
+        .try_fold(1u64, |n, (_, e)| n.checked_mul(*e))
+        .unwrap_or(u64::MAX);
+    if points > budget || points == 0 {
+        return points == 0;
+    }
+    let size = loops
+        .iter()
+        .map(|(x, _)| x.0 as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut at = vec![0i64; size];
+    let per_outer: u64 = extent * inner.iter().map(|(_, e)| *e).product::<u64>();
+    let mut seen: HashMap<i64, i64> = HashMap::new();
+    for point in 0..points {
+        // The point's digits, innermost loop fastest.
+        let mut rest = point;
+        for (x, e) in loops.iter().rev() {
+            at[x.0 as usize] = (rest % e) as i64;
+            rest /= e;
+        }
+        if point % per_outer == 0 {
+            seen.clear();
+        }
+        let Some(f) = index_value(flat, &at) else {
+            return false;
+        };
+        let mine = at[v.0 as usize];
+        if *seen.entry(f).or_insert(mine) != mine {
+            return false;
+        }
+    }
+    true
+}
+
 /// The row-major flat element index of an access to `b`.
 pub fn flat_index(k: &Kernel, b: BufId, index: &[Expr]) -> Expr {
     let strides = k.buffer(b).strides();

@@ -706,3 +706,47 @@ fn ids_display_out_of_their_kernel() {
         ("b3".into(), "v0".into())
     );
 }
+
+/// Stores through a layout tail (a tile's columns split into heads) write distinct elements for every
+/// column panel, which the affine test cannot see; a store that does meet is caught.
+#[test]
+fn distinct_writes_are_proved_by_evaluation() {
+    let (jo, c) = (Var(0), Var(1));
+    let col = Expr::add(Expr::mul(Expr::var(jo), Expr::int(64)), Expr::var(c));
+    // [col / 384, (col / 32) % 12, col % 32] of a [3, 12, 32] buffer, 18 panels of 64 columns.
+    let flat = Expr::add(
+        Expr::add(
+            Expr::mul(Expr::div(col.clone(), Expr::int(384)), Expr::int(384)),
+            Expr::mul(
+                Expr::rem(Expr::div(col.clone(), Expr::int(32)), Expr::int(12)),
+                Expr::int(32),
+            ),
+        ),
+        Expr::rem(col.clone(), Expr::int(32)),
+    );
+    assert_eq!(analysis::coefficient(&flat, jo), None);
+    assert!(analysis::distinct_for(
+        &flat,
+        (jo, 18),
+        &[],
+        &[(c, 64)],
+        1 << 20
+    ));
+    // Panels that overlap (64-wide steps over 96 columns) write some element twice.
+    let overlapping = Expr::add(Expr::mul(Expr::var(jo), Expr::int(64)), Expr::var(c));
+    assert!(!analysis::distinct_for(
+        &overlapping,
+        (jo, 4),
+        &[],
+        &[(c, 96)],
+        1 << 20
+    ));
+    // Too many points to evaluate: not proved.
+    assert!(!analysis::distinct_for(
+        &flat,
+        (jo, 18),
+        &[],
+        &[(c, 64)],
+        100
+    ));
+}

@@ -11,7 +11,8 @@
 //!   contraction that is the output's column loop: each lane keeps its own accumulator, A is broadcast,
 //!   B is one vector load per k.
 //! - **parallel**: with more than one thread, the outermost loop of a nest whose every store depends on it
-//!   (so threads write disjoint elements), with at least `threads` iterations and enough work to pay for
+//!   (so threads write disjoint elements: affinely, or, where a store goes through a layout tail's
+//!   divisions, as evaluating its index over the loops shows), with at least `threads` iterations and enough work to pay for
 //!   waking the pool, runs as `parallel`; one whose iterations do not share out evenly (a multiple of
 //!   the threads, or at least 8 per thread) passes the choice to the nests inside it when they have a
 //!   loop that can run in parallel.
@@ -20,7 +21,7 @@
 
 use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat, private_in};
 use mlopt_kir::sched::set_kind;
-use mlopt_kir::{BufId, Kernel, LoopKind, Stmt, Var};
+use mlopt_kir::{BufId, Expr, Kernel, LoopKind, Stmt, Var};
 use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 
@@ -46,7 +47,7 @@ pub fn schedule(k: &mut Kernel, t: &CpuTarget) -> crate::Result<()> {
     for st in &k.body {
         pick_vector(k, st, lanes, &uses, &mut vector);
         if threads > 1 {
-            pick_parallel(k, st, t, &uses, &mut parallel);
+            pick_parallel(k, st, t, &uses, &mut Vec::new(), &mut parallel);
         }
     }
     for v in parallel {
@@ -67,46 +68,59 @@ fn stores_ok(
     uses: &HashMap<BufId, usize>,
     ok: &dyn Fn(Option<i64>) -> bool,
 ) -> bool {
-    stores_ok_in(k, v, body, uses, ok, false)
+    let by_coefficient = |flat: &Expr, _: &[(Var, u64)]| ok(coefficient(flat, v));
+    stores_ok_in(k, body, uses, &by_coefficient, false)
 }
 
-/// `stores_ok`, where with `guards` a store under a guard counts as the store (threads of a parallel
-/// loop may each skip some of theirs; vector lanes may not).
+/// Whether a store at a flat index is fine, given the loops between the nest's body and the store.
+type StoreOk<'a> = &'a dyn Fn(&Expr, &[(Var, u64)]) -> bool;
+
+/// Whether every store under `body` to a buffer not private to it is fine by `ok(flat index, the loops
+/// between body and the store)`, where with `guards` a store under a guard counts as the store
+/// (threads of a parallel loop may each skip some of theirs; vector lanes may not).
 fn stores_ok_in(
     k: &Kernel,
-    v: Var,
     body: &[Stmt],
     uses: &HashMap<BufId, usize>,
-    ok: &dyn Fn(Option<i64>) -> bool,
+    ok: StoreOk,
     guards: bool,
 ) -> bool {
     let locals = private_in(k, body, uses);
     let private = |b: &BufId| locals.contains(b);
     fn walk(
         k: &Kernel,
-        v: Var,
         body: &[Stmt],
+        loops: &mut Vec<(Var, u64)>,
         private: &dyn Fn(&BufId) -> bool,
-        ok: &dyn Fn(Option<i64>) -> bool,
+        ok: StoreOk,
         guards: bool,
     ) -> bool {
         body.iter().all(|s| match s {
-            Stmt::For { body, .. } => walk(k, v, body, private, ok, guards),
-            Stmt::If { then, .. } if guards => walk(k, v, then, private, ok, guards),
+            Stmt::For {
+                var, extent, body, ..
+            } => {
+                loops.push((*var, *extent));
+                let fine = walk(k, body, loops, private, ok, guards);
+                loops.pop();
+                fine
+            }
+            Stmt::If { then, .. } if guards => walk(k, then, loops, private, ok, guards),
             Stmt::If { .. }
             | Stmt::Barrier
             | Stmt::WarpMma { .. }
             | Stmt::CopyAsync { .. }
             | Stmt::AsyncWait
             | Stmt::WarpReduce { .. } => false,
-            Stmt::Store { buf, index, .. } => {
-                private(buf) || ok(coefficient(&flat(k, *buf, index), v))
-            }
-            Stmt::Mma { c, .. } => private(&c.buf) || ok(coefficient(&flat(k, c.buf, &c.at), v)),
+            Stmt::Store { buf, index, .. } => private(buf) || ok(&flat(k, *buf, index), loops),
+            Stmt::Mma { c, .. } => private(&c.buf) || ok(&flat(k, c.buf, &c.at), loops),
         })
     }
-    walk(k, v, body, &private, ok, guards)
+    walk(k, body, &mut Vec::new(), &private, ok, guards)
 }
+
+/// Store executions a parallel verdict may evaluate to prove that threads write disjoint elements when
+/// the affine test cannot (`mlopt_kir::analysis::distinct_for`).
+const DISTINCT_BUDGET: u64 = 1 << 22;
 
 /// Picks the loops to peel: the deepest loop that could run in vector lanes but for a remainder (56 =
 /// 3 x 16 + 8), innermost or not (a pooling row whose window loops are inside it). Returns whether
@@ -209,6 +223,7 @@ fn pick_parallel(
     st: &Stmt,
     target: &CpuTarget,
     uses: &HashMap<BufId, usize>,
+    outer: &mut Vec<(Var, u64)>,
     out: &mut Vec<Var>,
 ) {
     let Stmt::For {
@@ -221,8 +236,20 @@ fn pick_parallel(
         return;
     }
     let threads = target.threads;
-    let splits = *extent >= threads as u64
-        && stores_ok_in(k, *var, body, uses, &|c| c.is_some_and(|c| c != 0), true);
+    // Threads write disjoint elements: every store moves with the loop, affinely or, through a layout
+    // tail, as evaluation shows.
+    let disjoint = |flat: &Expr, inner: &[(Var, u64)]| {
+        coefficient(flat, *var).is_some_and(|c| c != 0)
+            || mlopt_kir::analysis::moves_with(flat, *var, *extent)
+            || mlopt_kir::analysis::distinct_for(
+                flat,
+                (*var, *extent),
+                outer,
+                inner,
+                DISTINCT_BUDGET,
+            )
+    };
+    let splits = *extent >= threads as u64 && stores_ok_in(k, body, uses, &disjoint, true);
     // Threads get equal shares, or nearly (at most an eighth more for some).
     let (t, e) = (threads as u64, *extent);
     if splits && (e % t == 0 || e >= 8 * t) {
@@ -232,9 +259,11 @@ fn pick_parallel(
     // A short, uneven or unsplittable outer loop (batch 1; 5 column panels on 2 threads): look one
     // level in, at each nest it holds; an uneven loop with nothing inside to split is still split.
     let before = out.len();
+    outer.push((*var, *extent));
     for inner in body {
-        pick_parallel(k, inner, target, uses, out);
+        pick_parallel(k, inner, target, uses, outer, out);
     }
+    outer.pop();
     if splits && out.len() == before {
         out.push(*var);
     }
