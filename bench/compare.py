@@ -184,6 +184,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
     ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
+    ap.add_argument("--baseline", help="another mlopt binary (an earlier commit's), measured in the same run: the table adds its ms and mlopt/baseline")
     # (Results are appended under target/, which git ignores: measurements belong in notes and READMEs.)
     ap.add_argument("--jsonl", default="target/bench/compare.jsonl")
     ap.add_argument("--no-openvino", action="store_true")
@@ -216,6 +217,14 @@ def main():
                         engines = {"mlopt": m, **engines}
                     except Exception as e:  # noqa: BLE001
                         row["mlopt_error"] = str(e)[:300]
+                    if args.baseline:
+                        try:
+                            b = Mlopt(args.baseline, Path(entry["file"]).resolve(), n, args.precision, Path(work) / (entry["name"].replace("/", "_") + ".baseline"), feeds)
+                            b.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
+                            row["base_err"] = max_err(b(), ref)
+                            engines["base"] = b
+                        except Exception as e:  # noqa: BLE001
+                            row["base_error"] = str(e)[:300]
                     for k in ("ov_f32", "ov_bf16"):
                         if k in engines:
                             row[f"{k}_err"] = max_err(engines[k](), ref)
@@ -223,7 +232,7 @@ def main():
                     row.update({f"{k}_ms": round(v, 4) for k, v in ms.items()})
                 except Exception as e:  # noqa: BLE001
                     row["error"] = str(e)[:300]
-                for k in ("ort", "ov_f32", "ov_bf16"):
+                for k in ("ort", "ov_f32", "ov_bf16", "base"):
                     if row.get("mlopt_ms") and row.get(f"{k}_ms"):
                         row[f"mlopt_over_{k}"] = round(row["mlopt_ms"] / row[f"{k}_ms"], 3)
                 rows.append(row)
@@ -239,8 +248,15 @@ def main():
             f"| {r['model']} | {r['threads']} | {fmt(r.get('gflop'))} | {fmt(r.get('mlopt_ms'), '.2f') if not note else 'error: ' + note[:60]} | {fmt(r.get('ort_ms'))} | {fmt(r.get('ov_f32_ms'))} | {fmt(r.get('ov_bf16_ms'))} "
             f"| {fmt(r.get('mlopt_over_ort'))} | {fmt(r.get('mlopt_over_ov_f32'))} | {fmt(r.get('mlopt_over_ov_bf16'))} | {fmt(gfs, '.1f')} | {fmt(r.get('mlopt_err'), '.1e')} | {fmt(r.get('compile_s'), '.1f')} |"
         )
+    if args.baseline:
+        print(f"\n| model | threads | mlopt ms | baseline ms | mlopt/baseline |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {r['threads']} | {fmt(r.get('mlopt_ms'), '.2f')} | {fmt(r.get('base_ms'), '.2f')} | {fmt(r.get('mlopt_over_base'))} |")
     for n in threads:
         sel = [r for r in rows if r["threads"] == n]
+        if args.baseline:
+            print(f"\ngeomean at {n} thread(s): mlopt/baseline {fmt(geomean([r.get('mlopt_over_base') for r in sel]))}")
         print(f"\ngeomean at {n} thread(s) over {sum(1 for r in sel if r.get('mlopt_over_ort'))} models: mlopt/ORT {fmt(geomean([r.get('mlopt_over_ort') for r in sel]))}, mlopt/OV f32 {fmt(geomean([r.get('mlopt_over_ov_f32') for r in sel]))}, mlopt/OV bf16 {fmt(geomean([r.get('mlopt_over_ov_bf16') for r in sel]))}")
     print(f"\nwrote {args.jsonl}", file=sys.stderr)
 

@@ -1,4 +1,5 @@
-//! The architecture invariants of docs/architecture.md, checked: which crates each crate may depend on.
+//! The architecture invariants of docs/architecture.md, checked: which crates each crate may depend on,
+//! and which crate may make which decision.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -148,4 +149,126 @@ fn the_op_table_lists_every_supported_op() {
         missing.is_empty(),
         "docs/onnx-ops.md does not mention {missing:?}"
     );
+}
+
+/// The library code of a crate: each `src/**/*.rs` file up to its first test module, comments left out.
+fn library_code(krate: &str) -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates")
+        .join(krate)
+        .join("src");
+    let mut files = vec![];
+    walk(&src, &mut files);
+    files
+        .into_iter()
+        .filter(|f| !f.ends_with("tests.rs"))
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code: String = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap()
+                .lines()
+                .map(|l| l.split("//").next().unwrap())
+                .collect::<Vec<_>>()
+                .join("\n");
+            (f.display().to_string(), code)
+        })
+        .collect()
+}
+
+fn crates() -> Vec<String> {
+    let mut out: Vec<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+    out.sort();
+    out
+}
+
+/// No stage parses a target name: only the target crate looks names up (and the CLI reads `--target`).
+#[test]
+fn only_the_target_crate_knows_target_names() {
+    let names = [
+        "Target::named(",
+        "\"host\"",
+        "\"sm_",
+        "\"x86-64-v",
+        "\"znver",
+    ];
+    for krate in crates() {
+        if krate == "mlopt-target" || krate == "mlopt-cli" {
+            continue;
+        }
+        for (file, code) in library_code(&krate) {
+            for n in names {
+                assert!(
+                    !code.contains(n),
+                    "{file} names a target ({n}): ask the Target instead"
+                );
+            }
+        }
+    }
+}
+
+/// Lowering writes algorithms: no schedule step, no vector, parallel or unrolled loop, no GPU mapping.
+/// Only the schedule crate adds to a kernel's schedule (the kernel IR holds the steps' mechanics).
+#[test]
+fn only_the_schedule_crate_decides_how_loops_run() {
+    for (file, code) in library_code("mlopt-lower") {
+        for made in [
+            "LoopKind::Vector",
+            "LoopKind::Parallel",
+            "LoopKind::Unrolled",
+            "LoopKind::Gpu",
+            "ScheduleStep::",
+            "Stmt::Mma",
+        ] {
+            assert!(
+                !code.contains(made),
+                "{file}: lowering makes {made}, a schedule's choice"
+            );
+        }
+    }
+    for krate in crates() {
+        if krate == "mlopt-schedule" || krate == "mlopt-kir" {
+            continue;
+        }
+        for (file, code) in library_code(&krate) {
+            assert!(
+                !code.contains("schedule.push("),
+                "{file} adds a schedule step: only mlopt-schedule decides schedules"
+            );
+        }
+    }
+}
+
+/// Only the schedule crate rewrites a program's weights into a layout of its own (packed panels,
+/// transposes, Winograd's transforms): lowering binds the graph's constants as they are.
+#[test]
+fn only_the_schedule_crate_lays_out_weights() {
+    for krate in crates() {
+        if krate == "mlopt-schedule" || krate == "mlopt-kir" {
+            continue;
+        }
+        for (file, code) in library_code(&krate) {
+            for layout in ["pack_blocks(", ".packed{", "fn transposed(", ".winograd\""] {
+                assert!(
+                    !code.contains(layout),
+                    "{file} lays out a weight ({layout})"
+                );
+            }
+        }
+    }
 }
