@@ -6,6 +6,7 @@
 //! ; target: x86-64-v4 threads=2
 //! ; check: parallel(i)        (optional, repeatable: a line the output must hold)
 //! ; error: may leave 0..10    (verify only, repeatable: an error the verifier must report)
+//! ; weights: w b              (schedule only: parameters bound to constant weights, not inputs)
 //! ```
 //!
 //! then the input (a kernel in the kernel IR's text, `.kir`, or a graph in the graph IR's, `.gir`), and,
@@ -30,6 +31,7 @@ struct FileTest {
     threads: u32,
     checks: Vec<String>,
     errors: Vec<String>,
+    weights: Vec<String>,
     input: String,
     expected: Option<String>,
 }
@@ -47,6 +49,7 @@ fn read(path: &Path) -> FileTest {
         threads: 1,
         checks: vec![],
         errors: vec![],
+        weights: vec![],
         input,
         expected,
     };
@@ -59,6 +62,7 @@ fn read(path: &Path) -> FileTest {
             "test" => t.test = value,
             "check" => t.checks.push(value),
             "error" => t.errors.push(value),
+            "weights" => t.weights = value.split_whitespace().map(str::to_string).collect(),
             "target" => {
                 let mut words = value.split_whitespace();
                 t.target = words.next().map(str::to_string);
@@ -165,7 +169,7 @@ fn schedule(t: &FileTest) -> Result<String, String> {
     mlopt_kir::verify(&k).map_err(|e| format!("the input does not verify: {e:?}"))?;
     let target = mlopt_target::Target::named(t.target.as_deref().unwrap_or("x86-64-v4"), t.threads)
         .map_err(|e| e.to_string())?;
-    let algorithm = program_of(k);
+    let algorithm = program_of(k, &t.weights);
     let scheduled = mlopt_schedule::schedule(algorithm.clone(), &target, &Default::default())
         .map_err(|e| e.to_string())?;
     let inputs: Vec<Vec<u8>> = algorithm
@@ -192,8 +196,9 @@ fn schedule(t: &FileTest) -> Result<String, String> {
         .join("\n"))
 }
 
-/// A one-kernel program: its parameters are the program's inputs, or outputs when it stores to them.
-fn program_of(k: Kernel) -> Program {
+/// A one-kernel program: its parameters are the program's inputs, outputs when it stores to them, or
+/// weights (of pseudo-random data) when they are named in `weights`.
+fn program_of(k: Kernel, weights: &[String]) -> Program {
     let stored = stored(&k.body);
     let mut p = Program {
         name: k.name.clone(),
@@ -207,7 +212,16 @@ fn program_of(k: Kernel) -> Program {
             elem: buf.elem,
             dims: buf.dims.clone(),
         };
-        if stored.contains(&b) {
+        if weights.contains(&buf.name) {
+            let data = std::sync::Arc::new(data(&io, 99 + p.weights.len()));
+            p.weights.push(mlopt_kir::Weight {
+                name: io.name,
+                elem: io.elem,
+                dims: io.dims,
+                data,
+            });
+            args.push(Place::Weight(p.weights.len() - 1));
+        } else if stored.contains(&b) {
             p.outputs.push(io);
             args.push(Place::Output(p.outputs.len() - 1));
         } else {

@@ -251,6 +251,82 @@ fn message(e: &anyhow::Error) -> String {
     msg
 }
 
+/// `mlopt compile`: the library, its report and every stage's text, written into `output` all or none.
+fn compile(
+    model: &std::path::Path,
+    input_shapes: &[String],
+    output: &std::path::Path,
+    report: bool,
+    opt: &OptArgs,
+) -> Result<ExitCode> {
+    let start = std::time::Instant::now();
+    let m = data::load(model)?;
+    let import = data::import_options(input_shapes, &HashMap::new())?;
+    let mut options = opt.driver(&data::input_names(&m)?)?;
+    options.dumps = true;
+    let lib = mlopt_driver::build(data::source(&m, model, &import), &options)?;
+    let compile_s = start.elapsed().as_secs_f64();
+    // The report is written with the library, all files or none.
+    let json = output.join("report.json");
+    let summary = lib.report(compile_s);
+    let mut files = vec![("report.json".to_string(), summary.json.into_bytes())];
+    if let Some(svg) = lib
+        .roofline(&format!("{}: estimated roofline", bench::label(model)))
+        .filter(|_| report)
+    {
+        files.push(("roofline.svg".into(), svg.into_bytes()));
+    }
+    let written = lib.write(output, &file_stem(lib.name()), &files)?;
+    if report {
+        print!("{}", summary.text);
+    }
+    for p in written.iter().filter(|p| !p.ends_with("report.json")) {
+        eprintln!("wrote {}", p.display());
+    }
+    for note in lib.notes() {
+        eprintln!("{note}");
+    }
+    eprintln!(
+        "wrote {}; compiled for {} in {compile_s:.2} s",
+        json.display(),
+        lib.target_name()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `mlopt calibrate`: measures this CPU, checks the figures and stores them for `--target host`.
+fn calibrate() -> Result<ExitCode> {
+    use mlopt_target::calibrate;
+    let c = calibrate::measure()?;
+    let path = calibrate::store(&c).context("writing the calibration cache")?;
+    let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&calibrate::host_features());
+    let per_cycle = |flops: f64| flops / (c.ghz * 1e9);
+    println!("cpu: {}", calibrate::cpu_model());
+    println!("clock: {:.2} GHz (dependent adds)", c.ghz);
+    println!(
+        "fp32 FMA: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {fp32_max})",
+        c.fp32 / 1e9,
+        per_cycle(c.fp32)
+    );
+    if bf16_max > 0.0 {
+        println!(
+            "bf16 dot: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {bf16_max}; {:.2}x the fp32 FMAs)",
+            c.bf16 / 1e9,
+            per_cycle(c.bf16),
+            c.bf16 / c.fp32
+        );
+    } else {
+        println!("bf16 dot: none (no AVX512-BF16)");
+    }
+    println!(
+        "read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores",
+        c.bw_one / 1e9,
+        c.bw_all / 1e9
+    );
+    println!("wrote {}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Inspect {
@@ -272,72 +348,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             output,
             report,
             opt,
-        } => {
-            let start = std::time::Instant::now();
-            let m = data::load(&model)?;
-            let import = data::import_options(&input_shapes, &HashMap::new())?;
-            let mut options = opt.driver(&data::input_names(&m)?)?;
-            options.dumps = true;
-            let lib = mlopt_driver::build(data::source(&m, &model, &import), &options)?;
-            let compile_s = start.elapsed().as_secs_f64();
-            // The report is written with the library, all files or none.
-            let json = output.join("report.json");
-            let summary = lib.report(compile_s);
-            let mut files = vec![("report.json".to_string(), summary.json.into_bytes())];
-            if let Some(svg) = lib
-                .roofline(&format!("{}: estimated roofline", bench::label(&model)))
-                .filter(|_| report)
-            {
-                files.push(("roofline.svg".into(), svg.into_bytes()));
-            }
-            let written = lib.write(&output, &file_stem(lib.name()), &files)?;
-            if report {
-                print!("{}", summary.text);
-            }
-            for p in written.iter().filter(|p| !p.ends_with("report.json")) {
-                eprintln!("wrote {}", p.display());
-            }
-            for note in lib.notes() {
-                eprintln!("{note}");
-            }
-            eprintln!(
-                "wrote {}; compiled for {} in {compile_s:.2} s",
-                json.display(),
-                lib.target_name()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Calibrate => {
-            use mlopt_target::calibrate;
-            let c = calibrate::measure()?;
-            let path = calibrate::store(&c).context("writing the calibration cache")?;
-            let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&calibrate::host_features());
-            let per_cycle = |flops: f64| flops / (c.ghz * 1e9);
-            println!("cpu: {}", calibrate::cpu_model());
-            println!("clock: {:.2} GHz (dependent adds)", c.ghz);
-            println!(
-                "fp32 FMA: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {fp32_max})",
-                c.fp32 / 1e9,
-                per_cycle(c.fp32)
-            );
-            if bf16_max > 0.0 {
-                println!(
-                    "bf16 dot: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {bf16_max}; {:.2}x the fp32 FMAs)",
-                    c.bf16 / 1e9,
-                    per_cycle(c.bf16),
-                    c.bf16 / c.fp32
-                );
-            } else {
-                println!("bf16 dot: none (no AVX512-BF16)");
-            }
-            println!(
-                "read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores",
-                c.bw_one / 1e9,
-                c.bw_all / 1e9
-            );
-            println!("wrote {}", path.display());
-            Ok(ExitCode::SUCCESS)
-        }
+        } => compile(&model, &input_shapes, &output, report, &opt),
+        Cmd::Calibrate => calibrate(),
         Cmd::Run {
             model,
             interpret,

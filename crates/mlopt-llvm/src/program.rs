@@ -330,8 +330,6 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
     let c = Context::create();
     let tm = machine(t)?;
     let m = module_for(&c, &p.name, &tm);
-    let ptr = c.ptr_type(AddressSpace::default());
-    let i64t = c.i64_type();
 
     // The weights live in an object of their own, written directly (`elf.rs`); this module declares them.
     let weight_symbol = |i: usize| format!("mlopt_{}_w{i}", c_name(&p.name));
@@ -417,6 +415,62 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         .map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i))))
         .collect();
     let fns: Vec<_> = same.iter().map(|i| declared[i]).collect();
+    define_entry(&c, &m, p, &weights, &fns, (threads, amx, profile))?;
+    m.verify()
+        .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+    let mut llvm_ir = print_without_weights(&m, p);
+    // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
+    optimise(&m, &tm)?;
+    // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
+    let mut optimized_ir = print_without_weights(&m, p);
+    let mut objects = vec![write(&m, &tm, FileType::Object)?];
+    let named: Vec<(String, std::sync::Arc<Vec<u8>>)> = p
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (weight_symbol(i), w.data.clone()))
+        .collect();
+    let data = crate::elf::data_object(&named);
+    // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
+    // helper defined in several groups appears once).
+    let (mut before, mut after) = (
+        std::collections::BTreeMap::new(),
+        std::collections::BTreeMap::new(),
+    );
+    for r in compiled {
+        let km = r?;
+        before.extend(km.before);
+        after.extend(km.after);
+        objects.push(km.object);
+    }
+    for (text, functions) in [(&mut llvm_ir, before), (&mut optimized_ir, after)] {
+        for f in functions.into_values() {
+            text.push('\n');
+            text.push_str(&f);
+        }
+    }
+    Ok(Output {
+        llvm_ir,
+        optimized_ir,
+        objects,
+        data,
+    })
+}
+
+/// The entry point `mlopt_<name>_run(arena, inputs, outputs)`: the status word cleared, the pointer
+/// arrays checked, the thread pool (and AMX's tile state) set up, then each step's kernel called on its
+/// arguments (a check step's flag read after it, a profiled build's clock around it), and the context's
+/// helpers; `fns` are the kernels' functions by step, `weights` the weights' globals.
+fn define_entry<'c>(
+    c: &'c Context,
+    m: &inkwell::module::Module<'c>,
+    p: &Program,
+    weights: &[inkwell::values::GlobalValue<'c>],
+    fns: &[inkwell::values::FunctionValue<'c>],
+    (threads, amx, profile): (u32, bool, bool),
+) -> Result<()> {
+    let ptr = c.ptr_type(AddressSpace::default());
+    let i64t = c.i64_type();
     let i32t = c.i32_type();
     let run_ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
     let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
@@ -434,7 +488,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         2 + p.inputs.len() + p.outputs.len(),
         3 + p.inputs.len() + p.outputs.len(),
     );
-    let status = status_word(&c, &b, arena, p)?;
+    let status = status_word(c, &b, arena, p)?;
     let fail_unless =
         |ok: inkwell::values::IntValue<'_>, id: usize, code: u64, what: &str| -> Result<()> {
             let (pass, fail) = (
@@ -487,11 +541,11 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         }
         io.push(ptrs);
     }
-    let init = libc(&c, &m, "mlopt_init_threads")?;
+    let init = libc(c, m, "mlopt_init_threads")?;
     b.build_call(init, &[i32t.const_int(threads as u64, false).into()], "")?;
     if amx {
         // Linux hands out the AMX tile state only on request (once per process).
-        let r = b.build_call(libc(&c, &m, "mlopt_init_amx")?, &[], "amx")?;
+        let r = b.build_call(libc(c, m, "mlopt_init_amx")?, &[], "amx")?;
         let r = r
             .try_as_basic_value()
             .basic()
@@ -512,7 +566,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         (ty, g)
     });
     let now = if profile {
-        Some(libc(&c, &m, "mlopt_now_ns")?)
+        Some(libc(c, m, "mlopt_now_ns")?)
     } else {
         None
     };
@@ -581,46 +635,8 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
     }
     b.build_store(status, i32t.const_zero())?;
     b.build_return(Some(&i32t.const_zero()))?;
-    define_context(&c, &m, p, &table)?;
-    m.verify()
-        .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
-    let mut llvm_ir = print_without_weights(&m, p);
-    // Every function gets the target's CPU and features, so any later JIT or LTO keeps them.
-    optimise(&m, &tm)?;
-    // (Printed without the weights: a transformer's would make this string gigabytes of hex.)
-    let mut optimized_ir = print_without_weights(&m, p);
-    let mut objects = vec![write(&m, &tm, FileType::Object)?];
-    let named: Vec<(String, std::sync::Arc<Vec<u8>>)> = p
-        .weights
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (weight_symbol(i), w.data.clone()))
-        .collect();
-    let data = crate::elf::data_object(&named);
-    // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
-    // helper defined in several groups appears once).
-    let (mut before, mut after) = (
-        std::collections::BTreeMap::new(),
-        std::collections::BTreeMap::new(),
-    );
-    for r in compiled {
-        let km = r?;
-        before.extend(km.before);
-        after.extend(km.after);
-        objects.push(km.object);
-    }
-    for (text, functions) in [(&mut llvm_ir, before), (&mut optimized_ir, after)] {
-        for f in functions.into_values() {
-            text.push('\n');
-            text.push_str(&f);
-        }
-    }
-    Ok(Output {
-        llvm_ir,
-        optimized_ir,
-        objects,
-        data,
-    })
+    define_context(c, m, p, &table)?;
+    Ok(())
 }
 
 /// A group of kernels compiled by `kernel_module`: each defined function's text (by name) before and
