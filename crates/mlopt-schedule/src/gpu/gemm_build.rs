@@ -116,84 +116,83 @@ pub(crate) fn async_load(
         })
 }
 
-/// Writes the tiled GEMM (see the module comment).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn build(
-    k: &mut Kernel,
-    c: &Contraction,
+/// What every part of one tiled GEMM is written with: the contraction, the engine and the tile, and the
+/// shared buffers, accumulators and block coordinates `build` made.
+struct Writer<'a> {
+    c: &'a Contraction,
     e: Engine,
     elem: Elem,
-    a: &Expr,
-    b: &Expr,
-    t: &Tile,
-    copies: &[Option<AsyncLoad>; 2],
-    planned: u64,
-) -> Vec<Stmt> {
-    let (m, n, kdim, batch) = (
-        Contraction::extent(&c.rows),
-        Contraction::extent(&c.cols),
-        Contraction::extent(&c.red),
-        Contraction::extent(&c.batch),
-    );
-    let (bm, bn, bk, threads) = (
-        t.bm(e.model()),
-        t.bn(e.model()),
-        bk(e),
-        t.threads(e.model()),
-    );
-    let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
-    let id = k.vars.len();
-    // Rows filled by copies of several elements are padded to a whole number of copies.
-    let pad_for = |x: &Option<AsyncLoad>| pad(e).max(x.as_ref().map_or(1, |x| x.lanes));
-    let sa = k.buf(
-        format!("sa{id}"),
-        elem,
-        vec![2, bm, bk + pad_for(&copies[0])],
-        Space::Shared,
-    );
-    let sb = k.buf(
-        format!("sb{id}"),
-        elem,
-        vec![2, bk, bn + pad_for(&copies[1])],
-        Space::Shared,
-    );
-    let acc = match e {
-        Engine::Mma(_) => k.buf(
-            format!("c{id}"),
-            Elem::F32,
-            vec![t.mt, t.nt, 4],
-            Space::Local,
-        ),
-        Engine::Simt => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt], Space::Local),
-    };
-    let gb = k.var(format!("gb{id}"));
-    let ko = k.var(format!("ko{id}"));
-    // Block gb: batch element, row tile and column tile.
-    let g = Expr::var(gb);
-    let at_batch = delinear(&c.batch, &Expr::div(g.clone(), int(tm * tn)));
-    let row0 = Expr::mul(Expr::rem(Expr::div(g.clone(), int(tn)), int(tm)), int(bm));
-    let col0 = Expr::mul(Expr::rem(g, int(tn)), int(bn));
-    let thread_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
-        let tv = k.var(format!("t{}", k.vars.len()));
-        let body = f(k, Expr::var(tv));
-        Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
-    };
-    let unrolled =
-        |k: &mut Kernel, extent: u64, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| -> Stmt {
-            let v = k.var(format!("u{}", k.vars.len()));
-            let body = f(k, Expr::var(v));
-            Stmt::for_(v, extent, LoopKind::Unrolled, body)
-        };
-    // Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
-    // the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
-    let stage = |k: &mut Kernel,
-                 kslice: Expr,
-                 which: Expr,
-                 operand: &Expr,
-                 side: &[(Var, u64)],
-                 start: &Expr,
-                 is_a: bool|
-     -> Stmt {
+    t: &'a Tile,
+    copies: &'a [Option<AsyncLoad>; 2],
+    m: u64,
+    n: u64,
+    kdim: u64,
+    bm: u64,
+    bn: u64,
+    bk: u64,
+    threads: u64,
+    sa: BufId,
+    sb: BufId,
+    acc: BufId,
+    /// The batch loops at this block's batch element, and its first row and column.
+    at_batch: Vec<(Var, Expr)>,
+    row0: Expr,
+    col0: Expr,
+}
+
+/// A loop of `threads` GPU threads around what `f` writes for thread `tv`.
+fn thread_loop(
+    k: &mut Kernel,
+    threads: u64,
+    f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>,
+) -> Stmt {
+    let tv = k.var(format!("t{}", k.vars.len()));
+    let body = f(k, Expr::var(tv));
+    Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
+}
+
+/// An unrolled loop of `extent` around what `f` writes for each value.
+fn unrolled(
+    k: &mut Kernel,
+    extent: u64,
+    f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>,
+) -> Stmt {
+    let v = k.var(format!("u{}", k.vars.len()));
+    let body = f(k, Expr::var(v));
+    Stmt::for_(v, extent, LoopKind::Unrolled, body)
+}
+
+impl Writer<'_> {
+    /// Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
+    /// the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
+    #[allow(clippy::too_many_arguments)]
+    fn stage(
+        &self,
+        k: &mut Kernel,
+        kslice: Expr,
+        which: Expr,
+        operand: &Expr,
+        side: &[(Var, u64)],
+        start: &Expr,
+        is_a: bool,
+    ) -> Stmt {
+        let Writer {
+            c,
+            elem,
+            copies,
+            m,
+            n,
+            kdim,
+            bm,
+            bn,
+            bk,
+            threads,
+            sa,
+            sb,
+            ..
+        } = *self;
+        let at_batch = &self.at_batch;
+
         let (buf, extent) = if is_a { (sa, m) } else { (sb, n) };
         let (rows, cols) = if is_a { (bm, bk) } else { (bk, bn) };
         let copy = copies[!is_a as usize].clone();
@@ -214,7 +213,7 @@ pub(crate) fn build(
         let red = c.red.clone();
         let at_batch = at_batch.clone();
         let (dm, dk) = (extent, kdim);
-        thread_loop(k, &mut |k, tv| {
+        thread_loop(k, threads, &mut |k, tv| {
             vec![unrolled(k, slots, &mut |k, sv| {
                 let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
                 let (r, col) = tile_position(el, (rows, cols), lanes, fast_cols);
@@ -293,30 +292,312 @@ pub(crate) fn build(
                 }
             })]
         })
-    };
-    let mut body = Vec::new();
-    // Zero the accumulators.
-    body.push(thread_loop(k, &mut |k, _| {
-        vec![unrolled(k, t.mt, &mut |k, i| {
-            vec![unrolled(k, t.nt, &mut |k, j| match e {
-                Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| {
-                    vec![Stmt::Store {
+    }
+
+    /// Zeroes the accumulators.
+    fn zero(&self, k: &mut Kernel) -> Stmt {
+        let Writer {
+            e, t, threads, acc, ..
+        } = *self;
+        thread_loop(k, threads, &mut |k, _| {
+            vec![unrolled(k, t.mt, &mut |k, i| {
+                vec![unrolled(k, t.nt, &mut |k, j| match e {
+                    Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| {
+                        vec![Stmt::Store {
+                            buf: acc,
+                            index: vec![i.clone(), j.clone(), q],
+                            value: Expr::f32(0.0),
+                        }]
+                    })],
+                    Engine::Simt => vec![Stmt::Store {
                         buf: acc,
-                        index: vec![i.clone(), j.clone(), q],
+                        index: vec![i.clone(), j],
                         value: Expr::f32(0.0),
-                    }]
-                })],
-                Engine::Simt => vec![Stmt::Store {
-                    buf: acc,
-                    index: vec![i.clone(), j],
-                    value: Expr::f32(0.0),
-                }],
+                    }],
+                })]
             })]
-        })]
-    }));
+        })
+    }
+
+    /// One slice's products: each warp's `mma.sync` on its part of the tile, or each thread's FMAs.
+    fn products(&self, k: &mut Kernel, this_buf: &Expr) -> Stmt {
+        let Writer {
+            e,
+            t,
+            bk,
+            threads,
+            sa,
+            sb,
+            acc,
+            ..
+        } = *self;
+        thread_loop(k, threads, &mut |k, tv| match e {
+            Engine::Mma(t_in) => {
+                let ks = mlopt_kir::warp_mma_k(t_in);
+                let warp = Expr::div(tv.clone(), int(32));
+                let (wm, wn) = (
+                    Expr::div(warp.clone(), int(t.wn)),
+                    Expr::rem(warp, int(t.wn)),
+                );
+                vec![unrolled(k, bk / ks, &mut |k, p| {
+                    let (wm, wn, this_buf) = (wm.clone(), wn.clone(), this_buf.clone());
+                    vec![unrolled(k, t.mt, &mut |k, i| {
+                        let (wm, wn, this_buf, p) =
+                            (wm.clone(), wn.clone(), this_buf.clone(), p.clone());
+                        vec![unrolled(k, t.nt, &mut |_, j| {
+                            let ar = Expr::mul(
+                                Expr::add(Expr::mul(wm.clone(), int(t.mt)), i.clone()),
+                                int(16),
+                            );
+                            let bc = Expr::mul(
+                                Expr::add(Expr::mul(wn.clone(), int(t.nt)), j.clone()),
+                                int(8),
+                            );
+                            let kp = Expr::mul(p.clone(), int(ks));
+                            vec![Stmt::WarpMma {
+                                c: Block {
+                                    buf: acc,
+                                    at: vec![i.clone(), j, int(0)],
+                                },
+                                a: Block {
+                                    buf: sa,
+                                    at: vec![this_buf.clone(), ar, kp.clone()],
+                                },
+                                b: Block {
+                                    buf: sb,
+                                    at: vec![this_buf.clone(), kp, bc],
+                                },
+                            }]
+                        })]
+                    })]
+                })]
+            }
+            Engine::Simt => {
+                let (ty, tx) = (Expr::div(tv.clone(), int(t.wn)), Expr::rem(tv, int(t.wn)));
+                let p = k.var(format!("kk{}", k.vars.len()));
+                let pv = Expr::var(p);
+                let inner = unrolled(k, t.mt, &mut |k, i| {
+                    let (ty, tx, pv, this_buf) =
+                        (ty.clone(), tx.clone(), pv.clone(), this_buf.clone());
+                    vec![unrolled(k, t.nt, &mut |_, j| {
+                        let x = Expr::load(
+                            sa,
+                            vec![
+                                this_buf.clone(),
+                                Expr::add(ty.clone(), Expr::mul(i.clone(), int(t.wm))),
+                                pv.clone(),
+                            ],
+                        );
+                        let y = Expr::load(
+                            sb,
+                            vec![
+                                this_buf.clone(),
+                                pv.clone(),
+                                Expr::add(tx.clone(), Expr::mul(j.clone(), int(t.wn))),
+                            ],
+                        );
+                        let me = Expr::load(acc, vec![i.clone(), j.clone()]);
+                        vec![Stmt::Store {
+                            buf: acc,
+                            index: vec![i.clone(), j],
+                            value: Expr::fma(x, y, me),
+                        }]
+                    })]
+                });
+                vec![Stmt::for_(p, bk, LoopKind::Serial, vec![inner])]
+            }
+        })
+    }
+
+    /// The epilogue, once per output element, on the thread that holds it.
+    fn epilogue(&self, k: &mut Kernel) -> Stmt {
+        let Writer {
+            c,
+            e,
+            t,
+            m,
+            n,
+            bm,
+            bn,
+            threads,
+            acc,
+            ..
+        } = *self;
+        let (row0, col0, at_batch) = (&self.row0, &self.col0, &self.at_batch);
+        let rows = c.rows.clone();
+        let cols = c.cols.clone();
+        thread_loop(k, threads, &mut |k, tv| {
+            let (row0, col0, at_batch) = (row0.clone(), col0.clone(), at_batch.clone());
+            vec![unrolled(k, t.mt, &mut |k, i| {
+                let (tv, row0, col0, at_batch) =
+                    (tv.clone(), row0.clone(), col0.clone(), at_batch.clone());
+                vec![unrolled(k, t.nt, &mut |k, j| {
+                    let element = |q: Option<Expr>| -> (Expr, Expr, Vec<Expr>) {
+                        match (e, q) {
+                            (Engine::Mma(_), Some(q)) => {
+                                let (warp, lane) = (
+                                    Expr::div(tv.clone(), int(32)),
+                                    Expr::rem(tv.clone(), int(32)),
+                                );
+                                let (wm, wn) = (
+                                    Expr::div(warp.clone(), int(t.wn)),
+                                    Expr::rem(warp, int(t.wn)),
+                                );
+                                let r = Expr::add(
+                                    Expr::mul(
+                                        Expr::add(Expr::mul(wm, int(t.mt)), i.clone()),
+                                        int(16),
+                                    ),
+                                    Expr::add(
+                                        Expr::div(lane.clone(), int(4)),
+                                        Expr::mul(Expr::div(q.clone(), int(2)), int(8)),
+                                    ),
+                                );
+                                let col = Expr::add(
+                                    Expr::mul(
+                                        Expr::add(Expr::mul(wn, int(t.nt)), j.clone()),
+                                        int(8),
+                                    ),
+                                    Expr::add(
+                                        Expr::mul(Expr::rem(lane, int(4)), int(2)),
+                                        Expr::rem(q.clone(), int(2)),
+                                    ),
+                                );
+                                (r, col, vec![i.clone(), j.clone(), q])
+                            }
+                            _ => {
+                                let (ty, tx) = (
+                                    Expr::div(tv.clone(), int(t.wn)),
+                                    Expr::rem(tv.clone(), int(t.wn)),
+                                );
+                                (
+                                    Expr::add(ty, Expr::mul(i.clone(), int(t.wm))),
+                                    Expr::add(tx, Expr::mul(j.clone(), int(t.wn))),
+                                    vec![i.clone(), j.clone()],
+                                )
+                            }
+                        }
+                    };
+                    let one = |q: Option<Expr>| -> Vec<Stmt> {
+                        let (r, col, slot) = element(q);
+                        let (gr, gc) = (Expr::add(row0.clone(), r), Expr::add(col0.clone(), col));
+                        let mut by = delinear(&rows, &gr);
+                        by.extend(delinear(&cols, &gc));
+                        by.extend(at_batch.clone());
+                        let mine = Expr::load(acc, slot);
+                        let from = c.acc;
+                        let epi: Vec<Stmt> = subst_all(&c.epilogue, &by)
+                            .iter()
+                            .map(|s| {
+                                s.map_loads(&|b, ix| {
+                                    if b == from {
+                                        mine.clone()
+                                    } else {
+                                        Expr::Load(b, ix)
+                                    }
+                                })
+                            })
+                            .collect();
+                        let mut conds = Vec::new();
+                        if !m.is_multiple_of(bm) {
+                            conds.push(lt(gr, m));
+                        }
+                        if !n.is_multiple_of(bn) {
+                            conds.push(lt(gc, n));
+                        }
+                        guarded(conds, epi)
+                    };
+                    match e {
+                        Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| one(Some(q)))],
+                        Engine::Simt => one(None),
+                    }
+                })]
+            })]
+        })
+    }
+}
+
+/// Writes the tiled GEMM (see the module comment).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build(
+    k: &mut Kernel,
+    c: &Contraction,
+    e: Engine,
+    elem: Elem,
+    a: &Expr,
+    b: &Expr,
+    t: &Tile,
+    copies: &[Option<AsyncLoad>; 2],
+    planned: u64,
+) -> Vec<Stmt> {
+    let (m, n, kdim, batch) = (
+        Contraction::extent(&c.rows),
+        Contraction::extent(&c.cols),
+        Contraction::extent(&c.red),
+        Contraction::extent(&c.batch),
+    );
+    let (bm, bn, bk, threads) = (
+        t.bm(e.model()),
+        t.bn(e.model()),
+        bk(e),
+        t.threads(e.model()),
+    );
+    let (tm, tn, kt) = (m.div_ceil(bm), n.div_ceil(bn), kdim.div_ceil(bk));
+    let id = k.vars.len();
+    // Rows filled by copies of several elements are padded to a whole number of copies.
+    let pad_for = |x: &Option<AsyncLoad>| pad(e).max(x.as_ref().map_or(1, |x| x.lanes));
+    let sa = k.buf(
+        format!("sa{id}"),
+        elem,
+        vec![2, bm, bk + pad_for(&copies[0])],
+        Space::Shared,
+    );
+    let sb = k.buf(
+        format!("sb{id}"),
+        elem,
+        vec![2, bk, bn + pad_for(&copies[1])],
+        Space::Shared,
+    );
+    let acc = match e {
+        Engine::Mma(_) => k.buf(
+            format!("c{id}"),
+            Elem::F32,
+            vec![t.mt, t.nt, 4],
+            Space::Local,
+        ),
+        Engine::Simt => k.buf(format!("c{id}"), Elem::F32, vec![t.mt, t.nt], Space::Local),
+    };
+    let gb = k.var(format!("gb{id}"));
+    let ko = k.var(format!("ko{id}"));
+    // Block gb: batch element, row tile and column tile.
+    let g = Expr::var(gb);
+    let at_batch = delinear(&c.batch, &Expr::div(g.clone(), int(tm * tn)));
+    let row0 = Expr::mul(Expr::rem(Expr::div(g.clone(), int(tn)), int(tm)), int(bm));
+    let col0 = Expr::mul(Expr::rem(g, int(tn)), int(bn));
+    let w = Writer {
+        c,
+        e,
+        elem,
+        t,
+        copies,
+        m,
+        n,
+        kdim,
+        bm,
+        bn,
+        bk,
+        threads,
+        sa,
+        sb,
+        acc,
+        at_batch,
+        row0,
+        col0,
+    };
+    let mut body = vec![w.zero(k)];
     // Slice 0 into buffer 0.
-    body.push(stage(k, int(0), int(0), a, &c.rows, &row0, true));
-    body.push(stage(k, int(0), int(0), b, &c.cols, &col0, false));
+    body.push(w.stage(k, int(0), int(0), a, &c.rows, &w.row0, true));
+    body.push(w.stage(k, int(0), int(0), b, &c.cols, &w.col0, false));
     // Each slice: wait for its copies, one barrier (which also ends the products of the slice before,
     // whose buffer is refilled next), start copying the next slice, multiply this one.
     let kv = Expr::var(ko);
@@ -325,179 +606,21 @@ pub(crate) fn build(
     let next_buf = Expr::rem(next.clone(), int(2));
     let mut slice = Vec::new();
     if copies.iter().any(|x| x.is_some()) {
-        slice.push(thread_loop(k, &mut |_, _| vec![Stmt::AsyncWait]));
+        slice.push(thread_loop(k, threads, &mut |_, _| vec![Stmt::AsyncWait]));
     }
     slice.push(Stmt::Barrier);
     if kt > 1 {
         slice.push(Stmt::If {
             cond: lt(next.clone(), kt),
             then: vec![
-                stage(k, next.clone(), next_buf.clone(), a, &c.rows, &row0, true),
-                stage(k, next, next_buf, b, &c.cols, &col0, false),
+                w.stage(k, next.clone(), next_buf.clone(), a, &c.rows, &w.row0, true),
+                w.stage(k, next, next_buf, b, &c.cols, &w.col0, false),
             ],
         });
     }
-    slice.push(thread_loop(k, &mut |k, tv| match e {
-        Engine::Mma(t_in) => {
-            let ks = mlopt_kir::warp_mma_k(t_in);
-            let warp = Expr::div(tv.clone(), int(32));
-            let (wm, wn) = (
-                Expr::div(warp.clone(), int(t.wn)),
-                Expr::rem(warp, int(t.wn)),
-            );
-            vec![unrolled(k, bk / ks, &mut |k, p| {
-                let (wm, wn, this_buf) = (wm.clone(), wn.clone(), this_buf.clone());
-                vec![unrolled(k, t.mt, &mut |k, i| {
-                    let (wm, wn, this_buf, p) =
-                        (wm.clone(), wn.clone(), this_buf.clone(), p.clone());
-                    vec![unrolled(k, t.nt, &mut |_, j| {
-                        let ar = Expr::mul(
-                            Expr::add(Expr::mul(wm.clone(), int(t.mt)), i.clone()),
-                            int(16),
-                        );
-                        let bc = Expr::mul(
-                            Expr::add(Expr::mul(wn.clone(), int(t.nt)), j.clone()),
-                            int(8),
-                        );
-                        let kp = Expr::mul(p.clone(), int(ks));
-                        vec![Stmt::WarpMma {
-                            c: Block {
-                                buf: acc,
-                                at: vec![i.clone(), j, int(0)],
-                            },
-                            a: Block {
-                                buf: sa,
-                                at: vec![this_buf.clone(), ar, kp.clone()],
-                            },
-                            b: Block {
-                                buf: sb,
-                                at: vec![this_buf.clone(), kp, bc],
-                            },
-                        }]
-                    })]
-                })]
-            })]
-        }
-        Engine::Simt => {
-            let (ty, tx) = (Expr::div(tv.clone(), int(t.wn)), Expr::rem(tv, int(t.wn)));
-            let p = k.var(format!("kk{}", k.vars.len()));
-            let pv = Expr::var(p);
-            let inner = unrolled(k, t.mt, &mut |k, i| {
-                let (ty, tx, pv, this_buf) = (ty.clone(), tx.clone(), pv.clone(), this_buf.clone());
-                vec![unrolled(k, t.nt, &mut |_, j| {
-                    let x = Expr::load(
-                        sa,
-                        vec![
-                            this_buf.clone(),
-                            Expr::add(ty.clone(), Expr::mul(i.clone(), int(t.wm))),
-                            pv.clone(),
-                        ],
-                    );
-                    let y = Expr::load(
-                        sb,
-                        vec![
-                            this_buf.clone(),
-                            pv.clone(),
-                            Expr::add(tx.clone(), Expr::mul(j.clone(), int(t.wn))),
-                        ],
-                    );
-                    let me = Expr::load(acc, vec![i.clone(), j.clone()]);
-                    vec![Stmt::Store {
-                        buf: acc,
-                        index: vec![i.clone(), j],
-                        value: Expr::fma(x, y, me),
-                    }]
-                })]
-            });
-            vec![Stmt::for_(p, bk, LoopKind::Serial, vec![inner])]
-        }
-    }));
+    slice.push(w.products(k, &this_buf));
     body.push(Stmt::for_(ko, kt, LoopKind::Serial, slice));
-    // The epilogue, once per output element, on the thread that holds it.
-    let rows = c.rows.clone();
-    let cols = c.cols.clone();
-    body.push(thread_loop(k, &mut |k, tv| {
-        let (row0, col0, at_batch) = (row0.clone(), col0.clone(), at_batch.clone());
-        vec![unrolled(k, t.mt, &mut |k, i| {
-            let (tv, row0, col0, at_batch) =
-                (tv.clone(), row0.clone(), col0.clone(), at_batch.clone());
-            vec![unrolled(k, t.nt, &mut |k, j| {
-                let element = |q: Option<Expr>| -> (Expr, Expr, Vec<Expr>) {
-                    match (e, q) {
-                        (Engine::Mma(_), Some(q)) => {
-                            let (warp, lane) = (
-                                Expr::div(tv.clone(), int(32)),
-                                Expr::rem(tv.clone(), int(32)),
-                            );
-                            let (wm, wn) = (
-                                Expr::div(warp.clone(), int(t.wn)),
-                                Expr::rem(warp, int(t.wn)),
-                            );
-                            let r = Expr::add(
-                                Expr::mul(Expr::add(Expr::mul(wm, int(t.mt)), i.clone()), int(16)),
-                                Expr::add(
-                                    Expr::div(lane.clone(), int(4)),
-                                    Expr::mul(Expr::div(q.clone(), int(2)), int(8)),
-                                ),
-                            );
-                            let col = Expr::add(
-                                Expr::mul(Expr::add(Expr::mul(wn, int(t.nt)), j.clone()), int(8)),
-                                Expr::add(
-                                    Expr::mul(Expr::rem(lane, int(4)), int(2)),
-                                    Expr::rem(q.clone(), int(2)),
-                                ),
-                            );
-                            (r, col, vec![i.clone(), j.clone(), q])
-                        }
-                        _ => {
-                            let (ty, tx) = (
-                                Expr::div(tv.clone(), int(t.wn)),
-                                Expr::rem(tv.clone(), int(t.wn)),
-                            );
-                            (
-                                Expr::add(ty, Expr::mul(i.clone(), int(t.wm))),
-                                Expr::add(tx, Expr::mul(j.clone(), int(t.wn))),
-                                vec![i.clone(), j.clone()],
-                            )
-                        }
-                    }
-                };
-                let one = |q: Option<Expr>| -> Vec<Stmt> {
-                    let (r, col, slot) = element(q);
-                    let (gr, gc) = (Expr::add(row0.clone(), r), Expr::add(col0.clone(), col));
-                    let mut by = delinear(&rows, &gr);
-                    by.extend(delinear(&cols, &gc));
-                    by.extend(at_batch.clone());
-                    let mine = Expr::load(acc, slot);
-                    let from = c.acc;
-                    let epi: Vec<Stmt> = subst_all(&c.epilogue, &by)
-                        .iter()
-                        .map(|s| {
-                            s.map_loads(&|b, ix| {
-                                if b == from {
-                                    mine.clone()
-                                } else {
-                                    Expr::Load(b, ix)
-                                }
-                            })
-                        })
-                        .collect();
-                    let mut conds = Vec::new();
-                    if !m.is_multiple_of(bm) {
-                        conds.push(lt(gr, m));
-                    }
-                    if !n.is_multiple_of(bn) {
-                        conds.push(lt(gc, n));
-                    }
-                    guarded(conds, epi)
-                };
-                match e {
-                    Engine::Mma(_) => vec![unrolled(k, 4, &mut |_, q| one(Some(q)))],
-                    Engine::Simt => one(None),
-                }
-            })]
-        })]
-    }));
+    body.push(w.epilogue(k));
     let engine = match e {
         Engine::Mma(Elem::F32) => mlopt_kir::GpuEngine::Tf32,
         Engine::Mma(t) => mlopt_kir::GpuEngine::Mma(t),
