@@ -90,394 +90,21 @@ pub(crate) fn attention(
         return Ok(None);
     };
     let batch: u64 = a.batch.iter().map(|(_, n)| n).product();
-    let (tiles, kvt) = (rows.div_ceil(bm), keys.div_ceil(bn));
-    let p = pad(t);
-    let id = k.vars.len();
-    let sq = k.buf(format!("sq{id}"), t, vec![bm, d + p], Space::Shared);
-    let sk = k.buf(format!("sk{id}"), t, vec![d, bn + p], Space::Shared);
-    let sv = k.buf(format!("sv{id}"), t, vec![bn, dv + p], Space::Shared);
-    let ss = k.buf(
-        format!("ss{id}"),
-        Elem::F32,
-        vec![bm, bn + 4],
-        Space::Shared,
-    );
-    let sp = if t == Elem::F32 {
-        ss
-    } else {
-        k.buf(format!("sp{id}"), t, vec![bm, bn + p], Space::Shared)
-    };
-    let [sm, sl, sa] =
-        ["sm", "sl", "sa"].map(|n| k.buf(format!("{n}{id}"), Elem::F32, vec![bm], Space::Shared));
-    let cs = k.buf(
-        format!("cs{id}"),
-        Elem::F32,
-        vec![1, bn / 8, 4],
-        Space::Local,
-    );
-    let co = k.buf(
-        format!("co{id}"),
-        Elem::F32,
-        vec![1, dv / 8, 4],
-        Space::Local,
-    );
-    let run = k.buf(format!("run{id}"), Elem::F32, vec![], Space::Local);
-    let (gb, kv) = (k.var(format!("gb{id}")), k.var(format!("kv{id}")));
-    let at_batch = delinear(&a.batch, &Expr::div(Expr::var(gb), int(tiles)));
-    let row0 = Expr::mul(Expr::rem(Expr::var(gb), int(tiles)), int(bm));
-    let key0 = Expr::mul(Expr::var(kv), int(bn));
-    let neg_inf = Expr::f32(f64::NEG_INFINITY);
+    let tiles = rows.div_ceil(bm);
+    let f = Flash::new(k, a, t, (bm, bn, threads), tiles);
 
-    // Loops: a block's threads, unrolled and serial loops inside them.
-    let threads_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| {
-        let tv = k.var(format!("t{}", k.vars.len()));
-        let body = f(k, Expr::var(tv));
-        Stmt::for_(tv, threads, LoopKind::GpuThread(0), body)
-    };
-    let loop_ = |k: &mut Kernel,
-                 n: u64,
-                 kind: LoopKind,
-                 f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>| {
-        let v = k.var(format!("u{}", k.vars.len()));
-        let body = f(k, Expr::var(v));
-        Stmt::for_(v, n, kind, body)
-    };
-    // The tile of `operand` over its loops `rows` x `cols` filled by the block, neighbouring threads on
-    // neighbouring global elements: `at(r, c)` gives the loops' values at tile element (r, c) and where
-    // it is valid; zero elsewhere.
-    let tile = |k: &mut Kernel,
-                tv: &Expr,
-                buf: BufId,
-                operand: &Expr,
-                rows: (Var, u64),
-                cols: (Var, u64),
-                at: &Element|
-     -> Stmt {
-        let (tv, along_cols) = (tv.clone(), walk_first(k, operand, Some(&cols), Some(&rows)));
-        loop_(
-            k,
-            rows.1 * cols.1 / threads,
-            LoopKind::Serial,
-            &mut |_, slot| {
-                let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
-                let (r, c) = tile_position(el, (rows.1, cols.1), 1, along_cols);
-                let (by, valid) = at(&r, &c);
-                let mut out = vec![Stmt::Store {
-                    buf,
-                    index: vec![r.clone(), c.clone()],
-                    value: Expr::Float(0.0, t),
-                }];
-                out.extend(guarded(
-                    vec![valid],
-                    vec![Stmt::Store {
-                        buf,
-                        index: vec![r, c],
-                        value: operand.subst_all(&by),
-                    }],
-                ));
-                out
-            },
-        )
-    };
-    // The element of a 16 x 8 mma result that lane `tv % 32` holds as its `q`-th: (row, column).
-    let frag = |tv: &Expr, q: &Expr| {
-        let lane = Expr::rem(tv.clone(), int(32));
-        let r = Expr::add(
-            Expr::mul(Expr::div(tv.clone(), int(32)), int(16)),
-            Expr::add(
-                Expr::div(lane.clone(), int(4)),
-                Expr::mul(Expr::div(q.clone(), int(2)), int(8)),
-            ),
-        );
-        (
-            r,
-            Expr::add(
-                Expr::mul(Expr::rem(lane, int(4)), int(2)),
-                Expr::rem(q.clone(), int(2)),
-            ),
-        )
-    };
-    let warp_row = |tv: &Expr| Expr::mul(Expr::div(tv.clone(), int(32)), int(16));
-    // A warp's 16 rows of `acc` (`width` columns, as 16 x 8 fragments) set to `f(n, q)` for its q-th
-    // element of fragment n.
-    let fragments = |k: &mut Kernel, acc: BufId, width: u64, f: &dyn Fn(&Expr, &Expr) -> Expr| {
-        loop_(k, width / 8, LoopKind::Unrolled, &mut |k, n| {
-            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
-                vec![Stmt::Store {
-                    buf: acc,
-                    index: vec![int(0), n.clone(), q.clone()],
-                    value: f(&n, &q),
-                }]
-            })]
-        })
-    };
-    // acc += x y on the warp's 16 rows of x (shared, `depth` wide) by the `depth x width` y.
-    let products =
-        |k: &mut Kernel, tv: &Expr, acc: BufId, (x, y): (BufId, BufId), depth: u64, width: u64| {
-            let wr = warp_row(tv);
-            loop_(k, depth / ks, LoopKind::Unrolled, &mut |k, kk| {
-                let wr = wr.clone();
-                vec![loop_(k, width / 8, LoopKind::Unrolled, &mut |_, n| {
-                    let kp = Expr::mul(kk.clone(), int(ks));
-                    vec![Stmt::WarpMma {
-                        c: Block {
-                            buf: acc,
-                            at: vec![int(0), n.clone(), int(0)],
-                        },
-                        a: Block {
-                            buf: x,
-                            at: vec![wr.clone(), kp.clone()],
-                        },
-                        b: Block {
-                            buf: y,
-                            at: vec![kp, Expr::mul(n, int(8))],
-                        },
-                    }]
-                })]
-            })
-        };
-    let row_ok = |r: &Expr| lt(Expr::add(row0.clone(), r.clone()), rows);
-    let by_row = |r: &Expr| {
-        let mut by = at_batch.clone();
-        by.push((a.row.0, Expr::add(row0.clone(), r.clone())));
-        by
-    };
-
-    let mut body = Vec::new();
-    // O = 0, m = -inf, l = 0, a = 1; the Q tile.
-    body.push(threads_loop(k, &mut |k, tv| {
-        let mut out = vec![fragments(k, co, dv, &|_, _| Expr::f32(0.0))];
-        out.push(Stmt::If {
-            cond: lt(tv.clone(), bm),
-            then: [
-                (sm, neg_inf.clone()),
-                (sl, Expr::f32(0.0)),
-                (sa, Expr::f32(1.0)),
-            ]
-            .into_iter()
-            .map(|(b, x)| Stmt::Store {
-                buf: b,
-                index: vec![tv.clone()],
-                value: x,
-            })
-            .collect(),
-        });
-        out.push(tile(k, &tv, sq, &q, (a.row.0, bm), (a.r, d), &|r, c| {
-            let mut by = by_row(r);
-            by.push((a.r, c.clone()));
-            (by, row_ok(r))
-        }));
-        out
-    }));
-    let mut step = Vec::new();
+    let mut body = vec![f.start(k, &q)];
+    let mut step = vec![Stmt::Barrier, f.stage_keys(k, &kt, &v), Stmt::Barrier];
+    step.push(f.scores(k));
     step.push(Stmt::Barrier);
-    // The K^T and V tiles of this block of keys.
-    step.push(threads_loop(k, &mut |k, tv| {
-        // Key `key0 + x` of this block, with the operand's other loop at `y`.
-        let key = |j: Var, x: &Expr, other: Var, y: &Expr| {
-            let gj = Expr::add(key0.clone(), x.clone());
-            let mut by = at_batch.clone();
-            by.extend([(j, gj.clone()), (other, y.clone())]);
-            (by, lt(gj, keys))
-        };
-        let kt_tile = tile(k, &tv, sk, &kt, (a.r, d), (a.j, bn), &|r, c| {
-            key(a.j, c, a.r, r)
-        });
-        let v_tile = tile(k, &tv, sv, &v, (a.jv, bn), (a.e, dv), &|r, c| {
-            key(a.jv, r, a.e, c)
-        });
-        vec![kt_tile, v_tile]
-    }));
+    step.push(f.row_max(k));
     step.push(Stmt::Barrier);
-    // S = Q K^T * scale + mask, -inf for keys past the end.
-    step.push(threads_loop(k, &mut |k, tv| {
-        let zero = fragments(k, cs, bn, &|_, _| Expr::f32(0.0));
-        let mma = products(k, &tv, cs, (sq, sk), d, bn);
-        let tv2 = tv.clone();
-        let write = loop_(k, bn / 8, LoopKind::Unrolled, &mut |k, n| {
-            let tv = tv2.clone();
-            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
-                let (r, c) = frag(&tv, &q);
-                let c = Expr::add(Expr::mul(n.clone(), int(8)), c);
-                let gj = Expr::add(key0.clone(), c.clone());
-                let mut by = by_row(&r);
-                by.push((a.j, gj.clone()));
-                let mut x = Expr::bin(
-                    BinOp::Mul,
-                    Expr::load(cs, vec![int(0), n.clone(), q]),
-                    a.scale.clone(),
-                );
-                if let Some(m) = &a.mask {
-                    x = Expr::bin(BinOp::Add, x, m.subst_all(&by));
-                }
-                let mut out = vec![Stmt::Store {
-                    buf: ss,
-                    index: vec![r.clone(), c.clone()],
-                    value: neg_inf.clone(),
-                }];
-                out.extend(guarded(
-                    vec![row_ok(&r), lt(gj, keys)],
-                    vec![Stmt::Store {
-                        buf: ss,
-                        index: vec![r, c],
-                        value: x,
-                    }],
-                ));
-                out
-            })]
-        });
-        vec![zero, mma, write]
-    }));
+    step.push(f.probabilities(k));
     step.push(Stmt::Barrier);
-    // Per row: the new max and the factor that rescales what came before.
-    let m_of = |r: &Expr| Expr::load(sm, vec![r.clone()]);
-    // The max to subtract: 0 while it is -inf, so that e^(-inf - m) is 0, not NaN.
-    let safe = |m: Expr| {
-        Expr::select(
-            Expr::bin(BinOp::Eq, m.clone(), Expr::f32(f64::NEG_INFINITY)),
-            Expr::f32(0.0),
-            m,
-        )
-    };
-    step.push(threads_loop(k, &mut |k, tv| {
-        let me = Expr::load(run, vec![]);
-        let scan = loop_(k, bn, LoopKind::Serial, &mut |_, c| {
-            vec![Stmt::Store {
-                buf: run,
-                index: vec![],
-                value: Expr::bin(BinOp::Max, me.clone(), Expr::load(ss, vec![tv.clone(), c])),
-            }]
-        });
-        let then = vec![
-            Stmt::Store {
-                buf: run,
-                index: vec![],
-                value: m_of(&tv),
-            },
-            scan,
-            Stmt::Store {
-                buf: sa,
-                index: vec![tv.clone()],
-                value: Expr::un(
-                    UnOp::Exp,
-                    Expr::bin(BinOp::Sub, m_of(&tv), safe(me.clone())),
-                ),
-            },
-            Stmt::Store {
-                buf: sm,
-                index: vec![tv.clone()],
-                value: me.clone(),
-            },
-        ];
-        vec![Stmt::If {
-            cond: Expr::bin(BinOp::And, lt(tv.clone(), bm), row_ok(&tv)),
-            then,
-        }]
-    }));
-    step.push(Stmt::Barrier);
-    // P = e^(S - m), 0 in rows past the queries.
-    step.push(threads_loop(k, &mut |k, tv| {
-        vec![loop_(
-            k,
-            bm * bn / threads,
-            LoopKind::Serial,
-            &mut |_, slot| {
-                let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
-                let (r, c) = (Expr::div(el.clone(), int(bn)), Expr::rem(el, int(bn)));
-                let x = Expr::un(
-                    UnOp::Exp,
-                    Expr::bin(
-                        BinOp::Sub,
-                        Expr::load(ss, vec![r.clone(), c.clone()]),
-                        safe(m_of(&r)),
-                    ),
-                );
-                let x = Expr::select(row_ok(&r), x, Expr::f32(0.0));
-                // P in `t` first: the store to S replaces what both read.
-                let mut out = Vec::new();
-                if sp != ss {
-                    out.push(Stmt::Store {
-                        buf: sp,
-                        index: vec![r.clone(), c.clone()],
-                        value: Expr::cast(t, x.clone()),
-                    });
-                }
-                out.push(Stmt::Store {
-                    buf: ss,
-                    index: vec![r, c],
-                    value: x,
-                });
-                out
-            },
-        )]
-    }));
-    step.push(Stmt::Barrier);
-    // l = a l + sum P; O = a O + P V.
-    step.push(threads_loop(k, &mut |k, tv| {
-        let me = Expr::load(run, vec![]);
-        let sum = loop_(k, bn, LoopKind::Serial, &mut |_, c| {
-            vec![Stmt::Store {
-                buf: run,
-                index: vec![],
-                value: Expr::bin(BinOp::Add, me.clone(), Expr::load(ss, vec![tv.clone(), c])),
-            }]
-        });
-        let l = Expr::load(sl, vec![tv.clone()]);
-        let scaled = Expr::bin(BinOp::Mul, l, Expr::load(sa, vec![tv.clone()]));
-        let rows_part = Stmt::If {
-            cond: lt(tv.clone(), bm),
-            then: vec![
-                Stmt::Store {
-                    buf: run,
-                    index: vec![],
-                    value: scaled,
-                },
-                sum,
-                Stmt::Store {
-                    buf: sl,
-                    index: vec![tv.clone()],
-                    value: me,
-                },
-            ],
-        };
-        let rescale = fragments(k, co, dv, &|n, q| {
-            Expr::bin(
-                BinOp::Mul,
-                Expr::load(co, vec![int(0), n.clone(), q.clone()]),
-                Expr::load(sa, vec![frag(&tv, q).0]),
-            )
-        });
-        let mma = products(k, &tv, co, (sp, sv), bn, dv);
-        vec![rows_part, rescale, mma]
-    }));
-    body.push(Stmt::for_(kv, kvt, LoopKind::Serial, step));
+    step.push(f.accumulate(k));
+    body.push(Stmt::for_(f.kv, keys.div_ceil(bn), LoopKind::Serial, step));
     body.push(Stmt::Barrier);
-    // out = O / l through the nest's own store, on the thread holding each element.
-    body.push(threads_loop(k, &mut |k, tv| {
-        vec![loop_(k, dv / 8, LoopKind::Unrolled, &mut |k, n| {
-            let tv = tv.clone();
-            vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
-                let (r, c) = frag(&tv, &q);
-                let mut by = by_row(&r);
-                by.push((a.e, Expr::add(Expr::mul(n.clone(), int(8)), c)));
-                let (o, l) = (
-                    Expr::load(co, vec![int(0), n.clone(), q]),
-                    Expr::load(sl, vec![r.clone()]),
-                );
-                let (acc_o, acc_l) = (a.acc_o, a.acc_l);
-                let store = a.store.subst_all(&by).map_loads(&|b, ix| {
-                    if b == acc_o {
-                        o.clone()
-                    } else if b == acc_l {
-                        l.clone()
-                    } else {
-                        Expr::Load(b, ix)
-                    }
-                });
-                guarded(vec![row_ok(&r)], vec![store])
-            })]
-        })]
-    }));
+    body.push(f.finish(k));
     let engine = if t == Elem::F32 {
         mlopt_kir::GpuEngine::Tf32
     } else {
@@ -496,9 +123,502 @@ pub(crate) fn attention(
         blocks: batch * tiles,
     });
     Ok(Some(vec![Stmt::for_(
-        gb,
+        f.gb,
         batch * tiles,
         LoopKind::GpuBlock(0),
         body,
     )]))
+}
+
+/// What writing one block of query rows needs: the attention nest, the operand type, the block's
+/// shape and its buffers, and where the block and the current key block start.
+struct Flash<'a> {
+    a: &'a Attention,
+    t: Elem,
+    /// The mma's depth for `t`.
+    ks: u64,
+    bm: u64,
+    bn: u64,
+    threads: u64,
+    /// Shared: the Q, K^T and V tiles, the f32 scores, P in `t` (the scores where `t` is f32), and
+    /// per row the running max, the running sum and the rescale factor.
+    sq: BufId,
+    sk: BufId,
+    sv: BufId,
+    ss: BufId,
+    sp: BufId,
+    sm: BufId,
+    sl: BufId,
+    sa: BufId,
+    /// Per thread: the fragments of S and of O, and a running scalar.
+    cs: BufId,
+    co: BufId,
+    run: BufId,
+    /// The block loop and the key-block loop.
+    gb: Var,
+    kv: Var,
+    at_batch: Vec<(Var, Expr)>,
+    row0: Expr,
+    key0: Expr,
+}
+
+impl<'a> Flash<'a> {
+    fn new(
+        k: &mut Kernel,
+        a: &'a Attention,
+        t: Elem,
+        (bm, bn, threads): (u64, u64, u64),
+        tiles: u64,
+    ) -> Self {
+        let (d, dv, p) = (a.d, a.dv, pad(t));
+        let id = k.vars.len();
+        let sq = k.buf(format!("sq{id}"), t, vec![bm, d + p], Space::Shared);
+        let sk = k.buf(format!("sk{id}"), t, vec![d, bn + p], Space::Shared);
+        let sv = k.buf(format!("sv{id}"), t, vec![bn, dv + p], Space::Shared);
+        let ss = k.buf(
+            format!("ss{id}"),
+            Elem::F32,
+            vec![bm, bn + 4],
+            Space::Shared,
+        );
+        let sp = if t == Elem::F32 {
+            ss
+        } else {
+            k.buf(format!("sp{id}"), t, vec![bm, bn + p], Space::Shared)
+        };
+        let [sm, sl, sa] = ["sm", "sl", "sa"]
+            .map(|n| k.buf(format!("{n}{id}"), Elem::F32, vec![bm], Space::Shared));
+        let cs = k.buf(
+            format!("cs{id}"),
+            Elem::F32,
+            vec![1, bn / 8, 4],
+            Space::Local,
+        );
+        let co = k.buf(
+            format!("co{id}"),
+            Elem::F32,
+            vec![1, dv / 8, 4],
+            Space::Local,
+        );
+        let run = k.buf(format!("run{id}"), Elem::F32, vec![], Space::Local);
+        let (gb, kv) = (k.var(format!("gb{id}")), k.var(format!("kv{id}")));
+        Flash {
+            a,
+            t,
+            ks: mlopt_kir::warp_mma_k(t),
+            bm,
+            bn,
+            threads,
+            sq,
+            sk,
+            sv,
+            ss,
+            sp,
+            sm,
+            sl,
+            sa,
+            cs,
+            co,
+            run,
+            gb,
+            kv,
+            at_batch: delinear(&a.batch, &Expr::div(Expr::var(gb), int(tiles))),
+            row0: Expr::mul(Expr::rem(Expr::var(gb), int(tiles)), int(bm)),
+            key0: Expr::mul(Expr::var(kv), int(bn)),
+        }
+    }
+
+    /// A loop over the block's threads.
+    fn threads_loop(
+        &self,
+        k: &mut Kernel,
+        f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>,
+    ) -> Stmt {
+        let tv = k.var(format!("t{}", k.vars.len()));
+        let body = f(k, Expr::var(tv));
+        Stmt::for_(tv, self.threads, LoopKind::GpuThread(0), body)
+    }
+
+    /// The block's query row `r` is a query.
+    fn row_ok(&self, r: &Expr) -> Expr {
+        lt(Expr::add(self.row0.clone(), r.clone()), self.a.row.1)
+    }
+
+    /// The nest's loops at the block's query row `r`.
+    fn by_row(&self, r: &Expr) -> Vec<(Var, Expr)> {
+        let mut by = self.at_batch.clone();
+        by.push((self.a.row.0, Expr::add(self.row0.clone(), r.clone())));
+        by
+    }
+
+    /// The tile of `operand` over its loops `rows` x `cols` filled by the block, neighbouring threads
+    /// on neighbouring global elements: `at(r, c)` gives the loops' values at tile element (r, c) and
+    /// where it is valid; zero elsewhere.
+    fn tile(
+        &self,
+        k: &mut Kernel,
+        tv: &Expr,
+        buf: BufId,
+        operand: &Expr,
+        (rows, cols): ((Var, u64), (Var, u64)),
+        at: &Element,
+    ) -> Stmt {
+        let along_cols = walk_first(k, operand, Some(&cols), Some(&rows));
+        let (threads, t) = (self.threads, self.t);
+        loop_(
+            k,
+            rows.1 * cols.1 / threads,
+            LoopKind::Serial,
+            &mut |_, slot| {
+                let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
+                let (r, c) = tile_position(el, (rows.1, cols.1), 1, along_cols);
+                let (by, valid) = at(&r, &c);
+                let mut out = vec![Stmt::Store {
+                    buf,
+                    index: vec![r.clone(), c.clone()],
+                    value: Expr::Float(0.0, t),
+                }];
+                let value = operand.subst_all(&by);
+                out.extend(guarded(
+                    vec![valid],
+                    vec![Stmt::Store {
+                        buf,
+                        index: vec![r, c],
+                        value,
+                    }],
+                ));
+                out
+            },
+        )
+    }
+
+    /// acc += x y on the warp's 16 rows of x (shared, `depth` wide) by the `depth x width` y.
+    fn products(
+        &self,
+        k: &mut Kernel,
+        tv: &Expr,
+        acc: BufId,
+        (x, y): (BufId, BufId),
+        (depth, width): (u64, u64),
+    ) -> Stmt {
+        let (wr, ks) = (warp_row(tv), self.ks);
+        loop_(k, depth / ks, LoopKind::Unrolled, &mut |k, kk| {
+            let wr = wr.clone();
+            vec![loop_(k, width / 8, LoopKind::Unrolled, &mut |_, n| {
+                let kp = Expr::mul(kk.clone(), int(ks));
+                vec![Stmt::WarpMma {
+                    c: Block {
+                        buf: acc,
+                        at: vec![int(0), n.clone(), int(0)],
+                    },
+                    a: Block {
+                        buf: x,
+                        at: vec![wr.clone(), kp.clone()],
+                    },
+                    b: Block {
+                        buf: y,
+                        at: vec![kp, Expr::mul(n, int(8))],
+                    },
+                }]
+            })]
+        })
+    }
+
+    /// O = 0, m = -inf, l = 0, a = 1; the Q tile.
+    fn start(&self, k: &mut Kernel, q: &Expr) -> Stmt {
+        let a = self.a;
+        self.threads_loop(k, &mut |k, tv| {
+            let mut out = vec![fragments(k, self.co, a.dv, &|_, _| Expr::f32(0.0))];
+            out.push(Stmt::If {
+                cond: lt(tv.clone(), self.bm),
+                then: [
+                    (self.sm, Expr::f32(f64::NEG_INFINITY)),
+                    (self.sl, Expr::f32(0.0)),
+                    (self.sa, Expr::f32(1.0)),
+                ]
+                .into_iter()
+                .map(|(b, x)| Stmt::Store {
+                    buf: b,
+                    index: vec![tv.clone()],
+                    value: x,
+                })
+                .collect(),
+            });
+            let dims = ((a.row.0, self.bm), (a.r, a.d));
+            out.push(self.tile(k, &tv, self.sq, q, dims, &|r, c| {
+                let mut by = self.by_row(r);
+                by.push((a.r, c.clone()));
+                (by, self.row_ok(r))
+            }));
+            out
+        })
+    }
+
+    /// The K^T and V tiles of this block of keys.
+    fn stage_keys(&self, k: &mut Kernel, kt: &Expr, v: &Expr) -> Stmt {
+        let a = self.a;
+        // Key `key0 + x` of this block, with the operand's other loop at `y`.
+        let key = |j: Var, x: &Expr, other: Var, y: &Expr| {
+            let gj = Expr::add(self.key0.clone(), x.clone());
+            let mut by = self.at_batch.clone();
+            by.extend([(j, gj.clone()), (other, y.clone())]);
+            (by, lt(gj, a.keys))
+        };
+        self.threads_loop(k, &mut |k, tv| {
+            let kt_dims = ((a.r, a.d), (a.j, self.bn));
+            let kt_tile = self.tile(k, &tv, self.sk, kt, kt_dims, &|r, c| key(a.j, c, a.r, r));
+            let v_dims = ((a.jv, self.bn), (a.e, a.dv));
+            let v_tile = self.tile(k, &tv, self.sv, v, v_dims, &|r, c| key(a.jv, r, a.e, c));
+            vec![kt_tile, v_tile]
+        })
+    }
+
+    /// S = Q K^T * scale + mask, -inf for keys past the end.
+    fn scores(&self, k: &mut Kernel) -> Stmt {
+        let (a, cs, ss) = (self.a, self.cs, self.ss);
+        self.threads_loop(k, &mut |k, tv| {
+            let zero = fragments(k, cs, self.bn, &|_, _| Expr::f32(0.0));
+            let mma = self.products(k, &tv, cs, (self.sq, self.sk), (a.d, self.bn));
+            let write = loop_(k, self.bn / 8, LoopKind::Unrolled, &mut |k, n| {
+                let tv = tv.clone();
+                vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+                    let (r, c) = frag(&tv, &q);
+                    let c = Expr::add(Expr::mul(n.clone(), int(8)), c);
+                    let gj = Expr::add(self.key0.clone(), c.clone());
+                    let mut by = self.by_row(&r);
+                    by.push((a.j, gj.clone()));
+                    let acc = Expr::load(cs, vec![int(0), n.clone(), q]);
+                    let mut x = Expr::bin(BinOp::Mul, acc, a.scale.clone());
+                    if let Some(m) = &a.mask {
+                        x = Expr::bin(BinOp::Add, x, m.subst_all(&by));
+                    }
+                    let index = vec![r.clone(), c.clone()];
+                    let value = Expr::f32(f64::NEG_INFINITY);
+                    let mut out = vec![Stmt::Store {
+                        buf: ss,
+                        index,
+                        value,
+                    }];
+                    out.extend(guarded(
+                        vec![self.row_ok(&r), lt(gj, a.keys)],
+                        vec![Stmt::Store {
+                            buf: ss,
+                            index: vec![r, c],
+                            value: x,
+                        }],
+                    ));
+                    out
+                })]
+            });
+            vec![zero, mma, write]
+        })
+    }
+
+    /// Per row: the new max and the factor that rescales what came before.
+    fn row_max(&self, k: &mut Kernel) -> Stmt {
+        let (run, sm) = (self.run, self.sm);
+        let m_of = |r: &Expr| Expr::load(sm, vec![r.clone()]);
+        self.threads_loop(k, &mut |k, tv| {
+            let me = Expr::load(run, vec![]);
+            let scan = loop_(k, self.bn, LoopKind::Serial, &mut |_, c| {
+                let value = Expr::bin(
+                    BinOp::Max,
+                    me.clone(),
+                    Expr::load(self.ss, vec![tv.clone(), c]),
+                );
+                vec![Stmt::Store {
+                    buf: run,
+                    index: vec![],
+                    value,
+                }]
+            });
+            let factor = Expr::un(
+                UnOp::Exp,
+                Expr::bin(BinOp::Sub, m_of(&tv), safe(me.clone())),
+            );
+            let then = vec![
+                Stmt::Store {
+                    buf: run,
+                    index: vec![],
+                    value: m_of(&tv),
+                },
+                scan,
+                Stmt::Store {
+                    buf: self.sa,
+                    index: vec![tv.clone()],
+                    value: factor,
+                },
+                Stmt::Store {
+                    buf: sm,
+                    index: vec![tv.clone()],
+                    value: me.clone(),
+                },
+            ];
+            let cond = Expr::bin(BinOp::And, lt(tv.clone(), self.bm), self.row_ok(&tv));
+            vec![Stmt::If { cond, then }]
+        })
+    }
+
+    /// P = e^(S - m), 0 in rows past the queries.
+    fn probabilities(&self, k: &mut Kernel) -> Stmt {
+        let (bn, ss, sp, threads) = (self.bn, self.ss, self.sp, self.threads);
+        self.threads_loop(k, &mut |k, tv| {
+            vec![loop_(
+                k,
+                self.bm * bn / threads,
+                LoopKind::Serial,
+                &mut |_, slot| {
+                    let el = Expr::add(Expr::mul(slot, int(threads)), tv.clone());
+                    let (r, c) = (Expr::div(el.clone(), int(bn)), Expr::rem(el, int(bn)));
+                    let m = Expr::load(self.sm, vec![r.clone()]);
+                    let s = Expr::load(ss, vec![r.clone(), c.clone()]);
+                    let x = Expr::un(UnOp::Exp, Expr::bin(BinOp::Sub, s, safe(m)));
+                    let x = Expr::select(self.row_ok(&r), x, Expr::f32(0.0));
+                    // P in `t` first: the store to S replaces what both read.
+                    let mut out = Vec::new();
+                    if sp != ss {
+                        let (index, value) =
+                            (vec![r.clone(), c.clone()], Expr::cast(self.t, x.clone()));
+                        out.push(Stmt::Store {
+                            buf: sp,
+                            index,
+                            value,
+                        });
+                    }
+                    out.push(Stmt::Store {
+                        buf: ss,
+                        index: vec![r, c],
+                        value: x,
+                    });
+                    out
+                },
+            )]
+        })
+    }
+
+    /// l = a l + sum P; O = a O + P V.
+    fn accumulate(&self, k: &mut Kernel) -> Stmt {
+        let (run, sa, co) = (self.run, self.sa, self.co);
+        self.threads_loop(k, &mut |k, tv| {
+            let me = Expr::load(run, vec![]);
+            let sum = loop_(k, self.bn, LoopKind::Serial, &mut |_, c| {
+                let value = Expr::bin(
+                    BinOp::Add,
+                    me.clone(),
+                    Expr::load(self.ss, vec![tv.clone(), c]),
+                );
+                vec![Stmt::Store {
+                    buf: run,
+                    index: vec![],
+                    value,
+                }]
+            });
+            let l = Expr::load(self.sl, vec![tv.clone()]);
+            let scaled = Expr::bin(BinOp::Mul, l, Expr::load(sa, vec![tv.clone()]));
+            let rows_part = Stmt::If {
+                cond: lt(tv.clone(), self.bm),
+                then: vec![
+                    Stmt::Store {
+                        buf: run,
+                        index: vec![],
+                        value: scaled,
+                    },
+                    sum,
+                    Stmt::Store {
+                        buf: self.sl,
+                        index: vec![tv.clone()],
+                        value: me,
+                    },
+                ],
+            };
+            let rescale = fragments(k, co, self.a.dv, &|n, q| {
+                let o = Expr::load(co, vec![int(0), n.clone(), q.clone()]);
+                Expr::bin(BinOp::Mul, o, Expr::load(sa, vec![frag(&tv, q).0]))
+            });
+            let mma = self.products(k, &tv, co, (self.sp, self.sv), (self.bn, self.a.dv));
+            vec![rows_part, rescale, mma]
+        })
+    }
+
+    /// out = O / l through the nest's own store, on the thread holding each element.
+    fn finish(&self, k: &mut Kernel) -> Stmt {
+        let a = self.a;
+        self.threads_loop(k, &mut |k, tv| {
+            vec![loop_(k, a.dv / 8, LoopKind::Unrolled, &mut |k, n| {
+                let tv = tv.clone();
+                vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+                    let (r, c) = frag(&tv, &q);
+                    let mut by = self.by_row(&r);
+                    by.push((a.e, Expr::add(Expr::mul(n.clone(), int(8)), c)));
+                    let o = Expr::load(self.co, vec![int(0), n.clone(), q]);
+                    let l = Expr::load(self.sl, vec![r.clone()]);
+                    let store = a.store.subst_all(&by).map_loads(&|b, ix| {
+                        if b == a.acc_o {
+                            o.clone()
+                        } else if b == a.acc_l {
+                            l.clone()
+                        } else {
+                            Expr::Load(b, ix)
+                        }
+                    });
+                    guarded(vec![self.row_ok(&r)], vec![store])
+                })]
+            })]
+        })
+    }
+}
+
+/// A loop of `n` iterations of `kind`.
+fn loop_(
+    k: &mut Kernel,
+    n: u64,
+    kind: LoopKind,
+    f: &mut dyn FnMut(&mut Kernel, Expr) -> Vec<Stmt>,
+) -> Stmt {
+    let v = k.var(format!("u{}", k.vars.len()));
+    let body = f(k, Expr::var(v));
+    Stmt::for_(v, n, kind, body)
+}
+
+/// The element of a 16 x 8 mma result that lane `tv % 32` holds as its `q`-th: (row, column).
+fn frag(tv: &Expr, q: &Expr) -> (Expr, Expr) {
+    let lane = Expr::rem(tv.clone(), int(32));
+    let r = Expr::add(
+        warp_row(tv),
+        Expr::add(
+            Expr::div(lane.clone(), int(4)),
+            Expr::mul(Expr::div(q.clone(), int(2)), int(8)),
+        ),
+    );
+    let c = Expr::add(
+        Expr::mul(Expr::rem(lane, int(4)), int(2)),
+        Expr::rem(q.clone(), int(2)),
+    );
+    (r, c)
+}
+
+/// The first of the 16 query rows of the warp thread `tv` is in.
+fn warp_row(tv: &Expr) -> Expr {
+    Expr::mul(Expr::div(tv.clone(), int(32)), int(16))
+}
+
+/// A warp's 16 rows of `acc` (`width` columns, as 16 x 8 fragments) set to `f(n, q)` for its q-th
+/// element of fragment n.
+fn fragments(k: &mut Kernel, acc: BufId, width: u64, f: &dyn Fn(&Expr, &Expr) -> Expr) -> Stmt {
+    loop_(k, width / 8, LoopKind::Unrolled, &mut |k, n| {
+        vec![loop_(k, 4, LoopKind::Unrolled, &mut |_, q| {
+            let index = vec![int(0), n.clone(), q.clone()];
+            vec![Stmt::Store {
+                buf: acc,
+                index,
+                value: f(&n, &q),
+            }]
+        })]
+    })
+}
+
+/// The max to subtract: 0 while it is -inf, so that e^(-inf - m) is 0, not NaN.
+fn safe(m: Expr) -> Expr {
+    let unset = Expr::bin(BinOp::Eq, m.clone(), Expr::f32(f64::NEG_INFINITY));
+    Expr::select(unset, Expr::f32(0.0), m)
 }
