@@ -8,20 +8,23 @@ use super::*;
 enum RowStep {
     /// `%s[..] = e` on a row scalar: thread 0 computes it.
     Scalar(Stmt),
-    /// Loops (outermost first) folding one accumulator element: the update statement, the accumulator,
-    /// how partials combine, and the combine's identity.
-    Fold {
-        loops: Vec<(Var, u64)>,
-        update: Stmt,
-        acc: (BufId, Vec<Expr>),
-        combine: BinOp,
-        identity: Expr,
-    },
+    /// A fold of one accumulator element.
+    Fold(Fold),
     /// Loops (outermost first) whose every iteration writes its own elements: shared among the threads.
     Map {
         loops: Vec<(Var, u64)>,
         body: Vec<Stmt>,
     },
+}
+
+/// Loops (outermost first) folding one accumulator element.
+struct Fold {
+    loops: Vec<(Var, u64)>,
+    /// The update statement, the accumulator, how partials combine, and the combine's identity.
+    update: Stmt,
+    acc: (BufId, Vec<Expr>),
+    combine: BinOp,
+    identity: Expr,
 }
 
 /// Perfectly nested serial loops at the head of `s`: (var, extent) outermost first, and the body.
@@ -106,13 +109,13 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
                 let (loops, inner) = nest(s);
                 if let [update] = inner.as_slice() {
                     if let Some((acc, combine, identity)) = fold_of(k, update) {
-                        steps.push(RowStep::Fold {
+                        steps.push(RowStep::Fold(Fold {
                             loops,
                             update: update.clone(),
                             acc,
                             combine,
                             identity,
-                        });
+                        }));
                         continue;
                     }
                 }
@@ -139,7 +142,7 @@ fn row_steps(k: &Kernel, body: &[Stmt], uses: &HashMap<BufId, usize>) -> Option<
     }
     steps
         .iter()
-        .any(|s| matches!(s, RowStep::Fold { .. }))
+        .any(|s| matches!(s, RowStep::Fold(_)))
         .then_some(steps)
 }
 
@@ -191,7 +194,7 @@ pub(super) fn cooperative(
     let longest = steps
         .iter()
         .map(|st| match st {
-            RowStep::Fold { loops, .. } | RowStep::Map { loops, .. } => {
+            RowStep::Fold(Fold { loops, .. }) | RowStep::Map { loops, .. } => {
                 loops.iter().map(|(_, e)| *e).product::<u64>()
             }
             RowStep::Scalar(_) => 1,
@@ -204,33 +207,10 @@ pub(super) fn cooperative(
     let threads = longest
         .next_power_of_two()
         .clamp(32, ROW_THREADS.min(GpuSchedule::MAX_THREADS));
-    // Row buffers and scalars: locals touched by more than one step live in shared memory.
-    let mut shared: HashSet<BufId> = HashSet::new();
-    for st in &steps {
-        let here = match st {
-            RowStep::Scalar(x) | RowStep::Fold { update: x, .. } => {
-                buffer_uses(std::slice::from_ref(x))
-            }
-            RowStep::Map { body, .. } => buffer_uses(body),
-        };
-        for (b, n) in here {
-            if k.buffer(b).space == Space::Local && uses.get(&b) != Some(&n) {
-                shared.insert(b);
-            }
-        }
-        match st {
-            RowStep::Fold { acc, .. } => {
-                shared.insert(acc.0);
-            }
-            RowStep::Scalar(Stmt::Store { buf, .. }) if k.buffer(*buf).space == Space::Local => {
-                shared.insert(*buf);
-            }
-            _ => {}
-        }
-    }
+    let shared = shared_buffers(k, &steps, &uses);
     let folds = steps
         .iter()
-        .filter(|s| matches!(s, RowStep::Fold { .. }))
+        .filter(|s| matches!(s, RowStep::Fold(_)))
         .count() as u64;
     let bytes: u64 = shared
         .iter()
@@ -245,180 +225,245 @@ pub(super) fn cooperative(
     }
     let rows: u64 = prefix.iter().map(|(_, e)| *e).product();
     let gb = k.var(format!("gb{}", k.vars.len()));
-    let at_row = delinear(prefix, &Expr::var(gb));
-    let mut out = Vec::new();
-    let thread_loop = |k: &mut Kernel, f: &mut dyn FnMut(&mut Kernel, Var) -> Vec<Stmt>| -> Stmt {
-        let t = k.var(format!("t{}", k.vars.len()));
-        let body = f(k, t);
-        Stmt::for_(t, threads, LoopKind::GpuThread(0), body)
-    };
-    let first = |t: Var, s: Vec<Stmt>| Stmt::If {
-        cond: Expr::bin(BinOp::Eq, Expr::var(t), Expr::int(0)),
-        then: s,
+    let mut w = RowWriter {
+        threads,
+        at_row: delinear(prefix, &Expr::var(gb)),
+        out: Vec::new(),
     };
     for (i, st) in steps.iter().enumerate() {
         match st {
             RowStep::Scalar(x) => {
-                let x = subst_all(std::slice::from_ref(x), &at_row);
-                out.push(thread_loop(k, &mut |_, t| vec![first(t, x.clone())]));
+                let x = subst_all(std::slice::from_ref(x), &w.at_row);
+                let s = w.thread_loop(k, &mut |_, t| vec![first(t, x.clone())]);
+                w.out.push(s);
             }
             RowStep::Map { loops, body } => {
-                let body = subst_all(body, &at_row);
-                out.push(thread_loop(k, &mut |k, t| {
-                    vec![strided(k, t, threads, loops, &body)]
-                }));
+                let body = subst_all(body, &w.at_row);
+                let s = w.thread_loop(k, &mut |k, t| vec![strided(k, t, threads, loops, &body)]);
+                w.out.push(s);
             }
-            RowStep::Fold {
-                loops,
-                update,
-                acc,
-                combine,
-                identity,
-            } => {
-                let elem = k.buffer(acc.0).elem;
-                let part = k.buf(format!("part{i}"), elem, vec![], Space::Local);
-                let mine = Expr::load(part, vec![]);
-                let Stmt::Store { value, .. } = update else {
-                    continue;
-                };
-                let value = value.map_loads(&|b, ix| {
-                    if b == acc.0 && ix == acc.1 {
-                        mine.clone()
-                    } else {
-                        Expr::Load(b, ix)
-                    }
-                });
-                let step = Stmt::Store {
-                    buf: part,
-                    index: vec![],
-                    value,
-                };
-                let step = subst_all(std::slice::from_ref(&step), &at_row);
-                let partials = |k: &mut Kernel, t: Var, then: Vec<Stmt>| {
-                    let mut body = vec![
-                        Stmt::Store {
-                            buf: part,
-                            index: vec![],
-                            value: identity.clone(),
-                        },
-                        strided(k, t, threads, loops, &step),
-                    ];
-                    body.extend(then);
-                    body
-                };
-                // Warp shuffles where they apply (whole warps, a 32-bit type, an associative combine):
-                // each warp reduces its partials, the warps' sums meet in shared memory, and the first
-                // warp reduces those. Otherwise a tree in shared memory, one barrier a level.
-                let shuffles = threads.is_multiple_of(32)
-                    && matches!(elem, Elem::F32 | Elem::I32)
-                    && matches!(combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
-                let total = if shuffles {
-                    let warps = threads / 32;
-                    out.push(thread_loop(k, &mut |k, t| partials(k, t, vec![])));
-                    out.push(Stmt::WarpReduce {
-                        buf: part,
-                        op: *combine,
-                    });
-                    if warps > 1 {
-                        let sums = k.buf(format!("warps{i}"), elem, vec![warps], Space::Shared);
-                        out.push(thread_loop(k, &mut |_, t| {
-                            let lane0 = Expr::bin(
-                                BinOp::Eq,
-                                Expr::rem(Expr::var(t), Expr::int(32)),
-                                Expr::int(0),
-                            );
-                            vec![Stmt::If {
-                                cond: lane0,
-                                then: vec![Stmt::Store {
-                                    buf: sums,
-                                    index: vec![Expr::div(Expr::var(t), Expr::int(32))],
-                                    value: mine.clone(),
-                                }],
-                            }]
-                        }));
-                        out.push(Stmt::Barrier);
-                        out.push(thread_loop(k, &mut |_, t| {
-                            let theirs = Stmt::Store {
-                                buf: part,
-                                index: vec![],
-                                value: Expr::load(sums, vec![Expr::var(t)]),
-                            };
-                            vec![
-                                Stmt::Store {
-                                    buf: part,
-                                    index: vec![],
-                                    value: identity.clone(),
-                                },
-                                Stmt::If {
-                                    cond: lt(Expr::var(t), warps),
-                                    then: vec![theirs],
-                                },
-                            ]
-                        }));
-                        out.push(Stmt::WarpReduce {
-                            buf: part,
-                            op: *combine,
-                        });
-                    }
-                    mine.clone()
-                } else {
-                    let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
-                    out.push(thread_loop(k, &mut |k, t| {
-                        partials(
-                            k,
-                            t,
-                            vec![Stmt::Store {
-                                buf: tree,
-                                index: vec![Expr::var(t)],
-                                value: mine.clone(),
-                            }],
-                        )
-                    }));
-                    let mut half = threads / 2;
-                    while half >= 1 {
-                        out.push(Stmt::Barrier);
-                        out.push(thread_loop(k, &mut |_, t| {
-                            let (a, b) = (
-                                Expr::load(tree, vec![Expr::var(t)]),
-                                Expr::load(
-                                    tree,
-                                    vec![Expr::add(Expr::var(t), Expr::int(half as i64))],
-                                ),
-                            );
-                            vec![Stmt::If {
-                                cond: lt(Expr::var(t), half),
-                                then: vec![Stmt::Store {
-                                    buf: tree,
-                                    index: vec![Expr::var(t)],
-                                    value: Expr::bin(*combine, a, b),
-                                }],
-                            }]
-                        }));
-                        half /= 2;
-                    }
-                    out.push(Stmt::Barrier);
-                    Expr::load(tree, vec![Expr::int(0)])
-                };
-                let total = Expr::bin(*combine, Expr::Load(acc.0, acc.1.clone()), total);
-                let fin = Stmt::Store {
-                    buf: acc.0,
-                    index: acc.1.clone(),
-                    value: total,
-                };
-                out.push(thread_loop(k, &mut |_, t| {
-                    vec![first(t, vec![fin.clone()])]
-                }));
-            }
+            RowStep::Fold(f) => w.fold(k, i, f),
         }
-        out.push(Stmt::Barrier);
+        w.out.push(Stmt::Barrier);
     }
-    out.pop();
+    w.out.pop();
     k.schedule
         .push(mlopt_kir::ScheduleStep::GpuRows { rows, threads });
     Ok(Some(vec![Stmt::for_(
         gb,
         rows.max(1),
         LoopKind::GpuBlock(0),
-        out,
+        w.out,
     )]))
+}
+
+/// The row's locals that live in shared memory: those touched by more than one step, accumulators
+/// and row scalars.
+fn shared_buffers(k: &Kernel, steps: &[RowStep], uses: &HashMap<BufId, usize>) -> HashSet<BufId> {
+    let mut shared: HashSet<BufId> = HashSet::new();
+    for st in steps {
+        let here = match st {
+            RowStep::Scalar(x) | RowStep::Fold(Fold { update: x, .. }) => {
+                buffer_uses(std::slice::from_ref(x))
+            }
+            RowStep::Map { body, .. } => buffer_uses(body),
+        };
+        for (b, n) in here {
+            if k.buffer(b).space == Space::Local && uses.get(&b) != Some(&n) {
+                shared.insert(b);
+            }
+        }
+        match st {
+            RowStep::Fold(Fold { acc, .. }) => {
+                shared.insert(acc.0);
+            }
+            RowStep::Scalar(Stmt::Store { buf, .. }) if k.buffer(*buf).space == Space::Local => {
+                shared.insert(*buf);
+            }
+            _ => {}
+        }
+    }
+    shared
+}
+
+/// `if t == 0 { s }`.
+fn first(t: Var, s: Vec<Stmt>) -> Stmt {
+    Stmt::If {
+        cond: Expr::bin(BinOp::Eq, Expr::var(t), Expr::int(0)),
+        then: s,
+    }
+}
+
+/// A block's statements for one row, as they are written.
+struct RowWriter {
+    threads: u64,
+    /// The row's loops at the block's index.
+    at_row: Vec<(Var, Expr)>,
+    out: Vec<Stmt>,
+}
+
+impl RowWriter {
+    fn thread_loop(
+        &self,
+        k: &mut Kernel,
+        f: &mut dyn FnMut(&mut Kernel, Var) -> Vec<Stmt>,
+    ) -> Stmt {
+        let t = k.var(format!("t{}", k.vars.len()));
+        let body = f(k, t);
+        Stmt::for_(t, self.threads, LoopKind::GpuThread(0), body)
+    }
+
+    /// The `i`-th step, a fold: each thread folds its share into its partial, the partials are
+    /// combined, and thread 0 folds the total into the accumulator.
+    fn fold(&mut self, k: &mut Kernel, i: usize, f: &Fold) {
+        let threads = self.threads;
+        let elem = k.buffer(f.acc.0).elem;
+        let part = k.buf(format!("part{i}"), elem, vec![], Space::Local);
+        let mine = Expr::load(part, vec![]);
+        let Stmt::Store { value, .. } = &f.update else {
+            return;
+        };
+        let value = value.map_loads(&|b, ix| {
+            if b == f.acc.0 && ix == f.acc.1 {
+                mine.clone()
+            } else {
+                Expr::Load(b, ix)
+            }
+        });
+        let step = Stmt::Store {
+            buf: part,
+            index: vec![],
+            value,
+        };
+        let step = subst_all(std::slice::from_ref(&step), &self.at_row);
+        let partials = |k: &mut Kernel, t: Var, then: Vec<Stmt>| {
+            let mut body = vec![
+                Stmt::Store {
+                    buf: part,
+                    index: vec![],
+                    value: f.identity.clone(),
+                },
+                strided(k, t, threads, &f.loops, &step),
+            ];
+            body.extend(then);
+            body
+        };
+        // Warp shuffles where they apply (whole warps, a 32-bit type, an associative combine): each
+        // warp reduces its partials, the warps' sums meet in shared memory, and the first warp
+        // reduces those. Otherwise a tree in shared memory, one barrier a level.
+        let shuffles = threads.is_multiple_of(32)
+            && matches!(elem, Elem::F32 | Elem::I32)
+            && matches!(f.combine, BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max);
+        let total = if shuffles {
+            let s = self.thread_loop(k, &mut |k, t| partials(k, t, vec![]));
+            self.out.push(s);
+            self.shuffle(k, i, f, part);
+            mine.clone()
+        } else {
+            let tree = k.buf(format!("tree{i}"), elem, vec![threads], Space::Shared);
+            let s = self.thread_loop(k, &mut |k, t| {
+                let index = vec![Expr::var(t)];
+                partials(
+                    k,
+                    t,
+                    vec![Stmt::Store {
+                        buf: tree,
+                        index,
+                        value: mine.clone(),
+                    }],
+                )
+            });
+            self.out.push(s);
+            self.tree(k, tree, f.combine);
+            Expr::load(tree, vec![Expr::int(0)])
+        };
+        let total = Expr::bin(f.combine, Expr::Load(f.acc.0, f.acc.1.clone()), total);
+        let fin = Stmt::Store {
+            buf: f.acc.0,
+            index: f.acc.1.clone(),
+            value: total,
+        };
+        let s = self.thread_loop(k, &mut |_, t| vec![first(t, vec![fin.clone()])]);
+        self.out.push(s);
+    }
+
+    /// Every thread's partial in `part` combined into every thread's `part`: within warps by
+    /// shuffles, then the warps' sums through shared memory and a shuffle of the first warp.
+    fn shuffle(&mut self, k: &mut Kernel, i: usize, f: &Fold, part: BufId) {
+        self.out.push(Stmt::WarpReduce {
+            buf: part,
+            op: f.combine,
+        });
+        let warps = self.threads / 32;
+        if warps == 1 {
+            return;
+        }
+        let elem = k.buffer(part).elem;
+        let sums = k.buf(format!("warps{i}"), elem, vec![warps], Space::Shared);
+        let s = self.thread_loop(k, &mut |_, t| {
+            let lane0 = Expr::bin(
+                BinOp::Eq,
+                Expr::rem(Expr::var(t), Expr::int(32)),
+                Expr::int(0),
+            );
+            let index = vec![Expr::div(Expr::var(t), Expr::int(32))];
+            let then = vec![Stmt::Store {
+                buf: sums,
+                index,
+                value: Expr::load(part, vec![]),
+            }];
+            vec![Stmt::If { cond: lane0, then }]
+        });
+        self.out.push(s);
+        self.out.push(Stmt::Barrier);
+        let s = self.thread_loop(k, &mut |_, t| {
+            let value = Expr::load(sums, vec![Expr::var(t)]);
+            let theirs = Stmt::Store {
+                buf: part,
+                index: vec![],
+                value,
+            };
+            vec![
+                Stmt::Store {
+                    buf: part,
+                    index: vec![],
+                    value: f.identity.clone(),
+                },
+                Stmt::If {
+                    cond: lt(Expr::var(t), warps),
+                    then: vec![theirs],
+                },
+            ]
+        });
+        self.out.push(s);
+        self.out.push(Stmt::WarpReduce {
+            buf: part,
+            op: f.combine,
+        });
+    }
+
+    /// The `threads` values of `tree` combined into its first, halving each level.
+    fn tree(&mut self, k: &mut Kernel, tree: BufId, combine: BinOp) {
+        let mut half = self.threads / 2;
+        while half >= 1 {
+            self.out.push(Stmt::Barrier);
+            let s = self.thread_loop(k, &mut |_, t| {
+                let a = Expr::load(tree, vec![Expr::var(t)]);
+                let b = Expr::load(tree, vec![Expr::add(Expr::var(t), Expr::int(half as i64))]);
+                let value = Expr::bin(combine, a, b);
+                let then = vec![Stmt::Store {
+                    buf: tree,
+                    index: vec![Expr::var(t)],
+                    value,
+                }];
+                vec![Stmt::If {
+                    cond: lt(Expr::var(t), half),
+                    then,
+                }]
+            });
+            self.out.push(s);
+            half /= 2;
+        }
+        self.out.push(Stmt::Barrier);
+    }
 }
