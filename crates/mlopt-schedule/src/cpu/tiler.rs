@@ -170,37 +170,27 @@ pub fn tiled(
             k: c * k[1..].iter().product::<u64>(),
         });
     }
+    let mut ops = Ops { a, b, store };
     nest(l, "b", batch, |l, bi| {
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
+            let red = (k, chunk, pack);
             if main > 0 {
-                out.push(tile_block(
-                    l,
-                    bi,
-                    (0, main),
-                    (block, col0, cols),
-                    ct,
-                    (k, chunk),
-                    pack,
-                    a,
-                    b,
-                    store,
-                )?);
+                let cut = (block, col0, cols);
+                out.push(tile_block(l, bi, (0, main), cut, ct, red, &mut ops)?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
+                let cut = (block, col0, cols);
                 out.push(tile_block(
                     l,
                     bi,
                     (main, m - main),
-                    (block, col0, cols),
+                    cut,
                     tail,
-                    (k, chunk),
-                    pack,
-                    a,
-                    b,
-                    store,
+                    red,
+                    &mut ops,
                 )?);
             }
         }
@@ -208,210 +198,274 @@ pub fn tiled(
     })
 }
 
+/// The operands and the store of a tiled contraction.
+struct Ops<'a, 'b, 'c> {
+    a: RowOp<'a>,
+    b: ColOp<'b>,
+    store: StoreOp<'c>,
+}
+
+/// Where one block of tiles lies: its rows and columns, its tile, and the loops over its tiles.
+struct Geometry<'e> {
+    bi: &'e [Expr],
+    row0: u64,
+    block: usize,
+    col0: u64,
+    t: Tile,
+    io: Var,
+    jo: Expr,
+}
+
+impl Geometry<'_> {
+    /// The output row of a tile's row `ii`.
+    fn row(&self, ii: &Expr) -> Expr {
+        let in_block = Expr::add(
+            Expr::mul(Expr::var(self.io), Expr::int(self.t.mr as i64)),
+            ii.clone(),
+        );
+        Expr::add(Expr::int(self.row0 as i64), in_block)
+    }
+
+    /// The tile's column of vector `jv`, lane `jl`.
+    fn col_in_tile(&self, jv: Var, jl: Var) -> Expr {
+        Expr::add(
+            Expr::mul(Expr::var(jv), Expr::int(self.t.lanes as i64)),
+            Expr::var(jl),
+        )
+    }
+
+    /// The tile's column `jj` as B's operand sees it.
+    fn column<'j>(&'j self, jj: &'j Expr) -> Col<'j> {
+        let in_block = Expr::add(
+            Expr::mul(self.jo.clone(), Expr::int(self.t.nr as i64)),
+            jj.clone(),
+        );
+        Col {
+            block: self.block,
+            jo: &self.jo,
+            jj,
+            j: Expr::add(Expr::int(self.col0 as i64), in_block),
+        }
+    }
+
+    /// One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
+    fn sweep(
+        &self,
+        l: &mut Builder<'_>,
+        f: &mut dyn FnMut(&mut Builder<'_>, Expr, Expr) -> Result<Stmt>,
+    ) -> Result<Stmt> {
+        let t = self.t;
+        let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
+        let s = f(l, Expr::var(ii), self.col_in_tile(jv, jl))?;
+        let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
+        let vectors = Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![inner]);
+        Ok(Stmt::for_(ii, t.mr, LoopKind::Unrolled, vec![vectors]))
+    }
+
+    /// The packed panel of B: [K, nr] (or one block of K), filled one vector of columns at a time.
+    fn pack_panel(
+        &self,
+        l: &mut Builder<'_>,
+        red: &Reduction,
+        panel: BufId,
+        b: &mut ColOp,
+    ) -> Result<Vec<Stmt>> {
+        let t = self.t;
+        nest(l, "k", &red.kv, |l, kk| {
+            let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
+            let jj = self.col_in_tile(jv, jl);
+            let value = b(l, self.bi, None, &red.full(kk), &self.column(&jj))?;
+            let index = vec![red.at(kk), jj.clone()];
+            let st = Stmt::Store {
+                buf: panel,
+                index,
+                value,
+            };
+            let lanes = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st]);
+            Ok(vec![Stmt::for_(
+                jv,
+                t.nr / t.lanes as u64,
+                LoopKind::Unrolled,
+                vec![lanes],
+            )])
+        })
+    }
+
+    /// The loops over K, each step a multiply-add of the whole tile (B from the panel, if packed).
+    fn update(
+        &self,
+        l: &mut Builder<'_>,
+        red: &Reduction,
+        acc: BufId,
+        panel: Option<BufId>,
+        ops: &mut Ops,
+    ) -> Result<Vec<Stmt>> {
+        nest(l, "k", &red.kv, |l, kk| {
+            let (at, kk) = (red.at(kk), red.full(kk));
+            Ok(vec![self.sweep(l, &mut |l, ii, jj| {
+                let av = (ops.a)(l, self.bi, &self.row(&ii), &kk)?;
+                let bv = match panel {
+                    Some(p) => Expr::load(p, vec![at.clone(), jj.clone()]),
+                    None => (ops.b)(l, self.bi, Some(&self.row(&ii)), &kk, &self.column(&jj))?,
+                };
+                let sum = Expr::fma(av, bv, Expr::load(acc, vec![ii.clone(), jj.clone()]));
+                Ok(Stmt::Store {
+                    buf: acc,
+                    index: vec![ii, jj],
+                    value: sum,
+                })
+            })?])
+        })
+    }
+
+    /// One block `v` of `blocks` of K: between blocks the tile's sums wait in `sums` [column panels,
+    /// rows, nr]; the first block starts from zero and the last applies the epilogue (`out`).
+    fn k_blocked(
+        &self,
+        l: &mut Builder<'_>,
+        (acc, sums): (BufId, BufId),
+        (v, blocks): (Var, u64),
+        zero: Stmt,
+        update: Vec<Stmt>,
+        out: Stmt,
+    ) -> Result<Vec<Stmt>> {
+        let at = |ii: &Expr, jj: &Expr| {
+            let row = Expr::add(
+                Expr::mul(Expr::var(self.io), Expr::int(self.t.mr as i64)),
+                ii.clone(),
+            );
+            vec![self.jo.clone(), row, jj.clone()]
+        };
+        let reload = self.sweep(l, &mut |_, ii, jj| {
+            let value = Expr::load(sums, at(&ii, &jj));
+            Ok(Stmt::Store {
+                buf: acc,
+                index: vec![ii.clone(), jj.clone()],
+                value,
+            })
+        })?;
+        let save = self.sweep(l, &mut |_, ii, jj| {
+            let value = Expr::load(acc, vec![ii.clone(), jj.clone()]);
+            Ok(Stmt::Store {
+                buf: sums,
+                index: at(&ii, &jj),
+                value,
+            })
+        })?;
+        let is = |o: BinOp, at: u64| Expr::bin(o, Expr::var(v), Expr::int(at as i64));
+        let mut body = vec![
+            Stmt::If {
+                cond: is(BinOp::Eq, 0),
+                then: vec![zero],
+            },
+            Stmt::If {
+                cond: is(BinOp::Ne, 0),
+                then: vec![reload],
+            },
+        ];
+        body.extend(update);
+        body.push(Stmt::If {
+            cond: is(BinOp::Eq, blocks - 1),
+            then: vec![out],
+        });
+        body.push(Stmt::If {
+            cond: is(BinOp::Ne, blocks - 1),
+            then: vec![save],
+        });
+        Ok(body)
+    }
+}
+
+/// The loops over K a tile runs: all of it, or one block of its first axis, which `kb` (the block
+/// loop, the block's size, the number of blocks) picks.
+struct Reduction {
+    kb: Option<(Var, u64, u64)>,
+    /// The extents of the loops, and as i64 for linear indices.
+    kv: Vec<u64>,
+    kdims: Vec<i64>,
+}
+
+impl Reduction {
+    fn new(l: &mut Builder<'_>, k: &[u64], chunk: Option<u64>) -> Self {
+        let kb = chunk.map(|c| (l.fresh("kb"), c, k[0] / c));
+        let kv: Vec<u64> = match kb {
+            Some((_, c, _)) => [vec![c], k[1..].to_vec()].concat(),
+            None => k.to_vec(),
+        };
+        let kdims = kv.iter().map(|d| *d as i64).collect();
+        Reduction { kb, kv, kdims }
+    }
+
+    /// The reduction's indices at the loops' values `kk`.
+    fn full(&self, kk: &[Expr]) -> Vec<Expr> {
+        match self.kb {
+            Some((v, c, _)) => {
+                let first = Expr::add(Expr::mul(Expr::var(v), Expr::int(c as i64)), kk[0].clone());
+                [vec![first], kk[1..].to_vec()].concat()
+            }
+            None => kk.to_vec(),
+        }
+    }
+
+    /// The loops' values `kk` as one linear index (a row of the packed panel).
+    fn at(&self, kk: &[Expr]) -> Expr {
+        mlopt_kir::index::linear(kk, &self.kdims)
+    }
+}
+
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`; with
-/// `chunk`, the reduction in blocks of `chunk` of its first axis (`k_block`).
-#[allow(clippy::too_many_arguments)]
+/// `chunk`, the reduction in blocks of `chunk` of its first axis (`k_block`); with `pack`, B through a
+/// packed panel.
 fn tile_block(
     l: &mut Builder<'_>,
     bi: &[Expr],
     (row0, rows): (u64, u64),
     (block, col0, cols): (usize, u64, u64),
     t: Tile,
-    (k, chunk): (&[u64], Option<u64>),
-    pack: bool,
-    a: RowOp,
-    b: ColOp,
-    store: StoreOp,
+    (k, chunk, pack): (&[u64], Option<u64>, bool),
+    ops: &mut Ops,
 ) -> Result<Stmt> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
     let acc = buf(l, "acc", vec![t.mr, t.nr]);
     let (io, jo) = (l.fresh("io"), l.fresh("jo"));
-    let row = |ii: &Expr| {
-        Expr::add(
-            Expr::int(row0 as i64),
-            Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()),
-        )
+    let g = Geometry {
+        bi,
+        row0,
+        block,
+        col0,
+        t,
+        io,
+        jo: Expr::var(jo),
     };
-    let col_in_tile = |jv: Var, jl: Var| {
-        Expr::add(
-            Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)),
-            Expr::var(jl),
-        )
-    };
-    let jo_e = Expr::var(jo);
-    let col = |jj: &Expr| {
-        Expr::add(
-            Expr::int(col0 as i64),
-            Expr::add(Expr::mul(jo_e.clone(), Expr::int(t.nr as i64)), jj.clone()),
-        )
-    };
-    // One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
-    let sweep = |l: &mut Builder<'_>,
-                 f: &mut dyn FnMut(&mut Builder<'_>, Expr, Expr) -> Result<Stmt>|
-     -> Result<Stmt> {
-        let (ii, jv, jl) = (l.fresh("ii"), l.fresh("jv"), l.fresh("jl"));
-        let s = f(l, Expr::var(ii), col_in_tile(jv, jl))?;
-        let inner = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![s]);
-        Ok(Stmt::for_(
-            ii,
-            t.mr,
-            LoopKind::Unrolled,
-            vec![Stmt::for_(
-                jv,
-                t.nr / t.lanes as u64,
-                LoopKind::Unrolled,
-                vec![inner],
-            )],
-        ))
-    };
-    let zero = sweep(l, &mut |_, ii, jj| {
+    let zero = g.sweep(l, &mut |_, ii, jj| {
         Ok(Stmt::Store {
             buf: acc,
             index: vec![ii, jj],
             value: Expr::f32(0.0),
         })
     })?;
-    // The loops over K: all of it, or one block of its first axis, which `kb` picks.
-    let kb = chunk.map(|c| (l.fresh("kb"), c, k[0] / c));
-    let kv: Vec<u64> = match kb {
-        Some((_, c, _)) => [vec![c], k[1..].to_vec()].concat(),
-        None => k.to_vec(),
+    let red = Reduction::new(l, k, chunk);
+    let panel = pack.then(|| buf(l, "panel", vec![red.kv.iter().product(), t.nr]));
+    let mut packing = match panel {
+        Some(p) => g.pack_panel(l, &red, p, &mut ops.b)?,
+        None => Vec::new(),
     };
-    let full = |kk: &[Expr]| -> Vec<Expr> {
-        match kb {
-            Some((v, c, _)) => [
-                vec![Expr::add(
-                    Expr::mul(Expr::var(v), Expr::int(c as i64)),
-                    kk[0].clone(),
-                )],
-                kk[1..].to_vec(),
-            ]
-            .concat(),
-            None => kk.to_vec(),
-        }
-    };
-    // The packed panel of B: [K, nr] (or one block of K), filled one vector of columns at a time.
-    let kdims: Vec<i64> = kv.iter().map(|d| *d as i64).collect();
-    let panel = pack.then(|| buf(l, "panel", vec![kv.iter().product(), t.nr]));
-    let mut packing = Vec::new();
-    if let Some(p) = panel {
-        packing = nest(l, "k", &kv, |l, kk| {
-            let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
-            let jj = col_in_tile(jv, jl);
-            let v = b(
-                l,
-                bi,
-                None,
-                &full(kk),
-                &Col {
-                    block,
-                    jo: &jo_e,
-                    jj: &jj,
-                    j: col(&jj),
-                },
-            )?;
-            let st = Stmt::Store {
-                buf: p,
-                index: vec![mlopt_kir::index::linear(kk, &kdims), jj],
-                value: v,
-            };
-            Ok(vec![Stmt::for_(
-                jv,
-                t.nr / t.lanes as u64,
-                LoopKind::Unrolled,
-                vec![Stmt::for_(
-                    jl,
-                    t.lanes as u64,
-                    LoopKind::Vector(t.lanes),
-                    vec![st],
-                )],
-            )])
-        })?;
-    }
-    let update = nest(l, "k", &kv, |l, kk| {
-        let (at, kk) = (mlopt_kir::index::linear(kk, &kdims), full(kk));
-        Ok(vec![sweep(l, &mut |l, ii, jj| {
-            let av = a(l, bi, &row(&ii), &kk)?;
-            let bv = match panel {
-                Some(p) => Expr::load(p, vec![at.clone(), jj.clone()]),
-                None => b(
-                    l,
-                    bi,
-                    Some(&row(&ii)),
-                    &kk,
-                    &Col {
-                        block,
-                        jo: &jo_e,
-                        jj: &jj,
-                        j: col(&jj),
-                    },
-                )?,
-            };
-            Ok(Stmt::Store {
-                buf: acc,
-                index: vec![ii.clone(), jj.clone()],
-                value: Expr::fma(av, bv, Expr::load(acc, vec![ii, jj])),
-            })
-        })?])
-    })?;
-    let out = sweep(l, &mut |l, ii, jj| {
+    let update = g.update(l, &red, acc, panel, ops)?;
+    let out = g.sweep(l, &mut |l, ii, jj| {
         let v = Expr::load(acc, vec![ii.clone(), jj.clone()]);
-        store(l, bi, &row(&ii), &col(&jj), v)
+        (ops.store)(l, bi, &g.row(&ii), &g.column(&jj).j, v)
     })?;
-    let body = match kb {
+    let body = match red.kb {
         None => [vec![zero], update, vec![out]].concat(),
         Some((v, _, blocks)) => {
-            // Between blocks the tile's sums wait in `sums` [column panels, rows, nr]; the first block
-            // starts from zero and the last applies the epilogue.
             let sums = buf(l, "sums", vec![cols / t.nr, rows, t.nr]);
-            let at = |ii: &Expr, jj: &Expr| {
-                vec![
-                    jo_e.clone(),
-                    Expr::add(Expr::mul(Expr::var(io), Expr::int(t.mr as i64)), ii.clone()),
-                    jj.clone(),
-                ]
-            };
-            let reload = sweep(l, &mut |_, ii, jj| {
-                Ok(Stmt::Store {
-                    buf: acc,
-                    index: vec![ii.clone(), jj.clone()],
-                    value: Expr::load(sums, at(&ii, &jj)),
-                })
-            })?;
-            let save = sweep(l, &mut |_, ii, jj| {
-                Ok(Stmt::Store {
-                    buf: sums,
-                    index: at(&ii, &jj),
-                    value: Expr::load(acc, vec![ii, jj]),
-                })
-            })?;
-            let is = |o: BinOp, at: u64| Expr::bin(o, Expr::var(v), Expr::int(at as i64));
-            let mut body = vec![
-                Stmt::If {
-                    cond: is(BinOp::Eq, 0),
-                    then: vec![zero],
-                },
-                Stmt::If {
-                    cond: is(BinOp::Ne, 0),
-                    then: vec![reload],
-                },
-            ];
-            body.extend(update);
-            body.push(Stmt::If {
-                cond: is(BinOp::Eq, blocks - 1),
-                then: vec![out],
-            });
-            body.push(Stmt::If {
-                cond: is(BinOp::Ne, blocks - 1),
-                then: vec![save],
-            });
-            body
+            g.k_blocked(l, (acc, sums), (v, blocks), zero, update, out)?
         }
     };
     // Column panels outside, rows inside: one nr-wide panel of B stays in cache while every row of A
     // passes over it (B is usually the larger operand: the weights). K blocks go between them.
     packing.push(Stmt::for_(io, rows / t.mr, LoopKind::Serial, body));
-    let inside = match kb {
+    let inside = match red.kb {
         Some((v, _, blocks)) => vec![Stmt::for_(v, blocks, LoopKind::Serial, packing)],
         None => packing,
     };
