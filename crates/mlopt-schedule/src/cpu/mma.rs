@@ -23,7 +23,7 @@ use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
 use crate::gpu::gemm::narrow;
 use mlopt_kir::index::delinear;
-use mlopt_kir::index::lit;
+use mlopt_kir::index::{clamp, lit};
 use mlopt_kir::{
     BinOp, Block, BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var, Weight,
 };
@@ -104,66 +104,7 @@ fn contract(
         n,
         k,
     });
-
-    // A as tiles read it: the buffer A already is when it is a plain [rows, k] bf16 buffer of whole
-    // blocks whose rows are not a multiple of 512 bytes apart (16 such rows share few L1 sets), else a
-    // zero-padded copy with 64 bytes more per row (which also computes A's fused producer once).
-    let stride = if (kp * 2).is_multiple_of(512) {
-        kp + 32
-    } else {
-        kp
-    };
-    let (pr, pk) = (l.fresh("p"), l.fresh("p"));
-    let (rv, kv) = (Expr::var(pr), Expr::var(pk));
-    let direct = match a(l, &rv, &kv)? {
-        Expr::Load(buf, ix)
-            if ix == [rv.clone(), kv.clone()]
-                && l.kernel().buffer(buf).elem == Elem::BF16
-                && mp == rows
-                && stride == k =>
-        {
-            Some(buf)
-        }
-        _ => None,
-    };
-    let mut stmts = Vec::new();
-    let apad = match direct {
-        Some(buf) => buf,
-        None => {
-            let k_ = l.kernel();
-            let apad = k_.buf(
-                format!("a_pad{}", k_.bufs.len()),
-                Elem::BF16,
-                vec![mp, stride],
-                Space::Local,
-            );
-            stmts = tiler::nest(l, "p", &[mp, kp], |l, ix| {
-                let (r, kk) = (&ix[0], &ix[1]);
-                let value = if (mp, kp) == (rows, k) {
-                    a(l, r, kk)?
-                } else {
-                    let inside = Expr::bin(
-                        BinOp::And,
-                        Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)),
-                        Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)),
-                    );
-                    let v = a(
-                        l,
-                        &mlopt_kir::index::clamp(r.clone(), rows as i64),
-                        &mlopt_kir::index::clamp(kk.clone(), k as i64),
-                    )?;
-                    Expr::select(inside, v, lit(0.0, Elem::BF16))
-                };
-                Ok(vec![Stmt::Store {
-                    buf: apad,
-                    index: ix.to_vec(),
-                    value,
-                }])
-            })?;
-            apad
-        }
-    };
-
+    let (apad, mut stmts) = a_operand(l, (rows, mp), (k, kp), a)?;
     let k_ = l.kernel();
     let c = k_.buf(
         format!("c_blk{}", k_.bufs.len()),
@@ -175,13 +116,8 @@ fn contract(
     // of B streams past it.
     let blocks = mp / mb;
     let per = (1..=8).rev().find(|d| blocks % d == 0).unwrap_or(1);
-    let (ic, jb, ibi, ii, jj) = (
-        l.fresh("ic"),
-        l.fresh("jb"),
-        l.fresh("ib"),
-        l.fresh("ii"),
-        l.fresh("jj"),
-    );
+    let (ic, jb, ibi) = (l.fresh("ic"), l.fresh("jb"), l.fresh("ib"));
+    let (ii, jj) = (l.fresh("ii"), l.fresh("jj"));
     let ib = Expr::add(
         Expr::mul(Expr::var(ic), Expr::int(per as i64)),
         Expr::var(ibi),
@@ -191,54 +127,13 @@ fn contract(
         Expr::mul(Expr::var(jb), Expr::int(nb as i64)),
         Expr::var(jj),
     );
-    // The epilogue walks the block with the loop whose outputs are contiguous innermost (`order`), so
-    // the CPU schedule can store it as vectors.
     let st = store(
         l,
         &row,
         &col,
         Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]),
     )?;
-    let guard = |st: Vec<Stmt>, i: &Expr, len: u64, whole: bool| {
-        if whole {
-            st
-        } else {
-            vec![Stmt::If {
-                cond: Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64)),
-                then: st,
-            }]
-        }
-    };
-    let epilogue = match order {
-        Epilogue::ColumnsInner => {
-            let cols = vec![Stmt::For {
-                var: jj,
-                extent: nb,
-                kind: LoopKind::Serial,
-                body: guard(vec![st], &col, n, n.is_multiple_of(nb)),
-            }];
-            Stmt::For {
-                var: ii,
-                extent: mb,
-                kind: LoopKind::Serial,
-                body: guard(cols, &row, rows, rows.is_multiple_of(mb)),
-            }
-        }
-        Epilogue::RowsInner => {
-            let rows_ = vec![Stmt::For {
-                var: ii,
-                extent: mb,
-                kind: LoopKind::Serial,
-                body: guard(vec![st], &row, rows, rows.is_multiple_of(mb)),
-            }];
-            Stmt::For {
-                var: jj,
-                extent: nb,
-                kind: LoopKind::Serial,
-                body: guard(rows_, &col, n, n.is_multiple_of(nb)),
-            }
-        }
-    };
+    let epilogue = epilogue(st, order, (ii, &row, mb, rows), (jj, &col, nb, n));
     let mma = Stmt::Mma {
         m: mb,
         n: nb,
@@ -270,6 +165,99 @@ fn contract(
         vec![for_(jb, np / nb, vec![for_(ibi, per, block)])],
     ));
     Ok(stmts)
+}
+
+/// A as the blocks read it (`rows` x `k`, padded to `mp` x `kp`): the buffer A already is when it is
+/// a plain [rows, k] bf16 buffer of whole blocks whose rows are not a multiple of 512 bytes apart (16
+/// such rows share few L1 sets), else a zero-padded copy with 64 bytes more per row (which also
+/// computes A's fused producer once); with the statements that fill the copy.
+fn a_operand(
+    l: &mut Builder,
+    (rows, mp): (u64, u64),
+    (k, kp): (u64, u64),
+    a: AOp,
+) -> Result<(BufId, Vec<Stmt>)> {
+    let stride = if (kp * 2).is_multiple_of(512) {
+        kp + 32
+    } else {
+        kp
+    };
+    let (pr, pk) = (l.fresh("p"), l.fresh("p"));
+    let (rv, kv) = (Expr::var(pr), Expr::var(pk));
+    match a(l, &rv, &kv)? {
+        Expr::Load(buf, ix)
+            if ix == [rv.clone(), kv.clone()]
+                && l.kernel().buffer(buf).elem == Elem::BF16
+                && mp == rows
+                && stride == k =>
+        {
+            return Ok((buf, Vec::new()));
+        }
+        _ => {}
+    }
+    let k_ = l.kernel();
+    let apad = k_.buf(
+        format!("a_pad{}", k_.bufs.len()),
+        Elem::BF16,
+        vec![mp, stride],
+        Space::Local,
+    );
+    let fill = tiler::nest(l, "p", &[mp, kp], |l, ix| {
+        let (r, kk) = (&ix[0], &ix[1]);
+        let value = if (mp, kp) == (rows, k) {
+            a(l, r, kk)?
+        } else {
+            let inside = Expr::bin(
+                BinOp::And,
+                Expr::bin(BinOp::Lt, r.clone(), Expr::int(rows as i64)),
+                Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)),
+            );
+            let (r, kk) = (clamp(r.clone(), rows as i64), clamp(kk.clone(), k as i64));
+            Expr::select(inside, a(l, &r, &kk)?, lit(0.0, Elem::BF16))
+        };
+        Ok(vec![Stmt::Store {
+            buf: apad,
+            index: ix.to_vec(),
+            value,
+        }])
+    })?;
+    Ok((apad, fill))
+}
+
+/// The store `st` of a block's element (ii, jj) over the block, walked with the loop whose outputs
+/// are contiguous innermost (`order`), so the CPU schedule can store it as vectors; each loop (its
+/// variable, the output index, the block's extent and the output's) guarded where blocks pass the
+/// output's end.
+fn epilogue(
+    st: Stmt,
+    order: Epilogue,
+    (ii, row, mb, rows): (Var, &Expr, u64, u64),
+    (jj, col, nb, n): (Var, &Expr, u64, u64),
+) -> Stmt {
+    let guarded = |var, extent, body: Vec<Stmt>, i: &Expr, len: u64| {
+        let body = if len.is_multiple_of(extent) {
+            body
+        } else {
+            let cond = Expr::bin(BinOp::Lt, i.clone(), Expr::int(len as i64));
+            vec![Stmt::If { cond, then: body }]
+        };
+        Stmt::For {
+            var,
+            extent,
+            kind: LoopKind::Serial,
+            body,
+        }
+    };
+    match order {
+        Epilogue::ColumnsInner => {
+            let cols = guarded(jj, nb, vec![st], col, n);
+            guarded(ii, mb, vec![cols], row, rows)
+        }
+        Epilogue::RowsInner => {
+            let rows_ = guarded(ii, mb, vec![st], row, rows);
+            guarded(jj, nb, vec![rows_], col, n)
+        }
+    }
 }
 
 /// A constant bf16 weight as one operand of a contraction over K loop `r` and the columns `cols`:
