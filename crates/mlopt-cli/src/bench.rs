@@ -107,21 +107,21 @@ pub fn plain(b: &Bench) -> Result<ExitCode> {
     let times = r.times(b.iters)?;
     let (median, min) = (quantile(&times, 0.5), times[0]);
     if b.json {
-        println!(
+        outln!(
             "{{\"model\": {:?}, \"threads\": {}, \"median_ms\": {median:.4}, \"min_ms\": {min:.4}, \"compile_s\": {:.3}}}",
             b.model.display().to_string(),
             b.opt.threads,
             r.compile_s
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "{}: median {median:.4} ms, min {min:.4} ms over {} runs ({} threads, {}); compiled in {:.2} s",
             b.model.display(),
             times.len(),
             b.opt.threads,
             r.c.cfg.target.name(),
             r.compile_s
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -144,16 +144,16 @@ pub fn profile(b: &Bench) -> Result<ExitCode> {
     std::fs::write(&path, svg::roofline(&title, &r.c.cfg.target, &p.kernels))
         .with_context(|| format!("writing {}", path.display()))?;
     if b.json {
-        println!("{}", mlopt_driver::profile::json(&name, b.opt.threads, &p));
+        outln!("{}", mlopt_driver::profile::json(&name, b.opt.threads, &p))?;
     } else {
-        println!(
+        outln!(
             "{name}: {} kernels, {} threads, {}; compiled in {:.2} s",
             p.kernels.len(),
             b.opt.threads,
             r.c.cfg.target,
             r.compile_s
-        );
-        print!("{}", mlopt_driver::profile::table(&p));
+        )?;
+        out!("{}", mlopt_driver::profile::table(&p))?;
     }
     eprintln!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
@@ -232,10 +232,16 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
     }
     let mut points = Vec::new();
     if !b.json {
-        println!(
+        outln!(
             "{:>6} {:>8} {:>11} {:>11} {:>11} {:>13} {:>10}",
-            "batch", "threads", "median ms", "p90 ms", "p99 ms", "items/s", "compile s"
-        );
+            "batch",
+            "threads",
+            "median ms",
+            "p90 ms",
+            "p99 ms",
+            "items/s",
+            "compile s"
+        )?;
     }
     for &n in batches {
         let shapes = batch_shapes(&m, &names, b.input_shapes, n)?;
@@ -251,10 +257,16 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
                 throughput: n as f64 / (quantile(&times, 0.5) / 1e3),
             };
             if !b.json {
-                println!(
+                outln!(
                     "{:>6} {:>8} {:>11.3} {:>11.3} {:>11.3} {:>13.1} {:>10.2}",
-                    n, t, p.median_ms, p.p90_ms, p.p99_ms, p.throughput, r.compile_s
-                );
+                    n,
+                    t,
+                    p.median_ms,
+                    p.p90_ms,
+                    p.p99_ms,
+                    p.throughput,
+                    r.compile_s
+                )?;
             }
             points.push(p);
         }
@@ -301,22 +313,22 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
             .iter()
             .map(|(t, b)| format!("\"{t}\": {}", b.map_or("null".into(), |b| b.to_string())))
             .collect();
-        println!(
+        outln!(
             "{{\"model\": {:?}, \"max_latency_ms\": {}, \"points\": [{}], \"largest_batch_within_budget\": {{{}}}}}",
             b.model.display().to_string(),
             budget_ms.map_or("null".into(), |v| v.to_string()),
             pts.join(", "),
             best_json.join(", ")
-        );
+        )?;
     } else if let Some(ms) = budget_ms {
         for (t, n) in &best {
             match n {
                 Some(n) => {
-                    println!("within {ms} ms (p99) at {t} thread(s): batch {n} is the largest")
+                    outln!("within {ms} ms (p99) at {t} thread(s): batch {n} is the largest")?
                 }
-                None => println!(
-                    "within {ms} ms (p99) at {t} thread(s): no batch size meets the budget"
-                ),
+                None => {
+                    outln!("within {ms} ms (p99) at {t} thread(s): no batch size meets the budget")?
+                }
             }
         }
     }

@@ -1,6 +1,23 @@
 //! `mlopt`: the command-line front end. Each subcommand is a thin layer over the library crates; errors
 //! are reported with their context and exit code 2, a failed `check` exits 1.
 
+/// Writes to standard output, returning the write's error: a reader that went away (`mlopt inspect
+/// m.onnx | head`) ends the command quietly, as it ends other Unix tools, where `print!` would panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `out!` with a newline.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod bench;
 mod compare;
 mod data;
@@ -227,11 +244,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", message(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether `e` is standard output's reader having gone away.
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// The error and its causes, joined by ": ", leaving out a cause whose text the message already holds
@@ -278,7 +302,7 @@ fn compile(
     }
     let written = lib.write(output, &file_stem(lib.name()), &files)?;
     if report {
-        print!("{}", summary.text);
+        out!("{}", summary.text)?;
     }
     for p in written.iter().filter(|p| !p.ends_with("report.json")) {
         eprintln!("wrote {}", p.display());
@@ -301,29 +325,29 @@ fn calibrate() -> Result<ExitCode> {
     let path = calibrate::store(&c).context("writing the calibration cache")?;
     let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&calibrate::host_features());
     let per_cycle = |flops: f64| flops / (c.ghz * 1e9);
-    println!("cpu: {}", calibrate::cpu_model());
-    println!("clock: {:.2} GHz (dependent adds)", c.ghz);
-    println!(
+    outln!("cpu: {}", calibrate::cpu_model())?;
+    outln!("clock: {:.2} GHz (dependent adds)", c.ghz)?;
+    outln!(
         "fp32 FMA: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {fp32_max})",
         c.fp32 / 1e9,
         per_cycle(c.fp32)
-    );
+    )?;
     if bf16_max > 0.0 {
-        println!(
+        outln!(
             "bf16 dot: {:.1} GFLOP/s per core ({:.1} FLOP/cycle of at most {bf16_max}; {:.2}x the fp32 FMAs)",
             c.bf16 / 1e9,
             per_cycle(c.bf16),
             c.bf16 / c.fp32
-        );
+        )?;
     } else {
-        println!("bf16 dot: none (no AVX512-BF16)");
+        outln!("bf16 dot: none (no AVX512-BF16)")?;
     }
-    println!(
+    outln!(
         "read bandwidth: {:.1} GB/s one core, {:.1} GB/s all cores",
         c.bw_one / 1e9,
         c.bw_all / 1e9
-    );
-    println!("wrote {}", path.display());
+    )?;
+    outln!("wrote {}", path.display())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -339,7 +363,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let import = data::import_options(&input_shapes, &HashMap::new())?;
             let source = data::source(&m, &model, &import);
             let options = opt.driver(&data::input_names(&m)?)?;
-            print!("{}", mlopt_driver::inspect(source, &options, stage)?);
+            out!("{}", mlopt_driver::inspect(source, &options, stage)?)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Compile {
@@ -370,7 +394,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 c.run(&mut c.load()?, &given)?
             };
             for (name, t) in &outs {
-                println!("{name}: {t}");
+                outln!("{name}: {t}")?;
             }
             if let Some(dir) = output_dir {
                 data::write_outputs(&dir, &outs, format)?;
@@ -491,10 +515,10 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
     let mut ok = true;
     for ((name, got), want) in outs.iter().zip(&expected) {
         let r = compare::compare(got, want, rtol, atol);
-        println!("{name}: {r}");
+        outln!("{name}: {r}")?;
         ok &= r.pass;
     }
-    println!("{}", if ok { "PASS" } else { "FAIL" });
+    outln!("{}", if ok { "PASS" } else { "FAIL" })?;
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

@@ -1421,3 +1421,21 @@ fn listing(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     v.sort();
     v
 }
+
+/// A reader that goes away (`mlopt inspect m.onnx | head`) ends the command quietly: exit 0, no
+/// panic about a broken pipe.
+#[test]
+fn closed_stdout_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mlopt"))
+        .args(["inspect", &fixture("cnn/model.onnx"), "--stage", "code"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mlopt");
+    // Closing the read end before mlopt writes makes its write fail with EPIPE.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for mlopt");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{err}");
+}
