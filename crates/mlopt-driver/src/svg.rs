@@ -91,7 +91,6 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         .map(KernelRecord::time_s)
         .sum::<f64>()
         .max(1e-12);
-    let gf = |k: &KernelRecord| k.gflops();
     let bf16 = t.fast_matrix(MatrixPrecision::Bf16);
     let peak = t.roof().fp32.max(bf16.unwrap_or(0.0)) / 1e9;
     let bw = t.roof().dram_bw / 1e9;
@@ -110,10 +109,13 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         .fold(100.0, f64::max);
     let ymin = with_flops
         .iter()
-        .map(|k| gf(k))
+        .map(|k| k.gflops())
         .fold(scalar_roof.min(1.0), f64::min);
-    let x = LogAxis::new(imin, imax, LEFT, W - RIGHT);
-    let y = LogAxis::new(ymin, peak * 2.0, H - BOTTOM, TOP);
+    let p = Plot {
+        x: LogAxis::new(imin, imax, LEFT, W - RIGHT),
+        y: LogAxis::new(ymin, peak * 2.0, H - BOTTOM, TOP),
+        bw,
+    };
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -139,55 +141,85 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         t.roof().fp32 / 1e9,
         bw
     );
-    // Grid and axes.
-    for d in x.decades() {
-        let px = x.at(d);
+    p.axes(&mut s);
+    p.roof(&mut s, t.roof().fp32 / 1e9, "", "fp32");
+    if let Some(b) = bf16.filter(|b| *b > t.roof().fp32) {
+        p.roof(&mut s, b / 1e9, r#"stroke-dasharray="8 4""#, "bf16");
+    }
+    p.scalar_and_bandwidth(&mut s, scalar_roof);
+    // Kernels, largest first so small ones stay visible on top.
+    let mut order: Vec<&KernelRecord> = kernels.iter().collect();
+    order.sort_by(|a, b| b.time_s().total_cmp(&a.time_s()));
+    for (rank, k) in order.iter().enumerate() {
+        p.kernel(&mut s, rank, k, total);
+    }
+    legend(&mut s, kernels, &order, total);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The roofline plot's axes and the memory roof's bandwidth in GB/s.
+struct Plot {
+    x: LogAxis,
+    y: LogAxis,
+    bw: f64,
+}
+
+impl Plot {
+    /// The grid, the frame and the axes' labels.
+    fn axes(&self, s: &mut String) {
+        let (x, y) = (&self.x, &self.y);
+        for d in x.decades() {
+            let px = x.at(d);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##,
+                H - BOTTOM
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                H - BOTTOM + 18.0,
+                number(d)
+            );
+        }
+        for d in y.decades() {
+            let py = y.at(d);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#e6e6e6"/>"##,
+                W - RIGHT
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+                LEFT - 6.0,
+                py + 4.0,
+                number(d)
+            );
+        }
         let _ = writeln!(
             s,
-            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#e6e6e6"/>"##,
-            H - BOTTOM
+            r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
+            W - RIGHT - LEFT,
+            H - BOTTOM - TOP
         );
         let _ = writeln!(
             s,
-            r#"<text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            H - BOTTOM + 18.0,
-            number(d)
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>"#,
+            (LEFT + W - RIGHT) / 2.0,
+            H - 20.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text transform="translate(22,{:.1}) rotate(-90)" text-anchor="middle">GFLOP/s</text>"#,
+            (TOP + H - BOTTOM) / 2.0
         );
     }
-    for d in y.decades() {
-        let py = y.at(d);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#e6e6e6"/>"##,
-            W - RIGHT
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            LEFT - 6.0,
-            py + 4.0,
-            number(d)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
-        W - RIGHT - LEFT,
-        H - BOTTOM - TOP
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>"#,
-        (LEFT + W - RIGHT) / 2.0,
-        H - 20.0
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate(22,{:.1}) rotate(-90)" text-anchor="middle">GFLOP/s</text>"#,
-        (TOP + H - BOTTOM) / 2.0
-    );
-    // Roofs: bandwidth x intensity up to each compute peak.
-    let roof = |s: &mut String, p: f64, dash: &str, label: &str| {
+
+    /// A roof: bandwidth x intensity up to the compute peak `p` (GFLOP/s).
+    fn roof(&self, s: &mut String, p: f64, dash: &str, label: &str) {
+        let (x, y, bw) = (&self.x, &self.y, self.bw);
         let ridge = p / bw;
         let (x0, x1) = (x.min(), x.max());
         let start = (x0, (bw * x0).min(p));
@@ -213,47 +245,45 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
             xml(label),
             p
         );
-    };
-    roof(&mut s, t.roof().fp32 / 1e9, "", "fp32");
-    if let Some(b) = bf16.filter(|b| *b > t.roof().fp32) {
-        roof(&mut s, b / 1e9, r#"stroke-dasharray="8 4""#, "bf16");
     }
-    let sy = y.at(scalar_roof);
-    let _ = writeln!(
-        s,
-        r##"<line x1="{LEFT}" y1="{sy:.1}" x2="{:.1}" y2="{sy:.1}" stroke="#e63946" stroke-dasharray="3 3"/>"##,
-        W - RIGHT
-    );
-    let _ = writeln!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" fill="#e63946">scalar nest {scalar_roof:.1} GFLOP/s</text>"##,
-        LEFT + 110.0,
-        sy - 5.0
-    );
-    let _ = writeln!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" fill="#222">{bw:.1} GB/s</text>"##,
-        x.at(x.min()) + 6.0,
-        y.at(bw * x.min()) - 6.0
-    );
-    // Kernels, largest first so small ones stay visible on top.
-    let mut order: Vec<&KernelRecord> = kernels.iter().collect();
-    order.sort_by(|a, b| b.time_s().total_cmp(&a.time_s()));
-    for (rank, k) in order.iter().enumerate() {
+
+    /// The scalar nest's ceiling and the memory roof's label.
+    fn scalar_and_bandwidth(&self, s: &mut String, scalar_roof: f64) {
+        let (x, y, bw) = (&self.x, &self.y, self.bw);
+        let sy = y.at(scalar_roof);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{sy:.1}" x2="{:.1}" y2="{sy:.1}" stroke="#e63946" stroke-dasharray="3 3"/>"##,
+            W - RIGHT
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" fill="#e63946">scalar nest {scalar_roof:.1} GFLOP/s</text>"##,
+            LEFT + 110.0,
+            sy - 5.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" fill="#222">{bw:.1} GB/s</text>"##,
+            x.at(x.min()) + 6.0,
+            y.at(bw * x.min()) - 6.0
+        );
+    }
+
+    /// Kernel `k`, the `rank`-th slowest, as a circle with its figures on hover (numbered when it is
+    /// among the slowest).
+    fn kernel(&self, s: &mut String, rank: usize, k: &KernelRecord, total: f64) {
+        let (x, y) = (&self.x, &self.y);
         let share = k.time_s() / total;
         let r = 3.0 + 26.0 * share.sqrt();
         let flopless = k.flops <= 0.0 || k.bytes <= 0.0;
         let (px, py) = if flopless {
             (x.at(x.min()), y.at(y.min()))
         } else {
-            (x.at(k.intensity()), y.at(gf(k)))
+            (x.at(k.intensity()), y.at(k.gflops()))
         };
         let c = color(k.schedule);
-        let fill = if flopless {
-            "none".to_string()
-        } else {
-            c.to_string()
-        };
+        let fill = if flopless { "none" } else { c };
         let tip = format!(
             "{} [{}] {} -> {}: {:.1} us ({:.1}%), estimate {:.1} us, {:.2} GFLOP/s, {:.2} GB/s, {:.1} FLOP/B, {:.1}% of roofline{}",
             k.id,
@@ -284,30 +314,31 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
             );
         }
     }
-    // Legend.
+}
+
+/// The legend beside the roofline: each schedule class's kernels and share of the time, and the
+/// slowest kernels (`order`, slowest first) by number.
+fn legend(s: &mut String, kernels: &[KernelRecord], order: &[&KernelRecord], total: f64) {
     let lx = W - RIGHT + 20.0;
     let _ = writeln!(
         s,
         r#"<text x="{lx}" y="{}" font-weight="bold">schedule</text>"#,
         TOP + 8.0
     );
-    for (i, c) in [
+    let classes = [
         ScheduleClass::Tiled,
         ScheduleClass::Vector,
         ScheduleClass::Scalar,
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    ];
+    for (i, c) in classes.into_iter().enumerate() {
         let ly = TOP + 30.0 + 24.0 * i as f64;
         let n = kernels.iter().filter(|k| k.schedule == c).count();
-        let share: f64 = (kernels
+        let time: f64 = kernels
             .iter()
             .filter(|k| k.schedule == c)
             .map(KernelRecord::time_s)
-            .sum::<f64>()
-            / total)
-            .max(0.0);
+            .sum();
+        let share = (time / total).max(0.0);
         let _ = writeln!(
             s,
             r#"<circle cx="{}" cy="{ly}" r="7" fill="{}" fill-opacity="0.55" stroke="{}"/>"#,
@@ -365,8 +396,6 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
             k.gflops()
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 /// Round tick values from 0 up to `max`: steps of 1, 2 or 5 times a power of ten, about five of them.
