@@ -216,16 +216,19 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
     }
     let acts = activations(cx, kind, dirs)?;
     // To [seq, batch, input].
-    let x = if layout == 1 {
-        cx.add1(
-            Op::Transpose {
-                perm: vec![1, 0, 2],
-            },
-            &[x],
-        )?
-    } else {
-        x
+    let batch_first = |cx: &mut NodeCx<'_, '_>, v: Value| -> Result<Value> {
+        if layout == 1 {
+            cx.add1(
+                Op::Transpose {
+                    perm: vec![1, 0, 2],
+                },
+                &[v],
+            )
+        } else {
+            Ok(v)
+        }
     };
+    let x = batch_first(cx, x)?;
     let xs = cx.ty(x).shape.clone();
     let (seq, batch) = (xs[0], xs[1]);
     let ws = cx.ty(w).shape.clone();
@@ -245,23 +248,14 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
             return Err(cx.err_in(4, "sequence_lens shorter than the sequence are not supported (outputs would depend on data)"));
         }
     }
-    let state = |cx: &mut NodeCx<'_, '_>, v: Option<Value>| -> Result<Option<Value>> {
-        Ok(match v {
-            Some(v) if layout == 1 => Some(cx.add1(
-                Op::Transpose {
-                    perm: vec![1, 0, 2],
-                },
-                &[v],
-            )?),
-            other => other,
-        })
-    };
-    let (h0, c0) = (state(cx, h0)?, state(cx, c0)?);
+    let h0 = h0.map(|v| batch_first(cx, v)).transpose()?;
+    let c0 = c0.map(|v| batch_first(cx, v)).transpose()?;
     let zeros = cx.konst_value(mlopt_ir::Tensor::zeros(&mlopt_ir::TensorType::new(
         dtype,
         vec![batch, h],
     )));
     let (mut ys, mut hs, mut cs) = (vec![], vec![], vec![]);
+    let per_dir = kind.default_activations().len();
     for d in 0..dirs {
         let reverse = direction == "reverse" || d == 1;
         let wd = pick(cx, w, d)?;
@@ -288,118 +282,23 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
             Some(v) => pick(cx, v, d)?,
             None => zeros,
         };
-        let pd = match peep {
-            Some(p) => Some(pick(cx, p, d)?),
-            None => None,
+        let cell = Cell {
+            kind,
+            h,
+            dtype,
+            clip,
+            lbr,
+            input_forget,
+            acts: &acts[d * per_dir..(d + 1) * per_dir],
+            rt,
+            rb,
+            peep: peep.map(|p| pick(cx, p, d)).transpose()?,
         };
-        let a =
-            &acts[d * kind.default_activations().len()..(d + 1) * kind.default_activations().len()];
         let mut outs = vec![zeros; seq];
         for step in 0..seq {
             let t = if reverse { seq - 1 - step } else { step };
             let xt = pick(cx, xw, t)?;
-            let clipped = |cx: &mut NodeCx<'_, '_>, v: Value| -> Result<Value> {
-                match clip {
-                    Some(c) => {
-                        let (lo, hi) = (cx.scalar(-c as f64, dtype), cx.scalar(c as f64, dtype));
-                        cx.add1(Op::Clip, &[v, lo, hi])
-                    }
-                    None => Ok(v),
-                }
-            };
-            match kind {
-                Kind::Rnn => {
-                    let hr = cx.add1(Op::MatMul, &[ht, rt])?;
-                    let mut s = cx.bin(Binary::Add, xt, hr)?;
-                    if let Some(rb) = rb {
-                        s = cx.bin(Binary::Add, s, rb)?;
-                    }
-                    let s = clipped(cx, s)?;
-                    ht = apply(cx, &a[0], s)?;
-                }
-                Kind::Gru => {
-                    let rt_zr = gate(cx, rt, 0, 2 * h)?;
-                    let hzr = cx.add1(Op::MatMul, &[ht, rt_zr])?;
-                    let xzr = gate(cx, xt, 0, 2 * h)?;
-                    let mut zr = cx.bin(Binary::Add, xzr, hzr)?;
-                    if let Some(rb) = rb {
-                        let rbzr = gate(cx, rb, 0, 2 * h)?;
-                        zr = cx.bin(Binary::Add, zr, rbzr)?;
-                    }
-                    let zr = clipped(cx, zr)?;
-                    let zr = apply(cx, &a[0], zr)?;
-                    let (z, rg) = (gate(cx, zr, 0, h)?, gate(cx, zr, 1, h)?);
-                    let rh = gate(cx, rt, 2, h)?;
-                    let rbh = match rb {
-                        Some(rb) => Some(gate(cx, rb, 2, h)?),
-                        None => None,
-                    };
-                    let pre = if lbr {
-                        let mut hh = cx.add1(Op::MatMul, &[ht, rh])?;
-                        if let Some(rbh) = rbh {
-                            hh = cx.bin(Binary::Add, hh, rbh)?;
-                        }
-                        cx.bin(Binary::Mul, rg, hh)?
-                    } else {
-                        let rht = cx.bin(Binary::Mul, rg, ht)?;
-                        let mut hh = cx.add1(Op::MatMul, &[rht, rh])?;
-                        if let Some(rbh) = rbh {
-                            hh = cx.bin(Binary::Add, hh, rbh)?;
-                        }
-                        hh
-                    };
-                    let xh = gate(cx, xt, 2, h)?;
-                    let s = cx.bin(Binary::Add, xh, pre)?;
-                    let s = clipped(cx, s)?;
-                    let cand = apply(cx, &a[1], s)?;
-                    // H = (1 - z) * cand + z * H = cand + z * (H - cand)
-                    let diff = cx.bin(Binary::Sub, ht, cand)?;
-                    let zd = cx.bin(Binary::Mul, z, diff)?;
-                    ht = cx.bin(Binary::Add, cand, zd)?;
-                }
-                Kind::Lstm => {
-                    let hr = cx.add1(Op::MatMul, &[ht, rt])?;
-                    let mut s = cx.bin(Binary::Add, xt, hr)?;
-                    if let Some(rb) = rb {
-                        s = cx.bin(Binary::Add, s, rb)?;
-                    }
-                    // Gate order i, o, f, c; peepholes P = [Pi, Po, Pf].
-                    let (mut i, mut o, mut f, c) = (
-                        gate(cx, s, 0, h)?,
-                        gate(cx, s, 1, h)?,
-                        gate(cx, s, 2, h)?,
-                        gate(cx, s, 3, h)?,
-                    );
-                    if let Some(p) = pd {
-                        let (pi, pf) = (gate(cx, p, 0, h)?, gate(cx, p, 2, h)?);
-                        let (a1, a2) = (cx.bin(Binary::Mul, pi, ct)?, cx.bin(Binary::Mul, pf, ct)?);
-                        i = cx.bin(Binary::Add, i, a1)?;
-                        f = cx.bin(Binary::Add, f, a2)?;
-                    }
-                    let i = clipped(cx, i)?;
-                    let i = apply(cx, &a[0], i)?;
-                    let f = if input_forget {
-                        let one = cx.scalar(1.0, dtype);
-                        cx.bin(Binary::Sub, one, i)?
-                    } else {
-                        let f = clipped(cx, f)?;
-                        apply(cx, &a[0], f)?
-                    };
-                    let c = clipped(cx, c)?;
-                    let c = apply(cx, &a[1], c)?;
-                    let (fc, ic) = (cx.bin(Binary::Mul, f, ct)?, cx.bin(Binary::Mul, i, c)?);
-                    ct = cx.bin(Binary::Add, fc, ic)?;
-                    if let Some(p) = pd {
-                        let po = gate(cx, p, 1, h)?;
-                        let a3 = cx.bin(Binary::Mul, po, ct)?;
-                        o = cx.bin(Binary::Add, o, a3)?;
-                    }
-                    let o = clipped(cx, o)?;
-                    let o = apply(cx, &a[0], o)?;
-                    let hc = apply(cx, &a[2], ct)?;
-                    ht = cx.bin(Binary::Mul, o, hc)?;
-                }
-            }
+            (ht, ct) = cell.step(cx, xt, ht, ct)?;
             outs[t] = cx.add1(
                 Op::Reshape {
                     shape: vec![1, 1, batch, h],
@@ -460,4 +359,151 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
         outs.push(yc);
     }
     Ok(outs)
+}
+
+/// One direction's cell: its kind and attributes, its activations, the recurrence weight R^T, its
+/// bias and (LSTM) peepholes.
+struct Cell<'a> {
+    kind: Kind,
+    h: usize,
+    dtype: mlopt_ir::DType,
+    clip: Option<f32>,
+    /// GRU's linear_before_reset, LSTM's input_forget.
+    lbr: bool,
+    input_forget: bool,
+    acts: &'a [Act],
+    rt: Value,
+    rb: Option<Value>,
+    peep: Option<Value>,
+}
+
+impl Cell<'_> {
+    /// One time step from the input projection `xt` and the states: the new hidden and cell states
+    /// (the cell state passes through unchanged but for an LSTM).
+    fn step(
+        &self,
+        cx: &mut NodeCx<'_, '_>,
+        xt: Value,
+        ht: Value,
+        ct: Value,
+    ) -> Result<(Value, Value)> {
+        match self.kind {
+            Kind::Rnn => {
+                let s = self.recur(cx, xt, ht)?;
+                let s = self.clipped(cx, s)?;
+                Ok((apply(cx, &self.acts[0], s)?, ct))
+            }
+            Kind::Gru => Ok((self.gru(cx, xt, ht)?, ct)),
+            Kind::Lstm => self.lstm(cx, xt, ht, ct),
+        }
+    }
+
+    /// `clip` applied to `v`, where the node sets one.
+    fn clipped(&self, cx: &mut NodeCx<'_, '_>, v: Value) -> Result<Value> {
+        match self.clip {
+            Some(c) => {
+                let (lo, hi) = (
+                    cx.scalar(-c as f64, self.dtype),
+                    cx.scalar(c as f64, self.dtype),
+                );
+                cx.add1(Op::Clip, &[v, lo, hi])
+            }
+            None => Ok(v),
+        }
+    }
+
+    /// x_t + H R^T (+ the recurrence bias).
+    fn recur(&self, cx: &mut NodeCx<'_, '_>, xt: Value, ht: Value) -> Result<Value> {
+        let hr = cx.add1(Op::MatMul, &[ht, self.rt])?;
+        let s = cx.bin(Binary::Add, xt, hr)?;
+        match self.rb {
+            Some(rb) => cx.bin(Binary::Add, s, rb),
+            None => Ok(s),
+        }
+    }
+
+    fn gru(&self, cx: &mut NodeCx<'_, '_>, xt: Value, ht: Value) -> Result<Value> {
+        let (h, a, rt, rb) = (self.h, self.acts, self.rt, self.rb);
+        let rt_zr = gate(cx, rt, 0, 2 * h)?;
+        let hzr = cx.add1(Op::MatMul, &[ht, rt_zr])?;
+        let xzr = gate(cx, xt, 0, 2 * h)?;
+        let mut zr = cx.bin(Binary::Add, xzr, hzr)?;
+        if let Some(rb) = rb {
+            let rbzr = gate(cx, rb, 0, 2 * h)?;
+            zr = cx.bin(Binary::Add, zr, rbzr)?;
+        }
+        let zr = self.clipped(cx, zr)?;
+        let zr = apply(cx, &a[0], zr)?;
+        let (z, rg) = (gate(cx, zr, 0, h)?, gate(cx, zr, 1, h)?);
+        let rh = gate(cx, rt, 2, h)?;
+        let rbh = rb.map(|rb| gate(cx, rb, 2, h)).transpose()?;
+        let pre = if self.lbr {
+            let mut hh = cx.add1(Op::MatMul, &[ht, rh])?;
+            if let Some(rbh) = rbh {
+                hh = cx.bin(Binary::Add, hh, rbh)?;
+            }
+            cx.bin(Binary::Mul, rg, hh)?
+        } else {
+            let rht = cx.bin(Binary::Mul, rg, ht)?;
+            let mut hh = cx.add1(Op::MatMul, &[rht, rh])?;
+            if let Some(rbh) = rbh {
+                hh = cx.bin(Binary::Add, hh, rbh)?;
+            }
+            hh
+        };
+        let xh = gate(cx, xt, 2, h)?;
+        let s = cx.bin(Binary::Add, xh, pre)?;
+        let s = self.clipped(cx, s)?;
+        let cand = apply(cx, &a[1], s)?;
+        // H = (1 - z) * cand + z * H = cand + z * (H - cand)
+        let diff = cx.bin(Binary::Sub, ht, cand)?;
+        let zd = cx.bin(Binary::Mul, z, diff)?;
+        cx.bin(Binary::Add, cand, zd)
+    }
+
+    fn lstm(
+        &self,
+        cx: &mut NodeCx<'_, '_>,
+        xt: Value,
+        ht: Value,
+        ct: Value,
+    ) -> Result<(Value, Value)> {
+        let (h, a) = (self.h, self.acts);
+        let s = self.recur(cx, xt, ht)?;
+        // Gate order i, o, f, c; peepholes P = [Pi, Po, Pf].
+        let (mut i, mut o, mut f, c) = (
+            gate(cx, s, 0, h)?,
+            gate(cx, s, 1, h)?,
+            gate(cx, s, 2, h)?,
+            gate(cx, s, 3, h)?,
+        );
+        if let Some(p) = self.peep {
+            let (pi, pf) = (gate(cx, p, 0, h)?, gate(cx, p, 2, h)?);
+            let (a1, a2) = (cx.bin(Binary::Mul, pi, ct)?, cx.bin(Binary::Mul, pf, ct)?);
+            i = cx.bin(Binary::Add, i, a1)?;
+            f = cx.bin(Binary::Add, f, a2)?;
+        }
+        let i = self.clipped(cx, i)?;
+        let i = apply(cx, &a[0], i)?;
+        let f = if self.input_forget {
+            let one = cx.scalar(1.0, self.dtype);
+            cx.bin(Binary::Sub, one, i)?
+        } else {
+            let f = self.clipped(cx, f)?;
+            apply(cx, &a[0], f)?
+        };
+        let c = self.clipped(cx, c)?;
+        let c = apply(cx, &a[1], c)?;
+        let (fc, ic) = (cx.bin(Binary::Mul, f, ct)?, cx.bin(Binary::Mul, i, c)?);
+        let ct = cx.bin(Binary::Add, fc, ic)?;
+        if let Some(p) = self.peep {
+            let po = gate(cx, p, 1, h)?;
+            let a3 = cx.bin(Binary::Mul, po, ct)?;
+            o = cx.bin(Binary::Add, o, a3)?;
+        }
+        let o = self.clipped(cx, o)?;
+        let o = apply(cx, &a[0], o)?;
+        let hc = apply(cx, &a[2], ct)?;
+        Ok((cx.bin(Binary::Mul, o, hc)?, ct))
+    }
 }
