@@ -470,8 +470,7 @@ fn define_entry<'c>(
     (threads, amx, profile): (u32, bool, bool),
 ) -> Result<()> {
     let ptr = c.ptr_type(AddressSpace::default());
-    let i64t = c.i64_type();
-    let i32t = c.i32_type();
+    let (i64t, i32t) = (c.i64_type(), c.i32_type());
     let run_ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
     let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
     let b = c.create_builder();
@@ -489,75 +488,17 @@ fn define_entry<'c>(
         3 + p.inputs.len() + p.outputs.len(),
     );
     let status = status_word(c, &b, arena, p)?;
-    let fail_unless =
-        |ok: inkwell::values::IntValue<'_>, id: usize, code: u64, what: &str| -> Result<()> {
-            let (pass, fail) = (
-                c.append_basic_block(run, &format!("{what}.ok")),
-                c.append_basic_block(run, what),
-            );
-            b.build_conditional_branch(ok, pass, fail)?;
-            b.position_at_end(fail);
-            b.build_store(status, i32t.const_int(id as u64, false))?;
-            b.build_return(Some(&i32t.const_int(code, false)))?;
-            b.position_at_end(pass);
-            Ok(())
-        };
-    {
-        // A NULL context has no status word to write.
-        let (pass, fail) = (
-            c.append_basic_block(run, "ctx.ok"),
-            c.append_basic_block(run, "ctx.null"),
-        );
-        b.build_conditional_branch(b.build_is_null(arena, "null")?, fail, pass)?;
-        b.position_at_end(fail);
-        b.build_return(Some(&i32t.const_int(STATUS_ARGUMENT, false)))?;
-        b.position_at_end(pass);
-    }
-    let arrays = b.build_or(
-        b.build_is_null(inputs, "null")?,
-        b.build_is_null(outputs, "null")?,
-        "null",
-    )?;
-    fail_unless(b.build_not(arrays, "ok")?, 1, STATUS_ARGUMENT, "arrays")?;
-    let mut io = Vec::new();
-    for (base, n, first) in [
-        (inputs, p.inputs.len(), 2),
-        (outputs, p.outputs.len(), 2 + p.inputs.len()),
-    ] {
-        let mut ptrs = Vec::with_capacity(n);
-        for i in 0..n {
-            // SAFETY: the caller passes one pointer per input and output.
-            let at = unsafe {
-                b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")?
-            };
-            let v = b.build_load(ptr, at, "p")?.into_pointer_value();
-            fail_unless(
-                b.build_is_not_null(v, "ok")?,
-                first + i,
-                STATUS_ARGUMENT,
-                "io",
-            )?;
-            ptrs.push(v);
-        }
-        io.push(ptrs);
-    }
-    let init = libc(c, m, "mlopt_init_threads")?;
-    b.build_call(init, &[i32t.const_int(threads as u64, false).into()], "")?;
-    if amx {
-        // Linux hands out the AMX tile state only on request (once per process).
-        let r = b.build_call(libc(c, m, "mlopt_init_amx")?, &[], "amx")?;
-        let r = r
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| LlvmError::Codegen("mlopt_init_amx".into()))?
-            .into_int_value();
-        fail_unless(
-            b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?,
-            amx_id,
-            STATUS_PLATFORM,
-            "amx",
-        )?;
-    }
+    let e = Entry {
+        c,
+        m,
+        run,
+        b,
+        status,
+        arena,
+    };
+    e.context_not_null()?;
+    let io = e.io_pointers(p, inputs, outputs)?;
+    e.start_runtime(threads, amx.then_some(amx_id))?;
     let counters = profile.then(|| {
         let ty = i64t.array_type(p.steps.len() as u32);
         let g = m.add_global(ty, None, &profile_symbol(&p.name));
@@ -570,73 +511,185 @@ fn define_entry<'c>(
     } else {
         None
     };
-    let mut last = clock(&b, now)?;
+    let mut last = clock(&e.b, now)?;
     let mut check_id = amx_id;
     for (step, s) in p.steps.iter().enumerate() {
         let mut args = Vec::with_capacity(s.args.len());
         for a in &s.args {
             let v = match a {
-                // SAFETY: offsets come from the memory plan, inside the arena the caller allocates.
-                Place::Arena(o) => unsafe {
-                    b.build_in_bounds_gep(c.i8_type(), arena, &[i64t.const_int(*o, false)], "a")?
-                },
+                Place::Arena(o) => e.in_arena(*o, "a")?,
                 Place::Input(i) => io[0][*i],
                 Place::Output(i) => io[1][*i],
                 Place::Weight(i) => weights[*i].as_pointer_value(),
             };
             args.push(v.into());
         }
-        let r = b.build_call(fns[s.kernel], &args, "")?;
+        let r = e.b.build_call(fns[s.kernel], &args, "")?;
         let r = r
             .try_as_basic_value()
             .basic()
             .ok_or_else(|| LlvmError::Codegen("kernel status".into()))?
             .into_int_value();
-        fail_unless(
-            b.build_int_compare(inkwell::IntPredicate::EQ, r, i32t.const_zero(), "ok")?,
-            oom_id,
-            STATUS_MEMORY,
-            "oom",
-        )?;
+        e.fail_unless(e.is_zero(r)?, oom_id, STATUS_MEMORY, "oom")?;
         if let Some(check) = &s.check {
             check_id += 1;
-            // SAFETY: the flag is inside the arena (lowering placed it there).
-            let at = unsafe {
-                b.build_in_bounds_gep(
-                    c.i8_type(),
-                    arena,
-                    &[i64t.const_int(check.flag, false)],
-                    "flag",
-                )?
-            };
-            let flag = b.build_load(i32t, at, "flag")?.into_int_value();
-            fail_unless(
-                b.build_int_compare(inkwell::IntPredicate::EQ, flag, i32t.const_zero(), "ok")?,
-                check_id,
-                STATUS_DATA,
-                "check",
-            )?;
+            let at = e.in_arena(check.flag, "flag")?;
+            let flag = e.b.build_load(i32t, at, "flag")?.into_int_value();
+            e.fail_unless(e.is_zero(flag)?, check_id, STATUS_DATA, "check")?;
         }
-        if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&b, now)?) {
-            // SAFETY: `step` < steps, the array's length.
-            let at = unsafe {
-                b.build_in_bounds_gep(
-                    ty,
-                    g.as_pointer_value(),
-                    &[i64t.const_zero(), i64t.const_int(step as u64, false)],
-                    "ctr",
-                )?
-            };
-            let sum = b.build_load(i64t, at, "sum")?.into_int_value();
-            let spent = b.build_int_sub(after, before, "spent")?;
-            b.build_store(at, b.build_int_add(sum, spent, "sum")?)?;
+        if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&e.b, now)?) {
+            e.count(ty, g, step, (before, after))?;
             last = Some(after);
         }
     }
-    b.build_store(status, i32t.const_zero())?;
-    b.build_return(Some(&i32t.const_zero()))?;
+    e.b.build_store(status, i32t.const_zero())?;
+    e.b.build_return(Some(&i32t.const_zero()))?;
     define_context(c, m, p, &table)?;
     Ok(())
+}
+
+/// The entry point as it is written: its function and builder, and the arena's status word.
+struct Entry<'c, 'm> {
+    c: &'c Context,
+    m: &'m inkwell::module::Module<'c>,
+    run: inkwell::values::FunctionValue<'c>,
+    b: inkwell::builder::Builder<'c>,
+    status: inkwell::values::PointerValue<'c>,
+    arena: inkwell::values::PointerValue<'c>,
+}
+
+impl<'c> Entry<'c, '_> {
+    /// Goes on where `ok` holds; elsewhere stores message `id` in the status word and returns `code`.
+    fn fail_unless(
+        &self,
+        ok: inkwell::values::IntValue<'c>,
+        id: usize,
+        code: u64,
+        what: &str,
+    ) -> Result<()> {
+        let (c, b, i32t) = (self.c, &self.b, self.c.i32_type());
+        let (pass, fail) = (
+            c.append_basic_block(self.run, &format!("{what}.ok")),
+            c.append_basic_block(self.run, what),
+        );
+        b.build_conditional_branch(ok, pass, fail)?;
+        b.position_at_end(fail);
+        b.build_store(self.status, i32t.const_int(id as u64, false))?;
+        b.build_return(Some(&i32t.const_int(code, false)))?;
+        b.position_at_end(pass);
+        Ok(())
+    }
+
+    fn is_zero(&self, v: inkwell::values::IntValue<'c>) -> Result<inkwell::values::IntValue<'c>> {
+        let zero = self.c.i32_type().const_zero();
+        Ok(self
+            .b
+            .build_int_compare(inkwell::IntPredicate::EQ, v, zero, "ok")?)
+    }
+
+    /// The arena's byte `offset`.
+    fn in_arena(&self, offset: u64, name: &str) -> Result<inkwell::values::PointerValue<'c>> {
+        let at = [self.c.i64_type().const_int(offset, false)];
+        // SAFETY: offsets come from the memory plan, inside the arena the caller allocates.
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(self.c.i8_type(), self.arena, &at, name)?
+        })
+    }
+
+    /// A NULL context has no status word to write: it returns at once.
+    fn context_not_null(&self) -> Result<()> {
+        let (c, b) = (self.c, &self.b);
+        let (pass, fail) = (
+            c.append_basic_block(self.run, "ctx.ok"),
+            c.append_basic_block(self.run, "ctx.null"),
+        );
+        b.build_conditional_branch(b.build_is_null(self.arena, "null")?, fail, pass)?;
+        b.position_at_end(fail);
+        b.build_return(Some(&c.i32_type().const_int(STATUS_ARGUMENT, false)))?;
+        b.position_at_end(pass);
+        Ok(())
+    }
+
+    /// The inputs' and the outputs' pointers, each array and each pointer checked for NULL.
+    #[allow(clippy::type_complexity)]
+    fn io_pointers(
+        &self,
+        p: &Program,
+        inputs: inkwell::values::PointerValue<'c>,
+        outputs: inkwell::values::PointerValue<'c>,
+    ) -> Result<Vec<Vec<inkwell::values::PointerValue<'c>>>> {
+        let (b, ptr, i64t) = (
+            &self.b,
+            self.c.ptr_type(AddressSpace::default()),
+            self.c.i64_type(),
+        );
+        let arrays = b.build_or(
+            b.build_is_null(inputs, "null")?,
+            b.build_is_null(outputs, "null")?,
+            "null",
+        )?;
+        self.fail_unless(b.build_not(arrays, "ok")?, 1, STATUS_ARGUMENT, "arrays")?;
+        let mut io = Vec::new();
+        for (base, n, first) in [
+            (inputs, p.inputs.len(), 2),
+            (outputs, p.outputs.len(), 2 + p.inputs.len()),
+        ] {
+            let mut ptrs = Vec::with_capacity(n);
+            for i in 0..n {
+                // SAFETY: the caller passes one pointer per input and output.
+                let at = unsafe {
+                    b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")?
+                };
+                let v = b.build_load(ptr, at, "p")?.into_pointer_value();
+                self.fail_unless(
+                    b.build_is_not_null(v, "ok")?,
+                    first + i,
+                    STATUS_ARGUMENT,
+                    "io",
+                )?;
+                ptrs.push(v);
+            }
+            io.push(ptrs);
+        }
+        Ok(io)
+    }
+
+    /// The thread pool of `threads`, and with `amx` (its message) AMX's tile state.
+    fn start_runtime(&self, threads: u32, amx: Option<usize>) -> Result<()> {
+        let (c, m, b, i32t) = (self.c, self.m, &self.b, self.c.i32_type());
+        let init = libc(c, m, "mlopt_init_threads")?;
+        b.build_call(init, &[i32t.const_int(threads as u64, false).into()], "")?;
+        if let Some(amx_id) = amx {
+            // Linux hands out the AMX tile state only on request (once per process).
+            let r = b.build_call(libc(c, m, "mlopt_init_amx")?, &[], "amx")?;
+            let r = r
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| LlvmError::Codegen("mlopt_init_amx".into()))?
+                .into_int_value();
+            self.fail_unless(self.is_zero(r)?, amx_id, STATUS_PLATFORM, "amx")?;
+        }
+        Ok(())
+    }
+
+    /// Adds the clock's `after - before` to step `step`'s counter in the profile's array `g`.
+    fn count(
+        &self,
+        ty: inkwell::types::ArrayType<'c>,
+        g: inkwell::values::GlobalValue<'c>,
+        step: usize,
+        (before, after): (inkwell::values::IntValue<'c>, inkwell::values::IntValue<'c>),
+    ) -> Result<()> {
+        let (b, i64t) = (&self.b, self.c.i64_type());
+        let index = [i64t.const_zero(), i64t.const_int(step as u64, false)];
+        // SAFETY: `step` < steps, the array's length.
+        let at = unsafe { b.build_in_bounds_gep(ty, g.as_pointer_value(), &index, "ctr")? };
+        let sum = b.build_load(i64t, at, "sum")?.into_int_value();
+        let spent = b.build_int_sub(after, before, "spent")?;
+        b.build_store(at, b.build_int_add(sum, spent, "sum")?)?;
+        Ok(())
+    }
 }
 
 /// A group of kernels compiled by `kernel_module`: each defined function's text (by name) before and
