@@ -80,19 +80,63 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
             op: g.node(*n).op.name(),
         });
     }
-    let outputs: HashSet<NodeId> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
     // Each kernel by its root (the verifier guarantees exactly one), in execution order.
-    let mut kernels: Vec<(NodeId, Vec<NodeId>)> = g
+    let mut kernels: Vec<Kernel> = g
         .kernels()
         .into_values()
         .filter_map(|k| Some((*k.roots.first()?, k.members)))
         .collect();
     kernels.sort_by_key(|(r, _)| pos[r]);
-
-    // Views alias their input; `storage` follows alias chains to the bytes a value lives in.
-    let mut alias: HashMap<Value, Value> = HashMap::new();
     let mut plan = MemoryPlan::default();
-    for (root, ms) in &kernels {
+    let alias = views(g, &kernels, &mut plan);
+    let storage = |mut v: Value| {
+        while let Some(s) = alias.get(&v) {
+            v = *s;
+        }
+        v
+    };
+    let (first, last) = lifetimes(g, &kernels, &alias, &storage);
+    let group = in_place(g, &kernels, (&first, &last), &storage, &mut plan);
+    let owner = |mut v: Value| {
+        while let Some(u) = group.get(&v) {
+            v = *u;
+        }
+        v
+    };
+    // One interval per owner: the union of its members' lifetimes, the largest of their sizes.
+    let mut spans: BTreeMap<Value, (usize, usize, u64)> = BTreeMap::new();
+    for (v, &f) in &first {
+        let bytes = g.value_type(*v).bytes() as u64;
+        plan.unshared_bytes += bytes;
+        let e = spans.entry(owner(*v)).or_insert((f, last[v], bytes));
+        e.0 = e.0.min(f);
+        e.1 = e.1.max(last[v]);
+        e.2 = e.2.max(bytes);
+    }
+    let offsets = place(spans, &mut plan);
+    let mut slots: Vec<Slot> = first
+        .iter()
+        .map(|(v, &f)| Slot {
+            value: *v,
+            offset: offsets[&owner(*v)],
+            bytes: g.value_type(*v).bytes() as u64,
+            first: f,
+            last: last[v],
+        })
+        .collect();
+    slots.sort_by_key(|s| (s.first, s.value));
+    plan.slots = slots;
+    Ok(plan)
+}
+
+/// A kernel: its root and its members.
+type Kernel = (NodeId, Vec<NodeId>);
+
+/// Views alias their input: each kernel made only of reshapes, its value to the value it reads
+/// (recorded in the plan too).
+fn views(g: &Graph, kernels: &[Kernel], plan: &mut MemoryPlan) -> HashMap<Value, Value> {
+    let mut alias: HashMap<Value, Value> = HashMap::new();
+    for (root, ms) in kernels {
         if ms
             .iter()
             .all(|m| matches!(g.node(*m).op, Op::Reshape { .. }))
@@ -114,17 +158,23 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
             }
         }
     }
-    let storage = |mut v: Value| {
-        while let Some(s) = alias.get(&v) {
-            v = *s;
-        }
-        v
-    };
+    alias
+}
+
+/// Lifetimes of the values the arena holds (not views, inputs, constants or outputs): produced at
+/// their kernel's step, last read by the latest kernel that reads them (through views, which
+/// `storage` follows to the bytes a value lives in).
+#[allow(clippy::type_complexity)]
+fn lifetimes(
+    g: &Graph,
+    kernels: &[Kernel],
+    alias: &HashMap<Value, Value>,
+    storage: &dyn Fn(Value) -> Value,
+) -> (HashMap<Value, usize>, HashMap<Value, usize>) {
+    let outputs: HashSet<NodeId> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
     let external = |v: Value| {
         matches!(g.node(v.node).op, Op::Input | Op::Const(_)) || outputs.contains(&v.node)
     };
-
-    // Lifetimes: produced at the kernel's step, last read by the latest kernel that reads it (through views).
     let mut first: HashMap<Value, usize> = HashMap::new();
     let mut last: HashMap<Value, usize> = HashMap::new();
     for (step, (root, ms)) in kernels.iter().enumerate() {
@@ -153,9 +203,20 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
             }
         }
     }
+    (first, last)
+}
 
-    // In place: a purely elementwise kernel whose output has the layout of a value it reads for the last time.
-    let mut group: HashMap<Value, Value> = HashMap::new(); // value -> the value whose bytes it takes over
+/// In place: a purely elementwise kernel whose output has the layout of a value it reads for the
+/// last time takes over that value's bytes. Returns each such value and the value whose bytes it
+/// takes (recorded in the plan too).
+fn in_place(
+    g: &Graph,
+    kernels: &[Kernel],
+    (first, last): (&HashMap<Value, usize>, &HashMap<Value, usize>),
+    storage: &dyn Fn(Value) -> Value,
+    plan: &mut MemoryPlan,
+) -> HashMap<Value, Value> {
+    let mut group: HashMap<Value, Value> = HashMap::new();
     for (step, (root, ms)) in kernels.iter().enumerate() {
         let out = Value {
             node: *root,
@@ -186,22 +247,16 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
             plan.in_place.push((out, u));
         }
     }
-    let owner = |mut v: Value| {
-        while let Some(u) = group.get(&v) {
-            v = *u;
-        }
-        v
-    };
-    // One interval per owner: the union of its members' lifetimes, the largest of their sizes.
-    let mut spans: BTreeMap<Value, (usize, usize, u64)> = BTreeMap::new();
-    for (v, &f) in &first {
-        let bytes = g.value_type(*v).bytes() as u64;
-        plan.unshared_bytes += bytes;
-        let e = spans.entry(owner(*v)).or_insert((f, last[v], bytes));
-        e.0 = e.0.min(f);
-        e.1 = e.1.max(last[v]);
-        e.2 = e.2.max(bytes);
-    }
+    group
+}
+
+/// Offsets for the intervals `spans` (first step, last step, bytes by owner), largest first, each
+/// at the lowest aligned offset no interval alive at the same time occupies; the arena's size goes
+/// into the plan.
+fn place(
+    spans: BTreeMap<Value, (usize, usize, u64)>,
+    plan: &mut MemoryPlan,
+) -> HashMap<Value, u64> {
     let mut order: Vec<(Value, (usize, usize, u64))> = spans.into_iter().collect();
     order.sort_by_key(|(v, (f, _, b))| (std::cmp::Reverse(*b), *f, *v));
     let mut placed: Vec<(usize, usize, u64, u64)> = vec![]; // (first, last, offset, bytes)
@@ -224,19 +279,7 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
         offsets.insert(v, offset);
         plan.arena_bytes = plan.arena_bytes.max(offset + bytes);
     }
-    let mut slots: Vec<Slot> = first
-        .iter()
-        .map(|(v, &f)| Slot {
-            value: *v,
-            offset: offsets[&owner(*v)],
-            bytes: g.value_type(*v).bytes() as u64,
-            first: f,
-            last: last[v],
-        })
-        .collect();
-    slots.sort_by_key(|s| (s.first, s.value));
-    plan.slots = slots;
-    Ok(plan)
+    offsets
 }
 
 #[cfg(test)]
