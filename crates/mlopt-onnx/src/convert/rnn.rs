@@ -274,11 +274,11 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
         if let Some(wb) = wb {
             xw = cx.bin(Binary::Add, xw, wb)?;
         }
-        let mut ht = match h0 {
+        let ht = match h0 {
             Some(v) => pick(cx, v, d)?,
             None => zeros,
         };
-        let mut ct = match c0 {
+        let ct = match c0 {
             Some(v) => pick(cx, v, d)?,
             None => zeros,
         };
@@ -294,35 +294,10 @@ fn recurrent(cx: &mut NodeCx<'_, '_>, kind: Kind) -> Result<Vec<Value>> {
             rb,
             peep: peep.map(|p| pick(cx, p, d)).transpose()?,
         };
-        let mut outs = vec![zeros; seq];
-        for step in 0..seq {
-            let t = if reverse { seq - 1 - step } else { step };
-            let xt = pick(cx, xw, t)?;
-            (ht, ct) = cell.step(cx, xt, ht, ct)?;
-            outs[t] = cx.add1(
-                Op::Reshape {
-                    shape: vec![1, 1, batch, h],
-                },
-                &[ht],
-            )?;
-        }
-        ys.push(if seq == 1 {
-            outs[0]
-        } else {
-            cx.add1(Op::Concat { axis: 0 }, &outs)?
-        });
-        hs.push(cx.add1(
-            Op::Reshape {
-                shape: vec![1, batch, h],
-            },
-            &[ht],
-        )?);
-        cs.push(cx.add1(
-            Op::Reshape {
-                shape: vec![1, batch, h],
-            },
-            &[ct],
-        )?);
+        let (y, hn, cn) = cell.run(cx, xw, (ht, ct), reverse, zeros)?;
+        ys.push(y);
+        hs.push(hn);
+        cs.push(cn);
     }
     let join = |cx: &mut NodeCx<'_, '_>, v: Vec<Value>, axis: usize| -> Result<Value> {
         if v.len() == 1 {
@@ -378,6 +353,49 @@ struct Cell<'a> {
 }
 
 impl Cell<'_> {
+    /// The direction over the sequence of input projections `xw` ([seq, batch, g*h]) from the states
+    /// `(ht, ct)`, backwards where `reverse`: Y [seq, 1, batch, h] and the last states [1, batch, h].
+    fn run(
+        &self,
+        cx: &mut NodeCx<'_, '_>,
+        xw: Value,
+        (mut ht, mut ct): (Value, Value),
+        reverse: bool,
+        zeros: Value,
+    ) -> Result<(Value, Value, Value)> {
+        let (seq, batch, h) = (cx.ty(xw).shape[0], cx.ty(xw).shape[1], self.h);
+        let mut outs = vec![zeros; seq];
+        for step in 0..seq {
+            let t = if reverse { seq - 1 - step } else { step };
+            let xt = pick(cx, xw, t)?;
+            (ht, ct) = self.step(cx, xt, ht, ct)?;
+            outs[t] = cx.add1(
+                Op::Reshape {
+                    shape: vec![1, 1, batch, h],
+                },
+                &[ht],
+            )?;
+        }
+        let y = if seq == 1 {
+            outs[0]
+        } else {
+            cx.add1(Op::Concat { axis: 0 }, &outs)?
+        };
+        let hn = cx.add1(
+            Op::Reshape {
+                shape: vec![1, batch, h],
+            },
+            &[ht],
+        )?;
+        let cn = cx.add1(
+            Op::Reshape {
+                shape: vec![1, batch, h],
+            },
+            &[ct],
+        )?;
+        Ok((y, hn, cn))
+    }
+
     /// One time step from the input projection `xt` and the states: the new hidden and cell states
     /// (the cell state passes through unchanged but for an LSTM).
     fn step(
