@@ -337,6 +337,52 @@ fn vector_matrix_products_read_the_weight_contiguously() {
     assert!(err < 1e-5, "error {err:e}");
 }
 
+/// A contraction whose reduction is blocked (a panel of B over half the L2: K = 4096 by 48 columns)
+/// and whose only split is the row tiles inside the K blocks, at 2 threads: one run of the parallel
+/// loop leaves each tile's partial sums for the next, so they are shared, not each thread's own
+/// (ResNet-50's 512 -> 512 3x3 stride-2 convolution, K = 4608 by 49 columns, once read another
+/// thread's uninitialised copy: 6.7e-2 off at 2 threads). Compiled, it matches the interpreter.
+#[test]
+fn blocked_reductions_keep_their_partial_sums_across_threads() {
+    use mlopt_ir::{DType, Op, Tensor, TensorType};
+    let mut g = mlopt_ir::Graph::new("kblock");
+    let (m, k, n) = (64usize, 4096usize, 48usize);
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![m, k]));
+    let w: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
+    let w = g.add_const("w", Tensor::from_vec(&[k, n], w).unwrap());
+    let y = g.add(Op::MatMul, "matmul", &[x, w]).unwrap();
+    g.add_output("y", y);
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
+    let want = interp::run(&g, &inputs).unwrap();
+    let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
+    let options = Options {
+        config,
+        tune: false,
+        winograd: mlopt_schedule::Winograd::Auto,
+        profile: false,
+        dumps: false,
+    };
+    let c = compile(&g, &options).unwrap();
+    let k = &c.program.kernels[0];
+    let text = mlopt_kir::print::kernel(k);
+    assert!(
+        k.schedule
+            .iter()
+            .any(|s| matches!(s, mlopt_kir::ScheduleStep::KBlock { .. }))
+            && text.contains("serial %kb")
+            && text.contains("parallel %io"),
+        "{text}"
+    );
+    let mut loaded = c.load().unwrap();
+    for _ in 0..3 {
+        let got = c.run(&mut loaded, &inputs).unwrap();
+        let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+        assert!(err < 1e-5, "error {err:e}");
+    }
+}
+
 /// 1-D convolutions (Whisper's audio stem: 80 mel bins -> 96 channels, kernel 3, then stride 2) compile
 /// and match the interpreter; lowering once read a 2-D convolution's width from their rank-3 output and
 /// panicked.

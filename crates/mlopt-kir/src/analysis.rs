@@ -2,7 +2,7 @@
 //! variable, and how often each buffer is accessed in a statement list.
 
 use crate::ir::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// How `e` changes when `v` grows by one, if `e` is affine in `v` (Some(0) when it does not use `v`).
 pub fn coefficient(e: &Expr, v: Var) -> Option<i64> {
@@ -569,21 +569,104 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
     }
 }
 
-/// Local buffers every access of which is in `body` (within the whole kernel `k`): private to one
-/// iteration of a loop whose body is `body`.
+/// Local buffers private to one iteration of a loop whose body is `body` (within the whole kernel
+/// `k`): every access is in `body`, indexed by `body`'s own loops only. A local indexed by the loop's
+/// variable or one outside it (a K-blocked tile's partial sums, `sums[jo, io * mr + ii, jj]`, which one
+/// run of a parallel `io` loop leaves for the next) holds state across iterations: it is shared.
 pub fn private_locals(k: &Kernel, body: &[Stmt]) -> Vec<BufId> {
     private_in(k, body, &buffer_uses(&k.body))
 }
 
 /// `private_locals` with the kernel's `buffer_uses` computed once by the caller.
 pub fn private_in(k: &Kernel, body: &[Stmt], all: &HashMap<BufId, usize>) -> Vec<BufId> {
+    let outside = indexed_from_outside(body);
     let mut v: Vec<BufId> = buffer_uses(body)
         .into_iter()
-        .filter(|(b, n)| k.buffer(*b).space == Space::Local && all.get(b) == Some(n))
+        .filter(|(b, n)| {
+            k.buffer(*b).space == Space::Local && all.get(b) == Some(n) && !outside.contains(b)
+        })
         .map(|(b, _)| b)
         .collect();
     v.sort();
     v
+}
+
+/// The buffers some access in `body` indexes with a variable no loop of `body` binds.
+fn indexed_from_outside(body: &[Stmt]) -> HashSet<BufId> {
+    fn bound(body: &[Stmt], out: &mut HashSet<Var>) {
+        for s in body {
+            match s {
+                Stmt::For { var, body, .. } => {
+                    out.insert(*var);
+                    bound(body, out);
+                }
+                Stmt::If { then, .. } => bound(then, out),
+                _ => {}
+            }
+        }
+    }
+    fn free(e: &Expr, inside: &HashSet<Var>) -> bool {
+        match e {
+            Expr::Var(v) => !inside.contains(v),
+            Expr::Int(_) | Expr::Float(..) => false,
+            Expr::Load(_, ix) => ix.iter().any(|x| free(x, inside)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => free(a, inside),
+            Expr::Binary(_, a, b) => free(a, inside) || free(b, inside),
+            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => [a, b, c].iter().any(|x| free(x, inside)),
+        }
+    }
+    let mut inside = HashSet::new();
+    bound(body, &mut inside);
+    let mut out = HashSet::new();
+    for_each_index(body, &mut |b, ix| {
+        if ix.iter().any(|x| free(x, &inside)) {
+            out.insert(b);
+        }
+    });
+    out
+}
+
+/// Calls `f(buffer, index)` on every indexed access in `body`: stores, loads (in any expression), the
+/// blocks of matrix operations and asynchronous copies (the source by its flat offset).
+pub fn for_each_index(body: &[Stmt], f: &mut dyn FnMut(BufId, &[Expr])) {
+    for s in body {
+        match s {
+            Stmt::For { body, .. } => for_each_index(body, f),
+            Stmt::If { cond, then } => {
+                for_each_load(cond, f);
+                for_each_index(then, f);
+            }
+            Stmt::Store { buf, index, value } => {
+                f(*buf, index);
+                index
+                    .iter()
+                    .chain([value])
+                    .for_each(|x| for_each_load(x, f));
+            }
+            Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } => {}
+            Stmt::CopyAsync {
+                dst,
+                src,
+                from,
+                valid,
+                ..
+            } => {
+                f(dst.buf, &dst.at);
+                f(*src, std::slice::from_ref(from));
+                dst.at
+                    .iter()
+                    .chain([from])
+                    .chain(valid)
+                    .for_each(|x| for_each_load(x, f));
+            }
+            Stmt::Mma { c, a, b, .. } | Stmt::WarpMma { c, a, b } => {
+                for x in [c, a, b] {
+                    f(x.buf, &x.at);
+                    x.at.iter().for_each(|e| for_each_load(e, f));
+                }
+            }
+        }
+    }
 }
 
 /// The local buffers that one iteration of some loop of `k` whose kind `kinds` accepts owns (every access

@@ -750,3 +750,50 @@ fn distinct_writes_are_proved_by_evaluation() {
         100
     ));
 }
+
+/// A local is private to an iteration of a loop when every access is inside it and indexed by its own
+/// loops: a tile's accumulator is; the partial sums a K-blocked tile leaves for the next run of the
+/// loop (indexed by the loop's variable) are not, nor is anything read outside.
+#[test]
+fn locals_indexed_by_the_loop_are_shared() {
+    let text = "kernel @kblock(%x: f32[4,8], %y: f32[4]) {
+  local %acc: f32[1]
+  local %sums: f32[4]
+  serial %kb in 0..2 {
+    parallel %io in 0..4 {
+      if eq(%kb, 0) {
+        %acc[0] = 0.0f32
+      }
+      if ne(%kb, 0) {
+        %acc[0] = %sums[%io]
+      }
+      serial %k in 0..4 {
+        %acc[0] = (%acc[0] + %x[%io, ((%kb * 4) + %k)])
+      }
+      %sums[%io] = %acc[0]
+      if eq(%kb, 1) {
+        %y[%io] = %acc[0]
+      }
+    }
+  }
+}
+";
+    let k = parse_kernel(text).unwrap();
+    let Stmt::For { body: kb, .. } = &k.body[0] else {
+        panic!("{text}")
+    };
+    let Stmt::For { body: io, .. } = &kb[0] else {
+        panic!("{text}")
+    };
+    let names = |bufs: Vec<BufId>| -> Vec<String> {
+        bufs.iter().map(|b| k.buffer(*b).name.clone()).collect()
+    };
+    assert_eq!(names(analysis::private_locals(&k, io)), ["acc"]);
+    assert_eq!(names(analysis::private_locals(&k, kb)), ["acc", "sums"]);
+    let owned = analysis::locals_owned_by_loops(&k, &|kind| kind == LoopKind::Parallel);
+    assert_eq!(names(owned), ["acc"]);
+    // Run as written, the sums carry from the first block to the second.
+    let x: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let out = run(&k, vec![x, vec![0.0; 4]]);
+    assert_eq!(out[1], [28.0, 92.0, 156.0, 220.0]);
+}
