@@ -258,6 +258,13 @@ def main():
         if args.baseline:
             print(f"\ngeomean at {n} thread(s): mlopt/baseline {fmt(geomean([r.get('mlopt_over_base') for r in sel]))}")
         print(f"\ngeomean at {n} thread(s) over {sum(1 for r in sel if r.get('mlopt_over_ort'))} models: mlopt/ORT {fmt(geomean([r.get('mlopt_over_ort') for r in sel]))}, mlopt/OV f32 {fmt(geomean([r.get('mlopt_over_ov_f32') for r in sel]))}, mlopt/OV bf16 {fmt(geomean([r.get('mlopt_over_ov_bf16') for r in sel]))}")
+    # A timing is worth nothing if the answer is wrong: name every run off ORT (fp32 by more than 1e-3 of
+    # the largest output, low precision by more than 5e-2), the baseline's too.
+    bound = 1e-3 if args.precision == "fp32" else 5e-2
+    for who in ("mlopt", "base"):
+        off = [f"{r['model']} x{r['threads']} ({r[who + '_err']:.1e})" for r in rows if (r.get(who + "_err") or 0) > bound]
+        if off:
+            print(f"\n{'mlopt' if who == 'mlopt' else 'baseline'} is off ORT by more than {bound:g}: " + ", ".join(off))
     print(f"\nwrote {args.jsonl}", file=sys.stderr)
 
 

@@ -1,6 +1,7 @@
 """Checks every zoo model's compiled code against ONNX Runtime's outputs (`mlopt check --compiled`, rtol
-1e-3, atol 1e-4), run in the model's own folder with its bare file name (as a user would), and prints a
-markdown table: model, exporter, result, the worst output's error, the outputs' largest magnitude (an
+1e-3, atol 1e-4) at each thread count of --threads (1 and 2: a parallel loop's bug shows only at 2), run
+in the model's own folder with its bare file name (as a user would), and prints a markdown table: model,
+exporter, threads, result, the worst output's error, the outputs' largest magnitude (an
 output near zero would pass any tolerance: such a check is marked weak), compile-and-check seconds, and
 the reason of a failure.
 
@@ -33,45 +34,53 @@ def scale(data):
     return m
 
 
+def check(a, e, n):
+    """One export at `n` threads: its row of the table."""
+    folder = Path(e["file"]).parent
+    t = time.time()
+    try:
+        r = subprocess.run([a.mlopt, "check", "model.onnx", "--data", "test_data_set_0", "--compiled", "--threads", n, "--rtol", "1e-3", "--atol", "1e-4"], cwd=folder, capture_output=True, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return (e["name"], e["exporter"], n, "timeout", "", "", str(a.timeout), "")
+    secs = f"{time.time() - t:.1f}"
+    errs = [float(x) for x in re.findall(r"max abs err ([0-9.eE+-]+)", r.stdout)]
+    worst = f"{max(errs):.1e}" if errs else ""
+    big = scale(folder / "test_data_set_0")
+    weak = " (weak: outputs near 0)" if big < 1e-3 else ""
+    if r.returncode == 0:
+        return (e["name"], e["exporter"], n, "match" + weak, worst, f"{big:.2g}", secs, "")
+    if r.returncode == 1:
+        return (e["name"], e["exporter"], n, "MISMATCH", worst, f"{big:.2g}", secs, " ".join(r.stdout.split())[:200])
+    return (e["name"], e["exporter"], n, "error", worst, f"{big:.2g}", secs, (r.stderr.strip().splitlines() or [""])[-1][:240])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
     ap.add_argument("--only", default="")
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--threads", default="1,2")
     a = ap.parse_args()
     only = [s for s in a.only.split(",") if s]
+    threads = [t for t in a.threads.split(",") if t]
     manifest = json.loads((ZOO / "manifest.json").read_text())
     rows = []
     for key, e in manifest.items():
         if only and e["name"] not in only:
             continue
         if not e.get("file"):
-            rows.append((e["name"], e["exporter"], "not exported", "", "", "", e.get("error", "")))
+            rows.append((e["name"], e["exporter"], "", "not exported", "", "", "", e.get("error", "")))
+            print(" | ".join(rows[-1]), flush=True)
             continue
-        folder = Path(e["file"]).parent
-        t = time.time()
-        try:
-            r = subprocess.run([a.mlopt, "check", "model.onnx", "--data", "test_data_set_0", "--compiled", "--rtol", "1e-3", "--atol", "1e-4"], cwd=folder, capture_output=True, text=True, timeout=a.timeout)
-            secs = f"{time.time() - t:.1f}"
-            errs = [float(x) for x in re.findall(r"max abs err ([0-9.eE+-]+)", r.stdout)]
-            worst = f"{max(errs):.1e}" if errs else ""
-            big = scale(folder / "test_data_set_0")
-            weak = " (weak: outputs near 0)" if big < 1e-3 else ""
-            if r.returncode == 0:
-                rows.append((e["name"], e["exporter"], "match" + weak, worst, f"{big:.2g}", secs, ""))
-            elif r.returncode == 1:
-                rows.append((e["name"], e["exporter"], "MISMATCH", worst, f"{big:.2g}", secs, " ".join(r.stdout.split())[:200]))
-            else:
-                rows.append((e["name"], e["exporter"], "error", worst, f"{big:.2g}", secs, (r.stderr.strip().splitlines() or [""])[-1][:240]))
-        except subprocess.TimeoutExpired:
-            rows.append((e["name"], e["exporter"], "timeout", "", "", str(a.timeout), ""))
-        print(" | ".join(rows[-1]), flush=True)
-    print("\n| model | exporter | compiled vs ORT | max abs error | max abs output | seconds | reason |\n|---|---|---|---|---|---|---|")
+        for n in threads:
+            rows.append(check(a, e, n))
+            print(" | ".join(rows[-1]), flush=True)
+    print("\n| model | exporter | threads | compiled vs ORT | max abs error | max abs output | seconds | reason |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(x.replace("|", "/") for x in r) + " |")
-    ok = sum(1 for r in rows if r[2].startswith("match"))
-    weak = sum(1 for r in rows if "weak" in r[2])
-    print(f"\n{ok} of {len(rows)} exports match ONNX Runtime ({weak} of them with outputs near 0)")
+    ok = sum(1 for r in rows if r[3].startswith("match"))
+    weak = sum(1 for r in rows if "weak" in r[3])
+    print(f"\n{ok} of {len(rows)} checks (exports x threads) match ONNX Runtime ({weak} of them with outputs near 0)")
 
 
 if __name__ == "__main__":
