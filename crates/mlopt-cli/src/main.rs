@@ -149,7 +149,8 @@ enum Cmd {
         opt: OptArgs,
     },
     /// Compile a model into OUTPUT/lib<name>.a with OUTPUT/<name>.h (C API), OUTPUT/<name>.rs (Rust
-    /// binding), report.json and every stage's dump (<name>.optimized.mlir, .kir, .ll).
+    /// binding), report.json and every stage's dump (<name>.import.gir, .optimized.gir, .lowered.kir,
+    /// .scheduled.kir, and .ll or .ptx).
     Compile {
         model: PathBuf,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
