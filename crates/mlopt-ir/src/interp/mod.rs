@@ -15,7 +15,7 @@ mod resize;
 
 pub use resize::{axis_taps as resize_taps, Taps as ResizeTaps};
 #[cfg(test)]
-mod properties;
+mod property_tests;
 #[cfg(test)]
 mod tests;
 
