@@ -576,79 +576,22 @@ impl Stmt {
     /// The statement with `f` applied to every expression in it (indices, values, guards, block
     /// positions, copy sources and tests); loops, buffers and everything else stay.
     pub fn map_exprs(&self, f: &dyn Fn(&Expr) -> Expr) -> Stmt {
-        let ix = |v: &[Expr]| v.iter().map(f).collect::<Vec<_>>();
-        let blk = |b: &Block| Block {
-            buf: b.buf,
-            at: ix(&b.at),
-        };
-        match self {
-            Stmt::For {
-                var,
-                extent,
-                kind,
-                body,
-            } => Stmt::For {
-                var: *var,
-                extent: *extent,
-                kind: *kind,
-                body: body.iter().map(|s| s.map_exprs(f)).collect(),
-            },
-            Stmt::Store { buf, index, value } => Stmt::Store {
-                buf: *buf,
-                index: ix(index),
-                value: f(value),
-            },
-            Stmt::If { cond, then } => Stmt::If {
-                cond: f(cond),
-                then: then.iter().map(|s| s.map_exprs(f)).collect(),
-            },
-            Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } => self.clone(),
-            Stmt::Mma {
-                m,
-                n,
-                k,
-                c,
-                a,
-                b,
-                acc,
-            } => Stmt::Mma {
-                m: *m,
-                n: *n,
-                k: *k,
-                c: blk(c),
-                a: blk(a),
-                b: blk(b),
-                acc: *acc,
-            },
-            Stmt::WarpMma { c, a, b } => Stmt::WarpMma {
-                c: blk(c),
-                a: blk(a),
-                b: blk(b),
-            },
-            Stmt::CopyAsync {
-                dst,
-                src,
-                from,
-                lanes,
-                valid,
-            } => Stmt::CopyAsync {
-                dst: blk(dst),
-                src: *src,
-                from: f(from),
-                lanes: *lanes,
-                valid: valid.as_ref().map(f),
-            },
-        }
+        self.rebuild(f, &|b| b)
     }
 
     /// The statement with every buffer it names (stored, loaded, in a block, copied or reduced) renamed
     /// by `f`.
     pub fn map_bufs(&self, f: &dyn Fn(BufId) -> BufId) -> Stmt {
-        let e = |x: &Expr| x.map_loads(&|b, ix| Expr::Load(f(b), ix));
+        self.rebuild(&|x| x.map_loads(&|b, ix| Expr::Load(f(b), ix)), f)
+    }
+
+    /// The statement with `e` applied to every expression in it and `b` to the buffers its stores,
+    /// blocks, copies and reductions name (loads are `e`'s).
+    fn rebuild(&self, e: &dyn Fn(&Expr) -> Expr, b: &dyn Fn(BufId) -> BufId) -> Stmt {
         let ix = |v: &[Expr]| v.iter().map(e).collect::<Vec<_>>();
-        let blk = |b: &Block| Block {
-            buf: f(b.buf),
-            at: ix(&b.at),
+        let blk = |x: &Block| Block {
+            buf: b(x.buf),
+            at: ix(&x.at),
         };
         match self {
             Stmt::For {
@@ -660,20 +603,21 @@ impl Stmt {
                 var: *var,
                 extent: *extent,
                 kind: *kind,
-                body: body.iter().map(|s| s.map_bufs(f)).collect(),
+                body: body.iter().map(|s| s.rebuild(e, b)).collect(),
             },
             Stmt::Store { buf, index, value } => Stmt::Store {
-                buf: f(*buf),
+                buf: b(*buf),
                 index: ix(index),
                 value: e(value),
             },
             Stmt::If { cond, then } => Stmt::If {
                 cond: e(cond),
-                then: then.iter().map(|s| s.map_bufs(f)).collect(),
+                then: then.iter().map(|s| s.rebuild(e, b)).collect(),
             },
-            Stmt::Barrier | Stmt::AsyncWait => self.clone(),
+            Stmt::Barrier => Stmt::Barrier,
+            Stmt::AsyncWait => Stmt::AsyncWait,
             Stmt::WarpReduce { buf, op } => Stmt::WarpReduce {
-                buf: f(*buf),
+                buf: b(*buf),
                 op: *op,
             },
             Stmt::Mma {
@@ -682,7 +626,7 @@ impl Stmt {
                 k,
                 c,
                 a,
-                b,
+                b: bb,
                 acc,
             } => Stmt::Mma {
                 m: *m,
@@ -690,13 +634,13 @@ impl Stmt {
                 k: *k,
                 c: blk(c),
                 a: blk(a),
-                b: blk(b),
+                b: blk(bb),
                 acc: *acc,
             },
-            Stmt::WarpMma { c, a, b } => Stmt::WarpMma {
+            Stmt::WarpMma { c, a, b: bb } => Stmt::WarpMma {
                 c: blk(c),
                 a: blk(a),
-                b: blk(b),
+                b: blk(bb),
             },
             Stmt::CopyAsync {
                 dst,
@@ -706,7 +650,7 @@ impl Stmt {
                 valid,
             } => Stmt::CopyAsync {
                 dst: blk(dst),
-                src: f(*src),
+                src: b(*src),
                 from: e(from),
                 lanes: *lanes,
                 valid: valid.as_ref().map(e),

@@ -132,7 +132,8 @@ fn drop_unused(
         body: Vec::new(),
         ..k.clone()
     };
-    out.body = k.body.iter().map(|s| rename_stmt(s, &remap)).collect();
+    let rename = |b: BufId| remap.get(&b).copied().unwrap_or(b);
+    out.body = k.body.iter().map(|s| s.map_bufs(&rename)).collect();
     let args = keep
         .iter()
         .filter(|(id, _)| k.bufs[id.0 as usize].space == Space::Global)
@@ -141,79 +142,4 @@ fn drop_unused(
         })
         .collect();
     Ok((out, args))
-}
-
-fn rename_expr(e: &Expr, m: &HashMap<BufId, BufId>) -> Expr {
-    e.map_loads(&|b, ix| Expr::Load(m.get(&b).copied().unwrap_or(b), ix))
-}
-
-fn rename_stmt(s: &Stmt, m: &HashMap<BufId, BufId>) -> Stmt {
-    let ix = |v: &[Expr]| v.iter().map(|x| rename_expr(x, m)).collect::<Vec<_>>();
-    let blk = |b: &mlopt_kir::Block| mlopt_kir::Block {
-        buf: m.get(&b.buf).copied().unwrap_or(b.buf),
-        at: ix(&b.at),
-    };
-    match s {
-        Stmt::For {
-            var,
-            extent,
-            kind,
-            body,
-        } => Stmt::For {
-            var: *var,
-            extent: *extent,
-            kind: *kind,
-            body: body.iter().map(|s| rename_stmt(s, m)).collect(),
-        },
-        Stmt::Store { buf, index, value } => Stmt::Store {
-            buf: m.get(buf).copied().unwrap_or(*buf),
-            index: ix(index),
-            value: rename_expr(value, m),
-        },
-        Stmt::If { cond, then } => Stmt::If {
-            cond: rename_expr(cond, m),
-            then: then.iter().map(|s| rename_stmt(s, m)).collect(),
-        },
-        Stmt::Barrier => Stmt::Barrier,
-        Stmt::Mma {
-            m: rows,
-            n,
-            k,
-            c,
-            a,
-            b,
-            acc,
-        } => Stmt::Mma {
-            m: *rows,
-            n: *n,
-            k: *k,
-            c: blk(c),
-            a: blk(a),
-            b: blk(b),
-            acc: *acc,
-        },
-        Stmt::WarpMma { c, a, b } => Stmt::WarpMma {
-            c: blk(c),
-            a: blk(a),
-            b: blk(b),
-        },
-        Stmt::CopyAsync {
-            dst,
-            src,
-            from,
-            lanes,
-            valid,
-        } => Stmt::CopyAsync {
-            dst: blk(dst),
-            src: m.get(src).copied().unwrap_or(*src),
-            from: rename_expr(from, m),
-            lanes: *lanes,
-            valid: valid.as_ref().map(|c| rename_expr(c, m)),
-        },
-        Stmt::AsyncWait => Stmt::AsyncWait,
-        Stmt::WarpReduce { buf, op } => Stmt::WarpReduce {
-            buf: m.get(buf).copied().unwrap_or(*buf),
-            op: *op,
-        },
-    }
 }
