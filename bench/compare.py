@@ -93,6 +93,8 @@ def ov_runner(model, threads, precision, feeds):
 
     core = ov.Core()
     m = core.read_model(str(model))
+    # Static shapes, as mlopt compiles them (a symbolic batch would leave OpenVINO's kernels dynamic).
+    m.reshape({i.get_any_name(): list(feeds[i.get_any_name()].shape) for i in m.inputs})
     c = core.compile_model(m, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
     r = c.create_infer_request()
     by_name = {i.get_any_name(): feeds[i.get_any_name()] for i in m.inputs}
@@ -127,19 +129,24 @@ def models_from(args):
     for name in names:
         if only and name not in only:
             continue
-        for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else ["dynamo", "torchscript"]):
+        # A batch above 1 needs a symbolic batch dimension: the TorchScript exports have one.
+        order = ["torchscript"] if args.batch > 1 else ["dynamo", "torchscript"]
+        for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else order):
             e = manifest.get(f"{name}/{exporter}")
             if e and e.get("file"):
                 yield {**e, "name": f"{name}" if args.exporter == "prefer-dynamo" else f"{name}/{exporter}"}
                 break
 
 
-def feeds_for(entry, sess):
+def feeds_for(entry, sess, batch=1):
+    """The model's inputs: the zoo's saved ones (batch 1), repeated `batch` times along the first axis."""
     if entry["inputs"]:
-        return {i["name"]: np.load(i["npy"]) for i in entry["inputs"]}
-    rng = np.random.default_rng(0)
-    types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
-    return {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(types.get(i.type, np.float32)) for i in sess.get_inputs()}
+        feeds = {i["name"]: np.load(i["npy"]) for i in entry["inputs"]}
+    else:
+        rng = np.random.default_rng(0)
+        types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+        feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(types.get(i.type, np.float32)) for i in sess.get_inputs()}
+    return {k: np.concatenate([a] * batch, axis=0) if batch > 1 else a for k, a in feeds.items()}
 
 
 def measure(engines, rounds, iters, budget_s=0.5):
@@ -182,6 +189,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=1, help="batch size (above 1: the TorchScript exports, whose batch dimension is symbolic)")
     ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
     ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
     ap.add_argument("--baseline", help="another mlopt binary (an earlier commit's), measured in the same run: the table adds its ms and mlopt/baseline")
@@ -196,10 +204,10 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for entry in models_from(args):
             for n in threads:
-                row = {"model": entry["name"], "file": entry["file"], "threads": n, "precision": args.precision, "gflop": entry.get("gflop")}
+                row = {"model": entry["name"], "file": entry["file"], "threads": n, "precision": args.precision, "batch": args.batch, "gflop": entry["gflop"] * args.batch if entry.get("gflop") else None}
                 try:
                     sess = ort_session(entry["file"], n)
-                    feeds = feeds_for(entry, sess)
+                    feeds = feeds_for(entry, sess, args.batch)
                     names = [i.name for i in sess.get_inputs()]
                     ref = sess.run(None, {k: feeds[k] for k in names})
                     engines = {"ort": lambda s=sess: s.run(None, {k: feeds[k] for k in names})}
@@ -239,6 +247,7 @@ def main():
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 print(f"{row['model']} x{n}: " + ", ".join(f"{k} {row[k]}" for k in row if k.endswith("_ms") or k.endswith("error")), file=sys.stderr)
+    print(f"\nbatch {args.batch}, precision {args.precision}")
     print(f"\n| model | threads | GFLOP | mlopt ms | ORT ms | OV f32 ms | OV bf16 ms | mlopt/ORT | mlopt/OV f32 | mlopt/OV bf16 | mlopt GFLOP/s | mlopt err | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
