@@ -383,6 +383,51 @@ fn blocked_reductions_keep_their_partial_sums_across_threads() {
     }
 }
 
+/// A convolution split over images at 2 threads, each thread copying its image into a padded, phased
+/// buffer of 3.3 MB (YOLO's stride-2 layers at batch 8 copy 13 MB): a thread's own locals above the
+/// stack budget go on the heap. On the stack they overflowed it (YOLO at batch 8 and 2 threads crashed;
+/// a test thread's 2 MB stack overflows here). Compiled, it matches the interpreter.
+#[test]
+fn threads_own_large_locals_on_the_heap() {
+    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType};
+    let mut g = mlopt_ir::Graph::new("phased");
+    let (n, c, m, hw) = (2usize, 32usize, 64usize, 160usize);
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![n, c, hw, hw]));
+    let w: Vec<f32> = (0..m * c * 9)
+        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+        .collect();
+    let w = g.add_const("w", Tensor::from_vec(&[m, c, 3, 3], w).unwrap());
+    let a = ConvAttrs {
+        strides: vec![2, 2],
+        pads: vec![1, 1, 1, 1],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![],
+    };
+    let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
+    g.add_output("y", y);
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
+    let want = interp::run(&g, &inputs).unwrap();
+    let options = Options {
+        config: Config::new(Target::named("x86-64-v4", 2).unwrap()),
+        tune: false,
+        winograd: mlopt_schedule::Winograd::Never,
+        profile: false,
+        dumps: false,
+    };
+    let c = compile(&g, &options).unwrap();
+    let k = &c.program.kernels[0];
+    let text = mlopt_kir::print::kernel(k);
+    let big_private = k
+        .bufs
+        .iter()
+        .any(|b| b.space == mlopt_kir::Space::Local && b.numel() * b.elem.size() > 2 << 20);
+    assert!(big_private && text.contains("parallel %g"), "{text}");
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+    assert!(err < 1e-5, "error {err:e}");
+}
+
 /// 1-D convolutions (Whisper's audio stem: 80 mel bins -> 96 channels, kernel 3, then stride 2) compile
 /// and match the interpreter; lowering once read a 2-D convolution's width from their rank-3 output and
 /// panicked.

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 pub type Ret<T> = Result<T>;
 
 /// Local buffers up to this size live on the stack; larger ones on the heap.
-const STACK_LOCAL_BYTES: u64 = 256 * 1024;
+pub(crate) const STACK_LOCAL_BYTES: u64 = 256 * 1024;
 
 pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
     match e {
@@ -77,6 +77,19 @@ pub struct Gen<'a, 'c> {
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
     /// `bar.sync`, and math has no libm to call.
     pub gpu: bool,
+    /// The locals this function allocated on the heap, freed before it returns.
+    pub(crate) heap: Vec<PointerValue<'c>>,
+    /// How this function reports a failed allocation (its own, or a parallel loop's inside it).
+    pub(crate) on_out_of_memory: OutOfMemory<'c>,
+    oom_block: Option<inkwell::basic_block::BasicBlock<'c>>,
+}
+
+/// How a function reports that a heap allocation failed: a kernel returns 1; a parallel loop's outlined
+/// body sets its context's flag, which the code around the loop reads after it, and returns.
+#[derive(Clone, Copy)]
+pub(crate) enum OutOfMemory<'c> {
+    Return,
+    Flag(PointerValue<'c>),
 }
 
 pub(crate) fn err(what: impl Into<String>) -> LlvmError {
@@ -97,6 +110,9 @@ impl<'a, 'c> Gen<'a, 'c> {
             private: HashMap::new(),
             matrix: None,
             gpu: false,
+            heap: Vec::new(),
+            on_out_of_memory: OutOfMemory::Return,
+            oom_block: None,
         }
     }
 
@@ -104,67 +120,119 @@ impl<'a, 'c> Gen<'a, 'c> {
         self.ctx.i64_type().const_int(v as u64, true)
     }
 
-    /// Allocates the kernel's local buffers at the top of the function: on the stack up to
-    /// `STACK_LOCAL_BYTES`, larger ones (a convolution's padded input, Winograd's transforms) with
-    /// `aligned_alloc`, freed by `free_locals` before the function returns. Returns the heap ones.
-    pub fn alloc_locals(&mut self) -> Ret<Vec<PointerValue<'c>>> {
-        // Locals one iteration of a parallel loop owns are made by each thread (`parallel.rs`), not here.
+    /// Allocates the kernel's local buffers at the top of the function (`allocate`). Locals one
+    /// iteration of a parallel loop owns are made by each thread (`parallel.rs`), not here.
+    pub fn alloc_locals(&mut self) -> Ret<()> {
         let threads_own = match self.gpu {
             true => vec![],
             false => mlopt_kir::analysis::locals_owned_by_loops(self.kernel, &|kind| {
                 kind == LoopKind::Parallel
             }),
         };
-        let mut heap = Vec::new();
-        for (i, buf) in self.kernel.bufs.iter().enumerate() {
-            if buf.space == Space::Local && !threads_own.contains(&BufId(i as u32)) {
-                let t = ty(self.ctx, buf.elem);
-                let n = buf.numel().max(1);
-                let bytes = n * buf.elem.size();
-                if self.gpu && bytes > STACK_LOCAL_BYTES {
-                    return Err(err(format!(
-                        "@{}: local %{} of {bytes} bytes per GPU thread",
-                        self.kernel.name, buf.name
-                    )));
-                }
-                let p = if bytes <= STACK_LOCAL_BYTES {
-                    let p = self
-                        .builder
-                        .build_array_alloca(t, self.i64(n as i64), &buf.name)?;
-                    p.as_instruction().map(|ins| ins.set_alignment(64));
-                    p
-                } else {
-                    let alloc = libc(self.ctx, self.module, "aligned_alloc")?;
-                    let call = self.builder.build_call(
-                        alloc,
-                        &[
-                            self.i64(64).into(),
-                            self.i64(bytes.div_ceil(64) as i64 * 64).into(),
-                        ],
-                        &buf.name,
-                    )?;
-                    let p = call
-                        .try_as_basic_value()
-                        .basic()
-                        .ok_or_else(|| err("aligned_alloc returned nothing"))?
-                        .into_pointer_value();
-                    heap.push(p);
-                    p
-                };
-                self.ptrs.insert(BufId(i as u32), p);
+        let bufs: Vec<BufId> = (0..self.kernel.bufs.len() as u32)
+            .map(BufId)
+            .filter(|b| self.kernel.buffer(*b).space == Space::Local && !threads_own.contains(b))
+            .collect();
+        self.allocate(&bufs)
+    }
+
+    /// Allocates local buffers `bufs`: on the stack up to `STACK_LOCAL_BYTES` (a GPU thread has no
+    /// more), larger ones (a convolution's padded input, Winograd's transforms) with `aligned_alloc`,
+    /// kept in `heap` for `free_locals`; then goes on only if every allocation succeeded, else to
+    /// `out_of_memory`.
+    pub(crate) fn allocate(&mut self, bufs: &[BufId]) -> Ret<()> {
+        let first = self.heap.len();
+        for b in bufs {
+            let buf = self.kernel.buffer(*b);
+            let t = ty(self.ctx, buf.elem);
+            let n = buf.numel().max(1);
+            let bytes = n * buf.elem.size();
+            if self.gpu && bytes > STACK_LOCAL_BYTES {
+                return Err(err(format!(
+                    "@{}: local %{} of {bytes} bytes per GPU thread",
+                    self.kernel.name, buf.name
+                )));
+            }
+            let p = if bytes <= STACK_LOCAL_BYTES {
+                let p = self
+                    .builder
+                    .build_array_alloca(t, self.i64(n as i64), &buf.name)?;
+                p.as_instruction().map(|ins| ins.set_alignment(64));
+                p
+            } else {
+                let alloc = libc(self.ctx, self.module, "aligned_alloc")?;
+                let size = [
+                    self.i64(64).into(),
+                    self.i64(bytes.div_ceil(64) as i64 * 64).into(),
+                ];
+                let call = self.builder.build_call(alloc, &size, &buf.name)?;
+                let p = call
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| err("aligned_alloc returned nothing"))?
+                    .into_pointer_value();
+                self.heap.push(p);
+                p
+            };
+            self.ptrs.insert(*b, p);
+        }
+        if self.heap.len() == first {
+            return Ok(());
+        }
+        let mut failed = self.ctx.bool_type().const_zero();
+        for &p in &self.heap[first..] {
+            let null = self.builder.build_is_null(p, "null")?;
+            failed = self.builder.build_or(failed, null, "failed")?;
+        }
+        let (oom, run) = (
+            self.out_of_memory()?,
+            self.ctx.append_basic_block(self.func, "run"),
+        );
+        self.builder.build_conditional_branch(failed, oom, run)?;
+        self.builder.position_at_end(run);
+        Ok(())
+    }
+
+    /// The block that frees the heap locals (free(NULL) does nothing) and reports a failed allocation
+    /// as `on_out_of_memory` says; made once, after every allocation of the function.
+    pub(crate) fn out_of_memory(&mut self) -> Ret<inkwell::basic_block::BasicBlock<'c>> {
+        if let Some(b) = self.oom_block {
+            return Ok(b);
+        }
+        let here = self
+            .builder
+            .get_insert_block()
+            .ok_or_else(|| err("no insertion point"))?;
+        let oom = self.ctx.append_basic_block(self.func, "oom");
+        self.builder.position_at_end(oom);
+        self.free_locals()?;
+        match self.on_out_of_memory {
+            OutOfMemory::Return => {
+                self.builder
+                    .build_return(Some(&self.ctx.i32_type().const_int(1, false)))?;
+            }
+            OutOfMemory::Flag(flag) => {
+                // Several threads may fail at once: an atomic store, read after they have all joined.
+                let st = self.builder.build_store(flag, self.i64(1))?;
+                st.set_alignment(8).map_err(|e| err(e.to_string()))?;
+                st.set_atomic_ordering(inkwell::AtomicOrdering::Monotonic)
+                    .map_err(|e| err(e.to_string()))?;
+                self.builder.build_return(None)?;
             }
         }
-        Ok(heap)
+        self.builder.position_at_end(here);
+        self.oom_block = Some(oom);
+        Ok(oom)
     }
 
     /// Frees the heap-allocated locals (call right before returning).
-    pub fn free_locals(&mut self, heap: &[PointerValue<'c>]) -> Ret<()> {
-        if heap.is_empty() {
+    pub fn free_locals(&mut self) -> Ret<()> {
+        if self.heap.is_empty() {
             return Ok(());
         }
         let free = libc(self.ctx, self.module, "free")?;
-        for p in heap {
-            self.builder.build_call(free, &[(*p).into()], "")?;
+        for &p in &self.heap {
+            self.builder.build_call(free, &[p.into()], "")?;
         }
         Ok(())
     }
@@ -636,27 +704,10 @@ pub fn define_kernel<'c>(
         p.set_name(&k.buffer(*b).name);
         g.ptrs.insert(*b, p);
     }
-    let heap = g.alloc_locals()?;
-    if !heap.is_empty() {
-        // Out of memory: free what was allocated (free(NULL) does nothing) and return 1.
-        let mut failed = c.bool_type().const_zero();
-        for p in &heap {
-            let null = g.builder.build_is_null(*p, "null")?;
-            failed = g.builder.build_or(failed, null, "failed")?;
-        }
-        let (oom, run) = (
-            c.append_basic_block(f, "oom"),
-            c.append_basic_block(f, "run"),
-        );
-        g.builder.build_conditional_branch(failed, oom, run)?;
-        g.builder.position_at_end(oom);
-        g.free_locals(&heap)?;
-        g.builder
-            .build_return(Some(&c.i32_type().const_int(1, false)))?;
-        g.builder.position_at_end(run);
-    }
+    // Out of memory (here or in a parallel loop's thread): free what was allocated and return 1.
+    g.alloc_locals()?;
     g.block(&k.body)?;
-    g.free_locals(&heap)?;
+    g.free_locals()?;
     g.builder.build_return(Some(&c.i32_type().const_zero()))?;
     Ok(())
 }

@@ -1,16 +1,18 @@
 //! Parallel loops: the loop's body is outlined into `void <kernel>.par<N>(ptr ctx, i64 begin, i64 end)`,
 //! which runs iterations begin..end; the kernel packs every buffer pointer and every enclosing loop
 //! variable into `ctx` and calls the runtime's `mlopt_parallel_for(fn, ctx, extent, threads)`, which splits
-//! 0..extent into one contiguous range per thread. Local buffers used only inside the loop are allocated
-//! inside the outlined function, so each thread has its own accumulators.
+//! 0..extent into one contiguous range per thread. Local buffers the loop's iterations own are allocated
+//! inside the outlined function, so each thread has its own accumulators: on its stack up to the stack
+//! budget, larger ones (a padded image when the loop runs over images) on the heap. A thread whose
+//! allocation fails sets a flag in `ctx`, and the code after the loop reports the failure as its own.
 
 #![allow(unsafe_code)] // GEPs into the context array; see codegen.rs.
 
-use crate::codegen::{Gen, Ret, VarVal};
+use crate::codegen::{Gen, OutOfMemory, Ret, VarVal};
 use crate::error::LlvmError;
 use inkwell::module::Linkage;
 use inkwell::AddressSpace;
-use mlopt_kir::{BufId, Stmt, Var};
+use mlopt_kir::{BufId, LoopKind, Stmt, Var};
 
 pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stmt]) -> Ret<()> {
     let (c, m) = (g.ctx, g.module);
@@ -32,10 +34,24 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             VarVal::Lanes(_) => None,
         })
         .collect();
-    let slots = (bufs.len() + vars.len()).max(1) as u64;
+    // A flag slot after them where a thread may fail to allocate: a heap local, or a loop inside.
+    let heap_private = private.iter().any(|b| {
+        let buf = g.kernel.buffer(*b);
+        buf.numel() * buf.elem.size() > crate::codegen::STACK_LOCAL_BYTES
+    });
+    let flag_slot = (heap_private || has_parallel(body)).then_some(bufs.len() + vars.len());
+    let slots = (bufs.len() + vars.len() + usize::from(flag_slot.is_some())).max(1) as u64;
     let ctx = g
         .builder
         .build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
+    let slot_at = |b: &inkwell::builder::Builder<'c>, base, s: usize| {
+        // SAFETY: every slot asked for is < slots.
+        unsafe { b.build_in_bounds_gep(i64t, base, &[i64t.const_int(s as u64, false)], "slot") }
+    };
+    if let Some(s) = flag_slot {
+        g.builder
+            .build_store(slot_at(&g.builder, ctx, s)?, i64t.const_zero())?;
+    }
     for (s, (_, p)) in bufs.iter().enumerate() {
         // SAFETY: s < slots.
         let at = unsafe {
@@ -114,16 +130,10 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
                 .into_int_value();
             h.vars.insert(*v, VarVal::Scalar(x));
         }
-        for b in &private {
-            let buf = g.kernel.buffer(*b);
-            let t = crate::codegen::ty(c, buf.elem);
-            let a = h.builder.build_array_alloca(
-                t,
-                i64t.const_int(buf.numel().max(1), false),
-                &buf.name,
-            )?;
-            h.ptrs.insert(*b, a);
+        if let Some(s) = flag_slot {
+            h.on_out_of_memory = OutOfMemory::Flag(slot_at(&h.builder, p, s)?);
         }
+        h.allocate(&private)?;
         let begin = f
             .get_nth_param(1)
             .ok_or_else(|| LlvmError::Codegen("begin".into()))?
@@ -137,6 +147,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             h.vars.insert(var, VarVal::Scalar(i));
             h.block(body)
         })?;
+        h.free_locals()?;
         h.builder.build_return(None)?;
     }
     let rt = crate::codegen::libc(c, m, "mlopt_parallel_for")?;
@@ -146,5 +157,31 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         &[fp.into(), ctx.into(), i64t.const_int(extent, false).into()],
         "",
     )?;
+    if let Some(s) = flag_slot {
+        let flag = g
+            .builder
+            .build_load(i64t, slot_at(&g.builder, ctx, s)?, "oom")?;
+        let failed = g.builder.build_int_compare(
+            inkwell::IntPredicate::NE,
+            flag.into_int_value(),
+            i64t.const_zero(),
+            "failed",
+        )?;
+        let (oom, after) = (g.out_of_memory()?, c.append_basic_block(g.func, "after"));
+        g.builder.build_conditional_branch(failed, oom, after)?;
+        g.builder.position_at_end(after);
+    }
     Ok(())
+}
+
+/// Whether `body` holds a parallel loop.
+fn has_parallel(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::For {
+            kind: LoopKind::Parallel,
+            ..
+        } => true,
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => has_parallel(body),
+        _ => false,
+    })
 }
