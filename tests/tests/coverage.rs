@@ -1,9 +1,10 @@
-//! Schedule coverage on the zoo's real layer shapes: every layer below, compiled for this machine, must
-//! (1) give the interpreter's answer and (2) run no kernel of more than a few hundred elements as a scalar
-//! loop nest: each kernel's schedule class (the one `bench --profile` shows) is vector or tiled, at most
-//! a tenth of its arithmetic runs outside vector lanes, and at most a tenth of its loads and stores (a
-//! layout op's whole work: concat, split, pad, resize, transpose, slice). A shape the fast paths miss
-//! fails here, not silently in a benchmark.
+//! Schedule coverage on the zoo's real layer shapes at batch 1, 2 and 8: every layer below, compiled for
+//! this machine, must (1) give the interpreter's answer and (2) run no kernel of more than a few hundred
+//! elements as a scalar loop nest: each kernel's schedule class (the one `bench --profile` shows) is
+//! vector or tiled, at most a tenth of its arithmetic runs outside vector lanes, at most a tenth of its
+//! loads and stores (a layout op's whole work: concat, split, pad, resize, transpose, slice), and at
+//! most a tenth of them gather one element per lane. A shape the fast paths miss fails here, not
+//! silently in a benchmark.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_cost::ScheduleClass;
@@ -32,9 +33,11 @@ fn weights(shape: &[usize], fan_in: usize, seed: u64) -> Tensor {
     Tensor::from_vec(shape, v).unwrap()
 }
 
-/// Convolution (1-D or 2-D) of `c` -> `m` channels over `size` with a k-wide window, + bias, + ReLU.
+/// Convolution (1-D or 2-D) of `n` images of `c` -> `m` channels over `size` with a k-wide window, +
+/// bias, + ReLU.
 #[allow(clippy::too_many_arguments)]
 fn conv(
+    n: usize,
     c: usize,
     m: usize,
     size: &[usize],
@@ -44,11 +47,11 @@ fn conv(
     relu: bool,
 ) -> Layer {
     let sp = size.len();
-    let name = format!("conv{}d {c}->{m} {size:?} k{k} s{stride} g{group}", sp);
+    let name = format!("conv{}d {n}x {c}->{m} {size:?} k{k} s{stride} g{group}", sp);
     let mut g = Graph::new("layer");
     let x = g.add_input(
         "x",
-        TensorType::new(DType::F32, [vec![1, c], size.to_vec()].concat()),
+        TensorType::new(DType::F32, [vec![n, c], size.to_vec()].concat()),
     );
     let w = g.add_const(
         "w",
@@ -74,10 +77,10 @@ fn conv(
     (name, g)
 }
 
-/// A stride-2 transposed convolution (2x upsampling) of `c` -> `m` channels.
-fn conv_transpose(c: usize, m: usize, hw: usize, k: usize) -> Layer {
+/// A stride-2 transposed convolution (2x upsampling) of `n` images of `c` -> `m` channels.
+fn conv_transpose(n: usize, c: usize, m: usize, hw: usize, k: usize) -> Layer {
     let mut g = Graph::new("layer");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![n, c, hw, hw]));
     let w = g.add_const("w", weights(&[c, m, k, k], c * k * k / 4, 5));
     let a = ConvAttrs {
         strides: vec![2, 2],
@@ -88,10 +91,11 @@ fn conv_transpose(c: usize, m: usize, hw: usize, k: usize) -> Layer {
     };
     let y = g.add(Op::ConvTranspose(a), "deconv", &[x, w]).unwrap();
     g.add_output("y", y);
-    (format!("conv transpose {c}->{m} {hw}x{hw} k{k} s2"), g)
+    (format!("conv transpose {n}x {c}->{m} {hw}x{hw} k{k} s2"), g)
 }
 
 fn pool(
+    n: usize,
     max: bool,
     c: usize,
     hw: usize,
@@ -101,12 +105,12 @@ fn pool(
     ceil_mode: bool,
 ) -> Layer {
     let name = format!(
-        "{} pool {c}x{hw}x{hw} k{k} s{stride} p{pad}{}",
+        "{} pool {n}x{c}x{hw}x{hw} k{k} s{stride} p{pad}{}",
         if max { "max" } else { "average" },
         if ceil_mode { " ceil" } else { "" }
     );
     let mut g = Graph::new("layer");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![n, c, hw, hw]));
     let pool = PoolAttrs {
         kernel: vec![k; 2],
         strides: vec![stride; 2],
@@ -162,12 +166,12 @@ fn rows(what: &str, shape: &[usize]) -> Layer {
 }
 
 /// A layout op: data moved, not computed (a concat, split, pad, resize, transpose or strided slice).
-fn layout(what: &str, shapes: &[&[usize]], op: Op) -> Layer {
+fn layout(what: &str, shapes: &[Vec<usize>], op: Op) -> Layer {
     let mut g = Graph::new("layer");
     let xs: Vec<_> = shapes
         .iter()
         .enumerate()
-        .map(|(i, s)| g.add_input(format!("x{i}"), TensorType::new(DType::F32, s.to_vec())))
+        .map(|(i, s)| g.add_input(format!("x{i}"), TensorType::new(DType::F32, s.clone())))
         .collect();
     let outputs = match &op {
         Op::Split { sizes, .. } => Some(sizes.len()),
@@ -187,7 +191,9 @@ fn layout(what: &str, shapes: &[&[usize]], op: Op) -> Layer {
     (format!("{what} {shapes:?}"), g)
 }
 
-fn layers() -> Vec<Layer> {
+/// The layers at batch `n`: the leading dimension of each input is `n` times its batch-1 size.
+fn layers(n: usize) -> Vec<Layer> {
+    let lead = |s: &[usize]| [&[s[0] * n][..], &s[1..]].concat();
     let mut v = Vec::new();
     // Pointwise convolutions at the zoo's spatial sizes and channel counts (SqueezeNet, ResNet,
     // MobileNet, EfficientNet), odd channel counts included.
@@ -201,7 +207,7 @@ fn layers() -> Vec<Layer> {
         (40, 120, 28),
         (72, 24, 28),
     ] {
-        v.push(conv(c, m, &[hw, hw], 1, 1, 1, true));
+        v.push(conv(n, c, m, &[hw, hw], 1, 1, 1, true));
     }
     // 3x3 convolutions, stride 1 and 2.
     for (c, m, hw, s) in [
@@ -213,7 +219,7 @@ fn layers() -> Vec<Layer> {
         (32, 64, 56, 2),
         (64, 128, 28, 2),
     ] {
-        v.push(conv(c, m, &[hw, hw], 3, s, 1, true));
+        v.push(conv(n, c, m, &[hw, hw], 3, s, 1, true));
     }
     // Depthwise 3x3 and 5x5, stride 1 and 2 (MobileNet, EfficientNet).
     for (c, hw, k, s) in [
@@ -224,34 +230,38 @@ fn layers() -> Vec<Layer> {
         (120, 14, 3, 1),
         (960, 7, 5, 1),
     ] {
-        v.push(conv(c, c, &[hw, hw], k, s, c, true));
+        v.push(conv(n, c, c, &[hw, hw], k, s, c, true));
     }
     // Grouped (RegNet's group width 8) and 7x7 stride-2 stems; a 1-D stride-2 convolution (Whisper).
-    v.push(conv(48, 48, &[28, 28], 3, 1, 6, true));
-    v.push(conv(3, 64, &[112, 112], 7, 2, 1, true));
-    v.push(conv(3, 24, &[64, 64], 3, 2, 1, false));
-    v.push(conv(80, 64, &[300], 3, 2, 1, false));
-    v.push(conv_transpose(64, 32, 28, 4));
+    v.push(conv(n, 48, 48, &[28, 28], 3, 1, 6, true));
+    v.push(conv(n, 3, 64, &[112, 112], 7, 2, 1, true));
+    v.push(conv(n, 3, 24, &[64, 64], 3, 2, 1, false));
+    v.push(conv(n, 80, 64, &[300], 3, 2, 1, false));
+    v.push(conv_transpose(n, 64, 32, 28, 4));
     // Pooling: ResNet's and GoogLeNet's stride-2 max pools, SqueezeNet's ceil-mode one, an average.
-    v.push(pool(true, 64, 112, 3, 2, 1, false));
-    v.push(pool(true, 64, 111, 3, 2, 0, true));
-    v.push(pool(true, 192, 28, 3, 1, 1, false));
-    v.push(pool(false, 32, 28, 3, 1, 1, false));
+    v.push(pool(n, true, 64, 112, 3, 2, 1, false));
+    v.push(pool(n, true, 64, 111, 3, 2, 0, true));
+    v.push(pool(n, true, 192, 28, 3, 1, 1, false));
+    v.push(pool(n, false, 32, 28, 3, 1, 1, false));
     // Rows: softmax over ViT's 197 keys, layer norm over Whisper's 384, global pooling, SiLU.
-    v.push(rows("softmax", &[12, 197, 197]));
-    v.push(rows("layer norm", &[197, 384]));
-    v.push(rows("global average pool", &[1, 1280, 7, 7]));
-    v.push(rows("silu", &[1, 96, 56, 56]));
+    v.push(rows("softmax", &lead(&[12, 197, 197])));
+    v.push(rows("layer norm", &lead(&[197, 384])));
+    v.push(rows("global average pool", &lead(&[1, 1280, 7, 7])));
+    v.push(rows("silu", &lead(&[1, 96, 56, 56])));
     // Layout: DenseNet's concat, ShuffleNet's split and channel shuffle, a padding, YOLO's 2x nearest
     // upsampling, attention's head transpose, Swin's strided patch slice.
     v.push(layout(
         "concat",
-        &[&[1, 64, 28, 28], &[1, 32, 28, 28], &[1, 32, 28, 28]],
+        &[
+            lead(&[1, 64, 28, 28]),
+            lead(&[1, 32, 28, 28]),
+            lead(&[1, 32, 28, 28]),
+        ],
         Op::Concat { axis: 1 },
     ));
     v.push(layout(
         "split",
-        &[&[1, 28, 28, 116]],
+        &[lead(&[1, 28, 28, 116])],
         Op::Split {
             axis: 3,
             sizes: vec![58, 58],
@@ -259,21 +269,21 @@ fn layers() -> Vec<Layer> {
     ));
     v.push(layout(
         "channel shuffle",
-        &[&[1, 2, 58, 28, 28]],
+        &[lead(&[1, 2, 58, 28, 28])],
         Op::Transpose {
             perm: vec![0, 2, 1, 3, 4],
         },
     ));
     v.push(layout(
         "head transpose",
-        &[&[1, 128, 12, 64]],
+        &[lead(&[1, 128, 12, 64])],
         Op::Transpose {
             perm: vec![0, 2, 1, 3],
         },
     ));
     v.push(layout(
         "pad",
-        &[&[1, 64, 56, 56]],
+        &[lead(&[1, 64, 56, 56])],
         Op::Pad {
             pads: vec![0, 0, 1, 1, 0, 0, 1, 1],
             mode: mlopt_ir::PadMode::Constant,
@@ -282,11 +292,11 @@ fn layers() -> Vec<Layer> {
     ));
     v.push(layout(
         "strided slice",
-        &[&[1, 56, 56, 96]],
+        &[lead(&[1, 56, 56, 96])],
         Op::Slice {
             starts: vec![0, 0, 1, 0],
             steps: vec![1, 2, 2, 1],
-            lens: vec![1, 28, 28, 96],
+            lens: vec![n, 28, 28, 96],
         },
     ));
     let resize = mlopt_ir::ResizeAttrs {
@@ -298,21 +308,28 @@ fn layers() -> Vec<Layer> {
         extrapolation_value: 0.0,
         antialias: false,
         scales: vec![1.0, 1.0, 2.0, 2.0],
-        sizes: vec![1, 128, 80, 80],
+        sizes: vec![n, 128, 80, 80],
         roi: vec![],
     };
     v.push(layout(
         "nearest 2x",
-        &[&[1, 128, 40, 40]],
+        &[lead(&[1, 128, 40, 40])],
         Op::Resize(resize),
     ));
     v
 }
 
+/// Layers whose kernels still gather, by name prefix: a stride-2 transposed convolution (lowered as a
+/// dense window over the upsampled grid, guarded per tap, its input read at (o - k) / 2) and nearest
+/// resizing (its source positions read through a table).
+const KNOWN_GATHERS: [&str; 2] = ["conv transpose", "nearest 2x"];
+
 #[test]
 fn every_zoo_layer_is_vectorised_and_correct() {
     let mut failures = Vec::new();
-    for (name, g) in layers() {
+    let mut count = 0;
+    for (name, g) in [1, 2, 8].into_iter().flat_map(layers) {
+        count += 1;
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
         let opts = Options {
             config,
@@ -366,13 +383,28 @@ fn every_zoo_layer_is_vectorised_and_correct() {
                     100.0 * mix.scalar / total
                 ));
             }
+            // Vector lanes that load one element each (a gather: any stride but 0 to 4) run at a
+            // fraction of a tile's rate: a batched pointwise convolution whose columns crossed images
+            // did. Two kinds of layer still gather, listed in KNOWN_GATHERS; each fails here once it
+            // stops, so the list stays true.
+            let gathers = moved.gather > 0.1 * moved.total();
+            let known = KNOWN_GATHERS.iter().any(|k| name.starts_with(k));
+            if gathers != known {
+                failures.push(format!(
+                    "{name}: kernel {} ({}) gathers {:.0}% of its loads and stores{}",
+                    r.id,
+                    r.ops.join("+"),
+                    100.0 * moved.gather / moved.total(),
+                    if known { " (listed as gathering)" } else { "" }
+                ));
+            }
         }
     }
     assert!(
         failures.is_empty(),
         "{} of {} layers:\n{}",
         failures.len(),
-        layers().len(),
+        count,
         failures.join("\n")
     );
 }

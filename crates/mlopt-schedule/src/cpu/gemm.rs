@@ -106,6 +106,7 @@ fn tile_nest(
         return super::conv::tiled(&mut b, &c, &w, &t_for, (out, &out_ix, &out_v));
     }
     c.drop_unit_reductions();
+    c.split_strided_cols(&p.kernels[ki], (out, &out_ix, &out_v));
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
     let (m, n, kk) = (
         Contraction::extent(&c.rows),
