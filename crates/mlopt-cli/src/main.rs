@@ -323,7 +323,7 @@ fn compile(
 fn calibrate() -> Result<ExitCode> {
     use mlopt_target::calibrate;
     let c = calibrate::measure()?;
-    let path = calibrate::store(&c).context("writing the calibration cache")?;
+    let path = calibrate::store(&c, 0).context("writing the calibration cache")?;
     let (fp32_max, bf16_max) = calibrate::per_cycle_limits(&calibrate::host_features());
     let per_cycle = |flops: f64| flops / (c.ghz * 1e9);
     outln!("cpu: {}", calibrate::cpu_model())?;

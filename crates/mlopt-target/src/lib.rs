@@ -161,6 +161,7 @@ impl fmt::Display for Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibrate::Calibration;
 
     #[test]
     fn every_named_target_resolves_to_its_kind() {
@@ -222,8 +223,9 @@ mod tests {
             bw_one: 1e10,
             bw_all: 2e10,
         };
-        crate::calibrate::store(&good).unwrap();
-        assert_eq!(crate::calibrate::load(), Some(good));
+        let confirmed = crate::calibrate::CONFIRMATIONS;
+        crate::calibrate::store(&good, confirmed).unwrap();
+        assert_eq!(crate::calibrate::load(), Some((good, confirmed)));
         assert_eq!(
             Target::named("host", 2).unwrap().roof().fp32,
             2.0 * good.fp32
@@ -261,13 +263,61 @@ mod tests {
         for bad in [
             replace("cpu", "Some Other CPU"),
             replace("features", "not-this-cpu"),
-            "mlopt-calibration 2\n".into(),
+            "mlopt-calibration 3\n".into(),
+            replace("mlopt-calibration", "mlopt-calibration 2"),
+            replace("confirmed", "-1"),
             "garbage".into(),
             replace("fp32", "NaN"),
             replace("fp32", "1e30"),
         ] {
             std::fs::write(&path, &bad).unwrap();
             assert_eq!(crate::calibrate::load(), None, "{bad}");
+        }
+        // Figures a busy machine measures: within physics, but a third of a byte per cycle or a
+        // twentieth of the FMA ports.
+        for busy in [
+            Calibration {
+                bw_one: 1e9,
+                bw_all: 1e9,
+                ..good
+            },
+            Calibration {
+                fp32: fp32_max * 0.15e9,
+                ..good
+            },
+        ] {
+            assert!(busy.check(&features).is_err(), "{busy:?}");
+        }
+        // A cache measured low but within the floors (this CPU reads more than 3.2 GB/s and runs
+        // more FMAs than half its ports at 3 GHz) is spot-checked, found low, measured again, and the
+        // target says so.
+        let low = Calibration {
+            bw_one: 3.2e9,
+            bw_all: 3.2e9,
+            ..good
+        };
+        crate::calibrate::store(&low, 0).unwrap();
+        let t = Target::named("host", 1).unwrap();
+        assert!(t.roof().source.contains("re-measured (the cached"), "{}", t.roof().source);
+        let (again, n) = crate::calibrate::load().unwrap();
+        assert!(again.bw_one > 1.25 * low.bw_one && n == 0, "{again:?}");
+        // A cache the spot checks agree with (here: figures at the ports' limit, which no spot check
+        // exceeds) is confirmed once per use until it is trusted without one.
+        let high = Calibration {
+            ghz: 6.0,
+            fp32: fp32_max * 6e9,
+            bf16: bf16_max * 6e9,
+            bw_one: 1e11,
+            bw_all: 2e11,
+        };
+        crate::calibrate::store(&high, 0).unwrap();
+        for n in 1..=confirmed + 1 {
+            assert!(Target::named("host", 1)
+                .unwrap()
+                .roof()
+                .source
+                .contains("host calibration cache"));
+            assert_eq!(crate::calibrate::load(), Some((high, n.min(confirmed))));
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
