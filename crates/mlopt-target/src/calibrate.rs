@@ -165,9 +165,15 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("mlopt"))
 }
 
-/// The cache file of this CPU (model and feature set).
+/// The cache file of this CPU (model and feature set) for this cache format: two mlopt builds of
+/// different formats on one machine (an A/B benchmark) would otherwise each measure again on every
+/// compile, overwriting the other's file.
 pub fn cache_path() -> Option<PathBuf> {
-    let key = format!("{}|{}", cpu_model(), host_features().join(","));
+    let key = format!(
+        "{}|{}|{CACHE_VERSION}",
+        cpu_model(),
+        host_features().join(",")
+    );
     Some(cache_dir()?.join(format!("host-calibration-{:016x}.txt", fnv(&key))))
 }
 
@@ -315,7 +321,8 @@ pub fn spot_check(c: &Calibration) -> Option<String> {
             )
         })
     };
-    low("fp32 peak", c.fp32, fp32, "GFLOP/s").or_else(|| low("read bandwidth", c.bw_one, bw, "GB/s"))
+    low("fp32 peak", c.fp32, fp32, "GFLOP/s")
+        .or_else(|| low("read bandwidth", c.bw_one, bw, "GB/s"))
 }
 
 /// The host target for `threads` threads: features detected now, peaks from this CPU's calibration
