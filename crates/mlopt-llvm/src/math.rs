@@ -388,6 +388,32 @@ pub fn cast<'c>(
             }
         }
     };
+    // bf16 -> f32 is exact: its bits are f32's high half. In integer code, because LLVM 19 expands
+    // `fpext <16 x bfloat>` lane by lane (extract, shift, insert, a compare per lane): a bf16 1x1
+    // convolution with a SiLU epilogue ran 6x slower than in f32 on it.
+    if from == Elem::BF16 && matches!(to, Elem::F32 | Elem::F64) {
+        let (i16s, i32s) = match x {
+            BasicValueEnum::VectorValue(v) => {
+                let n = v.get_type().get_size();
+                (
+                    g.ctx.i16_type().vec_type(n).as_basic_type_enum(),
+                    g.ctx.i32_type().vec_type(n).as_basic_type_enum(),
+                )
+            }
+            _ => (
+                g.ctx.i16_type().as_basic_type_enum(),
+                g.ctx.i32_type().as_basic_type_enum(),
+            ),
+        };
+        let bits = g.builder.build_bit_cast(x, i16s, "bfbits")?;
+        let wide = g.builder.build_cast(Op::ZExt, bits, i32s, "bfwide")?;
+        let sixteen = const_like(g.ctx, wide, 16.0, Elem::I32);
+        let high = g.builder.build_binop(Op::Shl, wide, sixteen, "bfhigh")?;
+        let f = g
+            .builder
+            .build_bit_cast(high, shaped(g, x, Elem::F32), "bff32")?;
+        return cast(g, f, Elem::F32, to);
+    }
     // bf16 -> f16 has no single instruction: go through f32.
     if (from, to) == (Elem::BF16, Elem::F16) {
         let mid = cast(g, x, from, Elem::F32)?;
