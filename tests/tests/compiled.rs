@@ -175,6 +175,32 @@ fn bf16_contractions_compile_to_mma_blocks() {
         g.clone(),
         mlopt_rewrite::optimize::random_inputs(&g, 5),
     )];
+    // 3x3 and 5x1 convolutions (one block product per tap over a channels-innermost copy): stride 1
+    // and 2, padded, a dilation, 40 -> 48 channels (K and the output channels pad to whole blocks),
+    // output rows of 24 and 12 positions (padded to 32 and 16), batch 2.
+    for (name, k, stride, pad, dil) in [
+        ("conv3x3", [3, 3], 1, [1, 1], 1),
+        ("conv3x3 stride 2", [3, 3], 2, [1, 1], 1),
+        ("conv5x1 dilated", [5, 1], 1, [4, 0], 2),
+    ] {
+        let mut g = mlopt_ir::Graph::new("conv");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 40, 11, 24]));
+        let w: Vec<f32> = (0..48 * 40 * k[0] * k[1])
+            .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+            .collect();
+        let w = g.add_const("w", Tensor::from_vec(&[48, 40, k[0], k[1]], w).unwrap());
+        let a = ConvAttrs {
+            strides: vec![stride; 2],
+            pads: vec![pad[0], pad[1], pad[0], pad[1]],
+            dilations: vec![dil, 1],
+            group: 1,
+            output_padding: vec![],
+        };
+        let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
+        g.add_output("y", y);
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 6);
+        cases.push((name, g, inputs));
+    }
     for name in ["mlp", "transformer"] {
         cases.push((name, import(name), data(name).0));
     }

@@ -298,7 +298,11 @@ mod tests {
         };
         crate::calibrate::store(&low, 0).unwrap();
         let t = Target::named("host", 1).unwrap();
-        assert!(t.roof().source.contains("re-measured (the cached"), "{}", t.roof().source);
+        assert!(
+            t.roof().source.contains("re-measured (the cached"),
+            "{}",
+            t.roof().source
+        );
         let (again, n) = crate::calibrate::load().unwrap();
         assert!(again.bw_one > 1.25 * low.bw_one && n == 0, "{again:?}");
         // A cache the spot checks agree with (here: figures at the ports' limit, which no spot check

@@ -92,10 +92,13 @@ fn tile_nest(
         return Ok(None);
     };
     if mma {
-        if let Some(blocks) =
-            super::mma::in_blocks(p, target, ki, &c, loads, (out, &out_ix, &out_v))?
-        {
-            return Ok(Some(blocks));
+        let store = (out, &out_ix[..], &out_v);
+        let blocks = match &window {
+            Some(w) => super::mma_conv::blocks(p, target, ki, &c, w, loads, store)?,
+            None => super::mma::in_blocks(p, target, ki, &c, loads, store)?,
+        };
+        if blocks.is_some() {
+            return Ok(blocks);
         }
     }
     if let Some(w) = window {

@@ -9,6 +9,7 @@ mod gemm;
 mod layout;
 mod loops;
 mod mma;
+mod mma_conv;
 mod padded;
 mod tiler;
 mod winograd;
