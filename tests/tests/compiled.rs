@@ -139,24 +139,27 @@ fn llvm_ir_snapshots() {
     }
 }
 
-/// bf16 contractions as `mma` blocks through the whole driver: a pointwise convolution (batch 2, 48 -> 40
-/// channels, 5x7, so rows, K and columns all pad to whole blocks) and the MLP and transformer fixtures,
+/// bf16 contractions as `mma` blocks through the whole driver: a pointwise convolution (batch 2, 96 -> 328
+/// channels, 5x7, so rows and columns pad to whole blocks; wide enough that the blocks pay for copying
+/// its input) and the MLP and transformer fixtures,
 /// compiled for this machine (AMX tiles when it has them) and for Zen 4 (`vdpbf16ps`, which this machine
 /// also runs), against the interpreter on the optimised graph.
 #[test]
 fn bf16_contractions_compile_to_mma_blocks() {
     use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
     let mut g = mlopt_ir::Graph::new("pointwise");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 48, 5, 7]));
-    let w: Vec<f32> = (0..40 * 48)
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 96, 5, 7]));
+    let w: Vec<f32> = (0..328 * 96)
         .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
         .collect();
-    let w = g.add_const("w", Tensor::from_vec(&[40, 48, 1, 1], w).unwrap());
+    let w = g.add_const("w", Tensor::from_vec(&[328, 96, 1, 1], w).unwrap());
     let bias = g.add_const(
         "b",
         Tensor::from_vec(
-            &[40],
-            (0..40).map(|i| i as f32 / 40.0 - 0.5).collect::<Vec<f32>>(),
+            &[328],
+            (0..328)
+                .map(|i| i as f32 / 328.0 - 0.5)
+                .collect::<Vec<f32>>(),
         )
         .unwrap(),
     );
@@ -176,19 +179,19 @@ fn bf16_contractions_compile_to_mma_blocks() {
         mlopt_rewrite::optimize::random_inputs(&g, 5),
     )];
     // 3x3 and 5x1 convolutions (one block product per tap over a channels-innermost copy): stride 1
-    // and 2, padded, a dilation, 40 -> 48 channels (K and the output channels pad to whole blocks),
-    // output rows of 24 and 12 positions (padded to 32 and 16), batch 2.
+    // and 2, padded, a dilation, 72 -> 200 channels (K pads to AMX's 32s, the output channels to
+    // whole blocks), output rows of 24 and 12 positions, batch 2.
     for (name, k, stride, pad, dil) in [
         ("conv3x3", [3, 3], 1, [1, 1], 1),
         ("conv3x3 stride 2", [3, 3], 2, [1, 1], 1),
         ("conv5x1 dilated", [5, 1], 1, [4, 0], 2),
     ] {
         let mut g = mlopt_ir::Graph::new("conv");
-        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 40, 11, 24]));
-        let w: Vec<f32> = (0..48 * 40 * k[0] * k[1])
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 72, 11, 24]));
+        let w: Vec<f32> = (0..200 * 72 * k[0] * k[1])
             .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
             .collect();
-        let w = g.add_const("w", Tensor::from_vec(&[48, 40, k[0], k[1]], w).unwrap());
+        let w = g.add_const("w", Tensor::from_vec(&[200, 72, k[0], k[1]], w).unwrap());
         let a = ConvAttrs {
             strides: vec![stride; 2],
             pads: vec![pad[0], pad[1], pad[0], pad[1]],

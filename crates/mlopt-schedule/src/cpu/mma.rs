@@ -351,6 +351,13 @@ pub(crate) fn in_blocks(
         return Ok(None);
     }
     let (_, nb, _, np, kp) = blocks(m, n, k);
+    // A is read in place when it is a [rows, K] bf16 buffer (`a_operand`), else copied.
+    let in_place = matches!(&x, Expr::Load(_, ix)
+        if rows.len() == 1 && *ix == [Expr::var(rows[0].0), Expr::var(r)]);
+    let copied = if in_place { 0 } else { m * k };
+    if !mlopt_cost::tile::bf16_block_pays(target, (m, n, k), kp, copied) {
+        return Ok(None);
+    }
     let packed = Weight {
         name: format!("{}.amx{nb}", weight.name),
         elem: Elem::BF16,

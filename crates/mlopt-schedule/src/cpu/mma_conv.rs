@@ -127,6 +127,17 @@ pub(crate) fn blocks(
     }
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
     let (hp, wq) = (ah.span as u64, owp + (kw_n - 1) * d / s);
+    let images: u64 = c
+        .batch
+        .iter()
+        .chain(&c.cols)
+        .map(|(_, e)| *e)
+        .product::<u64>()
+        / (ah.outs * ow);
+    let shape = (images * ah.outs * ow, m, cin * taps);
+    if !mlopt_cost::tile::bf16_block_pays(target, shape, cp, images * s * hp * wq * cp) {
+        return Ok(None);
+    }
     // Rows of the copy 512 bytes apart would put a block's 16 rows in few L1 sets.
     let stride = if (cp * 2).is_multiple_of(512) {
         cp + 32
