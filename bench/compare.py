@@ -10,12 +10,15 @@ same input arrays (the manifest's .npy files), and every output is compared with
 
     bench/zoo/build.sh                                     # once: the zoo and its venv
     ~/.cache/mlopt/zoo/venv/bin/python bench/compare.py [--models resnet50,vit_b_16] [--threads 1,2]
-        [--precision fp32|bf16|auto] [--rounds 5] [--iters 10] [--jsonl results.jsonl] [MODEL.onnx ...]
+        [--batch 1,8] [--precision fp32,bf16] [--rounds 5] [--iters 10] [--jsonl results.jsonl] [MODEL.onnx ...]
 
-Prints a markdown table (ratios are mlopt / other: below 1 mlopt is faster), the geomean of each ratio
-per thread count, and writes one JSON line per model and thread count. With `--precision bf16` (or
-auto) mlopt is compiled at that precision and compared with OpenVINO's bf16; each output's max error
-against ORT's fp32 is in the table. Build `target/release/mlopt` first (`cargo build --release -p
+For each batch size (above 1: the TorchScript exports, whose batch is symbolic, on the zoo's inputs
+repeated; OpenVINO reshaped to the same static shapes), model and thread count, mlopt is compiled at
+every precision listed and all of them are timed in the same rounds as ORT and OpenVINO. Prints one
+markdown table per batch and precision (ratios are mlopt / other: below 1 mlopt is faster; beside
+fp32, mlopt/own fp32 is the same run's mlopt fp32), the geomean of each ratio per thread count, and
+writes one JSON line per model, thread count, batch and precision. Each output's max error against
+ORT's fp32 is in the table, OpenVINO's in the JSON. Build `target/release/mlopt` first (`cargo build --release -p
 mlopt-cli`).
 """
 import argparse
@@ -118,7 +121,7 @@ def max_err(got, want):
     return e
 
 
-def models_from(args):
+def models_from(args, batch):
     if args.paths:
         for p in args.paths:
             yield {"name": Path(p).stem if Path(p).stem != "model" else Path(p).parent.name, "file": p, "inputs": None, "gflop": None}
@@ -130,7 +133,7 @@ def models_from(args):
         if only and name not in only:
             continue
         # A batch above 1 needs a symbolic batch dimension: the TorchScript exports have one.
-        order = ["torchscript"] if args.batch > 1 else ["dynamo", "torchscript"]
+        order = ["torchscript"] if batch > 1 else ["dynamo", "torchscript"]
         for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else order):
             e = manifest.get(f"{name}/{exporter}")
             if e and e.get("file"):
@@ -180,82 +183,72 @@ def fmt(v, spec=".2f"):
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs="*", help="ONNX files instead of the manifest's models")
-    ap.add_argument("--manifest", default=str(ZOO / "manifest.json"))
-    ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
-    ap.add_argument("--exporter", default="prefer-dynamo", choices=["prefer-dynamo", "dynamo", "torchscript"])
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=1, help="batch size (above 1: the TorchScript exports, whose batch dimension is symbolic)")
-    ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
-    ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
-    ap.add_argument("--baseline", help="another mlopt binary (an earlier commit's), measured in the same run: the table adds its ms and mlopt/baseline")
-    # (Results are appended under target/, which git ignores: measurements belong in notes and READMEs.)
-    ap.add_argument("--jsonl", default="target/bench/compare.jsonl")
-    ap.add_argument("--no-openvino", action="store_true")
-    args = ap.parse_args()
-    threads = [int(t) for t in args.threads.split(",")]
+def run_model(args, entry, n, batch, precisions, work):
+    """One model at `n` threads and `batch`: ORT, OpenVINO (f32 and bf16 hints) and mlopt (and the
+    baseline) at each precision, all timed in the same interleaved rounds; one row per precision, each
+    with the same ORT and OpenVINO figures and (beside fp32) mlopt's own fp32 time."""
     rows = []
-    os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
-    out = open(args.jsonl, "a")
-    with tempfile.TemporaryDirectory() as work:
-        for entry in models_from(args):
-            for n in threads:
-                row = {"model": entry["name"], "file": entry["file"], "threads": n, "precision": args.precision, "batch": args.batch, "gflop": entry["gflop"] * args.batch if entry.get("gflop") else None}
+    common = {"model": entry["name"], "file": entry["file"], "threads": n, "batch": batch, "gflop": entry["gflop"] * batch if entry.get("gflop") else None}
+    notes = {p: {} for p in precisions}
+    try:
+        sess = ort_session(entry["file"], n)
+        feeds = feeds_for(entry, sess, batch)
+        names = [i.name for i in sess.get_inputs()]
+        ref = sess.run(None, {k: feeds[k] for k in names})
+        engines = {"ort": lambda s=sess: s.run(None, {k: feeds[k] for k in names})}
+        if not args.no_openvino:
+            try:
+                engines["ov_f32"] = ov_runner(entry["file"], n, "f32", feeds)
+                engines["ov_bf16"] = ov_runner(entry["file"], n, "bf16", feeds)
+            except Exception as e:  # noqa: BLE001
+                common["openvino_error"] = str(e).splitlines()[0][:200]
+        for k in ("ov_f32", "ov_bf16"):
+            if k in engines:
+                common[f"{k}_err"] = max_err(engines[k](), ref)
+        slug = entry["name"].replace("/", "_") + f".b{batch}.t{n}"
+        for p in precisions:
+            for who, exe in (("mlopt", args.mlopt), ("base", args.baseline)):
+                if not exe:
+                    continue
                 try:
-                    sess = ort_session(entry["file"], n)
-                    feeds = feeds_for(entry, sess, args.batch)
-                    names = [i.name for i in sess.get_inputs()]
-                    ref = sess.run(None, {k: feeds[k] for k in names})
-                    engines = {"ort": lambda s=sess: s.run(None, {k: feeds[k] for k in names})}
-                    if not args.no_openvino:
-                        try:
-                            engines["ov_f32"] = ov_runner(entry["file"], n, "f32", feeds)
-                            engines["ov_bf16"] = ov_runner(entry["file"], n, "bf16", feeds)
-                        except Exception as e:  # noqa: BLE001
-                            row["openvino_error"] = str(e).splitlines()[0][:200]
-                    try:
-                        m = Mlopt(args.mlopt, Path(entry["file"]).resolve(), n, args.precision, Path(work) / entry["name"].replace("/", "_"), feeds)
-                        m.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
-                        row["compile_s"] = round(m.compile_s, 2)
-                        row["mlopt_err"] = max_err(m(), ref)
-                        engines = {"mlopt": m, **engines}
-                    except Exception as e:  # noqa: BLE001
-                        row["mlopt_error"] = str(e)[:300]
-                    if args.baseline:
-                        try:
-                            b = Mlopt(args.baseline, Path(entry["file"]).resolve(), n, args.precision, Path(work) / (entry["name"].replace("/", "_") + ".baseline"), feeds)
-                            b.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
-                            row["base_err"] = max_err(b(), ref)
-                            engines["base"] = b
-                        except Exception as e:  # noqa: BLE001
-                            row["base_error"] = str(e)[:300]
-                    for k in ("ov_f32", "ov_bf16"):
-                        if k in engines:
-                            row[f"{k}_err"] = max_err(engines[k](), ref)
-                    ms = measure(engines, args.rounds, args.iters)
-                    row.update({f"{k}_ms": round(v, 4) for k, v in ms.items()})
+                    m = Mlopt(exe, Path(entry["file"]).resolve(), n, p, Path(work) / f"{slug}.{p}.{who}", feeds)
+                    m.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
+                    if who == "mlopt":
+                        notes[p]["compile_s"] = round(m.compile_s, 2)
+                    notes[p][f"{who}_err"] = max_err(m(), ref)
+                    engines[f"{who}_{p}"] = m
                 except Exception as e:  # noqa: BLE001
-                    row["error"] = str(e)[:300]
-                for k in ("ort", "ov_f32", "ov_bf16", "base"):
-                    if row.get("mlopt_ms") and row.get(f"{k}_ms"):
-                        row[f"mlopt_over_{k}"] = round(row["mlopt_ms"] / row[f"{k}_ms"], 3)
-                rows.append(row)
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                print(f"{row['model']} x{n}: " + ", ".join(f"{k} {row[k]}" for k in row if k.endswith("_ms") or k.endswith("error")), file=sys.stderr)
-    print(f"\nbatch {args.batch}, precision {args.precision}")
-    print(f"\n| model | threads | GFLOP | mlopt ms | ORT ms | OV f32 ms | OV bf16 ms | mlopt/ORT | mlopt/OV f32 | mlopt/OV bf16 | mlopt GFLOP/s | mlopt err | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                    notes[p][f"{who}_error"] = str(e)[:300]
+        ms = measure(engines, args.rounds, args.iters)
+    except Exception as e:  # noqa: BLE001
+        common["error"] = str(e)[:300]
+        ms = {}
+    for p in precisions:
+        row = {**common, "precision": p, **notes[p]}
+        row.update({f"{k}_ms": round(v, 4) for k, v in ms.items() if not k.startswith(("mlopt_", "base_"))})
+        for who in ("mlopt", "base"):
+            if f"{who}_{p}" in ms:
+                row[f"{who}_ms"] = round(ms[f"{who}_{p}"], 4)
+        if p != "fp32" and "mlopt_fp32" in ms:
+            row["mlopt_fp32_ms"] = round(ms["mlopt_fp32"], 4)
+        for k in ("ort", "ov_f32", "ov_bf16", "base", "mlopt_fp32"):
+            if row.get("mlopt_ms") and row.get(f"{k}_ms"):
+                row[f"mlopt_over_{k.removeprefix('mlopt_')}"] = round(row["mlopt_ms"] / row[f"{k}_ms"], 3)
+        rows.append(row)
+    return rows
+
+
+def report(args, rows, threads, batch, precision):
+    """The table, the baseline's, the geomeans and the runs off ORT for one batch and precision."""
+    print(f"\n## batch {batch}, precision {precision}")
+    print(f"\n| model | threads | GFLOP | mlopt ms | ORT ms | OV f32 ms | OV bf16 ms | mlopt/ORT | mlopt/OV f32 | mlopt/OV bf16 | mlopt/own fp32 | mlopt GFLOP/s | mlopt err | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         gfs = r["gflop"] / (r["mlopt_ms"] / 1e3) if r.get("gflop") and r.get("mlopt_ms") else None
         note = r.get("mlopt_error") or r.get("error")
         print(
             f"| {r['model']} | {r['threads']} | {fmt(r.get('gflop'))} | {fmt(r.get('mlopt_ms'), '.2f') if not note else 'error: ' + note[:60]} | {fmt(r.get('ort_ms'))} | {fmt(r.get('ov_f32_ms'))} | {fmt(r.get('ov_bf16_ms'))} "
-            f"| {fmt(r.get('mlopt_over_ort'))} | {fmt(r.get('mlopt_over_ov_f32'))} | {fmt(r.get('mlopt_over_ov_bf16'))} | {fmt(gfs, '.1f')} | {fmt(r.get('mlopt_err'), '.1e')} | {fmt(r.get('compile_s'), '.1f')} |"
+            f"| {fmt(r.get('mlopt_over_ort'))} | {fmt(r.get('mlopt_over_ov_f32'))} | {fmt(r.get('mlopt_over_ov_bf16'))} | {fmt(r.get('mlopt_over_fp32'))} | {fmt(gfs, '.1f')} | {fmt(r.get('mlopt_err'), '.1e')} | {fmt(r.get('compile_s'), '.1f')} |"
         )
     if args.baseline:
         print(f"\n| model | threads | mlopt ms | baseline ms | mlopt/baseline |")
@@ -266,14 +259,55 @@ def main():
         sel = [r for r in rows if r["threads"] == n]
         if args.baseline:
             print(f"\ngeomean at {n} thread(s): mlopt/baseline {fmt(geomean([r.get('mlopt_over_base') for r in sel]))}")
-        print(f"\ngeomean at {n} thread(s) over {sum(1 for r in sel if r.get('mlopt_over_ort'))} models: mlopt/ORT {fmt(geomean([r.get('mlopt_over_ort') for r in sel]))}, mlopt/OV f32 {fmt(geomean([r.get('mlopt_over_ov_f32') for r in sel]))}, mlopt/OV bf16 {fmt(geomean([r.get('mlopt_over_ov_bf16') for r in sel]))}")
+        own = f", mlopt/own fp32 {fmt(geomean([r.get('mlopt_over_fp32') for r in sel]))}" if precision != "fp32" else ""
+        print(f"\ngeomean at {n} thread(s) over {sum(1 for r in sel if r.get('mlopt_over_ort'))} models: mlopt/ORT {fmt(geomean([r.get('mlopt_over_ort') for r in sel]))}, mlopt/OV f32 {fmt(geomean([r.get('mlopt_over_ov_f32') for r in sel]))}, mlopt/OV bf16 {fmt(geomean([r.get('mlopt_over_ov_bf16') for r in sel]))}{own}")
     # A timing is worth nothing if the answer is wrong: name every run off ORT (fp32 by more than 1e-3 of
     # the largest output, low precision by more than 5e-2), the baseline's too.
-    bound = 1e-3 if args.precision == "fp32" else 5e-2
+    bound = 1e-3 if precision == "fp32" else 5e-2
     for who in ("mlopt", "base"):
         off = [f"{r['model']} x{r['threads']} ({r[who + '_err']:.1e})" for r in rows if (r.get(who + "_err") or 0) > bound]
         if off:
             print(f"\n{'mlopt' if who == 'mlopt' else 'baseline'} is off ORT by more than {bound:g}: " + ", ".join(off))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="*", help="ONNX files instead of the manifest's models")
+    ap.add_argument("--manifest", default=str(ZOO / "manifest.json"))
+    ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    ap.add_argument("--exporter", default="prefer-dynamo", choices=["prefer-dynamo", "dynamo", "torchscript"])
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, auto (all timed in the same rounds)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes (above 1: the TorchScript exports, whose batch dimension is symbolic)")
+    ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
+    ap.add_argument("--mlopt", default=str(ROOT / "target/release/mlopt"))
+    ap.add_argument("--baseline", help="another mlopt binary (an earlier commit's), measured in the same run: the table adds its ms and mlopt/baseline")
+    # (Results are appended under target/, which git ignores: measurements belong in notes and READMEs.)
+    ap.add_argument("--jsonl", default="target/bench/compare.jsonl")
+    ap.add_argument("--no-openvino", action="store_true")
+    args = ap.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    batches = [int(b) for b in args.batch.split(",")]
+    precisions = [p for p in args.precision.split(",") if p]
+    bad = [p for p in precisions if p not in ("fp32", "bf16", "auto")]
+    if bad or not precisions or any(b < 1 for b in batches):
+        ap.error(f"--precision takes fp32, bf16 or auto and --batch positive sizes (got {args.precision!r}, {args.batch!r})")
+    rows = []
+    os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
+    out = open(args.jsonl, "a")
+    with tempfile.TemporaryDirectory() as work:
+        for batch in batches:
+            for entry in models_from(args, batch):
+                for n in threads:
+                    for row in run_model(args, entry, n, batch, precisions, work):
+                        rows.append(row)
+                        out.write(json.dumps(row) + "\n")
+                        out.flush()
+                        print(f"{row['model']} b{batch} x{n} {row['precision']}: " + ", ".join(f"{k} {row[k]}" for k in row if k.endswith("_ms") or k.endswith("error")), file=sys.stderr)
+    for batch in batches:
+        for p in precisions:
+            report(args, [r for r in rows if r["batch"] == batch and r["precision"] == p], threads, batch, p)
     print(f"\nwrote {args.jsonl}", file=sys.stderr)
 
 
