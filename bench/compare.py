@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,9 @@ class Mlopt:
         so = out / "model.so"
         subprocess.run(["cc", "-shared", "-o", str(so), "-Wl,--whole-archive", str(lib), "-Wl,--no-whole-archive", "-lm", "-lpthread"], check=True)
         self.lib = ctypes.CDLL(str(so))
+        # Loaded: the dumps, the archive and the library's name go (the mapping stays); a full zoo run
+        # at two precisions with a baseline otherwise filled the disk.
+        shutil.rmtree(out, ignore_errors=True)
         self.run_fn = getattr(self.lib, f"mlopt_{name}_run")
         self.run_fn.restype = ctypes.c_int
         self.run_fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

@@ -1,5 +1,9 @@
-//! Output comparison for `check`, with numpy's `assert_allclose` rule: |got - want| <= atol + rtol*|want|,
-//! NaN matching NaN and infinities matching exactly; integers and booleans must be equal.
+//! Output comparison for `check`. At full precision numpy's `assert_allclose` rule: every element
+//! within `atol + rtol * |want|`. At low precision (`--precision bf16|fp16|auto`) the measure
+//! `--tolerance` means everywhere: the largest difference over the output's largest magnitude (at
+//! least 1), the one `--precision auto` accepts a plan by (`mlopt_rewrite::optimize::scaled_error`).
+//! Either way NaN matches NaN, infinities match exactly, and integers and booleans must be equal;
+//! every line shows both measures.
 
 use mlopt_ir::Tensor;
 use std::fmt;
@@ -21,7 +25,20 @@ impl fmt::Display for Comparison {
     }
 }
 
-pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Comparison {
+/// What an output must meet.
+#[derive(Debug, Clone, Copy)]
+pub enum Rule {
+    /// Every element within atol + rtol * |want|.
+    AllClose { rtol: f64, atol: f64 },
+    /// The scaled error (largest difference over the output's largest magnitude, at least 1) within.
+    Scaled(f64),
+}
+
+pub fn compare(got: &Tensor, want: &Tensor, rule: Rule) -> Comparison {
+    let (rtol, atol, tolerance) = match rule {
+        Rule::AllClose { rtol, atol } => (rtol, atol, None),
+        Rule::Scaled(t) => (0.0, f64::INFINITY, Some(t)),
+    };
     if got.ty() != want.ty() {
         return Comparison {
             pass: false,
@@ -46,10 +63,18 @@ pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Comparison 
             first_bad.get_or_insert((i, a, b));
         }
     }
+    let scaled = mlopt_rewrite::optimize::scaled_error(want, got);
     let mut detail = format!(
-        "{} max abs err {worst_abs:.3e}, max rel err {worst_rel:.3e}",
+        "{} max abs err {worst_abs:.3e}, max rel err {worst_rel:.3e}, scaled err {scaled:.3e}",
         got.ty()
     );
+    if let Some(t) = tolerance.filter(|_| !exact) {
+        detail += &format!(" (tolerance {t:.1e})");
+        if scaled > t {
+            bad = bad.max(1);
+            first_bad = None;
+        }
+    }
     if let Some((i, a, b)) = first_bad {
         detail += &format!(
             "; {bad} of {} values off, first at {i}: got {a} expected {b}",

@@ -184,7 +184,10 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "npy")]
         format: data::Format,
     },
-    /// Run a model on DIR/input_K.pb and compare with DIR/output_K.pb (ONNX's test data layout).
+    /// Run a model on DIR/input_K.pb and compare with DIR/output_K.pb (ONNX's test data layout): each
+    /// value within --atol + --rtol * |expected|, or, when the optimised or compiled model runs at a
+    /// low --precision (bf16, fp16, auto), each output's scaled error (largest difference over its
+    /// largest magnitude, at least 1) within --tolerance, the measure --precision auto accepts by.
     Check {
         model: PathBuf,
         #[arg(long)]
@@ -450,7 +453,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (true, _) => Engine::Optimized(&opt),
                 _ => Engine::Interpreter,
             };
-            check(&model, &dir, rtol, atol, engine)
+            let low = !matches!(opt.precision, mlopt_rewrite::Precision::Fp32);
+            let rule = match engine {
+                Engine::Interpreter => compare::Rule::AllClose { rtol, atol },
+                _ if low => compare::Rule::Scaled(opt.tolerance),
+                _ => compare::Rule::AllClose { rtol, atol },
+            };
+            check(&model, &dir, rule, engine)
         }
     }
 }
@@ -483,7 +492,7 @@ enum Engine<'a> {
     Emulated(&'a OptArgs),
 }
 
-fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Result<ExitCode> {
+fn check(model: &Path, dir: &Path, rule: compare::Rule, engine: Engine) -> Result<ExitCode> {
     let m = data::load(model)?;
     let names = data::input_names(&m)?;
     let (inputs, expected) = data::read_test_dir(dir, &names)?;
@@ -515,7 +524,7 @@ fn check(model: &Path, dir: &Path, rtol: f64, atol: f64, engine: Engine) -> Resu
     }
     let mut ok = true;
     for ((name, got), want) in outs.iter().zip(&expected) {
-        let r = compare::compare(got, want, rtol, atol);
+        let r = compare::compare(got, want, rule);
         outln!("{name}: {r}")?;
         ok &= r.pass;
     }

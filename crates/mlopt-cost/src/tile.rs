@@ -176,30 +176,50 @@ pub fn bf16_blocks_pay(t: &mlopt_target::CpuTarget) -> bool {
     t.matrix().is_some() && t.bf16.is_some_and(|p| p > t.roof.fp32)
 }
 
-/// Seconds a core spends per element copied into a block operand (a gather from the activation's
-/// layout and a bf16 store). Fitted on Zen 5 over whole models in bf16 at 1 thread: 0.5 ns gave
-/// ResNet-50 26.5 ms and MobileNetV2 4.78, 1 ns 29.2 and 4.33, 0.7 ns 27.2 and 4.32.
-const BLOCK_COPY_S: f64 = 0.7e-9;
+/// Seconds a core spends per element copied into a block operand by gathering it (from a layout whose
+/// K is not contiguous: NCHW activations into the blocks' channels-innermost rows) and storing it as
+/// bf16. Fitted on Zen 5 over whole models in bf16 at 1 thread: 0.5 ns gave ResNet-50 26.5 ms and
+/// MobileNetV2 4.78, 1 ns 29.2 and 4.33, 0.7 ns 27.2 and 4.32.
+const GATHER_COPY_S: f64 = 0.7e-9;
+/// The same for an element copied as part of a contiguous vector (K contiguous in the source: a
+/// transformer's activations): a load, a conversion and a store per vector.
+const STREAM_COPY_S: f64 = 0.05e-9;
+
+/// How a block operand is copied into the blocks' layout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BlockCopy {
+    /// Read in place.
+    None,
+    /// This many elements, K contiguous in the source.
+    Streamed(u64),
+    /// This many elements, gathered.
+    Gathered(u64),
+}
 
 /// Whether one bf16 contraction of `m` x `n` x `k` multiply-adds runs faster as `mma` blocks than as
 /// fp32 register tiles on `t` ([`bf16_blocks_pay`] first): the blocks run at the bf16 peak, slowed by
 /// reading and writing their f32 accumulators once per block product of depth `depth` (a convolution
-/// tap's channels: about 4 / depth of the products), and pay `copied` elements of operand copy (the
-/// activations rearranged into the blocks' layout); the tiles run at the fp32 peak. A copy costs as
-/// much as many multiply-adds, so narrow contractions (MobileNetV2's 1x1 convolutions to 96 channels)
-/// and shallow ones (a 3-channel stem: depth 4) stay in fp32 tiles.
+/// tap's channels: about 4 / depth of the products), and pay for copying the activations into the
+/// blocks' layout (`copy`); the tiles run at the fp32 peak. A gathered copy costs as much as many
+/// multiply-adds, so narrow contractions (MobileNetV2's 1x1 convolutions to 96 channels) and shallow
+/// ones (a 3-channel stem: depth 4) stay in fp32 tiles.
 pub fn bf16_block_pays(
     t: &mlopt_target::CpuTarget,
     (m, n, k): (u64, u64, u64),
     depth: u64,
-    copied: u64,
+    copy: BlockCopy,
 ) -> bool {
     let Some(bf16) = t.bf16.filter(|_| bf16_blocks_pay(t)) else {
         return false;
     };
+    let copy_s = match copy {
+        BlockCopy::None => 0.0,
+        BlockCopy::Streamed(e) => e as f64 * STREAM_COPY_S,
+        BlockCopy::Gathered(e) => e as f64 * GATHER_COPY_S,
+    };
     let flops = 2.0 * (m * n * k) as f64;
-    let blocks = flops / bf16 * (1.0 + 4.0 / depth.max(1) as f64)
-        + copied as f64 * BLOCK_COPY_S / f64::from(t.threads.max(1));
+    let blocks =
+        flops / bf16 * (1.0 + 4.0 / depth.max(1) as f64) + copy_s / f64::from(t.threads.max(1));
     blocks < flops / t.roof.fp32
 }
 
@@ -253,28 +273,39 @@ mod tests {
         }
     }
 
-    /// bf16 contractions, (M, N, K), block depth, elements copied -> whether `mma` blocks beat fp32
-    /// tiles on Zen 4 (`vdpbf16ps` at twice the FMA rate).
-    type Block = ((u64, u64, u64), u64, u64, bool);
+    /// bf16 contractions, (M, N, K), block depth, the operand's copy -> whether `mma` blocks beat
+    /// fp32 tiles on Zen 4 (`vdpbf16ps` at twice the FMA rate).
+    type Block = ((u64, u64, u64), u64, BlockCopy, bool);
     const BLOCKS: &[Block] = &[
-        ((3136, 64, 576), 64, 58 * 58 * 64, true), // ResNet's 3x3 convolution: one copy, deep taps
-        ((128, 768, 768), 768, 0, true),           // BERT's projection, A read in place
-        ((12544, 96, 16), 16, 12544 * 16, false),  // MobileNetV2's 1x1 to 96 channels: the copy
-        ((12544, 32, 27), 4, 2 * 225 * 113 * 4, false), // a 3-channel stem: depth 4 per tap
+        ((3136, 64, 576), 64, BlockCopy::Gathered(58 * 58 * 64), true), // ResNet's 3x3: deep taps
+        ((128, 768, 768), 768, BlockCopy::None, true), // BERT's projection, A read in place
+        ((3136, 96, 384), 384, BlockCopy::Streamed(3136 * 384), true), // ConvNeXt's MLP out
+        ((12544, 96, 16), 16, BlockCopy::Gathered(12544 * 16), false), // MobileNetV2's 1x1 to 96
+        (
+            (12544, 32, 27),
+            4,
+            BlockCopy::Gathered(2 * 225 * 113 * 4),
+            false,
+        ), // a 3-channel stem
     ];
 
     #[test]
     fn bf16_blocks_pay_where_the_copy_and_the_accumulators_are_worth_it() {
         let t = mlopt_target::Target::named("znver4", 1).unwrap();
         let t = t.cpu().unwrap();
-        for &(shape, depth, copied, want) in BLOCKS {
+        for &(shape, depth, copy, want) in BLOCKS {
             assert_eq!(
-                bf16_block_pays(t, shape, depth, copied),
+                bf16_block_pays(t, shape, depth, copy),
                 want,
-                "{shape:?} depth {depth}, {copied} copied"
+                "{shape:?} depth {depth}, {copy:?}"
             );
         }
         let v4 = mlopt_target::Target::named("x86-64-v4", 1).unwrap();
-        assert!(!bf16_block_pays(v4.cpu().unwrap(), (3136, 64, 576), 64, 0));
+        assert!(!bf16_block_pays(
+            v4.cpu().unwrap(),
+            (3136, 64, 576),
+            64,
+            BlockCopy::None
+        ));
     }
 }

@@ -22,6 +22,7 @@ use super::tiler::{self, Builder};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
 use crate::gpu::gemm::narrow;
+use mlopt_cost::tile::BlockCopy;
 use mlopt_kir::index::delinear;
 use mlopt_kir::index::{clamp, lit};
 use mlopt_kir::{
@@ -351,11 +352,21 @@ pub(crate) fn in_blocks(
         return Ok(None);
     }
     let (_, nb, _, np, kp) = blocks(m, n, k);
-    // A is read in place when it is a [rows, K] bf16 buffer (`a_operand`), else copied.
+    // A is read in place when it is a [rows, K] bf16 buffer (`a_operand`), else copied: streamed where
+    // every load of it is contiguous along K, else gathered.
     let in_place = matches!(&x, Expr::Load(_, ix)
         if rows.len() == 1 && *ix == [Expr::var(rows[0].0), Expr::var(r)]);
-    let copied = if in_place { 0 } else { m * k };
-    if !mlopt_cost::tile::bf16_block_pays(target, (m, n, k), kp, copied) {
+    let mut along_k = true;
+    mlopt_kir::analysis::for_each_load(&x, &mut |b, ix| {
+        let flat = mlopt_kir::analysis::flat_index(&p.kernels[ki], b, ix);
+        along_k &= mlopt_kir::analysis::coefficient(&flat, r) == Some(1);
+    });
+    let copy = match (in_place, along_k) {
+        (true, _) => BlockCopy::None,
+        (false, true) => BlockCopy::Streamed(m * k),
+        (false, false) => BlockCopy::Gathered(m * k),
+    };
+    if !mlopt_cost::tile::bf16_block_pays(target, (m, n, k), kp, copy) {
         return Ok(None);
     }
     let packed = Weight {

@@ -135,7 +135,9 @@ pub(crate) fn blocks(
         .product::<u64>()
         / (ah.outs * ow);
     let shape = (images * ah.outs * ow, m, cin * taps);
-    if !mlopt_cost::tile::bf16_block_pays(target, shape, cp, images * s * hp * wq * cp) {
+    // The copy reads the input's channels one plane apart: a gather.
+    let copy = mlopt_cost::tile::BlockCopy::Gathered(images * s * hp * wq * cp);
+    if !mlopt_cost::tile::bf16_block_pays(target, shape, cp, copy) {
         return Ok(None);
     }
     // Rows of the copy 512 bytes apart would put a block's 16 rows in few L1 sets.
