@@ -167,8 +167,12 @@ def measure(engines, rounds, iters, budget_s=0.5):
         f()
         once = time.perf_counter() - t
         per_round[k] = max(1, min(iters, int(budget_s / max(once, 1e-9))))
-    for _ in range(rounds):
-        for k, f in engines.items():
+    keys = list(engines)
+    for r in range(rounds):
+        # Rotated each round: at 2 threads the engine right after ONNX Runtime ran ~10% slower (its
+        # spinning workers), so a fixed order favoured whichever mlopt build came later.
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            f = engines[k]
             # Let the last engine's spinning workers go to sleep before timing the next one.
             time.sleep(0.02)
             for _ in range(per_round[k]):
