@@ -101,6 +101,9 @@ fn tile_nest(
             return Ok(blocks);
         }
     }
+    // fp32 tiles read a constant bf16 weight as f32, widened once here instead of at every load.
+    c.a = super::layout::widen_bf16_weight(p, ki, &c.a, loads);
+    c.b = super::layout::widen_bf16_weight(p, ki, &c.b, loads);
     if let Some(w) = window {
         let mut b = Builder {
             k: &mut p.kernels[ki],

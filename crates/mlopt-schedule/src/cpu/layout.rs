@@ -5,7 +5,7 @@
 //! dropped, so the library does not carry both.
 
 use mlopt_kir::analysis::{coefficient, for_each_access};
-use mlopt_kir::{BufId, Expr, Kernel, Place, Program, ScheduleStep, Var, Weight};
+use mlopt_kir::{BufId, Elem, Expr, Kernel, Place, Program, ScheduleStep, Var, Weight};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -64,6 +64,50 @@ fn read_down_columns(k: &Kernel, b: BufId) -> bool {
         }
     });
     seen && ok
+}
+
+/// Operand `e` of a contraction in kernel `ki` reading `f32(W[..])` of a constant bf16 weight that
+/// nothing else in the kernel reads (`loads`), as a load of an f32 copy of W, a weight of its own bound
+/// in W's place (exact: a bf16 is an f32's high half). fp32 register tiles then read it as it is: a
+/// bf16 1x1 convolution too narrow for the matrix unit broadcast each weight through a conversion, and
+/// a bf16 MatMul's B could not be packed. Any other operand is returned as it is.
+pub(super) fn widen_bf16_weight(
+    p: &mut Program,
+    ki: usize,
+    e: &Expr,
+    loads: &HashMap<BufId, usize>,
+) -> Expr {
+    let Expr::Cast(Elem::F32, x) = e else {
+        return e.clone();
+    };
+    let Expr::Load(w, ix) = &**x else {
+        return e.clone();
+    };
+    let Some((si, pi, wi)) = bound_weight(p, ki, *w) else {
+        return e.clone();
+    };
+    let weight = &p.weights[wi];
+    if loads.get(w) != Some(&1)
+        || weight.elem != Elem::BF16
+        || p.kernels[ki].buffer(*w).elem != Elem::BF16
+    {
+        return e.clone();
+    }
+    let data: Vec<u8> = weight
+        .data
+        .chunks_exact(2)
+        .flat_map(|b| (u32::from(u16::from_le_bytes([b[0], b[1]])) << 16).to_le_bytes())
+        .collect();
+    let wide = Weight {
+        name: format!("{}.f32", weight.name),
+        elem: Elem::F32,
+        dims: weight.dims.clone(),
+        data: Arc::new(data),
+    };
+    p.weights.push(wide);
+    p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
+    p.kernels[ki].bufs[w.0 as usize].elem = Elem::F32;
+    Expr::load(*w, ix.clone())
 }
 
 /// The weight that the one step running kernel `ki` binds to its parameter `b`: (step, parameter
