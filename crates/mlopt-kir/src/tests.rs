@@ -749,6 +749,26 @@ fn distinct_writes_are_proved_by_evaluation() {
         &[(c, 64)],
         100
     ));
+    // An image loop around it that the index is affine in only shifts the values: evaluated at its
+    // first image, within the budget of one (8 x 18 x 64 points would not be).
+    let n = Var(jo.0.max(c.0) + 1);
+    let batched = Expr::add(Expr::mul(Expr::var(n), Expr::int(18 * 64)), flat.clone());
+    assert!(analysis::distinct_for(
+        &batched,
+        (jo, 18),
+        &[(n, 8)],
+        &[(c, 64)],
+        18 * 64
+    ));
+    // One it is not affine in is still enumerated: here, too many points.
+    let folded = Expr::add(Expr::rem(Expr::var(n), Expr::int(3)), flat);
+    assert!(!analysis::distinct_for(
+        &folded,
+        (jo, 18),
+        &[(n, 8)],
+        &[(c, 64)],
+        18 * 64
+    ));
 }
 
 /// A local is private to an iteration of a loop when every access is inside it and indexed by its own
