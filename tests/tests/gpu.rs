@@ -630,10 +630,11 @@ fn the_gpu_launcher_reads_data_checks_back() {
     );
 }
 
-/// On a machine with an NVIDIA GPU, the library runs there and matches the interpreter. It needs the
-/// GPU, so `cargo test` lists it as ignored; `cargo xtask test` runs it where `nvidia-smi` finds a GPU
-/// and prints `skipped: no GPU` where none is (the PTX is still checked by ptxas and every schedule by
-/// the emulator).
+/// On a machine with an NVIDIA GPU, every fixture's library (fp32 and bf16 for sm_80, fp32 for sm_90)
+/// runs there, linked into a C program, and matches the interpreter on the optimised graph. It needs
+/// the GPU, so `cargo test` lists it as ignored; `cargo xtask test` runs it where `nvidia-smi` finds a
+/// GPU and prints `skipped: no GPU` where none is (the PTX is still checked by ptxas and every schedule
+/// by the emulator).
 #[test]
 #[ignore = "needs an NVIDIA GPU: `cargo xtask test` runs it where nvidia-smi finds one"]
 fn the_gpu_library_runs_on_a_real_gpu() {
@@ -644,57 +645,77 @@ fn the_gpu_library_runs_on_a_real_gpu() {
         .filter(|o| o.status.success() && !o.stdout.is_empty())
         .expect("this test needs an NVIDIA GPU, and nvidia-smi found none");
     eprintln!("running on {}", String::from_utf8_lossy(&gpu.stdout).trim());
-    let c = compiled("mlp", "sm_80", Precision::Fp32);
-    let dir = tempfile::tempdir().unwrap();
-    c.write_library(dir.path(), "mlp", &[]).unwrap();
-    let (inputs, _) = data("mlp");
-    let x = &inputs[&c.program.inputs[0].name];
-    let bytes = x.to_le_bytes();
-    std::fs::write(dir.path().join("x.bin"), &bytes).unwrap();
-    let main = r#"
-#include <stdio.h>
-#include "mlp.h"
-int main(void) {
-    static float x[MLOPT_MLP_INPUT0_ELEMS], y[MLOPT_MLP_OUTPUT0_ELEMS];
-    FILE *f = fopen("x.bin", "rb"); if (fread(x, sizeof x, 1, f) != 1) return 5; fclose(f);
-    void *m = mlopt_mlp_create(0);
-    if (!m) { fprintf(stderr, "%s\n", mlopt_mlp_last_error()); return 3; }
-    const void *in[] = {x}; void *out[] = {y};
-    if (mlopt_mlp_run(m, in, out)) { fprintf(stderr, "%s\n", mlopt_mlp_last_error()); return 4; }
-    fwrite(y, sizeof y, 1, stdout);
-    mlopt_mlp_destroy(m);
-    return 0;
+    let mut failures = Vec::new();
+    for name in FIXTURES {
+        for (target, precision, tolerance) in [
+            ("sm_80", Precision::Fp32, 1e-4),
+            ("sm_80", Precision::Bf16, 2e-2),
+            ("sm_90", Precision::Fp32, 1e-4),
+        ] {
+            let what = format!("{name} for {target} in {precision:?}");
+            match run_on_gpu(name, target, precision) {
+                Ok(err) if err < tolerance => eprintln!("{what}: error {err:e}"),
+                Ok(err) => failures.push(format!("{what}: error {err:e}")),
+                Err(e) => failures.push(format!("{what}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
-"#;
-    std::fs::write(dir.path().join("main.c"), main).unwrap();
+
+/// Fixture `name` compiled for `target` at `precision`, run on the GPU by a C program on its test
+/// input: the worst error against the interpreter on the optimised graph, or why it did not run.
+fn run_on_gpu(name: &str, target: &str, precision: Precision) -> Result<f64, String> {
+    let c = compiled(name, target, precision);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    c.write_library(dir.path(), name, &[])
+        .map_err(|e| e.to_string())?;
+    let (inputs, _) = data(name);
+    let x = &inputs[&c.program.inputs[0].name];
+    std::fs::write(dir.path().join("x.bin"), x.to_le_bytes()).map_err(|e| e.to_string())?;
+    let up = name.to_uppercase();
+    let main = format!(
+        r#"
+#include <stdio.h>
+#include "{name}.h"
+int main(void) {{
+    static float x[MLOPT_{up}_INPUT0_ELEMS], y[MLOPT_{up}_OUTPUT0_ELEMS];
+    FILE *f = fopen("x.bin", "rb"); if (fread(x, sizeof x, 1, f) != 1) return 5; fclose(f);
+    void *m = mlopt_{name}_create(0);
+    if (!m) {{ fprintf(stderr, "%s\n", mlopt_{name}_last_error()); return 3; }}
+    const void *in[] = {{x}}; void *out[] = {{y}};
+    if (mlopt_{name}_run(m, in, out)) {{ fprintf(stderr, "%s\n", mlopt_{name}_last_error()); return 4; }}
+    fwrite(y, sizeof y, 1, stdout);
+    mlopt_{name}_destroy(m);
+    return 0;
+}}
+"#
+    );
+    std::fs::write(dir.path().join("main.c"), main).map_err(|e| e.to_string())?;
     let cc = Command::new("cc")
         .current_dir(dir.path())
-        .args(["main.c", "-L.", "-lmlp", "-ldl", "-o", "main"])
+        .args(["main.c", "-L.", &format!("-l{name}"), "-ldl", "-o", "main"])
         .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+        .map_err(|e| e.to_string())?;
+    if !cc.status.success() {
+        return Err(String::from_utf8_lossy(&cc.stderr).into_owned());
+    }
     let out = Command::new(dir.path().join("main"))
         .current_dir(dir.path())
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     let io = &c.program.outputs[0];
     let got = vec![(
         io.name.clone(),
-        mlopt_lower::program::tensor(io, &out.stdout).unwrap(),
+        mlopt_lower::program::tensor(io, &out.stdout).map_err(|e| e.to_string())?,
     )];
-    let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
-    assert!(
-        worst_error(&want, &got) < 1e-4,
-        "on the GPU: error {:e}",
-        worst_error(&want, &got)
-    );
+    let want = interp::run(&c.optimized.plan.graph, &inputs).map_err(|e| e.to_string())?;
+    Ok(worst_error(&want, &got))
 }
