@@ -30,7 +30,12 @@ use std::collections::HashMap;
 pub type Ret<T> = Result<T>;
 
 /// Local buffers up to this size live on the stack; larger ones on the heap.
-pub(crate) const STACK_LOCAL_BYTES: u64 = 256 * 1024;
+const STACK_LOCAL_BYTES: u64 = 256 * 1024;
+
+/// Whether local `buf` is allocated on the heap (above `STACK_LOCAL_BYTES`).
+pub(crate) fn on_heap(buf: &mlopt_kir::Buffer) -> bool {
+    buf.numel().max(1) * buf.elem.size() > STACK_LOCAL_BYTES
+}
 
 pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
     match e {
@@ -147,13 +152,13 @@ impl<'a, 'c> Gen<'a, 'c> {
             let t = ty(self.ctx, buf.elem);
             let n = buf.numel().max(1);
             let bytes = n * buf.elem.size();
-            if self.gpu && bytes > STACK_LOCAL_BYTES {
+            if self.gpu && on_heap(buf) {
                 return Err(err(format!(
                     "@{}: local %{} of {bytes} bytes per GPU thread",
                     self.kernel.name, buf.name
                 )));
             }
-            let p = if bytes <= STACK_LOCAL_BYTES {
+            let p = if !on_heap(buf) {
                 let p = self
                     .builder
                     .build_array_alloca(t, self.i64(n as i64), &buf.name)?;

@@ -35,15 +35,15 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         })
         .collect();
     // A flag slot after them where a thread may fail to allocate: a heap local, or a loop inside.
-    let heap_private = private.iter().any(|b| {
-        let buf = g.kernel.buffer(*b);
-        buf.numel() * buf.elem.size() > crate::codegen::STACK_LOCAL_BYTES
-    });
+    let heap_private = private
+        .iter()
+        .any(|b| crate::codegen::on_heap(g.kernel.buffer(*b)));
     let flag_slot = (heap_private || has_parallel(body)).then_some(bufs.len() + vars.len());
     let slots = (bufs.len() + vars.len() + usize::from(flag_slot.is_some())).max(1) as u64;
     let ctx = g
         .builder
         .build_array_alloca(i64t, i64t.const_int(slots, false), "ctx")?;
+    // Slot `s` of a context array: the buffers, then the variables, then the flag.
     let slot_at = |b: &inkwell::builder::Builder<'c>, base, s: usize| {
         // SAFETY: every slot asked for is < slots.
         unsafe { b.build_in_bounds_gep(i64t, base, &[i64t.const_int(s as u64, false)], "slot") }
@@ -53,24 +53,11 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             .build_store(slot_at(&g.builder, ctx, s)?, i64t.const_zero())?;
     }
     for (s, (_, p)) in bufs.iter().enumerate() {
-        // SAFETY: s < slots.
-        let at = unsafe {
-            g.builder
-                .build_in_bounds_gep(i64t, ctx, &[i64t.const_int(s as u64, false)], "slot")?
-        };
-        g.builder.build_store(at, *p)?;
+        g.builder.build_store(slot_at(&g.builder, ctx, s)?, *p)?;
     }
     for (s, (_, v)) in vars.iter().enumerate() {
-        // SAFETY: bufs.len() + s < slots.
-        let at = unsafe {
-            g.builder.build_in_bounds_gep(
-                i64t,
-                ctx,
-                &[i64t.const_int((bufs.len() + s) as u64, false)],
-                "slot",
-            )?
-        };
-        g.builder.build_store(at, *v)?;
+        g.builder
+            .build_store(slot_at(&g.builder, ctx, bufs.len() + s)?, *v)?;
     }
 
     let n = m
@@ -99,15 +86,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             .ok_or_else(|| LlvmError::Codegen("ctx".into()))?
             .into_pointer_value();
         for (s, (b, _)) in bufs.iter().enumerate() {
-            // SAFETY: s < slots.
-            let at = unsafe {
-                h.builder.build_in_bounds_gep(
-                    i64t,
-                    p,
-                    &[i64t.const_int(s as u64, false)],
-                    "slot",
-                )?
-            };
+            let at = slot_at(&h.builder, p, s)?;
             let v = h
                 .builder
                 .build_load(ptr, at, &g.kernel.buffer(*b).name)?
@@ -115,15 +94,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             h.ptrs.insert(*b, v);
         }
         for (s, (v, _)) in vars.iter().enumerate() {
-            // SAFETY: bufs.len() + s < slots.
-            let at = unsafe {
-                h.builder.build_in_bounds_gep(
-                    i64t,
-                    p,
-                    &[i64t.const_int((bufs.len() + s) as u64, false)],
-                    "slot",
-                )?
-            };
+            let at = slot_at(&h.builder, p, bufs.len() + s)?;
             let x = h
                 .builder
                 .build_load(i64t, at, g.kernel.var_name(*v))?
