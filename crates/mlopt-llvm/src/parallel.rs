@@ -20,13 +20,15 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     let i64t = c.i64_type();
     // What the body sees: buffer pointers (locals used only inside are re-made per thread) and variables.
     let private: Vec<BufId> = mlopt_kir::analysis::private_locals(g.kernel, body);
-    let bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g
+    // (In id order: the maps' own order differs per process, and so did the code built.)
+    let mut bufs: Vec<(BufId, inkwell::values::PointerValue<'c>)> = g
         .ptrs
         .iter()
         .filter(|(b, _)| !private.contains(b))
         .map(|(b, p)| (*b, *p))
         .collect();
-    let vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g
+    bufs.sort_by_key(|(b, _)| b.0);
+    let mut vars: Vec<(Var, inkwell::values::IntValue<'c>)> = g
         .vars
         .iter()
         .filter_map(|(v, x)| match x {
@@ -34,6 +36,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             VarVal::Lanes(_) => None,
         })
         .collect();
+    vars.sort_by_key(|(v, _)| v.0);
     // A flag slot after them where a thread may fail to allocate: a heap local, or a loop inside.
     let heap_private = private
         .iter()
