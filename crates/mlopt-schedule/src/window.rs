@@ -36,6 +36,20 @@ pub(crate) struct Window {
 }
 
 impl Window {
+    /// The loops of convolution `c` outside its window: the batch and any column that is not an
+    /// output position (the image, a group).
+    pub(crate) fn outer_loops(&self, c: &crate::contraction::Contraction) -> Vec<(Var, u64)> {
+        c.batch
+            .iter()
+            .chain(
+                c.cols
+                    .iter()
+                    .filter(|(v, _)| !self.axes.iter().any(|a| a.out == *v)),
+            )
+            .copied()
+            .collect()
+    }
+
     /// `input` (the window's input, its other loops perhaps replaced) at input position `pos`.
     pub(crate) fn input_at(&self, input: &Expr, pos: &[Expr]) -> Expr {
         input.subst_all(

@@ -65,16 +65,7 @@ pub(crate) fn tiled(
     let phases = if pack { 1 } else { last.stride as usize };
     let copy = phases > 1 || w.axes.iter().any(|a| a.guarded);
     // Outer loops: the batch and any column that is not an output position (the image).
-    let outer: Vec<(Var, u64)> = c
-        .batch
-        .iter()
-        .chain(
-            c.cols
-                .iter()
-                .filter(|(v, _)| !w.axes.iter().any(|a| a.out == *v)),
-        )
-        .copied()
-        .collect();
+    let outer = w.outer_loops(c);
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
     let rows: Vec<i64> = c.rows.iter().map(|(_, e)| *e as i64).collect();
     // The output position of column `j` of the tile's row `row` in inner batch `bi`, per axis.

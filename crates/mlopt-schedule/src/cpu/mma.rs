@@ -35,17 +35,11 @@ use std::sync::Arc;
 /// k per AMX step (one tile row of bf16).
 const KB: u64 = 32;
 
-/// B ([K, N], or [N, K] when `trans`; little-endian bf16 bytes) as bf16 bytes [np / nb, kp / 2, 2 nb]: one contiguous panel per
-/// column block (tile rows 128 bytes apart, not a whole row of B, which would put all 16 rows of a tile
-/// in one L1 set), pairs of k interleaved per column.
-fn pack(w: &[u8], k: u64, n: u64, kp: u64, np: u64, nb: u64, trans: bool) -> Vec<u8> {
-    let at = |kk: u64, j: u64| -> [u8; 2] {
-        let i = if trans { j * k + kk } else { kk * n + j } as usize * 2;
-        match w.get(i..i + 2) {
-            Some(v) if kk < k && j < n => [v[0], v[1]],
-            _ => [0, 0],
-        }
-    };
+/// A bf16 matrix B (`at(k, j)`: element (k, j) as little-endian bytes, zero outside it) as bf16 bytes
+/// [np / nb, kp / 2, 2 nb]: one contiguous panel per column block (tile rows 128 bytes apart, not a
+/// whole row of B, which would put all 16 rows of a tile in one L1 set), pairs of k interleaved per
+/// column.
+pub(super) fn pack(at: &dyn Fn(u64, u64) -> [u8; 2], kp: u64, np: u64, nb: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity((kp * np * 2) as usize);
     for jb in 0..np / nb {
         for k2 in 0..kp / 2 {
@@ -59,7 +53,16 @@ fn pack(w: &[u8], k: u64, n: u64, kp: u64, np: u64, nb: u64, trans: bool) -> Vec
     out
 }
 
-fn round_up(x: u64, to: u64) -> u64 {
+/// Element `i` of little-endian bf16 bytes `w`, or zero when `inside` is false or it is past the end.
+pub(super) fn bf16_at(w: &[u8], i: u64, inside: bool) -> [u8; 2] {
+    let i = i as usize * 2;
+    match w.get(i..i + 2) {
+        Some(v) if inside => [v[0], v[1]],
+        _ => [0, 0],
+    }
+}
+
+pub(super) fn round_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
 
@@ -373,7 +376,15 @@ pub(crate) fn in_blocks(
         name: format!("{}.amx{nb}", weight.name),
         elem: Elem::BF16,
         dims: vec![np / nb, kp / 2, 2 * nb],
-        data: Arc::new(pack(&weight.data, k, n, kp, np, nb, trans)),
+        data: Arc::new(pack(
+            &|kk, j| {
+                let i = if trans { j * k + kk } else { kk * n + j };
+                bf16_at(&weight.data, i, kk < k && j < n)
+            },
+            kp,
+            np,
+            nb,
+        )),
     };
     p.kernels[ki].bufs[w.0 as usize].dims = packed.dims.clone();
     p.weights.push(packed);

@@ -19,6 +19,7 @@
 //! [C, M] are packed in the pair-interleaved layout the blocks read (`mma.rs`). Before this, bf16
 //! convolutions other than 1x1 ran as f32 register tiles from bf16 loads, no faster than fp32.
 
+use super::mma::{bf16_at, pack, round_up};
 use super::tiler::{self, Builder};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
@@ -31,40 +32,11 @@ use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-fn round_up(x: u64, to: u64) -> u64 {
-    x.div_ceil(to) * to
-}
-
-/// The weight W [M, C, KH, KW] (little-endian bf16 bytes) as [KH x KW, Mp / nb, Cp / 2, 2 nb]: per tap
-/// and block of `nb` output channels, pairs of input channels interleaved per output channel, zero
-/// beyond M and C.
-fn pack_taps(w: &[u8], (m, c, taps): (u64, u64, u64), (mp, cp, nb): (u64, u64, u64)) -> Vec<u8> {
-    let mut out = Vec::with_capacity((taps * mp * cp * 2) as usize);
-    for t in 0..taps {
-        for jb in 0..mp / nb {
-            for k2 in 0..cp / 2 {
-                for j in jb * nb..(jb + 1) * nb {
-                    for q in 0..2 {
-                        let ch = 2 * k2 + q;
-                        let at = (((j * c + ch) * taps + t) * 2) as usize;
-                        match w.get(at..at + 2) {
-                            Some(v) if j < m && ch < c => out.extend_from_slice(v),
-                            _ => out.extend_from_slice(&[0, 0]),
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The `mma` form of convolution `c` with window `w` (its epilogue the one store `store`: buffer,
 /// index, value), when it is a 2-D convolution by a constant bf16 weight read only here, over a bf16
 /// input, whose input channels, output channels and output rows fill whole blocks within a third, a
-/// half and a half (AMX tiles are
-/// 16 or 32 rows by 32 channels; `vdpbf16ps` takes any rows and channel pairs). The weight is packed
-/// into a weight of its own that replaces it.
+/// half and a half (AMX tiles are 16 or 32 rows by 32 channels; `vdpbf16ps` takes any rows and channel
+/// pairs). The weight is packed into a weight of its own that replaces it.
 pub(crate) fn blocks(
     p: &mut Program,
     target: &CpuTarget,
@@ -127,13 +99,8 @@ pub(crate) fn blocks(
     }
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
     let (hp, wq) = (ah.span as u64, owp + (kw_n - 1) * d / s);
-    let images: u64 = c
-        .batch
-        .iter()
-        .chain(&c.cols)
-        .map(|(_, e)| *e)
-        .product::<u64>()
-        / (ah.outs * ow);
+    let outer = w.outer_loops(c);
+    let images: u64 = outer.iter().map(|(_, e)| *e).product();
     let shape = (images * ah.outs * ow, m, cin * taps);
     // The copy reads the input's channels one plane apart: a gather.
     let copy = mlopt_cost::tile::BlockCopy::Gathered(images * s * hp * wq * cp);
@@ -150,7 +117,17 @@ pub(crate) fn blocks(
         name: format!("{}.taps{nb}", weight.name),
         elem: Elem::BF16,
         dims: vec![taps, mp / nb, cp / 2, 2 * nb],
-        data: Arc::new(pack_taps(&weight.data, (m, cin, taps), (mp, cp, nb))),
+        // Per tap, a B of [C, M]: element (ch, j) is W[j, ch, tap].
+        data: Arc::new(
+            (0..taps)
+                .flat_map(|t| {
+                    let at = |ch: u64, j: u64| {
+                        bf16_at(&weight.data, (j * cin + ch) * taps + t, j < m && ch < cin)
+                    };
+                    pack(&at, cp, mp, nb)
+                })
+                .collect(),
+        ),
     };
     p.kernels[ki].bufs[wb.0 as usize].dims = packed.dims.clone();
     p.weights.push(packed);
@@ -186,13 +163,6 @@ pub(crate) fn blocks(
         vec![mb, nb],
         Space::Local,
     );
-    // Outer loops: the batch and any column that is not an output position (the image).
-    let outer: Vec<(Var, u64)> = c
-        .batch
-        .iter()
-        .chain(c.cols.iter().filter(|(v, _)| *v != ah.out && *v != aw.out))
-        .copied()
-        .collect();
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
     let acc = c.acc;
     let stmts = tiler::nest(&mut l, "g", &outer_ext, |l, ng| {
