@@ -774,10 +774,11 @@ fn kir_operators_compile_as_they_interpret() {
 }
 
 /// f32 and f64 -> bf16 and f16 on every x86 level, against the interpreter bit for bit: ties round to
-/// even, overflow goes to infinity, subnormals are kept, NaNs stay NaN with their sign; serial and vector
-/// loops. (bf16 is integer code everywhere: LLVM would call `__truncsfbf2`, which Debian bookworm's libgcc
-/// lacks, and `vcvtneps2bf16` flushes subnormals. The interpreter once rounded like `half`'s f64
-/// conversions, which lose the low bits: 0x3f808001 became bf16 1.0.)
+/// even, overflow goes to infinity, f16 keeps subnormals and bf16 flushes f32 subnormals to a signed zero
+/// (mlopt's definition, `bf16_from_f32`), NaNs stay NaN with their sign; serial and vector loops. bf16 is
+/// `vcvtneps2bf16` for this machine when it has AVX512-BF16 and for Zen 4, integer code for x86-64-v3/v4.
+/// (The interpreter once rounded like `half`'s f64 conversions, which lose the low bits: 0x3f808001
+/// became bf16 1.0.)
 #[test]
 fn casts_to_bf16_round_as_the_interpreter_does() {
     use mlopt_kir::{Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Step, Stmt};
@@ -790,7 +791,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         0x7fc0_0001, // a quiet NaN with payload
         0xff80_0001, // a negative signalling NaN
         0x0000_0001, // the smallest subnormal
-        0x807f_ffff, // a negative subnormal that rounds to the smallest normal
+        0x807f_ffff, // a negative subnormal: bf16 -0 (flushed)
         0x0000_0000,
         0x8000_0000, // -0
         0x4049_0fdb, // pi
@@ -865,20 +866,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         .collect();
     let inputs = vec![x32, x64];
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
-    for target in ["host", "x86-64-v3", "x86-64-v4"] {
-        let t = Target::named(target, 1).unwrap();
-        let t = t.cpu().unwrap();
-        let code = mlopt_llvm::compile(&p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
-        let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::cpu::members("to_bf16", &code).unwrap(),
-            "to_bf16",
-            p.context_bytes(),
-            inputs.iter().map(Vec::len).collect(),
-            want.iter().map(Vec::len).collect(),
-        )
-        .unwrap();
-        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
-        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
             let h = |b: &[u8]| -> Vec<String> {
                 b.chunks_exact(2)
@@ -886,6 +874,109 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
                     .collect()
             };
             assert_eq!(h(w), h(g), "{target}: {}", io.name);
+        }
+    }
+}
+
+/// `p` compiled for this machine, x86-64-v3, x86-64-v4 and Zen 4 and run on `inputs`: each target's
+/// outputs (`want` gives their sizes).
+fn run_on_x86_levels(
+    p: &mlopt_kir::Program,
+    inputs: &[Vec<u8>],
+    want: &[Vec<u8>],
+) -> Vec<(&'static str, Vec<Vec<u8>>)> {
+    let mut out = vec![];
+    for target in ["host", "x86-64-v3", "x86-64-v4", "znver4"] {
+        let t = Target::named(target, 1).unwrap();
+        let t = t.cpu().unwrap();
+        let code = mlopt_llvm::compile(p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
+        let mut lib = mlopt_runtime::Loaded::new(
+            &mlopt_driver::cpu::members(&p.name, &code).unwrap(),
+            &p.name,
+            p.context_bytes(),
+            inputs.iter().map(Vec::len).collect(),
+            want.iter().map(Vec::len).collect(),
+        )
+        .unwrap();
+        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
+        let ins: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        lib.run(&ins, &mut got).unwrap();
+        out.push((target, got));
+    }
+    out
+}
+
+/// Vector loads of every second, third and fourth element (a stride-2 window's row), of f32, bf16 and f16,
+/// 8 and 16 lanes, from each start offset up to the stride, reaching the last element of the buffer:
+/// compiled as two overlapping loads and a shuffle, bit for bit the interpreter's copy.
+#[test]
+fn strided_vector_loads_pick_every_nth_element() {
+    use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Step, Stmt};
+    let n = 64u64;
+    let mut p = Program {
+        name: "strided".into(),
+        ..Default::default()
+    };
+    let mut inputs = vec![];
+    for elem in [Elem::F32, Elem::BF16, Elem::F16] {
+        p.inputs.push(Io {
+            name: format!("x_{elem}"),
+            elem,
+            dims: vec![n],
+        });
+        // Distinct bit patterns (all finite): a wrong lane shows.
+        inputs.push((0..n * elem.size()).map(|i| (i * 37 % 61) as u8).collect());
+    }
+    for (src, elem) in [Elem::F32, Elem::BF16, Elem::F16].into_iter().enumerate() {
+        for (st, lanes, start) in (2..=4u64).flat_map(|st| {
+            [8u32, 16]
+                .into_iter()
+                .flat_map(move |w| (0..st).map(move |s| (st, w, s)))
+        }) {
+            // The last lane reads element (w - 1) * st + start + base: the largest base keeps it inside.
+            let count = (n - 1 - start) / st + 1;
+            let extent = count / u64::from(lanes) * u64::from(lanes);
+            let mut k = Kernel::new(format!("k{}", p.kernels.len()));
+            let (o, x) = (
+                k.buf("out", elem, vec![extent], Space::Global),
+                k.buf("x", elem, vec![n], Space::Global),
+            );
+            let i = k.var("i");
+            let base = (count - extent) as i64 * st as i64;
+            k.body = vec![Stmt::For {
+                var: i,
+                extent,
+                kind: LoopKind::Vector(lanes),
+                body: vec![Stmt::Store {
+                    buf: o,
+                    index: vec![Expr::var(i)],
+                    value: Expr::load(
+                        x,
+                        vec![Expr::bin(
+                            BinOp::Add,
+                            Expr::mul(Expr::var(i), Expr::int(st as i64)),
+                            Expr::int(start as i64 + base),
+                        )],
+                    ),
+                }],
+            }];
+            mlopt_kir::verify(&k).unwrap();
+            p.steps.push(Step::call(
+                p.kernels.len(),
+                vec![Place::Output(p.outputs.len()), Place::Input(src)],
+            ));
+            p.outputs.push(Io {
+                name: format!("{elem} stride {st} from {start} x{lanes}"),
+                elem,
+                dims: vec![extent],
+            });
+            p.kernels.push(k);
+        }
+    }
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            assert_eq!(w, g, "{target}: {}", io.name);
         }
     }
 }

@@ -33,14 +33,70 @@ pub fn add_loop_extents(body: &[Stmt], out: &mut HashMap<Var, u64>) {
     }
 }
 
-/// Simplifies every index expression of `k` with its loop ranges.
+/// Simplifies every index expression of `k` with its loop ranges, and rounds each clamped narrow value once
+/// (see `round_once`).
 pub fn simplify_kernel(k: &mut Kernel) {
     let ranges = loop_extents(k);
-    k.body = k
+    let body: Vec<Stmt> = k
         .body
         .iter()
-        .map(|s| s.map_exprs(&|e| simplify(e, &ranges)))
+        .map(|s| s.map_exprs(&|e| round_once(&simplify(e, &ranges), k)))
         .collect();
+    k.body = body;
+}
+
+/// `cast<T>(g(cast<f32>(cast<T>(x))))` with `x` in f32, `T` bf16 or f16 and `g` a chain of min/max with
+/// constants exact in `T` (a ReLU, a ReLU6, a clip): `cast<T>(g(x))`. A bf16 convolution followed by a bf16
+/// clip writes the first form (the convolution rounds its output, the clip widens, clamps and narrows
+/// again), and each rounding is about eight vector instructions in the epilogue. The two are equal:
+/// rounding R to nearest is monotone and keeps values of T, so R(max(a, c)) = max(R(a), c) for c in T,
+/// and by induction R(g(R(x))) = g(R(x)) = R(g(x)); NaNs pass through both unchanged. (Only a zero's
+/// sign may differ, where max(-0, 0) picks -0: a value that rounds to -0 in T.)
+pub fn round_once(e: &Expr, k: &Kernel) -> Expr {
+    let r = |x: &Expr| round_once(x, k);
+    let e = match e {
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => return e.clone(),
+        Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(r).collect()),
+        Expr::Unary(o, a) => Expr::un(*o, r(a)),
+        Expr::Binary(o, a, b) => Expr::bin(*o, r(a), r(b)),
+        Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
+        Expr::Select(c, a, b) => Expr::select(r(c), r(a), r(b)),
+        Expr::Cast(t, a) => Expr::cast(*t, r(a)),
+    };
+    let Expr::Cast(t @ (Elem::BF16 | Elem::F16), inner) = &e else {
+        return e;
+    };
+    match unclamp(inner, *t, k) {
+        Some(g) => Expr::cast(*t, g),
+        None => e,
+    }
+}
+
+/// `g(x)` for `g(cast<f32>(cast<t>(x)))` as `round_once` describes, else None.
+fn unclamp(e: &Expr, t: Elem, k: &Kernel) -> Option<Expr> {
+    let exact = |c: f64| {
+        let c = c as f32;
+        match t {
+            Elem::BF16 => crate::interp::bf16_from_f32(c).to_f32() == c,
+            _ => half::f16::from_f32(c).to_f32() == c,
+        }
+    };
+    match e {
+        Expr::Cast(Elem::F32, a) => match &**a {
+            Expr::Cast(t2, x) if *t2 == t && x.elem(k) == Elem::F32 => Some((**x).clone()),
+            _ => None,
+        },
+        Expr::Binary(op @ (BinOp::Min | BinOp::Max), a, b) => match (&**a, &**b) {
+            (x, c @ Expr::Float(v, Elem::F32)) if exact(*v) => {
+                Some(Expr::bin(*op, unclamp(x, t, k)?, c.clone()))
+            }
+            (c @ Expr::Float(v, Elem::F32), x) if exact(*v) => {
+                Some(Expr::bin(*op, c.clone(), unclamp(x, t, k)?))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// The interval of an integer expression, when the ranges bound it.
@@ -207,5 +263,91 @@ mod tests {
         let free = k.var("free");
         let e = Expr::div(Expr::var(free), Expr::int(7));
         assert_eq!(simplify(&e, &r), e);
+    }
+}
+
+#[cfg(test)]
+mod round_once_tests {
+    use super::*;
+
+    /// A bf16 convolution's ReLU6 epilogue: the clamp moves inside the one rounding, and the result is the
+    /// same as rounding twice for every f32 the test draws (edges, both bounds' neighbours, NaN, infinities,
+    /// overflow to infinity, subnormals).
+    #[test]
+    fn a_clamped_narrow_value_is_rounded_once_with_the_same_result() {
+        let mut k = Kernel::new("t");
+        let acc = k.buf("acc", Elem::F32, vec![4], Space::Global);
+        let x = Expr::load(acc, vec![Expr::int(0)]);
+        let clip = |v: Expr, lo: f64, hi: f64| {
+            Expr::bin(
+                BinOp::Min,
+                Expr::bin(BinOp::Max, v, Expr::f32(lo)),
+                Expr::f32(hi),
+            )
+        };
+        let twice = |t| {
+            Expr::cast(
+                t,
+                clip(Expr::cast(Elem::F32, Expr::cast(t, x.clone())), 0.0, 6.0),
+            )
+        };
+        for t in [Elem::BF16, Elem::F16] {
+            assert_eq!(
+                round_once(&twice(t), &k),
+                Expr::cast(t, clip(x.clone(), 0.0, 6.0))
+            );
+        }
+        // A bound that bf16 cannot hold exactly (0.1) keeps both roundings: they can differ.
+        let inexact = Expr::cast(
+            Elem::BF16,
+            clip(
+                Expr::cast(Elem::F32, Expr::cast(Elem::BF16, x.clone())),
+                0.0,
+                0.1,
+            ),
+        );
+        assert_eq!(round_once(&inexact, &k), inexact);
+        // A widening of some other value (an f32 load, not a narrowed one) is not touched.
+        let plain = Expr::cast(Elem::BF16, clip(x.clone(), 0.0, 6.0));
+        assert_eq!(round_once(&plain, &k), plain);
+
+        // The identity, value by value, under mlopt's rounding (the interpreters' and the code's).
+        let r = |v: f32| crate::interp::bf16_from_f32(v).to_f32();
+        let g = |v: f32| v.clamp(0.0, 6.0);
+        let mut draws: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            6.0,
+            5.99,
+            6.01,
+            1e-40,
+            -1e-40,
+            3.4e38,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1.0 + f32::EPSILON,
+            5.984375,
+            6.03125,
+        ];
+        draws.extend([6.0f32, 0.0, 1.0].iter().flat_map(|c| {
+            (-300i32..300).map(move |d| f32::from_bits((c.to_bits() as i32 + d * 97) as u32))
+        }));
+        let mut seed = 0x9e37_79b9_u32;
+        for _ in 0..100_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            draws.push(f32::from_bits(seed));
+        }
+        for v in draws {
+            let to = crate::interp::bf16_from_f32;
+            let (a, b) = (to(g(r(v))), to(g(v)));
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || a == b,
+                "{v:e}: twice {a} once {b}"
+            );
+        }
     }
 }

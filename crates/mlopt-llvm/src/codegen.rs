@@ -79,6 +79,8 @@ pub struct Gen<'a, 'c> {
     pub(crate) private: HashMap<BufId, PointerValue<'c>>,
     /// What runs `mma` blocks.
     pub matrix: Option<MatrixUnit>,
+    /// f32 -> bf16 by `vcvtneps2bf16` (the CPU has AVX512-BF16), not in integer code.
+    pub bf16_convert: bool,
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
     /// `bar.sync`, and math has no libm to call.
     pub gpu: bool,
@@ -114,6 +116,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             width: None,
             private: HashMap::new(),
             matrix: None,
+            bf16_convert: false,
             gpu: false,
             heap: Vec::new(),
             on_out_of_memory: OutOfMemory::Return,
@@ -695,10 +698,11 @@ pub fn define_kernel<'c>(
     m: &Module<'c>,
     k: &Kernel,
     f: FunctionValue<'c>,
-    matrix: Option<MatrixUnit>,
+    t: &mlopt_target::CpuTarget,
 ) -> Ret<()> {
     let mut g = Gen::new(c, m, k, f);
-    g.matrix = matrix;
+    g.matrix = t.matrix();
+    g.bf16_convert = t.has("avx512bf16");
     let entry = c.append_basic_block(f, "entry");
     g.builder.position_at_end(entry);
     for (i, b) in k.params().iter().enumerate() {

@@ -296,9 +296,17 @@ fn f64_to_f32_odd<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicVa
         .build_bit_cast(out, shaped(g, x, Elem::F32), "f")?)
 }
 
-/// f32 -> bf16 rounded to nearest even in integer code, NaNs kept quiet with their sign (as the
-/// interpreters' `half::bf16::from_f32`): the high half of `bits + 0x7fff + (bit 16 of bits)`.
+/// f32 -> bf16 as mlopt defines it (the interpreters' `bf16_from_f32`): rounded to nearest even, NaNs kept
+/// quiet with their sign, f32 subnormals flushed to a zero of their sign. `vcvtneps2bf16` where the CPU
+/// has AVX512-BF16 (one instruction: exactly this); elsewhere in integer code, the high half of
+/// `bits + 0x7fff + (bit 16 of bits)` (LLVM would call `__truncsfbf2`, which Debian bookworm's libgcc
+/// lacks, and which keeps subnormals).
 fn to_bf16<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
+    if g.bf16_convert {
+        return Ok(g
+            .builder
+            .build_cast(Op::FPTrunc, x, shaped(g, x, Elem::BF16), "cvt")?);
+    }
     let bits = g
         .builder
         .build_bit_cast(x, shaped(g, x, Elem::I32), "bits")?;
@@ -311,6 +319,12 @@ fn to_bf16<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum
     let quiet = g.builder.build_binop(Op::Or, high, k(64.0), "qnan")?;
     let nan = float_cmp(&g.builder, F::UNO, x, x)?;
     let r = select(g, nan, quiet, rounded)?;
+    let exponent = g
+        .builder
+        .build_binop(Op::And, bits, k(f64::from(0x7f80_0000u32)), "exp")?;
+    let tiny = int_cmp(&g.builder, I::EQ, exponent, k(0.0))?;
+    let sign = g.builder.build_binop(Op::And, high, k(32768.0), "sign")?;
+    let r = select(g, tiny, sign, r)?;
     let i16s = match x {
         BasicValueEnum::VectorValue(v) => g
             .ctx
@@ -420,9 +434,7 @@ pub fn cast<'c>(
         return cast(g, mid, Elem::F32, to);
     }
     if to == Elem::BF16 && from.is_float() {
-        // In integer code on every target: LLVM would call `__truncsfbf2` / `__truncdfbf2` where there is
-        // no AVX512-BF16 (Debian bookworm's libgcc has neither), and `vcvtneps2bf16` flushes subnormals
-        // to zero. From f64 via f32 rounded to odd, so that the second rounding is the correct one.
+        // From f64 via f32 rounded to odd, so that the second rounding is the correct one.
         let x = if from == Elem::F64 {
             f64_to_f32_odd(g, x)?
         } else {

@@ -148,27 +148,65 @@ impl<'c> Gen<'_, 'c> {
                 self.mem_to_reg(v, elem)
             }
             (Some(w), Some(st @ 2..=4)) if !self.gpu => {
-                // A small constant stride (a stride-2 window's row): one contiguous load of exactly the
-                // span the lanes cover, then every st-th element, instead of one load per lane.
+                // A small constant stride (a stride-2 window's row): the span the lanes cover, read as
+                // two overlapping power-of-two loads (its first and its last `half` elements, both
+                // inside it), and every st-th element picked from the pair by one two-source shuffle.
+                // LLVM lowers an odd-length load and shuffle (the span itself) element by element
+                // (a bf16 stride-2 depthwise convolution spent most of its time there).
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let span = (w - 1) * st as u32 + 1;
-                let v = self.builder.build_load(vector_type(t, span), p, "sld")?;
-                // (Aligned to an element only: LLVM would otherwise assume the vector type's alignment.)
-                v.as_instruction_value()
-                    .map(|ins| ins.set_alignment(self.kernel.buffer(b).elem.size() as u32));
-                let v = v.into_vector_value();
+                let part = span.div_ceil(2).next_power_of_two().min(span);
+                // bf16 and f16 as i16: LLVM 19 scalarises shuffles of `bfloat` vectors.
+                let narrow = matches!(elem, Elem::BF16 | Elem::F16);
+                let lt = if narrow {
+                    self.ctx.i16_type().as_basic_type_enum()
+                } else {
+                    t
+                };
+                let i64t = self.ctx.i64_type();
+                let load = |g: &mut Self, at: u32| -> Ret<inkwell::values::VectorValue<'c>> {
+                    // SAFETY: inside the span, which verification bounds.
+                    let q = unsafe {
+                        g.builder.build_in_bounds_gep(
+                            lt,
+                            p,
+                            &[i64t.const_int(u64::from(at), false)],
+                            "sp",
+                        )?
+                    };
+                    let v = g.builder.build_load(vector_type(lt, part), q, "sld")?;
+                    // (Aligned to an element only: LLVM would otherwise assume the vector's alignment.)
+                    v.as_instruction_value()
+                        .map(|ins| ins.set_alignment(elem.size() as u32));
+                    Ok(v.into_vector_value())
+                };
+                let (first, last) = (load(self, 0)?, load(self, span - part)?);
                 let i32t = self.ctx.i32_type();
                 let mask: Vec<_> = (0..w)
-                    .map(|l| i32t.const_int(u64::from(l * st as u32), false))
+                    .map(|l| {
+                        let e = l * st as u32;
+                        let from = if e < part {
+                            e
+                        } else {
+                            part + e - (span - part)
+                        };
+                        i32t.const_int(u64::from(from), false)
+                    })
                     .collect();
                 let picked = self.builder.build_shuffle_vector(
-                    v,
-                    v.get_type().get_undef(),
+                    first,
+                    last,
                     inkwell::types::VectorType::const_vector(&mask),
                     "strided",
                 )?;
-                self.mem_to_reg(picked.into(), elem)
+                let picked = if narrow {
+                    self.builder
+                        .build_bit_cast(picked, vector_type(t, w), "halves")?
+                } else {
+                    picked.into()
+                };
+                self.mem_to_reg(picked, elem)
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?.into_vector_value();

@@ -715,7 +715,7 @@ fn kernel_module(
     for &i in group {
         let k = &kernels[i];
         let f = declare_kernel(&c, &m, k, &symbol(i));
-        define_kernel(&c, &m, k, f, t.matrix())
+        define_kernel(&c, &m, k, f, t)
             .map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     }
     m.verify()

@@ -15,7 +15,7 @@ mod scalar;
 use crate::ir::*;
 use crate::program::*;
 use scalar::*;
-pub use scalar::{f32_odd, tf32};
+pub use scalar::{bf16_from_f32, f32_odd, tf32};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InterpError {

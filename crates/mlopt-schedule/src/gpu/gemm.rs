@@ -277,7 +277,7 @@ mod tests {
 
     fn encode(t: Elem, x: f32) -> Vec<u8> {
         match t {
-            Elem::BF16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+            Elem::BF16 => mlopt_kir::interp::bf16_from_f32(x).to_le_bytes().to_vec(),
             Elem::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
             _ => x.to_le_bytes().to_vec(),
         }
