@@ -88,6 +88,37 @@ impl<'c> Gen<'_, 'c> {
         coefficient(flat, v).filter(|_| !self.reads_private(flat))
     }
 
+    /// Whether the lanes of a `w`-lane access at `flat` interleave r (2 or 4, dividing w) contiguous
+    /// rows: with the lane variable q written r u + v (v < r), the index moves by one element with u and
+    /// by a constant with v. Then (r, q). The loop steps by w, a multiple of r, so lane l of a step is
+    /// row l % r, element l / r.
+    pub(crate) fn interleaved(&self, flat: &Expr, w: u32) -> Option<(u32, Var)> {
+        let q = self.lane_var()?;
+        if self.reads_private(flat) {
+            return None;
+        }
+        let mut ranges = mlopt_kir::simplify::loop_extents(self.kernel);
+        let extent = *ranges.get(&q)?;
+        let (u, v) = (
+            Var(self.kernel.vars.len() as u32),
+            Var(self.kernel.vars.len() as u32 + 1),
+        );
+        [2u32, 4].into_iter().find_map(|r| {
+            if !w.is_multiple_of(r) || !extent.is_multiple_of(u64::from(r)) {
+                return None;
+            }
+            ranges.insert(u, extent / u64::from(r));
+            ranges.insert(v, u64::from(r));
+            let split = Expr::add(
+                Expr::mul(Expr::var(u), Expr::int(i64::from(r))),
+                Expr::var(v),
+            );
+            let e = mlopt_kir::simplify::simplify(&flat.subst(q, &split), &ranges);
+            (coefficient(&e, u) == Some(1) && coefficient(&e, v).is_some_and(|s| s != 0))
+                .then_some((r, q))
+        })
+    }
+
     /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the
     /// GPU every global buffer starts 16-byte aligned, so a start that is a multiple of `p` elements gives
     /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
@@ -207,6 +238,69 @@ impl<'c> Gen<'_, 'c> {
                     picked.into()
                 };
                 self.mem_to_reg(picked, elem)
+            }
+            (Some(w), None) if !self.gpu && self.interleaved(&flat, w).is_some() => {
+                // Lanes that alternate between r contiguous rows (`x[2 k + q % 2, j + q / 2]`: a bf16
+                // block's k-pairs packed from two channel rows): one load of w / r elements per row,
+                // and one shuffle that interleaves them.
+                let (r, q) = self
+                    .interleaved(&flat, w)
+                    .ok_or_else(|| err("interleave"))?;
+                let part = w / r;
+                let narrow = matches!(elem, Elem::BF16 | Elem::F16);
+                let lt = if narrow {
+                    self.ctx.i16_type().as_basic_type_enum()
+                } else {
+                    t
+                };
+                let mut rows = vec![];
+                for v in 0..r {
+                    let at = flat.subst(q, &Expr::add(Expr::var(q), Expr::int(i64::from(v))));
+                    let i = self.scalar_index(&at)?;
+                    let ptr = self.elem_ptr(b, i)?;
+                    let x = self.builder.build_load(vector_type(lt, part), ptr, "row")?;
+                    x.as_instruction_value()
+                        .map(|ins| ins.set_alignment(elem.size() as u32));
+                    rows.push(x.into_vector_value());
+                }
+                let i32t = self.ctx.i32_type();
+                let concat = |g: &mut Self, a: inkwell::values::VectorValue<'c>, b| {
+                    let n = a.get_type().get_size() * 2;
+                    let mask: Vec<_> = (0..n)
+                        .map(|l| i32t.const_int(u64::from(l), false))
+                        .collect();
+                    g.builder.build_shuffle_vector(
+                        a,
+                        b,
+                        inkwell::types::VectorType::const_vector(&mask),
+                        "cat",
+                    )
+                };
+                // Rows concatenated in order (pairs for r = 4), then lane l is row l % r, element l / r.
+                let (left, right) = if r == 2 {
+                    (rows[0], rows[1])
+                } else {
+                    (
+                        concat(self, rows[0], rows[1])?,
+                        concat(self, rows[2], rows[3])?,
+                    )
+                };
+                let mask: Vec<_> = (0..w)
+                    .map(|l| i32t.const_int(u64::from((l % r) * part + l / r), false))
+                    .collect();
+                let mixed = self.builder.build_shuffle_vector(
+                    left,
+                    right,
+                    inkwell::types::VectorType::const_vector(&mask),
+                    "interleaved",
+                )?;
+                let mixed = if narrow {
+                    self.builder
+                        .build_bit_cast(mixed, vector_type(t, w), "halves")?
+                } else {
+                    mixed.into()
+                };
+                self.mem_to_reg(mixed, elem)
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?.into_vector_value();

@@ -17,7 +17,7 @@
 //!   the threads, or at least 8 per thread) passes the choice to the nests inside it when they have a
 //!   loop that can run in parallel.
 //!
-//! Loops holding a guard are never vectorised (a guard would differ between lanes).
+//! Loops holding a guard are never vectorised (a guard would differ between lanes); loops under one are.
 
 use mlopt_kir::analysis::{buffer_uses as count_uses, coefficient, flat_index as flat, private_in};
 use mlopt_kir::sched::set_kind;
@@ -132,14 +132,23 @@ fn pick_peel(
     uses: &HashMap<BufId, usize>,
     out: &mut Vec<Var>,
 ) -> bool {
-    let Stmt::For {
-        var,
-        extent,
-        body,
-        kind: LoopKind::Serial,
-    } = st
-    else {
-        return holds_vector(st);
+    let (var, extent, body) = match st {
+        Stmt::For {
+            var,
+            extent,
+            body,
+            kind: LoopKind::Serial,
+        } => (var, extent, body),
+        // The loops under a guard (a block's whole-tile branch) are candidates: the guard is the same
+        // for every lane of a loop inside it.
+        Stmt::If { then, .. } => {
+            let mut inner = false;
+            for s in then {
+                inner |= pick_peel(k, s, lanes, uses, out);
+            }
+            return inner || holds_vector(st);
+        }
+        _ => return holds_vector(st),
     };
     let mut inner = false;
     for s in body {
@@ -190,14 +199,21 @@ fn pick_vector(
     uses: &HashMap<BufId, usize>,
     out: &mut Vec<(Var, u32)>,
 ) -> bool {
-    let Stmt::For {
-        var,
-        extent,
-        body,
-        kind: LoopKind::Serial,
-    } = st
-    else {
-        return holds_vector(st);
+    let (var, extent, body) = match st {
+        Stmt::For {
+            var,
+            extent,
+            body,
+            kind: LoopKind::Serial,
+        } => (var, extent, body),
+        Stmt::If { then, .. } => {
+            let mut inner = false;
+            for s in then {
+                inner |= pick_vector(k, s, lanes, uses, out);
+            }
+            return inner || holds_vector(st);
+        }
+        _ => return holds_vector(st),
     };
     // Prefer the deepest candidate: try the children first.
     let mut inner = false;
