@@ -140,8 +140,8 @@ fn llvm_ir_snapshots() {
 }
 
 /// bf16 contractions as `mma` blocks through the whole driver: a pointwise convolution (batch 2, 96 -> 328
-/// channels, 5x7, so rows and columns pad to whole blocks; wide enough that the blocks pay for copying
-/// its input), 3x3 and 5x1 convolutions and the MLP and transformer fixtures,
+/// channels, 5x7, so rows and columns pad to whole blocks; its weight the blocks' A, its activations
+/// packed as B, the last block of positions partial), 3x3 and 5x1 convolutions and the MLP and transformer fixtures,
 /// compiled for this machine (AMX tiles when it has them), for Zen 4 (`vdpbf16ps`, which this machine
 /// also runs) and for x86-64-v4 (no matrix unit: fp32 tiles), against the interpreter on the optimised
 /// graph.
@@ -244,6 +244,22 @@ fn bf16_contractions_compile_to_mma_blocks() {
                 blocks, pays,
                 "{name} for {target}: mma blocks iff the target's matrix unit pays"
             );
+            // The pointwise convolution's weight is A (its output channels the blocks' rows) and its
+            // activations are packed as B, so the epilogue runs along the output's positions in vector
+            // lanes.
+            if *name == "pointwise" && pays {
+                let k = c
+                    .program
+                    .kernels
+                    .iter()
+                    .find(|k| mlopt_kir::analysis::has_mma(&k.body))
+                    .unwrap();
+                let text = mlopt_kir::print::kernel(k);
+                assert!(
+                    text.contains("b_pack") && !text.contains("a_pad"),
+                    "{target}: the activations are B\n{text}"
+                );
+            }
             let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
             let want = interp::run(&c.optimized.plan.graph, inputs).unwrap();
             let err = worst_error(&want, &got);
@@ -907,10 +923,11 @@ fn run_on_x86_levels(
 }
 
 /// Vector loads of every second, third and fourth element (a stride-2 window's row), of f32, bf16 and f16,
-/// 8 and 16 lanes, from each start offset up to the stride, reaching the last element of the buffer:
-/// compiled as two overlapping loads and a shuffle, bit for bit the interpreter's copy.
+/// 8 and 16 lanes, from each start offset up to the stride, reaching the last element of the buffer
+/// (compiled as two overlapping loads and a shuffle), and loads whose lanes interleave 2 or 4 rows (one
+/// load per row and a shuffle): bit for bit the interpreter's copy.
 #[test]
-fn strided_vector_loads_pick_every_nth_element() {
+fn strided_and_interleaved_vector_loads() {
     use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Step, Stmt};
     let n = 64u64;
     let mut p = Program {
@@ -973,11 +990,58 @@ fn strided_vector_loads_pick_every_nth_element() {
             p.kernels.push(k);
         }
     }
+    // Lanes interleaving r rows of a [r, n / r] view: x[(q % r) * (n / r) + q / r], the row offset
+    // written as the ONNX importer's reshapes leave it (a division and a remainder of the lane).
+    for (src, elem) in [Elem::F32, Elem::BF16, Elem::F16].into_iter().enumerate() {
+        for (r, lanes) in [(2i64, 8u32), (2, 16), (4, 16)] {
+            let mut k = Kernel::new(format!("k{}", p.kernels.len()));
+            let (o, x) = (
+                k.buf("out", elem, vec![n], Space::Global),
+                k.buf("x", elem, vec![n], Space::Global),
+            );
+            let q = k.var("q");
+            let row = Expr::rem(Expr::var(q), Expr::int(r));
+            let at = Expr::div(Expr::var(q), Expr::int(r));
+            k.body = vec![Stmt::For {
+                var: q,
+                extent: n,
+                kind: LoopKind::Vector(lanes),
+                body: vec![Stmt::Store {
+                    buf: o,
+                    index: vec![Expr::var(q)],
+                    value: Expr::load(
+                        x,
+                        vec![Expr::add(Expr::mul(row, Expr::int(n as i64 / r)), at)],
+                    ),
+                }],
+            }];
+            mlopt_kir::verify(&k).unwrap();
+            p.steps.push(Step::call(
+                p.kernels.len(),
+                vec![Place::Output(p.outputs.len()), Place::Input(src)],
+            ));
+            p.outputs.push(Io {
+                name: format!("{elem} {r} rows interleaved x{lanes}"),
+                elem,
+                dims: vec![n],
+            });
+            p.kernels.push(k);
+        }
+    }
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
             assert_eq!(w, g, "{target}: {}", io.name);
         }
+    }
+    // Both forms compile to whole-vector loads and shuffles, not per-lane loads.
+    let code =
+        mlopt_llvm::compile(&p, Target::named("x86-64-v4", 1).unwrap().cpu().unwrap()).unwrap();
+    for lane_by_lane in ["insertelement", "gather"] {
+        assert!(
+            !code.optimized_ir.contains(lane_by_lane),
+            "a strided or interleaved load was built lane by lane ({lane_by_lane})"
+        );
     }
 }
 

@@ -99,6 +99,23 @@ fn contract(
     a: AOp,
     store: StoreOp,
 ) -> Result<Vec<Stmt>> {
+    let (_, _, mp, _, kp) = blocks(rows, n, k);
+    let (apad, mut stmts) = a_operand(l, (rows, mp), (k, kp), a)?;
+    stmts.extend(block_loops(l, apad, bp, (rows, n, k), order, store)?);
+    Ok(stmts)
+}
+
+/// The loops over blocks: out(row, j) = sum over k of A[row, k] * B[k, j], A in `apad` (bf16, [mp, >= kp],
+/// padded) and B in `bp` (packed for `blocks(rows, n, k)`); each block's product in a local and its
+/// epilogue `store`d.
+fn block_loops(
+    l: &mut Builder,
+    apad: BufId,
+    bp: BufId,
+    (rows, n, k): (u64, u64, u64),
+    order: Epilogue,
+    store: StoreOp,
+) -> Result<Vec<Stmt>> {
     let (mb, nb, mp, np, kp) = blocks(rows, n, k);
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix {
         mb,
@@ -108,7 +125,6 @@ fn contract(
         n,
         k,
     });
-    let (apad, mut stmts) = a_operand(l, (rows, mp), (k, kp), a)?;
     let k_ = l.kernel();
     let c = k_.buf(
         format!("c_blk{}", k_.bufs.len()),
@@ -170,12 +186,11 @@ fn contract(
         kind: LoopKind::Serial,
         body,
     };
-    stmts.push(for_(
+    Ok(vec![for_(
         ic,
         blocks / per,
         vec![for_(jb, np / nb, vec![for_(ibi, per, block)])],
-    ));
-    Ok(stmts)
+    )])
 }
 
 /// A as the blocks read it (`rows` x `k`, padded to `mp` x `kp`): the buffer A already is when it is
@@ -350,6 +365,18 @@ pub(crate) fn in_blocks(
     let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= KB && n >= 16) else {
         return Ok(None);
     };
+    if order == Epilogue::RowsInner {
+        let (rows, cols) = (rows.clone(), cols.clone());
+        return weight_rows(
+            p,
+            target,
+            ki,
+            (&x, &rows, cols[0].0, r),
+            (m, n, k),
+            (w, trans, (si, pi, wi)),
+            (c.acc, store),
+        );
+    }
     let weight = &p.weights[wi];
     if weight.data.len() as u64 != k * n * 2 {
         return Ok(None);
@@ -416,4 +443,150 @@ pub(crate) fn in_blocks(
         &mut |_, row, j, v| Ok(store_at(store, acc, &by(row, Some(j)), &v)),
     )?;
     Ok(Some(stmts))
+}
+/// A pointwise convolution (its output channels the weight's, its positions contiguous in the output) as
+/// out[oc, pos] = W[oc, k] x X[k, pos]: the weight is A, packed once as [output channels, K] rows; the
+/// activations are B, packed per call into the blocks' k-pair layout from two channel rows at a time
+/// (`x[2 k2 + q % 2, pos + q / 2]`, which code generation reads as two row loads and a shuffle); each
+/// block's columns are positions, so its epilogue runs along the output's contiguous axis with contiguous
+/// reads of the block. (The other way round, positions as A's rows, copied A by gathering channels and
+/// read each block's column in the epilogue: EfficientNet's SiLU epilogues ran at half the fp32 speed.)
+/// `x` is the bf16 activation over the position loops `rows` and K loop `r`; `oc` the output-channel loop.
+#[allow(clippy::type_complexity)]
+fn weight_rows(
+    p: &mut Program,
+    target: &CpuTarget,
+    ki: usize,
+    (x, rows, oc, r): (&Expr, &[(Var, u64)], Var, Var),
+    (m, n, k): (u64, u64, u64),
+    (w, trans, (si, pi, wi)): (BufId, bool, (usize, usize, usize)),
+    (acc, store): (BufId, (BufId, &[Expr], &Expr)),
+) -> Result<Option<Vec<Stmt>>> {
+    // m positions, n output channels, k input channels: blocks of n rows by m columns.
+    if !k.is_multiple_of(2) || m < 16 {
+        return Ok(None);
+    }
+    let (mb, nb, mp, np, kp) = blocks(n, m, k);
+    let copy = BlockCopy::Streamed(m * k);
+    if !mlopt_cost::tile::bf16_block_pays(target, (n, m, k), kp, copy) {
+        return Ok(None);
+    }
+    let weight = &p.weights[wi];
+    // Rows a multiple of 512 bytes apart would put a block's 16 rows in few L1 sets (as `a_operand`).
+    let stride = if (kp * 2).is_multiple_of(512) {
+        kp + 32
+    } else {
+        kp
+    };
+    let mut data = Vec::with_capacity((mp * stride * 2) as usize);
+    for i in 0..mp {
+        for kk in 0..stride {
+            let at = if trans { i * k + kk } else { kk * n + i };
+            data.extend_from_slice(&bf16_at(&weight.data, at, i < n && kk < k));
+        }
+    }
+    let rows_w = Weight {
+        name: format!("{}.rows{mb}", weight.name),
+        elem: Elem::BF16,
+        dims: vec![mp, stride],
+        data: Arc::new(data),
+    };
+    p.kernels[ki].bufs[w.0 as usize].dims = rows_w.dims.clone();
+    p.weights.push(rows_w);
+    p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
+    let pos_ext: Vec<i64> = rows.iter().map(|(_, e)| *e as i64).collect();
+    let by = |pos: &Expr, o: Option<&Expr>| -> Vec<(Var, Expr)> {
+        rows.iter()
+            .map(|(v, _)| *v)
+            .zip(delinear(pos.clone(), &pos_ext))
+            .chain(o.map(|o| (oc, o.clone())))
+            .collect()
+    };
+    let mut l = Builder {
+        k: &mut p.kernels[ki],
+        target,
+    };
+    let k_ = l.kernel();
+    let bp = k_.buf(
+        format!("b_pack{}", k_.bufs.len()),
+        Elem::BF16,
+        vec![np / nb, kp / 2, 2 * nb],
+        Space::Local,
+    );
+    let for_ = |var, extent, body| Stmt::For {
+        var,
+        extent,
+        kind: LoopKind::Serial,
+        body,
+    };
+    // b_pack[jb, k2, q] = X[2 k2 + q % 2, jb nb + q / 2]: whole column blocks straight from X, K's
+    // padding zeros, and the last partial block (positions past m) guarded by a select.
+    let mut fill = vec![];
+    let pack = |l: &mut Builder,
+                blocks: (i64, u64),
+                k2s: (i64, u64),
+                value: &dyn Fn(&Expr, &Expr) -> Expr| {
+        let (jb, k2, q) = (l.fresh("jb"), l.fresh("k"), l.fresh("q"));
+        let j = Expr::add(Expr::var(jb), Expr::int(blocks.0));
+        let kk = Expr::add(Expr::var(k2), Expr::int(k2s.0));
+        let pos = Expr::add(
+            Expr::mul(j.clone(), Expr::int(nb as i64)),
+            Expr::div(Expr::var(q), Expr::int(2)),
+        );
+        let ch = Expr::add(
+            Expr::mul(kk.clone(), Expr::int(2)),
+            Expr::rem(Expr::var(q), Expr::int(2)),
+        );
+        let st = Stmt::Store {
+            buf: bp,
+            index: vec![j, kk, Expr::var(q)],
+            value: value(&pos, &ch),
+        };
+        for_(
+            jb,
+            blocks.1,
+            vec![for_(k2, k2s.1, vec![for_(q, 2 * nb, vec![st])])],
+        )
+    };
+    let whole = m / nb;
+    let zero = lit(0.0, Elem::BF16);
+    let read = |pos: &Expr, ch: &Expr| x.subst_all(&by(pos, None)).subst(r, ch);
+    if whole > 0 {
+        fill.push(pack(&mut l, (0, whole), (0, k / 2), &read));
+        if kp > k {
+            fill.push(pack(
+                &mut l,
+                (0, whole),
+                ((k / 2) as i64, (kp - k) / 2),
+                &|_, _| zero.clone(),
+            ));
+        }
+    }
+    if np / nb > whole {
+        let guarded = |pos: &Expr, ch: &Expr| {
+            let inside = Expr::bin(
+                BinOp::And,
+                Expr::bin(BinOp::Lt, pos.clone(), Expr::int(m as i64)),
+                Expr::bin(BinOp::Lt, ch.clone(), Expr::int(k as i64)),
+            );
+            let v = read(&clamp(pos.clone(), m as i64), &clamp(ch.clone(), k as i64));
+            Expr::select(inside, v, zero.clone())
+        };
+        fill.push(pack(
+            &mut l,
+            (whole as i64, np / nb - whole),
+            (0, kp / 2),
+            &guarded,
+        ));
+    }
+    let loops = block_loops(
+        &mut l,
+        w,
+        bp,
+        (n, m, k),
+        Epilogue::ColumnsInner,
+        &mut |_, o, pos, v| Ok(store_at(store, acc, &by(pos, Some(o)), &v)),
+    )?;
+    fill.extend(loops);
+    Ok(Some(fill))
 }
