@@ -148,37 +148,47 @@ fn llvm_ir_snapshots() {
 #[test]
 fn bf16_contractions_compile_to_mma_blocks() {
     use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
-    let mut g = mlopt_ir::Graph::new("pointwise");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 96, 5, 7]));
-    let w: Vec<f32> = (0..328 * 96)
-        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
-        .collect();
-    let w = g.add_const("w", Tensor::from_vec(&[328, 96, 1, 1], w).unwrap());
-    let bias = g.add_const(
-        "b",
-        Tensor::from_vec(
-            &[328],
-            (0..328)
-                .map(|i| i as f32 / 328.0 - 0.5)
-                .collect::<Vec<f32>>(),
-        )
-        .unwrap(),
-    );
-    let a = ConvAttrs {
-        strides: vec![1, 1],
-        pads: vec![0, 0, 0, 0],
-        dilations: vec![1, 1],
-        group: 1,
-        output_padding: vec![],
+    // Pointwise convolutions: 96 -> 328 channels, and 18 and 21 -> 40 (K below a tile row: pairs on
+    // vdpbf16ps, an odd one padded).
+    let pointwise = |cin: usize, cout: usize| {
+        let mut g = mlopt_ir::Graph::new("pointwise");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, cin, 5, 7]));
+        let w: Vec<f32> = (0..cout * cin)
+            .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+            .collect();
+        let w = g.add_const("w", Tensor::from_vec(&[cout, cin, 1, 1], w).unwrap());
+        let bias = g.add_const(
+            "b",
+            Tensor::from_vec(
+                &[cout],
+                (0..cout)
+                    .map(|i| i as f32 / cout as f32 - 0.5)
+                    .collect::<Vec<f32>>(),
+            )
+            .unwrap(),
+        );
+        let a = ConvAttrs {
+            strides: vec![1, 1],
+            pads: vec![0, 0, 0, 0],
+            dilations: vec![1, 1],
+            group: 1,
+            output_padding: vec![],
+        };
+        let y = g.add(Op::Conv(a), "conv", &[x, w, bias]).unwrap();
+        let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
+        g.add_output("y", y);
+        g
     };
-    let y = g.add(Op::Conv(a), "conv", &[x, w, bias]).unwrap();
-    let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
-    g.add_output("y", y);
-    let mut cases = vec![(
-        "pointwise",
-        g.clone(),
-        mlopt_rewrite::optimize::random_inputs(&g, 5),
-    )];
+    let mut cases = vec![];
+    for (name, cin, cout) in [
+        ("pointwise", 96, 328),
+        ("pointwise k18", 18, 40),
+        ("pointwise k21", 21, 40),
+    ] {
+        let g = pointwise(cin, cout);
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
+        cases.push((name, g, inputs));
+    }
     // 3x3 and 5x1 convolutions (one block product per tap over a channels-innermost copy): stride 1
     // and 2, padded, a dilation, 72 -> 200 channels (K pads to AMX's 32s, the output channels to
     // whole blocks), output rows of 24 and 12 positions, batch 2.
@@ -247,7 +257,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
             // The pointwise convolution's weight is A (its output channels the blocks' rows) and its
             // activations are packed as B, so the epilogue runs along the output's positions in vector
             // lanes.
-            if *name == "pointwise" && pays {
+            if name.starts_with("pointwise") && pays {
                 let k = c
                     .program
                     .kernels

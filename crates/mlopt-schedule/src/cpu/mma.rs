@@ -35,6 +35,15 @@ use std::sync::Arc;
 /// k per AMX step (one tile row of bf16).
 const KB: u64 = 32;
 
+/// The step K is padded to: a tile row for AMX, a pair for `vdpbf16ps` (a 16-channel pointwise
+/// convolution would otherwise multiply as many zeros as values).
+fn k_step(t: &CpuTarget) -> u64 {
+    match t.matrix() {
+        Some(mlopt_target::MatrixUnit::Amx) | None => KB,
+        Some(mlopt_target::MatrixUnit::Dot) => 2,
+    }
+}
+
 /// A bf16 matrix B (`at(k, j)`: element (k, j) as little-endian bytes, zero outside it) as bf16 bytes
 /// [np / nb, kp / 2, 2 nb]: one contiguous panel per column block (tile rows 128 bytes apart, not a
 /// whole row of B, which would put all 16 rows of a tile in one L1 set), pairs of k interleaved per
@@ -80,10 +89,16 @@ pub(super) enum Epilogue {
 }
 
 /// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K).
-fn blocks(rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
+fn blocks(t: &CpuTarget, rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
     let mb = if rows >= 32 { 32 } else { 16 };
     let nb = if n >= 32 { 32 } else { 16 };
-    (mb, nb, round_up(rows, mb), round_up(n, nb), round_up(k, KB))
+    (
+        mb,
+        nb,
+        round_up(rows, mb),
+        round_up(n, nb),
+        round_up(k, k_step(t)),
+    )
 }
 
 /// out(row, j) = sum over k of a(row, k) * B[k, j] for `rows` x `n` outputs, in `mma` blocks; `bp` is
@@ -99,7 +114,7 @@ fn contract(
     a: AOp,
     store: StoreOp,
 ) -> Result<Vec<Stmt>> {
-    let (_, _, mp, _, kp) = blocks(rows, n, k);
+    let (_, _, mp, _, kp) = blocks(l.target, rows, n, k);
     let (apad, mut stmts) = a_operand(l, (rows, mp), (k, kp), a)?;
     stmts.extend(block_loops(l, apad, bp, (rows, n, k), order, store)?);
     Ok(stmts)
@@ -116,7 +131,7 @@ fn block_loops(
     order: Epilogue,
     store: StoreOp,
 ) -> Result<Vec<Stmt>> {
-    let (mb, nb, mp, np, kp) = blocks(rows, n, k);
+    let (mb, nb, mp, np, kp) = blocks(l.target, rows, n, k);
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix {
         mb,
         nb,
@@ -362,7 +377,7 @@ pub(crate) fn in_blocks(
         _ => return Ok(None),
     };
     let (m, n) = (Contraction::extent(rows), Contraction::extent(cols));
-    let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= KB && n >= 16) else {
+    let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= 16 && n >= 16) else {
         return Ok(None);
     };
     if order == Epilogue::RowsInner {
@@ -381,7 +396,7 @@ pub(crate) fn in_blocks(
     if weight.data.len() as u64 != k * n * 2 {
         return Ok(None);
     }
-    let (_, nb, _, np, kp) = blocks(m, n, k);
+    let (_, nb, _, np, kp) = blocks(target, m, n, k);
     // A is read in place when it is a [rows, K] bf16 buffer (`a_operand`), else copied: streamed where
     // every load of it is contiguous along K, else gathered.
     let in_place = matches!(&x, Expr::Load(_, ix)
@@ -463,10 +478,10 @@ fn weight_rows(
     (acc, store): (BufId, (BufId, &[Expr], &Expr)),
 ) -> Result<Option<Vec<Stmt>>> {
     // m positions, n output channels, k input channels: blocks of n rows by m columns.
-    if !k.is_multiple_of(2) || m < 16 {
+    if m < 16 {
         return Ok(None);
     }
-    let (mb, nb, mp, np, kp) = blocks(n, m, k);
+    let (mb, nb, mp, np, kp) = blocks(target, n, m, k);
     let copy = BlockCopy::Streamed(m * k);
     if !mlopt_cost::tile::bf16_block_pays(target, (n, m, k), kp, copy) {
         return Ok(None);
@@ -551,27 +566,28 @@ fn weight_rows(
     let whole = m / nb;
     let zero = lit(0.0, Elem::BF16);
     let read = |pos: &Expr, ch: &Expr| x.subst_all(&by(pos, None)).subst(r, ch);
+    let guarded = |pos: &Expr, ch: &Expr| {
+        let inside = Expr::bin(
+            BinOp::And,
+            Expr::bin(BinOp::Lt, pos.clone(), Expr::int(m as i64)),
+            Expr::bin(BinOp::Lt, ch.clone(), Expr::int(k as i64)),
+        );
+        let v = read(&clamp(pos.clone(), m as i64), &clamp(ch.clone(), k as i64));
+        Expr::select(inside, v, zero.clone())
+    };
+    // Whole pairs of channels, an odd K's last channel with a zero, then K's padding.
+    let (pairs, odd) = (k / 2, k % 2);
     if whole > 0 {
-        fill.push(pack(&mut l, (0, whole), (0, k / 2), &read));
-        if kp > k {
-            fill.push(pack(
-                &mut l,
-                (0, whole),
-                ((k / 2) as i64, (kp - k) / 2),
-                &|_, _| zero.clone(),
-            ));
+        fill.push(pack(&mut l, (0, whole), (0, pairs), &read));
+        if odd == 1 {
+            fill.push(pack(&mut l, (0, whole), (pairs as i64, 1), &guarded));
+        }
+        if kp / 2 > pairs + odd {
+            let rest = ((pairs + odd) as i64, kp / 2 - pairs - odd);
+            fill.push(pack(&mut l, (0, whole), rest, &|_, _| zero.clone()));
         }
     }
     if np / nb > whole {
-        let guarded = |pos: &Expr, ch: &Expr| {
-            let inside = Expr::bin(
-                BinOp::And,
-                Expr::bin(BinOp::Lt, pos.clone(), Expr::int(m as i64)),
-                Expr::bin(BinOp::Lt, ch.clone(), Expr::int(k as i64)),
-            );
-            let v = read(&clamp(pos.clone(), m as i64), &clamp(ch.clone(), k as i64));
-            Expr::select(inside, v, zero.clone())
-        };
         fill.push(pack(
             &mut l,
             (whole as i64, np / nb - whole),
