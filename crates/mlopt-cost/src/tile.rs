@@ -201,8 +201,9 @@ pub enum BlockCopy {
 /// reading and writing their f32 accumulators once per block product of depth `depth` (a convolution
 /// tap's channels: about 4 / depth of the products), and pay for copying the activations into the
 /// blocks' layout (`copy`); the tiles run at the fp32 peak. A gathered copy costs as much as many
-/// multiply-adds, so narrow contractions (MobileNetV2's 1x1 convolutions to 96 channels) and shallow
-/// ones (a 3-channel stem: depth 4) stay in fp32 tiles.
+/// multiply-adds, so narrow contractions whose copy gathers and shallow ones (a 3-channel stem: depth
+/// 4) stay in fp32 tiles; a 1x1 convolution's activations stream into the blocks (two channel rows
+/// interleaved), so those of 16 channels or more pay.
 pub fn bf16_block_pays(
     t: &mlopt_target::CpuTarget,
     (m, n, k): (u64, u64, u64),
