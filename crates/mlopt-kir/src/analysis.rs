@@ -476,17 +476,46 @@ impl Accesses {
 }
 
 /// The loads and stores of kernel `k` by how they run: what prices a kernel that moves data rather than
-/// computing (a concat, a pad, a transpose), which [`arithmetic`] does not see.
+/// computing (a concat, a pad, a transpose), which [`arithmetic`] does not see. Accesses whose lanes
+/// interleave rows ([`interleaved`]) are vector ones: code generation loads each row and shuffles.
 pub fn accesses(k: &Kernel) -> Accesses {
     let mut out = Accesses::default();
     for_each_access(&k.body, &mut |b, index, vector, trips| match vector {
         None => out.scalar += trips,
-        Some(v) => match coefficient(&flat_index(k, b, index), v) {
-            Some(0..=4) => out.vector += trips,
-            _ => out.gather += trips,
-        },
+        Some(v) => {
+            let flat = flat_index(k, b, index);
+            match coefficient(&flat, v) {
+                Some(0..=4) => out.vector += trips,
+                _ if interleaved(k, &flat, v).is_some() => out.vector += trips,
+                _ => out.gather += trips,
+            }
+        }
     });
     out
+}
+
+/// Whether the lanes of vector loop `q` at flat index `flat` of kernel `k` interleave r (2 or 4)
+/// contiguous rows: with q written r u + v (v < r), the index moves by one element with u and by a
+/// constant with v (`x[2 k + q % 2, j + q / 2]`, a bf16 block's k-pairs packed from two channel rows).
+/// Then Some(r). A vector loop steps by its width; for a width that r divides, lane l of a step is row
+/// l % r, element l / r, and code generation loads each row once and interleaves them.
+pub fn interleaved(k: &Kernel, flat: &Expr, q: Var) -> Option<u32> {
+    let mut ranges = crate::simplify::loop_extents(k);
+    let extent = *ranges.get(&q)?;
+    let (u, v) = (Var(k.vars.len() as u32), Var(k.vars.len() as u32 + 1));
+    [2u32, 4].into_iter().find(|&r| {
+        if !extent.is_multiple_of(u64::from(r)) {
+            return false;
+        }
+        ranges.insert(u, extent / u64::from(r));
+        ranges.insert(v, u64::from(r));
+        let split = Expr::add(
+            Expr::mul(Expr::var(u), Expr::int(i64::from(r))),
+            Expr::var(v),
+        );
+        let e = crate::simplify::simplify(&flat.subst(q, &split), &ranges);
+        coefficient(&e, u) == Some(1) && coefficient(&e, v).is_some_and(|s| s != 0)
+    })
 }
 
 /// What [`for_each_access`] calls: buffer, index, innermost vector loop, executions.

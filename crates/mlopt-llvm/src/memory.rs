@@ -88,35 +88,15 @@ impl<'c> Gen<'_, 'c> {
         coefficient(flat, v).filter(|_| !self.reads_private(flat))
     }
 
-    /// Whether the lanes of a `w`-lane access at `flat` interleave r (2 or 4, dividing w) contiguous
-    /// rows: with the lane variable q written r u + v (v < r), the index moves by one element with u and
-    /// by a constant with v. Then (r, q). The loop steps by w, a multiple of r, so lane l of a step is
-    /// row l % r, element l / r.
+    /// The rows (2 or 4) the lanes of a `w`-lane access at `flat` interleave
+    /// (`mlopt_kir::analysis::interleaved`), and the lane variable.
     pub(crate) fn interleaved(&self, flat: &Expr, w: u32) -> Option<(u32, Var)> {
         let q = self.lane_var()?;
         if self.reads_private(flat) {
             return None;
         }
-        let mut ranges = mlopt_kir::simplify::loop_extents(self.kernel);
-        let extent = *ranges.get(&q)?;
-        let (u, v) = (
-            Var(self.kernel.vars.len() as u32),
-            Var(self.kernel.vars.len() as u32 + 1),
-        );
-        [2u32, 4].into_iter().find_map(|r| {
-            if !w.is_multiple_of(r) || !extent.is_multiple_of(u64::from(r)) {
-                return None;
-            }
-            ranges.insert(u, extent / u64::from(r));
-            ranges.insert(v, u64::from(r));
-            let split = Expr::add(
-                Expr::mul(Expr::var(u), Expr::int(i64::from(r))),
-                Expr::var(v),
-            );
-            let e = mlopt_kir::simplify::simplify(&flat.subst(q, &split), &ranges);
-            (coefficient(&e, u) == Some(1) && coefficient(&e, v).is_some_and(|s| s != 0))
-                .then_some((r, q))
-        })
+        let r = mlopt_kir::analysis::interleaved(self.kernel, flat, q)?;
+        w.is_multiple_of(r).then_some((r, q))
     }
 
     /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the

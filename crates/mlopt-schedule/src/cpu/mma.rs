@@ -269,10 +269,10 @@ fn a_operand(
 /// are contiguous innermost (`order`), so the CPU schedule can store it as vectors; each loop (its
 /// variable, the output index `block * extent + variable`, the block's extent, the output's and the
 /// block) guarded where blocks pass the output's end: the outer loop's body as a whole, the inner loop
-/// unguarded in every whole block (`block < len / extent`, which bounds the index for the verifier) and
-/// per element (as a second loop, variable `tail`) only in the last. A per-element test in every block
-/// kept the inner loop from vectorising: MobileNetV2's bf16 1x1 convolutions (784 positions, blocks of
-/// 32) stored their outputs one at a time, at 28-32 GFLOP/s.
+/// unguarded in every whole block (`block < len / extent`, which bounds the index for the verifier) and,
+/// in the last, a loop (variable `tail`) over the len % extent elements it has. A per-element test in
+/// every block kept the inner loop from vectorising: MobileNetV2's bf16 1x1 convolutions (784
+/// positions, blocks of 32) stored their outputs one at a time, at 28-32 GFLOP/s.
 pub(super) fn epilogue(
     st: Stmt,
     order: Epilogue,
@@ -287,27 +287,25 @@ pub(super) fn epilogue(
         body,
     };
     let lt = |a: Expr, b: i64| Expr::bin(BinOp::Lt, a, Expr::int(b));
-    let ((iv, i, ext, len, block), (ov, o, oext, olen)) = match order {
+    let ((iv, _, ext, len, block), (ov, o, oext, olen)) = match order {
         Epilogue::ColumnsInner => ((jj, col, nb, n, jb), (ii, row, mb, rows)),
         Epilogue::RowsInner => ((ii, row, mb, rows, ib), (jj, col, nb, n)),
     };
     let inner = if len.is_multiple_of(ext) {
         vec![for_(iv, ext, vec![st])]
     } else {
+        // The last block (the only one past the whole ones) stores its first len % ext elements: a
+        // loop of that extent, unguarded (the block's loop bounds it), which can run in vector lanes.
         let whole = (len / ext) as i64;
         let t = Expr::var(tail);
-        let guarded = Stmt::If {
-            cond: lt(i.subst(iv, &t), len as i64),
-            then: vec![st.subst(iv, &t)],
-        };
         vec![
             Stmt::If {
                 cond: lt(block.clone(), whole),
-                then: vec![for_(iv, ext, vec![st])],
+                then: vec![for_(iv, ext, vec![st.clone()])],
             },
             Stmt::If {
                 cond: Expr::bin(BinOp::Le, Expr::int(whole), block.clone()),
-                then: vec![for_(tail, ext, vec![guarded])],
+                then: vec![for_(tail, len % ext, vec![st.subst(iv, &t)])],
             },
         ]
     };
@@ -362,7 +360,41 @@ pub(crate) fn in_blocks(
 ) -> Result<Option<Vec<Stmt>>> {
     let mut c = c.clone();
     c.drop_unit_reductions();
-    let ([(r, k)], true) = (&c.red[..], c.batch.is_empty()) else {
+    // Column loops that do not continue the inner columns' addresses (a batched pointwise
+    // convolution's images) run outside the blocks, as for the fp32 tiles: the blocks of one image.
+    c.split_strided_cols(&p.kernels[ki], store);
+    let batch = std::mem::take(&mut c.batch);
+    let Some(stmts) = unbatched(p, target, ki, &c, loads, store)? else {
+        return Ok(None);
+    };
+    let mut stmts = stmts;
+    for &(v, e) in batch.iter().rev() {
+        stmts = if e == 1 {
+            stmts.iter().map(|s| s.subst(v, &Expr::int(0))).collect()
+        } else {
+            vec![Stmt::For {
+                var: v,
+                extent: e,
+                kind: LoopKind::Serial,
+                body: stmts,
+            }]
+        };
+    }
+    Ok(Some(stmts))
+}
+
+/// `in_blocks` for a contraction without batch loops (`c.batch` empty; a batch loop's variable may occur
+/// free, bound by the loop the caller puts around the statements).
+fn unbatched(
+    p: &mut Program,
+    target: &CpuTarget,
+    ki: usize,
+    c: &Contraction,
+    loads: &HashMap<BufId, usize>,
+    store: (BufId, &[Expr], &Expr),
+) -> Result<Option<Vec<Stmt>>> {
+    let c = c.clone();
+    let [(r, k)] = &c.red[..] else {
         return Ok(None);
     };
     let (r, k) = (*r, *k);
@@ -587,12 +619,51 @@ fn weight_rows(
             fill.push(pack(&mut l, (0, whole), rest, &|_, _| zero.clone()));
         }
     }
+    // The last, partial block: its m % nb positions as above, zeros past them.
     if np / nb > whole {
-        fill.push(pack(
+        let rem = m % nb;
+        let last = (whole as i64, 1);
+        let part = |l: &mut Builder,
+                    k2s: (i64, u64),
+                    qs: (i64, u64),
+                    value: &dyn Fn(&Expr, &Expr) -> Expr| {
+            let (jb, k2, q) = (l.fresh("jb"), l.fresh("k"), l.fresh("q"));
+            let j = Expr::add(Expr::var(jb), Expr::int(last.0));
+            let kk = Expr::add(Expr::var(k2), Expr::int(k2s.0));
+            let qq = Expr::add(Expr::var(q), Expr::int(qs.0));
+            let pos = Expr::add(
+                Expr::mul(j.clone(), Expr::int(nb as i64)),
+                Expr::div(qq.clone(), Expr::int(2)),
+            );
+            let ch = Expr::add(
+                Expr::mul(kk.clone(), Expr::int(2)),
+                Expr::rem(qq.clone(), Expr::int(2)),
+            );
+            let st = Stmt::Store {
+                buf: bp,
+                index: vec![j, kk, qq],
+                value: value(&pos, &ch),
+            };
+            for_(
+                jb,
+                last.1,
+                vec![for_(k2, k2s.1, vec![for_(q, qs.1, vec![st])])],
+            )
+        };
+        let zeros = |_: &Expr, _: &Expr| zero.clone();
+        fill.push(part(&mut l, (0, pairs), (0, 2 * rem), &read));
+        if odd == 1 {
+            fill.push(part(&mut l, (pairs as i64, 1), (0, 2 * rem), &guarded));
+        }
+        if kp / 2 > pairs + odd {
+            let rest = ((pairs + odd) as i64, kp / 2 - pairs - odd);
+            fill.push(part(&mut l, rest, (0, 2 * rem), &zeros));
+        }
+        fill.push(part(
             &mut l,
-            (whole as i64, np / nb - whole),
             (0, kp / 2),
-            &guarded,
+            ((2 * rem) as i64, 2 * (nb - rem)),
+            &zeros,
         ));
     }
     let loops = block_loops(
