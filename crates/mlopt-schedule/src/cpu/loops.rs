@@ -14,7 +14,7 @@
 //!   (so threads write disjoint elements: affinely, or, where a store goes through a layout tail's
 //!   divisions, as evaluating its index over the loops shows), with at least `threads` iterations and enough work to pay for
 //!   waking the pool, runs as `parallel`; one whose iterations do not share out evenly (a multiple of
-//!   the threads, or at least 8 per thread) passes the choice to the nests inside it when they have a
+//!   the threads, at least 8 per thread, or the busiest thread at most a seventh over an even share) passes the choice to the nests inside it when they have a
 //!   loop that can run in parallel.
 //!
 //! Loops holding a guard are never vectorised (a guard would differ between lanes); loops under one are.
@@ -266,9 +266,11 @@ fn pick_parallel(
             )
     };
     let splits = *extent >= threads as u64 && stores_ok_in(k, body, uses, &disjoint, true);
-    // Threads get equal shares, or nearly (at most an eighth more for some).
+    // Threads get equal shares, or nearly (the busiest at most a seventh more than an even share: 7
+    // column blocks on 2 threads, where splitting the loop inside instead forks and joins the threads
+    // once per block).
     let (t, e) = (threads as u64, *extent);
-    if splits && (e % t == 0 || e >= 8 * t) {
+    if splits && (e % t == 0 || e >= 8 * t || 7 * e.div_ceil(t) * t <= 8 * e) {
         out.push(*var);
         return;
     }
