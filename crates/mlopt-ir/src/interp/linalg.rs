@@ -6,7 +6,7 @@ use super::{float_dispatch, num_dispatch, typed, EvalResult};
 use crate::dtype::broadcast_shapes;
 use crate::op::ConvAttrs;
 use crate::tensor::Tensor;
-use ndarray::{ArrayD, IxDyn};
+use ndarray::ArrayD;
 
 /// c[m,n] = sum_k a[m,k] * b[k,n], row-major slices.
 fn mm<T: Arith>(a: &[T], b: &[T], m: usize, k: usize, n: usize) -> Vec<T> {
@@ -25,7 +25,36 @@ fn mm<T: Arith>(a: &[T], b: &[T], m: usize, k: usize, n: usize) -> Vec<T> {
 }
 
 fn standard_vec<T: Copy>(a: ndarray::ArrayViewD<'_, T>) -> Vec<T> {
-    a.iter().copied().collect()
+    match a.as_slice() {
+        Some(s) => s.to_vec(),
+        None => a.iter().copied().collect(),
+    }
+}
+
+/// For each index of the broadcast batch shape `batch` (row-major), the index of the matrix an operand
+/// with batch dimensions `own` (right-aligned to `batch`, size 1 broadcast) holds there.
+fn batch_offsets(own: &[usize], batch: &[usize]) -> Vec<usize> {
+    let pad = batch.len() - own.len();
+    let dims: Vec<usize> = std::iter::repeat_n(1, pad)
+        .chain(own.iter().copied())
+        .collect();
+    let mut strides = vec![0usize; dims.len()];
+    let mut s = 1;
+    for d in (0..dims.len()).rev() {
+        strides[d] = if dims[d] == 1 { 0 } else { s };
+        s *= dims[d];
+    }
+    let total: usize = batch.iter().product();
+    (0..total)
+        .map(|mut flat| {
+            let mut at = 0;
+            for d in (0..batch.len()).rev() {
+                at += (flat % batch[d]) * strides[d];
+                flat /= batch[d];
+            }
+            at
+        })
+        .collect()
 }
 
 fn matmul_t<T: Arith>(a: &ArrayD<T>, b: &ArrayD<T>) -> EvalResult<Tensor> {
@@ -50,24 +79,21 @@ fn matmul_t<T: Arith>(a: &ArrayD<T>, b: &ArrayD<T>) -> EvalResult<Tensor> {
     }
     let batch = broadcast_shapes(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2])
         .ok_or("batch dims do not broadcast")?;
-    let with = |mut s: Vec<usize>, x: usize, y: usize| {
-        s.extend([x, y]);
-        s
-    };
-    let av = standard_vec(
-        a2.broadcast(IxDyn(&with(batch.clone(), m, k)))
-            .ok_or("broadcast")?,
-    );
-    let bv = standard_vec(
-        b2.broadcast(IxDyn(&with(batch.clone(), k, n)))
-            .ok_or("broadcast")?,
-    );
+    // Each operand's matrices once, in its own batch layout; a batch index picks one of them (a broadcast
+    // batch dimension of size 1 always the first). Materialising the broadcast copied a [K, N] weight
+    // once per position of an [1, 56, 56, K] activation (460 MB for one ConvNeXt layer).
+    let av = standard_vec(a2.view());
+    let bv = standard_vec(b2.view());
     let nb: usize = batch.iter().product();
+    let (ia, ib) = (
+        batch_offsets(&a2.shape()[..ra - 2], &batch),
+        batch_offsets(&b2.shape()[..rb - 2], &batch),
+    );
     let mut out = Vec::with_capacity(nb * m * n);
-    for i in 0..nb {
+    for (i, j) in ia.into_iter().zip(ib) {
         out.extend(mm(
             &av[i * m * k..(i + 1) * m * k],
-            &bv[i * k * n..(i + 1) * k * n],
+            &bv[j * k * n..(j + 1) * k * n],
             m,
             k,
             n,
@@ -366,4 +392,43 @@ pub(crate) fn conv_transpose(
     c: &ConvAttrs,
 ) -> EvalResult<Tensor> {
     float_dispatch!(x, a => conv_transpose_t(a, typed(w)?, b.map(typed).transpose()?, c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batch dimensions broadcast from either side (size 1 or missing) pick the right matrices: against
+    /// the product written out element by element.
+    #[test]
+    fn matmul_broadcasts_batch_dimensions_without_copying_them() {
+        let (sa, sb) = ([2usize, 1, 3, 4], [5usize, 4, 2]);
+        let a: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let b: Vec<f32> = (0..40).map(|i| (i % 7) as f32 - 2.0).collect();
+        let got = matmul(
+            &Tensor::from_vec(&sa, a.clone()).unwrap(),
+            &Tensor::from_vec(&sb, b.clone()).unwrap(),
+        )
+        .unwrap();
+        let mut want = vec![];
+        for x in 0..2 {
+            for y in 0..5 {
+                for i in 0..3 {
+                    for j in 0..2 {
+                        let s: f32 = (0..4)
+                            .map(|p| a[x * 12 + i * 4 + p] * b[y * 8 + p * 2 + j])
+                            .sum();
+                        want.push(s);
+                    }
+                }
+            }
+        }
+        assert_eq!(got, Tensor::from_vec(&[2, 5, 3, 2], want).unwrap());
+        assert_eq!(
+            batch_offsets(&[2, 1], &[2, 5]),
+            [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+        );
+        assert_eq!(batch_offsets(&[5], &[2, 5]), [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
+        assert_eq!(batch_offsets(&[], &[3]), [0, 0, 0]);
+    }
 }
