@@ -480,13 +480,14 @@ impl Accesses {
 /// interleave rows ([`interleaved`]) are vector ones: code generation loads each row and shuffles.
 pub fn accesses(k: &Kernel) -> Accesses {
     let mut out = Accesses::default();
+    let extents = crate::simplify::loop_extents(k);
     for_each_access(&k.body, &mut |b, index, vector, trips| match vector {
         None => out.scalar += trips,
         Some(v) => {
             let flat = flat_index(k, b, index);
             match coefficient(&flat, v) {
                 Some(0..=4) => out.vector += trips,
-                _ if interleaved(k, &flat, v).is_some() => out.vector += trips,
+                _ if interleaved(k, &extents, &flat, v).is_some() => out.vector += trips,
                 _ => out.gather += trips,
             }
         }
@@ -498,9 +499,10 @@ pub fn accesses(k: &Kernel) -> Accesses {
 /// contiguous rows: with q written r u + v (v < r), the index moves by one element with u and by a
 /// constant with v (`x[2 k + q % 2, j + q / 2]`, a bf16 block's k-pairs packed from two channel rows).
 /// Then Some(r). A vector loop steps by its width; for a width that r divides, lane l of a step is row
-/// l % r, element l / r, and code generation loads each row once and interleaves them.
-pub fn interleaved(k: &Kernel, flat: &Expr, q: Var) -> Option<u32> {
-    let mut ranges = crate::simplify::loop_extents(k);
+/// l % r, element l / r, and code generation loads each row once and interleaves them. `extents` are
+/// `k`'s loop extents (`simplify::loop_extents`).
+pub fn interleaved(k: &Kernel, extents: &HashMap<Var, u64>, flat: &Expr, q: Var) -> Option<u32> {
+    let mut ranges = extents.clone();
     let extent = *ranges.get(&q)?;
     let (u, v) = (Var(k.vars.len() as u32), Var(k.vars.len() as u32 + 1));
     [2u32, 4].into_iter().find(|&r| {

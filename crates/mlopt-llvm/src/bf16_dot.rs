@@ -42,8 +42,9 @@ fn rows_per_group(m: u64, n: u64) -> u64 {
 }
 
 impl<'c> Gen<'_, 'c> {
-    /// Loads `t` from `p` with the element's alignment (blocks start anywhere in their buffer).
-    fn load_unaligned(
+    /// Loads `t` from `p` with the element's alignment (blocks start anywhere in their buffer; a strided
+    /// or interleaved access's rows anywhere in theirs).
+    pub(crate) fn load_unaligned(
         &mut self,
         t: inkwell::types::BasicTypeEnum<'c>,
         p: PointerValue<'c>,

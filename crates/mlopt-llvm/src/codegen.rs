@@ -81,6 +81,8 @@ pub struct Gen<'a, 'c> {
     pub matrix: Option<MatrixUnit>,
     /// f32 -> bf16 by `vcvtneps2bf16` (the CPU has AVX512-BF16), not in integer code.
     pub bf16_convert: bool,
+    /// The kernel's loop extents, computed on first use (`memory.rs` asks them of non-affine loads).
+    pub(crate) extents: std::cell::OnceCell<HashMap<Var, u64>>,
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
     /// `bar.sync`, and math has no libm to call.
     pub gpu: bool,
@@ -117,6 +119,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             private: HashMap::new(),
             matrix: None,
             bf16_convert: false,
+            extents: std::cell::OnceCell::new(),
             gpu: false,
             heap: Vec::new(),
             on_out_of_memory: OutOfMemory::Return,

@@ -95,8 +95,33 @@ impl<'c> Gen<'_, 'c> {
         if self.reads_private(flat) {
             return None;
         }
-        let r = mlopt_kir::analysis::interleaved(self.kernel, flat, q)?;
+        let extents = self
+            .extents
+            .get_or_init(|| mlopt_kir::simplify::loop_extents(self.kernel));
+        let r = mlopt_kir::analysis::interleaved(self.kernel, extents, flat, q)?;
         w.is_multiple_of(r).then_some((r, q))
+    }
+
+    /// The type a 16-bit float vector is loaded and shuffled as: i16 (LLVM 19 scalarises shuffles of
+    /// `bfloat` vectors); other elements as themselves.
+    fn shuffle_elem(&self, elem: Elem) -> inkwell::types::BasicTypeEnum<'c> {
+        match elem {
+            Elem::BF16 | Elem::F16 => self.ctx.i16_type().as_basic_type_enum(),
+            _ => ty(self.ctx, elem),
+        }
+    }
+
+    /// A shuffled vector of `w` lanes (as `shuffle_elem` typed it) as `elem`'s register value.
+    fn unshuffled(
+        &mut self,
+        v: inkwell::values::VectorValue<'c>,
+        elem: Elem,
+        w: u32,
+    ) -> Ret<BasicValueEnum<'c>> {
+        let v = self
+            .builder
+            .build_bit_cast(v, vector_type(ty(self.ctx, elem), w), "lanes")?;
+        self.mem_to_reg(v, elem)
     }
 
     /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the
@@ -142,7 +167,13 @@ impl<'c> Gen<'_, 'c> {
                 "priv",
             )?);
         }
-        match (self.width, self.lane_stride(&flat)) {
+        let stride = self.lane_stride(&flat);
+        // Lanes neither uniform nor at a constant stride may interleave rows.
+        let interleave = match (self.width, stride) {
+            (Some(w), None) if !self.gpu => self.interleaved(&flat, w),
+            _ => None,
+        };
+        match (self.width, stride) {
             (None, _) | (Some(_), Some(0)) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
@@ -168,13 +199,7 @@ impl<'c> Gen<'_, 'c> {
                 let p = self.elem_ptr(b, i)?;
                 let span = (w - 1) * st as u32 + 1;
                 let part = span.div_ceil(2).next_power_of_two().min(span);
-                // bf16 and f16 as i16: LLVM 19 scalarises shuffles of `bfloat` vectors.
-                let narrow = matches!(elem, Elem::BF16 | Elem::F16);
-                let lt = if narrow {
-                    self.ctx.i16_type().as_basic_type_enum()
-                } else {
-                    t
-                };
+                let lt = self.shuffle_elem(elem);
                 let i64t = self.ctx.i64_type();
                 let load = |g: &mut Self, at: u32| -> Ret<inkwell::values::VectorValue<'c>> {
                     // SAFETY: inside the span, which verification bounds.
@@ -186,10 +211,7 @@ impl<'c> Gen<'_, 'c> {
                             "sp",
                         )?
                     };
-                    let v = g.builder.build_load(vector_type(lt, part), q, "sld")?;
-                    // (Aligned to an element only: LLVM would otherwise assume the vector's alignment.)
-                    v.as_instruction_value()
-                        .map(|ins| ins.set_alignment(elem.size() as u32));
+                    let v = g.load_unaligned(vector_type(lt, part), q, elem.size() as u32)?;
                     Ok(v.into_vector_value())
                 };
                 let (first, last) = (load(self, 0)?, load(self, span - part)?);
@@ -211,36 +233,21 @@ impl<'c> Gen<'_, 'c> {
                     inkwell::types::VectorType::const_vector(&mask),
                     "strided",
                 )?;
-                let picked = if narrow {
-                    self.builder
-                        .build_bit_cast(picked, vector_type(t, w), "halves")?
-                } else {
-                    picked.into()
-                };
-                self.mem_to_reg(picked, elem)
+                self.unshuffled(picked, elem, w)
             }
-            (Some(w), None) if !self.gpu && self.interleaved(&flat, w).is_some() => {
+            (Some(w), None) if interleave.is_some() => {
                 // Lanes that alternate between r contiguous rows (`x[2 k + q % 2, j + q / 2]`: a bf16
                 // block's k-pairs packed from two channel rows): one load of w / r elements per row,
                 // and one shuffle that interleaves them.
-                let (r, q) = self
-                    .interleaved(&flat, w)
-                    .ok_or_else(|| err("interleave"))?;
+                let (r, q) = interleave.ok_or_else(|| err("interleave"))?;
                 let part = w / r;
-                let narrow = matches!(elem, Elem::BF16 | Elem::F16);
-                let lt = if narrow {
-                    self.ctx.i16_type().as_basic_type_enum()
-                } else {
-                    t
-                };
+                let lt = self.shuffle_elem(elem);
                 let mut rows = vec![];
                 for v in 0..r {
                     let at = flat.subst(q, &Expr::add(Expr::var(q), Expr::int(i64::from(v))));
                     let i = self.scalar_index(&at)?;
                     let ptr = self.elem_ptr(b, i)?;
-                    let x = self.builder.build_load(vector_type(lt, part), ptr, "row")?;
-                    x.as_instruction_value()
-                        .map(|ins| ins.set_alignment(elem.size() as u32));
+                    let x = self.load_unaligned(vector_type(lt, part), ptr, elem.size() as u32)?;
                     rows.push(x.into_vector_value());
                 }
                 let i32t = self.ctx.i32_type();
@@ -274,13 +281,7 @@ impl<'c> Gen<'_, 'c> {
                     inkwell::types::VectorType::const_vector(&mask),
                     "interleaved",
                 )?;
-                let mixed = if narrow {
-                    self.builder
-                        .build_bit_cast(mixed, vector_type(t, w), "halves")?
-                } else {
-                    mixed.into()
-                };
-                self.mem_to_reg(mixed, elem)
+                self.unshuffled(mixed, elem, w)
             }
             (Some(w), _) => {
                 let idx = self.eval(&flat)?.into_vector_value();
