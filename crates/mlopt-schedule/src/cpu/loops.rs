@@ -132,23 +132,17 @@ fn pick_peel(
     uses: &HashMap<BufId, usize>,
     out: &mut Vec<Var>,
 ) -> bool {
-    let (var, extent, body) = match st {
-        Stmt::For {
-            var,
-            extent,
-            body,
-            kind: LoopKind::Serial,
-        } => (var, extent, body),
-        // The loops under a guard (a block's whole-tile branch) are candidates: the guard is the same
-        // for every lane of a loop inside it.
-        Stmt::If { then, .. } => {
-            let mut inner = false;
-            for s in then {
-                inner |= pick_peel(k, s, lanes, uses, out);
-            }
-            return inner || holds_vector(st);
-        }
-        _ => return holds_vector(st),
+    if let Some(inner) = under_guard(st, &mut |s| pick_peel(k, s, lanes, uses, out)) {
+        return inner;
+    }
+    let Stmt::For {
+        var,
+        extent,
+        body,
+        kind: LoopKind::Serial,
+    } = st
+    else {
+        return holds_vector(st);
     };
     let mut inner = false;
     for s in body {
@@ -179,6 +173,20 @@ fn width(extent: u64, lanes: u32) -> Option<u32> {
         .map(|w| w as u32)
 }
 
+/// For a guard: `pick` run on each statement under it, and whether any holds a loop the vector pass
+/// takes (the loops under a guard, such as a block's whole-tile branch, are candidates: the guard is
+/// the same for every lane of a loop inside it). None for anything else.
+fn under_guard(st: &Stmt, pick: &mut dyn FnMut(&Stmt) -> bool) -> Option<bool> {
+    let Stmt::If { then, .. } = st else {
+        return None;
+    };
+    let mut inner = false;
+    for s in then {
+        inner |= pick(s);
+    }
+    Some(inner || holds_vector(st))
+}
+
 /// Whether `st` is or holds a loop lowering already made a vector loop (a fold's lanes, a tile's
 /// columns): the loops around it then stay scalar, since vector loops do not nest.
 fn holds_vector(st: &Stmt) -> bool {
@@ -199,21 +207,17 @@ fn pick_vector(
     uses: &HashMap<BufId, usize>,
     out: &mut Vec<(Var, u32)>,
 ) -> bool {
-    let (var, extent, body) = match st {
-        Stmt::For {
-            var,
-            extent,
-            body,
-            kind: LoopKind::Serial,
-        } => (var, extent, body),
-        Stmt::If { then, .. } => {
-            let mut inner = false;
-            for s in then {
-                inner |= pick_vector(k, s, lanes, uses, out);
-            }
-            return inner || holds_vector(st);
-        }
-        _ => return holds_vector(st),
+    if let Some(inner) = under_guard(st, &mut |s| pick_vector(k, s, lanes, uses, out)) {
+        return inner;
+    }
+    let Stmt::For {
+        var,
+        extent,
+        body,
+        kind: LoopKind::Serial,
+    } = st
+    else {
+        return holds_vector(st);
     };
     // Prefer the deepest candidate: try the children first.
     let mut inner = false;
