@@ -11,10 +11,10 @@
 //!       out[ib*mb+ii, jb*nb+jj] = epilogue(c[ii, jj])
 //! ```
 //!
-//! B is a constant bf16 weight (a MatMul's or Gemm's [K, N] or [N, K], or a pointwise convolution's
-//! [M, C, 1, 1], whose output channels are then the columns and its positions the rows), packed into
-//! the pair-interleaved layout the tiles read (`b_packed[k / 2, 2 j + k % 2]`, zero-padded), a weight
-//! that replaces it; A is an f32 cast of bf16 values. Blocks are 32x32 (16 where M or N is smaller), so
+//! B is a constant bf16 weight (a MatMul's or Gemm's [K, N] or [N, K]), packed into the
+//! pair-interleaved layout the tiles read (`b_packed[k / 2, 2 j + k % 2]`, zero-padded), a weight that
+//! replaces it; A is an f32 cast of bf16 values. A pointwise convolution is the other way round
+//! (`weight_rows`): its weight [M, C, 1, 1] is A and its activations are packed into B per call. Blocks are 32x32 (16 where M or N is smaller), so
 //! C is four 16x16 f32 tiles held across all of K. The epilogue reads the block's C from a 4 KiB local
 //! while it is in L1.
 
@@ -348,8 +348,7 @@ fn weight(
 
 /// The `mma` blocks of contraction `c` (its epilogue the one store `store`: buffer, index, value) when
 /// one operand is a constant bf16 weight, the other an f32 cast of bf16 values, with one K loop of at
-/// least a tile row and at least 16 columns. The weight is packed into a weight of its own that
-/// replaces it.
+/// least 16 and at least 16 columns. The weight is packed into a weight of its own that replaces it.
 pub(crate) fn in_blocks(
     p: &mut Program,
     target: &CpuTarget,
@@ -364,10 +363,9 @@ pub(crate) fn in_blocks(
     // convolution's images) run outside the blocks, as for the fp32 tiles: the blocks of one image.
     c.split_strided_cols(&p.kernels[ki], store);
     let batch = std::mem::take(&mut c.batch);
-    let Some(stmts) = unbatched(p, target, ki, &c, loads, store)? else {
+    let Some(mut stmts) = unbatched(p, target, ki, &c, loads, store)? else {
         return Ok(None);
     };
-    let mut stmts = stmts;
     for &(v, e) in batch.iter().rev() {
         stmts = if e == 1 {
             stmts.iter().map(|s| s.subst(v, &Expr::int(0))).collect()
@@ -393,7 +391,6 @@ fn unbatched(
     loads: &HashMap<BufId, usize>,
     store: (BufId, &[Expr], &Expr),
 ) -> Result<Option<Vec<Stmt>>> {
-    let c = c.clone();
     let [(r, k)] = &c.red[..] else {
         return Ok(None);
     };
@@ -413,12 +410,11 @@ fn unbatched(
         return Ok(None);
     };
     if order == Epilogue::RowsInner {
-        let (rows, cols) = (rows.clone(), cols.clone());
         return weight_rows(
             p,
             target,
             ki,
-            (&x, &rows, cols[0].0, r),
+            (&x, rows, cols[0].0, r),
             (m, n, k),
             (w, trans, (si, pi, wi)),
             (c.acc, store),
@@ -569,34 +565,38 @@ fn weight_rows(
     // b_pack[jb, k2, q] = X[2 k2 + q % 2, jb nb + q / 2]: whole column blocks straight from X, K's
     // padding zeros, and the last partial block (positions past m) guarded by a select.
     let mut fill = vec![];
+    // b_pack[jb, k2, q0 + q] over column blocks `blocks`, channel pairs `k2s` and pair lanes `qs`.
     let pack = |l: &mut Builder,
                 blocks: (i64, u64),
                 k2s: (i64, u64),
+                qs: (i64, u64),
                 value: &dyn Fn(&Expr, &Expr) -> Expr| {
         let (jb, k2, q) = (l.fresh("jb"), l.fresh("k"), l.fresh("q"));
         let j = Expr::add(Expr::var(jb), Expr::int(blocks.0));
         let kk = Expr::add(Expr::var(k2), Expr::int(k2s.0));
+        let qq = Expr::add(Expr::var(q), Expr::int(qs.0));
         let pos = Expr::add(
             Expr::mul(j.clone(), Expr::int(nb as i64)),
-            Expr::div(Expr::var(q), Expr::int(2)),
+            Expr::div(qq.clone(), Expr::int(2)),
         );
         let ch = Expr::add(
             Expr::mul(kk.clone(), Expr::int(2)),
-            Expr::rem(Expr::var(q), Expr::int(2)),
+            Expr::rem(qq.clone(), Expr::int(2)),
         );
         let st = Stmt::Store {
             buf: bp,
-            index: vec![j, kk, Expr::var(q)],
+            index: vec![j, kk, qq],
             value: value(&pos, &ch),
         };
         for_(
             jb,
             blocks.1,
-            vec![for_(k2, k2s.1, vec![for_(q, 2 * nb, vec![st])])],
+            vec![for_(k2, k2s.1, vec![for_(q, qs.1, vec![st])])],
         )
     };
     let whole = m / nb;
     let zero = lit(0.0, Elem::BF16);
+    let zeros = |_: &Expr, _: &Expr| zero.clone();
     let read = |pos: &Expr, ch: &Expr| x.subst_all(&by(pos, None)).subst(r, ch);
     let guarded = |pos: &Expr, ch: &Expr| {
         let inside = Expr::bin(
@@ -607,64 +607,31 @@ fn weight_rows(
         let v = read(&clamp(pos.clone(), m as i64), &clamp(ch.clone(), k as i64));
         Expr::select(inside, v, zero.clone())
     };
-    // Whole pairs of channels, an odd K's last channel with a zero, then K's padding.
+    // The whole column blocks (2 nb pair lanes each) and the last, partial one (the 2 (m % nb) lanes
+    // of its positions, zeros past them): whole pairs of channels, an odd K's last channel with a zero,
+    // then K's padding.
     let (pairs, odd) = (k / 2, k % 2);
+    let mut ranges = vec![];
     if whole > 0 {
-        fill.push(pack(&mut l, (0, whole), (0, pairs), &read));
-        if odd == 1 {
-            fill.push(pack(&mut l, (0, whole), (pairs as i64, 1), &guarded));
-        }
-        if kp / 2 > pairs + odd {
-            let rest = ((pairs + odd) as i64, kp / 2 - pairs - odd);
-            fill.push(pack(&mut l, (0, whole), rest, &|_, _| zero.clone()));
-        }
+        ranges.push(((0, whole), 2 * nb));
     }
-    // The last, partial block: its m % nb positions as above, zeros past them.
     if np / nb > whole {
-        let rem = m % nb;
-        let last = (whole as i64, 1);
-        let part = |l: &mut Builder,
-                    k2s: (i64, u64),
-                    qs: (i64, u64),
-                    value: &dyn Fn(&Expr, &Expr) -> Expr| {
-            let (jb, k2, q) = (l.fresh("jb"), l.fresh("k"), l.fresh("q"));
-            let j = Expr::add(Expr::var(jb), Expr::int(last.0));
-            let kk = Expr::add(Expr::var(k2), Expr::int(k2s.0));
-            let qq = Expr::add(Expr::var(q), Expr::int(qs.0));
-            let pos = Expr::add(
-                Expr::mul(j.clone(), Expr::int(nb as i64)),
-                Expr::div(qq.clone(), Expr::int(2)),
-            );
-            let ch = Expr::add(
-                Expr::mul(kk.clone(), Expr::int(2)),
-                Expr::rem(qq.clone(), Expr::int(2)),
-            );
-            let st = Stmt::Store {
-                buf: bp,
-                index: vec![j, kk, qq],
-                value: value(&pos, &ch),
-            };
-            for_(
-                jb,
-                last.1,
-                vec![for_(k2, k2s.1, vec![for_(q, qs.1, vec![st])])],
-            )
-        };
-        let zeros = |_: &Expr, _: &Expr| zero.clone();
-        fill.push(part(&mut l, (0, pairs), (0, 2 * rem), &read));
+        ranges.push(((whole as i64, 1), 2 * (m % nb)));
+    }
+    for (blocks, lanes) in ranges {
+        let qs = (0, lanes);
+        fill.push(pack(&mut l, blocks, (0, pairs), qs, &read));
         if odd == 1 {
-            fill.push(part(&mut l, (pairs as i64, 1), (0, 2 * rem), &guarded));
+            fill.push(pack(&mut l, blocks, (pairs as i64, 1), qs, &guarded));
         }
         if kp / 2 > pairs + odd {
             let rest = ((pairs + odd) as i64, kp / 2 - pairs - odd);
-            fill.push(part(&mut l, rest, (0, 2 * rem), &zeros));
+            fill.push(pack(&mut l, blocks, rest, qs, &zeros));
         }
-        fill.push(part(
-            &mut l,
-            (0, kp / 2),
-            ((2 * rem) as i64, 2 * (nb - rem)),
-            &zeros,
-        ));
+        if lanes < 2 * nb {
+            let past = (lanes as i64, 2 * nb - lanes);
+            fill.push(pack(&mut l, blocks, (0, kp / 2), past, &zeros));
+        }
     }
     let loops = block_loops(
         &mut l,
