@@ -954,6 +954,40 @@ fn strided_and_interleaved_vector_loads() {
         // Distinct bit patterns (all finite): a wrong lane shows.
         inputs.push((0..n * elem.size()).map(|i| (i * 37 % 61) as u8).collect());
     }
+    // One kernel per case: out[q] = x[index(q)] over `extent` lanes of input `src`, `lanes` wide.
+    let mut copy = |src: usize,
+                    elem: Elem,
+                    (extent, lanes): (u64, u32),
+                    index: &dyn Fn(Expr) -> Expr,
+                    name: String| {
+        let mut k = Kernel::new(format!("k{}", p.kernels.len()));
+        let (o, x) = (
+            k.buf("out", elem, vec![extent], Space::Global),
+            k.buf("x", elem, vec![n], Space::Global),
+        );
+        let q = k.var("q");
+        k.body = vec![Stmt::For {
+            var: q,
+            extent,
+            kind: LoopKind::Vector(lanes),
+            body: vec![Stmt::Store {
+                buf: o,
+                index: vec![Expr::var(q)],
+                value: Expr::load(x, vec![index(Expr::var(q))]),
+            }],
+        }];
+        mlopt_kir::verify(&k).unwrap();
+        p.steps.push(Step::call(
+            p.kernels.len(),
+            vec![Place::Output(p.outputs.len()), Place::Input(src)],
+        ));
+        p.outputs.push(Io {
+            name,
+            elem,
+            dims: vec![extent],
+        });
+        p.kernels.push(k);
+    };
     for (src, elem) in [Elem::F32, Elem::BF16, Elem::F16].into_iter().enumerate() {
         for (st, lanes, start) in (2..=4u64).flat_map(|st| {
             [8u32, 16]
@@ -963,79 +997,37 @@ fn strided_and_interleaved_vector_loads() {
             // The last lane reads element (w - 1) * st + start + base: the largest base keeps it inside.
             let count = (n - 1 - start) / st + 1;
             let extent = count / u64::from(lanes) * u64::from(lanes);
-            let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-            let (o, x) = (
-                k.buf("out", elem, vec![extent], Space::Global),
-                k.buf("x", elem, vec![n], Space::Global),
-            );
-            let i = k.var("i");
             let base = (count - extent) as i64 * st as i64;
-            k.body = vec![Stmt::For {
-                var: i,
-                extent,
-                kind: LoopKind::Vector(lanes),
-                body: vec![Stmt::Store {
-                    buf: o,
-                    index: vec![Expr::var(i)],
-                    value: Expr::load(
-                        x,
-                        vec![Expr::bin(
-                            BinOp::Add,
-                            Expr::mul(Expr::var(i), Expr::int(st as i64)),
-                            Expr::int(start as i64 + base),
-                        )],
-                    ),
-                }],
-            }];
-            mlopt_kir::verify(&k).unwrap();
-            p.steps.push(Step::call(
-                p.kernels.len(),
-                vec![Place::Output(p.outputs.len()), Place::Input(src)],
-            ));
-            p.outputs.push(Io {
-                name: format!("{elem} stride {st} from {start} x{lanes}"),
+            copy(
+                src,
                 elem,
-                dims: vec![extent],
-            });
-            p.kernels.push(k);
-        }
-    }
-    // Lanes interleaving r rows of a [r, n / r] view: x[(q % r) * (n / r) + q / r], the row offset
-    // written as the ONNX importer's reshapes leave it (a division and a remainder of the lane).
-    for (src, elem) in [Elem::F32, Elem::BF16, Elem::F16].into_iter().enumerate() {
-        for (r, lanes) in [(2i64, 8u32), (2, 16), (4, 16)] {
-            let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-            let (o, x) = (
-                k.buf("out", elem, vec![n], Space::Global),
-                k.buf("x", elem, vec![n], Space::Global),
+                (extent, lanes),
+                &|q| {
+                    Expr::bin(
+                        BinOp::Add,
+                        Expr::mul(q, Expr::int(st as i64)),
+                        Expr::int(start as i64 + base),
+                    )
+                },
+                format!("{elem} stride {st} from {start} x{lanes}"),
             );
-            let q = k.var("q");
-            let row = Expr::rem(Expr::var(q), Expr::int(r));
-            let at = Expr::div(Expr::var(q), Expr::int(r));
-            k.body = vec![Stmt::For {
-                var: q,
-                extent: n,
-                kind: LoopKind::Vector(lanes),
-                body: vec![Stmt::Store {
-                    buf: o,
-                    index: vec![Expr::var(q)],
-                    value: Expr::load(
-                        x,
-                        vec![Expr::add(Expr::mul(row, Expr::int(n as i64 / r)), at)],
-                    ),
-                }],
-            }];
-            mlopt_kir::verify(&k).unwrap();
-            p.steps.push(Step::call(
-                p.kernels.len(),
-                vec![Place::Output(p.outputs.len()), Place::Input(src)],
-            ));
-            p.outputs.push(Io {
-                name: format!("{elem} {r} rows interleaved x{lanes}"),
+        }
+        // Lanes interleaving r rows of a [r, n / r] view: x[(q % r) * (n / r) + q / r], the row offset
+        // written as the ONNX importer's reshapes leave it (a division and a remainder of the lane).
+        for (r, lanes) in [(2i64, 8u32), (2, 16), (4, 16)] {
+            copy(
+                src,
                 elem,
-                dims: vec![n],
-            });
-            p.kernels.push(k);
+                (n, lanes),
+                &|q| {
+                    let row = Expr::rem(q.clone(), Expr::int(r));
+                    Expr::add(
+                        Expr::mul(row, Expr::int(n as i64 / r)),
+                        Expr::div(q, Expr::int(r)),
+                    )
+                },
+                format!("{elem} {r} rows interleaved x{lanes}"),
+            );
         }
     }
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
