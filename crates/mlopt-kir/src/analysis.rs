@@ -617,7 +617,7 @@ fn stmts(body: &[Stmt], out: &mut HashMap<BufId, usize>, count_stores: bool) {
                 index.iter().for_each(|x| expr(x, out));
                 expr(value, out);
             }
-            Stmt::Barrier | Stmt::AsyncWait => {}
+            Stmt::Barrier | Stmt::AsyncWait | Stmt::Prefetch { .. } => {}
             Stmt::WarpReduce { buf, .. } => *out.entry(*buf).or_default() += 1,
             Stmt::CopyAsync {
                 dst,
@@ -723,7 +723,7 @@ pub fn for_each_index(body: &[Stmt], f: &mut dyn FnMut(BufId, &[Expr])) {
                     .chain([value])
                     .for_each(|x| for_each_load(x, f));
             }
-            Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } => {}
+            Stmt::Barrier | Stmt::AsyncWait | Stmt::WarpReduce { .. } | Stmt::Prefetch { .. } => {}
             Stmt::CopyAsync {
                 dst,
                 src,

@@ -174,7 +174,7 @@ impl Checker<'_> {
                     self.k.var_name(*var),
                     crate::print::loop_kind(*kind)
                 )),
-                Stmt::Barrier => {}
+                Stmt::Barrier | Stmt::Prefetch { .. } => {}
                 Stmt::Store { buf, .. } => self.err(format!(
                     "store to %{} outside a thread loop",
                     self.k.buffer(*buf).name
@@ -220,7 +220,10 @@ impl Checker<'_> {
                 Stmt::Barrier => {
                     self.err("barrier inside a thread loop (not every thread may reach it)".into())
                 }
-                Stmt::Store { .. } | Stmt::CopyAsync { .. } | Stmt::AsyncWait => {}
+                Stmt::Store { .. }
+                | Stmt::CopyAsync { .. }
+                | Stmt::AsyncWait
+                | Stmt::Prefetch { .. } => {}
                 Stmt::WarpReduce { .. } => self.err(
                     "warp.reduce inside a thread loop (the whole warp runs it, in uniform code)"
                         .into(),
@@ -272,7 +275,10 @@ pub fn work(k: &Kernel) -> (u64, u64) {
                 Stmt::For { extent, body, .. } => extent.saturating_mul(flops(body, k)),
                 Stmt::If { cond, then } => ops(cond, k) + flops(then, k),
                 Stmt::Store { value, .. } => ops(value, k),
-                Stmt::Barrier | Stmt::CopyAsync { .. } | Stmt::AsyncWait => 0,
+                Stmt::Barrier
+                | Stmt::CopyAsync { .. }
+                | Stmt::AsyncWait
+                | Stmt::Prefetch { .. } => 0,
                 // Five shuffles and combines a thread, not counted (they are not in any thread loop).
                 Stmt::WarpReduce { .. } => 0,
                 Stmt::Mma { m, n, k: depth, .. } => 2 * m * n * depth,

@@ -243,6 +243,11 @@ pub enum Stmt {
     /// order (for d = 16, 8, 4, 2, 1 lane l takes op(x[l], x[l ^ d])), so that every lane holds the same
     /// value.
     WarpReduce { buf: BufId, op: BinOp },
+    /// A hint that element `at` (row-major, flat) of global `buf` will be read soon: its cache line is
+    /// fetched into the CPU's L2 (`prefetcht1`) while other work runs. Nothing is read or changed, and
+    /// `at` may lie past the buffer's end (a prefetch cannot fault), so the next panel of a weight can
+    /// be named without a guard.
+    Prefetch { buf: BufId, at: Expr },
 }
 
 /// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).
@@ -616,6 +621,10 @@ impl Stmt {
             },
             Stmt::Barrier => Stmt::Barrier,
             Stmt::AsyncWait => Stmt::AsyncWait,
+            Stmt::Prefetch { buf, at } => Stmt::Prefetch {
+                buf: b(*buf),
+                at: e(at),
+            },
             Stmt::WarpReduce { buf, op } => Stmt::WarpReduce {
                 buf: b(*buf),
                 op: *op,

@@ -243,6 +243,15 @@ impl P<'_> {
         if self.eat("cp.async.wait_all") {
             return Ok(Stmt::AsyncWait);
         }
+        if self.eat("prefetch") {
+            self.expect("%")?;
+            let name = self.ident()?;
+            let buf = self.buffer(name.strip_suffix(".flat").unwrap_or(&name))?;
+            self.expect("[")?;
+            let at = self.expr()?;
+            self.expect("]")?;
+            return Ok(Stmt::Prefetch { buf, at });
+        }
         if self.eat("cp.async x") {
             let lanes = self.int()? as u64;
             let dst = self.block_operand()?;

@@ -303,6 +303,14 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
         Stmt::AsyncWait => {
             let _ = writeln!(s, "{pad}cp.async.wait_all");
         }
+        Stmt::Prefetch { buf, at } => {
+            let _ = writeln!(
+                s,
+                "{pad}prefetch %{}.flat[{}]",
+                k.buffer(*buf).name,
+                expr(k, at)
+            );
+        }
         Stmt::WarpReduce { buf, op } => {
             let _ = writeln!(
                 s,

@@ -355,6 +355,35 @@ fn async_copies_land_at_the_wait() {
     assert!(e.contains("moves 12 bytes"), "{e}");
 }
 
+/// `prefetch`: a hint that reads and changes nothing, so any element may be named, past the end too;
+/// only a global buffer and an integer position.
+#[test]
+fn prefetches_change_nothing() {
+    let text = "kernel @copy(%x: f32[64], %y: f32[64]) {
+  serial %i in 0..64 {
+    prefetch %x.flat[((%i * 16) + 64)]
+    %y[%i] = %x[%i]
+  }
+}
+";
+    let k = parse_kernel(text).unwrap();
+    assert_eq!(print::kernel(&k), text);
+    verify(&k).unwrap();
+    let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let out = run(&k, vec![x.clone(), vec![0.0; 64]]);
+    assert_eq!(out[1], x);
+    let e = verify(&parse_kernel(&text.replace("[((%i * 16) + 64)]", "[1.5f32]")).unwrap())
+        .unwrap_err()
+        .join("\n");
+    assert!(e.contains("not an integer"), "{e}");
+    let local = text.replace("  serial %i", "  local %t: f32[4]\n  serial %i");
+    let local = local.replace("prefetch %x", "prefetch %t");
+    let e = verify(&parse_kernel(&local).unwrap())
+        .unwrap_err()
+        .join("\n");
+    assert!(e.contains("not a global buffer"), "{e}");
+}
+
 /// `warp.reduce`: every thread's local scalar becomes the reduction over its warp, in uniform code only.
 #[test]
 fn warp_reductions_combine_each_warp() {

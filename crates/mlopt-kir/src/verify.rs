@@ -287,6 +287,16 @@ impl Verifier<'_> {
                 self.facts.truncate(before);
             }
             Stmt::AsyncWait => {}
+            // Any element, even past the end: a prefetch reads nothing.
+            Stmt::Prefetch { buf, at } => {
+                let what = format!("prefetch of %{}", self.k.buffer(*buf).name);
+                if self.k.buffer(*buf).space != Space::Global {
+                    self.err(format!("{what}: not a global buffer"));
+                }
+                if !matches!(self.ty(at, &what), Some(Elem::I64) | None) {
+                    self.err(format!("{what}: the element is not an integer"));
+                }
+            }
             Stmt::WarpReduce { buf, op } => {
                 let b = self.k.buffer(*buf);
                 if b.space != Space::Local

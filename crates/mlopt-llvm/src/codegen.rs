@@ -294,6 +294,9 @@ impl<'a, 'c> Gen<'a, 'c> {
                 Ok(())
             }
             Stmt::Barrier => Err(err("barrier in a CPU kernel")),
+            // A GPU kernel's operands stream through its shared-memory copies instead.
+            Stmt::Prefetch { .. } if self.gpu => Ok(()),
+            Stmt::Prefetch { buf, at } => self.prefetch(*buf, at),
             Stmt::WarpMma { c, a, b } if self.gpu => crate::ptx::warp_mma(self, c, a, b),
             Stmt::WarpMma { .. } => Err(err("mma.sync in a CPU kernel")),
             Stmt::CopyAsync {

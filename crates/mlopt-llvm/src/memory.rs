@@ -79,6 +79,28 @@ impl<'c> Gen<'_, 'c> {
         Ok(unsafe { self.builder.build_in_bounds_gep(t, base, &[flat], "p")? })
     }
 
+    /// `llvm.prefetch` of element `at` of `b` into L2 (`prefetcht1`): read, data, locality 2. In a vector
+    /// loop, the first lane's element.
+    pub(crate) fn prefetch(&mut self, b: BufId, at: &Expr) -> Ret<()> {
+        let i = self.scalar_index(at)?;
+        let base = *self
+            .ptrs
+            .get(&b)
+            .ok_or_else(|| err(format!("no pointer for %{}", self.kernel.buffer(b).name)))?;
+        let t = ty(self.ctx, self.kernel.buffer(b).elem);
+        // SAFETY: a plain GEP, not `inbounds`: the address may lie past the buffer, which a prefetch
+        // (which cannot fault) may name; nothing is read through it.
+        let p = unsafe { self.builder.build_gep(t, base, &[i], "pf")? };
+        let f = inkwell::intrinsics::Intrinsic::find("llvm.prefetch")
+            .and_then(|f| f.get_declaration(self.module, &[p.get_type().into()]))
+            .ok_or_else(|| err("no llvm.prefetch"))?;
+        let i32t = self.ctx.i32_type();
+        let args = [0, 2, 1].map(|x| i32t.const_int(x, false).into());
+        self.builder
+            .build_call(f, &[p.into(), args[0], args[1], args[2]], "")?;
+        Ok(())
+    }
+
     /// How the flat index moves with the lane: Some(0) uniform, Some(1) contiguous, None otherwise.
     pub(crate) fn lane_stride(&self, flat: &Expr) -> Option<i64> {
         let v = self.lane_var()?;

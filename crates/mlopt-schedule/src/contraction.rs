@@ -197,6 +197,7 @@ fn epilogue_ok(body: &[Stmt], acc: BufId) -> bool {
         | Stmt::WarpMma { .. }
         | Stmt::CopyAsync { .. }
         | Stmt::AsyncWait
+        | Stmt::Prefetch { .. }
         | Stmt::WarpReduce { .. } => false,
     })
 }

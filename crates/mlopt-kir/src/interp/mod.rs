@@ -190,6 +190,8 @@ impl Frame<'_> {
                 valid,
             } => self.copy_async(dst, *src, from, *lanes, valid.as_ref(), m)?,
             Stmt::WarpReduce { buf, op } => self.warp_reduce(*buf, *op, m)?,
+            // A hint: nothing to read or change.
+            Stmt::Prefetch { .. } => {}
             Stmt::AsyncWait => {
                 let Some(thread) = self.gpu.as_ref().and_then(|g| g.thread) else {
                     return Err(InterpError::Program(format!(

@@ -112,6 +112,7 @@ fn stores_ok_in(
             | Stmt::AsyncWait
             | Stmt::WarpReduce { .. } => false,
             Stmt::Store { buf, index, .. } => private(buf) || ok(&flat(k, *buf, index), loops),
+            Stmt::Prefetch { .. } => true,
             Stmt::Mma { c, .. } => private(&c.buf) || ok(&flat(k, c.buf, &c.at), loops),
         })
     }

@@ -168,6 +168,7 @@ fn stores_depend(
             | Stmt::WarpMma { .. }
             | Stmt::CopyAsync { .. }
             | Stmt::AsyncWait
+            | Stmt::Prefetch { .. }
             | Stmt::WarpReduce { .. } => false,
         })
     }

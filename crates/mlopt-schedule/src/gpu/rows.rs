@@ -156,6 +156,7 @@ fn all_stores(body: &[Stmt], ok: &mut dyn FnMut(BufId, &[Expr]) -> bool) -> bool
         | Stmt::WarpMma { .. }
         | Stmt::CopyAsync { .. }
         | Stmt::AsyncWait
+        | Stmt::Prefetch { .. }
         | Stmt::WarpReduce { .. } => false,
     })
 }
