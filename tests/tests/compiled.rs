@@ -342,6 +342,74 @@ fn large_convolutions_compile_with_heap_temporaries() {
     }
 }
 
+/// ResNet's 7x7-stage convolutions (a 1x1, a 3x3 and a stride-2 1x1 from 14x14: 49 output positions,
+/// which as columns leave a one-lane tail tile) run swapped: positions are the rows, output channels
+/// the columns, the weight packed into column panels whose next block the tiles prefetch. Compiled at
+/// batch 1 and 2, on 1 and 2 threads, they match the interpreter.
+#[test]
+fn convolutions_at_7x7_run_swapped_and_prefetch_their_weight() {
+    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
+    fn prefetches(body: &[mlopt_kir::Stmt]) -> bool {
+        body.iter().any(|s| match s {
+            mlopt_kir::Stmt::Prefetch { .. } => true,
+            mlopt_kir::Stmt::For { body, .. } | mlopt_kir::Stmt::If { then: body, .. } => {
+                prefetches(body)
+            }
+            _ => false,
+        })
+    }
+    // (input channels, output channels, input size, window, stride, padding)
+    const CASES: &[(usize, usize, usize, usize, usize, usize)] = &[
+        (512, 2048, 7, 1, 1, 0),
+        (512, 512, 7, 3, 1, 1),
+        (1024, 2048, 14, 1, 2, 0),
+    ];
+    for &(c, m, hw, k, stride, pad) in CASES {
+        for (batch, threads) in [(1, 1), (2, 2)] {
+            let name =
+                format!("{c}->{m} {k}x{k}/{stride} at {hw}x{hw}, batch {batch}, {threads} threads");
+            let mut g = mlopt_ir::Graph::new("swapped");
+            let x = g.add_input("x", TensorType::new(DType::F32, vec![batch, c, hw, hw]));
+            let w: Vec<f32> = (0..m * c * k * k)
+                .map(|i| ((i * 7919) % 200) as f32 / 2000.0 - 0.05)
+                .collect();
+            let w = g.add_const("w", Tensor::from_vec(&[m, c, k, k], w).unwrap());
+            let a = ConvAttrs {
+                strides: vec![stride, stride],
+                pads: vec![pad; 4],
+                dilations: vec![1, 1],
+                group: 1,
+                output_padding: vec![],
+            };
+            let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
+            let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
+            g.add_output("y", y);
+            let opts = Options {
+                config: Config::new(Target::named("x86-64-v4", threads).unwrap()),
+                tune: false,
+                winograd: mlopt_schedule::Winograd::Never,
+                profile: false,
+                dumps: false,
+            };
+            let compiled = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let conv = compiled
+                .program
+                .kernels
+                .iter()
+                .find(|k| k.schedule.contains(&mlopt_kir::ScheduleStep::Swap))
+                .unwrap_or_else(|| panic!("{name}: not swapped"));
+            assert!(prefetches(&conv.body), "{name}: no prefetch of the weight");
+            let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
+            let want = interp::run(&g, &inputs).unwrap();
+            let got = compiled
+                .run(&mut compiled.load().unwrap(), &inputs)
+                .unwrap();
+            let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+            assert!(err < 1e-5, "{name}: error {err:e}");
+        }
+    }
+}
+
 /// A vector times a constant matrix (x[K] @ W[K, N]) is an untiled contraction whose dot products run
 /// along K in vector lanes: the schedule stores W transposed, so they read it contiguously, and the
 /// library carries only the transposed copy. Compiled, it matches the interpreter.

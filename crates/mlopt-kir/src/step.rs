@@ -46,6 +46,9 @@ pub enum ScheduleStep {
     },
     /// `pack(b)`: each column panel of the tiled contraction's B is copied once before its tiles read it.
     PackB,
+    /// `swap(a,b)`: the tiled contraction runs transposed (C^T = B^T A^T): its operands exchanged, the
+    /// original rows its columns, stored lane by lane.
+    Swap,
     /// `kblock(2048)`: the tiled contraction's reduction runs in blocks of `k` (a panel of B over all of
     /// K would not fit in L2), its sums kept between blocks.
     KBlock { k: u64 },
@@ -142,6 +145,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::Kind { var, kind } => write!(f, "{}({var})", crate::print::loop_kind(*kind)),
             ScheduleStep::Tile { mr, nr, m, n, k, lanes } => write!(f, "tile({mr}x{nr} for {m}x{n}x{k}@{lanes})"),
             ScheduleStep::PackB => f.write_str("pack(b)"),
+            ScheduleStep::Swap => f.write_str("swap(a,b)"),
             ScheduleStep::KBlock { k } => write!(f, "kblock({k})"),
             ScheduleStep::Pad { buf, phases } => write!(f, "pad({buf},{phases})"),
             ScheduleStep::Transpose { buf } => write!(f, "transpose({buf})"),
@@ -273,6 +277,7 @@ impl std::str::FromStr for ScheduleStep {
                 }
             }
             "pack" if args == "b" => ScheduleStep::PackB,
+            "swap" if args == "a,b" => ScheduleStep::Swap,
             "kblock" => ScheduleStep::KBlock { k: factor(args)? },
             "pad" => {
                 let (buf, phases) = pair()?;
@@ -425,6 +430,7 @@ mod tests {
         "gpu.thread.y(t)",
         "tile(6x64 for 128x3072x768@16)",
         "pack(b)",
+        "swap(a,b)",
         "transpose(in2)",
         "matrix(mma<16x16x32> blocks for 64x96x128)",
         "winograd(2x2,3x3)",
@@ -459,6 +465,7 @@ mod tests {
             "vector<x>(j)",
             "gpu.gemm(1 x 2x3x4, warp, tile 1x1x1, 1 threads, 1 blocks, 9 registers planned)",
             "pack(a)",
+            "swap(b,a)",
         ] {
             assert!(text.parse::<ScheduleStep>().is_err(), "{text}");
         }

@@ -41,6 +41,17 @@ impl Contraction {
         }
     }
 
+    /// The contraction transposed, C^T = B^T A^T: `b`'s loops are the rows, `a`'s the columns.
+    pub(crate) fn swapped(&self) -> Contraction {
+        Contraction {
+            rows: self.cols.clone(),
+            cols: self.rows.clone(),
+            a: self.b.clone(),
+            b: self.a.clone(),
+            ..self.clone()
+        }
+    }
+
     /// Reduction loops of one iteration (a pointwise convolution's window) as index 0, when another
     /// reduction loop remains.
     pub(crate) fn drop_unit_reductions(&mut self) {

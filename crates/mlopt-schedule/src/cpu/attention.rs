@@ -85,7 +85,7 @@ pub(crate) fn tiled(
                 tlen,
                 &[d],
                 ts,
-                false,
+                tiler::BForm::InPlace,
                 &mut |_, _, i, k| Ok(q.subst(a.row.0, &qrow(i)).subst(a.r, &k[0])),
                 &mut |_, _, _, k, c| {
                     Ok(match kp {
@@ -115,7 +115,7 @@ pub(crate) fn tiled(
                 elen,
                 &[tlen],
                 to,
-                false,
+                tiler::BForm::InPlace,
                 &mut |_, _, i, k| Ok(Expr::load(scores, vec![i.clone(), k[0].clone()])),
                 &mut |_, _, _, k, c| {
                     Ok(match vp {

@@ -23,26 +23,48 @@ use crate::window::Window;
 use mlopt_kir::index::delinear;
 use mlopt_kir::{Expr, Stmt, Var};
 
+/// Whether convolution `c` with window `w` runs as one implicit GEMM per image whose columns are all
+/// its output positions, on a target of `lanes` f32 lanes: short output rows (each weight reused by
+/// few columns of one row), with channels enough for more than a tile of rows. Its panels of B are
+/// packed (im2col), or with the contraction swapped (`swapped`) its positions are the rows.
+/// A strided window over long rows reads the input in phases instead, so its loads along the row are
+/// contiguous: packing its panels gathers one element per lane, which cost a 3-channel stem as much as
+/// its multiplies (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103). Not
+/// for narrow groups: with one tile of rows per panel (RegNet's 8 channels per group, depthwise) the
+/// copy costs as much as the tiles.
+pub(crate) fn all_positions(c: &Contraction, w: &Window, lanes: u64) -> bool {
+    let sp = w.axes.len();
+    Contraction::extent(&c.rows) >= 16 && sp > 1 && w.axes[sp - 1].outs < 2 * lanes
+}
+
+/// The bytes a swapped convolution's rows read per panel of its weight: the padded copy of one
+/// image's input where it makes one, else the positions by K.
+pub(crate) fn swapped_a_bytes(c: &Contraction, w: &Window) -> u64 {
+    let k: u64 = c.red.iter().map(|(_, e)| *e).product();
+    let n: u64 = w.axes.iter().map(|a| a.outs).product();
+    match w.axes.iter().any(|a| a.guarded) {
+        true => c.red[0].1 * w.axes.iter().map(|a| a.span as u64).product::<u64>() * 4,
+        false => n * k * 4,
+    }
+}
+
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
-/// the one store `store` (buffer, index, value).
+/// the one store `store` (buffer, index, value). With `swapped`, the convolution runs transposed (only
+/// where `all_positions`): its output positions are the rows (A, read from the window), its output
+/// channels the columns (B, the weight packed into these column blocks' panels by the caller).
 pub(crate) fn tiled(
     b: &mut Builder,
     c: &Contraction,
     w: &Window,
     t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
     store: (mlopt_kir::BufId, &[Expr], &Expr),
+    swapped: Option<&[mlopt_kir::BufId]>,
 ) -> Result<Option<Vec<Stmt>>> {
     let lanes = u64::from(b.lanes());
     let sp = w.axes.len();
     let (m, cg) = (Contraction::extent(&c.rows), c.red[0].1);
     let last = &w.axes[sp - 1];
-    // Short output rows: every output position is a column, and each panel of B is packed. A strided
-    // window over long rows reads the input in phases instead, so its loads along the row are
-    // contiguous: packing its panels gathers one element per lane, which cost a 3-channel stem as much
-    // as its multiplies (SqueezeNet's 3x3 stride-2 stem: 40 -> 75 GFLOP/s, GoogLeNet's 7x7: 64 -> 103).
-    // Not for narrow groups: with one tile of rows per panel (RegNet's 8 channels per group, depthwise)
-    // the copy costs as much as the tiles.
-    let pack = m >= 16 && sp > 1 && last.outs < 2 * lanes;
+    let pack = all_positions(c, w, lanes);
     // A depthwise convolution (one output channel per group) has no rows to tile: its output rows are
     // the tile's rows instead, each reading its own window (B loaded per row of the tile), so a tile
     // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
@@ -59,7 +81,11 @@ pub(crate) fn tiled(
         (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
         (false, false) => (m, outs[..sp - 1].to_vec()),
     };
-    let Some(t) = t_for(tm, n, red.iter().product()) else {
+    let kk: u64 = red.iter().product();
+    let Some(t) = (match swapped {
+        Some(_) => t_for(n, tm, kk),
+        None => t_for(tm, n, kk),
+    }) else {
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
@@ -138,6 +164,50 @@ pub(crate) fn tiled(
             }
             false => None,
         };
+        // A window value at output position `col` (B's column, or swapped, A's row).
+        let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| match src {
+            Some(xp) => {
+                let window = padded_index(
+                    &position(bi, row, col),
+                    &k[1..],
+                    &strides,
+                    &dilations,
+                    phases,
+                );
+                Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
+            }
+            None => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
+        };
+        let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
+        if let Some(weights) = swapped {
+            b.kernel().schedule.push(mlopt_kir::ScheduleStep::Swap);
+            st.extend(tiler::tiled(
+                b,
+                &inner,
+                n,
+                tm,
+                &red,
+                t,
+                tiler::BForm::Weights(weights),
+                &mut |_, bi, row, k| Ok(window(bi, None, k, row)),
+                &mut |_, _, _, k, col| {
+                    let at = mlopt_kir::index::linear(k, &kdims);
+                    Ok(Expr::load(
+                        weights[col.block],
+                        vec![col.jo.clone(), at, col.jj.clone()],
+                    ))
+                },
+                &mut |_, bi, row, j, v| {
+                    Ok(store_at(
+                        store,
+                        acc,
+                        &by(ng, bi, Some(j), Some(row), &[]),
+                        &v,
+                    ))
+                },
+            )?);
+            return Ok(st);
+        }
         st.extend(tiler::tiled(
             b,
             &inner,
@@ -145,23 +215,13 @@ pub(crate) fn tiled(
             n,
             &red,
             t,
-            pack,
-            &mut |_, bi, row, k| Ok(c.a.subst_all(&by(ng, bi, Some(row), None, k))),
-            &mut |_, bi, row, k, col| {
-                Ok(match src {
-                    Some(xp) => {
-                        let window = padded_index(
-                            &position(bi, row, &col.j),
-                            &k[1..],
-                            &strides,
-                            &dilations,
-                            phases,
-                        );
-                        Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
-                    }
-                    None => c.b.subst_all(&by(ng, bi, row, Some(&col.j), k)),
-                })
+            if pack {
+                tiler::BForm::Packed
+            } else {
+                tiler::BForm::InPlace
             },
+            &mut |_, bi, row, k| Ok(c.a.subst_all(&by(ng, bi, Some(row), None, k))),
+            &mut |_, bi, row, k, col| Ok(window(bi, row, k, &col.j)),
             &mut |_, bi, row, j, v| {
                 Ok(store_at(
                     store,

@@ -105,13 +105,19 @@ fn tile_nest(
     c.a = super::layout::widen_bf16_weight(p, ki, &c.a, loads);
     c.b = super::layout::widen_bf16_weight(p, ki, &c.b, loads);
     if let Some(w) = window {
+        let swapped = swap_conv(p, ki, &c, &w, target, &t_for, loads);
         let mut b = Builder {
             k: &mut p.kernels[ki],
             target,
         };
-        return super::conv::tiled(&mut b, &c, &w, &t_for, (out, &out_ix, &out_v));
+        let store = (out, &out_ix[..], &out_v);
+        return super::conv::tiled(&mut b, &c, &w, &t_for, store, swapped.as_deref());
     }
     c.drop_unit_reductions();
+    let swap = swap_pays(p, ki, &c, target, &t_for, loads, (out, &out_ix, &out_v));
+    if swap {
+        c = c.swapped();
+    }
     c.split_strided_cols(&p.kernels[ki], (out, &out_ix, &out_v));
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
     let (m, n, kk) = (
@@ -161,6 +167,9 @@ fn tile_nest(
         k: &mut p.kernels[ki],
         target,
     };
+    if swap {
+        b.kernel().schedule.push(mlopt_kir::ScheduleStep::Swap);
+    }
     let stmts = tiler::tiled(
         &mut b,
         &ext(&c.batch),
@@ -168,7 +177,10 @@ fn tile_nest(
         n,
         &ext(&c.red),
         t,
-        false,
+        match &packed {
+            Some(w) => tiler::BForm::Weights(w),
+            None => tiler::BForm::InPlace,
+        },
         &mut |_, bi, row, k| Ok(c.a.subst_all(&by(bi, Some(row), None, k))),
         &mut |_, bi, _, k, col| {
             Ok(match packed.as_ref().and_then(|p| p.get(col.block)) {
@@ -188,6 +200,71 @@ fn tile_nest(
     Ok(Some(stmts))
 }
 
+/// Whether contraction `c` runs faster swapped (`mlopt_cost::tile::swap_pays`): only when its A is a
+/// constant weight that packs as the swapped contraction's B (a convolution's weight, A because the
+/// positions are the innermost loop). Swapped, the images of a batch join the rows (the activations are
+/// broadcast from any address), so each panel of the weight serves all of them; unswapped they run one
+/// at a time (`split_strided_cols`).
+#[allow(clippy::too_many_arguments)]
+fn swap_pays(
+    p: &Program,
+    ki: usize,
+    c: &Contraction,
+    target: &CpuTarget,
+    t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
+    loads: &HashMap<BufId, usize>,
+    store: (BufId, &[Expr], &Expr),
+) -> bool {
+    let s = c.swapped();
+    if packable(p, ki, &s, loads).is_none() {
+        return false;
+    }
+    let mut plain = c.clone();
+    plain.split_strided_cols(&p.kernels[ki], store);
+    let ext = Contraction::extent;
+    let (m, n, k) = (ext(&plain.rows), ext(&plain.cols), ext(&plain.red));
+    let (batches, rows) = (ext(&plain.batch) / ext(&c.batch).max(1), ext(&s.rows));
+    match (t_for(m, n, k), t_for(rows, m, k)) {
+        (Some(pt), Some(st)) => {
+            let a_bytes = rows * k * 4;
+            mlopt_cost::tile::swap_pays(target, (pt, batches, m, n), (st, rows, a_bytes), k)
+        }
+        _ => false,
+    }
+}
+
+/// The weight B of contraction `c` when it can be packed into column panels (`pack_b`): the operand,
+/// K and N.
+fn packable(
+    p: &Program,
+    ki: usize,
+    c: &Contraction,
+    loads: &HashMap<BufId, usize>,
+) -> Option<(super::layout::WeightOperand, u64, u64)> {
+    let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else {
+        return None;
+    };
+    // (Trailing axes of one element, a 1x1 convolution's window, are index 0.)
+    let op = super::layout::weight_operand(p, ki, &c.b, (*r, *j), loads)?;
+    let weight = &p.weights[op.bound.2];
+    let dims = [
+        if op.trans {
+            vec![*ndim, *kdim]
+        } else {
+            vec![*kdim, *ndim]
+        },
+        vec![1; op.ones],
+    ]
+    .concat();
+    if weight.elem != Elem::F32
+        || weight.dims != dims
+        || weight.data.len() as u64 != kdim * ndim * 4
+    {
+        return None;
+    }
+    Some((op, *kdim, *ndim))
+}
+
 /// A constant 2-D f32 B (`W[k, j]`, or `W[j, k]`; more axes of one element) that only this contraction reads, packed into column
 /// panels for tile `t`: the first block takes W's parameter, later ones are new parameters; their weights
 /// replace W's. None when B is not such a weight.
@@ -198,34 +275,40 @@ fn pack_b(
     t: Tile,
     loads: &HashMap<BufId, usize>,
 ) -> Option<Vec<BufId>> {
-    let ([(r, kdim)], [(j, ndim)]) = (&c.red[..], &c.cols[..]) else {
-        return None;
-    };
-    // (Trailing axes of one element, a 1x1 convolution's window, are index 0.)
-    let super::layout::WeightOperand {
-        buf: w,
-        trans,
-        ones,
-        bound: (si, pi, wi),
-    } = super::layout::weight_operand(p, ki, &c.b, (*r, *j), loads)?;
-    let weight = &p.weights[wi];
-    let dims = [
-        if trans {
-            vec![*ndim, *kdim]
-        } else {
-            vec![*kdim, *ndim]
+    let (
+        super::layout::WeightOperand {
+            buf: w,
+            trans,
+            bound: (si, pi, wi),
+            ..
         },
-        vec![1; ones],
-    ]
-    .concat();
-    if weight.elem != Elem::F32
-        || weight.dims != dims
-        || weight.data.len() as u64 != kdim * ndim * 4
-    {
-        return None;
-    }
+        kdim,
+        ndim,
+    ) = packable(p, ki, c, loads)?;
+    Some(pack_weight(
+        p,
+        ki,
+        (w, (si, pi, wi)),
+        (kdim, ndim),
+        t,
+        trans,
+    ))
+}
+
+/// Weight `w` (bound by step, parameter and weight `bound`), a K x N B (N x K when `trans`), packed into
+/// the column panels of tile `t`: the first block takes W's parameter, later ones are new
+/// parameters; their weights replace W's.
+fn pack_weight(
+    p: &mut Program,
+    ki: usize,
+    (w, (si, pi, wi)): (BufId, (usize, usize, usize)),
+    (kdim, ndim): (u64, u64),
+    t: Tile,
+    trans: bool,
+) -> Vec<BufId> {
+    let weight = &p.weights[wi];
     let (blocks, name) = (
-        tiler::pack_blocks(&weight.data, *kdim, *ndim, t, trans),
+        tiler::pack_blocks(&weight.data, kdim, ndim, t, trans),
         weight.name.clone(),
     );
     // The unpacked bytes are let go now, not when the pass ends, when no other step reads them: the
@@ -257,5 +340,52 @@ fn pack_b(
             p.steps[si].args.push(place);
         }
     }
-    Some(ids)
+    ids
+}
+
+/// The panels of convolution `c`'s weight when the convolution runs faster swapped
+/// (`mlopt_cost::tile::swap_pays`; `conv::tiled`): one that takes all output positions as columns
+/// (`conv::all_positions`), whose A is a constant f32 weight [M, C, KH, ..] read `W[row, c, kh, ..]`
+/// by this nest alone (so not a grouped convolution's, whose rows start at the group's). Packed for the swapped tile, as a transposed B.
+#[allow(clippy::too_many_arguments)]
+fn swap_conv(
+    p: &mut Program,
+    ki: usize,
+    c: &Contraction,
+    w: &crate::window::Window,
+    target: &CpuTarget,
+    t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
+    loads: &HashMap<BufId, usize>,
+) -> Option<Vec<BufId>> {
+    if !super::conv::all_positions(c, w, u64::from(target.lanes())) {
+        return None;
+    }
+    let [(row, m)] = c.rows[..] else { return None };
+    let Expr::Load(wb, ix) = &c.a else {
+        return None;
+    };
+    let want: Vec<Expr> = std::iter::once(row)
+        .chain(c.red.iter().map(|(v, _)| *v))
+        .map(Expr::var)
+        .collect();
+    if *ix != want || loads.get(wb) != Some(&1) {
+        return None;
+    }
+    let bound = super::layout::bound_weight(p, ki, *wb)?;
+    let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
+    let k: u64 = red.iter().product();
+    let weight = &p.weights[bound.2];
+    if weight.elem != Elem::F32
+        || weight.dims != [vec![m], red].concat()
+        || weight.data.len() as u64 != m * k * 4
+    {
+        return None;
+    }
+    let n: u64 = w.axes.iter().map(|a| a.outs).product();
+    let (pt, st) = (t_for(m, n, k)?, t_for(n, m, k)?);
+    let a_bytes = super::conv::swapped_a_bytes(c, w);
+    if !mlopt_cost::tile::swap_pays(target, (pt, 1, m, n), (st, n, a_bytes), k) {
+        return None;
+    }
+    Some(pack_weight(p, ki, (*wb, bound), (k, m), st, true))
 }

@@ -133,11 +133,24 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
         .collect()
 }
 
-/// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`.
-///
-/// With `pack`, each nr-wide panel of B is first copied into a local [K, nr] buffer, once per panel, and
-/// the tiles read the copy: B's loads may then stride or compute (a stride-2 convolution's im2col, a
-/// transposed operand) at the cost of K x nr copies per M x K x nr multiply-adds.
+/// How the tiles read B.
+#[derive(Debug, Clone, Copy)]
+pub enum BForm<'w> {
+    /// Through its operand, where it lies.
+    InPlace,
+    /// Each nr-wide panel copied into a local [K, nr] buffer first, once per panel, and the tiles read
+    /// the copy (`pack(b)`): B's loads may then stride or compute (a stride-2 convolution's im2col, a
+    /// transposed operand) at the cost of K x nr copies per M x K x nr multiply-adds.
+    Packed,
+    /// A weight packed at compile time (`pack_blocks`: one [panels, K, nr] buffer per column block),
+    /// read through its operand. The first time a panel is read it comes from DRAM (a model's weights
+    /// do not stay in cache between calls), so while each block of it is multiplied the tiles prefetch
+    /// the next block of the stream, spread over the block's tiles: otherwise the first row of tiles
+    /// over each block waits on memory at several times the rate DRAM delivers.
+    Weights(&'w [BufId]),
+}
+
+/// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`, B read as `form` says.
 #[allow(clippy::too_many_arguments)]
 pub fn tiled(
     l: &mut Builder<'_>,
@@ -146,11 +159,12 @@ pub fn tiled(
     n: u64,
     k: &[u64],
     t: Tile,
-    pack: bool,
+    form: BForm,
     a: RowOp,
     b: ColOp,
     store: StoreOp,
 ) -> Result<Vec<Stmt>> {
+    let pack = matches!(form, BForm::Packed);
     let kk: u64 = k.iter().product();
     let lanes = l.lanes();
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Tile {
@@ -178,7 +192,20 @@ pub fn tiled(
             let red = (k, chunk, pack);
             if main > 0 {
                 let cut = (block, col0, cols);
-                out.push(tile_block(l, bi, (0, main), cut, ct, red, &mut ops)?);
+                // The main rows' tiles prefetch (the tail's one row of tiles would ask for a whole
+                // block per tile), where the weight is worth it: whole cache lines per step of K, a
+                // weight that would not sit in L2 from call to call, and at most two prefetches per
+                // step (rows enough for a block's lines).
+                let bytes = cols.saturating_mul(kk).saturating_mul(4);
+                let streams = ct.nr.is_multiple_of(16)
+                    && bytes >= l.target.l2_bytes / 4
+                    && (main / ct.mr) * 32 >= ct.nr;
+                let stream = match form {
+                    BForm::Weights(w) if streams => w.get(block).copied(),
+                    _ => None,
+                };
+                let (red, ops) = (red, &mut ops);
+                out.push(tile_block(l, bi, (0, main), cut, ct, red, stream, ops)?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
@@ -190,6 +217,7 @@ pub fn tiled(
                     cut,
                     tail,
                     red,
+                    None,
                     &mut ops,
                 )?);
             }
@@ -209,6 +237,8 @@ struct Ops<'a, 'b, 'c> {
 struct Geometry<'e> {
     bi: &'e [Expr],
     row0: u64,
+    /// The block's rows.
+    rows: u64,
     block: usize,
     col0: u64,
     t: Tile,
@@ -291,18 +321,23 @@ impl Geometry<'_> {
         })
     }
 
-    /// The loops over K, each step a multiply-add of the whole tile (B from the panel, if packed).
+    /// The loops over K, each step a multiply-add of the whole tile (B from the panel, if packed), and
+    /// with `stream` (B a packed weight, [panels, K, nr]) prefetches of the block of it read next.
     fn update(
         &self,
         l: &mut Builder<'_>,
         red: &Reduction,
         acc: BufId,
-        panel: Option<BufId>,
+        (panel, stream): (Option<BufId>, Option<BufId>),
         ops: &mut Ops,
     ) -> Result<Vec<Stmt>> {
         nest(l, "k", &red.kv, |l, kk| {
             let (at, kk) = (red.at(kk), red.full(kk));
-            Ok(vec![self.sweep(l, &mut |l, ii, jj| {
+            let prefetch = match stream {
+                Some(w) => self.prefetch_next(w, red, &at),
+                None => Vec::new(),
+            };
+            let mut step = vec![self.sweep(l, &mut |l, ii, jj| {
                 let av = (ops.a)(l, self.bi, &self.row(&ii), &kk)?;
                 let bv = match panel {
                     Some(p) => Expr::load(p, vec![at.clone(), jj.clone()]),
@@ -314,8 +349,54 @@ impl Geometry<'_> {
                     index: vec![ii, jj],
                     value: sum,
                 })
-            })?])
+            })?];
+            step.extend(prefetch);
+            Ok(step)
         })
+    }
+
+    /// The prefetches of one step `at` (the linear index in this block of K) of the tiles reading the
+    /// packed weight `w` ([panels, K, nr]): the block read next (the next block of K, or the next
+    /// panel's first) follows this one in memory, and its lines are spread over the steps of all the
+    /// rows' tiles: step `at` of tile `io` fetches lines (io x steps + at) x per, .. + per, where `per`
+    /// lines a step cover the block, and none past it. (The stream's last block asks past the buffer's
+    /// end, which a prefetch may.)
+    fn prefetch_next(&self, w: BufId, red: &Reduction, at: &Expr) -> Vec<Stmt> {
+        const LINE: u64 = 16;
+        let (t, steps) = (self.t, red.kv.iter().product::<u64>());
+        let k_all: u64 = red.k.iter().product();
+        let tiles = (self.rows / t.mr).max(1);
+        let lines = (steps * t.nr).div_ceil(LINE);
+        let per = lines.div_ceil(tiles * steps);
+        // Where this block starts in the buffer, in rows of nr: panel jo's K rows, then kb blocks.
+        let mut row0 = Expr::mul(self.jo.clone(), Expr::int(k_all as i64));
+        if let Some((v, c, _)) = red.kb {
+            let rest: u64 = red.k[1..].iter().product();
+            row0 = Expr::add(row0, Expr::mul(Expr::var(v), Expr::int((c * rest) as i64)));
+        }
+        let next = Expr::mul(
+            Expr::add(row0, Expr::int(steps as i64)),
+            Expr::int(t.nr as i64),
+        );
+        let slot = Expr::add(
+            Expr::mul(Expr::var(self.io), Expr::int(steps as i64)),
+            at.clone(),
+        );
+        (0..per)
+            .map(|p| {
+                let line = Expr::add(
+                    Expr::mul(slot.clone(), Expr::int(per as i64)),
+                    Expr::int(p as i64),
+                );
+                // Past the block, every step asks for its last line again (a hit): a clamp, where a
+                // guard in the innermost loop cost BERT's projections 12%.
+                let line = Expr::bin(BinOp::Min, line, Expr::int(lines as i64 - 1));
+                Stmt::Prefetch {
+                    buf: w,
+                    at: Expr::add(next.clone(), Expr::mul(line, Expr::int(LINE as i64))),
+                }
+            })
+            .collect()
     }
 
     /// One block `v` of `blocks` of K: between blocks the tile's sums wait in `sums` [column panels,
@@ -380,6 +461,8 @@ impl Geometry<'_> {
 /// loop, the block's size, the number of blocks) picks.
 struct Reduction {
     kb: Option<(Var, u64, u64)>,
+    /// The reduction's extents.
+    k: Vec<u64>,
     /// The extents of the loops, and as i64 for linear indices.
     kv: Vec<u64>,
     kdims: Vec<i64>,
@@ -393,7 +476,12 @@ impl Reduction {
             None => k.to_vec(),
         };
         let kdims = kv.iter().map(|d| *d as i64).collect();
-        Reduction { kb, kv, kdims }
+        Reduction {
+            kb,
+            k: k.to_vec(),
+            kv,
+            kdims,
+        }
     }
 
     /// The reduction's indices at the loops' values `kk`.
@@ -415,7 +503,8 @@ impl Reduction {
 
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`; with
 /// `chunk`, the reduction in blocks of `chunk` of its first axis (`k_block`); with `pack`, B through a
-/// packed panel.
+/// packed panel; with `stream`, B the packed weight `stream` whose next block the tiles prefetch.
+#[allow(clippy::too_many_arguments)]
 fn tile_block(
     l: &mut Builder<'_>,
     bi: &[Expr],
@@ -423,6 +512,7 @@ fn tile_block(
     (block, col0, cols): (usize, u64, u64),
     t: Tile,
     (k, chunk, pack): (&[u64], Option<u64>, bool),
+    stream: Option<BufId>,
     ops: &mut Ops,
 ) -> Result<Stmt> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
@@ -431,6 +521,7 @@ fn tile_block(
     let g = Geometry {
         bi,
         row0,
+        rows,
         block,
         col0,
         t,
@@ -450,7 +541,7 @@ fn tile_block(
         Some(p) => g.pack_panel(l, &red, p, &mut ops.b)?,
         None => Vec::new(),
     };
-    let update = g.update(l, &red, acc, panel, ops)?;
+    let update = g.update(l, &red, acc, (panel, stream), ops)?;
     let out = g.sweep(l, &mut |l, ii, jj| {
         let v = Expr::load(acc, vec![ii.clone(), jj.clone()]);
         (ops.store)(l, bi, &g.row(&ii), &g.column(&jj).j, v)
