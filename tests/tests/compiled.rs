@@ -345,7 +345,7 @@ fn large_convolutions_compile_with_heap_temporaries() {
 /// ResNet's 7x7-stage convolutions (a 1x1, a 3x3 and a stride-2 1x1 from 14x14: 49 output positions,
 /// which as columns leave a one-lane tail tile) run swapped: positions are the rows, output channels
 /// the columns, the weight packed into column panels whose next block the tiles prefetch. Compiled at
-/// batch 1 and 2, on 1 and 2 threads, they match the interpreter.
+/// batch 1, 2 and 8, on 1 and 2 threads, they match the interpreter.
 #[test]
 fn convolutions_at_7x7_run_swapped_and_prefetch_their_weight() {
     use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
@@ -358,14 +358,20 @@ fn convolutions_at_7x7_run_swapped_and_prefetch_their_weight() {
             _ => false,
         })
     }
-    // (input channels, output channels, input size, window, stride, padding)
-    const CASES: &[(usize, usize, usize, usize, usize, usize)] = &[
-        (512, 2048, 7, 1, 1, 0),
-        (512, 512, 7, 3, 1, 1),
-        (1024, 2048, 14, 1, 2, 0),
+    // (input channels, output channels, input size, window, stride, padding), (batch, threads) runs.
+    // At batch 8 the pointwise one's images would not stay in L2 as one set of rows: they run swapped
+    // one at a time.
+    type Case = (
+        (usize, usize, usize, usize, usize, usize),
+        &'static [(usize, u32)],
+    );
+    const CASES: &[Case] = &[
+        ((512, 2048, 7, 1, 1, 0), &[(1, 1), (2, 2), (8, 2)]),
+        ((512, 512, 7, 3, 1, 1), &[(1, 1), (2, 2)]),
+        ((1024, 2048, 14, 1, 2, 0), &[(1, 1), (2, 2)]),
     ];
-    for &(c, m, hw, k, stride, pad) in CASES {
-        for (batch, threads) in [(1, 1), (2, 2)] {
+    for &((c, m, hw, k, stride, pad), runs) in CASES {
+        for &(batch, threads) in runs {
             let name =
                 format!("{c}->{m} {k}x{k}/{stride} at {hw}x{hw}, batch {batch}, {threads} threads");
             let mut g = mlopt_ir::Graph::new("swapped");

@@ -94,10 +94,10 @@ pub fn pick(target: &CpuTarget, m: u64, n: u64, k: u64) -> Option<Tile> {
 /// (the original rows) are not adjacent in memory, so each lane is extracted and stored on its own.
 const SCATTER_CYCLES: f64 = 2.0;
 
-/// Whether an M x N x K contraction runs faster swapped on `target`: computed as N x M (C^T = B^T
-/// A^T, rows and columns exchanged; `swapped_n` its rows then, which may be more than N where images
-/// the unswapped tiling runs one at a time join them) by the tile `swapped`, its output stored lane by
-/// lane, than `batches` x (M x N) by `plain`. A 1x1 convolution at a 7x7 output is where it pays:
+/// Whether an M x N x K contraction runs faster swapped on `target`: computed as `swapped_batches` x
+/// (N' x M) (C^T = B^T A^T, rows and columns exchanged; N' = `swapped_n` its rows then, more than N
+/// where images the unswapped tiling runs one at a time join them) by the tile `swapped`, its output
+/// stored lane by lane, than `batches` x (M x N) by `plain`. A 1x1 convolution at a 7x7 output is where it pays:
 /// unswapped, its 49 positions are the columns, a 48-wide tile and a one-lane tail at a sixteenth of
 /// the rate; swapped, its output channels are (512 = 10 x 48 + 32) and the positions 7 rows of 7.
 /// Swapped, every panel of the weight passes over all of the activations (`a_bytes`, read a scalar
@@ -106,14 +106,15 @@ const SCATTER_CYCLES: f64 = 2.0;
 pub fn swap_pays(
     target: &CpuTarget,
     (plain, batches, m, n): (Tile, u64, u64, u64),
-    (swapped, swapped_n, a_bytes): (Tile, u64, u64),
+    (swapped, swapped_batches, swapped_n, a_bytes): (Tile, u64, u64, u64),
     k: u64,
 ) -> bool {
     if a_bytes > target.l2_bytes / 2 {
         return false;
     }
     let plain = batches as f64 * cycles(plain, m, n, k);
-    let swapped = cycles(swapped, swapped_n, m, k) + SCATTER_CYCLES * (swapped_n * m) as f64;
+    let swapped = swapped_batches as f64
+        * (cycles(swapped, swapped_n, m, k) + SCATTER_CYCLES * (swapped_n * m) as f64);
     swapped < plain
 }
 
@@ -287,29 +288,30 @@ mod tests {
         }
     }
 
-    /// (M, N, K), the batches the unswapped tiling runs, the swapped rows, the activations' KiB ->
-    /// whether swapping pays on a 1 MiB L2.
-    type Swap = ((u64, u64, u64), u64, u64, u64, bool);
+    /// (M, N, K), the batches the unswapped tiling runs, the swapped batches and rows, the activations'
+    /// KiB -> whether swapping pays on a 1 MiB L2.
+    type Swap = ((u64, u64, u64), u64, (u64, u64), u64, bool);
     const SWAPS: &[Swap] = &[
-        ((512, 49, 4608), 1, 49, 162, true), // ResNet's 7x7 3x3 conv (its padded input): 48 + 1 lane
-        ((2048, 49, 512), 1, 49, 98, true),  // its 1x1 convolutions
-        ((2048, 49, 512), 4, 196, 392, true), // at batch 4, the images joining the rows
-        ((2048, 49, 512), 8, 392, 784, false), // at batch 8 they would not stay in L2
-        ((1024, 196, 256), 1, 196, 196, false), // 14x14: a 4-lane tail, too little K for the stores
-        ((256, 196, 1024), 1, 196, 784, false), // K to pay, but more than half of L2
-        ((64, 3136, 256), 1, 3136, 3136, false), // 56x56: 65 x 48 + 16
-        ((256, 784, 128), 1, 784, 392, false), // 28x28 = 16 x 48 + 16, the stores would cost more
+        ((512, 49, 4608), 1, (1, 49), 162, true), // ResNet's 7x7 3x3 conv (its padded input): 48 + 1 lane
+        ((2048, 49, 512), 1, (1, 49), 98, true),  // its 1x1 convolutions
+        ((2048, 49, 512), 4, (1, 196), 392, true), // at batch 4, the images joining the rows
+        ((2048, 49, 512), 8, (1, 392), 784, false), // at batch 8 they would not stay in L2
+        ((2048, 49, 512), 8, (2, 196), 392, true), // four at a time do
+        ((1024, 196, 256), 1, (1, 196), 196, false), // 14x14: a 4-lane tail, too little K for the stores
+        ((256, 196, 1024), 1, (1, 196), 784, false), // K to pay, but more than half of L2
+        ((64, 3136, 256), 1, (1, 3136), 3136, false), // 56x56: 65 x 48 + 16
+        ((256, 784, 128), 1, (1, 784), 392, false), // 28x28 = 16 x 48 + 16, the stores would cost more
     ];
 
     #[test]
     fn swapping_pays_where_the_columns_leave_a_narrow_tail() {
         let t = cpu(16);
-        for &((m, n, k), batches, sn, kib, want) in SWAPS {
+        for &((m, n, k), batches, (sb, sn), kib, want) in SWAPS {
             let (plain, swapped) = (pick(&t, m, n, k).unwrap(), pick(&t, sn, m, k).unwrap());
-            let got = swap_pays(&t, (plain, batches, m, n), (swapped, sn, kib * 1024), k);
+            let got = swap_pays(&t, (plain, batches, m, n), (swapped, sb, sn, kib * 1024), k);
             assert_eq!(
                 got, want,
-                "{m}x{n}x{k}, {batches} batches, {sn} rows swapped"
+                "{m}x{n}x{k}, {batches} batches, {sb} x {sn} rows swapped"
             );
         }
     }

@@ -114,9 +114,10 @@ fn tile_nest(
         return super::conv::tiled(&mut b, &c, &w, &t_for, store, swapped.as_deref());
     }
     c.drop_unit_reductions();
-    let swap = swap_pays(p, ki, &c, target, &t_for, loads, (out, &out_ix, &out_v));
-    if swap {
-        c = c.swapped();
+    let swapped = swapped_if_faster(p, ki, &c, target, &t_for, loads, (out, &out_ix, &out_v));
+    let swap = swapped.is_some();
+    if let Some(s) = swapped {
+        c = s;
     }
     c.split_strided_cols(&p.kernels[ki], (out, &out_ix, &out_v));
     let ext = |l: &[(Var, u64)]| l.iter().map(|(_, e)| *e).collect::<Vec<u64>>();
@@ -200,13 +201,14 @@ fn tile_nest(
     Ok(Some(stmts))
 }
 
-/// Whether contraction `c` runs faster swapped (`mlopt_cost::tile::swap_pays`): only when its A is a
+/// Contraction `c` swapped, when that runs faster (`mlopt_cost::tile::swap_pays`): only when its A is a
 /// constant weight that packs as the swapped contraction's B (a convolution's weight, A because the
 /// positions are the innermost loop). Swapped, the images of a batch join the rows (the activations are
-/// broadcast from any address), so each panel of the weight serves all of them; unswapped they run one
-/// at a time (`split_strided_cols`).
+/// broadcast from any address), so each panel of the weight serves all of them, as far as their
+/// activations stay in half of L2; images past that run one at a time, outside (as unswapped, where
+/// `split_strided_cols` moves them out).
 #[allow(clippy::too_many_arguments)]
-fn swap_pays(
+fn swapped_if_faster(
     p: &Program,
     ki: usize,
     c: &Contraction,
@@ -214,23 +216,27 @@ fn swap_pays(
     t_for: &dyn Fn(u64, u64, u64) -> Option<Tile>,
     loads: &HashMap<BufId, usize>,
     store: (BufId, &[Expr], &Expr),
-) -> bool {
-    let s = c.swapped();
-    if packable(p, ki, &s, loads).is_none() {
-        return false;
-    }
+) -> Option<Contraction> {
+    let mut s = c.swapped();
+    packable(p, ki, &s, loads)?;
     let mut plain = c.clone();
     plain.split_strided_cols(&p.kernels[ki], store);
     let ext = Contraction::extent;
     let (m, n, k) = (ext(&plain.rows), ext(&plain.cols), ext(&plain.red));
-    let (batches, rows) = (ext(&plain.batch) / ext(&c.batch).max(1), ext(&s.rows));
-    match (t_for(m, n, k), t_for(rows, m, k)) {
-        (Some(pt), Some(st)) => {
-            let a_bytes = rows * k * 4;
-            mlopt_cost::tile::swap_pays(target, (pt, batches, m, n), (st, rows, a_bytes), k)
+    // Only the loops the unswapped form runs outside (the images) may leave the rows.
+    let images = plain.batch.len() - c.batch.len();
+    for _ in 0..images {
+        if ext(&s.rows) * k * 4 <= target.l2_bytes / 2 || s.rows.len() < 2 {
+            break;
         }
-        _ => false,
+        s.batch.push(s.rows.remove(0));
     }
+    let batches = ext(&plain.batch) / ext(&c.batch).max(1);
+    let (swapped_batches, rows) = (ext(&s.batch) / ext(&c.batch).max(1), ext(&s.rows));
+    let (pt, st) = (t_for(m, n, k)?, t_for(rows, m, k)?);
+    let a_bytes = rows * k * 4;
+    let plain = (pt, batches, m, n);
+    mlopt_cost::tile::swap_pays(target, plain, (st, swapped_batches, rows, a_bytes), k).then_some(s)
 }
 
 /// The weight B of contraction `c` when it can be packed into column panels (`pack_b`): the operand,
@@ -384,7 +390,7 @@ fn swap_conv(
     let n: u64 = w.axes.iter().map(|a| a.outs).product();
     let (pt, st) = (t_for(m, n, k)?, t_for(n, m, k)?);
     let a_bytes = super::conv::swapped_a_bytes(c, w);
-    if !mlopt_cost::tile::swap_pays(target, (pt, 1, m, n), (st, n, a_bytes), k) {
+    if !mlopt_cost::tile::swap_pays(target, (pt, 1, m, n), (st, 1, n, a_bytes), k) {
         return None;
     }
     Some(pack_weight(p, ki, (*wb, bound), (k, m), st, true))
