@@ -81,11 +81,13 @@ pub(crate) fn tiled(
         (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
         (false, false) => (m, outs[..sp - 1].to_vec()),
     };
-    let kk: u64 = red.iter().product();
-    let Some(t) = (match swapped {
-        Some(_) => t_for(n, tm, kk),
-        None => t_for(tm, n, kk),
-    }) else {
+    // The tiling's rows and columns: output channels (or rows) by positions, or swapped, positions by
+    // output channels.
+    let (rows_n, cols_n) = match swapped {
+        Some(_) => (n, tm),
+        None => (tm, n),
+    };
+    let Some(t) = t_for(rows_n, cols_n, red.iter().product()) else {
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
@@ -179,54 +181,48 @@ pub(crate) fn tiled(
             None => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
-        if let Some(weights) = swapped {
-            b.kernel().schedule.push(mlopt_kir::ScheduleStep::Swap);
-            st.extend(tiler::tiled(
-                b,
-                &inner,
-                n,
-                tm,
-                &red,
-                t,
-                tiler::BForm::Weights(weights),
-                &mut |_, bi, row, k| Ok(window(bi, None, k, row)),
-                &mut |_, _, _, k, col| {
-                    let at = mlopt_kir::index::linear(k, &kdims);
-                    Ok(Expr::load(
-                        weights[col.block],
-                        vec![col.jo.clone(), at, col.jj.clone()],
-                    ))
-                },
-                &mut |_, bi, row, j, v| {
-                    Ok(store_at(
-                        store,
-                        acc,
-                        &by(ng, bi, Some(j), Some(row), &[]),
-                        &v,
-                    ))
-                },
-            )?);
-            return Ok(st);
-        }
+        let form = match swapped {
+            Some(weights) => {
+                b.kernel().schedule.push(mlopt_kir::ScheduleStep::Swap);
+                tiler::BForm::Weights(weights)
+            }
+            None if pack => tiler::BForm::Packed,
+            None => tiler::BForm::InPlace,
+        };
         st.extend(tiler::tiled(
             b,
             &inner,
-            tm,
-            n,
+            rows_n,
+            cols_n,
             &red,
             t,
-            if pack {
-                tiler::BForm::Packed
-            } else {
-                tiler::BForm::InPlace
+            form,
+            &mut |_, bi, row, k| {
+                Ok(match swapped {
+                    Some(_) => window(bi, None, k, row),
+                    None => c.a.subst_all(&by(ng, bi, Some(row), None, k)),
+                })
             },
-            &mut |_, bi, row, k| Ok(c.a.subst_all(&by(ng, bi, Some(row), None, k))),
-            &mut |_, bi, row, k, col| Ok(window(bi, row, k, &col.j)),
+            &mut |_, bi, row, k, col| {
+                Ok(match swapped {
+                    Some(weights) => {
+                        let at = mlopt_kir::index::linear(k, &kdims);
+                        let ix = vec![col.jo.clone(), at, col.jj.clone()];
+                        Expr::load(weights[col.block], ix)
+                    }
+                    None => window(bi, row, k, &col.j),
+                })
+            },
             &mut |_, bi, row, j, v| {
+                // The output channel and the position.
+                let (ch, pos) = match swapped {
+                    Some(_) => (j, row),
+                    None => (row, j),
+                };
                 Ok(store_at(
                     store,
                     acc,
-                    &by(ng, bi, Some(row), Some(j), &[]),
+                    &by(ng, bi, Some(ch), Some(pos), &[]),
                     &v,
                 ))
             },
