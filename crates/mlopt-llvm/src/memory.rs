@@ -8,7 +8,7 @@
 #![allow(unsafe_code)]
 
 use crate::codegen::*;
-use inkwell::types::BasicType;
+use inkwell::types::{BasicType, BasicTypeEnum};
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use mlopt_kir::analysis::coefficient;
@@ -69,12 +69,17 @@ impl<'c> Gen<'_, 'c> {
         Ok(r?.into_int_value())
     }
 
-    pub(crate) fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
+    /// Buffer `b`'s base pointer and its element type in memory.
+    fn base(&self, b: BufId) -> Ret<(PointerValue<'c>, BasicTypeEnum<'c>)> {
         let base = *self
             .ptrs
             .get(&b)
             .ok_or_else(|| err(format!("no pointer for %{}", self.kernel.buffer(b).name)))?;
-        let t = ty(self.ctx, self.kernel.buffer(b).elem);
+        Ok((base, ty(self.ctx, self.kernel.buffer(b).elem)))
+    }
+
+    pub(crate) fn elem_ptr(&mut self, b: BufId, flat: IntValue<'c>) -> Ret<PointerValue<'c>> {
+        let (base, t) = self.base(b)?;
         // SAFETY: see the module comment; the index is in bounds by verification.
         Ok(unsafe { self.builder.build_in_bounds_gep(t, base, &[flat], "p")? })
     }
@@ -83,11 +88,7 @@ impl<'c> Gen<'_, 'c> {
     /// loop, the first lane's element.
     pub(crate) fn prefetch(&mut self, b: BufId, at: &Expr) -> Ret<()> {
         let i = self.scalar_index(at)?;
-        let base = *self
-            .ptrs
-            .get(&b)
-            .ok_or_else(|| err(format!("no pointer for %{}", self.kernel.buffer(b).name)))?;
-        let t = ty(self.ctx, self.kernel.buffer(b).elem);
+        let (base, t) = self.base(b)?;
         // SAFETY: a plain GEP, not `inbounds`: the address may lie past the buffer, which a prefetch
         // (which cannot fault) may name; nothing is read through it.
         let p = unsafe { self.builder.build_gep(t, base, &[i], "pf")? };
