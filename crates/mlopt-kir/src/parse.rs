@@ -244,24 +244,14 @@ impl P<'_> {
             return Ok(Stmt::AsyncWait);
         }
         if self.eat("prefetch") {
-            self.expect("%")?;
-            let name = self.ident()?;
-            let buf = self.buffer(name.strip_suffix(".flat").unwrap_or(&name))?;
-            self.expect("[")?;
-            let at = self.expr()?;
-            self.expect("]")?;
+            let (buf, at) = self.flat_operand()?;
             return Ok(Stmt::Prefetch { buf, at });
         }
         if self.eat("cp.async x") {
             let lanes = self.int()? as u64;
             let dst = self.block_operand()?;
             self.expect("<-")?;
-            self.expect("%")?;
-            let name = self.ident()?;
-            let src = self.buffer(name.strip_suffix(".flat").unwrap_or(&name))?;
-            self.expect("[")?;
-            let from = self.expr()?;
-            self.expect("]")?;
+            let (src, from) = self.flat_operand()?;
             let valid = if self.eat("when") {
                 Some(self.expr()?)
             } else {
@@ -326,6 +316,17 @@ impl P<'_> {
             index,
             value: self.expr()?,
         })
+    }
+
+    /// `%buf.flat[e]`: a buffer and a row-major element position in it (of `cp.async` and `prefetch`).
+    fn flat_operand(&mut self) -> R<(BufId, Expr)> {
+        self.expect("%")?;
+        let name = self.ident()?;
+        let buf = self.buffer(name.strip_suffix(".flat").unwrap_or(&name))?;
+        self.expect("[")?;
+        let at = self.expr()?;
+        self.expect("]")?;
+        Ok((buf, at))
     }
 
     /// `%buf[index..]`: an operand block of an `mma`.

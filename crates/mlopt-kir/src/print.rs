@@ -294,22 +294,16 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
                 .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "{pad}cp.async x{lanes} {} <- %{}.flat[{}]{when}",
+                "{pad}cp.async x{lanes} {} <- {}{when}",
                 block(k, dst),
-                k.buffer(*src).name,
-                expr(k, from)
+                flat(k, *src, from)
             );
         }
         Stmt::AsyncWait => {
             let _ = writeln!(s, "{pad}cp.async.wait_all");
         }
         Stmt::Prefetch { buf, at } => {
-            let _ = writeln!(
-                s,
-                "{pad}prefetch %{}.flat[{}]",
-                k.buffer(*buf).name,
-                expr(k, at)
-            );
+            let _ = writeln!(s, "{pad}prefetch {}", flat(k, *buf, at));
         }
         Stmt::WarpReduce { buf, op } => {
             let _ = writeln!(
@@ -320,6 +314,11 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
             );
         }
     }
+}
+
+/// `%buf.flat[e]`: element `e` of `buf`, row-major.
+fn flat(k: &Kernel, buf: BufId, e: &Expr) -> String {
+    format!("%{}.flat[{}]", k.buffer(buf).name, expr(k, e))
 }
 
 /// `%buf[index..]`: an operand block.
