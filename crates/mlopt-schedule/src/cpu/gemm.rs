@@ -262,13 +262,7 @@ fn packable(
         vec![1; op.ones],
     ]
     .concat();
-    if weight.elem != Elem::F32
-        || weight.dims != dims
-        || weight.data.len() as u64 != kdim * ndim * 4
-    {
-        return None;
-    }
-    Some((op, *kdim, *ndim))
+    super::layout::holds(weight, Elem::F32, &dims).then_some((op, *kdim, *ndim))
 }
 
 /// A constant 2-D f32 B (`W[k, j]`, or `W[j, k]`; more axes of one element) that only this contraction reads, packed into column
@@ -367,24 +361,13 @@ fn swap_conv(
         return None;
     }
     let [(row, m)] = c.rows[..] else { return None };
-    let Expr::Load(wb, ix) = &c.a else {
-        return None;
-    };
-    let want: Vec<Expr> = std::iter::once(row)
+    let vars: Vec<Var> = std::iter::once(row)
         .chain(c.red.iter().map(|(v, _)| *v))
-        .map(Expr::var)
         .collect();
-    if *ix != want || loads.get(wb) != Some(&1) {
-        return None;
-    }
-    let bound = super::layout::bound_weight(p, ki, *wb)?;
+    let (wb, bound) = super::layout::weight_read_at(p, ki, &c.a, &vars, loads)?;
     let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
     let k: u64 = red.iter().product();
-    let weight = &p.weights[bound.2];
-    if weight.elem != Elem::F32
-        || weight.dims != [vec![m], red].concat()
-        || weight.data.len() as u64 != m * k * 4
-    {
+    if !super::layout::holds(&p.weights[bound.2], Elem::F32, &[vec![m], red].concat()) {
         return None;
     }
     let n: u64 = w.axes.iter().map(|a| a.outs).product();
@@ -393,5 +376,5 @@ fn swap_conv(
     if !mlopt_cost::tile::swap_pays(target, (pt, 1, m, n), (st, 1, n, a_bytes), k) {
         return None;
     }
-    Some(pack_weight(p, ki, (*wb, bound), (k, m), st, true))
+    Some(pack_weight(p, ki, (wb, bound), (k, m), st, true))
 }

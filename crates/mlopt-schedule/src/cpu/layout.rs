@@ -21,10 +21,7 @@ pub fn transpose_weights(p: &mut Program) {
             let [rows, cols] = k.buffer(b).dims[..] else {
                 continue;
             };
-            if w.dims != [rows, cols]
-                || w.data.len() as u64 != rows * cols * w.elem.size()
-                || !read_down_columns(k, b)
-            {
+            if !holds(w, w.elem, &[rows, cols]) || !read_down_columns(k, b) {
                 continue;
             }
             let t = transposed(w);
@@ -122,6 +119,30 @@ pub(super) fn bound_weight(p: &Program, ki: usize, b: BufId) -> Option<(usize, u
         Some(Place::Weight(wi)) if *wi < p.weights.len() => Some((si, pi, *wi)),
         _ => None,
     }
+}
+
+/// Whether weight `w` is all of an array of `elem` of dimensions `dims`.
+pub(super) fn holds(w: &Weight, elem: Elem, dims: &[u64]) -> bool {
+    w.elem == elem
+        && w.dims == dims
+        && w.data.len() as u64 == dims.iter().product::<u64>() * elem.size()
+}
+
+/// The weight that `e` reads as `W[vars..]` (exactly these loop variables, in order) when nothing else
+/// in kernel `ki` reads it (`loads`): its buffer and the (step, parameter, weight) binding it.
+pub(super) fn weight_read_at(
+    p: &Program,
+    ki: usize,
+    e: &Expr,
+    vars: &[Var],
+    loads: &HashMap<BufId, usize>,
+) -> Option<(BufId, (usize, usize, usize))> {
+    let Expr::Load(w, ix) = e else { return None };
+    let at_vars = ix.len() == vars.len() && ix.iter().zip(vars).all(|(x, v)| *x == Expr::var(*v));
+    if !at_vars || loads.get(w) != Some(&1) {
+        return None;
+    }
+    Some((*w, bound_weight(p, ki, *w)?))
 }
 
 /// A weight a contraction reads as one of its operands.

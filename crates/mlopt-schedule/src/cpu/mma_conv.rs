@@ -58,21 +58,14 @@ pub(crate) fn blocks(
     let Expr::Cast(Elem::F32, wl) = &c.a else {
         return Ok(None);
     };
-    let Expr::Load(wb, wix) = &**wl else {
-        return Ok(None);
-    };
     let taps = kh_n * kw_n;
-    if *wix != [mv, ci, t0, t1].map(Expr::var) || loads.get(wb) != Some(&1) {
-        return Ok(None);
-    }
-    let Some((si, pi, wi)) = super::layout::bound_weight(p, ki, *wb) else {
+    let Some((wb, (si, pi, wi))) =
+        super::layout::weight_read_at(p, ki, wl, &[mv, ci, t0, t1], loads)
+    else {
         return Ok(None);
     };
     let weight = &p.weights[wi];
-    if weight.elem != Elem::BF16
-        || weight.dims != [m, cin, kh_n, kw_n]
-        || weight.data.len() as u64 != m * cin * taps * 2
-    {
+    if !super::layout::holds(weight, Elem::BF16, &[m, cin, kh_n, kw_n]) {
         return Ok(None);
     }
     let Some(input) = narrow(&p.kernels[ki], &w.input, Elem::BF16) else {
@@ -224,7 +217,7 @@ pub(crate) fn blocks(
                     ],
                 },
                 b: Block {
-                    buf: *wb,
+                    buf: wb,
                     at: vec![t, Expr::var(jb), Expr::int(0), Expr::int(0)],
                 },
                 acc,
