@@ -204,8 +204,16 @@ pub fn tiled(
                     BForm::Weights(w) if streams => w.get(block).copied(),
                     _ => None,
                 };
-                let (red, ops) = (red, &mut ops);
-                out.push(tile_block(l, bi, (0, main), cut, ct, red, stream, ops)?);
+                out.push(tile_block(
+                    l,
+                    bi,
+                    (0, main),
+                    cut,
+                    ct,
+                    red,
+                    stream,
+                    &mut ops,
+                )?);
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
@@ -362,16 +370,17 @@ impl Geometry<'_> {
     /// lines a step cover the block, and none past it. (The stream's last block asks past the buffer's
     /// end, which a prefetch may.)
     fn prefetch_next(&self, w: BufId, red: &Reduction, at: &Expr) -> Vec<Stmt> {
+        // f32 elements in a 64-byte line (packed weights are f32).
         const LINE: u64 = 16;
         let (t, steps) = (self.t, red.kv.iter().product::<u64>());
-        let k_all: u64 = red.k.iter().product();
+        let k_all = steps * red.kb.map_or(1, |(_, _, blocks)| blocks);
         let tiles = (self.rows / t.mr).max(1);
         let lines = (steps * t.nr).div_ceil(LINE);
         let per = lines.div_ceil(tiles * steps);
         // Where this block starts in the buffer, in rows of nr: panel jo's K rows, then kb blocks.
         let mut row0 = Expr::mul(self.jo.clone(), Expr::int(k_all as i64));
         if let Some((v, c, _)) = red.kb {
-            let rest: u64 = red.k[1..].iter().product();
+            let rest: u64 = red.kv[1..].iter().product();
             row0 = Expr::add(row0, Expr::mul(Expr::var(v), Expr::int((c * rest) as i64)));
         }
         let next = Expr::mul(
@@ -461,8 +470,6 @@ impl Geometry<'_> {
 /// loop, the block's size, the number of blocks) picks.
 struct Reduction {
     kb: Option<(Var, u64, u64)>,
-    /// The reduction's extents.
-    k: Vec<u64>,
     /// The extents of the loops, and as i64 for linear indices.
     kv: Vec<u64>,
     kdims: Vec<i64>,
@@ -476,12 +483,7 @@ impl Reduction {
             None => k.to_vec(),
         };
         let kdims = kv.iter().map(|d| *d as i64).collect();
-        Reduction {
-            kb,
-            k: k.to_vec(),
-            kv,
-            kdims,
-        }
+        Reduction { kb, kv, kdims }
     }
 
     /// The reduction's indices at the loops' values `kk`.
