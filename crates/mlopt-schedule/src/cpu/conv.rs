@@ -37,12 +37,19 @@ pub(crate) fn all_positions(c: &Contraction, w: &Window, lanes: u64) -> bool {
     Contraction::extent(&c.rows) >= 16 && sp > 1 && w.axes[sp - 1].outs < 2 * lanes
 }
 
+/// Whether a convolution with window `w` read in `phases` along its rows first copies its input into a
+/// padded buffer (`padded_phases`): when split into phases, or where the window can leave the input.
+fn copies(w: &Window, phases: usize) -> bool {
+    phases > 1 || w.axes.iter().any(|a| a.guarded)
+}
+
 /// The bytes a swapped convolution's rows read per panel of its weight: the padded copy of one
-/// image's input where it makes one, else the positions by K.
+/// image's input where it makes one (in one phase: all its positions are the rows), else the
+/// positions by K.
 pub(crate) fn swapped_a_bytes(c: &Contraction, w: &Window) -> u64 {
     let k: u64 = c.red.iter().map(|(_, e)| *e).product();
     let n: u64 = w.axes.iter().map(|a| a.outs).product();
-    match w.axes.iter().any(|a| a.guarded) {
+    match copies(w, 1) {
         true => c.red[0].1 * w.axes.iter().map(|a| a.span as u64).product::<u64>() * 4,
         false => n * k * 4,
     }
@@ -91,7 +98,7 @@ pub(crate) fn tiled(
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
-    let copy = phases > 1 || w.axes.iter().any(|a| a.guarded);
+    let copy = copies(w, phases);
     // Outer loops: the batch and any column that is not an output position (the image).
     let outer = w.outer_loops(c);
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
