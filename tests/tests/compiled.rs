@@ -279,28 +279,12 @@ fn bf16_contractions_compile_to_mma_blocks() {
     }
 }
 
-/// A convolution big enough that its padded input and Winograd's transforms are heap temporaries, compiled
-/// with and without Winograd, against the graph interpreter.
+/// A convolution (48 channels, 48 x 48, 3x3, + bias and ReLU) big enough that its padded input and
+/// Winograd's transforms are heap temporaries, compiled with and without Winograd, against the graph
+/// interpreter.
 #[test]
 fn large_convolutions_compile_with_heap_temporaries() {
-    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
-    let mut g = mlopt_ir::Graph::new("bigconv");
-    let (c, hw) = (48usize, 48usize);
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, c, hw, hw]));
-    let w: Vec<f32> = (0..c * c * 9)
-        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
-        .collect();
-    let w = g.add_const("w", Tensor::from_vec(&[c, c, 3, 3], w).unwrap());
-    let a = ConvAttrs {
-        strides: vec![1, 1],
-        pads: vec![1, 1, 1, 1],
-        dilations: vec![1, 1],
-        group: 1,
-        output_padding: vec![],
-    };
-    let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
-    let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
-    g.add_output("y", y);
+    let g = mlopt_tests::conv_graph(1, 48, 48, &[48, 48], 3, 1, 1, true);
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 3);
     let want = interp::run(&g, &inputs).unwrap();
     for winograd in [
@@ -348,7 +332,6 @@ fn large_convolutions_compile_with_heap_temporaries() {
 /// batch 1, 2 and 8, on 1 and 2 threads, they match the interpreter.
 #[test]
 fn convolutions_at_7x7_run_swapped_and_prefetch_their_weight() {
-    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
     fn prefetches(body: &[mlopt_kir::Stmt]) -> bool {
         body.iter().any(|s| match s {
             mlopt_kir::Stmt::Prefetch { .. } => true,
@@ -358,38 +341,20 @@ fn convolutions_at_7x7_run_swapped_and_prefetch_their_weight() {
             _ => false,
         })
     }
-    // (input channels, output channels, input size, window, stride, padding), (batch, threads) runs.
-    // At batch 8 the pointwise one's images would not stay in L2 as one set of rows: they run swapped
-    // one at a time.
-    type Case = (
-        (usize, usize, usize, usize, usize, usize),
-        &'static [(usize, u32)],
-    );
+    // (input channels, output channels, input size, window, stride; padded by window / 2), (batch,
+    // threads) runs. At batch 8 the pointwise one's images would not stay in L2 as one set of rows:
+    // they run swapped one at a time.
+    type Case = ((usize, usize, usize, usize, usize), &'static [(usize, u32)]);
     const CASES: &[Case] = &[
-        ((512, 2048, 7, 1, 1, 0), &[(1, 1), (2, 2), (8, 2)]),
-        ((512, 512, 7, 3, 1, 1), &[(1, 1), (2, 2)]),
-        ((1024, 2048, 14, 1, 2, 0), &[(1, 1), (2, 2)]),
+        ((512, 2048, 7, 1, 1), &[(1, 1), (2, 2), (8, 2)]),
+        ((512, 512, 7, 3, 1), &[(1, 1), (2, 2)]),
+        ((1024, 2048, 14, 1, 2), &[(1, 1), (2, 2)]),
     ];
-    for &((c, m, hw, k, stride, pad), runs) in CASES {
+    for &((c, m, hw, k, stride), runs) in CASES {
         for &(batch, threads) in runs {
             let name =
                 format!("{c}->{m} {k}x{k}/{stride} at {hw}x{hw}, batch {batch}, {threads} threads");
-            let mut g = mlopt_ir::Graph::new("swapped");
-            let x = g.add_input("x", TensorType::new(DType::F32, vec![batch, c, hw, hw]));
-            let w: Vec<f32> = (0..m * c * k * k)
-                .map(|i| ((i * 7919) % 200) as f32 / 2000.0 - 0.05)
-                .collect();
-            let w = g.add_const("w", Tensor::from_vec(&[m, c, k, k], w).unwrap());
-            let a = ConvAttrs {
-                strides: vec![stride, stride],
-                pads: vec![pad; 4],
-                dilations: vec![1, 1],
-                group: 1,
-                output_padding: vec![],
-            };
-            let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
-            let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
-            g.add_output("y", y);
+            let g = mlopt_tests::conv_graph(batch, c, m, &[hw, hw], k, stride, 1, true);
             let opts = Options {
                 config: Config::new(Target::named("x86-64-v4", threads).unwrap()),
                 tune: false,

@@ -9,29 +9,13 @@
 
 use mlopt_cost::ScheduleClass;
 use mlopt_driver::{compile, Options};
-use mlopt_ir::{interp, ConvAttrs, DType, Graph, Op, PoolAttrs, Tensor, TensorType, Unary};
+use mlopt_ir::{interp, ConvAttrs, DType, Graph, Op, PoolAttrs, TensorType, Unary};
 use mlopt_rewrite::{Config, Precision};
 use mlopt_target::Target;
-use mlopt_tests::worst_error;
+use mlopt_tests::{conv_graph, weights, worst_error};
 
 /// A layer: what it is, then its graph.
 type Layer = (String, Graph);
-
-/// Deterministic weights in [-0.5, 0.5) / sqrt(fan-in), so outputs keep the inputs' scale.
-fn weights(shape: &[usize], fan_in: usize, seed: u64) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let n = shape.iter().product();
-    let scale = 1.0 / (fan_in.max(1) as f32).sqrt();
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect();
-    Tensor::from_vec(shape, v).unwrap()
-}
 
 /// Convolution (1-D or 2-D) of `n` images of `c` -> `m` channels over `size` with a k-wide window, +
 /// bias, + ReLU.
@@ -46,35 +30,11 @@ fn conv(
     group: usize,
     relu: bool,
 ) -> Layer {
-    let sp = size.len();
-    let name = format!("conv{}d {n}x {c}->{m} {size:?} k{k} s{stride} g{group}", sp);
-    let mut g = Graph::new("layer");
-    let x = g.add_input(
-        "x",
-        TensorType::new(DType::F32, [vec![n, c], size.to_vec()].concat()),
+    let name = format!(
+        "conv{}d {n}x {c}->{m} {size:?} k{k} s{stride} g{group}",
+        size.len()
     );
-    let w = g.add_const(
-        "w",
-        weights(
-            &[vec![m, c / group], vec![k; sp]].concat(),
-            c / group * k.pow(sp as u32),
-            1,
-        ),
-    );
-    let b = g.add_const("b", weights(&[m], 1, 2));
-    let a = ConvAttrs {
-        strides: vec![stride; sp],
-        pads: vec![k / 2; 2 * sp],
-        dilations: vec![1; sp],
-        group,
-        output_padding: vec![],
-    };
-    let mut y = g.add(Op::Conv(a), "conv", &[x, w, b]).unwrap();
-    if relu {
-        y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
-    }
-    g.add_output("y", y);
-    (name, g)
+    (name, conv_graph(n, c, m, size, k, stride, group, relu))
 }
 
 /// A stride-2 transposed convolution (2x upsampling) of `n` images of `c` -> `m` channels.
