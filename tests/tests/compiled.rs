@@ -846,7 +846,7 @@ fn kir_operators_compile_as_they_interpret() {
 /// became bf16 1.0.)
 #[test]
 fn casts_to_bf16_round_as_the_interpreter_does() {
-    use mlopt_kir::{Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Step, Stmt};
+    use mlopt_kir::{Elem, Expr, Io, LoopKind, Program};
     let bits: [u32; 24] = [
         0x3f80_8000, // 1 + 2^-8: a tie, rounds down to even
         0x3f81_8000, // a tie that rounds up to even
@@ -895,33 +895,13 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
             .into_iter()
             .flat_map(|t| [(t, LoopKind::Serial), (t, LoopKind::Vector(8))])
         {
-            let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-            let (o, x) = (
-                k.buf("out", to, vec![n], Space::Global),
-                k.buf("x", from, vec![n], Space::Global),
+            push_loop_kernel(
+                &mut p,
+                (src, from, n),
+                (to, n, kind),
+                &|x, i| Expr::cast(to, Expr::load(x, vec![i])),
+                format!("{from} -> {to} {kind:?}"),
             );
-            let i = k.var("i");
-            k.body = vec![Stmt::For {
-                var: i,
-                extent: n,
-                kind,
-                body: vec![Stmt::Store {
-                    buf: o,
-                    index: vec![Expr::var(i)],
-                    value: Expr::cast(to, Expr::load(x, vec![Expr::var(i)])),
-                }],
-            }];
-            mlopt_kir::verify(&k).unwrap();
-            p.steps.push(Step::call(
-                p.kernels.len(),
-                vec![Place::Output(p.outputs.len()), Place::Input(src)],
-            ));
-            p.outputs.push(Io {
-                name: format!("{from} -> {to} {kind:?}"),
-                elem: to,
-                dims: vec![n],
-            });
-            p.kernels.push(k);
         }
     }
     let x32: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
@@ -941,6 +921,45 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
             assert_eq!(h(w), h(g), "{target}: {}", io.name);
         }
     }
+}
+
+/// Adds to `p` one kernel, `out[q] = value(x, q)` for q < `extent` in one loop of `kind`, reading
+/// input `src` as `x` ([x_len] of `x_elem`) and writing a new output `name` ([extent] of `elem`).
+fn push_loop_kernel(
+    p: &mut mlopt_kir::Program,
+    (src, x_elem, x_len): (usize, mlopt_kir::Elem, u64),
+    (elem, extent, kind): (mlopt_kir::Elem, u64, mlopt_kir::LoopKind),
+    value: &dyn Fn(mlopt_kir::BufId, mlopt_kir::Expr) -> mlopt_kir::Expr,
+    name: String,
+) {
+    use mlopt_kir::{Expr, Io, Kernel, Place, Space, Step, Stmt};
+    let mut k = Kernel::new(format!("k{}", p.kernels.len()));
+    let (o, x) = (
+        k.buf("out", elem, vec![extent], Space::Global),
+        k.buf("x", x_elem, vec![x_len], Space::Global),
+    );
+    let q = k.var("q");
+    k.body = vec![Stmt::For {
+        var: q,
+        extent,
+        kind,
+        body: vec![Stmt::Store {
+            buf: o,
+            index: vec![Expr::var(q)],
+            value: value(x, Expr::var(q)),
+        }],
+    }];
+    mlopt_kir::verify(&k).unwrap();
+    p.steps.push(Step::call(
+        p.kernels.len(),
+        vec![Place::Output(p.outputs.len()), Place::Input(src)],
+    ));
+    p.outputs.push(Io {
+        name,
+        elem,
+        dims: vec![extent],
+    });
+    p.kernels.push(k);
 }
 
 /// `p` compiled for this machine, x86-64-v3, x86-64-v4 and Zen 4 and run on `inputs`: each target's
@@ -977,7 +996,7 @@ fn run_on_x86_levels(
 /// load per row and a shuffle): bit for bit the interpreter's copy.
 #[test]
 fn strided_and_interleaved_vector_loads() {
-    use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Step, Stmt};
+    use mlopt_kir::{BinOp, Elem, Expr, Io, LoopKind, Program};
     let n = 64u64;
     let mut p = Program {
         name: "strided".into(),
@@ -999,33 +1018,13 @@ fn strided_and_interleaved_vector_loads() {
                     (extent, lanes): (u64, u32),
                     index: &dyn Fn(Expr) -> Expr,
                     name: String| {
-        let mut k = Kernel::new(format!("k{}", p.kernels.len()));
-        let (o, x) = (
-            k.buf("out", elem, vec![extent], Space::Global),
-            k.buf("x", elem, vec![n], Space::Global),
-        );
-        let q = k.var("q");
-        k.body = vec![Stmt::For {
-            var: q,
-            extent,
-            kind: LoopKind::Vector(lanes),
-            body: vec![Stmt::Store {
-                buf: o,
-                index: vec![Expr::var(q)],
-                value: Expr::load(x, vec![index(Expr::var(q))]),
-            }],
-        }];
-        mlopt_kir::verify(&k).unwrap();
-        p.steps.push(Step::call(
-            p.kernels.len(),
-            vec![Place::Output(p.outputs.len()), Place::Input(src)],
-        ));
-        p.outputs.push(Io {
+        push_loop_kernel(
+            &mut p,
+            (src, elem, n),
+            (elem, extent, LoopKind::Vector(lanes)),
+            &|x, q| Expr::load(x, vec![index(q)]),
             name,
-            elem,
-            dims: vec![extent],
-        });
-        p.kernels.push(k);
+        );
     };
     for (src, elem) in [Elem::F32, Elem::BF16, Elem::F16].into_iter().enumerate() {
         for (st, lanes, start) in (2..=4u64).flat_map(|st| {
