@@ -147,45 +147,16 @@ fn llvm_ir_snapshots() {
 /// graph.
 #[test]
 fn bf16_contractions_compile_to_mma_blocks() {
-    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType, Unary};
-    // Pointwise convolutions: 96 -> 328 channels, and 18 and 21 -> 40 (K below a tile row: pairs on
-    // vdpbf16ps, an odd one padded).
-    let pointwise = |cin: usize, cout: usize| {
-        let mut g = mlopt_ir::Graph::new("pointwise");
-        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, cin, 5, 7]));
-        let w: Vec<f32> = (0..cout * cin)
-            .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
-            .collect();
-        let w = g.add_const("w", Tensor::from_vec(&[cout, cin, 1, 1], w).unwrap());
-        let bias = g.add_const(
-            "b",
-            Tensor::from_vec(
-                &[cout],
-                (0..cout)
-                    .map(|i| i as f32 / cout as f32 - 0.5)
-                    .collect::<Vec<f32>>(),
-            )
-            .unwrap(),
-        );
-        let a = ConvAttrs {
-            strides: vec![1, 1],
-            pads: vec![0, 0, 0, 0],
-            dilations: vec![1, 1],
-            group: 1,
-            output_padding: vec![],
-        };
-        let y = g.add(Op::Conv(a), "conv", &[x, w, bias]).unwrap();
-        let y = g.add(Op::Unary(Unary::Relu), "relu", &[y]).unwrap();
-        g.add_output("y", y);
-        g
-    };
+    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType};
+    // Pointwise convolutions (+ bias, ReLU): 96 -> 328 channels, and 18 and 21 -> 40 (K below a tile
+    // row: pairs on vdpbf16ps, an odd one padded).
     let mut cases = vec![];
     for (name, cin, cout) in [
         ("pointwise", 96, 328),
         ("pointwise k18", 18, 40),
         ("pointwise k21", 21, 40),
     ] {
-        let g = pointwise(cin, cout);
+        let g = mlopt_tests::conv_graph(2, cin, cout, &[5, 7], 1, 1, 1, true);
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
         cases.push((name, g, inputs));
     }
@@ -485,29 +456,13 @@ fn blocked_reductions_keep_their_partial_sums_across_threads() {
     }
 }
 
-/// A convolution split over images at 2 threads, each thread copying its image into a padded, phased
-/// buffer of 3.3 MB (YOLO's stride-2 layers at batch 8 copy 13 MB): a thread's own locals above the
-/// stack budget go on the heap. On the stack they overflowed it (YOLO at batch 8 and 2 threads crashed;
+/// A convolution (3x3, stride 2, 32 -> 64 channels at 160 x 160, + bias) split over images at 2
+/// threads, each thread copying its image into a padded, phased buffer of 3.3 MB (YOLO's stride-2
+/// layers at batch 8 copy 13 MB): a thread's own locals above the stack budget go on the heap. On the stack they overflowed it (YOLO at batch 8 and 2 threads crashed;
 /// a test thread's 2 MB stack overflows here). Compiled, it matches the interpreter.
 #[test]
 fn threads_own_large_locals_on_the_heap() {
-    use mlopt_ir::{ConvAttrs, DType, Op, Tensor, TensorType};
-    let mut g = mlopt_ir::Graph::new("phased");
-    let (n, c, m, hw) = (2usize, 32usize, 64usize, 160usize);
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![n, c, hw, hw]));
-    let w: Vec<f32> = (0..m * c * 9)
-        .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
-        .collect();
-    let w = g.add_const("w", Tensor::from_vec(&[m, c, 3, 3], w).unwrap());
-    let a = ConvAttrs {
-        strides: vec![2, 2],
-        pads: vec![1, 1, 1, 1],
-        dilations: vec![1, 1],
-        group: 1,
-        output_padding: vec![],
-    };
-    let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
-    g.add_output("y", y);
+    let g = mlopt_tests::conv_graph(2, 32, 64, &[160, 160], 3, 2, 1, false);
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
     let want = interp::run(&g, &inputs).unwrap();
     let options = Options {
