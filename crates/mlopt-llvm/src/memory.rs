@@ -9,7 +9,7 @@
 
 use crate::codegen::*;
 use inkwell::types::{BasicType, BasicTypeEnum};
-use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::IntPredicate;
 use mlopt_kir::analysis::coefficient;
 use mlopt_kir::{BufId, Elem, Expr, Space, Var};
@@ -127,6 +127,22 @@ impl<'c> Gen<'_, 'c> {
 
     /// The type a 16-bit float vector is loaded and shuffled as: i16 (LLVM 19 scalarises shuffles of
     /// `bfloat` vectors); other elements as themselves.
+    /// The two-source shuffle of `a` and `b` picking lanes `mask` (lanes of `b` numbered after `a`'s).
+    fn shuffle(
+        &self,
+        (a, b): (VectorValue<'c>, VectorValue<'c>),
+        mask: impl IntoIterator<Item = u32>,
+        name: &str,
+    ) -> Ret<VectorValue<'c>> {
+        let i32t = self.ctx.i32_type();
+        let mask: Vec<_> = mask
+            .into_iter()
+            .map(|l| i32t.const_int(u64::from(l), false))
+            .collect();
+        let mask = inkwell::types::VectorType::const_vector(&mask);
+        Ok(self.builder.build_shuffle_vector(a, b, mask, name)?)
+    }
+
     fn shuffle_elem(&self, elem: Elem) -> inkwell::types::BasicTypeEnum<'c> {
         match elem {
             Elem::BF16 | Elem::F16 => self.ctx.i16_type().as_basic_type_enum(),
@@ -135,12 +151,7 @@ impl<'c> Gen<'_, 'c> {
     }
 
     /// A shuffled vector of `w` lanes (as `shuffle_elem` typed it) as `elem`'s register value.
-    fn unshuffled(
-        &mut self,
-        v: inkwell::values::VectorValue<'c>,
-        elem: Elem,
-        w: u32,
-    ) -> Ret<BasicValueEnum<'c>> {
+    fn unshuffled(&mut self, v: VectorValue<'c>, elem: Elem, w: u32) -> Ret<BasicValueEnum<'c>> {
         let v = self
             .builder
             .build_bit_cast(v, vector_type(ty(self.ctx, elem), w), "lanes")?;
@@ -224,7 +235,7 @@ impl<'c> Gen<'_, 'c> {
                 let part = span.div_ceil(2).next_power_of_two().min(span);
                 let lt = self.shuffle_elem(elem);
                 let i64t = self.ctx.i64_type();
-                let load = |g: &mut Self, at: u32| -> Ret<inkwell::values::VectorValue<'c>> {
+                let load = |g: &mut Self, at: u32| -> Ret<VectorValue<'c>> {
                     // SAFETY: inside the span, which verification bounds.
                     let q = unsafe {
                         g.builder.build_in_bounds_gep(
@@ -237,25 +248,16 @@ impl<'c> Gen<'_, 'c> {
                     let v = g.load_unaligned(vector_type(lt, part), q, elem.size() as u32)?;
                     Ok(v.into_vector_value())
                 };
-                let (first, last) = (load(self, 0)?, load(self, span - part)?);
-                let i32t = self.ctx.i32_type();
-                let mask: Vec<_> = (0..w)
-                    .map(|l| {
-                        let e = l * st as u32;
-                        let from = if e < part {
-                            e
-                        } else {
-                            part + e - (span - part)
-                        };
-                        i32t.const_int(u64::from(from), false)
-                    })
-                    .collect();
-                let picked = self.builder.build_shuffle_vector(
-                    first,
-                    last,
-                    inkwell::types::VectorType::const_vector(&mask),
-                    "strided",
-                )?;
+                let pair = (load(self, 0)?, load(self, span - part)?);
+                let mask = (0..w).map(|l| {
+                    let e = l * st as u32;
+                    if e < part {
+                        e
+                    } else {
+                        part + e - (span - part)
+                    }
+                });
+                let picked = self.shuffle(pair, mask, "strided")?;
                 self.unshuffled(picked, elem, w)
             }
             (Some(w), None) if interleave.is_some() => {
@@ -273,18 +275,8 @@ impl<'c> Gen<'_, 'c> {
                     let x = self.load_unaligned(vector_type(lt, part), ptr, elem.size() as u32)?;
                     rows.push(x.into_vector_value());
                 }
-                let i32t = self.ctx.i32_type();
-                let concat = |g: &mut Self, a: inkwell::values::VectorValue<'c>, b| {
-                    let n = a.get_type().get_size() * 2;
-                    let mask: Vec<_> = (0..n)
-                        .map(|l| i32t.const_int(u64::from(l), false))
-                        .collect();
-                    g.builder.build_shuffle_vector(
-                        a,
-                        b,
-                        inkwell::types::VectorType::const_vector(&mask),
-                        "cat",
-                    )
+                let concat = |g: &mut Self, a: VectorValue<'c>, b| {
+                    g.shuffle((a, b), 0..a.get_type().get_size() * 2, "cat")
                 };
                 // Rows concatenated in order (pairs for r = 4), then lane l is row l % r, element l / r.
                 let (left, right) = if r == 2 {
@@ -295,15 +287,8 @@ impl<'c> Gen<'_, 'c> {
                         concat(self, rows[2], rows[3])?,
                     )
                 };
-                let mask: Vec<_> = (0..w)
-                    .map(|l| i32t.const_int(u64::from((l % r) * part + l / r), false))
-                    .collect();
-                let mixed = self.builder.build_shuffle_vector(
-                    left,
-                    right,
-                    inkwell::types::VectorType::const_vector(&mask),
-                    "interleaved",
-                )?;
+                let mask = (0..w).map(|l| (l % r) * part + l / r);
+                let mixed = self.shuffle((left, right), mask, "interleaved")?;
                 self.unshuffled(mixed, elem, w)
             }
             (Some(w), _) => {
