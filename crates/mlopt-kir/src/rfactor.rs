@@ -5,16 +5,21 @@
 //! serial %r in 0..e { %acc[] = op(%acc[], v(%r)) }        ; op: add, max, min; or fma(x, y, %acc[])
 //! ```
 //!
-//! runs with one partial result per vector lane, which are then combined:
+//! runs with one partial result per vector lane, in u vectors of w lanes (u = 4 where the loop has eight
+//! vectors or more, so four independent chains hide the operation's latency; else 1), which are then
+//! combined:
 //!
 //! ```text
-//! vector<w> %r.z in 0..w { %acc.part[%r.z] = init }
-//! serial %r.o in 0..e/w { vector<w> %r.l in 0..w { %acc.part[%r.l] = op(%acc.part[%r.l], v(%r.o * w + %r.l)) } }
-//! vector<w/2> %r.h in 0..w/2 { %acc.part[%r.h] = op(%acc.part[%r.h], %acc.part[%r.h + w/2]) }   ; halves, down to 4
+//! vector<w> %r.z in 0..uw { %acc.part[%r.z] = init }
+//! serial %r.o in 0..e/uw { vector<w> %r.l in 0..uw { %acc.part[%r.l] = op(%acc.part[%r.l], v(%r.o * uw + %r.l)) } }
+//! serial %r.v in 0..(e % uw)/w { vector<w> %r.m in 0..w { %acc.part[%r.m] = op(.., v(e/uw * uw + %r.v * w + %r.m)) } }
+//! vector<uw/2> %r.h in 0..uw/2 { %acc.part[%r.h] = op(%acc.part[%r.h], %acc.part[%r.h + uw/2]) }   ; halves, down to 4
 //! %acc[] = init
 //! serial %r.q in 0..4 { %acc[] = op(%acc[], %acc.part[%r.q]) }
 //! serial %r.t in 0..e % w { %acc[] = op(%acc[], v(e/w * w + %r.t)) }                      ; the rest, in order
 //! ```
+//!
+//! (The `%r.v` loop, the whole vectors past the last group of u, is there only when there are some.)
 //!
 //! The terms are the same; their order changes (a sum is rounded differently, as any vectorised sum is).
 //! Each partial starts at `init`, so the fold must not count it twice: `init` is 0 for a sum, and any
@@ -22,6 +27,10 @@
 
 use crate::ir::*;
 use crate::step::ScheduleStep;
+
+/// Independent vectors of partial results where the loop is long enough for them: the latency of an
+/// add or max (2-4 cycles) times the 2 a cycle a core can start.
+const CHAINS: u64 = 4;
 
 /// Rewrites every such fold of `k` whose loop runs at least `lanes` times, records an `rfactor` step for
 /// each, and returns how many it rewrote.
@@ -143,27 +152,63 @@ impl Fold {
     fn rewrite(self, k: &mut Kernel, w: u64) -> Vec<Stmt> {
         let name = k.var_name(self.r).to_string();
         let acc_name = k.buffer(self.acc).name.clone();
-        let part = k.buf(format!("{acc_name}.part"), Elem::F32, vec![w], Space::Local);
-        let [z, o, l, q, t] = ["z", "o", "l", "q", "t"].map(|s| k.var(format!("{name}.{s}")));
+        let uw = if self.extent >= 2 * CHAINS * w {
+            CHAINS * w
+        } else {
+            w
+        };
+        let part = k.buf(
+            format!("{acc_name}.part"),
+            Elem::F32,
+            vec![uw],
+            Space::Local,
+        );
+        let [z, o, l, v, m, q, t] =
+            ["z", "o", "l", "v", "m", "q", "t"].map(|s| k.var(format!("{name}.{s}")));
         let lane = |v: Var| vec![Expr::var(v)];
         let vector = |n: u64| LoopKind::Vector(n as u32);
-        // The update with `acc` read from (and so folded into) lane `l`'s partial.
-        let r = Expr::add(Expr::mul(Expr::var(o), Expr::int(w as i64)), Expr::var(l));
-        let per_lane = self.update.subst(self.r, &r).map_loads(&|b, ix| {
-            if b == self.acc {
-                Expr::load(part, lane(l))
-            } else {
-                Expr::load(b, ix)
-            }
-        });
+        // The update of element `r` with `acc` read from (and so folded into) lane `l`'s partial.
+        let per_lane = |r: Expr, l: Var| {
+            self.update.subst(self.r, &r).map_loads(&|b, ix| {
+                if b == self.acc {
+                    Expr::load(part, lane(l))
+                } else {
+                    Expr::load(b, ix)
+                }
+            })
+        };
+        let at = |base: u64, o: Var, step: u64, l: Var| {
+            Expr::add(
+                Expr::add(
+                    Expr::int(base as i64),
+                    Expr::mul(Expr::var(o), Expr::int(step as i64)),
+                ),
+                Expr::var(l),
+            )
+        };
         let rest = self.update.subst(
             self.r,
             &Expr::add(Expr::int((self.extent / w * w) as i64), Expr::var(t)),
         );
+        let fold = |o: Var, groups: u64, l: Var, width: u64, base: u64| Stmt::For {
+            var: o,
+            extent: groups,
+            kind: LoopKind::Serial,
+            body: vec![Stmt::For {
+                var: l,
+                extent: width,
+                kind: vector(w),
+                body: vec![Stmt::Store {
+                    buf: part,
+                    index: lane(l),
+                    value: per_lane(at(base, o, width, l), l),
+                }],
+            }],
+        };
         let mut out = vec![
             Stmt::For {
                 var: z,
-                extent: w,
+                extent: uw,
                 kind: vector(w),
                 body: vec![Stmt::Store {
                     buf: part,
@@ -171,25 +216,15 @@ impl Fold {
                     value: self.init.clone(),
                 }],
             },
-            Stmt::For {
-                var: o,
-                extent: self.extent / w,
-                kind: LoopKind::Serial,
-                body: vec![Stmt::For {
-                    var: l,
-                    extent: w,
-                    kind: vector(w),
-                    body: vec![Stmt::Store {
-                        buf: part,
-                        index: lane(l),
-                        value: per_lane,
-                    }],
-                }],
-            },
+            fold(o, self.extent / uw, l, uw, 0),
         ];
+        let vectors_left = self.extent % uw / w;
+        if vectors_left > 0 {
+            out.push(fold(v, vectors_left, m, w, self.extent / uw * uw));
+        }
         // The partials are folded by halves in vector lanes down to 4, then those one at a time: a
-        // log-depth tree instead of w dependent scalar steps.
-        let mut width = w;
+        // log-depth tree instead of uw dependent scalar steps.
+        let mut width = uw;
         while width >= 8 && width.is_multiple_of(2) {
             let (h, half) = (k.var(format!("{name}.h{width}")), width / 2);
             let upper = Expr::load(part, vec![Expr::add(Expr::var(h), Expr::int(half as i64))]);
@@ -197,7 +232,7 @@ impl Fold {
             out.push(Stmt::For {
                 var: h,
                 extent: half,
-                kind: vector(half),
+                kind: vector(half.min(w)),
                 body: vec![Stmt::Store {
                     buf: part,
                     index: lane(h),

@@ -677,6 +677,25 @@ fn rfactor_keeps_one_partial_per_lane() {
     // A loop shorter than the lanes is left alone.
     let mut k = base.clone();
     assert_eq!(crate::rfactor::rfactor(&mut k, 64), 0);
+    // Four lanes: 37 is eight vectors or more, so four chains of 4 lanes: two groups of 16, one whole
+    // vector after them, the halves 16 -> 8 -> 4, and one element in order; the same results.
+    let mut k = base.clone();
+    assert_eq!(crate::rfactor::rfactor(&mut k, 4), 3);
+    verify(&k).unwrap();
+    assert_eq!(run(&k, args()), want);
+    let text = print::kernel(&k);
+    for line in [
+        "local %a.part: f32[16]",
+        "serial %r.o in 0..2 {",
+        "vector<4> %r.l in 0..16 {",
+        "serial %r.v in 0..1 {",
+        "%a.part[%r.m] = (%a.part[%r.m] + %x[%i, ((32 + (%r.v * 4)) + %r.m)])",
+        "vector<4> %r.h16 in 0..8 {",
+        "serial %r.t in 0..1 {",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+    assert_eq!(print::kernel(&parse_kernel(&text).unwrap()), text);
 }
 
 #[test]
