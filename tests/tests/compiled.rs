@@ -186,6 +186,23 @@ fn bf16_contractions_compile_to_mma_blocks() {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 6);
         cases.push((name, g, inputs));
     }
+    // Attention (2 heads, 40 queries, 37 keys, depth 24, 20 values): both products on blocks, a last
+    // block of 8 query rows, keys and values past whole blocks; scaled with a mask, and plain.
+    for (name, scale, mask) in [("attention", 0.3, true), ("attention unscaled", 1.0, false)] {
+        let mut g = mlopt_ir::Graph::new("attention");
+        let f32s = |dims: Vec<usize>| TensorType::new(DType::F32, dims);
+        let q = g.add_input("q", f32s(vec![2, 40, 24]));
+        let kt = g.add_input("kt", f32s(vec![2, 24, 37]));
+        let v = g.add_input("v", f32s(vec![2, 37, 20]));
+        let mut args = vec![q, kt, v];
+        if mask {
+            args.push(g.add_input("mask", f32s(vec![40, 37])));
+        }
+        let y = g.add(Op::Attention { scale }, "attention", &args).unwrap();
+        g.add_output("y", y);
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
+        cases.push((name, g, inputs));
+    }
     for name in ["mlp", "transformer"] {
         cases.push((name, import(name), data(name).0));
     }
@@ -241,10 +258,24 @@ fn bf16_contractions_compile_to_mma_blocks() {
                     "{target}: the activations are B\n{text}"
                 );
             }
+            // Attention packs K^T and V per head into the blocks' layout.
+            if name.starts_with("attention") && pays {
+                let text: String = c
+                    .program
+                    .kernels
+                    .iter()
+                    .map(mlopt_kir::print::kernel)
+                    .collect();
+                assert!(
+                    text.contains("k_pack") && text.contains("v_pack") && text.contains("mma<"),
+                    "{target}: attention on blocks\n{text}"
+                );
+            }
             let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
             let want = interp::run(&c.optimized.plan.graph, inputs).unwrap();
             let err = worst_error(&want, &got);
-            // Both round to bf16 at the same places; the f32 accumulation order differs.
+            // Both round to bf16 at the same places (attention's blocks also its softmax numerators);
+            // the f32 accumulation order differs.
             assert!(err < 1e-2, "{name} for {target}: error {err:e}");
         }
     }

@@ -399,7 +399,8 @@ pub enum Op {
     },
     /// `attention q, kt, v, mask?` = softmax(q @ kt * scale + mask, last axis) @ v: scaled dot-product
     /// attention with the key already transposed to [..., d, T]; the optimiser's fused form of the
-    /// MatMul -> scale -> mask -> Softmax -> MatMul chain.
+    /// MatMul -> scale -> mask -> Softmax -> MatMul chain. Narrow (bf16, f16) operands compute the
+    /// scores, the softmax and both products in f32 and round the output once.
     Attention {
         scale: f32,
     },

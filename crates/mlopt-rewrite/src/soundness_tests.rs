@@ -894,9 +894,19 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                     b.rng.random_range(1..9),
                     b.rng.random_range(1..6),
                 );
-                let a = b.input(&[m, k]);
-                let w = b.konst(&[k, n]);
-                b.op(Op::MatMul, &[a, w])
+                if b.rng.random_bool(0.5) {
+                    let a = b.input(&[m, k]);
+                    let w = b.konst(&[k, n]);
+                    return b.op(Op::MatMul, &[a, w]);
+                }
+                // Attention over n keys, with a mask half the time.
+                let e = b.rng.random_range(1..5);
+                let (q, kt, v) = (b.input(&[m, k]), b.input(&[k, n]), b.input(&[n, e]));
+                let mut args = vec![q, kt, v];
+                if b.rng.random_bool(0.5) {
+                    args.push(b.input(&[m, n]));
+                }
+                b.op(Op::Attention { scale: 0.5 }, &args)
             },
             5e-2,
         ),

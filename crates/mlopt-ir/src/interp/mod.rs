@@ -157,18 +157,30 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::LogSoftmax { axis } => one(nn::softmax(x()?, *axis, true)?),
         Op::MatMul => one(linalg::matmul(x()?, req(args, 1)?)?),
         Op::Attention { scale } => {
-            let s = linalg::matmul(x()?, req(args, 1)?)?;
+            // Narrow (bf16, f16) operands: the scores, the softmax and both products in f32, the output
+            // rounded once, as the compiled kernels compute it.
+            let dt = x()?.dtype();
+            let narrow = matches!(dt, DType::BF16 | DType::F16);
+            let wide = |t: &Tensor| {
+                if narrow {
+                    t.cast(DType::F32)
+                } else {
+                    t.clone()
+                }
+            };
+            let s = linalg::matmul(&wide(x()?), &wide(req(args, 1)?))?;
             let mut s = elementwise::binary(
                 crate::Binary::Mul,
                 &s,
                 &Tensor::full(&TensorType::new(s.dtype(), vec![]), *scale as f64),
             )?;
             if let Some(m) = args.get(3).copied().flatten() {
-                s = elementwise::binary(crate::Binary::Add, &s, m)?;
+                s = elementwise::binary(crate::Binary::Add, &s, &wide(m))?;
             }
             let axis = s.shape().len() - 1;
             let p = nn::softmax(&s, axis, false)?;
-            one(linalg::matmul(&p, req(args, 2)?)?)
+            let y = linalg::matmul(&p, &wide(req(args, 2)?))?;
+            one(if narrow { y.cast(dt) } else { y })
         }
         Op::Gemm {
             alpha,

@@ -1,7 +1,8 @@
-//! Precision lowering: MatMul, Gemm and Conv in bf16 or f16 with fp32 accumulation (their inputs cast down,
-//! their output cast back up), and the casts pushed through layout ops and ReLU and cancelled where a value
-//! is narrowed right after being widened. Softmax, normalisations, reductions and exp/log/pow have no rule:
-//! they stay fp32 (PyTorch autocast's fp32 list).
+//! Precision lowering: MatMul, Gemm, Conv and Attention in bf16 or f16 with fp32 accumulation (their
+//! inputs cast down, their output cast back up; attention's scores and softmax stay f32 inside it, as
+//! FlashAttention computes them), and the casts pushed through layout ops and ReLU and cancelled where a
+//! value is narrowed right after being widened. Softmax, normalisations, reductions and exp/log/pow have
+//! no rule: they stay fp32 (PyTorch autocast's fp32 list).
 
 use super::{add, ops, scan, ty};
 use crate::lang::{EGraph, Rewrite};
@@ -55,9 +56,12 @@ pub fn rules(lo: DType) -> Vec<Rewrite> {
     ]
 }
 
-/// The ops precision lowering applies to: the matrix ops.
+/// The ops precision lowering applies to: the matrix ops and attention.
 pub fn lowerable_op(op: &Op) -> bool {
-    matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Conv(_))
+    matches!(
+        op,
+        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) | Op::Attention { .. }
+    )
 }
 
 /// fp32 matrix ops of class `id`.

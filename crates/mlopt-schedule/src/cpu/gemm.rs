@@ -56,7 +56,7 @@ fn tile_nest(
                 k: &mut p.kernels[ki],
                 target,
             };
-            return super::attention::tiled(&mut b, &a, &t_for);
+            return super::attention::tiled(&mut b, &a, &t_for, mma);
         }
         Class::Contraction(c) => (c, None),
         Class::Convolution(c, w) => (c, Some(w)),

@@ -76,9 +76,10 @@ pub(super) fn round_up(x: u64, to: u64) -> u64 {
 }
 
 /// Reads A's element (row, k) as bf16.
-type AOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr) -> Result<Expr>;
+pub(super) type AOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr) -> Result<Expr>;
 /// Stores the f32 result for (row, column).
-type StoreOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr, Expr) -> Result<Stmt>;
+pub(super) type StoreOp<'a> =
+    &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr, Expr) -> Result<Stmt>;
 
 /// Which of the output's axes is contiguous in memory: columns (MatMul, Gemm) or rows (a pointwise
 /// convolution, whose rows are pixel positions).
@@ -89,7 +90,7 @@ pub(super) enum Epilogue {
 }
 
 /// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K).
-fn blocks(t: &CpuTarget, rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
+pub(super) fn blocks(t: &CpuTarget, rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
     let mb = if rows >= 32 { 32 } else { 16 };
     let nb = if n >= 32 { 32 } else { 16 };
     (
@@ -116,20 +117,34 @@ fn contract(
 ) -> Result<Vec<Stmt>> {
     let (_, _, mp, _, kp) = blocks(l.target, rows, n, k);
     let (apad, mut stmts) = a_operand(l, (rows, mp), (k, kp), a)?;
-    stmts.extend(block_loops(l, apad, bp, (rows, n, k), order, store)?);
+    stmts.extend(block_loops(
+        l,
+        apad,
+        bp,
+        (rows, n, k),
+        Out::Epilogue(order, store),
+    )?);
     Ok(stmts)
 }
 
+/// Where the blocks' products go.
+pub(super) enum Out<'a> {
+    /// Each block's product into a local, then `store`d element by element (row, column, value),
+    /// walked with `Epilogue`'s axis innermost.
+    Epilogue(Epilogue, StoreOp<'a>),
+    /// Straight into this f32 buffer of at least [padded rows, padded columns]: block (ib, jb) at
+    /// [ib mb, jb nb], padding included.
+    Into(BufId),
+}
+
 /// The loops over blocks: out(row, j) = sum over k of A[row, k] * B[k, j], A in `apad` (bf16, [mp, >= kp],
-/// padded) and B in `bp` (packed for `blocks(rows, n, k)`); each block's product in a local and its
-/// epilogue `store`d.
-fn block_loops(
+/// padded) and B in `bp` (packed for `blocks(rows, n, k)`); the products go to `out`.
+pub(super) fn block_loops(
     l: &mut Builder,
     apad: BufId,
     bp: BufId,
     (rows, n, k): (u64, u64, u64),
-    order: Epilogue,
-    store: StoreOp,
+    out: Out,
 ) -> Result<Vec<Stmt>> {
     let (mb, nb, mp, np, kp) = blocks(l.target, rows, n, k);
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix {
@@ -140,53 +155,54 @@ fn block_loops(
         n,
         k,
     });
-    let k_ = l.kernel();
-    let c = k_.buf(
-        format!("c_blk{}", k_.bufs.len()),
-        Elem::F32,
-        vec![mb, nb],
-        Space::Local,
-    );
     // Row blocks in chunks of up to 8 (256 rows), so a chunk of A stays in L2 while every column block
     // of B streams past it.
     let blocks = mp / mb;
     let per = (1..=8).rev().find(|d| blocks % d == 0).unwrap_or(1);
     let (ic, jb, ibi) = (l.fresh("ic"), l.fresh("jb"), l.fresh("ib"));
-    let (ii, jj) = (l.fresh("ii"), l.fresh("jj"));
     let ib = Expr::add(
         Expr::mul(Expr::var(ic), Expr::int(per as i64)),
         Expr::var(ibi),
     );
-    let row = Expr::add(Expr::mul(ib.clone(), Expr::int(mb as i64)), Expr::var(ii));
-    let col = Expr::add(
-        Expr::mul(Expr::var(jb), Expr::int(nb as i64)),
-        Expr::var(jj),
-    );
-    let st = store(
-        l,
-        &row,
-        &col,
-        Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]),
-    )?;
-    let tail = l.fresh("ii");
-    let epilogue = epilogue(
-        st,
-        order,
-        (ii, &row, mb, rows, &ib),
-        (jj, &col, nb, n, &Expr::var(jb)),
-        tail,
-    );
+    let at = |e: &Expr, by: u64| Expr::mul(e.clone(), Expr::int(by as i64));
+    let (c, c_at, epilogue) = match out {
+        Out::Into(c) => (c, vec![at(&ib, mb), at(&Expr::var(jb), nb)], None),
+        Out::Epilogue(order, store) => {
+            let k_ = l.kernel();
+            let c = k_.buf(
+                format!("c_blk{}", k_.bufs.len()),
+                Elem::F32,
+                vec![mb, nb],
+                Space::Local,
+            );
+            let (ii, jj) = (l.fresh("ii"), l.fresh("jj"));
+            let row = Expr::add(at(&ib, mb), Expr::var(ii));
+            let col = Expr::add(at(&Expr::var(jb), nb), Expr::var(jj));
+            let st = store(
+                l,
+                &row,
+                &col,
+                Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]),
+            )?;
+            let tail = l.fresh("ii");
+            let e = epilogue(
+                st,
+                order,
+                (ii, &row, mb, rows, &ib),
+                (jj, &col, nb, n, &Expr::var(jb)),
+                tail,
+            );
+            (c, vec![Expr::int(0), Expr::int(0)], Some(e))
+        }
+    };
     let mma = Stmt::Mma {
         m: mb,
         n: nb,
         k: kp,
-        c: Block {
-            buf: c,
-            at: vec![Expr::int(0), Expr::int(0)],
-        },
+        c: Block { buf: c, at: c_at },
         a: Block {
             buf: apad,
-            at: vec![Expr::mul(ib, Expr::int(mb as i64)), Expr::int(0)],
+            at: vec![at(&ib, mb), Expr::int(0)],
         },
         b: Block {
             buf: bp,
@@ -194,7 +210,7 @@ fn block_loops(
         },
         acc: false,
     };
-    let block = vec![mma, epilogue];
+    let block = std::iter::once(mma).chain(epilogue).collect();
     let for_ = |var, extent, body| Stmt::For {
         var,
         extent,
@@ -208,21 +224,27 @@ fn block_loops(
     )])
 }
 
+/// The row length of an A operand of depth `kp` (bf16 elements): rows a multiple of 512 bytes apart
+/// would put a block's 16 rows in few L1 sets, so those get 64 bytes more.
+pub(super) fn row_stride(kp: u64) -> u64 {
+    if (kp * 2).is_multiple_of(512) {
+        kp + 32
+    } else {
+        kp
+    }
+}
+
 /// A as the blocks read it (`rows` x `k`, padded to `mp` x `kp`): the buffer A already is when it is
 /// a plain [rows, k] bf16 buffer of whole blocks whose rows are not a multiple of 512 bytes apart (16
 /// such rows share few L1 sets), else a zero-padded copy with 64 bytes more per row (which also
 /// computes A's fused producer once); with the statements that fill the copy.
-fn a_operand(
+pub(super) fn a_operand(
     l: &mut Builder,
     (rows, mp): (u64, u64),
     (k, kp): (u64, u64),
     a: AOp,
 ) -> Result<(BufId, Vec<Stmt>)> {
-    let stride = if (kp * 2).is_multiple_of(512) {
-        kp + 32
-    } else {
-        kp
-    };
+    let stride = row_stride(kp);
     let (pr, pk) = (l.fresh("p"), l.fresh("p"));
     let (rv, kv) = (Expr::var(pr), Expr::var(pk));
     match a(l, &rv, &kv)? {
@@ -515,12 +537,7 @@ fn weight_rows(
         return Ok(None);
     }
     let weight = &p.weights[wi];
-    // Rows a multiple of 512 bytes apart would put a block's 16 rows in few L1 sets (as `a_operand`).
-    let stride = if (kp * 2).is_multiple_of(512) {
-        kp + 32
-    } else {
-        kp
-    };
+    let stride = row_stride(kp);
     let mut data = Vec::with_capacity((mp * stride * 2) as usize);
     for i in 0..mp {
         for kk in 0..stride {
@@ -556,6 +573,33 @@ fn weight_rows(
         vec![np / nb, kp / 2, 2 * nb],
         Space::Local,
     );
+    let read = |pos: &Expr, ch: &Expr| x.subst_all(&by(pos, None)).subst(r, ch);
+    let mut fill = pack_columns(&mut l, bp, (m, k), &read);
+    let loops = block_loops(
+        &mut l,
+        w,
+        bp,
+        (n, m, k),
+        Out::Epilogue(Epilogue::ColumnsInner, &mut |_, o, pos, v| {
+            Ok(store_at(store, acc, &by(pos, Some(o)), &v))
+        }),
+    )?;
+    fill.extend(loops);
+    Ok(Some(fill))
+}
+
+/// The statements filling `bp` (bf16 [np / nb, kp / 2, 2 nb], the blocks' B layout for `m` columns and
+/// depth `k`, as `blocks` gives them) per call from `read(column, k)`, the element as bf16:
+/// `bp[jb, k2, q] = read(jb nb + q / 2, 2 k2 + q % 2)`, which code generation reads as two row loads and
+/// a shuffle where the source's columns are contiguous. K's padding and the columns past `m` are zeros.
+pub(super) fn pack_columns(
+    l: &mut Builder,
+    bp: BufId,
+    (m, k): (u64, u64),
+    read: &dyn Fn(&Expr, &Expr) -> Expr,
+) -> Vec<Stmt> {
+    let dims = &l.kernel().buffer(bp).dims;
+    let (nb, np, kp) = (dims[2] / 2, dims[0] * dims[2] / 2, dims[1] * 2);
     let for_ = |var, extent, body| Stmt::For {
         var,
         extent,
@@ -597,7 +641,6 @@ fn weight_rows(
     let whole = m / nb;
     let zero = lit(0.0, Elem::BF16);
     let zeros = |_: &Expr, _: &Expr| zero.clone();
-    let read = |pos: &Expr, ch: &Expr| x.subst_all(&by(pos, None)).subst(r, ch);
     let guarded = |pos: &Expr, ch: &Expr| {
         let inside = Expr::bin(
             BinOp::And,
@@ -620,27 +663,18 @@ fn weight_rows(
     }
     for (blocks, lanes) in ranges {
         let qs = (0, lanes);
-        fill.push(pack(&mut l, blocks, (0, pairs), qs, &read));
+        fill.push(pack(l, blocks, (0, pairs), qs, &read));
         if odd == 1 {
-            fill.push(pack(&mut l, blocks, (pairs as i64, 1), qs, &guarded));
+            fill.push(pack(l, blocks, (pairs as i64, 1), qs, &guarded));
         }
         if kp / 2 > pairs + odd {
             let rest = ((pairs + odd) as i64, kp / 2 - pairs - odd);
-            fill.push(pack(&mut l, blocks, rest, qs, &zeros));
+            fill.push(pack(l, blocks, rest, qs, &zeros));
         }
         if lanes < 2 * nb {
             let past = (lanes as i64, 2 * nb - lanes);
-            fill.push(pack(&mut l, blocks, (0, kp / 2), past, &zeros));
+            fill.push(pack(l, blocks, (0, kp / 2), past, &zeros));
         }
     }
-    let loops = block_loops(
-        &mut l,
-        w,
-        bp,
-        (n, m, k),
-        Epilogue::ColumnsInner,
-        &mut |_, o, pos, v| Ok(store_at(store, acc, &by(pos, Some(o)), &v)),
-    )?;
-    fill.extend(loops);
-    Ok(Some(fill))
+    fill
 }
