@@ -1,6 +1,7 @@
 //! bf16 convolutions as kernel IR `mma` blocks (AMX tiles, or `vdpbf16ps` where there are none), one
-//! block product per window tap, scheduled from the algorithm lowering writes (`class.rs`: a 2-D
-//! convolution whose weight is a constant bf16 [M, C, KH, KW] and whose input is an f32 cast of bf16):
+//! block product per window tap, scheduled from the algorithm lowering writes (`class.rs`: a 2-D or 1-D
+//! convolution whose weight is a constant bf16 [M, C, KH, KW] or [M, C, KW] and whose input is an f32
+//! cast of bf16; a 1-D one is a 2-D one of a single row):
 //!
 //! ```text
 //! for images..:                                          (parallel by the CPU schedule when it pays)
@@ -15,7 +16,10 @@
 //!
 //! A block's rows are `mb` consecutive output positions of one output row; at a tap their windows
 //! start at `mb` consecutive positions of one phase of the copy, so the block's A is an [mb, C] slice of
-//! the copy with its channels contiguous: no im2col, the copy holds the input once. Each tap's weights
+//! the copy with its channels contiguous: no im2col, the copy holds the input once: the rows and phases
+//! the taps read, so a single-row window (a 1x1 or 1xK kernel) copies only the rows its stride lands
+//! on, and a single-column one only phase 0 (a strided 1x1 convolution copies the quarter of its input
+//! it reads). Each tap's weights
 //! [C, M] are packed in the pair-interleaved layout the blocks read (`mma.rs`). Before this, bf16
 //! convolutions other than 1x1 ran as f32 register tiles from bf16 loads, no faster than fp32.
 
@@ -33,7 +37,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The `mma` form of convolution `c` with window `w` (its epilogue the one store `store`: buffer,
-/// index, value), when it is a 2-D convolution by a constant bf16 weight read only here, over a bf16
+/// index, value), when it is a 2-D or 1-D convolution by a constant bf16 weight read only here, over a bf16
 /// input, whose input channels, output channels and output rows fill whole blocks within a third, a
 /// half and a half (AMX tiles are 16 or 32 rows by 32 channels; `vdpbf16ps` takes any rows and channel
 /// pairs). The weight is packed into a weight of its own that replaces it.
@@ -46,26 +50,34 @@ pub(crate) fn blocks(
     loads: &HashMap<BufId, usize>,
     store: (BufId, &[Expr], &Expr),
 ) -> Result<Option<Vec<Stmt>>> {
-    let (&[(mv, m)], &[(ci, cin), (t0, kh_n), (t1, kw_n)], [ah, aw]) =
-        (&c.rows[..], &c.red[..], &w.axes[..])
-    else {
+    let (&[(mv, m)], &[(ci, cin), ref taps_at @ ..]) = (&c.rows[..], &c.red[..]) else {
         return Ok(None);
     };
-    if ah.tap != t0 || aw.tap != t1 {
-        return Ok(None);
-    }
+    // The rows' axis (none for a 1-D convolution: one row of one tap) and the columns'.
+    let (ah, aw, kh_n, kw_n) = match (taps_at, &w.axes[..]) {
+        (&[(t0, kh), (t1, kw)], [ah, aw]) if ah.tap == t0 && aw.tap == t1 => (Some(ah), aw, kh, kw),
+        (&[(t1, kw)], [aw]) if aw.tap == t1 => (None, aw, 1, kw),
+        _ => return Ok(None),
+    };
+    let oh_n = ah.map_or(1, |a| a.outs);
     // The weight: f32(W[m, c, kh, kw]) of a bf16 constant read only here.
     let Expr::Cast(Elem::F32, wl) = &c.a else {
         return Ok(None);
     };
     let taps = kh_n * kw_n;
-    let Some((wb, (si, pi, wi))) =
-        super::layout::weight_read_at(p, ki, wl, &[mv, ci, t0, t1], loads)
-    else {
+    let vars: Vec<Var> = [mv, ci]
+        .into_iter()
+        .chain(taps_at.iter().map(|(v, _)| *v))
+        .collect();
+    let Some((wb, (si, pi, wi))) = super::layout::weight_read_at(p, ki, wl, &vars, loads) else {
         return Ok(None);
     };
     let weight = &p.weights[wi];
-    if !super::layout::holds(weight, Elem::BF16, &[m, cin, kh_n, kw_n]) {
+    let dims: Vec<u64> = [m, cin]
+        .into_iter()
+        .chain(taps_at.iter().map(|(_, e)| *e))
+        .collect();
+    if !super::layout::holds(weight, Elem::BF16, &dims) {
         return Ok(None);
     }
     let Some(input) = narrow(&p.kernels[ki], &w.input, Elem::BF16) else {
@@ -91,12 +103,22 @@ pub(crate) fn blocks(
         return Ok(None);
     }
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
-    let (hp, wq) = (ah.span as u64, owp + (kw_n - 1) * d / s);
+    // The copy's rows: one per output row where the window is one row (the rows its stride lands
+    // on), else every row the windows reach; its phases: only the first where the window is one
+    // column (its one tap reads phase 0).
+    let (ah_stride, ah_dil, ah_pad, ah_len) =
+        ah.map_or((1, 1, 0, 1), |a| (a.stride, a.dilation, a.pad, a.len));
+    let hp = match ah {
+        Some(a) if kh_n > 1 => a.span as u64,
+        _ => oh_n,
+    };
+    let phases = if kw_n == 1 { 1 } else { s };
+    let wq = owp + (kw_n - 1) * d / s;
     let outer = w.outer_loops(c);
     let images: u64 = outer.iter().map(|(_, e)| *e).product();
-    let shape = (images * ah.outs * ow, m, cin * taps);
+    let shape = (images * oh_n * ow, m, cin * taps);
     // The copy reads the input's channels one plane apart: a gather.
-    let copy = mlopt_cost::tile::BlockCopy::Gathered(images * s * hp * wq * cp);
+    let copy = mlopt_cost::tile::BlockCopy::Gathered(images * phases * hp * wq * cp);
     if !mlopt_cost::tile::bf16_block_pays(target, shape, cp, copy) {
         return Ok(None);
     }
@@ -135,14 +157,14 @@ pub(crate) fn blocks(
         mb,
         nb,
         kb: cp,
-        m: ah.outs * ow,
+        m: oh_n * ow,
         n: m,
         k: cin * taps,
     });
     let xp = k.buf(
         format!("xpc{}", k.bufs.len()),
         Elem::BF16,
-        vec![s, hp, wq, stride],
+        vec![phases, hp, wq, stride],
         Space::Local,
     );
     let name = k.buffer(xp).name.clone();
@@ -160,20 +182,29 @@ pub(crate) fn blocks(
     let acc = c.acc;
     let stmts = tiler::nest(&mut l, "g", &outer_ext, |l, ng| {
         let images: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.to_vec()).collect();
-        // The copy: xp[ph, h, q, ch] = x at (h - pad_h, q*s + ph - pad_w), channel ch.
-        let fill = tiler::nest(l, "x", &[s, hp, wq, cp], |_, ix| {
+        // The copy: xp[ph, h, q, ch] = x at (h - pad_h, q*s + ph - pad_w), channel ch (at h * stride_h
+        // - pad_h where each of its rows is an output row's).
+        let fill = tiler::nest(l, "x", &[phases, hp, wq, cp], |_, ix| {
             let (ph, h, q, ch) = (&ix[0], &ix[1], &ix[2], &ix[3]);
-            let hi = Expr::sub(h.clone(), Expr::int(ah.pad));
+            let row = if kh_n == 1 {
+                Expr::mul(h.clone(), Expr::int(ah_stride))
+            } else {
+                h.clone()
+            };
+            let hi = Expr::sub(row, Expr::int(ah_pad));
             let wi = Expr::sub(
                 Expr::add(Expr::mul(q.clone(), Expr::int(s as i64)), ph.clone()),
                 Expr::int(aw.pad),
             );
             let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
             let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
-            let inside = [le0(&hi), lt(&hi, ah.len), le0(&wi), lt(&wi, aw.len)]
+            let inside = [le0(&hi), lt(&hi, ah_len), le0(&wi), lt(&wi, aw.len)]
                 .into_iter()
                 .fold(lt(ch, cin as i64), |a, b| Expr::bin(BinOp::And, a, b));
-            let pos = [clamp(hi, ah.len), clamp(wi, aw.len)];
+            let pos = match ah {
+                Some(_) => vec![clamp(hi, ah_len), clamp(wi, aw.len)],
+                None => vec![clamp(wi, aw.len)],
+            };
             let x = w
                 .input_at(&input, &pos)
                 .subst_all(&images)
@@ -205,10 +236,14 @@ pub(crate) fn blocks(
                     buf: xp,
                     at: vec![
                         Expr::rem(kwd.clone(), Expr::int(s as i64)),
-                        Expr::add(
-                            Expr::mul(Expr::var(oh), Expr::int(ah.stride)),
-                            Expr::mul(kh, Expr::int(ah.dilation)),
-                        ),
+                        if kh_n == 1 {
+                            Expr::var(oh)
+                        } else {
+                            Expr::add(
+                                Expr::mul(Expr::var(oh), Expr::int(ah_stride)),
+                                Expr::mul(kh, Expr::int(ah_dil)),
+                            )
+                        },
                         Expr::add(
                             Expr::mul(Expr::var(ob), Expr::int(mb as i64)),
                             Expr::div(kwd, Expr::int(s as i64)),
@@ -236,11 +271,8 @@ pub(crate) fn blocks(
         let by: Vec<(Var, Expr)> = images
             .iter()
             .cloned()
-            .chain([
-                (mv, ch.clone()),
-                (ah.out, Expr::var(oh)),
-                (aw.out, pos.clone()),
-            ])
+            .chain([(mv, ch.clone()), (aw.out, pos.clone())])
+            .chain(ah.map(|a| (a.out, Expr::var(oh))))
             .collect();
         let st = store_at(
             store,
@@ -273,7 +305,7 @@ pub(crate) fn blocks(
             LoopKind::Serial,
             vec![Stmt::for_(
                 oh,
-                ah.outs,
+                oh_n,
                 LoopKind::Serial,
                 vec![Stmt::for_(ob, owp / mb, LoopKind::Serial, block)],
             )],
