@@ -433,7 +433,9 @@ impl<'g> Lowerer<'g> {
     /// say): the epilogue is applied to each value the anchor computes, in registers, and stored straight
     /// into the kernel's output. The epilogue may end in a chain of Reshapes and Transposes (a projection
     /// split into heads), and each value is then stored where they move it: one pass instead of a
-    /// contraction into a scratch buffer and a copy. None when the kernel does not have that form.
+    /// contraction into a scratch buffer and a copy. Casts within that chain (which commute with it: a
+    /// bf16 split into heads cast between its reshape and transpose) apply to the value, after the rest
+    /// of the epilogue. None when the kernel does not have that form.
     fn fuse_epilogue(
         &mut self,
         order: &[NodeId],
@@ -445,13 +447,13 @@ impl<'g> Lowerer<'g> {
         let [(out_v, out_b)] = outputs else {
             return Ok(None);
         };
-        // The layout tail, root first, and the value it starts from.
-        let mut tail = Vec::new();
+        // The layout tail, root first, its casts, and the value it starts from.
+        let (mut tail, mut casts) = (Vec::new(), Vec::new());
         let mut end = root;
         while end != *a
             && matches!(
                 self.g.node(end).op,
-                Op::Reshape { .. } | Op::Transpose { .. }
+                Op::Reshape { .. } | Op::Transpose { .. } | Op::Cast { .. }
             )
         {
             let input = self.input(end, 0)?;
@@ -461,8 +463,15 @@ impl<'g> Lowerer<'g> {
             {
                 break;
             }
-            tail.push(end);
+            match self.g.node(end).op {
+                Op::Cast { to } => casts.push((self.ty(input).dtype, to)),
+                _ => tail.push(end),
+            }
             end = input.node;
+        }
+        // Without a layout op there is no tail: the casts are the epilogue's own.
+        if tail.is_empty() {
+            (end, casts) = (root, vec![]);
         }
         let (an, rn) = (self.g.node(*a), self.g.node(end));
         let after: Vec<NodeId> = order
@@ -518,6 +527,10 @@ impl<'g> Lowerer<'g> {
         } else {
             self.pull_op(end, 0, &idx)?
         };
+        // The tail's casts, innermost first.
+        let epi = casts.iter().rev().fold(epi, |e, (from, to)| {
+            mlopt_kir::index::convert(e, elem(*from), elem(*to))
+        });
         if !loads_only_at(&epi, b, &idx) {
             self.bufs.remove(&av);
             return Ok(None);
