@@ -186,6 +186,17 @@ fn bf16_contractions_compile_to_mma_blocks() {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 6);
         cases.push((name, g, inputs));
     }
+    // A strided 1x1 convolution (ResNet's downsample: its copy holds a quarter of the input) and a
+    // 1-D one (Whisper's stem: 3 taps, stride 2, padded; a 2-D one of a single row), output channels
+    // enough for the blocks to pay for their copies.
+    for (name, c, m, size, k) in [
+        ("conv1x1 stride 2", 128, 512, &[14, 14][..], 1),
+        ("conv1d stride 2", 128, 384, &[160][..], 3),
+    ] {
+        let g = mlopt_tests::conv_graph(2, c, m, size, k, 2, 1, true);
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 8);
+        cases.push((name, g, inputs));
+    }
     // Attention (2 heads, 40 queries, 37 keys, depth 24, 20 values): both products on blocks, a last
     // block of 8 query rows, keys and values past whole blocks; scaled with a mask, and plain.
     for (name, scale, mask) in [("attention", 0.3, true), ("attention unscaled", 1.0, false)] {

@@ -280,10 +280,16 @@ fn attention_graph(
 #[test]
 fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
     use mlopt_ir::DType;
-    // bf16 operands as they are; f32 operands as tf32 where the precision allows; under fp32 the SIMT rows.
+    // bf16 operands as they are; f32 operands under bf16 precision lowered to bf16 by the precision
+    // pass (as the matrix ops are); under fp32 the SIMT rows.
     for (dtype, precision, engine, tol) in [
         (DType::F32, Precision::Fp32, None, 1e-5),
-        (DType::F32, Precision::Bf16, Some(GpuEngine::Tf32), 1e-3),
+        (
+            DType::F32,
+            Precision::Bf16,
+            Some(GpuEngine::Mma(mlopt_kir::Elem::BF16)),
+            8e-3,
+        ),
         (
             DType::BF16,
             Precision::Fp32,
@@ -370,21 +376,30 @@ fn ptx_snapshots() {
         assert!(mma.contains(want), "no {want} in the tensor-core GEMM");
     }
     insta::assert_snapshot!("ptx_gemm_mma_bf16_bias_relu", mma);
-    // Attention on tensor cores: the transformer's, tf32 under bf16 precision, with the merge of the
-    // heads in its store; and the Q projection with the split into heads in its own.
+    // Attention on tensor cores: the transformer's, bf16 under bf16 precision (q, k and v bf16, P
+    // rounded to bf16 for its product), with the merge of the heads in its store.
     let tr16 = compiled("transformer", "sm_80", Precision::Bf16);
     let names: Vec<&str> = tr16.kernels.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(
         names,
         ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"],
-        "one launch per kernel"
+        "one launch per kernel (the projections store into the heads, casts and all)"
     );
-    let attention = entry(&tr16.ptx.ptx, "k4");
+    let attention = tr16
+        .kernels
+        .iter()
+        .find(|k| {
+            k.schedule
+                .iter()
+                .any(|s| matches!(s, ScheduleStep::GpuAttention { .. }))
+        })
+        .expect("an attention launch");
+    let attention = entry(&tr16.ptx.ptx, &attention.name);
     assert!(
-        attention.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
-        "no tf32 mma.sync in the attention"
+        attention.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+        "no bf16 mma.sync in the attention"
     );
-    insta::assert_snapshot!("ptx_attention_tf32", attention);
+    insta::assert_snapshot!("ptx_attention_bf16", attention);
 }
 
 /// A stand-in for libcuda.so.1: device memory is host memory, and every call is logged to $MOCK_LOG.
