@@ -943,6 +943,48 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             0.0,
         ),
         (
+            "cast-through-concat",
+            |b| {
+                let n = b.rng.random_range(2..4);
+                let rows = b.rng.random_range(1..4);
+                let xs: Vec<Value> = (0..n)
+                    .map(|_| {
+                        let w = b.rng.random_range(1..5);
+                        b.input(&[rows, w])
+                    })
+                    .collect();
+                let y = b.op(Op::Concat { axis: 1 }, &xs);
+                b.op(Op::Cast { to: DType::BF16 }, &[y])
+            },
+            0.0,
+        ),
+        (
+            "cast-through-maxpool",
+            |b| {
+                let (h, w) = (b.rng.random_range(3..8), b.rng.random_range(3..8));
+                let c = b.rng.random_range(1..4);
+                let x = b.input(&[1, c, h, w]);
+                let pool = if b.rng.random_bool(0.5) {
+                    let pad = b.rng.random_range(0..2);
+                    Op::MaxPool {
+                        pool: mlopt_ir::PoolAttrs {
+                            kernel: vec![3, 3],
+                            strides: vec![2, 2],
+                            pads: vec![pad; 4],
+                            dilations: vec![1, 1],
+                            ceil_mode: b.rng.random_bool(0.5),
+                        },
+                        col_major: false,
+                    }
+                } else {
+                    Op::GlobalMaxPool
+                };
+                let y = b.op(pool, &[x]);
+                b.op(Op::Cast { to: DType::BF16 }, &[y])
+            },
+            0.0,
+        ),
+        (
             "relu-through-widening",
             |b| {
                 let s = b.dims(2);
@@ -1009,7 +1051,8 @@ rule_tests! {
     matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", gelu_tanh => "gelu-tanh", attention => "attention",
     softmax_decomposed => "softmax-decomposed", layernorm_decomposed => "layernorm-decomposed", layernorm_scale => "layernorm-scale", layernorm_bias => "layernorm-bias",
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
-    cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout",
+    cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout", cast_through_maxpool => "cast-through-maxpool",
+    cast_through_concat => "cast-through-concat",
     relu_through_widening => "relu-through-widening",
 }
 

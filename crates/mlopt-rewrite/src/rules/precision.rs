@@ -41,6 +41,36 @@ pub fn rules(lo: DType) -> Vec<Rewrite> {
             },
         ),
         scan(
+            "cast-through-concat",
+            |eg, id| !cast_over_concat(eg, id).is_empty(),
+            |eg, id| {
+                cast_over_concat(eg, id)
+                    .into_iter()
+                    .filter_map(|(cast, concat, xs)| {
+                        let cs = xs
+                            .into_iter()
+                            .map(|x| add(eg, cast.clone(), vec![x]))
+                            .collect::<Option<Vec<Id>>>()?;
+                        add(eg, concat, cs)
+                    })
+                    .collect()
+            },
+        ),
+        scan(
+            "cast-through-maxpool",
+            |eg, id| !cast_over_max(eg, id).is_empty(),
+            |eg, id| {
+                cast_over_max(eg, id)
+                    .into_iter()
+                    .filter_map(|(cast, pool, x, tuple)| {
+                        let c = add(eg, cast, vec![x])?;
+                        let p = add(eg, pool, vec![c])?;
+                        Some(if tuple { super::proj(eg, p, 0) } else { p })
+                    })
+                    .collect()
+            },
+        ),
+        scan(
             "relu-through-widening",
             |eg, id| !relu_over_widen(eg, id).is_empty(),
             |eg, id| {
@@ -123,6 +153,57 @@ fn cast_over_layout(eg: &EGraph, id: Id) -> Vec<(Op, Op, Id)> {
         for (l, lc) in ops(eg, c[0]) {
             if matches!(l, Op::Transpose { .. } | Op::Reshape { .. }) {
                 out.push((o.clone(), l, lc[0]));
+            }
+        }
+    }
+    out
+}
+
+/// `cast(concat(xs..))`: (cast, concat, xs). A cast is elementwise, so it commutes with joining its
+/// inputs; pushed into them, a concat of bf16 values (ReLUs of widened bf16, say) stays bf16.
+fn cast_over_concat(eg: &EGraph, id: Id) -> Vec<(Op, Op, Vec<Id>)> {
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        if !matches!(o, Op::Cast { .. }) {
+            continue;
+        }
+        for (cat, xs) in ops(eg, c[0]) {
+            if matches!(cat, Op::Concat { .. }) {
+                out.push((o.clone(), cat, xs));
+            }
+        }
+    }
+    out
+}
+
+/// `cast(maxpool(x))` between float types, of a max pool's values (a MaxPool class is a tuple of values
+/// and indices: its output 0): (cast, pool, x, whether the pool is a tuple). Rounding is monotone, so
+/// the maximum of the rounded values is the rounded maximum, and -inf padding stays -inf: a narrowing
+/// cast moves before the pool, which then reads half the bytes.
+fn cast_over_max(eg: &EGraph, id: Id) -> Vec<(Op, Op, Id, bool)> {
+    let float = |t: DType| matches!(t, DType::F32 | DType::F64 | DType::BF16 | DType::F16);
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        let Op::Cast { to } = o else { continue };
+        // The pool's class: the cast's input, or the tuple its output 0 projects.
+        let mut pools: Vec<(Id, bool)> = vec![(c[0], false)];
+        pools.extend(
+            eg[c[0]]
+                .nodes
+                .iter()
+                .filter(|n| n.head == crate::lang::Head::Proj(0))
+                .map(|n| (n.children[0], true)),
+        );
+        for (class, tuple) in pools {
+            for (pool, pc) in ops(eg, class) {
+                let from = ty(eg, pc[0]).map(|t| t.dtype);
+                if matches!(pool, Op::MaxPool { .. } | Op::GlobalMaxPool)
+                    && pc.len() == 1
+                    && float(to)
+                    && from.is_some_and(float)
+                {
+                    out.push((o.clone(), pool, pc[0], tuple));
+                }
             }
         }
     }
