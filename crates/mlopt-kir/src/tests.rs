@@ -472,6 +472,101 @@ fn split_positions_simplify_and_digits_move_with_their_variable() {
     assert!(!moves_with(&vi, j, 64));
 }
 
+/// A window partition's reshape: a position flattened with its innermost axis and divided by a multiple
+/// of that axis's length loses the axis; the digits of one flattened position in one access stay
+/// together (the flat index recombines them); the kernel pass keeps the results of the plain loops.
+#[test]
+fn quotients_of_a_common_factor_drop_the_inner_axis() {
+    use crate::analysis::simplify_index;
+    let (w, r, c) = (Var(0), Var(1), Var(2));
+    let extent = |v: Var| {
+        [(w, 64), (r, 49), (c, 96)]
+            .iter()
+            .find(|(x, _)| *x == v)
+            .map(|(_, n)| *n)
+    };
+    let (vw, vr, vc) = (Expr::var(w), Expr::var(r), Expr::var(c));
+    // ((w * 49 + r) * 96 + c): window w, row r of the window, channel c.
+    let flat = Expr::add(
+        Expr::mul(
+            Expr::add(Expr::mul(vw.clone(), Expr::int(49)), vr.clone()),
+            Expr::int(96),
+        ),
+        vc.clone(),
+    );
+    // / (8 * 49 * 96): the window's row of windows.
+    assert_eq!(
+        simplify_index(&Expr::div(flat.clone(), Expr::int(37632)), &extent),
+        Expr::div(vw.clone(), Expr::int(8))
+    );
+    // / (7 * 96) % 7 and % (7 * 96): a row's digits, the channel kept below the factor.
+    assert_eq!(
+        simplify_index(
+            &Expr::rem(Expr::div(flat.clone(), Expr::int(672)), Expr::int(7)),
+            &extent
+        ),
+        Expr::div(vr.clone(), Expr::int(7))
+    );
+    assert_eq!(
+        simplify_index(&Expr::rem(flat.clone(), Expr::int(192)), &extent),
+        Expr::add(
+            Expr::mul(
+                Expr::int(96),
+                Expr::rem(
+                    Expr::add(Expr::mul(Expr::int(49), vw.clone()), vr.clone()),
+                    Expr::int(2)
+                )
+            ),
+            vc.clone()
+        )
+    );
+    // In a kernel: the store's digits of one position stay, the load's quotient loses the channel;
+    // the results are those of the plain loops.
+    let text = "kernel @part(%x: f32[3136,96], %y: f32[8,392,96], %z: f32[64,49,96]) {
+  serial %p in 0..3136 {
+    serial %q in 0..96 {
+      %y[(%p / 392), (%p % 392), %q] = %x[%p, %q]
+    }
+  }
+  serial %w in 0..64 {
+    serial %r in 0..49 {
+      serial %c in 0..96 {
+        %z[%w, %r, %c] = %y[(%w / 8), ((((((%w * 49) + %r) * 96) + %c) / 96) % 392), %c]
+        %z[%w, %r, %c] = %y[((((((%w * 49) + %r) * 96) + %c) / 37632) + 0), (((%w % 8) * 49) + %r), %c]
+      }
+    }
+  }
+}";
+    let base = parse_kernel(text).unwrap();
+    verify(&base).unwrap();
+    let mut k = base.clone();
+    crate::analysis::simplify_kernel(&mut k);
+    verify(&k).unwrap();
+    let printed = print::kernel(&k);
+    // The first load's second index alone holds its position: taken apart. The second load's first
+    // index loses the channel.
+    assert!(
+        printed.contains("%y[(%w / 8), (((%w * 49) + %r) % 392), %c]"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("%y[(%w / 8), (((%w % 8) * 49) + %r), %c]"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("%y[(%p / 392), (%p % 392), %q]"),
+        "{printed}"
+    );
+    let x: Vec<f32> = (0..3136 * 96).map(|i| (i % 1000) as f32).collect();
+    let args = || vec![x.clone(), vec![0.0; 3136 * 96], vec![0.0; 3136 * 96]];
+    let (got, want) = (run(&k, args()), run(&base, args()));
+    assert_eq!(got, want);
+    assert_eq!(
+        want[2], x,
+        "the partition of a row-major reshape is the identity here"
+    );
+}
+
 /// `analysis::arithmetic` splits a kernel's operations by how they run: a vector loop over contiguous
 /// loads, one that gathers (a transposed operand strides along the vector), a register tile, a scalar nest.
 #[test]
