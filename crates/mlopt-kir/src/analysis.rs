@@ -114,11 +114,7 @@ fn sum(terms: &[(i64, Expr)]) -> Expr {
 /// `e` with quotients and remainders of non-negative sums by constants taken apart where the ranges
 /// allow: with d dividing every coefficient of H and 0 <= L, (H + L) / d = H/d + L/d and (H + L) % d =
 /// L % d, and L / d = 0, L % d = L when L < d. So a row-major position split again by a reshape,
-/// `((i * 64 + j) / 16) % 4` with j < 64, becomes `j / 16`. And where d = c k with c dividing every
-/// coefficient of H and 0 <= L < c: (H + L) / d = (H / c) / k and (H + L) % d = c ((H / c) % k) + L,
-/// so a position flattened with its innermost axis and divided by a multiple of that axis's length,
-/// `((w * 96 + c) / 672` with c < 96 (a window partition's reshape), becomes `w / 7`: the innermost
-/// axis leaves the quotient, and a vector along it loads contiguously.
+/// `((i * 64 + j) / 16) % 4` with j < 64, becomes `j / 16`.
 pub fn simplify_index(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
     let Expr::Binary(op, a, b) = e else {
         return e.clone();
@@ -132,20 +128,9 @@ pub fn simplify_index(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
     };
     let mut all = Vec::new();
     terms(&a, &mut all);
-    let (high, low_terms): (Vec<_>, Vec<_>) = all.into_iter().partition(|(c, _)| c % d == 0);
-    let low = sum(&low_terms);
+    let (high, low): (Vec<_>, Vec<_>) = all.into_iter().partition(|(c, _)| c % d == 0);
+    let low = sum(&low);
     let small = max_value(&low, extent).is_some_and(|m| m < d);
-    if !small {
-        if let Some((c, h, l)) = common_factor(&low_terms, d, extent) {
-            let h: Vec<(i64, Expr)> = h.into_iter().map(|(k, x)| (k / c, x)).collect();
-            let inner = |o: BinOp| simplify_index(&Expr::bin(o, sum(&h), Expr::int(d / c)), extent);
-            let high: Vec<(i64, Expr)> = high.iter().map(|(k, x)| (k / d, x.clone())).collect();
-            return match op {
-                BinOp::Rem => Expr::add(Expr::mul(Expr::int(c), inner(BinOp::Rem)), sum(&l)),
-                _ => Expr::add(sum(&high), inner(BinOp::Div)),
-            };
-        }
-    }
     if *op == BinOp::Rem {
         return if small {
             low
@@ -162,161 +147,6 @@ pub fn simplify_index(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
             Expr::div(low, Expr::int(d))
         },
     )
-}
-
-/// The largest c > 1 dividing `d` that splits `terms` into H (coefficients multiples of c) and L with
-/// 0 <= L < c, H not empty: (c, H, L).
-#[allow(clippy::type_complexity)]
-fn common_factor(
-    terms: &[(i64, Expr)],
-    d: i64,
-    extent: &dyn Fn(Var) -> Option<u64>,
-) -> Option<(i64, Vec<(i64, Expr)>, Vec<(i64, Expr)>)> {
-    let mut factors: Vec<i64> = terms
-        .iter()
-        .map(|(k, _)| gcd(k.abs(), d))
-        .filter(|c| *c > 1 && *c < d)
-        .collect();
-    factors.sort_unstable();
-    factors.dedup();
-    factors.into_iter().rev().find_map(|c| {
-        let (h, l): (Vec<_>, Vec<_>) = terms.iter().cloned().partition(|(k, _)| k % c == 0);
-        let fits = max_value(&sum(&l), extent).is_some_and(|m| m < c);
-        (fits && !h.is_empty()).then_some((c, h, l))
-    })
-}
-
-/// `e` with [`simplify_index`] applied to every integer expression in it (load indices, select
-/// conditions, the arithmetic they feed) where that makes them smaller; other expressions keep their
-/// form (which the verifier's facts from guards are written in).
-pub fn simplify_deep(e: &Expr, extent: &dyn Fn(Var) -> Option<u64>) -> Expr {
-    fn size(e: &Expr) -> usize {
-        1 + match e {
-            Expr::Binary(_, a, b) => size(a) + size(b),
-            Expr::Load(_, ix) => ix.iter().map(size).sum(),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => size(a),
-            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => size(a) + size(b) + size(c),
-            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => 0,
-        }
-    }
-    let deep = |x: &Expr| Box::new(simplify_deep(x, extent));
-    match e {
-        Expr::Load(b, ix) => Expr::Load(*b, simplify_indices(ix, extent)),
-        Expr::Binary(o, a, b) => {
-            let plain = rebuild_bin(*o, *deep(a), *deep(b));
-            let simpler = simplify_index(&plain, extent);
-            if size(&simpler) < size(&plain) {
-                simpler
-            } else {
-                plain
-            }
-        }
-        Expr::Unary(o, a) => Expr::Unary(*o, deep(a)),
-        Expr::Fma(a, b, c) => Expr::Fma(deep(a), deep(b), deep(c)),
-        Expr::Select(c, a, b) => Expr::Select(deep(c), deep(a), deep(b)),
-        Expr::Cast(t, a) => Expr::Cast(*t, deep(a)),
-        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
-    }
-}
-
-/// A load's or store's indices through [`simplify_deep`], except those holding digits of one
-/// flattened position that another index holds too (`x / c` in one, `x % c` in another, the same x
-/// and c): the
-/// flat-index analysis recombines those into `x`, contiguous along `x`'s loops, which a quotient taken
-/// apart would hide (a tiled convolution's positions would gather).
-fn simplify_indices(ix: &[Expr], extent: &dyn Fn(Var) -> Option<u64>) -> Vec<Expr> {
-    // (numerator, divisor) of every quotient and remainder.
-    fn numerators(e: &Expr, out: &mut Vec<(Expr, Expr)>) {
-        match e {
-            Expr::Binary(o, a, b) => {
-                if matches!(o, BinOp::Div | BinOp::Rem) {
-                    out.push(((**a).clone(), (**b).clone()));
-                }
-                numerators(a, out);
-                numerators(b, out);
-            }
-            Expr::Unary(_, a) | Expr::Cast(_, a) => numerators(a, out),
-            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => {
-                numerators(a, out);
-                numerators(b, out);
-                numerators(c, out);
-            }
-            Expr::Load(..) | Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
-        }
-    }
-    let of: Vec<Vec<(Expr, Expr)>> = ix
-        .iter()
-        .map(|e| {
-            let mut v = vec![];
-            numerators(e, &mut v);
-            v
-        })
-        .collect();
-    let digit = |i: usize| {
-        of[i]
-            .iter()
-            .any(|x| of.iter().enumerate().any(|(j, o)| j != i && o.contains(x)))
-    };
-    ix.iter()
-        .enumerate()
-        .map(|(i, e)| {
-            if digit(i) {
-                e.clone()
-            } else {
-                simplify_deep(e, extent)
-            }
-        })
-        .collect()
-}
-
-/// Every store, condition and value of `k` through [`simplify_deep`] (indices through
-/// `simplify_indices`), with its loops' extents as the variables' ranges; other statements as they are.
-pub fn simplify_kernel(k: &mut Kernel) {
-    fn extents(body: &[Stmt], out: &mut HashMap<Var, u64>) {
-        for s in body {
-            match s {
-                Stmt::For {
-                    var, extent, body, ..
-                } => {
-                    let e = out.entry(*var).or_insert(0);
-                    *e = (*e).max(*extent);
-                    extents(body, out);
-                }
-                Stmt::If { then, .. } => extents(then, out),
-                _ => {}
-            }
-        }
-    }
-    fn walk(body: &[Stmt], extent: &dyn Fn(Var) -> Option<u64>) -> Vec<Stmt> {
-        body.iter()
-            .map(|s| match s {
-                Stmt::For {
-                    var,
-                    extent: n,
-                    kind,
-                    body,
-                } => Stmt::For {
-                    var: *var,
-                    extent: *n,
-                    kind: *kind,
-                    body: walk(body, extent),
-                },
-                Stmt::If { cond, then } => Stmt::If {
-                    cond: simplify_deep(cond, extent),
-                    then: walk(then, extent),
-                },
-                Stmt::Store { buf, index, value } => Stmt::Store {
-                    buf: *buf,
-                    index: simplify_indices(index, extent),
-                    value: simplify_deep(value, extent),
-                },
-                s => s.clone(),
-            })
-            .collect()
-    }
-    let mut ext = HashMap::new();
-    extents(&k.body, &mut ext);
-    k.body = walk(&k.body, &|v: Var| ext.get(&v).copied());
 }
 
 /// Whether the non-negative index `flat` differs for every value of `v` below `extent` (the other

@@ -176,26 +176,66 @@ pub(crate) fn build(terms: &[(Expr, i64)], constant: i64) -> Expr {
     Expr::add(sum, Expr::int(constant))
 }
 
-/// `x / c` (`div`) or `x % c` with `x` >= 0 split as H + L, H a multiple of c and L in 0..c: H / c, or L.
+/// `x / c` (`div`) or `x % c` with `x` >= 0 split as H + L, H a multiple of c and L in 0..c: H / c, or L;
+/// with L >= 0 not below c, H / c + L / c, or L % c. Else, with c = f k, f dividing H's coefficients and L in 0..f: (H / f) / k, or f ((H / f) % k) + L (a
+/// position flattened with its innermost axis and divided by a multiple of that axis's length,
+/// `((w * 49 + r) * 96 + ch) / 37632` with ch < 96, is `w / 8`: the axis leaves the quotient).
 fn divide(x: &Expr, c: i64, div: bool, r: &HashMap<Var, u64>) -> Option<Expr> {
     if interval(x, r)?.0 < 0 {
         return None;
     }
     let (mut ts, mut constant) = (Vec::new(), 0i64);
     terms(x, 1, &mut ts, &mut constant)?;
-    let (high, low): (Vec<_>, Vec<_>) = ts.into_iter().partition(|(_, k)| k % c == 0);
+    if let Some((h, l)) = split(&ts, constant, c, r) {
+        return Some(if div { h } else { l });
+    }
+    // H a multiple of c and L >= 0 however large: (H + L) / c = H / c + L / c, (H + L) % c = L % c.
+    let (high, low): (Vec<_>, Vec<_>) = ts.iter().cloned().partition(|(_, k)| k % c == 0);
+    if !high.is_empty() && constant == 0 && interval(&build(&low, 0), r)?.0 >= 0 {
+        let l = simplify_binary(
+            if div { BinOp::Div } else { BinOp::Rem },
+            build(&low, 0),
+            Expr::int(c),
+            r,
+        );
+        return Some(if div {
+            let h: Vec<(Expr, i64)> = high.into_iter().map(|(x, k)| (x, k / c)).collect();
+            Expr::add(build(&h, 0), l)
+        } else {
+            l
+        });
+    }
+    // The largest factor of c below it that splits x.
+    let mut factors: Vec<i64> = ts
+        .iter()
+        .map(|(_, k)| crate::analysis::gcd(k.abs(), c))
+        .filter(|f| *f > 1 && *f < c)
+        .collect();
+    factors.sort_unstable();
+    factors.dedup();
+    let (f, h, l) = factors
+        .into_iter()
+        .rev()
+        .find_map(|f| split(&ts, constant, f, r).map(|(h, l)| (f, h, l)))?;
+    Some(if div {
+        simplify_binary(BinOp::Div, h, Expr::int(c / f), r)
+    } else {
+        let rem = simplify_binary(BinOp::Rem, h, Expr::int(c / f), r);
+        Expr::add(Expr::mul(rem, Expr::int(f)), l)
+    })
+}
+
+/// The sum of `ts` and `constant` as H + L, H a multiple of c and L in 0..c: (H / c, L).
+fn split(ts: &[(Expr, i64)], constant: i64, c: i64, r: &HashMap<Var, u64>) -> Option<(Expr, Expr)> {
+    let (high, low): (Vec<_>, Vec<_>) = ts.iter().cloned().partition(|(_, k)| k % c == 0);
     let (low_const, high_const) = (constant.rem_euclid(c), constant - constant.rem_euclid(c));
     let low_e = build(&low, low_const);
     let (lo, hi) = interval(&low_e, r)?;
     if lo < 0 || hi >= c {
         return None;
     }
-    Some(if div {
-        let h: Vec<(Expr, i64)> = high.into_iter().map(|(x, k)| (x, k / c)).collect();
-        build(&h, high_const / c)
-    } else {
-        low_e
-    })
+    let h: Vec<(Expr, i64)> = high.into_iter().map(|(x, k)| (x, k / c)).collect();
+    Some((build(&h, high_const / c), low_e))
 }
 
 /// `op(a, b)` for operands already simplified under the ranges `r`: a division or remainder by a

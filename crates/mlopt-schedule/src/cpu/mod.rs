@@ -37,9 +37,6 @@ pub fn schedule(mut p: Program, t: &CpuTarget, o: &Options) -> Result<Program> {
     padded::padded_windows(&mut p, t)?;
     for k in &mut p.kernels {
         k.drop_unused_locals();
-        // Quotients and remainders of flattened positions taken apart where the loops' ranges allow,
-        // so the loop passes see which loads move with which loop.
-        mlopt_kir::analysis::simplify_kernel(k);
         loops::schedule(k, t)?;
     }
     layout::transpose_weights(&mut p);
