@@ -46,37 +46,14 @@ pub(crate) fn tiled(
     // Blocks of about 128 KiB of scores, of equal size: ceil(S / blocks) rows, the last block shorter.
     let blocks = (slen * tlen * 4).div_ceil(128 << 10).clamp(1, slen);
     let rows = slen.div_ceil(blocks);
-    let (full, tail) = (slen / rows, slen % rows);
     let (Some(ts), Some(to)) = (t_for(rows, tlen, d), t_for(rows, elen, tlen)) else {
         return Ok(None);
     };
-    let batch: Vec<u64> = a.batch.iter().map(|(_, e)| *e).collect();
-    let stmts = tiler::nest(b, "h", &batch, |b, bi| {
-        let by: Vec<(Var, Expr)> = a
-            .batch
-            .iter()
-            .map(|(v, _)| *v)
-            .zip(bi.iter().cloned())
-            .collect();
-        let head = |e: &Expr| e.subst_all(&by);
-        let (q, kt, v, mask) = (
-            head(&a.q),
-            head(&a.kt),
-            head(&a.v),
-            a.mask.as_ref().map(head),
-        );
-        let store = a.store.subst_all(&by);
-        let Stmt::Store {
-            buf: dst,
-            index: out_ix,
-            value: out_v,
-        } = &store
-        else {
-            unreachable!("the recogniser's store is a store")
-        };
+    let stmts = per_head(b, a, (&a.q, &a.kt, &a.v), |b, h| {
+        let Head { q, kt, v, mask, .. } = h;
         let mut stmts = Vec::new();
-        let kp = head_operand(b, &kt, (a.r, d), (a.j, tlen), &mut stmts)?;
-        let vp = head_operand(b, &v, (a.jv, tlen), (a.e, elen), &mut stmts)?;
+        let kp = head_operand(b, kt, (a.r, d), (a.j, tlen), &mut stmts)?;
+        let vp = head_operand(b, v, (a.jv, tlen), (a.e, elen), &mut stmts)?;
         let k = b.kernel();
         let scores = k.buf(
             format!("scores{}", k.bufs.len()),
@@ -138,31 +115,88 @@ pub(crate) fn tiled(
                     })
                 },
                 &mut |_, _, i, j, acc| {
-                    let at = |e: &Expr| e.subst(a.row.0, &qrow(i)).subst(a.e, j);
                     let sum = Expr::load(sums, vec![i.clone()]);
-                    let value = at(out_v).map_loads(&|x, ix| match x {
-                        x if x == a.acc_o => acc.clone(),
-                        x if x == a.acc_l => sum.clone(),
-                        x => Expr::load(x, ix),
-                    });
-                    Ok(Stmt::Store {
-                        buf: *dst,
-                        index: out_ix.iter().map(at).collect(),
-                        value,
-                    })
+                    Ok(h.output(a, &qrow(i), j, acc, sum))
                 },
             )?);
             Ok(s)
         };
-        stmts.extend(tiler::nest(b, "blk", &[full], |b, blk| {
-            block(b, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows)
-        })?);
-        if tail > 0 {
-            stmts.extend(block(b, Expr::int((full * rows) as i64), tail)?);
-        }
+        stmts.extend(row_blocks(b, rows, slen, &block)?);
         Ok(stmts)
     })?;
     Ok(Some(stmts))
+}
+
+/// One head's operands (the batch loops replaced by the head's indices) and the nest's output store.
+struct Head {
+    q: Expr,
+    kt: Expr,
+    v: Expr,
+    mask: Option<Expr>,
+    store: Stmt,
+}
+
+impl Head {
+    /// The output's store at query row `row` and value column `j`: the nest's own store of the
+    /// weighted sum `acc` over the sum of the exponentials `sum`.
+    fn output(&self, a: &Attention, row: &Expr, j: &Expr, acc: Expr, sum: Expr) -> Stmt {
+        let at = |e: &Expr| e.subst(a.row.0, row).subst(a.e, j);
+        let Stmt::Store { buf, index, value } = &self.store else {
+            unreachable!("the recogniser's store is a store")
+        };
+        Stmt::Store {
+            buf: *buf,
+            index: index.iter().map(at).collect(),
+            value: at(value).map_loads(&|x, ix| match x {
+                x if x == a.acc_o => acc.clone(),
+                x if x == a.acc_l => sum.clone(),
+                x => Expr::load(x, ix),
+            }),
+        }
+    }
+}
+
+/// `body` for each head of attention `a` (inside its batch loops), given q, kt and v as it reads them.
+fn per_head(
+    b: &mut Builder,
+    a: &Attention,
+    (q, kt, v): (&Expr, &Expr, &Expr),
+    body: impl FnOnce(&mut Builder, &Head) -> Result<Vec<Stmt>>,
+) -> Result<Vec<Stmt>> {
+    let batch: Vec<u64> = a.batch.iter().map(|(_, e)| *e).collect();
+    tiler::nest(b, "h", &batch, |b, bi| {
+        let by: Vec<(Var, Expr)> = a
+            .batch
+            .iter()
+            .map(|(v, _)| *v)
+            .zip(bi.iter().cloned())
+            .collect();
+        let at = |e: &Expr| e.subst_all(&by);
+        let head = Head {
+            q: at(q),
+            kt: at(kt),
+            v: at(v),
+            mask: a.mask.as_ref().map(at),
+            store: a.store.subst_all(&by),
+        };
+        body(b, &head)
+    })
+}
+
+/// A block of query rows' statements, from its first row and its number of rows.
+type Block<'a> = dyn Fn(&mut Builder, Expr, u64) -> Result<Vec<Stmt>> + 'a;
+
+/// `block(b, first row, rows)` over `slen` query rows in blocks of `rows`: a loop over the whole
+/// blocks, then the shorter last one.
+fn row_blocks(b: &mut Builder, rows: u64, slen: u64, block: &Block) -> Result<Vec<Stmt>> {
+    let (full, tail) = (slen / rows, slen % rows);
+    let mut stmts = tiler::nest(b, "blk", &[full], |b, blk| {
+        block(b, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows)
+    })?;
+    if tail > 0 {
+        stmts.extend(block(b, Expr::int((full * rows) as i64), tail)?);
+    }
+    Ok(stmts)
 }
 
 /// Row `i` of a block's scores through the softmax's numerator into `p` (the scores themselves, or a
@@ -277,26 +311,8 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
     {
         return Ok(None);
     }
-    let (full, tail) = (slen / rows, slen % rows);
-    let batch: Vec<u64> = a.batch.iter().map(|(_, e)| *e).collect();
-    let stmts = tiler::nest(b, "h", &batch, |b, bi| {
-        let by: Vec<(Var, Expr)> = a
-            .batch
-            .iter()
-            .map(|(v, _)| *v)
-            .zip(bi.iter().cloned())
-            .collect();
-        let head = |e: &Expr| e.subst_all(&by);
-        let (q, kt, v, mask) = (head(&q), head(&kt), head(&v), a.mask.as_ref().map(head));
-        let store = a.store.subst_all(&by);
-        let Stmt::Store {
-            buf: dst,
-            index: out_ix,
-            value: out_v,
-        } = &store
-        else {
-            unreachable!("the recogniser's store is a store")
-        };
+    let stmts = per_head(b, a, (&q, &kt, &v), |b, h| {
+        let Head { q, kt, v, mask, .. } = h;
         let k = b.kernel();
         let mut local = |name: &str, elem, dims| {
             k.buf(format!("{name}{}", k.bufs.len()), elem, dims, Space::Local)
@@ -378,28 +394,13 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
                 vb,
                 (n, elen, tlen),
                 mma::Out::Epilogue(mma::Epilogue::ColumnsInner, &mut |_, i, j, acc| {
-                    let at = |e: &Expr| e.subst(a.row.0, &qrow(i)).subst(a.e, j);
                     let sum = Expr::load(sums, vec![i.clone()]);
-                    let value = at(out_v).map_loads(&|x, ix| match x {
-                        x if x == a.acc_o => acc.clone(),
-                        x if x == a.acc_l => sum.clone(),
-                        x => Expr::load(x, ix),
-                    });
-                    Ok(Stmt::Store {
-                        buf: *dst,
-                        index: out_ix.iter().map(at).collect(),
-                        value,
-                    })
+                    Ok(h.output(a, &qrow(i), j, acc, sum))
                 }),
             )?);
             Ok(s)
         };
-        stmts.extend(tiler::nest(b, "blk", &[full], |b, blk| {
-            block(b, Expr::mul(blk[0].clone(), Expr::int(rows as i64)), rows)
-        })?);
-        if tail > 0 {
-            stmts.extend(block(b, Expr::int((full * rows) as i64), tail)?);
-        }
+        stmts.extend(row_blocks(b, rows, slen, &block)?);
         Ok(stmts)
     })?;
     Ok(Some(stmts))
