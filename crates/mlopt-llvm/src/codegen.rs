@@ -81,6 +81,8 @@ pub struct Gen<'a, 'c> {
     pub matrix: Option<MatrixUnit>,
     /// f32 -> bf16 by `vcvtneps2bf16` (the CPU has AVX512-BF16), not in integer code.
     pub bf16_convert: bool,
+    /// `vscalefps` (AVX-512F): y x 2^n in one instruction, over- and underflow included (`exp_f32`).
+    pub scalef: bool,
     /// The kernel's loop extents, computed on first use (`memory.rs` asks them of non-affine loads).
     pub(crate) extents: std::cell::OnceCell<HashMap<Var, u64>>,
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
@@ -119,6 +121,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             private: HashMap::new(),
             matrix: None,
             bf16_convert: false,
+            scalef: false,
             extents: std::cell::OnceCell::new(),
             gpu: false,
             heap: Vec::new(),
@@ -709,6 +712,7 @@ pub fn define_kernel<'c>(
     let mut g = Gen::new(c, m, k, f);
     g.matrix = t.matrix();
     g.bf16_convert = t.has("avx512bf16");
+    g.scalef = t.has("avx512f");
     let entry = c.append_basic_block(f, "entry");
     g.builder.position_at_end(entry);
     for (i, b) in k.params().iter().enumerate() {
