@@ -55,6 +55,11 @@ pub enum ScheduleStep {
     /// `pad(xphase5,2)`: a window reads local `buf`, a padded copy of its input split into `phases`
     /// along its rows (1: the plain padded copy), instead of guarded, clamped loads.
     Pad { buf: String, phases: u64 },
+    /// `flat(xpad5,18)`: a depthwise window reads its padded plane `buf` as one row, rows of `row`
+    /// elements end to end, so short output rows run in full vectors: each vector covers consecutive
+    /// positions of the flattened plane, and the positions past an output row's end are computed and
+    /// dropped.
+    Flat { buf: String, row: u64 },
     /// `transpose(in2)`: the 2-D weight parameter `buf` is stored transposed, so the vector loops that
     /// read it down its columns read it contiguously.
     Transpose { buf: String },
@@ -148,6 +153,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::Swap => f.write_str("swap(a,b)"),
             ScheduleStep::KBlock { k } => write!(f, "kblock({k})"),
             ScheduleStep::Pad { buf, phases } => write!(f, "pad({buf},{phases})"),
+            ScheduleStep::Flat { buf, row } => write!(f, "flat({buf},{row})"),
             ScheduleStep::Transpose { buf } => write!(f, "transpose({buf})"),
             ScheduleStep::Matrix { mb, nb, kb, m, n, k } => write!(f, "matrix(mma<{mb}x{nb}x{kb}> blocks for {m}x{n}x{k})"),
             ScheduleStep::Winograd => f.write_str("winograd(2x2,3x3)"),
@@ -284,6 +290,13 @@ impl std::str::FromStr for ScheduleStep {
                 ScheduleStep::Pad {
                     buf: buf.into(),
                     phases: factor(phases)?,
+                }
+            }
+            "flat" => {
+                let (buf, row) = pair()?;
+                ScheduleStep::Flat {
+                    buf: buf.into(),
+                    row: factor(row)?,
                 }
             }
             "transpose" if !args.is_empty() && !args.contains(',') => {
@@ -439,6 +452,7 @@ mod tests {
         "gpu.elementwise(1024 in 1x256, vector<4>)",
         "kblock(2048)",
         "pad(xphase5,2)",
+        "flat(xpad5,18)",
         "gpu.rows(128 x 256 threads)",
         "gpu.gemm(1 x 128x128x64, mma.sync bf16, tile 64x64x32, 128 threads, 4 blocks, 96 registers planned)",
         "gpu.gemm(2 x 7x9x5, simt, tile 16x16x8, 64 threads, 2 blocks, 40 registers planned)",

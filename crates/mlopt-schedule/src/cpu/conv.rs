@@ -15,7 +15,7 @@
 //! output position as the columns and pack each panel of B (im2col, one panel at a time). A pointwise
 //! convolution (1x1, stride 1, no padding) is a plain contraction: `gemm.rs` tiles it.
 
-use super::padded::{padded_index, padded_phases, Read};
+use super::padded::{padded_index, padded_phases, Plane, Read};
 use super::tiler::{self, Builder, Tile};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
@@ -55,6 +55,56 @@ pub(crate) fn swapped_a_bytes(c: &Contraction, w: &Window) -> u64 {
     }
 }
 
+/// A depthwise convolution's plane read flat (`Plane::Flat`): the padded plane's rows of `row`
+/// elements end to end, so output position (r, c) is element r x row + c and tap (kh, kw) reads
+/// `row` x kh + kw past it. The positions up to the last output's run in `rows` segments of `seg`
+/// (whole vectors, each segment a row of the tiling), the `row` - W columns past each output row
+/// computed and dropped; the sums go through a scratch plane, from which the epilogue stores the
+/// output rows. `extra` rows of padding below the plane keep the last segment's taps inside it.
+struct Flat {
+    row: u64,
+    seg: u64,
+    rows: u64,
+    extra: u64,
+}
+
+/// The vector instructions a row of `w` lanes takes on a target of `lanes` (a short vector is split
+/// into its power-of-two parts: 14 lanes are 8 + 4 + 2).
+fn vector_ops(w: u64, lanes: u64) -> u64 {
+    w / lanes + u64::from((w % lanes).count_ones())
+}
+
+/// Whether a depthwise convolution (one output channel per group, its output rows the tiling's rows)
+/// with window `w`, reduction `red` ([channels, taps..]) and copy padding `pads` runs flat, and how:
+/// a 2-D window of stride 1, where its output rows are short. By rows, each row of W outputs takes
+/// `vector_ops(W)` instructions per tap (a 7-wide row three, as wide as 48 lanes: EfficientNet's 7x7 and
+/// 14x14 planes ran at 9-14% of the memory roof); flat, each segment takes one, and the scratch adds a
+/// store per segment and a load per output row's vectors.
+fn flat(w: &Window, red: &[u64], pads: &[usize], lanes: u64) -> Option<Flat> {
+    if w.axes.len() != 2 || w.axes.iter().any(|a| a.stride != 1) {
+        return None;
+    }
+    let (h, wd) = (&w.axes[0], &w.axes[1]);
+    let row = (wd.len + (pads[1] + pads[3]) as i64) as u64;
+    let n = (h.outs - 1) * row + wd.outs;
+    let rows = n.div_ceil(lanes);
+    let taps: u64 = red.iter().product();
+    let by_rows = h.outs * vector_ops(wd.outs, lanes);
+    if (taps + 1) * rows + by_rows >= taps * by_rows {
+        return None;
+    }
+    // The last element the last segment's last tap reads, against the padded plane's end.
+    let reach =
+        rows * lanes + (red[1] - 1) * h.dilation as u64 * row + (red[2] - 1) * wd.dilation as u64;
+    let plane = (h.len + (pads[0] + pads[2]) as i64) as u64 * row;
+    Some(Flat {
+        row,
+        seg: lanes,
+        rows,
+        extra: reach.saturating_sub(plane).div_ceil(row),
+    })
+}
+
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
 /// the one store `store` (buffer, index, value). With `swapped`, the convolution runs transposed (only
 /// where `all_positions`): its output positions are the rows (A, read from the window), its output
@@ -77,12 +127,26 @@ pub(crate) fn tiled(
     // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
     let by_rows = m == 1 && !pack && sp > 1;
     let outs: Vec<u64> = w.axes.iter().map(|a| a.outs).collect();
+    let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
+    // The copy's padding: before each axis, and after it as far as the window reaches.
+    let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
+    pads.extend(
+        w.axes
+            .iter()
+            .map(|a| (a.span - a.pad - a.len).max(0) as usize),
+    );
+    let flat = match by_rows {
+        true => flat(w, &red, &pads, lanes),
+        false => None,
+    };
+    if let Some(f) = &flat {
+        pads[sp] += f.extra as usize;
+    }
     let n = if pack {
         outs.iter().product()
     } else {
         last.outs
     };
-    let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
     let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows) {
         (true, _) => (m, Vec::new()),
         (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
@@ -90,15 +154,16 @@ pub(crate) fn tiled(
     };
     // The tiling's rows and columns: output channels (or rows) by positions, or swapped, positions by
     // output channels.
-    let (rows_n, cols_n) = match swapped {
-        Some(_) => (n, tm),
-        None => (tm, n),
+    let (rows_n, cols_n) = match (swapped, &flat) {
+        (Some(_), _) => (n, tm),
+        (None, Some(f)) => (f.rows, f.seg),
+        (None, None) => (tm, n),
     };
     let Some(t) = t_for(rows_n, cols_n, red.iter().product()) else {
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
-    let copy = copies(w, phases);
+    let copy = copies(w, phases) || flat.is_some();
     // Outer loops: the batch and any column that is not an output position (the image).
     let outer = w.outer_loops(c);
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
@@ -141,14 +206,17 @@ pub(crate) fn tiled(
     let strides: Vec<usize> = w.axes.iter().map(|a| a.stride as usize).collect();
     let dilations: Vec<usize> = w.axes.iter().map(|a| a.dilation as usize).collect();
     let lens: Vec<i64> = w.axes.iter().map(|a| a.len).collect();
-    // The copy's padding: before each axis, and after it as far as the window reaches.
-    let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
-    pads.extend(
-        w.axes
-            .iter()
-            .map(|a| (a.span - a.pad - a.len).max(0) as usize),
-    );
     let acc = c.acc;
+    // A flat schedule's sums, one segment a row.
+    let scratch = flat.as_ref().map(|f| {
+        let k = b.kernel();
+        k.buf(
+            format!("yflat{}", k.bufs.len()),
+            mlopt_kir::Elem::F32,
+            vec![f.rows * f.seg],
+            mlopt_kir::Space::Local,
+        )
+    });
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
     let stmts = tiler::nest(b, "g", &outer_ext, |b, ng| {
         let mut st = Vec::new();
@@ -162,20 +230,43 @@ pub(crate) fn tiled(
                         pos,
                     ))
                 };
-                let xp = padded_phases(b, [1, cg], &lens, &pads, phases, w.fill, read, &mut st)?;
+                let plane = match flat {
+                    Some(_) => Plane::Flat,
+                    None => Plane::Phases(phases),
+                };
+                let xp = padded_phases(b, [1, cg], &lens, &pads, plane, w.fill, read, &mut st)?;
                 let k = b.kernel();
-                let name = k.buffer(xp).name.clone();
-                k.schedule.push(mlopt_kir::ScheduleStep::Pad {
-                    buf: name,
-                    phases: phases as u64,
+                let buf = k.buffer(xp).name.clone();
+                k.schedule.push(match &flat {
+                    Some(f) => mlopt_kir::ScheduleStep::Flat { buf, row: f.row },
+                    None => mlopt_kir::ScheduleStep::Pad {
+                        buf,
+                        phases: phases as u64,
+                    },
                 });
                 Some(xp)
             }
             false => None,
         };
         // A window value at output position `col` (B's column, or swapped, A's row).
-        let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| match src {
-            Some(xp) => {
+        let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| match (src, &flat) {
+            (Some(xp), Some(f)) => {
+                // Segment `row`'s element `col` of the flat plane, moved by the tap (the tiles
+                // read B in place, always with their row).
+                let first = row.map_or(Expr::int(0), |r| {
+                    Expr::mul(r.clone(), Expr::int(f.seg as i64))
+                });
+                let tap = |a: usize, by: u64| {
+                    let step = w.axes[a].dilation * by as i64;
+                    Expr::mul(k[1 + a].clone(), Expr::int(step))
+                };
+                let at = Expr::add(
+                    Expr::add(first, col.clone()),
+                    Expr::add(tap(0, f.row), tap(1, 1)),
+                );
+                Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
+            }
+            (Some(xp), None) => {
                 let window = padded_index(
                     &position(bi, row, col),
                     &k[1..],
@@ -185,7 +276,7 @@ pub(crate) fn tiled(
                 );
                 Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
             }
-            None => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
+            (None, _) => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
         let form = match swapped {
@@ -221,6 +312,14 @@ pub(crate) fn tiled(
                 })
             },
             &mut |_, bi, row, j, v| {
+                if let (Some(y), Some(f)) = (scratch, &flat) {
+                    let at = Expr::add(Expr::mul(row.clone(), Expr::int(f.seg as i64)), j.clone());
+                    return Ok(Stmt::Store {
+                        buf: y,
+                        index: vec![at],
+                        value: v,
+                    });
+                }
                 // The output channel and the position.
                 let (ch, pos) = match swapped {
                     Some(_) => (j, row),
@@ -234,6 +333,22 @@ pub(crate) fn tiled(
                 ))
             },
         )?);
+        // A flat schedule stores each output row from its run of the scratch plane.
+        if let (Some(y), Some(f)) = (scratch, &flat) {
+            st.extend(tiler::nest(b, "e", &outs, |_, e| {
+                let at = Expr::add(
+                    Expr::mul(e[0].clone(), Expr::int(f.row as i64)),
+                    e[1].clone(),
+                );
+                let v = Expr::load(y, vec![at]);
+                Ok(vec![store_at(
+                    store,
+                    acc,
+                    &by(ng, &[], Some(&e[0]), Some(&e[1]), &[]),
+                    &v,
+                )])
+            })?);
+        }
         Ok(st)
     })?;
     Ok(Some(stmts))

@@ -11,14 +11,25 @@ use mlopt_kir::index::{all, clamp, in_range, lit, window_pos};
 use mlopt_kir::{BufId, Elem, Expr, LoopKind, Program, Space, Stmt, Var};
 use mlopt_target::CpuTarget;
 
+/// How a padded copy lays out its last axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plane {
+    /// Split into this many phases (1: the plain padded copy).
+    Phases(usize),
+    /// One phase, the last two axes flattened into one row-major axis: a window over short rows reads
+    /// the plane as one long row (`conv.rs`'s flat depthwise schedule).
+    Flat,
+}
+
 /// What a padded copy holds at copy index [lead.., spatial..] (the spatial position inside the input).
 pub(crate) type Read<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &[Expr], &[Expr]) -> Result<Expr>;
 
-/// The padded copy of an input with spatial dims `spatial`, its last axis split into `s` phases,
-/// [lead0, lead1, outer.., s, ceil(W' / s)]: element w of a padded row lands at [w % s, w / s], so a
-/// stride-s window's taps read contiguous runs (tap kw of output column j is phase kw % s, position
-/// j + kw / s). One phase is the plain padded copy. Each phase is written straight from the input,
-/// read at stride s. The padding holds `fill` (0, or -inf for a max pool); `read` gives the input.
+/// The padded copy of an input with spatial dims `spatial`, its last axis split into `s` phases
+/// (`Plane::Phases(s)`), [lead0, lead1, outer.., s, ceil(W' / s)]: element w of a padded row lands at
+/// [w % s, w / s], so a stride-s window's taps read contiguous runs (tap kw of output column j is phase
+/// kw % s, position j + kw / s). One phase is the plain padded copy; `Plane::Flat` is that copy with
+/// its last two axes as one, [lead0, lead1, outer.., H' x W']. Each phase is written straight from
+/// the input, read at stride s. The padding holds `fill` (0, or -inf for a max pool); `read` gives the input.
 ///
 /// The leading dims are the caller's: the whole input's [N, C], or one image's few channels [1, c]:
 /// made inside the loop over images and channel groups, such a copy stays in cache for the window that
@@ -30,11 +41,15 @@ pub(crate) fn padded_phases(
     lead: [u64; 2],
     spatial: &[i64],
     pads: &[usize],
-    s: usize,
+    plane: Plane,
     fill: f64,
     read: Read,
     stmts: &mut Vec<Stmt>,
 ) -> Result<BufId> {
+    let (s, flat) = match plane {
+        Plane::Phases(s) => (s, false),
+        Plane::Flat => (1, true),
+    };
     let sp = spatial.len();
     let xs: Vec<i64> = [lead.map(|d| d as i64).to_vec(), spatial.to_vec()].concat();
     let (begin, end) = (&pads[..sp], &pads[sp..]);
@@ -53,11 +68,20 @@ pub(crate) fn padded_phases(
     // One phase is the padded copy itself, [.., W']; s phases are [.., s, W' / s].
     let q = padded[last] / s as u64;
     let mut dims = padded[..last].to_vec();
-    let (name, phased) = match s {
-        1 => ("xpad", false),
+    let (name, phased) = match (s, flat) {
+        (_, true) => ("xflat", false),
+        (1, false) => ("xpad", false),
         _ => ("xphase", true),
     };
-    dims.extend(if phased { vec![s as u64, q] } else { vec![q] });
+    match (phased, flat) {
+        (true, _) => dims.extend([s as u64, q]),
+        (false, false) => dims.push(q),
+        (false, true) => {
+            if let Some(rows) = dims.last_mut() {
+                *rows *= q;
+            }
+        }
+    }
     let k = l.kernel();
     let xp = k.buf(
         format!("{name}{}", k.bufs.len()),
@@ -76,16 +100,13 @@ pub(crate) fn padded_phases(
         // padding before column 0 (j < j0) and from column w on (j >= j1), the input row between, read
         // at stride s (one contiguous run for one phase).
         for p in 0..s as i64 {
-            let at = |j: Expr| {
-                [
-                    idx.to_vec(),
-                    if phased {
-                        vec![Expr::int(p), j]
-                    } else {
-                        vec![j]
-                    },
-                ]
-                .concat()
+            let at = |j: Expr| match (phased, flat) {
+                (true, _) => [idx.to_vec(), vec![Expr::int(p), j]].concat(),
+                (false, false) => [idx.to_vec(), vec![j]].concat(),
+                (false, true) => {
+                    let row = Expr::mul(idx[last - 1].clone(), Expr::int(q as i64));
+                    [idx[..last - 1].to_vec(), vec![Expr::add(row, j)]].concat()
+                }
             };
             let first = |col: i64| {
                 if col > p {
@@ -272,7 +293,8 @@ fn pad_nest(b: &mut Builder, st: &mut Stmt) -> Result<()> {
     let phases = strides[strides.len() - 1];
     let mut copy = Vec::new();
     let read: Read = &mut |_, _, pos| Ok(w.input_at(&w.input, pos));
-    let xp = padded_phases(b, [1, 1], &lens, &pads, phases, w.fill, read, &mut copy)?;
+    let plane = Plane::Phases(phases);
+    let xp = padded_phases(b, [1, 1], &lens, &pads, plane, w.fill, read, &mut copy)?;
     let pos: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.out)).collect();
     let tap: Vec<Expr> = w.axes.iter().map(|a| Expr::var(a.tap)).collect();
     let load = Expr::load(

@@ -19,7 +19,7 @@
 //! from a direct convolution by a few ulps of the largest partial sum).
 
 use super::layout::{bound_weight, drop_unbound_weights};
-use super::padded::padded_phases;
+use super::padded::{padded_phases, Plane};
 use super::tiler::{nest, tile_for, Builder};
 use crate::class::Class;
 use crate::contraction::{store_at, Contraction};
@@ -283,7 +283,7 @@ fn winograd(b: &mut Builder, conv: &Conv3x3) -> Result<Vec<Stmt>> {
         [n, ch],
         &[h as i64, wd as i64],
         &[1, 1, 1, 1],
-        1,
+        Plane::Phases(1),
         0.0,
         &mut |_, lead, pos| {
             let mut by = image_at(&lead[0]);
