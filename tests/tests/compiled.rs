@@ -1149,7 +1149,8 @@ fn integer_resize_compiles_as_it_interprets() {
 /// `mma` blocks (bf16 in, f32 accumulators) compiled for this machine (AMX tiles when it has them), for
 /// x86-64-v4 (the same blocks as loops) and for Zen 4 (`vdpbf16ps`; this machine runs its code too),
 /// against the kernel IR interpreter: a 64x64x96 product in 32x32 blocks, then 16x32x64 blocks and one
-/// 32x16x32 block accumulated on top.
+/// 32x16x32 block accumulated on top, then a loop of three 13x32x32 products into one block (a
+/// convolution's taps: on `vdpbf16ps` one sum with C in registers, in row groups of 6 and 7).
 #[test]
 fn mma_blocks_compile_as_they_interpret() {
     use mlopt_kir::{Elem, Io, Place, Program, Step};
@@ -1168,16 +1169,24 @@ fn mma_blocks_compile_as_they_interpret() {
   mma<32x16x32> %c[32, 48] += %a[0, 64] * %b[32, 96]
 }
 ";
-    let kernels: Vec<_> = [set, add]
+    let taps = "kernel @taps(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
+  serial %t in 0..3 {
+    mma<13x32x32> %c[0, 0] += %a[(%t * 16), (%t * 2)] * %b[(%t * 8), 32]
+  }
+}
+";
+    let kernels: Vec<_> = [set, add, taps]
         .iter()
         .map(|t| mlopt_kir::parse_kernel(t).unwrap())
         .collect();
     for k in &kernels {
         mlopt_kir::verify(k).unwrap();
-        assert_eq!(
-            &mlopt_kir::print::kernel(k),
-            if k.name == "set" { set } else { add }
-        );
+        let text = match k.name.as_str() {
+            "set" => set,
+            "add" => add,
+            _ => taps,
+        };
+        assert_eq!(&mlopt_kir::print::kernel(k), text);
     }
     let args = vec![Place::Output(0), Place::Input(0), Place::Input(1)];
     let p = Program {
@@ -1200,7 +1209,11 @@ fn mma_blocks_compile_as_they_interpret() {
             dims: vec![64, 64],
         }],
         kernels,
-        steps: vec![Step::call(0, args.clone()), Step::call(1, args)],
+        steps: vec![
+            Step::call(0, args.clone()),
+            Step::call(1, args.clone()),
+            Step::call(2, args),
+        ],
         ..Default::default()
     };
     let bf16 = |n: usize, seed: u64| -> Vec<u8> {

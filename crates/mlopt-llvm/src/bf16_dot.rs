@@ -32,13 +32,18 @@ pub fn supported(m: u64, n: u64, k: u64) -> bool {
     m > 0 && n > 0 && n.is_multiple_of(LANES) && k > 0 && k.is_multiple_of(2)
 }
 
-/// Rows per group: as many as keep the accumulators in registers, dividing m.
-fn rows_per_group(m: u64, n: u64) -> u64 {
+/// The row groups of an m x n block: (first row, rows), as few as keep each group's accumulators in
+/// registers, their sizes as even as can be (13 rows of 32 columns are groups of 7 and 6: groups that
+/// had to divide m were single rows, two accumulator chains each, waiting on the instruction's latency).
+fn row_groups(m: u64, n: u64) -> Vec<(u64, u64)> {
     let most = (ACCUMULATORS / (n / LANES)).max(1);
-    (1..=most.min(m))
-        .rev()
-        .find(|r| m.is_multiple_of(*r))
-        .unwrap_or(1)
+    let groups = m.div_ceil(most);
+    (0..groups)
+        .map(|g| {
+            let (first, next) = (g * m / groups, (g + 1) * m / groups);
+            (first, next - first)
+        })
+        .collect()
 }
 
 impl<'c> Gen<'_, 'c> {
@@ -69,6 +74,23 @@ impl<'c> Gen<'_, 'c> {
         b: &Block,
         acc: bool,
     ) -> Ret<()> {
+        self.mma_dot_over(m, n, k, (c, a, b), acc, None)
+    }
+
+    /// `mma_dot`, or with `over` (a serial loop's variable and extent, which C's block does not read)
+    /// the sum of the loop's products into C: `for t { mma c += a(t) * b(t) }`, a convolution's taps.
+    /// The accumulators then stay in registers across the loop, each row group running every step of
+    /// it, where one `mma` per step stored and reloaded all of C (a 3x3 convolution of 16 channels
+    /// moved C once per 8 `vdpbf16ps` of each accumulator).
+    pub(crate) fn mma_dot_over(
+        &mut self,
+        m: u64,
+        n: u64,
+        k: u64,
+        (c, a, b): (&Block, &Block, &Block),
+        acc: bool,
+        over: Option<(mlopt_kir::Var, u64)>,
+    ) -> Ret<()> {
         if !supported(m, n, k) {
             return Err(err(format!(
                 "@{}: mma<{m}x{n}x{k}> has no vdpbf16ps form (n a multiple of 16, k even)",
@@ -76,6 +98,68 @@ impl<'c> Gen<'_, 'c> {
             )));
         }
         let (c0, ldc) = self.block_base(c)?;
+        let f32v = self.ctx.f32_type().vec_type(LANES as u32);
+        let i64 = |g: &Self, v: u64| g.ctx.i64_type().const_int(v, false);
+        let nv = n / LANES;
+        let groups = row_groups(m, n);
+        let most = groups.iter().map(|g| g.1).max().unwrap_or(1);
+        let slots = self.entry_alloca(f32v.as_basic_type_enum(), Some(most * nv), "dot.acc")?;
+        for (first, rows) in groups {
+            // C's accumulators for this row group: loaded, or zero.
+            let mut c_at = Vec::new();
+            for r in 0..rows {
+                for v in 0..nv {
+                    let p = self.byte_offset(c0, i64(self, (first + r) * ldc + v * LANES * 4))?;
+                    let init = if acc {
+                        self.load_unaligned(f32v.into(), p, 4)?
+                    } else {
+                        f32v.const_zero().into()
+                    };
+                    let s = self.acc_slot(slots, r * nv + v)?;
+                    self.builder.build_store(s, init)?;
+                    c_at.push((s, p));
+                }
+            }
+            match over {
+                None => self.dot_k(k, (a, b), (first, rows, nv), slots)?,
+                Some((var, extent)) => {
+                    let (zero, end) = (i64(self, 0), i64(self, extent));
+                    self.counted("dot_over", zero, end, 1, &mut |g, t| {
+                        g.vars.insert(var, crate::codegen::VarVal::Scalar(t));
+                        g.dot_k(k, (a, b), (first, rows, nv), slots)
+                    })?;
+                    self.vars.remove(&var);
+                }
+            }
+            for (s, p) in c_at {
+                let v = self.builder.build_load(f32v, s, "c")?;
+                let st = self.builder.build_store(p, v)?;
+                st.set_alignment(4).map_err(|e| err(e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Accumulator `s` of a row group (an element of the entry-block array `slots`).
+    fn acc_slot(&mut self, slots: PointerValue<'c>, s: u64) -> Ret<PointerValue<'c>> {
+        let f32v = self.ctx.f32_type().vec_type(LANES as u32);
+        let at = self.ctx.i64_type().const_int(s, false);
+        // SAFETY: s < rows * nv, the alloca's length.
+        Ok(unsafe {
+            self.builder
+                .build_in_bounds_gep(f32v, slots, &[at], "acc")?
+        })
+    }
+
+    /// The k loop of the row group of `rows` rows from `first` (`nv` vectors of C each, in `slots`): every
+    /// k-pair of A's rows broadcast against B's row of pairs, accumulated by `vdpbf16ps`.
+    fn dot_k(
+        &mut self,
+        k: u64,
+        (a, b): (&Block, &Block),
+        (first, rows, nv): (u64, u64, u64),
+        slots: PointerValue<'c>,
+    ) -> Ret<()> {
         let (a0, lda) = self.block_base(a)?;
         let (b0, ldb) = self.block_base(b)?;
         let (f32v, bf16v, i32t) = (
@@ -89,73 +173,40 @@ impl<'c> Gen<'_, 'c> {
             .get_declaration(self.module, &[])
             .ok_or_else(|| err("no declaration of vdpbf16ps"))?;
         let i64 = |g: &Self, v: u64| g.ctx.i64_type().const_int(v, false);
-        let (nv, rows) = (n / LANES, rows_per_group(m, n));
-        let slots = self.entry_alloca(f32v.as_basic_type_enum(), Some(rows * nv), "dot.acc")?;
-        let slot = |g: &mut Self, s: u64| -> Ret<PointerValue<'c>> {
-            // SAFETY: s < rows * nv, the alloca's length.
-            Ok(unsafe {
-                g.builder
-                    .build_in_bounds_gep(f32v, slots, &[i64(g, s)], "acc")?
-            })
-        };
-        for group in 0..m / rows {
-            // C's accumulators for this row group: loaded, or zero.
-            let mut c_at = Vec::new();
+        let a_row = self.byte_offset(a0, i64(self, first * lda))?;
+        let (zero, pairs) = (i64(self, 0), i64(self, k / 2));
+        self.counted("dot_k", zero, pairs, 1, &mut |g, kk| {
+            let b_off = g.builder.build_int_mul(kk, i64(g, ldb), "bo")?;
+            let b_row = g.byte_offset(b0, b_off)?;
+            let mut bs = Vec::new();
+            for v in 0..nv {
+                let p = g.byte_offset(b_row, i64(g, v * LANES * 4))?;
+                bs.push(g.load_unaligned(bf16v.into(), p, 2)?);
+            }
+            let a_off = g.builder.build_int_mul(kk, i64(g, 4), "ao")?;
             for r in 0..rows {
-                for v in 0..nv {
-                    let p =
-                        self.byte_offset(c0, i64(self, (group * rows + r) * ldc + v * LANES * 4))?;
-                    let init = if acc {
-                        self.load_unaligned(f32v.into(), p, 4)?
-                    } else {
-                        f32v.const_zero().into()
-                    };
-                    let s = slot(self, r * nv + v)?;
-                    self.builder.build_store(s, init)?;
-                    c_at.push((s, p));
+                let off = g.builder.build_int_add(a_off, i64(g, r * lda), "ar")?;
+                let p = g.byte_offset(a_row, off)?;
+                let pair = g.load_unaligned(i32t.into(), p, 2)?.into_int_value();
+                let splat = g.splat(pair.into(), LANES as u32)?;
+                let splat = g.builder.build_bit_cast(splat, bf16v, "abf")?;
+                for (v, bv) in bs.iter().enumerate() {
+                    let s = g.acc_slot(slots, r * nv + v as u64)?;
+                    let cur = g.builder.build_load(f32v, s, "c")?;
+                    let next = g.builder.build_call(
+                        dot,
+                        &[cur.into(), splat.into(), (*bv).into()],
+                        "dp",
+                    )?;
+                    let next = next
+                        .try_as_basic_value()
+                        .basic()
+                        .ok_or_else(|| err("vdpbf16ps returned nothing"))?;
+                    g.builder.build_store(s, next)?;
                 }
             }
-            let a_row = self.byte_offset(a0, i64(self, group * rows * lda))?;
-            let (zero, pairs) = (i64(self, 0), i64(self, k / 2));
-            self.counted("dot_k", zero, pairs, 1, &mut |g, kk| {
-                let b_off = g.builder.build_int_mul(kk, i64(g, ldb), "bo")?;
-                let b_row = g.byte_offset(b0, b_off)?;
-                let mut bs = Vec::new();
-                for v in 0..nv {
-                    let p = g.byte_offset(b_row, i64(g, v * LANES * 4))?;
-                    bs.push(g.load_unaligned(bf16v.into(), p, 2)?);
-                }
-                let a_off = g.builder.build_int_mul(kk, i64(g, 4), "ao")?;
-                for r in 0..rows {
-                    let off = g.builder.build_int_add(a_off, i64(g, r * lda), "ar")?;
-                    let p = g.byte_offset(a_row, off)?;
-                    let pair = g.load_unaligned(i32t.into(), p, 2)?.into_int_value();
-                    let splat = g.splat(pair.into(), LANES as u32)?;
-                    let splat = g.builder.build_bit_cast(splat, bf16v, "abf")?;
-                    for (v, bv) in bs.iter().enumerate() {
-                        let s = slot(g, r * nv + v as u64)?;
-                        let cur = g.builder.build_load(f32v, s, "c")?;
-                        let next = g.builder.build_call(
-                            dot,
-                            &[cur.into(), splat.into(), (*bv).into()],
-                            "dp",
-                        )?;
-                        let next = next
-                            .try_as_basic_value()
-                            .basic()
-                            .ok_or_else(|| err("vdpbf16ps returned nothing"))?;
-                        g.builder.build_store(s, next)?;
-                    }
-                }
-                Ok(())
-            })?;
-            for (s, p) in c_at {
-                let v = self.builder.build_load(f32v, s, "c")?;
-                let st = self.builder.build_store(p, v)?;
-                st.set_alignment(4).map_err(|e| err(e.to_string()))?;
-            }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -164,17 +215,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn row_groups_keep_accumulators_in_registers_and_divide_m() {
-        // (m, n) -> rows per group
+    fn row_groups_keep_accumulators_in_registers_and_cover_m() {
+        // (m, n) -> rows of each group
         for (m, n, want) in [
-            (32, 32, 8),
-            (32, 16, 16),
-            (16, 32, 8),
-            (16, 16, 16),
-            (12, 32, 12),
-            (7, 64, 1),
+            (32, 32, vec![10, 11, 11]),
+            (32, 16, vec![16, 16]),
+            (16, 32, vec![8, 8]),
+            (16, 16, vec![16]),
+            (12, 32, vec![12]),
+            (13, 32, vec![6, 7]),
+            (28, 32, vec![9, 9, 10]),
+            (7, 64, vec![3, 4]),
         ] {
-            assert_eq!(rows_per_group(m, n), want, "m={m} n={n}");
+            let groups = row_groups(m, n);
+            let rows: Vec<u64> = groups.iter().map(|g| g.1).collect();
+            assert_eq!(rows, want, "m={m} n={n}");
+            // Consecutive, covering 0..m, each within the accumulator budget.
+            let mut next = 0;
+            for (first, rows) in groups {
+                assert_eq!(first, next);
+                assert!(rows * (n / LANES) <= ACCUMULATORS.max(n / LANES));
+                next += rows;
+            }
+            assert_eq!(next, m);
         }
     }
 }
