@@ -1266,6 +1266,92 @@ fn mma_blocks_compile_as_they_interpret() {
     }
 }
 
+/// A serial loop around a vector loop whose lanes read an operand a plane apart (the channels-innermost
+/// copy bf16 convolutions make: `xp[.., q, c] = x[c, .., q s + ph]`) runs 16 steps at a time as rows
+/// transposed in registers (`mlopt-llvm/src/transpose.rs`): bf16 at a step of 2 and f32 at a step of 1,
+/// with the steps past the last whole block (37 = 2 x 16 + 5, 21 = 16 + 5) run as before, the value
+/// computed around the operand (a guard on the lane, a product); against the kernel IR interpreter.
+#[test]
+fn transposed_copies_compile_as_they_interpret() {
+    use mlopt_kir::{Elem, Io, Place, Program, Step};
+    let strided = "kernel @strided(%o: bf16[2,37,32], %x: bf16[32,2,80]) {
+  serial %h in 0..2 {
+    serial %q in 0..37 {
+      vector<16> %c in 0..32 {
+        %o[%h, %q, %c] = %x[%c, %h, ((%q * 2) + 1)]
+      }
+    }
+  }
+}
+";
+    let guarded = "kernel @guarded(%p: f32[3,21,16], %y: f32[16,3,21]) {
+  serial %h in 0..3 {
+    serial %q in 0..21 {
+      vector<16> %c in 0..16 {
+        %p[%h, %q, %c] = select(lt(%c, 12), (%y[%c, %h, %q] * 2.0f32), 0.0f32)
+      }
+    }
+  }
+}
+";
+    let kernels: Vec<_> = [strided, guarded]
+        .iter()
+        .map(|t| mlopt_kir::parse_kernel(t).unwrap())
+        .collect();
+    for (k, text) in kernels.iter().zip([strided, guarded]) {
+        mlopt_kir::verify(k).unwrap();
+        assert_eq!(&mlopt_kir::print::kernel(k), text);
+    }
+    let io = |name: &str, elem, dims: Vec<u64>| Io {
+        name: name.into(),
+        elem,
+        dims,
+    };
+    let p = Program {
+        name: "tr".into(),
+        inputs: vec![
+            io("x", Elem::BF16, vec![32, 2, 80]),
+            io("y", Elem::F32, vec![16, 3, 21]),
+        ],
+        outputs: vec![
+            io("o", Elem::BF16, vec![2, 37, 32]),
+            io("p", Elem::F32, vec![3, 21, 16]),
+        ],
+        kernels,
+        steps: vec![
+            Step::call(0, vec![Place::Output(0), Place::Input(0)]),
+            Step::call(1, vec![Place::Output(1), Place::Input(1)]),
+        ],
+        ..Default::default()
+    };
+    let x: Vec<u8> = (0..32 * 2 * 80u32)
+        .flat_map(|i| half::bf16::from_f32(i as f32 - 2000.0).to_le_bytes())
+        .collect();
+    let y: Vec<u8> = (0..16 * 3 * 21u32)
+        .flat_map(|i| (i as f32 * 0.5 - 100.0).to_le_bytes())
+        .collect();
+    let inputs = vec![x, y];
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for target in ["host", "x86-64-v3", "x86-64-v4"] {
+        let t = Target::named(target, 1).unwrap();
+        let code =
+            mlopt_llvm::compile(&p, t.cpu().unwrap()).unwrap_or_else(|e| panic!("{target}: {e}"));
+        // The unoptimised IR holds the transposes' shuffles.
+        assert!(code.llvm_ir.contains("%tr"), "{target}: no transpose");
+        let mut lib = mlopt_runtime::Loaded::new(
+            &mlopt_driver::cpu::members("tr", &code).unwrap(),
+            "tr",
+            p.context_bytes(),
+            inputs.iter().map(Vec::len).collect(),
+            want.iter().map(Vec::len).collect(),
+        )
+        .unwrap();
+        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
+        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        assert_eq!(got, want, "{target}");
+    }
+}
+
 /// The transcendental functions written as register code (`mlopt-llvm/src/transcendental.rs`, shared by
 /// x86 and NVPTX) against Rust's libm in f64, over their whole useful ranges, in serial and vector loops:
 /// the largest error in units of the result's last place stays within each function's documented bound,

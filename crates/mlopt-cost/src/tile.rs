@@ -204,11 +204,13 @@ pub fn bf16_blocks_pay(t: &mlopt_target::CpuTarget) -> bool {
     t.matrix().is_some() && t.bf16.is_some_and(|p| p > t.roof.fp32)
 }
 
-/// Seconds a core spends per element copied into a block operand by gathering it (from a layout whose
-/// K is not contiguous: NCHW activations into the blocks' channels-innermost rows) and storing it as
-/// bf16. Fitted on Zen 5 over whole models in bf16 at 1 thread: 0.5 ns gave ResNet-50 26.5 ms and
-/// MobileNetV2 4.78, 1 ns 29.2 and 4.33, 0.7 ns 27.2 and 4.32.
-const GATHER_COPY_S: f64 = 0.7e-9;
+/// Seconds a core spends per element copied into a block operand from a layout whose K is not
+/// contiguous (NCHW activations into the blocks' channels-innermost rows) and storing it as bf16: rows
+/// of positions loaded per channel and transposed in registers (`mlopt-llvm/src/transpose.rs`). Fitted
+/// on Zen 5 over whole models in bf16 at 1 thread: 0.15 ns put YOLO's stride-2 3x3 convolutions of 32
+/// and 64 channels on the blocks (YOLO 0.96x, DenseNet-121 0.98x against 0.7 ns, the fit when the copy
+/// gathered element by element; the other models' choices the same).
+const GATHER_COPY_S: f64 = 0.15e-9;
 /// The same for an element copied as part of a contiguous vector (K contiguous in the source: a
 /// transformer's activations): a load, a conversion and a store per vector.
 const STREAM_COPY_S: f64 = 0.05e-9;
@@ -337,7 +339,7 @@ mod tests {
         ((3136, 64, 576), 64, BlockCopy::Gathered(58 * 58 * 64), true), // ResNet's 3x3: deep taps
         ((128, 768, 768), 768, BlockCopy::None, true), // BERT's projection, A read in place
         ((3136, 96, 384), 384, BlockCopy::Streamed(3136 * 384), true), // ConvNeXt's MLP out
-        ((12544, 96, 16), 16, BlockCopy::Gathered(12544 * 16), false), // MobileNetV2's 1x1 to 96
+        ((3025, 64, 144), 16, BlockCopy::Gathered(57 * 58 * 16), true), // SqueezeNet's fire 3x3
         (
             (12544, 32, 27),
             4,

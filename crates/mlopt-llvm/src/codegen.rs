@@ -81,6 +81,9 @@ pub struct Gen<'a, 'c> {
     pub matrix: Option<MatrixUnit>,
     /// f32 -> bf16 by `vcvtneps2bf16` (the CPU has AVX512-BF16), not in integer code.
     pub bf16_convert: bool,
+    /// A load whose value is already in registers (`transpose.rs`: a gathered operand read as rows and
+    /// transposed): the buffer, its index, and the value `load` returns for it.
+    pub(crate) forced: Option<(BufId, Vec<Expr>, BasicValueEnum<'c>)>,
     /// `vscalefps` (AVX-512F): y x 2^n in one instruction, over- and underflow included (`exp_f32`).
     pub scalef: bool,
     /// The kernel's loop extents, computed on first use (`memory.rs` asks them of non-affine loads).
@@ -122,6 +125,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             matrix: None,
             bf16_convert: false,
             scalef: false,
+            forced: None,
             extents: std::cell::OnceCell::new(),
             gpu: false,
             heap: Vec::new(),
@@ -130,7 +134,7 @@ impl<'a, 'c> Gen<'a, 'c> {
         }
     }
 
-    fn i64(&self, v: i64) -> IntValue<'c> {
+    pub(crate) fn i64(&self, v: i64) -> IntValue<'c> {
         self.ctx.i64_type().const_int(v as u64, true)
     }
 
@@ -484,8 +488,14 @@ impl<'a, 'c> Gen<'a, 'c> {
                 self.block(body)
             }
             _ => {
-                let (zero, end) = (self.i64(0), self.i64(extent as i64));
-                self.counted(&name, zero, end, 1, &mut |g, i| {
+                // A loop around a vector loop that gathers: as many of its steps as the vector has
+                // lanes at a time, the gathered operand read as rows and transposed (`transpose.rs`).
+                let done = match (kind, self.gpu) {
+                    (LoopKind::Serial, false) => self.transposed_steps(var, extent, body)?,
+                    _ => 0,
+                };
+                let (begin, end) = (self.i64(done as i64), self.i64(extent as i64));
+                self.counted(&name, begin, end, 1, &mut |g, i| {
                     g.vars.insert(var, VarVal::Scalar(i));
                     g.block(body)
                 })

@@ -17,6 +17,7 @@ mod parallel;
 mod program;
 mod ptx;
 mod transcendental;
+mod transpose;
 
 pub use error::{LlvmError, Result};
 pub use program::{

@@ -128,7 +128,7 @@ impl<'c> Gen<'_, 'c> {
     /// The type a 16-bit float vector is loaded and shuffled as: i16 (LLVM 19 scalarises shuffles of
     /// `bfloat` vectors); other elements as themselves.
     /// The two-source shuffle of `a` and `b` picking lanes `mask` (lanes of `b` numbered after `a`'s).
-    fn shuffle(
+    pub(crate) fn shuffle(
         &self,
         (a, b): (VectorValue<'c>, VectorValue<'c>),
         mask: impl IntoIterator<Item = u32>,
@@ -143,7 +143,7 @@ impl<'c> Gen<'_, 'c> {
         Ok(self.builder.build_shuffle_vector(a, b, mask, name)?)
     }
 
-    fn shuffle_elem(&self, elem: Elem) -> inkwell::types::BasicTypeEnum<'c> {
+    pub(crate) fn shuffle_elem(&self, elem: Elem) -> inkwell::types::BasicTypeEnum<'c> {
         match elem {
             Elem::BF16 | Elem::F16 => self.ctx.i16_type().as_basic_type_enum(),
             _ => ty(self.ctx, elem),
@@ -151,7 +151,12 @@ impl<'c> Gen<'_, 'c> {
     }
 
     /// A shuffled vector of `w` lanes (as `shuffle_elem` typed it) as `elem`'s register value.
-    fn unshuffled(&mut self, v: VectorValue<'c>, elem: Elem, w: u32) -> Ret<BasicValueEnum<'c>> {
+    pub(crate) fn unshuffled(
+        &mut self,
+        v: VectorValue<'c>,
+        elem: Elem,
+        w: u32,
+    ) -> Ret<BasicValueEnum<'c>> {
         let v = self
             .builder
             .build_bit_cast(v, vector_type(ty(self.ctx, elem), w), "lanes")?;
@@ -162,6 +167,52 @@ impl<'c> Gen<'_, 'c> {
     /// GPU every global buffer starts 16-byte aligned, so a start that is a multiple of `p` elements gives
     /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
     /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
+    /// `w` elements of `elem` from `p` on at a stride of `st` (1 to 4), in the memory type `shuffle_elem`
+    /// gives. A stride above 1 (a stride-2 window's row): the span the lanes cover, read as two
+    /// overlapping power-of-two loads (its first and its last `half` elements, both inside it), and
+    /// every st-th element picked from the pair by one two-source shuffle. LLVM lowers an odd-length
+    /// load and shuffle (the span itself) element by element (a bf16 stride-2 depthwise convolution
+    /// spent most of its time there).
+    pub(crate) fn strided_row(
+        &mut self,
+        p: PointerValue<'c>,
+        elem: Elem,
+        w: u32,
+        st: u32,
+    ) -> Ret<VectorValue<'c>> {
+        let lt = self.shuffle_elem(elem);
+        if st == 1 {
+            let v = self.load_unaligned(vector_type(lt, w), p, elem.size() as u32)?;
+            return Ok(v.into_vector_value());
+        }
+        let span = (w - 1) * st + 1;
+        let part = span.div_ceil(2).next_power_of_two().min(span);
+        let i64t = self.ctx.i64_type();
+        let load = |g: &mut Self, at: u32| -> Ret<VectorValue<'c>> {
+            // SAFETY: inside the span, which verification bounds.
+            let q = unsafe {
+                g.builder.build_in_bounds_gep(
+                    lt,
+                    p,
+                    &[i64t.const_int(u64::from(at), false)],
+                    "sp",
+                )?
+            };
+            let v = g.load_unaligned(vector_type(lt, part), q, elem.size() as u32)?;
+            Ok(v.into_vector_value())
+        };
+        let pair = (load(self, 0)?, load(self, span - part)?);
+        let mask = (0..w).map(|l| {
+            let e = l * st;
+            if e < part {
+                e
+            } else {
+                part + e - (span - part)
+            }
+        });
+        self.shuffle(pair, mask, "strided")
+    }
+
     pub(crate) fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
         let size = self.kernel.buffer(b).elem.size() as u32;
         let Some(l) = self
@@ -180,6 +231,11 @@ impl<'c> Gen<'_, 'c> {
     }
 
     pub(crate) fn load(&mut self, b: BufId, index: &[Expr]) -> Ret<BasicValueEnum<'c>> {
+        if let Some((fb, fix, v)) = &self.forced {
+            if *fb == b && fix[..] == *index {
+                return Ok(*v);
+            }
+        }
         let elem = self.kernel.buffer(b).elem;
         let t = ty(self.ctx, elem);
         let flat = self.flat(b, index);
@@ -224,40 +280,9 @@ impl<'c> Gen<'_, 'c> {
                 self.mem_to_reg(v, elem)
             }
             (Some(w), Some(st @ 2..=4)) if !self.gpu => {
-                // A small constant stride (a stride-2 window's row): the span the lanes cover, read as
-                // two overlapping power-of-two loads (its first and its last `half` elements, both
-                // inside it), and every st-th element picked from the pair by one two-source shuffle.
-                // LLVM lowers an odd-length load and shuffle (the span itself) element by element
-                // (a bf16 stride-2 depthwise convolution spent most of its time there).
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
-                let span = (w - 1) * st as u32 + 1;
-                let part = span.div_ceil(2).next_power_of_two().min(span);
-                let lt = self.shuffle_elem(elem);
-                let i64t = self.ctx.i64_type();
-                let load = |g: &mut Self, at: u32| -> Ret<VectorValue<'c>> {
-                    // SAFETY: inside the span, which verification bounds.
-                    let q = unsafe {
-                        g.builder.build_in_bounds_gep(
-                            lt,
-                            p,
-                            &[i64t.const_int(u64::from(at), false)],
-                            "sp",
-                        )?
-                    };
-                    let v = g.load_unaligned(vector_type(lt, part), q, elem.size() as u32)?;
-                    Ok(v.into_vector_value())
-                };
-                let pair = (load(self, 0)?, load(self, span - part)?);
-                let mask = (0..w).map(|l| {
-                    let e = l * st as u32;
-                    if e < part {
-                        e
-                    } else {
-                        part + e - (span - part)
-                    }
-                });
-                let picked = self.shuffle(pair, mask, "strided")?;
+                let picked = self.strided_row(p, elem, w, st as u32)?;
                 self.unshuffled(picked, elem, w)
             }
             (Some(w), None) if interleave.is_some() => {

@@ -184,37 +184,44 @@ pub(crate) fn blocks(
         let images: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.to_vec()).collect();
         // The copy: xp[ph, h, q, ch] = x at (h - pad_h, q*s + ph - pad_w), channel ch (at h * stride_h
         // - pad_h where each of its rows is an output row's).
-        let fill = tiler::nest(l, "x", &[phases, hp, wq, cp], |_, ix| {
-            let (ph, h, q, ch) = (&ix[0], &ix[1], &ix[2], &ix[3]);
-            let row = if kh_n == 1 {
-                Expr::mul(h.clone(), Expr::int(ah_stride))
-            } else {
-                h.clone()
-            };
-            let hi = Expr::sub(row, Expr::int(ah_pad));
-            let wi = Expr::sub(
-                Expr::add(Expr::mul(q.clone(), Expr::int(s as i64)), ph.clone()),
-                Expr::int(aw.pad),
-            );
-            let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
-            let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
-            let inside = [le0(&hi), lt(&hi, ah_len), le0(&wi), lt(&wi, aw.len)]
-                .into_iter()
-                .fold(lt(ch, cin as i64), |a, b| Expr::bin(BinOp::And, a, b));
-            let pos = match ah {
-                Some(_) => vec![clamp(hi, ah_len), clamp(wi, aw.len)],
-                None => vec![clamp(wi, aw.len)],
-            };
-            let x = w
-                .input_at(&input, &pos)
-                .subst_all(&images)
-                .subst(ci, &clamp(ch.clone(), cin as i64));
-            Ok(vec![Stmt::Store {
-                buf: xp,
-                index: ix.to_vec(),
-                value: Expr::select(inside, x, lit(w.fill, Elem::BF16)),
-            }])
-        })?;
+        // One nest per phase, so the guards on a position are tests on the loops alone, which the loop
+        // passes partition into the padding and the interior (whose copy transposes rows of
+        // positions into channels, `mlopt-llvm/src/transpose.rs`).
+        let mut fill = Vec::new();
+        for phase in 0..phases {
+            fill.extend(tiler::nest(l, "x", &[hp, wq, cp], |_, ix| {
+                let ph = &Expr::int(phase as i64);
+                let (h, q, ch) = (&ix[0], &ix[1], &ix[2]);
+                let row = if kh_n == 1 {
+                    Expr::mul(h.clone(), Expr::int(ah_stride))
+                } else {
+                    h.clone()
+                };
+                let hi = Expr::sub(row, Expr::int(ah_pad));
+                let wi = Expr::sub(
+                    Expr::add(Expr::mul(q.clone(), Expr::int(s as i64)), ph.clone()),
+                    Expr::int(aw.pad),
+                );
+                let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
+                let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
+                let inside = [le0(&hi), lt(&hi, ah_len), le0(&wi), lt(&wi, aw.len)]
+                    .into_iter()
+                    .fold(lt(ch, cin as i64), |a, b| Expr::bin(BinOp::And, a, b));
+                let pos = match ah {
+                    Some(_) => vec![clamp(hi, ah_len), clamp(wi, aw.len)],
+                    None => vec![clamp(wi, aw.len)],
+                };
+                let x = w
+                    .input_at(&input, &pos)
+                    .subst_all(&images)
+                    .subst(ci, &clamp(ch.clone(), cin as i64));
+                Ok(vec![Stmt::Store {
+                    buf: xp,
+                    index: [vec![ph.clone()], ix.to_vec()].concat(),
+                    value: Expr::select(inside, x, lit(w.fill, Elem::BF16)),
+                }])
+            })?);
+        }
         let (jb, oh, ob) = (l.fresh("jb"), l.fresh("oh"), l.fresh("ob"));
         let (tv, ii, jj) = (l.fresh("tap"), l.fresh("ii"), l.fresh("jj"));
         // One tap's block product (`t` the tap's number).

@@ -1,0 +1,121 @@
+//! Gathers turned into transposes. A serial loop around a vector loop whose one store reads an operand
+//! whose lanes lie far apart and whose steps of the outer loop lie close together:
+//!
+//! ```text
+//! for q in 0..Q:                                   (serial)
+//!   vector<w> c in 0..C:
+//!     xp[.., q, c] = f(x[c, .., q * s + ph])       (lanes a channel plane apart: a gather per lane)
+//! ```
+//!
+//! (the channels-innermost copy a bf16 convolution's blocks read, `mma_conv.rs`) runs `w` steps of q at
+//! a time: for each of the `w` lanes' channels, one row of `w` elements along q (at stride s: two loads
+//! and a shuffle, `strided_row`), the `w` x `w` block transposed in registers by log2(w) rounds of
+//! two-source shuffles, and then each step's store with the gathered operand taken from the block's
+//! column. `w` loads and w log2(w) shuffles replace w x w scalar loads and inserts.
+
+use crate::codegen::*;
+use inkwell::values::VectorValue;
+use mlopt_kir::analysis::coefficient;
+use mlopt_kir::{BufId, Expr, LoopKind, Stmt, Var};
+
+impl<'c> Gen<'_, 'c> {
+    /// Emits the first steps of serial loop `q` (extent `extent`, `body`) as blocks of transposed rows
+    /// where the loop has this module's form, and returns how many steps it emitted (a multiple of the
+    /// lanes; 0 where the loop is not of the form): the caller runs the rest.
+    pub(crate) fn transposed_steps(&mut self, q: Var, extent: u64, body: &[Stmt]) -> Ret<u64> {
+        let [Stmt::For {
+            var: lane,
+            extent: lanes_extent,
+            kind: LoopKind::Vector(w),
+            body: inner,
+        }] = body
+        else {
+            return Ok(0);
+        };
+        let [Stmt::Store { value, .. }] = &inner[..] else {
+            return Ok(0);
+        };
+        let (lane, w) = (*lane, *w);
+        let wide = u64::from(w);
+        if !w.is_power_of_two() || w < 4 || lanes_extent % wide != 0 || extent < wide {
+            return Ok(0);
+        }
+        // The gathered operand: lanes more than 4 elements apart (nearer ones load as strided rows
+        // already), steps of q 1 to 4 apart.
+        let mut gathered: Vec<(BufId, Vec<Expr>, i64)> = Vec::new();
+        mlopt_kir::analysis::for_each_load(value, &mut |b, ix| {
+            let flat = self.flat(b, ix);
+            if let (Some(cl), Some(st @ 1..=4)) = (coefficient(&flat, lane), coefficient(&flat, q))
+            {
+                if cl.abs() > 4 && !gathered.iter().any(|(g, gx, _)| *g == b && gx[..] == *ix) {
+                    gathered.push((b, ix.to_vec(), st));
+                }
+            }
+        });
+        let [(src, index, st)] = &gathered[..] else {
+            return Ok(0);
+        };
+        let (src, st) = (*src, *st as u32);
+        let elem = self.kernel.buffer(src).elem;
+        let flat = self.flat(src, index);
+        let blocks = extent / wide;
+        let name = self.kernel.var_name(q).replace('.', "_");
+        let (zero, end) = (self.i64(0), self.i64(blocks as i64));
+        self.counted(&format!("{name}_t"), zero, end, 1, &mut |g, qb| {
+            let q0 = g.builder.build_int_mul(qb, g.i64(i64::from(w)), "q0")?;
+            let (c_zero, c_end) = (g.i64(0), g.i64(*lanes_extent as i64));
+            g.counted(&format!("{name}_c"), c_zero, c_end, wide, &mut |g, c0| {
+                // Each lane's row along q, then the block transposed: column i is step q0 + i.
+                let mut rows = Vec::with_capacity(w as usize);
+                for j in 0..w {
+                    let c = g.builder.build_int_add(c0, g.i64(i64::from(j)), "c")?;
+                    g.vars.insert(q, VarVal::Scalar(q0));
+                    g.vars.insert(lane, VarVal::Scalar(c));
+                    let i = g.eval(&flat)?.into_int_value();
+                    let p = g.elem_ptr(src, i)?;
+                    rows.push(g.strided_row(p, elem, w, st)?);
+                }
+                let columns = g.transpose(rows)?;
+                g.width = Some(w);
+                for (i, column) in columns.into_iter().enumerate() {
+                    let at = g.builder.build_int_add(q0, g.i64(i as i64), "q")?;
+                    g.vars.insert(q, VarVal::Scalar(at));
+                    g.vars.insert(lane, VarVal::Lanes(c0));
+                    let v = g.unshuffled(column, elem, w)?;
+                    g.forced = Some((src, index.clone(), v));
+                    let r = g.block(inner);
+                    g.forced = None;
+                    r?;
+                }
+                g.width = None;
+                g.vars.remove(&lane);
+                Ok(())
+            })
+        })?;
+        self.vars.remove(&q);
+        Ok(blocks * wide)
+    }
+
+    /// The transpose of the square block whose rows are `rows` (n vectors of n lanes, n a power of two):
+    /// log2(n) rounds, each exchanging the off-diagonal b x b blocks of every 2b x 2b block by one
+    /// two-source shuffle per row (b = n/2, .., 1).
+    fn transpose(&mut self, mut rows: Vec<VectorValue<'c>>) -> Ret<Vec<VectorValue<'c>>> {
+        let n = rows.len() as u32;
+        let mut b = n / 2;
+        while b >= 1 {
+            let mut next = rows.clone();
+            for i in (0..n).filter(|i| i & b == 0) {
+                let (lo, hi) = (rows[i as usize], rows[(i + b) as usize]);
+                // Row i keeps its lanes with bit b clear and takes row i + b's lanes with it clear in
+                // the others; row i + b takes row i's lanes with bit b set, keeps its own.
+                let first = (0..n).map(|j| if j & b == 0 { j } else { n + j - b });
+                let second = (0..n).map(|j| if j & b == 0 { j + b } else { n + j });
+                next[i as usize] = self.shuffle((lo, hi), first, "tr")?;
+                next[(i + b) as usize] = self.shuffle((lo, hi), second, "tr")?;
+            }
+            rows = next;
+            b /= 2;
+        }
+        Ok(rows)
+    }
+}
