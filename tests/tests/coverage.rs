@@ -54,6 +54,24 @@ fn conv_transpose(n: usize, c: usize, m: usize, hw: usize, k: usize) -> Layer {
     (format!("conv transpose {n}x {c}->{m} {hw}x{hw} k{k} s2"), g)
 }
 
+/// A depthwise 3x3 convolution of `c` channels over `hw` x `hw` with dilation `d` and padding `pad`
+/// (DeepLab's atrous layers; unpadded, the window never leaves the input).
+fn dilated_depthwise(n: usize, c: usize, hw: usize, d: usize, pad: usize) -> Layer {
+    let mut g = Graph::new("layer");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![n, c, hw, hw]));
+    let w = g.add_const("w", weights(&[c, 1, 3, 3], 9, 3));
+    let a = ConvAttrs {
+        strides: vec![1, 1],
+        pads: vec![pad; 4],
+        dilations: vec![d, d],
+        group: c,
+        output_padding: vec![],
+    };
+    let y = g.add(Op::Conv(a), "conv", &[x, w]).unwrap();
+    g.add_output("y", y);
+    (format!("depthwise {n}x{c}x{hw}x{hw} k3 d{d} p{pad}"), g)
+}
+
 fn pool(
     n: usize,
     max: bool,
@@ -192,6 +210,9 @@ fn layers(n: usize) -> Vec<Layer> {
     ] {
         v.push(conv(n, c, c, &[hw, hw], k, s, c, true));
     }
+    // Depthwise with a dilated window and with none of the input's padding (both flat on short rows).
+    v.push(dilated_depthwise(n, 48, 14, 2, 2));
+    v.push(dilated_depthwise(n, 48, 14, 1, 0));
     // Grouped (RegNet's group width 8) and 7x7 stride-2 stems; a 1-D stride-2 convolution (Whisper).
     v.push(conv(n, 48, 48, &[28, 28], 3, 1, 6, true));
     v.push(conv(n, 3, 64, &[112, 112], 7, 2, 1, true));

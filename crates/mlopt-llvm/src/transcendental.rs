@@ -63,23 +63,7 @@ pub(crate) fn exp_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
     let hi = k(g, x, 88.72284);
     let cx = g.intrinsic("llvm.maxnum", &[x, lo])?;
     let cx = g.intrinsic("llvm.minnum", &[cx, hi])?;
-    let n = op(g, Op::FMul, cx, k(g, x, std::f64::consts::LOG2_E))?;
-    let n = g.intrinsic("llvm.roundeven", &[n])?;
-    let r = fma(g, n, k(g, x, -0.693359375), cx)?;
-    let r = fma(g, n, k(g, x, 2.12194440e-4), r)?;
-    let mut p = k(g, x, 1.9875691500e-4);
-    for c in [
-        1.3981999507e-3,
-        8.3334519073e-3,
-        4.1665795894e-2,
-        1.6666665459e-1,
-        5.0000001201e-1,
-    ] {
-        p = fma(g, p, r, k(g, x, c))?;
-    }
-    let rr = op(g, Op::FMul, r, r)?;
-    let y = fma(g, p, rr, r)?;
-    let y = op(g, Op::FAdd, y, k(g, x, 1.0))?;
+    let (n, y) = exp_reduced(g, cx)?;
     // 2^n: (n + 127) << 23 as the bits of a float.
     let it = shaped(g, x, Elem::I32);
     let ni = g.builder.build_cast(Op::FPToSI, n, it, "n")?;
@@ -98,18 +82,10 @@ pub(crate) fn exp_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<Bas
     select(g, nan, x, e)
 }
 
-/// e^x for f32 scalars and vectors of up to 16 lanes on AVX-512: `exp_f32`'s reduction and polynomial, and 2^n
-/// applied by `vscalefps`, which overflows to inf, underflows through the subnormals to 0 and keeps NaN,
-/// so nothing is patched afterwards: x is clamped to [-104, 89] (beyond which e^x is inf or 0 in f32,
-/// as at the bounds) by compares that let a NaN through. 14 vector instructions where the
-/// exponent-bit form takes 25: every SiLU, sigmoid, softmax and GELU runs it (SiLU over a vector 1.4x
-/// faster on Zen 5).
-fn exp_scalef<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, w: u32) -> Ret<BasicValueEnum<'c>> {
-    let (lo, hi) = (k(g, x, -104.0), k(g, x, 89.0));
-    let below = float_cmp(&g.builder, F::OLT, x, lo)?;
-    let cx = select(g, below, lo, x)?;
-    let above = float_cmp(&g.builder, F::OGT, cx, hi)?;
-    let cx = select(g, above, hi, cx)?;
+/// Cephes' expf reduction of a clamped `cx`: n = round(cx / ln 2) and e^r for r = cx - n ln 2 (ln 2 in
+/// two parts, |r| <= ln2/2) by a degree-6 polynomial, so e^cx = e^r x 2^n: (n, e^r).
+fn exp_reduced<'c>(g: &mut Gen<'_, 'c>, cx: V<'c>) -> Ret<(V<'c>, V<'c>)> {
+    let x = cx;
     let n = op(g, Op::FMul, cx, k(g, x, std::f64::consts::LOG2_E))?;
     let n = g.intrinsic("llvm.roundeven", &[n])?;
     let r = fma(g, n, k(g, x, -0.693359375), cx)?;
@@ -127,6 +103,22 @@ fn exp_scalef<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, w: u32) -> Ret<Bas
     let rr = op(g, Op::FMul, r, r)?;
     let y = fma(g, p, rr, r)?;
     let y = op(g, Op::FAdd, y, k(g, x, 1.0))?;
+    Ok((n, y))
+}
+
+/// e^x for f32 scalars and vectors of up to 16 lanes on AVX-512: `exp_f32`'s reduction and polynomial, and 2^n
+/// applied by `vscalefps`, which overflows to inf, underflows through the subnormals to 0 and keeps NaN,
+/// so nothing is patched afterwards: x is clamped to [-104, 89] (beyond which e^x is inf or 0 in f32,
+/// as at the bounds) by compares that let a NaN through. 14 vector instructions where the
+/// exponent-bit form takes 25: every SiLU, sigmoid, softmax and GELU runs it (SiLU over a vector 1.4x
+/// faster on Zen 5).
+fn exp_scalef<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, w: u32) -> Ret<BasicValueEnum<'c>> {
+    let (lo, hi) = (k(g, x, -104.0), k(g, x, 89.0));
+    let below = float_cmp(&g.builder, F::OLT, x, lo)?;
+    let cx = select(g, below, lo, x)?;
+    let above = float_cmp(&g.builder, F::OGT, cx, hi)?;
+    let cx = select(g, above, hi, cx)?;
+    let (n, y) = exp_reduced(g, cx)?;
     // The instruction takes 16 lanes: a narrower vector is widened (its first lane repeated) and
     // narrowed back, a scalar is lane 0.
     let i32t = g.ctx.i32_type();
