@@ -32,7 +32,10 @@ impl<'c> Gen<'_, 'c> {
         else {
             return Ok(0);
         };
-        let [Stmt::Store { value, .. }] = &inner[..] else {
+        let [Stmt::Store {
+            buf: dst, value, ..
+        }] = &inner[..]
+        else {
             return Ok(0);
         };
         let (lane, w) = (*lane, *w);
@@ -52,9 +55,14 @@ impl<'c> Gen<'_, 'c> {
                 }
             }
         });
+        // Rows are read for all of a block's steps before any of them stores: not where the loop
+        // writes what it reads.
         let [(src, index, st)] = &gathered[..] else {
             return Ok(0);
         };
+        if src == dst {
+            return Ok(0);
+        }
         let (src, st) = (*src, *st as u32);
         let elem = self.kernel.buffer(src).elem;
         let flat = self.flat(src, index);
