@@ -40,7 +40,15 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
     } else {
         Cost::ZERO
     };
-    standalone(&k.op, &ins, outs, t, o.allow_tf32).time + penalty
+    let e = standalone(&k.op, &ins, outs, t, o.allow_tf32);
+    // A cast is elementwise and fuses into the kernel producing or consuming it (`fuse.rs`): charged as
+    // a pass over memory of its own, the casts around a bf16 operation made `--precision auto` keep
+    // RegNetY's 1x1 convolutions after a squeeze-excitation in fp32, 1.10x slower than bf16. Its
+    // arithmetic and a kernel's fixed cost still count, so a plan with fewer casts wins a tie.
+    if matches!(k.op, mlopt_ir::Op::Cast { .. }) {
+        return Cost::secs(e.compute_s + t.roof().launch_s) + penalty;
+    }
+    e.time + penalty
 }
 
 /// `--precision bf16|fp16` forces lowering: an fp32 matrix op costs this much more than its estimate, so the
