@@ -125,8 +125,6 @@ impl<'c> Gen<'_, 'c> {
         w.is_multiple_of(r).then_some((r, q))
     }
 
-    /// The type a 16-bit float vector is loaded and shuffled as: i16 (LLVM 19 scalarises shuffles of
-    /// `bfloat` vectors); other elements as themselves.
     /// The two-source shuffle of `a` and `b` picking lanes `mask` (lanes of `b` numbered after `a`'s).
     pub(crate) fn shuffle(
         &self,
@@ -143,6 +141,8 @@ impl<'c> Gen<'_, 'c> {
         Ok(self.builder.build_shuffle_vector(a, b, mask, name)?)
     }
 
+    /// The type a 16-bit float vector is loaded and shuffled as: i16 (LLVM 19 scalarises shuffles of
+    /// `bfloat` vectors); other elements as themselves.
     pub(crate) fn shuffle_elem(&self, elem: Elem) -> inkwell::types::BasicTypeEnum<'c> {
         match elem {
             Elem::BF16 | Elem::F16 => self.ctx.i16_type().as_basic_type_enum(),
@@ -163,10 +163,6 @@ impl<'c> Gen<'_, 'c> {
         self.mem_to_reg(v, elem)
     }
 
-    /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the
-    /// GPU every global buffer starts 16-byte aligned, so a start that is a multiple of `p` elements gives
-    /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
-    /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
     /// `w` elements of `elem` from `p` on at a stride of `st` (1 to 4), in the memory type `shuffle_elem`
     /// gives. A stride above 1 (a stride-2 window's row): the span the lanes cover, read as two
     /// overlapping power-of-two loads (its first and its last `half` elements, both inside it), and
@@ -213,6 +209,10 @@ impl<'c> Gen<'_, 'c> {
         self.shuffle(pair, mask, "strided")
     }
 
+    /// The alignment in bytes of a contiguous vector access from flat element `flat` (at lane 0). On the
+    /// GPU every global buffer starts 16-byte aligned, so a start that is a multiple of `p` elements gives
+    /// `p * size` bytes, up to 16 (NVPTX splits a vector access into its widest aligned pieces, so this
+    /// is what makes `ld.global.v4`). On the CPU the caller's buffers may be aligned to an element only.
     pub(crate) fn vector_align(&self, b: BufId, flat: &Expr, w: u32) -> u32 {
         let size = self.kernel.buffer(b).elem.size() as u32;
         let Some(l) = self

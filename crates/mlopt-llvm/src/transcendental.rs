@@ -50,7 +50,8 @@ fn op<'c>(
 
 /// e^x for f32 scalars or vectors in registers (no libm call, so vector loops stay vector): Cephes'
 /// expf. x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n built in the exponent
-/// bits. About 1 ulp; NaN stays NaN, overflow gives inf, deep underflow gives 0.
+/// bits (on AVX-512, applied by `vscalefps`: `exp_scalef`). About 1 ulp; NaN stays NaN, overflow
+/// gives inf, deep underflow gives 0.
 pub(crate) fn exp_f32<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>) -> Ret<BasicValueEnum<'c>> {
     let lanes = match x {
         BasicValueEnum::VectorValue(v) => v.get_type().get_size(),
@@ -122,19 +123,14 @@ fn exp_scalef<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, w: u32) -> Ret<Bas
     // The instruction takes 16 lanes: a narrower vector is widened (its first lane repeated) and
     // narrowed back, a scalar is lane 0.
     let i32t = g.ctx.i32_type();
-    let mask = |lanes: &mut dyn Iterator<Item = u32>| {
-        let m: Vec<_> = lanes.map(|l| i32t.const_int(u64::from(l), false)).collect();
-        inkwell::types::VectorType::const_vector(&m)
-    };
-    let widen = mask(&mut (0..16).map(|l| if l < w { l } else { 0 }));
-    let narrow = mask(&mut (0..w));
     let v16 = g.ctx.f32_type().vec_type(16);
     let lane0 = i32t.const_zero();
     let wide = |g: &mut Gen<'_, 'c>, v: BasicValueEnum<'c>| -> Ret<BasicValueEnum<'c>> {
         Ok(match v {
             BasicValueEnum::VectorValue(v) if w == 16 => v.into(),
             BasicValueEnum::VectorValue(v) => {
-                g.builder.build_shuffle_vector(v, v, widen, "wide")?.into()
+                let lanes = (0..16).map(|l| if l < w { l } else { 0 });
+                g.shuffle((v, v), lanes, "wide")?.into()
             }
             v => g
                 .builder
@@ -169,10 +165,7 @@ fn exp_scalef<'c>(g: &mut Gen<'_, 'c>, x: BasicValueEnum<'c>, w: u32) -> Ret<Bas
     let e = e.into_vector_value();
     Ok(match (x, w) {
         (BasicValueEnum::VectorValue(_), 16) => e.into(),
-        (BasicValueEnum::VectorValue(_), _) => g
-            .builder
-            .build_shuffle_vector(e, e, narrow, "narrow")?
-            .into(),
+        (BasicValueEnum::VectorValue(_), _) => g.shuffle((e, e), 0..w, "narrow")?.into(),
         _ => g.builder.build_extract_element(e, lane0, "e")?,
     })
 }

@@ -55,11 +55,11 @@ impl<'c> Gen<'_, 'c> {
                 }
             }
         });
-        // Rows are read for all of a block's steps before any of them stores: not where the loop
-        // writes what it reads.
         let [(src, index, st)] = &gathered[..] else {
             return Ok(0);
         };
+        // Rows are read for all of a block's steps before any of them stores: not where the loop
+        // writes what it reads.
         if src == dst {
             return Ok(0);
         }

@@ -181,7 +181,6 @@ fn cast_over_concat(eg: &EGraph, id: Id) -> Vec<(Op, Op, Vec<Id>)> {
 /// the maximum of the rounded values is the rounded maximum, and -inf padding stays -inf: a narrowing
 /// cast moves before the pool, which then reads half the bytes.
 fn cast_over_max(eg: &EGraph, id: Id) -> Vec<(Op, Op, Id, bool)> {
-    let float = |t: DType| matches!(t, DType::F32 | DType::F64 | DType::BF16 | DType::F16);
     let mut out = vec![];
     for (o, c) in ops(eg, id) {
         let Op::Cast { to } = o else { continue };
@@ -199,8 +198,8 @@ fn cast_over_max(eg: &EGraph, id: Id) -> Vec<(Op, Op, Id, bool)> {
                 let from = ty(eg, pc[0]).map(|t| t.dtype);
                 if matches!(pool, Op::MaxPool { .. } | Op::GlobalMaxPool)
                     && pc.len() == 1
-                    && float(to)
-                    && from.is_some_and(float)
+                    && to.is_float()
+                    && from.is_some_and(DType::is_float)
                 {
                     out.push((o.clone(), pool, pc[0], tuple));
                 }

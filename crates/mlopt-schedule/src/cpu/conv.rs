@@ -57,13 +57,12 @@ pub(crate) fn swapped_a_bytes(c: &Contraction, w: &Window) -> u64 {
 
 /// A depthwise convolution's plane read flat (`Plane::Flat`): the padded plane's rows of `row`
 /// elements end to end, so output position (r, c) is element r x row + c and tap (kh, kw) reads
-/// `row` x kh + kw past it. The positions up to the last output's run in `rows` segments of `seg`
-/// (whole vectors, each segment a row of the tiling), the `row` - W columns past each output row
+/// `row` x kh + kw past it. The positions up to the last output's run in `rows` segments of one
+/// vector of the target's lanes (each segment a row of the tiling), the `row` - W columns past each output row
 /// computed and dropped; the sums go through a scratch plane, from which the epilogue stores the
 /// output rows. `extra` rows of padding below the plane keep the last segment's taps inside it.
 struct Flat {
     row: u64,
-    seg: u64,
     rows: u64,
     extra: u64,
 }
@@ -99,7 +98,6 @@ fn flat(w: &Window, red: &[u64], pads: &[usize], lanes: u64) -> Option<Flat> {
     let plane = (h.len + (pads[0] + pads[2]) as i64) as u64 * row;
     Some(Flat {
         row,
-        seg: lanes,
         rows,
         extra: reach.saturating_sub(plane).div_ceil(row),
     })
@@ -156,7 +154,7 @@ pub(crate) fn tiled(
     // output channels.
     let (rows_n, cols_n) = match (swapped, &flat) {
         (Some(_), _) => (n, tm),
-        (None, Some(f)) => (f.rows, f.seg),
+        (None, Some(f)) => (f.rows, lanes),
         (None, None) => (tm, n),
     };
     let Some(t) = t_for(rows_n, cols_n, red.iter().product()) else {
@@ -213,7 +211,7 @@ pub(crate) fn tiled(
         k.buf(
             format!("yflat{}", k.bufs.len()),
             mlopt_kir::Elem::F32,
-            vec![f.rows * f.seg],
+            vec![f.rows * lanes],
             mlopt_kir::Space::Local,
         )
     });
@@ -254,7 +252,7 @@ pub(crate) fn tiled(
                 // Segment `row`'s element `col` of the flat plane, moved by the tap (the tiles
                 // read B in place, always with their row).
                 let first = row.map_or(Expr::int(0), |r| {
-                    Expr::mul(r.clone(), Expr::int(f.seg as i64))
+                    Expr::mul(r.clone(), Expr::int(lanes as i64))
                 });
                 let tap = |a: usize, by: u64| {
                     let step = w.axes[a].dilation * by as i64;
@@ -312,8 +310,8 @@ pub(crate) fn tiled(
                 })
             },
             &mut |_, bi, row, j, v| {
-                if let (Some(y), Some(f)) = (scratch, &flat) {
-                    let at = Expr::add(Expr::mul(row.clone(), Expr::int(f.seg as i64)), j.clone());
+                if let Some(y) = scratch {
+                    let at = Expr::add(Expr::mul(row.clone(), Expr::int(lanes as i64)), j.clone());
                     return Ok(Stmt::Store {
                         buf: y,
                         index: vec![at],

@@ -46,9 +46,9 @@ pub(crate) fn padded_phases(
     read: Read,
     stmts: &mut Vec<Stmt>,
 ) -> Result<BufId> {
-    let (s, flat) = match plane {
-        Plane::Phases(s) => (s, false),
-        Plane::Flat => (1, true),
+    let s = match plane {
+        Plane::Phases(s) => s,
+        Plane::Flat => 1,
     };
     let sp = spatial.len();
     let xs: Vec<i64> = [lead.map(|d| d as i64).to_vec(), spatial.to_vec()].concat();
@@ -68,19 +68,19 @@ pub(crate) fn padded_phases(
     // One phase is the padded copy itself, [.., W']; s phases are [.., s, W' / s].
     let q = padded[last] / s as u64;
     let mut dims = padded[..last].to_vec();
-    let (name, phased) = match (s, flat) {
-        (_, true) => ("xflat", false),
-        (1, false) => ("xpad", false),
-        _ => ("xphase", true),
+    let name = match plane {
+        Plane::Flat => "xflat",
+        Plane::Phases(1) => "xpad",
+        Plane::Phases(_) => "xphase",
     };
-    match (phased, flat) {
-        (true, _) => dims.extend([s as u64, q]),
-        (false, false) => dims.push(q),
-        (false, true) => {
+    match plane {
+        Plane::Flat => {
             if let Some(rows) = dims.last_mut() {
                 *rows *= q;
             }
         }
+        Plane::Phases(1) => dims.push(q),
+        Plane::Phases(_) => dims.extend([s as u64, q]),
     }
     let k = l.kernel();
     let xp = k.buf(
@@ -100,13 +100,13 @@ pub(crate) fn padded_phases(
         // padding before column 0 (j < j0) and from column w on (j >= j1), the input row between, read
         // at stride s (one contiguous run for one phase).
         for p in 0..s as i64 {
-            let at = |j: Expr| match (phased, flat) {
-                (true, _) => [idx.to_vec(), vec![Expr::int(p), j]].concat(),
-                (false, false) => [idx.to_vec(), vec![j]].concat(),
-                (false, true) => {
+            let at = |j: Expr| match plane {
+                Plane::Flat => {
                     let row = Expr::mul(idx[last - 1].clone(), Expr::int(q as i64));
                     [idx[..last - 1].to_vec(), vec![Expr::add(row, j)]].concat()
                 }
+                Plane::Phases(1) => [idx.to_vec(), vec![j]].concat(),
+                Plane::Phases(_) => [idx.to_vec(), vec![Expr::int(p), j]].concat(),
             };
             let first = |col: i64| {
                 if col > p {
