@@ -793,16 +793,7 @@ fn kir_operators_compile_as_they_interpret() {
         let want = mlopt_kir::run_program(&p, &inputs).unwrap();
         let code = mlopt_llvm::compile(&p, &mlopt_target::calibrate::host(1))
             .unwrap_or_else(|e| panic!("{t}: {e}"));
-        let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::cpu::members("m", &code).unwrap(),
-            &mlopt_llvm::c_name(&p.name),
-            p.context_bytes(),
-            inputs.iter().map(Vec::len).collect(),
-            want.iter().map(Vec::len).collect(),
-        )
-        .unwrap();
-        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
-        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        let got = run_code(&p, &code, &inputs, &lens(&want));
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
             let same = match io.elem {
                 Elem::F32 | Elem::F64 => {
@@ -971,20 +962,35 @@ fn run_on_x86_levels(
         let t = Target::named(target, 1).unwrap();
         let t = t.cpu().unwrap();
         let code = mlopt_llvm::compile(p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
-        let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::cpu::members(&p.name, &code).unwrap(),
-            &p.name,
-            p.context_bytes(),
-            inputs.iter().map(Vec::len).collect(),
-            want.iter().map(Vec::len).collect(),
-        )
-        .unwrap();
-        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
-        let ins: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-        lib.run(&ins, &mut got).unwrap();
-        out.push((target, got));
+        out.push((target, run_code(p, &code, inputs, &lens(want))));
     }
     out
+}
+
+/// `code`, `p` compiled, loaded and run on `inputs`: its outputs, of `out_lens` bytes.
+fn run_code(
+    p: &mlopt_kir::Program,
+    code: &mlopt_llvm::Output,
+    inputs: &[Vec<u8>],
+    out_lens: &[usize],
+) -> Vec<Vec<u8>> {
+    let mut lib = mlopt_runtime::Loaded::new(
+        &mlopt_driver::cpu::members(&p.name, code).unwrap(),
+        &mlopt_llvm::c_name(&p.name),
+        p.context_bytes(),
+        inputs.iter().map(Vec::len).collect(),
+        out_lens.to_vec(),
+    )
+    .unwrap();
+    let mut got: Vec<Vec<u8>> = out_lens.iter().map(|n| vec![0u8; *n]).collect();
+    let ins: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    lib.run(&ins, &mut got).unwrap();
+    got
+}
+
+/// The byte lengths of `bufs`.
+fn lens(bufs: &[Vec<u8>]) -> Vec<usize> {
+    bufs.iter().map(Vec::len).collect()
 }
 
 /// Vector loads of every second, third and fourth element (a stride-2 window's row), of f32, bf16 and f16,
@@ -1245,16 +1251,7 @@ fn mma_blocks_compile_as_they_interpret() {
             t.matrix() == Some(mlopt_target::MatrixUnit::Dot),
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
-        let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::cpu::members("mma", &code).unwrap(),
-            "mma",
-            p.context_bytes(),
-            inputs.iter().map(Vec::len).collect(),
-            vec![64 * 64 * 4],
-        )
-        .unwrap();
-        let mut got = vec![vec![0u8; 64 * 64 * 4]];
-        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        let got = run_code(&p, &code, &inputs, &[64 * 64 * 4]);
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
         let (w, g) = (f32s(&want[0]), f32s(&got[0]));
         let worst = w
@@ -1338,16 +1335,7 @@ fn transposed_copies_compile_as_they_interpret() {
             mlopt_llvm::compile(&p, t.cpu().unwrap()).unwrap_or_else(|e| panic!("{target}: {e}"));
         // The unoptimised IR holds the transposes' shuffles.
         assert!(code.llvm_ir.contains("%tr"), "{target}: no transpose");
-        let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::cpu::members("tr", &code).unwrap(),
-            "tr",
-            p.context_bytes(),
-            inputs.iter().map(Vec::len).collect(),
-            want.iter().map(Vec::len).collect(),
-        )
-        .unwrap();
-        let mut got: Vec<Vec<u8>> = want.iter().map(|w| vec![0u8; w.len()]).collect();
-        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        let got = run_code(&p, &code, &inputs, &lens(&want));
         assert_eq!(got, want, "{target}");
     }
 }
@@ -1580,16 +1568,7 @@ fn register_math_is_accurate() {
         let code = mlopt_llvm::compile(&p, &mlopt_target::calibrate::host(1))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let size = if t == Elem::F32 { 4 } else { 8 };
-        let mut lib = mlopt_runtime::Loaded::new(
-            &mlopt_driver::cpu::members("m", &code).unwrap(),
-            &mlopt_llvm::c_name(&p.name),
-            p.context_bytes(),
-            vec![N * size; 2],
-            vec![N * size; kinds.len()],
-        )
-        .unwrap();
-        let mut got = vec![vec![0u8; N * size]; kinds.len()];
-        lib.run(&[&inputs[0], &inputs[1]], &mut got).unwrap();
+        let got = run_code(&p, &code, &inputs, &vec![N * size; kinds.len()]);
         for (out, kind) in got.iter().zip(["serial", "vector<8>", "vector<16>"]) {
             let mut worst = (0.0f64, 0.0, 0.0, 0.0);
             for (j, c) in out.chunks_exact(size).enumerate() {
