@@ -269,31 +269,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 extent,
                 kind,
                 body,
-            } => match (self.matrix, &body[..]) {
-                // A serial loop of short `mma`s into one C block (a convolution's taps, a k of at most
-                // 64) on `vdpbf16ps`: C stays in registers across it. (With longer products, C's
-                // reload per step is a few percent of each, and separate products measured 3% faster
-                // on ResNet-50's 128-channel 3x3 convolutions.)
-                (
-                    Some(MatrixUnit::Dot),
-                    [Stmt::Mma {
-                        m,
-                        n,
-                        k,
-                        c,
-                        a,
-                        b,
-                        acc: true,
-                    }],
-                ) if *kind == LoopKind::Serial
-                    && *k <= 64
-                    && self.width.is_none()
-                    && !c.at.iter().any(|e| e.uses(*var)) =>
-                {
-                    self.mma_dot_over(*m, *n, *k, (c, a, b), true, Some((*var, *extent)))
-                }
-                _ => self.for_loop(*var, *extent, *kind, body),
-            },
+            } => self.for_loop(*var, *extent, *kind, body),
             Stmt::Store { buf, index, value } => self.store(*buf, index, value),
             Stmt::If { cond, then } => {
                 let c = self.eval(cond)?;
@@ -488,11 +464,17 @@ impl<'a, 'c> Gen<'a, 'c> {
                 self.block(body)
             }
             _ => {
-                // A loop around a vector loop that gathers: as many of its steps as the vector has
-                // lanes at a time, the gathered operand read as rows and transposed (`transpose.rs`).
-                let done = match (kind, self.gpu) {
-                    (LoopKind::Serial, false) => self.transposed_steps(var, extent, body)?,
-                    _ => 0,
+                // Serial loops of two forms have code of their own: a sum of short `mma` products
+                // into one block runs whole (`bf16_dot.rs`), and a loop around a vector loop that
+                // gathers runs as many of its steps as the vector has lanes at a time, the gathered
+                // operand read as rows and transposed (`transpose.rs`); the rest is counted.
+                let serial = kind == LoopKind::Serial && !self.gpu;
+                if serial && self.summed_mmas(var, extent, body)? {
+                    return Ok(());
+                }
+                let done = match serial {
+                    true => self.transposed_steps(var, extent, body)?,
+                    false => 0,
                 };
                 let (begin, end) = (self.i64(done as i64), self.i64(extent as i64));
                 self.counted(&name, begin, end, 1, &mut |g, i| {
