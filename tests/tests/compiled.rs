@@ -583,9 +583,10 @@ fn one_dimensional_convolutions_compile() {
     assert!(err < 1e-5, "error {err:e}");
 }
 
-/// Every kernel IR operator on every element type it takes, in a serial and a vector loop: the compiled
-/// code computes what the kernel IR interpreter does, on values that reach the edges (NaN, infinities,
-/// division by zero and by -1 at the type's minimum, shifts by the width or more, negative operands).
+/// Every kernel IR operator on every element type it takes, in a serial loop and 8- and 16-lane vector
+/// loops: the compiled code computes what the kernel IR interpreter does, on values that reach the edges
+/// (NaN on either side, infinities, division by zero and by -1 at the type's minimum, shifts by the width
+/// or more, negative operands).
 #[test]
 fn kir_operators_compile_as_they_interpret() {
     use mlopt_kir::{BinOp, Elem, Expr, Io, Kernel, LoopKind, Place, Program, Space, Stmt, UnOp};
@@ -747,7 +748,7 @@ fn kir_operators_compile_as_they_interpret() {
             ..Default::default()
         };
         for (name, f) in &exprs {
-            for kind in [LoopKind::Serial, LoopKind::Vector(8)] {
+            for kind in [LoopKind::Serial, LoopKind::Vector(8), LoopKind::Vector(16)] {
                 let mut k = Kernel::new(format!("k{}", p.kernels.len()));
                 let e = f(Expr::Int(0), Expr::Int(0));
                 let out_t = if matches!(e, Expr::Binary(o, ..) if o.is_compare()) {

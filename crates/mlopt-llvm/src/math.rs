@@ -1,8 +1,9 @@
 //! Arithmetic, comparisons, math functions and casts on scalars or vectors of any element type.
-//! Float min/max propagate NaN (`llvm.minimum`/`llvm.maximum`), as the interpreters do; integer division
-//! by zero yields 0 instead of trapping. Transcendental functions are straight-line code in registers
-//! (`transcendental.rs`) where written there, else LLVM intrinsics or libm calls (one per lane) on the
-//! CPU; on the GPU `ptx.rs` supplies approximate instructions or reports the function as unsupported.
+//! Float min/max propagate NaN, as the interpreters do (`nan_min_max` on AVX-512 vectors, else
+//! `llvm.minimum`/`llvm.maximum`); integer division by zero yields 0 instead of trapping.
+//! Transcendental functions are straight-line code in registers (`transcendental.rs`) where written
+//! there, else LLVM intrinsics or libm calls (one per lane) on the CPU; on the GPU `ptx.rs` supplies
+//! approximate instructions or reports the function as unsupported.
 
 use crate::codegen::{const_like, float_cmp, int_cmp, ty, Gen, Ret};
 use crate::error::LlvmError;
@@ -10,6 +11,14 @@ use inkwell::types::BasicType;
 use inkwell::values::{BasicValueEnum, InstructionOpcode as Op};
 use inkwell::{FloatPredicate as F, IntPredicate as I};
 use mlopt_kir::{BinOp, Elem, UnOp};
+
+/// The lanes of a vector, 1 for a scalar.
+fn lanes(x: BasicValueEnum<'_>) -> u32 {
+    match x {
+        BasicValueEnum::VectorValue(v) => v.get_type().get_size(),
+        _ => 1,
+    }
+}
 
 fn unsigned(t: Elem) -> bool {
     matches!(t, Elem::U8 | Elem::Bool)
@@ -167,6 +176,11 @@ pub fn binary<'c>(
             BinOp::Mul => b.build_binop(Op::FMul, x, y, "mul")?,
             BinOp::Div => b.build_binop(Op::FDiv, x, y, "div")?,
             BinOp::Rem => b.build_binop(Op::FRem, x, y, "rem")?,
+            BinOp::Min | BinOp::Max
+                if g.avx512 && t == Elem::F32 && (2..=16).contains(&lanes(x)) =>
+            {
+                return nan_min_max(g, o, x, y)
+            }
             BinOp::Min => return g.intrinsic("llvm.minimum", &[x, y]),
             BinOp::Max => return g.intrinsic("llvm.maximum", &[x, y]),
             BinOp::Pow if matches!(t, Elem::F32 | Elem::F64) => {
@@ -242,6 +256,30 @@ pub fn binary<'c>(
         }
         BinOp::Pow => return Err(LlvmError::Codegen(format!("pow of {t}"))),
     })
+}
+
+/// NaN-propagating `min`/`max` of f32 vectors on AVX-512 in the form of x86's `maxps`/`minps`: `maxps y, x`
+/// is `y > x ? y : x`, which is `x` when either is NaN, and a NaN `y` is put back by a select on its
+/// own test. In an `acc = max(acc, v)` reduction `y` is the new value, so its test is off the chain
+/// through `acc`: two dependent instructions a step where `llvm.maximum` (which also orders -0 below
+/// +0, an order neither interpreter keeps) takes five, two of them on mask registers, and ReLU's
+/// `max(x, 0)` is one `maxps`. Through the intrinsic, as LLVM would merge the two selects of the same
+/// form back into mask arithmetic.
+fn nan_min_max<'c>(
+    g: &mut Gen<'_, 'c>,
+    o: BinOp,
+    x: BasicValueEnum<'c>,
+    y: BasicValueEnum<'c>,
+) -> Ret<BasicValueEnum<'c>> {
+    let name = match o {
+        BinOp::Max => "llvm.x86.avx512.max.ps.512",
+        _ => "llvm.x86.avx512.min.ps.512",
+    };
+    // 4: the current rounding (no exception suppression).
+    let current = g.ctx.i32_type().const_int(4, false);
+    let m = g.avx512_ps(name, &[y, x], &[current.into()])?;
+    let nan = float_cmp(&g.builder, F::UNO, y, y)?;
+    select(g, nan, y, m)
 }
 
 pub(crate) fn select<'c>(

@@ -83,7 +83,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         let mut h = Gen::new(c, m, g.kernel, f);
         h.matrix = g.matrix;
         h.bf16_convert = g.bf16_convert;
-        h.scalef = g.scalef;
+        h.avx512 = g.avx512;
         let entry = c.append_basic_block(f, "entry");
         h.builder.position_at_end(entry);
         let p = f
