@@ -272,26 +272,7 @@ impl<'a, 'c> Gen<'a, 'c> {
                 body,
             } => self.for_loop(*var, *extent, *kind, body),
             Stmt::Store { buf, index, value } => self.store(*buf, index, value),
-            Stmt::If { cond, then } => {
-                let c = self.eval(cond)?;
-                if c.is_vector_value() {
-                    return Err(err(format!(
-                        "@{}: a guard that differs between lanes in a vector loop",
-                        self.kernel.name
-                    )));
-                }
-                let (yes, done) = (
-                    self.ctx.append_basic_block(self.func, "then"),
-                    self.ctx.append_basic_block(self.func, "endif"),
-                );
-                self.builder
-                    .build_conditional_branch(c.into_int_value(), yes, done)?;
-                self.builder.position_at_end(yes);
-                self.block(then)?;
-                self.builder.build_unconditional_branch(done)?;
-                self.builder.position_at_end(done);
-                Ok(())
-            }
+            Stmt::If { cond, then } => self.guarded(cond, &mut |g| g.block(then)),
             Stmt::Barrier if self.gpu => {
                 let f = crate::ptx::nvvm(
                     self,
@@ -380,6 +361,32 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     /// A counted loop `for v in (0..extent).step_by(step)`; `body` gets the counter.
+    /// Code emitted by `then` that runs only where `cond` (the same for every lane) holds.
+    pub(crate) fn guarded(
+        &mut self,
+        cond: &Expr,
+        then: &mut dyn FnMut(&mut Self) -> Ret<()>,
+    ) -> Ret<()> {
+        let c = self.eval(cond)?;
+        if c.is_vector_value() {
+            return Err(err(format!(
+                "@{}: a guard that differs between lanes in a vector loop",
+                self.kernel.name
+            )));
+        }
+        let (yes, done) = (
+            self.ctx.append_basic_block(self.func, "then"),
+            self.ctx.append_basic_block(self.func, "endif"),
+        );
+        self.builder
+            .build_conditional_branch(c.into_int_value(), yes, done)?;
+        self.builder.position_at_end(yes);
+        then(self)?;
+        self.builder.build_unconditional_branch(done)?;
+        self.builder.position_at_end(done);
+        Ok(())
+    }
+
     pub(crate) fn counted(
         &mut self,
         name: &str,

@@ -18,37 +18,146 @@ use inkwell::values::VectorValue;
 use mlopt_kir::analysis::coefficient;
 use mlopt_kir::{BufId, Expr, LoopKind, Stmt, Var};
 
+/// One vector loop of the serial loop's body in this module's form: its lanes (`lane`, `lanes` of them
+/// in vectors of `w`), its one store (`inner`, into `dst`) and the operand it gathers (`src` at `index`, `st`
+/// elements apart from one step of the serial loop to the next).
+struct Gathering<'s> {
+    /// The test the loop runs under, the same for every step.
+    guard: Option<&'s Expr>,
+    lane: Var,
+    lanes: u64,
+    w: u32,
+    inner: &'s [Stmt],
+    dst: BufId,
+    src: BufId,
+    index: Vec<Expr>,
+    st: u32,
+}
+
 impl<'c> Gen<'_, 'c> {
     /// Emits the first steps of serial loop `q` (extent `extent`, `body`) as blocks of transposed rows
     /// where the loop has this module's form, and returns how many steps it emitted (a multiple of the
-    /// lanes; 0 where the loop is not of the form): the caller runs the rest.
+    /// block's steps; 0 where the loop is not of the form): the caller runs the rest. The body may be
+    /// several vector loops (a row of 28 is a vector of 16 and one of 12): each runs its block of
+    /// steps in turn, its rows padded to the block's power of two for the transpose.
     pub(crate) fn transposed_steps(&mut self, q: Var, extent: u64, body: &[Stmt]) -> Ret<u64> {
-        let [Stmt::For {
+        let mut loops = Vec::new();
+        for stmt in body {
+            // A guard the loop's steps share (an edge block's epilogue) stays around its loops.
+            let (guard, inner) = match stmt {
+                Stmt::If { cond, then } if !cond.uses(q) => (Some(cond), &then[..]),
+                s => (None, std::slice::from_ref(s)),
+            };
+            for s in inner {
+                match self.gathering(q, s) {
+                    Some(l) => loops.push(Gathering { guard, ..l }),
+                    None => return Ok(0),
+                }
+            }
+        }
+        // Rows are read for all of a block's steps before any of them stores: not where the loops
+        // write what they read.
+        if loops.is_empty() || loops.iter().any(|l| loops.iter().any(|m| m.dst == l.src)) {
+            return Ok(0);
+        }
+        let t = loops
+            .iter()
+            .map(|l| l.w)
+            .max()
+            .unwrap_or(1)
+            .next_power_of_two();
+        let steps = u64::from(t);
+        if extent < steps {
+            return Ok(0);
+        }
+        let blocks = extent / steps;
+        let name = self.kernel.var_name(q).replace('.', "_");
+        let (zero, end) = (self.i64(0), self.i64(blocks as i64));
+        self.counted(&format!("{name}_t"), zero, end, 1, &mut |g, qb| {
+            let q0 = g.builder.build_int_mul(qb, g.i64(i64::from(t)), "q0")?;
+            for l in &loops {
+                let elem = g.kernel.buffer(l.src).elem;
+                let flat = g.flat(l.src, &l.index);
+                let (c_zero, c_end) = (g.i64(0), g.i64(l.lanes as i64));
+                let mut lanes = |g: &mut Self| {
+                    g.counted(
+                        &format!("{name}_c"),
+                        c_zero,
+                        c_end,
+                        u64::from(l.w),
+                        &mut |g, c0| {
+                            // Each lane's row along q (padded to t rows), then the block transposed:
+                            // column i is step q0 + i.
+                            let mut rows = Vec::with_capacity(t as usize);
+                            for j in 0..l.w {
+                                let c = g.builder.build_int_add(c0, g.i64(i64::from(j)), "c")?;
+                                g.vars.insert(q, VarVal::Scalar(q0));
+                                g.vars.insert(l.lane, VarVal::Scalar(c));
+                                let i = g.eval(&flat)?.into_int_value();
+                                let p = g.elem_ptr(l.src, i)?;
+                                rows.push(g.strided_row(p, elem, t, l.st)?);
+                            }
+                            let pad = rows[0].get_type().get_poison();
+                            rows.resize(t as usize, pad);
+                            let columns = g.transpose(rows)?;
+                            g.width = Some(l.w);
+                            for (i, column) in columns.into_iter().enumerate() {
+                                let at = g.builder.build_int_add(q0, g.i64(i as i64), "q")?;
+                                g.vars.insert(q, VarVal::Scalar(at));
+                                g.vars.insert(l.lane, VarVal::Lanes(c0));
+                                let column = match l.w < t {
+                                    true => g.shuffle((column, column), 0..l.w, "lanes")?,
+                                    false => column,
+                                };
+                                let v = g.unshuffled(column, elem, l.w)?;
+                                g.forced = Some((l.src, l.index.clone(), v));
+                                let r = g.block(l.inner);
+                                g.forced = None;
+                                r?;
+                            }
+                            g.width = None;
+                            g.vars.remove(&l.lane);
+                            Ok(())
+                        },
+                    )
+                };
+                match l.guard {
+                    Some(cond) => g.guarded(cond, &mut lanes)?,
+                    None => lanes(g)?,
+                }
+            }
+            Ok(())
+        })?;
+        self.vars.remove(&q);
+        Ok(blocks * steps)
+    }
+
+    /// `stmt` as a vector loop of this module's form inside serial loop `q`: one store whose one
+    /// gathered operand has lanes more than 4 elements apart (nearer ones load as strided rows
+    /// already) and steps of q 1 to 4 apart.
+    fn gathering<'s>(&mut self, q: Var, stmt: &'s Stmt) -> Option<Gathering<'s>> {
+        let Stmt::For {
             var: lane,
-            extent: lanes_extent,
+            extent: lanes,
             kind: LoopKind::Vector(w),
             body: inner,
-        }] = body
+        } = stmt
         else {
-            return Ok(0);
+            return None;
         };
         let [Stmt::Store {
             buf: dst, value, ..
         }] = &inner[..]
         else {
-            return Ok(0);
+            return None;
         };
-        let (lane, w) = (*lane, *w);
-        let wide = u64::from(w);
-        if !w.is_power_of_two() || w < 4 || lanes_extent % wide != 0 || extent < wide {
-            return Ok(0);
+        if *w < 4 || *w > 16 || lanes % u64::from(*w) != 0 {
+            return None;
         }
-        // The gathered operand: lanes more than 4 elements apart (nearer ones load as strided rows
-        // already), steps of q 1 to 4 apart.
         let mut gathered: Vec<(BufId, Vec<Expr>, i64)> = Vec::new();
         mlopt_kir::analysis::for_each_load(value, &mut |b, ix| {
             let flat = self.flat(b, ix);
-            if let (Some(cl), Some(st @ 1..=4)) = (coefficient(&flat, lane), coefficient(&flat, q))
+            if let (Some(cl), Some(st @ 1..=4)) = (coefficient(&flat, *lane), coefficient(&flat, q))
             {
                 if cl.abs() > 4 && !gathered.iter().any(|(g, gx, _)| *g == b && gx[..] == *ix) {
                     gathered.push((b, ix.to_vec(), st));
@@ -56,52 +165,19 @@ impl<'c> Gen<'_, 'c> {
             }
         });
         let [(src, index, st)] = &gathered[..] else {
-            return Ok(0);
+            return None;
         };
-        // Rows are read for all of a block's steps before any of them stores: not where the loop
-        // writes what it reads.
-        if src == dst {
-            return Ok(0);
-        }
-        let (src, st) = (*src, *st as u32);
-        let elem = self.kernel.buffer(src).elem;
-        let flat = self.flat(src, index);
-        let blocks = extent / wide;
-        let name = self.kernel.var_name(q).replace('.', "_");
-        let (zero, end) = (self.i64(0), self.i64(blocks as i64));
-        self.counted(&format!("{name}_t"), zero, end, 1, &mut |g, qb| {
-            let q0 = g.builder.build_int_mul(qb, g.i64(i64::from(w)), "q0")?;
-            let (c_zero, c_end) = (g.i64(0), g.i64(*lanes_extent as i64));
-            g.counted(&format!("{name}_c"), c_zero, c_end, wide, &mut |g, c0| {
-                // Each lane's row along q, then the block transposed: column i is step q0 + i.
-                let mut rows = Vec::with_capacity(w as usize);
-                for j in 0..w {
-                    let c = g.builder.build_int_add(c0, g.i64(i64::from(j)), "c")?;
-                    g.vars.insert(q, VarVal::Scalar(q0));
-                    g.vars.insert(lane, VarVal::Scalar(c));
-                    let i = g.eval(&flat)?.into_int_value();
-                    let p = g.elem_ptr(src, i)?;
-                    rows.push(g.strided_row(p, elem, w, st)?);
-                }
-                let columns = g.transpose(rows)?;
-                g.width = Some(w);
-                for (i, column) in columns.into_iter().enumerate() {
-                    let at = g.builder.build_int_add(q0, g.i64(i as i64), "q")?;
-                    g.vars.insert(q, VarVal::Scalar(at));
-                    g.vars.insert(lane, VarVal::Lanes(c0));
-                    let v = g.unshuffled(column, elem, w)?;
-                    g.forced = Some((src, index.clone(), v));
-                    let r = g.block(inner);
-                    g.forced = None;
-                    r?;
-                }
-                g.width = None;
-                g.vars.remove(&lane);
-                Ok(())
-            })
-        })?;
-        self.vars.remove(&q);
-        Ok(blocks * wide)
+        Some(Gathering {
+            guard: None,
+            lane: *lane,
+            lanes: *lanes,
+            w: *w,
+            inner,
+            dst: *dst,
+            src: *src,
+            index: index.clone(),
+            st: *st as u32,
+        })
     }
 
     /// The transpose of the square block whose rows are `rows` (n vectors of n lanes, n a power of two):
