@@ -305,14 +305,14 @@ fn layers(n: usize) -> Vec<Layer> {
 /// resizing (its source positions read through a table).
 const KNOWN_GATHERS: [&str; 2] = ["conv transpose", "nearest 2x"];
 /// In bf16 also every kernel of a convolution with a window on `mma` blocks (`cpu/mma_conv.rs`, its
-/// channels-innermost copy `xpc`): the activations are A, copied by gathering channels (priced as such
-/// by `bf16_block_pays`). Turning them around as the pointwise convolutions are (the weight as A, channel
-/// pairs of the input rows as B) would stream that copy.
+/// copy `xpc`, a local or, when large, a heap temporary): the activations are A, copied by gathering
+/// channels (priced as such by `bf16_block_pays`), and the epilogue reads C's blocks down their columns
+/// (code generation transposes them, `mlopt-llvm/src/transpose.rs`, which the kernel IR's count does
+/// not see: a 3-channel stem's folded copy reads rows, its epilogue is all that is left). Turning them
+/// around as the pointwise convolutions are (the weight as A, channel pairs of the input rows as B)
+/// would stream the copy and the epilogue.
 fn gathers_channels(k: &mlopt_kir::Kernel) -> bool {
-    mlopt_kir::analysis::has_mma(&k.body)
-        && k.bufs
-            .iter()
-            .any(|b| b.space == mlopt_kir::Space::Local && b.name.starts_with("xpc"))
+    mlopt_kir::analysis::has_mma(&k.body) && k.bufs.iter().any(|b| b.name.starts_with("xpc"))
 }
 
 #[test]

@@ -226,32 +226,40 @@ pub enum BlockCopy {
     Gathered(u64),
 }
 
-/// Whether one bf16 contraction of `m` x `n` x `k` multiply-adds runs faster as `mma` blocks than as
-/// fp32 register tiles on `t` ([`bf16_blocks_pay`] first): the blocks run at the bf16 peak, slowed by
-/// reading and writing their f32 accumulators once per block product of depth `depth` (a convolution
-/// tap's channels: about 4 / depth of the products), and pay for copying the activations into the
-/// blocks' layout (`copy`); the tiles run at the fp32 peak. A gathered copy costs as much as many
-/// multiply-adds, so narrow contractions whose copy gathers and shallow ones (a 3-channel stem: depth
-/// 4) stay in fp32 tiles; a 1x1 convolution's activations stream into the blocks (two channel rows
-/// interleaved), so those of 16 channels or more pay.
+/// Whether one bf16 contraction of `m` x `n` x `k` multiply-adds runs faster as `mma` blocks
+/// ([`bf16_block_s`]) than as fp32 register tiles on `t`, which run at the fp32 peak. A gathered copy
+/// costs as much as many multiply-adds, so narrow contractions whose copy gathers and shallow ones (a
+/// 3-channel stem's taps one by one: depth 4) stay in fp32 tiles; a 1x1 convolution's activations
+/// stream into the blocks (two channel rows interleaved), so those of 16 channels or more pay.
 pub fn bf16_block_pays(
+    t: &mlopt_target::CpuTarget,
+    shape: (u64, u64, u64),
+    depth: u64,
+    copy: BlockCopy,
+) -> bool {
+    let (m, n, k) = shape;
+    bf16_block_s(t, shape, depth, copy).is_some_and(|s| s < 2.0 * (m * n * k) as f64 / t.roof.fp32)
+}
+
+/// Seconds one bf16 contraction of `m` x `n` x `k` multiply-adds takes as `mma` blocks on `t` (None
+/// where [`bf16_blocks_pay`] says blocks never do): the bf16 peak, slowed by reading and writing the
+/// f32 accumulators once per block product of depth `depth` (a convolution tap's channels: about
+/// 4 / depth of the products), plus copying the activations into the blocks' layout (`copy`), split
+/// over the threads.
+pub fn bf16_block_s(
     t: &mlopt_target::CpuTarget,
     (m, n, k): (u64, u64, u64),
     depth: u64,
     copy: BlockCopy,
-) -> bool {
-    let Some(bf16) = t.bf16.filter(|_| bf16_blocks_pay(t)) else {
-        return false;
-    };
+) -> Option<f64> {
+    let bf16 = t.bf16.filter(|_| bf16_blocks_pay(t))?;
     let copy_s = match copy {
         BlockCopy::None => 0.0,
         BlockCopy::Streamed(e) => e as f64 * STREAM_COPY_S,
         BlockCopy::Gathered(e) => e as f64 * GATHER_COPY_S,
     };
     let flops = 2.0 * (m * n * k) as f64;
-    let blocks =
-        flops / bf16 * (1.0 + 4.0 / depth.max(1) as f64) + copy_s / f64::from(t.threads.max(1));
-    blocks < flops / t.roof.fp32
+    Some(flops / bf16 * (1.0 + 4.0 / depth.max(1) as f64) + copy_s / f64::from(t.threads.max(1)))
 }
 
 #[cfg(test)]

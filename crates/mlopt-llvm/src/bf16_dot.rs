@@ -81,7 +81,9 @@ impl<'c> Gen<'_, 'c> {
     /// block the loop does not move (a convolution's taps after the first, a k of at most 64) on
     /// `vdpbf16ps`, as one sum with C in registers (`mma_dot_over`); false, emitting nothing, otherwise.
     /// (With longer products, C's reload per step is a few percent of each, and separate products
-    /// measured 3% faster on ResNet-50's 128-channel 3x3 convolutions.)
+    /// measured 3% faster on ResNet-50's 128-channel 3x3 convolutions. With an odd number of k-pairs,
+    /// LLVM's unrolled k loop and its remainder left the accumulators copied between registers and
+    /// spilled at every step: a 3-channel stem's folded rows of taps, 11 pairs, ran 1.5x slower summed.)
     pub(crate) fn summed_mmas(
         &mut self,
         var: mlopt_kir::Var,
@@ -102,6 +104,7 @@ impl<'c> Gen<'_, 'c> {
         };
         if self.matrix != Some(mlopt_target::MatrixUnit::Dot)
             || *k > 64
+            || (*k / 2) % 2 == 1
             || self.width.is_some()
             || c.at.iter().any(|e| e.uses(var))
         {

@@ -93,35 +93,53 @@ pub(crate) fn blocks(
     } else {
         16
     };
-    let (cp, mb) = match target.matrix() {
-        Some(mlopt_target::MatrixUnit::Amx) => (round_up(cin, 32), if ow >= 32 { 32 } else { 16 }),
-        Some(mlopt_target::MatrixUnit::Dot) => (round_up(cin, 2), ow.div_ceil(ow.div_ceil(32))),
+    let (kstep, mb) = match target.matrix() {
+        Some(mlopt_target::MatrixUnit::Amx) => (32, if ow >= 32 { 32 } else { 16 }),
+        Some(mlopt_target::MatrixUnit::Dot) => (2, ow.div_ceil(ow.div_ceil(32))),
         None => return Ok(None),
     };
     let (mp, owp) = (round_up(m, nb), round_up(ow, mb));
-    if input.uses(mv) || 3 * cp > 4 * cin || 2 * owp > 3 * ow || 2 * mp > 3 * m {
+    if input.uses(mv) || 2 * owp > 3 * ow || 2 * mp > 3 * m {
         return Ok(None);
     }
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
     // The copy's rows: one per output row where the window is one row (the rows its stride lands
-    // on), else every row the windows reach; its phases: only the first where the window is one
-    // column (its one tap reads phase 0).
+    // on), else every row the windows reach.
     let (ah_stride, ah_dil, ah_pad, ah_len) =
         ah.map_or((1, 1, 0, 1), |a| (a.stride, a.dilation, a.pad, a.len));
     let hp = match ah {
         Some(a) if kh_n > 1 => a.span as u64,
         _ => oh_n,
     };
-    let phases = if kw_n == 1 { 1 } else { s };
-    let wq = owp + (kw_n - 1) * d / s;
     let outer = w.outer_loops(c);
     let images: u64 = outer.iter().map(|(_, e)| *e).product();
     let shape = (images * oh_n * ow, m, cin * taps);
-    // The copy reads the input's channels one plane apart: a gather.
-    let copy = mlopt_cost::tile::BlockCopy::Gathered(images * phases * hp * wq * cp);
-    if !mlopt_cost::tile::bf16_block_pays(target, shape, cp, copy) {
+    // The copy's layout, plain or folded, whichever the cost model prices lower (and never with
+    // over a third of K padding).
+    let plain = Copy::plain(cin, kw_n, s, d, owp, kstep, images * hp);
+    let folded = Copy::folded(cin, kw_n, owp, kstep, images * hp);
+    let cost = |x: &Copy| {
+        (3 * x.kp <= 4 * x.k)
+            .then(|| mlopt_cost::tile::bf16_block_s(target, shape, x.kp, x.gathered()))
+            .flatten()
+    };
+    // (Folded rows of 3 columns copy element by element, too short to vectorise: SqueezeNet's 3x3
+    // stem ran 1.3x slower folded than in f32 tiles.)
+    let fold = kw_n >= 4
+        && match (cost(&plain), cost(&folded)) {
+            (Some(a), Some(b)) => b < a,
+            (None, b) => b.is_some(),
+            _ => false,
+        };
+    let lay = if fold { folded } else { plain };
+    if cost(&lay).is_none()
+        || !mlopt_cost::tile::bf16_block_pays(target, shape, lay.kp, lay.gathered())
+    {
         return Ok(None);
     }
+    let (cp, phases, wq, kw_e) = (lay.kp, lay.phases, lay.wq, lay.kw);
+    // The block products: one per tap, or one per row of taps where the columns are folded into K.
+    let products = taps / (kw_n / kw_e);
     // Rows of the copy 512 bytes apart would put a block's 16 rows in few L1 sets.
     let stride = if (cp * 2).is_multiple_of(512) {
         cp + 32
@@ -131,13 +149,24 @@ pub(crate) fn blocks(
     let packed = Weight {
         name: format!("{}.taps{nb}", weight.name),
         elem: Elem::BF16,
-        dims: vec![taps, mp / nb, cp / 2, 2 * nb],
-        // Per tap, a B of [C, M]: element (ch, j) is W[j, ch, tap].
+        dims: vec![products, mp / nb, cp / 2, 2 * nb],
+        // Per product, a B of [K, M]: element (kc, j) is W[j, ch, tap] for K's channel ch and tap:
+        // kc itself and the product's tap, or, folded, channel kc / KW and column kc % KW of the
+        // product's row of taps.
         data: Arc::new(
-            (0..taps)
+            (0..products)
                 .flat_map(|t| {
-                    let at = |ch: u64, j: u64| {
-                        bf16_at(&weight.data, (j * cin + ch) * taps + t, j < m && ch < cin)
+                    let at = |kc: u64, j: u64| {
+                        let (ch, tap) = if fold {
+                            (kc / kw_n, t * kw_n + kc % kw_n)
+                        } else {
+                            (kc, t)
+                        };
+                        bf16_at(
+                            &weight.data,
+                            (j * cin + ch) * taps + tap,
+                            j < m && kc < lay.k,
+                        )
                     };
                     pack(&at, cp, mp, nb)
                 })
@@ -188,37 +217,110 @@ pub(crate) fn blocks(
         // passes partition into the padding and the interior (whose copy transposes rows of
         // positions into channels, `mlopt-llvm/src/transpose.rs`).
         let mut fill = Vec::new();
-        for phase in 0..phases {
+        let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
+        let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
+        // Whether a row of the copy can lie outside the input (its padding, or rows past the end).
+        let last_row = (hp - 1) * if kh_n == 1 { ah_stride as u64 } else { 1 };
+        let rows_test = ah_pad > 0 || last_row as i64 - ah_pad >= ah_len;
+        // Position (h, q) at column `col` of the window in the input: whether it is inside (`first`
+        // and the bounds, none where nothing can be outside; the row's only where `cols` is false,
+        // the column known inside) and the input there.
+        let at = |h: &Expr, q: &Expr, col: Expr, first: Option<Expr>, cols: bool| {
+            let row = if kh_n == 1 {
+                Expr::mul(h.clone(), Expr::int(ah_stride))
+            } else {
+                h.clone()
+            };
+            let hi = Expr::sub(row, Expr::int(ah_pad));
+            let wi = Expr::sub(
+                Expr::add(Expr::mul(q.clone(), Expr::int(s as i64)), col),
+                Expr::int(aw.pad),
+            );
+            let and = |a: Expr, b: Expr| Expr::bin(BinOp::And, a, b);
+            let mut tests = vec![le0(&hi), lt(&hi, ah_len)];
+            if !rows_test {
+                tests.clear();
+            }
+            if cols {
+                tests.extend([le0(&wi), lt(&wi, aw.len)]);
+            }
+            let inside = match first {
+                Some(f) => Some(tests.into_iter().fold(f, and)),
+                None => tests.into_iter().reduce(and),
+            };
+            let wi = if cols { clamp(wi, aw.len) } else { wi };
+            let hi = if rows_test { clamp(hi, ah_len) } else { hi };
+            let pos = match ah {
+                Some(_) => vec![hi, wi],
+                None => vec![wi],
+            };
+            (inside, w.input_at(&input, &pos).subst_all(&images))
+        };
+        // The input where inside, else the padding.
+        let guarded = |inside: Option<Expr>, x: Expr| match inside {
+            Some(t) => Expr::select(t, x, lit(w.fill, Elem::BF16)),
+            None => x,
+        };
+        if fold {
+            // xp[0, h, q, ch * KW + kw] = x at (h - pad_h, q*s + kw*d - pad_w), channel ch: along
+            // kw, a run of the input row; K's padding zero. One nest for the positions whose every
+            // column is inside the row (no test, so the runs load whole) and one for each edge.
+            let span = (kw_n - 1) * d;
+            let first = (aw.pad as u64).div_ceil(s).min(wq);
+            let end = ((aw.len as u64 + aw.pad as u64).saturating_sub(span))
+                .div_ceil(s)
+                .clamp(first, wq);
+            for (from, to) in [(0, first), (first, end), (end, wq)] {
+                if from == to {
+                    continue;
+                }
+                let interior = from == first && to == end;
+                fill.extend(tiler::nest(
+                    l,
+                    "x",
+                    &[hp, to - from, cin, kw_n],
+                    |_, ix| {
+                        let (h, ch, kw) = (&ix[0], &ix[2], &ix[3]);
+                        let q = &Expr::add(ix[1].clone(), Expr::int(from as i64));
+                        let col = Expr::mul(kw.clone(), Expr::int(d as i64));
+                        let (inside, x) = at(h, q, col, None, !interior);
+                        let x = x.subst(ci, ch);
+                        let kc =
+                            Expr::add(Expr::mul(ch.clone(), Expr::int(kw_n as i64)), kw.clone());
+                        Ok(vec![Stmt::Store {
+                            buf: xp,
+                            index: vec![Expr::int(0), h.clone(), q.clone(), kc],
+                            value: guarded(inside, x),
+                        }])
+                    },
+                )?);
+            }
+            if cp > lay.k {
+                fill.extend(tiler::nest(l, "x", &[hp, wq, cp - lay.k], |_, ix| {
+                    let kc = Expr::add(ix[2].clone(), Expr::int(lay.k as i64));
+                    Ok(vec![Stmt::Store {
+                        buf: xp,
+                        index: vec![Expr::int(0), ix[0].clone(), ix[1].clone(), kc],
+                        value: lit(0.0, Elem::BF16),
+                    }])
+                })?);
+            }
+        }
+        // Plain: xp[ph, h, q, ch] = x at (h - pad_h, q*s + ph - pad_w), channel ch (at h * stride_h
+        // - pad_h where each of its rows is an output row's).
+        // One nest per phase, so the guards on a position are tests on the loops alone, which the loop
+        // passes partition into the padding and the interior (whose copy transposes rows of
+        // positions into channels, `mlopt-llvm/src/transpose.rs`).
+        for phase in (0..phases).filter(|_| !fold) {
             fill.extend(tiler::nest(l, "x", &[hp, wq, cp], |_, ix| {
                 let ph = &Expr::int(phase as i64);
                 let (h, q, ch) = (&ix[0], &ix[1], &ix[2]);
-                let row = if kh_n == 1 {
-                    Expr::mul(h.clone(), Expr::int(ah_stride))
-                } else {
-                    h.clone()
-                };
-                let hi = Expr::sub(row, Expr::int(ah_pad));
-                let wi = Expr::sub(
-                    Expr::add(Expr::mul(q.clone(), Expr::int(s as i64)), ph.clone()),
-                    Expr::int(aw.pad),
-                );
-                let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
-                let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
-                let inside = [le0(&hi), lt(&hi, ah_len), le0(&wi), lt(&wi, aw.len)]
-                    .into_iter()
-                    .fold(lt(ch, cin as i64), |a, b| Expr::bin(BinOp::And, a, b));
-                let pos = match ah {
-                    Some(_) => vec![clamp(hi, ah_len), clamp(wi, aw.len)],
-                    None => vec![clamp(wi, aw.len)],
-                };
-                let x = w
-                    .input_at(&input, &pos)
-                    .subst_all(&images)
-                    .subst(ci, &clamp(ch.clone(), cin as i64));
+                let (inside, x) = at(h, q, ph.clone(), Some(lt(ch, cin as i64)), true);
+                let x = x.subst(ci, &clamp(ch.clone(), cin as i64));
                 Ok(vec![Stmt::Store {
                     buf: xp,
                     index: [vec![ph.clone()], ix.to_vec()].concat(),
-                    value: Expr::select(inside, x, lit(w.fill, Elem::BF16)),
+                    value: guarded(inside, x),
                 }])
             })?);
         }
@@ -227,8 +329,8 @@ pub(crate) fn blocks(
         // One tap's block product (`t` the tap's number).
         let mma = |t: Expr, acc: bool| {
             let (kh, kw) = (
-                Expr::div(t.clone(), Expr::int(kw_n as i64)),
-                Expr::rem(t.clone(), Expr::int(kw_n as i64)),
+                Expr::div(t.clone(), Expr::int(kw_e as i64)),
+                Expr::rem(t.clone(), Expr::int(kw_e as i64)),
             );
             let kwd = Expr::mul(kw, Expr::int(d as i64));
             Stmt::Mma {
@@ -296,11 +398,11 @@ pub(crate) fn blocks(
             tail,
         );
         let mut block = vec![mma(Expr::int(0), false)];
-        if taps > 1 {
+        if products > 1 {
             let t = Expr::add(Expr::var(tv), Expr::int(1));
             block.push(Stmt::for_(
                 tv,
-                taps - 1,
+                products - 1,
                 LoopKind::Serial,
                 vec![mma(t, true)],
             ));
@@ -320,4 +422,51 @@ pub(crate) fn blocks(
         Ok([fill, vec![nest]].concat())
     })?;
     Ok(Some(stmts))
+}
+
+/// The layout of a convolution's activations copied for its blocks: K (a block product's depth, `k`
+/// channels padded to `kp`), the row's phases and positions per phase (`wq`), and the window columns
+/// a block product still steps through (`kw`: all of them, or 1 where they are folded into K).
+struct Copy {
+    k: u64,
+    kp: u64,
+    phases: u64,
+    wq: u64,
+    kw: u64,
+    /// The copy's rows: the images' rows it holds.
+    rows: u64,
+}
+
+impl Copy {
+    /// Channels innermost (K = C per tap) in `s` phases of the row where the window has columns.
+    fn plain(c: u64, kw: u64, s: u64, d: u64, owp: u64, kstep: u64, rows: u64) -> Copy {
+        Copy {
+            k: c,
+            kp: round_up(c, kstep),
+            phases: if kw == 1 { 1 } else { s },
+            wq: owp + (kw - 1) * d / s,
+            kw,
+            rows,
+        }
+    }
+
+    /// A row of taps folded into K (K = C x KW, channel-major: along K, each channel's run of its
+    /// input row), one phase of the output row's positions: what a shallow input such as a
+    /// 3-channel stem needs, whose products one tap at a time (depth 4) would spend more on the
+    /// accumulators than on the products.
+    fn folded(c: u64, kw: u64, owp: u64, kstep: u64, rows: u64) -> Copy {
+        Copy {
+            k: c * kw,
+            kp: round_up(c * kw, kstep),
+            phases: 1,
+            wq: owp,
+            kw: 1,
+            rows,
+        }
+    }
+
+    /// The copy for the cost model: its elements, read from channel planes (a gather).
+    fn gathered(&self) -> mlopt_cost::tile::BlockCopy {
+        mlopt_cost::tile::BlockCopy::Gathered(self.rows * self.phases * self.wq * self.kp)
+    }
 }
