@@ -1341,6 +1341,110 @@ fn transposed_copies_compile_as_they_interpret() {
     }
 }
 
+/// Vector loops of odd widths (12, 7 lanes: a row's tail) load and store by one masked access on
+/// AVX-512, touching only their lanes (the outputs' other elements stay zero), and a serial loop whose
+/// body is such loops under guards its steps share (an mma epilogue's full and edge blocks: C read down
+/// its columns) runs transposed: the same answers as the interpreter on every x86 level.
+#[test]
+fn odd_widths_and_transposed_tails_compile_as_they_interpret() {
+    use mlopt_kir::{Elem, Io, Place, Program, Step};
+    let odd = "kernel @odd(%o: f32[4,40], %q: bf16[4,40], %x: f32[4,40], %z: bf16[4,40]) {
+  serial %r in 0..4 {
+    vector<12> %a in 0..24 {
+      %o[%r, (%a + 3)] = (%x[%r, (%a + 5)] * 2.0f32)
+    }
+    vector<7> %b in 0..14 {
+      %q[%r, (%b + 20)] = %z[%r, (%b + 1)]
+    }
+  }
+}
+";
+    let tails = "kernel @tails(%e: f32[2,32,28], %c: f32[28,32]) {
+  serial %b in 0..2 {
+    serial %j in 0..32 {
+      if lt(%b, 1) {
+        vector<16> %i in 0..16 {
+          %e[%b, %j, %i] = (%c[%i, %j] + 1.0f32)
+        }
+        vector<12> %t in 0..12 {
+          %e[%b, %j, (%t + 16)] = (%c[(%t + 16), %j] + 1.0f32)
+        }
+      }
+      if le(1, %b) {
+        vector<16> %i2 in 0..16 {
+          %e[%b, %j, %i2] = (%c[%i2, %j] * 2.0f32)
+        }
+      }
+    }
+  }
+}
+";
+    let kernels: Vec<_> = [odd, tails]
+        .iter()
+        .map(|t| mlopt_kir::parse_kernel(t).unwrap())
+        .collect();
+    for k in &kernels {
+        mlopt_kir::verify(k).unwrap();
+    }
+    let io = |name: &str, elem, dims: Vec<u64>| Io {
+        name: name.into(),
+        elem,
+        dims,
+    };
+    let p = Program {
+        name: "odd".into(),
+        inputs: vec![
+            io("x", Elem::F32, vec![4, 40]),
+            io("z", Elem::BF16, vec![4, 40]),
+            io("c", Elem::F32, vec![28, 32]),
+        ],
+        outputs: vec![
+            io("o", Elem::F32, vec![4, 40]),
+            io("q", Elem::BF16, vec![4, 40]),
+            io("e", Elem::F32, vec![2, 32, 28]),
+        ],
+        kernels,
+        steps: vec![
+            Step::call(
+                0,
+                vec![
+                    Place::Output(0),
+                    Place::Output(1),
+                    Place::Input(0),
+                    Place::Input(1),
+                ],
+            ),
+            Step::call(1, vec![Place::Output(2), Place::Input(2)]),
+        ],
+        ..Default::default()
+    };
+    let f32s = |n: u32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (i as f32 * 0.25 - 7.0).to_le_bytes())
+            .collect()
+    };
+    let z: Vec<u8> = (0..160u32)
+        .flat_map(|i| half::bf16::from_f32(i as f32 - 50.0).to_le_bytes())
+        .collect();
+    let inputs = vec![f32s(160), z, f32s(28 * 32)];
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for target in ["host", "x86-64-v3", "x86-64-v4"] {
+        let t = Target::named(target, 1).unwrap();
+        let code =
+            mlopt_llvm::compile(&p, t.cpu().unwrap()).unwrap_or_else(|e| panic!("{target}: {e}"));
+        if target == "x86-64-v4" {
+            assert!(code.llvm_ir.contains("llvm.masked.load"), "no masked load");
+            assert!(
+                code.llvm_ir.contains("llvm.masked.store"),
+                "no masked store"
+            );
+            assert!(code.llvm_ir.contains("%tr"), "no transpose");
+        }
+        let got = run_code(&p, &code, &inputs, &lens(&want));
+        assert_eq!(got, want, "{target}");
+    }
+}
+
 /// The transcendental functions written as register code (`mlopt-llvm/src/transcendental.rs`, shared by
 /// x86 and NVPTX) against Rust's libm in f64, over their whole useful ranges, in serial and vector loops:
 /// the largest error in units of the result's last place stays within each function's documented bound,
