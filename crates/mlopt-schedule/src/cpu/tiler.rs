@@ -190,6 +190,12 @@ pub fn tiled(
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
             let red = (k, chunk, pack);
+            // One loop over the block's column panels holds the main rows' tiles and the tail's, so
+            // each panel of B (the weight, usually) is read while in cache for both: as two loops the
+            // tail streamed the whole weight again (ResNet-50's 7x7 pointwise convolutions, 49 rows
+            // = 9 tiles of 5 and a tail of 4, read their 4 MB weight twice).
+            let jo = l.fresh("jo");
+            let mut panel = Vec::new();
             if main > 0 {
                 let cut = (block, col0, cols);
                 // The main rows' tiles prefetch (the tail's one row of tiles would ask for a whole
@@ -204,11 +210,11 @@ pub fn tiled(
                     BForm::Weights(w) if streams => w.get(block).copied(),
                     _ => None,
                 };
-                out.push(tile_block(
+                panel.extend(tile_block(
                     l,
                     bi,
                     (0, main),
-                    cut,
+                    (cut, jo),
                     ct,
                     red,
                     stream,
@@ -218,17 +224,18 @@ pub fn tiled(
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
                 let cut = (block, col0, cols);
-                out.push(tile_block(
+                panel.extend(tile_block(
                     l,
                     bi,
                     (main, m - main),
-                    cut,
+                    (cut, jo),
                     tail,
                     red,
                     None,
                     &mut ops,
                 )?);
             }
+            out.push(Stmt::for_(jo, cols / ct.nr, LoopKind::Serial, panel));
         }
         Ok(out)
     })
@@ -503,23 +510,24 @@ impl Reduction {
     }
 }
 
-/// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`), in tiles `t`; with
-/// `chunk`, the reduction in blocks of `chunk` of its first axis (`k_block`); with `pack`, B through a
-/// packed panel; with `stream`, B the packed weight `stream` whose next block the tiles prefetch.
+/// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`) in tiles `t`, for
+/// one step `jo` of the loop over the block's column panels (the caller's): with `chunk`, the
+/// reduction in blocks of `chunk` of its first axis (`k_block`); with `pack`, B through a packed
+/// panel; with `stream`, B the packed weight `stream` whose next block the tiles prefetch.
 #[allow(clippy::too_many_arguments)]
 fn tile_block(
     l: &mut Builder<'_>,
     bi: &[Expr],
     (row0, rows): (u64, u64),
-    (block, col0, cols): (usize, u64, u64),
+    ((block, col0, cols), jo): ((usize, u64, u64), Var),
     t: Tile,
     (k, chunk, pack): (&[u64], Option<u64>, bool),
     stream: Option<BufId>,
     ops: &mut Ops,
-) -> Result<Stmt> {
+) -> Result<Vec<Stmt>> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
     let acc = buf(l, "acc", vec![t.mr, t.nr]);
-    let (io, jo) = (l.fresh("io"), l.fresh("jo"));
+    let io = l.fresh("io");
     let g = Geometry {
         bi,
         row0,
@@ -558,9 +566,8 @@ fn tile_block(
     // Column panels outside, rows inside: one nr-wide panel of B stays in cache while every row of A
     // passes over it (B is usually the larger operand: the weights). K blocks go between them.
     packing.push(Stmt::for_(io, rows / t.mr, LoopKind::Serial, body));
-    let inside = match red.kb {
+    Ok(match red.kb {
         Some((v, _, blocks)) => vec![Stmt::for_(v, blocks, LoopKind::Serial, packing)],
         None => packing,
-    };
-    Ok(Stmt::for_(jo, cols / t.nr, LoopKind::Serial, inside))
+    })
 }
