@@ -37,6 +37,17 @@ fn conv(
     (name, conv_graph(n, c, m, size, k, stride, group, relu))
 }
 
+/// A transformer's linear layer: `n` sequences of `tokens` x `k` by a [k, m] weight (ViT's 197 tokens,
+/// a Swin window's 49: neither a multiple of a block's rows).
+fn linear(n: usize, tokens: usize, k: usize, m: usize) -> Layer {
+    let mut g = Graph::new("layer");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![n, tokens, k]));
+    let w = g.add_const("w", weights(&[k, m], k / 4, 7));
+    let y = g.add(Op::MatMul, "matmul", &[x, w]).unwrap();
+    g.add_output("y", y);
+    (format!("linear {n}x {tokens}x{k} -> {m}"), g)
+}
+
 /// A stride-2 transposed convolution (2x upsampling) of `n` images of `c` -> `m` channels.
 fn conv_transpose(n: usize, c: usize, m: usize, hw: usize, k: usize) -> Layer {
     let mut g = Graph::new("layer");
@@ -224,6 +235,8 @@ fn layers(n: usize) -> Vec<Layer> {
     v.push(pool(n, true, 64, 111, 3, 2, 0, true));
     v.push(pool(n, true, 192, 28, 3, 1, 1, false));
     v.push(pool(n, false, 32, 28, 3, 1, 1, false));
+    v.push(linear(n, 197, 96, 64));
+    v.push(linear(n, 49, 96, 64));
     // Rows: softmax over ViT's 197 keys, layer norm over Whisper's 384, global pooling, SiLU.
     v.push(rows("softmax", &lead(&[12, 197, 197])));
     v.push(rows("layer norm", &lead(&[197, 384])));

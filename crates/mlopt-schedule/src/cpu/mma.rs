@@ -89,9 +89,15 @@ pub(super) enum Epilogue {
     RowsInner,
 }
 
-/// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K).
+/// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K). AMX tiles take
+/// 16 or 32 rows; `vdpbf16ps` any, so the rows split into equal blocks of at most 32 (ViT's 197 tokens:
+/// 7 blocks of 29, where blocks of 32 padded them to 224; a 7x7 window's 49 positions: 2 of 25).
 pub(super) fn blocks(t: &CpuTarget, rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
-    let mb = if rows >= 32 { 32 } else { 16 };
+    let mb = match t.matrix() {
+        Some(mlopt_target::MatrixUnit::Dot) => rows.div_ceil(rows.div_ceil(32)).max(1),
+        _ if rows >= 32 => 32,
+        _ => 16,
+    };
     let nb = if n >= 32 { 32 } else { 16 };
     (
         mb,
