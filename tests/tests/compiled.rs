@@ -253,10 +253,27 @@ fn bf16_contractions_compile_to_mma_blocks() {
                 blocks, pays,
                 "{name} for {target}: mma blocks iff the target's matrix unit pays"
             );
-            // The pointwise convolution's weight is A (its output channels the blocks' rows) and its
+            // A pointwise convolution's weight is A (its output channels the blocks' rows) and its
             // activations are packed as B, so the epilogue runs along the output's positions in vector
-            // lanes.
-            if name.starts_with("pointwise") && pays {
+            // lanes; on vdpbf16ps, where its 35 positions would pad the columns to 64 and its 328
+            // channels as columns pad less, it is turned around (the activations copied as A's rows).
+            let dot = Target::named(target, 1).unwrap().cpu().unwrap().matrix()
+                == Some(mlopt_target::MatrixUnit::Dot);
+            let rows = *name == "pointwise" && dot;
+            if name.starts_with("pointwise") && pays && rows {
+                let k = c
+                    .program
+                    .kernels
+                    .iter()
+                    .find(|k| mlopt_kir::analysis::has_mma(&k.body))
+                    .unwrap();
+                let text = mlopt_kir::print::kernel(k);
+                assert!(
+                    text.contains("a_pad") && !text.contains("b_pack"),
+                    "{target}: the positions are the rows\n{text}"
+                );
+            }
+            if name.starts_with("pointwise") && pays && !rows {
                 let k = c
                     .program
                     .kernels

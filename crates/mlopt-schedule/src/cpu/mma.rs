@@ -391,7 +391,8 @@ pub(crate) fn in_blocks(
     // convolution's images) run outside the blocks, as for the fp32 tiles: the blocks of one image.
     c.split_strided_cols(&p.kernels[ki], store);
     let batch = std::mem::take(&mut c.batch);
-    let Some(mut stmts) = unbatched(p, target, ki, &c, loads, store)? else {
+    let Some(mut stmts) = unbatched(p, target, ki, &c, loads, store, Epilogue::ColumnsInner)?
+    else {
         return Ok(None);
     };
     for &(v, e) in batch.iter().rev() {
@@ -410,7 +411,8 @@ pub(crate) fn in_blocks(
 }
 
 /// `in_blocks` for a contraction without batch loops (`c.batch` empty; a batch loop's variable may occur
-/// free, bound by the loop the caller puts around the statements).
+/// free, bound by the loop the caller puts around the statements), its epilogue along `order` where the
+/// weight is B (a MatMul's columns; the rows for a pointwise convolution turned around).
 fn unbatched(
     p: &mut Program,
     target: &CpuTarget,
@@ -418,6 +420,7 @@ fn unbatched(
     c: &Contraction,
     loads: &HashMap<BufId, usize>,
     store: (BufId, &[Expr], &Expr),
+    order_b: Epilogue,
 ) -> Result<Option<Vec<Stmt>>> {
     let [(r, k)] = &c.red[..] else {
         return Ok(None);
@@ -425,19 +428,38 @@ fn unbatched(
     let (r, k) = (*r, *k);
     // B is the weight: the columns' operand (MatMul, Gemm), or the rows' (a pointwise convolution's
     // output channels), which turns the contraction around.
-    let (x, (w, trans, (si, pi, wi)), rows, cols, order) = match (
+    let (x, (w, trans, (si, pi, wi)), rows, cols, weight_a) = match (
         weight(p, ki, &c.b, r, &c.cols, loads),
         weight(p, ki, &c.a, r, &c.rows, loads),
     ) {
-        (Some(wb), _) => (&c.a, wb, &c.rows, &c.cols, Epilogue::ColumnsInner),
-        (None, Some(wa)) => (&c.b, wa, &c.cols, &c.rows, Epilogue::RowsInner),
+        (Some(wb), _) => (&c.a, wb, &c.rows, &c.cols, false),
+        (None, Some(wa)) => (&c.b, wa, &c.cols, &c.rows, true),
         _ => return Ok(None),
     };
     let (m, n) = (Contraction::extent(rows), Contraction::extent(cols));
     let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= 16 && n >= 16) else {
         return Ok(None);
     };
-    if order == Epilogue::RowsInner {
+    if weight_a {
+        // With `vdpbf16ps`, whose blocks take any rows but columns in 16s, positions that would pad
+        // the columns (a 7x7 map's 49 to 64) are the rows instead where that leaves an eighth less
+        // padded work (not where the channels would pad more: MobileNetV3's 40 to 64): the weight is
+        // B, the activations copied into rows (transposed, `mlopt-llvm/src/transpose.rs`), the
+        // epilogue along the positions reading the blocks down their columns (transposed too).
+        let dot = target.matrix() == Some(mlopt_target::MatrixUnit::Dot);
+        let (_, _, mp, np, _) = blocks(target, n, m, k);
+        let (_, _, mp_swap, np_swap, _) = blocks(target, m, n, k);
+        if dot && 8 * mp_swap * np_swap < 7 * mp * np {
+            return unbatched(
+                p,
+                target,
+                ki,
+                &c.swapped(),
+                loads,
+                store,
+                Epilogue::RowsInner,
+            );
+        }
         return weight_rows(
             p,
             target,
@@ -509,7 +531,7 @@ fn unbatched(
         m,
         n,
         k,
-        order,
+        order_b,
         &mut |_, row, kk| Ok(x.subst_all(&by(row, None)).subst(r, kk)),
         &mut |_, row, j, v| Ok(store_at(store, acc, &by(row, Some(j)), &v)),
     )?;
