@@ -606,58 +606,6 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 }
 
-impl<'c> Gen<'_, 'c> {
-    /// A call to a 16-lane f32 AVX-512 intrinsic (`llvm.x86.avx512.*.ps.512`) on f32 scalars or vectors
-    /// of up to 16 lanes, all of one shape: `floats` widened to 16 lanes (the added lanes poison, which
-    /// leaves LLVM free to fill them however is cheapest) and followed by `rest` (masks, rounding), the
-    /// result narrowed back to their shape.
-    pub(crate) fn avx512_ps(
-        &mut self,
-        name: &str,
-        floats: &[BasicValueEnum<'c>],
-        rest: &[inkwell::values::BasicMetadataValueEnum<'c>],
-    ) -> Ret<BasicValueEnum<'c>> {
-        let lane0 = self.ctx.i32_type().const_zero();
-        let v16 = self.ctx.f32_type().vec_type(16);
-        let lanes = match floats[0] {
-            BasicValueEnum::VectorValue(v) => Some(v.get_type().get_size()),
-            _ => None,
-        };
-        let mut args = Vec::with_capacity(floats.len() + rest.len());
-        for &v in floats {
-            let wide: BasicValueEnum<'c> = match (v, lanes) {
-                (BasicValueEnum::VectorValue(v), Some(16)) => v.into(),
-                (BasicValueEnum::VectorValue(v), Some(w)) => {
-                    let poison = v.get_type().get_poison();
-                    let pick = (0..16).map(|l| l.min(w));
-                    self.shuffle((v, poison), pick, "wide")?.into()
-                }
-                (v, _) => self
-                    .builder
-                    .build_insert_element(v16.get_poison(), v, lane0, "wide")?
-                    .into(),
-            };
-            args.push(wide.into());
-        }
-        args.extend_from_slice(rest);
-        let f = Intrinsic::find(name)
-            .and_then(|i| i.get_declaration(self.module, &[]))
-            .ok_or_else(|| err(format!("no intrinsic {name}")))?;
-        let e = self
-            .builder
-            .build_call(f, &args, name)?
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| err(format!("{name} returned nothing")))?
-            .into_vector_value();
-        Ok(match lanes {
-            Some(16) => e.into(),
-            Some(w) => self.shuffle((e, e), 0..w, "narrow")?.into(),
-            None => self.builder.build_extract_element(e, lane0, "e")?,
-        })
-    }
-}
-
 pub fn vector_type<'c>(t: BasicTypeEnum<'c>, w: u32) -> BasicTypeEnum<'c> {
     match t {
         BasicTypeEnum::FloatType(f) => f.vec_type(w).into(),

@@ -142,6 +142,13 @@ impl<'c> Gen<'_, 'c> {
         Ok(self.builder.build_shuffle_vector(a, b, mask, name)?)
     }
 
+    /// Vector `v` widened to `wide` lanes, the added ones poison (LLVM fills them however is cheapest).
+    pub(crate) fn padded(&self, v: VectorValue<'c>, wide: u32) -> Ret<VectorValue<'c>> {
+        let w = v.get_type().get_size();
+        let poison = v.get_type().get_poison();
+        self.shuffle((v, poison), (0..wide).map(|l| l.min(w)), "padded")
+    }
+
     /// The type a 16-bit float vector is loaded and shuffled as: i16 (LLVM 19 scalarises shuffles of
     /// `bfloat` vectors); other elements as themselves.
     pub(crate) fn shuffle_elem(&self, elem: Elem) -> inkwell::types::BasicTypeEnum<'c> {
@@ -264,6 +271,13 @@ impl<'c> Gen<'_, 'c> {
             (Some(w), None) if !self.gpu => self.interleaved(&flat, w),
             _ => None,
         };
+        if let (Some(w), Some(1)) = (self.width, stride) {
+            if let Some(wide) = self.masked(b, w) {
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                return self.masked_load(p, elem, (w, wide));
+            }
+        }
         match (self.width, stride) {
             (None, _) | (Some(_), Some(0)) => {
                 let i = self.scalar_index(&flat)?;
@@ -271,11 +285,6 @@ impl<'c> Gen<'_, 'c> {
                 let v = self.builder.build_load(t, p, "ld")?;
                 let v = self.mem_to_reg(v, elem)?;
                 self.widen(v)
-            }
-            (Some(w), Some(1)) if self.masked(b, w).is_some() => {
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                self.masked_load(p, elem, w)
             }
             (Some(w), Some(1)) => {
                 let i = self.scalar_index(&flat)?;
@@ -372,18 +381,21 @@ impl<'c> Gen<'_, 'c> {
             self.builder.build_store(ptr, v)?;
             return Ok(());
         }
-        match (self.width, self.lane_stride(&flat)) {
+        let stride = self.lane_stride(&flat);
+        if let (Some(w), Some(1)) = (self.width, stride) {
+            if let Some(wide) = self.masked(b, w) {
+                let i = self.scalar_index(&flat)?;
+                let p = self.elem_ptr(b, i)?;
+                let v = self.widen(v)?;
+                return self.masked_store(p, elem, (w, wide), v);
+            }
+        }
+        match (self.width, stride) {
             (None, _) => {
                 let i = self.scalar_index(&flat)?;
                 let p = self.elem_ptr(b, i)?;
                 let v = self.reg_to_mem(v, elem)?;
                 self.builder.build_store(p, v)?;
-            }
-            (Some(w), Some(1)) if self.masked(b, w).is_some() => {
-                let i = self.scalar_index(&flat)?;
-                let p = self.elem_ptr(b, i)?;
-                let v = self.widen(v)?;
-                self.masked_store(p, elem, w, v)?;
             }
             (Some(w), Some(1)) => {
                 let i = self.scalar_index(&flat)?;
@@ -418,34 +430,34 @@ impl<'c> Gen<'_, 'c> {
     }
 
     /// The register width a contiguous `w`-lane access of buffer `b` runs at as one masked AVX-512
-    /// access (`masked_load`, `masked_store`), where it does: `masked_width`, for a buffer in memory.
-    /// Not a local's: SROA keeps a register tile's accumulators in registers only through plain loads
-    /// and stores (a 3x3 convolution's 7-lane tile ran 8x slower masked).
+    /// access (`masked_load`, `masked_store`), where it does: the next power of two, where `w` is not
+    /// one and that fits a 64-byte register (16- and 32-bit elements), for a buffer in memory. LLVM
+    /// splits an odd-width access into power-of-two pieces and, where the value then feeds a 16-lane
+    /// instruction, rebuilds it lane by lane: a 12-lane row tail of a max pool (3 x 3 over 28 columns)
+    /// took twice its 16-lane part. Not a local's: SROA keeps a register tile's accumulators in
+    /// registers only through plain loads and stores (a 3x3 convolution's 7-lane tile ran 8x slower
+    /// masked).
     fn masked(&self, b: BufId, w: u32) -> Option<u32> {
         let buf = self.kernel.buffer(b);
-        (buf.space == Space::Global)
-            .then(|| self.masked_width(buf.elem, w))
-            .flatten()
+        let (wide, size) = (w.next_power_of_two(), buf.elem.size() as u32);
+        (self.avx512
+            && !self.gpu
+            && buf.space == Space::Global
+            && w > 1
+            && wide != w
+            && matches!(size, 2 | 4)
+            && wide * size <= 64)
+            .then_some(wide)
     }
 
-    /// The register width a contiguous `w`-lane access of `elem` runs at as one masked AVX-512 access:
-    /// the next power of two, where `w` is not one and that fits a 64-byte register (16- and 32-bit
-    /// elements). LLVM splits an odd-width access into power-of-two pieces and, where the value then
-    /// feeds a 16-lane instruction, rebuilds it lane by lane: a 12-lane row tail of a max pool (3 x 3
-    /// over 28 columns) took twice its 16-lane part.
-    pub(crate) fn masked_width(&self, elem: Elem, w: u32) -> Option<u32> {
-        let p = w.next_power_of_two();
-        let size = elem.size() as u32;
-        (self.avx512 && !self.gpu && w > 1 && p != w && matches!(size, 2 | 4) && p * size <= 64)
-            .then_some(p)
-    }
-
-    /// `w` contiguous elements of `elem` from `p` by one masked load of `masked_width` lanes (the
+    /// `w` contiguous elements of `elem` from `p` by one masked load of `wide` lanes (`masked`; the
     /// lanes past `w` neither read nor kept), as `elem`'s register value.
-    fn masked_load(&mut self, p: PointerValue<'c>, elem: Elem, w: u32) -> Ret<BasicValueEnum<'c>> {
-        let wide = self
-            .masked_width(elem, w)
-            .ok_or_else(|| err("masked width"))?;
+    fn masked_load(
+        &mut self,
+        p: PointerValue<'c>,
+        elem: Elem,
+        (w, wide): (u32, u32),
+    ) -> Ret<BasicValueEnum<'c>> {
         let vt = vector_type(self.shuffle_elem(elem), wide).into_vector_type();
         let f = Intrinsic::find("llvm.masked.load")
             .and_then(|i| i.get_declaration(self.module, &[vt.into(), p.get_type().into()]))
@@ -474,25 +486,22 @@ impl<'c> Gen<'_, 'c> {
         self.unshuffled(v, elem, w)
     }
 
-    /// `w` lanes of register value `v` (of `elem`) stored contiguously at `p` by one masked store.
+    /// `w` lanes of register value `v` (of `elem`) stored contiguously at `p` by one masked store of
+    /// `wide` lanes (`masked`).
     fn masked_store(
         &mut self,
         p: PointerValue<'c>,
         elem: Elem,
-        w: u32,
+        (w, wide): (u32, u32),
         v: BasicValueEnum<'c>,
     ) -> Ret<()> {
-        let wide = self
-            .masked_width(elem, w)
-            .ok_or_else(|| err("masked width"))?;
         let v = self.reg_to_mem(v, elem)?;
         let lt = self.shuffle_elem(elem);
         let v = self
             .builder
             .build_bit_cast(v, vector_type(lt, w), "mst")?
             .into_vector_value();
-        let poison = v.get_type().get_poison();
-        let v = self.shuffle((v, poison), (0..wide).map(|l| l.min(w)), "mwide")?;
+        let v = self.padded(v, wide)?;
         let f = Intrinsic::find("llvm.masked.store")
             .and_then(|i| {
                 i.get_declaration(self.module, &[v.get_type().into(), p.get_type().into()])

@@ -14,7 +14,7 @@
 //! column. `w` loads and w log2(w) shuffles replace w x w scalar loads and inserts.
 
 use crate::codegen::*;
-use inkwell::values::VectorValue;
+use inkwell::values::{IntValue, VectorValue};
 use mlopt_kir::analysis::coefficient;
 use mlopt_kir::{BufId, Expr, LoopKind, Stmt, Var};
 
@@ -76,51 +76,7 @@ impl<'c> Gen<'_, 'c> {
         self.counted(&format!("{name}_t"), zero, end, 1, &mut |g, qb| {
             let q0 = g.builder.build_int_mul(qb, g.i64(i64::from(t)), "q0")?;
             for l in &loops {
-                let elem = g.kernel.buffer(l.src).elem;
-                let flat = g.flat(l.src, &l.index);
-                let (c_zero, c_end) = (g.i64(0), g.i64(l.lanes as i64));
-                let mut lanes = |g: &mut Self| {
-                    g.counted(
-                        &format!("{name}_c"),
-                        c_zero,
-                        c_end,
-                        u64::from(l.w),
-                        &mut |g, c0| {
-                            // Each lane's row along q (padded to t rows), then the block transposed:
-                            // column i is step q0 + i.
-                            let mut rows = Vec::with_capacity(t as usize);
-                            for j in 0..l.w {
-                                let c = g.builder.build_int_add(c0, g.i64(i64::from(j)), "c")?;
-                                g.vars.insert(q, VarVal::Scalar(q0));
-                                g.vars.insert(l.lane, VarVal::Scalar(c));
-                                let i = g.eval(&flat)?.into_int_value();
-                                let p = g.elem_ptr(l.src, i)?;
-                                rows.push(g.strided_row(p, elem, t, l.st)?);
-                            }
-                            let pad = rows[0].get_type().get_poison();
-                            rows.resize(t as usize, pad);
-                            let columns = g.transpose(rows)?;
-                            g.width = Some(l.w);
-                            for (i, column) in columns.into_iter().enumerate() {
-                                let at = g.builder.build_int_add(q0, g.i64(i as i64), "q")?;
-                                g.vars.insert(q, VarVal::Scalar(at));
-                                g.vars.insert(l.lane, VarVal::Lanes(c0));
-                                let column = match l.w < t {
-                                    true => g.shuffle((column, column), 0..l.w, "lanes")?,
-                                    false => column,
-                                };
-                                let v = g.unshuffled(column, elem, l.w)?;
-                                g.forced = Some((l.src, l.index.clone(), v));
-                                let r = g.block(l.inner);
-                                g.forced = None;
-                                r?;
-                            }
-                            g.width = None;
-                            g.vars.remove(&l.lane);
-                            Ok(())
-                        },
-                    )
-                };
+                let mut lanes = |g: &mut Self| g.transposed_block(q, (q0, t), l, &name);
                 match l.guard {
                     Some(cond) => g.guarded(cond, &mut lanes)?,
                     None => lanes(g)?,
@@ -130,6 +86,59 @@ impl<'c> Gen<'_, 'c> {
         })?;
         self.vars.remove(&q);
         Ok(blocks * steps)
+    }
+
+    /// Loop `l`'s `t` steps of `q` from `q0`, its lanes `w` at a time: each lane's row along q (padded
+    /// to `t` rows), the block transposed (column i is step q0 + i), and each step's store with the
+    /// gathered operand taken from its column.
+    fn transposed_block(
+        &mut self,
+        q: Var,
+        (q0, t): (IntValue<'c>, u32),
+        l: &Gathering,
+        name: &str,
+    ) -> Ret<()> {
+        let elem = self.kernel.buffer(l.src).elem;
+        let flat = self.flat(l.src, &l.index);
+        let (c_zero, c_end) = (self.i64(0), self.i64(l.lanes as i64));
+        self.counted(
+            &format!("{name}_c"),
+            c_zero,
+            c_end,
+            u64::from(l.w),
+            &mut |g, c0| {
+                let mut rows = Vec::with_capacity(t as usize);
+                for j in 0..l.w {
+                    let c = g.builder.build_int_add(c0, g.i64(i64::from(j)), "c")?;
+                    g.vars.insert(q, VarVal::Scalar(q0));
+                    g.vars.insert(l.lane, VarVal::Scalar(c));
+                    let i = g.eval(&flat)?.into_int_value();
+                    let p = g.elem_ptr(l.src, i)?;
+                    rows.push(g.strided_row(p, elem, t, l.st)?);
+                }
+                let pad = rows[0].get_type().get_poison();
+                rows.resize(t as usize, pad);
+                let columns = g.transpose(rows)?;
+                g.width = Some(l.w);
+                for (i, column) in columns.into_iter().enumerate() {
+                    let at = g.builder.build_int_add(q0, g.i64(i as i64), "q")?;
+                    g.vars.insert(q, VarVal::Scalar(at));
+                    g.vars.insert(l.lane, VarVal::Lanes(c0));
+                    let column = match l.w < t {
+                        true => g.shuffle((column, column), 0..l.w, "lanes")?,
+                        false => column,
+                    };
+                    let v = g.unshuffled(column, elem, l.w)?;
+                    g.forced = Some((l.src, l.index.clone(), v));
+                    let r = g.block(l.inner);
+                    g.forced = None;
+                    r?;
+                }
+                g.width = None;
+                g.vars.remove(&l.lane);
+                Ok(())
+            },
+        )
     }
 
     /// `stmt` as a vector loop of this module's form inside serial loop `q`: one store whose one

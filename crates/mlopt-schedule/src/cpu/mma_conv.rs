@@ -119,7 +119,7 @@ pub(crate) fn blocks(
     let plain = Copy::plain(cin, kw_n, s, d, owp, kstep, images * hp);
     let folded = Copy::folded(cin, kw_n, owp, kstep, images * hp);
     let cost = |x: &Copy| {
-        (3 * x.kp <= 4 * x.k)
+        x.padding_ok()
             .then(|| mlopt_cost::tile::bf16_block_s(target, shape, x.kp, x.gathered()))
             .flatten()
     };
@@ -132,7 +132,7 @@ pub(crate) fn blocks(
             _ => false,
         };
     let lay = if fold { folded } else { plain };
-    if cost(&lay).is_none()
+    if !lay.padding_ok()
         || !mlopt_cost::tile::bf16_block_pays(target, shape, lay.kp, lay.gathered())
     {
         return Ok(None);
@@ -211,11 +211,7 @@ pub(crate) fn blocks(
     let acc = c.acc;
     let stmts = tiler::nest(&mut l, "g", &outer_ext, |l, ng| {
         let images: Vec<(Var, Expr)> = outer.iter().map(|(v, _)| *v).zip(ng.to_vec()).collect();
-        // The copy: xp[ph, h, q, ch] = x at (h - pad_h, q*s + ph - pad_w), channel ch (at h * stride_h
-        // - pad_h where each of its rows is an output row's).
-        // One nest per phase, so the guards on a position are tests on the loops alone, which the loop
-        // passes partition into the padding and the interior (whose copy transposes rows of
-        // positions into channels, `mlopt-llvm/src/transpose.rs`).
+        // The copy, plain or folded (below).
         let mut fill = Vec::new();
         let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
         let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
@@ -237,10 +233,10 @@ pub(crate) fn blocks(
                 Expr::int(aw.pad),
             );
             let and = |a: Expr, b: Expr| Expr::bin(BinOp::And, a, b);
-            let mut tests = vec![le0(&hi), lt(&hi, ah_len)];
-            if !rows_test {
-                tests.clear();
-            }
+            let mut tests = match rows_test {
+                true => vec![le0(&hi), lt(&hi, ah_len)],
+                false => vec![],
+            };
             if cols {
                 tests.extend([le0(&wi), lt(&wi, aw.len)]);
             }
@@ -463,6 +459,11 @@ impl Copy {
             kw: 1,
             rows,
         }
+    }
+
+    /// Whether K's padding stays within a third of it (more, and the f32 tiles win).
+    fn padding_ok(&self) -> bool {
+        3 * self.kp <= 4 * self.k
     }
 
     /// The copy for the cost model: its elements, read from channel planes (a gather).

@@ -194,10 +194,9 @@ pub fn tiled(
             // each panel of B (the weight, usually) is read while in cache for both: as two loops the
             // tail streamed the whole weight again (ResNet-50's 7x7 pointwise convolutions, 49 rows
             // = 9 tiles of 5 and a tail of 4, read their 4 MB weight twice).
-            let jo = l.fresh("jo");
+            let (jo, cut) = (l.fresh("jo"), (block, col0, cols));
             let mut panel = Vec::new();
             if main > 0 {
-                let cut = (block, col0, cols);
                 // The main rows' tiles prefetch (the tail's one row of tiles would ask for a whole
                 // block per tile), where the weight is worth it: whole cache lines per step of K, a
                 // weight that would not sit in L2 from call to call, and at most two prefetches per
@@ -223,7 +222,6 @@ pub fn tiled(
             }
             if main < m {
                 let tail = Tile { mr: m - main, ..ct };
-                let cut = (block, col0, cols);
                 panel.extend(tile_block(
                     l,
                     bi,
