@@ -40,6 +40,21 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
     } else {
         Cost::ZERO
     };
+    // A widening product's f32 result is priced at its operands' width: it feeds an epilogue in its
+    // own kernel, usually, and where fusion stores it the optimiser extracts again with it rounded
+    // first (`narrow_stores`). Priced at f32, the rounded form won in memory-bound kernels, and
+    // EfficientNet's depthwise convolutions ran the two roundings' arithmetic in every epilogue.
+    let narrowed: Vec<TensorType>;
+    let outs = match ins.first().copied().flatten() {
+        Some(a) if crate::rules::precision::widening_product(eg, n, outs) => {
+            narrowed = outs
+                .iter()
+                .map(|t| TensorType::new(a.dtype, t.shape.clone()))
+                .collect();
+            &narrowed[..]
+        }
+        _ => outs,
+    };
     let e = standalone(&k.op, &ins, outs, t, o.allow_tf32);
     // A cast is elementwise and fuses into the kernel producing or consuming it (`fuse.rs`): charged as
     // a pass over memory of its own, the casts around a bf16 operation made `--precision auto` keep
@@ -56,12 +71,17 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
 const FORCED_PENALTY_S: f64 = 1.0;
 
 /// Extraction options.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// fp32 matrix ops may use tf32 tensor cores.
     pub allow_tf32: bool,
     /// Prefer low-precision matrix ops regardless of cost.
     pub force_low: bool,
+    /// Classes (canonical ids) whose narrow product must round before it is stored: their widening
+    /// form (`conv(cast<bf16> x, cast<bf16> w, f32 bias)`, see `rules::precision`) is not taken, so
+    /// the value leaves its kernel in half the bytes. Set by the optimiser after fusion shows which
+    /// such values go to memory.
+    pub narrow_stores: std::collections::HashSet<Id>,
 }
 
 #[derive(Clone)]
@@ -113,7 +133,14 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
             eg[*c]
                 .nodes
                 .iter()
-                .map(|nd| node_cost(eg, nd, &eg[*c].data.types, t, o))
+                .map(|nd| {
+                    if o.narrow_stores.contains(c)
+                        && crate::rules::precision::widening_product(eg, nd, &eg[*c].data.types)
+                    {
+                        return Cost::INFINITY;
+                    }
+                    node_cost(eg, nd, &eg[*c].data.types, t, o)
+                })
                 .collect()
         })
         .collect();

@@ -56,6 +56,18 @@ fn same_dtype(a: &TensorType, b: &TensorType, i: usize) -> R<()> {
     }
 }
 
+/// The output type of a matrix op (Gemm, Conv, ConvTranspose) whose operands have type `a` and whose
+/// bias has type `bias`: the operands' type, or f32 where a bf16 or f16 product adds an f32 bias (the
+/// product accumulated in f32, the bias added and the sum rounded once, to f32: the form precision
+/// lowering writes, so that an epilogue after the op sees one rounding, not two).
+fn biased_dtype(a: &TensorType, bias: &TensorType, i: usize) -> R<DType> {
+    if bias.dtype == DType::F32 && matches!(a.dtype, DType::BF16 | DType::F16) {
+        return Ok(DType::F32);
+    }
+    same_dtype(a, bias, i)?;
+    Ok(a.dtype)
+}
+
 fn broadcast_all(tys: &[&TensorType]) -> R<Vec<usize>> {
     let mut shape: Vec<usize> = vec![];
     for (i, t) in tys.iter().enumerate() {
@@ -244,8 +256,9 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             if k != k2 {
                 return err(Some(1), format!("inner dimensions differ: {k} vs {k2}"));
             }
+            let mut dtype = a.dtype;
             if let Some(Some(c)) = inputs.get(2) {
-                same_dtype(a, c, 2)?;
+                dtype = biased_dtype(a, c, 2)?;
                 if broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
                     return err(
                         Some(2),
@@ -253,7 +266,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                     );
                 }
             }
-            one(TensorType::new(a.dtype, vec![m, n]))
+            one(TensorType::new(dtype, vec![m, n]))
         }
         Op::Conv(c) => infer_conv(c, inputs, false),
         Op::ConvTranspose(c) => infer_conv(c, inputs, true),

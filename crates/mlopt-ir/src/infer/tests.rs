@@ -91,3 +91,54 @@ fn extreme_attributes_are_errors() {
         assert!(g.add(op.clone(), "n", &[x]).is_err(), "{op:?}");
     }
 }
+
+/// A bf16 or f16 product with an f32 bias has an f32 result (precision lowering's widening form: the
+/// sum is rounded once, by whatever narrows it later); any other mix of types is an error about the
+/// bias.
+#[test]
+fn narrow_products_widen_to_an_f32_bias() {
+    use DType::{BF16, F16, F32};
+    let conv = Op::Conv(crate::ConvAttrs {
+        strides: vec![1, 1],
+        pads: vec![0; 4],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![],
+    });
+    let gemm = Op::Gemm {
+        alpha: 1.0,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: true,
+    };
+    // (op, operands' type, bias type, the result's type or None for an error)
+    let cases = [
+        (&conv, BF16, F32, Some(F32)),
+        (&conv, F16, F32, Some(F32)),
+        (&conv, BF16, BF16, Some(BF16)),
+        (&conv, F32, F32, Some(F32)),
+        (&conv, BF16, F16, None),
+        (&conv, F32, BF16, None),
+        (&gemm, BF16, F32, Some(F32)),
+        (&gemm, F16, F16, Some(F16)),
+        (&gemm, F32, F16, None),
+    ];
+    for (op, operands, bias, want) in cases {
+        let (x, w) = match op {
+            Op::Conv(_) => (vec![1, 8, 4, 4], vec![16, 8, 1, 1]),
+            _ => (vec![4, 8], vec![16, 8]),
+        };
+        let x = TensorType::new(operands, x);
+        let w = TensorType::new(operands, w);
+        let b = TensorType::new(bias, vec![16]);
+        let got = crate::infer::infer(op, &[Some(&x), Some(&w), Some(&b)]);
+        match want {
+            Some(t) => assert_eq!(got.map(|o| o[0].dtype), Ok(t), "{op:?} {operands} {bias}"),
+            None => assert_eq!(
+                got.map_err(|e| e.input),
+                Err(Some(2)),
+                "{op:?} {operands} {bias}"
+            ),
+        }
+    }
+}

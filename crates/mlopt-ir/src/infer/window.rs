@@ -1,7 +1,7 @@
 //! Convolution and pooling windows: an axis's output size, the geometry's checks, and Conv's and
 //! ConvTranspose's output types.
 
-use super::{err, get, need_float, same_dtype, R};
+use super::{biased_dtype, err, get, need_float, same_dtype, R};
 use crate::dtype::TensorType;
 use crate::op::ConvAttrs;
 
@@ -100,8 +100,9 @@ pub(super) fn infer_conv(
         }
         w.shape[0]
     };
+    let mut dtype = x.dtype;
     if let Some(Some(b)) = inputs.get(2) {
-        same_dtype(x, b, 2)?;
+        dtype = biased_dtype(x, b, 2)?;
         if b.shape != [out_ch] {
             return err(
                 Some(2),
@@ -139,5 +140,5 @@ pub(super) fn infer_conv(
             }
         }
     }
-    Ok(vec![TensorType::new(x.dtype, shape)])
+    Ok(vec![TensorType::new(dtype, shape)])
 }

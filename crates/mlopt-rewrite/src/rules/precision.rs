@@ -94,6 +94,24 @@ pub fn lowerable_op(op: &Op) -> bool {
     )
 }
 
+/// Whether `n` is a narrow (bf16, f16) product with an f32 result: the widening form `lower` writes
+/// for a Gemm or Conv with a bias.
+pub fn widening_product(
+    eg: &EGraph,
+    n: &crate::lang::MNode,
+    outs: &[mlopt_ir::TensorType],
+) -> bool {
+    let crate::lang::Head::Op(k) = &n.head else {
+        return false;
+    };
+    lowerable_op(&k.op)
+        && outs.first().is_some_and(|t| t.dtype == DType::F32)
+        && n.children
+            .first()
+            .and_then(|c| ty(eg, *c))
+            .is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16))
+}
+
 /// fp32 matrix ops of class `id`.
 fn lowerable(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
     if eg
@@ -110,18 +128,30 @@ fn lowerable(eg: &EGraph, id: Id) -> Vec<(Op, Vec<Id>)> {
         .collect()
 }
 
-/// `cast<f32>(op(cast<lo> inputs...))`; absent optional inputs stay absent.
+/// `cast<f32>(op(cast<lo> inputs...))`; absent optional inputs stay absent. A Gemm or Conv with a bias
+/// also gets the form whose bias stays f32 and whose output is f32 itself (`op(cast<lo> a, cast<lo> b,
+/// bias)`): the product accumulates in f32 and the sum is rounded once, by whatever narrows it later,
+/// not once more between the op and its epilogue. Extraction picks: the first form stores a result
+/// that goes to memory in half the bytes, the second is the more accurate where both cost the same.
 fn lower(eg: &mut EGraph, op: Op, ch: Vec<Id>, lo: DType) -> Option<Id> {
+    let biased = matches!(op, Op::Gemm { .. } | Op::Conv(_))
+        && ch.get(2).is_some_and(|&b| !eg[b].data.types.is_empty());
     let mut low = vec![];
-    for c in ch {
-        low.push(if eg[c].data.types.is_empty() {
-            c
+    for c in &ch {
+        low.push(if eg[*c].data.types.is_empty() {
+            *c
         } else {
-            add(eg, Op::Cast { to: lo }, vec![c])?
+            add(eg, Op::Cast { to: lo }, vec![*c])?
         });
     }
-    let y = add(eg, op, low)?;
-    add(eg, Op::Cast { to: DType::F32 }, vec![y])
+    let y = add(eg, op.clone(), low.clone())?;
+    let rounded = add(eg, Op::Cast { to: DType::F32 }, vec![y])?;
+    if biased {
+        low[2] = ch[2];
+        let wide = add(eg, op, low)?;
+        eg.union(wide, rounded);
+    }
+    Some(rounded)
 }
 
 /// `cast<lo>(cast<wide>(y))` where y is lo and wide holds every lo value exactly: y.
