@@ -477,7 +477,8 @@ impl Accesses {
 
 /// The loads and stores of kernel `k` by how they run: what prices a kernel that moves data rather than
 /// computing (a concat, a pad, a transpose), which [`arithmetic`] does not see. Accesses whose lanes
-/// interleave rows ([`interleaved`]) are vector ones: code generation loads each row and shuffles.
+/// interleave rows ([`interleaved`]) are vector ones: code generation loads each row and shuffles; so
+/// are those whose lanes walk a plane's rows ([`row_runs`]): two masked loads.
 pub fn accesses(k: &Kernel) -> Accesses {
     let mut out = Accesses::default();
     let extents = crate::simplify::loop_extents(k);
@@ -488,6 +489,7 @@ pub fn accesses(k: &Kernel) -> Accesses {
             match coefficient(&flat, v) {
                 Some(0..=4) => out.vector += trips,
                 _ if interleaved(k, &extents, &flat, v).is_some() => out.vector += trips,
+                _ if row_runs(k, &flat, v).is_some() => out.vector += trips,
                 _ => out.gather += trips,
             }
         }
@@ -518,6 +520,41 @@ pub fn interleaved(k: &Kernel, extents: &HashMap<Var, u64>, flat: &Expr, q: Var)
         let e = crate::simplify::simplify(&flat.subst(q, &split), &ranges);
         coefficient(&e, u) == Some(1) && coefficient(&e, v).is_some_and(|s| s != 0)
     })
+}
+
+/// Whether the lanes of vector loop `q` walk a plane's rows: `flat` reads `e / W` and `e % W` of one
+/// position `e` that moves by one with `q` (an output position split into its row and column, read
+/// at a padded input's width), depends on `q` only through them, and moves by one element with the
+/// column. Lanes in one row are then contiguous, and a step of at most W lanes spans two rows: Some
+/// ((e, W, D)), D how much further than the next element the next row starts (a padded row's extra
+/// columns). `k` names the fresh variables.
+pub fn row_runs(k: &Kernel, flat: &Expr, q: Var) -> Option<(Expr, i64, i64)> {
+    fn division(x: &Expr, q: Var) -> Option<(Expr, i64)> {
+        match x {
+            Expr::Binary(BinOp::Div, e, w) => match &**w {
+                Expr::Int(w) if *w > 1 && coefficient(e, q) == Some(1) => Some(((**e).clone(), *w)),
+                _ => division(e, q),
+            },
+            Expr::Binary(_, a, b) => division(a, q).or_else(|| division(b, q)),
+            _ => None,
+        }
+    }
+    let (e, w) = division(flat, q)?;
+    let (row, col) = (Var(k.vars.len() as u32), Var(k.vars.len() as u32 + 1));
+    let split = flat
+        .replace(
+            &Expr::bin(BinOp::Div, e.clone(), Expr::int(w)),
+            &Expr::var(row),
+        )
+        .replace(
+            &Expr::bin(BinOp::Rem, e.clone(), Expr::int(w)),
+            &Expr::var(col),
+        );
+    if split.uses(q) || coefficient(&split, col) != Some(1) {
+        return None;
+    }
+    let pitch = coefficient(&split, row).filter(|&p| p != w)?;
+    Some((e, w, pitch - w))
 }
 
 /// What [`for_each_access`] calls: buffer, index, innermost vector loop, executions.

@@ -943,3 +943,35 @@ fn locals_indexed_by_the_loop_are_shared() {
     let out = run(&k, vec![x, vec![0.0; 4]]);
     assert_eq!(out[1], [28.0, 92.0, 156.0, 220.0]);
 }
+
+/// `analysis::row_runs`: the lanes of an im2col copy (16 output positions `p` of a 28-wide map, read
+/// at the 30-wide padded input) walk the input's rows, contiguous within one and 2 elements further
+/// at its end; a stride-2 window, a lane variable outside the split, or a split whose column is not
+/// the contiguous axis are not.
+#[test]
+fn row_runs_find_positions_split_into_rows() {
+    let k = parse_kernel(
+        "kernel @copy(%x: f32[4,30,30], %y: f32[4,64], %z: f32[4,64], %s: f32[4,60,60], %t: f32[4,30,30]) {
+  serial %c in 0..4 {
+    serial %j in 0..4 {
+      vector<16> %l in 0..16 {
+        %y[%c, ((%j * 16) + %l)] = %x[%c, ((((%j * 16) + %l) / 28) + 1), ((((%j * 16) + %l) % 28) + 2)]
+        %z[%c, ((%j * 16) + %l)] = %s[%c, (((((%j * 16) + %l) / 28) * 2) + 1), (((((%j * 16) + %l) % 28) * 2) + 1)]
+        %z[%c, ((%j * 16) + %l)] = %x[%c, ((((%j * 16) + %l) / 28) + 1), (((((%j * 16) + %l) % 28) + %l) / 2)]
+        %z[%c, ((%j * 16) + %l)] = %t[%c, ((((%j * 16) + %l) % 28) + 1), ((((%j * 16) + %l) / 28) + 2)]
+      }
+    }
+  }
+}
+",
+    )
+    .unwrap();
+    let mut found = vec![];
+    analysis::for_each_access(&k.body, &mut |b, index, vector, _| {
+        if let (Some(v), false) = (vector, k.buffer(b).name.starts_with(['y', 'z'])) {
+            let flat = analysis::flat_index(&k, b, index);
+            found.push(analysis::row_runs(&k, &flat, v).map(|(_, w, d)| (w, d)));
+        }
+    });
+    assert_eq!(found, [Some((28, 2)), None, None, None]);
+}
