@@ -341,7 +341,7 @@ fn tiled_contractions_of_many_shapes_match() {
     }
 }
 
-/// A contraction whose panels of B would not fit in half of the L2 (here a 64 KiB one, so that small
+/// A contraction whose panels of B would not fit in a quarter of the L2 (here a 64 KiB one, so that small
 /// shapes cross it) runs its reduction in blocks, its sums kept between them, and still matches: packed
 /// weights (MatMul, Gemm), packed im2col panels (a convolution with short rows) and a padded window.
 #[test]
