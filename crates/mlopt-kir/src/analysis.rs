@@ -522,13 +522,25 @@ pub fn interleaved(k: &Kernel, extents: &HashMap<Var, u64>, flat: &Expr, q: Var)
     })
 }
 
+/// How the lanes of a vector access walk a plane's rows ([`row_runs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowRuns {
+    /// The position the lanes step through (by one per lane), split into row `pos / width` and
+    /// column `pos % width`.
+    pub pos: Expr,
+    pub width: i64,
+    /// Elements from one column to the next (1, or 2 for a stride-2 window).
+    pub step: i64,
+    /// How much further than `step` the next row's first column lies past a row's last.
+    pub jump: i64,
+}
+
 /// Whether the lanes of vector loop `q` walk a plane's rows: `flat` reads `e / W` and `e % W` of one
 /// position `e` that moves by one with `q` (an output position split into its row and column, read
-/// at a padded input's width), depends on `q` only through them, and moves by one element with the
-/// column. Lanes in one row are then contiguous, and a step of at most W lanes spans two rows: Some
-/// ((e, W, D)), D how much further than the next element the next row starts (a padded row's extra
-/// columns). `k` names the fresh variables.
-pub fn row_runs(k: &Kernel, flat: &Expr, q: Var) -> Option<(Expr, i64, i64)> {
+/// at a padded input's width), depends on `q` only through them, and moves by 1 or 2 elements with
+/// the column. Lanes in one row are then evenly spaced, and a step of w lanes spans at most
+/// (W + w - 2) / W + 1 rows. `k` names the fresh variables.
+pub fn row_runs(k: &Kernel, flat: &Expr, q: Var) -> Option<RowRuns> {
     fn division(x: &Expr, q: Var) -> Option<(Expr, i64)> {
         match x {
             Expr::Binary(BinOp::Div, e, w) => match &**w {
@@ -539,22 +551,28 @@ pub fn row_runs(k: &Kernel, flat: &Expr, q: Var) -> Option<(Expr, i64, i64)> {
             _ => None,
         }
     }
-    let (e, w) = division(flat, q)?;
+    let (pos, width) = division(flat, q)?;
     let (row, col) = (Var(k.vars.len() as u32), Var(k.vars.len() as u32 + 1));
     let split = flat
         .replace(
-            &Expr::bin(BinOp::Div, e.clone(), Expr::int(w)),
+            &Expr::bin(BinOp::Div, pos.clone(), Expr::int(width)),
             &Expr::var(row),
         )
         .replace(
-            &Expr::bin(BinOp::Rem, e.clone(), Expr::int(w)),
+            &Expr::bin(BinOp::Rem, pos.clone(), Expr::int(width)),
             &Expr::var(col),
         );
-    if split.uses(q) || coefficient(&split, col) != Some(1) {
+    if split.uses(q) {
         return None;
     }
-    let pitch = coefficient(&split, row).filter(|&p| p != w)?;
-    Some((e, w, pitch - w))
+    let step = coefficient(&split, col).filter(|s| (1..=2).contains(s))?;
+    let pitch = coefficient(&split, row).filter(|&p| p != step * width)?;
+    Some(RowRuns {
+        pos,
+        width,
+        step,
+        jump: pitch - step * width,
+    })
 }
 
 /// What [`for_each_access`] calls: buffer, index, innermost vector loop, executions.

@@ -946,8 +946,9 @@ fn locals_indexed_by_the_loop_are_shared() {
 
 /// `analysis::row_runs`: the lanes of an im2col copy (16 output positions `p` of a 28-wide map, read
 /// at the 30-wide padded input) walk the input's rows, contiguous within one and 2 elements further
-/// at its end; a stride-2 window, a lane variable outside the split, or a split whose column is not
-/// the contiguous axis are not.
+/// at its end; through a stride-2 window (rows of 60, two per output row: 2 x 60 - 2 x 28 further), 2
+/// apart; a lane variable outside the split or a split whose column is not the contiguous axis do
+/// not.
 #[test]
 fn row_runs_find_positions_split_into_rows() {
     let k = parse_kernel(
@@ -970,8 +971,8 @@ fn row_runs_find_positions_split_into_rows() {
     analysis::for_each_access(&k.body, &mut |b, index, vector, _| {
         if let (Some(v), false) = (vector, k.buffer(b).name.starts_with(['y', 'z'])) {
             let flat = analysis::flat_index(&k, b, index);
-            found.push(analysis::row_runs(&k, &flat, v).map(|(_, w, d)| (w, d)));
+            found.push(analysis::row_runs(&k, &flat, v).map(|r| (r.width, r.step, r.jump)));
         }
     });
-    assert_eq!(found, [Some((28, 2)), None, None, None]);
+    assert_eq!(found, [Some((28, 1, 2)), Some((28, 2, 64)), None, None]);
 }

@@ -12,7 +12,7 @@ use inkwell::intrinsics::Intrinsic;
 use inkwell::types::{BasicType, BasicTypeEnum};
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::IntPredicate;
-use mlopt_kir::analysis::coefficient;
+use mlopt_kir::analysis::{coefficient, RowRuns};
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Space, Var};
 
 impl<'c> Gen<'_, 'c> {
@@ -280,7 +280,7 @@ impl<'c> Gen<'_, 'c> {
         }
         if let (Some(w), None, None) = (self.width, stride, interleave) {
             if let Some(runs) = self.row_runs(b, &flat, w) {
-                return self.two_rows_load(b, &flat, elem, w, runs);
+                return self.rows_load(b, &flat, elem, w, runs);
             }
         }
         match (self.width, stride) {
@@ -531,54 +531,49 @@ impl<'c> Gen<'_, 'c> {
 
     /// Where the lanes of a `w`-lane load of `b` at `flat` walk a plane's rows
     /// (`mlopt_kir::analysis::row_runs`: an im2col copy's 16 positions across a 28-wide output row
-    /// read at the padded input's 30): the position, the row width and the jump at a row's end.
-    /// AVX-512 only (masked loads), 16- and 32-bit elements, rows at least `w` wide.
-    fn row_runs(&self, b: BufId, flat: &Expr, w: u32) -> Option<(Expr, i64, i64)> {
+    /// read at the padded input's 30). AVX-512 only (masked loads), 16- and 32-bit elements, lanes
+    /// in at most four rows.
+    fn row_runs(&self, b: BufId, flat: &Expr, w: u32) -> Option<RowRuns> {
         let q = self.lane_var()?;
         let size = self.kernel.buffer(b).elem.size();
         if !self.avx512 || self.gpu || !matches!(size, 2 | 4) || self.reads_private(flat) {
             return None;
         }
-        mlopt_kir::analysis::row_runs(self.kernel, flat, q).filter(|r| r.1 >= i64::from(w))
+        mlopt_kir::analysis::row_runs(self.kernel, flat, q)
+            .filter(|r| Self::rows_spanned(r.width, w) <= 4)
     }
 
-    /// A `w`-lane load whose lanes cover the end of one row and the start of the next (`row_runs`):
-    /// two masked loads, the lanes still in lane 0's row from its element on, the rest from the same
-    /// place moved on by the row's jump. LLVM gathered such a load element by element
-    /// (`vgatherqps`): ResNet-50's fp32 3x3 convolutions on 28x28 maps spent a fifth of their time
-    /// copying their windows.
-    fn two_rows_load(
+    /// How many rows of `width` columns `w` consecutive lanes can span.
+    fn rows_spanned(width: i64, w: u32) -> i64 {
+        (width - 1 + i64::from(w) - 1) / width + 1
+    }
+
+    /// A `w`-lane load whose lanes run across row ends (`row_runs`): for each row the lanes can
+    /// reach, the lanes whose column lands in it, read from lane 0's element moved on by that many
+    /// rows' jumps: one masked load, or at a step of 2 two (the span's halves, only the picked
+    /// elements read) and a shuffle of their even elements. LLVM gathered such a load element by
+    /// element (`vgatherqps`): ResNet-50's fp32 3x3 convolutions on 28x28 maps spent a fifth of their
+    /// time copying windows.
+    fn rows_load(
         &mut self,
         b: BufId,
         flat: &Expr,
         elem: Elem,
         w: u32,
-        (pos, width, jump): (Expr, i64, i64),
+        runs: RowRuns,
     ) -> Ret<BasicValueEnum<'c>> {
         let i = self.scalar_index(flat)?;
-        let col = self.scalar_index(&Expr::bin(BinOp::Rem, pos, Expr::int(width)))?;
+        let col = self.scalar_index(&Expr::bin(BinOp::Rem, runs.pos, Expr::int(runs.width)))?;
         let i64t = self.ctx.i64_type();
-        let left = self
-            .builder
-            .build_int_sub(i64t.const_int(width as u64, false), col, "left")?;
+        // Lane l's column counted from lane 0's row start: col + l.
         let lanes: Vec<_> = (0..w)
             .map(|l| i64t.const_int(u64::from(l), false))
             .collect();
         let lanes = inkwell::types::VectorType::const_vector(&lanes);
-        let left = self.splat(left.into(), w)?.into_vector_value();
-        let first = self
-            .builder
-            .build_int_compare(IntPredicate::ULT, lanes, left, "row0")?;
-        let rest = self.builder.build_not(first, "row1")?;
+        let col = self.splat(col.into(), w)?.into_vector_value();
+        let at = self.builder.build_int_add(lanes, col, "at")?;
         let vt = vector_type(self.shuffle_elem(elem), w).into_vector_type();
         let p0 = self.elem_ptr(b, i)?;
-        let jump = i64t.const_int(jump as u64, false);
-        // SAFETY: a plain GEP (not `inbounds`: where no lane is in the next row, it may point past
-        // `b`); only the lanes in the next row are read through it, and they are inside `b`.
-        let p1 = unsafe {
-            self.builder
-                .build_gep(vt.get_element_type(), p0, &[jump], "p1")?
-        };
         let f = Intrinsic::find("llvm.masked.load")
             .and_then(|x| x.get_declaration(self.module, &[vt.into(), p0.get_type().into()]))
             .ok_or_else(|| err("no llvm.masked.load"))?;
@@ -586,14 +581,71 @@ impl<'c> Gen<'_, 'c> {
             .ctx
             .i32_type()
             .const_int(u64::from(elem.size() as u32), false);
+        let bound = |r: i64| {
+            let c = i64t.const_int((r * runs.width) as u64, false);
+            inkwell::types::VectorType::const_vector(&vec![c; w as usize])
+        };
+        let step = runs.step as u32;
         let mut v = vt.get_poison();
-        for (p, m) in [(p0, first), (p1, rest)] {
+        for r in 0..Self::rows_spanned(runs.width, w) {
+            let below =
+                self.builder
+                    .build_int_compare(IntPredicate::ULT, at, bound(r + 1), "end")?;
+            let m = if r == 0 {
+                below
+            } else {
+                let from =
+                    self.builder
+                        .build_int_compare(IntPredicate::UGE, at, bound(r), "start")?;
+                self.builder.build_and(below, from, "row")?
+            };
+            // SAFETY: a plain GEP (not `inbounds`: where no lane is in row r, it may point past
+            // `b`); only the picked elements of row r's lanes are read through it, inside `b`.
+            let at_part = |g: &mut Self, part: u32| -> Ret<PointerValue<'c>> {
+                let off = r * runs.jump + i64::from(part * w);
+                Ok(unsafe {
+                    g.builder.build_gep(
+                        vt.get_element_type(),
+                        p0,
+                        &[i64t.const_int(off as u64, false)],
+                        "pr",
+                    )?
+                })
+            };
+            let load = |g: &mut Self, p: PointerValue<'c>, m, keep| -> Ret<VectorValue<'c>> {
+                Ok(g.builder
+                    .build_call(f, &[p.into(), align.into(), m, keep], "row")?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| err("masked load returned nothing"))?
+                    .into_vector_value())
+            };
+            if step == 1 {
+                let p = at_part(self, 0)?;
+                v = load(self, p, m.into(), v.into())?;
+                continue;
+            }
+            // Element e of the 2w-element span is lane e / 2's where e is even: each half's mask
+            // picks those of m's lanes (a false lane elsewhere).
+            let none = self.ctx.bool_type().vec_type(w).const_zero();
+            let mut halves = Vec::with_capacity(2);
+            for part in 0..2 {
+                let picks = (0..w).map(|j| {
+                    let e = part * w + j;
+                    if e.is_multiple_of(step) {
+                        e / step
+                    } else {
+                        w
+                    }
+                });
+                let mask = self.shuffle((m, none), picks, "pick")?;
+                let p = at_part(self, part)?;
+                halves.push(load(self, p, mask.into(), vt.get_poison().into())?);
+            }
+            let picked = self.shuffle((halves[0], halves[1]), (0..w).map(|l| l * step), "even")?;
             v = self
                 .builder
-                .build_call(f, &[p.into(), align.into(), m.into(), v.into()], "row")?
-                .try_as_basic_value()
-                .basic()
-                .ok_or_else(|| err("masked load returned nothing"))?
+                .build_select(m, picked, v, "rows")?
                 .into_vector_value();
         }
         self.unshuffled(v, elem, w)
