@@ -464,29 +464,8 @@ impl<'c> Gen<'_, 'c> {
         (w, wide): (u32, u32),
     ) -> Ret<BasicValueEnum<'c>> {
         let vt = vector_type(self.shuffle_elem(elem), wide).into_vector_type();
-        let f = Intrinsic::find("llvm.masked.load")
-            .and_then(|i| i.get_declaration(self.module, &[vt.into(), p.get_type().into()]))
-            .ok_or_else(|| err("no llvm.masked.load"))?;
-        let align = self
-            .ctx
-            .i32_type()
-            .const_int(u64::from(elem.size() as u32), false);
-        let v = self
-            .builder
-            .build_call(
-                f,
-                &[
-                    p.into(),
-                    align.into(),
-                    self.lanes_mask(w, wide).into(),
-                    vt.get_poison().into(),
-                ],
-                "mld",
-            )?
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| err("masked load returned nothing"))?
-            .into_vector_value();
+        let mask = self.lanes_mask(w, wide);
+        let v = self.masked_load_lanes(p, elem, mask, vt.get_poison())?;
         let v = self.shuffle((v, v), 0..w, "mlanes")?;
         self.unshuffled(v, elem, w)
     }
@@ -512,21 +491,53 @@ impl<'c> Gen<'_, 'c> {
                 i.get_declaration(self.module, &[v.get_type().into(), p.get_type().into()])
             })
             .ok_or_else(|| err("no llvm.masked.store"))?;
-        let align = self
-            .ctx
-            .i32_type()
-            .const_int(u64::from(elem.size() as u32), false);
         self.builder.build_call(
             f,
             &[
                 v.into(),
                 p.into(),
-                align.into(),
+                self.elem_align(elem).into(),
                 self.lanes_mask(w, wide).into(),
             ],
             "",
         )?;
         Ok(())
+    }
+
+    /// One `llvm.masked.load` from `p` of `keep`'s type (`elem`s in the type `shuffle_elem` gives):
+    /// the lanes `mask` picks read, the others `keep`'s (never read, so never a fault).
+    fn masked_load_lanes(
+        &mut self,
+        p: PointerValue<'c>,
+        elem: Elem,
+        mask: VectorValue<'c>,
+        keep: VectorValue<'c>,
+    ) -> Ret<VectorValue<'c>> {
+        let f = Intrinsic::find("llvm.masked.load")
+            .and_then(|i| {
+                i.get_declaration(self.module, &[keep.get_type().into(), p.get_type().into()])
+            })
+            .ok_or_else(|| err("no llvm.masked.load"))?;
+        let args = [
+            p.into(),
+            self.elem_align(elem).into(),
+            mask.into(),
+            keep.into(),
+        ];
+        Ok(self
+            .builder
+            .build_call(f, &args, "mld")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| err("masked load returned nothing"))?
+            .into_vector_value())
+    }
+
+    /// A masked access's alignment operand: one element (the caller's buffers promise no more).
+    fn elem_align(&self, elem: Elem) -> IntValue<'c> {
+        self.ctx
+            .i32_type()
+            .const_int(u64::from(elem.size() as u32), false)
     }
 
     /// Where the lanes of a `w`-lane load of `b` at `flat` walk a plane's rows
@@ -574,13 +585,6 @@ impl<'c> Gen<'_, 'c> {
         let at = self.builder.build_int_add(lanes, col, "at")?;
         let vt = vector_type(self.shuffle_elem(elem), w).into_vector_type();
         let p0 = self.elem_ptr(b, i)?;
-        let f = Intrinsic::find("llvm.masked.load")
-            .and_then(|x| x.get_declaration(self.module, &[vt.into(), p0.get_type().into()]))
-            .ok_or_else(|| err("no llvm.masked.load"))?;
-        let align = self
-            .ctx
-            .i32_type()
-            .const_int(u64::from(elem.size() as u32), false);
         let bound = |r: i64| {
             let c = i64t.const_int((r * runs.width) as u64, false);
             inkwell::types::VectorType::const_vector(&vec![c; w as usize])
@@ -612,17 +616,9 @@ impl<'c> Gen<'_, 'c> {
                     )?
                 })
             };
-            let load = |g: &mut Self, p: PointerValue<'c>, m, keep| -> Ret<VectorValue<'c>> {
-                Ok(g.builder
-                    .build_call(f, &[p.into(), align.into(), m, keep], "row")?
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| err("masked load returned nothing"))?
-                    .into_vector_value())
-            };
             if step == 1 {
                 let p = at_part(self, 0)?;
-                v = load(self, p, m.into(), v.into())?;
+                v = self.masked_load_lanes(p, elem, m, v)?;
                 continue;
             }
             // Element e of the 2w-element span is lane e / 2's where e is even: each half's mask
@@ -640,7 +636,7 @@ impl<'c> Gen<'_, 'c> {
                 });
                 let mask = self.shuffle((m, none), picks, "pick")?;
                 let p = at_part(self, part)?;
-                halves.push(load(self, p, mask.into(), vt.get_poison().into())?);
+                halves.push(self.masked_load_lanes(p, elem, mask, vt.get_poison())?);
             }
             let picked = self.shuffle((halves[0], halves[1]), (0..w).map(|l| l * step), "even")?;
             v = self
