@@ -65,6 +65,11 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 
+    /// bf16 or f16: the 16-bit floats, stored narrow and computed in f32.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     pub fn is_int(self) -> bool {
         matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
     }

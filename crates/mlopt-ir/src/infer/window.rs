@@ -1,7 +1,8 @@
 //! Convolution and pooling windows: an axis's output size, the geometry's checks, and Conv's and
 //! ConvTranspose's output types.
 
-use super::{biased_dtype, err, get, need_float, same_dtype, R};
+use super::matrix::biased_dtype;
+use super::{err, get, need_float, same_dtype, R};
 use crate::dtype::TensorType;
 use crate::op::ConvAttrs;
 

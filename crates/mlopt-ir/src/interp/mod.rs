@@ -100,7 +100,7 @@ pub fn eval_op(
     let widened: Vec<Option<Tensor>> = inputs
         .iter()
         .map(|t| {
-            t.filter(|t| matches!(t.dtype(), DType::F16 | DType::BF16))
+            t.filter(|t| t.dtype().is_half())
                 .map(|t| t.cast(DType::F32))
         })
         .collect();
@@ -160,7 +160,7 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             // Narrow (bf16, f16) operands: the scores, the softmax and both products in f32, the output
             // rounded once, as the compiled kernels compute it.
             let dt = x()?.dtype();
-            let narrow = matches!(dt, DType::BF16 | DType::F16);
+            let narrow = dt.is_half();
             let wide = |t: &Tensor| {
                 if narrow {
                     t.cast(DType::F32)

@@ -109,7 +109,7 @@ pub fn widening_product(
         && n.children
             .first()
             .and_then(|c| ty(eg, *c))
-            .is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16))
+            .is_some_and(|t| t.dtype.is_half())
 }
 
 /// fp32 matrix ops of class `id`.
@@ -251,7 +251,7 @@ fn relu_over_widen(eg: &EGraph, id: Id) -> Vec<(Id, DType)> {
                 to: to @ DType::F32,
             } = o2
             {
-                if ty(eg, c2[0]).is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16)) {
+                if ty(eg, c2[0]).is_some_and(|t| t.dtype.is_half()) {
                     out.push((c2[0], to));
                 }
             }
