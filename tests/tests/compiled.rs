@@ -1168,7 +1168,7 @@ fn integer_resize_compiles_as_it_interprets() {
 /// convolution's taps: on `vdpbf16ps` one sum with C in registers, in row groups of 6 and 7).
 #[test]
 fn mma_blocks_compile_as_they_interpret() {
-    use mlopt_kir::{Elem, Io, Place, Program, Step};
+    use mlopt_kir::{Elem, Place, Program, Step};
     let set = "kernel @set(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
   serial %i in 0..2 {
     serial %j in 0..2 {
@@ -1207,22 +1207,10 @@ fn mma_blocks_compile_as_they_interpret() {
     let p = Program {
         name: "mma".into(),
         inputs: vec![
-            Io {
-                name: "a".into(),
-                elem: Elem::BF16,
-                dims: vec![64, 96],
-            },
-            Io {
-                name: "b".into(),
-                elem: Elem::BF16,
-                dims: vec![48, 128],
-            },
+            io("a", Elem::BF16, vec![64, 96]),
+            io("b", Elem::BF16, vec![48, 128]),
         ],
-        outputs: vec![Io {
-            name: "c".into(),
-            elem: Elem::F32,
-            dims: vec![64, 64],
-        }],
+        outputs: vec![io("c", Elem::F32, vec![64, 64])],
         kernels,
         steps: vec![
             Step::call(0, args.clone()),
@@ -1272,6 +1260,15 @@ fn mma_blocks_compile_as_they_interpret() {
     }
 }
 
+/// A program input or output: its name, element type and dimensions.
+fn io(name: &str, elem: mlopt_kir::Elem, dims: Vec<u64>) -> mlopt_kir::Io {
+    mlopt_kir::Io {
+        name: name.into(),
+        elem,
+        dims,
+    }
+}
+
 /// A serial loop around a vector loop whose lanes read an operand a plane apart (the channels-innermost
 /// copy bf16 convolutions make: `xp[.., q, c] = x[c, .., q s + ph]`) runs 16 steps at a time as rows
 /// transposed in registers (`mlopt-llvm/src/transpose.rs`): bf16 at a step of 2 and f32 at a step of 1,
@@ -1279,7 +1276,7 @@ fn mma_blocks_compile_as_they_interpret() {
 /// computed around the operand (a guard on the lane, a product); against the kernel IR interpreter.
 #[test]
 fn transposed_copies_compile_as_they_interpret() {
-    use mlopt_kir::{Elem, Io, Place, Program, Step};
+    use mlopt_kir::{Elem, Place, Program, Step};
     let strided = "kernel @strided(%o: bf16[2,37,32], %x: bf16[32,2,80]) {
   serial %h in 0..2 {
     serial %q in 0..37 {
@@ -1308,11 +1305,6 @@ fn transposed_copies_compile_as_they_interpret() {
         mlopt_kir::verify(k).unwrap();
         assert_eq!(&mlopt_kir::print::kernel(k), text);
     }
-    let io = |name: &str, elem, dims: Vec<u64>| Io {
-        name: name.into(),
-        elem,
-        dims,
-    };
     let p = Program {
         name: "tr".into(),
         inputs: vec![
@@ -1355,7 +1347,7 @@ fn transposed_copies_compile_as_they_interpret() {
 /// its columns) runs transposed: the same answers as the interpreter on every x86 level.
 #[test]
 fn odd_widths_and_transposed_tails_compile_as_they_interpret() {
-    use mlopt_kir::{Elem, Io, Place, Program, Step};
+    use mlopt_kir::{Elem, Place, Program, Step};
     let odd = "kernel @odd(%o: f32[4,40], %q: bf16[4,40], %x: f32[4,40], %z: bf16[4,40]) {
   serial %r in 0..4 {
     vector<12> %a in 0..24 {
@@ -1394,11 +1386,6 @@ fn odd_widths_and_transposed_tails_compile_as_they_interpret() {
     for k in &kernels {
         mlopt_kir::verify(k).unwrap();
     }
-    let io = |name: &str, elem, dims: Vec<u64>| Io {
-        name: name.into(),
-        elem,
-        dims,
-    };
     let p = Program {
         name: "odd".into(),
         inputs: vec![

@@ -322,7 +322,7 @@ fn narrow_product(g: &Graph, n: mlopt_ir::NodeId) -> bool {
             .first()
             .copied()
             .flatten()
-            .is_some_and(|t| matches!(t.dtype, DType::BF16 | DType::F16))
+            .is_some_and(|t| t.dtype.is_half())
 }
 
 /// The classes of the widening products (see `rules::precision::widening_product`) that the fused
@@ -476,6 +476,17 @@ mod tests {
     use super::*;
     use mlopt_ir::{Binary, Op, ReduceKind, TensorType, Unary};
 
+    /// A 2-D convolution's attributes: stride 1, `pad` on every side.
+    fn conv2d(pad: usize) -> mlopt_ir::ConvAttrs {
+        mlopt_ir::ConvAttrs {
+            strides: vec![1, 1],
+            pads: vec![pad; 4],
+            dilations: vec![1, 1],
+            group: 1,
+            output_padding: vec![],
+        }
+    }
+
     /// A LayerNormalization as exporters before opset 17 write it, with a constant scale and bias, becomes
     /// one `layer_norm` kernel and computes the same values.
     #[test]
@@ -562,13 +573,7 @@ mod tests {
             .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
             .collect();
         let w = g.add_const("w", Tensor::from_vec(&[48, 48, 1, 1], w).unwrap());
-        let a = mlopt_ir::ConvAttrs {
-            strides: vec![1, 1],
-            pads: vec![0; 4],
-            dilations: vec![1, 1],
-            group: 1,
-            output_padding: vec![],
-        };
+        let a = conv2d(0);
         let z = g.add(Op::Conv(a), "conv", &[y, w]).unwrap();
         g.add_output("z", z);
         let mut cfg = Config::new(Target::named("znver4", 1).unwrap());
@@ -589,13 +594,7 @@ mod tests {
             .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
             .collect();
         let w = g.add_const("", Tensor::from_vec(&[128, 64, 3, 3], w).unwrap());
-        let a = mlopt_ir::ConvAttrs {
-            strides: vec![1, 1],
-            pads: vec![1, 1, 1, 1],
-            dilations: vec![1, 1],
-            group: 1,
-            output_padding: vec![],
-        };
+        let a = conv2d(1);
         let y = g.add(Op::Conv(a), "", &[x, w]).unwrap();
         let y = g.add(Op::Unary(Unary::Relu), "", &[y]).unwrap();
         g.add_output("y", y);
@@ -620,13 +619,7 @@ mod tests {
     fn bf16_products_round_once_and_store_narrow() {
         let mut g = Graph::new("res");
         let x = g.add_input("x", TensorType::new(DType::F32, vec![1, 64, 28, 28]));
-        let a = mlopt_ir::ConvAttrs {
-            strides: vec![1, 1],
-            pads: vec![0; 4],
-            dilations: vec![1, 1],
-            group: 1,
-            output_padding: vec![],
-        };
+        let a = conv2d(0);
         let conv = |g: &mut Graph, name: &str, x, seed: usize| {
             let w: Vec<f32> = (0..64 * 64)
                 .map(|i| (((i + seed) * 7919) % 200) as f32 / 2000.0 - 0.05)
