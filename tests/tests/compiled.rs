@@ -1165,14 +1165,16 @@ fn integer_resize_compiles_as_it_interprets() {
 /// x86-64-v4 (the same blocks as loops) and for Zen 4 (`vdpbf16ps`; this machine runs its code too),
 /// against the kernel IR interpreter: a 64x64x96 product in 32x32 blocks, then 16x32x64 blocks and one
 /// 32x16x32 block accumulated on top, then a loop of three 13x32x32 products into one block (a
-/// convolution's taps: on `vdpbf16ps` one sum with C in registers, in row groups of 6 and 7).
+/// convolution's taps: on `vdpbf16ps` one sum with C in registers, in row groups of 6 and 7). The first
+/// and last prefetch the block after B's as they run (`ahead`; the first's last block asks past B's end),
+/// which changes no value.
 #[test]
 fn mma_blocks_compile_as_they_interpret() {
     use mlopt_kir::{Elem, Place, Program, Step};
     let set = "kernel @set(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
   serial %i in 0..2 {
     serial %j in 0..2 {
-      mma<32x32x96> %c[(%i * 32), (%j * 32)] = %a[(%i * 32), 0] * %b[0, (%j * 64)]
+      mma<32x32x96> %c[(%i * 32), (%j * 32)] = %a[(%i * 32), 0] * %b[0, (%j * 64)] ahead
     }
   }
 }
@@ -1186,7 +1188,7 @@ fn mma_blocks_compile_as_they_interpret() {
 ";
     let taps = "kernel @taps(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
   serial %t in 0..3 {
-    mma<13x32x32> %c[0, 0] += %a[(%t * 16), (%t * 2)] * %b[(%t * 8), 32]
+    mma<13x32x32> %c[0, 0] += %a[(%t * 16), (%t * 2)] * %b[(%t * 8), 32] ahead
   }
 }
 ";
@@ -1248,6 +1250,12 @@ fn mma_blocks_compile_as_they_interpret() {
             t.matrix() == Some(mlopt_target::MatrixUnit::Dot),
             "{target}: vdpbf16ps iff the target has it and no AMX"
         );
+        if t.matrix() == Some(mlopt_target::MatrixUnit::Dot) {
+            assert!(
+                code.optimized_ir.contains("llvm.prefetch"),
+                "{target}: blocks marked `ahead` prefetch"
+            );
+        }
         let got = run_code(&p, &code, &inputs, &[64 * 64 * 4]);
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.
         let (w, g) = (f32s(&want[0]), f32s(&got[0]));

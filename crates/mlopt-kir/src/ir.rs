@@ -204,7 +204,10 @@ pub enum Stmt {
     /// tensor-core `mma`): for i < m, j < n,
     /// `c[i, j] = (acc ? c[i, j] : 0) + sum over p < k of a[i, p] * b[p / 2, 2 j + p % 2]`,
     /// with `a` [m, k] and `b` [k / 2, 2 n] bf16 (B's rows interleave pairs of k, the layout the
-    /// hardware reads), `c` [m, n] f32; products are exact in f32, sums are f32.
+    /// hardware reads), `c` [m, n] f32; products are exact in f32, sums are f32. With `ahead` (text:
+    /// a trailing `ahead`), the code also fetches into L2 the bytes that follow B's block in memory
+    /// (as many as it has: a packed weight's next panel, the one the next block of columns reads) while
+    /// the product runs; a hint, with no effect on the values.
     Mma {
         m: u64,
         n: u64,
@@ -213,6 +216,7 @@ pub enum Stmt {
         a: Block,
         b: Block,
         acc: bool,
+        ahead: bool,
     },
     /// A warp's tensor-core multiply-accumulate (PTX `mma.sync.aligned.m16n8k16.row.col` on bf16 or f16,
     /// `m16n8k8` on tf32 for f32 operands), written from one thread's side. The 32 threads of a warp run
@@ -637,6 +641,7 @@ impl Stmt {
                 a,
                 b: bb,
                 acc,
+                ahead,
             } => Stmt::Mma {
                 m: *m,
                 n: *n,
@@ -645,6 +650,7 @@ impl Stmt {
                 a: blk(a),
                 b: blk(bb),
                 acc: *acc,
+                ahead: *ahead,
             },
             Stmt::WarpMma { c, a, b: bb } => Stmt::WarpMma {
                 c: blk(c),

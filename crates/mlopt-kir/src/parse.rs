@@ -288,6 +288,7 @@ impl P<'_> {
             let a = self.block_operand()?;
             self.expect("*")?;
             let b = self.block_operand()?;
+            let ahead = self.eat("ahead");
             return Ok(Stmt::Mma {
                 m,
                 n,
@@ -296,6 +297,7 @@ impl P<'_> {
                 a,
                 b,
                 acc,
+                ahead,
             });
         }
         if self.eat("if ") {

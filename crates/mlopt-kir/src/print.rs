@@ -262,14 +262,16 @@ fn stmt(k: &Kernel, st: &Stmt, depth: usize, s: &mut String) {
             a,
             b,
             acc,
+            ahead,
         } => {
             let _ = writeln!(
                 s,
-                "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}",
+                "{pad}mma<{m}x{n}x{depth_k}> {} {} {} * {}{}",
                 block(k, c),
                 if *acc { "+=" } else { "=" },
                 block(k, a),
-                block(k, b)
+                block(k, b),
+                if *ahead { " ahead" } else { "" }
             );
         }
         Stmt::WarpMma { c, a, b } => {

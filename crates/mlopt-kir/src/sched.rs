@@ -300,6 +300,7 @@ fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
                 a,
                 b,
                 acc,
+                ahead: _,
             } => {
                 let id = k.vars.len();
                 let (i, j, p) = (

@@ -145,6 +145,7 @@ impl Verifier<'_> {
                 a,
                 b,
                 acc: _,
+                ahead: _,
             } => {
                 // Each block's first and last element must be in bounds (the indices are affine, so
                 // every element between them is too), and the types are the matrix engine's.

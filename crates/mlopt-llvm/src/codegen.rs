@@ -319,9 +319,10 @@ impl<'a, 'c> Gen<'a, 'c> {
                 a,
                 b,
                 acc,
+                ahead,
             } => match self.matrix {
                 Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),
-                Some(MatrixUnit::Dot) => self.mma_dot(*m, *n, *k, c, a, b, *acc),
+                Some(MatrixUnit::Dot) => self.mma_dot(*m, *n, *k, (c, a, b), *acc, *ahead),
                 None => Err(err(format!(
                     "@{}: an mma block on a target without a bf16 matrix unit (expand it first)",
                     self.kernel.name

@@ -93,6 +93,22 @@ impl<'c> Gen<'_, 'c> {
         // SAFETY: a plain GEP, not `inbounds`: the address may lie past the buffer, which a prefetch
         // (which cannot fault) may name; nothing is read through it.
         let p = unsafe { self.builder.build_gep(t, base, &[i], "pf")? };
+        self.prefetch_line(p)
+    }
+
+    /// A prefetch of the line `bytes` past `p`, which may lie past `p`'s buffer.
+    pub(crate) fn prefetch_past(&mut self, p: PointerValue<'c>, bytes: u64) -> Ret<()> {
+        let off = self.ctx.i64_type().const_int(bytes, false);
+        // SAFETY: a plain GEP (see `prefetch`).
+        let p = unsafe {
+            self.builder
+                .build_gep(self.ctx.i8_type(), p, &[off], "pf")?
+        };
+        self.prefetch_line(p)
+    }
+
+    /// `prefetcht1` of the line at `p`: into L2, for reads soon.
+    fn prefetch_line(&mut self, p: PointerValue<'c>) -> Ret<()> {
         let f = inkwell::intrinsics::Intrinsic::find("llvm.prefetch")
             .and_then(|f| f.get_declaration(self.module, &[p.get_type().into()]))
             .ok_or_else(|| err("no llvm.prefetch"))?;

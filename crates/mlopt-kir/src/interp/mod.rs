@@ -221,6 +221,7 @@ impl Frame<'_> {
                 a,
                 b,
                 acc,
+                ahead: _,
             } => {
                 let at = |x: &crate::Block, r: u64, col: u64| {
                     x.index(Expr::int(r as i64), Expr::int(col as i64))

@@ -201,6 +201,10 @@ pub(super) fn block_loops(
             (c, vec![Expr::int(0), Expr::int(0)], Some(e))
         }
     };
+    // A packed weight streams from memory once per call: each block fetches the next column block's
+    // panel, which follows its own (a B packed per call, a pointwise convolution's activations, is
+    // in cache already).
+    let ahead = l.kernel().buffer(bp).space != Space::Local;
     let mma = Stmt::Mma {
         m: mb,
         n: nb,
@@ -215,6 +219,7 @@ pub(super) fn block_loops(
             at: vec![Expr::var(jb), Expr::int(0), Expr::int(0)],
         },
         acc: false,
+        ahead,
     };
     let block = std::iter::once(mma).chain(epilogue).collect();
     let for_ = |var, extent, body| Stmt::For {

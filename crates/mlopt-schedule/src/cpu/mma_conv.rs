@@ -361,6 +361,9 @@ pub(crate) fn blocks(
                     at: vec![t, Expr::var(jb), Expr::int(0), Expr::int(0)],
                 },
                 acc,
+                // The weight streams from memory once per call: each tap's block fetches the
+                // next column block's, which follows it (`w_packed[tap, jb + 1]`).
+                ahead: true,
             }
         };
         let (pos, ch) = (
