@@ -446,15 +446,7 @@ fn unbatched(
         return Ok(None);
     };
     if weight_a {
-        // With `vdpbf16ps`, whose blocks take any rows but columns in 16s, positions that would pad
-        // the columns (a 7x7 map's 49 to 64) are the rows instead where that leaves an eighth less
-        // padded work (not where the channels would pad more: MobileNetV3's 40 to 64): the weight is
-        // B, the activations copied into rows (transposed, `mlopt-llvm/src/transpose.rs`), the
-        // epilogue along the positions reading the blocks down their columns (transposed too).
-        let dot = target.matrix() == Some(mlopt_target::MatrixUnit::Dot);
-        let (_, _, mp, np, _) = blocks(target, n, m, k);
-        let (_, _, mp_swap, np_swap, _) = blocks(target, m, n, k);
-        if dot && 8 * mp_swap * np_swap < 7 * mp * np {
+        if positions_as_rows(target, n, m, k) {
             return unbatched(
                 p,
                 target,
@@ -542,6 +534,20 @@ fn unbatched(
     )?;
     Ok(Some(stmts))
 }
+/// Whether a pointwise convolution of `channels` outputs at `positions` positions (depth `k`) runs with
+/// its positions as the blocks' rows: with `vdpbf16ps`, whose blocks take any rows but columns in 16s,
+/// where positions as columns pad at least an eighth more work (a 7x7 map's 49 positions to 64, a
+/// 14x14 map's 196 to 224 in blocks of 32; not where the channels would pad more: MobileNetV3's 40 to
+/// 64). The weight is then B, the activations copied into rows (transposed,
+/// `mlopt-llvm/src/transpose.rs`), the epilogue along the positions reading the blocks down their
+/// columns (transposed too). (At exactly an eighth, ResNet-50's 14x14 expansions of 256 to 1024
+/// channels ran at 70% of the bf16 peak as columns, at 90% as rows.)
+fn positions_as_rows(target: &CpuTarget, channels: u64, positions: u64, k: u64) -> bool {
+    let (_, _, mp, np, _) = blocks(target, channels, positions, k);
+    let (_, _, mp_swap, np_swap, _) = blocks(target, positions, channels, k);
+    target.matrix() == Some(mlopt_target::MatrixUnit::Dot) && 8 * mp_swap * np_swap <= 7 * mp * np
+}
+
 /// A pointwise convolution (its output channels the weight's, its positions contiguous in the output) as
 /// out[oc, pos] = W[oc, k] x X[k, pos]: the weight is A, packed once as [output channels, K] rows; the
 /// activations are B, packed per call into the blocks' k-pair layout from two channel rows at a time
@@ -710,4 +716,37 @@ pub(super) fn pack_columns(
         }
     }
     fill
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (output channels, positions, depth) -> positions as the blocks' rows, on `vdpbf16ps`.
+    const ORIENTATIONS: &[((u64, u64, u64), bool)] = &[
+        ((2048, 49, 512), true), // ResNet-50's 7x7 expansion: 49 positions pad to 64 as columns
+        ((1024, 196, 256), true), // its 14x14 expansion: 196 to 224, an eighth
+        ((256, 196, 1024), true), // and reduction
+        ((40, 196, 120), false), // MobileNetV3: 40 channels would pad to 64 as columns
+        ((256, 3136, 64), false), // a 56x56 map fills its blocks of 32
+        ((128, 784, 512), false), // and a 28x28 one
+    ];
+
+    #[test]
+    fn pointwise_convolutions_pick_the_orientation_that_pads_less() {
+        let zen4 = mlopt_target::cpu::znver4(1);
+        assert_eq!(zen4.matrix(), Some(mlopt_target::MatrixUnit::Dot));
+        for &((channels, positions, k), want) in ORIENTATIONS {
+            let got = positions_as_rows(&zen4, channels, positions, k);
+            assert_eq!(
+                got, want,
+                "{channels} channels x {positions} positions x {k}"
+            );
+        }
+        // AMX tiles take rows in 16s or 32s: the columns stay the positions.
+        let mut amx = zen4.clone();
+        amx.features
+            .extend(["amx-tile", "amx-bf16"].map(String::from));
+        assert!(!positions_as_rows(&amx, 2048, 49, 512));
+    }
 }
