@@ -370,10 +370,14 @@ impl Geometry<'_> {
 
     /// The prefetches of one step `at` (the linear index in this block of K) of the tiles reading the
     /// packed weight `w` ([panels, K, nr]): the block read next (the next block of K, or the next
-    /// panel's first) follows this one in memory, and its lines are spread over the steps of all the
-    /// rows' tiles: step `at` of tile `io` fetches lines (io x steps + at) x per, .. + per, where `per`
-    /// lines a step cover the block, and none past it. (The stream's last block asks past the buffer's
-    /// end, which a prefetch may.)
+    /// panel's first) follows this one in memory, and its lines are spread evenly over the steps of all
+    /// the rows' tiles, `slots` of them: where there are fewer lines than slots, slot s = io x steps +
+    /// at fetches line s x lines / slots (neighbouring slots ask for one line, a hit in the line's
+    /// fill); else slot s fetches lines s x per, .. + per, where `per` lines a step cover the block,
+    /// and none past it. (The stream's last block asks past the buffer's end, which a prefetch may.)
+    /// A line every step from the first tile on, then none, asked for lines at the memory's bandwidth
+    /// while the block lasted: ResNet-50's 7x7-map 1x1 convolutions, whose 4 MB weights serve 49
+    /// positions, ran 7% faster spread.
     fn prefetch_next(&self, w: BufId, red: &Reduction, at: &Expr) -> Vec<Stmt> {
         // f32 elements in a 64-byte line (packed weights are f32).
         const LINE: u64 = 16;
@@ -396,6 +400,17 @@ impl Geometry<'_> {
             Expr::mul(Expr::var(self.io), Expr::int(steps as i64)),
             at.clone(),
         );
+        let slots = tiles * steps;
+        if lines < slots {
+            let line = Expr::div(
+                Expr::mul(slot, Expr::int(lines as i64)),
+                Expr::int(slots as i64),
+            );
+            return vec![Stmt::Prefetch {
+                buf: w,
+                at: Expr::add(next, Expr::mul(line, Expr::int(LINE as i64))),
+            }];
+        }
         (0..per)
             .map(|p| {
                 let line = Expr::add(
