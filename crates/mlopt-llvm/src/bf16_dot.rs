@@ -14,11 +14,12 @@
 //! R is chosen so R x n/16 accumulators plus the B vectors fit the 32 zmm registers. The accumulators are
 //! entry-block allocas indexed by constants, which SROA promotes to registers across the loop.
 //!
-//! With `ahead`, the first row group's k loop, which reads B from wherever it is, also prefetches the
-//! lines at the same place of the block that follows B in memory (a packed weight's next panel: each
-//! step one line per 16 columns, `prefetcht1`): a weight too large for the caches then streams in
-//! behind the products instead of stalling the first row group of every panel (ResNet-50's 7x7-map
-//! convolutions, whose 2-4.5 MB weights each serve 49 positions, ran at 57-68% of the bf16 peak).
+//! With `ahead`, the k loops also prefetch (`prefetcht1`) the block that follows B in memory (a packed
+//! weight's next panel), its lines spread evenly over the steps of all row groups: a weight too large
+//! for the caches then streams in behind the products instead of stalling the first row group of
+//! every panel (ResNet-50's 7x7-map convolutions, whose 2-4.5 MB weights each serve 49 positions, ran
+//! at 57-68% of the bf16 peak). All lines in the first group's steps asked for them faster than memory
+//! delivers.
 
 #![allow(unsafe_code)] // GEPs inside the block; in bounds by verification of the `mma`.
 
@@ -146,9 +147,9 @@ impl<'c> Gen<'_, 'c> {
         let groups = row_groups(m, n);
         let most = groups.iter().map(|g| g.1).max().unwrap_or(1);
         let slots = self.entry_alloca(f32v.as_basic_type_enum(), Some(most * nv), "dot.acc")?;
+        let n_groups = groups.len() as u64;
         for (g, (first, rows)) in groups.into_iter().enumerate() {
-            // The first group reads B from memory, the others from L1: the first prefetches.
-            let ahead = ahead && g == 0;
+            let ahead = ahead.then_some((g as u64, n_groups));
             // C's accumulators for this row group: loaded, or zero.
             let mut c_at = Vec::new();
             for r in 0..rows {
@@ -196,15 +197,17 @@ impl<'c> Gen<'_, 'c> {
     }
 
     /// The k loop of the row group of `rows` rows from `first` (`nv` vectors of C each, in `slots`): every
-    /// k-pair of A's rows broadcast against B's row of pairs, accumulated by `vdpbf16ps`; with `ahead`, each
-    /// step prefetches its row's place in the block after B's (k / 2 rows on).
+    /// k-pair of A's rows broadcast against B's row of pairs, accumulated by `vdpbf16ps`. With `ahead` (this
+    /// group's number and the groups there are), the steps prefetch their share of the block after B's
+    /// (k / 2 rows of `nv` lines): step s of all groups' steps, S of them, the lines from s x nv x k/2 /
+    /// S, as many as cover the block evenly (neighbouring steps may ask for one line: a hit).
     fn dot_k(
         &mut self,
         k: u64,
         (a, b): (&Block, &Block),
         (first, rows, nv): (u64, u64, u64),
         slots: PointerValue<'c>,
-        ahead: bool,
+        ahead: Option<(u64, u64)>,
     ) -> Ret<()> {
         let (a0, lda) = self.block_base(a)?;
         let (b0, ldb) = self.block_base(b)?;
@@ -229,9 +232,24 @@ impl<'c> Gen<'_, 'c> {
                 let p = g.byte_offset(b_row, i64(g, v * LANES * 4))?;
                 bs.push(g.load_unaligned(bf16v.into(), p, 2)?);
             }
-            if ahead {
-                for v in 0..nv {
-                    g.prefetch_past(b_row, k / 2 * ldb + v * LANES * 4)?;
+            if let Some((group, groups)) = ahead {
+                // Step s of all groups' k/2 x groups steps: lines s x nv / groups, .. + per.
+                let per = nv.div_ceil(groups);
+                let s = g
+                    .builder
+                    .build_int_add(kk, i64(g, group * (k / 2)), "pfs")?;
+                let s = g.builder.build_int_mul(s, i64(g, nv), "pfs")?;
+                let first = g.builder.build_int_unsigned_div(s, i64(g, groups), "pfl")?;
+                for p in 0..per {
+                    let line = g.builder.build_int_add(first, i64(g, p), "pfl")?;
+                    // Line (row, v) of the next block: k/2 + row rows past B's first, v lines in.
+                    let row = g.builder.build_int_unsigned_div(line, i64(g, nv), "pfr")?;
+                    let v = g.builder.build_int_unsigned_rem(line, i64(g, nv), "pfv")?;
+                    let row = g.builder.build_int_add(row, i64(g, k / 2), "pfr")?;
+                    let off = g.builder.build_int_mul(row, i64(g, ldb), "pfo")?;
+                    let v = g.builder.build_int_mul(v, i64(g, LANES * 4), "pfo")?;
+                    let off = g.builder.build_int_add(off, v, "pfo")?;
+                    g.prefetch_past(b0, off)?;
                 }
             }
             let a_off = g.builder.build_int_mul(kk, i64(g, 4), "ao")?;

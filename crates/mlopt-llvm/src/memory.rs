@@ -97,12 +97,11 @@ impl<'c> Gen<'_, 'c> {
     }
 
     /// A prefetch of the line `bytes` past `p`, which may lie past `p`'s buffer.
-    pub(crate) fn prefetch_past(&mut self, p: PointerValue<'c>, bytes: u64) -> Ret<()> {
-        let off = self.ctx.i64_type().const_int(bytes, false);
+    pub(crate) fn prefetch_past(&mut self, p: PointerValue<'c>, bytes: IntValue<'c>) -> Ret<()> {
         // SAFETY: a plain GEP (see `prefetch`).
         let p = unsafe {
             self.builder
-                .build_gep(self.ctx.i8_type(), p, &[off], "pf")?
+                .build_gep(self.ctx.i8_type(), p, &[bytes], "pf")?
         };
         self.prefetch_line(p)
     }
