@@ -214,6 +214,22 @@ fn bf16_contractions_compile_to_mma_blocks() {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         cases.push((name, g, inputs));
     }
+    // A MatMul whose output is written transposed (Whisper's keys: [positions, channels] stored as
+    // [channels, positions]): its blocks store along the output's contiguous axis, the rows.
+    {
+        let mut g = mlopt_ir::Graph::new("keys");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![1, 100, 64]));
+        let w: Vec<f32> = (0..64 * 96)
+            .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
+            .collect();
+        let w = g.add_const("w", Tensor::from_vec(&[64, 96], w).unwrap());
+        let y = g.add(Op::MatMul, "matmul", &[x, w]).unwrap();
+        let perm = vec![0, 2, 1];
+        let y = g.add(Op::Transpose { perm }, "transpose", &[y]).unwrap();
+        g.add_output("y", y);
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 9);
+        cases.push(("matmul transposed", g, inputs));
+    }
     for name in ["mlp", "transformer"] {
         cases.push((name, import(name), data(name).0));
     }
@@ -275,6 +291,19 @@ fn bf16_contractions_compile_to_mma_blocks() {
                 assert!(
                     text.contains(copied) && !text.contains(packed),
                     "{target}: {what}\n{text}"
+                );
+            }
+            if *name == "matmul transposed" && pays {
+                let k = c
+                    .program
+                    .kernels
+                    .iter()
+                    .find(|k| mlopt_kir::analysis::has_mma(&k.body))
+                    .unwrap();
+                let text = mlopt_kir::print::kernel(k);
+                assert!(
+                    text.contains("vector<16> %ii"),
+                    "{target}: the epilogue runs along the rows\n{text}"
                 );
             }
             // Attention packs K^T and V per head into the blocks' layout.

@@ -202,6 +202,25 @@ pub(super) fn block_loops(
                 (ibi, per),
             ]);
             let st = contiguous_store(l.kernel(), st, inner, &ranges);
+            // An output that the block's inner axis would scatter and the other would not (Whisper's
+            // keys, written transposed as [head, channel, position]) is stored along the other.
+            let k_: &mlopt_kir::Kernel = l.kernel();
+            let step = |v: Var| match &st {
+                Stmt::Store { buf, index, .. } => mlopt_kir::analysis::coefficient(
+                    &mlopt_kir::analysis::flat_index(k_, *buf, index),
+                    v,
+                ),
+                _ => None,
+            };
+            // (A known stride other than 1 scatters; an index that is not affine, a position split
+            // into images and rows, may still run in rows.)
+            let scatters = |v: Var| matches!(step(v), Some(s) if s != 1);
+            let other = if inner == ii { jj } else { ii };
+            let order = match order {
+                _ if !scatters(inner) || scatters(other) => order,
+                Epilogue::ColumnsInner => Epilogue::RowsInner,
+                Epilogue::RowsInner => Epilogue::ColumnsInner,
+            };
             let tail = l.fresh("ii");
             let e = epilogue(
                 st,
