@@ -270,7 +270,9 @@ fn pick_parallel(
                 DISTINCT_BUDGET,
             )
     };
-    let splits = *extent >= threads as u64 && stores_ok_in(k, body, uses, &disjoint, true);
+    let splits = *extent >= threads as u64
+        && stores_ok_in(k, body, uses, &disjoint, true)
+        && !transposes(k, *var, body);
     // Threads get equal shares, or nearly (the busiest at most a seventh more than an even share: 7
     // column blocks on 2 threads, where splitting the loop inside instead forks and joins the threads
     // once per block).
@@ -290,6 +292,35 @@ fn pick_parallel(
     if splits && out.len() == before {
         out.push(*var);
     }
+}
+
+/// Whether loop `q`'s `body` is a copy that code generation runs as transposed blocks of steps
+/// (`mlopt-llvm/src/transpose.rs`): one loop whose one store reads an operand whose elements lie far
+/// apart along that loop (a channel plane: the vector lanes) and close together along `q`. Split
+/// between threads, each step of `q` is a gather per lane instead: the channels-innermost copies of
+/// bf16 blocks ran 20-30% slower on 2 threads than on 1 (DenseNet-121's 14x14 pointwise
+/// convolutions), so the loop stays whole.
+fn transposes(k: &Kernel, q: Var, body: &[Stmt]) -> bool {
+    let [Stmt::For {
+        var: lane,
+        body: inner,
+        ..
+    }] = body
+    else {
+        return false;
+    };
+    let [Stmt::Store { value, .. }] = &inner[..] else {
+        return false;
+    };
+    let mut far = false;
+    mlopt_kir::analysis::for_each_load(value, &mut |b, ix| {
+        let f = flat(k, b, ix);
+        far |= matches!(
+            (coefficient(&f, *lane), coefficient(&f, q)),
+            (Some(l), Some(1..=4)) if l.abs() > 4
+        );
+    });
+    far
 }
 
 /// Loop-body executions in a nest (a matrix-engine block counts its multiply-adds / 16, about what a
