@@ -233,9 +233,11 @@ pub(super) fn block_loops(
         }
     };
     // A packed weight streams from memory once per call: each block fetches the next column block's
-    // panel, which follows its own (a B packed per call, a pointwise convolution's activations, is
-    // in cache already).
-    let ahead = l.kernel().buffer(bp).space != Space::Local;
+    // panel, which follows its own, where the weight would not sit in L2 from call to call (a
+    // quarter of it, as for the fp32 tiles). A B packed per call, a pointwise convolution's
+    // activations, is in cache already.
+    let b_buf = l.kernel().buffer(bp);
+    let ahead = b_buf.space != Space::Local && b_buf.numel() * 2 >= l.target.l2_bytes / 4;
     let mma = Stmt::Mma {
         m: mb,
         n: nb,
