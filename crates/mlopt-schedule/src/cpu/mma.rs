@@ -205,16 +205,9 @@ pub(super) fn block_loops(
             // An output that the block's inner axis would scatter and the other would not (Whisper's
             // keys, written transposed as [head, channel, position]) is stored along the other.
             let k_: &mlopt_kir::Kernel = l.kernel();
-            let step = |v: Var| match &st {
-                Stmt::Store { buf, index, .. } => mlopt_kir::analysis::coefficient(
-                    &mlopt_kir::analysis::flat_index(k_, *buf, index),
-                    v,
-                ),
-                _ => None,
-            };
             // (A known stride other than 1 scatters; an index that is not affine, a position split
             // into images and rows, may still run in rows.)
-            let scatters = |v: Var| matches!(step(v), Some(s) if s != 1);
+            let scatters = |v: Var| matches!(store_step(k_, &st, v), Some(s) if s != 1);
             let other = if inner == ii { jj } else { ii };
             let order = match order {
                 _ if !scatters(inner) || scatters(other) => order,
@@ -268,6 +261,15 @@ pub(super) fn block_loops(
     )])
 }
 
+/// How far store `st`'s element moves per step of `v` (None where its index is not affine in `v`, or
+/// `st` is not a store).
+fn store_step(k: &mlopt_kir::Kernel, st: &Stmt, v: Var) -> Option<i64> {
+    let Stmt::Store { buf, index, .. } = st else {
+        return None;
+    };
+    mlopt_kir::analysis::coefficient(&mlopt_kir::analysis::flat_index(k, *buf, index), v)
+}
+
 /// Store `st` with its index simplified under the block loops' `ranges` where that makes it contiguous
 /// along `inner` and it was not: an output whose axes split the block's columns (Swin's attention
 /// projections write [q/k/v, window, head, position, channel], the column `jb * 32 + jj` divided by 384
@@ -279,13 +281,7 @@ fn contiguous_store(
     inner: Var,
     ranges: &HashMap<Var, u64>,
 ) -> Stmt {
-    let along = |s: &Stmt| match s {
-        Stmt::Store { buf, index, .. } => {
-            let flat = mlopt_kir::analysis::flat_index(k, *buf, index);
-            mlopt_kir::analysis::coefficient(&flat, inner).is_some()
-        }
-        _ => false,
-    };
+    let along = |s: &Stmt| store_step(k, s, inner).is_some();
     if along(&st) {
         return st;
     }
@@ -818,13 +814,7 @@ mod tests {
             panic!("no jj loop")
         };
         let ranges = HashMap::from([(*jb, 36), (*jj, 32)]);
-        let along = |s: &Stmt| match s {
-            Stmt::Store { buf, index, .. } => mlopt_kir::analysis::coefficient(
-                &mlopt_kir::analysis::flat_index(&k, *buf, index),
-                *jj,
-            ),
-            _ => None,
-        };
+        let along = |s: &Stmt| store_step(&k, s, *jj);
         assert_eq!(along(&body[0]), None);
         let st = contiguous_store(&k, body[0].clone(), *jj, &ranges);
         assert_eq!(along(&st), Some(1));
