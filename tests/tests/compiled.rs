@@ -276,14 +276,14 @@ fn bf16_contractions_compile_to_mma_blocks() {
             let dot = Target::named(target, 1).unwrap().cpu().unwrap().matrix()
                 == Some(mlopt_target::MatrixUnit::Dot);
             let rows = *name == "pointwise" && dot;
+            // The first kernel on blocks, as text.
+            let blocks_text = || {
+                let mut kernels = c.program.kernels.iter();
+                let k = kernels.find(|k| mlopt_kir::analysis::has_mma(&k.body));
+                mlopt_kir::print::kernel(k.unwrap())
+            };
             if name.starts_with("pointwise") && pays {
-                let k = c
-                    .program
-                    .kernels
-                    .iter()
-                    .find(|k| mlopt_kir::analysis::has_mma(&k.body))
-                    .unwrap();
-                let text = mlopt_kir::print::kernel(k);
+                let text = blocks_text();
                 let (copied, packed, what) = match rows {
                     true => ("a_pad", "b_pack", "the positions are the rows"),
                     false => ("b_pack", "a_pad", "the activations are B"),
@@ -294,13 +294,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
                 );
             }
             if *name == "matmul transposed" && pays {
-                let k = c
-                    .program
-                    .kernels
-                    .iter()
-                    .find(|k| mlopt_kir::analysis::has_mma(&k.body))
-                    .unwrap();
-                let text = mlopt_kir::print::kernel(k);
+                let text = blocks_text();
                 assert!(
                     text.contains("vector<16> %ii"),
                     "{target}: the epilogue runs along the rows\n{text}"
