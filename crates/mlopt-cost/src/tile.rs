@@ -118,6 +118,14 @@ pub fn swap_pays(
     swapped < plain
 }
 
+/// Whether a weight of `bytes` streams from memory on every call, so that the tiles or blocks reading
+/// it should prefetch its next block while they compute: a quarter of L2 or more (a model's weights
+/// do not stay in cache from call to call; a small one is read from cache after its first lines, and
+/// prefetches only cost: YOLO's 7 KB stem weight ran 1.55x slower with them on `vdpbf16ps`).
+pub fn weight_streams(target: &CpuTarget, bytes: u64) -> bool {
+    bytes >= target.l2_bytes / 4
+}
+
 /// What a tile choice depends on: output rows, output columns, reduction length, vector lanes.
 pub type TileKey = (u64, u64, u64, u32);
 

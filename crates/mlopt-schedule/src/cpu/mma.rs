@@ -225,12 +225,13 @@ pub(super) fn block_loops(
             (c, vec![Expr::int(0), Expr::int(0)], Some(e))
         }
     };
-    // A packed weight streams from memory once per call: each block fetches the next column block's
-    // panel, which follows its own, where the weight would not sit in L2 from call to call (a
-    // quarter of it, as for the fp32 tiles). A B packed per call, a pointwise convolution's
-    // activations, is in cache already.
+    // A packed weight that streams from memory: each block fetches the next column block's panel,
+    // which follows its own. A B packed per call, a pointwise convolution's activations, is in cache
+    // already.
+    let target = l.target;
     let b_buf = l.kernel().buffer(bp);
-    let ahead = b_buf.space != Space::Local && b_buf.numel() * 2 >= l.target.l2_bytes / 4;
+    let ahead =
+        b_buf.space != Space::Local && mlopt_cost::tile::weight_streams(target, b_buf.numel() * 2);
     let mma = Stmt::Mma {
         m: mb,
         n: nb,

@@ -178,7 +178,7 @@ pub(crate) fn blocks(
     p.steps[si].args[pi] = Place::Weight(p.weights.len() - 1);
 
     // The packed weight's bytes: every tap's [C, M] panels.
-    let streams = taps * mp * cp * 2 >= target.l2_bytes / 4;
+    let streams = mlopt_cost::tile::weight_streams(target, taps * mp * cp * 2);
     let mut l = Builder {
         k: &mut p.kernels[ki],
         target,
@@ -363,11 +363,8 @@ pub(crate) fn blocks(
                     at: vec![t, Expr::var(jb), Expr::int(0), Expr::int(0)],
                 },
                 acc,
-                // The weight streams from memory once per call: each tap's block fetches the
-                // next column block's, which follows it (`w_packed[tap, jb + 1]`), where the
-                // weight would not sit in L2 from call to call (a quarter of it). A small one
-                // stays in cache, and its prefetches only cost: YOLO's 3-channel stem, 9 k-pairs
-                // a product, ran 1.5x slower with them.
+                // Where the weight streams from memory, each tap's block fetches the next column
+                // block's, which follows it (`w_packed[tap, jb + 1]`).
                 ahead: streams,
             }
         };

@@ -203,7 +203,7 @@ pub fn tiled(
                 // step (rows enough for a block's lines).
                 let bytes = cols.saturating_mul(kk).saturating_mul(4);
                 let streams = ct.nr.is_multiple_of(16)
-                    && bytes >= l.target.l2_bytes / 4
+                    && mlopt_cost::tile::weight_streams(l.target, bytes)
                     && (main / ct.mr) * 32 >= ct.nr;
                 let stream = match form {
                     BForm::Weights(w) if streams => w.get(block).copied(),
