@@ -5,7 +5,7 @@ use crate::ir::*;
 use std::collections::{HashMap, HashSet};
 
 mod lanes;
-pub use lanes::{accesses, interleaved, row_runs, Accesses, RowRuns};
+pub use lanes::{accesses, interleaved, row_runs, transposed_operand, Accesses, RowRuns};
 
 /// How `e` changes when `v` grows by one, if `e` is affine in `v` (Some(0) when it does not use `v`).
 pub fn coefficient(e: &Expr, v: Var) -> Option<i64> {

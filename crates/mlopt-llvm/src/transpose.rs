@@ -15,7 +15,6 @@
 
 use crate::codegen::*;
 use inkwell::values::{IntValue, VectorValue};
-use mlopt_kir::analysis::coefficient;
 use mlopt_kir::{BufId, Expr, LoopKind, Stmt, Var};
 
 /// One vector loop of the serial loop's body in this module's form: its lanes (`lane`, `lanes` of them
@@ -163,19 +162,8 @@ impl<'c> Gen<'_, 'c> {
         if *w < 4 || *w > 16 || lanes % u64::from(*w) != 0 {
             return None;
         }
-        let mut gathered: Vec<(BufId, Vec<Expr>, i64)> = Vec::new();
-        mlopt_kir::analysis::for_each_load(value, &mut |b, ix| {
-            let flat = self.flat(b, ix);
-            if let (Some(cl), Some(st @ 1..=4)) = (coefficient(&flat, *lane), coefficient(&flat, q))
-            {
-                if cl.abs() > 4 && !gathered.iter().any(|(g, gx, _)| *g == b && gx[..] == *ix) {
-                    gathered.push((b, ix.to_vec(), st));
-                }
-            }
-        });
-        let [(src, index, st)] = &gathered[..] else {
-            return None;
-        };
+        let (src, index, st) =
+            mlopt_kir::analysis::transposed_operand(self.kernel, value, *lane, q)?;
         Some(Gathering {
             guard: None,
             lane: *lane,
@@ -183,9 +171,9 @@ impl<'c> Gen<'_, 'c> {
             w: *w,
             inner,
             dst: *dst,
-            src: *src,
-            index: index.clone(),
-            st: *st as u32,
+            src,
+            index,
+            st: st as u32,
         })
     }
 

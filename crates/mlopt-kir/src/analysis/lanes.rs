@@ -2,7 +2,7 @@
 //! rows or walking a plane's rows (loads and shuffles), or anything else (a gather, lane by lane). The
 //! cost model prices kernels by it and code generation emits by it.
 
-use super::{coefficient, flat_index, for_each_access};
+use super::{coefficient, flat_index, for_each_access, for_each_load};
 use crate::ir::*;
 use std::collections::HashMap;
 
@@ -122,4 +122,30 @@ pub fn row_runs(k: &Kernel, flat: &Expr, q: Var) -> Option<RowRuns> {
         step,
         jump: pitch - step * width,
     })
+}
+
+/// The operand that a copy's value `value`, stored in vector loop `lane` inside serial loop `q`, reads
+/// transposed: the one load (buffer and index) whose elements lie more than 4 apart along the lanes (a
+/// channel plane) and 1 to 4 apart along `q`, with that step; None where there is none or more than
+/// one. Code generation runs such a copy as blocks of steps of `q` transposed in registers
+/// (`mlopt-llvm/src/transpose.rs`), and the CPU schedule keeps `q` on one thread for it.
+pub fn transposed_operand(
+    k: &Kernel,
+    value: &Expr,
+    lane: Var,
+    q: Var,
+) -> Option<(BufId, Vec<Expr>, i64)> {
+    let mut found: Vec<(BufId, Vec<Expr>, i64)> = Vec::new();
+    for_each_load(value, &mut |b, ix| {
+        let flat = flat_index(k, b, ix);
+        if let (Some(cl), Some(st @ 1..=4)) = (coefficient(&flat, lane), coefficient(&flat, q)) {
+            if cl.abs() > 4 && !found.iter().any(|(g, gx, _)| *g == b && gx[..] == *ix) {
+                found.push((b, ix.to_vec(), st));
+            }
+        }
+    });
+    match found.len() {
+        1 => found.pop(),
+        _ => None,
+    }
 }

@@ -312,15 +312,7 @@ fn transposes(k: &Kernel, q: Var, body: &[Stmt]) -> bool {
     let [Stmt::Store { value, .. }] = &inner[..] else {
         return false;
     };
-    let mut far = false;
-    mlopt_kir::analysis::for_each_load(value, &mut |b, ix| {
-        let f = flat(k, b, ix);
-        far |= matches!(
-            (coefficient(&f, *lane), coefficient(&f, q)),
-            (Some(l), Some(1..=4)) if l.abs() > 4
-        );
-    });
-    far
+    mlopt_kir::analysis::transposed_operand(k, value, *lane, q).is_some()
 }
 
 /// Loop-body executions in a nest (a matrix-engine block counts its multiply-adds / 16, about what a
