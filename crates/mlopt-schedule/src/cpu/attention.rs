@@ -393,10 +393,13 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
                 p,
                 vb,
                 (n, elen, tlen),
-                mma::Out::Epilogue(mma::Epilogue::ColumnsInner, &mut |_, i, j, acc| {
-                    let sum = Expr::load(sums, vec![i.clone()]);
-                    Ok(h.output(a, &qrow(i), j, acc, sum))
-                }),
+                mma::Out::Epilogue(
+                    super::mma_epilogue::Epilogue::ColumnsInner,
+                    &mut |_, i, j, acc| {
+                        let sum = Expr::load(sums, vec![i.clone()]);
+                        Ok(h.output(a, &qrow(i), j, acc, sum))
+                    },
+                ),
             )?);
             Ok(s)
         };

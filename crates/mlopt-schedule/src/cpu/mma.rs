@@ -18,6 +18,8 @@
 //! C is four 16x16 f32 tiles held across all of K. The epilogue reads the block's C from a 4 KiB local
 //! while it is in L1.
 
+use super::mma_epilogue::Epilogue;
+use super::mma_epilogue::{epilogue, oriented_store};
 use super::tiler::{self, Builder};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
@@ -80,14 +82,6 @@ pub(super) type AOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr) -> R
 /// Stores the f32 result for (row, column).
 pub(super) type StoreOp<'a> =
     &'a mut dyn FnMut(&mut Builder<'_>, &Expr, &Expr, Expr) -> Result<Stmt>;
-
-/// Which of the output's axes is contiguous in memory: columns (MatMul, Gemm) or rows (a pointwise
-/// convolution, whose rows are pixel positions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Epilogue {
-    ColumnsInner,
-    RowsInner,
-}
 
 /// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K). AMX tiles take
 /// 16 or 32 rows; `vdpbf16ps` any, so the rows split into equal blocks of at most 32 (ViT's 197 tokens:
@@ -190,10 +184,6 @@ pub(super) fn block_loops(
                 &col,
                 Expr::load(c, vec![Expr::var(ii), Expr::var(jj)]),
             )?;
-            let inner = match order {
-                Epilogue::ColumnsInner => jj,
-                Epilogue::RowsInner => ii,
-            };
             let ranges = HashMap::from([
                 (ii, mb),
                 (jj, nb),
@@ -201,19 +191,7 @@ pub(super) fn block_loops(
                 (ic, blocks / per),
                 (ibi, per),
             ]);
-            let st = contiguous_store(l.kernel(), st, inner, &ranges);
-            // An output that the block's inner axis would scatter and the other would not (Whisper's
-            // keys, written transposed as [head, channel, position]) is stored along the other.
-            let k_: &mlopt_kir::Kernel = l.kernel();
-            // (A known stride other than 1 scatters; an index that is not affine, a position split
-            // into images and rows, may still run in rows.)
-            let scatters = |v: Var| matches!(store_step(k_, &st, v), Some(s) if s != 1);
-            let other = if inner == ii { jj } else { ii };
-            let order = match order {
-                _ if !scatters(inner) || scatters(other) => order,
-                Epilogue::ColumnsInner => Epilogue::RowsInner,
-                Epilogue::RowsInner => Epilogue::ColumnsInner,
-            };
+            let (st, order) = oriented_store(l.kernel(), st, order, (ii, jj), &ranges);
             let tail = l.fresh("ii");
             let e = epilogue(
                 st,
@@ -260,38 +238,6 @@ pub(super) fn block_loops(
         blocks / per,
         vec![for_(jb, np / nb, vec![for_(ibi, per, block)])],
     )])
-}
-
-/// How far store `st`'s element moves per step of `v` (None where its index is not affine in `v`, or
-/// `st` is not a store).
-fn store_step(k: &mlopt_kir::Kernel, st: &Stmt, v: Var) -> Option<i64> {
-    let Stmt::Store { buf, index, .. } = st else {
-        return None;
-    };
-    mlopt_kir::analysis::coefficient(&mlopt_kir::analysis::flat_index(k, *buf, index), v)
-}
-
-/// Store `st` with its index simplified under the block loops' `ranges` where that makes it contiguous
-/// along `inner` and it was not: an output whose axes split the block's columns (Swin's attention
-/// projections write [q/k/v, window, head, position, channel], the column `jb * 32 + jj` divided by 384
-/// and 32 and taken modulo 12 and 32) is then stored as vectors, where it was stored element by element
-/// (and ran slower on 2 threads than on 1). Other stores keep the form the vector code reads as rows.
-fn contiguous_store(
-    k: &mlopt_kir::Kernel,
-    st: Stmt,
-    inner: Var,
-    ranges: &HashMap<Var, u64>,
-) -> Stmt {
-    let along = |s: &Stmt| store_step(k, s, inner).is_some();
-    if along(&st) {
-        return st;
-    }
-    let simpler = st.map_exprs(&|e| mlopt_kir::simplify::simplify(e, ranges));
-    if along(&simpler) {
-        simpler
-    } else {
-        st
-    }
 }
 
 /// The row length of an A operand of depth `kp` (bf16 elements): rows a multiple of 512 bytes apart
@@ -355,61 +301,6 @@ pub(super) fn a_operand(
         }])
     })?;
     Ok((apad, fill))
-}
-
-/// The store `st` of a block's element (ii, jj) over the block, walked with the loop whose outputs
-/// are contiguous innermost (`order`), so the CPU schedule can store it as vectors; each loop (its
-/// variable, the output index `block * extent + variable`, the block's extent, the output's and the
-/// block) guarded where blocks pass the output's end: the outer loop's body as a whole, the inner loop
-/// unguarded in every whole block (`block < len / extent`, which bounds the index for the verifier) and,
-/// in the last, a loop (variable `tail`) over the len % extent elements it has. A per-element test in
-/// every block kept the inner loop from vectorising: MobileNetV2's bf16 1x1 convolutions (784
-/// positions, blocks of 32) stored their outputs one at a time, at 28-32 GFLOP/s.
-pub(super) fn epilogue(
-    st: Stmt,
-    order: Epilogue,
-    (ii, row, mb, rows, ib): (Var, &Expr, u64, u64, &Expr),
-    (jj, col, nb, n, jb): (Var, &Expr, u64, u64, &Expr),
-    tail: Var,
-) -> Stmt {
-    let for_ = |var, extent, body| Stmt::For {
-        var,
-        extent,
-        kind: LoopKind::Serial,
-        body,
-    };
-    let lt = |a: Expr, b: i64| Expr::bin(BinOp::Lt, a, Expr::int(b));
-    let ((iv, _, ext, len, block), (ov, o, oext, olen)) = match order {
-        Epilogue::ColumnsInner => ((jj, col, nb, n, jb), (ii, row, mb, rows)),
-        Epilogue::RowsInner => ((ii, row, mb, rows, ib), (jj, col, nb, n)),
-    };
-    let inner = if len.is_multiple_of(ext) {
-        vec![for_(iv, ext, vec![st])]
-    } else {
-        // The last block (the only one past the whole ones) stores its first len % ext elements: a
-        // loop of that extent, unguarded (the block's loop bounds it), which can run in vector lanes.
-        let whole = (len / ext) as i64;
-        let t = Expr::var(tail);
-        vec![
-            Stmt::If {
-                cond: lt(block.clone(), whole),
-                then: vec![for_(iv, ext, vec![st.clone()])],
-            },
-            Stmt::If {
-                cond: Expr::bin(BinOp::Le, Expr::int(whole), block.clone()),
-                then: vec![for_(tail, len % ext, vec![st.subst(iv, &t)])],
-            },
-        ]
-    };
-    let body = if olen.is_multiple_of(oext) {
-        inner
-    } else {
-        vec![Stmt::If {
-            cond: lt(o.clone(), olen as i64),
-            then: inner,
-        }]
-    };
-    for_(ov, oext, body)
 }
 
 /// A constant bf16 weight as one operand of a contraction over K loop `r` and the columns `cols`:
@@ -790,37 +681,6 @@ mod tests {
         ((256, 3136, 64), false), // a 56x56 map fills its blocks of 32
         ((128, 784, 512), false), // and a 28x28 one
     ];
-
-    /// A block epilogue's store into an output whose axes split the columns (q/k/v, head, channel of
-    /// 36 column blocks of 32) becomes contiguous along the block's column; a store that was already
-    /// contiguous is left as it was.
-    #[test]
-    fn block_stores_are_simplified_where_that_makes_them_contiguous() {
-        let k = mlopt_kir::parse_kernel(
-            "kernel @t(%out: f32[3,12,32], %c: f32[32]) {
-  serial %jb in 0..36 {
-    serial %jj in 0..32 {
-      %out[(((%jb * 32) + %jj) / 384), ((((%jb * 32) + %jj) / 32) % 12), (((%jb * 32) + %jj) % 32)] = %c[%jj]
-      %out[0, 0, %jj] = %c[%jj]
-    }
-  }
-}
-",
-        )
-        .unwrap();
-        let Stmt::For { var: jb, body, .. } = &k.body[0] else {
-            panic!("no jb loop")
-        };
-        let Stmt::For { var: jj, body, .. } = &body[0] else {
-            panic!("no jj loop")
-        };
-        let ranges = HashMap::from([(*jb, 36), (*jj, 32)]);
-        let along = |s: &Stmt| store_step(&k, s, *jj);
-        assert_eq!(along(&body[0]), None);
-        let st = contiguous_store(&k, body[0].clone(), *jj, &ranges);
-        assert_eq!(along(&st), Some(1));
-        assert_eq!(contiguous_store(&k, body[1].clone(), *jj, &ranges), body[1]);
-    }
 
     #[test]
     fn pointwise_convolutions_pick_the_orientation_that_pads_less() {

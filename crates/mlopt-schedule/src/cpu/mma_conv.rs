@@ -391,9 +391,9 @@ pub(crate) fn blocks(
             &Expr::load(cblk, vec![Expr::var(ii), Expr::var(jj)]),
         );
         let tail = l.fresh("ii");
-        let epilogue = super::mma::epilogue(
+        let epilogue = super::mma_epilogue::epilogue(
             st,
-            super::mma::Epilogue::RowsInner,
+            super::mma_epilogue::Epilogue::RowsInner,
             (ii, &pos, mb, ow, &Expr::var(ob)),
             (jj, &ch, nb, m, &Expr::var(jb)),
             tail,

@@ -10,6 +10,7 @@ mod layout;
 mod loops;
 mod mma;
 mod mma_conv;
+mod mma_epilogue;
 mod padded;
 mod tiler;
 mod winograd;
