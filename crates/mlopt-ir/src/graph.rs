@@ -382,10 +382,20 @@ impl Graph {
 
     /// Points every use of `old` (node inputs and graph outputs) at `new`.
     pub fn replace_uses(&mut self, old: Value, new: Value) {
+        self.replace_reads(old, new, |_| true);
+        for (_, v) in &mut self.outputs {
+            if *v == old {
+                *v = new;
+            }
+        }
+    }
+
+    /// Points the inputs that read `old` in the nodes `reader` accepts at `new` (graph outputs keep `old`).
+    pub fn replace_reads(&mut self, old: Value, new: Value, reader: impl Fn(NodeId) -> bool) {
         let edges: Vec<_> = self
             .g
             .edges_directed(old.node.0, Direction::Outgoing)
-            .filter(|e| e.weight().output == old.output)
+            .filter(|e| e.weight().output == old.output && reader(NodeId(e.target())))
             .map(|e| (e.id(), e.target(), e.weight().input))
             .collect();
         for (eid, target, input) in edges {
@@ -398,11 +408,6 @@ impl Graph {
                     input,
                 },
             );
-        }
-        for (_, v) in &mut self.outputs {
-            if *v == old {
-                *v = new;
-            }
         }
     }
 

@@ -292,7 +292,10 @@ fn run_once(
     // boundary), kept where the plan is cheaper.
     for _ in 0..2 {
         for (choice, cost) in extract(&loaded.eg, &roots, &cfg.target, &opts) {
-            let extracted = build(&loaded, &choice)?;
+            let mut extracted = build(&loaded, &choice)?;
+            if let Some(lo) = set.lower_to {
+                crate::rules::precision::narrow_shared(&mut extracted, lo)?;
+            }
             let plan = fuse(&extracted, &cfg.target, tf32, cfg.memory_budget)?;
             if best.as_ref().is_none_or(|b| plan.total < b.0.total) {
                 best = Some((plan, cost));
@@ -681,5 +684,72 @@ mod tests {
             .zip(&v)
             .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
         assert!(err <= 0.02 * scale, "error {err} of {scale}");
+    }
+
+    /// `--precision bf16` stores a residual stream once, in bf16: each block's sum is read by the next
+    /// block's convolution (narrowed) and by its add (f32). It used to be stored in f32 and narrowed by
+    /// a kernel of its own; now no kernel is a lone cast and every value between kernels is bf16, and
+    /// the plan computes the fp32 graph's values within bf16's error.
+    #[test]
+    fn bf16_residual_stream_is_stored_once_narrow() {
+        let mut g = Graph::new("res");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![1, 64, 28, 28]));
+        let a = conv2d(0);
+        let conv = |g: &mut Graph, name: &str, x, seed: usize| {
+            let w: Vec<f32> = (0..64 * 64)
+                .map(|i| (((i + seed) * 7919) % 200) as f32 / 2000.0 - 0.05)
+                .collect();
+            let w = g.add_const(
+                format!("{name}.w"),
+                Tensor::from_vec(&[64, 64, 1, 1], w).unwrap(),
+            );
+            g.add(Op::Conv(a.clone()), name, &[x, w]).unwrap()
+        };
+        let mut r = conv(&mut g, "c0", x, 0);
+        r = g.add(Op::Unary(Unary::Relu), "r0", &[r]).unwrap();
+        for i in 1..4 {
+            let y = conv(&mut g, &format!("c{i}"), r, i);
+            let y = g
+                .add(Op::Binary(Binary::Add), format!("add{i}"), &[y, r])
+                .unwrap();
+            r = g
+                .add(Op::Unary(Unary::Relu), format!("r{i}"), &[y])
+                .unwrap();
+        }
+        let z = conv(&mut g, "head", r, 9);
+        g.add_output("z", z);
+        let mut cfg = Config::new(Target::named("znver4", 1).unwrap());
+        cfg.precision = Precision::Bf16;
+        let o = optimize(&g, &cfg).unwrap();
+        let out = &o.plan.graph;
+        let text = mlopt_ir::print::print(out);
+        let returned: Vec<_> = out.graph_outputs().iter().map(|(_, v)| v.node).collect();
+        for k in out.kernels().values() {
+            // (The graph input is narrowed by a kernel of its own.)
+            let reads_input = k.members.iter().any(|&n| {
+                out.inputs(n)
+                    .iter()
+                    .flatten()
+                    .any(|v| matches!(out.node(v.node).op, Op::Input))
+            });
+            let casts = k
+                .members
+                .iter()
+                .all(|&n| matches!(out.node(n).op, Op::Cast { .. }));
+            assert!(reads_input || !casts, "a kernel only casts: {text}");
+            for &r in k.roots.iter().filter(|r| !returned.contains(r)) {
+                assert_eq!(out.node(r).outputs[0].dtype, DType::BF16, "{text}");
+            }
+        }
+        let inputs = random_inputs(&g, 5);
+        let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+        let got = mlopt_ir::interp::run(out, &inputs).unwrap();
+        let (w, v) = (want[0].1.to_f64_vec(), got[0].1.to_f64_vec());
+        let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let err = w
+            .iter()
+            .zip(&v)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 0.03 * scale, "error {err} of {scale}");
     }
 }

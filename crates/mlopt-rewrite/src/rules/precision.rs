@@ -154,6 +154,77 @@ fn lower(eg: &mut EGraph, op: Op, ch: Vec<Id>, lo: DType) -> Option<Id> {
     Some(rounded)
 }
 
+/// An f32 value that is narrowed to `lo` for some readers (a bf16 convolution's input) and read in f32
+/// by others (the residual add of the next block) is stored once, narrow: the f32 readers read the narrow
+/// copy widened. Without this, its kernel stores it in f32 and a kernel of its own narrows it (a kernel
+/// has one output), three passes over memory of 4, 4 + 2 and 4 bytes an element where one of 2 does:
+/// ResNet-50's residual stream at batch 8 spent 2 ms an image there. The f32 readers see it rounded to
+/// `lo`, as a bf16 convolution's result is everywhere (oneDNN's, OpenVINO's). Only such results: values
+/// computed by elementwise ops from a narrow product, which leave their kernel narrow or are rounded
+/// where they are stored. A transformer's LayerNorm output (read by the next MatMul, narrowed, and by
+/// the residual add) stays f32, as OpenVINO keeps it: rounded, BERT-base's error grew 2.5x. A rewrite
+/// of the extracted graph, not an e-graph rule: the value and its rounding are not equal, so no e-class
+/// may hold both. Graph outputs, inputs and constants keep their f32.
+pub fn narrow_shared(g: &mut mlopt_ir::Graph, lo: DType) -> mlopt_ir::Result<()> {
+    let returned: std::collections::HashSet<mlopt_ir::NodeId> =
+        g.graph_outputs().iter().map(|(_, v)| v.node).collect();
+    let ids: Vec<mlopt_ir::NodeId> = g.node_ids().collect();
+    for n in ids {
+        let node = g.node(n);
+        if node.outputs.len() != 1
+            || node.outputs[0].dtype != DType::F32
+            || matches!(node.op, Op::Input | Op::Const(_))
+            || crate::fuse::is_view(&node.op)
+            || returned.contains(&n)
+            || !from_narrow_product(g, n)
+        {
+            continue;
+        }
+        let users = g.users(n);
+        let narrowing = |u: mlopt_ir::NodeId| matches!(g.node(u).op, Op::Cast { to } if to == lo);
+        let Some(cast) = users.iter().map(|u| u.0).find(|&u| narrowing(u)) else {
+            continue;
+        };
+        if users.iter().all(|u| narrowing(u.0)) {
+            continue;
+        }
+        let narrow = mlopt_ir::Value {
+            node: cast,
+            output: 0,
+        };
+        let wide = g.add(Op::Cast { to: DType::F32 }, "", &[narrow])?;
+        let v = mlopt_ir::Value { node: n, output: 0 };
+        g.replace_reads(v, wide, |u| u != cast && u != wide.node);
+    }
+    Ok(())
+}
+
+/// Whether `n` is computed by elementwise ops (an epilogue) from a narrow product: a matrix op whose
+/// operands are bf16 or f16. Looks through at most 32 elementwise ops.
+fn from_narrow_product(g: &mlopt_ir::Graph, n: mlopt_ir::NodeId) -> bool {
+    let mut stack = vec![n];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(m) = stack.pop() {
+        if !seen.insert(m) || seen.len() > 32 {
+            continue;
+        }
+        let op = &g.node(m).op;
+        if lowerable_op(op) {
+            if g.input_types(m)
+                .first()
+                .copied()
+                .flatten()
+                .is_some_and(|t| t.dtype.is_half())
+            {
+                return true;
+            }
+        } else if op.is_elementwise() {
+            stack.extend(g.inputs(m).into_iter().flatten().map(|v| v.node));
+        }
+    }
+    false
+}
+
 /// `cast<lo>(cast<wide>(y))` where y is lo and wide holds every lo value exactly: y.
 fn roundtrips(eg: &EGraph, id: Id) -> Vec<Id> {
     let mut out = vec![];
