@@ -18,7 +18,7 @@ every precision listed and all of them are timed in the same rounds as ORT and O
 markdown table per batch and precision (ratios are mlopt / other: below 1 mlopt is faster; beside
 fp32, mlopt/own fp32 is the same run's mlopt fp32), the geomean of each ratio per thread count, and
 writes one JSON line per model, thread count, batch and precision. Each output's max error against
-ORT's fp32 is in the table, OpenVINO's in the JSON. Build `target/release/mlopt` first (`cargo build --release -p
+ORT's fp32 (the mean over 8 input sets, see `mean_errors`) is in the table, OpenVINO's in the JSON. Build `target/release/mlopt` first (`cargo build --release -p
 mlopt-cli`).
 """
 import argparse
@@ -125,6 +125,40 @@ def max_err(got, want):
     return e
 
 
+def variants(a, k):
+    """The k-th input set of the error check: the zoo's input, then the same shifted along its last
+    axis (floats: and along the one before, and mirrored every other set): the same statistics,
+    different values."""
+    if k == 0:
+        return a
+    if a.dtype.kind != "f":
+        return np.roll(a, k, axis=-1)
+    b = np.roll(a, k * (a.shape[-1] // 8 + 1), axis=-1)
+    if a.ndim >= 2:
+        b = np.roll(b, k * (a.shape[-2] // 8 + 1), axis=-2)
+    return b[..., ::-1] if k % 2 else b
+
+
+def mean_errors(engines, feeds, reference, sets=8):
+    """Each engine's error against ONNX Runtime fp32 (`max_err`), the mean over `sets` input sets: one
+    input's error is mostly which logits its rounding happens to move (ResNet-50 in bf16: 0.10 to 0.16
+    for the same build), so engines are compared on several. The sets are written into the bound input
+    arrays in place, and the zoo's input is put back."""
+    saved = {k: a.copy() for k, a in feeds.items()}
+    errs = {k: [] for k in engines}
+    try:
+        for i in range(sets):
+            for k, a in feeds.items():
+                np.copyto(a, variants(saved[k], i))
+            ref = reference()
+            for k, f in engines.items():
+                errs[k].append(max_err(f(), ref))
+    finally:
+        for k, a in feeds.items():
+            np.copyto(a, saved[k])
+    return {k: float(np.mean(v)) for k, v in errs.items()}
+
+
 def models_from(args, batch):
     if args.paths:
         for p in args.paths:
@@ -212,9 +246,6 @@ def run_model(args, entry, n, batch, precisions, work):
                 engines["ov_bf16"] = ov_runner(entry["file"], n, "bf16", feeds)
             except Exception as e:  # noqa: BLE001
                 common["openvino_error"] = str(e).splitlines()[0][:200]
-        for k in ("ov_f32", "ov_bf16"):
-            if k in engines:
-                common[f"{k}_err"] = max_err(engines[k](), ref)
         slug = entry["name"].replace("/", "_") + f".b{batch}.t{n}"
         for p in precisions:
             for who, exe in (("mlopt", args.mlopt), ("base", args.baseline)):
@@ -225,11 +256,17 @@ def run_model(args, entry, n, batch, precisions, work):
                     m.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
                     if who == "mlopt":
                         notes[p]["compile_s"] = round(m.compile_s, 2)
-                    notes[p][f"{who}_err"] = max_err(m(), ref)
+                    m()
                     engines[f"{who}_{p}"] = m
                 except Exception as e:  # noqa: BLE001
                     notes[p][f"{who}_error"] = str(e)[:300]
         ms = measure(engines, args.rounds, args.iters)
+        for k, e in mean_errors(engines, feeds, lambda: sess.run(None, {k: feeds[k] for k in names})).items():
+            if k.startswith(("mlopt_", "base_")):
+                who, p = k.split("_", 1)
+                notes[p][f"{who}_err"] = e
+            elif k != "ort":
+                common[f"{k}_err"] = e
     except Exception as e:  # noqa: BLE001
         common["error"] = str(e)[:300]
         ms = {}
