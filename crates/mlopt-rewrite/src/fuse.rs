@@ -90,6 +90,11 @@ fn kind(g: &Graph, n: NodeId) -> Kind {
     }
 }
 
+/// Whether node `n` can compute an operand inside its own kernel (rather than read it from memory).
+pub fn inlines_operands(g: &Graph, n: NodeId) -> bool {
+    accepts_inlined(&kind(g, n))
+}
+
 /// Whether `consumer` can compute an operand inside its own kernel (rather than read it from memory).
 fn accepts_inlined(k: &Kind) -> bool {
     matches!(

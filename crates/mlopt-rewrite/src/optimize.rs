@@ -295,6 +295,7 @@ fn run_once(
             let mut extracted = build(&loaded, &choice)?;
             if let Some(lo) = set.lower_to {
                 crate::rules::precision::narrow_shared(&mut extracted, lo)?;
+                crate::rules::precision::widen_per_reader(&mut extracted)?;
             }
             let plan = fuse(&extracted, &cfg.target, tf32, cfg.memory_budget)?;
             if best.as_ref().is_none_or(|b| plan.total < b.0.total) {
@@ -751,5 +752,70 @@ mod tests {
             .zip(&v)
             .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
         assert!(err <= 0.03 * scale, "error {err} of {scale}");
+    }
+
+    /// `--precision bf16`: a convolution's result read by two concatenations (DenseNet's growth
+    /// convolutions, read by every later layer's concatenation) is stored in bf16, each concatenation
+    /// widening it itself; it was widened once, in the convolution's kernel, and stored in f32.
+    #[test]
+    fn bf16_result_read_by_several_kernels_is_stored_narrow() {
+        let mut g = Graph::new("dense");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![1, 32, 14, 14]));
+        let conv = |g: &mut Graph, name: &str, x, cin: usize, seed: usize| {
+            let w: Vec<f32> = (0..32 * cin)
+                .map(|i| (((i + seed) * 7919) % 200) as f32 / 2000.0 - 0.05)
+                .collect();
+            let w = g.add_const(
+                format!("{name}.w"),
+                Tensor::from_vec(&[32, cin, 1, 1], w).unwrap(),
+            );
+            g.add(Op::Conv(conv2d(0)), name, &[x, w]).unwrap()
+        };
+        let y = conv(&mut g, "grow", x, 32, 1);
+        let cat = |g: &mut Graph, name: &str, xs: &[mlopt_ir::Value]| {
+            let c = g.add(Op::Concat { axis: 1 }, name, xs).unwrap();
+            g.add(Op::Unary(Unary::Relu), format!("{name}.relu"), &[c])
+                .unwrap()
+        };
+        let a = cat(&mut g, "cat1", &[x, y]);
+        let b = cat(&mut g, "cat2", &[y, x]);
+        let p = conv(&mut g, "c2", a, 64, 2);
+        let q = conv(&mut g, "c3", b, 64, 3);
+        let z = g.add(Op::Binary(Binary::Add), "add", &[p, q]).unwrap();
+        g.add_output("z", z);
+        let mut cfg = Config::new(Target::named("znver4", 1).unwrap());
+        cfg.precision = Precision::Bf16;
+        let o = optimize(&g, &cfg).unwrap();
+        let out = &o.plan.graph;
+        let text = mlopt_ir::print::print(out);
+        let grow = out
+            .node_ids()
+            .find(|&n| {
+                matches!(out.node(n).op, Op::Conv(_))
+                    && out.node(n).outputs[0].shape[1] == 32
+                    && out.inputs(n)[0].is_some_and(|v| out.value_type(v).shape[1] == 32)
+            })
+            .unwrap();
+        let k = out.node(grow).kernel;
+        let roots: Vec<mlopt_ir::NodeId> = out
+            .kernels()
+            .into_values()
+            .filter(|kn| kn.members.contains(&grow))
+            .flat_map(|kn| kn.roots)
+            .collect();
+        assert!(k.is_some() && !roots.is_empty(), "{text}");
+        for r in roots {
+            assert_eq!(out.node(r).outputs[0].dtype, DType::BF16, "{text}");
+        }
+        let inputs = random_inputs(&g, 5);
+        let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+        let got = mlopt_ir::interp::run(out, &inputs).unwrap();
+        let (w, v) = (want[0].1.to_f64_vec(), got[0].1.to_f64_vec());
+        let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let err = w
+            .iter()
+            .zip(&v)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 0.02 * scale, "error {err} of {scale}");
     }
 }

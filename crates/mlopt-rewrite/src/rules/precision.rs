@@ -199,6 +199,37 @@ pub fn narrow_shared(g: &mut mlopt_ir::Graph, lo: DType) -> mlopt_ir::Result<()>
     Ok(())
 }
 
+/// A widening cast of a narrow value read by several ops that can compute it inside their own kernels
+/// is computed by each of them: the narrow value is then what goes to memory, half the bytes. Shared,
+/// the cast joined its producer's kernel (its one reader) and the value was stored in f32: each of
+/// DenseNet-121's growth convolutions, read by the concatenations of every later layer of its block.
+pub fn widen_per_reader(g: &mut mlopt_ir::Graph) -> mlopt_ir::Result<()> {
+    let returned: std::collections::HashSet<mlopt_ir::NodeId> =
+        g.graph_outputs().iter().map(|(_, v)| v.node).collect();
+    let ids: Vec<mlopt_ir::NodeId> = g.node_ids().collect();
+    for n in ids {
+        let Op::Cast { to: DType::F32 } = g.node(n).op else {
+            continue;
+        };
+        let Some(x) = g.inputs(n)[0] else { continue };
+        if !g.value_type(x).dtype.is_half() || returned.contains(&n) {
+            continue;
+        }
+        let mut readers: Vec<mlopt_ir::NodeId> = g.users(n).into_iter().map(|u| u.0).collect();
+        readers.sort();
+        readers.dedup();
+        if readers.len() < 2 || !readers.iter().all(|&u| crate::fuse::inlines_operands(g, u)) {
+            continue;
+        }
+        let wide = mlopt_ir::Value { node: n, output: 0 };
+        for &u in &readers[1..] {
+            let own = g.add(Op::Cast { to: DType::F32 }, "", &[x])?;
+            g.replace_reads(wide, own, |r| r == u);
+        }
+    }
+    Ok(())
+}
+
 /// Whether `n` is computed by elementwise ops (an epilogue) from a narrow product: a matrix op whose
 /// operands are bf16 or f16. Looks through at most 32 elementwise ops.
 fn from_narrow_product(g: &mlopt_ir::Graph, n: mlopt_ir::NodeId) -> bool {
