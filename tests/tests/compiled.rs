@@ -1748,3 +1748,109 @@ fn register_math_is_accurate() {
         }
     }
 }
+
+/// At a batch above 1 a CNN's early kernels run a group of images at a time, one per thread
+/// (`mlopt_rewrite::images`): a stem
+/// convolution, a depthwise one, a pointwise one added to the stem's output, a max pool, a pointwise
+/// convolution and a global average pool, at batch 3 and 4 on maps whose batch does not fit in L2.
+/// The plan slices each group out of the input and joins the groups' values after the prefix, and
+/// compiled (fp32 on 1 and 2 threads, bf16) it matches the interpreter on distinct images.
+#[test]
+fn early_kernels_run_image_by_image() {
+    use mlopt_ir::{ConvAttrs, DType, Op, TensorType, Unary};
+    let graph = |batch: usize| {
+        let mut g = mlopt_ir::Graph::new("images");
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![batch, 3, 64, 64]));
+        let conv = |g: &mut mlopt_ir::Graph, x, c, m, k: usize, group, seed| {
+            let w = g.add_const(
+                format!("w{seed}"),
+                mlopt_tests::weights(&[m, c / group, k, k], c / group * k * k, seed),
+            );
+            let b = g.add_const(format!("b{seed}"), mlopt_tests::weights(&[m], 1, seed + 50));
+            let a = ConvAttrs {
+                strides: vec![1, 1],
+                pads: vec![k / 2; 4],
+                dilations: vec![1, 1],
+                group,
+                output_padding: vec![],
+            };
+            g.add(Op::Conv(a), format!("conv{seed}"), &[x, w, b])
+                .unwrap()
+        };
+        let stem = conv(&mut g, x, 3, 32, 3, 1, 1);
+        let stem = g.add(Op::Unary(Unary::Relu), "relu1", &[stem]).unwrap();
+        let dw = conv(&mut g, stem, 32, 32, 3, 32, 2);
+        let dw = g.add(Op::Unary(Unary::Relu), "relu2", &[dw]).unwrap();
+        let pw = conv(&mut g, dw, 32, 32, 1, 1, 3);
+        let sum = g
+            .add(Op::Binary(mlopt_ir::Binary::Add), "add", &[pw, stem])
+            .unwrap();
+        let pool = mlopt_ir::PoolAttrs {
+            kernel: vec![2, 2],
+            strides: vec![2, 2],
+            pads: vec![0; 4],
+            dilations: vec![1, 1],
+            ceil_mode: false,
+        };
+        let p = g
+            .add(
+                Op::MaxPool {
+                    pool,
+                    col_major: false,
+                },
+                "pool",
+                &[sum],
+            )
+            .unwrap();
+        let y = conv(&mut g, p, 32, 64, 1, 1, 4);
+        let y = g.add(Op::GlobalAveragePool, "gap", &[y]).unwrap();
+        g.add_output("y", y);
+        g
+    };
+    for (batch, threads, precision) in [
+        (3, 1, Precision::Fp32),
+        (4, 2, Precision::Fp32),
+        (4, 1, Precision::Bf16),
+    ] {
+        let g = graph(batch);
+        let name = format!("batch {batch}, {threads} threads, {precision:?}");
+        let target = if precision == Precision::Bf16 {
+            "host"
+        } else {
+            "x86-64-v4"
+        };
+        let mut config = Config::new(Target::named(target, threads).unwrap());
+        config.precision = precision;
+        let opts = Options {
+            config,
+            tune: false,
+            winograd: mlopt_schedule::Winograd::Never,
+            profile: false,
+            dumps: false,
+        };
+        let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan = &c.optimized.plan.graph;
+        let count =
+            |f: &dyn Fn(&Op) -> bool| plan.node_ids().filter(|&n| f(&plan.node(n).op)).count();
+        // A group of one image per thread.
+        assert_eq!(
+            count(&|o| matches!(o, Op::Slice { .. })),
+            batch / threads as usize,
+            "{name}: one slice per group"
+        );
+        assert!(
+            count(&|o| matches!(o, Op::Concat { axis: 0 })) >= 1,
+            "{name}: no join of the images"
+        );
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 11);
+        let want = interp::run(&g, &inputs).unwrap();
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+        let bound = if precision == Precision::Bf16 {
+            3e-2
+        } else {
+            1e-5
+        };
+        assert!(err < bound, "{name}: error {err:e}");
+    }
+}

@@ -11,6 +11,7 @@ pub mod convert;
 pub mod error;
 pub mod extract;
 pub mod fuse;
+pub mod images;
 pub mod lang;
 pub mod optimize;
 pub mod report;
