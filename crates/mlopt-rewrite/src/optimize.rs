@@ -481,6 +481,21 @@ mod tests {
     use mlopt_ir::{Binary, Op, ReduceKind, TensorType, Unary};
 
     /// A 2-D convolution's attributes: stride 1, `pad` on every side.
+    /// The largest difference between `g`'s first output and `out`'s (interpreted, on random inputs),
+    /// over the largest magnitude of `g`'s.
+    fn relative_error(g: &Graph, out: &Graph) -> f64 {
+        let inputs = random_inputs(g, 5);
+        let want = mlopt_ir::interp::run(g, &inputs).unwrap();
+        let got = mlopt_ir::interp::run(out, &inputs).unwrap();
+        let (w, v) = (want[0].1.to_f64_vec(), got[0].1.to_f64_vec());
+        let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let err = w
+            .iter()
+            .zip(&v)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        err / scale
+    }
+
     fn conv2d(pad: usize) -> mlopt_ir::ConvAttrs {
         mlopt_ir::ConvAttrs {
             strides: vec![1, 1],
@@ -675,16 +690,8 @@ mod tests {
         assert_eq!(dtypes, [DType::BF16, DType::F32], "{text}");
         let wide = roots.iter().find(|r| r.1 == DType::F32).unwrap();
         assert_eq!(wide.0, kernel_of("add"), "{text}");
-        let inputs = random_inputs(&g, 5);
-        let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
-        let got = mlopt_ir::interp::run(out, &inputs).unwrap();
-        let (w, v) = (want[0].1.to_f64_vec(), got[0].1.to_f64_vec());
-        let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
-        let err = w
-            .iter()
-            .zip(&v)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err <= 0.02 * scale, "error {err} of {scale}");
+        let err = relative_error(&g, out);
+        assert!(err <= 0.02, "error {err}");
     }
 
     /// `--precision bf16` stores a residual stream once, in bf16: each block's sum is read by the next
@@ -742,16 +749,8 @@ mod tests {
                 assert_eq!(out.node(r).outputs[0].dtype, DType::BF16, "{text}");
             }
         }
-        let inputs = random_inputs(&g, 5);
-        let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
-        let got = mlopt_ir::interp::run(out, &inputs).unwrap();
-        let (w, v) = (want[0].1.to_f64_vec(), got[0].1.to_f64_vec());
-        let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
-        let err = w
-            .iter()
-            .zip(&v)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err <= 0.03 * scale, "error {err} of {scale}");
+        let err = relative_error(&g, out);
+        assert!(err <= 0.03, "error {err}");
     }
 
     /// `--precision bf16`: a convolution's result read by two concatenations (DenseNet's growth
@@ -807,15 +806,7 @@ mod tests {
         for r in roots {
             assert_eq!(out.node(r).outputs[0].dtype, DType::BF16, "{text}");
         }
-        let inputs = random_inputs(&g, 5);
-        let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
-        let got = mlopt_ir::interp::run(out, &inputs).unwrap();
-        let (w, v) = (want[0].1.to_f64_vec(), got[0].1.to_f64_vec());
-        let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
-        let err = w
-            .iter()
-            .zip(&v)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err <= 0.02 * scale, "error {err} of {scale}");
+        let err = relative_error(&g, out);
+        assert!(err <= 0.02, "error {err}");
     }
 }
