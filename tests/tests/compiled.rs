@@ -1751,7 +1751,8 @@ fn register_math_is_accurate() {
 
 /// At a batch above 1 a CNN's early kernels run a group of images at a time, one per thread
 /// (`mlopt_rewrite::images`): a stem
-/// convolution, a depthwise one, a pointwise one added to the stem's output, a max pool, a pointwise
+/// convolution, a depthwise one, a pointwise one added to the stem's output, a channels-last block
+/// (transpose, LayerNorm, product with a constant, transpose back, add), a max pool, a pointwise
 /// convolution and a global average pool, at batch 3 and 4 on maps whose batch does not fit in L2.
 /// The plan slices each group out of the input and joins the groups' values after the prefix, and
 /// compiled (fp32 on 1 and 2 threads, bf16) it matches the interpreter on distinct images.
@@ -1784,6 +1785,43 @@ fn early_kernels_run_image_by_image() {
         let pw = conv(&mut g, dw, 32, 32, 1, 1, 3);
         let sum = g
             .add(Op::Binary(mlopt_ir::Binary::Add), "add", &[pw, stem])
+            .unwrap();
+        // A channels-last block (ConvNeXt's): transpose, LayerNorm over channels, a product with a
+        // constant, transpose back, add.
+        let t = g
+            .add(
+                Op::Transpose {
+                    perm: vec![0, 2, 3, 1],
+                },
+                "nhwc",
+                &[sum],
+            )
+            .unwrap();
+        let scale = g.add_const("ln.s", mlopt_tests::weights(&[32], 1, 60));
+        let bias = g.add_const("ln.b", mlopt_tests::weights(&[32], 1, 61));
+        let ln = g
+            .add(
+                Op::LayerNorm {
+                    axis: 3,
+                    epsilon: 1e-5,
+                },
+                "ln",
+                &[t, scale, bias],
+            )
+            .unwrap();
+        let w = g.add_const("mm.w", mlopt_tests::weights(&[32, 32], 32, 62));
+        let mm = g.add(Op::MatMul, "mm", &[ln, w]).unwrap();
+        let back = g
+            .add(
+                Op::Transpose {
+                    perm: vec![0, 3, 1, 2],
+                },
+                "nchw",
+                &[mm],
+            )
+            .unwrap();
+        let sum = g
+            .add(Op::Binary(mlopt_ir::Binary::Add), "add2", &[back, sum])
             .unwrap();
         let pool = mlopt_ir::PoolAttrs {
             kernel: vec![2, 2],
@@ -1841,6 +1879,11 @@ fn early_kernels_run_image_by_image() {
         assert!(
             count(&|o| matches!(o, Op::Concat { axis: 0 })) >= 1,
             "{name}: no join of the images"
+        );
+        assert_eq!(
+            count(&|o| matches!(o, Op::LayerNorm { .. })),
+            batch / threads as usize,
+            "{name}: the channels-last block runs by groups"
         );
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 11);
         let want = interp::run(&g, &inputs).unwrap();

@@ -126,8 +126,10 @@ fn weight_bytes(g: &Graph, members: &BTreeSet<NodeId>) -> u64 {
 
 /// Whether a kernel computes each image's values from that image's alone: every op one whose output
 /// at batch position b reads only its operands at b (convolutions, poolings, elementwise ops, batch
-/// normalisation, concatenation of channels, padding of the other axes), and every value it reads
-/// or writes batch-major (its first axis the batch; constants without it).
+/// and layer normalisation over other axes, concatenation of channels, padding of the other axes,
+/// transposes that keep the batch first, products of batch-major operands or of one and a constant:
+/// ConvNeXt's channels-last blocks), and every value it reads or writes batch-major (its first axis
+/// the batch, every non-constant operand of the output's rank; constants without it).
 fn per_image(g: &Graph, members: &BTreeSet<NodeId>, batch: usize) -> bool {
     members.iter().all(|&m| {
         let node = g.node(m);
@@ -143,6 +145,10 @@ fn per_image(g: &Graph, members: &BTreeSet<NodeId>, batch: usize) -> bool {
             | Op::BatchNorm { .. }
             | Op::Lrn { .. } => true,
             Op::Concat { axis } => *axis > 0,
+            Op::LayerNorm { axis, .. } => *axis > 0,
+            Op::Transpose { perm } => perm.first() == Some(&0),
+            // Rows of a batch-major operand times a constant, or batch-major products.
+            Op::MatMul => true,
             Op::Pad { pads, .. } => pads[0] == 0 && pads.get(rank) == Some(&0),
             _ => false,
         };
