@@ -22,6 +22,4 @@ pub use fuse::{KernelInfo, Plan};
 pub use optimize::{optimize, Config, Limits, Optimized, Precision, Stats};
 
 #[cfg(test)]
-mod precision_tests;
-#[cfg(test)]
 mod soundness_tests;

@@ -361,3 +361,6 @@ fn relu_over_widen(eg: &EGraph, id: Id) -> Vec<(Id, DType)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;
