@@ -256,12 +256,12 @@ def run_model(args, entry, n, batch, precisions, work):
                     m.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
                     if who == "mlopt":
                         notes[p]["compile_s"] = round(m.compile_s, 2)
-                    m()
+                    m()  # a run that fails is this precision's error, before any timing
                     engines[f"{who}_{p}"] = m
                 except Exception as e:  # noqa: BLE001
                     notes[p][f"{who}_error"] = str(e)[:300]
         ms = measure(engines, args.rounds, args.iters)
-        for k, e in mean_errors(engines, feeds, lambda: sess.run(None, {k: feeds[k] for k in names})).items():
+        for k, e in mean_errors(engines, feeds, engines["ort"]).items():
             if k.startswith(("mlopt_", "base_")):
                 who, p = k.split("_", 1)
                 notes[p][f"{who}_err"] = e

@@ -3,12 +3,12 @@
 //! and writes 8 images' activations: an early layer's (MobileNetV2's 96 x 112 x 112, 2.4 MB an image
 //! in bf16) then go to memory and back between kernels, where one image's stay in cache, as at batch 1.
 //! Late layers hold the weights (ResNet-50's last stage: 15 MB) and few activations: there a batch reads
-//! each weight once for all images. So fusion's plan (`fuse::emit`) runs the longest prefix of its
-//! kernels that can run per image, cut where the batch's activations fit in L2, a group of images at a
-//! time (one per thread; see `prefix`): each such kernel once per group at the group's batch (its value
-//! types inferred again), each graph input sliced to the group first, and each value read after the
-//! prefix joined from the groups' values by a concatenation along the batch axis. The memory plan then
-//! gives every group's intermediate values the same bytes.
+//! each weight once for all images. So fusion's plan (`fuse::emit`) runs a prefix of its kernels that
+//! can run per image (cut where what it keeps in cache most exceeds what joining the groups copies; see
+//! `prefix`), a group of images at a time (one per thread): each such kernel once per group at the
+//! group's batch (its value types inferred again), each graph input sliced to the group first, and
+//! each value read after the prefix joined from the groups' values by a concatenation along the batch
+//! axis. The memory plan then gives every group's intermediate values the same bytes.
 
 use mlopt_ir::{Graph, NodeId, Op};
 use mlopt_target::Target;

@@ -318,17 +318,6 @@ fn run_once(
     Ok((plan, stats))
 }
 
-/// Whether node `n` of `g` is a lowered matrix op: a bf16 or f16 product, rounded (a narrow result,
-/// the next fp32 cast carrying the original op's name) or widening (an f32 result with the name).
-fn narrow_product(g: &Graph, n: mlopt_ir::NodeId) -> bool {
-    crate::rules::precision::lowerable_op(&g.node(n).op)
-        && g.input_types(n)
-            .first()
-            .copied()
-            .flatten()
-            .is_some_and(|t| t.dtype.is_half())
-}
-
 /// The classes of the widening products (see `rules::precision::widening_product`) that the fused
 /// graph `g` writes to memory for other kernels to read (a graph output is f32 either way): each a
 /// kernel's root, found by its node's name.
@@ -344,7 +333,7 @@ fn stored_widening(g: &Graph, loaded: &crate::convert::Loaded) -> HashSet<egg::I
         .values()
         .flat_map(|k| k.roots.iter().copied())
         .filter(|&r| {
-            narrow_product(g, r)
+            crate::rules::precision::narrow_product(g, r)
                 && g.node(r).outputs[0].dtype == DType::F32
                 && !returned.contains(&r)
         })
@@ -366,7 +355,7 @@ fn progress_bar(on: bool) -> indicatif::ProgressBar {
 fn lowered_ops(g: &Graph) -> Vec<(String, f64)> {
     let mut out = vec![];
     for n in g.node_ids() {
-        if !narrow_product(g, n) {
+        if !crate::rules::precision::narrow_product(g, n) {
             continue;
         }
         let node = g.node(n);

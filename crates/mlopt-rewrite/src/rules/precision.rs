@@ -194,7 +194,7 @@ pub fn narrow_shared(g: &mut mlopt_ir::Graph, lo: DType) -> mlopt_ir::Result<()>
         };
         let wide = g.add(Op::Cast { to: DType::F32 }, "", &[narrow])?;
         let v = mlopt_ir::Value { node: n, output: 0 };
-        g.replace_reads(v, wide, |u| u != cast && u != wide.node);
+        g.replace_reads(v, wide, |u| u != cast);
     }
     Ok(())
 }
@@ -230,6 +230,17 @@ pub fn widen_per_reader(g: &mut mlopt_ir::Graph) -> mlopt_ir::Result<()> {
     Ok(())
 }
 
+/// Whether node `n` of `g` is a lowered matrix op: a bf16 or f16 product, rounded (a narrow result,
+/// the next fp32 cast carrying the original op's name) or widening (an f32 result with the name).
+pub fn narrow_product(g: &mlopt_ir::Graph, n: mlopt_ir::NodeId) -> bool {
+    lowerable_op(&g.node(n).op)
+        && g.input_types(n)
+            .first()
+            .copied()
+            .flatten()
+            .is_some_and(|t| t.dtype.is_half())
+}
+
 /// Whether `n` is computed by elementwise ops (an epilogue) from a narrow product: a matrix op whose
 /// operands are bf16 or f16. Looks through at most 32 elementwise ops.
 fn from_narrow_product(g: &mlopt_ir::Graph, n: mlopt_ir::NodeId) -> bool {
@@ -239,17 +250,10 @@ fn from_narrow_product(g: &mlopt_ir::Graph, n: mlopt_ir::NodeId) -> bool {
         if !seen.insert(m) || seen.len() > 32 {
             continue;
         }
-        let op = &g.node(m).op;
-        if lowerable_op(op) {
-            if g.input_types(m)
-                .first()
-                .copied()
-                .flatten()
-                .is_some_and(|t| t.dtype.is_half())
-            {
-                return true;
-            }
-        } else if op.is_elementwise() {
+        if narrow_product(g, m) {
+            return true;
+        }
+        if g.node(m).op.is_elementwise() {
             stack.extend(g.inputs(m).into_iter().flatten().map(|v| v.node));
         }
     }
