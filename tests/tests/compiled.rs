@@ -162,14 +162,23 @@ fn bf16_contractions_compile_to_mma_blocks() {
     }
     // 3x3 and 5x1 convolutions (one block product per tap over a channels-innermost copy): stride 1
     // and 2, padded, a dilation, 72 -> 200 channels (K pads to AMX's 32s, the output channels to
-    // whole blocks), output rows of 24 and 12 positions, batch 2.
-    for (name, k, stride, pad, dil) in [
-        ("conv3x3", [3, 3], 1, [1, 1], 1),
-        ("conv3x3 stride 2", [3, 3], 2, [1, 1], 1),
-        ("conv5x1 dilated", [5, 1], 1, [4, 0], 2),
+    // whole blocks), output rows of 24 and 12 positions (fewer than an AMX block's 16: its epilogue
+    // has only a tail), batch 2.
+    // On a 7x7 map (ResNet-50's last stage), AMX blocks run over the image's positions flattened (7 x
+    // 9 = 63 rows in two blocks of 32, the copy's columns past each row computed and not stored); on
+    // a 13x13 one (SqueezeNet's), row by row in blocks of 16 of which only the tail of 13 is stored.
+    for (name, k, stride, pad, dil, size) in [
+        ("conv3x3", [3, 3], 1, [1, 1], 1, [11, 24]),
+        ("conv3x3 stride 2", [3, 3], 2, [1, 1], 1, [11, 24]),
+        ("conv5x1 dilated", [5, 1], 1, [4, 0], 2, [11, 24]),
+        ("conv3x3 7x7", [3, 3], 1, [1, 1], 1, [7, 7]),
+        ("conv3x3 13x13", [3, 3], 1, [1, 1], 1, [13, 13]),
     ] {
         let mut g = mlopt_ir::Graph::new("conv");
-        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 72, 11, 24]));
+        let x = g.add_input(
+            "x",
+            TensorType::new(DType::F32, vec![2, 72, size[0], size[1]]),
+        );
         let w: Vec<f32> = (0..200 * 72 * k[0] * k[1])
             .map(|i| ((i * 7919) % 200) as f32 / 1000.0 - 0.1)
             .collect();
@@ -234,7 +243,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
         cases.push((name, import(name), data(name).0));
     }
     for (name, g, inputs) in &cases {
-        for target in ["host", "znver4", "x86-64-v4"] {
+        for target in ["host", "znver4", "sapphirerapids", "x86-64-v4"] {
             let mut config = Config::new(Target::named(target, 1).unwrap());
             config.precision = Precision::Bf16;
             let c = compile(
@@ -250,14 +259,19 @@ fn bf16_contractions_compile_to_mma_blocks() {
             .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
             let pays = mlopt_cost::tile::bf16_blocks_pay(c.cfg.target.cpu().unwrap());
             assert!(
-                target != "znver4" || pays,
-                "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate"
+                !target.starts_with(['z', 's']) || pays,
+                "{name}: Zen 4's vdpbf16ps is costed at twice its FMA rate, AMX at ten times"
             );
             // Without a matrix unit the convolutions' fp32 tiles read the bf16 weights widened to
-            // f32 once, at compile time. (The MLP's batch-1 MatMuls have no rows to tile.)
+            // f32 once, at compile time. (The MLP's batch-1 MatMuls have no rows to tile; the 7x7
+            // map's convolution runs swapped, its weight the tiles' rows, read as bf16.)
             let widened = c.program.weights.iter().any(|w| w.name.ends_with(".f32"));
             assert!(
-                target != "x86-64-v4" || widened || !name.starts_with(['p', 'c']),
+                target != "x86-64-v4"
+                    || widened
+                    || !name.starts_with(['p', 'c'])
+                    || name.ends_with("7x7")
+                    || name.ends_with("13x13"),
                 "{name} for {target}: bf16 weights widened for the fp32 tiles"
             );
             let blocks = c
@@ -293,6 +307,13 @@ fn bf16_contractions_compile_to_mma_blocks() {
                     "{target}: {what}\n{text}"
                 );
             }
+            if *name == "conv3x3 7x7" && target == "sapphirerapids" {
+                let text = blocks_text();
+                assert!(
+                    text.contains("mma<32x32x96>"),
+                    "flat positions in blocks of 32\n{text}"
+                );
+            }
             if *name == "matmul transposed" && pays {
                 let text = blocks_text();
                 assert!(
@@ -313,7 +334,14 @@ fn bf16_contractions_compile_to_mma_blocks() {
                     "{target}: attention on blocks\n{text}"
                 );
             }
-            let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
+            // Code for a CPU this one is not (AMX blocks without the tiles) runs in the kernel IR's
+            // interpreter, which takes most of a minute per case: the flat 7x7 one only (the others
+            // are scheduled and verified).
+            let got = match c.runs_here() {
+                true => c.run(&mut c.load().unwrap(), inputs).unwrap(),
+                false if name.ends_with("7x7") => c.interpret(inputs).unwrap(),
+                false => continue,
+            };
             let want = interp::run(&c.optimized.plan.graph, inputs).unwrap();
             let err = worst_error(&want, &got);
             // Both round to bf16 at the same places (attention's blocks also its softmax numerators);
@@ -1188,7 +1216,9 @@ fn integer_resize_compiles_as_it_interprets() {
 /// x86-64-v4 (the same blocks as loops) and for Zen 4 (`vdpbf16ps`; this machine runs its code too),
 /// against the kernel IR interpreter: a 64x64x96 product in 32x32 blocks, then 16x32x64 blocks and one
 /// 32x16x32 block accumulated on top, then a loop of three 13x32x32 products into one block (a
-/// convolution's taps: on `vdpbf16ps` one sum with C in registers, in row groups of 6 and 7). The first
+/// convolution's taps: on `vdpbf16ps` one sum with C in registers, in row groups of 6 and 7; for AMX,
+/// whose tiles take 16 rows, 16x32x32, summed in the tiles), compiled for Sapphire Rapids too and run
+/// where this machine has the tiles. The first
 /// and last prefetch the block after B's as they run (`ahead`; the first's last block asks past B's end),
 /// which changes no value.
 #[test]
@@ -1209,40 +1239,47 @@ fn mma_blocks_compile_as_they_interpret() {
   mma<32x16x32> %c[32, 48] += %a[0, 64] * %b[32, 96]
 }
 ";
-    let taps = "kernel @taps(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {
-  serial %t in 0..3 {
-    mma<13x32x32> %c[0, 0] += %a[(%t * 16), (%t * 2)] * %b[(%t * 8), 32] ahead
-  }
-}
-";
-    let kernels: Vec<_> = [set, add, taps]
-        .iter()
-        .map(|t| mlopt_kir::parse_kernel(t).unwrap())
-        .collect();
-    for k in &kernels {
-        mlopt_kir::verify(k).unwrap();
-        let text = match k.name.as_str() {
-            "set" => set,
-            "add" => add,
-            _ => taps,
-        };
-        assert_eq!(&mlopt_kir::print::kernel(k), text);
-    }
-    let args = vec![Place::Output(0), Place::Input(0), Place::Input(1)];
-    let p = Program {
-        name: "mma".into(),
-        inputs: vec![
-            io("a", Elem::BF16, vec![64, 96]),
-            io("b", Elem::BF16, vec![48, 128]),
-        ],
-        outputs: vec![io("c", Elem::F32, vec![64, 64])],
-        kernels,
-        steps: vec![
-            Step::call(0, args.clone()),
-            Step::call(1, args.clone()),
-            Step::call(2, args),
-        ],
-        ..Default::default()
+    let taps = |m: u64| {
+        format!(
+            "kernel @taps(%c: f32[64,64], %a: bf16[64,96], %b: bf16[48,128]) {{
+  serial %t in 0..3 {{
+    mma<{m}x32x32> %c[0, 0] += %a[(%t * 16), (%t * 2)] * %b[(%t * 8), 32] ahead
+  }}
+}}
+"
+        )
+    };
+    let program = |taps_m: u64| {
+        let taps = taps(taps_m);
+        let kernels: Vec<_> = [set, add, &taps]
+            .iter()
+            .map(|t| mlopt_kir::parse_kernel(t).unwrap())
+            .collect();
+        for k in &kernels {
+            mlopt_kir::verify(k).unwrap();
+            let text = match k.name.as_str() {
+                "set" => set,
+                "add" => add,
+                _ => &taps,
+            };
+            assert_eq!(&mlopt_kir::print::kernel(k), text);
+        }
+        let args = vec![Place::Output(0), Place::Input(0), Place::Input(1)];
+        Program {
+            name: "mma".into(),
+            inputs: vec![
+                io("a", Elem::BF16, vec![64, 96]),
+                io("b", Elem::BF16, vec![48, 128]),
+            ],
+            outputs: vec![io("c", Elem::F32, vec![64, 64])],
+            kernels,
+            steps: vec![
+                Step::call(0, args.clone()),
+                Step::call(1, args.clone()),
+                Step::call(2, args),
+            ],
+            ..Default::default()
+        }
     };
     let bf16 = |n: usize, seed: u64| -> Vec<u8> {
         (0..n as u64)
@@ -1253,15 +1290,18 @@ fn mma_blocks_compile_as_they_interpret() {
             .collect()
     };
     let inputs = vec![bf16(64 * 96, 1), bf16(48 * 128, 2)];
-    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     let f32s = |b: &[u8]| -> Vec<f32> {
         b.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()
     };
-    for target in ["host", "x86-64-v4", "znver4"] {
+    let host = mlopt_target::calibrate::host_features();
+    for target in ["host", "x86-64-v4", "znver4", "sapphirerapids"] {
         let t = Target::named(target, 1).unwrap();
         let t = t.cpu().unwrap();
+        let amx = t.matrix() == Some(mlopt_target::MatrixUnit::Amx);
+        let p = program(if amx { 16 } else { 13 });
+        let want = mlopt_kir::run_program(&p, &inputs).unwrap();
         let code = mlopt_llvm::compile(&p, t).unwrap_or_else(|e| panic!("{target}: {e}"));
         assert_eq!(
             code.optimized_ir.contains("tdpbf16ps"),
@@ -1278,6 +1318,9 @@ fn mma_blocks_compile_as_they_interpret() {
                 code.optimized_ir.contains("llvm.prefetch"),
                 "{target}: blocks marked `ahead` prefetch"
             );
+        }
+        if !t.features.iter().all(|f| host.contains(f)) {
+            continue;
         }
         let got = run_code(&p, &code, &inputs, &[64 * 64 * 4]);
         // Products of bf16 values are exact in f32; only the order of the f32 sums differs.

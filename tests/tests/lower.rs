@@ -61,11 +61,19 @@ fn lowered_fixtures_match_the_graph_interpreter() {
             let (err, _) = lowered(name, target, p, None);
             assert!(err < 1e-5, "{name} on {target} {p:?}: error {err:e}");
         }
-        // bf16 contractions as `mma` blocks (Zen 4's matrix unit), run by the kernel IR interpreter:
-        // they round where the graph does, except attention's, whose softmax numerators are rounded
-        // to bf16 for the second product (as on GPU tensor cores; the graph keeps them f32).
-        let (err, p) = lowered(name, "x86-64-v4", Precision::Bf16, Some(&cpu("znver4")));
+        // bf16 contractions as `mma` blocks (Zen 4's vdpbf16ps, Sapphire Rapids' AMX tiles), run by
+        // the kernel IR interpreter: they round where the graph does, except attention's, whose
+        // softmax numerators are rounded to bf16 for the second product (as on GPU tensor cores; the
+        // graph keeps them f32).
         let tol = if *name == "transformer" { 1e-2 } else { 1e-5 };
+        let (err, _) = lowered(
+            name,
+            "x86-64-v4",
+            Precision::Bf16,
+            Some(&cpu("sapphirerapids")),
+        );
+        assert!(err < tol, "{name} in bf16 on AMX blocks: error {err:e}");
+        let (err, p) = lowered(name, "x86-64-v4", Precision::Bf16, Some(&cpu("znver4")));
         assert!(err < tol, "{name} in bf16 on mma blocks: error {err:e}");
         // The MLP's and the transformer's weight matrices are bf16 constants; the CNN's convolutions
         // (8 and 16 channels) are too small to pay for copying their input into the blocks' layout

@@ -57,7 +57,7 @@ fn stage_parser() -> impl clap::builder::TypedValueParser<Value = mlopt_driver::
 /// The optimiser's options, shared by `inspect`, `compile`, `run` and `check`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct OptArgs {
-    /// host, x86-64-v3, x86-64-v4, znver4, sm_80, sm_86, sm_89 or sm_90.
+    /// host, x86-64-v3, x86-64-v4, znver4, sapphirerapids, sm_80, sm_86, sm_89 or sm_90.
     #[arg(long, default_value = "host")]
     target: String,
     /// Threads the CPU code will use (scales the CPU roofline).

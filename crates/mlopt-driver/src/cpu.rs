@@ -64,6 +64,23 @@ impl Compiled {
             .collect()
     }
 
+    /// Whether this machine has every ISA feature the code was compiled for: loading code for a
+    /// `sapphirerapids` target on a CPU without AMX would fault on its first tile instruction.
+    pub fn runs_here(&self) -> bool {
+        let host = mlopt_target::calibrate::host_features();
+        self.cfg
+            .target
+            .cpu()
+            .is_some_and(|t| t.features.iter().all(|f| host.contains(f)))
+    }
+
+    /// Runs the scheduled kernel IR in its interpreter on named tensors: the kernels, tiles and `mma`
+    /// blocks the code was generated from, on any machine (the interpreter's `mma` is the blocks'
+    /// arithmetic, so AMX schedules are checked where there are no tiles).
+    pub fn interpret(&self, inputs: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
+        mlopt_lower::program::interpret(&self.program, inputs).map_err(DriverError::Input)
+    }
+
     /// Runs loaded code on named tensors.
     pub fn run(
         &self,

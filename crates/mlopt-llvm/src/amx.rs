@@ -116,6 +116,21 @@ impl<'c> Gen<'_, 'c> {
         b: &Block,
         acc: bool,
     ) -> Ret<()> {
+        self.mma_over(m, n, k, (c, a, b), acc, None)
+    }
+
+    /// `mma`, or with `over` (a serial loop's variable and extent, which C's block does not read) the
+    /// sum of the loop's products into C, `for t { mma c += a(t) * b(t) }` (a convolution's taps): the
+    /// C tiles configured and loaded once, every step of every product, then stored once.
+    pub(crate) fn mma_over(
+        &mut self,
+        m: u64,
+        n: u64,
+        k: u64,
+        (c, a, b): (&Block, &Block, &Block),
+        acc: bool,
+        over: Option<(mlopt_kir::Var, u64)>,
+    ) -> Ret<()> {
         if !supported(m, n, k) {
             return Err(err(format!(
                 "@{}: mma<{m}x{n}x{k}> has no AMX form (m, n of 16 or 32, k a multiple of 32)",
@@ -124,8 +139,6 @@ impl<'c> Gen<'_, 'c> {
         }
         let (mt, nt) = (m / TILE_ROWS, n / TILE_ROWS);
         let (c0, ldc) = self.block_base(c)?;
-        let (a0, lda) = self.block_base(a)?;
-        let (b0, ldb) = self.block_base(b)?;
         let i64 = |g: &Self, v: u64| g.ctx.i64_type().const_int(v, false);
         let ctile = |i: u64, j: u64| (i * nt + j) as usize;
         // C tile (i, j) is register ctile(i, j); its first element's address, for loading and storing.
@@ -153,7 +166,36 @@ impl<'c> Gen<'_, 'c> {
         }
         self.asm(&text.join("\n\t"), &args)?;
 
-        // The reduction: A tiles from row blocks, B tiles from column blocks, one tdpbf16ps per C tile.
+        match over {
+            None => self.amx_k(k, (mt, nt), a, b)?,
+            Some((var, extent)) => {
+                let (zero, end) = (i64(self, 0), i64(self, extent));
+                self.counted("amx_over", zero, end, 1, &mut |g, t| {
+                    g.vars.insert(var, crate::codegen::VarVal::Scalar(t));
+                    g.amx_k(k, (mt, nt), a, b)
+                })?;
+                self.vars.remove(&var);
+            }
+        }
+
+        // Store C and release the tiles.
+        let mut text = Vec::new();
+        let mut args: Vec<BasicMetadataValueEnum> = vec![i64(self, ldc).into()];
+        for (t, p) in &c_tiles {
+            text.push(format!("tilestored %tmm{t}, (${},$0,1)", args.len()));
+            args.push((*p).into());
+        }
+        text.push("tilerelease".into());
+        self.asm(&text.join("\n\t"), &args)
+    }
+
+    /// The reduction of one product: A tiles from row blocks, B tiles from column blocks, one
+    /// tdpbf16ps per C tile (tile registers ctile(i, j) = i * nt + j).
+    fn amx_k(&mut self, k: u64, (mt, nt): (u64, u64), a: &Block, b: &Block) -> Ret<()> {
+        let (a0, lda) = self.block_base(a)?;
+        let (b0, ldb) = self.block_base(b)?;
+        let i64 = |g: &Self, v: u64| g.ctx.i64_type().const_int(v, false);
+        let ctile = |i: u64, j: u64| (i * nt + j) as usize;
         let (zero, steps) = (i64(self, 0), i64(self, k / K_STEP));
         self.counted("amx_k", zero, steps, 1, &mut |g, s| {
             let mut text = Vec::new();
@@ -198,16 +240,6 @@ impl<'c> Gen<'_, 'c> {
                 }
             }
             g.asm(&text.join("\n\t"), &args)
-        })?;
-
-        // Store C and release the tiles.
-        let mut text = Vec::new();
-        let mut args: Vec<BasicMetadataValueEnum> = vec![i64(self, ldc).into()];
-        for (t, p) in &c_tiles {
-            text.push(format!("tilestored %tmm{t}, (${},$0,1)", args.len()));
-            args.push((*p).into());
-        }
-        text.push("tilerelease".into());
-        self.asm(&text.join("\n\t"), &args)
+        })
     }
 }

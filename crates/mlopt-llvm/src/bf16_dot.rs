@@ -82,9 +82,10 @@ impl<'c> Gen<'_, 'c> {
         self.mma_dot_over(m, n, k, blocks, (acc, ahead), None)
     }
 
-    /// Emits serial loop `var` (extent `extent`, `body`) when it is one short `mma` accumulating into a
-    /// block the loop does not move (a convolution's taps after the first, a k of at most 64) on
-    /// `vdpbf16ps`, as one sum with C in registers (`mma_dot_over`); false, emitting nothing, otherwise.
+    /// Emits serial loop `var` (extent `extent`, `body`) when it is one `mma` accumulating into a block
+    /// the loop does not move (a convolution's taps after the first), as one sum with C in registers:
+    /// on AMX tiles always (`mma_over`), on `vdpbf16ps` where k is at most 64 (`mma_dot_over`); false,
+    /// emitting nothing, otherwise.
     /// (With longer products, C's reload per step is a few percent of each, and separate products
     /// measured 3% faster on ResNet-50's 128-channel 3x3 convolutions. With an odd number of k-pairs,
     /// LLVM's unrolled k loop and its remainder left the accumulators copied between registers and
@@ -108,15 +109,20 @@ impl<'c> Gen<'_, 'c> {
         else {
             return Ok(false);
         };
-        if self.matrix != Some(mlopt_target::MatrixUnit::Dot)
-            || *k > 64
-            || (*k / 2) % 2 == 1
-            || self.width.is_some()
-            || c.at.iter().any(|e| e.uses(var))
-        {
+        if self.width.is_some() || c.at.iter().any(|e| e.uses(var)) {
             return Ok(false);
         }
-        self.mma_dot_over(*m, *n, *k, (c, a, b), (true, *ahead), Some((var, extent)))?;
+        match self.matrix {
+            // On AMX tiles every product configured the tiles, loaded C, stored it and released
+            // them: a 3x3 convolution of 64 channels did that per two k steps.
+            Some(mlopt_target::MatrixUnit::Amx) => {
+                self.mma_over(*m, *n, *k, (c, a, b), true, Some((var, extent)))?
+            }
+            Some(mlopt_target::MatrixUnit::Dot) if *k <= 64 && (*k / 2) % 2 == 0 => {
+                self.mma_dot_over(*m, *n, *k, (c, a, b), (true, *ahead), Some((var, extent)))?
+            }
+            _ => return Ok(false),
+        }
         Ok(true)
     }
 

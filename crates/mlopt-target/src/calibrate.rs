@@ -247,13 +247,18 @@ pub fn host_features() -> Vec<String> {
             "lzcnt" => "lzcnt", "movbe" => "movbe", "avx512f" => "avx512f", "avx512bw" => "avx512bw",
             "avx512cd" => "avx512cd", "avx512dq" => "avx512dq", "avx512vl" => "avx512vl",
             "avx512bf16" => "avx512bf16", "avx512fp16" => "avx512fp16", "avx512vnni" => "avx512vnni",
+            "avx512bitalg" => "avx512bitalg", "avx512vbmi" => "avx512vbmi", "avx512vbmi2" => "avx512vbmi2",
+            "avx512vpopcntdq" => "avx512vpopcntdq",
         );
         // AMX is not in `is_x86_feature_detected!` on stable Rust: CPUID leaf 7 says it (EDX bit 24
-        // tile, bit 22 bf16); the OS grants the tile state per process (see the runtime).
+        // tile, bit 22 bf16, bit 25 int8); the OS grants the tile state per process (see the runtime).
         let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
         if edx & (1 << 24) != 0 && edx & (1 << 22) != 0 {
             f.push("amx-tile".to_string());
             f.push("amx-bf16".to_string());
+            if edx & (1 << 25) != 0 {
+                f.push("amx-int8".to_string());
+            }
         }
     }
     f
@@ -279,11 +284,6 @@ pub fn host_l2_bytes() -> Option<u64> {
         .checked_mul(unit)
         .filter(|b| (64 << 10..=1 << 30).contains(b))
 }
-
-/// bf16 matrix throughput of one core on AMX tiles, FLOP/s: a loop of independent `tdpbf16ps` on
-/// 16x16x32 tiles measured 1.50 TFLOP/s on a Sapphire Rapids core (2026-11-21; `calibrate` does not
-/// measure it: that needs the tile state, which the calibration does not request).
-const AMX_BF16_PER_CORE: f64 = 1.5e12;
 
 /// This CPU's calibration and where it came from: the cache (spot-checked until confirmed), or a
 /// measurement now (stored for next time). `Err` says why no trustworthy figure could be had.
@@ -363,7 +363,7 @@ pub fn host(threads: u32) -> CpuTarget {
     }
     if has("amx-bf16") {
         // bf16 contractions run on the tiles (mlopt-llvm's amx.rs), not on `vdpbf16ps`.
-        t.bf16 = Some(AMX_BF16_PER_CORE * n);
+        t.bf16 = Some(crate::cpu::AMX_BF16_PER_CORE * n);
     }
     t.features = features;
     t

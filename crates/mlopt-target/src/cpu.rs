@@ -1,4 +1,5 @@
-//! CPU targets: x86-64 machines, one table row per named level (`x86-64-v3`, `x86-64-v4`, `znver4`) and
+//! CPU targets: x86-64 machines, one table row per named level (`x86-64-v3`, `x86-64-v4`, `znver4`,
+//! `sapphirerapids`) and
 //! the host (`calibrate.rs`). Peaks are per core times the threads the code runs on; the host's come
 //! from its calibration, the named rows' from the documented figures below.
 
@@ -127,6 +128,35 @@ pub fn x86_64_v4(threads: u32) -> CpuTarget {
         .extend(["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"].map(String::from));
     t.roof.source =
         "x86-64-v4 defaults (measured Sapphire Rapids FMA rate, 12 GB/s per core)".into();
+    t
+}
+
+/// bf16 matrix throughput of one core on AMX tiles, FLOP/s: a loop of independent `tdpbf16ps` on
+/// 16x16x32 tiles measured 1.50 TFLOP/s on a Sapphire Rapids core (2026-11-21; `calibrate` does not
+/// measure it: that needs the tile state, which the calibration does not request).
+pub const AMX_BF16_PER_CORE: f64 = 1.5e12;
+
+/// Intel Sapphire Rapids (4th-generation Xeon) per core: AVX-512 with two 512-bit FMA ports (the v4
+/// figure, measured here), AVX512-BF16 (`vdpbf16ps` on one port, half the FMA rate: unused, bf16
+/// blocks go on the tiles) and AMX (`tdpbf16ps` at `AMX_BF16_PER_CORE`). Named so that the AMX blocks
+/// are scheduled, verified and run in the kernel IR's interpreter on machines without tiles.
+pub fn sapphirerapids(threads: u32) -> CpuTarget {
+    let mut t = x86_64_v4(threads);
+    t.name = "sapphirerapids".into();
+    t.model = CpuModel::Named("sapphirerapids".into());
+    t.bf16 = Some(AMX_BF16_PER_CORE * threads as f64);
+    t.features.extend(
+        [
+            "avx512bf16",
+            "avx512vnni",
+            "avx512fp16",
+            "amx-tile",
+            "amx-bf16",
+            "amx-int8",
+        ]
+        .map(String::from),
+    );
+    t.roof.source = "Sapphire Rapids (v4's measured FMA rate, AMX bf16 at 1.5 TFLOP/s per core; not calibrated)".into();
     t
 }
 

@@ -42,6 +42,7 @@ pub const TARGET_NAMES: &[&str] = &[
     "x86-64-v3",
     "x86-64-v4",
     "znver4",
+    "sapphirerapids",
     "sm_80",
     "sm_86",
     "sm_89",
@@ -59,6 +60,7 @@ impl Target {
             "x86-64-v3" => Target::Cpu(cpu::x86_64_v3(threads)),
             "x86-64-v4" => Target::Cpu(cpu::x86_64_v4(threads)),
             "znver4" => Target::Cpu(cpu::znver4(threads)),
+            "sapphirerapids" => Target::Cpu(cpu::sapphirerapids(threads)),
             "sm_80" => Target::Gpu(gpu::sm_80()),
             "sm_86" => Target::Gpu(gpu::sm_86()),
             "sm_89" => Target::Gpu(gpu::sm_89()),
@@ -182,6 +184,8 @@ mod tests {
             (&zen4.model, zen4.lanes(), zen4.matrix()),
             (&CpuModel::Named("znver4".into()), 16, Some(MatrixUnit::Dot))
         );
+        let spr = Target::named("sapphirerapids", 1).unwrap();
+        assert_eq!(spr.cpu().unwrap().matrix(), Some(MatrixUnit::Amx));
         let v3 = Target::named("x86-64-v3", 1).unwrap();
         assert_eq!(
             (v3.cpu().unwrap().lanes(), v3.cpu().unwrap().matrix()),

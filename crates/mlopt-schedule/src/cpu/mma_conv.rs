@@ -93,15 +93,6 @@ pub(crate) fn blocks(
     } else {
         16
     };
-    let (kstep, mb) = match target.matrix() {
-        Some(mlopt_target::MatrixUnit::Amx) => (32, if ow >= 32 { 32 } else { 16 }),
-        Some(mlopt_target::MatrixUnit::Dot) => (2, ow.div_ceil(ow.div_ceil(32))),
-        None => return Ok(None),
-    };
-    let (mp, owp) = (round_up(m, nb), round_up(ow, mb));
-    if input.uses(mv) || 2 * owp > 3 * ow || 2 * mp > 3 * m {
-        return Ok(None);
-    }
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
     // The copy's rows: one per output row where the window is one row (the rows its stride lands
     // on), else every row the windows reach.
@@ -111,6 +102,20 @@ pub(crate) fn blocks(
         Some(a) if kh_n > 1 => a.span as u64,
         _ => oh_n,
     };
+    let (kstep, row_mb) = match target.matrix() {
+        Some(mlopt_target::MatrixUnit::Amx) => (32, if ow >= 32 { 32 } else { 16 }),
+        Some(mlopt_target::MatrixUnit::Dot) => (2, ow.div_ceil(ow.div_ceil(32))),
+        None => return Ok(None),
+    };
+    let flat = Flat::pays(target, (oh_n, ow, row_mb), (kh_n, kw_n), (ah_stride, s, d));
+    let (mb, owp) = match &flat {
+        Some(f) => (f.mb, ow),
+        None => (row_mb, round_up(ow, row_mb)),
+    };
+    let mp = round_up(m, nb);
+    if input.uses(mv) || (flat.is_none() && 2 * owp > 3 * ow) || 2 * mp > 3 * m {
+        return Ok(None);
+    }
     let outer = w.outer_loops(c);
     let images: u64 = outer.iter().map(|(_, e)| *e).product();
     let shape = (images * oh_n * ow, m, cin * taps);
@@ -126,6 +131,7 @@ pub(crate) fn blocks(
     // (Folded rows of 3 columns copy element by element, too short to vectorise: SqueezeNet's 3x3
     // stem ran 1.3x slower folded than in f32 tiles.)
     let fold = kw_n >= 4
+        && flat.is_none()
         && match (cost(&plain), cost(&folded)) {
             (Some(a), Some(b)) => b < a,
             (None, b) => b.is_some(),
@@ -192,10 +198,23 @@ pub(crate) fn blocks(
         n: m,
         k: cin * taps,
     });
+    // Flat, each row phase of the copy is one run of positions (its row h's position q at h * wq +
+    // q), with the rows the last blocks' taps read past the image.
+    let (row_phases, hq) = flat.map_or((1, hp), |f| (f.row_phases, hp.div_ceil(f.row_phases)));
+    let xp_rows = flat.map_or(hp * wq, |f| {
+        let taps = f.copy_rows(wq, kh_n, ah_dil as u64, (kw_n - 1) * d / s);
+        taps.max(hq * wq)
+    });
+    let xp_dims = match flat {
+        Some(_) => vec![phases, row_phases, xp_rows, stride],
+        None => vec![phases, hp, wq, stride],
+    };
+    let flat_row =
+        |h: &Expr, q: &Expr| Expr::add(Expr::mul(h.clone(), Expr::int(wq as i64)), q.clone());
     let xp = k.buf(
         format!("xpc{}", k.bufs.len()),
         Elem::BF16,
-        vec![phases, hp, wq, stride],
+        xp_dims,
         Space::Local,
     );
     let name = k.buffer(xp).name.clone();
@@ -203,10 +222,12 @@ pub(crate) fn blocks(
         buf: name,
         phases: s,
     });
+    // C: one block, or, flat, the sums of all the image's positions for a block of channels (each
+    // block's tiles stored at its rows), which the epilogue then reads row by row.
     let cblk = k.buf(
         format!("c_blk{}", k.bufs.len()),
         Elem::F32,
-        vec![mb, nb],
+        vec![flat.map_or(mb, |f| f.rows), nb],
         Space::Local,
     );
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
@@ -218,7 +239,7 @@ pub(crate) fn blocks(
         let lt = |a: &Expr, n: i64| Expr::bin(BinOp::Lt, a.clone(), Expr::int(n));
         let le0 = |a: &Expr| Expr::bin(BinOp::Le, Expr::int(0), a.clone());
         // Whether a row of the copy can lie outside the input (its padding, or rows past the end).
-        let last_row = (hp - 1) * if kh_n == 1 { ah_stride as u64 } else { 1 };
+        let last_row = (hq * row_phases - 1) * if kh_n == 1 { ah_stride as u64 } else { 1 };
         let rows_test = ah_pad > 0 || last_row as i64 - ah_pad >= ah_len;
         // Position (h, q) at column `col` of the window in the input: whether it is inside (`first`
         // and the bounds, none where nothing can be outside; the row's only where `cols` is false,
@@ -309,18 +330,54 @@ pub(crate) fn blocks(
         // One nest per phase, so the guards on a position are tests on the loops alone, which the loop
         // passes partition into the padding and the interior (whose copy transposes rows of
         // positions into channels, `mlopt-llvm/src/transpose.rs`).
-        for phase in (0..phases).filter(|_| !fold) {
-            fill.extend(tiler::nest(l, "x", &[hp, wq, cp], |_, ix| {
+        // Flat with row phases, row phase rph's row h is the copy's row h * phases + rph.
+        let phase_pairs = (0..phases).flat_map(|c| (0..row_phases).map(move |r| (c, r)));
+        for (phase, rph) in phase_pairs.filter(|_| !fold) {
+            fill.extend(tiler::nest(l, "x", &[hq, wq, cp], |_, ix| {
                 let ph = &Expr::int(phase as i64);
                 let (h, q, ch) = (&ix[0], &ix[1], &ix[2]);
-                let (inside, x) = at(h, q, ph.clone(), Some(lt(ch, cin as i64)), true);
+                let row = match row_phases {
+                    1 => h.clone(),
+                    n => Expr::add(
+                        Expr::mul(h.clone(), Expr::int(n as i64)),
+                        Expr::int(rph as i64),
+                    ),
+                };
+                let (inside, x) = at(&row, q, ph.clone(), Some(lt(ch, cin as i64)), true);
                 let x = x.subst(ci, &clamp(ch.clone(), cin as i64));
+                let index = match flat {
+                    Some(_) => vec![
+                        ph.clone(),
+                        Expr::int(rph as i64),
+                        flat_row(h, q),
+                        ch.clone(),
+                    ],
+                    None => [vec![ph.clone()], ix.to_vec()].concat(),
+                };
                 Ok(vec![Stmt::Store {
                     buf: xp,
-                    index: [vec![ph.clone()], ix.to_vec()].concat(),
+                    index,
                     value: guarded(inside, x),
                 }])
             })?);
+        }
+        // Flat, the rows past the image's that the last blocks read: zeros (their sums are never
+        // stored, but stale bits could be NaNs or denormals, which slow the tiles).
+        let past = xp_rows - hq * wq;
+        if flat.is_some() && past > 0 {
+            fill.extend(tiler::nest(
+                l,
+                "x",
+                &[phases, row_phases, past, cp],
+                |_, ix| {
+                    let row = Expr::add(ix[2].clone(), Expr::int((hq * wq) as i64));
+                    Ok(vec![Stmt::Store {
+                        buf: xp,
+                        index: vec![ix[0].clone(), ix[1].clone(), row, ix[3].clone()],
+                        value: lit(0.0, Elem::BF16),
+                    }])
+                },
+            )?);
         }
         let (jb, oh, ob) = (l.fresh("jb"), l.fresh("oh"), l.fresh("ob"));
         let (tv, ii, jj) = (l.fresh("tap"), l.fresh("ii"), l.fresh("jj"));
@@ -337,26 +394,51 @@ pub(crate) fn blocks(
                 k: cp,
                 c: Block {
                     buf: cblk,
-                    at: vec![Expr::int(0), Expr::int(0)],
+                    at: match flat {
+                        Some(_) => {
+                            vec![Expr::mul(Expr::var(ob), Expr::int(mb as i64)), Expr::int(0)]
+                        }
+                        None => vec![Expr::int(0), Expr::int(0)],
+                    },
                 },
                 a: Block {
                     buf: xp,
-                    at: vec![
-                        Expr::rem(kwd.clone(), Expr::int(s as i64)),
-                        if kh_n == 1 {
-                            Expr::var(oh)
-                        } else {
+                    at: match flat {
+                        // Flat: the block's first position, moved by the tap's rows and columns.
+                        // (Row phases: tap kh's rows are phase kh * d % s_h, kh * d / s_h rows on.)
+                        Some(_) => {
+                            let khd = Expr::mul(kh, Expr::int(ah_dil));
+                            let rp = Expr::int(row_phases as i64);
+                            vec![
+                                Expr::rem(kwd.clone(), Expr::int(s as i64)),
+                                Expr::rem(khd.clone(), rp.clone()),
+                                Expr::add(
+                                    Expr::mul(Expr::var(ob), Expr::int(mb as i64)),
+                                    Expr::add(
+                                        Expr::mul(Expr::div(khd, rp), Expr::int(wq as i64)),
+                                        Expr::div(kwd, Expr::int(s as i64)),
+                                    ),
+                                ),
+                                Expr::int(0),
+                            ]
+                        }
+                        None => vec![
+                            Expr::rem(kwd.clone(), Expr::int(s as i64)),
+                            if kh_n == 1 {
+                                Expr::var(oh)
+                            } else {
+                                Expr::add(
+                                    Expr::mul(Expr::var(oh), Expr::int(ah_stride)),
+                                    Expr::mul(kh, Expr::int(ah_dil)),
+                                )
+                            },
                             Expr::add(
-                                Expr::mul(Expr::var(oh), Expr::int(ah_stride)),
-                                Expr::mul(kh, Expr::int(ah_dil)),
-                            )
-                        },
-                        Expr::add(
-                            Expr::mul(Expr::var(ob), Expr::int(mb as i64)),
-                            Expr::div(kwd, Expr::int(s as i64)),
-                        ),
-                        Expr::int(0),
-                    ],
+                                Expr::mul(Expr::var(ob), Expr::int(mb as i64)),
+                                Expr::div(kwd, Expr::int(s as i64)),
+                            ),
+                            Expr::int(0),
+                        ],
+                    },
                 },
                 b: Block {
                     buf: wb,
@@ -378,26 +460,47 @@ pub(crate) fn blocks(
                 Expr::var(jj),
             ),
         );
+        // Flat, the epilogue runs once all of a channel block's positions are summed, along each
+        // output row (`ii` its position, the sums at row oh * wq + ii), in vector lanes as a row's is.
+        let (row, pos, rows_c) = match flat {
+            Some(_) => (
+                Expr::var(oh),
+                Expr::var(ii),
+                Expr::add(
+                    Expr::mul(Expr::var(oh), Expr::int(wq as i64)),
+                    Expr::var(ii),
+                ),
+            ),
+            None => (Expr::var(oh), pos, Expr::var(ii)),
+        };
         let by: Vec<(Var, Expr)> = images
             .iter()
             .cloned()
             .chain([(mv, ch.clone()), (aw.out, pos.clone())])
-            .chain(ah.map(|a| (a.out, Expr::var(oh))))
+            .chain(ah.map(|a| (a.out, row)))
             .collect();
         let st = store_at(
             store,
             acc,
             &by,
-            &Expr::load(cblk, vec![Expr::var(ii), Expr::var(jj)]),
+            &Expr::load(cblk, vec![rows_c, Expr::var(jj)]),
         );
-        let tail = l.fresh("ii");
-        let epilogue = super::mma_epilogue::epilogue(
-            st,
-            super::mma_epilogue::Epilogue::RowsInner,
-            (ii, &pos, mb, ow, &Expr::var(ob)),
-            (jj, &ch, nb, m, &Expr::var(jb)),
-            tail,
-        );
+        let epilogue = match flat {
+            Some(_) => super::mma_epilogue::epilogue(
+                st,
+                super::mma_epilogue::Epilogue::RowsInner,
+                (ii, &pos, ow, ow, &Expr::int(0)),
+                (jj, &ch, nb, m, &Expr::var(jb)),
+                l.fresh("ii"),
+            ),
+            None => super::mma_epilogue::epilogue(
+                st,
+                super::mma_epilogue::Epilogue::RowsInner,
+                (ii, &pos, mb, ow, &Expr::var(ob)),
+                (jj, &ch, nb, m, &Expr::var(jb)),
+                l.fresh("ii"),
+            ),
+        };
         let mut block = vec![mma(Expr::int(0), false)];
         if products > 1 {
             let t = Expr::add(Expr::var(tv), Expr::int(1));
@@ -408,21 +511,82 @@ pub(crate) fn blocks(
                 vec![mma(t, true)],
             ));
         }
-        block.push(epilogue);
-        let nest = Stmt::for_(
-            jb,
-            mp / nb,
-            LoopKind::Serial,
-            vec![Stmt::for_(
+        let positions = match flat {
+            Some(f) => vec![
+                Stmt::for_(ob, f.rows / mb, LoopKind::Serial, block),
+                Stmt::for_(oh, oh_n, LoopKind::Serial, vec![epilogue]),
+            ],
+            None => vec![Stmt::for_(
                 oh,
                 oh_n,
                 LoopKind::Serial,
-                vec![Stmt::for_(ob, owp / mb, LoopKind::Serial, block)],
+                vec![Stmt::for_(
+                    ob,
+                    owp / mb,
+                    LoopKind::Serial,
+                    [block, vec![epilogue]].concat(),
+                )],
             )],
-        );
+        };
+        let nest = Stmt::for_(jb, mp / nb, LoopKind::Serial, positions);
         Ok([fill, vec![nest]].concat())
     })?;
     Ok(Some(stmts))
+}
+
+/// Blocks over a flat run of an image's output positions instead of one output row at a time: row
+/// oh's position q is block row oh * wq + q, where `wq` is the copy's row (the output row and the
+/// columns the taps reach past it), so a tap's A block is still a run of consecutive copy rows
+/// (moved by kh * dilation * wq + kw * dilation); the positions past a row's `ow` are computed and not
+/// stored. For AMX tiles, whose blocks take 16 or 32 rows: a 7x7 map padded its rows of 7 to 16 (and
+/// was refused, running in f32 tiles); flat, 7 x 9 = 63 positions fill two blocks of 32. A window
+/// more than a row high with a vertical stride copies its rows in phases, as the columns are, so each
+/// output row is one row of a phase on from the last.
+#[derive(Debug, Clone, Copy)]
+struct Flat {
+    /// Block rows.
+    mb: u64,
+    /// The copy's phases along its rows: the vertical stride of a window more than a row high (its
+    /// output rows then step one row of a phase), else 1.
+    row_phases: u64,
+    /// The block rows computed: the image's oh * wq positions rounded up to whole blocks.
+    rows: u64,
+}
+
+impl Flat {
+    /// The flat blocks, where they compute at most 7/8 of the positions that rows padded to whole
+    /// blocks of `row_mb` compute (the scalar epilogue costs the rest) and under half again the
+    /// outputs; `None` for `vdpbf16ps`, whose blocks take any rows and pad none.
+    fn pays(
+        target: &CpuTarget,
+        (oh, ow, row_mb): (u64, u64, u64),
+        (kh, kw): (u64, u64),
+        (stride_h, s, d): (i64, u64, u64),
+    ) -> Option<Flat> {
+        if target.matrix() != Some(mlopt_target::MatrixUnit::Amx) || kw >= 4 {
+            return None;
+        }
+        let row_phases = if kh > 1 { stride_h as u64 } else { 1 };
+        let wq = ow + (kw - 1) * d / s;
+        // Blocks of 32 unless they pad an eighth more than 16s (7 x 11 = 77 positions: 96 or 80).
+        let mb = if 8 * round_up(oh * wq, 32) <= 9 * round_up(oh * wq, 16) {
+            32
+        } else {
+            16
+        };
+        let rows = round_up(oh * wq, mb);
+        (8 * rows <= 7 * oh * round_up(ow, row_mb) && 2 * rows <= 3 * oh * ow).then_some(Flat {
+            mb,
+            row_phases,
+            rows,
+        })
+    }
+
+    /// A row phase's rows the blocks read: every block's rows at the last tap (its rows of `wq` on
+    /// in its phase, and `cols` positions of its column phase).
+    fn copy_rows(&self, wq: u64, kh: u64, dil_h: u64, cols: u64) -> u64 {
+        self.rows + (kh - 1) * dil_h / self.row_phases * wq + cols
+    }
 }
 
 /// The layout of a convolution's activations copied for its blocks: K (a block product's depth, `k`

@@ -103,18 +103,25 @@ pub(super) fn epilogue(
     } else {
         // The last block (the only one past the whole ones) stores its first len % ext elements: a
         // loop of that extent, unguarded (the block's loop bounds it), which can run in vector lanes.
+        // Where there is no whole block (an AMX block of 16 rows over a 13-position row), only the
+        // tail: a whole-block branch that cannot run bounds nothing, and the verifier rejected it.
         let whole = (len / ext) as i64;
         let t = Expr::var(tail);
-        vec![
-            Stmt::If {
-                cond: lt(block.clone(), whole),
-                then: vec![for_(iv, ext, vec![st.clone()])],
-            },
-            Stmt::If {
-                cond: Expr::bin(BinOp::Le, Expr::int(whole), block.clone()),
-                then: vec![for_(tail, len % ext, vec![st.subst(iv, &t)])],
-            },
-        ]
+        let last = Stmt::If {
+            cond: Expr::bin(BinOp::Le, Expr::int(whole), block.clone()),
+            then: vec![for_(tail, len % ext, vec![st.subst(iv, &t)])],
+        };
+        if whole == 0 {
+            vec![last]
+        } else {
+            vec![
+                Stmt::If {
+                    cond: lt(block.clone(), whole),
+                    then: vec![for_(iv, ext, vec![st.clone()])],
+                },
+                last,
+            ]
+        }
     };
     let body = if olen.is_multiple_of(oext) {
         inner
