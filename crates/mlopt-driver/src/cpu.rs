@@ -64,14 +64,9 @@ impl Compiled {
             .collect()
     }
 
-    /// Whether this machine has every ISA feature the code was compiled for: loading code for a
-    /// `sapphirerapids` target on a CPU without AMX would fault on its first tile instruction.
+    /// Whether this machine can run the code (`CpuTarget::runs_here`; GPU code never runs here).
     pub fn runs_here(&self) -> bool {
-        let host = mlopt_target::calibrate::host_features();
-        self.cfg
-            .target
-            .cpu()
-            .is_some_and(|t| t.features.iter().all(|f| host.contains(f)))
+        self.cfg.target.cpu().is_some_and(|t| t.runs_here())
     }
 
     /// Runs the scheduled kernel IR in its interpreter on named tensors: the kernels, tiles and `mma`

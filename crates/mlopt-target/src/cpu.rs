@@ -48,6 +48,13 @@ impl CpuTarget {
         self.features.iter().any(|f| f == feature)
     }
 
+    /// Whether this machine has every ISA feature the target's code may use: code for a
+    /// `sapphirerapids` target on a CPU without AMX would fault on its first tile instruction.
+    pub fn runs_here(&self) -> bool {
+        let host = crate::calibrate::host_features();
+        self.features.iter().all(|f| host.contains(f))
+    }
+
     /// f32 lanes of the widest vector register: 16 with AVX-512, else 8.
     pub fn lanes(&self) -> u32 {
         if self.has("avx512f") {

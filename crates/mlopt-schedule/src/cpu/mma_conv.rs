@@ -202,7 +202,7 @@ pub(crate) fn blocks(
     // q), with the rows the last blocks' taps read past the image.
     let (row_phases, hq) = flat.map_or((1, hp), |f| (f.row_phases, hp.div_ceil(f.row_phases)));
     let xp_rows = flat.map_or(hp * wq, |f| {
-        let taps = f.copy_rows(wq, kh_n, ah_dil as u64, (kw_n - 1) * d / s);
+        let taps = f.copy_rows(wq, kh_n, ah_dil as u64, wq - owp);
         taps.max(hq * wq)
     });
     let xp_dims = match flat {
@@ -462,45 +462,40 @@ pub(crate) fn blocks(
         );
         // Flat, the epilogue runs once all of a channel block's positions are summed, along each
         // output row (`ii` its position, the sums at row oh * wq + ii), in vector lanes as a row's is.
-        let (row, pos, rows_c) = match flat {
+        let (pos, c_row) = match flat {
             Some(_) => (
-                Expr::var(oh),
                 Expr::var(ii),
                 Expr::add(
                     Expr::mul(Expr::var(oh), Expr::int(wq as i64)),
                     Expr::var(ii),
                 ),
             ),
-            None => (Expr::var(oh), pos, Expr::var(ii)),
+            None => (pos, Expr::var(ii)),
         };
         let by: Vec<(Var, Expr)> = images
             .iter()
             .cloned()
             .chain([(mv, ch.clone()), (aw.out, pos.clone())])
-            .chain(ah.map(|a| (a.out, row)))
+            .chain(ah.map(|a| (a.out, Expr::var(oh))))
             .collect();
         let st = store_at(
             store,
             acc,
             &by,
-            &Expr::load(cblk, vec![rows_c, Expr::var(jj)]),
+            &Expr::load(cblk, vec![c_row, Expr::var(jj)]),
         );
-        let epilogue = match flat {
-            Some(_) => super::mma_epilogue::epilogue(
-                st,
-                super::mma_epilogue::Epilogue::RowsInner,
-                (ii, &pos, ow, ow, &Expr::int(0)),
-                (jj, &ch, nb, m, &Expr::var(jb)),
-                l.fresh("ii"),
-            ),
-            None => super::mma_epilogue::epilogue(
-                st,
-                super::mma_epilogue::Epilogue::RowsInner,
-                (ii, &pos, mb, ow, &Expr::var(ob)),
-                (jj, &ch, nb, m, &Expr::var(jb)),
-                l.fresh("ii"),
-            ),
+        // The rows an epilogue walks: a whole output row (flat), or a block's.
+        let (rows_ext, row_block) = match flat {
+            Some(_) => (ow, Expr::int(0)),
+            None => (mb, Expr::var(ob)),
         };
+        let epilogue = super::mma_epilogue::epilogue(
+            st,
+            super::mma_epilogue::Epilogue::RowsInner,
+            (ii, &pos, rows_ext, ow, &row_block),
+            (jj, &ch, nb, m, &Expr::var(jb)),
+            l.fresh("ii"),
+        );
         let mut block = vec![mma(Expr::int(0), false)];
         if products > 1 {
             let t = Expr::add(Expr::var(tv), Expr::int(1));
@@ -555,8 +550,9 @@ struct Flat {
 
 impl Flat {
     /// The flat blocks, where they compute at most 7/8 of the positions that rows padded to whole
-    /// blocks of `row_mb` compute (the scalar epilogue costs the rest) and under half again the
-    /// outputs; `None` for `vdpbf16ps`, whose blocks take any rows and pad none.
+    /// blocks of `row_mb` compute and under half again the outputs; `None` for `vdpbf16ps`, whose
+    /// blocks take any rows and pad none. (The 7/8 margin was set while the flat epilogue stored
+    /// element by element; it now runs in vector lanes, and the margin was not measured again.)
     fn pays(
         target: &CpuTarget,
         (oh, ow, row_mb): (u64, u64, u64),
@@ -567,7 +563,7 @@ impl Flat {
             return None;
         }
         let row_phases = if kh > 1 { stride_h as u64 } else { 1 };
-        let wq = ow + (kw - 1) * d / s;
+        let wq = copy_row(ow, kw, s, d);
         // Blocks of 32 unless they pad an eighth more than 16s (7 x 11 = 77 positions: 96 or 80).
         let mb = if 8 * round_up(oh * wq, 32) <= 9 * round_up(oh * wq, 16) {
             32
@@ -587,6 +583,12 @@ impl Flat {
     fn copy_rows(&self, wq: u64, kh: u64, dil_h: u64, cols: u64) -> u64 {
         self.rows + (kh - 1) * dil_h / self.row_phases * wq + cols
     }
+}
+
+/// A copy row's positions in one phase: `positions` outputs and the columns a `kw`-wide window (stride
+/// `s`, dilation `d`) reaches past them.
+fn copy_row(positions: u64, kw: u64, s: u64, d: u64) -> u64 {
+    positions + (kw - 1) * d / s
 }
 
 /// The layout of a convolution's activations copied for its blocks: K (a block product's depth, `k`
@@ -609,7 +611,7 @@ impl Copy {
             k: c,
             kp: round_up(c, kstep),
             phases: if kw == 1 { 1 } else { s },
-            wq: owp + (kw - 1) * d / s,
+            wq: copy_row(owp, kw, s, d),
             kw,
             rows,
         }
