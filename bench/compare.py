@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""mlopt against ONNX Runtime and OpenVINO, measured interleaved in one process, on the zoo's inputs.
+"""mlopt against ONNX Runtime and OpenVINO, measured interleaved, each engine in its own process, on the
+zoo's inputs.
 
 For each model and thread count, mlopt compiles the model (`mlopt compile --threads N`), its static
-library is linked into a shared one and loaded here with ctypes, next to an ONNX Runtime session (all
-graph optimisations, N intra-op threads) and OpenVINO's CPU plugin (latency hint, N threads, f32 and its
-bf16 hint). Then `--rounds` rounds each time every engine for `--iters` runs in turn, so that a noisy
-neighbour slows all of them alike; the figure is the median of every timed run. All engines run on the
+library is linked into a shared one and loaded with ctypes in a worker process; ONNX Runtime (all graph
+optimisations, N intra-op threads) and OpenVINO's CPU plugin (latency hint, N threads, f32 and its bf16
+hint) get a worker each too. One process per engine: OpenVINO in the same process pinned and kept
+threads that slowed the mlopt library loaded beside it (ResNet-50 bf16 on Sapphire Rapids: 32-36 ms with
+OpenVINO loaded, 20 ms without). Then `--rounds` rounds ask every worker in turn for `--iters` timed runs,
+so that a noisy neighbour slows all of them alike; the figure is the median of every timed run. All engines run on the
 same input arrays (the manifest's .npy files), and every output is compared with ONNX Runtime's fp32.
 
     bench/zoo/build.sh                                     # once: the zoo and its venv
@@ -25,6 +28,7 @@ import argparse
 import ctypes
 import json
 import math
+import multiprocessing as mp
 import os
 import re
 import shutil
@@ -113,6 +117,89 @@ def ov_runner(model, threads, precision, feeds):
     return run
 
 
+def engine_main(conn, kind, spec):
+    """A worker process: builds one engine (`kind`: ort, ov or mlopt) on `spec`'s feeds, then answers
+    the parent: ("time", n) -> n run times in ms; ("run", feeds) -> the outputs on those inputs (the
+    bound input arrays are overwritten in place); ("quit", None) ends it. Errors come back as
+    ("error", text)."""
+    try:
+        feeds = spec["feeds"]
+        if kind == "ort":
+            sess = ort_session(spec["file"], spec["threads"])
+            names = [i.name for i in sess.get_inputs()]
+            f = lambda: sess.run(None, {k: feeds[k] for k in names})  # noqa: E731
+            info = {"names": names}
+        elif kind == "ov":
+            f = ov_runner(spec["file"], spec["threads"], spec["hint"], feeds)
+            info = {}
+        else:
+            m = Mlopt(spec["exe"], spec["file"], spec["threads"], spec["precision"], spec["work"], feeds)
+            m.bind([feeds[k] for k in spec["names"]], [np.empty(s, dtype=d) for s, d in spec["outs"]])
+            m()  # a run that fails is this precision's error, before any timing
+            f = m
+            info = {"compile_s": m.compile_s}
+        conn.send(("ok", info))
+    except Exception as e:  # noqa: BLE001
+        conn.send(("error", str(e)))
+        return
+    while True:
+        cmd, arg = conn.recv()
+        try:
+            if cmd == "quit":
+                return
+            if cmd == "time":
+                ms = []
+                for _ in range(arg):
+                    t = time.perf_counter()
+                    f()
+                    ms.append((time.perf_counter() - t) * 1e3)
+                conn.send(("ok", ms))
+            elif cmd == "run":
+                for k, a in arg.items():
+                    np.copyto(feeds[k], a)
+                conn.send(("ok", [np.array(o) for o in f()]))
+        except Exception as e:  # noqa: BLE001
+            conn.send(("error", str(e)))
+
+
+class Worker:
+    """The parent's handle on an `engine_main` process."""
+
+    def __init__(self, kind, spec):
+        ctx = mp.get_context("spawn")  # nothing of this process's libraries or threads in the worker
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=engine_main, args=(child, kind, spec), daemon=True)
+        self.proc.start()
+        child.close()
+        self.info = self._reply()
+
+    def _reply(self):
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"engine process died (exit {self.proc.join(5) or self.proc.exitcode})") from None
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def time(self, n):
+        self.conn.send(("time", n))
+        return self._reply()
+
+    def run(self, feeds):
+        self.conn.send(("run", feeds))
+        return self._reply()
+
+    def close(self):
+        try:
+            self.conn.send(("quit", None))
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 def max_err(got, want):
     """Largest |got - want| relative to want's largest magnitude, over every output."""
     e = 0.0
@@ -142,20 +229,18 @@ def variants(a, k):
 def mean_errors(engines, feeds, reference, sets=8):
     """Each engine's error against ONNX Runtime fp32 (`max_err`), the mean over `sets` input sets: one
     input's error is mostly which logits its rounding happens to move (ResNet-50 in bf16: 0.10 to 0.16
-    for the same build), so engines are compared on several. The sets are written into the bound input
-    arrays in place, and the zoo's input is put back."""
-    saved = {k: a.copy() for k, a in feeds.items()}
+    for the same build), so engines are compared on several. Each worker gets the set's inputs in its
+    bound arrays; every worker is handed the zoo's input back at the end."""
     errs = {k: [] for k in engines}
     try:
         for i in range(sets):
-            for k, a in feeds.items():
-                np.copyto(a, variants(saved[k], i))
-            ref = reference()
-            for k, f in engines.items():
-                errs[k].append(max_err(f(), ref))
+            fs = {k: variants(a, i) for k, a in feeds.items()}
+            ref = reference.run(fs)
+            for k, w in engines.items():
+                errs[k].append(max_err(w.run(fs), ref))
     finally:
-        for k, a in feeds.items():
-            np.copyto(a, saved[k])
+        for w in engines.values():
+            w.run(feeds)
     return {k: float(np.mean(v)) for k, v in errs.items()}
 
 
@@ -191,30 +276,24 @@ def feeds_for(entry, sess, batch=1):
 
 
 def measure(engines, rounds, iters, budget_s=0.5):
-    """Interleaved rounds: each engine runs up to `iters` times per round (fewer when one run takes more
-    than `budget_s / iters`, at least once); returns each engine's median ms over every timed run."""
+    """Interleaved rounds: each engine's worker runs up to `iters` times per round (fewer when one run
+    takes more than `budget_s / iters`, at least once); returns each engine's median ms over every
+    timed run."""
     times = {k: [] for k in engines}
     per_round = {}
-    for k, f in engines.items():
-        f()
-        t = time.perf_counter()
-        f()
-        once = time.perf_counter() - t
+    for k, w in engines.items():
+        once = w.time(2)[-1] / 1e3
         per_round[k] = max(1, min(iters, int(budget_s / max(once, 1e-9))))
     keys = list(engines)
     for r in range(rounds):
         # Rotated each round: at 2 threads the engine right after ONNX Runtime ran ~10% slower (its
         # spinning workers), so a fixed order favoured whichever mlopt build came later.
         for k in keys[r % len(keys):] + keys[: r % len(keys)]:
-            f = engines[k]
             # Let the last engine's spinning workers go to sleep before timing the next one: 20 ms was
             # not enough after ONNX Runtime at 2 threads (mlopt's next ResNet-50 run took 35 ms, not
             # 11); after 100 ms the first run is as fast as the rest.
             time.sleep(0.1)
-            for _ in range(per_round[k]):
-                t = time.perf_counter()
-                f()
-                times[k].append((time.perf_counter() - t) * 1e3)
+            times[k].extend(engines[k].time(per_round[k]))
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
@@ -234,16 +313,19 @@ def run_model(args, entry, n, batch, precisions, work):
     rows = []
     common = {"model": entry["name"], "file": entry["file"], "threads": n, "batch": batch, "gflop": entry["gflop"] * batch if entry.get("gflop") else None}
     notes = {p: {} for p in precisions}
+    engines = {}
     try:
         sess = ort_session(entry["file"], n)
         feeds = feeds_for(entry, sess, batch)
         names = [i.name for i in sess.get_inputs()]
-        ref = sess.run(None, {k: feeds[k] for k in names})
-        engines = {"ort": lambda s=sess: s.run(None, {k: feeds[k] for k in names})}
+        outs = [(r.shape, r.dtype) for r in sess.run(None, {k: feeds[k] for k in names})]
+        del sess
+        base = {"file": str(Path(entry["file"]).resolve()), "threads": n, "feeds": feeds}
+        engines["ort"] = Worker("ort", base)
         if not args.no_openvino:
             try:
-                engines["ov_f32"] = ov_runner(entry["file"], n, "f32", feeds)
-                engines["ov_bf16"] = ov_runner(entry["file"], n, "bf16", feeds)
+                for hint in ("f32", "bf16"):
+                    engines[f"ov_{hint}"] = Worker("ov", {**base, "hint": hint})
             except Exception as e:  # noqa: BLE001
                 common["openvino_error"] = str(e).splitlines()[0][:200]
         slug = entry["name"].replace("/", "_") + f".b{batch}.t{n}"
@@ -252,12 +334,10 @@ def run_model(args, entry, n, batch, precisions, work):
                 if not exe:
                     continue
                 try:
-                    m = Mlopt(exe, Path(entry["file"]).resolve(), n, p, Path(work) / f"{slug}.{p}.{who}", feeds)
-                    m.bind([feeds[k] for k in names], [np.empty_like(r) for r in ref])
+                    spec = {**base, "exe": exe, "precision": p, "work": str(Path(work) / f"{slug}.{p}.{who}"), "names": names, "outs": outs}
+                    engines[f"{who}_{p}"] = w = Worker("mlopt", spec)
                     if who == "mlopt":
-                        notes[p]["compile_s"] = round(m.compile_s, 2)
-                    m()  # a run that fails is this precision's error, before any timing
-                    engines[f"{who}_{p}"] = m
+                        notes[p]["compile_s"] = round(w.info["compile_s"], 2)
                 except Exception as e:  # noqa: BLE001
                     notes[p][f"{who}_error"] = str(e)[:300]
         ms = measure(engines, args.rounds, args.iters)
@@ -270,6 +350,9 @@ def run_model(args, entry, n, batch, precisions, work):
     except Exception as e:  # noqa: BLE001
         common["error"] = str(e)[:300]
         ms = {}
+    finally:
+        for w in engines.values():
+            w.close()
     for p in precisions:
         row = {**common, "precision": p, **notes[p]}
         row.update({f"{k}_ms": round(v, 4) for k, v in ms.items() if not k.startswith(("mlopt_", "base_"))})
