@@ -116,13 +116,76 @@ impl<'c> Gen<'_, 'c> {
             // On AMX tiles every product configured the tiles, loaded C, stored it and released
             // them: a 3x3 convolution of 64 channels did that per two k steps.
             Some(mlopt_target::MatrixUnit::Amx) => {
-                self.mma_over(*m, *n, *k, (c, a, b), true, Some((var, extent)))?
+                self.mma_over(*m, *n, *k, (c, a, b), true, Some((var, extent)), None)?
             }
             Some(mlopt_target::MatrixUnit::Dot) if *k <= 64 && (*k / 2) % 2 == 0 => {
                 self.mma_dot_over(*m, *n, *k, (c, a, b), (true, *ahead), Some((var, extent)))?
             }
             _ => return Ok(false),
         }
+        Ok(true)
+    }
+
+    /// Emits `first; for var in 0..extent { mma c += .. }` as one sum on AMX tiles when `first` is an
+    /// `mma` into the block the loop's `mma` sums into, the same shape (a convolution's first tap,
+    /// which sets C, and the rest): one configuration of the tiles for all of them (`mma_over`'s
+    /// `lead`). False, emitting nothing, otherwise.
+    pub(crate) fn led_mmas(
+        &mut self,
+        first: &mlopt_kir::Stmt,
+        next: &mlopt_kir::Stmt,
+    ) -> Ret<bool> {
+        use mlopt_kir::Stmt;
+        let (
+            Stmt::Mma {
+                m,
+                n,
+                k,
+                c,
+                a: a0,
+                b: b0,
+                acc,
+                ..
+            },
+            Stmt::For {
+                var,
+                extent,
+                kind: mlopt_kir::LoopKind::Serial,
+                body,
+            },
+        ) = (first, next)
+        else {
+            return Ok(false);
+        };
+        let [Stmt::Mma {
+            m: m1,
+            n: n1,
+            k: k1,
+            c: c1,
+            a,
+            b,
+            acc: true,
+            ..
+        }] = &body[..]
+        else {
+            return Ok(false);
+        };
+        if self.width.is_some()
+            || self.matrix != Some(mlopt_target::MatrixUnit::Amx)
+            || (m, n, k, c) != (m1, n1, k1, c1)
+            || c.at.iter().any(|e| e.uses(*var))
+        {
+            return Ok(false);
+        }
+        self.mma_over(
+            *m,
+            *n,
+            *k,
+            (c, a, b),
+            *acc,
+            Some((*var, *extent)),
+            Some((a0, b0)),
+        )?;
         Ok(true)
     }
 

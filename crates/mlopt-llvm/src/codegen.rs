@@ -79,6 +79,9 @@ pub struct Gen<'a, 'c> {
     pub(crate) private: HashMap<BufId, PointerValue<'c>>,
     /// What runs `mma` blocks.
     pub matrix: Option<MatrixUnit>,
+    /// AMX tiles configured around the loop being emitted (`amx.rs`): its products neither configure
+    /// nor release them.
+    pub(crate) tiles_ready: bool,
     /// f32 -> bf16 by `vcvtneps2bf16` (the CPU has AVX512-BF16), not in integer code.
     pub bf16_convert: bool,
     /// A load whose value is already in registers (`transpose.rs`: a gathered operand read as rows and
@@ -124,6 +127,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             width: None,
             private: HashMap::new(),
             matrix: None,
+            tiles_ready: false,
             bf16_convert: false,
             avx512: false,
             forced: None,
@@ -257,8 +261,15 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     pub fn block(&mut self, body: &[Stmt]) -> Ret<()> {
-        for s in body {
-            self.stmt(s)?;
+        let mut i = 0;
+        while i < body.len() {
+            // A product and a loop summing more into its block run as one on AMX (`bf16_dot.rs`).
+            if i + 1 < body.len() && !self.gpu && self.led_mmas(&body[i], &body[i + 1])? {
+                i += 2;
+                continue;
+            }
+            self.stmt(&body[i])?;
+            i += 1;
         }
         Ok(())
     }
@@ -427,7 +438,16 @@ impl<'a, 'c> Gen<'a, 'c> {
     }
 
     fn for_loop(&mut self, var: Var, extent: u64, kind: LoopKind, body: &[Stmt]) -> Ret<()> {
+        // AMX tiles are configured once around the outermost serial loop of this function that
+        // runs products on them (`amx.rs`).
+        let tiles = kind == LoopKind::Serial && !self.tiles_ready && self.tiles_for(body);
+        if tiles {
+            self.configure_tiles()?;
+        }
         let r = self.emit_loop(var, extent, kind, body);
+        if tiles {
+            self.release_tiles()?;
+        }
         // The variable is out of scope after its loop (a stale vector variable would confuse lane analysis).
         self.vars.remove(&var);
         r
