@@ -195,12 +195,14 @@ fn bf16_contractions_compile_to_mma_blocks() {
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 6);
         cases.push((name, g, inputs));
     }
-    // A strided 1x1 convolution (ResNet's downsample: its copy holds a quarter of the input) and a
-    // 1-D one (Whisper's stem: 3 taps, stride 2, padded; a 2-D one of a single row), output channels
-    // enough for the blocks to pay for their copies.
+    // A strided 1x1 convolution (ResNet's downsample: its copy holds a quarter of the input), a 1-D
+    // one (Whisper's stem: 3 taps, stride 2, padded; a 2-D one of a single row), output channels
+    // enough for the blocks to pay for their copies, and a 3-channel 7x7 stem (ResNet's: each row of
+    // taps folded into K, 21 channels padded to AMX's 32, which the cost model takes).
     for (name, c, m, size, k) in [
         ("conv1x1 stride 2", 128, 512, &[14, 14][..], 1),
         ("conv1d stride 2", 128, 384, &[160][..], 3),
+        ("stem 7x7 stride 2", 3, 64, &[48, 48][..], 7),
     ] {
         let g = mlopt_tests::conv_graph(2, c, m, size, k, 2, 1, true);
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 8);

@@ -238,21 +238,24 @@ pub enum BlockCopy {
 }
 
 /// Whether one bf16 contraction of `m` x `n` x `k` multiply-adds runs faster as `mma` blocks
-/// ([`bf16_block_s`]) than as fp32 register tiles on `t`, which run at the fp32 peak. A gathered copy
+/// ([`bf16_block_s`]: products of depth `depth`, `padded_k` deep in all, K's padding to whole block
+/// steps included) than as fp32 register tiles on `t`, which run at the fp32 peak over `k`. A gathered copy
 /// costs as much as many multiply-adds, so narrow contractions whose copy gathers and shallow ones (a
 /// 3-channel stem's taps one by one: depth 4) stay in fp32 tiles; a 1x1 convolution's activations
 /// stream into the blocks (two channel rows interleaved), so those of 16 channels or more pay.
 pub fn bf16_block_pays(
     t: &mlopt_target::CpuTarget,
     shape: (u64, u64, u64),
-    depth: u64,
+    (depth, padded_k): (u64, u64),
     copy: BlockCopy,
 ) -> bool {
     let (m, n, k) = shape;
-    bf16_block_s(t, shape, depth, copy).is_some_and(|s| s < 2.0 * (m * n * k) as f64 / t.roof.fp32)
+    bf16_block_s(t, (m, n, padded_k.max(k)), depth, copy)
+        .is_some_and(|s| s < 2.0 * (m * n * k) as f64 / t.roof.fp32)
 }
 
-/// Seconds one bf16 contraction of `m` x `n` x `k` multiply-adds takes as `mma` blocks on `t` (None
+/// Seconds one bf16 contraction of `m` x `n` x `k` multiply-adds (K's padding included) takes as
+/// `mma` blocks on `t` (None
 /// where [`bf16_blocks_pay`] says blocks never do): the bf16 peak, slowed by reading and writing the
 /// f32 accumulators once per block product of depth `depth` (a convolution tap's channels: about
 /// 4 / depth of the products), plus copying the activations into the blocks' layout (`copy`), split
@@ -373,7 +376,7 @@ mod tests {
         let t = t.cpu().unwrap();
         for &(shape, depth, copy, want) in BLOCKS {
             assert_eq!(
-                bf16_block_pays(t, shape, depth, copy),
+                bf16_block_pays(t, shape, (depth, shape.2), copy),
                 want,
                 "{shape:?} depth {depth}, {copy:?}"
             );
@@ -382,7 +385,7 @@ mod tests {
         assert!(!bf16_block_pays(
             v4.cpu().unwrap(),
             (3136, 64, 576),
-            64,
+            (64, 576),
             BlockCopy::None
         ));
     }

@@ -304,10 +304,10 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
         || !mlopt_cost::tile::bf16_block_pays(
             t,
             (slen, tlen, d),
-            kps,
+            (kps, kps),
             BlockCopy::Streamed(slen * d),
         )
-        || !mlopt_cost::tile::bf16_block_pays(t, (slen, elen, tlen), kpo, BlockCopy::None)
+        || !mlopt_cost::tile::bf16_block_pays(t, (slen, elen, tlen), (kpo, kpo), BlockCopy::None)
     {
         return Ok(None);
     }

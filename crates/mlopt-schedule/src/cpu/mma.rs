@@ -436,7 +436,7 @@ fn unbatched(
         (false, true) => BlockCopy::Streamed(m * k),
         (false, false) => BlockCopy::Gathered(m * k),
     };
-    if !mlopt_cost::tile::bf16_block_pays(target, (m, n, k), kp, copy) {
+    if !mlopt_cost::tile::bf16_block_pays(target, (m, n, k), (kp, kp), copy) {
         return Ok(None);
     }
     let packed = Weight {
@@ -522,7 +522,7 @@ fn weight_rows(
     }
     let (mb, nb, mp, np, kp) = blocks(target, n, m, k);
     let copy = BlockCopy::Streamed(m * k);
-    if !mlopt_cost::tile::bf16_block_pays(target, (n, m, k), kp, copy) {
+    if !mlopt_cost::tile::bf16_block_pays(target, (n, m, k), (kp, kp), copy) {
         return Ok(None);
     }
     let weight = &p.weights[wi];
