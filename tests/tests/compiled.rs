@@ -1515,6 +1515,12 @@ fn odd_widths_and_transposed_tails_compile_as_they_interpret() {
     }
 }
 
+/// The spacing of f32 values at |v|.
+fn ulp32(v: f64) -> f64 {
+    let w = (v as f32).abs();
+    (f32::from_bits(w.to_bits() + 1) - w) as f64
+}
+
 /// The transcendental functions written as register code (`mlopt-llvm/src/transcendental.rs`, shared by
 /// x86 and NVPTX) against Rust's libm in f64, over their whole useful ranges, in serial and vector loops:
 /// the largest error in units of the result's last place stays within each function's documented bound,
@@ -1611,6 +1617,41 @@ fn register_math_is_accurate() {
             |x, _| Expr::un(UnOp::Exp, x),
             |x, _| if x < -87.33654 { 0.0 } else { x.exp() },
             |_, _| 3.0,
+        ),
+        // tanh within 4 ulp (its series below |x| = 0.1); erf (Abramowitz & Stegun 7.1.26) within
+        // 4e-7 absolute (the formula's 1.5e-7, and f32's rounding of 1 - p e^(-x^2): 3e-7 at 0.19),
+        // and exactly +-1 from |x| = 10 on. (Neither was tested before.)
+        (
+            "tanh f32",
+            Elem::F32,
+            sweep(-12.0, 12.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Tanh, x),
+            |x, _| x.tanh(),
+            |_, _| 4.0,
+        ),
+        (
+            "erf f32",
+            Elem::F32,
+            sweep(-6.0, 6.0),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Erf, x),
+            |x, _| libm::erf(x),
+            |x, _| 2.0 + 4e-7 / ulp32(libm::erf(x)),
+        ),
+        (
+            "erf f32 far out",
+            Elem::F32,
+            [
+                logspace(10.0, 1e38, true),
+                vec![f64::INFINITY, f64::NEG_INFINITY],
+            ]
+            .concat()[2..]
+                .to_vec(),
+            vec![0.0; N],
+            |x, _| Expr::un(UnOp::Erf, x),
+            |x, _| libm::erf(x),
+            |_, _| 0.0,
         ),
         (
             "exp f64",
