@@ -38,9 +38,10 @@ use std::sync::Arc;
 
 /// The `mma` form of convolution `c` with window `w` (its epilogue the one store `store`: buffer,
 /// index, value), when it is a 2-D or 1-D convolution by a constant bf16 weight read only here, over a bf16
-/// input, whose input channels, output channels and output rows fill whole blocks within a third, a
-/// half and a half (AMX tiles are 16 or 32 rows by 32 channels; `vdpbf16ps` takes any rows and channel
-/// pairs). The weight is packed into a weight of its own that replaces it.
+/// input, whose output channels and output rows fill whole blocks within a half, and whose blocks,
+/// K's padding to whole steps priced in, the cost model rates faster than f32 tiles (AMX tiles are
+/// 16 or 32 rows by 32 channels; `vdpbf16ps` takes any rows and channel pairs). The weight is packed
+/// into a weight of its own that replaces it.
 pub(crate) fn blocks(
     p: &mut Program,
     target: &CpuTarget,
