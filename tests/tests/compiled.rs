@@ -1797,8 +1797,7 @@ fn register_math_is_accurate() {
                 let want = reference(x, y);
                 let (got, ulp) = if t == Elem::F32 {
                     let g = f32::from_le_bytes(c.try_into().unwrap()) as f64;
-                    let w = (want as f32).abs();
-                    (g, (f32::from_bits(w.to_bits() + 1) - w) as f64)
+                    (g, ulp32(want))
                 } else {
                     let g = f64::from_le_bytes(c.try_into().unwrap());
                     let w = want.abs();

@@ -246,12 +246,22 @@ pub enum BlockCopy {
 pub fn bf16_block_pays(
     t: &mlopt_target::CpuTarget,
     shape: (u64, u64, u64),
-    (depth, padded_k): (u64, u64),
+    depth: (u64, u64),
     copy: BlockCopy,
 ) -> bool {
-    let (m, n, k) = shape;
+    bf16_block_faster_s(t, shape, depth, copy).is_some()
+}
+
+/// [`bf16_block_s`] for the blocks' padded K, where [`bf16_block_pays`]: the seconds to compare one
+/// block layout with another.
+pub fn bf16_block_faster_s(
+    t: &mlopt_target::CpuTarget,
+    (m, n, k): (u64, u64, u64),
+    (depth, padded_k): (u64, u64),
+    copy: BlockCopy,
+) -> Option<f64> {
     bf16_block_s(t, (m, n, padded_k.max(k)), depth, copy)
-        .is_some_and(|s| s < 2.0 * (m * n * k) as f64 / t.roof.fp32)
+        .filter(|s| *s < 2.0 * (m * n * k) as f64 / t.roof.fp32)
 }
 
 /// Seconds one bf16 contraction of `m` x `n` x `k` multiply-adds (K's padding included) takes as

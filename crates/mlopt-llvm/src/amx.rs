@@ -6,8 +6,9 @@
 //! own tiles in the loop's outlined body), and released after it: `ldtilecfg` takes hundreds of
 //! cycles, and configured per block it was 7% of ResNet-50's stem.
 //!
-//! The instructions are emitted as inline assembly: three blocks (configure + load or zero C; one k step;
-//! store C + `tilerelease`) around a counted loop in IR. LLVM allocates no tile registers in these
+//! The instructions are emitted as inline assembly: three blocks (configure, unless configured around
+//! the loop, + load or zero C; one k step; store C + `tilerelease`, likewise) around a counted loop in
+//! IR. LLVM allocates no tile registers in these
 //! functions (there are no AMX intrinsics), so the tiles stay live between the blocks.
 
 #![allow(unsafe_code)] // GEPs to the tiles' first elements; in bounds by verification of the `mma`.
@@ -197,7 +198,10 @@ impl<'c> Gen<'_, 'c> {
 
         // Configure (unless configured around the loop), then load or zero the C tiles.
         let ready = self.tiles_ready;
-        let mut text = vec![if ready { "" } else { "ldtilecfg ($0)" }.to_string()];
+        let mut text = Vec::new();
+        if !ready {
+            text.push("ldtilecfg ($0)".to_string());
+        }
         let mut args: Vec<BasicMetadataValueEnum> =
             vec![self.config_ptr().into(), i64(self, ldc).into()];
         for (t, p) in &c_tiles {

@@ -125,17 +125,8 @@ pub(crate) fn blocks(
     let plain = Copy::plain(cin, kw_n, s, d, owp, kstep, images * hp);
     let folded = Copy::folded(cin, kw_n, owp, kstep, images * hp);
     let cost = |x: &Copy| {
-        let depth = (x.kp, x.kp * taps / (kw_n / x.kw));
-        mlopt_cost::tile::bf16_block_pays(target, shape, depth, x.gathered())
-            .then(|| {
-                mlopt_cost::tile::bf16_block_s(
-                    target,
-                    (shape.0, shape.1, depth.1),
-                    x.kp,
-                    x.gathered(),
-                )
-            })
-            .flatten()
+        let depth = (x.kp, x.kp * x.products(taps, kw_n));
+        mlopt_cost::tile::bf16_block_faster_s(target, shape, depth, x.gathered())
     };
     // (Folded rows of 3 columns copy element by element, too short to vectorise: SqueezeNet's 3x3
     // stem ran 1.3x slower folded than in f32 tiles.)
@@ -147,13 +138,15 @@ pub(crate) fn blocks(
             (None, b) => b.is_some(),
             _ => false,
         };
-    if (if fold { folded_s } else { plain_s }).is_none() {
+    let (lay, pays) = match fold {
+        true => (folded, folded_s),
+        false => (plain, plain_s),
+    };
+    if pays.is_none() {
         return Ok(None);
     }
-    let lay = if fold { folded } else { plain };
     let (cp, phases, wq, kw_e) = (lay.kp, lay.phases, lay.wq, lay.kw);
-    // The block products: one per tap, or one per row of taps where the columns are folded into K.
-    let products = taps / (kw_n / kw_e);
+    let products = lay.products(taps, kw_n);
     // Rows of the copy 512 bytes apart would put a block's 16 rows in few L1 sets.
     let stride = if (cp * 2).is_multiple_of(512) {
         cp + 32
@@ -640,6 +633,12 @@ impl Copy {
             kw: 1,
             rows,
         }
+    }
+
+    /// The block products of a window of `taps` taps, `kw` of them a row: one per tap, or one per
+    /// row of taps where the columns are folded into K.
+    fn products(&self, taps: u64, kw: u64) -> u64 {
+        taps / (kw / self.kw)
     }
 
     /// The copy for the cost model: its elements, read from channel planes (a gather).
