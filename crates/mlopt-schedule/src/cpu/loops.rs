@@ -15,7 +15,10 @@
 //!   divisions, as evaluating its index over the loops shows), with at least `threads` iterations and enough work to pay for
 //!   waking the pool, runs as `parallel`; one whose iterations do not share out evenly (a multiple of
 //!   the threads, at least 8 per thread, or the busiest thread at most a seventh over an even share) passes the choice to the nests inside it when they have a
-//!   loop that can run in parallel.
+//!   loop that can run in parallel. In a kernel with weights, a loop inside an evenly split one that
+//!   would split too is taken instead where the cost model says the threads move fewer bytes
+//!   (`mlopt_cost::kernel::split_s`): a contraction's rows (positions) rather than its columns when
+//!   the columns run over a weight's output channels and the activations outweigh the weight.
 //!
 //! Loops holding a guard are never vectorised (a guard would differ between lanes); loops under one are.
 
@@ -25,7 +28,8 @@ use mlopt_kir::{BufId, Expr, Kernel, LoopKind, Stmt, Var};
 use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 
-pub fn schedule(k: &mut Kernel, t: &CpuTarget) -> crate::Result<()> {
+/// Schedules `k`'s loops for `t`; `weights` are its parameters every call binds to a weight.
+pub fn schedule(k: &mut Kernel, t: &CpuTarget, weights: &[BufId]) -> crate::Result<()> {
     let (lanes, threads) = (t.lanes(), t.threads);
     mlopt_kir::rfactor::rfactor(k, lanes);
     // Loops whose tests on their variable change answer at known points (a concat's inputs) run as one
@@ -47,7 +51,14 @@ pub fn schedule(k: &mut Kernel, t: &CpuTarget) -> crate::Result<()> {
     for st in &k.body {
         pick_vector(k, st, lanes, &uses, &mut vector);
         if threads > 1 {
-            pick_parallel(k, st, t, &uses, &mut Vec::new(), &mut parallel);
+            let nest = Nest {
+                k,
+                target: t,
+                weights,
+                uses: &uses,
+                budget: DISTINCT_BUDGET,
+            };
+            pick_parallel(&nest, st, &mut Vec::new(), &mut parallel);
         }
     }
     for v in parallel {
@@ -122,6 +133,8 @@ fn stores_ok_in(
 /// Store executions a parallel verdict may evaluate to prove that threads write disjoint elements when
 /// the affine test cannot (`mlopt_kir::analysis::distinct_for`).
 const DISTINCT_BUDGET: u64 = 1 << 22;
+/// The same for the loops inside an evenly split one, considered as alternatives to it.
+const EXPLORE_BUDGET: u64 = 1 << 14;
 
 /// Picks the loops to peel: the deepest loop that could run in vector lanes but for a remainder (56 =
 /// 3 x 16 + 8), innermost or not (a pooling row whose window loops are inside it). Returns whether
@@ -239,20 +252,25 @@ fn pick_vector(
     false
 }
 
-fn pick_parallel(
-    k: &Kernel,
-    st: &Stmt,
-    target: &CpuTarget,
-    uses: &HashMap<BufId, usize>,
-    outer: &mut Vec<(Var, u64)>,
-    out: &mut Vec<Var>,
-) {
+/// What `pick_parallel` reads: the kernel, its target, its weight parameters and its buffers' uses.
+#[derive(Clone, Copy)]
+struct Nest<'a> {
+    k: &'a Kernel,
+    target: &'a CpuTarget,
+    weights: &'a [BufId],
+    uses: &'a HashMap<BufId, usize>,
+    /// Store executions `distinct_for` may evaluate per verdict.
+    budget: u64,
+}
+
+fn pick_parallel(n: &Nest, st: &Stmt, outer: &mut Vec<(Var, u64)>, out: &mut Vec<Var>) {
     let Stmt::For {
         var, extent, body, ..
     } = st
     else {
         return;
     };
+    let (k, target) = (n.k, n.target);
     if !mlopt_cost::kernel::parallel_pays(target, work(st)) {
         return;
     }
@@ -262,36 +280,131 @@ fn pick_parallel(
     let disjoint = |flat: &Expr, inner: &[(Var, u64)]| {
         coefficient(flat, *var).is_some_and(|c| c != 0)
             || mlopt_kir::analysis::moves_with(flat, *var, *extent)
-            || mlopt_kir::analysis::distinct_for(
-                flat,
-                (*var, *extent),
-                outer,
-                inner,
-                DISTINCT_BUDGET,
-            )
+            || mlopt_kir::analysis::distinct_for(flat, (*var, *extent), outer, inner, n.budget)
     };
     let splits = *extent >= threads as u64
-        && stores_ok_in(k, body, uses, &disjoint, true)
+        && stores_ok_in(k, body, n.uses, &disjoint, true)
         && !transposes(k, *var, body);
     // Threads get equal shares, or nearly (the busiest at most a seventh more than an even share: 7
     // column blocks on 2 threads, where splitting the loop inside instead forks and joins the threads
     // once per block).
     let (t, e) = (threads as u64, *extent);
+    outer.push((*var, *extent));
     if splits && (e % t == 0 || e >= 8 * t || 7 * e.div_ceil(t) * t <= 8 * e) {
-        out.push(*var);
+        // Split across a weight's output channels, a loop inside that splits too may cost the threads
+        // less: the rows of a contraction whose column loop is outside them (`split_s`).
+        let mut inner = Vec::new();
+        let across_weight = operands(n, st, *var).iter().any(|o| o.weight && o.split);
+        if across_weight {
+            // Alternatives get a smaller budget for proofs: one not proved cheaply stays unsplit.
+            let n = Nest {
+                budget: EXPLORE_BUDGET,
+                ..*n
+            };
+            for s in body {
+                pick_parallel(&n, s, outer, &mut inner);
+            }
+        }
+        let cost =
+            |v: Var| mlopt_cost::kernel::split_s(target, &operands(n, st, v), trips_to(st, v));
+        // Only where the loops inside split nearly all of the work (not a depthwise convolution's
+        // loop over groups, whose padded copies inside would then run on one thread).
+        let covered: u64 = inner.iter().map(|&v| work_under(st, v)).sum();
+        match inner.first() {
+            Some(&v) if 10 * covered >= 9 * work(st) && cost(v) < SPLIT_MARGIN * cost(*var) => {
+                out.extend(inner)
+            }
+            _ => out.push(*var),
+        }
+        outer.pop();
         return;
     }
     // A short, uneven or unsplittable outer loop (batch 1; 5 column panels on 2 threads): look one
     // level in, at each nest it holds; an uneven loop with nothing inside to split is still split.
     let before = out.len();
-    outer.push((*var, *extent));
     for inner in body {
-        pick_parallel(k, inner, target, uses, outer, out);
+        pick_parallel(n, inner, outer, out);
     }
     outer.pop();
     if splits && out.len() == before {
         out.push(*var);
     }
+}
+
+/// How much cheaper a split inside must be priced to be taken over the outer loop's: the estimate
+/// ignores what the outer split keeps together (a grouped convolution's padded copies, a classifier's
+/// column panels), and splits priced within a quarter measured both ways (RegNet's grouped 3x3
+/// convolutions 24% slower split inside, SqueezeNet's 13x13 ones 5%).
+const SPLIT_MARGIN: f64 = 0.75;
+
+/// How many times nest `st` runs loop `v`: the product of the extents of the loops around it.
+fn trips_to(st: &Stmt, v: Var) -> u64 {
+    match st {
+        Stmt::For { var, .. } if *var == v => 1,
+        Stmt::For { extent, body, .. } => body
+            .iter()
+            .map(|s| extent.saturating_mul(trips_to(s, v)))
+            .find(|&n| n > 0)
+            .unwrap_or(0),
+        Stmt::If { then, .. } => then
+            .iter()
+            .map(|s| trips_to(s, v))
+            .find(|&n| n > 0)
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The buffers `body` stores to (elements or a matrix engine's blocks).
+fn stored(body: &[Stmt]) -> Vec<BufId> {
+    let mut out = Vec::new();
+    for s in body {
+        match s {
+            Stmt::Store { buf, .. } => out.push(*buf),
+            Stmt::Mma { c, .. } => out.push(c.buf),
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => out.extend(stored(body)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The loop-body executions nest `st` runs under its loop `v` (0 if it holds none).
+fn work_under(st: &Stmt, v: Var) -> u64 {
+    match st {
+        Stmt::For { var, .. } if *var == v => work(st),
+        Stmt::For { extent, body, .. } => body
+            .iter()
+            .map(|s| extent.saturating_mul(work_under(s, v)))
+            .sum(),
+        Stmt::If { then, .. } => then.iter().map(|s| work_under(s, v)).sum(),
+        _ => 0,
+    }
+}
+
+/// The buffers nest `st` reads or writes (not those private to it), as `split_s` prices them when
+/// loop `v` is split: whole buffers, split where an index names `v`.
+fn operands(n: &Nest, st: &Stmt, v: Var) -> Vec<mlopt_cost::kernel::SplitOperand> {
+    let body = std::slice::from_ref(st);
+    let private = private_in(n.k, body, n.uses);
+    let mut split: HashMap<BufId, bool> = HashMap::new();
+    mlopt_kir::analysis::for_each_index(body, &mut |b, index| {
+        *split.entry(b).or_default() |= index.iter().any(|x| x.uses(v));
+    });
+    let written = stored(body);
+    split
+        .into_iter()
+        .filter(|(b, _)| !private.contains(b))
+        .map(|(b, split)| {
+            let buf = &n.k.bufs[b.0 as usize];
+            mlopt_cost::kernel::SplitOperand {
+                bytes: buf.dims.iter().product::<u64>() * buf.elem.size(),
+                split,
+                weight: n.weights.contains(&b),
+                written: written.contains(&b),
+            }
+        })
+        .collect()
 }
 
 /// Whether loop `q`'s `body` is a copy that code generation runs as transposed blocks of steps

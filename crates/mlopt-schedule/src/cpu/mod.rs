@@ -36,13 +36,38 @@ pub fn schedule(mut p: Program, t: &CpuTarget, o: &Options) -> Result<Program> {
         &o.tiles,
     )?;
     padded::padded_windows(&mut p, t)?;
-    for k in &mut p.kernels {
-        k.drop_unused_locals();
-        loops::schedule(k, t)?;
+    p.kernels.iter_mut().for_each(|k| k.drop_unused_locals());
+    let weights = weight_params(&p);
+    for (k, weights) in p.kernels.iter_mut().zip(&weights) {
+        loops::schedule(k, t, weights)?;
     }
     layout::transpose_weights(&mut p);
     scratch_in_arena(&mut p);
     Ok(p)
+}
+
+/// Each kernel's parameters that every call binds to a weight.
+fn weight_params(p: &Program) -> Vec<Vec<mlopt_kir::BufId>> {
+    p.kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let mut calls = p.steps.iter().filter(|s| s.kernel == i).peekable();
+            let called = calls.peek().is_some();
+            let params = k.params();
+            let mut constant = vec![called; params.len()];
+            for s in calls {
+                for (c, place) in constant.iter_mut().zip(&s.args) {
+                    *c &= matches!(place, mlopt_kir::Place::Weight(_));
+                }
+            }
+            params
+                .into_iter()
+                .zip(constant)
+                .filter_map(|(b, c)| c.then_some(b))
+                .collect()
+        })
+        .collect()
 }
 
 /// Local buffers above this size do not go on a CPU thread's stack.
