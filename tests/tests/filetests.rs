@@ -199,7 +199,7 @@ fn schedule(t: &FileTest) -> Result<String, String> {
 /// A one-kernel program: its parameters are the program's inputs, outputs when it stores to them, or
 /// weights (of pseudo-random data) when they are named in `weights`.
 fn program_of(k: Kernel, weights: &[String]) -> Program {
-    let stored = stored(&k.body);
+    let stored = mlopt_kir::analysis::stored(&k.body);
     let mut p = Program {
         name: k.name.clone(),
         ..Program::default()
@@ -232,19 +232,6 @@ fn program_of(k: Kernel, weights: &[String]) -> Program {
     p.steps.push(Step::call(0, args));
     p.kernels.push(k);
     p
-}
-
-fn stored(body: &[mlopt_kir::Stmt]) -> Vec<mlopt_kir::BufId> {
-    use mlopt_kir::Stmt;
-    let mut out = vec![];
-    for s in body {
-        match s {
-            Stmt::Store { buf, .. } => out.push(*buf),
-            Stmt::For { body, .. } | Stmt::If { then: body, .. } => out.extend(stored(body)),
-            _ => {}
-        }
-    }
-    out
 }
 
 /// Pseudo-random values for input `seed`: floats in [-1, 1), integers 0..3 (valid indices of small

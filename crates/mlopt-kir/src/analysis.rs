@@ -497,6 +497,20 @@ pub fn for_each_access(body: &[Stmt], f: &mut Access) {
     walk(body, None, 1.0, f);
 }
 
+/// The buffers `body` stores to (elements or a matrix engine's blocks), once per store.
+pub fn stored(body: &[Stmt]) -> Vec<BufId> {
+    let mut out = Vec::new();
+    for s in body {
+        match s {
+            Stmt::Store { buf, .. } => out.push(*buf),
+            Stmt::Mma { c, .. } => out.push(c.buf),
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => out.extend(stored(body)),
+            _ => {}
+        }
+    }
+    out
+}
+
 pub fn has_mma(body: &[Stmt]) -> bool {
     body.iter().any(|s| match s {
         Stmt::Mma { .. } => true,

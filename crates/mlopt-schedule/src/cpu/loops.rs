@@ -28,7 +28,7 @@ use mlopt_kir::{BufId, Expr, Kernel, LoopKind, Stmt, Var};
 use mlopt_target::CpuTarget;
 use std::collections::HashMap;
 
-/// Schedules `k`'s loops for `t`; `weights` are its parameters every call binds to a weight.
+/// Schedules `k`'s loops for `t`; `weights` are its parameters its call binds to a weight.
 pub fn schedule(k: &mut Kernel, t: &CpuTarget, weights: &[BufId]) -> crate::Result<()> {
     let (lanes, threads) = (t.lanes(), t.threads);
     mlopt_kir::rfactor::rfactor(k, lanes);
@@ -294,8 +294,8 @@ fn pick_parallel(n: &Nest, st: &Stmt, outer: &mut Vec<(Var, u64)>, out: &mut Vec
         // Split across a weight's output channels, a loop inside that splits too may cost the threads
         // less: the rows of a contraction whose column loop is outside them (`split_s`).
         let mut inner = Vec::new();
-        let across_weight = operands(n, st, *var).iter().any(|o| o.weight && o.split);
-        if across_weight {
+        let here = operands(n, st, *var);
+        if here.iter().any(|o| o.weight && o.split) {
             // Alternatives get a smaller budget for proofs: one not proved cheaply stays unsplit.
             let n = Nest {
                 budget: EXPLORE_BUDGET,
@@ -305,13 +305,15 @@ fn pick_parallel(n: &Nest, st: &Stmt, outer: &mut Vec<(Var, u64)>, out: &mut Vec
                 pick_parallel(&n, s, outer, &mut inner);
             }
         }
-        let cost =
-            |v: Var| mlopt_cost::kernel::split_s(target, &operands(n, st, v), trips_to(st, v));
+        let cost = |ops: &[_], v: Var| mlopt_cost::kernel::split_s(target, ops, trips_to(st, v));
         // Only where the loops inside split nearly all of the work (not a depthwise convolution's
         // loop over groups, whose padded copies inside would then run on one thread).
         let covered: u64 = inner.iter().map(|&v| work_under(st, v)).sum();
         match inner.first() {
-            Some(&v) if 10 * covered >= 9 * work(st) && cost(v) < SPLIT_MARGIN * cost(*var) => {
+            Some(&v)
+                if 10 * covered >= 9 * work(st)
+                    && cost(&operands(n, st, v), v) < SPLIT_MARGIN * cost(&here, *var) =>
+            {
                 out.extend(inner)
             }
             _ => out.push(*var),
@@ -355,20 +357,6 @@ fn trips_to(st: &Stmt, v: Var) -> u64 {
     }
 }
 
-/// The buffers `body` stores to (elements or a matrix engine's blocks).
-fn stored(body: &[Stmt]) -> Vec<BufId> {
-    let mut out = Vec::new();
-    for s in body {
-        match s {
-            Stmt::Store { buf, .. } => out.push(*buf),
-            Stmt::Mma { c, .. } => out.push(c.buf),
-            Stmt::For { body, .. } | Stmt::If { then: body, .. } => out.extend(stored(body)),
-            _ => {}
-        }
-    }
-    out
-}
-
 /// The loop-body executions nest `st` runs under its loop `v` (0 if it holds none).
 fn work_under(st: &Stmt, v: Var) -> u64 {
     match st {
@@ -391,7 +379,7 @@ fn operands(n: &Nest, st: &Stmt, v: Var) -> Vec<mlopt_cost::kernel::SplitOperand
     mlopt_kir::analysis::for_each_index(body, &mut |b, index| {
         *split.entry(b).or_default() |= index.iter().any(|x| x.uses(v));
     });
-    let written = stored(body);
+    let written = mlopt_kir::analysis::stored(body);
     split
         .into_iter()
         .filter(|(b, _)| !private.contains(b))

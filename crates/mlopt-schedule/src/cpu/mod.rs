@@ -46,25 +46,14 @@ pub fn schedule(mut p: Program, t: &CpuTarget, o: &Options) -> Result<Program> {
     Ok(p)
 }
 
-/// Each kernel's parameters that every call binds to a weight.
+/// Each kernel's parameters that its call binds to a weight (`layout::bound_weight`).
 fn weight_params(p: &Program) -> Vec<Vec<mlopt_kir::BufId>> {
-    p.kernels
-        .iter()
-        .enumerate()
-        .map(|(i, k)| {
-            let mut calls = p.steps.iter().filter(|s| s.kernel == i).peekable();
-            let called = calls.peek().is_some();
-            let params = k.params();
-            let mut constant = vec![called; params.len()];
-            for s in calls {
-                for (c, place) in constant.iter_mut().zip(&s.args) {
-                    *c &= matches!(place, mlopt_kir::Place::Weight(_));
-                }
-            }
+    (0..p.kernels.len())
+        .map(|ki| {
+            let params = p.kernels[ki].params();
             params
                 .into_iter()
-                .zip(constant)
-                .filter_map(|(b, c)| c.then_some(b))
+                .filter(|b| layout::bound_weight(p, ki, *b).is_some())
                 .collect()
         })
         .collect()
