@@ -407,6 +407,19 @@ impl<'a, 'c> Gen<'a, 'c> {
         step: u64,
         body: &mut dyn FnMut(&mut Self, IntValue<'c>) -> Ret<()>,
     ) -> Ret<()> {
+        // A loop of one step (a vector loop as wide as its extent, a serial loop of extent 1) is its
+        // body at `begin`: no counter, no blocks for LLVM to analyse and unroll again.
+        if let (Some(b), Some(e)) = (
+            begin.get_sign_extended_constant(),
+            end.get_sign_extended_constant(),
+        ) {
+            if e <= b {
+                return Ok(());
+            }
+            if (e - b) as u64 <= step {
+                return body(self, begin);
+            }
+        }
         let i64t = self.ctx.i64_type();
         // The counter lives in an entry-block alloca; mem2reg makes it a phi.
         let slot = self.entry_alloca(i64t.into(), None, name)?;
