@@ -62,7 +62,7 @@ pub fn compile_ptx(p: &Program, t: &GpuTarget) -> Result<PtxOutput> {
     m.verify()
         .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let llvm_ir = m.print_to_string().to_string();
-    crate::program::optimise(&m, &tm)?;
+    crate::program::optimise(&m, &tm, crate::program::Unrolling::Llvm)?;
     let buf = crate::program::write(&m, &tm, FileType::Assembly)?;
     let ptx = String::from_utf8_lossy(&buf)
         .trim_end_matches('\0')
