@@ -18,6 +18,7 @@ mod program;
 mod ptx;
 mod transcendental;
 mod transpose;
+mod unrolling;
 
 pub use error::{LlvmError, Result};
 pub use program::{

@@ -485,19 +485,26 @@ impl<'c> Gen<'_, 'c> {
             .ctx
             .ptr_type(inkwell::AddressSpace::default())
             .vec_type(w);
-        let f = Intrinsic::find("llvm.masked.scatter")
-            .and_then(|i| i.get_declaration(self.module, &[v.get_type().into(), pt.into()]))
-            .ok_or_else(|| err("no llvm.masked.scatter"))?;
-        self.builder.build_call(
-            f,
-            &[
-                v.into(),
-                ptrs.into(),
-                self.elem_align(elem).into(),
-                self.lanes_mask(w, w).into(),
-            ],
-            "",
-        )?;
+        let all = self.lanes_mask(w, w);
+        self.masked_write("llvm.masked.scatter", v, (ptrs, pt.into()), elem, all)
+    }
+
+    /// `llvm.masked.store` or `llvm.masked.scatter` (`name`) of `v` at `to` (a pointer, or a vector of
+    /// pointers, of the type given): the lanes `mask` picks, each aligned as an `elem`.
+    fn masked_write(
+        &mut self,
+        name: &str,
+        v: VectorValue<'c>,
+        (to, to_ty): (PointerValue<'c>, BasicTypeEnum<'c>),
+        elem: Elem,
+        mask: VectorValue<'c>,
+    ) -> Ret<()> {
+        let f = Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(self.module, &[v.get_type().into(), to_ty]))
+            .ok_or_else(|| err(format!("no {name}")))?;
+        let align = self.elem_align(elem);
+        self.builder
+            .build_call(f, &[v.into(), to.into(), align.into(), mask.into()], "")?;
         Ok(())
     }
 
@@ -553,22 +560,8 @@ impl<'c> Gen<'_, 'c> {
             .build_bit_cast(v, vector_type(lt, w), "mst")?
             .into_vector_value();
         let v = self.padded(v, wide)?;
-        let f = Intrinsic::find("llvm.masked.store")
-            .and_then(|i| {
-                i.get_declaration(self.module, &[v.get_type().into(), p.get_type().into()])
-            })
-            .ok_or_else(|| err("no llvm.masked.store"))?;
-        self.builder.build_call(
-            f,
-            &[
-                v.into(),
-                p.into(),
-                self.elem_align(elem).into(),
-                self.lanes_mask(w, wide).into(),
-            ],
-            "",
-        )?;
-        Ok(())
+        let mask = self.lanes_mask(w, wide);
+        self.masked_write("llvm.masked.store", v, (p, p.get_type().into()), elem, mask)
     }
 
     /// One `llvm.masked.load` from `p` of `keep`'s type (`elem`s in the type `shuffle_elem` gives):
