@@ -1177,6 +1177,28 @@ fn tune_measures_caches_and_stays_correct() {
     let again = run(&["check", &model, "--data", &data, "--compiled", "--tune"]);
     assert!(again.status.success());
     assert!(!String::from_utf8_lossy(&again.stderr).contains("tune:"));
+    // The cache is a file anyone can write: zero, odd and oversized tiles are ignored (and their shapes
+    // measured again), never divided by or used to leave outputs unwritten.
+    for bad in ["0 0 0", "5 48 7", "64 4096 16"] {
+        let planted: String = cached
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                format!("{} {bad}\n", f[..f.len() - 3].join(" "))
+            })
+            .collect();
+        std::fs::write(cache.path().join("tiles.txt"), planted).unwrap();
+        let out = run(&["check", &model, "--data", &data, "--compiled", "--tune"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("PASS"),
+            "{bad}: {stderr}"
+        );
+        assert!(
+            stderr.contains("ignoring a cached tile") && stderr.contains("tune: 16x64x64 tile"),
+            "{bad}: {stderr}"
+        );
+    }
 }
 
 /// The circles of class `class` in an SVG file, which must parse as XML.

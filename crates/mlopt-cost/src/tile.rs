@@ -55,6 +55,14 @@ fn fitting(target: &CpuTarget, m: u64, n: u64) -> Vec<Tile> {
     v
 }
 
+/// Whether `t` is a tile this model could pick for an M x N output on `target`: one of the tiles that
+/// fit its register file (`fitting`). A tile from anywhere else (`--tune`'s cache is a file anyone can
+/// write) is used only if it is: a zero, odd or oversized tile would divide by zero, leave columns
+/// unwritten or spill the accumulators.
+pub fn valid(target: &CpuTarget, t: Tile, m: u64, n: u64) -> bool {
+    fitting(target, m, n).contains(&t)
+}
+
 /// The micro-kernel cost model: the estimated seconds of an M x N x K contraction tiled by `t` on one
 /// core of `target`, tails included (`cycles` at the target's clock).
 pub fn seconds(target: &CpuTarget, t: Tile, m: u64, n: u64, k: u64) -> f64 {
@@ -348,6 +356,29 @@ mod tests {
                 "{m}x{n}x{k}, {batches} batches, {sb} x {sn} rows swapped"
             );
         }
+    }
+
+    #[test]
+    fn only_tiles_that_fit_are_valid() {
+        let t = |mr, nr, lanes| Tile { mr, nr, lanes };
+        let v4 = cpu(16);
+        for c in candidates(&v4, 196, 256, 1024) {
+            assert!(valid(&v4, c, 196, 256), "{c:?}");
+        }
+        // Zero, odd and oversized tiles, and lanes the target does not have.
+        for bad in [
+            t(0, 0, 0),
+            t(0, 64, 16),
+            t(6, 0, 16),
+            t(5, 48, 7),
+            t(9, 64, 16),
+            t(6, 80, 16),
+        ] {
+            assert!(!valid(&v4, bad, 196, 256), "{bad:?}");
+        }
+        assert!(!valid(&cpu(8), t(6, 64, 16), 196, 256), "16 lanes on AVX2");
+        // Wider than the columns.
+        assert!(!valid(&v4, t(6, 64, 16), 196, 32));
     }
 
     #[test]

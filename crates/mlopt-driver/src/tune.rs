@@ -13,8 +13,10 @@ fn cache_file() -> Option<PathBuf> {
     Some(mlopt_target::calibrate::cache_dir()?.join("tiles.txt"))
 }
 
-/// One cache line: `features threads m n k lanes mr nr tile_lanes`.
-fn load_cache(features: &str, threads: u32) -> HashMap<TileKey, Tile> {
+/// One cache line: `features threads m n k lanes mr nr tile_lanes`. The file is read like any other
+/// input: a line whose tile is not one the cost model could pick for its shape on `t` is skipped, with a
+/// warning, and its shape measured again.
+fn load_cache(features: &str, t: &CpuTarget) -> HashMap<TileKey, Tile> {
     let Some(text) = cache_file().and_then(|p| std::fs::read_to_string(p).ok()) else {
         return HashMap::new();
     };
@@ -22,18 +24,22 @@ fn load_cache(features: &str, threads: u32) -> HashMap<TileKey, Tile> {
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
-        if f.first() == Some(&features) && n(1) == Some(threads as u64) {
+        if f.first() == Some(&features) && n(1) == Some(u64::from(t.threads)) {
             if let (Some(m), Some(nn), Some(k), Some(l), Some(mr), Some(nr), Some(tl)) =
                 (n(2), n(3), n(4), n(5), n(6), n(7), n(8))
             {
-                out.insert(
-                    (m, nn, k, l as u32),
-                    Tile {
-                        mr,
-                        nr,
-                        lanes: tl as u32,
-                    },
-                );
+                let tile = Tile {
+                    mr,
+                    nr,
+                    lanes: u32::try_from(tl).unwrap_or(0),
+                };
+                if l != u64::from(t.lanes()) || !mlopt_cost::tile::valid(t, tile, m, nn) {
+                    eprintln!(
+                        "tune: ignoring a cached tile {mr}x{nr} ({tl} lanes) for {m}x{nn}x{k}: not a tile of this shape on this target"
+                    );
+                    continue;
+                }
+                out.insert((m, nn, k, t.lanes()), tile);
             }
         }
     }
@@ -127,7 +133,7 @@ pub fn tune(
             .bytes()
             .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64))
     );
-    let mut chosen = load_cache(&features, threads);
+    let mut chosen = load_cache(&features, t);
     let base = mlopt_schedule::schedule(algorithm.clone(), &target, opts)?;
     for (si, s) in base.steps.iter().enumerate() {
         let Some(key) = base.kernels[s.kernel].schedule.iter().find_map(tile_key) else {

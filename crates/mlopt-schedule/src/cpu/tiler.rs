@@ -22,8 +22,8 @@ use mlopt_target::CpuTarget;
 // are estimated.
 pub use mlopt_cost::tile::{blocks, k_block, pick, Tile, TileKey};
 
-/// The tile for an M x N x K contraction on `target`: `tiles`' entry for it (from `--tune`), else the
-/// cost model's pick.
+/// The tile for an M x N x K contraction on `target`: `tiles`' entry for it (from `--tune`) where it
+/// is one the cost model could pick (`valid`), else the cost model's pick.
 pub fn tile_for(
     tiles: &std::collections::HashMap<TileKey, Tile>,
     target: &CpuTarget,
@@ -34,6 +34,7 @@ pub fn tile_for(
     tiles
         .get(&(m, n, k, target.lanes()))
         .copied()
+        .filter(|t| mlopt_cost::tile::valid(target, *t, m, n))
         .or_else(|| pick(target, m, n, k))
 }
 
