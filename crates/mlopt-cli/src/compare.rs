@@ -45,8 +45,11 @@ pub fn compare(got: &Tensor, want: &Tensor, rule: Rule) -> Comparison {
             detail: format!("type {} but expected {}", got.ty(), want.ty()),
         };
     }
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     let exact = !got.dtype().is_float();
+    if exact {
+        return compare_exact(got, want);
+    }
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     let (mut worst_abs, mut worst_rel, mut bad, mut first_bad) = (0f64, 0f64, 0usize, None);
     for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
         let same = (a.is_nan() && b.is_nan()) || a == b;
@@ -84,5 +87,56 @@ pub fn compare(got: &Tensor, want: &Tensor, rule: Rule) -> Comparison {
     Comparison {
         pass: bad == 0,
         detail,
+    }
+}
+
+/// Integers and booleans: every value equal, compared as integers (through f64, int64 values past 2^53
+/// that differ by one compared equal).
+fn compare_exact(got: &Tensor, want: &Tensor) -> Comparison {
+    let (g, w) = (got.to_i64_vec(), want.to_i64_vec());
+    let (mut worst, mut bad, mut first_bad) = (0u128, 0usize, None);
+    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+        if a != b {
+            worst = worst.max((i128::from(a) - i128::from(b)).unsigned_abs());
+            bad += 1;
+            first_bad.get_or_insert((i, a, b));
+        }
+    }
+    let mut detail = format!("{} max abs err {worst}, compared exactly", got.ty());
+    if let Some((i, a, b)) = first_bad {
+        detail += &format!(
+            "; {bad} of {} values off, first at {i}: got {a} expected {b}",
+            g.len()
+        );
+    }
+    Comparison {
+        pass: bad == 0,
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// int64 values past 2^53 that differ by one are the same f64; compared exactly they mismatch.
+    #[test]
+    fn integers_compare_exactly() {
+        let big = (1i64 << 53) + 1;
+        let t = |v: i64| Tensor::from_vec(&[2], vec![7i64, v]).unwrap();
+        let rule = Rule::AllClose {
+            rtol: 1e-3,
+            atol: 1e-3,
+        };
+        assert!(compare(&t(big), &t(big), rule).pass);
+        let off = compare(&t(big), &t(big - 1), rule);
+        assert!(!off.pass, "{off}");
+        assert!(
+            off.detail
+                .contains("got 9007199254740993 expected 9007199254740992"),
+            "{off}"
+        );
+        assert!(!compare(&t(big), &t(big - 1), Rule::Scaled(1.0)).pass);
+        assert!(!compare(&t(i64::MIN), &t(i64::MAX), rule).pass);
     }
 }
