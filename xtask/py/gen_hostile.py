@@ -431,6 +431,32 @@ for op in ["Div", "Mod"]:
     )
 
 
+# --- Issue 30, item 8: names and declarations from the file --------------------------------------
+
+# An initializer that is also a graph input must be of the input's declared type (ONNX Runtime refuses).
+@case("initializer_input_shape_mismatch", needle="input 'w' is declared")
+def _():
+    w = const("w", np.ones(4, np.float32))
+    return model([h.make_node("Add", ["x", "w"], ["y"], name="add")], [f32("x", [4]), f32("w", [7])], [f32("y", None)], [w])
+
+
+@case("initializer_input_type_mismatch", needle="input 'w' is declared")
+def _():
+    w = const("w", np.ones(4, np.float32))
+    return model([h.make_node("Add", ["x", "w"], ["y"], name="add")], [f32("x", [4]), vi("w", T.INT64, [4])], [f32("y", None)], [w])
+
+
+# Terminal escape sequences (colour, window title, bell) in every name: valid, and printed escaped.
+ESC = "\x1b[31m\x1b]0;owned\x07"
+
+
+@case("escape_sequences_in_names", expect="ok", good={"x" + ESC: np.arange(4, dtype=np.float32)})
+def _():
+    m = model([h.make_node("Neg", ["x" + ESC], ["y" + ESC], name="neg" + ESC)], [f32("x" + ESC, [4])], [f32("y" + ESC, None)])
+    m.graph.name = "graph" + ESC
+    return m
+
+
 def external_fifo(out):
     """A weight whose external data is a FIFO inside the model's folder: reading it would block."""
     t = onnx.TensorProto()

@@ -2,7 +2,8 @@
 //! every command that reads a model (inspect, compile, run, run --interpret, check --compiled; data
 //! cases also check --emulated for a GPU) under 20 s and 2 GiB of address space. A rejected case must
 //! exit 2 with a message naming what is at fault; none may panic, hang or run out of memory; valid ones
-//! must run, and agree compiled and interpreted.
+//! must run, and agree compiled and interpreted. No command may print a raw control character (names
+//! with terminal escape sequences are printed escaped).
 
 use crate::{root, setup, Result};
 use std::path::{Path, PathBuf};
@@ -85,8 +86,18 @@ fn mlopt(exe: &Path, args: &[String]) -> Result<Ran> {
     })
 }
 
+/// A control character other than a newline or tab in what `r` printed: names come from the model, and
+/// an escape sequence in one must not reach the user's terminal raw.
+fn raw_control(r: &Ran) -> Option<String> {
+    let bad = |t: &str| t.chars().any(|c| c.is_control() && c != '\n' && c != '\t');
+    (bad(&r.stdout) || bad(&r.stderr)).then(|| "printed a raw control character".to_string())
+}
+
 /// The problem with `r` for a command that must fail cleanly with `needle` in its message, if any.
 fn clean_error(r: &Ran, needle: &str) -> Option<String> {
+    if let Some(p) = raw_control(r) {
+        return Some(p);
+    }
     match r.code {
         _ if r.stderr.contains("panicked") => Some(format!("panicked: {}", r.stderr.trim())),
         Some(124) => Some(format!("still running after {LIMIT_S} s")),
@@ -100,7 +111,9 @@ fn clean_error(r: &Ran, needle: &str) -> Option<String> {
 }
 
 fn success(r: &Ran) -> Option<String> {
-    (r.code != Some(0)).then(|| format!("exit {:?}: {}", r.code, r.stderr.trim()))
+    (r.code != Some(0))
+        .then(|| format!("exit {:?}: {}", r.code, r.stderr.trim()))
+        .or_else(|| raw_control(r))
 }
 
 fn inputs(files: &[String]) -> Vec<String> {

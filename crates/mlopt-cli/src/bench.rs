@@ -155,7 +155,7 @@ pub fn profile(b: &Bench) -> Result<ExitCode> {
         )?;
         out!("{}", mlopt_driver::profile::table(&p))?;
     }
-    eprintln!("wrote {}", path.display());
+    errln!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -332,6 +332,6 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
             }
         }
     }
-    eprintln!("wrote {}", path.display());
+    errln!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -52,6 +52,9 @@ pub fn import_options(flags: &[String], given: &HashMap<String, Tensor>) -> Resu
                 );
             }
         }
+        if opts.input_shapes.contains_key(&name) && !given.contains_key(&name) {
+            bail!("--input-shape {f}: input '{name}' is given twice");
+        }
         opts.input_shapes.insert(name, dims);
     }
     Ok(opts)
@@ -111,6 +114,9 @@ pub fn read_inputs(args: &[String], names: &[String]) -> Result<HashMap<String, 
                 None => bail!("--input {a}: the model has only {} inputs", names.len()),
             },
         };
+        if out.contains_key(&name) {
+            bail!("--input {a}: input '{name}' is given twice");
+        }
         let t = read_tensor_file(&file).with_context(|| format!("reading input '{name}'"))?;
         out.insert(name, t);
     }

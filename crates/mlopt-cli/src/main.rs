@@ -6,7 +6,7 @@
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        write!(std::io::stdout().lock(), $($arg)*)
+        std::io::stdout().lock().write_all(crate::terminal_safe(&format!($($arg)*)).as_bytes())
     }};
 }
 
@@ -14,7 +14,15 @@ macro_rules! out {
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($arg)*)
+        let line = format!($($arg)*) + "\n";
+        std::io::stdout().lock().write_all(crate::terminal_safe(&line).as_bytes())
+    }};
+}
+
+/// `eprintln!` through `terminal_safe`.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        eprintln!("{}", crate::terminal_safe(&format!($($arg)*)))
     }};
 }
 
@@ -217,9 +225,9 @@ enum Cmd {
         inputs: Vec<String>,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
-        /// Timed runs (after 3 warm-up runs).
-        #[arg(long, default_value_t = 50)]
-        iters: usize,
+        /// Timed runs (after 3 warm-up runs), 1 to 1,000,000.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
+        iters: u64,
         /// Print one JSON line instead of text.
         #[arg(long)]
         json: bool,
@@ -250,10 +258,41 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", message(&e));
+            errln!("error: {}", message(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// Text for the terminal: names inside it come from model files and file names, so control characters
+/// (an escape sequence retitles or recolours a terminal) are shown escaped, `\u{1b}`; newlines and tabs
+/// stay.
+fn terminal_safe(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| match c {
+            '\n' | '\t' => c.to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect::<String>()
+        .into()
+}
+
+/// The longest error message printed whole: names and shapes in one come from the model or its inputs,
+/// and a message past this is cut, saying how much was left out.
+const MAX_MESSAGE: usize = 4096;
+
+/// `msg` cut to `MAX_MESSAGE` characters, saying how many were left out.
+fn bounded(msg: String) -> String {
+    let n = msg.chars().count();
+    if n <= MAX_MESSAGE {
+        return msg;
+    }
+    let head: String = msg.chars().take(MAX_MESSAGE).collect();
+    format!("{head}... ({} more characters)", n - MAX_MESSAGE)
 }
 
 /// Whether `e` is standard output's reader having gone away.
@@ -276,8 +315,11 @@ fn message(e: &anyhow::Error) -> String {
         }
         msg.push_str(&text);
     }
-    msg
+    bounded(msg)
 }
+
+/// The most timed runs `bench --iters` takes: each keeps a time, and a run takes at least microseconds.
+const MAX_ITERS: u64 = 1_000_000;
 
 /// `mlopt compile`: the library, its report and every stage's text, written into `output` all or none.
 fn compile(
@@ -309,12 +351,12 @@ fn compile(
         out!("{}", summary.text)?;
     }
     for p in written.iter().filter(|p| !p.ends_with("report.json")) {
-        eprintln!("wrote {}", p.display());
+        errln!("wrote {}", p.display());
     }
     for note in lib.notes() {
-        eprintln!("{note}");
+        errln!("{note}");
     }
-    eprintln!(
+    errln!(
         "wrote {}; compiled for {} in {compile_s:.2} s",
         json.display(),
         lib.target_name()
@@ -421,7 +463,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 model: &model,
                 inputs: &inputs,
                 input_shapes: &input_shapes,
-                iters,
+                // At most MAX_ITERS (clap's range), so this fits any usize.
+                iters: iters as usize,
                 json,
                 output: &output,
                 opt: &opt,

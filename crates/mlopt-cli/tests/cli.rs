@@ -567,6 +567,59 @@ fn run_reports_missing_and_mismatched_inputs() {
     );
 }
 
+/// Flags are input too: an input or a pinned shape given twice is an error (not the last one silently
+/// kept), `--iters` is bounded, an input file of absurd rank is refused in a short message naming it.
+#[test]
+fn repeated_and_absurd_flags_are_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = save(dir.path(), &relu_model());
+    let x = dir.path().join("x.pb");
+    std::fs::write(&x, f32_tensor("x", &[2, 3], &[1.0; 6]).encode_to_vec()).expect("write");
+    let x = format!("x={}", x.display());
+    fails_with(
+        &mlopt(&["run", &p, "--input", &x, "--input", &x]),
+        &["input 'x' is given twice"],
+    );
+    fails_with(
+        &mlopt(&[
+            "bench",
+            &p,
+            "--input-shape",
+            "x=2x3",
+            "--input-shape",
+            "x=2x3",
+        ]),
+        &["input 'x' is given twice"],
+    );
+    for iters in ["0", "1000000000000", "18446744073709551615"] {
+        let out = mlopt(&["bench", &p, "--iters", iters]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2)
+                && err.contains("1..=1000000")
+                && !err.contains("panicked"),
+            "--iters {iters}: {err}"
+        );
+    }
+    let deep = dir.path().join("deep.pb");
+    let mut t = f32_tensor("x", &[1], &[1.0]);
+    t.dims = vec![1; 1_000_000];
+    std::fs::write(&deep, t.encode_to_vec()).expect("write");
+    let out = mlopt(&["run", &p, "--input", &format!("x={}", deep.display())]);
+    fails_with(
+        &out,
+        &[
+            "reading input 'x'",
+            "rank 1000000 exceeds mlopt's limit of 64",
+        ],
+    );
+    assert!(
+        out.stderr.len() < 4096,
+        "{} bytes of message",
+        out.stderr.len()
+    );
+}
+
 fn run_to(dir: &Path, model: &str, input: &str, format: &str) -> PathBuf {
     let out_dir = dir.join(format);
     let out = mlopt(&[

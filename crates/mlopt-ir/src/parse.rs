@@ -91,6 +91,14 @@ fn quoted(cs: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Option<String> {
             '"' => return Some(s),
             '\\' => s.push(match cs.next()? {
                 'n' => '\n',
+                'u' => {
+                    // \u{hex}, as `quote` writes control characters.
+                    if cs.next()? != '{' {
+                        return None;
+                    }
+                    let hex: String = cs.by_ref().take_while(|c| *c != '}').collect();
+                    char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?
+                }
                 c => c,
             }),
             c => s.push(c),

@@ -42,6 +42,9 @@ pub fn quote(s: &str) -> String {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
+            // Other control characters (a terminal's escape sequences) as \u{hex}, so printed IR is
+            // safe on a terminal and still parses back to the same name.
+            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
             c => out.push(c),
         }
     }

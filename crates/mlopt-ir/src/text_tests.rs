@@ -571,6 +571,26 @@ fn parsed_graph_evaluates_like_the_original() {
     );
 }
 
+/// Names come from model files: control characters print escaped (no raw escape sequence reaches a
+/// terminal) and parse back to the same name.
+#[test]
+fn control_characters_in_names_print_escaped_and_round_trip() {
+    let name = "x\u{1b}[31mred\u{7}\t\"q\"\\";
+    let mut g = Graph::new("g\u{1b}]0;title\u{7}");
+    let x = g.add_input(name, f32s(&[2]));
+    let y = g.add(Op::Unary(Unary::Neg), "n\u{0}eg", &[x]).unwrap();
+    g.add_output(name, y);
+    let text = print(&g);
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "{text:?}"
+    );
+    assert!(text.contains("\\u{1b}[31mred"), "{text}");
+    let back = parse(&text, &|_| None).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(print(&back), text);
+    assert_eq!(back.name, g.name);
+}
+
 #[test]
 fn parse_errors_name_their_line() {
     let cases = [

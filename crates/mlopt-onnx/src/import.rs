@@ -92,6 +92,42 @@ pub fn default_opset(model: &ModelProto) -> Result<i64> {
 /// Declared dimensions: a size, or `None` with the symbol of a symbolic or unknown dimension.
 pub type DeclaredDims = Vec<(Option<usize>, String)>;
 
+/// An initializer that is also a graph input (the value the input defaults to) must be of the input's
+/// declared type: ONNX Runtime refuses an f32[4] initializer for an input declared f32[7], and so does
+/// mlopt (it would otherwise compute with the initializer while a caller passes seven values).
+fn check_default(v: &ValueInfoProto, t: &mlopt_ir::Tensor) -> Result<()> {
+    let err = |declared: String| {
+        OnnxError::Model(format!(
+            "input '{}' is declared {declared} but its initializer is {}",
+            v.name,
+            t.ty()
+        ))
+    };
+    let (dtype, dims) = match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        // An input declared without a type takes its initializer's.
+        None => return Ok(()),
+        Some(_) => declared_type(v)?,
+    };
+    if dtype != t.dtype() {
+        return Err(err(format!("{dtype}")));
+    }
+    let Some(dims) = dims else { return Ok(()) };
+    let fits = dims.len() == t.shape().len()
+        && dims
+            .iter()
+            .zip(t.shape())
+            .all(|((d, _), n)| d.is_none_or(|d| d == *n));
+    if !fits {
+        let text: Vec<String> = dims
+            .iter()
+            .take(mlopt_ir::graph::MAX_RANK)
+            .map(|(d, sym)| d.map_or(sym.clone(), |d| d.to_string()))
+            .collect();
+        return Err(err(format!("{dtype}[{}]", text.join(","))));
+    }
+    Ok(())
+}
+
 /// The declared type of a graph input or output: dtype and dims (`None` for a symbolic or unknown dim,
 /// with its symbol), or `None` when the shape is not given at all.
 pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<DeclaredDims>)> {
@@ -130,17 +166,17 @@ fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorT
         (Some(dims), Some(p)) => {
             if dims.len() != p.len() {
                 return Err(OnnxError::Model(format!(
-                    "input '{}' has rank {}, but --input-shape gives {:?}",
+                    "input '{}' has rank {}, but is pinned (by --input-shape or the given input) to rank {}",
                     v.name,
                     dims.len(),
-                    p
+                    p.len()
                 )));
             }
             for (i, (d, _)) in dims.iter().enumerate() {
                 if let Some(d) = d {
                     if *d != p[i] {
                         return Err(OnnxError::Model(format!(
-                            "input '{}' dimension {i} is {d}, but --input-shape gives {}",
+                            "input '{}' dimension {i} is {d}, but is pinned (by --input-shape or the given input) to {}",
                             v.name, p[i]
                         )));
                     }
@@ -259,6 +295,9 @@ pub fn import_model(
             });
         }
         let tensor = tensor_from_proto(t, base)?;
+        if let Some(v) = graph.input.iter().find(|v| v.name == t.name) {
+            check_default(v, &tensor)?;
+        }
         let val = imp.g.add_const(t.name.clone(), tensor);
         imp.vals.insert(t.name.clone(), val);
     }

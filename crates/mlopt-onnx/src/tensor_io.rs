@@ -162,6 +162,13 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     if t.segment.is_some() {
         return Err(err("segmented tensors are not supported".into()));
     }
+    if t.dims.len() > mlopt_ir::graph::MAX_RANK {
+        return Err(err(format!(
+            "rank {} exceeds mlopt's limit of {}",
+            t.dims.len(),
+            mlopt_ir::graph::MAX_RANK
+        )));
+    }
     let shape: Vec<usize> = t
         .dims
         .iter()
@@ -307,6 +314,13 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| err("bad shape")))
         .collect::<Result<_>>()?;
+    if shape.len() > mlopt_ir::graph::MAX_RANK {
+        return Err(err(&format!(
+            "rank {} exceeds mlopt's limit of {}",
+            shape.len(),
+            mlopt_ir::graph::MAX_RANK
+        )));
+    }
     let ty = TensorType::new(dtype, shape);
     Tensor::from_le_bytes(&ty, &bytes[start + hlen..])
         .ok_or_else(|| err("data size does not match the shape"))
