@@ -132,17 +132,14 @@ pub fn profile(b: &Bench) -> Result<ExitCode> {
     let refs: Vec<&[u8]> = r.ins.iter().map(|b| b.as_slice()).collect();
     let p = r.c.profile(&mut r.lib, &refs, b.iters)?;
     let name = b.model.display().to_string();
-    std::fs::create_dir_all(b.output)
-        .with_context(|| format!("creating {}", b.output.display()))?;
-    let path = b.output.join("roofline.svg");
     let title = format!(
         "{} on {} thread{}",
         label(b.model),
         b.opt.threads,
         if b.opt.threads == 1 { "" } else { "s" }
     );
-    std::fs::write(&path, svg::roofline(&title, &r.c.cfg.target, &p.kernels))
-        .with_context(|| format!("writing {}", path.display()))?;
+    let svg = svg::roofline(&title, &r.c.cfg.target, &p.kernels);
+    let path = write_file(b.output, "roofline.svg", svg)?;
     if b.json {
         outln!("{}", mlopt_driver::profile::json(&name, b.opt.threads, &p))?;
     } else {
@@ -285,9 +282,6 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
             )
         })
         .collect();
-    std::fs::create_dir_all(b.output)
-        .with_context(|| format!("creating {}", b.output.display()))?;
-    let path = b.output.join("batch.svg");
     let title = format!(
         "{}: batch sizes {}",
         label(b.model),
@@ -297,8 +291,11 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
             .collect::<Vec<_>>()
             .join(", ")
     );
-    std::fs::write(&path, svg::batch_curve(&title, &points, budget_ms))
-        .with_context(|| format!("writing {}", path.display()))?;
+    let path = write_file(
+        b.output,
+        "batch.svg",
+        svg::batch_curve(&title, &points, budget_ms),
+    )?;
     if b.json {
         let pts: Vec<String> = points
             .iter()
@@ -334,4 +331,15 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
     }
     errln!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `text` as `dir/name` by rename (`mlopt_driver::output::replace_files`): a link planted at the
+/// name is replaced, never written through.
+fn write_file(dir: &std::path::Path, name: &str, text: String) -> Result<std::path::PathBuf> {
+    use mlopt_driver::output::{replace_files, Content};
+    let written = replace_files(
+        dir,
+        &[(name.to_string(), Content::Bytes(text.into_bytes()))],
+    )?;
+    Ok(written.into_iter().next().unwrap_or_else(|| dir.join(name)))
 }

@@ -155,8 +155,14 @@ pub fn read_test_dir(
     Ok((inputs, numbered(dir, "output")?))
 }
 
+/// Writes each output as `dir/NAME.npy` (or `.pb`), NAME its name with every character other than an
+/// ASCII letter, digit, `.`, `_` or `-` made `_`; names that come out the same (`y:0` and `y_0`) get
+/// `_2`, `_3`.. in output order, so every output has its own file. Written by rename, all or none, a
+/// link at a name replaced, never written through (`mlopt_driver::output::replace_files`).
 pub fn write_outputs(dir: &Path, outs: &[(String, Tensor)], format: Format) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    use mlopt_driver::output::{replace_files, Content};
+    let mut files: Vec<(String, Content)> = Vec::with_capacity(outs.len());
+    let mut used = std::collections::HashSet::new();
     for (name, t) in outs {
         let safe: String = name
             .chars()
@@ -168,10 +174,24 @@ pub fn write_outputs(dir: &Path, outs: &[(String, Tensor)], format: Format) -> R
                 }
             })
             .collect();
-        match format {
-            Format::Npy => mlopt_onnx::write_npy(&dir.join(format!("{safe}.npy")), t)?,
-            Format::Pb => mlopt_onnx::write_pb(&dir.join(format!("{safe}.pb")), name, t)?,
-        }
+        let ext = match format {
+            Format::Npy => "npy",
+            Format::Pb => "pb",
+        };
+        let file = (1..)
+            .map(|i| match i {
+                1 => format!("{safe}.{ext}"),
+                i => format!("{safe}_{i}.{ext}"),
+            })
+            .find(|f| !used.contains(&f.to_ascii_lowercase()))
+            .unwrap_or_default();
+        used.insert(file.to_ascii_lowercase());
+        let bytes = match format {
+            Format::Npy => mlopt_onnx::tensor_io::npy_bytes(t),
+            Format::Pb => mlopt_onnx::tensor_io::pb_bytes(t, name),
+        };
+        files.push((file, Content::Bytes(bytes)));
     }
+    replace_files(dir, &files)?;
     Ok(())
 }

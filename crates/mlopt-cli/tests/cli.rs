@@ -640,6 +640,70 @@ fn run_to(dir: &Path, model: &str, input: &str, format: &str) -> PathBuf {
     out_dir
 }
 
+/// `run --output-dir` and `bench --profile -o` write by rename as `compile` does: a link planted at an
+/// output's name is replaced, not written through; outputs whose names sanitise alike get a file each.
+#[test]
+fn run_and_bench_outputs_never_follow_links_and_never_collide() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = model(
+        vec![
+            node("Relu", "r", &["x"], &["y:0"], vec![]),
+            node("Neg", "n", &["x"], &["y_0"], vec![]),
+        ],
+        vec![value("x", data_type::FLOAT, &[Some(2), Some(3)])],
+        vec![
+            value("y:0", data_type::FLOAT, &[Some(2), Some(3)]),
+            value("y_0", data_type::FLOAT, &[Some(2), Some(3)]),
+        ],
+        vec![],
+    );
+    let p = save(dir.path(), &m);
+    let x = dir.path().join("x.pb");
+    std::fs::write(
+        &x,
+        f32_tensor("x", &[2, 3], &[1.0, -2.0, 3.0, -4.0, 5.0, -6.0]).encode_to_vec(),
+    )
+    .expect("write");
+    let (out, victim) = (dir.path().join("npy"), dir.path().join("victim.txt"));
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(&victim, "keep").unwrap();
+    std::os::unix::fs::symlink(&victim, out.join("y_0.npy")).unwrap();
+    std::os::unix::fs::symlink(&victim, out.join("roofline.svg")).unwrap();
+    let out = run_to(dir.path(), &p, &x.display().to_string(), "npy");
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["roofline.svg", "y_0.npy", "y_0_2.npy"]);
+    assert!(!std::fs::symlink_metadata(out.join("y_0.npy"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let profiled = mlopt(&[
+        "bench",
+        &p,
+        "--iters",
+        "2",
+        "--profile",
+        "-o",
+        &out.display().to_string(),
+    ]);
+    assert!(
+        profiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&profiled.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "keep",
+        "a link was written through"
+    );
+    assert!(std::fs::read_to_string(out.join("roofline.svg"))
+        .unwrap()
+        .contains("<svg"));
+}
+
 #[test]
 fn run_writes_outputs_that_check_accepts() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1442,8 +1506,9 @@ fn bench_batch_sweeps_latency_against_throughput() {
 }
 
 /// `compile -o DIR` renames finished files into place: a link planted at an output's name is replaced,
-/// not written through; files a previous compile wrote and this one does not are removed, the user's
-/// other files stay; a failed compile changes nothing; no temporary file is left behind.
+/// not written through; files a previous compile wrote and this one does not are removed if unchanged,
+/// the user's other files stay whatever `.mlopt-files` says; a failed compile changes nothing; no
+/// temporary file is left behind.
 #[test]
 fn compile_writes_by_rename_never_through_links_and_removes_stale_files() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1503,6 +1568,27 @@ fn compile_writes_by_rename_never_through_links_and_removes_stale_files() {
     assert_eq!(
         std::fs::read_to_string(out.join("notes.txt")).unwrap(),
         "mine"
+    );
+    // Only what a compile wrote, byte for byte, is removed: not a file the user has since replaced, and
+    // nothing a planted record names.
+    assert!(compile(&mlp, true).status.success());
+    std::fs::write(out.join("roofline.svg"), "my own plot").unwrap();
+    assert!(compile(&mlp, false).status.success());
+    assert_eq!(
+        std::fs::read_to_string(out.join("roofline.svg")).unwrap(),
+        "my own plot"
+    );
+    std::fs::remove_file(out.join("roofline.svg")).unwrap();
+    std::fs::write(
+        out.join(".mlopt-files"),
+        "notes.txt\nsha256:00 notes.txt\nsha256:00 mlp.h\n",
+    )
+    .unwrap();
+    assert!(compile(&mlp, false).status.success());
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "mine",
+        "a planted record removed a file"
     );
     let before: Vec<(String, Vec<u8>)> = listing(&out);
     let bad = tmp.path().join("bad.onnx");

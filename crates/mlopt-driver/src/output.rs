@@ -3,9 +3,11 @@
 //!
 //! Every file is written to a fresh temporary file in the folder (created exclusively, so it cannot be a
 //! link someone planted), and only when all are written are they renamed into place (`rename` replaces
-//! a link at the target name; it does not write through it). The names written are recorded in
-//! `.mlopt-files`; names the previous record holds and this compile does not write are removed. Other
-//! files in the folder are not touched.
+//! a link at the target name; it does not write through it). The files written are recorded in
+//! `.mlopt-files`, each by the SHA-256 of its contents and its name; a file the previous record lists
+//! that this compile does not write is removed only if it is still a regular file with those contents,
+//! so a record someone planted (or an old one naming a file the user has since replaced) removes
+//! nothing that is not byte for byte what a compile wrote. Other files in the folder are not touched.
 
 use crate::error::{DriverError, Result};
 use mlopt_runtime::Member;
@@ -46,6 +48,22 @@ impl std::fmt::Debug for Content<'_> {
 
 /// Writes `files` (name, content) into `dir` (made if missing) as described above; returns their paths.
 pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
+    write_staged(dir, files, true)
+}
+
+/// Writes `files` into `dir` the same way (all or none, a link at a name replaced, never followed), but
+/// keeps no record and removes nothing: the outputs of `run --output-dir` and `bench --profile -o`.
+pub fn replace_files(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
+    write_staged(dir, files, false)
+}
+
+/// `write_atomically`, with the record of what was written (and the removal of what the last record
+/// lists and this does not write) only where `record`.
+fn write_staged(
+    dir: &Path,
+    files: &[(String, Content)],
+    keep_record: bool,
+) -> Result<Vec<PathBuf>> {
     if let Some((name, _)) = files.iter().find(|(n, _)| !plain(n)) {
         return Err(DriverError::Io(format!(
             "output file name {name:?} is not a plain file name"
@@ -53,13 +71,8 @@ pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<P
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
     let mut staged = Vec::with_capacity(files.len() + 1);
-    let record: String = files.iter().map(|(n, _)| format!("{n}\n")).collect();
-    let record = Content::Bytes(record.into_bytes());
-    for (name, content) in files
-        .iter()
-        .map(|(n, c)| (n.as_str(), c))
-        .chain([(RECORD, &record)])
-    {
+    let mut record = String::new();
+    let stage = |content: &Content| -> Result<tempfile::NamedTempFile> {
         let mut t = tempfile::Builder::new()
             .prefix(".mlopt-")
             .tempfile_in(dir)
@@ -72,8 +85,29 @@ pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<P
         }
         .map_err(|e| io("writing", t.path(), e))?;
         set_readable(t.as_file()).map_err(|e| io("setting the mode of", t.path(), e))?;
+        Ok(t)
+    };
+    for (name, content) in files {
+        let t = stage(content)?;
+        if keep_record {
+            let digest = digest_of(t.path()).map_err(|e| io("reading back", t.path(), e))?;
+            record.push_str(&format!("{digest} {name}\n"));
+        }
         staged.push((dir.join(name), t));
     }
+    if !keep_record {
+        let mut written = Vec::with_capacity(staged.len());
+        for (path, t) in staged {
+            t.persist(&path)
+                .map_err(|e| io("renaming into", &path, e.error))?;
+            written.push(path);
+        }
+        return Ok(written);
+    }
+    staged.push((
+        dir.join(RECORD),
+        stage(&Content::Bytes(record.into_bytes()))?,
+    ));
     // Everything is written: now the names change, and the previous compile's leftovers go.
     let previous = std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default();
     let mut written = Vec::with_capacity(files.len());
@@ -84,17 +118,28 @@ pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<P
             written.push(path);
         }
     }
-    for stale in previous
+    for (digest, stale) in previous
         .lines()
-        .filter(|n| plain(n) && !files.iter().any(|(f, _)| f == n))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, n)| plain(n) && !files.iter().any(|(f, _)| f == n))
     {
         let p = dir.join(stale);
-        // symlink_metadata: a link is removed itself, never what it points to.
-        if std::fs::symlink_metadata(&p).is_ok_and(|m| !m.is_dir()) {
+        // symlink_metadata: a link is never followed (nor removed: no compile writes one).
+        let regular = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_file());
+        if regular && digest_of(&p).is_ok_and(|d| d == digest) {
             std::fs::remove_file(&p).map_err(|e| io("removing the stale", &p, e))?;
         }
     }
     Ok(written)
+}
+
+/// `sha256:` and the SHA-256 of the file at `p`, in hex.
+fn digest_of(p: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(p)?, &mut h)?;
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("sha256:{hex}"))
 }
 
 /// rw-r--r-- (a temporary file starts private to its owner; the outputs are for whoever builds with them).

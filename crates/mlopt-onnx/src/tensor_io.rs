@@ -246,7 +246,12 @@ pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
 }
 
 pub fn write_pb(path: &Path, name: &str, t: &Tensor) -> Result<()> {
-    std::fs::write(path, tensor_to_proto(t, name).encode_to_vec()).map_err(io_err(path))
+    std::fs::write(path, pb_bytes(t, name)).map_err(io_err(path))
+}
+
+/// `t` named `name` as the bytes of a serialized `TensorProto` (a `.pb` file).
+pub fn pb_bytes(t: &Tensor, name: &str) -> Vec<u8> {
+    tensor_to_proto(t, name).encode_to_vec()
 }
 
 fn npy_descr(d: DType) -> &'static str {
@@ -327,6 +332,11 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
 }
 
 pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
+    std::fs::write(path, npy_bytes(t)).map_err(io_err(path))
+}
+
+/// `t` as the bytes of a `.npy` file (version 1, C order, the data 64-byte aligned).
+pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
     let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
     let shape = if shape.len() == 1 {
         format!("({},)", shape[0])
@@ -346,7 +356,7 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(&t.to_le_bytes());
-    std::fs::write(path, out).map_err(io_err(path))
+    out
 }
 
 /// Reads a tensor file by extension: `.npy`, or anything else as a `.pb` `TensorProto`.
