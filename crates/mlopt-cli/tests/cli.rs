@@ -1119,6 +1119,51 @@ fn compile_output_names_stay_in_the_output_directory() {
     assert!(!dir.path().join("escaped").exists());
 }
 
+/// Output names come from the model: a compile never replaces a file it cannot prove an earlier compile
+/// wrote (a graph named `main` compiled into a crate's `src`), and a name too long for the file system
+/// fails before anything is written.
+#[test]
+fn compile_outputs_never_shadow_the_users_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("main.rs"), "fn main() {}").unwrap();
+    let compile = |name: &str, out: &Path| {
+        let mut m = relu_model();
+        m.graph.as_mut().unwrap().name = name.into();
+        let path = save(dir.path(), &m);
+        mlopt(&[
+            "compile",
+            &path,
+            "-o",
+            out.to_str().unwrap(),
+            "--target",
+            "x86-64-v4",
+        ])
+    };
+    fails_with(
+        &compile("main", &src),
+        &["main.rs exists", "not a file an earlier compile wrote"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(src.join("main.rs")).unwrap(),
+        "fn main() {}"
+    );
+    let names = |d: &Path| std::fs::read_dir(d).unwrap().count();
+    assert_eq!(names(&src), 1, "a refused compile wrote files");
+    // Compiled again into its own folder, it replaces only what it wrote there.
+    let out = dir.path().join("out");
+    assert!(compile("main", &out).status.success());
+    assert!(compile("main", &out).status.success());
+    let long = "n".repeat(250);
+    let far = dir.path().join("far");
+    fails_with(&compile(&long, &far), &["longer than 255 bytes"]);
+    assert!(
+        !far.exists() || names(&far) == 0,
+        "a refused compile wrote files"
+    );
+}
+
 #[test]
 fn bad_optimiser_options_are_errors() {
     let m = fixture("mlp/model.onnx");
@@ -1584,7 +1629,8 @@ fn compile_writes_by_rename_never_through_links_and_removes_stale_files() {
         "notes.txt\nsha256:00 notes.txt\nsha256:00 mlp.h\n",
     )
     .unwrap();
-    assert!(compile(&mlp, false).status.success());
+    // (Its digests prove nothing, so the compile will not replace mlp.h either: it writes nothing.)
+    fails_with(&compile(&mlp, false), &["mlp.h exists"]);
     assert_eq!(
         std::fs::read_to_string(out.join("notes.txt")).unwrap(),
         "mine",

@@ -7,7 +7,9 @@
 //! `.mlopt-files`, each by the SHA-256 of its contents and its name; a file the previous record lists
 //! that this compile does not write is removed only if it is still a regular file with those contents,
 //! so a record someone planted (or an old one naming a file the user has since replaced) removes
-//! nothing that is not byte for byte what a compile wrote. Other files in the folder are not touched.
+//! nothing that is not byte for byte what a compile wrote. Other files in the folder are not touched, and
+//! a compile whose output would replace one of them (a regular file it cannot prove an earlier compile
+//! wrote) writes nothing and says so; names too long for a file system are refused before any write.
 
 use crate::error::{DriverError, Result};
 use mlopt_runtime::Member;
@@ -69,7 +71,19 @@ fn write_staged(
             "output file name {name:?} is not a plain file name"
         )));
     }
+    // Checked before anything is written, so a name the file system refuses fails the whole write.
+    if let Some((name, _)) = files.iter().find(|(n, _)| n.len() > NAME_MAX) {
+        return Err(DriverError::Io(format!(
+            "output file name {name:?} is longer than {NAME_MAX} bytes"
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
+    let previous = std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default();
+    if keep_record {
+        for (name, _) in files {
+            shadows(dir, name, &previous)?;
+        }
+    }
     let mut staged = Vec::with_capacity(files.len() + 1);
     let mut record = String::new();
     let stage = |content: &Content| -> Result<tempfile::NamedTempFile> {
@@ -109,7 +123,6 @@ fn write_staged(
         stage(&Content::Bytes(record.into_bytes()))?,
     ));
     // Everything is written: now the names change, and the previous compile's leftovers go.
-    let previous = std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default();
     let mut written = Vec::with_capacity(files.len());
     for (path, t) in staged {
         t.persist(&path)
@@ -131,6 +144,38 @@ fn write_staged(
         }
     }
     Ok(written)
+}
+
+/// The longest file name most file systems take, in bytes.
+const NAME_MAX: usize = 255;
+
+/// An error if writing `name` into `dir` would replace a file no compile wrote there: a file of that
+/// name may be replaced only when `previous` (the last record) lists it with its current digest, or
+/// when it is a link (the link is replaced; what it points to is not touched). Output names come from
+/// the model, and a graph named `main` compiled into a crate's `src` would otherwise replace `main.rs`.
+fn shadows(dir: &Path, name: &str, previous: &str) -> Result<()> {
+    let p = dir.join(name);
+    let Ok(meta) = std::fs::symlink_metadata(&p) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    let ours = meta.file_type().is_file()
+        && digest_of(&p).is_ok_and(|d| {
+            previous
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .any(|(digest, n)| n == name && digest == d)
+        });
+    if ours {
+        return Ok(());
+    }
+    Err(DriverError::Io(format!(
+        "{} exists and is not a file an earlier compile wrote there (or it changed since): the output \
+         is named after the model, so remove that file or compile into another folder",
+        p.display()
+    )))
 }
 
 /// `sha256:` and the SHA-256 of the file at `p`, in hex.
