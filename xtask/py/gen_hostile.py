@@ -457,6 +457,40 @@ def _():
     return m
 
 
+# --- Issue 30, item 1: deep and wide graphs from small files ------------------------------------------
+
+
+@case("elementwise_chain_4000", expect="ok", good={"x": np.linspace(-1, 1, 4, dtype=np.float32)})
+def _():
+    nodes, v = [], "x"
+    for i in range(4000):
+        nodes.append(h.make_node("Mul" if i % 2 == 0 else "Add", [v, "c"], [f"t{i}"], name=f"op{i}"))
+        v = f"t{i}"
+    return model(nodes, [f32("x", [4])], [f32(v, None)], [const("c", np.full(4, 1.0001, np.float32))])
+
+
+@case("concat_10000_inputs", expect="ok", good={"x": np.ones(1, np.float32)})
+def _():
+    return model([h.make_node("Concat", ["x"] * 10000, ["y"], name="cat", axis=0)], [f32("x", [1])], [f32("y", None)])
+
+
+@case("sum_10000_inputs", expect="ok", good={"x": np.ones(2, np.float32)})
+def _():
+    nodes = [h.make_node("Neg", ["x"], [f"n{i}"], name=f"neg{i}") if i % 2 else h.make_node("Abs", ["x"], [f"n{i}"], name=f"abs{i}") for i in range(10000)]
+    nodes.append(h.make_node("Sum", [f"n{i}" for i in range(10000)], ["y"], name="sum"))
+    return model(nodes, [f32("x", [2])], [f32("y", None)])
+
+
+@case("shape_from_20000_node_chain", expect="ok", good={"x": np.arange(4, dtype=np.float32)})
+def _():
+    nodes, s = [], "s0"
+    for i in range(20000):
+        nodes.append(h.make_node("Add", [s, "z"], [f"s{i + 1}"], name=f"add{i}"))
+        s = f"s{i + 1}"
+    nodes.append(h.make_node("Reshape", ["x", s], ["y"], name="reshape"))
+    return model(nodes, [f32("x", [4])], [f32("y", None)], [const("s0", np.array([2, 2], np.int64)), const("z", np.array([0, 0], np.int64))])
+
+
 def external_fifo(out):
     """A weight whose external data is a FIFO inside the model's folder: reading it would block."""
     t = onnx.TensorProto()

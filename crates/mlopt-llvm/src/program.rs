@@ -39,6 +39,9 @@ pub struct Output {
     pub data: crate::elf::DataObject,
 }
 
+/// The stack of each code generation thread (address space, committed only as used).
+const CODEGEN_STACK: usize = 64 << 20;
+
 /// The program's name as a C identifier.
 pub fn c_name(name: &str) -> String {
     let mut s: String = name
@@ -403,13 +406,21 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
             .filter(|g| !g.1.is_empty())
             .map(|(_, group)| {
                 let (kernels, symbol) = (&kernels, &symbol);
-                s.spawn(move || kernel_module(p, kernels, group, symbol, t))
+                // A stack for the model's work, not the 2 MiB default: LLVM and the code generator
+                // recurse over the kernels' expressions (only what is touched is committed).
+                std::thread::Builder::new()
+                    .stack_size(CODEGEN_STACK)
+                    .spawn_scoped(s, move || kernel_module(p, kernels, group, symbol, t))
             })
             .collect();
         handles
             .into_iter()
             .map(|h| {
-                h.join().unwrap_or_else(|_| {
+                h.map_err(|e| {
+                    LlvmError::Codegen(format!("starting a code generation thread: {e}"))
+                })?
+                .join()
+                .unwrap_or_else(|_| {
                     Err(LlvmError::Codegen(
                         "a code generation thread panicked".into(),
                     ))

@@ -340,6 +340,21 @@ pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
     })
 }
 
+/// How many operands a fold combines left to right; more are combined as a balanced tree, so the
+/// expression's depth grows with the logarithm of the count: a Sum or Concat of 10,000 inputs (a small
+/// file) nested 10,000 deep overflowed the recursive passes over it.
+pub const LINEAR_FOLD: usize = 64;
+
+/// `xs` combined by `f`: left to right up to `LINEAR_FOLD` of them (((a b) c) d), as a balanced tree
+/// beyond.
+pub fn fold(mut xs: Vec<Expr>, f: &dyn Fn(Expr, Expr) -> Expr) -> Option<Expr> {
+    if xs.len() <= LINEAR_FOLD {
+        return xs.into_iter().reduce(f);
+    }
+    let right = xs.split_off(xs.len() / 2);
+    Some(f(fold(xs, f)?, fold(right, f)?))
+}
+
 /// Folds a variadic op over its inputs' expressions (`Mean` divides by the count).
 pub fn nary(op: Nary, xs: Vec<Expr>, t: Elem) -> Option<Expr> {
     let n = xs.len();
@@ -348,7 +363,7 @@ pub fn nary(op: Nary, xs: Vec<Expr>, t: Elem) -> Option<Expr> {
         Nary::Max => BinOp::Max,
         Nary::Min => BinOp::Min,
     };
-    let folded = xs.into_iter().reduce(|a, c| Expr::bin(o, a, c))?;
+    let folded = fold(xs, &|a, c| Expr::bin(o, a, c))?;
     Some(if op == Nary::Mean {
         Expr::bin(BinOp::Div, folded, lit(n as f64, t))
     } else {

@@ -73,17 +73,10 @@ impl Lowerer<'_> {
                     parts.push((off + len, self.pull(v, &ix)?));
                     off += len;
                 }
-                let (_, mut e) = parts
-                    .pop()
-                    .ok_or_else(|| self.unsupported(n, "no non-empty input"))?;
-                while let Some((end, p)) = parts.pop() {
-                    e = Expr::select(
-                        Expr::bin(BinOp::Lt, idx[*axis].clone(), Expr::int(end)),
-                        p,
-                        e,
-                    );
+                if parts.is_empty() {
+                    return Err(self.unsupported(n, "no non-empty input"));
                 }
-                Ok(e)
+                Ok(pick_part(&idx[*axis], parts))
             }
             Op::Gather { axis } => {
                 let ind = self.input(n, 1)?;
@@ -359,4 +352,24 @@ impl Lowerer<'_> {
         }
         Ok(convert(y, ct, t))
     }
+}
+
+/// The part of a concatenation (each part's end along the axis, and its value) that position `at`
+/// falls in: a chain of selects, first part outermost, up to `LINEAR_FOLD` parts; beyond, a balanced
+/// search on the ends, so the select nest is as deep as the logarithm of the part count (a Concat of
+/// 10,000 inputs nested 10,000 deep overflowed the passes that walk it).
+fn pick_part(at: &Expr, mut parts: Vec<(i64, Expr)>) -> Expr {
+    let below = |end: i64, lo: Expr, hi: Expr| {
+        Expr::select(Expr::bin(BinOp::Lt, at.clone(), Expr::int(end)), lo, hi)
+    };
+    if parts.len() > crate::elementwise::LINEAR_FOLD {
+        let right = parts.split_off(parts.len() / 2);
+        let end = parts.last().map_or(0, |p| p.0);
+        return below(end, pick_part(at, parts), pick_part(at, right));
+    }
+    let (_, mut e) = parts.pop().unwrap_or((0, Expr::int(0)));
+    while let Some((end, p)) = parts.pop() {
+        e = below(end, p, e);
+    }
+    e
 }

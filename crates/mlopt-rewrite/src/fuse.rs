@@ -112,7 +112,15 @@ struct Kernel {
     heavy: bool,
     row: Option<Row>,
     alive: bool,
+    /// At least the longest chain of members, root to leaf: the depth of the expressions lowering
+    /// builds for the kernel, which its passes walk recursively.
+    depth: usize,
 }
+
+/// The deepest chain of ops one kernel computes. A model's 4,000-op elementwise chain fused into one
+/// kernel overflowed the stack of the lowering that walks it; bounded here, such a chain becomes
+/// kernels of this many ops, each storing its value (at this depth a store is a small part of the work).
+pub const MAX_FUSED_DEPTH: usize = 256;
 
 /// One kernel of the plan, for the report and the printed header.
 #[derive(Debug, Clone)]
@@ -212,6 +220,9 @@ impl Fuser<'_> {
         }
         into.iter().all(|&k| {
             let k = &self.kernels[k];
+            if k.depth + p.depth > MAX_FUSED_DEPTH {
+                return false;
+            }
             if p.heavy && (k.heavy || k.row.is_some()) || k.heavy && p.row.is_some() {
                 return false;
             }
@@ -240,6 +251,8 @@ impl Fuser<'_> {
             let k = &mut self.kernels[k];
             k.members.extend(p.members.iter().copied());
             k.heavy |= p.heavy;
+            // (An over-estimate where `p` joins beside an operand rather than below the deepest.)
+            k.depth += p.depth;
             if k.row.is_none() {
                 k.row = p.row.clone();
             }
@@ -378,6 +391,7 @@ pub fn fuse(g: &Graph, t: &Target, allow_tf32: bool, memory_budget: Option<u64>)
                 heavy,
                 row,
                 alive: true,
+                depth: 1,
             });
         }
         f.kinds.insert(n, k);
@@ -485,6 +499,25 @@ mod tests {
             kernels(&p),
             vec![vec!["matmul", "add", "relu"], vec!["matmul", "sigmoid"]]
         );
+        check_same(&g, &p);
+    }
+
+    /// A chain longer than `MAX_FUSED_DEPTH` becomes several kernels, none deeper than that.
+    #[test]
+    fn long_chains_split_at_the_depth_bound() {
+        let mut g = Graph::new("t");
+        let mut v = g.add_input("x", ty(&[4]));
+        let n = 3 * MAX_FUSED_DEPTH + 7;
+        for i in 0..n {
+            let op = if i % 2 == 0 { Unary::Neg } else { Unary::Abs };
+            v = g.add(Op::Unary(op), format!("u{i}"), &[v]).unwrap();
+        }
+        g.add_output("y", v);
+        let p = fuse(&g, &target(), false, None).unwrap();
+        let sizes: Vec<usize> = kernels(&p).iter().map(|k| k.len()).collect();
+        assert!(sizes.iter().all(|s| *s <= MAX_FUSED_DEPTH), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), n);
+        assert_eq!(sizes.len(), n.div_ceil(MAX_FUSED_DEPTH));
         check_same(&g, &p);
     }
 
