@@ -491,6 +491,27 @@ def _():
     return model(nodes, [f32("x", [4])], [f32("y", None)], [const("s0", np.array([2, 2], np.int64)), const("z", np.array([0, 0], np.int64))])
 
 
+# --- Issue 30, item 6: one NaN and infinity semantics, compiled and interpreted -------------------------
+# NaN counts as the largest value (the ONNX reference's numpy: argmax and argmin pick the first NaN, max
+# pools and reductions propagate it). ONNX Runtime differs there (it skips a NaN after the first
+# element), so those cases check compiled against interpreted only.
+for _op, _x in [("ArgMax", [np.nan, np.inf, -np.inf, -0.0]), ("ArgMax", [1, np.nan, 3, 0]), ("ArgMin", [1, np.nan, -3, 0]), ("ArgMin", [np.inf, 2, np.nan, np.nan])]:
+    case(f"{_op.lower()}_nan_{len([c for c in CASES if c.startswith(_op.lower())])}", expect="ok", good={"x": np.array(_x, np.float32)}, reference=False)(
+        (lambda op: lambda: model([h.make_node(op, ["x"], ["y"], name="arg", axis=0, keepdims=0)], [f32("x", [4])], [vi("y", T.INT64, None)]))(_op)
+    )
+
+
+@case("max_pool_nan", expect="ok", good={"x": np.array([[[np.nan, 1, 2, np.nan, 3, 4, np.nan, np.nan]]], np.float32)}, reference=False)
+def _():
+    return model([h.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2])], [f32("x", [1, 1, 8])], [f32("y", None)])
+
+
+# Infinite largest elements: +inf, -inf where all are (x - max would be inf - inf); ONNX Runtime agrees.
+@case("reduce_log_sum_exp_infinities", expect="ok", good={"x": np.array([[np.inf, np.inf], [np.inf, 1], [-np.inf, -np.inf], [np.nan, 1]], np.float32)})
+def _():
+    return model([h.make_node("ReduceLogSumExp", ["x", "a"], ["y"], name="lse", keepdims=0)], [f32("x", [4, 2])], [f32("y", None)], [const("a", np.array([1], np.int64))])
+
+
 def external_fifo(out):
     """A weight whose external data is a FIFO inside the model's folder: reading it would block."""
     t = onnx.TensorProto()

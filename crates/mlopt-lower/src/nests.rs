@@ -401,7 +401,17 @@ fn reduce(
             ReduceKind::L2 => Expr::un(UnOp::Sqrt, acc),
             ReduceKind::LogSum => Expr::un(UnOp::Log, acc),
             ReduceKind::LogSumExp => match shift {
-                Some(m) => Expr::bin(BinOp::Add, Expr::un(UnOp::Log, acc), m),
+                // An infinite largest element is the result (x - m would be inf - inf = NaN): +inf,
+                // or -inf where every element is, as the interpreter and ONNX Runtime give.
+                Some(m) => Expr::select(
+                    Expr::bin(
+                        BinOp::Eq,
+                        Expr::un(UnOp::Abs, m.clone()),
+                        lit(f64::INFINITY, t),
+                    ),
+                    m.clone(),
+                    Expr::bin(BinOp::Add, Expr::un(UnOp::Log, acc), m),
+                ),
                 None => Expr::un(UnOp::Log, acc),
             },
             _ => acc,
@@ -456,12 +466,22 @@ fn arg(
             let xi = reduce_index(rank, &[axis], keepdims, idx, r);
             let v = get(l, x, &xi, t)?;
             let cur = Expr::load(best, vec![]);
-            let better = match (max, last) {
-                (true, false) => Expr::bin(BinOp::Lt, cur, v.clone()),
-                (true, true) => Expr::bin(BinOp::Le, cur, v.clone()),
-                (false, false) => Expr::bin(BinOp::Lt, v.clone(), cur),
-                (false, true) => Expr::bin(BinOp::Le, v.clone(), cur),
+            let mut better = match (max, last) {
+                (true, false) => Expr::bin(BinOp::Lt, cur.clone(), v.clone()),
+                (true, true) => Expr::bin(BinOp::Le, cur.clone(), v.clone()),
+                (false, false) => Expr::bin(BinOp::Lt, v.clone(), cur.clone()),
+                (false, true) => Expr::bin(BinOp::Le, v.clone(), cur.clone()),
             };
+            if t.is_float() {
+                // NaN wins, the first one (numpy's argmax and argmin, the ONNX reference's, and the
+                // interpreter's): a NaN replaces a number, nothing replaces a NaN.
+                let nan = |e: Expr| Expr::bin(BinOp::Ne, e.clone(), e);
+                better = Expr::bin(
+                    BinOp::And,
+                    Expr::un(UnOp::Not, nan(cur)),
+                    Expr::bin(BinOp::Or, nan(v.clone()), better),
+                );
+            }
             Ok(vec![
                 Stmt::Store {
                     buf: at,
