@@ -620,6 +620,42 @@ fn repeated_and_absurd_flags_are_errors() {
     );
 }
 
+/// A library checks at its entry point that the CPU has what it was compiled for: on a CPU without
+/// (simulated by `MLOPT_CPU_DISABLE`), the run fails with the platform status and names the target, where
+/// the kernels' first AVX instruction would have killed the process.
+#[test]
+fn a_library_refuses_a_cpu_without_its_instruction_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = save(dir.path(), &relu_model());
+    let x = dir.path().join("x.pb");
+    std::fs::write(&x, f32_tensor("x", &[2, 3], &[1.0; 6]).encode_to_vec()).expect("write");
+    let run = |disable: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mlopt"))
+            .args([
+                "run",
+                &p,
+                "--input",
+                &x.display().to_string(),
+                "--target",
+                "x86-64-v3",
+            ])
+            .env("MLOPT_CPU_DISABLE", disable)
+            .output()
+            .unwrap()
+    };
+    assert!(run("").status.success());
+    assert!(
+        run("avx512f,amx-tile").status.success(),
+        "features v3 does not use"
+    );
+    for missing in ["avx2", "bmi1,fma"] {
+        fails_with(
+            &run(missing),
+            &["lacks an instruction set", "target x86-64-v3", "(status 4)"],
+        );
+    }
+}
+
 fn run_to(dir: &Path, model: &str, input: &str, format: &str) -> PathBuf {
     let out_dir = dir.join(format);
     let out = mlopt(&[

@@ -138,7 +138,7 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
     use mlopt_llvm::{STATUS_ARGUMENT, STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM};
     let _ = writeln!(
         s,
-        "/* Status codes of mlopt_{n}_run (0: success); mlopt_{n}_error(ctx) says more. */\n#ifndef MLOPT_OK\n#define MLOPT_OK 0\n#define MLOPT_ERR_ARGUMENT {STATUS_ARGUMENT} /* a NULL context, inputs or outputs array, or buffer */\n#define MLOPT_ERR_MEMORY {STATUS_MEMORY}   /* out of memory for a kernel's scratch buffer */\n#define MLOPT_ERR_DATA {STATUS_DATA}     /* an input the model rejects: an index out of range, an integer division by zero */\n#define MLOPT_ERR_PLATFORM {STATUS_PLATFORM} /* the OS refuses what the code needs (AMX tile state) */\n#endif\n"
+        "/* Status codes of mlopt_{n}_run (0: success); mlopt_{n}_error(ctx) says more. */\n#ifndef MLOPT_OK\n#define MLOPT_OK 0\n#define MLOPT_ERR_ARGUMENT {STATUS_ARGUMENT} /* a NULL context, inputs or outputs array, or buffer */\n#define MLOPT_ERR_MEMORY {STATUS_MEMORY}   /* out of memory for a kernel's scratch buffer */\n#define MLOPT_ERR_DATA {STATUS_DATA}     /* an input the model rejects: an index out of range, an integer division by zero */\n#define MLOPT_ERR_PLATFORM {STATUS_PLATFORM} /* this CPU lacks the instruction set the library was compiled for, or the OS refuses what the code needs (AMX tile state) */\n#endif\n"
     );
     let _ = writeln!(s, "/* A context holds the model's activation memory and its last status ({} bytes); NULL when out of\n   memory. */", p.context_bytes());
     let _ = writeln!(s, "void *mlopt_{n}_create(void);");

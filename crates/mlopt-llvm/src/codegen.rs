@@ -730,6 +730,9 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
         "mlopt_parallel_for" => void.fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
         "mlopt_init_threads" => void.fn_type(&[c.i32_type().into()], false),
         "mlopt_init_amx" => c.i32_type().fn_type(&[], false),
+        "mlopt_cpu_supports" => c
+            .i32_type()
+            .fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
         "mlopt_now_ns" => i64t.fn_type(&[], false),
         _ => return Err(err(format!("no declaration for external function {name}"))),
     };

@@ -278,7 +278,7 @@ fn status_word<'c>(
 
 /// The messages of a program's statuses, indexed by the status word: none, the arguments' NULLs (the
 /// arrays, then each input and output), out of memory, the AMX refusal, then each check step's.
-fn messages(p: &Program) -> Vec<String> {
+fn messages(p: &Program, cpu: &CpuTarget) -> Vec<String> {
     let mut m = vec![
         String::new(),
         "the inputs or outputs array is NULL".to_string(),
@@ -299,6 +299,11 @@ fn messages(p: &Program) -> Vec<String> {
     m.push(
         "this model was compiled for AMX, but the kernel refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed); recompile for another target".into(),
     );
+    m.push(format!(
+        "this CPU lacks an instruction set the library was compiled for (target {}: {}); recompile for this CPU (--target host) or an older target",
+        cpu.name,
+        cpu.features.join(",")
+    ));
     m.extend(
         p.steps
             .iter()
@@ -336,7 +341,6 @@ pub fn compile(p: &Program, t: &CpuTarget) -> Result<Output> {
 /// around each step and adds the difference to that step's counter in `profile_symbol(name)`. The plain
 /// build has no instrumentation at all.
 pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output> {
-    let threads = t.threads;
     let c = Context::create();
     let tm = machine(t)?;
     let m = module_for(&c, &p.name, &tm);
@@ -433,7 +437,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         .map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i))))
         .collect();
     let fns: Vec<_> = same.iter().map(|i| declared[i]).collect();
-    define_entry(&c, &m, p, &weights, &fns, (threads, amx, profile))?;
+    define_entry(&c, &m, p, &weights, &fns, t, (amx, profile))?;
     m.verify()
         .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
     let mut llvm_ir = print_without_weights(&m, p);
@@ -486,12 +490,22 @@ fn define_entry<'c>(
     p: &Program,
     weights: &[inkwell::values::GlobalValue<'c>],
     fns: &[inkwell::values::FunctionValue<'c>],
-    (threads, amx, profile): (u32, bool, bool),
+    cpu: &CpuTarget,
+    (amx, profile): (bool, bool),
 ) -> Result<()> {
+    let threads = cpu.threads;
     let ptr = c.ptr_type(AddressSpace::default());
     let (i64t, i32t) = (c.i64_type(), c.i32_type());
     let run_ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
     let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
+    // The entry point itself is baseline x86-64: it runs before the check that this CPU has the
+    // features the kernels use (a library moved to an older CPU returns a status, not SIGILL).
+    for (k, v) in [("target-cpu", "x86-64"), ("target-features", "")] {
+        run.add_attribute(
+            inkwell::attributes::AttributeLoc::Function,
+            c.create_string_attribute(k, v),
+        );
+    }
     let b = c.create_builder();
     b.position_at_end(c.append_basic_block(run, "entry"));
     let param = |i: u32| {
@@ -501,10 +515,11 @@ fn define_entry<'c>(
     };
     let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
     // Every failure stores its message's number in the status word and returns its status.
-    let table = messages(p);
-    let (oom_id, amx_id) = (
+    let table = messages(p, cpu);
+    let (oom_id, amx_id, cpu_id) = (
         2 + p.inputs.len() + p.outputs.len(),
         3 + p.inputs.len() + p.outputs.len(),
+        4 + p.inputs.len() + p.outputs.len(),
     );
     let status = status_word(c, &b, arena, p)?;
     let e = Entry {
@@ -516,6 +531,7 @@ fn define_entry<'c>(
         arena,
     };
     e.context_not_null()?;
+    e.cpu_supports(&cpu.features.join(","), cpu_id)?;
     let io = e.io_pointers(p, inputs, outputs)?;
     e.start_runtime(threads, amx.then_some(amx_id))?;
     let counters = profile.then(|| {
@@ -531,7 +547,7 @@ fn define_entry<'c>(
         None
     };
     let mut last = clock(&e.b, now)?;
-    let mut check_id = amx_id;
+    let mut check_id = cpu_id;
     for (step, s) in p.steps.iter().enumerate() {
         let mut args = Vec::with_capacity(s.args.len());
         for a in &s.args {
@@ -672,6 +688,39 @@ impl<'c> Entry<'c, '_> {
             io.push(ptrs);
         }
         Ok(io)
+    }
+
+    /// Fails with message `id` (`STATUS_PLATFORM`) unless this CPU has every feature of `features`
+    /// (comma-separated, LLVM's spelling), as the runtime's `mlopt_cpu_supports` reads CPUID and XCR0.
+    fn cpu_supports(&self, features: &str, id: usize) -> Result<()> {
+        let (c, m, b) = (self.c, self.m, &self.b);
+        let text = c.const_string(features.as_bytes(), true);
+        let g = m.add_global(text.get_type(), None, "mlopt_cpu_features");
+        g.set_initializer(&text);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        let null = c.ptr_type(AddressSpace::default()).const_null();
+        let r = b.build_call(
+            libc(c, m, "mlopt_cpu_supports")?,
+            &[
+                g.as_pointer_value().into(),
+                null.into(),
+                c.i64_type().const_zero().into(),
+            ],
+            "cpu",
+        )?;
+        let r = r
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LlvmError::Codegen("mlopt_cpu_supports".into()))?
+            .into_int_value();
+        let ok = b.build_int_compare(
+            inkwell::IntPredicate::NE,
+            r,
+            c.i32_type().const_zero(),
+            "has",
+        )?;
+        self.fail_unless(ok, id, STATUS_PLATFORM, "cpu")
     }
 
     /// The thread pool of `threads`, and with `amx` (its message) AMX's tile state.

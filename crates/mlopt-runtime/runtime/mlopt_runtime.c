@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #ifdef __linux__
 #include <sys/syscall.h>
@@ -202,4 +203,100 @@ void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {
         pthread_mutex_unlock(&mu);
     }
     pthread_mutex_unlock(&job_mu);
+}
+
+/* Whether this CPU (and its OS, which must save the wider registers) has every ISA feature in `features`,
+ * a comma-separated list in LLVM's spelling: the features a library was compiled for, which its entry
+ * point checks before any of its code runs, so that a library moved to an older CPU returns
+ * MLOPT_ERR_PLATFORM instead of dying on an illegal instruction. Names it does not know are not checked
+ * (the list covers what mlopt targets: AVX, AVX2, FMA, AVX-512 and its extensions, AMX). Features named in
+ * the MLOPT_CPU_DISABLE environment variable (same spelling) count as absent: a way to see what a library
+ * does on a CPU without them. On success, returns 1; else 0, with the first missing name copied into
+ * `missing` (of `n` bytes). This file is compiled for the baseline x86-64, so it runs on any of them. */
+/* Lists that passed, so a run pays for CPUID (a VM exit under a hypervisor) and the scan only once per
+ * library: each entry point passes its own constant list. */
+static const char *_Atomic cpu_passed[8];
+
+int mlopt_cpu_supports(const char *features, char *missing, size_t n) {
+    for (int i = 0; i < 8; i++)
+        if (atomic_load_explicit(&cpu_passed[i], memory_order_acquire) == features) return 1;
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    unsigned l1c = 0, l7b = 0, l7c = 0, l7d = 0, l71a = 0, e1c = 0;
+    unsigned long long xcr0 = 0;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    unsigned max = a;
+    if (max >= 1) {
+        __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+        l1c = c;
+    }
+    if (max >= 7) {
+        __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+        l7b = b, l7c = c, l7d = d;
+        unsigned sub = a;
+        if (sub >= 1) {
+            __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+            l71a = a;
+        }
+    }
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000000u), "c"(0));
+    if (a >= 0x80000001u) {
+        __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000001u), "c"(0));
+        e1c = c;
+    }
+    if (l1c & (1u << 27)) { /* OSXSAVE: XCR0 says which register states the OS saves */
+        unsigned lo, hi;
+        __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        xcr0 = ((unsigned long long)hi << 32) | lo;
+    }
+    int avx_os = (xcr0 & 0x6) == 0x6, zmm_os = (xcr0 & 0xe6) == 0xe6, amx_os = (xcr0 & 0x60000) == 0x60000;
+    static const struct {
+        const char *name;
+        int leaf; /* 1: leaf 1 ECX, 2: 7.0 EBX, 3: 7.0 ECX, 4: 7.0 EDX, 5: 7.1 EAX, 6: 0x80000001 ECX */
+        int bit;
+        int os; /* 1: AVX state, 2: AVX-512 state, 3: AMX state */
+    } known[] = {
+        {"avx", 1, 28, 1}, {"fma", 1, 12, 1}, {"f16c", 1, 29, 1}, {"movbe", 1, 22, 0},
+        {"bmi1", 2, 3, 0}, {"avx2", 2, 5, 1}, {"bmi2", 2, 8, 0}, {"avx512f", 2, 16, 2},
+        {"avx512dq", 2, 17, 2}, {"avx512cd", 2, 28, 2}, {"avx512bw", 2, 30, 2}, {"avx512vl", 2, 31, 2},
+        {"avx512vbmi", 3, 1, 2}, {"avx512vbmi2", 3, 6, 2}, {"avx512vnni", 3, 11, 2},
+        {"avx512bitalg", 3, 12, 2}, {"avx512vpopcntdq", 3, 14, 2}, {"amx-bf16", 4, 22, 3},
+        {"avx512fp16", 4, 23, 2}, {"amx-tile", 4, 24, 3}, {"amx-int8", 4, 25, 3},
+        {"avx512bf16", 5, 5, 2}, {"lzcnt", 6, 5, 0},
+    };
+    const unsigned regs[7] = {0, l1c, l7b, l7c, l7d, l71a, e1c};
+    const int os_ok[4] = {1, avx_os, zmm_os, amx_os};
+    const char *off = getenv("MLOPT_CPU_DISABLE");
+    for (const char *f = features; f && *f;) {
+        const char *end = strchr(f, ',');
+        size_t len = end ? (size_t)(end - f) : strlen(f);
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+            if (strlen(known[k].name) != len || strncmp(known[k].name, f, len) != 0) continue;
+            int have = (regs[known[k].leaf] >> known[k].bit & 1u) && os_ok[known[k].os];
+            for (const char *o = off; have && o && *o;) {
+                const char *oe = strchr(o, ',');
+                size_t ol = oe ? (size_t)(oe - o) : strlen(o);
+                if (ol == len && strncmp(o, f, len) == 0) have = 0;
+                o = oe ? oe + 1 : NULL;
+            }
+            if (!have) {
+                if (n > 0) {
+                    size_t m = len < n - 1 ? len : n - 1;
+                    memcpy(missing, f, m);
+                    missing[m] = 0;
+                }
+                return 0;
+            }
+        }
+        f = end ? end + 1 : NULL;
+    }
+    for (int i = 0; i < 8; i++) {
+        const char *empty = NULL;
+        if (atomic_compare_exchange_strong(&cpu_passed[i], &empty, features)) break;
+    }
+    return 1;
+#else
+    (void)features, (void)missing, (void)n;
+    return 1;
+#endif
 }
