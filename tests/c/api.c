@@ -4,6 +4,7 @@
  *   y1 = relu(x @ w)          x f32[64,256], w f32[256,128] = ((i * 7 + j) % 13 - 6) / 16
  * compiled for 2 threads, so its matrix product runs parallel loops. Prints what failed; exit 0 if none. */
 #include <math.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -117,9 +118,15 @@ int main(void) {
     CHECK(good_run(ctx) == 0, "a valid run after errors");
     CHECK(strcmp(mlopt_api_error(ctx), "") == 0, "%s", mlopt_api_error(ctx));
 
-    /* Runs on four threads with their own contexts while another thread changes the thread count. */
+    /* Runs on four threads with their own contexts while another thread changes the thread count; each
+       runner's stack is what the header says a run needs, beyond the harness's own frames (good_run's
+       buffers) and the minimum a thread takes. */
     pthread_t t[5];
-    for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, runner, NULL);
+    pthread_attr_t small;
+    pthread_attr_init(&small);
+    pthread_attr_setstacksize(&small, MLOPT_API_STACK_BYTES + sizeof(float) * (M * N + 15) + 16384 + PTHREAD_STACK_MIN);
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], &small, runner, NULL);
+    pthread_attr_destroy(&small);
     pthread_create(&t[4], NULL, set_threads, NULL);
     for (int i = 0; i < 5; i++) {
         void *bad = NULL;

@@ -142,7 +142,13 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
     );
     let _ = writeln!(s, "/* A context holds the model's activation memory and its last status ({} bytes); NULL when out of\n   memory. */", p.context_bytes());
     let _ = writeln!(s, "void *mlopt_{n}_create(void);");
-    let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above. Returns\n   MLOPT_OK, or a status above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context; contexts are independent. */");
+    let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above. Returns\n   MLOPT_OK, or a status above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context (a context used by two threads at once, run after destroy or\n   destroyed twice is undefined behaviour, as with free); contexts are independent. A run needs\n   MLOPT_{}_STACK_BYTES of the calling thread's stack (and of each pool thread's); larger scratch\n   lives in the context. */", n.to_ascii_uppercase());
+    let _ = writeln!(
+        s,
+        "#define MLOPT_{}_STACK_BYTES {}u",
+        n.to_ascii_uppercase(),
+        mlopt_llvm::stack_bytes(p)
+    );
     let _ = writeln!(
         s,
         "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);"

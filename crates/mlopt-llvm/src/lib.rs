@@ -10,6 +10,7 @@ mod bf16_dot;
 mod codegen;
 mod elf;
 mod memory;
+pub use codegen::stack_bytes;
 pub use elf::DataObject;
 pub mod error;
 mod math;
