@@ -91,6 +91,8 @@ fn crate_dependencies_follow_the_rules() {
                 "mlopt-runtime",
                 "thiserror",
                 "tempfile",
+                // The digests of .mlopt-files (output.rs).
+                "sha2",
             ],
         ),
         // anyhow only in the CLI.
