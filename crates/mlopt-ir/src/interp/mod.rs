@@ -97,6 +97,17 @@ pub fn eval_op(
     inputs: &[Option<&Tensor>],
     out_types: &[TensorType],
 ) -> EvalResult<Vec<Tensor>> {
+    // An output the process cannot allocate is an error naming the node (the caller adds it), not an
+    // abort inside the op: asked for first, and given back, before the op builds it.
+    for ty in out_types {
+        let bytes = ty
+            .checked_bytes()
+            .ok_or_else(|| format!("output {ty} has too many elements to allocate"))?;
+        let mut probe: Vec<u8> = Vec::new();
+        probe
+            .try_reserve_exact(bytes)
+            .map_err(|_| format!("cannot allocate {bytes} bytes for output {ty}"))?;
+    }
     let widened: Vec<Option<Tensor>> = inputs
         .iter()
         .map(|t| {

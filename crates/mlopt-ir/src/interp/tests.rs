@@ -163,3 +163,20 @@ fn errors() {
     assert!(e.contains("graph input 'a'") && e.contains("f32[3]"), "{e}");
     assert_eq!(DType::F32.size(), 4);
 }
+
+/// An output the process cannot allocate is an error, before the op runs: here an f32 Expand of
+/// 2^61 elements (the limit `Vec` takes, past any machine).
+#[test]
+fn an_output_too_large_to_allocate_is_an_error() {
+    let x = Tensor::from_vec(&[1], vec![1f32]).unwrap();
+    let ty = crate::TensorType::new(DType::F32, vec![1 << 31, 1 << 30]);
+    let op = crate::Op::Expand {
+        shape: vec![1 << 31, 1 << 30],
+    };
+    let got = interp::eval_op(&op, &[Some(&x)], &[ty]);
+    let msg = got.expect_err("allocated 8 EiB");
+    assert!(
+        msg.contains("cannot allocate") || msg.contains("too many elements"),
+        "{msg}"
+    );
+}
