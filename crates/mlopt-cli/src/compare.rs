@@ -78,11 +78,19 @@ pub fn compare(got: &Tensor, want: &Tensor, rule: Rule) -> Comparison {
             first_bad = None;
         }
     }
+    verdict(detail, bad, g.len(), first_bad)
+}
+
+/// The comparison of `n` values of which `bad` are off, `first_bad` the first (index, got, expected)
+/// where it is to be shown, `detail` the measures.
+fn verdict(
+    mut detail: String,
+    bad: usize,
+    n: usize,
+    first_bad: Option<(usize, impl fmt::Display, impl fmt::Display)>,
+) -> Comparison {
     if let Some((i, a, b)) = first_bad {
-        detail += &format!(
-            "; {bad} of {} values off, first at {i}: got {a} expected {b}",
-            g.len()
-        );
+        detail += &format!("; {bad} of {n} values off, first at {i}: got {a} expected {b}");
     }
     Comparison {
         pass: bad == 0,
@@ -102,17 +110,8 @@ fn compare_exact(got: &Tensor, want: &Tensor) -> Comparison {
             first_bad.get_or_insert((i, a, b));
         }
     }
-    let mut detail = format!("{} max abs err {worst}, compared exactly", got.ty());
-    if let Some((i, a, b)) = first_bad {
-        detail += &format!(
-            "; {bad} of {} values off, first at {i}: got {a} expected {b}",
-            g.len()
-        );
-    }
-    Comparison {
-        pass: bad == 0,
-        detail,
-    }
+    let detail = format!("{} max abs err {worst}, compared exactly", got.ty());
+    verdict(detail, bad, g.len(), first_bad)
 }
 
 #[cfg(test)]

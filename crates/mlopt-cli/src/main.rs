@@ -271,14 +271,15 @@ fn terminal_safe(s: &str) -> std::borrow::Cow<'_, str> {
     if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
         return s.into();
     }
-    s.chars()
-        .map(|c| match c {
-            '\n' | '\t' => c.to_string(),
-            c if c.is_control() => c.escape_unicode().to_string(),
-            c => c.to_string(),
-        })
-        .collect::<String>()
-        .into()
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    out.into()
 }
 
 /// The longest error message printed whole: names and shapes in one come from the model or its inputs,

@@ -78,7 +78,10 @@ fn write_staged(
         )));
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
-    let previous = std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default();
+    let previous = match keep_record {
+        true => std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default(),
+        false => String::new(),
+    };
     if keep_record {
         for (name, _) in files {
             shadows(dir, name, &previous)?;
@@ -109,32 +112,25 @@ fn write_staged(
         }
         staged.push((dir.join(name), t));
     }
-    if !keep_record {
-        let mut written = Vec::with_capacity(staged.len());
-        for (path, t) in staged {
-            t.persist(&path)
-                .map_err(|e| io("renaming into", &path, e.error))?;
-            written.push(path);
-        }
-        return Ok(written);
+    if keep_record {
+        staged.push((
+            dir.join(RECORD),
+            stage(&Content::Bytes(record.into_bytes()))?,
+        ));
     }
-    staged.push((
-        dir.join(RECORD),
-        stage(&Content::Bytes(record.into_bytes()))?,
-    ));
     // Everything is written: now the names change, and the previous compile's leftovers go.
     let mut written = Vec::with_capacity(files.len());
-    for (path, t) in staged {
+    for (i, (path, t)) in staged.into_iter().enumerate() {
         t.persist(&path)
             .map_err(|e| io("renaming into", &path, e.error))?;
-        if !path.ends_with(RECORD) {
+        // (The record, staged last, is not one of the files.)
+        if i < files.len() {
             written.push(path);
         }
     }
-    for (digest, stale) in previous
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(_, n)| plain(n) && !files.iter().any(|(f, _)| f == n))
+    // (Without a record `previous` is empty: nothing is removed.)
+    for (digest, stale) in
+        entries(&previous).filter(|(_, n)| plain(n) && !files.iter().any(|(f, _)| f == n))
     {
         let p = dir.join(stale);
         // symlink_metadata: a link is never followed (nor removed: no compile writes one).
@@ -162,12 +158,7 @@ fn shadows(dir: &Path, name: &str, previous: &str) -> Result<()> {
         return Ok(());
     }
     let ours = meta.file_type().is_file()
-        && digest_of(&p).is_ok_and(|d| {
-            previous
-                .lines()
-                .filter_map(|l| l.split_once(' '))
-                .any(|(digest, n)| n == name && digest == d)
-        });
+        && digest_of(&p).is_ok_and(|d| entries(previous).any(|e| e == (d.as_str(), name)));
     if ours {
         return Ok(());
     }
@@ -176,6 +167,11 @@ fn shadows(dir: &Path, name: &str, previous: &str) -> Result<()> {
          is named after the model, so remove that file or compile into another folder",
         p.display()
     )))
+}
+
+/// A record's entries, (digest, name) per line (a line without a digest, as older records have, is none).
+fn entries(record: &str) -> impl Iterator<Item = (&str, &str)> {
+    record.lines().filter_map(|l| l.split_once(' '))
 }
 
 /// `sha256:` and the SHA-256 of the file at `p`, in hex.
