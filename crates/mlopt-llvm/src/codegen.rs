@@ -23,37 +23,12 @@ use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
+use crate::locals::on_heap;
 use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_target::MatrixUnit;
 use std::collections::HashMap;
 
 pub type Ret<T> = Result<T>;
-
-/// Local buffers up to this size live on the stack; larger ones on the heap.
-const STACK_LOCAL_BYTES: u64 = 256 * 1024;
-
-/// The most bytes of locals one kernel of `p` keeps on a thread's stack (its buffers of at most
-/// `STACK_LOCAL_BYTES`: the tiles' accumulators, small packed panels), plus `FRAME_BYTES` for the
-/// frames of the entry point, the kernel and the runtime: what a run needs of the calling thread's stack
-/// (which runs a share of every parallel loop) and of each pool thread's.
-pub fn stack_bytes(p: &mlopt_kir::Program) -> u64 {
-    let locals = |k: &Kernel| -> u64 {
-        k.bufs
-            .iter()
-            .filter(|b| b.space == Space::Local && !on_heap(b))
-            .map(|b| (b.numel().max(1) * b.elem.size()).div_ceil(64) * 64)
-            .sum()
-    };
-    p.kernels.iter().map(locals).max().unwrap_or(0) + FRAME_BYTES
-}
-
-/// Stack for the frames around a kernel's locals (entry point, kernel, runtime, libc), with room.
-const FRAME_BYTES: u64 = 16 * 1024;
-
-/// Whether local `buf` is allocated on the heap (above `STACK_LOCAL_BYTES`).
-pub(crate) fn on_heap(buf: &mlopt_kir::Buffer) -> bool {
-    buf.numel().max(1) * buf.elem.size() > STACK_LOCAL_BYTES
-}
 
 pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
     match e {

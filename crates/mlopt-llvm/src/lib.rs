@@ -9,9 +9,11 @@ mod amx;
 mod bf16_dot;
 mod codegen;
 mod elf;
+mod entry;
+mod locals;
 mod memory;
-pub use codegen::stack_bytes;
 pub use elf::DataObject;
+pub use locals::stack_bytes;
 pub mod error;
 mod math;
 mod parallel;
@@ -21,9 +23,7 @@ mod transcendental;
 mod transpose;
 mod unrolling;
 
+pub use entry::{profile_symbol, STATUS_ARGUMENT, STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM};
 pub use error::{LlvmError, Result};
-pub use program::{
-    c_name, compile, compile_with, profile_symbol, Output, STATUS_ARGUMENT, STATUS_DATA,
-    STATUS_MEMORY, STATUS_PLATFORM,
-};
+pub use program::{c_name, compile, compile_with, Output};
 pub use ptx::{compile_ptx, host_object, launch_table, PtxOutput};

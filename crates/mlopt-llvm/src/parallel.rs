@@ -40,7 +40,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     // A flag slot after them where a thread may fail to allocate: a heap local, or a loop inside.
     let heap_private = private
         .iter()
-        .any(|b| crate::codegen::on_heap(g.kernel.buffer(*b)));
+        .any(|b| crate::locals::on_heap(g.kernel.buffer(*b)));
     let flag_slot = (heap_private || has_parallel(body)).then_some(bufs.len() + vars.len());
     let slots = (bufs.len() + vars.len() + usize::from(flag_slot.is_some())).max(1) as u64;
     let ctx = g

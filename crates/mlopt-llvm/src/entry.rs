@@ -1,0 +1,484 @@
+//! The library's C API around the kernels: the context (`mlopt_<name>_create`, `_destroy`, `_error`:
+//! the activation arena, then the last run's status and its messages) and the entry point
+//! `mlopt_<name>_run`, which checks the CPU and its arguments, starts the runtime and calls each step's
+//! kernel, stopping with a status at the first failure.
+
+#![allow(unsafe_code)] // GEPs into the arena and the pointer arrays; see codegen.rs.
+
+use crate::codegen::libc;
+use crate::error::{LlvmError, Result};
+use crate::program::c_name;
+use inkwell::context::Context;
+use inkwell::module::Linkage;
+use inkwell::values::BasicValue;
+use inkwell::AddressSpace;
+use mlopt_kir::{Place, Program};
+use mlopt_target::CpuTarget;
+
+/// Status codes of `mlopt_<name>_run` (0 is success), which the header defines as `MLOPT_ERR_*`: a NULL
+/// argument, out of memory, input data the model rejects, a refusal by the OS.
+pub const STATUS_ARGUMENT: u64 = 1;
+pub const STATUS_MEMORY: u64 = 2;
+pub const STATUS_DATA: u64 = 3;
+pub const STATUS_PLATFORM: u64 = 4;
+
+/// `void *mlopt_<name>_create(void)`: the context is the model's activation arena, 64-byte aligned, then
+/// the last run's status (`Program::context_bytes`); NULL when out of memory.
+/// `void mlopt_<name>_destroy(void *)` frees it, and `const char *mlopt_<name>_error(const void *ctx)` is
+/// the message of the last run's status (`messages[status word]`; "" after a successful run).
+fn define_context<'c>(
+    c: &'c Context,
+    m: &inkwell::module::Module<'c>,
+    p: &Program,
+    messages: &[String],
+) -> Result<()> {
+    let ptr = c.ptr_type(AddressSpace::default());
+    let (i32t, i64t) = (c.i32_type(), c.i64_type());
+    let name = c_name(&p.name);
+    let (alloc, free) = (libc(c, m, "aligned_alloc")?, libc(c, m, "free")?);
+    let b = c.create_builder();
+    let create = m.add_function(
+        &format!("mlopt_{name}_create"),
+        ptr.fn_type(&[], false),
+        None,
+    );
+    b.position_at_end(c.append_basic_block(create, "entry"));
+    let ctx = b.build_call(
+        alloc,
+        &[
+            i64t.const_int(64, false).into(),
+            i64t.const_int(p.context_bytes(), false).into(),
+        ],
+        "ctx",
+    )?;
+    let ctx = ctx
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?
+        .into_pointer_value();
+    let (ok, done) = (
+        c.append_basic_block(create, "ok"),
+        c.append_basic_block(create, "done"),
+    );
+    b.build_conditional_branch(b.build_is_null(ctx, "null")?, done, ok)?;
+    b.position_at_end(ok);
+    b.build_store(status_word(c, &b, ctx, p)?, i32t.const_zero())?;
+    b.build_unconditional_branch(done)?;
+    b.position_at_end(done);
+    b.build_return(Some(&ctx))?;
+
+    let destroy = m.add_function(
+        &format!("mlopt_{name}_destroy"),
+        c.void_type().fn_type(&[ptr.into()], false),
+        None,
+    );
+    b.position_at_end(c.append_basic_block(destroy, "entry"));
+    let arg = destroy
+        .get_nth_param(0)
+        .ok_or_else(|| LlvmError::Codegen("destroy".into()))?;
+    b.build_call(free, &[arg.into()], "")?;
+    b.build_return(None)?;
+
+    // The messages as one table of C strings.
+    let constant = |symbol: String, value: &dyn BasicValue<'c>| {
+        let g = m.add_global(value.as_basic_value_enum().get_type(), None, &symbol);
+        g.set_initializer(value);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        g.as_pointer_value()
+    };
+    let text = |symbol: String, s: &str| constant(symbol, &c.const_string(s.as_bytes(), true));
+    let strings: Vec<_> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| text(format!("mlopt_{name}_message{i}"), s))
+        .collect();
+    let table_ty = ptr.array_type(strings.len() as u32);
+    let table = constant(format!("mlopt_{name}_messages"), &ptr.const_array(&strings));
+    let null_ctx = text(format!("mlopt_{name}_null_context"), "the context is NULL");
+    let error = m.add_function(
+        &format!("mlopt_{name}_error"),
+        ptr.fn_type(&[ptr.into()], false),
+        None,
+    );
+    b.position_at_end(c.append_basic_block(error, "entry"));
+    let ctx = error
+        .get_nth_param(0)
+        .ok_or_else(|| LlvmError::Codegen("error".into()))?
+        .into_pointer_value();
+    let (some, none) = (
+        c.append_basic_block(error, "some"),
+        c.append_basic_block(error, "none"),
+    );
+    b.build_conditional_branch(b.build_is_null(ctx, "null")?, none, some)?;
+    b.position_at_end(none);
+    b.build_return(Some(&null_ctx))?;
+    b.position_at_end(some);
+    let id = b
+        .build_load(i32t, status_word(c, &b, ctx, p)?, "id")?
+        .into_int_value();
+    // A word the caller overwrote is clamped into the table rather than trusted.
+    let id = b.build_int_z_extend(id, i64t, "id")?;
+    let last = i64t.const_int(messages.len() as u64 - 1, false);
+    let id = b
+        .build_select(
+            b.build_int_compare(inkwell::IntPredicate::ULE, id, last, "in")?,
+            id,
+            i64t.const_zero(),
+            "id",
+        )?
+        .into_int_value();
+    // SAFETY: id <= the table's last index.
+    let at = unsafe { b.build_in_bounds_gep(table_ty, table, &[i64t.const_zero(), id], "at")? };
+    let msg = b.build_load(ptr, at, "msg")?;
+    b.build_return(Some(&msg))?;
+    Ok(())
+}
+
+/// The status word of the context `ctx`: the `i32` just past the arena.
+fn status_word<'c>(
+    c: &'c Context,
+    b: &inkwell::builder::Builder<'c>,
+    ctx: inkwell::values::PointerValue<'c>,
+    p: &Program,
+) -> Result<inkwell::values::PointerValue<'c>> {
+    let at = c.i64_type().const_int(p.context_bytes() - 64, false);
+    // SAFETY: the context has 64 bytes of status past the arena (`Program::context_bytes`).
+    Ok(unsafe { b.build_in_bounds_gep(c.i8_type(), ctx, &[at], "status")? })
+}
+
+/// The messages of a program's statuses, indexed by the status word: none, the arguments' NULLs (the
+/// arrays, then each input and output), out of memory, the AMX refusal, then each check step's.
+fn messages(p: &Program, cpu: &CpuTarget) -> Vec<String> {
+    let mut m = vec![
+        String::new(),
+        "the inputs or outputs array is NULL".to_string(),
+    ];
+    m.extend(
+        p.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, io)| format!("input {i} ('{}') is NULL", io.name.escape_default())),
+    );
+    m.extend(
+        p.outputs
+            .iter()
+            .enumerate()
+            .map(|(i, io)| format!("output {i} ('{}') is NULL", io.name.escape_default())),
+    );
+    m.push("out of memory for a kernel's scratch buffer".into());
+    m.push(
+        "this model was compiled for AMX, but the kernel refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed); recompile for another target".into(),
+    );
+    m.push(format!(
+        "this CPU lacks an instruction set the library was compiled for (target {}: {}); recompile for this CPU (--target host) or an older target",
+        cpu.name,
+        cpu.features.join(",")
+    ));
+    m.extend(
+        p.steps
+            .iter()
+            .filter_map(|s| s.check.as_ref().map(|c| c.message.clone())),
+    );
+    m
+}
+
+/// The exported counters of a profiled build: `uint64_t mlopt_<name>_profile[steps]`, the nanoseconds
+/// each step (kernel call) of the entry point has taken, summed over runs.
+pub fn profile_symbol(name: &str) -> String {
+    format!("mlopt_{}_profile", c_name(name))
+}
+
+/// A profiled build's clock reading (`mlopt_now_ns()`), or nothing in a plain build.
+fn clock<'c>(
+    b: &inkwell::builder::Builder<'c>,
+    now: Option<inkwell::values::FunctionValue<'c>>,
+) -> Result<Option<inkwell::values::IntValue<'c>>> {
+    let Some(now) = now else { return Ok(None) };
+    let v = b
+        .build_call(now, &[], "now")?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| LlvmError::Codegen("mlopt_now_ns".into()))?;
+    Ok(Some(v.into_int_value()))
+}
+
+/// The entry point `mlopt_<name>_run(arena, inputs, outputs)`: the status word cleared, the pointer
+/// arrays checked, the thread pool (and AMX's tile state) set up, then each step's kernel called on its
+/// arguments (a check step's flag read after it, a profiled build's clock around it), and the context's
+/// helpers; `fns` are the kernels' functions by step, `weights` the weights' globals.
+pub(crate) fn define_entry<'c>(
+    c: &'c Context,
+    m: &inkwell::module::Module<'c>,
+    p: &Program,
+    weights: &[inkwell::values::GlobalValue<'c>],
+    fns: &[inkwell::values::FunctionValue<'c>],
+    cpu: &CpuTarget,
+    (amx, profile): (bool, bool),
+) -> Result<()> {
+    let threads = cpu.threads;
+    let ptr = c.ptr_type(AddressSpace::default());
+    let (i64t, i32t) = (c.i64_type(), c.i32_type());
+    let run_ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
+    let run = m.add_function(&format!("mlopt_{}_run", c_name(&p.name)), run_ty, None);
+    // The entry point itself is baseline x86-64: it runs before the check that this CPU has the
+    // features the kernels use (a library moved to an older CPU returns a status, not SIGILL).
+    for (k, v) in [("target-cpu", "x86-64"), ("target-features", "")] {
+        run.add_attribute(
+            inkwell::attributes::AttributeLoc::Function,
+            c.create_string_attribute(k, v),
+        );
+    }
+    let b = c.create_builder();
+    b.position_at_end(c.append_basic_block(run, "entry"));
+    let param = |i: u32| {
+        run.get_nth_param(i)
+            .map(|v| v.into_pointer_value())
+            .ok_or_else(|| LlvmError::Codegen("run parameters".into()))
+    };
+    let (arena, inputs, outputs) = (param(0)?, param(1)?, param(2)?);
+    // Every failure stores its message's number in the status word and returns its status.
+    let table = messages(p, cpu);
+    let (oom_id, amx_id, cpu_id) = (
+        2 + p.inputs.len() + p.outputs.len(),
+        3 + p.inputs.len() + p.outputs.len(),
+        4 + p.inputs.len() + p.outputs.len(),
+    );
+    let status = status_word(c, &b, arena, p)?;
+    let e = Entry {
+        c,
+        m,
+        run,
+        b,
+        status,
+        arena,
+    };
+    e.context_not_null()?;
+    e.cpu_supports(&cpu.features.join(","), cpu_id)?;
+    let io = e.io_pointers(p, inputs, outputs)?;
+    e.start_runtime(threads, amx.then_some(amx_id))?;
+    let counters = profile.then(|| {
+        let ty = i64t.array_type(p.steps.len() as u32);
+        let g = m.add_global(ty, None, &profile_symbol(&p.name));
+        g.set_initializer(&ty.const_zero());
+        g.set_alignment(64);
+        (ty, g)
+    });
+    let now = if profile {
+        Some(libc(c, m, "mlopt_now_ns")?)
+    } else {
+        None
+    };
+    let mut last = clock(&e.b, now)?;
+    let mut check_id = cpu_id;
+    for (step, s) in p.steps.iter().enumerate() {
+        let mut args = Vec::with_capacity(s.args.len());
+        for a in &s.args {
+            let v = match a {
+                Place::Arena(o) => e.in_arena(*o, "a")?,
+                Place::Input(i) => io[0][*i],
+                Place::Output(i) => io[1][*i],
+                Place::Weight(i) => weights[*i].as_pointer_value(),
+            };
+            args.push(v.into());
+        }
+        let r = e.b.build_call(fns[s.kernel], &args, "")?;
+        let r = r
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LlvmError::Codegen("kernel status".into()))?
+            .into_int_value();
+        e.fail_unless(e.is_zero(r)?, oom_id, STATUS_MEMORY, "oom")?;
+        if let Some(check) = &s.check {
+            check_id += 1;
+            let at = e.in_arena(check.flag, "flag")?;
+            let flag = e.b.build_load(i32t, at, "flag")?.into_int_value();
+            e.fail_unless(e.is_zero(flag)?, check_id, STATUS_DATA, "check")?;
+        }
+        if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&e.b, now)?) {
+            e.count(ty, g, step, (before, after))?;
+            last = Some(after);
+        }
+    }
+    e.b.build_store(status, i32t.const_zero())?;
+    e.b.build_return(Some(&i32t.const_zero()))?;
+    define_context(c, m, p, &table)?;
+    Ok(())
+}
+
+/// The entry point as it is written: its function and builder, and the arena's status word.
+struct Entry<'c, 'm> {
+    c: &'c Context,
+    m: &'m inkwell::module::Module<'c>,
+    run: inkwell::values::FunctionValue<'c>,
+    b: inkwell::builder::Builder<'c>,
+    status: inkwell::values::PointerValue<'c>,
+    arena: inkwell::values::PointerValue<'c>,
+}
+
+impl<'c> Entry<'c, '_> {
+    /// Goes on where `ok` holds; elsewhere stores message `id` in the status word and returns `code`.
+    fn fail_unless(
+        &self,
+        ok: inkwell::values::IntValue<'c>,
+        id: usize,
+        code: u64,
+        what: &str,
+    ) -> Result<()> {
+        let (c, b, i32t) = (self.c, &self.b, self.c.i32_type());
+        let (pass, fail) = (
+            c.append_basic_block(self.run, &format!("{what}.ok")),
+            c.append_basic_block(self.run, what),
+        );
+        b.build_conditional_branch(ok, pass, fail)?;
+        b.position_at_end(fail);
+        b.build_store(self.status, i32t.const_int(id as u64, false))?;
+        b.build_return(Some(&i32t.const_int(code, false)))?;
+        b.position_at_end(pass);
+        Ok(())
+    }
+
+    fn is_zero(&self, v: inkwell::values::IntValue<'c>) -> Result<inkwell::values::IntValue<'c>> {
+        let zero = self.c.i32_type().const_zero();
+        Ok(self
+            .b
+            .build_int_compare(inkwell::IntPredicate::EQ, v, zero, "ok")?)
+    }
+
+    /// The arena's byte `offset`.
+    fn in_arena(&self, offset: u64, name: &str) -> Result<inkwell::values::PointerValue<'c>> {
+        let at = [self.c.i64_type().const_int(offset, false)];
+        // SAFETY: offsets come from the memory plan, inside the arena the caller allocates.
+        Ok(unsafe {
+            self.b
+                .build_in_bounds_gep(self.c.i8_type(), self.arena, &at, name)?
+        })
+    }
+
+    /// A NULL context has no status word to write: it returns at once.
+    fn context_not_null(&self) -> Result<()> {
+        let (c, b) = (self.c, &self.b);
+        let (pass, fail) = (
+            c.append_basic_block(self.run, "ctx.ok"),
+            c.append_basic_block(self.run, "ctx.null"),
+        );
+        b.build_conditional_branch(b.build_is_null(self.arena, "null")?, fail, pass)?;
+        b.position_at_end(fail);
+        b.build_return(Some(&c.i32_type().const_int(STATUS_ARGUMENT, false)))?;
+        b.position_at_end(pass);
+        Ok(())
+    }
+
+    /// The inputs' and the outputs' pointers, each array and each pointer checked for NULL.
+    #[allow(clippy::type_complexity)]
+    fn io_pointers(
+        &self,
+        p: &Program,
+        inputs: inkwell::values::PointerValue<'c>,
+        outputs: inkwell::values::PointerValue<'c>,
+    ) -> Result<Vec<Vec<inkwell::values::PointerValue<'c>>>> {
+        let (b, ptr, i64t) = (
+            &self.b,
+            self.c.ptr_type(AddressSpace::default()),
+            self.c.i64_type(),
+        );
+        let arrays = b.build_or(
+            b.build_is_null(inputs, "null")?,
+            b.build_is_null(outputs, "null")?,
+            "null",
+        )?;
+        self.fail_unless(b.build_not(arrays, "ok")?, 1, STATUS_ARGUMENT, "arrays")?;
+        let mut io = Vec::new();
+        for (base, n, first) in [
+            (inputs, p.inputs.len(), 2),
+            (outputs, p.outputs.len(), 2 + p.inputs.len()),
+        ] {
+            let mut ptrs = Vec::with_capacity(n);
+            for i in 0..n {
+                // SAFETY: the caller passes one pointer per input and output.
+                let at = unsafe {
+                    b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")?
+                };
+                let v = b.build_load(ptr, at, "p")?.into_pointer_value();
+                self.fail_unless(
+                    b.build_is_not_null(v, "ok")?,
+                    first + i,
+                    STATUS_ARGUMENT,
+                    "io",
+                )?;
+                ptrs.push(v);
+            }
+            io.push(ptrs);
+        }
+        Ok(io)
+    }
+
+    /// Fails with message `id` (`STATUS_PLATFORM`) unless this CPU has every feature of `features`
+    /// (comma-separated, LLVM's spelling), as the runtime's `mlopt_cpu_supports` reads CPUID and XCR0.
+    fn cpu_supports(&self, features: &str, id: usize) -> Result<()> {
+        let (c, m, b) = (self.c, self.m, &self.b);
+        let text = c.const_string(features.as_bytes(), true);
+        let g = m.add_global(text.get_type(), None, "mlopt_cpu_features");
+        g.set_initializer(&text);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        let null = c.ptr_type(AddressSpace::default()).const_null();
+        let r = b.build_call(
+            libc(c, m, "mlopt_cpu_supports")?,
+            &[
+                g.as_pointer_value().into(),
+                null.into(),
+                c.i64_type().const_zero().into(),
+            ],
+            "cpu",
+        )?;
+        let r = r
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LlvmError::Codegen("mlopt_cpu_supports".into()))?
+            .into_int_value();
+        let ok = b.build_int_compare(
+            inkwell::IntPredicate::NE,
+            r,
+            c.i32_type().const_zero(),
+            "has",
+        )?;
+        self.fail_unless(ok, id, STATUS_PLATFORM, "cpu")
+    }
+
+    /// The thread pool of `threads`, and with `amx` (its message) AMX's tile state.
+    fn start_runtime(&self, threads: u32, amx: Option<usize>) -> Result<()> {
+        let (c, m, b, i32t) = (self.c, self.m, &self.b, self.c.i32_type());
+        let init = libc(c, m, "mlopt_init_threads")?;
+        b.build_call(init, &[i32t.const_int(threads as u64, false).into()], "")?;
+        if let Some(amx_id) = amx {
+            // Linux hands out the AMX tile state only on request (once per process).
+            let r = b.build_call(libc(c, m, "mlopt_init_amx")?, &[], "amx")?;
+            let r = r
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| LlvmError::Codegen("mlopt_init_amx".into()))?
+                .into_int_value();
+            self.fail_unless(self.is_zero(r)?, amx_id, STATUS_PLATFORM, "amx")?;
+        }
+        Ok(())
+    }
+
+    /// Adds the clock's `after - before` to step `step`'s counter in the profile's array `g`.
+    fn count(
+        &self,
+        ty: inkwell::types::ArrayType<'c>,
+        g: inkwell::values::GlobalValue<'c>,
+        step: usize,
+        (before, after): (inkwell::values::IntValue<'c>, inkwell::values::IntValue<'c>),
+    ) -> Result<()> {
+        let (b, i64t) = (&self.b, self.c.i64_type());
+        let index = [i64t.const_zero(), i64t.const_int(step as u64, false)];
+        // SAFETY: `step` < steps, the array's length.
+        let at = unsafe { b.build_in_bounds_gep(ty, g.as_pointer_value(), &index, "ctr")? };
+        let sum = b.build_load(i64t, at, "sum")?.into_int_value();
+        let spent = b.build_int_sub(after, before, "spent")?;
+        b.build_store(at, b.build_int_add(sum, spent, "sum")?)?;
+        Ok(())
+    }
+}
