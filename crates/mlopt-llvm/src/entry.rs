@@ -15,6 +15,19 @@ use inkwell::AddressSpace;
 use mlopt_kir::{Place, Program};
 use mlopt_target::CpuTarget;
 
+/// A private constant global `symbol` holding `value` (a message, a feature list); its address.
+fn private_constant<'c>(
+    m: &inkwell::module::Module<'c>,
+    symbol: &str,
+    value: &dyn BasicValue<'c>,
+) -> inkwell::values::PointerValue<'c> {
+    let g = m.add_global(value.as_basic_value_enum().get_type(), None, symbol);
+    g.set_initializer(value);
+    g.set_constant(true);
+    g.set_linkage(Linkage::Private);
+    g.as_pointer_value()
+}
+
 /// Status codes of `mlopt_<name>_run` (0 is success), which the header defines as `MLOPT_ERR_*`: a NULL
 /// argument, out of memory, input data the model rejects, a refusal by the OS.
 pub const STATUS_ARGUMENT: u64 = 1;
@@ -80,13 +93,7 @@ fn define_context<'c>(
     b.build_return(None)?;
 
     // The messages as one table of C strings.
-    let constant = |symbol: String, value: &dyn BasicValue<'c>| {
-        let g = m.add_global(value.as_basic_value_enum().get_type(), None, &symbol);
-        g.set_initializer(value);
-        g.set_constant(true);
-        g.set_linkage(Linkage::Private);
-        g.as_pointer_value()
-    };
+    let constant = |symbol: String, value: &dyn BasicValue<'c>| private_constant(m, &symbol, value);
     let text = |symbol: String, s: &str| constant(symbol, &c.const_string(s.as_bytes(), true));
     let strings: Vec<_> = messages
         .iter()
@@ -418,18 +425,11 @@ impl<'c> Entry<'c, '_> {
     fn cpu_supports(&self, features: &str, id: usize) -> Result<()> {
         let (c, m, b) = (self.c, self.m, &self.b);
         let text = c.const_string(features.as_bytes(), true);
-        let g = m.add_global(text.get_type(), None, "mlopt_cpu_features");
-        g.set_initializer(&text);
-        g.set_constant(true);
-        g.set_linkage(Linkage::Private);
+        let g = private_constant(m, "mlopt_cpu_features", &text);
         let null = c.ptr_type(AddressSpace::default()).const_null();
         let r = b.build_call(
             libc(c, m, "mlopt_cpu_supports")?,
-            &[
-                g.as_pointer_value().into(),
-                null.into(),
-                c.i64_type().const_zero().into(),
-            ],
+            &[g.into(), null.into(), c.i64_type().const_zero().into()],
             "cpu",
         )?;
         let r = r
