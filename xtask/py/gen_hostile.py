@@ -491,6 +491,29 @@ def _():
     return model(nodes, [f32("x", [4])], [f32("y", None)], [const("s0", np.array([2, 2], np.int64)), const("z", np.array([0, 0], np.int64))])
 
 
+# --- Issue 30, item 2: time and memory that grow with the graph, within the limits ----------------------
+
+
+# An e-graph of 60,000 classes: extraction's exact DAG costs are quadratic (80,000 needed 800 MB and 8 s),
+# so a graph this large is priced as a tree (linear).
+@case("mixed_chain_60000", expect="ok", good={"x": np.linspace(-1, 1, 4, dtype=np.float32)})
+def _():
+    nodes, v = [], "x"
+    for i in range(60000):
+        op = ["Add", "Neg", "Max", "Abs"][i % 4]  # (exact in both engines: no contraction into FMAs)
+        nodes.append(h.make_node(op, [v, "x"] if op in ("Add", "Max") else [v], [f"t{i}"], name=f"op{i}"))
+        v = f"t{i}"
+    return model(nodes, [f32("x", [4])], [f32(v, None)])
+
+
+# 5,000 outputs: the entry point loaded every output pointer up front, and LLVM's register allocator
+# took 2.6 GB and 38 s over 5,000 live values.
+@case("outputs_5000", expect="ok", good={"x": np.array([-1, 2, -3, 4], np.float32)})
+def _():
+    nodes = [h.make_node("Neg" if i % 2 else "Abs", ["x"], [f"y{i}"], name=f"n{i}") for i in range(5000)]
+    return model(nodes, [f32("x", [4])], [f32(f"y{i}", None) for i in range(5000)])
+
+
 # --- Issue 30, item 6: one NaN and infinity semantics, compiled and interpreted -------------------------
 # NaN counts as the largest value (the ONNX reference's numpy: argmax and argmin pick the first NaN, max
 # pools and reductions propagate it). ONNX Runtime differs there (it skips a NaN after the first

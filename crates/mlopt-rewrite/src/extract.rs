@@ -117,6 +117,16 @@ impl Bits {
     }
 }
 
+/// The most classes whose greedy-DAG choice is computed exactly: each class keeps the set of classes
+/// below it, `n` bits, so time and memory grow as `n^2` (the zoo's e-graphs have under 1,000 classes; an
+/// 80,000-node chain needed 800 MB and 8 s). Above it each class adds its children's costs as a tree
+/// (linear, blind to sharing).
+pub const DAG_CLASSES: usize = 16_384;
+
+/// A tree cost's ceiling: sums over a DAG's paths grow exponentially, and an infinite cost means "no
+/// choice".
+const TREE_CAP: f64 = 1e300;
+
 /// A choice of one node per needed class, and its DAG cost.
 pub type Choice = (HashMap<Id, MNode>, Cost);
 
@@ -144,7 +154,8 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
                 .collect()
         })
         .collect();
-    let mut best: Vec<Option<(usize, Cost, Bits)>> = vec![None; n];
+    let exact = n <= DAG_CLASSES;
+    let mut best: Vec<Option<(usize, Cost, Option<Bits>)>> = vec![None; n];
     let mut cur_cost = vec![Cost::INFINITY; n];
     // A worklist: a class is revisited when one of its children's choices changed.
     let mut queue: std::collections::VecDeque<usize> = (0..n).collect();
@@ -159,14 +170,18 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
         let c = classes[ci];
         let mut changed = false;
         for (ni, node) in eg[c].nodes.iter().enumerate() {
-            let mut set = Bits::new(n);
+            let mut set = exact.then(|| Bits::new(n));
+            let mut tree = Cost::ZERO;
             let mut ok = true;
             for ch in &node.children {
                 let i = index[&eg.find(*ch)];
                 match &best[i] {
-                    Some((_, _, s)) if !s.get(ci) && i != ci => {
-                        set.or(s);
-                        set.set(i);
+                    Some((_, t, s)) if i != ci && s.as_ref().is_none_or(|s| !s.get(ci)) => {
+                        if let (Some(set), Some(s)) = (&mut set, s) {
+                            set.or(s);
+                            set.set(i);
+                        }
+                        tree = tree + *t;
                     }
                     _ => {
                         ok = false;
@@ -177,7 +192,11 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
             if !ok {
                 continue;
             }
-            let total = own[ci][ni] + set.ones().map(|i| cur_cost[i]).sum::<Cost>();
+            let total = match &set {
+                Some(set) => own[ci][ni] + set.ones().map(|i| cur_cost[i]).sum::<Cost>(),
+                None if own[ci][ni].is_infinite() => Cost::INFINITY,
+                None => (own[ci][ni] + tree).min(Cost::secs(TREE_CAP)),
+            };
             let better = match &best[ci] {
                 None => true,
                 Some((bi, bc, _)) => total < *bc || (*bi == ni && total != *bc),
@@ -201,7 +220,10 @@ pub fn extract(eg: &EGraph, roots: &[Id], t: &Target, o: &Options) -> Vec<Choice
     let greedy: Vec<Option<usize>> = best.iter().map(|b| b.as_ref().map(|b| b.0)).collect();
     let roots: Vec<usize> = roots.iter().map(|r| index[&eg.find(*r)]).collect();
     let mut improved = greedy.clone();
-    improve_multi_output(eg, &classes, &index, &own, &roots, &mut improved);
+    // (A DAG cost per multi-output node: quadratic too.)
+    if exact {
+        improve_multi_output(eg, &classes, &index, &own, &roots, &mut improved);
+    }
     let mut out = vec![materialise(eg, &classes, &index, &own, &roots, &greedy)];
     if improved != greedy {
         out.push(materialise(eg, &classes, &index, &own, &roots, &improved));
