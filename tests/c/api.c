@@ -2,6 +2,7 @@
  * the library of a small model `api`:
  *   y0 = gather(table, ids)   table f32[4,3] = 0..11, ids i64[5]
  *   y1 = relu(x @ w)          x f32[64,256], w f32[256,128] = ((i * 7 + j) % 13 - 6) / 16
+ *   y2 = conv(x2, w2)         x2 f32[1,16,64,64], w2 f32[16,16,3,3] = ((o*5 + i*3 + ky*2 + kx) % 9) / 16 - 1/4
  * compiled for 2 threads, so its matrix product runs parallel loops. Prints what failed; exit 0 if none. */
 #include <math.h>
 #include <limits.h>
@@ -32,7 +33,11 @@ static int failures;
         }                                                            \
     } while (0)
 
-static float x[M * K], want1[M * N];
+#define C 16
+#define H 64
+#define HO (H - 2)
+
+static float x[M * K], want1[M * N], x2[C * H * H], want2[C * HO * HO];
 
 static float weight(int i, int j) { return (float)((i * 7 + j) % 13 - 6) / 16.0f; }
 
@@ -44,19 +49,37 @@ static void reference(void) {
             for (int k = 0; k < K; k++) s += (double)x[m * K + k] * weight(k, n);
             want1[m * N + n] = s > 0 ? (float)s : 0.0f;
         }
+    for (int i = 0; i < C * H * H; i++) x2[i] = (float)((i * 3) % 13 - 6) / 8.0f;
+    for (int o = 0; o < C; o++)
+        for (int r = 0; r < HO; r++)
+            for (int c = 0; c < HO; c++) {
+                double s = 0;
+                for (int i = 0; i < C; i++)
+                    for (int ky = 0; ky < 3; ky++)
+                        for (int kx = 0; kx < 3; kx++)
+                            s += (double)x2[(i * H + r + ky) * H + c + kx] * ((float)((o * 5 + i * 3 + ky * 2 + kx) % 9) / 16.0f - 0.25f);
+                want2[(o * HO + r) * HO + c] = (float)s;
+            }
 }
 
 /* One run on valid inputs; 0 if it succeeds with the right outputs. */
 static int good_run(void *ctx) {
     int64_t ids[5] = {0, 3, -1, 2, 1};
     float y0[15], y1[M * N];
-    const void *in[] = {ids, x};
-    void *out[] = {y0, y1};
+    float *y2 = malloc(sizeof want2);
+    if (!y2) return 1;
+    const void *in[] = {ids, x, x2};
+    void *out[] = {y0, y1, y2};
     int s = mlopt_api_run(ctx, in, out);
     if (s != MLOPT_OK) {
         fprintf(stderr, "run: status %d: %s\n", s, mlopt_api_error(ctx));
-        return 1;
+        return free(y2), 1;
     }
+    int bad = 0;
+    for (int i = 0; i < C * HO * HO && !bad; i++)
+        if (fabsf(y2[i] - want2[i]) > 1e-3f * (1.0f + fabsf(want2[i]))) bad = fprintf(stderr, "y2[%d] = %g, want %g\n", i, y2[i], want2[i]);
+    free(y2);
+    if (bad) return 1;
     int rows[5] = {0, 3, 3, 2, 1};
     for (int r = 0; r < 5; r++)
         for (int c = 0; c < 3; c++)
@@ -93,23 +116,30 @@ int main(void) {
 
     /* NULLs: a status, never a crash. */
     int64_t ids[5] = {0, 1, 2, 3, 0};
-    float y0[15], y1[M * N];
-    const void *in[] = {ids, x};
-    void *out[] = {y0, y1};
+    static float y0[15], y1[M * N], y2[C * HO * HO];
+    const void *in[] = {ids, x, x2};
+    void *out[] = {y0, y1, y2};
     CHECK(mlopt_api_run(NULL, in, out) == MLOPT_ERR_ARGUMENT, "NULL context");
     CHECK(mlopt_api_run(ctx, NULL, out) == MLOPT_ERR_ARGUMENT, "NULL inputs");
     CHECK(strstr(mlopt_api_error(ctx), "NULL") != NULL, "%s", mlopt_api_error(ctx));
     CHECK(mlopt_api_run(ctx, in, NULL) == MLOPT_ERR_ARGUMENT, "NULL outputs");
-    const void *in_null[] = {NULL, x};
+    const void *in_null[] = {NULL, x, x2};
     CHECK(mlopt_api_run(ctx, in_null, out) == MLOPT_ERR_ARGUMENT, "NULL input buffer");
     CHECK(strstr(mlopt_api_error(ctx), "input 0 ('ids')") != NULL, "%s", mlopt_api_error(ctx));
-    void *out_null[] = {y0, NULL};
+    void *out_null[] = {y0, NULL, y2};
     CHECK(mlopt_api_run(ctx, in, out_null) == MLOPT_ERR_ARGUMENT, "NULL output buffer");
     CHECK(strstr(mlopt_api_error(ctx), "output 1 ('y1')") != NULL, "%s", mlopt_api_error(ctx));
 
+    /* Memory that is not a live context of this model (a destroyed one, another model's): a status and
+       a message, never a write into it, and destroy leaves it alone. */
+    static _Alignas(64) unsigned char fake[MLOPT_API_CONTEXT_BYTES];
+    CHECK(mlopt_api_run(fake, in, out) == MLOPT_ERR_ARGUMENT, "a context create did not make");
+    CHECK(strstr(mlopt_api_error(fake), "not a live context") != NULL, "%s", mlopt_api_error(fake));
+    mlopt_api_destroy(fake);
+
     /* Data the model rejects: the interpreter's error, as a status and a message. */
     int64_t past[5] = {0, 1, 4, 3, 0}, before[5] = {0, -5, 1, 2, 3};
-    const void *in_past[] = {past, x}, *in_before[] = {before, x};
+    const void *in_past[] = {past, x, x2}, *in_before[] = {before, x, x2};
     CHECK(mlopt_api_run(ctx, in_past, out) == MLOPT_ERR_DATA, "index 4 of an axis of 4");
     CHECK(strstr(mlopt_api_error(ctx), "out of range") != NULL && strstr(mlopt_api_error(ctx), "'gather0'") != NULL, "%s", mlopt_api_error(ctx));
     CHECK(mlopt_api_run(ctx, in_before, out) == MLOPT_ERR_DATA, "index -5 of an axis of 4");
@@ -125,6 +155,7 @@ int main(void) {
     pthread_attr_t small;
     pthread_attr_init(&small);
     pthread_attr_setstacksize(&small, MLOPT_API_STACK_BYTES + sizeof(float) * (M * N + 15) + 16384 + PTHREAD_STACK_MIN);
+    CHECK(MLOPT_API_STACK_BYTES <= 64 * 1024, "a run needs %u bytes of stack", MLOPT_API_STACK_BYTES);
     for (int i = 0; i < 4; i++) pthread_create(&t[i], &small, runner, NULL);
     pthread_attr_destroy(&small);
     pthread_create(&t[4], NULL, set_threads, NULL);

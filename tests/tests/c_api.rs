@@ -3,7 +3,7 @@
 //! valgrind (an `x86-64-v3` build, which valgrind can decode).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mlopt_ir::{DType, Graph, Op, Tensor, TensorType, Unary};
+use mlopt_ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
 use mlopt_target::Target;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,6 +33,23 @@ fn build(dir: &Path, target: &str) {
     let xw = g.add(Op::MatMul, "matmul0", &[x, w]).unwrap();
     let y1 = g.add(Op::Unary(Unary::Relu), "relu0", &[xw]).unwrap();
     g.add_output("y1", y1);
+    // A convolution whose packed panels and padded rows once lived on the stack (256 KiB of them).
+    let w2: Vec<f32> = (0..16 * 16 * 9)
+        .map(|x| {
+            (((x / 144) * 5 + (x / 9 % 16) * 3 + (x / 3 % 3) * 2 + x % 3) % 9) as f32 / 16.0 - 0.25
+        })
+        .collect();
+    let w2 = g.add_const("w2", Tensor::from_vec(&[16, 16, 3, 3], w2).unwrap());
+    let x2 = g.add_input("x2", TensorType::new(DType::F32, vec![1, 16, 64, 64]));
+    let conv = ConvAttrs {
+        strides: vec![1, 1],
+        pads: vec![0; 4],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![],
+    };
+    let y2 = g.add(Op::Conv(conv), "conv0", &[x2, w2]).unwrap();
+    g.add_output("y2", y2);
     let config = mlopt_rewrite::Config::new(Target::named(target, 2).unwrap());
     let opts = mlopt_driver::Options {
         config,

@@ -1039,7 +1039,6 @@ fn run_code(
     let mut lib = mlopt_runtime::Loaded::new(
         &mlopt_driver::cpu::members(&p.name, code).unwrap(),
         &mlopt_llvm::c_name(&p.name),
-        p.context_bytes(),
         inputs.iter().map(Vec::len).collect(),
         out_lens.to_vec(),
     )

@@ -34,7 +34,6 @@ impl Compiled {
         Ok(Loaded::new(
             &members(&c_name(&p.name), &self.code)?,
             &c_name(&p.name),
-            p.context_bytes(),
             p.inputs.iter().map(mlopt_kir::Io::bytes).collect(),
             p.outputs.iter().map(mlopt_kir::Io::bytes).collect(),
         )?)

@@ -138,11 +138,17 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
     use mlopt_llvm::{STATUS_ARGUMENT, STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM};
     let _ = writeln!(
         s,
-        "/* Status codes of mlopt_{n}_run (0: success); mlopt_{n}_error(ctx) says more. */\n#ifndef MLOPT_OK\n#define MLOPT_OK 0\n#define MLOPT_ERR_ARGUMENT {STATUS_ARGUMENT} /* a NULL context, inputs or outputs array, or buffer */\n#define MLOPT_ERR_MEMORY {STATUS_MEMORY}   /* out of memory for a kernel's scratch buffer */\n#define MLOPT_ERR_DATA {STATUS_DATA}     /* an input the model rejects: an index out of range, an integer division by zero */\n#define MLOPT_ERR_PLATFORM {STATUS_PLATFORM} /* this CPU lacks the instruction set the library was compiled for, or the OS refuses what the code needs (AMX tile state) */\n#endif\n"
+        "/* Status codes of mlopt_{n}_run (0: success); mlopt_{n}_error(ctx) says more. */\n#ifndef MLOPT_OK\n#define MLOPT_OK 0\n#define MLOPT_ERR_ARGUMENT {STATUS_ARGUMENT} /* a NULL or dead context, a NULL inputs or outputs array, or buffer */\n#define MLOPT_ERR_MEMORY {STATUS_MEMORY}   /* out of memory for a kernel's scratch buffer */\n#define MLOPT_ERR_DATA {STATUS_DATA}     /* an input the model rejects: an index out of range, an integer division by zero */\n#define MLOPT_ERR_PLATFORM {STATUS_PLATFORM} /* this CPU lacks the instruction set the library was compiled for, or the OS refuses what the code needs (AMX tile state) */\n#endif\n"
     );
-    let _ = writeln!(s, "/* A context holds the model's activation memory and its last status ({} bytes); NULL when out of\n   memory. */", p.context_bytes());
+    let _ = writeln!(s, "/* A context holds the model's activation memory and its last status (MLOPT_{}_CONTEXT_BYTES);\n   NULL when out of memory. */", n.to_ascii_uppercase());
+    let _ = writeln!(
+        s,
+        "#define MLOPT_{}_CONTEXT_BYTES {}u",
+        n.to_ascii_uppercase(),
+        p.context_bytes()
+    );
     let _ = writeln!(s, "void *mlopt_{n}_create(void);");
-    let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above. Returns\n   MLOPT_OK, or a status above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context (a context used by two threads at once, run after destroy or\n   destroyed twice is undefined behaviour, as with free); contexts are independent. A run needs\n   MLOPT_{}_STACK_BYTES of the calling thread's stack (and of each pool thread's); larger scratch\n   lives in the context. */", n.to_ascii_uppercase());
+    let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above. Returns\n   MLOPT_OK, or a status above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context: a context used by two threads at once is undefined behaviour.\n   Contexts are independent. A context carries a mark of this model that destroy clears: run, error\n   and destroy refuse memory without it (MLOPT_ERR_ARGUMENT, a message, nothing written or freed),\n   which catches another model's context, and a destroyed one until its memory is reused (using freed\n   memory is undefined, as with free). A run needs MLOPT_{}_STACK_BYTES of the calling thread's\n   stack (and of each pool thread's): larger scratch lives in the context, or in buffers the runtime\n   keeps per thread and level of parallel loops, grown to the largest a run asked for and freed when\n   the thread exits. */", n.to_ascii_uppercase());
     let _ = writeln!(
         s,
         "#define MLOPT_{}_STACK_BYTES {}u",
@@ -157,7 +163,7 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
     let _ = writeln!(s, "const char *mlopt_{n}_error(const void *ctx);");
     let _ = writeln!(
         s,
-        "/* Frees a context (NULL does nothing). */\nvoid mlopt_{n}_destroy(void *ctx);\n"
+        "/* Frees a context (NULL, or memory without this model's mark, does nothing). */\nvoid mlopt_{n}_destroy(void *ctx);\n"
     );
     let _ = writeln!(s, "/* Threads for parallel loops (all models in the process); default: MLOPT_NUM_THREADS, else the\n   count given at compile time. Safe to call from any thread; a child after fork() starts afresh. */\nvoid mlopt_set_num_threads(int n);\n");
     let _ = writeln!(s, "#ifdef __cplusplus\n}}\n#endif\n\n#endif");

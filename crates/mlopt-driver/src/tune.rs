@@ -98,7 +98,6 @@ fn time_step(p: &Program, step: usize, t: &CpuTarget) -> Result<f64> {
     let mut lib = mlopt_runtime::Loaded::new(
         &crate::cpu::members(&q.name, &code)?,
         &mlopt_llvm::c_name(&q.name),
-        q.context_bytes(),
         q.inputs.iter().map(Io::bytes).collect(),
         vec![],
     )?;

@@ -66,6 +66,12 @@ impl Step {
     }
 }
 
+/// The most bytes of local buffers one CPU function (a kernel, or the body of one of its parallel loops)
+/// keeps on its thread's stack: larger locals that the whole kernel shares move into the activation
+/// arena (the schedule's `scratch_in_arena`), and code generation puts the rest of what does not fit in
+/// the runtime's per-thread scratch (`mlopt_llvm`'s `locals.rs`), so a run's stack stays small.
+pub const STACK_LOCALS_BYTES: u64 = 32 * 1024;
+
 /// A compiled model before code generation.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Program {

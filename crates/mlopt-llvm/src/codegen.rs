@@ -23,8 +23,7 @@ use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
-use crate::locals::on_heap;
-use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_kir::{BufId, Buffer, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_target::MatrixUnit;
 use std::collections::HashMap;
 
@@ -88,20 +87,24 @@ pub struct Gen<'a, 'c> {
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
     /// `bar.sync`, and math has no libm to call.
     pub gpu: bool,
-    /// The locals this function allocated on the heap, freed before it returns.
-    pub(crate) heap: Vec<PointerValue<'c>>,
+    /// How deep in parallel loops this function runs (0: the kernel; 1: a parallel loop's body...):
+    /// the level of its scratch (`allocate`).
+    pub(crate) depth: usize,
     /// How this function reports a failed allocation (its own, or a parallel loop's inside it).
     pub(crate) on_out_of_memory: OutOfMemory<'c>,
     oom_block: Option<inkwell::basic_block::BasicBlock<'c>>,
 }
 
-/// How a function reports that a heap allocation failed: a kernel returns 1; a parallel loop's outlined
+/// How a function reports that its scratch could not be had: a kernel returns 1; a parallel loop's outlined
 /// body sets its context's flag, which the code around the loop reads after it, and returns.
 #[derive(Clone, Copy)]
 pub(crate) enum OutOfMemory<'c> {
     Return,
     Flag(PointerValue<'c>),
 }
+
+/// The most bytes a GPU thread's local buffer may have (it lives in the thread's local memory).
+const GPU_LOCAL_BYTES: u64 = 256 * 1024;
 
 pub(crate) fn err(what: impl Into<String>) -> LlvmError {
     LlvmError::Codegen(what.into())
@@ -126,7 +129,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             forced: None,
             extents: std::cell::OnceCell::new(),
             gpu: false,
-            heap: Vec::new(),
+            depth: 0,
             on_out_of_memory: OutOfMemory::Return,
             oom_block: None,
         }
@@ -152,54 +155,76 @@ impl<'a, 'c> Gen<'a, 'c> {
         self.allocate(&bufs)
     }
 
-    /// Allocates local buffers `bufs`: on the stack up to `STACK_LOCAL_BYTES` (a GPU thread has no
-    /// more), larger ones (a convolution's padded input, Winograd's transforms) with `aligned_alloc`,
-    /// kept in `heap` for `free_locals`; then goes on only if every allocation succeeded, else to
-    /// `out_of_memory`.
+    /// Allocates local buffers `bufs`: on the stack the small ones (`locals::on_stack`; a GPU thread's
+    /// are all there, up to `GPU_LOCAL_BYTES`), the rest at offsets in this thread's scratch for this
+    /// function's parallel nesting level (the runtime's `mlopt_scratch`); then goes on only if the
+    /// scratch could be had, else to `out_of_memory`.
     pub(crate) fn allocate(&mut self, bufs: &[BufId]) -> Ret<()> {
-        let first = self.heap.len();
-        for b in bufs {
-            let buf = self.kernel.buffer(*b);
-            let t = ty(self.ctx, buf.elem);
-            let n = buf.numel().max(1);
-            let bytes = n * buf.elem.size();
-            if self.gpu && on_heap(buf) {
+        let buffers: Vec<&Buffer> = bufs.iter().map(|b| self.kernel.buffer(*b)).collect();
+        let stack = match self.gpu {
+            true => vec![true; bufs.len()],
+            false => crate::locals::on_stack(&buffers),
+        };
+        let mut scratch: Vec<(BufId, u64)> = Vec::new();
+        let mut scratch_bytes = 0;
+        for ((b, buf), on_stack) in bufs.iter().zip(&buffers).zip(stack) {
+            let bytes = crate::locals::padded_bytes(buf);
+            if self.gpu && bytes > GPU_LOCAL_BYTES {
                 return Err(err(format!(
                     "@{}: local %{} of {bytes} bytes per GPU thread",
                     self.kernel.name, buf.name
                 )));
             }
-            let p = if !on_heap(buf) {
-                let p = self
-                    .builder
-                    .build_array_alloca(t, self.i64(n as i64), &buf.name)?;
-                p.as_instruction().map(|ins| ins.set_alignment(64));
-                p
-            } else {
-                let alloc = libc(self.ctx, self.module, "aligned_alloc")?;
-                let size = [
-                    self.i64(64).into(),
-                    self.i64(bytes.div_ceil(64) as i64 * 64).into(),
-                ];
-                let call = self.builder.build_call(alloc, &size, &buf.name)?;
-                let p = call
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| err("aligned_alloc returned nothing"))?
-                    .into_pointer_value();
-                self.heap.push(p);
-                p
-            };
+            if !on_stack {
+                scratch.push((*b, scratch_bytes));
+                scratch_bytes += bytes;
+                continue;
+            }
+            let t = ty(self.ctx, buf.elem);
+            let n = buf.numel().max(1);
+            let p = self
+                .builder
+                .build_array_alloca(t, self.i64(n as i64), &buf.name)?;
+            p.as_instruction().map(|ins| ins.set_alignment(64));
             self.ptrs.insert(*b, p);
         }
-        if self.heap.len() == first {
+        if scratch.is_empty() {
             return Ok(());
         }
-        let mut failed = self.ctx.bool_type().const_zero();
-        for &p in &self.heap[first..] {
-            let null = self.builder.build_is_null(p, "null")?;
-            failed = self.builder.build_or(failed, null, "failed")?;
+        if self.depth >= crate::locals::SCRATCH_LEVELS {
+            return Err(err(format!(
+                "@{}: scratch inside parallel loops nested {} deep (at most {})",
+                self.kernel.name,
+                self.depth + 1,
+                crate::locals::SCRATCH_LEVELS
+            )));
         }
+        let call = self.builder.build_call(
+            libc(self.ctx, self.module, "mlopt_scratch")?,
+            &[
+                self.i64(self.depth as i64).into(),
+                self.i64(scratch_bytes as i64).into(),
+            ],
+            "scratch",
+        )?;
+        let base = call
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| err("mlopt_scratch returned nothing"))?
+            .into_pointer_value();
+        for (b, offset) in scratch {
+            // SAFETY: the scratch holds `scratch_bytes`, the sum of the padded locals.
+            let p = unsafe {
+                self.builder.build_in_bounds_gep(
+                    self.ctx.i8_type(),
+                    base,
+                    &[self.i64(offset as i64)],
+                    &self.kernel.buffer(b).name,
+                )?
+            };
+            self.ptrs.insert(b, p);
+        }
+        let failed = self.builder.build_is_null(base, "failed")?;
         let (oom, run) = (
             self.out_of_memory()?,
             self.ctx.append_basic_block(self.func, "run"),
@@ -209,8 +234,7 @@ impl<'a, 'c> Gen<'a, 'c> {
         Ok(())
     }
 
-    /// The block that frees the heap locals (free(NULL) does nothing) and reports a failed allocation
-    /// as `on_out_of_memory` says; made once, after every allocation of the function.
+    /// The block that reports a failed allocation as `on_out_of_memory` says; made once.
     pub(crate) fn out_of_memory(&mut self) -> Ret<inkwell::basic_block::BasicBlock<'c>> {
         if let Some(b) = self.oom_block {
             return Ok(b);
@@ -221,7 +245,6 @@ impl<'a, 'c> Gen<'a, 'c> {
             .ok_or_else(|| err("no insertion point"))?;
         let oom = self.ctx.append_basic_block(self.func, "oom");
         self.builder.position_at_end(oom);
-        self.free_locals()?;
         match self.on_out_of_memory {
             OutOfMemory::Return => {
                 self.builder
@@ -239,18 +262,6 @@ impl<'a, 'c> Gen<'a, 'c> {
         self.builder.position_at_end(here);
         self.oom_block = Some(oom);
         Ok(oom)
-    }
-
-    /// Frees the heap-allocated locals (call right before returning).
-    pub fn free_locals(&mut self) -> Ret<()> {
-        if self.heap.is_empty() {
-            return Ok(());
-        }
-        let free = libc(self.ctx, self.module, "free")?;
-        for &p in &self.heap {
-            self.builder.build_call(free, &[p.into()], "")?;
-        }
-        Ok(())
     }
 
     pub fn block(&mut self, body: &[Stmt]) -> Ret<()> {
@@ -723,6 +734,7 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
         "mlopt_parallel_for" => void.fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
         "mlopt_init_threads" => void.fn_type(&[c.i32_type().into()], false),
         "mlopt_init_amx" => c.i32_type().fn_type(&[], false),
+        "mlopt_scratch" => ptr.fn_type(&[i64t.into(), i64t.into()], false),
         "mlopt_cpu_supports" => c
             .i32_type()
             .fn_type(&[ptr.into(), ptr.into(), i64t.into()], false),
@@ -733,7 +745,7 @@ pub fn libc<'c>(c: &'c Context, m: &Module<'c>, name: &str) -> Ret<FunctionValue
 }
 
 /// Declares `int symbol(ptr, ptr, ...)` with one pointer per kernel parameter, which returns 0, or 1 when
-/// a heap-allocated local could not be allocated: a hidden symbol, so the module that calls it may be
+/// its scratch could not be had: a hidden symbol, so the module that calls it may be
 /// another (kernels are compiled in modules of their own, on threads) while no kernel is exported from a
 /// shared library.
 pub fn declare_kernel<'c>(
@@ -780,7 +792,6 @@ pub fn define_kernel<'c>(
     // Out of memory (here or in a parallel loop's thread): free what was allocated and return 1.
     g.alloc_locals()?;
     g.block(&k.body)?;
-    g.free_locals()?;
     g.builder.build_return(Some(&c.i32_type().const_zero()))?;
     Ok(())
 }

@@ -76,6 +76,8 @@ fn define_context<'c>(
     b.build_conditional_branch(b.build_is_null(ctx, "null")?, done, ok)?;
     b.position_at_end(ok);
     b.build_store(status_word(c, &b, ctx, p)?, i32t.const_zero())?;
+    let magic = i64t.const_int(context_magic(&p.name), false);
+    b.build_store(magic_word(c, &b, ctx, p)?, magic)?;
     b.build_unconditional_branch(done)?;
     b.position_at_end(done);
     b.build_return(Some(&ctx))?;
@@ -88,8 +90,22 @@ fn define_context<'c>(
     b.position_at_end(c.append_basic_block(destroy, "entry"));
     let arg = destroy
         .get_nth_param(0)
-        .ok_or_else(|| LlvmError::Codegen("destroy".into()))?;
+        .ok_or_else(|| LlvmError::Codegen("destroy".into()))?
+        .into_pointer_value();
+    // NULL, or a context that is not live (destroyed already, another model's): nothing to free.
+    let (check, live, skip) = (
+        c.append_basic_block(destroy, "check"),
+        c.append_basic_block(destroy, "live"),
+        c.append_basic_block(destroy, "skip"),
+    );
+    b.build_conditional_branch(b.build_is_null(arg, "null")?, skip, check)?;
+    b.position_at_end(check);
+    b.build_conditional_branch(is_live(c, &b, arg, p)?, live, skip)?;
+    b.position_at_end(live);
+    b.build_store(magic_word(c, &b, arg, p)?, i64t.const_zero())?;
     b.build_call(free, &[arg.into()], "")?;
+    b.build_return(None)?;
+    b.position_at_end(skip);
     b.build_return(None)?;
 
     // The messages as one table of C strings.
@@ -103,6 +119,12 @@ fn define_context<'c>(
     let table_ty = ptr.array_type(strings.len() as u32);
     let table = constant(format!("mlopt_{name}_messages"), &ptr.const_array(&strings));
     let null_ctx = text(format!("mlopt_{name}_null_context"), "the context is NULL");
+    let dead_ctx = text(
+        format!("mlopt_{name}_dead_context"),
+        &format!(
+            "not a live context of model {name} (destroyed, or not made by mlopt_{name}_create)"
+        ),
+    );
     let error = m.add_function(
         &format!("mlopt_{name}_error"),
         ptr.fn_type(&[ptr.into()], false),
@@ -121,6 +143,14 @@ fn define_context<'c>(
     b.position_at_end(none);
     b.build_return(Some(&null_ctx))?;
     b.position_at_end(some);
+    let (live, dead) = (
+        c.append_basic_block(error, "live"),
+        c.append_basic_block(error, "dead"),
+    );
+    b.build_conditional_branch(is_live(c, &b, ctx, p)?, live, dead)?;
+    b.position_at_end(dead);
+    b.build_return(Some(&dead_ctx))?;
+    b.position_at_end(live);
     let id = b
         .build_load(i32t, status_word(c, &b, ctx, p)?, "id")?
         .into_int_value();
@@ -152,6 +182,47 @@ fn status_word<'c>(
     let at = c.i64_type().const_int(p.context_bytes() - 64, false);
     // SAFETY: the context has 64 bytes of status past the arena (`Program::context_bytes`).
     Ok(unsafe { b.build_in_bounds_gep(c.i8_type(), ctx, &[at], "status")? })
+}
+
+/// The word that marks a live context of this model, 8 bytes past the status word: `create` writes it,
+/// `destroy` clears it, and `run`, `error` and `destroy` refuse a context without it (a destroyed one,
+/// another model's, or a pointer that was never a context), which is cheap to detect where using it
+/// would corrupt memory. Per model: FNV-1a of its name, so two models' contexts are not interchangeable.
+pub fn context_magic(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in b"mlopt context ".iter().chain(name.as_bytes()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h | 1
+}
+
+/// The context's magic word (`context_magic`).
+fn magic_word<'c>(
+    c: &'c Context,
+    b: &inkwell::builder::Builder<'c>,
+    ctx: inkwell::values::PointerValue<'c>,
+    p: &Program,
+) -> Result<inkwell::values::PointerValue<'c>> {
+    let at = c.i64_type().const_int(p.context_bytes() - 56, false);
+    // SAFETY: the context has 64 bytes of status past the arena (`Program::context_bytes`).
+    Ok(unsafe { b.build_in_bounds_gep(c.i8_type(), ctx, &[at], "magic")? })
+}
+
+/// Whether the context `ctx` holds this model's magic word.
+fn is_live<'c>(
+    c: &'c Context,
+    b: &inkwell::builder::Builder<'c>,
+    ctx: inkwell::values::PointerValue<'c>,
+    p: &Program,
+) -> Result<inkwell::values::IntValue<'c>> {
+    let i64t = c.i64_type();
+    let word = b.build_load(i64t, magic_word(c, b, ctx, p)?, "magic")?;
+    Ok(b.build_int_compare(
+        inkwell::IntPredicate::EQ,
+        word.into_int_value(),
+        i64t.const_int(context_magic(&p.name), false),
+        "live",
+    )?)
 }
 
 /// The messages of a program's statuses, indexed by the status word: none, the arguments' NULLs (the
@@ -259,10 +330,11 @@ pub(crate) fn define_entry<'c>(
         b,
         status,
         arena,
+        fails: Default::default(),
     };
-    e.context_not_null()?;
+    e.context_live(p)?;
     e.cpu_supports(&cpu.features.join(","), cpu_id)?;
-    let io = e.io_pointers(p, inputs, outputs)?;
+    e.check_io(p, inputs, outputs)?;
     e.start_runtime(threads, amx.then_some(amx_id))?;
     let counters = profile.then(|| {
         let ty = i64t.array_type(p.steps.len() as u32);
@@ -283,8 +355,8 @@ pub(crate) fn define_entry<'c>(
         for a in &s.args {
             let v = match a {
                 Place::Arena(o) => e.in_arena(*o, "a")?,
-                Place::Input(i) => io[0][*i],
-                Place::Output(i) => io[1][*i],
+                Place::Input(i) => e.io_pointer(inputs, *i)?,
+                Place::Output(i) => e.io_pointer(outputs, *i)?,
                 Place::Weight(i) => weights[*i].as_pointer_value(),
             };
             args.push(v.into());
@@ -321,6 +393,11 @@ struct Entry<'c, 'm> {
     b: inkwell::builder::Builder<'c>,
     status: inkwell::values::PointerValue<'c>,
     arena: inkwell::values::PointerValue<'c>,
+    /// The block that fails with each (message, status), written once and shared by every check
+    /// that ends there (one per kernel call's out-of-memory status).
+    fails: std::cell::RefCell<
+        std::collections::HashMap<(usize, u64), inkwell::basic_block::BasicBlock<'c>>,
+    >,
 }
 
 impl<'c> Entry<'c, '_> {
@@ -333,14 +410,21 @@ impl<'c> Entry<'c, '_> {
         what: &str,
     ) -> Result<()> {
         let (c, b, i32t) = (self.c, &self.b, self.c.i32_type());
-        let (pass, fail) = (
-            c.append_basic_block(self.run, &format!("{what}.ok")),
-            c.append_basic_block(self.run, what),
-        );
+        let pass = c.append_basic_block(self.run, &format!("{what}.ok"));
+        let known = self.fails.borrow().get(&(id, code)).copied();
+        let fail = match known {
+            Some(fail) => fail,
+            None => {
+                let fail = c.append_basic_block(self.run, what);
+                let b = c.create_builder();
+                b.position_at_end(fail);
+                b.build_store(self.status, i32t.const_int(id as u64, false))?;
+                b.build_return(Some(&i32t.const_int(code, false)))?;
+                self.fails.borrow_mut().insert((id, code), fail);
+                fail
+            }
+        };
         b.build_conditional_branch(ok, pass, fail)?;
-        b.position_at_end(fail);
-        b.build_store(self.status, i32t.const_int(id as u64, false))?;
-        b.build_return(Some(&i32t.const_int(code, false)))?;
         b.position_at_end(pass);
         Ok(())
     }
@@ -363,28 +447,35 @@ impl<'c> Entry<'c, '_> {
     }
 
     /// A NULL context has no status word to write: it returns at once.
-    fn context_not_null(&self) -> Result<()> {
+    /// Nor has one that is not live (`context_magic`): its status word is not this model's to write.
+    fn context_live(&self, p: &Program) -> Result<()> {
         let (c, b) = (self.c, &self.b);
-        let (pass, fail) = (
+        let (check, pass, fail) = (
+            c.append_basic_block(self.run, "ctx.check"),
             c.append_basic_block(self.run, "ctx.ok"),
-            c.append_basic_block(self.run, "ctx.null"),
+            c.append_basic_block(self.run, "ctx.bad"),
         );
-        b.build_conditional_branch(b.build_is_null(self.arena, "null")?, fail, pass)?;
+        b.build_conditional_branch(b.build_is_null(self.arena, "null")?, fail, check)?;
+        b.position_at_end(check);
+        b.build_conditional_branch(is_live(c, b, self.arena, p)?, pass, fail)?;
         b.position_at_end(fail);
         b.build_return(Some(&c.i32_type().const_int(STATUS_ARGUMENT, false)))?;
         b.position_at_end(pass);
         Ok(())
     }
 
-    /// The inputs' and the outputs' pointers, each array and each pointer checked for NULL.
-    #[allow(clippy::type_complexity)]
-    fn io_pointers(
+    /// Each pointer array checked for NULL, then each pointer in it, by a loop: the entry point's size
+    /// and the registers it keeps live do not grow with the number of inputs and outputs (a model with
+    /// 5,000 outputs made one block and one live value per pointer, and LLVM's register allocator
+    /// superlinear in them).
+    fn check_io(
         &self,
         p: &Program,
         inputs: inkwell::values::PointerValue<'c>,
         outputs: inkwell::values::PointerValue<'c>,
-    ) -> Result<Vec<Vec<inkwell::values::PointerValue<'c>>>> {
-        let (b, ptr, i64t) = (
+    ) -> Result<()> {
+        let (c, b, ptr, i64t) = (
+            self.c,
             &self.b,
             self.c.ptr_type(AddressSpace::default()),
             self.c.i64_type(),
@@ -395,29 +486,82 @@ impl<'c> Entry<'c, '_> {
             "null",
         )?;
         self.fail_unless(b.build_not(arrays, "ok")?, 1, STATUS_ARGUMENT, "arrays")?;
-        let mut io = Vec::new();
         for (base, n, first) in [
             (inputs, p.inputs.len(), 2),
             (outputs, p.outputs.len(), 2 + p.inputs.len()),
         ] {
-            let mut ptrs = Vec::with_capacity(n);
-            for i in 0..n {
-                // SAFETY: the caller passes one pointer per input and output.
-                let at = unsafe {
-                    b.build_in_bounds_gep(ptr, base, &[i64t.const_int(i as u64, false)], "io")?
-                };
-                let v = b.build_load(ptr, at, "p")?.into_pointer_value();
-                self.fail_unless(
-                    b.build_is_not_null(v, "ok")?,
-                    first + i,
-                    STATUS_ARGUMENT,
-                    "io",
-                )?;
-                ptrs.push(v);
+            if n == 0 {
+                continue;
             }
-            io.push(ptrs);
+            let pre = b
+                .get_insert_block()
+                .ok_or_else(|| LlvmError::Codegen("entry block".into()))?;
+            let (body, next, fail, done) = (
+                c.append_basic_block(self.run, "io"),
+                c.append_basic_block(self.run, "io.next"),
+                c.append_basic_block(self.run, "io.null"),
+                c.append_basic_block(self.run, "io.ok"),
+            );
+            b.build_unconditional_branch(body)?;
+            b.position_at_end(body);
+            let i = b.build_phi(i64t, "i")?;
+            let v = b.build_load(
+                ptr,
+                self.element(base, i.as_basic_value().into_int_value())?,
+                "p",
+            )?;
+            b.build_conditional_branch(
+                b.build_is_null(v.into_pointer_value(), "null")?,
+                fail,
+                next,
+            )?;
+            b.position_at_end(next);
+            let i = i.as_basic_value().into_int_value();
+            let i1 = b.build_int_add(i, i64t.const_int(1, false), "i")?;
+            let more = b.build_int_compare(
+                inkwell::IntPredicate::ULT,
+                i1,
+                i64t.const_int(n as u64, false),
+                "more",
+            )?;
+            b.build_conditional_branch(more, body, done)?;
+            let phi = body
+                .get_first_instruction()
+                .and_then(|v| inkwell::values::PhiValue::try_from(v).ok())
+                .ok_or_else(|| LlvmError::Codegen("io loop".into()))?;
+            phi.add_incoming(&[(&i64t.const_zero(), pre), (&i1, next)]);
+            // The message of pointer i is `first + i`.
+            b.position_at_end(fail);
+            let id = b.build_int_add(i, i64t.const_int(first as u64, false), "id")?;
+            let i32t = c.i32_type();
+            b.build_store(self.status, b.build_int_truncate(id, i32t, "id")?)?;
+            b.build_return(Some(&i32t.const_int(STATUS_ARGUMENT, false)))?;
+            b.position_at_end(done);
         }
-        Ok(io)
+        Ok(())
+    }
+
+    /// The address of pointer `i` of the array `base`.
+    fn element(
+        &self,
+        base: inkwell::values::PointerValue<'c>,
+        i: inkwell::values::IntValue<'c>,
+    ) -> Result<inkwell::values::PointerValue<'c>> {
+        let ptr = self.c.ptr_type(AddressSpace::default());
+        // SAFETY: the caller passes one pointer per input and output (`i` is below their count).
+        Ok(unsafe { self.b.build_in_bounds_gep(ptr, base, &[i], "io")? })
+    }
+
+    /// Pointer `i` of the array `base`, loaded where a step uses it (checked by `check_io`), so that
+    /// it is live only there.
+    fn io_pointer(
+        &self,
+        base: inkwell::values::PointerValue<'c>,
+        i: usize,
+    ) -> Result<inkwell::values::PointerValue<'c>> {
+        let at = self.element(base, self.c.i64_type().const_int(i as u64, false))?;
+        let ptr = self.c.ptr_type(AddressSpace::default());
+        Ok(self.b.build_load(ptr, at, "p")?.into_pointer_value())
     }
 
     /// Fails with message `id` (`STATUS_PLATFORM`) unless this CPU has every feature of `features`

@@ -3,8 +3,9 @@
 //! variable into `ctx` and calls the runtime's `mlopt_parallel_for(fn, ctx, extent, threads)`, which splits
 //! 0..extent into one contiguous range per thread. Local buffers the loop's iterations own are allocated
 //! inside the outlined function, so each thread has its own accumulators: on its stack up to the stack
-//! budget, larger ones (a padded image when the loop runs over images) on the heap. A thread whose
-//! allocation fails sets a flag in `ctx`, and the code after the loop reports the failure as its own.
+//! budget, larger ones (a packed panel, a padded image when the loop runs over images) in its scratch
+//! (`locals.rs`). A thread that cannot get its scratch sets a flag in `ctx`, and the code after the loop
+//! reports the failure as its own.
 
 #![allow(unsafe_code)] // GEPs into the context array; see codegen.rs.
 
@@ -37,11 +38,12 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         })
         .collect();
     vars.sort_by_key(|(v, _)| v.0);
-    // A flag slot after them where a thread may fail to allocate: a heap local, or a loop inside.
-    let heap_private = private
-        .iter()
-        .any(|b| crate::locals::on_heap(g.kernel.buffer(*b)));
-    let flag_slot = (heap_private || has_parallel(body)).then_some(bufs.len() + vars.len());
+    // A flag slot after them where a thread may fail to get its scratch: a local off the stack, or a
+    // loop inside.
+    let private_bufs: Vec<&mlopt_kir::Buffer> =
+        private.iter().map(|b| g.kernel.buffer(*b)).collect();
+    let scratch = crate::locals::on_stack(&private_bufs).contains(&false);
+    let flag_slot = (scratch || has_parallel(body)).then_some(bufs.len() + vars.len());
     let slots = (bufs.len() + vars.len() + usize::from(flag_slot.is_some())).max(1) as u64;
     let ctx = g
         .builder
@@ -84,6 +86,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         h.matrix = g.matrix;
         h.bf16_convert = g.bf16_convert;
         h.avx512 = g.avx512;
+        h.depth = g.depth + 1;
         let entry = c.append_basic_block(f, "entry");
         h.builder.position_at_end(entry);
         let p = f
@@ -123,7 +126,6 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
             h.vars.insert(var, VarVal::Scalar(i));
             h.block(body)
         })?;
-        h.free_locals()?;
         h.builder.build_return(None)?;
     }
     let rt = crate::codegen::libc(c, m, "mlopt_parallel_for")?;

@@ -176,6 +176,53 @@ int mlopt_init_amx(void) {
     return 0;
 }
 
+/* Scratch memory: the local buffers of a kernel that are too large for the stack (a convolution's padded
+ * input, packed panels, Winograd's transforms). Each thread keeps one buffer per level (0: a kernel's own,
+ * k: those of the body of a parallel loop nested k deep, which runs on this thread while the kernel's
+ * level-0 buffer is live), grown to the largest request and kept for the next run, so a run allocates
+ * nothing once it has run; freed when the thread exits. 64-byte aligned; NULL when out of memory (the
+ * kernel then fails with MLOPT_ERR_MEMORY) or for a level beyond MLOPT_SCRATCH_LEVELS. */
+#define MLOPT_SCRATCH_LEVELS 8
+struct scratch {
+    void *p[MLOPT_SCRATCH_LEVELS];
+    uint64_t n[MLOPT_SCRATCH_LEVELS];
+};
+static _Thread_local struct scratch *own_scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void free_scratch(void *arg) {
+    struct scratch *s = arg;
+    for (int i = 0; i < MLOPT_SCRATCH_LEVELS; i++) free(s->p[i]);
+    free(s);
+}
+
+static void make_scratch_key(void) { pthread_key_create(&scratch_key, free_scratch); }
+
+void *mlopt_scratch(int64_t level, uint64_t bytes) {
+    if (level < 0 || level >= MLOPT_SCRATCH_LEVELS || bytes > UINT64_MAX - 64) return NULL;
+    struct scratch *s = own_scratch;
+    if (!s) {
+        pthread_once(&scratch_once, make_scratch_key);
+        s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        if (pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+        own_scratch = s;
+    }
+    if (s->n[level] < bytes) {
+        uint64_t n = (bytes + 63) / 64 * 64;
+        void *p = aligned_alloc(64, n);
+        if (!p) return NULL;
+        free(s->p[level]);
+        s->p[level] = p;
+        s->n[level] = n;
+    }
+    return s->p[level];
+}
+
 void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {
     int nt = mlopt_get_num_threads();
     if (nt > n) nt = (int)n;

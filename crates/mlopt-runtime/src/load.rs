@@ -21,30 +21,32 @@ pub enum RuntimeError {
 
 type RunFn = unsafe extern "C" fn(*mut u8, *const *const u8, *const *mut u8) -> i32;
 type ErrorFn = unsafe extern "C" fn(*const u8) -> *const std::ffi::c_char;
+type CreateFn = unsafe extern "C" fn() -> *mut u8;
+type DestroyFn = unsafe extern "C" fn(*mut u8);
 
 /// A compiled model loaded into this process.
 #[derive(Debug)]
 pub struct Loaded {
     /// Kept so the library is never unloaded before `entry` (it is linked `nodelete` anyway).
     _lib: libloading::Library,
-    /// The model's entry point and its error message, looked up once.
+    /// The model's entry point, its error message and its context's destructor, looked up once.
     entry: libloading::os::unix::Symbol<RunFn>,
     error: libloading::os::unix::Symbol<ErrorFn>,
-    /// The run's context: the arena and the status word (`Program::context_bytes`), 64-byte aligned.
-    context: Vec<u64>,
+    destroy: libloading::os::unix::Symbol<DestroyFn>,
+    /// The run's context, made by the library's `mlopt_<name>_create` as a C caller's is.
+    context: *mut u8,
     inputs: Vec<usize>,
     outputs: Vec<usize>,
     _dir: tempfile::TempDir,
 }
 
 impl Loaded {
-    /// Links `objects` (which define `mlopt_<name>_run` and `mlopt_<name>_error`, `name` being the
-    /// program's C name) with the runtime and loads them. `inputs`/`outputs` are the byte sizes of the
-    /// model's buffers; `context_bytes` the context it needs (`Program::context_bytes`).
+    /// Links `objects` (which define `mlopt_<name>_create`, `_run`, `_error` and `_destroy`, `name`
+    /// being the program's C name) with the runtime, loads them and creates a context. `inputs`/`outputs`
+    /// are the byte sizes of the model's buffers.
     pub fn new(
         objects: &[crate::Member],
         name: &str,
-        context_bytes: u64,
         inputs: Vec<usize>,
         outputs: Vec<usize>,
     ) -> Result<Loaded, RuntimeError> {
@@ -88,24 +90,37 @@ impl Loaded {
         // SAFETY: the library is mlopt's own output plus its runtime; their initialisers do nothing.
         let lib = unsafe { libloading::Library::new(&so) }
             .map_err(|e| RuntimeError::Load(e.to_string()))?;
-        // SAFETY: the symbols are the generated `int run(void*, const void* const*, void* const*)` and
-        // `const char *error(const void*)`; raw symbols stay valid while `lib` is loaded, which `Loaded`
-        // guarantees by owning it.
-        let entry = unsafe {
-            lib.get::<RunFn>(format!("mlopt_{name}_run").as_bytes())
-                .map(|s| s.into_raw())
+        // SAFETY: the symbols are the generated `void *create(void)`, `int run(void*, const void* const*,
+        // void* const*)`, `const char *error(const void*)` and `void destroy(void*)`; raw symbols stay
+        // valid while `lib` is loaded, which `Loaded` guarantees by owning it.
+        let symbol = |what: &str| format!("mlopt_{name}_{what}").into_bytes();
+        let load = |e: libloading::Error| RuntimeError::Load(e.to_string());
+        let (entry, error, create, destroy) = unsafe {
+            (
+                lib.get::<RunFn>(&symbol("run")).map_err(load)?.into_raw(),
+                lib.get::<ErrorFn>(&symbol("error"))
+                    .map_err(load)?
+                    .into_raw(),
+                lib.get::<CreateFn>(&symbol("create"))
+                    .map_err(load)?
+                    .into_raw(),
+                lib.get::<DestroyFn>(&symbol("destroy"))
+                    .map_err(load)?
+                    .into_raw(),
+            )
+        };
+        // SAFETY: create has no preconditions; NULL means out of memory.
+        let context = unsafe { create() };
+        if context.is_null() {
+            return Err(RuntimeError::Load(
+                "out of memory for the model's context".into(),
+            ));
         }
-        .map_err(|e| RuntimeError::Load(e.to_string()))?;
-        let error = unsafe {
-            lib.get::<ErrorFn>(format!("mlopt_{name}_error").as_bytes())
-                .map(|s| s.into_raw())
-        }
-        .map_err(|e| RuntimeError::Load(e.to_string()))?;
-        let context = vec![0u64; context_bytes.div_ceil(8) as usize + 8];
         Ok(Loaded {
             _lib: lib,
             entry,
             error,
+            destroy,
             context,
             inputs,
             outputs,
@@ -151,12 +166,10 @@ impl Loaded {
         )?;
         let ins: Vec<*const u8> = inputs.iter().map(|b| b.as_ptr()).collect();
         let outs: Vec<*mut u8> = outputs.iter_mut().map(|b| b.as_mut_ptr()).collect();
-        // The context is u64-backed and over-allocated by 64 bytes so its start can be 64-byte aligned.
-        let base = self.context.as_mut_ptr() as *mut u8;
-        let ctx = base.wrapping_add(base.align_offset(64));
+        let ctx = self.context;
         let f = &self.entry;
         // SAFETY: every pointer is valid for the size the program declares (checked above; the context
-        // has context_bytes after alignment), and the generated code stays inside them (verified kernels).
+        // is the library's own), and the generated code stays inside them (verified kernels).
         let status = unsafe { f(ctx, ins.as_ptr(), outs.as_ptr()) };
         if status == 0 {
             return Ok(());
@@ -167,5 +180,12 @@ impl Loaded {
             .to_string_lossy()
             .into_owned();
         Err(RuntimeError::Run { status, message })
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        // SAFETY: the context came from the library's create and is destroyed once, here.
+        unsafe { (self.destroy)(self.context) }
     }
 }

@@ -60,7 +60,7 @@ fn weight_params(p: &Program) -> Vec<Vec<mlopt_kir::BufId>> {
 }
 
 /// Local buffers above this size do not go on a CPU thread's stack.
-pub const ARENA_LOCAL_BYTES: u64 = 256 * 1024;
+pub const ARENA_LOCAL_BYTES: u64 = mlopt_kir::STACK_LOCALS_BYTES;
 
 /// Moves every large local buffer that one iteration of a parallel or vector loop does not own (a
 /// convolution's padded input, a pooling's phases, Winograd's transforms) into the activation arena, past
