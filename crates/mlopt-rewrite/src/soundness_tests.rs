@@ -1074,3 +1074,34 @@ fn checker_catches_a_wrong_rule() {
     let seeded = before.into_iter().map(|(id, v)| (eg.find(id), v)).collect();
     assert!(evaluate(&eg, &inputs, seeded, 1e-6).is_err());
 }
+
+/// Folding a BatchNormalization into weights near the largest float would overflow them (the optimize
+/// fuzz target: weights of -3.2e38 times 1.19 became -inf, and the convolution's sums NaN where the
+/// unfolded graph gave 1e35): the rule leaves such a graph as it is.
+#[test]
+fn conv_batchnorm_fold_skips_weights_it_would_overflow() {
+    let mut b = B::new(1);
+    let x = b.input(&[1, 1, 3, 3]);
+    let w = b.g.add_const(
+        "",
+        Tensor::from_vec(&[1, 1, 1, 1], vec![3.0e38f32]).unwrap(),
+    );
+    let attrs = ConvAttrs {
+        strides: vec![1, 1],
+        pads: vec![0; 4],
+        dilations: vec![1, 1],
+        group: 1,
+        output_padding: vec![],
+    };
+    let y = b.op(Op::Conv(attrs), &[x, w]);
+    let stat = |b: &mut B, v: f32| b.g.add_const("", Tensor::from_vec(&[1], vec![v]).unwrap());
+    let (s, bias, mean, var) = (
+        stat(&mut b, 0.25),
+        stat(&mut b, 0.0),
+        stat(&mut b, 0.0),
+        stat(&mut b, 0.01),
+    );
+    let out = b.op(Op::BatchNorm { epsilon: 1e-5 }, &[y, s, bias, mean, var]);
+    let (g, inputs) = b.done(out);
+    assert!(!check_rule("conv-batchnorm-fold", &g, &inputs, 1e-4).unwrap());
+}

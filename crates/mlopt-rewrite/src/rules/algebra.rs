@@ -252,6 +252,20 @@ fn fold_conv_bn(eg: &mut EGraph, id: Id) -> Vec<Id> {
         };
         let scaled = add(eg, Op::Binary(Binary::Mul), vec![centred, k])?;
         let b2 = add(eg, Op::Binary(Binary::Add), vec![scaled, bias])?;
+        // Weights near the largest float overflow when scaled: the fold would turn finite products into
+        // infinities (and their sums into NaN) that the unfolded graph never makes.
+        let finite = |eg: &EGraph, id: Id| {
+            eg[id]
+                .data
+                .value
+                .as_ref()
+                .is_none_or(|t| t.to_f64_vec().iter().all(|v| v.is_finite()))
+        };
+        if [w, scale, bias, mean, var].iter().all(|c| finite(eg, *c))
+            && !(finite(eg, w2) && finite(eg, b2))
+        {
+            return None;
+        }
         add(eg, conv.clone(), vec![x, w2, b2])
     };
     build(eg).into_iter().collect()
