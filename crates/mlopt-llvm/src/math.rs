@@ -242,8 +242,11 @@ pub fn binary<'c>(
         BinOp::Or => b.build_binop(Op::Or, x, y, "or")?,
         BinOp::Xor => b.build_binop(Op::Xor, x, y, "xor")?,
         BinOp::Shl | BinOp::Shr => {
-            // A shift by the width or more (or by a negative amount) gives 0 instead of poison.
-            let width = const_like(g.ctx, y, (8 * t.size()) as f64, t);
+            // A shift by the width or more (or by a negative amount) gives what the sign fill alone
+            // gives instead of poison (ONNX opset 28): 0, or for a signed right shift, the shift by
+            // width - 1 (-1 for a negative value).
+            let bits = (8 * t.size()) as f64;
+            let width = const_like(g.ctx, y, bits, t);
             let out = int_cmp(b, I::UGE, y, width)?;
             let op = match (o, u) {
                 (BinOp::Shl, _) => Op::Shl,
@@ -251,8 +254,14 @@ pub fn binary<'c>(
                 (_, false) => Op::AShr,
             };
             let v = g.builder.build_binop(op, x, y, "shift")?;
-            let zero = const_like(g.ctx, y, 0.0, t);
-            return select(g, out, zero, v);
+            let fill = match op {
+                Op::AShr => {
+                    let last = const_like(g.ctx, y, bits - 1.0, t);
+                    g.builder.build_binop(Op::AShr, x, last, "fill")?
+                }
+                _ => const_like(g.ctx, y, 0.0, t),
+            };
+            return select(g, out, fill, v);
         }
         BinOp::Pow => return Err(LlvmError::Codegen(format!("pow of {t}"))),
     })

@@ -12,9 +12,15 @@ use prost::Message;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-/// The IR versions and default-domain opsets mlopt reads.
-pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=11;
-pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=23;
+/// The IR versions and default-domain opsets mlopt reads: what onnx 1.23 writes (IR version 14, opset
+/// 28). IR versions 12-14 add element types (float8 E8M0, int2, float6), each refused where a tensor
+/// has one. Opsets 24-28 change ops in three ways, each handled: new element types (refused per
+/// tensor), new attributes and inputs (Cast's `round_mode`, Range's `stash_type`, SpaceToDepth's
+/// `mode`, Attention's `nonpad_kv_seqlen` and windows: a converter refuses any attribute or input it
+/// does not read), and semantics made precise where earlier opsets were silent (BitShift by the width or
+/// more; Mod's float `fmod=0`, which mlopt refuses), which mlopt follows at every opset.
+pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=14;
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
 /// What the user pins before import.
 #[derive(Debug, Clone, Default)]

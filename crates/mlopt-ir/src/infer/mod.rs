@@ -135,9 +135,6 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             if b.is_bitwise() && !a.dtype.is_int() {
                 return err(Some(0), format!("{} expects integers", op.name()));
             }
-            if matches!(b, Binary::BitShift { .. }) && a.dtype.is_signed() {
-                return err(Some(0), "bit_shift expects unsigned integers");
-            }
             if b.is_logical() && a.dtype != DType::Bool {
                 return err(Some(0), format!("{} expects bool", op.name()));
             }

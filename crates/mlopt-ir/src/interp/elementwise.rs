@@ -67,9 +67,14 @@ macro_rules! arith_int {
             fn is_nan_(self) -> bool { false }
             fn bits(self, o: Self, op: Binary) -> Option<Self> {
                 let width = (std::mem::size_of::<$t>() * 8) as u32;
+                // A shift by the width or more (or by a negative amount) leaves what the sign fill
+                // alone gives (ONNX opset 28): -1 for a right shift of a negative value, else 0.
+                #[allow(unused_comparisons)]
                 let shift = |v: $t, by: $t, left: bool| {
                     let by = by as u64;
-                    if by >= width as u64 { 0 } else if left { v << by } else { v >> by }
+                    if by >= width as u64 {
+                        if !left && v < 0 { !0 } else { 0 }
+                    } else if left { v << by } else { v >> by }
                 };
                 Some(match op {
                     Binary::BitAnd => self & o,

@@ -199,7 +199,9 @@ pub(super) fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
                 BinOp::And => a & b,
                 BinOp::Or => a | b,
                 BinOp::Xor => a ^ b,
-                BinOp::Shl | BinOp::Shr if b < 0 || b >= 8 * t.size() as i64 => 0,
+                // Out of range: the sign fill alone (-1 for a negative value shifted right), as ONNX.
+                BinOp::Shr if b < 0 || b >= 8 * t.size() as i64 => -i64::from(a < 0),
+                BinOp::Shl if b < 0 || b >= 8 * t.size() as i64 => 0,
                 BinOp::Shl => a << b,
                 // Values of unsigned types are held zero-extended, so this is a logical shift for them.
                 BinOp::Shr => a >> b,

@@ -197,7 +197,9 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let fmod = cx.int("fmod", 0)? != 0;
                 let x = cx.req(0)?;
                 if !fmod && cx.ty(x).dtype.is_float() {
-                    return Err(cx.err("fmod=0 is not defined for floating-point inputs"));
+                    return Err(cx.err(
+                        "fmod=0 on floating-point inputs (defined from opset 28) is not supported",
+                    ));
                 }
                 cx.add1(Op::Binary(Binary::Mod { fmod }), &[x, cx.req(1)?])?
             }
