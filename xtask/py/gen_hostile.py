@@ -189,6 +189,24 @@ def _():
     )
 
 
+# Within the per-value limit (16 GiB of output), but the ids 0..depth it builds as a constant were
+# allocated before any check (an abort under a 4 GiB limit).
+@case("onehot_depth_2_31")
+def _():
+    return model(
+        [h.make_node("OneHot", ["i", "d", "v"], ["y"], name="bad")],
+        [vi("i", T.INT64, [2])],
+        [f32("y", None)],
+        [const("d", np.array(2**31, np.int64)), const("v", np.array([0, 1], np.float32))],
+    )
+
+
+# A window's values are a constant built at import: 2^40 of them aborted on the allocation.
+@case("hann_window_huge")
+def _():
+    return model([h.make_node("HannWindow", ["n"], ["y"], name="bad")], [], [f32("y", None)], [const("n", np.array(2**40, np.int64))])
+
+
 @case("split_num_outputs_huge")
 def _():
     return model([h.make_node("Split", ["x"], ["y"], name="bad", axis=0, num_outputs=2**31)], [f32("x", [4])], [f32("y", None)])

@@ -223,8 +223,15 @@ pub(super) fn nll_loss(
     }
 }
 
-/// `0, 1, ..., n-1` laid along `axis` of a rank-`rank` tensor (size 1 elsewhere), as i64.
-pub(super) fn iota(cx: &mut NodeCx<'_, '_>, n: usize, axis: usize, rank: usize) -> Result<Value> {
+/// `0, 1, ..., n-1` laid along `axis` of a rank-`rank` tensor (size 1 elsewhere), as i64; `n` comes
+/// from the node's input `input`.
+pub(super) fn iota(
+    cx: &mut NodeCx<'_, '_>,
+    n: usize,
+    (axis, rank): (usize, usize),
+    input: usize,
+) -> Result<Value> {
+    cx.constant_fits(n, 8, input)?;
     let mut shape = vec![1; rank];
     shape[axis] = n;
     let t = Tensor::from_vec(&shape, (0..n as i64).collect()).ok_or_else(|| cx.err("iota"))?;
@@ -264,7 +271,7 @@ pub(super) fn hardmax(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         },
         &[flat],
     )?;
-    let ids = iota(cx, shape[a], a, shape.len())?;
+    let ids = iota(cx, shape[a], (a, shape.len()), 0)?;
     let hit = cx.bin(Binary::Equal, arg, ids)?;
     let y = cx.cast_to(hit, ty.dtype)?;
     cx.add1(Op::Reshape { shape: ty.shape }, &[y])
@@ -460,7 +467,7 @@ pub(super) fn one_hot(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let mut shape = ishape.clone();
     shape.insert(a, 1);
     let i = cx.add1(Op::Reshape { shape }, &[i])?;
-    let ids = iota(cx, depth, a, ishape.len() + 1)?;
+    let ids = iota(cx, depth, (a, ishape.len() + 1), 1)?;
     let hit = cx.bin(Binary::Equal, i, ids)?;
     let flat = cx.add1(Op::Reshape { shape: vec![2] }, &[values])?;
     let pick = |cx: &mut NodeCx<'_, '_>, k: i64| -> Result<Value> {
@@ -546,6 +553,7 @@ pub(super) fn window(cx: &mut NodeCx<'_, '_>, op: &str) -> Result<Value> {
         .and_then(|v| v.first().copied())
         .ok_or_else(|| cx.err_in(0, "size must be a scalar"))?;
     let n = usize::try_from(size).map_err(|_| cx.err_in(0, format!("negative size {size}")))?;
+    cx.constant_fits(n, 8, 0)?;
     let periodic = cx.int("periodic", 1)? != 0;
     let to = cx.int("output_datatype", 1)?;
     let dtype = crate::tensor_io::dtype_from_onnx(to as i32)

@@ -134,6 +134,23 @@ impl<'a, 'm> NodeCx<'a, 'm> {
         }
     }
 
+    /// A constant of `n` values of `bytes` each that a converter builds (ids, a window) fits
+    /// `FOLD_LIMIT_BYTES`: checked before it is allocated, since `n` comes from the file (a window of
+    /// 2^40 values aborted the import on its allocation).
+    /// `input` is the input that gave `n`.
+    pub fn constant_fits(&self, n: usize, bytes: usize, input: usize) -> Result<()> {
+        if n.saturating_mul(bytes) <= FOLD_LIMIT_BYTES {
+            return Ok(());
+        }
+        Err(self.err_in(
+            input,
+            format!(
+                "a constant of {n} values is larger than mlopt builds ({} MiB)",
+                FOLD_LIMIT_BYTES >> 20
+            ),
+        ))
+    }
+
     pub fn ty(&self, v: Value) -> &TensorType {
         self.imp.g.value_type(v)
     }
