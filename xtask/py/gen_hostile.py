@@ -12,6 +12,7 @@ Each case is OUT/<case>/model.onnx (plus files it names) and OUT/<case>/case.txt
                   run --interpret print the same outputs.
   good NAME=FILE / bad NAME=FILE: an input as .npy in the case's folder. The same inputs are also in
   good/ and bad/ in ONNX's test-data layout (input_K.pb, and output_K.pb from ONNX Runtime for good/).
+  pin NAME=VALUE  (reject cases) inspect and compile with --input-value NAME=VALUE must succeed.
 
 Usage: python gen_hostile.py OUT
 """
@@ -546,6 +547,53 @@ def _():
     return m
 
 
+# --- Control flow: an If whose condition is known at compile time is its branch ------------------------
+
+
+def branch(name, nodes, outputs, inits=()):
+    return h.make_graph(nodes, name, [], outputs, list(inits))
+
+
+def if_model(cond_nodes, cond_inits, inputs, then_b, else_b):
+    node = h.make_node("If", ["cond"], ["y"], name="if", then_branch=then_b, else_branch=else_b)
+    return model(cond_nodes + [node], inputs, [f32("y", None)], cond_inits)
+
+
+# A constant condition; the branch taken has an initializer of its own and reads the outer x.
+@case("if_constant_condition", expect="ok", good={"x": np.array([1, -2, 3, -4], np.float32)})
+def _():
+    then_b = branch("then", [h.make_node("Add", ["x", "c_then"], ["t"], name="add_then")], [f32("t", [4])], [const("c_then", np.full(4, 10, np.float32))])
+    else_b = branch("else", [h.make_node("Mul", ["x", "x"], ["e"], name="mul_else")], [f32("e", [4])])
+    return if_model([], [const("cond", np.array(True))], [f32("x", [4])], then_b, else_b)
+
+
+# A condition of static shapes (x's first dimension is 4), folded at import; the else branch nests
+# another If.
+@case("if_shape_condition_nested", expect="ok", good={"x": np.array([[1, -2], [3, -4], [5, 6], [7, -8]], np.float32)})
+def _():
+    cond = [
+        h.make_node("Shape", ["x"], ["s"], name="shape"),
+        h.make_node("Gather", ["s", "zero"], ["d0"], name="dim0", axis=0),
+        h.make_node("Equal", ["d0", "four"], ["cond"], name="is4"),
+    ]
+    inner = h.make_node("If", ["never"], ["n"], name="inner",
+                        then_branch=branch("t2", [h.make_node("Neg", ["x"], ["n1"], name="neg")], [f32("n1", [4, 2])]),
+                        else_branch=branch("e2", [h.make_node("Abs", ["x"], ["n2"], name="abs")], [f32("n2", [4, 2])]))
+    then_b = branch("then", [h.make_node("Relu", ["x"], ["r"], name="relu")], [f32("r", [4, 2])])
+    else_b = branch("else", [inner], [f32("n", [4, 2])], [const("never", np.array(False))])
+    return if_model(cond, [const("zero", np.array(0, np.int64)), const("four", np.array(4, np.int64))], [f32("x", [4, 2])], then_b, else_b)
+
+
+# A condition known only at run time (a graph input): refused, naming it; given a value
+# (--input-value flag=true), the input is a constant and the If its branch.
+@case("if_runtime_condition", needle="flag", pin="flag=true")
+def _():
+    then_b = branch("then", [h.make_node("Neg", ["x"], ["t"], name="neg")], [f32("t", [4])])
+    else_b = branch("else", [h.make_node("Abs", ["x"], ["e"], name="abs")], [f32("e", [4])])
+    node = h.make_node("If", ["flag"], ["y"], name="if", then_branch=then_b, else_branch=else_b)
+    return model([node], [f32("x", [4]), vi("flag", T.BOOL, [])], [f32("y", None)])
+
+
 # --- Issue 30, item 6: one NaN and infinity semantics, compiled and interpreted -------------------------
 # NaN counts as the largest value (the ONNX reference's numpy: argmax and argmin pick the first NaN, max
 # pools and reductions propagate it). ONNX Runtime differs there (it skips a NaN after the first
@@ -614,6 +662,8 @@ def write_case(d, m, spec):
             for name, f in write_data(d, key, m, spec[key], spec.get("reference", True)).items():
                 # (Names are written as input indices: a hostile name may hold anything.)
                 lines.append(f"{key} {[i.name for i in m.graph.input].index(name)}={f}")
+    if "pin" in spec:
+        lines.append(f"pin {spec['pin']}")
     with open(os.path.join(d, "case.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -19,6 +19,8 @@ struct Case {
     needle: String,
     good: Vec<String>,
     bad: Vec<String>,
+    /// `--input-value` flags under which a rejected model must compile (and inspect).
+    pins: Vec<String>,
 }
 
 impl Case {
@@ -31,12 +33,14 @@ impl Case {
             needle: String::new(),
             good: vec![],
             bad: vec![],
+            pins: vec![],
         };
         for line in text.lines() {
             let (key, value) = line.split_once(' ').unwrap_or((line, ""));
             match key {
                 "expect" => c.expect = value.into(),
                 "needle" => c.needle = value.into(),
+                "pin" => c.pins.push(format!("--input-value={value}")),
                 "good" | "bad" => {
                     let (_, file) = value
                         .split_once('=')
@@ -125,6 +129,7 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
     let m = c.model();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
     let compile = s(&["compile", &m, "-o", &out.display().to_string()]);
+    let compile_args = compile.clone();
     let mut failures = Vec::new();
     let mut expect = |what: &[String], problem: Option<String>| {
         if let Some(p) = problem {
@@ -143,6 +148,13 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
             ] {
                 let r = mlopt(exe, &args)?;
                 expect(&args, clean_error(&r, &c.needle));
+            }
+            if !c.pins.is_empty() {
+                for args in [s(&["inspect", &m]), compile_args.clone()] {
+                    let args = [args, c.pins.clone()].concat();
+                    let r = mlopt(exe, &args)?;
+                    expect(&args, success(&r));
+                }
             }
         }
         "data" | "ok" => {

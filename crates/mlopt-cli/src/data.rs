@@ -60,6 +60,25 @@ pub fn import_options(flags: &[String], given: &HashMap<String, Tensor>) -> Resu
     Ok(opts)
 }
 
+/// Adds `--input-value NAME=V,..` flags to `opts`: each names a graph input of `m`, once.
+pub fn pin_values(opts: &mut ImportOptions, m: &ModelProto, flags: &[String]) -> Result<()> {
+    let g = m.graph.as_ref().context("the model has no graph")?;
+    for f in flags {
+        let name = f.split_once('=').map_or(f.as_str(), |(n, _)| n);
+        let v = g
+            .input
+            .iter()
+            .find(|v| v.name == name)
+            .with_context(|| format!("--input-value {f}: '{name}' is not a graph input"))?;
+        let t = mlopt_onnx::parse_input_value(f, v)
+            .map_err(|e| anyhow::anyhow!("--input-value {f}: {e}"))?;
+        if opts.pinned_values.insert(name.to_string(), t).is_some() {
+            bail!("--input-value {f}: input '{name}' is given twice");
+        }
+    }
+    Ok(())
+}
+
 /// The model read from `path` as the pipeline's source: imported with `opts`, named after the file,
 /// its external data read from the file's folder.
 pub fn source<'a>(

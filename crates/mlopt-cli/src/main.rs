@@ -151,6 +151,10 @@ enum Cmd {
         /// Pin an input's shape: NAME=1x3x224x224 (repeatable).
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
+        /// Fix an input to a value, NAME=V or NAME=V,V,.. (its declared shape and type): it becomes a
+        /// constant, no longer an input of the compiled code, and what it decides folds (an If on it).
+        #[arg(long = "input-value", value_name = "NAME=VALUE")]
+        input_values: Vec<String>,
         #[arg(long, default_value = "import", value_parser = stage_parser())]
         stage: mlopt_driver::Stage,
         #[command(flatten)]
@@ -163,6 +167,10 @@ enum Cmd {
         model: PathBuf,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
+        /// Fix an input to a value, NAME=V or NAME=V,V,.. (its declared shape and type): it becomes a
+        /// constant, no longer an input of the compiled code, and what it decides folds (an If on it).
+        #[arg(long = "input-value", value_name = "NAME=VALUE")]
+        input_values: Vec<String>,
         #[arg(short, long, default_value = "out")]
         output: PathBuf,
         /// Print the per-kernel report.
@@ -325,14 +333,15 @@ const MAX_ITERS: u64 = 1_000_000;
 /// `mlopt compile`: the library, its report and every stage's text, written into `output` all or none.
 fn compile(
     model: &std::path::Path,
-    input_shapes: &[String],
+    (input_shapes, input_values): (&[String], &[String]),
     output: &std::path::Path,
     report: bool,
     opt: &OptArgs,
 ) -> Result<ExitCode> {
     let start = std::time::Instant::now();
     let m = data::load(model)?;
-    let import = data::import_options(input_shapes, &HashMap::new())?;
+    let mut import = data::import_options(input_shapes, &HashMap::new())?;
+    data::pin_values(&mut import, &m, input_values)?;
     let mut options = opt.driver(&data::input_names(&m)?)?;
     options.dumps = true;
     let lib = mlopt_driver::build(data::source(&m, model, &import), &options)?;
@@ -403,11 +412,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Inspect {
             model,
             input_shapes,
+            input_values,
             stage,
             opt,
         } => {
             let m = data::load(&model)?;
-            let import = data::import_options(&input_shapes, &HashMap::new())?;
+            let mut import = data::import_options(&input_shapes, &HashMap::new())?;
+            data::pin_values(&mut import, &m, &input_values)?;
             let source = data::source(&m, &model, &import);
             let options = opt.driver(&data::input_names(&m)?)?;
             out!("{}", mlopt_driver::inspect(source, &options, stage)?)?;
@@ -416,10 +427,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Compile {
             model,
             input_shapes,
+            input_values,
             output,
             report,
             opt,
-        } => compile(&model, &input_shapes, &output, report, &opt),
+        } => compile(
+            &model,
+            (&input_shapes, &input_values),
+            &output,
+            report,
+            &opt,
+        ),
         Cmd::Calibrate => calibrate(),
         Cmd::Run {
             model,

@@ -1,7 +1,7 @@
 //! Model-level import: decode, check IR version and opsets, create graph inputs (pinning symbolic
 //! dimensions from `--input-shape`), load initializers, convert nodes in order, bind outputs, verify.
 
-use crate::convert::{convert_node, Importer};
+use crate::convert::{convert_scoped, Importer};
 use crate::error::{OnnxError, Result};
 use crate::proto::{
     data_type, tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto,
@@ -31,6 +31,80 @@ pub struct ImportOptions {
     /// reduction axes, ...). The graph is then specialised to these values, so only callers that evaluate
     /// it on exactly these inputs (`mlopt run` and `check`) may pass them.
     pub known_values: HashMap<String, mlopt_ir::Tensor>,
+    /// Graph inputs fixed to a value (`--input-value`): each becomes a constant of the graph, which is no
+    /// longer an input of the compiled code, and everything it decides folds (an `If` on it, shapes).
+    pub pinned_values: HashMap<String, mlopt_ir::Tensor>,
+}
+
+/// Parses `--input-value NAME=V,V,...` for the graph input `v`: as many values as its declared static
+/// shape holds (one for a scalar), of its declared element type (integers exactly; `true`/`false` for
+/// bool).
+pub fn parse_input_value(
+    arg: &str,
+    v: &ValueInfoProto,
+) -> std::result::Result<mlopt_ir::Tensor, String> {
+    let (_, text) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("'{arg}' is not NAME=VALUE (e.g. sr=16000, or x=1,2,3)"))?;
+    let (dtype, dims) = declared_type(v).map_err(|e| e.to_string())?;
+    let shape: Vec<usize> = dims
+        .ok_or_else(|| format!("input '{}' has no declared shape to fill", v.name))?
+        .iter()
+        .map(|(d, sym)| {
+            d.ok_or_else(|| format!("input '{}' has the symbolic dimension '{sym}'", v.name))
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let items: Vec<&str> = text.split(',').map(str::trim).collect();
+    let n = mlopt_ir::checked_numel(&shape).unwrap_or(usize::MAX);
+    if items.len() != n {
+        return Err(format!(
+            "input '{}' holds {n} values ({shape:?}); {} given",
+            v.name,
+            items.len()
+        ));
+    }
+    let bad = |x: &str| format!("input '{}': '{x}' is not a {dtype:?} value", v.name);
+    let t = if dtype == mlopt_ir::DType::Bool {
+        let b: Vec<i64> = items
+            .iter()
+            .map(|x| match *x {
+                "true" | "1" => Ok(1),
+                "false" | "0" => Ok(0),
+                _ => Err(bad(x)),
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        mlopt_ir::Tensor::from_vec(&shape, b)
+    } else if dtype.is_int() {
+        let i: Vec<i64> = items
+            .iter()
+            .map(|x| x.parse::<i64>().map_err(|_| bad(x)))
+            .collect::<std::result::Result<_, _>>()?;
+        mlopt_ir::Tensor::from_vec(&shape, i)
+    } else {
+        let f: Vec<f64> = items
+            .iter()
+            .map(|x| x.parse::<f64>().map_err(|_| bad(x)))
+            .collect::<std::result::Result<_, _>>()?;
+        mlopt_ir::Tensor::from_vec(&shape, f)
+    };
+    let t = t
+        .ok_or_else(|| format!("input '{}': {shape:?}", v.name))?
+        .cast(dtype);
+    // Integers out of the type's range would wrap in the cast: refused instead.
+    if dtype != mlopt_ir::DType::Bool
+        && dtype.is_int()
+        && t.to_i64_vec()
+            != items
+                .iter()
+                .map(|x| x.parse::<i64>().unwrap_or(0))
+                .collect::<Vec<_>>()
+    {
+        return Err(format!(
+            "input '{}': a value is out of {dtype:?}'s range",
+            v.name
+        ));
+    }
+    Ok(t)
 }
 
 /// Parses `NAME=1x3x224x224` (a scalar is `NAME=`).
@@ -266,8 +340,34 @@ pub fn import_model(
             "--input-shape names '{unknown}', which is not a graph input"
         )));
     }
+    if let Some(unknown) = opts
+        .pinned_values
+        .keys()
+        .find(|k| !declared.contains(k.as_str()) || inits.contains(k.as_str()))
+    {
+        return Err(OnnxError::Model(format!(
+            "--input-value names '{unknown}', which is not a graph input"
+        )));
+    }
     for v in &graph.input {
         if inits.contains(v.name.as_str()) {
+            continue;
+        }
+        if let Some(t) = opts.pinned_values.get(&v.name) {
+            if opts.input_shapes.contains_key(&v.name) {
+                return Err(OnnxError::Model(format!(
+                    "input '{}' is given both a shape and a value",
+                    v.name
+                )));
+            }
+            if imp.vals.contains_key(&v.name) {
+                return Err(OnnxError::Model(format!(
+                    "input '{}' is declared twice",
+                    v.name
+                )));
+            }
+            let val = imp.g.add_const(v.name.clone(), t.clone());
+            imp.vals.insert(v.name.clone(), val);
             continue;
         }
         let ty = input_type(v, opts.input_shapes.get(&v.name))?;
@@ -308,19 +408,7 @@ pub fn import_model(
         imp.vals.insert(t.name.clone(), val);
     }
     for node in &graph.node {
-        if !(node.domain.is_empty() || node.domain == "ai.onnx") {
-            return Err(OnnxError::UnsupportedOp {
-                node: if node.name.is_empty() {
-                    node.output.first().cloned().unwrap_or_default()
-                } else {
-                    node.name.clone()
-                },
-                op: node.op_type.clone(),
-                domain: node.domain.clone(),
-                opset,
-            });
-        }
-        convert_node(&mut imp, node)?;
+        convert_scoped(&mut imp, node)?;
     }
     for out in &graph.output {
         let v = *imp.vals.get(&out.name).ok_or_else(|| {

@@ -11,5 +11,7 @@ pub mod tensor_io;
 
 pub use convert::supported_ops;
 pub use error::{OnnxError, Result};
-pub use import::{import_file, import_model, load_model, parse_input_shape, ImportOptions};
+pub use import::{
+    import_file, import_model, load_model, parse_input_shape, parse_input_value, ImportOptions,
+};
 pub use tensor_io::{read_npy, read_pb, read_tensor_file, write_npy, write_pb};

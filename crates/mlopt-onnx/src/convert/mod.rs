@@ -7,6 +7,7 @@
 //! (`Shape -> Gather -> Concat -> Reshape`, `ConstantOfShape`, `Range`, ...) before they reach the graph.
 
 mod composite;
+mod control;
 mod einsum;
 mod elementwise;
 mod layout;
@@ -330,7 +331,24 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 }
 
 /// Converts one node and records its outputs under their ONNX names.
-pub(crate) fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
+/// Converts `node` of a graph or a subgraph in the importer's scope: default-domain ops only.
+pub(crate) fn convert_scoped(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
+    if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+        return Err(OnnxError::UnsupportedOp {
+            node: if node.name.is_empty() {
+                node.output.first().cloned().unwrap_or_default()
+            } else {
+                node.name.clone()
+            },
+            op: node.op_type.clone(),
+            domain: node.domain.clone(),
+            opset: imp.opset,
+        });
+    }
+    convert_node(imp, node)
+}
+
+fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
     let name = if node.name.is_empty() {
         node.output.first().cloned().unwrap_or_default()
     } else {
@@ -410,6 +428,7 @@ const FAMILIES: &[(Converter, &[&str])] = &[
     (composite::convert, composite::OPS),
     (rnn::convert, rnn::OPS),
     (quant::convert, quant::OPS),
+    (control::convert, control::OPS),
 ];
 
 fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
