@@ -75,9 +75,9 @@ fn define_context<'c>(
     );
     b.build_conditional_branch(b.build_is_null(ctx, "null")?, done, ok)?;
     b.position_at_end(ok);
-    b.build_store(status_word(c, &b, ctx, p)?, i32t.const_zero())?;
+    b.build_store(trailer(c, &b, (ctx, STATUS_AT), p)?, i32t.const_zero())?;
     let magic = i64t.const_int(context_magic(&p.name), false);
-    b.build_store(magic_word(c, &b, ctx, p)?, magic)?;
+    b.build_store(trailer(c, &b, (ctx, MARK_AT), p)?, magic)?;
     b.build_unconditional_branch(done)?;
     b.position_at_end(done);
     b.build_return(Some(&ctx))?;
@@ -102,7 +102,7 @@ fn define_context<'c>(
     b.position_at_end(check);
     b.build_conditional_branch(is_live(c, &b, arg, p)?, live, skip)?;
     b.position_at_end(live);
-    b.build_store(magic_word(c, &b, arg, p)?, i64t.const_zero())?;
+    b.build_store(trailer(c, &b, (arg, MARK_AT), p)?, i64t.const_zero())?;
     b.build_call(free, &[arg.into()], "")?;
     b.build_return(None)?;
     b.position_at_end(skip);
@@ -152,7 +152,7 @@ fn define_context<'c>(
     b.build_return(Some(&dead_ctx))?;
     b.position_at_end(live);
     let id = b
-        .build_load(i32t, status_word(c, &b, ctx, p)?, "id")?
+        .build_load(i32t, trailer(c, &b, (ctx, STATUS_AT), p)?, "id")?
         .into_int_value();
     // A word the caller overwrote is clamped into the table rather than trusted.
     let id = b.build_int_z_extend(id, i64t, "id")?;
@@ -172,14 +172,21 @@ fn define_context<'c>(
     Ok(())
 }
 
-/// The status word of the context `ctx`: the `i32` just past the arena.
-fn status_word<'c>(
+/// Where the status word (an `i32`) and the mark (`context_magic`, a `u64`) lie in the 64 bytes of
+/// status past a context's arena.
+const STATUS_AT: u64 = 0;
+const MARK_AT: u64 = 8;
+
+/// Byte `offset` of the 64 bytes of status past the arena of the context `ctx`.
+fn trailer<'c>(
     c: &'c Context,
     b: &inkwell::builder::Builder<'c>,
-    ctx: inkwell::values::PointerValue<'c>,
+    (ctx, offset): (inkwell::values::PointerValue<'c>, u64),
     p: &Program,
 ) -> Result<inkwell::values::PointerValue<'c>> {
-    let at = c.i64_type().const_int(p.context_bytes() - 64, false);
+    let at = c
+        .i64_type()
+        .const_int(p.context_bytes() - 64 + offset, false);
     // SAFETY: the context has 64 bytes of status past the arena (`Program::context_bytes`).
     Ok(unsafe { b.build_in_bounds_gep(c.i8_type(), ctx, &[at], "status")? })
 }
@@ -196,18 +203,6 @@ pub fn context_magic(name: &str) -> u64 {
     h | 1
 }
 
-/// The context's magic word (`context_magic`).
-fn magic_word<'c>(
-    c: &'c Context,
-    b: &inkwell::builder::Builder<'c>,
-    ctx: inkwell::values::PointerValue<'c>,
-    p: &Program,
-) -> Result<inkwell::values::PointerValue<'c>> {
-    let at = c.i64_type().const_int(p.context_bytes() - 56, false);
-    // SAFETY: the context has 64 bytes of status past the arena (`Program::context_bytes`).
-    Ok(unsafe { b.build_in_bounds_gep(c.i8_type(), ctx, &[at], "magic")? })
-}
-
 /// Whether the context `ctx` holds this model's magic word.
 fn is_live<'c>(
     c: &'c Context,
@@ -216,7 +211,7 @@ fn is_live<'c>(
     p: &Program,
 ) -> Result<inkwell::values::IntValue<'c>> {
     let i64t = c.i64_type();
-    let word = b.build_load(i64t, magic_word(c, b, ctx, p)?, "magic")?;
+    let word = b.build_load(i64t, trailer(c, b, (ctx, MARK_AT), p)?, "magic")?;
     Ok(b.build_int_compare(
         inkwell::IntPredicate::EQ,
         word.into_int_value(),
@@ -322,7 +317,7 @@ pub(crate) fn define_entry<'c>(
         3 + p.inputs.len() + p.outputs.len(),
         4 + p.inputs.len() + p.outputs.len(),
     );
-    let status = status_word(c, &b, arena, p)?;
+    let status = trailer(c, &b, (arena, STATUS_AT), p)?;
     let e = Entry {
         c,
         m,
