@@ -129,7 +129,6 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
     let m = c.model();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
     let compile = s(&["compile", &m, "-o", &out.display().to_string()]);
-    let compile_args = compile.clone();
     let mut failures = Vec::new();
     let mut expect = |what: &[String], problem: Option<String>| {
         if let Some(p) = problem {
@@ -141,7 +140,7 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
         "reject" => {
             for args in [
                 s(&["inspect", &m]),
-                compile,
+                compile.clone(),
                 s(&["run", &m]),
                 s(&["run", "--interpret", &m]),
                 s(&["check", "--compiled", &m, "--data", &data(".")]),
@@ -150,7 +149,7 @@ fn check(exe: &Path, c: &Case, out: &Path) -> Result<Vec<String>> {
                 expect(&args, clean_error(&r, &c.needle));
             }
             if !c.pins.is_empty() {
-                for args in [s(&["inspect", &m]), compile_args.clone()] {
+                for args in [s(&["inspect", &m]), compile.clone()] {
                     let args = [args, c.pins.clone()].concat();
                     let r = mlopt(exe, &args)?;
                     expect(&args, success(&r));

@@ -69,17 +69,10 @@ fn define_context<'c>(
         .basic()
         .ok_or_else(|| LlvmError::Codegen("aligned_alloc".into()))?
         .into_pointer_value();
-    let (ok, done) = (
-        c.append_basic_block(create, "ok"),
-        c.append_basic_block(create, "done"),
-    );
-    b.build_conditional_branch(b.build_is_null(ctx, "null")?, done, ok)?;
-    b.position_at_end(ok);
+    return_if(c, &b, b.build_is_null(ctx, "null")?, Some(&ctx))?;
     b.build_store(trailer(c, &b, (ctx, STATUS_AT), p)?, i32t.const_zero())?;
     let magic = i64t.const_int(context_magic(&p.name), false);
     b.build_store(trailer(c, &b, (ctx, MARK_AT), p)?, magic)?;
-    b.build_unconditional_branch(done)?;
-    b.position_at_end(done);
     b.build_return(Some(&ctx))?;
 
     let destroy = m.add_function(
@@ -93,19 +86,10 @@ fn define_context<'c>(
         .ok_or_else(|| LlvmError::Codegen("destroy".into()))?
         .into_pointer_value();
     // NULL, or a context that is not live (destroyed already, another model's): nothing to free.
-    let (check, live, skip) = (
-        c.append_basic_block(destroy, "check"),
-        c.append_basic_block(destroy, "live"),
-        c.append_basic_block(destroy, "skip"),
-    );
-    b.build_conditional_branch(b.build_is_null(arg, "null")?, skip, check)?;
-    b.position_at_end(check);
-    b.build_conditional_branch(is_live(c, &b, arg, p)?, live, skip)?;
-    b.position_at_end(live);
+    return_if(c, &b, b.build_is_null(arg, "null")?, None)?;
+    return_if(c, &b, b.build_not(is_live(c, &b, arg, p)?, "dead")?, None)?;
     b.build_store(trailer(c, &b, (arg, MARK_AT), p)?, i64t.const_zero())?;
     b.build_call(free, &[arg.into()], "")?;
-    b.build_return(None)?;
-    b.position_at_end(skip);
     b.build_return(None)?;
 
     // The messages as one table of C strings.
@@ -135,22 +119,9 @@ fn define_context<'c>(
         .get_nth_param(0)
         .ok_or_else(|| LlvmError::Codegen("error".into()))?
         .into_pointer_value();
-    let (some, none) = (
-        c.append_basic_block(error, "some"),
-        c.append_basic_block(error, "none"),
-    );
-    b.build_conditional_branch(b.build_is_null(ctx, "null")?, none, some)?;
-    b.position_at_end(none);
-    b.build_return(Some(&null_ctx))?;
-    b.position_at_end(some);
-    let (live, dead) = (
-        c.append_basic_block(error, "live"),
-        c.append_basic_block(error, "dead"),
-    );
-    b.build_conditional_branch(is_live(c, &b, ctx, p)?, live, dead)?;
-    b.position_at_end(dead);
-    b.build_return(Some(&dead_ctx))?;
-    b.position_at_end(live);
+    return_if(c, &b, b.build_is_null(ctx, "null")?, Some(&null_ctx))?;
+    let dead = b.build_not(is_live(c, &b, ctx, p)?, "dead")?;
+    return_if(c, &b, dead, Some(&dead_ctx))?;
     let id = b
         .build_load(i32t, trailer(c, &b, (ctx, STATUS_AT), p)?, "id")?
         .into_int_value();
@@ -169,6 +140,29 @@ fn define_context<'c>(
     let at = unsafe { b.build_in_bounds_gep(table_ty, table, &[i64t.const_zero(), id], "at")? };
     let msg = b.build_load(ptr, at, "msg")?;
     b.build_return(Some(&msg))?;
+    Ok(())
+}
+
+/// Returns `value` (nothing for `None`) from the function being written where `cond` holds, and goes
+/// on in a new block where it does not.
+fn return_if<'c>(
+    c: &'c Context,
+    b: &inkwell::builder::Builder<'c>,
+    cond: inkwell::values::IntValue<'c>,
+    value: Option<&dyn BasicValue<'c>>,
+) -> Result<()> {
+    let f = b
+        .get_insert_block()
+        .and_then(|bb| bb.get_parent())
+        .ok_or_else(|| LlvmError::Codegen("no function to return from".into()))?;
+    let (out, on) = (
+        c.append_basic_block(f, "out"),
+        c.append_basic_block(f, "on"),
+    );
+    b.build_conditional_branch(cond, out, on)?;
+    b.position_at_end(out);
+    b.build_return(value)?;
+    b.position_at_end(on);
     Ok(())
 }
 
@@ -445,18 +439,10 @@ impl<'c> Entry<'c, '_> {
     /// Nor has one that is not live (`context_magic`): its status word is not this model's to write.
     fn context_live(&self, p: &Program) -> Result<()> {
         let (c, b) = (self.c, &self.b);
-        let (check, pass, fail) = (
-            c.append_basic_block(self.run, "ctx.check"),
-            c.append_basic_block(self.run, "ctx.ok"),
-            c.append_basic_block(self.run, "ctx.bad"),
-        );
-        b.build_conditional_branch(b.build_is_null(self.arena, "null")?, fail, check)?;
-        b.position_at_end(check);
-        b.build_conditional_branch(is_live(c, b, self.arena, p)?, pass, fail)?;
-        b.position_at_end(fail);
-        b.build_return(Some(&c.i32_type().const_int(STATUS_ARGUMENT, false)))?;
-        b.position_at_end(pass);
-        Ok(())
+        let argument = c.i32_type().const_int(STATUS_ARGUMENT, false);
+        return_if(c, b, b.build_is_null(self.arena, "null")?, Some(&argument))?;
+        let dead = b.build_not(is_live(c, b, self.arena, p)?, "dead")?;
+        return_if(c, b, dead, Some(&argument))
     }
 
     /// Each pointer array checked for NULL, then each pointer in it, by a loop: the entry point's size

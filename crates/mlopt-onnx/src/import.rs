@@ -64,41 +64,29 @@ pub fn parse_input_value(
         ));
     }
     let bad = |x: &str| format!("input '{}': '{x}' is not a {dtype:?} value", v.name);
-    let t = if dtype == mlopt_ir::DType::Bool {
-        let b: Vec<i64> = items
-            .iter()
-            .map(|x| match *x {
-                "true" | "1" => Ok(1),
-                "false" | "0" => Ok(0),
-                _ => Err(bad(x)),
-            })
-            .collect::<std::result::Result<_, _>>()?;
-        mlopt_ir::Tensor::from_vec(&shape, b)
-    } else if dtype.is_int() {
-        let i: Vec<i64> = items
-            .iter()
-            .map(|x| x.parse::<i64>().map_err(|_| bad(x)))
-            .collect::<std::result::Result<_, _>>()?;
-        mlopt_ir::Tensor::from_vec(&shape, i)
-    } else {
+    let tensor = |t: Option<mlopt_ir::Tensor>| {
+        t.map(|t| t.cast(dtype))
+            .ok_or_else(|| format!("input '{}': {shape:?}", v.name))
+    };
+    if dtype.is_float() {
         let f: Vec<f64> = items
             .iter()
             .map(|x| x.parse::<f64>().map_err(|_| bad(x)))
             .collect::<std::result::Result<_, _>>()?;
-        mlopt_ir::Tensor::from_vec(&shape, f)
-    };
-    let t = t
-        .ok_or_else(|| format!("input '{}': {shape:?}", v.name))?
-        .cast(dtype);
+        return tensor(mlopt_ir::Tensor::from_vec(&shape, f));
+    }
+    let ints: Vec<i64> = items
+        .iter()
+        .map(|x| match (dtype, *x) {
+            (mlopt_ir::DType::Bool, "true" | "1") => Ok(1),
+            (mlopt_ir::DType::Bool, "false" | "0") => Ok(0),
+            (mlopt_ir::DType::Bool, _) => Err(bad(x)),
+            _ => x.parse::<i64>().map_err(|_| bad(x)),
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let t = tensor(mlopt_ir::Tensor::from_vec(&shape, ints.clone()))?;
     // Integers out of the type's range would wrap in the cast: refused instead.
-    if dtype != mlopt_ir::DType::Bool
-        && dtype.is_int()
-        && t.to_i64_vec()
-            != items
-                .iter()
-                .map(|x| x.parse::<i64>().unwrap_or(0))
-                .collect::<Vec<_>>()
-    {
+    if t.to_i64_vec() != ints {
         return Err(format!(
             "input '{}': a value is out of {dtype:?}'s range",
             v.name
@@ -331,65 +319,55 @@ pub fn import_model(
     };
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
     let declared: HashSet<&str> = graph.input.iter().map(|v| v.name.as_str()).collect();
-    if let Some(unknown) = opts
-        .input_shapes
-        .keys()
-        .find(|k| !declared.contains(k.as_str()) || inits.contains(k.as_str()))
+    let mut named = (opts.input_shapes.keys().map(|k| ("--input-shape", k)))
+        .chain(opts.pinned_values.keys().map(|k| ("--input-value", k)));
+    if let Some((flag, unknown)) =
+        named.find(|(_, k)| !declared.contains(k.as_str()) || inits.contains(k.as_str()))
     {
         return Err(OnnxError::Model(format!(
-            "--input-shape names '{unknown}', which is not a graph input"
-        )));
-    }
-    if let Some(unknown) = opts
-        .pinned_values
-        .keys()
-        .find(|k| !declared.contains(k.as_str()) || inits.contains(k.as_str()))
-    {
-        return Err(OnnxError::Model(format!(
-            "--input-value names '{unknown}', which is not a graph input"
+            "{flag} names '{unknown}', which is not a graph input"
         )));
     }
     for v in &graph.input {
         if inits.contains(v.name.as_str()) {
             continue;
         }
-        if let Some(t) = opts.pinned_values.get(&v.name) {
-            if opts.input_shapes.contains_key(&v.name) {
+        let once = |imp: &Importer| match imp.vals.contains_key(&v.name) {
+            true => Err(OnnxError::Model(format!(
+                "input '{}' is declared twice",
+                v.name
+            ))),
+            false => Ok(()),
+        };
+        let val = match opts.pinned_values.get(&v.name) {
+            Some(_) if opts.input_shapes.contains_key(&v.name) => {
                 return Err(OnnxError::Model(format!(
                     "input '{}' is given both a shape and a value",
                     v.name
                 )));
             }
-            if imp.vals.contains_key(&v.name) {
-                return Err(OnnxError::Model(format!(
-                    "input '{}' is declared twice",
-                    v.name
-                )));
+            Some(t) => {
+                once(&imp)?;
+                imp.g.add_const(v.name.clone(), t.clone())
             }
-            let val = imp.g.add_const(v.name.clone(), t.clone());
-            imp.vals.insert(v.name.clone(), val);
-            continue;
-        }
-        let ty = input_type(v, opts.input_shapes.get(&v.name))?;
-        if ty.rank() > mlopt_ir::graph::MAX_RANK
-            || ty
-                .checked_bytes()
-                .is_none_or(|b| b > mlopt_ir::graph::max_value_bytes())
-        {
-            return Err(OnnxError::Model(format!(
-                "input '{}': {ty} is beyond mlopt's limits (rank {}, {} per value)",
-                v.name,
-                mlopt_ir::graph::MAX_RANK,
-                mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())
-            )));
-        }
-        if imp.vals.contains_key(&v.name) {
-            return Err(OnnxError::Model(format!(
-                "input '{}' is declared twice",
-                v.name
-            )));
-        }
-        let val = imp.g.add_input(v.name.clone(), ty);
+            None => {
+                let ty = input_type(v, opts.input_shapes.get(&v.name))?;
+                if ty.rank() > mlopt_ir::graph::MAX_RANK
+                    || ty
+                        .checked_bytes()
+                        .is_none_or(|b| b > mlopt_ir::graph::max_value_bytes())
+                {
+                    return Err(OnnxError::Model(format!(
+                        "input '{}': {ty} is beyond mlopt's limits (rank {}, {} per value)",
+                        v.name,
+                        mlopt_ir::graph::MAX_RANK,
+                        mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())
+                    )));
+                }
+                once(&imp)?;
+                imp.g.add_input(v.name.clone(), ty)
+            }
+        };
         imp.vals.insert(v.name.clone(), val);
     }
     let mut seen = HashSet::new();
