@@ -1,6 +1,6 @@
 /* Runs the mlp fixture compiled by mlopt from C.
  *
- *   mlopt compile fixtures/mlp/model.onnx -o build/
+ *   mlopt compile fixtures/mlp/model.onnx --name mlp -o build/
  *   cc examples/c/main.c -Ibuild build/libmlp.a -lm -lpthread -o mlp
  *   ./mlp input.bin            # input.bin: the input as raw little-endian floats
  *

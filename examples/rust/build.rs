@@ -1,4 +1,4 @@
-//! Links the library `mlopt compile fixtures/mlp/model.onnx -o $MLOPT_OUT` wrote.
+//! Links the library `mlopt compile fixtures/mlp/model.onnx --name mlp -o $MLOPT_OUT` wrote.
 fn main() {
     let dir =
         std::env::var("MLOPT_OUT").expect("set MLOPT_OUT to the directory mlopt compile wrote");

@@ -65,10 +65,12 @@ fn demo() -> Result {
     let data = "fixtures/cnn/test_data_set_0";
     println!("\n== mlopt inspect {model}  (the graph IR after import)");
     run(Command::new(&mlopt).args(["inspect", model]))?;
-    println!("\n== mlopt compile {model} --target host -o target/demo --report  (optimised, fused and compiled for this CPU)");
+    println!("\n== mlopt compile {model} --name cnn --target host -o target/demo --report  (optimised, fused and compiled for this CPU: target/demo/libcnn.a, cnn.h)");
     run(Command::new(&mlopt).args([
         "compile",
         model,
+        "--name",
+        "cnn",
         "--target",
         "host",
         "-o",

@@ -79,22 +79,68 @@ pub fn pin_values(opts: &mut ImportOptions, m: &ModelProto, flags: &[String]) ->
     Ok(())
 }
 
-/// The model read from `path` as the pipeline's source: imported with `opts`, named after the file,
-/// its external data read from the file's folder.
+/// The library's name: `--name` as given (it must be a C identifier, as the files, symbols and macros
+/// use it unchanged), else the model file's stem made one (`c_name`), never the graph's name inside the
+/// file (every PyTorch export's is `main_graph`). With where it came from, for the report.
+pub fn library_name(path: &Path, flag: Option<&str>) -> Result<(String, &'static str)> {
+    match flag {
+        Some(n) if mlopt_driver::is_c_name(n) => Ok((n.to_string(), "--name")),
+        Some(n) => bail!(
+            "--name {n:?} is not a C identifier (ASCII letters, digits and _, not starting with a digit, at \
+             most {} bytes): the library's files, symbols and macros use it as it is; e.g. --name {}",
+            mlopt_driver::NAME_MAX,
+            mlopt_driver::c_name(n)
+        ),
+        None => {
+            let stem = path.file_stem().map(|s| s.to_string_lossy());
+            Ok((
+                mlopt_driver::c_name(stem.as_deref().unwrap_or_default()),
+                "the model file's name",
+            ))
+        }
+    }
+}
+
+/// The model read from `path` as the pipeline's source: imported with `opts`, named `name`
+/// (`library_name`), its external data read from the file's folder.
 pub fn source<'a>(
     m: &'a ModelProto,
     path: &'a Path,
+    name: &'a str,
     opts: &'a ImportOptions,
 ) -> mlopt_driver::Source<'a> {
     mlopt_driver::Source::Onnx {
         model: m,
         dir: Some(mlopt_onnx::tensor_io::folder_of(path)),
-        name: path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or_default(),
+        name,
         options: opts,
     }
+}
+
+/// An error for a given input tensor whose type or shape the model's declaration of that input rules out
+/// (before it pins the input's shape, so the message is about the file, not about `--input-shape`).
+fn check_given(m: &ModelProto, given: &HashMap<String, Tensor>) -> Result<()> {
+    let g = m.graph.as_ref().context("the model has no graph")?;
+    for v in &g.input {
+        let Some(t) = given.get(&v.name) else {
+            continue;
+        };
+        let (dtype, dims) = mlopt_onnx::import::declared_type(v)?;
+        let fits = dims
+            .as_ref()
+            .is_none_or(|d| mlopt_onnx::import::fits_declared(d, t.shape()));
+        if t.dtype() != dtype || !fits {
+            let declared = dims
+                .as_ref()
+                .map_or("[?]".into(), mlopt_onnx::import::dims_text);
+            bail!(
+                "the tensor given for input '{}' is {}, but the model declares {dtype}{declared}",
+                v.name,
+                t.ty()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Imports the model read from `path`, pinning input shapes from `--input-shape` flags and from the given
@@ -105,6 +151,7 @@ pub fn import(
     flags: &[String],
     given: &HashMap<String, Tensor>,
 ) -> Result<mlopt_ir::Graph> {
+    check_given(m, given)?;
     let opts = import_options(flags, given)?;
     let stem = path
         .file_stem()
@@ -118,7 +165,7 @@ pub fn import(
     )?)
 }
 
-/// `NAME=FILE` or positional `FILE` arguments.
+/// `--input NAME=FILE`, or `--input FILE` for the model's inputs in order.
 pub fn read_inputs(args: &[String], names: &[String]) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
     for (i, a) in args.iter().enumerate() {

@@ -161,10 +161,17 @@ enum Cmd {
         opt: OptArgs,
     },
     /// Compile a model into OUTPUT/lib<name>.a with OUTPUT/<name>.h (C API), OUTPUT/<name>.rs (Rust
-    /// binding), report.json and every stage's dump (<name>.import.gir, .optimized.gir, .lowered.kir,
-    /// .scheduled.kir, and .ll or .ptx).
+    /// binding), <name>.report.json and every stage's dump (<name>.import.gir, .optimized.gir, .lowered.kir,
+    /// .scheduled.kir, and .ll or .ptx). <name> is --name, else the model file's name.
     Compile {
         model: PathBuf,
+        /// The library's name, a C identifier: its files (lib<name>.a, <name>.h), symbols
+        /// (mlopt_<name>_run) and macros (MLOPT_<NAME>_...). Default: the model file's name without
+        /// .onnx, with each character other than a letter, digit or _ made _ (never the graph's name
+        /// inside the file: every PyTorch export calls it main_graph). Give each model linked into one
+        /// program its own.
+        #[arg(long)]
+        name: Option<String>,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
         /// Fix an input to a value, NAME=V or NAME=V,V,.. (its declared shape and type): it becomes a
@@ -189,7 +196,8 @@ enum Cmd {
         interpret: bool,
         #[command(flatten)]
         opt: OptArgs,
-        /// An input tensor, NAME=FILE or FILE (positional), as .pb (TensorProto) or .npy (repeatable).
+        /// An input tensor as .pb (TensorProto) or .npy: NAME=FILE, or FILE for the model's next input in
+        /// order (repeatable; every input is a --input, not a bare argument).
         #[arg(long = "input", value_name = "NAME=FILE")]
         inputs: Vec<String>,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
@@ -333,41 +341,45 @@ const MAX_ITERS: u64 = 1_000_000;
 /// `mlopt compile`: the library, its report and every stage's text, written into `output` all or none.
 fn compile(
     model: &std::path::Path,
+    name: Option<&str>,
     (input_shapes, input_values): (&[String], &[String]),
     output: &std::path::Path,
     report: bool,
     opt: &OptArgs,
 ) -> Result<ExitCode> {
     let start = std::time::Instant::now();
+    let (name, name_from) = data::library_name(model, name)?;
     let m = data::load(model)?;
     let mut import = data::import_options(input_shapes, &HashMap::new())?;
     data::pin_values(&mut import, &m, input_values)?;
     let mut options = opt.driver(&data::input_names(&m)?)?;
     options.dumps = true;
-    let lib = mlopt_driver::build(data::source(&m, model, &import), &options)?;
+    let lib = mlopt_driver::build(data::source(&m, model, &name, &import), &options)?;
     let compile_s = start.elapsed().as_secs_f64();
     // The report is written with the library, all files or none.
-    let json = output.join("report.json");
+    // (Named after the library too, so several models compiled into one folder keep their own.)
+    let report_file = format!("{name}.report.json");
+    let json = output.join(&report_file);
     let summary = lib.report(compile_s);
-    let mut files = vec![("report.json".to_string(), summary.json.into_bytes())];
+    let mut files = vec![(report_file.clone(), summary.json.into_bytes())];
     if let Some(svg) = lib
         .roofline(&format!("{}: estimated roofline", bench::label(model)))
         .filter(|_| report)
     {
-        files.push(("roofline.svg".into(), svg.into_bytes()));
+        files.push((format!("{name}.roofline.svg"), svg.into_bytes()));
     }
-    let written = lib.write(output, &file_stem(lib.name()), &files)?;
+    let written = lib.write(output, lib.name(), &files)?;
     if report {
         out!("{}", summary.text)?;
     }
-    for p in written.iter().filter(|p| !p.ends_with("report.json")) {
+    for p in written.iter().filter(|p| !p.ends_with(&report_file)) {
         errln!("wrote {}", p.display());
     }
     for note in lib.notes() {
         errln!("{note}");
     }
     errln!(
-        "wrote {}; compiled for {} in {compile_s:.2} s",
+        "wrote {}; compiled {name} (named by {name_from}) for {} in {compile_s:.2} s",
         json.display(),
         lib.target_name()
     );
@@ -419,13 +431,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let m = data::load(&model)?;
             let mut import = data::import_options(&input_shapes, &HashMap::new())?;
             data::pin_values(&mut import, &m, &input_values)?;
-            let source = data::source(&m, &model, &import);
+            let (name, _) = data::library_name(&model, None)?;
+            let source = data::source(&m, &model, &name, &import);
             let options = opt.driver(&data::input_names(&m)?)?;
             out!("{}", mlopt_driver::inspect(source, &options, stage)?)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Compile {
             model,
+            name,
             input_shapes,
             input_values,
             output,
@@ -433,6 +447,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             opt,
         } => compile(
             &model,
+            name.as_deref(),
             (&input_shapes, &input_values),
             &output,
             report,
@@ -523,26 +538,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             check(&model, &dir, rule, engine)
         }
-    }
-}
-
-/// A file name for output named after the model's graph: the graph name comes from the model file, so
-/// anything but letters, digits, `_` and `-` becomes `_` (so no path separators and no `..`).
-fn file_stem(graph_name: &str) -> String {
-    let s: String = graph_name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() {
-        "model".into()
-    } else {
-        s
     }
 }
 

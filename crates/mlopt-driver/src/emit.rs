@@ -42,13 +42,21 @@ fn numel(io: &Io) -> u64 {
     io.dims.iter().product()
 }
 
-/// `s` as text that is safe inside a C block comment and a Rust or C line comment: printable ASCII only
-/// (other characters as `\u{..}` escapes, line breaks as `\n`), with no `*/` or `/*`.
+/// `s` as text that is safe inside a C block comment and a Rust or C line comment: printable ASCII as it
+/// is, with a backslash doubled (a line comment ending in one would swallow the next line); every other
+/// character as C's universal character name (`\u00e9`, or `\U0001f600` above U+FFFF), which reads the
+/// same to Rust users; and no `*/` or `/*`.
 pub(crate) fn comment(s: &str) -> String {
-    s.escape_default()
-        .to_string()
-        .replace("*/", "*\\/")
-        .replace("/*", "/\\*")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            ' '..='~' => out.push(c),
+            c if (c as u32) <= 0xffff => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push_str(&format!("\\U{:08x}", c as u32)),
+        }
+    }
+    out.replace("*/", "*\\/").replace("/*", "/\\*")
 }
 
 /// `s` as the contents of a C string literal: printable ASCII as it is, with `"`, backslash and `?`
@@ -148,7 +156,7 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
         p.context_bytes()
     );
     let _ = writeln!(s, "void *mlopt_{n}_create(void);");
-    let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above. Returns\n   MLOPT_OK, or a status above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context: a context used by two threads at once is undefined behaviour.\n   Contexts are independent. A context carries a mark of this model that destroy clears: run, error\n   and destroy refuse memory without it (MLOPT_ERR_ARGUMENT, a message, nothing written or freed),\n   which catches another model's context, and a destroyed one until its memory is reused (using freed\n   memory is undefined, as with free). A run needs MLOPT_{}_STACK_BYTES of the calling thread's\n   stack (and of each pool thread's): larger scratch lives in the context, or in buffers the runtime\n   keeps per thread and level of parallel loops, grown to the largest a run asked for and freed when\n   the thread exits. */", n.to_ascii_uppercase());
+    let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above, each\n   aligned to its element type (4 bytes for float; no more is needed), packed row-major. Inputs are\n   only read. An output must not overlap an input or another output (outputs are written while\n   inputs are still being read): the outputs are then unspecified. Returns MLOPT_OK, or a status\n   above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context: a context used by two threads at once is undefined behaviour.\n   Contexts are independent. A context carries a mark of this model that destroy clears: run, error\n   and destroy refuse memory without it (MLOPT_ERR_ARGUMENT, a message, nothing written or freed),\n   which catches another model's context, and a destroyed one until its memory is reused (using freed\n   memory is undefined, as with free). A run needs MLOPT_{}_STACK_BYTES of the calling thread's\n   stack (and of each pool thread's): larger scratch lives in the context, or in buffers the runtime\n   keeps per thread and level of parallel loops, grown to the largest a run asked for and freed when\n   the thread exits. */", n.to_ascii_uppercase());
     let _ = writeln!(
         s,
         "#define MLOPT_{}_STACK_BYTES {}u",
@@ -204,7 +212,7 @@ pub fn rust_binding(p: &Program, lib: &str) -> String {
             );
         }
     }
-    let _ = writeln!(s, "\n/// The compiled model; owns its activation memory.\npub struct Model {{\n    ctx: *mut c_void,\n}}\n");
+    let _ = writeln!(s, "\n/// The compiled model; owns its activation memory (its context). `Send`: a model may move to another\n/// thread, as contexts are independent. Not `Sync`: `run` takes `&mut self`, one run at a time per\n/// model; make one `Model` per thread to run in parallel.\npub struct Model {{\n    ctx: *mut c_void,\n}}\n\n// SAFETY: the context is memory this model owns alone, used by one thread at a time (`run` and `drop`\n// take the model mutably or by value); the generated code keeps no thread-bound state in it.\nunsafe impl Send for Model {{}}\n");
     let _ = writeln!(s, "impl Model {{\n    /// A model with its own activation memory; an error when that cannot be allocated.\n    pub fn new() -> Result<Model, Error> {{\n        // SAFETY: create has no preconditions.\n        let ctx = unsafe {{ mlopt_{n}_create() }};\n        if ctx.is_null() {{\n            return Err(Error {{ status: {}, message: \"out of memory for the model's context\".into() }});\n        }}\n        Ok(Model {{ ctx }})\n    }}\n", mlopt_llvm::STATUS_MEMORY);
     let _ = writeln!(s, "    /// Threads for parallel loops, for every model in the process.\n    pub fn set_num_threads(n: usize) {{\n        // SAFETY: no preconditions.\n        unsafe {{ mlopt_set_num_threads(n as i32) }}\n    }}\n");
     let args: Vec<String> = p
@@ -265,4 +273,22 @@ pub fn rust_binding(p: &Program, lib: &str) -> String {
     let _ = writeln!(s, "        // SAFETY: the buffers have the lengths the model was compiled for (checked above).\n        let status = unsafe {{ mlopt_{n}_run(self.ctx, ins.as_ptr(), outs.as_ptr()) }};\n        if status == 0 {{\n            return Ok(());\n        }}\n        // SAFETY: error returns a static NUL-terminated string.\n        let message = unsafe {{ CStr::from_ptr(mlopt_{n}_error(self.ctx)) }}.to_string_lossy().into_owned();\n        Err(Error {{ status, message }})\n    }}\n}}\n");
     let _ = writeln!(s, "impl Drop for Model {{\n    fn drop(&mut self) {{\n        // SAFETY: ctx came from create and is freed once.\n        unsafe {{ mlopt_{n}_destroy(self.ctx) }}\n    }}\n}}");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::comment;
+
+    #[test]
+    fn comments_escape_like_c() {
+        for (name, text) in [
+            ("caf\u{e9}", "caf\\u00e9"),
+            ("\u{1f600}", "\\U0001f600"),
+            ("a*/b/*c", "a*\\/b/\\*c"),
+            ("dir\\", "dir\\\\"),
+            ("line\nbreak", "line\\u000abreak"),
+        ] {
+            assert_eq!(comment(name), text, "{name:?}");
+        }
+    }
 }

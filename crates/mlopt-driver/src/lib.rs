@@ -22,6 +22,6 @@ pub use cpu::Compiled;
 pub use error::{DriverError, Result};
 pub use gpu::GpuCompiled;
 pub use library::Library;
-pub use mlopt_llvm::stack_bytes;
+pub use mlopt_llvm::{c_name, is_c_name, stack_bytes, NAME_MAX};
 pub use mlopt_runtime::Loaded;
 pub use pipeline::{build, compile, compile_gpu, inspect, Options, Source, Stage};

@@ -4,8 +4,10 @@
 //! Every file is written to a fresh temporary file in the folder (created exclusively, so it cannot be a
 //! link someone planted), and only when all are written are they renamed into place (`rename` replaces
 //! a link at the target name; it does not write through it). The files written are recorded in
-//! `.mlopt-files`, each by the SHA-256 of its contents and its name; a file the previous record lists
-//! that this compile does not write is removed only if it is still a regular file with those contents,
+//! `.mlopt-files.<name>` (one record per library, so several models compiled into one folder keep each
+//! other's files), each by the SHA-256 of its contents and its name; a file the previous record of the
+//! same library lists that this compile does not write is removed only if it is still a regular file
+//! with those contents,
 //! so a record someone planted (or an old one naming a file the user has since replaced) removes
 //! nothing that is not byte for byte what a compile wrote. Other files in the folder are not touched, and
 //! a compile whose output would replace one of them (a regular file it cannot prove an earlier compile
@@ -16,8 +18,11 @@ use mlopt_runtime::Member;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The record of what the last compile wrote into a folder, one name per line.
-const RECORD: &str = ".mlopt-files";
+/// The record of what the last compile of library `name` wrote into a folder (`sha256:<hex> <file>` per
+/// line): `.mlopt-files.<name>`.
+fn record_name(name: &str) -> String {
+    format!(".mlopt-files.{name}")
+}
 
 fn io(what: &str, p: &Path, e: impl std::fmt::Display) -> DriverError {
     DriverError::Io(format!("{what} {}: {e}", p.display()))
@@ -48,39 +53,50 @@ impl std::fmt::Debug for Content<'_> {
     }
 }
 
-/// Writes `files` (name, content) into `dir` (made if missing) as described above; returns their paths.
-pub fn write_atomically(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
-    write_staged(dir, files, true)
+/// Writes `files` (name, content) of library `name` into `dir` (made if missing) as described above;
+/// returns their paths.
+pub fn write_atomically(
+    dir: &Path,
+    name: &str,
+    files: &[(String, Content)],
+) -> Result<Vec<PathBuf>> {
+    write_staged(dir, files, Some(&record_name(name)))
 }
 
 /// Writes `files` into `dir` the same way (all or none, a link at a name replaced, never followed), but
 /// keeps no record and removes nothing: the outputs of `run --output-dir` and `bench --profile -o`.
 pub fn replace_files(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
-    write_staged(dir, files, false)
+    write_staged(dir, files, None)
 }
 
 /// `write_atomically`, with the record of what was written (and the removal of what the last record
-/// lists and this does not write) only where `record`.
+/// lists and this does not write) only where there is a `record` (its file name).
 fn write_staged(
     dir: &Path,
     files: &[(String, Content)],
-    keep_record: bool,
+    record_file: Option<&str>,
 ) -> Result<Vec<PathBuf>> {
-    if let Some((name, _)) = files.iter().find(|(n, _)| !plain(n)) {
+    let keep_record = record_file.is_some();
+    let files_and_record: Vec<&str> = files
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .chain(record_file)
+        .collect();
+    if let Some(name) = files_and_record.iter().find(|n| !plain(n)) {
         return Err(DriverError::Io(format!(
             "output file name {name:?} is not a plain file name"
         )));
     }
     // Checked before anything is written, so a name the file system refuses fails the whole write.
-    if let Some((name, _)) = files.iter().find(|(n, _)| n.len() > NAME_MAX) {
+    if let Some(name) = files_and_record.iter().find(|n| n.len() > NAME_MAX) {
         return Err(DriverError::Io(format!(
             "output file name {name:?} is longer than {NAME_MAX} bytes"
         )));
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
-    let previous = match keep_record {
-        true => std::fs::read_to_string(dir.join(RECORD)).unwrap_or_default(),
-        false => String::new(),
+    let previous = match record_file {
+        Some(r) => std::fs::read_to_string(dir.join(r)).unwrap_or_default(),
+        None => String::new(),
     };
     if keep_record {
         for (name, _) in files {
@@ -112,11 +128,8 @@ fn write_staged(
         }
         staged.push((dir.join(name), t));
     }
-    if keep_record {
-        staged.push((
-            dir.join(RECORD),
-            stage(&Content::Bytes(record.into_bytes()))?,
-        ));
+    if let Some(r) = record_file {
+        staged.push((dir.join(r), stage(&Content::Bytes(record.into_bytes()))?));
     }
     // Everything is written: now the names change, and the previous compile's leftovers go.
     let mut written = Vec::with_capacity(files.len());
@@ -214,5 +227,5 @@ pub(crate) fn write_files(
             .iter()
             .map(|(n, b)| (n.clone(), Content::Bytes(b.clone()))),
     );
-    write_atomically(dir, &all)
+    write_atomically(dir, stem, &all)
 }

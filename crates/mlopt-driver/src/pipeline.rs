@@ -25,6 +25,7 @@ use crate::library::Library;
 use crate::Compiled;
 use mlopt_ir::Graph;
 use mlopt_kir::Program;
+use mlopt_llvm::c_name;
 use mlopt_target::{CpuTarget, GpuTarget, Target};
 use std::borrow::Cow;
 use std::path::Path;
@@ -133,7 +134,9 @@ impl std::str::FromStr for Stage {
 /// What the pipeline starts from.
 #[derive(Debug, Clone)]
 pub enum Source<'a> {
-    /// An ONNX model, imported as `name` with `options`; external data is read from `dir`.
+    /// An ONNX model, imported with `options` and named `name` (made a C identifier by `c_name`: the
+    /// library's files, symbols and macros are named after it, not after the graph's name, which every
+    /// PyTorch export sets to `main_graph`); external data is read from `dir`.
     Onnx {
         model: &'a mlopt_onnx::proto::ModelProto,
         dir: Option<&'a Path>,
@@ -283,7 +286,11 @@ fn import(s: &mut State) -> Result<()> {
             dir,
             name,
             options,
-        } => Cow::Owned(mlopt_onnx::import_model(model, *dir, name, options)?),
+        } => {
+            let mut g = mlopt_onnx::import_model(model, *dir, name, options)?;
+            g.name = c_name(name);
+            Cow::Owned(g)
+        }
     });
     Ok(())
 }

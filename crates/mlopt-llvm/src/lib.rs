@@ -25,5 +25,5 @@ mod unrolling;
 
 pub use entry::{profile_symbol, STATUS_ARGUMENT, STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM};
 pub use error::{LlvmError, Result};
-pub use program::{c_name, compile, compile_with, Output};
+pub use program::{c_name, compile, compile_with, is_c_name, Output, NAME_MAX};
 pub use ptx::{compile_ptx, host_object, launch_table, PtxOutput};

@@ -42,16 +42,32 @@ pub struct Output {
 /// The stack of each code generation thread (address space, committed only as used).
 const CODEGEN_STACK: usize = 64 << 20;
 
-/// The program's name as a C identifier.
+/// The longest library name, in bytes: its files (`lib<name>.a`, `<name>.optimized.gir`) stay within
+/// the 255 bytes file systems take, and its symbols and macros within what any linker keeps apart.
+pub const NAME_MAX: usize = 128;
+
+/// `name` as a library's name, a C identifier: each character that is not an ASCII letter, digit or `_`
+/// becomes `_`, a leading digit gets an `m` before it, nothing becomes `model`, and at most `NAME_MAX`
+/// bytes are kept. The same name is used for the files, the symbols, the header guard and the macros.
+/// Idempotent: a name that is already one is returned as it is.
 pub fn c_name(name: &str) -> String {
     let mut s: String = name
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(NAME_MAX)
         .collect();
-    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+    if s.is_empty() {
+        s.push_str("model");
+    } else if s.starts_with(|c: char| c.is_ascii_digit()) {
         s.insert(0, 'm');
+        s.truncate(NAME_MAX);
     }
     s
+}
+
+/// Whether `name` may be given as a library's name as it is (`--name`): what `c_name` keeps unchanged.
+pub fn is_c_name(name: &str) -> bool {
+    c_name(name) == name
 }
 
 /// An empty module named `name` for the target machine `tm` (its triple and data layout).

@@ -228,27 +228,34 @@ pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<Decl
     Ok((dtype, dims))
 }
 
+/// Declared dimensions as text: `[batch, 64]` (a symbol for each symbolic dimension, `?` where none).
+pub fn dims_text(dims: &DeclaredDims) -> String {
+    let d: Vec<String> = dims
+        .iter()
+        .map(|(d, sym)| d.map_or_else(|| sym.clone(), |d| d.to_string()))
+        .collect();
+    format!("[{}]", d.join(", "))
+}
+
+/// Whether `shape` fits the declared dimensions (same rank, same size where one is given).
+pub fn fits_declared(dims: &DeclaredDims, shape: &[usize]) -> bool {
+    dims.len() == shape.len()
+        && dims
+            .iter()
+            .zip(shape)
+            .all(|((d, _), s)| d.is_none_or(|d| d == *s))
+}
+
 fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorType> {
     let (dtype, dims) = declared_type(v)?;
     match (dims, pinned) {
         (Some(dims), Some(p)) => {
-            if dims.len() != p.len() {
+            if !fits_declared(&dims, p) {
                 return Err(OnnxError::Model(format!(
-                    "input '{}' has rank {}, but is pinned (by --input-shape or the given input) to rank {}",
+                    "input '{}' is declared {dtype}{}, but its shape is pinned to {p:?}",
                     v.name,
-                    dims.len(),
-                    p.len()
+                    dims_text(&dims),
                 )));
-            }
-            for (i, (d, _)) in dims.iter().enumerate() {
-                if let Some(d) = d {
-                    if *d != p[i] {
-                        return Err(OnnxError::Model(format!(
-                            "input '{}' dimension {i} is {d}, but is pinned (by --input-shape or the given input) to {}",
-                            v.name, p[i]
-                        )));
-                    }
-                }
             }
             Ok(TensorType::new(dtype, p.clone()))
         }

@@ -24,6 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Weak: every GPU library mlopt writes carries this launcher, and a program may link several. */
+#define MLOPT_SHARED __attribute__((weak))
+
 typedef struct {
     const char *ptx;
     const uint64_t *table;
@@ -62,7 +65,7 @@ static struct {
 
 static _Thread_local char last_error[512];
 
-const char *mlopt_gpu_last_error(void) { return last_error; }
+MLOPT_SHARED const char *mlopt_gpu_last_error(void) { return last_error; }
 
 static int fail(const char *what, CUresult r) {
     const char *s = NULL;
@@ -176,7 +179,7 @@ static int setup(model *c, int device) {
     return 0;
 }
 
-void mlopt_gpu_destroy(void *ctx) {
+MLOPT_SHARED void mlopt_gpu_destroy(void *ctx) {
     model *c = ctx;
     if (!c) return;
     if (cu.loaded && c->ctx) {
@@ -194,7 +197,7 @@ void mlopt_gpu_destroy(void *ctx) {
     free(c);
 }
 
-void *mlopt_gpu_create(const mlopt_gpu_model *m, int device) {
+MLOPT_SHARED void *mlopt_gpu_create(const mlopt_gpu_model *m, int device) {
     model *c = calloc(1, sizeof(model));
     if (!c) {
         snprintf(last_error, sizeof last_error, "out of host memory");
@@ -209,7 +212,7 @@ void *mlopt_gpu_create(const mlopt_gpu_model *m, int device) {
 }
 
 /* Launches every kernel in order on `stream` (NULL: the model's own stream). */
-int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr *outputs, void *stream) {
+MLOPT_SHARED int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr *outputs, void *stream) {
     model *c = ctx;
     if (!c || !inputs || !outputs) {
         snprintf(last_error, sizeof last_error, "a NULL context, inputs or outputs array");
@@ -267,7 +270,7 @@ int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr
 }
 
 /* Host buffers in and out: copies, launches and waits. */
-int mlopt_gpu_run(void *ctx, const void *const *inputs, void *const *outputs) {
+MLOPT_SHARED int mlopt_gpu_run(void *ctx, const void *const *inputs, void *const *outputs) {
     model *c = ctx;
     if (!c || !inputs || !outputs) {
         snprintf(last_error, sizeof last_error, "a NULL context, inputs or outputs array");

@@ -21,6 +21,11 @@
 
 typedef void (*mlopt_task)(void *ctx, int64_t begin, int64_t end);
 
+/* Every library mlopt writes carries this runtime, so a program that links several (even with
+ * --whole-archive) has several copies: its functions are weak definitions, and the linker keeps one
+ * (one pool for every model in the process, as documented). */
+#define MLOPT_SHARED __attribute__((weak))
+
 #define MLOPT_MAX_THREADS 256
 /* How long a waiting thread spins before it blocks: long enough to catch the next kernel of a run, short
  * enough that a process which runs a model now and then does not keep a core busy. */
@@ -48,7 +53,7 @@ static void run_range(int t, int nt) {
 }
 
 /* Nanoseconds of a monotonic clock: profiled builds (`mlopt bench --profile`) read it between kernels. */
-uint64_t mlopt_now_ns(void) {
+MLOPT_SHARED uint64_t mlopt_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
@@ -144,17 +149,17 @@ static void start_workers(int n) {
 
 static int clamp_threads(int n) { return n < 1 ? 1 : n > MLOPT_MAX_THREADS ? MLOPT_MAX_THREADS : n; }
 
-void mlopt_set_num_threads(int n) {
+MLOPT_SHARED void mlopt_set_num_threads(int n) {
     atomic_store(&threads, clamp_threads(n));
     atomic_store(&user_set, 1);
 }
 
-int mlopt_get_num_threads(void) {
+MLOPT_SHARED int mlopt_get_num_threads(void) {
     int n = atomic_load(&threads);
     return n < 1 ? 1 : n;
 }
 
-void mlopt_init_threads(int compiled) {
+MLOPT_SHARED void mlopt_init_threads(int compiled) {
     if (atomic_load(&user_set) || atomic_load(&threads)) return;
     const char *env = getenv("MLOPT_NUM_THREADS");
     int expected = 0;
@@ -166,7 +171,7 @@ void mlopt_init_threads(int compiled) {
  * after arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it the first tile instruction
  * faults. The permission is process-wide, so threads of the pool inherit it. Returns 0, or -1 when the
  * kernel refuses (the run then fails with a status; a library never aborts its host). */
-int mlopt_init_amx(void) {
+MLOPT_SHARED int mlopt_init_amx(void) {
     static atomic_int done_amx;
     if (atomic_load(&done_amx)) return 0;
 #ifdef __linux__
@@ -199,7 +204,7 @@ static void free_scratch(void *arg) {
 
 static void make_scratch_key(void) { pthread_key_create(&scratch_key, free_scratch); }
 
-void *mlopt_scratch(int64_t level, uint64_t bytes) {
+MLOPT_SHARED void *mlopt_scratch(int64_t level, uint64_t bytes) {
     if (level < 0 || level >= MLOPT_SCRATCH_LEVELS || bytes > UINT64_MAX - 64) return NULL;
     struct scratch *s = own_scratch;
     if (!s) {
@@ -223,7 +228,7 @@ void *mlopt_scratch(int64_t level, uint64_t bytes) {
     return s->p[level];
 }
 
-void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {
+MLOPT_SHARED void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {
     int nt = mlopt_get_num_threads();
     if (nt > n) nt = (int)n;
     if (nt <= 1) {
@@ -264,7 +269,7 @@ void mlopt_parallel_for(mlopt_task fn, void *ctx, int64_t n) {
  * library: each entry point passes its own constant list. */
 static const char *_Atomic cpu_passed[8];
 
-int mlopt_cpu_supports(const char *features, char *missing, size_t n) {
+MLOPT_SHARED int mlopt_cpu_supports(const char *features, char *missing, size_t n) {
     for (int i = 0; i < 8; i++)
         if (atomic_load_explicit(&cpu_passed[i], memory_order_acquire) == features) return 1;
 #if defined(__x86_64__)
