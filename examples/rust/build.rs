@@ -1,10 +1,8 @@
-//! Links the library `mlopt compile fixtures/mlp/model.onnx --name mlp -o $MLOPT_OUT` wrote.
+//! Compiles the mlp fixture into `$OUT_DIR/mlopt/libmlp.a` with its Rust binding, and links it. The
+//! compiler is the `mlopt` binary: `$MLOPT`, else `mlopt` on PATH.
 fn main() {
-    let dir =
-        std::env::var("MLOPT_OUT").expect("set MLOPT_OUT to the directory mlopt compile wrote");
-    println!("cargo:rerun-if-env-changed=MLOPT_OUT");
-    println!("cargo:rerun-if-changed={dir}/libmlp.a");
-    println!("cargo:rustc-link-search=native={dir}");
-    println!("cargo:rustc-link-lib=static=mlp");
-    println!("cargo:rustc-link-lib=m");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mlp/model.onnx");
+    if let Err(e) = mlopt_build::Config::new().name("mlp").compile(model) {
+        panic!("{e}");
+    }
 }

@@ -70,6 +70,8 @@ fn crate_dependencies_follow_the_rules() {
             "mlopt-llvm",
             &["mlopt-kir", "mlopt-target", "inkwell", "thiserror"],
         ),
+        // A build-dependency for users' build scripts: it runs the mlopt binary, so it pulls in nothing.
+        ("mlopt-build", &[]),
         // The runtime knows no IR at all.
         (
             "mlopt-runtime",
@@ -91,7 +93,7 @@ fn crate_dependencies_follow_the_rules() {
                 "mlopt-runtime",
                 "thiserror",
                 "tempfile",
-                // The digests of .mlopt-files (output.rs).
+                // The digests of .mlopt-files.<name> (output.rs).
                 "sha2",
             ],
         ),

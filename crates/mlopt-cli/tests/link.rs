@@ -1,6 +1,7 @@
 //! Several models in one program: two models whose graphs are both named `main_graph` (as every PyTorch
-//! export's is) compile into one folder under their files' names and link into one C program, with
-//! and without `--whole-archive`, each giving its own fixture's expected output.
+//! export's is) compile into one folder under their files' names and link into one C program (with and
+//! without `--whole-archive`) and, through mlopt-build, into one Rust program, each giving its own
+//! fixture's expected output; examples/rust builds with mlopt-build from a clean target dir.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_onnx::proto::ModelProto;
@@ -122,13 +123,121 @@ fn two_main_graph_models_link_into_one_c_program() {
                 .lines()
                 .filter_map(|l| l.strip_prefix(tag).map(|v| v.trim().parse().unwrap()))
                 .collect();
-            assert_eq!(got.len(), want.len(), "{tag}");
-            for (g, w) in got.iter().zip(want.iter()) {
-                assert!(
-                    (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                    "{tag}: {g} vs {w}"
-                );
-            }
+            close(&got, want, tag);
         }
+    }
+}
+
+/// `cargo run` of the package at `manifest` from a clean target dir, offline, with this `mlopt` as the
+/// compiler mlopt-build runs; its stdout.
+fn cargo_run(manifest: &Path, target: &Path, args: &[&Path]) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = ok(Command::new(cargo)
+        .args(["run", "--quiet", "--offline", "--manifest-path"])
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target)
+        .arg("--")
+        .args(args)
+        .env("MLOPT", env!("CARGO_BIN_EXE_mlopt")));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn close(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+            "{what}: {g} vs {w}"
+        );
+    }
+}
+
+/// examples/rust, whose build.rs compiles the mlp fixture with mlopt-build, builds from a clean target
+/// dir and prints the fixture's expected output.
+#[test]
+fn the_rust_example_builds_with_mlopt_build_and_matches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let want = model_as(tmp.path(), "mlp", "mlp");
+    let manifest = fixture("../examples/rust/Cargo.toml");
+    let text = cargo_run(
+        &manifest,
+        &tmp.path().join("target"),
+        &[&tmp.path().join("mlp.bin")],
+    );
+    let got: Vec<f64> = text.lines().map(|l| l.trim().parse().unwrap()).collect();
+    close(&got, &want, "mlp");
+}
+
+/// A crate whose build.rs compiles the two `main_graph` models with mlopt-build (one by its file's name,
+/// one renamed by `Config::name`) runs both in one program, one of them moved to another thread.
+#[test]
+fn two_main_graph_models_link_into_one_rust_program() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let want_a = model_as(dir, "mlp", "alpha");
+    let want_b = model_as(dir, "cnn", "beta");
+    let krate = dir.join("app");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    let build = Path::new(env!("CARGO_MANIFEST_DIR")).join("../mlopt-build");
+    std::fs::write(
+        krate.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[build-dependencies]\nmlopt-build = {{ path = {:?} }}\n\n[workspace]\n",
+            build.display().to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        krate.join("build.rs"),
+        format!(
+            "fn main() {{\n    let mut c = mlopt_build::Config::new();\n    c.target(\"x86-64-v3\");\n    c.compile({:?}).unwrap();\n    c.name(\"second\").compile({:?}).unwrap();\n}}\n",
+            dir.join("alpha.onnx"),
+            dir.join("beta.onnx")
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        krate.join("src/main.rs"),
+        r#"include!(concat!(env!("OUT_DIR"), "/mlopt/models.rs"));
+
+fn read(path: &str) -> Vec<f32> {
+    let b = std::fs::read(path).unwrap();
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (xa, xb) = (read(&args[1]), read(&args[2]));
+    let mut a = alpha::Model::new().unwrap();
+    // Model is Send: this one runs on another thread.
+    let b = second::Model::new().unwrap();
+    let yb = std::thread::spawn(move || {
+        let mut b = b;
+        let mut yb = vec![0f32; second::OUTPUT0_SHAPE.iter().product()];
+        b.run(&xb, &mut yb).unwrap();
+        yb
+    })
+    .join()
+    .unwrap();
+    let mut ya = vec![0f32; alpha::OUTPUT0_SHAPE.iter().product()];
+    a.run(&xa, &mut ya).unwrap();
+    for v in ya { println!("a {v:.9e}"); }
+    for v in yb { println!("b {v:.9e}"); }
+}
+"#,
+    )
+    .unwrap();
+    let text = cargo_run(
+        &krate.join("Cargo.toml"),
+        &dir.join("target"),
+        &[&dir.join("alpha.bin"), &dir.join("beta.bin")],
+    );
+    for (tag, want) in [("a ", &want_a), ("b ", &want_b)] {
+        let got: Vec<f64> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(tag).map(|v| v.trim().parse().unwrap()))
+            .collect();
+        close(&got, want, tag);
     }
 }

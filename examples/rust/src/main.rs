@@ -1,14 +1,12 @@
-//! Runs the mlp fixture compiled by mlopt from Rust:
+//! Runs the mlp fixture from Rust; build.rs compiles it with mlopt-build:
 //!
-//!     mlopt compile fixtures/mlp/model.onnx -o build/
-//!     MLOPT_OUT=$PWD/build cargo run --manifest-path examples/rust/Cargo.toml -- input.bin
+//!     cargo build -p mlopt-cli    # the compiler build.rs runs (or put an mlopt on PATH)
+//!     MLOPT=$PWD/target/debug/mlopt cargo run --manifest-path examples/rust/Cargo.toml -- input.bin
 //!
 //! input.bin holds the input as raw little-endian floats; every output element is printed, one per line.
 
-#[allow(dead_code)]
-mod mlp {
-    include!(concat!(env!("MLOPT_OUT"), "/mlp.rs"));
-}
+// `pub mod mlp { .. }`: the model's constants, `Model` and `Error`.
+include!(concat!(env!("OUT_DIR"), "/mlopt/models.rs"));
 
 fn main() {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
