@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
         dumps: false,
+        probe: false,
     };
     let Ok(c) = mlopt_driver::compile(&g, &opts) else {
         return;

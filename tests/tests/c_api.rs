@@ -57,6 +57,7 @@ fn build(dir: &Path, target: &str) {
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
         dumps: false,
+        probe: false,
     };
     mlopt_driver::compile(&g, &opts)
         .unwrap()

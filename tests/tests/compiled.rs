@@ -23,6 +23,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         },
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -132,6 +133,7 @@ fn llvm_ir_snapshots() {
                 winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
                 dumps: false,
+                probe: false,
             },
         )
         .unwrap();
@@ -256,6 +258,7 @@ fn bf16_contractions_compile_to_mma_blocks() {
                     winograd: mlopt_schedule::Winograd::Auto,
                     profile: false,
                     dumps: false,
+                    probe: false,
                 },
             )
             .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
@@ -374,6 +377,7 @@ fn large_convolutions_compile_with_heap_temporaries() {
                 winograd,
                 profile: false,
                 dumps: false,
+                probe: false,
             },
         )
         .unwrap();
@@ -435,6 +439,7 @@ fn convolutions_at_7x7_run_swapped_and_prefetch_their_weight() {
                 winograd: mlopt_schedule::Winograd::Never,
                 profile: false,
                 dumps: false,
+                probe: false,
             };
             let compiled = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
             let conv = compiled
@@ -481,6 +486,7 @@ fn vector_matrix_products_read_the_weight_contiguously() {
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         },
     )
     .unwrap();
@@ -539,6 +545,7 @@ fn blocked_reductions_keep_their_partial_sums_across_threads() {
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
         dumps: false,
+        probe: false,
     };
     let c = compile(&g, &options).unwrap();
     let k = &c.program.kernels[0];
@@ -574,6 +581,7 @@ fn threads_own_large_locals_on_the_heap() {
         winograd: mlopt_schedule::Winograd::Never,
         profile: false,
         dumps: false,
+        probe: false,
     };
     let c = compile(&g, &options).unwrap();
     let k = &c.program.kernels[0];
@@ -636,6 +644,7 @@ fn one_dimensional_convolutions_compile() {
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         },
     )
     .unwrap();
@@ -1195,6 +1204,7 @@ fn integer_resize_compiles_as_it_interprets() {
                 winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
                 dumps: false,
+                probe: false,
             },
         )
         .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
@@ -1948,6 +1958,7 @@ fn early_kernels_run_image_by_image() {
             winograd: mlopt_schedule::Winograd::Never,
             profile: false,
             dumps: false,
+            probe: false,
         };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let plan = &c.optimized.plan.graph;

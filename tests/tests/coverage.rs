@@ -357,6 +357,7 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let name = format!("{name} on {target}");

@@ -21,6 +21,7 @@ fn prepare(out: &Path) -> Vec<f64> {
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         },
     )
     .unwrap();
@@ -99,6 +100,7 @@ fn hostile_names_stay_inside_comments_and_literals() {
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         },
     )
     .unwrap();

@@ -27,6 +27,7 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
             winograd: mlopt_schedule::Winograd::Never,
             profile: false,
             dumps: false,
+            probe: false,
         },
     )
     .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
@@ -176,6 +177,7 @@ fn gemm_register_plans_hold_at_model_sizes() {
                     winograd: mlopt_schedule::Winograd::Never,
                     profile: false,
                     dumps: false,
+                    probe: false,
                 },
             )
             .unwrap();
@@ -308,6 +310,7 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
                 winograd: mlopt_schedule::Winograd::Never,
                 profile: false,
                 dumps: false,
+                probe: false,
             },
         )
         .unwrap();
@@ -590,6 +593,7 @@ fn the_gpu_launcher_reads_data_checks_back() {
         winograd: mlopt_schedule::Winograd::Auto,
         profile: false,
         dumps: false,
+        probe: false,
     };
     let c = mlopt_driver::compile_gpu(&g, &opts).unwrap();
     assert!(

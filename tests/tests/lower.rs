@@ -488,6 +488,7 @@ fn data_checks_agree_with_the_graph_interpreter() {
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,
             dumps: false,
+            probe: false,
         };
         let c = mlopt_driver::compile(&g, &opts).unwrap();
         let mut lib = c.load().unwrap();

@@ -27,12 +27,12 @@ macro_rules! errln {
 }
 
 mod bench;
-mod compare;
 mod data;
 
 use anyhow::{bail, Context, Result};
 use bench::Bench;
 use clap::{Parser, Subcommand};
+use mlopt_driver::compare;
 use mlopt_ir::interp;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -129,6 +129,7 @@ impl OptArgs {
             winograd: self.winograd,
             profile: false,
             dumps: false,
+            probe: false,
         })
     }
 
@@ -231,6 +232,11 @@ enum Cmd {
         /// assemble with ptxas (when installed) without spills.
         #[arg(long, conflicts_with_all = ["optimized", "compiled"])]
         emulated: bool,
+        /// With --optimized, --compiled or --emulated: also compare every value a kernel writes with
+        /// the interpreter's value of the ONNX node it computes, by the same rule, and name the first
+        /// node out of tolerance with both values (the outputs are still checked as without it).
+        #[arg(long)]
+        per_node: bool,
         #[command(flatten)]
         opt: OptArgs,
     },
@@ -522,8 +528,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             optimized,
             compiled,
             emulated,
+            per_node,
             opt,
         } => {
+            if per_node && !(optimized || compiled || emulated) {
+                bail!("--per-node compares the optimised, compiled or emulated model with the interpreter: add --optimized, --compiled or --emulated");
+            }
             let engine = match (optimized, compiled) {
                 _ if emulated => Engine::Emulated(&opt),
                 (_, true) => Engine::Compiled(&opt),
@@ -536,7 +546,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 _ if low => compare::Rule::Scaled(opt.tolerance),
                 _ => compare::Rule::AllClose { rtol, atol },
             };
-            check(&model, &dir, rule, engine)
+            check(&model, &dir, rule, engine, per_node)
         }
     }
 }
@@ -549,28 +559,73 @@ enum Engine<'a> {
     Emulated(&'a OptArgs),
 }
 
-fn check(model: &Path, dir: &Path, rule: compare::Rule, engine: Engine) -> Result<ExitCode> {
+fn check(
+    model: &Path,
+    dir: &Path,
+    rule: compare::Rule,
+    engine: Engine,
+    per_node: bool,
+) -> Result<ExitCode> {
     let m = data::load(model)?;
     let names = data::input_names(&m)?;
     let (inputs, expected) = data::read_test_dir(dir, &names)?;
     let g = data::import(&m, model, &[], &inputs)?;
-    let outs = match engine {
-        Engine::Interpreter => interp::run(&g, &inputs).context("evaluating the model")?,
-        Engine::Optimized(opt) => interp::run(&opt.optimize(&g, &names)?.0.plan.graph, &inputs)
-            .context("evaluating the model")?,
+    let driver = |opt: &OptArgs| -> Result<mlopt_driver::Options> {
+        let mut o = opt.driver(&names)?;
+        o.probe = per_node;
+        Ok(o)
+    };
+    // The outputs, and the optimised graph whose kernel outputs follow them (--per-node).
+    let (mut outs, fused) = match engine {
+        Engine::Interpreter => (
+            interp::run(&g, &inputs).context("evaluating the model")?,
+            None,
+        ),
+        Engine::Optimized(opt) => {
+            let mut fused = opt.optimize(&g, &names)?.0.plan.graph;
+            if per_node {
+                mlopt_driver::probe::add_kernel_outputs(&mut fused);
+            }
+            let outs = interp::run(&fused, &inputs).context("evaluating the model")?;
+            (outs, Some(fused))
+        }
         Engine::Compiled(opt) => {
-            let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
-            c.run(&mut c.load()?, &inputs)?
+            let c = mlopt_driver::compile(&g, &driver(opt)?)?;
+            (
+                c.run(&mut c.load()?, &inputs)?,
+                Some(c.optimized.plan.graph),
+            )
         }
         Engine::Emulated(opt) => {
             // The kernels must become PTX that ptxas assembles without spilling, and match in the emulator.
-            let c = mlopt_driver::compile_gpu(&g, &opt.driver(&names)?)
+            let c = mlopt_driver::compile_gpu(&g, &driver(opt)?)
                 .context("compiling the GPU kernels")?;
             c.check_spills().context("assembling the GPU kernels")?;
-            mlopt_lower::interpret(&c.program, &inputs)
-                .map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?
+            let outs = mlopt_lower::interpret(&c.program, &inputs)
+                .map_err(|e| anyhow::anyhow!("emulating the GPU kernels: {e}"))?;
+            (outs, Some(c.optimized.plan.graph))
         }
     };
+    let own = g.graph_outputs().len();
+    if let (true, Some(fused)) = (per_node, &fused) {
+        let r = mlopt_driver::probe::per_node(&g, fused, own, &outs, &inputs, rule)?;
+        outln!(
+            "per node: {} kernel outputs compared with their ONNX nodes' values ({} made by rewrites, not compared)",
+            r.compared,
+            r.unmatched
+        )?;
+        match &r.first_bad {
+            Some(b) => outln!(
+                "first node out of tolerance: '{}' ({}) in kernel k{}: {}",
+                b.node.escape_default(),
+                b.op,
+                b.kernel,
+                b.comparison
+            )?,
+            None => outln!("every compared node is within tolerance")?,
+        }
+    }
+    outs.truncate(own);
     if outs.len() != expected.len() {
         anyhow::bail!(
             "the model has {} outputs, {} has {} expected outputs",

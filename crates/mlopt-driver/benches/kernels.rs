@@ -168,6 +168,7 @@ fn bench(c: &mut Criterion) {
                 winograd: mlopt_schedule::Winograd::Auto,
                 profile: false,
                 dumps: false,
+                probe: false,
             },
         )
         .unwrap();

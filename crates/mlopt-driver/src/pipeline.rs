@@ -45,6 +45,9 @@ pub struct Options {
     pub profile: bool,
     /// Keep every stage's text in the library, for `mlopt compile` to write.
     pub dumps: bool,
+    /// Make each value a kernel writes an extra output, after the model's own (`mlopt check --per-node`;
+    /// see `probe.rs`).
+    pub probe: bool,
 }
 
 /// A stage of the pipeline.
@@ -180,7 +183,11 @@ const STAGES: [StageDef; 6] = [
         name: "optimize",
         run: |s| {
             let g = need(&s.graph, "graph")?;
-            s.optimized = Some(mlopt_rewrite::optimize(g, &s.opt.config)?);
+            let mut o = mlopt_rewrite::optimize(g, &s.opt.config)?;
+            if s.opt.probe {
+                crate::probe::add_kernel_outputs(&mut o.plan.graph);
+            }
+            s.optimized = Some(o);
             Ok(())
         },
         verify: |s| {
