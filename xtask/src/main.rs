@@ -4,7 +4,8 @@
 //!   Python tools), idempotently, saying what it does.
 //! - `demo`: set up, build mlopt, and run it on a model shipped in `fixtures/`.
 //! - `test`: set up, check style (`cargo fmt --check`, clippy with `-D warnings`), run the whole test
-//!   suite (cargo tests, then the ONNX conformance suite against the committed list of passing cases).
+//!   suite (cargo tests, the Python package's pytest tests, the hostile corpus, then the ONNX
+//!   conformance suite against the committed lists of passing cases).
 //! - `conformance [--update] [--filter S]`: generate ONNX's backend node tests and run `mlopt check` on each.
 //! - `fixtures`: rebuild the fixture models and their ONNX Runtime outputs.
 
@@ -168,12 +169,37 @@ fn gpu_tests() -> Result {
     }
 }
 
+/// The Python package (python/): installed into the venv from the working tree, as a user would with
+/// pip, and its tests run against ONNX Runtime with `mlopt` as the compiler.
+fn python_tests(mlopt: &std::path::Path) -> Result {
+    let py = setup::venv_python();
+    run(Command::new(&py).args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "./python",
+    ]))?;
+    run(Command::new(&py)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "python/tests",
+        ])
+        .env("MLOPT", mlopt))
+}
+
 fn test() -> Result {
     setup::setup()?;
     lint()?;
     run(cargo().args(["test", "--workspace", "--quiet"]))?;
     gpu_tests()?;
     let mlopt = build_mlopt()?;
+    python_tests(&mlopt)?;
     let hostile = hostile::run(&mlopt)?;
     println!("hostile corpus (xtask/py/gen_hostile.py): {hostile} cases through inspect, compile, run, run --interpret and check --compiled, 0 failed");
     let (listed, _) = conformance::run_suite(&mlopt, &conformance::Options::default())?;

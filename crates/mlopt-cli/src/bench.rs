@@ -16,6 +16,7 @@ pub struct Bench<'a> {
     pub model: &'a Path,
     pub inputs: &'a [String],
     pub input_shapes: &'a [String],
+    pub input_values: &'a [String],
     pub iters: usize,
     pub json: bool,
     pub output: &'a Path,
@@ -36,7 +37,7 @@ impl Ready {
         let m = data::load(b.model)?;
         let names = data::input_names(&m)?;
         let given = data::read_inputs(b.inputs, &names)?;
-        let g = data::import(&m, b.model, input_shapes, &given)?;
+        let g = data::import(&m, b.model, (input_shapes, b.input_values), &given)?;
         let mut opt = b.opt.clone();
         opt.threads = threads;
         let mut options = opt.driver(&names)?;

@@ -144,15 +144,16 @@ fn check_given(m: &ModelProto, given: &HashMap<String, Tensor>) -> Result<()> {
 }
 
 /// Imports the model read from `path`, pinning input shapes from `--input-shape` flags and from the given
-/// input tensors.
+/// input tensors, and inputs to the values of `--input-value` flags.
 pub fn import(
     m: &ModelProto,
     path: &Path,
-    flags: &[String],
+    (flags, values): (&[String], &[String]),
     given: &HashMap<String, Tensor>,
 ) -> Result<mlopt_ir::Graph> {
     check_given(m, given)?;
-    let opts = import_options(flags, given)?;
+    let mut opts = import_options(flags, given)?;
+    pin_values(&mut opts, m, values)?;
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

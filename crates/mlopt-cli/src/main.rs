@@ -247,6 +247,10 @@ enum Cmd {
         inputs: Vec<String>,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
+        /// Fix an input to a value, NAME=V or NAME=V,V,.. (as compile does): the benchmark runs the
+        /// library compile would write.
+        #[arg(long = "input-value", value_name = "NAME=VALUE")]
+        input_values: Vec<String>,
         /// Timed runs (after 3 warm-up runs), 1 to 1,000,000.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
         iters: u64,
@@ -472,7 +476,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let m = data::load(&model)?;
             let names = data::input_names(&m)?;
             let given = data::read_inputs(&inputs, &names)?;
-            let g = data::import(&m, &model, &input_shapes, &given)?;
+            let g = data::import(&m, &model, (&input_shapes, &[]), &given)?;
             let outs = if interpret {
                 interp::run(&g, &given).context("evaluating the model")?
             } else {
@@ -491,6 +495,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             model,
             inputs,
             input_shapes,
+            input_values,
             iters,
             json,
             profile,
@@ -503,6 +508,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 model: &model,
                 inputs: &inputs,
                 input_shapes: &input_shapes,
+                input_values: &input_values,
                 // At most MAX_ITERS (clap's range), so this fits any usize.
                 iters: iters as usize,
                 json,
@@ -569,7 +575,7 @@ fn check(
     let m = data::load(model)?;
     let names = data::input_names(&m)?;
     let (inputs, expected) = data::read_test_dir(dir, &names)?;
-    let g = data::import(&m, model, &[], &inputs)?;
+    let g = data::import(&m, model, (&[], &[]), &inputs)?;
     let driver = |opt: &OptArgs| -> Result<mlopt_driver::Options> {
         let mut o = opt.driver(&names)?;
         o.probe = per_node;

@@ -5,6 +5,7 @@
 use crate::error::Result;
 use crate::gpu::GpuCompiled;
 use crate::Compiled;
+use mlopt_rewrite::report::json_str;
 use std::path::{Path, PathBuf};
 
 /// What `Library::report` makes: report.json's text and the `--report` printout.
@@ -102,6 +103,29 @@ impl Library {
                 (&c.optimized, &c.cfg, &c.times, extra, text)
             }
         };
+        // The library's name and interface, for programs that load it (the Python package).
+        let program = match self {
+            Library::Cpu(c) => &c.program,
+            Library::Gpu(c) => &c.program,
+        };
+        let io = |list: &[mlopt_kir::Io]| {
+            let items: Vec<String> = list
+                .iter()
+                .map(|io| {
+                    let dims: Vec<String> = io.dims.iter().map(u64::to_string).collect();
+                    format!(
+                        "{{\"name\": {}, \"dtype\": \"{}\", \"shape\": [{}]}}",
+                        json_str(&io.name),
+                        io.elem,
+                        dims.join(", ")
+                    )
+                })
+                .collect();
+            format!("[{}]", items.join(", "))
+        };
+        extra.insert(0, ("name", json_str(&program.name)));
+        extra.insert(1, ("inputs", io(&program.inputs)));
+        extra.insert(2, ("outputs", io(&program.outputs)));
         extra.push(("compile_s", format!("{compile_s:.3}")));
         extra.extend(times.iter().map(|(k, v)| (*k, format!("{v:.3}"))));
         Report {

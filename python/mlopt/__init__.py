@@ -1,0 +1,205 @@
+"""mlopt from Python: compile an ONNX model and call it on numpy arrays.
+
+    import mlopt
+    model = mlopt.compile("resnet50.onnx", input_shapes={"x": (1, 3, 224, 224)})
+    (logits,) = model(x)                      # numpy in, numpy out (a list, in output order)
+    model.profile()                           # per-kernel times against the cost model (a dict)
+    model.save("out/")                        # the library, C header, Rust binding and report
+
+The package is a thin ctypes layer, not an extension module: `compile` runs the `mlopt` binary (the
+`MLOPT` environment variable, else `mlopt` on PATH), links the static library it writes into a shared
+library with the system C compiler, and calls the model's C API (`mlopt_<name>_create/run/error/destroy`)
+through ctypes. So the package is pure Python (no wheel per Python version, no Rust or LLVM at install
+time), and Python runs exactly the library C and Rust programs link. Errors are `mlopt.Error` with the
+compiler's own message, or the compiled code's (the same statuses and messages as the C API).
+"""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import numpy as np
+
+__all__ = ["Error", "Model", "compile"]
+
+
+class Error(Exception):
+    """What the mlopt compiler or a compiled model rejected: its message names the node, op or input."""
+
+
+# The C API's element types as numpy dtypes (bf16 has none: its values are passed as their uint16 bits).
+_DTYPES = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "f16": np.float16,
+    "bf16": np.uint16,
+    "i8": np.int8,
+    "u8": np.uint8,
+    "i32": np.int32,
+    "i64": np.int64,
+    "bool": np.bool_,
+}
+
+
+def _binary():
+    path = os.environ.get("MLOPT") or shutil.which("mlopt")
+    if not path:
+        raise Error("no mlopt binary: set MLOPT to its path, or put it on PATH "
+                    "(cargo install --path crates/mlopt-cli)")
+    return path
+
+
+def _mlopt(args):
+    """Runs the mlopt binary; its stdout, or an Error with its message."""
+    r = subprocess.run([_binary(), *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        msg = r.stderr.strip()
+        raise Error(msg[len("error: "):] if msg.startswith("error: ") else msg)
+    return r.stdout
+
+
+def _options(target, input_shapes, input_values, precision, threads, options):
+    args = ["--target", target, "--precision", precision, "--threads", str(int(threads))]
+    for k, dims in (input_shapes or {}).items():
+        args += ["--input-shape", f"{k}={'x'.join(str(int(d)) for d in dims)}"]
+    for k, v in (input_values or {}).items():
+        vals = np.asarray(v).reshape(-1)
+        args += ["--input-value", f"{k}={','.join(str(x) for x in vals.tolist())}"]
+    return args + [str(o) for o in options]
+
+
+def compile(model, target="host", input_shapes=None, input_values=None, precision="fp32",
+            threads=1, name=None, options=()):
+    """Compiles the ONNX file `model` and returns a callable `Model`.
+
+    target: host (this CPU), x86-64-v3, x86-64-v4, znver4, sapphirerapids (sm_80.. compile, but run only
+    from C on a machine with CUDA); input_shapes: {input: dims} for symbolic dimensions; input_values:
+    {input: value} fixes inputs to constants; precision: fp32, bf16, fp16 or auto; threads: threads of
+    the parallel loops; name: the library's name (default: the file's); options: further
+    `mlopt compile` flags.
+    """
+    common = _options(target, input_shapes, input_values, precision, threads, options)
+    folder = tempfile.mkdtemp(prefix="mlopt-")
+    try:
+        args = ["compile", os.fspath(model), "-o", folder, *common]
+        if name is not None:
+            args += ["--name", name]
+        _mlopt(args)
+        return Model(folder, os.fspath(model), common, owns=True)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+class Model:
+    """A compiled model: call it with numpy arrays (positionally, in input order, or by input name)."""
+
+    def __init__(self, folder, source, options, owns=False):
+        self._folder, self._source, self._options, self._owns = folder, source, options, owns
+        self._ctx = None
+        reports = [f for f in os.listdir(folder) if f.endswith(".report.json")]
+        if len(reports) != 1:
+            raise Error(f"{folder} holds {len(reports)} reports: expected one compiled model")
+        with open(os.path.join(folder, reports[0])) as f:
+            self.report = json.load(f)
+        self.name = self.report["name"]
+        self.inputs = [(io["name"], io["dtype"], tuple(io["shape"])) for io in self.report["inputs"]]
+        self.outputs = [(io["name"], io["dtype"], tuple(io["shape"])) for io in self.report["outputs"]]
+        self._lock = threading.Lock()
+        self._lib = None
+        if not self.report["target"].startswith("sm_"):
+            self._load()
+
+    def _load(self):
+        n = self.name
+        so = os.path.join(self._folder, f"lib{n}.so")
+        r = subprocess.run([os.environ.get("CC", "cc"), "-shared", "-o", so, "-Wl,--whole-archive",
+                            os.path.join(self._folder, f"lib{n}.a"), "-Wl,--no-whole-archive",
+                            "-lm", "-lpthread"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise Error(f"linking lib{n}.a into a shared library failed: {r.stderr.strip()}")
+        lib = ctypes.CDLL(so)
+        vp = ctypes.c_void_p
+        self._create = getattr(lib, f"mlopt_{n}_create")
+        self._create.restype, self._create.argtypes = vp, []
+        self._run = getattr(lib, f"mlopt_{n}_run")
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+        self._error = getattr(lib, f"mlopt_{n}_error")
+        self._error.restype, self._error.argtypes = ctypes.c_char_p, [vp]
+        self._destroy = getattr(lib, f"mlopt_{n}_destroy")
+        self._destroy.restype, self._destroy.argtypes = None, [vp]
+        self._ctx = self._create()
+        if not self._ctx:
+            raise Error(f"out of memory for the context of {n}")
+        self._lib = lib
+
+    def __call__(self, *args, **kwargs):
+        """Runs the model; returns its outputs as numpy arrays, a list in output order."""
+        if self._lib is None:
+            raise Error(f"{self.name} was compiled for {self.report['target']}: a GPU library runs "
+                        "from C on a machine with CUDA (save() it), not from this package")
+        if len(args) > len(self.inputs):
+            raise Error(f"{self.name} takes {len(self.inputs)} inputs, {len(args)} were given")
+        given = dict(zip((i[0] for i in self.inputs), args))
+        for k, v in kwargs.items():
+            if k not in (i[0] for i in self.inputs):
+                raise Error(f"{self.name} has no input '{k}' (inputs: "
+                            f"{', '.join(i[0] for i in self.inputs)})")
+            if k in given:
+                raise Error(f"input '{k}' is given twice")
+            given[k] = v
+        ins = []
+        for name, dtype, shape in self.inputs:
+            if name not in given:
+                raise Error(f"input '{name}': no value given")
+            x = np.ascontiguousarray(given[name])
+            if x.shape != shape:
+                raise Error(f"input '{name}' has shape {list(x.shape)}, the model was compiled for "
+                            f"{dtype}{list(shape)}")
+            if x.dtype != _DTYPES[dtype]:
+                if not np.can_cast(x.dtype, _DTYPES[dtype], casting="same_kind"):
+                    raise Error(f"input '{name}' is {x.dtype}, the model takes {dtype}")
+                x = x.astype(_DTYPES[dtype])
+            ins.append(x)
+        outs = [np.empty(shape, dtype=_DTYPES[dtype]) for _, dtype, shape in self.outputs]
+        vp = ctypes.c_void_p
+        in_ptrs = (vp * max(len(ins), 1))(*[x.ctypes.data for x in ins])
+        out_ptrs = (vp * max(len(outs), 1))(*[y.ctypes.data for y in outs])
+        with self._lock:  # one run at a time per context (the C API's rule)
+            status = self._run(self._ctx, in_ptrs, out_ptrs)
+            if status != 0:
+                msg = self._error(self._ctx).decode("utf-8", "replace")
+                raise Error(f"{msg} (status {status})")
+        return outs
+
+    def profile(self, iters=50):
+        """Builds the model with a clock around each kernel and runs it (`mlopt bench --profile --json`):
+        per kernel, its measured time, the cost model's estimate, GFLOP/s and fraction of the roofline
+        (the plot, roofline.svg, is written beside the library and kept by save())."""
+        out = _mlopt(["bench", self._source, "--profile", "--json", "--iters", str(int(iters)),
+                      "-o", self._folder, *self._options])
+        return json.loads(out)
+
+    def save(self, folder):
+        """Copies the library, its C header, Rust binding, report and stage dumps into `folder`."""
+        os.makedirs(folder, exist_ok=True)
+        for f in os.listdir(self._folder):
+            if not f.startswith(".") and not f.endswith(".so"):
+                shutil.copy2(os.path.join(self._folder, f), os.path.join(folder, f))
+
+    def __repr__(self):
+        ins = ", ".join(f"{n}: {d}{list(s)}" for n, d, s in self.inputs)
+        outs = ", ".join(f"{n}: {d}{list(s)}" for n, d, s in self.outputs)
+        return f"<mlopt.Model {self.name} ({ins}) -> ({outs}) for {self.report['target']}>"
+
+    def __del__(self):
+        if getattr(self, "_ctx", None):
+            self._destroy(self._ctx)
+            self._ctx = None
+        if getattr(self, "_owns", False):
+            shutil.rmtree(self._folder, ignore_errors=True)

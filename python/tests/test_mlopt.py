@@ -1,0 +1,102 @@
+"""The Python package against ONNX Runtime on the repository's fixtures: every fixture compiles and its
+outputs match ORT's on the fixture's inputs; bad calls raise mlopt.Error with the compiler's or the
+compiled code's message; two models live in one process; save() and profile() work.
+
+Run by `cargo xtask test` (MLOPT set to the mlopt it built); by hand:
+    pip install ./python pytest && MLOPT=target/debug/mlopt python -m pytest python/tests
+"""
+
+import glob
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import mlopt
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures")
+FIXTURES = sorted(
+    os.path.dirname(p)
+    for p in glob.glob(os.path.join(ROOT, "**", "model.onnx"), recursive=True)
+)
+
+
+def inputs_of(folder):
+    ts = sorted(glob.glob(os.path.join(folder, "test_data_set_0", "input_*.pb")))
+    out = []
+    for p in ts:
+        t = onnx.TensorProto()
+        with open(p, "rb") as f:
+            t.ParseFromString(f.read())
+        out.append(numpy_helper.to_array(t))
+    return out
+
+
+def ort_outputs(model, xs):
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return s.run(None, {i.name: x for i, x in zip(s.get_inputs(), xs)})
+
+
+@pytest.mark.parametrize("folder", FIXTURES, ids=lambda f: os.path.relpath(f, ROOT))
+def test_fixture_matches_onnxruntime(folder):
+    model = os.path.join(folder, "model.onnx")
+    xs = inputs_of(folder)
+    shapes = {name: x.shape for (name, _, _), x in zip(_declared(model), xs)}
+    m = mlopt.compile(model, input_shapes=shapes)
+    got = m(*xs)
+    want = ort_outputs(model, xs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-4, atol=1e-5)
+    # By name too, and a second call on the same context.
+    again = m(**{name: x for (name, _, _), x in zip(m.inputs, xs)})
+    for a, g in zip(again, got):
+        np.testing.assert_array_equal(a, g)
+
+
+def _declared(model):
+    m = onnx.load(model)
+    inits = {i.name for i in m.graph.initializer}
+    return [(i.name, None, None) for i in m.graph.input if i.name not in inits]
+
+
+def fixture(name):
+    return os.path.join(ROOT, name, "model.onnx")
+
+
+def test_errors_are_mlopt_errors_with_the_compilers_message():
+    with pytest.raises(mlopt.Error, match="no-such.onnx"):
+        mlopt.compile("no-such.onnx")
+    with pytest.raises(mlopt.Error, match="dynamic; pin it with --input-shape"):
+        mlopt.compile(fixture("dynamic"))
+    with pytest.raises(mlopt.Error, match="not a C identifier"):
+        mlopt.compile(fixture("mlp"), name="my-model")
+    m = mlopt.compile(fixture("mlp"))
+    with pytest.raises(mlopt.Error, match=r"input 'x' has shape \[2, 64\], the model was compiled for f32\[8, 64\]"):
+        m(np.zeros((2, 64), np.float32))
+    with pytest.raises(mlopt.Error, match="has no input 'y'"):
+        m(y=np.zeros((8, 64), np.float32))
+    with pytest.raises(mlopt.Error, match="input 'x': no value given"):
+        m()
+
+
+def test_two_models_save_and_profile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = mlopt.compile(fixture("mlp"), name="alpha", threads=2)
+    b = mlopt.compile(fixture("cnn"), name="beta")
+    xa, xb = inputs_of(os.path.dirname(fixture("mlp")))[0], inputs_of(os.path.dirname(fixture("cnn")))[0]
+    (ya,), (yb,) = a(xa), b(xb)
+    np.testing.assert_allclose(ya, ort_outputs(fixture("mlp"), [xa])[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(yb, ort_outputs(fixture("cnn"), [xb])[0], rtol=1e-4, atol=1e-5)
+    assert "alpha" in repr(a) and a.outputs[0][2] == (8, 10)
+    a.save(tmp_path)
+    for f in ["libalpha.a", "alpha.h", "alpha.rs", "alpha.report.json"]:
+        assert (tmp_path / f).exists(), f
+    p = b.profile(iters=5)
+    assert p["median_ms"] > 0 and p["kernels"], p
+    assert all(k["measured_ms"] >= 0 and k["estimate_ms"] > 0 for k in p["kernels"]), p
+    assert not (tmp_path / "out").exists(), "profile() wrote into the working folder"
