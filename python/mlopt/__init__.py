@@ -65,7 +65,7 @@ def _mlopt(args):
 def _options(target, input_shapes, input_values, precision, threads, options):
     args = ["--target", target, "--precision", precision, "--threads", str(int(threads))]
     for k, dims in (input_shapes or {}).items():
-        args += ["--input-shape", f"{k}={'x'.join(str(int(d)) for d in dims)}"]
+        args += ["--input-shape", f"{k}={'x'.join(str(d) for d in dims)}"]
     for k, v in (input_values or {}).items():
         vals = np.asarray(v).reshape(-1)
         args += ["--input-value", f"{k}={','.join(str(x) for x in vals.tolist())}"]
@@ -73,14 +73,15 @@ def _options(target, input_shapes, input_values, precision, threads, options):
 
 
 def compile(model, target="host", input_shapes=None, input_values=None, precision="fp32",
-            threads=1, name=None, options=()):
+            threads=1, name=None, max_batch=None, options=()):
     """Compiles the ONNX file `model` and returns a callable `Model`.
 
     target: host (this CPU), x86-64-v3, x86-64-v4, znver4, sapphirerapids (sm_80.. compile, but run only
     from C on a machine with CUDA); input_shapes: {input: dims} for symbolic dimensions; input_values:
     {input: value} fixes inputs to constants; precision: fp32, bf16, fp16 or auto; threads: threads of
-    the parallel loops; name: the library's name (default: the file's); options: further
-    `mlopt compile` flags.
+    the parallel loops; name: the library's name (default: the file's); max_batch: (SYMBOL, BOUND) for a
+    dynamic batch, SYMBOL the inputs' first dimension (a name in input_shapes, or the model's own), the
+    model then takes 1 to BOUND items per call; options: further `mlopt compile` flags.
     """
     common = _options(target, input_shapes, input_values, precision, threads, options)
     folder = tempfile.mkdtemp(prefix="mlopt-")
@@ -88,6 +89,8 @@ def compile(model, target="host", input_shapes=None, input_values=None, precisio
         args = ["compile", os.fspath(model), "-o", folder, *common]
         if name is not None:
             args += ["--name", name]
+        if max_batch is not None:
+            args += ["--max", f"{max_batch[0]}={int(max_batch[1])}"]
         _mlopt(args)
         return Model(folder, os.fspath(model), common, owns=True)
     except BaseException:
@@ -109,6 +112,10 @@ class Model:
         self.name = self.report["name"]
         self.inputs = [(io["name"], io["dtype"], tuple(io["shape"])) for io in self.report["inputs"]]
         self.outputs = [(io["name"], io["dtype"], tuple(io["shape"])) for io in self.report["outputs"]]
+        # A dynamic batch (`max_batch`): the shapes are one item's, and a call takes 1 to max_batch items.
+        batch = self.report.get("batch")
+        self.max_batch = batch["max"] if batch else None
+        self._batched = batch["inputs_batched"] if batch else [False] * len(self.inputs)
         self._lock = threading.Lock()
         self._lib = None
         if not self.report["target"].startswith("sm_"):
@@ -129,6 +136,8 @@ class Model:
         self._run = getattr(lib, f"mlopt_{n}_run")
         self._run.restype = ctypes.c_int
         self._run.argtypes = [vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+        if self.max_batch is not None:
+            self._run.argtypes = [vp, ctypes.c_int64, ctypes.POINTER(vp), ctypes.POINTER(vp)]
         self._error = getattr(lib, f"mlopt_{n}_error")
         self._error.restype, self._error.argtypes = ctypes.c_char_p, [vp]
         self._destroy = getattr(lib, f"mlopt_{n}_destroy")
@@ -154,24 +163,39 @@ class Model:
                 raise Error(f"input '{k}' is given twice")
             given[k] = v
         ins = []
-        for name, dtype, shape in self.inputs:
+        n = None  # the items of a dynamic batch, from the first batched input
+        for (name, dtype, shape), batched in zip(self.inputs, self._batched):
             if name not in given:
                 raise Error(f"input '{name}': no value given")
             x = np.ascontiguousarray(given[name])
-            if x.shape != shape:
+            want = shape
+            if batched and x.ndim == len(shape) and shape[0] > 0 and x.shape[0] % shape[0] == 0:
+                k = x.shape[0] // shape[0]
+                n = k if n is None else n
+                want = (shape[0] * n,) + shape[1:]
+                if not 1 <= n <= self.max_batch:
+                    raise Error(f"input '{name}' holds {n} items: {self.name} runs 1 to "
+                                f"{self.max_batch}")
+            if x.shape != want:
+                per = " per item" if batched else ""
                 raise Error(f"input '{name}' has shape {list(x.shape)}, the model was compiled for "
-                            f"{dtype}{list(shape)}")
+                            f"{dtype}{list(shape)}{per}")
             if x.dtype != _DTYPES[dtype]:
                 if not np.can_cast(x.dtype, _DTYPES[dtype], casting="same_kind"):
                     raise Error(f"input '{name}' is {x.dtype}, the model takes {dtype}")
                 x = x.astype(_DTYPES[dtype])
             ins.append(x)
-        outs = [np.empty(shape, dtype=_DTYPES[dtype]) for _, dtype, shape in self.outputs]
+        scale = 1 if n is None else n
+        outs = [np.empty((shape[0] * scale,) + shape[1:] if self.max_batch else shape,
+                         dtype=_DTYPES[dtype]) for _, dtype, shape in self.outputs]
         vp = ctypes.c_void_p
         in_ptrs = (vp * max(len(ins), 1))(*[x.ctypes.data for x in ins])
         out_ptrs = (vp * max(len(outs), 1))(*[y.ctypes.data for y in outs])
         with self._lock:  # one run at a time per context (the C API's rule)
-            status = self._run(self._ctx, in_ptrs, out_ptrs)
+            if self.max_batch is None:
+                status = self._run(self._ctx, in_ptrs, out_ptrs)
+            else:
+                status = self._run(self._ctx, scale, in_ptrs, out_ptrs)
             if status != 0:
                 msg = self._error(self._ctx).decode("utf-8", "replace")
                 raise Error(f"{msg} (status {status})")

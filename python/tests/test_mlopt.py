@@ -100,3 +100,35 @@ def test_two_models_save_and_profile(tmp_path, monkeypatch):
     assert p["median_ms"] > 0 and p["kernels"], p
     assert all(k["measured_ms"] >= 0 and k["estimate_ms"] > 0 for k in p["kernels"]), p
     assert not (tmp_path / "out").exists(), "profile() wrote into the working folder"
+
+
+@pytest.mark.parametrize("spec", [("batch", None), ("N", {"x": ("N", 3, 8, 8)})])
+def test_dynamic_batch_matches_onnxruntime_at_every_size(spec):
+    sym, shapes = spec
+    model = fixture("dynamic")
+    m = mlopt.compile(model, input_shapes=shapes, max_batch=(sym, 11))
+    assert m.max_batch == 11 and m.inputs[0][2] == (1, 3, 8, 8)
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for n in [1, 2, 3, 5, 8, 11]:
+        x = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
+        (got,) = m(x)
+        (want,) = s.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(mlopt.Error, match="holds 12 items"):
+        m(np.zeros((12, 3, 8, 8), np.float32))
+
+
+def test_a_model_that_mixes_items_gets_no_dynamic_batch(tmp_path):
+    from onnx import TensorProto, helper
+    # y = x - mean over the batch: items are not independent.
+    g = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+         helper.make_node("Sub", ["x", "m"], ["y"])],
+        "mix", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    path = str(tmp_path / "mix.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(mlopt.Error, match="mixes the items of a batch"):
+        mlopt.compile(path, max_batch=("batch", 8))

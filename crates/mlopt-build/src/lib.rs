@@ -52,6 +52,7 @@ impl std::error::Error for Error {}
 pub struct Config {
     args: Vec<String>,
     name: Option<String>,
+    max_batch: Option<(String, u64)>,
     out_dir: Option<PathBuf>,
     mlopt: Option<PathBuf>,
     /// (name, binding path) of each model compiled so far, for `models.rs`.
@@ -106,6 +107,14 @@ impl Config {
         self
     }
 
+    /// `--max SYMBOL=BOUND` for the next model compiled (then reset): a dynamic batch, whose `run` takes
+    /// the number of items, 1 to `bound` (`SYMBOL`: the inputs' first dimension, named in
+    /// [`Config::input_shape`]'s dims or the model's own symbolic dimension).
+    pub fn max_batch(&mut self, symbol: &str, bound: u64) -> &mut Config {
+        self.max_batch = Some((symbol.to_string(), bound));
+        self
+    }
+
     /// Where the libraries go (default: `$OUT_DIR/mlopt`).
     pub fn out_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Config {
         self.out_dir = Some(dir.into());
@@ -130,6 +139,9 @@ impl Config {
         cmd.args(&self.args);
         if let Some(n) = self.name.take() {
             cmd.arg("--name").arg(n);
+        }
+        if let Some((sym, bound)) = self.max_batch.take() {
+            cmd.arg("--max").arg(format!("{sym}={bound}"));
         }
         let output = cmd.output().map_err(|e| {
             Error(format!(

@@ -262,3 +262,86 @@ pub fn write_outputs(dir: &Path, outs: &[(String, Tensor)], format: Format) -> R
     replace_files(dir, &files)?;
     Ok(())
 }
+
+/// The most items `--max` allows.
+pub const MAX_BATCH: u64 = 65536;
+
+/// `--max SYMBOL=BOUND`: the batch dimension's name and the most items a run takes.
+pub fn parse_max(flag: &str) -> Result<(String, u64)> {
+    let (sym, bound) = flag
+        .split_once('=')
+        .with_context(|| format!("--max {flag}: expected SYMBOL=BOUND (e.g. N=32)"))?;
+    let plain = sym
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && sym
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !plain || sym.contains('x') {
+        bail!("--max {flag}: '{sym}' is not a dimension name (letters, digits, _ and -, without x, which separates dimensions)");
+    }
+    let bound: u64 = bound
+        .parse()
+        .ok()
+        .filter(|b| (1..=MAX_BATCH).contains(b))
+        .with_context(|| {
+            format!("--max {flag}: the bound must be a number from 1 to {MAX_BATCH}")
+        })?;
+    Ok((sym.to_string(), bound))
+}
+
+/// The `--input-shape` flags at batch `b`: each dimension spelled `sym` becomes `b`; and an input no
+/// flag names whose declared first dimension is the symbol `sym` (and the rest static) is pinned to
+/// `[b, rest..]`. An error if `sym` names no dimension at all.
+pub fn shapes_at(m: &ModelProto, flags: &[String], sym: &str, b: u64) -> Result<Vec<String>> {
+    let mut used = false;
+    let mut out: Vec<String> = flags
+        .iter()
+        .map(|f| match f.split_once('=') {
+            Some((name, dims)) => {
+                let dims: Vec<String> = dims
+                    .split('x')
+                    .map(|d| {
+                        if d.trim() == sym {
+                            used = true;
+                            b.to_string()
+                        } else {
+                            d.to_string()
+                        }
+                    })
+                    .collect();
+                format!("{name}={}", dims.join("x"))
+            }
+            None => f.clone(),
+        })
+        .collect();
+    let g = m.graph.as_ref().context("the model has no graph")?;
+    let named: HashSet<&str> = flags
+        .iter()
+        .filter_map(|f| f.split_once('=').map(|p| p.0))
+        .collect();
+    for v in &g.input {
+        if named.contains(v.name.as_str()) {
+            continue;
+        }
+        let Ok((_, Some(dims))) = mlopt_onnx::import::declared_type(v) else {
+            continue;
+        };
+        if dims.first().is_some_and(|(d, s)| d.is_none() && s == sym) {
+            let mut d = vec![b.to_string()];
+            for (k, (size, s)) in dims.iter().enumerate().skip(1) {
+                let size = size.with_context(|| {
+                    format!("input '{}': dimension {k} ('{s}') is dynamic too; pin it with --input-shape", v.name)
+                })?;
+                d.push(size.to_string());
+            }
+            used = true;
+            out.push(format!("{}={}", v.name, d.join("x")));
+        }
+    }
+    if !used {
+        bail!("--max: no --input-shape dimension and no input's first dimension is named '{sym}'");
+    }
+    Ok(out)
+}

@@ -173,6 +173,11 @@ enum Cmd {
         /// program its own.
         #[arg(long)]
         name: Option<String>,
+        /// A dynamic batch: SYMBOL=BOUND, where SYMBOL is a leading dimension of --input-shape
+        /// (x=Nx3x224x224) or the name of the inputs' symbolic first dimension, and BOUND the most
+        /// items one run takes. The library's run takes the batch size (mlopt_<name>_run(ctx, n, ..)).
+        #[arg(long, value_name = "SYMBOL=BOUND")]
+        max: Option<String>,
         #[arg(long = "input-shape", value_name = "NAME=DIMS")]
         input_shapes: Vec<String>,
         /// Fix an input to a value, NAME=V or NAME=V,V,.. (its declared shape and type): it becomes a
@@ -351,7 +356,7 @@ const MAX_ITERS: u64 = 1_000_000;
 /// `mlopt compile`: the library, its report and every stage's text, written into `output` all or none.
 fn compile(
     model: &std::path::Path,
-    name: Option<&str>,
+    (name, max): (Option<&str>, Option<&str>),
     (input_shapes, input_values): (&[String], &[String]),
     output: &std::path::Path,
     report: bool,
@@ -360,11 +365,36 @@ fn compile(
     let start = std::time::Instant::now();
     let (name, name_from) = data::library_name(model, name)?;
     let m = data::load(model)?;
-    let mut import = data::import_options(input_shapes, &HashMap::new())?;
-    data::pin_values(&mut import, &m, input_values)?;
     let mut options = opt.driver(&data::input_names(&m)?)?;
     options.dumps = true;
-    let lib = mlopt_driver::build(data::source(&m, model, &name, &import), &options)?;
+    let build = |shapes: &[String], name: &str| -> Result<mlopt_driver::Library> {
+        let mut import = data::import_options(shapes, &HashMap::new())?;
+        data::pin_values(&mut import, &m, input_values)?;
+        Ok(mlopt_driver::build(
+            data::source(&m, model, name, &import),
+            &options,
+        )?)
+    };
+    let lib = match max {
+        None => build(input_shapes, &name)?,
+        Some(flag) => {
+            let (sym, bound) = data::parse_max(flag)?;
+            if options.config.target.is_gpu() {
+                bail!("--max: a dynamic batch is for CPU targets");
+            }
+            let mut variants = Vec::new();
+            for b in mlopt_driver::batch::variant_sizes(bound) {
+                let shapes = data::shapes_at(&m, input_shapes, &sym, b)?;
+                match build(&shapes, &format!("{name}_b{b}"))? {
+                    mlopt_driver::Library::Cpu(c) => variants.push((b, *c)),
+                    _ => bail!("a CPU target built another kind of library (a bug in mlopt)"),
+                }
+            }
+            mlopt_driver::Library::Batched(Box::new(mlopt_driver::batch::Batched::new(
+                &name, &sym, bound, variants,
+            )?))
+        }
+    };
     let compile_s = start.elapsed().as_secs_f64();
     // The report is written with the library, all files or none.
     // (Named after the library too, so several models compiled into one folder keep their own.)
@@ -450,6 +480,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Compile {
             model,
             name,
+            max,
             input_shapes,
             input_values,
             output,
@@ -457,7 +488,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             opt,
         } => compile(
             &model,
-            name.as_deref(),
+            (name.as_deref(), max.as_deref()),
             (&input_shapes, &input_values),
             &output,
             report,

@@ -170,7 +170,8 @@ fn the_rust_example_builds_with_mlopt_build_and_matches() {
 }
 
 /// A crate whose build.rs compiles the two `main_graph` models with mlopt-build (one by its file's name,
-/// one renamed by `Config::name`) runs both in one program, one of them moved to another thread.
+/// one renamed by `Config::name`) runs both in one program, one of them moved to another thread; a
+/// third model, with a dynamic batch (`Config::max_batch`), runs one and three items.
 #[test]
 fn two_main_graph_models_link_into_one_rust_program() {
     let tmp = tempfile::tempdir().unwrap();
@@ -191,9 +192,10 @@ fn two_main_graph_models_link_into_one_rust_program() {
     std::fs::write(
         krate.join("build.rs"),
         format!(
-            "fn main() {{\n    let mut c = mlopt_build::Config::new();\n    c.target(\"x86-64-v3\");\n    c.compile({:?}).unwrap();\n    c.name(\"second\").compile({:?}).unwrap();\n}}\n",
+            "fn main() {{\n    let mut c = mlopt_build::Config::new();\n    c.target(\"x86-64-v3\");\n    c.compile({:?}).unwrap();\n    c.name(\"second\").compile({:?}).unwrap();\n    c.max_batch(\"batch\", 4).compile({:?}).unwrap();\n}}\n",
             dir.join("alpha.onnx"),
-            dir.join("beta.onnx")
+            dir.join("beta.onnx"),
+            fixture("dynamic/model.onnx")
         ),
     )
     .unwrap();
@@ -224,6 +226,18 @@ fn main() {
     a.run(&xa, &mut ya).unwrap();
     for v in ya { println!("a {v:.9e}"); }
     for v in yb { println!("b {v:.9e}"); }
+    // A dynamic batch: three items give, for the first, what one item gives.
+    let mut d = model::Model::new().unwrap();
+    let item: usize = model::INPUT0_SHAPE.iter().product();
+    let out: usize = model::OUTPUT0_SHAPE.iter().product();
+    let x: Vec<f32> = (0..3 * item).map(|i| (i % 7) as f32 - 3.0).collect();
+    let (mut y1, mut y3) = (vec![0f32; out], vec![0f32; 3 * out]);
+    d.run(1, &x[..item], &mut y1).unwrap();
+    d.run(3, &x, &mut y3).unwrap();
+    assert_eq!(model::Model::MAX_BATCH, 4);
+    assert!(d.run(5, &vec![0f32; 5 * item], &mut vec![0f32; 5 * out]).is_err());
+    assert!(y1.iter().zip(&y3).all(|(p, q)| (p - q).abs() <= 1e-5 * p.abs().max(1.0)));
+    println!("dynamic ok");
 }
 "#,
     )
@@ -240,4 +254,5 @@ fn main() {
             .collect();
         close(&got, want, tag);
     }
+    assert!(text.contains("dynamic ok"), "{text}");
 }

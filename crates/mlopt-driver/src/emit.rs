@@ -83,7 +83,34 @@ fn rust_string(s: &str) -> String {
     s.escape_default().to_string()
 }
 
+/// How a library's run takes its inputs: all of the compiled shapes, or a batch of n items (a dynamic
+/// batch: `batch.rs`), each input with the batch dimension or not.
+#[derive(Debug, Clone, Copy)]
+pub enum Batch<'a> {
+    Static,
+    Dynamic {
+        max: u64,
+        symbol: &'a str,
+        input_batched: &'a [bool],
+    },
+}
+
+impl Batch<'_> {
+    fn batched_input(&self, i: usize) -> bool {
+        match self {
+            Batch::Static => false,
+            Batch::Dynamic { input_batched, .. } => input_batched[i],
+        }
+    }
+}
+
 pub fn c_header(p: &Program, target: &str) -> String {
+    c_header_with(p, target, Batch::Static, mlopt_llvm::stack_bytes(p))
+}
+
+/// The C header of `p` (for a dynamic batch: one item's program), whose run takes `batch` and needs
+/// `stack` bytes of stack.
+pub fn c_header_with(p: &Program, target: &str, batch: Batch, stack: u64) -> String {
     let n = c_name(&p.name);
     let mut s = io_defines(
         p,
@@ -95,7 +122,21 @@ pub fn c_header(p: &Program, target: &str) -> String {
             n
         ),
     );
-    append_cpu_api(&mut s, p, &n);
+    if let Batch::Dynamic {
+        max,
+        symbol,
+        input_batched,
+    } = batch
+    {
+        let up = n.to_ascii_uppercase();
+        let _ = writeln!(s, "/* Dynamic batch over dimension '{}': a run takes n items, 1 <= n <= MLOPT_{up}_MAX_BATCH. The\n   sizes above are one item's: an input with BATCHED 1 and every output hold n items of ELEMS\n   elements each, one after another; an input with BATCHED 0 is the same for every item. */", comment(symbol));
+        let _ = writeln!(s, "#define MLOPT_{up}_MAX_BATCH {max}");
+        for (i, b) in input_batched.iter().enumerate() {
+            let _ = writeln!(s, "#define MLOPT_{up}_INPUT{i}_BATCHED {}", u8::from(*b));
+        }
+        let _ = writeln!(s);
+    }
+    append_cpu_api(&mut s, p, &n, batch, stack);
     s
 }
 
@@ -142,7 +183,7 @@ pub fn io_defines(p: &Program, banner: &str) -> String {
     s
 }
 
-fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
+fn append_cpu_api(s: &mut String, p: &Program, n: &str, batch: Batch, stack: u64) {
     use mlopt_llvm::{STATUS_ARGUMENT, STATUS_DATA, STATUS_MEMORY, STATUS_PLATFORM};
     let _ = writeln!(
         s,
@@ -159,14 +200,20 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
     let _ = writeln!(s, "/* Runs the model: inputs[i] and outputs[i] point to the caller's buffers of the sizes above, each\n   aligned to its element type (4 bytes for float; no more is needed), packed row-major. Inputs are\n   only read. An output must not overlap an input or another output (outputs are written while\n   inputs are still being read): the outputs are then unspecified. Returns MLOPT_OK, or a status\n   above, and never aborts; after an error the outputs are unspecified.\n   One run at a time per context: a context used by two threads at once is undefined behaviour.\n   Contexts are independent. A context carries a mark of this model that destroy clears: run, error\n   and destroy refuse memory without it (MLOPT_ERR_ARGUMENT, a message, nothing written or freed),\n   which catches another model's context, and a destroyed one until its memory is reused (using freed\n   memory is undefined, as with free). A run needs MLOPT_{}_STACK_BYTES of the calling thread's\n   stack (and of each pool thread's): larger scratch lives in the context, or in buffers the runtime\n   keeps per thread and level of parallel loops, grown to the largest a run asked for and freed when\n   the thread exits. */", n.to_ascii_uppercase());
     let _ = writeln!(
         s,
-        "#define MLOPT_{}_STACK_BYTES {}u",
+        "#define MLOPT_{}_STACK_BYTES {stack}u",
         n.to_ascii_uppercase(),
-        mlopt_llvm::stack_bytes(p)
     );
-    let _ = writeln!(
-        s,
-        "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);"
-    );
+    match batch {
+        Batch::Static => {
+            let _ = writeln!(
+                s,
+                "int mlopt_{n}_run(void *ctx, const void *const *inputs, void *const *outputs);"
+            );
+        }
+        Batch::Dynamic { .. } => {
+            let _ = writeln!(s, "/* n items (see above); n out of range is MLOPT_ERR_ARGUMENT. */\nint mlopt_{n}_run(void *ctx, int64_t n, const void *const *inputs, void *const *outputs);");
+        }
+    }
     let _ = writeln!(s, "/* The last run's error on ctx as text (\"\" after a success); a static string, never NULL. */");
     let _ = writeln!(s, "const char *mlopt_{n}_error(const void *ctx);");
     let _ = writeln!(
@@ -178,7 +225,17 @@ fn append_cpu_api(s: &mut String, p: &Program, n: &str) {
 }
 
 pub fn rust_binding(p: &Program, lib: &str) -> String {
+    rust_binding_with(p, lib, Batch::Static)
+}
+
+/// The Rust binding of `p` (for a dynamic batch: one item's program), whose run takes `batch`.
+pub fn rust_binding_with(p: &Program, lib: &str, batch: Batch) -> String {
     let n = c_name(&p.name);
+    let dynamic = matches!(batch, Batch::Dynamic { .. });
+    let (n_param, n_arg, n_c) = match dynamic {
+        true => ("n: usize, ", "n as i64, ", "n: i64, "),
+        false => ("", "", ""),
+    };
     let mut s = String::new();
     // Plain comments: the file is meant for `mod x { include!(...) }` as well as `mod x;`.
     let _ = writeln!(
@@ -189,7 +246,7 @@ pub fn rust_binding(p: &Program, lib: &str) -> String {
     );
     let _ = writeln!(s, "// Link it from build.rs: `cargo:rustc-link-search=native=DIR` and `cargo:rustc-link-lib=static={lib}`.\n");
     let _ = writeln!(s, "use std::ffi::{{c_char, c_void, CStr}};\n");
-    let _ = writeln!(s, "unsafe extern \"C\" {{\n    fn mlopt_{n}_create() -> *mut c_void;\n    fn mlopt_{n}_run(ctx: *mut c_void, inputs: *const *const c_void, outputs: *const *mut c_void) -> i32;\n    fn mlopt_{n}_error(ctx: *const c_void) -> *const c_char;\n    fn mlopt_{n}_destroy(ctx: *mut c_void);\n    fn mlopt_set_num_threads(n: i32);\n}}\n");
+    let _ = writeln!(s, "unsafe extern \"C\" {{\n    fn mlopt_{n}_create() -> *mut c_void;\n    fn mlopt_{n}_run(ctx: *mut c_void, {n_c}inputs: *const *const c_void, outputs: *const *mut c_void) -> i32;\n    fn mlopt_{n}_error(ctx: *const c_void) -> *const c_char;\n    fn mlopt_{n}_destroy(ctx: *mut c_void);\n    fn mlopt_set_num_threads(n: i32);\n}}\n");
     let _ = writeln!(
         s,
         "/// A failed run (or creation): the C status (`MLOPT_ERR_*` in the header) and its message.\n#[derive(Debug, Clone, PartialEq, Eq)]\npub struct Error {{\n    pub status: i32,\n    pub message: String,\n}}\n\nimpl std::fmt::Display for Error {{\n    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {{\n        write!(f, \"{{}} (status {{}})\", self.message, self.status)\n    }}\n}}\n\nimpl std::error::Error for Error {{}}\n"
@@ -233,26 +290,40 @@ pub fn rust_binding(p: &Program, lib: &str) -> String {
         .chain(&p.outputs)
         .map(|io| comment(&io.name))
         .collect();
+    if let Batch::Dynamic { max, .. } = batch {
+        let _ = writeln!(
+            s,
+            "    /// The most items one run takes.\n    pub const MAX_BATCH: usize = {max};\n"
+        );
+    }
+    let items = match dynamic {
+        true => " of n items (the shapes above are one item's; n from 1 to MAX_BATCH)",
+        false => "",
+    };
     let _ = writeln!(
         s,
-        "    /// Runs the model ({}); panics if a buffer has the wrong length, returns the compiled code's error\n    /// for inputs it rejects.\n    pub fn run(&mut self, {}) -> Result<(), Error> {{",
+        "    /// Runs the model{items} ({}); panics if a buffer has the wrong length, returns the compiled\n    /// code's error for inputs it rejects.\n    pub fn run(&mut self, {n_param}{}) -> Result<(), Error> {{",
         names.join(", "),
         args.join(", ")
     );
+    // The length a buffer needs: one item's elements, times n where it holds n items.
+    let times = |batched: bool| if batched { " * n" } else { "" };
     for (i, io) in p.inputs.iter().enumerate() {
         // (The name is an argument, not part of the format string, where a brace would be a placeholder.)
         let _ = writeln!(
             s,
-            "        assert_eq!(in{i}.len(), {}, \"input {i} ({{}})\", \"{}\");",
+            "        assert_eq!(in{i}.len(), {}{}, \"input {i} ({{}})\", \"{}\");",
             numel(io),
+            times(batch.batched_input(i)),
             rust_string(&io.name)
         );
     }
     for (i, io) in p.outputs.iter().enumerate() {
         let _ = writeln!(
             s,
-            "        assert_eq!(out{i}.len(), {}, \"output {i} ({{}})\", \"{}\");",
+            "        assert_eq!(out{i}.len(), {}{}, \"output {i} ({{}})\", \"{}\");",
             numel(io),
+            times(dynamic),
             rust_string(&io.name)
         );
     }
@@ -270,7 +341,7 @@ pub fn rust_binding(p: &Program, lib: &str) -> String {
         outs.len(),
         outs.join(", ")
     );
-    let _ = writeln!(s, "        // SAFETY: the buffers have the lengths the model was compiled for (checked above).\n        let status = unsafe {{ mlopt_{n}_run(self.ctx, ins.as_ptr(), outs.as_ptr()) }};\n        if status == 0 {{\n            return Ok(());\n        }}\n        // SAFETY: error returns a static NUL-terminated string.\n        let message = unsafe {{ CStr::from_ptr(mlopt_{n}_error(self.ctx)) }}.to_string_lossy().into_owned();\n        Err(Error {{ status, message }})\n    }}\n}}\n");
+    let _ = writeln!(s, "        // SAFETY: the buffers have the lengths the model was compiled for (checked above).\n        let status = unsafe {{ mlopt_{n}_run(self.ctx, {n_arg}ins.as_ptr(), outs.as_ptr()) }};\n        if status == 0 {{\n            return Ok(());\n        }}\n        // SAFETY: error returns a static NUL-terminated string.\n        let message = unsafe {{ CStr::from_ptr(mlopt_{n}_error(self.ctx)) }}.to_string_lossy().into_owned();\n        Err(Error {{ status, message }})\n    }}\n}}\n");
     let _ = writeln!(s, "impl Drop for Model {{\n    fn drop(&mut self) {{\n        // SAFETY: ctx came from create and is freed once.\n        unsafe {{ mlopt_{n}_destroy(self.ctx) }}\n    }}\n}}");
     s
 }

@@ -2,6 +2,7 @@
 //! what is written and reported for either, so the CLI does not orchestrate stages or assemble reports
 //! itself.
 
+use crate::batch::Batched;
 use crate::error::Result;
 use crate::gpu::GpuCompiled;
 use crate::Compiled;
@@ -20,6 +21,8 @@ pub struct Report {
 pub enum Library {
     Cpu(Box<Compiled>),
     Gpu(Box<GpuCompiled>),
+    /// A dynamic batch: CPU builds at several batch sizes behind one run (`batch.rs`).
+    Batched(Box<Batched>),
 }
 
 impl Library {
@@ -28,6 +31,7 @@ impl Library {
         match &mut self {
             Library::Cpu(c) => c.times = times,
             Library::Gpu(c) => c.times = times,
+            Library::Batched(_) => {}
         }
         self
     }
@@ -37,6 +41,7 @@ impl Library {
         match &mut self {
             Library::Cpu(c) => c.dumps = dumps,
             Library::Gpu(c) => c.dumps = dumps,
+            Library::Batched(_) => {}
         }
         self
     }
@@ -46,6 +51,7 @@ impl Library {
         match self {
             Library::Cpu(c) => &c.program.name,
             Library::Gpu(c) => &c.program.name,
+            Library::Batched(b) => &b.name,
         }
     }
 
@@ -54,6 +60,7 @@ impl Library {
         match self {
             Library::Cpu(c) => c.cfg.target.name(),
             Library::Gpu(c) => c.cfg.target.name(),
+            Library::Batched(b) => b.largest().cfg.target.name(),
         }
     }
 
@@ -68,26 +75,8 @@ impl Library {
     /// memory plan lowering used.
     pub fn report(&self, compile_s: f64) -> Report {
         let (optimized, cfg, times, mut extra, text) = match self {
-            Library::Cpu(c) => {
-                let mem = &c.memory;
-                let extra = vec![
-                    ("arena_bytes", mem.arena_bytes.to_string()),
-                    ("in_place", mem.in_place.len().to_string()),
-                    ("kernels_compiled", c.program.kernels.len().to_string()),
-                ];
-                let text = format!(
-                    "{}{}activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)\n{}",
-                    mlopt_rewrite::report::header(&c.optimized, &c.cfg),
-                    mlopt_rewrite::report::table(&c.optimized),
-                    mem.arena_bytes as f64 / 1e6,
-                    mem.slots.len(),
-                    mem.in_place.len(),
-                    mem.aliases.len(),
-                    mem.unshared_bytes as f64 / 1e6,
-                    Self::stages(&c.times)
-                );
-                (&c.optimized, &c.cfg, &c.times, extra, text)
-            }
+            Library::Cpu(c) => cpu_parts(c),
+            Library::Batched(b) => cpu_parts(b.largest()),
             Library::Gpu(c) => {
                 let extra = vec![
                     ("arena_bytes", c.program.arena_bytes.to_string()),
@@ -98,15 +87,36 @@ impl Library {
                     "{}{}{}",
                     mlopt_rewrite::report::header(&c.optimized, &c.cfg),
                     c.table(),
-                    Self::stages(&c.times)
+                    Library::stages(&c.times)
                 );
                 (&c.optimized, &c.cfg, &c.times, extra, text)
             }
         };
         // The library's name and interface, for programs that load it (the Python package).
+        let per_item;
         let program = match self {
             Library::Cpu(c) => &c.program,
             Library::Gpu(c) => &c.program,
+            Library::Batched(b) => {
+                per_item = b.per_item();
+                let flags: Vec<&str> = b
+                    .input_batched
+                    .iter()
+                    .map(|&x| if x { "true" } else { "false" })
+                    .collect();
+                let sizes: Vec<String> = b.variants.iter().map(|(k, _)| k.to_string()).collect();
+                extra.push((
+                    "batch",
+                    format!(
+                        "{{\"symbol\": {}, \"max\": {}, \"variants\": [{}], \"inputs_batched\": [{}]}}",
+                        json_str(&b.symbol),
+                        b.max_batch,
+                        sizes.join(", "),
+                        flags.join(", ")
+                    ),
+                ));
+                &per_item
+            }
         };
         let io = |list: &[mlopt_kir::Io]| {
             let items: Vec<String> = list
@@ -143,6 +153,11 @@ impl Library {
                 &c.kernel_records(),
             )),
             Library::Gpu(_) => None,
+            Library::Batched(b) => Some(crate::svg::roofline(
+                title,
+                &b.largest().cfg.target,
+                &b.largest().kernel_records(),
+            )),
         }
     }
 
@@ -156,6 +171,7 @@ impl Library {
         match self {
             Library::Cpu(c) => c.write_library(dir, stem, extra),
             Library::Gpu(c) => c.write_library(dir, stem, extra),
+            Library::Batched(b) => b.write_library(dir, stem, extra),
         }
     }
 
@@ -163,12 +179,51 @@ impl Library {
     pub fn notes(&self) -> Vec<String> {
         match self {
             Library::Cpu(_) => vec![],
+            Library::Batched(b) => {
+                let sizes: Vec<String> = b.variants.iter().map(|(k, _)| k.to_string()).collect();
+                vec![format!(
+                    "dynamic batch over '{}' (1 to {}): built at batch {}; checked that items do not mix",
+                    b.symbol.escape_default(),
+                    b.max_batch,
+                    sizes.join(", ")
+                )]
+            }
             Library::Gpu(c) => vec![match &c.ptxas {
                 Some(p) => format!("ptxas ({}) assembled every kernel for {}", p.display(), c.cfg.target.name()),
                 None => "warning: no ptxas found (set MLOPT_PTXAS or put it on PATH): the PTX is not checked and the report has no registers".into(),
             }],
         }
     }
+}
+
+/// A CPU build's part of its report: the plan, configuration and stage times, its fields, its text.
+type Parts<'a> = (
+    &'a mlopt_rewrite::Optimized,
+    &'a mlopt_rewrite::Config,
+    &'a Vec<(&'static str, f64)>,
+    Vec<(&'static str, String)>,
+    String,
+);
+
+fn cpu_parts(c: &Compiled) -> Parts<'_> {
+    let mem = &c.memory;
+    let extra = vec![
+        ("arena_bytes", mem.arena_bytes.to_string()),
+        ("in_place", mem.in_place.len().to_string()),
+        ("kernels_compiled", c.program.kernels.len().to_string()),
+    ];
+    let text = format!(
+            "{}{}activation arena: {:.3} MB for {} stored values ({} written in place, {} views; {:.3} MB without reuse)\n{}",
+            mlopt_rewrite::report::header(&c.optimized, &c.cfg),
+            mlopt_rewrite::report::table(&c.optimized),
+            mem.arena_bytes as f64 / 1e6,
+            mem.slots.len(),
+            mem.in_place.len(),
+            mem.aliases.len(),
+            mem.unshared_bytes as f64 / 1e6,
+            Library::stages(&c.times)
+        );
+    (&c.optimized, &c.cfg, &c.times, extra, text)
 }
 
 /// The files a compile writes for the stages' texts: `<stem>.<suffix>` each (`Stage::dump_suffix`).

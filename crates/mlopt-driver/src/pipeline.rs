@@ -498,8 +498,8 @@ pub fn compile<'a>(source: impl Into<Source<'a>>, opt: &'a Options) -> Result<Co
     cpu_target(&opt.config.target)?;
     match build(source, opt)? {
         Library::Cpu(c) => Ok(*c),
-        Library::Gpu(_) => Err(DriverError::Io(
-            "a CPU target built a GPU library (a bug in mlopt's driver)".into(),
+        Library::Gpu(_) | Library::Batched(_) => Err(DriverError::Io(
+            "a CPU target built another kind of library (a bug in mlopt's driver)".into(),
         )),
     }
 }
@@ -512,7 +512,7 @@ pub fn compile_gpu<'a>(
     gpu_target(&opt.config.target)?;
     match build(source, opt)? {
         Library::Gpu(c) => Ok(*c),
-        Library::Cpu(_) => Err(DriverError::Io(
+        Library::Cpu(_) | Library::Batched(_) => Err(DriverError::Io(
             "a GPU target built a CPU library (a bug in mlopt's driver)".into(),
         )),
     }

@@ -100,7 +100,12 @@ impl Writer {
     }
 }
 
-/// The object: `symbols` (name, bytes) in `.rodata`, each 64-byte aligned, global and hidden.
+/// Bytes' length and first (up to 64) bytes: where equal bytes are looked for.
+type Prefix<'a> = (usize, &'a [u8]);
+
+/// The object: `symbols` (name, bytes) in `.rodata`, each 64-byte aligned, global and hidden. Symbols
+/// whose bytes are equal share them (one copy, several names): the batch variants of a dynamic-batch
+/// library pack most weights alike.
 pub fn data_object(symbols: &[(String, Arc<Vec<u8>>)]) -> DataObject {
     let mut w = Writer::default();
     w.out.resize(64, 0u8);
@@ -108,9 +113,23 @@ pub fn data_object(symbols: &[(String, Arc<Vec<u8>>)]) -> DataObject {
     w.pad_to(ALIGN);
     let rodata_at = w.len();
     let mut placed = Vec::with_capacity(symbols.len());
-    for (_, bytes) in symbols {
+    // Bytes already placed (symbol index, offset), by length and first bytes.
+    let mut seen: std::collections::HashMap<Prefix, Vec<(usize, u64)>> =
+        std::collections::HashMap::new();
+    for (i, (_, bytes)) in symbols.iter().enumerate() {
+        let key = (bytes.len(), &bytes[..bytes.len().min(64)]);
+        let same = seen.get(&key).and_then(|c| {
+            c.iter()
+                .find(|(j, _)| Arc::ptr_eq(&symbols[*j].1, bytes) || symbols[*j].1 == *bytes)
+        });
+        if let Some(&(_, at)) = same {
+            placed.push(at);
+            continue;
+        }
         w.pad_to(ALIGN);
-        placed.push(w.len() - rodata_at);
+        let at = w.len() - rodata_at;
+        placed.push(at);
+        seen.entry(key).or_default().push((i, at));
         w.share(bytes);
     }
     let rodata_size = w.len() - rodata_at;
@@ -273,5 +292,32 @@ mod tests {
         assert_eq!(u64::from_le_bytes(sym[8..16].try_into().unwrap()), 128);
         assert_eq!(sym[4], 0x11);
         assert_eq!(sym[5], 2);
+    }
+
+    #[test]
+    fn equal_bytes_are_stored_once() {
+        let a: Vec<u8> = (0..100).collect();
+        let o = data_object(&[
+            ("w0".into(), Arc::new(a.clone())),
+            ("w1".into(), Arc::new(vec![7u8; 3])),
+            ("w0_again".into(), Arc::new(a.clone())),
+        ]);
+        let o = o.to_vec();
+        let shoff = u64::from_le_bytes(o[40..48].try_into().unwrap()) as usize;
+        let field = |i: usize, at: usize| {
+            u64::from_le_bytes(
+                o[shoff + 64 * i + at..shoff + 64 * i + at + 8]
+                    .try_into()
+                    .unwrap(),
+            )
+        };
+        // .rodata holds a once (64-aligned, then the 3 bytes at 128).
+        assert_eq!(field(1, 32), 131);
+        let symtab = field(2, 24) as usize;
+        let value = |k: usize| {
+            let sym = &o[symtab + 24 * k..symtab + 24 * (k + 1)];
+            u64::from_le_bytes(sym[8..16].try_into().unwrap())
+        };
+        assert_eq!((value(1), value(2), value(3)), (0, 128, 0));
     }
 }

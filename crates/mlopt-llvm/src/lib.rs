@@ -6,13 +6,15 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod amx;
+mod batch;
 mod bf16_dot;
 mod codegen;
 mod elf;
 mod entry;
 mod locals;
 mod memory;
-pub use elf::DataObject;
+pub use batch::{batch_entry, BatchPlan};
+pub use elf::{data_object, DataObject};
 pub use locals::stack_bytes;
 pub mod error;
 mod math;

@@ -37,6 +37,9 @@ pub struct Output {
     pub objects: Vec<Vec<u8>>,
     /// The weights' object (`elf.rs`), in pieces that share the program's weight buffers.
     pub data: crate::elf::DataObject,
+    /// The weights by symbol (what `data` holds), for a library of several programs to store once
+    /// (`elf::data_object` of all of them shares equal bytes).
+    pub weights: Vec<(String, std::sync::Arc<Vec<u8>>)>,
 }
 
 /// The stack of each code generation thread (address space, committed only as used).
@@ -281,6 +284,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         .map(|(i, w)| (weight_symbol(i), w.data.clone()))
         .collect();
     let data = crate::elf::data_object(&named);
+    let weights = named;
     // The kernel modules' functions by name, so the dumps do not depend on how kernels were grouped (a
     // helper defined in several groups appears once).
     let (mut before, mut after) = (
@@ -305,6 +309,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         optimized_ir,
         objects,
         data,
+        weights,
     })
 }
 

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -351,4 +352,137 @@ MLOPT_SHARED int mlopt_cpu_supports(const char *features, char *missing, size_t 
     (void)features, (void)missing, (void)n;
     return 1;
 #endif
+}
+
+/* Dynamic batch: one library holds the model compiled at several batch sizes (variants, largest first),
+ * and a run of n items is a run of the largest variant that fits what is left, repeated: n = 13 with
+ * variants 8, 4, 2, 1 runs 8, 4 and 1. Inputs and outputs with a batch dimension are consecutive items
+ * (item_bytes each), so a chunk is the same arrays offset by the items done; an input without one
+ * (item_bytes 0) is passed whole to every chunk. The context holds one context per variant. */
+typedef struct {
+    void *(*create)(void);
+    int (*run)(void *ctx, const void *const *inputs, void *const *outputs);
+    const char *(*error)(const void *ctx);
+    void (*destroy)(void *ctx);
+    int64_t batch;
+} mlopt_variant;
+
+typedef struct {
+    const mlopt_variant *variants;
+    int64_t num_variants;
+    int64_t max_batch;
+    int64_t num_inputs, num_outputs;
+    const uint64_t *input_item_bytes;
+    const uint64_t *output_item_bytes;
+    uint64_t mark;        /* this model's: a context without it is refused */
+    const char *name;
+} mlopt_batched;
+
+typedef struct {
+    uint64_t mark;
+    int status;
+    int64_t failed;       /* the variant whose run failed, or -1 */
+    char message[160];
+    void *ctx[];          /* one per variant */
+} batched_ctx;
+
+#define STATUS_ARGUMENT 1
+
+static int batched_live(const mlopt_batched *m, const batched_ctx *c) {
+    return c && c->mark == m->mark;
+}
+
+MLOPT_SHARED void mlopt_batched_destroy(const mlopt_batched *m, void *ctx) {
+    batched_ctx *c = ctx;
+    if (!batched_live(m, c)) return;
+    for (int64_t v = 0; v < m->num_variants; v++)
+        if (c->ctx[v]) m->variants[v].destroy(c->ctx[v]);
+    c->mark = 0;
+    free(c);
+}
+
+MLOPT_SHARED void *mlopt_batched_create(const mlopt_batched *m) {
+    batched_ctx *c = calloc(1, sizeof(batched_ctx) + (size_t)m->num_variants * sizeof(void *));
+    if (!c) return NULL;
+    c->mark = m->mark;
+    c->failed = -1;
+    for (int64_t v = 0; v < m->num_variants; v++) {
+        c->ctx[v] = m->variants[v].create();
+        if (!c->ctx[v]) {
+            mlopt_batched_destroy(m, c);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+static int batched_fail(batched_ctx *c, int status, const char *message) {
+    c->status = status;
+    c->failed = -1;
+    strncpy(c->message, message, sizeof c->message - 1);
+    c->message[sizeof c->message - 1] = 0;
+    return status;
+}
+
+MLOPT_SHARED int mlopt_batched_run(const mlopt_batched *m, void *ctx, int64_t n,
+                                   const void *const *inputs, void *const *outputs) {
+    batched_ctx *c = ctx;
+    if (!batched_live(m, c)) return STATUS_ARGUMENT;
+    if (n < 1 || n > m->max_batch) {
+        batched_fail(c, STATUS_ARGUMENT, "");
+        snprintf(c->message, sizeof c->message, "the batch size %lld is out of range: %s runs 1 to %lld items",
+                 (long long)n, m->name, (long long)m->max_batch);
+        return STATUS_ARGUMENT;
+    }
+    if (!inputs || !outputs) return batched_fail(c, STATUS_ARGUMENT, "the inputs or outputs array is NULL");
+    for (int64_t i = 0; i < m->num_inputs; i++)
+        if (!inputs[i]) return batched_fail(c, STATUS_ARGUMENT, "an input buffer is NULL");
+    for (int64_t i = 0; i < m->num_outputs; i++)
+        if (!outputs[i]) return batched_fail(c, STATUS_ARGUMENT, "an output buffer is NULL");
+    const void *in_small[16];
+    void *out_small[16];
+    const void **in = in_small;
+    void **out = out_small;
+    if (m->num_inputs > 16 || m->num_outputs > 16) {
+        in = malloc(sizeof(void *) * (size_t)(m->num_inputs + 1));
+        out = malloc(sizeof(void *) * (size_t)(m->num_outputs + 1));
+        if (!in || !out) {
+            free(in == in_small ? NULL : in);
+            free(out == out_small ? NULL : out);
+            return batched_fail(c, 2, "out of memory for the batch's pointer arrays");
+        }
+    }
+    int64_t done = 0;
+    int status = 0;
+    for (int64_t v = 0; v < m->num_variants && status == 0; v++) {
+        const mlopt_variant *var = &m->variants[v];
+        while (status == 0 && n - done >= var->batch) {
+            for (int64_t i = 0; i < m->num_inputs; i++)
+                in[i] = (const char *)inputs[i] + (uint64_t)done * m->input_item_bytes[i];
+            for (int64_t i = 0; i < m->num_outputs; i++)
+                out[i] = (char *)outputs[i] + (uint64_t)done * m->output_item_bytes[i];
+            status = var->run(c->ctx[v], in, out);
+            if (status) {
+                c->status = status;
+                c->failed = v;
+            }
+            done += var->batch;
+        }
+    }
+    if (in != in_small) free(in);
+    if (out != out_small) free(out);
+    if (status == 0) {
+        c->status = 0;
+        c->failed = -1;
+    }
+    return status;
+}
+
+MLOPT_SHARED const char *mlopt_batched_error(const mlopt_batched *m, const void *ctx) {
+    const batched_ctx *c = ctx;
+    if (!c) return "the context is NULL";
+    if (!batched_live(m, c)) return "not a live context of this model";
+    if (c->status == 0) return "";
+    if (c->failed >= 0) return m->variants[c->failed].error(c->ctx[c->failed]);
+    return c->message;
 }
