@@ -480,6 +480,34 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             0.0,
         ),
         (
+            "gather-elementwise-hoist",
+            |b| {
+                let r = b.rank(1, 3);
+                let s = b.dims(r);
+                let axis = b.rng.random_range(0..r);
+                let x = b.input(&s);
+                let fx = if b.rng.random_bool(0.5) {
+                    let u = any_unary(b);
+                    b.un(u, x)
+                } else {
+                    let c = b.scalar(1.5);
+                    let op = any_binary(b);
+                    if b.rng.random_bool(0.5) {
+                        b.bin(op, x, c)
+                    } else {
+                        b.bin(op, c, x)
+                    }
+                };
+                let n = b.rng.random_range(1..=3);
+                let idx: Vec<i64> = (0..n)
+                    .map(|_| b.rng.random_range(0..s[axis] as i64))
+                    .collect();
+                let i = b.g.add_const("", Tensor::from_vec(&[n], idx).unwrap());
+                b.op(Op::Gather { axis }, &[fx, i])
+            },
+            1e-6,
+        ),
+        (
             "unary-transpose-sink",
             |b| {
                 let r = b.rank(1, 4);
@@ -1047,7 +1075,7 @@ rule_tests! {
     conv_batchnorm_fold => "conv-batchnorm-fold", transpose_identity => "transpose-identity",
     transpose_transpose => "transpose-transpose", reshape_identity => "reshape-identity",
     reshape_reshape => "reshape-reshape", expand_identity => "expand-identity",
-    unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
+    gather_elementwise_hoist => "gather-elementwise-hoist", unary_transpose_sink => "unary-transpose-sink", binary_transpose_sink => "binary-transpose-sink",
     matmul_transpose_to_gemm => "matmul-transpose-to-gemm", gelu_erf => "gelu-erf", gelu_tanh => "gelu-tanh", attention => "attention",
     softmax_decomposed => "softmax-decomposed", layernorm_decomposed => "layernorm-decomposed", layernorm_scale => "layernorm-scale", layernorm_bias => "layernorm-bias",
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",

@@ -1,5 +1,6 @@
 //! Layout: transpose and reshape cancellation and composition, transposes sunk below elementwise ops (so
-//! that they meet and cancel, or fold into constants), and transposed MatMul operands absorbed by Gemm.
+//! that they meet and cancel, or fold into constants), gathers hoisted above them (so that the function
+//! runs on the rows gathered), and transposed MatMul operands absorbed by Gemm.
 
 use super::{add, has, ops, scan, splat, ty};
 use crate::lang::{EGraph, Rewrite};
@@ -56,6 +57,26 @@ pub fn rules() -> Vec<Rewrite> {
             "expand-identity",
             |eg, id| !expand_identities(eg, id).is_empty(),
             |eg, id| expand_identities(eg, id),
+        ),
+        // gather (u x) i = u (gather x i), and so for a binary op with a scalar: a gather of a few
+        // rows from an elementwise function of a large constant (an embedding table stored int8 and
+        // dequantized) computes the function on the rows alone.
+        scan(
+            "gather-elementwise-hoist",
+            |eg, id| !gathers_of_elementwise(eg, id).is_empty(),
+            |eg, id| {
+                gathers_of_elementwise(eg, id)
+                    .into_iter()
+                    .filter_map(|(f, x, other, axis, idx)| {
+                        let g = add(eg, Op::Gather { axis }, vec![x, idx])?;
+                        match other {
+                            None => add(eg, f, vec![g]),
+                            Some((s, true)) => add(eg, f, vec![s, g]),
+                            Some((s, false)) => add(eg, f, vec![g, s]),
+                        }
+                    })
+                    .collect()
+            },
         ),
         scan(
             "unary-transpose-sink",
@@ -174,6 +195,33 @@ fn expand_identities(eg: &EGraph, id: Id) -> Vec<Id> {
 /// Elementwise unary ops that commute with any permutation of their input.
 fn elementwise_unary(o: &Op) -> bool {
     matches!(o, Op::Unary(u) if !matches!(u, Unary::IsInf { .. })) || matches!(o, Op::Cast { .. })
+}
+
+/// A binary op with one operand a scalar constant and one another operand's role.
+type ScalarSide = Option<(Id, bool)>;
+
+/// `gather[axis] (f x [s]) i` with f elementwise unary, or binary with a scalar constant s on either
+/// side: (f, x, (s, s first), axis, i).
+fn gathers_of_elementwise(eg: &EGraph, id: Id) -> Vec<(Op, Id, ScalarSide, usize, Id)> {
+    let scalar = |i: Id| {
+        splat(eg, i).is_some() && ty(eg, i).is_some_and(|t| t.numel() == 1 && t.rank() == 0)
+    };
+    let mut out = vec![];
+    for (o, c) in ops(eg, id) {
+        let Op::Gather { axis } = o else { continue };
+        for (f, fc) in ops(eg, c[0]) {
+            if elementwise_unary(&f) {
+                out.push((f, fc[0], None, axis, c[1]));
+            } else if matches!(f, Op::Binary(_)) {
+                if scalar(fc[1]) {
+                    out.push((f, fc[0], Some((fc[1], false)), axis, c[1]));
+                } else if scalar(fc[0]) {
+                    out.push((f, fc[1], Some((fc[0], true)), axis, c[1]));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `u (transpose[p] x)`: (u, x, p).
