@@ -345,3 +345,34 @@ pub fn shapes_at(m: &ModelProto, flags: &[String], sym: &str, b: u64) -> Result<
     }
     Ok(out)
 }
+
+/// The quantization ops of `m`'s graph (subgraphs included), counted by op, as text (`3 QuantizeLinear,
+/// 5 DequantizeLinear`); `None` if it has none.
+pub fn quantized_ops(m: &ModelProto) -> Option<String> {
+    const OPS: &[&str] = &[
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+    ];
+    let mut counts = vec![0usize; OPS.len()];
+    let mut graphs: Vec<&mlopt_onnx::proto::GraphProto> = m.graph.iter().collect();
+    while let Some(g) = graphs.pop() {
+        for n in &g.node {
+            if let Some(i) = OPS.iter().position(|o| *o == n.op_type) {
+                counts[i] += 1;
+            }
+            graphs.extend(n.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)));
+        }
+    }
+    let parts: Vec<String> = OPS
+        .iter()
+        .zip(&counts)
+        .filter(|(_, &c)| c > 0)
+        .map(|(o, c)| format!("{c} {o}"))
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}

@@ -418,6 +418,9 @@ fn compile(
     for note in lib.notes() {
         errln!("{note}");
     }
+    if let Some(q) = data::quantized_ops(&m) {
+        errln!("note: the model is quantized ({q}); mlopt computes these ops in float with ONNX's rounding and saturation (fake quantization), not on integer kernels, so it runs about as fast as the float model or slower");
+    }
     errln!(
         "wrote {}; compiled {name} (named by {name_from}) for {} in {compile_s:.2} s",
         json.display(),

@@ -1745,3 +1745,33 @@ fn closed_stdout_ends_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.status.success(), "{err}");
 }
+
+/// A QDQ model compiles, and the compile says its quantization ops run in float (no integer kernels).
+#[test]
+fn compile_says_a_quantized_model_runs_in_float() {
+    let dir = tempfile::tempdir().unwrap();
+    let scale = f32_tensor("s", &[], &[0.05]);
+    let m = model(
+        vec![
+            node("QuantizeLinear", "q", &["x", "s"], &["xq"], vec![]),
+            node("DequantizeLinear", "dq", &["xq", "s"], &["y"], vec![]),
+        ],
+        vec![value("x", data_type::FLOAT, &[Some(2), Some(3)])],
+        vec![value("y", data_type::FLOAT, &[Some(2), Some(3)])],
+        vec![scale],
+    );
+    let p = save(dir.path(), &m);
+    let out = mlopt(&[
+        "compile",
+        &p,
+        "-o",
+        &dir.path().join("out").display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("note: the model is quantized (1 QuantizeLinear, 1 DequantizeLinear)")
+            && err.contains("not on integer kernels"),
+        "{err}"
+    );
+}
