@@ -6,24 +6,11 @@
 
 use mlopt_onnx::proto::ModelProto;
 use prost::Message;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(rel)
-}
-
-fn ok(cmd: &mut Command) -> std::process::Output {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod common;
+use common::{close, fixture, ok};
 
 /// The fixture `name` saved as `dir/<as>.onnx` with its graph renamed `main_graph`; its input as raw
 /// floats in `dir/<as>.bin`; returns its expected output.
@@ -141,16 +128,6 @@ fn cargo_run(manifest: &Path, target: &Path, args: &[&Path]) -> String {
         .args(args)
         .env("MLOPT", env!("CARGO_BIN_EXE_mlopt")));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn close(got: &[f64], want: &[f64], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-            "{what}: {g} vs {w}"
-        );
-    }
 }
 
 /// examples/rust, whose build.rs compiles the mlp fixture with mlopt-build, builds from a clean target
