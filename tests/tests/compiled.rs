@@ -982,6 +982,94 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
     }
 }
 
+/// f32 and f64 -> u8 and i8 on every x86 level, against the interpreter byte for byte: truncation
+/// toward zero, out-of-range values and infinities saturate to the byte's range, NaN is 0; serial and
+/// vector loops (the vector form converts whole registers, not element by element).
+#[test]
+fn casts_to_bytes_saturate_as_the_interpreter_does() {
+    use mlopt_kir::{Elem, Expr, Io, LoopKind, Program};
+    let values: [f32; 32] = [
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        126.6,
+        -127.6,
+        100.0,
+        -100.0,
+        0.999,
+        -0.999,
+        65535.0,
+        -65536.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e10,
+        -1e10,
+        255.7,
+        256.0,
+        254.5,
+        -0.7,
+        -128.9,
+        -129.0,
+        127.9,
+        128.0,
+        0.5,
+        3.0,
+        -3.6,
+        -0.0,
+        200.2,
+        -1.0,
+    ];
+    let n = values.len() as u64;
+    let mut p = Program {
+        name: "to_bytes".into(),
+        inputs: vec![
+            Io {
+                name: "x32".into(),
+                elem: Elem::F32,
+                dims: vec![n],
+            },
+            Io {
+                name: "x64".into(),
+                elem: Elem::F64,
+                dims: vec![n],
+            },
+        ],
+        ..Default::default()
+    };
+    for (src, from) in [(0, Elem::F32), (1, Elem::F64)] {
+        for (to, kind) in [Elem::U8, Elem::I8].into_iter().flat_map(|t| {
+            [
+                (t, LoopKind::Serial),
+                (t, LoopKind::Vector(4)),
+                (t, LoopKind::Vector(16)),
+            ]
+        }) {
+            push_loop_kernel(
+                &mut p,
+                (src, from, n),
+                (to, n, kind),
+                &|x, i| Expr::cast(to, Expr::load(x, vec![i])),
+                format!("{from} -> {to} {kind:?}"),
+            );
+        }
+    }
+    let x32: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let x64: Vec<u8> = values
+        .iter()
+        .flat_map(|v| f64::from(*v).to_le_bytes())
+        .collect();
+    let inputs = vec![x32, x64];
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            assert_eq!(w, g, "{target}: {}", io.name);
+        }
+    }
+}
+
 /// Adds to `p` one kernel, `out[q] = value(x, q)` for q < `extent` in one loop of `kind`, reading
 /// input `src` as `x` ([x_len] of `x_elem`) and writing a new output `name` ([extent] of `elem`).
 fn push_loop_kernel(

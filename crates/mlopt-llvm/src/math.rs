@@ -412,6 +412,29 @@ pub fn cast<'c>(
                 Op::FPTrunc
             }
         }
+        (true, false)
+            if matches!(to, Elem::I8 | Elem::U8) && matches!(from, Elem::F32 | Elem::F64) =>
+        {
+            // LLVM converts to bytes with saturation element by element on x86, so the saturation is
+            // done here on whole vectors: NaN is 0, values are clamped to the byte's range in the
+            // float type (exact), converted to i32 (vcvttps2dq: in range, no poison) and truncated.
+            let (lo, hi) = if to == Elem::U8 {
+                (0.0, 255.0)
+            } else {
+                (-128.0, 127.0)
+            };
+            let zero = const_like(g.ctx, x, 0.0, from);
+            let nan = float_cmp(&g.builder, F::UNO, x, x)?;
+            let v = select(g, nan, zero, x)?;
+            let lo = const_like(g.ctx, x, lo, from);
+            let hi = const_like(g.ctx, x, hi, from);
+            let v = g.intrinsic("llvm.maxnum", &[v, lo])?;
+            let v = g.intrinsic("llvm.minnum", &[v, hi])?;
+            let wide = g
+                .builder
+                .build_cast(Op::FPToSI, v, shaped(g, x, Elem::I32), "i32")?;
+            return Ok(g.builder.build_cast(Op::Trunc, wide, t, "byte")?);
+        }
         (true, false) => {
             // NaN and out-of-range values saturate instead of being poison.
             let name = if unsigned(to) {
