@@ -220,16 +220,10 @@ fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let ratio = cx.bin(Binary::Div, ab, y_s)?;
     let ratio = cx.cast_to(ratio, DType::F64)?;
     let cf = cx.cast_to(c, DType::F64)?;
-    let mut d = cx.bin(Binary::Mul, cf, ratio)?;
-    // ONNX's reference (and so its test data) adds the zero point, rounds and casts without saturating:
-    // out-of-range results wrap as an integer cast does.
-    if let Some(z) = y_z {
-        let zf = cx.cast_to(z, DType::F64)?;
-        d = cx.bin(Binary::Add, d, zf)?;
-    }
-    let r = cx.un(Unary::Round, d)?;
-    let wide = cx.cast_to(r, DType::I64)?;
-    cx.cast_to(wide, to)
+    let d = cx.bin(Binary::Mul, cf, ratio)?;
+    // Rounded, the zero point added and saturated to the output type, as the specification and onnx
+    // 1.23's reference have it (onnx 1.18's reference wrapped out-of-range results).
+    saturate(cx, d, y_z, to)
 }
 
 /// ConvInteger (i32 result) and QLinearConv (requantised), computed in f64, which is exact here.

@@ -27,13 +27,14 @@ pub(super) fn rms_norm(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 }
 
 /// Attention (opset 23) as ONNX defines it: optional KV cache concatenation, grouped-query heads by tiling,
-/// Q and K each scaled by sqrt(scale), a causal (upper-left aligned) or given mask, optional softcap,
-/// softmax, and the product with V. Outputs: Y, present_key, present_value, and the QK product at the stage
-/// `qk_matmul_output_mode` picks.
-///
-/// Note: for 3-D inputs opset 23 reshapes (B, S, H*d) straight to (B, H, S, d) (its function body and
-/// reference implementation agree), while the output is transposed back from (B, H, S, d); mlopt follows
-/// the definition.
+/// Attention (opsets 23-24), as onnx 1.23's reference computes it: 3-D inputs (B, S, H*d) split into
+/// heads as (B, S, H, d) transposed to (B, H, S, d) (and the output back); K and V with past_key/value
+/// concatenated; with fewer key/value heads (GQA) each is repeated in place (h0 h0 h1 h1); Q and K each
+/// scaled by sqrt(scale); softcap on the product before the mask; the mask (boolean or additive, padded
+/// with -inf to the key length) plus a causal bias aligned bottom-right to the past (key j is seen by
+/// query i when j <= i + past length); softmax, with a row whose bias is -inf everywhere set to 0 (not
+/// NaN); the product with V. Outputs: Y, present_key, present_value, and the QK product at the stage
+/// `qk_matmul_output_mode` picks (0 and 1: after softcap, 2: with the bias, 3: after softmax).
 pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let (q, k, v) = (cx.req(0)?, cx.req(1)?, cx.req(2)?);
     let (mask, past_k, past_v) = (cx.input(3)?, cx.input(4)?, cx.input(5)?);
@@ -53,8 +54,9 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         let (Some(qh), Some(kvh)) = (q_heads, kv_heads) else {
             return Err(cx.err("3-D inputs need the q_num_heads and kv_num_heads attributes"));
         };
-        let heads = |cx: &NodeCx<'_, '_>, x: Value, h: i64, i: usize| -> Result<Vec<usize>> {
-            let s = &cx.ty(x).shape;
+        // (B, S, H*d) -> (B, S, H, d) -> (B, H, S, d).
+        let heads = |cx: &mut NodeCx<'_, '_>, x: Value, h: i64, i: usize| -> Result<Value> {
+            let s = cx.ty(x).shape.clone();
             let h = usize::try_from(h)
                 .ok()
                 .filter(|&h| h > 0 && s[2].is_multiple_of(h))
@@ -64,22 +66,29 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
                         format!("hidden size {} does not split into {h} heads", s[2]),
                     )
                 })?;
-            Ok(vec![s[0], h, s[1], s[2] / h])
+            let r = cx.add1(
+                Op::Reshape {
+                    shape: vec![s[0], s[1], h, s[2] / h],
+                },
+                &[x],
+            )?;
+            cx.add1(
+                Op::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                },
+                &[r],
+            )
         };
-        let (sq, sk, sv) = (
+        (
             heads(cx, q, qh, 0)?,
             heads(cx, k, kvh, 1)?,
             heads(cx, v, kvh, 2)?,
-        );
-        (
-            cx.add1(Op::Reshape { shape: sq }, &[q])?,
-            cx.add1(Op::Reshape { shape: sk }, &[k])?,
-            cx.add1(Op::Reshape { shape: sv }, &[v])?,
         )
     } else {
         (q, k, v)
     };
     let (qh, kvh, head) = (cx.ty(q4).shape[1], cx.ty(k4).shape[1], cx.ty(q4).shape[3]);
+    let past_len = past_k.map_or(0, |p| cx.ty(p).shape.get(2).copied().unwrap_or(0));
     let present_k = match past_k {
         Some(p) => cx.add1(Op::Concat { axis: 2 }, &[p, k4])?,
         None => k4,
@@ -95,18 +104,30 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
                 "{qh} query heads cannot share {kvh} key/value heads"
             )));
         }
-        kk = cx.add1(
-            Op::Tile {
-                repeats: vec![1, qh / kvh, 1, 1],
-            },
-            &[kk],
-        )?;
-        vv = cx.add1(
-            Op::Tile {
-                repeats: vec![1, qh / kvh, 1, 1],
-            },
-            &[vv],
-        )?;
+        // Each key/value head repeated in place: (B, kvh, S, d) -> (B, kvh, r, S, d) -> (B, qh, S, d).
+        let repeat = |cx: &mut NodeCx<'_, '_>, x: Value| -> Result<Value> {
+            let s = cx.ty(x).shape.clone();
+            let r = cx.add1(
+                Op::Reshape {
+                    shape: vec![s[0], s[1], 1, s[2], s[3]],
+                },
+                &[x],
+            )?;
+            let t = cx.add1(
+                Op::Tile {
+                    repeats: vec![1, 1, qh / kvh, 1, 1],
+                },
+                &[r],
+            )?;
+            cx.add1(
+                Op::Reshape {
+                    shape: vec![s[0], qh, s[2], s[3]],
+                },
+                &[t],
+            )
+        };
+        kk = repeat(cx, kk)?;
+        vv = repeat(cx, vv)?;
     }
     let root = (scale.map_or(1.0 / (head as f64).sqrt(), |s| s as f64)).sqrt();
     let root = cx.scalar(root, dtype);
@@ -120,40 +141,70 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let ks = cx.bin(Binary::Mul, kt, root)?;
     let qk = cx.add1(Op::MatMul, &[qs, ks])?;
     let (sq, skv) = (cx.ty(q4).shape[2], cx.ty(kk).shape[2]);
-    let bias = match (is_causal, mask) {
-        (true, Some(_)) => return Err(cx.err("is_causal and attn_mask cannot both be given")),
-        (true, None) => {
-            let v: Vec<f32> = (0..sq * skv)
-                .map(|i| {
-                    if i % skv > i / skv {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            let t = Tensor::from_vec(&[sq, skv], v)
-                .ok_or_else(|| cx.err("causal mask"))?
-                .cast(dtype);
-            Some(cx.konst_value(t))
-        }
-        (false, Some(m)) if cx.ty(m).dtype == DType::Bool => {
-            let (zero, ninf) = (cx.scalar(0.0, dtype), cx.scalar(f64::NEG_INFINITY, dtype));
-            Some(cx.add1(Op::Where, &[m, zero, ninf])?)
-        }
-        (false, m) => m,
-    };
-    let biased = match bias {
-        Some(b) => cx.bin(Binary::Add, qk, b)?,
-        None => qk,
-    };
     let capped = if softcap > 0.0 {
         let c = cx.scalar(softcap as f64, dtype);
-        let d = cx.bin(Binary::Div, biased, c)?;
+        let d = cx.bin(Binary::Div, qk, c)?;
         let t = cx.un(Unary::Tanh, d)?;
         cx.bin(Binary::Mul, t, c)?
     } else {
-        biased
+        qk
+    };
+    // The mask as an additive bias, padded with -inf to the key length.
+    let ninf = cx.scalar(f64::NEG_INFINITY, dtype);
+    let mask = match mask {
+        Some(m) => {
+            let m = if cx.ty(m).dtype == DType::Bool {
+                let zero = cx.scalar(0.0, dtype);
+                cx.add1(Op::Where, &[m, zero, ninf])?
+            } else {
+                m
+            };
+            let ms = cx.ty(m).shape.clone();
+            let last = ms.last().copied().unwrap_or(0);
+            if ms.is_empty() || last > skv {
+                return Err(cx.err_in(3, format!("attn_mask {ms:?} does not fit {skv} keys")));
+            }
+            Some(if last < skv {
+                let mut pads = vec![0i64; 2 * ms.len()];
+                pads[2 * ms.len() - 1] = (skv - last) as i64;
+                cx.add1(
+                    Op::Pad {
+                        pads,
+                        mode: mlopt_ir::PadMode::Constant,
+                        value: f64::NEG_INFINITY,
+                    },
+                    &[m],
+                )?
+            } else {
+                m
+            })
+        }
+        None => None,
+    };
+    let causal = if is_causal {
+        let v: Vec<f32> = (0..sq * skv)
+            .map(|i| {
+                if i % skv > i / skv + past_len {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let t = Tensor::from_vec(&[sq, skv], v)
+            .ok_or_else(|| cx.err("causal mask"))?
+            .cast(dtype);
+        Some(cx.konst_value(t))
+    } else {
+        None
+    };
+    let bias = match (mask, causal) {
+        (Some(m), Some(c)) => Some(cx.bin(Binary::Add, m, c)?),
+        (m, c) => m.or(c),
+    };
+    let biased = match bias {
+        Some(b) => cx.bin(Binary::Add, capped, b)?,
+        None => capped,
     };
     let wide = match precision {
         None => dtype,
@@ -165,8 +216,16 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
                 ))
             })?,
     };
-    let sm_in = cx.cast_to(capped, wide)?;
-    let probs = cx.add1(Op::Softmax { axis: 3 }, &[sm_in])?;
+    let sm_in = cx.cast_to(biased, wide)?;
+    let mut probs = cx.add1(Op::Softmax { axis: 3 }, &[sm_in])?;
+    if let Some(b) = bias {
+        // A query that may see no key gets zeros, not softmax's NaNs.
+        let last = cx.ty(b).rank() - 1;
+        let most = cx.reduce(ReduceKind::Max, b, vec![last], true)?;
+        let none = cx.bin(Binary::Equal, most, ninf)?;
+        let zero = cx.scalar(0.0, wide);
+        probs = cx.add1(Op::Where, &[none, zero, probs])?;
+    }
     let vw = cx.cast_to(vv, wide)?;
     let out = cx.add1(Op::MatMul, &[probs, vw])?;
     let mut out = cx.cast_to(out, dtype)?;
@@ -186,9 +245,8 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         )?;
     }
     let qk_out = match mode {
-        0 => qk,
-        1 => biased,
-        2 => capped,
+        0 | 1 => capped,
+        2 => biased,
         3 => probs,
         m => return Err(cx.err(format!("qk_matmul_output_mode={m} is not supported"))),
     };
