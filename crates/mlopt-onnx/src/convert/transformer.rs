@@ -46,6 +46,21 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let softcap = cx.float("softcap", 0.0)?;
     let mode = cx.int("qk_matmul_output_mode", 0)?;
     let precision = cx.int_opt("softmax_precision")?;
+    // Opset 24: the valid keys per batch of an external cache; windows around each query's position.
+    let nonpad = cx.input(6)?;
+    let (left, right) = (
+        cx.int("left_window_size", -1)?,
+        cx.int("right_window_size", -1)?,
+    );
+    if left < -1 || right < -1 {
+        return Err(cx.err("left_window_size and right_window_size must be -1 or at least 0"));
+    }
+    if nonpad.is_some() && past_k.is_some() {
+        return Err(cx.err_in(
+            6,
+            "nonpad_kv_seqlen cannot be combined with past_key and past_value",
+        ));
+    }
     let rank = cx.ty(q).rank();
     if rank != cx.ty(k).rank() || rank != cx.ty(v).rank() || !(rank == 3 || rank == 4) {
         return Err(cx.err("Q, K and V must all be 3-D or all 4-D"));
@@ -181,23 +196,13 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         }
         None => None,
     };
-    let causal = if is_causal {
-        let v: Vec<f32> = (0..sq * skv)
-            .map(|i| {
-                if i % skv > i / skv + past_len {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let t = Tensor::from_vec(&[sq, skv], v)
-            .ok_or_else(|| cx.err("causal mask"))?
-            .cast(dtype);
-        Some(cx.konst_value(t))
-    } else {
-        None
-    };
+    let causal = positions(
+        cx,
+        (sq, skv, past_len, past_k.is_some()),
+        nonpad,
+        (is_causal, left, right),
+        dtype,
+    )?;
     let bias = match (mask, causal) {
         (Some(m), Some(c)) => Some(cx.bin(Binary::Add, m, c)?),
         (m, c) => m.or(c),
@@ -252,6 +257,82 @@ pub(super) fn attention(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     };
     let qk_out = cx.cast_to(qk_out, dtype)?;
     Ok(vec![out, present_k, present_v, qk_out])
+}
+
+/// The additive bias of a query's position against a key's, `[B or 1, 1, sq, skv]`, or `None` when
+/// nothing depends on position: -inf where key j is hidden from query i, by the causal rule
+/// (j > i + offset), the windows (j < i + offset - left, j > i + offset + right) and the keys past
+/// `nonpad[b]`. The offset aligns queries bottom-right: the past length, or `nonpad[b] - sq` for an
+/// external cache, else 0.
+fn positions(
+    cx: &mut NodeCx<'_, '_>,
+    (sq, skv, past_len, has_past): (usize, usize, usize, bool),
+    nonpad: Option<Value>,
+    (is_causal, left, right): (bool, i64, i64),
+    dtype: DType,
+) -> Result<Option<Value>> {
+    if !is_causal && left < 0 && right < 0 && nonpad.is_none() {
+        return Ok(None);
+    }
+    let iota = |cx: &mut NodeCx<'_, '_>, n: usize, shape: &[usize]| -> Result<Value> {
+        let t = Tensor::from_vec(shape, (0..n as i64).collect::<Vec<i64>>())
+            .ok_or_else(|| cx.err("positions"))?;
+        Ok(cx.konst_value(t))
+    };
+    let j = iota(cx, skv, &[1, 1, 1, skv])?;
+    let i = iota(cx, sq, &[1, 1, sq, 1])?;
+    let valid = match nonpad {
+        Some(n) => {
+            let b = cx.ty(n).numel();
+            let n = cx.cast_to(n, DType::I64)?;
+            Some(cx.add1(
+                Op::Reshape {
+                    shape: vec![b, 1, 1, 1],
+                },
+                &[n],
+            )?)
+        }
+        None => None,
+    };
+    let offset = match (valid, has_past) {
+        (Some(v), false) => {
+            let q = cx.scalar(sq as f64, DType::I64);
+            cx.bin(Binary::Sub, v, q)?
+        }
+        _ => cx.scalar(past_len as f64, DType::I64),
+    };
+    let at = cx.bin(Binary::Add, i, offset)?;
+    let mut hidden: Option<Value> = None;
+    let mut hide = |cx: &mut NodeCx<'_, '_>, h: Value| -> Result<()> {
+        hidden = Some(match hidden {
+            Some(x) => cx.bin(Binary::Or, x, h)?,
+            None => h,
+        });
+        Ok(())
+    };
+    if is_causal {
+        let h = cx.bin(Binary::Greater, j, at)?;
+        hide(cx, h)?;
+    }
+    if left >= 0 {
+        let l = cx.scalar(left as f64, DType::I64);
+        let from = cx.bin(Binary::Sub, at, l)?;
+        let h = cx.bin(Binary::Less, j, from)?;
+        hide(cx, h)?;
+    }
+    if right >= 0 {
+        let r = cx.scalar(right as f64, DType::I64);
+        let to = cx.bin(Binary::Add, at, r)?;
+        let h = cx.bin(Binary::Greater, j, to)?;
+        hide(cx, h)?;
+    }
+    if let Some(v) = valid {
+        let h = cx.bin(Binary::GreaterOrEqual, j, v)?;
+        hide(cx, h)?;
+    }
+    let Some(h) = hidden else { return Ok(None) };
+    let (ninf, zero) = (cx.scalar(f64::NEG_INFINITY, dtype), cx.scalar(0.0, dtype));
+    Ok(Some(cx.add1(Op::Where, &[h, ninf, zero])?))
 }
 
 /// Rotary position embedding (opset 23): rotates the first `rotary_embedding_dim` features of each head
