@@ -1,6 +1,7 @@
 //! Composite ONNX ops that import as a small graph of IR ops rather than as IR ops of their own, the way
 //! ONNX defines them as functions: Hardmax, the losses (NegativeLogLikelihoodLoss,
-//! SoftmaxCrossEntropyLoss), GroupNormalization, MeanVarianceNormalization, and the transformer ops
+//! SoftmaxCrossEntropyLoss), GroupNormalization, MeanVarianceNormalization, LpNormalization, Swish, and
+//! the transformer ops
 //! (`transformer.rs`: Attention, RotaryEmbedding, RMSNormalization).
 //! Keeping the IR's op set small keeps the optimiser's rules few; it fuses these patterns back.
 
@@ -29,6 +30,8 @@ pub(crate) const OPS: &[&str] = &[
     "BlackmanWindow",
     "Einsum",
     "AffineGrid",
+    "Swish",
+    "LpNormalization",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -47,6 +50,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "CenterCropPad" => vec![center_crop_pad(cx)?],
             "Einsum" => vec![super::einsum::einsum(cx)?],
             "AffineGrid" => vec![affine_grid(cx)?],
+            "Swish" => vec![swish(cx)?],
+            "LpNormalization" => vec![lp_normalization(cx)?],
             "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
@@ -278,6 +283,42 @@ pub(super) fn hardmax(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 }
 
 /// (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default [0, 2, 3]).
+/// Swish (opset 24): x * sigmoid(alpha * x).
+fn swish(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let alpha = cx.float("alpha", 1.0)?;
+    let a = cx.scalar(f64::from(alpha), cx.ty(x).dtype);
+    let ax = cx.bin(Binary::Mul, x, a)?;
+    let s = cx.un(Unary::Sigmoid, ax)?;
+    cx.bin(Binary::Mul, x, s)
+}
+
+/// LpNormalization: x over its L1 (p = 1) or L2 (p = 2) norm along `axis`; a zero vector stays zero.
+fn lp_normalization(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let rank = cx.ty(x).rank();
+    let a = cx.int("axis", -1)?;
+    let a = axis(cx, a, rank)?;
+    let norm = match cx.int("p", 2)? {
+        1 => {
+            let m = cx.un(Unary::Abs, x)?;
+            cx.reduce(ReduceKind::Sum, m, vec![a], true)?
+        }
+        2 => {
+            let sq = cx.bin(Binary::Mul, x, x)?;
+            let s = cx.reduce(ReduceKind::Sum, sq, vec![a], true)?;
+            cx.un(Unary::Sqrt, s)?
+        }
+        p => return Err(cx.err(format!("p = {p}: LpNormalization takes p = 1 or 2"))),
+    };
+    // A zero vector stays zero (the reference divides it by 1).
+    let dtype = cx.ty(x).dtype;
+    let (zero, one) = (cx.scalar(0.0, dtype), cx.scalar(1.0, dtype));
+    let is_zero = cx.bin(Binary::Equal, norm, zero)?;
+    let norm = cx.add1(Op::Where, &[is_zero, one, norm])?;
+    cx.bin(Binary::Div, x, norm)
+}
+
 pub(super) fn mvn(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let ty = cx.ty(x).clone();
