@@ -1775,3 +1775,44 @@ fn compile_says_a_quantized_model_runs_in_float() {
         "{err}"
     );
 }
+
+/// A folder an older mlopt compiled into has one record (`.mlopt-files`) for all its libraries: a
+/// compile takes that record's lines for its own files, replaces them, and leaves another library's.
+#[test]
+fn compile_replaces_what_an_older_version_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let compile = || {
+        mlopt(&[
+            "compile",
+            &fixture("mlp/model.onnx"),
+            "--target",
+            "x86-64-v4",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
+    assert!(compile().status.success());
+    // The record as older versions kept it, also listing another library's file.
+    let record = std::fs::read_to_string(out.join(".mlopt-files.model")).unwrap();
+    std::fs::remove_file(out.join(".mlopt-files.model")).unwrap();
+    // (Byte for byte what the record says, so only its name keeps it.)
+    std::fs::copy(out.join("model.h"), out.join("other.h")).unwrap();
+    let other = record
+        .lines()
+        .find(|l| l.ends_with(" model.h"))
+        .unwrap()
+        .replace(" model.h", " other.h");
+    std::fs::write(out.join(".mlopt-files"), format!("{record}{other}\n")).unwrap();
+    let again = compile();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(out.join(".mlopt-files.model").exists() && out.join("libmodel.a").exists());
+    assert!(
+        out.join("other.h").exists(),
+        "another library's file was removed"
+    );
+}

@@ -53,6 +53,9 @@ impl std::fmt::Debug for Content<'_> {
     }
 }
 
+/// The one record of every library older mlopt versions kept in a folder.
+const LEGACY_RECORD: &str = ".mlopt-files";
+
 /// Writes `files` (name, content) of library `name` into `dir` (made if missing) as described above;
 /// returns their paths.
 pub fn write_atomically(
@@ -60,13 +63,34 @@ pub fn write_atomically(
     name: &str,
     files: &[(String, Content)],
 ) -> Result<Vec<PathBuf>> {
-    write_staged(dir, files, Some(&record_name(name)))
+    write_staged(dir, files, Some(&record_name(name)), name)
+}
+
+/// A folder an older mlopt wrote has one record for every library: without a record of its own, a
+/// library takes that record's lines for its own files (named after it, and the report and plot,
+/// which were not), so recompiling into the folder replaces what the old compile wrote and nothing
+/// of another library's.
+fn legacy_lines(dir: &Path, name: &str) -> String {
+    let Ok(old) = std::fs::read_to_string(dir.join(LEGACY_RECORD)) else {
+        return String::new();
+    };
+    let ours = |f: &str| {
+        f == format!("lib{name}.a")
+            || f.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('.'))
+            || f == "report.json"
+            || f == "roofline.svg"
+    };
+    entries(&old)
+        .filter(|(_, f)| ours(f))
+        .map(|(d, f)| format!("{d} {f}\n"))
+        .collect()
 }
 
 /// Writes `files` into `dir` the same way (all or none, a link at a name replaced, never followed), but
 /// keeps no record and removes nothing: the outputs of `run --output-dir` and `bench --profile -o`.
 pub fn replace_files(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
-    write_staged(dir, files, None)
+    write_staged(dir, files, None, "")
 }
 
 /// `write_atomically`, with the record of what was written (and the removal of what the last record
@@ -75,6 +99,7 @@ fn write_staged(
     dir: &Path,
     files: &[(String, Content)],
     record_file: Option<&str>,
+    name: &str,
 ) -> Result<Vec<PathBuf>> {
     let keep_record = record_file.is_some();
     let files_and_record: Vec<&str> = files
@@ -95,7 +120,7 @@ fn write_staged(
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
     let previous = match record_file {
-        Some(r) => std::fs::read_to_string(dir.join(r)).unwrap_or_default(),
+        Some(r) => std::fs::read_to_string(dir.join(r)).unwrap_or_else(|_| legacy_lines(dir, name)),
         None => String::new(),
     };
     if keep_record {
