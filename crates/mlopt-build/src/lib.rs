@@ -3,22 +3,24 @@
 //! include.
 //!
 //! ```no_run
-//! // build.rs, in fn main:
-//! mlopt_build::Config::new()
-//!     .input_shape("x", &[1, 3, 224, 224])
-//!     .compile("models/resnet50.onnx") // the library `resnet50`
-//!     .unwrap();
+//! // build.rs
+//! fn main() -> Result<(), mlopt_build::Error> {
+//!     mlopt_build::Config::new()
+//!         .input_shape("x", &[1, 3, 224, 224])
+//!         .compile("models/resnet50.onnx")?; // the library `resnet50`
+//!     Ok(())
+//! }
 //! ```
 //!
 //! ```text
 //! // src/main.rs: one module per compiled model, named like its library (`resnet50::Model`).
 //! include!(concat!(env!("OUT_DIR"), "/mlopt/models.rs"));
 //!
-//! fn main() {
-//!     let mut model = resnet50::Model::new().unwrap();
+//! fn main() -> Result<(), resnet50::Error> {
+//!     let mut model = resnet50::Model::new()?;
 //!     let x = vec![0f32; resnet50::INPUT0_SHAPE.iter().product()];
 //!     let mut y = vec![0f32; resnet50::OUTPUT0_SHAPE.iter().product()];
-//!     model.run(&x, &mut y).unwrap();
+//!     model.run(&x, &mut y)
 //! }
 //! ```
 //!
