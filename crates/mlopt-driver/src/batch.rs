@@ -39,7 +39,7 @@ pub struct Batched {
     pub variants: Vec<(u64, Compiled)>,
     /// Whether each input has the batch dimension.
     pub input_batched: Vec<bool>,
-    pub plan: mlopt_llvm::BatchPlan,
+    /// The object of the entry points (`mlopt_llvm::batch_entry`).
     pub entry: Vec<u8>,
     pub data: mlopt_llvm::DataObject,
 }
@@ -116,7 +116,6 @@ impl Batched {
             max_batch,
             variants,
             input_batched,
-            plan,
             entry,
             data,
         })

@@ -63,7 +63,7 @@ pub fn write_atomically(
     name: &str,
     files: &[(String, Content)],
 ) -> Result<Vec<PathBuf>> {
-    write_staged(dir, files, Some(&record_name(name)), name)
+    write_staged(dir, files, Some(name))
 }
 
 /// A folder an older mlopt wrote has one record for every library: without a record of its own, a
@@ -90,22 +90,22 @@ fn legacy_lines(dir: &Path, name: &str) -> String {
 /// Writes `files` into `dir` the same way (all or none, a link at a name replaced, never followed), but
 /// keeps no record and removes nothing: the outputs of `run --output-dir` and `bench --profile -o`.
 pub fn replace_files(dir: &Path, files: &[(String, Content)]) -> Result<Vec<PathBuf>> {
-    write_staged(dir, files, None, "")
+    write_staged(dir, files, None)
 }
 
 /// `write_atomically`, with the record of what was written (and the removal of what the last record
-/// lists and this does not write) only where there is a `record` (its file name).
+/// lists and this does not write) only for a `library` (its name).
 fn write_staged(
     dir: &Path,
     files: &[(String, Content)],
-    record_file: Option<&str>,
-    name: &str,
+    library: Option<&str>,
 ) -> Result<Vec<PathBuf>> {
-    let keep_record = record_file.is_some();
+    let keep_record = library.is_some();
+    let record_file = library.map(record_name);
     let files_and_record: Vec<&str> = files
         .iter()
         .map(|(n, _)| n.as_str())
-        .chain(record_file)
+        .chain(record_file.as_deref())
         .collect();
     if let Some(name) = files_and_record.iter().find(|n| !plain(n)) {
         return Err(DriverError::Io(format!(
@@ -119,8 +119,10 @@ fn write_staged(
         )));
     }
     std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
-    let previous = match record_file {
-        Some(r) => std::fs::read_to_string(dir.join(r)).unwrap_or_else(|_| legacy_lines(dir, name)),
+    let previous = match library.zip(record_file.as_ref()) {
+        Some((lib, r)) => {
+            std::fs::read_to_string(dir.join(r)).unwrap_or_else(|_| legacy_lines(dir, lib))
+        }
         None => String::new(),
     };
     if keep_record {

@@ -13,12 +13,12 @@
 use crate::compare::{compare, Comparison, Rule};
 use crate::error::Result;
 use mlopt_ir::{interp, Graph, NodeId, Op, Tensor, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Adds each kernel root's outputs that are not outputs already to `g`'s outputs, in kernel order
-/// (named `<node>` or `<node>:<k>` for its output k); returns how many.
-pub fn add_kernel_outputs(g: &mut Graph) -> usize {
-    let outputs: Vec<Value> = g.graph_outputs().iter().map(|(_, v)| *v).collect();
+/// (named `<node>` or `<node>:<k>` for its output k).
+pub fn add_kernel_outputs(g: &mut Graph) {
+    let mut seen: HashSet<Value> = g.graph_outputs().iter().map(|(_, v)| *v).collect();
     let mut added = Vec::new();
     for (_, k) in g.kernels() {
         for root in k.roots {
@@ -27,17 +27,16 @@ pub fn add_kernel_outputs(g: &mut Graph) -> usize {
                     node: root,
                     output: o as u32,
                 };
-                if !outputs.contains(&v) && !added.contains(&v) {
+                if seen.insert(v) {
                     added.push(v);
                 }
             }
         }
     }
-    for v in &added {
-        let name = value_name(g, *v);
-        g.add_output(name, *v);
+    for v in added {
+        let name = value_name(g, v);
+        g.add_output(name, v);
     }
-    added.len()
 }
 
 fn value_name(g: &Graph, v: Value) -> String {
@@ -105,10 +104,7 @@ pub fn per_node(
         unmatched: 0,
         first_bad: None,
     };
-    for ((_, v), (_, got)) in fused.graph_outputs()[first_probe..]
-        .iter()
-        .zip(&outs[first_probe..])
-    {
+    for ((_, v), (_, got)) in fused.graph_outputs().iter().zip(outs).skip(first_probe) {
         let node = fused.node(v.node);
         // A value a precision rewrite cast (to bf16, say) is its source node's value, rounded.
         let mut source = *v;

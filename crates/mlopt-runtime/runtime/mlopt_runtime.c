@@ -386,7 +386,9 @@ typedef struct {
     void *ctx[];          /* one per variant */
 } batched_ctx;
 
+/* The statuses the generated entry points return (mlopt-llvm entry.rs, STATUS_*). */
 #define STATUS_ARGUMENT 1
+#define STATUS_MEMORY 2
 
 static int batched_live(const mlopt_batched *m, const batched_ctx *c) {
     return c && c->mark == m->mark;
@@ -439,19 +441,13 @@ MLOPT_SHARED int mlopt_batched_run(const mlopt_batched *m, void *ctx, int64_t n,
         if (!inputs[i]) return batched_fail(c, STATUS_ARGUMENT, "an input buffer is NULL");
     for (int64_t i = 0; i < m->num_outputs; i++)
         if (!outputs[i]) return batched_fail(c, STATUS_ARGUMENT, "an output buffer is NULL");
-    const void *in_small[16];
-    void *out_small[16];
-    const void **in = in_small;
-    void **out = out_small;
-    if (m->num_inputs > 16 || m->num_outputs > 16) {
-        in = malloc(sizeof(void *) * (size_t)(m->num_inputs + 1));
-        out = malloc(sizeof(void *) * (size_t)(m->num_outputs + 1));
-        if (!in || !out) {
-            free(in == in_small ? NULL : in);
-            free(out == out_small ? NULL : out);
-            return batched_fail(c, 2, "out of memory for the batch's pointer arrays");
-        }
-    }
+    /* The chunk's pointers: inputs then outputs, on the stack unless the model has many. */
+    void *small[32];
+    size_t slots = (size_t)(m->num_inputs + m->num_outputs);
+    void **ptrs = slots <= 32 ? small : malloc(sizeof(void *) * slots);
+    if (!ptrs) return batched_fail(c, STATUS_MEMORY, "out of memory for the batch's pointer arrays");
+    const void **in = (const void **)ptrs;
+    void **out = ptrs + m->num_inputs;
     int64_t done = 0;
     int status = 0;
     for (int64_t v = 0; v < m->num_variants && status == 0; v++) {
@@ -469,8 +465,7 @@ MLOPT_SHARED int mlopt_batched_run(const mlopt_batched *m, void *ctx, int64_t n,
             done += var->batch;
         }
     }
-    if (in != in_small) free(in);
-    if (out != out_small) free(out);
+    if (ptrs != small) free(ptrs);
     if (status == 0) {
         c->status = 0;
         c->failed = -1;
