@@ -905,7 +905,7 @@ fn kir_operators_compile_as_they_interpret() {
 /// became bf16 1.0.)
 #[test]
 fn casts_to_bf16_round_as_the_interpreter_does() {
-    use mlopt_kir::{Elem, Expr, Io, LoopKind, Program};
+    use mlopt_kir::{Elem, LoopKind};
     let bits: [u32; 24] = [
         0x3f80_8000, // 1 + 2^-8: a tie, rounds down to even
         0x3f81_8000, // a tie that rounds up to even
@@ -932,43 +932,9 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
         0x0080_0000, // the smallest normal f32
         0xbf80_0000, // -1
     ];
-    let n = bits.len() as u64;
-    let mut p = Program {
-        name: "to_bf16".into(),
-        inputs: vec![
-            Io {
-                name: "x32".into(),
-                elem: Elem::F32,
-                dims: vec![n],
-            },
-            Io {
-                name: "x64".into(),
-                elem: Elem::F64,
-                dims: vec![n],
-            },
-        ],
-        ..Default::default()
-    };
-    for (src, from) in [(0, Elem::F32), (1, Elem::F64)] {
-        for (to, kind) in [Elem::BF16, Elem::F16]
-            .into_iter()
-            .flat_map(|t| [(t, LoopKind::Serial), (t, LoopKind::Vector(8))])
-        {
-            push_loop_kernel(
-                &mut p,
-                (src, from, n),
-                (to, n, kind),
-                &|x, i| Expr::cast(to, Expr::load(x, vec![i])),
-                format!("{from} -> {to} {kind:?}"),
-            );
-        }
-    }
-    let x32: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
-    let x64: Vec<u8> = bits
-        .iter()
-        .flat_map(|b| (f32::from_bits(*b) as f64).to_le_bytes())
-        .collect();
-    let inputs = vec![x32, x64];
+    let values: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+    let kinds = [LoopKind::Serial, LoopKind::Vector(8)];
+    let (p, inputs) = cast_program("to_bf16", &values, &[Elem::BF16, Elem::F16], &kinds);
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
     for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
         for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
@@ -987,7 +953,7 @@ fn casts_to_bf16_round_as_the_interpreter_does() {
 /// vector loops (the vector form converts whole registers, not element by element).
 #[test]
 fn casts_to_bytes_saturate_as_the_interpreter_does() {
-    use mlopt_kir::{Elem, Expr, Io, LoopKind, Program};
+    use mlopt_kir::{Elem, LoopKind};
     let values: [f32; 32] = [
         1.5,
         -1.5,
@@ -1022,38 +988,47 @@ fn casts_to_bytes_saturate_as_the_interpreter_does() {
         200.2,
         -1.0,
     ];
+    let kinds = [LoopKind::Serial, LoopKind::Vector(4), LoopKind::Vector(16)];
+    let (p, inputs) = cast_program("to_bytes", &values, &[Elem::U8, Elem::I8], &kinds);
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            assert_eq!(w, g, "{target}: {}", io.name);
+        }
+    }
+}
+
+/// A program of one kernel per source type (f32, f64), target type in `to` and loop kind in `kinds`,
+/// each `out[q] = cast(x[q])`, and its inputs: `values` as f32 and as f64.
+fn cast_program(
+    name: &str,
+    values: &[f32],
+    to: &[mlopt_kir::Elem],
+    kinds: &[mlopt_kir::LoopKind],
+) -> (mlopt_kir::Program, Vec<Vec<u8>>) {
+    use mlopt_kir::{Elem, Expr, Io, Program};
     let n = values.len() as u64;
+    let io = |name: &str, elem| Io {
+        name: name.into(),
+        elem,
+        dims: vec![n],
+    };
     let mut p = Program {
-        name: "to_bytes".into(),
-        inputs: vec![
-            Io {
-                name: "x32".into(),
-                elem: Elem::F32,
-                dims: vec![n],
-            },
-            Io {
-                name: "x64".into(),
-                elem: Elem::F64,
-                dims: vec![n],
-            },
-        ],
+        name: name.into(),
+        inputs: vec![io("x32", Elem::F32), io("x64", Elem::F64)],
         ..Default::default()
     };
     for (src, from) in [(0, Elem::F32), (1, Elem::F64)] {
-        for (to, kind) in [Elem::U8, Elem::I8].into_iter().flat_map(|t| {
-            [
-                (t, LoopKind::Serial),
-                (t, LoopKind::Vector(4)),
-                (t, LoopKind::Vector(16)),
-            ]
-        }) {
-            push_loop_kernel(
-                &mut p,
-                (src, from, n),
-                (to, n, kind),
-                &|x, i| Expr::cast(to, Expr::load(x, vec![i])),
-                format!("{from} -> {to} {kind:?}"),
-            );
+        for &t in to {
+            for &kind in kinds {
+                push_loop_kernel(
+                    &mut p,
+                    (src, from, n),
+                    (t, n, kind),
+                    &|x, i| Expr::cast(t, Expr::load(x, vec![i])),
+                    format!("{from} -> {t} {kind:?}"),
+                );
+            }
         }
     }
     let x32: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -1061,13 +1036,7 @@ fn casts_to_bytes_saturate_as_the_interpreter_does() {
         .iter()
         .flat_map(|v| f64::from(*v).to_le_bytes())
         .collect();
-    let inputs = vec![x32, x64];
-    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
-    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
-        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
-            assert_eq!(w, g, "{target}: {}", io.name);
-        }
-    }
+    (p, vec![x32, x64])
 }
 
 /// Adds to `p` one kernel, `out[q] = value(x, q)` for q < `extent` in one loop of `kind`, reading

@@ -301,7 +301,7 @@ pub fn shapes_at(m: &ModelProto, flags: &[String], sym: &str, b: u64) -> Result<
         .map(|f| match f.split_once('=') {
             Some((name, dims)) => {
                 let dims: Vec<String> = dims
-                    .split('x')
+                    .split(['x', ','])
                     .map(|d| {
                         if d.trim() == sym {
                             used = true;
@@ -349,26 +349,18 @@ pub fn shapes_at(m: &ModelProto, flags: &[String], sym: &str, b: u64) -> Result<
 /// The quantization ops of `m`'s graph (subgraphs included), counted by op, as text (`3 QuantizeLinear,
 /// 5 DequantizeLinear`); `None` if it has none.
 pub fn quantized_ops(m: &ModelProto) -> Option<String> {
-    const OPS: &[&str] = &[
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "DynamicQuantizeLinear",
-        "QLinearConv",
-        "QLinearMatMul",
-        "MatMulInteger",
-        "ConvInteger",
-    ];
-    let mut counts = vec![0usize; OPS.len()];
+    let ops = mlopt_onnx::quantization_ops();
+    let mut counts = vec![0usize; ops.len()];
     let mut graphs: Vec<&mlopt_onnx::proto::GraphProto> = m.graph.iter().collect();
     while let Some(g) = graphs.pop() {
         for n in &g.node {
-            if let Some(i) = OPS.iter().position(|o| *o == n.op_type) {
+            if let Some(i) = ops.iter().position(|o| *o == n.op_type) {
                 counts[i] += 1;
             }
             graphs.extend(n.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)));
         }
     }
-    let parts: Vec<String> = OPS
+    let parts: Vec<String> = ops
         .iter()
         .zip(&counts)
         .filter(|(_, &c)| c > 0)

@@ -367,16 +367,16 @@ fn compile(
     let m = data::load(model)?;
     let mut options = opt.driver(&data::input_names(&m)?)?;
     options.dumps = true;
-    let build = |shapes: &[String], name: &str| -> Result<mlopt_driver::Library> {
+    let import = |shapes: &[String]| -> Result<mlopt_onnx::ImportOptions> {
         let mut import = data::import_options(shapes, &HashMap::new())?;
         data::pin_values(&mut import, &m, input_values)?;
-        Ok(mlopt_driver::build(
-            data::source(&m, model, name, &import),
-            &options,
-        )?)
+        Ok(import)
     };
     let lib = match max {
-        None => build(input_shapes, &name)?,
+        None => {
+            let import = import(input_shapes)?;
+            mlopt_driver::build(data::source(&m, model, &name, &import), &options)?
+        }
         Some(flag) => {
             let (sym, bound) = data::parse_max(flag)?;
             if options.config.target.is_gpu() {
@@ -384,11 +384,10 @@ fn compile(
             }
             let mut variants = Vec::new();
             for b in mlopt_driver::batch::variant_sizes(bound) {
-                let shapes = data::shapes_at(&m, input_shapes, &sym, b)?;
-                match build(&shapes, &format!("{name}_b{b}"))? {
-                    mlopt_driver::Library::Cpu(c) => variants.push((b, *c)),
-                    _ => bail!("a CPU target built another kind of library (a bug in mlopt)"),
-                }
+                let import = import(&data::shapes_at(&m, input_shapes, &sym, b)?)?;
+                let variant = format!("{name}_b{b}");
+                let source = data::source(&m, model, &variant, &import);
+                variants.push((b, mlopt_driver::compile(source, &options)?));
             }
             mlopt_driver::Library::Batched(Box::new(mlopt_driver::batch::Batched::new(
                 &name, &sym, bound, variants,

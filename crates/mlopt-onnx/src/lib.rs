@@ -9,7 +9,7 @@ pub mod import;
 pub mod proto;
 pub mod tensor_io;
 
-pub use convert::supported_ops;
+pub use convert::{quantization_ops, supported_ops};
 pub use error::{OnnxError, Result};
 pub use import::{
     import_file, import_model, load_model, parse_input_shape, parse_input_value, ImportOptions,

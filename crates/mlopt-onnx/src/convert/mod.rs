@@ -446,6 +446,11 @@ fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     })
 }
 
+/// The quantization ops mlopt imports (computed in float today: `quant.rs`).
+pub fn quantization_ops() -> &'static [&'static str] {
+    quant::OPS
+}
+
 /// The supported ONNX op types, sorted.
 pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&str> = FAMILIES
