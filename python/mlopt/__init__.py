@@ -39,8 +39,12 @@ _DTYPES = {
     "bf16": np.uint16,
     "i8": np.int8,
     "u8": np.uint8,
+    "i16": np.int16,
+    "u16": np.uint16,
     "i32": np.int32,
+    "u32": np.uint32,
     "i64": np.int64,
+    "u64": np.uint64,
     "bool": np.bool_,
 }
 

@@ -653,7 +653,8 @@ fn one_dimensional_convolutions_compile() {
     assert!(err < 1e-5, "error {err:e}");
 }
 
-/// Every kernel IR operator on every element type it takes, in a serial loop and 8- and 16-lane vector
+/// Every kernel IR operator on every element type it takes (the unsigned ones with their top bit set), in
+/// a serial loop and 8- and 16-lane vector
 /// loops: the compiled code computes what the kernel IR interpreter does, on values that reach the edges
 /// (NaN on either side, infinities, division by zero and by -1 at the type's minimum, shifts by the width
 /// or more, negative operands).
@@ -691,8 +692,12 @@ fn kir_operators_compile_as_they_interpret() {
         Elem::F64,
         Elem::I8,
         Elem::U8,
+        Elem::I16,
+        Elem::U16,
         Elem::I32,
+        Elem::U32,
         Elem::I64,
+        Elem::U64,
         Elem::Bool,
     ];
     for t in types {
@@ -705,18 +710,25 @@ fn kir_operators_compile_as_they_interpret() {
                 (0..N).map(|i| (i % 2) as f64).collect(),
                 (0..N).map(|i| (i / 2 % 2) as f64).collect(),
             ),
-            Elem::U8 => (
-                (0..N).map(|i| ((i * 37) % 256) as f64).collect(),
-                shifts
+            _ if t.is_unsigned() => {
+                // Values with the top bit set (which signed arithmetic would get wrong) and the
+                // largest (2^64 saturates to u64::MAX when encoded); negative ones wrap.
+                let m = 2f64.powi(8 * t.size() as i32);
+                let mut x: Vec<f64> = (0..N).map(|i| ((i * 37) % 256) as f64).collect();
+                x[5] = m - 1.0;
+                x[6] = m / 2.0;
+                x[25] = m / 2.0 + 256.0;
+                let y = shifts
                     .iter()
                     .chain(ints.iter())
-                    .map(|v: &f64| v.rem_euclid(256.0))
-                    .collect(),
-            ),
+                    .map(|v: &f64| v.rem_euclid(m));
+                (x, y.collect())
+            }
             _ => {
                 // The type's minimum divided by -1 is in the table for every signed type.
                 let min = match t {
                     Elem::I8 => i8::MIN as f64,
+                    Elem::I16 => i16::MIN as f64,
                     Elem::I32 => i32::MIN as f64,
                     _ => i64::MIN as f64,
                 };
@@ -796,7 +808,11 @@ fn kir_operators_compile_as_they_interpret() {
                     Elem::F64 => v.to_le_bytes().to_vec(),
                     Elem::I8 => (*v as i8).to_le_bytes().to_vec(),
                     Elem::U8 | Elem::Bool => vec![*v as u8],
+                    Elem::I16 => (*v as i16).to_le_bytes().to_vec(),
+                    Elem::U16 => (*v as u16).to_le_bytes().to_vec(),
                     Elem::I32 => (*v as i32).to_le_bytes().to_vec(),
+                    Elem::U32 => (*v as u32).to_le_bytes().to_vec(),
+                    Elem::U64 => (*v as u64).to_le_bytes().to_vec(),
                     _ => (*v as i64).to_le_bytes().to_vec(),
                 })
                 .collect()

@@ -21,8 +21,12 @@ fn c_type(e: Elem) -> &'static str {
         Elem::F16 | Elem::BF16 => "uint16_t",
         Elem::I8 => "int8_t",
         Elem::U8 | Elem::Bool => "uint8_t",
+        Elem::I16 => "int16_t",
+        Elem::U16 => "uint16_t",
         Elem::I32 => "int32_t",
+        Elem::U32 => "uint32_t",
         Elem::I64 => "int64_t",
+        Elem::U64 => "uint64_t",
     }
 }
 
@@ -33,8 +37,12 @@ fn rust_type(e: Elem) -> &'static str {
         Elem::F16 | Elem::BF16 => "u16",
         Elem::I8 => "i8",
         Elem::U8 | Elem::Bool => "u8",
+        Elem::I16 => "i16",
+        Elem::U16 => "u16",
         Elem::I32 => "i32",
+        Elem::U32 => "u32",
         Elem::I64 => "i64",
+        Elem::U64 => "u64",
     }
 }
 

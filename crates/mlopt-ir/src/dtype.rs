@@ -14,21 +14,29 @@ pub enum DType {
     F64,
     I8,
     U8,
+    I16,
+    U16,
     I32,
+    U32,
     I64,
+    U64,
     Bool,
 }
 
 impl DType {
-    pub const ALL: [DType; 9] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::F64,
         DType::I8,
         DType::U8,
+        DType::I16,
+        DType::U16,
         DType::I32,
+        DType::U32,
         DType::I64,
+        DType::U64,
         DType::Bool,
     ];
 
@@ -41,8 +49,12 @@ impl DType {
             DType::F64 => "f64",
             DType::I8 => "i8",
             DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
             DType::I32 => "i32",
+            DType::U32 => "u32",
             DType::I64 => "i64",
+            DType::U64 => "u64",
             DType::Bool => "bool",
         }
     }
@@ -54,9 +66,9 @@ impl DType {
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
-            DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
@@ -71,11 +83,11 @@ impl DType {
     }
 
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
+        !self.is_float() && self != DType::Bool
     }
 
     pub fn is_signed(self) -> bool {
-        self.is_float() || matches!(self, DType::I8 | DType::I32 | DType::I64)
+        self.is_float() || matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
     }
 }
 

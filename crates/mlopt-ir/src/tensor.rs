@@ -18,8 +18,12 @@ pub enum Tensor {
     F64(ArrayD<f64>),
     I8(ArrayD<i8>),
     U8(ArrayD<u8>),
+    I16(ArrayD<i16>),
+    U16(ArrayD<u16>),
     I32(ArrayD<i32>),
+    U32(ArrayD<u32>),
     I64(ArrayD<i64>),
+    U64(ArrayD<u64>),
     Bool(ArrayD<bool>),
 }
 
@@ -34,8 +38,12 @@ macro_rules! dispatch {
             $crate::Tensor::F64($a) => $body,
             $crate::Tensor::I8($a) => $body,
             $crate::Tensor::U8($a) => $body,
+            $crate::Tensor::I16($a) => $body,
+            $crate::Tensor::U16($a) => $body,
             $crate::Tensor::I32($a) => $body,
+            $crate::Tensor::U32($a) => $body,
             $crate::Tensor::I64($a) => $body,
+            $crate::Tensor::U64($a) => $body,
             $crate::Tensor::Bool($a) => $body,
         }
     };
@@ -58,7 +66,8 @@ pub trait Elem:
     /// Converts with ONNX `Cast` semantics: floats truncate toward zero into integers (saturating, NaN to
     /// 0), integers wrap, anything non-zero (and NaN) is `true`.
     fn cast_from<S: Elem>(v: S) -> Self {
-        if S::DTYPE.is_float() {
+        // (u64 past i64::MAX into a float goes through f64, its only unsigned path.)
+        if S::DTYPE.is_float() || (S::DTYPE == DType::U64 && Self::DTYPE.is_float()) {
             Self::from_f64(v.to_f64())
         } else {
             Self::from_i64(v.to_i64())
@@ -107,8 +116,14 @@ impl_elem_num!(f32, F32, |v: f64| v as f32, |v: i64| v as f32);
 impl_elem_num!(f64, F64, |v: f64| v, |v: i64| v as f64);
 impl_elem_num!(i8, I8, |v: f64| v as i8, |v: i64| v as i8);
 impl_elem_num!(u8, U8, |v: f64| v as u8, |v: i64| v as u8);
+impl_elem_num!(i16, I16, |v: f64| v as i16, |v: i64| v as i16);
+impl_elem_num!(u16, U16, |v: f64| v as u16, |v: i64| v as u16);
 impl_elem_num!(i32, I32, |v: f64| v as i32, |v: i64| v as i32);
+impl_elem_num!(u32, U32, |v: f64| v as u32, |v: i64| v as u32);
 impl_elem_num!(i64, I64, |v: f64| v as i64, |v: i64| v);
+// u64 is held as i64 bits in `to_i64`/`from_i64` (integer casts wrap), so a value past i64::MAX
+// converts between the integer types correctly; its f64 conversions are unsigned.
+impl_elem_num!(u64, U64, |v: f64| v as u64, |v: i64| v as u64);
 
 /// f64 -> f32 rounded to odd (towards zero, with the last bit set when inexact). f32 keeps more than two
 /// bits beyond f16 and bf16, so rounding this result again gives the correctly rounded 16-bit value;
@@ -242,12 +257,28 @@ macro_rules! with_dtype {
                 type $T = u8;
                 $body
             }
+            $crate::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::DType::U16 => {
+                type $T = u16;
+                $body
+            }
             $crate::DType::I32 => {
                 type $T = i32;
                 $body
             }
+            $crate::DType::U32 => {
+                type $T = u32;
+                $body
+            }
             $crate::DType::I64 => {
                 type $T = i64;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $T = u64;
                 $body
             }
             $crate::DType::Bool => {
@@ -278,8 +309,12 @@ impl Tensor {
             Tensor::F64(_) => DType::F64,
             Tensor::I8(_) => DType::I8,
             Tensor::U8(_) => DType::U8,
+            Tensor::I16(_) => DType::I16,
+            Tensor::U16(_) => DType::U16,
             Tensor::I32(_) => DType::I32,
+            Tensor::U32(_) => DType::U32,
             Tensor::I64(_) => DType::I64,
+            Tensor::U64(_) => DType::U64,
             Tensor::Bool(_) => DType::Bool,
         }
     }

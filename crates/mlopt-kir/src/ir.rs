@@ -26,21 +26,29 @@ pub enum Elem {
     F64,
     I8,
     U8,
+    I16,
+    U16,
     I32,
+    U32,
     I64,
+    U64,
     Bool,
 }
 
 impl Elem {
-    pub const ALL: [Elem; 9] = [
+    pub const ALL: [Elem; 13] = [
         Elem::F32,
         Elem::F16,
         Elem::BF16,
         Elem::F64,
         Elem::I8,
         Elem::U8,
+        Elem::I16,
+        Elem::U16,
         Elem::I32,
+        Elem::U32,
         Elem::I64,
+        Elem::U64,
         Elem::Bool,
     ];
 
@@ -52,8 +60,12 @@ impl Elem {
             Elem::F64 => "f64",
             Elem::I8 => "i8",
             Elem::U8 => "u8",
+            Elem::I16 => "i16",
+            Elem::U16 => "u16",
             Elem::I32 => "i32",
+            Elem::U32 => "u32",
             Elem::I64 => "i64",
+            Elem::U64 => "u64",
             Elem::Bool => "bool",
         }
     }
@@ -64,15 +76,23 @@ impl Elem {
 
     pub fn size(self) -> u64 {
         match self {
-            Elem::F64 | Elem::I64 => 8,
-            Elem::F32 | Elem::I32 => 4,
-            Elem::F16 | Elem::BF16 => 2,
+            Elem::F64 | Elem::I64 | Elem::U64 => 8,
+            Elem::F32 | Elem::I32 | Elem::U32 => 4,
+            Elem::F16 | Elem::BF16 | Elem::I16 | Elem::U16 => 2,
             Elem::I8 | Elem::U8 | Elem::Bool => 1,
         }
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, Elem::F32 | Elem::F16 | Elem::BF16 | Elem::F64)
+    }
+
+    /// The unsigned integers (and bool): zero-extended, divided, compared and shifted as unsigned.
+    pub fn is_unsigned(self) -> bool {
+        matches!(
+            self,
+            Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 | Elem::Bool
+        )
     }
 }
 

@@ -36,8 +36,9 @@ pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
         Elem::BF16 => c.bf16_type().into(),
         Elem::F64 => c.f64_type().into(),
         Elem::I8 | Elem::U8 | Elem::Bool => c.i8_type().into(),
-        Elem::I32 => c.i32_type().into(),
-        Elem::I64 => c.i64_type().into(),
+        Elem::I16 | Elem::U16 => c.i16_type().into(),
+        Elem::I32 | Elem::U32 => c.i32_type().into(),
+        Elem::I64 | Elem::U64 => c.i64_type().into(),
     }
 }
 

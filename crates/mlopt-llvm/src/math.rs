@@ -21,7 +21,7 @@ fn lanes(x: BasicValueEnum<'_>) -> u32 {
 }
 
 fn unsigned(t: Elem) -> bool {
-    matches!(t, Elem::U8 | Elem::Bool)
+    t.is_unsigned()
 }
 
 pub fn unary<'c>(

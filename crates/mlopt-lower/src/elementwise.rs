@@ -14,8 +14,12 @@ pub fn elem(d: DType) -> Elem {
         DType::F64 => Elem::F64,
         DType::I8 => Elem::I8,
         DType::U8 => Elem::U8,
+        DType::I16 => Elem::I16,
+        DType::U16 => Elem::U16,
         DType::I32 => Elem::I32,
+        DType::U32 => Elem::U32,
         DType::I64 => Elem::I64,
+        DType::U64 => Elem::U64,
         DType::Bool => Elem::Bool,
     }
 }

@@ -69,8 +69,9 @@ pub(crate) fn lowest(t: Elem) -> Expr {
     match t {
         Elem::I64 => Expr::int(i64::MIN),
         Elem::I32 => lit(i32::MIN as f64, t),
+        Elem::I16 => lit(i16::MIN as f64, t),
         Elem::I8 => lit(i8::MIN as f64, t),
-        Elem::U8 | Elem::Bool => lit(0.0, t),
+        Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 | Elem::Bool => lit(0.0, t),
         _ => lit(f64::NEG_INFINITY, t),
     }
 }
@@ -79,8 +80,13 @@ pub(crate) fn highest(t: Elem) -> Expr {
     match t {
         Elem::I64 => Expr::int(i64::MAX),
         Elem::I32 => lit(i32::MAX as f64, t),
+        Elem::I16 => lit(i16::MAX as f64, t),
         Elem::I8 => lit(i8::MAX as f64, t),
         Elem::U8 => lit(255.0, t),
+        Elem::U16 => lit(u16::MAX as f64, t),
+        Elem::U32 => lit(u32::MAX as f64, t),
+        // All ones: u64::MAX is past what an f64 literal converts exactly.
+        Elem::U64 => Expr::cast(t, Expr::int(-1)),
         Elem::Bool => lit(1.0, t),
         _ => lit(f64::INFINITY, t),
     }

@@ -17,8 +17,12 @@ pub fn dtype_from_onnx(t: i32) -> Option<DType> {
         dt::DOUBLE => DType::F64,
         dt::INT8 => DType::I8,
         dt::UINT8 => DType::U8,
+        dt::INT16 => DType::I16,
+        dt::UINT16 => DType::U16,
         dt::INT32 => DType::I32,
+        dt::UINT32 => DType::U32,
         dt::INT64 => DType::I64,
+        dt::UINT64 => DType::U64,
         dt::BOOL => DType::Bool,
         _ => return None,
     })
@@ -32,8 +36,12 @@ pub fn dtype_to_onnx(d: DType) -> i32 {
         DType::F64 => dt::DOUBLE,
         DType::I8 => dt::INT8,
         DType::U8 => dt::UINT8,
+        DType::I16 => dt::INT16,
+        DType::U16 => dt::UINT16,
         DType::I32 => dt::INT32,
+        DType::U32 => dt::UINT32,
         DType::I64 => dt::INT64,
+        DType::U64 => dt::UINT64,
         DType::Bool => dt::BOOL,
     }
 }
@@ -214,7 +222,12 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
                 .collect();
             Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| bad_len(t.int32_data.len()))
         }
-        DType::I32 | DType::I8 | DType::U8 | DType::Bool => {
+        DType::U32 | DType::U64 => {
+            let v = Tensor::from_vec(s, t.uint64_data.clone())
+                .ok_or_else(|| bad_len(t.uint64_data.len()))?;
+            Ok(v.cast(dtype))
+        }
+        DType::I32 | DType::I16 | DType::U16 | DType::I8 | DType::U8 | DType::Bool => {
             let v = Tensor::from_vec(s, t.int32_data.clone())
                 .ok_or_else(|| bad_len(t.int32_data.len()))?;
             Ok(v.cast(dtype))
@@ -262,8 +275,12 @@ fn npy_descr(d: DType) -> &'static str {
         DType::F64 => "<f8",
         DType::I8 => "|i1",
         DType::U8 => "|u1",
+        DType::I16 => "<i2",
+        DType::U16 => "<u2",
         DType::I32 => "<i4",
+        DType::U32 => "<u4",
         DType::I64 => "<i8",
+        DType::U64 => "<u8",
         DType::Bool => "|b1",
     }
 }

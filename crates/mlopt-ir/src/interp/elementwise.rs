@@ -87,7 +87,7 @@ macro_rules! arith_int {
         }
     )*};
 }
-arith_int!(i8, u8, i32, i64);
+arith_int!(i8, u8, i16, u16, i32, u32, i64, u64);
 
 macro_rules! arith_float {
     ($($t:ty),*) => {$(

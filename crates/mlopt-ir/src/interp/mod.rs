@@ -76,8 +76,12 @@ macro_rules! num_dispatch {
             $crate::Tensor::F64($a) => $body,
             $crate::Tensor::I8($a) => $body,
             $crate::Tensor::U8($a) => $body,
+            $crate::Tensor::I16($a) => $body,
+            $crate::Tensor::U16($a) => $body,
             $crate::Tensor::I32($a) => $body,
+            $crate::Tensor::U32($a) => $body,
             $crate::Tensor::I64($a) => $body,
+            $crate::Tensor::U64($a) => $body,
             t => return Err(format!("expects a numeric tensor, got {}", t.dtype())),
         }
     };

@@ -106,9 +106,30 @@ fn semantics() {
          "  %y: f32[3] = softmax[axis=0] %a", t(&[3], vec![0.5f32, 0.5, 0.])),
         ("matmul promotes 1-D operands", vec![("a", t(&[2], vec![1f32, 2.])), ("b", t(&[2, 2, 3], (0..12).map(|v| v as f32).collect()))],
          "  %y: f32[2,3] = matmul %a, %b", t(&[2, 3], vec![6f32, 9., 12., 24., 27., 30.])),
+        // The unsigned types compute as unsigned, their top bit included; the 16-bit ones wrap.
+        ("u64 divides as unsigned", vec![("a", t(&[2], vec![(1u64 << 63) + 6, 7])), ("b", t(&[2], vec![2u64, 2]))],
+         "  %y: u64[2] = div %a, %b", t(&[2], vec![(1u64 << 62) + 3, 3])),
+        ("u64 compares as unsigned", vec![("a", t(&[2], vec![1u64 << 63, 1])), ("b", t(&[2], vec![1u64, 2]))],
+         "  %y: bool[2] = greater %a, %b", t(&[2], vec![true, false])),
+        ("u64 max and reduce_max", vec![("a", t(&[3], vec![u64::MAX, 1, 1 << 63]))],
+         "  %y: u64[] = reduce_max[axes=[0], keepdims=0] %a", t(&[], vec![u64::MAX])),
+        ("u64 shifts right logically", vec![("a", t(&[2], vec![u64::MAX, 8])), ("b", t(&[2], vec![60u64, 64]))],
+         "  %y: u64[2] = bit_shift[left=0] %a, %b", t(&[2], vec![15u64, 0])),
+        ("u64 converts to f32 as unsigned", vec![("a", t(&[1], vec![u64::MAX]))],
+         "  %y: f32[1] = cast[to=f32] %a", t(&[1], vec![u64::MAX as f32])),
+        ("u16 add wraps", vec![("a", t(&[1], vec![65535u16])), ("b", t(&[1], vec![2u16]))],
+         "  %y: u16[1] = add %a, %b", t(&[1], vec![1u16])),
+        ("i16 division truncates", vec![("a", t(&[2], vec![-7i16, i16::MIN])), ("b", t(&[2], vec![2i16, -1]))],
+         "  %y: i16[2] = div %a, %b", t(&[2], vec![-3i16, i16::MIN])),
+        ("u32 to i16 wraps", vec![("a", t(&[2], vec![70000u32, u32::MAX]))],
+         "  %y: i16[2] = cast[to=i16] %a", t(&[2], vec![4464i16, -1])),
     ];
     for (name, inputs, body, want) in cases {
         match eval(&inputs, body) {
+            // Integers exactly (a relative tolerance hides a wrong low bit of a u64).
+            Ok(got) if !want.dtype().is_float() => {
+                assert!(got.same_bits(&want), "{name}: got {got}, want {want}")
+            }
             Ok(got) => assert!(close(&got, &want), "{name}: got {got}, want {want}"),
             Err(e) => panic!("{name}: {e}"),
         }

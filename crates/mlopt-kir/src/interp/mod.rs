@@ -616,7 +616,14 @@ impl Frame<'_> {
                         let (lo, hi) = match t {
                             Elem::I8 => (i8::MIN as f64, i8::MAX as f64),
                             Elem::U8 => (0.0, u8::MAX as f64),
+                            Elem::I16 => (i16::MIN as f64, i16::MAX as f64),
+                            Elem::U16 => (0.0, u16::MAX as f64),
                             Elem::I32 => (i32::MIN as f64, i32::MAX as f64),
+                            Elem::U32 => (0.0, u32::MAX as f64),
+                            Elem::U64 => {
+                                let f = if f.is_nan() { 0.0 } else { f.trunc() };
+                                return Ok(V::I(f.clamp(0.0, u64::MAX as f64) as u64 as i64));
+                            }
                             _ => (i64::MIN as f64, i64::MAX as f64),
                         };
                         int_to(
@@ -628,6 +635,7 @@ impl Frame<'_> {
                             },
                         )
                     }
+                    (_, V::I(i)) if from == Elem::U64 && t.is_float() => round(*t, i as u64 as f64),
                     (_, V::I(i)) => int_to(*t, i),
                     (_, V::F(f)) => round(*t, f),
                 }

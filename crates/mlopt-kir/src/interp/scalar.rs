@@ -4,7 +4,8 @@
 use super::*;
 use half::{bf16, f16};
 
-/// A scalar: floats as f64, integers and bools as i64.
+/// A scalar: floats as f64, integers and bools as i64 (u64 as its bits; every narrower unsigned type
+/// zero-extended, so i64's signed arithmetic is theirs too).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum V {
     F(f64),
@@ -79,8 +80,11 @@ pub(super) fn int_to(t: Elem, x: i64) -> V {
     match t {
         Elem::I8 => V::I(x as i8 as i64),
         Elem::U8 => V::I(x as u8 as i64),
+        Elem::I16 => V::I(x as i16 as i64),
+        Elem::U16 => V::I(x as u16 as i64),
         Elem::I32 => V::I(x as i32 as i64),
-        Elem::I64 => V::I(x),
+        Elem::U32 => V::I(x as u32 as i64),
+        Elem::I64 | Elem::U64 => V::I(x),
         Elem::Bool => V::I((x != 0) as i64),
         _ => round(t, x as f64),
     }
@@ -99,8 +103,11 @@ pub(super) fn decode(t: Elem, b: &[u8]) -> V {
         Elem::BF16 => V::F(bf16::from_le_bytes([b[0], b[1]]).to_f64()),
         Elem::I8 => V::I(b[0] as i8 as i64),
         Elem::U8 | Elem::Bool => V::I(b[0] as i64),
+        Elem::I16 => V::I(i16::from_le_bytes([b[0], b[1]]) as i64),
+        Elem::U16 => V::I(u16::from_le_bytes([b[0], b[1]]) as i64),
         Elem::I32 => V::I(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
-        Elem::I64 => V::I(i64::from_le_bytes(a(8))),
+        Elem::U32 => V::I(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
+        Elem::I64 | Elem::U64 => V::I(i64::from_le_bytes(a(8))),
     }
 }
 
@@ -121,8 +128,9 @@ pub(super) fn encode(t: Elem, v: V, b: &mut [u8]) {
             b[..2].copy_from_slice(&h.to_le_bytes())
         }
         Elem::I8 | Elem::U8 | Elem::Bool => b[0] = v.i() as u8,
-        Elem::I32 => b[..4].copy_from_slice(&(v.i() as i32).to_le_bytes()),
-        Elem::I64 => b[..8].copy_from_slice(&v.i().to_le_bytes()),
+        Elem::I16 | Elem::U16 => b[..2].copy_from_slice(&(v.i() as u16).to_le_bytes()),
+        Elem::I32 | Elem::U32 => b[..4].copy_from_slice(&(v.i() as u32).to_le_bytes()),
+        Elem::I64 | Elem::U64 => b[..8].copy_from_slice(&v.i().to_le_bytes()),
     }
 }
 
@@ -133,6 +141,7 @@ pub(super) fn unary(o: UnOp, x: V, t: Elem) -> V {
             t,
             match o {
                 UnOp::Neg => i.wrapping_neg(),
+                UnOp::Abs if t.is_unsigned() => i,
                 UnOp::Abs => i.wrapping_abs(),
                 UnOp::Not if t == Elem::Bool => (i == 0) as i64,
                 UnOp::Not => !i,
@@ -176,10 +185,30 @@ pub(super) fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
         }
         let r = if t.is_float() {
             compare(o, x.f(), y.f())
+        } else if t == Elem::U64 {
+            compare(o, x.i() as u64, y.i() as u64)
         } else {
             compare(o, x.i(), y.i())
         };
         return V::I(r as i64);
+    }
+    if t == Elem::U64 {
+        // The operations whose result depends on the sign bit, on the bits as u64.
+        let (a, b) = (x.i() as u64, y.i() as u64);
+        let r = match o {
+            BinOp::Div => a.checked_div(b),
+            BinOp::Rem => a.checked_rem(b),
+            BinOp::Min => Some(a.min(b)),
+            BinOp::Max => Some(a.max(b)),
+            BinOp::Shr => Some(if b >= 64 { 0 } else { a >> b }),
+            _ => None,
+        };
+        if let Some(r) = r {
+            return V::I(r as i64);
+        }
+        if matches!(o, BinOp::Div | BinOp::Rem) {
+            return V::I(0);
+        }
     }
     if !t.is_float() {
         let (a, b) = (x.i(), y.i());

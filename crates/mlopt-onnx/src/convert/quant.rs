@@ -37,6 +37,8 @@ fn range(d: DType) -> Option<(f64, f64)> {
     match d {
         DType::U8 => Some((0.0, 255.0)),
         DType::I8 => Some((-128.0, 127.0)),
+        DType::U16 => Some((0.0, 65535.0)),
+        DType::I16 => Some((-32768.0, 32767.0)),
         _ => None,
     }
 }
@@ -134,7 +136,10 @@ fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (x, scale, zp) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
     let shape = cx.ty(x).shape.clone();
-    if !matches!(cx.ty(x).dtype, DType::U8 | DType::I8 | DType::I32) {
+    if !matches!(
+        cx.ty(x).dtype,
+        DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32
+    ) {
         return Err(cx.err_in(
             0,
             format!("dequantizing {} is not supported", cx.ty(x).dtype),
