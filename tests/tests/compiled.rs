@@ -653,6 +653,72 @@ fn one_dimensional_convolutions_compile() {
     assert!(err < 1e-5, "error {err:e}");
 }
 
+/// CumSum and CumProd along each axis of a 3-D tensor, forward, reversed and exclusive, in f32 and i32,
+/// on two threads: compiled code accumulates in index order as the interpreter does, so the results are
+/// the same bits (a schedule that split or reordered a row's accumulation would not be).
+#[test]
+fn running_sums_and_products_compile_in_order() {
+    use mlopt_ir::{Accumulate, DType, Op, TensorType};
+    let mut g = mlopt_ir::Graph::new("cumulative");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![6, 40, 130]));
+    let i = g.add_input("i", TensorType::new(DType::I32, vec![6, 40, 130]));
+    let cases = [
+        (Accumulate::Sum, 2, false, false),
+        (Accumulate::Sum, 1, true, false),
+        (Accumulate::Sum, 0, false, true),
+        (Accumulate::Prod, 2, false, true),
+        (Accumulate::Prod, 1, true, true),
+    ];
+    for (k, &(kind, axis, exclusive, reverse)) in cases.iter().enumerate() {
+        for (src, name) in [(x, "f"), (i, "i")] {
+            let op = Op::Cumulative {
+                kind,
+                axis,
+                exclusive,
+                reverse,
+            };
+            let y = g.add(op, &format!("{name}{k}"), &[src]).unwrap();
+            g.add_output(&format!("{name}{k}"), y);
+        }
+    }
+    let mut inputs = mlopt_rewrite::optimize::random_inputs(&g, 9);
+    // Products of values near 1 stay finite over 130 steps; integers small enough to wrap visibly.
+    let near_one = inputs["x"]
+        .to_f64_vec()
+        .iter()
+        .map(|v| (1.0 + v * 0.05) as f32)
+        .collect();
+    let small = (0..6 * 40 * 130)
+        .map(|k| (k * 7919 % 9) as i32 - 4)
+        .collect();
+    inputs.insert(
+        "x".into(),
+        mlopt_ir::Tensor::from_vec(&[6, 40, 130], near_one).unwrap(),
+    );
+    inputs.insert(
+        "i".into(),
+        mlopt_ir::Tensor::from_vec(&[6, 40, 130], small).unwrap(),
+    );
+    let want = interp::run(&g, &inputs).unwrap();
+    let config = Config::new(Target::named("host", 2).unwrap());
+    let c = compile(
+        &g,
+        &Options {
+            config,
+            tune: false,
+            winograd: mlopt_schedule::Winograd::Auto,
+            profile: false,
+            dumps: false,
+            probe: false,
+        },
+    )
+    .unwrap();
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        assert!(w.same_bits(g), "{name}: interpreter {w}, compiled {g}");
+    }
+}
+
 /// Every kernel IR operator on every element type it takes (the unsigned ones with their top bit set), in
 /// a serial loop and 8- and 16-lane vector
 /// loops: the compiled code computes what the kernel IR interpreter does, on values that reach the edges

@@ -409,6 +409,22 @@ pub enum Op {
         upper: bool,
         k: i64,
     },
+    /// Running sums or products along `axis` (ONNX CumSum, CumProd), in index order (from the end when
+    /// `reverse`); `exclusive` leaves each position's own element out (the first result is 0 or 1).
+    /// bf16 and f16 accumulate in f32 and round each result.
+    Cumulative {
+        kind: Accumulate,
+        axis: usize,
+        exclusive: bool,
+        reverse: bool,
+    },
+}
+
+/// What a cumulative op accumulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accumulate {
+    Sum,
+    Prod,
 }
 
 impl Op {
@@ -438,6 +454,7 @@ impl Op {
             | Op::DepthToSpace { .. }
             | Op::SpaceToDepth { .. }
             | Op::Trilu { .. }
+            | Op::Cumulative { .. }
             | Op::TopK { .. } => (1, 1),
             Op::Binary(_)
             | Op::MatMul

@@ -207,6 +207,14 @@ impl Op {
             Op::DepthToSpace { .. } => "depth_to_space",
             Op::SpaceToDepth { .. } => "space_to_depth",
             Op::Trilu { .. } => "trilu",
+            Op::Cumulative {
+                kind: Accumulate::Sum,
+                ..
+            } => "cum_sum",
+            Op::Cumulative {
+                kind: Accumulate::Prod,
+                ..
+            } => "cum_prod",
             Op::TopK { .. } => "top_k",
             Op::GatherNd { .. } => "gather_nd",
             Op::ScatterNd { .. } => "scatter_nd",
@@ -357,6 +365,16 @@ impl Op {
             }
             Op::SpaceToDepth { blocksize } => vec![("blocksize", blocksize.to_string())],
             Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", flag(*upper))],
+            Op::Cumulative {
+                axis,
+                exclusive,
+                reverse,
+                ..
+            } => vec![
+                ("axis", axis.to_string()),
+                ("exclusive", flag(*exclusive)),
+                ("reverse", flag(*reverse)),
+            ],
             Op::TopK {
                 axis,
                 k,
@@ -589,6 +607,16 @@ impl Op {
             },
             "space_to_depth" => Op::SpaceToDepth {
                 blocksize: a.usize("blocksize")?,
+            },
+            "cum_sum" | "cum_prod" => Op::Cumulative {
+                kind: if name == "cum_sum" {
+                    Accumulate::Sum
+                } else {
+                    Accumulate::Prod
+                },
+                axis: a.usize("axis")?,
+                exclusive: a.bool("exclusive")?,
+                reverse: a.bool("reverse")?,
             },
             "trilu" => Op::Trilu {
                 upper: a.bool("upper")?,

@@ -377,6 +377,15 @@ fn every_op() -> Graph {
         &[ti],
     )
     .unwrap();
+    for kind in [Accumulate::Sum, Accumulate::Prod] {
+        let op = Op::Cumulative {
+            kind,
+            axis: 1,
+            exclusive: true,
+            reverse: false,
+        };
+        g.add(op, "", &[ti]).unwrap();
+    }
     let topk = g
         .add_node(
             Op::TopK {
@@ -533,6 +542,8 @@ fn every_op_name_appears() {
         "tile",
         "pad",
         "trilu",
+        "cum_sum",
+        "cum_prod",
         "resize",
         "space_to_depth",
         "depth_to_space",

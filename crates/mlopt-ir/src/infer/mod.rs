@@ -678,6 +678,19 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             one(x.clone())
         }
+        Op::Cumulative { axis, .. } => {
+            let x = x()?;
+            if *axis >= x.rank() {
+                return err(
+                    Some(0),
+                    format!("axis {axis} out of range for rank {}", x.rank()),
+                );
+            }
+            if !x.dtype.is_float() && !x.dtype.is_int() {
+                return err(Some(0), format!("expects numbers, got {}", x.dtype));
+            }
+            one(x.clone())
+        }
     }
 }
 

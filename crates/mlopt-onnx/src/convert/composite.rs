@@ -9,7 +9,9 @@ use super::nn::{axis, pool_attrs};
 use super::transformer::{attention, rms_norm, rotary};
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{Binary, DType, Op, PadMode, ReduceKind, Tensor, TensorType, Unary, Value};
+use mlopt_ir::{
+    Accumulate, Binary, DType, Op, PadMode, ReduceKind, Tensor, TensorType, Unary, Value,
+};
 
 pub(crate) const OPS: &[&str] = &[
     "RMSNormalization",
@@ -21,6 +23,7 @@ pub(crate) const OPS: &[&str] = &[
     "GroupNormalization",
     "LpPool",
     "CumSum",
+    "CumProd",
     "OneHot",
     "EyeLike",
     "RotaryEmbedding",
@@ -43,7 +46,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "MeanVarianceNormalization" => vec![mvn(cx)?],
             "GroupNormalization" => vec![group_norm(cx)?],
             "LpPool" => vec![lp_pool(cx)?],
-            "CumSum" => vec![cumsum(cx)?],
+            "CumSum" => vec![cumulative(cx, Accumulate::Sum)?],
+            "CumProd" => vec![cumulative(cx, Accumulate::Prod)?],
             "OneHot" => vec![one_hot(cx)?],
             "EyeLike" => vec![eye_like(cx)?],
             "RotaryEmbedding" => vec![rotary(cx)?],
@@ -430,47 +434,25 @@ pub(super) fn lp_pool(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 
 /// Running sums along an axis, as a product with a triangular 0/1 matrix: the sum runs in index order,
 /// so the result is the sequential one.
-pub(super) fn cumsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+/// CumSum and CumProd: one `cum_sum` / `cum_prod` along the (constant) axis.
+pub(super) fn cumulative(cx: &mut NodeCx<'_, '_>, kind: Accumulate) -> Result<Value> {
     let x = cx.req(0)?;
-    let ty = cx.ty(x).clone();
+    let rank = cx.ty(x).rank();
     let a = cx
         .konst_ints(1)?
         .and_then(|v| v.first().copied())
-        .ok_or_else(|| cx.err_in(1, "axis must be a scalar"))?;
-    let a = axis(cx, a, ty.rank())?;
+        .ok_or_else(|| cx.err_in(1, "axis must be a constant scalar"))?;
+    let axis = axis(cx, a, rank)?;
     let (exclusive, reverse) = (cx.int("exclusive", 0)? != 0, cx.int("reverse", 0)? != 0);
-    let n = ty.shape[a];
-    // tri[i][j] = 1 when input i contributes to output j.
-    let tri: Vec<f64> = (0..n * n)
-        .map(|k| {
-            let (i, j) = (k / n, k % n);
-            let on = match (reverse, exclusive) {
-                (false, false) => i <= j,
-                (false, true) => i < j,
-                (true, false) => i >= j,
-                (true, true) => i > j,
-            };
-            on as u8 as f64
-        })
-        .collect();
-    let tri = Tensor::from_vec(&[n, n], tri)
-        .ok_or_else(|| cx.err("cumsum"))?
-        .cast(ty.dtype);
-    let tri = cx.konst_value(tri);
-    let last = ty.rank() - 1;
-    let mut perm: Vec<usize> = (0..ty.rank()).collect();
-    perm.swap(a, last);
-    let moved = if a == last {
-        x
-    } else {
-        cx.add1(Op::Transpose { perm: perm.clone() }, &[x])?
-    };
-    let summed = cx.add1(Op::MatMul, &[moved, tri])?;
-    if a == last {
-        Ok(summed)
-    } else {
-        cx.add1(Op::Transpose { perm }, &[summed])
-    }
+    cx.add1(
+        Op::Cumulative {
+            kind,
+            axis,
+            exclusive,
+            reverse,
+        },
+        &[x],
+    )
 }
 
 /// `values[1]` where the (wrapped) index equals the position along the new axis, `values[0]` elsewhere.
