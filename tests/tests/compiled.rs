@@ -677,8 +677,8 @@ fn running_sums_and_products_compile_in_order() {
                 exclusive,
                 reverse,
             };
-            let y = g.add(op, &format!("{name}{k}"), &[src]).unwrap();
-            g.add_output(&format!("{name}{k}"), y);
+            let y = g.add(op, format!("{name}{k}"), &[src]).unwrap();
+            g.add_output(format!("{name}{k}"), y);
         }
     }
     let mut inputs = mlopt_rewrite::optimize::random_inputs(&g, 9);
