@@ -688,9 +688,7 @@ fn running_sums_and_products_compile_in_order() {
         .iter()
         .map(|v| (1.0 + v * 0.05) as f32)
         .collect();
-    let small = (0..6 * 40 * 130)
-        .map(|k| (k * 7919 % 9) as i32 - 4)
-        .collect();
+    let small = (0..6 * 40 * 130i32).map(|k| k * 7919 % 9 - 4).collect();
     inputs.insert(
         "x".into(),
         mlopt_ir::Tensor::from_vec(&[6, 40, 130], near_one).unwrap(),
