@@ -74,6 +74,32 @@ fn recurrent_ops_match_onnx_runtime() {
     each_case("rnn", 5);
 }
 
+/// Control flow (an If on a shape, a Loop with a scan output, a Scan with a reversed input and a
+/// transposed output, an If nested in a Loop), unrolled and folded at import: interpreted and compiled
+/// (x86-64-v4, 2 threads), against ONNX Runtime.
+#[test]
+fn control_flow_matches_onnx_runtime_interpreted_and_compiled() {
+    each_case("control", 4);
+    for k in 0..4 {
+        let name = format!("control/{k}");
+        let config =
+            mlopt_rewrite::Config::new(mlopt_target::Target::named("x86-64-v4", 2).unwrap());
+        let options = mlopt_driver::Options {
+            config,
+            tune: false,
+            winograd: mlopt_schedule::Winograd::Auto,
+            profile: false,
+            dumps: false,
+            probe: false,
+        };
+        let c = mlopt_driver::compile(&import(&name), &options).unwrap();
+        let (inputs, want) = data(&name);
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let err = mlopt_tests::worst_error(&want, &got);
+        assert!(err < 1e-5, "{name} compiled: error {err:e}");
+    }
+}
+
 #[test]
 fn the_shape_subgraph_folds_away() {
     let text = print::print(&import("dynamic"));

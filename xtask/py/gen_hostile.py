@@ -550,8 +550,8 @@ def _():
 # --- Control flow: an If whose condition is known at compile time is its branch ------------------------
 
 
-def branch(name, nodes, outputs, inits=()):
-    return h.make_graph(nodes, name, [], outputs, list(inits))
+def branch(name, nodes, outputs, inits=(), inputs=()):
+    return h.make_graph(nodes, name, list(inputs), outputs, list(inits))
 
 
 def if_model(cond_nodes, cond_inits, inputs, then_b, else_b):
@@ -592,6 +592,40 @@ def _():
     else_b = branch("else", [h.make_node("Abs", ["x"], ["e"], name="abs")], [f32("e", [4])])
     node = h.make_node("If", ["flag"], ["y"], name="if", then_branch=then_b, else_branch=else_b)
     return model([node], [f32("x", [4]), vi("flag", T.BOOL, [])], [f32("y", None)])
+
+
+# Loop and Scan are unrolled at import when their trip counts are known. A Loop whose condition depends
+# on data (here: while the sum of y is below 10) is refused, naming the node.
+@case("loop_data_condition", needle="bad")
+def _():
+    body = branch("body", [h.make_node("Add", ["y_in", "x"], ["y_out"], name="step"),
+                           h.make_node("ReduceSum", ["y_out"], ["s"], name="sum", keepdims=0),
+                           h.make_node("Less", ["s", "ten"], ["cond_out"], name="below")],
+                  [vi("cond_out", T.BOOL, []), f32("y_out", [4])], [const("ten", np.array(10, np.float32))],
+                  inputs=[vi("iter", T.INT64, []), vi("cond_in", T.BOOL, []), f32("y_in", [4])])
+    node = h.make_node("Loop", ["", "", "y0"], ["y"], name="bad", body=body)
+    return model([node], [f32("x", [4]), f32("y0", [4])], [f32("y", None)])
+
+
+# A Loop with neither a trip count nor a condition that ever turns false: refused at the unroll limit
+# (an error naming the node, not a hang).
+@case("loop_unbounded", needle="bad")
+def _():
+    body = branch("body", [h.make_node("Identity", ["cond_in"], ["cond_out"], name="keep"),
+                           h.make_node("Neg", ["y_in"], ["y_out"], name="neg")],
+                  [vi("cond_out", T.BOOL, []), f32("y_out", [4])],
+                  inputs=[vi("iter", T.INT64, []), vi("cond_in", T.BOOL, []), f32("y_in", [4])])
+    node = h.make_node("Loop", ["", "", "y0"], ["y"], name="bad", body=body)
+    return model([node], [f32("y0", [4])], [f32("y", None)])
+
+
+# Scan inputs of different lengths (5 and 4 steps): refused, naming the input.
+@case("scan_unequal_lengths", needle="bad")
+def _():
+    body = branch("body", [h.make_node("Add", ["a", "b"], ["o"], name="add")], [f32("o", [3])],
+                  inputs=[f32("a", [3]), f32("b", [3])])
+    node = h.make_node("Scan", ["x", "z"], ["out"], name="bad", body=body, num_scan_inputs=2)
+    return model([node], [f32("x", [5, 3]), f32("z", [4, 3])], [f32("out", None)])
 
 
 # --- Issue 30, item 6: one NaN and infinity semantics, compiled and interpreted -------------------------

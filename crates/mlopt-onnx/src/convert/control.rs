@@ -2,18 +2,30 @@
 //! static shapes, or an input pinned to a value) becomes the branch it takes: the branch's initializers
 //! are constants, its nodes are converted in the enclosing graph's scope (they read outer values by
 //! name) and its outputs are the `If`'s. A condition known only at run time is an error naming it.
+//!
+//! `Scan` and `Loop` whose trip counts are known at compile time are unrolled: the body is converted
+//! once per iteration in a scope of its own (its inputs bound to that iteration's values; outer values
+//! read by name), the state carried from one iteration's outputs to the next one's inputs, and the scan
+//! outputs stacked. A `Loop`'s trip count is its constant `M` and its condition, which must fold to a
+//! constant after every iteration. Unrolling is bounded by `MAX_UNROLLED_NODES`.
 
 use super::{convert_scoped, NodeCx};
 use crate::error::Result;
 use crate::proto::{attribute_type as at, GraphProto};
 use crate::tensor_io::tensor_from_proto;
-use mlopt_ir::Value;
+use mlopt_ir::{Op, Tensor, Value};
+use std::collections::HashMap;
 
-pub(super) const OPS: &[&str] = &["If"];
+pub(super) const OPS: &[&str] = &["If", "Loop", "Scan"];
+
+/// The most body nodes an unrolled `Scan` or `Loop` may convert (iterations times the body's nodes).
+const MAX_UNROLLED_NODES: usize = 200_000;
 
 pub(super) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
     match op {
         "If" => Some(if_(cx)),
+        "Scan" => Some(scan(cx)),
+        "Loop" => Some(loop_(cx)),
         _ => None,
     }
 }
@@ -40,7 +52,7 @@ fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     inline(cx, if taken { then_branch } else { else_branch })
 }
 
-/// The graph attribute `name`, which an `If` requires.
+/// The graph attribute `name`, which the node requires.
 fn branch<'a>(cx: &mut NodeCx<'a, '_>, name: &'a str) -> Result<&'a GraphProto> {
     cx.attr(name, &[at::GRAPH])?
         .and_then(|a| a.g.as_ref())
@@ -88,4 +100,311 @@ fn inline(cx: &mut NodeCx<'_, '_>, g: &GraphProto) -> Result<Vec<Value>> {
             })
         })
         .collect()
+}
+
+/// The outputs of `body` run once on `args` (bound to its inputs in order), converted in a scope of its
+/// own: the names it defines are forgotten afterwards, so the next iteration defines them again.
+fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Vec<Value>> {
+    if body.input.len() != args.len() {
+        return Err(cx.err(format!(
+            "the body has {} inputs, the node gives it {}",
+            body.input.len(),
+            args.len()
+        )));
+    }
+    let outer = cx.imp.vals.clone();
+    for (i, a) in body.input.iter().zip(args) {
+        cx.imp.vals.insert(i.name.clone(), *a);
+    }
+    let result = (|| {
+        for t in &body.initializer {
+            let tensor = tensor_from_proto(t, cx.imp.base)?;
+            let v = cx.imp.g.add_const(t.name.clone(), tensor);
+            cx.imp.vals.insert(t.name.clone(), v);
+        }
+        for node in &body.node {
+            convert_scoped(cx.imp, node)?;
+        }
+        body.output
+            .iter()
+            .map(|o| {
+                cx.imp.vals.get(&o.name).copied().ok_or_else(|| {
+                    cx.err(format!(
+                        "the body's output '{}' is not produced by any node",
+                        o.name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+    })();
+    cx.imp.vals = outer;
+    result
+}
+
+/// An error unless `iterations` of `body` fit `MAX_UNROLLED_NODES`.
+fn unroll_fits(cx: &NodeCx<'_, '_>, body: &GraphProto, iterations: usize) -> Result<()> {
+    if iterations.saturating_mul(body.node.len().max(1)) <= MAX_UNROLLED_NODES {
+        return Ok(());
+    }
+    Err(cx.err(format!(
+        "unrolling {iterations} iterations of a body of {} nodes is more than mlopt unrolls \
+         ({MAX_UNROLLED_NODES} nodes)",
+        body.node.len()
+    )))
+}
+
+/// Element `at` of `x` along `axis`, that axis dropped.
+fn take(cx: &mut NodeCx<'_, '_>, x: Value, axis: usize, at: usize) -> Result<Value> {
+    let shape = cx.ty(x).shape.clone();
+    let mut lens = shape.clone();
+    lens[axis] = 1;
+    let mut starts = vec![0; shape.len()];
+    starts[axis] = at;
+    let steps = vec![1; shape.len()];
+    let s = cx.add1(
+        Op::Slice {
+            starts,
+            steps,
+            lens,
+        },
+        &[x],
+    )?;
+    let mut dropped = shape;
+    dropped.remove(axis);
+    cx.add1(Op::Reshape { shape: dropped }, &[s])
+}
+
+/// `parts` stacked along a new `axis`.
+fn stack(cx: &mut NodeCx<'_, '_>, parts: &[Value], axis: usize) -> Result<Value> {
+    let mut grown = Vec::with_capacity(parts.len());
+    for &p in parts {
+        let mut shape = cx.ty(p).shape.clone();
+        if axis > shape.len() {
+            return Err(cx.err(format!(
+                "a scan output axis of {axis} is out of range for rank {}",
+                shape.len()
+            )));
+        }
+        shape.insert(axis, 1);
+        grown.push(cx.add1(Op::Reshape { shape }, &[p])?);
+    }
+    cx.add1(Op::Concat { axis }, &grown)
+}
+
+/// An axis attribute entry, negative counting from the end of `rank`.
+fn scan_axis(cx: &NodeCx<'_, '_>, a: i64, rank: usize) -> Result<usize> {
+    mlopt_ir::normalize_axis(a, rank)
+        .ok_or_else(|| cx.err(format!("axis {a} is out of range for rank {rank}")))
+}
+
+/// Scan (opset 9 and later): N state values, then M scan inputs sliced along their scan axes.
+fn scan(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    if cx.imp.opset < 9 {
+        return scan8(cx);
+    }
+    let body = branch(cx, "body")?;
+    let m = usize::try_from(cx.int("num_scan_inputs", -1)?)
+        .ok()
+        .filter(|&m| m >= 1 && m <= cx.node.input.len())
+        .ok_or_else(|| cx.err("num_scan_inputs must be between 1 and the number of inputs"))?;
+    let inputs: Vec<Value> = (0..cx.node.input.len())
+        .map(|i| cx.req(i))
+        .collect::<Result<_>>()?;
+    let n = inputs.len() - m;
+    let k = body.output.len().checked_sub(n).ok_or_else(|| {
+        cx.err(format!(
+            "the body has {} outputs, fewer than the {n} states",
+            body.output.len()
+        ))
+    })?;
+    let list = |cx: &mut NodeCx<'_, '_>, name, len| -> Result<Vec<i64>> {
+        let v = cx.ints(name)?.unwrap_or_else(|| vec![0; len]);
+        if v.len() != len {
+            return Err(cx.err(format!("{name} has {} entries, not {len}", v.len())));
+        }
+        Ok(v)
+    };
+    let in_axes = list(cx, "scan_input_axes", m)?;
+    let in_dirs = list(cx, "scan_input_directions", m)?;
+    let out_axes = list(cx, "scan_output_axes", k)?;
+    let out_dirs = list(cx, "scan_output_directions", k)?;
+    let mut axes = Vec::with_capacity(m);
+    for (j, &a) in in_axes.iter().enumerate() {
+        axes.push(scan_axis(cx, a, cx.ty(inputs[n + j]).rank())?);
+    }
+    let steps = cx.ty(inputs[n]).shape[axes[0]];
+    for (j, &a) in axes.iter().enumerate() {
+        if cx.ty(inputs[n + j]).shape[a] != steps {
+            return Err(cx.err_in(
+                n + j,
+                format!(
+                    "scans {} elements, the first scan input {steps}",
+                    cx.ty(inputs[n + j]).shape[a]
+                ),
+            ));
+        }
+    }
+    if steps == 0 {
+        return Err(cx.err("a Scan of zero iterations is not supported"));
+    }
+    unroll_fits(cx, body, steps)?;
+    let mut state = inputs[..n].to_vec();
+    let mut scanned: Vec<Vec<Value>> = vec![Vec::with_capacity(steps); k];
+    for t in 0..steps {
+        let mut args = state.clone();
+        for j in 0..m {
+            let at = if in_dirs[j] == 1 { steps - 1 - t } else { t };
+            args.push(take(cx, inputs[n + j], axes[j], at)?);
+        }
+        let outs = call(cx, body, &args)?;
+        state = outs[..n].to_vec();
+        for (s, o) in scanned.iter_mut().zip(&outs[n..]) {
+            s.push(*o);
+        }
+    }
+    let mut results = state;
+    for ((mut parts, &a), &dir) in scanned.into_iter().zip(&out_axes).zip(&out_dirs) {
+        if dir == 1 {
+            parts.reverse();
+        }
+        let rank = cx.ty(parts[0]).rank() + 1;
+        let a = scan_axis(cx, a, rank)?;
+        results.push(stack(cx, &parts, a)?);
+    }
+    Ok(results)
+}
+
+/// Scan-8: input 0 is the optional sequence_lens (all of them the full length here), every other input
+/// has a batch axis first, and each batch element is scanned along its axis 1 (the batch dropped) by the
+/// opset-9 rules; the results are stacked along the batch.
+fn scan8(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let body = branch(cx, "body")?;
+    let m = usize::try_from(cx.int("num_scan_inputs", -1)?)
+        .ok()
+        .filter(|&m| m >= 1 && m < cx.node.input.len())
+        .ok_or_else(|| cx.err("num_scan_inputs must be between 1 and the number of inputs"))?;
+    let inputs: Vec<Value> = (1..cx.node.input.len())
+        .map(|i| cx.req(i))
+        .collect::<Result<_>>()?;
+    let n = inputs.len() - m;
+    let dirs = cx.ints("directions")?.unwrap_or_else(|| vec![0; m]);
+    if dirs.len() != m {
+        return Err(cx.err(format!("directions has {} entries, not {m}", dirs.len())));
+    }
+    let batch = cx.ty(inputs[0]).shape.first().copied().unwrap_or(0);
+    let steps = cx.ty(inputs[n]).shape.get(1).copied().unwrap_or(0);
+    if let Some(lens) = cx.konst(0)? {
+        if lens.to_i64_vec().iter().any(|&l| l != steps as i64) {
+            return Err(cx.err_in(
+                0,
+                "sequence lengths shorter than the scan are not supported",
+            ));
+        }
+    }
+    for (i, &v) in inputs.iter().enumerate() {
+        let shape = &cx.ty(v).shape;
+        if shape.first() != Some(&batch) || (i >= n && shape.get(1) != Some(&steps)) {
+            return Err(cx.err_in(
+                i + 1,
+                format!("{shape:?} does not have the batch {batch} (and the {steps} steps)"),
+            ));
+        }
+    }
+    if steps == 0 || batch == 0 {
+        return Err(cx.err("a Scan of zero iterations is not supported"));
+    }
+    unroll_fits(cx, body, steps.saturating_mul(batch))?;
+    let k = body.output.len().saturating_sub(n);
+    let mut per_batch: Vec<Vec<Value>> = vec![Vec::with_capacity(batch); n + k];
+    for b in 0..batch {
+        let mut state = Vec::with_capacity(n);
+        for &v in &inputs[..n] {
+            state.push(take(cx, v, 0, b)?);
+        }
+        let mut scanned: Vec<Vec<Value>> = vec![Vec::with_capacity(steps); k];
+        for t in 0..steps {
+            let mut args = state.clone();
+            for j in 0..m {
+                let at = if dirs[j] == 1 { steps - 1 - t } else { t };
+                let row = take(cx, inputs[n + j], 0, b)?;
+                args.push(take(cx, row, 0, at)?);
+            }
+            let outs = call(cx, body, &args)?;
+            state = outs[..n].to_vec();
+            for (s, o) in scanned.iter_mut().zip(&outs[n..]) {
+                s.push(*o);
+            }
+        }
+        for (slot, v) in per_batch.iter_mut().zip(state) {
+            slot.push(v);
+        }
+        for (slot, parts) in per_batch[n..].iter_mut().zip(scanned) {
+            slot.push(stack(cx, &parts, 0)?);
+        }
+    }
+    per_batch.iter().map(|parts| stack(cx, parts, 0)).collect()
+}
+
+/// Loop: runs while the trip count `M` (if given) is not reached and the condition holds; both must be
+/// known at compile time.
+fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let body = branch(cx, "body")?;
+    let max = match cx.konst(0)? {
+        Some(t) => Some(
+            t.to_i64_vec()
+                .first()
+                .copied()
+                .ok_or_else(|| cx.err_in(0, "the trip count must be a scalar"))?,
+        ),
+        None => None,
+    };
+    let mut cond = match cx.konst(1)? {
+        Some(t) => t.to_f64_vec().first().is_some_and(|c| *c != 0.0),
+        None => true,
+    };
+    let mut carried: Vec<Value> = (2..cx.node.input.len())
+        .map(|i| cx.req(i))
+        .collect::<Result<_>>()?;
+    let n = carried.len();
+    let k = body.output.len().checked_sub(n + 1).ok_or_else(|| {
+        cx.err(format!(
+            "the body has {} outputs, fewer than the condition and {n} loop-carried values",
+            body.output.len()
+        ))
+    })?;
+    let limit = MAX_UNROLLED_NODES / body.node.len().max(1);
+    let mut scanned: Vec<Vec<Value>> = vec![Vec::new(); k];
+    let mut t = 0i64;
+    while cond && max.is_none_or(|m| t < m) {
+        if t as usize >= limit {
+            unroll_fits(cx, body, t as usize + 1)?;
+        }
+        let it = cx.konst_value(Tensor::scalar(t));
+        let c = cx.konst_value(Tensor::scalar(true));
+        let mut args = vec![it, c];
+        args.extend(&carried);
+        let outs = call(cx, body, &args)?;
+        cond = match cx.evaluate(outs[0], &mut HashMap::new()) {
+            Some(c) => c.to_f64_vec().first().is_some_and(|c| *c != 0.0),
+            None => {
+                return Err(cx.err(
+                    "the body's condition depends on data: mlopt unrolls a Loop whose trip \
+                     count is known at compile time",
+                ))
+            }
+        };
+        carried = outs[1..=n].to_vec();
+        for (s, o) in scanned.iter_mut().zip(&outs[n + 1..]) {
+            s.push(*o);
+        }
+        t += 1;
+    }
+    let mut results = carried;
+    for parts in scanned {
+        if parts.is_empty() {
+            return Err(cx.err("a Loop of zero iterations with scan outputs is not supported"));
+        }
+        results.push(stack(cx, &parts, 0)?);
+    }
+    Ok(results)
 }
