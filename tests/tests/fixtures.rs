@@ -75,12 +75,12 @@ fn recurrent_ops_match_onnx_runtime() {
 }
 
 /// Control flow (an If on a shape, a Loop with a scan output, a Scan with a reversed input and a
-/// transposed output, an If nested in a Loop), unrolled and folded at import: interpreted and compiled
-/// (x86-64-v4, 2 threads), against ONNX Runtime.
+/// transposed output, an If nested in a Loop, all unrolled and folded at import; an If on an input, taken
+/// each way at run time): interpreted and compiled (x86-64-v4, 2 threads), against ONNX Runtime.
 #[test]
 fn control_flow_matches_onnx_runtime_interpreted_and_compiled() {
-    each_case("control", 4);
-    for k in 0..4 {
+    each_case("control", 6);
+    for k in 0..6 {
         let name = format!("control/{k}");
         let config =
             mlopt_rewrite::Config::new(mlopt_target::Target::named("x86-64-v4", 2).unwrap());

@@ -584,13 +584,23 @@ def _():
     return if_model(cond, [const("zero", np.array(0, np.int64)), const("four", np.array(4, np.int64))], [f32("x", [4, 2])], then_b, else_b)
 
 
-# A condition known only at run time (a graph input): refused, naming it; given a value
-# (--input-value flag=true), the input is a constant and the If its branch.
-@case("if_runtime_condition", needle="flag", pin="flag=true")
+# A condition known only at run time (a graph input): both branches run and each output is selected.
+@case("if_runtime_condition", expect="ok", good={"x": np.array([1, -2, 3, -4], np.float32), "flag": np.array(False)})
 def _():
     then_b = branch("then", [h.make_node("Neg", ["x"], ["t"], name="neg")], [f32("t", [4])])
     else_b = branch("else", [h.make_node("Abs", ["x"], ["e"], name="abs")], [f32("e", [4])])
     node = h.make_node("If", ["flag"], ["y"], name="if", then_branch=then_b, else_branch=else_b)
+    return model([node], [f32("x", [4]), vi("flag", T.BOOL, [])], [f32("y", None)])
+
+
+# Branches whose outputs differ in shape cannot be selected between at run time: refused, naming the
+# node; given a value (--input-value flag=true), the input is a constant and the If its branch.
+@case("if_runtime_condition_shapes_differ", needle="bad", pin="flag=true")
+def _():
+    then_b = branch("then", [h.make_node("Neg", ["x"], ["t"], name="neg")], [f32("t", [4])])
+    else_b = branch("else", [h.make_node("Slice", ["x", "s", "e"], ["h"], name="half")], [f32("h", [2])],
+                    [const("s", np.array([0], np.int64)), const("e", np.array([2], np.int64))])
+    node = h.make_node("If", ["flag"], ["y"], name="bad", then_branch=then_b, else_branch=else_b)
     return model([node], [f32("x", [4]), vi("flag", T.BOOL, [])], [f32("y", None)])
 
 

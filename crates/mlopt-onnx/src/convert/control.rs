@@ -1,7 +1,8 @@
 //! Control flow. An `If` whose condition is known at compile time (an initializer, a value folded from
 //! static shapes, or an input pinned to a value) becomes the branch it takes: the branch's initializers
 //! are constants, its nodes are converted in the enclosing graph's scope (they read outer values by
-//! name) and its outputs are the `If`'s. A condition known only at run time is an error naming it.
+//! name) and its outputs are the `If`'s. A condition known only at run time runs both branches and
+//! selects each output with `where` (see `if_at_run_time`).
 //!
 //! `Scan` and `Loop` whose trip counts are known at compile time are unrolled: the body is converted
 //! once per iteration in a scope of its own (its inputs bound to that iteration's values; outer values
@@ -31,14 +32,11 @@ pub(super) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
 }
 
 fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
-    let cond = cx.konst(0).map_err(|_| {
-        cx.err_in(
-            0,
-            "the condition is known only at run time: mlopt compiles an If whose condition is a \
-             constant (an initializer, a value of static shapes, or an input given a value)",
-        )
-    })?;
-    let cond = cond.ok_or_else(|| cx.err_in(0, "required input is missing"))?;
+    let (then_branch, else_branch) = (branch(cx, "then_branch")?, branch(cx, "else_branch")?);
+    let cond = match cx.konst(0) {
+        Ok(c) => c.ok_or_else(|| cx.err_in(0, "required input is missing"))?,
+        Err(_) => return if_at_run_time(cx, then_branch, else_branch),
+    };
     let taken = match cond.to_f64_vec()[..] {
         [c] => c != 0.0,
         _ => {
@@ -48,8 +46,46 @@ fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
             ))
         }
     };
-    let (then_branch, else_branch) = (branch(cx, "then_branch")?, branch(cx, "else_branch")?);
     inline(cx, if taken { then_branch } else { else_branch })
+}
+
+/// An `If` whose condition is known only at run time: both branches are converted (each in a scope of
+/// its own) and each output is `where(cond, then, else)`. Both branches run, so the model costs their
+/// sum and an error either raises (an index out of range) is the model's; the outputs must agree in
+/// type and shape.
+fn if_at_run_time(
+    cx: &mut NodeCx<'_, '_>,
+    then_branch: &GraphProto,
+    else_branch: &GraphProto,
+) -> Result<Vec<Value>> {
+    let c = cx.req(0)?;
+    let ct = cx.ty(c).clone();
+    if ct.dtype != mlopt_ir::DType::Bool || ct.numel() != 1 {
+        return Err(cx.err_in(0, format!("the condition is {ct}, not one bool")));
+    }
+    let c = cx.add1(Op::Reshape { shape: vec![] }, &[c])?;
+    let (t, e) = (call(cx, then_branch, &[])?, call(cx, else_branch, &[])?);
+    if t.len() != cx.node.output.len() || e.len() != t.len() {
+        return Err(cx.err(format!(
+            "the branches have {} and {} outputs, the node {}",
+            t.len(),
+            e.len(),
+            cx.node.output.len()
+        )));
+    }
+    let mut outs = Vec::with_capacity(t.len());
+    for (k, (&a, &b)) in t.iter().zip(&e).enumerate() {
+        if cx.ty(a) != cx.ty(b) {
+            return Err(cx.err(format!(
+                "output {k} is {} in the then branch and {} in the else branch: mlopt runs both \
+                 branches of an If whose condition is known only at run time, and they must agree",
+                cx.ty(a),
+                cx.ty(b)
+            )));
+        }
+        outs.push(cx.add1(Op::Where, &[c, a, b])?);
+    }
+    Ok(outs)
 }
 
 /// The graph attribute `name`, which the node requires.
