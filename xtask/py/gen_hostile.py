@@ -629,6 +629,21 @@ def _():
     return model([node], [f32("y0", [4])], [f32("y", None)])
 
 
+# Loops nested three deep, 100 iterations each: every level is small, together a million body nodes.
+# Refused at the model's unroll budget, naming a node, in well under a second.
+@case("loop_nested_budget", needle="inner")
+def _():
+    def level(name, inner_nodes):
+        return branch(name, inner_nodes + [h.make_node("Identity", ["cond_in"], ["cond_out"], name=f"{name}_keep")],
+                      [vi("cond_out", T.BOOL, []), f32("y_out", [4])], [const("m", np.array(100, np.int64))],
+                      inputs=[vi("iter", T.INT64, []), vi("cond_in", T.BOOL, []), f32("y_in", [4])])
+    leaf = level("leaf", [h.make_node("Neg", ["y_in"], ["y_out"], name="neg")])
+    mid = level("mid", [h.make_node("Loop", ["m", "", "y_in"], ["y_out"], name="inner", body=leaf)])
+    top = level("top", [h.make_node("Loop", ["m", "", "y_in"], ["y_out"], name="inner2", body=mid)])
+    node = h.make_node("Loop", ["mm", "", "y0"], ["y"], name="outer", body=top)
+    return model([node], [f32("y0", [4])], [f32("y", None)], [const("mm", np.array(100, np.int64))])
+
+
 # Scan inputs of different lengths (5 and 4 steps): refused, naming the input.
 @case("scan_unequal_lengths", needle="bad")
 def _():

@@ -323,6 +323,7 @@ pub fn import_model(
         opset,
         base,
         known: &opts.known_values,
+        unrolled: 0,
     };
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
     let declared: HashSet<&str> = graph.input.iter().map(|v| v.name.as_str()).collect();

@@ -8,7 +8,7 @@
 //! once per iteration in a scope of its own (its inputs bound to that iteration's values; outer values
 //! read by name), the state carried from one iteration's outputs to the next one's inputs, and the scan
 //! outputs stacked. A `Loop`'s trip count is its constant `M` and its condition, which must fold to a
-//! constant after every iteration. Unrolling is bounded by `MAX_UNROLLED_NODES`.
+//! constant after every iteration. Unrolling is bounded by `MAX_UNROLLED_NODES` over the whole model.
 
 use super::{convert_scoped, NodeCx};
 use crate::error::Result;
@@ -19,8 +19,9 @@ use std::collections::HashMap;
 
 pub(super) const OPS: &[&str] = &["If", "Loop", "Scan"];
 
-/// The most body nodes an unrolled `Scan` or `Loop` may convert (iterations times the body's nodes).
-const MAX_UNROLLED_NODES: usize = 200_000;
+/// The most body nodes the unrolled `Scan`s and `Loop`s of one model may convert, nested ones included
+/// (iterations times each body's nodes).
+pub(super) const MAX_UNROLLED_NODES: usize = 200_000;
 
 pub(super) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
     match op {
@@ -148,7 +149,22 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
             args.len()
         )));
     }
-    let outer = cx.imp.vals.clone();
+    cx.imp.unrolled = cx.imp.unrolled.saturating_add(body.node.len().max(1));
+    if cx.imp.unrolled > MAX_UNROLLED_NODES {
+        return Err(cx.err(format!(
+            "unrolling needs more than {MAX_UNROLLED_NODES} body nodes (loops and scans together)"
+        )));
+    }
+    // The names the body may bind, and what they meant outside, restored afterwards.
+    let mut names = Vec::new();
+    defined_names(body, &mut names);
+    let outer: Vec<(String, Option<Value>)> = names
+        .into_iter()
+        .map(|n| {
+            let v = cx.imp.vals.get(&n).copied();
+            (n, v)
+        })
+        .collect();
     for (i, a) in body.input.iter().zip(args) {
         cx.imp.vals.insert(i.name.clone(), *a);
     }
@@ -173,8 +189,28 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
             })
             .collect::<Result<Vec<_>>>()
     })();
-    cx.imp.vals = outer;
+    for (n, v) in outer {
+        match v {
+            Some(v) => cx.imp.vals.insert(n, v),
+            None => cx.imp.vals.remove(&n),
+        };
+    }
     result
+}
+
+/// Every name `g` binds: its inputs, initializers and node outputs, and those of the graphs in its
+/// nodes' attributes (an If's branches, a nested Loop's body).
+fn defined_names(g: &GraphProto, out: &mut Vec<String>) {
+    out.extend(g.input.iter().map(|i| i.name.clone()));
+    out.extend(g.initializer.iter().map(|t| t.name.clone()));
+    for node in &g.node {
+        out.extend(node.output.iter().filter(|o| !o.is_empty()).cloned());
+        for a in &node.attribute {
+            a.g.iter()
+                .chain(&a.graphs)
+                .for_each(|sub| defined_names(sub, out));
+        }
+    }
 }
 
 /// An error unless `iterations` of `body` fit `MAX_UNROLLED_NODES`.
@@ -408,13 +444,9 @@ fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
             body.output.len()
         ))
     })?;
-    let limit = MAX_UNROLLED_NODES / body.node.len().max(1);
     let mut scanned: Vec<Vec<Value>> = vec![Vec::new(); k];
     let mut t = 0i64;
     while cond && max.is_none_or(|m| t < m) {
-        if t as usize >= limit {
-            unroll_fits(cx, body, t as usize + 1)?;
-        }
         let it = cx.konst_value(Tensor::scalar(t));
         let c = cx.konst_value(Tensor::scalar(true));
         let mut args = vec![it, c];

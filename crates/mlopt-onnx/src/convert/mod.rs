@@ -44,6 +44,9 @@ pub(crate) struct Importer<'m> {
     pub base: Option<&'m Path>,
     /// Values of graph inputs that may be used as constant operands (see `ImportOptions::known_values`).
     pub known: &'m HashMap<String, Tensor>,
+    /// Body nodes converted so far by unrolled `Loop`s and `Scan`s, nested ones included (see
+    /// `control::MAX_UNROLLED_NODES`).
+    pub unrolled: usize,
 }
 
 /// One node being converted.
