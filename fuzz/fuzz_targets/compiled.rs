@@ -30,14 +30,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let config = mlopt_rewrite::Config::new(target);
-    let opts = mlopt_driver::Options {
-        config,
-        tune: false,
-        winograd: mlopt_schedule::Winograd::Auto,
-        profile: false,
-        dumps: false,
-        probe: false,
-    };
+    let opts = mlopt_driver::Options::new(config);
     let Ok(c) = mlopt_driver::compile(&g, &opts) else {
         return;
     };

@@ -51,14 +51,7 @@ fn build(dir: &Path, target: &str) {
     let y2 = g.add(Op::Conv(conv), "conv0", &[x2, w2]).unwrap();
     g.add_output("y2", y2);
     let config = mlopt_rewrite::Config::new(Target::named(target, 2).unwrap());
-    let opts = mlopt_driver::Options {
-        config,
-        tune: false,
-        winograd: mlopt_schedule::Winograd::Auto,
-        profile: false,
-        dumps: false,
-        probe: false,
-    };
+    let opts = mlopt_driver::Options::new(config);
     mlopt_driver::compile(&g, &opts)
         .unwrap()
         .write_library(dir, "api", &[])

@@ -15,18 +15,7 @@ fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_d
     let g = import(name);
     let mut config = Config::new(Target::named("x86-64-v4", threads).unwrap());
     config.precision = precision;
-    let c = compile(
-        &g,
-        &Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let c = compile(&g, &Options::new(config)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let (inputs, _) = data(name);
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let want = interp::run(&c.optimized.plan.graph, &inputs).unwrap();
@@ -125,18 +114,7 @@ fn llvm_ir_snapshots() {
     for name in FIXTURES {
         let g = import(name);
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(
-            &g,
-            &Options {
-                config,
-                tune: false,
-                winograd: mlopt_schedule::Winograd::Auto,
-                profile: false,
-                dumps: false,
-                probe: false,
-            },
-        )
-        .unwrap();
+        let c = compile(&g, &Options::new(config)).unwrap();
         insta::assert_snapshot!(format!("llvm_mix_{name}"), instruction_mix(&c.code.llvm_ir));
     }
 }
@@ -250,18 +228,8 @@ fn bf16_contractions_compile_to_mma_blocks() {
         for target in ["host", "znver4", "sapphirerapids", "x86-64-v4"] {
             let mut config = Config::new(Target::named(target, 1).unwrap());
             config.precision = Precision::Bf16;
-            let c = compile(
-                g,
-                &Options {
-                    config,
-                    tune: false,
-                    winograd: mlopt_schedule::Winograd::Auto,
-                    profile: false,
-                    dumps: false,
-                    probe: false,
-                },
-            )
-            .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
+            let c = compile(g, &Options::new(config))
+                .unwrap_or_else(|e| panic!("{name} for {target}: {e}"));
             let pays = mlopt_cost::tile::bf16_blocks_pay(c.cfg.target.cpu().unwrap());
             assert!(
                 !target.starts_with(['z', 's']) || pays,
@@ -478,18 +446,7 @@ fn vector_matrix_products_read_the_weight_contiguously() {
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 9);
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = compile(
-        &g,
-        &Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        },
-    )
-    .unwrap();
+    let c = compile(&g, &Options::new(config)).unwrap();
     let k = c
         .program
         .kernels
@@ -539,14 +496,7 @@ fn blocked_reductions_keep_their_partial_sums_across_threads() {
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("x86-64-v4", 2).unwrap());
-    let options = Options {
-        config,
-        tune: false,
-        winograd: mlopt_schedule::Winograd::Auto,
-        profile: false,
-        dumps: false,
-        probe: false,
-    };
+    let options = Options::new(config);
     let c = compile(&g, &options).unwrap();
     let k = &c.program.kernels[0];
     let text = mlopt_kir::print::kernel(k);
@@ -636,18 +586,7 @@ fn one_dimensional_convolutions_compile() {
     let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = compile(
-        &g,
-        &Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        },
-    )
-    .unwrap();
+    let c = compile(&g, &Options::new(config)).unwrap();
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
     assert!(err < 1e-5, "error {err:e}");
@@ -699,18 +638,7 @@ fn running_sums_and_products_compile_in_order() {
     );
     let want = interp::run(&g, &inputs).unwrap();
     let config = Config::new(Target::named("host", 2).unwrap());
-    let c = compile(
-        &g,
-        &Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        },
-    )
-    .unwrap();
+    let c = compile(&g, &Options::new(config)).unwrap();
     let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
     for ((name, w), (_, g)) in want.iter().zip(&got) {
         assert!(w.same_bits(g), "{name}: interpreter {w}, compiled {g}");
@@ -1333,18 +1261,8 @@ fn integer_resize_compiles_as_it_interprets() {
         let inputs = std::collections::HashMap::from([("x".to_string(), x)]);
         let want = interp::run(&g, &inputs).unwrap();
         let config = Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let c = compile(
-            &g,
-            &Options {
-                config,
-                tune: false,
-                winograd: mlopt_schedule::Winograd::Auto,
-                profile: false,
-                dumps: false,
-                probe: false,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
+        let c =
+            compile(&g, &Options::new(config)).unwrap_or_else(|e| panic!("{dtype} {mode:?}: {e}"));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
         assert_eq!(
             want[0].1.to_i64_vec(),
@@ -2090,12 +2008,8 @@ fn early_kernels_run_image_by_image() {
         let mut config = Config::new(Target::named(target, threads).unwrap());
         config.precision = precision;
         let opts = Options {
-            config,
-            tune: false,
             winograd: mlopt_schedule::Winograd::Never,
-            profile: false,
-            dumps: false,
-            probe: false,
+            ..Options::new(config)
         };
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let plan = &c.optimized.plan.graph;

@@ -351,14 +351,7 @@ fn every_zoo_layer_is_vectorised_and_correct() {
         count += 1;
         let mut config = Config::new(Target::named(target, 1).unwrap());
         config.precision = precision;
-        let opts = Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        };
+        let opts = Options::new(config);
         let c = compile(&g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let name = format!("{name} on {target}");
         if c.runs_here() {

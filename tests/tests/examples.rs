@@ -13,18 +13,7 @@ use std::process::Command;
 fn prepare(out: &Path) -> Vec<f64> {
     let g = import("mlp");
     let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 2).unwrap());
-    let c = mlopt_driver::compile(
-        &g,
-        &mlopt_driver::Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        },
-    )
-    .unwrap();
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
     c.write_library(out, "mlp", &[]).unwrap();
     let (inputs, _) = data("mlp");
     std::fs::write(out.join("input.bin"), inputs["x"].to_le_bytes()).unwrap();
@@ -92,18 +81,7 @@ fn hostile_names_stay_inside_comments_and_literals() {
         g.add_output(format!("{name}.out"), y);
     }
     let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
-    let c = mlopt_driver::compile(
-        &g,
-        &mlopt_driver::Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        },
-    )
-    .unwrap();
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     c.write_library(tmp.path(), "evil", &[]).unwrap();
     let header = std::fs::read_to_string(tmp.path().join("evil.h")).unwrap();

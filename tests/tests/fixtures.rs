@@ -84,14 +84,7 @@ fn control_flow_matches_onnx_runtime_interpreted_and_compiled() {
         let name = format!("control/{k}");
         let config =
             mlopt_rewrite::Config::new(mlopt_target::Target::named("x86-64-v4", 2).unwrap());
-        let options = mlopt_driver::Options {
-            config,
-            tune: false,
-            winograd: mlopt_schedule::Winograd::Auto,
-            profile: false,
-            dumps: false,
-            probe: false,
-        };
+        let options = mlopt_driver::Options::new(config);
         let c = mlopt_driver::compile(&import(&name), &options).unwrap();
         let (inputs, want) = data(&name);
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();

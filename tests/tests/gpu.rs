@@ -22,12 +22,8 @@ fn compiled(name: &str, target: &str, precision: Precision) -> GpuCompiled {
     compile_gpu(
         &g,
         &Options {
-            config,
-            tune: false,
             winograd: mlopt_schedule::Winograd::Never,
-            profile: false,
-            dumps: false,
-            probe: false,
+            ..Options::new(config)
         },
     )
     .unwrap_or_else(|e| panic!("{name} for {target}: {e}"))
@@ -172,12 +168,8 @@ fn gemm_register_plans_hold_at_model_sizes() {
             let c = compile_gpu(
                 &g,
                 &Options {
-                    config,
-                    tune: false,
                     winograd: mlopt_schedule::Winograd::Never,
-                    profile: false,
-                    dumps: false,
-                    probe: false,
+                    ..Options::new(config)
                 },
             )
             .unwrap();
@@ -305,12 +297,8 @@ fn attention_runs_on_tensor_cores_and_matches_the_interpreter() {
         let c = compile_gpu(
             &g,
             &Options {
-                config,
-                tune: false,
                 winograd: mlopt_schedule::Winograd::Never,
-                profile: false,
-                dumps: false,
-                probe: false,
+                ..Options::new(config)
             },
         )
         .unwrap();
@@ -587,14 +575,7 @@ fn the_gpu_launcher_reads_data_checks_back() {
     let y = g.add(Op::Gather { axis: 0 }, "gather0", &[t, i]).unwrap();
     g.add_output("y", y);
     let config = mlopt_rewrite::Config::new(Target::named("sm_80", 1).unwrap());
-    let opts = mlopt_driver::Options {
-        config,
-        tune: false,
-        winograd: mlopt_schedule::Winograd::Auto,
-        profile: false,
-        dumps: false,
-        probe: false,
-    };
+    let opts = mlopt_driver::Options::new(config);
     let c = mlopt_driver::compile_gpu(&g, &opts).unwrap();
     assert!(
         c.program.steps.iter().any(|s| s.check.is_some()),

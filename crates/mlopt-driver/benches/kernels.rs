@@ -160,18 +160,7 @@ fn bench(c: &mut Criterion) {
     );
     for (name, g, flops, bytes) in cases() {
         let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
-        let compiled = mlopt_driver::compile(
-            &g,
-            &mlopt_driver::Options {
-                config,
-                tune: false,
-                winograd: mlopt_schedule::Winograd::Auto,
-                profile: false,
-                dumps: false,
-                probe: false,
-            },
-        )
-        .unwrap();
+        let compiled = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
         let mut lib = compiled.load().unwrap();
         let inputs = mlopt_rewrite::optimize::random_inputs(&g, 7);
         let ins = compiled.input_bytes(&inputs).unwrap();

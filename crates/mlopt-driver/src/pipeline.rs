@@ -50,6 +50,21 @@ pub struct Options {
     pub probe: bool,
 }
 
+impl Options {
+    /// What `mlopt compile` does by default for `config`: the model's tiles (no tuning), Winograd where
+    /// it pays, no clock readings, no stage texts, no probes.
+    pub fn new(config: mlopt_rewrite::Config) -> Options {
+        Options {
+            config,
+            tune: false,
+            winograd: mlopt_schedule::Winograd::Auto,
+            profile: false,
+            dumps: false,
+            probe: false,
+        }
+    }
+}
+
 /// A stage of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
