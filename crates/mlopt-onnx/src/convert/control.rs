@@ -96,7 +96,7 @@ fn branch<'a>(cx: &mut NodeCx<'a, '_>, name: &'a str) -> Result<&'a GraphProto> 
         .ok_or_else(|| cx.err(format!("attribute '{name}' (a graph) is required")))
 }
 
-/// The outputs of `g` converted in the node's scope (see the module's comment).
+/// The outputs of the branch `g` an `If` takes, converted in a scope of its own (see `call`).
 fn inline(cx: &mut NodeCx<'_, '_>, g: &GraphProto) -> Result<Vec<Value>> {
     if g.output.len() != cx.node.output.len() {
         return Err(cx.err(format!(
@@ -106,41 +106,12 @@ fn inline(cx: &mut NodeCx<'_, '_>, g: &GraphProto) -> Result<Vec<Value>> {
             cx.node.output.len()
         )));
     }
-    if let Some(s) = g.sparse_initializer.first() {
-        let n = s.values.as_ref().map_or("", |v| v.name.as_str());
-        return Err(cx.err(format!(
-            "sparse initializer '{n}' in a branch is not supported"
-        )));
-    }
-    for t in &g.initializer {
-        if cx.imp.vals.contains_key(&t.name) {
-            return Err(cx.err(format!(
-                "the branch's initializer '{}' shadows a value of an enclosing graph",
-                t.name
-            )));
-        }
-        let tensor = tensor_from_proto(t, cx.imp.base)?;
-        let v = cx.imp.g.add_const(t.name.clone(), tensor);
-        cx.imp.vals.insert(t.name.clone(), v);
-    }
-    for node in &g.node {
-        convert_scoped(cx.imp, node)?;
-    }
-    g.output
-        .iter()
-        .map(|o| {
-            cx.imp.vals.get(&o.name).copied().ok_or_else(|| {
-                cx.err(format!(
-                    "the branch's output '{}' is not produced by any node",
-                    o.name
-                ))
-            })
-        })
-        .collect()
+    call(cx, g, &[])
 }
 
-/// The outputs of `body` run once on `args` (bound to its inputs in order), converted in a scope of its
-/// own: the names it defines are forgotten afterwards, so the next iteration defines them again.
+/// The outputs of `body` (a loop's body, a branch) run once on `args` (bound to its inputs in order),
+/// converted in a scope of its own: the names it defines are forgotten afterwards, so the next iteration
+/// defines them again and a branch's names stay inside it.
 fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Vec<Value>> {
     if body.input.len() != args.len() {
         return Err(cx.err(format!(
@@ -169,7 +140,19 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
         cx.imp.vals.insert(i.name.clone(), *a);
     }
     let result = (|| {
+        if let Some(s) = body.sparse_initializer.first() {
+            let n = s.values.as_ref().map_or("", |v| v.name.as_str());
+            return Err(cx.err(format!(
+                "sparse initializer '{n}' in a subgraph is not supported"
+            )));
+        }
         for t in &body.initializer {
+            if cx.imp.vals.contains_key(&t.name) {
+                return Err(cx.err(format!(
+                    "the subgraph's initializer '{}' shadows a value of an enclosing graph",
+                    t.name
+                )));
+            }
             let tensor = tensor_from_proto(t, cx.imp.base)?;
             let v = cx.imp.g.add_const(t.name.clone(), tensor);
             cx.imp.vals.insert(t.name.clone(), v);
@@ -182,7 +165,7 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
             .map(|o| {
                 cx.imp.vals.get(&o.name).copied().ok_or_else(|| {
                     cx.err(format!(
-                        "the body's output '{}' is not produced by any node",
+                        "the subgraph's output '{}' is not produced by any node",
                         o.name
                     ))
                 })
