@@ -171,7 +171,7 @@ class Model:
         for (name, dtype, shape), batched in zip(self.inputs, self._batched):
             if name not in given:
                 raise Error(f"input '{name}': no value given")
-            x = np.ascontiguousarray(given[name])
+            x = np.asarray(given[name], order="C")  # (ascontiguousarray makes a scalar 1-D)
             want = shape
             if batched and x.ndim == len(shape) and shape[0] > 0 and x.shape[0] % shape[0] == 0:
                 k = x.shape[0] // shape[0]
