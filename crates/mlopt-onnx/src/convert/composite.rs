@@ -34,6 +34,8 @@ pub(crate) const OPS: &[&str] = &[
     "Einsum",
     "AffineGrid",
     "Swish",
+    "SwiGLU",
+    "ReverseSequence",
     "LpNormalization",
 ];
 
@@ -55,6 +57,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "Einsum" => vec![super::einsum::einsum(cx)?],
             "AffineGrid" => vec![affine_grid(cx)?],
             "Swish" => vec![swish(cx)?],
+            "SwiGLU" => vec![swiglu(cx)?],
+            "ReverseSequence" => vec![reverse_sequence(cx)?],
             "LpNormalization" => vec![lp_normalization(cx)?],
             "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
@@ -295,6 +299,79 @@ fn swish(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let ax = cx.bin(Binary::Mul, x, a)?;
     let s = cx.un(Unary::Sigmoid, ax)?;
     cx.bin(Binary::Mul, x, s)
+}
+
+/// SwiGLU: swish(a, alpha) * b, for a and b of one type and shape (no broadcasting).
+fn swiglu(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (a, b) = (cx.req(0)?, cx.req(1)?);
+    if cx.ty(a) != cx.ty(b) {
+        return Err(cx.err_in(
+            1,
+            format!(
+                "is {}, A is {}: SwiGLU does not broadcast",
+                cx.ty(b),
+                cx.ty(a)
+            ),
+        ));
+    }
+    let alpha = cx.float("alpha", 1.0)?;
+    let k = cx.scalar(f64::from(alpha), cx.ty(a).dtype);
+    let ka = cx.bin(Binary::Mul, a, k)?;
+    let s = cx.un(Unary::Sigmoid, ka)?;
+    let swish = cx.bin(Binary::Mul, a, s)?;
+    cx.bin(Binary::Mul, swish, b)
+}
+
+/// ReverseSequence: along the time axis, the first sequence_lens[b] elements of batch row b reversed,
+/// the rest kept; one GatherElements by a constant index tensor (the lengths must be known).
+fn reverse_sequence(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let x = cx.req(0)?;
+    let lens = cx
+        .konst_ints(1)?
+        .ok_or_else(|| cx.err_in(1, "required input is missing"))?;
+    let shape = cx.ty(x).shape.clone();
+    if shape.len() < 2 {
+        return Err(cx.err_in(0, format!("has rank {}, not at least 2", shape.len())));
+    }
+    let (batch, time) = (cx.int("batch_axis", 1)?, cx.int("time_axis", 0)?);
+    let (batch, time) = match (batch, time) {
+        (0, 1) => (0, 1),
+        (1, 0) => (1, 0),
+        _ => {
+            return Err(cx.err(format!(
+                "batch_axis {batch} and time_axis {time} must be 0 and 1 or 1 and 0"
+            )))
+        }
+    };
+    if lens.len() != shape[batch] {
+        return Err(cx.err_in(
+            1,
+            format!(
+                "holds {} lengths for a batch of {}",
+                lens.len(),
+                shape[batch]
+            ),
+        ));
+    }
+    let steps = shape[time];
+    if let Some(l) = lens.iter().find(|&&l| l < 0 || l as usize > steps) {
+        return Err(cx.err_in(1, format!("length {l} is outside 0..={steps}")));
+    }
+    let n: usize = shape.iter().product();
+    cx.constant_fits(n, 8, 0)?;
+    // Row-major walk of x's shape: the index along time is reversed below the row's length.
+    let inner: usize = shape[2..].iter().product();
+    let idx: Vec<i64> = (0..n)
+        .map(|k| {
+            let (i0, i1) = (k / inner / shape[1], k / inner % shape[1]);
+            let (b, t) = if batch == 0 { (i0, i1) } else { (i1, i0) };
+            let l = lens[b] as usize;
+            (if t < l { l - 1 - t } else { t }) as i64
+        })
+        .collect();
+    let idx = Tensor::from_vec(&shape, idx).ok_or_else(|| cx.err("reverse_sequence"))?;
+    let idx = cx.konst_value(idx);
+    cx.add1(Op::GatherElements { axis: time }, &[x, idx])
 }
 
 /// LpNormalization: x over its L1 (p = 1) or L2 (p = 2) norm along `axis`; a zero vector stays zero.
