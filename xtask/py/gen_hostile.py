@@ -644,6 +644,16 @@ def _():
     return model([node], [f32("y0", [4])], [f32("y", None)], [const("mm", np.array(100, np.int64))])
 
 
+# A Scan-8 whose body gives back fewer outputs than it has states: refused, naming the node (it
+# indexed past the body's outputs).
+@case("scan8_body_too_few_outputs", needle="bad")
+def _():
+    body = branch("body", [h.make_node("Add", ["s", "a"], ["o"], name="add")], [f32("o", [3])],
+                  inputs=[f32("s", [3]), f32("s2", [3]), f32("a", [3])])
+    node = h.make_node("Scan", ["", "s0", "s1", "x"], ["y0", "y1"], name="bad", body=body, num_scan_inputs=1)
+    return model([node], [f32("s0", [2, 3]), f32("s1", [2, 3]), f32("x", [2, 5, 3])], [f32("y0", None), f32("y1", None)], opset=8)
+
+
 # Scan inputs of different lengths (5 and 4 steps): refused, naming the input.
 @case("scan_unequal_lengths", needle="bad")
 def _():

@@ -369,7 +369,12 @@ fn scan8(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         return Err(cx.err("a Scan of zero iterations is not supported"));
     }
     unroll_fits(cx, body, steps.saturating_mul(batch))?;
-    let k = body.output.len().saturating_sub(n);
+    let k = body.output.len().checked_sub(n).ok_or_else(|| {
+        cx.err(format!(
+            "the body has {} outputs, fewer than the {n} states",
+            body.output.len()
+        ))
+    })?;
     let mut per_batch: Vec<Vec<Value>> = vec![Vec::with_capacity(batch); n + k];
     for b in 0..batch {
         let mut state = Vec::with_capacity(n);
