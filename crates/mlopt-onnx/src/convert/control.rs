@@ -246,6 +246,36 @@ fn stack(cx: &mut NodeCx<'_, '_>, parts: &[Value], axis: usize) -> Result<Value>
     cx.add1(Op::Concat { axis }, &grown)
 }
 
+/// A scan input: the value, its scan axis, and whether it is scanned from the end.
+type Scanned = (Value, usize, bool);
+
+/// `steps` iterations of `body` from `state`, each given the state and element t of every scan input:
+/// the final state and, per scan output (`k` of them), its value at each step in order.
+fn scan_steps(
+    cx: &mut NodeCx<'_, '_>,
+    body: &GraphProto,
+    mut state: Vec<Value>,
+    xs: &[Scanned],
+    steps: usize,
+    k: usize,
+) -> Result<(Vec<Value>, Vec<Vec<Value>>)> {
+    let n = state.len();
+    let mut scanned: Vec<Vec<Value>> = (0..k).map(|_| Vec::with_capacity(steps)).collect();
+    for t in 0..steps {
+        let mut args = state.clone();
+        for &(x, axis, reverse) in xs {
+            let at = if reverse { steps - 1 - t } else { t };
+            args.push(take(cx, x, axis, at)?);
+        }
+        let outs = call(cx, body, &args)?;
+        state = outs[..n].to_vec();
+        for (s, o) in scanned.iter_mut().zip(&outs[n..]) {
+            s.push(*o);
+        }
+    }
+    Ok((state, scanned))
+}
+
 /// An axis attribute entry, negative counting from the end of `rank`.
 fn scan_axis(cx: &NodeCx<'_, '_>, a: i64, rank: usize) -> Result<usize> {
     mlopt_ir::normalize_axis(a, rank)
@@ -303,20 +333,10 @@ fn scan(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         return Err(cx.err("a Scan of zero iterations is not supported"));
     }
     unroll_fits(cx, body, steps)?;
-    let mut state = inputs[..n].to_vec();
-    let mut scanned: Vec<Vec<Value>> = vec![Vec::with_capacity(steps); k];
-    for t in 0..steps {
-        let mut args = state.clone();
-        for j in 0..m {
-            let at = if in_dirs[j] == 1 { steps - 1 - t } else { t };
-            args.push(take(cx, inputs[n + j], axes[j], at)?);
-        }
-        let outs = call(cx, body, &args)?;
-        state = outs[..n].to_vec();
-        for (s, o) in scanned.iter_mut().zip(&outs[n..]) {
-            s.push(*o);
-        }
-    }
+    let xs: Vec<Scanned> = (0..m)
+        .map(|j| (inputs[n + j], axes[j], in_dirs[j] == 1))
+        .collect();
+    let (state, scanned) = scan_steps(cx, body, inputs[..n].to_vec(), &xs, steps, k)?;
     let mut results = state;
     for ((mut parts, &a), &dir) in scanned.into_iter().zip(&out_axes).zip(&out_dirs) {
         if dir == 1 {
@@ -381,20 +401,12 @@ fn scan8(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         for &v in &inputs[..n] {
             state.push(take(cx, v, 0, b)?);
         }
-        let mut scanned: Vec<Vec<Value>> = vec![Vec::with_capacity(steps); k];
-        for t in 0..steps {
-            let mut args = state.clone();
-            for j in 0..m {
-                let at = if dirs[j] == 1 { steps - 1 - t } else { t };
-                let row = take(cx, inputs[n + j], 0, b)?;
-                args.push(take(cx, row, 0, at)?);
-            }
-            let outs = call(cx, body, &args)?;
-            state = outs[..n].to_vec();
-            for (s, o) in scanned.iter_mut().zip(&outs[n..]) {
-                s.push(*o);
-            }
+        // Batch element b of each scan input, taken once; its time axis is then axis 0.
+        let mut xs: Vec<Scanned> = Vec::with_capacity(m);
+        for j in 0..m {
+            xs.push((take(cx, inputs[n + j], 0, b)?, 0, dirs[j] == 1));
         }
+        let (state, scanned) = scan_steps(cx, body, state, &xs, steps, k)?;
         for (slot, v) in per_batch.iter_mut().zip(state) {
             slot.push(v);
         }
