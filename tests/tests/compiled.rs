@@ -597,7 +597,7 @@ fn one_dimensional_convolutions_compile() {
 /// the same bits (a schedule that split or reordered a row's accumulation would not be).
 #[test]
 fn running_sums_and_products_compile_in_order() {
-    use mlopt_ir::{Accumulate, DType, Op, TensorType};
+    use mlopt_ir::{Accumulate, CumulativeAttrs, DType, Op, TensorType};
     let mut g = mlopt_ir::Graph::new("cumulative");
     let x = g.add_input("x", TensorType::new(DType::F32, vec![6, 40, 130]));
     let i = g.add_input("i", TensorType::new(DType::I32, vec![6, 40, 130]));
@@ -610,12 +610,12 @@ fn running_sums_and_products_compile_in_order() {
     ];
     for (k, &(kind, axis, exclusive, reverse)) in cases.iter().enumerate() {
         for (src, name) in [(x, "f"), (i, "i")] {
-            let op = Op::Cumulative {
+            let op = Op::Cumulative(CumulativeAttrs {
                 kind,
                 axis,
                 exclusive,
                 reverse,
-            };
+            });
             let y = g.add(op, format!("{name}{k}"), &[src]).unwrap();
             g.add_output(format!("{name}{k}"), y);
         }

@@ -412,12 +412,16 @@ pub enum Op {
     /// Running sums or products along `axis` (ONNX CumSum, CumProd), in index order (from the end when
     /// `reverse`); `exclusive` leaves each position's own element out (the first result is 0 or 1).
     /// bf16 and f16 accumulate in f32 and round each result.
-    Cumulative {
-        kind: Accumulate,
-        axis: usize,
-        exclusive: bool,
-        reverse: bool,
-    },
+    Cumulative(CumulativeAttrs),
+}
+
+/// A cumulative op's attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CumulativeAttrs {
+    pub kind: Accumulate,
+    pub axis: usize,
+    pub exclusive: bool,
+    pub reverse: bool,
 }
 
 /// What a cumulative op accumulates.
@@ -454,7 +458,7 @@ impl Op {
             | Op::DepthToSpace { .. }
             | Op::SpaceToDepth { .. }
             | Op::Trilu { .. }
-            | Op::Cumulative { .. }
+            | Op::Cumulative(_)
             | Op::TopK { .. } => (1, 1),
             Op::Binary(_)
             | Op::MatMul

@@ -207,14 +207,10 @@ impl Op {
             Op::DepthToSpace { .. } => "depth_to_space",
             Op::SpaceToDepth { .. } => "space_to_depth",
             Op::Trilu { .. } => "trilu",
-            Op::Cumulative {
-                kind: Accumulate::Sum,
-                ..
-            } => "cum_sum",
-            Op::Cumulative {
-                kind: Accumulate::Prod,
-                ..
-            } => "cum_prod",
+            Op::Cumulative(c) => match c.kind {
+                Accumulate::Sum => "cum_sum",
+                Accumulate::Prod => "cum_prod",
+            },
             Op::TopK { .. } => "top_k",
             Op::GatherNd { .. } => "gather_nd",
             Op::ScatterNd { .. } => "scatter_nd",
@@ -365,15 +361,10 @@ impl Op {
             }
             Op::SpaceToDepth { blocksize } => vec![("blocksize", blocksize.to_string())],
             Op::Trilu { upper, k } => vec![("k", k.to_string()), ("upper", flag(*upper))],
-            Op::Cumulative {
-                axis,
-                exclusive,
-                reverse,
-                ..
-            } => vec![
-                ("axis", axis.to_string()),
-                ("exclusive", flag(*exclusive)),
-                ("reverse", flag(*reverse)),
+            Op::Cumulative(c) => vec![
+                ("axis", c.axis.to_string()),
+                ("exclusive", flag(c.exclusive)),
+                ("reverse", flag(c.reverse)),
             ],
             Op::TopK {
                 axis,
@@ -608,7 +599,7 @@ impl Op {
             "space_to_depth" => Op::SpaceToDepth {
                 blocksize: a.usize("blocksize")?,
             },
-            "cum_sum" | "cum_prod" => Op::Cumulative {
+            "cum_sum" | "cum_prod" => Op::Cumulative(CumulativeAttrs {
                 kind: if name == "cum_sum" {
                     Accumulate::Sum
                 } else {
@@ -617,7 +608,7 @@ impl Op {
                 axis: a.usize("axis")?,
                 exclusive: a.bool("exclusive")?,
                 reverse: a.bool("reverse")?,
-            },
+            }),
             "trilu" => Op::Trilu {
                 upper: a.bool("upper")?,
                 k: a.int("k")?,

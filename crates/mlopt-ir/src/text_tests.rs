@@ -378,12 +378,12 @@ fn every_op() -> Graph {
     )
     .unwrap();
     for kind in [Accumulate::Sum, Accumulate::Prod] {
-        let op = Op::Cumulative {
+        let op = Op::Cumulative(CumulativeAttrs {
             kind,
             axis: 1,
             exclusive: true,
             reverse: false,
-        };
+        });
         g.add(op, "", &[ti]).unwrap();
     }
     let topk = g

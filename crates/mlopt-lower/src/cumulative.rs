@@ -5,19 +5,16 @@ use crate::elementwise::{compute, elem};
 use crate::error::Result;
 use crate::kernel::Lowerer;
 use crate::nests::get;
-use mlopt_ir::{Accumulate, NodeId};
+use mlopt_ir::{Accumulate, CumulativeAttrs, NodeId};
 use mlopt_kir::index::{convert, lit};
 use mlopt_kir::{BinOp, BufId, Expr, Space, Stmt};
 
-/// What `cumulative` lowers: the accumulation, its axis, and whether it is exclusive or reversed.
-pub(crate) struct Scan {
-    pub kind: Accumulate,
-    pub axis: usize,
-    pub exclusive: bool,
-    pub reverse: bool,
-}
-
-pub(crate) fn cumulative(l: &mut Lowerer, n: NodeId, s: Scan, dst: BufId) -> Result<Vec<Stmt>> {
+pub(crate) fn cumulative(
+    l: &mut Lowerer,
+    n: NodeId,
+    s: &CumulativeAttrs,
+    dst: BufId,
+) -> Result<Vec<Stmt>> {
     let x = l.input(n, 0)?;
     let xs = l.ty(x).shape.clone();
     let out_t = elem(l.ty(x).dtype);

@@ -4,7 +4,7 @@
 //! `schedule.rs` picks how their loops run.
 
 use crate::conv_pool::{conv, conv_transpose, max_pool_indices, pool_window};
-use crate::cumulative::{cumulative, Scan};
+use crate::cumulative::cumulative;
 use crate::elementwise::{compute, elem};
 use crate::error::Result;
 use crate::kernel::{dims, Lowerer};
@@ -184,20 +184,7 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             })
         }
         Op::Conv(a) => conv(l, n, &a, &out, out_t, dst),
-        Op::Cumulative {
-            kind,
-            axis,
-            exclusive,
-            reverse,
-        } => {
-            let scan = Scan {
-                kind,
-                axis,
-                exclusive,
-                reverse,
-            };
-            cumulative(l, n, scan, dst)
-        }
+        Op::Cumulative(c) => cumulative(l, n, &c, dst),
         Op::ConvTranspose(a) => conv_transpose(l, n, &a, &out, out_t, dst),
         Op::GridSample {
             mode,

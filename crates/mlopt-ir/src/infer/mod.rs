@@ -678,7 +678,7 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             }
             one(x.clone())
         }
-        Op::Cumulative { axis, .. } => {
+        Op::Cumulative(CumulativeAttrs { axis, .. }) => {
             let x = x()?;
             if *axis >= x.rank() {
                 return err(

@@ -300,18 +300,7 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::DepthToSpace { blocksize, crd } => one(layout::depth_to_space(x()?, *blocksize, *crd)?),
         Op::SpaceToDepth { blocksize } => one(layout::space_to_depth(x()?, *blocksize)?),
         Op::Trilu { upper, k } => one(layout::trilu(x()?, *upper, *k)),
-        Op::Cumulative {
-            kind,
-            axis,
-            exclusive,
-            reverse,
-        } => one(reduce::cumulative(
-            x()?,
-            *kind,
-            *axis,
-            *exclusive,
-            *reverse,
-        )?),
+        Op::Cumulative(c) => one(reduce::cumulative(x()?, c)?),
         Op::TopK {
             axis, k, largest, ..
         } => index::top_k(x()?, *axis, *k, *largest),

@@ -5,7 +5,7 @@
 use super::elementwise::Arith;
 use super::{num_dispatch, EvalResult};
 use crate::infer::reduced_shape;
-use crate::op::{Accumulate, ReduceKind};
+use crate::op::{Accumulate, CumulativeAttrs, ReduceKind};
 use crate::tensor::{Elem, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
@@ -140,27 +140,21 @@ pub(crate) fn arg(
     crate::dispatch!(x, a => arg_t(a, max, axis, keepdims, last))
 }
 
-fn cumulative_t<T: Arith>(
-    a: &ArrayD<T>,
-    kind: Accumulate,
-    axis: usize,
-    exclusive: bool,
-    reverse: bool,
-) -> Tensor {
+fn cumulative_t<T: Arith>(a: &ArrayD<T>, c: &CumulativeAttrs) -> Tensor {
     let mut out = a.clone();
-    for mut lane in out.lanes_mut(ndarray::Axis(axis)) {
+    for mut lane in out.lanes_mut(ndarray::Axis(c.axis)) {
         let n = lane.len();
-        let mut acc = match kind {
+        let mut acc = match c.kind {
             Accumulate::Sum => T::zero(),
             Accumulate::Prod => T::from_i64(1),
         };
         for k in 0..n {
-            let i = if reverse { n - 1 - k } else { k };
-            let next = match kind {
+            let i = if c.reverse { n - 1 - k } else { k };
+            let next = match c.kind {
                 Accumulate::Sum => acc.add(lane[i]),
                 Accumulate::Prod => acc.mul(lane[i]),
             };
-            lane[i] = if exclusive { acc } else { next };
+            lane[i] = if c.exclusive { acc } else { next };
             acc = next;
         }
     }
@@ -168,16 +162,10 @@ fn cumulative_t<T: Arith>(
 }
 
 /// CumSum / CumProd along `axis`, one element after another; bf16 and f16 accumulate in f32.
-pub(crate) fn cumulative(
-    x: &Tensor,
-    kind: Accumulate,
-    axis: usize,
-    exclusive: bool,
-    reverse: bool,
-) -> EvalResult<Tensor> {
+pub(crate) fn cumulative(x: &Tensor, c: &CumulativeAttrs) -> EvalResult<Tensor> {
     if x.dtype().is_half() {
-        let wide = cumulative(&x.cast(crate::DType::F32), kind, axis, exclusive, reverse)?;
+        let wide = cumulative(&x.cast(crate::DType::F32), c)?;
         return Ok(wide.cast(x.dtype()));
     }
-    num_dispatch!(x, a => Ok(cumulative_t(a, kind, axis, exclusive, reverse)))
+    num_dispatch!(x, a => Ok(cumulative_t(a, c)))
 }

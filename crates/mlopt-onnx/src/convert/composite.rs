@@ -10,7 +10,8 @@ use super::transformer::{attention, rms_norm, rotary};
 use super::NodeCx;
 use crate::error::Result;
 use mlopt_ir::{
-    Accumulate, Binary, DType, Op, PadMode, ReduceKind, Tensor, TensorType, Unary, Value,
+    Accumulate, Binary, CumulativeAttrs, DType, Op, PadMode, ReduceKind, Tensor, TensorType, Unary,
+    Value,
 };
 
 pub(crate) const OPS: &[&str] = &[
@@ -522,12 +523,12 @@ pub(super) fn cumulative(cx: &mut NodeCx<'_, '_>, kind: Accumulate) -> Result<Va
     let axis = axis(cx, a, rank)?;
     let (exclusive, reverse) = (cx.int("exclusive", 0)? != 0, cx.int("reverse", 0)? != 0);
     cx.add1(
-        Op::Cumulative {
+        Op::Cumulative(CumulativeAttrs {
             kind,
             axis,
             exclusive,
             reverse,
-        },
+        }),
         &[x],
     )
 }
