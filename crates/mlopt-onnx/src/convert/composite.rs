@@ -296,6 +296,11 @@ pub(super) fn hardmax(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
 fn swish(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let x = cx.req(0)?;
     let alpha = cx.float("alpha", 1.0)?;
+    swish_of(cx, x, alpha)
+}
+
+/// x * sigmoid(alpha * x), for Swish and SwiGLU.
+fn swish_of(cx: &mut NodeCx<'_, '_>, x: Value, alpha: f32) -> Result<Value> {
     let a = cx.scalar(f64::from(alpha), cx.ty(x).dtype);
     let ax = cx.bin(Binary::Mul, x, a)?;
     let s = cx.un(Unary::Sigmoid, ax)?;
@@ -316,10 +321,7 @@ fn swiglu(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         ));
     }
     let alpha = cx.float("alpha", 1.0)?;
-    let k = cx.scalar(f64::from(alpha), cx.ty(a).dtype);
-    let ka = cx.bin(Binary::Mul, a, k)?;
-    let s = cx.un(Unary::Sigmoid, ka)?;
-    let swish = cx.bin(Binary::Mul, a, s)?;
+    let swish = swish_of(cx, a, alpha)?;
     cx.bin(Binary::Mul, swish, b)
 }
 
