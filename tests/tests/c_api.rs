@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
-use mlopt_target::Target;
+use mlopt_target::{runnable_level, Target};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -100,14 +100,14 @@ fn passes(cmd: &mut Command) {
 #[test]
 fn the_c_api_reports_errors_and_survives_threads_and_fork() {
     let tmp = tempfile::tempdir().unwrap();
-    build(tmp.path(), "x86-64-v4");
+    build(tmp.path(), runnable_level());
     passes(&mut Command::new(harness(tmp.path(), "api", &[], false)));
 }
 
 #[test]
 fn the_runtime_is_clean_under_thread_sanitizer() {
     let tmp = tempfile::tempdir().unwrap();
-    build(tmp.path(), "x86-64-v4");
+    build(tmp.path(), runnable_level());
     let exe = harness(tmp.path(), "api_tsan", &["-fsanitize=thread"], true);
     // (die_after_fork=0: the harness forks on purpose, and its child starts the pool's threads anew.
     // setarch -R: without address randomisation, since TSan's shadow memory cannot follow every
@@ -126,7 +126,7 @@ fn the_runtime_is_clean_under_thread_sanitizer() {
 #[test]
 fn the_runtime_is_clean_under_address_sanitizer() {
     let tmp = tempfile::tempdir().unwrap();
-    build(tmp.path(), "x86-64-v4");
+    build(tmp.path(), runnable_level());
     let exe = harness(
         tmp.path(),
         "api_asan",

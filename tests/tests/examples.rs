@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_ir::interp;
-use mlopt_target::Target;
+use mlopt_target::{runnable_level, Target};
 use mlopt_tests::{data, dir, import};
 use std::path::Path;
 use std::process::Command;
@@ -12,7 +12,7 @@ use std::process::Command;
 /// Compiles the mlp fixture into `out` and writes its input as raw floats; returns the expected output.
 fn prepare(out: &Path) -> Vec<f64> {
     let g = import("mlp");
-    let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 2).unwrap());
+    let config = mlopt_rewrite::Config::new(Target::named(runnable_level(), 2).unwrap());
     let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
     c.write_library(out, "mlp", &[]).unwrap();
     let (inputs, _) = data("mlp");
@@ -80,7 +80,7 @@ fn hostile_names_stay_inside_comments_and_literals() {
             .unwrap();
         g.add_output(format!("{name}.out"), y);
     }
-    let config = mlopt_rewrite::Config::new(Target::named("x86-64-v4", 1).unwrap());
+    let config = mlopt_rewrite::Config::new(Target::named(runnable_level(), 1).unwrap());
     let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     c.write_library(tmp.path(), "evil", &[]).unwrap();

@@ -82,8 +82,9 @@ fn control_flow_matches_onnx_runtime_interpreted_and_compiled() {
     each_case("control", 6);
     for k in 0..6 {
         let name = format!("control/{k}");
-        let config =
-            mlopt_rewrite::Config::new(mlopt_target::Target::named("x86-64-v4", 2).unwrap());
+        let config = mlopt_rewrite::Config::new(
+            mlopt_target::Target::named(mlopt_target::runnable_level(), 2).unwrap(),
+        );
         let options = mlopt_driver::Options::new(config);
         let c = mlopt_driver::compile(&import(&name), &options).unwrap();
         let (inputs, want) = data(&name);

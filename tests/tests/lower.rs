@@ -483,7 +483,7 @@ fn data_checks_agree_with_the_graph_interpreter() {
             assert!(e.contains(needle), "{name} {cpu:?}: {e}");
         }
         let opts = mlopt_driver::Options {
-            config: Config::new(Target::named("x86-64-v4", 2).unwrap()),
+            config: Config::new(Target::named(mlopt_target::runnable_level(), 2).unwrap()),
             tune: false,
             winograd: mlopt_schedule::Winograd::Auto,
             profile: false,

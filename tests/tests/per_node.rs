@@ -6,7 +6,7 @@
 use mlopt_driver::compare::Rule;
 use mlopt_driver::{compile, probe, Options};
 use mlopt_kir::{BinOp, Elem, Expr, Stmt};
-use mlopt_target::Target;
+use mlopt_target::{runnable_level, Target};
 use mlopt_tests::{data, import};
 
 /// Every f32 store of `body` (the kernel's accumulators and outputs alike) stores 1.5x its value.
@@ -29,7 +29,7 @@ fn scale_stores(body: &mut [Stmt], f32_bufs: &[bool]) {
 #[test]
 fn per_node_names_the_first_broken_kernel() {
     let g = import("cnn");
-    let t = Target::named("x86-64-v4", 1).unwrap();
+    let t = Target::named(runnable_level(), 1).unwrap();
     let options = Options {
         config: mlopt_rewrite::Config::new(t.clone()),
         tune: false,

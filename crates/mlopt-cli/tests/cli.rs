@@ -1289,7 +1289,7 @@ fn check_at_low_precision_uses_the_tolerance_measure() {
             &fixture("transformer/test_data_set_0"),
             "--compiled",
             "--target",
-            "x86-64-v4",
+            mlopt_target::runnable_level(),
             "--precision",
             "bf16",
             "--tolerance",

@@ -12,7 +12,7 @@ fn check(extra: &[&str]) -> Output {
         .arg(format!("{dir}/model.onnx"))
         .arg("--data")
         .arg(format!("{dir}/test_data_set_0"))
-        .args(["--per-node", "--target", "x86-64-v4"])
+        .args(["--per-node", "--target", mlopt_target::runnable_level()])
         .args(extra)
         .output()
         .unwrap()

@@ -49,6 +49,19 @@ pub const TARGET_NAMES: &[&str] = &[
     "sm_90",
 ];
 
+/// The widest fixed x86 level this machine runs code for: `x86-64-v4` (AVX-512) where it has those
+/// features, else `x86-64-v3` (AVX2). Tests and examples that run what they compile name this level rather
+/// than `host`, whose schedules follow the machine's calibration and matrix unit, so that the kernels they
+/// check are the same on every machine of one level; code for a level the machine lacks would only be
+/// refused at run time ("this CPU lacks an instruction set").
+pub fn runnable_level() -> &'static str {
+    if cpu::x86_64_v4(1).runs_here() {
+        "x86-64-v4"
+    } else {
+        "x86-64-v3"
+    }
+}
+
 impl Target {
     /// Looks a target up by name, for code that runs `threads` threads (CPU peaks are per core and
     /// scale with them; a GPU's do not). `host` is this machine: its features detected now, its peaks
