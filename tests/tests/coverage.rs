@@ -202,6 +202,7 @@ fn layers(n: usize) -> Vec<Layer> {
     for (c, m, hw, s) in [
         (16, 64, 55, 1),
         (32, 48, 27, 1),
+        (128, 128, 28, 1),
         (64, 64, 14, 1),
         (48, 40, 13, 1),
         (128, 128, 7, 1),
@@ -317,6 +318,15 @@ fn layers(n: usize) -> Vec<Layer> {
 /// dense window over the upsampled grid, guarded per tap, its input read at (o - k) / 2) and nearest
 /// resizing (its source positions read through a table).
 const KNOWN_GATHERS: [&str; 2] = ["conv transpose", "nearest 2x"];
+/// Layers whose kernels run more than a tenth of their work outside vector lanes at AVX2's 8 lanes
+/// (not at AVX-512's 16), found when this test first ran x86-64-v3: a global average pool over 7 x 7
+/// (49 = 6 x 8 + 1 per channel, and its partial sums combined), and the per-image slices and concat of
+/// a batch-8 pointwise convolution on a 27 x 27 map. Each fails here once it is vectorised, so the
+/// list stays true.
+const KNOWN_AVX2_SCALAR: [&str; 2] = [
+    "global average pool [",
+    "conv2d 8x 128->32 [27, 27] k1 s1 g1",
+];
 /// In bf16 also every kernel of a convolution on `mma` blocks whose positions are the blocks' rows: one
 /// with a window (`cpu/mma_conv.rs`, its copy `xpc`, a local or, when large, a heap temporary) or a
 /// pointwise one turned around on a small map (`cpu/mma.rs`, its copy `a_pad`): the activations are
@@ -334,11 +344,14 @@ fn gathers_channels(k: &mlopt_kir::Kernel, layer: &str) -> bool {
 fn every_zoo_layer_is_vectorised_and_correct() {
     let mut failures = Vec::new();
     let mut count = 0;
-    // fp32 on AVX-512, bf16 on Zen 4's vdpbf16ps (which every machine this runs on has) and on
-    // Sapphire Rapids' AMX tiles (run where the CPU has them; elsewhere scheduled, verified and
-    // inspected, not run: the kernel IR's interpreter would take hours over these layers).
+    let mut known_seen = std::collections::HashSet::new();
+    // fp32 on AVX-512 and on AVX2 (8 lanes, 16 registers: other tiles, other schedules), bf16 on Zen 4's
+    // vdpbf16ps and on Sapphire Rapids' AMX tiles, each run where the CPU has its instructions
+    // (elsewhere scheduled, verified and inspected, not run: the kernel IR's interpreter would take
+    // hours over these layers).
     let runs = [
         (Precision::Fp32, "x86-64-v4", 1e-4),
+        (Precision::Fp32, "x86-64-v3", 1e-4),
         (Precision::Bf16, "znver4", 1e-2),
         (Precision::Bf16, "sapphirerapids", 1e-2),
     ];
@@ -373,7 +386,13 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             let k = &c.program.kernels[step.kernel];
             // A kernel that moves data (a layout op) runs its loads and stores in vector lanes.
             let moved = mlopt_kir::analysis::accesses(k);
+            let known_scalar =
+                target == "x86-64-v3" && KNOWN_AVX2_SCALAR.iter().any(|k| name.starts_with(k));
+            let mut scalar = false;
             if moved.total() >= 500.0 && moved.scalar > 0.1 * moved.total() {
+                scalar = true;
+            }
+            if moved.total() >= 500.0 && moved.scalar > 0.1 * moved.total() && !known_scalar {
                 failures.push(format!(
                     "{name}: kernel {} ({}) makes {:.0}% of its loads and stores outside vector lanes",
                     r.id,
@@ -383,10 +402,16 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             }
             let mix = mlopt_kir::analysis::arithmetic(k);
             let total = mix.tiled + mix.tiled_gather + mix.vector + mix.gather + mix.scalar;
+            if total >= 500.0 && mix.scalar > 0.1 * total {
+                scalar = true;
+            }
+            if scalar {
+                known_seen.insert(name.clone());
+            }
             if total < 500.0 {
                 continue;
             }
-            if r.schedule == ScheduleClass::Scalar || mix.scalar > 0.1 * total {
+            if r.schedule == ScheduleClass::Scalar || (mix.scalar > 0.1 * total && !known_scalar) {
                 failures.push(format!(
                     "{name}: kernel {} ({}) is {:?}, {:.0}% of its arithmetic scalar",
                     r.id,
@@ -411,6 +436,13 @@ fn every_zoo_layer_is_vectorised_and_correct() {
                     if known { " (listed as gathering)" } else { "" }
                 ));
             }
+        }
+    }
+    for known in KNOWN_AVX2_SCALAR {
+        if !known_seen.iter().any(|n| n.starts_with(known)) {
+            failures.push(format!(
+                "'{known}' on x86-64-v3 is listed in KNOWN_AVX2_SCALAR but runs in vector lanes now"
+            ));
         }
     }
     assert!(
