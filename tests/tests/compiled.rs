@@ -2055,3 +2055,36 @@ fn early_kernels_run_image_by_image() {
         assert!(err < bound, "{name}: error {err:e}");
     }
 }
+
+/// A 3x3 stride-1 convolution whose output rows are short for AVX2's tiles (ResNet-50's 128 -> 128 at
+/// 28 x 28: per row a 16-wide tile and a 12-wide tail, or 8 x 8 tiles) runs with its output rows end to
+/// end over the flat padded plane, 30 columns a row of which 2 are dropped (`flat(..,30)`), at batch 1
+/// and 2 and 1 and 2 threads; compiled for x86-64-v3 (which every machine here runs), it matches the
+/// interpreter.
+#[test]
+fn short_rows_run_as_one_flat_row_of_columns() {
+    for (batch, threads) in [(1, 1), (2, 2)] {
+        let g = mlopt_tests::conv_graph(batch, 128, 128, &[28, 28], 3, 1, 1, true);
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 3);
+        let want = interp::run(&g, &inputs).unwrap();
+        let opts = Options {
+            winograd: mlopt_schedule::Winograd::Never,
+            ..Options::new(Config::new(Target::named("x86-64-v3", threads).unwrap()))
+        };
+        let c = compile(&g, &opts).unwrap();
+        let k = &c.program.kernels[0];
+        assert!(
+            k.schedule
+                .iter()
+                .any(|s| matches!(s, mlopt_kir::ScheduleStep::Flat { row: 30, .. })),
+            "{}",
+            mlopt_kir::print::kernel(k)
+        );
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let err = worst_error(&want, &got);
+        assert!(
+            err < 1e-5,
+            "batch {batch}, {threads} threads: error {err:e}"
+        );
+    }
+}

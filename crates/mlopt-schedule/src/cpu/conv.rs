@@ -103,6 +103,20 @@ fn flat(w: &Window, red: &[u64], pads: &[usize], lanes: u64) -> Option<Flat> {
     })
 }
 
+/// The columns of a stride-1 2-D convolution read as one long row (`Plane::Flat`): output row r's
+/// positions are columns r x `row`.. of the padded plane's rows of `row` elements laid end to end, tap
+/// (kh, kw) reads `row` x kh + kw past its column, and the `row` - W columns after each output row are
+/// computed and dropped. `cols` runs to the last output position, so the last tap reads the plane's
+/// last element and no further. (row, cols), or None for another window.
+fn wide_columns(w: &Window, pads: &[usize]) -> Option<(u64, u64)> {
+    if w.axes.len() != 2 || w.axes.iter().any(|a| a.stride != 1) {
+        return None;
+    }
+    let (h, wd) = (&w.axes[0], &w.axes[1]);
+    let row = (wd.len + (pads[1] + pads[3]) as i64) as u64;
+    Some((row, (h.outs - 1) * row + wd.outs))
+}
+
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
 /// the one store `store` (buffer, index, value). With `swapped`, the convolution runs transposed (only
 /// where `all_positions`): its output positions are the rows (A, read from the window), its output
@@ -145,23 +159,43 @@ pub(crate) fn tiled(
     } else {
         last.outs
     };
-    let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows) {
+    let (tm, mut inner): (u64, Vec<u64>) = match (pack, by_rows) {
         (true, _) => (m, Vec::new()),
         (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
         (false, false) => (m, outs[..sp - 1].to_vec()),
     };
+    let kk: u64 = red.iter().product();
+    // Output rows too short for whole tiles (28 positions: a 16-wide tile and a 12-wide tail, or
+    // 8 x 8 tiles that broadcast once per FMA) run as one long row of columns over the flat plane,
+    // where the cost model rates that faster with the scratch's extra pass (`wide_columns`).
+    let wide = match (pack, by_rows, swapped) {
+        (false, false, None) => wide_columns(w, &pads).filter(|&(_, cols)| {
+            let batches: u64 = inner.iter().product();
+            match (t_for(tm, n, kk), t_for(tm, cols, kk)) {
+                (Some(plain), Some(flat)) => {
+                    mlopt_cost::tile::flat_columns_pay((plain, batches, tm, n), (flat, cols), kk)
+                }
+                _ => false,
+            }
+        }),
+        _ => None,
+    };
+    if wide.is_some() {
+        inner.clear();
+    }
     // The tiling's rows and columns: output channels (or rows) by positions, or swapped, positions by
     // output channels.
-    let (rows_n, cols_n) = match (swapped, &flat) {
-        (Some(_), _) => (n, tm),
-        (None, Some(f)) => (f.rows, lanes),
-        (None, None) => (tm, n),
+    let (rows_n, cols_n) = match (swapped, &flat, wide) {
+        (Some(_), _, _) => (n, tm),
+        (None, Some(f), _) => (f.rows, lanes),
+        (None, None, Some((_, cols))) => (tm, cols),
+        (None, None, None) => (tm, n),
     };
-    let Some(t) = t_for(rows_n, cols_n, red.iter().product()) else {
+    let Some(t) = t_for(rows_n, cols_n, kk) else {
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
-    let copy = copies(w, phases) || flat.is_some();
+    let copy = copies(w, phases) || flat.is_some() || wide.is_some();
     // Outer loops: the batch and any column that is not an output position (the image).
     let outer = w.outer_loops(c);
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
@@ -205,13 +239,18 @@ pub(crate) fn tiled(
     let dilations: Vec<usize> = w.axes.iter().map(|a| a.dilation as usize).collect();
     let lens: Vec<i64> = w.axes.iter().map(|a| a.len).collect();
     let acc = c.acc;
-    // A flat schedule's sums, one segment a row.
-    let scratch = flat.as_ref().map(|f| {
+    // A flat schedule's sums, one segment a row (a wide one's, one row of columns per output channel).
+    let scratch_len = match (&flat, wide) {
+        (Some(f), _) => Some(f.rows * lanes),
+        (None, Some((_, cols))) => Some(tm * cols),
+        (None, None) => None,
+    };
+    let scratch = scratch_len.map(|len| {
         let k = b.kernel();
         k.buf(
             format!("yflat{}", k.bufs.len()),
             mlopt_kir::Elem::F32,
-            vec![f.rows * lanes],
+            vec![len],
             mlopt_kir::Space::Local,
         )
     });
@@ -228,16 +267,17 @@ pub(crate) fn tiled(
                         pos,
                     ))
                 };
-                let plane = match flat {
-                    Some(_) => Plane::Flat,
-                    None => Plane::Phases(phases),
+                let plane = match (&flat, wide) {
+                    (None, None) => Plane::Phases(phases),
+                    _ => Plane::Flat,
                 };
                 let xp = padded_phases(b, [1, cg], &lens, &pads, plane, w.fill, read, &mut st)?;
                 let k = b.kernel();
                 let buf = k.buffer(xp).name.clone();
-                k.schedule.push(match &flat {
-                    Some(f) => mlopt_kir::ScheduleStep::Flat { buf, row: f.row },
-                    None => mlopt_kir::ScheduleStep::Pad {
+                k.schedule.push(match (&flat, wide) {
+                    (Some(f), _) => mlopt_kir::ScheduleStep::Flat { buf, row: f.row },
+                    (None, Some((row, _))) => mlopt_kir::ScheduleStep::Flat { buf, row },
+                    (None, None) => mlopt_kir::ScheduleStep::Pad {
                         buf,
                         phases: phases as u64,
                     },
@@ -248,6 +288,16 @@ pub(crate) fn tiled(
         };
         // A window value at output position `col` (B's column, or swapped, A's row).
         let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| match (src, &flat) {
+            (Some(xp), None) if wide.is_some() => {
+                // Column `col` of the flat plane moved by the tap.
+                let row = wide.map_or(0, |(r, _)| r);
+                let tap = |a: usize, by: u64| {
+                    let step = w.axes[a].dilation * by as i64;
+                    Expr::mul(k[1 + a].clone(), Expr::int(step))
+                };
+                let at = Expr::add(col.clone(), Expr::add(tap(0, row), tap(1, 1)));
+                Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
+            }
             (Some(xp), Some(f)) => {
                 // Segment `row`'s element `col` of the flat plane, moved by the tap (the tiles
                 // read B in place, always with their row).
@@ -311,7 +361,8 @@ pub(crate) fn tiled(
             },
             &mut |_, bi, row, j, v| {
                 if let Some(y) = scratch {
-                    let at = Expr::add(Expr::mul(row.clone(), Expr::int(lanes as i64)), j.clone());
+                    let width = wide.map_or(lanes, |(_, cols)| cols);
+                    let at = Expr::add(Expr::mul(row.clone(), Expr::int(width as i64)), j.clone());
                     return Ok(Stmt::Store {
                         buf: y,
                         index: vec![at],
@@ -331,6 +382,29 @@ pub(crate) fn tiled(
                 ))
             },
         )?);
+        // A wide schedule stores each output channel's rows from its row of the scratch.
+        if let (Some(y), Some((row, cols))) = (scratch, wide) {
+            let dims = [tm, outs[0], outs[1]];
+            st.extend(tiler::nest(b, "e", &dims, |_, e| {
+                let at = Expr::add(
+                    Expr::mul(e[0].clone(), Expr::int(cols as i64)),
+                    Expr::add(Expr::mul(e[1].clone(), Expr::int(row as i64)), e[2].clone()),
+                );
+                let v = Expr::load(y, vec![at]);
+                Ok(vec![store_at(
+                    store,
+                    acc,
+                    &by(
+                        ng,
+                        std::slice::from_ref(&e[1]),
+                        Some(&e[0]),
+                        Some(&e[2]),
+                        &[],
+                    ),
+                    &v,
+                )])
+            })?);
+        }
         // A flat schedule stores each output row from its run of the scratch plane.
         if let (Some(y), Some(f)) = (scratch, &flat) {
             st.extend(tiler::nest(b, "e", &outs, |_, e| {
