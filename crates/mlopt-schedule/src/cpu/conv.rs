@@ -287,44 +287,46 @@ pub(crate) fn tiled(
             false => None,
         };
         // A window value at output position `col` (B's column, or swapped, A's row).
-        let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| match (src, &flat) {
-            (Some(xp), None) if wide.is_some() => {
-                // Column `col` of the flat plane moved by the tap.
-                let row = wide.map_or(0, |(r, _)| r);
-                let tap = |a: usize, by: u64| {
-                    let step = w.axes[a].dilation * by as i64;
-                    Expr::mul(k[1 + a].clone(), Expr::int(step))
-                };
-                let at = Expr::add(col.clone(), Expr::add(tap(0, row), tap(1, 1)));
-                Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
+        let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| {
+            // Read flat: the plane's row length, and where column `col` counts from (a depthwise
+            // segment's start, `lanes` per row of the tiling; a wide column is its own position).
+            let flat_at = match (&flat, wide) {
+                (Some(f), _) => Some((
+                    f.row,
+                    Some(row.map_or(Expr::int(0), |r| {
+                        Expr::mul(r.clone(), Expr::int(lanes as i64))
+                    })),
+                )),
+                (None, Some((r, _))) => Some((r, None)),
+                (None, None) => None,
+            };
+            match (src, flat_at) {
+                (Some(xp), Some((plane_row, first))) => {
+                    // Element `col` of the flat plane past `first`, moved by the tap (the tiles read
+                    // B in place).
+                    let tap = |a: usize, by: u64| {
+                        let step = w.axes[a].dilation * by as i64;
+                        Expr::mul(k[1 + a].clone(), Expr::int(step))
+                    };
+                    let at = match first {
+                        Some(first) => Expr::add(first, col.clone()),
+                        None => col.clone(),
+                    };
+                    let at = Expr::add(at, Expr::add(tap(0, plane_row), tap(1, 1)));
+                    Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
+                }
+                (Some(xp), None) => {
+                    let window = padded_index(
+                        &position(bi, row, col),
+                        &k[1..],
+                        &strides,
+                        &dilations,
+                        phases,
+                    );
+                    Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
+                }
+                (None, _) => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
             }
-            (Some(xp), Some(f)) => {
-                // Segment `row`'s element `col` of the flat plane, moved by the tap (the tiles
-                // read B in place, always with their row).
-                let first = row.map_or(Expr::int(0), |r| {
-                    Expr::mul(r.clone(), Expr::int(lanes as i64))
-                });
-                let tap = |a: usize, by: u64| {
-                    let step = w.axes[a].dilation * by as i64;
-                    Expr::mul(k[1 + a].clone(), Expr::int(step))
-                };
-                let at = Expr::add(
-                    Expr::add(first, col.clone()),
-                    Expr::add(tap(0, f.row), tap(1, 1)),
-                );
-                Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
-            }
-            (Some(xp), None) => {
-                let window = padded_index(
-                    &position(bi, row, col),
-                    &k[1..],
-                    &strides,
-                    &dilations,
-                    phases,
-                );
-                Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
-            }
-            (None, _) => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
         let form = match swapped {
