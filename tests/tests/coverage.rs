@@ -388,11 +388,14 @@ fn every_zoo_layer_is_vectorised_and_correct() {
             let moved = mlopt_kir::analysis::accesses(k);
             let known_scalar =
                 target == "x86-64-v3" && KNOWN_AVX2_SCALAR.iter().any(|k| name.starts_with(k));
-            let mut scalar = false;
-            if moved.total() >= 500.0 && moved.scalar > 0.1 * moved.total() {
-                scalar = true;
+            let moves_scalar = moved.total() >= 500.0 && moved.scalar > 0.1 * moved.total();
+            let mix = mlopt_kir::analysis::arithmetic(k);
+            let total = mix.tiled + mix.tiled_gather + mix.vector + mix.gather + mix.scalar;
+            let computes_scalar = total >= 500.0 && mix.scalar > 0.1 * total;
+            if known_scalar && (moves_scalar || computes_scalar) {
+                known_seen.insert(name.clone());
             }
-            if moved.total() >= 500.0 && moved.scalar > 0.1 * moved.total() && !known_scalar {
+            if moves_scalar && !known_scalar {
                 failures.push(format!(
                     "{name}: kernel {} ({}) makes {:.0}% of its loads and stores outside vector lanes",
                     r.id,
@@ -400,18 +403,10 @@ fn every_zoo_layer_is_vectorised_and_correct() {
                     100.0 * moved.scalar / moved.total()
                 ));
             }
-            let mix = mlopt_kir::analysis::arithmetic(k);
-            let total = mix.tiled + mix.tiled_gather + mix.vector + mix.gather + mix.scalar;
-            if total >= 500.0 && mix.scalar > 0.1 * total {
-                scalar = true;
-            }
-            if scalar {
-                known_seen.insert(name.clone());
-            }
             if total < 500.0 {
                 continue;
             }
-            if r.schedule == ScheduleClass::Scalar || (mix.scalar > 0.1 * total && !known_scalar) {
+            if r.schedule == ScheduleClass::Scalar || (computes_scalar && !known_scalar) {
                 failures.push(format!(
                     "{name}: kernel {} ({}) is {:?}, {:.0}% of its arithmetic scalar",
                     r.id,
