@@ -83,6 +83,8 @@ pub struct Gen<'a, 'c> {
     /// AVX-512F: 16-lane f32 intrinsics (`avx512_ps`): `vscalefps` in `exp_f32`, `maxps`/`minps` in
     /// NaN-propagating min/max (`math.rs`).
     pub avx512: bool,
+    /// AVX: 8-lane f32 intrinsics (`x86_ps`): `maxps`/`minps` in NaN-propagating min/max.
+    pub avx: bool,
     /// The kernel's loop extents, computed on first use (`memory.rs` asks them of non-affine loads).
     pub(crate) extents: std::cell::OnceCell<HashMap<Var, u64>>,
     /// Code for an NVPTX kernel (`ptx.rs`): GPU loops read the block and thread ids, barriers are
@@ -127,6 +129,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             tiles_ready: false,
             bf16_convert: false,
             avx512: false,
+            avx: false,
             forced: None,
             extents: std::cell::OnceCell::new(),
             gpu: false,
@@ -780,6 +783,7 @@ pub fn define_kernel<'c>(
     g.matrix = t.matrix();
     g.bf16_convert = t.has("avx512bf16");
     g.avx512 = t.has("avx512f");
+    g.avx = t.has("avx");
     let entry = c.append_basic_block(f, "entry");
     g.builder.position_at_end(entry);
     for (i, b) in k.params().iter().enumerate() {

@@ -177,7 +177,9 @@ pub fn binary<'c>(
             BinOp::Div => b.build_binop(Op::FDiv, x, y, "div")?,
             BinOp::Rem => b.build_binop(Op::FRem, x, y, "rem")?,
             BinOp::Min | BinOp::Max
-                if g.avx512 && t == Elem::F32 && (2..=16).contains(&lanes(x)) =>
+                if t == Elem::F32
+                    && ((g.avx512 && (2..=16).contains(&lanes(x)))
+                        || (g.avx && (2..=8).contains(&lanes(x)))) =>
             {
                 return nan_min_max(g, o, x, y)
             }
@@ -267,7 +269,8 @@ pub fn binary<'c>(
     })
 }
 
-/// NaN-propagating `min`/`max` of f32 vectors on AVX-512 in the form of x86's `maxps`/`minps`: `maxps y, x`
+/// NaN-propagating `min`/`max` of f32 vectors on AVX-512 (or AVX, up to 8 lanes) in the form of x86's
+/// `maxps`/`minps`: `maxps y, x`
 /// is `y > x ? y : x`, which is `x` when either is NaN, and a NaN `y` is put back by a select on its
 /// own test. In an `acc = max(acc, v)` reduction `y` is the new value, so its test is off the chain
 /// through `acc`: two dependent instructions a step where `llvm.maximum` (which also orders -0 below
@@ -280,13 +283,21 @@ fn nan_min_max<'c>(
     x: BasicValueEnum<'c>,
     y: BasicValueEnum<'c>,
 ) -> Ret<BasicValueEnum<'c>> {
-    let name = match o {
-        BinOp::Max => "llvm.x86.avx512.max.ps.512",
-        _ => "llvm.x86.avx512.min.ps.512",
+    let m = if g.avx512 && lanes(x) > 8 || !g.avx {
+        let name = match o {
+            BinOp::Max => "llvm.x86.avx512.max.ps.512",
+            _ => "llvm.x86.avx512.min.ps.512",
+        };
+        // 4: the current rounding (no exception suppression).
+        let current = g.ctx.i32_type().const_int(4, false);
+        g.avx512_ps(name, &[y, x], &[current.into()])?
+    } else {
+        let name = match o {
+            BinOp::Max => "llvm.x86.avx.max.ps.256",
+            _ => "llvm.x86.avx.min.ps.256",
+        };
+        g.x86_ps(name, 8, &[y, x], &[])?
     };
-    // 4: the current rounding (no exception suppression).
-    let current = g.ctx.i32_type().const_int(4, false);
-    let m = g.avx512_ps(name, &[y, x], &[current.into()])?;
     let nan = float_cmp(&g.builder, F::UNO, y, y)?;
     select(g, nan, y, m)
 }
@@ -526,8 +537,19 @@ impl<'c> Gen<'_, 'c> {
         floats: &[BasicValueEnum<'c>],
         rest: &[inkwell::values::BasicMetadataValueEnum<'c>],
     ) -> Ret<BasicValueEnum<'c>> {
+        self.x86_ps(name, 16, floats, rest)
+    }
+
+    /// `avx512_ps` for an intrinsic on `width` f32 lanes (8: AVX's `llvm.x86.avx.*.ps.256`).
+    pub(crate) fn x86_ps(
+        &mut self,
+        name: &str,
+        width: u32,
+        floats: &[BasicValueEnum<'c>],
+        rest: &[inkwell::values::BasicMetadataValueEnum<'c>],
+    ) -> Ret<BasicValueEnum<'c>> {
         let lane0 = self.ctx.i32_type().const_zero();
-        let v16 = self.ctx.f32_type().vec_type(16);
+        let v16 = self.ctx.f32_type().vec_type(width);
         let lanes = match floats[0] {
             BasicValueEnum::VectorValue(v) => Some(v.get_type().get_size()),
             _ => None,
@@ -535,8 +557,8 @@ impl<'c> Gen<'_, 'c> {
         let mut args = Vec::with_capacity(floats.len() + rest.len());
         for &v in floats {
             let wide: BasicValueEnum<'c> = match (v, lanes) {
-                (BasicValueEnum::VectorValue(v), Some(16)) => v.into(),
-                (BasicValueEnum::VectorValue(v), Some(_)) => self.padded(v, 16)?.into(),
+                (BasicValueEnum::VectorValue(v), Some(w)) if w == width => v.into(),
+                (BasicValueEnum::VectorValue(v), Some(_)) => self.padded(v, width)?.into(),
                 (v, _) => self
                     .builder
                     .build_insert_element(v16.get_poison(), v, lane0, "wide")?
@@ -556,7 +578,7 @@ impl<'c> Gen<'_, 'c> {
             .ok_or_else(|| crate::codegen::err(format!("{name} returned nothing")))?
             .into_vector_value();
         Ok(match lanes {
-            Some(16) => e.into(),
+            Some(w) if w == width => e.into(),
             Some(w) => self.shuffle((e, e), 0..w, "narrow")?.into(),
             None => self.builder.build_extract_element(e, lane0, "e")?,
         })

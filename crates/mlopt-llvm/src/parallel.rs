@@ -86,6 +86,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
         h.matrix = g.matrix;
         h.bf16_convert = g.bf16_convert;
         h.avx512 = g.avx512;
+        h.avx = g.avx;
         h.depth = g.depth + 1;
         let entry = c.append_basic_block(f, "entry");
         h.builder.position_at_end(entry);
