@@ -63,8 +63,15 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
     if matches!(k.op, mlopt_ir::Op::Cast { .. }) {
         return Cost::secs(e.compute_s + t.roof().launch_s) + penalty;
     }
-    e.time + penalty
+    // Ties between memory-bound forms (`x / c` and `x * (1 / c)` move the same bytes) go to the one with
+    // less arithmetic: it is what they cost once fused into a kernel whose memory is paid elsewhere (the
+    // quantize step in every epilogue of a QDQ model divided, at a fifth of a multiply's rate).
+    e.time + Cost::secs(e.compute_s * ARITHMETIC_TIE_BREAK) + penalty
 }
+
+/// The share of an op's arithmetic time added to its roofline time, which breaks ties between forms
+/// bound by the same memory traffic without reordering any whose times differ.
+const ARITHMETIC_TIE_BREAK: f64 = 1e-3;
 
 /// `--precision bf16|fp16` forces lowering: an fp32 matrix op costs this much more than its estimate, so the
 /// lowered form wins wherever the e-graph has one (ops held in fp32 have no alternative and keep it).
