@@ -33,14 +33,14 @@ pub fn add_loop_extents(body: &[Stmt], out: &mut HashMap<Var, u64>) {
     }
 }
 
-/// Simplifies every index expression of `k` with its loop ranges, and rounds each clamped narrow value once
-/// (see `round_once`).
+/// Simplifies every index expression of `k` with its loop ranges, rounds each clamped narrow value once
+/// (see `round_once`) and drops the integer round trip of a fake-quantized value (`quantized_once`).
 pub fn simplify_kernel(k: &mut Kernel) {
     let ranges = loop_extents(k);
     let body: Vec<Stmt> = k
         .body
         .iter()
-        .map(|s| s.map_exprs(&|e| round_once(&simplify(e, &ranges), k)))
+        .map(|s| s.map_exprs(&|e| quantized_once(&round_once(&simplify(e, &ranges), k), k)))
         .collect();
     k.body = body;
 }
@@ -69,6 +69,71 @@ pub fn round_once(e: &Expr, k: &Kernel) -> Expr {
     match unclamp(inner, *t, k) {
         Some(g) => Expr::cast(*t, g),
         None => e,
+    }
+}
+
+/// `cast<F>(cast<T>(min(max(r, 0), hi)))` with `r` integer-valued in float type F, integer T and a whole
+/// `hi` that T and F both hold exactly: `select(m < hi, m, hi)` of `m = select(0 < r, r, 0)`. It is a
+/// QuantizeLinear followed by a DequantizeLinear (u8, or i8 from a ReLU), in every epilogue of a QDQ
+/// model. The two are equal: on numbers the casts return what the clamp gives, and a NaN, which the clamp
+/// passes and the cast turns into 0, fails `0 < r` and becomes 0 (infinities clamp to the bounds in
+/// both). The selects are one `maxps` and one `minps` on x86, where the clamp's NaN-propagating bounds
+/// and the two conversions took nine instructions a vector.
+pub fn quantized_once(e: &Expr, k: &Kernel) -> Expr {
+    let r = |x: &Expr| quantized_once(x, k);
+    let e = match e {
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => return e.clone(),
+        Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(r).collect()),
+        Expr::Unary(o, a) => Expr::un(*o, r(a)),
+        Expr::Binary(o, a, b) => Expr::bin(*o, r(a), r(b)),
+        Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
+        Expr::Select(c, a, b) => Expr::select(r(c), r(a), r(b)),
+        Expr::Cast(t, a) => Expr::cast(*t, r(a)),
+    };
+    let Expr::Cast(f @ (Elem::F32 | Elem::F64), narrow) = &e else {
+        return e;
+    };
+    let Expr::Cast(t, clamped) = &**narrow else {
+        return e;
+    };
+    if t.is_float() || *t == Elem::Bool || clamped.elem(k) != *f {
+        return e;
+    }
+    let Expr::Binary(BinOp::Min, low, top) = &**clamped else {
+        return e;
+    };
+    let (Expr::Binary(BinOp::Max, x, zero), Expr::Float(hi, _)) = (&**low, &**top) else {
+        return e;
+    };
+    let most = match t {
+        Elem::U8 => u8::MAX as f64,
+        Elem::I8 => i8::MAX as f64,
+        Elem::U16 => u16::MAX as f64,
+        Elem::I16 => i16::MAX as f64,
+        _ => (1u64 << 24) as f64,
+    };
+    let whole = **zero == Expr::Float(0.0, *f) && hi.fract() == 0.0 && (0.0..=most).contains(hi);
+    if !whole || !integral(x, k) {
+        return e;
+    }
+    let (zero, hi) = (Expr::Float(0.0, *f), Expr::Float(*hi, *f));
+    let m = Expr::select(
+        Expr::bin(BinOp::Lt, zero.clone(), (**x).clone()),
+        (**x).clone(),
+        zero,
+    );
+    Expr::select(Expr::bin(BinOp::Lt, m.clone(), hi.clone()), m, hi)
+}
+
+/// Whether every value of `e` is a whole number, an infinity or NaN: rounded, converted from an integer,
+/// a whole constant, or a sum or difference of such.
+fn integral(e: &Expr, k: &Kernel) -> bool {
+    match e {
+        Expr::Unary(UnOp::Round | UnOp::Floor | UnOp::Ceil, _) => true,
+        Expr::Float(v, _) => v.fract() == 0.0,
+        Expr::Cast(_, a) => !a.elem(k).is_float(),
+        Expr::Binary(BinOp::Add | BinOp::Sub, a, b) => integral(a, k) && integral(b, k),
+        _ => false,
     }
 }
 

@@ -976,3 +976,54 @@ fn row_runs_find_positions_split_into_rows() {
     });
     assert_eq!(found, [Some((28, 1, 2)), Some((28, 2, 64)), None, None]);
 }
+
+/// A quantize-dequantize round trip in an epilogue (`simplify::quantized_once`): the integer casts go,
+/// and the result is the same, bit for bit, on whole numbers, halves, both bounds' neighbours, NaN and
+/// the infinities; forms that are not such a round trip keep their casts.
+#[test]
+fn a_fake_quantized_value_skips_the_integer_round_trip() {
+    let kernel = |expr: &str| {
+        parse_kernel(&format!(
+            "kernel @q(%x: f32[64], %y: f32[64]) {{\n  serial %i in 0..64 {{\n    %y[%i] = {expr}\n  }}\n}}\n"
+        ))
+        .unwrap()
+    };
+    let trips = [
+        "(cast<f32>(cast<u8>(min(max(round((%x[%i] * 40.0f32)), 0.0f32), 255.0f32))) * 0.5f32)",
+        "cast<f32>(cast<u8>(min(max((round((%x[%i] * 40.0f32)) + 3.0f32), 0.0f32), 255.0f32)))",
+        "cast<f32>(cast<i8>(min(max(floor((%x[%i] * 40.0f32)), 0.0f32), 127.0f32)))",
+    ];
+    let mut draws: Vec<f32> = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+    draws.extend((0..59).map(|i| (i as f32 - 29.0) * 0.2 + 0.0125));
+    for text in trips {
+        let original = kernel(text);
+        let mut once = original.clone();
+        simplify::simplify_kernel(&mut once);
+        let printed = print::kernel(&once);
+        assert!(
+            !printed.contains("cast<u8>") && !printed.contains("cast<i8>"),
+            "{text}: {printed}"
+        );
+        let want = run(&original, vec![draws.clone(), vec![0.0; 64]]);
+        let got = run(&once, vec![draws.clone(), vec![0.0; 64]]);
+        for (i, (a, b)) in want[1].iter().zip(&got[1]).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{text}: x = {}: {a} vs {b}",
+                draws[i]
+            );
+        }
+    }
+    // Not round trips: an unrounded value (the cast truncates it), a bound below zero (NaN would clamp to
+    // it, not to the cast's 0), a bound u8 cannot hold.
+    for text in [
+        "cast<f32>(cast<u8>(min(max((%x[%i] * 40.0f32), 0.0f32), 255.0f32)))",
+        "cast<f32>(cast<i8>(min(max(round(%x[%i]), -128.0f32), 127.0f32)))",
+        "cast<f32>(cast<u8>(min(max(round(%x[%i]), 0.0f32), 256.0f32)))",
+    ] {
+        let mut k = kernel(text);
+        simplify::simplify_kernel(&mut k);
+        assert!(print::kernel(&k).contains("cast<"), "{text}");
+    }
+}
