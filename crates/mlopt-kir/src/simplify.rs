@@ -113,7 +113,11 @@ pub fn quantized_once(e: &Expr, k: &Kernel) -> Expr {
         _ => (1u64 << 24) as f64,
     };
     let whole = **zero == Expr::Float(0.0, *f) && hi.fract() == 0.0 && (0.0..=most).contains(hi);
-    if !whole || !integral(x, k) {
+    // The selects name `r` four times in the tree, and the code generator emits each: an `r` holding
+    // another round trip (DistilBERT's GELU between two quantize steps) grew the IR fourfold per level
+    // (LLVM merged the copies again, after 50 s of compiling). A rounded product plus a bias and a zero
+    // point is under twenty nodes.
+    if !whole || !integral(x, k) || nodes(x) > SMALL_EXPR {
         return e;
     }
     let (zero, hi) = (Expr::Float(0.0, *f), Expr::Float(*hi, *f));
@@ -123,6 +127,29 @@ pub fn quantized_once(e: &Expr, k: &Kernel) -> Expr {
         zero,
     );
     Expr::select(Expr::bin(BinOp::Lt, m.clone(), hi.clone()), m, hi)
+}
+
+/// The most nodes of a value `quantized_once` repeats.
+const SMALL_EXPR: usize = 24;
+
+/// The nodes of `e`'s tree, counted up to a bit past `SMALL_EXPR`.
+fn nodes(e: &Expr) -> usize {
+    let mut n = 0;
+    let mut todo = vec![e];
+    while let Some(e) = todo.pop() {
+        n += 1;
+        if n > SMALL_EXPR {
+            break;
+        }
+        match e {
+            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
+            Expr::Load(_, ix) => todo.extend(ix),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => todo.push(a),
+            Expr::Binary(_, a, b) => todo.extend([&**a, &**b]),
+            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => todo.extend([&**a, &**b, &**c]),
+        }
+    }
+    n
 }
 
 /// Whether every value of `e` is a whole number, an infinity or NaN: rounded, converted from an integer,
