@@ -256,7 +256,8 @@ def models_from(args, batch):
         for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else order):
             e = manifest.get(f"{name}/{exporter}")
             if e and e.get("file"):
-                yield {**e, "name": f"{name}" if args.exporter == "prefer-dynamo" else f"{name}/{exporter}"}
+                qdq = manifest.get(f"{name}/qdq", {}).get("file")
+                yield {**e, "name": f"{name}" if args.exporter == "prefer-dynamo" else f"{name}/{exporter}", "qdq": qdq}
                 break
 
 
@@ -327,13 +328,27 @@ def run_model(args, entry, n, batch, precisions, work):
                     engines[f"ov_{hint}"] = Worker("ov", {**base, "hint": hint})
             except Exception as e:  # noqa: BLE001
                 common["openvino_error"] = str(e).splitlines()[0][:200]
+        # int8: every engine runs the same QDQ copy (bench/zoo/quantize.py); OpenVINO executes its
+        # quantized ops in int8 whatever the hint, which stays f32 for everything else.
+        qdq = entry.get("qdq") if "int8" in precisions else None
+        if "int8" in precisions and not qdq:
+            notes["int8"]["mlopt_error"] = "no QDQ copy of this model: run bench/zoo/quantize.py"
+        if qdq:
+            engines["ort_int8"] = Worker("ort", {**base, "file": qdq})
+            if not args.no_openvino:
+                try:
+                    engines["ov_int8"] = Worker("ov", {**base, "file": qdq, "hint": "f32"})
+                except Exception as e:  # noqa: BLE001
+                    common["openvino_int8_error"] = str(e).splitlines()[0][:200]
         slug = entry["name"].replace("/", "_") + f".b{batch}.t{n}"
         for p in precisions:
             for who, exe in (("mlopt", args.mlopt), ("base", args.baseline)):
-                if not exe:
+                if not exe or (p == "int8" and not qdq):
                     continue
                 try:
-                    spec = {**base, "exe": exe, "precision": p, "work": str(Path(work) / f"{slug}.{p}.{who}"), "names": names, "outs": outs}
+                    # int8 is the QDQ copy compiled as it is: its quantization is in the file.
+                    model = {"file": str(Path(qdq).resolve()), "precision": "fp32"} if p == "int8" else {"precision": p}
+                    spec = {**base, "exe": exe, **model, "work": str(Path(work) / f"{slug}.{p}.{who}"), "names": names, "outs": outs}
                     engines[f"{who}_{p}"] = w = Worker("mlopt", spec)
                     if who == "mlopt":
                         notes[p]["compile_s"] = round(w.info["compile_s"], 2)
@@ -346,6 +361,10 @@ def run_model(args, entry, n, batch, precisions, work):
                 notes[p][f"{who}_err"] = e
             elif k != "ort":
                 common[f"{k}_err"] = e
+        if "mlopt_int8" in engines and "ort_int8" in engines:
+            # Beside the error against ORT's fp32: against ORT on the same quantized file.
+            same = mean_errors({"mlopt_int8": engines["mlopt_int8"]}, feeds, engines["ort_int8"])
+            notes["int8"]["mlopt_err_same_file"] = same["mlopt_int8"]
     except Exception as e:  # noqa: BLE001
         common["error"] = str(e)[:300]
         ms = {}
@@ -360,15 +379,37 @@ def run_model(args, entry, n, batch, precisions, work):
                 row[f"{who}_ms"] = round(ms[f"{who}_{p}"], 4)
         if p != "fp32" and "mlopt_fp32" in ms:
             row["mlopt_fp32_ms"] = round(ms["mlopt_fp32"], 4)
-        for k in ("ort", "ov_f32", "ov_bf16", "base", "mlopt_fp32"):
+        others = ("ort_int8", "ov_int8", "base", "mlopt_fp32") if p == "int8" else ("ort", "ov_f32", "ov_bf16", "base", "mlopt_fp32")
+        for k in others:
             if row.get("mlopt_ms") and row.get(f"{k}_ms"):
                 row[f"mlopt_over_{k.removeprefix('mlopt_')}"] = round(row["mlopt_ms"] / row[f"{k}_ms"], 3)
         rows.append(row)
     return rows
 
 
+def report_int8(rows, threads, batch):
+    """The int8 table: every engine on the same QDQ file, errors against ORT's fp32 on the float model
+    (and mlopt's against ORT on the same file)."""
+    print(f"\n## batch {batch}, precision int8 (the QDQ copies of bench/zoo/quantize.py)")
+    print("\n| model | threads | mlopt ms | ORT int8 ms | OV int8 ms | mlopt/ORT int8 | mlopt/OV int8 | mlopt/own fp32 | mlopt err | ORT int8 err | OV int8 err | mlopt vs ORT int8 | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        note = r.get("mlopt_error") or r.get("error")
+        print(
+            f"| {r['model']} | {r['threads']} | {fmt(r.get('mlopt_ms'), '.2f') if not note else 'error: ' + note[:60]} | {fmt(r.get('ort_int8_ms'))} | {fmt(r.get('ov_int8_ms'))} "
+            f"| {fmt(r.get('mlopt_over_ort_int8'))} | {fmt(r.get('mlopt_over_ov_int8'))} | {fmt(r.get('mlopt_over_fp32'))} | {fmt(r.get('mlopt_err'), '.1e')} | {fmt(r.get('ort_int8_err'), '.1e')} "
+            f"| {fmt(r.get('ov_int8_err'), '.1e')} | {fmt(r.get('mlopt_err_same_file'), '.1e')} | {fmt(r.get('compile_s'), '.1f')} |"
+        )
+    for n in threads:
+        sel = [r for r in rows if r["threads"] == n]
+        print(f"\ngeomean at {n} thread(s) over {sum(1 for r in sel if r.get('mlopt_over_ort_int8'))} models: mlopt/ORT int8 {fmt(geomean([r.get('mlopt_over_ort_int8') for r in sel]))}, "
+              f"mlopt/OV int8 {fmt(geomean([r.get('mlopt_over_ov_int8') for r in sel]))}, mlopt/own fp32 {fmt(geomean([r.get('mlopt_over_fp32') for r in sel]))}")
+
+
 def report(args, rows, threads, batch, precision):
     """The table, the baseline's, the geomeans and the runs off ORT for one batch and precision."""
+    if precision == "int8":
+        return report_int8(rows, threads, batch)
     print(f"\n## batch {batch}, precision {precision}")
     print(f"\n| model | threads | GFLOP | mlopt ms | ORT ms | OV f32 ms | OV bf16 ms | mlopt/ORT | mlopt/OV f32 | mlopt/OV bf16 | mlopt/own fp32 | mlopt GFLOP/s | mlopt err | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -406,7 +447,7 @@ def main():
     ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     ap.add_argument("--exporter", default="prefer-dynamo", choices=["prefer-dynamo", "dynamo", "torchscript"])
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, auto (all timed in the same rounds)")
+    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, auto, int8 (the QDQ copies of bench/zoo/quantize.py; with fp32 beside it, mlopt/own fp32); all timed in the same rounds")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (above 1: the TorchScript exports, whose batch dimension is symbolic)")
     ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")
@@ -419,9 +460,9 @@ def main():
     threads = [int(t) for t in args.threads.split(",")]
     batches = [int(b) for b in args.batch.split(",")]
     precisions = [p for p in args.precision.split(",") if p]
-    bad = [p for p in precisions if p not in ("fp32", "bf16", "auto")]
+    bad = [p for p in precisions if p not in ("fp32", "bf16", "auto", "int8")]
     if bad or not precisions or any(b < 1 for b in batches):
-        ap.error(f"--precision takes fp32, bf16 or auto and --batch positive sizes (got {args.precision!r}, {args.batch!r})")
+        ap.error(f"--precision takes fp32, bf16, auto or int8 and --batch positive sizes (got {args.precision!r}, {args.batch!r})")
     rows = []
     os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
     out = open(args.jsonl, "a")
