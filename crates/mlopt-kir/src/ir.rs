@@ -169,6 +169,12 @@ pub enum BinOp {
     Rem,
     Min,
     Max,
+    /// `atmost(a, b)` is `a < b ? a : b` and `atleast(a, b)` is `a > b ? a : b`: `b` wherever either is
+    /// NaN, and wherever they compare equal (+0 for `atleast(-0, +0)`), as x86's `minps`/`maxps` are.
+    /// A clamp whose NaN must become its bound (`Min` and `Max` propagate NaN, as ONNX's Min, Max and
+    /// Clip do): one instruction each.
+    AtMost,
+    AtLeast,
     Pow,
     Lt,
     Le,

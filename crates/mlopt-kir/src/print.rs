@@ -75,7 +75,7 @@ pub const UNOPS: [UnOp; 16] = [
     UnOp::Atan,
     UnOp::Not,
 ];
-pub const BINOPS: [BinOp; 17] = [
+pub const BINOPS: [BinOp; 19] = [
     BinOp::Add,
     BinOp::Sub,
     BinOp::Mul,
@@ -83,6 +83,8 @@ pub const BINOPS: [BinOp; 17] = [
     BinOp::Rem,
     BinOp::Min,
     BinOp::Max,
+    BinOp::AtMost,
+    BinOp::AtLeast,
     BinOp::Pow,
     BinOp::Lt,
     BinOp::Le,
@@ -105,6 +107,8 @@ pub fn binop_name(o: BinOp) -> &'static str {
         BinOp::Rem => "%",
         BinOp::Min => "min",
         BinOp::Max => "max",
+        BinOp::AtMost => "atmost",
+        BinOp::AtLeast => "atleast",
         BinOp::Pow => "pow",
         BinOp::Lt => "lt",
         BinOp::Le => "le",

@@ -53,43 +53,44 @@ pub fn simplify_kernel(k: &mut Kernel) {
 /// and by induction R(g(R(x))) = g(R(x)) = R(g(x)); NaNs pass through both unchanged. (Only a zero's
 /// sign may differ, where max(-0, 0) picks -0: a value that rounds to -0 in T.)
 pub fn round_once(e: &Expr, k: &Kernel) -> Expr {
-    let r = |x: &Expr| round_once(x, k);
-    let e = match e {
-        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => return e.clone(),
+    bottom_up(e, &|e| {
+        let Expr::Cast(t @ (Elem::BF16 | Elem::F16), inner) = &e else {
+            return e;
+        };
+        match unclamp(inner, *t, k) {
+            Some(g) => Expr::cast(*t, g),
+            None => e,
+        }
+    })
+}
+
+/// `e` rebuilt bottom-up with `f` applied to each node after its operands.
+fn bottom_up(e: &Expr, f: &dyn Fn(Expr) -> Expr) -> Expr {
+    let r = |x: &Expr| bottom_up(x, f);
+    f(match e {
+        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => e.clone(),
         Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(r).collect()),
         Expr::Unary(o, a) => Expr::un(*o, r(a)),
         Expr::Binary(o, a, b) => Expr::bin(*o, r(a), r(b)),
         Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
         Expr::Select(c, a, b) => Expr::select(r(c), r(a), r(b)),
         Expr::Cast(t, a) => Expr::cast(*t, r(a)),
-    };
-    let Expr::Cast(t @ (Elem::BF16 | Elem::F16), inner) = &e else {
-        return e;
-    };
-    match unclamp(inner, *t, k) {
-        Some(g) => Expr::cast(*t, g),
-        None => e,
-    }
+    })
 }
 
 /// `cast<F>(cast<T>(min(max(r, 0), hi)))` with `r` integer-valued in float type F, integer T and a whole
-/// `hi` that T and F both hold exactly: `select(m < hi, m, hi)` of `m = select(0 < r, r, 0)`. It is a
-/// QuantizeLinear followed by a DequantizeLinear (u8, or i8 from a ReLU), in every epilogue of a QDQ
-/// model. The two are equal: on numbers the casts return what the clamp gives, and a NaN, which the clamp
-/// passes and the cast turns into 0, fails `0 < r` and becomes 0 (infinities clamp to the bounds in
-/// both). The selects are one `maxps` and one `minps` on x86, where the clamp's NaN-propagating bounds
-/// and the two conversions took nine instructions a vector.
+/// `hi` that T and F both hold exactly: `atmost(atleast(r, 0), hi)`. It is a QuantizeLinear followed by
+/// a DequantizeLinear (u8, or i8 from a ReLU), in every epilogue of a QDQ model. The two are equal: on
+/// numbers the casts return what the clamp gives (+0 for -0 too), and a NaN, which the clamp passes and
+/// the cast turns into 0, fails `r > 0` and is 0 (infinities clamp to the bounds in both). These are one
+/// `maxps` and one `minps` on x86, where the clamp's NaN-propagating bounds and the two conversions took
+/// nine instructions a vector.
 pub fn quantized_once(e: &Expr, k: &Kernel) -> Expr {
-    let r = |x: &Expr| quantized_once(x, k);
-    let e = match e {
-        Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => return e.clone(),
-        Expr::Load(b, ix) => Expr::Load(*b, ix.iter().map(r).collect()),
-        Expr::Unary(o, a) => Expr::un(*o, r(a)),
-        Expr::Binary(o, a, b) => Expr::bin(*o, r(a), r(b)),
-        Expr::Fma(a, b, c) => Expr::fma(r(a), r(b), r(c)),
-        Expr::Select(c, a, b) => Expr::select(r(c), r(a), r(b)),
-        Expr::Cast(t, a) => Expr::cast(*t, r(a)),
-    };
+    bottom_up(e, &|e| unquantize(e, k))
+}
+
+/// `quantized_once` on one node whose operands are done.
+fn unquantize(e: Expr, k: &Kernel) -> Expr {
     let Expr::Cast(f @ (Elem::F32 | Elem::F64), narrow) = &e else {
         return e;
     };
@@ -113,43 +114,14 @@ pub fn quantized_once(e: &Expr, k: &Kernel) -> Expr {
         _ => (1u64 << 24) as f64,
     };
     let whole = **zero == Expr::Float(0.0, *f) && hi.fract() == 0.0 && (0.0..=most).contains(hi);
-    // The selects name `r` four times in the tree, and the code generator emits each: an `r` holding
-    // another round trip (DistilBERT's GELU between two quantize steps) grew the IR fourfold per level
-    // (LLVM merged the copies again, after 50 s of compiling). A rounded product plus a bias and a zero
-    // point is under twenty nodes.
-    if !whole || !integral(x, k) || nodes(x) > SMALL_EXPR {
+    if !whole || !integral(x, k) {
         return e;
     }
-    let (zero, hi) = (Expr::Float(0.0, *f), Expr::Float(*hi, *f));
-    let m = Expr::select(
-        Expr::bin(BinOp::Lt, zero.clone(), (**x).clone()),
-        (**x).clone(),
-        zero,
-    );
-    Expr::select(Expr::bin(BinOp::Lt, m.clone(), hi.clone()), m, hi)
-}
-
-/// The most nodes of a value `quantized_once` repeats.
-const SMALL_EXPR: usize = 24;
-
-/// The nodes of `e`'s tree, counted up to a bit past `SMALL_EXPR`.
-fn nodes(e: &Expr) -> usize {
-    let mut n = 0;
-    let mut todo = vec![e];
-    while let Some(e) = todo.pop() {
-        n += 1;
-        if n > SMALL_EXPR {
-            break;
-        }
-        match e {
-            Expr::Int(_) | Expr::Float(..) | Expr::Var(_) => {}
-            Expr::Load(_, ix) => todo.extend(ix),
-            Expr::Unary(_, a) | Expr::Cast(_, a) => todo.push(a),
-            Expr::Binary(_, a, b) => todo.extend([&**a, &**b]),
-            Expr::Fma(a, b, c) | Expr::Select(a, b, c) => todo.extend([&**a, &**b, &**c]),
-        }
-    }
-    n
+    Expr::bin(
+        BinOp::AtMost,
+        Expr::bin(BinOp::AtLeast, (**x).clone(), Expr::Float(0.0, *f)),
+        Expr::Float(*hi, *f),
+    )
 }
 
 /// Whether every value of `e` is a whole number, an infinity or NaN: rounded, converted from an integer,

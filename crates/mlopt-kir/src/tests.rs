@@ -1015,9 +1015,9 @@ fn a_fake_quantized_value_skips_the_integer_round_trip() {
             );
         }
     }
-    // Round trips nested eight deep (quantize steps around each op of an epilogue): the value each
-    // trip names four times is small, so the kernel's text grows by a constant per level (repeating a
-    // whole inner trip grew it fourfold per level, and LLVM took 50 s over DistilBERT's GELU).
+    // Round trips nested eight deep (quantize steps around each op of an epilogue): each names its value
+    // once, so the kernel's text grows by a constant per level (a form that repeated it grew fourfold
+    // per level, and LLVM took 50 s over DistilBERT's GELU).
     let mut nested = "%x[%i]".to_string();
     for _ in 0..8 {
         nested = format!(

@@ -185,6 +185,15 @@ pub fn binary<'c>(
             }
             BinOp::Min => return g.intrinsic("llvm.minimum", &[x, y]),
             BinOp::Max => return g.intrinsic("llvm.maximum", &[x, y]),
+            // The selects x86's `minps`/`maxps` compute, which LLVM emits as one of them.
+            BinOp::AtMost => {
+                let c = float_cmp(b, F::OLT, x, y)?;
+                return select(g, c, x, y);
+            }
+            BinOp::AtLeast => {
+                let c = float_cmp(b, F::OGT, x, y)?;
+                return select(g, c, x, y);
+            }
             BinOp::Pow if matches!(t, Elem::F32 | Elem::F64) => {
                 return crate::transcendental::pow(g, x, y, t)
             }
@@ -234,8 +243,12 @@ pub fn binary<'c>(
             }
             return select(g, is0, zero, q);
         }
-        BinOp::Min => return g.intrinsic(if u { "llvm.umin" } else { "llvm.smin" }, &[x, y]),
-        BinOp::Max => return g.intrinsic(if u { "llvm.umax" } else { "llvm.smax" }, &[x, y]),
+        BinOp::Min | BinOp::AtMost => {
+            return g.intrinsic(if u { "llvm.umin" } else { "llvm.smin" }, &[x, y])
+        }
+        BinOp::Max | BinOp::AtLeast => {
+            return g.intrinsic(if u { "llvm.umax" } else { "llvm.smax" }, &[x, y])
+        }
         BinOp::Lt => int_cmp(b, if u { I::ULT } else { I::SLT }, x, y)?,
         BinOp::Le => int_cmp(b, if u { I::ULE } else { I::SLE }, x, y)?,
         BinOp::Eq => int_cmp(b, I::EQ, x, y)?,
@@ -283,7 +296,8 @@ fn nan_min_max<'c>(
     x: BasicValueEnum<'c>,
     y: BasicValueEnum<'c>,
 ) -> Ret<BasicValueEnum<'c>> {
-    let m = if g.avx512 && lanes(x) > 8 || !g.avx {
+    // Up to 8 lanes in one ymm register where the target has AVX (every x86 level mlopt targets).
+    let m = if lanes(x) > 8 || !g.avx {
         let name = match o {
             BinOp::Max => "llvm.x86.avx512.max.ps.512",
             _ => "llvm.x86.avx512.min.ps.512",
@@ -549,7 +563,7 @@ impl<'c> Gen<'_, 'c> {
         rest: &[inkwell::values::BasicMetadataValueEnum<'c>],
     ) -> Ret<BasicValueEnum<'c>> {
         let lane0 = self.ctx.i32_type().const_zero();
-        let v16 = self.ctx.f32_type().vec_type(width);
+        let vt = self.ctx.f32_type().vec_type(width);
         let lanes = match floats[0] {
             BasicValueEnum::VectorValue(v) => Some(v.get_type().get_size()),
             _ => None,
@@ -561,7 +575,7 @@ impl<'c> Gen<'_, 'c> {
                 (BasicValueEnum::VectorValue(v), Some(_)) => self.padded(v, width)?.into(),
                 (v, _) => self
                     .builder
-                    .build_insert_element(v16.get_poison(), v, lane0, "wide")?
+                    .build_insert_element(vt.get_poison(), v, lane0, "wide")?
                     .into(),
             };
             args.push(wide.into());

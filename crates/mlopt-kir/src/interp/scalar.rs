@@ -198,8 +198,8 @@ pub(super) fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
         let r = match o {
             BinOp::Div => a.checked_div(b),
             BinOp::Rem => a.checked_rem(b),
-            BinOp::Min => Some(a.min(b)),
-            BinOp::Max => Some(a.max(b)),
+            BinOp::Min | BinOp::AtMost => Some(a.min(b)),
+            BinOp::Max | BinOp::AtLeast => Some(a.max(b)),
             BinOp::Shr => Some(if b >= 64 { 0 } else { a >> b }),
             _ => None,
         };
@@ -220,8 +220,8 @@ pub(super) fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
                 BinOp::Mul => a.wrapping_mul(b),
                 BinOp::Div => a.checked_div(b).unwrap_or(0),
                 BinOp::Rem => a.checked_rem(b).unwrap_or(0),
-                BinOp::Min => a.min(b),
-                BinOp::Max => a.max(b),
+                BinOp::Min | BinOp::AtMost => a.min(b),
+                BinOp::Max | BinOp::AtLeast => a.max(b),
                 BinOp::Pow => a
                     .checked_pow(b.clamp(0, u32::MAX as i64) as u32)
                     .unwrap_or(0),
@@ -260,6 +260,20 @@ pub(super) fn binary(o: BinOp, x: V, y: V, t: Elem) -> V {
                     f64::NAN
                 } else {
                     a.max(b)
+                }
+            }
+            BinOp::AtMost => {
+                if a < b {
+                    a
+                } else {
+                    b
+                }
+            }
+            BinOp::AtLeast => {
+                if a > b {
+                    a
+                } else {
+                    b
                 }
             }
             BinOp::Pow => a.powf(b),
