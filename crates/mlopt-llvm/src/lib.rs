@@ -11,6 +11,7 @@ mod bf16_dot;
 mod codegen;
 mod elf;
 mod entry;
+mod kernel_fn;
 mod locals;
 mod memory;
 pub use batch::{batch_entry, BatchPlan};

@@ -10,9 +10,9 @@
 //! threads; the weights in an object of their own (`elf.rs`). Then `default<O3>` and an object file per
 //! module.
 
-use crate::codegen::{declare_kernel, define_kernel};
 use crate::entry::define_entry;
 use crate::error::{LlvmError, Result};
+use crate::kernel_fn::{declare_kernel, define_kernel};
 pub(crate) use crate::unrolling::Unrolling;
 use inkwell::context::Context;
 use inkwell::module::Linkage;
