@@ -114,6 +114,39 @@ fn gpu_kernel_dumps_round_trip() {
     }
 }
 
+/// Kernels identical but for their names (a repeated layer) are compiled once: the LLVM IR defines one
+/// function for them, the PTX has an entry under each name (the launch table names every kernel), and
+/// ptxas's figures reach every copy. The transformer fixture repeats its layer.
+#[test]
+fn repeated_kernels_compile_once_and_keep_their_names() {
+    let c = compiled("transformer", "sm_80", Precision::Fp32);
+    let copies: Vec<&(String, String)> =
+        c.ptx.sharing.iter().filter(|(k, code)| k != code).collect();
+    assert!(
+        !copies.is_empty(),
+        "the transformer fixture repeats no kernel"
+    );
+    let defined = c.ptx.llvm_ir.matches("\ndefine ").count();
+    assert_eq!(defined + copies.len(), c.program.kernels.len());
+    let figures = |name: &str| {
+        c.kernels
+            .iter()
+            .find(|k| k.name == name)
+            .and_then(|k| k.ptxas.clone())
+            .unwrap_or_else(|| panic!("no ptxas figures for @{name}"))
+    };
+    for (kernel, code) in copies {
+        assert!(
+            c.ptx.ptx.contains(&format!(".entry {kernel}(")),
+            "no entry @{kernel}"
+        );
+        assert_eq!(figures(kernel).registers, figures(code).registers);
+    }
+    for k in &c.program.kernels {
+        assert_eq!(c.ptx.ptx.matches(&format!(".entry {}(", k.name)).count(), 1);
+    }
+}
+
 /// Model-sized contractions, built in the graph IR with splat weights: ResNet-50's 3x3 and 1x1
 /// convolutions (stride 1, padded, with the bias of a folded batch norm) and a BERT-base FFN projection.
 fn model_sized() -> Vec<(&'static str, mlopt_ir::Graph)> {

@@ -8,6 +8,7 @@ use crate::error::{DriverError, Result};
 use mlopt_kir::Program;
 use mlopt_llvm::{c_name, PtxOutput};
 use mlopt_target::{GpuTarget, MatrixPrecision};
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,6 +84,33 @@ pub fn find_ptxas() -> Option<PathBuf> {
         dir = d.parent().map(Path::to_path_buf);
     }
     None
+}
+
+/// Assembles the distinct kernels of `ptx` for `arch`, its parts on threads (one ptxas each); returns
+/// every kernel's figures (a copy has those of the kernel it copies), or ptxas's first errors.
+pub fn assemble(ptxas: &Path, ptx: &PtxOutput, arch: &str) -> Result<Vec<(String, Ptxas)>> {
+    let parts: Vec<Result<Vec<(String, Ptxas)>>> = std::thread::scope(|s| {
+        let runs: Vec<_> = ptx
+            .parts
+            .iter()
+            .map(|part| s.spawn(move || run_ptxas(ptxas, part, arch)))
+            .collect();
+        runs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(DriverError::Io("a ptxas thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut figures: HashMap<String, Ptxas> = HashMap::new();
+    for part in parts {
+        figures.extend(part?);
+    }
+    Ok(ptx
+        .sharing
+        .iter()
+        .filter_map(|(kernel, code)| Some((kernel.clone(), figures.get(code)?.clone())))
+        .collect())
 }
 
 /// Assembles `ptx` for `arch` with `ptxas -v`; returns each entry's figures, or ptxas's errors.

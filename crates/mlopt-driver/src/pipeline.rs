@@ -343,7 +343,7 @@ fn schedule(s: &mut State) -> Result<()> {
         let figures = match &ptxas {
             Some(p) => Some(
                 s.times
-                    .stage("ptxas", || crate::gpu::run_ptxas(p, &ptx.ptx, &t.name))?,
+                    .stage("ptxas", || crate::gpu::assemble(p, &ptx, &t.name))?,
             ),
             None => None,
         };

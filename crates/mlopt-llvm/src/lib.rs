@@ -22,6 +22,7 @@ mod math;
 mod parallel;
 mod program;
 mod ptx;
+mod threads;
 mod transcendental;
 mod transpose;
 mod unrolling;

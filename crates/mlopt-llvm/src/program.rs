@@ -13,6 +13,7 @@
 use crate::entry::define_entry;
 use crate::error::{LlvmError, Result};
 use crate::kernel_fn::{declare_kernel, define_kernel};
+use crate::threads::{on_threads, Sharing};
 pub(crate) use crate::unrolling::Unrolling;
 use inkwell::context::Context;
 use inkwell::module::Linkage;
@@ -41,9 +42,6 @@ pub struct Output {
     /// (`elf::data_object` of all of them shares equal bytes).
     pub weights: Vec<(String, std::sync::Arc<Vec<u8>>)>,
 }
-
-/// The stack of each code generation thread (address space, committed only as used).
-const CODEGEN_STACK: usize = 64 << 20;
 
 /// The longest library name, in bytes: its files (`lib<name>.a`, `<name>.optimized.gir`) stay within
 /// the 255 bytes file systems take, and its symbols and macros within what any linker keeps apart.
@@ -204,70 +202,19 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         && kernels
             .iter()
             .any(|k| mlopt_kir::analysis::has_mma(&k.body));
-    // Kernels that differ only in name (a repeated layer: its weights are arguments) share one
-    // function, so LLVM compiles each distinct kernel once.
-    let mut first: HashMap<String, usize> = HashMap::new();
-    let mut sizes = Vec::with_capacity(kernels.len());
-    let same: Vec<usize> = kernels
-        .iter()
-        .enumerate()
-        .map(|(i, k)| {
-            let mut key = k.clone();
-            key.name.clear();
-            let text = mlopt_kir::print::kernel(&key);
-            sizes.push(text.len());
-            *first.entry(text).or_insert(i)
-        })
-        .collect();
-    // Each distinct kernel is compiled in a module of its own group, groups on threads (own LLVM
-    // contexts), balanced by kernel size; the entry point's module declares them.
+    // Kernels that differ only in name share one function, and the distinct ones are compiled in
+    // groups on threads (`threads.rs`); the entry point's module declares them.
     let symbol = |i: usize| format!("mlopt_{}_{}", c_name(&p.name), kernels[i].name);
-    let distinct: Vec<usize> = (0..kernels.len()).filter(|i| same[*i] == *i).collect();
-    let jobs = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, distinct.len().max(1));
-    let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); jobs];
-    let mut by_size: Vec<(usize, usize)> = distinct.iter().map(|&i| (sizes[i], i)).collect();
-    by_size.sort_by(|a, b| b.cmp(a));
-    for (size, i) in by_size {
-        if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
-            g.0 += size;
-            g.1.push(i);
-        }
-    }
-    let compiled: Vec<Result<Vec<KernelModule>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = groups
-            .iter()
-            .filter(|g| !g.1.is_empty())
-            .map(|(_, group)| {
-                let (kernels, symbol) = (&kernels, &symbol);
-                // A stack for the model's work, not the 2 MiB default: LLVM and the code generator
-                // recurse over the kernels' expressions (only what is touched is committed).
-                std::thread::Builder::new()
-                    .stack_size(CODEGEN_STACK)
-                    .spawn_scoped(s, move || kernel_module(p, kernels, group, symbol, t))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.map_err(|e| {
-                    LlvmError::Codegen(format!("starting a code generation thread: {e}"))
-                })?
-                .join()
-                .unwrap_or_else(|_| {
-                    Err(LlvmError::Codegen(
-                        "a code generation thread panicked".into(),
-                    ))
-                })
-            })
-            .collect()
-    });
+    let sharing = Sharing::of(&kernels);
+    let distinct = sharing.distinct();
+    let compiled = on_threads(&sharing.groups(), |group| {
+        kernel_module(p, &kernels, group, &symbol, t)
+    })?;
     let declared: HashMap<usize, _> = distinct
         .iter()
         .map(|&i| (i, declare_kernel(&c, &m, &kernels[i], &symbol(i))))
         .collect();
-    let fns: Vec<_> = same.iter().map(|i| declared[i]).collect();
+    let fns: Vec<_> = sharing.same.iter().map(|i| declared[i]).collect();
     define_entry(&c, &m, p, &weights, &fns, t, (amx, profile))?;
     m.verify()
         .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
@@ -292,7 +239,7 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
         std::collections::BTreeMap::new(),
     );
     for r in compiled {
-        for km in r? {
+        for km in r {
             before.extend(km.before);
             after.extend(km.after);
             objects.push(km.object);

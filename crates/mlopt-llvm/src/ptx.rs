@@ -10,6 +10,7 @@
 
 use crate::codegen::{err, ty, Gen, Ret};
 use crate::error::{LlvmError, Result};
+use crate::threads::{on_threads, Sharing};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
 use inkwell::targets::{
@@ -20,12 +21,19 @@ use inkwell::values::{BasicValueEnum, FunctionValue, IntValue};
 use inkwell::{AddressSpace, OptimizationLevel};
 use mlopt_kir::{Block, Elem, Kernel, Program, Space, UnOp};
 use mlopt_target::GpuTarget;
+use std::collections::HashMap;
 
-/// What `compile_ptx` makes: the PTX module and the LLVM IR it came from (before optimisation).
+/// What `compile_ptx` makes: the PTX module, the LLVM IR it came from (before optimisation), and what
+/// ptxas needs to assemble it on threads.
 #[derive(Debug, Clone)]
 pub struct PtxOutput {
     pub ptx: String,
     pub llvm_ir: String,
+    /// The distinct kernels' code as a few PTX modules (the groups compiled on threads), which together
+    /// hold every entry of `ptx` that is not a copy: what ptxas checks, one module per thread.
+    pub parts: Vec<String>,
+    /// Each kernel's name and the name of the kernel whose code it copies (its own where distinct).
+    pub sharing: Vec<(String, String)>,
 }
 
 fn machine(t: &GpuTarget) -> Result<TargetMachine> {
@@ -44,30 +52,107 @@ fn machine(t: &GpuTarget) -> Result<TargetMachine> {
         .ok_or_else(|| LlvmError::Llvm(format!("no NVPTX target machine for {}", t.name)))
 }
 
-/// Compiles every kernel of a GPU program (each in the form `mlopt_kir::gpu` checks) into one PTX module.
+/// The name each kernel is compiled under, in a module of its own; its PTX text then takes the
+/// kernel's name in its place, so kernels identical but for their names (a repeated layer) compile
+/// once. No PTX name has this form (registers are `%r..`, labels `$L..`).
+const ENTRY: &str = "mlopt_kernel_entry";
+
+/// Compiles every kernel of a GPU program (each in the form `mlopt_kir::gpu` checks) into one PTX module:
+/// each distinct kernel in an LLVM module of its own, on threads (`threads.rs`), and the texts joined
+/// under one header in program order.
 pub fn compile_ptx(p: &Program, t: &GpuTarget) -> Result<PtxOutput> {
-    let c = Context::create();
-    let tm = machine(t)?;
-    let m = crate::program::module_for(&c, &p.name, &tm);
-    for k in &p.kernels {
-        let launch = mlopt_kir::gpu::launch(k).ok_or_else(|| {
-            LlvmError::Codegen(format!(
-                "kernel @{} is not a GPU kernel (no gpu.block loop)",
-                k.name
-            ))
-        })?;
-        define(&c, &m, k, launch.block)
-            .map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
+    // Initialises the NVPTX target once, before the threads each make their machine.
+    machine(t)?;
+    let sharing = Sharing::of(&p.kernels);
+    let groups = sharing.groups();
+    let compiled = on_threads(&groups, |group| {
+        let c = Context::create();
+        let tm = machine(t)?;
+        group
+            .iter()
+            .map(|&i| kernel_ptx(&c, &tm, &p.kernels[i]).map(|code| (i, code)))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let code: HashMap<usize, (String, String)> = compiled.into_iter().flatten().collect();
+    let part = |i: usize| -> Result<(&str, &str, &str)> {
+        let (ir, ptx) = code
+            .get(&sharing.same[i])
+            .ok_or_else(|| err(format!("kernel {i} was not compiled")))?;
+        let (header, body) = split_header(ptx);
+        Ok((header, body, ir))
+    };
+    let name = |i: usize| p.kernels[i].name.as_str();
+    let header = match p.kernels.is_empty() {
+        true => String::new(),
+        false => part(0)?.0.to_string(),
+    };
+    let (mut ptx, mut llvm_ir) = (header.clone(), String::new());
+    for i in 0..p.kernels.len() {
+        let (_, body, ir) = part(i)?;
+        ptx.push_str(&body.replace(ENTRY, name(i)));
+        if sharing.same[i] == i {
+            let copies: Vec<&str> = (i + 1..p.kernels.len())
+                .filter(|&j| sharing.same[j] == i)
+                .map(name)
+                .collect();
+            if !copies.is_empty() {
+                llvm_ir.push_str(&format!(
+                    "; the same code as @{}: @{}\n",
+                    name(i),
+                    copies.join(", @")
+                ));
+            }
+            llvm_ir.push_str(&ir.replace(ENTRY, name(i)));
+        }
     }
+    let mut parts = Vec::new();
+    for group in &groups {
+        let mut text = header.clone();
+        for &i in group {
+            text.push_str(&part(i)?.1.replace(ENTRY, name(i)));
+        }
+        parts.push(text);
+    }
+    let sharing = (0..p.kernels.len())
+        .map(|i| (name(i).to_string(), name(sharing.same[i]).to_string()))
+        .collect();
+    Ok(PtxOutput {
+        ptx,
+        llvm_ir,
+        parts,
+        sharing,
+    })
+}
+
+/// One kernel in a module of its own under the name `ENTRY`: its LLVM IR before optimisation, and its
+/// PTX text.
+fn kernel_ptx(c: &Context, tm: &TargetMachine, k: &Kernel) -> Result<(String, String)> {
+    let launch = mlopt_kir::gpu::launch(k).ok_or_else(|| {
+        LlvmError::Codegen(format!(
+            "kernel @{} is not a GPU kernel (no gpu.block loop)",
+            k.name
+        ))
+    })?;
+    let m = crate::program::module_for(c, ENTRY, tm);
+    define(c, &m, k, ENTRY, launch.block)
+        .map_err(|e| LlvmError::Codegen(format!("kernel @{}: {e}", k.name)))?;
     m.verify()
-        .map_err(|e| LlvmError::Llvm(format!("invalid module: {e}")))?;
+        .map_err(|e| LlvmError::Llvm(format!("kernel @{}: invalid module: {e}", k.name)))?;
     let llvm_ir = m.print_to_string().to_string();
-    crate::program::optimise(&m, &tm, crate::program::Unrolling::Llvm)?;
-    let buf = crate::program::write(&m, &tm, FileType::Assembly)?;
+    crate::program::optimise(&m, tm, crate::program::Unrolling::Llvm)?;
+    let buf = crate::program::write(&m, tm, FileType::Assembly)?;
     let ptx = String::from_utf8_lossy(&buf)
         .trim_end_matches('\0')
         .to_string();
-    Ok(PtxOutput { ptx, llvm_ir })
+    Ok((llvm_ir, ptx))
+}
+
+/// A PTX module's header (through its `.address_size` line) and the rest.
+fn split_header(ptx: &str) -> (&str, &str) {
+    let end = ptx.find(".address_size").map_or(0, |at| {
+        ptx[at..].find('\n').map_or(ptx.len(), |e| at + e + 1)
+    });
+    ptx.split_at(end)
 }
 
 /// One kernel entry: parameters are `.global` pointers in the kernel's parameter order.
@@ -75,13 +160,14 @@ fn define<'c>(
     c: &'c Context,
     m: &inkwell::module::Module<'c>,
     k: &Kernel,
+    name: &str,
     threads: u64,
 ) -> Ret<FunctionValue<'c>> {
     let global = c.ptr_type(AddressSpace::from(1));
     let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
         k.params().iter().map(|_| global.into()).collect();
     let f = m.add_function(
-        &k.name,
+        name,
         c.void_type().fn_type(&params, false),
         Some(Linkage::External),
     );
@@ -115,7 +201,7 @@ fn define<'c>(
             let gv = m.add_global(
                 arr,
                 Some(AddressSpace::from(3)),
-                &format!("{}_{}", k.name, buf.name),
+                &format!("{name}_{}", buf.name),
             );
             gv.set_initializer(&arr.get_undef());
             gv.set_linkage(Linkage::Internal);
