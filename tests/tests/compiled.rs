@@ -646,6 +646,58 @@ fn running_sums_and_products_compile_in_order() {
     }
 }
 
+/// Mod with fmod=0 on floats (opset 28) is Python's %: the divisor's sign, a zero result's too, with
+/// infinities and NaN as numpy gives them (ONNX's edge-case test). The interpreter gives these values,
+/// and compiled code the same bits (any NaN for a NaN).
+#[test]
+fn float_mod_takes_the_divisors_sign_compiled_as_interpreted() {
+    use mlopt_ir::{Binary, DType, Op, Tensor, TensorType};
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let x = [
+        0.0, -0.0, 0.0, -0.0, -3.0, 3.0, -1.0, 1.0, inf, -inf, 1.0, 1.0, nan, 1.0, -4.5, 4.5,
+    ];
+    let y = [
+        -2.0, 2.0, 2.0, -2.0, inf, inf, -inf, -inf, 2.0, 2.0, 0.0, -0.0, 2.0, nan, 2.0, -2.0,
+    ];
+    let want = [
+        -0.0, 0.0, 0.0, -0.0, inf, 3.0, -1.0, -inf, nan, nan, nan, nan, nan, nan, 1.5, -1.5,
+    ];
+    let n = x.len();
+    let mut g = mlopt_ir::Graph::new("pymod");
+    let ty = TensorType::new(DType::F32, vec![n]);
+    let (a, b) = (g.add_input("x", ty.clone()), g.add_input("y", ty));
+    let m = g
+        .add(Op::Binary(Binary::Mod { fmod: false }), "m", &[a, b])
+        .unwrap();
+    g.add_output("m", m);
+    let inputs = std::collections::HashMap::from([
+        ("x".to_string(), Tensor::from_vec(&[n], x.to_vec()).unwrap()),
+        ("y".to_string(), Tensor::from_vec(&[n], y.to_vec()).unwrap()),
+    ]);
+    let same = |got: &[f64], what: &str| {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let g = *g as f32;
+            assert!(
+                (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                "{what}: mod({}, {}) = {g}, want {w}",
+                x[i],
+                y[i]
+            );
+        }
+    };
+    same(
+        &interp::run(&g, &inputs).unwrap()[0].1.to_f64_vec(),
+        "interpreter",
+    );
+    let c = compile(
+        &g,
+        &Options::new(Config::new(Target::named("host", 1).unwrap())),
+    )
+    .unwrap();
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    same(&got[0].1.to_f64_vec(), "compiled");
+}
+
 /// Every kernel IR operator on every element type it takes (the unsigned ones with their top bit set), in
 /// a serial loop and 8- and 16-lane vector
 /// loops: the compiled code computes what the kernel IR interpreter does, on values that reach the edges

@@ -306,20 +306,30 @@ pub fn binary(op: Binary, x: Expr, y: Expr, t: Elem) -> Option<Expr> {
         Binary::Div => Expr::bin(BinOp::Div, x, y),
         Binary::Pow if t.is_float() => Expr::bin(BinOp::Pow, x, y),
         Binary::Mod { fmod: true } => Expr::bin(BinOp::Rem, x, y),
-        Binary::Mod { fmod: false } if !t.is_float() => {
-            // The result takes the divisor's sign (Python's %).
+        Binary::Mod { fmod: false } => {
+            // The result takes the divisor's sign (Python's %), a float's zero too (opset 28).
             let r = Expr::bin(BinOp::Rem, x, y.clone());
             let zero = lit(0.0, t);
+            let is_zero = Expr::bin(BinOp::Eq, r.clone(), zero.clone());
+            let negative = Expr::bin(BinOp::Lt, y.clone(), zero.clone());
             let fix = Expr::bin(
                 BinOp::And,
                 Expr::bin(BinOp::Ne, r.clone(), zero.clone()),
                 Expr::bin(
                     BinOp::Ne,
-                    Expr::bin(BinOp::Lt, r.clone(), zero.clone()),
-                    Expr::bin(BinOp::Lt, y.clone(), zero),
+                    Expr::bin(BinOp::Lt, r.clone(), zero),
+                    negative.clone(),
                 ),
             );
-            Expr::select(fix, Expr::bin(BinOp::Add, r.clone(), y), r)
+            let fixed = Expr::select(fix, Expr::bin(BinOp::Add, r.clone(), y), r);
+            match t.is_float() {
+                true => Expr::select(
+                    is_zero,
+                    Expr::select(negative, lit(-0.0, t), lit(0.0, t)),
+                    fixed,
+                ),
+                false => fixed,
+            }
         }
         Binary::PRelu => Expr::select(
             Expr::bin(BinOp::Lt, x.clone(), lit(0.0, t)),

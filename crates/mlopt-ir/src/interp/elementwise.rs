@@ -98,7 +98,16 @@ macro_rules! arith_float {
             fn div(self, o: Self) -> Option<Self> { Some(self / o) }
             fn rem(self, o: Self, fmod: bool) -> Option<Self> {
                 let r = self % o;
-                Some(if !fmod && r != 0.0 && ((r < 0.0) != (o < 0.0)) { r + o } else { r })
+                // Python's % (fmod=0, opset 28): the divisor's sign, a zero result included.
+                Some(if fmod {
+                    r
+                } else if r == 0.0 {
+                    if o < 0.0 { -0.0 } else { 0.0 }
+                } else if (r < 0.0) != (o < 0.0) {
+                    r + o
+                } else {
+                    r
+                })
             }
             fn max_(self, o: Self) -> Self { if self.is_nan() || o.is_nan() { <$t>::NAN } else { self.max(o) } }
             fn min_(self, o: Self) -> Self { if self.is_nan() || o.is_nan() { <$t>::NAN } else { self.min(o) } }
