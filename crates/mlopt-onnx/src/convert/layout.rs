@@ -134,13 +134,14 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "SpaceToDepth" => {
                 let blocksize = cx
                     .int_opt("blocksize")?
-                    .ok_or_else(|| cx.err("attribute 'blocksize' is required"))?;
-                vec![cx.add1(
-                    Op::SpaceToDepth {
-                        blocksize: blocksize.max(0) as usize,
-                    },
-                    &[cx.req(0)?],
-                )?]
+                    .ok_or_else(|| cx.err("attribute 'blocksize' is required"))?
+                    .max(0) as usize;
+                let x = cx.req(0)?;
+                match cx.string("mode", "DCR")?.as_str() {
+                    "DCR" => vec![cx.add1(Op::SpaceToDepth { blocksize }, &[x])?],
+                    "CRD" => vec![space_to_depth_crd(cx, x, blocksize)?],
+                    m => return Err(cx.err(format!("mode='{m}' must be DCR or CRD"))),
+                }
             }
             "Trilu" => {
                 let upper = cx.int("upper", 1)? != 0;
@@ -735,4 +736,37 @@ fn upsample(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         roi: vec![],
     };
     cx.add1(Op::Resize(attrs), &[x])
+}
+
+/// SpaceToDepth in column-row-depth order (`mode="CRD"`, opset 26): output channel `c b^2 + i b + j`
+/// for the block's row `i` and column `j`, where the default (DCR, the IR's op) gives `(i b + j) C + c`.
+/// Written as the reshape, transpose and reshape the specification defines it by.
+fn space_to_depth_crd(cx: &mut NodeCx<'_, '_>, x: Value, b: usize) -> Result<Value> {
+    let t = cx.ty(x).clone();
+    let &[n, c, h, w] = t.shape.as_slice() else {
+        return Err(cx.err_in(0, format!("the input is {t}, not 4-D")));
+    };
+    if b == 0 || h % b != 0 || w % b != 0 {
+        return Err(cx.err(format!(
+            "blocksize {b} does not divide the input's height {h} and width {w}"
+        )));
+    }
+    let blocks = cx.add1(
+        Op::Reshape {
+            shape: vec![n, c, h / b, b, w / b, b],
+        },
+        &[x],
+    )?;
+    let moved = cx.add1(
+        Op::Transpose {
+            perm: vec![0, 1, 3, 5, 2, 4],
+        },
+        &[blocks],
+    )?;
+    cx.add1(
+        Op::Reshape {
+            shape: vec![n, c * b * b, h / b, w / b],
+        },
+        &[moved],
+    )
 }
