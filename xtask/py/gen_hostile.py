@@ -547,6 +547,20 @@ def _():
     return m
 
 
+# An opset below 7 is read where every op is defined as at opset 7 (Not is unchanged since opset 1); an op
+# that was defined otherwise then (Add's legacy broadcast attributes before opset 7) is refused by name.
+@case("opset1_not", expect="ok", good={"x": np.array([True, False, True], np.bool_)})
+def _():
+    return model([h.make_node("Not", ["x"], ["y"], name="not")], [vi("x", T.BOOL, [3])],
+                 [vi("y", T.BOOL, None)], opset=1)
+
+
+@case("opset5_add_legacy", needle="node 'add' (Add) is defined otherwise at opset 7")
+def _():
+    return model([h.make_node("Add", ["x", "x"], ["y"], name="add")], [f32("x", [3])], [f32("y", None)],
+                 opset=5)
+
+
 # --- Control flow: an If whose condition is known at compile time is its branch ------------------------
 
 

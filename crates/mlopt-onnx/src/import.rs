@@ -18,7 +18,7 @@ use std::path::Path;
 /// tensor), new attributes and inputs (Cast's `round_mode`, Range's `stash_type`, SpaceToDepth's
 /// `mode`, Attention's `nonpad_kv_seqlen` and windows: a converter refuses any attribute or input it
 /// does not read), and semantics made precise where earlier opsets were silent (BitShift by the width or
-/// more; Mod's float `fmod=0`, which mlopt refuses), which mlopt follows at every opset.
+/// more; Mod's float `fmod=0`, Python's %), which mlopt follows at every opset.
 pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=14;
 pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
@@ -147,14 +147,74 @@ pub fn default_opset(model: &ModelProto) -> Result<i64> {
     let opset = opset.ok_or_else(|| {
         OnnxError::Model("no opset is imported for the default ONNX domain".into())
     })?;
+    if (1..*OPSETS.start()).contains(&opset) {
+        return older_opset(model, opset);
+    }
     if !OPSETS.contains(&opset) {
         return Err(OnnxError::Model(format!(
-            "opset {opset} is not supported (mlopt reads opsets {}..={})",
+            "opset {opset} is not supported (mlopt reads opsets {}..={}, and older ones whose ops \
+             are defined as at opset {})",
             OPSETS.start(),
-            OPSETS.end()
+            OPSETS.end(),
+            OPSETS.start()
         )));
     }
     Ok(opset)
+}
+
+/// The default-domain ops whose opset-7 definition is older than opset 7, with the opset it dates from
+/// (onnx's schema history): a model of an older opset whose every op is here, from that opset or an
+/// earlier one, means what it would at opset 7. Ops defined anew at 6 or 7 (Add's legacy broadcast, Cast's
+/// `to` as a string before 6, BatchNormalization's `consumed_inputs`) are not, or date from then.
+#[rustfmt::skip]
+const UNCHANGED_SINCE: &[(&str, i64)] = &[
+    ("Abs", 6), ("ArgMax", 1), ("ArgMin", 1), ("Cast", 6), ("Ceil", 6), ("Clip", 6), ("Concat", 4),
+    ("Constant", 1), ("Conv", 1), ("ConvTranspose", 1), ("DepthToSpace", 1), ("Elu", 6), ("Exp", 6),
+    ("Flatten", 1), ("Floor", 6), ("Gather", 1), ("GlobalAveragePool", 1), ("GlobalLpPool", 2),
+    ("GlobalMaxPool", 1), ("HardSigmoid", 6), ("Hardmax", 1), ("Identity", 1), ("If", 1),
+    ("InstanceNormalization", 6), ("LRN", 1), ("LeakyRelu", 6), ("Log", 6), ("LogSoftmax", 1),
+    ("Loop", 1), ("LpNormalization", 1), ("LpPool", 2), ("MatMul", 1), ("Max", 6), ("MaxPool", 1),
+    ("MaxRoiPool", 1), ("Mean", 6), ("Min", 6), ("Neg", 6), ("Not", 1), ("Pad", 2), ("RandomNormal", 1),
+    ("RandomNormalLike", 1), ("RandomUniform", 1), ("RandomUniformLike", 1), ("Reciprocal", 6),
+    ("ReduceL1", 1), ("ReduceL2", 1), ("ReduceLogSum", 1), ("ReduceLogSumExp", 1), ("ReduceMax", 1),
+    ("ReduceMean", 1), ("ReduceMin", 1), ("ReduceProd", 1), ("ReduceSum", 1), ("ReduceSumSquare", 1),
+    ("Relu", 6), ("Reshape", 5), ("Selu", 6), ("Shape", 1), ("Sigmoid", 6), ("Size", 1), ("Slice", 1),
+    ("Softmax", 1), ("Softplus", 1), ("Softsign", 1), ("SpaceToDepth", 1), ("Split", 2), ("Sqrt", 6),
+    ("Squeeze", 1), ("Sum", 6), ("Tanh", 6), ("Tile", 6), ("TopK", 1), ("Transpose", 1),
+    ("Unsqueeze", 1),
+];
+
+/// A model of default-domain opset `opset` below 7, read as opset 7 when each of its nodes (in subgraphs
+/// too) is an op that `UNCHANGED_SINCE` dates from `opset` or earlier; else an error naming the first
+/// node that is not.
+fn older_opset(model: &ModelProto, opset: i64) -> Result<i64> {
+    fn check(g: &crate::proto::GraphProto, opset: i64) -> Result<()> {
+        for n in &g.node {
+            let since = (n.domain.is_empty() || n.domain == "ai.onnx")
+                .then(|| UNCHANGED_SINCE.iter().find(|(op, _)| *op == n.op_type))
+                .flatten()
+                .map(|(_, since)| *since);
+            if since.is_none_or(|since| since > opset) {
+                return Err(OnnxError::Model(format!(
+                    "opset {opset}: node '{}' ({}) is defined otherwise at opset {}, the oldest mlopt \
+                     reads (an older model is read when its ops are unchanged since its opset)",
+                    n.name,
+                    n.op_type,
+                    OPSETS.start()
+                )));
+            }
+            for a in &n.attribute {
+                for sub in a.g.iter().chain(&a.graphs) {
+                    check(sub, opset)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    if let Some(g) = &model.graph {
+        check(g, opset)?;
+    }
+    Ok(*OPSETS.start())
 }
 
 /// Declared dimensions: a size, or `None` with the symbol of a symbolic or unknown dimension.
