@@ -4,7 +4,7 @@
 
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{normalize_axis, ConvAttrs, Op, PoolAttrs, ReduceKind, Value};
+use mlopt_ir::{normalize_axis, Binary, ConvAttrs, Op, PoolAttrs, ReduceKind, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "Softmax",
@@ -58,21 +58,19 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             }
             "Conv" | "ConvTranspose" => vec![conv(cx, op == "ConvTranspose")?],
             "BatchNormalization" => {
-                if cx.int("training_mode", 0)? != 0 {
-                    return Err(
-                        cx.err("training_mode=1 is not supported (mlopt compiles inference)")
-                    );
-                }
                 if cx.int("spatial", 1)? != 1 {
                     return Err(cx.err("spatial=0 is not supported"));
                 }
                 cx.int("is_test", 1)?;
-                cx.float("momentum", 0.9)?;
+                let momentum = cx.float("momentum", 0.9)?;
                 let op = Op::BatchNorm {
                     epsilon: cx.float("epsilon", 1e-5)?,
                 };
                 let ins: Vec<Value> = (0..5).map(|i| cx.req(i)).collect::<Result<_>>()?;
-                vec![cx.add1(op, &ins)?]
+                match cx.int("training_mode", 0)? != 0 {
+                    true => batch_norm_training(cx, op, &ins, momentum)?,
+                    false => vec![cx.add1(op, &ins)?],
+                }
             }
             "InstanceNormalization" => {
                 let op = Op::InstanceNorm {
@@ -446,4 +444,63 @@ fn reduce(cx: &mut NodeCx<'_, '_>, op: &str, kind: ReduceKind) -> Result<Value> 
         },
         &[x],
     )
+}
+
+/// BatchNormalization with `training_mode=1` (opset 14): normalised by the batch's own statistics (the
+/// mean and population variance over every axis but the channels), and the running statistics updated,
+/// `mean * momentum + batch_mean * (1 - momentum)` and the same for the variance: the outputs `y`,
+/// `running_mean`, `running_var` as ONNX's reference computes them.
+fn batch_norm_training(
+    cx: &mut NodeCx<'_, '_>,
+    op: Op,
+    ins: &[Value],
+    momentum: f32,
+) -> Result<Vec<Value>> {
+    let x = ins[0];
+    let t = cx.ty(x).clone();
+    if t.rank() < 2 {
+        return Err(cx.err_in(0, format!("the input is {t}, with no channel axis")));
+    }
+    let axes: Vec<usize> = (0..t.rank()).filter(|&a| a != 1).collect();
+    let reduce = |cx: &mut NodeCx<'_, '_>, v: Value| {
+        cx.add1(
+            Op::Reduce {
+                kind: ReduceKind::Mean,
+                axes: axes.clone(),
+                keepdims: false,
+            },
+            &[v],
+        )
+    };
+    let kept = |cx: &mut NodeCx<'_, '_>, v: Value| {
+        cx.add1(
+            Op::Reduce {
+                kind: ReduceKind::Mean,
+                axes: axes.clone(),
+                keepdims: true,
+            },
+            &[v],
+        )
+    };
+    let mean = reduce(cx, x)?;
+    let centred = {
+        let m = kept(cx, x)?;
+        cx.bin(Binary::Sub, x, m)?
+    };
+    let squares = cx.bin(Binary::Mul, centred, centred)?;
+    let var = reduce(cx, squares)?;
+    // The statistics in the running ones' type (T2, which may differ from the input's).
+    let stats = cx.ty(ins[3]).dtype;
+    let (mean, var) = (cx.cast_to(mean, stats)?, cx.cast_to(var, stats)?);
+    let y = cx.add1(op, &[x, ins[1], ins[2], mean, var])?;
+    let mut outs = vec![y];
+    let updated = cx.num_outputs().saturating_sub(1);
+    for (running, batch) in [(ins[3], mean), (ins[4], var)].into_iter().take(updated) {
+        let keep = cx.scalar(f64::from(momentum), stats);
+        let take = cx.scalar(1.0 - f64::from(momentum), stats);
+        let old = cx.bin(Binary::Mul, running, keep)?;
+        let new = cx.bin(Binary::Mul, batch, take)?;
+        outs.push(cx.bin(Binary::Add, old, new)?);
+    }
+    Ok(outs)
 }
