@@ -561,6 +561,21 @@ def _():
                  opset=5)
 
 
+# Det pivots: a zero in the corner (rows swap), a singular matrix (two equal rows: 0), a general one.
+def det_input():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 5, 5)).astype(np.float32)
+    x[0, 0, 0] = 0.0
+    x[1, 3] = x[1, 1]
+    return x
+
+
+@case("det_pivots_and_singular", expect="ok", good={"x": det_input()})
+def _():
+    return model([h.make_node("Det", ["x"], ["y"], name="det")], [f32("x", [3, 5, 5])], [f32("y", None)],
+                 opset=22)
+
+
 # --- Control flow: an If whose condition is known at compile time is its branch ------------------------
 
 

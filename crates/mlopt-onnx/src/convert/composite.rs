@@ -1,6 +1,7 @@
 //! Composite ONNX ops that import as a small graph of IR ops rather than as IR ops of their own, the way
 //! ONNX defines them as functions: Hardmax, the losses (NegativeLogLikelihoodLoss,
-//! SoftmaxCrossEntropyLoss), GroupNormalization, MeanVarianceNormalization, LpNormalization, Swish, and
+//! SoftmaxCrossEntropyLoss), GroupNormalization, MeanVarianceNormalization, LpNormalization, Swish, Det
+//! (`linalg.rs`), and
 //! the transformer ops
 //! (`transformer.rs`: Attention, RotaryEmbedding, RMSNormalization).
 //! Keeping the IR's op set small keeps the optimiser's rules few; it fuses these patterns back.
@@ -38,6 +39,7 @@ pub(crate) const OPS: &[&str] = &[
     "SwiGLU",
     "ReverseSequence",
     "LpNormalization",
+    "Det",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -61,6 +63,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "SwiGLU" => vec![swiglu(cx)?],
             "ReverseSequence" => vec![reverse_sequence(cx)?],
             "LpNormalization" => vec![lp_normalization(cx)?],
+            "Det" => vec![super::linalg::det(cx)?],
             "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);

@@ -11,6 +11,7 @@ mod control;
 mod einsum;
 mod elementwise;
 mod layout;
+mod linalg;
 mod nn;
 mod quant;
 mod rnn;
