@@ -576,6 +576,20 @@ def _():
                  opset=22)
 
 
+# Einsum's repeated labels: an implicit trace ("ii" sums the diagonal) and a diagonal inside a product.
+@case("einsum_trace_implicit", expect="ok", good={"x": np.arange(16, dtype=np.float32).reshape(4, 4)})
+def _():
+    return model([h.make_node("Einsum", ["x"], ["y"], name="trace", equation="ii")], [f32("x", [4, 4])],
+                 [f32("y", None)], opset=12)
+
+
+@case("einsum_diagonal_product", expect="ok",
+      good={"a": np.arange(27, dtype=np.float32).reshape(3, 3, 3) / 9, "b": np.ones((3, 2), np.float32)})
+def _():
+    return model([h.make_node("Einsum", ["a", "b"], ["y"], name="diag", equation="ijj,jk->ik")],
+                 [f32("a", [3, 3, 3]), f32("b", [3, 2])], [f32("y", None)], opset=12)
+
+
 # --- Control flow: an If whose condition is known at compile time is its branch ------------------------
 
 

@@ -1,11 +1,13 @@
 //! Einsum as transposes, reshapes, reduce-sums and batched matmuls. Operands are combined left to right;
 //! for each pair, labels are classed as batch (both operands, kept), contracted (both, summed), left-only
 //! or right-only (kept) and summed early when no one needs them. An ellipsis stands for the same leading
-//! dimensions in every operand. Repeated labels within one operand (diagonals, traces) are not supported.
+//! dimensions in every operand. A label repeated within one operand takes that operand's diagonal first
+//! (a transpose, a reshape and a gather of every (n+1)-th element), so `ii->i`, `ii` (a trace) and
+//! `...ii->...i` work.
 
 use super::NodeCx;
 use crate::error::Result;
-use mlopt_ir::{Op, ReduceKind, Value};
+use mlopt_ir::{Op, ReduceKind, Tensor, Value};
 
 /// An operand: its value and one label per axis.
 struct Term {
@@ -57,14 +59,6 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         {
             return Err(cx.err_in(i, format!("'{spec}' does not label the {rank} axes")));
         }
-        let mut seen = labels.clone();
-        seen.sort_unstable();
-        if seen.windows(2).any(|w| w[0] == w[1]) {
-            return Err(cx.err_in(
-                i,
-                format!("repeated label in '{spec}' (diagonals) is not supported"),
-            ));
-        }
         terms.push(Term { v, labels });
     }
     let ell = ellipsis_rank.unwrap_or(0);
@@ -82,6 +76,12 @@ pub(crate) fn einsum(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
             (0..ell).map(ellipsis_label).chain(once).collect()
         }
     };
+    // Repeated labels within an operand select its diagonal (after the implicit output, which counts
+    // them as repeated: `ii` alone is a trace).
+    let mut terms = terms
+        .into_iter()
+        .map(|t| diagonal(cx, t))
+        .collect::<Result<Vec<_>>>()?;
     let mut acc = terms.remove(0);
     for (k, next) in terms.into_iter().enumerate() {
         let later: Vec<char> = specs[k + 2..]
@@ -246,4 +246,38 @@ fn pair(cx: &mut NodeCx<'_, '_>, a: Term, b: Term, later: &[char]) -> Result<Ter
         v,
         labels: batch.into_iter().chain(left).chain(right).collect(),
     })
+}
+
+/// `t` with each label it repeats reduced to one axis holding the diagonal: the two axes moved last
+/// (sizes equal, else an error), flattened, and every (n+1)-th element gathered.
+fn diagonal(cx: &mut NodeCx<'_, '_>, mut t: Term) -> Result<Term> {
+    while let Some((i, j)) = (0..t.labels.len()).find_map(|i| {
+        (i + 1..t.labels.len())
+            .find(|&j| t.labels[j] == t.labels[i])
+            .map(|j| (i, j))
+    }) {
+        let shape = cx.ty(t.v).shape.clone();
+        let n = shape[i];
+        if shape[j] != n {
+            return Err(cx.err(format!(
+                "label '{}' names axes of sizes {n} and {}",
+                t.labels[i], shape[j]
+            )));
+        }
+        let rest: Vec<usize> = (0..shape.len()).filter(|&a| a != i && a != j).collect();
+        let perm: Vec<usize> = rest.iter().copied().chain([i, j]).collect();
+        let moved = cx.add1(Op::Transpose { perm }, &[t.v])?;
+        let mut flat: Vec<usize> = rest.iter().map(|&a| shape[a]).collect();
+        flat.push(n * n);
+        let axis = flat.len() - 1;
+        let flat = cx.add1(Op::Reshape { shape: flat }, &[moved])?;
+        let picks: Vec<i64> = (0..n as i64).map(|k| k * (n as i64 + 1)).collect();
+        let picks = Tensor::from_vec(&[n], picks)
+            .ok_or_else(|| cx.err("a constant of the wrong size (a bug in mlopt's Einsum)"))?;
+        let picks = cx.konst_value(picks);
+        t.v = cx.add1(Op::Gather { axis }, &[flat, picks])?;
+        let label = t.labels[i];
+        t.labels = rest.iter().map(|&a| t.labels[a]).chain([label]).collect();
+    }
+    Ok(t)
 }
