@@ -590,6 +590,25 @@ def _():
                  [f32("a", [3, 3, 3]), f32("b", [3, 2])], [f32("y", None)], opset=12)
 
 
+# MaxPool's indices count over the whole tensor (batch and channels too): MaxUnpool puts each value back
+# there. Col2Im adds overlapping blocks (stride 1, dilation 2, pads) back into a 2-channel image.
+@case("maxpool_unpool_batch_channels", expect="ok",
+      good={"x": np.random.default_rng(3).standard_normal((2, 3, 6, 6)).astype(np.float32)})
+def _():
+    nodes = [h.make_node("MaxPool", ["x"], ["p", "i"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("MaxUnpool", ["p", "i"], ["y"], name="unpool", kernel_shape=[2, 2], strides=[2, 2])]
+    return model(nodes, [f32("x", [2, 3, 6, 6])], [f32("y", None)], opset=22)
+
+
+@case("col2im_overlapping", expect="ok",
+      good={"x": np.random.default_rng(4).standard_normal((1, 8, 20)).astype(np.float32)})
+def _():
+    node = h.make_node("Col2Im", ["x", "image", "block"], ["y"], name="col2im", dilations=[2, 1],
+                       pads=[1, 0, 1, 1], strides=[1, 1])
+    inits = [const("image", np.array([4, 5], np.int64)), const("block", np.array([2, 2], np.int64))]
+    return model([node], [f32("x", [1, 8, 20])], [f32("y", None)], inits, opset=18)
+
+
 # --- Control flow: an If whose condition is known at compile time is its branch ------------------------
 
 

@@ -1,7 +1,7 @@
 //! Composite ONNX ops that import as a small graph of IR ops rather than as IR ops of their own, the way
 //! ONNX defines them as functions: Hardmax, the losses (NegativeLogLikelihoodLoss,
 //! SoftmaxCrossEntropyLoss), GroupNormalization, MeanVarianceNormalization, LpNormalization, Swish, Det
-//! (`linalg.rs`), and
+//! (`linalg.rs`), MaxUnpool and Col2Im (`unpool.rs`), and
 //! the transformer ops
 //! (`transformer.rs`: Attention, RotaryEmbedding, RMSNormalization).
 //! Keeping the IR's op set small keeps the optimiser's rules few; it fuses these patterns back.
@@ -40,6 +40,8 @@ pub(crate) const OPS: &[&str] = &[
     "ReverseSequence",
     "LpNormalization",
     "Det",
+    "MaxUnpool",
+    "Col2Im",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -64,6 +66,8 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "ReverseSequence" => vec![reverse_sequence(cx)?],
             "LpNormalization" => vec![lp_normalization(cx)?],
             "Det" => vec![super::linalg::det(cx)?],
+            "MaxUnpool" => vec![super::unpool::max_unpool(cx)?],
+            "Col2Im" => vec![super::unpool::col2im(cx)?],
             "HannWindow" | "HammingWindow" | "BlackmanWindow" => vec![window(cx, op)?],
             "NegativeLogLikelihoodLoss" => {
                 let (x, t, w) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);

@@ -17,6 +17,7 @@ mod quant;
 mod rnn;
 mod shape;
 mod transformer;
+mod unpool;
 
 use crate::error::{OnnxError, Result};
 use crate::proto::{attribute_type as at, AttributeProto, NodeProto};
