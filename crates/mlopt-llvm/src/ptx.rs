@@ -82,8 +82,18 @@ pub fn compile_ptx(p: &Program, t: &GpuTarget) -> Result<PtxOutput> {
         Ok((header, body, ir))
     };
     let name = |i: usize| p.kernels[i].name.as_str();
+    // The header (.version, .target, .address_size) from the first kernel's text, or from an empty
+    // module when there is none.
     let header = match p.kernels.is_empty() {
-        true => String::new(),
+        true => {
+            let c = Context::create();
+            let tm = machine(t)?;
+            let m = crate::program::module_for(&c, &p.name, &tm);
+            let buf = crate::program::write(&m, &tm, FileType::Assembly)?;
+            String::from_utf8_lossy(&buf)
+                .trim_end_matches('\0')
+                .to_string()
+        }
         false => part(0)?.0.to_string(),
     };
     let (mut ptx, mut llvm_ir) = (header.clone(), String::new());
@@ -720,6 +730,18 @@ mod tests {
     fn ptx_versions_print_as_ptxas_reads_them() {
         assert_eq!(mlopt_target::gpu::sm_80().ptx_version(), "7.0");
         assert_eq!(mlopt_target::gpu::sm_90().ptx_version(), "7.8");
+    }
+
+    /// A program of no kernels is still a module the driver loads: the header alone.
+    #[test]
+    fn an_empty_program_is_a_header() {
+        let p = Program {
+            name: "empty".into(),
+            ..Program::default()
+        };
+        let out = compile_ptx(&p, &mlopt_target::gpu::sm_90()).unwrap();
+        assert!(out.ptx.contains(".version 7.8") && out.ptx.contains(".target sm_90"));
+        assert!(!out.ptx.contains(".entry") && out.parts.is_empty() && out.sharing.is_empty());
     }
 
     #[test]
