@@ -139,6 +139,21 @@ impl<'a, 'c> Gen<'a, 'c> {
         }
     }
 
+    /// Binds the kernel's parameters, in order, to the function's arguments, each named after its
+    /// buffer.
+    pub(crate) fn bind_params(&mut self) -> Ret<()> {
+        for (i, b) in self.kernel.params().iter().enumerate() {
+            let p = self
+                .func
+                .get_nth_param(i as u32)
+                .ok_or_else(|| err("missing parameter"))?
+                .into_pointer_value();
+            p.set_name(&self.kernel.buffer(*b).name);
+            self.ptrs.insert(*b, p);
+        }
+        Ok(())
+    }
+
     pub(crate) fn i64(&self, v: i64) -> IntValue<'c> {
         self.ctx.i64_type().const_int(v as u64, true)
     }

@@ -1,7 +1,7 @@
 //! A kernel's LLVM function: its declaration (one pointer per parameter, a status returned) and its body,
 //! emitted by `Gen` for a CPU target.
 
-use crate::codegen::{err, Gen, Ret};
+use crate::codegen::{Gen, Ret};
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::FunctionValue;
@@ -46,14 +46,7 @@ pub fn define_kernel<'c>(
     g.avx = t.has("avx");
     let entry = c.append_basic_block(f, "entry");
     g.builder.position_at_end(entry);
-    for (i, b) in k.params().iter().enumerate() {
-        let p = f
-            .get_nth_param(i as u32)
-            .ok_or_else(|| err("missing parameter"))?
-            .into_pointer_value();
-        p.set_name(&k.buffer(*b).name);
-        g.ptrs.insert(*b, p);
-    }
+    g.bind_params()?;
     // Out of memory (here or in a parallel loop's thread): free what was allocated and return 1.
     g.alloc_locals()?;
     g.block(&k.body)?;

@@ -197,14 +197,7 @@ fn define<'c>(
     let mut g = Gen::new(c, m, k, f);
     g.gpu = true;
     g.builder.position_at_end(c.append_basic_block(f, "entry"));
-    for (i, b) in k.params().iter().enumerate() {
-        let p = f
-            .get_nth_param(i as u32)
-            .ok_or_else(|| err("missing parameter"))?
-            .into_pointer_value();
-        p.set_name(&k.buffer(*b).name);
-        g.ptrs.insert(*b, p);
-    }
+    g.bind_params()?;
     for (i, buf) in k.bufs.iter().enumerate() {
         if buf.space == Space::Shared {
             let arr = ty(c, buf.elem).array_type(buf.numel().max(1) as u32);
