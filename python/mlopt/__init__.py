@@ -31,7 +31,8 @@ class Error(Exception):
     """What the mlopt compiler or a compiled model rejected: its message names the node, op or input."""
 
 
-# The C API's element types as numpy dtypes (bf16 has none: its values are passed as their uint16 bits).
+# The C API's element types as numpy dtypes (bf16 has none: its values are passed as their uint16 bits;
+# float8 and float4 as their one-byte codes, int4 and uint4 one value per byte).
 _DTYPES = {
     "f32": np.float32,
     "f64": np.float64,
@@ -46,6 +47,13 @@ _DTYPES = {
     "i64": np.int64,
     "u64": np.uint64,
     "bool": np.bool_,
+    "f8e4m3fn": np.uint8,
+    "f8e4m3fnuz": np.uint8,
+    "f8e5m2": np.uint8,
+    "f8e5m2fnuz": np.uint8,
+    "f4e2m1": np.uint8,
+    "i4": np.int8,
+    "u4": np.uint8,
 }
 
 

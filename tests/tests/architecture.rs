@@ -36,8 +36,11 @@ fn crate_dependencies_follow_the_rules() {
                 "half",
                 "libm",
                 "thiserror",
+                "mlopt-minifloat",
             ],
         ),
+        // The float8 / float4 formats: one definition both interpreters and code generation share.
+        ("mlopt-minifloat", &[]),
         // Only the ONNX crate knows ONNX (and protobuf).
         ("mlopt-onnx", &["mlopt-ir", "prost", "thiserror", "half"]),
         // What a machine is: nothing of mlopt's.
@@ -57,7 +60,10 @@ fn crate_dependencies_follow_the_rules() {
             ],
         ),
         // The kernel IR knows nothing of ONNX, the graph IR or LLVM.
-        ("mlopt-kir", &["thiserror", "half", "libm"]),
+        (
+            "mlopt-kir",
+            &["thiserror", "half", "libm", "mlopt-minifloat"],
+        ),
         // Lowering sees the graph IR and the kernel IR, and no target or cost model.
         ("mlopt-lower", &["mlopt-ir", "mlopt-kir", "thiserror"]),
         // Scheduling sees the kernel IR, the target and the cost model: every target decision.
@@ -68,7 +74,13 @@ fn crate_dependencies_follow_the_rules() {
         // The only crate that links LLVM; it sees the kernel IR and the target only.
         (
             "mlopt-llvm",
-            &["mlopt-kir", "mlopt-target", "inkwell", "thiserror"],
+            &[
+                "mlopt-kir",
+                "mlopt-target",
+                "mlopt-minifloat",
+                "inkwell",
+                "thiserror",
+            ],
         ),
         // A build-dependency for users' build scripts: it runs the mlopt binary, so it pulls in nothing.
         ("mlopt-build", &[]),

@@ -1063,6 +1063,123 @@ fn casts_to_bytes_saturate_as_the_interpreter_does() {
     }
 }
 
+/// f32 and f64 -> float8 (the four kinds), float4 E2M1, int4 and uint4 on every x86 level, against the
+/// interpreter byte for byte (whose codes `mlopt_minifloat`'s tests check against ml_dtypes, ONNX's
+/// reference): every code's value, the midpoints between neighbouring codes (ties to even) and a hair
+/// either side, overflow past the largest value, subnormals, zeros and NaNs of both signs; serial and
+/// vector loops. Then every code of each format back to f32, f64 and i32.
+#[test]
+fn casts_to_and_from_narrow_types_match_the_interpreter() {
+    use mlopt_kir::{Elem, Expr, Io, LoopKind, Program};
+    let narrow = [
+        Elem::F8E4M3FN,
+        Elem::F8E4M3FNUZ,
+        Elem::F8E5M2,
+        Elem::F8E5M2FNUZ,
+        Elem::F4E2M1,
+    ];
+    let mut values: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e30,
+        -1e30,
+        1e-30,
+        -1e-30,
+        f32::from_bits(1),
+        470.0,
+        464.0,
+        -300.7,
+        300.7,
+        7.5,
+        -8.5,
+        15.9,
+    ];
+    for f in narrow.iter().filter_map(|e| e.minifloat()) {
+        let mut codes: Vec<f32> = (0..=255u8)
+            .map(|c| f.decode(c))
+            .filter(|v| v.is_finite())
+            .collect();
+        codes.sort_by(f32::total_cmp);
+        codes.dedup();
+        for w in codes.windows(2) {
+            let (lo, hi) = (w[0], w[1]);
+            let mid = (lo + hi) / 2.0;
+            let eps = (hi - lo) / 64.0;
+            values.extend([lo, mid, mid - eps, mid + eps]);
+        }
+        values.push(codes[codes.len() - 1]);
+    }
+    // Whole vectors of 16.
+    while !values.len().is_multiple_of(16) {
+        values.push(1.0);
+    }
+    let mut to = narrow.to_vec();
+    to.extend([Elem::I4, Elem::U4]);
+    let kinds = [LoopKind::Serial, LoopKind::Vector(8), LoopKind::Vector(16)];
+    let (p, inputs) = cast_program("to_narrow", &values, &to, &kinds);
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            let wrong: Vec<String> = w
+                .iter()
+                .zip(g)
+                .zip(&values)
+                .filter(|((a, b), _)| a != b)
+                .take(8)
+                .map(|((a, b), v)| format!("{v:e} ({:#x}): {a:#x} vs {b:#x}", v.to_bits()))
+                .collect();
+            assert!(wrong.is_empty(), "{target}: {}: {wrong:?}", io.name);
+        }
+    }
+
+    // Every byte read as each narrow type, converted to f32, f64 and i32.
+    let mut p = Program {
+        name: "from_narrow".into(),
+        ..Default::default()
+    };
+    let mut from = narrow.to_vec();
+    from.extend([Elem::I4, Elem::U4]);
+    for (src, &e) in from.iter().enumerate() {
+        p.inputs.push(Io {
+            name: format!("x{src}"),
+            elem: e,
+            dims: vec![256],
+        });
+        for t in [Elem::F32, Elem::F64, Elem::I32] {
+            for kind in [LoopKind::Serial, LoopKind::Vector(16)] {
+                push_loop_kernel(
+                    &mut p,
+                    (src, e, 256),
+                    (t, 256, kind),
+                    &|x, i| Expr::cast(t, Expr::load(x, vec![i])),
+                    format!("{e} -> {t} {kind:?}"),
+                );
+            }
+        }
+    }
+    // int4 / uint4 bytes as the types hold them (sign- / zero-extended).
+    let bytes = |e: Elem| -> Vec<u8> {
+        (0..=255u8)
+            .map(|b| match e {
+                Elem::I4 => (((b << 4) as i8) >> 4) as u8,
+                Elem::U4 => b & 15,
+                _ => b,
+            })
+            .collect()
+    };
+    let inputs: Vec<Vec<u8>> = from.iter().map(|&e| bytes(e)).collect();
+    let want = mlopt_kir::run_program(&p, &inputs).unwrap();
+    for (target, got) in run_on_x86_levels(&p, &inputs, &want) {
+        for ((io, w), g) in p.outputs.iter().zip(&want).zip(&got) {
+            assert_eq!(w, g, "{target}: {}", io.name);
+        }
+    }
+}
+
 /// A program of one kernel per source type (f32, f64), target type in `to` and loop kind in `kinds`,
 /// each `out[q] = cast(x[q])`, and its inputs: `values` as f32 and as f64.
 fn cast_program(

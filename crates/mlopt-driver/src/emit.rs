@@ -19,8 +19,12 @@ fn c_type(e: Elem) -> &'static str {
         Elem::F32 => "float",
         Elem::F64 => "double",
         Elem::F16 | Elem::BF16 => "uint16_t",
-        Elem::I8 => "int8_t",
-        Elem::U8 | Elem::Bool => "uint8_t",
+        // int4 is one value per byte, sign-extended; float8 / float4 one code per byte.
+        Elem::I8 | Elem::I4 => "int8_t",
+        Elem::U8 | Elem::Bool | Elem::U4 => "uint8_t",
+        Elem::F8E4M3FN | Elem::F8E4M3FNUZ | Elem::F8E5M2 | Elem::F8E5M2FNUZ | Elem::F4E2M1 => {
+            "uint8_t"
+        }
         Elem::I16 => "int16_t",
         Elem::U16 => "uint16_t",
         Elem::I32 => "int32_t",
@@ -35,8 +39,9 @@ fn rust_type(e: Elem) -> &'static str {
         Elem::F32 => "f32",
         Elem::F64 => "f64",
         Elem::F16 | Elem::BF16 => "u16",
-        Elem::I8 => "i8",
-        Elem::U8 | Elem::Bool => "u8",
+        Elem::I8 | Elem::I4 => "i8",
+        Elem::U8 | Elem::Bool | Elem::U4 => "u8",
+        Elem::F8E4M3FN | Elem::F8E4M3FNUZ | Elem::F8E5M2 | Elem::F8E5M2FNUZ | Elem::F4E2M1 => "u8",
         Elem::I16 => "i16",
         Elem::U16 => "u16",
         Elem::I32 => "i32",

@@ -21,10 +21,18 @@ pub enum DType {
     I64,
     U64,
     Bool,
+    /// The narrow types (`narrow.rs`): stored one per byte, the floats computed in f32.
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
+    F4E2M1,
+    I4,
+    U4,
 }
 
 impl DType {
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 20] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -38,6 +46,13 @@ impl DType {
         DType::I64,
         DType::U64,
         DType::Bool,
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::F4E2M1,
+        DType::I4,
+        DType::U4,
     ];
 
     /// The spelling used in the text IR.
@@ -56,6 +71,13 @@ impl DType {
             DType::I64 => "i64",
             DType::U64 => "u64",
             DType::Bool => "bool",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::F4E2M1 => "f4e2m1",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
         }
     }
 
@@ -70,11 +92,42 @@ impl DType {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F4E2M1
+            | DType::I4
+            | DType::U4 => 1,
         }
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+            || self.minifloat().is_some()
+    }
+
+    /// The format of a float8 or float4 type.
+    pub fn minifloat(self) -> Option<mlopt_minifloat::Format> {
+        use mlopt_minifloat::Format;
+        Some(match self {
+            DType::F8E4M3FN => Format::E4M3FN,
+            DType::F8E4M3FNUZ => Format::E4M3FNUZ,
+            DType::F8E5M2 => Format::E5M2,
+            DType::F8E5M2FNUZ => Format::E5M2FNUZ,
+            DType::F4E2M1 => Format::E2M1,
+            _ => return None,
+        })
+    }
+
+    /// The floats narrower than f32 (f16, bf16, float8, float4): stored narrow, computed in f32.
+    pub fn computes_in_f32(self) -> bool {
+        self.is_half() || self.minifloat().is_some()
+    }
+
+    /// int4 and uint4: stored one per byte, packed two to a byte in ONNX files.
+    pub fn is_nibble(self) -> bool {
+        matches!(self, DType::I4 | DType::U4)
     }
 
     /// bf16 or f16: the 16-bit floats, stored narrow and computed in f32.
@@ -87,7 +140,11 @@ impl DType {
     }
 
     pub fn is_signed(self) -> bool {
-        self.is_float() || matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+        self.is_float()
+            || matches!(
+                self,
+                DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::I4
+            )
     }
 }
 

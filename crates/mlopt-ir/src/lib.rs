@@ -11,6 +11,7 @@ pub mod error;
 pub mod graph;
 pub mod infer;
 pub mod interp;
+pub mod narrow;
 pub mod op;
 pub mod op_syntax;
 pub mod parse;

@@ -5,6 +5,7 @@
 //! whichever variant a tensor holds.
 
 use crate::dtype::{DType, TensorType};
+use crate::narrow::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
@@ -25,6 +26,13 @@ pub enum Tensor {
     I64(ArrayD<i64>),
     U64(ArrayD<u64>),
     Bool(ArrayD<bool>),
+    F8E4M3FN(ArrayD<F8E4M3FN>),
+    F8E4M3FNUZ(ArrayD<F8E4M3FNUZ>),
+    F8E5M2(ArrayD<F8E5M2>),
+    F8E5M2FNUZ(ArrayD<F8E5M2FNUZ>),
+    F4E2M1(ArrayD<F4E2M1>),
+    I4(ArrayD<I4>),
+    U4(ArrayD<U4>),
 }
 
 /// Runs `$body` with `$a` bound to the array inside `$t`, whatever its element type.
@@ -45,6 +53,13 @@ macro_rules! dispatch {
             $crate::Tensor::I64($a) => $body,
             $crate::Tensor::U64($a) => $body,
             $crate::Tensor::Bool($a) => $body,
+            $crate::Tensor::F8E4M3FN($a) => $body,
+            $crate::Tensor::F8E4M3FNUZ($a) => $body,
+            $crate::Tensor::F8E5M2($a) => $body,
+            $crate::Tensor::F8E5M2FNUZ($a) => $body,
+            $crate::Tensor::F4E2M1($a) => $body,
+            $crate::Tensor::I4($a) => $body,
+            $crate::Tensor::U4($a) => $body,
         }
     };
 }
@@ -285,6 +300,34 @@ macro_rules! with_dtype {
                 type $T = bool;
                 $body
             }
+            $crate::DType::F8E4M3FN => {
+                type $T = $crate::narrow::F8E4M3FN;
+                $body
+            }
+            $crate::DType::F8E4M3FNUZ => {
+                type $T = $crate::narrow::F8E4M3FNUZ;
+                $body
+            }
+            $crate::DType::F8E5M2 => {
+                type $T = $crate::narrow::F8E5M2;
+                $body
+            }
+            $crate::DType::F8E5M2FNUZ => {
+                type $T = $crate::narrow::F8E5M2FNUZ;
+                $body
+            }
+            $crate::DType::F4E2M1 => {
+                type $T = $crate::narrow::F4E2M1;
+                $body
+            }
+            $crate::DType::I4 => {
+                type $T = $crate::narrow::I4;
+                $body
+            }
+            $crate::DType::U4 => {
+                type $T = $crate::narrow::U4;
+                $body
+            }
         }
     };
 }
@@ -316,6 +359,13 @@ impl Tensor {
             Tensor::I64(_) => DType::I64,
             Tensor::U64(_) => DType::U64,
             Tensor::Bool(_) => DType::Bool,
+            Tensor::F8E4M3FN(_) => DType::F8E4M3FN,
+            Tensor::F8E4M3FNUZ(_) => DType::F8E4M3FNUZ,
+            Tensor::F8E5M2(_) => DType::F8E5M2,
+            Tensor::F8E5M2FNUZ(_) => DType::F8E5M2FNUZ,
+            Tensor::F4E2M1(_) => DType::F4E2M1,
+            Tensor::I4(_) => DType::I4,
+            Tensor::U4(_) => DType::U4,
         }
     }
 

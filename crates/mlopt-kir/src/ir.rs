@@ -33,10 +33,19 @@ pub enum Elem {
     I64,
     U64,
     Bool,
+    /// The narrow types, one per byte: float8 and float4 (`mlopt_minifloat` formats; loaded, stored and
+    /// cast, computed in f32 like f16) and the 4-bit integers (held sign- or zero-extended).
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
+    F4E2M1,
+    I4,
+    U4,
 }
 
 impl Elem {
-    pub const ALL: [Elem; 13] = [
+    pub const ALL: [Elem; 20] = [
         Elem::F32,
         Elem::F16,
         Elem::BF16,
@@ -50,6 +59,13 @@ impl Elem {
         Elem::I64,
         Elem::U64,
         Elem::Bool,
+        Elem::F8E4M3FN,
+        Elem::F8E4M3FNUZ,
+        Elem::F8E5M2,
+        Elem::F8E5M2FNUZ,
+        Elem::F4E2M1,
+        Elem::I4,
+        Elem::U4,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,6 +83,13 @@ impl Elem {
             Elem::I64 => "i64",
             Elem::U64 => "u64",
             Elem::Bool => "bool",
+            Elem::F8E4M3FN => "f8e4m3fn",
+            Elem::F8E4M3FNUZ => "f8e4m3fnuz",
+            Elem::F8E5M2 => "f8e5m2",
+            Elem::F8E5M2FNUZ => "f8e5m2fnuz",
+            Elem::F4E2M1 => "f4e2m1",
+            Elem::I4 => "i4",
+            Elem::U4 => "u4",
         }
     }
 
@@ -80,18 +103,38 @@ impl Elem {
             Elem::F32 | Elem::I32 | Elem::U32 => 4,
             Elem::F16 | Elem::BF16 | Elem::I16 | Elem::U16 => 2,
             Elem::I8 | Elem::U8 | Elem::Bool => 1,
+            Elem::F8E4M3FN
+            | Elem::F8E4M3FNUZ
+            | Elem::F8E5M2
+            | Elem::F8E5M2FNUZ
+            | Elem::F4E2M1
+            | Elem::I4
+            | Elem::U4 => 1,
         }
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, Elem::F32 | Elem::F16 | Elem::BF16 | Elem::F64)
+        matches!(self, Elem::F32 | Elem::F16 | Elem::BF16 | Elem::F64) || self.minifloat().is_some()
+    }
+
+    /// The format of a float8 or float4 type.
+    pub fn minifloat(self) -> Option<mlopt_minifloat::Format> {
+        use mlopt_minifloat::Format;
+        Some(match self {
+            Elem::F8E4M3FN => Format::E4M3FN,
+            Elem::F8E4M3FNUZ => Format::E4M3FNUZ,
+            Elem::F8E5M2 => Format::E5M2,
+            Elem::F8E5M2FNUZ => Format::E5M2FNUZ,
+            Elem::F4E2M1 => Format::E2M1,
+            _ => return None,
+        })
     }
 
     /// The unsigned integers (and bool): zero-extended, divided, compared and shifted as unsigned.
     pub fn is_unsigned(self) -> bool {
         matches!(
             self,
-            Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 | Elem::Bool
+            Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 | Elem::Bool | Elem::U4
         )
     }
 }

@@ -39,6 +39,28 @@ pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
         Elem::I16 | Elem::U16 => c.i16_type().into(),
         Elem::I32 | Elem::U32 => c.i32_type().into(),
         Elem::I64 | Elem::U64 => c.i64_type().into(),
+        // One byte each: float8 / float4 codes, int4 / uint4 held extended.
+        Elem::F8E4M3FN
+        | Elem::F8E4M3FNUZ
+        | Elem::F8E5M2
+        | Elem::F8E5M2FNUZ
+        | Elem::F4E2M1
+        | Elem::I4
+        | Elem::U4 => c.i8_type().into(),
+    }
+}
+
+/// The constant `x` of element type `e`: a float8 / float4 as its code.
+pub(crate) fn scalar_const<'c>(c: &'c Context, x: f64, e: Elem) -> BasicValueEnum<'c> {
+    if let Some(f) = e.minifloat() {
+        c.i8_type().const_int(u64::from(f.encode(x)), false).into()
+    } else if e.is_float() {
+        reg_ty(c, e).into_float_type().const_float(x).into()
+    } else {
+        reg_ty(c, e)
+            .into_int_type()
+            .const_int(x as i64 as u64, true)
+            .into()
     }
 }
 
@@ -570,10 +592,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     pub fn eval(&mut self, e: &Expr) -> Ret<BasicValueEnum<'c>> {
         let v: BasicValueEnum<'c> = match e {
             Expr::Int(x) => self.i64(*x).into(),
-            Expr::Float(x, t) => reg_ty(self.ctx, *t)
-                .into_float_type()
-                .const_float(*x)
-                .into(),
+            Expr::Float(x, t) => scalar_const(self.ctx, *x, *t),
             Expr::Var(v) => match self.vars.get(v).copied() {
                 Some(VarVal::Scalar(i)) => i.into(),
                 Some(VarVal::Lanes(i)) => {
@@ -679,14 +698,7 @@ pub fn const_like<'c>(
     x: f64,
     e: Elem,
 ) -> BasicValueEnum<'c> {
-    let scalar: BasicValueEnum<'c> = if e.is_float() {
-        reg_ty(c, e).into_float_type().const_float(x).into()
-    } else {
-        reg_ty(c, e)
-            .into_int_type()
-            .const_int(x as i64 as u64, true)
-            .into()
-    };
+    let scalar = scalar_const(c, x, e);
     match v {
         BasicValueEnum::VectorValue(vv) => {
             let n = vv.get_type().get_size();

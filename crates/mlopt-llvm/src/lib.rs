@@ -19,6 +19,7 @@ pub use elf::{data_object, DataObject};
 pub use locals::stack_bytes;
 pub mod error;
 mod math;
+mod minifloat;
 mod parallel;
 mod program;
 mod ptx;

@@ -419,6 +419,44 @@ pub fn cast<'c>(
     if from == to {
         return Ok(x);
     }
+    // float8 / float4: through f32 (from an f64 rounded to odd, from an integer through f64), as
+    // `Format::encode` rounds the exact value once.
+    if let Some(f) = from.minifloat() {
+        let wide = crate::minifloat::decode(g, x, f)?;
+        return cast(g, wide, Elem::F32, to);
+    }
+    if let Some(f) = to.minifloat() {
+        let x = match from {
+            Elem::F32 => x,
+            Elem::F16 | Elem::BF16 => cast(g, x, from, Elem::F32)?,
+            _ => {
+                let wide = cast(g, x, from, Elem::F64)?;
+                f64_to_f32_odd(g, wide)?
+            }
+        };
+        return crate::minifloat::encode(g, x, f);
+    }
+    // int4 / uint4 are held sign- / zero-extended in a byte: read as i8 / u8, and made by wrapping
+    // a value's low four bits (a float truncated to i64 first, as the interpreters do).
+    if let Some(byte) = nibble_byte(from) {
+        return cast(g, x, byte, to);
+    }
+    if let Some(byte) = nibble_byte(to) {
+        let x = if from.is_float() {
+            cast(g, x, from, Elem::I64)?
+        } else {
+            x
+        };
+        let b = cast(g, x, if from.is_float() { Elem::I64 } else { from }, byte)?;
+        let four = const_like(g.ctx, b, 4.0, byte);
+        return Ok(if to == Elem::I4 {
+            let up = g.builder.build_binop(Op::Shl, b, four, "i4")?;
+            g.builder.build_binop(Op::AShr, up, four, "i4")?
+        } else {
+            let low = const_like(g.ctx, b, 15.0, byte);
+            g.builder.build_binop(Op::And, b, low, "u4")?
+        });
+    }
     let t = shaped(g, x, to);
     if to == Elem::Bool {
         return if from.is_float() {
@@ -538,6 +576,15 @@ pub fn cast<'c>(
         return to_bf16(g, x);
     }
     Ok(g.builder.build_cast(op, x, t, "cast")?)
+}
+
+/// The byte type an int4 / uint4 is held in.
+fn nibble_byte(e: Elem) -> Option<Elem> {
+    match e {
+        Elem::I4 => Some(Elem::I8),
+        Elem::U4 => Some(Elem::U8),
+        _ => None,
+    }
 }
 
 impl<'c> Gen<'_, 'c> {

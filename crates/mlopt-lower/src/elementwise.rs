@@ -21,6 +21,13 @@ pub fn elem(d: DType) -> Elem {
         DType::I64 => Elem::I64,
         DType::U64 => Elem::U64,
         DType::Bool => Elem::Bool,
+        DType::F8E4M3FN => Elem::F8E4M3FN,
+        DType::F8E4M3FNUZ => Elem::F8E4M3FNUZ,
+        DType::F8E5M2 => Elem::F8E5M2,
+        DType::F8E5M2FNUZ => Elem::F8E5M2FNUZ,
+        DType::F4E2M1 => Elem::F4E2M1,
+        DType::I4 => Elem::I4,
+        DType::U4 => Elem::U4,
     }
 }
 
@@ -28,6 +35,9 @@ pub fn elem(d: DType) -> Elem {
 pub fn compute(t: Elem) -> Elem {
     match t {
         Elem::F16 | Elem::BF16 => Elem::F32,
+        t if t.minifloat().is_some() => Elem::F32,
+        Elem::I4 => Elem::I8,
+        Elem::U4 => Elem::U8,
         t => t,
     }
 }

@@ -24,6 +24,13 @@ pub fn dtype_from_onnx(t: i32) -> Option<DType> {
         dt::INT64 => DType::I64,
         dt::UINT64 => DType::U64,
         dt::BOOL => DType::Bool,
+        dt::FLOAT8E4M3FN => DType::F8E4M3FN,
+        dt::FLOAT8E4M3FNUZ => DType::F8E4M3FNUZ,
+        dt::FLOAT8E5M2 => DType::F8E5M2,
+        dt::FLOAT8E5M2FNUZ => DType::F8E5M2FNUZ,
+        dt::FLOAT4E2M1 => DType::F4E2M1,
+        dt::INT4 => DType::I4,
+        dt::UINT4 => DType::U4,
         _ => return None,
     })
 }
@@ -43,6 +50,13 @@ pub fn dtype_to_onnx(d: DType) -> i32 {
         DType::I64 => dt::INT64,
         DType::U64 => dt::UINT64,
         DType::Bool => dt::BOOL,
+        DType::F8E4M3FN => dt::FLOAT8E4M3FN,
+        DType::F8E4M3FNUZ => dt::FLOAT8E4M3FNUZ,
+        DType::F8E5M2 => dt::FLOAT8E5M2,
+        DType::F8E5M2FNUZ => dt::FLOAT8E5M2FNUZ,
+        DType::F4E2M1 => dt::FLOAT4E2M1,
+        DType::I4 => dt::INT4,
+        DType::U4 => dt::UINT4,
     }
 }
 
@@ -186,6 +200,9 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     let numel = ty
         .checked_numel()
         .ok_or_else(|| err("too many elements".into()))?;
+    if dtype.is_nibble() || dtype == DType::F4E2M1 {
+        return nibbles_from_proto(t, base, &ty, numel);
+    }
     let nbytes = numel
         .checked_mul(dtype.size())
         .ok_or_else(|| err("too many elements".into()))?;
@@ -232,8 +249,66 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
                 .ok_or_else(|| bad_len(t.int32_data.len()))?;
             Ok(v.cast(dtype))
         }
+        // float8: each int32 holds one code.
+        _ => {
+            let bytes: Vec<u8> = t.int32_data.iter().map(|&v| v as u8).collect();
+            Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| bad_len(t.int32_data.len()))
+        }
     }?;
     Ok(out)
+}
+
+/// A tensor of a 4-bit type (int4, uint4, float4 E2M1): ONNX packs two to a byte, the first in the low
+/// four bits (in `raw_data`, in external data, and in `int32_data`, one byte's pair per int32); mlopt
+/// holds one per byte.
+fn nibbles_from_proto(
+    t: &TensorProto,
+    base: Option<&Path>,
+    ty: &TensorType,
+    numel: usize,
+) -> Result<Tensor> {
+    let packed_len = numel.div_ceil(2);
+    let packed: Vec<u8> = if t.data_location == tensor_proto::DATA_LOCATION_EXTERNAL {
+        let bytes = TensorType::new(DType::U8, vec![packed_len]);
+        read_external(t, base, &bytes, packed_len)?.to_le_bytes()
+    } else if !t.raw_data.is_empty() || numel == 0 {
+        t.raw_data.clone()
+    } else {
+        t.int32_data.iter().map(|&v| v as u8).collect()
+    };
+    if packed.len() != packed_len {
+        return Err(OnnxError::Tensor {
+            name: t.name.clone(),
+            msg: format!(
+                "{} bytes of packed 4-bit values for shape {:?} ({packed_len} expected)",
+                packed.len(),
+                ty.shape
+            ),
+        });
+    }
+    let bytes: Vec<u8> = packed
+        .iter()
+        .flat_map(|b| [b & 15, b >> 4])
+        .take(numel)
+        .collect();
+    Tensor::from_le_bytes(ty, &bytes).ok_or_else(|| OnnxError::Tensor {
+        name: t.name.clone(),
+        msg: "too many elements".into(),
+    })
+}
+
+/// The bytes of `raw_data` for `t`: its values' little-endian bytes, the 4-bit types packed two to a
+/// byte (first in the low bits).
+fn raw_bytes(t: &Tensor) -> Vec<u8> {
+    let bytes = t.to_le_bytes();
+    if t.dtype().is_nibble() || t.dtype() == DType::F4E2M1 {
+        bytes
+            .chunks(2)
+            .map(|p| (p[0] & 15) | (p.get(1).copied().unwrap_or(0) << 4))
+            .collect()
+    } else {
+        bytes
+    }
 }
 
 /// Converts a tensor to a `TensorProto` with `raw_data`.
@@ -242,7 +317,7 @@ pub fn tensor_to_proto(t: &Tensor, name: &str) -> TensorProto {
         dims: t.shape().iter().map(|&d| d as i64).collect(),
         data_type: dtype_to_onnx(t.dtype()),
         name: name.to_string(),
-        raw_data: t.to_le_bytes(),
+        raw_data: raw_bytes(t),
         ..Default::default()
     }
 }
@@ -282,6 +357,15 @@ fn npy_descr(d: DType) -> &'static str {
         DType::I64 => "<i8",
         DType::U64 => "<u8",
         DType::Bool => "|b1",
+        // numpy has no name for these: ml_dtypes' arrays save as one-byte voids, which say nothing of
+        // the format, so they are written that way and not read back (`.pb` files keep their type).
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4 => "|V1",
     }
 }
 
@@ -318,6 +402,7 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
         .ok_or_else(|| err("no descr"))?;
     let dtype = DType::ALL
         .into_iter()
+        .filter(|d| npy_descr(*d) != "|V1")
         .find(|&d| {
             npy_descr(d) == descr
                 || (npy_descr(d).get(1..) == descr.get(1..) && descr.starts_with('='))

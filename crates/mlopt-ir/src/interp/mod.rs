@@ -115,7 +115,7 @@ pub fn eval_op(
     let widened: Vec<Option<Tensor>> = inputs
         .iter()
         .map(|t| {
-            t.filter(|t| t.dtype().is_half())
+            t.filter(|t| t.dtype().computes_in_f32())
                 .map(|t| t.cast(DType::F32))
         })
         .collect();

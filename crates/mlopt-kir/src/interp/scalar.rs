@@ -72,6 +72,8 @@ pub(super) fn round(t: Elem, x: f64) -> V {
         Elem::BF16 => V::F(bf16_from_f32(f32_odd(x)).to_f64()),
         Elem::F64 => V::F(x),
         Elem::Bool => V::I((x != 0.0) as i64),
+        t if t.minifloat().is_some() => V::F(minifloat(t, x)),
+        Elem::I4 | Elem::U4 => int_to(t, x as i64),
         _ => V::I(x as i64),
     }
 }
@@ -86,6 +88,8 @@ pub(super) fn int_to(t: Elem, x: i64) -> V {
         Elem::U32 => V::I(x as u32 as i64),
         Elem::I64 | Elem::U64 => V::I(x),
         Elem::Bool => V::I((x != 0) as i64),
+        Elem::I4 => V::I((((x as u8) << 4) as i8 >> 4) as i64),
+        Elem::U4 => V::I(x & 15),
         _ => round(t, x as f64),
     }
 }
@@ -108,7 +112,18 @@ pub(super) fn decode(t: Elem, b: &[u8]) -> V {
         Elem::I32 => V::I(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
         Elem::U32 => V::I(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
         Elem::I64 | Elem::U64 => V::I(i64::from_le_bytes(a(8))),
+        Elem::I4 | Elem::U4 => int_to(t, b[0] as i64),
+        _ => V::F(
+            t.minifloat()
+                .map_or(f64::NAN, |f| f64::from(f.decode(b[0]))),
+        ),
     }
+}
+
+/// `x` rounded to the float8 / float4 type `t` and read back (NaN for a code that is NaN).
+fn minifloat(t: Elem, x: f64) -> f64 {
+    t.minifloat()
+        .map_or(f64::NAN, |f| f64::from(f.decode(f.encode(x))))
 }
 
 pub(super) fn encode(t: Elem, v: V, b: &mut [u8]) {
@@ -131,6 +146,8 @@ pub(super) fn encode(t: Elem, v: V, b: &mut [u8]) {
         Elem::I16 | Elem::U16 => b[..2].copy_from_slice(&(v.i() as u16).to_le_bytes()),
         Elem::I32 | Elem::U32 => b[..4].copy_from_slice(&(v.i() as u32).to_le_bytes()),
         Elem::I64 | Elem::U64 => b[..8].copy_from_slice(&v.i().to_le_bytes()),
+        Elem::I4 | Elem::U4 => b[0] = v.i() as u8,
+        _ => b[0] = t.minifloat().map_or(0, |f| f.encode(v.f())),
     }
 }
 

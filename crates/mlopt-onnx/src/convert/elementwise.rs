@@ -5,7 +5,7 @@ use super::NodeCx;
 use crate::error::Result;
 use crate::proto::data_type;
 use crate::tensor_io::dtype_from_onnx;
-use mlopt_ir::{Binary, Nary, Op, Tensor, Unary, Value};
+use mlopt_ir::{Binary, DType, Nary, Op, Tensor, Unary, Value};
 
 pub(crate) const OPS: &[&str] = &[
     "Relu",
@@ -226,31 +226,54 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "Clip" => clip(cx)?,
             "Cast" => {
                 let to = cx.int("to", 0)? as i32;
-                if cx.int("saturate", 1)? != 1 {
-                    return Err(cx.err(
-                        "saturate=0 only applies to float8 types, which mlopt does not have",
-                    ));
-                }
                 let dtype = dtype_from_onnx(to).ok_or_else(|| {
                     cx.err(format!("cast to {} is not supported", data_type::name(to)))
                 })?;
-                cx.add1(Op::Cast { to: dtype }, &[cx.req(0)?])?
+                cast(cx, dtype)?
             }
             "CastLike" => {
-                if cx.int("saturate", 1)? != 1 {
-                    return Err(cx.err(
-                        "saturate=0 only applies to float8 types, which mlopt does not have",
-                    ));
-                }
                 let like = cx.req(1)?;
                 let to = cx.ty(like).dtype;
-                cx.add1(Op::Cast { to }, &[cx.req(0)?])?
+                cast(cx, to)?
             }
             _ => return Ok(None),
         };
         Ok(Some(vec![out]))
     })();
     r.transpose()
+}
+
+/// Cast (and CastLike) of input 0 to `to`. Into a float8 type with `saturate` (the default) values past
+/// the type's largest clamp to it first, as ONNX's reference defines it; `Op::Cast` itself rounds as
+/// `astype` does (`mlopt_ir::narrow`). `saturate` means nothing for other types.
+fn cast(cx: &mut NodeCx<'_, '_>, to: DType) -> Result<Value> {
+    let x = cx.req(0)?;
+    let saturate = cx.int("saturate", 1)? != 0;
+    if cx.string("round_mode", "up")? != "up" {
+        // (It applies to float8 E8M0 only, which mlopt does not have.)
+        return Err(cx.err("round_mode applies to float8 E8M0 only, which mlopt does not have"));
+    }
+    let from = cx.ty(x).dtype;
+    let x = match to.minifloat() {
+        Some(f) if saturate && to != DType::F4E2M1 && from.is_float() => {
+            let (lo, hi) = (cx.scalar(-f.max(), from), cx.scalar(f.max(), from));
+            cx.add1(Op::Clip, &[x, lo, hi])?
+        }
+        Some(f) if saturate && to != DType::F4E2M1 && from.is_int() => {
+            // An integer type that holds the largest value (so its range passes it): clamped in its
+            // own type.
+            let t = Tensor::full(&mlopt_ir::TensorType::new(from, vec![]), f.max());
+            if t.to_f64_vec()[0] == f.max() {
+                let lo = if from.is_signed() { -f.max() } else { 0.0 };
+                let (lo, hi) = (cx.scalar(lo, from), cx.scalar(f.max(), from));
+                cx.add1(Op::Clip, &[x, lo, hi])?
+            } else {
+                x
+            }
+        }
+        _ => x,
+    };
+    cx.add1(Op::Cast { to }, &[x])
 }
 
 fn clip(cx: &mut NodeCx<'_, '_>) -> Result<Value> {

@@ -39,6 +39,8 @@ fn range(d: DType) -> Option<(f64, f64)> {
         DType::I8 => Some((-128.0, 127.0)),
         DType::U16 => Some((0.0, 65535.0)),
         DType::I16 => Some((-32768.0, 32767.0)),
+        DType::U4 => Some((0.0, 15.0)),
+        DType::I4 => Some((-8.0, 7.0)),
         _ => None,
     }
 }
@@ -90,7 +92,7 @@ fn axis_block(cx: &mut NodeCx<'_, '_>, rank: usize, per_axis: bool) -> Result<(u
 }
 
 /// round(v) + zp, saturated to `to`'s range and cast; `v` is floating point, `zp` optional (integers).
-fn saturate(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>, to: DType) -> Result<Value> {
+fn saturate_int(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>, to: DType) -> Result<Value> {
     let (lo, hi) =
         range(to).ok_or_else(|| cx.err(format!("quantizing to {to} is not supported")))?;
     let wide = cx.ty(v).dtype;
@@ -109,7 +111,7 @@ fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let shape = cx.ty(x).shape.clone();
     let per_axis = cx.ty(scale).numel() > 1 || zp.is_some_and(|z| cx.ty(z).numel() > 1);
     let (a, block) = axis_block(cx, shape.len(), per_axis)?;
-    cx.int("saturate", 1)?;
+    let saturate = cx.int("saturate", 1)? != 0;
     let out_attr = cx.int_opt("output_dtype")?;
     let precision = cx.int_opt("precision")?;
     let to = match (zp, out_attr) {
@@ -130,16 +132,49 @@ fn quantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         Some(z) => Some(align(cx, z, &shape, a, block)?),
         None => None,
     };
-    saturate(cx, q, z, to)
+    match to.minifloat() {
+        Some(f) => quantize_float(cx, q, z, to, f.max(), saturate),
+        None => saturate_int(cx, q, z, to),
+    }
+}
+
+/// Quantizing to float8 / float4 is a cast that rounds to nearest even: float8 ignores the zero point
+/// and clamps to the largest value with `saturate`; float4 adds the zero point, and saturates anyway
+/// (as ONNX's reference computes them).
+fn quantize_float(
+    cx: &mut NodeCx<'_, '_>,
+    q: Value,
+    zp: Option<Value>,
+    to: DType,
+    max: f64,
+    saturate: bool,
+) -> Result<Value> {
+    let wide = cx.ty(q).dtype;
+    let q = match zp {
+        Some(z) if to == DType::F4E2M1 => {
+            let z = cx.cast_to(z, wide)?;
+            cx.bin(Binary::Add, q, z)?
+        }
+        _ => q,
+    };
+    let q = if saturate && to != DType::F4E2M1 {
+        let (l, h) = (cx.scalar(-max, wide), cx.scalar(max, wide));
+        cx.add1(Op::Clip, &[q, l, h])?
+    } else {
+        q
+    };
+    cx.cast_to(q, to)
 }
 
 fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (x, scale, zp) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
     let shape = cx.ty(x).shape.clone();
-    if !matches!(
-        cx.ty(x).dtype,
-        DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32
-    ) {
+    let xt = cx.ty(x).dtype;
+    if !(matches!(
+        xt,
+        DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32 | DType::I4 | DType::U4
+    ) || xt.minifloat().is_some())
+    {
         return Err(cx.err_in(
             0,
             format!("dequantizing {} is not supported", cx.ty(x).dtype),
@@ -185,7 +220,7 @@ fn dynamic_quantize(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     let zp = cx.add1(Op::Clip, &[izp, lo, hi])?;
     let zpi = cx.un(Unary::Round, zp)?;
     let xs = cx.bin(Binary::Div, x, scale)?;
-    let y = saturate(cx, xs, Some(zpi), DType::U8)?;
+    let y = saturate_int(cx, xs, Some(zpi), DType::U8)?;
     let zpu = cx.cast_to(zpi, DType::U8)?;
     Ok(vec![y, scale, zpu])
 }
@@ -228,7 +263,7 @@ fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let d = cx.bin(Binary::Mul, cf, ratio)?;
     // Rounded, the zero point added and saturated to the output type, as the specification and onnx
     // 1.23's reference have it (onnx 1.18's reference wrapped out-of-range results).
-    saturate(cx, d, y_z, to)
+    saturate_int(cx, d, y_z, to)
 }
 
 /// ConvInteger (i32 result) and QLinearConv (requantised), computed in f64, which is exact here.
@@ -328,5 +363,5 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
         Some(z) => cx.ty(z).dtype,
         None => cx.ty(x).dtype,
     };
-    saturate(cx, d, y_z, to)
+    saturate_int(cx, d, y_z, to)
 }
