@@ -609,6 +609,47 @@ def _():
     return model([node], [f32("x", [1, 8, 20])], [f32("y", None)], inits, opset=18)
 
 
+# --- Spectral ops: sizes from the file checked before their matrices are built; values against ORT ----
+
+
+@case("dft_huge_length", needle="bad")
+def _():
+    node = h.make_node("DFT", ["x", "n"], ["y"], name="bad", onesided=1)
+    return model([node], [f32("x", [1, 8, 1])], [f32("y", None)], [const("n", np.array(2**31, np.int64))], opset=17)
+
+
+@case("stft_frame_past_signal", needle="bad")
+def _():
+    node = h.make_node("STFT", ["x", "step", "", "len"], ["y"], name="bad")
+    inits = [const("step", np.array(2, np.int64)), const("len", np.array(64, np.int64))]
+    return model([node], [f32("x", [1, 16, 1])], [f32("y", None)], inits, opset=17)
+
+
+# --- Narrow element types: packed 4-bit data, float8 rounding and saturation against ORT -------------
+
+
+# Three int4 values need two packed bytes; the initializer has one.
+@case("int4_initializer_short", needle="bad")
+def _():
+    w = T()
+    w.name, w.data_type, w.raw_data = "bad", T.INT4, bytes([0x21])
+    w.dims.extend([3])
+    node = h.make_node("DequantizeLinear", ["bad", "s"], ["y"], name="dq")
+    return model([node], [], [f32("y", None)], [w, const("s", np.array(0.5, np.float32))], opset=21)
+
+
+# Past E4M3FN's largest value (448), NaN and infinities, with saturate (the default) and without; read
+# back as f32. ONNX Runtime gives the same codes.
+@case("cast_float8_saturation", expect="ok",
+      good={"x": np.array([0.3, -470, 464, 1e9, -np.inf, np.nan, 1e-9, -3.1], np.float32)})
+def _():
+    nodes = [h.make_node("Cast", ["x"], ["s8"], name="sat", to=T.FLOAT8E4M3FN),
+             h.make_node("Cast", ["x"], ["n8"], name="nosat", to=T.FLOAT8E4M3FN, saturate=0),
+             h.make_node("Cast", ["s8"], ["s"], name="s32", to=T.FLOAT),
+             h.make_node("Cast", ["n8"], ["n"], name="n32", to=T.FLOAT)]
+    return model(nodes, [f32("x", [8])], [f32("s", None), f32("n", None)], opset=21)
+
+
 # --- Control flow: an If whose condition is known at compile time is its branch ------------------------
 
 

@@ -42,6 +42,7 @@ pub(crate) const OPS: &[&str] = &[
     "Det",
     "MaxUnpool",
     "Col2Im",
+    "TensorScatter",
 ];
 
 pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
@@ -58,6 +59,7 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
             "OneHot" => vec![one_hot(cx)?],
             "EyeLike" => vec![eye_like(cx)?],
             "RotaryEmbedding" => vec![rotary(cx)?],
+            "TensorScatter" => vec![super::transformer::tensor_scatter(cx)?],
             "CenterCropPad" => vec![center_crop_pad(cx)?],
             "Einsum" => vec![super::einsum::einsum(cx)?],
             "AffineGrid" => vec![affine_grid(cx)?],

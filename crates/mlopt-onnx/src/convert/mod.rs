@@ -16,6 +16,7 @@ mod nn;
 mod quant;
 mod rnn;
 mod shape;
+mod spectral;
 mod transformer;
 mod unpool;
 
@@ -434,6 +435,7 @@ const FAMILIES: &[(Converter, &[&str])] = &[
     (rnn::convert, rnn::OPS),
     (quant::convert, quant::OPS),
     (control::convert, control::OPS),
+    (spectral::convert, spectral::OPS),
 ];
 
 fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {

@@ -452,3 +452,72 @@ pub(super) fn rotary(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         _ => cx.add1(Op::Reshape { shape: ty.shape }, &[out]),
     }
 }
+
+/// TensorScatter (opset 24), a KV cache's update: `update` written into `past_cache` along `axis` from
+/// each batch item's `write_indices` position (zeros without them), wrapping around the cache in
+/// `circular` mode. A `scatter_elements` along the axis whose indices are the positions plus a ramp
+/// over the update's length, so the positions may be a run-time input; in `linear` mode one past the
+/// cache is the scatter's data error, naming the node.
+pub(super) fn tensor_scatter(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
+    let (cache, update, positions) = (cx.req(0)?, cx.req(1)?, cx.input(2)?);
+    let (ct, ut) = (cx.ty(cache).clone(), cx.ty(update).clone());
+    let circular = match cx.string("mode", "linear")?.as_str() {
+        "linear" => false,
+        "circular" => true,
+        m => return Err(cx.err(format!("mode '{m}' must be linear or circular"))),
+    };
+    let a = cx.int("axis", -2)?;
+    let a = axis(cx, a, ct.rank())?;
+    let fits = ct.rank() == ut.rank()
+        && ct.dtype == ut.dtype
+        && a > 0
+        && (0..ct.rank()).all(|d| {
+            if d == a {
+                ut.shape[d] <= ct.shape[d]
+            } else {
+                ut.shape[d] == ct.shape[d]
+            }
+        });
+    if !fits {
+        return Err(cx.err_in(
+            1,
+            format!(
+                "the update {ut} does not fit the cache {ct} along axis {a} (after the batch axis)"
+            ),
+        ));
+    }
+    let batch = ct.shape[0];
+    let mut along = vec![1; ct.rank()];
+    along[a] = ut.shape[a];
+    let ramp = Tensor::from_vec(&along, (0..ut.shape[a] as i64).collect())
+        .ok_or_else(|| cx.err("ramp"))?;
+    let mut idx = cx.konst_value(ramp);
+    if let Some(p) = positions {
+        let pt = cx.ty(p).clone();
+        if pt.shape != [batch] || !pt.dtype.is_int() {
+            return Err(cx.err_in(2, format!("write_indices {pt} is not [{batch}] integers")));
+        }
+        let mut per_item = vec![1; ct.rank()];
+        per_item[0] = batch;
+        let p = cx.cast_to(p, DType::I64)?;
+        let p = cx.add1(Op::Reshape { shape: per_item }, &[p])?;
+        idx = cx.bin(Binary::Add, idx, p)?;
+    }
+    if circular {
+        let len = cx.scalar(ct.shape[a] as f64, DType::I64);
+        idx = cx.bin(Binary::Mod { fmod: false }, idx, len)?;
+    }
+    let idx = cx.add1(
+        Op::Expand {
+            shape: ut.shape.clone(),
+        },
+        &[idx],
+    )?;
+    cx.add1(
+        Op::ScatterElements {
+            axis: a,
+            reduction: mlopt_ir::ScatterReduction::None,
+        },
+        &[cache, idx, update],
+    )
+}
