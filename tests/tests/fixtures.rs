@@ -77,6 +77,25 @@ fn recurrent_ops_match_onnx_runtime() {
 /// Control flow (an If on a shape, a Loop with a scan output, a Scan with a reversed input and a
 /// transposed output, an If nested in a Loop, all unrolled and folded at import; an If on an input, taken
 /// each way at run time): interpreted and compiled (x86-64-v4, 2 threads), against ONNX Runtime.
+/// DeformConv (groups, offset groups, mask, bias, stride, dilation, padding) and RoiAlign (avg, max;
+/// boxes partly outside the image) on several channels and images, interpreted and compiled, against
+/// ONNX Runtime (onnx's reference where ORT lacks the op or differs from the specification).
+#[test]
+fn sampling_ops_match_the_reference_interpreted_and_compiled() {
+    each_case("sampling", 3);
+    for k in 0..3 {
+        let name = format!("sampling/{k}");
+        let config = mlopt_rewrite::Config::new(
+            mlopt_target::Target::named(mlopt_target::runnable_level(), 2).unwrap(),
+        );
+        let c = mlopt_driver::compile(&import(&name), &mlopt_driver::Options::new(config)).unwrap();
+        let (inputs, want) = data(&name);
+        let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let err = mlopt_tests::worst_error(&want, &got);
+        assert!(err < 1e-5, "{name} compiled: error {err:e}");
+    }
+}
+
 #[test]
 fn control_flow_matches_onnx_runtime_interpreted_and_compiled() {
     each_case("control", 6);

@@ -125,6 +125,11 @@ impl DType {
         self.is_half() || self.minifloat().is_some()
     }
 
+    /// float8, float4, int4 and uint4 (`narrow.rs`): one per byte, types numpy has no name for.
+    pub fn is_narrow(self) -> bool {
+        self.minifloat().is_some() || self.is_nibble()
+    }
+
     /// int4 and uint4: stored one per byte, packed two to a byte in ONNX files.
     pub fn is_nibble(self) -> bool {
         matches!(self, DType::I4 | DType::U4)

@@ -15,6 +15,28 @@ use ndarray::ArrayD;
 use std::cmp::Ordering;
 use std::fmt;
 
+/// The `Elem` methods a one-byte type's storage takes: its `Tensor` variant, and its byte (`from_byte`
+/// reads one back).
+macro_rules! one_byte {
+    ($t:ident, $from_byte:expr) => {
+        fn wrap(a: ArrayD<Self>) -> Tensor {
+            Tensor::$t(a)
+        }
+        fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
+            match t {
+                Tensor::$t(a) => Some(a),
+                _ => None,
+            }
+        }
+        fn write_le(self, out: &mut Vec<u8>) {
+            out.push(self.0 as u8);
+        }
+        fn read_le(b: &[u8]) -> Self {
+            $from_byte(b[0])
+        }
+    };
+}
+
 macro_rules! minifloat {
     ($(#[$doc:meta])* $t:ident, $format:expr) => {
         $(#[$doc])*
@@ -60,21 +82,7 @@ macro_rules! minifloat {
             fn from_i64(v: i64) -> Self {
                 $t(Self::FORMAT.encode(v as f64))
             }
-            fn wrap(a: ArrayD<Self>) -> Tensor {
-                Tensor::$t(a)
-            }
-            fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
-                match t {
-                    Tensor::$t(a) => Some(a),
-                    _ => None,
-                }
-            }
-            fn write_le(self, out: &mut Vec<u8>) {
-                out.push(self.0);
-            }
-            fn read_le(b: &[u8]) -> Self {
-                $t(b[0])
-            }
+            one_byte!($t, |b: u8| $t(b));
         }
     };
 }
@@ -140,21 +148,7 @@ macro_rules! nibble {
             fn from_i64(v: i64) -> Self {
                 Self::wrapping(v)
             }
-            fn wrap(a: ArrayD<Self>) -> Tensor {
-                Tensor::$t(a)
-            }
-            fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
-                match t {
-                    Tensor::$t(a) => Some(a),
-                    _ => None,
-                }
-            }
-            fn write_le(self, out: &mut Vec<u8>) {
-                out.push(self.0 as u8);
-            }
-            fn read_le(b: &[u8]) -> Self {
-                Self::wrapping(i64::from(b[0]))
-            }
+            one_byte!($t, |b: u8| Self::wrapping(i64::from(b)));
         }
     };
 }

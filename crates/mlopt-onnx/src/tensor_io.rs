@@ -200,7 +200,7 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     let numel = ty
         .checked_numel()
         .ok_or_else(|| err("too many elements".into()))?;
-    if dtype.is_nibble() || dtype == DType::F4E2M1 {
+    if packed_in_files(dtype) {
         return nibbles_from_proto(t, base, &ty, numel);
     }
     let nbytes = numel
@@ -297,11 +297,16 @@ fn nibbles_from_proto(
     })
 }
 
+/// The 4-bit types, which ONNX files pack two to a byte.
+fn packed_in_files(d: DType) -> bool {
+    d.is_nibble() || d == DType::F4E2M1
+}
+
 /// The bytes of `raw_data` for `t`: its values' little-endian bytes, the 4-bit types packed two to a
 /// byte (first in the low bits).
 fn raw_bytes(t: &Tensor) -> Vec<u8> {
     let bytes = t.to_le_bytes();
-    if t.dtype().is_nibble() || t.dtype() == DType::F4E2M1 {
+    if packed_in_files(t.dtype()) {
         bytes
             .chunks(2)
             .map(|p| (p[0] & 15) | (p.get(1).copied().unwrap_or(0) << 4))

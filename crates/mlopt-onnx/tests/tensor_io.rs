@@ -23,7 +23,7 @@ fn expected(dtype: DType) -> Tensor {
 /// Whether numpy names the type in a `.npy` header (not bf16, float8, float4, int4 or uint4: ml_dtypes
 /// saves those as voids of their size).
 fn numpy_names(d: DType) -> bool {
-    d != DType::BF16 && d.minifloat().is_none() && !d.is_nibble()
+    d != DType::BF16 && !d.is_narrow()
 }
 
 #[test]

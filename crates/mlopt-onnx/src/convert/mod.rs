@@ -15,6 +15,7 @@ mod linalg;
 mod nn;
 mod quant;
 mod rnn;
+mod roi;
 mod shape;
 mod spectral;
 mod transformer;
@@ -436,6 +437,7 @@ const FAMILIES: &[(Converter, &[&str])] = &[
     (quant::convert, quant::OPS),
     (control::convert, control::OPS),
     (spectral::convert, spectral::OPS),
+    (roi::convert, roi::OPS),
 ];
 
 fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
