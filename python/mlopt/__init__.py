@@ -32,7 +32,7 @@ class Error(Exception):
 
 
 # The C API's element types as numpy dtypes (bf16 has none: its values are passed as their uint16 bits;
-# float8 and float4 as their one-byte codes, int4 and uint4 one value per byte).
+# float8 and float4 as their one-byte codes, int4, uint4, int2 and uint2 one value per byte).
 _DTYPES = {
     "f32": np.float32,
     "f64": np.float64,
@@ -54,6 +54,8 @@ _DTYPES = {
     "f4e2m1": np.uint8,
     "i4": np.int8,
     "u4": np.uint8,
+    "i2": np.int8,
+    "u2": np.uint8,
 }
 
 

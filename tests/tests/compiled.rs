@@ -1063,7 +1063,7 @@ fn casts_to_bytes_saturate_as_the_interpreter_does() {
     }
 }
 
-/// f32 and f64 -> float8 (the four kinds), float4 E2M1, int4 and uint4 on every x86 level, against the
+/// f32 and f64 -> float8 (the four kinds), float4 E2M1, int4, uint4, int2 and uint2 on every x86 level, against the
 /// interpreter byte for byte (whose codes `mlopt_minifloat`'s tests check against ml_dtypes, ONNX's
 /// reference): every code's value, the midpoints between neighbouring codes (ties to even) and a hair
 /// either side, overflow past the largest value, subnormals, zeros and NaNs of both signs; serial and
@@ -1118,7 +1118,7 @@ fn casts_to_and_from_narrow_types_match_the_interpreter() {
         values.push(1.0);
     }
     let mut to = narrow.to_vec();
-    to.extend([Elem::I4, Elem::U4]);
+    to.extend([Elem::I4, Elem::U4, Elem::I2, Elem::U2]);
     let kinds = [LoopKind::Serial, LoopKind::Vector(8), LoopKind::Vector(16)];
     let (p, inputs) = cast_program("to_narrow", &values, &to, &kinds);
     let want = mlopt_kir::run_program(&p, &inputs).unwrap();
@@ -1142,7 +1142,7 @@ fn casts_to_and_from_narrow_types_match_the_interpreter() {
         ..Default::default()
     };
     let mut from = narrow.to_vec();
-    from.extend([Elem::I4, Elem::U4]);
+    from.extend([Elem::I4, Elem::U4, Elem::I2, Elem::U2]);
     for (src, &e) in from.iter().enumerate() {
         p.inputs.push(Io {
             name: format!("x{src}"),
@@ -1161,12 +1161,14 @@ fn casts_to_and_from_narrow_types_match_the_interpreter() {
             }
         }
     }
-    // int4 / uint4 bytes as the types hold them (sign- / zero-extended).
+    // int4 / uint4 / int2 / uint2 bytes as the types hold them (sign- / zero-extended).
     let bytes = |e: Elem| -> Vec<u8> {
         (0..=255u8)
             .map(|b| match e {
                 Elem::I4 => (((b << 4) as i8) >> 4) as u8,
                 Elem::U4 => b & 15,
+                Elem::I2 => (((b << 6) as i8) >> 6) as u8,
+                Elem::U2 => b & 3,
                 _ => b,
             })
             .collect()

@@ -19,9 +19,9 @@ fn c_type(e: Elem) -> &'static str {
         Elem::F32 => "float",
         Elem::F64 => "double",
         Elem::F16 | Elem::BF16 => "uint16_t",
-        // int4 is one value per byte, sign-extended; float8 / float4 one code per byte.
-        Elem::I8 | Elem::I4 => "int8_t",
-        Elem::U8 | Elem::Bool | Elem::U4 => "uint8_t",
+        // int4 / int2 are one value per byte, sign-extended; float8 / float4 one code per byte.
+        Elem::I8 | Elem::I4 | Elem::I2 => "int8_t",
+        Elem::U8 | Elem::Bool | Elem::U4 | Elem::U2 => "uint8_t",
         Elem::F8E4M3FN | Elem::F8E4M3FNUZ | Elem::F8E5M2 | Elem::F8E5M2FNUZ | Elem::F4E2M1 => {
             "uint8_t"
         }
@@ -39,8 +39,8 @@ fn rust_type(e: Elem) -> &'static str {
         Elem::F32 => "f32",
         Elem::F64 => "f64",
         Elem::F16 | Elem::BF16 => "u16",
-        Elem::I8 | Elem::I4 => "i8",
-        Elem::U8 | Elem::Bool | Elem::U4 => "u8",
+        Elem::I8 | Elem::I4 | Elem::I2 => "i8",
+        Elem::U8 | Elem::Bool | Elem::U4 | Elem::U2 => "u8",
         Elem::F8E4M3FN | Elem::F8E4M3FNUZ | Elem::F8E5M2 | Elem::F8E5M2FNUZ | Elem::F4E2M1 => "u8",
         Elem::I16 => "i16",
         Elem::U16 => "u16",

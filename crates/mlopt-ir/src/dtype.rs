@@ -29,10 +29,12 @@ pub enum DType {
     F4E2M1,
     I4,
     U4,
+    I2,
+    U2,
 }
 
 impl DType {
-    pub const ALL: [DType; 20] = [
+    pub const ALL: [DType; 22] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -53,6 +55,8 @@ impl DType {
         DType::F4E2M1,
         DType::I4,
         DType::U4,
+        DType::I2,
+        DType::U2,
     ];
 
     /// The spelling used in the text IR.
@@ -78,6 +82,8 @@ impl DType {
             DType::F4E2M1 => "f4e2m1",
             DType::I4 => "i4",
             DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
         }
     }
 
@@ -98,7 +104,9 @@ impl DType {
             | DType::F8E5M2FNUZ
             | DType::F4E2M1
             | DType::I4
-            | DType::U4 => 1,
+            | DType::U4
+            | DType::I2
+            | DType::U2 => 1,
         }
     }
 
@@ -130,9 +138,18 @@ impl DType {
         self.minifloat().is_some() || self.is_nibble()
     }
 
-    /// int4 and uint4: stored one per byte, packed two to a byte in ONNX files.
+    /// int4, uint4, int2 and uint2: stored one per byte, packed in ONNX files.
     pub fn is_nibble(self) -> bool {
-        matches!(self, DType::I4 | DType::U4)
+        self.sub_byte_bits().is_some()
+    }
+
+    /// The width of the integers narrower than a byte (4 or 2), which wrap to it.
+    pub fn sub_byte_bits(self) -> Option<u32> {
+        match self {
+            DType::I4 | DType::U4 => Some(4),
+            DType::I2 | DType::U2 => Some(2),
+            _ => None,
+        }
     }
 
     /// bf16 or f16: the 16-bit floats, stored narrow and computed in f32.
@@ -148,7 +165,7 @@ impl DType {
         self.is_float()
             || matches!(
                 self,
-                DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::I4
+                DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::I4 | DType::I2
             )
     }
 }

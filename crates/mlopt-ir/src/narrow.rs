@@ -1,12 +1,12 @@
 //! The element types narrower than a byte's worth of range: ONNX's float8 kinds and float4 E2M1
-//! (`mlopt_minifloat` formats), and int4 / uint4. Each is stored one element per byte, in tensors, in
-//! constants and in compiled code's buffers alike (ONNX files pack the 4-bit types two to a byte; the
-//! importer unpacks them).
+//! (`mlopt_minifloat` formats), and int4, uint4, int2 and uint2. Each is stored one element per byte,
+//! in tensors, in constants and in compiled code's buffers alike (ONNX files pack the 4-bit types two
+//! and the 2-bit ones four to a byte; the importer unpacks them).
 //!
 //! The floats are computed in f32 as f16 and bf16 are, and converted with ONNX `Cast` semantics: to
 //! the nearest code, ties to even, a value past the largest becoming infinity, NaN or the largest as the
-//! format has them (`Cast`'s `saturate` is a clamp the importer adds before the cast). The 4-bit
-//! integers wrap, as every integer cast does.
+//! format has them (`Cast`'s `saturate` is a clamp the importer adds before the cast). The 4- and
+//! 2-bit integers wrap, as every integer cast does.
 
 use crate::tensor::{Elem, Tensor};
 use crate::DType;
@@ -165,6 +165,18 @@ nibble!(
     u8,
     |v: i64| v as u8 & 15
 );
+nibble!(
+    /// int2: -2..=1, held sign-extended in a byte.
+    I2,
+    i8,
+    |v: i64| ((v as u8) << 6) as i8 >> 6
+);
+nibble!(
+    /// uint2: 0..=3, held zero-extended in a byte.
+    U2,
+    u8,
+    |v: i64| v as u8 & 3
+);
 
 #[cfg(test)]
 mod tests {
@@ -177,6 +189,10 @@ mod tests {
         let u: Vec<u8> = x.iter().map(|&v| U4::from_f64(v).0).collect();
         assert_eq!(i, [7, -8, 7, -8, -1, -4, 4, 0]);
         assert_eq!(u, [7, 8, 7, 8, 15, 12, 4, 0]);
+        let i: Vec<i8> = x.iter().map(|&v| I2::from_f64(v).0).collect();
+        let u: Vec<u8> = x.iter().map(|&v| U2::from_f64(v).0).collect();
+        assert_eq!(i, [-1, 0, -1, 0, -1, 0, 0, 0]);
+        assert_eq!(u, [3, 0, 3, 0, 3, 0, 0, 0]);
     }
 
     #[test]

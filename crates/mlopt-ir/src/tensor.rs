@@ -5,7 +5,7 @@
 //! whichever variant a tensor holds.
 
 use crate::dtype::{DType, TensorType};
-use crate::narrow::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
+use crate::narrow::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I2, I4, U2, U4};
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
@@ -33,6 +33,8 @@ pub enum Tensor {
     F4E2M1(ArrayD<F4E2M1>),
     I4(ArrayD<I4>),
     U4(ArrayD<U4>),
+    I2(ArrayD<I2>),
+    U2(ArrayD<U2>),
 }
 
 /// Runs `$body` with `$a` bound to the array inside `$t`, whatever its element type.
@@ -60,6 +62,8 @@ macro_rules! dispatch {
             $crate::Tensor::F4E2M1($a) => $body,
             $crate::Tensor::I4($a) => $body,
             $crate::Tensor::U4($a) => $body,
+            $crate::Tensor::I2($a) => $body,
+            $crate::Tensor::U2($a) => $body,
         }
     };
 }
@@ -328,6 +332,14 @@ macro_rules! with_dtype {
                 type $T = $crate::narrow::U4;
                 $body
             }
+            $crate::DType::I2 => {
+                type $T = $crate::narrow::I2;
+                $body
+            }
+            $crate::DType::U2 => {
+                type $T = $crate::narrow::U2;
+                $body
+            }
         }
     };
 }
@@ -366,6 +378,8 @@ impl Tensor {
             Tensor::F4E2M1(_) => DType::F4E2M1,
             Tensor::I4(_) => DType::I4,
             Tensor::U4(_) => DType::U4,
+            Tensor::I2(_) => DType::I2,
+            Tensor::U2(_) => DType::U2,
         }
     }
 

@@ -34,7 +34,7 @@ pub enum Elem {
     U64,
     Bool,
     /// The narrow types, one per byte: float8 and float4 (`mlopt_minifloat` formats; loaded, stored and
-    /// cast, computed in f32 like f16) and the 4-bit integers (held sign- or zero-extended).
+    /// cast, computed in f32 like f16) and the 4- and 2-bit integers (held sign- or zero-extended).
     F8E4M3FN,
     F8E4M3FNUZ,
     F8E5M2,
@@ -42,10 +42,12 @@ pub enum Elem {
     F4E2M1,
     I4,
     U4,
+    I2,
+    U2,
 }
 
 impl Elem {
-    pub const ALL: [Elem; 20] = [
+    pub const ALL: [Elem; 22] = [
         Elem::F32,
         Elem::F16,
         Elem::BF16,
@@ -66,6 +68,8 @@ impl Elem {
         Elem::F4E2M1,
         Elem::I4,
         Elem::U4,
+        Elem::I2,
+        Elem::U2,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +94,8 @@ impl Elem {
             Elem::F4E2M1 => "f4e2m1",
             Elem::I4 => "i4",
             Elem::U4 => "u4",
+            Elem::I2 => "i2",
+            Elem::U2 => "u2",
         }
     }
 
@@ -109,7 +115,9 @@ impl Elem {
             | Elem::F8E5M2FNUZ
             | Elem::F4E2M1
             | Elem::I4
-            | Elem::U4 => 1,
+            | Elem::U4
+            | Elem::I2
+            | Elem::U2 => 1,
         }
     }
 
@@ -134,7 +142,7 @@ impl Elem {
     pub fn is_unsigned(self) -> bool {
         matches!(
             self,
-            Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 | Elem::Bool | Elem::U4
+            Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 | Elem::Bool | Elem::U4 | Elem::U2
         )
     }
 }

@@ -46,7 +46,9 @@ pub fn ty<'c>(c: &'c Context, e: Elem) -> BasicTypeEnum<'c> {
         | Elem::F8E5M2FNUZ
         | Elem::F4E2M1
         | Elem::I4
-        | Elem::U4 => c.i8_type().into(),
+        | Elem::U4
+        | Elem::I2
+        | Elem::U2 => c.i8_type().into(),
     }
 }
 

@@ -436,8 +436,9 @@ pub fn cast<'c>(
         };
         return crate::minifloat::encode(g, x, f);
     }
-    // int4 / uint4 are held sign- / zero-extended in a byte: read as i8 / u8, and made by wrapping
-    // a value's low four bits (a float truncated to i64 first, as the interpreters do).
+    // int4 / uint4 / int2 / uint2 are held sign- / zero-extended in a byte: read as i8 / u8, and made
+    // by wrapping a value's low four or two bits (a float truncated to i64 first, as the interpreters
+    // do).
     if let Some(byte) = nibble_byte(from) {
         return cast(g, x, byte, to);
     }
@@ -448,13 +449,18 @@ pub fn cast<'c>(
             x
         };
         let b = cast(g, x, if from.is_float() { Elem::I64 } else { from }, byte)?;
-        let four = const_like(g.ctx, b, 4.0, byte);
-        return Ok(if to == Elem::I4 {
-            let up = g.builder.build_binop(Op::Shl, b, four, "i4")?;
-            g.builder.build_binop(Op::AShr, up, four, "i4")?
+        let bits = if matches!(to, Elem::I4 | Elem::U4) {
+            4
         } else {
-            let low = const_like(g.ctx, b, 15.0, byte);
-            g.builder.build_binop(Op::And, b, low, "u4")?
+            2
+        };
+        return Ok(if byte == Elem::I8 {
+            let unused = const_like(g.ctx, b, f64::from(8 - bits), byte);
+            let up = g.builder.build_binop(Op::Shl, b, unused, "sub_byte")?;
+            g.builder.build_binop(Op::AShr, up, unused, "sub_byte")?
+        } else {
+            let low = const_like(g.ctx, b, f64::from((1 << bits) - 1), byte);
+            g.builder.build_binop(Op::And, b, low, "sub_byte")?
         });
     }
     let t = shaped(g, x, to);
@@ -581,8 +587,8 @@ pub fn cast<'c>(
 /// The byte type an int4 / uint4 is held in.
 fn nibble_byte(e: Elem) -> Option<Elem> {
     match e {
-        Elem::I4 => Some(Elem::I8),
-        Elem::U4 => Some(Elem::U8),
+        Elem::I4 | Elem::I2 => Some(Elem::I8),
+        Elem::U4 | Elem::U2 => Some(Elem::U8),
         _ => None,
     }
 }

@@ -28,6 +28,8 @@ pub fn elem(d: DType) -> Elem {
         DType::F4E2M1 => Elem::F4E2M1,
         DType::I4 => Elem::I4,
         DType::U4 => Elem::U4,
+        DType::I2 => Elem::I2,
+        DType::U2 => Elem::U2,
     }
 }
 
@@ -36,8 +38,8 @@ pub fn compute(t: Elem) -> Elem {
     match t {
         Elem::F16 | Elem::BF16 => Elem::F32,
         t if t.minifloat().is_some() => Elem::F32,
-        Elem::I4 => Elem::I8,
-        Elem::U4 => Elem::U8,
+        Elem::I4 | Elem::I2 => Elem::I8,
+        Elem::U4 | Elem::U2 => Elem::U8,
         t => t,
     }
 }

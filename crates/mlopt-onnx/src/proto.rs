@@ -34,10 +34,12 @@ pub mod data_type {
     pub const UINT4: i32 = 21;
     pub const INT4: i32 = 22;
     pub const FLOAT4E2M1: i32 = 23;
+    pub const UINT2: i32 = 25;
+    pub const INT2: i32 = 26;
 
     /// The schema's name for a data type value, for error messages.
     pub fn name(t: i32) -> String {
-        const NAMES: [&str; 24] = [
+        const NAMES: [&str; 27] = [
             "UNDEFINED",
             "FLOAT",
             "UINT8",
@@ -62,6 +64,9 @@ pub mod data_type {
             "UINT4",
             "INT4",
             "FLOAT4E2M1",
+            "FLOAT8E8M0",
+            "UINT2",
+            "INT2",
         ];
         usize::try_from(t)
             .ok()

@@ -31,6 +31,8 @@ pub fn dtype_from_onnx(t: i32) -> Option<DType> {
         dt::FLOAT4E2M1 => DType::F4E2M1,
         dt::INT4 => DType::I4,
         dt::UINT4 => DType::U4,
+        dt::INT2 => DType::I2,
+        dt::UINT2 => DType::U2,
         _ => return None,
     })
 }
@@ -57,6 +59,8 @@ pub fn dtype_to_onnx(d: DType) -> i32 {
         DType::F4E2M1 => dt::FLOAT4E2M1,
         DType::I4 => dt::INT4,
         DType::U4 => dt::UINT4,
+        DType::I2 => dt::INT2,
+        DType::U2 => dt::UINT2,
     }
 }
 
@@ -200,8 +204,8 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     let numel = ty
         .checked_numel()
         .ok_or_else(|| err("too many elements".into()))?;
-    if packed_in_files(dtype) {
-        return nibbles_from_proto(t, base, &ty, numel);
+    if let Some(bits) = packed_bits(dtype) {
+        return unpack_from_proto(t, base, &ty, numel, bits);
     }
     let nbytes = numel
         .checked_mul(dtype.size())
@@ -258,16 +262,18 @@ pub fn tensor_from_proto(t: &TensorProto, base: Option<&Path>) -> Result<Tensor>
     Ok(out)
 }
 
-/// A tensor of a 4-bit type (int4, uint4, float4 E2M1): ONNX packs two to a byte, the first in the low
-/// four bits (in `raw_data`, in external data, and in `int32_data`, one byte's pair per int32); mlopt
-/// holds one per byte.
-fn nibbles_from_proto(
+/// A tensor of a type narrower than a byte (int4, uint4, float4 E2M1: two to a byte; int2, uint2: four):
+/// ONNX packs them from the low bits up, the first element lowest (in `raw_data`, in external data, and in
+/// `int32_data`, one byte's worth per int32); mlopt holds one per byte.
+fn unpack_from_proto(
     t: &TensorProto,
     base: Option<&Path>,
     ty: &TensorType,
     numel: usize,
+    bits: usize,
 ) -> Result<Tensor> {
-    let packed_len = numel.div_ceil(2);
+    let per_byte = 8 / bits;
+    let packed_len = numel.div_ceil(per_byte);
     let packed: Vec<u8> = if t.data_location == tensor_proto::DATA_LOCATION_EXTERNAL {
         let bytes = TensorType::new(DType::U8, vec![packed_len]);
         read_external(t, base, &bytes, packed_len)?.to_le_bytes()
@@ -280,15 +286,16 @@ fn nibbles_from_proto(
         return Err(OnnxError::Tensor {
             name: t.name.clone(),
             msg: format!(
-                "{} bytes of packed 4-bit values for shape {:?} ({packed_len} expected)",
+                "{} bytes of packed {bits}-bit values for shape {:?} ({packed_len} expected)",
                 packed.len(),
                 ty.shape
             ),
         });
     }
+    let mask = (1u8 << bits) - 1;
     let bytes: Vec<u8> = packed
         .iter()
-        .flat_map(|b| [b & 15, b >> 4])
+        .flat_map(|b| (0..per_byte).map(move |k| (b >> (k * bits)) & mask))
         .take(numel)
         .collect();
     Tensor::from_le_bytes(ty, &bytes).ok_or_else(|| OnnxError::Tensor {
@@ -297,22 +304,31 @@ fn nibbles_from_proto(
     })
 }
 
-/// The 4-bit types, which ONNX files pack two to a byte.
-fn packed_in_files(d: DType) -> bool {
-    d.is_nibble() || d == DType::F4E2M1
+/// The bits a type takes in ONNX files where they pack it (several to a byte).
+fn packed_bits(d: DType) -> Option<usize> {
+    match d {
+        DType::F4E2M1 => Some(4),
+        d => d.sub_byte_bits().map(|b| b as usize),
+    }
 }
 
-/// The bytes of `raw_data` for `t`: its values' little-endian bytes, the 4-bit types packed two to a
-/// byte (first in the low bits).
+/// The bytes of `raw_data` for `t`: its values' little-endian bytes, the sub-byte types packed from
+/// the low bits up (first element lowest).
 fn raw_bytes(t: &Tensor) -> Vec<u8> {
     let bytes = t.to_le_bytes();
-    if packed_in_files(t.dtype()) {
-        bytes
-            .chunks(2)
-            .map(|p| (p[0] & 15) | (p.get(1).copied().unwrap_or(0) << 4))
-            .collect()
-    } else {
-        bytes
+    match packed_bits(t.dtype()) {
+        Some(bits) => {
+            let mask = (1u8 << bits) - 1;
+            bytes
+                .chunks(8 / bits)
+                .map(|p| {
+                    p.iter()
+                        .enumerate()
+                        .fold(0u8, |acc, (k, v)| acc | ((v & mask) << (k * bits)))
+                })
+                .collect()
+        }
+        None => bytes,
     }
 }
 
@@ -370,7 +386,9 @@ fn npy_descr(d: DType) -> &'static str {
         | DType::F8E5M2FNUZ
         | DType::F4E2M1
         | DType::I4
-        | DType::U4 => "|V1",
+        | DType::U4
+        | DType::I2
+        | DType::U2 => "|V1",
     }
 }
 

@@ -73,7 +73,7 @@ pub(super) fn round(t: Elem, x: f64) -> V {
         Elem::F64 => V::F(x),
         Elem::Bool => V::I((x != 0.0) as i64),
         t if t.minifloat().is_some() => V::F(minifloat(t, x)),
-        Elem::I4 | Elem::U4 => int_to(t, x as i64),
+        Elem::I4 | Elem::U4 | Elem::I2 | Elem::U2 => int_to(t, x as i64),
         _ => V::I(x as i64),
     }
 }
@@ -90,6 +90,8 @@ pub(super) fn int_to(t: Elem, x: i64) -> V {
         Elem::Bool => V::I((x != 0) as i64),
         Elem::I4 => V::I((((x as u8) << 4) as i8 >> 4) as i64),
         Elem::U4 => V::I(x & 15),
+        Elem::I2 => V::I((((x as u8) << 6) as i8 >> 6) as i64),
+        Elem::U2 => V::I(x & 3),
         _ => round(t, x as f64),
     }
 }
@@ -112,7 +114,7 @@ pub(super) fn decode(t: Elem, b: &[u8]) -> V {
         Elem::I32 => V::I(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
         Elem::U32 => V::I(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
         Elem::I64 | Elem::U64 => V::I(i64::from_le_bytes(a(8))),
-        Elem::I4 | Elem::U4 => int_to(t, b[0] as i64),
+        Elem::I4 | Elem::U4 | Elem::I2 | Elem::U2 => int_to(t, b[0] as i64),
         _ => V::F(
             t.minifloat()
                 .map_or(f64::NAN, |f| f64::from(f.decode(b[0]))),
@@ -146,7 +148,7 @@ pub(super) fn encode(t: Elem, v: V, b: &mut [u8]) {
         Elem::I16 | Elem::U16 => b[..2].copy_from_slice(&(v.i() as u16).to_le_bytes()),
         Elem::I32 | Elem::U32 => b[..4].copy_from_slice(&(v.i() as u32).to_le_bytes()),
         Elem::I64 | Elem::U64 => b[..8].copy_from_slice(&v.i().to_le_bytes()),
-        Elem::I4 | Elem::U4 => b[0] = v.i() as u8,
+        Elem::I4 | Elem::U4 | Elem::I2 | Elem::U2 => b[0] = v.i() as u8,
         _ => b[0] = t.minifloat().map_or(0, |f| f.encode(v.f())),
     }
 }

@@ -41,6 +41,8 @@ fn range(d: DType) -> Option<(f64, f64)> {
         DType::I16 => Some((-32768.0, 32767.0)),
         DType::U4 => Some((0.0, 15.0)),
         DType::I4 => Some((-8.0, 7.0)),
+        DType::U2 => Some((0.0, 3.0)),
+        DType::I2 => Some((-2.0, 1.0)),
         _ => None,
     }
 }
@@ -172,7 +174,15 @@ fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let xt = cx.ty(x).dtype;
     if !(matches!(
         xt,
-        DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32 | DType::I4 | DType::U4
+        DType::U8
+            | DType::I8
+            | DType::U16
+            | DType::I16
+            | DType::I32
+            | DType::I4
+            | DType::U4
+            | DType::I2
+            | DType::U2
     ) || xt.minifloat().is_some())
     {
         return Err(cx.err_in(
