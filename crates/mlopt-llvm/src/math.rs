@@ -443,12 +443,12 @@ pub fn cast<'c>(
         return cast(g, x, byte, to);
     }
     if let Some(byte) = nibble_byte(to) {
-        let x = if from.is_float() {
-            cast(g, x, from, Elem::I64)?
+        let (x, from) = if from.is_float() {
+            (cast(g, x, from, Elem::I64)?, Elem::I64)
         } else {
-            x
+            (x, from)
         };
-        let b = cast(g, x, if from.is_float() { Elem::I64 } else { from }, byte)?;
+        let b = cast(g, x, from, byte)?;
         let bits = if matches!(to, Elem::I4 | Elem::U4) {
             4
         } else {
@@ -584,7 +584,7 @@ pub fn cast<'c>(
     Ok(g.builder.build_cast(op, x, t, "cast")?)
 }
 
-/// The byte type an int4 / uint4 is held in.
+/// The byte type an int4 / uint4 / int2 / uint2 is held in.
 fn nibble_byte(e: Elem) -> Option<Elem> {
     match e {
         Elem::I4 | Elem::I2 => Some(Elem::I8),

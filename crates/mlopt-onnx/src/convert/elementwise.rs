@@ -256,8 +256,7 @@ fn cast(cx: &mut NodeCx<'_, '_>, to: DType) -> Result<Value> {
     let from = cx.ty(x).dtype;
     let x = match to.minifloat() {
         Some(f) if saturate && to != DType::F4E2M1 && from.is_float() => {
-            let (lo, hi) = (cx.scalar(-f.max(), from), cx.scalar(f.max(), from));
-            cx.add1(Op::Clip, &[x, lo, hi])?
+            clamp_to_largest(cx, x, f.max())?
         }
         Some(f) if saturate && to != DType::F4E2M1 && from.is_int() => {
             // An integer type that holds the largest value (so its range passes it): clamped in its
@@ -274,6 +273,14 @@ fn cast(cx: &mut NodeCx<'_, '_>, to: DType) -> Result<Value> {
         _ => x,
     };
     cx.add1(Op::Cast { to }, &[x])
+}
+
+/// Float `x` clamped to [-max, max] in its own type: `saturate` into float8, for Cast and
+/// QuantizeLinear alike.
+pub(super) fn clamp_to_largest(cx: &mut NodeCx<'_, '_>, x: Value, max: f64) -> Result<Value> {
+    let t = cx.ty(x).dtype;
+    let (lo, hi) = (cx.scalar(-max, t), cx.scalar(max, t));
+    cx.add1(Op::Clip, &[x, lo, hi])
 }
 
 fn clip(cx: &mut NodeCx<'_, '_>) -> Result<Value> {

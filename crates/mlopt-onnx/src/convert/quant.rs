@@ -160,8 +160,7 @@ fn quantize_float(
         _ => q,
     };
     let q = if saturate && to != DType::F4E2M1 {
-        let (l, h) = (cx.scalar(-max, wide), cx.scalar(max, wide));
-        cx.add1(Op::Clip, &[q, l, h])?
+        super::elementwise::clamp_to_largest(cx, q, max)?
     } else {
         q
     };
