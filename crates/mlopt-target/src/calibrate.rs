@@ -15,7 +15,18 @@
 use crate::cpu::{x86_64_v3, x86_64_v4, CpuModel, CpuTarget};
 use crate::error::{Result, TargetError};
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
+
+/// Held while this process measures: two measurements at once (two threads of one program, or two
+/// tests of one test binary, asking for the host target) would each take cores from the other and
+/// read as a busy machine.
+static MEASURING: Mutex<()> = Mutex::new(());
+
+fn measuring() -> MutexGuard<'static, ()> {
+    // A measurement that panicked left nothing half-written behind the lock.
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Peaks measured on this machine, per core unless said otherwise.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -312,6 +323,7 @@ pub fn calibration() -> std::result::Result<(Calibration, String), String> {
 /// cached too low (by more than a quarter), if anything. Only a higher spot figure counts: a busy
 /// machine now measures low, which says nothing about the cache.
 pub fn spot_check(c: &Calibration) -> Option<String> {
+    let _alone = measuring();
     let fp32 = loops::fp32_peak_over(loops::ITERS / 10);
     let bw = read_bandwidth(1, 2);
     let low = |what: &str, cached: f64, now: f64, unit: &str| {
@@ -373,6 +385,7 @@ pub fn host(threads: u32) -> CpuTarget {
 /// figure the best any round reached (a shared machine can take the core away in the middle of a loop,
 /// which only ever lowers a figure), then the check.
 pub fn measure() -> Result<Calibration> {
+    let _alone = measuring();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut best: Option<Calibration> = None;
     for _ in 0..3 {
