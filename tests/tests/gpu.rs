@@ -752,3 +752,91 @@ int main(void) {{
     let want = interp::run(&c.optimized.plan.graph, &inputs).map_err(|e| e.to_string())?;
     Ok(worst_error(&want, &got))
 }
+
+const BRANCH_C: &str = r#"
+#include <stdio.h>
+#include "branch.h"
+int main(int argc, char **argv) {
+    void *m = mlopt_branch_create(0);
+    if (!m) { printf("create failed: %s\n", mlopt_branch_last_error()); return 3; }
+    static _Alignas(16) float x[6], y[6];
+    static _Alignas(16) unsigned char flag[16];
+    flag[0] = argc > 1 && argv[1][0] == '1';
+    const void *in[] = {x, flag};
+    void *out[] = {y};
+    int r = mlopt_branch_run(m, in, out);
+    printf("%d\n", r);
+    mlopt_branch_destroy(m);
+    return 0;
+}
+"#;
+
+/// An `If` on an input, on the GPU: before each guarded launch the launcher reads the condition's
+/// byte back (a 1-byte copy and a synchronisation) and launches only the branch taken.
+#[test]
+fn the_gpu_launcher_launches_only_the_branch_taken() {
+    let mut g = import("control/4");
+    g.name = "branch".into();
+    let config = mlopt_rewrite::Config::new(Target::named("sm_80", 1).unwrap());
+    let c = mlopt_driver::compile_gpu(&g, &mlopt_driver::Options::new(config)).unwrap();
+    let guarded = |when: bool| {
+        c.program.steps.iter().any(|s| {
+            s.guard
+                == [mlopt_kir::Guard {
+                    place: mlopt_kir::Place::Input(1),
+                    when,
+                }]
+        })
+    };
+    assert!(guarded(true) && guarded(false), "{:?}", c.program.steps);
+    let dir = tempfile::tempdir().unwrap();
+    c.write_library(dir.path(), "branch", &[]).unwrap();
+    std::fs::write(dir.path().join("main.c"), BRANCH_C).unwrap();
+    let exe = dir.path().join("main");
+    let cc = Command::new("cc")
+        .current_dir(dir.path())
+        .args([
+            "-std=c11", "-Wall", "-Werror", "main.c", "-L.", "-lbranch", "-ldl", "-o",
+        ])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let mock = mock_driver(dir.path());
+    let log = dir.path().join("calls.log");
+    for flag in [true, false] {
+        let out = Command::new(&exe)
+            .arg(if flag { "1" } else { "0" })
+            .env("LD_LIBRARY_PATH", &mock)
+            .env("MOCK_LOG", &log)
+            .output()
+            .unwrap();
+        let calls = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0", "{calls}");
+        let want: Vec<String> = c
+            .program
+            .steps
+            .iter()
+            .filter(|s| s.guard.iter().all(|g| g.when == flag))
+            .map(|s| {
+                let k = &c.program.kernels[s.kernel];
+                let l = mlopt_kir::gpu::launch(k).unwrap();
+                format!("launch {} {}x{}", k.name, l.grid, l.block)
+            })
+            .collect();
+        let got: Vec<&str> = calls.lines().filter(|l| l.starts_with("launch")).collect();
+        assert_eq!(got, want, "flag {flag}:\n{calls}");
+        let reads = calls.lines().filter(|l| *l == "dtoh 1").count();
+        let guarded = c
+            .program
+            .steps
+            .iter()
+            .filter(|s| !s.guard.is_empty())
+            .count();
+        assert_eq!(reads, guarded, "{calls}");
+    }
+}

@@ -311,7 +311,9 @@ pub fn op_work(
         Op::Binary(mlopt_ir::Binary::Div) if outs.first().is_some_and(|t| t.dtype.is_float()) => {
             w.vector_flops = out_n * DIVISION_FLOPS
         }
-        Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => w.vector_flops = out_n,
+        Op::Binary(_) | Op::Where | Op::Choose | Op::Clip | Op::Cast { .. } => {
+            w.vector_flops = out_n
+        }
         Op::Nary(_) => w.vector_flops = out_n * ins.len().saturating_sub(1).max(1) as f64,
         Op::Softmax { .. } | Op::LogSoftmax { .. } => w.vector_flops = out_n * 20.0,
         Op::LayerNorm { .. } | Op::InstanceNorm { .. } => w.vector_flops = out_n * 8.0,

@@ -30,6 +30,9 @@ pub struct KernelRecord {
     pub schedule: ScheduleClass,
     /// Mean seconds per run, from a profiled build.
     pub measured_s: Option<f64>,
+    /// What the call is made under (`when flag`: one branch of an `If` decided at run time); a run
+    /// that skips it measures next to nothing for it.
+    pub guard: Vec<String>,
 }
 
 impl KernelRecord {
@@ -99,6 +102,10 @@ impl Compiled {
                 let mix = mix(k);
                 let class = mix.class();
                 let graph_kernel = k.name.strip_prefix('k').and_then(|n| n.parse::<u32>().ok());
+                let guard = graph_kernel
+                    .and_then(|id| self.optimized.plan.kernels.get(id as usize))
+                    .map(|info| info.guard.clone())
+                    .unwrap_or_default();
                 let (ops, nodes, work) = match graph_kernel
                     .and_then(|id| Some((id, self.optimized.plan.kernels.get(id as usize)?)))
                 {
@@ -165,6 +172,7 @@ impl Compiled {
                     bound: peak.bound,
                     schedule: class,
                     measured_s: None,
+                    guard,
                 }
             })
             .collect()
@@ -243,8 +251,12 @@ pub fn table(p: &Profile) -> String {
             100.0 * k.roofline_fraction(),
             list(&k.ops, 4),
             k.output,
-            list(&k.nodes, 3)
+            list(&k.nodes, 3),
         );
+        if !k.guard.is_empty() {
+            t.pop();
+            let _ = writeln!(t, " ({})", k.guard.join(" and "));
+        }
     }
     let est: f64 = p.kernels.iter().map(|k| k.estimate_s).sum();
     let _ = writeln!(
@@ -312,7 +324,7 @@ pub fn json(model: &str, threads: u32, p: &Profile) -> String {
         .iter()
         .map(|k| {
             format!(
-                "{{\"id\": {}, \"ops\": [{}], \"nodes\": [{}], \"output\": {}, \"measured_ms\": {}, \"estimate_ms\": {}, \"flops\": {}, \"bytes\": {}, \"gflops\": {}, \"gbps\": {}, \"bound\": \"{}\", \"roofline_fraction\": {}, \"schedule\": \"{}\"}}",
+                "{{\"id\": {}, \"ops\": [{}], \"nodes\": [{}], \"output\": {}, \"measured_ms\": {}, \"estimate_ms\": {}, \"flops\": {}, \"bytes\": {}, \"gflops\": {}, \"gbps\": {}, \"bound\": \"{}\", \"roofline_fraction\": {}, \"schedule\": \"{}\", \"guard\": [{}]}}",
                 json_str(&k.id),
                 strs(&k.ops),
                 strs(&k.nodes),
@@ -325,7 +337,8 @@ pub fn json(model: &str, threads: u32, p: &Profile) -> String {
                 num(k.gbps()),
                 k.bound,
                 num(k.roofline_fraction()),
-                k.schedule
+                k.schedule,
+                strs(&k.guard)
             )
         })
         .collect();

@@ -596,6 +596,7 @@ mod tests {
             bound: Bound::Compute,
             schedule: class,
             measured_s: Some(ms * 1e-3),
+            guard: Vec::new(),
         }
     }
 

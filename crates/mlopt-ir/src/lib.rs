@@ -6,6 +6,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod demand;
 pub mod dtype;
 pub mod error;
 pub mod graph;

@@ -255,6 +255,11 @@ pub enum Op {
     Nary(Nary),
     /// `where cond, x, y`.
     Where,
+    /// `choose cond, then, else`: `then` when the one-element bool `cond` holds, else `else` (an `If`
+    /// whose condition is known only at run time). Only the operand taken is computed: the nodes that
+    /// only an untaken operand needs do not run (`crate::demand`), in the interpreter and in compiled
+    /// code alike.
+    Choose,
     /// `clip x, min?, max?`.
     Clip,
     Cast {
@@ -468,7 +473,7 @@ impl Op {
             | Op::GridSample { .. } => (2, 2),
             Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
-            Op::Where => (3, 3),
+            Op::Where | Op::Choose => (3, 3),
             Op::Attention { .. } => (3, 4),
             Op::Clip => (1, 3),
             Op::Gemm { .. } | Op::Conv(_) | Op::ConvTranspose(_) => (2, 3),

@@ -173,6 +173,7 @@ impl Op {
             Op::Binary(op) => name_of(BINARY_NAMES, *op),
             Op::Nary(op) => name_of(NARY_NAMES, *op),
             Op::Where => "where",
+            Op::Choose => "choose",
             Op::Clip => "clip",
             Op::Cast { .. } => "cast",
             Op::Softmax { .. } => "softmax",
@@ -462,6 +463,7 @@ impl Op {
                 left: a.bool("left")?,
             }),
             "where" => Op::Where,
+            "choose" => Op::Choose,
             "clip" => Op::Clip,
             "cast" => {
                 let to = a.ident("to")?;

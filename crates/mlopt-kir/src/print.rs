@@ -365,27 +365,38 @@ pub fn program(p: &Program) -> String {
     }
     s.push('\n');
     for st in &p.steps {
-        let args: Vec<String> = st
-            .args
-            .iter()
-            .map(|a| match a {
-                Place::Input(i) => format!("in{i}"),
-                Place::Output(i) => format!("out{i}"),
-                Place::Weight(i) => format!("w{i}"),
-                Place::Arena(o) => format!("arena+{o}"),
-            })
-            .collect();
+        let args: Vec<String> = st.args.iter().map(place).collect();
         let check = st
             .check
             .as_ref()
             .map(|c| format!(" check arena+{} \"{}\"", c.flag, c.message.escape_default()))
             .unwrap_or_default();
+        let guard: String = st
+            .guard
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let word = if g.when { "when" } else { "unless" };
+                let sep = if i == 0 { " " } else { " and " };
+                format!("{sep}{word} {}", place(&g.place))
+            })
+            .collect();
         let _ = writeln!(
             s,
-            "call @{}({}){check}",
+            "call @{}({}){check}{guard}",
             p.kernels[st.kernel].name,
             args.join(", ")
         );
     }
     s
+}
+
+/// A step argument's or guard's place: `in0`, `out0`, `w0`, `arena+64`.
+fn place(a: &Place) -> String {
+    match a {
+        Place::Input(i) => format!("in{i}"),
+        Place::Output(i) => format!("out{i}"),
+        Place::Weight(i) => format!("w{i}"),
+        Place::Arena(o) => format!("arena+{o}"),
+    }
 }

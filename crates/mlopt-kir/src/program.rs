@@ -44,6 +44,27 @@ pub struct Step {
     pub args: Vec<Place>,
     /// A check of the input data (an index in range, a nonzero integer divisor): see `Check`.
     pub check: Option<Check>,
+    /// The call is made only when every condition holds (none: always); see `Guard`.
+    pub guard: Vec<Guard>,
+}
+
+/// A condition on a call: the bool (one byte) at `place` is nonzero (`when`) or zero (`!when`). What
+/// only one branch of an `If` decided at run time needs is called under its condition
+/// (`mlopt_ir::demand`). A condition whose value was not computed in a run (its own call was guarded
+/// off) reads stale bytes, but then another condition of the same guard is false.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Guard {
+    pub place: Place,
+    pub when: bool,
+}
+
+impl Step {
+    /// Whether the call is made, given the byte at each guard's place.
+    pub fn runs(&self, mut byte: impl FnMut(Place) -> Option<u8>) -> bool {
+        self.guard
+            .iter()
+            .all(|g| byte(g.place).is_some_and(|b| (b != 0) == g.when))
+    }
 }
 
 /// What a check step's kernel decides: it writes 4 bytes at `flag` (an arena offset), nonzero when the
@@ -62,6 +83,7 @@ impl Step {
             kernel,
             args,
             check: None,
+            guard: Vec::new(),
         }
     }
 }

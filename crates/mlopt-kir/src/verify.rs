@@ -63,6 +63,20 @@ pub fn verify_program(p: &Program) -> Result<(), Vec<String>> {
             )),
             Some(_) => {}
         }
+        for g in &s.guard {
+            let inside = match g.place {
+                Place::Input(j) => j < p.inputs.len(),
+                Place::Output(j) => j < p.outputs.len(),
+                Place::Weight(j) => j < p.weights.len(),
+                Place::Arena(o) => o < p.arena_bytes,
+            };
+            if !inside {
+                errors.push(format!(
+                    "step {i}: guard {:?} is outside the program",
+                    g.place
+                ));
+            }
+        }
     }
     if errors.is_empty() {
         Ok(())

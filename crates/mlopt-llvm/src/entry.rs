@@ -339,16 +339,42 @@ pub(crate) fn define_entry<'c>(
     };
     let mut last = clock(&e.b, now)?;
     let mut check_id = cpu_id;
+    let pointer = |a: &Place| -> Result<inkwell::values::PointerValue<'c>> {
+        Ok(match a {
+            Place::Arena(o) => e.in_arena(*o, "a")?,
+            Place::Input(i) => e.io_pointer(inputs, *i)?,
+            Place::Output(i) => e.io_pointer(outputs, *i)?,
+            Place::Weight(i) => weights[*i].as_pointer_value(),
+        })
+    };
     for (step, s) in p.steps.iter().enumerate() {
+        // A guarded call: made when every condition's byte says so, else skipped to `after`.
+        let mut after = None;
+        if !s.guard.is_empty() {
+            let mut holds = c.bool_type().const_all_ones();
+            for g in &s.guard {
+                let byte = e.b.build_load(c.i8_type(), pointer(&g.place)?, "cond")?;
+                let pred = if g.when {
+                    inkwell::IntPredicate::NE
+                } else {
+                    inkwell::IntPredicate::EQ
+                };
+                let zero = c.i8_type().const_zero();
+                let lit =
+                    e.b.build_int_compare(pred, byte.into_int_value(), zero, "lit")?;
+                holds = e.b.build_and(holds, lit, "guard")?;
+            }
+            let (call, skip) = (
+                c.append_basic_block(run, "guarded"),
+                c.append_basic_block(run, "after"),
+            );
+            e.b.build_conditional_branch(holds, call, skip)?;
+            e.b.position_at_end(call);
+            after = Some(skip);
+        }
         let mut args = Vec::with_capacity(s.args.len());
         for a in &s.args {
-            let v = match a {
-                Place::Arena(o) => e.in_arena(*o, "a")?,
-                Place::Input(i) => e.io_pointer(inputs, *i)?,
-                Place::Output(i) => e.io_pointer(outputs, *i)?,
-                Place::Weight(i) => weights[*i].as_pointer_value(),
-            };
-            args.push(v.into());
+            args.push(pointer(a)?.into());
         }
         let r = e.b.build_call(fns[s.kernel], &args, "")?;
         let r = r
@@ -362,6 +388,10 @@ pub(crate) fn define_entry<'c>(
             let at = e.in_arena(check.flag, "flag")?;
             let flag = e.b.build_load(i32t, at, "flag")?.into_int_value();
             e.fail_unless(e.is_zero(flag)?, check_id, STATUS_DATA, "check")?;
+        }
+        if let Some(skip) = after {
+            e.b.build_unconditional_branch(skip)?;
+            e.b.position_at_end(skip);
         }
         if let (Some((ty, g)), Some(before), Some(after)) = (counters, last, clock(&e.b, now)?) {
             e.count(ty, g, step, (before, after))?;

@@ -230,7 +230,7 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
         blob.extend_from_slice(&w.data);
     }
     let mut t = vec![
-        2,
+        3,
         p.inputs.len() as u64,
         p.outputs.len() as u64,
         p.arena_bytes,
@@ -256,19 +256,26 @@ pub fn launch_table(p: &Program) -> Result<(Vec<u64>, Vec<u8>, Vec<u8>)> {
             l.shared_bytes,
             s.args.len() as u64,
         ]);
+        let place = |a: &mlopt_kir::Place| match a {
+            mlopt_kir::Place::Input(i) => [0, *i as u64],
+            mlopt_kir::Place::Output(i) => [1, *i as u64],
+            mlopt_kir::Place::Weight(i) => [2, offsets[*i]],
+            mlopt_kir::Place::Arena(o) => [3, *o],
+        };
         for a in &s.args {
-            t.extend(match a {
-                mlopt_kir::Place::Input(i) => [0, *i as u64],
-                mlopt_kir::Place::Output(i) => [1, *i as u64],
-                mlopt_kir::Place::Weight(i) => [2, offsets[*i]],
-                mlopt_kir::Place::Arena(o) => [3, *o],
-            });
+            t.extend(place(a));
         }
         // A check step: 1 + its message's number among the checks (0: none), and the flag's offset.
         t.extend(s.check.as_ref().map_or([0, 0], |c| {
             checks += 1;
             [checks, c.flag]
         }));
+        // The guard: its conditions' count, then each condition's place and polarity.
+        t.push(s.guard.len() as u64);
+        for g in &s.guard {
+            t.extend(place(&g.place));
+            t.push(g.when as u64);
+        }
     }
     // The kernels' names, then the checks' messages, each ending in NUL.
     let mut names = Vec::new();

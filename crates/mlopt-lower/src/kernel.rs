@@ -56,6 +56,7 @@ pub fn pulled(op: &Op) -> bool {
             | Op::Binary(_)
             | Op::Nary(_)
             | Op::Where
+            | Op::Choose
             | Op::Clip
             | Op::Cast { .. }
             | Op::BatchNorm { .. }
@@ -267,7 +268,9 @@ impl<'g> Lowerer<'g> {
                     .collect::<Result<Vec<_>>>()?;
                 ew::nary(*o, xs, ct).ok_or_else(|| self.unsupported(n, "no inputs"))?
             }
-            Op::Where => {
+            // The untaken operand's bytes were not computed (its kernels' calls were guarded off):
+            // a select reads them and drops them.
+            Op::Where | Op::Choose => {
                 let t = compute(elem(node.outputs[0].dtype));
                 let c = self.pull_broadcast(n, 0, idx)?;
                 let (x, y) = (self.pull_as(n, 1, idx, t)?, self.pull_as(n, 2, idx, t)?);

@@ -24,6 +24,7 @@ mod grid_sample;
 pub mod kernel;
 pub mod memory;
 mod nests;
+pub mod order;
 pub mod program;
 mod rows;
 mod views;

@@ -2,8 +2,9 @@
 //! allocates once. Values whose lifetimes do not overlap share bytes; an elementwise kernel may write its
 //! output over the value it reads when that read is the value's last and both have one layout (in place).
 //!
-//! Lifetimes are kernel steps in execution order (kernels ordered by their root's place in the topological
-//! order, as the fusion pass schedules them). Graph inputs, constants and graph outputs live in the
+//! Lifetimes are kernel steps in execution order (`order.rs`: kernels by their root's place in the
+//! topological order, as the fusion pass schedules them; a guarded call after its conditions, which it
+//! reads). Graph inputs, constants and graph outputs live in the
 //! caller's buffers and the weights, not in the arena. A kernel made only of reshapes is a view: its value
 //! aliases its input's bytes, which then live until the view's last reader. Offsets are assigned largest
 //! first, each at the lowest 64-byte-aligned offset that no value alive at the same time occupies (the
@@ -71,7 +72,6 @@ impl MemoryPlan {
 /// Plans the arena for `g`, whose op nodes must all be in kernels (the optimiser's output).
 pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     let order = g.topo_order()?;
-    let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
     if let Some(n) = order.iter().find(|n| {
         g.node(**n).kernel.is_none() && !matches!(g.node(**n).op, Op::Input | Op::Const(_))
     }) {
@@ -81,12 +81,13 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
         });
     }
     // Each kernel by its root (the verifier guarantees exactly one), in execution order.
-    let mut kernels: Vec<Kernel> = g
-        .kernels()
-        .into_values()
-        .filter_map(|k| Some((*k.roots.first()?, k.members)))
+    let kernels: Vec<Kernel> = crate::order::execution_order(g)?
+        .into_iter()
+        .map(|k| {
+            let conds = k.guard.iter().map(|l| l.cond).collect();
+            (k.nodes.roots[0], k.nodes.members, conds)
+        })
         .collect();
-    kernels.sort_by_key(|(r, _)| pos[r]);
     let mut plan = MemoryPlan::default();
     let alias = views(g, &kernels, &mut plan);
     let storage = |mut v: Value| {
@@ -129,14 +130,14 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     Ok(plan)
 }
 
-/// A kernel: its root and its members.
-type Kernel = (NodeId, Vec<NodeId>);
+/// A kernel: its root, its members and its guard's conditions (read before its call).
+type Kernel = (NodeId, Vec<NodeId>, Vec<Value>);
 
 /// Views alias their input: each kernel made only of reshapes, its value to the value it reads
 /// (recorded in the plan too).
 fn views(g: &Graph, kernels: &[Kernel], plan: &mut MemoryPlan) -> HashMap<Value, Value> {
     let mut alias: HashMap<Value, Value> = HashMap::new();
-    for (root, ms) in kernels {
+    for (root, ms, _) in kernels {
         if ms
             .iter()
             .all(|m| matches!(g.node(*m).op, Op::Reshape { .. }))
@@ -177,7 +178,7 @@ fn lifetimes(
     };
     let mut first: HashMap<Value, usize> = HashMap::new();
     let mut last: HashMap<Value, usize> = HashMap::new();
-    for (step, (root, ms)) in kernels.iter().enumerate() {
+    for (step, (root, ms, conds)) in kernels.iter().enumerate() {
         for i in 0..g.node(*root).outputs.len() {
             let v = Value {
                 node: *root,
@@ -194,6 +195,7 @@ fn lifetimes(
                 .into_iter()
                 .flatten()
                 .filter(|v| !ms.contains(&v.node))
+                .chain(conds.iter().copied())
             {
                 let s = storage(v);
                 if first.contains_key(&s) {
@@ -217,7 +219,7 @@ fn in_place(
     plan: &mut MemoryPlan,
 ) -> HashMap<Value, Value> {
     let mut group: HashMap<Value, Value> = HashMap::new();
-    for (step, (root, ms)) in kernels.iter().enumerate() {
+    for (step, (root, ms, _)) in kernels.iter().enumerate() {
         let out = Value {
             node: *root,
             output: 0,

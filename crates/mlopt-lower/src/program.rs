@@ -1,7 +1,8 @@
 //! The optimised graph -> a kernel IR program: one kernel per fusion group, in execution order, bound to
 //! the caller's inputs and outputs, the weights, and offsets in the activation arena from the memory plan.
 //! Kernels made only of reshapes are not emitted: their value is the bytes of their input (unless it is a
-//! graph output, which is the caller's buffer and gets a copy).
+//! graph output, which is the caller's buffer and gets a copy). A kernel that only one branch of an `If`
+//! decided at run time needs is called under that branch's condition (`order.rs`).
 
 use crate::elementwise::elem;
 use crate::error::{LowerError, Result};
@@ -113,12 +114,25 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
     }
     // The flag of data checks (`data_checks.rs`) lives past the planned arena.
     let flag = plan.arena_bytes.div_ceil(64) * 64;
-    let mut kernels: Vec<(u32, mlopt_ir::KernelNodes)> = g.kernels().into_iter().collect();
-    kernels.sort_by_key(|(_, k)| k.roots.first().map(|r| pos[r]));
-    for (id, k) in kernels {
+    for crate::order::Ordered {
+        id,
+        nodes: k,
+        guard,
+    } in crate::order::execution_order(g)?
+    {
         let Some(&root) = k.roots.first() else {
             continue;
         };
+        // A guarded call's conditions were computed by earlier kernels, so their places are known.
+        let guard = guard
+            .iter()
+            .map(|l| {
+                Ok(mlopt_kir::Guard {
+                    place: b.place(l.cond)?,
+                    when: l.when,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let view = Value {
             node: root,
             output: 0,
@@ -145,6 +159,7 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
                 kernel: b.program.kernels.len(),
                 args,
                 check: Some(mlopt_kir::Check { flag, message }),
+                guard: guard.clone(),
             });
             b.program.kernels.push(kernel);
             b.program.arena_bytes = b.program.arena_bytes.max(flag + 64);
@@ -169,9 +184,10 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
         // Reshape chains leave divided and re-multiplied indices; the loop ranges undo them.
         mlopt_kir::simplify::simplify_kernel(&mut kernel);
         args.extend(b.bind(params)?);
-        b.program
-            .steps
-            .push(Step::call(b.program.kernels.len(), args));
+        b.program.steps.push(Step {
+            guard,
+            ..Step::call(b.program.kernels.len(), args)
+        });
         b.program.kernels.push(kernel);
     }
     for (i, v) in copies {

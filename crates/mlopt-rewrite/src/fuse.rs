@@ -132,6 +132,9 @@ pub struct KernelInfo {
     pub view: bool,
     /// The name of the root node.
     pub root: String,
+    /// What its call is made under (`when flag`, `unless c`: an `If` decided at run time; empty:
+    /// always), as `mlopt_ir::demand::kernel_guards` finds it in the fused graph.
+    pub guard: Vec<String>,
 }
 
 /// The fused graph (every op node carries its kernel id) and the plan's figures.

@@ -12,8 +12,13 @@ pub fn kernel_note(o: &Optimized, k: u32) -> String {
     if info.view {
         return "view (no code)".into();
     }
+    let guard = if info.guard.is_empty() {
+        String::new()
+    } else {
+        format!(", runs {}", info.guard.join(" and "))
+    };
     format!(
-        "{:.3} MFLOP, {:.3} MB, {}, {}-bound",
+        "{:.3} MFLOP, {:.3} MB, {}, {}-bound{guard}",
         info.work.flops() / 1e6,
         info.work.bytes / 1e6,
         info.estimate.time,
@@ -91,9 +96,14 @@ pub fn table(o: &Optimized) -> String {
         } else {
             k.estimate.bound.to_string()
         };
+        let guard = if k.guard.is_empty() {
+            String::new()
+        } else {
+            format!("  ({})", k.guard.join(" and "))
+        };
         let _ = writeln!(
             t,
-            "k{:<5} {:>12.3} {:>12.3} {:>12} {:>8}  {}",
+            "k{:<5} {:>12.3} {:>12.3} {:>12} {:>8}  {}{guard}",
             i,
             k.work.flops() / 1e6,
             k.work.bytes / 1e6,
@@ -141,10 +151,12 @@ pub fn json(o: &Optimized, cfg: &Config, extra: &[(&str, String)]) -> String {
         .enumerate()
         .map(|(i, k)| {
             let ops: Vec<String> = k.ops.iter().map(|op| json_str(op)).collect();
+            let guard: Vec<String> = k.guard.iter().map(|g| json_str(g)).collect();
             format!(
-                "    {{\"id\": {i}, \"root\": {}, \"ops\": [{}], \"flops\": {}, \"bytes\": {}, \"estimate_s\": {:e}, \"bound\": \"{}\"}}",
+                "    {{\"id\": {i}, \"root\": {}, \"ops\": [{}], \"guard\": [{}], \"flops\": {}, \"bytes\": {}, \"estimate_s\": {:e}, \"bound\": \"{}\"}}",
                 json_str(&k.root),
                 ops.join(", "),
+                guard.join(", "),
                 k.work.flops(),
                 k.work.bytes,
                 k.estimate.time.as_secs(),

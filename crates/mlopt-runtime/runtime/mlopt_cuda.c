@@ -8,15 +8,19 @@
  * allocation) and staging buffers for the inputs and outputs, and makes a stream.
  * run_device: launches the kernels in order on a stream, on the caller's device buffers; asynchronous,
  *   except that after a data check (an index in range, a nonzero integer divisor) it reads the check's
- *   flag back, waiting for the stream, and fails with the check's message when the data is invalid.
+ *   flag back, waiting for the stream, and fails with the check's message when the data is invalid; and
+ *   before a guarded launch (what one branch of an If decided at run time needs) it reads the guard's
+ *   condition bytes back, waiting for the stream, and skips the launch unless they say so.
  * run: copies host inputs in, launches, copies outputs back, and waits.
  *
  * The table (little-endian u64 words):
- *   version (2), inputs, outputs, arena bytes, weight bytes, kernels, steps,
+ *   version (3; 2 has no guards), inputs, outputs, arena bytes, weight bytes, kernels, steps,
  *   bytes of each input, bytes of each output,
  *   then per step: kernel, grid, block, shared bytes, args, and per arg: kind, value
  *   (kind 0 input i, 1 output i, 2 weight byte offset, 3 arena byte offset), then the check: 0, or 1 +
- *   its message's number, and the arena byte offset of its 4-byte flag.
+ *   its message's number, and the arena byte offset of its 4-byte flag; then (version 3) the guard:
+ *   its conditions' count and per condition kind, value (a place, as an arg's) and 1 when the launch
+ *   needs the byte there nonzero, 0 when it needs it zero.
  * The strings are the kernel names in kernel order, then the checks' messages, each ending in '\0'. */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -138,8 +142,8 @@ static uint64_t out_bytes(const uint64_t *t, uint64_t i) { return t[HEADER + t[I
 
 static int setup(model *c, int device) {
     const uint64_t *t = c->m->table;
-    if (t[VERSION] != 2) {
-        snprintf(last_error, sizeof last_error, "model table version %llu, launcher knows 2", (unsigned long long)t[VERSION]);
+    if (t[VERSION] != 2 && t[VERSION] != 3) {
+        snprintf(last_error, sizeof last_error, "model table version %llu, launcher knows 2 and 3", (unsigned long long)t[VERSION]);
         return -1;
     }
     if (load_driver()) return -1;
@@ -212,6 +216,17 @@ MLOPT_SHARED void *mlopt_gpu_create(const mlopt_gpu_model *m, int device) {
 }
 
 /* Launches every kernel in order on `stream` (NULL: the model's own stream). */
+/* The device address of a place in the table: kind 0 input i, 1 output i, 2 weight byte offset, 3 arena
+   byte offset. */
+static CUdeviceptr place(const model *c, const CUdeviceptr *inputs, const CUdeviceptr *outputs, uint64_t kind, uint64_t value) {
+    switch (kind) {
+    case 0: return inputs[value];
+    case 1: return outputs[value];
+    case 2: return c->weights + value;
+    default: return c->arena + value;
+    }
+}
+
 MLOPT_SHARED int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, const CUdeviceptr *outputs, void *stream) {
     model *c = ctx;
     if (!c || !inputs || !outputs) {
@@ -241,19 +256,26 @@ MLOPT_SHARED int mlopt_gpu_run_device(void *ctx, const CUdeviceptr *inputs, cons
             return -1;
         }
         for (uint64_t a = 0; a < n; a++, w += 2) {
-            switch (w[0]) {
-            case 0: args[a] = inputs[w[1]]; break;
-            case 1: args[a] = outputs[w[1]]; break;
-            case 2: args[a] = c->weights + w[1]; break;
-            default: args[a] = c->arena + w[1]; break;
-            }
+            args[a] = place(c, inputs, outputs, w[0], w[1]);
             params[a] = &args[a];
         }
+        uint64_t check = w[0], flag_at = w[1];
+        w += 2;
+        int taken = 1;
+        if (t[VERSION] >= 3) {
+            uint64_t conds = w[0];
+            w += 1;
+            for (uint64_t g = 0; g < conds; g++, w += 3) {
+                uint8_t byte = 0;
+                CHECK(cu.cuMemcpyDtoHAsync(&byte, place(c, inputs, outputs, w[0], w[1]), 1, s));
+                CHECK(cu.cuStreamSynchronize(s));
+                if ((byte != 0) != (w[2] != 0)) taken = 0;
+            }
+        }
+        if (!taken) continue;
         /* Shared memory is static (declared in the PTX), so no dynamic bytes are passed. */
         (void)shared;
         CHECK(cu.cuLaunchKernel(c->fns[kernel], (unsigned)grid, 1, 1, (unsigned)block, 1, 1, 0, s, params, NULL));
-        uint64_t check = w[0], flag_at = w[1];
-        w += 2;
         if (check) {
             uint32_t flag = 0;
             CHECK(cu.cuMemcpyDtoHAsync(&flag, c->arena + flag_at, sizeof flag, s));

@@ -172,6 +172,19 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             same_dtype(a, b, 2)?;
             one(TensorType::new(a.dtype, broadcast_all(&[c, a, b])?))
         }
+        Op::Choose => {
+            let (c, a, b) = (get(inputs, 0)?, get(inputs, 1)?, get(inputs, 2)?);
+            if c.dtype != DType::Bool || c.numel() != 1 {
+                return err(Some(0), format!("the condition is {c}, not one bool"));
+            }
+            if a != b {
+                return err(
+                    Some(2),
+                    format!("the operands are {a} and {b}, not one type"),
+                );
+            }
+            one(a.clone())
+        }
         Op::Clip => {
             let x = x()?;
             for i in 1..inputs.len() {

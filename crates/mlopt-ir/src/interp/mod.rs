@@ -162,6 +162,11 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             one(elementwise::nary(*n, &all)?)
         }
         Op::Where => one(elementwise::where_(x()?, req(args, 1)?, req(args, 2)?)?),
+        // The untaken operand may be absent: `run` skips what only it needs.
+        Op::Choose => match x()?.to_f64_vec()[..] {
+            [c] => one(req(args, if c != 0.0 { 1 } else { 2 })?.clone()),
+            _ => Err("the condition is not one value".into()),
+        },
         Op::Clip => one(elementwise::clip(
             x()?,
             args.get(1).copied().flatten(),
@@ -334,10 +339,21 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
 
 /// Evaluates a whole graph on named inputs and returns the named outputs in order.
 pub fn run(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
-    let order = graph.topo_order()?;
+    // What only an untaken `choose` operand needs is skipped; a guard's conditions count as reads.
+    let guards = crate::demand::guards(graph)?;
+    let order = crate::demand::evaluation_order(graph, &guards)?;
+    let reads = |n: NodeId| {
+        let guard = guards.get(&n).map_or(&[][..], |g| &g[..]);
+        graph
+            .inputs(n)
+            .into_iter()
+            .flatten()
+            .chain(guard.iter().map(|l| l.cond))
+            .collect::<Vec<_>>()
+    };
     let mut uses: HashMap<NodeId, usize> = HashMap::new();
     for &n in &order {
-        for v in graph.inputs(n).into_iter().flatten() {
+        for v in reads(n) {
             *uses.entry(v.node).or_default() += 1;
         }
     }
@@ -359,6 +375,27 @@ pub fn run(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<(Strin
     let mut values: HashMap<NodeId, Vec<Tensor>> = HashMap::new();
     for &n in &order {
         let node = graph.node(n);
+        let taken = guards.get(&n).is_none_or(|guard| {
+            crate::demand::holds(guard, |c| {
+                let t = values.get(&c.node)?.get(c.output as usize)?;
+                Some(t.to_f64_vec().first().is_some_and(|x| *x != 0.0))
+            })
+        });
+        let done = |values: &mut HashMap<NodeId, Vec<Tensor>>,
+                    uses: &mut HashMap<NodeId, usize>| {
+            for v in reads(n) {
+                if let Some(c) = uses.get_mut(&v.node) {
+                    *c -= 1;
+                    if *c == 0 {
+                        values.remove(&v.node);
+                    }
+                }
+            }
+        };
+        if !taken {
+            done(&mut values, &mut uses);
+            continue;
+        }
         let outs = match &node.op {
             Op::Input => {
                 let t = inputs.get(&node.name).ok_or_else(|| IrError::Input {
@@ -385,14 +422,7 @@ pub fn run(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<(Strin
                     op: op.name(),
                     msg,
                 })?;
-                for v in ins.into_iter().flatten() {
-                    if let Some(c) = uses.get_mut(&v.node) {
-                        *c -= 1;
-                        if *c == 0 {
-                            values.remove(&v.node);
-                        }
-                    }
-                }
+                done(&mut values, &mut uses);
                 outs
             }
         };

@@ -678,16 +678,19 @@ pub fn run_program(p: &Program, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
             .kernels
             .get(s.kernel)
             .ok_or_else(|| InterpError::Program(format!("no kernel {}", s.kernel)))?;
-        let args: Vec<(usize, usize)> = s
-            .args
-            .iter()
-            .map(|a| match a {
-                Place::Arena(o) => (0, *o as usize),
-                Place::Input(i) => (1 + i, 0),
-                Place::Output(i) => (out0 + i, 0),
-                Place::Weight(i) => (w0 + i, 0),
-            })
-            .collect();
+        let at = |a: &Place| match a {
+            Place::Arena(o) => (0, *o as usize),
+            Place::Input(i) => (1 + i, 0),
+            Place::Output(i) => (out0 + i, 0),
+            Place::Weight(i) => (w0 + i, 0),
+        };
+        if !s.runs(|p| {
+            let (b, o) = at(&p);
+            m.get(b)?.get(o).copied()
+        }) {
+            continue;
+        }
+        let args: Vec<(usize, usize)> = s.args.iter().map(at).collect();
         run_kernel(k, &mut m, &args)?;
         if let Some(c) = &s.check {
             let at = c.flag as usize;

@@ -1,8 +1,8 @@
 //! Control flow. An `If` whose condition is known at compile time (an initializer, a value folded from
 //! static shapes, or an input pinned to a value) becomes the branch it takes: the branch's initializers
 //! are constants, its nodes are converted in the enclosing graph's scope (they read outer values by
-//! name) and its outputs are the `If`'s. A condition known only at run time runs both branches and
-//! selects each output with `where` (see `if_at_run_time`).
+//! name) and its outputs are the `If`'s. A condition known only at run time converts both branches and
+//! picks each output with `choose`, which runs only the branch taken (see `if_at_run_time`).
 //!
 //! `Scan` and `Loop` whose trip counts are known at compile time are unrolled: the body is converted
 //! once per iteration in a scope of its own (its inputs bound to that iteration's values; outer values
@@ -51,8 +51,9 @@ fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
 }
 
 /// An `If` whose condition is known only at run time: both branches are converted (each in a scope of
-/// its own) and each output is `where(cond, then, else)`. Both branches run, so the model costs their
-/// sum and an error either raises (an index out of range) is the model's; the outputs must agree in
+/// its own) and each output is `choose(cond, then, else)`. What only one branch needs runs only when
+/// that branch is taken (`mlopt_ir::demand`: the interpreter skips it, compiled code guards its
+/// kernels' calls), so an error the other branch would raise is not raised; the outputs must agree in
 /// type and shape.
 fn if_at_run_time(
     cx: &mut NodeCx<'_, '_>,
@@ -78,13 +79,13 @@ fn if_at_run_time(
     for (k, (&a, &b)) in t.iter().zip(&e).enumerate() {
         if cx.ty(a) != cx.ty(b) {
             return Err(cx.err(format!(
-                "output {k} is {} in the then branch and {} in the else branch: mlopt runs both \
+                "output {k} is {} in the then branch and {} in the else branch: mlopt compiles both \
                  branches of an If whose condition is known only at run time, and they must agree",
                 cx.ty(a),
                 cx.ty(b)
             )));
         }
-        outs.push(cx.add1(Op::Where, &[c, a, b])?);
+        outs.push(cx.add1(Op::Choose, &[c, a, b])?);
     }
     Ok(outs)
 }

@@ -116,9 +116,15 @@ pub(super) fn emit(f: &Fuser<'_>) -> Result<Plan> {
         out.add_output(name.clone(), src);
     }
     mlopt_ir::verify::verify(&out)?;
+    let mut infos = e.infos;
+    for (k, guard) in mlopt_ir::demand::kernel_guards(&out)? {
+        if let Some(info) = infos.get_mut(k as usize) {
+            info.guard = mlopt_ir::demand::describe(&out, &guard);
+        }
+    }
     Ok(Plan {
         graph: out,
-        kernels: e.infos,
+        kernels: infos,
         total: e.total,
         peak_bytes: f.peak(),
     })
@@ -209,6 +215,7 @@ impl Emitter<'_, '_> {
             estimate: est,
             view,
             root: g.node(kr.root).name.clone(),
+            guard: Vec::new(),
         });
         Ok(())
     }
@@ -245,6 +252,7 @@ impl Emitter<'_, '_> {
             estimate: est,
             view: false,
             root: String::new(),
+            guard: Vec::new(),
         });
     }
 }

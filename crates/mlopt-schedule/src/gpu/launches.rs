@@ -56,6 +56,7 @@ pub(super) fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
                 kernel: out.kernels.len(),
                 args,
                 check: step.check.clone().filter(|_| i + 1 == n),
+                guard: step.guard.clone(),
             });
             out.kernels.push(kernel);
         }
