@@ -112,6 +112,13 @@ pub fn evaluation_order(g: &Graph, guards: &HashMap<NodeId, Guard>) -> Result<Ve
     Ok(out)
 }
 
+/// Whether two guards can never hold in the same run: one needs a condition the other needs false
+/// (the two branches of one `If`), so values under them may share memory.
+pub fn exclusive(a: &[Literal], b: &[Literal]) -> bool {
+    a.iter()
+        .any(|l| b.iter().any(|m| m.cond == l.cond && m.when != l.when))
+}
+
 /// Whether `guard` holds, given each condition's value (`None`: not computed, so the guard does not
 /// hold, see the module's comment).
 pub fn holds(guard: &[Literal], value: impl Fn(Value) -> Option<bool>) -> bool {

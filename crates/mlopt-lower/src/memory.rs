@@ -2,6 +2,10 @@
 //! allocates once. Values whose lifetimes do not overlap share bytes; an elementwise kernel may write its
 //! output over the value it reads when that read is the value's last and both have one layout (in place).
 //!
+//! Values that only opposite branches of one `If` decided at run time compute (exclusive guards,
+//! `mlopt_ir::demand`) never both exist in a run, so they share bytes even while both are "alive":
+//! the arena holds the larger branch, not both.
+//!
 //! Lifetimes are kernel steps in execution order (`order.rs`: kernels by their root's place in the
 //! topological order, as the fusion pass schedules them; a guarded call after its conditions, which it
 //! reads). Graph inputs, constants and graph outputs live in the
@@ -11,6 +15,7 @@
 //! greedy-by-size heuristic of TFLite's and ONNX Runtime's planners).
 
 use crate::error::{LowerError, Result};
+use mlopt_ir::demand::{exclusive, Guard};
 use mlopt_ir::{Graph, NodeId, Op, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -25,6 +30,8 @@ pub struct Slot {
     pub bytes: u64,
     pub first: usize,
     pub last: usize,
+    /// What the kernel computing it runs under (empty: always; `mlopt_ir::demand`).
+    pub guard: Guard,
 }
 
 /// The arena layout of a fused graph.
@@ -58,7 +65,7 @@ impl MemoryPlan {
                 ));
             }
             for b in &self.slots[i + 1..] {
-                let live = a.first <= b.last && b.first <= a.last;
+                let live = a.first <= b.last && b.first <= a.last && !exclusive(&a.guard, &b.guard);
                 let overlap = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
                 if live && overlap && !paired(a, b) {
                     return Err(format!("{a:?} and {b:?} overlap while both alive"));
@@ -83,10 +90,7 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     // Each kernel by its root (the verifier guarantees exactly one), in execution order.
     let kernels: Vec<Kernel> = crate::order::execution_order(g)?
         .into_iter()
-        .map(|k| {
-            let conds = k.guard.iter().map(|l| l.cond).collect();
-            (k.nodes.roots[0], k.nodes.members, conds)
-        })
+        .map(|k| (k.nodes.roots[0], k.nodes.members, k.guard))
         .collect();
     let mut plan = MemoryPlan::default();
     let alias = views(g, &kernels, &mut plan);
@@ -104,15 +108,20 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
         }
         v
     };
-    // One interval per owner: the union of its members' lifetimes, the largest of their sizes.
-    let mut spans: BTreeMap<Value, (usize, usize, u64)> = BTreeMap::new();
+    // One interval per owner: the union of its members' lifetimes, the largest of their sizes, the
+    // literals all their kernels' guards share.
+    let mut spans: BTreeMap<Value, Span> = BTreeMap::new();
     for (v, &f) in &first {
         let bytes = g.value_type(*v).bytes() as u64;
         plan.unshared_bytes += bytes;
-        let e = spans.entry(owner(*v)).or_insert((f, last[v], bytes));
+        let guard = &kernels[f].2;
+        let e = spans
+            .entry(owner(*v))
+            .or_insert_with(|| (f, last[v], bytes, guard.clone()));
         e.0 = e.0.min(f);
         e.1 = e.1.max(last[v]);
         e.2 = e.2.max(bytes);
+        e.3.retain(|l| guard.contains(l));
     }
     let offsets = place(spans, &mut plan);
     let mut slots: Vec<Slot> = first
@@ -123,6 +132,7 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
             bytes: g.value_type(*v).bytes() as u64,
             first: f,
             last: last[v],
+            guard: kernels[f].2.clone(),
         })
         .collect();
     slots.sort_by_key(|s| (s.first, s.value));
@@ -130,8 +140,8 @@ pub fn plan_memory(g: &Graph) -> Result<MemoryPlan> {
     Ok(plan)
 }
 
-/// A kernel: its root, its members and its guard's conditions (read before its call).
-type Kernel = (NodeId, Vec<NodeId>, Vec<Value>);
+/// A kernel: its root, its members and its guard (whose conditions its call reads first).
+type Kernel = (NodeId, Vec<NodeId>, Guard);
 
 /// Views alias their input: each kernel made only of reshapes, its value to the value it reads
 /// (recorded in the plan too).
@@ -178,7 +188,7 @@ fn lifetimes(
     };
     let mut first: HashMap<Value, usize> = HashMap::new();
     let mut last: HashMap<Value, usize> = HashMap::new();
-    for (step, (root, ms, conds)) in kernels.iter().enumerate() {
+    for (step, (root, ms, guard)) in kernels.iter().enumerate() {
         for i in 0..g.node(*root).outputs.len() {
             let v = Value {
                 node: *root,
@@ -195,7 +205,7 @@ fn lifetimes(
                 .into_iter()
                 .flatten()
                 .filter(|v| !ms.contains(&v.node))
-                .chain(conds.iter().copied())
+                .chain(guard.iter().map(|l| l.cond))
             {
                 let s = storage(v);
                 if first.contains_key(&s) {
@@ -252,22 +262,23 @@ fn in_place(
     group
 }
 
-/// Offsets for the intervals `spans` (first step, last step, bytes by owner), largest first, each
-/// at the lowest aligned offset no interval alive at the same time occupies; the arena's size goes
-/// into the plan.
-fn place(
-    spans: BTreeMap<Value, (usize, usize, u64)>,
-    plan: &mut MemoryPlan,
-) -> HashMap<Value, u64> {
-    let mut order: Vec<(Value, (usize, usize, u64))> = spans.into_iter().collect();
-    order.sort_by_key(|(v, (f, _, b))| (std::cmp::Reverse(*b), *f, *v));
-    let mut placed: Vec<(usize, usize, u64, u64)> = vec![]; // (first, last, offset, bytes)
+/// An owner's interval: first step, last step, bytes, and the guard all its values are under.
+type Span = (usize, usize, u64, Guard);
+
+/// Offsets for the intervals `spans` (by owner), largest first, each at the lowest aligned offset no
+/// interval alive at the same time (and not exclusive with it) occupies; the arena's size goes into
+/// the plan.
+fn place(spans: BTreeMap<Value, Span>, plan: &mut MemoryPlan) -> HashMap<Value, u64> {
+    let mut order: Vec<(Value, Span)> = spans.into_iter().collect();
+    order.sort_by_key(|(v, (f, _, b, _))| (std::cmp::Reverse(*b), *f, *v));
+    let mut placed: Vec<(Span, u64)> = vec![]; // (interval, offset)
     let mut offsets: HashMap<Value, u64> = HashMap::new();
-    for (v, (f, l, bytes)) in order {
+    for (v, span) in order {
+        let (f, l, bytes, _) = span;
         let mut busy: Vec<(u64, u64)> = placed
             .iter()
-            .filter(|p| p.0 <= l && f <= p.1)
-            .map(|p| (p.2, p.2 + p.3))
+            .filter(|(p, _)| p.0 <= l && f <= p.1 && !exclusive(&p.3, &span.3))
+            .map(|(p, o)| (*o, *o + p.2))
             .collect();
         busy.sort_unstable();
         let mut offset = 0u64;
@@ -277,7 +288,7 @@ fn place(
             }
             offset = offset.max(hi.div_ceil(ALIGN) * ALIGN);
         }
-        placed.push((f, l, offset, bytes));
+        placed.push((span, offset));
         offsets.insert(v, offset);
         plan.arena_bytes = plan.arena_bytes.max(offset + bytes);
     }
@@ -298,6 +309,31 @@ mod tests {
         let v = g.add(op, format!("k{id}"), ins).unwrap();
         g.node_mut(v.node).kernel = Some(id);
         v
+    }
+
+    /// The two branches of an `If` decided at run time share bytes while both are alive: only one of
+    /// them is computed in a run.
+    #[test]
+    fn exclusive_branches_share_bytes() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", ty(&[64, 64]));
+        let c = g.add_input("c", TensorType::new(DType::Bool, vec![]));
+        let w = g.add_const("w", Tensor::full(&ty(&[64, 64]), 0.5));
+        let a = k(&mut g, 0, Op::MatMul, &[x, w]);
+        let b = k(&mut g, 1, Op::Unary(Unary::Tanh), &[x]);
+        let shared = k(&mut g, 2, Op::Unary(Unary::Exp), &[x]);
+        let y = k(&mut g, 3, Op::Choose, &[c, a, b]);
+        let z = k(&mut g, 4, Op::Binary(Binary::Add), &[y, shared]);
+        g.add_output("z", z);
+        mlopt_ir::verify::verify(&g).unwrap();
+        let p = plan_memory(&g).unwrap();
+        p.verify().unwrap();
+        let slot = |v: Value| p.slots.iter().find(|s| s.value == v).unwrap().clone();
+        assert!(slot(a).guard[0].when && !slot(b).guard[0].when);
+        assert_eq!(slot(a).offset, slot(b).offset);
+        assert_ne!(slot(shared).offset, slot(a).offset);
+        // a, b and the value both branches read: two 16 KiB buffers, and y.
+        assert_eq!(p.arena_bytes, 3 * 16384, "{p:?}");
     }
 
     #[test]
