@@ -618,6 +618,19 @@ def _():
     return model([node], [f32("x", [1, 8, 1])], [f32("y", None)], [const("n", np.array(2**31, np.int64))], opset=17)
 
 
+@case("bitcast_sizes_differ", needle="bad")
+def _():
+    node = h.make_node("BitCast", ["x"], ["y"], name="bad", to=T.INT64)
+    return model([node], [f32("x", [4])], [vi("y", T.INT64, None)], opset=26)
+
+
+# mlopt holds int4 one per byte: its bits are not the file's, so a bit cast of it is refused.
+@case("bitcast_sub_byte", needle="bad")
+def _():
+    node = h.make_node("BitCast", ["x"], ["y"], name="bad", to=T.UINT4)
+    return model([node], [vi("x", T.INT4, [4])], [vi("y", T.UINT4, None)], opset=26)
+
+
 @case("stft_frame_past_signal", needle="bad")
 def _():
     node = h.make_node("STFT", ["x", "step", "", "len"], ["y"], name="bad")

@@ -265,6 +265,10 @@ pub enum Op {
     Cast {
         to: DType,
     },
+    /// The same bytes as another element type of the same size (ONNX's BitCast).
+    BitCast {
+        to: DType,
+    },
     Softmax {
         axis: usize,
     },
@@ -443,6 +447,7 @@ impl Op {
             Op::Input | Op::Const(_) => (0, 0),
             Op::Unary(_)
             | Op::Cast { .. }
+            | Op::BitCast { .. }
             | Op::Softmax { .. }
             | Op::LogSoftmax { .. }
             | Op::Lrn { .. }

@@ -176,6 +176,7 @@ impl Op {
             Op::Choose => "choose",
             Op::Clip => "clip",
             Op::Cast { .. } => "cast",
+            Op::BitCast { .. } => "bit_cast",
             Op::Softmax { .. } => "softmax",
             Op::Attention { .. } => "attention",
             Op::LogSoftmax { .. } => "log_softmax",
@@ -247,7 +248,7 @@ impl Op {
             },
             Op::Binary(Binary::Mod { fmod }) => vec![("fmod", flag(*fmod))],
             Op::Binary(Binary::BitShift { left }) => vec![("left", flag(*left))],
-            Op::Cast { to } => vec![("to", to.name().to_string())],
+            Op::Cast { to } | Op::BitCast { to } => vec![("to", to.name().to_string())],
             Op::Attention { scale } => vec![("scale", flt(*scale))],
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
                 vec![("axis", axis.to_string())]
@@ -468,6 +469,12 @@ impl Op {
             "cast" => {
                 let to = a.ident("to")?;
                 Op::Cast {
+                    to: DType::from_name(&to).ok_or(format!("unknown dtype '{to}'"))?,
+                }
+            }
+            "bit_cast" => {
+                let to = a.ident("to")?;
+                Op::BitCast {
                     to: DType::from_name(&to).ok_or(format!("unknown dtype '{to}'"))?,
                 }
             }

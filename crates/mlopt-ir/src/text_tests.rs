@@ -152,6 +152,10 @@ fn every_op() -> Graph {
         y = g.add(Op::Nary(n), "", &[y, v, t]).unwrap();
     }
     y = g.add(Op::Where, "", &[cmp[0], y, v]).unwrap();
+    let flag = g.add_input("flag", TensorType::new(DType::Bool, vec![]));
+    y = g.add(Op::Choose, "", &[flag, y, v]).unwrap();
+    let bits = g.add(Op::BitCast { to: DType::I32 }, "", &[y]).unwrap();
+    y = g.add(Op::BitCast { to: DType::F32 }, "", &[bits]).unwrap();
     let lo = g.add_const("lo", Tensor::scalar(-1f32));
     y = g
         .add_node(Op::Clip, "", &[Some(y), Some(lo), None], None)
@@ -514,6 +518,8 @@ fn every_op_name_appears() {
         "max",
         "min",
         "where",
+        "choose",
+        "bit_cast",
         "clip",
         "cast",
         "softmax",

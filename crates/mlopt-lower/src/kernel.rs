@@ -59,6 +59,7 @@ pub fn pulled(op: &Op) -> bool {
             | Op::Choose
             | Op::Clip
             | Op::Cast { .. }
+            | Op::BitCast { .. }
             | Op::BatchNorm { .. }
             | Op::Reshape { .. }
             | Op::Transpose { .. }
@@ -289,6 +290,16 @@ impl<'g> Lowerer<'g> {
             Op::Cast { .. } => {
                 let x = self.pull_broadcast(n, 0, idx)?;
                 return Ok(convert(x, in0, out_t));
+            }
+            // The operand's bytes read as the output's type: a parameter of its own declared so (its
+            // operand is stored: the op is its own kernel). A bool is any nonzero byte.
+            Op::BitCast { .. } => {
+                let v = self.input(n, 0)?;
+                let read = if out_t == Elem::Bool { Elem::U8 } else { out_t };
+                let name = format!("in{}", self.params.len());
+                let b = self.k.buf(name, read, dims(self.ty(v)), Space::Global);
+                self.params.push(Param::Value(v));
+                return Ok(convert(Expr::load(b, idx.to_vec()), read, out_t));
             }
             Op::BatchNorm { epsilon } => {
                 // (x - mean) / sqrt(var + eps) * scale + bias, per channel (axis 1).

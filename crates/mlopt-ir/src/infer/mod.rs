@@ -198,6 +198,26 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
             one(x.clone())
         }
         Op::Cast { to } => one(TensorType::new(*to, x()?.shape.clone())),
+        Op::BitCast { to } => {
+            let x = x()?;
+            let narrow = |d: DType| d.sub_byte_bits().is_some();
+            if narrow(x.dtype) || narrow(*to) {
+                return err(
+                    Some(0),
+                    format!(
+                        "bit cast of {} to {to}: sub-byte types are held one per byte, so their bits are not the file's",
+                        x.dtype
+                    ),
+                );
+            }
+            if x.dtype.size() != to.size() {
+                return err(
+                    Some(0),
+                    format!("bit cast of {} to {to}: the sizes differ", x.dtype),
+                );
+            }
+            one(TensorType::new(*to, x.shape.clone()))
+        }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             let x = x()?;
             need_float(x, 0)?;

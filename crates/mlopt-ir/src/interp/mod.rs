@@ -173,6 +173,11 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
             args.get(2).copied().flatten(),
         )?),
         Op::Cast { to } => one(x()?.cast(*to)),
+        Op::BitCast { to } => {
+            let x = x()?;
+            let ty = crate::TensorType::new(*to, x.shape().to_vec());
+            one(Tensor::from_le_bytes(&ty, &x.to_le_bytes()).ok_or("the sizes differ")?)
+        }
         Op::Softmax { axis } => one(nn::softmax(x()?, *axis, false)?),
         Op::LogSoftmax { axis } => one(nn::softmax(x()?, *axis, true)?),
         Op::MatMul => one(linalg::matmul(x()?, req(args, 1)?)?),

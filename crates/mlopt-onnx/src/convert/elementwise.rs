@@ -71,6 +71,7 @@ pub(crate) const OPS: &[&str] = &[
     "Clip",
     "Cast",
     "CastLike",
+    "BitCast",
     "BitwiseAnd",
     "BitwiseOr",
     "BitwiseXor",
@@ -235,6 +236,16 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let like = cx.req(1)?;
                 let to = cx.ty(like).dtype;
                 cast(cx, to)?
+            }
+            "BitCast" => {
+                let to = cx.int("to", 0)? as i32;
+                let to = dtype_from_onnx(to).ok_or_else(|| {
+                    cx.err(format!(
+                        "bit cast to {} is not supported",
+                        data_type::name(to)
+                    ))
+                })?;
+                cx.add1(Op::BitCast { to }, &[cx.req(0)?])?
             }
             _ => return Ok(None),
         };
