@@ -134,6 +134,20 @@ fn optimised_dumps_round_trip_through_the_parser() {
     }
 }
 
+/// Optimising the same graph again gives the same graph, names included: where classes merged (the
+/// nested Ifs' `not` and the reshape of its value to a scalar), the name of the one loaded first,
+/// where a HashMap's order picked one per run before.
+#[test]
+fn optimising_is_deterministic() {
+    let g = import("control/6");
+    let cfg = config("x86-64-v4", Precision::Fp32);
+    let first = print::print(&optimize(&g, &cfg).unwrap().plan.graph);
+    assert!(first.contains("@\"nb\""), "{first}");
+    for _ in 0..8 {
+        assert_eq!(print::print(&optimize(&g, &cfg).unwrap().plan.graph), first);
+    }
+}
+
 /// The before/after diff per fixture and target, with the estimate, as insta snapshots.
 #[test]
 fn optimised_diffs() {

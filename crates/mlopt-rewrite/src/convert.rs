@@ -104,7 +104,14 @@ pub fn load(g: &Graph, fold: bool) -> Result<Loaded> {
 pub fn build(l: &Loaded, choice: &HashMap<Id, MNode>) -> Result<Graph> {
     let eg = &l.eg;
     let mut g = Graph::new(l.graph_name.clone());
-    let names: HashMap<Id, &String> = l.names.iter().map(|(id, n)| (eg.find(*id), n)).collect();
+    // Classes that merged keep the name of the one loaded first (a HashMap's order differs per run,
+    // and the dumps, the report and `auto`'s back-offs name nodes by it).
+    let mut loaded: Vec<(&Id, &String)> = l.names.iter().collect();
+    loaded.sort_unstable_by_key(|(id, _)| **id);
+    let mut names: HashMap<Id, &String> = HashMap::new();
+    for (id, n) in loaded {
+        names.entry(eg.find(*id)).or_insert(n);
+    }
     // Graph inputs keep their order, used or not.
     let mut made: HashMap<Id, Vec<Value>> = HashMap::new();
     let mut inputs = vec![];
