@@ -182,10 +182,11 @@ fn lifetimes(
     alias: &HashMap<Value, Value>,
     storage: &dyn Fn(Value) -> Value,
 ) -> (HashMap<Value, usize>, HashMap<Value, usize>) {
-    let outputs: HashSet<NodeId> = g.graph_outputs().iter().map(|(_, v)| v.node).collect();
-    let external = |v: Value| {
-        matches!(g.node(v.node).op, Op::Input | Op::Const(_)) || outputs.contains(&v.node)
-    };
+    // A graph output lives in the caller's buffer; another output of its node (a count's data, a
+    // TopK's values) still needs the arena.
+    let outputs: HashSet<Value> = g.graph_outputs().iter().map(|(_, v)| *v).collect();
+    let external =
+        |v: Value| matches!(g.node(v.node).op, Op::Input | Op::Const(_)) || outputs.contains(&v);
     let mut first: HashMap<Value, usize> = HashMap::new();
     let mut last: HashMap<Value, usize> = HashMap::new();
     for (step, (root, ms, guard)) in kernels.iter().enumerate() {
