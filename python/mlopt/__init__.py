@@ -162,7 +162,8 @@ class Model:
         self._lib = lib
 
     def __call__(self, *args, **kwargs):
-        """Runs the model; returns its outputs as numpy arrays, a list in output order."""
+        """Runs the model; returns its outputs as numpy arrays, a list in output order (an output whose
+        size depends on the data, cut to its size)."""
         if self._lib is None:
             raise Error(f"{self.name} was compiled for {self.report['target']}: a GPU library runs "
                         "from C on a machine with CUDA (save() it), not from this package")
@@ -213,7 +214,21 @@ class Model:
             if status != 0:
                 msg = self._error(self._ctx).decode("utf-8", "replace")
                 raise Error(f"{msg} (status {status})")
-        return outs
+        return self._exact(outs)
+
+    def _exact(self, outs):
+        """The outputs as ONNX defines them: one whose size depends on the data (report.json's
+        "counted") cut to its count, the counts left out, as ONNX Runtime returns them."""
+        counted = [io.get("counted") for io in self.report["outputs"]]
+        counts = {c["count_output"] for c in counted if c}
+        exact = []
+        for k, (y, c) in enumerate(zip(outs, counted)):
+            if k in counts:
+                continue
+            if c:
+                y = np.take(y, np.arange(int(outs[c["count_output"]].reshape(-1)[0])), axis=c["axis"])
+            exact.append(y)
+        return exact
 
     def profile(self, iters=50):
         """Builds the model with a clock around each kernel and runs it (`mlopt bench --profile --json`):

@@ -873,11 +873,13 @@ fn kir_operators_compile_as_they_interpret() {
                     name: "x".into(),
                     elem: t,
                     dims: vec![N],
+                    counted: None,
                 },
                 Io {
                     name: "y".into(),
                     elem: t,
                     dims: vec![N],
+                    counted: None,
                 },
             ],
             ..Default::default()
@@ -921,6 +923,7 @@ fn kir_operators_compile_as_they_interpret() {
                     name: format!("{name} {kind:?}"),
                     elem: out_t,
                     dims: vec![N],
+                    counted: None,
                 });
                 p.kernels.push(k);
             }
@@ -1148,6 +1151,7 @@ fn casts_to_and_from_narrow_types_match_the_interpreter() {
             name: format!("x{src}"),
             elem: e,
             dims: vec![256],
+            counted: None,
         });
         for t in [Elem::F32, Elem::F64, Elem::I32] {
             for kind in [LoopKind::Serial, LoopKind::Vector(16)] {
@@ -1196,6 +1200,7 @@ fn cast_program(
         name: name.into(),
         elem,
         dims: vec![n],
+        counted: None,
     };
     let mut p = Program {
         name: name.into(),
@@ -1258,6 +1263,7 @@ fn push_loop_kernel(
         name,
         elem,
         dims: vec![extent],
+        counted: None,
     });
     p.kernels.push(k);
 }
@@ -1328,6 +1334,7 @@ fn strided_and_interleaved_vector_loads() {
             name: format!("x_{elem}"),
             elem,
             dims: vec![n],
+            counted: None,
         });
         // Distinct bit patterns (all finite): a wrong lane shows.
         inputs.push((0..n * elem.size()).map(|i| (i * 37 % 61) as u8).collect());
@@ -1587,6 +1594,7 @@ fn io(name: &str, elem: mlopt_kir::Elem, dims: Vec<u64>) -> mlopt_kir::Io {
         name: name.into(),
         elem,
         dims,
+        counted: None,
     }
 }
 
@@ -1977,11 +1985,13 @@ fn register_math_is_accurate() {
                     name: "x".into(),
                     elem: t,
                     dims: vec![N as u64],
+                    counted: None,
                 },
                 Io {
                     name: "y".into(),
                     elem: t,
                     dims: vec![N as u64],
+                    counted: None,
                 },
             ],
             ..Default::default()
@@ -2018,6 +2028,7 @@ fn register_math_is_accurate() {
                 name: format!("{kind:?}"),
                 elem: t,
                 dims: vec![N as u64],
+                counted: None,
             });
             p.kernels.push(k);
         }

@@ -211,6 +211,7 @@ fn program_of(k: Kernel, weights: &[String]) -> Program {
             name: buf.name.clone(),
             elem: buf.elem,
             dims: buf.dims.clone(),
+            counted: None,
         };
         if weights.contains(&buf.name) {
             let data = std::sync::Arc::new(data(&io, 99 + p.weights.len()));

@@ -111,6 +111,32 @@ fn control_flow_matches_onnx_runtime_interpreted_and_compiled() {
     }
 }
 
+/// Outputs whose size depends on the data (NonMaxSuppression then gathers; NonZero transposed; Compress
+/// then a row sum; Unique of values, then doubled, and of rows): computed at a bound with a count, cut to the count, against ONNX Runtime,
+/// interpreted and compiled.
+#[test]
+fn data_sized_outputs_match_onnx_runtime_interpreted_and_compiled() {
+    let config = mlopt_rewrite::Config::new(
+        mlopt_target::Target::named(mlopt_target::runnable_level(), 2).unwrap(),
+    );
+    for k in 0..3 {
+        let name = format!("counted/{k}");
+        let (g, (inputs, want)) = (import(&name), data(&name));
+        let outs = interp::run(&g, &inputs).unwrap();
+        let got = mlopt_ir::extent::exact_outputs(&g, &outs).unwrap();
+        assert_eq!(
+            mlopt_tests::worst_error(&want, &got),
+            0.0,
+            "{name} interpreted"
+        );
+        let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config.clone())).unwrap();
+        let outs = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+        let got = mlopt_ir::extent::exact_outputs(&g, &outs).unwrap();
+        let err = mlopt_tests::worst_error(&want, &got);
+        assert!(err < 1e-6, "{name} compiled: error {err:e}");
+    }
+}
+
 #[test]
 fn the_shape_subgraph_folds_away() {
     let text = print::print(&import("dynamic"));

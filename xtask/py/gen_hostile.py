@@ -631,6 +631,48 @@ def _():
     return model([node], [vi("x", T.INT4, [4])], [vi("y", T.UINT4, None)], opset=26)
 
 
+# --- Data-sized outputs (NonZero, Compress, NonMaxSuppression): computed at a bound with a count; a use
+# the bound cannot stand in for is refused, naming the node ----------------------------------------------
+
+
+# A size read from a data-sized value would be the bound.
+@case("nonzero_shape_read", needle="bad")
+def _():
+    nodes = [h.make_node("NonZero", ["x"], ["nz"]), h.make_node("Shape", ["nz"], ["y"], name="bad")]
+    return model(nodes, [f32("x", [4])], [vi("y", T.INT64, None)])
+
+
+# A sum over the data-sized axis would add the padding's rows.
+@case("nonzero_summed_over", needle="bad")
+def _():
+    nodes = [h.make_node("NonZero", ["x"], ["nz"]),
+             h.make_node("ReduceSum", ["nz", "axes"], ["y"], name="bad", keepdims=0)]
+    return model(nodes, [f32("x", [4])], [vi("y", T.INT64, None)], [const("axes", np.array([1], np.int64))])
+
+
+@case("compress_of_nonzero", needle="bad")
+def _():
+    nodes = [h.make_node("NonZero", ["x"], ["nz"]),
+             h.make_node("Compress", ["nz", "c"], ["y"], name="bad", axis=1)]
+    return model(nodes, [f32("x", [4]), vi("c", T.BOOL, [4])], [vi("y", T.INT64, None)])
+
+
+# Boxes chosen at run time, then gathered: what a detector's post-processing does. Every box scores the
+# same (ties go to the lower index), two overlap completely, one has no area.
+@case("nms_then_gather", expect="ok", good={
+    "boxes": np.array([[[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0], [2, 2, 3, 3]]], np.float32),
+    "scores": np.ones((1, 2, 4), np.float32), "most": np.array([3], np.int64)})
+def _():
+    nodes = [h.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou"], ["sel"], name="nms"),
+             h.make_node("Gather", ["sel", "two"], ["idx"], axis=1),
+             h.make_node("Squeeze", ["boxes", "zero"], ["flat"]),
+             h.make_node("Gather", ["flat", "idx"], ["y"], axis=0)]
+    inits = [const("iou", np.array([0.5], np.float32)), const("two", np.array(2, np.int64)),
+             const("zero", np.array([0], np.int64))]
+    return model(nodes, [f32("boxes", [1, 4, 4]), f32("scores", [1, 2, 4]), vi("most", T.INT64, [1])],
+                 [f32("y", None)], inits)
+
+
 @case("stft_frame_past_signal", needle="bad")
 def _():
     node = h.make_node("STFT", ["x", "step", "", "len"], ["y"], name="bad")

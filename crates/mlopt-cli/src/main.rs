@@ -665,6 +665,8 @@ fn check(
         }
     }
     outs.truncate(own);
+    // Outputs sized by the data: their first `count` entries, and not the counts themselves.
+    let outs = mlopt_ir::extent::exact_outputs(&g, &outs).map_err(|e| anyhow::anyhow!(e))?;
     if outs.len() != expected.len() {
         anyhow::bail!(
             "the model has {} outputs, {} has {} expected outputs",

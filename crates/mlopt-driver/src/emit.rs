@@ -184,6 +184,13 @@ pub fn io_defines(p: &Program, banner: &str) -> String {
                 c_string(&io.name)
             );
             let _ = writeln!(s, "#define MLOPT_{up}_{kind}{i}_ELEMS {}u", numel(io));
+            if let Some(c) = io.counted {
+                let _ = writeln!(
+                    s,
+                    "/* Its size along axis {} depends on the data: the DIMS below are the bound, and the first\n   COUNT entries along that axis hold the values (zeros after them), COUNT being the int64_t\n   of output {}. */\n#define MLOPT_{up}_{kind}{i}_COUNTED_AXIS {}\n#define MLOPT_{up}_{kind}{i}_COUNT_OUTPUT {}",
+                    c.axis, c.output, c.axis, c.output
+                );
+            }
             let dims: Vec<String> = io.dims.iter().map(|d| d.to_string()).collect();
             let _ = writeln!(
                 s,

@@ -123,8 +123,17 @@ impl Library {
                 .iter()
                 .map(|io| {
                     let dims: Vec<String> = io.dims.iter().map(u64::to_string).collect();
+                    let counted = io
+                        .counted
+                        .map(|c| {
+                            format!(
+                                ", \"counted\": {{\"axis\": {}, \"count_output\": {}}}",
+                                c.axis, c.output
+                            )
+                        })
+                        .unwrap_or_default();
                     format!(
-                        "{{\"name\": {}, \"dtype\": \"{}\", \"shape\": [{}]}}",
+                        "{{\"name\": {}, \"dtype\": \"{}\", \"shape\": [{}]{counted}}}",
                         json_str(&io.name),
                         io.elem,
                         dims.join(", ")

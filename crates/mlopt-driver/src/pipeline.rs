@@ -221,7 +221,16 @@ const STAGES: [StageDef; 6] = [
             let graph = &need(&s.optimized, "plan")?.plan.graph;
             // The memory plan places the values for lowering and is what the report says of the arena.
             let memory = mlopt_lower::plan_memory(graph)?;
-            s.program = Some(mlopt_lower::lower(graph, &memory)?);
+            let mut program = mlopt_lower::lower(graph, &memory)?;
+            // Outputs sized by the data, as the imported graph says (its outputs are the program's).
+            let counted = mlopt_ir::extent::counted_outputs(need(&s.graph, "graph")?)?;
+            for (io, (c, _)) in program.outputs.iter_mut().zip(counted) {
+                io.counted = c.map(|c| mlopt_kir::Counted {
+                    axis: c.axis,
+                    output: c.count,
+                });
+            }
+            s.program = Some(program);
             s.memory = Some(memory);
             Ok(())
         },

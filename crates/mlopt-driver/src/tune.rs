@@ -81,6 +81,7 @@ fn solo(p: &Program, step: usize) -> Program {
                     name: buf.name.clone(),
                     elem: buf.elem,
                     dims: buf.dims.clone(),
+                    counted: None,
                 });
                 Place::Input(q.inputs.len() - 1)
             }

@@ -9,6 +9,7 @@
 pub mod demand;
 pub mod dtype;
 pub mod error;
+pub mod extent;
 pub mod graph;
 pub mod infer;
 pub mod interp;

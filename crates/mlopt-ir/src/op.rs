@@ -422,6 +422,37 @@ pub enum Op {
     /// `reverse`); `exclusive` leaves each position's own element out (the first result is 0 or 1).
     /// bf16 and f16 accumulate in f32 and round each result.
     Cumulative(CumulativeAttrs),
+    /// The indices of the nonzero elements (ONNX NonZero): [rank, n] i64 in row-major order, n their
+    /// number. Its size depends on the data, so it is computed at its bound, n = the input's element
+    /// count: output 0 holds the indices in its first `count` columns and zeros after them, output 1
+    /// is `count` (i64 scalar). `crate::extent` follows such values to the graph's outputs.
+    NonZero,
+    /// `compress x, cond` (ONNX Compress along `axis`): the slices of `x` along `axis` whose `cond`
+    /// (bool, 1-D, possibly shorter) is true, in order. Computed at its bound (as many slices as `cond`
+    /// has, at most `x`'s extent) with the rest zero; output 1 is the count (see `NonZero`).
+    Compress {
+        axis: usize,
+    },
+    /// `non_max_suppression boxes, scores, max_per_class?, iou_threshold?, score_threshold?` (ONNX
+    /// NonMaxSuppression): per batch and class, boxes greedily chosen by descending score (ties: lower
+    /// index first) among those scoring above `score_threshold`, skipping each whose IoU with a chosen
+    /// one exceeds `iou_threshold`, at most `max_per_class` (absent or 0: none). Output 0 is [bound, 3]
+    /// i64 rows (batch, class, box) with zeros after the count, output 1 the count (see `NonZero`);
+    /// `bound` is what `max_per_class` allows when the importer knows it, else every box of every
+    /// class. `center_point_box`: boxes are (x, y, w, h) rather than two corners (y1, x1, y2, x2).
+    NonMaxSuppression {
+        center_point_box: bool,
+        bound: usize,
+    },
+    /// `unique x` (ONNX Unique along `axis`): the distinct slices of `x` along `axis`, in ascending
+    /// (lexicographic) order when `sorted`, else in order of first occurrence; the index of each one's
+    /// first occurrence; for each slice of `x`, the index of its distinct slice (inverse, of static
+    /// size); and how many times each occurs. Outputs 0, 1 and 3 are computed at the bound (every
+    /// slice distinct) with zeros after the count, output 4 (see `NonZero`).
+    Unique {
+        axis: usize,
+        sorted: bool,
+    },
 }
 
 /// A cumulative op's attributes.
@@ -441,6 +472,15 @@ pub enum Accumulate {
 }
 
 impl Op {
+    /// Whether the op's size depends on its data: computed at a bound, with the count as its last
+    /// output (see `crate::extent`).
+    pub fn counts(&self) -> bool {
+        matches!(
+            self,
+            Op::NonZero | Op::Compress { .. } | Op::NonMaxSuppression { .. } | Op::Unique { .. }
+        )
+    }
+
     /// (fewest, most) inputs; `usize::MAX` for variadic ops.
     pub fn arity(&self) -> (usize, usize) {
         match self {
@@ -469,13 +509,17 @@ impl Op {
             | Op::SpaceToDepth { .. }
             | Op::Trilu { .. }
             | Op::Cumulative(_)
-            | Op::TopK { .. } => (1, 1),
+            | Op::TopK { .. }
+            | Op::NonZero
+            | Op::Unique { .. } => (1, 1),
             Op::Binary(_)
             | Op::MatMul
             | Op::Gather { .. }
             | Op::GatherElements { .. }
             | Op::GatherNd { .. }
-            | Op::GridSample { .. } => (2, 2),
+            | Op::GridSample { .. }
+            | Op::Compress { .. } => (2, 2),
+            Op::NonMaxSuppression { .. } => (2, 5),
             Op::ScatterNd { .. } | Op::ScatterElements { .. } => (3, 3),
             Op::Nary(_) | Op::Concat { .. } => (1, usize::MAX),
             Op::Where | Op::Choose => (3, 3),
@@ -507,6 +551,7 @@ impl Op {
     pub fn input_optional(&self, i: usize) -> bool {
         match self {
             Op::Clip => i >= 1,
+            Op::NonMaxSuppression { .. } => i >= 2,
             Op::Attention { .. } => i == 3,
             Op::Gemm { .. } | Op::Conv(_) | Op::ConvTranspose(_) | Op::LayerNorm { .. } => i == 2,
             _ => false,

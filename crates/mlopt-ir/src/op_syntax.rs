@@ -218,6 +218,10 @@ impl Op {
             Op::ScatterNd { .. } => "scatter_nd",
             Op::ScatterElements { .. } => "scatter_elements",
             Op::GridSample { .. } => "grid_sample",
+            Op::NonZero => "non_zero",
+            Op::Compress { .. } => "compress",
+            Op::NonMaxSuppression { .. } => "non_max_suppression",
+            Op::Unique { .. } => "unique",
         }
     }
 
@@ -367,6 +371,17 @@ impl Op {
                 ("axis", c.axis.to_string()),
                 ("exclusive", flag(c.exclusive)),
                 ("reverse", flag(c.reverse)),
+            ],
+            Op::Compress { axis } => vec![("axis", axis.to_string())],
+            Op::Unique { axis, sorted } => {
+                vec![("axis", axis.to_string()), ("sorted", flag(*sorted))]
+            }
+            Op::NonMaxSuppression {
+                center_point_box,
+                bound,
+            } => vec![
+                ("bound", bound.to_string()),
+                ("center_point_box", flag(*center_point_box)),
             ],
             Op::TopK {
                 axis,
@@ -621,6 +636,18 @@ impl Op {
             "trilu" => Op::Trilu {
                 upper: a.bool("upper")?,
                 k: a.int("k")?,
+            },
+            "non_zero" => Op::NonZero,
+            "unique" => Op::Unique {
+                axis: a.usize("axis")?,
+                sorted: a.bool("sorted")?,
+            },
+            "compress" => Op::Compress {
+                axis: a.usize("axis")?,
+            },
+            "non_max_suppression" => Op::NonMaxSuppression {
+                center_point_box: a.bool("center_point_box")?,
+                bound: a.usize("bound")?,
             },
             "top_k" => Op::TopK {
                 axis: a.usize("axis")?,

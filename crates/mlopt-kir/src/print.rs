@@ -344,7 +344,13 @@ pub fn program(p: &Program) -> String {
     let mut s = String::new();
     let io = |v: &[Io]| {
         v.iter()
-            .map(|x| format!("%{}: {}{}", x.name, x.elem, dims(&x.dims)))
+            .map(|x| {
+                let counted = x
+                    .counted
+                    .map(|c| format!(" (axis {} sized by output {})", c.axis, c.output))
+                    .unwrap_or_default();
+                format!("%{}: {}{}{counted}", x.name, x.elem, dims(&x.dims))
+            })
             .collect::<Vec<_>>()
             .join(", ")
     };

@@ -19,6 +19,17 @@ pub struct Io {
     pub name: String,
     pub elem: Elem,
     pub dims: Vec<u64>,
+    /// An output whose size along an axis depends on the data (`mlopt_ir::extent`): its dims are the
+    /// bound, and the first `count` entries along `axis` hold the values, `count` being the i64 held
+    /// by output `output`.
+    pub counted: Option<Counted>,
+}
+
+/// How an output's size depends on the data: see `Io::counted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub axis: usize,
+    pub output: usize,
 }
 
 impl Io {

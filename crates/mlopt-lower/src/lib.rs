@@ -16,6 +16,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod conv_pool;
+mod counted;
 mod cumulative;
 mod data_checks;
 pub mod elementwise;

@@ -249,6 +249,12 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
             scatter(l, n, Scatter::Elements(axis), reduction, &out, out_t, dst)
         }
         Op::ScatterNd { reduction } => scatter(l, n, Scatter::Nd, reduction, &out, out_t, dst),
+        Op::NonZero => crate::counted::non_zero(l, n, dsts),
+        Op::Compress { axis } => crate::counted::compress(l, n, axis, dsts),
+        Op::NonMaxSuppression {
+            center_point_box, ..
+        } => crate::counted::non_max_suppression(l, n, center_point_box, dsts),
+        Op::Unique { axis, sorted } => crate::counted::unique(l, n, axis, sorted, dsts),
         _ => Err(l.unsupported(n, "no code generation for this op yet")),
     }
 }

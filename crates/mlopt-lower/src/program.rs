@@ -84,6 +84,7 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
             name: g.node(*n).name.clone(),
             elem: elem(t.dtype),
             dims: dims(t),
+            counted: None,
         });
         b.places.insert(
             Value {
@@ -101,6 +102,7 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
             name: name.clone(),
             elem: elem(t.dtype),
             dims: dims(t),
+            counted: None,
         });
         let produced = g.node(v.node).kernel.is_some() && !b.places.contains_key(v);
         if produced {

@@ -384,6 +384,7 @@ pub fn import_model(
         base,
         known: &opts.known_values,
         unrolled: 0,
+        counted: false,
     };
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
     let declared: HashSet<&str> = graph.input.iter().map(|v| v.name.as_str()).collect();
@@ -456,6 +457,12 @@ pub fn import_model(
     for node in &graph.node {
         convert_scoped(&mut imp, node)?;
     }
+    // Values whose size depends on the data: their declared size along that axis is not the bound.
+    let sized = if imp.counted {
+        mlopt_ir::extent::extents(&imp.g)?
+    } else {
+        Default::default()
+    };
     for out in &graph.output {
         let v = *imp.vals.get(&out.name).ok_or_else(|| {
             OnnxError::Model(format!("output '{}' is not produced by any node", out.name))
@@ -464,9 +471,9 @@ pub fn import_model(
         if let Ok((dtype, dims)) = declared_type(out) {
             let dims_ok = dims.as_ref().is_none_or(|d| {
                 d.len() == got.rank()
-                    && d.iter()
-                        .zip(&got.shape)
-                        .all(|(a, b)| a.0.is_none_or(|a| a == *b))
+                    && d.iter().zip(&got.shape).enumerate().all(|(k, (a, b))| {
+                        a.0.is_none_or(|a| a == *b) || sized.get(&v).is_some_and(|e| e.axis == k)
+                    })
             });
             if dtype != got.dtype || !dims_ok {
                 return Err(OnnxError::Model(format!(
@@ -478,6 +485,9 @@ pub fn import_model(
             }
         }
         imp.g.add_output(out.name.clone(), v);
+    }
+    if imp.counted {
+        mlopt_ir::extent::expose_counts(&mut imp.g)?;
     }
     imp.g.remove_dead();
     mlopt_ir::verify::verify(&imp.g)?;

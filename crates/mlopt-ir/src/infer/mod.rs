@@ -14,6 +14,7 @@ pub struct InferError {
 
 type R<T> = Result<T, InferError>;
 
+mod counted;
 mod index_bounds;
 mod matrix;
 #[cfg(test)]
@@ -623,6 +624,10 @@ pub fn infer(op: &Op, inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
                 vec![x.shape[0], c, x.shape[2] / b, x.shape[3] / b],
             ))
         }
+        Op::NonZero => counted::non_zero(x()?),
+        Op::Compress { axis } => counted::compress(x()?, get(inputs, 1)?, *axis),
+        Op::NonMaxSuppression { bound, .. } => counted::non_max_suppression(inputs, *bound),
+        Op::Unique { axis, .. } => counted::unique(x()?, *axis),
         Op::TopK { axis, k, .. } => {
             let x = x()?;
             if *axis >= x.rank() || *k > x.shape[*axis] {

@@ -4,6 +4,7 @@
 //! f16 and bf16 inputs are widened to f32 once at `eval_op`, and results rounded back to the declared
 //! output dtype; the kernels in the submodules therefore only see f32, f64, integers and bool.
 
+mod counted;
 mod elementwise;
 mod grid_sample;
 mod index;
@@ -314,6 +315,13 @@ fn eval_wide(op: &Op, args: &[Option<&Tensor>]) -> EvalResult<Vec<Tensor>> {
         Op::TopK {
             axis, k, largest, ..
         } => index::top_k(x()?, *axis, *k, *largest),
+        Op::NonZero => counted::non_zero(x()?),
+        Op::Compress { axis } => counted::compress(x()?, req(args, 1)?, *axis),
+        Op::NonMaxSuppression {
+            center_point_box,
+            bound,
+        } => counted::non_max_suppression(args, *center_point_box, *bound),
+        Op::Unique { axis, sorted } => counted::unique(x()?, *axis, *sorted),
         Op::GridSample {
             mode,
             padding,

@@ -8,6 +8,7 @@
 
 mod composite;
 mod control;
+mod counted;
 mod einsum;
 mod elementwise;
 mod layout;
@@ -48,6 +49,9 @@ pub(crate) struct Importer<'m> {
     pub base: Option<&'m Path>,
     /// Values of graph inputs that may be used as constant operands (see `ImportOptions::known_values`).
     pub known: &'m HashMap<String, Tensor>,
+    /// Whether a data-sized op (`mlopt_ir::extent`) was added: only then may a value's size differ
+    /// from its type's.
+    pub counted: bool,
     /// Body nodes converted so far by unrolled `Loop`s and `Scan`s, nested ones included (see
     /// `control::MAX_UNROLLED_NODES`).
     pub unrolled: usize,
@@ -161,6 +165,29 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 
     pub fn ty(&self, v: Value) -> &TensorType {
         self.imp.g.value_type(v)
+    }
+
+    /// An error if the size of input `i`'s value along an axis in `axes` depends on the data (its
+    /// type holds only the bound): for converters that read a size from a value's type.
+    pub fn static_size(&self, i: usize, axes: std::ops::Range<usize>) -> Result<()> {
+        let Some(v) = self.input(i)? else {
+            return Ok(());
+        };
+        if !self.imp.counted {
+            return Ok(());
+        }
+        match mlopt_ir::extent::extents(&self.imp.g)?.get(&v) {
+            Some(e) if axes.contains(&e.axis) => Err(self.err_in(
+                i,
+                format!(
+                    "its size along axis {} depends on the data (mlopt computes it at a bound of \
+                     {}, with a count); a size read from it would be the bound",
+                    e.axis,
+                    self.ty(v).shape[e.axis]
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The value of input `i`, which must be a constant when present: folded already, or computable from
@@ -438,6 +465,7 @@ const FAMILIES: &[(Converter, &[&str])] = &[
     (control::convert, control::OPS),
     (spectral::convert, spectral::OPS),
     (roi::convert, roi::OPS),
+    (counted::convert, counted::OPS),
 ];
 
 fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {

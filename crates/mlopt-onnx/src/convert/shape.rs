@@ -29,12 +29,14 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
                 let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
                 let start = clampi(cx.int("start", 0)?);
                 let end = clampi(cx.int("end", r)?);
+                cx.static_size(0, start..end.max(start))?;
                 let part = s[start..end.max(start)].to_vec();
                 let n = part.len();
                 vec![cx.konst_value(Tensor::from_vec(&[n], part).ok_or_else(|| cx.err("shape"))?)]
             }
             "Size" => {
                 let x = cx.req(0)?;
+                cx.static_size(0, 0..cx.ty(x).rank())?;
                 let n = cx.ty(x).numel() as i64;
                 vec![cx.konst_value(Tensor::scalar(n))]
             }
