@@ -1,6 +1,5 @@
-//! How each op is spelled in the text IR: a snake_case name and `[key=value, ...]` attributes sorted by key,
-//! and the inverse used by the parser. Both directions live here, next to each other, so they stay in step;
-//! the round-trip test in `text` checks them for every op.
+//! How each op is spelled in the text IR (a snake_case name and `[key=value, ...]` attributes sorted by
+//! key) and the parser's inverse, side by side so they stay in step; `text_tests` round-trips every op.
 
 use crate::dtype::DType;
 use crate::op::*;
@@ -257,7 +256,9 @@ impl Op {
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
                 vec![("axis", axis.to_string())]
             }
-            Op::Gather { axis } | Op::GatherElements { axis } => vec![("axis", axis.to_string())],
+            Op::Gather { axis } | Op::GatherElements { axis } | Op::Compress { axis } => {
+                vec![("axis", axis.to_string())]
+            }
             Op::Gemm {
                 alpha,
                 beta,
@@ -372,17 +373,13 @@ impl Op {
                 ("exclusive", flag(c.exclusive)),
                 ("reverse", flag(c.reverse)),
             ],
-            Op::Compress { axis } => vec![("axis", axis.to_string())],
             Op::Unique { axis, sorted } => {
                 vec![("axis", axis.to_string()), ("sorted", flag(*sorted))]
             }
             Op::NonMaxSuppression {
-                center_point_box,
+                center_point_box: c,
                 bound,
-            } => vec![
-                ("bound", bound.to_string()),
-                ("center_point_box", flag(*center_point_box)),
-            ],
+            } => vec![("bound", bound.to_string()), ("center_point_box", flag(*c))],
             Op::TopK {
                 axis,
                 k,

@@ -10,6 +10,13 @@ fn f32s(shape: &[usize]) -> TensorType {
     TensorType::new(DType::F32, shape.to_vec())
 }
 
+fn nms_op() -> Op {
+    Op::NonMaxSuppression {
+        center_point_box: true,
+        bound: 6,
+    }
+}
+
 /// A graph with at least one node of every op (and both inline and named constants).
 fn every_op() -> Graph {
     let mut g = Graph::new("every op");
@@ -478,6 +485,30 @@ fn every_op() -> Graph {
             &[s2d],
         )
         .unwrap();
+    // The data-sized ops: each output at its bound, then the count.
+    let nz = g.add_node(Op::NonZero, "nz", &[Some(m)], None).unwrap();
+    let keep = g.add_const(
+        "keep",
+        Tensor::from_vec(&[3], vec![true, false, true]).unwrap(),
+    );
+    g.add_node(Op::Compress { axis: 1 }, "", &[Some(m), Some(keep)], None)
+        .unwrap();
+    let unique = Op::Unique {
+        axis: 0,
+        sorted: false,
+    };
+    g.add_node(unique, "", &[Some(m)], None).unwrap();
+    let boxes = g.add_const("boxes", Tensor::zeros(&f32s(&[1, 4, 4])));
+    let scores = g.add_const("scores", Tensor::zeros(&f32s(&[1, 2, 4])));
+    let iou = g.add_const("iou", Tensor::from_vec(&[1], vec![0.5f32]).unwrap());
+    g.add_node(
+        nms_op(),
+        "nms",
+        &[Some(boxes), Some(scores), None, Some(iou)],
+        None,
+    )
+    .unwrap();
+    g.add_output("nonzero", nz[0]);
     g.add_output("y", back);
     g.add_output("mean", ln[0]);
     g.add_output("resized", d2s);
@@ -563,6 +594,10 @@ fn every_op_name_appears() {
         "bit_or",
         "bit_xor",
         "bit_shift",
+        "non_zero",
+        "compress",
+        "unique",
+        "non_max_suppression",
     ] {
         assert!(
             text.contains(&format!("= {name}")),
