@@ -48,32 +48,28 @@ fn counted(cx: &mut NodeCx<'_, '_>, op: Op, inputs: &[Option<Value>]) -> Result<
     Ok(outs)
 }
 
-fn unique(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
-    let mut x = cx.req(0)?;
-    let sorted = cx.int("sorted", 1)? != 0;
+/// Input 0 and the axis its `axis` attribute names; without one, input 0 flattened and axis 0.
+fn along(cx: &mut NodeCx<'_, '_>) -> Result<(Value, usize)> {
+    let x = cx.req(0)?;
     let rank = cx.ty(x).rank();
-    let a = match cx.int_opt("axis")? {
-        Some(a) => axis(cx, a, rank)?,
+    Ok(match cx.int_opt("axis")? {
+        Some(a) => (x, axis(cx, a, rank)?),
         None => {
             let n = cx.ty(x).numel();
-            x = cx.add1(Op::Reshape { shape: vec![n] }, &[x])?;
-            0
+            (cx.add1(Op::Reshape { shape: vec![n] }, &[x])?, 0)
         }
-    };
+    })
+}
+
+fn unique(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+    let sorted = cx.int("sorted", 1)? != 0;
+    let (x, a) = along(cx)?;
     counted(cx, Op::Unique { axis: a, sorted }, &[Some(x)])
 }
 
 fn compress(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
-    let (mut x, cond) = (cx.req(0)?, cx.req(1)?);
-    let rank = cx.ty(x).rank();
-    let a = match cx.int_opt("axis")? {
-        Some(a) => axis(cx, a, rank)?,
-        None => {
-            let n = cx.ty(x).numel();
-            x = cx.add1(Op::Reshape { shape: vec![n] }, &[x])?;
-            0
-        }
-    };
+    let cond = cx.req(1)?;
+    let (x, a) = along(cx)?;
     counted(cx, Op::Compress { axis: a }, &[Some(x), Some(cond)])
 }
 
