@@ -622,6 +622,17 @@ impl Expr {
         }
     }
 
+    /// Whether the expression loads from buffer `b`.
+    pub fn reads(&self, b: BufId) -> bool {
+        match self {
+            Expr::Var(_) | Expr::Int(_) | Expr::Float(..) => false,
+            Expr::Load(c, ix) => *c == b || ix.iter().any(|e| e.reads(b)),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => a.reads(b),
+            Expr::Binary(_, a, c) => a.reads(b) || c.reads(b),
+            Expr::Fma(a, c, d) | Expr::Select(a, c, d) => a.reads(b) || c.reads(b) || d.reads(b),
+        }
+    }
+
     /// Whether `v` occurs in the expression.
     pub fn uses(&self, v: Var) -> bool {
         match self {

@@ -1050,3 +1050,24 @@ fn a_fake_quantized_value_skips_the_integer_round_trip() {
         assert!(print::kernel(&k).contains("cast<"), "{text}");
     }
 }
+
+/// A guard bounds an expression only while what it reads is unchanged: a store to a buffer the
+/// expression loads (a running count), before the access or anywhere in a loop around it, ends the
+/// bound.
+#[test]
+fn a_guard_on_a_value_stops_bounding_it_once_the_value_is_stored() {
+    let kernel = |body: &str| {
+        format!(
+            "kernel @k(%y: i64[4]) {{\n  local %c: i64[]\n  %c[] = 0\n  if and(le(0, %c[]), lt(%c[], 4)) {{\n{body}  }}\n}}\n"
+        )
+    };
+    let fine = kernel("    %y[%c[]] = 1\n    %c[] = (%c[] + 1)\n");
+    assert_eq!(verify(&parse_kernel(&fine).unwrap()), Ok(()));
+    let after = kernel("    %c[] = (%c[] + 1)\n    %y[%c[]] = 1\n");
+    let looped =
+        kernel("    serial %i in 0..4 {\n      %y[%c[]] = 1\n      %c[] = (%c[] + 1)\n    }\n");
+    for bad in [after, looped] {
+        let e = verify(&parse_kernel(&bad).unwrap()).unwrap_err().join("\n");
+        assert!(e.contains("store to %y: index 0"), "{e}\n{bad}");
+    }
+}

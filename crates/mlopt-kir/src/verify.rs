@@ -118,6 +118,13 @@ impl Verifier<'_> {
                         ));
                     }
                 }
+                // What the loop stores may change from one iteration to the next: a guard's bound on
+                // an expression that reads it holds for the first iteration only.
+                let mut stored = vec![];
+                stores(body, &mut stored);
+                for b in stored {
+                    self.forget(b);
+                }
                 // A loop of extent 0 never runs: nothing under it can go out of bounds.
                 if *extent > 0 {
                     self.env.insert(*var, (0, *extent as i64 - 1));
@@ -128,6 +135,8 @@ impl Verifier<'_> {
             Stmt::Store { buf, index, value } => {
                 let what = format!("store to %{}", self.k.buffer(*buf).name);
                 self.access(*buf, index, &what);
+                // A guard's bound on an expression that reads the buffer no longer holds after it.
+                self.forget(*buf);
                 let vt = self.ty(value, &what);
                 let bt = self.k.buffer(*buf).elem;
                 if let Some(vt) = vt {
@@ -334,6 +343,16 @@ impl Verifier<'_> {
         }
     }
 
+    /// Drops what the guards said of expressions that read `b` (their bounds stay in place, unbounded,
+    /// so each guard's facts are still removed at the end of its block).
+    fn forget(&mut self, b: BufId) {
+        for (e, r) in &mut self.facts {
+            if e.reads(b) {
+                *r = (i64::MIN, i64::MAX);
+            }
+        }
+    }
+
     /// Records the bounds a guard establishes.
     fn learn(&mut self, c: &Expr) {
         match c {
@@ -523,6 +542,19 @@ impl Verifier<'_> {
                 self.ty(a, what)?;
                 Some(*t)
             }
+        }
+    }
+}
+
+/// The buffers stored to anywhere in `body`.
+fn stores(body: &[Stmt], out: &mut Vec<BufId>) {
+    for s in body {
+        match s {
+            Stmt::Store { buf, .. } | Stmt::WarpReduce { buf, .. } => out.push(*buf),
+            Stmt::Mma { c, .. } | Stmt::WarpMma { c, .. } => out.push(c.buf),
+            Stmt::CopyAsync { dst, .. } => out.push(dst.buf),
+            Stmt::For { body, .. } | Stmt::If { then: body, .. } => stores(body, out),
+            Stmt::Barrier | Stmt::AsyncWait | Stmt::Prefetch { .. } => {}
         }
     }
 }
