@@ -170,8 +170,21 @@ fn span(b: [Expr; 4], center: bool) -> [Expr; 4] {
     }
 }
 
-/// Whether the IoU of two boxes exceeds `threshold` (as `mlopt_ir`'s interpreter decides it).
-fn suppresses(p: [Expr; 4], q: [Expr; 4], threshold: Expr) -> Expr {
+/// A box's span and its area, (x max - x min) (y max - y min): what the IoU test reads of a box.
+fn with_area(s: [Expr; 4]) -> [Expr; 5] {
+    let f = |op, a: &Expr, c: &Expr| Expr::bin(op, a.clone(), c.clone());
+    let area = f(
+        BinOp::Mul,
+        &f(BinOp::Sub, &s[1], &s[0]),
+        &f(BinOp::Sub, &s[3], &s[2]),
+    );
+    let [x0, x1, y0, y1] = s;
+    [x0, x1, y0, y1, area]
+}
+
+/// Whether the IoU of two boxes (`with_area`) exceeds `threshold`, as `mlopt_ir`'s interpreter
+/// decides it.
+fn suppresses(p: &[Expr; 5], q: &[Expr; 5], threshold: Expr) -> Expr {
     let f = |op, a: Expr, c: Expr| Expr::bin(op, a, c);
     let (x0, x1) = (
         f(BinOp::Max, p[0].clone(), q[0].clone()),
@@ -187,14 +200,7 @@ fn suppresses(p: [Expr; 4], q: [Expr; 4], threshold: Expr) -> Expr {
         f(BinOp::Sub, x1.clone(), x0.clone()),
         f(BinOp::Sub, y1.clone(), y0.clone()),
     );
-    let area = |s: &[Expr; 4]| {
-        f(
-            BinOp::Mul,
-            f(BinOp::Sub, s[1].clone(), s[0].clone()),
-            f(BinOp::Sub, s[3].clone(), s[2].clone()),
-        )
-    };
-    let (a1, a2) = (area(&p), area(&q));
+    let (a1, a2) = (p[4].clone(), q[4].clone());
     let union = f(
         BinOp::Sub,
         f(BinOp::Add, a1.clone(), a2.clone()),
@@ -249,7 +255,8 @@ fn below(
 /// are listed in index order; then, while some are left and the class has fewer than its most, a step
 /// takes the best one left (highest score, then lowest index) and chooses it unless its IoU with a box
 /// chosen before exceeds the threshold. O(boxes + open x (open + chosen)) per class: the loops over
-/// the open and the chosen boxes stop at their counts (`below`).
+/// the open and the chosen boxes stop at their counts (`below`); each box's span and area are
+/// computed once, when it is tested, and kept with the chosen ones.
 pub(crate) fn non_max_suppression(
     l: &mut Lowerer,
     n: NodeId,
@@ -294,10 +301,17 @@ pub(crate) fn non_max_suppression(
             vec![m],
             Space::Local,
         );
+        // The chosen boxes' spans and areas, and the tested box's.
         let chosen = l.k.buf(
             format!("chosen{}", l.k.bufs.len()),
-            Elem::I64,
-            vec![m],
+            Elem::F32,
+            vec![m, 5],
+            Space::Local,
+        );
+        let tested = l.k.buf(
+            format!("tested{}", l.k.bufs.len()),
+            Elem::F32,
+            vec![5],
             Space::Local,
         );
         let (opened, init_opened) = scalar(l, "opened", Elem::I64, Expr::int(0));
@@ -358,17 +372,19 @@ pub(crate) fn non_max_suppression(
             let a = Expr::load(open, vec![p.clone()]);
             let (kept, init_kept) = scalar(l, "kept", Elem::I64, Expr::int(1));
             let mut check = vec![store(taken, vec![p.clone()], lit(1.0, Elem::U8)), init_kept];
-            let pa = corners(l, &a)?;
+            for (k, e) in with_area(corners(l, &a)?).into_iter().enumerate() {
+                check.push(store(tested, vec![Expr::int(k as i64)], e));
+            }
+            let part = |b: BufId, at: &[Expr], k: i64| {
+                Expr::load(b, at.iter().cloned().chain([Expr::int(k)]).collect())
+            };
+            let pa = [0, 1, 2, 3, 4].map(|k| part(tested, &[], k));
             let chosen_so_far = Expr::load(here, vec![]);
-            check.extend(below(l, m, &chosen_so_far, |l, q| {
-                let k = Expr::load(chosen, vec![q]);
-                let qk = corners(l, &k)?;
+            check.extend(below(l, m, &chosen_so_far, |_, q| {
+                let qk = [0, 1, 2, 3, 4].map(|k| part(chosen, std::slice::from_ref(&q), k));
                 Ok(vec![Stmt::If {
-                    cond: within(&k, m),
-                    then: vec![Stmt::If {
-                        cond: suppresses(pa.clone(), qk, iou.clone()),
-                        then: vec![store(kept, vec![], Expr::int(0))],
-                    }],
+                    cond: suppresses(&pa, &qk, iou.clone()),
+                    then: vec![store(kept, vec![], Expr::int(0))],
                 }])
             })?);
             let total = Expr::load(count, vec![]);
@@ -377,13 +393,17 @@ pub(crate) fn non_max_suppression(
                 .enumerate()
                 .map(|(col, v)| store(dst, vec![total.clone(), Expr::int(col as i64)], v))
                 .collect();
+            // Kept at the chosen box's position, before the count of chosen boxes moves on.
+            choose.extend((0..5).map(|k| {
+                let at = vec![chosen_so_far.clone(), Expr::int(k)];
+                store(chosen, at, part(tested, &[], k))
+            }));
             choose.extend([
                 store(
                     count,
                     vec![],
                     Expr::bin(BinOp::Add, total.clone(), Expr::int(1)),
                 ),
-                store(chosen, vec![chosen_so_far.clone()], a.clone()),
                 store(
                     here,
                     vec![],
