@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
-use mlopt_onnx::{import_file, read_pb, ImportOptions};
+use mlopt_onnx::interface::{read_data, Form, Given};
+use mlopt_onnx::proto::ValueInfoProto;
+use mlopt_onnx::{import_file, load_model, ImportOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -15,26 +17,60 @@ pub fn dir(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Inputs and expected outputs of the fixture's first test data set, by name.
-pub fn data(name: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
+/// Inputs and expected outputs of the fixture's first test data set, by name, as the compiled model
+/// takes and gives them (a sequence as its elements `NAME.K`: `mlopt_onnx::interface`).
+pub fn given(name: &str) -> (Given, Vec<(String, Tensor)>) {
+    let model = load_model(&dir(name).join("model.onnx")).expect("model");
+    let g = model.graph.expect("graph");
+    let inits: Vec<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let ports = |vs: &[ValueInfoProto]| -> Vec<(String, Form)> {
+        vs.iter()
+            .filter(|v| !inits.contains(&v.name.as_str()))
+            .map(|v| {
+                (
+                    v.name.clone(),
+                    mlopt_onnx::interface::form(v).expect("form"),
+                )
+            })
+            .collect()
+    };
     let ds = dir(name).join("test_data_set_0");
-    let read = |prefix: &str| {
-        (0..)
-            .map(|k| ds.join(format!("{prefix}_{k}.pb")))
-            .take_while(|p| p.exists())
-            .map(|p| read_pb(&p).expect("test data"))
+    let read = |prefix: &str, ports: Vec<(String, Form)>| {
+        ports
+            .into_iter()
+            .enumerate()
+            .map(|(k, (name, form))| (name, ds.join(format!("{prefix}_{k}.pb")), form))
+            .take_while(|(_, p, _)| p.exists())
+            .map(|(name, p, form)| (name, read_data(&p, form).expect("test data")))
             .collect::<Vec<_>>()
     };
-    (read("input").into_iter().collect(), read("output"))
+    let mut given = Given::default();
+    for (name, d) in read("input", ports(&g.input)) {
+        given.add(&name, d);
+    }
+    let outs = read("output", ports(&g.output))
+        .into_iter()
+        .flat_map(|(name, d)| d.tensors(&name))
+        .collect();
+    (given, outs)
+}
+
+/// `given`'s tensors by name, and the expected outputs.
+pub fn data(name: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
+    let (given, outs) = given(name);
+    (given.tensors, outs)
 }
 
 pub fn import(name: &str) -> mlopt_ir::Graph {
-    let (inputs, _) = data(name);
+    let (given, _) = given(name);
     let opts = ImportOptions {
-        input_shapes: inputs
+        input_shapes: given
+            .tensors
             .iter()
             .map(|(k, v)| (k.clone(), v.shape().to_vec()))
             .collect(),
+        sequence_lengths: given.lengths,
+        absent: given.absent,
         ..Default::default()
     };
     import_file(&dir(name).join("model.onnx"), &opts).expect("import")

@@ -821,6 +821,61 @@ def _():
     return model([node], [f32("x", [5, 3]), f32("z", [4, 3])], [f32("out", None)])
 
 
+# --- Sequences are static: positions, lengths and element types fixed at import; the rest refused -------
+
+
+def seq_vi(name, shape):
+    return h.make_tensor_sequence_value_info(name, T.FLOAT, shape)
+
+
+# A position past the end of a sequence of two: refused, naming the node.
+@case("sequence_at_out_of_range", needle="bad")
+def _():
+    nodes = [h.make_node("SequenceConstruct", ["x", "x"], ["s"], name="make"),
+             h.make_node("SequenceAt", ["s", "p"], ["y"], name="bad")]
+    return model(nodes, [f32("x", [4])], [f32("y", None)], [const("p", np.array(5, np.int64))])
+
+
+# Each element of a sequence is a value of the graph: one split into 5000 pieces is refused before any
+# is made.
+@case("split_to_sequence_too_long", needle="bad")
+def _():
+    nodes = [h.make_node("SplitToSequence", ["x"], ["s"], name="bad", axis=1),
+             h.make_node("ConcatFromSequence", ["s"], ["y"], name="join", axis=1)]
+    return model(nodes, [f32("x", [1, 5000])], [f32("y", None)])
+
+
+# Erasing from an empty sequence.
+@case("sequence_erase_empty", needle="bad")
+def _():
+    nodes = [h.make_node("SequenceEmpty", [], ["s"], name="empty"),
+             h.make_node("SequenceErase", ["s"], ["e"], name="bad"),
+             h.make_node("SequenceLength", ["e"], ["y"], name="len")]
+    return model(nodes, [], [vi("y", T.INT64, None)], opset=OPSET)
+
+
+# A sequence of sequences (here an input) is not static data mlopt compiles: refused, naming it.
+@case("sequence_of_sequences_input", needle="nested sequences")
+def _():
+    nested = h.make_sequence_type_proto(h.make_sequence_type_proto(h.make_tensor_type_proto(T.FLOAT, [2])))
+    x = h.make_value_info("x", nested)
+    node = h.make_node("SequenceLength", ["x"], ["y"], name="len")
+    return model([node], [x], [vi("y", T.INT64, None)])
+
+
+# An If on an input whose branches give sequences of different lengths cannot choose at run time:
+# refused, naming the node; with the condition pinned, the If is its branch.
+@case("if_runtime_sequences_differ_in_length", needle="bad", pin="flag=true")
+def _():
+    two = branch("then", [h.make_node("SplitToSequence", ["x", "two"], ["t"], name="halves")], [seq_vi("t", None)],
+                 [const("two", np.array([2, 2], np.int64))])
+    three = branch("else", [h.make_node("SplitToSequence", ["x", "three"], ["e"], name="thirds")], [seq_vi("e", None)],
+                   [const("three", np.array([1, 1, 2], np.int64))])
+    nodes = [h.make_node("If", ["flag"], ["s"], name="bad", then_branch=two, else_branch=three),
+             h.make_node("ConcatFromSequence", ["s"], ["y"], name="join", axis=0, new_axis=1)]
+    return model(nodes, [f32("x", [4]), vi("flag", T.BOOL, [])], [f32("y", None)])
+
+
 # --- Issue 30, item 6: one NaN and infinity semantics, compiled and interpreted -------------------------
 # NaN counts as the largest value (the ONNX reference's numpy: argmax and argmin pick the first NaN, max
 # pools and reductions propagate it). ONNX Runtime differs there (it skips a NaN after the first

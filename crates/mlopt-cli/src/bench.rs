@@ -35,20 +35,20 @@ impl Ready {
     fn build(b: &Bench, input_shapes: &[String], threads: u32, profile: bool) -> Result<Ready> {
         let start = Instant::now();
         let m = data::load(b.model)?;
-        let names = data::input_names(&m)?;
-        let given = data::read_inputs(b.inputs, &names)?;
+        let ports = data::ports(&m)?;
+        let given = data::read_inputs(b.inputs, &ports)?;
         let g = data::import(&m, b.model, (input_shapes, b.input_values), &given)?;
         let mut opt = b.opt.clone();
         opt.threads = threads;
-        let mut options = opt.driver(&names)?;
+        let mut options = opt.driver(&ports)?;
         options.profile = profile;
         let c = mlopt_driver::compile(&g, &options)?;
         let compile_s = start.elapsed().as_secs_f64();
         let lib = c.load()?;
-        let inputs: HashMap<String, Tensor> = if given.is_empty() {
+        let inputs: HashMap<String, Tensor> = if given.tensors.is_empty() {
             mlopt_rewrite::optimize::random_inputs(&g, 1)
         } else {
-            given
+            given.tensors
         };
         let ins = c.input_bytes(&inputs)?;
         Ok(Ready {
@@ -222,7 +222,7 @@ pub fn batch_sweep(b: &Bench, batches: &[u64], budget_ms: Option<f64>) -> Result
         bail!("--batch {bad}: batch sizes run from 1 to 4096");
     }
     let m = data::load(b.model)?;
-    let names = data::input_names(&m)?;
+    let names = data::ports(&m)?.input_names();
     let all = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let mut thread_counts = vec![1];
     if all > 1 {

@@ -2,9 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use mlopt_ir::Tensor;
+use mlopt_onnx::interface::{read_data, Data, Form, Given};
 use mlopt_onnx::proto::ModelProto;
-use mlopt_onnx::{import_model, load_model, parse_input_shape, read_tensor_file, ImportOptions};
-use std::collections::{HashMap, HashSet};
+use mlopt_onnx::{import_model, load_model, parse_input_shape, ImportOptions};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -18,30 +19,37 @@ pub fn load(path: &Path) -> Result<ModelProto> {
     Ok(load_model(path)?)
 }
 
-/// The model's graph inputs that are not initializers, in order.
-pub fn input_names(m: &ModelProto) -> Result<Vec<String>> {
-    let g = m.graph.as_ref().context("the model has no graph")?;
-    let inits: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let inputs: Vec<_> = g
-        .input
-        .iter()
-        .filter(|v| !inits.contains(v.name.as_str()))
-        .collect();
-    // Reject sequence, map and optional values before trying to read their data as tensors.
-    for v in inputs.iter().copied().chain(&g.output) {
-        mlopt_onnx::import::declared_type(v)?;
-    }
-    Ok(inputs.iter().map(|v| v.name.clone()).collect())
+/// A model's graph inputs that are not initializers and its outputs, in order, with their forms
+/// (tensors, sequences, optionals: `mlopt_onnx::interface`).
+pub struct Ports {
+    pub inputs: Vec<(String, Form)>,
+    pub outputs: Vec<(String, Form)>,
 }
 
-/// The import options for `--input-shape` flags and given input tensors (whose shapes pin their inputs,
-/// and whose values may stand in for constants: `run` and `check` evaluate exactly those inputs).
-pub fn import_options(flags: &[String], given: &HashMap<String, Tensor>) -> Result<ImportOptions> {
+impl Ports {
+    pub fn input_names(&self) -> Vec<String> {
+        self.inputs.iter().map(|(n, _)| n.clone()).collect()
+    }
+}
+
+/// The model's ports. Maps, sparse tensors and nested sequences are refused here, before their data is
+/// read.
+pub fn ports(m: &ModelProto) -> Result<Ports> {
+    let (inputs, outputs) = mlopt_onnx::interface::ports(m)?;
+    Ok(Ports { inputs, outputs })
+}
+
+/// The import options for `--input-shape` flags and given inputs (whose shapes pin their inputs, and
+/// whose values may stand in for constants: `run` and `check` evaluate exactly those inputs).
+pub fn import_options(flags: &[String], given: &Given) -> Result<ImportOptions> {
     let mut opts = ImportOptions::default();
-    for (name, t) in given {
+    for (name, t) in &given.tensors {
         opts.input_shapes.insert(name.clone(), t.shape().to_vec());
     }
-    opts.known_values = given.clone();
+    opts.known_values = given.tensors.clone();
+    opts.sequence_lengths = given.lengths.clone();
+    opts.absent = given.absent.clone();
+    let given = &given.tensors;
     for f in flags {
         let (name, dims) = parse_input_shape(f).map_err(anyhow::Error::msg)?;
         if let Some(t) = given.get(&name) {
@@ -119,26 +127,43 @@ pub fn source<'a>(
 
 /// An error for a given input tensor whose type or shape the model's declaration of that input rules out
 /// (before it pins the input's shape, so the message is about the file, not about `--input-shape`).
-fn check_given(m: &ModelProto, given: &HashMap<String, Tensor>) -> Result<()> {
+fn check_given(m: &ModelProto, given: &Given) -> Result<()> {
     let g = m.graph.as_ref().context("the model has no graph")?;
     for v in &g.input {
-        let Some(t) = given.get(&v.name) else {
-            continue;
+        let names = match given.lengths.get(&v.name) {
+            Some(&n) => (0..n)
+                .map(|k| mlopt_onnx::interface::element_name(&v.name, k))
+                .collect(),
+            None => vec![v.name.clone()],
         };
-        let (dtype, dims) = mlopt_onnx::import::declared_type(v)?;
-        let fits = dims
-            .as_ref()
-            .is_none_or(|d| mlopt_onnx::import::fits_declared(d, t.shape()));
-        if t.dtype() != dtype || !fits {
-            let declared = dims
-                .as_ref()
-                .map_or("[?]".into(), mlopt_onnx::import::dims_text);
-            bail!(
-                "the tensor given for input '{}' is {}, but the model declares {dtype}{declared}",
-                v.name,
-                t.ty()
-            );
+        for name in names {
+            check_given_tensor(v, &name, given)?;
         }
+    }
+    Ok(())
+}
+
+/// `check_given` for the given tensor `name` (the input `v`, or an element of the sequence `v`).
+fn check_given_tensor(
+    v: &mlopt_onnx::proto::ValueInfoProto,
+    name: &str,
+    given: &Given,
+) -> Result<()> {
+    let Some(t) = given.tensors.get(name) else {
+        return Ok(());
+    };
+    let (dtype, dims) = mlopt_onnx::import::declared_type(v)?;
+    let fits = dims
+        .as_ref()
+        .is_none_or(|d| mlopt_onnx::import::fits_declared(d, t.shape()));
+    if t.dtype() != dtype || !fits {
+        let declared = dims
+            .as_ref()
+            .map_or("[?]".into(), mlopt_onnx::import::dims_text);
+        bail!(
+            "the tensor given for input '{name}' is {}, but the model declares {dtype}{declared}",
+            t.ty()
+        );
     }
     Ok(())
 }
@@ -149,7 +174,7 @@ pub fn import(
     m: &ModelProto,
     path: &Path,
     (flags, values): (&[String], &[String]),
-    given: &HashMap<String, Tensor>,
+    given: &Given,
 ) -> Result<mlopt_ir::Graph> {
     check_given(m, given)?;
     let mut opts = import_options(flags, given)?;
@@ -166,60 +191,69 @@ pub fn import(
     )?)
 }
 
-/// `--input NAME=FILE`, or `--input FILE` for the model's inputs in order.
-pub fn read_inputs(args: &[String], names: &[String]) -> Result<HashMap<String, Tensor>> {
-    let mut out = HashMap::new();
+/// `--input NAME=FILE`, or `--input FILE` for the model's inputs in order (a tensor in `.npy` or `.pb`;
+/// a sequence or an optional in `.pb`, as ONNX writes them).
+pub fn read_inputs(args: &[String], ports: &Ports) -> Result<Given> {
+    let mut out = Given::default();
+    let names = ports.input_names();
     for (i, a) in args.iter().enumerate() {
-        let (name, file) = match a.split_once('=') {
-            Some((n, f)) if names.iter().any(|x| x == n) => (n.to_string(), PathBuf::from(f)),
-            Some((n, _)) => bail!(
-                "--input {a}: the model has no input '{n}' (inputs: {})",
-                names.join(", ")
-            ),
-            None => match names.get(i) {
-                Some(n) => (n.clone(), PathBuf::from(a)),
-                None => bail!("--input {a}: the model has only {} inputs", names.len()),
+        let (k, file) = match a.split_once('=') {
+            Some((n, f)) => match names.iter().position(|x| x == n) {
+                Some(k) => (k, PathBuf::from(f)),
+                None => bail!(
+                    "--input {a}: the model has no input '{n}' (inputs: {})",
+                    names.join(", ")
+                ),
             },
+            None if i < names.len() => (i, PathBuf::from(a)),
+            None => bail!("--input {a}: the model has only {} inputs", names.len()),
         };
-        if out.contains_key(&name) {
+        let (name, form) = &ports.inputs[k];
+        if out.contains(name) {
             bail!("--input {a}: input '{name}' is given twice");
         }
-        let t = read_tensor_file(&file).with_context(|| format!("reading input '{name}'"))?;
-        out.insert(name, t);
+        let d = read_data(&file, *form).with_context(|| format!("reading input '{name}'"))?;
+        out.add(name, d);
     }
     Ok(out)
 }
 
-fn numbered(dir: &Path, prefix: &str) -> Result<Vec<Tensor>> {
+/// `DIR/PREFIX_K.pb` for K = 0, 1, .. while they exist, read as values of the forms in turn.
+fn numbered(dir: &Path, prefix: &str, forms: &[(String, Form)]) -> Result<Vec<(String, Data)>> {
     let mut v = vec![];
     loop {
         let p = dir.join(format!("{prefix}_{}.pb", v.len()));
         if !p.exists() {
             return Ok(v);
         }
-        v.push(read_tensor_file(&p).with_context(|| format!("reading {}", p.display()))?);
+        let Some((name, form)) = forms.get(v.len()) else {
+            bail!(
+                "{} has more {prefix}s than the model's {}",
+                dir.display(),
+                forms.len()
+            );
+        };
+        let d = read_data(&p, *form).with_context(|| format!("reading {}", p.display()))?;
+        v.push((name.clone(), d));
     }
 }
 
-/// `DIR/input_K.pb` bound to the model's inputs in order, and `DIR/output_K.pb`.
-pub fn read_test_dir(
-    dir: &Path,
-    names: &[String],
-) -> Result<(HashMap<String, Tensor>, Vec<Tensor>)> {
+/// `DIR/input_K.pb` bound to the model's inputs in order, and `DIR/output_K.pb`: the outputs as the
+/// compiled model gives them (a sequence's elements in turn, nothing for an empty optional).
+pub fn read_test_dir(dir: &Path, ports: &Ports) -> Result<(Given, Vec<Tensor>)> {
     if !dir.is_dir() {
         bail!("{}: no such test data folder", dir.display());
     }
-    let inputs = numbered(dir, "input")?;
-    if inputs.len() > names.len() {
-        bail!(
-            "{} has {} inputs, the model takes {}",
-            dir.display(),
-            inputs.len(),
-            names.len()
-        );
+    let mut given = Given::default();
+    for (name, d) in numbered(dir, "input", &ports.inputs)? {
+        given.add(&name, d);
     }
-    let inputs = names.iter().cloned().zip(inputs).collect();
-    Ok((inputs, numbered(dir, "output")?))
+    let expected = numbered(dir, "output", &ports.outputs)?
+        .into_iter()
+        .flat_map(|(name, d)| d.tensors(&name))
+        .map(|(_, t)| t)
+        .collect();
+    Ok((given, expected))
 }
 
 /// Writes each output as `dir/NAME.npy` (or `.pb`), NAME its name with every character other than an

@@ -34,7 +34,6 @@ use bench::Bench;
 use clap::{Parser, Subcommand};
 use mlopt_driver::compare;
 use mlopt_ir::interp;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -100,7 +99,7 @@ pub struct OptArgs {
 }
 
 impl OptArgs {
-    fn config(&self, names: &[String]) -> Result<mlopt_rewrite::Config> {
+    fn config(&self, ports: &data::Ports) -> Result<mlopt_rewrite::Config> {
         let target = mlopt_target::Target::named(&self.target, self.threads)?;
         let mut cfg = mlopt_rewrite::Config::new(target);
         cfg.precision = self.precision;
@@ -114,17 +113,17 @@ impl OptArgs {
         };
         cfg.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if let Some(dir) = &self.calibration {
-            let (inputs, _) = data::read_test_dir(dir, names)
+            let (inputs, _) = data::read_test_dir(dir, ports)
                 .with_context(|| format!("reading calibration inputs from {}", dir.display()))?;
-            cfg.calibration = vec![inputs];
+            cfg.calibration = vec![inputs.tensors];
         }
         Ok(cfg)
     }
 
     /// The driver's options: the optimiser's configuration, whose target (looked up once) every stage uses.
-    fn driver(&self, names: &[String]) -> Result<mlopt_driver::Options> {
+    fn driver(&self, ports: &data::Ports) -> Result<mlopt_driver::Options> {
         Ok(mlopt_driver::Options {
-            config: self.config(names)?,
+            config: self.config(ports)?,
             tune: self.tune,
             winograd: self.winograd,
             profile: false,
@@ -136,9 +135,9 @@ impl OptArgs {
     fn optimize(
         &self,
         g: &mlopt_ir::Graph,
-        names: &[String],
+        ports: &data::Ports,
     ) -> Result<(mlopt_rewrite::Optimized, mlopt_rewrite::Config)> {
-        let cfg = self.config(names)?;
+        let cfg = self.config(ports)?;
         let o = mlopt_rewrite::optimize(g, &cfg).context("optimising")?;
         Ok((o, cfg))
     }
@@ -365,10 +364,10 @@ fn compile(
     let start = std::time::Instant::now();
     let (name, name_from) = data::library_name(model, name)?;
     let m = data::load(model)?;
-    let mut options = opt.driver(&data::input_names(&m)?)?;
+    let mut options = opt.driver(&data::ports(&m)?)?;
     options.dumps = true;
     let import = |shapes: &[String]| -> Result<mlopt_onnx::ImportOptions> {
-        let mut import = data::import_options(shapes, &HashMap::new())?;
+        let mut import = data::import_options(shapes, &Default::default())?;
         data::pin_values(&mut import, &m, input_values)?;
         Ok(import)
     };
@@ -471,11 +470,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             opt,
         } => {
             let m = data::load(&model)?;
-            let mut import = data::import_options(&input_shapes, &HashMap::new())?;
+            let mut import = data::import_options(&input_shapes, &Default::default())?;
             data::pin_values(&mut import, &m, &input_values)?;
             let (name, _) = data::library_name(&model, None)?;
             let source = data::source(&m, &model, &name, &import);
-            let options = opt.driver(&data::input_names(&m)?)?;
+            let options = opt.driver(&data::ports(&m)?)?;
             out!("{}", mlopt_driver::inspect(source, &options, stage)?)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -507,14 +506,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             format,
         } => {
             let m = data::load(&model)?;
-            let names = data::input_names(&m)?;
-            let given = data::read_inputs(&inputs, &names)?;
+            let ports = data::ports(&m)?;
+            let given = data::read_inputs(&inputs, &ports)?;
             let g = data::import(&m, &model, (&input_shapes, &[]), &given)?;
             let outs = if interpret {
-                interp::run(&g, &given).context("evaluating the model")?
+                interp::run(&g, &given.tensors).context("evaluating the model")?
             } else {
-                let c = mlopt_driver::compile(&g, &opt.driver(&names)?)?;
-                c.run(&mut c.load()?, &given)?
+                let c = mlopt_driver::compile(&g, &opt.driver(&ports)?)?;
+                c.run(&mut c.load()?, &given.tensors)?
             };
             for (name, t) in &outs {
                 outln!("{name}: {t}")?;
@@ -606,11 +605,12 @@ fn check(
     per_node: bool,
 ) -> Result<ExitCode> {
     let m = data::load(model)?;
-    let names = data::input_names(&m)?;
-    let (inputs, expected) = data::read_test_dir(dir, &names)?;
-    let g = data::import(&m, model, (&[], &[]), &inputs)?;
+    let ports = data::ports(&m)?;
+    let (given, expected) = data::read_test_dir(dir, &ports)?;
+    let g = data::import(&m, model, (&[], &[]), &given)?;
+    let inputs = given.tensors;
     let driver = |opt: &OptArgs| -> Result<mlopt_driver::Options> {
-        let mut o = opt.driver(&names)?;
+        let mut o = opt.driver(&ports)?;
         o.probe = per_node;
         Ok(o)
     };
@@ -621,7 +621,7 @@ fn check(
             None,
         ),
         Engine::Optimized(opt) => {
-            let mut fused = opt.optimize(&g, &names)?.0.plan.graph;
+            let mut fused = opt.optimize(&g, &ports)?.0.plan.graph;
             if per_node {
                 mlopt_driver::probe::add_kernel_outputs(&mut fused);
             }

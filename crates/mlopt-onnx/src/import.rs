@@ -1,11 +1,10 @@
 //! Model-level import: decode, check IR version and opsets, create graph inputs (pinning symbolic
 //! dimensions from `--input-shape`), load initializers, convert nodes in order, bind outputs, verify.
 
-use crate::convert::{convert_scoped, Importer};
+use crate::convert::{convert_scoped, Importer, Item};
 use crate::error::{OnnxError, Result};
-use crate::proto::{
-    data_type, tensor_shape_proto::dimension, type_proto, ModelProto, ValueInfoProto,
-};
+use crate::interface::{element_name, form, Form};
+use crate::proto::{data_type, tensor_shape_proto::dimension, ModelProto, ValueInfoProto};
 use crate::tensor_io::{dtype_from_onnx, tensor_from_proto};
 use mlopt_ir::{Graph, TensorType};
 use prost::Message;
@@ -34,6 +33,11 @@ pub struct ImportOptions {
     /// Graph inputs fixed to a value (`--input-value`): each becomes a constant of the graph, which is no
     /// longer an input of the compiled code, and everything it decides folds (an `If` on it, shapes).
     pub pinned_values: HashMap<String, mlopt_ir::Tensor>,
+    /// Lengths of sequence inputs (a sequence input `s`'s elements are the inputs `s.0`, `s.1`, ..,
+    /// whose shapes `input_shapes` pins; without a length here, the elements it pins give it).
+    pub sequence_lengths: HashMap<String, usize>,
+    /// Optional inputs that are empty (compiled without them); the others are present.
+    pub absent: HashSet<String>,
 }
 
 /// Parses `--input-value NAME=V,V,...` for the graph input `v`: as many values as its declared static
@@ -256,16 +260,14 @@ fn check_default(v: &ValueInfoProto, t: &mlopt_ir::Tensor) -> Result<()> {
     Ok(())
 }
 
-/// The declared type of a graph input or output: dtype and dims (`None` for a symbolic or unknown dim,
-/// with its symbol), or `None` when the shape is not given at all.
+/// The declared tensor type of a graph input or output (of a sequence's elements, of an optional's
+/// content: see `interface::form`): dtype and dims (`None` for a symbolic or unknown dim, with its
+/// symbol), or `None` when the shape is not given at all.
 pub fn declared_type(v: &ValueInfoProto) -> Result<(mlopt_ir::DType, Option<DeclaredDims>)> {
     let err = |msg: String| OnnxError::Model(format!("value '{}': {msg}", v.name));
-    let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref())
-    else {
-        return Err(err(
-            "only tensor types are supported (not sequences, maps, optionals or sparse tensors)"
-                .into(),
-        ));
+    form(v)?;
+    let Some(t) = crate::interface::tensor_type(v) else {
+        return Err(err("its type declares no tensor".into()));
     };
     let dtype = dtype_from_onnx(t.elem_type).ok_or_else(|| {
         err(format!(
@@ -306,14 +308,14 @@ pub fn fits_declared(dims: &DeclaredDims, shape: &[usize]) -> bool {
             .all(|((d, _), s)| d.is_none_or(|d| d == *s))
 }
 
-fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorType> {
+/// The type of the graph input `name` declared by `v` (itself, or an element of the sequence `v`).
+fn input_type(v: &ValueInfoProto, name: &str, pinned: Option<&Vec<usize>>) -> Result<TensorType> {
     let (dtype, dims) = declared_type(v)?;
     match (dims, pinned) {
         (Some(dims), Some(p)) => {
             if !fits_declared(&dims, p) {
                 return Err(OnnxError::Model(format!(
-                    "input '{}' is declared {dtype}{}, but its shape is pinned to {p:?}",
-                    v.name,
+                    "input '{name}' is declared {dtype}{}, but its shape is pinned to {p:?}",
                     dims_text(&dims),
                 )));
             }
@@ -321,7 +323,7 @@ fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorT
         }
         (None, Some(p)) => Ok(TensorType::new(dtype, p.clone())),
         (None, None) => Err(OnnxError::DynamicDim {
-            input: v.name.clone(),
+            input: name.to_string(),
             dim: 0,
             symbol: "unknown rank".into(),
         }),
@@ -332,7 +334,7 @@ fn input_type(v: &ValueInfoProto, pinned: Option<&Vec<usize>>) -> Result<TensorT
                     Some(d) => shape.push(d),
                     None => {
                         return Err(OnnxError::DynamicDim {
-                            input: v.name.clone(),
+                            input: name.to_string(),
                             dim: i,
                             symbol: sym,
                         })
@@ -387,57 +389,47 @@ pub fn import_model(
         counted: false,
     };
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
-    let declared: HashSet<&str> = graph.input.iter().map(|v| v.name.as_str()).collect();
-    let mut named = (opts.input_shapes.keys().map(|k| ("--input-shape", k)))
-        .chain(opts.pinned_values.keys().map(|k| ("--input-value", k)));
-    if let Some((flag, unknown)) =
-        named.find(|(_, k)| !declared.contains(k.as_str()) || inits.contains(k.as_str()))
+    let mut declared: HashMap<&str, Form> = HashMap::new();
+    for v in graph
+        .input
+        .iter()
+        .filter(|v| !inits.contains(v.name.as_str()))
     {
-        return Err(OnnxError::Model(format!(
-            "{flag} names '{unknown}', which is not a graph input"
-        )));
+        declared.insert(v.name.as_str(), form(v)?);
     }
+    check_named(opts, &declared)?;
     for v in &graph.input {
         if inits.contains(v.name.as_str()) {
             continue;
         }
-        let once = |imp: &Importer| match imp.vals.contains_key(&v.name) {
-            true => Err(OnnxError::Model(format!(
+        if imp.vals.contains_key(&v.name) {
+            return Err(OnnxError::Model(format!(
                 "input '{}' is declared twice",
                 v.name
-            ))),
-            false => Ok(()),
-        };
-        let val = match opts.pinned_values.get(&v.name) {
-            Some(_) if opts.input_shapes.contains_key(&v.name) => {
-                return Err(OnnxError::Model(format!(
-                    "input '{}' is given both a shape and a value",
-                    v.name
-                )));
-            }
-            Some(t) => {
-                once(&imp)?;
-                imp.g.add_const(v.name.clone(), t.clone())
-            }
-            None => {
-                let ty = input_type(v, opts.input_shapes.get(&v.name))?;
-                if ty.rank() > mlopt_ir::graph::MAX_RANK
-                    || ty
-                        .checked_bytes()
-                        .is_none_or(|b| b > mlopt_ir::graph::max_value_bytes())
-                {
+            )));
+        }
+        let f = form(v)?;
+        let item = if f.is_optional() && opts.absent.contains(&v.name) {
+            Item::Absent
+        } else if f.is_seq() {
+            let n = sequence_length(v, opts)?;
+            let mut elems = Vec::with_capacity(n);
+            for k in 0..n {
+                let name = element_name(&v.name, k);
+                if declared.contains_key(name.as_str()) || inits.contains(name.as_str()) {
                     return Err(OnnxError::Model(format!(
-                        "input '{}': {ty} is beyond mlopt's limits (rank {}, {} per value)",
-                        v.name,
-                        mlopt_ir::graph::MAX_RANK,
-                        mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())
+                        "input '{}' is a sequence whose element {k} is the input '{name}', a name \
+                         the model gives another value",
+                        v.name
                     )));
                 }
-                once(&imp)?;
-                imp.g.add_input(v.name.clone(), ty)
+                elems.push(tensor_input(&mut imp, v, &name, opts)?);
             }
+            Item::Seq(elems)
+        } else {
+            Item::Tensor(tensor_input(&mut imp, v, &v.name, opts)?)
         };
-        imp.vals.insert(v.name.clone(), val);
+        imp.vals.insert(v.name.clone(), item);
     }
     let mut seen = HashSet::new();
     for t in &graph.initializer {
@@ -452,7 +444,7 @@ pub fn import_model(
             check_default(v, &tensor)?;
         }
         let val = imp.g.add_const(t.name.clone(), tensor);
-        imp.vals.insert(t.name.clone(), val);
+        imp.vals.insert(t.name.clone(), Item::Tensor(val));
     }
     for node in &graph.node {
         convert_scoped(&mut imp, node)?;
@@ -463,28 +455,43 @@ pub fn import_model(
     } else {
         Default::default()
     };
+    let mut named: HashSet<String> = graph.output.iter().map(|o| o.name.clone()).collect();
     for out in &graph.output {
-        let v = *imp.vals.get(&out.name).ok_or_else(|| {
+        let item = imp.vals.get(&out.name).cloned().ok_or_else(|| {
             OnnxError::Model(format!("output '{}' is not produced by any node", out.name))
         })?;
-        let got = imp.g.value_type(v).clone();
-        if let Ok((dtype, dims)) = declared_type(out) {
-            let dims_ok = dims.as_ref().is_none_or(|d| {
-                d.len() == got.rank()
-                    && d.iter().zip(&got.shape).enumerate().all(|(k, (a, b))| {
-                        a.0.is_none_or(|a| a == *b) || sized.get(&v).is_some_and(|e| e.axis == k)
-                    })
-            });
-            if dtype != got.dtype || !dims_ok {
-                return Err(OnnxError::Model(format!(
-                    "output '{}' is declared {:?} {:?} but computes {got}",
-                    out.name,
-                    dtype,
-                    dims.map(|d| d.iter().map(|x| x.0).collect::<Vec<_>>())
-                )));
+        let f = form(out)?;
+        let declared_as = |what: &str| {
+            OnnxError::Model(format!(
+                "output '{}' is declared {what} but computes {}",
+                out.name,
+                item.kind()
+            ))
+        };
+        match &item {
+            Item::Tensor(v) if !f.is_seq() => {
+                check_output(&imp.g, out, &out.name, *v, &sized)?;
+                imp.g.add_output(out.name.clone(), *v);
             }
+            Item::Seq(vs) if f.is_seq() => {
+                for (k, &v) in vs.iter().enumerate() {
+                    let name = element_name(&out.name, k);
+                    if !named.insert(name.clone()) {
+                        return Err(OnnxError::Model(format!(
+                            "output '{}' is a sequence whose element {k} is the output '{name}', a \
+                             name the model gives another output",
+                            out.name
+                        )));
+                    }
+                    check_output(&imp.g, out, &name, v, &sized)?;
+                    imp.g.add_output(name, v);
+                }
+            }
+            Item::Absent if f.is_optional() => {}
+            _ if f.is_seq() => return Err(declared_as("a sequence")),
+            _ if f.is_optional() => return Err(declared_as("an optional tensor")),
+            _ => return Err(declared_as("a tensor")),
         }
-        imp.g.add_output(out.name.clone(), v);
     }
     if imp.counted {
         mlopt_ir::extent::expose_counts(&mut imp.g)?;
@@ -492,4 +499,152 @@ pub fn import_model(
     imp.g.remove_dead();
     mlopt_ir::verify::verify(&imp.g)?;
     Ok(imp.g)
+}
+
+/// An error unless the graph output `name` (`out` itself, or an element of the sequence `out`) computes
+/// what `out` declares; along an axis sized by the data (`sized`) the declared size is not the bound.
+fn check_output(
+    g: &Graph,
+    out: &ValueInfoProto,
+    name: &str,
+    v: mlopt_ir::Value,
+    sized: &HashMap<mlopt_ir::Value, mlopt_ir::extent::Extent>,
+) -> Result<()> {
+    let got = g.value_type(v).clone();
+    let Ok((dtype, dims)) = declared_type(out) else {
+        return Ok(());
+    };
+    let dims_ok = dims.as_ref().is_none_or(|d| {
+        d.len() == got.rank()
+            && d.iter().zip(&got.shape).enumerate().all(|(k, (a, b))| {
+                a.0.is_none_or(|a| a == *b) || sized.get(&v).is_some_and(|e| e.axis == k)
+            })
+    });
+    if dtype != got.dtype || !dims_ok {
+        return Err(OnnxError::Model(format!(
+            "output '{name}' is declared {:?} {:?} but computes {got}",
+            dtype,
+            dims.map(|d| d.iter().map(|x| x.0).collect::<Vec<_>>())
+        )));
+    }
+    Ok(())
+}
+
+/// An error unless every input `--input-shape` and `--input-value` name (and every sequence length and
+/// empty optional) is a graph input of the right form: a sequence's shapes are its elements', `s.0`,
+/// `s.1`, ..; a value pins a tensor.
+fn check_named(opts: &ImportOptions, declared: &HashMap<&str, Form>) -> Result<()> {
+    let element = |k: &str| {
+        let (seq, i) = k.rsplit_once('.')?;
+        let f = declared.get(seq)?;
+        (f.is_seq() && i.parse::<usize>().is_ok_and(|n| n.to_string() == i)).then_some(())
+    };
+    for k in opts.input_shapes.keys() {
+        match declared.get(k.as_str()) {
+            Some(f) if f.is_seq() => {
+                return Err(OnnxError::Model(format!(
+                    "--input-shape names '{k}', a sequence: pin its elements' shapes as {k}.0, \
+                     {k}.1, .."
+                )))
+            }
+            Some(_) => {}
+            None if element(k).is_some() => {}
+            None => {
+                return Err(OnnxError::Model(format!(
+                    "--input-shape names '{k}', which is not a graph input"
+                )))
+            }
+        }
+    }
+    for k in opts.pinned_values.keys() {
+        if declared.get(k.as_str()).is_none_or(|f| f.is_seq()) {
+            return Err(OnnxError::Model(format!(
+                "--input-value names '{k}', which is not a graph input holding a tensor"
+            )));
+        }
+    }
+    for k in opts.sequence_lengths.keys() {
+        if !declared.get(k.as_str()).is_some_and(|f| f.is_seq()) {
+            return Err(OnnxError::Model(format!(
+                "a sequence is given for '{k}', which is not a sequence input"
+            )));
+        }
+    }
+    for k in &opts.absent {
+        if !declared.get(k.as_str()).is_some_and(|f| f.is_optional()) {
+            return Err(OnnxError::Model(format!(
+                "an empty optional is given for '{k}', which is not an optional input"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The length of the sequence input `v`: given, or one past the last element `--input-shape` pins.
+fn sequence_length(v: &ValueInfoProto, opts: &ImportOptions) -> Result<usize> {
+    let pinned: Vec<usize> = opts
+        .input_shapes
+        .keys()
+        .filter_map(|k| {
+            let i = k.strip_prefix(v.name.as_str())?.strip_prefix('.')?;
+            i.parse::<usize>().ok().filter(|n| n.to_string() == i)
+        })
+        .collect();
+    let n = match (opts.sequence_lengths.get(&v.name), pinned.iter().max()) {
+        (Some(&n), _) => n,
+        (None, Some(&last)) => last.saturating_add(1),
+        (None, None) => {
+            return Err(OnnxError::Model(format!(
+                "input '{0}' is a sequence: mlopt compiles sequences of a static length; pin each \
+                 element's shape with --input-shape {0}.0=DIMS --input-shape {0}.1=DIMS ..",
+                v.name
+            )))
+        }
+    };
+    if n > crate::convert::MAX_SEQUENCE {
+        return Err(OnnxError::Model(format!(
+            "input '{}': a sequence of {n} elements is more than mlopt keeps ({})",
+            v.name,
+            crate::convert::MAX_SEQUENCE
+        )));
+    }
+    if let Some(k) = pinned.iter().find(|&&k| k >= n) {
+        return Err(OnnxError::Model(format!(
+            "--input-shape pins '{}', past the end of the sequence '{}' of {n} elements",
+            element_name(&v.name, *k),
+            v.name
+        )));
+    }
+    Ok(n)
+}
+
+/// The graph input `name` (`v` itself, or an element of the sequence `v`): a constant where
+/// `--input-value` pins it, else an input of its pinned or declared shape within mlopt's limits.
+fn tensor_input(
+    imp: &mut Importer<'_>,
+    v: &ValueInfoProto,
+    name: &str,
+    opts: &ImportOptions,
+) -> Result<mlopt_ir::Value> {
+    match opts.pinned_values.get(name) {
+        Some(_) if opts.input_shapes.contains_key(name) => Err(OnnxError::Model(format!(
+            "input '{name}' is given both a shape and a value"
+        ))),
+        Some(t) => Ok(imp.g.add_const(name.to_string(), t.clone())),
+        None => {
+            let ty = input_type(v, name, opts.input_shapes.get(name))?;
+            if ty.rank() > mlopt_ir::graph::MAX_RANK
+                || ty
+                    .checked_bytes()
+                    .is_none_or(|b| b > mlopt_ir::graph::max_value_bytes())
+            {
+                return Err(OnnxError::Model(format!(
+                    "input '{name}': {ty} is beyond mlopt's limits (rank {}, {} per value)",
+                    mlopt_ir::graph::MAX_RANK,
+                    mlopt_ir::graph::gib(mlopt_ir::graph::max_value_bytes())
+                )));
+            }
+            Ok(imp.g.add_input(name.to_string(), ty))
+        }
+    }
 }

@@ -6,6 +6,7 @@
 mod convert;
 pub mod error;
 pub mod import;
+pub mod interface;
 pub mod proto;
 pub mod tensor_io;
 
@@ -14,4 +15,5 @@ pub use error::{OnnxError, Result};
 pub use import::{
     import_file, import_model, load_model, parse_input_shape, parse_input_value, ImportOptions,
 };
+pub use interface::{Data, Form, Given};
 pub use tensor_io::{read_npy, read_pb, read_tensor_file, write_npy, write_pb};

@@ -271,6 +271,38 @@ pub mod tensor_proto {
     pub const DATA_LOCATION_EXTERNAL: i32 = 1;
 }
 
+/// A sequence's data (onnx-data.proto): the tensors of a sequence of tensors (the other kinds of
+/// elements are left unread, and refused by their `elem_type`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SequenceProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int32, tag = "2")]
+    pub elem_type: i32,
+    #[prost(message, repeated, tag = "3")]
+    pub tensor_values: Vec<TensorProto>,
+}
+
+/// An optional's data (onnx-data.proto): a tensor, a sequence of tensors, or nothing.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct OptionalProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int32, tag = "2")]
+    pub elem_type: i32,
+    #[prost(message, optional, tag = "3")]
+    pub tensor_value: Option<TensorProto>,
+    #[prost(message, optional, tag = "5")]
+    pub sequence_value: Option<SequenceProto>,
+}
+
+/// `elem_type` of `SequenceProto` and `OptionalProto`.
+pub mod data_kind {
+    pub const UNDEFINED: i32 = 0;
+    pub const TENSOR: i32 = 1;
+    pub const SEQUENCE: i32 = 3;
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct SparseTensorProto {
     #[prost(message, optional, tag = "1")]

@@ -10,7 +10,7 @@
 //! outputs stacked. A `Loop`'s trip count is its constant `M` and its condition, which must fold to a
 //! constant after every iteration. Unrolling is bounded by `MAX_UNROLLED_NODES` over the whole model.
 
-use super::{convert_scoped, NodeCx};
+use super::{convert_scoped, Item, NodeCx};
 use crate::error::Result;
 use crate::proto::{attribute_type as at, GraphProto};
 use crate::tensor_io::tensor_from_proto;
@@ -23,16 +23,16 @@ pub(super) const OPS: &[&str] = &["If", "Loop", "Scan"];
 /// (iterations times each body's nodes).
 pub(super) const MAX_UNROLLED_NODES: usize = 200_000;
 
-pub(super) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Value>>> {
+pub(super) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Item>>> {
     match op {
         "If" => Some(if_(cx)),
-        "Scan" => Some(scan(cx)),
+        "Scan" => Some(scan(cx).map(|v| v.into_iter().map(Item::Tensor).collect())),
         "Loop" => Some(loop_(cx)),
         _ => None,
     }
 }
 
-fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Item>> {
     let (then_branch, else_branch) = (branch(cx, "then_branch")?, branch(cx, "else_branch")?);
     let cond = match cx.konst(0) {
         Ok(c) => c.ok_or_else(|| cx.err_in(0, "required input is missing"))?,
@@ -54,12 +54,12 @@ fn if_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
 /// its own) and each output is `choose(cond, then, else)`. What only one branch needs runs only when
 /// that branch is taken (`mlopt_ir::demand`: the interpreter skips it, compiled code guards its
 /// kernels' calls), so an error the other branch would raise is not raised; the outputs must agree in
-/// type and shape.
+/// type and shape (sequences in length too, each element chosen).
 fn if_at_run_time(
     cx: &mut NodeCx<'_, '_>,
     then_branch: &GraphProto,
     else_branch: &GraphProto,
-) -> Result<Vec<Value>> {
+) -> Result<Vec<Item>> {
     let c = cx.req(0)?;
     let ct = cx.ty(c).clone();
     if ct.dtype != mlopt_ir::DType::Bool || ct.numel() != 1 {
@@ -76,16 +76,37 @@ fn if_at_run_time(
         )));
     }
     let mut outs = Vec::with_capacity(t.len());
-    for (k, (&a, &b)) in t.iter().zip(&e).enumerate() {
-        if cx.ty(a) != cx.ty(b) {
-            return Err(cx.err(format!(
-                "output {k} is {} in the then branch and {} in the else branch: mlopt compiles both \
-                 branches of an If whose condition is known only at run time, and they must agree",
-                cx.ty(a),
-                cx.ty(b)
-            )));
+    for (k, (a, b)) in t.iter().zip(&e).enumerate() {
+        let disagree = |cx: &NodeCx<'_, '_>, a: String, b: String| {
+            cx.err(format!(
+                "output {k} is {a} in the then branch and {b} in the else branch: mlopt compiles both \
+                 branches of an If whose condition is known only at run time, and they must agree"
+            ))
+        };
+        let (xs, ys) = match (a, b) {
+            (Item::Tensor(x), Item::Tensor(y)) => (vec![*x], vec![*y]),
+            (Item::Seq(xs), Item::Seq(ys)) if xs.len() == ys.len() => (xs.clone(), ys.clone()),
+            (Item::Absent, Item::Absent) => (vec![], vec![]),
+            (a, b) => {
+                let len = |i: &Item| match i {
+                    Item::Seq(v) => format!("a sequence of {}", v.len()),
+                    i => i.kind().to_string(),
+                };
+                return Err(disagree(cx, len(a), len(b)));
+            }
+        };
+        let mut chosen = Vec::with_capacity(xs.len());
+        for (x, y) in xs.into_iter().zip(ys) {
+            if cx.ty(x) != cx.ty(y) {
+                return Err(disagree(cx, cx.ty(x).to_string(), cx.ty(y).to_string()));
+            }
+            chosen.push(cx.add1(Op::Choose, &[c, x, y])?);
         }
-        outs.push(cx.add1(Op::Choose, &[c, a, b])?);
+        outs.push(match a {
+            Item::Tensor(_) => Item::Tensor(chosen[0]),
+            Item::Seq(_) => Item::Seq(chosen),
+            Item::Absent => Item::Absent,
+        });
     }
     Ok(outs)
 }
@@ -98,7 +119,7 @@ fn branch<'a>(cx: &mut NodeCx<'a, '_>, name: &'a str) -> Result<&'a GraphProto> 
 }
 
 /// The outputs of the branch `g` an `If` takes, converted in a scope of its own (see `call`).
-fn inline(cx: &mut NodeCx<'_, '_>, g: &GraphProto) -> Result<Vec<Value>> {
+fn inline(cx: &mut NodeCx<'_, '_>, g: &GraphProto) -> Result<Vec<Item>> {
     if g.output.len() != cx.node.output.len() {
         return Err(cx.err(format!(
             "the branch '{}' has {} outputs, the node {}",
@@ -113,7 +134,7 @@ fn inline(cx: &mut NodeCx<'_, '_>, g: &GraphProto) -> Result<Vec<Value>> {
 /// The outputs of `body` (a loop's body, a branch) run once on `args` (bound to its inputs in order),
 /// converted in a scope of its own: the names it defines are forgotten afterwards, so the next iteration
 /// defines them again and a branch's names stay inside it.
-fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Vec<Value>> {
+pub(super) fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Item]) -> Result<Vec<Item>> {
     if body.input.len() != args.len() {
         return Err(cx.err(format!(
             "the body has {} inputs, the node gives it {}",
@@ -130,15 +151,15 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
     // The names the body may bind, and what they meant outside, restored afterwards.
     let mut names = Vec::new();
     defined_names(body, &mut names);
-    let outer: Vec<(String, Option<Value>)> = names
+    let outer: Vec<(String, Option<Item>)> = names
         .into_iter()
         .map(|n| {
-            let v = cx.imp.vals.get(&n).copied();
+            let v = cx.imp.vals.get(&n).cloned();
             (n, v)
         })
         .collect();
     for (i, a) in body.input.iter().zip(args) {
-        cx.imp.vals.insert(i.name.clone(), *a);
+        cx.imp.vals.insert(i.name.clone(), a.clone());
     }
     let result = (|| {
         if let Some(s) = body.sparse_initializer.first() {
@@ -156,7 +177,7 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
             }
             let tensor = tensor_from_proto(t, cx.imp.base)?;
             let v = cx.imp.g.add_const(t.name.clone(), tensor);
-            cx.imp.vals.insert(t.name.clone(), v);
+            cx.imp.vals.insert(t.name.clone(), Item::Tensor(v));
         }
         for node in &body.node {
             convert_scoped(cx.imp, node)?;
@@ -164,7 +185,7 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
         body.output
             .iter()
             .map(|o| {
-                cx.imp.vals.get(&o.name).copied().ok_or_else(|| {
+                cx.imp.vals.get(&o.name).cloned().ok_or_else(|| {
                     cx.err(format!(
                         "the subgraph's output '{}' is not produced by any node",
                         o.name
@@ -180,6 +201,28 @@ fn call(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Ve
         };
     }
     result
+}
+
+/// `call` on tensors, for bodies whose outputs must be tensors (a Scan's).
+fn call_tensors(cx: &mut NodeCx<'_, '_>, body: &GraphProto, args: &[Value]) -> Result<Vec<Value>> {
+    let args: Vec<Item> = args.iter().copied().map(Item::Tensor).collect();
+    let outs = call(cx, body, &args)?;
+    outs.into_iter()
+        .zip(&body.output)
+        .map(|(o, v)| tensor(cx, o, &v.name))
+        .collect()
+}
+
+/// The tensor a body's output `name` must be.
+fn tensor(cx: &NodeCx<'_, '_>, item: Item, name: &str) -> Result<Value> {
+    match item {
+        Item::Tensor(v) => Ok(v),
+        other => Err(cx.err(format!(
+            "the body's output '{name}' is {}; {} takes a tensor there",
+            other.kind(),
+            cx.node.op_type
+        ))),
+    }
 }
 
 /// Every name `g` binds: its inputs, initializers and node outputs, and those of the graphs in its
@@ -231,7 +274,7 @@ fn take(cx: &mut NodeCx<'_, '_>, x: Value, axis: usize, at: usize) -> Result<Val
 }
 
 /// `parts` stacked along a new `axis`.
-fn stack(cx: &mut NodeCx<'_, '_>, parts: &[Value], axis: usize) -> Result<Value> {
+pub(super) fn stack(cx: &mut NodeCx<'_, '_>, parts: &[Value], axis: usize) -> Result<Value> {
     let mut grown = Vec::with_capacity(parts.len());
     for &p in parts {
         let mut shape = cx.ty(p).shape.clone();
@@ -268,7 +311,7 @@ fn scan_steps(
             let at = if reverse { steps - 1 - t } else { t };
             args.push(take(cx, x, axis, at)?);
         }
-        let outs = call(cx, body, &args)?;
+        let outs = call_tensors(cx, body, &args)?;
         state = outs[..n].to_vec();
         for (s, o) in scanned.iter_mut().zip(&outs[n..]) {
             s.push(*o);
@@ -420,7 +463,7 @@ fn scan8(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
 
 /// Loop: runs while the trip count `M` (if given) is not reached and the condition holds; both must be
 /// known at compile time.
-fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Item>> {
     let body = branch(cx, "body")?;
     let max = match cx.konst(0)? {
         Some(t) => Some(
@@ -435,8 +478,11 @@ fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         Some(t) => t.to_f64_vec().first().is_some_and(|c| *c != 0.0),
         None => true,
     };
-    let mut carried: Vec<Value> = (2..cx.node.input.len())
-        .map(|i| cx.req(i))
+    let mut carried: Vec<Item> = (2..cx.node.input.len())
+        .map(|i| {
+            cx.item(i)?
+                .ok_or_else(|| cx.err_in(i, "required input is missing"))
+        })
         .collect::<Result<_>>()?;
     let n = carried.len();
     let k = body.output.len().checked_sub(n + 1).ok_or_else(|| {
@@ -450,10 +496,15 @@ fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     while cond && max.is_none_or(|m| t < m) {
         let it = cx.konst_value(Tensor::scalar(t));
         let c = cx.konst_value(Tensor::scalar(true));
-        let mut args = vec![it, c];
-        args.extend(&carried);
+        let mut args = vec![Item::Tensor(it), Item::Tensor(c)];
+        args.extend(carried.iter().cloned());
         let outs = call(cx, body, &args)?;
-        cond = match cx.evaluate(outs[0], &mut HashMap::new()) {
+        let outs: Vec<(Item, &str)> = outs
+            .into_iter()
+            .zip(body.output.iter().map(|o| o.name.as_str()))
+            .collect();
+        let c = tensor(cx, outs[0].0.clone(), outs[0].1)?;
+        cond = match cx.evaluate(c, &mut HashMap::new()) {
             Some(c) => c.to_f64_vec().first().is_some_and(|c| *c != 0.0),
             None => {
                 return Err(cx.err(
@@ -462,9 +513,9 @@ fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
                 ))
             }
         };
-        carried = outs[1..=n].to_vec();
-        for (s, o) in scanned.iter_mut().zip(&outs[n + 1..]) {
-            s.push(*o);
+        carried = outs[1..=n].iter().map(|o| o.0.clone()).collect();
+        for (s, (o, name)) in scanned.iter_mut().zip(&outs[n + 1..]) {
+            s.push(tensor(cx, o.clone(), name)?);
         }
         t += 1;
     }
@@ -473,7 +524,7 @@ fn loop_(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
         if parts.is_empty() {
             return Err(cx.err("a Loop of zero iterations with scan outputs is not supported"));
         }
-        results.push(stack(cx, &parts, 0)?);
+        results.push(Item::Tensor(stack(cx, &parts, 0)?));
     }
     Ok(results)
 }

@@ -17,10 +17,13 @@ mod nn;
 mod quant;
 mod rnn;
 mod roi;
+mod sequence;
 mod shape;
 mod spectral;
 mod transformer;
 mod unpool;
+
+pub(crate) use sequence::MAX_SEQUENCE;
 
 use crate::error::{OnnxError, Result};
 use crate::proto::{attribute_type as at, AttributeProto, NodeProto};
@@ -41,10 +44,31 @@ fn fits_fold_limit(tys: &[TensorType]) -> bool {
         <= FOLD_LIMIT_BYTES
 }
 
+/// What an ONNX name stands for during import. mlopt's graphs hold tensors only: a sequence is known at
+/// compile time as its tensors (its length is static), an optional as its content or its absence.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Item {
+    Tensor(Value),
+    Seq(Vec<Value>),
+    /// An optional without a value.
+    Absent,
+}
+
+impl Item {
+    /// What kind of value this is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Item::Tensor(_) => "a tensor",
+            Item::Seq(_) => "a sequence",
+            Item::Absent => "an empty optional",
+        }
+    }
+}
+
 /// State shared by all nodes of one import.
 pub(crate) struct Importer<'m> {
     pub g: Graph,
-    pub vals: HashMap<String, Value>,
+    pub vals: HashMap<String, Item>,
     pub opset: i64,
     pub base: Option<&'m Path>,
     /// Values of graph inputs that may be used as constant operands (see `ImportOptions::known_values`).
@@ -112,15 +136,32 @@ impl<'a, 'm> NodeCx<'a, 'm> {
             .map_or(0, |i| i + 1)
     }
 
-    /// Input `i`, or `None` when absent or given as the empty name.
+    /// Input `i`, or `None` when absent or given as the empty name: a tensor.
     pub fn input(&self, i: usize) -> Result<Option<Value>> {
+        match self.item(i)? {
+            None => Ok(None),
+            Some(Item::Tensor(v)) => Ok(Some(v)),
+            Some(other) => Err(self.err_in(
+                i,
+                format!(
+                    "is {}; {} takes a tensor here",
+                    other.kind(),
+                    self.node.op_type
+                ),
+            )),
+        }
+    }
+
+    /// Input `i` as whatever it is (a tensor, a sequence, an empty optional), or `None` when absent or
+    /// given as the empty name.
+    pub fn item(&self, i: usize) -> Result<Option<Item>> {
         if let Some(r) = self.read.borrow_mut().get_mut(i) {
             *r = true;
         }
         match self.node.input.get(i).map(String::as_str) {
             None | Some("") => Ok(None),
             Some(name) => match self.imp.vals.get(name) {
-                Some(v) => Ok(Some(*v)),
+                Some(v) => Ok(Some(v.clone())),
                 None => Err(self.err_in(
                     i,
                     "is not produced by an earlier node, an initializer or a graph input",
@@ -431,7 +472,7 @@ fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
             outs.len()
         )));
     }
-    for (name, v) in node.output.iter().zip(outs) {
+    for (name, item) in node.output.iter().zip(outs) {
         if name.is_empty() {
             continue;
         }
@@ -441,17 +482,29 @@ fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
             )));
         }
         // A folded constant takes the name of the ONNX value it stands for.
-        let n = cx.imp.g.node_mut(v.node);
-        if matches!(n.op, Op::Const(_)) && n.name.starts_with("const.") {
-            n.name = name.clone();
+        if let Item::Tensor(v) = item {
+            let n = cx.imp.g.node_mut(v.node);
+            if matches!(n.op, Op::Const(_)) && n.name.starts_with("const.") {
+                n.name = name.clone();
+            }
         }
-        cx.imp.vals.insert(name.clone(), v);
+        cx.imp.vals.insert(name.clone(), item);
     }
     Ok(())
 }
 
 /// A family of converters: `Some` when it knows the op type.
 type Converter = fn(&mut NodeCx<'_, '_>, &str) -> Option<Result<Vec<Value>>>;
+
+/// A family of converters whose inputs or outputs may be sequences or optionals: `Some` when it takes
+/// the node.
+type ItemConverter = fn(&mut NodeCx<'_, '_>, &str) -> Option<Result<Vec<Item>>>;
+
+/// The families that handle sequences and optionals, tried first, with the op types they handle.
+const ITEM_FAMILIES: &[(ItemConverter, &[&str])] = &[
+    (sequence::convert, sequence::OPS),
+    (control::convert, control::OPS),
+];
 
 /// Every converter family, with the ONNX op types it handles.
 const FAMILIES: &[(Converter, &[&str])] = &[
@@ -462,17 +515,21 @@ const FAMILIES: &[(Converter, &[&str])] = &[
     (composite::convert, composite::OPS),
     (rnn::convert, rnn::OPS),
     (quant::convert, quant::OPS),
-    (control::convert, control::OPS),
     (spectral::convert, spectral::OPS),
     (roi::convert, roi::OPS),
     (counted::convert, counted::OPS),
 ];
 
-fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
+fn dispatch(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Item>> {
     let op = cx.node.op_type.as_str();
-    for (convert, _) in FAMILIES {
+    for (convert, _) in ITEM_FAMILIES {
         if let Some(r) = convert(cx, op) {
             return r;
+        }
+    }
+    for (convert, _) in FAMILIES {
+        if let Some(r) = convert(cx, op) {
+            return Ok(r?.into_iter().map(Item::Tensor).collect());
         }
     }
     Err(OnnxError::UnsupportedOp {
@@ -493,7 +550,13 @@ pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&str> = FAMILIES
         .iter()
         .flat_map(|(_, ops)| ops.iter().copied())
+        .chain(
+            ITEM_FAMILIES
+                .iter()
+                .flat_map(|(_, ops)| ops.iter().copied()),
+        )
         .collect();
     v.sort_unstable();
+    v.dedup();
     v
 }
