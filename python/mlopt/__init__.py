@@ -3,6 +3,10 @@
     import mlopt
     model = mlopt.compile("resnet50.onnx", input_shapes={"x": (1, 3, 224, 224)})
     (logits,) = model(x)                      # numpy in, numpy out (a list, in output order)
+A sequence input or output (ONNX's seq(tensor); mlopt compiles it at a fixed length) is a list of
+arrays, as in ONNX Runtime: pin its elements' shapes with input_shapes={"NAME": [dims0, dims1, ..]}
+(or {"NAME.0": dims0, ..}). The compiled library takes and gives the elements as inputs and outputs of
+their own, NAME.0, NAME.1, .. (model.inputs and model.outputs list those).
     model.profile()                           # per-kernel times against the cost model (a dict)
     model.save("out/")                        # the library, C header, Rust binding and report
 
@@ -79,7 +83,10 @@ def _mlopt(args):
 def _options(target, input_shapes, input_values, precision, threads, options):
     args = ["--target", target, "--precision", precision, "--threads", str(int(threads))]
     for k, dims in (input_shapes or {}).items():
-        args += ["--input-shape", f"{k}={'x'.join(str(d) for d in dims)}"]
+        # A list of shapes is a sequence's: one per element, NAME.0, NAME.1, ..
+        seq = len(dims) > 0 and all(isinstance(d, (list, tuple)) for d in dims)
+        for name, ds in ([(f"{k}.{i}", d) for i, d in enumerate(dims)] if seq else [(k, dims)]):
+            args += ["--input-shape", f"{name}={'x'.join(str(d) for d in ds)}"]
     for k, v in (input_values or {}).items():
         vals = np.asarray(v).reshape(-1)
         args += ["--input-value", f"{k}={','.join(str(x) for x in vals.tolist())}"]
@@ -112,6 +119,19 @@ def compile(model, target="host", input_shapes=None, input_values=None, precisio
         raise
 
 
+def _ports(ios):
+    """ONNX's ports over a compiled model's inputs or outputs (report.json's entries): (name, indices,
+    is_sequence). A sequence's elements (their "sequence") are consecutive entries and one port."""
+    ports = []
+    for k, io in enumerate(ios):
+        seq = io.get("sequence")
+        if seq is not None and ports and ports[-1][2] and ports[-1][0] == seq:
+            ports[-1][1].append(k)
+        else:
+            ports.append((io["name"] if seq is None else seq, [k], seq is not None))
+    return ports
+
+
 class Model:
     """A compiled model: call it with numpy arrays (positionally, in input order, or by input name)."""
 
@@ -126,6 +146,7 @@ class Model:
         self.name = self.report["name"]
         self.inputs = [(io["name"], io["dtype"], tuple(io["shape"])) for io in self.report["inputs"]]
         self.outputs = [(io["name"], io["dtype"], tuple(io["shape"])) for io in self.report["outputs"]]
+        self._in_ports = _ports(self.report["inputs"])
         # A dynamic batch (`max_batch`): the shapes are one item's, and a call takes 1 to max_batch items.
         batch = self.report.get("batch")
         self.max_batch = batch["max"] if batch else None
@@ -167,16 +188,33 @@ class Model:
         if self._lib is None:
             raise Error(f"{self.name} was compiled for {self.report['target']}: a GPU library runs "
                         "from C on a machine with CUDA (save() it), not from this package")
-        if len(args) > len(self.inputs):
-            raise Error(f"{self.name} takes {len(self.inputs)} inputs, {len(args)} were given")
-        given = dict(zip((i[0] for i in self.inputs), args))
+        ports = self._in_ports
+        if len(args) > len(ports):
+            raise Error(f"{self.name} takes {len(ports)} inputs, {len(args)} were given")
+        given = {}
+
+        def put(port, v):
+            name, idx, is_seq = port
+            if not is_seq:
+                given[self.inputs[idx[0]][0]] = v
+                return
+            if not isinstance(v, (list, tuple)) or len(v) != len(idx):
+                got = f"{len(v)} given" if isinstance(v, (list, tuple)) else "not a list"
+                raise Error(f"input '{name}' is a sequence of {len(idx)} arrays here: {got}")
+            for k, x in zip(idx, v):
+                given[self.inputs[k][0]] = x
+
+        for port, v in zip(ports, args):
+            put(port, v)
+        by_name = {p[0]: p for p in ports}
+        by_name.update({i[0]: (i[0], [k], False) for k, i in enumerate(self.inputs)})
         for k, v in kwargs.items():
-            if k not in (i[0] for i in self.inputs):
+            if k not in by_name:
                 raise Error(f"{self.name} has no input '{k}' (inputs: "
-                            f"{', '.join(i[0] for i in self.inputs)})")
-            if k in given:
+                            f"{', '.join(p[0] for p in ports)})")
+            if any(self.inputs[i][0] in given for i in by_name[k][1]):
                 raise Error(f"input '{k}' is given twice")
-            given[k] = v
+            put(by_name[k], v)
         ins = []
         n = None  # the items of a dynamic batch, from the first batched input
         for (name, dtype, shape), batched in zip(self.inputs, self._batched):
@@ -217,18 +255,22 @@ class Model:
         return self._exact(outs)
 
     def _exact(self, outs):
-        """The outputs as ONNX defines them: one whose size depends on the data (report.json's
-        "counted") cut to its count, the counts left out, as ONNX Runtime returns them."""
-        counted = [io.get("counted") for io in self.report["outputs"]]
-        counts = {c["count_output"] for c in counted if c}
-        exact = []
-        for k, (y, c) in enumerate(zip(outs, counted)):
+        """The outputs as ONNX defines them, as ONNX Runtime returns them: one whose size depends on the
+        data (report.json's "counted") cut to its count, the counts left out, a sequence's elements a
+        list."""
+        ios = self.report["outputs"]
+        counts = {io["counted"]["count_output"] for io in ios if io.get("counted")}
+        kept, arrays = [], []
+        for k, (y, io) in enumerate(zip(outs, ios)):
             if k in counts:
                 continue
+            c = io.get("counted")
             if c:
                 y = np.take(y, np.arange(int(outs[c["count_output"]].reshape(-1)[0])), axis=c["axis"])
-            exact.append(y)
-        return exact
+            kept.append(io)
+            arrays.append(y)
+        return [[arrays[i] for i in idx] if is_seq else arrays[idx[0]]
+                for _, idx, is_seq in _ports(kept)]
 
     def profile(self, iters=50):
         """Builds the model with a clock around each kernel and runs it (`mlopt bench --profile --json`):

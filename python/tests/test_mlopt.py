@@ -25,14 +25,36 @@ FIXTURES = sorted(
 
 
 def inputs_of(folder):
-    ts = sorted(glob.glob(os.path.join(folder, "test_data_set_0", "input_*.pb")))
+    """The fixture's inputs in order: arrays, and lists of arrays for sequence inputs."""
+    m = onnx.load(os.path.join(folder, "model.onnx"))
+    inits = {i.name for i in m.graph.initializer}
     out = []
-    for p in ts:
-        t = onnx.TensorProto()
+    for k, vi in enumerate(i for i in m.graph.input if i.name not in inits):
+        p = os.path.join(folder, "test_data_set_0", f"input_{k}.pb")
+        if not os.path.exists(p):
+            break
         with open(p, "rb") as f:
-            t.ParseFromString(f.read())
-        out.append(numpy_helper.to_array(t))
+            data = f.read()
+        if vi.type.HasField("sequence_type"):
+            s = onnx.SequenceProto()
+            s.ParseFromString(data)
+            out.append(numpy_helper.to_list(s))
+        else:
+            t = onnx.TensorProto()
+            t.ParseFromString(data)
+            out.append(numpy_helper.to_array(t))
     return out
+
+
+def flat(values):
+    """Values as a compiled model takes and gives them: a sequence as its elements in turn."""
+    return [x for v in values for x in (v if isinstance(v, list) else [v])]
+
+
+def shapes_of(model, xs):
+    """input_shapes for the inputs xs: a list of shapes for a sequence."""
+    return {name: [e.shape for e in x] if isinstance(x, list) else x.shape
+            for (name, _, _), x in zip(_declared(model), xs)}
 
 
 def ort_outputs(model, xs):
@@ -54,16 +76,18 @@ def reference_outputs(folder, xs):
 def test_fixture_matches_onnxruntime(folder):
     model = os.path.join(folder, "model.onnx")
     xs = inputs_of(folder)
-    shapes = {name: x.shape for (name, _, _), x in zip(_declared(model), xs)}
-    m = mlopt.compile(model, input_shapes=shapes)
+    m = mlopt.compile(model, input_shapes=shapes_of(model, xs))
     got = m(*xs)
     want = reference_outputs(folder, xs)
+    # Sequences are lists, as ONNX Runtime gives them.
+    assert [isinstance(g, list) for g in got] == [isinstance(w, list) for w in want]
+    got, want = flat(got), flat(want)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.shape == w.shape
         np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-4, atol=1e-5)
     # By name too, and a second call on the same context.
-    again = m(**{name: x for (name, _, _), x in zip(m.inputs, xs)})
+    again = flat(m(**{name: x for (name, _, _), x in zip(m.inputs, flat(xs))}))
     for a, g in zip(again, got):
         np.testing.assert_array_equal(a, g)
 
@@ -142,3 +166,21 @@ def test_a_model_that_mixes_items_gets_no_dynamic_batch(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(mlopt.Error, match="mixes the items of a batch"):
         mlopt.compile(path, max_batch=("batch", 8))
+
+
+def test_sequences_are_lists_as_in_onnxruntime():
+    folder = os.path.join(ROOT, "control", "10")
+    model = os.path.join(folder, "model.onnx")
+    x, flag, parts = inputs_of(folder)
+    m = mlopt.compile(model, input_shapes={"parts": [p.shape for p in parts]})
+    assert [i[0] for i in m.inputs] == ["x", "flag", "parts.0", "parts.1", "parts.2"]
+    y, grown, n = m(x=x, flag=flag, parts=parts)
+    want = ort_outputs(model, [x, flag, parts])
+    np.testing.assert_allclose(y, want[0], rtol=1e-5, atol=1e-6)
+    assert len(grown) == len(want[1]) == 4 and int(n) == 3
+    for g, w in zip(grown, want[1]):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(mlopt.Error, match="a sequence of 3 arrays here: 2 given"):
+        m(x, flag, parts[:2])
+    with pytest.raises(mlopt.Error, match="given twice"):
+        m(x, flag, parts, **{"parts.0": parts[0]})

@@ -874,12 +874,14 @@ fn kir_operators_compile_as_they_interpret() {
                     elem: t,
                     dims: vec![N],
                     counted: None,
+                    sequence: None,
                 },
                 Io {
                     name: "y".into(),
                     elem: t,
                     dims: vec![N],
                     counted: None,
+                    sequence: None,
                 },
             ],
             ..Default::default()
@@ -924,6 +926,7 @@ fn kir_operators_compile_as_they_interpret() {
                     elem: out_t,
                     dims: vec![N],
                     counted: None,
+                    sequence: None,
                 });
                 p.kernels.push(k);
             }
@@ -1152,6 +1155,7 @@ fn casts_to_and_from_narrow_types_match_the_interpreter() {
             elem: e,
             dims: vec![256],
             counted: None,
+            sequence: None,
         });
         for t in [Elem::F32, Elem::F64, Elem::I32] {
             for kind in [LoopKind::Serial, LoopKind::Vector(16)] {
@@ -1201,6 +1205,7 @@ fn cast_program(
         elem,
         dims: vec![n],
         counted: None,
+        sequence: None,
     };
     let mut p = Program {
         name: name.into(),
@@ -1264,6 +1269,7 @@ fn push_loop_kernel(
         elem,
         dims: vec![extent],
         counted: None,
+        sequence: None,
     });
     p.kernels.push(k);
 }
@@ -1335,6 +1341,7 @@ fn strided_and_interleaved_vector_loads() {
             elem,
             dims: vec![n],
             counted: None,
+            sequence: None,
         });
         // Distinct bit patterns (all finite): a wrong lane shows.
         inputs.push((0..n * elem.size()).map(|i| (i * 37 % 61) as u8).collect());
@@ -1595,6 +1602,7 @@ fn io(name: &str, elem: mlopt_kir::Elem, dims: Vec<u64>) -> mlopt_kir::Io {
         elem,
         dims,
         counted: None,
+        sequence: None,
     }
 }
 
@@ -1986,12 +1994,14 @@ fn register_math_is_accurate() {
                     elem: t,
                     dims: vec![N as u64],
                     counted: None,
+                    sequence: None,
                 },
                 Io {
                     name: "y".into(),
                     elem: t,
                     dims: vec![N as u64],
                     counted: None,
+                    sequence: None,
                 },
             ],
             ..Default::default()
@@ -2029,6 +2039,7 @@ fn register_math_is_accurate() {
                 elem: t,
                 dims: vec![N as u64],
                 counted: None,
+                sequence: None,
             });
             p.kernels.push(k);
         }

@@ -212,6 +212,7 @@ fn program_of(k: Kernel, weights: &[String]) -> Program {
             elem: buf.elem,
             dims: buf.dims.clone(),
             counted: None,
+            sequence: None,
         };
         if weights.contains(&buf.name) {
             let data = std::sync::Arc::new(data(&io, 99 + p.weights.len()));

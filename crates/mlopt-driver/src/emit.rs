@@ -184,6 +184,14 @@ pub fn io_defines(p: &Program, banner: &str) -> String {
                 c_string(&io.name)
             );
             let _ = writeln!(s, "#define MLOPT_{up}_{kind}{i}_ELEMS {}u", numel(io));
+            if let Some(q) = &io.sequence {
+                let _ = writeln!(
+                    s,
+                    "/* An element of the sequence \"{}\": its elements are consecutive {}s, in order. */",
+                    comment(q),
+                    kind.to_lowercase()
+                );
+            }
             if let Some(c) = io.counted {
                 let _ = writeln!(
                     s,

@@ -132,8 +132,13 @@ impl Library {
                             )
                         })
                         .unwrap_or_default();
+                    let seq = io
+                        .sequence
+                        .as_ref()
+                        .map(|q| format!(", \"sequence\": {}", json_str(q)))
+                        .unwrap_or_default();
                     format!(
-                        "{{\"name\": {}, \"dtype\": \"{}\", \"shape\": [{}]{counted}}}",
+                        "{{\"name\": {}, \"dtype\": \"{}\", \"shape\": [{}]{counted}{seq}}}",
                         json_str(&io.name),
                         io.elem,
                         dims.join(", ")

@@ -230,6 +230,16 @@ const STAGES: [StageDef; 6] = [
                     output: c.count,
                 });
             }
+            // Elements of the model's sequences, by the names the importer gives them.
+            if let Source::Onnx { model, .. } = &s.source {
+                let (ins, outs) = mlopt_onnx::interface::ports(model)?;
+                for (list, ports) in [(&mut program.inputs, &ins), (&mut program.outputs, &outs)] {
+                    for io in list.iter_mut() {
+                        io.sequence =
+                            mlopt_onnx::interface::sequence_of(ports, &io.name).map(str::to_string);
+                    }
+                }
+            }
             s.program = Some(program);
             s.memory = Some(memory);
             Ok(())

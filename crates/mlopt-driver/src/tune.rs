@@ -82,6 +82,7 @@ fn solo(p: &Program, step: usize) -> Program {
                     elem: buf.elem,
                     dims: buf.dims.clone(),
                     counted: None,
+                    sequence: None,
                 });
                 Place::Input(q.inputs.len() - 1)
             }

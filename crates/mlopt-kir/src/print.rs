@@ -349,7 +349,12 @@ pub fn program(p: &Program) -> String {
                     .counted
                     .map(|c| format!(" (axis {} sized by output {})", c.axis, c.output))
                     .unwrap_or_default();
-                format!("%{}: {}{}{counted}", x.name, x.elem, dims(&x.dims))
+                let seq = x
+                    .sequence
+                    .as_ref()
+                    .map(|s| format!(" (of sequence {s})"))
+                    .unwrap_or_default();
+                format!("%{}: {}{}{counted}{seq}", x.name, x.elem, dims(&x.dims))
             })
             .collect::<Vec<_>>()
             .join(", ")

@@ -23,6 +23,9 @@ pub struct Io {
     /// bound, and the first `count` entries along `axis` hold the values, `count` being the i64 held
     /// by output `output`.
     pub counted: Option<Counted>,
+    /// The ONNX sequence this is an element of (`mlopt_onnx::interface`): a sequence's elements are
+    /// consecutive inputs or outputs, in order.
+    pub sequence: Option<String>,
 }
 
 /// How an output's size depends on the data: see `Io::counted`.

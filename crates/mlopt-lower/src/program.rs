@@ -85,6 +85,7 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
             elem: elem(t.dtype),
             dims: dims(t),
             counted: None,
+            sequence: None,
         });
         b.places.insert(
             Value {
@@ -103,6 +104,7 @@ pub fn lower(g: &Graph, plan: &MemoryPlan) -> Result<Program> {
             elem: elem(t.dtype),
             dims: dims(t),
             counted: None,
+            sequence: None,
         });
         let produced = g.node(v.node).kernel.is_some() && !b.places.contains_key(v);
         if produced {
