@@ -15,7 +15,7 @@
 //! gather are in range whenever the gathered axis is not empty (checked), and an integer division by
 //! such a value is refused (its zeros would raise an error the real run does not).
 
-use crate::{Binary, Graph, IrError, Op, Result, TensorType, Value};
+use crate::{Binary, Graph, IrError, NodeId, Op, Result, TensorType, Value};
 use std::collections::HashMap;
 
 /// A value's axis whose size is `count` at run time (an i64 scalar value), its static size the bound.
@@ -43,68 +43,94 @@ pub fn counted_axes(op: &Op) -> Vec<(u32, usize)> {
 pub fn extents(g: &Graph) -> Result<HashMap<Value, Extent>> {
     let mut ext: HashMap<Value, Extent> = HashMap::new();
     for n in g.topo_order()? {
-        let node = g.node(n);
-        let ins = g.inputs(n);
-        let sized: Vec<(usize, Extent)> = ins
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| v.and_then(|v| ext.get(&v)).map(|e| (i, *e)))
-            .collect();
-        let refuse = |input: Option<usize>, msg: String| IrError::Infer {
-            node: node.name.clone(),
-            op: node.op.name(),
-            input,
-            msg,
-        };
-        if node.op.counts() {
-            if let Some(&(i, _)) = sized.first() {
-                return Err(refuse(
-                    Some(i),
-                    "its size already depends on the data (mlopt computes one data-sized op's \
-                     output at a bound, not one such op of another's)"
-                        .into(),
-                ));
-            }
-            let count = Value {
-                node: n,
-                output: node.outputs.len() as u32 - 1,
-            };
-            for (output, axis) in counted_axes(&node.op) {
-                ext.insert(Value { node: n, output }, Extent { axis, count });
-            }
-            continue;
-        }
-        let Some(&(first, e)) = sized.first() else {
-            continue;
-        };
-        if let Some(&(i, _)) = sized.iter().find(|(_, o)| o.count != e.count) {
-            return Err(refuse(
-                Some(i),
-                format!(
-                    "its size depends on other data than input {first}'s (mlopt cannot tell \
-                     that the two agree)"
-                ),
-            ));
-        }
-        let types: Vec<Option<&TensorType>> =
-            ins.iter().map(|v| v.map(|v| g.value_type(v))).collect();
-        let axis =
-            through(&node.op, &types, &node.outputs, &sized).map_err(|(i, m)| refuse(i, m))?;
-        for k in 0..node.outputs.len() {
-            let v = Value {
-                node: n,
-                output: k as u32,
-            };
-            ext.insert(
-                v,
-                Extent {
-                    axis,
-                    count: e.count,
-                },
-            );
-        }
+        visit(g, n, &mut ext)?;
     }
     Ok(ext)
+}
+
+/// `extents` of a graph that only grows, each node added after its inputs (the importer's, which asks
+/// after every node that reads a size): each `update` looks at the nodes added since the last one
+/// only, so asking after each of n nodes costs O(n), not O(n^2).
+#[derive(Debug, Default)]
+pub struct Growing {
+    ext: HashMap<Value, Extent>,
+    /// Nodes with a lower index have been looked at.
+    next: usize,
+}
+
+impl Growing {
+    pub fn update(&mut self, g: &Graph) -> Result<&HashMap<Value, Extent>> {
+        let added: Vec<NodeId> = g.node_ids().filter(|n| n.index() >= self.next).collect();
+        for &n in &added {
+            visit(g, n, &mut self.ext)?;
+            self.next = self.next.max(n.index() + 1);
+        }
+        Ok(&self.ext)
+    }
+}
+
+/// Adds the data-sized outputs of node `n` to `ext` (its inputs' already there), or an error naming
+/// it where it uses a data-sized input in a way the bound cannot stand in for.
+fn visit(g: &Graph, n: NodeId, ext: &mut HashMap<Value, Extent>) -> Result<()> {
+    let node = g.node(n);
+    let ins = g.inputs(n);
+    let sized: Vec<(usize, Extent)> = ins
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.and_then(|v| ext.get(&v)).map(|e| (i, *e)))
+        .collect();
+    let refuse = |input: Option<usize>, msg: String| IrError::Infer {
+        node: node.name.clone(),
+        op: node.op.name(),
+        input,
+        msg,
+    };
+    if node.op.counts() {
+        if let Some(&(i, _)) = sized.first() {
+            return Err(refuse(
+                Some(i),
+                "its size already depends on the data (mlopt computes one data-sized op's \
+                 output at a bound, not one such op of another's)"
+                    .into(),
+            ));
+        }
+        let count = Value {
+            node: n,
+            output: node.outputs.len() as u32 - 1,
+        };
+        for (output, axis) in counted_axes(&node.op) {
+            ext.insert(Value { node: n, output }, Extent { axis, count });
+        }
+        return Ok(());
+    }
+    let Some(&(first, e)) = sized.first() else {
+        return Ok(());
+    };
+    if let Some(&(i, _)) = sized.iter().find(|(_, o)| o.count != e.count) {
+        return Err(refuse(
+            Some(i),
+            format!(
+                "its size depends on other data than input {first}'s (mlopt cannot tell \
+                 that the two agree)"
+            ),
+        ));
+    }
+    let types: Vec<Option<&TensorType>> = ins.iter().map(|v| v.map(|v| g.value_type(v))).collect();
+    let axis = through(&node.op, &types, &node.outputs, &sized).map_err(|(i, m)| refuse(i, m))?;
+    for k in 0..node.outputs.len() {
+        let v = Value {
+            node: n,
+            output: k as u32,
+        };
+        ext.insert(
+            v,
+            Extent {
+                axis,
+                count: e.count,
+            },
+        );
+    }
+    Ok(())
 }
 
 type Why = (Option<usize>, String);
@@ -414,6 +440,31 @@ mod tests {
     fn a_transpose_moves_the_sized_axis_and_keeps_the_count() {
         let (g, t, count) = pairs();
         assert_eq!(extents(&g).unwrap()[&t], Extent { axis: 0, count });
+    }
+
+    #[test]
+    fn growing_extents_agree_with_the_whole_graphs_as_it_grows() {
+        let mut g = Graph::new("t");
+        let mut grown = Growing::default();
+        assert!(grown.update(&g).unwrap().is_empty());
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 3]));
+        let nz = g.add_node(Op::NonZero, "nz", &[Some(x)], None).unwrap();
+        assert_eq!(grown.update(&g).unwrap(), &extents(&g).unwrap());
+        let t = g
+            .add(Op::Transpose { perm: vec![1, 0] }, "t", &[nz[0]])
+            .unwrap();
+        let r = g.add(Op::Unary(crate::Unary::Neg), "neg", &[x]).unwrap();
+        assert_eq!(grown.update(&g).unwrap(), &extents(&g).unwrap());
+        assert_eq!(grown.update(&g).unwrap()[&t].axis, 0);
+        assert!(!grown.update(&g).unwrap().contains_key(&r));
+        let s = Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes: vec![0],
+            keepdims: false,
+        };
+        g.add(s, "total", &[t]).unwrap();
+        let e = grown.update(&g).unwrap_err().to_string();
+        assert!(e.contains("'total'"), "{e}");
     }
 
     #[test]

@@ -387,6 +387,7 @@ pub fn import_model(
         known: &opts.known_values,
         unrolled: 0,
         counted: false,
+        extents: Default::default(),
     };
     let inits: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
     let mut declared: HashMap<&str, Form> = HashMap::new();
@@ -451,7 +452,7 @@ pub fn import_model(
     }
     // Values whose size depends on the data: their declared size along that axis is not the bound.
     let sized = if imp.counted {
-        mlopt_ir::extent::extents(&imp.g)?
+        imp.extents.update(&imp.g)?.clone()
     } else {
         Default::default()
     };

@@ -76,6 +76,8 @@ pub(crate) struct Importer<'m> {
     /// Whether a data-sized op (`mlopt_ir::extent`) was added: only then may a value's size differ
     /// from its type's.
     pub counted: bool,
+    /// The data-sized values so far, kept up to date as nodes are added (`NodeCx::static_size`).
+    pub extents: mlopt_ir::extent::Growing,
     /// Body nodes converted so far by unrolled `Loop`s and `Scan`s, nested ones included (see
     /// `control::MAX_UNROLLED_NODES`).
     pub unrolled: usize,
@@ -210,14 +212,16 @@ impl<'a, 'm> NodeCx<'a, 'm> {
 
     /// An error if the size of input `i`'s value along an axis in `axes` depends on the data (its
     /// type holds only the bound): for converters that read a size from a value's type.
-    pub fn static_size(&self, i: usize, axes: std::ops::Range<usize>) -> Result<()> {
+    pub fn static_size(&mut self, i: usize, axes: std::ops::Range<usize>) -> Result<()> {
         let Some(v) = self.input(i)? else {
             return Ok(());
         };
         if !self.imp.counted {
             return Ok(());
         }
-        match mlopt_ir::extent::extents(&self.imp.g)?.get(&v) {
+        let imp = &mut *self.imp;
+        let sized = imp.extents.update(&imp.g)?.get(&v).copied();
+        match sized {
             Some(e) if axes.contains(&e.axis) => Err(self.err_in(
                 i,
                 format!(
