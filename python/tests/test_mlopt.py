@@ -168,6 +168,18 @@ def test_a_model_that_mixes_items_gets_no_dynamic_batch(tmp_path):
         mlopt.compile(path, max_batch=("batch", 8))
 
 
+def test_a_data_sized_output_gets_no_dynamic_batch(tmp_path):
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Transpose", ["nz"], ["y"], perm=[1, 0])],
+        "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    path = str(tmp_path / "nz.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(mlopt.Error, match="output 'y' has a size that depends on the data"):
+        mlopt.compile(path, max_batch=("batch", 8))
+
+
 def test_sequences_are_lists_as_in_onnxruntime():
     folder = os.path.join(ROOT, "control", "10")
     model = os.path.join(folder, "model.onnx")

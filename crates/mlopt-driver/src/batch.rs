@@ -59,6 +59,15 @@ impl Batched {
             ));
         };
         let unit = &one.program;
+        // One item's program runs per item, so an output sized by the data would have a count per
+        // item where the interface has one.
+        if let Some(io) = unit.outputs.iter().find(|io| io.counted.is_some()) {
+            return Err(DriverError::Input(format!(
+                "output '{}' has a size that depends on the data (computed at a bound, with a count): \
+                 a dynamic batch (--max) does not take such outputs; compile at a fixed batch",
+                io.name.escape_default()
+            )));
+        }
         let mut input_batched = vec![false; unit.inputs.len()];
         for (b, c) in &variants {
             let p = &c.program;
