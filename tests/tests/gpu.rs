@@ -405,9 +405,13 @@ fn ptx_snapshots() {
     let names: Vec<&str> = tr16.kernels.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(
         names,
-        ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"],
-        "one launch per kernel (the projections store into the heads, casts and all)"
+        ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8_0", "k8_1"],
+        "one launch per kernel (the projections store into the heads, casts and all), but the FFN's \
+         down projection (16 x 64 outputs, K = 256: two blocks of eight slices) in two, split-K"
     );
+    assert!(tr16.kernels[8..].iter().all(|k| k
+        .schedule
+        .contains(&ScheduleStep::GpuSplitK { parts: 4, k: 256 })));
     let attention = tr16
         .kernels
         .iter()

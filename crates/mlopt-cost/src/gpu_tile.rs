@@ -220,11 +220,19 @@ pub struct Extents {
     pub batch: u64,
 }
 
+/// A tile's estimate in seconds, and the same without the slice latency (`at_peak`): plans the
+/// latency bounds alike are told apart by it (the derived order compares `seconds` first).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct TileTime {
+    pub seconds: f64,
+    pub at_peak: f64,
+}
+
 /// The roofline estimate of tile `t` in seconds on GPU `target`, for operands of `bytes` bytes running
 /// at `peak` FLOP/s (the engine's, for the whole device), with `margin` registers added to the estimate:
-/// waves of blocks over the SMs against the traffic of the operands (A is read once per column of tiles,
-/// B once per row of tiles). None when the shape breaks a limit or does not divide the staging copies
-/// evenly.
+/// waves of blocks over the SMs, each at least a slice latency per K slice (`GpuTarget::slice_latency_s`),
+/// against the traffic of the operands (A is read once per column of tiles, B once per row of tiles).
+/// None when the shape breaks a limit or does not divide the staging copies evenly.
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
     target: &GpuTarget,
@@ -235,7 +243,7 @@ pub fn estimate(
     plain: [bool; 2],
     margin: u64,
     peak: f64,
-) -> Option<f64> {
+) -> Option<TileTime> {
     let Extents { m, n, k, batch } = x;
     let (bm, bn, bk, threads) = (t.bm(e), t.bn(e), e.bk(), t.threads(e));
     let smem = shared_bytes(t, e, bytes);
@@ -264,9 +272,16 @@ pub fn estimate(
     let resident = together * threads.div_ceil(32);
     let peak = peak / sms as f64 * (resident as f64 / 8.0).min(1.0);
     let tile_flops = (2 * bm * bn * kt * bk) as f64;
-    let compute = waves as f64 * together as f64 * tile_flops / peak;
+    // A wave takes the SM's share of the products at its peak, and at least one slice latency per K
+    // slice (the blocks on an SM wait for their loads together).
+    let products = together as f64 * tile_flops / peak;
+    let wave = products.max(kt as f64 * target.slice_latency_s);
     let traffic = (batch * (m * k * tn + k * n * tm) * bytes + batch * m * n * 4) as f64;
-    Some(compute.max(traffic / target.roof.dram_bw))
+    let memory = traffic / target.roof.dram_bw;
+    Some(TileTime {
+        seconds: (waves as f64 * wave).max(memory),
+        at_peak: (waves as f64 * products).max(memory),
+    })
 }
 
 #[cfg(test)]

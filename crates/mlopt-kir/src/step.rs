@@ -97,6 +97,9 @@ pub enum ScheduleStep {
         blocks: u64,
         registers: u32,
     },
+    /// `gpu.splitk(8 parts of 4608)`: the contraction's K runs as `parts` slices in parallel blocks,
+    /// each writing a partial sum to scratch, and a second launch adds them and applies the epilogue.
+    GpuSplitK { parts: u64, k: u64 },
     /// `gpu.attention(B x RxK, d D, dv DV, ENGINE, BM queries x BN keys, T threads, N blocks)`.
     GpuAttention {
         batch: u64,
@@ -164,6 +167,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::GpuGemm { batch, m, n, k, engine, tile: [bm, bn, bk], threads, blocks, registers } => {
                 write!(f, "gpu.gemm({batch} x {m}x{n}x{k}, {engine}, tile {bm}x{bn}x{bk}, {threads} threads, {blocks} blocks, {registers} registers planned)")
             }
+            ScheduleStep::GpuSplitK { parts, k } => write!(f, "gpu.splitk({parts} parts of {k})"),
             ScheduleStep::GpuAttention { batch, rows, keys, d, dv, engine, queries, keys_per_block, threads, blocks } => write!(
                 f,
                 "gpu.attention({batch} x {rows}x{keys}, d {d}, dv {dv}, {engine}, {queries} queries x {keys_per_block} keys, {threads} threads, {blocks} blocks)"
@@ -360,6 +364,10 @@ impl std::str::FromStr for ScheduleStep {
                 }
                 _ => return Err(format!("schedule step `{s}`: bad arguments")),
             },
+            "gpu.splitk" => {
+                let [parts, k] = exactly(args)?;
+                ScheduleStep::GpuSplitK { parts, k }
+            }
             "gpu.attention" => match parts[..] {
                 [shape, d, dv, engine, block, threads, blocks] => {
                     let [batch, rows, keys] = exactly(shape)?;
@@ -456,6 +464,7 @@ mod tests {
         "gpu.rows(128 x 256 threads)",
         "gpu.gemm(1 x 128x128x64, mma.sync bf16, tile 64x64x32, 128 threads, 4 blocks, 96 registers planned)",
         "gpu.gemm(2 x 7x9x5, simt, tile 16x16x8, 64 threads, 2 blocks, 40 registers planned)",
+        "gpu.splitk(8 parts of 4608)",
         "gpu.attention(4 x 128x128, d 64, dv 64, mma.sync tf32, 64 queries x 64 keys, 128 threads, 8 blocks)",
     ];
 

@@ -78,7 +78,7 @@ pub(crate) fn estimate(
     elem: Elem,
     copies: &[Option<AsyncLoad>; 2],
     s: &GpuSchedule,
-) -> Option<f64> {
+) -> Option<gpu_tile::TileTime> {
     let x = gpu_tile::Extents {
         m: Contraction::extent(&c.rows),
         n: Contraction::extent(&c.cols),
@@ -189,16 +189,20 @@ pub(crate) fn guarded(conds: Vec<Expr>, then: Vec<Stmt>) -> Vec<Stmt> {
     }
 }
 
-/// Schedules the launch as a tiled GEMM when `inner` is a contraction big enough to tile; returns the
-/// new body, or None to leave it to the other schedules.
-pub(crate) fn gemm(k: &mut Kernel, c: &Contraction, s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
+/// The fastest way to run contraction `c` as a tiled GEMM: (engine, the tile's element type, the
+/// operands in that type, the tile, the staging copies).
+pub(crate) type Plan = (Engine, Elem, Expr, Expr, Tile, [Option<AsyncLoad>; 2]);
+
+/// The fastest plan for `c` by the cost model's estimate, with its estimate in seconds; None when `c` is
+/// too small to tile or no tile fits.
+pub(crate) fn plan(k: &Kernel, c: &Contraction, s: &GpuSchedule) -> Option<(f64, Plan)> {
     let (m, n, kk) = (
         Contraction::extent(&c.rows),
         Contraction::extent(&c.cols),
         Contraction::extent(&c.red),
     );
     if m < 8 || n < 8 || kk < 8 {
-        return Ok(None);
+        return None;
     }
     // Tensor cores when both operands are 16-bit values of one type (or tf32 is allowed), else SIMT.
     let sixteen = [Elem::BF16, Elem::F16]
@@ -213,8 +217,7 @@ pub(crate) fn gemm(k: &mut Kernel, c: &Contraction, s: &GpuSchedule) -> Result<O
     }
     options.push((Engine::Simt, Elem::F32, c.a.clone(), c.b.clone()));
     // The fastest (engine, operands, tile, staging) by the estimate.
-    type Plan = (Engine, Elem, Expr, Expr, Tile, [Option<AsyncLoad>; 2]);
-    let mut best: Option<(f64, Plan)> = None;
+    let mut best: Option<(gpu_tile::TileTime, Plan)> = None;
     // Operands are staged by cp.async where they are plain loads of the tile's type.
     let all: Vec<(Var, u64)> = [&c.rows, &c.cols, &c.batch, &c.red]
         .into_iter()
@@ -241,7 +244,13 @@ pub(crate) fn gemm(k: &mut Kernel, c: &Contraction, s: &GpuSchedule) -> Result<O
             }
         }
     }
-    let Some((_, (e, elem, a, b, t, copies))) = best else {
+    best.map(|(t, p)| (t.seconds, p))
+}
+
+/// Schedules the launch as a tiled GEMM when `c` is a contraction big enough to tile; returns the new
+/// body, or None to leave it to the other schedules.
+pub(crate) fn gemm(k: &mut Kernel, c: &Contraction, s: &GpuSchedule) -> Result<Option<Vec<Stmt>>> {
+    let Some((_, (e, elem, a, b, t, copies))) = plan(k, c, s) else {
         return Ok(None);
     };
     let planned = registers(&t, e, &copies) + s.register_margin;

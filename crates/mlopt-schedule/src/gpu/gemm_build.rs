@@ -164,7 +164,9 @@ fn unrolled(
 
 impl Writer<'_> {
     /// Staging: slice `kslice` of an operand into buffer `buf` (of the pair), `rows x cols` of it with
-    /// the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B).
+    /// the operand's own axis (`side` loops, from `start`) as rows (A) or columns (B). An operand staged
+    /// by plain loads goes to the thread's registers `regs` instead where given (slot `i` of a thread
+    /// holding its `i`-th element), for `unstage` to store into shared memory later.
     #[allow(clippy::too_many_arguments)]
     fn stage(
         &self,
@@ -175,6 +177,7 @@ impl Writer<'_> {
         side: &[(Var, u64)],
         start: &Expr,
         is_a: bool,
+        regs: Option<BufId>,
     ) -> Stmt {
         let Writer {
             c,
@@ -274,6 +277,10 @@ impl Writer<'_> {
                         valid: all(conds),
                     }];
                 }
+                let (buf, idx) = match regs {
+                    Some(r) => (r, vec![sv.clone()]),
+                    None => (buf, idx),
+                };
                 let store = Stmt::Store {
                     buf,
                     index: idx.clone(),
@@ -290,6 +297,39 @@ impl Writer<'_> {
                     out.extend(guarded(conds, vec![store]));
                     out
                 }
+            })]
+        })
+    }
+
+    /// The registers `regs` that `stage` filled for an operand staged by plain loads, stored into
+    /// buffer `which` of its shared pair, each element where `stage` would have put it.
+    fn unstage(
+        &self,
+        k: &mut Kernel,
+        which: Expr,
+        operand: &Expr,
+        side: &[(Var, u64)],
+        is_a: bool,
+        regs: BufId,
+    ) -> Stmt {
+        let (buf, rows, cols) = if is_a {
+            (self.sa, self.bm, self.bk)
+        } else {
+            (self.sb, self.bk, self.bn)
+        };
+        let threads = self.threads;
+        let fast_cols = walk_first(k, operand, self.c.red.last(), side.last()) == is_a;
+        let slots = rows * cols / threads;
+        thread_loop(k, threads, &mut |k, tv| {
+            let which = which.clone();
+            vec![unrolled(k, slots, &mut |_, sv| {
+                let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
+                let (r, col) = tile_position(el, (rows, cols), 1, fast_cols);
+                vec![Stmt::Store {
+                    buf,
+                    index: vec![which.clone(), r, col],
+                    value: Expr::load(regs, vec![sv]),
+                }]
             })]
         })
     }
@@ -596,14 +636,23 @@ pub(crate) fn build(
     };
     let mut body = vec![w.zero(k)];
     // Slice 0 into buffer 0.
-    body.push(w.stage(k, int(0), int(0), a, &c.rows, &w.row0, true));
-    body.push(w.stage(k, int(0), int(0), b, &c.cols, &w.col0, false));
+    body.push(w.stage(k, int(0), int(0), a, &c.rows, &w.row0, true, None));
+    body.push(w.stage(k, int(0), int(0), b, &c.cols, &w.col0, false, None));
     // Each slice: wait for its copies, one barrier (which also ends the products of the slice before,
-    // whose buffer is refilled next), start copying the next slice, multiply this one.
+    // whose buffer is refilled next), start copying the next slice, multiply this one. An operand
+    // staged by plain loads is loaded into registers before the products and stored into shared memory
+    // after them, so the loads' latency passes while the products run.
     let kv = Expr::var(ko);
     let next = Expr::add(kv.clone(), int(1));
     let this_buf = Expr::rem(kv.clone(), int(2));
     let next_buf = Expr::rem(next.clone(), int(2));
+    let regs: Vec<Option<BufId>> = [(bm * bk, &copies[0], "ra"), (bk * bn, &copies[1], "rb")]
+        .into_iter()
+        .map(|(n, copy, name)| {
+            (copy.is_none() && kt > 1)
+                .then(|| k.buf(format!("{name}{id}"), elem, vec![n / threads], Space::Local))
+        })
+        .collect();
     let mut slice = Vec::new();
     if copies.iter().any(|x| x.is_some()) {
         slice.push(thread_loop(k, threads, &mut |_, _| vec![Stmt::AsyncWait]));
@@ -613,12 +662,40 @@ pub(crate) fn build(
         slice.push(Stmt::If {
             cond: lt(next.clone(), kt),
             then: vec![
-                w.stage(k, next.clone(), next_buf.clone(), a, &c.rows, &w.row0, true),
-                w.stage(k, next, next_buf, b, &c.cols, &w.col0, false),
+                w.stage(
+                    k,
+                    next.clone(),
+                    next_buf.clone(),
+                    a,
+                    &c.rows,
+                    &w.row0,
+                    true,
+                    regs[0],
+                ),
+                w.stage(
+                    k,
+                    next.clone(),
+                    next_buf.clone(),
+                    b,
+                    &c.cols,
+                    &w.col0,
+                    false,
+                    regs[1],
+                ),
             ],
         });
     }
     slice.push(w.products(k, &this_buf));
+    let unstage: Vec<Stmt> = [(a, &c.rows, true, regs[0]), (b, &c.cols, false, regs[1])]
+        .into_iter()
+        .filter_map(|(x, side, is_a, r)| Some(w.unstage(k, next_buf.clone(), x, side, is_a, r?)))
+        .collect();
+    if !unstage.is_empty() {
+        slice.push(Stmt::If {
+            cond: lt(next, kt),
+            then: unstage,
+        });
+    }
     body.push(Stmt::for_(ko, kt, LoopKind::Serial, slice));
     body.push(w.epilogue(k));
     let engine = match e {

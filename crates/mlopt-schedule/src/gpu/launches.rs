@@ -1,7 +1,9 @@
 //! A program's kernels as GPU launches: blocks of one launch cannot wait for each other, so each
 //! top-level nest of a kernel becomes its own launch, and a local that a later nest reads becomes a global
-//! scratch buffer past the activation arena.
+//! scratch buffer past the activation arena. A contraction that split-K pays for becomes two launches
+//! first (`split_k.rs`).
 
+use super::split_k;
 use super::*;
 
 /// Turns a program of plain kernels into GPU kernels, splitting kernels into launches where needed.
@@ -14,11 +16,14 @@ pub(super) fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
     let scratch0 = p.arena_bytes.div_ceil(256) * 256;
     let mut arena = p.arena_bytes;
     for step in &p.steps {
-        let k = p
+        let mut k = p
             .kernels
             .get(step.kernel)
-            .ok_or_else(|| ScheduleError::Internal(format!("step calls kernel {}", step.kernel)))?;
-        let launches = split(k);
+            .ok_or_else(|| ScheduleError::Internal(format!("step calls kernel {}", step.kernel)))?
+            .clone();
+        let plain = split(&k);
+        let launches = split_k::expand(&mut k, plain, s);
+        let k = &k;
         // Locals read by more than one launch: global scratch, laid out from the arena's end.
         let mut scratch: HashMap<BufId, u64> = HashMap::new();
         let mut at = scratch0;
@@ -26,7 +31,7 @@ pub(super) fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
             for (b, buf) in k.bufs.iter().enumerate() {
                 let users = launches
                     .iter()
-                    .filter(|l| buffer_uses(l).contains_key(&BufId(b as u32)))
+                    .filter(|(l, _)| buffer_uses(l).contains_key(&BufId(b as u32)))
                     .count();
                 if buf.space == Space::Local && users > 1 {
                     scratch.insert(BufId(b as u32), at);
@@ -36,12 +41,13 @@ pub(super) fn schedule_program(p: Program, s: &GpuSchedule) -> Result<Program> {
         }
         arena = arena.max(at);
         let n = launches.len();
-        for (i, body) in launches.into_iter().enumerate() {
+        for (i, (body, how)) in launches.into_iter().enumerate() {
             let mut kernel = k.clone();
             if n > 1 {
                 kernel.name = format!("{}_{i}", k.name);
             }
             kernel.body = body;
+            kernel.schedule.extend(how);
             // Parameters in order: the original ones, then the scratch buffers.
             let mut order: Vec<BufId> = scratch.keys().copied().collect();
             order.sort();

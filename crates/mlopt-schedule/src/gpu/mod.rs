@@ -7,7 +7,9 @@
 //!    for each other, so each nest becomes its own kernel, and a local read by a later nest becomes a
 //!    global scratch buffer at the end of the activation arena. Statements between nests go with the next
 //!    nest. Each launch is classed once (`crate::class`): a contraction or convolution runs as a tiled
-//!    GEMM (`gemm.rs`), attention on tensor cores (`attention.rs`).
+//!    GEMM (`gemm.rs`), attention on tensor cores (`attention.rs`). A contraction with too few tiles
+//!    for the GPU and a long K runs as two launches, partial sums over slices of K and their sum
+//!    (`split_k.rs`), where the cost model says that pays.
 //! 2. **Data-parallel loops** (`elementwise.rs`). The outer loops of a nest whose every store depends on them (each output
 //!    element is written by one iteration) are collapsed into one index space, cut into blocks of threads:
 //!    thread `t` of block `b` runs the body for element `b * T + t`, innermost loop fastest, so
@@ -27,6 +29,7 @@ pub(crate) mod gemm;
 mod gemm_build;
 mod launches;
 mod rows;
+mod split_k;
 
 use elementwise::elementwise;
 use launches::schedule_program;
