@@ -9,9 +9,11 @@ the same inputs as PyTorch (outputs compared) and then times `mlopt_<name>_run_d
 strict fp32 (TF32 off: the reference output), in bf16 autocast, eagerly and replayed from a CUDA graph
 (the fairer figure at batch 1, where eager PyTorch is launch-bound). Each figure is the median of
 `--rounds` rounds of `--iters` back-to-back runs timed by the wall clock around a stream synchronise.
+`--baseline` compiles every model with an earlier mlopt too and times both libraries in the same run,
+alternating (`baseline_ms`).
 
-    python3 bench/gpu.py --mlopt PATH/mlopt [--target sm_90] [--models resnet50,bert_base]
-        [--batch 1,8] [--precision fp32,bf16] [--jobs 8] [--ncu resnet50] --out DIR
+    python3 bench/gpu.py --mlopt PATH/mlopt [--baseline OLD/mlopt] [--target sm_90]
+        [--models resnet50,bert_base] [--batch 1,8] [--precision fp32,bf16] [--jobs 8] [--ncu resnet50] --out DIR
 
 Preparation (export, compile) runs on `--jobs` processes first; the GPU runs are serial. Writes
 DIR/gpu.jsonl (one line per model, batch and precision) and prints a markdown table; `--ncu MODEL`
@@ -104,7 +106,7 @@ def error(want, got):
 def prepare(job):
     """In a worker: builds the module, exports it, compiles it at each precision. Returns what the GPU
     phase needs, or the error."""
-    name, batch, precisions, target, exe, work = job
+    name, batch, precisions, target, exes, work = job
     import torch
 
     import build as zoo
@@ -132,15 +134,15 @@ def prepare(job):
         a.numpy().tofile(d / f"in{i}.bin")
     # The weights and inputs, not the module: some architectures are local classes, which do not pickle.
     torch.save({"state": wrapped.state_dict(), "names": names, "args": args}, d / "torch.pt")
-    out = {"name": name, "batch": batch, "dir": str(d), "export_s": export_s, "compiled": {}}
+    out = {"name": name, "batch": batch, "dir": str(d), "export_s": export_s, "compiled": {}, "baseline": {}}
     pins = [f"--input-shape={n}={'x'.join(str(x) for x in a.shape)}" for n, a in zip(names, args)]
-    for p in precisions:
-        o = d / p
+    for (build, exe), p in [(b, p) for b in exes.items() for p in precisions]:
+        o = d / (p if build == "compiled" else f"{p}-{build}")
         t = time.perf_counter()
         r = subprocess.run([exe, "compile", str(f), "--target", target, "--precision", p, "--name", name, "-o", str(o)] + pins, capture_output=True, text=True)
         compile_s = time.perf_counter() - t
         if r.returncode != 0:
-            out["compiled"][p] = {"error": (r.stderr.strip().splitlines() or ["compile failed"])[-1]}
+            out[build][p] = {"error": (r.stderr.strip().splitlines() or ["compile failed"])[-1]}
             continue
         rep = json.loads((o / f"{name}.report.json").read_text())
         size = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "u8": 1, "i8": 1, "bool": 1, "f64": 8}
@@ -149,12 +151,12 @@ def prepare(job):
         (o / "main.c").write_text(src)
         cc = subprocess.run(["cc", "-O2", "main.c", "-I.", "-L.", f"-l{name}", "-ldl", "-o", "main"], cwd=o, capture_output=True, text=True)
         if cc.returncode != 0:
-            out["compiled"][p] = {"error": cc.stderr[-500:]}
+            out[build][p] = {"error": cc.stderr[-500:]}
             continue
         for i in range(len(args)):
             os.link(d / f"in{i}.bin", o / f"in{i}.bin")
         roof = sum(k["roofline_s"] for k in rep["gpu_kernels"])
-        out["compiled"][p] = {"dir": str(o), "compile_s": compile_s, "kernels": len(rep["gpu_kernels"]), "roofline_ms": roof * 1e3, "outputs": rep["outputs"]}
+        out[build][p] = {"dir": str(o), "compile_s": compile_s, "kernels": len(rep["gpu_kernels"]), "roofline_ms": roof * 1e3, "outputs": rep["outputs"]}
     return out
 
 
@@ -205,7 +207,7 @@ def ncu_kernels(run_dir, name):
     import csv
     import io
 
-    r = subprocess.run(["ncu", "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base", "./main", "0"], cwd=run_dir, capture_output=True, text=True)
+    r = subprocess.run(["ncu", "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base", "./main", "0"], cwd=run_dir, capture_output=True, text=True, timeout=120)
     rows = [x for x in csv.DictReader(io.StringIO(r.stdout[r.stdout.find('"ID"'):])) if x.get("Metric Name") == "gpu__time_duration.sum"]
     return [(x["Kernel Name"], float(x["Metric Value"].replace(",", "")) * 1e-6) for x in rows]
 
@@ -213,6 +215,7 @@ def ncu_kernels(run_dir, name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mlopt", required=True)
+    ap.add_argument("--baseline", default="", help="an earlier mlopt, compiled and timed in the same run (baseline_ms)")
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--models", default="resnet50,mobilenet_v2,efficientnet_b0,bert_base")
     ap.add_argument("--batch", default="1")
@@ -228,7 +231,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     work = Path(a.work)
     precisions = a.precision.split(",")
-    jobs = [(n, int(b), precisions, a.target, os.path.abspath(a.mlopt), str(work)) for b in a.batch.split(",") for n in a.models.split(",")]
+    exes = {"compiled": os.path.abspath(a.mlopt)} | ({"baseline": os.path.abspath(a.baseline)} if a.baseline else {})
+    jobs = [(n, int(b), precisions, a.target, exes, str(work)) for b in a.batch.split(",") for n in a.models.split(",")]
     t = time.perf_counter()
     prepared = []
     with ProcessPoolExecutor(a.jobs) as pool:
@@ -263,37 +267,50 @@ def main():
             row = {"model": p["name"], "batch": p["batch"], "precision": prec, "target": a.target}
             torch_ms = (ref_eager, ref_graph) if prec == "fp32" else (bf_eager, bf_graph)
             row.update(torch_eager_ms=torch_ms[0], torch_graph_ms=torch_ms[1], torch_bf16_err=torch_bf16_err)
+            base = p["baseline"].get(prec)
             if "error" in c:
                 row["error"] = c["error"]
             else:
-                r = subprocess.run(["./main", str(a.rounds), str(a.iters)], cwd=c["dir"], capture_output=True, text=True, timeout=120)
-                if r.returncode != 0:
-                    row["error"] = f"exit {r.returncode}: {r.stderr.strip()[-300:]}"
+                # The build and the baseline alternate, twice each; each figure is the median of all its rounds.
+                times = {"mlopt": [], "baseline": []}
+                runs = [("mlopt", c), ("baseline", base)] * 2 if base and "error" not in base else [("mlopt", c)]
+                for who, cc in runs:
+                    r = subprocess.run(["./main", str(a.rounds), str(a.iters)], cwd=cc["dir"], capture_output=True, text=True, timeout=120)
+                    if r.returncode != 0:
+                        row[f"{who}_error"] = f"exit {r.returncode}: {r.stderr.strip()[-300:]}"
+                        continue
+                    times[who] += json.loads(r.stdout.strip().splitlines()[-1])["ms"]
+                    got = [np.fromfile(Path(cc["dir"]) / f"out{i}.bin", dtype=np.float32) for i in range(len(cc["outputs"]))]
+                    row[f"{who}_err" if who == "baseline" else "err"] = error(ref, got)
+                if times["mlopt"]:
+                    row.update(mlopt_ms=statistics.median(times["mlopt"]), compile_s=c["compile_s"], kernels=c["kernels"], roofline_ms=c["roofline_ms"])
                 else:
-                    ms = json.loads(r.stdout.strip().splitlines()[-1])["ms"]
-                    got = [np.fromfile(Path(c["dir"]) / f"out{i}.bin", dtype=np.float32) for i in range(len(c["outputs"]))]
-                    row.update(mlopt_ms=statistics.median(ms), err=error(ref, got), compile_s=c["compile_s"], kernels=c["kernels"], roofline_ms=c["roofline_ms"])
-                    if p["name"] in a.ncu.split(","):
-                        try:
-                            ks = ncu_kernels(c["dir"], p["name"])
-                        except Exception as e:
-                            print(f"ncu: {e!r}", flush=True)
-                            ks = []
-                        roof = {k["name"]: k for k in json.loads((Path(c["dir"]) / f"{p['name']}.report.json").read_text())["gpu_kernels"]}
-                        with (out / f"{p['name']}_b{p['batch']}_{prec}.ncu.csv").open("w") as f:
-                            f.write("kernel,ms,roofline_ms,schedule\n")
-                            for k, ms_k in ks:
-                                rk = roof.get(k, {"roofline_s": float("nan"), "schedule": "?"})
-                                f.write(f"{k},{ms_k:.5f},{rk['roofline_s'] * 1e3:.5f},\"{rk['schedule']}\"\n")
-                        row["ncu_sum_ms"] = sum(x[1] for x in ks)
+                    row["error"] = row.get("mlopt_error", "no run")
+                if times["baseline"]:
+                    row.update(baseline_ms=statistics.median(times["baseline"]), baseline_kernels=base["kernels"])
+                elif base:
+                    row["baseline_error"] = base.get("error", row.get("baseline_error"))
+                if p["name"] in a.ncu.split(",") and "error" not in row:
+                    try:
+                        ks = ncu_kernels(c["dir"], p["name"])
+                    except Exception as e:
+                        print(f"ncu: {e!r}", flush=True)
+                        ks = []
+                    roof = {k["name"]: k for k in json.loads((Path(c["dir"]) / f"{p['name']}.report.json").read_text())["gpu_kernels"]}
+                    with (out / f"{p['name']}_b{p['batch']}_{prec}.ncu.csv").open("w") as f:
+                        f.write("kernel,ms,roofline_ms,schedule\n")
+                        for k, ms_k in ks:
+                            rk = roof.get(k, {"roofline_s": float("nan"), "schedule": "?"})
+                            f.write(f"{k},{ms_k:.5f},{rk['roofline_s'] * 1e3:.5f},\"{rk['schedule']}\"\n")
+                    row["ncu_sum_ms"] = sum(x[1] for x in ks)
             rows.append(row)
             jsonl.write(json.dumps(row) + "\n")
             jsonl.flush()
             print(json.dumps(row), flush=True)
         del module, args
         torch.cuda.empty_cache()
-    print(f"\n| model | batch | precision | mlopt ms | torch eager ms | torch graph ms | mlopt/graph | roofline ms | err vs torch fp32 | torch bf16 err | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\n| model | batch | precision | mlopt ms | baseline ms | mlopt/baseline | torch eager ms | torch graph ms | mlopt/graph | roofline ms | err vs torch fp32 | torch bf16 err | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['model']} | {r['batch']} | {r['precision']} | {r['error']} |")
@@ -301,7 +318,9 @@ def main():
         g = r["torch_graph_ms"]
         ratio = f"{r['mlopt_ms'] / g:.2f}" if g else "-"
         gs = f"{g:.3f}" if g else "-"
-        print(f"| {r['model']} | {r['batch']} | {r['precision']} | {r['mlopt_ms']:.3f} | {r['torch_eager_ms']:.3f} | {gs} | {ratio} | {r['roofline_ms']:.3f} | {r['err']:.1e} | {r['torch_bf16_err']:.1e} | {r['compile_s']:.1f} |")
+        b = r.get("baseline_ms")
+        bs, br = (f"{b:.3f}", f"{r['mlopt_ms'] / b:.2f}") if b else ("-", "-")
+        print(f"| {r['model']} | {r['batch']} | {r['precision']} | {r['mlopt_ms']:.3f} | {bs} | {br} | {r['torch_eager_ms']:.3f} | {gs} | {ratio} | {r['roofline_ms']:.3f} | {r['err']:.1e} | {r['torch_bf16_err']:.1e} | {r['compile_s']:.1f} |")
 
 
 if __name__ == "__main__":
