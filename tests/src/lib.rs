@@ -3,8 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use mlopt_ir::{ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
-use mlopt_onnx::interface::{read_data, Form, Given};
-use mlopt_onnx::proto::ValueInfoProto;
+use mlopt_onnx::interface::Given;
 use mlopt_onnx::{import_file, load_model, ImportOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,38 +20,9 @@ pub fn dir(name: &str) -> PathBuf {
 /// takes and gives them (a sequence as its elements `NAME.K`: `mlopt_onnx::interface`).
 pub fn given(name: &str) -> (Given, Vec<(String, Tensor)>) {
     let model = load_model(&dir(name).join("model.onnx")).expect("model");
-    let g = model.graph.expect("graph");
-    let inits: Vec<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let ports = |vs: &[ValueInfoProto]| -> Vec<(String, Form)> {
-        vs.iter()
-            .filter(|v| !inits.contains(&v.name.as_str()))
-            .map(|v| {
-                (
-                    v.name.clone(),
-                    mlopt_onnx::interface::form(v).expect("form"),
-                )
-            })
-            .collect()
-    };
+    let (inputs, outputs) = mlopt_onnx::interface::ports(&model).expect("ports");
     let ds = dir(name).join("test_data_set_0");
-    let read = |prefix: &str, ports: Vec<(String, Form)>| {
-        ports
-            .into_iter()
-            .enumerate()
-            .map(|(k, (name, form))| (name, ds.join(format!("{prefix}_{k}.pb")), form))
-            .take_while(|(_, p, _)| p.exists())
-            .map(|(name, p, form)| (name, read_data(&p, form).expect("test data")))
-            .collect::<Vec<_>>()
-    };
-    let mut given = Given::default();
-    for (name, d) in read("input", ports(&g.input)) {
-        given.add(&name, d);
-    }
-    let outs = read("output", ports(&g.output))
-        .into_iter()
-        .flat_map(|(name, d)| d.tensors(&name))
-        .collect();
-    (given, outs)
+    mlopt_onnx::interface::read_test_data(&ds, &inputs, &outputs).expect("test data")
 }
 
 /// `given`'s tensors by name, and the expected outputs.

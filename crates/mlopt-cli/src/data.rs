@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use mlopt_ir::Tensor;
-use mlopt_onnx::interface::{read_data, Data, Form, Given};
+use mlopt_onnx::interface::{read_data, Form, Given};
 use mlopt_onnx::proto::ModelProto;
 use mlopt_onnx::{import_model, load_model, parse_input_shape, ImportOptions};
 use std::collections::HashSet;
@@ -219,41 +219,12 @@ pub fn read_inputs(args: &[String], ports: &Ports) -> Result<Given> {
 }
 
 /// `DIR/PREFIX_K.pb` for K = 0, 1, .. while they exist, read as values of the forms in turn.
-fn numbered(dir: &Path, prefix: &str, forms: &[(String, Form)]) -> Result<Vec<(String, Data)>> {
-    let mut v = vec![];
-    loop {
-        let p = dir.join(format!("{prefix}_{}.pb", v.len()));
-        if !p.exists() {
-            return Ok(v);
-        }
-        let Some((name, form)) = forms.get(v.len()) else {
-            bail!(
-                "{} has more {prefix}s than the model's {}",
-                dir.display(),
-                forms.len()
-            );
-        };
-        let d = read_data(&p, *form).with_context(|| format!("reading {}", p.display()))?;
-        v.push((name.clone(), d));
-    }
-}
-
 /// `DIR/input_K.pb` bound to the model's inputs in order, and `DIR/output_K.pb`: the outputs as the
 /// compiled model gives them (a sequence's elements in turn, nothing for an empty optional).
 pub fn read_test_dir(dir: &Path, ports: &Ports) -> Result<(Given, Vec<Tensor>)> {
-    if !dir.is_dir() {
-        bail!("{}: no such test data folder", dir.display());
-    }
-    let mut given = Given::default();
-    for (name, d) in numbered(dir, "input", &ports.inputs)? {
-        given.add(&name, d);
-    }
-    let expected = numbered(dir, "output", &ports.outputs)?
-        .into_iter()
-        .flat_map(|(name, d)| d.tensors(&name))
-        .map(|(_, t)| t)
-        .collect();
-    Ok((given, expected))
+    let (given, expected) =
+        mlopt_onnx::interface::read_test_data(dir, &ports.inputs, &ports.outputs)?;
+    Ok((given, expected.into_iter().map(|(_, t)| t).collect()))
 }
 
 /// Writes each output as `dir/NAME.npy` (or `.pb`), NAME its name with every character other than an

@@ -210,3 +210,48 @@ impl Given {
             || self.absent.contains(name)
     }
 }
+
+/// A test data folder as ONNX's suites lay it out: `DIR/input_K.pb` bound to `inputs` in order, and
+/// `DIR/output_K.pb` to `outputs`, each read in its port's form. Returns the inputs as given, and the
+/// outputs as the compiled model gives them (a sequence's elements in turn, nothing for an empty
+/// optional), by name. A file past the ports is an error; ports past the files are left out.
+pub fn read_test_data(
+    dir: &Path,
+    inputs: &[(String, Form)],
+    outputs: &[(String, Form)],
+) -> Result<(Given, Vec<(String, Tensor)>)> {
+    if !dir.is_dir() {
+        return Err(OnnxError::Model(format!(
+            "{}: no such test data folder",
+            dir.display()
+        )));
+    }
+    let mut given = Given::default();
+    for (name, d) in numbered(dir, "input", inputs)? {
+        given.add(&name, d);
+    }
+    let expected = numbered(dir, "output", outputs)?
+        .into_iter()
+        .flat_map(|(name, d)| d.tensors(&name))
+        .collect();
+    Ok((given, expected))
+}
+
+/// `DIR/PREFIX_0.pb`, `DIR/PREFIX_1.pb`.. until one is missing, read in the forms of `ports` in order.
+fn numbered(dir: &Path, prefix: &str, ports: &[(String, Form)]) -> Result<Vec<(String, Data)>> {
+    let mut v = vec![];
+    loop {
+        let p = dir.join(format!("{prefix}_{}.pb", v.len()));
+        if !p.exists() {
+            return Ok(v);
+        }
+        let Some((name, form)) = ports.get(v.len()) else {
+            return Err(OnnxError::Model(format!(
+                "{} has more {prefix}s than the model's {}",
+                dir.display(),
+                ports.len()
+            )));
+        };
+        v.push((name.clone(), read_data(&p, *form)?));
+    }
+}

@@ -92,3 +92,29 @@ fn sequence_inputs_pinned_wrongly_are_refused_saying_how() {
     let err = import(&opts).unwrap_err();
     assert!(err.contains("'x', which is not a sequence input"), "{err}");
 }
+
+/// The fixture's test data folder, read against the model's ports: the inputs as given (the sequence
+/// with its length), the outputs as the compiled model gives them (the grown sequence's elements in
+/// turn); a folder with more files than ports, or none at all, is an error that names it.
+#[test]
+fn a_test_data_folder_reads_against_the_ports() {
+    let model = mlopt_onnx::load_model(&fixture().join("model.onnx")).unwrap();
+    let (inputs, outputs) = mlopt_onnx::interface::ports(&model).unwrap();
+    let ds = fixture().join("test_data_set_0");
+    let (given, expected) = mlopt_onnx::interface::read_test_data(&ds, &inputs, &outputs).unwrap();
+    assert_eq!(given.lengths["parts"], 3);
+    assert!(given.tensors.contains_key("x") && given.tensors.contains_key("parts.2"));
+    let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["y", "grown.0", "grown.1", "grown.2", "grown.3", "n"]
+    );
+    let err = mlopt_onnx::interface::read_test_data(&ds, &inputs[..2], &outputs)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("has more inputs than the model's 2"), "{err}");
+    let err = mlopt_onnx::interface::read_test_data(&ds.join("nothing"), &inputs, &outputs)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no such test data folder"), "{err}");
+}
