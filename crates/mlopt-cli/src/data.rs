@@ -68,21 +68,31 @@ pub fn import_options(flags: &[String], given: &Given) -> Result<ImportOptions> 
     Ok(opts)
 }
 
-/// Adds `--input-value NAME=V,..` flags to `opts`: each names a graph input of `m`, once.
+/// Adds `--input-value NAME=V,..` flags to `opts`: each names a graph input of `m`, once. `NAME=none`
+/// leaves an optional input empty (as ONNX Runtime's None).
 pub fn pin_values(opts: &mut ImportOptions, m: &ModelProto, flags: &[String]) -> Result<()> {
     let g = m.graph.as_ref().context("the model has no graph")?;
     for f in flags {
-        let name = f.split_once('=').map_or(f.as_str(), |(n, _)| n);
+        let (name, value) = f.split_once('=').unwrap_or((f.as_str(), ""));
         let v = g
             .input
             .iter()
             .find(|v| v.name == name)
             .with_context(|| format!("--input-value {f}: '{name}' is not a graph input"))?;
-        let t = mlopt_onnx::parse_input_value(f, v)
-            .map_err(|e| anyhow::anyhow!("--input-value {f}: {e}"))?;
-        if opts.pinned_values.insert(name.to_string(), t).is_some() {
+        let twice = opts.pinned_values.contains_key(name) || opts.absent.contains(name);
+        if twice {
             bail!("--input-value {f}: input '{name}' is given twice");
         }
+        if value == "none" {
+            if !mlopt_onnx::interface::form(v)?.is_optional() {
+                bail!("--input-value {f}: input '{name}' is not optional; only an optional input may be none");
+            }
+            opts.absent.insert(name.to_string());
+            continue;
+        }
+        let t = mlopt_onnx::parse_input_value(f, v)
+            .map_err(|e| anyhow::anyhow!("--input-value {f}: {e}"))?;
+        opts.pinned_values.insert(name.to_string(), t);
     }
     Ok(())
 }

@@ -153,6 +153,7 @@ enum Cmd {
         input_shapes: Vec<String>,
         /// Fix an input to a value, NAME=V or NAME=V,V,.. (its declared shape and type): it becomes a
         /// constant, no longer an input of the compiled code, and what it decides folds (an If on it).
+        /// NAME=none leaves an optional input empty.
         #[arg(long = "input-value", value_name = "NAME=VALUE")]
         input_values: Vec<String>,
         #[arg(long, default_value = "import", value_parser = stage_parser())]
@@ -181,6 +182,7 @@ enum Cmd {
         input_shapes: Vec<String>,
         /// Fix an input to a value, NAME=V or NAME=V,V,.. (its declared shape and type): it becomes a
         /// constant, no longer an input of the compiled code, and what it decides folds (an If on it).
+        /// NAME=none leaves an optional input empty.
         #[arg(long = "input-value", value_name = "NAME=VALUE")]
         input_values: Vec<String>,
         #[arg(short, long, default_value = "out")]

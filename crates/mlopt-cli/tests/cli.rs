@@ -1816,3 +1816,67 @@ fn compile_replaces_what_an_older_version_wrote() {
         "another library's file was removed"
     );
 }
+
+/// `--input-value NAME=none` leaves an optional input empty: OptionalHasElement of it folds to false and
+/// the library has no input; none for a tensor input, or an input given twice, is refused naming it.
+#[test]
+fn input_value_none_leaves_an_optional_input_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let optional = ValueInfoProto {
+        name: "o".into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::OptionalType(type_proto::Optional {
+                elem_type: Some(Box::new(tensor_type(data_type::FLOAT, &[Some(2)]))),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut m = model(
+        vec![
+            node("OptionalHasElement", "has", &["o"], &["h"], vec![]),
+            node("Relu", "r", &["x"], &["y"], vec![]),
+        ],
+        vec![optional, value("x", data_type::FLOAT, &[Some(2)])],
+        vec![
+            value("h", data_type::BOOL, &[]),
+            value("y", data_type::FLOAT, &[Some(2)]),
+        ],
+        vec![],
+    );
+    m.opset_import[0].version = 18;
+    let p = save(dir.path(), &m);
+    let out = mlopt(&["inspect", &p, "--input-value", "o=none"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("%o") && text.contains("false"), "{text}");
+    let lib = dir.path().join("lib");
+    let lib_s = lib.display().to_string();
+    let out = mlopt(&["compile", &p, "--input-value", "o=none", "-o", &lib_s]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let header = std::fs::read_to_string(lib.join("model.h")).expect("header");
+    assert!(header.contains("MLOPT_MODEL_NUM_INPUTS 1"), "{header}");
+    fails_with(
+        &mlopt(&["inspect", &p, "--input-value", "x=none"]),
+        &["--input-value x=none", "input 'x' is not optional"],
+    );
+    fails_with(
+        &mlopt(&[
+            "inspect",
+            &p,
+            "--input-value",
+            "o=none",
+            "--input-value",
+            "o=none",
+        ]),
+        &["input 'o' is given twice"],
+    );
+}
