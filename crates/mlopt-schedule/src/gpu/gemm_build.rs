@@ -140,6 +140,28 @@ struct Writer<'a> {
     col0: Expr,
 }
 
+/// An operand's slice as the threads stage it: the shared buffer, the slice's `rows x cols`, the
+/// elements one copy moves, whether neighbouring elements run along a row, and how many elements
+/// (`slots`) each of the `threads` threads moves.
+#[derive(Clone, Copy)]
+struct Layout {
+    buf: BufId,
+    rows: u64,
+    cols: u64,
+    lanes: u64,
+    fast_cols: bool,
+    threads: u64,
+    slots: u64,
+}
+
+impl Layout {
+    /// Where slot `sv` of thread `tv` lands in the slice: (row, column).
+    fn position(&self, tv: &Expr, sv: &Expr) -> (Expr, Expr) {
+        let el = Expr::add(Expr::mul(sv.clone(), int(self.threads)), tv.clone());
+        tile_position(el, (self.rows, self.cols), self.lanes, self.fast_cols)
+    }
+}
+
 /// A loop of `threads` GPU threads around what `f` writes for thread `tv`.
 fn thread_loop(
     k: &mut Kernel,
@@ -190,22 +212,16 @@ impl Writer<'_> {
             bn,
             bk,
             threads,
-            sa,
-            sb,
             ..
         } = *self;
         let at_batch = &self.at_batch;
 
-        let (buf, extent) = if is_a { (sa, m) } else { (sb, n) };
-        let (rows, cols) = if is_a { (bm, bk) } else { (bk, bn) };
+        let extent = if is_a { m } else { n };
         let copy = copies[!is_a as usize].clone();
-        let lanes = copy.as_ref().map_or(1, |x| x.lanes);
-        // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous
-        // in K and not in its own axis, or in both (a convolution's window and output position) with the
-        // longer run in K; a copy of several elements runs along the tile's rows, which are contiguous.
-        let k_fast = walk_first(k, operand, c.red.last(), side.last());
-        let fast_cols = lanes > 1 || k_fast == is_a;
-        let slots = rows * cols / lanes / threads;
+        let lay = self.layout(k, operand, side, is_a);
+        let Layout {
+            buf, lanes, slots, ..
+        } = lay;
         let (operand, side, start, kslice, which) = (
             operand.clone(),
             side.to_vec(),
@@ -218,8 +234,7 @@ impl Writer<'_> {
         let (dm, dk) = (extent, kdim);
         thread_loop(k, threads, &mut |k, tv| {
             vec![unrolled(k, slots, &mut |k, sv| {
-                let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
-                let (r, col) = tile_position(el, (rows, cols), lanes, fast_cols);
+                let (r, col) = lay.position(&tv, &sv);
                 let (own, kk) = if is_a {
                     (r.clone(), col.clone())
                 } else {
@@ -301,6 +316,29 @@ impl Writer<'_> {
         })
     }
 
+    /// How an operand's slice is spread over the threads (`stage` and `unstage` both place it so).
+    fn layout(&self, k: &Kernel, operand: &Expr, side: &[(Var, u64)], is_a: bool) -> Layout {
+        let (buf, rows, cols) = if is_a {
+            (self.sa, self.bm, self.bk)
+        } else {
+            (self.sb, self.bk, self.bn)
+        };
+        let lanes = self.copies[!is_a as usize].as_ref().map_or(1, |x| x.lanes);
+        // Neighbouring threads on neighbouring global elements: K fastest when the operand is contiguous
+        // in K and not in its own axis, or in both (a convolution's window and output position) with the
+        // longer run in K; a copy of several elements runs along the tile's rows, which are contiguous.
+        let k_fast = walk_first(k, operand, self.c.red.last(), side.last());
+        Layout {
+            buf,
+            rows,
+            cols,
+            lanes,
+            fast_cols: lanes > 1 || k_fast == is_a,
+            threads: self.threads,
+            slots: rows * cols / lanes / self.threads,
+        }
+    }
+
     /// The registers `regs` that `stage` filled for an operand staged by plain loads, stored into
     /// buffer `which` of its shared pair, each element where `stage` would have put it.
     fn unstage(
@@ -312,21 +350,13 @@ impl Writer<'_> {
         is_a: bool,
         regs: BufId,
     ) -> Stmt {
-        let (buf, rows, cols) = if is_a {
-            (self.sa, self.bm, self.bk)
-        } else {
-            (self.sb, self.bk, self.bn)
-        };
-        let threads = self.threads;
-        let fast_cols = walk_first(k, operand, self.c.red.last(), side.last()) == is_a;
-        let slots = rows * cols / threads;
-        thread_loop(k, threads, &mut |k, tv| {
+        let lay = self.layout(k, operand, side, is_a);
+        thread_loop(k, lay.threads, &mut |k, tv| {
             let which = which.clone();
-            vec![unrolled(k, slots, &mut |_, sv| {
-                let el = Expr::add(Expr::mul(sv.clone(), int(threads)), tv.clone());
-                let (r, col) = tile_position(el, (rows, cols), 1, fast_cols);
+            vec![unrolled(k, lay.slots, &mut |_, sv| {
+                let (r, col) = lay.position(&tv, &sv);
                 vec![Stmt::Store {
-                    buf,
+                    buf: lay.buf,
                     index: vec![which.clone(), r, col],
                     value: Expr::load(regs, vec![sv]),
                 }]
