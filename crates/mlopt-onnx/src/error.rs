@@ -35,6 +35,15 @@ pub enum OnnxError {
     },
     #[error("tensor '{name}': {msg}")]
     Tensor { name: String, msg: String },
+    /// A test data folder that does not match the model's ports (`interface::read_test_data`).
+    #[error("{0}")]
+    TestData(String),
+    /// What went wrong reading one file of a test data folder, naming the file.
+    #[error("reading {path}: {source}")]
+    Reading {
+        path: String,
+        source: Box<OnnxError>,
+    },
     #[error(transparent)]
     Ir(#[from] mlopt_ir::IrError),
 }

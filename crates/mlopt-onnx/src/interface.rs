@@ -221,7 +221,7 @@ pub fn read_test_data(
     outputs: &[(String, Form)],
 ) -> Result<(Given, Vec<(String, Tensor)>)> {
     if !dir.is_dir() {
-        return Err(OnnxError::Model(format!(
+        return Err(OnnxError::TestData(format!(
             "{}: no such test data folder",
             dir.display()
         )));
@@ -246,12 +246,16 @@ fn numbered(dir: &Path, prefix: &str, ports: &[(String, Form)]) -> Result<Vec<(S
             return Ok(v);
         }
         let Some((name, form)) = ports.get(v.len()) else {
-            return Err(OnnxError::Model(format!(
+            return Err(OnnxError::TestData(format!(
                 "{} has more {prefix}s than the model's {}",
                 dir.display(),
                 ports.len()
             )));
         };
-        v.push((name.clone(), read_data(&p, *form)?));
+        let d = read_data(&p, *form).map_err(|e| OnnxError::Reading {
+            path: p.display().to_string(),
+            source: Box::new(e),
+        })?;
+        v.push((name.clone(), d));
     }
 }

@@ -117,4 +117,14 @@ fn a_test_data_folder_reads_against_the_ports() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no such test data folder"), "{err}");
+    // A file that is not the value its port declares is named.
+    let bad = tempfile::tempdir().unwrap();
+    std::fs::write(bad.path().join("input_0.pb"), b"\xff\xff\xff").unwrap();
+    let err = mlopt_onnx::interface::read_test_data(bad.path(), &inputs, &outputs)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("reading ") && err.contains("input_0.pb"),
+        "{err}"
+    );
 }
