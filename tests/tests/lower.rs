@@ -139,11 +139,12 @@ fn windows_and_attention_are_scheduled_not_lowered() {
     }
     let tile: fn(&ScheduleStep) -> bool = |s| matches!(s, ScheduleStep::Tile { .. });
     let cases = [
-        // A convolution's fold reads its input through a guarded, clamped window.
+        // A convolution's fold reads its input through a guarded, clamped window; scheduled, a
+        // padded copy (xpad, xphase, or the phase planes xflat).
         Case {
             name: "cnn",
             marker: "fma(select(",
-            made: "local %xp",
+            made: "local %x",
             step: tile,
             at_least: 2,
         },

@@ -126,20 +126,41 @@ pub fn swap_pays(
     swapped < plain
 }
 
-/// Whether a stride-1 convolution runs faster with its output rows end to end as one long row of
-/// columns (`cols`, the W' - W padding columns after each row computed and dropped), tiled by `wide`,
-/// its sums stored to a scratch and moved to the output after (a vector store and load per `lanes`
-/// outputs), than as `batches` output rows of N positions, each tiled by `plain`. Short rows are where
-/// it pays: a 28-wide row on AVX2 is a 16-wide tile and a 12-wide tail, or 8 x 8 tiles (ResNet-50's 3x3
-/// convolutions at 28 x 28 ran at 65% of the FMA peak of a Zen 1 core).
+/// Cycles per element a packed panel of B gathers (one lane at a time: a strided convolution's im2col).
+const GATHER_CYCLES: f64 = 1.0;
+
+/// Whether a convolution runs faster with its output rows end to end as one long row of columns
+/// (`cols`, over its input's phase planes: the W' - W columns after each row computed and dropped),
+/// tiled by `wide`, with `scratch` its sums stored to a scratch and moved to the output after (a vector
+/// store and load per `lanes` outputs; none where W' is W, a strided 1x1 convolution's), than as
+/// `batches` x (M x N) by `plain`, of which `gathered` elements of B are packed by gathering: output
+/// rows of N positions, or all positions at once, packed from a strided window. Short rows are where it
+/// pays: a 28-wide row on AVX2 is a 16-wide tile and a 12-wide tail, or 8 x 8 tiles (ResNet-50's 3x3
+/// convolutions at 28 x 28 ran at 65% of the FMA peak of a Zen 1 core; its stride-2 ones at 56 x 56,
+/// 35%, at 60% wide).
 pub fn flat_columns_pay(
-    (plain, batches, m, n): (Tile, u64, u64, u64),
-    (wide, cols): (Tile, u64),
+    (plain, batches, m, n, gathered): (Tile, u64, u64, u64, u64),
+    (wide, cols, scratch): (Tile, u64, bool),
     k: u64,
 ) -> bool {
-    let rows = batches as f64 * cycles(plain, m, n, k);
-    let moved = 2.0 * (batches * m * n) as f64 / f64::from(wide.lanes.max(1));
+    let rows = batches as f64 * cycles(plain, m, n, k) + GATHER_CYCLES * gathered as f64;
+    let moved = match scratch {
+        true => 2.0 * (batches * m * n) as f64 / f64::from(wide.lanes.max(1)),
+        false => 0.0,
+    };
     cycles(wide, m, cols, k) + moved < rows
+}
+
+/// Whether the tiles of an M x N output by `t` read an operand B that lies in memory as [K, N] rows
+/// (activations: a pointwise convolution's input, a convolution's phase planes read as wide columns)
+/// through packed panels (`pack(b)`): copied, a group of column panels at a time, into one contiguous
+/// buffer before their tiles run. Unpacked, each step of K reads one line N x 4 bytes past the last (a
+/// page apart at N >= 1024) and a panel's lines share a few L1 sets when that stride is a multiple of
+/// a large power of two; the copy costs K x nr moves per panel, against M x K x nr multiply-adds. It
+/// pays once several row tiles reuse each panel and there is more than one panel (ResNet-50's
+/// pointwise convolutions on a Zen 3 core: 20-30% faster; unpacked they ran at 43-65% of the FMA peak).
+pub fn pack_b_pays(t: Tile, m: u64, n: u64) -> bool {
+    m / t.mr >= 4 && n > t.nr
 }
 
 /// Whether a weight of `bytes` streams from memory on every call, so that the tiles or blocks reading

@@ -55,10 +55,10 @@ pub enum ScheduleStep {
     /// `pad(xphase5,2)`: a window reads local `buf`, a padded copy of its input split into `phases`
     /// along its rows (1: the plain padded copy), instead of guarded, clamped loads.
     Pad { buf: String, phases: u64 },
-    /// `flat(xpad5,18)`: a depthwise window reads its padded plane `buf` as one row, rows of `row`
-    /// elements end to end, so short output rows run in full vectors: each vector covers consecutive
-    /// positions of the flattened plane, and the positions past an output row's end are computed and
-    /// dropped.
+    /// `flat(xpad5,18)`: a window reads its padded plane `buf` as one row, rows of `row` elements end
+    /// to end, so short output rows run in full vectors: each vector covers consecutive positions of
+    /// the flattened plane, and the positions past an output row's end are computed and dropped. After
+    /// `pad(buf,P)` the plane is a strided window's input in P phase planes, each read so.
     Flat { buf: String, row: u64 },
     /// `transpose(in2)`: the 2-D weight parameter `buf` is stored transposed, so the vector loops that
     /// read it down its columns read it contiguously.

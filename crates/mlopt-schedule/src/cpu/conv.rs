@@ -12,10 +12,12 @@
 //! and group, the group's input channels are first copied into a zero-padded local buffer, so the
 //! window's loads need no guard; along a strided row the copy is split into phases, so the loads along
 //! the row are contiguous. Short output rows (narrow tiles, each weight reused by few columns) take every
-//! output position as the columns and pack each panel of B (im2col, one panel at a time). A pointwise
-//! convolution (1x1, stride 1, no padding) is a plain contraction: `gemm.rs` tiles it.
+//! output position as the columns and pack each panel of B (im2col), or run end to end as wide columns
+//! over the input's phase planes (`Wide`, `padded::phase_planes`: a strided window read as stride-1
+//! windows of its phases). A pointwise convolution (1x1, stride 1, no padding) is a plain contraction:
+//! `gemm.rs` tiles it.
 
-use super::padded::{padded_index, padded_phases, Plane, Read};
+use super::padded::{padded_index, padded_phases, phase_planes, Plane, Read};
 use super::tiler::{self, Builder, Tile};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
@@ -49,9 +51,20 @@ fn copies(w: &Window, phases: usize) -> bool {
 pub(crate) fn swapped_a_bytes(c: &Contraction, w: &Window) -> u64 {
     let k: u64 = c.red.iter().map(|(_, e)| *e).product();
     let n: u64 = w.axes.iter().map(|a| a.outs).product();
-    match copies(w, 1) {
-        true => c.red[0].1 * w.axes.iter().map(|a| a.span as u64).product::<u64>() * 4,
-        false => n * k * 4,
+    let strided = w.axes.len() == 2 && w.axes.iter().any(|a| a.stride > 1);
+    // A strided window's phase planes: the phases its taps use, each span / stride long per axis.
+    let planes = || {
+        let axis = |(a, taps): (&crate::window::Axis, u64)| {
+            let s = a.stride as u64;
+            (a.span as u64).div_ceil(s) * if taps == 1 { 1 } else { s }
+        };
+        let taps = c.red[1..].iter().map(|(_, e)| *e);
+        w.axes.iter().zip(taps).map(axis).product::<u64>()
+    };
+    match (strided, copies(w, 1)) {
+        (true, _) => c.red[0].1 * planes() * 4,
+        (false, true) => c.red[0].1 * w.axes.iter().map(|a| a.span as u64).product::<u64>() * 4,
+        (false, false) => n * k * 4,
     }
 }
 
@@ -103,18 +116,34 @@ fn flat(w: &Window, red: &[u64], pads: &[usize], lanes: u64) -> Option<Flat> {
     })
 }
 
-/// The columns of a stride-1 2-D convolution read as one long row (`Plane::Flat`): output row r's
-/// positions are columns r x `row`.. of the padded plane's rows of `row` elements laid end to end, tap
-/// (kh, kw) reads `row` x kh + kw past its column, and the `row` - W columns after each output row are
-/// computed and dropped. `cols` runs to the last output position, so the last tap reads the plane's
-/// last element and no further. (row, cols), or None for another window.
-fn wide_columns(w: &Window, pads: &[usize]) -> Option<(u64, u64)> {
-    if w.axes.len() != 2 || w.axes.iter().any(|a| a.stride != 1) {
+/// A 2-D convolution's output rows read as one long row of columns (`wide_columns`): its input copied
+/// into phase planes (`PhasePlanes`: the padded plane itself at stride 1), output (oh, ow) at column
+/// oh x `row` + ow of a plane's rows laid end to end, tap (kh, kw) reading its phase `row` x (kh d /
+/// s) + kw d / s past it. The `row` - W columns after each output row are computed and dropped
+/// unless `row` is W (`direct`: the columns are the output positions, stored in place; a strided
+/// 1x1 convolution's subsampled input), else the sums go through a scratch row per output channel.
+#[derive(Debug, Clone, Copy)]
+struct Wide {
+    row: u64,
+    cols: u64,
+    direct: bool,
+}
+
+/// The wide columns of a 2-D window `w` whose copy is padded by `pads`: `cols` runs to the last
+/// output position, so the last tap reads its phase's last element and no further. None for another
+/// window.
+fn wide_columns(w: &Window, pads: &[usize]) -> Option<Wide> {
+    if w.axes.len() != 2 {
         return None;
     }
     let (h, wd) = (&w.axes[0], &w.axes[1]);
-    let row = (wd.len + (pads[1] + pads[3]) as i64) as u64;
-    Some((row, (h.outs - 1) * row + wd.outs))
+    let padded = (wd.len + (pads[1] + pads[3]) as i64) as u64;
+    let row = padded.div_ceil(wd.stride as u64);
+    Some(Wide {
+        row,
+        cols: (h.outs - 1) * row + wd.outs,
+        direct: row == wd.outs,
+    })
 }
 
 /// The tiled form of convolution `c` with window `w`, its tile from `t_for(m, n, k)` and its epilogue
@@ -133,7 +162,11 @@ pub(crate) fn tiled(
     let sp = w.axes.len();
     let (m, cg) = (Contraction::extent(&c.rows), c.red[0].1);
     let last = &w.axes[sp - 1];
-    let pack = all_positions(c, w, lanes);
+    // A strided 2-D window reads its input's phase planes (`PhasePlanes`), contiguous along each
+    // phase's rows: through wide columns where unswapped (im2col panels of its positions would gather
+    // one element per lane), as the swapped contraction's rows where swapped.
+    let strided = sp == 2 && w.axes.iter().any(|a| a.stride > 1);
+    let pack = all_positions(c, w, lanes) && (swapped.is_some() || !strided);
     // A depthwise convolution (one output channel per group) has no rows to tile: its output rows are
     // the tile's rows instead, each reading its own window (B loaded per row of the tile), so a tile
     // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
@@ -159,26 +192,43 @@ pub(crate) fn tiled(
     } else {
         last.outs
     };
-    let (tm, mut inner): (u64, Vec<u64>) = match (pack, by_rows) {
+    let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows) {
         (true, _) => (m, Vec::new()),
         (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
         (false, false) => (m, outs[..sp - 1].to_vec()),
     };
     let kk: u64 = red.iter().product();
     // Output rows too short for whole tiles (28 positions: a 16-wide tile and a 12-wide tail, or
-    // 8 x 8 tiles that broadcast once per FMA) run as one long row of columns over the flat plane,
+    // 8 x 8 tiles that broadcast once per FMA) run as one long row of columns over the phase planes,
     // where the cost model rates that faster with the scratch's extra pass (`wide_columns`).
     let wide = match (pack, by_rows, swapped) {
-        (false, false, None) => wide_columns(w, &pads).filter(|&(_, cols)| {
-            let batches: u64 = inner.iter().product();
-            match (t_for(tm, n, kk), t_for(tm, cols, kk)) {
-                (Some(plain), Some(flat)) => {
-                    mlopt_cost::tile::flat_columns_pay((plain, batches, tm, n), (flat, cols), kk)
-                }
+        (false, false, None) => wide_columns(w, &pads).filter(|wide| {
+            // A strided window over short rows would otherwise pack all its positions, gathering.
+            let gathered = strided && all_positions(c, w, lanes);
+            let (batches, n, gathered) = match gathered {
+                true => (1, outs.iter().product(), kk * outs.iter().product::<u64>()),
+                false => (inner.iter().product(), n, 0),
+            };
+            match (t_for(tm, n, kk), t_for(tm, wide.cols, kk)) {
+                (Some(plain), Some(flat)) => mlopt_cost::tile::flat_columns_pay(
+                    (plain, batches, tm, n, gathered),
+                    (flat, wide.cols, !wide.direct),
+                    kk,
+                ),
                 _ => false,
             }
         }),
         _ => None,
+    };
+    // Not wide, a strided window over short rows packs all its positions after all.
+    let pack = pack || (wide.is_none() && swapped.is_none() && all_positions(c, w, lanes));
+    let n = match pack {
+        true => outs.iter().product(),
+        false => n,
+    };
+    let (tm, mut inner): (u64, Vec<u64>) = match pack {
+        true => (m, Vec::new()),
+        false => (tm, inner),
     };
     if wide.is_some() {
         inner.clear();
@@ -188,14 +238,14 @@ pub(crate) fn tiled(
     let (rows_n, cols_n) = match (swapped, &flat, wide) {
         (Some(_), _, _) => (n, tm),
         (None, Some(f), _) => (f.rows, lanes),
-        (None, None, Some((_, cols))) => (tm, cols),
+        (None, None, Some(wide)) => (tm, wide.cols),
         (None, None, None) => (tm, n),
     };
     let Some(t) = t_for(rows_n, cols_n, kk) else {
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
-    let copy = copies(w, phases) || flat.is_some() || wide.is_some();
+    let copy = copies(w, phases) || flat.is_some() || wide.is_some() || (pack && strided);
     // Outer loops: the batch and any column that is not an output position (the image).
     let outer = w.outer_loops(c);
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
@@ -204,6 +254,7 @@ pub(crate) fn tiled(
     let position = |bi: &[Expr], row: Option<&Expr>, j: &Expr| -> Vec<Expr> {
         match (pack, by_rows, row) {
             (true, _, _) => delinear(j.clone(), &outs_i),
+            _ if wide.is_some_and(|w| w.direct) => delinear(j.clone(), &outs_i),
             (false, true, Some(r)) => [bi.to_vec(), vec![r.clone(), j.clone()]].concat(),
             _ => [bi.to_vec(), vec![j.clone()]].concat(),
         }
@@ -242,7 +293,8 @@ pub(crate) fn tiled(
     // A flat schedule's sums, one segment a row (a wide one's, one row of columns per output channel).
     let scratch_len = match (&flat, wide) {
         (Some(f), _) => Some(f.rows * lanes),
-        (None, Some((_, cols))) => Some(tm * cols),
+        (None, Some(wide)) if !wide.direct => Some(tm * wide.cols),
+        (None, Some(_)) => None,
         (None, None) => None,
     };
     let scratch = scratch_len.map(|len| {
@@ -257,7 +309,7 @@ pub(crate) fn tiled(
     let outer_ext: Vec<u64> = outer.iter().map(|(_, e)| *e).collect();
     let stmts = tiler::nest(b, "g", &outer_ext, |b, ng| {
         let mut st = Vec::new();
-        let src = match copy {
+        let (src, planes) = match copy {
             true => {
                 let read: Read = &mut |_, lead, pos| {
                     Ok(w.input_at(
@@ -267,55 +319,93 @@ pub(crate) fn tiled(
                         pos,
                     ))
                 };
-                let plane = match (&flat, wide) {
-                    (None, None) => Plane::Phases(phases),
-                    _ => Plane::Flat,
+                let planes = match wide.is_some() || (pack && strided) {
+                    true => {
+                        let [sh, sw] = [0, 1].map(|a| w.axes[a].stride as u64);
+                        let spatial = [lens[0], lens[1]];
+                        let taps = [red[1], red[2]];
+                        let fill = w.fill;
+                        let (lead, stride) = ([1, cg], [sh, sw]);
+                        let pl = phase_planes(
+                            b, lead, spatial, &pads, stride, taps, fill, read, &mut st,
+                        )?;
+                        Some(pl)
+                    }
+                    false => None,
                 };
-                let xp = padded_phases(b, [1, cg], &lens, &pads, plane, w.fill, read, &mut st)?;
+                let xp = match (&planes, &flat) {
+                    (Some(pl), _) => pl.buf,
+                    (None, Some(_)) => {
+                        padded_phases(b, [1, cg], &lens, &pads, Plane::Flat, w.fill, read, &mut st)?
+                    }
+                    (None, None) => padded_phases(
+                        b,
+                        [1, cg],
+                        &lens,
+                        &pads,
+                        Plane::Phases(phases),
+                        w.fill,
+                        read,
+                        &mut st,
+                    )?,
+                };
                 let k = b.kernel();
                 let buf = k.buffer(xp).name.clone();
-                k.schedule.push(match (&flat, wide) {
-                    (Some(f), _) => mlopt_kir::ScheduleStep::Flat { buf, row: f.row },
-                    (None, Some((row, _))) => mlopt_kir::ScheduleStep::Flat { buf, row },
-                    (None, None) => mlopt_kir::ScheduleStep::Pad {
-                        buf,
-                        phases: phases as u64,
-                    },
-                });
-                Some(xp)
+                if let Some(pl) = &planes {
+                    if pl.strides != [1, 1] {
+                        k.schedule.push(mlopt_kir::ScheduleStep::Pad {
+                            buf: buf.clone(),
+                            phases: pl.count(),
+                        });
+                    }
+                    let row = pl.dims[1];
+                    k.schedule.push(mlopt_kir::ScheduleStep::Flat { buf, row });
+                } else {
+                    k.schedule.push(match &flat {
+                        Some(f) => mlopt_kir::ScheduleStep::Flat { buf, row: f.row },
+                        None => mlopt_kir::ScheduleStep::Pad {
+                            buf,
+                            phases: phases as u64,
+                        },
+                    });
+                }
+                (Some(xp), planes)
             }
-            false => None,
+            false => (None, None),
         };
         // A window value at output position `col` (B's column, or swapped, A's row).
         let window = |bi: &[Expr], row: Option<&Expr>, k: &[Expr], col: &Expr| {
-            // Read flat: the plane's row length, and where column `col` counts from (a depthwise
-            // segment's start, `lanes` per row of the tiling; a wide column is its own position).
-            let flat_at = match (&flat, wide) {
-                (Some(f), _) => Some((
-                    f.row,
-                    Some(row.map_or(Expr::int(0), |r| {
-                        Expr::mul(r.clone(), Expr::int(lanes as i64))
-                    })),
-                )),
-                (None, Some((r, _))) => Some((r, None)),
-                (None, None) => None,
-            };
-            match (src, flat_at) {
-                (Some(xp), Some((plane_row, first))) => {
-                    // Element `col` of the flat plane past `first`, moved by the tap (the tiles read
-                    // B in place).
-                    let tap = |a: usize, by: u64| {
-                        let step = w.axes[a].dilation * by as i64;
-                        Expr::mul(k[1 + a].clone(), Expr::int(step))
+            // A depthwise segment reads its flat plane from the segment's start, `lanes` per row of
+            // the tiling.
+            let flat_at = flat.as_ref().map(|f| {
+                let first = row.map_or(Expr::int(0), |r| {
+                    Expr::mul(r.clone(), Expr::int(lanes as i64))
+                });
+                (f.row, first)
+            });
+            let tap = |a: usize| Expr::mul(k[1 + a].clone(), Expr::int(w.axes[a].dilation));
+            match (src, &planes, flat_at) {
+                (Some(xp), Some(pl), _) => {
+                    // A wide column is its own flat position in each phase (the tiles read B in
+                    // place); an output position (a swapped row) is at row x W' + column.
+                    let flat_col = match wide.is_some() || pl.dims[1] == outs[1] {
+                        true => col.clone(),
+                        false => {
+                            let p = delinear(col.clone(), &outs_i);
+                            let down = Expr::mul(p[0].clone(), Expr::int(pl.dims[1] as i64));
+                            Expr::add(down, p[1].clone())
+                        }
                     };
-                    let at = match first {
-                        Some(first) => Expr::add(first, col.clone()),
-                        None => col.clone(),
-                    };
-                    let at = Expr::add(at, Expr::add(tap(0, plane_row), tap(1, 1)));
+                    let at = pl.at([tap(0), tap(1)], flat_col);
                     Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
                 }
-                (Some(xp), None) => {
+                (Some(xp), None, Some((plane_row, first))) => {
+                    // Element `col` of the flat plane past `first`, moved by the tap.
+                    let down = Expr::mul(tap(0), Expr::int(plane_row as i64));
+                    let at = Expr::add(Expr::add(first, col.clone()), Expr::add(down, tap(1)));
+                    Expr::load(xp, vec![Expr::int(0), k[0].clone(), at])
+                }
+                (Some(xp), None, None) => {
                     let window = padded_index(
                         &position(bi, row, col),
                         &k[1..],
@@ -325,7 +415,7 @@ pub(crate) fn tiled(
                     );
                     Expr::load(xp, [vec![Expr::int(0), k[0].clone()], window].concat())
                 }
-                (None, _) => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
+                (None, _, _) => c.b.subst_all(&by(ng, bi, row, Some(col), k)),
             }
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
@@ -335,6 +425,9 @@ pub(crate) fn tiled(
                 tiler::BForm::Weights(weights)
             }
             None if pack => tiler::BForm::Packed,
+            None if wide.is_some() && mlopt_cost::tile::pack_b_pays(t, rows_n, cols_n) => {
+                tiler::BForm::Packed
+            }
             None => tiler::BForm::InPlace,
         };
         st.extend(tiler::tiled(
@@ -363,7 +456,7 @@ pub(crate) fn tiled(
             },
             &mut |_, bi, row, j, v| {
                 if let Some(y) = scratch {
-                    let width = wide.map_or(lanes, |(_, cols)| cols);
+                    let width = wide.map_or(lanes, |w| w.cols);
                     let at = Expr::add(Expr::mul(row.clone(), Expr::int(width as i64)), j.clone());
                     return Ok(Stmt::Store {
                         buf: y,
@@ -385,7 +478,7 @@ pub(crate) fn tiled(
             },
         )?);
         // A wide schedule stores each output channel's rows from its row of the scratch.
-        if let (Some(y), Some((row, cols))) = (scratch, wide) {
+        if let (Some(y), Some(Wide { row, cols, .. })) = (scratch, wide) {
             let dims = [tm, outs[0], outs[1]];
             st.extend(tiler::nest(b, "e", &dims, |_, e| {
                 let at = Expr::add(

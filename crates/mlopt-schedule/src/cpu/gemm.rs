@@ -1,7 +1,9 @@
 //! Register-tiled contractions for a CPU target, scheduled from the algorithm form lowering writes
 //! (`contraction.rs` recognises it): the tile comes from the cost model (`mlopt_cost::tile`, or a
 //! `--tune` override), the tiles are built by `tiler::tiled`, and a constant 2-D B read only by the
-//! contraction is packed into column panels, weights of their own that replace it.
+//! contraction is packed into column panels, weights of their own that replace it; any other B (the
+//! activations of a pointwise convolution) is packed at run time where the cost model says the copy
+//! pays (`mlopt_cost::tile::pack_b_pays`).
 
 use super::tiler::{self, Builder, Tile, TileKey};
 use crate::class::Class;
@@ -180,6 +182,7 @@ fn tile_nest(
         t,
         match &packed {
             Some(w) => tiler::BForm::Weights(w),
+            None if mlopt_cost::tile::pack_b_pays(t, m, n) => tiler::BForm::Packed,
             None => tiler::BForm::InPlace,
         },
         &mut |_, bi, row, k| Ok(c.a.subst_all(&by(bi, Some(row), None, k))),

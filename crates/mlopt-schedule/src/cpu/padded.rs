@@ -155,6 +155,151 @@ pub(crate) fn padded_phases(
     Ok(xp)
 }
 
+/// A 2-D window's input padded and split into phases along both axes (`phase_planes`), each phase
+/// a plane of `dims` = [Hq, Wq] whose rows lie end to end, the planes one after another per channel:
+/// [lead0, lead1, phases[0] x phases[1] x Hq x Wq]. Padded element (h, w) is in phase (h % s, w % s)
+/// at (h / s, w / s), so a stride-s window reads each tap as a stride-1 window of one phase: output
+/// (oh, ow) at flat column oh x Wq + ow reads `at(tap, column)`. An axis whose window has one tap
+/// keeps only phase 0 (a strided 1x1 convolution's copy is the subsampled input); stride 1 is the
+/// padded plane itself.
+pub(crate) struct PhasePlanes {
+    pub(crate) buf: BufId,
+    pub(crate) phases: [u64; 2],
+    pub(crate) strides: [u64; 2],
+    pub(crate) dims: [u64; 2],
+}
+
+impl PhasePlanes {
+    /// Phases in all.
+    pub(crate) fn count(&self) -> u64 {
+        self.phases[0] * self.phases[1]
+    }
+
+    /// The flat index tap offsets `taps` (tap x dilation per axis) of flat column `col` read.
+    pub(crate) fn at(&self, taps: [Expr; 2], col: Expr) -> Expr {
+        let [wq, plane] = [self.dims[1], self.dims[0] * self.dims[1]].map(|d| Expr::int(d as i64));
+        let split = |a: usize, t: &Expr| match self.strides[a] {
+            1 => (Expr::int(0), t.clone()),
+            s => {
+                let s = Expr::int(s as i64);
+                (Expr::rem(t.clone(), s.clone()), Expr::div(t.clone(), s))
+            }
+        };
+        let ((ph, dh), (pw, dw)) = (split(0, &taps[0]), split(1, &taps[1]));
+        let mut at = Expr::add(Expr::add(Expr::mul(dh, wq), dw), col);
+        let slot = match self.phases {
+            [1, 1] => None,
+            [1, _] => Some(pw),
+            [_, 1] => Some(ph),
+            [_, n] => Some(Expr::add(Expr::mul(ph, Expr::int(n as i64)), pw)),
+        };
+        if let Some(slot) = slot {
+            at = Expr::add(Expr::mul(slot, plane), at);
+        }
+        at
+    }
+}
+
+/// The phase planes (`PhasePlanes`) of a 2-D input `spatial` padded by `pads` ([top, left, bottom,
+/// right]) for a window of `strides` with `taps` taps per axis, `fill` in the padding, `read` giving
+/// the input. Each phase row is a run of padding, the input row read at stride s, and padding; the
+/// padding rows above and below are filled whole.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn phase_planes(
+    l: &mut Builder,
+    lead: [u64; 2],
+    spatial: [i64; 2],
+    pads: &[usize],
+    strides: [u64; 2],
+    taps: [u64; 2],
+    fill: f64,
+    read: Read,
+    stmts: &mut Vec<Stmt>,
+) -> Result<PhasePlanes> {
+    let phases = [0, 1].map(|a| if taps[a] == 1 { 1 } else { strides[a] });
+    let padded = [0, 1].map(|a| spatial[a] as u64 + (pads[a] + pads[a + 2]) as u64);
+    let dims = [0, 1].map(|a| padded[a].div_ceil(strides[a]));
+    let k = l.kernel();
+    let count = phases[0] * phases[1];
+    let buf = k.buf(
+        format!("xflat{}", k.bufs.len()),
+        Elem::F32,
+        vec![lead[0], lead[1], count * dims[0] * dims[1]],
+        Space::Local,
+    );
+    let planes = PhasePlanes {
+        buf,
+        phases,
+        strides,
+        dims,
+    };
+    // Along axis a, phase p's positions from the first holding input to the first past it.
+    let inside = |a: usize, p: u64| {
+        let first = |at: i64| ((at - p as i64).max(0) as u64).div_ceil(strides[a]);
+        let (begin, end) = (first(pads[a] as i64), first(pads[a] as i64 + spatial[a]));
+        (begin.min(dims[a]), end.min(dims[a]).max(begin.min(dims[a])))
+    };
+    stmts.extend(tiler::nest(l, "p", &lead, |l, lead_ix| {
+        let mut st = Vec::new();
+        for ph in 0..phases[0] {
+            for pw in 0..phases[1] {
+                let base = (ph * phases[1] + pw) * dims[0] * dims[1];
+                let at = |i: Expr, j: Expr| {
+                    let flat = Expr::add(Expr::mul(i, Expr::int(dims[1] as i64)), j);
+                    let ix = Expr::add(Expr::int(base as i64), flat);
+                    vec![lead_ix[0].clone(), lead_ix[1].clone(), ix]
+                };
+                let (rows, cols) = (inside(0, ph), inside(1, pw));
+                let zero = |l: &mut Builder, i0: u64, n: u64, j0: u64, m: u64| {
+                    tiler::nest(l, "z", &[n, m], |_, z| {
+                        let i = Expr::add(Expr::int(i0 as i64), z[0].clone());
+                        let j = Expr::add(Expr::int(j0 as i64), z[1].clone());
+                        Ok(vec![Stmt::Store {
+                            buf,
+                            index: at(i, j),
+                            value: lit(fill, Elem::F32),
+                        }])
+                    })
+                };
+                let body_rows = rows.1 - rows.0;
+                for (i0, n) in [(0, rows.0), (rows.1, dims[0] - rows.1)] {
+                    if n > 0 {
+                        st.extend(zero(l, i0, n, 0, dims[1])?);
+                    }
+                }
+                if body_rows == 0 {
+                    continue;
+                }
+                for (j0, m) in [(0, cols.0), (cols.1, dims[1] - cols.1)] {
+                    if m > 0 {
+                        st.extend(zero(l, rows.0, body_rows, j0, m)?);
+                    }
+                }
+                let run = cols.1 - cols.0;
+                if run == 0 {
+                    continue;
+                }
+                st.extend(tiler::nest(l, "c", &[body_rows, run], |l, c| {
+                    let i = Expr::add(Expr::int(rows.0 as i64), c[0].clone());
+                    let j = Expr::add(Expr::int(cols.0 as i64), c[1].clone());
+                    let from = [(0, &i, ph), (1, &j, pw)].map(|(a, x, p)| {
+                        let at = Expr::mul(x.clone(), Expr::int(strides[a] as i64));
+                        Expr::add(at, Expr::int(p as i64 - pads[a] as i64))
+                    });
+                    let v = read(l, lead_ix, &from)?;
+                    Ok(vec![Stmt::Store {
+                        buf,
+                        index: at(i, j),
+                        value: v,
+                    }])
+                })?);
+            }
+        }
+        Ok(st)
+    })?);
+    Ok(planes)
+}
+
 /// Where window tap `taps` of output position `pos` lies in a padded copy (`padded_phases`, its last axis
 /// split into `phases`): `pos * stride + tap * dilation` per axis (the padding is already in the copy),
 /// the last axis as [phase, position], i.e. [(tap * d) % s, pos + (tap * d) / s] for s phases.

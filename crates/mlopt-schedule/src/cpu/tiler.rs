@@ -139,9 +139,10 @@ pub fn pack_blocks(b: &[u8], k: u64, n: u64, t: Tile, trans: bool) -> Vec<(Vec<u
 pub enum BForm<'w> {
     /// Through its operand, where it lies.
     InPlace,
-    /// Each nr-wide panel copied into a local [K, nr] buffer first, once per panel, and the tiles read
-    /// the copy (`pack(b)`): B's loads may then stride or compute (a stride-2 convolution's im2col, a
-    /// transposed operand) at the cost of K x nr copies per M x K x nr multiply-adds.
+    /// Copied into a local buffer before the tiles read it (`pack(b)`): a group of neighbouring
+    /// nr-wide panels at a time, [panels, K, nr], read along B's rows (`Group`), or with K in blocks
+    /// one panel per block. B's loads may then stride or compute (a stride-2 convolution's im2col, a
+    /// transposed operand, rows a page apart) at the cost of K x nr copies per M x K x nr multiply-adds.
     Packed,
     /// A weight packed at compile time (`pack_blocks`: one [panels, K, nr] buffer per column block),
     /// read through its operand. The first time a panel is read it comes from DRAM (a model's weights
@@ -190,12 +191,17 @@ pub fn tiled(
         let mut out = Vec::new();
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
-            let red = (k, chunk, pack);
             // One loop over the block's column panels holds the main rows' tiles and the tail's, so
             // each panel of B (the weight, usually) is read while in cache for both: as two loops the
             // tail streamed the whole weight again (ResNet-50's 7x7 pointwise convolutions, 49 rows
             // = 9 tiles of 5 and a tail of 4, read their 4 MB weight twice).
             let (jo, cut) = (l.fresh("jo"), (block, col0, cols));
+            // Packed without K blocks, `group` neighbouring panels are packed together (`Group`).
+            let group = match (pack, chunk) {
+                (true, None) => Some(Group::new(l, k, cols / ct.nr, ct)),
+                _ => None,
+            };
+            let red = (k, chunk, pack && group.is_none());
             let mut panel = Vec::new();
             if main > 0 {
                 // The main rows' tiles prefetch (the tail's one row of tiles would ask for a whole
@@ -217,7 +223,7 @@ pub fn tiled(
                     (cut, jo),
                     ct,
                     red,
-                    stream,
+                    (stream, group.as_ref()),
                     &mut ops,
                 )?);
             }
@@ -230,14 +236,120 @@ pub fn tiled(
                     (cut, jo),
                     tail,
                     red,
-                    None,
+                    (None, group.as_ref()),
                     &mut ops,
                 )?);
             }
-            out.push(Stmt::for_(jo, cols / ct.nr, LoopKind::Serial, panel));
+            match group {
+                None => out.push(Stmt::for_(jo, cols / ct.nr, LoopKind::Serial, panel)),
+                Some(g) => {
+                    out.push(g.around(l, bi, k, (block, col0, ct), jo, panel, &mut ops.b)?)
+                }
+            }
         }
         Ok(out)
     })
+}
+
+/// Neighbouring column panels of B packed together into one local [panels, K, nr] buffer before the
+/// tiles over them run: each row of B is then read `panels` x nr columns at a time (a run of
+/// contiguous lines the prefetcher follows), where one panel at a time read one line per row, each
+/// on its own page once rows are 4 KB apart (a 1x1 convolution's activations at 56 x 56), and its
+/// lines fell into a few L1 sets when the row stride was a multiple of a large power of two.
+struct Group {
+    buf: BufId,
+    /// Panels in a group, and groups in the block.
+    panels: u64,
+    groups: u64,
+    jc: Var,
+    jp: Var,
+}
+
+impl Group {
+    /// The group for a block of `total` panels of tile `t` over reduction `k`: the most panels that
+    /// divide `total` and together fill at most a quarter of L2 (where `k_block` keeps one panel).
+    fn new(l: &mut Builder<'_>, k: &[u64], total: u64, t: Tile) -> Self {
+        let panel = k.iter().product::<u64>() * t.nr * 4;
+        let fit = (l.target.l2_bytes / 4 / panel.max(1)).max(1);
+        let panels = (1..=fit.min(total))
+            .rev()
+            .find(|d| total.is_multiple_of(*d))
+            .unwrap_or(1);
+        let buf = buf(l, "panel", vec![panels, k.iter().product(), t.nr]);
+        Group {
+            buf,
+            panels,
+            groups: total / panels,
+            jc: l.fresh("jc"),
+            jp: l.fresh("jp"),
+        }
+    }
+
+    /// The loops over the block's groups around `body` (the tiles of one panel, at panel `jo`): each
+    /// group packed, K outside so each row of B is read along its columns, then its panels' tiles.
+    #[allow(clippy::too_many_arguments)]
+    fn around(
+        self,
+        l: &mut Builder<'_>,
+        bi: &[Expr],
+        k: &[u64],
+        (block, col0, t): (usize, u64, Tile),
+        jo: Var,
+        body: Vec<Stmt>,
+        b: &mut ColOp,
+    ) -> Result<Stmt> {
+        let jo_at = Expr::add(
+            Expr::mul(Expr::var(self.jc), Expr::int(self.panels as i64)),
+            Expr::var(self.jp),
+        );
+        let body: Vec<Stmt> = body.into_iter().map(|s| s.subst(jo, &jo_at)).collect();
+        let kdims: Vec<i64> = k.iter().map(|d| *d as i64).collect();
+        let (jq, jv, jl) = (l.fresh("jq"), l.fresh("jv"), l.fresh("jl"));
+        let q_at = Expr::add(
+            Expr::mul(Expr::var(self.jc), Expr::int(self.panels as i64)),
+            Expr::var(jq),
+        );
+        let packing = nest(l, "k", k, |l, kk| {
+            let jj = Expr::add(
+                Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)),
+                Expr::var(jl),
+            );
+            let col = Col {
+                block,
+                jo: &q_at,
+                jj: &jj,
+                j: Expr::add(
+                    Expr::int(col0 as i64),
+                    Expr::add(Expr::mul(q_at.clone(), Expr::int(t.nr as i64)), jj.clone()),
+                ),
+            };
+            let value = b(l, bi, None, kk, &col)?;
+            let st = Stmt::Store {
+                buf: self.buf,
+                index: vec![
+                    Expr::var(jq),
+                    mlopt_kir::index::linear(kk, &kdims),
+                    jj.clone(),
+                ],
+                value,
+            };
+            let lanes = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st]);
+            let vectors = Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![lanes]);
+            Ok(vec![Stmt::for_(
+                jq,
+                self.panels,
+                LoopKind::Serial,
+                vec![vectors],
+            )])
+        })?;
+        let tiles = Stmt::for_(self.jp, self.panels, LoopKind::Serial, body);
+        Ok(Stmt::for_(
+            self.jc,
+            self.groups,
+            LoopKind::Serial,
+            [packing, vec![tiles]].concat(),
+        ))
+    }
 }
 
 /// The operands and the store of a tiled contraction.
@@ -342,7 +454,7 @@ impl Geometry<'_> {
         l: &mut Builder<'_>,
         red: &Reduction,
         acc: BufId,
-        (panel, stream): (Option<BufId>, Option<BufId>),
+        (panel, stream): (Option<(BufId, Option<Var>)>, Option<BufId>),
         ops: &mut Ops,
     ) -> Result<Vec<Stmt>> {
         nest(l, "k", &red.kv, |l, kk| {
@@ -354,7 +466,10 @@ impl Geometry<'_> {
             let mut step = vec![self.sweep(l, &mut |l, ii, jj| {
                 let av = (ops.a)(l, self.bi, &self.row(&ii), &kk)?;
                 let bv = match panel {
-                    Some(p) => Expr::load(p, vec![at.clone(), jj.clone()]),
+                    Some((p, None)) => Expr::load(p, vec![at.clone(), jj.clone()]),
+                    Some((p, Some(jp))) => {
+                        Expr::load(p, vec![Expr::var(jp), at.clone(), jj.clone()])
+                    }
                     None => (ops.b)(l, self.bi, Some(&self.row(&ii)), &kk, &self.column(&jj))?,
                 };
                 let sum = Expr::fma(av, bv, Expr::load(acc, vec![ii.clone(), jj.clone()]));
@@ -536,7 +651,7 @@ fn tile_block(
     ((block, col0, cols), jo): ((usize, u64, u64), Var),
     t: Tile,
     (k, chunk, pack): (&[u64], Option<u64>, bool),
-    stream: Option<BufId>,
+    (stream, group): (Option<BufId>, Option<&Group>),
     ops: &mut Ops,
 ) -> Result<Vec<Stmt>> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
@@ -565,7 +680,12 @@ fn tile_block(
         Some(p) => g.pack_panel(l, &red, p, &mut ops.b)?,
         None => Vec::new(),
     };
-    let update = g.update(l, &red, acc, (panel, stream), ops)?;
+    let read = match (panel, group) {
+        (Some(p), _) => Some((p, None)),
+        (None, Some(gr)) => Some((gr.buf, Some(gr.jp))),
+        (None, None) => None,
+    };
+    let update = g.update(l, &red, acc, (read, stream), ops)?;
     let out = g.sweep(l, &mut |l, ii, jj| {
         let v = Expr::load(acc, vec![ii.clone(), jj.clone()]);
         (ops.store)(l, bi, &g.row(&ii), &g.column(&jj).j, v)
