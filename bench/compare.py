@@ -457,6 +457,10 @@ def main():
     ap.add_argument("--jsonl", default="target/bench/compare.jsonl")
     ap.add_argument("--no-openvino", action="store_true")
     args = ap.parse_args()
+    # The workers run in their own directories: a binary given relative to here is found there too.
+    args.mlopt = str(Path(args.mlopt).resolve())
+    if args.baseline:
+        args.baseline = str(Path(args.baseline).resolve())
     threads = [int(t) for t in args.threads.split(",")]
     batches = [int(b) for b in args.batch.split(",")]
     precisions = [p for p in args.precision.split(",") if p]
