@@ -17,7 +17,7 @@
 //! windows of its phases). A pointwise convolution (1x1, stride 1, no padding) is a plain contraction:
 //! `gemm.rs` tiles it.
 
-use super::padded::{padded_index, padded_phases, phase_planes, Plane, Read};
+use super::padded::{padded_index, padded_phases, phase_dims, phase_planes, Plane, Read};
 use super::tiler::{self, Builder, Tile};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
@@ -51,21 +51,37 @@ fn copies(w: &Window, phases: usize) -> bool {
 pub(crate) fn swapped_a_bytes(c: &Contraction, w: &Window) -> u64 {
     let k: u64 = c.red.iter().map(|(_, e)| *e).product();
     let n: u64 = w.axes.iter().map(|a| a.outs).product();
-    let strided = w.axes.len() == 2 && w.axes.iter().any(|a| a.stride > 1);
-    // A strided window's phase planes: the phases its taps use, each span / stride long per axis.
-    let planes = || {
-        let axis = |(a, taps): (&crate::window::Axis, u64)| {
-            let s = a.stride as u64;
-            (a.span as u64).div_ceil(s) * if taps == 1 { 1 } else { s }
-        };
-        let taps = c.red[1..].iter().map(|(_, e)| *e);
-        w.axes.iter().zip(taps).map(axis).product::<u64>()
-    };
-    match (strided, copies(w, 1)) {
-        (true, _) => c.red[0].1 * planes() * 4,
+    match (strided(w), copies(w, 1)) {
+        (true, _) => {
+            let (phases, dims) = plane_dims(w, &c.red, &copy_pads(w));
+            c.red[0].1 * phases.iter().chain(&dims).product::<u64>() * 4
+        }
         (false, true) => c.red[0].1 * w.axes.iter().map(|a| a.span as u64).product::<u64>() * 4,
         (false, false) => n * k * 4,
     }
+}
+
+/// Whether `w` is a strided 2-D window, whose input the schedule reads as phase planes.
+fn strided(w: &Window) -> bool {
+    w.axes.len() == 2 && w.axes.iter().any(|a| a.stride > 1)
+}
+
+/// The padding of a window's copy: before each axis, and after it as far as the window reaches.
+fn copy_pads(w: &Window) -> Vec<usize> {
+    let before = w.axes.iter().map(|a| a.pad as usize);
+    let after = w
+        .axes
+        .iter()
+        .map(|a| (a.span - a.pad - a.len).max(0) as usize);
+    before.chain(after).collect()
+}
+
+/// The phases and plane dims of a 2-D window `w`'s phase planes (`padded::phase_dims`), its taps the
+/// reduction `red`'s [channels, kh, kw], its copy padded by `pads`.
+fn plane_dims(w: &Window, red: &[(Var, u64)], pads: &[usize]) -> ([u64; 2], [u64; 2]) {
+    let [h, wd] = [&w.axes[0], &w.axes[1]];
+    let strides = [h.stride as u64, wd.stride as u64];
+    phase_dims([h.len, wd.len], pads, strides, [red[1].1, red[2].1])
 }
 
 /// A depthwise convolution's plane read flat (`Plane::Flat`): the padded plane's rows of `row`
@@ -129,16 +145,15 @@ struct Wide {
     direct: bool,
 }
 
-/// The wide columns of a 2-D window `w` whose copy is padded by `pads`: `cols` runs to the last
-/// output position, so the last tap reads its phase's last element and no further. None for another
-/// window.
-fn wide_columns(w: &Window, pads: &[usize]) -> Option<Wide> {
-    if w.axes.len() != 2 {
+/// The wide columns of a 2-D window `w` (taps from the reduction `red`) whose copy is padded by
+/// `pads`: `cols` runs to the last output position, so the last tap reads its phase's last element
+/// and no further. None for another window.
+fn wide_columns(w: &Window, red: &[(Var, u64)], pads: &[usize]) -> Option<Wide> {
+    if w.axes.len() != 2 || red.len() != 3 {
         return None;
     }
+    let (_, [_, row]) = plane_dims(w, red, pads);
     let (h, wd) = (&w.axes[0], &w.axes[1]);
-    let padded = (wd.len + (pads[1] + pads[3]) as i64) as u64;
-    let row = padded.div_ceil(wd.stride as u64);
     Some(Wide {
         row,
         cols: (h.outs - 1) * row + wd.outs,
@@ -162,24 +177,16 @@ pub(crate) fn tiled(
     let sp = w.axes.len();
     let (m, cg) = (Contraction::extent(&c.rows), c.red[0].1);
     let last = &w.axes[sp - 1];
-    // A strided 2-D window reads its input's phase planes (`PhasePlanes`), contiguous along each
-    // phase's rows: through wide columns where unswapped (im2col panels of its positions would gather
-    // one element per lane), as the swapped contraction's rows where swapped.
-    let strided = sp == 2 && w.axes.iter().any(|a| a.stride > 1);
-    let pack = all_positions(c, w, lanes) && (swapped.is_some() || !strided);
+    // Short rows with channels enough take every output position as the columns (`all_positions`).
+    let all = all_positions(c, w, lanes);
     // A depthwise convolution (one output channel per group) has no rows to tile: its output rows are
     // the tile's rows instead, each reading its own window (B loaded per row of the tile), so a tile
     // still holds mr x nv independent accumulators where one row of them waited on FMA latency.
-    let by_rows = m == 1 && !pack && sp > 1;
+    let by_rows = m == 1 && !all && sp > 1;
     let outs: Vec<u64> = w.axes.iter().map(|a| a.outs).collect();
+    let positions: u64 = outs.iter().product();
     let red: Vec<u64> = c.red.iter().map(|(_, e)| *e).collect();
-    // The copy's padding: before each axis, and after it as far as the window reaches.
-    let mut pads: Vec<usize> = w.axes.iter().map(|a| a.pad as usize).collect();
-    pads.extend(
-        w.axes
-            .iter()
-            .map(|a| (a.span - a.pad - a.len).max(0) as usize),
-    );
+    let mut pads = copy_pads(w);
     let flat = match by_rows {
         true => flat(w, &red, &pads, lanes),
         false => None,
@@ -187,31 +194,22 @@ pub(crate) fn tiled(
     if let Some(f) = &flat {
         pads[sp] += f.extra as usize;
     }
-    let n = if pack {
-        outs.iter().product()
-    } else {
-        last.outs
-    };
-    let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows) {
-        (true, _) => (m, Vec::new()),
-        (false, true) => (outs[sp - 2], outs[..sp - 2].to_vec()),
-        (false, false) => (m, outs[..sp - 1].to_vec()),
-    };
     let kk: u64 = red.iter().product();
     // Output rows too short for whole tiles (28 positions: a 16-wide tile and a 12-wide tail, or
     // 8 x 8 tiles that broadcast once per FMA) run as one long row of columns over the phase planes,
-    // where the cost model rates that faster with the scratch's extra pass (`wide_columns`).
-    let wide = match (pack, by_rows, swapped) {
-        (false, false, None) => wide_columns(w, &pads).filter(|wide| {
-            // A strided window over short rows would otherwise pack all its positions, gathering.
-            let gathered = strided && all_positions(c, w, lanes);
-            let (batches, n, gathered) = match gathered {
-                true => (1, outs.iter().product(), kk * outs.iter().product::<u64>()),
-                false => (inner.iter().product(), n, 0),
+    // where the cost model rates that faster with the scratch's extra pass (`wide_columns`) than one
+    // tiling per output row, or, for a strided window over short rows, than all its positions packed
+    // by gathering (im2col panels of a strided window gather one element per lane).
+    let strided = strided(w);
+    let wide = match (by_rows, swapped) {
+        (false, None) if !all || strided => wide_columns(w, &c.red, &pads).filter(|wide| {
+            let (batches, n, gathered) = match all {
+                true => (1, positions, kk * positions),
+                false => (outs[..sp - 1].iter().product(), last.outs, 0),
             };
-            match (t_for(tm, n, kk), t_for(tm, wide.cols, kk)) {
+            match (t_for(m, n, kk), t_for(m, wide.cols, kk)) {
                 (Some(plain), Some(flat)) => mlopt_cost::tile::flat_columns_pay(
-                    (plain, batches, tm, n, gathered),
+                    (plain, batches, m, n, gathered),
                     (flat, wide.cols, !wide.direct),
                     kk,
                 ),
@@ -220,19 +218,16 @@ pub(crate) fn tiled(
         }),
         _ => None,
     };
-    // Not wide, a strided window over short rows packs all its positions after all.
-    let pack = pack || (wide.is_none() && swapped.is_none() && all_positions(c, w, lanes));
-    let n = match pack {
-        true => outs.iter().product(),
-        false => n,
+    let pack = all && wide.is_none();
+    let n = if pack { positions } else { last.outs };
+    let (tm, inner): (u64, Vec<u64>) = match (pack, by_rows, wide) {
+        (true, _, _) | (false, false, Some(_)) => (m, Vec::new()),
+        (false, true, _) => (outs[sp - 2], outs[..sp - 2].to_vec()),
+        (false, false, None) => (m, outs[..sp - 1].to_vec()),
     };
-    let (tm, mut inner): (u64, Vec<u64>) = match pack {
-        true => (m, Vec::new()),
-        false => (tm, inner),
-    };
-    if wide.is_some() {
-        inner.clear();
-    }
+    // A strided 2-D window read other than by rows reads its input's phase planes (`PhasePlanes`),
+    // contiguous along each phase's rows: as wide columns, as a swapped contraction's rows, or packed.
+    let planes_read = wide.is_some() || (pack && strided);
     // The tiling's rows and columns: output channels (or rows) by positions, or swapped, positions by
     // output channels.
     let (rows_n, cols_n) = match (swapped, &flat, wide) {
@@ -245,7 +240,7 @@ pub(crate) fn tiled(
         return Ok(None);
     };
     let phases = if pack { 1 } else { last.stride as usize };
-    let copy = copies(w, phases) || flat.is_some() || wide.is_some() || (pack && strided);
+    let copy = copies(w, phases) || flat.is_some() || planes_read;
     // Outer loops: the batch and any column that is not an output position (the image).
     let outer = w.outer_loops(c);
     let outs_i: Vec<i64> = outs.iter().map(|e| *e as i64).collect();
@@ -319,7 +314,7 @@ pub(crate) fn tiled(
                         pos,
                     ))
                 };
-                let planes = match wide.is_some() || (pack && strided) {
+                let planes = match planes_read {
                     true => {
                         let [sh, sw] = [0, 1].map(|a| w.axes[a].stride as u64);
                         let spatial = [lens[0], lens[1]];

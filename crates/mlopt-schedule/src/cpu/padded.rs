@@ -200,6 +200,20 @@ impl PhasePlanes {
     }
 }
 
+/// The phases kept per axis and each plane's [Hq, Wq] for the phase planes (`PhasePlanes`) of a 2-D
+/// input `spatial` padded by `pads` ([top, left, bottom, right]) for a window of `strides` with `taps`
+/// taps per axis: what `phase_planes` copies, and what the schedules that read or price it count.
+pub(crate) fn phase_dims(
+    spatial: [i64; 2],
+    pads: &[usize],
+    strides: [u64; 2],
+    taps: [u64; 2],
+) -> ([u64; 2], [u64; 2]) {
+    let phases = [0, 1].map(|a| if taps[a] == 1 { 1 } else { strides[a] });
+    let padded = [0, 1].map(|a| spatial[a] as u64 + (pads[a] + pads[a + 2]) as u64);
+    (phases, [0, 1].map(|a| padded[a].div_ceil(strides[a])))
+}
+
 /// The phase planes (`PhasePlanes`) of a 2-D input `spatial` padded by `pads` ([top, left, bottom,
 /// right]) for a window of `strides` with `taps` taps per axis, `fill` in the padding, `read` giving
 /// the input. Each phase row is a run of padding, the input row read at stride s, and padding; the
@@ -216,9 +230,7 @@ pub(crate) fn phase_planes(
     read: Read,
     stmts: &mut Vec<Stmt>,
 ) -> Result<PhasePlanes> {
-    let phases = [0, 1].map(|a| if taps[a] == 1 { 1 } else { strides[a] });
-    let padded = [0, 1].map(|a| spatial[a] as u64 + (pads[a] + pads[a + 2]) as u64);
-    let dims = [0, 1].map(|a| padded[a].div_ceil(strides[a]));
+    let (phases, dims) = phase_dims(spatial, pads, strides, taps);
     let k = l.kernel();
     let count = phases[0] * phases[1];
     let buf = k.buf(
