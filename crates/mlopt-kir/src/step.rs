@@ -46,6 +46,9 @@ pub enum ScheduleStep {
     },
     /// `pack(b)`: each column panel of the tiled contraction's B is copied once before its tiles read it.
     PackB,
+    /// `pack(a)`: the tiled contraction's A is copied once, before any tile, into row tiles [M / mr, K,
+    /// mr], so a tile's broadcasts at each step of K are `mr` consecutive floats.
+    PackA,
     /// `swap(a,b)`: the tiled contraction runs transposed (C^T = B^T A^T): its operands exchanged, the
     /// original rows its columns, stored lane by lane.
     Swap,
@@ -153,6 +156,7 @@ impl fmt::Display for ScheduleStep {
             ScheduleStep::Kind { var, kind } => write!(f, "{}({var})", crate::print::loop_kind(*kind)),
             ScheduleStep::Tile { mr, nr, m, n, k, lanes } => write!(f, "tile({mr}x{nr} for {m}x{n}x{k}@{lanes})"),
             ScheduleStep::PackB => f.write_str("pack(b)"),
+            ScheduleStep::PackA => f.write_str("pack(a)"),
             ScheduleStep::Swap => f.write_str("swap(a,b)"),
             ScheduleStep::KBlock { k } => write!(f, "kblock({k})"),
             ScheduleStep::Pad { buf, phases } => write!(f, "pad({buf},{phases})"),
@@ -287,6 +291,7 @@ impl std::str::FromStr for ScheduleStep {
                 }
             }
             "pack" if args == "b" => ScheduleStep::PackB,
+            "pack" if args == "a" => ScheduleStep::PackA,
             "swap" if args == "a,b" => ScheduleStep::Swap,
             "kblock" => ScheduleStep::KBlock { k: factor(args)? },
             "pad" => {
@@ -451,6 +456,7 @@ mod tests {
         "gpu.thread.y(t)",
         "tile(6x64 for 128x3072x768@16)",
         "pack(b)",
+        "pack(a)",
         "swap(a,b)",
         "transpose(in2)",
         "matrix(mma<16x16x32> blocks for 64x96x128)",
@@ -487,7 +493,7 @@ mod tests {
             "split(i)",
             "vector<x>(j)",
             "gpu.gemm(1 x 2x3x4, warp, tile 1x1x1, 1 threads, 1 blocks, 9 registers planned)",
-            "pack(a)",
+            "pack(c)",
             "swap(b,a)",
         ] {
             assert!(text.parse::<ScheduleStep>().is_err(), "{text}");

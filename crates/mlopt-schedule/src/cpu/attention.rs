@@ -76,7 +76,7 @@ pub(crate) fn tiled(
                 tlen,
                 &[d],
                 ts,
-                tiler::BForm::InPlace,
+                (tiler::AForm::InPlace, tiler::BForm::InPlace),
                 &mut |_, _, i, k| Ok(q.subst(a.row.0, &qrow(i)).subst(a.r, &k[0])),
                 &mut |_, _, _, k, c| {
                     Ok(match kp {
@@ -106,7 +106,7 @@ pub(crate) fn tiled(
                 elen,
                 &[tlen],
                 to,
-                tiler::BForm::InPlace,
+                (tiler::AForm::InPlace, tiler::BForm::InPlace),
                 &mut |_, _, i, k| Ok(Expr::load(scores, vec![i.clone(), k[0].clone()])),
                 &mut |_, _, _, k, c| {
                     Ok(match vp {

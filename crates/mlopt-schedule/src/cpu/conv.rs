@@ -414,6 +414,13 @@ pub(crate) fn tiled(
             }
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
+        // Swapped, A is the window's input, strided along K (channels, taps).
+        let a_form = match swapped.is_some()
+            && mlopt_cost::tile::pack_a_pays(b.target, t, rows_n, cols_n, kk)
+        {
+            true => tiler::AForm::Packed,
+            false => tiler::AForm::InPlace,
+        };
         let form = match swapped {
             Some(weights) => {
                 b.kernel().schedule.push(mlopt_kir::ScheduleStep::Swap);
@@ -432,7 +439,7 @@ pub(crate) fn tiled(
             cols_n,
             &red,
             t,
-            form,
+            (a_form, form),
             &mut |_, bi, row, k| {
                 Ok(match swapped {
                     Some(_) => window(bi, None, k, row),

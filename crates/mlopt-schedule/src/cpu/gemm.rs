@@ -180,11 +180,18 @@ fn tile_nest(
         n,
         &ext(&c.red),
         t,
-        match &packed {
-            Some(w) => tiler::BForm::Weights(w),
-            None if mlopt_cost::tile::pack_b_pays(t, m, n) => tiler::BForm::Packed,
-            None => tiler::BForm::InPlace,
-        },
+        (
+            // Swapped, A is the activations, strided along K.
+            match swap && mlopt_cost::tile::pack_a_pays(target, t, m, n, kk) {
+                true => tiler::AForm::Packed,
+                false => tiler::AForm::InPlace,
+            },
+            match &packed {
+                Some(w) => tiler::BForm::Weights(w),
+                None if mlopt_cost::tile::pack_b_pays(t, m, n) => tiler::BForm::Packed,
+                None => tiler::BForm::InPlace,
+            },
+        ),
         &mut |_, bi, row, k| Ok(c.a.subst_all(&by(bi, Some(row), None, k))),
         &mut |_, bi, _, k, col| {
             Ok(match packed.as_ref().and_then(|p| p.get(col.block)) {

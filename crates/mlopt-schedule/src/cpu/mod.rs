@@ -11,6 +11,7 @@ mod loops;
 mod mma;
 mod mma_conv;
 mod mma_epilogue;
+mod pack;
 mod padded;
 mod tiler;
 mod winograd;

@@ -10,11 +10,15 @@
 //!     store acc (with the kernel's epilogue applied in registers)
 //! ```
 //!
+//! (With `pack(a)` A is first copied into row tiles [M / mr, K, mr], so `a(io*mr+ii, k)` is read at
+//! [io, k, ii]; with `pack(b)` the panels of B are copied before their tiles, a group at a time.)
+//!
 //! `a` is broadcast (one scalar per row), `b` is one vector load per `jv` reused by all `mr` rows: the
 //! 6 x 64 AVX-512 micro-kernel keeps 24 accumulators, 4 B vectors and a broadcast in 29 of the 32 zmm
 //! registers (6 x 16 with AVX2's 16 ymm). MatMul, Gemm, Winograd's GEMMs, convolutions and attention
 //! are tiled through it from their algorithm form (`gemm.rs`, `conv.rs`, `attention.rs`).
 
+use super::pack::{pack_a, Group, PackedA};
 use crate::error::Result;
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_target::CpuTarget;
@@ -53,6 +57,20 @@ pub struct Col<'e> {
     pub jo: &'e Expr,
     pub jj: &'e Expr,
     pub j: Expr,
+}
+
+impl<'e> Col<'e> {
+    /// Column `jj` of panel `jo` of column block `block`, which starts at column `col0`, in panels
+    /// `nr` wide.
+    pub fn at((block, col0, nr): (usize, u64, u64), jo: &'e Expr, jj: &'e Expr) -> Col<'e> {
+        let in_block = Expr::add(Expr::mul(jo.clone(), Expr::int(nr as i64)), jj.clone());
+        Col {
+            block,
+            jo,
+            jj,
+            j: Expr::add(Expr::int(col0 as i64), in_block),
+        }
+    }
 }
 
 pub type RowOp<'a> = &'a mut dyn FnMut(&mut Builder<'_>, &[Expr], &Expr, &[Expr]) -> Result<Expr>;
@@ -102,7 +120,7 @@ pub(crate) fn nest(
     Ok(mlopt_kir::index::serial_loops(&vars, extents, stmts))
 }
 
-fn buf(l: &mut Builder<'_>, prefix: &str, dims: Vec<u64>) -> BufId {
+pub(super) fn buf(l: &mut Builder<'_>, prefix: &str, dims: Vec<u64>) -> BufId {
     let k = l.kernel();
     k.buf(
         format!("{prefix}{}", k.bufs.len()),
@@ -152,7 +170,18 @@ pub enum BForm<'w> {
     Weights(&'w [BufId]),
 }
 
-/// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`, B read as `form` says.
+/// How the tiles read A.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AForm {
+    /// Broadcast from its operand, where it lies.
+    InPlace,
+    /// Copied once per batch, before any tile, into row tiles [M / mr, K, mr] (`pack(a)`,
+    /// `mlopt_cost::tile::pack_a_pays`): for an A strided along K (a swapped convolution's activations).
+    Packed,
+}
+
+/// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`, A and B read as
+/// `a_form` and `form` say.
 #[allow(clippy::too_many_arguments)]
 pub fn tiled(
     l: &mut Builder<'_>,
@@ -161,7 +190,7 @@ pub fn tiled(
     n: u64,
     k: &[u64],
     t: Tile,
-    form: BForm,
+    (a_form, form): (AForm, BForm),
     a: RowOp,
     b: ColOp,
     store: StoreOp,
@@ -180,6 +209,9 @@ pub fn tiled(
     if pack {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
+    if a_form == AForm::Packed {
+        l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackA);
+    }
     let chunk = k_block(l.target, k, t.nr);
     if let Some(c) = chunk {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::KBlock {
@@ -188,7 +220,13 @@ pub fn tiled(
     }
     let mut ops = Ops { a, b, store };
     nest(l, "b", batch, |l, bi| {
-        let mut out = Vec::new();
+        let (apack, mut out) = match a_form {
+            AForm::Packed => {
+                let (packed, fill) = pack_a(l, bi, (m, k, t.mr), &mut ops.a)?;
+                (Some(packed), fill)
+            }
+            AForm::InPlace => (None, Vec::new()),
+        };
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
             // One loop over the block's column panels holds the main rows' tiles and the tail's, so
@@ -223,7 +261,7 @@ pub fn tiled(
                     (cut, jo),
                     ct,
                     red,
-                    (stream, group.as_ref()),
+                    (stream, group.as_ref(), apack),
                     &mut ops,
                 )?);
             }
@@ -236,7 +274,7 @@ pub fn tiled(
                     (cut, jo),
                     tail,
                     red,
-                    (None, group.as_ref()),
+                    (None, group.as_ref(), apack),
                     &mut ops,
                 )?);
             }
@@ -249,111 +287,6 @@ pub fn tiled(
         }
         Ok(out)
     })
-}
-
-/// Neighbouring column panels of B packed together into one local [panels, K, nr] buffer before the
-/// tiles over them run: each row of B is then read `panels` x nr columns at a time (a run of
-/// contiguous lines the prefetcher follows), where one panel at a time read one line per row, each
-/// on its own page once rows are 4 KB apart (a 1x1 convolution's activations at 56 x 56), and its
-/// lines fell into a few L1 sets when the row stride was a multiple of a large power of two.
-struct Group {
-    buf: BufId,
-    /// Panels in a group, and groups in the block.
-    panels: u64,
-    groups: u64,
-    jc: Var,
-    jp: Var,
-}
-
-impl Group {
-    /// The group for a block of `total` panels of tile `t` over reduction `k`: the most panels that
-    /// divide `total` and together fill at most a quarter of L2 (where `k_block` keeps one panel),
-    /// leaving at least four groups a thread where the code runs on several (the loop over groups is
-    /// the one the threads share: ResNet-50's 49 panels at 28 x 28 in 7 groups ran 4 against 3 on
-    /// two threads, 1.05x the time unpacked).
-    fn new(l: &mut Builder<'_>, k: &[u64], total: u64, t: Tile) -> Self {
-        let panel = k.iter().product::<u64>() * t.nr * 4;
-        let fit = (l.target.l2_bytes / 4 / panel.max(1)).max(1);
-        let threads = u64::from(l.target.threads);
-        let panels = (1..=fit.min(total))
-            .rev()
-            .find(|d| total.is_multiple_of(*d) && (threads < 2 || total / d >= 4 * threads))
-            .unwrap_or(1);
-        let buf = buf(l, "panel", vec![panels, k.iter().product(), t.nr]);
-        Group {
-            buf,
-            panels,
-            groups: total / panels,
-            jc: l.fresh("jc"),
-            jp: l.fresh("jp"),
-        }
-    }
-
-    /// The loops over the block's groups around `body` (the tiles of one panel, at panel `jo`): each
-    /// group packed, K outside so each row of B is read along its columns, then its panels' tiles.
-    #[allow(clippy::too_many_arguments)]
-    fn around(
-        self,
-        l: &mut Builder<'_>,
-        bi: &[Expr],
-        k: &[u64],
-        (block, col0, t): (usize, u64, Tile),
-        jo: Var,
-        body: Vec<Stmt>,
-        b: &mut ColOp,
-    ) -> Result<Stmt> {
-        let jo_at = Expr::add(
-            Expr::mul(Expr::var(self.jc), Expr::int(self.panels as i64)),
-            Expr::var(self.jp),
-        );
-        let body: Vec<Stmt> = body.into_iter().map(|s| s.subst(jo, &jo_at)).collect();
-        let kdims: Vec<i64> = k.iter().map(|d| *d as i64).collect();
-        let (jq, jv, jl) = (l.fresh("jq"), l.fresh("jv"), l.fresh("jl"));
-        let q_at = Expr::add(
-            Expr::mul(Expr::var(self.jc), Expr::int(self.panels as i64)),
-            Expr::var(jq),
-        );
-        let packing = nest(l, "k", k, |l, kk| {
-            let jj = Expr::add(
-                Expr::mul(Expr::var(jv), Expr::int(t.lanes as i64)),
-                Expr::var(jl),
-            );
-            let col = Col {
-                block,
-                jo: &q_at,
-                jj: &jj,
-                j: Expr::add(
-                    Expr::int(col0 as i64),
-                    Expr::add(Expr::mul(q_at.clone(), Expr::int(t.nr as i64)), jj.clone()),
-                ),
-            };
-            let value = b(l, bi, None, kk, &col)?;
-            let st = Stmt::Store {
-                buf: self.buf,
-                index: vec![
-                    Expr::var(jq),
-                    mlopt_kir::index::linear(kk, &kdims),
-                    jj.clone(),
-                ],
-                value,
-            };
-            let lanes = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st]);
-            let vectors = Stmt::for_(jv, t.nr / t.lanes as u64, LoopKind::Unrolled, vec![lanes]);
-            Ok(vec![Stmt::for_(
-                jq,
-                self.panels,
-                LoopKind::Serial,
-                vec![vectors],
-            )])
-        })?;
-        let tiles = Stmt::for_(self.jp, self.panels, LoopKind::Serial, body);
-        Ok(Stmt::for_(
-            self.jc,
-            self.groups,
-            LoopKind::Serial,
-            [packing, vec![tiles]].concat(),
-        ))
-    }
 }
 
 /// The operands and the store of a tiled contraction.
@@ -374,6 +307,8 @@ struct Geometry<'e> {
     t: Tile,
     io: Var,
     jo: Expr,
+    /// A packed into row tiles, and the tiles' rows (`pack_a`).
+    apack: Option<PackedA>,
 }
 
 impl Geometry<'_> {
@@ -396,16 +331,7 @@ impl Geometry<'_> {
 
     /// The tile's column `jj` as B's operand sees it.
     fn column<'j>(&'j self, jj: &'j Expr) -> Col<'j> {
-        let in_block = Expr::add(
-            Expr::mul(self.jo.clone(), Expr::int(self.t.nr as i64)),
-            jj.clone(),
-        );
-        Col {
-            block: self.block,
-            jo: &self.jo,
-            jj,
-            j: Expr::add(Expr::int(self.col0 as i64), in_block),
-        }
+        Col::at((self.block, self.col0, self.t.nr), &self.jo, jj)
     }
 
     /// One sweep over the tile: unrolled rows, unrolled vectors, one vector of lanes.
@@ -430,24 +356,13 @@ impl Geometry<'_> {
         panel: BufId,
         b: &mut ColOp,
     ) -> Result<Vec<Stmt>> {
-        let t = self.t;
-        nest(l, "k", &red.kv, |l, kk| {
-            let (jv, jl) = (l.fresh("jv"), l.fresh("jl"));
-            let jj = self.col_in_tile(jv, jl);
-            let value = b(l, self.bi, None, &red.full(kk), &self.column(&jj))?;
-            let index = vec![red.at(kk), jj.clone()];
-            let st = Stmt::Store {
+        super::pack::panel_copy(l, &red.kv, self.t, None, &mut |l, kk, jj| {
+            let value = b(l, self.bi, None, &red.full(kk), &self.column(jj))?;
+            Ok(Stmt::Store {
                 buf: panel,
-                index,
+                index: vec![red.at(kk), jj.clone()],
                 value,
-            };
-            let lanes = Stmt::for_(jl, t.lanes as u64, LoopKind::Vector(t.lanes), vec![st]);
-            Ok(vec![Stmt::for_(
-                jv,
-                t.nr / t.lanes as u64,
-                LoopKind::Unrolled,
-                vec![lanes],
-            )])
+            })
         })
     }
 
@@ -462,13 +377,23 @@ impl Geometry<'_> {
         ops: &mut Ops,
     ) -> Result<Vec<Stmt>> {
         nest(l, "k", &red.kv, |l, kk| {
+            let kk_loop = kk.to_vec();
             let (at, kk) = (red.at(kk), red.full(kk));
             let prefetch = match stream {
                 Some(w) => self.prefetch_next(w, red, &at),
                 None => Vec::new(),
             };
             let mut step = vec![self.sweep(l, &mut |l, ii, jj| {
-                let av = (ops.a)(l, self.bi, &self.row(&ii), &kk)?;
+                let av = match self.apack {
+                    // Row row0 + io x mr + ii of A is in tile row0 / ap.mr + io (row0 is a
+                    // multiple of ap.mr: 0, or the main rows before the tail), at lane ii.
+                    Some(ap) => {
+                        let tile =
+                            Expr::add(Expr::int((self.row0 / ap.mr) as i64), Expr::var(self.io));
+                        Expr::load(ap.buf, vec![tile, red.full_at(&kk_loop), ii.clone()])
+                    }
+                    None => (ops.a)(l, self.bi, &self.row(&ii), &kk)?,
+                };
                 let bv = match panel {
                     Some((p, None)) => Expr::load(p, vec![at.clone(), jj.clone()]),
                     Some((p, Some(jp))) => {
@@ -641,6 +566,18 @@ impl Reduction {
     fn at(&self, kk: &[Expr]) -> Expr {
         mlopt_kir::index::linear(kk, &self.kdims)
     }
+
+    /// The loops' values `kk` as a linear index into all of K (a packed A's), past the blocks before.
+    fn full_at(&self, kk: &[Expr]) -> Expr {
+        let at = self.at(kk);
+        match self.kb {
+            Some((v, _, _)) => {
+                let block: u64 = self.kv.iter().product();
+                Expr::add(Expr::mul(Expr::var(v), Expr::int(block as i64)), at)
+            }
+            None => at,
+        }
+    }
 }
 
 /// Rows `row0..row0 + rows` by the columns of block `block` (`col0..col0 + cols`) in tiles `t`, for
@@ -655,7 +592,7 @@ fn tile_block(
     ((block, col0, cols), jo): ((usize, u64, u64), Var),
     t: Tile,
     (k, chunk, pack): (&[u64], Option<u64>, bool),
-    (stream, group): (Option<BufId>, Option<&Group>),
+    (stream, group, apack): (Option<BufId>, Option<&Group>, Option<PackedA>),
     ops: &mut Ops,
 ) -> Result<Vec<Stmt>> {
     // Each block has its own accumulators, so a parallel loop over one block's tiles keeps them private.
@@ -670,6 +607,7 @@ fn tile_block(
         t,
         io,
         jo: Expr::var(jo),
+        apack,
     };
     let zero = g.sweep(l, &mut |_, ii, jj| {
         Ok(Stmt::Store {
