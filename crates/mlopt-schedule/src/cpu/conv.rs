@@ -415,11 +415,9 @@ pub(crate) fn tiled(
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
         // Swapped, A is the window's input, strided along K (channels, taps).
-        let a_form = match swapped.is_some()
-            && mlopt_cost::tile::pack_a_pays(b.target, t, rows_n, cols_n, kk)
-        {
-            true => tiler::AForm::Packed,
-            false => tiler::AForm::InPlace,
+        let a_form = match swapped {
+            Some(_) => tiler::AForm::StridedK,
+            None => tiler::AForm::InPlace,
         };
         let form = match swapped {
             Some(weights) => {

@@ -182,8 +182,8 @@ fn tile_nest(
         t,
         (
             // Swapped, A is the activations, strided along K.
-            match swap && mlopt_cost::tile::pack_a_pays(target, t, m, n, kk) {
-                true => tiler::AForm::Packed,
+            match swap {
+                true => tiler::AForm::StridedK,
                 false => tiler::AForm::InPlace,
             },
             match &packed {

@@ -36,7 +36,7 @@ pub(super) fn panel_copy(
     })
 }
 
-/// A copied into row tiles (`tiler::AForm::Packed`): `buf` [tiles, K, mr] holds row r of A in tile
+/// A copied into row tiles (`pack(a)`, for `tiler::AForm::StridedK`): `buf` [tiles, K, mr] holds row r of A in tile
 /// r / mr at lane r % mr (the last tile holds the M % mr rows of the tail).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PackedA {

@@ -18,7 +18,7 @@
 //! registers (6 x 16 with AVX2's 16 ymm). MatMul, Gemm, Winograd's GEMMs, convolutions and attention
 //! are tiled through it from their algorithm form (`gemm.rs`, `conv.rs`, `attention.rs`).
 
-use super::pack::{pack_a, Group, PackedA};
+use super::pack::{self, Group, PackedA};
 use crate::error::Result;
 use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 use mlopt_target::CpuTarget;
@@ -170,14 +170,15 @@ pub enum BForm<'w> {
     Weights(&'w [BufId]),
 }
 
-/// How the tiles read A.
+/// How A lies along K.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AForm {
-    /// Broadcast from its operand, where it lies.
+    /// Each row contiguous along K (a weight, a row-major operand): broadcast where it lies.
     InPlace,
-    /// Copied once per batch, before any tile, into row tiles [M / mr, K, mr] (`pack(a)`,
-    /// `mlopt_cost::tile::pack_a_pays`): for an A strided along K (a swapped convolution's activations).
-    Packed,
+    /// Strided along K (a swapped convolution's activations, [K, positions]): copied once per batch,
+    /// before any tile, into row tiles [M / mr, K, mr] (`pack(a)`) where the cost model says it pays
+    /// (`mlopt_cost::tile::pack_a_pays`), else broadcast where it lies.
+    StridedK,
 }
 
 /// out(batch, i, j) = sum over k of a(batch, i, k) * b(batch, k, j), tiled by `t`, A and B read as
@@ -209,7 +210,8 @@ pub fn tiled(
     if pack {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackB);
     }
-    if a_form == AForm::Packed {
+    let pack_a = a_form == AForm::StridedK && mlopt_cost::tile::pack_a_pays(l.target, t, m, n, kk);
+    if pack_a {
         l.kernel().schedule.push(mlopt_kir::ScheduleStep::PackA);
     }
     let chunk = k_block(l.target, k, t.nr);
@@ -220,12 +222,12 @@ pub fn tiled(
     }
     let mut ops = Ops { a, b, store };
     nest(l, "b", batch, |l, bi| {
-        let (apack, mut out) = match a_form {
-            AForm::Packed => {
-                let (packed, fill) = pack_a(l, bi, (m, k, t.mr), &mut ops.a)?;
+        let (apack, mut out) = match pack_a {
+            true => {
+                let (packed, fill) = pack::pack_a(l, bi, (m, k, t.mr), &mut ops.a)?;
                 (Some(packed), fill)
             }
-            AForm::InPlace => (None, Vec::new()),
+            false => (None, Vec::new()),
         };
         for (block, (col0, cols, ct)) in blocks(n, t).into_iter().enumerate() {
             let main = m - m % ct.mr;
