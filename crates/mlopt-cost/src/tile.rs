@@ -174,10 +174,10 @@ pub fn pack_b_pays(t: Tile, m: u64, n: u64) -> bool {
 /// packed once into row tiles (`pack(a)`, [M / mr, K, mr]: a tile's mr broadcasts of a step are
 /// consecutive): where four or more column panels read A again (the copy costs about what one panel's
 /// tiles spend reading A in place; DenseNet-121's 3x3 convolutions at 7 x 7 have two panels of 16
-/// output channels) and the packed copy stays in half of L2. In place, a tile's steps each load a line per row tile for mr floats of it, and with a 32 KB
-/// panel of B no step's lines stay in L1: ResNet-50's 1x1 convolutions at 7 x 7 (49 x 2048 x 512
-/// swapped, 5 x 16 tiles) ran at 57% of a Zen 3 core's FMA peak, the same product with A row-major
-/// (a MatMul) at 77-81%.
+/// output channels) and the packed copy stays in half of L2. In place, a tile's steps each load a
+/// line per row tile for mr floats of it, and with a 32 KB panel of B no step's lines stay in L1:
+/// ResNet-50's 1x1 convolutions at 7 x 7 (49 x 2048 x 512 swapped, 5 x 16 tiles) ran at 57% of a
+/// Zen 3 core's FMA peak, the same product with A row-major (a MatMul) at 77-81%.
 pub fn pack_a_pays(target: &CpuTarget, t: Tile, m: u64, n: u64, k: u64) -> bool {
     n >= 4 * t.nr && m.saturating_mul(k).saturating_mul(4) <= target.l2_bytes / 2
 }

@@ -18,7 +18,7 @@
 //! `gemm.rs` tiles it.
 
 use super::padded::{padded_index, padded_phases, phase_dims, phase_planes, Plane, Read};
-use super::tiler::{self, Builder, Tile};
+use super::tiler::{self, AForm, BForm, Builder, Tile};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
 use crate::window::Window;
@@ -414,21 +414,17 @@ pub(crate) fn tiled(
             }
         };
         let kdims: Vec<i64> = red.iter().map(|e| *e as i64).collect();
-        // Swapped, A is the window's input, strided along K (channels, taps).
-        let a_form = match swapped {
-            Some(_) => tiler::AForm::StridedK,
-            None => tiler::AForm::InPlace,
-        };
-        let form = match swapped {
+        // Swapped, A is the window's input, strided along K (channels, taps), and B the weight.
+        let forms = match swapped {
             Some(weights) => {
                 b.kernel().schedule.push(mlopt_kir::ScheduleStep::Swap);
-                tiler::BForm::Weights(weights)
+                (AForm::StridedK, BForm::Weights(weights))
             }
-            None if pack => tiler::BForm::Packed,
+            None if pack => (AForm::InPlace, BForm::Packed),
             None if wide.is_some() && mlopt_cost::tile::pack_b_pays(t, rows_n, cols_n) => {
-                tiler::BForm::Packed
+                (AForm::InPlace, BForm::Packed)
             }
-            None => tiler::BForm::InPlace,
+            None => (AForm::InPlace, BForm::InPlace),
         };
         st.extend(tiler::tiled(
             b,
@@ -437,7 +433,7 @@ pub(crate) fn tiled(
             cols_n,
             &red,
             t,
-            (a_form, form),
+            forms,
             &mut |_, bi, row, k| {
                 Ok(match swapped {
                     Some(_) => window(bi, None, k, row),

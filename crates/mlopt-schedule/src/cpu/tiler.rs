@@ -379,7 +379,6 @@ impl Geometry<'_> {
         ops: &mut Ops,
     ) -> Result<Vec<Stmt>> {
         nest(l, "k", &red.kv, |l, kk| {
-            let kk_loop = kk.to_vec();
             let (at, kk) = (red.at(kk), red.full(kk));
             let prefetch = match stream {
                 Some(w) => self.prefetch_next(w, red, &at),
@@ -392,7 +391,7 @@ impl Geometry<'_> {
                     Some(ap) => {
                         let tile =
                             Expr::add(Expr::int((self.row0 / ap.mr) as i64), Expr::var(self.io));
-                        Expr::load(ap.buf, vec![tile, red.full_at(&kk_loop), ii.clone()])
+                        Expr::load(ap.buf, vec![tile, red.full_at(&at), ii.clone()])
                     }
                     None => (ops.a)(l, self.bi, &self.row(&ii), &kk)?,
                 };
@@ -569,15 +568,15 @@ impl Reduction {
         mlopt_kir::index::linear(kk, &self.kdims)
     }
 
-    /// The loops' values `kk` as a linear index into all of K (a packed A's), past the blocks before.
-    fn full_at(&self, kk: &[Expr]) -> Expr {
-        let at = self.at(kk);
+    /// A linear index `at` into this block of K (what `at` gives) as one into all of K (a packed
+    /// A's), past the blocks before.
+    fn full_at(&self, at: &Expr) -> Expr {
         match self.kb {
             Some((v, _, _)) => {
                 let block: u64 = self.kv.iter().product();
-                Expr::add(Expr::mul(Expr::var(v), Expr::int(block as i64)), at)
+                Expr::add(Expr::mul(Expr::var(v), Expr::int(block as i64)), at.clone())
             }
-            None => at,
+            None => at.clone(),
         }
     }
 }
