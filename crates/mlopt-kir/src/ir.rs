@@ -277,11 +277,13 @@ pub enum Stmt {
     If { cond: Expr, then: Vec<Stmt> },
     /// GPU block barrier (`bar.sync`): all threads of the block reach it before any goes on.
     Barrier,
-    /// A bf16 matrix multiply-accumulate on blocks, the unit of work of a matrix engine (AMX tiles,
-    /// tensor-core `mma`): for i < m, j < n,
+    /// A matrix multiply-accumulate on blocks, the unit of work of a matrix engine (AMX tiles,
+    /// tensor-core `mma`, a dot-product instruction's pairs): for i < m, j < n,
     /// `c[i, j] = (acc ? c[i, j] : 0) + sum over p < k of a[i, p] * b[p / 2, 2 j + p % 2]`,
-    /// with `a` [m, k] and `b` [k / 2, 2 n] bf16 (B's rows interleave pairs of k, the layout the
-    /// hardware reads), `c` [m, n] f32; products are exact in f32, sums are f32. With `ahead` (text:
+    /// with `a` [m, k] and `b` [k / 2, 2 n] of one operand type (B's rows interleave pairs of k, the
+    /// layout the hardware reads) and `c` [m, n] of its accumulator type (`mma_acc`): bf16 operands
+    /// sum in f32 (products exact, sums f32); i16 operands in i32 (products exact, each pair's sum and
+    /// every addition wrapping, as `vpmaddwd` and `vpaddd` compute them). With `ahead` (text:
     /// a trailing `ahead`), the code also fetches into L2 the bytes that follow B's block in memory
     /// (as many as it has: a packed weight's next panel, the one the next block of columns reads) while
     /// the product runs; a hint, with no effect on the values.
@@ -329,6 +331,16 @@ pub enum Stmt {
     /// `at` may lie past the buffer's end (a prefetch cannot fault), so the next panel of a weight can
     /// be named without a guard.
     Prefetch { buf: BufId, at: Expr },
+}
+
+/// The accumulator type of an `Mma` on operands of type `e`: f32 for bf16, i32 for i16; None for
+/// operand types no `mma` takes.
+pub fn mma_acc(e: Elem) -> Option<Elem> {
+    match e {
+        Elem::BF16 => Some(Elem::F32),
+        Elem::I16 => Some(Elem::I32),
+        _ => None,
+    }
 }
 
 /// The depth K of a `WarpMma` on operands of type `e` (16 for bf16 and f16, 8 for tf32).

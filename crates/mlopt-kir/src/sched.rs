@@ -267,14 +267,15 @@ pub fn tile(k: &mut Kernel, a: Var, b: Var, fa: u64, fb: u64) -> Result<[Var; 4]
     Ok([ao, bo, ai, bi])
 }
 
-/// Rewrites every `mma` into the loops it stands for (i, j, then the k reduction into an f32 local),
-/// for targets without a matrix engine.
-pub fn mma_to_loops(k: &mut Kernel) {
+/// Rewrites every `mma` into the loops it stands for (i, j, then the k reduction into a local of the
+/// accumulator type), for targets without a matrix engine for it: all but those on operands of a type
+/// in `keep`.
+pub fn mma_to_loops(k: &mut Kernel, keep: &[Elem]) {
     let body = std::mem::take(&mut k.body);
-    k.body = expand(k, body);
+    k.body = expand(k, body, keep);
 }
 
-fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
+fn expand(k: &mut Kernel, body: Vec<Stmt>, keep: &[Elem]) -> Vec<Stmt> {
     body.into_iter()
         .map(|s| match s {
             Stmt::For {
@@ -286,12 +287,13 @@ fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
                 var,
                 extent,
                 kind,
-                body: expand(k, body),
+                body: expand(k, body, keep),
             },
             Stmt::If { cond, then } => Stmt::If {
                 cond,
-                then: expand(k, then),
+                then: expand(k, then, keep),
             },
+            Stmt::Mma { ref a, .. } if keep.contains(&k.buffer(a.buf).elem) => s,
             Stmt::Mma {
                 m,
                 n,
@@ -308,26 +310,34 @@ fn expand(k: &mut Kernel, body: Vec<Stmt>) -> Vec<Stmt> {
                     k.var(format!("mj{id}")),
                     k.var(format!("mp{id}")),
                 );
-                let sum = k.buf(format!("mma{id}"), Elem::F32, vec![], crate::Space::Local);
+                // Sums in the accumulator type: f32 for bf16, i32 (wrapping) for i16.
+                let t = crate::ir::mma_acc(k.buffer(a.buf).elem).unwrap_or(Elem::F32);
+                let sum = k.buf(format!("mma{id}"), t, vec![], crate::Space::Local);
                 let (iv, jv, pv) = (Expr::var(i), Expr::var(j), Expr::var(p));
-                let f32 = |e: Expr| Expr::cast(Elem::F32, e);
+                let wide = |e: Expr| Expr::cast(t, e);
                 let start = if acc {
                     Expr::load(c.buf, c.index(iv.clone(), jv.clone()))
-                } else {
+                } else if t == Elem::F32 {
                     Expr::f32(0.0)
+                } else {
+                    Expr::cast(t, Expr::int(0))
                 };
                 let bcol = Expr::add(
                     Expr::mul(Expr::int(2), jv.clone()),
                     Expr::rem(pv.clone(), Expr::int(2)),
                 );
-                let step = Expr::fma(
-                    f32(Expr::load(a.buf, a.index(iv.clone(), pv.clone()))),
-                    f32(Expr::load(
+                let (x, y) = (
+                    wide(Expr::load(a.buf, a.index(iv.clone(), pv.clone()))),
+                    wide(Expr::load(
                         b.buf,
                         b.index(Expr::div(pv, Expr::int(2)), bcol),
                     )),
-                    Expr::load(sum, vec![]),
                 );
+                let step = if t == Elem::F32 {
+                    Expr::fma(x, y, Expr::load(sum, vec![]))
+                } else {
+                    Expr::add(Expr::load(sum, vec![]), Expr::mul(x, y))
+                };
                 let inner = vec![
                     Stmt::Store {
                         buf: sum,

@@ -171,11 +171,20 @@ impl Verifier<'_> {
                 ahead: _,
             } => {
                 // Each block's first and last element must be in bounds (the indices are affine, so
-                // every element between them is too), and the types are the matrix engine's.
+                // every element between them is too), and the types are the matrix engine's: A's
+                // (bf16 or i16) for B, its accumulator's for C.
+                let op = self.k.buffer(a.buf).elem;
+                let Some(sum) = crate::ir::mma_acc(op) else {
+                    self.err(format!(
+                        "mma a block %{}: is {op}, must be bf16 or i16",
+                        self.k.buffer(a.buf).name
+                    ));
+                    return;
+                };
                 for (x, rows, cols, elem, what) in [
-                    (c, *m, *n, Elem::F32, "c"),
-                    (a, *m, *k, Elem::BF16, "a"),
-                    (b, k / 2, 2 * n, Elem::BF16, "b"),
+                    (c, *m, *n, sum, "c"),
+                    (a, *m, *k, op, "a"),
+                    (b, k / 2, 2 * n, op, "b"),
                 ] {
                     let what = format!("mma {what} block %{}", self.k.buffer(x.buf).name);
                     if x.at.len() < 2 || rows == 0 || cols == 0 {

@@ -111,16 +111,17 @@ impl<'c> Gen<'_, 'c> {
     /// Whether the tiles should be configured around a serial loop over `body`: it runs `mma`s on AMX
     /// in this function (no parallel loop, whose body is a function of its own, on the way).
     pub(crate) fn tiles_for(&self, body: &[mlopt_kir::Stmt]) -> bool {
-        fn walk(s: &[mlopt_kir::Stmt], mma: &mut bool) -> bool {
+        // (Only bf16 products run on the tiles; i16 ones on the integer dot product, `dot.rs`.)
+        fn walk(k: &mlopt_kir::Kernel, s: &[mlopt_kir::Stmt], mma: &mut bool) -> bool {
             s.iter().all(|s| match s {
-                mlopt_kir::Stmt::Mma { .. } => {
-                    *mma = true;
+                mlopt_kir::Stmt::Mma { a, .. } => {
+                    *mma |= k.buffer(a.buf).elem == mlopt_kir::Elem::BF16;
                     true
                 }
                 mlopt_kir::Stmt::For { kind, body, .. } => {
-                    *kind != mlopt_kir::LoopKind::Parallel && walk(body, mma)
+                    *kind != mlopt_kir::LoopKind::Parallel && walk(k, body, mma)
                 }
-                mlopt_kir::Stmt::If { then, .. } => walk(then, mma),
+                mlopt_kir::Stmt::If { then, .. } => walk(k, then, mma),
                 _ => true,
             })
         }
@@ -128,7 +129,7 @@ impl<'c> Gen<'_, 'c> {
         self.matrix == Some(mlopt_target::MatrixUnit::Amx)
             && !self.gpu
             && self.width.is_none()
-            && walk(body, &mut mma)
+            && walk(self.kernel, body, &mut mma)
             && mma
     }
 

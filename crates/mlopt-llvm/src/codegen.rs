@@ -94,8 +94,10 @@ pub struct Gen<'a, 'c> {
     /// Lanes of the vector loop being emitted, and the lane-private local buffers.
     pub(crate) width: Option<u32>,
     pub(crate) private: HashMap<BufId, PointerValue<'c>>,
-    /// What runs `mma` blocks.
+    /// What runs `mma` blocks of bf16.
     pub matrix: Option<MatrixUnit>,
+    /// What runs `mma` blocks of i16 (`dot.rs`).
+    pub i16_dot: Option<mlopt_target::I16Dot>,
     /// AMX tiles configured around the loop being emitted (`amx.rs`): its products neither configure
     /// nor release them.
     pub(crate) tiles_ready: bool,
@@ -150,6 +152,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             width: None,
             private: HashMap::new(),
             matrix: None,
+            i16_dot: None,
             tiles_ready: false,
             bf16_convert: false,
             avx512: false,
@@ -310,7 +313,7 @@ impl<'a, 'c> Gen<'a, 'c> {
     pub fn block(&mut self, body: &[Stmt]) -> Ret<()> {
         let mut i = 0;
         while i < body.len() {
-            // A product and a loop summing more into its block run as one on AMX (`bf16_dot.rs`).
+            // A product and a loop summing more into its block run as one on AMX (`dot.rs`).
             if i + 1 < body.len() && !self.gpu && self.led_mmas(&body[i], &body[i + 1])? {
                 i += 2;
                 continue;
@@ -378,12 +381,13 @@ impl<'a, 'c> Gen<'a, 'c> {
                 b,
                 acc,
                 ahead,
-            } => match self.matrix {
-                Some(MatrixUnit::Amx) => self.mma(*m, *n, *k, c, a, b, *acc),
-                Some(MatrixUnit::Dot) => self.mma_dot(*m, *n, *k, (c, a, b), *acc, *ahead),
-                None => Err(err(format!(
-                    "@{}: an mma block on a target without a bf16 matrix unit (expand it first)",
-                    self.kernel.name
+            } => match (self.pairs(a), self.matrix) {
+                (Some(p), _) => self.mma_dot(p, (*m, *n, *k), (c, a, b), *acc, *ahead),
+                (None, Some(MatrixUnit::Amx)) => self.mma(*m, *n, *k, c, a, b, *acc),
+                _ => Err(err(format!(
+                    "@{}: an mma block of {} on a target without a unit for it (expand it first)",
+                    self.kernel.name,
+                    self.kernel.buffer(a.buf).elem
                 ))),
             },
         }
@@ -554,7 +558,7 @@ impl<'a, 'c> Gen<'a, 'c> {
             }
             _ => {
                 // Serial loops of two forms have code of their own: a sum of short `mma` products
-                // into one block runs whole (`bf16_dot.rs`), and a loop around a vector loop that
+                // into one block runs whole (`dot.rs`), and a loop around a vector loop that
                 // gathers runs as many of its steps as the vector has lanes at a time, the gathered
                 // operand read as rows and transposed (`transpose.rs`); the rest is counted.
                 let serial = kind == LoopKind::Serial && !self.gpu;

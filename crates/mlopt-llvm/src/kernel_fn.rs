@@ -41,6 +41,7 @@ pub fn define_kernel<'c>(
 ) -> Ret<()> {
     let mut g = Gen::new(c, m, k, f);
     g.matrix = t.matrix();
+    g.i16_dot = t.i16_dot();
     g.bf16_convert = t.has("avx512bf16");
     g.avx512 = t.has("avx512f");
     g.avx = t.has("avx");

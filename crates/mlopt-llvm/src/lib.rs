@@ -7,8 +7,8 @@
 
 mod amx;
 mod batch;
-mod bf16_dot;
 mod codegen;
+mod dot;
 mod elf;
 mod entry;
 mod kernel_fn;

@@ -84,6 +84,7 @@ pub fn parallel_loop<'c>(g: &mut Gen<'_, 'c>, var: Var, extent: u64, body: &[Stm
     {
         let mut h = Gen::new(c, m, g.kernel, f);
         h.matrix = g.matrix;
+        h.i16_dot = g.i16_dot;
         h.bf16_convert = g.bf16_convert;
         h.avx512 = g.avx512;
         h.avx = g.avx;

@@ -186,15 +186,20 @@ pub fn compile_with(p: &Program, t: &CpuTarget, profile: bool) -> Result<Output>
             g
         })
         .collect();
-    // Without a matrix unit, `mma` blocks become the loops they stand for.
+    // `mma` blocks no unit of this CPU runs become the loops they stand for.
+    let keep: Vec<mlopt_kir::Elem> = [
+        (t.matrix().is_some(), mlopt_kir::Elem::BF16),
+        (t.i16_dot().is_some(), mlopt_kir::Elem::I16),
+    ]
+    .into_iter()
+    .filter_map(|(runs, e)| runs.then_some(e))
+    .collect();
     let kernels: Vec<mlopt_kir::Kernel> = p
         .kernels
         .iter()
         .map(|k| {
             let mut k = k.clone();
-            if t.matrix().is_none() {
-                mlopt_kir::sched::mma_to_loops(&mut k);
-            }
+            mlopt_kir::sched::mma_to_loops(&mut k, &keep);
             k
         })
         .collect();

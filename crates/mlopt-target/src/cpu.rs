@@ -43,6 +43,14 @@ pub enum MatrixUnit {
     Dot,
 }
 
+/// The CPU's i16 dot product (`CpuTarget::i16_dot`): i32 lanes of one accumulator, and whether one
+/// instruction multiplies and adds (`vpdpwssd`) or two do (`vpmaddwd`, `vpaddd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct I16Dot {
+    pub fused: bool,
+    pub lanes: u32,
+}
+
 impl CpuTarget {
     pub fn has(&self, feature: &str) -> bool {
         self.features.iter().any(|f| f == feature)
@@ -79,6 +87,25 @@ impl CpuTarget {
             Some(MatrixUnit::Amx)
         } else if self.has("avx512bf16") {
             Some(MatrixUnit::Dot)
+        } else {
+            None
+        }
+    }
+
+    /// What runs `mma` blocks on i16 pairs (i32 sums): AVX512-VNNI's `vpdpwssd` on zmm, else
+    /// `vpmaddwd` and `vpaddd` on zmm (AVX-512BW) or ymm (AVX2); None without AVX2.
+    pub fn i16_dot(&self) -> Option<I16Dot> {
+        let zmm = self.has("avx512bw");
+        if zmm {
+            Some(I16Dot {
+                fused: self.has("avx512vnni"),
+                lanes: 16,
+            })
+        } else if self.has("avx2") {
+            Some(I16Dot {
+                fused: false,
+                lanes: 8,
+            })
         } else {
             None
         }

@@ -14,7 +14,7 @@ pub mod cpu;
 pub mod error;
 pub mod gpu;
 
-pub use cpu::{CpuModel, CpuTarget, MatrixUnit};
+pub use cpu::{CpuModel, CpuTarget, I16Dot, MatrixUnit};
 pub use error::{Result, TargetError};
 pub use gpu::GpuTarget;
 use std::fmt;
@@ -204,6 +204,16 @@ mod tests {
             (v3.cpu().unwrap().lanes(), v3.cpu().unwrap().matrix()),
             (8, None)
         );
+        // The i16 dot product: vpdpwssd on Zen 4, vpmaddwd on zmm without VNNI, on ymm with AVX2.
+        for (name, want) in [
+            ("znver4", Some((true, 16))),
+            ("x86-64-v4", Some((false, 16))),
+            ("x86-64-v3", Some((false, 8))),
+        ] {
+            let t = Target::named(name, 1).unwrap();
+            let d = t.cpu().unwrap().i16_dot().map(|d| (d.fused, d.lanes));
+            assert_eq!(d, want, "{name}");
+        }
     }
 
     #[test]

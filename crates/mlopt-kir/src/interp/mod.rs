@@ -226,22 +226,41 @@ impl Frame<'_> {
                 let at = |x: &crate::Block, r: u64, col: u64| {
                     x.index(Expr::int(r as i64), Expr::int(col as i64))
                 };
+                let integer = self.k.buffer(a.buf).elem == Elem::I16;
                 for i in 0..*rows {
                     for j in 0..*n {
-                        let mut sum = if *acc {
-                            self.eval(&Expr::load(c.buf, at(c, i, j)), m)?.f() as f32
+                        let c_at = at(c, i, j);
+                        let old = if *acc {
+                            Some(self.eval(&Expr::load(c.buf, c_at.clone()), m)?)
                         } else {
-                            0.0f32
+                            None
                         };
+                        let mut terms = Vec::with_capacity(*k as usize);
                         for p in 0..*k {
-                            let x = self.eval(&Expr::load(a.buf, at(a, i, p)), m)?.f() as f32;
-                            let y = self
-                                .eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?
-                                .f() as f32;
-                            sum += x * y;
+                            let x = self.eval(&Expr::load(a.buf, at(a, i, p)), m)?;
+                            let y =
+                                self.eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?;
+                            terms.push((x, y));
                         }
-                        let (r, off, t, _) = self.locate(c.buf, &at(c, i, j), m)?;
-                        encode(t, V::F(sum as f64), &mut m[r][off..off + 4]);
+                        let sum = if integer {
+                            // i16 products exact in i32; each pair summed, then added, wrapping.
+                            let mut s = old.map_or(0, |v| v.i() as i32);
+                            for pair in terms.chunks(2) {
+                                let dot = pair.iter().fold(0i32, |d, (x, y)| {
+                                    d.wrapping_add((x.i() as i32).wrapping_mul(y.i() as i32))
+                                });
+                                s = s.wrapping_add(dot);
+                            }
+                            V::I(s as i64)
+                        } else {
+                            let mut s = old.map_or(0.0, |v| v.f() as f32);
+                            for (x, y) in terms {
+                                s += x.f() as f32 * y.f() as f32;
+                            }
+                            V::F(s as f64)
+                        };
+                        let (r, off, t, _) = self.locate(c.buf, &c_at, m)?;
+                        encode(t, sum, &mut m[r][off..off + 4]);
                     }
                 }
             }
