@@ -127,3 +127,151 @@ fn i16_mma_blocks_compile_as_they_interpret() {
         );
     }
 }
+
+/// An integer contraction as the rewrite writes it for a quantized model: `x - zx` widened to i16
+/// (`x` u8 activations), times an i16 constant weight, summed in i32 with an i32 bias.
+fn integer_graph(case: &Case) -> mlopt_ir::Graph {
+    use mlopt_ir::{Binary, ConvAttrs, DType, Graph, Op, Tensor, TensorType};
+    let mut g = Graph::new("int");
+    let mut lcg = 0x2545_F491_4F6C_DD1Du64 ^ case.seed;
+    let mut next = move |m: u64| {
+        lcg = lcg
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((lcg >> 33) % m) as i64
+    };
+    let (x_shape, w_shape) = match case.op {
+        Shape::Conv { n, c, m, hw, k, .. } => (vec![n, c, hw, hw], vec![m, c, k, k]),
+        Shape::MatMul { m, k, n } => (vec![m, k], vec![k, n]),
+    };
+    let x = g.add_input("x", TensorType::new(DType::U8, x_shape));
+    let wn: usize = w_shape.iter().product();
+    let wv: Vec<i16> = (0..wn).map(|_| (next(255) - 127) as i16).collect();
+    let w = g.add_const("w", Tensor::from_vec(&w_shape, wv).unwrap());
+    let zx = g.add_const("zx", Tensor::from_vec(&[], vec![case.zero as i16]).unwrap());
+    let wide = g.add(Op::Cast { to: DType::I16 }, "widen", &[x]).unwrap();
+    let centred = g
+        .add(Op::Binary(Binary::Sub), "centre", &[wide, zx])
+        .unwrap();
+    let y = match case.op {
+        Shape::Conv { m, k, stride, .. } => {
+            let bv: Vec<i32> = (0..m).map(|_| next(20001) as i32 - 10000).collect();
+            let b = g.add_const("b", Tensor::from_vec(&[m], bv).unwrap());
+            let a = ConvAttrs {
+                strides: vec![stride; 2],
+                pads: vec![k / 2; 4],
+                dilations: vec![1; 2],
+                group: 1,
+                output_padding: vec![],
+            };
+            g.add(Op::Conv(a), "conv", &[centred, w, b]).unwrap()
+        }
+        Shape::MatMul { .. } => g.add(Op::MatMul, "matmul", &[centred, w]).unwrap(),
+    };
+    g.add_output("y", y);
+    g
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Conv {
+        n: usize,
+        c: usize,
+        m: usize,
+        hw: usize,
+        k: usize,
+        stride: usize,
+    },
+    MatMul {
+        m: usize,
+        k: usize,
+        n: usize,
+    },
+}
+
+struct Case {
+    op: Shape,
+    zero: u8,
+    seed: u64,
+    /// Whether the contraction runs as `mma` blocks (else as the loops lowering wrote: too small).
+    blocks: bool,
+}
+
+/// Integer convolutions and products of every shape class the fp32 path has (3x3, 1x1, strided, a
+/// 3-channel 7x7 stem, a batch of two, few positions, a MatMul), compiled for this machine: the same
+/// i32 results as the graph interpreter, exactly, and run on the integer dot product's blocks.
+#[test]
+fn integer_contractions_compile_exactly() {
+    use Shape::*;
+    let conv = |n, c, m, hw, k, stride| Conv {
+        n,
+        c,
+        m,
+        hw,
+        k,
+        stride,
+    };
+    let cases = [
+        (conv(1, 32, 64, 14, 3, 1), 128, true),
+        (conv(1, 64, 48, 9, 1, 1), 3, true),
+        (conv(2, 24, 40, 11, 3, 2), 0, true),
+        (conv(1, 3, 32, 20, 7, 2), 114, true),
+        (conv(1, 128, 96, 4, 1, 1), 255, true),
+        (conv(1, 64, 64, 7, 1, 2), 17, true),
+        (MatMul { m: 9, k: 96, n: 40 }, 128, true),
+        (
+            MatMul {
+                m: 64,
+                k: 32,
+                n: 64,
+            },
+            7,
+            true,
+        ),
+        // Too shallow and narrow for blocks: the loops as written, still exact.
+        (MatMul { m: 3, k: 6, n: 5 }, 1, false),
+    ];
+    for (i, (op, zero, blocks)) in cases.into_iter().enumerate() {
+        let case = Case {
+            op,
+            zero,
+            seed: i as u64,
+            blocks,
+        };
+        let g = integer_graph(&case);
+        let mut inputs = std::collections::HashMap::new();
+        let x_ty = g.node(g.graph_inputs()[0]).outputs[0].clone();
+        let mut s = 0x9E37_79B9u64 + i as u64;
+        let xv: Vec<u8> = (0..x_ty.numel())
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (s >> 56) as u8
+            })
+            .collect();
+        inputs.insert(
+            "x".to_string(),
+            mlopt_ir::Tensor::from_vec(&x_ty.shape, xv).unwrap(),
+        );
+        let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+        for threads in [1, 2] {
+            let config = mlopt_rewrite::Config::new(
+                Target::named(mlopt_target::runnable_level(), threads).unwrap(),
+            );
+            let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
+            let text: String = c
+                .program
+                .kernels
+                .iter()
+                .map(mlopt_kir::print::kernel)
+                .collect();
+            let on_blocks = text.contains("mma<") && text.contains("i16[");
+            assert_eq!(on_blocks, case.blocks, "{op:?}: mma blocks\n{text}");
+            let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+            assert_eq!(want[0].1.ty(), got[0].1.ty(), "{op:?}");
+            assert!(
+                want[0].1.same_bits(&got[0].1),
+                "{op:?} on {threads} threads: compiled differs from the interpreter"
+            );
+        }
+    }
+}

@@ -202,6 +202,8 @@ pub fn launch(t: &GpuTarget, flops: f64, bytes: f64, matrix: Option<MatrixPrecis
         Some(MatrixPrecision::Bf16) => t.bf16,
         Some(MatrixPrecision::F16) => t.f16,
         Some(MatrixPrecision::Tf32 | MatrixPrecision::F32) => t.tf32,
+        // (No integer contraction runs on a GPU's tensor cores yet: its SIMT lanes.)
+        Some(MatrixPrecision::I16) => t.roof.fp32,
         None => t.roof.fp32,
     };
     let (compute_s, memory_s) = (flops / peak, bytes / t.roof.dram_bw);

@@ -146,7 +146,7 @@ mod tests {
                 false
             )
             .matrix_flops,
-            [0.0; 4]
+            [0.0; 5]
         );
         assert_eq!(
             op_work_on(
@@ -185,7 +185,7 @@ mod tests {
         let t = Target::named("x86-64-v4", 1).unwrap();
         let w = Work {
             vector_flops: 1e9,
-            matrix_flops: [1e9, 0.0, 0.0, 0.0],
+            matrix_flops: [1e9, 0.0, 0.0, 0.0, 0.0],
             bytes: 1e3,
         };
         let at = |mix: Mix| priced(&w, &t, mix).compute_s;

@@ -77,7 +77,7 @@ impl fmt::Display for Cost {
 pub struct Work {
     pub vector_flops: f64,
     /// Indexed by `MatrixPrecision as usize`.
-    pub matrix_flops: [f64; 4],
+    pub matrix_flops: [f64; 5],
     pub bytes: f64,
 }
 
@@ -128,6 +128,7 @@ pub fn estimate(w: &Work, t: &Target) -> Estimate {
         MatrixPrecision::Tf32,
         MatrixPrecision::F16,
         MatrixPrecision::Bf16,
+        MatrixPrecision::I16,
     ];
     let mut compute_s = w.vector_flops / t.roof().fp32;
     for (p, f) in precisions.iter().zip(w.matrix_flops) {
@@ -183,7 +184,7 @@ pub fn op_work_on(
         || matches!(op, Op::Conv(c) if c.group == 1);
     if t.is_gpu() && !tiled {
         w.vector_flops += w.matrix_flops.iter().sum::<f64>();
-        w.matrix_flops = [0.0; 4];
+        w.matrix_flops = [0.0; 5];
     }
     w
 }
@@ -228,6 +229,7 @@ pub fn matrix_precision(dtype: DType, allow_tf32: bool) -> MatrixPrecision {
     match dtype {
         DType::BF16 => MatrixPrecision::Bf16,
         DType::F16 => MatrixPrecision::F16,
+        DType::I16 => MatrixPrecision::I16,
         DType::F32 if allow_tf32 => MatrixPrecision::Tf32,
         _ => MatrixPrecision::F32,
     }

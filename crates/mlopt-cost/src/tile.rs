@@ -341,13 +341,37 @@ pub fn bf16_block_s(
     copy: BlockCopy,
 ) -> Option<f64> {
     let bf16 = t.bf16.filter(|_| bf16_blocks_pay(t))?;
+    Some(block_s(t, bf16, (m, n, k), depth, copy))
+}
+
+/// [`bf16_block_s`] for `mma` blocks of i16 pairs summed in i32 (a quantized model's contractions) on
+/// `t`'s integer dot product, at its peak (`CpuTarget::i16_peak`); None where it has none.
+pub fn i16_block_s(
+    t: &mlopt_target::CpuTarget,
+    shape: (u64, u64, u64),
+    depth: u64,
+    copy: BlockCopy,
+) -> Option<f64> {
+    Some(block_s(t, t.i16_peak()?, shape, depth, copy))
+}
+
+/// Seconds a contraction of `m` x `n` x `k` multiply-adds takes as `mma` blocks at `peak` FLOP/s,
+/// slowed by reading and writing the accumulators once per block product of depth `depth`, plus
+/// copying the activations into the blocks' layout (`copy`), split over the threads.
+fn block_s(
+    t: &mlopt_target::CpuTarget,
+    peak: f64,
+    (m, n, k): (u64, u64, u64),
+    depth: u64,
+    copy: BlockCopy,
+) -> f64 {
     let copy_s = match copy {
         BlockCopy::None => 0.0,
         BlockCopy::Streamed(e) => e as f64 * STREAM_COPY_S,
         BlockCopy::Gathered(e) => e as f64 * GATHER_COPY_S,
     };
     let flops = 2.0 * (m * n * k) as f64;
-    Some(flops / bf16 * (1.0 + 4.0 / depth.max(1) as f64) + copy_s / f64::from(t.threads.max(1)))
+    flops / peak * (1.0 + 4.0 / depth.max(1) as f64) + copy_s / f64::from(t.threads.max(1))
 }
 
 #[cfg(test)]

@@ -57,7 +57,8 @@ pub(crate) fn conv(
         };
         let idx: Vec<Expr> = [vec![ix[0].clone(), mo.clone()], at.to_vec()].concat();
         let nb = ix[0].clone();
-        let f = dot(l, &red, |l, r| {
+        let t = sum_type(out_t);
+        let f = dot_in(l, t, &red, |l, r| {
             let c = Expr::add(Expr::mul(g.clone(), Expr::int(cg)), r[0].clone());
             let pos: Vec<Expr> = (0..sp)
                 .map(|s| window_pos(&at[s], &r[1 + s], a.strides[s], a.dilations[s], a.pads[s]))
@@ -88,41 +89,36 @@ pub(crate) fn conv(
             }));
             let mut wi = vec![mo.clone(), r[0].clone()];
             wi.extend(r[1..].iter().cloned());
-            let xv = get(l, x, &xi, Elem::F32)?;
+            let xv = get(l, x, &xi, t)?;
             let xv = match inside {
-                Some(c) => Expr::select(c, xv, lit(0.0, Elem::F32)),
+                Some(c) => Expr::select(c, xv, lit(0.0, t)),
                 None => xv,
             };
-            Ok((xv, get(l, w, &wi, Elem::F32)?))
+            Ok((xv, get(l, w, &wi, t)?))
         })?;
-        store_with_bias(l, &f, bias, &mo, &idx, dst, out_t)
+        store_with_bias(l, (&f, t), bias, &mo, &idx, (dst, out_t))
     })
 }
 
-/// A convolution's fold, then its output element: the sum plus the channel's bias, in the output type.
-#[allow(clippy::too_many_arguments)]
+/// A convolution's fold (summed in `t`), then its output element: the sum plus the channel's bias, in
+/// the output type.
 pub(crate) fn store_with_bias(
     l: &mut Lowerer,
-    f: &Fold,
+    (f, t): (&Fold, Elem),
     bias: Option<Value>,
     channel: &Expr,
     idx: &[Expr],
-    dst: BufId,
-    out_t: Elem,
+    (dst, out_t): (BufId, Elem),
 ) -> Result<Vec<Stmt>> {
     let mut s = f.stmts.clone();
     let mut y = f.get();
     if let Some(bv) = bias {
-        y = Expr::bin(
-            BinOp::Add,
-            y,
-            get(l, bv, std::slice::from_ref(channel), Elem::F32)?,
-        );
+        y = Expr::bin(BinOp::Add, y, get(l, bv, std::slice::from_ref(channel), t)?);
     }
     s.push(Stmt::Store {
         buf: dst,
         index: idx.to_vec(),
-        value: convert(y, Elem::F32, out_t),
+        value: convert(y, t, out_t),
     });
     Ok(s)
 }
@@ -193,7 +189,7 @@ pub(crate) fn conv_transpose(
                 get(l, w, &wi, Elem::F32)?,
             ))
         })?;
-        store_with_bias(l, &f, bias, &mo, idx, dst, out_t)
+        store_with_bias(l, (&f, Elem::F32), bias, &mo, idx, (dst, out_t))
     })
 }
 

@@ -259,15 +259,40 @@ pub fn lower(l: &mut Lowerer, n: NodeId, dsts: &[BufId]) -> Result<Vec<Stmt>> {
     }
 }
 
-/// `acc = fma(x, y, acc)` over `extents`.
+/// `acc = fma(x, y, acc)` over `extents`, in f32.
 pub(crate) fn dot(
     l: &mut Lowerer,
     extents: &[u64],
     xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>,
 ) -> Result<Fold> {
-    fold(l, Elem::F32, lit(0.0, Elem::F32), extents, |l, r, acc| {
+    dot_in(l, Elem::F32, extents, xy)
+}
+
+/// The type a product with result type `out` sums in: an integer result's own type (exact, wrapping;
+/// an i32 convolution of i16 values is a quantized model's), else f32.
+pub(crate) fn sum_type(out: Elem) -> Elem {
+    if out.is_float() || out == Elem::Bool {
+        Elem::F32
+    } else {
+        out
+    }
+}
+
+/// `dot` summing in `t`: `acc = fma(x, y, acc)` in f32, `acc = acc + x * y` in an integer type (the
+/// operands `xy` gives already of type `t`).
+pub(crate) fn dot_in(
+    l: &mut Lowerer,
+    t: Elem,
+    extents: &[u64],
+    xy: impl FnOnce(&mut Lowerer, &[Expr]) -> Result<(Expr, Expr)>,
+) -> Result<Fold> {
+    fold(l, t, lit(0.0, t), extents, |l, r, acc| {
         let (x, y) = xy(l, r)?;
-        Ok(Expr::fma(x, y, acc))
+        Ok(if t == Elem::F32 {
+            Expr::fma(x, y, acc)
+        } else {
+            Expr::bin(BinOp::Add, acc, Expr::bin(BinOp::Mul, x, y))
+        })
     })
 }
 
@@ -289,21 +314,22 @@ pub(crate) fn matmul(
         let j = has_n.then(|| idx[r - 1].clone());
         let i = has_m.then(|| idx[r - 1 - has_n as usize].clone());
         let batch = &idx[..r - has_m as usize - has_n as usize];
-        let f = dot(l, &[kdim], |l, k| {
+        let t = sum_type(out_t);
+        let f = dot_in(l, t, &[kdim], |l, k| {
             let mut ai = broadcast(&sa[..sa.len().saturating_sub(2)], batch);
             ai.extend(i.clone());
             ai.push(k[0].clone());
             let mut bi = broadcast(&sb[..sb.len().saturating_sub(2)], batch);
             bi.push(k[0].clone());
             bi.extend(j.clone());
-            let bv = get(l, bm, &bi, Elem::F32)?;
-            Ok((get(l, a, &ai, Elem::F32)?, bv))
+            let bv = get(l, bm, &bi, t)?;
+            Ok((get(l, a, &ai, t)?, bv))
         })?;
         let mut s = f.stmts.clone();
         s.push(Stmt::Store {
             buf: dst,
             index: idx.to_vec(),
-            value: convert(f.get(), Elem::F32, out_t),
+            value: convert(f.get(), t, out_t),
         });
         Ok(s)
     })

@@ -7,12 +7,15 @@
 //! <epilogue reading %acc[]>                    ; bias, activation, casts, the store
 //! ```
 //!
+//! or the same in i32, `%acc[] = (%acc[] + (x * y))` (a quantized model's integer contraction, which
+//! only `mma` blocks on the integer dot product schedule: `sum`).
+//!
 //! The data-parallel loops split by which operand reads them: the columns (N) are those of the operand
 //! that reads the innermost loop, the rows (M) those of the other, and loops both or neither read are a
 //! batch. The GPU's tiled GEMMs (`gpu/gemm.rs`) schedule what this finds.
 
 use mlopt_kir::analysis::expr_loads;
-use mlopt_kir::{BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
+use mlopt_kir::{BinOp, BufId, Elem, Expr, Kernel, LoopKind, Space, Stmt, Var};
 
 /// A contraction recognised in a loop nest's body.
 #[derive(Clone)]
@@ -26,6 +29,8 @@ pub(crate) struct Contraction {
     pub(crate) a: Expr,
     pub(crate) b: Expr,
     pub(crate) epilogue: Vec<Stmt>,
+    /// What the products are summed in: f32 (an FMA), or i32 (wrapping).
+    pub(crate) sum: Elem,
 }
 
 impl Contraction {
@@ -134,13 +139,18 @@ pub(crate) fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Op
     let [Stmt::Store {
         buf: acc,
         index,
-        value: Expr::Float(z, Elem::F32),
+        value: zero,
     }, red_nest, epilogue @ ..] = inner
     else {
         return None;
     };
     let buf = k.buffer(*acc);
-    if *z != 0.0 || buf.space != Space::Local || buf.elem != Elem::F32 || !index.is_empty() {
+    let sum = match zero {
+        Expr::Float(z, Elem::F32) if *z == 0.0 => Elem::F32,
+        Expr::Cast(Elem::I32, z) if **z == Expr::Int(0) => Elem::I32,
+        _ => return None,
+    };
+    if buf.space != Space::Local || buf.elem != sum || !index.is_empty() {
         return None;
     }
     let mut red = Vec::new();
@@ -159,16 +169,24 @@ pub(crate) fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Op
     let [Stmt::Store {
         buf: b,
         index,
-        value: Expr::Fma(x, y, z),
+        value,
     }] = cur
     else {
         return None;
     };
-    if b != acc || !index.is_empty() || **z != me || red.is_empty() {
+    let (x, y, z) = match (value, sum) {
+        (Expr::Fma(x, y, z), Elem::F32) => (x, y, &**z),
+        (Expr::Binary(BinOp::Add, z, xy), Elem::I32) => match &**xy {
+            Expr::Binary(BinOp::Mul, x, y) => (x, y, &**z),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if b != acc || !index.is_empty() || *z != me || red.is_empty() {
         return None;
     }
     let reads_acc = |e: &Expr| expr_loads(e).contains_key(acc);
-    if reads_acc(x) || reads_acc(y) || x.elem(k) != Elem::F32 || !epilogue_ok(epilogue, *acc) {
+    if reads_acc(x) || reads_acc(y) || x.elem(k) != sum || !epilogue_ok(epilogue, *acc) {
         return None;
     }
     // Which operand reads each data-parallel loop.
@@ -195,6 +213,7 @@ pub(crate) fn recognise(k: &Kernel, prefix: &[(Var, u64)], inner: &[Stmt]) -> Op
         a,
         b,
         epilogue: epilogue.to_vec(),
+        sum,
     })
 }
 

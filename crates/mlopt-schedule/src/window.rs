@@ -79,8 +79,10 @@ pub(crate) fn recognise(
 ) -> Option<Window> {
     let sp = taps.len();
     let (guard, body, fill) = match operand {
-        Expr::Select(cond, e, z) => match **z {
-            Expr::Float(f, Elem::F32) => (Some(&**cond), &**e, f),
+        Expr::Select(cond, e, z) => match &**z {
+            Expr::Float(f, Elem::F32) => (Some(&**cond), &**e, *f),
+            // An integer contraction's zero (`lit(0, i32)`).
+            Expr::Cast(Elem::I32, v) if **v == Expr::Int(0) => (Some(&**cond), &**e, 0.0),
             _ => return None,
         },
         e => (None, e, 0.0),

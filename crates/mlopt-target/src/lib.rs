@@ -34,6 +34,8 @@ pub enum MatrixPrecision {
     Tf32,
     F16,
     Bf16,
+    /// i16 pairs summed in i32: a quantized model's integer contractions (CPU integer dot products).
+    I16,
 }
 
 /// The names `--target` accepts.
@@ -131,10 +133,12 @@ impl Target {
         match (self, p) {
             (_, MatrixPrecision::F32) => None,
             (Target::Cpu(c), MatrixPrecision::Bf16) => c.bf16,
+            (Target::Cpu(c), MatrixPrecision::I16) => c.i16_peak(),
             (Target::Cpu(_), _) => None,
             (Target::Gpu(g), MatrixPrecision::Tf32) => Some(g.tf32),
             (Target::Gpu(g), MatrixPrecision::F16) => Some(g.f16),
             (Target::Gpu(g), MatrixPrecision::Bf16) => Some(g.bf16),
+            (Target::Gpu(_), MatrixPrecision::I16) => None,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Matrix products: MatMul's, Gemm's and Attention's output types, and the one mixed-type rule (a
-//! bf16/f16 product with an f32 bias has an f32 result).
+//! Matrix products: MatMul's, Gemm's and Attention's output types, and the mixed-type rules: a
+//! bf16/f16 product with an f32 bias has an f32 result, and an i16 product is an i32 one (the integer
+//! contractions of quantized models: 8-bit values less their zero points, summed exactly).
 
 use super::{err, get, need_float, same_dtype, R};
 use crate::dtype::{broadcast_shapes, DType, TensorType};
@@ -12,8 +13,23 @@ pub(super) fn biased_dtype(a: &TensorType, bias: &TensorType, i: usize) -> R<DTy
     if bias.dtype == DType::F32 && a.dtype.is_half() {
         return Ok(DType::F32);
     }
-    same_dtype(a, bias, i)?;
-    Ok(a.dtype)
+    let sum = product_dtype(a.dtype);
+    if bias.dtype != sum {
+        return err(
+            Some(i),
+            format!("bias is {}, the product {sum}", bias.dtype),
+        );
+    }
+    Ok(sum)
+}
+
+/// The type a matrix product of operands of type `t` sums in: i32 for i16 (products and their sums
+/// exact while they fit: a quantized model's 8-bit values less their zero points), else `t`.
+pub fn product_dtype(t: DType) -> DType {
+    match t {
+        DType::I16 => DType::I32,
+        t => t,
+    }
 }
 
 pub(super) fn infer_attention(inputs: &[Option<&TensorType>]) -> R<Vec<TensorType>> {
@@ -62,7 +78,7 @@ pub(super) fn infer_gemm(
     if k != k2 {
         return err(Some(1), format!("inner dimensions differ: {k} vs {k2}"));
     }
-    let mut dtype = a.dtype;
+    let mut dtype = product_dtype(a.dtype);
     if let Some(Some(c)) = inputs.get(2) {
         dtype = biased_dtype(a, c, 2)?;
         if broadcast_shapes(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
@@ -117,5 +133,5 @@ pub(super) fn infer_matmul(a: &TensorType, b: &TensorType) -> R<Vec<TensorType>>
     if b.rank() >= 2 {
         shape.push(b.shape[b.rank() - 1]);
     }
-    Ok(vec![TensorType::new(a.dtype, shape)])
+    Ok(vec![TensorType::new(product_dtype(a.dtype), shape)])
 }

@@ -17,6 +17,7 @@ type R<T> = Result<T, InferError>;
 mod counted;
 mod index_bounds;
 mod matrix;
+pub use matrix::product_dtype;
 #[cfg(test)]
 mod tests;
 mod window;

@@ -93,11 +93,11 @@ fn extreme_attributes_are_errors() {
 }
 
 /// A bf16 or f16 product with an f32 bias has an f32 result (precision lowering's widening form: the
-/// sum is rounded once, by whatever narrows it later); any other mix of types is an error about the
-/// bias.
+/// sum is rounded once, by whatever narrows it later); an i16 product is an i32 one, its bias i32 (a
+/// quantized model's integer contraction); any other mix of types is an error about the bias.
 #[test]
 fn narrow_products_widen_to_an_f32_bias() {
-    use DType::{BF16, F16, F32};
+    use DType::{BF16, F16, F32, I16, I32};
     let conv = Op::Conv(crate::ConvAttrs {
         strides: vec![1, 1],
         pads: vec![0; 4],
@@ -122,6 +122,10 @@ fn narrow_products_widen_to_an_f32_bias() {
         (&gemm, BF16, F32, Some(F32)),
         (&gemm, F16, F16, Some(F16)),
         (&gemm, F32, F16, None),
+        (&conv, I16, I32, Some(I32)),
+        (&conv, I16, I16, None),
+        (&gemm, I16, I32, Some(I32)),
+        (&gemm, I16, F32, None),
     ];
     for (op, operands, bias, want) in cases {
         let (x, w) = match op {
@@ -132,6 +136,11 @@ fn narrow_products_widen_to_an_f32_bias() {
         let w = TensorType::new(operands, w);
         let b = TensorType::new(bias, vec![16]);
         let got = crate::infer::infer(op, &[Some(&x), Some(&w), Some(&b)]);
+        if bias == I32 {
+            // Without a bias too.
+            let plain = crate::infer::infer(op, &[Some(&x), Some(&w)]);
+            assert_eq!(plain.map(|o| o[0].dtype), Ok(I32), "{op:?} {operands}");
+        }
         match want {
             Some(t) => assert_eq!(got.map(|o| o[0].dtype), Ok(t), "{op:?} {operands} {bias}"),
             None => assert_eq!(

@@ -3,7 +3,7 @@
 
 use super::matrix::biased_dtype;
 use super::{err, get, need_float, same_dtype, R};
-use crate::dtype::TensorType;
+use crate::dtype::{DType, TensorType};
 use crate::op::ConvAttrs;
 
 /// Output size of one spatial axis of a convolution or pooling window (ONNX rule: with `ceil`, a last
@@ -62,7 +62,10 @@ pub(super) fn infer_conv(
     transpose: bool,
 ) -> R<Vec<TensorType>> {
     let (x, w) = (get(inputs, 0)?, get(inputs, 1)?);
-    need_float(x, 0)?;
+    // Floats, or (a convolution, not a transposed one) i16 summed in i32: `product_dtype`.
+    if transpose || x.dtype != DType::I16 {
+        need_float(x, 0)?;
+    }
     same_dtype(x, w, 1)?;
     let sp = x.rank().saturating_sub(2);
     if x.rank() < 3 || w.rank() != x.rank() {
@@ -101,7 +104,7 @@ pub(super) fn infer_conv(
         }
         w.shape[0]
     };
-    let mut dtype = x.dtype;
+    let mut dtype = super::matrix::product_dtype(x.dtype);
     if let Some(Some(b)) = inputs.get(2) {
         dtype = biased_dtype(x, b, 2)?;
         if b.shape != [out_ch] {

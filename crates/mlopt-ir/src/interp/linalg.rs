@@ -3,7 +3,7 @@
 
 use super::elementwise::{zip2, Arith};
 use super::{float_dispatch, num_dispatch, typed, EvalResult};
-use crate::dtype::broadcast_shapes;
+use crate::dtype::{broadcast_shapes, DType};
 use crate::op::ConvAttrs;
 use crate::tensor::Tensor;
 use ndarray::ArrayD;
@@ -109,7 +109,20 @@ fn matmul_t<T: Arith>(a: &ArrayD<T>, b: &ArrayD<T>) -> EvalResult<Tensor> {
     Tensor::from_vec(&shape, out).ok_or_else(|| "matmul shape".into())
 }
 
+/// i16 operands are summed in i32 (`infer::product_dtype`): `f` of both cast to i32, else None.
+fn widened(
+    a: &Tensor,
+    b: &Tensor,
+    f: impl FnOnce(&Tensor, &Tensor) -> EvalResult<Tensor>,
+) -> Option<EvalResult<Tensor>> {
+    (a.dtype() == DType::I16 && b.dtype() == DType::I16)
+        .then(|| f(&a.cast(DType::I32), &b.cast(DType::I32)))
+}
+
 pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> EvalResult<Tensor> {
+    if let Some(r) = widened(a, b, matmul) {
+        return r;
+    }
     num_dispatch!(a, x => matmul_t(x, typed(b)?))
 }
 
@@ -144,6 +157,9 @@ pub(crate) fn gemm(
     trans_a: bool,
     trans_b: bool,
 ) -> EvalResult<Tensor> {
+    if let Some(r) = widened(a, b, |a, b| gemm(a, b, c, alpha, beta, trans_a, trans_b)) {
+        return r;
+    }
     num_dispatch!(a, x => gemm_t(x, typed(b)?, c.map(typed).transpose()?, alpha, beta, trans_a, trans_b))
 }
 
@@ -319,6 +335,11 @@ pub(crate) fn conv(
     b: Option<&Tensor>,
     c: &ConvAttrs,
 ) -> EvalResult<Tensor> {
+    if let Some(r) = widened(x, w, |x, w| {
+        conv_t::<i32>(typed(x)?, typed(w)?, b.map(typed).transpose()?, c)
+    }) {
+        return r;
+    }
     float_dispatch!(x, a => conv_t(a, typed(w)?, b.map(typed).transpose()?, c))
 }
 

@@ -297,8 +297,8 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
     let t = b.target;
     let rows = slen.min(32);
     // Both products, the first with its A (a block of q) copied from contiguous rows.
-    let (_, nbs, mps, nps, kps) = mma::blocks(t, rows, tlen, d);
-    let (_, nbo, mpo, npo, kpo) = mma::blocks(t, rows, elen, tlen);
+    let (_, nbs, mps, nps, kps) = mma::blocks(t, mma::Pairs::Bf16, rows, tlen, d);
+    let (_, nbo, mpo, npo, kpo) = mma::blocks(t, mma::Pairs::Bf16, rows, elen, tlen);
     if d < 16
         || elen < 16
         || !mlopt_cost::tile::bf16_block_pays(
@@ -343,10 +343,11 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
         }
         let block = |b: &mut Builder, row0: Expr, n: u64| -> Result<Vec<Stmt>> {
             let qrow = |i: &Expr| Expr::add(row0.clone(), i.clone());
-            let mp = mma::blocks(b.target, n, tlen, d).2;
-            let (qa, mut s) = mma::a_operand(b, (n, mp), (d, kps), &mut |_, i, r| {
-                Ok(q.subst(a.row.0, &qrow(i)).subst(a.r, r))
-            })?;
+            let mp = mma::blocks(b.target, mma::Pairs::Bf16, n, tlen, d).2;
+            let (qa, mut s) =
+                mma::a_operand(b, mma::Pairs::Bf16, (n, mp), (d, kps), &mut |_, i, r| {
+                    Ok(q.subst(a.row.0, &qrow(i)).subst(a.r, r))
+                })?;
             s.extend(mma::block_loops(
                 b,
                 qa,
@@ -378,7 +379,7 @@ fn in_blocks(b: &mut Builder, a: &Attention) -> Result<Option<Vec<Stmt>>> {
                 Ok(row)
             })?);
             // A short block's rows past its queries: zeros, so its padded product reads no stale rows.
-            let mpo = mma::blocks(b.target, n, elen, tlen).2;
+            let mpo = mma::blocks(b.target, mma::Pairs::Bf16, n, elen, tlen).2;
             if mpo > n {
                 s.extend(tiler::nest(b, "z", &[mpo - n, tlen], |_, ix| {
                     Ok(vec![Stmt::Store {

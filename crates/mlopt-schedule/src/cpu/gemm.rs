@@ -93,13 +93,15 @@ fn tile_nest(
     let Some((out, out_ix, out_v)) = c.store() else {
         return Ok(None);
     };
-    if mma {
+    // Integer contractions (summed in i32) run only as blocks on the integer dot product.
+    let integer = c.sum != Elem::F32;
+    if mma || integer {
         let store = (out, &out_ix[..], &out_v);
         let blocks = match &window {
             Some(w) => super::mma_conv::blocks(p, target, ki, &c, w, loads, store)?,
             None => super::mma::in_blocks(p, target, ki, &c, loads, store)?,
         };
-        if blocks.is_some() {
+        if blocks.is_some() || integer {
             return Ok(blocks);
         }
     }

@@ -37,10 +37,69 @@ use std::sync::Arc;
 /// k per AMX step (one tile row of bf16).
 const KB: u64 = 32;
 
-/// The step K is padded to: a tile row for AMX, a pair for `vdpbf16ps` (a 16-channel pointwise
+/// The types of a contraction's `mma` blocks: bf16 pairs summed in f32 (on the bf16 matrix unit), or
+/// i16 pairs summed in i32 (on the integer dot product: a quantized model's contractions, whose 8-bit
+/// values less their zero points are exact in i16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pairs {
+    Bf16,
+    I16,
+}
+
+impl Pairs {
+    /// The blocks of a contraction summed in `sum`.
+    pub(crate) fn of(sum: Elem) -> Option<Pairs> {
+        match sum {
+            Elem::F32 => Some(Pairs::Bf16),
+            Elem::I32 => Some(Pairs::I16),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn operand(self) -> Elem {
+        match self {
+            Pairs::Bf16 => Elem::BF16,
+            Pairs::I16 => Elem::I16,
+        }
+    }
+
+    pub(crate) fn sum(self) -> Elem {
+        match self {
+            Pairs::Bf16 => Elem::F32,
+            Pairs::I16 => Elem::I32,
+        }
+    }
+
+    /// What runs the blocks on `t`: the bf16 matrix unit; for i16 the integer dot product, which
+    /// takes blocks as `vdpbf16ps` does (any rows, pairs of k).
+    pub(crate) fn unit(self, t: &CpuTarget) -> Option<mlopt_target::MatrixUnit> {
+        match self {
+            Pairs::Bf16 => t.matrix(),
+            Pairs::I16 => t.i16_dot().map(|_| mlopt_target::MatrixUnit::Dot),
+        }
+    }
+
+    /// Whether blocks of `shape` (and `depth`, `copy`: `mlopt_cost::tile::bf16_block_pays`) beat the
+    /// other schedules: for bf16 the cost model compares them with f32 tiles; i16 products have no
+    /// other fast schedule (f32 tiles cannot sum them exactly).
+    fn pay(
+        self,
+        t: &CpuTarget,
+        shape: (u64, u64, u64),
+        depth: (u64, u64),
+        copy: BlockCopy,
+    ) -> bool {
+        match self {
+            Pairs::Bf16 => mlopt_cost::tile::bf16_block_pays(t, shape, depth, copy),
+            Pairs::I16 => self.unit(t).is_some(),
+        }
+    }
+}
+
+/// The step K is padded to: a tile row for AMX, a pair for a dot product (a 16-channel pointwise
 /// convolution would otherwise multiply as many zeros as values).
-fn k_step(t: &CpuTarget) -> u64 {
-    match t.matrix() {
+fn k_step(t: &CpuTarget, pairs: Pairs) -> u64 {
+    match pairs.unit(t) {
         Some(mlopt_target::MatrixUnit::Amx) | None => KB,
         Some(mlopt_target::MatrixUnit::Dot) => 2,
     }
@@ -86,19 +145,31 @@ pub(super) type StoreOp<'a> =
 /// The blocks for `rows` x `n` outputs (K = `k`): (mb, nb, padded rows, columns and K). AMX tiles take
 /// 16 or 32 rows; `vdpbf16ps` any, so the rows split into equal blocks of at most 32 (ViT's 197 tokens:
 /// 7 blocks of 29, where blocks of 32 padded them to 224; a 7x7 window's 49 positions: 2 of 25).
-pub(super) fn blocks(t: &CpuTarget, rows: u64, n: u64, k: u64) -> (u64, u64, u64, u64, u64) {
-    let mb = match t.matrix() {
+pub(super) fn blocks(
+    t: &CpuTarget,
+    pairs: Pairs,
+    rows: u64,
+    n: u64,
+    k: u64,
+) -> (u64, u64, u64, u64, u64) {
+    let mb = match pairs.unit(t) {
         Some(mlopt_target::MatrixUnit::Dot) => rows.div_ceil(rows.div_ceil(32)).max(1),
         _ if rows >= 32 => 32,
         _ => 16,
     };
-    let nb = if n >= 32 { 32 } else { 16 };
+    // Columns: two accumulators a row (the i16 dot product's lanes: 16 on ymm, where four would
+    // leave room for two rows a group), 32 or 16 for bf16.
+    let nb = match (pairs, t.i16_dot()) {
+        (Pairs::I16, Some(d)) => u64::from(d.lanes) * if n > u64::from(d.lanes) { 2 } else { 1 },
+        _ if n >= 32 => 32,
+        _ => 16,
+    };
     (
         mb,
         nb,
         round_up(rows, mb),
         round_up(n, nb),
-        round_up(k, k_step(t)),
+        round_up(k, k_step(t, pairs)),
     )
 }
 
@@ -107,6 +178,7 @@ pub(super) fn blocks(t: &CpuTarget, rows: u64, n: u64, k: u64) -> (u64, u64, u64
 #[allow(clippy::too_many_arguments)]
 fn contract(
     l: &mut Builder,
+    pairs: Pairs,
     bp: BufId,
     rows: u64,
     n: u64,
@@ -115,8 +187,8 @@ fn contract(
     a: AOp,
     store: StoreOp,
 ) -> Result<Vec<Stmt>> {
-    let (_, _, mp, _, kp) = blocks(l.target, rows, n, k);
-    let (apad, mut stmts) = a_operand(l, (rows, mp), (k, kp), a)?;
+    let (_, _, mp, _, kp) = blocks(l.target, pairs, rows, n, k);
+    let (apad, mut stmts) = a_operand(l, pairs, (rows, mp), (k, kp), a)?;
     stmts.extend(block_loops(
         l,
         apad,
@@ -146,7 +218,12 @@ pub(super) fn block_loops(
     (rows, n, k): (u64, u64, u64),
     out: Out,
 ) -> Result<Vec<Stmt>> {
-    let (mb, nb, mp, np, kp) = blocks(l.target, rows, n, k);
+    // The blocks' types are A's.
+    let pairs = match l.kernel().buffer(apad).elem {
+        Elem::I16 => Pairs::I16,
+        _ => Pairs::Bf16,
+    };
+    let (mb, nb, mp, np, kp) = blocks(l.target, pairs, rows, n, k);
     l.kernel().schedule.push(mlopt_kir::ScheduleStep::Matrix {
         mb,
         nb,
@@ -171,7 +248,7 @@ pub(super) fn block_loops(
             let k_ = l.kernel();
             let c = k_.buf(
                 format!("c_blk{}", k_.bufs.len()),
-                Elem::F32,
+                pairs.sum(),
                 vec![mb, nb],
                 Space::Local,
             );
@@ -256,6 +333,7 @@ pub(super) fn row_stride(kp: u64) -> u64 {
 /// computes A's fused producer once); with the statements that fill the copy.
 pub(super) fn a_operand(
     l: &mut Builder,
+    pairs: Pairs,
     (rows, mp): (u64, u64),
     (k, kp): (u64, u64),
     a: AOp,
@@ -266,7 +344,7 @@ pub(super) fn a_operand(
     match a(l, &rv, &kv)? {
         Expr::Load(buf, ix)
             if ix == [rv.clone(), kv.clone()]
-                && l.kernel().buffer(buf).elem == Elem::BF16
+                && l.kernel().buffer(buf).elem == pairs.operand()
                 && mp == rows
                 && stride == k =>
         {
@@ -277,7 +355,7 @@ pub(super) fn a_operand(
     let k_ = l.kernel();
     let apad = k_.buf(
         format!("a_pad{}", k_.bufs.len()),
-        Elem::BF16,
+        pairs.operand(),
         vec![mp, stride],
         Space::Local,
     );
@@ -292,7 +370,7 @@ pub(super) fn a_operand(
                 Expr::bin(BinOp::Lt, kk.clone(), Expr::int(k as i64)),
             );
             let (r, kk) = (clamp(r.clone(), rows as i64), clamp(kk.clone(), k as i64));
-            Expr::select(inside, a(l, &r, &kk)?, lit(0.0, Elem::BF16))
+            Expr::select(inside, a(l, &r, &kk)?, lit(0.0, pairs.operand()))
         };
         Ok(vec![Stmt::Store {
             buf: apad,
@@ -303,21 +381,25 @@ pub(super) fn a_operand(
     Ok((apad, fill))
 }
 
-/// A constant bf16 weight as one operand of a contraction over K loop `r` and the columns `cols`:
-/// `f32(W[r, j, 0..])`, or `f32(W[j, r, 0..])` (transposed), read only here; the weight's buffer,
-/// whether it is transposed, and (step, parameter, weight) binding it.
+/// A constant weight of `pairs`' operand type as one operand of a contraction over K loop `r` and the
+/// columns `cols`: `f32(W[r, j, 0..])`, or `f32(W[j, r, 0..])` (transposed; i32 for i16), read only
+/// here; the weight's buffer, whether it is transposed, and (step, parameter, weight) binding it.
 fn weight(
     p: &Program,
+    pairs: Pairs,
     ki: usize,
     e: &Expr,
     r: Var,
     cols: &[(Var, u64)],
     loads: &HashMap<BufId, usize>,
 ) -> Option<(BufId, bool, (usize, usize, usize))> {
-    let Expr::Cast(Elem::F32, x) = e else {
+    let Expr::Cast(sum, x) = e else {
         return None;
     };
     let [(j, _)] = cols[..] else { return None };
+    if *sum != pairs.sum() {
+        return None;
+    }
     let super::layout::WeightOperand {
         buf: w,
         trans,
@@ -325,13 +407,14 @@ fn weight(
         ..
     } = super::layout::weight_operand(p, ki, x, (r, j), loads)?;
     let wt = &p.weights[bound.2];
-    (wt.elem == Elem::BF16 && p.kernels[ki].buffer(w).elem == Elem::BF16)
+    (wt.elem == pairs.operand() && p.kernels[ki].buffer(w).elem == pairs.operand())
         .then_some((w, trans, bound))
 }
 
 /// The `mma` blocks of contraction `c` (its epilogue the one store `store`: buffer, index, value) when
-/// one operand is a constant bf16 weight, the other an f32 cast of bf16 values, with one K loop of at
-/// least 16 and at least 16 columns. The weight is packed into a weight of its own that replaces it.
+/// one operand is a constant bf16 weight, the other an f32 cast of bf16 values (or both i16, the
+/// contraction summed in i32), with one K loop of at least 16 and at least 16 columns. The weight is
+/// packed into a weight of its own that replaces it.
 pub(crate) fn in_blocks(
     p: &mut Program,
     target: &CpuTarget,
@@ -346,8 +429,11 @@ pub(crate) fn in_blocks(
     // convolution's images) run outside the blocks, as for the fp32 tiles: the blocks of one image.
     c.split_strided_cols(&p.kernels[ki], store);
     let batch = std::mem::take(&mut c.batch);
-    let Some(mut stmts) = unbatched(p, target, ki, &c, loads, store, Epilogue::ColumnsInner)?
-    else {
+    let Some(pairs) = Pairs::of(c.sum) else {
+        return Ok(None);
+    };
+    let order = Epilogue::ColumnsInner;
+    let Some(mut stmts) = unbatched(p, (target, pairs), ki, &c, loads, store, order)? else {
         return Ok(None);
     };
     for &(v, e) in batch.iter().rev() {
@@ -370,7 +456,7 @@ pub(crate) fn in_blocks(
 /// weight is B (a MatMul's columns; the rows for a pointwise convolution turned around).
 fn unbatched(
     p: &mut Program,
-    target: &CpuTarget,
+    (target, pairs): (&CpuTarget, Pairs),
     ki: usize,
     c: &Contraction,
     loads: &HashMap<BufId, usize>,
@@ -384,22 +470,23 @@ fn unbatched(
     // B is the weight: the columns' operand (MatMul, Gemm), or the rows' (a pointwise convolution's
     // output channels), which turns the contraction around.
     let (x, (w, trans, (si, pi, wi)), rows, cols, weight_a) = match (
-        weight(p, ki, &c.b, r, &c.cols, loads),
-        weight(p, ki, &c.a, r, &c.rows, loads),
+        weight(p, pairs, ki, &c.b, r, &c.cols, loads),
+        weight(p, pairs, ki, &c.a, r, &c.rows, loads),
     ) {
         (Some(wb), _) => (&c.a, wb, &c.rows, &c.cols, false),
         (None, Some(wa)) => (&c.b, wa, &c.cols, &c.rows, true),
         _ => return Ok(None),
     };
     let (m, n) = (Contraction::extent(rows), Contraction::extent(cols));
-    let Some(x) = narrow(&p.kernels[ki], x, Elem::BF16).filter(|_| k >= 16 && n >= 16) else {
+    let x = narrow(&p.kernels[ki], x, pairs.operand());
+    let Some(x) = x.filter(|_| k >= 16 && n >= 16) else {
         return Ok(None);
     };
     if weight_a {
-        if positions_as_rows(target, n, m, k) {
+        if positions_as_rows(target, pairs, n, m, k) {
             return unbatched(
                 p,
-                target,
+                (target, pairs),
                 ki,
                 &c.swapped(),
                 loads,
@@ -409,7 +496,7 @@ fn unbatched(
         }
         return weight_rows(
             p,
-            target,
+            (target, pairs),
             ki,
             (&x, rows, cols[0].0, r),
             (m, n, k),
@@ -421,7 +508,7 @@ fn unbatched(
     if weight.data.len() as u64 != k * n * 2 {
         return Ok(None);
     }
-    let (_, nb, _, np, kp) = blocks(target, m, n, k);
+    let (_, nb, _, np, kp) = blocks(target, pairs, m, n, k);
     // A is read in place when it is a [rows, K] bf16 buffer (`a_operand`), else copied: streamed where
     // every load of it is contiguous along K, else gathered.
     let in_place = matches!(&x, Expr::Load(_, ix)
@@ -436,12 +523,12 @@ fn unbatched(
         (false, true) => BlockCopy::Streamed(m * k),
         (false, false) => BlockCopy::Gathered(m * k),
     };
-    if !mlopt_cost::tile::bf16_block_pays(target, (m, n, k), (kp, kp), copy) {
+    if !pairs.pay(target, (m, n, k), (kp, kp), copy) {
         return Ok(None);
     }
     let packed = Weight {
         name: format!("{}.amx{nb}", weight.name),
-        elem: Elem::BF16,
+        elem: pairs.operand(),
         dims: vec![np / nb, kp / 2, 2 * nb],
         data: Arc::new(pack(
             &|kk, j| {
@@ -474,6 +561,7 @@ fn unbatched(
     };
     let stmts = contract(
         &mut b,
+        pairs,
         w,
         m,
         n,
@@ -492,10 +580,17 @@ fn unbatched(
 /// `mlopt-llvm/src/transpose.rs`), the epilogue along the positions reading the blocks down their
 /// columns (transposed too). (At exactly an eighth, ResNet-50's 14x14 expansions of 256 to 1024
 /// channels ran at 70% of the bf16 peak as columns, at 90% as rows.)
-fn positions_as_rows(target: &CpuTarget, channels: u64, positions: u64, k: u64) -> bool {
-    let (_, _, mp, np, _) = blocks(target, channels, positions, k);
-    let (_, _, mp_swap, np_swap, _) = blocks(target, positions, channels, k);
-    target.matrix() == Some(mlopt_target::MatrixUnit::Dot) && 8 * mp_swap * np_swap <= 7 * mp * np
+fn positions_as_rows(
+    target: &CpuTarget,
+    pairs: Pairs,
+    channels: u64,
+    positions: u64,
+    k: u64,
+) -> bool {
+    let (_, _, mp, np, _) = blocks(target, pairs, channels, positions, k);
+    let (_, _, mp_swap, np_swap, _) = blocks(target, pairs, positions, channels, k);
+    pairs.unit(target) == Some(mlopt_target::MatrixUnit::Dot)
+        && 8 * mp_swap * np_swap <= 7 * mp * np
 }
 
 /// A pointwise convolution (its output channels the weight's, its positions contiguous in the output) as
@@ -509,7 +604,7 @@ fn positions_as_rows(target: &CpuTarget, channels: u64, positions: u64, k: u64) 
 #[allow(clippy::type_complexity)]
 fn weight_rows(
     p: &mut Program,
-    target: &CpuTarget,
+    (target, pairs): (&CpuTarget, Pairs),
     ki: usize,
     (x, rows, oc, r): (&Expr, &[(Var, u64)], Var, Var),
     (m, n, k): (u64, u64, u64),
@@ -520,9 +615,9 @@ fn weight_rows(
     if m < 16 {
         return Ok(None);
     }
-    let (mb, nb, mp, np, kp) = blocks(target, n, m, k);
+    let (mb, nb, mp, np, kp) = blocks(target, pairs, n, m, k);
     let copy = BlockCopy::Streamed(m * k);
-    if !mlopt_cost::tile::bf16_block_pays(target, (n, m, k), (kp, kp), copy) {
+    if !pairs.pay(target, (n, m, k), (kp, kp), copy) {
         return Ok(None);
     }
     let weight = &p.weights[wi];
@@ -536,7 +631,7 @@ fn weight_rows(
     }
     let rows_w = Weight {
         name: format!("{}.rows{mb}", weight.name),
-        elem: Elem::BF16,
+        elem: pairs.operand(),
         dims: vec![mp, stride],
         data: Arc::new(data),
     };
@@ -558,7 +653,7 @@ fn weight_rows(
     let k_ = l.kernel();
     let bp = k_.buf(
         format!("b_pack{}", k_.bufs.len()),
-        Elem::BF16,
+        pairs.operand(),
         vec![np / nb, kp / 2, 2 * nb],
         Space::Local,
     );
@@ -628,7 +723,7 @@ pub(super) fn pack_columns(
         )
     };
     let whole = m / nb;
-    let zero = lit(0.0, Elem::BF16);
+    let zero = lit(0.0, l.kernel().buffer(bp).elem);
     let zeros = |_: &Expr, _: &Expr| zero.clone();
     let guarded = |pos: &Expr, ch: &Expr| {
         let inside = Expr::bin(
@@ -687,7 +782,7 @@ mod tests {
         let zen4 = mlopt_target::cpu::znver4(1);
         assert_eq!(zen4.matrix(), Some(mlopt_target::MatrixUnit::Dot));
         for &((channels, positions, k), want) in ORIENTATIONS {
-            let got = positions_as_rows(&zen4, channels, positions, k);
+            let got = positions_as_rows(&zen4, Pairs::Bf16, channels, positions, k);
             assert_eq!(
                 got, want,
                 "{channels} channels x {positions} positions x {k}"
@@ -697,6 +792,6 @@ mod tests {
         let mut amx = zen4.clone();
         amx.features
             .extend(["amx-tile", "amx-bf16"].map(String::from));
-        assert!(!positions_as_rows(&amx, 2048, 49, 512));
+        assert!(!positions_as_rows(&amx, Pairs::Bf16, 2048, 49, 512));
     }
 }

@@ -23,14 +23,14 @@
 //! [C, M] are packed in the pair-interleaved layout the blocks read (`mma.rs`). Before this, bf16
 //! convolutions other than 1x1 ran as f32 register tiles from bf16 loads, no faster than fp32.
 
-use super::mma::{bf16_at, pack, round_up};
+use super::mma::{bf16_at, pack, round_up, Pairs};
 use super::tiler::{self, Builder};
 use crate::contraction::{store_at, Contraction};
 use crate::error::Result;
 use crate::gpu::gemm::narrow;
 use crate::window::Window;
 use mlopt_kir::index::{clamp, lit};
-use mlopt_kir::{BinOp, Block, BufId, Elem, Expr, LoopKind, Place, Program, Space, Stmt, Var};
+use mlopt_kir::{BinOp, Block, BufId, Expr, LoopKind, Place, Program, Space, Stmt, Var};
 use mlopt_kir::{ScheduleStep, Weight};
 use mlopt_target::CpuTarget;
 use std::collections::HashMap;
@@ -61,10 +61,16 @@ pub(crate) fn blocks(
         _ => return Ok(None),
     };
     let oh_n = ah.map_or(1, |a| a.outs);
-    // The weight: f32(W[m, c, kh, kw]) of a bf16 constant read only here.
-    let Expr::Cast(Elem::F32, wl) = &c.a else {
+    // The weight: f32(W[m, c, kh, kw]) of a bf16 constant read only here (i32 of an i16 one).
+    let Some(pairs) = Pairs::of(c.sum) else {
         return Ok(None);
     };
+    let Expr::Cast(sum, wl) = &c.a else {
+        return Ok(None);
+    };
+    if *sum != pairs.sum() {
+        return Ok(None);
+    }
     let taps = kh_n * kw_n;
     let vars: Vec<Var> = [mv, ci]
         .into_iter()
@@ -78,21 +84,23 @@ pub(crate) fn blocks(
         .into_iter()
         .chain(taps_at.iter().map(|(_, e)| *e))
         .collect();
-    if !super::layout::holds(weight, Elem::BF16, &dims) {
+    if !super::layout::holds(weight, pairs.operand(), &dims) {
         return Ok(None);
     }
-    let Some(input) = narrow(&p.kernels[ki], &w.input, Elem::BF16) else {
+    let Some(input) = narrow(&p.kernels[ki], &w.input, pairs.operand()) else {
         return Ok(None);
     };
     // Blocks: output channels in 32 (within 15% of M) or 16 (`vdpbf16ps` covers 16 columns); on AMX
     // tiles, channels (K) in whole steps of 32 and a row's positions in blocks of 32 or 16; with
     // `vdpbf16ps`, K in pairs and a row in equal blocks of at most 32 positions. Too much padding and
     // the f32 tiles win.
+    // (i16 blocks: two accumulators of the dot product's lanes, `mma::blocks`.)
     let ow = aw.outs;
-    let nb = if 20 * round_up(m, 32) <= 23 * m {
-        32
-    } else {
-        16
+    let nb = match (pairs, target.i16_dot()) {
+        (Pairs::I16, Some(d)) if m > u64::from(d.lanes) => 2 * u64::from(d.lanes),
+        (Pairs::I16, Some(d)) => u64::from(d.lanes),
+        _ if 20 * round_up(m, 32) <= 23 * m => 32,
+        _ => 16,
     };
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
     // The copy's rows: one per output row where the window is one row (the rows its stride lands
@@ -103,12 +111,17 @@ pub(crate) fn blocks(
         Some(a) if kh_n > 1 => a.span as u64,
         _ => oh_n,
     };
-    let (kstep, row_mb) = match target.matrix() {
+    let (kstep, row_mb) = match pairs.unit(target) {
         Some(mlopt_target::MatrixUnit::Amx) => (32, if ow >= 32 { 32 } else { 16 }),
         Some(mlopt_target::MatrixUnit::Dot) => (2, ow.div_ceil(ow.div_ceil(32))),
         None => return Ok(None),
     };
-    let flat = Flat::pays(target, (oh_n, ow, row_mb), (kh_n, kw_n), (ah_stride, s, d));
+    let flat = Flat::pays(
+        pairs.unit(target),
+        (oh_n, ow, row_mb),
+        (kh_n, kw_n),
+        (ah_stride, s, d),
+    );
     let (mb, owp) = match &flat {
         Some(f) => (f.mb, ow),
         None => (row_mb, round_up(ow, row_mb)),
@@ -126,7 +139,17 @@ pub(crate) fn blocks(
     let folded = Copy::folded(cin, kw_n, owp, kstep, images * hp);
     let cost = |x: &Copy| {
         let depth = (x.kp, x.kp * x.products(taps, kw_n));
-        mlopt_cost::tile::bf16_block_faster_s(target, shape, depth, x.gathered())
+        match pairs {
+            Pairs::Bf16 => {
+                mlopt_cost::tile::bf16_block_faster_s(target, shape, depth, x.gathered())
+            }
+            // (Nothing else sums i16 products fast: the copies' costs only choose a layout.)
+            Pairs::I16 => {
+                let (m, n, k) = shape;
+                let padded = (m, n, depth.1.max(k));
+                mlopt_cost::tile::i16_block_s(target, padded, depth.0, x.gathered())
+            }
+        }
     };
     // (Folded rows of 3 columns copy element by element, too short to vectorise: SqueezeNet's 3x3
     // stem ran 1.3x slower folded than in f32 tiles.)
@@ -155,7 +178,7 @@ pub(crate) fn blocks(
     };
     let packed = Weight {
         name: format!("{}.taps{nb}", weight.name),
-        elem: Elem::BF16,
+        elem: pairs.operand(),
         dims: vec![products, mp / nb, cp / 2, 2 * nb],
         // Per product, a B of [K, M]: element (kc, j) is W[j, ch, tap] for K's channel ch and tap:
         // kc itself and the product's tap, or, folded, channel kc / KW and column kc % KW of the
@@ -214,7 +237,7 @@ pub(crate) fn blocks(
         |h: &Expr, q: &Expr| Expr::add(Expr::mul(h.clone(), Expr::int(wq as i64)), q.clone());
     let xp = k.buf(
         format!("xpc{}", k.bufs.len()),
-        Elem::BF16,
+        pairs.operand(),
         xp_dims,
         Space::Local,
     );
@@ -227,7 +250,7 @@ pub(crate) fn blocks(
     // block's tiles stored at its rows), which the epilogue then reads row by row.
     let cblk = k.buf(
         format!("c_blk{}", k.bufs.len()),
-        Elem::F32,
+        pairs.sum(),
         vec![flat.map_or(mb, |f| f.rows), nb],
         Space::Local,
     );
@@ -278,7 +301,7 @@ pub(crate) fn blocks(
         };
         // The input where inside, else the padding.
         let guarded = |inside: Option<Expr>, x: Expr| match inside {
-            Some(t) => Expr::select(t, x, lit(w.fill, Elem::BF16)),
+            Some(t) => Expr::select(t, x, lit(w.fill, pairs.operand())),
             None => x,
         };
         if fold {
@@ -320,7 +343,7 @@ pub(crate) fn blocks(
                             Ok(vec![Stmt::Store {
                                 buf: xp,
                                 index: vec![Expr::int(0), h.clone(), q.clone(), kc],
-                                value: lit(0.0, Elem::BF16),
+                                value: lit(0.0, pairs.operand()),
                             }])
                         })?);
                     }
@@ -377,7 +400,7 @@ pub(crate) fn blocks(
                     Ok(vec![Stmt::Store {
                         buf: xp,
                         index: vec![ix[0].clone(), ix[1].clone(), row, ix[3].clone()],
-                        value: lit(0.0, Elem::BF16),
+                        value: lit(0.0, pairs.operand()),
                     }])
                 },
             )?);
@@ -557,12 +580,12 @@ impl Flat {
     /// blocks take any rows and pad none. (The 7/8 margin was set while the flat epilogue stored
     /// element by element; it now runs in vector lanes, and the margin was not measured again.)
     fn pays(
-        target: &CpuTarget,
+        unit: Option<mlopt_target::MatrixUnit>,
         (oh, ow, row_mb): (u64, u64, u64),
         (kh, kw): (u64, u64),
         (stride_h, s, d): (i64, u64, u64),
     ) -> Option<Flat> {
-        if target.matrix() != Some(mlopt_target::MatrixUnit::Amx) || kw >= 4 {
+        if unit != Some(mlopt_target::MatrixUnit::Amx) || kw >= 4 {
             return None;
         }
         let row_phases = if kh > 1 { stride_h as u64 } else { 1 };

@@ -221,6 +221,9 @@ fn shape<'c>(class: &'c Class, loads: &HashMap<BufId, usize>) -> Option<Conv3x3<
     let Class::Convolution(c, w) = class else {
         return None;
     };
+    if c.sum != mlopt_kir::Elem::F32 {
+        return None;
+    }
     let [(row, m)] = c.rows[..] else { return None };
     let [(ci, ch), (kh, 3), (kw, 3)] = c.red[..] else {
         return None;

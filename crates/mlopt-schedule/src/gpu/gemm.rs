@@ -102,17 +102,23 @@ pub(crate) fn estimate(
     )
 }
 
-/// The operand computed in a 16-bit type `t` when it is an f32 cast of `t` values (through selects and
-/// constants that `t` holds exactly): what tensor cores can read without rounding anything.
+/// The operand computed in a 16-bit type `t` when it is an f32 cast of `t` values (i32 for i16), through
+/// selects and constants that `t` holds exactly: what tensor cores or a dot product can read without
+/// rounding anything.
 pub(crate) fn narrow(k: &Kernel, e: &Expr, t: Elem) -> Option<Expr> {
+    // The type products of `t` are summed in: i32 for i16, f32 for the floats.
+    let wide = if t == Elem::I16 { Elem::I32 } else { Elem::F32 };
     match e {
-        Expr::Cast(Elem::F32, x) if x.elem(k) == t => Some((**x).clone()),
+        Expr::Cast(w, x) if *w == wide && x.elem(k) == t => Some((**x).clone()),
         Expr::Select(c, x, y) => Some(Expr::select(
             (**c).clone(),
             narrow(k, x, t)?,
             narrow(k, y, t)?,
         )),
-        Expr::Float(v, Elem::F32) if *v == 0.0 => Some(Expr::Float(0.0, t)),
+        Expr::Float(v, Elem::F32) if *v == 0.0 && wide == Elem::F32 => Some(Expr::Float(0.0, t)),
+        Expr::Cast(Elem::I32, z) if wide == Elem::I32 && **z == Expr::Int(0) => {
+            Some(Expr::cast(t, Expr::Int(0)))
+        }
         _ => None,
     }
 }

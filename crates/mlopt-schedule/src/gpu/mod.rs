@@ -107,7 +107,11 @@ pub(crate) fn schedule_kernel(k: &mut Kernel, class: Class, s: &GpuSchedule) -> 
         return Ok(());
     }
     let planned = match &class {
-        Class::Contraction(c) | Class::Convolution(c, _) => gemm::gemm(k, c, s)?,
+        // (Integer contractions, f32 tiles cannot sum, run as written.)
+        Class::Contraction(c) | Class::Convolution(c, _) if c.sum == mlopt_kir::Elem::F32 => {
+            gemm::gemm(k, c, s)?
+        }
+        Class::Contraction(_) | Class::Convolution(..) => None,
         Class::Attention(a) => attention::attention(k, a, s)?,
         Class::Other => None,
     };

@@ -68,7 +68,7 @@ fn split(
     // the split is chosen.
     let mut probe = k.clone();
     let c = match Class::of(&mut probe, nest) {
-        Class::Contraction(c) | Class::Convolution(c, _) => c,
+        Class::Contraction(c) | Class::Convolution(c, _) if c.sum == mlopt_kir::Elem::F32 => c,
         _ => return None,
     };
     let (whole, _) = gemm::plan(&probe, &c, s)?;
