@@ -243,6 +243,26 @@ impl Analysis {
     }
 }
 
+/// Whether `n` is a step of dequantizing 8-bit values: `f32(q)` of u8 or i8 `q`, or a `sub` or `mul`
+/// whose first operand's class holds such a step (at most two deep: `(f32(q) - z) * s`; a class may
+/// hold itself, `x * 1` in `x`'s).
+fn dequantizes(eg: &EGraph, n: &MNode) -> bool {
+    fn at(eg: &EGraph, n: &MNode, depth: u32) -> bool {
+        use mlopt_ir::{Binary, DType};
+        match (n.as_op(), &n.children[..]) {
+            (Some(Op::Cast { to: DType::F32 }), &[q]) => eg[q]
+                .data
+                .ty()
+                .is_some_and(|t| matches!(t.dtype, DType::U8 | DType::I8)),
+            (Some(Op::Binary(Binary::Sub | Binary::Mul)), &[x, _]) if depth < 2 => {
+                eg[x].nodes.iter().any(|m| at(eg, m, depth + 1))
+            }
+            _ => false,
+        }
+    }
+    at(eg, n, 0)
+}
+
 /// Whether folding `op` is worth it and safe: not for leaves and not for ops that only produce a view of a
 /// large constant (folding would duplicate it).
 fn foldable(op: &Op) -> bool {
@@ -343,7 +363,15 @@ impl egg::Analysis<MNode> for Analysis {
         }
         let c = Analysis::add_const(eg, String::new(), v);
         eg.union(id, c);
-        // A constant needs nothing else: drop the ways of computing it.
-        eg[id].nodes.retain(|n| n.children.is_empty());
+        // A constant needs nothing else: drop the ways of computing it, but for a dequantized 8-bit
+        // weight's (`(f32(w) - z) * s`), which the integer contraction rule reads its integers from
+        // (`rules/quant.rs`; extraction still takes the constant).
+        let keep: Vec<bool> = eg[id]
+            .nodes
+            .iter()
+            .map(|n| n.children.is_empty() || dequantizes(eg, n))
+            .collect();
+        let mut keep = keep.into_iter();
+        eg[id].nodes.retain(|_| keep.next().unwrap_or(false));
     }
 }

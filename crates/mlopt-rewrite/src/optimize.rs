@@ -143,6 +143,9 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
         fusion: true,
         merge: true,
         lower_to,
+        // A quantized model's contractions in integers wherever the CPU has an integer dot product
+        // (under every precision: the integer sum is the one the model specifies).
+        integer: cfg.target.cpu().is_some_and(|c| c.i16_dot().is_some()),
     };
     let mut keep: HashSet<String> = HashSet::new();
     let mut backed_off: Vec<String> = vec![];

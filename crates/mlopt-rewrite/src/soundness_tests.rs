@@ -939,6 +939,58 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             5e-2,
         ),
         (
+            "integer-contraction",
+            |b| {
+                // x quantized to u8 and dequantized (per tensor, zero point 128); the weight an i8
+                // constant dequantized per output channel (with a zero point half the time).
+                let (m, k) = (b.rng.random_range(16..20), b.rng.random_range(16..24));
+                let conv = b.rng.random_bool(0.5);
+                let (xs, ws, axis) = match conv {
+                    true => (vec![1, 4, 5, 5], vec![m, 4, 3, 3], vec![m, 1, 1, 1]),
+                    false => (vec![3, k], vec![k, m], vec![1, m]),
+                };
+                let x = b.input(&xs);
+                let (ten, zx, lo, hi) = (
+                    b.scalar(10.0),
+                    b.scalar(128.0),
+                    b.scalar(0.0),
+                    b.scalar(255.0),
+                );
+                let q = b.bin(Binary::Mul, x, ten);
+                let q = b.un(Unary::Round, q);
+                let q = b.bin(Binary::Add, q, zx);
+                let q = b.op(Op::Clip, &[q, lo, hi]);
+                let q = b.op(Op::Cast { to: DType::U8 }, &[q]);
+                let dx = b.op(Op::Cast { to: DType::F32 }, &[q]);
+                let dx = b.bin(Binary::Sub, dx, zx);
+                let sx = b.scalar(0.1);
+                let dx = b.bin(Binary::Mul, dx, sx);
+                let n: usize = ws.iter().product();
+                let wv: Vec<i8> = (0..n).map(|_| b.rng.random_range(-127i8..=127)).collect();
+                let wq = b.g.add_const("", Tensor::from_vec(&ws, wv).unwrap());
+                let mut dw = b.op(Op::Cast { to: DType::F32 }, &[wq]);
+                if b.rng.random_bool(0.5) {
+                    let zw = b.scalar(3.0);
+                    dw = b.bin(Binary::Sub, dw, zw);
+                }
+                let sw = b.positive(&axis);
+                let dw = b.bin(Binary::Mul, dw, sw);
+                if !conv {
+                    return b.op(Op::MatMul, &[dx, dw]);
+                }
+                let attrs = ConvAttrs {
+                    strides: vec![1, 1],
+                    pads: vec![1, 1, 1, 1],
+                    dilations: vec![1, 1],
+                    group: 1,
+                    output_padding: vec![],
+                };
+                let bias = b.konst(&[m]);
+                b.op(Op::Conv(attrs), &[dx, dw, bias])
+            },
+            1e-4,
+        ),
+        (
             "cast-roundtrip",
             |b| {
                 let s = b.dims(2);
@@ -1081,7 +1133,7 @@ rule_tests! {
     merge_sibling_matmuls => "merge-sibling-matmuls", bias_through_split => "bias-through-split", lower_matrix_bf16 => "lower-matrix-bf16",
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout", cast_through_maxpool => "cast-through-maxpool",
     cast_through_concat => "cast-through-concat",
-    relu_through_widening => "relu-through-widening",
+    relu_through_widening => "relu-through-widening", integer_contraction => "integer-contraction",
 }
 
 #[test]

@@ -94,6 +94,9 @@ pub(crate) struct NodeCx<'a, 'm> {
     /// The inputs the converter has read (`input`): a present input it never read is an error, as an
     /// attribute it never read is (a node with too many inputs).
     read: std::cell::RefCell<Vec<bool>>,
+    /// Keep the ops this node adds even where their inputs are constants (a dequantized 8-bit weight:
+    /// the optimiser folds it, and reads its integers from the ops, `quant.rs`).
+    pub keep_ops: bool,
 }
 
 impl<'a, 'm> NodeCx<'a, 'm> {
@@ -383,7 +386,7 @@ impl<'a, 'm> NodeCx<'a, 'm> {
             inputs.iter().flatten().all(|v| g.const_value(*v).is_some()) && !inputs.is_empty();
         let outs = g.infer_outputs(&op, &self.name, inputs, n_out)?;
         // Large results stay computations rather than becoming constants in the model.
-        if !(all_const && fits_fold_limit(&outs)) {
+        if !(all_const && fits_fold_limit(&outs)) || self.keep_ops {
             return Ok(g.add_typed(op, self.name.clone(), inputs, outs));
         }
         let args: Vec<Option<Arc<Tensor>>> = inputs
@@ -446,6 +449,7 @@ fn convert_node(imp: &mut Importer<'_>, node: &NodeProto) -> Result<()> {
         attrs,
         used: HashSet::new(),
         read,
+        keep_ops: false,
     };
     let outs = dispatch(&mut cx)?;
     if let Some(unused) = node

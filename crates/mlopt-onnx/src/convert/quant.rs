@@ -189,6 +189,9 @@ fn dequantize(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
             format!("dequantizing {} is not supported", cx.ty(x).dtype),
         ));
     }
+    // An 8-bit constant (a quantized weight) stays dequantized by ops, which the optimiser folds and
+    // reads its integers from (mlopt-rewrite's `rules/quant.rs`).
+    cx.keep_ops = matches!(xt, DType::U8 | DType::I8) && cx.imp.g.const_value(x).is_some();
     let per_axis = cx.ty(scale).numel() > 1 || zp.is_some_and(|z| cx.ty(z).numel() > 1);
     let (a, block) = axis_block(cx, shape.len(), per_axis)?;
     let out = match cx.int_opt("output_dtype")? {

@@ -12,6 +12,7 @@ pub mod fusion;
 pub mod layout;
 pub mod merge;
 pub mod precision;
+pub mod quant;
 
 use crate::lang::{Analysis, EGraph, Head, MNode, Rewrite};
 use egg::{Applier, Id, PatternAst, SearchMatches, Searcher, Subst, Symbol, Var};
@@ -27,6 +28,9 @@ pub struct RuleSet {
     pub merge: bool,
     /// Lower matrix ops to this dtype (bf16 or f16), when the cost model prefers it.
     pub lower_to: Option<mlopt_ir::DType>,
+    /// Run contractions of dequantized operands as integer ones (`quant.rs`): the target has an
+    /// integer dot product.
+    pub integer: bool,
 }
 
 /// All rules of the enabled families.
@@ -47,6 +51,9 @@ pub fn rules(set: &RuleSet) -> Vec<Rewrite> {
     if let Some(d) = set.lower_to {
         r.extend(precision::rules(d));
     }
+    if set.integer {
+        r.extend(quant::rules());
+    }
     r
 }
 
@@ -58,6 +65,7 @@ pub fn all_rules() -> Vec<Rewrite> {
         fusion: true,
         merge: true,
         lower_to: Some(mlopt_ir::DType::BF16),
+        integer: true,
     })
 }
 
