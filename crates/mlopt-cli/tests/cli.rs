@@ -1746,19 +1746,66 @@ fn closed_stdout_ends_quietly() {
     assert!(out.status.success(), "{err}");
 }
 
-/// A QDQ model compiles, and the compile says its quantization ops run in float (no integer kernels).
+/// A QDQ model compiles, and the compile says what runs in integers: its convolution of dequantized
+/// 8-bit operands (an i8 weight per output channel) on this CPU's integer dot product (every x86-64
+/// host with AVX2); the quantize step and the rest in float.
 #[test]
-fn compile_says_a_quantized_model_runs_in_float() {
+fn compile_says_which_contractions_of_a_quantized_model_run_in_integers() {
     let dir = tempfile::tempdir().unwrap();
+    // (Large enough that the integer form's arithmetic, not its extra kernel, decides.)
+    let (m_out, c_in) = (32usize, 32usize);
     let scale = f32_tensor("s", &[], &[0.05]);
+    let w_scale = f32_tensor(
+        "ws",
+        &[m_out as i64],
+        &(0..m_out)
+            .map(|i| 0.01 + i as f32 * 0.001)
+            .collect::<Vec<_>>(),
+    );
+    let w = TensorProto {
+        name: "w".into(),
+        dims: vec![m_out as i64, c_in as i64, 3, 3],
+        data_type: data_type::INT8,
+        raw_data: (0..m_out * c_in * 9)
+            .map(|i| ((i * 37) % 255) as u8)
+            .collect(),
+        ..Default::default()
+    };
     let m = model(
         vec![
             node("QuantizeLinear", "q", &["x", "s"], &["xq"], vec![]),
-            node("DequantizeLinear", "dq", &["xq", "s"], &["y"], vec![]),
+            node("DequantizeLinear", "dq", &["xq", "s"], &["xd"], vec![]),
+            node(
+                "DequantizeLinear",
+                "dqw",
+                &["w", "ws"],
+                &["wd"],
+                vec![AttributeProto {
+                    name: "axis".into(),
+                    r#type: attribute_type::INT,
+                    i: 0,
+                    ..Default::default()
+                }],
+            ),
+            node(
+                "Conv",
+                "conv",
+                &["xd", "wd"],
+                &["y"],
+                vec![int_attr("pads", &[1, 1, 1, 1])],
+            ),
         ],
-        vec![value("x", data_type::FLOAT, &[Some(2), Some(3)])],
-        vec![value("y", data_type::FLOAT, &[Some(2), Some(3)])],
-        vec![scale],
+        vec![value(
+            "x",
+            data_type::FLOAT,
+            &[Some(1), Some(c_in as i64), Some(28), Some(28)],
+        )],
+        vec![value(
+            "y",
+            data_type::FLOAT,
+            &[Some(1), Some(m_out as i64), Some(28), Some(28)],
+        )],
+        vec![scale, w_scale, w],
     );
     let p = save(dir.path(), &m);
     let out = mlopt(&[
@@ -1770,8 +1817,8 @@ fn compile_says_a_quantized_model_runs_in_float() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("note: the model is quantized (1 QuantizeLinear, 1 DequantizeLinear)")
-            && err.contains("not on integer kernels"),
+        err.contains("note: the model is quantized (1 QuantizeLinear, 2 DequantizeLinear)")
+            && err.contains("1 of 1 convolutions and matrix products run as integer contractions"),
         "{err}"
     );
 }

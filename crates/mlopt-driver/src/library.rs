@@ -189,18 +189,21 @@ impl Library {
         }
     }
 
-    /// What was checked beyond the pipeline's own verifiers (for a GPU: whether ptxas assembled the PTX).
+    /// What was checked beyond the pipeline's own verifiers (for a GPU: whether ptxas assembled the PTX),
+    /// and how many contractions run in integers (a quantized model's, `integer_note`).
     pub fn notes(&self) -> Vec<String> {
         match self {
-            Library::Cpu(_) => vec![],
+            Library::Cpu(c) => integer_note(c).into_iter().collect(),
             Library::Batched(b) => {
                 let sizes: Vec<String> = b.variants.iter().map(|(k, _)| k.to_string()).collect();
-                vec![format!(
+                let first = b.variants.first().and_then(|(_, c)| integer_note(c));
+                first.into_iter().chain([format!(
                     "dynamic batch over '{}' (1 to {}): built at batch {}; checked that items do not mix",
                     b.symbol.escape_default(),
                     b.max_batch,
                     sizes.join(", ")
-                )]
+                )])
+                .collect()
             }
             Library::Gpu(c) => vec![match &c.ptxas {
                 Some(p) => format!("ptxas ({}) assembled every kernel for {}", p.display(), c.cfg.target.name()),
@@ -208,6 +211,32 @@ impl Library {
             }],
         }
     }
+}
+
+/// How many of `c`'s convolutions and matrix products run as integer contractions (i16 operands summed
+/// in i32: a quantized model's, `mlopt-rewrite`'s `rules/quant.rs`), when any do.
+fn integer_note(c: &Compiled) -> Option<String> {
+    let g = &c.optimized.plan.graph;
+    let (mut all, mut integer) = (0, 0);
+    for n in g.node_ids() {
+        let node = g.node(n);
+        if matches!(
+            node.op,
+            mlopt_ir::Op::Conv(_) | mlopt_ir::Op::MatMul | mlopt_ir::Op::Gemm { .. }
+        ) {
+            all += 1;
+            integer += usize::from(
+                node.outputs
+                    .first()
+                    .is_some_and(|t| t.dtype == mlopt_ir::DType::I32),
+            );
+        }
+    }
+    (integer > 0).then(|| {
+        format!(
+            "{integer} of {all} convolutions and matrix products run as integer contractions (8-bit values less their zero points, summed exactly in i32 on the integer dot product); the others in float"
+        )
+    })
 }
 
 /// A CPU build's part of its report: the plan, configuration and stage times, its fields, its text.
