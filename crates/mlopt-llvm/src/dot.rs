@@ -19,7 +19,7 @@
 //! constants, which SROA promotes to registers across the loop.
 //!
 //! With `ahead`, the k loops also prefetch (`prefetcht1`) the block that follows B in memory (a packed
-//! weight's next panel), its lines spread evenly over the steps of all row groups: a weight too large
+//! weight's next panel), its bytes spread evenly over the steps of all row groups: a weight too large
 //! for the caches then streams in behind the products instead of stalling the first row group of
 //! every panel (ResNet-50's 7x7-map convolutions, whose 2-4.5 MB weights each serve 49 positions, ran
 //! at 57-68% of the bf16 peak). All lines in the first group's steps asked for them faster than memory
@@ -375,9 +375,9 @@ impl<'c> Gen<'_, 'c> {
     /// The k loop of the row group of `rows` rows from `first` (`nv` vectors of C each, in `slots`): every
     /// k-pair of A's rows broadcast against B's row of pairs, accumulated by `pairs`' instruction. With
     /// `ahead` (this group's number and the groups there are), the steps prefetch their share of the
-    /// block after B's (k / 2 rows of `nv` lines): step s of all groups' steps, S of them, the lines
-    /// from s x nv x k/2 / S, as many as cover the block evenly (neighbouring steps may ask for one
-    /// line: a hit).
+    /// block after B's (k / 2 rows of `ldb` bytes): step s of all groups' steps, S of them, the bytes
+    /// from s x ldb / S on, so that all steps cover the block evenly (neighbouring steps may ask for
+    /// one line: a hit).
     fn dot_k(
         &mut self,
         pairs: Pairs,
@@ -408,23 +408,20 @@ impl<'c> Gen<'_, 'c> {
                 bs.push(g.load_unaligned(opv.into(), p, 2)?);
             }
             if let Some((group, groups)) = ahead {
-                // Step s of all groups' k/2 x groups steps: lines s x nv / groups, .. + per.
-                let per = nv.div_ceil(groups);
+                // The next block (k / 2 rows of `ldb` bytes after B's) spread evenly over all
+                // groups' steps: step s of the groups x k/2 fetches the `stride` bytes from s x
+                // stride on, its lines' addresses one multiply-add from the step (dividing by the
+                // groups and the row's lines per step cost 8 instructions a step, a quarter of an
+                // i16 step on ymm).
+                let stride = ldb.div_ceil(groups);
                 let s = g
                     .builder
                     .build_int_add(kk, i64(g, group * (k / 2)), "pfs")?;
-                let s = g.builder.build_int_mul(s, i64(g, nv), "pfs")?;
-                let first = g.builder.build_int_unsigned_div(s, i64(g, groups), "pfl")?;
-                for p in 0..per {
-                    let line = g.builder.build_int_add(first, i64(g, p), "pfl")?;
-                    // Line (row, v) of the next block: k/2 + row rows past B's first, v lines in.
-                    let row = g.builder.build_int_unsigned_div(line, i64(g, nv), "pfr")?;
-                    let v = g.builder.build_int_unsigned_rem(line, i64(g, nv), "pfv")?;
-                    let row = g.builder.build_int_add(row, i64(g, k / 2), "pfr")?;
-                    let off = g.builder.build_int_mul(row, i64(g, ldb), "pfo")?;
-                    let v = g.builder.build_int_mul(v, i64(g, lanes * 4), "pfo")?;
-                    let off = g.builder.build_int_add(off, v, "pfo")?;
-                    g.prefetch_past(b0, off)?;
+                let off = g.builder.build_int_mul(s, i64(g, stride), "pfo")?;
+                let off = g.builder.build_int_add(off, i64(g, (k / 2) * ldb), "pfo")?;
+                for line in 0..stride.div_ceil(64) {
+                    let at = g.builder.build_int_add(off, i64(g, 64 * line), "pfl")?;
+                    g.prefetch_past(b0, at)?;
                 }
             }
             let a_off = g.builder.build_int_mul(kk, i64(g, 4), "ao")?;
