@@ -436,6 +436,16 @@ impl Tensor {
         dispatch!(self, a => a.iter().map(|v| v.to_f64()).collect())
     }
 
+    /// The value every element has (compared bit for bit as f64), or None: stops at the first element
+    /// that differs, so a large weight is not converted whole to be found not to be a splat.
+    pub fn splat_f64(&self) -> Option<f64> {
+        dispatch!(self, a => {
+            let mut it = a.iter().map(|v| v.to_f64());
+            let first = it.next()?;
+            it.all(|x| x.to_bits() == first.to_bits()).then_some(first)
+        })
+    }
+
     /// All values converted to i64 (row-major; floats truncate).
     pub fn to_i64_vec(&self) -> Vec<i64> {
         dispatch!(self, a => a.iter().map(|v| v.to_i64()).collect())

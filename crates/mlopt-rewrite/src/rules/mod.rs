@@ -247,12 +247,7 @@ pub(crate) fn ty(eg: &EGraph, id: Id) -> Option<TensorType> {
 
 /// The value of a constant class whose elements are all equal (a scalar or a splat).
 pub(crate) fn splat(eg: &EGraph, id: Id) -> Option<f64> {
-    let v = eg[id].data.value.as_ref()?;
-    let vals = v.to_f64_vec();
-    let first = *vals.first()?;
-    vals.iter()
-        .all(|x| x.to_bits() == first.to_bits())
-        .then_some(first)
+    eg[id].data.value.as_ref()?.splat_f64()
 }
 
 pub(crate) fn is_const(eg: &EGraph, id: Id) -> bool {

@@ -117,10 +117,12 @@ fn along(eg: &EGraph, id: Id, axis: usize, n: usize, rank: usize) -> bool {
         })
 }
 
-/// `i16(q) - i16(z)` (`q` alone without a zero point).
+/// `i16(q) - i16(z)` (`q` alone without a zero point, or with one that is zero: a symmetric weight's,
+/// whose subtraction would fold over every element for nothing).
 fn centred(eg: &mut EGraph, d: &Dequantized) -> Option<Id> {
     let q = add(eg, Op::Cast { to: DType::I16 }, vec![d.q])?;
-    match d.zero {
+    let zero = d.zero.filter(|&z| super::splat(eg, z) != Some(0.0));
+    match zero {
         Some(z) => {
             let z = add(eg, Op::Cast { to: DType::I16 }, vec![z])?;
             add(eg, Op::Binary(Binary::Sub), vec![q, z])
