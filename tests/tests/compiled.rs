@@ -9,6 +9,9 @@ use mlopt_rewrite::{Config, Precision};
 use mlopt_target::{runnable_level, Target};
 use mlopt_tests::{data, import, worst_error, FIXTURES};
 
+mod common;
+use common::{io, run_code};
+
 /// Compiles a fixture for this machine, runs it in-process; returns the error against the interpreter
 /// (on the optimised graph) and the compiled model.
 fn run_compiled(name: &str, precision: Precision, threads: u32) -> (f64, mlopt_driver::Compiled) {
@@ -1297,26 +1300,6 @@ fn run_on_x86_levels(
     out
 }
 
-/// `code`, `p` compiled, loaded and run on `inputs`: its outputs, of `out_lens` bytes.
-fn run_code(
-    p: &mlopt_kir::Program,
-    code: &mlopt_llvm::Output,
-    inputs: &[Vec<u8>],
-    out_lens: &[usize],
-) -> Vec<Vec<u8>> {
-    let mut lib = mlopt_runtime::Loaded::new(
-        &mlopt_driver::cpu::members(&p.name, code).unwrap(),
-        &mlopt_llvm::c_name(&p.name),
-        inputs.iter().map(Vec::len).collect(),
-        out_lens.to_vec(),
-    )
-    .unwrap();
-    let mut got: Vec<Vec<u8>> = out_lens.iter().map(|n| vec![0u8; *n]).collect();
-    let ins: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-    lib.run(&ins, &mut got).unwrap();
-    got
-}
-
 /// The byte lengths of `bufs`.
 fn lens(bufs: &[Vec<u8>]) -> Vec<usize> {
     bufs.iter().map(Vec::len).collect()
@@ -1592,17 +1575,6 @@ fn mma_blocks_compile_as_they_interpret() {
             .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
             .fold(0.0f32, f32::max);
         assert!(worst < 1e-5, "{target}: worst relative error {worst:e}");
-    }
-}
-
-/// A program input or output: its name, element type and dimensions.
-fn io(name: &str, elem: mlopt_kir::Elem, dims: Vec<u64>) -> mlopt_kir::Io {
-    mlopt_kir::Io {
-        name: name.into(),
-        elem,
-        dims,
-        counted: None,
-        sequence: None,
     }
 }
 

@@ -2,38 +2,12 @@
 //! x86 integer dot product (`vpmaddwd` + `vpaddd` on ymm and zmm, `vpdpwssd`) and run where this CPU
 //! can, bit for bit against the kernel IR's interpreter.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use mlopt_target::Target;
 
-/// A program input or output: its name, element type and dimensions.
-fn io(name: &str, elem: mlopt_kir::Elem, dims: Vec<u64>) -> mlopt_kir::Io {
-    mlopt_kir::Io {
-        name: name.into(),
-        elem,
-        dims,
-        counted: None,
-        sequence: None,
-    }
-}
-
-/// Runs compiled `code` of program `p` on `inputs`, with outputs of `out_lens` bytes.
-fn run_code(
-    p: &mlopt_kir::Program,
-    code: &mlopt_llvm::Output,
-    inputs: &[Vec<u8>],
-    out_lens: &[usize],
-) -> Vec<Vec<u8>> {
-    let mut lib = mlopt_runtime::Loaded::new(
-        &mlopt_driver::cpu::members(&p.name, code).unwrap(),
-        &mlopt_llvm::c_name(&p.name),
-        inputs.iter().map(Vec::len).collect(),
-        out_lens.to_vec(),
-    )
-    .unwrap();
-    let mut got: Vec<Vec<u8>> = out_lens.iter().map(|n| vec![0u8; *n]).collect();
-    let ins: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-    lib.run(&ins, &mut got).unwrap();
-    got
-}
+mod common;
+use common::{io, run_code};
 
 /// i16 `mma` blocks that set C, add to it, and sum a loop of taps in registers (the three forms code
 /// generation has), with rows that do not fill a row group, 8- and 16-lane column blocks, over the
