@@ -60,13 +60,42 @@ pub fn node_cost(eg: &EGraph, n: &MNode, outs: &[TensorType], t: &Target, o: &Op
     // a pass over memory of its own, the casts around a bf16 operation made `--precision auto` keep
     // RegNetY's 1x1 convolutions after a squeeze-excitation in fp32, 1.10x slower than bf16. Its
     // arithmetic and a kernel's fixed cost still count, so a plan with fewer casts wins a tie.
-    if matches!(k.op, mlopt_ir::Op::Cast { .. }) {
+    if matches!(k.op, mlopt_ir::Op::Cast { .. }) || integer_epilogue(eg, n, 0) {
         return Cost::secs(e.compute_s + t.roof().launch_s) + penalty;
     }
     // Ties between memory-bound forms (`x / c` and `x * (1 / c)` move the same bytes) go to the one with
     // less arithmetic: it is what they cost once fused into a kernel whose memory is paid elsewhere (the
     // quantize step in every epilogue of a QDQ model divided, at a fifth of a multiply's rate).
     e.time + Cost::secs(e.compute_s * ARITHMETIC_TIE_BREAK) + penalty
+}
+
+/// Whether `n` is a step of an integer contraction's epilogue as `rules/quant.rs` writes it, `f32(sum) *
+/// scale + bias`: a multiply or add whose first operand's class holds the cast of an i32 product (or,
+/// for the add, such a multiply). Fusion puts it in the product's kernel, where it costs its arithmetic
+/// only: charged as passes over memory of their own, the scale and bias made ResNet-50's 1x1
+/// convolutions of 64 to 256 channels (little arithmetic per output) stay in float.
+fn integer_epilogue(eg: &EGraph, n: &MNode, depth: u32) -> bool {
+    use mlopt_ir::{Binary, Op};
+    let (Some(Op::Binary(Binary::Mul | Binary::Add)), Some(&x)) = (n.as_op(), n.children.first())
+    else {
+        return false;
+    };
+    let product = |c: Id| {
+        eg[c].nodes.iter().any(|m| {
+            matches!(m.as_op(), Some(Op::Conv(_) | Op::MatMul | Op::Gemm { .. }))
+                && eg[c]
+                    .data
+                    .ty()
+                    .is_some_and(|t| t.dtype == mlopt_ir::DType::I32)
+        })
+    };
+    eg[x].nodes.iter().any(|m| match m.as_op() {
+        Some(Op::Cast {
+            to: mlopt_ir::DType::F32,
+        }) => m.children.first().is_some_and(|&c| product(c)),
+        Some(Op::Binary(Binary::Mul)) if depth == 0 => integer_epilogue(eg, m, 1),
+        _ => false,
+    })
 }
 
 /// The share of an op's arithmetic time added to its roofline time, which breaks ties between forms
