@@ -105,7 +105,7 @@ fn i16_mma_blocks_compile_as_they_interpret() {
 /// An integer contraction as the rewrite writes it for a quantized model: `x - zx` widened to i16
 /// (`x` u8 activations), times an i16 constant weight, summed in i32 with an i32 bias.
 fn integer_graph(case: &Case) -> mlopt_ir::Graph {
-    use mlopt_ir::{Binary, ConvAttrs, DType, Graph, Op, Tensor, TensorType};
+    use mlopt_ir::{Binary, DType, Graph, Op, Tensor, TensorType};
     let mut g = Graph::new("int");
     let mut lcg = 0x2545_F491_4F6C_DD1Du64 ^ case.seed;
     let mut next = move |m: u64| {
@@ -131,19 +131,24 @@ fn integer_graph(case: &Case) -> mlopt_ir::Graph {
         Shape::Conv { m, k, stride, .. } => {
             let bv: Vec<i32> = (0..m).map(|_| next(20001) as i32 - 10000).collect();
             let b = g.add_const("b", Tensor::from_vec(&[m], bv).unwrap());
-            let a = ConvAttrs {
-                strides: vec![stride; 2],
-                pads: vec![k / 2; 4],
-                dilations: vec![1; 2],
-                group: 1,
-                output_padding: vec![],
-            };
-            g.add(Op::Conv(a), "conv", &[centred, w, b]).unwrap()
+            g.add(Op::Conv(same(k, stride)), "conv", &[centred, w, b])
+                .unwrap()
         }
         Shape::MatMul { .. } => g.add(Op::MatMul, "matmul", &[centred, w]).unwrap(),
     };
     g.add_output("y", y);
     g
+}
+
+/// A 2-D convolution's attributes for a k x k window of stride `stride`, padded by k / 2.
+fn same(k: usize, stride: usize) -> mlopt_ir::ConvAttrs {
+    mlopt_ir::ConvAttrs {
+        strides: vec![stride; 2],
+        pads: vec![k / 2; 4],
+        dilations: vec![1; 2],
+        group: 1,
+        output_padding: vec![],
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -253,7 +258,7 @@ fn integer_contractions_compile_exactly() {
 /// A QDQ graph as the importer writes one: `x` quantized to u8 (zero point 128) and dequantized, times
 /// an i8 constant weight dequantized per output channel (a Conv's [M, C, k, k] or a MatMul's [K, N]).
 fn qdq_graph(op: Shape) -> mlopt_ir::Graph {
-    use mlopt_ir::{Binary, ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary};
+    use mlopt_ir::{Binary, DType, Graph, Op, Tensor, TensorType, Unary};
     let mut g = Graph::new("qdq");
     let (x_shape, w_shape, s_shape) = match op {
         Shape::Conv { n, c, m, hw, k, .. } => {
@@ -290,14 +295,7 @@ fn qdq_graph(op: Shape) -> mlopt_ir::Graph {
     let y = match op {
         Shape::Conv { m, k, stride, .. } => {
             let b = g.add_const("b", Tensor::from_vec(&[m], vec![0.5f32; m]).unwrap());
-            let a = ConvAttrs {
-                strides: vec![stride; 2],
-                pads: vec![k / 2; 4],
-                dilations: vec![1; 2],
-                group: 1,
-                output_padding: vec![],
-            };
-            add(&mut g, Op::Conv(a), &[dx, dw, b])
+            add(&mut g, Op::Conv(same(k, stride)), &[dx, dw, b])
         }
         Shape::MatMul { .. } => add(&mut g, Op::MatMul, &[dx, dw]),
     };

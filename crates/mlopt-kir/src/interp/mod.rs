@@ -235,29 +235,26 @@ impl Frame<'_> {
                         } else {
                             None
                         };
-                        let mut terms = Vec::with_capacity(*k as usize);
+                        // i16 products are exact in i32 and their sums wrap: added in any grouping
+                        // (the instruction's pairs first) they give the same bits, so one by one.
+                        let (mut si, mut sf) = match old {
+                            Some(v) => (v.i() as i32, v.f() as f32),
+                            None => (0i32, 0.0f32),
+                        };
                         for p in 0..*k {
                             let x = self.eval(&Expr::load(a.buf, at(a, i, p)), m)?;
                             let y =
                                 self.eval(&Expr::load(b.buf, at(b, p / 2, 2 * j + p % 2)), m)?;
-                            terms.push((x, y));
+                            if integer {
+                                si = si.wrapping_add((x.i() as i32).wrapping_mul(y.i() as i32));
+                            } else {
+                                sf += x.f() as f32 * y.f() as f32;
+                            }
                         }
                         let sum = if integer {
-                            // i16 products exact in i32; each pair summed, then added, wrapping.
-                            let mut s = old.map_or(0, |v| v.i() as i32);
-                            for pair in terms.chunks(2) {
-                                let dot = pair.iter().fold(0i32, |d, (x, y)| {
-                                    d.wrapping_add((x.i() as i32).wrapping_mul(y.i() as i32))
-                                });
-                                s = s.wrapping_add(dot);
-                            }
-                            V::I(s as i64)
+                            V::I(si as i64)
                         } else {
-                            let mut s = old.map_or(0.0, |v| v.f() as f32);
-                            for (x, y) in terms {
-                                s += x.f() as f32 * y.f() as f32;
-                            }
-                            V::F(s as f64)
+                            V::F(sf as f64)
                         };
                         let (r, off, t, _) = self.locate(c.buf, &c_at, m)?;
                         encode(t, sum, &mut m[r][off..off + 4]);

@@ -79,6 +79,14 @@ impl Pairs {
         }
     }
 
+    /// The columns of an integer block over `n` columns: two accumulators a row of the dot product's
+    /// lanes (16 on ymm, where four would leave room for two rows a group), one where `n` fits in one;
+    /// None for bf16, whose blocks each caller sizes.
+    pub(crate) fn columns(self, t: &CpuTarget, n: u64) -> Option<u64> {
+        let lanes = u64::from(t.i16_dot().filter(|_| self == Pairs::I16)?.lanes);
+        Some(if n > lanes { 2 * lanes } else { lanes })
+    }
+
     /// Whether blocks of `shape` (and `depth`, `copy`: `mlopt_cost::tile::bf16_block_pays`) beat the
     /// other schedules: for bf16 the cost model compares them with f32 tiles; i16 products have no
     /// other fast schedule (f32 tiles cannot sum them exactly).
@@ -157,12 +165,11 @@ pub(super) fn blocks(
         _ if rows >= 32 => 32,
         _ => 16,
     };
-    // Columns: two accumulators a row (the i16 dot product's lanes: 16 on ymm, where four would
-    // leave room for two rows a group), 32 or 16 for bf16.
-    let nb = match (pairs, t.i16_dot()) {
-        (Pairs::I16, Some(d)) => u64::from(d.lanes) * if n > u64::from(d.lanes) { 2 } else { 1 },
-        _ if n >= 32 => 32,
-        _ => 16,
+    // Columns: 32 or 16 for bf16.
+    let nb = match pairs.columns(t, n) {
+        Some(nb) => nb,
+        None if n >= 32 => 32,
+        None => 16,
     };
     (
         mb,

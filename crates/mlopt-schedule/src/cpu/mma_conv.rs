@@ -96,11 +96,10 @@ pub(crate) fn blocks(
     // the f32 tiles win.
     // (i16 blocks: two accumulators of the dot product's lanes, `mma::blocks`.)
     let ow = aw.outs;
-    let nb = match (pairs, target.i16_dot()) {
-        (Pairs::I16, Some(d)) if m > u64::from(d.lanes) => 2 * u64::from(d.lanes),
-        (Pairs::I16, Some(d)) => u64::from(d.lanes),
-        _ if 20 * round_up(m, 32) <= 23 * m => 32,
-        _ => 16,
+    let nb = match pairs.columns(target, m) {
+        Some(nb) => nb,
+        None if 20 * round_up(m, 32) <= 23 * m => 32,
+        None => 16,
     };
     let (s, d) = (aw.stride as u64, aw.dilation as u64);
     // The copy's rows: one per output row where the window is one row (the rows its stride lands
