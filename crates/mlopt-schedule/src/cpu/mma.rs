@@ -37,9 +37,8 @@ use std::sync::Arc;
 /// k per AMX step (one tile row of bf16).
 const KB: u64 = 32;
 
-/// The types of a contraction's `mma` blocks: bf16 pairs summed in f32 (on the bf16 matrix unit), or
-/// i16 pairs summed in i32 (on the integer dot product: a quantized model's contractions, whose 8-bit
-/// values less their zero points are exact in i16).
+/// The types of a contraction's `mma` blocks: bf16 pairs summed in f32 (the bf16 matrix unit), or i16
+/// pairs in i32 (the integer dot product: quantized models' 8-bit values less their zero points).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pairs {
     Bf16,
@@ -79,17 +78,15 @@ impl Pairs {
         }
     }
 
-    /// The columns of an integer block over `n` columns: two accumulators a row of the dot product's
-    /// lanes (16 on ymm, where four would leave room for two rows a group), one where `n` fits in one;
-    /// None for bf16, whose blocks each caller sizes.
+    /// An integer block's columns over `n`: two vectors of the dot product's lanes (16 on ymm, where
+    /// four would leave room for two rows a group), one where `n` fits; None for bf16 (callers size it).
     pub(crate) fn columns(self, t: &CpuTarget, n: u64) -> Option<u64> {
         let lanes = u64::from(t.i16_dot().filter(|_| self == Pairs::I16)?.lanes);
         Some(if n > lanes { 2 * lanes } else { lanes })
     }
 
-    /// Whether blocks of `shape` (and `depth`, `copy`: `mlopt_cost::tile::bf16_block_pays`) beat the
-    /// other schedules: for bf16 the cost model compares them with f32 tiles; i16 products have no
-    /// other fast schedule (f32 tiles cannot sum them exactly).
+    /// Whether blocks of `shape` (`depth`, `copy`: `mlopt_cost::tile::bf16_block_pays`) beat f32 tiles:
+    /// the cost model's call for bf16; always for i16 (f32 tiles cannot sum them exactly).
     fn pay(
         self,
         t: &CpuTarget,
@@ -165,7 +162,6 @@ pub(super) fn blocks(
         _ if rows >= 32 => 32,
         _ => 16,
     };
-    // Columns: 32 or 16 for bf16.
     let nb = match pairs.columns(t, n) {
         Some(nb) => nb,
         None if n >= 32 => 32,
