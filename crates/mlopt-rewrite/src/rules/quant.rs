@@ -131,6 +131,29 @@ fn centred(eg: &mut EGraph, d: &Dequantized) -> Option<Id> {
     }
 }
 
+/// The range of `q - z`: `q`'s values where it is a constant, else its type's, less `z`'s values.
+fn span(eg: &EGraph, q: Id, z: Option<Id>) -> Option<(f64, f64)> {
+    let values = |c: Id| -> Option<(f64, f64)> {
+        let v = eg[c].data.value.as_ref()?.to_f64_vec();
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo <= hi).then_some((lo, hi))
+    };
+    let (qlo, qhi) = match values(q) {
+        Some(r) => r,
+        None => match ty(eg, q)?.dtype {
+            DType::U8 => (0.0, 255.0),
+            DType::I8 => (-128.0, 127.0),
+            _ => return None,
+        },
+    };
+    let (zlo, zhi) = match z {
+        Some(z) => values(z)?,
+        None => (0.0, 0.0),
+    };
+    Some((qlo - zhi, qhi - zlo))
+}
+
 /// The integer form of `op` over children `ch`, when its operands are dequantized as the rule needs.
 fn integer(eg: &mut EGraph, op: Op, ch: &[Id]) -> Option<Id> {
     let (a, w) = (dequantized(eg, ch[0])?, dequantized(eg, ch[1])?);
@@ -163,6 +186,14 @@ fn integer(eg: &mut EGraph, op: Op, ch: &[Id]) -> Option<Id> {
     let per_channel =
         |eg: &EGraph, p: Option<Id>| p.is_none_or(|p| along(eg, p, axis, n, wt.rank()));
     if !per_channel(eg, Some(w.scale)) || !per_channel(eg, w.zero) || depth < 16 || n < 16 {
+        return None;
+    }
+    // Every partial sum must fit i32 (the blocks' sums wrap): depth x the largest |x - zx| x the
+    // largest |w - zw|, from A's type and W's values.
+    let (lo, hi) = span(eg, a.q, a.zero)?;
+    let (wlo, whi) = span(eg, w.q, w.zero)?;
+    let bound = depth as f64 * lo.abs().max(hi.abs()) * wlo.abs().max(whi.abs());
+    if bound >= 2f64.powi(31) {
         return None;
     }
     let (x16, w16) = (centred(eg, &a)?, centred(eg, &w)?);
