@@ -256,7 +256,7 @@ def models_from(args, batch):
         for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else order):
             e = manifest.get(f"{name}/{exporter}")
             if e and e.get("file"):
-                qdq = manifest.get(f"{name}/qdq", {}).get("file")
+                qdq = manifest.get(f"{name}/{args.int8_format}", {}).get("file")
                 yield {**e, "name": f"{name}" if args.exporter == "prefer-dynamo" else f"{name}/{exporter}", "qdq": qdq}
                 break
 
@@ -328,11 +328,11 @@ def run_model(args, entry, n, batch, precisions, work):
                     engines[f"ov_{hint}"] = Worker("ov", {**base, "hint": hint})
             except Exception as e:  # noqa: BLE001
                 common["openvino_error"] = str(e).splitlines()[0][:200]
-        # int8: every engine runs the same QDQ copy (bench/zoo/quantize.py); OpenVINO executes its
+        # int8: every engine runs the same int8 copy (bench/zoo/quantize.py); OpenVINO executes its
         # quantized ops in int8 whatever the hint, which stays f32 for everything else.
         qdq = entry.get("qdq") if "int8" in precisions else None
         if "int8" in precisions and not qdq:
-            notes["int8"]["mlopt_error"] = "no QDQ copy of this model: run bench/zoo/quantize.py"
+            notes["int8"]["mlopt_error"] = "no int8 copy of this model in that format: run bench/zoo/quantize.py --format F"
         if qdq:
             engines["ort_int8"] = Worker("ort", {**base, "file": qdq})
             if not args.no_openvino:
@@ -346,7 +346,7 @@ def run_model(args, entry, n, batch, precisions, work):
                 if not exe or (p == "int8" and not qdq):
                     continue
                 try:
-                    # int8 is the QDQ copy compiled as it is: its quantization is in the file.
+                    # int8 is the int8 copy compiled as it is: its quantization is in the file.
                     model = {"file": str(Path(qdq).resolve()), "precision": "fp32"} if p == "int8" else {"precision": p}
                     spec = {**base, "exe": exe, **model, "work": str(Path(work) / f"{slug}.{p}.{who}"), "names": names, "outs": outs}
                     engines[f"{who}_{p}"] = w = Worker("mlopt", spec)
@@ -387,10 +387,10 @@ def run_model(args, entry, n, batch, precisions, work):
     return rows
 
 
-def report_int8(rows, threads, batch):
-    """The int8 table: every engine on the same QDQ file, errors against ORT's fp32 on the float model
+def report_int8(rows, threads, batch, fmt_name):
+    """The int8 table: every engine on the same int8 file, errors against ORT's fp32 on the float model
     (and mlopt's against ORT on the same file)."""
-    print(f"\n## batch {batch}, precision int8 (the QDQ copies of bench/zoo/quantize.py)")
+    print(f"\n## batch {batch}, precision int8 (the {fmt_name} copies of bench/zoo/quantize.py)")
     print("\n| model | threads | mlopt ms | ORT int8 ms | OV int8 ms | mlopt/ORT int8 | mlopt/OV int8 | mlopt/own fp32 | mlopt err | ORT int8 err | OV int8 err | mlopt vs ORT int8 | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -409,7 +409,7 @@ def report_int8(rows, threads, batch):
 def report(args, rows, threads, batch, precision):
     """The table, the baseline's, the geomeans and the runs off ORT for one batch and precision."""
     if precision == "int8":
-        return report_int8(rows, threads, batch)
+        return report_int8(rows, threads, batch, args.int8_format)
     print(f"\n## batch {batch}, precision {precision}")
     print(f"\n| model | threads | GFLOP | mlopt ms | ORT ms | OV f32 ms | OV bf16 ms | mlopt/ORT | mlopt/OV f32 | mlopt/OV bf16 | mlopt/own fp32 | mlopt GFLOP/s | mlopt err | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -447,7 +447,8 @@ def main():
     ap.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     ap.add_argument("--exporter", default="prefer-dynamo", choices=["prefer-dynamo", "dynamo", "torchscript"])
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, auto, int8 (the QDQ copies of bench/zoo/quantize.py; with fp32 beside it, mlopt/own fp32); all timed in the same rounds")
+    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, auto, int8 (the int8 copies of bench/zoo/quantize.py, format --int8-format; with fp32 beside it, mlopt/own fp32); all timed in the same rounds")
+    ap.add_argument("--int8-format", default="qdq", choices=["qdq", "qoperator", "dynamic"], help="which int8 copy --precision int8 runs (bench/zoo/quantize.py --format)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (above 1: the TorchScript exports, whose batch dimension is symbolic)")
     ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")

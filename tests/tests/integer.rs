@@ -326,25 +326,397 @@ fn qdq_contractions_are_chosen_in_integers() {
             n: 256,
         },
     ] {
-        let g = qdq_graph(op);
-        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
+        compile_qdq(op, true);
+    }
+}
+
+/// Compiles `qdq_graph(op)`, checks whether it runs an integer contraction (`integer`), and that it
+/// computes what the graph does.
+fn compile_qdq(op: Shape, integer: bool) {
+    let g = qdq_graph(op);
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 5);
+    let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+    let config =
+        mlopt_rewrite::Config::new(Target::named(mlopt_target::runnable_level(), 1).unwrap());
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
+    let plan = &c.optimized.plan.graph;
+    let found = plan.node_ids().any(|n| {
+        let node = plan.node(n);
+        matches!(node.op, mlopt_ir::Op::Conv(_) | mlopt_ir::Op::MatMul)
+            && node.outputs[0].dtype == mlopt_ir::DType::I32
+    });
+    assert_eq!(
+        found,
+        integer,
+        "{op:?}: an integer contraction?\n{}",
+        mlopt_ir::print::print(plan)
+    );
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+    assert!(err < 1e-4, "{op:?}: error {err:e}");
+}
+
+/// A product so deep that its integer sum could pass i32 (128 x 128 x 140,000 > 2^31) stays in float:
+/// the blocks' i32 sums would wrap.
+#[test]
+fn qdq_contractions_that_could_overflow_stay_float() {
+    compile_qdq(
+        Shape::MatMul {
+            m: 1,
+            k: 140_000,
+            n: 16,
+        },
+        false,
+    );
+}
+
+/// ONNX models of one QOperator node, built from protos as an exporter writes them.
+mod qop {
+    use mlopt_onnx::proto::*;
+
+    pub fn tensor(name: &str, elem: i32, dims: &[usize], raw: Vec<u8>) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.iter().map(|&d| d as i64).collect(),
+            data_type: elem,
+            raw_data: raw,
+            ..Default::default()
+        }
+    }
+
+    pub fn f32s(name: &str, dims: &[usize], v: &[f32]) -> TensorProto {
+        tensor(
+            name,
+            data_type::FLOAT,
+            dims,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    }
+
+    pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attribute_type::INTS,
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    pub fn int(name: &str, v: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attribute_type::INT,
+            i: v,
+            ..Default::default()
+        }
+    }
+
+    fn value(name: &str, elem: i32, dims: &[usize]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|&d| tensor_shape_proto::Dimension {
+                value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
+                ..Default::default()
+            })
+            .collect();
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: elem,
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// One node `op` over input `x` (u8, `dims`) and the initializers, with output `y`.
+    pub fn model(
+        op: &str,
+        ins: &[&str],
+        attrs: Vec<AttributeProto>,
+        x: &[usize],
+        inits: Vec<TensorProto>,
+    ) -> ModelProto {
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(GraphProto {
+                name: "g".into(),
+                node: vec![NodeProto {
+                    op_type: op.into(),
+                    name: "n".into(),
+                    input: ins.iter().map(|s| s.to_string()).collect(),
+                    output: vec!["y".into()],
+                    attribute: attrs,
+                    ..Default::default()
+                }],
+                input: vec![value("x", data_type::UINT8, x)],
+                output: vec![ValueInfoProto {
+                    name: "y".into(),
+                    ..Default::default()
+                }],
+                initializer: inits,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// Exact integer sums of an input, computed by loops.
+type Sums = fn(&[u8]) -> Vec<i32>;
+
+/// A QOperator case: the model, whether its contraction must run in integers (i32) or else in f32, and
+/// the exact result of an integer-valued output (ConvInteger, MatMulInteger) computed here by loops.
+struct QopCase {
+    name: &'static str,
+    model: mlopt_onnx::proto::ModelProto,
+    integer: bool,
+    reference: Option<Sums>,
+}
+
+fn i8_bytes(n: usize, seed: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (((i * 7919 + seed * 31) % 255) as i16 - 127) as i8 as u8)
+        .collect()
+}
+
+// Shapes of the QOperator cases: x [1, C, H, H] (or [M, K]), 3x3 windows with padding 1.
+const QC: usize = 16;
+const QM: usize = 32;
+const QH: usize = 7;
+const QK: usize = 40;
+const QN: usize = 24;
+const QROWS: usize = 20;
+
+/// ConvInteger over `x` (u8, zero point 3) and the i8 weight of `i8_bytes(.., 1)` less its zero
+/// point -2, by loops: `group` groups, 3x3 windows, padding 1.
+fn conv_integer_reference(x: &[u8], group: usize) -> Vec<i32> {
+    let (cg, mg) = (QC / group, if group == 1 { QM } else { QC } / group);
+    let m_all = mg * group;
+    let w = i8_bytes(m_all * cg * 9, 1);
+    let mut y = vec![0i32; m_all * QH * QH];
+    for m in 0..m_all {
+        let g = m / mg;
+        for (oy, ox) in (0..QH).flat_map(|a| (0..QH).map(move |b| (a, b))) {
+            let mut s = 0i32;
+            for c in 0..cg {
+                for (ky, kx) in (0..3).flat_map(|a| (0..3).map(move |b| (a, b))) {
+                    let (iy, ix) = ((oy + ky) as isize - 1, (ox + kx) as isize - 1);
+                    if iy < 0 || ix < 0 || iy >= QH as isize || ix >= QH as isize {
+                        continue;
+                    }
+                    let xv = x[((g * cg + c) * QH + iy as usize) * QH + ix as usize] as i32 - 3;
+                    let wv = w[((m * cg + c) * 3 + ky) * 3 + kx] as i8 as i32 + 2;
+                    s += xv * wv;
+                }
+            }
+            y[(m * QH + oy) * QH + ox] = s;
+        }
+    }
+    y
+}
+
+/// MatMulInteger of `x` [ROWS, K] (u8, zero point per row: row % 5) by the i8 weight [K, N] of
+/// `i8_bytes(.., 2)`, less its zero point per column (column % 3 - 1), by loops.
+fn matmul_integer_reference(x: &[u8]) -> Vec<i32> {
+    let w = i8_bytes(QK * QN, 2);
+    let mut y = vec![0i32; QROWS * QN];
+    for r in 0..QROWS {
+        for n in 0..QN {
+            y[r * QN + n] = (0..QK)
+                .map(|k| {
+                    (x[r * QK + k] as i32 - (r % 5) as i32)
+                        * (w[k * QN + n] as i8 as i32 - ((n % 3) as i32 - 1))
+                })
+                .sum();
+        }
+    }
+    y
+}
+
+fn qop_cases() -> Vec<QopCase> {
+    use mlopt_onnx::proto::data_type::{INT32, INT8, UINT8};
+    use qop::*;
+    let conv = |group: usize, qlinear: bool| {
+        let m = if group == 1 { QM } else { QC };
+        let w = tensor(
+            "w",
+            INT8,
+            &[m, QC / group, 3, 3],
+            i8_bytes(m * QC / group * 9, 1),
+        );
+        let (xz, wz) = (
+            tensor("xz", UINT8, &[], vec![3]),
+            tensor("wz", INT8, &[], vec![(-2i8) as u8]),
+        );
+        let attrs = vec![ints("pads", &[1, 1, 1, 1]), int("group", group as i64)];
+        let x = [1, QC, QH, QH];
+        if !qlinear {
+            return model(
+                "ConvInteger",
+                &["x", "w", "xz", "wz"],
+                attrs,
+                &x,
+                vec![w, xz, wz],
+            );
+        }
+        let ws: Vec<f32> = (0..m).map(|i| 0.01 + 0.001 * i as f32).collect();
+        let bias: Vec<u8> = (0..m as i32)
+            .flat_map(|i| (i * 97 - 900).to_le_bytes())
+            .collect();
+        let inits = vec![
+            w,
+            xz,
+            wz,
+            f32s("xs", &[], &[0.05]),
+            f32s("ws", &[m], &ws),
+            f32s("ys", &[], &[0.2]),
+            tensor("yz", UINT8, &[], vec![128]),
+            tensor("b", INT32, &[m], bias),
+        ];
+        model(
+            "QLinearConv",
+            &["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+            attrs,
+            &x,
+            inits,
+        )
+    };
+    let matmul = |qlinear: bool| {
+        let w = tensor("w", INT8, &[QK, QN], i8_bytes(QK * QN, 2));
+        let x = [QROWS, QK];
+        if !qlinear {
+            let xz = tensor(
+                "xz",
+                UINT8,
+                &[QROWS],
+                (0..QROWS).map(|r| (r % 5) as u8).collect(),
+            );
+            let wz = tensor(
+                "wz",
+                INT8,
+                &[QN],
+                (0..QN).map(|n| ((n % 3) as i8 - 1) as u8).collect(),
+            );
+            return model(
+                "MatMulInteger",
+                &["x", "w", "xz", "wz"],
+                vec![],
+                &x,
+                vec![w, xz, wz],
+            );
+        }
+        let inits = vec![
+            w,
+            f32s("xs", &[], &[0.05]),
+            tensor("xz", UINT8, &[], vec![7]),
+            f32s("ws", &[], &[0.02]),
+            tensor("wz", INT8, &[], vec![0]),
+            f32s("ys", &[], &[0.3]),
+            tensor("yz", UINT8, &[], vec![100]),
+        ];
+        model(
+            "QLinearMatMul",
+            &["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
+            vec![],
+            &x,
+            inits,
+        )
+    };
+    vec![
+        QopCase {
+            name: "ConvInteger",
+            model: conv(1, false),
+            integer: true,
+            reference: Some(|x| conv_integer_reference(x, 1)),
+        },
+        QopCase {
+            name: "ConvInteger depthwise",
+            model: conv(QC, false),
+            integer: false,
+            reference: Some(|x| conv_integer_reference(x, QC)),
+        },
+        QopCase {
+            name: "QLinearConv",
+            model: conv(1, true),
+            integer: true,
+            reference: None,
+        },
+        QopCase {
+            name: "QLinearConv depthwise",
+            model: conv(QC, true),
+            integer: false,
+            reference: None,
+        },
+        QopCase {
+            name: "MatMulInteger",
+            model: matmul(false),
+            integer: true,
+            reference: Some(matmul_integer_reference),
+        },
+        QopCase {
+            name: "QLinearMatMul",
+            model: matmul(true),
+            integer: true,
+            reference: None,
+        },
+    ]
+}
+
+/// QOperator ops (QLinearConv, ConvInteger, QLinearMatMul, MatMulInteger) import as the integer
+/// contractions the QDQ rule writes (i16 operands summed in i32, on the integer dot product's blocks),
+/// a depthwise one as an f32 convolution (exact below 2^24, for the depthwise schedules); the compiled
+/// model gives the interpreter's bits, and the integer outputs equal sums computed here by loops (per-row
+/// and per-column zero points, a weight zero point, padding, groups).
+#[test]
+fn qoperator_contractions_run_in_integers() {
+    for case in qop_cases() {
+        let name = case.name;
+        let g = mlopt_onnx::import_model(&case.model, None, "qop", &Default::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs = mlopt_rewrite::optimize::random_inputs(&g, 3);
+        let x = inputs["x"]
+            .to_f64_vec()
+            .iter()
+            .map(|&v| v as u8)
+            .collect::<Vec<_>>();
         let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+        if let Some(reference) = case.reference {
+            let exact = reference(&x);
+            let got: Vec<i32> = want[0].1.to_f64_vec().iter().map(|&v| v as i32).collect();
+            assert_eq!(got, exact, "{name}: the interpreter differs from the loops");
+        }
         let config =
             mlopt_rewrite::Config::new(Target::named(mlopt_target::runnable_level(), 1).unwrap());
         let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
         let plan = &c.optimized.plan.graph;
-        let integer = plan.node_ids().any(|n| {
-            let node = plan.node(n);
-            matches!(node.op, mlopt_ir::Op::Conv(_) | mlopt_ir::Op::MatMul)
-                && node.outputs[0].dtype == mlopt_ir::DType::I32
-        });
-        assert!(
-            integer,
-            "{op:?}: an integer contraction\n{}",
-            mlopt_ir::print::print(plan)
-        );
+        let sums: Vec<mlopt_ir::DType> = plan
+            .node_ids()
+            .filter(|&n| {
+                matches!(
+                    plan.node(n).op,
+                    mlopt_ir::Op::Conv(_) | mlopt_ir::Op::MatMul
+                )
+            })
+            .map(|n| plan.node(n).outputs[0].dtype)
+            .collect();
+        let expect = if case.integer {
+            mlopt_ir::DType::I32
+        } else {
+            mlopt_ir::DType::F32
+        };
+        assert_eq!(sums, [expect], "{name}\n{}", mlopt_ir::print::print(plan));
         let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
-        let err = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
-        assert!(err < 1e-4, "{op:?}: error {err:e}");
+        assert!(
+            want[0].1.same_bits(&got[0].1),
+            "{name}: compiled differs from the interpreter"
+        );
     }
 }

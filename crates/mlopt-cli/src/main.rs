@@ -419,7 +419,7 @@ fn compile(
         errln!("{note}");
     }
     if let Some(q) = data::quantized_ops(&m) {
-        errln!("note: the model is quantized ({q}); a Conv (one group) or MatMul of dequantized 8-bit operands runs as an integer contraction where the CPU has an integer dot product and the cost model prices it faster; every other op computes in float with ONNX's rounding and saturation (fake quantization)");
+        errln!("note: the model is quantized ({q}); a Conv (one group) or MatMul of dequantized 8-bit operands runs as an integer contraction where the CPU has an integer dot product and the cost model prices it faster, as do QLinearConv, ConvInteger (one group), QLinearMatMul and MatMulInteger always; every other op computes in float with ONNX's rounding and saturation (fake quantization)");
     }
     errln!(
         "wrote {}; compiled {name} (named by {name_from}) for {} in {compile_s:.2} s",

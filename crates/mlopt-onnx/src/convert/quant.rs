@@ -237,23 +237,59 @@ fn dynamic_quantize(cx: &mut NodeCx<'_, '_>) -> Result<Vec<Value>> {
     Ok(vec![y, scale, zpu])
 }
 
-/// `cast(v, i32) - cast(zp, i32)` (no subtraction without a zero point).
-fn centred_i32(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>) -> Result<Value> {
-    let vi = cx.cast_to(v, DType::I32)?;
-    match zp {
-        Some(z) => {
-            let zi = cx.cast_to(z, DType::I32)?;
-            cx.bin(Binary::Sub, vi, zi)
-        }
-        None => Ok(vi),
-    }
+/// `cast(v, t) - cast(zp, t)` (no subtraction without a zero point). A zero point of more than one
+/// element on a matrix's rows (`rows`: MatMulInteger's `a_zero_point` of shape [M]) is laid along them.
+fn centred(
+    cx: &mut NodeCx<'_, '_>,
+    v: Value,
+    zp: Option<Value>,
+    t: DType,
+    rows: bool,
+) -> Result<Value> {
+    let vi = cx.cast_to(v, t)?;
+    let Some(z) = zp else { return Ok(vi) };
+    let z = match (rows, cx.ty(z).shape.clone()) {
+        (true, zs) if zs.len() == 1 && zs[0] > 1 => cx.add1(
+            Op::Reshape {
+                shape: vec![zs[0], 1],
+            },
+            &[z],
+        )?,
+        _ => z,
+    };
+    let zi = cx.cast_to(z, t)?;
+    cx.bin(Binary::Sub, vi, zi)
+}
+
+/// Whether the values are 8-bit integers, whose differences i16 holds and whose products' sums the
+/// integer dot product's blocks compute in i32.
+fn eight_bit(cx: &NodeCx<'_, '_>, vs: &[Option<Value>]) -> bool {
+    vs.iter()
+        .flatten()
+        .all(|&v| matches!(cx.ty(v).dtype, DType::U8 | DType::I8))
+}
+
+/// `(a - az) x (b - bz)` summed in i32: over i16 operands where they are 8-bit (the integer
+/// contraction `rules/quant.rs` writes for QDQ models, which the schedules run on the integer dot
+/// product's blocks), over i32 ones otherwise.
+fn integer_matmul(
+    cx: &mut NodeCx<'_, '_>,
+    (a, az): (Value, Option<Value>),
+    (b, bz): (Value, Option<Value>),
+) -> Result<Value> {
+    let t = if eight_bit(cx, &[Some(a), az, Some(b), bz]) {
+        DType::I16
+    } else {
+        DType::I32
+    };
+    let ai = centred(cx, a, az, t, true)?;
+    let bi = centred(cx, b, bz, t, false)?;
+    cx.add1(Op::MatMul, &[ai, bi])
 }
 
 fn matmul_integer(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     let (a, b, az, bz) = (cx.req(0)?, cx.req(1)?, cx.input(2)?, cx.input(3)?);
-    let ai = centred_i32(cx, a, az)?;
-    let bi = centred_i32(cx, b, bz)?;
-    cx.add1(Op::MatMul, &[ai, bi])
+    integer_matmul(cx, (a, az), (b, bz))
 }
 
 fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
@@ -264,9 +300,7 @@ fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
         Some(z) => cx.ty(z).dtype,
         None => cx.ty(a).dtype,
     };
-    let ai = centred_i32(cx, a, a_z)?;
-    let bi = centred_i32(cx, b, b_z)?;
-    let c = cx.add1(Op::MatMul, &[ai, bi])?;
+    let c = integer_matmul(cx, (a, a_z), (b, b_z))?;
     // As ONNX's reference: the scale ratio in the scales' type, the product in f64.
     let ab = cx.bin(Binary::Mul, a_s, b_s)?;
     let ratio = cx.bin(Binary::Div, ab, y_s)?;
@@ -278,7 +312,11 @@ fn qlinear_matmul(cx: &mut NodeCx<'_, '_>) -> Result<Value> {
     saturate_int(cx, d, y_z, to)
 }
 
-/// ConvInteger (i32 result) and QLinearConv (requantised), computed in f64, which is exact here.
+/// ConvInteger (i32 result) and QLinearConv (requantised). The sum is computed exactly, in the narrowest
+/// form that holds it: 8-bit operands of a convolution of one group as i16 summed in i32 (the integer
+/// contraction of `rules/quant.rs`, run on the integer dot product's blocks); a grouped one in f32 where
+/// every partial sum is an integer below 2^24 (depth x 255 x 255: the depthwise schedules then take
+/// it); else in f64.
 fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
     let slots: [usize; 4] = if qlinear { [0, 2, 3, 5] } else { [0, 2, 1, 3] };
     let (x, x_z, w, w_z) = (
@@ -297,29 +335,25 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
             ),
         ));
     }
-    let centre = |cx: &mut NodeCx<'_, '_>,
-                  v: Value,
-                  z: Option<Value>,
-                  per_channel_axis: Option<usize>|
-     -> Result<Value> {
-        let vf = cx.cast_to(v, DType::F64)?;
-        match z {
-            Some(z) => {
-                let shape = cx.ty(v).shape.clone();
-                let z = match per_channel_axis {
-                    Some(a) if cx.ty(z).numel() > 1 => align(cx, z, &shape, a, 0)?,
-                    _ => cx.add1(Op::Reshape { shape: vec![] }, &[z])?,
-                };
-                let zf = cx.cast_to(z, DType::F64)?;
-                cx.bin(Binary::Sub, vf, zf)
-            }
-            None => Ok(vf),
-        }
-    };
-    let xf = centre(cx, x, x_z, None)?;
-    let wf = centre(cx, w, w_z, Some(0))?;
     let sp = wshape.len().saturating_sub(2);
     let group = cx.int("group", 1)?.max(1) as usize;
+    let depth = wshape[1..].iter().product::<usize>();
+    let sum_type = match (eight_bit(cx, &[Some(x), x_z, Some(w), w_z]), group) {
+        (true, 1) => DType::I16,
+        (true, _) if depth.saturating_mul(255 * 255) < 1 << 24 => DType::F32,
+        _ => DType::F64,
+    };
+    let xz = match x_z {
+        Some(z) => Some(cx.add1(Op::Reshape { shape: vec![] }, &[z])?),
+        None => None,
+    };
+    let wz = match w_z {
+        Some(z) if cx.ty(z).numel() > 1 => Some(align(cx, z, &wshape, 0, 0)?),
+        Some(z) => Some(cx.add1(Op::Reshape { shape: vec![] }, &[z])?),
+        None => None,
+    };
+    let xf = centred(cx, x, xz, sum_type, false)?;
+    let wf = centred(cx, w, wz, sum_type, false)?;
     let strides = cx.usizes("strides", vec![1; sp])?;
     let dilations = cx.usizes("dilations", vec![1; sp])?;
     if let Some(k) = cx.ints("kernel_shape")? {
@@ -342,10 +376,11 @@ fn conv_integer(cx: &mut NodeCx<'_, '_>, qlinear: bool) -> Result<Value> {
         group,
         output_padding: vec![],
     });
-    let mut y = cx.add1(conv, &[xf, wf])?;
+    let y = cx.add1(conv, &[xf, wf])?;
     if !qlinear {
         return cx.cast_to(y, DType::I32);
     }
+    let mut y = cx.cast_to(y, DType::F64)?;
     let (x_s, w_s, y_s, y_z, bias) = (
         cx.req(1)?,
         cx.req(4)?,
