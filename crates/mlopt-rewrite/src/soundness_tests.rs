@@ -991,6 +991,38 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
             1e-4,
         ),
         (
+            "requantize-same-scale",
+            |b| {
+                // x quantized (u8 with zero point 100, or i8 with -3; scale 0.05), dequantized, through
+                // a ReLU half the time, and quantized again with the same scale and zero point.
+                let s = b.dims(2);
+                let x = b.input(&s);
+                let (t, zero, lo, hi) = match b.rng.random_bool(0.5) {
+                    true => (DType::U8, 100.0, 0.0, 255.0),
+                    false => (DType::I8, -3.0, -128.0, 127.0),
+                };
+                let (scale, z, lo, hi) =
+                    (b.scalar(0.05), b.scalar(zero), b.scalar(lo), b.scalar(hi));
+                let quantize = |b: &mut B, v: Value| {
+                    let v = b.bin(Binary::Div, v, scale);
+                    let v = b.un(Unary::Round, v);
+                    let v = b.bin(Binary::Add, v, z);
+                    let v = b.op(Op::Clip, &[v, lo, hi]);
+                    b.op(Op::Cast { to: t }, &[v])
+                };
+                let q = quantize(b, x);
+                let d = b.op(Op::Cast { to: DType::F32 }, &[q]);
+                let d = b.bin(Binary::Sub, d, z);
+                let mut d = b.bin(Binary::Mul, d, scale);
+                if b.rng.random_bool(0.5) {
+                    d = b.un(Unary::Relu, d);
+                }
+                let q = quantize(b, d);
+                b.op(Op::Cast { to: DType::F32 }, &[q])
+            },
+            0.0,
+        ),
+        (
             "cast-roundtrip",
             |b| {
                 let s = b.dims(2);
@@ -1134,6 +1166,7 @@ rule_tests! {
     cast_roundtrip => "cast-roundtrip", cast_through_layout => "cast-through-layout", cast_through_maxpool => "cast-through-maxpool",
     cast_through_concat => "cast-through-concat",
     relu_through_widening => "relu-through-widening", integer_contraction => "integer-contraction",
+    requantize_same_scale => "requantize-same-scale",
 }
 
 #[test]

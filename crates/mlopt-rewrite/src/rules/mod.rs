@@ -38,6 +38,7 @@ pub fn rules(set: &RuleSet) -> Vec<Rewrite> {
     let mut r = vec![];
     if set.algebra {
         r.extend(algebra::rules());
+        r.extend(quant::requantize_rules());
     }
     if set.layout {
         r.extend(layout::rules());

@@ -14,11 +14,12 @@
 //! depth and columns fill the blocks; extraction then picks whichever form the cost model prices
 //! lower. The integer form computes the sum the model specifies exactly, where the float one rounds.
 
-use super::{add, ops, scan, ty};
+use super::{add, konst, ops, scan, ty};
 use crate::lang::{EGraph, Rewrite};
 use egg::Id;
-use mlopt_ir::{Binary, DType, Op, TensorType};
+use mlopt_ir::{Binary, DType, Nary, Op, TensorType};
 
+/// The integer contraction, where the target has an integer dot product (`RuleSet::integer`).
 pub fn rules() -> Vec<Rewrite> {
     vec![scan(
         "integer-contraction",
@@ -31,6 +32,120 @@ pub fn rules() -> Vec<Rewrite> {
                 .collect()
         },
     )]
+}
+
+/// Exact simplifications of quantized values, on every target (with the algebra rules).
+pub fn requantize_rules() -> Vec<Rewrite> {
+    vec![scan(
+        "requantize-same-scale",
+        |eg, id| !requantized(eg, id).is_empty(),
+        |eg, id| {
+            requantized(eg, id)
+                .into_iter()
+                .filter_map(|(q, relu)| match relu {
+                    None => Some(q),
+                    Some(z) => {
+                        let z = konst(eg, z);
+                        add(eg, Op::Nary(Nary::Max), vec![q, z])
+                    }
+                })
+                .collect()
+        },
+    )]
+}
+
+/// A value quantized again with the scale and zero point it was dequantized with (QOperator models
+/// write `QLinearConv -> DequantizeLinear -> Relu -> QuantizeLinear -> QLinearConv`):
+///
+/// ```text
+/// t8(clip(round(((f32(q) - z) * s) / s) + z, lo, hi))         =>  q
+/// t8(clip(round(relu((f32(q) - z) * s) / s) + z, lo, hi))     =>  max(q, t8(z))
+/// ```
+///
+/// exactly: `q - z` is an integer of at most 255 in magnitude, so the products' rounding (a relative
+/// 2^-23, the division written as a multiply by the reciprocal included) moves it by far less than the
+/// half that `round` forgives; the clip, to `t8`'s range, then changes nothing. Returns `q` with the
+/// zero point as a `t8` scalar where a ReLU came between.
+fn requantized(eg: &EGraph, id: Id) -> Vec<(Id, Option<mlopt_ir::Tensor>)> {
+    let constant = |c: Id| super::splat(eg, c);
+    let mut out = vec![];
+    for (op, ch) in ops(eg, id) {
+        let Op::Cast { to } = op else { continue };
+        let (lo, hi) = match to {
+            DType::U8 => (0.0, 255.0),
+            DType::I8 => (-128.0, 127.0),
+            _ => continue,
+        };
+        for (op, ch) in ops(eg, ch[0]) {
+            let (Op::Clip, [r, l, h]) = (op, &ch[..]) else {
+                continue;
+            };
+            if constant(*l) != Some(lo) || constant(*h) != Some(hi) {
+                continue;
+            }
+            // round(..) + z, or round(..) alone for a zero point of 0.
+            let mut rounded: Vec<(Id, f64)> = vec![(*r, 0.0)];
+            for (op, ch) in ops(eg, *r) {
+                if let (Op::Binary(Binary::Add), [a, z]) = (op, &ch[..]) {
+                    if let Some(z) = constant(*z) {
+                        rounded.push((*a, z));
+                    }
+                }
+            }
+            for (r, z2) in rounded {
+                for (op, ch) in ops(eg, r) {
+                    let Op::Unary(mlopt_ir::Unary::Round) = op else {
+                        continue;
+                    };
+                    for (x, s2) in divided(eg, ch[0]) {
+                        let (value, relu) = match relu_of(eg, x) {
+                            Some(inner) => (inner, true),
+                            None => (x, false),
+                        };
+                        let Some(d) = dequantized(eg, value) else {
+                            continue;
+                        };
+                        let z1 = d.zero.map_or(Some(0.0), constant);
+                        let same_scale =
+                            constant(d.scale).is_some_and(|s1| (s1 * s2 - 1.0).abs() < 1e-6);
+                        let q_type = ty(eg, d.q).map(|t| t.dtype);
+                        if same_scale
+                            && z1 == Some(z2)
+                            && q_type == Some(to)
+                            && (lo..=hi).contains(&z2)
+                        {
+                            let zero = relu.then(|| mlopt_ir::Tensor::scalar(z2).cast(to));
+                            out.push((d.q, zero));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `x / s` or `x * (1/s)` in class `id`, with a scalar constant s: (x, 1/s).
+fn divided(eg: &EGraph, id: Id) -> Vec<(Id, f64)> {
+    ops(eg, id)
+        .into_iter()
+        .filter_map(|(op, ch)| {
+            let c = super::splat(eg, *ch.get(1)?)?;
+            match op {
+                Op::Binary(Binary::Div) if c != 0.0 => Some((ch[0], 1.0 / c)),
+                Op::Binary(Binary::Mul) => Some((ch[0], c)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The operand of a ReLU in class `id`.
+fn relu_of(eg: &EGraph, id: Id) -> Option<Id> {
+    ops(eg, id).into_iter().find_map(|(op, ch)| match op {
+        Op::Unary(mlopt_ir::Unary::Relu) => Some(ch[0]),
+        _ => None,
+    })
 }
 
 /// A dequantized value `(f32(q) - z) * s` (or `f32(q) * s`): q 8-bit, z and s constants.
@@ -131,6 +246,19 @@ fn centred(eg: &mut EGraph, d: &Dequantized) -> Option<Id> {
     }
 }
 
+/// For a contraction the integer form takes (a Conv of one group, a MatMul) over a weight of shape `w`:
+/// the weight's axis of output channels (0 of a convolution's [M, C, ...], 1 of a MatMul's [K, N]), their
+/// number and the depth summed, when both fill the integer blocks (16 or more). `--precision int8`
+/// (`quantize.rs`) quantizes exactly these.
+pub(crate) fn integer_shape(op: &Op, w: &[usize]) -> Option<(usize, usize, usize)> {
+    let (axis, n, depth) = match op {
+        Op::Conv(a) if a.group == 1 && w.len() >= 3 => (0, w[0], w[1..].iter().product()),
+        Op::MatMul if w.len() == 2 => (1, w[1], w[0]),
+        _ => return None,
+    };
+    (depth >= 16 && n >= 16).then_some((axis, n, depth))
+}
+
 /// The range of `q - z`: `q`'s values where it is a constant, else its type's, less `z`'s values.
 fn span(eg: &EGraph, q: Id, z: Option<Id>) -> Option<(f64, f64)> {
     let values = |c: Id| -> Option<(f64, f64)> {
@@ -176,16 +304,10 @@ fn integer(eg: &mut EGraph, op: Op, ch: &[Id]) -> Option<Id> {
     {
         return None;
     }
-    // W's scale and zero point per output channel: axis 0 of a convolution's [M, C, ...], the last of
-    // a MatMul's [K, N]; the depth and columns fill the blocks.
-    let (axis, n, depth) = match &op {
-        Op::Conv(_) => (0, wt.shape[0], wt.shape[1..].iter().product::<usize>()),
-        _ if wt.rank() == 2 => (1, wt.shape[1], wt.shape[0]),
-        _ => return None,
-    };
+    let (axis, n, depth) = integer_shape(&op, &wt.shape)?;
     let per_channel =
         |eg: &EGraph, p: Option<Id>| p.is_none_or(|p| along(eg, p, axis, n, wt.rank()));
-    if !per_channel(eg, Some(w.scale)) || !per_channel(eg, w.zero) || depth < 16 || n < 16 {
+    if !per_channel(eg, Some(w.scale)) || !per_channel(eg, w.zero) {
         return None;
     }
     // Every partial sum must fit i32 (the blocks' sums wrap): depth x the largest |x - zx| x the
