@@ -48,11 +48,11 @@ ZOO = Path(os.environ.get("MLOPT_ZOO", Path.home() / ".cache/mlopt/zoo"))
 class Mlopt:
     """A model compiled by mlopt, loaded into this process."""
 
-    def __init__(self, exe, model, threads, precision, work, feeds):
+    def __init__(self, exe, model, threads, precision, work, feeds, extra=()):
         out = Path(work) / f"t{threads}"
         t = time.perf_counter()
         pins = [f"--input-shape={n}={'x'.join(str(d) for d in a.shape)}" for n, a in feeds.items()]
-        r = subprocess.run([exe, "compile", str(model), "--threads", str(threads), "--precision", precision, "-o", str(out)] + pins, capture_output=True, text=True, cwd=Path(model).parent)
+        r = subprocess.run([exe, "compile", str(model), "--threads", str(threads), "--precision", precision, "-o", str(out)] + pins + list(extra), capture_output=True, text=True, cwd=Path(model).parent)
         self.compile_s = time.perf_counter() - t
         if r.returncode != 0:
             raise RuntimeError((r.stderr.strip().splitlines() or ["mlopt compile failed"])[-1])
@@ -133,7 +133,7 @@ def engine_main(conn, kind, spec):
             f = ov_runner(spec["file"], spec["threads"], spec["hint"], feeds)
             info = {}
         else:
-            m = Mlopt(spec["exe"], spec["file"], spec["threads"], spec["precision"], spec["work"], feeds)
+            m = Mlopt(spec["exe"], spec["file"], spec["threads"], spec["precision"], spec["work"], feeds, spec.get("extra", ()))
             m.bind([feeds[k] for k in spec["names"]], [np.empty(s, dtype=d) for s, d in spec["outs"]])
             m()  # a run that fails is this precision's error, before any timing
             f = m
@@ -256,9 +256,30 @@ def models_from(args, batch):
         for exporter in ([args.exporter] if args.exporter != "prefer-dynamo" else order):
             e = manifest.get(f"{name}/{exporter}")
             if e and e.get("file"):
-                qdq = manifest.get(f"{name}/{args.int8_format}", {}).get("file")
+                # (--int8-format mlopt: the runtimes run the qdq copy, or the dynamic one where there is none.)
+                formats = ["qdq", "dynamic"] if args.int8_format == "mlopt" else [args.int8_format]
+                qdq = next((f for f in (manifest.get(f"{name}/{x}", {}).get("file") for x in formats) if f), None)
                 yield {**e, "name": f"{name}" if args.exporter == "prefer-dynamo" else f"{name}/{exporter}", "qdq": qdq}
                 break
+
+
+def calibration_dir(entry, names, batch, work):
+    """`--int8-format mlopt`: the calibration inputs bench/zoo/quantize.py gives ONNX Runtime's
+    quantizer, each repeated `batch` times along the first axis, as test_data_set_K/input_J.pb."""
+    sys.path.insert(0, str(ROOT / "bench/zoo"))
+    import quantize  # noqa: PLC0415
+    from onnx import numpy_helper  # noqa: PLC0415
+    root = Path(work) / f"calibration.{entry['name'].replace('/', '_')}.b{batch}"
+    reader = quantize.Inputs(entry["inputs"])
+    k = 0
+    while (s := reader.get_next()) is not None:
+        d = root / f"test_data_set_{k}"
+        d.mkdir(parents=True, exist_ok=True)
+        for j, n in enumerate(names):
+            a = np.concatenate([s[n]] * batch, axis=0) if batch > 1 else s[n]
+            (d / f"input_{j}.pb").write_bytes(numpy_helper.from_array(a, n).SerializeToString())
+        k += 1
+    return str(root)
 
 
 def feeds_for(entry, sess, batch=1):
@@ -346,8 +367,14 @@ def run_model(args, entry, n, batch, precisions, work):
                 if not exe or (p == "int8" and not qdq):
                     continue
                 try:
-                    # int8 is the int8 copy compiled as it is: its quantization is in the file.
-                    model = {"file": str(Path(qdq).resolve()), "precision": "fp32"} if p == "int8" else {"precision": p}
+                    # int8 is the int8 copy compiled as it is: its quantization is in the file; or, with
+                    # --int8-format mlopt, the float model quantized by mlopt on the same calibration inputs.
+                    if p == "int8" and args.int8_format == "mlopt":
+                        model = {"precision": "int8", "extra": ["--calibration", calibration_dir(entry, names, batch, work)]}
+                    elif p == "int8":
+                        model = {"file": str(Path(qdq).resolve()), "precision": "fp32"}
+                    else:
+                        model = {"precision": p}
                     spec = {**base, "exe": exe, **model, "work": str(Path(work) / f"{slug}.{p}.{who}"), "names": names, "outs": outs}
                     engines[f"{who}_{p}"] = w = Worker("mlopt", spec)
                     if who == "mlopt":
@@ -448,7 +475,7 @@ def main():
     ap.add_argument("--exporter", default="prefer-dynamo", choices=["prefer-dynamo", "dynamo", "torchscript"])
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, auto, int8 (the int8 copies of bench/zoo/quantize.py, format --int8-format; with fp32 beside it, mlopt/own fp32); all timed in the same rounds")
-    ap.add_argument("--int8-format", default="qdq", choices=["qdq", "qoperator", "dynamic"], help="which int8 copy --precision int8 runs (bench/zoo/quantize.py --format)")
+    ap.add_argument("--int8-format", default="qdq", choices=["qdq", "qoperator", "dynamic", "mlopt"], help="which int8 copy --precision int8 runs (bench/zoo/quantize.py --format); mlopt: ORT and OpenVINO run the qdq copy, mlopt quantizes the float model itself (--precision int8) on the same calibration inputs")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (above 1: the TorchScript exports, whose batch dimension is symbolic)")
     ap.add_argument("--iters", type=int, default=10, help="most timed runs per engine per round (fewer for slow engines: about 0.5 s each)")

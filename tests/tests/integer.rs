@@ -432,6 +432,17 @@ mod qop {
         }
     }
 
+    pub fn node(op: &str, ins: &[&str], out: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+        NodeProto {
+            op_type: op.into(),
+            name: out.into(),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: vec![out.into()],
+            attribute: attrs,
+            ..Default::default()
+        }
+    }
+
     /// One node `op` over input `x` (u8, `dims`) and the initializers, with output `y`.
     pub fn model(
         op: &str,
@@ -440,6 +451,11 @@ mod qop {
         x: &[usize],
         inits: Vec<TensorProto>,
     ) -> ModelProto {
+        graph(vec![node(op, ins, "y", attrs)], x, inits)
+    }
+
+    /// `nodes` over input `x` (u8, `dims`) and the initializers, with output `y`.
+    pub fn graph(nodes: Vec<NodeProto>, x: &[usize], inits: Vec<TensorProto>) -> ModelProto {
         ModelProto {
             ir_version: 8,
             opset_import: vec![OperatorSetIdProto {
@@ -448,14 +464,7 @@ mod qop {
             }],
             graph: Some(GraphProto {
                 name: "g".into(),
-                node: vec![NodeProto {
-                    op_type: op.into(),
-                    name: "n".into(),
-                    input: ins.iter().map(|s| s.to_string()).collect(),
-                    output: vec!["y".into()],
-                    attribute: attrs,
-                    ..Default::default()
-                }],
+                node: nodes,
                 input: vec![value("x", data_type::UINT8, x)],
                 output: vec![ValueInfoProto {
                     name: "y".into(),
@@ -719,4 +728,136 @@ fn qoperator_contractions_run_in_integers() {
             "{name}: compiled differs from the interpreter"
         );
     }
+}
+
+/// A float model of two convolutions (3x3 of 16 to 32 channels, ReLU, 1x1 of 32 to 32) for
+/// `--precision int8`.
+fn float_convs() -> mlopt_ir::Graph {
+    use mlopt_ir::{DType, Graph, Op, Tensor, TensorType, Unary};
+    let mut g = Graph::new("float");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, 16, 12, 12]));
+    let weights = |g: &mut Graph, name: &str, shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 0.2).collect();
+        g.add_const(name, Tensor::from_vec(shape, v).unwrap())
+    };
+    let (w1, w2) = (
+        weights(&mut g, "w1", &[32, 16, 3, 3]),
+        weights(&mut g, "w2", &[32, 32, 1, 1]),
+    );
+    let b = g.add_const("b", Tensor::from_vec(&[32], vec![0.1f32; 32]).unwrap());
+    let y = g.add(Op::Conv(same(3, 1)), "c1", &[x, w1, b]).unwrap();
+    let y = g.add(Op::Unary(Unary::Relu), "r", &[y]).unwrap();
+    let y = g.add(Op::Conv(same(1, 1)), "c2", &[y, w2]).unwrap();
+    g.add_output("y", y);
+    g
+}
+
+/// `--precision int8`: mlopt quantizes a float model's contractions itself on ranges calibrated on the
+/// given inputs; both convolutions run as integer contractions, the error against fp32 is reported per
+/// output (non-zero: the values are quantized; small: the ranges fit), and the compiled model is within
+/// that error. Without calibration inputs, or for a target without an integer dot product, a clear
+/// error.
+#[test]
+fn int8_quantizes_float_contractions_on_calibrated_ranges() {
+    use mlopt_rewrite::{Config, Precision};
+    let g = float_convs();
+    let mut config = Config::new(Target::named(mlopt_target::runnable_level(), 1).unwrap());
+    config.precision = Precision::Int8;
+    let missing = mlopt_rewrite::optimize(&g, &config)
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("--calibration"), "{missing}");
+    config.calibration = (0..3)
+        .map(|s| mlopt_rewrite::optimize::random_inputs(&g, s))
+        .collect();
+    let mut gpu = config.clone();
+    gpu.target = Target::named("sm_80", 1).unwrap();
+    let refused = mlopt_rewrite::optimize(&g, &gpu).unwrap_err().to_string();
+    assert!(refused.contains("integer dot product"), "{refused}");
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config.clone())).unwrap();
+    let stats = &c.optimized.stats;
+    assert_eq!(stats.quantized, 2);
+    let [(name, err)] = &stats.output_errors[..] else {
+        panic!("one output's error: {:?}", stats.output_errors)
+    };
+    assert!(name == "y" && *err > 0.0 && *err < 0.03, "error {err:e}");
+    let plan = &c.optimized.plan.graph;
+    let integer = plan
+        .node_ids()
+        .filter(|&n| {
+            matches!(plan.node(n).op, mlopt_ir::Op::Conv(_))
+                && plan.node(n).outputs[0].dtype == mlopt_ir::DType::I32
+        })
+        .count();
+    assert_eq!(integer, 2, "{}", mlopt_ir::print::print(plan));
+    let inputs = &config.calibration[0];
+    let want = mlopt_ir::interp::run(&g, inputs).unwrap();
+    let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
+    let compiled = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+    assert!(
+        compiled <= err + 1e-4,
+        "compiled error {compiled:e}, reported {err:e}"
+    );
+}
+
+/// Two QLinearConvs with DequantizeLinear -> Relu -> QuantizeLinear between them at the first one's
+/// output scale and zero point (ONNX Runtime's QOperator export of Conv -> Relu -> Conv): the
+/// requantization cancels (`requantize-same-scale`: the ReLU becomes a max with the zero point on the
+/// u8 values), so no float rounding is left in the plan, and the compiled model gives the
+/// interpreter's bits.
+#[test]
+fn qoperator_requantization_between_convolutions_cancels() {
+    use mlopt_onnx::proto::data_type::{INT8, UINT8};
+    use qop::*;
+    let conv = |i: usize, x: &str, y: &str| {
+        let w = tensor(
+            &format!("w{i}"),
+            INT8,
+            &[QC, QC, 3, 3],
+            i8_bytes(QC * QC * 9, i),
+        );
+        let ins = [x, "s", "z", &format!("w{i}"), "ws", "wz", "s", "z"].map(String::from);
+        let ins: Vec<&str> = ins.iter().map(String::as_str).collect();
+        (
+            node("QLinearConv", &ins, y, vec![ints("pads", &[1, 1, 1, 1])]),
+            w,
+        )
+    };
+    let (c1, w1) = conv(1, "x", "y1");
+    let (c2, w2) = conv(2, "q1", "y");
+    let nodes = vec![
+        c1,
+        node("DequantizeLinear", &["y1", "s", "z"], "d1", vec![]),
+        node("Relu", &["d1"], "r1", vec![]),
+        node("QuantizeLinear", &["r1", "s", "z"], "q1", vec![]),
+        c2,
+    ];
+    let inits = vec![
+        w1,
+        w2,
+        f32s("s", &[], &[0.05]),
+        tensor("z", UINT8, &[], vec![120]),
+        f32s("ws", &[], &[0.002]),
+        tensor("wz", INT8, &[], vec![0]),
+    ];
+    let m = graph(nodes, &[1, QC, QH, QH], inits);
+    let g = mlopt_onnx::import_model(&m, None, "chain", &Default::default()).unwrap();
+    let inputs = mlopt_rewrite::optimize::random_inputs(&g, 4);
+    let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+    let config =
+        mlopt_rewrite::Config::new(Target::named(mlopt_target::runnable_level(), 1).unwrap());
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
+    let plan = &c.optimized.plan.graph;
+    let rounds = plan
+        .node_ids()
+        .filter(|&n| plan.node(n).op == mlopt_ir::Op::Unary(mlopt_ir::Unary::Round))
+        .count();
+    // The two convolutions' own requantizing epilogues round; nothing else does.
+    assert_eq!(rounds, 2, "{}", mlopt_ir::print::print(plan));
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    assert!(
+        want[0].1.same_bits(&got[0].1),
+        "compiled differs from the interpreter"
+    );
 }

@@ -5,7 +5,7 @@ use mlopt_ir::Tensor;
 use mlopt_onnx::interface::{read_data, Form, Given};
 use mlopt_onnx::proto::ModelProto;
 use mlopt_onnx::{import_model, load_model, parse_input_shape, ImportOptions};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -235,6 +235,24 @@ pub fn read_test_dir(dir: &Path, ports: &Ports) -> Result<(Given, Vec<Tensor>)> 
     let (given, expected) =
         mlopt_onnx::interface::read_test_data(dir, &ports.inputs, &ports.outputs)?;
     Ok((given, expected.into_iter().map(|(_, t)| t).collect()))
+}
+
+/// The input sets in `dir`: its subdirectories that hold an `input_0.pb`, in name order, or else
+/// `dir` itself (ONNX's test-data layout, `read_test_dir`).
+pub fn read_input_sets(dir: &Path, ports: &Ports) -> Result<Vec<HashMap<String, Tensor>>> {
+    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.join("input_0.pb").is_file())
+        .collect();
+    subdirs.sort();
+    if subdirs.is_empty() {
+        subdirs.push(dir.to_path_buf());
+    }
+    subdirs
+        .iter()
+        .map(|d| Ok(read_test_dir(d, ports)?.0.tensors))
+        .collect()
 }
 
 /// Writes each output as `dir/NAME.npy` (or `.pb`), NAME its name with every character other than an

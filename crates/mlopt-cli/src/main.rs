@@ -70,7 +70,9 @@ pub struct OptArgs {
     /// Threads the CPU code will use (scales the CPU roofline).
     #[arg(long, default_value_t = 1)]
     threads: u32,
-    /// fp32, bf16, fp16 or auto (low precision where it pays, checked against fp32 within --tolerance).
+    /// fp32, bf16, fp16, auto (low precision where it pays, checked against fp32 within --tolerance) or
+    /// int8 (mlopt quantizes the convolutions and MatMuls that run in integers, on ranges calibrated on
+    /// --calibration's inputs, and reports each output's error against fp32).
     #[arg(long, default_value = "fp32")]
     precision: mlopt_rewrite::Precision,
     /// Prefer recomputation to keep peak activation memory under this many bytes.
@@ -79,7 +81,9 @@ pub struct OptArgs {
     /// --precision auto: largest error allowed, relative to each output's largest magnitude.
     #[arg(long, default_value_t = 1e-2)]
     tolerance: f64,
-    /// --precision auto: check on the inputs in DIR (ONNX test-data layout, input_K.pb) instead of random ones.
+    /// --precision auto: check on the inputs in DIR (ONNX test-data layout, input_K.pb) instead of random
+    /// ones; --precision int8: calibrate on them. DIR holds one set, or several in subdirectories
+    /// (test_data_set_0, test_data_set_1, ..).
     #[arg(long, value_name = "DIR")]
     calibration: Option<PathBuf>,
     /// Equality-saturation limits.
@@ -113,9 +117,8 @@ impl OptArgs {
         };
         cfg.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if let Some(dir) = &self.calibration {
-            let (inputs, _) = data::read_test_dir(dir, ports)
+            cfg.calibration = data::read_input_sets(dir, ports)
                 .with_context(|| format!("reading calibration inputs from {}", dir.display()))?;
-            cfg.calibration = vec![inputs.tensors];
         }
         Ok(cfg)
     }
@@ -217,7 +220,7 @@ enum Cmd {
     },
     /// Run a model on DIR/input_K.pb and compare with DIR/output_K.pb (ONNX's test data layout): each
     /// value within --atol + --rtol * |expected|, or, when the optimised or compiled model runs at a
-    /// low --precision (bf16, fp16, auto), each output's scaled error (largest difference over its
+    /// low --precision (bf16, fp16, auto, int8), each output's scaled error (largest difference over its
     /// largest magnitude, at least 1) within --tolerance, the measure --precision auto accepts by.
     Check {
         model: PathBuf,

@@ -1927,3 +1927,69 @@ fn input_value_none_leaves_an_optional_input_empty() {
         &["input 'o' is given twice"],
     );
 }
+
+/// `--precision int8` quantizes a float model itself: without calibration inputs it says what it needs;
+/// with two input sets in `test_data_set_*` folders it runs the convolution in integers and reports
+/// the output's error against fp32.
+#[test]
+fn int8_quantizes_on_calibration_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = 32usize;
+    let w: Vec<f32> = (0..c * c * 9)
+        .map(|i| (i as f32 * 0.37).sin() * 0.1)
+        .collect();
+    let m = model(
+        vec![node(
+            "Conv",
+            "conv",
+            &["x", "w"],
+            &["y"],
+            vec![int_attr("pads", &[1, 1, 1, 1])],
+        )],
+        vec![value(
+            "x",
+            data_type::FLOAT,
+            &[Some(1), Some(c as i64), Some(8), Some(8)],
+        )],
+        vec![value(
+            "y",
+            data_type::FLOAT,
+            &[Some(1), Some(c as i64), Some(8), Some(8)],
+        )],
+        vec![f32_tensor("w", &[c as i64, c as i64, 3, 3], &w)],
+    );
+    let p = save(dir.path(), &m);
+    let out = dir.path().join("out").display().to_string();
+    fails_with(
+        &mlopt(&["compile", &p, "--precision", "int8", "-o", &out]),
+        &["--precision int8", "--calibration DIR"],
+    );
+    let cal = dir.path().join("cal");
+    for k in 0..2 {
+        let set = cal.join(format!("test_data_set_{k}"));
+        std::fs::create_dir_all(&set).unwrap();
+        let x: Vec<f32> = (0..c * 64)
+            .map(|i| ((i * (k + 3)) as f32 * 0.11).cos())
+            .collect();
+        let t = f32_tensor("x", &[1, c as i64, 8, 8], &x);
+        std::fs::write(set.join("input_0.pb"), t.encode_to_vec()).unwrap();
+    }
+    let run = mlopt(&[
+        "compile",
+        &p,
+        "--precision",
+        "int8",
+        "--calibration",
+        cal.to_str().unwrap(),
+        "-o",
+        &out,
+    ]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(
+        err.contains("1 of 1 convolutions and matrix products run as integer contractions")
+            && err.contains("int8: 1 contractions quantized by mlopt")
+            && err.contains("on the calibration inputs): y "),
+        "{err}"
+    );
+}

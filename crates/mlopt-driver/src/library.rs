@@ -193,11 +193,18 @@ impl Library {
     /// and how many contractions run in integers (a quantized model's, `integer_note`).
     pub fn notes(&self) -> Vec<String> {
         match self {
-            Library::Cpu(c) => integer_note(c).into_iter().collect(),
+            Library::Cpu(c) => integer_note(c)
+                .into_iter()
+                .chain(mlopt_rewrite::report::int8_errors(&c.optimized))
+                .collect(),
             Library::Batched(b) => {
                 let sizes: Vec<String> = b.variants.iter().map(|(k, _)| k.to_string()).collect();
-                let first = b.variants.first().and_then(|(_, c)| integer_note(c));
-                first.into_iter().chain([format!(
+                let first = b.variants.first().map(|(_, c)| {
+                    integer_note(c)
+                        .into_iter()
+                        .chain(mlopt_rewrite::report::int8_errors(&c.optimized))
+                });
+                first.into_iter().flatten().chain([format!(
                     "dynamic batch over '{}' (1 to {}): built at batch {}; checked that items do not mix",
                     b.symbol.escape_default(),
                     b.max_batch,

@@ -14,6 +14,7 @@ pub mod fuse;
 pub mod images;
 pub mod lang;
 pub mod optimize;
+pub mod quantize;
 pub mod report;
 pub mod rules;
 

@@ -21,6 +21,9 @@ pub enum Precision {
     Fp16,
     /// Low precision where the cost model says it pays, then checked against fp32 within the tolerance.
     Auto,
+    /// Contractions quantized to 8 bits by mlopt, on ranges calibrated on real inputs (`quantize.rs`),
+    /// run as integer contractions; each output's error against fp32 reported.
+    Int8,
 }
 
 impl std::fmt::Display for Precision {
@@ -30,6 +33,7 @@ impl std::fmt::Display for Precision {
             Precision::Bf16 => "bf16",
             Precision::Fp16 => "fp16",
             Precision::Auto => "auto",
+            Precision::Int8 => "int8",
         })
     }
 }
@@ -42,7 +46,10 @@ impl std::str::FromStr for Precision {
             "bf16" => Ok(Precision::Bf16),
             "fp16" => Ok(Precision::Fp16),
             "auto" => Ok(Precision::Auto),
-            _ => Err(format!("unknown precision '{s}' (fp32, bf16, fp16, auto)")),
+            "int8" => Ok(Precision::Int8),
+            _ => Err(format!(
+                "unknown precision '{s}' (fp32, bf16, fp16, auto, int8)"
+            )),
         }
     }
 }
@@ -73,7 +80,8 @@ pub struct Config {
     pub memory_budget: Option<u64>,
     /// `auto` precision: the largest error allowed, relative to each output's largest magnitude.
     pub tolerance: f64,
-    /// `auto` precision: input sets to check on; random inputs when empty.
+    /// `auto` precision: input sets to check on (random inputs when empty); `int8`: the sets its
+    /// activations' ranges are calibrated on, and its error measured on.
     pub calibration: Vec<HashMap<String, Tensor>>,
     pub limits: Limits,
     /// Show a spinner on stderr while saturating (drawn only when stderr is a terminal).
@@ -110,6 +118,10 @@ pub struct Stats {
     /// `auto` precision: ops kept in fp32 by the check, and the final error.
     pub backed_off: Vec<String>,
     pub precision_error: Option<f64>,
+    /// `int8`: the contractions quantized, and each output's error against fp32 (largest over the
+    /// calibration sets, scaled as `scaled_error`).
+    pub quantized: usize,
+    pub output_errors: Vec<(String, f64)>,
 }
 
 /// The result: the fused plan, the cost of the input graph with one kernel per op, and the figures.
@@ -122,13 +134,16 @@ pub struct Optimized {
 
 /// Optimises `g` for `cfg.target`.
 pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
+    if cfg.precision == Precision::Int8 {
+        return int8(g, cfg);
+    }
     // tf32 tensor cores round fp32 operands to 10 mantissa bits, which the interpreter does not model, so
     // `auto` (whose promise is a checked error) does not use them; bf16/fp16 accept less precision anyway.
     let tf32 = matches!(cfg.precision, Precision::Bf16 | Precision::Fp16);
     // The input graph is costed under the same assumptions as the plan, so before/after compare like with like.
     let before = crate::fuse::unfused_cost(g, &cfg.target, tf32);
     let lower_to = match cfg.precision {
-        Precision::Fp32 => None,
+        Precision::Fp32 | Precision::Int8 => None,
         Precision::Bf16 => Some(DType::BF16),
         Precision::Fp16 => Some(DType::F16),
         Precision::Auto => Some(if cfg.target.fast_matrix(MatrixPrecision::Bf16).is_some() {
@@ -224,6 +239,29 @@ pub fn optimize(g: &Graph, cfg: &Config) -> Result<Optimized> {
         }
         round += 1;
     }
+}
+
+/// `--precision int8`: `g` quantized on the calibration sets (`quantize.rs`) and optimised as the QDQ
+/// model it becomes, each output's error against `g` in fp32 measured on the same sets.
+fn int8(g: &Graph, cfg: &Config) -> Result<Optimized> {
+    if cfg.target.cpu().is_none_or(|c| c.i16_dot().is_none()) {
+        return Err(RewriteError::Precision(format!(
+            "--precision int8: {} has no integer dot product mlopt uses (integer contractions run on x86-64 CPUs with AVX2)",
+            cfg.target
+        )));
+    }
+    let q = crate::quantize::quantize(g, &cfg.calibration)?;
+    let fp32 = Config {
+        precision: Precision::Fp32,
+        ..cfg.clone()
+    };
+    let mut o = optimize(&q.graph, &fp32)?;
+    o.before = crate::fuse::unfused_cost(g, &cfg.target, false);
+    let errors = Reference::new(g, cfg)?.errors(&o.plan.graph)?;
+    o.stats.precision_error = errors.iter().map(|e| e.1).reduce(f64::max);
+    o.stats.output_errors = errors;
+    o.stats.quantized = q.contractions;
+    Ok(o)
 }
 
 /// One saturation + extraction + fusion, with the ops named in `keep` held in fp32.
@@ -401,16 +439,25 @@ impl Reference {
 
     /// The largest error of `opt`, each output's error divided by its largest magnitude (at least 1).
     fn error(&self, opt: &Graph) -> Result<f64> {
-        let mut worst = 0f64;
+        Ok(self.errors(opt)?.iter().map(|e| e.1).fold(0f64, f64::max))
+    }
+
+    /// Each output's largest error over the sets, divided by its largest magnitude (at least 1).
+    fn errors(&self, opt: &Graph) -> Result<Vec<(String, f64)>> {
+        let mut worst: Vec<(String, f64)> = vec![];
         for (inputs, want) in &self.sets {
             let got = mlopt_ir::interp::run(opt, inputs)?;
-            for ((name, w), (_, o)) in want.iter().zip(&got) {
+            for (i, ((name, w), (_, o))) in want.iter().zip(&got).enumerate() {
                 if w.shape() != o.shape() {
                     return Err(RewriteError::Internal(format!(
                         "output {name} changed shape"
                     )));
                 }
-                worst = worst.max(scaled_error(w, o));
+                let e = scaled_error(w, o);
+                match worst.get_mut(i) {
+                    Some(slot) => slot.1 = slot.1.max(e),
+                    None => worst.push((name.clone(), e)),
+                }
             }
         }
         Ok(worst)

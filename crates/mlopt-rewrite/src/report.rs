@@ -43,6 +43,9 @@ pub fn header(o: &Optimized, cfg: &Config) -> String {
             .map(|e| format!(", max relative error {e:.2e} vs fp32"))
             .unwrap_or_default()
     );
+    if let Some(errors) = int8_errors(o) {
+        let _ = writeln!(h, "; {errors}");
+    }
     if !s.backed_off.is_empty() {
         let _ = writeln!(
             h,
@@ -75,6 +78,23 @@ pub fn header(o: &Optimized, cfg: &Config) -> String {
         o.plan.peak_bytes as f64 / 1e6
     );
     h
+}
+
+/// `--precision int8`: how many contractions mlopt quantized and each output's error against fp32.
+pub fn int8_errors(o: &Optimized) -> Option<String> {
+    let s = &o.stats;
+    (s.quantized > 0 || !s.output_errors.is_empty()).then(|| {
+        let errors: Vec<String> = s
+            .output_errors
+            .iter()
+            .map(|(name, e)| format!("{} {e:.2e}", name.escape_default()))
+            .collect();
+        format!(
+            "int8: {} contractions quantized by mlopt (per-channel i8 weights, u8 activations calibrated by min and max); error against fp32 per output (largest difference over its largest magnitude, on the calibration inputs): {}",
+            s.quantized,
+            errors.join(", ")
+        )
+    })
 }
 
 /// The printed optimised graph with its header.
@@ -170,7 +190,7 @@ pub fn json(o: &Optimized, cfg: &Config, extra: &[(&str, String)]) -> String {
         .map(|(r, n)| format!("{}: {n}", json_str(r)))
         .collect();
     format!(
-        "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n{}  \"kernels\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"target\": {},\n  \"precision\": \"{}\",\n  \"egraph\": {{\"stop_reason\": {}, \"iterations\": {}, \"nodes\": {}, \"classes\": {}, \"saturate_s\": {}, \"extract_s\": {}}},\n  \"rules_applied\": {{{}}},\n  \"output_errors\": {{{}}},\n  \"before_s\": {:e},\n  \"after_s\": {:e},\n  \"peak_activation_bytes\": {},\n{}  \"kernels\": [\n{}\n  ]\n}}\n",
         json_str(cfg.target.name()),
         cfg.precision,
         json_str(&s.stop_reason),
@@ -180,6 +200,11 @@ pub fn json(o: &Optimized, cfg: &Config, extra: &[(&str, String)]) -> String {
         s.saturate_s,
         s.extract_s,
         applied.join(", "),
+        s.output_errors
+            .iter()
+            .map(|(n, e)| format!("{}: {e:e}", json_str(n)))
+            .collect::<Vec<_>>()
+            .join(", "),
         o.before.as_secs(),
         o.plan.total.as_secs(),
         o.plan.peak_bytes,
