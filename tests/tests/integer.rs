@@ -861,3 +861,50 @@ fn qoperator_requantization_between_convolutions_cancels() {
         "compiled differs from the interpreter"
     );
 }
+
+/// A classifier's Gemm (weight transposed, a bias) quantized by `--precision int8` runs as an integer
+/// Gemm, compiled within the error the optimiser reports.
+#[test]
+fn int8_gemm_runs_in_integers() {
+    use mlopt_ir::{DType, Graph, Op, Tensor, TensorType};
+    let mut g = Graph::new("gemm");
+    // (Large enough that the integer product's arithmetic, not its quantize step, decides.)
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![64, 256]));
+    let w: Vec<f32> = (0..128 * 256)
+        .map(|i| (i as f32 * 0.21).sin() * 0.3)
+        .collect();
+    let w = g.add_const("w", Tensor::from_vec(&[128, 256], w).unwrap());
+    let c = g.add_const("c", Tensor::from_vec(&[128], vec![0.25f32; 128]).unwrap());
+    let gemm = Op::Gemm {
+        alpha: 1.0,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: true,
+    };
+    let y = g.add(gemm, "fc", &[x, w, c]).unwrap();
+    g.add_output("y", y);
+    let mut config =
+        mlopt_rewrite::Config::new(Target::named(mlopt_target::runnable_level(), 1).unwrap());
+    config.precision = mlopt_rewrite::Precision::Int8;
+    config.calibration = (0..2)
+        .map(|s| mlopt_rewrite::optimize::random_inputs(&g, s))
+        .collect();
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config.clone())).unwrap();
+    let plan = &c.optimized.plan.graph;
+    assert!(
+        plan.node_ids()
+            .any(|n| matches!(plan.node(n).op, Op::Gemm { .. })
+                && plan.node(n).outputs[0].dtype == DType::I32),
+        "{}",
+        mlopt_ir::print::print(plan)
+    );
+    let err = c.optimized.stats.precision_error.unwrap();
+    let inputs = &config.calibration[1];
+    let want = mlopt_ir::interp::run(&g, inputs).unwrap();
+    let got = c.run(&mut c.load().unwrap(), inputs).unwrap();
+    let compiled = mlopt_rewrite::optimize::scaled_error(&want[0].1, &got[0].1);
+    assert!(
+        err > 0.0 && compiled <= err + 1e-4,
+        "compiled {compiled:e}, reported {err:e}"
+    );
+}

@@ -975,8 +975,26 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 }
                 let sw = b.positive(&axis);
                 let dw = b.bin(Binary::Mul, dw, sw);
-                if !conv {
+                if !conv && b.rng.random_bool(0.5) {
                     return b.op(Op::MatMul, &[dx, dw]);
+                }
+                if !conv {
+                    // A Gemm of the weight transposed ([m, k] per row), with a bias half the time.
+                    let wt = b.op(Op::Transpose { perm: vec![1, 0] }, &[wq]);
+                    let wt = b.op(Op::Cast { to: DType::F32 }, &[wt]);
+                    let st = b.positive(&[m, 1]);
+                    let dwt = b.bin(Binary::Mul, wt, st);
+                    let gemm = Op::Gemm {
+                        alpha: 1.0,
+                        beta: 1.0,
+                        trans_a: false,
+                        trans_b: true,
+                    };
+                    if b.rng.random_bool(0.5) {
+                        let c = b.konst(&[m]);
+                        return b.op(gemm, &[dx, dwt, c]);
+                    }
+                    return b.op(gemm, &[dx, dwt]);
                 }
                 let attrs = ConvAttrs {
                     strides: vec![1, 1],

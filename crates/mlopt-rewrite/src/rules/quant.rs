@@ -10,9 +10,10 @@
 //! where A's scale is per tensor and W's per output channel (or per tensor), so they factor out of the
 //! sum; the 8-bit values less their zero points are exact in i16 and their products' sums in i32 (the
 //! integer dot product's `mma` blocks, `mlopt-schedule/src/cpu/mma.rs`). Only where the target has
-//! an integer dot product (`RuleSet::integer`), for convolutions of one group and products whose
-//! depth and columns fill the blocks; extraction then picks whichever form the cost model prices
-//! lower. The integer form computes the sum the model specifies exactly, where the float one rounds.
+//! an integer dot product (`RuleSet::integer`), for convolutions of one group, MatMuls and Gemms (A
+//! not transposed, alpha and beta 1) whose depth and columns fill the blocks (`integer_shape`);
+//! extraction then picks whichever form the cost model prices lower. The integer form computes the
+//! sum the model specifies exactly, where the float one rounds.
 
 use super::{add, konst, ops, scan, ty};
 use crate::lang::{EGraph, Rewrite};
@@ -155,7 +156,8 @@ struct Dequantized {
     scale: Id,
 }
 
-/// Conv (one group) and MatMul nodes of class `id` over f32 operands.
+/// Conv (one group), MatMul and Gemm (A not transposed, alpha and beta 1) nodes of class `id` over f32
+/// operands.
 fn candidates(eg: &EGraph, id: Id) -> impl Iterator<Item = (Op, Vec<Id>)> + '_ {
     ops(eg, id).into_iter().filter(|(op, ch)| {
         let f32_in = ty(eg, ch[0]).is_some_and(|t| t.dtype == DType::F32);
@@ -163,6 +165,12 @@ fn candidates(eg: &EGraph, id: Id) -> impl Iterator<Item = (Op, Vec<Id>)> + '_ {
             && match op {
                 Op::Conv(a) => a.group == 1,
                 Op::MatMul => true,
+                Op::Gemm {
+                    alpha,
+                    beta,
+                    trans_a: false,
+                    ..
+                } => *alpha == 1.0 && *beta == 1.0,
                 _ => false,
             }
     })
@@ -246,14 +254,24 @@ fn centred(eg: &mut EGraph, d: &Dequantized) -> Option<Id> {
     }
 }
 
-/// For a contraction the integer form takes (a Conv of one group, a MatMul) over a weight of shape `w`:
-/// the weight's axis of output channels (0 of a convolution's [M, C, ...], 1 of a MatMul's [K, N]), their
+/// For a contraction the integer form takes (a Conv of one group, a MatMul, a Gemm) over a weight of shape
+/// `w`: the weight's axis of output channels (0 of a convolution's [M, C, ...] and a transposed Gemm
+/// weight's [N, K], 1 of a MatMul's or Gemm's [K, N]), their
 /// number and the depth summed, when both fill the integer blocks (16 or more). `--precision int8`
 /// (`quantize.rs`) quantizes exactly these.
 pub(crate) fn integer_shape(op: &Op, w: &[usize]) -> Option<(usize, usize, usize)> {
     let (axis, n, depth) = match op {
         Op::Conv(a) if a.group == 1 && w.len() >= 3 => (0, w[0], w[1..].iter().product()),
         Op::MatMul if w.len() == 2 => (1, w[1], w[0]),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a: false,
+            trans_b,
+        } if w.len() == 2 && *alpha == 1.0 && *beta == 1.0 => match trans_b {
+            true => (0, w[0], w[1]),
+            false => (1, w[1], w[0]),
+        },
         _ => return None,
     };
     (depth >= 16 && n >= 16).then_some((axis, n, depth))
@@ -319,7 +337,11 @@ fn integer(eg: &mut EGraph, op: Op, ch: &[Id]) -> Option<Id> {
         return None;
     }
     let (x16, w16) = (centred(eg, &a)?, centred(eg, &w)?);
-    let sum = add(eg, op.clone(), vec![x16, w16])?;
+    let operands = match op {
+        Op::Gemm { .. } => vec![x16, w16, super::absent(eg)],
+        _ => vec![x16, w16],
+    };
+    let sum = add(eg, op.clone(), operands)?;
     let sum = add(eg, Op::Cast { to: DType::F32 }, vec![sum])?;
     // The scales' product, laid along the output's channels: axis 1 of a convolution's output, the last
     // of a MatMul's.
@@ -341,9 +363,15 @@ fn integer(eg: &mut EGraph, op: Op, ch: &[Id]) -> Option<Id> {
     };
     let mut y = add(eg, Op::Binary(Binary::Mul), vec![sum, scale])?;
     if let Some(&b) = ch.get(2).filter(|&&b| !eg[b].data.types.is_empty()) {
-        let mut shape = vec![1; out_rank];
-        shape[1] = n;
-        let b = add(eg, Op::Reshape { shape }, vec![b])?;
+        // A convolution's bias runs along its channels; a Gemm's C broadcasts as it is.
+        let b = match op {
+            Op::Conv(_) => {
+                let mut shape = vec![1; out_rank];
+                shape[1] = n;
+                add(eg, Op::Reshape { shape }, vec![b])?
+            }
+            _ => b,
+        };
         y = add(eg, Op::Binary(Binary::Add), vec![y, b])?;
     }
     Some(y)
