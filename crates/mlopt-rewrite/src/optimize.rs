@@ -257,7 +257,10 @@ fn int8(g: &Graph, cfg: &Config) -> Result<Optimized> {
     };
     let mut o = optimize(&q.graph, &fp32)?;
     o.before = crate::fuse::unfused_cost(g, &cfg.target, false);
-    let errors = Reference::new(g, cfg)?.errors(&o.plan.graph)?;
+    let reference = Reference {
+        sets: cfg.calibration.iter().cloned().zip(q.fp32).collect(),
+    };
+    let errors = reference.errors(&o.plan.graph)?;
     o.stats.precision_error = errors.iter().map(|e| e.1).reduce(f64::max);
     o.stats.output_errors = errors;
     o.stats.quantized = q.contractions;

@@ -17,11 +17,14 @@ use crate::rules::quant::integer_shape;
 use mlopt_ir::{Binary, DType, Graph, NodeId, Op, Tensor, Unary, Value};
 use std::collections::HashMap;
 
-/// A quantized copy of a graph and how many contractions it quantized.
+/// A quantized copy of a graph, how many contractions it quantized, and the float graph's outputs on
+/// each calibration set (which the calibration computes anyway: the reference the error is measured
+/// against).
 #[derive(Debug, Clone)]
 pub struct Quantized {
     pub graph: Graph,
     pub contractions: usize,
+    pub fp32: Vec<Vec<(String, Tensor)>>,
 }
 
 /// A contraction to quantize: its node, float activation, constant weight and the weight's axis of
@@ -40,7 +43,7 @@ pub fn quantize(g: &Graph, sets: &[HashMap<String, Tensor>]) -> Result<Quantized
     let mut acts: Vec<Value> = sites.iter().map(|s| s.x).collect();
     acts.sort_by_key(|v| (v.node.index(), v.output));
     acts.dedup();
-    let ranges = calibrate(g, &acts, sets)?;
+    let (ranges, fp32) = calibrate(g, &acts, sets)?;
     let mut q = g.clone();
     for (&x, &(lo, hi)) in acts.iter().zip(&ranges) {
         let readers: Vec<NodeId> = sites.iter().filter(|s| s.x == x).map(|s| s.node).collect();
@@ -57,6 +60,7 @@ pub fn quantize(g: &Graph, sets: &[HashMap<String, Tensor>]) -> Result<Quantized
     Ok(Quantized {
         graph: q,
         contractions: sites.len(),
+        fp32,
     })
 }
 
@@ -83,12 +87,9 @@ fn sites(g: &Graph) -> Vec<Site> {
         .collect()
 }
 
-/// Each of `acts`' (smallest, largest) value over the calibration sets, 0 included.
-fn calibrate(
-    g: &Graph,
-    acts: &[Value],
-    sets: &[HashMap<String, Tensor>],
-) -> Result<Vec<(f64, f64)>> {
+/// Each of `acts`' (smallest, largest) value over the calibration sets, 0 included; and the graph's
+/// outputs on each set.
+fn calibrate(g: &Graph, acts: &[Value], sets: &[HashMap<String, Tensor>]) -> Result<Ranges> {
     if sets.is_empty() {
         return Err(RewriteError::Precision(
             "--precision int8 calibrates its activations' ranges on real inputs: pass --calibration DIR"
@@ -102,16 +103,22 @@ fn calibrate(
         probe.add_output(format!("calibrated {i}"), v);
     }
     let mut ranges = vec![(0f64, 0f64); acts.len()];
+    let mut outputs = Vec::with_capacity(sets.len());
     for inputs in sets {
-        let outs = mlopt_ir::interp::run(&probe, inputs)?;
+        let mut outs = mlopt_ir::interp::run(&probe, inputs)?;
         for (r, (_, t)) in ranges.iter_mut().zip(outs.iter().skip(first)) {
             for v in t.to_f64_vec().into_iter().filter(|v| v.is_finite()) {
                 *r = (r.0.min(v), r.1.max(v));
             }
         }
+        outs.truncate(first);
+        outputs.push(outs);
     }
-    Ok(ranges)
+    Ok((ranges, outputs))
 }
+
+/// Activation ranges and the float graph's outputs per set (`calibrate`).
+type Ranges = (Vec<(f64, f64)>, Vec<Vec<(String, Tensor)>>);
 
 /// `x` quantized to u8 over [lo, hi] and dequantized: `(f32(q(x)) - zx) * sx`.
 fn activation(g: &mut Graph, x: Value, lo: f64, hi: f64, name: &str) -> Result<Value> {
