@@ -52,7 +52,7 @@ def main():
         ks = p["kernels"]
         total = p["kernel_sum_ms"]
         scalar = sum(k["measured_ms"] for k in ks if k["schedule"] == "scalar") / total
-        top = "; ".join(f"{k['id']} {'+'.join(k['ops'][:3])} -> {k.get('output', '')} [{k['schedule']}] {100 * k['measured_ms'] / total:.0f}% {k['gflops']:.1f} GF/s" for k in ks[: a.top])
+        top = "; ".join(f"{k['id']} {'+'.join(k['ops'][:3])} -> {k.get('output', '')} [{k['schedule']}{'/' + k['matrix'] if k.get('matrix') else ''}] {100 * k['measured_ms'] / total:.0f}% {k['gflops']:.1f} GF/s" for k in ks[: a.top])
         rows.append(f"| {name} | {p['median_ms']:.1f} | {100 * total / p['mean_ms']:.1f}% | {len(ks)} | {100 * scalar:.0f}% | {100 * p['estimate_within_2x_share']:.0f}% | {top} |")
         print(rows[-1], flush=True)
     print(f"\n| model | median ms ({a.threads} thread) | kernels / run | kernels | time in scalar kernels | estimate within 2x | slowest kernels (share, achieved GFLOP/s) |")

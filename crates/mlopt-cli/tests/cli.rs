@@ -1495,12 +1495,16 @@ fn bench_profile_kernels_add_up_to_the_run_and_are_plotted() {
         "kernels add up to {sum} ms of a {mean} ms run"
     );
     assert!((json["kernel_sum_ms"].as_f64().unwrap() - sum).abs() < 1e-6 * sum.max(1.0));
-    // The transformer's projections are tiled contractions.
+    // The transformer's projections are tiled contractions, in f32 (the profile says which matrix
+    // precision each kernel's products run in: null for a kernel without any).
     assert!(
         kernels.iter().any(|k| k["schedule"] == "tiled"
+            && k["matrix"] == "f32"
             && k["ops"].as_array().unwrap().iter().any(|o| o == "matmul")),
         "{text}"
     );
+    assert!(kernels.iter().all(|k| k["matrix"].is_null()
+        || ["f32", "tf32", "f16", "bf16", "i16"].contains(&k["matrix"].as_str().unwrap())));
     let mut ids: Vec<String> = kernels
         .iter()
         .map(|k| k["id"].as_str().unwrap().to_string())

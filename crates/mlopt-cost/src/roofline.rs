@@ -122,16 +122,30 @@ pub struct Estimate {
 }
 
 /// The roofline estimate of a kernel doing `w` on `t`.
+/// The matrix precisions in `Work::matrix_flops`' order.
+pub const MATRIX_PRECISIONS: [MatrixPrecision; 5] = [
+    MatrixPrecision::F32,
+    MatrixPrecision::Tf32,
+    MatrixPrecision::F16,
+    MatrixPrecision::Bf16,
+    MatrixPrecision::I16,
+];
+
+impl Work {
+    /// The precision most of the matrix FLOPs run in, when there are any.
+    pub fn matrix_precision(&self) -> Option<MatrixPrecision> {
+        MATRIX_PRECISIONS
+            .iter()
+            .zip(self.matrix_flops)
+            .filter(|(_, f)| *f > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(p, _)| *p)
+    }
+}
+
 pub fn estimate(w: &Work, t: &Target) -> Estimate {
-    let precisions = [
-        MatrixPrecision::F32,
-        MatrixPrecision::Tf32,
-        MatrixPrecision::F16,
-        MatrixPrecision::Bf16,
-        MatrixPrecision::I16,
-    ];
     let mut compute_s = w.vector_flops / t.roof().fp32;
-    for (p, f) in precisions.iter().zip(w.matrix_flops) {
+    for (p, f) in MATRIX_PRECISIONS.iter().zip(w.matrix_flops) {
         compute_s += f / t.matrix_peak(*p);
     }
     let memory_s = w.bytes / t.roof().dram_bw;

@@ -28,6 +28,9 @@ pub struct KernelRecord {
     pub roofline_s: f64,
     pub bound: Bound,
     pub schedule: ScheduleClass,
+    /// The precision most of its matrix arithmetic runs in (`i16` for a quantized model's integer
+    /// contractions), when it has any.
+    pub matrix: Option<mlopt_target::MatrixPrecision>,
     /// Mean seconds per run, from a profiled build.
     pub measured_s: Option<f64>,
     /// What the call is made under (`when flag`: one branch of an `If` decided at run time); a run
@@ -171,6 +174,7 @@ impl Compiled {
                     roofline_s: peak.compute_s.max(peak.memory_s),
                     bound: peak.bound,
                     schedule: class,
+                    matrix: work.matrix_precision(),
                     measured_s: None,
                     guard,
                 }
@@ -223,7 +227,7 @@ pub fn table(p: &Profile) -> String {
     let total = p.kernel_sum_s().max(1e-12);
     let _ = writeln!(
         t,
-        "{:<8} {:>10} {:>6} {:>10} {:>9} {:>8} {:>8} {:<8} {:>6}  {:<30} {:<22} nodes",
+        "{:<8} {:>10} {:>6} {:>10} {:>9} {:>8} {:>8} {:<8} {:<6} {:>6}  {:<30} {:<22} nodes",
         "kernel",
         "measured",
         "share",
@@ -232,6 +236,7 @@ pub fn table(p: &Profile) -> String {
         "GB/s",
         "bound",
         "schedule",
+        "matrix",
         "roof",
         "ops",
         "output"
@@ -239,7 +244,7 @@ pub fn table(p: &Profile) -> String {
     for k in &p.kernels {
         let _ = writeln!(
             t,
-            "{:<8} {:>8.1}us {:>5.1}% {:>8.1}us {:>9.2} {:>8.2} {:>8} {:<8} {:>5.1}%  {:<30} {:<22} {}",
+            "{:<8} {:>8.1}us {:>5.1}% {:>8.1}us {:>9.2} {:>8.2} {:>8} {:<8} {:<6} {:>5.1}%  {:<30} {:<22} {}",
             k.id,
             k.time_s() * 1e6,
             100.0 * k.time_s() / total,
@@ -248,6 +253,7 @@ pub fn table(p: &Profile) -> String {
             k.gbps(),
             k.bound,
             k.schedule,
+            k.matrix.map_or("-".to_string(), |m| m.to_string()),
             100.0 * k.roofline_fraction(),
             list(&k.ops, 4),
             k.output,
@@ -324,7 +330,7 @@ pub fn json(model: &str, threads: u32, p: &Profile) -> String {
         .iter()
         .map(|k| {
             format!(
-                "{{\"id\": {}, \"ops\": [{}], \"nodes\": [{}], \"output\": {}, \"measured_ms\": {}, \"estimate_ms\": {}, \"flops\": {}, \"bytes\": {}, \"gflops\": {}, \"gbps\": {}, \"bound\": \"{}\", \"roofline_fraction\": {}, \"schedule\": \"{}\", \"guard\": [{}]}}",
+                "{{\"id\": {}, \"ops\": [{}], \"nodes\": [{}], \"output\": {}, \"measured_ms\": {}, \"estimate_ms\": {}, \"flops\": {}, \"bytes\": {}, \"gflops\": {}, \"gbps\": {}, \"bound\": \"{}\", \"roofline_fraction\": {}, \"schedule\": \"{}\", \"matrix\": {}, \"guard\": [{}]}}",
                 json_str(&k.id),
                 strs(&k.ops),
                 strs(&k.nodes),
@@ -338,6 +344,8 @@ pub fn json(model: &str, threads: u32, p: &Profile) -> String {
                 k.bound,
                 num(k.roofline_fraction()),
                 k.schedule,
+                k.matrix
+                    .map_or("null".to_string(), |m| format!("\"{m}\"")),
                 strs(&k.guard)
             )
         })

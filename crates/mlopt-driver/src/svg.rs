@@ -82,7 +82,8 @@ fn number(v: f64) -> String {
 
 /// The roofline plot: x = arithmetic intensity (FLOP/byte), y = GFLOP/s (achieved where measured,
 /// else the cost model's estimate), each kernel a circle whose area is its share of the time, coloured
-/// by schedule class, under the target's memory roof, its fp32 and bf16 compute roofs and the ceiling of a
+/// by schedule class, under the target's memory roof, its fp32 and bf16 compute roofs (and the integer
+/// contractions' where a kernel runs on it) and the ceiling of a
 /// scalar nest. Kernels without FLOPs (copies, layout changes) sit on the bottom edge, hollow.
 pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
     let measured = kernels.iter().any(|k| k.measured_s.is_some());
@@ -92,7 +93,18 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
         .sum::<f64>()
         .max(1e-12);
     let bf16 = t.fast_matrix(MatrixPrecision::Bf16);
-    let peak = t.roof().fp32.max(bf16.unwrap_or(0.0)) / 1e9;
+    // The integer contractions' roof, drawn where a kernel runs on it (a quantized model).
+    let i16 = t.fast_matrix(MatrixPrecision::I16).filter(|_| {
+        kernels
+            .iter()
+            .any(|k| k.matrix == Some(MatrixPrecision::I16))
+    });
+    let peak = t
+        .roof()
+        .fp32
+        .max(bf16.unwrap_or(0.0))
+        .max(i16.unwrap_or(0.0))
+        / 1e9;
     let bw = t.roof().dram_bw / 1e9;
     let scalar_roof = t.roof().fp32 * class_rate(t, ScheduleClass::Scalar) / 1e9;
     let with_flops: Vec<&KernelRecord> = kernels
@@ -145,6 +157,14 @@ pub fn roofline(title: &str, t: &Target, kernels: &[KernelRecord]) -> String {
     p.roof(&mut s, t.roof().fp32 / 1e9, "", "fp32");
     if let Some(b) = bf16.filter(|b| *b > t.roof().fp32) {
         p.roof(&mut s, b / 1e9, r#"stroke-dasharray="8 4""#, "bf16");
+    }
+    if let Some(i) = i16.filter(|i| *i > t.roof().fp32) {
+        p.roof(
+            &mut s,
+            i / 1e9,
+            r#"stroke-dasharray="2 3""#,
+            "int8 (i16 pairs)",
+        );
     }
     p.scalar_and_bandwidth(&mut s, scalar_roof);
     // Kernels, largest first so small ones stay visible on top.
@@ -595,6 +615,7 @@ mod tests {
             roofline_s: ms * 1e-4,
             bound: Bound::Compute,
             schedule: class,
+            matrix: None,
             measured_s: Some(ms * 1e-3),
             guard: Vec::new(),
         }
@@ -626,6 +647,19 @@ mod tests {
             .map(|n| n.attribute("cy").unwrap().parse().unwrap())
             .collect();
         assert!(cy.iter().all(|y| (TOP..=H - BOTTOM).contains(y)), "{cy:?}");
+    }
+
+    /// The integer contractions' roof is drawn where a kernel runs on it (a quantized model on a CPU
+    /// with an integer dot product), and only there.
+    #[test]
+    fn roofline_draws_the_integer_roof_for_integer_kernels() {
+        let t = mlopt_target::Target::named("x86-64-v4", 1).unwrap();
+        let mut k = record("k0", 2e9, 1e7, 10.0, ScheduleClass::Tiled);
+        assert!(!roofline("float", &t, std::slice::from_ref(&k)).contains("int8 (i16 pairs)"));
+        k.matrix = Some(MatrixPrecision::I16);
+        let svg = roofline("quantized", &t, &[k]);
+        roxmltree::Document::parse(&svg).unwrap();
+        assert!(svg.contains("int8 (i16 pairs)"));
     }
 
     #[test]

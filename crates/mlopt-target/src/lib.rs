@@ -38,6 +38,18 @@ pub enum MatrixPrecision {
     I16,
 }
 
+impl std::fmt::Display for MatrixPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            MatrixPrecision::F32 => "f32",
+            MatrixPrecision::Tf32 => "tf32",
+            MatrixPrecision::F16 => "f16",
+            MatrixPrecision::Bf16 => "bf16",
+            MatrixPrecision::I16 => "i16",
+        })
+    }
+}
+
 /// The names `--target` accepts.
 pub const TARGET_NAMES: &[&str] = &[
     "host",
