@@ -908,3 +908,48 @@ fn int8_gemm_runs_in_integers() {
         "compiled {compiled:e}, reported {err:e}"
     );
 }
+
+/// A quantize step's division by its scale stays a division (`div-const-to-mul` only takes powers of
+/// two): on values whose quotient lies at or next to a rounding tie, a multiply by the rounded
+/// reciprocal gave other integers than the interpreter and ONNX's reference.
+#[test]
+fn quantize_divides_exactly() {
+    use mlopt_ir::{Binary, DType, Graph, Op, Tensor, TensorType, Unary};
+    let n = 4096;
+    let mut g = Graph::new("quantize");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![n]));
+    let scalar = |g: &mut Graph, v: f32| g.add_const("", Tensor::scalar(v));
+    let (s, z, lo, hi) = (
+        scalar(&mut g, 0.0123),
+        scalar(&mut g, 7.0),
+        scalar(&mut g, 0.0),
+        scalar(&mut g, 255.0),
+    );
+    let mut v = g.add(Op::Binary(Binary::Div), "q", &[x, s]).unwrap();
+    v = g.add(Op::Unary(Unary::Round), "q", &[v]).unwrap();
+    v = g.add(Op::Binary(Binary::Add), "q", &[v, z]).unwrap();
+    v = g.add(Op::Clip, "q", &[v, lo, hi]).unwrap();
+    v = g.add(Op::Cast { to: DType::U8 }, "q", &[v]).unwrap();
+    g.add_output("y", v);
+    // (k + 1/2) x scale, and its neighbours one ulp either side: quotients at the ties.
+    let values: Vec<f32> = (0..n)
+        .map(|i| {
+            let t = ((i / 3) as f32 * 0.5 + 0.5) * 0.0123f32;
+            match i % 3 {
+                0 => t,
+                1 => f32::from_bits(t.to_bits() + 1),
+                _ => f32::from_bits(t.to_bits() - 1),
+            }
+        })
+        .collect();
+    let inputs = [("x".to_string(), Tensor::from_vec(&[n], values).unwrap())].into();
+    let want = mlopt_ir::interp::run(&g, &inputs).unwrap();
+    let config =
+        mlopt_rewrite::Config::new(Target::named(mlopt_target::runnable_level(), 1).unwrap());
+    let c = mlopt_driver::compile(&g, &mlopt_driver::Options::new(config)).unwrap();
+    let got = c.run(&mut c.load().unwrap(), &inputs).unwrap();
+    assert!(
+        want[0].1.same_bits(&got[0].1),
+        "compiled quantization differs from the interpreter"
+    );
+}

@@ -303,10 +303,20 @@ fn generators() -> Vec<(&'static str, Gen, f64)> {
                 let r = b.rank(0, 4);
                 let s = b.dims(r);
                 let x = b.input(&s);
-                let c = b.positive(&s[s.len().min(1)..]);
+                // Powers of two, either sign: the rule's only divisors (exact reciprocals).
+                let cs = &s[s.len().min(1)..];
+                let n: usize = cs.iter().product();
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let e: i32 = b.rng.random_range(-6..7);
+                        let sign = if b.rng.random_bool(0.5) { 1.0 } else { -1.0 };
+                        sign * 2f32.powi(e)
+                    })
+                    .collect();
+                let c = b.g.add_const("", Tensor::from_vec(cs, v).unwrap());
                 b.bin(Binary::Div, x, c)
             },
-            1e-5,
+            0.0,
         ),
         ("mul-const-chain", |b| chain(b, Binary::Mul), 1e-5),
         ("add-const-chain", |b| chain(b, Binary::Add), 1e-5),
