@@ -277,27 +277,30 @@ pub(crate) fn integer_shape(op: &Op, w: &[usize]) -> Option<(usize, usize, usize
     (depth >= 16 && n >= 16).then_some((axis, n, depth))
 }
 
-/// The range of `q - z`: `q`'s values where it is a constant, else its type's, less `z`'s values.
-fn span(eg: &EGraph, q: Id, z: Option<Id>) -> Option<(f64, f64)> {
+/// The largest |q - z|: from `q`'s type, or (`exact`) from its values where it is a constant, less
+/// `z`'s values. (A weight's values are read only when its type's range could overflow: they are
+/// millions of elements, and the rule runs on every iteration.)
+fn span(eg: &EGraph, q: Id, z: Option<Id>, exact: bool) -> Option<f64> {
     let values = |c: Id| -> Option<(f64, f64)> {
         let v = eg[c].data.value.as_ref()?.to_f64_vec();
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         (lo <= hi).then_some((lo, hi))
     };
-    let (qlo, qhi) = match values(q) {
+    let of_type = || match ty(eg, q)?.dtype {
+        DType::U8 => Some((0.0, 255.0)),
+        DType::I8 => Some((-128.0, 127.0)),
+        _ => None,
+    };
+    let (qlo, qhi) = match exact.then(|| values(q)).flatten() {
         Some(r) => r,
-        None => match ty(eg, q)?.dtype {
-            DType::U8 => (0.0, 255.0),
-            DType::I8 => (-128.0, 127.0),
-            _ => return None,
-        },
+        None => of_type()?,
     };
     let (zlo, zhi) = match z {
         Some(z) => values(z)?,
         None => (0.0, 0.0),
     };
-    Some((qlo - zhi, qhi - zlo))
+    Some((qlo - zhi).abs().max((qhi - zlo).abs()))
 }
 
 /// The integer form of `op` over children `ch`, when its operands are dequantized as the rule needs.
@@ -329,11 +332,12 @@ fn integer(eg: &mut EGraph, op: Op, ch: &[Id]) -> Option<Id> {
         return None;
     }
     // Every partial sum must fit i32 (the blocks' sums wrap): depth x the largest |x - zx| x the
-    // largest |w - zw|, from A's type and W's values.
-    let (lo, hi) = span(eg, a.q, a.zero)?;
-    let (wlo, whi) = span(eg, w.q, w.zero)?;
-    let bound = depth as f64 * lo.abs().max(hi.abs()) * wlo.abs().max(whi.abs());
-    if bound >= 2f64.powi(31) {
+    // largest |w - zw|, from A's type and W's type or, where that could overflow, W's values.
+    let fits = |eg: &EGraph, exact: bool| -> Option<bool> {
+        let bound = depth as f64 * span(eg, a.q, a.zero, false)? * span(eg, w.q, w.zero, exact)?;
+        Some(bound < 2f64.powi(31))
+    };
+    if !(fits(eg, false)? || fits(eg, true)?) {
         return None;
     }
     let (x16, w16) = (centred(eg, &a)?, centred(eg, &w)?);
