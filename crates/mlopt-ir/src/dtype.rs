@@ -110,6 +110,22 @@ impl DType {
         }
     }
 
+    /// The (smallest, largest) value of the narrow integer types quantization uses (8, 16, 4 and 2
+    /// bits), exact in f64.
+    pub fn int_range(self) -> Option<(f64, f64)> {
+        match self {
+            DType::U8 => Some((0.0, 255.0)),
+            DType::I8 => Some((-128.0, 127.0)),
+            DType::U16 => Some((0.0, 65535.0)),
+            DType::I16 => Some((-32768.0, 32767.0)),
+            DType::U4 => Some((0.0, 15.0)),
+            DType::I4 => Some((-8.0, 7.0)),
+            DType::U2 => Some((0.0, 3.0)),
+            DType::I2 => Some((-2.0, 1.0)),
+            _ => None,
+        }
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
             || self.minifloat().is_some()

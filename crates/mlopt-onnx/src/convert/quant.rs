@@ -33,20 +33,6 @@ pub(crate) fn convert(cx: &mut NodeCx<'_, '_>, op: &str) -> Option<Result<Vec<Va
     r.transpose()
 }
 
-fn range(d: DType) -> Option<(f64, f64)> {
-    match d {
-        DType::U8 => Some((0.0, 255.0)),
-        DType::I8 => Some((-128.0, 127.0)),
-        DType::U16 => Some((0.0, 65535.0)),
-        DType::I16 => Some((-32768.0, 32767.0)),
-        DType::U4 => Some((0.0, 15.0)),
-        DType::I4 => Some((-8.0, 7.0)),
-        DType::U2 => Some((0.0, 3.0)),
-        DType::I2 => Some((-2.0, 1.0)),
-        _ => None,
-    }
-}
-
 /// A scale or zero point shaped to broadcast against `shape`: scalars stay, a 1-D per-axis vector is laid
 /// along `axis`, and a blocked one (`block > 0`) is repeated `block` times along `axis`.
 fn align(
@@ -95,8 +81,9 @@ fn axis_block(cx: &mut NodeCx<'_, '_>, rank: usize, per_axis: bool) -> Result<(u
 
 /// round(v) + zp, saturated to `to`'s range and cast; `v` is floating point, `zp` optional (integers).
 fn saturate_int(cx: &mut NodeCx<'_, '_>, v: Value, zp: Option<Value>, to: DType) -> Result<Value> {
-    let (lo, hi) =
-        range(to).ok_or_else(|| cx.err(format!("quantizing to {to} is not supported")))?;
+    let (lo, hi) = to
+        .int_range()
+        .ok_or_else(|| cx.err(format!("quantizing to {to} is not supported")))?;
     let wide = cx.ty(v).dtype;
     let mut r = cx.un(Unary::Round, v)?;
     if let Some(zp) = zp {
