@@ -121,7 +121,6 @@ pub struct Estimate {
     pub bound: Bound,
 }
 
-/// The roofline estimate of a kernel doing `w` on `t`.
 /// The matrix precisions in `Work::matrix_flops`' order.
 pub const MATRIX_PRECISIONS: [MatrixPrecision; 5] = [
     MatrixPrecision::F32,
@@ -143,6 +142,7 @@ impl Work {
     }
 }
 
+/// The roofline estimate of a kernel doing `w` on `t`.
 pub fn estimate(w: &Work, t: &Target) -> Estimate {
     let mut compute_s = w.vector_flops / t.roof().fp32;
     for (p, f) in MATRIX_PRECISIONS.iter().zip(w.matrix_flops) {

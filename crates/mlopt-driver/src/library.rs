@@ -193,17 +193,10 @@ impl Library {
     /// and how many contractions run in integers (a quantized model's, `integer_note`).
     pub fn notes(&self) -> Vec<String> {
         match self {
-            Library::Cpu(c) => integer_note(c)
-                .into_iter()
-                .chain(mlopt_rewrite::report::int8_errors(&c.optimized))
-                .collect(),
+            Library::Cpu(c) => quantization_notes(c).collect(),
             Library::Batched(b) => {
                 let sizes: Vec<String> = b.variants.iter().map(|(k, _)| k.to_string()).collect();
-                let first = b.variants.first().map(|(_, c)| {
-                    integer_note(c)
-                        .into_iter()
-                        .chain(mlopt_rewrite::report::int8_errors(&c.optimized))
-                });
+                let first = b.variants.first().map(|(_, c)| quantization_notes(c));
                 first.into_iter().flatten().chain([format!(
                     "dynamic batch over '{}' (1 to {}): built at batch {}; checked that items do not mix",
                     b.symbol.escape_default(),
@@ -218,6 +211,14 @@ impl Library {
             }],
         }
     }
+}
+
+/// What a quantized build says: how many contractions run in integers (`integer_note`) and, where
+/// mlopt quantized the model (`--precision int8`), each output's error against fp32.
+fn quantization_notes(c: &Compiled) -> impl Iterator<Item = String> {
+    integer_note(c)
+        .into_iter()
+        .chain(mlopt_rewrite::report::int8_errors(&c.optimized))
 }
 
 /// How many of `c`'s convolutions and matrix products run as integer contractions (i16 operands summed

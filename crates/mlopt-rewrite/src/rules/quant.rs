@@ -71,11 +71,14 @@ fn requantized(eg: &EGraph, id: Id) -> Vec<(Id, Option<mlopt_ir::Tensor>)> {
     let constant = |c: Id| super::splat(eg, c);
     let mut out = vec![];
     for (op, ch) in ops(eg, id) {
-        let Op::Cast { to } = op else { continue };
-        let (lo, hi) = match to {
-            DType::U8 => (0.0, 255.0),
-            DType::I8 => (-128.0, 127.0),
-            _ => continue,
+        let Op::Cast {
+            to: to @ (DType::U8 | DType::I8),
+        } = op
+        else {
+            continue;
+        };
+        let Some((lo, hi)) = to.int_range() else {
+            continue;
         };
         for (op, ch) in ops(eg, ch[0]) {
             let (Op::Clip, [r, l, h]) = (op, &ch[..]) else {
@@ -156,23 +159,16 @@ struct Dequantized {
     scale: Id,
 }
 
-/// Conv (one group), MatMul and Gemm (A not transposed, alpha and beta 1) nodes of class `id` over f32
-/// operands.
+/// The contractions of class `id` over an f32 operand that the integer form takes (`integer_shape`).
 fn candidates(eg: &EGraph, id: Id) -> impl Iterator<Item = (Op, Vec<Id>)> + '_ {
     ops(eg, id).into_iter().filter(|(op, ch)| {
         let f32_in = ty(eg, ch[0]).is_some_and(|t| t.dtype == DType::F32);
-        f32_in
-            && match op {
-                Op::Conv(a) => a.group == 1,
-                Op::MatMul => true,
-                Op::Gemm {
-                    alpha,
-                    beta,
-                    trans_a: false,
-                    ..
-                } => *alpha == 1.0 && *beta == 1.0,
-                _ => false,
-            }
+        let fits = || {
+            ch.get(1)
+                .and_then(|&w| ty(eg, w))
+                .is_some_and(|w| integer_shape(op, &w.shape).is_some())
+        };
+        f32_in && fits()
     })
 }
 
@@ -287,14 +283,9 @@ fn span(eg: &EGraph, q: Id, z: Option<Id>, exact: bool) -> Option<f64> {
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         (lo <= hi).then_some((lo, hi))
     };
-    let of_type = || match ty(eg, q)?.dtype {
-        DType::U8 => Some((0.0, 255.0)),
-        DType::I8 => Some((-128.0, 127.0)),
-        _ => None,
-    };
     let (qlo, qhi) = match exact.then(|| values(q)).flatten() {
         Some(r) => r,
-        None => of_type()?,
+        None => ty(eg, q)?.dtype.int_range()?,
     };
     let (zlo, zhi) = match z {
         Some(z) => values(z)?,
